@@ -1,0 +1,3 @@
+"""Trimaran: a multi-protocol messaging server."""
+
+__version__ = "0.1.0"
