@@ -1,0 +1,436 @@
+"""The subscription router: which subscribers get a message published to a topic.
+
+Pure and synchronous; not thread-safe (it lives on the event loop). Protocol-neutral: a subscriber is
+any hashable object with an ``id`` (an MQTT session, an AMQP 0.9.1 queue binding, an AMQP 1.0 link);
+the front end keeps whatever it needs in :attr:`SubscriptionOptions.tag`.
+
+Structure
+---------
+A trie keyed by topic level. ``+`` and ``#`` are ordinary child keys, so matching a topic with ``n``
+levels visits at most the nodes reachable by literal, ``+`` and ``#`` edges. Each node keeps its
+non-shared subscriptions (``subscriber -> Subscription``) and its share groups (``group -> _ShareGroup``).
+
+Matching
+--------
+:meth:`Router.match` returns one :class:`Delivery` per subscriber with at least one matching non-shared
+subscription (overlapping subscriptions aggregated: max QoS, every subscription identifier, retain as
+published if any asks for it) and one per matching share group (a member chosen round-robin).
+
+Results are cached per topic in a bounded FIFO cache which is cleared on every subscription change. A
+cache entry holds the aggregated deliveries for an anonymous publisher plus the matched share groups;
+per call, only two cheap steps remain: No Local (a lookup in a small set of subscriber ids, with the
+filtered result memoised per publisher in the entry) and the round-robin pick of each share group (a
+precomputed Delivery per member). A cache hit therefore allocates only the returned list.
+
+Topics passed to :meth:`Router.match` must be valid topic names (the front end validates publishes);
+an invalid one raises :class:`~trimaran.broker.topics.TopicError` on a cache miss.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Final, Generic, Protocol, TypeVar
+
+from trimaran.broker.topics import SHARE_PREFIX, TopicError, validate_topic_filter
+
+__all__ = [
+    "DEFAULT_CACHE_SIZE",
+    "Delivery",
+    "Router",
+    "Subscriber",
+    "Subscription",
+    "SubscriptionOptions",
+]
+
+DEFAULT_CACHE_SIZE: Final = 8192
+_NO_IDS: Final[frozenset[str]] = frozenset()
+
+
+class Subscriber(Protocol):
+    """What the router needs of a subscriber: hashable, and an id to compare with a publisher's id.
+
+    Two objects with the same ``id`` are still two subscribers (a session taken over by a new
+    connection must be moved with :meth:`Router.unsubscribe_all` and re-subscribed).
+    """
+
+    @property
+    def id(self) -> str: ...
+
+    def __hash__(self) -> int: ...
+
+
+S = TypeVar("S", bound=Subscriber)
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionOptions:
+    """Options of one subscription.
+
+    ``retain_handling`` is not used by the router; it is kept so that a session's subscriptions can be
+    persisted and listed with everything MQTT 5 gives them. ``tag`` is opaque to the router.
+    """
+
+    qos: int = 0
+    no_local: bool = False
+    retain_as_published: bool = False
+    subscription_identifier: int | None = None
+    share_group: str | None = None
+    retain_handling: int = 0
+    tag: object = None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Subscription(Generic[S]):
+    """One subscription: who, to what, with which options (compared by identity)."""
+
+    subscriber: S
+    topic_filter: str
+    options: SubscriptionOptions
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Delivery(Generic[S]):
+    """Where one message goes: one subscriber, once.
+
+    ``qos`` is the maximum granted QoS of the matching subscriptions (the front end sends
+    ``min(message.qos, delivery.qos)``); ``subscription_identifiers`` lists the distinct identifiers of
+    the matching subscriptions in match order; ``retain_as_published`` is true if any matching
+    subscription asked for it; ``share_group`` is set for a delivery to a share group member.
+
+    Deliveries are shared between calls and must not be mutated.
+    """
+
+    subscriber: S
+    qos: int
+    subscription_identifiers: tuple[int, ...]
+    retain_as_published: bool
+    subscriptions: tuple[Subscription[S], ...]
+    share_group: str | None = None
+
+
+def _single(sub: Subscription[S]) -> Delivery[S]:
+    o = sub.options
+    ids = () if o.subscription_identifier is None else (o.subscription_identifier,)
+    return Delivery(sub.subscriber, o.qos, ids, o.retain_as_published, (sub,), o.share_group)
+
+
+def _aggregate(subs: list[Subscription[S]]) -> Delivery[S]:
+    qos = 0
+    rap = False
+    ids: list[int] = []
+    for s in subs:
+        o = s.options
+        if o.qos > qos:
+            qos = o.qos
+        rap = rap or o.retain_as_published
+        sid = o.subscription_identifier
+        if sid is not None and sid not in ids:
+            ids.append(sid)
+    return Delivery(subs[0].subscriber, qos, tuple(ids), rap, tuple(subs), None)
+
+
+class _ShareGroup(Generic[S]):
+    """Members of one ``$share/<name>/<filter>``, in subscription order, and the round-robin cursor."""
+
+    __slots__ = ("deliveries", "members", "name", "next_index")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.members: dict[S, Subscription[S]] = {}
+        self.deliveries: tuple[Delivery[S], ...] = ()
+        self.next_index = 0
+
+    def rebuild(self) -> None:
+        self.deliveries = tuple(_single(s) for s in self.members.values())
+        if self.next_index >= len(self.deliveries):
+            self.next_index = 0
+
+    def pick(self) -> Delivery[S]:
+        i = self.next_index
+        deliveries = self.deliveries
+        self.next_index = i + 1 if i + 1 < len(deliveries) else 0
+        return deliveries[i]
+
+
+class _Node(Generic[S]):
+    __slots__ = ("children", "groups", "subs")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Node[S]] = {}
+        self.subs: dict[S, Subscription[S]] = {}
+        self.groups: dict[str, _ShareGroup[S]] = {}
+
+
+class _Entry(Generic[S]):
+    """A cached match for one topic."""
+
+    __slots__ = ("by_publisher", "deliveries", "groups", "no_local_ids")
+
+    def __init__(
+        self,
+        deliveries: tuple[Delivery[S], ...],
+        groups: tuple[_ShareGroup[S], ...],
+        no_local_ids: frozenset[str],
+    ) -> None:
+        self.deliveries = deliveries
+        self.groups = groups
+        self.no_local_ids = no_local_ids
+        self.by_publisher: dict[str, tuple[Delivery[S], ...]] = {}
+
+    def for_publisher(self, publisher_id: str) -> tuple[Delivery[S], ...]:
+        """Deliveries without the subscriptions that No Local excludes for this publisher."""
+        cached = self.by_publisher.get(publisher_id)
+        if cached is not None:
+            return cached
+        out: list[Delivery[S]] = []
+        for d in self.deliveries:
+            if d.subscriber.id != publisher_id:
+                out.append(d)
+                continue
+            kept = [s for s in d.subscriptions if not s.options.no_local]
+            if not kept:
+                continue
+            out.append(d if len(kept) == len(d.subscriptions) else _aggregate(kept))
+        result = tuple(out)
+        self.by_publisher[publisher_id] = result
+        return result
+
+
+class Router(Generic[S]):
+    """Subscription trie with ``+``/``#`` wildcards, share groups, the ``$`` rule and a match cache."""
+
+    def __init__(self, cache_size: int = DEFAULT_CACHE_SIZE) -> None:
+        self._root: _Node[S] = _Node()
+        self._by_subscriber: dict[S, dict[tuple[str, str | None], Subscription[S]]] = {}
+        self._count = 0
+        self._cache: OrderedDict[str, _Entry[S]] = OrderedDict()
+        self._cache_size = max(0, cache_size)
+        self.cache_hits = 0
+        self.cache_misses = 0
+
+    # --- changes -----------------------------------------------------------------------------------
+
+    def subscribe(self, subscriber: S, topic_filter: str, options: SubscriptionOptions) -> bool:
+        """Add or replace ``subscriber``'s subscription to ``topic_filter`` (in ``options.share_group``).
+
+        ``topic_filter`` is the plain filter: a front end splits ``$share/<group>/<filter>`` with
+        :func:`~trimaran.broker.topics.split_shared` and passes the group in the options. Returns True
+        if the subscription is new, False if it replaced one (MQTT 5 Retain Handling 1 needs this).
+        Raises :class:`~trimaran.broker.topics.TopicError` for an invalid filter and ``ValueError``
+        for No Local on a shared subscription (a protocol error in MQTT 5) or a QoS outside 0..2.
+        """
+        validate_topic_filter(topic_filter)
+        if topic_filter.startswith(SHARE_PREFIX):
+            raise TopicError("pass $share/<group>/<filter> split: group in the options, plain filter")
+        group = options.share_group
+        if group is not None:
+            if not group or "/" in group or "+" in group or "#" in group:
+                raise TopicError(f"invalid share name {group!r}")
+            if options.no_local:
+                raise ValueError("No Local cannot be set on a shared subscription")
+        if not 0 <= options.qos <= 2:
+            raise ValueError(f"qos must be 0, 1 or 2, not {options.qos!r}")
+
+        node = self._root
+        for level in topic_filter.split("/"):
+            child = node.children.get(level)
+            if child is None:
+                child = node.children[level] = _Node()
+            node = child
+
+        sub = Subscription(subscriber, topic_filter, options)
+        if group is None:
+            is_new = subscriber not in node.subs
+            node.subs[subscriber] = sub
+        else:
+            share = node.groups.get(group)
+            if share is None:
+                share = node.groups[group] = _ShareGroup(group)
+            is_new = subscriber not in share.members
+            share.members[subscriber] = sub  # a replaced member keeps its place in the rotation
+            share.rebuild()
+
+        mine = self._by_subscriber.get(subscriber)
+        if mine is None:
+            mine = self._by_subscriber[subscriber] = {}
+        mine[(topic_filter, group)] = sub
+        if is_new:
+            self._count += 1
+        self._cache.clear()
+        return is_new
+
+    def unsubscribe(self, subscriber: S, topic_filter: str, share_group: str | None = None) -> bool:
+        """Remove one subscription; True if it existed."""
+        mine = self._by_subscriber.get(subscriber)
+        if mine is None or mine.pop((topic_filter, share_group), None) is None:
+            return False
+        if not mine:
+            del self._by_subscriber[subscriber]
+        self._remove_from_trie(subscriber, topic_filter, share_group)
+        self._count -= 1
+        self._cache.clear()
+        return True
+
+    def unsubscribe_all(self, subscriber: S) -> int:
+        """Remove every subscription of ``subscriber``; returns how many there were."""
+        mine = self._by_subscriber.pop(subscriber, None)
+        if not mine:
+            return 0
+        for topic_filter, group in mine:
+            self._remove_from_trie(subscriber, topic_filter, group)
+        self._count -= len(mine)
+        self._cache.clear()
+        return len(mine)
+
+    def _remove_from_trie(self, subscriber: S, topic_filter: str, group: str | None) -> None:
+        path: list[tuple[_Node[S], str]] = []
+        node = self._root
+        for level in topic_filter.split("/"):
+            path.append((node, level))
+            node = node.children[level]
+        if group is None:
+            del node.subs[subscriber]
+        else:
+            share = node.groups[group]
+            del share.members[subscriber]
+            if share.members:
+                share.rebuild()
+            else:
+                del node.groups[group]
+        # Prune the branch bottom-up while nodes are empty.
+        for parent, level in reversed(path):
+            child = parent.children[level]
+            if child.subs or child.groups or child.children:
+                break
+            del parent.children[level]
+
+    # --- matching ----------------------------------------------------------------------------------
+
+    def match(self, topic: str, publisher_id: str | None = None) -> list[Delivery[S]]:
+        """Deliveries for a message published to ``topic`` by ``publisher_id`` (for No Local)."""
+        entry = self._cache.get(topic)
+        if entry is None:
+            self.cache_misses += 1
+            entry = self._build(topic)
+        else:
+            self.cache_hits += 1
+        deliveries = entry.deliveries
+        if publisher_id is not None and publisher_id in entry.no_local_ids:
+            deliveries = entry.for_publisher(publisher_id)
+        if not entry.groups:
+            return list(deliveries)
+        out = list(deliveries)
+        for share in entry.groups:
+            out.append(share.pick())
+        return out
+
+    def _build(self, topic: str) -> _Entry[S]:
+        if not topic or "+" in topic or "#" in topic:
+            raise TopicError(f"not a valid topic name: {topic!r}")
+        nodes = self._collect(topic)
+
+        deliveries: list[Delivery[S]] = []
+        groups: list[_ShareGroup[S]] = []
+        no_local: set[str] = set()
+        if len(nodes) == 1:
+            node = nodes[0]
+            for sub in node.subs.values():
+                deliveries.append(_single(sub))
+                if sub.options.no_local:
+                    no_local.add(sub.subscriber.id)
+            groups.extend(node.groups.values())
+        else:
+            per_subscriber: dict[S, list[Subscription[S]]] = {}
+            for node in nodes:
+                for subscriber, sub in node.subs.items():
+                    found = per_subscriber.get(subscriber)
+                    if found is None:
+                        per_subscriber[subscriber] = [sub]
+                    else:
+                        found.append(sub)
+                    if sub.options.no_local:
+                        no_local.add(subscriber.id)
+                groups.extend(node.groups.values())
+            for subs in per_subscriber.values():
+                deliveries.append(_single(subs[0]) if len(subs) == 1 else _aggregate(subs))
+
+        entry = _Entry(tuple(deliveries), tuple(groups), frozenset(no_local) if no_local else _NO_IDS)
+        cache = self._cache
+        if self._cache_size:
+            if len(cache) >= self._cache_size:
+                cache.popitem(last=False)
+            cache[topic] = entry
+        return entry
+
+    def _collect(self, topic: str) -> list[_Node[S]]:
+        """Trie nodes whose filter matches ``topic`` (each at most once)."""
+        found: list[_Node[S]] = []
+        levels = topic.split("/")
+        root = self._root
+        frontier = [root]
+        dollar = topic[0] == "$"
+        for level in levels:
+            nxt: list[_Node[S]] = []
+            for node in frontier:
+                children = node.children
+                if not children:
+                    continue
+                # '#' here matches this level and everything below; '+' matches this level. Neither
+                # matches a first level starting with '$' ($SYS, $queue ...).
+                if not (dollar and node is root):
+                    wild = children.get("#")
+                    if wild is not None:
+                        found.append(wild)
+                    wild = children.get("+")
+                    if wild is not None:
+                        nxt.append(wild)
+                child = children.get(level)
+                if child is not None:
+                    nxt.append(child)
+            if not nxt:
+                return found
+            frontier = nxt
+        for node in frontier:
+            found.append(node)
+            # 'sport/#' also matches 'sport' itself.
+            wild = node.children.get("#")
+            if wild is not None:
+                found.append(wild)
+        return found
+
+    # --- introspection -----------------------------------------------------------------------------
+
+    def count(self) -> int:
+        """Number of subscriptions (shared ones included)."""
+        return self._count
+
+    def subscriber_count(self) -> int:
+        """Number of distinct subscribers with at least one subscription."""
+        return len(self._by_subscriber)
+
+    def subscriptions_of(self, subscriber: S) -> list[Subscription[S]]:
+        """``subscriber``'s subscriptions, in subscription order."""
+        mine = self._by_subscriber.get(subscriber)
+        return [] if mine is None else list(mine.values())
+
+    def iter_subscriptions(self) -> Iterator[Subscription[S]]:
+        """Every subscription, grouped by subscriber (do not change the router while iterating)."""
+        for mine in self._by_subscriber.values():
+            yield from mine.values()
+
+    def share_members(self, group: str, topic_filter: str) -> list[Subscription[S]]:
+        """Members of ``$share/<group>/<topic_filter>`` in rotation order (empty if none)."""
+        node = self._root
+        for level in topic_filter.split("/"):
+            child = node.children.get(level)
+            if child is None:
+                return []
+            node = child
+        share = node.groups.get(group)
+        return [] if share is None else list(share.members.values())
+
+    def cache_len(self) -> int:
+        """Number of topics currently cached (for metrics)."""
+        return len(self._cache)
