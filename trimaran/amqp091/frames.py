@@ -1,0 +1,296 @@
+"""AMQP 0-9-1 framing: protocol header, frame decoder, frame encoders.
+
+A frame is ``type:octet channel:short size:long payload:size frame-end:0xCE``. ``frame_max`` counts
+the whole frame, so a payload may be at most ``frame_max - 8`` bytes (``frame_max == 0``: no limit).
+
+:class:`FrameDecoder` owns its buffer: ``feed()`` bytes as they arrive, then call ``next_frame()``
+until it returns :data:`NEED_DATA`. An oversized frame is refused from its 7-byte header, before
+its payload is buffered. Every problem raises :class:`~trimaran.amqp091.spec.ProtocolError` with
+the reply code to close the connection with (501 FRAME_ERROR for framing, 502 SYNTAX_ERROR for
+malformed arguments, 503 COMMAND_INVALID for unknown methods).
+"""
+
+import enum
+import struct
+from dataclasses import dataclass
+from typing import Literal
+
+from trimaran.amqp091.properties import (
+    BasicProperties,
+    decode_header_payload,
+    encode_properties,
+)
+from trimaran.amqp091.spec import (
+    FRAME_BODY,
+    FRAME_END,
+    FRAME_ERROR,
+    FRAME_HEADER,
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+    FRAME_MIN_SIZE,
+    FRAME_OVERHEAD,
+    PROTOCOL_HEADER,
+    EncodeError,
+    Method,
+    ProtocolError,
+    decode_method,
+    encode_method_arguments,
+)
+
+
+class NeedData(enum.Enum):
+    NEED_DATA = "NEED_DATA"
+
+
+NEED_DATA: Literal[NeedData.NEED_DATA] = NeedData.NEED_DATA
+
+
+@dataclass(slots=True)
+class MethodFrame:
+    channel: int
+    method: Method
+
+
+@dataclass(slots=True)
+class HeaderFrame:
+    channel: int
+    class_id: int
+    body_size: int
+    properties: BasicProperties
+
+
+@dataclass(slots=True)
+class BodyFrame:
+    channel: int
+    payload: bytes
+
+
+@dataclass(slots=True)
+class HeartbeatFrame:
+    channel: int = 0
+
+
+Frame = MethodFrame | HeaderFrame | BodyFrame | HeartbeatFrame
+
+# --------------------------------------------------------------------------------------------
+# Protocol header
+
+
+class ProtocolHeader(enum.Enum):
+    AMQP_0_9_1 = "amqp-0-9-1"
+    #: RabbitMQ serves 0-9 (``AMQP\x01\x01\x00\x09``) with its 0-9-1 framing; we do the same.
+    AMQP_0_9 = "amqp-0-9"
+    #: ``AMQP\x01\x01\x08\x00`` (0-8): not supported.
+    AMQP_0_8 = "amqp-0-8"
+    AMQP_1_0 = "amqp-1-0"
+    AMQP_1_0_TLS = "amqp-1-0-tls"
+    AMQP_1_0_SASL = "amqp-1-0-sasl"
+    OTHER_AMQP = "other-amqp"
+    NOT_AMQP = "not-amqp"
+
+
+_HEADERS = {
+    PROTOCOL_HEADER: ProtocolHeader.AMQP_0_9_1,
+    b"AMQP\x01\x01\x00\x09": ProtocolHeader.AMQP_0_9,
+    b"AMQP\x01\x01\x08\x00": ProtocolHeader.AMQP_0_8,
+    b"AMQP\x00\x01\x00\x00": ProtocolHeader.AMQP_1_0,
+    b"AMQP\x02\x01\x00\x00": ProtocolHeader.AMQP_1_0_TLS,
+    b"AMQP\x03\x01\x00\x00": ProtocolHeader.AMQP_1_0_SASL,
+}
+
+
+def classify_protocol_header(data: bytes) -> ProtocolHeader | Literal[NeedData.NEED_DATA]:
+    """Tell what the first 8 bytes of a connection announce (bytes after the 8th are ignored).
+
+    Returns ``NEED_DATA`` while ``data`` is shorter than 8 bytes and still a prefix of ``AMQP``.
+    """
+    head = bytes(data[:8])
+    if not b"AMQP".startswith(head[:4]):
+        return ProtocolHeader.NOT_AMQP
+    if len(head) < 8:
+        return NEED_DATA
+    return _HEADERS.get(head, ProtocolHeader.OTHER_AMQP)
+
+
+# --------------------------------------------------------------------------------------------
+# Decoding
+
+_FRAME_HEAD = struct.Struct(">BHI")
+_METHOD_HEAD = struct.Struct(">BHII")
+_HEADER_HEAD = struct.Struct(">BHIHHQ")
+_SIZE = struct.Struct(">I")
+
+
+class FrameDecoder:
+    """Incremental frame decoder with its own buffer."""
+
+    __slots__ = ("_buf", "_pos", "frame_max")
+
+    def __init__(self, frame_max: int = FRAME_MIN_SIZE) -> None:
+        self._buf = bytearray()
+        self._pos = 0
+        #: Largest frame accepted, overhead included; 0 means unlimited. May be changed any time.
+        self.frame_max = frame_max
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if self._pos:
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data
+
+    @property
+    def buffered(self) -> int:
+        """Bytes fed but not yet returned as frames."""
+        return len(self._buf) - self._pos
+
+    def unconsumed(self) -> bytes:
+        return bytes(self._buf[self._pos :])
+
+    def next_frame(self) -> Frame | Literal[NeedData.NEED_DATA]:
+        buf = self._buf
+        pos = self._pos
+        if len(buf) - pos < 7:
+            return NEED_DATA
+        ftype, channel, size = _FRAME_HEAD.unpack_from(buf, pos)
+        fmax = self.frame_max
+        if fmax and size > fmax - FRAME_OVERHEAD:
+            raise ProtocolError(
+                FRAME_ERROR,
+                f"frame of {size + FRAME_OVERHEAD} bytes exceeds frame_max {fmax}",
+                channel=channel,
+            )
+        end = pos + 7 + size
+        if len(buf) <= end:
+            return NEED_DATA
+        if buf[end] != FRAME_END:
+            raise ProtocolError(FRAME_ERROR, f"bad frame end octet {buf[end]:#04x}", channel=channel)
+        with memoryview(buf) as view:
+            payload = bytes(view[pos + 7 : end])
+        if end + 1 == len(buf):
+            # Everything consumed: drop the buffer so that an idle connection holds nothing.
+            self._buf = bytearray()
+            self._pos = 0
+        else:
+            self._pos = end + 1
+        if ftype == FRAME_METHOD:
+            return MethodFrame(channel, decode_method(payload, channel))
+        if ftype == FRAME_BODY:
+            return BodyFrame(channel, payload)
+        if ftype == FRAME_HEADER:
+            try:
+                class_id, body_size, props = decode_header_payload(payload)
+            except ProtocolError as exc:
+                exc.channel = channel
+                raise
+            return HeaderFrame(channel, class_id, body_size, props)
+        if ftype == FRAME_HEARTBEAT:
+            if channel != 0 or size != 0:
+                raise ProtocolError(FRAME_ERROR, "heartbeat frame with a channel or a payload")
+            return HeartbeatFrame(0)
+        raise ProtocolError(FRAME_ERROR, f"unknown frame type {ftype}", channel=channel)
+
+
+# --------------------------------------------------------------------------------------------
+# Encoding
+
+HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
+
+
+def write_method(out: bytearray, channel: int, method: Method) -> None:
+    """Append a method frame to ``out`` (unchanged if the method cannot be encoded)."""
+    start = len(out)
+    try:
+        out += _METHOD_HEAD.pack(FRAME_METHOD, channel, 0, method.INDEX)
+        encode_method_arguments(method, out)
+    except (EncodeError, struct.error) as exc:
+        del out[start:]
+        raise EncodeError(f"cannot encode {method.NAME} on channel {channel}: {exc}") from exc
+    _SIZE.pack_into(out, start + 3, len(out) - start - 7)
+    out.append(FRAME_END)
+
+
+def write_content_header(
+    out: bytearray, channel: int, class_id: int, body_size: int, properties: BasicProperties | None
+) -> None:
+    start = len(out)
+    try:
+        out += _HEADER_HEAD.pack(FRAME_HEADER, channel, 0, class_id, 0, body_size)
+        encode_properties(properties, out)
+    except (struct.error, ValueError, TypeError, AttributeError, OverflowError) as exc:
+        del out[start:]
+        raise EncodeError(f"cannot encode content header: {exc}") from exc
+    _SIZE.pack_into(out, start + 3, len(out) - start - 7)
+    out.append(FRAME_END)
+
+
+def write_body(out: bytearray, channel: int, body: bytes | bytearray | memoryview, frame_max: int) -> None:
+    """Append ``body`` as body frames of at most ``frame_max`` bytes each (none if it is empty)."""
+    size = len(body)
+    chunk = frame_max - FRAME_OVERHEAD if frame_max else size
+    if chunk <= 0:
+        raise EncodeError(f"frame_max {frame_max} leaves no room for a body")
+    if size <= chunk:
+        if size:
+            out += _FRAME_HEAD.pack(FRAME_BODY, channel, size)
+            out += body
+            out.append(FRAME_END)
+        return
+    with memoryview(body) as view:
+        for i in range(0, size, chunk):
+            piece = view[i : i + chunk]
+            out += _FRAME_HEAD.pack(FRAME_BODY, channel, len(piece))
+            out += piece
+            out.append(FRAME_END)
+
+
+def write_content(
+    out: bytearray,
+    channel: int,
+    method: Method,
+    properties: BasicProperties | None,
+    body: bytes | bytearray | memoryview,
+    frame_max: int,
+) -> None:
+    """Append a content-carrying method, its header and its body frames to ``out``."""
+    start = len(out)
+    write_method(out, channel, method)
+    try:
+        write_content_header(out, channel, method.CLASS_ID, len(body), properties)
+    except EncodeError:
+        del out[start:]
+        raise
+    write_body(out, channel, body, frame_max)
+
+
+def encode_method(channel: int, method: Method) -> bytes:
+    out = bytearray()
+    write_method(out, channel, method)
+    return bytes(out)
+
+
+def encode_content(
+    channel: int,
+    method: Method,
+    properties: BasicProperties | None,
+    body: bytes,
+    frame_max: int = 0,
+) -> bytes:
+    out = bytearray()
+    write_content(out, channel, method, properties, body, frame_max)
+    return bytes(out)
+
+
+def encode_frame(frame: Frame) -> bytes:
+    """Encode one frame object (the inverse of :meth:`FrameDecoder.next_frame`)."""
+    out = bytearray()
+    if isinstance(frame, MethodFrame):
+        write_method(out, frame.channel, frame.method)
+    elif isinstance(frame, HeaderFrame):
+        write_content_header(out, frame.channel, frame.class_id, frame.body_size, frame.properties)
+    elif isinstance(frame, BodyFrame):
+        out += _FRAME_HEAD.pack(FRAME_BODY, frame.channel, len(frame.payload))
+        out += frame.payload
+        out.append(FRAME_END)
+    else:
+        out += HEARTBEAT_FRAME
+    return bytes(out)
