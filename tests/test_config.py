@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trimaran.config import ConfigError, Endpoint, load_settings, parse_endpoint
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # No stray TRIMARAN_* variables or ./trimaran.toml from the caller's environment.
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("TRIMARAN_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_defaults() -> None:
+    settings = load_settings()
+    assert settings.listeners.mqtt == Endpoint("0.0.0.0", 1883)
+    assert settings.listeners.mqtt_ws == Endpoint("0.0.0.0", 8083)
+    assert settings.listeners.amqp == Endpoint("0.0.0.0", 5672)
+    assert settings.http.bind == Endpoint("127.0.0.1", 8080)
+    assert settings.storage.effective_url() == "sqlite:///data/trimaran.db"
+
+
+def test_precedence_file_then_env_then_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = write(
+        tmp_path / "c.toml", "[limits]\nmax_inflight = 10\nreceive_maximum = 11\noutbox_size = 12\n"
+    )
+    assert load_settings(config).limits.max_inflight == 10
+
+    monkeypatch.setenv("TRIMARAN_LIMITS__RECEIVE_MAXIMUM", "21")
+    monkeypatch.setenv("TRIMARAN_LIMITS__OUTBOX_SIZE", "22")
+    settings = load_settings(config, {"limits": {"outbox_size": 32}})
+    assert settings.limits.max_inflight == 10  # file only
+    assert settings.limits.receive_maximum == 21  # env beats file
+    assert settings.limits.outbox_size == 32  # flag beats env
+
+
+def test_trimaran_toml_in_working_directory_is_read(tmp_path: Path) -> None:
+    write(tmp_path / "trimaran.toml", 'node_name = "from-cwd"\n')
+    assert load_settings().node_name == "from-cwd"
+
+
+def test_nested_flags_merge_with_file(tmp_path: Path) -> None:
+    config = write(tmp_path / "c.toml", '[listeners]\nmqtt = "127.0.0.1:1999"\n')
+    settings = load_settings(config, {"listeners": {"amqp": "off"}})
+    assert settings.listeners.mqtt == Endpoint("127.0.0.1", 1999)
+    assert settings.listeners.amqp is None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1884", Endpoint("0.0.0.0", 1884)),
+        ("0", Endpoint("0.0.0.0", 0)),
+        ("127.0.0.1:0", Endpoint("127.0.0.1", 0)),
+        ("[::1]:1883", Endpoint("::1", 1883)),
+        (":7", Endpoint("0.0.0.0", 7)),
+        ("off", None),
+        ("OFF", None),
+    ],
+)
+def test_endpoint_forms(text: str, expected: Endpoint | None) -> None:
+    assert parse_endpoint(text) == expected
+
+
+def test_bad_setting_names_key_and_problem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRIMARAN_LIMITS__MAXIMUM_QOS", "3")
+    with pytest.raises(ConfigError, match=r"invalid setting limits\.maximum_qos: .*less than or equal to 2"):
+        load_settings()
+
+
+def test_bad_port_and_unknown_key(tmp_path: Path) -> None:
+    config = write(tmp_path / "c.toml", '[listeners]\nmqtt = "70000"\nmqqt = 1\n')
+    with pytest.raises(ConfigError) as info:
+        load_settings(config)
+    message = str(info.value)
+    assert "invalid setting listeners.mqtt: Value error, port 70000 is out of range" in message
+    assert "invalid setting listeners.mqqt: unknown setting" in message
+
+
+def test_missing_or_broken_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(tmp_path / "nope.toml")
+    broken = write(tmp_path / "broken.toml", "[limits\n")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_settings(broken)
+
+
+def test_secrets_are_masked(tmp_path: Path) -> None:
+    config = write(tmp_path / "c.toml", '[[auth.users]]\nname = "alice"\npassword = "s3cret"\n')
+    settings = load_settings(config)
+    assert settings.auth.users[0].password.get_secret_value() == "s3cret"
+    dumped = settings.model_dump(mode="json")
+    assert "s3cret" not in str(dumped)
+    assert dumped["listeners"]["mqtt"] == "0.0.0.0:1883"

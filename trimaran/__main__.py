@@ -1,0 +1,5 @@
+import sys
+
+from trimaran.cli import main
+
+sys.exit(main())

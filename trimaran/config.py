@@ -1,0 +1,309 @@
+"""Settings: one pydantic-settings model with a section per concern.
+
+Precedence, lowest first: defaults < TOML file (``--config FILE`` or ``./trimaran.toml``) <
+environment (``TRIMARAN_`` prefix, ``__`` between nested keys) < CLI flags.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from pathlib import Path
+from typing import Annotated, Any, Literal, NamedTuple
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+DEFAULT_CONFIG_FILE = Path("trimaran.toml")
+
+
+class Endpoint(NamedTuple):
+    """A socket address a listener binds; port 0 picks a free port."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+def parse_endpoint(value: object, default_host: str = "0.0.0.0") -> Endpoint | None:
+    """Parse ``[HOST:]PORT`` (IPv6 as ``[::1]:PORT``) or ``off``."""
+    if value is None or isinstance(value, Endpoint):
+        return value
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return Endpoint(str(value[0]), _port(value[1]))
+    if isinstance(value, int) and not isinstance(value, bool):
+        return Endpoint(default_host, _port(value))
+    if not isinstance(value, str):
+        raise ValueError("expected '[HOST:]PORT' or 'off'")
+    text = value.strip()
+    if text.lower() in ("off", "none", "disabled", ""):
+        return None
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        return Endpoint(default_host, _port(text))
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host:
+        host = default_host
+    return Endpoint(host, _port(port))
+
+
+def _port(value: object) -> int:
+    try:
+        port = int(str(value))
+    except ValueError:
+        raise ValueError(f"port {value!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port {port} is out of range 0-65535")
+    return port
+
+
+def _endpoint_or_off(value: object) -> Endpoint | None:
+    return parse_endpoint(value)
+
+
+def _local_endpoint(value: object) -> Endpoint | None:
+    return parse_endpoint(value, default_host="127.0.0.1")
+
+
+def _show_endpoint(value: Endpoint | None) -> str:
+    return "off" if value is None else str(value)
+
+
+BindAddress = Annotated[
+    Endpoint | None, BeforeValidator(_endpoint_or_off), PlainSerializer(_show_endpoint, return_type=str)
+]
+LocalBindAddress = Annotated[
+    Endpoint | None, BeforeValidator(_local_endpoint), PlainSerializer(_show_endpoint, return_type=str)
+]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class TlsSettings(Section):
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    ca_file: Path | None = Field(None, description="CA bundle to verify client certificates")
+    require_client_cert: bool = False
+    min_version: Literal["1.2", "1.3"] = "1.2"
+
+
+class ListenerSettings(Section):
+    mqtt: BindAddress = Endpoint("0.0.0.0", 1883)
+    mqtt_tls: BindAddress = None
+    mqtt_ws: BindAddress = Endpoint("0.0.0.0", 8083)
+    mqtt_wss: BindAddress = None
+    mqtt_ws_path: str = "/mqtt"
+    amqp: BindAddress = Endpoint("0.0.0.0", 5672)
+    amqps: BindAddress = None
+    tls: TlsSettings = TlsSettings()
+    backlog: int = Field(1024, ge=1)
+    tcp_nodelay: bool = True
+
+
+class StorageSettings(Section):
+    url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite file in data_dir")
+    data_dir: Path = Path("data")
+    sqlite_synchronous: Literal["off", "normal", "full"] = "full"
+    pool_size: int = Field(5, ge=1)
+    commit_interval_ms: float = Field(2.0, ge=0, description="group commit: longest wait to gather a batch")
+    commit_batch_max: int = Field(2000, ge=1, description="group commit: most rows in one transaction")
+
+    @field_validator("url")
+    @classmethod
+    def _known_backend(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("sqlite", "postgresql", "postgres")):
+            raise ValueError("only sqlite:// and postgresql:// URLs are supported")
+        return value
+
+    def effective_url(self) -> str:
+        if self.url:
+            return self.url
+        return f"sqlite:///{self.data_dir / 'trimaran.db'}"
+
+
+class LimitSettings(Section):
+    max_connections: int = Field(100_000, ge=1)
+    max_packet_size: int = Field(16 * 1024 * 1024, ge=64, le=268_435_455)
+    receive_maximum: int = Field(1024, ge=1, le=65535)
+    max_inflight: int = Field(64, ge=1, le=65535, description="outbound QoS 1/2 window per client")
+    outbox_size: int = Field(1000, ge=1, description="messages buffered per subscriber")
+    session_queue_size: int = Field(10_000, ge=0, description="QoS 1/2 queued per session")
+    max_keep_alive: int = Field(3600, ge=0, le=65535, description="seconds; 0 = client's value")
+    topic_alias_maximum: int = Field(64, ge=0, le=65535)
+    maximum_qos: int = Field(2, ge=0, le=2)
+    retain_available: bool = True
+    max_session_expiry: int = Field(7 * 24 * 3600, ge=0)
+    connect_timeout: float = Field(10.0, gt=0)
+    sys_interval: float = Field(10.0, ge=0, description="$SYS publish period in seconds; 0 disables")
+
+
+class QueuePolicySettings(Section):
+    mode: Literal["work", "stream"] = "work"
+    visibility_timeout_s: float = Field(30.0, gt=0)
+    max_attempts: int = Field(5, ge=1)
+    backoff_initial_s: float = Field(1.0, ge=0)
+    backoff_multiplier: float = Field(2.0, ge=1)
+    backoff_max_s: float = Field(60.0, ge=0)
+    dead_letter: str | None = Field(None, description="default: $dlq/<queue>")
+    ttl_s: float | None = Field(None, gt=0)
+    max_length: int | None = Field(None, ge=1)
+    max_length_bytes: int | None = Field(None, ge=1)
+    overflow: Literal["reject", "drop-oldest"] = "reject"
+    retention_age_s: float | None = Field(None, gt=0)
+    retention_bytes: int | None = Field(None, ge=1)
+    retention_count: int | None = Field(None, ge=1)
+
+
+class DeclaredQueue(QueuePolicySettings):
+    name: str = Field(min_length=1)
+
+
+class QueueSettings(Section):
+    auto_create: bool = True
+    defaults: QueuePolicySettings = QueuePolicySettings()
+    declare: list[DeclaredQueue] = []
+
+
+class UserSettings(Section):
+    name: str = Field(min_length=1)
+    password: SecretStr
+
+
+class AuthSettings(Section):
+    allow_anonymous: bool = True
+    users: list[UserSettings] = []
+
+
+class WebhookEndpoint(Section):
+    url: str
+    events: list[str] = ["*"]
+    topics: list[str] = ["#"]
+    headers: dict[str, str] = {}
+    secret: SecretStr | None = None
+    include_payload: bool = False
+
+
+class WebhookSettings(Section):
+    endpoints: list[WebhookEndpoint] = []
+    batch_max: int = Field(100, ge=1)
+    batch_wait_ms: float = Field(200.0, ge=0)
+    timeout_s: float = Field(5.0, gt=0)
+    max_retries: int = Field(8, ge=0)
+    queue_size: int = Field(10_000, ge=1)
+
+
+class TelemetrySettings(Section):
+    metrics: bool = True
+    traces: bool = False
+    otlp_endpoint: str | None = None
+    service_name: str = "trimaran"
+
+
+class HttpSettings(Section):
+    bind: LocalBindAddress = Endpoint("127.0.0.1", 8080)
+    tokens: list[SecretStr] = []
+    max_body_bytes: int = Field(1024 * 1024, ge=1)
+    request_timeout_s: float = Field(10.0, gt=0)
+
+
+class LogSettings(Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["text", "json"] = "text"
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+
+_toml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("toml_file", default=None)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="TRIMARAN_", env_nested_delimiter="__", extra="forbid", validate_default=True
+    )
+
+    node_name: str = "trimaran"
+    shutdown_grace_s: float = Field(5.0, ge=0, description="longest graceful shutdown before exit")
+    listeners: ListenerSettings = ListenerSettings()
+    storage: StorageSettings = StorageSettings()
+    limits: LimitSettings = LimitSettings()
+    queues: QueueSettings = QueueSettings()
+    auth: AuthSettings = AuthSettings()
+    webhooks: WebhookSettings = WebhookSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()
+    http: HttpSettings = HttpSettings()
+    log: LogSettings = LogSettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Earlier sources win: CLI flags (passed as init values) > environment > TOML file.
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        toml_path = _toml_file.get()
+        if toml_path is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
+        return tuple(sources)
+
+
+class ConfigError(Exception):
+    """Settings that cannot be used; the message names each key and its problem."""
+
+
+def load_settings(config_file: Path | None = None, overrides: dict[str, Any] | None = None) -> Settings:
+    """Build the effective settings. ``overrides`` are CLI flags as a nested dict."""
+    if config_file is None and DEFAULT_CONFIG_FILE.is_file():
+        config_file = DEFAULT_CONFIG_FILE
+    if config_file is not None and not config_file.is_file():
+        raise ConfigError(f"config file {config_file} does not exist")
+    token = _toml_file.set(config_file)
+    try:
+        return Settings(**(overrides or {}))
+    except ValidationError as exc:
+        raise ConfigError(describe_errors(exc)) from None
+    except ValueError as exc:  # e.g. a TOML syntax error
+        raise ConfigError(f"cannot read {config_file}: {exc}") from None
+    finally:
+        _toml_file.reset(token)
+
+
+def describe_errors(exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors():
+        key = ".".join(str(part) for part in error["loc"]) or "(root)"
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            message = "unknown setting"
+        lines.append(f"invalid setting {key}: {message}")
+    return "\n".join(lines)
+
+
+def masked(settings: Settings) -> dict[str, Any]:
+    """The effective settings as plain data, secrets shown as '********'."""
+    return settings.model_dump(mode="json")
