@@ -1,0 +1,69 @@
+"""A throwaway PostgreSQL cluster for the storage tests (Debian's ``postgresql`` package).
+
+``initdb`` and ``pg_ctl`` refuse to run as root, so they run as the ``postgres`` user via
+``runuser`` when the tests run as root.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+
+def find_bindir() -> Path | None:
+    for candidate in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True):
+        if Path(candidate, "initdb").exists():
+            return Path(candidate)
+    initdb = shutil.which("initdb")
+    return Path(initdb).parent if initdb else None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class PostgresCluster:
+    def __init__(self, bindir: Path) -> None:
+        self.bindir = bindir
+        self.root = Path(tempfile.mkdtemp(prefix="trimaran-pg-"))
+        self.datadir = self.root / "data"
+        self.port = _free_port()
+        self.as_root = os.geteuid() == 0
+
+    def _run(self, *args: str) -> None:
+        command = [str(self.bindir / args[0]), *args[1:]]
+        if self.as_root:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
+
+    def start(self) -> PostgresCluster:
+        if self.as_root:
+            shutil.chown(self.root, "postgres", "postgres")
+        self._run(
+            "initdb", "-D", str(self.datadir), "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"
+        )
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._run(
+            "pg_ctl", "-D", str(self.datadir), "-o", options, "-w", "-l", str(self.root / "log"), "start"
+        )
+        return self
+
+    def create_database(self, name: str) -> str:
+        self._run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", name)
+        return self.url(name)
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def stop(self) -> None:
+        try:
+            self._run("pg_ctl", "-D", str(self.datadir), "-m", "immediate", "-w", "stop")
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,68 @@
+"""Engine factory: SQLite (WAL) as the embedded default, PostgreSQL by URL.
+
+``storage/`` is the only package that imports SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy.engine import URL
+
+log = logging.getLogger(__name__)
+
+
+def now_ms() -> int:
+    """Times are stored as integer epoch milliseconds so every reader (Spark's JDBC too) agrees."""
+    return time.time_ns() // 1_000_000
+
+
+def normalise_url(url: str) -> URL:
+    """Pick our drivers: psycopg 3 for PostgreSQL, the stdlib sqlite3 for SQLite."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def build_engine(url: str, *, sqlite_synchronous: str = "full", pool_size: int = 5) -> Engine:
+    parsed = normalise_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite_engine(parsed, sqlite_synchronous)
+    return create_engine(parsed, pool_size=pool_size, pool_pre_ping=True, future=True)
+
+
+def _sqlite_engine(url: URL, synchronous: str) -> Engine:
+    database = url.database
+    if database and database != ":memory:" and not database.startswith("file:"):
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+    # One connection per thread; the writer thread owns writes, readers use their own.
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, future=True)
+
+    @event.listens_for(engine, "connect")
+    def _pragmas(dbapi_connection: Any, _record: Any) -> None:
+        # The stdlib driver's own transaction handling fights SQLAlchemy's; let SQLAlchemy BEGIN.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA synchronous={synchronous.upper()}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA temp_store=MEMORY")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection: Any) -> None:
+        # IMMEDIATE takes the write lock up front, so two writers never deadlock on upgrade.
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def describe(engine: Engine) -> str:
+    """The URL with the password hidden, for log lines."""
+    return engine.url.render_as_string(hide_password=True)
