@@ -1,0 +1,94 @@
+"""Run the real server as a subprocess on port 0 and learn its bound ports from its log."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+READY_LINE = re.compile(r"(\S+) listener ready on (\S+):(\d+)")
+
+ALL_OFF = ["--mqtt", "off", "--mqtt-ws", "off", "--amqp", "off", "--http", "off"]
+
+
+class RunningServer:
+    """``trimaran serve`` in a child process; ``ports[name]`` is each listener's real port."""
+
+    def __init__(self, args: list[str], *, cwd: Path, env: dict[str, str] | None = None) -> None:
+        self.args = args
+        self.cwd = cwd
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.ports: dict[str, int] = {}
+        self.is_ready = False
+        self.lines: list[str] = []
+        self.process: subprocess.Popen[str] | None = None
+        self._ready = threading.Event()
+        self._reader: threading.Thread | None = None
+
+    def start(self, timeout: float = 30.0) -> RunningServer:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "trimaran", "serve", *self.args],
+            cwd=self.cwd,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        if not self._ready.wait(timeout):
+            self.kill()
+            raise RuntimeError("server did not become ready:\n" + self.output())
+        if not self.is_ready:
+            self.process.wait(10)
+            raise RuntimeError("server exited at start:\n" + self.output())
+        return self
+
+    def _read(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+            match = READY_LINE.search(line)
+            if match:
+                self.ports.setdefault(match.group(1), int(match.group(3)))
+            if "trimaran ready" in line:
+                self.is_ready = True
+                self._ready.set()
+        self._ready.set()
+
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
+        if self._reader is not None:
+            self._reader.join(5)
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL: the crash tests' way to stop."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        if self._reader is not None:
+            self._reader.join(5)
+
+    def wait_for_log(self, text: str, timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.output():
+                return True
+            time.sleep(0.02)
+        return False

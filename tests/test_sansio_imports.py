@@ -1,0 +1,76 @@
+"""Sans-IO modules (codecs, state machines, the router) import only the standard library."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "trimaran"
+
+# Module paths, relative to the package, that must stay pure. New codecs add themselves here.
+SANS_IO = [
+    "broker/message.py",
+    "broker/router.py",
+    "broker/retained.py",
+    "broker/topics.py",
+    "mqtt/codec.py",
+    "mqtt/packets.py",
+    "mqtt/properties.py",
+    "mqtt/reason_codes.py",
+    "mqtt/connection.py",
+    "mqtt/session.py",
+    "amqp091/spec.py",
+    "amqp091/fields.py",
+    "amqp091/properties.py",
+    "amqp091/frames.py",
+    "amqp091/connection.py",
+    "amqp091/channel.py",
+    "amqp1/types.py",
+    "amqp1/codec.py",
+    "amqp1/performatives.py",
+    "amqp1/messages.py",
+    "amqp1/frames.py",
+    "amqp1/sasl.py",
+    "amqp1/connection.py",
+    "amqp1/session.py",
+    "amqp1/link.py",
+]
+PURE_MODULES = {"trimaran." + path.removesuffix(".py").replace("/", ".") for path in SANS_IO}
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    names: set[str] = set()
+    package = "trimaran." + str(path.parent.relative_to(PACKAGE)).replace("/", ".")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                module = f"{base}.{node.module}" if node.module else base
+                names.update(f"{module}.{alias.name}" if not node.module else module for alias in node.names)
+            else:
+                names.add(node.module or "")
+    return names
+
+
+def is_allowed(module: str) -> bool:
+    top = module.split(".")[0]
+    if top in sys.stdlib_module_names or top == "__future__":
+        return True
+    return module in PURE_MODULES or any(module.startswith(pure + ".") for pure in PURE_MODULES)
+
+
+present = [path for path in SANS_IO if (PACKAGE / path).exists()]
+
+
+@pytest.mark.parametrize("relative", present or ["(none yet)"])
+def test_imports_only_stdlib(relative: str) -> None:
+    if not present:
+        pytest.skip("no sans-IO modules yet")
+    offending = sorted(m for m in imported_modules(PACKAGE / relative) if not is_allowed(m))
+    assert not offending, f"{relative} imports {offending}"

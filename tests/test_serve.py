@@ -1,0 +1,55 @@
+"""The real server process: start on port 0, health endpoints, graceful stop on signals."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.support.server import ALL_OFF, RunningServer
+
+
+def get(port: int, path: str) -> tuple[int, dict[str, object]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_serve_health_and_graceful_stop(tmp_path: Path, sig: int) -> None:
+    server = RunningServer([*ALL_OFF, "--http", "127.0.0.1:0"], cwd=tmp_path).start()
+    try:
+        port = server.ports["http"]
+        assert port != 0
+        status, body = get(port, "/healthz")
+        assert status == 200 and body["status"] == "ok"
+        status, body = get(port, "/readyz")
+        assert status == 200 and body["status"] == "ready"
+        assert get(port, "/nowhere")[0] == 404
+    finally:
+        started = time.monotonic()
+        code = server.stop(sig)
+    assert code == 0, server.output()
+    assert time.monotonic() - started < 5
+    assert (tmp_path / "data" / "trimaran.db").exists()
+    assert "trimaran stopped" in server.output()
+
+
+def test_port_in_use_fails_cleanly(tmp_path: Path) -> None:
+    first = RunningServer([*ALL_OFF, "--http", "127.0.0.1:0"], cwd=tmp_path).start()
+    try:
+        port = first.ports["http"]
+        second = RunningServer([*ALL_OFF, "--http", f"127.0.0.1:{port}"], cwd=tmp_path)
+        with pytest.raises(RuntimeError, match=r"exited at start|did not become ready"):
+            second.start(timeout=20)
+        assert second.process is not None and second.process.wait(10) == 1
+        assert "cannot start" in second.output()
+    finally:
+        first.stop()

@@ -1,0 +1,137 @@
+"""Composition root: storage, broker core, listeners and the admin API under one task group.
+
+Shutdown (SIGINT/SIGTERM): stop accepting, let connections finish within the grace period,
+flush what was acknowledged, close storage.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from anyio.abc import TaskGroup
+
+from trimaran import __version__
+from trimaran.broker.http import HttpServer, Request, Response
+from trimaran.broker.listeners import Listener
+from trimaran.config import Settings
+from trimaran.storage.engine import describe
+from trimaran.storage.store import Storage
+
+log = logging.getLogger(__name__)
+
+
+class App:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.started_at = time.time()
+        self.storage: Storage | None = None
+        self.listeners: list[Listener] = []
+        self.http = HttpServer(
+            max_body_bytes=settings.http.max_body_bytes,
+            request_timeout_s=settings.http.request_timeout_s,
+        )
+        self.ready = False
+        self._stop = anyio.Event()
+        self._register_routes()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        settings = self.settings
+        url = settings.storage.effective_url()
+        storage = Storage.from_url(
+            url, sqlite_synchronous=settings.storage.sqlite_synchronous, pool_size=settings.storage.pool_size
+        )
+        self.storage = storage
+        log.info("trimaran %s starting, storage %s", __version__, describe(storage.engine))
+        await anyio.to_thread.run_sync(storage.migrate)
+        self.listeners = self._build_listeners()
+        try:
+            async with anyio.create_task_group() as root:
+                root.start_soon(self._watch_signals, name="signals")
+                async with anyio.create_task_group() as connections:
+                    await self._start_listeners(connections)
+                    self.ready = True
+                    log.info("trimaran ready")
+                    await self._stop.wait()
+                    self.ready = False
+                    await self._shutdown(connections)
+                root.cancel_scope.cancel()
+        finally:
+            storage.close()
+            log.info("trimaran stopped")
+
+    async def _start_listeners(self, connections: TaskGroup) -> None:
+        for listener in self.listeners:
+            await connections.start(listener.serve, connections, name=f"{listener.name} listener")
+
+    async def _shutdown(self, connections: TaskGroup) -> None:
+        grace = self.settings.shutdown_grace_s
+        log.info("shutting down (grace %.1fs): no new connections", grace)
+        for listener in self.listeners:
+            listener.stop_accepting()
+        with anyio.move_on_after(grace):
+            await self._drain()
+        connections.cancel_scope.cancel()
+
+    async def _drain(self) -> None:
+        """Let protocol front ends flush what they acknowledged (they register here as they land)."""
+
+    async def _watch_signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.info("received %s", signal.Signals(signum).name)
+                self.request_stop()
+
+    def _build_listeners(self) -> list[Listener]:
+        listeners: list[Listener] = []
+        http = self.settings.http.bind
+        if http is not None:
+            listeners.append(
+                Listener("http", http, self.http.handle, nodelay=self.settings.listeners.tcp_nodelay)
+            )
+        return listeners
+
+    # -- admin routes ---------------------------------------------------------------------------
+
+    def _register_routes(self) -> None:
+        self.http.route("GET", "/healthz", self._healthz)
+        self.http.route("GET", "/readyz", self._readyz)
+
+    async def _healthz(self, _request: Request) -> Response:
+        return Response.json(
+            {"status": "ok", "version": __version__, "uptime_s": round(time.time() - self.started_at, 3)}
+        )
+
+    async def _readyz(self, _request: Request) -> Response:
+        checks: dict[str, Any] = {
+            "storage": self.storage is not None and await self.storage.aping(),
+            "listeners": {
+                listener.name: str(listener.bound) if listener.bound else None for listener in self.listeners
+            },
+            "accepting": self.ready,
+        }
+        ok = bool(checks["storage"]) and self.ready and all(checks["listeners"].values())
+        return Response.json({"status": "ready" if ok else "not ready", "checks": checks}, 200 if ok else 503)
+
+
+def run(settings: Settings) -> None:
+    """Run the server until a signal stops it."""
+    app = App(settings)
+    anyio.run(app.run, backend="asyncio", backend_options=_backend_options())
+
+
+def _backend_options() -> dict[str, Any]:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return {}
+    return {"use_uvloop": True}
