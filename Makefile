@@ -1,0 +1,45 @@
+# The README's two set-up commands: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+ARGS ?=
+
+.PHONY: run test test-all lint typecheck check system-deps clean
+
+run: $(VENV)/.installed-run
+	$(BIN)/trimaran serve $(ARGS)
+
+test: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest $(ARGS)
+
+# Slow suites too (crash tests, soak).
+test-all: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -m "" $(ARGS)
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check trimaran tests bench
+	$(BIN)/ruff format --check trimaran tests bench
+
+typecheck: $(VENV)/.installed-dev
+	$(BIN)/mypy
+
+check: lint typecheck test
+
+system-deps:
+	scripts/system-deps.sh
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed-run: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	scripts/system-deps.sh
+	$(BIN)/pip install --quiet -e '.[dev,postgres]'
+	touch $@ $(VENV)/.installed-run
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# System packages the test suite needs, from Debian's archive:
+#   gcc, libssl-dev   python-qpid-proton has no Linux wheel and builds from source
+#   postgresql        the storage tests start a throwaway cluster
+# Installs what is missing when we are root (or have sudo); otherwise says what to install.
+set -euo pipefail
+
+packages=(gcc libssl-dev postgresql)
+missing=()
+for package in "${packages[@]}"; do
+  dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "system-deps: please install: ${missing[*]} (no apt-get here)" >&2
+  exit 0
+fi
+sudo=()
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then sudo=(sudo); else
+    echo "system-deps: please install as root: apt-get install ${missing[*]}" >&2
+    exit 0
+  fi
+fi
+echo "system-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -qq
+"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# Debian starts a default cluster on install; the tests start their own on a free port.
+if command -v pg_lsclusters >/dev/null 2>&1; then
+  "${sudo[@]}" pg_lsclusters -h 2>/dev/null | awk '{print $1, $2}' | while read -r version name; do
+    "${sudo[@]}" pg_ctlcluster "$version" "$name" stop 2>/dev/null || true
+  done
+fi
