@@ -42,6 +42,7 @@ PURE_MODULES = {"trimaran." + path.removesuffix(".py").replace("/", ".") for pat
 
 
 def imported_modules(path: Path) -> set[str]:
+    """Every module a file imports; ``from pkg import name`` counts as ``pkg.name``."""
     tree = ast.parse(path.read_text(), str(path))
     names: set[str] = set()
     package = "trimaran." + str(path.parent.relative_to(PACKAGE)).replace("/", ".")
@@ -52,9 +53,12 @@ def imported_modules(path: Path) -> set[str]:
             if node.level:
                 base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
                 module = f"{base}.{node.module}" if node.module else base
-                names.update(f"{module}.{alias.name}" if not node.module else module for alias in node.names)
             else:
-                names.add(node.module or "")
+                module = node.module or ""
+            if module.startswith("trimaran"):
+                names.update(f"{module}.{alias.name}" for alias in node.names)
+            else:
+                names.add(module)
     return names
 
 
@@ -62,7 +66,8 @@ def is_allowed(module: str) -> bool:
     top = module.split(".")[0]
     if top in sys.stdlib_module_names or top == "__future__":
         return True
-    return module in PURE_MODULES or any(module.startswith(pure + ".") for pure in PURE_MODULES)
+    # ``from trimaran.mqtt.packets import Connect`` names a pure module's attribute.
+    return module in PURE_MODULES or module.rsplit(".", 1)[0] in PURE_MODULES
 
 
 present = [path for path in SANS_IO if (PACKAGE / path).exists()]
