@@ -1,0 +1,873 @@
+"""MQTT 3.1 / 3.1.1 / 5.0 wire codec, sans-IO.
+
+`Decoder` buffers bytes and yields whole packets; `encode()` turns a packet into bytes for a protocol
+level. Bad input raises `ProtocolError` carrying the MQTT 5.0 reason code to answer with (0x81
+Malformed Packet, 0x82 Protocol Error, 0x95 Packet too large, ...). After a `ProtocolError` the decoder
+is unusable: the connection must be closed.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from enum import Enum
+from typing import Final, Literal
+
+from trimaran.mqtt import reason_codes as rc
+from trimaran.mqtt.packets import (
+    MQTT_3_1,
+    MQTT_5,
+    Auth,
+    ConnAck,
+    Connect,
+    Disconnect,
+    Packet,
+    PingReq,
+    PingResp,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    SubAck,
+    Subscribe,
+    SubscriptionOptions,
+    UnsubAck,
+    Unsubscribe,
+    Will,
+)
+from trimaran.mqtt.properties import (
+    BOOLEAN_BYTE_PROPERTIES,
+    WILL,
+    DataType,
+    PacketType,
+    Properties,
+    PropertyDef,
+    properties_for,
+)
+
+__all__ = [
+    "MAX_PACKET_SIZE",
+    "MAX_VARINT",
+    "NEED_DATA",
+    "Decoder",
+    "NeedData",
+    "ProtocolError",
+    "check_utf8",
+    "decode_properties",
+    "decode_varint",
+    "encode",
+    "encode_properties",
+    "encode_varint",
+]
+
+MAX_VARINT: Final = 268_435_455
+# Largest possible packet: 1 byte header, 4 bytes remaining length, MAX_VARINT body.
+MAX_PACKET_SIZE: Final = 1 + 4 + MAX_VARINT
+
+MALFORMED: Final = rc.ReasonCode.MALFORMED_PACKET
+PROTOCOL: Final = rc.ReasonCode.PROTOCOL_ERROR
+
+
+class NeedData(Enum):
+    NEED_DATA = "NEED_DATA"
+
+    def __repr__(self) -> str:
+        return "NEED_DATA"
+
+
+NEED_DATA: Final = NeedData.NEED_DATA
+
+
+class ProtocolError(Exception):
+    """Bad input from the peer. `reason_code` is the MQTT 5.0 reason code to answer with."""
+
+    def __init__(self, reason_code: int, message: str) -> None:
+        super().__init__(message)
+        self.reason_code = rc.ReasonCode(reason_code)
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"ProtocolError(0x{self.reason_code:02X}, {self.message!r})"
+
+
+_U16: Final = struct.Struct("!H")
+_U32: Final = struct.Struct("!I")
+_u16_from = _U16.unpack_from
+_u32_from = _U32.unpack_from
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def encode_varint(value: int) -> bytes:
+    """Encode a Variable Byte Integer (section 1.5.5)."""
+    if value < 128:
+        if value < 0:
+            raise ValueError("variable byte integer must not be negative")
+        return bytes((value,))
+    if value > MAX_VARINT:
+        raise ValueError(f"variable byte integer too large: {value}")
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def decode_varint(data: bytes | bytearray | memoryview, pos: int, end: int) -> tuple[int, int]:
+    """Decode a Variable Byte Integer at `pos`; return (value, new position). Raises ProtocolError."""
+    value = 0
+    shift = 0
+    for i in range(4):
+        if pos >= end:
+            raise ProtocolError(MALFORMED, "truncated variable byte integer")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            if byte == 0 and i:
+                raise ProtocolError(MALFORMED, "variable byte integer not in its shortest form")
+            return value, pos
+        shift += 7
+    raise ProtocolError(MALFORMED, "variable byte integer longer than 4 bytes")
+
+
+def check_utf8(text: str) -> None:
+    """Raise ValueError if `text` cannot be sent as an MQTT UTF-8 string (U+0000, surrogates)."""
+    if "\x00" in text:
+        raise ValueError("MQTT strings must not contain U+0000")
+    text.encode("utf-8")  # raises UnicodeEncodeError (a ValueError) on surrogates
+
+
+def _malformed(message: str) -> ProtocolError:
+    return ProtocolError(MALFORMED, message)
+
+
+def _read_u16(mv: memoryview, pos: int, end: int) -> int:
+    if pos + 2 > end:
+        raise _malformed("truncated two byte integer")
+    value: int = _u16_from(mv, pos)[0]
+    return value
+
+
+def _read_str(mv: memoryview, pos: int, end: int) -> tuple[str, int]:
+    if pos + 2 > end:
+        raise _malformed("truncated string length")
+    stop = pos + 2 + _u16_from(mv, pos)[0]
+    if stop > end:
+        raise _malformed("string runs past the end of the packet")
+    try:
+        text = str(mv[pos + 2 : stop], "utf-8")
+    except UnicodeDecodeError:
+        raise _malformed("string is not well-formed UTF-8") from None
+    if "\x00" in text:
+        raise _malformed("string contains U+0000")
+    return text, stop
+
+
+def _read_bin(mv: memoryview, pos: int, end: int) -> tuple[bytes, int]:
+    if pos + 2 > end:
+        raise _malformed("truncated binary data length")
+    stop = pos + 2 + _u16_from(mv, pos)[0]
+    if stop > end:
+        raise _malformed("binary data runs past the end of the packet")
+    return bytes(mv[pos + 2 : stop]), stop
+
+
+def _str(text: str) -> bytes:
+    data = text.encode("utf-8")
+    if len(data) > 0xFFFF:
+        raise ValueError("MQTT string longer than 65535 bytes")
+    if b"\x00" in data:
+        raise ValueError("MQTT strings must not contain U+0000")
+    return _U16.pack(len(data)) + data
+
+
+def _bin(data: bytes) -> bytes:
+    if len(data) > 0xFFFF:
+        raise ValueError("MQTT binary data longer than 65535 bytes")
+    return _U16.pack(len(data)) + data
+
+
+# ------------------------------------------------------------------------------------------- properties
+
+_ALLOWED: dict[int, dict[int, PropertyDef]] = {
+    t: {p.identifier: p for p in properties_for(t)} for t in (WILL, *(int(t) for t in PacketType))
+}
+_PACKET_NAMES: dict[int, str] = {WILL: "Will", **{int(t): t.name for t in PacketType}}
+
+
+def decode_properties(mv: memoryview, pos: int, end: int, packet_type: int) -> tuple[Properties, int]:
+    """Decode a property block (length + properties) at `pos` for `packet_type` (or `WILL`)."""
+    length, pos = decode_varint(mv, pos, end)
+    stop = pos + length
+    if stop > end:
+        raise _malformed("properties run past the end of the packet")
+    props = Properties()
+    if not length:
+        return props, pos
+    allowed = _ALLOWED[packet_type]
+    while pos < stop:
+        ident = mv[pos]
+        pos += 1
+        pdef = allowed.get(ident)
+        if pdef is None:
+            raise _malformed(f"property 0x{ident:02X} is not allowed in {_PACKET_NAMES[packet_type]}")
+        dtype = pdef.data_type
+        value: object
+        if dtype is DataType.BYTE:
+            if pos >= stop:
+                raise _malformed("truncated property")
+            value = mv[pos]
+            pos += 1
+        elif dtype is DataType.TWO_BYTE_INT:
+            value = _read_u16(mv, pos, stop)
+            pos += 2
+        elif dtype is DataType.FOUR_BYTE_INT:
+            if pos + 4 > stop:
+                raise _malformed("truncated property")
+            value = _u32_from(mv, pos)[0]
+            pos += 4
+        elif dtype is DataType.VARINT:
+            value, pos = decode_varint(mv, pos, stop)
+        elif dtype is DataType.UTF8:
+            value, pos = _read_str(mv, pos, stop)
+        elif dtype is DataType.BINARY:
+            value, pos = _read_bin(mv, pos, stop)
+        else:  # UTF8_PAIR
+            key, pos = _read_str(mv, pos, stop)
+            val, pos = _read_str(mv, pos, stop)
+            value = (key, val)
+        if pdef.multiple:
+            getattr(props, pdef.name).append(value)
+        elif getattr(props, pdef.name) is not None:
+            raise ProtocolError(PROTOCOL, f"property {pdef.name} appears more than once")
+        else:
+            setattr(props, pdef.name, value)
+    _validate_properties(props, packet_type)
+    return props, pos
+
+
+def _validate_properties(props: Properties, packet_type: int) -> None:
+    for name in BOOLEAN_BYTE_PROPERTIES:
+        value = getattr(props, name)
+        if value is not None and value > 1:
+            raise ProtocolError(PROTOCOL, f"property {name} must be 0 or 1, got {value}")
+    if props.receive_maximum == 0:
+        raise ProtocolError(PROTOCOL, "receive_maximum must not be 0")
+    if props.maximum_packet_size == 0:
+        raise ProtocolError(PROTOCOL, "maximum_packet_size must not be 0")
+    if props.topic_alias == 0:
+        raise ProtocolError(rc.ReasonCode.TOPIC_ALIAS_INVALID, "topic alias 0 is not permitted")
+    if props.subscription_identifiers:
+        if 0 in props.subscription_identifiers:
+            raise ProtocolError(PROTOCOL, "subscription identifier 0 is not permitted")
+        if packet_type == PacketType.SUBSCRIBE and len(props.subscription_identifiers) > 1:
+            raise ProtocolError(PROTOCOL, "SUBSCRIBE carries more than one subscription identifier")
+    if props.authentication_data is not None and props.authentication_method is None:
+        raise ProtocolError(PROTOCOL, "authentication data without an authentication method")
+
+
+_EMPTY_PROPERTIES: Final = b"\x00"
+
+
+def encode_properties(props: Properties, packet_type: int) -> bytes:
+    """Encode a property block (length + properties). Properties not allowed on the packet are skipped."""
+    out = bytearray()
+    for pdef in properties_for(packet_type):
+        value = getattr(props, pdef.name)
+        if value is None:
+            continue
+        ident = pdef.identifier
+        dtype = pdef.data_type
+        if pdef.multiple:
+            for item in value:
+                out.append(ident)
+                if dtype is DataType.VARINT:
+                    out += encode_varint(item)
+                else:  # UTF8_PAIR
+                    out += _str(item[0])
+                    out += _str(item[1])
+            continue
+        out.append(ident)
+        if dtype is DataType.BYTE:
+            out.append(value)
+        elif dtype is DataType.TWO_BYTE_INT:
+            out += _U16.pack(value)
+        elif dtype is DataType.FOUR_BYTE_INT:
+            out += _U32.pack(value)
+        elif dtype is DataType.UTF8:
+            out += _str(value)
+        else:  # BINARY
+            out += _bin(value)
+    if not out:
+        return _EMPTY_PROPERTIES
+    return encode_varint(len(out)) + out
+
+
+# ------------------------------------------------------------------------------------------------ decode
+
+# Required fixed-header flags for every packet type but PUBLISH.
+_FLAGS: Final = {1: 0, 2: 0, 4: 0, 5: 0, 6: 2, 7: 0, 8: 2, 9: 0, 10: 2, 11: 0, 12: 0, 13: 0, 14: 0, 15: 0}
+
+
+def _decode_connect(flags: int, mv: memoryview, pos: int, end: int, level: int) -> Connect:
+    name, pos = _read_str(mv, pos, end)
+    if pos + 4 > end:
+        raise _malformed("truncated CONNECT variable header")
+    level = mv[pos]
+    cflags = mv[pos + 1]
+    keep_alive = _u16_from(mv, pos + 2)[0]
+    pos += 4
+    if not ((name == "MQTT" and level in (4, 5)) or (name == "MQIsdp" and level == MQTT_3_1)):
+        raise ProtocolError(
+            rc.ReasonCode.UNSUPPORTED_PROTOCOL_VERSION,
+            f"unsupported protocol {name!r} level {level}",
+        )
+    if cflags & 0x01:
+        raise _malformed("CONNECT reserved flag is set")
+    will_flag = cflags & 0x04
+    will_qos = (cflags >> 3) & 0x03
+    will_retain = bool(cflags & 0x20)
+    has_password = cflags & 0x40
+    has_username = cflags & 0x80
+    if will_qos == 3:
+        raise _malformed("will QoS 3")
+    if not will_flag and (will_qos or will_retain):
+        raise _malformed("will QoS or retain set without the will flag")
+    if level < MQTT_5 and has_password and not has_username:
+        raise _malformed("password flag set without the user name flag")
+    props = Properties()
+    if level == MQTT_5:
+        props, pos = decode_properties(mv, pos, end, PacketType.CONNECT)
+    client_id, pos = _read_str(mv, pos, end)
+    will = None
+    if will_flag:
+        will_props = Properties()
+        if level == MQTT_5:
+            will_props, pos = decode_properties(mv, pos, end, WILL)
+        will_topic, pos = _read_str(mv, pos, end)
+        will_payload, pos = _read_bin(mv, pos, end)
+        will = Will(will_topic, will_payload, will_qos, will_retain, will_props)
+    username = password = None
+    if has_username:
+        username, pos = _read_str(mv, pos, end)
+    if has_password:
+        password, pos = _read_bin(mv, pos, end)
+    if pos != end:
+        raise _malformed("trailing bytes after CONNECT payload")
+    return Connect(name, level, bool(cflags & 0x02), keep_alive, client_id, will, username, password, props)
+
+
+def _decode_connack(flags: int, mv: memoryview, pos: int, end: int, level: int) -> ConnAck:
+    if pos + 2 > end:
+        raise _malformed("truncated CONNACK")
+    ack_flags = mv[pos]
+    code = mv[pos + 1]
+    pos += 2
+    if ack_flags & 0xFE:
+        raise _malformed("CONNACK reserved flags are set")
+    if code not in (rc.CONNACK_CODES if level == MQTT_5 else rc.CONNACK_CODES_V311):
+        raise ProtocolError(PROTOCOL, f"invalid CONNACK reason code 0x{code:02X}")
+    if code and ack_flags:
+        raise ProtocolError(PROTOCOL, "session present set on a refused CONNACK")
+    props = Properties()
+    if level == MQTT_5 and pos < end:
+        props, pos = decode_properties(mv, pos, end, PacketType.CONNACK)
+    if pos != end:
+        raise _malformed("trailing bytes in CONNACK")
+    return ConnAck(bool(ack_flags), code, props)
+
+
+def _decode_publish(flags: int, mv: memoryview, pos: int, end: int, level: int) -> Publish:
+    qos = (flags >> 1) & 0x03
+    if qos == 3:
+        raise _malformed("PUBLISH with QoS 3")
+    dup = bool(flags & 0x08)
+    if dup and not qos:
+        raise _malformed("DUP flag set on a QoS 0 PUBLISH")
+    topic, pos = _read_str(mv, pos, end)
+    packet_id = None
+    if qos:
+        packet_id = _read_u16(mv, pos, end)
+        pos += 2
+        if not packet_id:
+            raise _malformed("packet identifier 0")
+    if level == MQTT_5:
+        if pos < end and mv[pos] == 0:  # the common case: no properties
+            props = Properties()
+            pos += 1
+        else:
+            props, pos = decode_properties(mv, pos, end, PacketType.PUBLISH)
+    else:
+        props = Properties()
+    return Publish(topic, bytes(mv[pos:end]), qos, bool(flags & 0x01), dup, packet_id, props)
+
+
+def _decode_ack(
+    cls: type[PubAck] | type[PubRec] | type[PubRel] | type[PubComp], ptype: int, codes: frozenset[int]
+) -> Callable[[int, memoryview, int, int, int], PubAck | PubRec | PubRel | PubComp]:
+    def decode(
+        flags: int, mv: memoryview, pos: int, end: int, level: int
+    ) -> PubAck | PubRec | PubRel | PubComp:
+        packet_id = _read_u16(mv, pos, end)
+        if not packet_id:
+            raise _malformed("packet identifier 0")
+        pos += 2
+        code = 0
+        props = Properties()
+        if level == MQTT_5 and pos < end:
+            code = mv[pos]
+            pos += 1
+            if code not in codes:
+                raise ProtocolError(PROTOCOL, f"invalid {cls.__name__} reason code 0x{code:02X}")
+            if pos < end:
+                props, pos = decode_properties(mv, pos, end, ptype)
+        if pos != end:
+            raise _malformed(f"trailing bytes in {cls.__name__}")
+        return cls(packet_id, code, props)
+
+    return decode
+
+
+def _decode_subscribe(flags: int, mv: memoryview, pos: int, end: int, level: int) -> Subscribe:
+    packet_id = _read_u16(mv, pos, end)
+    if not packet_id:
+        raise _malformed("packet identifier 0")
+    pos += 2
+    props = Properties()
+    if level == MQTT_5:
+        props, pos = decode_properties(mv, pos, end, PacketType.SUBSCRIBE)
+    subs: list[tuple[str, SubscriptionOptions]] = []
+    while pos < end:
+        topic_filter, pos = _read_str(mv, pos, end)
+        if pos >= end:
+            raise _malformed("missing subscription options")
+        opts = mv[pos]
+        pos += 1
+        qos = opts & 0x03
+        if qos == 3:
+            raise _malformed("subscription with QoS 3")
+        if level == MQTT_5:
+            if opts & 0xC0:
+                raise _malformed("subscription options reserved bits are set")
+            retain_handling = (opts >> 4) & 0x03
+            if retain_handling == 3:
+                raise ProtocolError(PROTOCOL, "retain handling 3")
+            options = SubscriptionOptions(qos, bool(opts & 0x04), bool(opts & 0x08), retain_handling)
+        else:
+            if opts & 0xFC:
+                raise _malformed("subscription options reserved bits are set")
+            options = SubscriptionOptions(qos)
+        subs.append((topic_filter, options))
+    if not subs:
+        raise ProtocolError(PROTOCOL, "SUBSCRIBE without any topic filter")
+    return Subscribe(packet_id, subs, props)
+
+
+def _decode_suback(flags: int, mv: memoryview, pos: int, end: int, level: int) -> SubAck:
+    packet_id = _read_u16(mv, pos, end)
+    pos += 2
+    if not packet_id:
+        raise _malformed("packet identifier 0")
+    props = Properties()
+    if level == MQTT_5:
+        props, pos = decode_properties(mv, pos, end, PacketType.SUBACK)
+    codes = list(mv[pos:end])
+    if not codes:
+        raise ProtocolError(PROTOCOL, "SUBACK without any reason code")
+    allowed = rc.SUBACK_CODES if level == MQTT_5 else rc.SUBACK_CODES_V311
+    for code in codes:
+        if code not in allowed:
+            raise ProtocolError(PROTOCOL, f"invalid SUBACK reason code 0x{code:02X}")
+    return SubAck(packet_id, codes, props)
+
+
+def _decode_unsubscribe(flags: int, mv: memoryview, pos: int, end: int, level: int) -> Unsubscribe:
+    packet_id = _read_u16(mv, pos, end)
+    pos += 2
+    if not packet_id:
+        raise _malformed("packet identifier 0")
+    props = Properties()
+    if level == MQTT_5:
+        props, pos = decode_properties(mv, pos, end, PacketType.UNSUBSCRIBE)
+    filters: list[str] = []
+    while pos < end:
+        topic_filter, pos = _read_str(mv, pos, end)
+        filters.append(topic_filter)
+    if not filters:
+        raise ProtocolError(PROTOCOL, "UNSUBSCRIBE without any topic filter")
+    return Unsubscribe(packet_id, filters, props)
+
+
+def _decode_unsuback(flags: int, mv: memoryview, pos: int, end: int, level: int) -> UnsubAck:
+    packet_id = _read_u16(mv, pos, end)
+    pos += 2
+    if not packet_id:
+        raise _malformed("packet identifier 0")
+    if level != MQTT_5:
+        if pos != end:
+            raise _malformed("trailing bytes in UNSUBACK")
+        return UnsubAck(packet_id)
+    props, pos = decode_properties(mv, pos, end, PacketType.UNSUBACK)
+    codes = list(mv[pos:end])
+    if not codes:
+        raise ProtocolError(PROTOCOL, "UNSUBACK without any reason code")
+    for code in codes:
+        if code not in rc.UNSUBACK_CODES:
+            raise ProtocolError(PROTOCOL, f"invalid UNSUBACK reason code 0x{code:02X}")
+    return UnsubAck(packet_id, codes, props)
+
+
+def _decode_pingreq(flags: int, mv: memoryview, pos: int, end: int, level: int) -> PingReq:
+    if pos != end:
+        raise _malformed("PINGREQ with a body")
+    return PingReq()
+
+
+def _decode_pingresp(flags: int, mv: memoryview, pos: int, end: int, level: int) -> PingResp:
+    if pos != end:
+        raise _malformed("PINGRESP with a body")
+    return PingResp()
+
+
+def _decode_disconnect(flags: int, mv: memoryview, pos: int, end: int, level: int) -> Disconnect:
+    code = 0
+    props = Properties()
+    if level == MQTT_5 and pos < end:
+        code = mv[pos]
+        pos += 1
+        if code not in rc.DISCONNECT_CODES:
+            raise ProtocolError(PROTOCOL, f"invalid DISCONNECT reason code 0x{code:02X}")
+        if pos < end:
+            props, pos = decode_properties(mv, pos, end, PacketType.DISCONNECT)
+    if pos != end:
+        raise _malformed("trailing bytes in DISCONNECT")
+    return Disconnect(code, props)
+
+
+def _decode_auth(flags: int, mv: memoryview, pos: int, end: int, level: int) -> Auth:
+    if level != MQTT_5:
+        raise _malformed("AUTH (packet type 15) is reserved before MQTT 5.0")
+    code = 0
+    props = Properties()
+    if pos < end:
+        code = mv[pos]
+        pos += 1
+        if code not in rc.AUTH_CODES:
+            raise ProtocolError(PROTOCOL, f"invalid AUTH reason code 0x{code:02X}")
+        if pos < end:
+            props, pos = decode_properties(mv, pos, end, PacketType.AUTH)
+    if pos != end:
+        raise _malformed("trailing bytes in AUTH")
+    return Auth(code, props)
+
+
+_Decode = Callable[[int, memoryview, int, int, int], Packet]
+_DECODERS: Final[dict[int, _Decode]] = {
+    1: _decode_connect,
+    2: _decode_connack,
+    3: _decode_publish,
+    4: _decode_ack(PubAck, PacketType.PUBACK, rc.PUBACK_CODES),
+    5: _decode_ack(PubRec, PacketType.PUBREC, rc.PUBREC_CODES),
+    6: _decode_ack(PubRel, PacketType.PUBREL, rc.PUBREL_CODES),
+    7: _decode_ack(PubComp, PacketType.PUBCOMP, rc.PUBCOMP_CODES),
+    8: _decode_subscribe,
+    9: _decode_suback,
+    10: _decode_unsubscribe,
+    11: _decode_unsuback,
+    12: _decode_pingreq,
+    13: _decode_pingresp,
+    14: _decode_disconnect,
+    15: _decode_auth,
+}
+
+
+class Decoder:
+    """Incremental packet decoder over its own buffer.
+
+    `protocol_level` is None until a CONNECT is decoded (a server-side decoder refuses anything else
+    first); the CONNECT sets it and later packets are decoded for that level. A client-side decoder is
+    constructed with the level it sent. `max_packet_size` bounds the whole packet (fixed header
+    included) and is checked as soon as the remaining length is known, before the body is awaited.
+    """
+
+    __slots__ = ("_buf", "_failed", "max_packet_size", "protocol_level")
+
+    def __init__(self, max_packet_size: int = MAX_PACKET_SIZE, protocol_level: int | None = None) -> None:
+        if protocol_level not in (None, 3, 4, 5):
+            raise ValueError(f"unknown protocol level {protocol_level}")
+        self._buf = bytearray()
+        self._failed: ProtocolError | None = None
+        self.max_packet_size = max_packet_size
+        self.protocol_level = protocol_level
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        self._buf += data
+
+    @property
+    def buffered(self) -> int:
+        """Number of bytes received but not yet decoded."""
+        return len(self._buf)
+
+    def next_packet(self) -> Packet | Literal[NeedData.NEED_DATA]:
+        if self._failed is not None:
+            raise self._failed
+        buf = self._buf
+        size = len(buf)
+        if size < 2:
+            return NEED_DATA
+        # Remaining length: a variable byte integer starting at offset 1.
+        byte = buf[1]
+        if byte < 0x80:
+            remaining = byte
+            start = 2
+        else:
+            remaining = byte & 0x7F
+            shift = 7
+            start = 2
+            while True:
+                if start >= size:
+                    return NEED_DATA
+                byte = buf[start]
+                start += 1
+                remaining |= (byte & 0x7F) << shift
+                if byte < 0x80:
+                    if byte == 0:
+                        raise self._fail(_malformed("remaining length not in its shortest form"))
+                    break
+                if start >= 5:
+                    raise self._fail(_malformed("remaining length longer than 4 bytes"))
+                shift += 7
+        total = start + remaining
+        if total > self.max_packet_size:
+            raise self._fail(
+                ProtocolError(
+                    rc.ReasonCode.PACKET_TOO_LARGE,
+                    f"packet of {total} bytes exceeds the maximum packet size {self.max_packet_size}",
+                )
+            )
+        first = buf[0]
+        ptype = first >> 4
+        level = self.protocol_level
+        if level is None and ptype != PacketType.CONNECT:
+            raise self._fail(ProtocolError(PROTOCOL, "the first packet must be CONNECT"))
+        if size < total:
+            return NEED_DATA
+        decode = _DECODERS.get(ptype)
+        if decode is None:
+            raise self._fail(_malformed("reserved packet type 0"))
+        flags = first & 0x0F
+        if ptype != PacketType.PUBLISH and flags != _FLAGS[ptype]:
+            raise self._fail(_malformed(f"invalid fixed header flags 0x{flags:X} for packet type {ptype}"))
+        mv = memoryview(buf)
+        try:
+            packet = decode(flags, mv, start, total, level or 0)
+        except ProtocolError as exc:
+            self._failed = exc
+            raise
+        finally:
+            mv.release()
+        if total == size:
+            buf.clear()
+        else:
+            del buf[:total]
+        if level is None and isinstance(packet, Connect):
+            self.protocol_level = packet.protocol_level
+        return packet
+
+    def _fail(self, exc: ProtocolError) -> ProtocolError:
+        self._failed = exc
+        return exc
+
+
+# ------------------------------------------------------------------------------------------------ encode
+
+
+def _frame(first: int, body: bytes | bytearray) -> bytes:
+    size = len(body)
+    if size < 128:
+        return bytes((first, size)) + body
+    return bytes((first,)) + encode_varint(size) + body
+
+
+def _encode_connect(p: Connect, level: int) -> bytes:
+    level = p.protocol_level
+    flags = 0
+    if p.clean_start:
+        flags |= 0x02
+    will = p.will
+    if will is not None:
+        flags |= 0x04 | (will.qos << 3)
+        if will.retain:
+            flags |= 0x20
+    if p.password is not None:
+        flags |= 0x40
+    if p.username is not None:
+        flags |= 0x80
+    body = bytearray(_str(p.protocol_name))
+    body.append(level)
+    body.append(flags)
+    body += _U16.pack(p.keep_alive)
+    if level == MQTT_5:
+        body += encode_properties(p.properties, PacketType.CONNECT)
+    body += _str(p.client_id)
+    if will is not None:
+        if level == MQTT_5:
+            body += encode_properties(will.properties, WILL)
+        body += _str(will.topic)
+        body += _bin(will.payload)
+    if p.username is not None:
+        body += _str(p.username)
+    if p.password is not None:
+        body += _bin(p.password)
+    return _frame(0x10, body)
+
+
+def _encode_connack(p: ConnAck, level: int) -> bytes:
+    body = bytes((1 if p.session_present else 0, p.reason_code))
+    if level == MQTT_5:
+        body += encode_properties(p.properties, PacketType.CONNACK)
+    return _frame(0x20, body)
+
+
+def _encode_publish(p: Publish, level: int) -> bytes:
+    first = 0x30 | (p.qos << 1)
+    if p.retain:
+        first |= 0x01
+    if p.dup:
+        first |= 0x08
+    topic = p.topic.encode("utf-8")
+    if len(topic) > 0xFFFF:
+        raise ValueError("topic longer than 65535 bytes")
+    parts = [_U16.pack(len(topic)), topic]
+    if p.qos:
+        if not p.packet_id:
+            raise ValueError("a QoS 1/2 PUBLISH needs a non-zero packet identifier")
+        parts.append(_U16.pack(p.packet_id))
+    if level == MQTT_5:
+        parts.append(encode_properties(p.properties, PacketType.PUBLISH))
+    parts.append(p.payload)
+    size = sum(map(len, parts))
+    header = bytes((first, size)) if size < 128 else bytes((first,)) + encode_varint(size)
+    return b"".join((header, *parts))
+
+
+def _ack_encoder(first: int, ptype: int) -> Callable[[PubAck | PubRec | PubRel | PubComp, int], bytes]:
+    def encode(p: PubAck | PubRec | PubRel | PubComp, level: int) -> bytes:
+        pid = _U16.pack(p.packet_id)
+        if level != MQTT_5:
+            return bytes((first, 2)) + pid
+        props = encode_properties(p.properties, ptype)
+        if props == _EMPTY_PROPERTIES:
+            if p.reason_code == 0:
+                return bytes((first, 2)) + pid
+            return bytes((first, 3)) + pid + bytes((p.reason_code,))
+        return _frame(first, pid + bytes((p.reason_code,)) + props)
+
+    return encode
+
+
+def _encode_subscribe(p: Subscribe, level: int) -> bytes:
+    body = bytearray(_U16.pack(p.packet_id))
+    if level == MQTT_5:
+        body += encode_properties(p.properties, PacketType.SUBSCRIBE)
+    for topic_filter, opts in p.subscriptions:
+        body += _str(topic_filter)
+        byte = opts.qos
+        if level == MQTT_5:
+            byte |= (
+                (0x04 if opts.no_local else 0)
+                | (0x08 if opts.retain_as_published else 0)
+                | (opts.retain_handling << 4)
+            )
+        body.append(byte)
+    return _frame(0x82, body)
+
+
+def _encode_suback(p: SubAck, level: int) -> bytes:
+    body = bytearray(_U16.pack(p.packet_id))
+    if level == MQTT_5:
+        body += encode_properties(p.properties, PacketType.SUBACK)
+    body += bytes(p.reason_codes)
+    return _frame(0x90, body)
+
+
+def _encode_unsubscribe(p: Unsubscribe, level: int) -> bytes:
+    body = bytearray(_U16.pack(p.packet_id))
+    if level == MQTT_5:
+        body += encode_properties(p.properties, PacketType.UNSUBSCRIBE)
+    for topic_filter in p.topic_filters:
+        body += _str(topic_filter)
+    return _frame(0xA2, body)
+
+
+def _encode_unsuback(p: UnsubAck, level: int) -> bytes:
+    body = bytearray(_U16.pack(p.packet_id))
+    if level == MQTT_5:
+        body += encode_properties(p.properties, PacketType.UNSUBACK)
+        body += bytes(p.reason_codes)
+    return _frame(0xB0, body)
+
+
+def _encode_pingreq(p: PingReq, level: int) -> bytes:
+    return b"\xc0\x00"
+
+
+def _encode_pingresp(p: PingResp, level: int) -> bytes:
+    return b"\xd0\x00"
+
+
+def _encode_disconnect(p: Disconnect, level: int) -> bytes:
+    if level != MQTT_5:
+        return b"\xe0\x00"
+    props = encode_properties(p.properties, PacketType.DISCONNECT)
+    if props == _EMPTY_PROPERTIES:
+        if p.reason_code == 0:
+            return b"\xe0\x00"
+        return bytes((0xE0, 1, p.reason_code))
+    return _frame(0xE0, bytes((p.reason_code,)) + props)
+
+
+def _encode_auth(p: Auth, level: int) -> bytes:
+    if level != MQTT_5:
+        raise ValueError("AUTH exists only in MQTT 5.0")
+    props = encode_properties(p.properties, PacketType.AUTH)
+    if props == _EMPTY_PROPERTIES and p.reason_code == 0:
+        return b"\xf0\x00"
+    return _frame(0xF0, bytes((p.reason_code,)) + props)
+
+
+_ENCODERS: Final[dict[type, Callable[..., bytes]]] = {
+    Connect: _encode_connect,
+    ConnAck: _encode_connack,
+    Publish: _encode_publish,
+    PubAck: _ack_encoder(0x40, PacketType.PUBACK),
+    PubRec: _ack_encoder(0x50, PacketType.PUBREC),
+    PubRel: _ack_encoder(0x62, PacketType.PUBREL),
+    PubComp: _ack_encoder(0x70, PacketType.PUBCOMP),
+    Subscribe: _encode_subscribe,
+    SubAck: _encode_suback,
+    Unsubscribe: _encode_unsubscribe,
+    UnsubAck: _encode_unsuback,
+    PingReq: _encode_pingreq,
+    PingResp: _encode_pingresp,
+    Disconnect: _encode_disconnect,
+    Auth: _encode_auth,
+}
+
+
+def encode(packet: Packet, protocol_level: int) -> bytes:
+    """Encode `packet` for `protocol_level` (3, 4 or 5). A CONNECT is encoded for its own level.
+
+    Properties are dropped below level 5, as are reason codes that level cannot carry. Raises
+    ValueError for a packet that cannot be encoded (string too long, missing packet identifier...).
+    """
+    return _ENCODERS[type(packet)](packet, protocol_level)

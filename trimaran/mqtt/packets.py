@@ -1,0 +1,184 @@
+"""MQTT control packets as plain dataclasses, one per packet type, for MQTT 3.1, 3.1.1 and 5.0.
+
+Fields that do not exist in a protocol level are left at their defaults there: 3.1/3.1.1 packets carry
+empty `Properties`, reason code 0 on PUBACK/PUBREC/PUBREL/PUBCOMP/DISCONNECT, and an empty
+`reason_codes` list on UNSUBACK.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trimaran.mqtt.properties import PacketType, Properties
+
+__all__ = [
+    "Auth",
+    "ConnAck",
+    "Connect",
+    "Disconnect",
+    "Packet",
+    "PacketType",
+    "PingReq",
+    "PingResp",
+    "PubAck",
+    "PubComp",
+    "PubRec",
+    "PubRel",
+    "Publish",
+    "SubAck",
+    "Subscribe",
+    "SubscriptionOptions",
+    "UnsubAck",
+    "Unsubscribe",
+    "Will",
+]
+
+# Protocol levels (the "Protocol Version" byte of CONNECT).
+MQTT_3_1 = 3
+MQTT_3_1_1 = 4
+MQTT_5 = 5
+
+
+@dataclass(slots=True)
+class Will:
+    topic: str
+    payload: bytes
+    qos: int = 0
+    retain: bool = False
+    properties: Properties = field(default_factory=Properties)
+
+
+@dataclass(slots=True)
+class Connect:
+    protocol_name: str = "MQTT"  # "MQIsdp" for level 3
+    protocol_level: int = MQTT_3_1_1
+    clean_start: bool = True  # "Clean Session" in 3.1/3.1.1
+    keep_alive: int = 60
+    client_id: str = ""
+    will: Will | None = None
+    username: str | None = None
+    password: bytes | None = None
+    properties: Properties = field(default_factory=Properties)
+
+
+@dataclass(slots=True)
+class ConnAck:
+    session_present: bool = False
+    reason_code: int = 0  # 3.1/3.1.1: the CONNACK return code
+    properties: Properties = field(default_factory=Properties)
+
+
+@dataclass(slots=True)
+class Publish:
+    topic: str
+    payload: bytes = b""
+    qos: int = 0
+    retain: bool = False
+    dup: bool = False
+    packet_id: int | None = None  # present iff qos > 0
+    properties: Properties = field(default_factory=Properties)
+
+
+@dataclass(slots=True)
+class PubAck:
+    packet_id: int
+    reason_code: int = 0
+    properties: Properties = field(default_factory=Properties)
+
+
+@dataclass(slots=True)
+class PubRec:
+    packet_id: int
+    reason_code: int = 0
+    properties: Properties = field(default_factory=Properties)
+
+
+@dataclass(slots=True)
+class PubRel:
+    packet_id: int
+    reason_code: int = 0
+    properties: Properties = field(default_factory=Properties)
+
+
+@dataclass(slots=True)
+class PubComp:
+    packet_id: int
+    reason_code: int = 0
+    properties: Properties = field(default_factory=Properties)
+
+
+@dataclass(slots=True)
+class SubscriptionOptions:
+    qos: int = 0
+    no_local: bool = False  # 5.0 only
+    retain_as_published: bool = False  # 5.0 only
+    retain_handling: int = 0  # 5.0 only: 0 send, 1 send if new subscription, 2 do not send
+
+
+@dataclass(slots=True)
+class Subscribe:
+    packet_id: int
+    subscriptions: list[tuple[str, SubscriptionOptions]]
+    properties: Properties = field(default_factory=Properties)
+
+
+@dataclass(slots=True)
+class SubAck:
+    packet_id: int
+    reason_codes: list[int]
+    properties: Properties = field(default_factory=Properties)
+
+
+@dataclass(slots=True)
+class Unsubscribe:
+    packet_id: int
+    topic_filters: list[str]
+    properties: Properties = field(default_factory=Properties)
+
+
+@dataclass(slots=True)
+class UnsubAck:
+    packet_id: int
+    reason_codes: list[int] = field(default_factory=list)  # 5.0 only; empty in 3.1/3.1.1
+    properties: Properties = field(default_factory=Properties)
+
+
+@dataclass(slots=True)
+class PingReq:
+    pass
+
+
+@dataclass(slots=True)
+class PingResp:
+    pass
+
+
+@dataclass(slots=True)
+class Disconnect:
+    reason_code: int = 0  # 5.0 only
+    properties: Properties = field(default_factory=Properties)
+
+
+@dataclass(slots=True)
+class Auth:
+    reason_code: int = 0
+    properties: Properties = field(default_factory=Properties)
+
+
+Packet = (
+    Connect
+    | ConnAck
+    | Publish
+    | PubAck
+    | PubRec
+    | PubRel
+    | PubComp
+    | Subscribe
+    | SubAck
+    | Unsubscribe
+    | UnsubAck
+    | PingReq
+    | PingResp
+    | Disconnect
+    | Auth
+)
