@@ -1,0 +1,90 @@
+"""Messages to and from SQL rows: payload as bytes, the rest as one JSON text column.
+
+Shared by retained messages, MQTT session queues and the durable queues, so every table stores a
+message the same way and Spark reads one format.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from trimaran.broker.message import Message
+
+_BYTES = "$b64"
+
+
+def _plain(value: Any) -> Any:
+    """JSON-safe form of a property value; bytes become ``{"$b64": ...}``."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {_BYTES: base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _restore(value: Any) -> Any:
+    if isinstance(value, dict):
+        if len(value) == 1 and _BYTES in value:
+            return base64.b64decode(value[_BYTES])
+        return {k: _restore(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_restore(v) for v in value]
+    return value
+
+
+def properties_json(message: Message) -> str:
+    """Everything but topic, payload, qos and retain, as compact JSON (absent fields left out)."""
+    props: dict[str, Any] = {"protocol": message.protocol, "created_at_ms": message.created_at_ms}
+    if message.content_type is not None:
+        props["content_type"] = message.content_type
+    if message.correlation_data is not None:
+        props["correlation_data"] = _plain(message.correlation_data)
+    if message.response_topic is not None:
+        props["response_topic"] = message.response_topic
+    if message.payload_format is not None:
+        props["payload_format"] = message.payload_format
+    if message.expires_at_ms is not None:
+        props["expires_at_ms"] = message.expires_at_ms
+    if message.user_properties:
+        props["user_properties"] = [list(pair) for pair in message.user_properties]
+    if message.publisher_id is not None:
+        props["publisher_id"] = message.publisher_id
+    if message.extra:
+        props["extra"] = _plain(message.extra)
+    return json.dumps(props, separators=(",", ":"), ensure_ascii=False)
+
+
+def message_from(topic: str, payload: bytes, qos: int, retain: bool, properties: str | None) -> Message:
+    props: dict[str, Any] = json.loads(properties) if properties else {}
+    correlation = props.get("correlation_data")
+    return Message(
+        topic=topic,
+        payload=bytes(payload),
+        qos=qos,
+        retain=retain,
+        content_type=props.get("content_type"),
+        correlation_data=_restore(correlation) if correlation is not None else None,
+        response_topic=props.get("response_topic"),
+        payload_format=props.get("payload_format"),
+        expires_at_ms=props.get("expires_at_ms"),
+        user_properties=[(str(k), str(v)) for k, v in props.get("user_properties", [])],
+        publisher_id=props.get("publisher_id"),
+        protocol=props.get("protocol", "internal"),
+        created_at_ms=props.get("created_at_ms", 0),
+        extra=_restore(props.get("extra", {})),
+    )
+
+
+def message_row(message: Message) -> dict[str, Any]:
+    """Column values for tables that store a whole message."""
+    return {
+        "topic": message.topic,
+        "payload": message.payload,
+        "qos": message.qos,
+        "retain": message.retain,
+        "properties": properties_json(message),
+    }
