@@ -1,0 +1,557 @@
+"""AMQP 1.0 composite types, declared once as tables of fields.
+
+Each composite is a keyword-only dataclass whose fields carry their AMQP definition
+(``fld(type, default=..., multiple=...)``); the :func:`composite` decorator turns the class
+into a row of the registry (descriptor code and symbol plus its field table), and one generic
+encoder/decoder (:func:`to_described`, :func:`from_described`) is driven by that table.
+Nothing is hand-written per type.
+
+Encoding rules: a field equal to its default is sent as null, trailing nulls are omitted,
+``multiple`` fields are sent as arrays. Decoding rules: null or missing fields take their
+default, a missing mandatory field raises ``DecodeError`` with ``amqp:invalid-field``, extra
+trailing fields are ignored, a ``multiple`` field is always decoded to a ``list`` (or
+``None``), integers of restricted types are plain ``int``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar, cast, dataclass_transform
+
+from .codec import decode_value, encode_into
+from .types import (
+    Array,
+    Byte,
+    DecodeError,
+    Described,
+    EncodeError,
+    Int,
+    Long,
+    Short,
+    Symbol,
+    T,
+    Timestamp,
+    UByte,
+    UInt,
+    ULong,
+    UShort,
+)
+
+_REQUIRED: Any = dataclasses.MISSING
+
+# Field type names: AMQP primitive names, "*" (any value), or a composite group / name.
+_INT_TYPES: dict[str, type[int]] = {
+    "ubyte": UByte,
+    "ushort": UShort,
+    "uint": UInt,
+    "ulong": ULong,
+    "byte": Byte,
+    "short": Short,
+    "int": Int,
+    "long": Long,
+}
+_ARRAY_TYPES: dict[str, T] = {
+    "symbol": T.SYMBOL,
+    "string": T.STRING,
+    "uint": T.UINT,
+    "ulong": T.ULONG,
+    "binary": T.BINARY,
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FieldSpec:
+    attr: str
+    type: str
+    mandatory: bool
+    multiple: bool
+    default: Any
+
+
+def fld(type_: str, *, default: Any = _REQUIRED, multiple: bool = False) -> Any:
+    """Declare a composite field. No ``default`` means the field is mandatory."""
+    md = {"amqp_type": type_, "multiple": multiple}
+    if default is _REQUIRED:
+        return dataclasses.field(metadata=md)
+    return dataclasses.field(default=default, metadata=md)
+
+
+class Composite:
+    """Base of every described list type. Subclasses are made by :func:`composite`."""
+
+    CODE: ClassVar[int]
+    NAME: ClassVar[Symbol]
+    GROUPS: ClassVar[tuple[str, ...]]
+    FIELDS: ClassVar[tuple[FieldSpec, ...]]
+
+    def to_described(self) -> Described:
+        return to_described(self)
+
+
+_BY_CODE: dict[int, type[Composite]] = {}
+_BY_NAME: dict[str, type[Composite]] = {}
+_BY_GROUP: dict[str, set[type[Composite]]] = {}
+
+C = TypeVar("C", bound=type[Composite])
+
+
+@dataclass_transform(kw_only_default=True, field_specifiers=(fld,))
+def composite(code: int, name: str, *groups: str) -> Callable[[C], C]:
+    """Register a composite type: ``code`` is the descriptor's ulong (domain 0x00000000)."""
+
+    def wrap(cls: C) -> C:
+        dc: Any = dataclasses.dataclass(kw_only=True, slots=True)(cls)
+        specs = []
+        for f in dataclasses.fields(dc):
+            default = None if f.default is dataclasses.MISSING else f.default
+            specs.append(
+                FieldSpec(
+                    f.name,
+                    f.metadata["amqp_type"],
+                    f.default is dataclasses.MISSING,
+                    f.metadata["multiple"],
+                    default,
+                )
+            )
+        dc.CODE = code
+        dc.NAME = Symbol(name)
+        dc.GROUPS = groups
+        dc.FIELDS = tuple(specs)
+        _BY_CODE[code] = dc
+        _BY_NAME[name] = dc
+        for g in (dc.__name__, *groups):
+            _BY_GROUP.setdefault(g, set()).add(dc)
+        _BY_GROUP.setdefault(_kebab(dc.__name__), set()).add(dc)
+        return cast(C, dc)
+
+    return wrap
+
+
+def _kebab(name: str) -> str:
+    return "".join("-" + c.lower() if c.isupper() else c for c in name).lstrip("-")
+
+
+# --------------------------------------------------------------------------------------
+# Generic encode / decode driven by FIELDS
+# --------------------------------------------------------------------------------------
+
+
+def _encode_scalar(type_: str, v: Any) -> Any:
+    wrap = _INT_TYPES.get(type_)
+    if wrap is not None:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise EncodeError(f"{type_} field needs an int, got {v!r}")
+        return wrap(v)
+    if type_ == "symbol":
+        return Symbol(v)
+    if type_ == "boolean":
+        return bool(v)
+    if type_ == "timestamp":
+        if isinstance(v, datetime.datetime):
+            return v
+        return Timestamp(v)
+    if type_ in ("fields", "map"):
+        if not isinstance(v, dict):
+            raise EncodeError(f"{type_} field needs a dict")
+        if type_ == "fields":
+            return {Symbol(k) if type(k) is str else k: x for k, x in v.items()}
+        return v
+    if isinstance(v, Composite):
+        return to_described(v)
+    return v
+
+
+def to_described(obj: Composite) -> Described:
+    values: list[Any] = []
+    for spec in obj.FIELDS:
+        v = getattr(obj, spec.attr)
+        if v is None or (not spec.mandatory and v == spec.default and type(v) is type(spec.default)):
+            values.append(None)
+            continue
+        if spec.multiple and isinstance(v, (list, tuple)):
+            items = [_encode_scalar(spec.type, x) for x in v]
+            values.append(Array(_ARRAY_TYPES.get(spec.type, T.SYMBOL), items))
+        else:
+            values.append(_encode_scalar(spec.type, v))
+    while values and values[-1] is None:
+        values.pop()
+    return Described(ULong(obj.CODE), values)
+
+
+def encode_composite(out: bytearray, obj: Composite) -> None:
+    encode_into(out, to_described(obj))
+
+
+def _decode_scalar(spec: FieldSpec, v: Any) -> Any:
+    t = spec.type
+    wrap = _INT_TYPES.get(t)
+    if wrap is not None:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise DecodeError(f"field {spec.attr} must be {t}", "amqp:invalid-field")
+        try:
+            wrap(v)
+        except EncodeError:
+            raise DecodeError(f"field {spec.attr} out of range for {t}", "amqp:invalid-field") from None
+        return int(v)
+    if t == "symbol":
+        if not isinstance(v, str):
+            raise DecodeError(f"field {spec.attr} must be a symbol", "amqp:invalid-field")
+        return v if type(v) is Symbol else Symbol(v)
+    if t == "string":
+        if not isinstance(v, str):
+            raise DecodeError(f"field {spec.attr} must be a string", "amqp:invalid-field")
+        return v
+    if t == "binary":
+        if not isinstance(v, bytes):
+            raise DecodeError(f"field {spec.attr} must be binary", "amqp:invalid-field")
+        return v
+    if t == "boolean":
+        if not isinstance(v, bool):
+            raise DecodeError(f"field {spec.attr} must be a boolean", "amqp:invalid-field")
+        return v
+    if t == "timestamp":
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise DecodeError(f"field {spec.attr} must be a timestamp", "amqp:invalid-field")
+        return Timestamp(v)
+    if t in ("fields", "map"):
+        if not isinstance(v, dict):
+            raise DecodeError(f"field {spec.attr} must be a map", "amqp:invalid-field")
+        return v
+    if t == "*":
+        if isinstance(v, Described):
+            cls = _lookup(v.descriptor)
+            if cls is not None and isinstance(v.value, list):
+                return from_described(v)
+        return v
+    # A composite group or type name.
+    allowed = _BY_GROUP.get(t)
+    if allowed is None or not isinstance(v, Described):
+        raise DecodeError(f"field {spec.attr} must be a described {t}", "amqp:invalid-field")
+    obj = from_described(v)
+    if type(obj) not in allowed:
+        raise DecodeError(f"field {spec.attr} must be {t}, got {type(obj).__name__}", "amqp:invalid-field")
+    return obj
+
+
+def _lookup(descriptor: Any) -> type[Composite] | None:
+    if isinstance(descriptor, str):
+        return _BY_NAME.get(descriptor)
+    if isinstance(descriptor, int) and not isinstance(descriptor, bool):
+        return _BY_CODE.get(descriptor)
+    return None
+
+
+def from_described(d: Described) -> Composite:
+    """Build the registered composite that ``d`` describes."""
+    cls = _lookup(d.descriptor)
+    if cls is None:
+        raise DecodeError(f"unknown descriptor {d.descriptor!r}")
+    values = d.value
+    if not isinstance(values, list):
+        raise DecodeError(f"{cls.__name__} body is not a list")
+    kwargs: dict[str, Any] = {}
+    n = len(values)
+    for i, spec in enumerate(cls.FIELDS):
+        v = values[i] if i < n else None
+        if v is None:
+            if spec.mandatory:
+                raise DecodeError(f"{cls.NAME}: mandatory field {spec.attr} is missing", "amqp:invalid-field")
+            kwargs[spec.attr] = spec.default
+        elif spec.multiple:
+            items = v.items if isinstance(v, Array) else v if isinstance(v, list) else [v]
+            kwargs[spec.attr] = [_decode_scalar(spec, x) for x in items]
+        else:
+            kwargs[spec.attr] = _decode_scalar(spec, v)
+    return cls(**kwargs)
+
+
+def decode_composite(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[Composite, int]:
+    """Decode one registered composite at ``pos``; returns it and the position after it."""
+    v, end = decode_value(buf, pos)
+    if not isinstance(v, Described):
+        raise DecodeError("expected a described type")
+    return from_described(v), end
+
+
+# --------------------------------------------------------------------------------------
+# Constants
+# --------------------------------------------------------------------------------------
+
+ROLE_SENDER = False
+ROLE_RECEIVER = True
+SND_UNSETTLED = 0
+SND_SETTLED = 1
+SND_MIXED = 2
+RCV_FIRST = 0
+RCV_SECOND = 1
+MAX_UINT = 0xFFFF_FFFF
+
+DECODE_ERROR = Symbol("amqp:decode-error")
+INTERNAL_ERROR = Symbol("amqp:internal-error")
+NOT_FOUND = Symbol("amqp:not-found")
+UNAUTHORIZED_ACCESS = Symbol("amqp:unauthorized-access")
+RESOURCE_LIMIT_EXCEEDED = Symbol("amqp:resource-limit-exceeded")
+NOT_ALLOWED = Symbol("amqp:not-allowed")
+INVALID_FIELD = Symbol("amqp:invalid-field")
+NOT_IMPLEMENTED = Symbol("amqp:not-implemented")
+ILLEGAL_STATE = Symbol("amqp:illegal-state")
+PRECONDITION_FAILED = Symbol("amqp:precondition-failed")
+CONNECTION_FORCED = Symbol("amqp:connection:forced")
+FRAMING_ERROR = Symbol("amqp:connection:framing-error")
+WINDOW_VIOLATION = Symbol("amqp:session:window-violation")
+ERRANT_LINK = Symbol("amqp:session:errant-link")
+HANDLE_IN_USE = Symbol("amqp:session:handle-in-use")
+UNATTACHED_HANDLE = Symbol("amqp:session:unattached-handle")
+DETACH_FORCED = Symbol("amqp:link:detach-forced")
+TRANSFER_LIMIT_EXCEEDED = Symbol("amqp:link:transfer-limit-exceeded")
+MESSAGE_SIZE_EXCEEDED = Symbol("amqp:link:message-size-exceeded")
+LINK_REDIRECT = Symbol("amqp:link:redirect")
+LINK_STOLEN = Symbol("amqp:link:stolen")
+
+# --------------------------------------------------------------------------------------
+# The tables
+# --------------------------------------------------------------------------------------
+
+
+@composite(0x1D, "amqp:error:list")
+class Error(Composite):
+    condition: Symbol = fld("symbol")
+    description: str | None = fld("string", default=None)
+    info: dict[Any, Any] | None = fld("fields", default=None)
+
+
+@composite(0x10, "amqp:open:list", "frame")
+class Open(Composite):
+    container_id: str = fld("string")
+    hostname: str | None = fld("string", default=None)
+    max_frame_size: int = fld("uint", default=MAX_UINT)
+    channel_max: int = fld("ushort", default=0xFFFF)
+    idle_time_out: int | None = fld("uint", default=None)
+    outgoing_locales: list[Symbol] | None = fld("symbol", default=None, multiple=True)
+    incoming_locales: list[Symbol] | None = fld("symbol", default=None, multiple=True)
+    offered_capabilities: list[Symbol] | None = fld("symbol", default=None, multiple=True)
+    desired_capabilities: list[Symbol] | None = fld("symbol", default=None, multiple=True)
+    properties: dict[Any, Any] | None = fld("fields", default=None)
+
+
+@composite(0x11, "amqp:begin:list", "frame")
+class Begin(Composite):
+    remote_channel: int | None = fld("ushort", default=None)
+    next_outgoing_id: int = fld("uint")
+    incoming_window: int = fld("uint")
+    outgoing_window: int = fld("uint")
+    handle_max: int = fld("uint", default=MAX_UINT)
+    offered_capabilities: list[Symbol] | None = fld("symbol", default=None, multiple=True)
+    desired_capabilities: list[Symbol] | None = fld("symbol", default=None, multiple=True)
+    properties: dict[Any, Any] | None = fld("fields", default=None)
+
+
+@composite(0x12, "amqp:attach:list", "frame")
+class Attach(Composite):
+    name: str = fld("string")
+    handle: int = fld("uint")
+    role: bool = fld("boolean")
+    snd_settle_mode: int = fld("ubyte", default=SND_MIXED)
+    rcv_settle_mode: int = fld("ubyte", default=RCV_FIRST)
+    source: Any = fld("*", default=None)
+    target: Any = fld("*", default=None)
+    unsettled: dict[Any, Any] | None = fld("map", default=None)
+    incomplete_unsettled: bool = fld("boolean", default=False)
+    initial_delivery_count: int | None = fld("uint", default=None)
+    max_message_size: int | None = fld("ulong", default=None)
+    offered_capabilities: list[Symbol] | None = fld("symbol", default=None, multiple=True)
+    desired_capabilities: list[Symbol] | None = fld("symbol", default=None, multiple=True)
+    properties: dict[Any, Any] | None = fld("fields", default=None)
+
+
+@composite(0x13, "amqp:flow:list", "frame")
+class Flow(Composite):
+    next_incoming_id: int | None = fld("uint", default=None)
+    incoming_window: int = fld("uint")
+    next_outgoing_id: int = fld("uint")
+    outgoing_window: int = fld("uint")
+    handle: int | None = fld("uint", default=None)
+    delivery_count: int | None = fld("uint", default=None)
+    link_credit: int | None = fld("uint", default=None)
+    available: int | None = fld("uint", default=None)
+    drain: bool = fld("boolean", default=False)
+    echo: bool = fld("boolean", default=False)
+    properties: dict[Any, Any] | None = fld("fields", default=None)
+
+
+@composite(0x14, "amqp:transfer:list", "frame")
+class Transfer(Composite):
+    handle: int = fld("uint")
+    delivery_id: int | None = fld("uint", default=None)
+    delivery_tag: bytes | None = fld("binary", default=None)
+    message_format: int | None = fld("uint", default=None)
+    settled: bool | None = fld("boolean", default=None)
+    more: bool = fld("boolean", default=False)
+    rcv_settle_mode: int | None = fld("ubyte", default=None)
+    state: Any = fld("delivery-state", default=None)
+    resume: bool = fld("boolean", default=False)
+    aborted: bool = fld("boolean", default=False)
+    batchable: bool = fld("boolean", default=False)
+
+
+@composite(0x15, "amqp:disposition:list", "frame")
+class Disposition(Composite):
+    role: bool = fld("boolean")
+    first: int = fld("uint")
+    last: int | None = fld("uint", default=None)
+    settled: bool = fld("boolean", default=False)
+    state: Any = fld("delivery-state", default=None)
+    batchable: bool = fld("boolean", default=False)
+
+
+@composite(0x16, "amqp:detach:list", "frame")
+class Detach(Composite):
+    handle: int = fld("uint")
+    closed: bool = fld("boolean", default=False)
+    error: Error | None = fld("error", default=None)
+
+
+@composite(0x17, "amqp:end:list", "frame")
+class End(Composite):
+    error: Error | None = fld("error", default=None)
+
+
+@composite(0x18, "amqp:close:list", "frame")
+class Close(Composite):
+    error: Error | None = fld("error", default=None)
+
+
+# Delivery states and outcomes.
+
+
+@composite(0x23, "amqp:received:list", "delivery-state")
+class Received(Composite):
+    section_number: int = fld("uint")
+    section_offset: int = fld("ulong")
+
+
+@composite(0x24, "amqp:accepted:list", "delivery-state", "outcome")
+class Accepted(Composite):
+    pass
+
+
+@composite(0x25, "amqp:rejected:list", "delivery-state", "outcome")
+class Rejected(Composite):
+    error: Error | None = fld("error", default=None)
+
+
+@composite(0x26, "amqp:released:list", "delivery-state", "outcome")
+class Released(Composite):
+    pass
+
+
+@composite(0x27, "amqp:modified:list", "delivery-state", "outcome")
+class Modified(Composite):
+    delivery_failed: bool | None = fld("boolean", default=None)
+    undeliverable_here: bool | None = fld("boolean", default=None)
+    message_annotations: dict[Any, Any] | None = fld("fields", default=None)
+
+
+# Terminus types.
+
+
+@composite(0x28, "amqp:source:list", "source")
+class Source(Composite):
+    address: Any = fld("*", default=None)
+    durable: int = fld("uint", default=0)
+    expiry_policy: Symbol = fld("symbol", default=Symbol("session-end"))
+    timeout: int = fld("uint", default=0)
+    dynamic: bool = fld("boolean", default=False)
+    dynamic_node_properties: dict[Any, Any] | None = fld("fields", default=None)
+    distribution_mode: Symbol | None = fld("symbol", default=None)
+    filter: dict[Any, Any] | None = fld("map", default=None)
+    default_outcome: Any = fld("*", default=None)
+    outcomes: list[Symbol] | None = fld("symbol", default=None, multiple=True)
+    capabilities: list[Symbol] | None = fld("symbol", default=None, multiple=True)
+
+
+@composite(0x29, "amqp:target:list", "target")
+class Target(Composite):
+    address: Any = fld("*", default=None)
+    durable: int = fld("uint", default=0)
+    expiry_policy: Symbol = fld("symbol", default=Symbol("session-end"))
+    timeout: int = fld("uint", default=0)
+    dynamic: bool = fld("boolean", default=False)
+    dynamic_node_properties: dict[Any, Any] | None = fld("fields", default=None)
+    capabilities: list[Symbol] | None = fld("symbol", default=None, multiple=True)
+
+
+@composite(0x30, "amqp:coordinator:list", "target")
+class Coordinator(Composite):
+    """Transaction coordinator target (decoded so that it can be refused cleanly)."""
+
+    capabilities: list[Symbol] | None = fld("symbol", default=None, multiple=True)
+
+
+@composite(0x2B, "amqp:delete-on-close:list", "lifetime-policy")
+class DeleteOnClose(Composite):
+    pass
+
+
+@composite(0x2C, "amqp:delete-on-no-links:list", "lifetime-policy")
+class DeleteOnNoLinks(Composite):
+    pass
+
+
+@composite(0x2D, "amqp:delete-on-no-messages:list", "lifetime-policy")
+class DeleteOnNoMessages(Composite):
+    pass
+
+
+@composite(0x2E, "amqp:delete-on-no-links-or-messages:list", "lifetime-policy")
+class DeleteOnNoLinksOrMessages(Composite):
+    pass
+
+
+# SASL frames (frame type 1).
+
+
+@composite(0x40, "amqp:sasl-mechanisms:list", "sasl")
+class SaslMechanisms(Composite):
+    sasl_server_mechanisms: list[Symbol] = fld("symbol", multiple=True)
+
+
+@composite(0x41, "amqp:sasl-init:list", "sasl")
+class SaslInit(Composite):
+    mechanism: Symbol = fld("symbol")
+    initial_response: bytes | None = fld("binary", default=None)
+    hostname: str | None = fld("string", default=None)
+
+
+@composite(0x42, "amqp:sasl-challenge:list", "sasl")
+class SaslChallenge(Composite):
+    challenge: bytes = fld("binary")
+
+
+@composite(0x43, "amqp:sasl-response:list", "sasl")
+class SaslResponse(Composite):
+    response: bytes = fld("binary")
+
+
+@composite(0x44, "amqp:sasl-outcome:list", "sasl")
+class SaslOutcome(Composite):
+    code: int = fld("ubyte")
+    additional_data: bytes | None = fld("binary", default=None)
+
+
+FRAME_TYPES: tuple[type[Composite], ...] = (
+    Open,
+    Begin,
+    Attach,
+    Flow,
+    Transfer,
+    Disposition,
+    Detach,
+    End,
+    Close,
+)
+SASL_TYPES: tuple[type[Composite], ...] = (SaslMechanisms, SaslInit, SaslChallenge, SaslResponse, SaslOutcome)
+DELIVERY_STATES: tuple[type[Composite], ...] = (Received, Accepted, Rejected, Released, Modified)
+ALL_COMPOSITES: tuple[type[Composite], ...] = tuple(_BY_CODE.values())
