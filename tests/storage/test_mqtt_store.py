@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from trimaran.broker.message import Message
+from trimaran.storage.mqtt_store import MqttStore, StoredMessage, StoredSession
+from trimaran.storage.store import Storage
+
+
+def open_store(url: str) -> tuple[Storage, MqttStore]:
+    storage = Storage.from_url(url)
+    storage.migrate()
+    return storage, MqttStore(storage.engine)
+
+
+def test_retained_upsert_delete_and_reload(storage_url: str) -> None:
+    storage, store = open_store(storage_url)
+    store.write_retained({"a": Message("a", b"1", qos=1, retain=True), "b": Message("b", b"2", retain=True)})
+    store.write_retained({"a": Message("a", b"3", qos=0, retain=True), "b": None})
+    storage.close()
+    storage, store = open_store(storage_url)
+    try:
+        loaded = store.load_retained()
+        assert [(m.topic, m.payload, m.qos, m.retain) for m in loaded] == [("a", b"3", 0, True)]
+    finally:
+        storage.close()
+
+
+def test_expired_retained_messages_are_not_loaded(storage_url: str) -> None:
+    storage, store = open_store(storage_url)
+    try:
+        store.write_retained({"old": Message("old", b"x", retain=True, expires_at_ms=1)})
+        assert store.load_retained() == []
+    finally:
+        storage.close()
+
+
+def test_sessions_replace_and_delete(storage_url: str) -> None:
+    storage, store = open_store(storage_url)
+    try:
+        queued = StoredMessage(1, None, "queued", Message("t", b"q", qos=1))
+        sent = StoredMessage(2, 7, "sent", Message("t", b"s", qos=2, user_properties=[("k", "v")]))
+        store.save_sessions([StoredSession("c1", 5, 60, None, '{"subs": 1}', [queued, sent])])
+        store.save_sessions([StoredSession("c1", 5, 120, 1000, '{"subs": 2}', [sent])])
+        store.save_sessions([StoredSession("c2", 4, 0, None, "{}")])
+        loaded = {s.client_id: s for s in store.load_sessions()}
+        assert loaded["c1"].expiry_interval_s == 120 and loaded["c1"].state == '{"subs": 2}'
+        assert [(m.seq, m.packet_id, m.state, m.message.payload) for m in loaded["c1"].messages] == [
+            (2, 7, "sent", b"s")
+        ]
+        assert loaded["c1"].messages[0].message.user_properties == [("k", "v")]
+        store.delete_sessions(["c1"])
+        assert [s.client_id for s in store.load_sessions()] == ["c2"]
+    finally:
+        storage.close()
