@@ -745,8 +745,8 @@ def _encode_publish(p: Publish, level: int) -> bytes:
     if p.dup:
         first |= 0x08
     topic = p.topic.encode("utf-8")
-    if len(topic) > 0xFFFF:
-        raise ValueError("topic longer than 65535 bytes")
+    if len(topic) > 0xFFFF or b"\x00" in topic:
+        raise ValueError("topic longer than 65535 bytes or containing U+0000")
     parts = [_U16.pack(len(topic)), topic]
     if p.qos:
         if not p.packet_id:

@@ -1,0 +1,190 @@
+"""Property-based tests of the MQTT codec: round trips, arbitrary splits, and hostile bytes."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from mqtt_strategies import connects, level_and_packets, levels, packets, publishes
+
+from trimaran.mqtt.codec import (
+    MAX_VARINT,
+    NEED_DATA,
+    Decoder,
+    ProtocolError,
+    decode_varint,
+    encode,
+    encode_varint,
+)
+from trimaran.mqtt.packets import Packet, PingReq, Publish
+from trimaran.mqtt.properties import (
+    PROPERTY_TABLE,
+    WILL,
+    PacketType,
+    Properties,
+    properties_for,
+)
+
+SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FEWER = settings(SETTINGS, max_examples=100)
+
+
+def decode_all(decoder: Decoder) -> list[Packet]:
+    out = []
+    while (packet := decoder.next_packet()) is not NEED_DATA:
+        out.append(packet)
+    return out
+
+
+@SETTINGS
+@given(st.data())
+def test_round_trip_every_level(data: st.DataObject) -> None:
+    level = data.draw(levels)
+    packet = data.draw(packets(level))
+    encoded = encode(packet, level)
+    decoder = Decoder(protocol_level=level)
+    decoder.feed(encoded)
+    assert decoder.next_packet() == packet
+    assert decoder.buffered == 0
+
+
+@FEWER
+@given(st.data())
+def test_server_decoder_takes_its_level_from_connect(data: st.DataObject) -> None:
+    level = data.draw(levels)
+    connect = data.draw(connects(level))
+    publish = data.draw(publishes(level))
+    decoder = Decoder()
+    decoder.feed(encode(connect, level) + encode(publish, level))
+    assert decoder.next_packet() == connect
+    assert decoder.protocol_level == level
+    assert decoder.next_packet() == publish
+
+
+@FEWER
+@given(level_and_packets(), st.lists(st.integers(0, 10_000), max_size=8))
+def test_split_at_any_point(lp: tuple[int, list[Packet]], cuts: list[int]) -> None:
+    level, sent = lp
+    stream = b"".join(encode(p, level) for p in sent)
+    points = sorted({c % (len(stream) + 1) for c in cuts})
+    decoder = Decoder(protocol_level=level)
+    received: list[Packet] = []
+    start = 0
+    for point in [*points, len(stream)]:
+        decoder.feed(stream[start:point])
+        start = point
+        received.extend(decode_all(decoder))
+    assert received == sent
+    assert decoder.buffered == 0
+
+
+@SETTINGS
+@given(st.sampled_from([None, 3, 4, 5]), st.binary(max_size=200))
+def test_random_bytes_raise_only_protocol_error(level: int | None, junk: bytes) -> None:
+    decoder = Decoder(max_packet_size=10_000, protocol_level=level)
+    decoder.feed(junk)
+    try:
+        decode_all(decoder)
+    except ProtocolError as exc:
+        assert 0x80 <= exc.reason_code <= 0xA2
+
+
+@FEWER
+@given(st.data())
+def test_mutated_packets_raise_only_protocol_error(data: st.DataObject) -> None:
+    level, sent = data.draw(level_and_packets(max_size=2))
+    stream = bytearray(b"".join(encode(p, level) for p in sent))
+    for _ in range(data.draw(st.integers(1, 4))):
+        action = data.draw(st.sampled_from(["flip", "insert", "delete"]))
+        pos = data.draw(st.integers(0, len(stream) - 1))
+        if action == "flip":
+            stream[pos] ^= data.draw(st.integers(1, 255))
+        elif action == "insert":
+            stream.insert(pos, data.draw(st.integers(0, 255)))
+        elif len(stream) > 1:
+            del stream[pos]
+    decoder = Decoder(protocol_level=data.draw(st.sampled_from([None, level])))
+    decoder.feed(bytes(stream))
+    with contextlib.suppress(ProtocolError):
+        decode_all(decoder)
+
+
+@SETTINGS
+@given(st.integers(0, MAX_VARINT))
+def test_varint_round_trip(value: int) -> None:
+    data = encode_varint(value)
+    assert 1 <= len(data) <= 4
+    assert decode_varint(data, 0, len(data)) == (value, len(data))
+
+
+@pytest.mark.parametrize(
+    ("value", "hex_"),
+    [(0, "00"), (127, "7f"), (128, "8001"), (16383, "ff7f"), (16384, "808001"), (2097151, "ffff7f"),
+     (2097152, "80808001"), (268435455, "ffffff7f")],
+)  # fmt: skip
+def test_varint_spec_table(value: int, hex_: str) -> None:
+    # The boundaries of section 1.5.5, table 1-1.
+    assert encode_varint(value).hex() == hex_
+    assert decode_varint(bytes.fromhex(hex_), 0, len(hex_) // 2) == (value, len(hex_) // 2)
+
+
+def test_varint_limits() -> None:
+    with pytest.raises(ValueError):
+        encode_varint(MAX_VARINT + 1)
+    with pytest.raises(ValueError):
+        encode_varint(-1)
+    with pytest.raises(ProtocolError):
+        decode_varint(b"\xff\xff\xff\xff\x01", 0, 5)
+    with pytest.raises(ProtocolError):
+        decode_varint(b"\x80", 0, 1)
+
+
+def test_property_table_is_complete() -> None:
+    ids = [p.identifier for p in PROPERTY_TABLE]
+    assert ids == sorted(ids)
+    assert len(ids) == 27
+    assert {p.name for p in properties_for(WILL)} == {
+        "payload_format_indicator", "message_expiry_interval", "content_type", "response_topic",
+        "correlation_data", "will_delay_interval", "user_properties",
+    }  # fmt: skip
+    assert properties_for(PacketType.PINGREQ) == ()
+    assert all(p.name in Properties.__slots__ for p in PROPERTY_TABLE)
+
+
+def test_user_properties_keep_order_and_duplicates() -> None:
+    props = Properties(user_properties=[("b", "1"), ("a", "2"), ("b", "1")])
+    packet = Publish("t", b"", properties=props)
+    decoder = Decoder(protocol_level=5)
+    decoder.feed(encode(packet, 5))
+    decoded = decoder.next_packet()
+    assert isinstance(decoded, Publish)
+    assert decoded.properties.user_properties == [("b", "1"), ("a", "2"), ("b", "1")]
+
+
+def test_properties_are_dropped_below_level_5() -> None:
+    packet = Publish("t", b"x", properties=Properties(content_type="text/plain"))
+    assert encode(packet, 4) == b"\x30\x04\x00\x01tx"
+
+
+def test_encode_refuses_what_cannot_be_sent() -> None:
+    with pytest.raises(ValueError):
+        encode(Publish("a\x00b"), 4)
+    with pytest.raises(ValueError):
+        encode(Publish("\ud800"), 4)
+    with pytest.raises(ValueError):
+        encode(Publish("t", qos=1), 4)  # no packet id
+    with pytest.raises(ValueError):
+        encode(Publish("x" * 70_000), 4)
+
+
+def test_decoder_releases_its_buffer() -> None:
+    decoder = Decoder(protocol_level=4)
+    for _ in range(3):
+        decoder.feed(b"\xc0\x00" * 1000)
+        assert len(decode_all(decoder)) == 1000
+        assert decoder.buffered == 0
+    decoder.feed(b"\xc0\x00\xc0")
+    assert decode_all(decoder) == [PingReq()]
+    assert decoder.buffered == 1
