@@ -20,7 +20,7 @@ from typing import Any
 
 from .codec import decode_value, encode_into
 from .performatives import Composite, composite, fld, from_described, to_described
-from .types import DecodeError, Described, EncodeError, Symbol, ULong
+from .types import DecodeError, Described, EncodeError, ULong
 
 __all__ = [
     "AmqpSequence",
@@ -53,8 +53,8 @@ class Properties(Composite):
     subject: str | None = fld("string", default=None)
     reply_to: Any = fld("*", default=None)
     correlation_id: Any = fld("*", default=None)
-    content_type: Symbol | None = fld("symbol", default=None)
-    content_encoding: Symbol | None = fld("symbol", default=None)
+    content_type: str | None = fld("symbol", default=None)
+    content_encoding: str | None = fld("symbol", default=None)
     absolute_expiry_time: int | None = fld("timestamp", default=None)
     creation_time: int | None = fld("timestamp", default=None)
     group_id: str | None = fld("string", default=None)

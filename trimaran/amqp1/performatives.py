@@ -317,7 +317,7 @@ LINK_STOLEN = Symbol("amqp:link:stolen")
 
 @composite(0x1D, "amqp:error:list")
 class Error(Composite):
-    condition: Symbol = fld("symbol")
+    condition: str = fld("symbol")
     description: str | None = fld("string", default=None)
     info: dict[Any, Any] | None = fld("fields", default=None)
 
@@ -329,10 +329,10 @@ class Open(Composite):
     max_frame_size: int = fld("uint", default=MAX_UINT)
     channel_max: int = fld("ushort", default=0xFFFF)
     idle_time_out: int | None = fld("uint", default=None)
-    outgoing_locales: list[Symbol] | None = fld("symbol", default=None, multiple=True)
-    incoming_locales: list[Symbol] | None = fld("symbol", default=None, multiple=True)
-    offered_capabilities: list[Symbol] | None = fld("symbol", default=None, multiple=True)
-    desired_capabilities: list[Symbol] | None = fld("symbol", default=None, multiple=True)
+    outgoing_locales: list[str] | None = fld("symbol", default=None, multiple=True)
+    incoming_locales: list[str] | None = fld("symbol", default=None, multiple=True)
+    offered_capabilities: list[str] | None = fld("symbol", default=None, multiple=True)
+    desired_capabilities: list[str] | None = fld("symbol", default=None, multiple=True)
     properties: dict[Any, Any] | None = fld("fields", default=None)
 
 
@@ -343,8 +343,8 @@ class Begin(Composite):
     incoming_window: int = fld("uint")
     outgoing_window: int = fld("uint")
     handle_max: int = fld("uint", default=MAX_UINT)
-    offered_capabilities: list[Symbol] | None = fld("symbol", default=None, multiple=True)
-    desired_capabilities: list[Symbol] | None = fld("symbol", default=None, multiple=True)
+    offered_capabilities: list[str] | None = fld("symbol", default=None, multiple=True)
+    desired_capabilities: list[str] | None = fld("symbol", default=None, multiple=True)
     properties: dict[Any, Any] | None = fld("fields", default=None)
 
 
@@ -361,8 +361,8 @@ class Attach(Composite):
     incomplete_unsettled: bool = fld("boolean", default=False)
     initial_delivery_count: int | None = fld("uint", default=None)
     max_message_size: int | None = fld("ulong", default=None)
-    offered_capabilities: list[Symbol] | None = fld("symbol", default=None, multiple=True)
-    desired_capabilities: list[Symbol] | None = fld("symbol", default=None, multiple=True)
+    offered_capabilities: list[str] | None = fld("symbol", default=None, multiple=True)
+    desired_capabilities: list[str] | None = fld("symbol", default=None, multiple=True)
     properties: dict[Any, Any] | None = fld("fields", default=None)
 
 
@@ -461,33 +461,33 @@ class Modified(Composite):
 class Source(Composite):
     address: Any = fld("*", default=None)
     durable: int = fld("uint", default=0)
-    expiry_policy: Symbol = fld("symbol", default=Symbol("session-end"))
+    expiry_policy: str = fld("symbol", default=Symbol("session-end"))
     timeout: int = fld("uint", default=0)
     dynamic: bool = fld("boolean", default=False)
     dynamic_node_properties: dict[Any, Any] | None = fld("fields", default=None)
-    distribution_mode: Symbol | None = fld("symbol", default=None)
+    distribution_mode: str | None = fld("symbol", default=None)
     filter: dict[Any, Any] | None = fld("map", default=None)
     default_outcome: Any = fld("*", default=None)
-    outcomes: list[Symbol] | None = fld("symbol", default=None, multiple=True)
-    capabilities: list[Symbol] | None = fld("symbol", default=None, multiple=True)
+    outcomes: list[str] | None = fld("symbol", default=None, multiple=True)
+    capabilities: list[str] | None = fld("symbol", default=None, multiple=True)
 
 
 @composite(0x29, "amqp:target:list", "target")
 class Target(Composite):
     address: Any = fld("*", default=None)
     durable: int = fld("uint", default=0)
-    expiry_policy: Symbol = fld("symbol", default=Symbol("session-end"))
+    expiry_policy: str = fld("symbol", default=Symbol("session-end"))
     timeout: int = fld("uint", default=0)
     dynamic: bool = fld("boolean", default=False)
     dynamic_node_properties: dict[Any, Any] | None = fld("fields", default=None)
-    capabilities: list[Symbol] | None = fld("symbol", default=None, multiple=True)
+    capabilities: list[str] | None = fld("symbol", default=None, multiple=True)
 
 
 @composite(0x30, "amqp:coordinator:list", "target")
 class Coordinator(Composite):
     """Transaction coordinator target (decoded so that it can be refused cleanly)."""
 
-    capabilities: list[Symbol] | None = fld("symbol", default=None, multiple=True)
+    capabilities: list[str] | None = fld("symbol", default=None, multiple=True)
 
 
 @composite(0x2B, "amqp:delete-on-close:list", "lifetime-policy")
@@ -515,12 +515,12 @@ class DeleteOnNoLinksOrMessages(Composite):
 
 @composite(0x40, "amqp:sasl-mechanisms:list", "sasl")
 class SaslMechanisms(Composite):
-    sasl_server_mechanisms: list[Symbol] = fld("symbol", multiple=True)
+    sasl_server_mechanisms: list[str] = fld("symbol", multiple=True)
 
 
 @composite(0x41, "amqp:sasl-init:list", "sasl")
 class SaslInit(Composite):
-    mechanism: Symbol = fld("symbol")
+    mechanism: str = fld("symbol")
     initial_response: bytes | None = fld("binary", default=None)
     hostname: str | None = fld("string", default=None)
 
