@@ -66,3 +66,89 @@ mqtt_session_messages = Table(
     Column("retain", Boolean, nullable=False),
     Column("properties", Text, nullable=False),
 )
+
+# -- durable queues (migration 0003) --------------------------------------------------------------
+
+from sqlalchemy import Index, PrimaryKeyConstraint  # noqa: E402
+
+# One row per durable queue. ``next_offset`` is the first offset not yet handed out, so offsets are
+# never reused even after every message was acknowledged and deleted (message ids stay unique for the
+# audit). In shared (multi-node) mode nodes reserve blocks of offsets by advancing it.
+queues = Table(
+    "queues",
+    metadata,
+    Column("name", String(255), primary_key=True),
+    Column("mode", String(16), nullable=False),
+    Column("policy", Text, nullable=False),
+    Column("next_offset", BigInteger, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+)
+
+# The messages a queue still holds (work: until every group is done; stream: until retention).
+queue_messages = Table(
+    "queue_messages",
+    metadata,
+    Column("queue", String(255), nullable=False),
+    Column("offset", BigInteger, nullable=False),
+    Column("topic", Text, nullable=False),
+    Column("routing_key", Text, nullable=False),
+    Column("payload", LargeBinary, nullable=False),
+    Column("qos", Integer, nullable=False),
+    Column("properties", Text, nullable=False),
+    Column("published_at", BigInteger, nullable=False),
+    Column("expires_at", BigInteger, nullable=True),
+    Column("publisher", String(65535), nullable=True),
+    Column("protocol", String(16), nullable=False),
+    PrimaryKeyConstraint("queue", "offset"),
+)
+
+# Per consumer group: work mode's cursor (first offset never handed out) and a stream's committed
+# offset (first offset not yet committed).
+queue_groups = Table(
+    "queue_groups",
+    metadata,
+    Column("queue", String(255), nullable=False),
+    Column("group", String(255), nullable=False),
+    Column("cursor", BigInteger, nullable=False),
+    Column("committed", BigInteger, nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
+    PrimaryKeyConstraint("queue", "group"),
+)
+
+# Work mode's pending entries. state: held (delivered, not settled), wait (to be redelivered at
+# available_at), done (acknowledged ahead of the group's cursor, kept until the cursor passes it).
+# ``node`` and ``lease_until`` let several nodes share one PostgreSQL database (claims).
+queue_pending = Table(
+    "queue_pending",
+    metadata,
+    Column("queue", String(255), nullable=False),
+    Column("group", String(255), nullable=False),
+    Column("offset", BigInteger, nullable=False),
+    Column("state", String(8), nullable=False),
+    Column("consumer", String(65535), nullable=True),
+    Column("node", String(255), nullable=True),
+    Column("delivered_at", BigInteger, nullable=True),
+    Column("attempts", Integer, nullable=False),
+    Column("available_at", BigInteger, nullable=True),
+    Column("lease_until", BigInteger, nullable=True),
+    PrimaryKeyConstraint("queue", "group", "offset"),
+)
+
+# Append-only history of every state change: what the Spark audit replays. ``reason`` explains a
+# delivery (first, timeout, nack, disconnect, restart), a rejection, a dead-lettering or a drop.
+queue_events = Table(
+    "queue_events",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("time", BigInteger, nullable=False),
+    Column("queue", String(255), nullable=False),
+    Column("group", String(255), nullable=True),
+    Column("offset", BigInteger, nullable=True),
+    Column("consumer", String(65535), nullable=True),
+    Column("node", String(255), nullable=True),
+    Column("kind", String(16), nullable=False),
+    Column("attempt", Integer, nullable=True),
+    Column("reason", Text, nullable=True),
+)
+Index("ix_queue_events_queue_offset", queue_events.c.queue, queue_events.c.offset)
+Index("ix_queue_pending_claim", queue_pending.c.queue, queue_pending.c.group, queue_pending.c.available_at)
