@@ -68,7 +68,7 @@ class Client:
         assert events == []
         ((ch, start),) = self.methods()
         assert ch == 0 and isinstance(start, spec.ConnectionStart)
-        props = client_properties if client_properties is not None else {"product": "test"}
+        props: FieldTable = {"product": "test"} if client_properties is None else client_properties
         return self.method(0, spec.ConnectionStartOk(props, mechanism, response, "en_US"))
 
     def handshake(
