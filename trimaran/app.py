@@ -16,10 +16,12 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from trimaran import __version__
+from trimaran.broker.core import Broker
 from trimaran.broker.http import HttpServer, Request, Response
 from trimaran.broker.listeners import Listener
 from trimaran.config import Settings
 from trimaran.storage.engine import describe
+from trimaran.storage.mqtt_store import MqttStore
 from trimaran.storage.store import Storage
 
 log = logging.getLogger(__name__)
@@ -30,6 +32,7 @@ class App:
         self.settings = settings
         self.started_at = time.time()
         self.storage: Storage | None = None
+        self.broker: Broker | None = None
         self.listeners: list[Listener] = []
         self.http = HttpServer(
             max_body_bytes=settings.http.max_body_bytes,
@@ -53,10 +56,12 @@ class App:
         self.storage = storage
         log.info("trimaran %s starting, storage %s", __version__, describe(storage.engine))
         await anyio.to_thread.run_sync(storage.migrate)
+        self.broker = Broker(MqttStore(storage.engine), sys_interval=settings.limits.sys_interval)
         self.listeners = self._build_listeners()
         try:
             async with anyio.create_task_group() as root:
                 root.start_soon(self._watch_signals, name="signals")
+                await root.start(self.broker.run, name="broker")
                 async with anyio.create_task_group() as connections:
                     await self._start_listeners(connections)
                     self.ready = True
@@ -83,7 +88,9 @@ class App:
         connections.cancel_scope.cancel()
 
     async def _drain(self) -> None:
-        """Let protocol front ends flush what they acknowledged (they register here as they land)."""
+        """Let the front ends close their connections, then write what is still in memory."""
+        assert self.broker is not None
+        await self.broker.flush()
 
     async def _watch_signals(self) -> None:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

@@ -1,0 +1,174 @@
+"""The deck: the one topic router and retained store every front end publishes into.
+
+``Broker.publish`` is synchronous and never blocks: each matching subscriber gets the message in
+its own bounded outbox (``Endpoint.deliver``). Retained changes are written behind, a batch per
+transaction, as Mosquitto persists retained messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Protocol
+
+import anyio
+import anyio.to_thread
+from anyio.abc import TaskStatus
+
+from trimaran import __version__
+from trimaran.broker.message import Message, now_ms
+from trimaran.broker.retained import RetainedStore
+from trimaran.broker.router import Delivery, Router
+from trimaran.storage.mqtt_store import MqttStore
+
+log = logging.getLogger(__name__)
+
+RETAINED_FLUSH_DELAY = 0.05  # gather retained changes this long before one transaction
+
+
+class Endpoint(Protocol):
+    """A subscriber of any protocol: an MQTT session, an AMQP queue binding, an AMQP 1.0 link."""
+
+    @property
+    def id(self) -> str: ...
+
+    def __hash__(self) -> int: ...
+
+    def deliver(self, message: Message, delivery: Delivery[Any]) -> None:
+        """Take the message into a bounded outbox; never block (drop and count when full)."""
+
+
+class Stats:
+    """Counters for $SYS and metrics; plain attributes because they change per message."""
+
+    __slots__ = (
+        "bytes_received",
+        "bytes_sent",
+        "clients_connected",
+        "clients_maximum",
+        "clients_total",
+        "messages_dropped",
+        "messages_received",
+        "messages_sent",
+        "publish_routed",
+    )
+
+    def __init__(self) -> None:
+        self.messages_received = 0
+        self.messages_sent = 0
+        self.messages_dropped = 0
+        self.bytes_received = 0
+        self.bytes_sent = 0
+        self.clients_connected = 0
+        self.clients_maximum = 0
+        self.clients_total = 0
+        self.publish_routed = 0
+
+    def client_connected(self) -> None:
+        self.clients_connected += 1
+        self.clients_total += 1
+        if self.clients_connected > self.clients_maximum:
+            self.clients_maximum = self.clients_connected
+
+    def client_disconnected(self) -> None:
+        self.clients_connected -= 1
+
+
+class Broker:
+    def __init__(self, store: MqttStore | None = None, *, sys_interval: float = 10.0) -> None:
+        self.router: Router[Any] = Router()
+        self.retained = RetainedStore()
+        self.stats = Stats()
+        self.store = store
+        self.sys_interval = sys_interval
+        self.started_at = time.monotonic()
+        self._retained_changes: dict[str, Message | None] = {}
+        self._retained_dirty = anyio.Event()
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Load retained messages, then write retained changes behind and publish $SYS."""
+        if self.store is not None:
+            loaded = await anyio.to_thread.run_sync(self.store.load_retained)
+            self.retained.load(loaded)
+            log.info("loaded %d retained messages", len(loaded))
+        async with anyio.create_task_group() as tg:
+            if self.store is not None:
+                tg.start_soon(self._write_retained_behind)
+            if self.sys_interval > 0:
+                tg.start_soon(self._publish_sys)
+            task_status.started()
+
+    async def flush(self) -> None:
+        """Write every retained change still in memory (at shutdown)."""
+        if self.store is None or not self._retained_changes:
+            return
+        changes, self._retained_changes = self._retained_changes, {}
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self.store.write_retained, changes)
+
+    async def _write_retained_behind(self) -> None:
+        while True:
+            await self._retained_dirty.wait()
+            self._retained_dirty = anyio.Event()
+            await anyio.sleep(RETAINED_FLUSH_DELAY)
+            try:
+                await self.flush()
+            except Exception:
+                # Keep serving: the next change (or shutdown) writes the whole set again.
+                log.exception("writing retained messages failed")
+
+    # -- publish ----------------------------------------------------------------------------------
+
+    def publish(self, message: Message) -> int:
+        """Route a pub/sub message to every matching subscriber; returns how many got it."""
+        if message.retain:
+            self.set_retained(message)
+        deliveries = self.router.match(message.topic, message.publisher_id)
+        for delivery in deliveries:
+            delivery.subscriber.deliver(message, delivery)
+        self.stats.publish_routed += 1
+        return len(deliveries)
+
+    def set_retained(self, message: Message) -> None:
+        if not self.retained.set(message):
+            return
+        self._retained_changes[message.topic] = message if message.payload else None
+        self._retained_dirty.set()
+
+    def uptime(self) -> float:
+        return time.monotonic() - self.started_at
+
+    # -- $SYS -------------------------------------------------------------------------------------
+
+    def sys_values(self) -> dict[str, str]:
+        stats = self.stats
+        return {
+            "$SYS/broker/version": f"trimaran {__version__}",
+            "$SYS/broker/uptime": f"{int(self.uptime())} seconds",
+            "$SYS/broker/clients/connected": str(stats.clients_connected),
+            "$SYS/broker/clients/maximum": str(stats.clients_maximum),
+            "$SYS/broker/clients/total": str(stats.clients_total),
+            "$SYS/broker/messages/received": str(stats.messages_received),
+            "$SYS/broker/messages/sent": str(stats.messages_sent),
+            "$SYS/broker/messages/dropped": str(stats.messages_dropped),
+            "$SYS/broker/bytes/received": str(stats.bytes_received),
+            "$SYS/broker/bytes/sent": str(stats.bytes_sent),
+            "$SYS/broker/subscriptions/count": str(self.router.count()),
+            "$SYS/broker/retained messages/count": str(self.retained.count()),
+        }
+
+    def publish_sys(self) -> None:
+        now = now_ms()
+        for topic, value in self.sys_values().items():
+            message = Message(topic, value.encode(), retain=True, created_at_ms=now)
+            # $SYS values are retained in memory only: they are rebuilt at every start.
+            self.retained.set(message)
+            for delivery in self.router.match(topic):
+                delivery.subscriber.deliver(message, delivery)
+
+    async def _publish_sys(self) -> None:
+        while True:
+            self.publish_sys()
+            await anyio.sleep(self.sys_interval)
