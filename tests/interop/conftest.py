@@ -1,0 +1,80 @@
+"""A real Trimaran process with MQTT over TCP, TLS and WebSocket on port 0, certificates made here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trustme
+
+from tests.support.paho import Endpoints
+from tests.support.server import RunningServer
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    directory = tmp_path_factory.mktemp("tls")
+    ca = trustme.CA()
+    cert = ca.issue_cert("localhost", "127.0.0.1")
+    files = {"ca": directory / "ca.pem", "cert": directory / "cert.pem", "key": directory / "key.pem"}
+    ca.cert_pem.write_to_path(files["ca"])
+    cert.cert_chain_pems[0].write_to_path(files["cert"])
+    cert.private_key_pem.write_to_path(files["key"])
+    return {name: str(path) for name, path in files.items()}
+
+
+def mqtt_server_args() -> list[str]:
+    return [
+        "--mqtt",
+        "127.0.0.1:0",
+        "--mqtt-tls",
+        "127.0.0.1:0",
+        "--mqtt-ws",
+        "127.0.0.1:0",
+        "--amqp",
+        "off",
+        "--http",
+        "127.0.0.1:0",
+    ]
+
+
+def start_server(
+    workdir: Path,
+    tls_files: dict[str, str],
+    extra_env: dict[str, str] | None = None,
+    args: list[str] | None = None,
+) -> RunningServer:
+    env = {
+        "TRIMARAN_LISTENERS__TLS__CERT_FILE": tls_files["cert"],
+        "TRIMARAN_LISTENERS__TLS__KEY_FILE": tls_files["key"],
+        "TRIMARAN_LIMITS__SYS_INTERVAL": "1",
+        **(extra_env or {}),
+    }
+    return RunningServer(args or mqtt_server_args(), cwd=workdir, env=env).start()
+
+
+def endpoints_of(server: RunningServer, tls_files: dict[str, str]) -> Endpoints:
+    return Endpoints(
+        "127.0.0.1",
+        server.ports["mqtt"],
+        server.ports.get("mqtt-tls"),
+        server.ports.get("mqtt-ws"),
+        tls_files["ca"],
+    )
+
+
+@pytest.fixture(scope="module")
+def mqtt_server(
+    tmp_path_factory: pytest.TempPathFactory, tls_files: dict[str, str]
+) -> Iterator[RunningServer]:
+    server = start_server(tmp_path_factory.mktemp("server"), tls_files)
+    try:
+        yield server
+    finally:
+        assert server.stop() == 0, server.output()
+
+
+@pytest.fixture(scope="module")
+def mqtt(mqtt_server: RunningServer, tls_files: dict[str, str]) -> Endpoints:
+    return endpoints_of(mqtt_server, tls_files)
