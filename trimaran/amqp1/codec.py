@@ -741,7 +741,9 @@ def _r_array(width: int) -> _Reader:
         if t is None or code == 0x00:
             raise DecodeError(f"invalid array element constructor 0x{code:02x}")
         if code in _ZERO_WIDTH:
-            if count > len(buf):
+            # Zero-width elements cost no input bytes: bound the count by the input size so
+            # that a few bytes cannot make us build a list of billions of items.
+            if count > 64 * len(buf) + 256:
                 raise DecodeError("array count is implausible")
         elif count > end - p:
             raise DecodeError("array count exceeds its size")
