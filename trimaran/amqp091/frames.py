@@ -226,14 +226,15 @@ def write_content_header(
 def write_body(out: bytearray, channel: int, body: bytes | bytearray | memoryview, frame_max: int) -> None:
     """Append ``body`` as body frames of at most ``frame_max`` bytes each (none if it is empty)."""
     size = len(body)
+    if not size:
+        return
     chunk = frame_max - FRAME_OVERHEAD if frame_max else size
     if chunk <= 0:
         raise EncodeError(f"frame_max {frame_max} leaves no room for a body")
     if size <= chunk:
-        if size:
-            out += _FRAME_HEAD.pack(FRAME_BODY, channel, size)
-            out += body
-            out.append(FRAME_END)
+        out += _FRAME_HEAD.pack(FRAME_BODY, channel, size)
+        out += body
+        out.append(FRAME_END)
         return
     with memoryview(body) as view:
         for i in range(0, size, chunk):

@@ -1,0 +1,668 @@
+import pytest
+from amqp091_client import Client, amqplain
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trimaran.amqp091 import spec
+from trimaran.amqp091.connection import (
+    AuthenticationRequested,
+    ChannelClosed,
+    ChannelFlowChanged,
+    ChannelOpened,
+    ConnectionClosed,
+    ConnectionClosing,
+    ConnectionOpened,
+    ConnectionState,
+    ConnectionTuned,
+    ContentReceived,
+    Event,
+    HeartbeatTimeout,
+    MethodReceived,
+    ProtocolHeaderRejected,
+    SecureOkReceived,
+    ServerConnection,
+)
+from trimaran.amqp091.frames import (
+    HEARTBEAT_FRAME,
+    BodyFrame,
+    HeaderFrame,
+    MethodFrame,
+    ProtocolHeader,
+    encode_content,
+    encode_frame,
+    encode_method,
+)
+from trimaran.amqp091.properties import BasicProperties
+
+
+def opened(channel: int = 1, **kw: object) -> Client:
+    c = Client(ServerConnection(now=1000.0, **kw))  # type: ignore[arg-type]
+    c.handshake()
+    c.open_channel(channel)
+    return c
+
+
+def assert_connection_closing(c: Client, events: list[Event], code: int) -> spec.ConnectionClose:
+    assert isinstance(events[-1], ConnectionClosing), events
+    assert events[-1].reply_code == code
+    ((ch, close),) = c.methods()
+    assert ch == 0 and isinstance(close, spec.ConnectionClose) and close.reply_code == code
+    assert c.server.state is ConnectionState.CLOSING
+    return close
+
+
+def assert_channel_closed(c: Client, events: list[Event], channel: int, code: int) -> None:
+    ev = events[-1]
+    assert isinstance(ev, ChannelClosed)
+    assert (ev.channel, ev.reply_code, ev.by_peer) == (channel, code, False)
+    ((ch, close),) = c.methods()
+    assert ch == channel and isinstance(close, spec.ChannelClose) and close.reply_code == code
+
+
+# --------------------------------------------------------------------------------------------
+# Protocol header and handshake
+
+
+def test_start_announces_properties_and_capabilities() -> None:
+    c = Client()
+    assert c.send(spec.PROTOCOL_HEADER[:3]) == []
+    assert c.frames() == []
+    c.send(spec.PROTOCOL_HEADER[3:])
+    ((_ch, start),) = c.methods()
+    assert isinstance(start, spec.ConnectionStart)
+    assert (start.version_major, start.version_minor) == (0, 9)
+    assert start.mechanisms == b"PLAIN AMQPLAIN" and start.locales == b"en_US"
+    props = start.server_properties
+    assert props["product"] == "Trimaran" and "version" in props and "platform" in props
+    caps = props["capabilities"]
+    assert isinstance(caps, dict)
+    for cap in (
+        "publisher_confirms",
+        "exchange_exchange_bindings",
+        "basic.nack",
+        "consumer_cancel_notify",
+        "connection.blocked",
+        "authentication_failure_close",
+        "per_consumer_qos",
+    ):
+        assert caps[cap] is True
+
+
+@pytest.mark.parametrize(
+    ("header", "kind"),
+    [
+        (b"AMQP\x00\x01\x00\x00", ProtocolHeader.AMQP_1_0),
+        (b"AMQP\x03\x01\x00\x00", ProtocolHeader.AMQP_1_0_SASL),
+        (b"GET / HTTP/1.1\r\n", ProtocolHeader.NOT_AMQP),
+    ],
+)
+def test_wrong_protocol_header_is_answered_with_ours_and_closed(header: bytes, kind: ProtocolHeader) -> None:
+    c = Client()
+    events = c.send(header)
+    assert events[0] == ProtocolHeaderRejected(header[:8], kind)
+    assert isinstance(events[1], ConnectionClosed)
+    assert c.server.data_to_send() == spec.PROTOCOL_HEADER
+    assert c.server.state is ConnectionState.CLOSED
+    assert c.send(b"more") == []
+
+
+def test_not_amqp_is_refused_before_eight_bytes() -> None:
+    c = Client()
+    assert isinstance(c.send(b"GE")[0], ProtocolHeaderRejected)
+
+
+def test_plain_handshake_events() -> None:
+    c = Client()
+    events = c.start(client_properties={"product": "pika", "capabilities": {"basic.nack": True}})
+    assert events == [
+        AuthenticationRequested(
+            "PLAIN",
+            "guest",
+            "guest",
+            b"\x00guest\x00guest",
+            {"product": "pika", "capabilities": {"basic.nack": True}},
+            "en_US",
+        )
+    ]
+    assert c.server.client_capabilities == {"basic.nack": True}
+    c.server.accept_authentication()
+    assert c.methods() == [(0, spec.ConnectionTune(2047, 131072, 60))]
+    events = c.method(0, spec.ConnectionTuneOk(100, 8192, 30))
+    assert events == [ConnectionTuned(100, 8192, 30)]
+    events = c.method(0, spec.ConnectionOpen("/"))
+    assert events == [ConnectionOpened("/")]
+    assert c.methods() == [(0, spec.ConnectionOpenOk())]
+    assert c.server.state is ConnectionState.OPEN
+    assert (c.server.channel_max, c.server.frame_max, c.server.heartbeat) == (100, 8192, 30)
+
+
+def test_handshake_pipelined_in_one_write() -> None:
+    c = Client()
+    c.start()
+    c.server.accept_authentication()
+    c.frames()
+    data = encode_method(0, spec.ConnectionTuneOk(0, 0, 0)) + encode_method(0, spec.ConnectionOpen("/"))
+    data += encode_method(1, spec.ChannelOpen())
+    events = c.send(data)
+    assert events == [ConnectionTuned(2047, 131072, 0), ConnectionOpened("/"), ChannelOpened(1)]
+
+
+def test_amqplain() -> None:
+    c = Client()
+    (ev,) = c.start(mechanism="AMQPLAIN", response=amqplain("bob", "s3cret"))
+    assert isinstance(ev, AuthenticationRequested)
+    assert (ev.mechanism, ev.username, ev.password) == ("AMQPLAIN", "bob", "s3cret")
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "response"),
+    [
+        ("PLAIN", b"guest\x00guest"),
+        ("PLAIN", b"\x00gu\xffest\x00guest"),
+        ("AMQPLAIN", b"\x05LOGINS\x00\x00"),
+        ("AMQPLAIN", amqplain("bob", "x")[:-3]),
+    ],
+)
+def test_malformed_credentials_close_with_403_when_client_supports_it(
+    mechanism: str, response: bytes
+) -> None:
+    c = Client()
+    events = c.start(
+        mechanism, response, client_properties={"capabilities": {"authentication_failure_close": True}}
+    )
+    assert_connection_closing(c, events, spec.ACCESS_REFUSED)
+    assert c.method(0, spec.ConnectionCloseOk())[-1].reply_code == spec.ACCESS_REFUSED
+    assert c.server.state is ConnectionState.CLOSED
+
+
+def test_rejected_login_without_capability_just_ends() -> None:
+    c = Client()
+    c.start()
+    events = c.server.reject_authentication("bad password")
+    assert events == [ConnectionClosed(spec.ACCESS_REFUSED, "ACCESS_REFUSED - bad password", 10, 11)]
+    assert c.frames() == []
+
+
+def test_rejected_login_with_capability_sends_close() -> None:
+    c = Client()
+    c.start(client_properties={"capabilities": {"authentication_failure_close": True}})
+    events = c.server.reject_authentication("bad password")
+    assert_connection_closing(c, events, spec.ACCESS_REFUSED)
+
+
+def test_unknown_mechanism() -> None:
+    c = Client()
+    events = c.start(mechanism="EXTERNAL")
+    assert_connection_closing(c, events, spec.COMMAND_INVALID)
+
+
+def test_other_offered_mechanism_and_secure_round() -> None:
+    c = Client(ServerConnection(mechanisms=("EXTERNAL", "PLAIN"), now=1000.0))
+    (ev,) = c.start(mechanism="EXTERNAL", response=b"")
+    assert isinstance(ev, AuthenticationRequested) and ev.username is None and ev.password is None
+    c.server.send_challenge(b"who are you?")
+    assert c.methods() == [(0, spec.ConnectionSecure(b"who are you?"))]
+    assert c.method(0, spec.ConnectionSecureOk(b"me")) == [SecureOkReceived(b"me")]
+    c.server.accept_authentication()
+    assert isinstance(c.methods()[0][1], spec.ConnectionTune)
+
+
+def test_decisions_outside_authentication_are_local_errors() -> None:
+    c = Client()
+    with pytest.raises(spec.LocalProtocolError):
+        c.server.accept_authentication()
+    c.handshake()
+    with pytest.raises(spec.LocalProtocolError):
+        c.server.send_challenge(b"x")
+
+
+@pytest.mark.parametrize(
+    "tune_ok",
+    [
+        spec.ConnectionTuneOk(4000, 4096, 0),  # channel_max above the server's 2047
+        spec.ConnectionTuneOk(0, 1024, 0),  # frame_max below 4096
+        spec.ConnectionTuneOk(0, 200000, 0),  # frame_max above the server's 131072
+    ],
+)
+def test_tune_ok_out_of_bounds_is_not_allowed(tune_ok: spec.ConnectionTuneOk) -> None:
+    c = Client()
+    c.start()
+    c.server.accept_authentication()
+    c.frames()
+    close = assert_connection_closing(c, c.method(0, tune_ok), spec.NOT_ALLOWED)
+    assert (close.class_id, close.method_id) == (10, 31)
+
+
+def test_tune_zero_means_server_limits() -> None:
+    c = Client()
+    c.handshake(channel_max=0, frame_max=0, heartbeat=0)
+    assert (c.server.channel_max, c.server.frame_max) == (2047, 131072)
+
+
+def test_vhost_refused_unless_configured() -> None:
+    c = Client()
+    c.start()
+    c.server.accept_authentication()
+    c.frames()
+    c.method(0, spec.ConnectionTuneOk(0, 4096, 0))
+    assert_connection_closing(c, c.method(0, spec.ConnectionOpen("/other")), spec.NOT_ALLOWED)
+
+    c = Client(ServerConnection(virtual_hosts={"/", "/other"}))
+    assert ConnectionOpened("/other") in c.handshake(vhost="/other")
+    c = Client(ServerConnection(virtual_hosts=None))
+    assert ConnectionOpened("anything") in c.handshake(vhost="anything")
+    assert c.server.virtual_host == "anything"
+
+
+def test_methods_out_of_order_during_handshake() -> None:
+    c = Client()
+    c.send(spec.PROTOCOL_HEADER)
+    c.frames()
+    assert_connection_closing(c, c.method(0, spec.ConnectionOpen("/")), spec.COMMAND_INVALID)
+
+    c = Client()
+    c.start()
+    c.server.accept_authentication()
+    c.frames()
+    assert_connection_closing(c, c.method(1, spec.ChannelOpen()), spec.COMMAND_INVALID)
+
+
+def test_server_properties_override() -> None:
+    c = Client(ServerConnection(server_properties={"cluster_name": "x", "capabilities": {"extra": True}}))
+    c.send(spec.PROTOCOL_HEADER)
+    ((_, start),) = c.methods()
+    assert isinstance(start, spec.ConnectionStart)
+    assert start.server_properties["cluster_name"] == "x"
+    caps = start.server_properties["capabilities"]
+    assert isinstance(caps, dict) and caps["extra"] is True and caps["basic.nack"] is True
+
+
+# --------------------------------------------------------------------------------------------
+# Closing the connection
+
+
+def test_client_closes_connection() -> None:
+    c = opened()
+    events = c.method(0, spec.ConnectionClose(200, "bye", 0, 0))
+    assert events == [ConnectionClosed(200, "bye", 0, 0, by_peer=True)]
+    assert c.methods() == [(0, spec.ConnectionCloseOk())]
+    assert c.server.state is ConnectionState.CLOSED
+
+
+def test_server_closes_connection_then_only_close_ok_counts() -> None:
+    c = opened()
+    c.server.close(spec.CONNECTION_FORCED, "shutting down")
+    assert c.methods() == [(0, spec.ConnectionClose(320, "shutting down", 0, 0))]
+    # Anything else is discarded, even garbage semantics.
+    assert c.publish(1, b"late") == []
+    assert c.method(1, spec.QueueDeclare()) == []
+    assert c.method(5, spec.BasicAck()) == []
+    assert c.frames() == []
+    events = c.method(0, spec.ConnectionCloseOk())
+    assert events == [ConnectionClosed(320, "shutting down", 0, 0, by_peer=False)]
+    assert c.server.send_method(1, spec.BasicAck()) is False
+
+
+def test_crossing_connection_close() -> None:
+    c = opened()
+    c.server.close(spec.CONNECTION_FORCED, "bye")
+    c.frames()
+    events = c.method(0, spec.ConnectionClose(200, "me too", 0, 0))
+    assert c.methods() == [(0, spec.ConnectionCloseOk())]
+    assert isinstance(events[-1], ConnectionClosed) and c.server.state is ConnectionState.CLOSED
+
+
+def test_close_ok_timeout() -> None:
+    c = opened()
+    c.server.close(spec.CONNECTION_FORCED, "bye")
+    c.frames()
+    deadline = c.server.next_deadline()
+    assert deadline is not None
+    assert c.server.tick(deadline - 0.1) == []
+    assert c.server.tick(deadline) == [ConnectionClosed(320, "bye", 0, 0, by_peer=False)]
+
+
+def test_end_of_stream() -> None:
+    c = opened()
+    (ev,) = c.send(b"")
+    assert isinstance(ev, ConnectionClosed) and ev.by_peer
+
+
+def test_frame_error_closes_at_once() -> None:
+    c = opened()
+    bad = encode_method(1, spec.BasicAck())[:-1] + b"\x00"
+    events = c.send(bad + encode_method(1, spec.BasicAck()))
+    assert isinstance(events[0], ConnectionClosing) and events[0].reply_code == spec.FRAME_ERROR
+    assert isinstance(events[1], ConnectionClosed)
+    assert [type(m) for _, m in c.methods()] == [spec.ConnectionClose]
+
+
+def test_oversized_frame_refused_from_its_header() -> None:
+    c = opened()  # frame_max 4096 negotiated by the test client
+    events = c.send(b"\x03\x00\x01\x00\x01\x00\x00")  # body frame claiming 65536 bytes
+    assert events[0].reply_code == spec.FRAME_ERROR
+
+
+def test_syntax_error_in_arguments_is_a_connection_exception() -> None:
+    c = opened()
+    payload = encode_method(1, spec.BasicAck())[7:-1] + b"\x00"
+    data = b"\x01\x00\x01" + len(payload).to_bytes(4, "big") + payload + b"\xce"
+    close = assert_connection_closing(c, c.send(data), spec.SYNTAX_ERROR)
+    assert (close.class_id, close.method_id) == (60, 80)
+
+
+# --------------------------------------------------------------------------------------------
+# Channels
+
+
+def test_channel_open_close_by_client() -> None:
+    c = opened(1)
+    assert c.server.open_channels == [1]
+    events = c.method(1, spec.ChannelClose(200, "done", 0, 0))
+    assert events == [ChannelClosed(1, 200, "done", 0, 0, by_peer=True)]
+    assert c.methods() == [(1, spec.ChannelCloseOk())]
+    assert c.server.open_channels == []
+    # The number can be used again.
+    assert c.open_channel(1) == [ChannelOpened(1)]
+
+
+def test_channel_open_twice_is_channel_error() -> None:
+    c = opened(1)
+    assert_connection_closing(c, c.method(1, spec.ChannelOpen()), spec.CHANNEL_ERROR)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        encode_method(3, spec.QueueDeclare()),
+        encode_frame(HeaderFrame(3, 60, 1, BasicProperties())),
+        encode_frame(BodyFrame(3, b"x")),
+        encode_method(3, spec.ChannelCloseOk()),
+    ],
+)
+def test_frames_on_a_channel_never_opened_are_channel_errors(data: bytes) -> None:
+    c = opened(1)
+    assert_connection_closing(c, c.send(data), spec.CHANNEL_ERROR)
+
+
+def test_channel_above_channel_max() -> None:
+    c = Client()
+    c.handshake(channel_max=10)
+    assert c.open_channel(10) == [ChannelOpened(10)]
+    assert_connection_closing(c, c.method(11, spec.ChannelOpen()), spec.NOT_ALLOWED)
+
+
+def test_connection_method_on_a_channel_and_channel_method_on_zero() -> None:
+    c = opened(1)
+    assert_connection_closing(c, c.method(1, spec.ConnectionOpen()), spec.COMMAND_INVALID)
+    c = opened(1)
+    assert_connection_closing(c, c.method(0, spec.QueueDeclare()), spec.COMMAND_INVALID)
+    c = opened(1)
+    assert_connection_closing(c, c.send(encode_frame(BodyFrame(0, b"x"))), spec.UNEXPECTED_FRAME)
+
+
+def test_server_only_methods_from_the_client_are_invalid() -> None:
+    for method in (spec.QueueDeclareOk(), spec.ConnectionBlocked("x")):
+        c = opened(1)
+        assert_connection_closing(c, c.method(1, method), spec.COMMAND_INVALID)
+    c = opened(1)
+    assert_connection_closing(
+        c, c.send(encode_content(1, spec.BasicDeliver(), None, b"")), spec.COMMAND_INVALID
+    )
+
+
+def test_methods_for_the_handler() -> None:
+    c = opened(1)
+    qd = spec.QueueDeclare(queue="q", durable=True, arguments={"x-max-length": 10})
+    assert c.method(1, qd) == [MethodReceived(1, qd)]
+    assert c.method(0, spec.ConnectionUpdateSecret(b"tok", "refresh")) == [
+        MethodReceived(0, spec.ConnectionUpdateSecret(b"tok", "refresh"))
+    ]
+    assert c.server.send_method(1, spec.QueueDeclareOk("q", 0, 0))
+    assert c.server.send_method(0, spec.ConnectionUpdateSecretOk())
+    assert c.server.send_method(0, spec.ConnectionBlocked("low memory"))
+    assert c.methods() == [
+        (1, spec.QueueDeclareOk("q", 0, 0)),
+        (0, spec.ConnectionUpdateSecretOk()),
+        (0, spec.ConnectionBlocked("low memory")),
+    ]
+
+
+def test_channel_flow_from_client() -> None:
+    c = opened(1)
+    assert c.method(1, spec.ChannelFlow(active=False)) == [ChannelFlowChanged(1, False)]
+    assert c.methods() == [(1, spec.ChannelFlowOk(active=False))]
+    ch = c.server.channel(1)
+    assert ch is not None and ch.flow_active is False
+
+
+def test_channel_flow_from_server() -> None:
+    c = opened(1)
+    assert c.server.send_method(1, spec.ChannelFlow(active=False))
+    assert c.methods() == [(1, spec.ChannelFlow(active=False))]
+    assert c.method(1, spec.ChannelFlowOk(False)) == [MethodReceived(1, spec.ChannelFlowOk(False))]
+
+
+def test_channel_exception_by_handler_discards_until_close_ok() -> None:
+    c = opened(1)
+    assert c.server.close_channel(1, spec.NOT_FOUND, "NOT_FOUND - no queue 'q'", 50, 10)
+    assert c.methods() == [(1, spec.ChannelClose(404, "NOT_FOUND - no queue 'q'", 50, 10))]
+    assert not c.server.is_channel_open(1)
+    assert c.server.send_method(1, spec.BasicAck()) is False
+    assert c.server.send_content(1, spec.BasicDeliver(), None, b"x") is False
+    # Everything the client had in flight is dropped, content frames included.
+    assert c.publish(1, b"x" * 10000) == []
+    assert c.method(1, spec.QueueDeclare()) == []
+    assert c.frames() == []
+    assert c.method(1, spec.ChannelCloseOk()) == []
+    assert 1 not in c.server.open_channels
+    assert c.open_channel(1) == [ChannelOpened(1)]
+
+
+def test_crossing_channel_close() -> None:
+    c = opened(1)
+    c.server.close_channel(1, spec.PRECONDITION_FAILED, "x")
+    c.frames()
+    assert c.method(1, spec.ChannelClose(200, "", 0, 0)) == []
+    assert c.methods() == [(1, spec.ChannelCloseOk())]
+    assert c.method(1, spec.ChannelCloseOk()) == []
+    assert c.open_channel(1) == [ChannelOpened(1)]
+
+
+def test_raise_error_routes_soft_and_hard() -> None:
+    c = opened(1)
+    c.server.raise_error(
+        spec.ProtocolError(spec.NOT_FOUND, "no queue 'q'", channel=1, class_id=50, method_id=10)
+    )
+    assert c.methods() == [(1, spec.ChannelClose(404, "NOT_FOUND - no queue 'q'", 50, 10))]
+    c.server.raise_error(spec.ProtocolError(spec.NOT_IMPLEMENTED, "immediate=true", channel=1))
+    assert c.methods() == [(0, spec.ConnectionClose(540, "NOT_IMPLEMENTED - immediate=true", 0, 0))]
+
+
+def test_send_misuse() -> None:
+    c = opened(1)
+    with pytest.raises(spec.LocalProtocolError):
+        c.server.send_method(2, spec.BasicAck())  # never opened
+    with pytest.raises(spec.LocalProtocolError):
+        c.server.send_method(1, spec.QueueDeclare())  # client-only
+    with pytest.raises(spec.LocalProtocolError):
+        c.server.send_method(1, spec.BasicDeliver())  # has content
+    with pytest.raises(spec.LocalProtocolError):
+        c.server.send_content(1, spec.BasicAck(), None, b"")  # no content
+    with pytest.raises(spec.LocalProtocolError):
+        c.server.send_method(0, spec.BasicAck())
+    with pytest.raises(spec.LocalProtocolError):
+        c.server.send_method(1, spec.ConnectionBlocked())
+    with pytest.raises(spec.EncodeError):
+        c.server.send_method(1, spec.BasicConsumeOk("x" * 300))
+    assert c.frames() == []
+
+
+# --------------------------------------------------------------------------------------------
+# Content
+
+
+def test_publish_multi_frame_body() -> None:
+    c = opened(1)
+    body = bytes(range(256)) * 100  # 25600 bytes -> 7 body frames at frame_max 4096
+    props = BasicProperties(content_type="application/json", headers={"h": 1}, delivery_mode=2)
+    data = encode_content(1, spec.BasicPublish(exchange="amq.topic", routing_key="a.b"), props, body, 4096)
+    assert data.count(b"\x03\x00\x01") >= 7
+    events = c.send(data)
+    assert events == [
+        ContentReceived(1, spec.BasicPublish(exchange="amq.topic", routing_key="a.b"), props, body)
+    ]
+
+
+def test_publish_fed_byte_by_byte_and_interleaved_channels() -> None:
+    c = opened(1)
+    c.open_channel(2)
+    a = encode_content(1, spec.BasicPublish(routing_key="a"), None, b"A" * 5000, 4096)
+    b = encode_content(2, spec.BasicPublish(routing_key="b"), None, b"B" * 5000, 4096)
+    # Split both into frames and interleave them frame by frame: legal across channels.
+    from test_amqp091_frames import decode_all
+
+    fa, fb = decode_all(a), decode_all(b)
+    data = b"".join(encode_frame(f) for pair in zip(fa, fb, strict=True) for f in pair)
+    events = []
+    for i in range(len(data)):
+        events += c.send(data[i : i + 1])
+    assert [(e.channel, e.method.routing_key, len(e.body)) for e in events] == [
+        (1, "a", 5000),
+        (2, "b", 5000),
+    ]
+
+
+def test_empty_body_completes_with_the_header() -> None:
+    c = opened(1)
+    (ev,) = c.publish(1, b"")
+    assert isinstance(ev, ContentReceived) and ev.body == b""
+
+
+@pytest.mark.parametrize(
+    "after_publish",
+    [
+        encode_method(1, spec.BasicAck()),  # method instead of header
+        encode_frame(BodyFrame(1, b"x")),  # body instead of header
+    ],
+)
+def test_out_of_order_content_is_unexpected_frame(after_publish: bytes) -> None:
+    c = opened(1)
+    events = c.send(encode_method(1, spec.BasicPublish()) + after_publish)
+    assert_connection_closing(c, events, spec.UNEXPECTED_FRAME)
+
+
+def test_method_during_body_is_unexpected_frame() -> None:
+    c = opened(1)
+    data = encode_content(1, spec.BasicPublish(), None, b"x" * 10, 4096)[:-18]  # body frame missing
+    close = assert_connection_closing(
+        c, c.send(data + encode_method(1, spec.BasicAck())), spec.UNEXPECTED_FRAME
+    )
+    assert (close.class_id, close.method_id) == (60, 40)
+
+
+def test_header_or_body_without_a_method() -> None:
+    for f in (HeaderFrame(1, 60, 1, BasicProperties()), BodyFrame(1, b"x")):
+        c = opened(1)
+        assert_connection_closing(c, c.send(encode_frame(f)), spec.UNEXPECTED_FRAME)
+
+
+def test_header_for_another_class() -> None:
+    c = opened(1)
+    data = encode_method(1, spec.BasicPublish()) + encode_frame(HeaderFrame(1, 50, 1, BasicProperties()))
+    assert_connection_closing(c, c.send(data), spec.UNEXPECTED_FRAME)
+
+
+def test_body_longer_than_announced() -> None:
+    c = opened(1)
+    data = encode_method(1, spec.BasicPublish()) + encode_frame(HeaderFrame(1, 60, 3, BasicProperties()))
+    data += encode_frame(BodyFrame(1, b"ab")) + encode_frame(BodyFrame(1, b"cd"))
+    assert_connection_closing(c, c.send(data), spec.FRAME_ERROR)
+
+
+def test_body_above_max_size_is_a_channel_exception() -> None:
+    c = opened(1, max_body_size=1000)
+    c.open_channel(2)
+    events = c.publish(1, b"x" * 5000)
+    assert_channel_closed(c, events, 1, spec.PRECONDITION_FAILED)
+    # The other channel is unaffected, the closed one discards until close-ok.
+    assert c.publish(2, b"ok") == [
+        ContentReceived(2, spec.BasicPublish(routing_key="rk"), BasicProperties(), b"ok")
+    ]
+    assert c.publish(1, b"y") == []
+    c.method(1, spec.ChannelCloseOk())
+    assert c.open_channel(1) == [ChannelOpened(1)]
+    assert len(c.publish(1, b"z" * 1000)) == 1
+
+
+def test_send_content_splits_by_negotiated_frame_max() -> None:
+    c = opened(1)
+    body = b"d" * 10000
+    deliver = spec.BasicDeliver("ctag", 1, False, "", "q")
+    assert c.server.send_content(1, deliver, BasicProperties(delivery_mode=2), body)
+    frames = c.frames()
+    assert frames[0] == MethodFrame(1, deliver)
+    assert frames[1] == HeaderFrame(1, 60, 10000, BasicProperties(delivery_mode=2))
+    sizes = [len(f.payload) for f in frames[2:] if isinstance(f, BodyFrame)]
+    assert sizes == [4088, 4088, 1824]
+
+
+# --------------------------------------------------------------------------------------------
+# Heartbeats
+
+
+def test_heartbeats_both_ways() -> None:
+    c = Client()
+    c.handshake(heartbeat=10)
+    t0 = c.now
+    server = c.server
+    assert server.next_deadline() == t0 + 5  # send after heartbeat / 2 of silence
+    assert server.tick(t0 + 4.9) == [] and server.data_to_send(t0 + 4.9) == b""
+    assert server.tick(t0 + 5) == []
+    assert server.data_to_send(t0 + 5) == HEARTBEAT_FRAME
+    # The client's heartbeat keeps us alive.
+    c.now = t0 + 15
+    assert c.send(HEARTBEAT_FRAME) == []
+    assert server.tick(t0 + 30) == []
+    server.data_to_send(t0 + 30)
+    events = server.tick(t0 + 35)
+    assert isinstance(events[0], HeartbeatTimeout) and events[0].silent_for == 20
+    assert isinstance(events[1], ConnectionClosed)
+    assert server.next_deadline() is None
+
+
+def test_no_heartbeat_when_disabled() -> None:
+    c = Client()
+    c.handshake(heartbeat=0)
+    assert c.server.next_deadline() is None
+    assert c.server.tick(c.now + 10_000) == []
+
+
+# --------------------------------------------------------------------------------------------
+# Fuzzing the machine: only events come out, never exceptions
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.binary(max_size=200), st.integers(1, 64))
+def test_random_bytes_after_handshake_never_raise(data: bytes, chunk: int) -> None:
+    c = opened(1)
+    for i in range(0, len(data), chunk):
+        c.send(data[i : i + chunk])
+    c.server.data_to_send()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_mutated_session_never_raises(data: st.DataObject) -> None:
+    c = opened(1)
+    script = encode_content(1, spec.BasicPublish(routing_key="x"), BasicProperties(), b"b" * 5000, 4096)
+    script += encode_method(1, spec.BasicAck(3)) + encode_method(1, spec.ChannelClose(200, "", 0, 0))
+    script += encode_method(0, spec.ConnectionClose(200, "", 0, 0))
+    raw = bytearray(script)
+    for _ in range(data.draw(st.integers(1, 3))):
+        i = data.draw(st.integers(0, len(raw) - 1))
+        raw[i] = data.draw(st.integers(0, 255))
+    events = c.send(bytes(raw))
+    c.server.data_to_send()
+    closed = [e for e in events if isinstance(e, ConnectionClosed)]
+    assert len(closed) <= 1
