@@ -39,6 +39,7 @@ __all__ = [
     "Running",
     "cpu_seconds",
     "free_port",
+    "host_busy_seconds",
     "mosquitto",
     "rabbitmq",
     "start",
@@ -163,6 +164,14 @@ def cpu_seconds(roots: list[int]) -> float:
     return total
 
 
+def host_busy_seconds() -> float:
+    """CPU seconds all CPUs of the host spent busy (not idle/iowait) since boot, from /proc/stat."""
+    with open("/proc/stat") as f:
+        parts = f.readline().split()  # "cpu user nice system idle iowait irq softirq steal ..."
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in parts[1:9])
+    return (user + nice + system + irq + softirq + steal) / _CLK_TCK
+
+
 def rss_kib(roots: list[int]) -> int:
     total = 0
     for root in roots:
@@ -178,10 +187,11 @@ def rss_kib(roots: list[int]) -> int:
 
 
 @contextlib.contextmanager
-def mosquitto(nodelay: bool = False, timeout: float = 15.0) -> Iterator[Running]:
+def mosquitto(nodelay: bool = False, tuned: bool = False, timeout: float = 15.0) -> Iterator[Running]:
     """Debian's Mosquitto with its default limits, on a free port.
 
-    `nodelay=True` adds `set_tcp_nodelay true` (Mosquitto's default is Nagle on).
+    `nodelay=True` adds `set_tcp_nodelay true` (Mosquitto's default is Nagle on). `tuned=True` raises
+    the per-client QoS 1/2 limits (20 in flight, 1000 queued, then dropped) to 100 and 100000.
     """
     if not os.access(MOSQUITTO_BIN, os.X_OK):
         raise BrokerUnavailable(f"{MOSQUITTO_BIN} not installed (apt-get install mosquitto)")
@@ -199,6 +209,8 @@ def mosquitto(nodelay: bool = False, timeout: float = 15.0) -> Iterator[Running]
         ]
         if nodelay:
             lines.append("set_tcp_nodelay true")
+        if tuned:
+            lines += ["max_inflight_messages 100", "max_queued_messages 100000"]
         conf.write_text("\n".join(lines) + "\n")
         log = Path(tmp, "mosquitto.log")
         with log.open("wb") as out:
@@ -214,7 +226,11 @@ def mosquitto(nodelay: bool = False, timeout: float = 15.0) -> Iterator[Running]
                 _wait_ports(proc, [port], timeout, "mosquitto")
             except BrokerUnavailable as exc:
                 raise BrokerUnavailable(f"{exc}\n{_tail(log)}") from None
-            notes = ["defaults (max_inflight_messages 20, max_queued_messages 1000)"]
+            notes = (
+                ["max_inflight_messages 100, max_queued_messages 100000"]
+                if tuned
+                else ["defaults (max_inflight_messages 20, max_queued_messages 1000)"]
+            )
             notes.append("TCP_NODELAY on" if nodelay else "Nagle on (Mosquitto default)")
             yield Running(
                 "mosquitto",
@@ -398,6 +414,7 @@ BROKERS: dict[str, Callable[[], contextlib.AbstractContextManager[Running]]] = {
     "trimaran": trimaran,
     "mosquitto": mosquitto,
     "mosquitto-nodelay": lambda: mosquitto(nodelay=True),
+    "mosquitto-tuned": lambda: mosquitto(nodelay=True, tuned=True),
     "rabbitmq": rabbitmq,
 }
 

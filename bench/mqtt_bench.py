@@ -1,0 +1,475 @@
+"""MQTT load generator: fan-in, fan-out and fixed-rate latency runs against any MQTT broker.
+
+The client side is Trimaran's own sans-IO codec (`trimaran.mqtt.codec`) over raw asyncio streams, on
+uvloop when installed, so that the generator costs as little as Python allows:
+
+- reads are 64 KiB chunks fed to one `Decoder` per connection; every whole packet is decoded;
+- a connection's outgoing packets (PUBLISH batches, PUBACKs for a chunk) go out in one write;
+- PUBLISH bytes come from a template that `encode()` produced once (checked by decoding it back);
+  per message only the packet identifier and the 16-byte stamp (publisher, sequence, send time in
+  CLOCK_MONOTONIC ns) change; PUBACKs are encoded once for every packet identifier;
+- QoS 1 publishers keep a window of unacknowledged PUBLISHes (default 100) instead of waiting for each.
+
+Scenarios (one run per invocation, bounded by --duration plus a bounded drain, and a hard timeout):
+
+  fan-in   --clients N publishers -> 1 subscriber, all on one topic, as fast as allowed
+  fan-out  1 publisher -> --clients N subscribers
+  latency  1 publisher -> 1 subscriber at a fixed --rate; p50/p99 end to end (all messages sampled)
+
+Rates are counted over the steady window [--warmup, --duration] after the publishers start. Then the
+publishers stop, QoS 1 publishers wait for their PUBACKs, and the subscribers drain until every
+message arrived or nothing came for --idle seconds; what never arrived is `lost`. `gen_cpu` and
+`broker_cpu` are CPU seconds per wall second over the steady window (1.0 = one core busy): a generator
+near 1.0 means the number measures the generator, not the broker. `other_cpu` is what the rest of the
+host used meanwhile (other jobs on a shared machine): above ~0.2 the run was disturbed.
+
+Prints one JSON object on stdout. Example:
+
+  python bench/mqtt_bench.py --port 1883 --scenario fan-in --qos 1 --clients 4 --watch-pid 1234
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import struct
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `trimaran` from this checkout
+
+from trimaran.mqtt.codec import NEED_DATA, Decoder, encode
+from trimaran.mqtt.packets import (
+    MQTT_3_1_1,
+    MQTT_5,
+    ConnAck,
+    Connect,
+    Disconnect,
+    Packet,
+    PubAck,
+    Publish,
+    SubAck,
+    Subscribe,
+    SubscriptionOptions,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import brokers
+
+T = TypeVar("T", bound=Packet)
+CHUNK = 64 * 1024
+STAMP = struct.Struct("!IIQ")  # publisher index, sequence number, send time (monotonic ns)
+MAX_PACKET = 1 << 24
+monotonic_ns = time.monotonic_ns
+
+
+@dataclass
+class Counter:
+    published: int = 0  # publishers: PUBLISHes written
+    acked: int = 0  # QoS 1 publishers: PUBACKs received
+    delivered: int = 0  # subscribers: PUBLISHes received
+    first_ns: int = 0
+    last_ns: int = 0
+    latencies_ns: list[int] = field(default_factory=list)
+
+
+class Conn:
+    """One client connection: asyncio streams plus a codec `Decoder` over its own buffer."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, level: int) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.level = level
+        self.decoder = Decoder(MAX_PACKET, protocol_level=level)
+
+    @classmethod
+    async def open(cls, host: str, port: int, client_id: str, level: int) -> Conn:
+        reader, writer = await asyncio.open_connection(host, port, limit=4 * CHUNK)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        writer.transport.set_write_buffer_limits(high=256 * 1024)
+        conn = cls(reader, writer, level)
+        # keep_alive 0: a subscriber that only reads must not be dropped in a long run.
+        writer.write(encode(Connect(protocol_level=level, client_id=client_id, keep_alive=0), level))
+        ack = await conn.expect(ConnAck)
+        if ack.reason_code:
+            raise ConnectionError(f"CONNACK refused {client_id}: reason 0x{ack.reason_code:02X}")
+        return conn
+
+    async def expect(self, kind: type[T], timeout: float = 10.0) -> T:
+        """Read until a packet of `kind` arrives (setup only: anything else is an error)."""
+        async with asyncio.timeout(timeout):
+            while True:
+                packet = self.decoder.next_packet()
+                if packet is NEED_DATA:
+                    data = await self.reader.read(CHUNK)
+                    if not data:
+                        raise ConnectionError(f"closed while waiting for {kind.__name__}")
+                    self.decoder.feed(data)
+                    continue
+                if isinstance(packet, kind):
+                    return packet
+                raise ConnectionError(f"expected {kind.__name__}, got {packet!r}")
+
+    async def subscribe(self, topic: str, qos: int) -> None:
+        self.writer.write(encode(Subscribe(1, [(topic, SubscriptionOptions(qos=qos))]), self.level))
+        ack = await self.expect(SubAck)
+        if ack.reason_codes != [qos]:
+            raise ConnectionError(f"SUBACK {ack.reason_codes} for QoS {qos}")
+
+    async def close(self) -> None:
+        try:
+            self.writer.write(encode(Disconnect(), self.level))
+            self.writer.close()
+            async with asyncio.timeout(2):
+                await self.writer.wait_closed()
+        except (OSError, TimeoutError):
+            pass
+
+
+class Template:
+    """PUBLISH bytes from one `encode()`: head + [packet id] + mid + stamp + padding."""
+
+    def __init__(self, topic: str, qos: int, payload_size: int, level: int) -> None:
+        if payload_size < STAMP.size:
+            raise ValueError(f"payload must be at least {STAMP.size} bytes (the stamp)")
+        raw = encode(Publish(topic, bytes(payload_size), qos, packet_id=1 if qos else None), level)
+        self.mid = b"\x00" if level == MQTT_5 else b""  # empty property length
+        self.head = raw[: len(raw) - payload_size - len(self.mid) - (2 if qos else 0)]
+        self.pad = bytes(payload_size - STAMP.size)
+        self.qos = qos
+        # Check the shortcut against the codec once.
+        sample = self.build(7, 3, 123456789, 42)
+        decoder = Decoder(MAX_PACKET, protocol_level=level)
+        decoder.feed(sample)
+        got = decoder.next_packet()
+        want_payload = STAMP.pack(7, 3, 123456789) + self.pad
+        want = Publish(topic, want_payload, qos, packet_id=42 if qos else None)
+        if got != want or decoder.buffered:
+            raise AssertionError(f"PUBLISH template does not round-trip: {got!r}")
+
+    def build(self, pub: int, seq: int, ts: int, packet_id: int = 0) -> bytes:
+        if self.qos:
+            return b"".join(
+                (self.head, packet_id.to_bytes(2, "big"), self.mid, STAMP.pack(pub, seq, ts), self.pad)
+            )
+        return b"".join((self.head, self.mid, STAMP.pack(pub, seq, ts), self.pad))
+
+
+# ---------------------------------------------------------------------------------------- subscriber
+
+
+async def subscriber(conn: Conn, counter: Counter, sample_every: int, acks: list[bytes]) -> None:
+    """Count every PUBLISH, sample latencies, answer QoS 1 with one write of PUBACKs per chunk."""
+    read = conn.reader.read
+    decoder = conn.decoder
+    next_packet = decoder.next_packet
+    write = conn.writer.write
+    unpack = STAMP.unpack_from
+    lat = counter.latencies_ns
+    while True:
+        data = await read(CHUNK)
+        if not data:
+            return
+        now = monotonic_ns()
+        decoder.feed(data)
+        out = []
+        n = 0
+        while True:
+            packet = next_packet()
+            if packet is NEED_DATA:
+                break
+            if type(packet) is Publish:
+                n += 1
+                if packet.packet_id:
+                    out.append(acks[packet.packet_id])
+                _pub, seq, ts = unpack(packet.payload)
+                if seq % sample_every == 0:
+                    lat.append(now - ts)
+        if out:
+            write(b"".join(out))
+        if n:
+            if not counter.first_ns:
+                counter.first_ns = now
+            counter.last_ns = now
+            counter.delivered += n
+
+
+# ----------------------------------------------------------------------------------------- publisher
+
+
+async def publisher(
+    conn: Conn,
+    index: int,
+    template: Template,
+    counter: Counter,
+    stop: asyncio.Event,
+    window: int,
+    batch: int,
+    rate: float | None,
+) -> None:
+    """Publish until `stop`; as fast as flow control allows, or at `rate` msg/s when given.
+
+    QoS 1 keeps at most `window` PUBLISHes unacknowledged; the PUBACK reader runs alongside.
+    """
+    writer = conn.writer
+    write = writer.write
+    build = template.build
+    qos = template.qos
+    room = asyncio.Event()
+    room.set()
+    seq = 0
+    packet_id = 0
+    reader_task = asyncio.create_task(_puback_reader(conn, counter, room, window)) if qos else None
+    t0 = monotonic_ns()
+    try:
+        while not stop.is_set():
+            n = batch
+            if rate is not None:
+                due = int((monotonic_ns() - t0) * rate / 1e9) + 1
+                n = min(due - seq, batch)
+                if n <= 0:
+                    await asyncio.sleep((seq + 1 - due + 1) / rate)
+                    continue
+            if qos:
+                n = min(n, window - (counter.published - counter.acked))
+                if n <= 0:
+                    room.clear()
+                    await room.wait()
+                    continue
+            ts = monotonic_ns()
+            parts = []
+            for _ in range(n):
+                if qos:
+                    packet_id = packet_id % 65535 + 1
+                parts.append(build(index, seq, ts, packet_id))
+                seq += 1
+            write(b"".join(parts))
+            counter.published += n
+            await writer.drain()  # waits only above the write buffer's high-water mark
+            await asyncio.sleep(0)  # let readers run even when the buffer never fills
+    finally:
+        if reader_task is not None:
+            # Give the broker a bounded time to acknowledge what is in flight.
+            try:
+                async with asyncio.timeout(10):
+                    while counter.acked < counter.published:
+                        room.clear()
+                        await room.wait()
+            except TimeoutError:
+                pass
+            reader_task.cancel()
+
+
+async def _puback_reader(conn: Conn, counter: Counter, room: asyncio.Event, window: int) -> None:
+    read = conn.reader.read
+    decoder = conn.decoder
+    next_packet = decoder.next_packet
+    while True:
+        data = await read(CHUNK)
+        if not data:
+            return
+        decoder.feed(data)
+        n = 0
+        while True:
+            packet = next_packet()
+            if packet is NEED_DATA:
+                break
+            if type(packet) is PubAck:
+                n += 1
+        if n:
+            counter.acked += n
+            room.set()
+
+
+# --------------------------------------------------------------------------------------------- a run
+
+
+def percentile(sorted_values: list[int], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    k = min(len(sorted_values) - 1, max(0, round(q / 100 * (len(sorted_values) - 1))))
+    return sorted_values[k] / 1e6  # ms
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    level = args.level
+    run_id = f"{os.getpid()}-{int(time.time() * 1000) % 100000}"
+    topic = f"bench/{run_id}/t"
+    if args.scenario == "fan-in":
+        n_pub, n_sub = args.clients, 1
+    elif args.scenario == "fan-out":
+        n_pub, n_sub = 1, args.clients
+    else:
+        n_pub, n_sub = 1, 1
+    rate = args.rate if args.scenario == "latency" else None
+    sample_every = 1 if args.scenario == "latency" else args.sample_every
+    acks = [b""] + [encode(PubAck(pid), level) for pid in range(1, 65536)]
+    template = Template(topic, args.qos, args.payload, level)
+
+    subs = [await Conn.open(args.host, args.port, f"bench-{run_id}-s{i}", level) for i in range(n_sub)]
+    for s in subs:
+        await s.subscribe(topic, args.qos)
+    pubs = [await Conn.open(args.host, args.port, f"bench-{run_id}-p{i}", level) for i in range(n_pub)]
+    sub_counters = [Counter() for _ in subs]
+    pub_counters = [Counter() for _ in pubs]
+    stop = asyncio.Event()
+    sub_tasks = [
+        asyncio.create_task(subscriber(s, c, sample_every, acks))
+        for s, c in zip(subs, sub_counters, strict=True)
+    ]
+    per_pub_rate = rate / n_pub if rate is not None else None
+    t_start = monotonic_ns()
+    pub_tasks = [
+        asyncio.create_task(publisher(p, i, template, c, stop, args.window, args.batch, per_pub_rate))
+        for i, (p, c) in enumerate(zip(pubs, pub_counters, strict=True))
+    ]
+
+    def snapshot() -> tuple[int, int, int, float, float, float]:
+        return (
+            monotonic_ns(),
+            sum(c.published for c in pub_counters),
+            sum(c.delivered for c in sub_counters),
+            time.process_time(),
+            brokers.cpu_seconds(args.watch_pid) if args.watch_pid else 0.0,
+            brokers.host_busy_seconds(),
+        )
+
+    await asyncio.sleep(args.warmup)
+    s0 = snapshot()
+    await asyncio.sleep(args.duration - args.warmup)
+    s1 = snapshot()
+    stop.set()
+    await asyncio.gather(*pub_tasks)
+    t_pub_end = monotonic_ns()
+    published = sum(c.published for c in pub_counters)
+    expected = published * n_sub
+    # Drain: until everything arrived, or nothing arrived for --idle seconds, or --drain seconds.
+    drain_deadline = time.monotonic() + args.drain
+    last_total, last_change = -1, time.monotonic()
+    while time.monotonic() < drain_deadline:
+        total = sum(c.delivered for c in sub_counters)
+        if total >= expected:
+            break
+        if total != last_total:
+            last_total, last_change = total, time.monotonic()
+        elif time.monotonic() - last_change > args.idle:
+            break
+        await asyncio.sleep(0.05)
+    delivered = sum(c.delivered for c in sub_counters)
+    for t in sub_tasks:
+        t.cancel()
+    await asyncio.gather(*sub_tasks, return_exceptions=True)
+    for c in subs + pubs:
+        await c.close()
+
+    window_s = (s1[0] - s0[0]) / 1e9
+    lat = sorted(x for c in sub_counters for x in c.latencies_ns)
+    last_ns = max((c.last_ns for c in sub_counters), default=0)
+    result: dict[str, Any] = {
+        "scenario": args.scenario,
+        "qos": args.qos,
+        "level": level,
+        "publishers": n_pub,
+        "subscribers": n_sub,
+        "payload": args.payload,
+        "window": args.window if args.qos else None,
+        "target_rate": rate,
+        "duration_s": args.duration,
+        "steady_window_s": round(window_s, 3),
+        "pub_rate": round((s1[1] - s0[1]) / window_s),
+        "deliver_rate": round((s1[2] - s0[2]) / window_s),
+        "published": published,
+        "expected": expected,
+        "delivered": delivered,
+        "lost": max(0, expected - delivered),
+        "drain_s": round(max(0, last_ns - t_pub_end) / 1e9, 3),
+        "overall_deliver_rate": round(delivered / ((last_ns - t_start) / 1e9)) if last_ns > t_start else 0,
+        "latency_samples": len(lat),
+        "latency_ms": {
+            "p50": percentile(lat, 50),
+            "p90": percentile(lat, 90),
+            "p99": percentile(lat, 99),
+            "p999": percentile(lat, 99.9),
+            "max": lat[-1] / 1e6 if lat else None,
+            "mean": round(statistics.fmean(lat) / 1e6, 3) if lat else None,
+        },
+        "gen_cpu": round((s1[3] - s0[3]) / window_s, 3),
+        "broker_cpu": round((s1[4] - s0[4]) / window_s, 3) if args.watch_pid else None,
+        # Everything else busy on the host meanwhile (other jobs on a shared machine): > 0.2 = noisy.
+        "other_cpu": round(((s1[5] - s0[5]) - (s1[3] - s0[3]) - (s1[4] - s0[4])) / window_s, 3),
+        "host_cpus": os.cpu_count(),
+        "broker_rss_kib": brokers.rss_kib(args.watch_pid) if args.watch_pid else None,
+        "loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
+    }
+    if args.label:
+        result["broker"] = args.label
+    return result
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        epilog="Prints one JSON object. Rates are msg/s; latencies ms; *_cpu in cores.",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--scenario", choices=["fan-in", "fan-out", "latency"], default="fan-in")
+    p.add_argument("--qos", type=int, choices=[0, 1], default=0)
+    p.add_argument(
+        "--clients", type=int, default=4, help="publishers (fan-in) or subscribers (fan-out); default 4"
+    )
+    p.add_argument("--payload", type=int, default=64, help="payload bytes, >= 16 (default 64)")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds of publishing (default 10)")
+    p.add_argument("--warmup", type=float, default=2.0, help="seconds excluded from the rates (default 2)")
+    p.add_argument("--drain", type=float, default=20.0, help="max seconds to wait for deliveries afterwards")
+    p.add_argument("--idle", type=float, default=2.0, help="stop draining after this long with no delivery")
+    p.add_argument("--rate", type=float, default=5000.0, help="latency scenario: msg/s (default 5000)")
+    p.add_argument("--window", type=int, default=100, help="QoS 1 unacknowledged PUBLISHes per publisher")
+    p.add_argument("--batch", type=int, default=100, help="max PUBLISHes per write (default 100)")
+    p.add_argument("--sample-every", type=int, default=64, help="throughput runs: latency of every k-th msg")
+    p.add_argument("--level", type=int, choices=[MQTT_3_1_1, MQTT_5], default=MQTT_3_1_1, help="4 or 5")
+    p.add_argument("--watch-pid", type=int, action="append", default=[], help="broker pid to measure CPU of")
+    p.add_argument("--label", help="broker name to put in the result")
+    p.add_argument("--timeout", type=float, help="hard limit in seconds (default duration + drain + 30)")
+    p.add_argument("--no-uvloop", action="store_true")
+    args = p.parse_args(argv)
+    if args.warmup >= args.duration:
+        p.error("--warmup must be shorter than --duration")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    timeout = args.timeout or args.duration + args.drain + 30
+
+    async def bounded() -> dict[str, Any]:
+        async with asyncio.timeout(timeout):
+            return await run(args)
+
+    runner: Any = asyncio.run
+    if not args.no_uvloop:
+        try:
+            import uvloop
+
+            runner = uvloop.run
+        except ImportError:
+            pass
+    try:
+        result = runner(bounded())
+    except (OSError, ConnectionError, TimeoutError) as exc:
+        print(json.dumps({"error": f"{type(exc).__name__}: {exc}", "scenario": args.scenario}))
+        return 1
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
