@@ -1,0 +1,722 @@
+"""The server-side MQTT state machine, paired with a small client, without sockets."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mqtt_client import Client, closed, connected, props, start
+
+from trimaran.mqtt.codec import encode
+from trimaran.mqtt.connection import (
+    ConnectionClosed,
+    ConnectRequest,
+    MessageAcked,
+    MessageDropped,
+    PublishReceived,
+    ServerConnection,
+    ServerLimits,
+    State,
+    SubscribeRequest,
+    UnsubscribeReceived,
+)
+from trimaran.mqtt.packets import (
+    Auth,
+    ConnAck,
+    Connect,
+    Disconnect,
+    PingReq,
+    PingResp,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    SubAck,
+    Subscribe,
+    SubscriptionOptions,
+    UnsubAck,
+    Unsubscribe,
+    Will,
+)
+from trimaran.mqtt.session import OutboundMessage, Session
+
+# --------------------------------------------------------------------------------------------- CONNECT
+
+
+def test_first_packet_must_be_connect() -> None:
+    server = ServerConnection(now=0.0)
+    events = Client(server, 4).send(Publish("a", b"x"))
+    assert closed(events).reason_code == 0x82
+    assert server.data_to_send() == b""
+    assert server.state == State.CLOSED
+    assert server.receive_data(b"\xc0\x00", 1.0) == []  # everything after is ignored
+
+
+@pytest.mark.parametrize("level", [3, 4])
+def test_unsupported_legacy_level_gets_return_code_1(level: int) -> None:
+    server, _, events = start(ServerLimits(supported_levels=frozenset({5})), level)
+    assert closed(events).reason_code == 0x84
+    assert server.data_to_send() == bytes.fromhex("20020001")
+
+
+def test_unsupported_level_5_gets_0x84() -> None:
+    _server, client, events = start(ServerLimits(supported_levels=frozenset({4})), 5)
+    assert closed(events).reason_code == 0x84
+    (ack,) = client.received()
+    assert isinstance(ack, ConnAck) and ack.reason_code == 0x84
+
+
+def test_unknown_protocol_level_gets_3_1_1_connack() -> None:
+    server = ServerConnection(now=0.0)
+    events = server.receive_data(bytes.fromhex("100e00044d5154540702003c00026331"), 0.0)
+    assert closed(events).reason_code == 0x84
+    assert server.data_to_send() == bytes.fromhex("20020001")
+
+
+def test_malformed_connect_closes_without_answer() -> None:
+    server = ServerConnection(now=0.0)
+    events = server.receive_data(bytes.fromhex("100e00044d5154540403003c00026331"), 0.0)
+    assert closed(events).reason_code == 0x81
+    assert server.data_to_send() == b""
+
+
+def test_empty_client_id_3_1_1_persistent_session_is_rejected() -> None:
+    _server, client, events = start(level=4, client_id="", clean_start=False)
+    assert closed(events).reason_code == 0x85
+    assert client.received() == [ConnAck(False, 0x02)]
+
+
+def test_empty_client_id_3_1_is_rejected() -> None:
+    _, client, events = start(level=3, client_id="")
+    assert closed(events).reason_code == 0x85
+    assert client.received() == [ConnAck(False, 0x02)]
+
+
+def test_empty_client_id_3_1_1_clean_session_gets_an_id() -> None:
+    server, client, events = start(level=4, client_id="")
+    (request,) = events
+    assert isinstance(request, ConnectRequest) and request.client_id_assigned and request.client_id
+    server.accept()
+    assert client.received() == [ConnAck(False, 0)]  # 3.1.1 cannot tell the client its id
+    assert server.client_id == request.client_id
+
+
+def test_empty_client_id_5_is_assigned_and_returned() -> None:
+    server, client, events = start(client_id="", clean_start=False)
+    (request,) = events
+    assert isinstance(request, ConnectRequest) and request.client_id_assigned
+    server.accept()
+    (ack,) = client.received()
+    assert isinstance(ack, ConnAck)
+    assert ack.properties.assigned_client_identifier == request.client_id
+
+
+def test_client_id_too_long() -> None:
+    _, client, events = start(ServerLimits(max_client_id_length=5), client_id="x" * 6)
+    assert closed(events).reason_code == 0x85
+    assert client.received() == [ConnAck(False, 0x85, props(reason_string="client identifier too long"))]
+
+
+def test_reject_maps_to_3_1_1_return_codes() -> None:
+    server, client, _ = start(level=4)
+    events = server.reject(0x86)
+    assert closed(events).reason_code == 0x86
+    assert client.received() == [ConnAck(False, 4)]
+    server, client, _ = start(level=5)
+    server.reject(0x87, "go away")
+    assert client.received() == [ConnAck(False, 0x87, props(reason_string="go away"))]
+    assert server.closed
+
+
+def test_connack_advertises_limits() -> None:
+    limits = ServerLimits(
+        receive_maximum=10,
+        maximum_qos=1,
+        retain_available=False,
+        max_packet_size=1000,
+        topic_alias_maximum=4,
+        wildcard_subscription_available=False,
+        subscription_identifier_available=False,
+        shared_subscription_available=False,
+    )
+    _, _, ack = connected(limits)
+    assert ack.properties == props(
+        receive_maximum=10,
+        maximum_qos=1,
+        retain_available=0,
+        maximum_packet_size=1000,
+        topic_alias_maximum=4,
+        wildcard_subscription_available=0,
+        subscription_identifier_available=0,
+        shared_subscription_available=0,
+    )
+
+
+def test_connack_with_default_limits_only_says_topic_alias_maximum() -> None:
+    _, _, ack = connected()
+    assert ack.properties == props(topic_alias_maximum=16)
+    _, _, ack = connected(level=4)
+    assert ack == ConnAck(False, 0)
+
+
+def test_packets_sent_before_connack_are_read_after_accept() -> None:
+    server = ServerConnection(now=0.0)
+    client = Client(server, 5)
+    events = client.send(Connect(protocol_level=5, client_id="c"), Publish("a", b"1"), PingReq())
+    assert len(events) == 1 and isinstance(events[0], ConnectRequest)
+    events = server.accept()
+    assert events == [PublishReceived(Publish("a", b"1"))]
+    assert [type(p) for p in client.received()] == [ConnAck, PingResp]
+
+
+def test_second_connect_is_a_protocol_error() -> None:
+    _server, client, _ = connected()
+    events = client.send(Connect(protocol_level=5, client_id="c1"))
+    assert closed(events).reason_code == 0x82
+    (disconnect,) = client.received()
+    assert isinstance(disconnect, Disconnect) and disconnect.reason_code == 0x82
+    assert disconnect.properties.reason_string
+
+
+def test_protocol_error_in_3_1_1_closes_without_bytes() -> None:
+    server, client, _ = connected(level=4)
+    events = client.send_bytes(bytes.fromhex("6002 0001"))  # PUBREL with flags 0
+    assert closed(events).reason_code == 0x81
+    assert closed(events).publish_will
+    assert server.data_to_send() == b""
+
+
+def test_server_only_packets_from_client_are_protocol_errors() -> None:
+    _server, client, _ = connected()
+    assert closed(client.send(PingResp())).reason_code == 0x82
+
+
+def test_auth_is_refused() -> None:
+    _, client, events = start(properties=props(authentication_method="SCRAM-SHA-1"))
+    assert closed(events).reason_code == 0x8C
+    (ack,) = client.received()
+    assert isinstance(ack, ConnAck) and ack.reason_code == 0x8C
+    _server, client, _ = connected()
+    assert closed(client.send(Auth(0x19, props(authentication_method="x")))).reason_code == 0x82
+
+
+def test_will_checks() -> None:
+    _, _client, events = start(ServerLimits(maximum_qos=1), will=Will("w", b"", 2))
+    assert closed(events).reason_code == 0x9B
+    _, _, events = start(ServerLimits(retain_available=False), will=Will("w", b"", 0, True))
+    assert closed(events).reason_code == 0x9A
+    _, _, events = start(will=Will("w/#", b""))
+    assert closed(events).reason_code == 0x90
+
+
+# ------------------------------------------------------------------------------------------ keep alive
+
+
+def test_keep_alive_deadline_is_one_and_a_half_times() -> None:
+    server, client, _ = connected(keep_alive=10)
+    assert server.next_deadline() == 15.0
+    assert server.check_timeouts(14.9) == []
+    client.now = 10.0
+    client.send(PingReq())
+    assert client.received() == [PingResp()]
+    assert server.next_deadline() == 25.0
+    events = server.check_timeouts(25.0)
+    assert closed(events).reason_code == 0x8D and closed(events).publish_will
+    (disconnect,) = client.received()
+    assert isinstance(disconnect, Disconnect) and disconnect.reason_code == 0x8D
+    assert server.next_deadline() is None
+
+
+def test_keep_alive_zero_has_no_deadline() -> None:
+    server, _, _ = connected(keep_alive=0)
+    assert server.next_deadline() is None
+    assert server.check_timeouts(1e9) == []
+
+
+def test_connect_timeout() -> None:
+    server = ServerConnection(ServerLimits(connect_timeout=5.0), now=100.0)
+    assert server.next_deadline() == 105.0
+    assert server.check_timeouts(104.0) == []
+    events = server.check_timeouts(105.0)
+    assert not closed(events).publish_will
+    assert server.data_to_send() == b""
+
+
+@pytest.mark.parametrize(("asked", "told"), [(0, 30), (100, 30), (20, None)])
+def test_server_keep_alive(asked: int, told: int | None) -> None:
+    server, _, ack = connected(ServerLimits(server_keep_alive=30), keep_alive=asked)
+    assert ack.properties.server_keep_alive == told
+    assert server.keep_alive == (told or asked)
+    assert server.next_deadline() == server.keep_alive * 1.5
+
+
+def test_legacy_keep_alive_is_not_overridden() -> None:
+    server, _, _ = connected(ServerLimits(server_keep_alive=30), level=4, keep_alive=100)
+    assert server.keep_alive == 100
+
+
+# ------------------------------------------------------------------------------------- inbound publish
+
+
+def test_qos1_publish_is_acked_by_the_handler() -> None:
+    server, client, _ = connected()
+    (event,) = client.send(Publish("a/b", b"x", 1, packet_id=5))
+    assert event == PublishReceived(Publish("a/b", b"x", 1, packet_id=5))
+    assert client.received() == []  # not before the handler says so
+    server.ack_publish(5)
+    assert client.received() == [PubAck(5)]
+    server.ack_publish(5)  # a second ack is ignored
+    assert client.received() == []
+
+
+def test_qos1_refused_with_reason_code() -> None:
+    server, client, _ = connected()
+    client.send(Publish("a", b"x", 1, packet_id=5))
+    server.ack_publish(5, 0x87, props(reason_string="no"))
+    assert client.received() == [PubAck(5, 0x87, props(reason_string="no"))]
+
+
+def test_request_problem_information_0_strips_reason_strings() -> None:
+    server, client, _ = connected(properties=props(request_problem_information=0))
+    client.send(Publish("a", b"x", 1, packet_id=5))
+    server.ack_publish(5, 0x87, props(reason_string="no", user_properties=[("k", "v")]))
+    assert client.received() == [PubAck(5, 0x87)]
+    client.send(PingResp())  # protocol error: DISCONNECT may still carry a reason string
+    (disconnect,) = client.received()
+    assert isinstance(disconnect, Disconnect) and disconnect.properties.reason_string
+
+
+def test_qos2_exactly_once() -> None:
+    server, client, _ = connected()
+    publish = Publish("a", b"x", 2, packet_id=7)
+    assert client.send(publish) == [PublishReceived(publish)]
+    # A resend before the handler acked: not a new message.
+    assert client.send(Publish("a", b"x", 2, dup=True, packet_id=7)) == []
+    server.ack_publish(7)
+    assert client.received() == [PubRec(7)]
+    # A resend after PUBREC: answered again, not delivered again.
+    assert client.send(Publish("a", b"x", 2, dup=True, packet_id=7)) == []
+    assert client.received() == [PubRec(7)]
+    assert client.send(PubRel(7)) == []
+    assert client.received() == [PubComp(7)]
+    # The id is free again: the next PUBLISH with it is a new message.
+    assert client.send(publish) == [PublishReceived(publish)]
+
+
+def test_qos2_state_survives_reconnect() -> None:
+    server, client, _ = connected(clean_start=False)
+    client.send(Publish("a", b"x", 2, packet_id=9))
+    server.ack_publish(9)
+    assert client.received() == [PubRec(9)]
+    assert server.session is not None
+    stored = server.session.to_json()
+    server.connection_lost()
+    _server2, client2, _ = connected(
+        session=Session.from_json(stored), session_present=True, clean_start=False
+    )
+    assert client2.send(Publish("a", b"x", 2, dup=True, packet_id=9)) == []
+    assert client2.received() == [PubRec(9)]
+    client2.send(PubRel(9))
+    assert client2.received() == [PubComp(9)]
+
+
+def test_pubrel_for_unknown_id() -> None:
+    _, client, _ = connected()
+    client.send(PubRel(3))
+    assert client.received() == [PubComp(3, 0x92)]
+
+
+def test_qos2_refused_ends_the_flow() -> None:
+    server, client, _ = connected()
+    client.send(Publish("a", b"x", 2, packet_id=7))
+    server.ack_publish(7, 0x97)
+    assert client.received() == [PubRec(7, 0x97)]
+    assert server.session is not None and 7 not in server.session.inbound_qos2
+
+
+def test_receive_maximum_enforced() -> None:
+    server, client, ack = connected(ServerLimits(receive_maximum=2))
+    assert ack.properties.receive_maximum == 2
+    client.send(Publish("a", b"", 1, packet_id=1), Publish("a", b"", 2, packet_id=2))
+    server.ack_publish(1)
+    client.send(Publish("a", b"", 1, packet_id=3))  # 2 and 3 unacknowledged: at the limit
+    events = client.send(Publish("a", b"", 1, packet_id=4))
+    assert closed(events).reason_code == 0x93
+    assert client.received()[-1] == Disconnect(0x93, props(reason_string=closed(events).reason))
+
+
+def test_receive_maximum_counts_qos2_until_pubcomp() -> None:
+    server, client, _ = connected(ServerLimits(receive_maximum=1))
+    client.send(Publish("a", b"", 2, packet_id=1))
+    server.ack_publish(1)
+    events = client.send(Publish("a", b"", 1, packet_id=2))
+    assert closed(events).reason_code == 0x93
+
+
+def test_maximum_qos_enforced_in_5_only() -> None:
+    _, client, _ = connected(ServerLimits(maximum_qos=1))
+    assert closed(client.send(Publish("a", b"", 2, packet_id=1))).reason_code == 0x9B
+    _, client, _ = connected(ServerLimits(maximum_qos=1), level=4)
+    assert client.send(Publish("a", b"", 2, packet_id=1)) == [
+        PublishReceived(Publish("a", b"", 2, packet_id=1))
+    ]
+
+
+def test_retain_not_available() -> None:
+    _, client, _ = connected(ServerLimits(retain_available=False))
+    assert closed(client.send(Publish("a", b"", retain=True))).reason_code == 0x9A
+
+
+def test_invalid_topic_names() -> None:
+    _, client, _ = connected()
+    assert closed(client.send(Publish("a/+", b""))).reason_code == 0x90
+    _, client, _ = connected()
+    assert closed(client.send(Publish("", b""))).reason_code == 0x82
+    server, client, _ = connected(level=4)
+    assert closed(client.send(Publish("", b""))).reason_code == 0x90
+    assert server.data_to_send() == b""
+
+
+def test_subscription_identifier_from_client_is_a_protocol_error() -> None:
+    _, client, _ = connected()
+    events = client.send(Publish("a", b"", properties=props(subscription_identifiers=[1])))
+    assert closed(events).reason_code == 0x82
+
+
+def test_inbound_topic_aliases() -> None:
+    _, client, _ = connected(ServerLimits(topic_alias_maximum=2))
+    (first,) = client.send(Publish("a/b", b"1", properties=props(topic_alias=1)))
+    assert isinstance(first, PublishReceived)
+    assert first.publish.topic == "a/b" and first.publish.properties.topic_alias is None
+    (second,) = client.send(Publish("", b"2", properties=props(topic_alias=1)))
+    assert isinstance(second, PublishReceived) and second.publish.topic == "a/b"
+    client.send(Publish("c", b"3", properties=props(topic_alias=1)))  # remap
+    (third,) = client.send(Publish("", b"4", properties=props(topic_alias=1)))
+    assert isinstance(third, PublishReceived) and third.publish.topic == "c"
+    assert closed(client.send(Publish("", b"", properties=props(topic_alias=2)))).reason_code == 0x82
+
+
+def test_topic_alias_above_maximum() -> None:
+    _, client, _ = connected(ServerLimits(topic_alias_maximum=2))
+    assert closed(client.send(Publish("a", b"", properties=props(topic_alias=3)))).reason_code == 0x94
+    _, client, _ = connected(ServerLimits(topic_alias_maximum=0))
+    assert closed(client.send(Publish("a", b"", properties=props(topic_alias=1)))).reason_code == 0x94
+
+
+def test_inbound_packet_too_large() -> None:
+    _server, client, ack = connected(ServerLimits(max_packet_size=100))
+    assert ack.properties.maximum_packet_size == 100
+    events = client.send_bytes(b"\x30\xe8\x07")  # only the header of a 1000 byte PUBLISH
+    assert closed(events).reason_code == 0x95
+    assert client.received() == [Disconnect(0x95, props(reason_string=closed(events).reason))]
+
+
+# ------------------------------------------------------------------------------------ outbound publish
+
+
+def test_qos0_publish() -> None:
+    server, client, _ = connected(level=4)
+    assert server.publish(OutboundMessage("a/b", b"x"))
+    assert client.received() == [Publish("a/b", b"x")]
+
+
+def test_outbound_window_follows_client_receive_maximum() -> None:
+    server, client, _ = connected(properties=props(receive_maximum=2, topic_alias_maximum=0))
+    for i in range(5):
+        assert server.publish(OutboundMessage("t", bytes([i]), 1, tag=i))
+    sent = client.received()
+    assert [p.payload for p in sent if isinstance(p, Publish)] == [b"\x00", b"\x01"]
+    first = sent[0]
+    assert isinstance(first, Publish) and first.packet_id is not None
+    events = client.send(PubAck(first.packet_id))
+    assert len(events) == 1 and isinstance(events[0], MessageAcked)
+    assert events[0].message.tag == 0 and events[0].reason_code == 0
+    (third,) = client.received()
+    assert isinstance(third, Publish) and third.payload == b"\x02"
+    assert server.session is not None
+    assert len(server.session.inflight) == 2 and len(server.session.queue) == 2
+
+
+def test_legacy_window() -> None:
+    server, client, _ = connected(ServerLimits(max_inflight_legacy=3), level=4)
+    for _ in range(5):
+        server.publish(OutboundMessage("t", b"", 2))
+    assert len(client.received()) == 3
+
+
+def test_qos2_outbound_flow() -> None:
+    server, client, _ = connected()
+    server.publish(OutboundMessage("t", b"x", 2, tag="m1"))
+    (publish,) = client.received()
+    assert isinstance(publish, Publish) and publish.qos == 2 and publish.packet_id
+    pid = publish.packet_id
+    assert client.send(PubRec(pid)) == []
+    assert client.received() == [PubRel(pid)]
+    assert client.send(PubRec(pid)) == []  # a repeated PUBREC gets the PUBREL again
+    assert client.received() == [PubRel(pid)]
+    (event,) = client.send(PubComp(pid))
+    assert isinstance(event, MessageAcked) and event.message.tag == "m1"
+    client.send(PubRec(4242))
+    assert client.received() == [PubRel(4242, 0x92)]
+
+
+def test_qos2_outbound_refused_by_pubrec_error() -> None:
+    server, client, _ = connected()
+    server.publish(OutboundMessage("t", b"x", 2))
+    (publish,) = client.received()
+    assert isinstance(publish, Publish) and publish.packet_id
+    (event,) = client.send(PubRec(publish.packet_id, 0x80))
+    assert isinstance(event, MessageAcked) and event.reason_code == 0x80
+    assert client.received() == []
+
+
+def test_inflight_is_resent_with_dup_on_reconnect() -> None:
+    server, client, _ = connected(clean_start=False, properties=props(topic_alias_maximum=0))
+    server.publish(OutboundMessage("t/1", b"one", 1, tag=1))
+    server.publish(OutboundMessage("t/2", b"two", 2, properties=props(content_type="text/plain"), tag=2))
+    one, two = client.received()
+    assert isinstance(one, Publish) and isinstance(two, Publish)
+    assert one.packet_id and two.packet_id
+    client.send(PubRec(two.packet_id))
+    assert client.received() == [PubRel(two.packet_id)]
+    server.publish(OutboundMessage("t/3", b"three", 1, tag=3))
+    three = client.received()[0]
+    assert isinstance(three, Publish) and three.packet_id
+    assert server.session is not None
+    stored = server.session.to_dict()
+    server.connection_lost()
+
+    server2, client2, _events = start(clean_start=False)
+    assert server2.accept(Session.from_dict(stored), session_present=True) == []
+    ack, *resent = client2.received()
+    assert ack == ConnAck(True, 0, props(topic_alias_maximum=16))
+    assert resent == [
+        Publish("t/1", b"one", 1, dup=True, packet_id=one.packet_id),
+        PubRel(two.packet_id),
+        Publish("t/3", b"three", 1, dup=True, packet_id=three.packet_id),
+    ]
+    (event,) = client2.send(PubComp(two.packet_id))
+    assert isinstance(event, MessageAcked) and event.message.tag == 2
+    assert event.message.properties.content_type == "text/plain"
+
+
+def test_queued_messages_wait_for_the_client() -> None:
+    session = Session("c1")
+    session.enqueue(OutboundMessage("t", b"queued", 1))
+    server, client, _events = start(clean_start=False)
+    server.accept(session, session_present=True)
+    _ack, publish = client.received()
+    assert isinstance(publish, Publish) and publish.payload == b"queued" and not publish.dup
+
+
+def test_session_present_false_for_3_1() -> None:
+    _, client, _events = start(level=3, clean_start=False)
+    server = client.server
+    server.accept(Session("c1"), session_present=True)
+    assert client.received() == [ConnAck(False, 0)]
+
+
+def test_outbound_packet_too_large_is_dropped_and_counted() -> None:
+    server, client, _ = connected(properties=props(maximum_packet_size=50, topic_alias_maximum=0))
+    assert not server.publish(OutboundMessage("t", bytes(100)))
+    assert not server.publish(OutboundMessage("t", bytes(100), 1))
+    assert server.publish(OutboundMessage("t", bytes(10)))
+    assert server.stats.dropped_too_large == 2
+    assert client.received() == [Publish("t", bytes(10))]
+
+
+def test_queued_message_too_large_after_reconnect_counts_as_delivered() -> None:
+    session = Session("c1")
+    session.enqueue(OutboundMessage("t", bytes(100), 1, tag="big"))
+    server, client, _ = start(clean_start=False, properties=props(maximum_packet_size=50))
+    events = server.accept(session, session_present=True)
+    assert len(events) == 1 and isinstance(events[0], MessageDropped) and events[0].message.tag == "big"
+    assert [type(p) for p in client.received()] == [ConnAck]
+    assert not session.inflight and not session.queue
+
+
+def test_oversized_reason_string_is_dropped_from_acks() -> None:
+    server, client, _ = connected(properties=props(maximum_packet_size=20))
+    client.send(Publish("a", b"", 1, packet_id=1))
+    server.ack_publish(1, 0x80, props(reason_string="x" * 100))
+    assert client.received() == [PubAck(1, 0x80)]
+
+
+def test_outbound_topic_aliases() -> None:
+    server, client, _ = connected(properties=props(topic_alias_maximum=2))
+    for topic in ["a", "a", "b", "c", "a", "c"]:
+        server.publish(OutboundMessage(topic, topic.encode()))
+    packets = client.received()
+    wire = [(p.topic, p.properties.topic_alias) for p in packets if isinstance(p, Publish)]
+    assert wire == [("a", 1), ("", 1), ("b", 2), ("c", 1), ("a", 2), ("", 1)]
+    # What the client resolves is what we meant.
+    aliases: dict[int, str] = {}
+    resolved = []
+    for p in packets:
+        assert isinstance(p, Publish) and p.properties.topic_alias is not None
+        if p.topic:
+            aliases[p.properties.topic_alias] = p.topic
+        resolved.append(aliases[p.properties.topic_alias])
+    assert resolved == [p.payload.decode() for p in packets if isinstance(p, Publish)]
+
+
+def test_no_outbound_aliases_for_clients_without_them() -> None:
+    server, client, _ = connected()
+    server.publish(OutboundMessage("a", b""))
+    server.publish(OutboundMessage("a", b""))
+    assert client.received() == [Publish("a", b""), Publish("a", b"")]
+
+
+def test_session_queue_bound() -> None:
+    server, _client, _ = start(properties=props(receive_maximum=1))
+    server.accept(Session("c1", max_queued=2))
+    results = [server.publish(OutboundMessage("t", b"", 1)) for _ in range(5)]
+    assert results == [True, True, True, False, False]  # 1 inflight + 2 queued
+    assert server.stats.dropped_queue_full == 2
+    assert server.session is not None and server.session.dropped == 2
+
+
+# -------------------------------------------------------------------------------------- subscriptions
+
+
+def test_subscribe_flow() -> None:
+    server, client, _ = connected(ServerLimits(maximum_qos=1))
+    (request,) = client.send(
+        Subscribe(3, [("a/#", SubscriptionOptions(2)), ("a/#/b", SubscriptionOptions(0))],
+                  props(subscription_identifiers=[7]))
+    )  # fmt: skip
+    assert isinstance(request, SubscribeRequest)
+    assert request.preset == [None, 0x8F] and request.existed == [False, False]
+    assert request.subscription_identifier == 7
+    server.send_suback(3, [2, 0])
+    assert client.received() == [SubAck(3, [1, 0x8F])]  # capped at maximum QoS 1; invalid filter
+    assert server.session is not None
+    sub = server.session.subscriptions["a/#"]
+    assert sub.options.qos == 1 and sub.subscription_identifier == 7
+    (again,) = client.send(Subscribe(4, [("a/#", SubscriptionOptions(0))]))
+    assert isinstance(again, SubscribeRequest) and again.existed == [True]
+
+
+def test_subscribe_refused_by_handler_in_3_1_1() -> None:
+    server, client, _ = connected(level=4)
+    client.send(Subscribe(1, [("a", SubscriptionOptions(1)), ("+/#/", SubscriptionOptions(1))]))
+    server.send_suback(1, [0x87, 1])
+    assert client.received() == [SubAck(1, [0x80, 0x80])]
+
+
+def test_unavailable_subscription_features() -> None:
+    limits = ServerLimits(
+        wildcard_subscription_available=False,
+        shared_subscription_available=False,
+        subscription_identifier_available=False,
+    )
+    _server, client, _ = connected(limits)
+    (request,) = client.send(
+        Subscribe(1, [("a/+", SubscriptionOptions()), ("$share/g/a", SubscriptionOptions()),
+                      ("a", SubscriptionOptions())])
+    )  # fmt: skip
+    assert isinstance(request, SubscribeRequest) and request.preset == [0xA2, 0x9E, None]
+    events = client.send(Subscribe(2, [("a", SubscriptionOptions())], props(subscription_identifiers=[1])))
+    assert closed(events).reason_code == 0xA1
+
+
+def test_no_local_on_shared_subscription_is_a_protocol_error() -> None:
+    _, client, _ = connected()
+    events = client.send(Subscribe(1, [("$share/g/a", SubscriptionOptions(no_local=True))]))
+    assert closed(events).reason_code == 0x82
+
+
+def test_unsubscribe() -> None:
+    server, client, _ = connected()
+    client.send(Subscribe(1, [("a", SubscriptionOptions())]))
+    server.send_suback(1, [0])
+    client.received()
+    (event,) = client.send(Unsubscribe(2, ["a", "b"]))
+    assert event == UnsubscribeReceived(2, ["a", "b"], [True, False])
+    assert client.received() == [UnsubAck(2, [0, 0x11])]
+    server, client, _ = connected(level=4)
+    client.send(Unsubscribe(2, ["a"]))
+    assert client.received() == [UnsubAck(2)]
+
+
+# ----------------------------------------------------------------------------------------- disconnect
+
+
+def test_client_disconnect() -> None:
+    server, client, _ = connected(will=Will("w", b"bye"))
+    event = closed(client.send(Disconnect()))
+    assert event.by_client and not event.publish_will and event.reason_code == 0
+    assert server.closed and client.received() == []
+    _, client, _ = connected(will=Will("w", b"bye"))
+    assert closed(client.send(Disconnect(0x04))).publish_will
+
+
+def test_disconnect_session_expiry_rules() -> None:
+    server, client, _ = connected(properties=props(session_expiry_interval=60))
+    client.send(Disconnect(0, props(session_expiry_interval=0)))
+    assert server.session_expiry_interval == 0
+    assert server.session is not None and server.session.expiry_interval == 0
+    _, client, _ = connected()
+    assert closed(client.send(Disconnect(0, props(session_expiry_interval=10)))).reason_code == 0x82
+
+
+def test_server_disconnect() -> None:
+    server, client, _ = connected()
+    event = closed(server.disconnect(0x8E, "taken over"))
+    assert event.reason_code == 0x8E and not event.by_client
+    assert client.received() == [Disconnect(0x8E, props(reason_string="taken over"))]
+    assert server.disconnect() == []
+
+
+def test_connection_lost() -> None:
+    server, _, _ = connected()
+    event = closed(server.connection_lost())
+    assert event.by_client and event.publish_will
+    assert server.connection_lost() == []
+
+
+def test_session_expiry_legacy() -> None:
+    server, _, events = start(level=4, clean_start=False)
+    assert isinstance(events[0], ConnectRequest) and events[0].session_expiry_interval == 0xFFFFFFFF
+    server, _, events = start(
+        ServerLimits(maximum_session_expiry=3600), properties=props(session_expiry_interval=10**6)
+    )
+    assert isinstance(events[0], ConnectRequest) and events[0].session_expiry_interval == 3600
+    server.accept()
+    _, ack = None, Client(server).received()[0]
+    assert isinstance(ack, ConnAck) and ack.properties.session_expiry_interval == 3600
+
+
+# --------------------------------------------------------------------------------------------- hostile
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from([3, 4, 5]), st.binary(max_size=120), st.lists(st.integers(1, 50), max_size=4))
+def test_garbage_after_connect_never_raises(level: int, junk: bytes, cuts: list[int]) -> None:
+    server, client, events = start(level=level)
+    server.accept()
+    client.received()
+    pos = 0
+    events = []
+    for cut in [*cuts, len(junk)]:
+        events += server.receive_data(junk[pos : pos + cut], 1.0)
+        pos += cut
+    events += server.receive_data(junk[pos:], 1.0)
+    for event in events:
+        if isinstance(event, ConnectionClosed):
+            assert server.closed
+    server.data_to_send()
+    server.check_timeouts(1e9)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=80))
+def test_garbage_instead_of_connect_never_raises(junk: bytes) -> None:
+    server = ServerConnection(now=0.0)
+    server.receive_data(junk, 0.0)
+    server.data_to_send()
+
+
+def test_encoded_connect_vector_is_what_the_client_sends() -> None:
+    assert encode(Connect(client_id="c1"), 4).hex() == "100e00044d5154540402003c00026331"

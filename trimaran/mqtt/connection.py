@@ -1,0 +1,941 @@
+"""Server side of one MQTT connection as a sans-IO state machine (h11 style).
+
+    conn = ServerConnection(ServerLimits(...), now=monotonic())
+    events = conn.receive_data(data, now)      # bytes in -> events out
+    conn.accept(session) / conn.reject(code)   # answer a ConnectRequest
+    conn.publish(OutboundMessage(...))         # to the client
+    conn.ack_publish(packet_id)                # after the client's message is committed
+    conn.send_suback(packet_id, codes)         # answer a SubscribeRequest
+    sock.write(conn.data_to_send())            # bytes out, batched
+    conn.next_deadline(), conn.check_timeouts(now)
+
+The machine never raises on bad client input: it answers per protocol level (MQTT 5.0 DISCONNECT with
+a reason code, 3.1/3.1.1 plain close), emits `ConnectionClosed`, and ignores everything after. The
+caller writes what `data_to_send()` returns and then closes the socket.
+
+Standard library only (plus the pure topic rules of `trimaran.broker.topics`).
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Final
+
+from trimaran.broker.topics import SHARE_PREFIX, TopicError, is_valid_topic_name, split_shared
+from trimaran.mqtt import reason_codes as rc
+from trimaran.mqtt.codec import MAX_PACKET_SIZE, NEED_DATA, Decoder, ProtocolError, encode
+from trimaran.mqtt.packets import (
+    MQTT_5,
+    Auth,
+    ConnAck,
+    Connect,
+    Disconnect,
+    Packet,
+    PingReq,
+    PingResp,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    SubAck,
+    Subscribe,
+    SubscriptionOptions,
+    UnsubAck,
+    Unsubscribe,
+)
+from trimaran.mqtt.properties import Properties
+from trimaran.mqtt.reason_codes import ReasonCode
+from trimaran.mqtt.session import (
+    AWAITING_PUBCOMP,
+    InflightEntry,
+    OutboundMessage,
+    Session,
+    Subscription,
+)
+
+__all__ = [
+    "ConnectRequest",
+    "ConnectionClosed",
+    "ConnectionStats",
+    "Event",
+    "MessageAcked",
+    "MessageDropped",
+    "PublishReceived",
+    "ServerConnection",
+    "ServerLimits",
+    "State",
+    "SubscribeRequest",
+    "UnsubscribeReceived",
+]
+
+NO_EXPIRY: Final = 0xFFFFFFFF
+
+
+@dataclass(slots=True)
+class ServerLimits:
+    """What this server allows and advertises. One instance can be shared by every connection."""
+
+    max_packet_size: int = MAX_PACKET_SIZE  # inbound; advertised as Maximum Packet Size when smaller
+    receive_maximum: int = 65535  # inbound unacknowledged QoS 1/2 PUBLISH (5.0); advertised
+    maximum_qos: int = 2  # advertised (5.0) and enforced (0x9B)
+    retain_available: bool = True
+    wildcard_subscription_available: bool = True
+    subscription_identifier_available: bool = True
+    shared_subscription_available: bool = True
+    topic_alias_maximum: int = 16  # inbound aliases the client may use; 0 disables
+    outbound_topic_aliases: bool = True  # use aliases towards 5.0 clients that allow them
+    server_keep_alive: int | None = None  # cap on keep alive (5.0 Server Keep Alive); None = client's
+    connect_timeout: float = 10.0  # seconds allowed between the socket opening and a CONNECT
+    supported_levels: frozenset[int] = frozenset({3, 4, 5})
+    max_client_id_length: int = 65535
+    assigned_client_id_prefix: str = "auto-"
+    authentication_methods: frozenset[str] = frozenset()  # 5.0 enhanced auth methods (none yet)
+    max_inflight_legacy: int = 32  # outbound window for 3.1/3.1.1 clients (no Receive Maximum)
+    max_queued_messages: int = 1000  # per session, for sessions this machine creates
+    maximum_session_expiry: int | None = None  # cap on the client's Session Expiry Interval
+
+
+# ------------------------------------------------------------------------------------------------ events
+
+
+@dataclass(slots=True)
+class ConnectRequest:
+    """A valid CONNECT. Answer with `accept()` or `reject()`; nothing else is read until then."""
+
+    connect: Connect
+    client_id: str  # the client's id, or the one assigned for an empty id
+    client_id_assigned: bool
+    keep_alive: int  # effective keep alive (after Server Keep Alive)
+    session_expiry_interval: int  # requested, seconds (capped; 0xFFFFFFFF = never)
+
+
+@dataclass(slots=True)
+class PublishReceived:
+    """A PUBLISH from the client, topic alias resolved. For QoS 1/2 call `ack_publish(packet_id)`."""
+
+    publish: Publish
+
+
+@dataclass(slots=True)
+class SubscribeRequest:
+    """A SUBSCRIBE. `preset[i]` is a failure code the machine already decided for filter i (invalid,
+    shared or wildcard not supported) or None; `existed[i]` tells whether the session already had that
+    filter (for Retain Handling 1). Answer with `send_suback(packet_id, codes)`."""
+
+    packet_id: int
+    subscriptions: list[tuple[str, SubscriptionOptions]]
+    subscription_identifier: int | None
+    user_properties: list[tuple[str, str]]
+    preset: list[int | None]
+    existed: list[bool]
+
+
+@dataclass(slots=True)
+class UnsubscribeReceived:
+    """An UNSUBSCRIBE, already answered and removed from the session; update the router."""
+
+    packet_id: int
+    topic_filters: list[str]
+    existed: list[bool]
+
+
+@dataclass(slots=True)
+class MessageAcked:
+    """An outbound QoS 1/2 delivery finished: PUBACK, PUBCOMP, or a PUBREC with an error code."""
+
+    packet_id: int
+    message: OutboundMessage
+    reason_code: int
+
+
+@dataclass(slots=True)
+class MessageDropped:
+    """An outbound message was not sent: larger than the client's Maximum Packet Size, or queue full.
+    Per spec a too large QoS 1/2 message counts as delivered."""
+
+    message: OutboundMessage
+    reason: str
+
+
+@dataclass(slots=True)
+class ConnectionClosed:
+    """The connection is over: flush `data_to_send()` and close the socket."""
+
+    reason_code: int
+    reason: str
+    by_client: bool  # the client sent DISCONNECT or closed the socket
+    publish_will: bool
+
+
+Event = (
+    ConnectRequest
+    | PublishReceived
+    | SubscribeRequest
+    | UnsubscribeReceived
+    | MessageAcked
+    | MessageDropped
+    | ConnectionClosed
+)
+
+
+@dataclass(slots=True)
+class ConnectionStats:
+    dropped_too_large: int = 0  # outbound packets larger than the client's maximum
+    dropped_queue_full: int = 0
+    packets_received: int = 0
+    packets_sent: int = 0
+
+
+class State:
+    AWAIT_CONNECT: Final = "await_connect"
+    CONNECTING: Final = "connecting"  # CONNECT received, waiting for accept()/reject()
+    CONNECTED: Final = "connected"
+    CLOSED: Final = "closed"
+
+
+class _Fail(Exception):
+    def __init__(self, reason_code: int, message: str) -> None:
+        super().__init__(message)
+        self.reason_code = reason_code
+        self.message = message
+
+
+# Packets the client must never send.
+_SERVER_ONLY = (ConnAck, SubAck, UnsubAck, PingResp)
+# Packets that may carry a reason string / user properties only if the client asked for them.
+_PROBLEM_INFO_PACKETS = (PubAck, PubRec, PubRel, PubComp, SubAck, UnsubAck, Auth)
+_V311_CONNACK_CODES: Final = frozenset(
+    {
+        ReasonCode.UNSUPPORTED_PROTOCOL_VERSION,
+        ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+        ReasonCode.BAD_USER_NAME_OR_PASSWORD,
+        ReasonCode.NOT_AUTHORIZED,
+        ReasonCode.SERVER_UNAVAILABLE,
+        ReasonCode.SERVER_BUSY,
+        ReasonCode.BANNED,
+        ReasonCode.BAD_AUTHENTICATION_METHOD,
+    }
+)
+
+
+class ServerConnection:
+    __slots__ = (
+        "_connect",
+        "_deadline",
+        "_decoder",
+        "_in_aliases",
+        "_inbound_unacked",
+        "_last_rx",
+        "_level",
+        "_out",
+        "_out_alias_next",
+        "_out_aliases",
+        "_pending_events",
+        "_pending_subscribes",
+        "client_id",
+        "client_max_packet_size",
+        "client_receive_maximum",
+        "client_topic_alias_maximum",
+        "keep_alive",
+        "limits",
+        "request_problem_information",
+        "session",
+        "session_expiry_interval",
+        "state",
+        "stats",
+    )
+
+    def __init__(self, limits: ServerLimits | None = None, *, now: float = 0.0) -> None:
+        self.limits = limits or ServerLimits()
+        self.state: str = State.AWAIT_CONNECT
+        self._decoder = Decoder(self.limits.max_packet_size)
+        self._out: list[bytes] = []
+        self._level = 0
+        self._connect: Connect | None = None
+        self._deadline: float | None = now + self.limits.connect_timeout
+        self._last_rx = now
+        self.keep_alive = 0
+        self.client_id = ""
+        self.session: Session | None = None
+        self.session_expiry_interval = 0
+        self.client_receive_maximum = 65535
+        self.client_max_packet_size = MAX_PACKET_SIZE
+        self.client_topic_alias_maximum = 0
+        self.request_problem_information = True
+        self._inbound_unacked: dict[int, int] = {}  # client packet id -> QoS, not yet acked by the handler
+        self._in_aliases: dict[int, str] | None = None
+        self._out_aliases: dict[str, int] | None = None
+        self._out_alias_next = 1
+        self._pending_subscribes: dict[int, Subscribe] = {}
+        self._pending_events: list[Event] = []
+        self.stats = ConnectionStats()
+
+    # ------------------------------------------------------------------------------------- public
+
+    @property
+    def protocol_level(self) -> int:
+        """3, 4 or 5 once a CONNECT was read; 0 before."""
+        return self._level
+
+    @property
+    def connect_packet(self) -> Connect | None:
+        return self._connect
+
+    @property
+    def closed(self) -> bool:
+        return self.state == State.CLOSED
+
+    def data_to_send(self) -> bytes:
+        """All bytes queued for the client since the last call (b"" if none)."""
+        if not self._out:
+            return b""
+        data = b"".join(self._out)
+        self._out = []
+        return data
+
+    def take_events(self) -> list[Event]:
+        """Events produced outside receive_data() (e.g. messages dropped by publish())."""
+        events, self._pending_events = self._pending_events, []
+        return events
+
+    def receive_data(self, data: bytes, now: float) -> list[Event]:
+        """Feed bytes from the socket. Returns the events they complete."""
+        events = self.take_events()
+        if self.state == State.CLOSED:
+            return events
+        if data:
+            self._decoder.feed(data)
+            self._last_rx = now
+            if self.keep_alive and self.state == State.CONNECTED:
+                self._deadline = now + self.keep_alive * 1.5
+        self._process(events)
+        return events
+
+    def connection_lost(self) -> list[Event]:
+        """The socket closed under us (no DISCONNECT). Returns the ConnectionClosed event if still open."""
+        events = self.take_events()
+        if self.state != State.CLOSED:
+            was_connected = self.state == State.CONNECTED
+            self.state = State.CLOSED
+            self._deadline = None
+            events.append(
+                ConnectionClosed(
+                    ReasonCode.UNSPECIFIED_ERROR,
+                    "connection lost",
+                    by_client=True,
+                    publish_will=was_connected,
+                )
+            )
+        return events
+
+    def next_deadline(self) -> float | None:
+        """Monotonic time at which `check_timeouts` must be called, or None."""
+        return None if self.state == State.CLOSED else self._deadline
+
+    def check_timeouts(self, now: float) -> list[Event]:
+        events = self.take_events()
+        if self.state == State.CLOSED or self._deadline is None or now < self._deadline:
+            return events
+        if self.state in (State.AWAIT_CONNECT, State.CONNECTING):
+            self._close(
+                events, ReasonCode.MAXIMUM_CONNECT_TIME, "no CONNECT within the connect timeout", False
+            )
+        else:
+            self._close(
+                events,
+                ReasonCode.KEEP_ALIVE_TIMEOUT,
+                f"nothing received for 1.5 x keep alive ({self.keep_alive} s)",
+                True,
+            )
+        return events
+
+    # --------------------------------------------------------------------------------- connecting
+
+    def accept(
+        self,
+        session: Session | None = None,
+        *,
+        session_present: bool = False,
+        properties: Properties | None = None,
+    ) -> list[Event]:
+        """Accept the pending CONNECT: send CONNACK, resend the session's inflight messages, then
+        decode whatever the client sent meanwhile (returned as events).
+
+        `session` is the stored session to resume (Clean Start 0), or None for a new one.
+        `session_present` must be True only when such a session was resumed. `properties` are added to
+        the CONNACK (5.0), e.g. a capped session_expiry_interval or user properties. The keep alive
+        clock runs from the last data received.
+        """
+        if self.state != State.CONNECTING or self._connect is None:
+            raise RuntimeError(f"accept() in state {self.state}")
+        connect = self._connect
+        level = self._level
+        if session is None:
+            session = Session(self.client_id, max_queued=self.limits.max_queued_messages)
+            session_present = False
+        session.expiry_interval = self.session_expiry_interval
+        self.session = session
+        props = properties.copy() if properties is not None else Properties()
+        if level == MQTT_5:
+            self._connack_properties(connect, props)
+            if props.session_expiry_interval is not None:
+                self.session_expiry_interval = session.expiry_interval = props.session_expiry_interval
+        ack = ConnAck(session_present and level > 3, 0, props)
+        self._send(ack)
+        self.state = State.CONNECTED
+        self._deadline = self._last_rx + self.keep_alive * 1.5 if self.keep_alive else None
+        events = self.take_events()
+        for entry in session.inflight_entries():
+            self._send_inflight(entry, events)
+        self._pump(events)
+        self._process(events)
+        return events
+
+    def reject(self, reason_code: int, reason_string: str | None = None) -> list[Event]:
+        """Refuse the pending CONNECT with a 5.0 reason code (mapped to a 3.1.1 return code)."""
+        if self.state != State.CONNECTING:
+            raise RuntimeError(f"reject() in state {self.state}")
+        events: list[Event] = []
+        self._refuse(events, reason_code, reason_string or "connection refused")
+        return events
+
+    # ----------------------------------------------------------------------------------- outbound
+
+    def publish(self, message: OutboundMessage) -> bool:
+        """Send a message to the client, or queue it in the session (QoS 1/2 beyond the window).
+
+        False if it was dropped: too large for the client (counted; a QoS 1/2 message then counts as
+        delivered), QoS 0 while not connected, or the session queue is full.
+        """
+        if message.qos == 0:
+            if self.state != State.CONNECTED:
+                return False
+            return self._send_publish(message, 0, None, False)
+        if self.session is None:
+            return False
+        if self.state == State.CONNECTED and not self._fits(message):
+            self.stats.dropped_too_large += 1
+            return False
+        if not self.session.enqueue(message):
+            self.stats.dropped_queue_full += 1
+            return False
+        if self.state == State.CONNECTED:
+            self._pump(self._pending_events)
+        return True
+
+    def ack_publish(self, packet_id: int, reason_code: int = 0, properties: Properties | None = None) -> None:
+        """Acknowledge a QoS 1/2 PublishReceived: PUBACK (QoS 1) or PUBREC (QoS 2). Call it once the
+        message is safe (committed); a reason code >= 0x80 refuses it (5.0)."""
+        qos = self._inbound_unacked.pop(packet_id, None)
+        if qos is None or self.state != State.CONNECTED or self.session is None:
+            return
+        props = properties or Properties()
+        if qos == 1:
+            self._send(PubAck(packet_id, reason_code, props))
+        else:
+            self._send(PubRec(packet_id, reason_code, props))
+            if reason_code < 0x80 or self._level < MQTT_5:
+                self.session.inbound_qos2.add(packet_id)
+
+    def send_suback(
+        self, packet_id: int, reason_codes: list[int], properties: Properties | None = None
+    ) -> None:
+        """Answer a SubscribeRequest: one code per filter (granted QoS 0-2 or a 5.0 failure code).
+        Preset failures override, granted QoS is capped at maximum_qos, and granted filters are stored
+        in the session."""
+        request = self._pending_subscribes.pop(packet_id, None)
+        if request is None or self.state != State.CONNECTED or self.session is None:
+            return
+        if len(reason_codes) != len(request.subscriptions):
+            raise ValueError("one reason code per topic filter")
+        preset = self._preset_codes(request)
+        sub_id = request.properties.subscription_identifiers
+        codes: list[int] = []
+        for (topic_filter, options), code, fixed in zip(
+            request.subscriptions, reason_codes, preset, strict=True
+        ):
+            if fixed is not None:
+                code = fixed
+            if code < 0x80:
+                code = min(code, options.qos, self.limits.maximum_qos)
+                granted = SubscriptionOptions(
+                    code, options.no_local, options.retain_as_published, options.retain_handling
+                )
+                self.session.add_subscription(
+                    Subscription(topic_filter, granted, sub_id[0] if sub_id else None)
+                )
+            elif self._level < MQTT_5:
+                code = rc.SUBACK_FAILURE_V311
+            codes.append(code)
+        self._send(SubAck(packet_id, codes, properties or Properties()))
+
+    def disconnect(
+        self,
+        reason_code: int = ReasonCode.SERVER_SHUTTING_DOWN,
+        reason_string: str | None = None,
+        server_reference: str | None = None,
+    ) -> list[Event]:
+        """Server-initiated close (takeover 0x8E, shutdown 0x8B, ...). 5.0 gets a DISCONNECT."""
+        events = self.take_events()
+        if self.state == State.CLOSED:
+            return events
+        if self.state in (State.AWAIT_CONNECT, State.CONNECTING) and self._connect is not None:
+            self._refuse(events, reason_code, reason_string or "refused")
+            return events
+        props = Properties(reason_string=reason_string, server_reference=server_reference)
+        if self.state == State.CONNECTED and self._level == MQTT_5:
+            self._send(Disconnect(reason_code, props))
+        self.state = State.CLOSED
+        events.append(ConnectionClosed(reason_code, reason_string or "closed by server", False, True))
+        return events
+
+    # ------------------------------------------------------------------------------------ receive
+
+    def _process(self, events: list[Event]) -> None:
+        decoder = self._decoder
+        while self.state in (State.AWAIT_CONNECT, State.CONNECTED):
+            try:
+                packet = decoder.next_packet()
+            except ProtocolError as exc:
+                self._fail(events, exc.reason_code, exc.message)
+                return
+            if packet is NEED_DATA:
+                return
+            self.stats.packets_received += 1
+            try:
+                if self.state == State.AWAIT_CONNECT:
+                    assert isinstance(packet, Connect)  # the decoder refuses anything else first
+                    self._on_connect(packet, events)
+                else:
+                    self._on_packet(packet, events)
+            except _Fail as exc:
+                self._fail(events, exc.reason_code, exc.message)
+                return
+
+    def _on_packet(self, packet: Packet, events: list[Event]) -> None:
+        if isinstance(packet, Publish):
+            self._on_publish(packet, events)
+        elif isinstance(packet, PubAck):
+            self._on_puback(packet, events)
+        elif isinstance(packet, PubRec):
+            self._on_pubrec(packet, events)
+        elif isinstance(packet, PubRel):
+            self._on_pubrel(packet)
+        elif isinstance(packet, PubComp):
+            self._on_pubcomp(packet, events)
+        elif isinstance(packet, PingReq):
+            self._send(PingResp())
+        elif isinstance(packet, Subscribe):
+            self._on_subscribe(packet, events)
+        elif isinstance(packet, Unsubscribe):
+            self._on_unsubscribe(packet, events)
+        elif isinstance(packet, Disconnect):
+            self._on_disconnect(packet, events)
+        elif isinstance(packet, Auth):
+            # Only reachable without an authentication method: CONNECT with one is refused with 0x8C
+            # (no method is supported yet), and 0x8C is not a DISCONNECT reason code.
+            raise _Fail(ReasonCode.PROTOCOL_ERROR, "AUTH without an authentication method in CONNECT")
+        elif isinstance(packet, Connect):
+            raise _Fail(ReasonCode.PROTOCOL_ERROR, "second CONNECT on the connection")
+        else:
+            assert isinstance(packet, _SERVER_ONLY), packet
+            raise _Fail(ReasonCode.PROTOCOL_ERROR, f"{type(packet).__name__} is sent by servers only")
+
+    def _on_connect(self, connect: Connect, events: list[Event]) -> None:
+        limits = self.limits
+        level = connect.protocol_level
+        self._level = level
+        self._connect = connect
+        props = connect.properties
+        if level not in limits.supported_levels:
+            self._refuse(
+                events, ReasonCode.UNSUPPORTED_PROTOCOL_VERSION, f"protocol level {level} not supported"
+            )
+            return
+        if level == MQTT_5:
+            self.client_receive_maximum = props.receive_maximum or 65535
+            self.client_max_packet_size = props.maximum_packet_size or MAX_PACKET_SIZE
+            self.client_topic_alias_maximum = props.topic_alias_maximum or 0
+            self.request_problem_information = props.request_problem_information != 0
+            if props.authentication_method is not None and (
+                props.authentication_method not in limits.authentication_methods
+            ):
+                self._refuse(
+                    events, ReasonCode.BAD_AUTHENTICATION_METHOD, "authentication method not supported"
+                )
+                return
+        else:
+            self.client_receive_maximum = limits.max_inflight_legacy
+        # Client identifier.
+        client_id = connect.client_id
+        assigned = False
+        if not client_id:
+            if level == 3 or (level == 4 and not connect.clean_start):
+                self._refuse(events, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "empty client identifier")
+                return
+            client_id = limits.assigned_client_id_prefix + secrets.token_hex(8)
+            assigned = True
+        elif len(client_id) > limits.max_client_id_length:
+            self._refuse(events, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "client identifier too long")
+            return
+        self.client_id = client_id
+        # Will.
+        will = connect.will
+        if will is not None:
+            if not is_valid_topic_name(will.topic):
+                self._refuse(events, ReasonCode.TOPIC_NAME_INVALID, "invalid will topic")
+                return
+            if will.qos > limits.maximum_qos:
+                self._refuse(events, ReasonCode.QOS_NOT_SUPPORTED, f"will QoS {will.qos} not supported")
+                return
+            if will.retain and not limits.retain_available:
+                self._refuse(events, ReasonCode.RETAIN_NOT_SUPPORTED, "retained will not supported")
+                return
+        # Keep alive.
+        keep_alive = connect.keep_alive
+        if (
+            level == MQTT_5
+            and limits.server_keep_alive is not None
+            and (keep_alive == 0 or keep_alive > limits.server_keep_alive)
+        ):
+            keep_alive = limits.server_keep_alive
+        self.keep_alive = keep_alive
+        # Session expiry.
+        if level == MQTT_5:
+            expiry = props.session_expiry_interval or 0
+        else:
+            expiry = 0 if connect.clean_start else NO_EXPIRY
+        if limits.maximum_session_expiry is not None:
+            expiry = min(expiry, limits.maximum_session_expiry)
+        self.session_expiry_interval = expiry
+        self.state = State.CONNECTING
+        events.append(ConnectRequest(connect, client_id, assigned, keep_alive, expiry))
+
+    def _connack_properties(self, connect: Connect, props: Properties) -> None:
+        limits = self.limits
+        if limits.receive_maximum < 65535:
+            props.receive_maximum = limits.receive_maximum
+        if limits.maximum_qos < 2:
+            props.maximum_qos = limits.maximum_qos
+        if not limits.retain_available:
+            props.retain_available = 0
+        if limits.max_packet_size < MAX_PACKET_SIZE:
+            props.maximum_packet_size = limits.max_packet_size
+        if not connect.client_id:
+            props.assigned_client_identifier = self.client_id
+        if limits.topic_alias_maximum:
+            props.topic_alias_maximum = limits.topic_alias_maximum
+        if not limits.wildcard_subscription_available:
+            props.wildcard_subscription_available = 0
+        if not limits.subscription_identifier_available:
+            props.subscription_identifier_available = 0
+        if not limits.shared_subscription_available:
+            props.shared_subscription_available = 0
+        if self.keep_alive != connect.keep_alive:
+            props.server_keep_alive = self.keep_alive
+        requested = connect.properties.session_expiry_interval or 0
+        if props.session_expiry_interval is None and self.session_expiry_interval != requested:
+            props.session_expiry_interval = self.session_expiry_interval
+
+    def _on_publish(self, publish: Publish, events: list[Event]) -> None:
+        level = self._level
+        limits = self.limits
+        if level == MQTT_5:
+            props = publish.properties
+            if publish.qos > limits.maximum_qos:
+                raise _Fail(ReasonCode.QOS_NOT_SUPPORTED, f"QoS {publish.qos} is above the maximum")
+            if publish.retain and not limits.retain_available:
+                raise _Fail(ReasonCode.RETAIN_NOT_SUPPORTED, "retain is not available")
+            if props.subscription_identifiers:
+                raise _Fail(ReasonCode.PROTOCOL_ERROR, "subscription identifier in a client PUBLISH")
+            alias = props.topic_alias
+            if alias is not None:
+                if alias > limits.topic_alias_maximum:
+                    raise _Fail(ReasonCode.TOPIC_ALIAS_INVALID, f"topic alias {alias} above the maximum")
+                aliases = self._in_aliases
+                if aliases is None:
+                    aliases = self._in_aliases = {}
+                if publish.topic:
+                    aliases[alias] = publish.topic
+                else:
+                    topic = aliases.get(alias)
+                    if topic is None:
+                        raise _Fail(ReasonCode.PROTOCOL_ERROR, f"unknown topic alias {alias}")
+                    publish.topic = topic
+                props.topic_alias = None
+            elif not publish.topic:
+                raise _Fail(ReasonCode.PROTOCOL_ERROR, "empty topic name without a topic alias")
+        if not is_valid_topic_name(publish.topic):
+            raise _Fail(ReasonCode.TOPIC_NAME_INVALID, "invalid topic name")
+        qos = publish.qos
+        if qos == 0:
+            events.append(PublishReceived(publish))
+            return
+        assert publish.packet_id is not None and self.session is not None
+        pid = publish.packet_id
+        unacked = self._inbound_unacked
+        if qos == 2:
+            if pid in self.session.inbound_qos2:
+                # Resent before our PUBREC arrived: answer again, do not deliver twice.
+                self._send(PubRec(pid))
+                return
+            if pid in unacked:
+                return  # the handler has not acknowledged the first copy yet
+        elif pid in unacked:
+            events.append(PublishReceived(publish))  # QoS 1 resend: at least once
+            return
+        if level == MQTT_5 and len(unacked) + len(self.session.inbound_qos2) >= limits.receive_maximum:
+            raise _Fail(
+                ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
+                "more unacknowledged QoS 1/2 PUBLISH than Receive Maximum",
+            )
+        unacked[pid] = qos
+        events.append(PublishReceived(publish))
+
+    def _on_pubrel(self, packet: PubRel) -> None:
+        assert self.session is not None
+        pid = packet.packet_id
+        if pid in self.session.inbound_qos2:
+            self.session.inbound_qos2.discard(pid)
+            self._send(PubComp(pid))
+        else:
+            self._send(PubComp(pid, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
+
+    def _on_puback(self, packet: PubAck, events: list[Event]) -> None:
+        assert self.session is not None
+        entry = self.session.on_puback(packet.packet_id)
+        if entry is not None:
+            events.append(MessageAcked(entry.packet_id, entry.message, packet.reason_code))
+            self._pump(events)
+
+    def _on_pubrec(self, packet: PubRec, events: list[Event]) -> None:
+        assert self.session is not None
+        entry = self.session.on_pubrec(packet.packet_id, packet.reason_code)
+        if entry is None:
+            self._send(PubRel(packet.packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
+        elif entry.state == AWAITING_PUBCOMP and packet.packet_id in self.session.inflight:
+            self._send(PubRel(entry.packet_id))
+        else:  # refused with an error code: the flow ends here
+            events.append(MessageAcked(entry.packet_id, entry.message, packet.reason_code))
+            self._pump(events)
+
+    def _on_pubcomp(self, packet: PubComp, events: list[Event]) -> None:
+        assert self.session is not None
+        entry = self.session.on_pubcomp(packet.packet_id)
+        if entry is not None:
+            events.append(MessageAcked(entry.packet_id, entry.message, packet.reason_code))
+            self._pump(events)
+
+    def _preset_codes(self, packet: Subscribe) -> list[int | None]:
+        limits = self.limits
+        v5 = self._level == MQTT_5
+        out: list[int | None] = []
+        for topic_filter, _options in packet.subscriptions:
+            code: int | None = None
+            try:
+                shared = split_shared(topic_filter)
+            except TopicError:
+                code = ReasonCode.TOPIC_FILTER_INVALID
+            else:
+                if shared.group is not None and not limits.shared_subscription_available:
+                    code = ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED
+                elif not limits.wildcard_subscription_available and (
+                    "+" in shared.topic_filter or "#" in shared.topic_filter
+                ):
+                    code = ReasonCode.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED
+            if code is not None and not v5:
+                code = rc.SUBACK_FAILURE_V311
+            out.append(code)
+        return out
+
+    def _on_subscribe(self, packet: Subscribe, events: list[Event]) -> None:
+        assert self.session is not None
+        sub_ids = packet.properties.subscription_identifiers
+        if sub_ids and not self.limits.subscription_identifier_available:
+            raise _Fail(
+                ReasonCode.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED, "subscription identifiers not supported"
+            )
+        if self._level == MQTT_5:
+            for topic_filter, options in packet.subscriptions:
+                if options.no_local and topic_filter.startswith(SHARE_PREFIX):
+                    raise _Fail(ReasonCode.PROTOCOL_ERROR, "No Local on a shared subscription")
+        self._pending_subscribes[packet.packet_id] = packet
+        events.append(
+            SubscribeRequest(
+                packet.packet_id,
+                packet.subscriptions,
+                sub_ids[0] if sub_ids else None,
+                packet.properties.user_properties,
+                self._preset_codes(packet),
+                [f in self.session.subscriptions for f, _ in packet.subscriptions],
+            )
+        )
+
+    def _on_unsubscribe(self, packet: Unsubscribe, events: list[Event]) -> None:
+        assert self.session is not None
+        existed = [self.session.remove_subscription(f) for f in packet.topic_filters]
+        codes = [ReasonCode.SUCCESS if e else ReasonCode.NO_SUBSCRIPTION_EXISTED for e in existed]
+        self._send(UnsubAck(packet.packet_id, [int(c) for c in codes] if self._level == MQTT_5 else []))
+        events.append(UnsubscribeReceived(packet.packet_id, packet.topic_filters, existed))
+
+    def _on_disconnect(self, packet: Disconnect, events: list[Event]) -> None:
+        expiry = packet.properties.session_expiry_interval
+        if expiry is not None:
+            if self.session_expiry_interval == 0 and expiry != 0:
+                raise _Fail(ReasonCode.PROTOCOL_ERROR, "session expiry set on DISCONNECT after 0 on CONNECT")
+            self.session_expiry_interval = expiry
+            if self.session is not None:
+                self.session.expiry_interval = expiry
+        self.state = State.CLOSED
+        code = packet.reason_code
+        events.append(
+            ConnectionClosed(
+                code,
+                packet.properties.reason_string or "client disconnected",
+                by_client=True,
+                publish_will=code != ReasonCode.NORMAL_DISCONNECTION,
+            )
+        )
+
+    # --------------------------------------------------------------------------------- failures
+
+    def _fail(self, events: list[Event], reason_code: int, message: str) -> None:
+        """Protocol violation by the client: answer per level and close."""
+        if self.state in (State.AWAIT_CONNECT, State.CONNECTING):
+            if reason_code == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
+                # The CONNECT could not even be read: answer in 3.1.1 form, which every client reads.
+                self._out.append(
+                    encode(ConnAck(False, rc.ConnAckReturnCode.UNACCEPTABLE_PROTOCOL_VERSION), 4)
+                )
+            self._close(events, reason_code, message, False)
+            return
+        self._close(events, reason_code, message, True)
+
+    def _close(self, events: list[Event], reason_code: int, message: str, publish_will: bool) -> None:
+        if self.state == State.CONNECTED and self._level == MQTT_5:
+            self._send(Disconnect(reason_code, Properties(reason_string=message)))
+        self.state = State.CLOSED
+        self._deadline = None
+        events.append(ConnectionClosed(reason_code, message, False, publish_will))
+
+    def _refuse(self, events: list[Event], reason_code: int, message: str) -> None:
+        """Refuse a CONNECT with a CONNACK (5.0 reason code, or its 3.1.1 return code) and close."""
+        if self._level == MQTT_5:
+            if reason_code not in rc.CONNACK_CODES or reason_code < 0x80:
+                reason_code = ReasonCode.UNSPECIFIED_ERROR
+            self._send(ConnAck(False, reason_code, Properties(reason_string=message)))
+        elif reason_code in _V311_CONNACK_CODES:
+            self._send(ConnAck(False, rc.to_v311_connack(reason_code)))
+        self.state = State.CLOSED
+        self._deadline = None
+        events.append(ConnectionClosed(reason_code, message, False, False))
+
+    # ------------------------------------------------------------------------------------- sending
+
+    def _send(self, packet: Packet) -> bool:
+        """Encode for the client and queue; honours Maximum Packet Size and Request Problem Information."""
+        level = self._level or 4
+        if (
+            level == MQTT_5
+            and isinstance(packet, _PROBLEM_INFO_PACKETS)
+            and not self.request_problem_information
+        ):
+            props = packet.properties
+            if props.reason_string is not None or props.user_properties:
+                packet.properties = props = props.copy()
+                props.reason_string = None
+                props.user_properties = []
+        data = encode(packet, level)
+        if len(data) > self.client_max_packet_size and not isinstance(packet, Publish):
+            # Reason string and user properties are the only optional parts (section 3.1.2.11.4).
+            original = getattr(packet, "properties", None)
+            if isinstance(original, Properties):
+                slim = original.copy()
+                slim.reason_string = None
+                slim.user_properties = []
+                packet.properties = slim  # type: ignore[union-attr]
+                data = encode(packet, level)
+        if len(data) > self.client_max_packet_size:
+            self.stats.dropped_too_large += 1
+            return False
+        self._out.append(data)
+        self.stats.packets_sent += 1
+        return True
+
+    def _fits(self, message: OutboundMessage) -> bool:
+        if self.client_max_packet_size >= MAX_PACKET_SIZE:
+            return True
+        publish = Publish(message.topic, message.payload, message.qos, message.retain, False,
+                          1 if message.qos else None, message.properties)  # fmt: skip
+        return len(encode(publish, self._level)) <= self.client_max_packet_size
+
+    def _send_publish(self, message: OutboundMessage, qos: int, packet_id: int | None, dup: bool) -> bool:
+        """Encode and queue one PUBLISH, with an outbound topic alias when the client allows them."""
+        level = self._level
+        publish = Publish(
+            message.topic, message.payload, qos, message.retain, dup, packet_id, message.properties
+        )
+        alias = 0
+        new_alias = False
+        if level == MQTT_5 and self.client_topic_alias_maximum and self.limits.outbound_topic_aliases:
+            aliases = self._out_aliases
+            if aliases is None:
+                aliases = self._out_aliases = {}
+            alias = aliases.get(message.topic, 0)
+            if not alias:
+                new_alias = True
+                alias = self._out_alias_next
+            props = message.properties.copy()
+            props.topic_alias = alias
+            publish.properties = props
+            if not new_alias:
+                publish.topic = ""
+        data = encode(publish, level)
+        if alias and len(data) > self.client_max_packet_size:
+            publish.topic = message.topic
+            publish.properties = message.properties
+            alias = 0
+            data = encode(publish, level)
+        if len(data) > self.client_max_packet_size:
+            self.stats.dropped_too_large += 1
+            return False
+        if alias and new_alias:
+            self._commit_alias(message.topic, alias)
+        self._out.append(data)
+        self.stats.packets_sent += 1
+        return True
+
+    def _commit_alias(self, topic: str, alias: int) -> None:
+        aliases = self._out_aliases
+        assert aliases is not None
+        if len(aliases) >= self.client_topic_alias_maximum:
+            # All aliases taken: reuse this number, forgetting the topic it stood for.
+            for old_topic, old_alias in aliases.items():
+                if old_alias == alias:
+                    del aliases[old_topic]
+                    break
+        aliases[topic] = alias
+        self._out_alias_next = alias % self.client_topic_alias_maximum + 1
+
+    def _send_inflight(self, entry: InflightEntry, events: list[Event]) -> None:
+        if entry.state == AWAITING_PUBCOMP:
+            self._send(PubRel(entry.packet_id))
+            return
+        if self._send_publish(entry.message, entry.message.qos, entry.packet_id, entry.sent):
+            entry.sent = True
+            return
+        # Too large for this client: behave as if it was delivered (MQTT-3.1.2-25).
+        assert self.session is not None
+        self.session.drop_inflight(entry.packet_id)
+        events.append(MessageDropped(entry.message, "larger than the client's maximum packet size"))
+
+    def _pump(self, events: list[Event]) -> None:
+        """Move queued QoS 1/2 messages into the inflight window and send them."""
+        session = self.session
+        if session is None or self.state != State.CONNECTED:
+            return
+        window = self.client_receive_maximum
+        while (entry := session.next_to_send(window)) is not None:
+            self._send_inflight(entry, events)

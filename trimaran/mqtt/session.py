@@ -1,0 +1,291 @@
+"""MQTT session state, sans-IO: subscriptions, outbound QoS 1/2 inflight window and queue, inbound QoS 2.
+
+A `Session` outlives connections (Clean Start 0 / Clean Session 0). It is plain data: `to_dict()` gives
+a dict of str/int/bool/bytes/None/list/dict values (properties are stored as their MQTT 5.0 wire
+encoding), `to_json()` a JSON document (bytes base64-encoded), and `from_dict()` / `from_json()`
+rebuild it, so the handler can keep it in SQL.
+
+Outbound delivery (server -> client):
+
+- `enqueue(message)` puts a QoS 1/2 message at the back of the queue (bounded by `max_queued`);
+- `next_to_send(window)` moves the head of the queue into the inflight window when there is room,
+  allocating a packet identifier; the connection sends it;
+- `on_puback` / `on_pubrec` / `on_pubcomp` advance or finish an inflight entry;
+- `inflight_entries()` lists what must be resent on reconnect (PUBLISH with DUP, or PUBREL).
+
+Inbound QoS 2 (client -> server): `inbound_qos2` holds the packet identifiers for which PUBREC was
+sent and PUBREL not yet received; a PUBLISH that reuses one of them is a resend, not a new message.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from trimaran.mqtt.codec import decode_properties, encode_properties
+from trimaran.mqtt.packets import SubscriptionOptions
+from trimaran.mqtt.properties import PacketType, Properties
+
+__all__ = [
+    "AWAITING_PUBACK",
+    "AWAITING_PUBCOMP",
+    "AWAITING_PUBREC",
+    "InflightEntry",
+    "OutboundMessage",
+    "Session",
+    "Subscription",
+]
+
+# Inflight states of an outbound message.
+AWAITING_PUBACK: Final = "awaiting_puback"  # QoS 1 PUBLISH sent
+AWAITING_PUBREC: Final = "awaiting_pubrec"  # QoS 2 PUBLISH sent
+AWAITING_PUBCOMP: Final = "awaiting_pubcomp"  # QoS 2 PUBREC received, PUBREL sent
+
+Tag = str | int | None
+
+
+@dataclass(slots=True)
+class OutboundMessage:
+    """A message for the client. `tag` is the handler's own reference (e.g. a queue delivery id)."""
+
+    topic: str
+    payload: bytes
+    qos: int = 0
+    retain: bool = False
+    properties: Properties = field(default_factory=Properties)
+    tag: Tag = None
+
+
+@dataclass(slots=True)
+class InflightEntry:
+    packet_id: int
+    message: OutboundMessage
+    state: str  # AWAITING_PUBACK | AWAITING_PUBREC | AWAITING_PUBCOMP
+    sent: bool = False  # sent at least once, so a resend carries DUP
+
+
+@dataclass(slots=True)
+class Subscription:
+    topic_filter: str  # as the client sent it, "$share/<group>/<filter>" included
+    options: SubscriptionOptions
+    subscription_identifier: int | None = None
+
+
+def _props_to_bytes(props: Properties) -> bytes:
+    return encode_properties(props, PacketType.PUBLISH)
+
+
+def _props_from_bytes(data: bytes) -> Properties:
+    mv = memoryview(data)
+    try:
+        props, _ = decode_properties(mv, 0, len(data), PacketType.PUBLISH)
+    finally:
+        mv.release()
+    return props
+
+
+class Session:
+    """Per-client state that survives reconnects."""
+
+    __slots__ = (
+        "_next_packet_id",
+        "client_id",
+        "dropped",
+        "expiry_interval",
+        "inbound_qos2",
+        "inflight",
+        "max_queued",
+        "queue",
+        "subscriptions",
+    )
+
+    def __init__(self, client_id: str, *, expiry_interval: int = 0, max_queued: int = 1000) -> None:
+        self.client_id = client_id
+        self.expiry_interval = expiry_interval  # seconds; 0xFFFFFFFF means never
+        self.max_queued = max_queued
+        self.subscriptions: dict[str, Subscription] = {}
+        self.inflight: dict[int, InflightEntry] = {}  # in send order
+        self.queue: deque[OutboundMessage] = deque()
+        self.inbound_qos2: set[int] = set()
+        self.dropped = 0  # messages refused because the queue was full
+        self._next_packet_id = 1
+
+    # ------------------------------------------------------------------------------------ outbound
+
+    def allocate_packet_id(self) -> int:
+        """A packet identifier not used by any outbound inflight message."""
+        if len(self.inflight) >= 0xFFFF:
+            raise RuntimeError("all 65535 packet identifiers are in use")
+        pid = self._next_packet_id
+        while pid in self.inflight:
+            pid = pid % 0xFFFF + 1
+        self._next_packet_id = pid % 0xFFFF + 1
+        return pid
+
+    def enqueue(self, message: OutboundMessage) -> bool:
+        """Queue a QoS 1/2 message. False (and counted in `dropped`) when the queue is full."""
+        if message.qos == 0:
+            raise ValueError("only QoS 1 and 2 messages are queued in the session")
+        if len(self.queue) >= self.max_queued:
+            self.dropped += 1
+            return False
+        self.queue.append(message)
+        return True
+
+    def next_to_send(self, window: int) -> InflightEntry | None:
+        """Move the head of the queue into the inflight window if there is room."""
+        if not self.queue or len(self.inflight) >= window:
+            return None
+        message = self.queue.popleft()
+        pid = self.allocate_packet_id()
+        entry = InflightEntry(pid, message, AWAITING_PUBACK if message.qos == 1 else AWAITING_PUBREC)
+        self.inflight[pid] = entry
+        return entry
+
+    def on_puback(self, packet_id: int) -> InflightEntry | None:
+        """PUBACK received: the finished entry, or None if the id is not awaiting a PUBACK."""
+        entry = self.inflight.get(packet_id)
+        if entry is None or entry.state != AWAITING_PUBACK:
+            return None
+        del self.inflight[packet_id]
+        return entry
+
+    def on_pubrec(self, packet_id: int, reason_code: int = 0) -> InflightEntry | None:
+        """PUBREC received. The entry moves to AWAITING_PUBCOMP (send PUBREL), or is removed when the
+        reason code is an error (>= 0x80; the flow ends there). None if the id is unknown or QoS 1."""
+        entry = self.inflight.get(packet_id)
+        if entry is None or entry.state == AWAITING_PUBACK:
+            return None
+        if reason_code >= 0x80:
+            del self.inflight[packet_id]
+        else:
+            entry.state = AWAITING_PUBCOMP
+        return entry
+
+    def on_pubcomp(self, packet_id: int) -> InflightEntry | None:
+        entry = self.inflight.get(packet_id)
+        if entry is None or entry.state != AWAITING_PUBCOMP:
+            return None
+        del self.inflight[packet_id]
+        return entry
+
+    def drop_inflight(self, packet_id: int) -> InflightEntry | None:
+        return self.inflight.pop(packet_id, None)
+
+    def inflight_entries(self) -> list[InflightEntry]:
+        """Everything to resend on reconnect, oldest first."""
+        return list(self.inflight.values())
+
+    # ------------------------------------------------------------------------------- subscriptions
+
+    def add_subscription(self, subscription: Subscription) -> bool:
+        """Add or replace; True if the filter was new."""
+        new = subscription.topic_filter not in self.subscriptions
+        self.subscriptions[subscription.topic_filter] = subscription
+        return new
+
+    def remove_subscription(self, topic_filter: str) -> bool:
+        return self.subscriptions.pop(topic_filter, None) is not None
+
+    # ------------------------------------------------------------------------------- serialization
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "client_id": self.client_id,
+            "expiry_interval": self.expiry_interval,
+            "max_queued": self.max_queued,
+            "next_packet_id": self._next_packet_id,
+            "dropped": self.dropped,
+            "subscriptions": [
+                {
+                    "topic_filter": s.topic_filter,
+                    "qos": s.options.qos,
+                    "no_local": s.options.no_local,
+                    "retain_as_published": s.options.retain_as_published,
+                    "retain_handling": s.options.retain_handling,
+                    "subscription_identifier": s.subscription_identifier,
+                }
+                for s in self.subscriptions.values()
+            ],
+            "inflight": [
+                {
+                    "packet_id": e.packet_id,
+                    "state": e.state,
+                    "sent": e.sent,
+                    "message": _message_to_dict(e.message),
+                }
+                for e in self.inflight.values()
+            ],
+            "queue": [_message_to_dict(m) for m in self.queue],
+            "inbound_qos2": sorted(self.inbound_qos2),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Session:
+        if data.get("version") != 1:
+            raise ValueError(f"unknown session format version {data.get('version')!r}")
+        session = cls(
+            data["client_id"], expiry_interval=data["expiry_interval"], max_queued=data["max_queued"]
+        )
+        session._next_packet_id = data["next_packet_id"]
+        session.dropped = data["dropped"]
+        for s in data["subscriptions"]:
+            options = SubscriptionOptions(
+                s["qos"], s["no_local"], s["retain_as_published"], s["retain_handling"]
+            )
+            session.subscriptions[s["topic_filter"]] = Subscription(
+                s["topic_filter"], options, s["subscription_identifier"]
+            )
+        for e in data["inflight"]:
+            session.inflight[e["packet_id"]] = InflightEntry(
+                e["packet_id"], _message_from_dict(e["message"]), e["state"], e["sent"]
+            )
+        session.queue.extend(_message_from_dict(m) for m in data["queue"])
+        session.inbound_qos2.update(data["inbound_qos2"])
+        return session
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_dict(), default=_b64, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> Session:
+        raw = json.loads(data)
+        for e in raw["inflight"]:
+            _unb64_message(e["message"])
+        for m in raw["queue"]:
+            _unb64_message(m)
+        return cls.from_dict(raw)
+
+
+def _message_to_dict(m: OutboundMessage) -> dict[str, Any]:
+    return {
+        "topic": m.topic,
+        "payload": m.payload,
+        "qos": m.qos,
+        "retain": m.retain,
+        "properties": _props_to_bytes(m.properties),
+        "tag": m.tag,
+    }
+
+
+def _message_from_dict(d: dict[str, Any]) -> OutboundMessage:
+    return OutboundMessage(
+        d["topic"], d["payload"], d["qos"], d["retain"], _props_from_bytes(d["properties"]), d["tag"]
+    )
+
+
+def _b64(value: object) -> str:
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    raise TypeError(f"cannot serialize {type(value).__name__}")
+
+
+def _unb64_message(d: dict[str, Any]) -> None:
+    d["payload"] = base64.b64decode(d["payload"])
+    d["properties"] = base64.b64decode(d["properties"])
