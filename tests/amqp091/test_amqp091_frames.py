@@ -319,6 +319,8 @@ def test_encode_errors_leave_nothing_behind() -> None:
         write_content(out, 1, spec.BasicDeliver(), BasicProperties(priority=300), b"x", 4096)
     with pytest.raises(spec.EncodeError):
         write_method(out, 1, spec.ExchangeDeclare(arguments={"x": object()}))  # type: ignore[dict-item]
+    with pytest.raises(spec.EncodeError):  # the header frame alone would exceed frame_max
+        write_content(out, 1, spec.BasicDeliver(), BasicProperties(headers={"h": "v" * 5000}), b"x", 4096)
     assert out == b"keep"
 
 

@@ -164,8 +164,11 @@ class FrameDecoder:
             return NEED_DATA
         if buf[end] != FRAME_END:
             raise ProtocolError(FRAME_ERROR, f"bad frame end octet {buf[end]:#04x}", channel=channel)
-        with memoryview(buf) as view:
-            payload = bytes(view[pos + 7 : end])
+        if size < 16384:
+            payload = bytes(buf[pos + 7 : end])  # two small copies beat a memoryview here
+        else:
+            with memoryview(buf) as view:
+                payload = bytes(view[pos + 7 : end])
         if end + 1 == len(buf):
             # Everything consumed: drop the buffer so that an idle connection holds nothing.
             self._buf = bytearray()
@@ -255,12 +258,17 @@ def write_content(
     """Append a content-carrying method, its header and its body frames to ``out``."""
     start = len(out)
     write_method(out, channel, method)
+    header_start = len(out)
     try:
         write_content_header(out, channel, method.CLASS_ID, len(body), properties)
+        if frame_max and len(out) - header_start > frame_max:
+            raise EncodeError(
+                f"content header of {len(out) - header_start} bytes exceeds frame_max {frame_max}"
+            )
+        write_body(out, channel, body, frame_max)
     except EncodeError:
         del out[start:]
         raise
-    write_body(out, channel, body, frame_max)
 
 
 def encode_method(channel: int, method: Method) -> bytes:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from trimaran.amqp091.fields import FieldTable, decode_table, encode_table
+from trimaran.amqp091.spec import FRAME_ERROR, SYNTAX_ERROR, ProtocolError
 
 _H = struct.Struct(">H")
 _Q = struct.Struct(">Q")
@@ -103,8 +104,6 @@ def encode_properties(props: BasicProperties | None, out: bytearray) -> None:
 
 def decode_properties(buf: bytes, off: int) -> tuple[BasicProperties, int]:
     """Decode flag word(s) and properties at ``buf[off:]``; raise ``ProtocolError`` (502) if bad."""
-    from trimaran.amqp091.spec import SYNTAX_ERROR, ProtocolError
-
     try:
         (flags,) = _H.unpack_from(buf, off)
         off += 2
@@ -117,11 +116,12 @@ def decode_properties(buf: bytes, off: int) -> tuple[BasicProperties, int]:
             more = extra & 1
         if flags & ~_KNOWN_FLAGS & 0xFFFE:
             raise ProtocolError(SYNTAX_ERROR, "content header flags unknown properties")
-        props = BasicProperties()
         if not flags & 0xFFFE:
-            return props, off
-        for attr, dom, bit in PROPERTY_TABLE:
+            return BasicProperties(), off
+        values: list[Any] = []
+        for _attr, dom, bit in PROPERTY_TABLE:
             if not flags & bit:
+                values.append(None)
                 continue
             value: Any
             if dom == "shortstr":
@@ -139,10 +139,10 @@ def decode_properties(buf: bytes, off: int) -> tuple[BasicProperties, int]:
                 off += 8
             else:
                 value, off = decode_table(buf, off)
-            setattr(props, attr, value)
+            values.append(value)
     except (_Truncated, IndexError, struct.error):
         raise ProtocolError(SYNTAX_ERROR, "content header properties truncated") from None
-    return props, off
+    return BasicProperties(*values), off
 
 
 def encode_header_payload(class_id: int, body_size: int, props: BasicProperties | None) -> bytes:
@@ -153,8 +153,6 @@ def encode_header_payload(class_id: int, body_size: int, props: BasicProperties 
 
 def decode_header_payload(payload: bytes) -> tuple[int, int, BasicProperties]:
     """Return ``(class_id, body_size, properties)`` of a whole content-header payload."""
-    from trimaran.amqp091.spec import FRAME_ERROR, SYNTAX_ERROR, ProtocolError
-
     if len(payload) < 14:
         raise ProtocolError(FRAME_ERROR, "content header frame too short")
     class_id, _weight, body_size = _HEADER.unpack_from(payload, 0)
