@@ -270,6 +270,10 @@ def default_server_properties() -> FieldTable:
     }
 
 
+# Shared by every connection built without overrides: idle connections should not each hold one.
+_DEFAULT_SERVER_PROPERTIES = default_server_properties()
+
+
 def _parse_plain(response: bytes) -> tuple[str, str] | None:
     parts = response.split(b"\x00")
     if len(parts) != 3:
@@ -337,8 +341,9 @@ class ServerConnection:
         self._server_heartbeat = heartbeat
         self._max_body_size = max_body_size
         self._close_timeout = close_timeout
-        props = default_server_properties()
+        props = _DEFAULT_SERVER_PROPERTIES
         if server_properties:
+            props = default_server_properties()
             extra = dict(server_properties)
             caps = extra.pop("capabilities", None)
             props.update(extra)
@@ -378,6 +383,7 @@ class ServerConnection:
 
     @property
     def server_properties(self) -> FieldTable:
+        """What connection.start announces (shared between connections: do not mutate)."""
         return self._server_properties
 
     @property
