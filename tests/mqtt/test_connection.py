@@ -720,3 +720,14 @@ def test_garbage_instead_of_connect_never_raises(junk: bytes) -> None:
 
 def test_encoded_connect_vector_is_what_the_client_sends() -> None:
     assert encode(Connect(client_id="c1"), 4).hex() == "100e00044d5154540402003c00026331"
+
+
+def test_publish_encoded_for_fan_out() -> None:
+    server, client, _ = connected(properties=props(maximum_packet_size=30))
+    data = encode(Publish("a/b", b"shared"), 5)
+    assert server.publish_encoded(data)
+    assert not server.publish_encoded(encode(Publish("a/b", bytes(40)), 5))
+    assert server.stats.dropped_too_large == 1
+    assert client.received() == [Publish("a/b", b"shared")]
+    server.disconnect()
+    assert not server.publish_encoded(data)

@@ -425,11 +425,29 @@ class ServerConnection:
             self._pump(self._pending_events)
         return True
 
+    def publish_encoded(self, data: bytes) -> bool:
+        """Send a QoS 0 PUBLISH already encoded for this protocol level (fan-out encodes once).
+        False if not connected or larger than the client's Maximum Packet Size (counted)."""
+        if self.state != State.CONNECTED:
+            return False
+        if len(data) > self.client_max_packet_size:
+            self.stats.dropped_too_large += 1
+            return False
+        self._out.append(data)
+        self.stats.packets_sent += 1
+        return True
+
     def ack_publish(self, packet_id: int, reason_code: int = 0, properties: Properties | None = None) -> None:
         """Acknowledge a QoS 1/2 PublishReceived: PUBACK (QoS 1) or PUBREC (QoS 2). Call it once the
         message is safe (committed); a reason code >= 0x80 refuses it (5.0)."""
         qos = self._inbound_unacked.pop(packet_id, None)
-        if qos is None or self.state != State.CONNECTED or self.session is None:
+        if qos is None or self.session is None:
+            return
+        if self.state != State.CONNECTED:
+            # Too late to answer, but the message is ours now: when the client resends it on its next
+            # connection it must be recognised as a duplicate (and answered with PUBREC).
+            if qos == 2 and reason_code < 0x80:
+                self.session.inbound_qos2.add(packet_id)
             return
         props = properties or Properties()
         if qos == 1:

@@ -1,0 +1,164 @@
+"""Session state: packet identifiers, the outbound inflight window, and serialization."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mqtt_client import Client, connected, props, start
+from mqtt_strategies import properties
+
+from trimaran.mqtt.packets import PubAck, Publish, SubscriptionOptions
+from trimaran.mqtt.properties import PacketType
+from trimaran.mqtt.session import (
+    AWAITING_PUBACK,
+    AWAITING_PUBCOMP,
+    AWAITING_PUBREC,
+    OutboundMessage,
+    Session,
+    Subscription,
+)
+
+
+def test_packet_ids_skip_ids_in_use_and_wrap() -> None:
+    session = Session("c")
+    assert [session.allocate_packet_id() for _ in range(3)] == [1, 2, 3]
+    session._next_packet_id = 0xFFFF
+    session.enqueue(OutboundMessage("t", b"", 1))
+    entry = session.next_to_send(10)
+    assert entry is not None and entry.packet_id == 0xFFFF
+    assert session.allocate_packet_id() == 1  # wraps past 65535, never 0
+    session.inflight[2] = session.inflight.pop(0xFFFF)
+    assert session.allocate_packet_id() == 3  # 2 is in use
+
+
+def test_all_ids_in_use() -> None:
+    session = Session("c")
+    for pid in range(1, 0x10000):
+        session.inflight[pid] = None  # type: ignore[assignment]
+    with pytest.raises(RuntimeError):
+        session.allocate_packet_id()
+
+
+def test_window_and_queue() -> None:
+    session = Session("c", max_queued=3)
+    for i in range(4):
+        assert session.enqueue(OutboundMessage("t", bytes([i]), 1 + i % 2)) == (i < 3)
+    assert session.dropped == 1
+    first = session.next_to_send(2)
+    second = session.next_to_send(2)
+    assert first is not None and second is not None
+    assert session.next_to_send(2) is None  # window full
+    assert first.state == AWAITING_PUBACK and second.state == AWAITING_PUBREC
+    assert session.on_pubcomp(second.packet_id) is None  # wrong step
+    assert session.on_pubrec(first.packet_id) is None  # QoS 1 has no PUBREC
+    assert session.on_pubrec(second.packet_id) is second and second.state == AWAITING_PUBCOMP
+    assert session.on_pubrec(second.packet_id) is second  # repeated PUBREC: PUBREL again
+    assert session.on_puback(first.packet_id) is first
+    assert session.on_puback(first.packet_id) is None
+    assert session.on_pubcomp(second.packet_id) is second
+    assert not session.inflight
+    with pytest.raises(ValueError):
+        session.enqueue(OutboundMessage("t", b"", 0))
+
+
+def test_pubrec_error_ends_flow() -> None:
+    session = Session("c")
+    session.enqueue(OutboundMessage("t", b"", 2))
+    entry = session.next_to_send(1)
+    assert entry is not None
+    assert session.on_pubrec(entry.packet_id, 0x80) is entry
+    assert entry.packet_id not in session.inflight
+
+
+def _populated() -> Session:
+    session = Session("client-1", expiry_interval=300, max_queued=50)
+    session.add_subscription(Subscription("a/#", SubscriptionOptions(1, True, False, 2), 9))
+    session.add_subscription(Subscription("$share/g/b", SubscriptionOptions(2)))
+    for i, qos in enumerate((1, 2, 2, 1)):
+        session.enqueue(
+            OutboundMessage(
+                f"t/{i}",
+                bytes([i, 0, 255]),
+                qos,
+                retain=bool(i % 2),
+                properties=props(content_type="x", user_properties=[("k", "v"), ("k", "v")]),
+                tag=i if i % 2 else f"tag-{i}",
+            )
+        )
+    a = session.next_to_send(3)
+    b = session.next_to_send(3)
+    assert a is not None and b is not None
+    a.sent = True
+    session.on_pubrec(b.packet_id)
+    session.inbound_qos2.update({5, 77})
+    return session
+
+
+def test_to_dict_round_trip() -> None:
+    session = _populated()
+    again = Session.from_dict(session.to_dict())
+    assert again.to_dict() == session.to_dict()
+    assert again.client_id == "client-1" and again.expiry_interval == 300
+    assert list(again.inflight) == list(session.inflight)
+    assert [e.state for e in again.inflight.values()] == [AWAITING_PUBACK, AWAITING_PUBCOMP]
+    assert again.inflight_entries()[0].sent
+    assert again.queue == session.queue
+    assert again.subscriptions == session.subscriptions
+    assert again.inbound_qos2 == {5, 77}
+    assert again.allocate_packet_id() == session.allocate_packet_id()
+
+
+def test_json_round_trip_is_plain_json() -> None:
+    session = _populated()
+    data = session.to_json()
+    json.loads(data)  # plain JSON, bytes base64-encoded
+    assert Session.from_json(data).to_dict() == session.to_dict()
+
+
+def test_unknown_version_is_refused() -> None:
+    data = _populated().to_dict()
+    data["version"] = 99
+    with pytest.raises(ValueError):
+        Session.from_dict(data)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=20), properties(PacketType.PUBLISH)), max_size=5))
+def test_message_properties_survive_storage(messages: list) -> None:  # type: ignore[type-arg]
+    session = Session("c")
+    for payload, p in messages:
+        p.topic_alias = None  # per connection, never stored
+        p.subscription_identifiers = p.subscription_identifiers[:1]
+        session.enqueue(OutboundMessage("t", payload, 1, properties=p))
+    again = Session.from_json(session.to_json())
+    assert list(again.queue) == list(session.queue)
+
+
+def test_session_resumed_by_a_new_connection_keeps_subscriptions() -> None:
+    server, client, _ = connected(clean_start=False)
+    client.send(Publish("x", b"", 1, packet_id=1))
+    server.ack_publish(1)
+    assert client.received() == [PubAck(1)]
+    assert server.session is not None
+    server.session.add_subscription(Subscription("a", SubscriptionOptions(1)))
+    stored = server.session.to_json()
+    server.connection_lost()
+    server2, _, _ = start(clean_start=False)
+    server2.accept(Session.from_json(stored), session_present=True)
+    assert server2.session is not None and "a" in server2.session.subscriptions
+
+
+def test_qos2_ack_after_connection_loss_is_remembered() -> None:
+    server, client, _ = connected(clean_start=False)
+    client.send(Publish("x", b"", 2, packet_id=4))
+    server.connection_lost()
+    server.ack_publish(4)  # the handler committed it after the socket died
+    assert server.session is not None and 4 in server.session.inbound_qos2
+    server2, _, _ = start(clean_start=False)
+    server2.accept(server.session, session_present=True)
+    client2 = Client(server2)
+    client2.received()
+    assert client2.send(Publish("x", b"", 2, dup=True, packet_id=4)) == []
