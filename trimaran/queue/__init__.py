@@ -1,1 +1,38 @@
+"""Durable ``$queue/`` manager: work queues and streams, consumer groups, DLQ, group commit to SQL."""
 
+from trimaran.queue.manager import (
+    ConsumerHandle,
+    GroupInfo,
+    PublishResult,
+    QueueConsumer,
+    QueueDelivery,
+    QueueInfo,
+    QueueManager,
+    ack_by_id,
+    commit_by_id,
+    message_id,
+    nack_by_id,
+    parse_message_id,
+    reject_by_id,
+)
+from trimaran.queue.policy import DEFAULT_GROUP, QueueError, parse_queue_topic, queue_topic
+
+__all__ = [
+    "DEFAULT_GROUP",
+    "ConsumerHandle",
+    "GroupInfo",
+    "PublishResult",
+    "QueueConsumer",
+    "QueueDelivery",
+    "QueueError",
+    "QueueInfo",
+    "QueueManager",
+    "ack_by_id",
+    "commit_by_id",
+    "message_id",
+    "nack_by_id",
+    "parse_message_id",
+    "parse_queue_topic",
+    "queue_topic",
+    "reject_by_id",
+]

@@ -1,0 +1,1281 @@
+"""The durable ``$queue/`` manager: the protocol-neutral core the MQTT and AMQP front ends bind to.
+
+Lifecycle: ``async with manager.running():`` (or ``await manager.start(task_group)`` and later
+``await manager.stop()``). ``start`` loads queues, groups, pending entries and un-acked messages
+(in pages) from SQL, starts the group-commit writer thread and a timer task in the given task group.
+
+Everything runs on the event loop; the only thread is the writer. Consumers are fed from memory
+(every message a queue still holds stays in ``QueueState.messages``); SQL is written, not read, on the
+hot path. ``publish`` returns after the commit; deliveries are recorded without waiting (a crash
+before their commit only lowers an attempt count); ack, nack, reject, commit and cancel wait for their
+commit.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+import anyio.to_thread
+from anyio.abc import TaskGroup
+
+from trimaran.broker.message import Message, now_ms
+from trimaran.config import QueuePolicySettings, QueueSettings, StorageSettings
+from trimaran.queue.groups import DONE, HELD, WAIT, Entry, Group, QueueState, StoredMessage, policy_dict
+from trimaran.queue.policy import (
+    DEFAULT_GROUP,
+    DLQ_PREFIX,
+    DLQ_PROPERTIES,
+    QueueError,
+    backoff_s,
+    dead_letter_target,
+    expiry_ms,
+    filter_matches,
+    validate_queue_name,
+)
+from trimaran.storage import queue_store
+from trimaran.storage.store import Storage
+from trimaran.storage.writer import GroupCommitWriter, WriteBatch, WriterError
+
+log = logging.getLogger(__name__)
+
+TICK_S = 0.02  # timer resolution: visibility timeouts, nack backoff
+SWEEP_S = 1.0  # TTL expiry and stream retention
+SCAN_LIMIT = 10_000  # most messages a filtered consumer scans per take
+
+
+class QueueConsumer(Protocol):
+    """Implemented by each front end's connection (or link / channel consumer)."""
+
+    id: str
+
+    def deliver(self, delivery: QueueDelivery) -> None:
+        """Synchronous and non-blocking: put the delivery in the outbox."""
+
+
+@dataclass(slots=True)
+class QueueDelivery:
+    """One delivery. These fields come from the manager; the publisher's properties cannot change them."""
+
+    message: Message  # message.topic is the original topic
+    queue: str
+    offset: int
+    group: str
+    attempt: int
+    redelivered: bool
+    message_id: str
+
+    @property
+    def original_topic(self) -> str:
+        return self.message.topic
+
+    def headers(self) -> list[tuple[str, str]]:
+        """The delivery facts as user properties / headers, for front ends that forward them."""
+        return [
+            ("x-queue", self.queue),
+            ("x-queue-offset", str(self.offset)),
+            ("x-queue-group", self.group),
+            ("x-queue-attempt", str(self.attempt)),
+            ("x-queue-redelivered", "true" if self.redelivered else "false"),
+            ("x-queue-message-id", self.message_id),
+            ("x-queue-topic", self.message.topic),
+        ]
+
+
+RESERVED_PROPERTIES = frozenset(
+    {
+        "x-queue",
+        "x-queue-offset",
+        "x-queue-group",
+        "x-queue-attempt",
+        "x-queue-redelivered",
+        "x-queue-message-id",
+        "x-queue-topic",
+        *DLQ_PROPERTIES,
+    }
+)
+
+
+@dataclass(slots=True, frozen=True)
+class PublishResult:
+    queue: str
+    offset: int
+    message_id: str
+
+
+@dataclass(slots=True, frozen=True)
+class GroupInfo:
+    name: str
+    cursor: int
+    committed: int
+    pending: int  # delivered, not settled
+    waiting: int  # to be redelivered (nack backoff, timeout, disconnect)
+    lag: int  # messages this group has not finished
+    consumers: int
+
+
+@dataclass(slots=True, frozen=True)
+class QueueInfo:
+    name: str
+    mode: str
+    durable: bool
+    policy: QueuePolicySettings
+    depth: int  # messages held
+    bytes: int
+    pending: int  # delivered and not settled, all groups
+    lag: int  # the largest group lag (depth when there is no group yet)
+    groups: dict[str, GroupInfo] = field(default_factory=dict)
+    dlq: str | None = None
+    dlq_depth: int = 0
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+def _run_all(callbacks: list[Callable[[], None]]) -> Callable[[], None]:
+    def run() -> None:
+        for callback in callbacks:
+            callback()
+
+    return run
+
+
+def message_id(queue: str, offset: int) -> str:
+    return f"{queue}:{offset}"
+
+
+def parse_message_id(text: str) -> tuple[str, int]:
+    queue, sep, offset = text.rpartition(":")
+    if not sep or not queue or not offset.isdigit():
+        raise QueueError("bad-message-id", f"{text!r} is not <queue>:<offset>")
+    return queue, int(offset)
+
+
+class ConsumerHandle:
+    """What ``consume`` returns: credit, settlement and cancel for one consumer."""
+
+    def __init__(
+        self,
+        manager: QueueManager,
+        queue: QueueState,
+        group: Group,
+        consumer: QueueConsumer,
+        routing_filter: str | None,
+        auto_ack: bool,
+    ) -> None:
+        self.manager = manager
+        self.queue = queue
+        self.group = group
+        self.consumer = consumer
+        self.routing_filter = None if routing_filter in (None, "#") else routing_filter
+        self.auto_ack = auto_ack
+        self.credit = 0
+        self.closed = False
+
+    @property
+    def queue_name(self) -> str:
+        return self.queue.name
+
+    @property
+    def group_name(self) -> str:
+        return self.group.name
+
+    def add_credit(self, n: int) -> None:
+        if n <= 0 or self.closed:
+            return
+        self.credit += n
+        self.manager._dispatch(self.queue, self.group)
+
+    def set_credit(self, n: int) -> None:
+        """AMQP 1.0 flow sets the credit rather than adding to it."""
+        if self.closed:
+            return
+        self.credit = max(0, n)
+        self.manager._dispatch(self.queue, self.group)
+
+    async def ack(self, offset: int) -> bool:
+        return await self.manager._settle(self.queue, self.group, offset, "ack", holder=self)
+
+    async def nack(self, offset: int, delay_s: float | None = None) -> bool:
+        return await self.manager._settle(
+            self.queue, self.group, offset, "nack", holder=self, delay_s=delay_s
+        )
+
+    async def reject(self, offset: int, reason: str = "rejected") -> bool:
+        return await self.manager._settle(
+            self.queue, self.group, offset, "reject", holder=self, reason=reason
+        )
+
+    async def commit(self, offset: int) -> bool:
+        return await self.manager._settle(self.queue, self.group, offset, "commit", holder=self)
+
+    async def cancel(self) -> None:
+        await self.manager._cancel(self)
+
+
+class QueueManager:
+    def __init__(
+        self,
+        storage: Storage,
+        settings: QueueSettings,
+        storage_settings: StorageSettings,
+        *,
+        node: str = "local",
+    ) -> None:
+        self.storage = storage
+        self.settings = settings
+        self.storage_settings = storage_settings
+        self.node = node
+        self.queues: dict[str, QueueState] = {}
+        self.writer = GroupCommitWriter(
+            storage.engine,
+            commit_interval_ms=storage_settings.commit_interval_ms,
+            commit_batch_max=storage_settings.commit_batch_max,
+        )
+        self._timed: set[tuple[QueueState, Group]] = set()
+        self._scope: anyio.CancelScope | None = None
+        self._started = False
+        self._last_sweep = 0.0
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[QueueManager]:
+        async with anyio.create_task_group() as tg:
+            await self.start(tg)
+            try:
+                yield self
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self.stop()
+
+    async def start(self, task_group: TaskGroup) -> None:
+        if self._started:
+            return
+        loaded = await anyio.to_thread.run_sync(self._load)
+        for state in loaded:
+            self.queues[state.name] = state
+        self.writer.start()
+        self._started = True
+        for declared in self.settings.declare:
+            policy = QueuePolicySettings(**declared.model_dump(exclude={"name"}))
+            await self.declare(declared.name, policy)
+        await task_group.start(self._timers)
+        for state in self.queues.values():
+            for group in state.groups.values():
+                if group.ready or group.delayed:
+                    self._timed.add((state, group))
+
+    async def stop(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        if self._scope is not None:
+            self._scope.cancel()
+        for state in self.queues.values():
+            for group in state.groups.values():
+                for handle in group.consumers:
+                    handle.closed = True
+                group.consumers.clear()
+        await self.writer.stop()
+
+    def _load(self) -> list[QueueState]:
+        """In a worker thread: queues, groups, pending entries and messages (paged)."""
+        engine = self.storage.engine
+        now = now_ms()
+        result = []
+        for row in queue_store.load_queues(engine):
+            policy = QueuePolicySettings(**row["policy"])
+            state = QueueState(row["name"], policy, True, row["created_at"])
+            state.next_offset = state.high = row["next_offset"]
+            for page in queue_store.iter_messages(engine, state.name):
+                for m in page:
+                    message = queue_store.row_message(m)
+                    state.add(
+                        StoredMessage(
+                            int(m.offset),
+                            message,
+                            m.routing_key,
+                            int(m.published_at),
+                            m.expires_at,
+                            len(message.payload),
+                        )
+                    )
+            state.high = state.next_offset
+            for g in queue_store.load_groups(engine, state.name):
+                cursor = int(g.committed) if policy.mode == "stream" else int(g.cursor)
+                state.groups[g.group] = Group(state.name, g.group, cursor=cursor, committed=int(g.committed))
+            for p in queue_store.load_pending(engine, state.name):
+                group = state.groups.get(p.group)
+                if group is None:
+                    group = state.groups[p.group] = Group(state.name, p.group)
+                entry = Entry(p.state, attempts=int(p.attempts), delivered_at=p.delivered_at)
+                if p.state == HELD:  # its consumer was on the previous process
+                    entry.state = WAIT
+                    entry.reason = "restart"
+                    entry.available_at = now
+                elif p.state == WAIT:
+                    entry.available_at = int(p.available_at or now)
+                    entry.reason = "restart"
+                group.entries[int(p.offset)] = entry
+                if entry.state == WAIT:
+                    if (entry.available_at or 0) <= now:
+                        group.make_ready(int(p.offset))
+                    else:
+                        heapq.heappush(group.delayed, (entry.available_at or 0, int(p.offset), 0))
+            result.append(state)
+        return result
+
+    # -- queues -----------------------------------------------------------------------------------
+
+    def _policy_for(self, name: str, policy: QueuePolicySettings | None) -> QueuePolicySettings:
+        if policy is not None:
+            if isinstance(policy, QueuePolicySettings) and type(policy) is not QueuePolicySettings:
+                policy = QueuePolicySettings(**policy.model_dump(exclude={"name"}))
+            return policy
+        if name.startswith(DLQ_PREFIX):
+            return self.settings.defaults.model_copy(update={"mode": "work"})
+        return self.settings.defaults
+
+    def _declare_now(
+        self, name: str, policy: QueuePolicySettings | None, durable: bool, batch: WriteBatch | None
+    ) -> QueueState:
+        """Create or update a queue in memory; the durable row goes into ``batch``."""
+        validate_queue_name(name)
+        state = self.queues.get(name)
+        if state is not None:
+            if policy is not None:
+                new = self._policy_for(name, policy)
+                if new.mode != state.policy.mode and state.messages:
+                    raise QueueError("mode-mismatch", f"queue {name} is a {state.policy.mode} queue")
+                if new != state.policy:
+                    state.policy = new
+                    if state.durable and batch is not None:
+                        batch.calls.append(
+                            queue_store.upsert_queue(name, new.mode, policy_dict(new), state.created_at)
+                        )
+            return state
+        pol = self._policy_for(name, policy)
+        state = QueueState(name, pol, durable, now_ms())
+        self.queues[name] = state
+        if durable and batch is not None:
+            batch.calls.append(queue_store.upsert_queue(name, pol.mode, policy_dict(pol), state.created_at))
+        log.info("queue %s declared (%s, %s)", name, pol.mode, "durable" if durable else "in memory")
+        return state
+
+    async def declare(
+        self, name: str, policy: QueuePolicySettings | None = None, *, durable: bool = True
+    ) -> QueueInfo:
+        """Create a queue, or update its policy. Idempotent."""
+        batch = WriteBatch()
+        self._declare_now(name, policy, durable, batch)
+        await self._write(batch)
+        return self.info(name)
+
+    async def delete(self, name: str) -> None:
+        state = self.queues.pop(name, None)
+        if state is None:
+            return
+        state.deleted = True
+        for group in state.groups.values():
+            for handle in group.consumers:
+                handle.closed = True
+            group.consumers.clear()
+            self._timed.discard((state, group))
+        if state.durable:
+            batch = WriteBatch()
+            batch.calls.append(queue_store.delete_queue(name))
+            batch.events.append(
+                queue_store.event_row(now_ms(), name, "purged", node=self.node, reason="delete")
+            )
+            await self._write(batch)
+
+    async def purge(self, name: str) -> int:
+        """Remove every message (and pending entry); returns how many were removed."""
+        state = self._get(name)
+        count = len(state.messages)
+        state.messages.clear()
+        state.bytes = 0
+        state.expiring = 0
+        for group in state.groups.values():
+            group.entries.clear()
+            group.ready.clear()
+            group.delayed.clear()
+            group.timeouts.clear()
+            group.cursor = max(group.cursor, state.high)
+        if state.durable:
+            batch = WriteBatch()
+            batch.calls.append(queue_store.purge_queue(name))
+            batch.events.append(
+                queue_store.event_row(now_ms(), name, "purged", node=self.node, reason=f"count={count}")
+            )
+            for group in state.groups.values():
+                self._group_row(state, group, batch)
+            await self._write(batch)
+        return count
+
+    def exists(self, name: str) -> bool:
+        return name in self.queues
+
+    def _get(self, name: str) -> QueueState:
+        state = self.queues.get(name)
+        if state is None:
+            raise QueueError("no-queue", f"queue {name} does not exist")
+        return state
+
+    def _get_or_create(self, name: str, batch: WriteBatch) -> QueueState:
+        state = self.queues.get(name)
+        if state is not None:
+            return state
+        if not self.settings.auto_create:
+            raise QueueError("no-queue", f"queue {name} does not exist and auto_create is off")
+        return self._declare_now(name, None, True, batch)
+
+    def info(self, name: str) -> QueueInfo:
+        state = self._get(name)
+        groups = {}
+        for group in state.groups.values():
+            groups[group.name] = GroupInfo(
+                group.name,
+                group.cursor,
+                group.committed,
+                group.held(),
+                group.waiting(),
+                self._lag(state, group),
+                len(group.consumers),
+            )
+        target = dead_letter_target(name, state.policy)
+        dlq = self.queues.get(target) if target else None
+        return QueueInfo(
+            name=name,
+            mode=state.mode,
+            durable=state.durable,
+            policy=state.policy,
+            depth=len(state.messages),
+            bytes=state.bytes,
+            pending=sum(g.pending for g in groups.values()),
+            lag=max((g.lag for g in groups.values()), default=len(state.messages)),
+            groups=groups,
+            dlq=target,
+            dlq_depth=len(dlq.messages) if dlq is not None else 0,
+            stats=dict(state.stats),
+        )
+
+    def _lag(self, state: QueueState, group: Group) -> int:
+        if state.mode == "stream":
+            return sum(1 for o in state.messages if o >= group.committed)
+        return sum(1 for o in state.messages if not group.is_done(o))
+
+    # -- publish ----------------------------------------------------------------------------------
+
+    async def publish(self, queue: str, message: Message, routing_key: str = "") -> PublishResult:
+        """Append a message; returns once it is committed. Raises :class:`QueueError` when refused."""
+        if not self._started:
+            raise QueueError("stopped", "the queue manager is not running")
+        if message.retain:
+            raise QueueError("retain", "a queue message cannot be retained")
+        batch = WriteBatch()
+        state = self._get_or_create(queue, batch)
+        if state.deleted:
+            raise QueueError("no-queue", f"queue {queue} was deleted")
+        policy = state.policy
+        size = len(message.payload)
+        self._check_limits(state, size, batch)
+        if message.user_properties and any(k in RESERVED_PROPERTIES for k, _ in message.user_properties):
+            message = message.copy_with(
+                user_properties=[(k, v) for k, v in message.user_properties if k not in RESERVED_PROPERTIES]
+            )
+        now = now_ms()
+        offset = state.next_offset
+        state.next_offset += 1
+        stored = StoredMessage(
+            offset, message, routing_key, now, expiry_ms(policy, now, message.expires_at_ms), size
+        )
+        state.stats["published"] += 1
+        if not state.durable:
+            self._appended(state, stored)
+            return PublishResult(queue, offset, message_id(queue, offset))
+        batch.messages.append(
+            queue_store.message_row(queue, offset, message, routing_key, now, stored.expires_at)
+        )
+        batch.queue_next[queue] = offset + 1
+        batch.events.append(
+            queue_store.event_row(
+                now, queue, "published", offset=offset, node=self.node, consumer=message.publisher_id
+            )
+        )
+        state.inflight += 1
+        try:
+            await self._write(batch, lambda: self._appended(state, stored))
+        finally:
+            state.inflight -= 1
+        return PublishResult(queue, offset, message_id(queue, offset))
+
+    def _check_limits(self, state: QueueState, size: int, batch: WriteBatch) -> None:
+        policy = state.policy
+        max_n, max_b = policy.max_length, policy.max_length_bytes
+        if max_n is None and max_b is None:
+            return
+        over_n = max_n is not None and len(state.messages) + state.inflight + 1 > max_n
+        over_b = max_b is not None and state.bytes + size > max_b
+        if not (over_n or over_b):
+            return
+        if policy.overflow == "reject" or (max_b is not None and size > max_b):
+            state.stats["refused"] += 1
+            raise QueueError("full", f"queue {state.name} is full")
+        now = now_ms()
+        while state.messages and (
+            (max_n is not None and len(state.messages) + state.inflight + 1 > max_n)
+            or (max_b is not None and state.bytes + size > max_b)
+        ):
+            oldest = next(iter(state.messages))
+            self._remove(state, oldest, "dropped", "overflow", now, batch)
+            state.stats["dropped"] += 1
+
+    def _appended(self, state: QueueState, stored: StoredMessage) -> None:
+        """On the loop, in offset order, once the message is committed: make it deliverable."""
+        if state.deleted:
+            return
+        state.add(stored)
+        for group in state.groups.values():
+            if group.consumers:
+                self._dispatch(state, group)
+
+    # -- consume ----------------------------------------------------------------------------------
+
+    def consume(
+        self,
+        queue: str,
+        consumer: QueueConsumer,
+        *,
+        group: str | None = None,
+        routing_filter: str | None = None,
+        start: str | int | None = None,
+        auto_ack: bool = False,
+    ) -> ConsumerHandle:
+        """Attach a consumer. It receives nothing until the front end gives it credit.
+
+        ``start`` (new groups of work queues; any group of a stream): ``"first"``, ``"last"``,
+        ``"next"``, an offset (int or digits), or ``"timestamp:<epoch ms>"``. A stream group with
+        no ``start`` resumes at its committed offset (new stream groups start at ``next``); a new work
+        group starts at the oldest message the queue holds.
+        """
+        if not self._started:
+            raise QueueError("stopped", "the queue manager is not running")
+        batch = WriteBatch()
+        state = self._get_or_create(queue, batch)
+        name = group or DEFAULT_GROUP
+        grp = state.groups.get(name)
+        if grp is None:
+            default = "next" if state.mode == "stream" else "first"
+            position = self._position(state, start if start is not None else default)
+            grp = state.groups[name] = Group(state.name, name, cursor=position, committed=position)
+            self._group_row(state, grp, batch)
+        elif state.mode == "stream" and start is not None and not grp.consumers:
+            grp.cursor = self._position(state, start)
+        handle = ConsumerHandle(self, state, grp, consumer, routing_filter, auto_ack)
+        grp.consumers.append(handle)
+        if state.durable and not batch.empty():
+            self.writer.submit(batch)
+        return handle
+
+    def _position(self, state: QueueState, start: str | int) -> int:
+        if isinstance(start, int):
+            return max(start, 0)
+        text = start.strip().lower()
+        if text == "first":
+            return state.first_offset()
+        if text == "last":
+            return max(state.first_offset(), state.high - 1)
+        if text == "next":
+            return state.high
+        if text.isdigit():
+            return int(text)
+        if text.startswith(("timestamp:", "@")):
+            ts = int(text.split(":", 1)[1] if ":" in text else text[1:])
+            for offset, stored in state.messages.items():
+                if stored.published_at >= ts:
+                    return offset
+            return state.high
+        raise QueueError("bad-start", f"unknown start position {start!r}")
+
+    # -- dispatch ---------------------------------------------------------------------------------
+
+    def _dispatch(self, state: QueueState, group: Group) -> None:
+        if group.busy:
+            group.again = True
+            return
+        if not group.consumers or state.deleted or not self._started:
+            return
+        group.busy = True
+        batch = WriteBatch()
+        now = now_ms()
+        try:
+            while True:
+                group.again = False
+                progressed = False
+                consumers = group.consumers
+                n = len(consumers)
+                start = group.rr % n if n else 0
+                for i in range(n):
+                    if i >= len(consumers):
+                        break
+                    handle = consumers[(start + i) % len(consumers)]
+                    if handle.credit <= 0 or handle.closed:
+                        continue
+                    if state.mode == "stream":
+                        stored = self._take_stream(state, group, handle, now, batch)
+                        entry = None
+                    else:
+                        taken = self._take_work(state, group, handle, now, batch)
+                        if taken is None:
+                            continue
+                        stored, entry = taken
+                    if stored is None:
+                        continue
+                    self._deliver(state, group, handle, stored, entry, now, batch)
+                    group.rr = start + i + 1
+                    progressed = True
+                if not progressed and not group.again:
+                    break
+        finally:
+            group.busy = False
+            if state.durable and not batch.empty():
+                self.writer.submit(batch)
+
+    def _expired(self, stored: StoredMessage, now: int) -> bool:
+        return stored.expires_at is not None and now >= stored.expires_at
+
+    def _take_work(
+        self, state: QueueState, group: Group, handle: ConsumerHandle, now: int, batch: WriteBatch
+    ) -> tuple[StoredMessage, Entry | None] | None:
+        messages = state.messages
+        flt = handle.routing_filter
+        if group.ready:
+            for offset in list(group.ready):
+                stored = messages.get(offset)
+                if stored is None:
+                    group.unready(offset)
+                    if group.entries.pop(offset, None) is not None:
+                        batch.pending[(state.name, group.name, offset)] = None
+                    continue
+                if self._expired(stored, now):
+                    self._remove(state, offset, "expired", "ttl", now, batch)
+                    continue
+                if flt is not None and not filter_matches(flt, stored.routing_key):
+                    continue
+                group.unready(offset)
+                return stored, group.entries.get(offset)
+        offset = group.cursor
+        high = state.high
+        entries = group.entries
+        scanned = 0
+        while offset < high:
+            stored = messages.get(offset)
+            if stored is None or offset in entries:
+                if offset == group.cursor:
+                    self._advance(state, group, offset + 1, batch)
+                offset += 1
+                continue
+            if self._expired(stored, now):
+                self._remove(state, offset, "expired", "ttl", now, batch)
+                continue
+            if flt is None or filter_matches(flt, stored.routing_key):
+                if offset == group.cursor:
+                    self._advance(state, group, offset + 1, batch)
+                return stored, None
+            offset += 1
+            scanned += 1
+            if scanned >= SCAN_LIMIT:
+                break
+        return None
+
+    def _advance(self, state: QueueState, group: Group, to: int, batch: WriteBatch) -> None:
+        """Move a work group's cursor, retiring 'done' entries it passes."""
+        entries = group.entries
+        old = group.cursor
+        group.cursor = to
+        for offset in range(old, to):
+            entry = entries.get(offset)
+            if entry is not None and entry.state == DONE:
+                del entries[offset]
+                batch.pending[(state.name, group.name, offset)] = None
+                self._maybe_release(state, offset, batch)
+        self._group_row(state, group, batch)
+        # Runs of already-finished offsets right after the cursor.
+        while group.cursor < state.high:
+            entry = entries.get(group.cursor)
+            if entry is None or entry.state != DONE:
+                break
+            del entries[group.cursor]
+            batch.pending[(state.name, group.name, group.cursor)] = None
+            self._maybe_release(state, group.cursor, batch)
+            group.cursor += 1
+
+    def _take_stream(
+        self, state: QueueState, group: Group, handle: ConsumerHandle, now: int, batch: WriteBatch
+    ) -> StoredMessage | None:
+        messages = state.messages
+        flt = handle.routing_filter
+        offset = max(group.cursor, state.first_offset()) if messages else group.cursor
+        high = state.high
+        while offset < high:
+            stored = messages.get(offset)
+            offset += 1
+            if stored is None:
+                continue
+            if self._expired(stored, now):
+                self._remove(state, stored.offset, "expired", "ttl", now, batch)
+                continue
+            if flt is None or filter_matches(flt, stored.routing_key):
+                group.cursor = offset
+                return stored
+        group.cursor = max(group.cursor, offset)
+        return None
+
+    def _deliver(
+        self,
+        state: QueueState,
+        group: Group,
+        handle: ConsumerHandle,
+        stored: StoredMessage,
+        entry: Entry | None,
+        now: int,
+        batch: WriteBatch,
+    ) -> None:
+        offset = stored.offset
+        attempt = entry.attempts + 1 if entry is not None else 1
+        reason = entry.reason if entry is not None else "first"
+        cid = handle.consumer.id
+        durable = state.durable
+        if durable:
+            batch.events.append(
+                queue_store.event_row(
+                    now,
+                    state.name,
+                    "delivered",
+                    group=group.name,
+                    offset=offset,
+                    consumer=cid,
+                    node=self.node,
+                    attempt=attempt,
+                    reason=reason,
+                )
+            )
+        if state.mode == "stream":
+            if handle.auto_ack:
+                self._commit_stream(state, group, offset + 1, now, batch, cid)
+        elif handle.auto_ack:
+            if offset >= group.cursor:
+                group.entries[offset] = Entry(DONE, attempts=attempt)
+                self._pending_row(state, group, offset, group.entries[offset], batch)
+            elif entry is not None:
+                del group.entries[offset]
+                batch.pending[(state.name, group.name, offset)] = None
+            if durable:
+                batch.events.append(
+                    queue_store.event_row(
+                        now, state.name, "acked", group=group.name, offset=offset, consumer=cid,
+                        node=self.node, attempt=attempt, reason="auto",
+                    )
+                )  # fmt: skip
+            self._maybe_release(state, offset, batch)
+        else:
+            if entry is None:
+                entry = Entry(HELD)
+            entry.state = HELD
+            entry.attempts = attempt
+            entry.holder = handle
+            entry.consumer_id = cid
+            entry.delivered_at = now
+            entry.available_at = None
+            entry.token += 1
+            group.entries[offset] = entry
+            deadline = now + int(state.policy.visibility_timeout_s * 1000)
+            heapq.heappush(group.timeouts, (deadline, offset, entry.token))
+            self._timed.add((state, group))
+            self._pending_row(state, group, offset, entry, batch)
+        handle.credit -= 1
+        delivery = QueueDelivery(
+            stored.message,
+            state.name,
+            offset,
+            group.name,
+            attempt,
+            attempt > 1,
+            message_id(state.name, offset),
+        )
+        try:
+            handle.consumer.deliver(delivery)
+        except Exception:
+            log.exception("consumer %s failed to take a delivery", cid)
+
+    # -- state rows -------------------------------------------------------------------------------
+
+    def _pending_row(
+        self, state: QueueState, group: Group, offset: int, entry: Entry, batch: WriteBatch
+    ) -> None:
+        if not state.durable:
+            return
+        batch.pending[(state.name, group.name, offset)] = {
+            "queue": state.name,
+            "group": group.name,
+            "offset": offset,
+            "state": entry.state,
+            "consumer": entry.consumer_id if entry.state == HELD else None,
+            "node": self.node,
+            "delivered_at": entry.delivered_at,
+            "attempts": entry.attempts,
+            "available_at": entry.available_at,
+            "lease_until": None,
+        }
+
+    def _group_row(self, state: QueueState, group: Group, batch: WriteBatch) -> None:
+        if not state.durable:
+            return
+        batch.groups[(state.name, group.name)] = {
+            "queue": state.name,
+            "group": group.name,
+            "cursor": group.cursor,
+            "committed": group.committed,
+            "updated_at": now_ms(),
+        }
+
+    def _maybe_release(self, state: QueueState, offset: int, batch: WriteBatch) -> None:
+        """Work mode: drop a message every group has finished."""
+        if state.mode != "work" or offset not in state.messages:
+            return
+        for group in state.groups.values():
+            if not group.is_done(offset):
+                return
+        state.remove(offset)
+        if state.durable:
+            batch.message_deletes.append((state.name, offset))
+
+    def _remove(
+        self, state: QueueState, offset: int, kind: str, reason: str, now: int, batch: WriteBatch
+    ) -> None:
+        """Remove a message from the queue and every group (expired, dropped): one event."""
+        if state.remove(offset) is None:
+            return
+        for group in state.groups.values():
+            if group.entries.pop(offset, None) is not None:
+                group.unready(offset)
+                batch.pending[(state.name, group.name, offset)] = None
+        if kind == "expired":
+            state.stats["expired"] += 1
+            log.info("queue %s: message %d expired", state.name, offset)
+        if state.durable:
+            batch.message_deletes.append((state.name, offset))
+            batch.events.append(
+                queue_store.event_row(now, state.name, kind, offset=offset, node=self.node, reason=reason)
+            )
+
+    # -- settlement -------------------------------------------------------------------------------
+
+    async def _settle(
+        self,
+        state: QueueState,
+        group: Group,
+        offset: int,
+        action: str,
+        *,
+        holder: ConsumerHandle | None = None,
+        consumer_id: str | None = None,
+        delay_s: float | None = None,
+        reason: str = "rejected",
+    ) -> bool:
+        now = now_ms()
+        batch = WriteBatch()
+        after: list[Callable[[], None]] = []
+        if state.mode == "stream":
+            if action == "nack":
+                return False
+            if action == "reject" and state.durable:
+                batch.events.append(
+                    queue_store.event_row(
+                        now, state.name, "rejected", group=group.name, offset=offset,
+                        consumer=consumer_id or (holder.consumer.id if holder else None),
+                        node=self.node, reason=reason,
+                    )
+                )  # fmt: skip
+            self._commit_stream(
+                state, group, offset + 1, now, batch, holder.consumer.id if holder else consumer_id
+            )
+            if state.durable:
+                await self._write(batch)
+            return True
+        entry = group.entries.get(offset)
+        if entry is None or entry.state != HELD:
+            return False
+        if holder is not None and entry.holder is not holder:
+            return False
+        if consumer_id is not None and entry.consumer_id != consumer_id:
+            return False
+        cid = entry.consumer_id
+        if action in ("ack", "commit"):
+            self._finish(state, group, offset, entry, batch)
+            if state.durable:
+                batch.events.append(
+                    queue_store.event_row(
+                        now, state.name, "acked", group=group.name, offset=offset, consumer=cid,
+                        node=self.node, attempt=entry.attempts,
+                    )
+                )  # fmt: skip
+        elif action == "nack":
+            if entry.attempts >= state.policy.max_attempts:
+                if state.durable:
+                    batch.events.append(
+                        queue_store.event_row(
+                            now, state.name, "nacked", group=group.name, offset=offset, consumer=cid,
+                            node=self.node, attempt=entry.attempts, reason="max_attempts",
+                        )
+                    )  # fmt: skip
+                self._dead_letter(state, group, offset, entry, "max_attempts", now, batch, after)
+            else:
+                delay = backoff_s(state.policy, entry.attempts) if delay_s is None else max(0.0, delay_s)
+                self._make_available(state, group, offset, entry, "nack", now + int(delay * 1000), now, batch)
+                if state.durable:
+                    batch.events.append(
+                        queue_store.event_row(
+                            now, state.name, "nacked", group=group.name, offset=offset, consumer=cid,
+                            node=self.node, attempt=entry.attempts, reason=f"delay_ms={int(delay * 1000)}",
+                        )
+                    )  # fmt: skip
+        elif action == "reject":
+            if state.durable:
+                batch.events.append(
+                    queue_store.event_row(
+                        now, state.name, "rejected", group=group.name, offset=offset, consumer=cid,
+                        node=self.node, attempt=entry.attempts, reason=reason,
+                    )
+                )  # fmt: skip
+            self._dead_letter(state, group, offset, entry, reason, now, batch, after)
+        else:
+            raise QueueError("bad-action", action)
+        if state.durable:
+            await self._write(batch, _run_all(after) if after else None)
+        else:
+            for f in after:
+                f()
+        if action == "nack":
+            self._dispatch(state, group)
+        return True
+
+    def _finish(self, state: QueueState, group: Group, offset: int, entry: Entry, batch: WriteBatch) -> None:
+        """The group is done with ``offset`` (acked or dead-lettered)."""
+        if offset >= group.cursor:
+            entry.state = DONE
+            entry.holder = None
+            self._pending_row(state, group, offset, entry, batch)
+        else:
+            del group.entries[offset]
+            batch.pending[(state.name, group.name, offset)] = None
+            self._maybe_release(state, offset, batch)
+
+    def _make_available(
+        self,
+        state: QueueState,
+        group: Group,
+        offset: int,
+        entry: Entry,
+        reason: str,
+        at: int,
+        now: int,
+        batch: WriteBatch,
+    ) -> None:
+        entry.state = WAIT
+        entry.holder = None
+        entry.reason = reason
+        entry.available_at = at
+        entry.token += 1
+        if at <= now:
+            group.make_ready(offset)
+        else:
+            heapq.heappush(group.delayed, (at, offset, entry.token))
+            self._timed.add((state, group))
+        self._pending_row(state, group, offset, entry, batch)
+
+    def _dead_letter(
+        self,
+        state: QueueState,
+        group: Group,
+        offset: int,
+        entry: Entry,
+        reason: str,
+        now: int,
+        batch: WriteBatch,
+        after: list[Callable[[], None]],
+    ) -> None:
+        stored = state.messages.get(offset)
+        self._finish(state, group, offset, entry, batch)
+        if stored is None:
+            return
+        state.stats["dead_lettered"] += 1
+        target = dead_letter_target(state.name, state.policy)
+        if target is None or target == state.name:
+            if state.durable:
+                batch.events.append(
+                    queue_store.event_row(
+                        now, state.name, "dropped", group=group.name, offset=offset, node=self.node,
+                        attempt=entry.attempts, reason=f"no dead-letter queue: {reason}",
+                    )
+                )  # fmt: skip
+            return
+        original = stored.message
+        history = {
+            "queue": state.name,
+            "topic": original.topic,
+            "group": group.name,
+            "offset": offset,
+            "attempts": entry.attempts,
+            "reason": reason,
+            "time": now,
+        }
+        props = [(k, v) for k, v in original.user_properties if k not in DLQ_PROPERTIES]
+        props += [
+            ("x-dead-letter-queue", state.name),
+            ("x-dead-letter-topic", original.topic),
+            ("x-dead-letter-group", group.name),
+            ("x-dead-letter-attempts", str(entry.attempts)),
+            ("x-dead-letter-reason", reason),
+            ("x-dead-letter-time", str(now)),
+        ]
+        extra = dict(original.extra)
+        previous = extra.get("dead_letter_history")
+        extra["dead_letter_history"] = [*(previous if isinstance(previous, list) else []), history]
+        copy = original.copy_with(user_properties=props, extra=extra, expires_at_ms=None)
+        dlq = self.queues.get(target)
+        if dlq is None:
+            dlq = self._declare_now(target, None, state.durable, batch)
+        d_offset = dlq.next_offset
+        dlq.next_offset += 1
+        d_stored = StoredMessage(
+            d_offset, copy, stored.routing_key, now, expiry_ms(dlq.policy, now, None), stored.size
+        )
+        dlq.stats["published"] += 1
+        if state.durable:
+            batch.events.append(
+                queue_store.event_row(
+                    now, state.name, "dead_lettered", group=group.name, offset=offset, node=self.node,
+                    attempt=entry.attempts, reason=f"{reason} -> {target}:{d_offset}",
+                )
+            )  # fmt: skip
+        if dlq.durable:
+            batch.messages.append(
+                queue_store.message_row(target, d_offset, copy, stored.routing_key, now, d_stored.expires_at)
+            )
+            batch.queue_next[target] = d_offset + 1
+            batch.events.append(
+                queue_store.event_row(
+                    now, target, "published", offset=d_offset, node=self.node,
+                    reason=f"dead_letter from {state.name}:{offset}",
+                )
+            )  # fmt: skip
+        after.append(lambda: self._appended(dlq, d_stored))
+
+    def _commit_stream(
+        self, state: QueueState, group: Group, to: int, now: int, batch: WriteBatch, cid: str | None
+    ) -> None:
+        if to <= group.committed:
+            return
+        group.committed = to
+        self._group_row(state, group, batch)
+        if state.durable:
+            batch.events.append(
+                queue_store.event_row(
+                    now,
+                    state.name,
+                    "committed",
+                    group=group.name,
+                    offset=to - 1,
+                    consumer=cid,
+                    node=self.node,
+                )
+            )
+
+    async def _cancel(self, handle: ConsumerHandle) -> None:
+        if handle.closed:
+            return
+        handle.closed = True
+        state, group = handle.queue, handle.group
+        if handle in group.consumers:
+            group.consumers.remove(handle)
+        if state.mode != "work":
+            return
+        now = now_ms()
+        batch = WriteBatch()
+        after: list[Callable[[], None]] = []
+        for offset, entry in list(group.entries.items()):
+            if entry.state == HELD and entry.holder is handle:
+                self._redeliver_or_dead_letter(state, group, offset, entry, "disconnect", now, batch, after)
+        if state.durable and not batch.empty():
+            await self._write(batch, _run_all(after) if after else None)
+        else:
+            for f in after:
+                f()
+        self._dispatch(state, group)
+
+    def _redeliver_or_dead_letter(
+        self,
+        state: QueueState,
+        group: Group,
+        offset: int,
+        entry: Entry,
+        reason: str,
+        now: int,
+        batch: WriteBatch,
+        after: list[Callable[[], None]],
+    ) -> None:
+        if entry.attempts >= state.policy.max_attempts:
+            self._dead_letter(state, group, offset, entry, "max_attempts", now, batch, after)
+        else:
+            self._make_available(state, group, offset, entry, reason, now, now, batch)
+
+    # -- timers -----------------------------------------------------------------------------------
+
+    async def _timers(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        with anyio.CancelScope() as scope:
+            self._scope = scope
+            task_status.started()
+            while True:
+                await anyio.sleep(TICK_S)
+                try:
+                    self._tick()
+                except Exception:
+                    log.exception("queue timers failed")
+
+    def _tick(self) -> None:
+        now = now_ms()
+        for state, group in list(self._timed):
+            if state.deleted:
+                self._timed.discard((state, group))
+                continue
+            batch = WriteBatch()
+            after: list[Callable[[], None]] = []
+            changed = False
+            timeouts = group.timeouts
+            while timeouts and timeouts[0][0] <= now:
+                _, offset, token = heapq.heappop(timeouts)
+                entry = group.entries.get(offset)
+                if entry is None or entry.state != HELD or entry.token != token:
+                    continue
+                self._redeliver_or_dead_letter(state, group, offset, entry, "timeout", now, batch, after)
+                changed = True
+            delayed = group.delayed
+            while delayed and delayed[0][0] <= now:
+                _, offset, token = heapq.heappop(delayed)
+                entry = group.entries.get(offset)
+                if entry is None or entry.state != WAIT or (token and entry.token != token):
+                    continue
+                group.make_ready(offset)
+                changed = True
+            if not timeouts and not delayed:
+                self._timed.discard((state, group))
+            if state.durable and not batch.empty():
+                self.writer.submit(batch, on_commit=_run_all(after) if after else None)
+            else:
+                for f in after:
+                    f()
+            if changed or group.ready:
+                self._dispatch(state, group)
+        if now - self._last_sweep >= SWEEP_S * 1000:
+            self._last_sweep = now
+            self._sweep(now)
+
+    def _sweep(self, now: int) -> None:
+        """TTL expiry and stream retention."""
+        for state in list(self.queues.values()):
+            batch = WriteBatch()
+            if state.expiring:
+                for offset, stored in list(state.messages.items()):
+                    if stored.expires_at is not None and now >= stored.expires_at:
+                        if any(
+                            (e := g.entries.get(offset)) is not None and e.state == HELD
+                            for g in state.groups.values()
+                        ):
+                            continue  # held by a consumer: settled or timed out first
+                        self._remove(state, offset, "expired", "ttl", now, batch)
+            if state.mode == "stream":
+                self._retention(state, now, batch)
+            if state.durable and not batch.empty():
+                self.writer.submit(batch)
+
+    def _retention(self, state: QueueState, now: int, batch: WriteBatch) -> None:
+        policy = state.policy
+        age, max_bytes, count = policy.retention_age_s, policy.retention_bytes, policy.retention_count
+        while state.messages:
+            offset, stored = next(iter(state.messages.items()))
+            why = None
+            if age is not None and now - stored.published_at > age * 1000:
+                why = "retention_age"
+            elif max_bytes is not None and state.bytes > max_bytes:
+                why = "retention_bytes"
+            elif count is not None and len(state.messages) > count:
+                why = "retention_count"
+            if why is None:
+                break
+            self._remove(state, offset, "dropped", why, now, batch)
+            state.stats["dropped"] += 1
+
+    # -- writing ----------------------------------------------------------------------------------
+
+    async def _write(self, batch: WriteBatch, on_commit: Callable[[], Any] | None = None) -> list[Any]:
+        if batch.empty():
+            if on_commit is not None:
+                on_commit()
+            return []
+        try:
+            return await self.writer.write(batch, on_commit)
+        except WriterError as exc:
+            raise QueueError("storage", str(exc)) from exc
+
+    # -- control topics (by message id) -----------------------------------------------------------
+
+    def _locate(self, message_id_text: str, group: str | None) -> tuple[QueueState, Group, int]:
+        queue, offset = parse_message_id(message_id_text)
+        state = self._get(queue)
+        grp = state.groups.get(group or DEFAULT_GROUP)
+        if grp is None:
+            raise QueueError("no-group", f"queue {queue} has no group {group or DEFAULT_GROUP}")
+        return state, grp, offset
+
+
+async def ack_by_id(
+    manager: QueueManager, message_id_text: str, group: str | None = None, consumer_id: str | None = None
+) -> bool:
+    """``$queue/<q>/$ack`` with the message id as payload. ``consumer_id`` restricts to its holder."""
+    state, grp, offset = manager._locate(message_id_text, group)
+    return await manager._settle(state, grp, offset, "ack", consumer_id=consumer_id)
+
+
+async def nack_by_id(
+    manager: QueueManager,
+    message_id_text: str,
+    group: str | None = None,
+    consumer_id: str | None = None,
+    delay_s: float | None = None,
+) -> bool:
+    state, grp, offset = manager._locate(message_id_text, group)
+    return await manager._settle(state, grp, offset, "nack", consumer_id=consumer_id, delay_s=delay_s)
+
+
+async def reject_by_id(
+    manager: QueueManager,
+    message_id_text: str,
+    group: str | None = None,
+    consumer_id: str | None = None,
+    reason: str = "rejected",
+) -> bool:
+    state, grp, offset = manager._locate(message_id_text, group)
+    return await manager._settle(state, grp, offset, "reject", consumer_id=consumer_id, reason=reason)
+
+
+async def commit_by_id(
+    manager: QueueManager, message_id_text: str, group: str | None = None, consumer_id: str | None = None
+) -> bool:
+    state, grp, offset = manager._locate(message_id_text, group)
+    return await manager._settle(state, grp, offset, "commit", consumer_id=consumer_id)

@@ -1,0 +1,123 @@
+"""Queue names, ``$queue/`` topics and the policy arithmetic (backoff, expiry, dead-letter target)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from trimaran.config import QueuePolicySettings
+
+QUEUE_PREFIX: Final = "$queue/"
+DLQ_PREFIX: Final = "$dlq/"
+CONTROLS: Final = frozenset({"ack", "nack", "reject", "commit"})
+MAX_NAME: Final = 255
+DEFAULT_GROUP: Final = "$default"
+
+# User properties the manager writes on dead-lettered messages (and strips from publishes, so a
+# publisher cannot forge a history).
+DLQ_PROPERTIES: Final = (
+    "x-dead-letter-queue",
+    "x-dead-letter-topic",
+    "x-dead-letter-group",
+    "x-dead-letter-attempts",
+    "x-dead-letter-reason",
+    "x-dead-letter-time",
+)
+
+
+class QueueError(Exception):
+    """A refused queue operation; ``reason`` is a short machine-readable word."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+def validate_queue_name(name: str) -> None:
+    base = name[len(DLQ_PREFIX) :] if name.startswith(DLQ_PREFIX) else name
+    if not base or len(name) > MAX_NAME:
+        raise QueueError("bad-name", f"queue name must be 1-{MAX_NAME} characters")
+    if any(c in base for c in "/+#\x00"):
+        raise QueueError("bad-name", f"queue name {name!r} contains '/', '+', '#' or NUL")
+
+
+def parse_queue_topic(topic: str) -> tuple[str, str, str | None] | None:
+    """``$queue/<name>[/<routing key...>][/$ack|$nack|$reject|$commit]`` -> (queue, key, control).
+
+    Dead-letter queues are addressed as ``$queue/$dlq/<name>/...``. Returns ``None`` for a topic that
+    is not a queue topic, has an empty or invalid name, or a control word that is not the last level.
+    """
+    if not topic.startswith(QUEUE_PREFIX):
+        return None
+    levels = topic[len(QUEUE_PREFIX) :].split("/")
+    if levels[0] == "$dlq":
+        if len(levels) < 2:
+            return None
+        name = DLQ_PREFIX + levels[1]
+        rest = levels[2:]
+    else:
+        name = levels[0]
+        rest = levels[1:]
+    try:
+        validate_queue_name(name)
+    except QueueError:
+        return None
+    control: str | None = None
+    if rest and rest[-1].startswith("$") and rest[-1][1:] in CONTROLS:
+        control = rest.pop()[1:]
+    for level in rest:
+        if level.startswith("$") and level[1:] in CONTROLS:
+            return None
+    return name, "/".join(rest), control
+
+
+def queue_topic(name: str, routing_key: str = "") -> str:
+    base = QUEUE_PREFIX + name
+    return f"{base}/{routing_key}" if routing_key else base
+
+
+def dead_letter_target(name: str, policy: QueuePolicySettings) -> str | None:
+    """Where rejected messages go; ``None`` when dead-lettering is off (a DLQ's own rejects)."""
+    target = policy.dead_letter
+    if target is not None:
+        target = target.strip()
+        if target.lower() in ("", "none", "off"):
+            return None
+        if target.startswith(QUEUE_PREFIX):
+            target = target[len(QUEUE_PREFIX) :]
+        return target
+    if name.startswith(DLQ_PREFIX):
+        return None
+    return DLQ_PREFIX + name
+
+
+def backoff_s(policy: QueuePolicySettings, attempts: int) -> float:
+    """Delay before the next attempt after ``attempts`` failed ones (1 -> initial)."""
+    delay = policy.backoff_initial_s * policy.backoff_multiplier ** max(0, attempts - 1)
+    return float(min(delay, policy.backoff_max_s))
+
+
+def expiry_ms(policy: QueuePolicySettings, published_at: int, message_expiry: int | None) -> int | None:
+    """The earlier of the queue's TTL and the message's own expiry."""
+    ttl = policy.ttl_s
+    at = published_at + int(ttl * 1000) if ttl is not None else None
+    if message_expiry is not None and (at is None or message_expiry < at):
+        at = message_expiry
+    return at
+
+
+def filter_matches(routing_filter: str | None, routing_key: str) -> bool:
+    """MQTT-style filter on the routing key (``+`` one level, ``#`` the rest); ``None`` matches all."""
+    if routing_filter is None or routing_filter == "#":
+        return True
+    f_levels = routing_filter.split("/")
+    t_levels = routing_key.split("/") if routing_key else []
+    n = len(t_levels)
+    for i, f in enumerate(f_levels):
+        if f == "#":
+            return True
+        if i >= n:
+            return False
+        if f != "+" and f != t_levels[i]:
+            return False
+    return len(f_levels) == n

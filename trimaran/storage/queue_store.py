@@ -1,0 +1,232 @@
+"""Durable queue repository: loading state at start, and the statements the writer runs as calls.
+
+The queue manager never imports SQLAlchemy: it gets plain dicts and tuples from here, and hands
+callables built here to the writer (``WriteBatch.calls``) for anything beyond the hot-path rows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from sqlalchemy import Connection, Engine, and_, delete, func, insert, select, update
+
+from trimaran.broker.message import Message
+from trimaran.storage.schema import queue_events, queue_groups, queue_messages, queue_pending, queues
+from trimaran.storage.serialize import message_from, properties_json
+
+Call = Callable[[Connection], Any]
+
+
+def message_row(
+    queue: str,
+    offset: int,
+    message: Message,
+    routing_key: str,
+    published_at: int,
+    expires_at: int | None,
+) -> dict[str, Any]:
+    return {
+        "queue": queue,
+        "offset": offset,
+        "topic": message.topic,
+        "routing_key": routing_key,
+        "payload": message.payload,
+        "qos": message.qos,
+        "properties": properties_json(message),
+        "published_at": published_at,
+        "expires_at": expires_at,
+        "publisher": message.publisher_id,
+        "protocol": message.protocol,
+    }
+
+
+def row_message(row: Any) -> Message:
+    return message_from(row.topic, row.payload, row.qos, False, row.properties)
+
+
+def event_row(
+    time_ms: int,
+    queue: str,
+    kind: str,
+    *,
+    group: str | None = None,
+    offset: int | None = None,
+    consumer: str | None = None,
+    node: str | None = None,
+    attempt: int | None = None,
+    reason: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "time": time_ms,
+        "queue": queue,
+        "group": group,
+        "offset": offset,
+        "consumer": consumer,
+        "node": node,
+        "kind": kind,
+        "attempt": attempt,
+        "reason": reason,
+    }
+
+
+# -- calls run by the writer ----------------------------------------------------------------------
+
+
+def upsert_queue(name: str, mode: str, policy: dict[str, Any], created_at: int) -> Call:
+    """Create the queue row or update its mode and policy; returns the stored next_offset."""
+    policy_text = json.dumps(policy, separators=(",", ":"), sort_keys=True)
+
+    def call(connection: Connection) -> int:
+        row = connection.execute(select(queues.c.next_offset).where(queues.c.name == name)).first()
+        if row is None:
+            connection.execute(
+                insert(queues).values(
+                    name=name, mode=mode, policy=policy_text, next_offset=0, created_at=created_at
+                )
+            )
+            return 0
+        connection.execute(update(queues).where(queues.c.name == name).values(mode=mode, policy=policy_text))
+        return int(row.next_offset)
+
+    return call
+
+
+def delete_queue(name: str) -> Call:
+    def call(connection: Connection) -> None:
+        for table in (queue_messages, queue_groups, queue_pending):
+            connection.execute(delete(table).where(table.c.queue == name))
+        connection.execute(delete(queues).where(queues.c.name == name))
+
+    return call
+
+
+def purge_queue(name: str) -> Call:
+    """Remove every message and pending entry; cursors stay (offsets are never reused)."""
+
+    def call(connection: Connection) -> int:
+        count = connection.execute(delete(queue_messages).where(queue_messages.c.queue == name)).rowcount
+        connection.execute(delete(queue_pending).where(queue_pending.c.queue == name))
+        return int(count or 0)
+
+    return call
+
+
+def trim_below(name: str, offset: int) -> Call:
+    """Delete a stream's messages below ``offset`` (retention)."""
+
+    def call(connection: Connection) -> int:
+        stmt = delete(queue_messages).where(
+            and_(queue_messages.c.queue == name, queue_messages.c.offset < offset)
+        )
+        return int(connection.execute(stmt).rowcount or 0)
+
+    return call
+
+
+def reserve_offsets(name: str, count: int) -> Call:
+    """Shared mode: reserve ``count`` offsets; returns the first. The row lock orders the nodes."""
+
+    def call(connection: Connection) -> int:
+        stmt = (
+            update(queues)
+            .where(queues.c.name == name)
+            .values(next_offset=queues.c.next_offset + count)
+            .returning(queues.c.next_offset)
+        )
+        end = int(connection.execute(stmt).scalar_one())
+        return end - count
+
+    return call
+
+
+# -- loading at start -------------------------------------------------------------------------------
+
+
+def load_queues(engine: Engine) -> list[dict[str, Any]]:
+    with engine.connect() as connection:
+        rows = connection.execute(select(queues).order_by(queues.c.name)).all()
+        result = []
+        for row in rows:
+            high = connection.execute(
+                select(func.max(queue_messages.c.offset)).where(queue_messages.c.queue == row.name)
+            ).scalar()
+            next_offset = max(int(row.next_offset), int(high) + 1 if high is not None else 0)
+            result.append(
+                {
+                    "name": row.name,
+                    "mode": row.mode,
+                    "policy": json.loads(row.policy),
+                    "next_offset": next_offset,
+                    "created_at": int(row.created_at),
+                }
+            )
+    return result
+
+
+def load_groups(engine: Engine, queue: str) -> list[Any]:
+    with engine.connect() as connection:
+        return list(connection.execute(select(queue_groups).where(queue_groups.c.queue == queue)).all())
+
+
+def load_pending(engine: Engine, queue: str) -> list[Any]:
+    with engine.connect() as connection:
+        stmt = (
+            select(queue_pending)
+            .where(queue_pending.c.queue == queue)
+            .order_by(queue_pending.c.group, queue_pending.c.offset)
+        )
+        return list(connection.execute(stmt).all())
+
+
+def iter_messages(engine: Engine, queue: str, page: int = 1000, after: int = -1) -> Iterator[list[Any]]:
+    """Every stored message of a queue in offset order, read in pages (keyset pagination)."""
+    while True:
+        with engine.connect() as connection:
+            stmt = (
+                select(queue_messages)
+                .where(and_(queue_messages.c.queue == queue, queue_messages.c.offset > after))
+                .order_by(queue_messages.c.offset)
+                .limit(page)
+            )
+            rows = list(connection.execute(stmt).all())
+        if not rows:
+            return
+        yield rows
+        after = int(rows[-1].offset)
+        if len(rows) < page:
+            return
+
+
+def count_events(engine: Engine, queue: str | None = None) -> dict[str, int]:
+    """Events per kind (tests and the admin API)."""
+    with engine.connect() as connection:
+        stmt = select(queue_events.c.kind, func.count()).group_by(queue_events.c.kind)
+        if queue is not None:
+            stmt = stmt.where(queue_events.c.queue == queue)
+        return {str(kind): int(n) for kind, n in connection.execute(stmt).all()}
+
+
+def events_for(engine: Engine, queue: str, offset: int | None = None) -> list[dict[str, Any]]:
+    with engine.connect() as connection:
+        stmt = select(queue_events).where(queue_events.c.queue == queue).order_by(queue_events.c.id)
+        if offset is not None:
+            stmt = stmt.where(queue_events.c.offset == offset)
+        return [dict(row._mapping) for row in connection.execute(stmt).all()]
+
+
+def stored_offsets(engine: Engine, queue: str) -> list[int]:
+    with engine.connect() as connection:
+        stmt = (
+            select(queue_messages.c.offset)
+            .where(queue_messages.c.queue == queue)
+            .order_by(queue_messages.c.offset)
+        )
+        return [int(o) for o in connection.execute(stmt).scalars()]
+
+
+def pending_rows(engine: Engine, queue: str) -> list[dict[str, Any]]:
+    with engine.connect() as connection:
+        stmt = select(queue_pending).where(queue_pending.c.queue == queue).order_by(queue_pending.c.offset)
+        return [dict(row._mapping) for row in connection.execute(stmt).all()]

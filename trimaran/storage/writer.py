@@ -1,0 +1,312 @@
+"""Group commit: one writer thread owns the database writes of the durable queues.
+
+Callers on the event loop build a :class:`WriteBatch` (message appends, pending-entry changes, cursor
+moves, events) and :meth:`GroupCommitWriter.submit` it; that only appends to a list and, when the
+thread sleeps, wakes it. The thread gathers submissions for ``commit_interval_ms`` or until
+``commit_batch_max`` rows, writes them all in ONE transaction with executemany statements, and then
+hands the whole finished batch back to the event loop with one thread hop, where every waiter is
+released and every ``on_commit`` callback runs in submission order.
+
+A submission is atomic: it never straddles two transactions. If a merged transaction fails, each
+submission is retried alone so that one bad submission cannot fail its neighbours.
+
+Pending entries and group cursors are written as final states: within one transaction only the last
+state of a key counts (a delivery acknowledged in the same batch writes nothing but the delete).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+from sqlalchemy import Connection, Engine, and_, bindparam, delete, insert, update
+
+from trimaran.storage.schema import queue_events, queue_groups, queue_messages, queue_pending, queues
+
+log = logging.getLogger(__name__)
+
+PendingKey = tuple[str, str, int]
+GroupKey = tuple[str, str]
+
+
+@dataclass(slots=True)
+class WriteBatch:
+    """Changes that commit together. Rows are plain dicts keyed by column name."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    message_deletes: list[tuple[str, int]] = field(default_factory=list)
+    pending: dict[PendingKey, dict[str, Any] | None] = field(default_factory=dict)
+    groups: dict[GroupKey, dict[str, Any] | None] = field(default_factory=dict)
+    queue_next: dict[str, int] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    # Anything else, run first in the same transaction (declare, delete, purge, claims); results are
+    # returned in order in Ticket.results.
+    calls: list[Callable[[Connection], Any]] = field(default_factory=list)
+
+    def rows(self) -> int:
+        return (
+            len(self.messages)
+            + len(self.message_deletes)
+            + len(self.pending)
+            + len(self.groups)
+            + len(self.events)
+            + len(self.calls)
+        )
+
+    def empty(self) -> bool:
+        return not (
+            self.messages
+            or self.message_deletes
+            or self.pending
+            or self.groups
+            or self.queue_next
+            or self.events
+            or self.calls
+        )
+
+    def merge(self, other: WriteBatch) -> None:
+        self.messages.extend(other.messages)
+        self.message_deletes.extend(other.message_deletes)
+        self.pending.update(other.pending)
+        self.groups.update(other.groups)
+        for name, value in other.queue_next.items():
+            if value > self.queue_next.get(name, -1):
+                self.queue_next[name] = value
+        self.events.extend(other.events)
+        self.calls.extend(other.calls)
+
+
+class WriterError(Exception):
+    """The transaction holding a submission failed."""
+
+
+class Ticket:
+    """One submission's fate. ``event`` is set on the loop once committed (or failed)."""
+
+    __slots__ = ("batch", "error", "event", "on_commit", "results")
+
+    def __init__(self, batch: WriteBatch, event: anyio.Event | None, on_commit: Callable[[], None] | None):
+        self.batch = batch
+        self.event = event
+        self.on_commit = on_commit
+        self.error: BaseException | None = None
+        self.results: list[Any] = []
+
+    async def wait(self) -> list[Any]:
+        assert self.event is not None, "submitted without wait=True"
+        await self.event.wait()
+        if self.error is not None:
+            raise WriterError(str(self.error)) from self.error
+        return self.results
+
+
+class GroupCommitWriter:
+    def __init__(self, engine: Engine, *, commit_interval_ms: float = 2.0, commit_batch_max: int = 2000):
+        self.engine = engine
+        self.interval_s = commit_interval_ms / 1000.0
+        self.batch_max = commit_batch_max
+        self._cond = threading.Condition(threading.Lock())
+        self._items: list[Ticket] = []
+        self._rows = 0
+        self._idle = False  # the thread waits for work: a submit must notify it
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._token: Any = None
+        # statistics
+        self.transactions = 0
+        self.submissions = 0
+
+    # -- lifecycle (on the event loop) -----------------------------------------------------------
+
+    def start(self) -> None:
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:  # not asyncio (trio): release through anyio's portal instead
+            self._loop = None
+            self._token = anyio.lowlevel.current_token()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="trimaran-writer", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Write everything submitted so far, then end the thread."""
+        thread = self._thread
+        if thread is None:
+            return
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        # Completions of the last batches are delivered to the loop while we wait here.
+        while thread.is_alive():
+            await anyio.sleep(0.002)
+        self._thread = None
+
+    # -- submitting (on the event loop) ----------------------------------------------------------
+
+    def submit(
+        self, batch: WriteBatch, *, wait: bool = False, on_commit: Callable[[], None] | None = None
+    ) -> Ticket:
+        ticket = Ticket(batch, anyio.Event() if wait else None, on_commit)
+        if self._thread is None:
+            raise WriterError("the writer is not running")
+        with self._cond:
+            self._items.append(ticket)
+            self._rows += batch.rows()
+            if self._idle or self._rows >= self.batch_max:
+                self._cond.notify()
+        self.submissions += 1
+        return ticket
+
+    async def write(self, batch: WriteBatch, on_commit: Callable[[], None] | None = None) -> list[Any]:
+        return await self.submit(batch, wait=True, on_commit=on_commit).wait()
+
+    # -- the thread ------------------------------------------------------------------------------
+
+    def _take(self) -> list[Ticket] | None:
+        cond = self._cond
+        with cond:
+            while not self._items:
+                if self._closing:
+                    return None
+                self._idle = True
+                cond.wait()
+                self._idle = False
+            if self.interval_s > 0 and self._rows < self.batch_max and not self._closing:
+                # Gather: submitters notify only when the batch is full.
+                cond.wait(self.interval_s)
+            taken: list[Ticket] = []
+            rows = 0
+            items = self._items
+            i = 0
+            while i < len(items) and (rows < self.batch_max or not taken):
+                rows += items[i].batch.rows()
+                i += 1
+            taken = items[:i]
+            del items[:i]
+            self._rows -= rows
+            return taken
+
+    def _run(self) -> None:
+        connection = self.engine.connect()
+        try:
+            while True:
+                tickets = self._take()
+                if tickets is None:
+                    break
+                self._write(connection, tickets)
+                self._release(tickets)
+        except BaseException:  # pragma: no cover - the thread must never die silently
+            log.exception("queue writer thread failed")
+            raise
+        finally:
+            connection.close()
+
+    def _write(self, connection: Connection, tickets: list[Ticket]) -> None:
+        merged = WriteBatch()
+        for ticket in tickets:
+            merged.merge(ticket.batch)
+        try:
+            with connection.begin():
+                results = apply(connection, merged)
+            self.transactions += 1
+            i = 0
+            for ticket in tickets:
+                n = len(ticket.batch.calls)
+                ticket.results = results[i : i + n]
+                i += n
+            return
+        except Exception as exc:
+            if len(tickets) == 1:
+                log.exception("queue write failed")
+                tickets[0].error = exc
+                return
+            log.warning("a batch of %d submissions failed; retrying one by one", len(tickets), exc_info=True)
+        for ticket in tickets:
+            try:
+                with connection.begin():
+                    ticket.results = apply(connection, ticket.batch)
+                self.transactions += 1
+            except Exception as exc:
+                log.exception("queue write failed")
+                ticket.error = exc
+
+    def _release(self, tickets: list[Ticket]) -> None:
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+                self._loop.call_soon_threadsafe(_complete, tickets)
+        else:
+            anyio.from_thread.run_sync(_complete, tickets, token=self._token)
+
+
+def _complete(tickets: list[Ticket]) -> None:
+    """On the event loop: callbacks in submission order, then wake the waiters."""
+    for ticket in tickets:
+        if ticket.error is None and ticket.on_commit is not None:
+            try:
+                ticket.on_commit()
+            except Exception:
+                log.exception("on_commit callback failed")
+        if ticket.event is not None:
+            ticket.event.set()
+
+
+# -- statements --------------------------------------------------------------------------------
+
+_pending_delete = delete(queue_pending).where(
+    and_(
+        queue_pending.c.queue == bindparam("k_queue"),
+        queue_pending.c.group == bindparam("k_group"),
+        queue_pending.c.offset == bindparam("k_offset"),
+    )
+)
+_group_delete = delete(queue_groups).where(
+    and_(queue_groups.c.queue == bindparam("k_queue"), queue_groups.c.group == bindparam("k_group"))
+)
+_message_delete = delete(queue_messages).where(
+    and_(queue_messages.c.queue == bindparam("k_queue"), queue_messages.c.offset == bindparam("k_offset"))
+)
+_queue_next = (
+    update(queues)
+    .where(and_(queues.c.name == bindparam("k_name"), queues.c.next_offset < bindparam("k_next")))
+    .values(next_offset=bindparam("k_next"))
+)
+
+
+def apply(connection: Connection, batch: WriteBatch) -> list[Any]:
+    """Write one (merged) batch inside the caller's transaction."""
+    results = [call(connection) for call in batch.calls]
+    if batch.messages:
+        connection.execute(insert(queue_messages), batch.messages)
+    if batch.message_deletes:
+        connection.execute(_message_delete, [{"k_queue": q, "k_offset": o} for q, o in batch.message_deletes])
+    if batch.pending:
+        connection.execute(
+            _pending_delete, [{"k_queue": q, "k_group": g, "k_offset": o} for q, g, o in batch.pending]
+        )
+        rows = [row for row in batch.pending.values() if row is not None]
+        if rows:
+            connection.execute(insert(queue_pending), rows)
+    if batch.groups:
+        connection.execute(_group_delete, [{"k_queue": q, "k_group": g} for q, g in batch.groups])
+        rows = [row for row in batch.groups.values() if row is not None]
+        if rows:
+            connection.execute(insert(queue_groups), rows)
+    if batch.queue_next:
+        connection.execute(_queue_next, [{"k_name": n, "k_next": v} for n, v in batch.queue_next.items()])
+    if batch.events:
+        connection.execute(insert(queue_events), batch.events)
+    return results
+
+
+def monotonic_ms() -> float:
+    return time.monotonic() * 1000.0
