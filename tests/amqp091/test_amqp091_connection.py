@@ -666,3 +666,33 @@ def test_mutated_session_never_raises(data: st.DataObject) -> None:
     c.server.data_to_send()
     closed = [e for e in events if isinstance(e, ConnectionClosed)]
     assert len(closed) <= 1
+
+
+def test_long_non_ascii_error_texts_are_cut_to_a_shortstr() -> None:
+    c = Client()
+    c.start()
+    c.server.accept_authentication()
+    c.frames()
+    c.method(0, spec.ConnectionTuneOk(0, 4096, 0))
+    events = c.method(0, spec.ConnectionOpen("\u00e9" * 120))  # 240 bytes of vhost name
+    close = assert_connection_closing(c, events, spec.NOT_ALLOWED)
+    assert len(close.reply_text.encode()) <= 255
+
+    c = opened(1)
+    assert c.server.close_channel(1, spec.NOT_FOUND, "\u00e9" * 200)
+    ((_, chclose),) = c.methods()
+    assert isinstance(chclose, spec.ChannelClose) and chclose.reply_text == "\u00e9" * 127
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=120), st.sampled_from(["header", "start-ok", "tune-ok"]))
+def test_random_bytes_during_handshake_never_raise(data: bytes, stage: str) -> None:
+    c = Client()
+    c.send(spec.PROTOCOL_HEADER)
+    if stage != "header":
+        c.method(0, spec.ConnectionStartOk({}, "PLAIN", b"\x00u\x00p", "en_US"))
+        c.server.accept_authentication()
+    if stage == "tune-ok":
+        c.method(0, spec.ConnectionTuneOk(0, 4096, 0))
+    c.send(data)
+    c.server.data_to_send()

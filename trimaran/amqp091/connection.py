@@ -77,6 +77,7 @@ from trimaran.amqp091.spec import (
     LocalProtocolError,
     Method,
     ProtocolError,
+    truncate_shortstr,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -742,11 +743,11 @@ class ServerConnection:
         ch.reset_content()
         ch.state = ChannelState.CLOSING
         ch.close_reason = (code, text, class_id, method_id)
-        self._send(number, ChannelClose(code, text[:255], class_id, method_id))
+        self._send(number, ChannelClose(code, truncate_shortstr(text), class_id, method_id))
         return True
 
     def _auth_failure(self, text: str, events: list[Event]) -> None:
-        text = f"ACCESS_REFUSED - {text}"[:255]
+        text = truncate_shortstr(f"ACCESS_REFUSED - {text}")
         if self.client_capabilities.get("authentication_failure_close") is True:
             self._start_close(ACCESS_REFUSED, text, 10, 11)
             events.append(ConnectionClosing(ACCESS_REFUSED, text, 10, 11))
@@ -755,8 +756,9 @@ class ServerConnection:
             self._finish(events, ACCESS_REFUSED, text, 10, 11)
 
     def _start_close(self, code: int, text: str, class_id: int, method_id: int) -> None:
-        self.close_reason = (code, text[:255], class_id, method_id)
-        self._send(0, ConnectionClose(code, text[:255], class_id, method_id))
+        text = truncate_shortstr(text)
+        self.close_reason = (code, text, class_id, method_id)
+        self._send(0, ConnectionClose(code, text, class_id, method_id))
         self.state = ConnectionState.CLOSING
         self._closing_since = max(self._last_received, self._last_sent)
         for ch in self._channels.values():

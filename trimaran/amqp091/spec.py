@@ -102,6 +102,14 @@ REPLY_CODES: dict[int, ReplyCode] = {
 }
 
 
+def truncate_shortstr(text: str) -> str:
+    """Cut ``text`` to what fits a shortstr (255 bytes of UTF-8), at a character boundary."""
+    raw = text.encode("utf-8", "surrogateescape")
+    if len(raw) <= 255:
+        return text
+    return raw[:255].decode("utf-8", "ignore")
+
+
 def is_connection_exception(reply_code: int) -> bool:
     """True if ``reply_code`` must be raised with connection.close (unknown codes count as hard)."""
     rc = REPLY_CODES.get(reply_code)
@@ -148,7 +156,7 @@ class ProtocolError(AMQPError):
     def full_text(self) -> str:
         rc = REPLY_CODES.get(self.reply_code)
         name = rc.text if rc is not None else str(self.reply_code)
-        return f"{name} - {self.reply_text}"[:255]
+        return truncate_shortstr(f"{name} - {self.reply_text}")
 
     def __str__(self) -> str:
         return f"{self.reply_code} {self.full_text}"
