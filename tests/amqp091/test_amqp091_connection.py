@@ -696,3 +696,12 @@ def test_random_bytes_during_handshake_never_raise(data: bytes, stage: str) -> N
         c.method(0, spec.ConnectionTuneOk(0, 4096, 0))
     c.send(data)
     c.server.data_to_send()
+
+
+def test_send_dispatches_on_content() -> None:
+    c = opened(1)
+    assert c.server.send(1, spec.BasicQosOk())
+    assert c.server.send(1, spec.BasicGetOk(1, False, "", "q", 0), BasicProperties(), b"abc")
+    frames = c.frames()
+    assert frames[0] == MethodFrame(1, spec.BasicQosOk())
+    assert frames[-1] == BodyFrame(1, b"abc")

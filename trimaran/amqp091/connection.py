@@ -812,6 +812,18 @@ class ServerConnection:
 
     # -- sending -------------------------------------------------------------------------------
 
+    def send(
+        self,
+        channel: int,
+        method: Method,
+        properties: BasicProperties | None = None,
+        body: bytes | bytearray | memoryview = b"",
+    ) -> bool:
+        """:meth:`send_content` for a method with content, :meth:`send_method` otherwise."""
+        if method.HAS_CONTENT:
+            return self.send_content(channel, method, properties, body)
+        return self.send_method(channel, method)
+
     def send_method(self, channel: int, method: Method) -> bool:
         """Queue a method without content (a reply, basic.ack for confirms, basic.cancel, ...).
 
