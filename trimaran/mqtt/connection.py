@@ -220,6 +220,11 @@ _V311_CONNACK_CODES: Final = frozenset(
 )
 
 
+def _disconnect_code(code: int) -> int:
+    """`code` if a DISCONNECT may carry it, else 0x80 Unspecified error."""
+    return code if code in rc.DISCONNECT_CODES else ReasonCode.UNSPECIFIED_ERROR
+
+
 class ServerConnection:
     __slots__ = (
         "_connect",
@@ -374,6 +379,7 @@ class ServerConnection:
         level = self._level
         if session is None:
             session = Session(self.client_id, max_queued=self.limits.max_queued_messages)
+        if session is None or connect.clean_start:
             session_present = False
         session.expiry_interval = self.session_expiry_interval
         self.session = session
@@ -449,13 +455,16 @@ class ServerConnection:
             if qos == 2 and reason_code < 0x80:
                 self.session.inbound_qos2.add(packet_id)
             return
-        props = properties or Properties()
-        if qos == 1:
-            self._send(PubAck(packet_id, reason_code, props))
+        if reason_code == 0 and properties is None:
+            # Hot path: a plain success ack is always 4 bytes, the same at every level.
+            self._out.append(bytes((0x40 if qos == 1 else 0x50, 2, packet_id >> 8, packet_id & 0xFF)))
+            self.stats.packets_sent += 1
+        elif qos == 1:
+            self._send(PubAck(packet_id, reason_code, properties or Properties()))
         else:
-            self._send(PubRec(packet_id, reason_code, props))
-            if reason_code < 0x80 or self._level < MQTT_5:
-                self.session.inbound_qos2.add(packet_id)
+            self._send(PubRec(packet_id, reason_code, properties or Properties()))
+        if qos == 2 and (reason_code < 0x80 or self._level < MQTT_5):
+            self.session.inbound_qos2.add(packet_id)
 
     def send_suback(
         self, packet_id: int, reason_codes: list[int], properties: Properties | None = None
@@ -504,7 +513,7 @@ class ServerConnection:
             return events
         props = Properties(reason_string=reason_string, server_reference=server_reference)
         if self.state == State.CONNECTED and self._level == MQTT_5:
-            self._send(Disconnect(reason_code, props))
+            self._send(Disconnect(_disconnect_code(reason_code), props))
         self.state = State.CLOSED
         events.append(ConnectionClosed(reason_code, reason_string or "closed by server", False, True))
         return events
@@ -833,7 +842,7 @@ class ServerConnection:
 
     def _close(self, events: list[Event], reason_code: int, message: str, publish_will: bool) -> None:
         if self.state == State.CONNECTED and self._level == MQTT_5:
-            self._send(Disconnect(reason_code, Properties(reason_string=message)))
+            self._send(Disconnect(_disconnect_code(reason_code), Properties(reason_string=message)))
         self.state = State.CLOSED
         self._deadline = None
         events.append(ConnectionClosed(reason_code, message, False, publish_will))
