@@ -731,3 +731,76 @@ def test_publish_encoded_for_fan_out() -> None:
     assert client.received() == [Publish("a/b", b"shared")]
     server.disconnect()
     assert not server.publish_encoded(data)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.time = 1000.0
+
+    def __call__(self) -> float:
+        return self.time
+
+
+def _connected_with_clock(**connect: object) -> tuple[ServerConnection, Client, FakeClock]:
+    clock = FakeClock()
+    server = ServerConnection(now=0.0, clock=clock)
+    client = Client(server, 5)
+    client.send(Connect(protocol_level=5, client_id="c", **connect))  # type: ignore[arg-type]
+    server.accept()
+    client.received()
+    return server, client, clock
+
+
+def test_message_expiry_interval_is_the_time_left() -> None:
+    server, client, clock = _connected_with_clock()
+    assert server.publish(OutboundMessage("t", b"", 1, expires_at=clock.time + 59.2))
+    (publish,) = client.received()
+    assert isinstance(publish, Publish) and publish.properties.message_expiry_interval == 60
+
+
+def test_expired_messages_are_not_sent() -> None:
+    server, client, clock = _connected_with_clock(properties=props(receive_maximum=1))
+    assert not server.publish(OutboundMessage("t", b"", 0, expires_at=clock.time - 1))
+    assert server.publish(OutboundMessage("t", b"first", 1))
+    assert server.publish(OutboundMessage("t", b"second", 1, expires_at=clock.time + 5, tag="late"))
+    (first,) = client.received()
+    assert isinstance(first, Publish) and first.packet_id
+    clock.time += 10  # the queued message expires while waiting for the window
+    acked, dropped = client.send(PubAck(first.packet_id))
+    assert isinstance(acked, MessageAcked)
+    assert isinstance(dropped, MessageDropped) and dropped.message.tag == "late"
+    assert dropped.reason == "message expired"
+    assert client.received() == []
+    assert server.stats.dropped_expired == 2
+
+
+def test_expired_inflight_message_is_still_resent() -> None:
+    clock = FakeClock()
+    session = Session("c")
+    session.enqueue(OutboundMessage("t", b"x", 1, expires_at=clock.time + 1))
+    entry = session.next_to_send(1)
+    assert entry is not None
+    entry.sent = True
+    clock.time += 100
+    server = ServerConnection(now=0.0, clock=clock)
+    client = Client(server, 5)
+    client.send(Connect(protocol_level=5, client_id="c", clean_start=False))
+    server.accept(session, session_present=True)
+    _, resent = client.received()
+    assert isinstance(resent, Publish) and resent.dup
+
+
+def test_accept_after_the_client_left_is_harmless() -> None:
+    server, _, _ = start()
+    server.connection_lost()
+    assert server.accept() == []
+    assert server.reject(0x87) == []
+    assert server.data_to_send() == b""
+
+
+def test_too_much_data_before_connack() -> None:
+    _, client, _ = start(ServerLimits(max_early_data=100))
+    events = client.send(Publish("t", bytes(200)))
+    assert closed(events).reason_code == 0x97
+    (ack,) = client.received()
+    assert isinstance(ack, ConnAck) and ack.reason_code == 0x97

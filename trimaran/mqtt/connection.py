@@ -18,7 +18,10 @@ Standard library only (plus the pure topic rules of `trimaran.broker.topics`).
 
 from __future__ import annotations
 
+import math
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -95,6 +98,7 @@ class ServerLimits:
     max_inflight_legacy: int = 32  # outbound window for 3.1/3.1.1 clients (no Receive Maximum)
     max_queued_messages: int = 1000  # per session, for sessions this machine creates
     maximum_session_expiry: int | None = None  # cap on the client's Session Expiry Interval
+    max_early_data: int = 1 << 20  # bytes buffered while accept()/reject() is pending
 
 
 # ------------------------------------------------------------------------------------------------ events
@@ -184,6 +188,7 @@ Event = (
 class ConnectionStats:
     dropped_too_large: int = 0  # outbound packets larger than the client's maximum
     dropped_queue_full: int = 0
+    dropped_expired: int = 0
     packets_received: int = 0
     packets_sent: int = 0
 
@@ -227,6 +232,7 @@ def _disconnect_code(code: int) -> int:
 
 class ServerConnection:
     __slots__ = (
+        "_clock",
         "_connect",
         "_deadline",
         "_decoder",
@@ -252,8 +258,17 @@ class ServerConnection:
         "stats",
     )
 
-    def __init__(self, limits: ServerLimits | None = None, *, now: float = 0.0) -> None:
+    def __init__(
+        self,
+        limits: ServerLimits | None = None,
+        *,
+        now: float = 0.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`now` is the caller's monotonic time (keep alive, connect timeout); `clock` gives wall-clock
+        epoch seconds, used only for `OutboundMessage.expires_at`."""
         self.limits = limits or ServerLimits()
+        self._clock = clock
         self.state: str = State.AWAIT_CONNECT
         self._decoder = Decoder(self.limits.max_packet_size)
         self._out: list[bytes] = []
@@ -315,6 +330,9 @@ class ServerConnection:
             self._last_rx = now
             if self.keep_alive and self.state == State.CONNECTED:
                 self._deadline = now + self.keep_alive * 1.5
+            elif self.state == State.CONNECTING and self._decoder.buffered > self.limits.max_early_data:
+                self._refuse(events, ReasonCode.QUOTA_EXCEEDED, "too much data before CONNACK")
+                return events
         self._process(events)
         return events
 
@@ -373,6 +391,8 @@ class ServerConnection:
         the CONNACK (5.0), e.g. a capped session_expiry_interval or user properties. The keep alive
         clock runs from the last data received.
         """
+        if self.state == State.CLOSED:
+            return self.take_events()  # the client went away while the handler was deciding
         if self.state != State.CONNECTING or self._connect is None:
             raise RuntimeError(f"accept() in state {self.state}")
         connect = self._connect
@@ -401,6 +421,8 @@ class ServerConnection:
 
     def reject(self, reason_code: int, reason_string: str | None = None) -> list[Event]:
         """Refuse the pending CONNECT with a 5.0 reason code (mapped to a 3.1.1 return code)."""
+        if self.state == State.CLOSED:
+            return []
         if self.state != State.CONNECTING:
             raise RuntimeError(f"reject() in state {self.state}")
         events: list[Event] = []
@@ -413,12 +435,14 @@ class ServerConnection:
         """Send a message to the client, or queue it in the session (QoS 1/2 beyond the window).
 
         False if it was dropped: too large for the client (counted; a QoS 1/2 message then counts as
-        delivered), QoS 0 while not connected, or the session queue is full.
+        delivered), expired (`message.expires_at`), QoS 0 while not connected, or the session queue is
+        full. A QoS 1/2 message that expires or no longer fits while queued is reported later as a
+        MessageDropped event (from take_events(), receive_data(), accept() or check_timeouts()).
         """
         if message.qos == 0:
             if self.state != State.CONNECTED:
                 return False
-            return self._send_publish(message, 0, None, False)
+            return self._send_publish(message, 0, None, False) is None
         if self.session is None:
             return False
         if self.state == State.CONNECTED and not self._fits(message):
@@ -898,12 +922,22 @@ class ServerConnection:
                           1 if message.qos else None, message.properties)  # fmt: skip
         return len(encode(publish, self._level)) <= self.client_max_packet_size
 
-    def _send_publish(self, message: OutboundMessage, qos: int, packet_id: int | None, dup: bool) -> bool:
-        """Encode and queue one PUBLISH, with an outbound topic alias when the client allows them."""
+    def _send_publish(
+        self, message: OutboundMessage, qos: int, packet_id: int | None, dup: bool
+    ) -> str | None:
+        """Encode and queue one PUBLISH, with an outbound topic alias when the client allows them and
+        the Message Expiry Interval set to the time left. Returns why it was dropped, or None."""
         level = self._level
-        publish = Publish(
-            message.topic, message.payload, qos, message.retain, dup, packet_id, message.properties
-        )
+        props = message.properties
+        if message.expires_at is not None:
+            remaining = message.expires_at - self._clock()
+            if remaining <= 0 and not dup:  # a resend is already on its way: finish it
+                self.stats.dropped_expired += 1
+                return "message expired"
+            if remaining > 0 and level == MQTT_5:
+                props = props.copy()
+                props.message_expiry_interval = math.ceil(remaining)
+        publish = Publish(message.topic, message.payload, qos, message.retain, dup, packet_id, props)
         alias = 0
         new_alias = False
         if level == MQTT_5 and self.client_topic_alias_maximum and self.limits.outbound_topic_aliases:
@@ -914,25 +948,25 @@ class ServerConnection:
             if not alias:
                 new_alias = True
                 alias = self._out_alias_next
-            props = message.properties.copy()
-            props.topic_alias = alias
-            publish.properties = props
+            aliased = props.copy()
+            aliased.topic_alias = alias
+            publish.properties = aliased
             if not new_alias:
                 publish.topic = ""
         data = encode(publish, level)
         if alias and len(data) > self.client_max_packet_size:
             publish.topic = message.topic
-            publish.properties = message.properties
+            publish.properties = props
             alias = 0
             data = encode(publish, level)
         if len(data) > self.client_max_packet_size:
             self.stats.dropped_too_large += 1
-            return False
+            return "larger than the client's maximum packet size"
         if alias and new_alias:
             self._commit_alias(message.topic, alias)
         self._out.append(data)
         self.stats.packets_sent += 1
-        return True
+        return None
 
     def _commit_alias(self, topic: str, alias: int) -> None:
         aliases = self._out_aliases
@@ -950,13 +984,14 @@ class ServerConnection:
         if entry.state == AWAITING_PUBCOMP:
             self._send(PubRel(entry.packet_id))
             return
-        if self._send_publish(entry.message, entry.message.qos, entry.packet_id, entry.sent):
+        reason = self._send_publish(entry.message, entry.message.qos, entry.packet_id, entry.sent)
+        if reason is None:
             entry.sent = True
             return
-        # Too large for this client: behave as if it was delivered (MQTT-3.1.2-25).
+        # Expired, or too large for this client: behave as if it was delivered (MQTT-3.1.2-25).
         assert self.session is not None
         self.session.drop_inflight(entry.packet_id)
-        events.append(MessageDropped(entry.message, "larger than the client's maximum packet size"))
+        events.append(MessageDropped(entry.message, reason))
 
     def _pump(self, events: list[Event]) -> None:
         """Move queued QoS 1/2 messages into the inflight window and send them."""

@@ -59,6 +59,9 @@ class OutboundMessage:
     retain: bool = False
     properties: Properties = field(default_factory=Properties)
     tag: Tag = None
+    # Wall-clock (epoch seconds) end of the Message Expiry Interval; None: never expires. The
+    # connection drops it if it expires before it is first sent and sends the time left.
+    expires_at: float | None = None
 
 
 @dataclass(slots=True)
@@ -271,12 +274,19 @@ def _message_to_dict(m: OutboundMessage) -> dict[str, Any]:
         "retain": m.retain,
         "properties": _props_to_bytes(m.properties),
         "tag": m.tag,
+        "expires_at": m.expires_at,
     }
 
 
 def _message_from_dict(d: dict[str, Any]) -> OutboundMessage:
     return OutboundMessage(
-        d["topic"], d["payload"], d["qos"], d["retain"], _props_from_bytes(d["properties"]), d["tag"]
+        d["topic"],
+        d["payload"],
+        d["qos"],
+        d["retain"],
+        _props_from_bytes(d["properties"]),
+        d["tag"],
+        d.get("expires_at"),
     )
 
 
