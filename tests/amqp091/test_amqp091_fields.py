@@ -182,7 +182,7 @@ field_values = st.recursive(
 field_tables = st.dictionaries(_keys, field_values, max_size=6)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(field_tables)
 def test_table_round_trip(table: dict[str, Any]) -> None:
     data = table_bytes(table)
