@@ -41,7 +41,7 @@ from .types import (
     UShort,
 )
 
-__all__ = ["decode", "decode_value", "encode", "encode_into"]
+__all__ = ["decode", "decode_value", "encode", "encode_into", "encoder_for", "register_encoder"]
 
 Buffer = bytes | bytearray | memoryview
 
@@ -543,10 +543,18 @@ def _resolve_encoder(tp: type) -> _BodyWriter:
         if enc is not None:
             _ENCODERS[tp] = enc
             return enc
-    to_wire = getattr(tp, "to_described", None)
-    if to_wire is not None:
-        return lambda out, v: encode_into(out, v.to_described())
     raise EncodeError(f"cannot encode a {tp.__name__} as AMQP")
+
+
+def register_encoder(tp: type, writer: Callable[[bytearray, Any], None]) -> None:
+    """Let ``encode_into`` write values of ``tp`` (e.g. a composite class) with ``writer``."""
+    _ENCODERS[tp] = writer
+
+
+def encoder_for(tp: type) -> Callable[[bytearray, Any], None]:
+    """The writer ``encode_into`` uses for values of exactly ``tp``."""
+    enc = _ENCODERS.get(tp)
+    return enc if enc is not None else _resolve_encoder(tp)
 
 
 def encode_into(out: bytearray, value: Any) -> None:
@@ -765,33 +773,39 @@ def _r_described(buf: Buffer, pos: int) -> tuple[Any, int]:
     return Described(descriptor, value), pos
 
 
+def _fast(tp: type) -> Callable[[int], Any]:
+    """Wrap a decoded int without the range check (a fixed-width field is always in range)."""
+    new = int.__new__
+    return lambda v: new(tp, v)
+
+
 _READERS: dict[int, _Reader] = {
     0x00: _r_described,
     0x40: _r_const(None),
     0x41: _r_const(True),
     0x42: _r_const(False),
     0x56: _r_bool,
-    0x50: _r_fixed(_B, UByte),
-    0x60: _r_fixed(_H, UShort),
-    0x70: _r_fixed(_I, UInt),
-    0x52: _r_fixed(_B, UInt),
+    0x50: _r_fixed(_B, _fast(UByte)),
+    0x60: _r_fixed(_H, _fast(UShort)),
+    0x70: _r_fixed(_I, _fast(UInt)),
+    0x52: _r_fixed(_B, _fast(UInt)),
     0x43: _r_const(UInt(0)),
-    0x80: _r_fixed(_Q, ULong),
-    0x53: _r_fixed(_B, ULong),
+    0x80: _r_fixed(_Q, _fast(ULong)),
+    0x53: _r_fixed(_B, _fast(ULong)),
     0x44: _r_const(ULong(0)),
-    0x51: _r_fixed(_b, Byte),
-    0x61: _r_fixed(_h, Short),
-    0x71: _r_fixed(_i, Int),
-    0x54: _r_fixed(_b, Int),
-    0x81: _r_fixed(_q, Long),
-    0x55: _r_fixed(_b, Long),
+    0x51: _r_fixed(_b, _fast(Byte)),
+    0x61: _r_fixed(_h, _fast(Short)),
+    0x71: _r_fixed(_i, _fast(Int)),
+    0x54: _r_fixed(_b, _fast(Int)),
+    0x81: _r_fixed(_q, _fast(Long)),
+    0x55: _r_fixed(_b, _fast(Long)),
     0x72: _r_fixed(_f, Float),
     0x82: _r_fixed(_d, float),
     0x74: _r_raw(4, Decimal32),
     0x84: _r_raw(8, Decimal64),
     0x94: _r_raw(16, Decimal128),
     0x73: _r_char,
-    0x83: _r_fixed(_q, Timestamp),
+    0x83: _r_fixed(_q, _fast(Timestamp)),
     0x98: _r_raw(16, lambda b: uuid.UUID(bytes=b)),
     0xA0: _r_binary(1),
     0xB0: _r_binary(4),

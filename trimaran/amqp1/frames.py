@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from .codec import encode_into
-from .performatives import Composite, decode_composite, to_described
+from .performatives import Composite, decode_composite
 from .types import DecodeError
 
 __all__ = [
@@ -159,7 +159,7 @@ def encode_frame(
     start = len(out)
     out += EMPTY_FRAME
     if performative is not None:
-        encode_into(out, to_described(performative))
+        encode_into(out, performative)
     if payload:
         out += payload
     size = len(out) - start
@@ -169,7 +169,7 @@ def encode_frame(
 
 def performative_size(performative: Composite) -> int:
     out = bytearray()
-    encode_into(out, to_described(performative))
+    encode_into(out, performative)
     return len(out)
 
 

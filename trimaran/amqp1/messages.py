@@ -19,7 +19,7 @@ import dataclasses
 from typing import Any
 
 from .codec import decode_value, encode_into
-from .performatives import Composite, composite, fld, from_described, to_described
+from .performatives import Composite, composite, fld, from_described
 from .types import DecodeError, Described, EncodeError, ULong
 
 __all__ = [
@@ -135,7 +135,7 @@ class Message:
 
 def _encode_bare(msg: Message, out: bytearray) -> None:
     if msg.properties is not None:
-        encode_into(out, to_described(msg.properties))
+        encode_into(out, msg.properties)
     if msg.application_properties is not None:
         encode_into(out, Described(ULong(0x74), msg.application_properties))
     for section in msg.body:
@@ -149,7 +149,7 @@ def encode_message(msg: Message) -> bytes:
     """The wire form of ``msg`` (the payload of its transfer frames)."""
     out = bytearray()
     if msg.header is not None:
-        encode_into(out, to_described(msg.header))
+        encode_into(out, msg.header)
     if msg.delivery_annotations is not None:
         encode_into(out, Described(ULong(0x71), msg.delivery_annotations))
     if msg.message_annotations is not None:

@@ -2,8 +2,9 @@
 
 Each composite is a keyword-only dataclass whose fields carry their AMQP definition
 (``fld(type, default=..., multiple=...)``); the :func:`composite` decorator turns the class
-into a row of the registry (descriptor code and symbol plus its field table), and one generic
-encoder/decoder (:func:`to_described`, :func:`from_described`) is driven by that table.
+into a row of the registry (descriptor code and symbol plus its field table), compiles one
+writer and one reader per field from it, and one generic encoder (registered with the codec,
+so ``codec.encode(Open(...))`` works) and decoder (:func:`from_described`) run over the table.
 Nothing is hand-written per type.
 
 Encoding rules: a field equal to its default is sent as null, trailing nulls are omitted,
@@ -20,7 +21,7 @@ import datetime
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar, cast, dataclass_transform
 
-from .codec import decode_value, encode_into
+from .codec import decode, decode_value, encode, encode_into, encoder_for, register_encoder
 from .types import (
     Array,
     Byte,
@@ -68,6 +69,11 @@ class FieldSpec:
     mandatory: bool
     multiple: bool
     default: Any
+    # Compiled from the above by ``composite``: write a non-null value / check a decoded one.
+    write: Callable[[bytearray, Any], None] = dataclasses.field(
+        default=encode_into, compare=False, repr=False
+    )
+    read: Callable[[Any], Any] = dataclasses.field(default=lambda v: v, compare=False, repr=False)
 
 
 def fld(type_: str, *, default: Any = _REQUIRED, multiple: bool = False) -> Any:
@@ -85,6 +91,8 @@ class Composite:
     NAME: ClassVar[Symbol]
     GROUPS: ClassVar[tuple[str, ...]]
     FIELDS: ClassVar[tuple[FieldSpec, ...]]
+    PREFIX: ClassVar[bytes]  # the encoded descriptor
+    MIN_FIELDS: ClassVar[int]  # fields up to and including the last mandatory one
 
     def to_described(self) -> Described:
         return to_described(self)
@@ -106,19 +114,21 @@ def composite(code: int, name: str, *groups: str) -> Callable[[C], C]:
         specs = []
         for f in dataclasses.fields(dc):
             default = None if f.default is dataclasses.MISSING else f.default
-            specs.append(
-                FieldSpec(
-                    f.name,
-                    f.metadata["amqp_type"],
-                    f.default is dataclasses.MISSING,
-                    f.metadata["multiple"],
-                    default,
-                )
+            spec = FieldSpec(
+                f.name,
+                f.metadata["amqp_type"],
+                f.default is dataclasses.MISSING,
+                f.metadata["multiple"],
+                default,
             )
+            specs.append(dataclasses.replace(spec, write=_field_writer(spec), read=_field_reader(spec)))
         dc.CODE = code
         dc.NAME = Symbol(name)
         dc.GROUPS = groups
         dc.FIELDS = tuple(specs)
+        dc.MIN_FIELDS = max((i + 1 for i, sp in enumerate(specs) if sp.mandatory), default=0)
+        dc.PREFIX = b"\x00\x53" + bytes([code]) if code < 0x100 else encode(ULong(code))
+        register_encoder(dc, _write_composite)
         _BY_CODE[code] = dc
         _BY_NAME[name] = dc
         for g in (dc.__name__, *groups):
@@ -138,101 +148,182 @@ def _kebab(name: str) -> str:
 # --------------------------------------------------------------------------------------
 
 
-def _encode_scalar(type_: str, v: Any) -> Any:
-    wrap = _INT_TYPES.get(type_)
+def _invalid(spec: FieldSpec, what: str) -> DecodeError:
+    return DecodeError(f"field {spec.attr} must be {what}", "amqp:invalid-field")
+
+
+def _field_writer(spec: FieldSpec) -> Callable[[bytearray, Any], None]:
+    """A writer for one non-null field value, coercing plain Python values to the field type."""
+    t = spec.type
+    if spec.multiple:
+        item = _field_writer(dataclasses.replace(spec, multiple=False))
+        array_type = _ARRAY_TYPES.get(t, T.SYMBOL)
+
+        def write_multiple(out: bytearray, v: Any) -> None:
+            if not isinstance(v, (list, tuple)):
+                item(out, v)
+                return
+            items = [_coerce(t, x) for x in v]
+            encode_into(out, Array(array_type, items))
+
+        return write_multiple
+    wrap = _INT_TYPES.get(t)
     if wrap is not None:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise EncodeError(f"{type_} field needs an int, got {v!r}")
+        lo, hi = wrap._lo, wrap._hi  # type: ignore[attr-defined]
+        raw = encoder_for(wrap)
+
+        def write_int(out: bytearray, v: Any) -> None:
+            if v.__class__ is bool or not isinstance(v, int) or not lo <= v <= hi:
+                raise EncodeError(f"field {spec.attr} needs a {t}, got {v!r}")
+            raw(out, v)
+
+        return write_int
+    if t in ("symbol", "string"):
+        raw_str = encoder_for(Symbol if t == "symbol" else str)
+
+        def write_str(out: bytearray, v: Any) -> None:
+            if not isinstance(v, str):
+                raise EncodeError(f"field {spec.attr} needs a {t}, got {v!r}")
+            raw_str(out, v)
+
+        return write_str
+    if t == "boolean":
+        return lambda out, v: out.append(0x41 if v else 0x42)
+    if t in ("binary", "timestamp", "fields"):
+        return lambda out, v: encode_into(out, _coerce(t, v))
+    return encode_into  # map, "*", composites: the value's own type decides
+
+
+def _coerce(t: str, v: Any) -> Any:
+    """A plain Python value as the AMQP type ``t`` (for arrays and the slow paths)."""
+    wrap = _INT_TYPES.get(t)
+    if wrap is not None:
+        if v.__class__ is bool or not isinstance(v, int):
+            raise EncodeError(f"{t} needs an int, got {v!r}")
         return wrap(v)
-    if type_ == "symbol":
+    if t == "symbol":
         return Symbol(v)
-    if type_ == "boolean":
+    if t == "boolean":
         return bool(v)
-    if type_ == "timestamp":
-        if isinstance(v, datetime.datetime):
-            return v
-        return Timestamp(v)
-    if type_ in ("fields", "map"):
-        if not isinstance(v, dict):
-            raise EncodeError(f"{type_} field needs a dict")
-        if type_ == "fields":
-            return {Symbol(k) if type(k) is str else k: x for k, x in v.items()}
+    if t == "binary":
+        if not isinstance(v, (bytes, bytearray, memoryview)):
+            raise EncodeError(f"binary needs bytes, got {v!r}")
         return v
-    if isinstance(v, Composite):
-        return to_described(v)
+    if t == "timestamp":
+        return v if isinstance(v, datetime.datetime) else Timestamp(v)
+    if t == "fields":
+        if not isinstance(v, dict):
+            raise EncodeError("fields needs a dict")
+        return {Symbol(k) if type(k) is str else k: x for k, x in v.items()}
     return v
 
 
-def to_described(obj: Composite) -> Described:
-    values: list[Any] = []
+def _write_composite(out: bytearray, obj: Any) -> None:
+    """Encode a composite: its descriptor, then its fields as a list without trailing nulls."""
+    out += obj.PREFIX
+    body = bytearray()
+    count = 0
+    nulls = 0
     for spec in obj.FIELDS:
         v = getattr(obj, spec.attr)
         if v is None or (not spec.mandatory and v == spec.default and type(v) is type(spec.default)):
-            values.append(None)
+            nulls += 1
             continue
-        if spec.multiple and isinstance(v, (list, tuple)):
-            items = [_encode_scalar(spec.type, x) for x in v]
-            values.append(Array(_ARRAY_TYPES.get(spec.type, T.SYMBOL), items))
-        else:
-            values.append(_encode_scalar(spec.type, v))
-    while values and values[-1] is None:
-        values.pop()
-    return Described(ULong(obj.CODE), values)
+        if nulls:
+            body += b"\x40" * nulls
+            count += nulls
+            nulls = 0
+        spec.write(body, v)
+        count += 1
+    if not count:
+        out.append(0x45)
+    elif count <= 0xFF and len(body) <= 0xFE:
+        out += bytes((0xC0, len(body) + 1, count))
+        out += body
+    else:
+        out.append(0xD0)
+        out += (len(body) + 4).to_bytes(4, "big") + count.to_bytes(4, "big")
+        out += body
+
+
+def to_described(obj: Composite) -> Described:
+    """The composite as a generic described value (descriptor code and field list)."""
+    value = decode(encode(obj))
+    assert isinstance(value, Described)
+    return value
 
 
 def encode_composite(out: bytearray, obj: Composite) -> None:
-    encode_into(out, to_described(obj))
+    _write_composite(out, obj)
 
 
-def _decode_scalar(spec: FieldSpec, v: Any) -> Any:
+def _field_reader(spec: FieldSpec) -> Callable[[Any], Any]:
+    """A checker/converter for one decoded non-null field value."""
     t = spec.type
     wrap = _INT_TYPES.get(t)
     if wrap is not None:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise DecodeError(f"field {spec.attr} must be {t}", "amqp:invalid-field")
-        try:
-            wrap(v)
-        except EncodeError:
-            raise DecodeError(f"field {spec.attr} out of range for {t}", "amqp:invalid-field") from None
-        return int(v)
+        lo, hi = wrap._lo, wrap._hi  # type: ignore[attr-defined]
+
+        def read_int(v: Any) -> Any:
+            if v.__class__ is bool or not isinstance(v, int):
+                raise _invalid(spec, f"a {t}")
+            if not lo <= v <= hi:
+                raise _invalid(spec, f"in range for {t}")
+            return int(v)
+
+        return read_int
+    simple: dict[str, tuple[type | tuple[type, ...], str]] = {
+        "string": (str, "a string"),
+        "binary": (bytes, "binary"),
+        "boolean": (bool, "a boolean"),
+        "fields": (dict, "a map"),
+        "map": (dict, "a map"),
+    }
+    if t in simple:
+        kind, what = simple[t]
+
+        def read_simple(v: Any) -> Any:
+            if not isinstance(v, kind):
+                raise _invalid(spec, what)
+            return v
+
+        return read_simple
     if t == "symbol":
-        if not isinstance(v, str):
-            raise DecodeError(f"field {spec.attr} must be a symbol", "amqp:invalid-field")
-        return v if type(v) is Symbol else Symbol(v)
-    if t == "string":
-        if not isinstance(v, str):
-            raise DecodeError(f"field {spec.attr} must be a string", "amqp:invalid-field")
-        return v
-    if t == "binary":
-        if not isinstance(v, bytes):
-            raise DecodeError(f"field {spec.attr} must be binary", "amqp:invalid-field")
-        return v
-    if t == "boolean":
-        if not isinstance(v, bool):
-            raise DecodeError(f"field {spec.attr} must be a boolean", "amqp:invalid-field")
-        return v
+
+        def read_symbol(v: Any) -> Any:
+            if not isinstance(v, str):
+                raise _invalid(spec, "a symbol")
+            return v if v.__class__ is Symbol else Symbol(v)
+
+        return read_symbol
     if t == "timestamp":
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise DecodeError(f"field {spec.attr} must be a timestamp", "amqp:invalid-field")
-        return Timestamp(v)
-    if t in ("fields", "map"):
-        if not isinstance(v, dict):
-            raise DecodeError(f"field {spec.attr} must be a map", "amqp:invalid-field")
-        return v
+
+        def read_timestamp(v: Any) -> Any:
+            if v.__class__ is bool or not isinstance(v, int):
+                raise _invalid(spec, "a timestamp")
+            return Timestamp(v)
+
+        return read_timestamp
     if t == "*":
-        if isinstance(v, Described):
-            cls = _lookup(v.descriptor)
-            if cls is not None and isinstance(v.value, list):
+
+        def read_any(v: Any) -> Any:
+            if isinstance(v, Described) and isinstance(v.value, list) and _lookup(v.descriptor) is not None:
                 return from_described(v)
-        return v
-    # A composite group or type name.
-    allowed = _BY_GROUP.get(t)
-    if allowed is None or not isinstance(v, Described):
-        raise DecodeError(f"field {spec.attr} must be a described {t}", "amqp:invalid-field")
-    obj = from_described(v)
-    if type(obj) not in allowed:
-        raise DecodeError(f"field {spec.attr} must be {t}, got {type(obj).__name__}", "amqp:invalid-field")
-    return obj
+            return v
+
+        return read_any
+
+    def read_composite(v: Any) -> Any:
+        # A composite group or type name: resolved at decode time (the group may grow).
+        allowed = _BY_GROUP.get(t)
+        if allowed is None or not isinstance(v, Described):
+            raise _invalid(spec, f"a described {t}")
+        obj = from_described(v)
+        if type(obj) not in allowed:
+            raise _invalid(spec, f"{t}, not {type(obj).__name__}")
+        return obj
+
+    return read_composite
 
 
 def _lookup(descriptor: Any) -> type[Composite] | None:
@@ -248,31 +339,40 @@ def from_described(d: Described) -> Composite:
     cls = _lookup(d.descriptor)
     if cls is None:
         raise DecodeError(f"unknown descriptor {d.descriptor!r}")
-    values = d.value
+    return _build(cls, d.value)
+
+
+def _build(cls: type[Composite], values: Any) -> Composite:
     if not isinstance(values, list):
         raise DecodeError(f"{cls.__name__} body is not a list")
+    fields = cls.FIELDS
+    if len(values) < cls.MIN_FIELDS:
+        missing = next(s for s in fields[len(values) :] if s.mandatory)
+        raise DecodeError(f"{cls.NAME}: mandatory field {missing.attr} is missing", "amqp:invalid-field")
     kwargs: dict[str, Any] = {}
-    n = len(values)
-    for i, spec in enumerate(cls.FIELDS):
-        v = values[i] if i < n else None
+    # zip stops at the shorter: absent and null fields keep the dataclass default (= the spec's)
+    for spec, v in zip(fields, values, strict=False):
         if v is None:
             if spec.mandatory:
-                raise DecodeError(f"{cls.NAME}: mandatory field {spec.attr} is missing", "amqp:invalid-field")
-            kwargs[spec.attr] = spec.default
+                raise DecodeError(f"{cls.NAME}: mandatory field {spec.attr} is null", "amqp:invalid-field")
         elif spec.multiple:
             items = v.items if isinstance(v, Array) else v if isinstance(v, list) else [v]
-            kwargs[spec.attr] = [_decode_scalar(spec, x) for x in items]
+            kwargs[spec.attr] = [spec.read(x) for x in items]
         else:
-            kwargs[spec.attr] = _decode_scalar(spec, v)
+            kwargs[spec.attr] = spec.read(v)
     return cls(**kwargs)
 
 
 def decode_composite(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[Composite, int]:
     """Decode one registered composite at ``pos``; returns it and the position after it."""
-    v, end = decode_value(buf, pos)
-    if not isinstance(v, Described):
+    if pos >= len(buf) or buf[pos] != 0x00:
         raise DecodeError("expected a described type")
-    return from_described(v), end
+    descriptor, p = decode_value(buf, pos + 1)
+    cls = _lookup(descriptor)
+    if cls is None:
+        raise DecodeError(f"unknown descriptor {descriptor!r}")
+    values, end = decode_value(buf, p)
+    return _build(cls, values), end
 
 
 # --------------------------------------------------------------------------------------
