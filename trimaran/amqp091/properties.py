@@ -69,6 +69,17 @@ PROPERTY_TABLE: tuple[tuple[str, str, int], ...] = tuple(
     )
 )
 _KNOWN_FLAGS = sum(bit for _a, _d, bit in PROPERTY_TABLE)
+_COUNT = len(PROPERTY_TABLE)
+
+
+def _present(byte: int, first: int, count: int) -> tuple[tuple[int, str], ...]:
+    """(index, domain) of the properties flagged in ``byte``, whose bit 7 flags property ``first``."""
+    return tuple((first + j, PROPERTY_TABLE[first + j][1]) for j in range(count) if byte & (1 << (7 - j)))
+
+
+# Flags bits 15..8 are properties 0..7; bits 7..2 properties 8..13 (looked up as (flags >> 2) & 63).
+_PRESENT_HIGH = tuple(_present(b, 0, 8) for b in range(256))
+_PRESENT_LOW = tuple(_present(b << 2, 8, 6) for b in range(64))
 _EMPTY_HEADER_TAIL = b"\x00\x00"
 
 
@@ -118,11 +129,9 @@ def decode_properties(buf: bytes, off: int) -> tuple[BasicProperties, int]:
             raise ProtocolError(SYNTAX_ERROR, "content header flags unknown properties")
         if not flags & 0xFFFE:
             return BasicProperties(), off
-        values: list[Any] = []
-        for _attr, dom, bit in PROPERTY_TABLE:
-            if not flags & bit:
-                values.append(None)
-                continue
+        values: list[Any] = [None] * _COUNT
+        # Visit only the flagged properties (usually two or three of the fourteen).
+        for i, dom in _PRESENT_HIGH[flags >> 8] + _PRESENT_LOW[(flags >> 2) & 0x3F]:
             value: Any
             if dom == "shortstr":
                 n = buf[off]
@@ -139,7 +148,7 @@ def decode_properties(buf: bytes, off: int) -> tuple[BasicProperties, int]:
                 off += 8
             else:
                 value, off = decode_table(buf, off)
-            values.append(value)
+            values[i] = value
     except (_Truncated, IndexError, struct.error):
         raise ProtocolError(SYNTAX_ERROR, "content header properties truncated") from None
     return BasicProperties(*values), off
