@@ -116,7 +116,7 @@ class Peer:
             self.unacked.discard(packet.packet_id)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.data())
 def test_random_conversations(data: st.DataObject) -> None:
     level = data.draw(st.sampled_from([3, 4, 5]), "level")
