@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 from amqp1_client import Client
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trimaran.amqp1.connection import (
     AMQPStateError,
@@ -44,6 +46,7 @@ from trimaran.amqp1.performatives import (
     SaslInit,
     SaslMechanisms,
     SaslOutcome,
+    Source,
     Target,
     Transfer,
 )
@@ -346,8 +349,6 @@ def test_attach_accept_echoes_termini_and_settle_modes() -> None:
 def test_attach_dynamic_source_gets_address() -> None:
     conn, c = connected()
     c.begin()
-    from trimaran.amqp1.performatives import Source
-
     ev = c.send(Attach(name="d", handle=0, role=ROLE_RECEIVER, source=Source(dynamic=True), target=Target()))
     link = ev[0].link
     assert link.remote_attach.source.dynamic
@@ -690,3 +691,99 @@ def test_full_round_trip_with_every_event_type() -> None:
         Attach(name="p", handle=0, role=ROLE_SENDER, initial_delivery_count=0, target=Target(address="a"))
     )
     assert isinstance(ev[0], LinkAttached)
+
+
+def test_detach_not_closed_is_echoed() -> None:
+    conn, c = connected()
+    c.begin()
+    link = c.attach("l", 0, ROLE_RECEIVER)
+    conn.accept_link(link)
+    c.frames()
+    ev = c.send(Detach(handle=0, closed=False))
+    assert isinstance(ev[0], LinkDetached) and not ev[0].closed
+    assert c.one(Detach).closed is False
+
+
+def test_detach_drops_frames_waiting_for_the_window() -> None:
+    conn, c = connected()
+    c.begin(incoming_window=1)
+    link = c.attach("out", 0, ROLE_RECEIVER)
+    conn.accept_link(link)
+    c.frames()
+    c.flow(handle=0, link_credit=5, delivery_count=0, incoming_window=1)
+    conn.send(link, b"a")
+    conn.send(link, b"b")
+    assert len(link.session.pending) == 1
+    conn.detach_link(link, Error(condition="amqp:internal-error"))
+    assert not link.session.pending
+    perfs = c.perfs()
+    assert [type(p) for p in perfs] == [Transfer, Detach]
+    # the peer's window opens later: nothing more is sent for the detached link
+    c.flow(next_incoming_id=1, incoming_window=10)
+    assert c.perfs() == []
+
+
+def test_close_before_open() -> None:
+    conn = server(require_sasl=False)
+    c = Client(conn)
+    c.feed(AMQP_HEADER)
+    c.read_header()
+    ev = c.send(Close(error=Error(condition="amqp:internal-error")))
+    assert isinstance(ev[0], ConnectionClosed) and ev[0].by_peer
+    assert [type(p) for p in c.perfs()] == [Open, Close]
+    assert conn.closed
+
+
+def _conversation() -> bytes:
+    frames = [
+        Open(container_id="c", idle_time_out=1000),
+        Begin(next_outgoing_id=0, incoming_window=100, outgoing_window=100),
+        Attach(name="r", handle=0, role=ROLE_RECEIVER, source=Source(address="q")),
+        Flow(
+            next_incoming_id=0,
+            incoming_window=100,
+            next_outgoing_id=0,
+            outgoing_window=100,
+            handle=0,
+            delivery_count=0,
+            link_credit=3,
+            drain=True,
+        ),
+        None,
+        Detach(handle=0, closed=True),
+        End(),
+        Close(),
+    ]
+    out = bytearray(AMQP_HEADER)
+    for perf in frames:
+        encode_frame(0, 0, perf, out=out)
+    return bytes(out)
+
+
+def _summary(events: list[Any]) -> list[tuple[Any, ...]]:
+    return [(type(e).__name__, getattr(e, "by_peer", None), getattr(e, "credit", None)) for e in events]
+
+
+@given(st.lists(st.integers(1, 60), max_size=30))
+@settings(max_examples=60)
+def test_any_split_of_the_input_gives_the_same_events(cuts: list[int]) -> None:
+    data = _conversation()
+    whole = server(require_sasl=False)
+    expected = _summary(whole.receive_data(data))
+    assert [e[0] for e in expected] == [
+        "ConnectionOpened",
+        "SessionBegun",
+        "LinkAttached",
+        "FlowReceived",
+        "LinkDetached",
+        "SessionEnded",
+        "ConnectionClosed",
+    ]
+    split = server(require_sasl=False)
+    got: list[Any] = []
+    pos = 0
+    for n in [*cuts, len(data)]:
+        got += split.receive_data(data[pos : pos + n])
+        pos += n
+    assert _summary(got) == expected
+    assert split.data_to_send() == whole.data_to_send()

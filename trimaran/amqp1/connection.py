@@ -626,6 +626,15 @@ class ServerConnection:
         link.state = LinkState.DETACH_SENT
         link.partial = None
         self._forget_unsettled(link)
+        self._drop_pending(link)
+
+    def _drop_pending(self, link: Link) -> None:
+        """Forget frames of ``link`` still waiting for the peer's session window."""
+        pending = link.session.pending
+        if pending and link.handle >= 0:
+            kept = [(t, chunk) for t, chunk in pending if t.handle != link.handle]
+            pending.clear()
+            pending.extend(kept)
 
     def _forget_unsettled(self, link: Link) -> None:
         session = link.session
@@ -789,6 +798,12 @@ class ServerConnection:
         if state is ConnState.AWAIT_OPEN:
             if isinstance(perf, Open):
                 self._on_open(perf)
+            elif isinstance(perf, Close):
+                # The peer gives up before opening: answer with open and close, as the spec asks.
+                self._send_open()
+                self._send(0, Close())
+                self.state = ConnState.CLOSED
+                self._events.append(ConnectionClosed(perf.error, True))
             else:
                 self._fail(ILLEGAL_STATE, f"expected open, got {perf.NAME}")
             return
@@ -889,6 +904,7 @@ class ServerConnection:
             self._unmap(session)
             return
         self._send(session.channel, End())
+        session.pending.clear()
         self._links_gone(session, True)
         self._unmap(session)
         self._events.append(SessionEnded(session, e.error, True))
@@ -931,6 +947,7 @@ class ServerConnection:
             return
         if link.state is LinkState.ATTACH_RECEIVED:
             self._attach_reply(link)
+        self._drop_pending(link)
         if link.state in (LinkState.ATTACHED, LinkState.ATTACH_RECEIVED):
             self._send(session.channel, Detach(handle=link.handle, closed=d.closed))
             self._events.append(LinkDetached(link, d.closed, d.error, True))
