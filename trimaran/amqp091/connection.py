@@ -632,7 +632,8 @@ class ServerConnection:
             self._send(0, ConnectionCloseOk())
         elif not isinstance(method, ConnectionCloseOk):
             return
-        self._finish(events, *self._close_reason_or(ProtocolError(REPLY_SUCCESS, "closed")))
+        assert self.close_reason is not None  # set whenever the state is CLOSING
+        self._finish(events, *self.close_reason)
 
     # -- channels ------------------------------------------------------------------------------
 
