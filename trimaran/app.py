@@ -18,8 +18,9 @@ from anyio.abc import TaskGroup
 from trimaran import __version__
 from trimaran.broker.core import Broker
 from trimaran.broker.http import HttpServer, Request, Response
-from trimaran.broker.listeners import Listener
-from trimaran.config import Settings
+from trimaran.broker.listeners import ConnectionHandler, Listener, server_tls_context
+from trimaran.config import ConfigError, Endpoint, Settings
+from trimaran.mqtt.handler import MqttFrontEnd
 from trimaran.storage.engine import describe
 from trimaran.storage.mqtt_store import MqttStore
 from trimaran.storage.store import Storage
@@ -33,6 +34,7 @@ class App:
         self.started_at = time.time()
         self.storage: Storage | None = None
         self.broker: Broker | None = None
+        self.mqtt: MqttFrontEnd | None = None
         self.listeners: list[Listener] = []
         self.http = HttpServer(
             max_body_bytes=settings.http.max_body_bytes,
@@ -56,12 +58,15 @@ class App:
         self.storage = storage
         log.info("trimaran %s starting, storage %s", __version__, describe(storage.engine))
         await anyio.to_thread.run_sync(storage.migrate)
-        self.broker = Broker(MqttStore(storage.engine), sys_interval=settings.limits.sys_interval)
+        store = MqttStore(storage.engine)
+        self.broker = Broker(store, sys_interval=settings.limits.sys_interval)
+        self.mqtt = MqttFrontEnd(self.broker, settings, store)
         self.listeners = self._build_listeners()
         try:
             async with anyio.create_task_group() as root:
                 root.start_soon(self._watch_signals, name="signals")
                 await root.start(self.broker.run, name="broker")
+                await root.start(self.mqtt.run, name="mqtt sessions")
                 async with anyio.create_task_group() as connections:
                     await self._start_listeners(connections)
                     self.ready = True
@@ -89,7 +94,8 @@ class App:
 
     async def _drain(self) -> None:
         """Let the front ends close their connections, then write what is still in memory."""
-        assert self.broker is not None
+        assert self.broker is not None and self.mqtt is not None
+        await self.mqtt.shutdown()
         await self.broker.flush()
 
     async def _watch_signals(self) -> None:
@@ -99,13 +105,34 @@ class App:
                 self.request_stop()
 
     def _build_listeners(self) -> list[Listener]:
-        listeners: list[Listener] = []
-        http = self.settings.http.bind
-        if http is not None:
-            listeners.append(
-                Listener("http", http, self.http.handle, nodelay=self.settings.listeners.tcp_nodelay)
+        settings = self.settings
+        bind = settings.listeners
+        assert self.mqtt is not None
+        tls = None
+        if bind.mqtt_tls or bind.mqtt_wss or bind.amqps:
+            try:
+                tls = server_tls_context(bind.tls)
+            except (ValueError, OSError) as exc:
+                raise ConfigError(f"invalid setting listeners.tls: {exc}") from None
+        plan: list[tuple[str, Endpoint | None, ConnectionHandler, bool]] = [
+            ("mqtt", bind.mqtt, self.mqtt.handle, False),
+            ("mqtt-tls", bind.mqtt_tls, self.mqtt.handle, True),
+            ("mqtt-ws", bind.mqtt_ws, self.mqtt.handle_websocket, False),
+            ("mqtt-wss", bind.mqtt_wss, self.mqtt.handle_websocket, True),
+            ("http", settings.http.bind, self.http.handle, False),
+        ]
+        return [
+            Listener(
+                name,
+                endpoint,
+                handler,
+                tls=tls if secure else None,
+                backlog=bind.backlog,
+                nodelay=bind.tcp_nodelay,
             )
-        return listeners
+            for name, endpoint, handler, secure in plan
+            if endpoint is not None
+        ]
 
     # -- admin routes ---------------------------------------------------------------------------
 

@@ -117,13 +117,17 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(settings: Settings) -> int:
     from trimaran.app import run
 
-    failed = False
+    failed: list[BaseException] = []
     try:
-        run(settings)
-    except* OSError as group:  # e.g. a port already in use, raised from inside the task group
-        for exc in group.exceptions:
-            logging.getLogger("trimaran").error("cannot start: %s", exc)
-        failed = True
+        try:
+            run(settings)
+        except* OSError as group:  # e.g. a port already in use, raised from inside the task group
+            failed.extend(group.exceptions)
+    except ConfigError as exc:  # settings that only fail when used, e.g. an unreadable TLS key
+        print(f"trimaran: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    for error in failed:
+        logging.getLogger("trimaran").error("cannot start: %s", error)
     return 1 if failed else 0
 
 

@@ -1,0 +1,488 @@
+"""The MQTT front end: binds the sans-IO ServerConnection to sockets and to the broker.
+
+One task group per connection: the reader feeds the state machine and acts on its events; the
+writer sends whatever the machine has queued, once per wake-up, so replies and fan-out deliveries
+leave in batches. Sessions live in ``endpoints`` (one router subscriber per client id) and outlive
+connections when their expiry says so; persistent ones are kept in SQL.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any, Final
+
+import anyio
+import anyio.to_thread
+from anyio.abc import ByteStream
+
+from trimaran.broker.core import Broker
+from trimaran.broker.message import Message
+from trimaran.broker.router import Delivery, SubscriptionOptions
+from trimaran.broker.topics import TopicError, split_shared
+from trimaran.broker.websocket import WebSocketError, WebSocketStream
+from trimaran.config import Settings
+from trimaran.mqtt.connection import (
+    NO_EXPIRY,
+    ConnectionClosed,
+    ConnectRequest,
+    Event,
+    MessageAcked,
+    MessageDropped,
+    PublishReceived,
+    ServerConnection,
+    ServerLimits,
+    SubscribeRequest,
+    UnsubscribeReceived,
+)
+from trimaran.mqtt.mapping import message_from_publish, outbound
+from trimaran.mqtt.reason_codes import ReasonCode
+from trimaran.mqtt.session import Session, Subscription
+from trimaran.storage.mqtt_store import MqttStore, StoredSession
+
+log = logging.getLogger(__name__)
+
+READ_CHUNK: Final = 65536
+HOUSEKEEPING_INTERVAL: Final = 0.5  # will delays, session expiry, session persistence
+
+
+def server_limits(settings: Settings) -> ServerLimits:
+    limits = settings.limits
+    return ServerLimits(
+        max_packet_size=limits.max_packet_size,
+        receive_maximum=limits.receive_maximum,
+        maximum_qos=limits.maximum_qos,
+        retain_available=limits.retain_available,
+        topic_alias_maximum=limits.topic_alias_maximum,
+        server_keep_alive=limits.max_keep_alive or None,
+        connect_timeout=limits.connect_timeout,
+        max_inflight_legacy=limits.max_inflight,
+        max_queued_messages=limits.session_queue_size,
+        maximum_session_expiry=limits.max_session_expiry,
+    )
+
+
+class Link:
+    """One network connection and the wake-up its writer waits on."""
+
+    __slots__ = ("_wake", "conn", "done", "endpoint", "peer", "reading", "stream")
+
+    def __init__(self, conn: ServerConnection, stream: ByteStream, peer: str) -> None:
+        self.conn = conn
+        self.stream = stream
+        self.peer = peer
+        self.endpoint: MqttEndpoint | None = None
+        self.done = False  # the reader has finished; the writer flushes and ends
+        self.reading = anyio.CancelScope()
+        self._wake = anyio.Event()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def wait(self) -> None:
+        await self._wake.wait()
+        self._wake = anyio.Event()
+
+
+class MqttEndpoint:
+    """The router's subscriber for one client id: its session, and its link while connected."""
+
+    __slots__ = ("client_id", "expires_at", "front", "link", "protocol_level", "session")
+
+    def __init__(self, front: MqttFrontEnd, session: Session, protocol_level: int) -> None:
+        self.front = front
+        self.client_id = session.client_id
+        self.session = session
+        self.protocol_level = protocol_level
+        self.link: Link | None = None
+        self.expires_at: float | None = None  # monotonic; set while offline with a finite expiry
+
+    @property
+    def id(self) -> str:
+        return self.client_id
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def deliver(self, message: Message, delivery: Delivery[Any], retained: bool = False) -> None:
+        stats = self.front.broker.stats
+        out = outbound(message, delivery, retained=retained)
+        link = self.link
+        if link is not None:
+            if link.conn.publish(out):
+                stats.messages_sent += 1
+                link.wake()
+            else:
+                stats.messages_dropped += 1
+        elif out.qos > 0:
+            # Offline persistent session: keep QoS 1/2 (bounded by the session's queue).
+            if self.session.enqueue(out):
+                self.front.mark_dirty(self)
+            else:
+                stats.messages_dropped += 1
+
+
+class MqttFrontEnd:
+    def __init__(self, broker: Broker, settings: Settings, store: MqttStore | None = None) -> None:
+        self.broker = broker
+        self.settings = settings
+        self.store = store
+        self.limits = server_limits(settings)
+        self.endpoints: dict[str, MqttEndpoint] = {}
+        self.links: set[Link] = set()
+        self._wills: dict[str, tuple[float, Message]] = {}  # client id -> (due, will) for delayed wills
+        self._dirty: set[str] = set()
+        self._deleted: set[str] = set()
+        self._passwords = {user.name: user.password.get_secret_value() for user in settings.auth.users}
+        self._closed = anyio.Event()
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        if self.store is not None:
+            stored = await anyio.to_thread.run_sync(self.store.load_sessions)
+            self._restore(stored)
+        task_status.started()
+        while True:
+            await anyio.sleep(HOUSEKEEPING_INTERVAL)
+            self._housekeeping(time.monotonic())
+            await self.persist()
+
+    def _restore(self, stored: Iterable[StoredSession]) -> None:
+        now_wall = time.time() * 1000
+        now = time.monotonic()
+        count = 0
+        for row in stored:
+            try:
+                session = Session.from_json(row.state)
+            except (ValueError, KeyError) as exc:
+                log.error("mqtt: stored session %r is unreadable (%s); dropped", row.client_id, exc)
+                self._deleted.add(row.client_id)
+                continue
+            endpoint = MqttEndpoint(self, session, row.protocol_level)
+            if row.expiry_interval_s != NO_EXPIRY:
+                offline_for = max(0.0, (now_wall - (row.disconnected_at or now_wall)) / 1000)
+                endpoint.expires_at = now + row.expiry_interval_s - offline_for
+            self.endpoints[session.client_id] = endpoint
+            for subscription in session.subscriptions.values():
+                self._route(endpoint, subscription)
+            count += 1
+        if count:
+            log.info("mqtt: restored %d persistent sessions", count)
+
+    async def shutdown(self) -> None:
+        """Disconnect every client (5.0: 0x8B server shutting down) and keep persistent sessions."""
+        for link in list(self.links):
+            events = link.conn.disconnect(ReasonCode.SERVER_SHUTTING_DOWN, "server shutting down")
+            for event in events:
+                if isinstance(event, ConnectionClosed):
+                    event.publish_will = False
+                    self._connection_closed(link, event)
+            link.done = True
+            link.reading.cancel()
+            link.wake()
+        while self.links:
+            await anyio.sleep(0.01)
+        self._dirty.update(cid for cid, e in self.endpoints.items() if e.session.expiry_interval)
+        await self.persist()
+
+    async def persist(self) -> None:
+        """Write changed persistent sessions and forget deleted ones, in one transaction each."""
+        if self.store is None or not (self._dirty or self._deleted):
+            return
+        dirty, self._dirty = self._dirty, set()
+        deleted, self._deleted = self._deleted, set()
+        now_wall = int(time.time() * 1000)
+        rows = []
+        for client_id in dirty:
+            endpoint = self.endpoints.get(client_id)
+            if endpoint is None or not endpoint.session.expiry_interval:
+                deleted.add(client_id)
+                continue
+            rows.append(
+                StoredSession(
+                    client_id,
+                    endpoint.protocol_level,
+                    endpoint.session.expiry_interval,
+                    None if endpoint.link is not None else now_wall,
+                    endpoint.session.to_json().decode(),
+                )
+            )
+        store = self.store
+        with anyio.CancelScope(shield=True):
+            try:
+                await anyio.to_thread.run_sync(store.delete_sessions, deleted - dirty)
+                await anyio.to_thread.run_sync(store.save_sessions, rows)
+            except Exception:
+                log.exception("mqtt: saving sessions failed; will retry")
+                self._dirty |= dirty
+                self._deleted |= deleted
+
+    def mark_dirty(self, endpoint: MqttEndpoint) -> None:
+        if endpoint.session.expiry_interval:
+            self._dirty.add(endpoint.client_id)
+
+    def _housekeeping(self, now: float) -> None:
+        for client_id, (due, will) in list(self._wills.items()):
+            if due <= now:
+                del self._wills[client_id]
+                self._publish_will(will)
+        for endpoint in list(self.endpoints.values()):
+            if endpoint.link is None and endpoint.expires_at is not None and endpoint.expires_at <= now:
+                log.info("mqtt: session %r expired", endpoint.client_id)
+                self._drop_session(endpoint)
+
+    # -- connections ------------------------------------------------------------------------------
+
+    async def handle_websocket(self, stream: ByteStream, peer: str) -> None:
+        try:
+            ws = await WebSocketStream.accept(
+                stream,
+                path=self.settings.listeners.mqtt_ws_path,
+                max_message_size=self.limits.max_packet_size + 5,
+                peer=peer,
+            )
+        except (WebSocketError, TimeoutError, anyio.BrokenResourceError, OSError):
+            return
+        await self.handle(ws, peer)
+
+    async def handle(self, stream: ByteStream, peer: str) -> None:
+        link = Link(ServerConnection(self.limits, now=time.monotonic()), stream, peer)
+        self.links.add(link)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._writer, link, tg.cancel_scope)
+                with link.reading:
+                    await self._reader(link)
+                link.done = True
+                link.wake()
+        finally:
+            self.links.discard(link)
+            if not link.conn.closed:
+                self._dispatch(link, link.conn.connection_lost())
+
+    async def _reader(self, link: Link) -> None:
+        conn = link.conn
+        stats = self.broker.stats
+        while not conn.closed:
+            deadline = conn.next_deadline()
+            data: bytes | None = None
+            with anyio.move_on_after(math.inf if deadline is None else deadline - time.monotonic()):
+                try:
+                    data = await link.stream.receive(READ_CHUNK)
+                except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    data = b""
+            if data is None:
+                events = conn.check_timeouts(time.monotonic())
+            elif not data:
+                events = conn.connection_lost()
+            else:
+                stats.bytes_received += len(data)
+                events = conn.receive_data(data, time.monotonic())
+            self._dispatch(link, events)
+            link.wake()
+
+    async def _writer(self, link: Link, scope: anyio.CancelScope) -> None:
+        conn = link.conn
+        stats = self.broker.stats
+        while True:
+            await link.wait()
+            data = conn.data_to_send()
+            if data:
+                try:
+                    await link.stream.send(data)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    scope.cancel()
+                    return
+                stats.bytes_sent += len(data)
+            if link.done:
+                return
+
+    # -- events -----------------------------------------------------------------------------------
+
+    def _dispatch(self, link: Link, events: list[Event]) -> None:
+        for event in events:
+            if isinstance(event, PublishReceived):
+                self._publish_received(link, event)
+            elif isinstance(event, MessageAcked):
+                pass  # queue deliveries settle here
+            elif isinstance(event, MessageDropped):
+                self.broker.stats.messages_dropped += 1
+            elif isinstance(event, SubscribeRequest):
+                self._subscribe(link, event)
+            elif isinstance(event, UnsubscribeReceived):
+                self._unsubscribe(link, event)
+            elif isinstance(event, ConnectRequest):
+                self._dispatch(link, self._connect(link, event))
+            elif isinstance(event, ConnectionClosed):
+                self._connection_closed(link, event)
+
+    def _connect(self, link: Link, request: ConnectRequest) -> list[Event]:
+        conn = link.conn
+        connect = request.connect
+        refusal = self._authenticate(connect.username, connect.password)
+        if refusal is not None:
+            log.info("mqtt: %s refused for client %r from %s", refusal.name, request.client_id, link.peer)
+            return conn.reject(refusal)
+        client_id = request.client_id
+        self._wills.pop(client_id, None)  # a reconnect within the Will Delay Interval cancels the will
+        endpoint = self.endpoints.get(client_id)
+        if endpoint is not None and endpoint.link is not None:
+            self._take_over(endpoint.link)
+        if endpoint is not None and connect.clean_start:
+            self._drop_session(endpoint)
+            endpoint = None
+        present = endpoint is not None
+        if endpoint is None:
+            session = Session(client_id, max_queued=self.limits.max_queued_messages)
+            endpoint = self.endpoints[client_id] = MqttEndpoint(self, session, connect.protocol_level)
+        endpoint.protocol_level = connect.protocol_level
+        endpoint.link = link
+        endpoint.expires_at = None
+        link.endpoint = endpoint
+        self.broker.stats.client_connected()
+        events = conn.accept(endpoint.session, session_present=present)
+        self.mark_dirty(endpoint)
+        log.debug(
+            "mqtt: client %r connected from %s (level %d)", client_id, link.peer, connect.protocol_level
+        )
+        return events
+
+    def _authenticate(self, username: str | None, password: bytes | None) -> ReasonCode | None:
+        if username is None:
+            return None if self.settings.auth.allow_anonymous else ReasonCode.NOT_AUTHORIZED
+        expected = self._passwords.get(username)
+        if expected is None or password is None or password.decode(errors="replace") != expected:
+            return ReasonCode.BAD_USER_NAME_OR_PASSWORD
+        return None
+
+    def _take_over(self, old: Link) -> None:
+        log.info("mqtt: client %r taken over by a new connection", old.endpoint and old.endpoint.client_id)
+        self._dispatch(old, old.conn.disconnect(ReasonCode.SESSION_TAKEN_OVER, "session taken over"))
+        old.done = True
+        old.reading.cancel()
+        old.wake()
+
+    def _connection_closed(self, link: Link, event: ConnectionClosed) -> None:
+        endpoint = link.endpoint
+        if event.reason_code >= 0x80 and not event.by_client:
+            log.info(
+                "mqtt: closing %s (%s): %s",
+                link.peer,
+                endpoint.client_id if endpoint else "before CONNECT",
+                event.reason,
+            )
+        if endpoint is None or endpoint.link is not link:
+            return  # never accepted, or already handed to a newer connection
+        endpoint.link = None
+        link.endpoint = None
+        self.broker.stats.client_disconnected()
+        session = endpoint.session
+        connect = link.conn.connect_packet
+        if event.publish_will and connect is not None and connect.will is not None:
+            will = message_from_publish(connect.will, endpoint.client_id)
+            delay = connect.will.properties.will_delay_interval or 0
+            if session.expiry_interval != NO_EXPIRY:
+                delay = min(delay, session.expiry_interval)
+            if delay:
+                self._wills[endpoint.client_id] = (time.monotonic() + delay, will)
+            else:
+                self._publish_will(will)
+        if not session.expiry_interval:
+            self._drop_session(endpoint)
+            return
+        if session.expiry_interval != NO_EXPIRY:
+            endpoint.expires_at = time.monotonic() + session.expiry_interval
+        self.mark_dirty(endpoint)
+
+    def _drop_session(self, endpoint: MqttEndpoint) -> None:
+        self.broker.router.unsubscribe_all(endpoint)
+        if self.endpoints.get(endpoint.client_id) is endpoint:
+            del self.endpoints[endpoint.client_id]
+        pending = self._wills.pop(endpoint.client_id, None)
+        if pending is not None:
+            self._publish_will(pending[1])  # the session ended before the will delay did
+        self._deleted.add(endpoint.client_id)
+        self._dirty.discard(endpoint.client_id)
+
+    def _publish_will(self, will: Message) -> None:
+        self.broker.stats.messages_received += 1
+        self.broker.publish(will)
+
+    def _publish_received(self, link: Link, event: PublishReceived) -> None:
+        publish = event.publish
+        endpoint = link.endpoint
+        assert endpoint is not None
+        self.broker.stats.messages_received += 1
+        self.broker.publish(message_from_publish(publish, endpoint.client_id))
+        if publish.qos and publish.packet_id is not None:
+            link.conn.ack_publish(publish.packet_id)
+
+    # -- subscriptions ----------------------------------------------------------------------------
+
+    def _route(self, endpoint: MqttEndpoint, subscription: Subscription) -> int:
+        """Add a session subscription to the router; returns the granted QoS or a failure code."""
+        try:
+            group, topic_filter = split_shared(subscription.topic_filter)
+            options = subscription.options
+            self.broker.router.subscribe(
+                endpoint,
+                topic_filter,
+                SubscriptionOptions(
+                    qos=options.qos,
+                    no_local=options.no_local,
+                    retain_as_published=options.retain_as_published,
+                    subscription_identifier=subscription.subscription_identifier,
+                    share_group=group,
+                    retain_handling=options.retain_handling,
+                ),
+            )
+        except TopicError:
+            return ReasonCode.TOPIC_FILTER_INVALID
+        except ValueError:
+            return ReasonCode.PROTOCOL_ERROR
+        return options.qos
+
+    def _subscribe(self, link: Link, request: SubscribeRequest) -> None:
+        endpoint = link.endpoint
+        assert endpoint is not None
+        codes: list[int] = []
+        retained: list[tuple[str, int, int]] = []  # (filter, granted qos, index)
+        for index, (topic_filter, options) in enumerate(request.subscriptions):
+            preset = request.preset[index]
+            if preset is not None:
+                codes.append(preset)
+                continue
+            granted = min(options.qos, self.limits.maximum_qos)
+            granted_options = replace(options, qos=granted)
+            subscription = Subscription(topic_filter, granted_options, request.subscription_identifier)
+            code = self._route(endpoint, subscription)
+            codes.append(code)
+            if code < 0x80 and not topic_filter.startswith("$share/"):
+                wanted = options.retain_handling == 0 or (
+                    options.retain_handling == 1 and not request.existed[index]
+                )
+                if wanted:
+                    retained.append((topic_filter, granted, index))
+        link.conn.send_suback(request.packet_id, codes)
+        self.mark_dirty(endpoint)
+        ids = () if request.subscription_identifier is None else (request.subscription_identifier,)
+        for topic_filter, granted, index in retained:
+            rap = request.subscriptions[index][1].retain_as_published
+            delivery: Delivery[Any] = Delivery(endpoint, granted, ids, rap, ())
+            for message in self.broker.retained.match(topic_filter):
+                endpoint.deliver(message, delivery, retained=True)
+
+    def _unsubscribe(self, link: Link, event: UnsubscribeReceived) -> None:
+        endpoint = link.endpoint
+        assert endpoint is not None
+        for topic_filter in event.topic_filters:
+            try:
+                group, plain = split_shared(topic_filter)
+            except TopicError:
+                continue
+            self.broker.router.unsubscribe(endpoint, plain, group)
+        self.mark_dirty(endpoint)

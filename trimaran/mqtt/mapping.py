@@ -1,0 +1,57 @@
+"""Between MQTT packets and the broker's protocol-neutral Message (DESIGN.md's cross-protocol table)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trimaran.broker.message import PROTOCOL_MQTT, Message, now_ms
+from trimaran.broker.router import Delivery
+from trimaran.mqtt.packets import Publish, Will
+from trimaran.mqtt.properties import Properties
+from trimaran.mqtt.session import OutboundMessage
+
+
+def message_from_publish(publish: Publish | Will, publisher_id: str, now: int | None = None) -> Message:
+    props = publish.properties
+    now = now_ms() if now is None else now
+    expiry = props.message_expiry_interval
+    return Message(
+        topic=publish.topic,
+        payload=publish.payload,
+        qos=publish.qos,
+        retain=publish.retain,
+        content_type=props.content_type,
+        correlation_data=props.correlation_data,
+        response_topic=props.response_topic,
+        payload_format=props.payload_format_indicator,
+        expires_at_ms=None if expiry is None else now + expiry * 1000,
+        user_properties=props.user_properties,
+        publisher_id=publisher_id,
+        protocol=PROTOCOL_MQTT,
+        created_at_ms=now,
+    )
+
+
+def publish_properties(message: Message, subscription_ids: tuple[int, ...] = ()) -> Properties:
+    """MQTT 5 PUBLISH properties for a message (Message Expiry is set by the connection at send)."""
+    return Properties(
+        payload_format_indicator=message.payload_format,
+        content_type=message.content_type,
+        response_topic=message.response_topic,
+        correlation_data=message.correlation_data,
+        user_properties=message.user_properties,
+        subscription_identifiers=list(subscription_ids),
+    )
+
+
+def outbound(message: Message, delivery: Delivery[Any], *, retained: bool = False) -> OutboundMessage:
+    """The message as this subscriber gets it: QoS capped by its subscription, the retain flag kept
+    only for retained-on-subscribe deliveries or Retain As Published, its subscription identifiers."""
+    return OutboundMessage(
+        topic=message.topic,
+        payload=message.payload,
+        qos=min(message.qos, delivery.qos),
+        retain=message.retain and (retained or delivery.retain_as_published),
+        properties=publish_properties(message, delivery.subscription_identifiers),
+        expires_at=None if message.expires_at_ms is None else message.expires_at_ms / 1000,
+    )
