@@ -40,7 +40,7 @@ from trimaran.queue.policy import (
 )
 from trimaran.storage import queue_store
 from trimaran.storage.store import Storage
-from trimaran.storage.writer import GroupCommitWriter, WriteBatch, WriterError
+from trimaran.storage.writer import GroupCommitWriter, Ticket, WriteBatch, WriterError
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +211,26 @@ class ConsumerHandle:
 
     async def commit(self, offset: int) -> bool:
         return await self.manager._settle(self.queue, self.group, offset, "commit", holder=self)
+
+    def ack_nowait(self, offset: int) -> bool:
+        """Ack without waiting for the commit (at-least-once: a crash may redeliver it).
+
+        For front ends whose reader must not stall per ack (MQTT PUBACK, basic.ack, dispositions);
+        the ack is in the next group commit, a few milliseconds later.
+        """
+        return self.manager._settle_now(
+            self.queue, self.group, offset, "ack", self, None, None, "", wait=False
+        )[0]
+
+    def nack_nowait(self, offset: int, delay_s: float | None = None) -> bool:
+        return self.manager._settle_now(
+            self.queue, self.group, offset, "nack", self, None, delay_s, "", wait=False
+        )[0]
+
+    def reject_nowait(self, offset: int, reason: str = "rejected") -> bool:
+        return self.manager._settle_now(
+            self.queue, self.group, offset, "reject", self, None, None, reason, wait=False
+        )[0]
 
     async def cancel(self) -> None:
         await self.manager._cancel(self)
@@ -888,12 +908,46 @@ class QueueManager:
         delay_s: float | None = None,
         reason: str = "rejected",
     ) -> bool:
+        """Settle and wait until the change is committed."""
+        ok, ticket = self._settle_now(
+            state, group, offset, action, holder, consumer_id, delay_s, reason, wait=True
+        )
+        if ticket is not None:
+            try:
+                await ticket.wait()
+            except WriterError as exc:
+                raise QueueError("storage", str(exc)) from exc
+        return ok
+
+    def _submit(
+        self, state: QueueState, batch: WriteBatch, after: list[Callable[[], None]] | None, wait: bool
+    ) -> Ticket | None:
+        if state.durable and not batch.empty():
+            return self.writer.submit(batch, wait=wait, on_commit=_run_all(after) if after else None)
+        for f in after or ():
+            f()
+        return None
+
+    def _settle_now(
+        self,
+        state: QueueState,
+        group: Group,
+        offset: int,
+        action: str,
+        holder: ConsumerHandle | None,
+        consumer_id: str | None,
+        delay_s: float | None,
+        reason: str,
+        *,
+        wait: bool,
+    ) -> tuple[bool, Ticket | None]:
+        """Apply a settlement in memory and hand its rows to the writer (no await)."""
         now = now_ms()
         batch = WriteBatch()
         after: list[Callable[[], None]] = []
         if state.mode == "stream":
             if action == "nack":
-                return False
+                return False, None
             if action == "reject" and state.durable:
                 batch.events.append(
                     queue_store.event_row(
@@ -905,16 +959,14 @@ class QueueManager:
             self._commit_stream(
                 state, group, offset + 1, now, batch, holder.consumer.id if holder else consumer_id
             )
-            if state.durable:
-                await self._write(batch)
-            return True
+            return True, self._submit(state, batch, None, wait)
         entry = group.entries.get(offset)
         if entry is None or entry.state != HELD:
-            return False
+            return False, None
         if holder is not None and entry.holder is not holder:
-            return False
+            return False, None
         if consumer_id is not None and entry.consumer_id != consumer_id:
-            return False
+            return False, None
         cid = entry.consumer_id
         if action in ("ack", "commit"):
             self._finish(state, group, offset, entry, batch)
@@ -956,14 +1008,10 @@ class QueueManager:
             self._dead_letter(state, group, offset, entry, reason, now, batch, after)
         else:
             raise QueueError("bad-action", action)
-        if state.durable:
-            await self._write(batch, _run_all(after) if after else None)
-        else:
-            for f in after:
-                f()
+        ticket = self._submit(state, batch, after, wait)
         if action == "nack":
             self._dispatch(state, group)
-        return True
+        return True, ticket
 
     def _finish(self, state: QueueState, group: Group, offset: int, entry: Entry, batch: WriteBatch) -> None:
         """The group is done with ``offset`` (acked or dead-lettered)."""

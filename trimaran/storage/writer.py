@@ -23,14 +23,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
-from sqlalchemy import Connection, Engine, and_, bindparam, delete, insert, update
+from sqlalchemy import Connection, Engine
 
-from trimaran.storage.schema import queue_events, queue_groups, queue_messages, queue_pending, queues
+from trimaran.storage.schema import queue_events, queue_groups, queue_messages, queue_pending
 
 log = logging.getLogger(__name__)
 
@@ -261,50 +262,84 @@ def _complete(tickets: list[Ticket]) -> None:
 
 
 # -- statements --------------------------------------------------------------------------------
+#
+# The hot path goes straight to the DB-API cursor with prebuilt SQL: SQLAlchemy's per-row parameter
+# processing costs about as much as SQLite's own insert, and these rows are plain ints, str and bytes.
 
-_pending_delete = delete(queue_pending).where(
-    and_(
-        queue_pending.c.queue == bindparam("k_queue"),
-        queue_pending.c.group == bindparam("k_group"),
-        queue_pending.c.offset == bindparam("k_offset"),
-    )
-)
-_group_delete = delete(queue_groups).where(
-    and_(queue_groups.c.queue == bindparam("k_queue"), queue_groups.c.group == bindparam("k_group"))
-)
-_message_delete = delete(queue_messages).where(
-    and_(queue_messages.c.queue == bindparam("k_queue"), queue_messages.c.offset == bindparam("k_offset"))
-)
-_queue_next = (
-    update(queues)
-    .where(and_(queues.c.name == bindparam("k_name"), queues.c.next_offset < bindparam("k_next")))
-    .values(next_offset=bindparam("k_next"))
-)
+
+class _Sql:
+    def __init__(self, marker: str) -> None:
+        def cols(table: Any, skip: tuple[str, ...] = ()) -> list[str]:
+            return [c.name for c in table.columns if c.name not in skip]
+
+        def ins(table: Any, names: list[str]) -> str:
+            quoted = ", ".join(f'"{n}"' for n in names)
+            return f"INSERT INTO {table.name} ({quoted}) VALUES ({', '.join([marker] * len(names))})"
+
+        def where(names: list[str]) -> str:
+            return " AND ".join(f'"{n}" = {marker}' for n in names)
+
+        self.message_cols = cols(queue_messages)
+        self.pending_cols = cols(queue_pending)
+        self.group_cols = cols(queue_groups)
+        self.event_cols = cols(queue_events, ("id",))
+        self.message_insert = ins(queue_messages, self.message_cols)
+        self.pending_insert = ins(queue_pending, self.pending_cols)
+        self.group_insert = ins(queue_groups, self.group_cols)
+        self.event_insert = ins(queue_events, self.event_cols)
+        self.message_delete = f"DELETE FROM queue_messages WHERE {where(['queue', 'offset'])}"
+        self.pending_delete = f"DELETE FROM queue_pending WHERE {where(['queue', 'group', 'offset'])}"
+        self.group_delete = f"DELETE FROM queue_groups WHERE {where(['queue', 'group'])}"
+        self.queue_next = (
+            f'UPDATE queues SET "next_offset" = {marker} WHERE "name" = {marker} AND "next_offset" < {marker}'
+        )
+
+
+_sql_by_style: dict[str, _Sql] = {}
+
+
+def _sql_for(connection: Connection) -> _Sql:
+    style = connection.dialect.paramstyle
+    sql = _sql_by_style.get(style)
+    if sql is None:
+        marker = {"qmark": "?", "format": "%s", "pyformat": "%s"}.get(style)
+        if marker is None:
+            raise WriterError(f"unsupported DB-API paramstyle {style}")
+        sql = _sql_by_style[style] = _Sql(marker)
+    return sql
+
+
+def _tuples(rows: list[dict[str, Any]], names: list[str]) -> list[tuple[Any, ...]]:
+    get = itemgetter(*names)
+    return [get(row) for row in rows]
 
 
 def apply(connection: Connection, batch: WriteBatch) -> list[Any]:
     """Write one (merged) batch inside the caller's transaction."""
     results = [call(connection) for call in batch.calls]
-    if batch.messages:
-        connection.execute(insert(queue_messages), batch.messages)
-    if batch.message_deletes:
-        connection.execute(_message_delete, [{"k_queue": q, "k_offset": o} for q, o in batch.message_deletes])
-    if batch.pending:
-        connection.execute(
-            _pending_delete, [{"k_queue": q, "k_group": g, "k_offset": o} for q, g, o in batch.pending]
-        )
-        rows = [row for row in batch.pending.values() if row is not None]
-        if rows:
-            connection.execute(insert(queue_pending), rows)
-    if batch.groups:
-        connection.execute(_group_delete, [{"k_queue": q, "k_group": g} for q, g in batch.groups])
-        rows = [row for row in batch.groups.values() if row is not None]
-        if rows:
-            connection.execute(insert(queue_groups), rows)
-    if batch.queue_next:
-        connection.execute(_queue_next, [{"k_name": n, "k_next": v} for n, v in batch.queue_next.items()])
-    if batch.events:
-        connection.execute(insert(queue_events), batch.events)
+    sql = _sql_for(connection)
+    cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        if batch.messages:
+            cursor.executemany(sql.message_insert, _tuples(batch.messages, sql.message_cols))
+        if batch.message_deletes:
+            cursor.executemany(sql.message_delete, batch.message_deletes)
+        if batch.pending:
+            cursor.executemany(sql.pending_delete, list(batch.pending))
+            rows = [row for row in batch.pending.values() if row is not None]
+            if rows:
+                cursor.executemany(sql.pending_insert, _tuples(rows, sql.pending_cols))
+        if batch.groups:
+            cursor.executemany(sql.group_delete, list(batch.groups))
+            rows = [row for row in batch.groups.values() if row is not None]
+            if rows:
+                cursor.executemany(sql.group_insert, _tuples(rows, sql.group_cols))
+        if batch.queue_next:
+            cursor.executemany(sql.queue_next, [(v, n, v) for n, v in batch.queue_next.items()])
+        if batch.events:
+            cursor.executemany(sql.event_insert, _tuples(batch.events, sql.event_cols))
+    finally:
+        cursor.close()
     return results
 
 
