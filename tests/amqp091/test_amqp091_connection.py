@@ -705,3 +705,21 @@ def test_send_dispatches_on_content() -> None:
     frames = c.frames()
     assert frames[0] == MethodFrame(1, spec.BasicQosOk())
     assert frames[-1] == BodyFrame(1, b"abc")
+
+
+CLIENT_METHODS = sorted(
+    (
+        cls
+        for cls in spec.METHODS.values()
+        if cls.SENDER != "server" and cls.CLASS_ID not in (10, 20) and not cls.HAS_CONTENT
+    ),
+    key=lambda cls: cls.INDEX,
+)
+
+
+@pytest.mark.parametrize("cls", CLIENT_METHODS, ids=[cls.NAME for cls in CLIENT_METHODS])
+def test_every_client_method_reaches_the_handler(cls: type[spec.Method]) -> None:
+    c = opened(7)
+    method = cls()
+    assert c.method(7, method) == [MethodReceived(7, method)]
+    assert c.frames() == []
