@@ -296,7 +296,7 @@ values = st.recursive(
 
 
 @given(values)
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
 def test_round_trip(value: Any) -> None:
     wire = encode(value)
     assert same(decode(wire), value)
@@ -306,14 +306,14 @@ def test_round_trip(value: Any) -> None:
 
 
 @given(st.binary(max_size=200))
-@settings(max_examples=500)
+@settings(max_examples=300)
 def test_random_bytes_only_raise_decode_error(data: bytes) -> None:
     with contextlib.suppress(DecodeError):
         decode(data)
 
 
 @given(values, st.data())
-@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 def test_mutated_encodings_only_raise_decode_error(value: Any, data: st.DataObject) -> None:
     wire = bytearray(encode(value))
     for _ in range(data.draw(st.integers(1, 4))):
@@ -326,7 +326,7 @@ def test_mutated_encodings_only_raise_decode_error(value: Any, data: st.DataObje
 
 
 @given(values)
-@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, suppress_health_check=[HealthCheck.too_slow])
 def test_every_strict_prefix_is_a_decode_error(value: Any) -> None:
     wire = encode(value)
     for i in range(len(wire)):

@@ -274,7 +274,7 @@ messages = st.builds(
 
 
 @given(messages)
-@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 def test_message_round_trip(msg: Message) -> None:
     wire = encode_message(msg)
     got = decode_message(wire)

@@ -236,3 +236,32 @@ def test_dynamic_source_via_proton() -> None:
     rcv.open()
     p.pump()
     assert rcv.remote_source.address == "tmp-queue-1"
+
+
+def test_idle_timeout_heartbeats_both_ways() -> None:
+    p = Pair(plain=False)
+    p.server = ServerConnection("trimaran", idle_timeout=2.0, now=0.0)
+    p.transport.idle_timeout = 1.0
+    now = 0.0
+    p.transport.tick(now)
+    p.pump()
+    assert p.server.remote_idle_timeout is not None
+    # ten seconds of silence at the application level: heartbeats keep both sides up
+    while now < 10.0:
+        now += 0.05
+        p.transport.tick(now)
+        p.handle(p.server.tick(now))
+        p.server.receive_data(b"", now=now)
+        p.pump()
+    assert p.conn.state & proton.Endpoint.REMOTE_ACTIVE
+    assert not p.server.closed and not any(isinstance(e, ConnectionClosed) for e in p.events)
+    # the client stops sending anything: we close it with resource-limit-exceeded
+    while now < 13.0:
+        now += 0.05
+        p.handle(p.server.tick(now))
+    closed = [e for e in p.events if isinstance(e, ConnectionClosed)]
+    assert closed and closed[0].error is not None
+    assert closed[0].error.condition == "amqp:resource-limit-exceeded"
+    p.pump()
+    assert p.conn.remote_condition is not None
+    assert p.conn.remote_condition.name == "amqp:resource-limit-exceeded"

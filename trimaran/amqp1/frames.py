@@ -97,6 +97,13 @@ class FrameDecoder:
     def buffered(self) -> int:
         return len(self._buf) - self._pos
 
+    def _compact_all(self) -> None:
+        # Waiting for more input: keep only the unparsed tail, so that an idle connection
+        # does not hold on to the big chunk its last frames came in.
+        if self._pos:
+            del self._buf[: self._pos]
+            self._pos = 0
+
     def _compact(self) -> None:
         if self._pos > 65536 or self._pos == len(self._buf):
             del self._buf[: self._pos]
@@ -115,6 +122,7 @@ class FrameDecoder:
         buf = self._buf
         pos = self._pos
         if len(buf) - pos < HEADER_SIZE:
+            self._compact_all()
             return NEED_DATA
         size, doff, ftype, channel = _HDR.unpack_from(buf, pos)
         if size < HEADER_SIZE:
@@ -124,6 +132,7 @@ class FrameDecoder:
         if doff < 2 or doff * 4 > size:
             raise FramingError(f"invalid data offset {doff}")
         if len(buf) - pos < size:
+            self._compact_all()
             return NEED_DATA
         body = bytes(buf[pos + doff * 4 : pos + size])
         self._pos = pos + size
