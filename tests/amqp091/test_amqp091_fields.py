@@ -16,8 +16,10 @@ from trimaran.amqp091.fields import (
     UInt8,
     UInt16,
     UInt32,
+    decode_array,
     decode_table,
     decode_table_contents,
+    encode_array,
     encode_table_contents,
     table_bytes,
 )
@@ -213,3 +215,19 @@ def test_mutated_tables_raise_only_protocol_error(table: dict[str, Any], data: s
         return
     # Whatever decodes must encode again.
     table_bytes(decoded)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(field_values, max_size=6))
+def test_array_round_trip(items: list[Any]) -> None:
+    out = bytearray()
+    encode_array(items, out)
+    decoded, off = decode_array(bytes(out), 0)
+    assert off == len(out)
+    assert same(decoded, items)
+
+
+@pytest.mark.parametrize("data", [b"", b"\x00\x00\x00\x05I\x00", b"\x00\x00\x00\x01Q"])
+def test_malformed_arrays(data: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        decode_array(data, 0)

@@ -176,7 +176,23 @@ def _decode_pairs(buf: bytes, off: int, end: int) -> FieldTable:
 
 
 def decode_array(buf: bytes, off: int) -> tuple[FieldArray, int]:
-    """Decode a length-prefixed field array at ``buf[off:]``."""
+    """Decode a length-prefixed field array at ``buf[off:]``; return it and the offset after it."""
+    try:
+        return _decode_array(buf, off)
+    except (IndexError, struct.error, RecursionError):
+        _syntax("field array truncated")
+
+
+def encode_array(items: FieldArray | tuple[FieldValue, ...], out: bytearray) -> None:
+    """Append a length-prefixed field array to ``out``."""
+    start = len(out)
+    out += b"\x00\x00\x00\x00"
+    for item in items:
+        _encode_value(item, out)
+    _U32.pack_into(out, start, len(out) - start - 4)
+
+
+def _decode_array(buf: bytes, off: int) -> tuple[FieldArray, int]:
     (size,) = _U32.unpack_from(buf, off)
     off += 4
     end = off + size
@@ -210,7 +226,7 @@ def _decode_value(buf: bytes, off: int) -> tuple[FieldValue, int]:
     if tag == 0x46:  # F
         return decode_table(buf, off)
     if tag == 0x41:  # A
-        return decode_array(buf, off)
+        return _decode_array(buf, off)
     if tag == 0x78:  # x
         (n,) = _U32.unpack_from(buf, off)
         off += 4
@@ -297,11 +313,7 @@ def _encode_value(value: Any, out: bytearray) -> None:
         encode_table(value, out)
     elif isinstance(value, (list, tuple)):
         out += b"A"
-        start = len(out)
-        out += b"\x00\x00\x00\x00"
-        for item in value:
-            _encode_value(item, out)
-        _U32.pack_into(out, start, len(out) - start - 4)
+        encode_array(value, out)
     elif isinstance(value, (bytes, bytearray, memoryview)):
         out += b"x"
         out += _U32.pack(len(value))
