@@ -1,6 +1,7 @@
 """Sans-IO server side of an AMQP 0-9-1 connection, in the style of h11.
 
-Bytes in, events out, bytes to send out; no sockets, no clock of its own (pass ``now``)::
+Bytes in, events out, bytes to send out; no sockets. Times come from the caller (``now``, one
+monotonic clock throughout; ``time.monotonic()`` when omitted)::
 
     conn = ServerConnection(virtual_hosts={"/"})
     for event in conn.receive_data(data, now):
