@@ -16,6 +16,10 @@ Scenarios (one run per invocation, bounded by --duration plus a bounded drain, a
   fan-out  1 publisher -> --clients N subscribers
   latency  1 publisher -> 1 subscriber at a fixed --rate; p50/p99 end to end (all messages sampled)
 
+Throughput runs are closed-loop by default: publishers pause while more than --e2e-window messages
+(default 1000) are published but not yet delivered to the slowest subscriber, so the number is what the
+broker sustains, not how it behaves while drowning; --e2e-window 0 floods instead.
+
 Rates are counted over the steady window [--warmup, --duration] after the publishers start. Then the
 publishers stop, QoS 1 publishers wait for their PUBACKs, and the subscribers drain until every
 message arrived or nothing came for --idle seconds; what never arrived is `lost`. `gen_cpu` and
@@ -78,6 +82,44 @@ class Counter:
     first_ns: int = 0
     last_ns: int = 0
     latencies_ns: list[int] = field(default_factory=list)
+
+
+class Flow:
+    """End-to-end flow control, possible because this process runs both ends: publishers pause while more
+    than `limit` messages are published but not yet delivered to the slowest subscriber, so a run
+    measures what the broker sustains instead of how it drowns (0 = no limit, flood). A gap that does
+    not close for `forgive_s` is taken as dropped by the broker and stops counting against the limit.
+    """
+
+    def __init__(self, limit: int, pubs: list[Counter], subs: list[Counter], forgive_s: float = 0.2) -> None:
+        self.limit = limit
+        self.pubs = pubs
+        self.subs = subs
+        self.forgive_s = forgive_s
+        self.forgiven = 0
+        self.waiting = False
+        self.event = asyncio.Event()
+
+    def _gap(self) -> int:
+        return sum(c.published for c in self.pubs) - min(c.delivered for c in self.subs) - self.forgiven
+
+    def room(self) -> int:
+        return self.limit - self._gap() if self.limit else 1 << 30
+
+    async def wait(self) -> None:
+        self.waiting = True
+        self.event.clear()
+        try:
+            async with asyncio.timeout(self.forgive_s):
+                await self.event.wait()
+        except TimeoutError:
+            self.forgiven += max(0, self._gap())
+        finally:
+            self.waiting = False
+
+    def progress(self) -> None:
+        if self.waiting:
+            self.event.set()
 
 
 class Conn:
@@ -166,7 +208,7 @@ class Template:
 # ---------------------------------------------------------------------------------------- subscriber
 
 
-async def subscriber(conn: Conn, counter: Counter, sample_every: int, acks: list[bytes]) -> None:
+async def subscriber(conn: Conn, counter: Counter, sample_every: int, acks: list[bytes], flow: Flow) -> None:
     """Count every PUBLISH, sample latencies, answer QoS 1 with one write of PUBACKs per chunk."""
     read = conn.reader.read
     decoder = conn.decoder
@@ -200,6 +242,7 @@ async def subscriber(conn: Conn, counter: Counter, sample_every: int, acks: list
                 counter.first_ns = now
             counter.last_ns = now
             counter.delivered += n
+            flow.progress()
 
 
 # ----------------------------------------------------------------------------------------- publisher
@@ -211,6 +254,7 @@ async def publisher(
     template: Template,
     counter: Counter,
     stop: asyncio.Event,
+    flow: Flow,
     window: int,
     batch: int,
     rate: float | None,
@@ -237,6 +281,11 @@ async def publisher(
                 n = min(due - seq, batch)
                 if n <= 0:
                     await asyncio.sleep((seq + 1 - due + 1) / rate)
+                    continue
+            if flow.limit:
+                n = min(n, flow.room())
+                if n <= 0:
+                    await flow.wait()
                     continue
             if qos:
                 n = min(n, window - (counter.published - counter.acked))
@@ -321,14 +370,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     sub_counters = [Counter() for _ in subs]
     pub_counters = [Counter() for _ in pubs]
     stop = asyncio.Event()
+    flow = Flow(args.e2e_window if rate is None else 0, pub_counters, sub_counters)
     sub_tasks = [
-        asyncio.create_task(subscriber(s, c, sample_every, acks))
+        asyncio.create_task(subscriber(s, c, sample_every, acks, flow))
         for s, c in zip(subs, sub_counters, strict=True)
     ]
     per_pub_rate = rate / n_pub if rate is not None else None
     t_start = monotonic_ns()
     pub_tasks = [
-        asyncio.create_task(publisher(p, i, template, c, stop, args.window, args.batch, per_pub_rate))
+        asyncio.create_task(publisher(p, i, template, c, stop, flow, args.window, args.batch, per_pub_rate))
         for i, (p, c) in enumerate(zip(pubs, pub_counters, strict=True))
     ]
 
@@ -381,6 +431,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "subscribers": n_sub,
         "payload": args.payload,
         "window": args.window if args.qos else None,
+        "e2e_window": flow.limit,
+        "forgiven": flow.forgiven,
         "target_rate": rate,
         "duration_s": args.duration,
         "steady_window_s": round(window_s, 3),
@@ -433,6 +485,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--idle", type=float, default=2.0, help="stop draining after this long with no delivery")
     p.add_argument("--rate", type=float, default=5000.0, help="latency scenario: msg/s (default 5000)")
     p.add_argument("--window", type=int, default=100, help="QoS 1 unacknowledged PUBLISHes per publisher")
+    p.add_argument(
+        "--e2e-window",
+        type=int,
+        default=1000,
+        help="throughput runs: max published-but-undelivered messages (slowest subscriber); 0 = flood",
+    )
     p.add_argument("--batch", type=int, default=100, help="max PUBLISHes per write (default 100)")
     p.add_argument("--sample-every", type=int, default=64, help="throughput runs: latency of every k-th msg")
     p.add_argument("--level", type=int, choices=[MQTT_3_1_1, MQTT_5], default=MQTT_3_1_1, help="4 or 5")
