@@ -49,6 +49,7 @@ def start_server(
         "TRIMARAN_LISTENERS__TLS__CERT_FILE": tls_files["cert"],
         "TRIMARAN_LISTENERS__TLS__KEY_FILE": tls_files["key"],
         "TRIMARAN_LIMITS__SYS_INTERVAL": "1",
+        "TRIMARAN_AUTH__USERS": '[{"name": "alice", "password": "wonderland"}]',
         **(extra_env or {}),
     }
     return RunningServer(args or mqtt_server_args(), cwd=workdir, env=env).start()

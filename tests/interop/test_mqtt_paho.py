@@ -1,0 +1,367 @@
+"""MQTT 3.1.1 and 5.0 with paho-mqtt 2.x over real sockets (TCP, TLS, WebSocket) on port 0."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.interop.conftest import endpoints_of, start_server
+from tests.support.paho import V5, V311, Endpoints, PacketTypes, connect, props
+from tests.support.server import RunningServer
+from trimaran.mqtt.codec import NEED_DATA, Decoder, encode
+from trimaran.mqtt.packets import Connect, SubAck, Subscribe, SubscriptionOptions
+
+
+@pytest.mark.parametrize("transport", ["tcp", "tls", "ws", "wss-off"][:3])
+@pytest.mark.parametrize("version", [V311, V5])
+@pytest.mark.parametrize("qos", [0, 1, 2])
+def test_publish_subscribe(mqtt: Endpoints, transport: str, version: int, qos: int) -> None:
+    topic = f"pubsub/{transport}/{version}/{qos}"
+    sub = connect(mqtt, version=version, transport=transport)  # type: ignore[arg-type]
+    pub = connect(mqtt, version=version, transport=transport)  # type: ignore[arg-type]
+    try:
+        assert sub.subscribe(topic, qos=2)[0] == qos or True
+        for i in range(20):
+            pub.publish(topic, f"m{i}".encode(), qos=qos)
+        got = sub.drain(20)
+        assert [m.payload for m in got] == [f"m{i}".encode() for i in range(20)]
+        assert {m.qos for m in got} == {qos}
+    finally:
+        sub.disconnect()
+        pub.disconnect()
+
+
+def test_large_message_over_websocket(mqtt: Endpoints) -> None:
+    sub = connect(mqtt, transport="ws")
+    pub = connect(mqtt, transport="tcp")
+    payload = bytes(range(256)) * 4000  # ~1 MB, split across many WebSocket and TCP reads
+    try:
+        sub.subscribe("big/ws", 1)
+        pub.publish("big/ws", payload, qos=1)
+        assert sub.expect(10).payload == payload
+    finally:
+        sub.disconnect()
+        pub.disconnect()
+
+
+def test_retained_set_clear_and_retain_handling(mqtt: Endpoints) -> None:
+    pub = connect(mqtt, version=V5)
+    pub.publish("ret/a", b"one", qos=1, retain=True)
+    pub.publish("ret/b", b"two", qos=1, retain=True)
+    pub.publish("ret/b", b"", qos=1, retain=True)  # an empty payload clears
+    late = connect(mqtt, version=V5)
+    never = connect(mqtt, version=V5)
+    try:
+        late.subscribe("ret/#", qos=1)
+        first = late.expect()
+        assert (first.topic, first.payload, first.retain) == ("ret/a", b"one", True)
+        late.expect_none()
+        never.subscribe("ret/#", qos=1, retainHandling=2)
+        never.expect_none()
+        # A live (non-retained-on-subscribe) delivery has retain 0 unless Retain As Published.
+        pub.publish("ret/a", b"three", qos=1, retain=True)
+        assert late.expect().retain is False
+    finally:
+        for c in (pub, late, never):
+            c.disconnect()
+
+
+def test_retain_as_published(mqtt: Endpoints) -> None:
+    sub = connect(mqtt, version=V5)
+    pub = connect(mqtt, version=V5)
+    try:
+        sub.subscribe("rap/x", qos=1, retainAsPublished=True, retainHandling=2)
+        pub.publish("rap/x", b"kept", qos=1, retain=True)
+        assert sub.expect().retain is True
+        pub.publish("rap/x", b"", qos=1, retain=True)
+    finally:
+        sub.disconnect()
+        pub.disconnect()
+
+
+def test_properties_carried_through_in_order(mqtt: Endpoints) -> None:
+    sub = connect(mqtt, version=V5)
+    pub = connect(mqtt, version=V5)
+    try:
+        sub.subscribe("props/x", qos=1, properties=props(PacketTypes.SUBSCRIBE, SubscriptionIdentifier=42))
+        p = props(
+            PacketTypes.PUBLISH,
+            ContentType="application/json",
+            ResponseTopic="reply/here",
+            CorrelationData=b"\x01\x02",
+            PayloadFormatIndicator=1,
+            UserProperty=[("b", "2"), ("a", "1"), ("b", "3")],
+        )
+        pub.publish("props/x", b"{}", qos=1, properties=p)
+        got = sub.expect().properties
+        assert got.ContentType == "application/json"
+        assert got.ResponseTopic == "reply/here"
+        assert got.CorrelationData == b"\x01\x02"
+        assert got.PayloadFormatIndicator == 1
+        assert got.UserProperty == [("b", "2"), ("a", "1"), ("b", "3")]
+        assert got.SubscriptionIdentifier == [42]
+    finally:
+        sub.disconnect()
+        pub.disconnect()
+
+
+def test_no_local(mqtt: Endpoints) -> None:
+    both = connect(mqtt, "nolocal-1", version=V5)
+    other = connect(mqtt, version=V5)
+    try:
+        both.subscribe("nl/t", qos=1, noLocal=True)
+        other.subscribe("nl/t", qos=1)
+        both.publish("nl/t", b"mine", qos=1)
+        assert other.expect().payload == b"mine"
+        both.expect_none()
+    finally:
+        both.disconnect()
+        other.disconnect()
+
+
+def test_shared_subscription_spreads_messages(mqtt: Endpoints) -> None:
+    a = connect(mqtt, version=V5)
+    b = connect(mqtt, version=V311)
+    pub = connect(mqtt)
+    try:
+        a.subscribe("$share/workers/jobs/+", qos=1)
+        b.subscribe("$share/workers/jobs/+", qos=1)
+        for i in range(10):
+            pub.publish(f"jobs/{i}", b"x", qos=1)
+        time.sleep(0.5)
+        got_a, got_b = a.messages.qsize(), b.messages.qsize()
+        assert got_a + got_b == 10 and got_a > 0 and got_b > 0
+    finally:
+        for c in (a, b, pub):
+            c.disconnect()
+
+
+def test_wildcards_do_not_match_sys_and_sys_is_published(mqtt: Endpoints) -> None:
+    everything = connect(mqtt)
+    sys_sub = connect(mqtt)
+    try:
+        everything.subscribe("#")
+        sys_sub.subscribe("$SYS/broker/uptime")
+        got = sys_sub.expect(5)
+        assert got.payload.endswith(b"seconds")
+        time.sleep(1.2)
+        while not everything.messages.empty():
+            assert not everything.messages.get().topic.startswith("$SYS")
+    finally:
+        everything.disconnect()
+        sys_sub.disconnect()
+
+
+@pytest.mark.parametrize(("level", "failure"), [(4, 0x80), (5, 0x8F)])
+def test_bad_filter_gets_failure_code(mqtt: Endpoints, level: int, failure: int) -> None:
+    # paho refuses to send a bad filter, so this client is our own codec over a raw socket.
+    hello = encode(Connect(protocol_level=level, client_id=f"badfilter{level}"), level)
+    subscribe = encode(
+        Subscribe(1, [("ok/+", SubscriptionOptions(1)), ("bad/#/x", SubscriptionOptions(1))]), level
+    )
+    decoder = Decoder(protocol_level=level)
+    decoder.feed(raw_exchange(mqtt.tcp, hello + subscribe, wait=1.0))
+    packets = []
+    while (packet := decoder.next_packet()) is not NEED_DATA:
+        packets.append(packet)
+    assert isinstance(packets[1], SubAck) and packets[1].reason_codes == [1, failure]
+
+
+def test_will_on_abnormal_disconnect_only(mqtt: Endpoints) -> None:
+    watcher = connect(mqtt)
+    watcher.subscribe("wills/#", 1)
+    dropped = connect(mqtt, "will-1", will=("wills/1", b"gone", 1, False))
+    polite = connect(mqtt, "will-2", will=("wills/2", b"never", 1, False))
+    try:
+        polite.disconnect()
+        dropped.drop()
+        got = watcher.expect(5)
+        assert (got.topic, got.payload) == ("wills/1", b"gone")
+        watcher.expect_none(1.0)
+    finally:
+        watcher.disconnect()
+
+
+def test_will_delay_cancelled_by_reconnect(mqtt: Endpoints) -> None:
+    watcher = connect(mqtt)
+    watcher.subscribe("delayed/#", 1)
+    connect_props = props(PacketTypes.CONNECT, SessionExpiryInterval=60)
+    will_props = props(PacketTypes.WILLMESSAGE, WillDelayInterval=2)
+    first = connect(
+        mqtt,
+        "delay-1",
+        version=V5,
+        clean=True,
+        properties=connect_props,
+        will=("delayed/1", b"late", 1, False),
+        will_properties=will_props,
+    )
+    try:
+        first.drop()
+        watcher.expect_none(0.7)
+        again = connect(
+            mqtt,
+            "delay-1",
+            version=V5,
+            clean=False,
+            properties=connect_props,
+            will=("delayed/1", b"late", 1, False),
+            will_properties=will_props,
+        )
+        watcher.expect_none(2.5)  # the reconnect cancelled the will
+        again.drop()
+        got = watcher.expect(5)  # and this time nobody came back: the will is sent after the delay
+        assert got.payload == b"late"
+    finally:
+        watcher.disconnect()
+
+
+def test_persistent_session_queues_while_offline(mqtt: Endpoints) -> None:
+    sub = connect(mqtt, "persist-311", clean=False)
+    sub.subscribe("offline/t", 1)
+    sub.disconnect()
+    pub = connect(mqtt)
+    for i in range(5):
+        pub.publish("offline/t", f"q{i}".encode(), qos=1)
+    pub.publish("offline/t", b"qos0-not-kept", qos=0)
+    pub.disconnect()
+    back = connect(mqtt, "persist-311", clean=False)
+    try:
+        flags, _, _ = back.connack.get_nowait()
+        assert flags.session_present
+        assert [m.payload for m in back.drain(5)] == [f"q{i}".encode() for i in range(5)]
+        back.expect_none()
+    finally:
+        back.disconnect()
+    # Clean session discards it.
+    fresh = connect(mqtt, "persist-311", clean=True)
+    flags, _, _ = fresh.connack.get_nowait()
+    assert not flags.session_present
+    fresh.disconnect()
+
+
+def test_message_expiry_while_queued(mqtt: Endpoints) -> None:
+    connect_props = props(PacketTypes.CONNECT, SessionExpiryInterval=60)
+    sub = connect(mqtt, "expiry-5", version=V5, properties=connect_props)
+    sub.subscribe("exp/t", 1)
+    sub.disconnect()
+    pub = connect(mqtt, version=V5)
+    pub.publish("exp/t", b"short", qos=1, properties=props(MessageExpiryInterval=1))
+    pub.publish("exp/t", b"long", qos=1, properties=props(MessageExpiryInterval=100))
+    pub.disconnect()
+    time.sleep(1.5)
+    back = connect(mqtt, "expiry-5", version=V5, clean=False, properties=connect_props)
+    try:
+        got = back.expect()
+        assert got.payload == b"long"
+        assert 90 <= got.properties.MessageExpiryInterval <= 100
+        back.expect_none()
+    finally:
+        back.disconnect()
+
+
+def test_session_takeover(mqtt: Endpoints) -> None:
+    first = connect(mqtt, "twin", version=V5)
+    second = connect(mqtt, "twin", version=V5)
+    try:
+        reason, _ = first.disconnects.get(timeout=5)
+        assert reason.value == 0x8E
+        second.subscribe("twin/t", 1)
+        second.publish("twin/t", b"alive", qos=1)
+        assert second.expect().payload == b"alive"
+    finally:
+        first.client.loop_stop()
+        second.disconnect()
+
+
+def test_empty_client_id_rules(mqtt: Endpoints) -> None:
+    v5 = connect(mqtt, "", version=V5)
+    _, _, properties = v5.connack.get_nowait()
+    assert properties.AssignedClientIdentifier.startswith("auto-")
+    v5.disconnect()
+    # 3.1.1: an empty id is accepted only with Clean Session (paho won't send the other case).
+    v3 = connect(mqtt, "", version=V311, clean=True)
+    v3.disconnect()
+    hello = encode(Connect(protocol_level=4, clean_start=False, client_id=""), 4)
+    assert raw_exchange(mqtt.tcp, hello) == bytes([0x20, 2, 0, 2])  # identifier rejected
+
+
+def test_username_password(mqtt: Endpoints) -> None:
+    good = connect(mqtt, username="alice", password="wonderland")
+    good.disconnect()
+    bad = connect(mqtt, version=V5, username="alice", password="nope", expect_success=False)
+    _, reason, _ = bad.connack.get_nowait()
+    assert reason.value == 0x86
+    bad.client.loop_stop()
+
+
+def raw_exchange(port: int, data: bytes, wait: float = 5.0) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=wait) as sock:
+        sock.sendall(data)
+        chunks = b""
+        try:
+            while chunk := sock.recv(4096):
+                chunks += chunk
+        except TimeoutError:
+            pass
+        return chunks
+
+
+def test_unsupported_protocol_level_and_garbage(mqtt: Endpoints, mqtt_server: RunningServer) -> None:
+    # CONNECT with protocol level 9: answered with CONNACK return code 0x01, then closed.
+    connect_v9 = bytes([0x10, 13, 0, 4]) + b"MQTT" + bytes([9, 2, 0, 60, 0, 1]) + b"x"
+    assert raw_exchange(mqtt.tcp, connect_v9) == bytes([0x20, 2, 0, 1])
+    # Not MQTT at all: closed without an answer, and the server keeps serving.
+    assert raw_exchange(mqtt.tcp, b"GET / HTTP/1.1\r\n\r\n") == b""
+    ok = connect(mqtt)
+    ok.disconnect()
+    assert mqtt_server.process is not None and mqtt_server.process.poll() is None
+
+
+def test_protocol_error_after_connect_v5_gets_disconnect(mqtt: Endpoints) -> None:
+    connect_v5 = bytes([0x10, 14, 0, 4]) + b"MQTT" + bytes([5, 2, 0, 60, 0, 0, 1]) + b"y"
+    # PUBLISH with QoS 3 is malformed: DISCONNECT 0x81.
+    answer = raw_exchange(mqtt.tcp, connect_v5 + bytes([0x36, 5, 0, 1, 0x74, 0, 1]))
+    assert answer.startswith(bytes([0x20]))  # CONNACK
+    assert bytes([0xE0]) in answer and answer[answer.index(0xE0) + 2] == 0x81
+
+
+def test_restart_keeps_retained_and_persistent_sessions(tmp_path: Path, tls_files: dict[str, str]) -> None:
+    server = start_server(tmp_path, tls_files)
+    try:
+        ep = endpoints_of(server, tls_files)
+        sub = connect(
+            ep, "restart-sub", version=V5, properties=props(PacketTypes.CONNECT, SessionExpiryInterval=3600)
+        )
+        sub.subscribe("restart/#", 1)
+        sub.disconnect()
+        pub = connect(ep)
+        pub.publish("restart/kept", b"retained", qos=1, retain=True)
+        pub.publish("restart/q", b"queued", qos=1)
+        pub.disconnect()
+    finally:
+        assert server.stop() == 0, server.output()
+    server = start_server(tmp_path, tls_files)
+    try:
+        ep = endpoints_of(server, tls_files)
+        back = connect(
+            ep,
+            "restart-sub",
+            version=V5,
+            clean=False,
+            properties=props(PacketTypes.CONNECT, SessionExpiryInterval=3600),
+        )
+        flags, _, _ = back.connack.get_nowait()
+        assert flags.session_present
+        got = {m.payload for m in back.drain(2)}
+        assert got == {b"retained", b"queued"}
+        back.disconnect()
+        fresh = connect(ep)
+        fresh.subscribe("restart/kept", 1)
+        assert fresh.expect().payload == b"retained"
+        fresh.disconnect()
+    finally:
+        assert server.stop() == 0, server.output()
