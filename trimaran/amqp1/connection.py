@@ -320,6 +320,7 @@ class ServerConnection:
             if not self._out:
                 self._out += EMPTY_FRAME
             self._last_sent = now
+        self._teardown_if_closing()
         return self._take_events()
 
     def next_deadline(self) -> float | None:
@@ -366,6 +367,7 @@ class ServerConnection:
             self.state = ConnState.CLOSE_SENT
         elif self.state is not ConnState.CLOSE_SENT:
             self.state = ConnState.CLOSED
+        self._teardown_if_closing()
 
     # ---- sessions ----------------------------------------------------------------------
 
@@ -650,6 +652,17 @@ class ServerConnection:
         if link.session.state is not SessionState.MAPPED or self.state is not ConnState.OPENED:
             raise AMQPStateError("session or connection is not open")
 
+    def _teardown_if_closing(self) -> None:
+        """Once close is sent or received, every session and link is over too."""
+        if self.state in (ConnState.CLOSE_SENT, ConnState.CLOSED) and self.sessions:
+            for session in self.sessions.values():
+                session.state = SessionState.UNMAPPED
+                session.pending.clear()
+                for link in session.links:
+                    link.state = LinkState.DETACHED
+            self.sessions.clear()
+            self._by_local_channel.clear()
+
     def _take_events(self) -> list[Event]:
         events = self._events
         self._events = []
@@ -710,6 +723,7 @@ class ServerConnection:
                 if session.state is SessionState.MAPPED and self.state is ConnState.OPENED:
                     self._send_flow(session)
             self._window_due.clear()
+            self._teardown_if_closing()
         except FramingError as exc:
             # The byte stream cannot be trusted any more: say why and stop reading.
             self._fail(FRAMING_ERROR, str(exc))
