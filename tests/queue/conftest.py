@@ -44,12 +44,16 @@ Factory = Callable[..., QueueManager]
 def make_manager(storage_url: str) -> Iterator[Factory]:
     storages: list[Storage] = []
 
-    def build(*, auto_create: bool = True, node: str = "local", **defaults: Any) -> QueueManager:
+    def build(
+        *, auto_create: bool = True, node: str = "local", shared: bool = False, **defaults: Any
+    ) -> QueueManager:
         storage = Storage.from_url(storage_url, sqlite_synchronous="normal")
         storage.migrate()
         storages.append(storage)
         settings = QueueSettings(auto_create=auto_create, defaults=QueuePolicySettings(**defaults))
-        return QueueManager(storage, settings, StorageSettings(commit_interval_ms=1.0), node=node)
+        return QueueManager(
+            storage, settings, StorageSettings(commit_interval_ms=1.0), node=node, shared=shared
+        )
 
     yield build
     for storage in storages:

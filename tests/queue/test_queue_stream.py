@@ -34,7 +34,13 @@ async def test_start_positions(make_manager: Factory) -> None:
         middle = now_ms()
         await anyio.sleep(0.01)
         await fill(manager, 2)  # offsets 3, 4
-        expected = {"first": [0, 1, 2, 3, 4], "last": [4], "next": [], 2: [2, 3, 4], "3": [3, 4]}
+        expected: dict[str | int, list[int]] = {
+            "first": [0, 1, 2, 3, 4],
+            "last": [4],
+            "next": [],
+            2: [2, 3, 4],
+            "3": [3, 4],
+        }
         expected[f"timestamp:{middle}"] = [3, 4]
         collectors = {}
         for i, (start, _) in enumerate(expected.items()):

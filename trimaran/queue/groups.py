@@ -10,6 +10,8 @@ import bisect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from trimaran.broker.message import Message
 from trimaran.config import QueuePolicySettings
 
@@ -105,6 +107,9 @@ class QueueState:
         default_factory=lambda: {"published": 0, "dropped": 0, "expired": 0, "refused": 0, "dead_lettered": 0}
     )
     expiring: int = 0  # messages in ``messages`` with an expiry (0: the sweep skips this queue)
+    block_next: int = 0  # shared mode: offsets reserved for this node
+    block_end: int = 0
+    reserving: anyio.Event | None = None
 
     @property
     def mode(self) -> str:

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import heapq
 import logging
+import os
+import secrets
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -47,6 +50,7 @@ log = logging.getLogger(__name__)
 TICK_S = 0.02  # timer resolution: visibility timeouts, nack backoff
 SWEEP_S = 1.0  # TTL expiry and stream retention
 SCAN_LIMIT = 10_000  # most messages a filtered consumer scans per take
+POLL_MS = 100  # shared mode: how often idle consumers look for messages other nodes published
 
 
 class QueueConsumer(Protocol):
@@ -243,12 +247,26 @@ class QueueManager:
         settings: QueueSettings,
         storage_settings: StorageSettings,
         *,
-        node: str = "local",
+        node: str | None = None,
+        shared: bool = False,
+        lease_s: float = 30.0,
+        claim_batch: int = 100,
     ) -> None:
+        """``shared=True``: several processes share one PostgreSQL database (see ``_claim``)."""
+        if shared and storage.dialect != "postgresql":
+            raise ValueError("shared queues need PostgreSQL")
         self.storage = storage
         self.settings = settings
         self.storage_settings = storage_settings
+        self.shared = shared
+        if node is None:
+            node = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}" if shared else "local"
         self.node = node
+        self.lease_ms = int(lease_s * 1000)
+        self.claim_batch = claim_batch
+        self._claiming: set[tuple[QueueState, Group]] = set()
+        self._last_renew = 0
+        self._last_poll = 0
         self.queues: dict[str, QueueState] = {}
         self.writer = GroupCommitWriter(
             storage.engine,
@@ -292,15 +310,29 @@ class QueueManager:
     async def stop(self) -> None:
         if not self._started:
             return
-        self._started = False
         if self._scope is not None:
             self._scope.cancel()
+        with anyio.move_on_after(5):  # claims in flight: let them land, then release them too
+            while self._claiming:
+                await anyio.sleep(0.002)
+        release = WriteBatch()
+        now = now_ms()
         for state in self.queues.values():
             for group in state.groups.values():
                 for handle in group.consumers:
                     handle.closed = True
                 group.consumers.clear()
+                if self._is_shared(state):  # hand everything this node holds back to the others
+                    for offset, entry in list(group.entries.items()):
+                        reason = "disconnect" if entry.state == HELD else entry.reason
+                        self._make_available(state, group, offset, entry, reason, now, now, release)
+        if not release.empty():
+            await self._write(release)
+        self._started = False
         await self.writer.stop()
+
+    def _is_shared(self, state: QueueState) -> bool:
+        return self.shared and state.durable
 
     def _load(self) -> list[QueueState]:
         """In a worker thread: queues, groups, pending entries and messages (paged)."""
@@ -311,6 +343,9 @@ class QueueManager:
             policy = QueuePolicySettings(**row["policy"])
             state = QueueState(row["name"], policy, True, row["created_at"])
             state.next_offset = state.high = row["next_offset"]
+            if self.shared:  # messages and pending entries come in by claims
+                result.append(state)
+                continue
             for page in queue_store.iter_messages(engine, state.name):
                 for m in page:
                     message = queue_store.row_message(m)
@@ -339,7 +374,7 @@ class QueueManager:
                     entry.available_at = now
                 elif p.state == WAIT:
                     entry.available_at = int(p.available_at or now)
-                    entry.reason = "restart"
+                    entry.reason = p.reason or "restart"
                 group.entries[int(p.offset)] = entry
                 if entry.state == WAIT:
                     if (entry.available_at or 0) <= now:
@@ -503,14 +538,18 @@ class QueueManager:
             raise QueueError("no-queue", f"queue {queue} was deleted")
         policy = state.policy
         size = len(message.payload)
-        self._check_limits(state, size, batch)
+        if not self._is_shared(state):  # shared: this node does not see the whole queue
+            self._check_limits(state, size, batch)
         if message.user_properties and any(k in RESERVED_PROPERTIES for k, _ in message.user_properties):
             message = message.copy_with(
                 user_properties=[(k, v) for k, v in message.user_properties if k not in RESERVED_PROPERTIES]
             )
+        if self._is_shared(state):
+            offset = await self._reserve(state)
+        else:
+            offset = state.next_offset
+            state.next_offset += 1
         now = now_ms()
-        offset = state.next_offset
-        state.next_offset += 1
         stored = StoredMessage(
             offset, message, routing_key, now, expiry_ms(policy, now, message.expires_at_ms), size
         )
@@ -521,7 +560,8 @@ class QueueManager:
         batch.messages.append(
             queue_store.message_row(queue, offset, message, routing_key, now, stored.expires_at)
         )
-        batch.queue_next[queue] = offset + 1
+        if not self._is_shared(state):
+            batch.queue_next[queue] = offset + 1
         batch.events.append(
             queue_store.event_row(
                 now, queue, "published", offset=offset, node=self.node, consumer=message.publisher_id
@@ -533,6 +573,25 @@ class QueueManager:
         finally:
             state.inflight -= 1
         return PublishResult(queue, offset, message_id(queue, offset))
+
+    async def _reserve(self, state: QueueState) -> int:
+        """Shared mode: offsets come from blocks reserved in the queue row (one UPDATE per block)."""
+        while state.block_next >= state.block_end:
+            if state.reserving is None:
+                state.reserving = anyio.Event()
+                done = state.reserving
+                try:
+                    batch = WriteBatch(calls=[queue_store.reserve_offsets(state.name, self.claim_batch)])
+                    first = int((await self._write(batch))[0])
+                    state.block_next, state.block_end = first, first + self.claim_batch
+                finally:
+                    state.reserving = None
+                    done.set()
+            else:
+                await state.reserving.wait()
+        offset = state.block_next
+        state.block_next += 1
+        return offset
 
     def _check_limits(self, state: QueueState, size: int, batch: WriteBatch) -> None:
         policy = state.policy
@@ -558,6 +617,11 @@ class QueueManager:
     def _appended(self, state: QueueState, stored: StoredMessage) -> None:
         """On the loop, in offset order, once the message is committed: make it deliverable."""
         if state.deleted:
+            return
+        if self._is_shared(state):
+            for group in state.groups.values():
+                if group.consumers:
+                    self._claim(state, group)
             return
         state.add(stored)
         for group in state.groups.values():
@@ -665,6 +729,8 @@ class QueueManager:
             group.busy = False
             if state.durable and not batch.empty():
                 self.writer.submit(batch)
+        if self._is_shared(state) and not group.ready and any(h.credit > 0 for h in group.consumers):
+            self._claim(state, group)
 
     def _expired(self, stored: StoredMessage, now: int) -> bool:
         return stored.expires_at is not None and now >= stored.expires_at
@@ -689,6 +755,8 @@ class QueueManager:
                     continue
                 group.unready(offset)
                 return stored, group.entries.get(offset)
+        if self._is_shared(state):
+            return None  # only claimed messages
         offset = group.cursor
         high = state.high
         entries = group.entries
@@ -846,15 +914,16 @@ class QueueManager:
             "offset": offset,
             "state": entry.state,
             "consumer": entry.consumer_id if entry.state == HELD else None,
-            "node": self.node,
+            "node": self.node if entry.state != WAIT else None,
             "delivered_at": entry.delivered_at,
             "attempts": entry.attempts,
             "available_at": entry.available_at,
-            "lease_until": None,
+            "lease_until": now_ms() + self.lease_ms if self.shared and entry.state == HELD else None,
+            "reason": entry.reason if entry.state == WAIT else None,
         }
 
     def _group_row(self, state: QueueState, group: Group, batch: WriteBatch) -> None:
-        if not state.durable:
+        if not state.durable or self.shared:  # shared: claims create the row, cursors are unused
             return
         batch.groups[(state.name, group.name)] = {
             "queue": state.name,
@@ -1015,6 +1084,13 @@ class QueueManager:
 
     def _finish(self, state: QueueState, group: Group, offset: int, entry: Entry, batch: WriteBatch) -> None:
         """The group is done with ``offset`` (acked or dead-lettered)."""
+        if self._is_shared(state):  # a 'done' marker; the compaction deletes finished messages
+            entry.state = DONE
+            entry.holder = None
+            self._pending_row(state, group, offset, entry, batch)
+            del group.entries[offset]
+            self._forget(state, offset)
+            return
         if offset >= group.cursor:
             entry.state = DONE
             entry.holder = None
@@ -1040,6 +1116,12 @@ class QueueManager:
         entry.reason = reason
         entry.available_at = at
         entry.token += 1
+        if self._is_shared(state):  # released to every node: claimed again when available
+            self._pending_row(state, group, offset, entry, batch)
+            del group.entries[offset]
+            group.unready(offset)
+            self._forget(state, offset)
+            return
         if at <= now:
             group.make_ready(offset)
         else:
@@ -1099,6 +1181,20 @@ class QueueManager:
         dlq = self.queues.get(target)
         if dlq is None:
             dlq = self._declare_now(target, None, state.durable, batch)
+        if self._is_shared(dlq):
+            row = queue_store.message_row(target, 0, copy, stored.routing_key, now, None)
+            published = queue_store.event_row(
+                now, target, "published", node=self.node, reason=f"dead_letter from {state.name}:{offset}"
+            )
+            batch.calls.append(queue_store.append_reserving(row, published))
+            batch.events.append(
+                queue_store.event_row(
+                    now, state.name, "dead_lettered", group=group.name, offset=offset, node=self.node,
+                    attempt=entry.attempts, reason=f"{reason} -> {target}",
+                )
+            )  # fmt: skip
+            after.append(lambda: self._appended(dlq, StoredMessage(-1, copy, "", now, None, 0)))
+            return
         d_offset = dlq.next_offset
         dlq.next_offset += 1
         d_stored = StoredMessage(
@@ -1124,6 +1220,48 @@ class QueueManager:
                 )
             )  # fmt: skip
         after.append(lambda: self._appended(dlq, d_stored))
+
+    def _forget(self, state: QueueState, offset: int) -> None:
+        """Shared mode: drop a message from memory once no local group entry refers to it."""
+        for group in state.groups.values():
+            if offset in group.entries:
+                return
+        state.remove(offset)
+
+    def _claim(self, state: QueueState, group: Group) -> None:
+        """Shared mode: claim a batch of messages for this node (one statement batch per claim)."""
+        key = (state, group)
+        if key in self._claiming or not self._started or state.deleted:
+            return
+        want = min(self.claim_batch, sum(max(0, h.credit) for h in group.consumers))
+        if want <= 0:
+            return
+        self._claiming.add(key)
+        now = now_ms()
+        call = queue_store.claim(state.name, group.name, self.node, want, now, now + self.lease_ms)
+        self.writer.submit(
+            WriteBatch(calls=[call]), on_results=lambda results: self._claimed(state, group, results)
+        )
+
+    def _claimed(self, state: QueueState, group: Group, results: list[Any]) -> None:
+        self._claiming.discard((state, group))
+        rows = results[0] if results else []
+        for row, attempts, reason in rows:
+            offset = int(row.offset)
+            if offset in group.entries:
+                continue
+            if offset not in state.messages:
+                message = queue_store.row_message(row)
+                state.add(
+                    StoredMessage(
+                        offset, message, row.routing_key, int(row.published_at), row.expires_at,
+                        len(message.payload),
+                    )
+                )  # fmt: skip
+            group.entries[offset] = Entry(WAIT, attempts=attempts, reason=reason)
+            group.make_ready(offset)
+        if rows:
+            self._dispatch(state, group)
 
     def _commit_stream(
         self, state: QueueState, group: Group, to: int, now: int, batch: WriteBatch, cid: str | None
@@ -1230,9 +1368,25 @@ class QueueManager:
                     f()
             if changed or group.ready:
                 self._dispatch(state, group)
+        if self.shared:
+            self._shared_tick(now)
         if now - self._last_sweep >= SWEEP_S * 1000:
             self._last_sweep = now
             self._sweep(now)
+
+    def _shared_tick(self, now: int) -> None:
+        if now - self._last_poll >= POLL_MS:  # messages published and released by other nodes
+            self._last_poll = now
+            for state in self.queues.values():
+                if self._is_shared(state):
+                    for group in state.groups.values():
+                        if not group.ready and group.consumers:
+                            self._claim(state, group)
+        if now - self._last_renew >= self.lease_ms // 3:
+            self._last_renew = now
+            calls = [queue_store.renew_leases(self.node, now + self.lease_ms)]
+            calls += [queue_store.compact_shared(s.name) for s in self.queues.values() if self._is_shared(s)]
+            self.writer.submit(WriteBatch(calls=calls))
 
     def _sweep(self, now: int) -> None:
         """TTL expiry and stream retention."""

@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, delete, func, insert, select, update
+from sqlalchemy import Connection, Engine, and_, delete, func, insert, select, text, update
 
 from trimaran.broker.message import Message
 from trimaran.storage.schema import queue_events, queue_groups, queue_messages, queue_pending, queues
@@ -230,3 +230,153 @@ def pending_rows(engine: Engine, queue: str) -> list[dict[str, Any]]:
     with engine.connect() as connection:
         stmt = select(queue_pending).where(queue_pending.c.queue == queue).order_by(queue_pending.c.offset)
         return [dict(row._mapping) for row in connection.execute(stmt).all()]
+
+
+# -- shared mode: several nodes on one PostgreSQL database -----------------------------------------
+#
+# A node delivers only messages it has claimed: a claim turns a queue_pending row into state 'held'
+# with this node's name and a lease. New messages are claimed by INSERTing their pending row; the
+# primary key (queue, group, offset) makes a second node's insert a no-op (ON CONFLICT DO NOTHING),
+# so two nodes can never hold the same message even when their snapshots overlap; FOR UPDATE SKIP
+# LOCKED only keeps them from queueing behind each other. Claims are taken in batches, so the cost
+# is per batch, not per message. A node that dies stops renewing its leases and its messages are
+# claimed again by the others once lease_until has passed.
+
+_CLAIM_AGAIN = text(
+    """
+    WITH c AS (
+        SELECT "offset", state AS old_state FROM queue_pending
+        WHERE queue = :q AND "group" = :g
+          AND ((state = 'wait' AND available_at <= :now) OR (state = 'held' AND lease_until < :now))
+        ORDER BY "offset" LIMIT :n
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE queue_pending p
+    SET state = 'held', node = :node, consumer = NULL, lease_until = :lease
+    FROM c
+    WHERE p.queue = :q AND p."group" = :g AND p."offset" = c."offset"
+    RETURNING p."offset", p.attempts, c.old_state, p.reason
+    """
+)
+
+_CLAIM_NEW = text(
+    """
+    WITH c AS (
+        SELECT m."offset" FROM queue_messages m
+        WHERE m.queue = :q
+          AND NOT EXISTS (
+              SELECT 1 FROM queue_pending p
+              WHERE p.queue = m.queue AND p."group" = :g AND p."offset" = m."offset"
+          )
+        ORDER BY m."offset" LIMIT :n
+        FOR UPDATE OF m SKIP LOCKED
+    )
+    INSERT INTO queue_pending
+        (queue, "group", "offset", state, consumer, node, delivered_at, attempts, available_at,
+         lease_until, reason)
+    SELECT :q, :g, c."offset", 'held', NULL, :node, NULL, 0, NULL, :lease, 'first' FROM c
+    ON CONFLICT DO NOTHING
+    RETURNING "offset"
+    """
+)
+
+_ENSURE_GROUP = text(
+    """
+    INSERT INTO queue_groups (queue, "group", cursor, committed, updated_at)
+    VALUES (:q, :g, 0, 0, :now) ON CONFLICT DO NOTHING
+    """
+)
+
+
+def claim(queue: str, group: str, node: str, limit: int, now: int, lease_until: int) -> Call:
+    """Claim up to ``limit`` messages for a group; returns [(row, attempts, reason)] in offset order."""
+
+    def call(connection: Connection) -> list[tuple[Any, int, str]]:
+        params = {"q": queue, "g": group, "node": node, "n": limit, "now": now, "lease": lease_until}
+        connection.execute(_ENSURE_GROUP, params)
+        claimed: dict[int, tuple[int, str]] = {}
+        for row in connection.execute(_CLAIM_AGAIN, params):
+            why = "lease_expired" if row.old_state == "held" else (row.reason or "released")
+            claimed[int(row.offset)] = (int(row.attempts), why)
+        if len(claimed) < limit:
+            params["n"] = limit - len(claimed)
+            for row in connection.execute(_CLAIM_NEW, params):
+                claimed[int(row.offset)] = (0, "first")
+        if not claimed:
+            return []
+        stmt = select(queue_messages).where(
+            and_(queue_messages.c.queue == queue, queue_messages.c.offset.in_(list(claimed)))
+        )
+        rows = sorted(connection.execute(stmt).all(), key=lambda r: int(r.offset))
+        found = {int(r.offset) for r in rows}
+        missing = [o for o in claimed if o not in found]
+        if missing:  # deleted meanwhile (purge, expiry elsewhere): drop the claims
+            connection.execute(
+                delete(queue_pending).where(
+                    and_(
+                        queue_pending.c.queue == queue,
+                        queue_pending.c.group == group,
+                        queue_pending.c.offset.in_(missing),
+                    )
+                )
+            )
+        return [(r, *claimed[int(r.offset)]) for r in rows]
+
+    return call
+
+
+def renew_leases(node: str, lease_until: int) -> Call:
+    def call(connection: Connection) -> int:
+        stmt = (
+            update(queue_pending)
+            .where(and_(queue_pending.c.node == node, queue_pending.c.state == "held"))
+            .values(lease_until=lease_until)
+        )
+        return int(connection.execute(stmt).rowcount or 0)
+
+    return call
+
+
+def compact_shared(queue: str) -> Call:
+    """Delete messages every group has finished, then their 'done' markers."""
+
+    def call(connection: Connection) -> int:
+        params = {"q": queue}
+        deleted = connection.execute(
+            text(
+                """
+                DELETE FROM queue_messages m
+                WHERE m.queue = :q
+                  AND (SELECT count(*) FROM queue_pending p
+                       WHERE p.queue = :q AND p."offset" = m."offset" AND p.state = 'done')
+                      >= (SELECT count(*) FROM queue_groups g WHERE g.queue = :q)
+                """
+            ),
+            params,
+        ).rowcount
+        connection.execute(
+            text(
+                """
+                DELETE FROM queue_pending p
+                WHERE p.queue = :q AND p.state = 'done'
+                  AND NOT EXISTS (SELECT 1 FROM queue_messages m
+                                  WHERE m.queue = :q AND m."offset" = p."offset")
+                """
+            ),
+            params,
+        )
+        return int(deleted or 0)
+
+    return call
+
+
+def append_reserving(row: dict[str, Any], event: dict[str, Any]) -> Call:
+    """Shared mode: append a message taking its offset from the queue row (dead-lettering)."""
+
+    def call(connection: Connection) -> int:
+        offset = int(reserve_offsets(row["queue"], 1)(connection))
+        connection.execute(insert(queue_messages).values(**{**row, "offset": offset}))
+        connection.execute(insert(queue_events).values(**{**event, "offset": offset}))
+        return offset
+
+    return call

@@ -131,6 +131,7 @@ queue_pending = Table(
     Column("attempts", Integer, nullable=False),
     Column("available_at", BigInteger, nullable=True),
     Column("lease_until", BigInteger, nullable=True),
+    Column("reason", String(16), nullable=True),  # why it waits: nack, timeout, disconnect, restart
     PrimaryKeyConstraint("queue", "group", "offset"),
 )
 

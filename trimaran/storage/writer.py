@@ -93,12 +93,19 @@ class WriterError(Exception):
 class Ticket:
     """One submission's fate. ``event`` is set on the loop once committed (or failed)."""
 
-    __slots__ = ("batch", "error", "event", "on_commit", "results")
+    __slots__ = ("batch", "error", "event", "on_commit", "on_results", "results")
 
-    def __init__(self, batch: WriteBatch, event: anyio.Event | None, on_commit: Callable[[], None] | None):
+    def __init__(
+        self,
+        batch: WriteBatch,
+        event: anyio.Event | None,
+        on_commit: Callable[[], None] | None,
+        on_results: Callable[[list[Any]], None] | None = None,
+    ):
         self.batch = batch
         self.event = event
         self.on_commit = on_commit
+        self.on_results = on_results
         self.error: BaseException | None = None
         self.results: list[Any] = []
 
@@ -155,9 +162,15 @@ class GroupCommitWriter:
     # -- submitting (on the event loop) ----------------------------------------------------------
 
     def submit(
-        self, batch: WriteBatch, *, wait: bool = False, on_commit: Callable[[], None] | None = None
+        self,
+        batch: WriteBatch,
+        *,
+        wait: bool = False,
+        on_commit: Callable[[], None] | None = None,
+        on_results: Callable[[list[Any]], None] | None = None,
     ) -> Ticket:
-        ticket = Ticket(batch, anyio.Event() if wait else None, on_commit)
+        """Queue a batch. ``on_commit`` / ``on_results`` run on the loop after the commit."""
+        ticket = Ticket(batch, anyio.Event() if wait else None, on_commit, on_results)
         if self._thread is None:
             raise WriterError("the writer is not running")
         with self._cond:
@@ -257,6 +270,11 @@ def _complete(tickets: list[Ticket]) -> None:
                 ticket.on_commit()
             except Exception:
                 log.exception("on_commit callback failed")
+        if ticket.on_results is not None:
+            try:
+                ticket.on_results(ticket.results if ticket.error is None else [])
+            except Exception:
+                log.exception("on_results callback failed")
         if ticket.event is not None:
             ticket.event.set()
 

@@ -59,6 +59,7 @@ def upgrade() -> None:
         sa.Column("attempts", sa.Integer, nullable=False),
         sa.Column("available_at", sa.BigInteger, nullable=True),
         sa.Column("lease_until", sa.BigInteger, nullable=True),
+        sa.Column("reason", sa.String(16), nullable=True),
         sa.PrimaryKeyConstraint("queue", "group", "offset", name="pk_queue_pending"),
     )
     op.create_index("ix_queue_pending_claim", "queue_pending", ["queue", "group", "available_at"])

@@ -1,0 +1,106 @@
+"""Several managers on one PostgreSQL database never hold the same message at once."""
+
+from __future__ import annotations
+
+import random
+
+import anyio
+import pytest
+
+from tests.queue.conftest import Factory, wait_until
+from trimaran.broker.message import Message
+from trimaran.queue import ConsumerHandle, QueueDelivery
+from trimaran.storage import queue_store
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+
+class Worker:
+    """Acks each delivery a little later; checks nobody else holds it meanwhile."""
+
+    def __init__(self, id: str, held: dict[int, str], done: list[int], tg: anyio.abc.TaskGroup) -> None:
+        self.id = id
+        self.held = held
+        self.done = done
+        self.tg = tg
+        self.handle: ConsumerHandle | None = None
+        self.count = 0
+
+    def deliver(self, delivery: QueueDelivery) -> None:
+        assert delivery.offset not in self.held, f"{delivery.offset} held by {self.held[delivery.offset]}"
+        self.held[delivery.offset] = self.id
+        self.count += 1
+        self.tg.start_soon(self._settle, delivery.offset)
+
+    async def _settle(self, offset: int) -> None:
+        await anyio.sleep(random.random() * 0.01)
+        del self.held[offset]
+        assert self.handle is not None
+        assert await self.handle.ack(offset)
+        self.done.append(offset)
+        self.handle.add_credit(1)
+
+
+@pytest.fixture
+def postgres_only(storage_url: str) -> None:
+    if not storage_url.startswith("postgresql"):
+        pytest.skip("shared mode needs PostgreSQL")
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_two_managers_never_hold_the_same_message(make_manager: Factory) -> None:
+    a = make_manager(shared=True, node="a")
+    b = make_manager(shared=True, node="b")
+    held: dict[int, str] = {}
+    done: list[int] = []
+    async with a.running(), b.running(), anyio.create_task_group() as tg:
+        await a.declare("jobs")
+        await b.declare("jobs")
+        workers = []
+        for i, manager in enumerate((a, b, a, b)):
+            w = Worker(f"w{i}", held, done, tg)
+            w.handle = manager.consume("jobs", w)
+            w.handle.add_credit(5)
+            workers.append(w)
+
+        async def publish(manager: object, n: int) -> None:
+            for i in range(n):
+                await manager.publish("jobs", Message(topic="$queue/jobs", payload=b"%d" % i, qos=1))  # type: ignore[attr-defined]
+
+        async with anyio.create_task_group() as publishers:
+            publishers.start_soon(publish, a, 100)
+            publishers.start_soon(publish, b, 100)
+        await wait_until(lambda: len(done) == 200, timeout=20)
+        assert sorted(done) == sorted(set(done))
+        assert all(w.count for w in workers)
+        await anyio.sleep(0.4)  # lease renewal + compaction pass
+    assert len(queue_store.stored_offsets(a.storage.engine, "jobs")) <= 200
+    counts = queue_store.count_events(a.storage.engine, "jobs")
+    assert counts["published"] == 200 and counts["acked"] == 200 and counts["delivered"] == 200
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_a_stopping_manager_hands_its_messages_over(make_manager: Factory) -> None:
+    from tests.queue.conftest import Collector
+
+    a = make_manager(shared=True, node="a")
+    b = make_manager(shared=True, node="b", backoff_initial_s=0)
+    async with b.running():
+        async with a.running():
+            await a.declare("jobs")
+            ca = Collector("ca")
+            a.consume("jobs", ca).add_credit(3)
+            for i in range(5):
+                await a.publish("jobs", Message(topic="$queue/jobs", payload=b"%d" % i, qos=1))
+            await wait_until(lambda: len(ca.deliveries) == 3)
+        cb = Collector("cb")
+        hb = b.consume("jobs", cb)
+        hb.add_credit(10)
+        await wait_until(lambda: len(cb.deliveries) == 5)
+        assert sorted(d.offset for d in cb.deliveries) == [0, 1, 2, 3, 4]
+        redelivered = sorted(d.offset for d in cb.deliveries if d.redelivered)
+        assert redelivered == sorted(d.offset for d in ca.deliveries)
+        first = cb.deliveries[0]
+        assert await hb.nack(first.offset)  # released to the database, claimed again
+        await wait_until(lambda: len(cb.deliveries) == 6)
+        assert cb.deliveries[-1].offset == first.offset and cb.deliveries[-1].attempt == first.attempt + 1
