@@ -265,3 +265,33 @@ def test_idle_timeout_heartbeats_both_ways() -> None:
     p.pump()
     assert p.conn.remote_condition is not None
     assert p.conn.remote_condition.name == "amqp:resource-limit-exceeded"
+
+
+def test_drain_with_proton_receiver() -> None:
+    p = Pair(plain=False)
+    orig = p.handle
+
+    def handle(events: list[Any]) -> None:
+        for ev in events:
+            orig([ev])
+            if isinstance(ev, FlowReceived) and ev.drain and ev.link.is_sender:
+                if ev.link.credit > 0:
+                    p.server.send(ev.link, proton.Message(body="only one").encode())
+                p.server.complete_drain(ev.link)
+
+    p.handle = handle  # type: ignore[method-assign]
+    session = p.conn.session()
+    session.open()
+    rcv = session.receiver("r")
+    rcv.source.address = "q"
+    rcv.open()
+    p.pump()
+    rcv.drain(5)
+    assert rcv.draining()
+    p.pump()
+    assert not rcv.draining()
+    assert rcv.queued == 1
+    # proton counts a queued delivery as credit until the application moves past it
+    rcv.recv(rcv.current.pending)
+    rcv.advance()
+    assert rcv.credit == 0
