@@ -17,6 +17,26 @@ Who answers what: the connection answers the peer's open, begin, end, detach and
 itself; a peer's attach waits for the caller's ``accept_link`` or ``reject_link`` and a
 sasl-init waits for ``sasl_complete``. Events for things the caller ended itself are not
 repeated when the peer confirms.
+
+A handler's reactions, in short:
+
+* ``SaslAuthRequested``: check ``credentials`` (username None = ANONYMOUS), then
+  ``events += conn.sasl_complete(ok)`` (input the client pipelined is processed then).
+* ``LinkAttached``: ``link.role`` is ours. ``link.is_sender`` (the peer receives): route by
+  ``link.address`` / ``link.remote_attach.source`` (filters, capabilities, dynamic) and
+  ``accept_link(link)``; messages go out with ``conn.send(link, encode_message(msg))`` while
+  ``link.credit > 0``. ``link.is_receiver`` (the peer sends): ``accept_link(link,
+  initial_credit=n)`` and top up with ``grant_credit(link, n)``. Refuse with
+  ``reject_link(link, Error(condition=NOT_FOUND))``.
+* ``FlowReceived`` on a sender link: more credit; with ``drain`` send what is there, then
+  ``complete_drain(link)``.
+* ``MessageReceived``: ``decode_message(ev.payload)``; unless ``ev.settled``, answer with
+  ``settle(link, ev.delivery_id, Accepted())`` (or Rejected / Released / Modified). With
+  rcv-settle-mode second, send ``settled=False`` first and settle on the sender's disposition.
+* ``DispositionReceived`` with ``role`` ROLE_RECEIVER: the outcome of deliveries we sent,
+  listed in ``deliveries``; if not ``settled`` (the peer is in rcv-settle-mode second), settle.
+* ``LinkDetached`` / ``SessionEnded`` / ``ConnectionClosed``: forget the link / session /
+  connection; after ``ConnectionClosed`` (or once ``closed``) flush and close the socket.
 """
 
 from __future__ import annotations
