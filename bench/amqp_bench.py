@@ -26,23 +26,107 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
 import struct
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aio_pika
+import aiormq
+import aiormq.abc
 from aio_pika.abc import AbstractIncomingMessage
+from pamqp.commands import Basic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import brokers
 
 STAMP = struct.Struct("!QQ")  # sequence, send time (CLOCK_MONOTONIC ns)
 monotonic_ns = time.monotonic_ns
+
+
+class Client:
+    """The two client stacks behind one small interface: `aio-pika` (its public API) or `aiormq` (the
+    engine under aio-pika, without aio-pika's Message and robust-channel layers: less client CPU)."""
+
+    def __init__(self, kind: str, url: str) -> None:
+        self.kind = kind
+        self.url = url
+        self.conns: list[Any] = []
+        self.queue_name = ""
+        self.publish: Callable[[bytes], Awaitable[None]] = self._not_set_up
+
+    async def _not_set_up(self, body: bytes) -> None:
+        raise RuntimeError("setup() first")
+
+    def describe(self) -> str:
+        return f"aio-pika {aio_pika.__version__}" + (" (aiormq API)" if self.kind == "aiormq" else "")
+
+    async def open(self) -> None:
+        connect = aio_pika.connect if self.kind == "aio-pika" else aiormq.connect
+        self.conns = [await connect(self.url), await connect(self.url)]  # publisher, consumer
+
+    async def setup(
+        self, queue: str, durable: bool, confirm: bool, prefetch: int, on_body: Callable[[bytes], bool]
+    ) -> None:
+        pub_conn, sub_conn = self.conns
+        self.queue_name = queue
+        persistent = 2 if confirm else 1
+        if self.kind == "aio-pika":
+            sub_ch = await sub_conn.channel()
+            await sub_ch.set_qos(prefetch_count=prefetch)
+            self._queue = await sub_ch.declare_queue(queue, durable=durable, auto_delete=False)
+
+            async def on_message(message: AbstractIncomingMessage) -> None:
+                if on_body(message.body):
+                    await message.ack(multiple=True)
+
+            self._tag = await self._queue.consume(on_message, no_ack=False)
+            pub_ch = await pub_conn.channel(publisher_confirms=confirm)
+            exchange = pub_ch.default_exchange
+            mode = aio_pika.DeliveryMode(persistent)
+
+            async def publish_pika(body: bytes) -> None:
+                await exchange.publish(aio_pika.Message(body, delivery_mode=mode), routing_key=queue)
+
+            self.publish = publish_pika
+            return
+        sub_ch = await sub_conn.channel()
+        await sub_ch.basic_qos(prefetch_count=prefetch)
+        await sub_ch.queue_declare(queue, durable=durable, auto_delete=False)
+
+        async def on_delivered(message: aiormq.abc.DeliveredMessage) -> None:
+            if on_body(message.body):
+                await sub_ch.basic_ack(message.delivery_tag, multiple=True)
+
+        self._sub_ch = sub_ch
+        self._tag = (await sub_ch.basic_consume(queue, on_delivered, no_ack=False)).consumer_tag
+        pub_ch = await pub_conn.channel(publisher_confirms=confirm)
+        props = Basic.Properties(delivery_mode=persistent)
+
+        async def publish_rmq(body: bytes) -> None:
+            result = await pub_ch.basic_publish(body, routing_key=queue, properties=props)
+            if isinstance(result, Basic.Nack):
+                raise ConnectionError("publish nacked by the broker")
+
+        self.publish = publish_rmq
+
+    async def teardown(self, queue: str) -> None:
+        if self.kind == "aio-pika":
+            await self._queue.cancel(self._tag)
+            await self._queue.delete(if_unused=False, if_empty=False)
+        else:
+            await self._sub_ch.basic_cancel(self._tag)
+            await self._sub_ch.queue_delete(queue)
+
+    async def close(self) -> None:
+        for conn in self.conns:
+            await conn.close()
 
 
 def percentile(sorted_values: list[int], q: float) -> float | None:
@@ -56,56 +140,65 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     confirm = args.mode == "confirm"
     queue_name = f"bench-{os.getpid()}-{int(time.time() * 1000) % 100000}"
     pad = bytes(args.payload - STAMP.size)
-    pub_conn = await aio_pika.connect(args.url)
-    sub_conn = await aio_pika.connect(args.url)
     delivered = 0
     latencies: list[int] = []
     ack_every = max(1, args.prefetch // 4)
+    published = 0
+    stop = asyncio.Event()
+    client = Client(args.client, args.url)
+    await client.open()
     try:
-        sub_ch = await sub_conn.channel()
-        await sub_ch.set_qos(prefetch_count=args.prefetch)
-        queue = await sub_ch.declare_queue(queue_name, durable=confirm, auto_delete=False)
 
-        async def on_message(message: AbstractIncomingMessage) -> None:
+        def on_body(body: bytes) -> bool:
+            """Count one delivery; True when it is time for a cumulative ack."""
             nonlocal delivered
             now = monotonic_ns()
             delivered += 1
-            seq, ts = STAMP.unpack_from(message.body)
+            seq, ts = STAMP.unpack_from(body)
             if seq % args.sample_every == 0:
                 latencies.append(now - ts)
-            if delivered % ack_every == 0:
-                await message.ack(multiple=True)
+            return bool(delivered % ack_every == 0)
 
-        tag = await queue.consume(on_message, no_ack=False)
-
-        pub_ch = await pub_conn.channel(publisher_confirms=confirm)
-        exchange = pub_ch.default_exchange
-        mode = aio_pika.DeliveryMode.PERSISTENT if confirm else aio_pika.DeliveryMode.NOT_PERSISTENT
-        published = 0
-        stop = asyncio.Event()
+        await client.setup(
+            queue_name, durable=confirm, confirm=confirm, prefetch=args.prefetch, on_body=on_body
+        )
 
         async def publisher() -> None:
+            # A done-callback per publish, not asyncio.wait() over the pending set: that re-registers
+            # a callback on every pending future per wake-up, O(window) per message.
             nonlocal published
-            pending: set[asyncio.Future[Any]] = set()
+            publish = client.publish
+            room = asyncio.Event()
+            inflight = 0
+            errors: list[BaseException] = []
+
+            def done(fut: asyncio.Future[Any]) -> None:
+                nonlocal inflight, published
+                inflight -= 1
+                if fut.cancelled():
+                    errors.append(asyncio.CancelledError())
+                elif (exc := fut.exception()) is not None:
+                    errors.append(exc)
+                else:
+                    published += 1
+                room.set()
+
             seq = 0
             while not stop.is_set():
-                while len(pending) < args.window:
+                if errors:
+                    raise errors[0]  # a nack or a closed channel must fail the run
+                while inflight < args.window:
                     body = STAMP.pack(seq, monotonic_ns()) + pad
                     seq += 1
-                    pending.add(
-                        asyncio.ensure_future(
-                            exchange.publish(
-                                aio_pika.Message(body, delivery_mode=mode), routing_key=queue_name
-                            )
-                        )
-                    )
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for fut in done:
-                    fut.result()  # a nack or a closed channel must fail the run
-                published += len(done)
-            if pending:
-                done, _ = await asyncio.wait(pending, timeout=10)
-                published += sum(1 for f in done if not f.exception())
+                    inflight += 1
+                    asyncio.ensure_future(publish(body)).add_done_callback(done)
+                room.clear()
+                await room.wait()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(10):
+                    while inflight:
+                        room.clear()
+                        await room.wait()
 
         def snapshot() -> tuple[int, int, int, float, float, float]:
             return (
@@ -132,11 +225,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             elif time.monotonic() - last_change > args.idle:
                 break
             await asyncio.sleep(0.05)
-        await queue.cancel(tag)
-        await queue.delete(if_unused=False, if_empty=False)
+        await client.teardown(queue_name)
     finally:
-        await pub_conn.close()
-        await sub_conn.close()
+        await client.close()
 
     window_s = (s1[0] - s0[0]) / 1e9
     lat = sorted(latencies)
@@ -165,7 +256,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "host_cpus": os.cpu_count(),
         "broker_rss_kib": brokers.rss_kib(args.watch_pid) if args.watch_pid else None,
         "loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
-        "client": f"aio-pika {aio_pika.__version__}",
+        "client": client.describe(),
         **({"broker": args.label} if args.label else {}),
     }
 
@@ -225,6 +316,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--url", default="amqp://guest:guest@127.0.0.1:5672/")
     p.add_argument("--mode", choices=["transient", "confirm"], default="transient")
+    p.add_argument(
+        "--client",
+        choices=["aio-pika", "aiormq"],
+        default="aio-pika",
+        help="aio-pika's public API, or aiormq (the engine under it, less client CPU)",
+    )
     p.add_argument("--payload", type=int, default=64, help="body bytes, >= 16 (default 64)")
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--warmup", type=float, default=2.0)

@@ -15,7 +15,7 @@ Scenarios:
   mqtt-fan-in-q0 / -q1    --clients publishers -> 1 subscriber, QoS 0 / 1
   mqtt-fan-out-q0 / -q1   1 publisher -> --clients subscribers, QoS 0 / 1
   mqtt-latency-q0 / -q1   1 -> 1 at a fixed --rate
-  amqp-transient          aio-pika publish -> consume, transient queue, no confirms
+  amqp-transient          publish -> consume (aio-pika's aiormq), transient queue, no confirms
   amqp-confirm            durable queue, persistent messages, publisher confirms
   amqp-client-only        aio-pika's codec alone, no broker (shown once, as the client ceiling)
 
@@ -131,7 +131,8 @@ def bench_cmd(args: argparse.Namespace, scenario: str, b: brokers.Running) -> li
     if b.amqp is None:
         return "; ".join(n for n in b.notes if "AMQP" in n) or "no AMQP listener"
     url = f"amqp://guest:guest@{b.amqp[0]}:{b.amqp[1]}/"
-    return [py, str(HERE / "amqp_bench.py"), "--url", url, "--mode", AMQP_SCENARIOS[scenario], *common]
+    cmd = [py, str(HERE / "amqp_bench.py"), "--url", url, "--mode", AMQP_SCENARIOS[scenario]]
+    return [*cmd, "--client", args.amqp_client, *common]
 
 
 def fmt_num(x: float | None, digits: int = 0) -> str:
@@ -289,14 +290,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--wait-quiet",
         type=float,
-        default=20.0,
-        help="before each run wait up to this many seconds for other jobs to leave the CPUs (default 20)",
+        default=10.0,
+        help="before each run wait up to this many seconds for other jobs to leave the CPUs (default 10)",
     )
     p.add_argument(
         "--e2e-window",
         type=int,
         default=1000,
         help="MQTT throughput runs: max published-but-undelivered messages, 0 = flood (default 1000)",
+    )
+    p.add_argument(
+        "--amqp-client",
+        choices=["aiormq", "aio-pika"],
+        default="aiormq",
+        help="AMQP client API: aiormq (aio-pika's engine, cheaper) or aio-pika's own (default aiormq)",
     )
     p.add_argument("--json", type=Path, help="also write every raw result to this file")
     args = p.parse_args(argv)
