@@ -75,6 +75,8 @@ VECTORS: list[tuple[str, Any]] = [
     ("c00302" + "4041", [None, True]),  # list8: size 3, count 2
     ("d000000105" + "00000001" + "a0ff" + "00" * 255, [bytes(255)]),  # list32: content > 254 bytes
     ("c10502a1016b41", {"k": True}),  # map8: size 5, count 2 (key and value)
+    ("d1000001080000000" + "2a1016ba0ff" + "00" * 255, {"k": bytes(255)}),  # map32: content 260 bytes
+    ("f00000013500000001b00000012c" + "00" * 300, Array(T.BINARY, [bytes(300)])),  # array32 of vbin32
     ("e00503560001" + "00", Array(T.BOOLEAN, [False, True, False])),  # array8 of boolean (0x56)
     ("e00a027000000001000000ff", Array(T.UINT, [UInt(1), UInt(255)])),  # array8 of uint, full width
     ("e00602a3016101" + "62", Array(T.SYMBOL, [Symbol("a"), Symbol("b")])),  # array8 of sym8
