@@ -486,7 +486,9 @@ class ServerConnection:
         self._check_link(link, ROLE_SENDER)
         if link.link_credit <= 0:
             raise AMQPStateError(f"link {link.name!r} has no credit")
-        size = payload.nbytes if isinstance(payload, memoryview) else len(payload)
+        if not isinstance(payload, bytes):
+            payload = bytes(payload)  # frames may wait for the window: never keep a mutable buffer
+        size = len(payload)
         if link.max_message_size and size > link.max_message_size:
             raise AMQPStateError(f"message of {size} bytes exceeds the peer's max-message-size")
         if link.snd_settle_mode == SND_SETTLED:
