@@ -179,6 +179,18 @@ def ratio_text(scenario: str, mine: Cell | None, other: Cell | None) -> str:
     return f"{a['deliver_rate'] / b['deliver_rate']:.2f}"
 
 
+def trimaran_revision() -> str:
+    """The commit being measured, and uncommitted changes under trimaran/ (others work in this tree)."""
+
+    def git(*cmd: str) -> str:
+        out = subprocess.run(["git", *cmd], cwd=HERE.parent, capture_output=True, text=True, check=False)
+        return out.stdout.strip()
+
+    head = git("log", "-1", "--format=%h %s")[:80] or "unknown"
+    dirty = git("status", "--short", "--", "trimaran").splitlines()
+    return f"{head}" + (f" + uncommitted: {', '.join(d.split()[-1] for d in dirty)}" if dirty else "")
+
+
 def machine_facts() -> list[str]:
     model = "?"
     try:
@@ -190,6 +202,7 @@ def machine_facts() -> list[str]:
         pass
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return [
+        f"- trimaran source: {trimaran_revision()}",
         f"- date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
         f"- host: {os.cpu_count()} CPUs ({model}), {mem_gib:.0f} GiB RAM, Linux {platform.release()}",
         f"- generator: CPython {platform.python_version()}, one process per run, all on 127.0.0.1",
@@ -241,10 +254,13 @@ def render(
     out += [
         "",
         "Details (every run): pub = published msg/s, del = delivered msg/s, CPU in cores over the steady "
-        "window: gen = load generator, broker, other = everything else on the host.",
+        "window: gen = load generator, broker, other = everything else on the host. gen ceiling = del / gen "
+        "CPU: what the generator could drive with one whole core at its measured cost per message; when it "
+        "is near del, the generator was the limit.",
         "",
-        "| scenario | broker | pub | del | lost | p50 ms | p99 ms | gen CPU | broker CPU | other CPU |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| scenario | broker | pub | del | lost | p50 ms | p99 ms | gen CPU | broker CPU | other CPU "
+        "| gen ceiling |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for sc in args.scenarios:
         for n in names:
@@ -253,13 +269,14 @@ def render(
                 continue
             for r in cell.runs:
                 if "error" in r:
-                    out.append(f"| {sc} | {n} | error: {r['error'][:100]} |||||||")
+                    out.append(f"| {sc} | {n} | error: {r['error'][:100]} ||||||||")
                     continue
                 lat = r.get("latency_ms", {})
                 out.append(
                     f"| {sc} | {n} | {fmt_num(r['pub_rate'])} | {fmt_num(r['deliver_rate'])} | {r['lost']:,} "
                     f"| {fmt_num(lat.get('p50'), 2)} | {fmt_num(lat.get('p99'), 2)} | {r['gen_cpu']:.2f} "
-                    f"| {fmt_num(r.get('broker_cpu'), 2)} | {r['other_cpu']:.2f} |"
+                    f"| {fmt_num(r.get('broker_cpu'), 2)} | {r['other_cpu']:.2f} "
+                    f"| {fmt_num(r['deliver_rate'] / r['gen_cpu'] if r['gen_cpu'] > 0 else None)} |"
                 )
     return "\n".join(out)
 
@@ -306,6 +323,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="AMQP client API: aiormq (aio-pika's engine, cheaper) or aio-pika's own (default aiormq)",
     )
     p.add_argument("--json", type=Path, help="also write every raw result to this file")
+    p.add_argument(
+        "--render",
+        type=Path,
+        metavar="JSON",
+        help="run nothing: print the tables again from a file written by --json (same --brokers/--scenarios)",
+    )
     args = p.parse_args(argv)
     args.brokers = [b.strip() for b in args.brokers.split(",") if b.strip()]
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
@@ -322,6 +345,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render:
+        saved = json.loads(args.render.read_text())
+        loaded = {
+            (key.split("|")[0], key.split("|")[1]): Cell(runs=c["runs"], unavailable=c["unavailable"])
+            for key, c in saved["cells"].items()
+        }
+        facts = saved.get("facts") or [*machine_facts()[1:4], "- (machine facts at render time)"]
+        print(render(args, loaded, saved.get("versions", {}), saved.get("notes", {}), facts))
+        return 0
     cells: dict[tuple[str, str], Cell] = {}
     versions: dict[str, str] = {}
     notes: dict[str, str] = {}
