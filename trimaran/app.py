@@ -21,6 +21,7 @@ from trimaran.broker.http import HttpServer, Request, Response
 from trimaran.broker.listeners import ConnectionHandler, Listener, server_tls_context
 from trimaran.config import ConfigError, Endpoint, Settings
 from trimaran.mqtt.handler import MqttFrontEnd
+from trimaran.queue.manager import QueueManager
 from trimaran.storage.engine import describe
 from trimaran.storage.mqtt_store import MqttStore
 from trimaran.storage.store import Storage
@@ -35,6 +36,7 @@ class App:
         self.storage: Storage | None = None
         self.broker: Broker | None = None
         self.mqtt: MqttFrontEnd | None = None
+        self.queues: QueueManager | None = None
         self.listeners: list[Listener] = []
         self.http = HttpServer(
             max_body_bytes=settings.http.max_body_bytes,
@@ -60,12 +62,14 @@ class App:
         await anyio.to_thread.run_sync(storage.migrate)
         store = MqttStore(storage.engine)
         self.broker = Broker(store, sys_interval=settings.limits.sys_interval)
-        self.mqtt = MqttFrontEnd(self.broker, settings, store)
+        self.queues = QueueManager(storage, settings.queues, settings.storage)
+        self.mqtt = MqttFrontEnd(self.broker, settings, store, self.queues)
         self.listeners = self._build_listeners()
         try:
             async with anyio.create_task_group() as root:
                 root.start_soon(self._watch_signals, name="signals")
                 await root.start(self.broker.run, name="broker")
+                await self.queues.start(root)
                 await root.start(self.mqtt.run, name="mqtt sessions")
                 async with anyio.create_task_group() as connections:
                     await self._start_listeners(connections)
@@ -94,8 +98,9 @@ class App:
 
     async def _drain(self) -> None:
         """Let the front ends close their connections, then write what is still in memory."""
-        assert self.broker is not None and self.mqtt is not None
+        assert self.broker is not None and self.mqtt is not None and self.queues is not None
         await self.mqtt.shutdown()
+        await self.queues.stop()
         await self.broker.flush()
 
     async def _watch_signals(self) -> None:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import replace
 from typing import Any, Final
 
 import anyio
 import anyio.to_thread
-from anyio.abc import ByteStream
+from anyio.abc import ByteStream, TaskGroup
 
 from trimaran.broker.core import Broker
 from trimaran.broker.message import Message
@@ -39,8 +39,10 @@ from trimaran.mqtt.connection import (
     UnsubscribeReceived,
 )
 from trimaran.mqtt.mapping import message_from_publish, outbound
+from trimaran.mqtt.queues import LinkQueues, MqttQueues, is_queue_filter
 from trimaran.mqtt.reason_codes import ReasonCode
 from trimaran.mqtt.session import Session, Subscription
+from trimaran.queue.manager import QueueManager
 from trimaran.storage.mqtt_store import MqttStore, StoredSession
 
 log = logging.getLogger(__name__)
@@ -68,16 +70,44 @@ def server_limits(settings: Settings) -> ServerLimits:
 class Link:
     """One network connection and the wake-up its writer waits on."""
 
-    __slots__ = ("_wake", "conn", "done", "endpoint", "peer", "reading", "stream")
+    __slots__ = (
+        "_wake",
+        "conn",
+        "done",
+        "endpoint",
+        "flushed",
+        "front",
+        "peer",
+        "queue_bindings",
+        "reading",
+        "stream",
+        "tasks",
+    )
 
-    def __init__(self, conn: ServerConnection, stream: ByteStream, peer: str) -> None:
+    def __init__(self, front: MqttFrontEnd, conn: ServerConnection, stream: ByteStream, peer: str) -> None:
+        self.front = front
         self.conn = conn
         self.stream = stream
         self.peer = peer
         self.endpoint: MqttEndpoint | None = None
         self.done = False  # the reader has finished; the writer flushes and ends
         self.reading = anyio.CancelScope()
+        self.tasks: TaskGroup | None = None
+        self.queue_bindings = LinkQueues()
+        self.flushed = anyio.Event()  # the writer has sent its last bytes
         self._wake = anyio.Event()
+
+    def spawn(self, job: Callable[[], Coroutine[Any, Any, object]]) -> None:
+        """Run a coroutine in this connection's task group (it ends with the connection)."""
+        assert self.tasks is not None
+        self.tasks.start_soon(job)
+
+    def close(self, reason_code: int, reason: str) -> None:
+        """Server-initiated close: DISCONNECT (5.0) after what is queued, then the socket."""
+        self.front.dispatch(self, self.conn.disconnect(reason_code, reason))
+        self.done = True
+        self.reading.cancel()
+        self.wake()
 
     def wake(self) -> None:
         self._wake.set()
@@ -126,8 +156,15 @@ class MqttEndpoint:
 
 
 class MqttFrontEnd:
-    def __init__(self, broker: Broker, settings: Settings, store: MqttStore | None = None) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        settings: Settings,
+        store: MqttStore | None = None,
+        queues: QueueManager | None = None,
+    ) -> None:
         self.broker = broker
+        self.queues = MqttQueues(queues) if queues is not None else None
         self.settings = settings
         self.store = store
         self.limits = server_limits(settings)
@@ -168,7 +205,8 @@ class MqttFrontEnd:
                 endpoint.expires_at = now + row.expiry_interval_s - offline_for
             self.endpoints[session.client_id] = endpoint
             for subscription in session.subscriptions.values():
-                self._route(endpoint, subscription)
+                if not is_queue_filter(subscription.topic_filter):
+                    self._route(endpoint, subscription)
             count += 1
         if count:
             log.info("mqtt: restored %d persistent sessions", count)
@@ -180,7 +218,7 @@ class MqttFrontEnd:
             for event in events:
                 if isinstance(event, ConnectionClosed):
                     event.publish_will = False
-                    self._connection_closed(link, event)
+            self.dispatch(link, events)
             link.done = True
             link.reading.cancel()
             link.wake()
@@ -250,19 +288,26 @@ class MqttFrontEnd:
         await self.handle(ws, peer)
 
     async def handle(self, stream: ByteStream, peer: str) -> None:
-        link = Link(ServerConnection(self.limits, now=time.monotonic()), stream, peer)
+        link = Link(self, ServerConnection(self.limits, now=time.monotonic()), stream, peer)
         self.links.add(link)
         try:
             async with anyio.create_task_group() as tg:
+                link.tasks = tg
                 tg.start_soon(self._writer, link, tg.cancel_scope)
+                if self.queues is not None:
+                    tg.start_soon(self.queues.acknowledge_in_order, link)
                 with link.reading:
                     await self._reader(link)
                 link.done = True
                 link.wake()
+                await link.flushed.wait()
+                tg.cancel_scope.cancel()  # pending queue acks cannot be sent any more
         finally:
             self.links.discard(link)
             if not link.conn.closed:
-                self._dispatch(link, link.conn.connection_lost())
+                self.dispatch(link, link.conn.connection_lost())
+            if self.queues is not None:
+                await self.queues.detach(link)
 
     async def _reader(self, link: Link) -> None:
         conn = link.conn
@@ -282,10 +327,16 @@ class MqttFrontEnd:
             else:
                 stats.bytes_received += len(data)
                 events = conn.receive_data(data, time.monotonic())
-            self._dispatch(link, events)
+            self.dispatch(link, events)
             link.wake()
 
     async def _writer(self, link: Link, scope: anyio.CancelScope) -> None:
+        try:
+            await self._write_until_done(link, scope)
+        finally:
+            link.flushed.set()
+
+    async def _write_until_done(self, link: Link, scope: anyio.CancelScope) -> None:
         conn = link.conn
         stats = self.broker.stats
         while True:
@@ -298,25 +349,30 @@ class MqttFrontEnd:
                     scope.cancel()
                     return
                 stats.bytes_sent += len(data)
+                if self.queues is not None:
+                    self.queues.after_write(link)
             if link.done:
                 return
 
     # -- events -----------------------------------------------------------------------------------
 
-    def _dispatch(self, link: Link, events: list[Event]) -> None:
+    def dispatch(self, link: Link, events: list[Event]) -> None:
         for event in events:
             if isinstance(event, PublishReceived):
                 self._publish_received(link, event)
             elif isinstance(event, MessageAcked):
-                pass  # queue deliveries settle here
+                if event.message.tag is not None and self.queues is not None:
+                    self.queues.settled(link, event.message.tag, event.reason_code)
             elif isinstance(event, MessageDropped):
                 self.broker.stats.messages_dropped += 1
+                if event.message.tag is not None and self.queues is not None:
+                    self.queues.settled(link, event.message.tag, ReasonCode.UNSPECIFIED_ERROR)
             elif isinstance(event, SubscribeRequest):
                 self._subscribe(link, event)
             elif isinstance(event, UnsubscribeReceived):
                 self._unsubscribe(link, event)
             elif isinstance(event, ConnectRequest):
-                self._dispatch(link, self._connect(link, event))
+                self.dispatch(link, self._connect(link, event))
             elif isinstance(event, ConnectionClosed):
                 self._connection_closed(link, event)
 
@@ -344,8 +400,10 @@ class MqttFrontEnd:
         endpoint.expires_at = None
         link.endpoint = endpoint
         self.broker.stats.client_connected()
+        _forget_queue_deliveries(endpoint.session)
         events = conn.accept(endpoint.session, session_present=present)
         self.mark_dirty(endpoint)
+        self._resume_queue_subscriptions(link, endpoint.session)
         log.debug(
             "mqtt: client %r connected from %s (level %d)", client_id, link.peer, connect.protocol_level
         )
@@ -361,7 +419,7 @@ class MqttFrontEnd:
 
     def _take_over(self, old: Link) -> None:
         log.info("mqtt: client %r taken over by a new connection", old.endpoint and old.endpoint.client_id)
-        self._dispatch(old, old.conn.disconnect(ReasonCode.SESSION_TAKEN_OVER, "session taken over"))
+        self.dispatch(old, old.conn.disconnect(ReasonCode.SESSION_TAKEN_OVER, "session taken over"))
         old.done = True
         old.reading.cancel()
         old.wake()
@@ -417,7 +475,13 @@ class MqttFrontEnd:
         endpoint = link.endpoint
         assert endpoint is not None
         self.broker.stats.messages_received += 1
-        self.broker.publish(message_from_publish(publish, endpoint.client_id))
+        message = message_from_publish(publish, endpoint.client_id)
+        if publish.topic.startswith("$queue/"):
+            if self.queues is not None:
+                self.queues.publish(link, message, publish.packet_id if publish.qos else None)
+                return
+            log.info("mqtt: %r published to %r but durable queues are off", endpoint.client_id, publish.topic)
+        self.broker.publish(message)
         if publish.qos and publish.packet_id is not None:
             link.conn.ack_publish(publish.packet_id)
 
@@ -451,12 +515,23 @@ class MqttFrontEnd:
         assert endpoint is not None
         codes: list[int] = []
         retained: list[tuple[str, int, int]] = []  # (filter, granted qos, index)
+        queue_filters: list[str] = []
         for index, (topic_filter, options) in enumerate(request.subscriptions):
             preset = request.preset[index]
             if preset is not None:
                 codes.append(preset)
                 continue
             granted = min(options.qos, self.limits.maximum_qos)
+            if is_queue_filter(topic_filter):
+                if self.queues is None:
+                    codes.append(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
+                    continue
+                queue_options = replace(options, qos=granted)
+                code = self.queues.subscribe(link, topic_filter, queue_options, request.user_properties)
+                codes.append(code)
+                if code < 0x80:
+                    queue_filters.append(topic_filter)
+                continue
             granted_options = replace(options, qos=granted)
             subscription = Subscription(topic_filter, granted_options, request.subscription_identifier)
             code = self._route(endpoint, subscription)
@@ -469,6 +544,9 @@ class MqttFrontEnd:
                     retained.append((topic_filter, granted, index))
         link.conn.send_suback(request.packet_id, codes)
         self.mark_dirty(endpoint)
+        if self.queues is not None:
+            for topic_filter in queue_filters:  # deliveries start after the SUBACK
+                self.queues.grant_initial_credit(link, link.queue_bindings.subscriptions[topic_filter])
         ids = () if request.subscription_identifier is None else (request.subscription_identifier,)
         for topic_filter, granted, index in retained:
             rap = request.subscriptions[index][1].retain_as_published
@@ -480,9 +558,36 @@ class MqttFrontEnd:
         endpoint = link.endpoint
         assert endpoint is not None
         for topic_filter in event.topic_filters:
+            if is_queue_filter(topic_filter):
+                if self.queues is not None:
+                    self.queues.unsubscribe(link, topic_filter)
+                continue
             try:
                 group, plain = split_shared(topic_filter)
             except TopicError:
                 continue
             self.broker.router.unsubscribe(endpoint, plain, group)
         self.mark_dirty(endpoint)
+
+    def _resume_queue_subscriptions(self, link: Link, session: Session) -> None:
+        """A resumed session's queue subscriptions consume again on the new connection."""
+        if self.queues is None:
+            return
+        for subscription in session.subscriptions.values():
+            if is_queue_filter(subscription.topic_filter):
+                code = self.queues.subscribe(link, subscription.topic_filter, subscription.options, [])
+                if code < 0x80:
+                    bound = link.queue_bindings.subscriptions[subscription.topic_filter]
+                    self.queues.grant_initial_credit(link, bound)
+
+
+def _forget_queue_deliveries(session: Session) -> None:
+    """Queue deliveries of an earlier connection were handed back to their queue when it closed;
+    the queue redelivers them, so the session must not resend them."""
+    for packet_id, entry in list(session.inflight.items()):
+        if entry.message.tag is not None:
+            del session.inflight[packet_id]
+    kept = [m for m in session.queue if m.tag is None]
+    if len(kept) != len(session.queue):
+        session.queue.clear()
+        session.queue.extend(kept)
