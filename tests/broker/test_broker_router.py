@@ -1,0 +1,263 @@
+"""Router: matching rules, aggregation, No Local, share groups, cache, introspection."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from trimaran.broker.router import Delivery, Router, SubscriptionOptions
+from trimaran.broker.topics import TopicError
+
+
+@dataclass(frozen=True)
+class Client:
+    id: str
+
+
+A, B, C = Client("a"), Client("b"), Client("c")
+O = SubscriptionOptions
+
+
+def ids(deliveries: list[Delivery[Client]]) -> list[str]:
+    return sorted(d.subscriber.id for d in deliveries)
+
+
+def matches(f: str, topic: str) -> bool:
+    r: Router[Client] = Router()
+    r.subscribe(A, f, O())
+    return bool(r.match(topic))
+
+
+@pytest.mark.parametrize(
+    ("f", "topic", "expected"),
+    [
+        # MQTT 5.0 section 4.7 examples
+        ("sport/tennis/player1/#", "sport/tennis/player1", True),
+        ("sport/tennis/player1/#", "sport/tennis/player1/ranking", True),
+        ("sport/tennis/player1/#", "sport/tennis/player1/score/wimbledon", True),
+        ("sport/#", "sport", True),
+        ("sport/tennis/+", "sport/tennis/player1", True),
+        ("sport/tennis/+", "sport/tennis/player1/ranking", False),
+        ("sport/+", "sport", False),
+        ("sport/+", "sport/", True),
+        ("+/+", "/finance", True),
+        ("/+", "/finance", True),
+        ("+", "/finance", False),
+        ("+/tennis/#", "sport/tennis/x", True),
+        ("#", "a", True),
+        ("#", "/", True),
+        ("a//b", "a//b", True),
+        ("a/+/b", "a//b", True),
+        ("+/+/+", "//", True),
+        ("a/b", "a/b/c", False),
+        ("a/b/c", "a/b", False),
+        ("A", "a", False),
+        # the $ rule
+        ("#", "$SYS/x", False),
+        ("#", "$SYS", False),
+        ("+/monitor/Clients", "$SYS/monitor/Clients", False),
+        ("+", "$x", False),
+        ("$SYS/#", "$SYS/x", True),
+        ("$SYS/#", "$SYS", True),
+        ("$SYS/monitor/+", "$SYS/monitor/Clients", True),
+        ("a/#", "a/$b", True),
+        ("a/+", "a/$b", True),
+        ("+/#", "a/$b", True),
+    ],
+)
+def test_match_rules(f: str, topic: str, expected: bool) -> None:
+    assert matches(f, topic) is expected
+
+
+def test_subscribe_returns_new_or_replaced_and_counts() -> None:
+    r: Router[Client] = Router()
+    assert r.subscribe(A, "a/b", O(qos=0)) is True
+    assert r.subscribe(A, "a/b", O(qos=2)) is False
+    assert r.count() == 1
+    assert r.match("a/b")[0].qos == 2
+    assert r.subscribe(A, "a/b", O(share_group="g")) is True  # a different subscription
+    assert r.count() == 2
+    assert r.subscriber_count() == 1
+
+
+def test_invalid_subscriptions() -> None:
+    r: Router[Client] = Router()
+    for bad in ["", "a/#/b", "a+", "$share/g/a"]:
+        with pytest.raises(TopicError):
+            r.subscribe(A, bad, O())
+    for group in ["", "a/b", "g+", "#"]:
+        with pytest.raises(TopicError):
+            r.subscribe(A, "a", O(share_group=group))
+    with pytest.raises(ValueError, match="No Local"):
+        r.subscribe(A, "a", O(share_group="g", no_local=True))
+    with pytest.raises(ValueError):
+        r.subscribe(A, "a", O(qos=3))
+    assert r.count() == 0
+
+
+def test_invalid_topic_on_match() -> None:
+    r: Router[Client] = Router()
+    r.subscribe(A, "#", O())
+    for bad in ["", "a/+", "#"]:
+        with pytest.raises(TopicError):
+            r.match(bad)
+
+
+def test_overlapping_subscriptions_give_one_delivery() -> None:
+    r: Router[Client] = Router()
+    r.subscribe(A, "a/#", O(qos=0, subscription_identifier=1))
+    r.subscribe(A, "a/+", O(qos=2, subscription_identifier=2, retain_as_published=True))
+    r.subscribe(A, "a/b", O(qos=1))
+    r.subscribe(A, "+/b", O(qos=1, subscription_identifier=1))  # duplicate identifier reported once
+    r.subscribe(B, "a/b", O(qos=1, subscription_identifier=7))
+    out = r.match("a/b")
+    assert ids(out) == ["a", "b"]
+    da = next(d for d in out if d.subscriber is A)
+    assert da.qos == 2
+    assert sorted(da.subscription_identifiers) == [1, 2]
+    assert da.retain_as_published is True
+    assert {s.topic_filter for s in da.subscriptions} == {"a/#", "a/+", "a/b", "+/b"}
+    assert da.share_group is None
+    db = next(d for d in out if d.subscriber is B)
+    assert (db.qos, db.subscription_identifiers, db.retain_as_published) == (1, (7,), False)
+    # Only 'a/#' matches 'a'.
+    (only,) = r.match("a")
+    assert (only.qos, only.subscription_identifiers) == (0, (1,))
+
+
+def test_tag_is_passed_through() -> None:
+    r: Router[Client] = Router()
+    tag = object()
+    r.subscribe(A, "t", O(tag=tag))
+    assert r.match("t")[0].subscriptions[0].options.tag is tag
+
+
+def test_no_local() -> None:
+    r: Router[Client] = Router()
+    r.subscribe(A, "chat/#", O(qos=1, no_local=True, subscription_identifier=1))
+    r.subscribe(B, "chat/#", O(qos=1, no_local=True))
+    r.subscribe(C, "chat/#", O())
+    assert ids(r.match("chat/x", "a")) == ["b", "c"]
+    assert ids(r.match("chat/x", "b")) == ["a", "c"]
+    assert ids(r.match("chat/x", "c")) == ["a", "b", "c"]  # C did not ask for No Local
+    assert ids(r.match("chat/x", None)) == ["a", "b", "c"]
+    assert ids(r.match("chat/x", "a")) == ["b", "c"]  # memoised per publisher, same answer
+
+
+def test_no_local_with_an_overlapping_subscription_keeps_the_other() -> None:
+    r: Router[Client] = Router()
+    r.subscribe(A, "chat/#", O(qos=2, no_local=True, subscription_identifier=1))
+    r.subscribe(A, "chat/+", O(qos=1, subscription_identifier=2))
+    (d,) = r.match("chat/x", "a")
+    assert (d.qos, d.subscription_identifiers) == (1, (2,))
+    (d,) = r.match("chat/x", "someone-else")
+    assert (d.qos, sorted(d.subscription_identifiers)) == (2, [1, 2])
+
+
+def test_share_group_round_robin() -> None:
+    r: Router[Client] = Router()
+    for c in (A, B, C):
+        r.subscribe(c, "jobs/+", O(share_group="workers", qos=1))
+    picks = [r.match("jobs/x") for _ in range(6)]
+    assert all(len(p) == 1 for p in picks)
+    assert [p[0].subscriber.id for p in picks] == ["a", "b", "c", "a", "b", "c"]
+    assert all(p[0].share_group == "workers" and p[0].qos == 1 for p in picks)
+    assert [s.subscriber for s in r.share_members("workers", "jobs/+")] == [A, B, C]
+    assert r.share_members("workers", "jobs/#") == []
+    assert r.share_members("other", "jobs/+") == []
+
+
+def test_share_groups_are_per_group_and_filter_and_separate_from_plain() -> None:
+    r: Router[Client] = Router()
+    r.subscribe(A, "jobs/x", O(share_group="g1"))
+    r.subscribe(B, "jobs/x", O(share_group="g1"))
+    r.subscribe(C, "jobs/x", O(share_group="g2"))
+    r.subscribe(A, "jobs/#", O(share_group="g1"))  # another group: same name, other filter
+    r.subscribe(A, "jobs/x", O())
+    out = r.match("jobs/x")
+    assert len(out) == 4
+    assert sorted((d.share_group or "-", d.subscriber.id) for d in out if d.share_group != "g1") == [
+        ("-", "a"),
+        ("g2", "c"),
+    ]
+    assert len([d for d in out if d.share_group == "g1"]) == 2
+
+
+def test_share_member_leaving() -> None:
+    r: Router[Client] = Router()
+    r.subscribe(A, "q", O(share_group="g"))
+    r.subscribe(B, "q", O(share_group="g"))
+    assert r.match("q")[0].subscriber is A
+    assert r.unsubscribe(B, "q", "g") is True
+    assert [r.match("q")[0].subscriber for _ in range(3)] == [A, A, A]
+    assert [s.subscriber for s in r.share_members("g", "q")] == [A]
+    r.unsubscribe_all(A)
+    assert r.match("q") == []
+    assert r.share_members("g", "q") == []
+
+
+def test_unsubscribe() -> None:
+    r: Router[Client] = Router()
+    r.subscribe(A, "a/b", O())
+    assert r.unsubscribe(A, "a/b", "g") is False
+    assert r.unsubscribe(B, "a/b") is False
+    assert r.unsubscribe(A, "a/+") is False
+    assert r.match("a/b")
+    assert r.unsubscribe(A, "a/b") is True
+    assert r.unsubscribe(A, "a/b") is False
+    assert r.match("a/b") == []
+    assert r.count() == 0
+    assert r._root.children == {}  # pruned
+
+
+def test_unsubscribe_all_and_introspection() -> None:
+    r: Router[Client] = Router()
+    r.subscribe(A, "a", O())
+    r.subscribe(A, "b/#", O(qos=1))
+    r.subscribe(A, "c", O(share_group="g"))
+    r.subscribe(B, "a", O())
+    assert [(s.topic_filter, s.options.share_group) for s in r.subscriptions_of(A)] == [
+        ("a", None),
+        ("b/#", None),
+        ("c", "g"),
+    ]
+    assert r.subscriptions_of(C) == []
+    assert len(list(r.iter_subscriptions())) == 4
+    assert r.unsubscribe_all(A) == 3
+    assert r.unsubscribe_all(A) == 0
+    assert r.count() == 1
+    assert [s.subscriber for s in r.iter_subscriptions()] == [B]
+    assert ids(r.match("a")) == ["b"]
+    assert r.match("b/x") == []
+
+
+def test_cache_hits_and_invalidation() -> None:
+    r: Router[Client] = Router()
+    r.subscribe(A, "a/+", O())
+    assert ids(r.match("a/b")) == ["a"]
+    assert ids(r.match("a/b")) == ["a"]
+    assert (r.cache_misses, r.cache_hits) == (1, 1)
+    r.subscribe(B, "#", O())
+    assert ids(r.match("a/b")) == ["a", "b"]
+    r.unsubscribe(A, "a/+")
+    assert ids(r.match("a/b")) == ["b"]
+    r.unsubscribe_all(B)
+    assert r.match("a/b") == []
+    # the returned list is the caller's own
+    r.subscribe(A, "x", O())
+    r.match("x").clear()
+    assert ids(r.match("x")) == ["a"]
+
+
+def test_cache_is_bounded() -> None:
+    r: Router[Client] = Router(cache_size=3)
+    r.subscribe(A, "#", O())
+    for i in range(10):
+        assert ids(r.match(f"t/{i}")) == ["a"]
+    assert r.cache_len() == 3
+    assert ids(r.match("t/0")) == ["a"]
+    uncached: Router[Client] = Router(cache_size=0)
+    uncached.subscribe(A, "#", O())
+    assert ids(uncached.match("x")) == ["a"]
+    assert uncached.cache_len() == 0
