@@ -1,0 +1,391 @@
+"""MQTT 3.1.1 and 5.0 onto durable queues (``$queue/<q>``) with paho-mqtt 2.x against the real server.
+
+Each test uses its own queue name, so the tests share one server without interfering; the restart
+and crash tests run their own server on their own working directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.interop.conftest import endpoints_of, start_server
+from tests.support.paho import V5, V311, Client, Endpoints, PacketTypes, Received, connect, props
+from tests.support.server import RunningServer
+
+# Nack backoff short enough for a test to see the retry.
+QUEUE_ENV = {
+    "TRIMARAN_QUEUES__DEFAULTS__BACKOFF_INITIAL_S": "0.1",
+    "TRIMARAN_QUEUES__DEFAULTS__BACKOFF_MAX_S": "0.5",
+}
+
+
+@pytest.fixture(scope="module")
+def qserver(tmp_path_factory: pytest.TempPathFactory, tls_files: dict[str, str]) -> Iterator[RunningServer]:
+    server = start_server(tmp_path_factory.mktemp("queues"), tls_files, QUEUE_ENV)
+    try:
+        yield server
+    finally:
+        assert server.stop() == 0, server.output()
+
+
+@pytest.fixture(scope="module")
+def qmqtt(qserver: RunningServer, tls_files: dict[str, str]) -> Endpoints:
+    return endpoints_of(qserver, tls_files)
+
+
+def user_props(message: Received) -> dict[str, str]:
+    return dict(getattr(message.properties, "UserProperty", None) or [])
+
+
+def drain_all(clients: list[Client], count: int, timeout: float = 10.0) -> list[list[Received]]:
+    """Collect ``count`` messages spread over several clients."""
+    got: list[list[Received]] = [[] for _ in clients]
+    deadline = time.monotonic() + timeout
+    while sum(map(len, got)) < count:
+        assert time.monotonic() < deadline, f"only {sum(map(len, got))} of {count} arrived"
+        for i, c in enumerate(clients):
+            with contextlib.suppress(queue.Empty):
+                got[i].append(c.messages.get(timeout=0.02))
+    return got
+
+
+def control(client: Client, topic: str, message_id: str, **extra: str) -> None:
+    """Settle a delivery through ``$queue/<q>/$ack|$nack|$reject``; PUBACK 0 means it was done."""
+    client.publish(
+        topic,
+        b"",
+        qos=1,
+        properties=props(PacketTypes.PUBLISH, UserProperty=[("message-id", message_id), *extra.items()]),
+    )
+
+
+def watch_pubacks(client: Client) -> dict[int, int]:
+    """mid -> PUBACK reason code, filled by paho's on_publish."""
+    codes: dict[int, int] = {}
+
+    def on_publish(_c: Any, _u: Any, mid: int, reason: Any, _p: Any) -> None:
+        codes[mid] = getattr(reason, "value", 0)
+
+    client.client.on_publish = on_publish
+    return codes
+
+
+def close_all(*clients: Client) -> None:
+    for c in clients:
+        with contextlib.suppress(Exception):  # a dropped client may already be gone
+            c.disconnect()
+
+
+# -- publish and consume ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", [V311, V5])
+def test_publish_acked_and_consumed(qmqtt: Endpoints, version: int) -> None:
+    q = f"$queue/basic-{version}"
+    pub = connect(qmqtt, version=version)  # type: ignore[arg-type]
+    sub = connect(qmqtt, version=version)  # type: ignore[arg-type]
+    try:
+        for i in range(3):  # stored before anyone consumes: publish() waits for the PUBACK
+            pub.publish(q, f"m{i}".encode(), qos=1)
+        sub.subscribe(q, qos=1)
+        for i in range(3, 5):
+            pub.publish(q, f"m{i}".encode(), qos=1)
+        got = sub.drain(5, timeout=5)
+        assert [m.payload for m in got] == [f"m{i}".encode() for i in range(5)]
+        assert {m.topic for m in got} == {q}
+        assert {m.qos for m in got} == {1}
+        if version == V5:
+            headers = user_props(got[0])
+            assert headers["x-queue"] == f"basic-{version}"
+            assert headers["x-queue-redelivered"] == "false"
+            assert headers["x-queue-message-id"]
+        sub.expect_none(0.3)
+    finally:
+        close_all(pub, sub)
+
+
+@pytest.mark.parametrize("version", [V311, V5])
+def test_competing_consumers_split_without_duplicates(qmqtt: Endpoints, version: int) -> None:
+    q = f"$queue/compete-{version}"
+    a = connect(qmqtt, version=version)  # type: ignore[arg-type]
+    b = connect(qmqtt, version=version)  # type: ignore[arg-type]
+    pub = connect(qmqtt, version=version)  # type: ignore[arg-type]
+    try:
+        a.subscribe(q, qos=1)
+        b.subscribe(q, qos=1)
+        for i in range(40):
+            pub.publish(q, f"m{i}".encode(), qos=1)
+        got_a, got_b = drain_all([a, b], 40)
+        payloads = [m.payload for m in got_a + got_b]
+        assert sorted(payloads) == sorted(f"m{i}".encode() for i in range(40))  # none lost, none twice
+        assert got_a and got_b, f"not split: a={len(got_a)} b={len(got_b)}"
+        a.expect_none(0.2)
+        b.expect_none(0.2)
+    finally:
+        close_all(a, b, pub)
+
+
+def test_named_groups_each_receive_everything(qmqtt: Endpoints) -> None:
+    q = "$queue/groups"
+    g1 = connect(qmqtt, version=V5)
+    g2 = connect(qmqtt, version=V5)
+    pub = connect(qmqtt, version=V5)
+    try:
+        g1.subscribe(f"$share/g1/{q}", qos=1)
+        g2.subscribe(f"$share/g2/{q}", qos=1)
+        for i in range(10):
+            pub.publish(q, f"m{i}".encode(), qos=1)
+        expected = [f"m{i}".encode() for i in range(10)]
+        got1 = g1.drain(10)
+        got2 = g2.drain(10)
+        assert [m.payload for m in got1] == expected
+        assert [m.payload for m in got2] == expected
+        assert {user_props(m)["x-queue-group"] for m in got1} == {"g1"}
+        assert {user_props(m)["x-queue-group"] for m in got2} == {"g2"}
+    finally:
+        close_all(g1, g2, pub)
+
+
+# -- settling: PUBACK, nack, reject ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", [V311, V5])
+def test_puback_acks_no_redelivery_after_reconnect(qmqtt: Endpoints, version: int) -> None:
+    q = f"$queue/acked-{version}"
+    pub = connect(qmqtt, version=version)  # type: ignore[arg-type]
+    sub = connect(qmqtt, version=version)  # type: ignore[arg-type]
+    try:
+        sub.subscribe(q, qos=1)
+        for i in range(3):
+            pub.publish(q, f"m{i}".encode(), qos=1)
+        assert [m.payload for m in sub.drain(3)] == [b"m0", b"m1", b"m2"]  # paho PUBACKs each
+        time.sleep(0.2)  # let the PUBACKs reach the server before the connection goes
+        sub.disconnect()
+        sub = connect(qmqtt, version=version)  # type: ignore[arg-type]
+        sub.subscribe(q, qos=1)
+        sub.expect_none(0.5)
+        pub.publish(q, b"m3", qos=1)
+        assert sub.expect().payload == b"m3"
+    finally:
+        close_all(pub, sub)
+
+
+def test_nack_redelivers_v5(qmqtt: Endpoints) -> None:
+    # paho 2.x cannot put a reason code on a PUBACK (Client.ack(mid, qos) sends plain success), so
+    # the nack goes through the control topic, naming the delivery by x-queue-message-id.
+    q = "$queue/nacked"
+    pub = connect(qmqtt, version=V5)
+    sub = connect(qmqtt, version=V5, manual_ack=True)
+    try:
+        sub.subscribe(q, qos=1)
+        pub.publish(q, b"again", qos=1)
+        first = sub.expect()
+        headers = user_props(first)
+        assert headers["x-queue-attempt"] == "1" and headers["x-queue-redelivered"] == "false"
+        control(sub, f"{q}/$nack", headers["x-queue-message-id"])
+        second = sub.expect(5)
+        assert second.payload == b"again"
+        again = user_props(second)
+        assert again["x-queue-message-id"] == headers["x-queue-message-id"]
+        assert again["x-queue-redelivered"] == "true"
+        assert again["x-queue-attempt"] == "2"
+        sub.client.ack(second.mid, 1)
+        time.sleep(0.2)
+        sub.disconnect()
+        other = connect(qmqtt, version=V5)
+        try:
+            other.subscribe(q, qos=1)
+            other.expect_none(0.5)  # the ack after the nack settled it for good
+        finally:
+            other.disconnect()
+    finally:
+        close_all(pub, sub)
+
+
+def test_reject_goes_to_dead_letter_queue(qmqtt: Endpoints) -> None:
+    q = "$queue/rejected"
+    pub = connect(qmqtt, version=V5)
+    sub = connect(qmqtt, version=V5, manual_ack=True)
+    dlq = connect(qmqtt, version=V5)
+    try:
+        sub.subscribe(q, qos=1)
+        pub.publish(q, b"poison", qos=1, properties=props(PacketTypes.PUBLISH, UserProperty=[("k", "v")]))
+        got = sub.expect()
+        message_id = user_props(got)["x-queue-message-id"]
+        control(sub, f"{q}/$reject", message_id, reason="cannot parse")
+        dlq.subscribe("$queue/$dlq/rejected", qos=1)
+        dead = dlq.expect()
+        assert dead.payload == b"poison"
+        history = user_props(dead)
+        assert history["k"] == "v"
+        assert history["x-dead-letter-queue"] == "rejected"
+        assert history["x-dead-letter-reason"] == "cannot parse"
+        assert history["x-dead-letter-group"]
+        assert history["x-dead-letter-attempts"] == "1"
+        assert history["x-dead-letter-topic"] == q
+        assert history["x-dead-letter-time"]
+        sub.expect_none(0.3)  # not redelivered to the consumer
+    finally:
+        close_all(pub, sub, dlq)
+
+
+def test_disconnect_redelivers_to_another_consumer(qmqtt: Endpoints) -> None:
+    q = "$queue/dropped"
+    pub = connect(qmqtt, version=V5)
+    first = connect(qmqtt, version=V5, manual_ack=True)
+    second = connect(qmqtt, version=V5)
+    try:
+        first.subscribe(q, qos=1)
+        pub.publish(q, b"held", qos=1)
+        held = first.expect()
+        assert user_props(held)["x-queue-redelivered"] == "false"
+        second.subscribe(q, qos=1)
+        second.expect_none(0.3)  # still held by the first consumer
+        first.drop()  # no PUBACK, no DISCONNECT
+        got = second.expect(5)
+        assert got.payload == b"held"
+        headers = user_props(got)
+        assert headers["x-queue-redelivered"] == "true"
+        assert headers["x-queue-message-id"] == user_props(held)["x-queue-message-id"]
+    finally:
+        close_all(pub, second)
+
+
+# -- refusals and QoS 0 ---------------------------------------------------------------------------
+
+
+def test_retained_publish_refused_v5(qmqtt: Endpoints) -> None:
+    q = "$queue/retained"
+    pub = connect(qmqtt, version=V5)
+    sub = connect(qmqtt, version=V5)
+    try:
+        codes = watch_pubacks(pub)
+        info = pub.publish(q, b"kept", qos=1, retain=True, wait=False)
+        info.wait_for_publish(5)
+        assert codes.get(info.mid, 0) >= 0x80, codes
+        pub.publish(q, b"plain", qos=1)  # the connection survives a refusal
+        sub.subscribe(q, qos=1)
+        assert sub.expect().payload == b"plain"
+        sub.expect_none(0.3)
+    finally:
+        close_all(pub, sub)
+
+
+def test_retained_publish_refused_v311_closes(qmqtt: Endpoints) -> None:
+    pub = connect(qmqtt, version=V311)
+    try:
+        pub.publish("$queue/retained-311", b"kept", qos=1, retain=True, wait=False)
+        pub.disconnects.get(timeout=5)  # 3.1.1 has no negative PUBACK: the server closes
+    finally:
+        pub.client.loop_stop()
+    sub = connect(qmqtt, version=V311)
+    try:
+        sub.subscribe("$queue/retained-311", qos=1)
+        sub.expect_none(0.3)
+    finally:
+        sub.disconnect()
+
+
+@pytest.mark.parametrize("version", [V311, V5])
+def test_qos0_subscription_consumes_at_most_once(qmqtt: Endpoints, version: int) -> None:
+    q = f"$queue/qos0-{version}"
+    pub = connect(qmqtt, version=version)  # type: ignore[arg-type]
+    sub = connect(qmqtt, version=version)  # type: ignore[arg-type]
+    try:
+        sub.subscribe(q, qos=0)
+        for i in range(5):
+            pub.publish(q, f"m{i}".encode(), qos=1)
+        got = sub.drain(5)
+        assert [m.payload for m in got] == [f"m{i}".encode() for i in range(5)]
+        assert {m.qos for m in got} == {0}
+        sub.drop()  # no acks were owed: nothing comes back
+        again = connect(qmqtt, version=version)  # type: ignore[arg-type]
+        try:
+            again.subscribe(q, qos=1)
+            again.expect_none(0.5)
+        finally:
+            again.disconnect()
+    finally:
+        close_all(pub)
+
+
+# -- restart and crash ----------------------------------------------------------------------------
+
+
+def test_restart_loses_nothing(tmp_path: Path, tls_files: dict[str, str]) -> None:
+    q = "$queue/restart"
+    server = start_server(tmp_path, tls_files, QUEUE_ENV)
+    try:
+        pub = connect(endpoints_of(server, tls_files), version=V5)
+        for i in range(20):
+            pub.publish(q, f"m{i}".encode(), qos=1)
+        pub.disconnect()
+    finally:
+        assert server.stop() == 0, server.output()
+    server = start_server(tmp_path, tls_files, QUEUE_ENV)
+    try:
+        sub = connect(endpoints_of(server, tls_files), version=V5)
+        try:
+            sub.subscribe(q, qos=1)
+            got = sub.drain(20)
+            assert [m.payload for m in got] == [f"m{i}".encode() for i in range(20)]
+            sub.expect_none(0.3)
+        finally:
+            sub.disconnect()
+    finally:
+        assert server.stop() == 0, server.output()
+
+
+def test_crash_keeps_every_acknowledged_publish(tmp_path: Path, tls_files: dict[str, str]) -> None:
+    q = "$queue/crash"
+    total = 3000
+    server = start_server(tmp_path, tls_files, QUEUE_ENV)
+    acked_mids: list[int] = []  # appended by paho's thread; mapped to payloads afterwards
+    mids: dict[int, int] = {}  # mid -> payload index (mids do not wrap below 65535 publishes)
+    enough = threading.Event()
+    try:
+        pub = connect(endpoints_of(server, tls_files), version=V5)
+
+        def on_publish(_c: Any, _u: Any, mid: int, reason: Any, _p: Any) -> None:
+            if not getattr(reason, "is_failure", False):
+                acked_mids.append(mid)
+            if len(acked_mids) >= total // 3:
+                enough.set()
+
+        pub.client.on_publish = on_publish
+        for i in range(total):
+            mids[pub.client.publish(q, f"m{i}".encode(), qos=1).mid] = i
+        assert enough.wait(15), f"only {len(acked_mids)} PUBACKs"
+        server.kill()  # SIGKILL with publishes still in flight
+        pub.client.loop_stop()
+    finally:
+        server.kill()
+    confirmed = {mids[mid] for mid in list(acked_mids)}
+    assert 0 < len(confirmed) < total, "the kill should land mid-stream"
+
+    server = start_server(tmp_path, tls_files, QUEUE_ENV)
+    try:
+        sub = connect(endpoints_of(server, tls_files), version=V5)
+        try:
+            sub.subscribe(q, qos=1)
+            seen: set[int] = set()
+            deadline = time.monotonic() + 15
+            while not confirmed <= seen and time.monotonic() < deadline:
+                try:
+                    seen.add(int(sub.expect(0.5).payload[1:]))
+                except queue.Empty:
+                    break
+            missing = sorted(confirmed - seen)
+            assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {missing[:10]}"
+        finally:
+            sub.disconnect()
+    finally:
+        assert server.stop() == 0, server.output()
