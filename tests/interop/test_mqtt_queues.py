@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +20,17 @@ import pytest
 from tests.interop.conftest import endpoints_of, start_server
 from tests.support.paho import V5, V311, Client, Endpoints, PacketTypes, Received, connect, props
 from tests.support.server import RunningServer
+from trimaran.mqtt.codec import NEED_DATA, Decoder, encode
+from trimaran.mqtt.packets import (
+    MQTT_5,
+    ConnAck,
+    Connect,
+    PubAck,
+    Publish,
+    SubAck,
+    Subscribe,
+    SubscriptionOptions,
+)
 
 # Nack backoff short enough for a test to see the retry.
 QUEUE_ENV = {
@@ -389,3 +401,57 @@ def test_crash_keeps_every_acknowledged_publish(tmp_path: Path, tls_files: dict[
             sub.disconnect()
     finally:
         assert server.stop() == 0, server.output()
+
+
+class RawClient:
+    """Our own codec over a socket: paho cannot send a PUBACK with a reason code."""
+
+    def __init__(self, endpoints: Endpoints, client_id: str) -> None:
+        self.sock = socket.create_connection((endpoints.host, endpoints.tcp), timeout=5)
+        self.decoder = Decoder(protocol_level=MQTT_5)
+        self.send(Connect(protocol_level=MQTT_5, client_id=client_id))
+        assert isinstance(self.next(), ConnAck)
+
+    def send(self, packet: Any) -> None:
+        self.sock.sendall(encode(packet, MQTT_5))
+
+    def next(self, timeout: float = 5.0) -> Any:
+        self.sock.settimeout(timeout)
+        while (packet := self.decoder.next_packet()) is NEED_DATA:
+            chunk = self.sock.recv(65536)
+            assert chunk, "connection closed"
+            self.decoder.feed(chunk)
+        return packet
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_puback_reason_codes_nack_then_reject_v5(qmqtt: Endpoints) -> None:
+    q = "$queue/puback-codes"
+    raw = RawClient(qmqtt, "raw-puback-codes")
+    pub = connect(qmqtt, version=V5)
+    dlq = connect(qmqtt, version=V5)
+    try:
+        raw.send(Subscribe(1, [(q, SubscriptionOptions(1))]))
+        assert isinstance(suback := raw.next(), SubAck) and suback.reason_codes == [1]
+        pub.publish(q, b"twice", qos=1)
+        first = raw.next()
+        assert isinstance(first, Publish) and first.payload == b"twice"
+        raw.send(PubAck(first.packet_id, 0x80))  # Unspecified error: nack, retry after backoff
+        second = raw.next()
+        assert isinstance(second, Publish) and second.payload == b"twice"
+        headers = dict(second.properties.user_properties)
+        assert headers["x-queue-redelivered"] == "true" and headers["x-queue-attempt"] == "2"
+        raw.send(PubAck(second.packet_id, 0x83))  # Implementation specific error: reject
+        dlq.subscribe("$queue/$dlq/puback-codes", qos=1)
+        dead = dlq.expect()
+        assert dead.payload == b"twice"
+        history = user_props(dead)
+        assert history["x-dead-letter-reason"] == "client reason code 0x83"
+        assert history["x-dead-letter-attempts"] == "2"
+        with pytest.raises(TimeoutError):
+            raw.next(0.3)  # not redelivered after the reject
+    finally:
+        raw.close()
+        close_all(pub, dlq)
