@@ -64,6 +64,12 @@ def test_copy_with() -> None:
     m = Message("t", b"p", qos=1, retain=True, publisher_id="c1", protocol="mqtt")
     c = m.copy_with(retain=False)
     assert c.retain is False and m.retain is True
-    assert (c.topic, c.payload, c.qos, c.publisher_id, c.created_at_ms) == ("t", b"p", 1, "c1", m.created_at_ms)
+    assert (c.topic, c.payload, c.qos, c.publisher_id, c.created_at_ms) == (
+        "t",
+        b"p",
+        1,
+        "c1",
+        m.created_at_ms,
+    )
     with pytest.raises(ValueError):
         m.copy_with(qos=7)

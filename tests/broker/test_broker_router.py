@@ -16,7 +16,7 @@ class Client:
 
 
 A, B, C = Client("a"), Client("b"), Client("c")
-O = SubscriptionOptions
+Opts = SubscriptionOptions
 
 
 def ids(deliveries: list[Delivery[Client]]) -> list[str]:
@@ -25,7 +25,7 @@ def ids(deliveries: list[Delivery[Client]]) -> list[str]:
 
 def matches(f: str, topic: str) -> bool:
     r: Router[Client] = Router()
-    r.subscribe(A, f, O())
+    r.subscribe(A, f, Opts())
     return bool(r.match(topic))
 
 
@@ -72,11 +72,11 @@ def test_match_rules(f: str, topic: str, expected: bool) -> None:
 
 def test_subscribe_returns_new_or_replaced_and_counts() -> None:
     r: Router[Client] = Router()
-    assert r.subscribe(A, "a/b", O(qos=0)) is True
-    assert r.subscribe(A, "a/b", O(qos=2)) is False
+    assert r.subscribe(A, "a/b", Opts(qos=0)) is True
+    assert r.subscribe(A, "a/b", Opts(qos=2)) is False
     assert r.count() == 1
     assert r.match("a/b")[0].qos == 2
-    assert r.subscribe(A, "a/b", O(share_group="g")) is True  # a different subscription
+    assert r.subscribe(A, "a/b", Opts(share_group="g")) is True  # a different subscription
     assert r.count() == 2
     assert r.subscriber_count() == 1
 
@@ -85,20 +85,20 @@ def test_invalid_subscriptions() -> None:
     r: Router[Client] = Router()
     for bad in ["", "a/#/b", "a+", "$share/g/a"]:
         with pytest.raises(TopicError):
-            r.subscribe(A, bad, O())
+            r.subscribe(A, bad, Opts())
     for group in ["", "a/b", "g+", "#"]:
         with pytest.raises(TopicError):
-            r.subscribe(A, "a", O(share_group=group))
+            r.subscribe(A, "a", Opts(share_group=group))
     with pytest.raises(ValueError, match="No Local"):
-        r.subscribe(A, "a", O(share_group="g", no_local=True))
+        r.subscribe(A, "a", Opts(share_group="g", no_local=True))
     with pytest.raises(ValueError):
-        r.subscribe(A, "a", O(qos=3))
+        r.subscribe(A, "a", Opts(qos=3))
     assert r.count() == 0
 
 
 def test_invalid_topic_on_match() -> None:
     r: Router[Client] = Router()
-    r.subscribe(A, "#", O())
+    r.subscribe(A, "#", Opts())
     for bad in ["", "a/+", "#"]:
         with pytest.raises(TopicError):
             r.match(bad)
@@ -106,11 +106,11 @@ def test_invalid_topic_on_match() -> None:
 
 def test_overlapping_subscriptions_give_one_delivery() -> None:
     r: Router[Client] = Router()
-    r.subscribe(A, "a/#", O(qos=0, subscription_identifier=1))
-    r.subscribe(A, "a/+", O(qos=2, subscription_identifier=2, retain_as_published=True))
-    r.subscribe(A, "a/b", O(qos=1))
-    r.subscribe(A, "+/b", O(qos=1, subscription_identifier=1))  # duplicate identifier reported once
-    r.subscribe(B, "a/b", O(qos=1, subscription_identifier=7))
+    r.subscribe(A, "a/#", Opts(qos=0, subscription_identifier=1))
+    r.subscribe(A, "a/+", Opts(qos=2, subscription_identifier=2, retain_as_published=True))
+    r.subscribe(A, "a/b", Opts(qos=1))
+    r.subscribe(A, "+/b", Opts(qos=1, subscription_identifier=1))  # duplicate identifier reported once
+    r.subscribe(B, "a/b", Opts(qos=1, subscription_identifier=7))
     out = r.match("a/b")
     assert ids(out) == ["a", "b"]
     da = next(d for d in out if d.subscriber is A)
@@ -129,15 +129,15 @@ def test_overlapping_subscriptions_give_one_delivery() -> None:
 def test_tag_is_passed_through() -> None:
     r: Router[Client] = Router()
     tag = object()
-    r.subscribe(A, "t", O(tag=tag))
+    r.subscribe(A, "t", Opts(tag=tag))
     assert r.match("t")[0].subscriptions[0].options.tag is tag
 
 
 def test_no_local() -> None:
     r: Router[Client] = Router()
-    r.subscribe(A, "chat/#", O(qos=1, no_local=True, subscription_identifier=1))
-    r.subscribe(B, "chat/#", O(qos=1, no_local=True))
-    r.subscribe(C, "chat/#", O())
+    r.subscribe(A, "chat/#", Opts(qos=1, no_local=True, subscription_identifier=1))
+    r.subscribe(B, "chat/#", Opts(qos=1, no_local=True))
+    r.subscribe(C, "chat/#", Opts())
     assert ids(r.match("chat/x", "a")) == ["b", "c"]
     assert ids(r.match("chat/x", "b")) == ["a", "c"]
     assert ids(r.match("chat/x", "c")) == ["a", "b", "c"]  # C did not ask for No Local
@@ -147,8 +147,8 @@ def test_no_local() -> None:
 
 def test_no_local_with_an_overlapping_subscription_keeps_the_other() -> None:
     r: Router[Client] = Router()
-    r.subscribe(A, "chat/#", O(qos=2, no_local=True, subscription_identifier=1))
-    r.subscribe(A, "chat/+", O(qos=1, subscription_identifier=2))
+    r.subscribe(A, "chat/#", Opts(qos=2, no_local=True, subscription_identifier=1))
+    r.subscribe(A, "chat/+", Opts(qos=1, subscription_identifier=2))
     (d,) = r.match("chat/x", "a")
     assert (d.qos, d.subscription_identifiers) == (1, (2,))
     (d,) = r.match("chat/x", "someone-else")
@@ -158,7 +158,7 @@ def test_no_local_with_an_overlapping_subscription_keeps_the_other() -> None:
 def test_share_group_round_robin() -> None:
     r: Router[Client] = Router()
     for c in (A, B, C):
-        r.subscribe(c, "jobs/+", O(share_group="workers", qos=1))
+        r.subscribe(c, "jobs/+", Opts(share_group="workers", qos=1))
     picks = [r.match("jobs/x") for _ in range(6)]
     assert all(len(p) == 1 for p in picks)
     assert [p[0].subscriber.id for p in picks] == ["a", "b", "c", "a", "b", "c"]
@@ -170,11 +170,11 @@ def test_share_group_round_robin() -> None:
 
 def test_share_groups_are_per_group_and_filter_and_separate_from_plain() -> None:
     r: Router[Client] = Router()
-    r.subscribe(A, "jobs/x", O(share_group="g1"))
-    r.subscribe(B, "jobs/x", O(share_group="g1"))
-    r.subscribe(C, "jobs/x", O(share_group="g2"))
-    r.subscribe(A, "jobs/#", O(share_group="g1"))  # another group: same name, other filter
-    r.subscribe(A, "jobs/x", O())
+    r.subscribe(A, "jobs/x", Opts(share_group="g1"))
+    r.subscribe(B, "jobs/x", Opts(share_group="g1"))
+    r.subscribe(C, "jobs/x", Opts(share_group="g2"))
+    r.subscribe(A, "jobs/#", Opts(share_group="g1"))  # another group: same name, other filter
+    r.subscribe(A, "jobs/x", Opts())
     out = r.match("jobs/x")
     assert len(out) == 4
     assert sorted((d.share_group or "-", d.subscriber.id) for d in out if d.share_group != "g1") == [
@@ -186,8 +186,8 @@ def test_share_groups_are_per_group_and_filter_and_separate_from_plain() -> None
 
 def test_share_member_leaving() -> None:
     r: Router[Client] = Router()
-    r.subscribe(A, "q", O(share_group="g"))
-    r.subscribe(B, "q", O(share_group="g"))
+    r.subscribe(A, "q", Opts(share_group="g"))
+    r.subscribe(B, "q", Opts(share_group="g"))
     assert r.match("q")[0].subscriber is A
     assert r.unsubscribe(B, "q", "g") is True
     assert [r.match("q")[0].subscriber for _ in range(3)] == [A, A, A]
@@ -199,7 +199,7 @@ def test_share_member_leaving() -> None:
 
 def test_unsubscribe() -> None:
     r: Router[Client] = Router()
-    r.subscribe(A, "a/b", O())
+    r.subscribe(A, "a/b", Opts())
     assert r.unsubscribe(A, "a/b", "g") is False
     assert r.unsubscribe(B, "a/b") is False
     assert r.unsubscribe(A, "a/+") is False
@@ -213,10 +213,10 @@ def test_unsubscribe() -> None:
 
 def test_unsubscribe_all_and_introspection() -> None:
     r: Router[Client] = Router()
-    r.subscribe(A, "a", O())
-    r.subscribe(A, "b/#", O(qos=1))
-    r.subscribe(A, "c", O(share_group="g"))
-    r.subscribe(B, "a", O())
+    r.subscribe(A, "a", Opts())
+    r.subscribe(A, "b/#", Opts(qos=1))
+    r.subscribe(A, "c", Opts(share_group="g"))
+    r.subscribe(B, "a", Opts())
     assert [(s.topic_filter, s.options.share_group) for s in r.subscriptions_of(A)] == [
         ("a", None),
         ("b/#", None),
@@ -234,30 +234,30 @@ def test_unsubscribe_all_and_introspection() -> None:
 
 def test_cache_hits_and_invalidation() -> None:
     r: Router[Client] = Router()
-    r.subscribe(A, "a/+", O())
+    r.subscribe(A, "a/+", Opts())
     assert ids(r.match("a/b")) == ["a"]
     assert ids(r.match("a/b")) == ["a"]
     assert (r.cache_misses, r.cache_hits) == (1, 1)
-    r.subscribe(B, "#", O())
+    r.subscribe(B, "#", Opts())
     assert ids(r.match("a/b")) == ["a", "b"]
     r.unsubscribe(A, "a/+")
     assert ids(r.match("a/b")) == ["b"]
     r.unsubscribe_all(B)
     assert r.match("a/b") == []
     # the returned list is the caller's own
-    r.subscribe(A, "x", O())
+    r.subscribe(A, "x", Opts())
     r.match("x").clear()
     assert ids(r.match("x")) == ["a"]
 
 
 def test_cache_is_bounded() -> None:
     r: Router[Client] = Router(cache_size=3)
-    r.subscribe(A, "#", O())
+    r.subscribe(A, "#", Opts())
     for i in range(10):
         assert ids(r.match(f"t/{i}")) == ["a"]
     assert r.cache_len() == 3
     assert ids(r.match("t/0")) == ["a"]
     uncached: Router[Client] = Router(cache_size=0)
-    uncached.subscribe(A, "#", O())
+    uncached.subscribe(A, "#", Opts())
     assert ids(uncached.match("x")) == ["a"]
     assert uncached.cache_len() == 0

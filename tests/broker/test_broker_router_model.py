@@ -59,6 +59,8 @@ def topic_for(topic_filter: str, data: st.DataObject) -> str:
         else:
             out.append(level)
     return "/".join(out) or "a"
+
+
 clients = st.sampled_from(CLIENTS)
 groups = st.sampled_from([None, None, "g1", "g2"])
 publishers = st.sampled_from([None, "a", "b", "z"])
@@ -93,7 +95,14 @@ class RouterModel(RuleBasedStateMachine):
         sid=st.none() | st.integers(1, 3),
     )
     def subscribe(
-        self, client: Client, topic_filter: str, group: str | None, qos: int, no_local: bool, rap: bool, sid: int | None
+        self,
+        client: Client,
+        topic_filter: str,
+        group: str | None,
+        qos: int,
+        no_local: bool,
+        rap: bool,
+        sid: int | None,
     ) -> None:
         options = SubscriptionOptions(
             qos=qos,
@@ -188,12 +197,15 @@ class RouterModel(RuleBasedStateMachine):
     @invariant()
     def counts_and_listings(self) -> None:
         assert self.router.count() == len(self.model)
-        listed = {(s.subscriber, s.topic_filter, s.options.share_group): s.options for s in self.router.iter_subscriptions()}
+        listed = {
+            (s.subscriber, s.topic_filter, s.options.share_group): s.options
+            for s in self.router.iter_subscriptions()
+        }
         assert listed == self.model
         for client in CLIENTS:
-            assert {(s.topic_filter, s.options.share_group) for s in self.router.subscriptions_of(client)} == {
-                (f, g) for (c, f, g) in self.model if c == client
-            }
+            assert {
+                (s.topic_filter, s.options.share_group) for s in self.router.subscriptions_of(client)
+            } == {(f, g) for (c, f, g) in self.model if c == client}
 
     def teardown(self) -> None:
         # Everything unsubscribed leaves an empty trie behind (branches are pruned).
