@@ -455,3 +455,22 @@ def test_puback_reason_codes_nack_then_reject_v5(qmqtt: Endpoints) -> None:
     finally:
         raw.close()
         close_all(pub, dlq)
+
+
+def test_persistent_session_resumes_queue_subscription_without_duplicates(qmqtt: Endpoints) -> None:
+    q = "$queue/resumed"
+    pub = connect(qmqtt, version=V311)
+    sub = connect(qmqtt, "queue-resume-1", version=V311, clean=False, manual_ack=True)
+    try:
+        sub.subscribe(q, qos=1)
+        pub.publish(q, b"held", qos=1)
+        assert sub.expect().payload == b"held"
+        sub.drop()  # unacked: the queue takes it back
+        sub = connect(qmqtt, "queue-resume-1", version=V311, clean=False)
+        got = sub.expect(5)  # the resumed session consumes again, no new SUBSCRIBE
+        assert got.payload == b"held"
+        sub.expect_none(0.5)  # once: the session does not resend what the queue redelivers
+        pub.publish(q, b"next", qos=1)
+        assert sub.expect().payload == b"next"
+    finally:
+        close_all(pub, sub)
