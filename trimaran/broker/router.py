@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Final, Generic, Protocol, TypeVar
+from typing import Final, Generic, Protocol, TypeVar, cast
 
 from trimaran.broker.topics import SHARE_PREFIX, TopicError, validate_topic_filter
 
@@ -155,12 +155,15 @@ class _ShareGroup(Generic[S]):
 
 
 class _Node(Generic[S]):
-    __slots__ = ("children", "groups", "subs")
+    """One trie level. ``subs`` holds each non-shared subscription as its ready-made Delivery."""
+
+    __slots__ = ("children", "groups", "no_local", "subs")
 
     def __init__(self) -> None:
         self.children: dict[str, _Node[S]] = {}
-        self.subs: dict[S, Subscription[S]] = {}
+        self.subs: dict[S, Delivery[S]] = {}
         self.groups: dict[str, _ShareGroup[S]] = {}
+        self.no_local = 0  # how many of ``subs`` have No Local
 
 
 class _Entry(Generic[S]):
@@ -242,8 +245,13 @@ class Router(Generic[S]):
 
         sub = Subscription(subscriber, topic_filter, options)
         if group is None:
-            is_new = subscriber not in node.subs
-            node.subs[subscriber] = sub
+            old = node.subs.get(subscriber)
+            is_new = old is None
+            if old is not None and old.subscriptions[0].options.no_local:
+                node.no_local -= 1
+            node.subs[subscriber] = _single(sub)
+            if options.no_local:
+                node.no_local += 1
         else:
             share = node.groups.get(group)
             if share is None:
@@ -291,7 +299,8 @@ class Router(Generic[S]):
             path.append((node, level))
             node = node.children[level]
         if group is None:
-            del node.subs[subscriber]
+            if node.subs.pop(subscriber).subscriptions[0].options.no_local:
+                node.no_local -= 1
         else:
             share = node.groups[group]
             del share.members[subscriber]
@@ -334,27 +343,34 @@ class Router(Generic[S]):
         deliveries: list[Delivery[S]] = []
         groups: list[_ShareGroup[S]] = []
         no_local: set[str] = set()
-        if len(nodes) == 1:
-            node = nodes[0]
-            for sub in node.subs.values():
-                deliveries.append(_single(sub))
-                if sub.options.no_local:
-                    no_local.add(sub.subscriber.id)
-            groups.extend(node.groups.values())
-        else:
-            per_subscriber: dict[S, list[Subscription[S]]] = {}
-            for node in nodes:
-                for subscriber, sub in node.subs.items():
-                    found = per_subscriber.get(subscriber)
-                    if found is None:
-                        per_subscriber[subscriber] = [sub]
-                    else:
-                        found.append(sub)
-                    if sub.options.no_local:
-                        no_local.add(subscriber.id)
+        for node in nodes:
+            if node.no_local:
+                for d in node.subs.values():
+                    if d.subscriptions[0].options.no_local:
+                        no_local.add(d.subscriber.id)
+            if node.groups:
                 groups.extend(node.groups.values())
-            for subs in per_subscriber.values():
-                deliveries.append(_single(subs[0]) if len(subs) == 1 else _aggregate(subs))
+        if len(nodes) == 1:
+            deliveries = list(nodes[0].subs.values())
+        else:
+            # One Delivery per subscriber: merge the subscribers that several matching filters share.
+            per_subscriber: dict[S, Delivery[S] | list[Subscription[S]]] = {}
+            merged = False
+            for node in nodes:
+                for subscriber, d in node.subs.items():
+                    found = per_subscriber.setdefault(subscriber, d)
+                    if found is d:
+                        continue
+                    merged = True
+                    if isinstance(found, Delivery):
+                        per_subscriber[subscriber] = [*found.subscriptions, *d.subscriptions]
+                    else:
+                        found.extend(d.subscriptions)
+            if merged:
+                for found in per_subscriber.values():
+                    deliveries.append(found if isinstance(found, Delivery) else _aggregate(found))
+            else:
+                deliveries = list(cast("dict[S, Delivery[S]]", per_subscriber).values())
 
         entry = _Entry(tuple(deliveries), tuple(groups), frozenset(no_local) if no_local else _NO_IDS)
         cache = self._cache
