@@ -138,62 +138,50 @@ class RetainedStore:
     def match(self, topic_filter: str) -> list[Message]:
         """Retained messages whose topic matches the (non-shared) ``topic_filter``, expired ones removed.
 
-        Order: depth-first over the trie in insertion order of the levels; callers must not rely on it.
+        The order is unspecified.
         Raises :class:`~trimaran.broker.topics.TopicError` for an invalid filter.
         """
         validate_topic_filter(topic_filter)
+        if "+" not in topic_filter and "#" not in topic_filter:
+            message = self.get(topic_filter)  # no wildcard: a direct lookup
+            return [] if message is None else [message]
         levels = topic_filter.split("/")
-        last = len(levels) - 1
         found: list[Message] = []
         root = self._root
-        # Exact filter: a direct lookup.
-        if "+" not in topic_filter and "#" not in topic_filter:
-            message = self.get(topic_filter)
-            return [] if message is None else [message]
-
-        # (node, index of the filter level to apply to the node's children)
-        stack: list[tuple[_Node, int]] = [(root, 0)]
-        while stack:
-            node, i = stack.pop()
-            level = levels[i]
+        # Level by level: the frontier holds the nodes matched by the filter's levels so far.
+        frontier = [root]
+        for i, level in enumerate(levels):
             if level == "#":
-                # The parent level itself ('a/#' matches 'a'), then the whole subtree below.
-                if node is not root and node.message is not None:
-                    found.append(node.message)
-                self._collect_subtree(node, node is root, found)
-                continue
+                # Each frontier node itself ('a/#' matches 'a') and its whole subtree.
+                for node in frontier:
+                    if node is not root and node.message is not None:
+                        found.append(node.message)
+                    self._collect_subtree(node, node is root, found)
+                return self._drop_expired(found)
             if level == "+":
-                for name, child in node.children.items():
-                    if node is root and name.startswith("$"):
-                        continue
-                    if i == last:
-                        if child.message is not None:
-                            found.append(child.message)
-                    else:
-                        stack.append((child, i + 1))
-                continue
-            exact = node.children.get(level)
-            if exact is None:
-                continue
-            if i == last:
-                if exact.message is not None:
-                    found.append(exact.message)
+                if i == 0:
+                    frontier = [c for name, c in root.children.items() if not name.startswith("$")]
+                else:
+                    frontier = [c for node in frontier for c in node.children.values()]
             else:
-                stack.append((exact, i + 1))
+                frontier = [c for node in frontier if (c := node.children.get(level)) is not None]
+            if not frontier:
+                return []
+        found = [node.message for node in frontier if node.message is not None]
         return self._drop_expired(found)
 
     @staticmethod
     def _collect_subtree(node: _Node, skip_dollar: bool, found: list[Message]) -> None:
-        stack: list[_Node] = []
-        for name, child in node.children.items():
-            if skip_dollar and name.startswith("$"):
-                continue
-            stack.append(child)
+        if skip_dollar:
+            stack = [c for name, c in node.children.items() if not name.startswith("$")]
+        else:
+            stack = list(node.children.values())
         while stack:
             n = stack.pop()
             if n.message is not None:
                 found.append(n.message)
-            stack.extend(n.children.values())
+            if n.children:
+                stack.extend(n.children.values())
 
     def _drop_expired(self, found: list[Message]) -> list[Message]:
         now: int | None = None
