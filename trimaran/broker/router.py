@@ -210,7 +210,7 @@ class Router(Generic[S]):
         self._count = 0
         self._cache: OrderedDict[str, _Entry[S]] = OrderedDict()
         self._cache_size = max(0, cache_size)
-        self.cache_hits = 0
+        # Misses only: a hit counter would allocate a new int per publish once past 256.
         self.cache_misses = 0
 
     # --- changes -----------------------------------------------------------------------------------
@@ -323,8 +323,6 @@ class Router(Generic[S]):
         if entry is None:
             self.cache_misses += 1
             entry = self._build(topic)
-        else:
-            self.cache_hits += 1
         deliveries = entry.deliveries
         if publisher_id is not None and publisher_id in entry.no_local_ids:
             deliveries = entry.for_publisher(publisher_id)

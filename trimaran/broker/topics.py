@@ -31,6 +31,9 @@ plugin:
   wildcard in AMQP). The front end treats such keys as unroutable / refuses the binding.
 - ``*`` and ``#`` inside a *routing* key (a publish) are ordinary characters in AMQP; ``*`` stays as is,
   ``#`` cannot appear in an MQTT topic name and raises.
+- a routing key whose first word starts with ``$`` becomes a ``$`` topic, which a first-level ``+`` or
+  ``#`` does not match (the MQTT rule; in RabbitMQ ``#`` would match it). That is deliberate: AMQP
+  consumers binding ``#`` do not see ``$SYS`` either.
 """
 
 from __future__ import annotations
