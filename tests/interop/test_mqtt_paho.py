@@ -365,3 +365,32 @@ def test_restart_keeps_retained_and_persistent_sessions(tmp_path: Path, tls_file
         fresh.disconnect()
     finally:
         assert server.stop() == 0, server.output()
+
+
+def test_slow_subscriber_never_blocks_a_publisher(mqtt: Endpoints) -> None:
+    # A subscriber that never reads: its kernel buffers fill, then its QoS 0 backlog hits the outbox
+    # bound and the rest is dropped and counted, while the publisher's QoS 1 acks keep coming.
+    hello = encode(Connect(protocol_level=4, client_id="sleeper"), 4)
+    subscribe = encode(Subscribe(1, [("flood/#", SubscriptionOptions(0))]), 4)
+    with socket.create_connection(("127.0.0.1", mqtt.tcp)) as sleeper:
+        sleeper.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sleeper.sendall(hello + subscribe)
+        time.sleep(0.3)
+        pub = connect(mqtt)
+        watcher = connect(mqtt)
+        try:
+            watcher.subscribe("$SYS/broker/messages/dropped")
+            started = time.monotonic()
+            payload = b"x" * 4096
+            for _ in range(4000):  # 16 MB: far more than socket buffers and the outbox hold
+                pub.publish("flood/t", payload, qos=0, wait=False)
+            pub.publish("flood/t", b"last", qos=1)  # acked without waiting for the sleeper
+            assert time.monotonic() - started < 30
+            deadline = time.monotonic() + 5
+            dropped = 0
+            while time.monotonic() < deadline and dropped == 0:
+                dropped = int(watcher.expect(5).payload)
+            assert dropped > 0
+        finally:
+            pub.disconnect()
+            watcher.disconnect()

@@ -86,8 +86,12 @@ class WebSocketStream(ByteStream):
         protocol.send_response(response)
         await transport.send(b"".join(protocol.data_to_send()))
         if response.status_code != 101:
-            log.info("websocket: handshake with %s refused: %s %s", peer, response.status_code,
-                     response.body.decode(errors="replace").strip() if response.body else "")
+            log.info(
+                "websocket: handshake with %s refused: %s %s",
+                peer,
+                response.status_code,
+                response.body.decode(errors="replace").strip() if response.body else "",
+            )
             raise WebSocketError(response.status_code)
         return cls(transport, protocol, peer)
 

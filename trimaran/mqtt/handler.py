@@ -82,6 +82,7 @@ class Link:
         "reading",
         "stream",
         "tasks",
+        "unflushed",
     )
 
     def __init__(self, front: MqttFrontEnd, conn: ServerConnection, stream: ByteStream, peer: str) -> None:
@@ -95,6 +96,7 @@ class Link:
         self.tasks: TaskGroup | None = None
         self.queue_bindings = LinkQueues()
         self.flushed = anyio.Event()  # the writer has sent its last bytes
+        self.unflushed = 0  # QoS 0 messages queued since the writer last took the bytes
         self._wake = anyio.Event()
 
     def spawn(self, job: Callable[[], Coroutine[Any, Any, object]]) -> None:
@@ -142,6 +144,13 @@ class MqttEndpoint:
         out = outbound(message, delivery, retained=retained)
         link = self.link
         if link is not None:
+            if out.qos == 0:
+                # A slow reader's QoS 0 backlog is bounded: past the outbox size it is dropped and
+                # counted, so it never grows the server's memory or slows the publisher.
+                if link.unflushed >= self.front.outbox_size:
+                    stats.messages_dropped += 1
+                    return
+                link.unflushed += 1
             if link.conn.publish(out):
                 stats.messages_sent += 1
                 link.wake()
@@ -168,6 +177,7 @@ class MqttFrontEnd:
         self.settings = settings
         self.store = store
         self.limits = server_limits(settings)
+        self.outbox_size = settings.limits.outbox_size
         self.endpoints: dict[str, MqttEndpoint] = {}
         self.links: set[Link] = set()
         self._wills: dict[str, tuple[float, Message]] = {}  # client id -> (due, will) for delayed wills
@@ -342,6 +352,7 @@ class MqttFrontEnd:
         while True:
             await link.wait()
             data = conn.data_to_send()
+            link.unflushed = 0
             if data:
                 try:
                     await link.stream.send(data)
