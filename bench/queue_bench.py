@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -86,7 +87,8 @@ async def run(args: argparse.Namespace) -> None:
         f"all acks applied {total / drained:,.0f} msgs/s\n"
         f"  publish latency p50 {p(0.5):.2f} ms  p99 {p(0.99):.2f} ms  mean "
         f"{statistics.fmean(latencies) * 1000:.2f} ms\n"
-        f"  transactions {manager.writer.transactions}, submissions {manager.writer.submissions}"
+        f"  transactions {manager.writer.transactions}, submissions {manager.writer.submissions}, "
+        f"writer busy {manager.writer.busy_s:.1f} s of {drained:.1f} s"
     )
 
 
@@ -104,7 +106,15 @@ def main() -> None:
     parser.add_argument("--batch-max", type=int, default=2000)
     parser.add_argument("--synchronous", default="full", choices=["off", "normal", "full"])
     parser.add_argument("--uvloop", action="store_true")
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        default=None,
+        help="sys.setswitchinterval: how soon the writer thread gets the GIL back after each I/O",
+    )
     args = parser.parse_args()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     anyio.run(run, args, backend_options={"use_uvloop": args.uvloop})
 
 
