@@ -394,3 +394,22 @@ def test_slow_subscriber_never_blocks_a_publisher(mqtt: Endpoints) -> None:
         finally:
             pub.disconnect()
             watcher.disconnect()
+
+
+def test_shared_member_leaving_hands_its_messages_to_another(mqtt: Endpoints) -> None:
+    holder = connect(mqtt, "share-holder", manual_ack=True)  # receives, never acknowledges
+    other = connect(mqtt, "share-other")
+    pub = connect(mqtt)
+    try:
+        holder.subscribe("$share/handover/work/t", 1)
+        other.subscribe("$share/handover/work/t", 1)
+        for i in range(10):
+            pub.publish("work/t", f"job{i}".encode(), qos=1)
+        held = holder.drain(5)  # round robin: half went to the holder, still unacknowledged
+        holder.disconnect()  # clean session: the session ends, its shared messages move on
+        got = {m.payload for m in other.drain(10)}
+        assert got == {f"job{i}".encode() for i in range(10)}
+        assert {m.payload for m in held} <= got
+    finally:
+        other.disconnect()
+        pub.disconnect()

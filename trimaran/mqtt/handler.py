@@ -38,10 +38,10 @@ from trimaran.mqtt.connection import (
     SubscribeRequest,
     UnsubscribeReceived,
 )
-from trimaran.mqtt.mapping import message_from_publish, outbound
+from trimaran.mqtt.mapping import SHARE_TAG, message_from_outbound, message_from_publish, outbound
 from trimaran.mqtt.queues import LinkQueues, MqttQueues, is_queue_filter
 from trimaran.mqtt.reason_codes import ReasonCode
-from trimaran.mqtt.session import Session, Subscription
+from trimaran.mqtt.session import AWAITING_PUBCOMP, OutboundMessage, Session, Subscription
 from trimaran.queue.manager import QueueManager
 from trimaran.storage.mqtt_store import MqttStore, StoredSession
 
@@ -372,11 +372,11 @@ class MqttFrontEnd:
             if isinstance(event, PublishReceived):
                 self._publish_received(link, event)
             elif isinstance(event, MessageAcked):
-                if event.message.tag is not None and self.queues is not None:
+                if _is_queue_tag(event.message.tag) and self.queues is not None:
                     self.queues.settled(link, event.message.tag, event.reason_code)
             elif isinstance(event, MessageDropped):
                 self.broker.stats.messages_dropped += 1
-                if event.message.tag is not None and self.queues is not None:
+                if _is_queue_tag(event.message.tag) and self.queues is not None:
                     self.queues.settled(link, event.message.tag, ReasonCode.UNSPECIFIED_ERROR)
             elif isinstance(event, SubscribeRequest):
                 self._subscribe(link, event)
@@ -469,6 +469,7 @@ class MqttFrontEnd:
 
     def _drop_session(self, endpoint: MqttEndpoint) -> None:
         self.broker.router.unsubscribe_all(endpoint)
+        self._hand_over_shared(endpoint.session)
         if self.endpoints.get(endpoint.client_id) is endpoint:
             del self.endpoints[endpoint.client_id]
         pending = self._wills.pop(endpoint.client_id, None)
@@ -476,6 +477,30 @@ class MqttFrontEnd:
             self._publish_will(pending[1])  # the session ended before the will delay did
         self._deleted.add(endpoint.client_id)
         self._dirty.discard(endpoint.client_id)
+
+    def _hand_over_shared(self, session: Session) -> None:
+        """A share member's session ended: its unacknowledged shared messages go to another member."""
+        unfinished: list[OutboundMessage] = [
+            entry.message for entry in session.inflight.values() if entry.state != AWAITING_PUBCOMP
+        ]
+        unfinished.extend(session.queue)
+        for out in unfinished:
+            tag = out.tag
+            if not (isinstance(tag, str) and tag.startswith(SHARE_TAG)):
+                continue
+            group, _, topic_filter = tag[len(SHARE_TAG) :].partition("\x00")
+            members = self.broker.router.share_members(group, topic_filter)
+            if not members:
+                self.broker.stats.messages_dropped += 1
+                continue
+            live = [m for m in members if getattr(m.subscriber, "link", None) is not None] or members
+            member = live[0]
+            options = member.options
+            ids = () if options.subscription_identifier is None else (options.subscription_identifier,)
+            delivery: Delivery[Any] = Delivery(
+                member.subscriber, options.qos, ids, options.retain_as_published, (member,), group
+            )
+            member.subscriber.deliver(message_from_outbound(out), delivery)
 
     def _publish_will(self, will: Message) -> None:
         self.broker.stats.messages_received += 1
@@ -596,9 +621,13 @@ def _forget_queue_deliveries(session: Session) -> None:
     """Queue deliveries of an earlier connection were handed back to their queue when it closed;
     the queue redelivers them, so the session must not resend them."""
     for packet_id, entry in list(session.inflight.items()):
-        if entry.message.tag is not None:
+        if _is_queue_tag(entry.message.tag):
             del session.inflight[packet_id]
-    kept = [m for m in session.queue if m.tag is None]
+    kept = [m for m in session.queue if not _is_queue_tag(m.tag)]
     if len(kept) != len(session.queue):
         session.queue.clear()
         session.queue.extend(kept)
+
+
+def _is_queue_tag(tag: object) -> bool:
+    return tag is not None and not (isinstance(tag, str) and tag.startswith(SHARE_TAG))

@@ -44,6 +44,33 @@ def publish_properties(message: Message, subscription_ids: tuple[int, ...] = ())
     )
 
 
+SHARE_TAG = "share:"  # OutboundMessage.tag of a $share delivery: "share:<group>\x00<filter>"
+
+
+def share_tag(delivery: Delivery[Any]) -> str | None:
+    if delivery.share_group is None or not delivery.subscriptions:
+        return None
+    return f"{SHARE_TAG}{delivery.share_group}\x00{delivery.subscriptions[0].topic_filter}"
+
+
+def message_from_outbound(out: OutboundMessage, publisher_id: str | None = None) -> Message:
+    """Rebuild the broker message from a session's copy (to hand it to another share member)."""
+    props = out.properties
+    return Message(
+        topic=out.topic,
+        payload=out.payload,
+        qos=out.qos,
+        content_type=props.content_type,
+        correlation_data=props.correlation_data,
+        response_topic=props.response_topic,
+        payload_format=props.payload_format_indicator,
+        expires_at_ms=None if out.expires_at is None else int(out.expires_at * 1000),
+        user_properties=props.user_properties,
+        publisher_id=publisher_id,
+        protocol=PROTOCOL_MQTT,
+    )
+
+
 def outbound(message: Message, delivery: Delivery[Any], *, retained: bool = False) -> OutboundMessage:
     """The message as this subscriber gets it: QoS capped by its subscription, the retain flag kept
     only for retained-on-subscribe deliveries or Retain As Published, its subscription identifiers."""
@@ -53,5 +80,6 @@ def outbound(message: Message, delivery: Delivery[Any], *, retained: bool = Fals
         qos=min(message.qos, delivery.qos),
         retain=message.retain and (retained or delivery.retain_as_published),
         properties=publish_properties(message, delivery.subscription_identifiers),
+        tag=share_tag(delivery),
         expires_at=None if message.expires_at_ms is None else message.expires_at_ms / 1000,
     )
