@@ -300,3 +300,28 @@ async def test_restart_keeps_pending_entries_and_cursors(make_manager: Factory) 
         await wait_until(lambda: len(g2.deliveries) == 4)
         assert [d.offset for d in g2.deliveries] == [2, 3, 4, 5]
         assert (await second.publish("q", msg(b"6"))).offset == 6
+
+
+async def test_attempts_survive_restart_and_lead_to_the_dlq(make_manager: Factory) -> None:
+    first = make_manager(max_attempts=2, visibility_timeout_s=60)
+    async with first.running():
+        c = Collector("c")
+        first.consume("q", c).add_credit(1)
+        await first.publish("q", msg(b"x", user_properties=[("x-queue-attempt", "99"), ("k", "v")]))
+        await wait_until(lambda: len(c.deliveries) == 1)
+        assert c.deliveries[0].message.user_properties == [("k", "v")]  # reserved names stripped
+    second = make_manager(max_attempts=2, visibility_timeout_s=60)
+    async with second.running():
+        c2 = Collector("c2")
+        h2 = second.consume("q", c2)
+        h2.add_credit(1)
+        await wait_until(lambda: len(c2.deliveries) == 1)
+        d = c2.deliveries[0]
+        assert (d.attempt, d.redelivered) == (2, True)
+        assert ("x-queue-attempt", "2") in d.headers()
+        assert await h2.nack(0)  # second failed attempt of two: dead-lettered
+        assert second.info("q").dlq_depth == 1
+    events = queue_store.events_for(second.storage.engine, "q", 0)
+    kinds = [(e["kind"], e["reason"]) for e in events]
+    assert kinds[0] == ("published", None)
+    assert ("delivered", "restart") in kinds and kinds[-1][0] == "dead_lettered"
