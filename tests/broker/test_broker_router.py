@@ -261,3 +261,20 @@ def test_cache_is_bounded() -> None:
     uncached.subscribe(A, "#", Opts())
     assert ids(uncached.match("x")) == ["a"]
     assert uncached.cache_len() == 0
+
+
+def test_exact_filter_changes_keep_other_cache_entries() -> None:
+    r: Router[Client] = Router()
+    r.subscribe(A, "a/+", Opts())
+    r.match("a/1")
+    r.match("a/2")
+    assert r.cache_len() == 2
+    r.subscribe(B, "a/2", Opts())  # exact: only 'a/2' is dropped
+    assert r.cache_len() == 1
+    assert ids(r.match("a/1")) == ["a"]
+    assert ids(r.match("a/2")) == ["a", "b"]
+    r.unsubscribe_all(B)
+    assert r.cache_len() == 1
+    assert ids(r.match("a/2")) == ["a"]
+    r.subscribe(C, "x/#", Opts())  # wildcard: everything goes
+    assert r.cache_len() == 0

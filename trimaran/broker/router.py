@@ -16,10 +16,11 @@ Matching
 subscription (overlapping subscriptions aggregated: max QoS, every subscription identifier, retain as
 published if any asks for it) and one per matching share group (a member chosen round-robin).
 
-Results are cached per topic in a bounded FIFO cache which is cleared on every subscription change. A
-cache entry holds the aggregated deliveries for an anonymous publisher plus the matched share groups;
-per call, only two cheap steps remain: No Local (a lookup in a small set of subscriber ids, with the
-filtered result memoised per publisher in the entry) and the round-robin pick of each share group (a
+Results are cached per topic in a bounded FIFO cache. A subscription change to a filter without
+wildcards drops that one topic's entry; a change to a wildcard filter clears the cache. A cache entry
+holds the aggregated deliveries for an anonymous publisher plus the matched share groups; per call,
+only two cheap steps remain: No Local (a lookup in a small set of subscriber ids, with the filtered
+result memoised per publisher in the entry) and the round-robin pick of each share group (a
 precomputed Delivery per member). A cache hit therefore allocates only the returned list.
 
 Topics passed to :meth:`Router.match` must be valid topic names (the front end validates publishes);
@@ -266,7 +267,7 @@ class Router(Generic[S]):
         mine[(topic_filter, group)] = sub
         if is_new:
             self._count += 1
-        self._cache.clear()
+        self._invalidate(topic_filter)
         return is_new
 
     def unsubscribe(self, subscriber: S, topic_filter: str, share_group: str | None = None) -> bool:
@@ -278,7 +279,7 @@ class Router(Generic[S]):
             del self._by_subscriber[subscriber]
         self._remove_from_trie(subscriber, topic_filter, share_group)
         self._count -= 1
-        self._cache.clear()
+        self._invalidate(topic_filter)
         return True
 
     def unsubscribe_all(self, subscriber: S) -> int:
@@ -288,9 +289,21 @@ class Router(Generic[S]):
             return 0
         for topic_filter, group in mine:
             self._remove_from_trie(subscriber, topic_filter, group)
+            self._invalidate(topic_filter)
         self._count -= len(mine)
-        self._cache.clear()
         return len(mine)
+
+    def _invalidate(self, topic_filter: str) -> None:
+        """Drop the cached matches a change to ``topic_filter`` can affect.
+
+        A filter without wildcards matches only the topic spelled the same, so only that entry goes
+        (devices subscribing to their own ``devices/<id>/cmd`` do not empty the cache for everyone);
+        a wildcard filter empties the cache.
+        """
+        if "+" in topic_filter or "#" in topic_filter:
+            self._cache.clear()
+        else:
+            self._cache.pop(topic_filter, None)
 
     def _remove_from_trie(self, subscriber: S, topic_filter: str, group: str | None) -> None:
         path: list[tuple[_Node[S], str]] = []
