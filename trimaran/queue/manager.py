@@ -274,6 +274,8 @@ class QueueManager:
             commit_batch_max=storage_settings.commit_batch_max,
         )
         self._timed: set[tuple[QueueState, Group]] = set()
+        self._dirty: set[QueueState] = set()
+        self.writer.batch_done = self._flush_dirty
         self._scope: anyio.CancelScope | None = None
         self._started = False
         self._last_sweep = 0.0
@@ -556,6 +558,7 @@ class QueueManager:
         state.stats["published"] += 1
         if not state.durable:
             self._appended(state, stored)
+            self._flush_dirty()
             return PublishResult(queue, offset, message_id(queue, offset))
         batch.messages.append(
             queue_store.message_row(queue, offset, message, routing_key, now, stored.expires_at)
@@ -618,15 +621,23 @@ class QueueManager:
         """On the loop, in offset order, once the message is committed: make it deliverable."""
         if state.deleted:
             return
-        if self._is_shared(state):
+        if not self._is_shared(state):  # shared: the message comes back by a claim
+            state.add(stored)
+        # Deliveries once per committed batch, not per message: the writer calls _flush_dirty.
+        self._dirty.add(state)
+
+    def _flush_dirty(self) -> None:
+        dirty = self._dirty
+        if not dirty:
+            return
+        self._dirty = set()
+        for state in dirty:
             for group in state.groups.values():
                 if group.consumers:
-                    self._claim(state, group)
-            return
-        state.add(stored)
-        for group in state.groups.values():
-            if group.consumers:
-                self._dispatch(state, group)
+                    if self._is_shared(state):
+                        self._claim(state, group)
+                    else:
+                        self._dispatch(state, group)
 
     # -- consume ----------------------------------------------------------------------------------
 
@@ -995,6 +1006,7 @@ class QueueManager:
             return self.writer.submit(batch, wait=wait, on_commit=_run_all(after) if after else None)
         for f in after or ():
             f()
+        self._flush_dirty()
         return None
 
     def _settle_now(
@@ -1303,6 +1315,7 @@ class QueueManager:
         else:
             for f in after:
                 f()
+            self._flush_dirty()
         self._dispatch(state, group)
 
     def _redeliver_or_dead_letter(
@@ -1366,6 +1379,7 @@ class QueueManager:
             else:
                 for f in after:
                     f()
+                self._flush_dirty()
             if changed or group.ready:
                 self._dispatch(state, group)
         if self.shared:
@@ -1429,6 +1443,7 @@ class QueueManager:
         if batch.empty():
             if on_commit is not None:
                 on_commit()
+                self._flush_dirty()
             return []
         try:
             return await self.writer.write(batch, on_commit)

@@ -133,6 +133,7 @@ class GroupCommitWriter:
         # statistics
         self.transactions = 0
         self.submissions = 0
+        self.batch_done: Callable[[], None] | None = None  # on the loop, after each batch's callbacks
         self.busy_s = 0.0  # time spent writing (the rest of the thread's life it waits for work)
 
     # -- lifecycle (on the event loop) -----------------------------------------------------------
@@ -260,9 +261,17 @@ class GroupCommitWriter:
     def _release(self, tickets: list[Ticket]) -> None:
         if self._loop is not None:
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
-                self._loop.call_soon_threadsafe(_complete, tickets)
+                self._loop.call_soon_threadsafe(self._completed, tickets)
         else:
-            anyio.from_thread.run_sync(_complete, tickets, token=self._token)
+            anyio.from_thread.run_sync(self._completed, tickets, token=self._token)
+
+    def _completed(self, tickets: list[Ticket]) -> None:
+        _complete(tickets)
+        if self.batch_done is not None:
+            try:
+                self.batch_done()
+            except Exception:
+                log.exception("batch_done callback failed")
 
 
 def _complete(tickets: list[Ticket]) -> None:
