@@ -7,7 +7,7 @@ import random
 import anyio
 import pytest
 
-from tests.queue.conftest import Factory, wait_until
+from tests.queue.conftest import Collector, Factory, wait_until
 from trimaran.broker.message import Message
 from trimaran.queue import ConsumerHandle, QueueDelivery
 from trimaran.storage import queue_store
@@ -81,7 +81,6 @@ async def test_two_managers_never_hold_the_same_message(make_manager: Factory) -
 
 @pytest.mark.usefixtures("postgres_only")
 async def test_a_stopping_manager_hands_its_messages_over(make_manager: Factory) -> None:
-    from tests.queue.conftest import Collector
 
     a = make_manager(shared=True, node="a")
     b = make_manager(shared=True, node="b", backoff_initial_s=0)
@@ -104,3 +103,10 @@ async def test_a_stopping_manager_hands_its_messages_over(make_manager: Factory)
         assert await hb.nack(first.offset)  # released to the database, claimed again
         await wait_until(lambda: len(cb.deliveries) == 6)
         assert cb.deliveries[-1].offset == first.offset and cb.deliveries[-1].attempt == first.attempt + 1
+        assert await hb.reject(first.offset, "bad")
+        dlq = queue_store.stored_offsets(b.storage.engine, "$dlq/jobs")
+        assert len(dlq) == 1
+        d = Collector("d")
+        b.consume("$dlq/jobs", d).add_credit(1)
+        await wait_until(lambda: len(d.deliveries) == 1)
+        assert dict(d.deliveries[0].message.user_properties)["x-dead-letter-reason"] == "bad"

@@ -334,6 +334,11 @@ class QueueManager:
         await self.writer.stop()
 
     def _is_shared(self, state: QueueState) -> bool:
+        """Work queues of a shared node deliver only what they claimed in the database."""
+        return self.shared and state.durable and state.policy.mode == "work"
+
+    def _shared_offsets(self, state: QueueState) -> bool:
+        """Every durable queue of a shared node takes offsets from reserved blocks."""
         return self.shared and state.durable
 
     def _load(self) -> list[QueueState]:
@@ -345,7 +350,7 @@ class QueueManager:
             policy = QueuePolicySettings(**row["policy"])
             state = QueueState(row["name"], policy, True, row["created_at"])
             state.next_offset = state.high = row["next_offset"]
-            if self.shared:  # messages and pending entries come in by claims
+            if self.shared and policy.mode == "work":  # messages and pending entries come by claims
                 result.append(state)
                 continue
             for page in queue_store.iter_messages(engine, state.name):
@@ -546,7 +551,7 @@ class QueueManager:
             message = message.copy_with(
                 user_properties=[(k, v) for k, v in message.user_properties if k not in RESERVED_PROPERTIES]
             )
-        if self._is_shared(state):
+        if self._shared_offsets(state):
             offset = await self._reserve(state)
         else:
             offset = state.next_offset
@@ -563,7 +568,7 @@ class QueueManager:
         batch.messages.append(
             queue_store.message_row(queue, offset, message, routing_key, now, stored.expires_at)
         )
-        if not self._is_shared(state):
+        if not self._shared_offsets(state):
             batch.queue_next[queue] = offset + 1
         batch.events.append(
             queue_store.event_row(
@@ -1193,7 +1198,7 @@ class QueueManager:
         dlq = self.queues.get(target)
         if dlq is None:
             dlq = self._declare_now(target, None, state.durable, batch)
-        if self._is_shared(dlq):
+        if self._shared_offsets(dlq):
             row = queue_store.message_row(target, 0, copy, stored.routing_key, now, None)
             published = queue_store.event_row(
                 now, target, "published", node=self.node, reason=f"dead_letter from {state.name}:{offset}"
@@ -1205,7 +1210,8 @@ class QueueManager:
                     attempt=entry.attempts, reason=f"{reason} -> {target}",
                 )
             )  # fmt: skip
-            after.append(lambda: self._appended(dlq, StoredMessage(-1, copy, "", now, None, 0)))
+            if self._is_shared(dlq):  # wakes its consumers' claims
+                after.append(lambda: self._appended(dlq, StoredMessage(-1, copy, "", now, None, 0)))
             return
         d_offset = dlq.next_offset
         dlq.next_offset += 1
