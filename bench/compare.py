@@ -30,6 +30,7 @@ import datetime as dt
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -152,11 +153,35 @@ def cell_text(scenario: str, cell: Cell | None) -> str:
     r = median_run(scenario, ok)
     if scenario.startswith("mqtt-latency"):
         lat = r["latency_ms"]
-        return f"{fmt_num(lat['p50'], 2)} / {fmt_num(lat['p99'], 2)}"
+        text = f"{fmt_num(lat['p50'], 2)} / {fmt_num(lat['p99'], 2)}"
+        if len(ok) > 1:
+            p99s = [x["latency_ms"]["p99"] or 0 for x in ok]
+            text += f" (p99 {fmt_num(min(p99s), 1)}-{fmt_num(max(p99s), 1)})"
+        return text
     text = fmt_num(r["deliver_rate"])
+    if len(ok) > 1:
+        rates = [x["deliver_rate"] for x in ok]
+        text += f" ({fmt_num(min(rates))}-{fmt_num(max(rates))})"
     if r.get("lost"):
-        text += f" ({r['lost']:,} lost)"
+        text += f", {r['lost']:,} lost"
     return text
+
+
+def cost_us(run: dict[str, Any]) -> float | None:
+    """Broker CPU microseconds per delivered message: robust to a busy host, unlike the rates."""
+    if not run.get("broker_cpu") or not run.get("deliver_rate"):
+        return None
+    return float(run["broker_cpu"]) / float(run["deliver_rate"]) * 1e6
+
+
+def cost_text(scenario: str, cell: Cell | None) -> tuple[str, float | None]:
+    if cell is None or cell.unavailable:
+        return "n/a", None
+    costs = sorted(c for r in cell.runs if "error" not in r and (c := cost_us(r)) is not None)
+    if not costs:
+        return "n/a", None
+    mid = statistics.median(costs)
+    return f"{mid:.1f}", mid
 
 
 def ratio_text(scenario: str, mine: Cell | None, other: Cell | None) -> str:
@@ -228,8 +253,8 @@ def render(
         f"latency at {args.rate:g} msg/s, MQTT throughput closed-loop with at most {args.e2e_window} "
         f"messages undelivered (0 = flood), median of {args.repeat}",
         "",
-        "Throughput: delivered msg/s (higher is better). Latency: p50 / p99 ms (lower is better). "
-        "Ratios: trimaran / other.",
+        "Throughput: delivered msg/s (higher is better), median run (the lower middle one for an even "
+        "count) and (min-max). Latency: p50 / p99 ms (lower is better). Ratios: trimaran / other.",
         "",
     ]
     header = ["scenario", *names] + [f"trimaran/{o}" for o in others if "trimaran" in names]
@@ -241,6 +266,25 @@ def render(
         row = [sc] + [cell_text(sc, cells.get((sc, n))) for n in names]
         if "trimaran" in names:
             row += [ratio_text(sc, cells.get((sc, "trimaran")), cells.get((sc, o))) for o in others]
+        out.append("| " + " | ".join(row) + " |")
+    out += [
+        "",
+        "Broker CPU per delivered message (µs, median; lower is better). Less sensitive to other jobs on "
+        "the host than the rates; ratios trimaran / other.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for sc in args.scenarios:
+        if sc == "amqp-client-only":
+            continue
+        texts = {n: cost_text(sc, cells.get((sc, n))) for n in names}
+        row = [sc] + [texts[n][0] for n in names]
+        if "trimaran" in names:
+            mine = texts["trimaran"][1]
+            for o in others:
+                theirs = texts[o][1]
+                row.append(f"{mine / theirs:.2f}" if mine and theirs else "n/a")
         out.append("| " + " | ".join(row) + " |")
     client = cells.get(("amqp-client-only", "-"))
     if client and client.runs and "error" not in client.runs[0]:
@@ -259,8 +303,8 @@ def render(
         "is near del, the generator was the limit.",
         "",
         "| scenario | broker | pub | del | lost | p50 ms | p99 ms | gen CPU | broker CPU | other CPU "
-        "| gen ceiling |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| gen ceiling | broker µs/msg |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for sc in args.scenarios:
         for n in names:
@@ -269,14 +313,15 @@ def render(
                 continue
             for r in cell.runs:
                 if "error" in r:
-                    out.append(f"| {sc} | {n} | error: {r['error'][:100]} ||||||||")
+                    out.append(f"| {sc} | {n} | error: {r['error'][:100]} |||||||||")
                     continue
                 lat = r.get("latency_ms", {})
                 out.append(
                     f"| {sc} | {n} | {fmt_num(r['pub_rate'])} | {fmt_num(r['deliver_rate'])} | {r['lost']:,} "
                     f"| {fmt_num(lat.get('p50'), 2)} | {fmt_num(lat.get('p99'), 2)} | {r['gen_cpu']:.2f} "
                     f"| {fmt_num(r.get('broker_cpu'), 2)} | {r['other_cpu']:.2f} "
-                    f"| {fmt_num(r['deliver_rate'] / r['gen_cpu'] if r['gen_cpu'] > 0 else None)} |"
+                    f"| {fmt_num(r['deliver_rate'] / r['gen_cpu'] if r['gen_cpu'] > 0 else None)} "
+                    f"| {fmt_num(cost_us(r), 1)} |"
                 )
     return "\n".join(out)
 
@@ -313,8 +358,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--e2e-window",
         type=int,
-        default=1000,
-        help="MQTT throughput runs: max published-but-undelivered messages, 0 = flood (default 1000)",
+        default=500,
+        help="MQTT throughput runs: max published-but-undelivered messages, 0 = flood (default 500)",
     )
     p.add_argument(
         "--amqp-client",
@@ -347,6 +392,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.render:
         saved = json.loads(args.render.read_text())
+        for key in ("duration", "warmup", "rate"):  # describe the runs as they were made
+            if key in saved.get("args", {}):
+                setattr(args, key, float(saved["args"][key]))
+        for key in ("payload", "clients", "repeat", "e2e_window"):
+            if key in saved.get("args", {}):
+                setattr(args, key, int(saved["args"][key]))
         loaded = {
             (key.split("|")[0], key.split("|")[1]): Cell(runs=c["runs"], unavailable=c["unavailable"])
             for key, c in saved["cells"].items()
