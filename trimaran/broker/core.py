@@ -77,7 +77,7 @@ class Stats:
 class Broker:
     def __init__(self, store: MqttStore | None = None, *, sys_interval: float = 10.0) -> None:
         self.router: Router[Any] = Router()
-        self.retained = RetainedStore()
+        self.retained = RetainedStore(on_change=self._retained_changed)
         self.stats = Stats()
         self.store = store
         self.sys_interval = sys_interval
@@ -124,17 +124,18 @@ class Broker:
     def publish(self, message: Message) -> int:
         """Route a pub/sub message to every matching subscriber; returns how many got it."""
         if message.retain:
-            self.set_retained(message)
+            self.retained.set(message)
         deliveries = self.router.match(message.topic, message.publisher_id)
         for delivery in deliveries:
             delivery.subscriber.deliver(message, delivery)
         self.stats.publish_routed += 1
         return len(deliveries)
 
-    def set_retained(self, message: Message) -> None:
-        if not self.retained.set(message):
-            return
-        self._retained_changes[message.topic] = message if message.payload else None
+    def _retained_changed(self, topic: str, message: Message | None) -> None:
+        """The store's own account of a change (set, clear, expiry) is what gets written."""
+        if topic.startswith("$SYS/"):
+            return  # $SYS values are rebuilt at every start, never stored
+        self._retained_changes[topic] = message
         self._retained_dirty.set()
 
     def uptime(self) -> float:
@@ -163,7 +164,6 @@ class Broker:
         now = now_ms()
         for topic, value in self.sys_values().items():
             message = Message(topic, value.encode(), retain=True, created_at_ms=now)
-            # $SYS values are retained in memory only: they are rebuilt at every start.
             self.retained.set(message)
             for delivery in self.router.match(topic):
                 delivery.subscriber.deliver(message, delivery)

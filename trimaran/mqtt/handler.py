@@ -184,7 +184,7 @@ class MqttFrontEnd:
         self._dirty: set[str] = set()
         self._deleted: set[str] = set()
         self._passwords = {user.name: user.password.get_secret_value() for user in settings.auth.users}
-        self._closed = anyio.Event()
+        self._drained: anyio.Event | None = None  # set once shutdown has seen the last link go
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -232,8 +232,9 @@ class MqttFrontEnd:
             link.done = True
             link.reading.cancel()
             link.wake()
-        while self.links:
-            await anyio.sleep(0.01)
+        if self.links:
+            self._drained = anyio.Event()
+            await self._drained.wait()
         self._dirty.update(cid for cid, e in self.endpoints.items() if e.session.expiry_interval)
         await self.persist()
 
@@ -314,6 +315,8 @@ class MqttFrontEnd:
                 tg.cancel_scope.cancel()  # pending queue acks cannot be sent any more
         finally:
             self.links.discard(link)
+            if self._drained is not None and not self.links:
+                self._drained.set()
             if not link.conn.closed:
                 self.dispatch(link, link.conn.connection_lost())
             if self.queues is not None:
