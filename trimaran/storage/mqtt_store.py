@@ -6,22 +6,14 @@ Blocking calls; the broker runs them on a worker thread, a whole batch per call.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from sqlalchemy import Engine, delete, select
+from sqlalchemy import Delete, Engine, delete, select
 
 from trimaran.broker.message import Message
 from trimaran.storage.engine import now_ms
-from trimaran.storage.schema import mqtt_session_messages, mqtt_sessions, retained_messages
+from trimaran.storage.schema import mqtt_sessions, retained_messages
 from trimaran.storage.serialize import message_from, properties_json
-
-
-@dataclass(slots=True)
-class StoredMessage:
-    seq: int
-    packet_id: int | None
-    state: str  # queued | sent | released
-    message: Message
 
 
 @dataclass(slots=True)
@@ -30,8 +22,7 @@ class StoredSession:
     protocol_level: int
     expiry_interval_s: int
     disconnected_at: int | None
-    state: str  # JSON document owned by the MQTT session
-    messages: list[StoredMessage] = field(default_factory=list)
+    state: str  # the whole session as JSON (mqtt.session.Session.to_json)
 
 
 class MqttStore:
@@ -76,35 +67,21 @@ class MqttStore:
 
     def load_sessions(self) -> list[StoredSession]:
         with self.engine.connect() as connection:
-            sessions = {
-                row.client_id: StoredSession(
+            return [
+                StoredSession(
                     row.client_id, row.protocol_level, row.expiry_interval_s, row.disconnected_at, row.state
                 )
                 for row in connection.execute(select(mqtt_sessions))
-            }
-            for row in connection.execute(
-                select(mqtt_session_messages).order_by(
-                    mqtt_session_messages.c.client_id, mqtt_session_messages.c.seq
-                )
-            ):
-                session = sessions.get(row.client_id)
-                if session is not None:
-                    message = message_from(row.topic, row.payload, row.qos, row.retain, row.properties)
-                    session.messages.append(StoredMessage(row.seq, row.packet_id, row.state, message))
-        return list(sessions.values())
+            ]
 
     def save_sessions(self, sessions: Iterable[StoredSession]) -> None:
-        """Replace each session's row and messages, all in one transaction."""
+        """Replace each session's row, all in one transaction."""
         batch = list(sessions)
         if not batch:
             return
         now = now_ms()
-        ids = [session.client_id for session in batch]
         with self.engine.begin() as connection:
-            connection.execute(
-                delete(mqtt_session_messages).where(mqtt_session_messages.c.client_id.in_(ids))
-            )
-            connection.execute(delete(mqtt_sessions).where(mqtt_sessions.c.client_id.in_(ids)))
+            connection.execute(_delete_sessions([s.client_id for s in batch]))
             connection.execute(
                 mqtt_sessions.insert(),
                 [
@@ -119,30 +96,13 @@ class MqttStore:
                     for s in batch
                 ],
             )
-            rows = [
-                {
-                    "client_id": s.client_id,
-                    "seq": m.seq,
-                    "packet_id": m.packet_id,
-                    "state": m.state,
-                    "topic": m.message.topic,
-                    "payload": m.message.payload,
-                    "qos": m.message.qos,
-                    "retain": m.message.retain,
-                    "properties": properties_json(m.message),
-                }
-                for s in batch
-                for m in s.messages
-            ]
-            if rows:
-                connection.execute(mqtt_session_messages.insert(), rows)
 
     def delete_sessions(self, client_ids: Iterable[str]) -> None:
         ids = list(client_ids)
-        if not ids:
-            return
-        with self.engine.begin() as connection:
-            connection.execute(
-                delete(mqtt_session_messages).where(mqtt_session_messages.c.client_id.in_(ids))
-            )
-            connection.execute(delete(mqtt_sessions).where(mqtt_sessions.c.client_id.in_(ids)))
+        if ids:
+            with self.engine.begin() as connection:
+                connection.execute(_delete_sessions(ids))
+
+
+def _delete_sessions(client_ids: list[str]) -> Delete:
+    return delete(mqtt_sessions).where(mqtt_sessions.c.client_id.in_(client_ids))

@@ -5,7 +5,7 @@ Times are integer epoch milliseconds.
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Boolean, Column, Integer, LargeBinary, MetaData, String, Table, Text
+from sqlalchemy import BigInteger, Column, Integer, LargeBinary, MetaData, String, Table, Text
 
 metadata = MetaData(
     naming_convention={
@@ -39,8 +39,9 @@ retained_messages = Table(
     Column("updated_at", BigInteger, nullable=False),
 )
 
-# Persistent MQTT sessions: subscriptions and protocol state as one JSON document per client,
-# written when it changes, at disconnect and at shutdown (as Mosquitto persists its sessions).
+# Persistent MQTT sessions: subscriptions, inflight and queued messages and protocol state as one
+# JSON document per client (mqtt.session.Session.to_json), written when it changes, at disconnect
+# and at shutdown (as Mosquitto persists its sessions).
 mqtt_sessions = Table(
     "mqtt_sessions",
     metadata,
@@ -50,21 +51,6 @@ mqtt_sessions = Table(
     Column("disconnected_at", BigInteger, nullable=True),
     Column("state", Text, nullable=False),
     Column("updated_at", BigInteger, nullable=False),
-)
-
-# Messages a persistent session holds: queued while offline, or sent and not yet acknowledged.
-mqtt_session_messages = Table(
-    "mqtt_session_messages",
-    metadata,
-    Column("client_id", String(65535), primary_key=True),
-    Column("seq", BigInteger, primary_key=True),
-    Column("packet_id", Integer, nullable=True),
-    Column("state", String(16), nullable=False),  # queued | sent | released (QoS 2 after PUBREC)
-    Column("topic", Text, nullable=False),
-    Column("payload", LargeBinary, nullable=False),
-    Column("qos", Integer, nullable=False),
-    Column("retain", Boolean, nullable=False),
-    Column("properties", Text, nullable=False),
 )
 
 # -- durable queues (migration 0003) --------------------------------------------------------------

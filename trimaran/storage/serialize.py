@@ -77,14 +77,3 @@ def message_from(topic: str, payload: bytes, qos: int, retain: bool, properties:
         created_at_ms=props.get("created_at_ms", 0),
         extra=_restore(props.get("extra", {})),
     )
-
-
-def message_row(message: Message) -> dict[str, Any]:
-    """Column values for tables that store a whole message."""
-    return {
-        "topic": message.topic,
-        "payload": message.payload,
-        "qos": message.qos,
-        "retain": message.retain,
-        "properties": properties_json(message),
-    }

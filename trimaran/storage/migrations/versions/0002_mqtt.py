@@ -33,21 +33,8 @@ def upgrade() -> None:
         sa.Column("state", sa.Text, nullable=False),
         sa.Column("updated_at", sa.BigInteger, nullable=False),
     )
-    op.create_table(
-        "mqtt_session_messages",
-        sa.Column("client_id", sa.String(65535), primary_key=True),
-        sa.Column("seq", sa.BigInteger, primary_key=True),
-        sa.Column("packet_id", sa.Integer, nullable=True),
-        sa.Column("state", sa.String(16), nullable=False),
-        sa.Column("topic", sa.Text, nullable=False),
-        sa.Column("payload", sa.LargeBinary, nullable=False),
-        sa.Column("qos", sa.Integer, nullable=False),
-        sa.Column("retain", sa.Boolean, nullable=False),
-        sa.Column("properties", sa.Text, nullable=False),
-    )
 
 
 def downgrade() -> None:
-    op.drop_table("mqtt_session_messages")
     op.drop_table("mqtt_sessions")
     op.drop_table("retained_messages")
