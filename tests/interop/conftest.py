@@ -32,6 +32,8 @@ def mqtt_server_args() -> list[str]:
         "127.0.0.1:0",
         "--mqtt-ws",
         "127.0.0.1:0",
+        "--mqtt-wss",
+        "127.0.0.1:0",
         "--amqp",
         "off",
         "--http",
@@ -61,6 +63,7 @@ def endpoints_of(server: RunningServer, tls_files: dict[str, str]) -> Endpoints:
         server.ports["mqtt"],
         server.ports.get("mqtt-tls"),
         server.ports.get("mqtt-ws"),
+        server.ports.get("mqtt-wss"),
         tls_files["ca"],
     )
 

@@ -15,7 +15,7 @@ from trimaran.mqtt.codec import NEED_DATA, Decoder, encode
 from trimaran.mqtt.packets import Connect, SubAck, Subscribe, SubscriptionOptions
 
 
-@pytest.mark.parametrize("transport", ["tcp", "tls", "ws", "wss-off"][:3])
+@pytest.mark.parametrize("transport", ["tcp", "tls", "ws", "wss"])
 @pytest.mark.parametrize("version", [V311, V5])
 @pytest.mark.parametrize("qos", [0, 1, 2])
 def test_publish_subscribe(mqtt: Endpoints, transport: str, version: int, qos: int) -> None:
@@ -23,7 +23,8 @@ def test_publish_subscribe(mqtt: Endpoints, transport: str, version: int, qos: i
     sub = connect(mqtt, version=version, transport=transport)  # type: ignore[arg-type]
     pub = connect(mqtt, version=version, transport=transport)  # type: ignore[arg-type]
     try:
-        assert sub.subscribe(topic, qos=2)[0] == qos or True
+        granted = sub.subscribe(topic, qos=2)[0]
+        assert int(getattr(granted, "value", granted)) == 2
         for i in range(20):
             pub.publish(topic, f"m{i}".encode(), qos=qos)
         got = sub.drain(20)

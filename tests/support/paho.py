@@ -25,6 +25,7 @@ class Endpoints:
     tcp: int
     tls: int | None = None
     ws: int | None = None
+    wss: int | None = None
     ca_file: str | None = None
 
 
@@ -147,7 +148,7 @@ def connect(
     if transport in ("tls", "wss"):
         context = ssl.create_default_context(cafile=endpoints.ca_file)
         paho.tls_set_context(context)
-        port = endpoints.tls if transport == "tls" else endpoints.ws  # type: ignore[assignment]
+        port = endpoints.tls if transport == "tls" else endpoints.wss  # type: ignore[assignment]
     elif transport == "ws":
         port = endpoints.ws  # type: ignore[assignment]
     if transport in ("ws", "wss"):
