@@ -18,7 +18,7 @@ from anyio.abc import TaskGroup
 from trimaran import __version__
 from trimaran.broker.core import Broker
 from trimaran.broker.http import HttpServer, Request, Response
-from trimaran.broker.listeners import ConnectionHandler, Listener, server_tls_context
+from trimaran.broker.listeners import AmqpPort, ConnectionHandler, Listener, server_tls_context
 from trimaran.config import ConfigError, Endpoint, Settings
 from trimaran.mqtt.handler import MqttFrontEnd
 from trimaran.queue.manager import QueueManager
@@ -119,11 +119,15 @@ class App:
                 tls = server_tls_context(bind.tls)
             except (ValueError, OSError) as exc:
                 raise ConfigError(f"invalid setting listeners.tls: {exc}") from None
+        # AMQP 0.9.1 and 1.0 share the port; the front ends plug in here as they land.
+        amqp = AmqpPort(None, None)
         plan: list[tuple[str, Endpoint | None, ConnectionHandler, bool]] = [
             ("mqtt", bind.mqtt, self.mqtt.handle, False),
             ("mqtt-tls", bind.mqtt_tls, self.mqtt.handle, True),
             ("mqtt-ws", bind.mqtt_ws, self.mqtt.handle_websocket, False),
             ("mqtt-wss", bind.mqtt_wss, self.mqtt.handle_websocket, True),
+            ("amqp", bind.amqp, amqp.handle, False),
+            ("amqps", bind.amqps, amqp.handle, True),
             ("http", settings.http.bind, self.http.handle, False),
         ]
         return [

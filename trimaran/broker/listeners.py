@@ -6,6 +6,7 @@ shutdown can stop accepting first and still let open connections finish what the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import ssl
@@ -15,6 +16,8 @@ import anyio
 from anyio.abc import ByteStream, SocketAttribute, SocketListener, SocketStream, TaskGroup, TaskStatus
 from anyio.streams.tls import TLSStream
 
+from trimaran.amqp091.frames import PROTOCOL_HEADER as AMQP091_HEADER
+from trimaran.amqp091.frames import ProtocolHeader, classify_protocol_header
 from trimaran.config import Endpoint, TlsSettings
 
 log = logging.getLogger(__name__)
@@ -22,7 +25,14 @@ log = logging.getLogger(__name__)
 # A protocol handler serves one accepted connection until it closes.
 ConnectionHandler = Callable[[ByteStream, str], Awaitable[None]]
 
+# An AMQP handler also gets the bytes the port already read: the 8-byte header and any after it.
+AmqpHandler = Callable[[ByteStream, str, bytes], Awaitable[None]]
+
 TLS_HANDSHAKE_TIMEOUT = 10.0
+PROTOCOL_HEADER_TIMEOUT = 10.0
+
+_AMQP091 = frozenset({ProtocolHeader.AMQP_0_9_1, ProtocolHeader.AMQP_0_9})
+_AMQP1 = frozenset({ProtocolHeader.AMQP_1_0, ProtocolHeader.AMQP_1_0_SASL, ProtocolHeader.AMQP_1_0_TLS})
 
 
 def peer_name(stream: SocketStream) -> str:
@@ -128,3 +138,46 @@ class Listener:
             log.exception("%s: connection from %s failed", self.name, peer)
         finally:
             await connection.aclose()
+
+
+class AmqpPort:
+    """Port 5672 serves AMQP 0.9.1 and AMQP 1.0: the 8-byte protocol header says which.
+
+    A header neither front end speaks is answered with the AMQP 0.9.1 header and the connection
+    closed, as both specifications ask of a server that does not support the requested version.
+    """
+
+    def __init__(
+        self,
+        amqp091: AmqpHandler | None,
+        amqp1: AmqpHandler | None,
+        *,
+        header_timeout: float = PROTOCOL_HEADER_TIMEOUT,
+    ) -> None:
+        self.amqp091 = amqp091
+        self.amqp1 = amqp1
+        self.header_timeout = header_timeout
+
+    async def handle(self, stream: ByteStream, peer: str) -> None:
+        data = b""
+        kind: ProtocolHeader | None = None
+        with anyio.move_on_after(self.header_timeout):
+            while True:
+                try:
+                    data += await stream.receive()
+                except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+                    return
+                found = classify_protocol_header(data)
+                if isinstance(found, ProtocolHeader):
+                    kind = found
+                    break
+        if kind is None:
+            log.info("amqp: %s sent no protocol header within %.0fs; closing", peer, self.header_timeout)
+            return
+        handler = self.amqp091 if kind in _AMQP091 else self.amqp1 if kind in _AMQP1 else None
+        if handler is None:
+            log.info("amqp: %s sent header %r (%s), which is not served; closing", peer, data[:8], kind.value)
+            with anyio.move_on_after(1), contextlib.suppress(anyio.BrokenResourceError, OSError):
+                await stream.send(AMQP091_HEADER)
+            return
+        await handler(stream, peer, data)
