@@ -18,6 +18,7 @@ def anyio_backend() -> str:
 
 async def serve_once(port: AmqpPort, client_bytes: list[bytes]) -> bytes:
     """Run ``port`` on one real connection, send ``client_bytes`` and return what the server sent."""
+    received = b""
     multi = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
     async with multi:
         listener = multi.listeners[0]
@@ -35,14 +36,13 @@ async def serve_once(port: AmqpPort, client_bytes: list[bytes]) -> bytes:
                 for chunk in client_bytes:
                     await client.send(chunk)
                     await anyio.sleep(0.01)
-                received = b""
                 with anyio.fail_after(5):
                     while True:
                         try:
                             received += await client.receive()
                         except (anyio.EndOfStream, anyio.BrokenResourceError):
                             break
-            return received
+    return received
 
 
 def recording(name: str, seen: list[tuple[str, bytes]]) -> AmqpHandler:

@@ -16,8 +16,8 @@ import anyio
 from anyio.abc import ByteStream, SocketAttribute, SocketListener, SocketStream, TaskGroup, TaskStatus
 from anyio.streams.tls import TLSStream
 
-from trimaran.amqp091.frames import PROTOCOL_HEADER as AMQP091_HEADER
 from trimaran.amqp091.frames import ProtocolHeader, classify_protocol_header
+from trimaran.amqp091.spec import PROTOCOL_HEADER as AMQP091_HEADER
 from trimaran.config import Endpoint, TlsSettings
 
 log = logging.getLogger(__name__)
