@@ -16,6 +16,7 @@ import anyio.to_thread
 from anyio.abc import TaskStatus
 
 from trimaran import __version__
+from trimaran.broker.clients import ClientRegistry
 from trimaran.broker.message import Message, now_ms
 from trimaran.broker.retained import RetainedStore
 from trimaran.broker.router import Delivery, Router
@@ -77,6 +78,7 @@ class Stats:
 class Broker:
     def __init__(self, store: MqttStore | None = None, *, sys_interval: float = 10.0) -> None:
         self.router: Router[Any] = Router()
+        self.clients = ClientRegistry()
         self.retained = RetainedStore(on_change=self._retained_changed)
         self.stats = Stats()
         self.store = store

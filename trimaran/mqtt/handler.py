@@ -19,8 +19,10 @@ import anyio
 import anyio.to_thread
 from anyio.abc import ByteStream, TaskGroup
 
+from trimaran.broker.auth import Authenticator, AuthResult
+from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker
-from trimaran.broker.message import Message
+from trimaran.broker.message import PROTOCOL_MQTT, Message
 from trimaran.broker.router import Delivery, SubscriptionOptions
 from trimaran.broker.topics import TopicError, split_shared
 from trimaran.broker.websocket import WebSocketError, WebSocketStream
@@ -72,6 +74,7 @@ class Link:
 
     __slots__ = (
         "_wake",
+        "client",
         "conn",
         "done",
         "endpoint",
@@ -91,6 +94,7 @@ class Link:
         self.stream = stream
         self.peer = peer
         self.endpoint: MqttEndpoint | None = None
+        self.client: ClientInfo | None = None  # in the broker's client registry while connected
         self.done = False  # the reader has finished; the writer flushes and ends
         self.reading = anyio.CancelScope()
         self.tasks: TaskGroup | None = None
@@ -183,7 +187,7 @@ class MqttFrontEnd:
         self._wills: dict[str, tuple[float, Message]] = {}  # client id -> (due, will) for delayed wills
         self._dirty: set[str] = set()
         self._deleted: set[str] = set()
-        self._passwords = {user.name: user.password.get_secret_value() for user in settings.auth.users}
+        self.auth = Authenticator(settings.auth)
         self._drained: anyio.Event | None = None  # set once shutdown has seen the last link go
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -393,9 +397,20 @@ class MqttFrontEnd:
     def _connect(self, link: Link, request: ConnectRequest) -> list[Event]:
         conn = link.conn
         connect = request.connect
-        refusal = self._authenticate(connect.username, connect.password)
-        if refusal is not None:
-            log.info("mqtt: %s refused for client %r from %s", refusal.name, request.client_id, link.peer)
+        verdict = self.auth.check(connect.username, connect.password)
+        if verdict is not AuthResult.OK:
+            refusal = (
+                ReasonCode.NOT_AUTHORIZED
+                if verdict is AuthResult.ANONYMOUS_REFUSED
+                else ReasonCode.BAD_USER_NAME_OR_PASSWORD
+            )
+            log.info(
+                "mqtt: client %r from %s refused (%s, user %r)",
+                request.client_id,
+                link.peer,
+                verdict.value,
+                connect.username,
+            )
             return conn.reject(refusal)
         client_id = request.client_id
         self._wills.pop(client_id, None)  # a reconnect within the Will Delay Interval cancels the will
@@ -414,6 +429,9 @@ class MqttFrontEnd:
         endpoint.expires_at = None
         link.endpoint = endpoint
         self.broker.stats.client_connected()
+        link.client = self.broker.clients.add(
+            ClientInfo(client_id, PROTOCOL_MQTT, link.peer, connect.username, lambda: self._kick(link))
+        )
         _forget_queue_deliveries(endpoint.session)
         events = conn.accept(endpoint.session, session_present=present)
         self.mark_dirty(endpoint)
@@ -423,13 +441,17 @@ class MqttFrontEnd:
         )
         return events
 
-    def _authenticate(self, username: str | None, password: bytes | None) -> ReasonCode | None:
-        if username is None:
-            return None if self.settings.auth.allow_anonymous else ReasonCode.NOT_AUTHORIZED
-        expected = self._passwords.get(username)
-        if expected is None or password is None or password.decode(errors="replace") != expected:
-            return ReasonCode.BAD_USER_NAME_OR_PASSWORD
-        return None
+    def _kick(self, link: Link) -> None:
+        """An operator closes the connection (admin API): DISCONNECT 0x98 where the protocol has it."""
+        log.info(
+            "mqtt: client %r disconnected by an administrator", link.endpoint and link.endpoint.client_id
+        )
+        self.dispatch(
+            link, link.conn.disconnect(ReasonCode.ADMINISTRATIVE_ACTION, "disconnected by an administrator")
+        )
+        link.done = True
+        link.reading.cancel()
+        link.wake()
 
     def _take_over(self, old: Link) -> None:
         log.info("mqtt: client %r taken over by a new connection", old.endpoint and old.endpoint.client_id)
@@ -440,6 +462,9 @@ class MqttFrontEnd:
 
     def _connection_closed(self, link: Link, event: ConnectionClosed) -> None:
         endpoint = link.endpoint
+        if link.client is not None:
+            self.broker.clients.remove(link.client)
+            link.client = None
         if event.reason_code >= 0x80 and not event.by_client:
             log.info(
                 "mqtt: closing %s (%s): %s",

@@ -1,0 +1,61 @@
+"""Every open client connection, whatever its protocol: what the admin API lists and kicks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True, eq=False)
+class ClientInfo:
+    """One connected client. ``kick`` closes it (protocol-correctly) from outside its tasks."""
+
+    client_id: str  # MQTT client id, AMQP 1.0 container id, AMQP 0.9.1 connection name
+    protocol: str  # a trimaran.broker.message.PROTOCOL_* value
+    peer: str
+    user: str | None
+    kick: Callable[[], None]
+    since_ms: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
+    key: str = ""  # unique among connected clients; set by the registry
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "id": self.key,
+            "client_id": self.client_id,
+            "protocol": self.protocol,
+            "address": self.peer,
+            "user": self.user,
+            "connected_at_ms": self.since_ms,
+        }
+
+
+class ClientRegistry:
+    def __init__(self) -> None:
+        self._clients: dict[str, ClientInfo] = {}
+        self._serial = 0
+
+    def add(self, client: ClientInfo) -> ClientInfo:
+        self._serial += 1
+        client.key = f"{client.protocol}-{self._serial}"
+        self._clients[client.key] = client
+        return client
+
+    def remove(self, client: ClientInfo) -> None:
+        if self._clients.get(client.key) is client:
+            del self._clients[client.key]
+
+    def get(self, key: str) -> ClientInfo | None:
+        return self._clients.get(key)
+
+    def __iter__(self) -> Iterator[ClientInfo]:
+        return iter(list(self._clients.values()))
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    def count_by_protocol(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for client in self._clients.values():
+            counts[client.protocol] = counts.get(client.protocol, 0) + 1
+        return counts
