@@ -183,6 +183,21 @@ class QueueSettings(Section):
     declare: list[DeclaredQueue] = []
 
 
+class Amqp1Settings(Section):
+    """The AMQP 1.0 front end (served on the AMQP port next to 0.9.1)."""
+
+    container_id: str | None = Field(None, description="our container id; default: node_name")
+    bare_address: Literal["queue", "topic"] = Field(
+        "queue", description="what an address without prefix or capability names"
+    )
+    max_frame_size: int = Field(65536, ge=512, le=0xFFFF_FFFF)
+    channel_max: int = Field(255, ge=0, le=65535)
+    idle_timeout_s: float = Field(60.0, ge=0, description="close a peer silent this long; 0 = never")
+    max_message_size: int = Field(16 * 1024 * 1024, ge=512, description="largest message accepted")
+    link_credit: int = Field(500, ge=1, le=100_000, description="credit granted to each sending peer")
+    outbox_size: int = Field(1000, ge=1, description="topic messages held per receiving link without credit")
+
+
 class UserSettings(Section):
     name: str = Field(min_length=1)
     password: SecretStr
@@ -250,6 +265,7 @@ class Settings(BaseSettings):
     limits: LimitSettings = LimitSettings()
     queues: QueueSettings = QueueSettings()
     auth: AuthSettings = AuthSettings()
+    amqp1: Amqp1Settings = Amqp1Settings()
     webhooks: WebhookSettings = WebhookSettings()
     telemetry: TelemetrySettings = TelemetrySettings()
     http: HttpSettings = HttpSettings()

@@ -1,0 +1,115 @@
+"""AMQP 1.0 addresses onto the deck: queues of the queue manager or topics of the router.
+
+The conventions AMQP 1.0 clients already use (Qpid JMS, ActiveMQ Artemis, rhea):
+
+- ``$queue/<q>[/<key>]`` and ``queue://<q>[/<key>]``: queue ``q`` (a sender's key is the routing
+  key; a receiver's is a key filter with ``+`` and ``#``);
+- ``topic://<t>``: topic ``t`` of the router (a receiver's may hold ``+`` and ``#``);
+- any other address: a queue or a topic as the terminus capability ``queue`` / ``topic`` says,
+  and without one as the ``amqp1.bare_address`` setting says (a queue by default).
+
+Pure functions, no I/O: :func:`resolve` raises :class:`AddressError` with the AMQP condition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from trimaran.amqp1.performatives import INVALID_FIELD
+from trimaran.broker.topics import TopicError, validate_topic_filter, validate_topic_name
+from trimaran.queue.policy import QUEUE_PREFIX, QueueError, parse_queue_topic, validate_queue_name
+
+QUEUE: Final = "queue"
+TOPIC: Final = "topic"
+QUEUE_SCHEME: Final = "queue://"
+TOPIC_SCHEME: Final = "topic://"
+
+
+class AddressError(Exception):
+    def __init__(self, condition: str, description: str) -> None:
+        super().__init__(description)
+        self.condition = condition
+        self.description = description
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    kind: Literal["queue", "topic"]
+    name: str  # queue name, or topic name / filter
+    key: str = ""  # queue only: routing key (publish) or key filter (consume)
+
+    @property
+    def is_queue(self) -> bool:
+        return self.kind == QUEUE
+
+    @property
+    def topic(self) -> str:
+        """The router topic, or the ``$queue/`` topic other protocols use for this queue."""
+        if self.kind == TOPIC:
+            return self.name
+        base = QUEUE_PREFIX + self.name
+        return f"{base}/{self.key}" if self.key else base
+
+
+def _capabilities(caps: Any) -> set[str]:
+    if caps is None:
+        return set()
+    if isinstance(caps, str):
+        return {caps}
+    if isinstance(caps, Iterable):
+        return {str(c) for c in caps}
+    return set()
+
+
+def _queue(text: str, for_receive: bool) -> Address:
+    parsed = parse_queue_topic(QUEUE_PREFIX + text)
+    if parsed is None:
+        raise AddressError(INVALID_FIELD, f"{text!r} is not a valid queue address")
+    name, key, control = parsed
+    if control is not None:
+        raise AddressError(INVALID_FIELD, f"queue control address {text!r} is not a link address")
+    if key and for_receive:
+        try:
+            validate_topic_filter(key)
+        except TopicError as exc:
+            raise AddressError(INVALID_FIELD, f"bad key filter in {text!r}: {exc}") from None
+    elif key and ("+" in key or "#" in key):
+        raise AddressError(INVALID_FIELD, f"a routing key cannot hold + or #: {text!r}")
+    return Address(QUEUE, name, key)
+
+
+def _topic(text: str, for_receive: bool) -> Address:
+    if text.startswith(QUEUE_PREFIX):
+        raise AddressError(INVALID_FIELD, f"{text!r} is a queue, not a topic")
+    try:
+        if for_receive:
+            validate_topic_filter(text)
+        else:
+            validate_topic_name(text)
+    except TopicError as exc:
+        raise AddressError(INVALID_FIELD, f"bad topic {text!r}: {exc}") from None
+    return Address(TOPIC, text)
+
+
+def resolve(address: Any, capabilities: Any, *, bare: str = QUEUE, for_receive: bool) -> Address:
+    """Where ``address`` points. ``for_receive``: the peer consumes from it (a source)."""
+    if not isinstance(address, str) or not address:
+        raise AddressError(INVALID_FIELD, f"address {address!r} is not a non-empty string")
+    text = str(address)
+    if text.startswith(QUEUE_PREFIX):
+        return _queue(text[len(QUEUE_PREFIX) :], for_receive)
+    if text.startswith(QUEUE_SCHEME):
+        return _queue(text[len(QUEUE_SCHEME) :], for_receive)
+    if text.startswith(TOPIC_SCHEME):
+        return _topic(text[len(TOPIC_SCHEME) :], for_receive)
+    caps = _capabilities(capabilities)
+    kind = QUEUE if QUEUE in caps else TOPIC if TOPIC in caps else bare
+    if kind == TOPIC:
+        return _topic(text, for_receive)
+    try:
+        validate_queue_name(text)
+    except QueueError as exc:
+        raise AddressError(INVALID_FIELD, f"{text!r} is not a valid queue name: {exc.detail}") from None
+    return Address(QUEUE, text)

@@ -1,0 +1,599 @@
+"""The AMQP 1.0 front end: binds the sans-IO ServerConnection to sockets, the router and the queues.
+
+One task group per connection: the reader feeds the state machine and acts on its events; the
+writer sends whatever the machine has queued, once per wake-up. Queue publishes run as tasks of
+the connection and their accepted dispositions leave in arrival order, after the commit; the
+link credit of a sending peer is bounded by the publishes still waiting for theirs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
+
+import anyio
+from anyio.abc import ByteStream, TaskGroup
+
+from trimaran.amqp1.addresses import QUEUE, Address, AddressError, resolve
+from trimaran.amqp1.connection import (
+    ConnectionClosed,
+    ConnectionOpened,
+    DispositionReceived,
+    Event,
+    FlowReceived,
+    LinkAttached,
+    LinkDetached,
+    MessageReceived,
+    SaslAuthRequested,
+    ServerConnection,
+    TransferAborted,
+)
+from trimaran.amqp1.link import Link, LinkState
+from trimaran.amqp1.links import InLink, OutLink, QueueOut, TopicOut
+from trimaran.amqp1.mapping import from_amqp1, to_amqp1
+from trimaran.amqp1.messages import decode_message
+from trimaran.amqp1.performatives import (
+    CONNECTION_FORCED,
+    DECODE_ERROR,
+    INTERNAL_ERROR,
+    INVALID_FIELD,
+    NOT_FOUND,
+    NOT_IMPLEMENTED,
+    RCV_FIRST,
+    RESOURCE_LIMIT_EXCEEDED,
+    ROLE_RECEIVER,
+    ROLE_SENDER,
+    SND_SETTLED,
+    Accepted,
+    Coordinator,
+    Error,
+    Rejected,
+    Source,
+    Target,
+)
+from trimaran.amqp1.types import DecodeError, Symbol
+from trimaran.broker.auth import Authenticator, AuthResult
+from trimaran.broker.clients import ClientInfo
+from trimaran.broker.core import Broker
+from trimaran.broker.message import PROTOCOL_AMQP1, Message
+from trimaran.broker.router import SubscriptionOptions
+from trimaran.config import Settings
+from trimaran.queue.manager import QueueManager
+from trimaran.queue.policy import QueueError
+
+log = logging.getLogger(__name__)
+
+READ_CHUNK: Final = 65536
+START_PROPERTIES: Final = ("stream-offset", "stream-start")
+
+
+@dataclass(slots=True, eq=False)
+class Ticket:
+    """One queue publish waiting for its commit; dispositions leave in arrival order."""
+
+    inlink: InLink
+    delivery_id: int
+    settled: bool
+    done: anyio.Event = field(default_factory=anyio.Event)
+    error: Error | None = None
+
+
+class Connection:
+    """One network connection: the state machine, its links and the writer's wake-up."""
+
+    __slots__ = (
+        "_wake",
+        "amqp",
+        "client",
+        "container_id",
+        "done",
+        "flushed",
+        "front",
+        "inlinks",
+        "outlinks",
+        "peer",
+        "reading",
+        "stream",
+        "tasks",
+        "tickets",
+        "tickets_ready",
+        "user",
+    )
+
+    def __init__(self, front: Amqp1FrontEnd, amqp: ServerConnection, stream: ByteStream, peer: str) -> None:
+        self.front = front
+        self.amqp = amqp
+        self.stream = stream
+        self.peer = peer
+        self.container_id = "?"
+        self.user: str | None = None
+        self.client: ClientInfo | None = None
+        self.done = False
+        self.reading = anyio.CancelScope()
+        self.tasks: TaskGroup | None = None
+        self.flushed = anyio.Event()
+        self.outlinks: dict[Link, OutLink] = {}
+        self.inlinks: dict[Link, InLink] = {}
+        self.tickets: deque[Ticket] = deque()
+        self.tickets_ready = anyio.Event()
+        self._wake = anyio.Event()
+
+    def spawn(self, job: Callable[[], Coroutine[Any, Any, object]]) -> None:
+        assert self.tasks is not None
+        self.tasks.start_soon(job)
+
+    def close(self, error: Error | None) -> None:
+        """Server-initiated close: close frame after what is queued, then the socket."""
+        self.amqp.close(error)
+        self.done = True
+        self.reading.cancel()
+        self.wake()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def wait(self) -> None:
+        await self._wake.wait()
+        self._wake = anyio.Event()
+
+
+class Amqp1FrontEnd:
+    def __init__(self, broker: Broker, settings: Settings, queues: QueueManager | None = None) -> None:
+        self.broker = broker
+        self.settings = settings
+        self.config = settings.amqp1
+        self.queues = queues
+        self.auth = Authenticator(settings.auth)
+        self.container_id = self.config.container_id or settings.node_name
+        self.outbox_size = self.config.outbox_size
+        self.connections: set[Connection] = set()
+        self._drained: anyio.Event | None = None
+        self._encoded: tuple[Message | None, bytes] = (None, b"")
+
+    def encode_once(self, message: Message) -> bytes:
+        """A topic message is encoded once for all its AMQP 1.0 subscribers."""
+        last, payload = self._encoded
+        if last is not message:
+            payload = to_amqp1(message)
+            self._encoded = (message, payload)
+        return payload
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        """Close every connection (amqp:connection:forced) and wait until they are gone."""
+        for conn in list(self.connections):
+            conn.close(Error(condition=CONNECTION_FORCED, description="server shutting down"))
+        if self.connections:
+            self._drained = anyio.Event()
+            await self._drained.wait()
+
+    def _new_machine(self) -> ServerConnection:
+        cfg = self.config
+        mechanisms = ("PLAIN", "ANONYMOUS") if self.auth.allow_anonymous else ("PLAIN",)
+        return ServerConnection(
+            self.container_id,
+            sasl_mechanisms=mechanisms,
+            require_sasl=not self.auth.allow_anonymous,
+            max_frame_size=cfg.max_frame_size,
+            channel_max=cfg.channel_max,
+            idle_timeout=cfg.idle_timeout_s or None,
+            max_message_size=cfg.max_message_size,
+            offered_capabilities=["ANONYMOUS-RELAY"],
+            now=time.monotonic(),
+        )
+
+    # -- connections ------------------------------------------------------------------------------
+
+    async def handle(self, stream: ByteStream, peer: str, initial: bytes) -> None:
+        conn = Connection(self, self._new_machine(), stream, peer)
+        self.connections.add(conn)
+        try:
+            async with anyio.create_task_group() as tg:
+                conn.tasks = tg
+                tg.start_soon(self._writer, conn, tg.cancel_scope)
+                tg.start_soon(self._acknowledge_in_order, conn)
+                with conn.reading:
+                    self._feed(conn, initial)
+                    await self._reader(conn)
+                conn.done = True
+                conn.wake()
+                await conn.flushed.wait()
+                tg.cancel_scope.cancel()
+        finally:
+            self.connections.discard(conn)
+            if self._drained is not None and not self.connections:
+                self._drained.set()
+            self._forget(conn)
+            with anyio.CancelScope(shield=True):
+                for out in list(conn.outlinks.values()):
+                    await self.release(out)
+            conn.outlinks.clear()
+
+    def _feed(self, conn: Connection, data: bytes) -> None:
+        self.broker.stats.bytes_received += len(data)
+        self.dispatch(conn, conn.amqp.receive_data(data, time.monotonic()))
+        conn.wake()
+
+    async def _reader(self, conn: Connection) -> None:
+        amqp = conn.amqp
+        while not amqp.closed and not conn.done:
+            deadline = amqp.next_deadline()
+            data: bytes | None = None
+            with anyio.move_on_after(math.inf if deadline is None else deadline - time.monotonic()):
+                try:
+                    data = await conn.stream.receive(READ_CHUNK)
+                except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    data = b""
+            if data is None:
+                self.dispatch(conn, amqp.tick(time.monotonic()))
+                conn.wake()
+            elif not data:
+                if not amqp.closed:
+                    log.debug("amqp1: %s closed the socket without a close frame", conn.peer)
+                return
+            else:
+                self._feed(conn, data)
+
+    async def _writer(self, conn: Connection, scope: anyio.CancelScope) -> None:
+        stats = self.broker.stats
+        try:
+            while True:
+                await conn.wait()
+                data = conn.amqp.data_to_send(time.monotonic())
+                if data:
+                    try:
+                        await conn.stream.send(data)
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                        scope.cancel()
+                        return
+                    stats.bytes_sent += len(data)
+                if conn.done:
+                    return
+        finally:
+            conn.flushed.set()
+
+    def _kick(self, conn: Connection) -> None:
+        log.info("amqp1: %r disconnected by an administrator", conn.container_id)
+        conn.close(Error(condition=CONNECTION_FORCED, description="disconnected by an administrator"))
+
+    def _forget(self, conn: Connection) -> None:
+        if conn.client is not None:
+            self.broker.clients.remove(conn.client)
+            conn.client = None
+            self.broker.stats.client_disconnected()
+        for out in conn.outlinks.values():
+            out.stop()
+            if isinstance(out, TopicOut):
+                self.broker.router.unsubscribe_all(out)
+
+    # -- events -----------------------------------------------------------------------------------
+
+    def dispatch(self, conn: Connection, events: list[Event]) -> None:
+        for event in events:
+            try:
+                self._dispatch_one(conn, event)
+            except Exception:
+                # A bug of ours in one connection closes that connection, not the server.
+                log.exception("amqp1: handling %s for %s failed", type(event).__name__, conn.peer)
+                conn.close(Error(condition=INTERNAL_ERROR, description="internal error"))
+                return
+
+    def _dispatch_one(self, conn: Connection, event: Event) -> None:
+        if isinstance(event, MessageReceived):
+            self._message(conn, event)
+        elif isinstance(event, FlowReceived):
+            out = conn.outlinks.get(event.link)
+            if out is not None:
+                out.on_flow(event.drain)
+        elif isinstance(event, DispositionReceived):
+            self._disposition(conn, event)
+        elif isinstance(event, LinkAttached):
+            self._attach(conn, event.link)
+        elif isinstance(event, LinkDetached):
+            self._detached(conn, event)
+        elif isinstance(event, TransferAborted):
+            log.debug("amqp1: %s aborted delivery %d", conn.container_id, event.delivery_id)
+        elif isinstance(event, SaslAuthRequested):
+            self._sasl(conn, event)
+        elif isinstance(event, ConnectionOpened):
+            self._opened(conn, event)
+        elif isinstance(event, ConnectionClosed):
+            self._closed(conn, event)
+
+    def _sasl(self, conn: Connection, event: SaslAuthRequested) -> None:
+        creds = event.credentials
+        verdict = self.auth.check(creds.username, creds.password)
+        if verdict is not AuthResult.OK:
+            log.info(
+                "amqp1: %s refused (%s %s, user %r)",
+                conn.peer,
+                creds.mechanism,
+                verdict.value,
+                creds.username,
+            )
+        conn.user = creds.username
+        self.dispatch(conn, conn.amqp.sasl_complete(verdict is AuthResult.OK))
+
+    def _opened(self, conn: Connection, event: ConnectionOpened) -> None:
+        conn.container_id = str(event.open.container_id)
+        self.broker.stats.client_connected()
+        conn.client = self.broker.clients.add(
+            ClientInfo(conn.container_id, PROTOCOL_AMQP1, conn.peer, conn.user, lambda: self._kick(conn))
+        )
+        log.debug("amqp1: %r connected from %s", conn.container_id, conn.peer)
+
+    def _closed(self, conn: Connection, event: ConnectionClosed) -> None:
+        error = event.error
+        if error is not None:
+            who = "peer" if event.by_peer else "server"
+            log.info(
+                "amqp1: connection %s (%s) closed by the %s: %s %s",
+                conn.peer,
+                conn.container_id,
+                who,
+                error.condition,
+                error.description or "",
+            )
+        self._forget(conn)
+        conn.done = True
+        conn.reading.cancel()
+        conn.wake()
+
+    # -- attach / detach --------------------------------------------------------------------------
+
+    def _refuse(self, conn: Connection, link: Link, condition: str, description: str) -> None:
+        log.info("amqp1: %s: link %r refused: %s %s", conn.container_id, link.name, condition, description)
+        conn.amqp.reject_link(link, Error(condition=Symbol(condition), description=description))
+
+    def _attach(self, conn: Connection, link: Link) -> None:
+        attach = link.remote_attach
+        if link.is_receiver:
+            self._attach_inlink(conn, link, attach.target)
+        else:
+            self._attach_outlink(conn, link, attach.source)
+
+    def _attach_inlink(self, conn: Connection, link: Link, target: Any) -> None:
+        if isinstance(target, Coordinator):
+            self._refuse(conn, link, NOT_IMPLEMENTED, "transactions are not supported")
+            return
+        if not isinstance(target, Target):
+            self._refuse(conn, link, INVALID_FIELD, "attach without a target")
+            return
+        if target.dynamic:
+            self._refuse(conn, link, NOT_IMPLEMENTED, "dynamic targets are not supported")
+            return
+        address: Address | None = None
+        if target.address is not None:
+            try:
+                address = resolve(
+                    target.address, target.capabilities, bare=self.config.bare_address, for_receive=False
+                )
+                self._check_queue(address)
+            except AddressError as exc:
+                self._refuse(conn, link, exc.condition, exc.description)
+                return
+            target = replace(target, capabilities=[Symbol(address.kind)])
+        inlink = InLink(link, address)
+        conn.inlinks[link] = inlink
+        conn.amqp.accept_link(
+            link, target=target, rcv_settle_mode=RCV_FIRST, initial_credit=self.config.link_credit
+        )
+
+    def _check_queue(self, address: Address) -> None:
+        if not address.is_queue:
+            return
+        if self.queues is None:
+            raise AddressError(NOT_IMPLEMENTED, "durable queues are off")
+        if not self.settings.queues.auto_create and not self.queues.exists(address.name):
+            raise AddressError(NOT_FOUND, f"queue {address.name} does not exist")
+
+    def _attach_outlink(self, conn: Connection, link: Link, source: Any) -> None:
+        if not isinstance(source, Source):
+            self._refuse(conn, link, INVALID_FIELD, "attach without a source")
+            return
+        settled = link.remote_attach.snd_settle_mode == SND_SETTLED
+        if source.dynamic:
+            if self.queues is None:
+                self._refuse(conn, link, NOT_IMPLEMENTED, "durable queues are off")
+                return
+            conn.spawn(lambda: self._attach_dynamic(conn, link, source, settled))
+            return
+        try:
+            address = resolve(
+                source.address, source.capabilities, bare=self.config.bare_address, for_receive=True
+            )
+            self._check_queue(address)
+        except AddressError as exc:
+            self._refuse(conn, link, exc.condition, exc.description)
+            return
+        out: OutLink
+        if address.is_queue:
+            out = QueueOut(conn, link, address, settled)
+            try:
+                self._consume(out, link)
+            except QueueError as exc:
+                condition = NOT_FOUND if exc.reason == "no-queue" else INVALID_FIELD
+                self._refuse(conn, link, condition, str(exc))
+                return
+        else:
+            out = TopicOut(conn, link, address, settled)
+            self.broker.router.subscribe(out, address.name, SubscriptionOptions(qos=0 if settled else 1))
+        conn.outlinks[link] = out
+        source = replace(source, capabilities=[Symbol(address.kind)])
+        conn.amqp.accept_link(link, source=source, rcv_settle_mode=RCV_FIRST)
+        out.on_flow(link.drain)  # a flow may have come before our attach
+
+    def _consume(self, out: QueueOut, link: Link) -> None:
+        assert self.queues is not None
+        props = link.remote_attach.properties or {}
+        group = props.get("consumer-group")
+        start: Any = None
+        for name in START_PROPERTIES:
+            if props.get(name) is not None:
+                start = props[name]
+        if start is not None and not isinstance(start, str):
+            start = int(start)
+        out.handle = self.queues.consume(
+            out.address.name,
+            out,
+            group=None if group is None else str(group),
+            routing_filter=out.address.key or None,
+            start=start,
+            auto_ack=out.settled,
+        )
+
+    async def _attach_dynamic(self, conn: Connection, link: Link, source: Source, settled: bool) -> None:
+        """A dynamic receiver gets a temporary in-memory queue; its address goes back in the attach."""
+        assert self.queues is not None
+        name = f"tmp-{uuid.uuid4().hex[:16]}"
+        await self.queues.declare(name, durable=False)
+        if link.state is not LinkState.ATTACH_RECEIVED or conn.amqp.closed:
+            await self.queues.delete(name)  # the peer gave up (detach or close) meanwhile
+            return
+        address = Address(QUEUE, name)
+        out = QueueOut(conn, link, address, settled)
+        out.temp_queue = name
+        self._consume(out, link)
+        conn.outlinks[link] = out
+        source = replace(source, address=address.topic, capabilities=[Symbol(QUEUE)])
+        conn.amqp.accept_link(link, source=source, rcv_settle_mode=RCV_FIRST)
+        out.on_flow(link.drain)
+        conn.wake()
+
+    def _detached(self, conn: Connection, event: LinkDetached) -> None:
+        link = event.link
+        conn.inlinks.pop(link, None)
+        out = conn.outlinks.get(link)
+        if out is None:
+            return
+        out.stop()
+        if isinstance(out, TopicOut):
+            self.broker.router.unsubscribe_all(out)
+        conn.spawn(lambda: self._release_detached(conn, out))
+
+    async def _release_detached(self, conn: Connection, out: OutLink) -> None:
+        await self.release(out)
+        conn.outlinks.pop(out.link, None)
+
+    async def release(self, out: OutLink) -> None:
+        """The link is gone: its unsettled queue deliveries go back to the queue at once."""
+        if out.released:
+            return
+        out.released = True
+        if isinstance(out, QueueOut) and out.handle is not None:
+            out.offsets.clear()
+            await out.handle.cancel()
+        if out.temp_queue is not None and self.queues is not None:
+            name, out.temp_queue = out.temp_queue, None
+            await self.queues.delete(name)
+
+    # -- transfers --------------------------------------------------------------------------------
+
+    def _message(self, conn: Connection, event: MessageReceived) -> None:
+        link = event.link
+        inlink = conn.inlinks.get(link)
+        if inlink is None or not link.is_open:
+            return
+        self.broker.stats.messages_received += 1
+        try:
+            decoded = decode_message(event.payload)
+        except DecodeError as exc:
+            self._refuse_message(conn, event, DECODE_ERROR, f"malformed message: {exc}")
+            return
+        address = inlink.address
+        if address is None:
+            to = decoded.properties.to if decoded.properties is not None else None
+            try:
+                address = resolve(to, None, bare=self.config.bare_address, for_receive=False)
+                self._check_queue(address)
+            except AddressError as exc:
+                self._refuse_message(conn, event, exc.condition, f"properties.to: {exc.description}")
+                return
+        message = from_amqp1(decoded, address.topic, conn.container_id, settled=event.settled)
+        if address.is_queue:
+            ticket = Ticket(inlink, event.delivery_id, event.settled)
+            inlink.inflight += 1
+            conn.tickets.append(ticket)
+            conn.tickets_ready.set()
+            conn.spawn(lambda: self._append(conn, address, message, ticket))
+        else:
+            self.broker.publish(message)
+            if not event.settled:
+                conn.amqp.settle(link, event.delivery_id, Accepted())
+        self._refill(conn, inlink)
+
+    def _refuse_message(
+        self, conn: Connection, event: MessageReceived, condition: str, description: str
+    ) -> None:
+        log.info("amqp1: %s: message refused: %s %s", conn.container_id, condition, description)
+        error = Error(condition=Symbol(condition), description=description)
+        if event.settled:
+            if condition == DECODE_ERROR:  # nobody hears a disposition: end the link instead
+                conn.amqp.detach_link(event.link, error)
+                self._detached(conn, LinkDetached(event.link, True, error, False))
+            return
+        conn.amqp.settle(event.link, event.delivery_id, Rejected(error=error))
+
+    def _refill(self, conn: Connection, inlink: InLink) -> None:
+        link = inlink.link
+        if not link.is_open:
+            return
+        window = self.config.link_credit
+        room = window - inlink.inflight
+        if room > 0 and (room - link.credit >= window // 2 or link.credit == 0):
+            conn.amqp.grant_credit(link, room)
+            conn.wake()
+
+    async def _append(self, conn: Connection, address: Address, message: Message, ticket: Ticket) -> None:
+        assert self.queues is not None
+        try:
+            await self.queues.publish(address.name, message, address.key)
+        except QueueError as exc:
+            log.info("amqp1: %s: queue publish to %s refused: %s", conn.container_id, address.name, exc)
+            condition = RESOURCE_LIMIT_EXCEEDED if exc.reason in ("full", "overflow") else NOT_FOUND
+            if exc.reason not in ("full", "overflow", "no-queue"):
+                condition = INTERNAL_ERROR
+            ticket.error = Error(condition=condition, description=str(exc))
+        finally:
+            ticket.done.set()
+
+    async def _acknowledge_in_order(self, conn: Connection) -> None:
+        """Dispositions for queue publishes, as their commits finish, in arrival order."""
+        while True:
+            while not conn.tickets:
+                await conn.tickets_ready.wait()
+                conn.tickets_ready = anyio.Event()
+            ticket = conn.tickets[0]
+            await ticket.done.wait()
+            conn.tickets.popleft()
+            inlink = ticket.inlink
+            inlink.inflight -= 1
+            link = inlink.link
+            if not link.is_open or conn.amqp.closed:
+                continue
+            if not ticket.settled:
+                state = Accepted() if ticket.error is None else Rejected(error=ticket.error)
+                conn.amqp.settle(link, ticket.delivery_id, state)
+            self._refill(conn, inlink)
+            conn.wake()
+
+    # -- dispositions -----------------------------------------------------------------------------
+
+    def _disposition(self, conn: Connection, event: DispositionReceived) -> None:
+        if event.role is not ROLE_RECEIVER:
+            return  # the sender settling deliveries we received: nothing to do in rcv-settle-mode first
+        for link, delivery_id, _tag in event.deliveries:
+            out = conn.outlinks.get(link)
+            if out is not None:
+                out.on_outcome(delivery_id, event.state, event.settled)
+        if not event.settled and event.state is not None and event.deliveries:
+            # The receiver waits for us to settle (it asked for rcv-settle-mode second anyway).
+            conn.amqp.settle_range(event.session, ROLE_SENDER, event.first, event.last, event.state)
+            conn.wake()

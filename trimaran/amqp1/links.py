@@ -1,0 +1,187 @@
+"""The deck side of AMQP 1.0 links: what each attached link is bound to.
+
+- :class:`QueueOut`: the peer receives from a queue; a consumer of the queue manager whose
+  manager credit *is* the link credit (no credit: nothing is taken from the queue, so other
+  consumers get the messages).
+- :class:`TopicOut`: the peer receives from a router topic (filters may hold ``+`` and ``#``);
+  messages that arrive while the link has no credit wait in a bounded backlog.
+- :class:`InLink`: the peer sends to a queue, a topic, or (no target address) to each message's
+  ``to`` address.
+
+Everything here is synchronous and never blocks; the connection (:mod:`.handler`) owns the tasks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from trimaran.amqp1.addresses import Address
+from trimaran.amqp1.connection import AMQPStateError
+from trimaran.amqp1.link import Link
+from trimaran.amqp1.mapping import to_amqp1
+from trimaran.amqp1.performatives import Accepted, Modified, Rejected, Released
+from trimaran.broker.message import Message
+from trimaran.broker.router import Delivery
+from trimaran.queue.manager import ConsumerHandle, QueueDelivery
+
+if TYPE_CHECKING:
+    from trimaran.amqp1.handler import Connection
+
+log = logging.getLogger(__name__)
+
+
+class OutLink:
+    """Our sender link (the peer is the receiver)."""
+
+    __slots__ = ("address", "conn", "id", "link", "released", "settled", "stopped", "temp_queue")
+
+    def __init__(self, conn: Connection, link: Link, address: Address, settled: bool) -> None:
+        self.conn = conn
+        self.link = link
+        self.address = address
+        self.settled = settled  # pre-settled sends (snd-settle-mode settled): at most once
+        self.id = f"{conn.container_id}/{link.name}"
+        self.stopped = False  # the link is gone: send nothing more
+        self.released = False  # its queue consumer is cancelled, its temporary queue deleted
+        self.temp_queue: str | None = None  # a dynamic node, deleted with the link
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def _send(self, payload: bytes) -> int | None:
+        link = self.link
+        if not link.is_open or link.credit <= 0:
+            return None
+        try:
+            did = self.conn.amqp.send(link, payload, settled=self.settled)
+        except AMQPStateError as exc:
+            log.info("amqp1: cannot send on %s: %s", self.id, exc)
+            return None
+        self.conn.wake()
+        return did
+
+    def on_flow(self, drain: bool) -> None:
+        raise NotImplementedError
+
+    def on_outcome(self, delivery_id: int, state: Any, settled: bool) -> None:
+        """The peer's disposition for one of our deliveries."""
+
+    def stop(self) -> None:
+        """Stop sending at once (the link is gone); the async part is ``Amqp1FrontEnd.release``."""
+        self.stopped = True
+
+
+class QueueOut(OutLink):
+    __slots__ = ("handle", "offsets")
+
+    def __init__(self, conn: Connection, link: Link, address: Address, settled: bool) -> None:
+        super().__init__(conn, link, address, settled)
+        self.handle: ConsumerHandle | None = None
+        self.offsets: dict[int, int] = {}  # delivery id -> queue offset, until the outcome
+
+    def deliver(self, delivery: QueueDelivery) -> None:
+        """Called by the queue manager (only while this link has credit)."""
+        handle = self.handle
+        payload = to_amqp1(delivery.message, delivery_count=delivery.attempt - 1)
+        max_size = self.link.max_message_size
+        if max_size and len(payload) > max_size:
+            if handle is not None:
+                handle.reject_nowait(delivery.offset, f"larger than {self.id}'s max-message-size {max_size}")
+            return
+        did = self._send(payload)
+        if did is None:
+            if handle is not None and not self.settled:
+                handle.nack_nowait(delivery.offset, 0)
+            return
+        self.conn.front.broker.stats.messages_sent += 1
+        if not self.settled:
+            self.offsets[did] = delivery.offset
+
+    def on_flow(self, drain: bool) -> None:
+        handle = self.handle
+        if handle is None or handle.closed:
+            return
+        handle.set_credit(self.link.credit)  # delivers synchronously what the credit allows
+        if drain and self.link.is_open and self.link.credit > 0:
+            self.conn.amqp.complete_drain(self.link)
+            handle.set_credit(0)
+            self.conn.wake()
+
+    def on_outcome(self, delivery_id: int, state: Any, settled: bool) -> None:
+        offset = self.offsets.get(delivery_id)
+        handle = self.handle
+        if offset is None or handle is None or handle.closed:
+            return
+        if state is None and not settled:
+            return  # no outcome yet
+        del self.offsets[delivery_id]
+        if state is None or isinstance(state, Accepted):
+            handle.ack_nowait(offset)
+        elif isinstance(state, Rejected):
+            error = state.error
+            reason = error.description or str(error.condition) if error is not None else "rejected"
+            handle.reject_nowait(offset, f"rejected by {self.id}: {reason}")
+        elif isinstance(state, Released):
+            handle.nack_nowait(offset, 0)  # not processed: available again at once
+        elif isinstance(state, Modified):
+            # delivery-failed counts an attempt and backs off; undeliverable-here is a retry too
+            # (the queue cannot exclude one consumer).
+            handle.nack_nowait(offset, None if state.delivery_failed else 0)
+        else:
+            handle.ack_nowait(offset)
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self.handle is not None:
+            self.handle.set_credit(0)
+
+
+class TopicOut(OutLink):
+    """A router subscriber for one link."""
+
+    __slots__ = ("backlog",)
+
+    def __init__(self, conn: Connection, link: Link, address: Address, settled: bool) -> None:
+        super().__init__(conn, link, address, settled)
+        self.backlog: deque[bytes] = deque()
+
+    def deliver(self, message: Message, delivery: Delivery[Any]) -> None:
+        """Called by the router: send now, or keep in the bounded backlog until credit comes."""
+        if self.stopped:
+            return
+        stats = self.conn.front.broker.stats
+        payload = self.conn.front.encode_once(message)
+        if not self.backlog and self._send(payload) is not None:
+            stats.messages_sent += 1
+            return
+        if len(self.backlog) >= self.conn.front.outbox_size:
+            stats.messages_dropped += 1
+            return
+        self.backlog.append(payload)
+
+    def on_flow(self, drain: bool) -> None:
+        backlog = self.backlog
+        stats = self.conn.front.broker.stats
+        while backlog and self.link.is_open and self.link.credit > 0:
+            if self._send(backlog.popleft()) is not None:
+                stats.messages_sent += 1
+        if drain and self.link.is_open and self.link.credit > 0:
+            self.conn.amqp.complete_drain(self.link)
+            self.conn.wake()
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.backlog.clear()
+
+
+class InLink:
+    """Our receiver link (the peer sends). ``address`` None: an anonymous relay (per-message ``to``)."""
+
+    __slots__ = ("address", "inflight", "link")
+
+    def __init__(self, link: Link, address: Address | None) -> None:
+        self.link = link
+        self.address = address
+        self.inflight = 0  # queue publishes not yet committed

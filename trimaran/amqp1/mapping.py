@@ -1,0 +1,195 @@
+"""Between AMQP 1.0 messages and the broker's protocol-neutral Message (DESIGN.md's cross-protocol table).
+
+=====================================  ==========================================
+AMQP 1.0                               broker Message
+=====================================  ==========================================
+body: data sections                    payload (joined)
+body: amqp-value string / binary       payload (UTF-8, payload_format 1 / bytes)
+body: anything else                    payload = the encoded body sections
+properties.content-type                content_type
+properties.correlation-id              correlation_data (UTF-8 of a string id)
+properties.reply-to                    response_topic (``topic://a/b`` -> ``a/b``,
+                                       ``queue://q`` -> ``$queue/q``)
+application-properties                 user_properties (values as text)
+header.ttl / absolute-expiry-time      expires_at_ms (the earlier of the two)
+unsettled / pre-settled transfer       qos 1 / qos 0
+=====================================  ==========================================
+
+A message that came from an AMQP 1.0 peer keeps its header, message annotations, bare message and
+footer as bytes in ``extra["amqp1"]``, so another AMQP 1.0 peer gets it byte for byte (only the
+header's delivery-count changes on a redelivery). Delivery annotations are per hop and dropped.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Final
+
+from trimaran.amqp1.messages import AmqpValue, Data, Header, Properties, decode_message, encode_message
+from trimaran.amqp1.messages import Message as A1Message
+from trimaran.amqp1.types import Timestamp
+from trimaran.broker.message import PROTOCOL_AMQP1, Message, now_ms
+
+EXTRA_KEY: Final = "amqp1"
+QUEUE_PREFIX: Final = "$queue/"
+
+
+def address_to_topic(address: str) -> str:
+    """An AMQP 1.0 address as the router / queue topic other protocols use (for reply-to)."""
+    if address.startswith("topic://"):
+        return address[len("topic://") :]
+    if address.startswith("queue://"):
+        return QUEUE_PREFIX + address[len("queue://") :]
+    return address
+
+
+def topic_to_address(topic: str) -> str:
+    """The inverse of :func:`address_to_topic` for addresses we hand to AMQP 1.0 peers."""
+    if topic.startswith(QUEUE_PREFIX):
+        return topic
+    return "topic://" + topic
+
+
+def _payload(msg: A1Message) -> tuple[bytes, int | None]:
+    body = msg.body
+    if not body:
+        return b"", None
+    data = msg.data
+    if data is not None:
+        return data, None
+    if len(body) == 1 and isinstance(body[0], AmqpValue):
+        value = body[0].value
+        if isinstance(value, str):
+            return value.encode("utf-8", "surrogatepass"), 1
+        if isinstance(value, bytes):
+            return value, None
+        if value is None:
+            return b"", None
+    return encode_message(A1Message(body=list(body))), None
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _correlation_bytes(value: Any) -> bytes | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, uuid.UUID):
+        return str(value).encode()
+    return str(value).encode("utf-8", "surrogatepass")
+
+
+def from_amqp1(
+    msg: A1Message,
+    topic: str,
+    publisher_id: str | None,
+    *,
+    settled: bool,
+    now: int | None = None,
+) -> Message:
+    """The broker message for an AMQP 1.0 message sent to ``topic`` (a router topic or ``$queue/q``)."""
+    now = now_ms() if now is None else now
+    payload, payload_format = _payload(msg)
+    props = msg.properties
+    expires: int | None = None
+    header = msg.header
+    if header is not None and header.ttl:
+        expires = now + int(header.ttl)
+    content_type = correlation = reply_to = None
+    if props is not None:
+        if props.absolute_expiry_time:
+            at = int(props.absolute_expiry_time)
+            expires = at if expires is None else min(expires, at)
+        content_type = None if props.content_type is None else str(props.content_type)
+        correlation = _correlation_bytes(props.correlation_id)
+        if props.reply_to is not None:
+            reply_to = address_to_topic(_text(props.reply_to))
+    user_properties = [
+        (_text(k), _text(v)) for k, v in (msg.application_properties or {}).items() if v is not None
+    ]
+    kept = A1Message(
+        header=msg.header,
+        message_annotations=msg.message_annotations,
+        properties=msg.properties,
+        application_properties=msg.application_properties,
+        body=msg.body,
+        footer=msg.footer,
+        bare=msg.bare,
+    )
+    return Message(
+        topic=topic,
+        payload=payload,
+        qos=0 if settled else 1,
+        content_type=content_type,
+        correlation_data=correlation,
+        response_topic=reply_to,
+        payload_format=payload_format,
+        expires_at_ms=expires,
+        user_properties=user_properties,
+        publisher_id=publisher_id,
+        protocol=PROTOCOL_AMQP1,
+        created_at_ms=now,
+        extra={EXTRA_KEY: encode_message(kept)},
+    )
+
+
+def _correlation_id(data: bytes) -> Any:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data
+
+
+def to_amqp1(message: Message, *, delivery_count: int = 0, now: int | None = None) -> bytes:
+    """The transfer payload for ``message``; ``delivery_count`` > 0 marks a redelivery."""
+    kept = message.extra.get(EXTRA_KEY) if message.extra else None
+    if isinstance(kept, bytes):
+        if not delivery_count:
+            return kept
+        kept_msg = decode_message(kept)
+        old = kept_msg.header or Header()
+        kept_msg.header = Header(
+            durable=old.durable,
+            priority=old.priority,
+            ttl=old.ttl,
+            first_acquirer=False,
+            delivery_count=delivery_count,
+        )
+        return encode_message(kept_msg)
+    now = now_ms() if now is None else now
+    ttl = None
+    if message.expires_at_ms is not None:
+        ttl = max(1, message.expires_at_ms - now)
+    header: Header | None = None
+    if ttl is not None or message.qos or delivery_count:
+        header = Header(durable=message.qos > 0, ttl=ttl, delivery_count=delivery_count)
+    props = Properties(
+        to=topic_to_address(message.topic),
+        content_type=message.content_type,
+        correlation_id=None
+        if message.correlation_data is None
+        else _correlation_id(message.correlation_data),
+        reply_to=None if message.response_topic is None else topic_to_address(message.response_topic),
+        creation_time=Timestamp(message.created_at_ms) if message.created_at_ms else None,
+    )
+    app: dict[Any, Any] | None = None
+    if message.user_properties:
+        app = dict(message.user_properties)  # a repeated name keeps its last value
+    msg = A1Message(header=header, properties=props, application_properties=app, body=[Data(message.payload)])
+    return encode_message(msg)
+
+
+__all__ = [
+    "EXTRA_KEY",
+    "address_to_topic",
+    "from_amqp1",
+    "to_amqp1",
+    "topic_to_address",
+]
