@@ -82,3 +82,34 @@ def mqtt_server(
 @pytest.fixture(scope="module")
 def mqtt(mqtt_server: RunningServer, tls_files: dict[str, str]) -> Endpoints:
     return endpoints_of(mqtt_server, tls_files)
+
+
+def amqp1_server_args() -> list[str]:
+    return ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "127.0.0.1:0", "--http", "off"]
+
+
+AMQP1_ENV = {
+    "TRIMARAN_AUTH__USERS": '[{"name": "alice", "password": "wonderland"}]',
+    "TRIMARAN_LIMITS__SYS_INTERVAL": "0",
+    # Small numbers so that the tests see limits and retries quickly.
+    "TRIMARAN_AMQP1__MAX_FRAME_SIZE": "4096",
+    "TRIMARAN_AMQP1__MAX_MESSAGE_SIZE": "1000000",
+    "TRIMARAN_QUEUES__DEFAULTS__BACKOFF_INITIAL_S": "0.05",
+    "TRIMARAN_QUEUES__DEFAULTS__MAX_ATTEMPTS": "3",
+    "TRIMARAN_QUEUES__DECLARE": '[{"name": "events", "mode": "stream"}]',
+}
+
+
+@pytest.fixture(scope="module")
+def amqp1_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """Trimaran with AMQP (0.9.1 and 1.0) and MQTT on port 0; anonymous clients allowed."""
+    server = RunningServer(amqp1_server_args(), cwd=tmp_path_factory.mktemp("amqp1"), env=AMQP1_ENV).start()
+    try:
+        yield server
+    finally:
+        assert server.stop() == 0, server.output()
+
+
+@pytest.fixture(scope="module")
+def amqp1_url(amqp1_server: RunningServer) -> str:
+    return f"127.0.0.1:{amqp1_server.ports['amqp']}"
