@@ -69,8 +69,16 @@ def _payload(msg: A1Message) -> tuple[bytes, int | None]:
 
 
 def _text(value: Any) -> str:
+    """An application-property value as MQTT user-property / header text (the wrapper types of
+    :mod:`.types` have their own repr, so use the plain type's)."""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, float):
+        return float.__repr__(value)
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return str(value)
