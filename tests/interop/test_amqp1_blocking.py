@@ -14,8 +14,6 @@ from proton import ConnectionException, Delivery, LinkException, Message, symbol
 from proton.reactor import AtMostOnce, LinkOption  # noqa: E402
 from proton.utils import BlockingConnection, LinkDetached, SendException, SyncRequestResponse  # noqa: E402
 
-from tests.support.server import RunningServer  # noqa: E402
-
 
 class Properties(LinkOption):
     """Attach properties (consumer-group, stream-offset)."""
@@ -228,7 +226,9 @@ def test_stream_start_positions(conn: BlockingConnection) -> None:
     tag = unique("e")
     for i in range(3):
         sender.send(Message(body=f"{tag}-{i}"))
-    first = conn.create_receiver("events", credit=100, name="first", options=Properties(stream_offset="first"))
+    first = conn.create_receiver(
+        "events", credit=100, name="first", options=Properties(stream_offset="first")
+    )
     seen = []
     while True:
         try:
@@ -275,7 +275,9 @@ def test_dynamic_receiver_request_reply(conn: BlockingConnection, amqp1_url: str
             request = requests.receive(timeout=10)
             requests.accept()
             replies.send(
-                Message(address=request.reply_to, correlation_id=request.correlation_id, body=request.body.upper())
+                Message(
+                    address=request.reply_to, correlation_id=request.correlation_id, body=request.body.upper()
+                )
             )
 
         worker = threading.Thread(target=respond)
@@ -355,3 +357,16 @@ def test_sasl_plain_accepted(amqp1_url: str) -> None:
 def test_sasl_plain_wrong_password_refused(amqp1_url: str) -> None:
     with pytest.raises(ConnectionException):
         BlockingConnection(amqp1_url, timeout=10, user="alice", password="nope", allowed_mechs="PLAIN")
+
+
+def test_unsettled_deliveries_return_when_the_link_closes(conn: BlockingConnection) -> None:
+    q = unique("back")
+    conn.create_sender(q).send(Message(body="held"))
+    first = conn.create_receiver(q, name="first")
+    assert receive(first).body == "held"
+    first.close()  # neither accepted nor released
+    second = conn.create_receiver(q, name="second")
+    got = receive(second)
+    assert got.body == "held"
+    assert got.delivery_count == 1
+    second.accept()

@@ -271,3 +271,27 @@ def test_unknown_protocol_header_is_answered_and_closed(wire: Wire) -> None:
     hdr = wire.header()
     assert hdr in (SASL_HEADER, AMQP_HEADER)
     assert wire.frame() is None
+
+
+def test_aborted_transfer_is_dropped_and_the_next_one_delivered(wire: Wire, port: int) -> None:
+    wire.login()
+    wire.open_session()
+    _attach_sender(wire, "topic://wire/aborted")
+    c = BlockingConnection(f"127.0.0.1:{port}", timeout=10, user="alice", password="wonderland")
+    try:
+        receiver = c.create_receiver("topic://wire/aborted", credit=5)
+        part = encode_message(A1Message.from_value("never" * 100))
+        wire.send(
+            Transfer(handle=0, delivery_id=0, delivery_tag=b"1", message_format=0, more=True),
+            payload=part[:50],
+        )
+        wire.send(Transfer(handle=0, aborted=True))
+        good = encode_message(A1Message.from_value("whole"))
+        wire.send(
+            Transfer(handle=0, delivery_id=1, delivery_tag=b"2", message_format=0, settled=True), payload=good
+        )
+        assert receiver.receive(timeout=5).body == "whole"
+        with pytest.raises(proton.Timeout):
+            receiver.receive(timeout=0.3)
+    finally:
+        c.close()

@@ -1,0 +1,146 @@
+"""AMQP 1.0 addresses and the message mapping onto the broker's Message."""
+
+from __future__ import annotations
+
+import pytest
+
+from trimaran.amqp1.addresses import Address, AddressError, resolve
+from trimaran.amqp1.mapping import EXTRA_KEY, address_to_topic, from_amqp1, to_amqp1
+from trimaran.amqp1.messages import AmqpSequence, Data, Header, Properties, decode_message, encode_message
+from trimaran.amqp1.messages import Message as A1Message
+from trimaran.amqp1.types import Long, Symbol, UInt
+from trimaran.broker.message import PROTOCOL_AMQP1, PROTOCOL_MQTT, Message
+
+# -- addresses ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("address", "caps", "bare", "receive", "expected"),
+    [
+        ("orders", None, "queue", False, Address("queue", "orders")),
+        ("orders", None, "topic", False, Address("topic", "orders")),
+        ("a/b", [Symbol("topic")], "queue", False, Address("topic", "a/b")),
+        ("orders", [Symbol("queue")], "topic", False, Address("queue", "orders")),
+        ("$queue/orders", None, "topic", False, Address("queue", "orders")),
+        ("$queue/orders/eu/paris", None, "queue", False, Address("queue", "orders", "eu/paris")),
+        ("$queue/orders/eu/+", None, "queue", True, Address("queue", "orders", "eu/+")),
+        ("queue://orders", None, "topic", False, Address("queue", "orders")),
+        ("$queue/$dlq/orders", None, "queue", True, Address("queue", "$dlq/orders")),
+        ("topic://a/b", None, "queue", False, Address("topic", "a/b")),
+        ("topic://a/+/#", None, "queue", True, Address("topic", "a/+/#")),
+    ],
+)
+def test_resolve(address: str, caps: object, bare: str, receive: bool, expected: Address) -> None:
+    assert resolve(address, caps, bare=bare, for_receive=receive) == expected
+
+
+@pytest.mark.parametrize(
+    ("address", "receive"),
+    [
+        (None, True),
+        ("", False),
+        ("a/b", False),  # a bare queue name cannot hold '/'
+        ("queue://", True),
+        ("topic://a/+", False),  # no wildcards to publish
+        ("topic://a/#/b", True),
+        ("topic://$queue/x", True),
+        ("$queue/q/$ack", False),
+        ("$queue/q/a+", False),
+        (42, False),
+    ],
+)
+def test_resolve_refuses(address: object, receive: bool) -> None:
+    with pytest.raises(AddressError) as info:
+        resolve(address, None, for_receive=receive)
+    assert info.value.condition == "amqp:invalid-field"
+
+
+def test_address_topic() -> None:
+    assert Address("queue", "orders", "eu").topic == "$queue/orders/eu"
+    assert Address("queue", "orders").topic == "$queue/orders"
+    assert Address("topic", "a/b").topic == "a/b"
+    assert address_to_topic("queue://q") == "$queue/q"
+    assert address_to_topic("topic://a/b") == "a/b"
+    assert address_to_topic("plain") == "plain"
+
+
+# -- messages -----------------------------------------------------------------------------------------
+
+
+def test_from_amqp1_maps_the_table() -> None:
+    msg = A1Message(
+        header=Header(ttl=UInt(5000)),
+        properties=Properties(
+            content_type=Symbol("text/plain"),
+            correlation_id="c-1",
+            reply_to="topic://r/s",
+            absolute_expiry_time=10_000_000,
+        ),
+        application_properties={"k": "v", "n": Long(5), "ok": True},
+        body=[Data(b"hello ")],
+    )
+    wire = encode_message(msg)
+    m = from_amqp1(decode_message(wire), "a/b", "c1", settled=False, now=1_000_000)
+    assert m.topic == "a/b"
+    assert m.payload == b"hello "
+    assert m.qos == 1
+    assert m.content_type == "text/plain"
+    assert m.correlation_data == b"c-1"
+    assert m.response_topic == "r/s"
+    assert m.expires_at_ms == 1_005_000  # ttl earlier than the absolute expiry
+    assert m.user_properties == [("k", "v"), ("n", "5"), ("ok", "true")]
+    assert m.protocol == PROTOCOL_AMQP1
+    # Byte-exact when forwarded to another AMQP 1.0 peer.
+    assert to_amqp1(m) == wire
+
+
+def test_from_amqp1_bodies() -> None:
+    text = from_amqp1(A1Message.from_value("héllo"), "t", None, settled=True)
+    assert (text.payload, text.payload_format, text.qos) == ("héllo".encode(), 1, 0)
+    binary = from_amqp1(A1Message.from_value(b"\x00\x01"), "t", None, settled=True)
+    assert binary.payload == b"\x00\x01"
+    multi = from_amqp1(A1Message(body=[Data(b"ab"), Data(b"cd")]), "t", None, settled=True)
+    assert multi.payload == b"abcd"
+    seq = A1Message(body=[AmqpSequence([1, 2])])
+    other = from_amqp1(seq, "t", None, settled=True)
+    assert decode_message(other.payload).body == seq.body
+
+
+def test_delivery_annotations_are_not_forwarded() -> None:
+    msg = A1Message(delivery_annotations={Symbol("x-opt-hop"): 1}, body=[Data(b"x")])
+    m = from_amqp1(decode_message(encode_message(msg)), "t", None, settled=True)
+    assert decode_message(m.extra[EXTRA_KEY]).delivery_annotations is None
+
+
+def test_redelivery_sets_the_header_delivery_count_and_keeps_the_bare_message() -> None:
+    wire = encode_message(A1Message(properties=Properties(message_id="id-1"), body=[Data(b"x")]))
+    m = from_amqp1(decode_message(wire), "$queue/q", None, settled=False)
+    again = to_amqp1(m, delivery_count=2)
+    decoded = decode_message(again)
+    assert decoded.header is not None and decoded.header.delivery_count == 2
+    assert decoded.bare == decode_message(wire).bare
+
+
+def test_to_amqp1_from_mqtt() -> None:
+    m = Message(
+        "a/b",
+        b"payload",
+        qos=1,
+        content_type="application/json",
+        correlation_data=b"\xff\x00",  # not UTF-8: stays binary
+        response_topic="$queue/replies",
+        expires_at_ms=2_000,
+        user_properties=[("k", "1"), ("k", "2")],
+        protocol=PROTOCOL_MQTT,
+        created_at_ms=1_000,
+    )
+    decoded = decode_message(to_amqp1(m, now=1_500))
+    assert decoded.header is not None and decoded.header.durable and decoded.header.ttl == 500
+    props = decoded.properties
+    assert props is not None
+    assert props.to == "topic://a/b"
+    assert props.content_type == "application/json"
+    assert props.correlation_id == b"\xff\x00"
+    assert props.reply_to == "$queue/replies"
+    assert decoded.application_properties == {"k": "2"}
+    assert decoded.body == [Data(b"payload")]
