@@ -247,9 +247,10 @@ def mosquitto(nodelay: bool = False, tuned: bool = False, timeout: float = 15.0)
 
 
 @contextlib.contextmanager
-def rabbitmq(mqtt: bool = True, timeout: float = 90.0) -> Iterator[Running]:
+def rabbitmq(mqtt: bool = True, timeout: float = 90.0, amqp1: bool = False) -> Iterator[Running]:
     """Debian's RabbitMQ as root from /usr/lib/rabbitmq/bin, with its own node name, epmd port,
     cookie and mnesia directory in a temporary directory, and the rabbitmq_mqtt plugin when `mqtt`.
+    `amqp1` enables the rabbitmq_amqp1_0 plugin (RabbitMQ 3.x; 4.x speaks AMQP 1.0 natively).
     """
     server = Path(RABBITMQ_BIN, "rabbitmq-server")
     if not server.exists():
@@ -269,6 +270,8 @@ def rabbitmq(mqtt: bool = True, timeout: float = 90.0) -> Iterator[Running]:
         if mqtt_port is not None:
             lines += [f"mqtt.listeners.tcp.default = {HOST}:{mqtt_port}", "mqtt.allow_anonymous = true"]
             plugins.append("rabbitmq_mqtt")
+        if amqp1:
+            plugins.append("rabbitmq_amqp1_0")
         conf.write_text("\n".join(lines) + "\n")
         enabled = Path(tmp, "enabled_plugins")
         enabled.write_text(f"[{','.join(plugins)}].\n")
@@ -316,7 +319,11 @@ def rabbitmq(mqtt: bool = True, timeout: float = 90.0) -> Iterator[Running]:
                 proc.pid,
                 mqtt=(HOST, mqtt_port) if mqtt_port is not None else None,
                 amqp=(HOST, amqp_port),
-                notes=["defaults", "rabbitmq_mqtt plugin" if mqtt_port is not None else "no MQTT plugin"],
+                notes=[
+                    "defaults",
+                    "rabbitmq_mqtt plugin" if mqtt_port is not None else "no MQTT plugin",
+                    *(["rabbitmq_amqp1_0 plugin"] if amqp1 else []),
+                ],
             )
         finally:
             _stop(proc, grace=30.0)
@@ -416,6 +423,7 @@ BROKERS: dict[str, Callable[[], contextlib.AbstractContextManager[Running]]] = {
     "mosquitto-nodelay": lambda: mosquitto(nodelay=True),
     "mosquitto-tuned": lambda: mosquitto(nodelay=True, tuned=True),
     "rabbitmq": rabbitmq,
+    "rabbitmq-amqp1": lambda: rabbitmq(mqtt=False, amqp1=True),
 }
 
 

@@ -144,3 +144,12 @@ def test_to_amqp1_from_mqtt() -> None:
     assert props.reply_to == "$queue/replies"
     assert decoded.application_properties == {"k": "2"}
     assert decoded.body == [Data(b"payload")]
+
+
+def test_raw_payload_is_kept_unless_delivery_annotations_must_go() -> None:
+    plain = encode_message(A1Message(header=Header(durable=True), body=[Data(b"x")]))
+    m = from_amqp1(decode_message(plain), "t", None, settled=True, raw=plain)
+    assert m.extra[EXTRA_KEY] == plain
+    annotated = encode_message(A1Message(delivery_annotations={Symbol("a"): 1}, body=[Data(b"x")]))
+    m = from_amqp1(decode_message(annotated), "t", None, settled=True, raw=annotated)
+    assert decode_message(m.extra[EXTRA_KEY]).delivery_annotations is None

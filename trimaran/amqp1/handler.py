@@ -516,7 +516,9 @@ class Amqp1FrontEnd:
             except AddressError as exc:
                 self._refuse_message(conn, event, exc.condition, f"properties.to: {exc.description}")
                 return
-        message = from_amqp1(decoded, address.topic, conn.container_id, settled=event.settled)
+        message = from_amqp1(
+            decoded, address.topic, conn.container_id, settled=event.settled, raw=event.payload
+        )
         if address.is_queue:
             ticket = Ticket(inlink, event.delivery_id, event.settled)
             inlink.inflight += 1

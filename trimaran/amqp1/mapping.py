@@ -101,8 +101,10 @@ def from_amqp1(
     *,
     settled: bool,
     now: int | None = None,
+    raw: bytes | None = None,
 ) -> Message:
-    """The broker message for an AMQP 1.0 message sent to ``topic`` (a router topic or ``$queue/q``)."""
+    """The broker message for an AMQP 1.0 message sent to ``topic`` (a router topic or ``$queue/q``).
+    ``raw``: the transfer payload ``msg`` was decoded from, kept as is when nothing is dropped."""
     now = now_ms() if now is None else now
     payload, payload_format = _payload(msg)
     props = msg.properties
@@ -122,15 +124,19 @@ def from_amqp1(
     user_properties = [
         (_text(k), _text(v)) for k, v in (msg.application_properties or {}).items() if v is not None
     ]
-    kept = A1Message(
-        header=msg.header,
-        message_annotations=msg.message_annotations,
-        properties=msg.properties,
-        application_properties=msg.application_properties,
-        body=msg.body,
-        footer=msg.footer,
-        bare=msg.bare,
-    )
+    if raw is not None and msg.delivery_annotations is None:
+        wire = bytes(raw)  # nothing to drop: forward the transfer payload as it came
+    else:
+        kept = A1Message(
+            header=msg.header,
+            message_annotations=msg.message_annotations,
+            properties=msg.properties,
+            application_properties=msg.application_properties,
+            body=msg.body,
+            footer=msg.footer,
+            bare=msg.bare,
+        )
+        wire = encode_message(kept)
     return Message(
         topic=topic,
         payload=payload,
@@ -144,7 +150,7 @@ def from_amqp1(
         publisher_id=publisher_id,
         protocol=PROTOCOL_AMQP1,
         created_at_ms=now,
-        extra={EXTRA_KEY: encode_message(kept)},
+        extra={EXTRA_KEY: wire},
     )
 
 
