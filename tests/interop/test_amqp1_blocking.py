@@ -250,7 +250,7 @@ def test_messages_larger_than_the_frame_size(conn: BlockingConnection) -> None:
     receiver = conn.create_receiver(q)
     got = receive(receiver)
     receiver.accept()
-    assert bytes(got.body) == body
+    assert bytes(got.body) == body  # got is still alive here
 
 
 def test_message_over_the_size_limit_detaches_the_link(conn: BlockingConnection) -> None:
@@ -370,3 +370,32 @@ def test_unsettled_deliveries_return_when_the_link_closes(conn: BlockingConnecti
     assert got.body == "held"
     assert got.delivery_count == 1
     second.accept()
+
+
+class MaxMessageSize(LinkOption):
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def apply(self, link: Any) -> None:
+        link.max_message_size = self.size
+
+
+def test_receiver_max_message_size_is_respected(conn: BlockingConnection) -> None:
+    topic = f"topic://{unique('small')}"
+    small_topic = conn.create_receiver(topic, credit=5, name="t", options=MaxMessageSize(600))
+    q = unique("small")
+    small_queue = conn.create_receiver(q, credit=5, name="q", options=MaxMessageSize(600))
+    for address in (topic, q):
+        sender = conn.create_sender(address)
+        sender.send(Message(body=b"x" * 2000))
+        sender.send(Message(body=b"ok"))
+    # (proton's data bodies live only as long as their Message: keep the messages)
+    from_topic, from_queue = receive(small_topic), receive(small_queue)
+    assert bytes(from_topic.body) == b"ok"
+    assert bytes(from_queue.body) == b"ok"
+    small_queue.accept()
+    # The queue message nobody could take went to the dead-letter queue.
+    dlq = conn.create_receiver(f"$queue/$dlq/{q}")
+    dead = receive(dlq)
+    assert len(bytes(dead.body)) == 2000
+    dlq.accept()

@@ -153,6 +153,10 @@ class TopicOut(OutLink):
             return
         stats = self.conn.front.broker.stats
         payload = self.conn.front.encode_once(message)
+        max_size = self.link.max_message_size
+        if max_size and len(payload) > max_size:
+            stats.messages_dropped += 1  # larger than this receiver takes: it can never go
+            return
         if not self.backlog and self._send(payload) is not None:
             stats.messages_sent += 1
             return
