@@ -60,10 +60,13 @@ class Bench(MessagingHandler):  # type: ignore[misc]
         self.errors: list[str] = []
         self.receiver_ready = False
         self.sender: Any = None
+        self.timeout = 120.0  # the whole run; the connections close and the run reports an error
+        self.started = 0.0
         self.conns: list[Any] = []
 
     def on_start(self, event: Any) -> None:
         self.container = event.container
+        self.started = time.monotonic()
         self.last_progress = (time.monotonic(), 0)
         event.container.schedule(1.0, self)
         options = AtMostOnce() if self.settled else None
@@ -117,6 +120,10 @@ class Bench(MessagingHandler):  # type: ignore[misc]
         if not self.conns:
             return
         now = time.monotonic()
+        if now - self.started > self.timeout:
+            self.errors.append(f"timed out after {self.timeout:g}s")
+            self._finish()
+            return
         if self.received != self.last_progress[1]:
             self.last_progress = (now, self.received)
         elif self.sent >= self.count and now - self.last_progress[0] > 2.0:
@@ -146,6 +153,7 @@ def _cpu_self() -> float:
 def run(url: str, args: argparse.Namespace, watch: list[int]) -> dict[str, Any]:
     settled = args.mode == "settled"
     bench = Bench(url, args.address, args.count, args.size, settled, args.prefetch)
+    bench.timeout = args.timeout
     container = Container(bench)
     container.timeout = args.timeout
     cpu0, broker0, host0, t0 = (
