@@ -9,7 +9,6 @@ connections when their expiry says so; persistent ones are kept in SQL.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import replace
@@ -50,7 +49,9 @@ from trimaran.storage.mqtt_store import MqttStore, StoredSession
 log = logging.getLogger(__name__)
 
 READ_CHUNK: Final = 65536
-HOUSEKEEPING_INTERVAL: Final = 0.5  # will delays, session expiry, session persistence
+# Will delays, session expiry, session persistence, and the connect and keep-alive timeouts of every
+# connection: one sweep is far cheaper than a timer per read per connection.
+HOUSEKEEPING_INTERVAL: Final = 0.5
 
 
 def server_limits(settings: Settings) -> ServerLimits:
@@ -78,7 +79,6 @@ class Link:
         "conn",
         "done",
         "endpoint",
-        "flushed",
         "front",
         "peer",
         "queue_bindings",
@@ -99,7 +99,6 @@ class Link:
         self.reading = anyio.CancelScope()
         self.tasks: TaskGroup | None = None
         self.queue_bindings = LinkQueues()
-        self.flushed = anyio.Event()  # the writer has sent its last bytes
         self.unflushed = 0  # QoS 0 messages queued since the writer last took the bytes
         self._wake = anyio.Event()
 
@@ -279,6 +278,14 @@ class MqttFrontEnd:
             self._dirty.add(endpoint.client_id)
 
     def _housekeeping(self, now: float) -> None:
+        for link in list(self.links):
+            deadline = link.conn.next_deadline()
+            if deadline is not None and deadline <= now:
+                self.dispatch(link, link.conn.check_timeouts(now))
+                if link.conn.closed:
+                    link.done = True
+                    link.reading.cancel()
+                link.wake()
         for client_id, (due, will) in list(self._wills.items()):
             if due <= now:
                 del self._wills[client_id]
@@ -315,8 +322,8 @@ class MqttFrontEnd:
                     await self._reader(link)
                 link.done = True
                 link.wake()
-                await link.flushed.wait()
-                tg.cancel_scope.cancel()  # pending queue acks cannot be sent any more
+                # The writer flushes what is queued, then cancels the group (pending queue acks
+                # cannot be sent any more).
         finally:
             self.links.discard(link)
             if self._drained is not None and not self.links:
@@ -330,16 +337,11 @@ class MqttFrontEnd:
         conn = link.conn
         stats = self.broker.stats
         while not conn.closed:
-            deadline = conn.next_deadline()
-            data: bytes | None = None
-            with anyio.move_on_after(math.inf if deadline is None else deadline - time.monotonic()):
-                try:
-                    data = await link.stream.receive(READ_CHUNK)
-                except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                    data = b""
-            if data is None:
-                events = conn.check_timeouts(time.monotonic())
-            elif not data:
+            try:
+                data = await link.stream.receive(READ_CHUNK)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                data = b""
+            if not data:
                 events = conn.connection_lost()
             else:
                 stats.bytes_received += len(data)
@@ -351,7 +353,7 @@ class MqttFrontEnd:
         try:
             await self._write_until_done(link, scope)
         finally:
-            link.flushed.set()
+            scope.cancel()
 
     async def _write_until_done(self, link: Link, scope: anyio.CancelScope) -> None:
         conn = link.conn
