@@ -14,6 +14,7 @@ from trimaran.amqp091.exchanges import (
     ExchangeRegistry,
     freeze_arguments,
     thaw_arguments,
+    topic_key_matches,
 )
 
 
@@ -420,6 +421,7 @@ def test_topic_cases(pattern: str, key: str, matches: bool) -> None:
     reg.bind("t", "q", "queue", pattern)
     assert reg.route("t", key).queues == ({"q"} if matches else set())
     assert reference_match(pattern, key) is matches
+    assert topic_key_matches(pattern, key) is matches
 
 
 def reference_match(pattern: str, key: str) -> bool:
@@ -456,6 +458,9 @@ def test_topic_trie_agrees_with_reference(patterns: list[str], keys: list[str]) 
         for k in keys:
             expected = {f"q{i}" for i, p in enumerate(patterns) if reference_match(p, k)}
             assert reg.route("t", k).queues == expected
+    for p in patterns:
+        for k in keys:
+            assert topic_key_matches(p, k) is reference_match(p, k)
     # unbinding half of them prunes the trie and clears the cache
     for i, p in enumerate(patterns[::2]):
         reg.unbind("t", f"q{2 * i}", "queue", p)

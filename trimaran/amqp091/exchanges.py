@@ -57,7 +57,9 @@ __all__ = [
     "FrozenTable",
     "RouteResult",
     "freeze_arguments",
+    "split_topic",
     "thaw_arguments",
+    "topic_key_matches",
 ]
 
 ACCESS_REFUSED: Final = 403
@@ -275,6 +277,27 @@ class _FanoutMatcher(_Matcher):
 def split_topic(key: str) -> list[str]:
     """RabbitMQ's word split: ``""`` has no words, ``"a."`` has two (``"a"`` and ``""``)."""
     return key.split(".") if key else []
+
+
+def topic_key_matches(binding_key: str, routing_key: str) -> bool:
+    """One binding key against one routing key, with the topic exchange's rules.
+
+    For one-off checks, e.g. a router-backed binding whose key MQTT cannot express (``a.#.b``): the
+    handler may subscribe a broader filter and keep only the messages this accepts.
+    """
+    words = split_topic(routing_key)
+    n = len(words)
+    reached = {0}  # positions in ``words`` the pattern read so far can end at
+    for part in split_topic(binding_key):
+        if part == "#":
+            reached = set(range(min(reached), n + 1))
+        elif part == "*":
+            reached = {i + 1 for i in reached if i < n}
+        else:
+            reached = {i + 1 for i in reached if i < n and words[i] == part}
+        if not reached:
+            return False
+    return n in reached
 
 
 class _TopicNode:
