@@ -16,9 +16,11 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from trimaran import __version__
+from trimaran.broker.api import AdminApi
 from trimaran.broker.core import Broker
-from trimaran.broker.http import HttpServer, Request, Response
+from trimaran.broker.http import HttpServer
 from trimaran.broker.listeners import AmqpPort, ConnectionHandler, Listener, server_tls_context
+from trimaran.broker.telemetry import Telemetry
 from trimaran.config import ConfigError, Endpoint, Settings
 from trimaran.mqtt.handler import MqttFrontEnd
 from trimaran.queue.manager import QueueManager
@@ -44,7 +46,9 @@ class App:
         )
         self.ready = False
         self._stop = anyio.Event()
-        self._register_routes()
+        self.telemetry = Telemetry(settings.telemetry, node=settings.node_name)
+        self.api = AdminApi(self)
+        self.api.register(self.http)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -64,7 +68,10 @@ class App:
         self.broker = Broker(store, sys_interval=settings.limits.sys_interval)
         self.queues = QueueManager(storage, settings.queues, settings.storage)
         self.mqtt = MqttFrontEnd(self.broker, settings, store, self.queues)
+        self.telemetry.bind(self.broker, self.queues, self.mqtt)
         self.listeners = self._build_listeners()
+        if settings.http.bind is not None and self.api.locked:
+            log.warning("admin API is locked: no http.tokens configured, /api/v1 answers 401 to every call")
         try:
             async with anyio.create_task_group() as root:
                 root.start_soon(self._watch_signals, name="signals")
@@ -81,6 +88,7 @@ class App:
                 root.cancel_scope.cancel()
         finally:
             storage.close()
+            self.telemetry.shutdown()
             log.info("trimaran stopped")
 
     async def _start_listeners(self, connections: TaskGroup) -> None:
@@ -142,28 +150,6 @@ class App:
             for name, endpoint, handler, secure in plan
             if endpoint is not None
         ]
-
-    # -- admin routes ---------------------------------------------------------------------------
-
-    def _register_routes(self) -> None:
-        self.http.route("GET", "/healthz", self._healthz)
-        self.http.route("GET", "/readyz", self._readyz)
-
-    async def _healthz(self, _request: Request) -> Response:
-        return Response.json(
-            {"status": "ok", "version": __version__, "uptime_s": round(time.time() - self.started_at, 3)}
-        )
-
-    async def _readyz(self, _request: Request) -> Response:
-        checks: dict[str, Any] = {
-            "storage": self.storage is not None and await self.storage.aping(),
-            "listeners": {
-                listener.name: str(listener.bound) if listener.bound else None for listener in self.listeners
-            },
-            "accepting": self.ready,
-        }
-        ok = bool(checks["storage"]) and self.ready and all(checks["listeners"].values())
-        return Response.json({"status": "ready" if ok else "not ready", "checks": checks}, 200 if ok else 503)
 
 
 def run(settings: Settings) -> None:

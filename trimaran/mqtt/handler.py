@@ -455,6 +455,20 @@ class MqttFrontEnd:
         link.reading.cancel()
         link.wake()
 
+    def delete_session(self, client_id: str) -> bool:
+        """An operator ends a session (admin API): a connected client is disconnected first (0x98)
+        and its session is not kept whatever its expiry. False if there is no such session."""
+        endpoint = self.endpoints.get(client_id)
+        if endpoint is None:
+            return False
+        endpoint.session.expiry_interval = 0
+        if endpoint.link is not None:
+            self._kick(endpoint.link)  # closing drops the session: its expiry is now 0
+        if self.endpoints.get(client_id) is endpoint:
+            self._drop_session(endpoint)
+        log.info("mqtt: session %r deleted by an administrator", client_id)
+        return True
+
     def _take_over(self, old: Link) -> None:
         log.info("mqtt: client %r taken over by a new connection", old.endpoint and old.endpoint.client_id)
         self.dispatch(old, old.conn.disconnect(ReasonCode.SESSION_TAKEN_OVER, "session taken over"))

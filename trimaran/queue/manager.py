@@ -51,6 +51,7 @@ TICK_S = 0.02  # timer resolution: visibility timeouts, nack backoff
 SWEEP_S = 1.0  # TTL expiry and stream retention
 SCAN_LIMIT = 10_000  # most messages a filtered consumer scans per take
 POLL_MS = 100  # shared mode: how often idle consumers look for messages other nodes published
+_SETTLED = {"ack": "acked", "commit": "acked", "nack": "nacked", "reject": "rejected"}  # stats keys
 
 
 class QueueConsumer(Protocol):
@@ -482,6 +483,70 @@ class QueueManager:
     def exists(self, name: str) -> bool:
         return name in self.queues
 
+    def peek(self, name: str, after: int = -1, limit: int = 100) -> list[StoredMessage]:
+        """Up to ``limit`` messages the queue holds past offset ``after``, in offset order, without
+        delivering or changing anything (the admin API's view of a queue)."""
+        state = self._get(name)
+        if self._is_shared(state):
+            raise QueueError("unsupported", "a shared work queue holds only its claims in memory")
+        out: list[StoredMessage] = []
+        for offset, stored in state.messages.items():
+            if offset > after:
+                out.append(stored)
+                if len(out) >= limit:
+                    break
+        return out
+
+    async def redrive(self, name: str, limit: int | None = None) -> int:
+        """Move the dead letters that came from ``name`` back to it, as new messages at its tail,
+        in one transaction; returns how many moved. Letters a DLQ consumer holds stay where they are."""
+        state = self._get(name)
+        source_name = dead_letter_target(name, state.policy)
+        source = self.queues.get(source_name) if source_name else None
+        if source is None or source is state:
+            return 0
+        if self._shared_offsets(state) or self._shared_offsets(source):
+            raise QueueError("unsupported", "redrive is not available on shared queues")
+        now = now_ms()
+        batch = WriteBatch()
+        moved: list[StoredMessage] = []
+        for offset, stored in list(source.messages.items()):
+            if limit is not None and len(moved) >= limit:
+                break
+            origin = next((v for k, v in stored.message.user_properties if k == "x-dead-letter-queue"), None)
+            if origin != name or any(
+                (e := g.entries.get(offset)) is not None and e.state == HELD for g in source.groups.values()
+            ):
+                continue
+            props = [(k, v) for k, v in stored.message.user_properties if k not in DLQ_PROPERTIES]
+            message = stored.message.copy_with(user_properties=props)
+            new_offset = state.next_offset
+            state.next_offset += 1
+            expires = expiry_ms(state.policy, now, None)
+            if state.durable:
+                batch.messages.append(
+                    queue_store.message_row(name, new_offset, message, stored.routing_key, now, expires)
+                )
+                batch.queue_next[name] = new_offset + 1
+                batch.events.append(
+                    queue_store.event_row(
+                        now, name, "published", offset=new_offset, node=self.node,
+                        reason=f"redrive from {source.name}:{offset}",
+                    )
+                )  # fmt: skip
+            state.stats["published"] += 1
+            self._remove(source, offset, "redriven", f"-> {name}:{new_offset}", now, batch)
+            moved.append(StoredMessage(new_offset, message, stored.routing_key, now, expires, stored.size))
+
+        def appended() -> None:
+            for stored in moved:
+                self._appended(state, stored)
+
+        if moved:
+            await self._write(batch, appended)
+            log.info("queue %s: %d dead letters moved back from %s", name, len(moved), source.name)
+        return len(moved)
+
     def _get(self, name: str) -> QueueState:
         state = self.queues.get(name)
         if state is None:
@@ -855,6 +920,10 @@ class QueueManager:
         reason = entry.reason if entry is not None else "first"
         cid = handle.consumer.id
         durable = state.durable
+        stats = state.stats
+        stats["delivered"] += 1
+        if attempt > 1:
+            stats["redelivered"] += 1
         if durable:
             batch.events.append(
                 queue_store.event_row(
@@ -873,6 +942,7 @@ class QueueManager:
             if handle.auto_ack:
                 self._commit_stream(state, group, offset + 1, now, batch, cid)
         elif handle.auto_ack:
+            stats["acked"] += 1
             if offset >= group.cursor:
                 group.entries[offset] = Entry(DONE, attempts=attempt)
                 self._pending_row(state, group, offset, group.entries[offset], batch)
@@ -1034,6 +1104,8 @@ class QueueManager:
         if state.mode == "stream":
             if action == "nack":
                 return False, None
+            if action == "reject":
+                state.stats["rejected"] += 1
             if action == "reject" and state.durable:
                 batch.events.append(
                     queue_store.event_row(
@@ -1054,6 +1126,8 @@ class QueueManager:
         if consumer_id is not None and entry.consumer_id != consumer_id:
             return False, None
         cid = entry.consumer_id
+        if action in _SETTLED:
+            state.stats[_SETTLED[action]] += 1
         if action in ("ack", "commit"):
             self._finish(state, group, offset, entry, batch)
             if state.durable:
