@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import brokers  # noqa: E402
+import brokers
 
 BATCH = 200
 
@@ -119,7 +119,9 @@ def measure(name: str, connections: int) -> dict[str, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--connections", type=int, default=5000)
     parser.add_argument("--brokers", default="trimaran,mosquitto")
     args = parser.parse_args()
