@@ -23,6 +23,7 @@ from trimaran.broker.listeners import AmqpPort, ConnectionHandler, Listener, ser
 from trimaran.config import ConfigError, Endpoint, Settings
 from trimaran.mqtt.handler import MqttFrontEnd
 from trimaran.queue.manager import QueueManager
+from trimaran.storage.amqp_store import AmqpStore
 from trimaran.storage.engine import describe
 from trimaran.storage.mqtt_store import MqttStore
 from trimaran.storage.store import Storage
@@ -66,7 +67,7 @@ class App:
         self.broker = Broker(store, sys_interval=settings.limits.sys_interval)
         self.queues = QueueManager(storage, settings.queues, settings.storage)
         self.mqtt = MqttFrontEnd(self.broker, settings, store, self.queues)
-        self.amqp091 = Amqp091FrontEnd(self.broker, settings, self.queues)
+        self.amqp091 = Amqp091FrontEnd(self.broker, settings, self.queues, AmqpStore(storage.engine))
         self.listeners = self._build_listeners()
         try:
             async with anyio.create_task_group() as root:

@@ -52,6 +52,7 @@ from trimaran.broker.topics import TopicError, routing_key_to_topic, topic_to_ro
 from trimaran.config import Settings
 from trimaran.queue.manager import QueueManager
 from trimaran.queue.policy import QueueError, queue_topic
+from trimaran.storage.amqp_store import AmqpStore
 from trimaran.storage.writer import Ticket, WriterError
 
 log = logging.getLogger(__name__)
@@ -116,8 +117,11 @@ class Link:
 
 
 class Amqp091FrontEnd:
-    def __init__(self, broker: Broker, settings: Settings, queues: QueueManager) -> None:
+    def __init__(
+        self, broker: Broker, settings: Settings, queues: QueueManager, store: AmqpStore | None = None
+    ) -> None:
         self.broker = broker
+        self.store = store
         self.settings = settings
         self.config = settings.amqp091
         self.manager = queues

@@ -10,11 +10,14 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+import anyio.to_thread
 
 from trimaran.amqp091 import spec
 from trimaran.amqp091.channels import ChannelState, Consumer, Getter
-from trimaran.amqp091.exchanges import ExchangeError
+from trimaran.amqp091.exchanges import Binding, ExchangeError
 from trimaran.amqp091.queues import (
     QueueMeta,
     RouterBinding,
@@ -80,6 +83,25 @@ class Operations:
             raise _error(spec.NOT_IMPLEMENTED, f"{method.NAME} is not implemented", method)
         await handler(link, channel, method)
 
+    async def _store(self, call: Callable[[], None]) -> None:
+        """Persist a change to durable exchanges or bindings (one transaction, on a worker thread)."""
+        if self.front.store is not None:
+            await anyio.to_thread.run_sync(call)
+
+    async def _forget_removed(self) -> None:
+        store = self.front.store
+        removed = list(self.exchanges.last_removed_bindings)
+        gone = [e.name for e in self.exchanges.last_auto_deleted]
+        if store is not None and (removed or gone):
+            await self._store(lambda: store.forget(removed, gone))
+
+    def _durable_end(self, kind: str, name: str) -> bool:
+        if kind == "queue":
+            state = self.manager.queues.get(name)
+            return state is not None and state.durable
+        exchange = self.exchanges.get(name)
+        return exchange is not None and exchange.durable
+
     @staticmethod
     def _reply(link: Link, channel: ChannelState, reply: spec.Method, no_wait: bool = False) -> None:
         if not no_wait:
@@ -88,7 +110,20 @@ class Operations:
     # -- restore and housekeeping -------------------------------------------------------------------
 
     async def restore(self) -> None:
-        """Durable queues the manager loaded are AMQP queues too (durable, not exclusive)."""
+        """Durable exchanges and bindings from SQL; durable queues the manager loaded are AMQP queues
+        too (durable, not exclusive)."""
+        store = self.front.store
+        if store is not None:
+            exchanges, bindings = await anyio.to_thread.run_sync(store.load)
+            skipped = self.exchanges.restore(exchanges, bindings)
+            for binding in self.exchanges.bindings():
+                self._subscribe(binding)
+            log.info(
+                "amqp091: restored %d exchanges and %d bindings (%d skipped)",
+                len(exchanges),
+                len(bindings) - len(skipped),
+                len(skipped),
+            )
         for name, state in self.manager.queues.items():
             if state.durable and name not in self.front.meta:
                 self.front.meta[name] = QueueMeta(name, True, unused_since=time.monotonic())
@@ -129,6 +164,7 @@ class Operations:
         if meta is not None and meta.exclusive_owner is not None:
             meta.exclusive_owner.exclusive_queues.discard(name)
         self.exchanges.remove_queue(name)
+        await self._forget_removed()
         endpoint = front.router_bindings.pop(("queue", name), None)
         if endpoint is not None:
             front.broker.router.unsubscribe_all(endpoint)
@@ -172,7 +208,7 @@ class Operations:
     # -- exchanges --------------------------------------------------------------------------------
 
     async def exchange_declare(self, link: Link, channel: ChannelState, m: spec.ExchangeDeclare) -> None:
-        self.exchanges.declare(
+        exchange, created = self.exchanges.declare(
             m.exchange,
             m.type,
             passive=m.passive,
@@ -181,11 +217,19 @@ class Operations:
             internal=m.internal,
             arguments=m.arguments,
         )
+        store = self.front.store
+        if created and exchange.durable and store is not None:
+            await self._store(lambda: store.save_exchange(exchange))
         self._reply(link, channel, spec.ExchangeDeclareOk(), m.no_wait)
 
     async def exchange_delete(self, link: Link, channel: ChannelState, m: spec.ExchangeDelete) -> None:
-        self.exchanges.delete(m.exchange, if_unused=m.if_unused)
+        deleted = self.exchanges.delete(m.exchange, if_unused=m.if_unused)
         self._unsubscribe_removed()
+        store = self.front.store
+        if deleted is not None and store is not None:
+            removed = list(self.exchanges.last_removed_bindings)
+            gone = [m.exchange, *(e.name for e in self.exchanges.last_auto_deleted)]
+            await self._store(lambda: store.forget(removed, gone))
         endpoint = self.front.router_bindings.pop(("exchange", m.exchange), None)
         if endpoint is not None:
             self.front.broker.router.unsubscribe_all(endpoint)
@@ -194,35 +238,54 @@ class Operations:
     async def exchange_bind(self, link: Link, channel: ChannelState, m: spec.ExchangeBind) -> None:
         if self.exchanges.get(m.destination) is None:
             raise _error(spec.NOT_FOUND, f"no exchange '{m.destination}' in vhost '{VHOST}'", m)
-        self._bind(m.source, "exchange", m.destination, m.routing_key, m.arguments, m)
+        await self._bind(m.source, "exchange", m.destination, m.routing_key, m.arguments, m)
         self._reply(link, channel, spec.ExchangeBindOk(), m.no_wait)
 
     async def exchange_unbind(self, link: Link, channel: ChannelState, m: spec.ExchangeUnbind) -> None:
-        self._unbind(m.source, "exchange", m.destination, m.routing_key, m.arguments)
+        await self._unbind(m.source, "exchange", m.destination, m.routing_key, m.arguments)
         self._reply(link, channel, spec.ExchangeUnbindOk(), m.no_wait)
 
-    def _bind(
+    async def _bind(
         self, source: str, kind: str, destination: str, key: str, arguments: dict[str, Any], m: spec.Method
     ) -> None:
-        topic_filter = None
         if self.exchanges.is_router_backed(source):
             try:
-                topic_filter = binding_key_to_filter(key)
+                binding_key_to_filter(key)
             except TopicError as exc:
                 raise _error(spec.PRECONDITION_FAILED, f"binding key {key!r}: {exc}", m) from None
-        self.exchanges.bind(source, destination, kind, key, arguments)  # type: ignore[arg-type]
-        if topic_filter is not None:
-            front = self.front
-            endpoint = front.router_bindings.get((kind, destination))
-            if endpoint is None:
-                endpoint = front.router_bindings[(kind, destination)] = RouterBinding(
-                    front, kind, destination
-                )
-            front.broker.router.subscribe(endpoint, topic_filter, SubscriptionOptions(qos=1))
+        binding, new = self.exchanges.bind(source, destination, kind, key, arguments)  # type: ignore[arg-type]
+        if not new:
+            return
+        self._subscribe(binding)
+        store = self.front.store
+        if (
+            store is not None
+            and self._durable_end("exchange", source)
+            and self._durable_end(kind, destination)
+        ):
+            await self._store(lambda: store.save_binding(binding))
 
-    def _unbind(self, source: str, kind: str, destination: str, key: str, arguments: dict[str, Any]) -> None:
+    def _subscribe(self, binding: Binding) -> None:
+        """A binding from amq.topic is a router subscription of its destination."""
+        if not self.exchanges.is_router_backed(binding.source):
+            return
+        try:
+            topic_filter = binding_key_to_filter(binding.routing_key)
+        except TopicError:
+            return
+        front = self.front
+        where = (binding.destination_kind, binding.destination)
+        endpoint = front.router_bindings.get(where)
+        if endpoint is None:
+            endpoint = front.router_bindings[where] = RouterBinding(front, *where)
+        front.broker.router.subscribe(endpoint, topic_filter, SubscriptionOptions(qos=1))
+
+    async def _unbind(
+        self, source: str, kind: str, destination: str, key: str, arguments: dict[str, Any]
+    ) -> None:
         self.exchanges.unbind(source, destination, kind, key, arguments)  # type: ignore[arg-type]
         self._unsubscribe_removed()
+        await self._forget_removed()
 
     def _unsubscribe_removed(self) -> None:
         """Router subscriptions of the bindings the registry's last call removed."""
@@ -305,13 +368,13 @@ class Operations:
     async def queue_bind(self, link: Link, channel: ChannelState, m: spec.QueueBind) -> None:
         name = self._queue_name(channel, m.queue, m)
         self._existing(link, name, m)
-        self._bind(m.exchange, "queue", name, m.routing_key, m.arguments, m)
+        await self._bind(m.exchange, "queue", name, m.routing_key, m.arguments, m)
         self._reply(link, channel, spec.QueueBindOk(), m.no_wait)
 
     async def queue_unbind(self, link: Link, channel: ChannelState, m: spec.QueueUnbind) -> None:
         name = self._queue_name(channel, m.queue, m)
         self._existing(link, name, m)
-        self._unbind(m.exchange, "queue", name, m.routing_key, m.arguments)
+        await self._unbind(m.exchange, "queue", name, m.routing_key, m.arguments)
         self._reply(link, channel, spec.QueueUnbindOk())
 
     async def queue_purge(self, link: Link, channel: ChannelState, m: spec.QueuePurge) -> None:
