@@ -33,7 +33,7 @@ def amqp(server: RunningServer) -> pika.BlockingConnection:
 
 
 def subscribe(client: mqtt.Client, topic: str, qos: int = 1) -> None:
-    result, mid = client.subscribe(topic, qos)
+    result, _mid = client.subscribe(topic, qos)
     assert result == mqtt.MQTT_ERR_SUCCESS
 
 
