@@ -16,6 +16,7 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from trimaran import __version__
+from trimaran.amqp091.handler import Amqp091FrontEnd
 from trimaran.broker.api import AdminApi
 from trimaran.broker.core import Broker
 from trimaran.broker.http import HttpServer
@@ -24,6 +25,7 @@ from trimaran.broker.telemetry import Telemetry
 from trimaran.config import ConfigError, Endpoint, Settings
 from trimaran.mqtt.handler import MqttFrontEnd
 from trimaran.queue.manager import QueueManager
+from trimaran.storage.amqp_store import AmqpStore
 from trimaran.storage.engine import describe
 from trimaran.storage.mqtt_store import MqttStore
 from trimaran.storage.store import Storage
@@ -38,6 +40,7 @@ class App:
         self.storage: Storage | None = None
         self.broker: Broker | None = None
         self.mqtt: MqttFrontEnd | None = None
+        self.amqp091: Amqp091FrontEnd | None = None
         self.queues: QueueManager | None = None
         self.listeners: list[Listener] = []
         self.http = HttpServer(
@@ -68,6 +71,7 @@ class App:
         self.broker = Broker(store, sys_interval=settings.limits.sys_interval)
         self.queues = QueueManager(storage, settings.queues, settings.storage)
         self.mqtt = MqttFrontEnd(self.broker, settings, store, self.queues)
+        self.amqp091 = Amqp091FrontEnd(self.broker, settings, self.queues, AmqpStore(storage.engine))
         self.telemetry.bind(self.broker, self.queues, self.mqtt)
         self.listeners = self._build_listeners()
         if settings.http.bind is not None and self.api.locked:
@@ -78,6 +82,7 @@ class App:
                 await root.start(self.broker.run, name="broker")
                 await self.queues.start(root)
                 await root.start(self.mqtt.run, name="mqtt sessions")
+                await root.start(self.amqp091.run, name="amqp091")
                 async with anyio.create_task_group() as connections:
                     await self._start_listeners(connections)
                     self.ready = True
@@ -108,6 +113,8 @@ class App:
         """Let the front ends close their connections, then write what is still in memory."""
         assert self.broker is not None and self.mqtt is not None and self.queues is not None
         await self.mqtt.shutdown()
+        if self.amqp091 is not None:
+            await self.amqp091.shutdown()
         await self.queues.stop()
         await self.broker.flush()
 
@@ -120,7 +127,7 @@ class App:
     def _build_listeners(self) -> list[Listener]:
         settings = self.settings
         bind = settings.listeners
-        assert self.mqtt is not None
+        assert self.mqtt is not None and self.amqp091 is not None
         tls = None
         if bind.mqtt_tls or bind.mqtt_wss or bind.amqps:
             try:
@@ -128,7 +135,7 @@ class App:
             except (ValueError, OSError) as exc:
                 raise ConfigError(f"invalid setting listeners.tls: {exc}") from None
         # AMQP 0.9.1 and 1.0 share the port; the front ends plug in here as they land.
-        amqp = AmqpPort(None, None)
+        amqp = AmqpPort(self.amqp091.handle, None)
         plan: list[tuple[str, Endpoint | None, ConnectionHandler, bool]] = [
             ("mqtt", bind.mqtt, self.mqtt.handle, False),
             ("mqtt-tls", bind.mqtt_tls, self.mqtt.handle, True),

@@ -183,6 +183,18 @@ class QueueSettings(Section):
     declare: list[DeclaredQueue] = []
 
 
+class Amqp091Settings(Section):
+    """The AMQP 0.9.1 front end (RabbitMQ-compatible)."""
+
+    vhosts: list[str] = Field(["/"], min_length=1, description="virtual hosts connection.open may name")
+    heartbeat: int = Field(60, ge=0, le=65535, description="seconds proposed in connection.tune; 0 = off")
+    frame_max: int = Field(131072, ge=4096, le=2**31 - 1)
+    channel_max: int = Field(2047, ge=1, le=65535)
+    handshake_timeout: float = Field(10.0, gt=0, description="seconds from the header to connection.open")
+    max_message_size: int = Field(128 * 1024 * 1024, ge=1)
+    prefetch_window: int = Field(1000, ge=1, description="credit per consumer when prefetch_count is 0")
+
+
 class UserSettings(Section):
     name: str = Field(min_length=1)
     password: SecretStr
@@ -249,6 +261,7 @@ class Settings(BaseSettings):
     storage: StorageSettings = StorageSettings()
     limits: LimitSettings = LimitSettings()
     queues: QueueSettings = QueueSettings()
+    amqp091: Amqp091Settings = Amqp091Settings()
     auth: AuthSettings = AuthSettings()
     webhooks: WebhookSettings = WebhookSettings()
     telemetry: TelemetrySettings = TelemetrySettings()

@@ -82,3 +82,18 @@ def mqtt_server(
 @pytest.fixture(scope="module")
 def mqtt(mqtt_server: RunningServer, tls_files: dict[str, str]) -> Endpoints:
     return endpoints_of(mqtt_server, tls_files)
+
+
+def amqp_server_args() -> list[str]:
+    return ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "127.0.0.1:0", "--http", "off"]
+
+
+@pytest.fixture(scope="module")
+def amqp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A server with MQTT and AMQP on port 0 (AMQP 0.9.1 tests use ``ports["amqp"]``)."""
+    env = {"TRIMARAN_AUTH__USERS": '[{"name": "alice", "password": "wonderland"}]'}
+    server = RunningServer(amqp_server_args(), cwd=tmp_path_factory.mktemp("amqp"), env=env).start()
+    try:
+        yield server
+    finally:
+        assert server.stop() == 0, server.output()

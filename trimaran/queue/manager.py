@@ -600,36 +600,88 @@ class QueueManager:
 
     async def publish(self, queue: str, message: Message, routing_key: str = "") -> PublishResult:
         """Append a message; returns once it is committed. Raises :class:`QueueError` when refused."""
+        state, message = self._check_publish(queue, message)
+        if self._shared_offsets(state):
+            offset = await self._reserve(state)
+        else:
+            offset = state.next_offset
+            state.next_offset += 1
+        stored, batch = self._stage(state, offset, message, routing_key)
+        if not state.durable:
+            self._appended(state, stored)
+            self._flush_dirty()
+            return PublishResult(queue, offset, message_id(queue, offset))
+        state.inflight += 1
+        try:
+            await self._write(batch, lambda: self._appended(state, stored))
+        finally:
+            state.inflight -= 1
+        return PublishResult(queue, offset, message_id(queue, offset))
+
+    def publish_nowait(self, queue: str, message: Message, routing_key: str = "") -> Ticket | None:
+        """Append without awaiting, for synchronous callers (a router endpoint feeding a queue, an
+        AMQP 0.9.1 channel that must not stall per publish). The message is deliverable once
+        committed; await the returned ticket to know it is durable (``None``: an in-memory queue,
+        already appended). Raises :class:`QueueError` when refused, and on a shared node (its
+        offsets need an awaited reservation)."""
+        state, message = self._check_publish(queue, message)
+        if self._shared_offsets(state):
+            raise QueueError("shared", "publish_nowait is not available on a shared node")
+        offset = state.next_offset
+        state.next_offset += 1
+        stored, batch = self._stage(state, offset, message, routing_key)
+        if not state.durable:
+            self._appended(state, stored)
+            self._flush_dirty()
+            return None
+        state.inflight += 1
+
+        def committed() -> None:
+            state.inflight -= 1
+            self._appended(state, stored)
+
+        return self.writer.submit(batch, wait=True, on_commit=committed)
+
+    def _check_publish(self, queue: str, message: Message) -> tuple[QueueState, Message]:
         if not self._started:
             raise QueueError("stopped", "the queue manager is not running")
         if message.retain:
             raise QueueError("retain", "a queue message cannot be retained")
         batch = WriteBatch()
         state = self._get_or_create(queue, batch)
+        if not batch.empty():
+            self.writer.submit(batch)  # the auto-created queue's row, ahead of its first message
         if state.deleted:
             raise QueueError("no-queue", f"queue {queue} was deleted")
-        policy = state.policy
-        size = len(message.payload)
         if not self._is_shared(state):  # shared: this node does not see the whole queue
-            self._check_limits(state, size, batch)
+            limits = WriteBatch()
+            self._check_limits(state, len(message.payload), limits)
+            if not limits.empty() and state.durable:
+                self.writer.submit(limits)
         if message.user_properties and any(k in RESERVED_PROPERTIES for k, _ in message.user_properties):
             message = message.copy_with(
                 user_properties=[(k, v) for k, v in message.user_properties if k not in RESERVED_PROPERTIES]
             )
-        if self._shared_offsets(state):
-            offset = await self._reserve(state)
-        else:
-            offset = state.next_offset
-            state.next_offset += 1
+        return state, message
+
+    def _stage(
+        self, state: QueueState, offset: int, message: Message, routing_key: str
+    ) -> tuple[StoredMessage, WriteBatch]:
+        """The stored message and, for a durable queue, the batch that appends it."""
         now = now_ms()
         stored = StoredMessage(
-            offset, message, routing_key, now, expiry_ms(policy, now, message.expires_at_ms), size
+            offset,
+            message,
+            routing_key,
+            now,
+            expiry_ms(state.policy, now, message.expires_at_ms),
+            len(message.payload),
         )
         state.stats["published"] += 1
+        batch = WriteBatch()
         if not state.durable:
-            self._appended(state, stored)
-            self._flush_dirty()
-            return PublishResult(queue, offset, message_id(queue, offset))
+            return stored, batch
+        queue = state.name
         batch.messages.append(
             queue_store.message_row(queue, offset, message, routing_key, now, stored.expires_at)
         )
@@ -640,12 +692,7 @@ class QueueManager:
                 now, queue, "published", offset=offset, node=self.node, consumer=message.publisher_id
             )
         )
-        state.inflight += 1
-        try:
-            await self._write(batch, lambda: self._appended(state, stored))
-        finally:
-            state.inflight -= 1
-        return PublishResult(queue, offset, message_id(queue, offset))
+        return stored, batch
 
     async def _reserve(self, state: QueueState) -> int:
         """Shared mode: offsets come from blocks reserved in the queue row (one UPDATE per block)."""
