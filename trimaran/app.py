@@ -63,6 +63,7 @@ class App:
         store = MqttStore(storage.engine)
         self.broker = Broker(store, sys_interval=settings.limits.sys_interval)
         self.queues = QueueManager(storage, settings.queues, settings.storage)
+        self.queues.events = self.broker.events
         self.mqtt = MqttFrontEnd(self.broker, settings, store, self.queues)
         self.listeners = self._build_listeners()
         try:

@@ -27,6 +27,15 @@ import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
+from trimaran.broker.events import (
+    MESSAGE_PUBLISHED,
+    QUEUE_ACKED,
+    QUEUE_DEAD_LETTERED,
+    QUEUE_EXPIRED,
+    QUEUE_NACKED,
+    QUEUE_REJECTED,
+    EventBus,
+)
 from trimaran.broker.message import Message, now_ms
 from trimaran.config import QueuePolicySettings, QueueSettings, StorageSettings
 from trimaran.queue.groups import DONE, HELD, WAIT, Entry, Group, QueueState, StoredMessage, policy_dict
@@ -137,6 +146,9 @@ class QueueInfo:
     dlq: str | None = None
     dlq_depth: int = 0
     stats: dict[str, int] = field(default_factory=dict)
+
+
+_SETTLE_EVENTS = {"ack": QUEUE_ACKED, "commit": QUEUE_ACKED, "nack": QUEUE_NACKED, "reject": QUEUE_REJECTED}
 
 
 def _run_all(callbacks: list[Callable[[], None]]) -> Callable[[], None]:
@@ -279,6 +291,7 @@ class QueueManager:
         self._scope: anyio.CancelScope | None = None
         self._started = False
         self._last_sweep = 0.0
+        self.events = EventBus()  # the app hands in the broker's bus; events: see trimaran.broker.events
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -564,6 +577,8 @@ class QueueManager:
         if not state.durable:
             self._appended(state, stored)
             self._flush_dirty()
+            if self.events.publishing:
+                self.events.message(MESSAGE_PUBLISHED, message, queue=queue, offset=offset)
             return PublishResult(queue, offset, message_id(queue, offset))
         batch.messages.append(
             queue_store.message_row(queue, offset, message, routing_key, now, stored.expires_at)
@@ -580,6 +595,8 @@ class QueueManager:
             await self._write(batch, lambda: self._appended(state, stored))
         finally:
             state.inflight -= 1
+        if self.events.publishing:
+            self.events.message(MESSAGE_PUBLISHED, message, queue=queue, offset=offset)
         return PublishResult(queue, offset, message_id(queue, offset))
 
     async def _reserve(self, state: QueueState) -> int:
@@ -973,6 +990,8 @@ class QueueManager:
         if kind == "expired":
             state.stats["expired"] += 1
             log.info("queue %s: message %d expired", state.name, offset)
+            if self.events.wants(QUEUE_EXPIRED):
+                self.events.queue(QUEUE_EXPIRED, state.name, offset=offset, reason=reason)
         if state.durable:
             batch.message_deletes.append((state.name, offset))
             batch.events.append(
@@ -1034,6 +1053,10 @@ class QueueManager:
         if state.mode == "stream":
             if action == "nack":
                 return False, None
+            if action == "reject" and self.events.wants(QUEUE_REJECTED):
+                consumer = consumer_id or (holder.consumer.id if holder else None)
+                self.events.queue(QUEUE_REJECTED, state.name, group=group.name, offset=offset,
+                                  consumer=consumer, reason=reason)  # fmt: skip
             if action == "reject" and state.durable:
                 batch.events.append(
                     queue_store.event_row(
@@ -1054,6 +1077,10 @@ class QueueManager:
         if consumer_id is not None and entry.consumer_id != consumer_id:
             return False, None
         cid = entry.consumer_id
+        if self.events.wants(_SETTLE_EVENTS.get(action, "")):
+            why = reason if action == "reject" else None
+            self.events.queue(_SETTLE_EVENTS[action], state.name, group=group.name, offset=offset,
+                              consumer=cid, attempt=entry.attempts, reason=why)  # fmt: skip
         if action in ("ack", "commit"):
             self._finish(state, group, offset, entry, batch)
             if state.durable:
@@ -1163,6 +1190,10 @@ class QueueManager:
             return
         state.stats["dead_lettered"] += 1
         target = dead_letter_target(state.name, state.policy)
+        if self.events.wants(QUEUE_DEAD_LETTERED):
+            self.events.queue(QUEUE_DEAD_LETTERED, state.name, group=group.name, offset=offset,
+                              attempt=entry.attempts, reason=reason,
+                              dead_letter_queue=None if target == state.name else target)  # fmt: skip
         if target is None or target == state.name:
             if state.durable:
                 batch.events.append(
