@@ -19,6 +19,7 @@ from trimaran import __version__
 from trimaran.broker.core import Broker
 from trimaran.broker.http import HttpServer, Request, Response
 from trimaran.broker.listeners import AmqpPort, ConnectionHandler, Listener, server_tls_context
+from trimaran.broker.webhooks import Webhooks
 from trimaran.config import ConfigError, Endpoint, Settings
 from trimaran.mqtt.handler import MqttFrontEnd
 from trimaran.queue.manager import QueueManager
@@ -37,6 +38,7 @@ class App:
         self.broker: Broker | None = None
         self.mqtt: MqttFrontEnd | None = None
         self.queues: QueueManager | None = None
+        self.webhooks: Webhooks | None = None
         self.listeners: list[Listener] = []
         self.http = HttpServer(
             max_body_bytes=settings.http.max_body_bytes,
@@ -64,12 +66,14 @@ class App:
         self.broker = Broker(store, sys_interval=settings.limits.sys_interval)
         self.queues = QueueManager(storage, settings.queues, settings.storage)
         self.queues.events = self.broker.events
+        self.webhooks = Webhooks(settings.webhooks, self.broker.events, settings.node_name)
         self.mqtt = MqttFrontEnd(self.broker, settings, store, self.queues)
         self.listeners = self._build_listeners()
         try:
             async with anyio.create_task_group() as root:
                 root.start_soon(self._watch_signals, name="signals")
                 await root.start(self.broker.run, name="broker")
+                await root.start(self.webhooks.run, name="webhooks")
                 await self.queues.start(root)
                 await root.start(self.mqtt.run, name="mqtt sessions")
                 async with anyio.create_task_group() as connections:
@@ -96,6 +100,8 @@ class App:
         with anyio.move_on_after(grace):
             await self._drain()
         connections.cancel_scope.cancel()
+        if self.webhooks is not None:
+            await self.webhooks.flush()  # bounded by webhooks.flush_timeout_s
 
     async def _drain(self) -> None:
         """Let the front ends close their connections, then write what is still in memory."""
