@@ -45,6 +45,7 @@ from anyio.abc import ByteStream, TaskStatus
 
 from trimaran import __version__
 from trimaran.broker.events import Event, EventBus, expand_patterns
+from trimaran.broker.message import now_ms
 from trimaran.broker.topics import topic_matches
 from trimaran.config import WebhookEndpoint, WebhookSettings
 
@@ -268,7 +269,6 @@ class WebhookDispatcher:
         self.failed = 0  # requests that failed (no answer, or not 2xx)
         self.retried = 0  # requests that were retries
         self._wake = anyio.Event()
-        self._first_at = 0.0  # monotonic time the oldest waiting event arrived
         self._closing = False
         self.finished = anyio.Event()
 
@@ -280,9 +280,7 @@ class WebhookDispatcher:
         if topic is not None and not self._topic_wanted(topic):
             return
         queue = self.queue
-        if not queue:
-            self._first_at = time.monotonic()
-        elif len(queue) >= self.queue_size:
+        if len(queue) >= self.queue_size:
             queue.popleft()
             self.dropped += 1
             self.dropped_queue_full += 1
@@ -325,15 +323,14 @@ class WebhookDispatcher:
                 return None
             await self._wait(float("inf"))
         batch_max = self.settings.batch_max
-        deadline = self._first_at + self.settings.batch_wait_ms / 1000
+        wait_ms = self.settings.batch_wait_ms
         while len(queue) < batch_max and not self._closing:
-            left = deadline - time.monotonic()
+            # No event waits longer than batch_wait_ms (from when it happened) for others to join it.
+            left = (queue[0].time_ms + wait_ms - now_ms()) / 1000
             if left <= 0:
                 break
             await self._wait(left)
-        batch = [queue.popleft() for _ in range(min(batch_max, len(queue)))]
-        self._first_at = 0.0  # what is left has waited already: it goes in the next request
-        return batch
+        return [queue.popleft() for _ in range(min(batch_max, len(queue)))]
 
     def encode(self, batch: list[Event]) -> bytes:
         """The request body: ``{"events": [envelope, ...]}``."""
