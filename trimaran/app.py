@@ -99,9 +99,9 @@ class App:
             listener.stop_accepting()
         with anyio.move_on_after(grace):
             await self._drain()
-        connections.cancel_scope.cancel()
         if self.webhooks is not None:
             await self.webhooks.flush()  # bounded by webhooks.flush_timeout_s
+        connections.cancel_scope.cancel()
 
     async def _drain(self) -> None:
         """Let the front ends close their connections, then write what is still in memory."""

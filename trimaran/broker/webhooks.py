@@ -265,6 +265,8 @@ class WebhookDispatcher:
         self.dropped = 0  # lost: dropped_queue_full + dropped_failed
         self.dropped_queue_full = 0  # pushed out of a full queue (oldest first)
         self.dropped_failed = 0  # in a batch that failed every retry, or was refused
+        self.dropped_shutdown = 0  # still queued or in flight when the shutdown flush ran out of time
+        self.in_flight = 0  # events in the batch being sent
         self.requests = 0  # HTTP requests made
         self.failed = 0  # requests that failed (no answer, or not 2xx)
         self.retried = 0  # requests that were retries
@@ -354,6 +356,13 @@ class WebhookDispatcher:
         return json.dumps({"events": envelopes}, separators=(",", ":"), default=str).encode()
 
     async def _deliver(self, batch: list[Event]) -> None:
+        self.in_flight = len(batch)
+        try:
+            await self._deliver_batch(batch)
+        finally:
+            self.in_flight = 0
+
+    async def _deliver_batch(self, batch: list[Event]) -> None:
         body = self.encode(batch)
         settings = self.settings
         attempt = 0
@@ -405,6 +414,18 @@ class WebhookDispatcher:
         self.dropped_failed += len(batch)
         log.warning("webhook %s: %d events dropped (%s)", self.display_url, len(batch), why)
 
+    def lost_at_shutdown(self) -> None:
+        lost = len(self.queue) + self.in_flight
+        self.dropped += lost
+        self.dropped_shutdown += lost
+        log.warning(
+            "webhook %s: %d events not sent at shutdown (%d queued, %d in flight)",
+            self.display_url,
+            lost,
+            len(self.queue),
+            self.in_flight,
+        )
+
     def stats(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -415,6 +436,7 @@ class WebhookDispatcher:
             "dropped": self.dropped,
             "dropped_queue_full": self.dropped_queue_full,
             "dropped_failed": self.dropped_failed,
+            "dropped_shutdown": self.dropped_shutdown,
             "requests": self.requests,
             "failed": self.failed,
             "retried": self.retried,
@@ -462,11 +484,7 @@ class Webhooks:
                 await dispatcher.finished.wait()
         for dispatcher in self.dispatchers:
             if not dispatcher.finished.is_set():
-                log.warning(
-                    "webhook %s: %d events not sent at shutdown",
-                    dispatcher.display_url,
-                    len(dispatcher.queue),
-                )
+                dispatcher.lost_at_shutdown()
 
     def stats(self) -> list[dict[str, Any]]:
         return [dispatcher.stats() for dispatcher in self.dispatchers]
