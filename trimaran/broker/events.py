@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, Final
 
 from trimaran.broker.clients import ClientInfo
@@ -84,14 +83,29 @@ def expand_patterns(patterns: Iterable[str]) -> frozenset[str]:
     return frozenset(chosen)
 
 
-@dataclass(slots=True, frozen=True)
 class Event:
-    type: str
-    data: dict[str, Any]
-    time_ms: int
-    seq: int  # unique within this bus: an event id is the bus's boot id and this number
-    topic: str | None = None  # message events: the topic, for topic filters
-    payload: bytes | None = None  # message events: the payload, included only where configured
+    """One thing that happened. Treat as read-only: every listener gets the same object."""
+
+    __slots__ = ("data", "payload", "seq", "time_ms", "topic", "type")
+
+    def __init__(
+        self,
+        type: str,
+        data: dict[str, Any],
+        time_ms: int,
+        seq: int,
+        topic: str | None = None,
+        payload: bytes | None = None,
+    ) -> None:
+        self.type = type
+        self.data = data
+        self.time_ms = time_ms
+        self.seq = seq  # unique within this bus: an event id is the bus's boot id and this number
+        self.topic = topic  # message events: the topic, for topic filters
+        self.payload = payload  # message events: the payload, included only where configured
+
+    def __repr__(self) -> str:
+        return f"Event({self.type!r}, {self.data!r})"
 
 
 Listener = Callable[[Event], None]

@@ -246,6 +246,7 @@ class WebhookDispatcher:
         self.display_url = endpoint.url.replace(parts.netloc, parts.netloc.rpartition("@")[2], 1)
         self.types = expand_patterns(endpoint.events)
         self.topics = tuple(endpoint.topics)
+        self._any_topic = "#" in self.topics
         self.include_payload = endpoint.include_payload
         self.headers = list(endpoint.headers.items())
         self.secret = endpoint.secret.get_secret_value().encode() if endpoint.secret else None
@@ -291,6 +292,8 @@ class WebhookDispatcher:
         self._wake.set()
 
     def _topic_wanted(self, topic: str) -> bool:
+        if self._any_topic and not topic.startswith("$"):
+            return True  # '#' matches every topic but the $ ones (the MQTT rule)
         return any(topic_matches(topic_filter, topic) for topic_filter in self.topics)
 
     # -- the dispatcher's task ---------------------------------------------------------------------
