@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.support.paho import V5, Endpoints, connect
+from tests.support.paho import V5, Endpoints, PacketTypes, connect, props
 from tests.support.server import RunningServer
 from tests.support.webhook_receiver import Receiver, verify
 
@@ -30,7 +30,7 @@ def test_client_session_subscription_message_and_queue_events(tmp_path: Path) ->
         endpoint = {
             "url": receiver.url,
             "secret": SECRET,
-            "events": ["client.*", "session.*", "subscription.*", "message.published", "queue.*"],
+            "events": ["client.*", "session.*", "subscription.*", "message.*", "queue.*"],
             "topics": ["t/#", "$queue/#"],
             "include_payload": True,
         }
@@ -39,12 +39,20 @@ def test_client_session_subscription_message_and_queue_events(tmp_path: Path) ->
             mqtt = Endpoints("127.0.0.1", server.ports["mqtt"])
             refused = connect(mqtt, "intruder", username="alice", password="nope", expect_success=False)
             refused.disconnect()
+            brief = connect(mqtt, "brief", version=V5, clean=False, username="alice", password="wonderland",
+                            properties=props(PacketTypes.CONNECT, SessionExpiryInterval=1))  # fmt: skip
+            brief.disconnect()
+            tiny = connect(mqtt, "tiny", version=V5, username="alice", password="wonderland",
+                           properties=props(PacketTypes.CONNECT, MaximumPacketSize=64))  # fmt: skip
+            tiny.subscribe("t/#", qos=0)
             sub = connect(mqtt, "sub", version=V5, username="alice", password="wonderland")
             pub = connect(mqtt, "pub", username="alice", password="wonderland")
             sub.subscribe("t/+", qos=1)
             pub.publish("t/1", b"hello", qos=1)
             assert sub.expect().payload == b"hello"
             pub.publish("other/1", b"filtered out", qos=1)
+            pub.publish("t/big", b"x" * 200, qos=1)  # sub gets it; tiny cannot: message.dropped
+            assert sub.expect().payload == b"x" * 200
             pub.publish("$queue/orders", b"order-1", qos=1)
             sub.subscribe("$queue/orders", qos=1)
             assert sub.expect().payload == b"order-1"  # paho acks it: queue.acked
@@ -53,10 +61,12 @@ def test_client_session_subscription_message_and_queue_events(tmp_path: Path) ->
             thief = connect(mqtt, "sub", version=V5, username="alice", password="wonderland")
             thief.disconnect()
             pub.disconnect()
+            tiny.disconnect()
 
             def complete(events: list[dict[str, Any]]) -> bool:
-                return sum(e["type"] == "client.disconnected" for e in events) >= 3 and any(
-                    e["type"] == "queue.acked" for e in events
+                types = [e["type"] for e in events]
+                return types.count("client.disconnected") >= 5 and {"queue.acked", "session.expired"} <= set(
+                    types
                 )
 
             events = receiver.wait_for_events(complete)
@@ -77,15 +87,19 @@ def test_client_session_subscription_message_and_queue_events(tmp_path: Path) ->
             "reason": "bad user name or password",
         }
     ]
-    first = by_type["client.connected"][0]
-    assert first["client_id"] == "sub" and first["user"] == "alice" and first["protocol_version"] == 5
+    first = next(d for d in by_type["client.connected"] if d["client_id"] == "sub")
+    assert first["user"] == "alice" and first["protocol_version"] == 5 and not first["session_present"]
     assert first["address"].startswith("127.0.0.1:")
-    assert [d["client_id"] for d in by_type["session.created"]] == ["sub", "pub", "sub"]  # clean start
+    assert [d["client_id"] for d in by_type["session.created"]] == ["brief", "tiny", "sub", "pub", "sub"]
+    assert [d["client_id"] for d in by_type["session.expired"]] == ["brief"]
+    dropped = by_type["message.dropped"]
+    assert [(d["topic"], d["subscriber"], d["client_id"]) for d in dropped] == [("t/big", "tiny", "pub")]
+    assert "too large" in dropped[0]["reason"]
     assert by_type["session.taken_over"][0]["client_id"] == "sub"
-    assert [d["topic_filter"] for d in by_type["subscription.created"]] == ["t/+", "$queue/orders"]
+    assert [d["topic_filter"] for d in by_type["subscription.created"]] == ["t/#", "t/+", "$queue/orders"]
     assert [d["topic_filter"] for d in by_type["subscription.removed"]] == ["t/+"]
     published = {d["topic"]: d for d in by_type["message.published"]}
-    assert set(published) == {"t/1", "$queue/orders"}  # other/1 is outside the endpoint's filters
+    assert set(published) == {"t/1", "t/big", "$queue/orders"}  # other/1 is outside the endpoint's filters
     assert published["t/1"]["payload_text"] == "hello" and published["t/1"]["client_id"] == "pub"
     assert published["$queue/orders"]["queue"] == "orders"
     acked = by_type["queue.acked"][0]

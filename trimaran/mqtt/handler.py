@@ -170,7 +170,9 @@ class MqttEndpoint:
                 stats.messages_sent += 1
                 link.wake()
             else:
-                self.front.dropped(message, self.client_id, "session queue full")
+                self.front.dropped(
+                    message, self.client_id, "refused by the connection: too large, expired or queue full"
+                )
         elif out.qos > 0:
             # Offline persistent session: keep QoS 1/2 (bounded by the session's queue).
             if self.session.enqueue(out):
