@@ -153,6 +153,20 @@ async def test_batches_fill_up_to_max_and_reuse_one_connection(receiver: Receive
     assert receiver.connections == 1
 
 
+async def test_a_kept_alive_connection_the_server_closed_is_replaced_without_a_failure(
+    receiver: Receiver,
+) -> None:
+    receiver.close_silently = True
+    async with running(settings(receiver.url, max_retries=0)) as (bus, hooks):
+        for i in range(3):
+            connected(bus, f"c{i}")
+            await wait_until(lambda i=i: hooks.dispatchers[0].sent == i + 1)
+            await anyio.sleep(0.05)  # the server's close arrives while the connection is idle
+    stats = hooks.stats()[0]
+    assert stats["failed"] == 0 and stats["dropped"] == 0 and stats["requests"] == 3
+    assert stats["connections"] == 3 and receiver.connections == 3
+
+
 async def test_a_lone_event_waits_at_most_batch_wait(receiver: Receiver) -> None:
     async with running(settings(receiver.url, batch_max=100, batch_wait_ms=150)) as (bus, _hooks):
         started = time.monotonic()

@@ -2,7 +2,8 @@
 
 Runs in threads (``ThreadingHTTPServer``, HTTP/1.1 keep-alive) on port 0, optionally over TLS.
 ``statuses`` is consumed one per request (then 200); ``hang`` makes every request wait unanswered
-until the receiver is closed, like an endpoint that never answers.
+until the receiver is closed, like an endpoint that never answers; ``close_silently`` closes each
+kept-alive connection after its answer, as servers with a short idle timeout do.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class Receiver:
         self.requests: list[Received] = []
         self.statuses: deque[int] = deque()
         self.hang = False
+        self.close_silently = False  # close each connection after answering, without saying so
         self.connections = 0
         self._released = threading.Event()
         self._changed = threading.Condition()
@@ -76,6 +78,8 @@ class Receiver:
                 self.end_headers()
                 self.wfile.write(b"ok")
                 receiver._record(self, body, status)
+                if receiver.close_silently:
+                    self.close_connection = True
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
