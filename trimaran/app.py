@@ -22,6 +22,7 @@ from trimaran.broker.core import Broker
 from trimaran.broker.http import HttpServer
 from trimaran.broker.listeners import AmqpPort, ConnectionHandler, Listener, server_tls_context
 from trimaran.broker.telemetry import Telemetry
+from trimaran.broker.webhooks import Webhooks
 from trimaran.config import ConfigError, Endpoint, Settings
 from trimaran.mqtt.handler import MqttFrontEnd
 from trimaran.queue.manager import QueueManager
@@ -42,6 +43,7 @@ class App:
         self.mqtt: MqttFrontEnd | None = None
         self.amqp091: Amqp091FrontEnd | None = None
         self.queues: QueueManager | None = None
+        self.webhooks: Webhooks | None = None
         self.listeners: list[Listener] = []
         self.http = HttpServer(
             max_body_bytes=settings.http.max_body_bytes,
@@ -70,9 +72,11 @@ class App:
         store = MqttStore(storage.engine)
         self.broker = Broker(store, sys_interval=settings.limits.sys_interval)
         self.queues = QueueManager(storage, settings.queues, settings.storage)
+        self.queues.events = self.broker.events
+        self.webhooks = Webhooks(settings.webhooks, self.broker.events, settings.node_name)
         self.mqtt = MqttFrontEnd(self.broker, settings, store, self.queues)
         self.amqp091 = Amqp091FrontEnd(self.broker, settings, self.queues, AmqpStore(storage.engine))
-        self.telemetry.bind(self.broker, self.queues, self.mqtt)
+        self.telemetry.bind(self.broker, self.queues, self.mqtt, self.webhooks)
         self.listeners = self._build_listeners()
         if settings.http.bind is not None and self.api.locked:
             log.warning("admin API is locked: no http.tokens configured, /api/v1 answers 401 to every call")
@@ -80,6 +84,7 @@ class App:
             async with anyio.create_task_group() as root:
                 root.start_soon(self._watch_signals, name="signals")
                 await root.start(self.broker.run, name="broker")
+                await root.start(self.webhooks.run, name="webhooks")
                 await self.queues.start(root)
                 await root.start(self.mqtt.run, name="mqtt sessions")
                 await root.start(self.amqp091.run, name="amqp091")
@@ -107,6 +112,8 @@ class App:
             listener.stop_accepting()
         with anyio.move_on_after(grace):
             await self._drain()
+        if self.webhooks is not None:
+            await self.webhooks.flush()  # bounded by webhooks.flush_timeout_s
         connections.cancel_scope.cancel()
 
     async def _drain(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -10,6 +11,9 @@ from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker
 from trimaran.broker.telemetry import Telemetry, prometheus_name
 from trimaran.config import TelemetrySettings
+
+if TYPE_CHECKING:
+    from trimaran.broker.webhooks import Webhooks
 
 
 def samples(text: str) -> dict[str, float]:
@@ -40,21 +44,28 @@ def test_counters_are_read_from_the_broker_at_scrape_time() -> None:
     assert samples(telemetry.prometheus_text())["trimaran_messages_received_total"] == 9
 
 
-def test_webhook_results_and_commit_histogram() -> None:
+class FakeWebhooks:
+    """What Telemetry reads of trimaran.broker.webhooks.Webhooks: each endpoint's stats()."""
+
+    def stats(self) -> list[dict[str, Any]]:
+        common = {"queued": 4, "dropped": 5, "retried": 1, "breaker": "open"}
+        return [{"url": 'odd"name', "requests": 3, "failed": 2, "sent": 3, **common}]
+
+
+def test_webhook_counters_and_commit_histogram() -> None:
     telemetry = Telemetry(TelemetrySettings())
-    telemetry.webhook_result("https://a.example/hook", True, events=3)
-    telemetry.webhook_result("https://a.example/hook", False)
-    telemetry.webhook_result("https://a.example/hook", False)
-    telemetry.webhook_dropped('odd"name', 5)
+    telemetry.bind(webhooks=cast("Webhooks", FakeWebhooks()))
     telemetry.commit_observed(0.003, 40)
     telemetry.commit_observed(0.2, 1)
     text = telemetry.prometheus_text()
     got = samples(text)
-    endpoint = 'endpoint="https://a.example/hook"'
-    assert got[f'trimaran_webhook_deliveries_total{{{endpoint},result="ok"}}'] == 1
-    assert got[f'trimaran_webhook_deliveries_total{{{endpoint},result="failed"}}'] == 2
+    endpoint = 'endpoint="odd\\"name"'  # label values escaped
+    assert got[f"trimaran_webhook_requests_total{{{endpoint}}}"] == 3
+    assert got[f"trimaran_webhook_failures_total{{{endpoint}}}"] == 2
     assert got[f"trimaran_webhook_events_total{{{endpoint}}}"] == 3
-    assert got['trimaran_webhook_dropped_total{endpoint="odd\\"name"}'] == 5
+    assert got[f"trimaran_webhook_dropped_total{{{endpoint}}}"] == 5
+    assert got[f"trimaran_webhook_queued{{{endpoint}}}"] == 4
+    assert got[f"trimaran_webhook_breaker_open{{{endpoint}}}"] == 1
     assert "# TYPE trimaran_storage_commit_seconds histogram" in text
     assert got['trimaran_storage_commit_seconds_bucket{le="0.0025"}'] == 0
     assert got['trimaran_storage_commit_seconds_bucket{le="0.005"}'] == 1  # cumulative buckets
@@ -64,7 +75,7 @@ def test_webhook_results_and_commit_histogram() -> None:
     assert got["trimaran_storage_commit_rows_sum"] == 41
     # Every sample line is "name{labels} value" and every family has HELP and TYPE.
     families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
-    assert {"trimaran_webhook_deliveries_total", "trimaran_storage_commit_rows"} <= families
+    assert {"trimaran_webhook_requests_total", "trimaran_storage_commit_rows"} <= families
 
 
 def test_prometheus_names() -> None:
@@ -79,6 +90,6 @@ def test_otlp_without_the_extra_is_logged_not_fatal(caplog: pytest.LogCaptureFix
         installed = False
     telemetry = Telemetry(TelemetrySettings(otlp_endpoint="http://127.0.0.1:1/v1/metrics"))
     assert installed or "OTLP exporter is not installed" in caplog.text
-    telemetry.webhook_result("x", True)
-    assert "trimaran_webhook_deliveries_total" in telemetry.prometheus_text()
+    telemetry.commit_observed(0.001, 1)
+    assert "trimaran_storage_commit_rows" in telemetry.prometheus_text()
     telemetry.shutdown()

@@ -11,6 +11,7 @@ import aio_pika
 import paho.mqtt.client as mqtt
 import pika
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion
 
 from tests.interop.conftest import amqp_server_args
 from tests.support.server import RunningServer
@@ -19,7 +20,7 @@ from tests.support.server import RunningServer
 @pytest.fixture
 def mqtt_client(amqp_server: RunningServer) -> Iterator[tuple[mqtt.Client, queue.Queue[mqtt.MQTTMessage]]]:
     inbox: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
     client.on_message = lambda _c, _u, message: inbox.put(message)
     client.connect("127.0.0.1", amqp_server.ports["mqtt"])
     client.loop_start()

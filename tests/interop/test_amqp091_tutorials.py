@@ -23,7 +23,7 @@ def connect(amqp_server: RunningServer) -> Iterator[pika.BlockingConnection]:
         opened.append(conn)
         return conn
 
-    yield make  # type: ignore[misc]
+    yield make
     for conn in opened:
         if conn.is_open:
             conn.close()

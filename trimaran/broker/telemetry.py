@@ -38,6 +38,7 @@ from trimaran.config import TelemetrySettings
 
 if TYPE_CHECKING:
     from trimaran.broker.core import Broker
+    from trimaran.broker.webhooks import Webhooks
     from trimaran.mqtt.handler import MqttFrontEnd
     from trimaran.queue.manager import QueueManager
 
@@ -69,6 +70,7 @@ class Telemetry:
         self.broker: Broker | None = None
         self.queues: QueueManager | None = None
         self.mqtt: MqttFrontEnd | None = None
+        self.webhooks: Webhooks | None = None
         self.reader = InMemoryMetricReader()
         readers: list[MetricReader] = [self.reader]
         if settings.otlp_endpoint:
@@ -115,14 +117,17 @@ class Telemetry:
         self._commit_rows = meter.create_histogram(
             "trimaran.storage.commit.rows", "1", "rows written in one group-commit transaction"
         )
-        self._webhook = meter.create_counter(
-            "trimaran.webhook.deliveries", "1", "webhook delivery attempts by endpoint and result"
-        )
-        self._webhook_events = meter.create_counter(
-            "trimaran.webhook.events", "1", "events sent in successful webhook deliveries"
-        )
-        self._webhook_dropped = meter.create_counter(
-            "trimaran.webhook.dropped", "1", "webhook events dropped (queue full or retries exhausted)"
+        counter("trimaran.webhook.requests", [self._webhook("requests")], "1", "webhook POSTs sent")
+        counter("trimaran.webhook.failures", [self._webhook("failed")], "1", "webhook POSTs that failed")
+        counter("trimaran.webhook.retries", [self._webhook("retried")], "1", "webhook POSTs retried")
+        counter("trimaran.webhook.events", [self._webhook("sent")], "1", "events delivered to webhooks")
+        counter("trimaran.webhook.dropped", [self._webhook("dropped")], "1", "webhook events given up")
+        gauge("trimaran.webhook.queued", [self._webhook("queued")], "1", "events waiting per endpoint")
+        gauge(
+            "trimaran.webhook.breaker.open",
+            [self._breaker_open],
+            "1",
+            "1 while a breaker is open or half-open",
         )
 
     # -- wiring -----------------------------------------------------------------------------------
@@ -132,8 +137,9 @@ class Telemetry:
         broker: Broker | None = None,
         queues: QueueManager | None = None,
         mqtt: MqttFrontEnd | None = None,
+        webhooks: Webhooks | None = None,
     ) -> None:
-        self.broker, self.queues, self.mqtt = broker, queues, mqtt
+        self.broker, self.queues, self.mqtt, self.webhooks = broker, queues, mqtt, webhooks
         if queues is not None:
             queues.writer.on_transaction = self.commit_observed
 
@@ -150,16 +156,6 @@ class Telemetry:
         thread-safe)."""
         self._commit_seconds.record(seconds)
         self._commit_rows.record(rows)
-
-    def webhook_result(self, endpoint: str, ok: bool, events: int = 1) -> None:
-        """One webhook delivery attempt (a POST of ``events`` events) to ``endpoint``."""
-        self._webhook.add(1, {"endpoint": endpoint, "result": "ok" if ok else "failed"})
-        if ok:
-            self._webhook_events.add(events, {"endpoint": endpoint})
-
-    def webhook_dropped(self, endpoint: str, events: int = 1) -> None:
-        """Events for ``endpoint`` given up (its queue was full, or retries ran out)."""
-        self._webhook_dropped.add(events, {"endpoint": endpoint})
 
     # -- reading ----------------------------------------------------------------------------------
 
@@ -183,6 +179,24 @@ class Telemetry:
             return [Observation(getattr(self.broker.stats, name))]
 
         return observe
+
+    def _webhook(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        """One of each endpoint's own counters (trimaran/broker/webhooks.py), per endpoint."""
+
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            if self.webhooks is None:
+                return []
+            return [Observation(st[name], {"endpoint": st["url"]}) for st in self.webhooks.stats()]
+
+        return observe
+
+    def _breaker_open(self, _options: CallbackOptions) -> Iterable[Observation]:
+        if self.webhooks is None:
+            return []
+        return [
+            Observation(int(st["breaker"] != "closed"), {"endpoint": st["url"]})
+            for st in self.webhooks.stats()
+        ]
 
     def _connections(self, _options: CallbackOptions) -> Iterable[Observation]:
         if self.broker is None:

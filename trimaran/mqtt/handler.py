@@ -21,6 +21,17 @@ from anyio.abc import ByteStream, TaskGroup
 from trimaran.broker.auth import Authenticator, AuthResult
 from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker
+from trimaran.broker.events import (
+    CLIENT_AUTH_FAILED,
+    CLIENT_CONNECTED,
+    CLIENT_DISCONNECTED,
+    MESSAGE_DROPPED,
+    SESSION_CREATED,
+    SESSION_EXPIRED,
+    SESSION_TAKEN_OVER,
+    SUBSCRIPTION_CREATED,
+    SUBSCRIPTION_REMOVED,
+)
 from trimaran.broker.message import PROTOCOL_MQTT, Message
 from trimaran.broker.router import Delivery, SubscriptionOptions
 from trimaran.broker.topics import TopicError, split_shared
@@ -151,20 +162,22 @@ class MqttEndpoint:
                 # A slow reader's QoS 0 backlog is bounded: past the outbox size it is dropped and
                 # counted, so it never grows the server's memory or slows the publisher.
                 if link.unflushed >= self.front.outbox_size:
-                    stats.messages_dropped += 1
+                    self.front.dropped(message, self.client_id, "outbox full")
                     return
                 link.unflushed += 1
             if link.conn.publish(out):
                 stats.messages_sent += 1
                 link.wake()
             else:
-                stats.messages_dropped += 1
+                self.front.dropped(
+                    message, self.client_id, "refused by the connection: too large, expired or queue full"
+                )
         elif out.qos > 0:
             # Offline persistent session: keep QoS 1/2 (bounded by the session's queue).
             if self.session.enqueue(out):
                 self.front.mark_dirty(self)
             else:
-                stats.messages_dropped += 1
+                self.front.dropped(message, self.client_id, "session queue full")
 
 
 class MqttFrontEnd:
@@ -293,6 +306,8 @@ class MqttFrontEnd:
         for endpoint in list(self.endpoints.values()):
             if endpoint.link is None and endpoint.expires_at is not None and endpoint.expires_at <= now:
                 log.info("mqtt: session %r expired", endpoint.client_id)
+                if self.broker.events.wants(SESSION_EXPIRED):
+                    self.broker.events.client(SESSION_EXPIRED, endpoint.client_id, PROTOCOL_MQTT, None, None)
                 self._drop_session(endpoint)
 
     # -- connections ------------------------------------------------------------------------------
@@ -384,7 +399,8 @@ class MqttFrontEnd:
                 if _is_queue_tag(event.message.tag) and self.queues is not None:
                     self.queues.settled(link, event.message.tag, event.reason_code)
             elif isinstance(event, MessageDropped):
-                self.broker.stats.messages_dropped += 1
+                subscriber = link.endpoint.client_id if link.endpoint else ""
+                self.dropped(message_from_outbound(event.message), subscriber, event.reason)
                 if _is_queue_tag(event.message.tag) and self.queues is not None:
                     self.queues.settled(link, event.message.tag, ReasonCode.UNSPECIFIED_ERROR)
             elif isinstance(event, SubscribeRequest):
@@ -413,11 +429,15 @@ class MqttFrontEnd:
                 verdict.value,
                 connect.username,
             )
+            user = connect.username
+            self._client_event(CLIENT_AUTH_FAILED, link, request.client_id, user, reason=verdict.value)
             return conn.reject(refusal)
         client_id = request.client_id
         self._wills.pop(client_id, None)  # a reconnect within the Will Delay Interval cancels the will
         endpoint = self.endpoints.get(client_id)
         if endpoint is not None and endpoint.link is not None:
+            old = endpoint.link.peer
+            self._client_event(SESSION_TAKEN_OVER, link, client_id, connect.username, previous_address=old)
             self._take_over(endpoint.link)
         if endpoint is not None and connect.clean_start:
             self._drop_session(endpoint)
@@ -426,6 +446,7 @@ class MqttFrontEnd:
         if endpoint is None:
             session = Session(client_id, max_queued=self.limits.max_queued_messages)
             endpoint = self.endpoints[client_id] = MqttEndpoint(self, session, connect.protocol_level)
+            self._client_event(SESSION_CREATED, link, client_id, connect.username)
         endpoint.protocol_level = connect.protocol_level
         endpoint.link = link
         endpoint.expires_at = None
@@ -438,10 +459,39 @@ class MqttFrontEnd:
         events = conn.accept(endpoint.session, session_present=present)
         self.mark_dirty(endpoint)
         self._resume_queue_subscriptions(link, endpoint.session)
+        self._client_event(
+            CLIENT_CONNECTED,
+            link,
+            client_id,
+            connect.username,
+            protocol_version=connect.protocol_level,
+            session_present=present,
+        )
         log.debug(
             "mqtt: client %r connected from %s (level %d)", client_id, link.peer, connect.protocol_level
         )
         return events
+
+    # -- broker events (webhooks): built only when someone listens --------------------------------
+
+    def dropped(self, message: Message, subscriber: str, reason: str) -> None:
+        """A subscriber's copy of a message was not delivered: count it and tell the event bus."""
+        self.broker.stats.messages_dropped += 1
+        events = self.broker.events
+        if events.wants(MESSAGE_DROPPED):
+            events.message(MESSAGE_DROPPED, message, subscriber=subscriber, reason=reason)
+
+    def _client_event(
+        self, event_type: str, link: Link, client_id: str, user: str | None, **extra: Any
+    ) -> None:
+        events = self.broker.events
+        if events.wants(event_type):
+            events.client(event_type, client_id, PROTOCOL_MQTT, link.peer, user, **extra)
+
+    def _subscription_event(self, event_type: str, link: Link, topic_filter: str, **extra: Any) -> None:
+        events = self.broker.events
+        if events.wants(event_type) and link.client is not None:
+            events.client_info(event_type, link.client, topic_filter=topic_filter, **extra)
 
     def _kick(self, link: Link) -> None:
         """An operator closes the connection (admin API): DISCONNECT 0x98 where the protocol has it."""
@@ -480,6 +530,14 @@ class MqttFrontEnd:
         endpoint = link.endpoint
         if link.client is not None:
             self.broker.clients.remove(link.client)
+            if self.broker.events.wants(CLIENT_DISCONNECTED):
+                self.broker.events.client_info(
+                    CLIENT_DISCONNECTED,
+                    link.client,
+                    reason=event.reason,
+                    reason_code=event.reason_code,
+                    initiator="client" if event.by_client else "server",
+                )
             link.client = None
         if event.reason_code >= 0x80 and not event.by_client:
             log.info(
@@ -535,7 +593,7 @@ class MqttFrontEnd:
             group, _, topic_filter = tag[len(SHARE_TAG) :].partition("\x00")
             members = self.broker.router.share_members(group, topic_filter)
             if not members:
-                self.broker.stats.messages_dropped += 1
+                self.dropped(message_from_outbound(out), session.client_id, "no share member left")
                 continue
             live = [m for m in members if getattr(m.subscriber, "link", None) is not None] or members
             member = live[0]
@@ -611,11 +669,14 @@ class MqttFrontEnd:
                 codes.append(code)
                 if code < 0x80:
                     queue_filters.append(topic_filter)
+                    self._subscription_event(SUBSCRIPTION_CREATED, link, topic_filter, qos=code)
                 continue
             granted_options = replace(options, qos=granted)
             subscription = Subscription(topic_filter, granted_options, request.subscription_identifier)
             code = self._route(endpoint, subscription)
             codes.append(code)
+            if code < 0x80:
+                self._subscription_event(SUBSCRIPTION_CREATED, link, topic_filter, qos=code)
             if code < 0x80 and not topic_filter.startswith("$share/"):
                 wanted = options.retain_handling == 0 or (
                     options.retain_handling == 1 and not request.existed[index]
@@ -638,6 +699,7 @@ class MqttFrontEnd:
         endpoint = link.endpoint
         assert endpoint is not None
         for topic_filter in event.topic_filters:
+            self._subscription_event(SUBSCRIPTION_REMOVED, link, topic_filter)
             if is_queue_filter(topic_filter):
                 if self.queues is not None:
                     self.queues.unsubscribe(link, topic_filter)

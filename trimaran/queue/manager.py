@@ -27,6 +27,15 @@ import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
+from trimaran.broker.events import (
+    MESSAGE_PUBLISHED,
+    QUEUE_ACKED,
+    QUEUE_DEAD_LETTERED,
+    QUEUE_EXPIRED,
+    QUEUE_NACKED,
+    QUEUE_REJECTED,
+    EventBus,
+)
 from trimaran.broker.message import Message, now_ms
 from trimaran.config import QueuePolicySettings, QueueSettings, StorageSettings
 from trimaran.queue.groups import DONE, HELD, WAIT, Entry, Group, QueueState, StoredMessage, policy_dict
@@ -138,6 +147,9 @@ class QueueInfo:
     dlq: str | None = None
     dlq_depth: int = 0
     stats: dict[str, int] = field(default_factory=dict)
+
+
+_SETTLE_EVENTS = {"ack": QUEUE_ACKED, "commit": QUEUE_ACKED, "nack": QUEUE_NACKED, "reject": QUEUE_REJECTED}
 
 
 def _run_all(callbacks: list[Callable[[], None]]) -> Callable[[], None]:
@@ -280,6 +292,7 @@ class QueueManager:
         self._scope: anyio.CancelScope | None = None
         self._started = False
         self._last_sweep = 0.0
+        self.events = EventBus()  # the app hands in the broker's bus; events: see trimaran.broker.events
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -608,12 +621,12 @@ class QueueManager:
             state.next_offset += 1
         stored, batch = self._stage(state, offset, message, routing_key)
         if not state.durable:
-            self._appended(state, stored)
+            self._published(state, stored)
             self._flush_dirty()
             return PublishResult(queue, offset, message_id(queue, offset))
         state.inflight += 1
         try:
-            await self._write(batch, lambda: self._appended(state, stored))
+            await self._write(batch, lambda: self._published(state, stored))
         finally:
             state.inflight -= 1
         return PublishResult(queue, offset, message_id(queue, offset))
@@ -631,14 +644,14 @@ class QueueManager:
         state.next_offset += 1
         stored, batch = self._stage(state, offset, message, routing_key)
         if not state.durable:
-            self._appended(state, stored)
+            self._published(state, stored)
             self._flush_dirty()
             return None
         state.inflight += 1
 
         def committed() -> None:
             state.inflight -= 1
-            self._appended(state, stored)
+            self._published(state, stored)
 
         return self.writer.submit(batch, wait=True, on_commit=committed)
 
@@ -733,6 +746,12 @@ class QueueManager:
             oldest = next(iter(state.messages))
             self._remove(state, oldest, "dropped", "overflow", now, batch)
             state.stats["dropped"] += 1
+
+    def _published(self, state: QueueState, stored: StoredMessage) -> None:
+        """A publish is in (committed, for a durable queue): make it deliverable and say so."""
+        self._appended(state, stored)
+        if self.events.publishing:
+            self.events.message(MESSAGE_PUBLISHED, stored.message, queue=state.name, offset=stored.offset)
 
     def _appended(self, state: QueueState, stored: StoredMessage) -> None:
         """On the loop, in offset order, once the message is committed: make it deliverable."""
@@ -1090,6 +1109,8 @@ class QueueManager:
         if kind == "expired":
             state.stats["expired"] += 1
             log.info("queue %s: message %d expired", state.name, offset)
+            if self.events.wants(QUEUE_EXPIRED):
+                self.events.queue(QUEUE_EXPIRED, state.name, offset=offset, reason=reason)
         if state.durable:
             batch.message_deletes.append((state.name, offset))
             batch.events.append(
@@ -1153,6 +1174,10 @@ class QueueManager:
                 return False, None
             if action == "reject":
                 state.stats["rejected"] += 1
+                if self.events.wants(QUEUE_REJECTED):
+                    consumer = consumer_id or (holder.consumer.id if holder else None)
+                    self.events.queue(QUEUE_REJECTED, state.name, group=group.name, offset=offset,
+                                      consumer=consumer, reason=reason)  # fmt: skip
             if action == "reject" and state.durable:
                 batch.events.append(
                     queue_store.event_row(
@@ -1175,6 +1200,10 @@ class QueueManager:
         cid = entry.consumer_id
         if action in _SETTLED:
             state.stats[_SETTLED[action]] += 1
+        if self.events.wants(_SETTLE_EVENTS.get(action, "")):
+            why = reason if action == "reject" else None
+            self.events.queue(_SETTLE_EVENTS[action], state.name, group=group.name, offset=offset,
+                              consumer=cid, attempt=entry.attempts, reason=why)  # fmt: skip
         if action in ("ack", "commit"):
             self._finish(state, group, offset, entry, batch)
             if state.durable:
@@ -1284,6 +1313,10 @@ class QueueManager:
             return
         state.stats["dead_lettered"] += 1
         target = dead_letter_target(state.name, state.policy)
+        if self.events.wants(QUEUE_DEAD_LETTERED):
+            self.events.queue(QUEUE_DEAD_LETTERED, state.name, group=group.name, offset=offset,
+                              attempt=entry.attempts, reason=reason,
+                              dead_letter_queue=None if target == state.name else target)  # fmt: skip
         if target is None or target == state.name:
             if state.durable:
                 batch.events.append(
