@@ -7,6 +7,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pika
+import pytest
+
 from tests.support.paho import V5, Endpoints, PacketTypes, connect, props
 from tests.support.server import RunningServer
 from tests.support.webhook_receiver import Receiver, verify
@@ -143,3 +146,37 @@ def test_a_receiver_that_never_answers_does_not_slow_the_broker(tmp_path: Path) 
         assert code == 0, server.output()
         assert time.monotonic() - stopping < 5.0  # the final flush is bounded
         assert "events not sent at shutdown" in server.output()
+
+
+def test_amqp091_client_events(tmp_path: Path) -> None:
+    """The AMQP 0.9.1 front end reports its clients through the same bus."""
+    with Receiver() as receiver:
+        endpoint = {"url": receiver.url, "events": ["client.*"]}
+        env = {
+            "TRIMARAN_AUTH__USERS": '[{"name": "alice", "password": "wonderland"}]',
+            "TRIMARAN_WEBHOOKS__ENDPOINTS": json.dumps([endpoint]),
+            "TRIMARAN_WEBHOOKS__BATCH_WAIT_MS": "20",
+        }
+        args = ["--mqtt", "off", "--mqtt-ws", "off", "--amqp", "127.0.0.1:0", "--http", "off"]
+        server = RunningServer(args, cwd=tmp_path, env=env).start()
+        try:
+            port = server.ports["amqp"]
+
+            def login(password: str) -> None:
+                credentials = pika.PlainCredentials("alice", password)
+                pika.BlockingConnection(
+                    pika.ConnectionParameters("127.0.0.1", port, credentials=credentials)
+                ).close()
+
+            login("wonderland")
+            with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+                login("x")
+            events = receiver.wait_for_events(lambda ev: len(ev) >= 3)
+        finally:
+            assert server.stop() == 0, server.output()
+    got = [(e["type"], e["data"]["protocol"], e["data"]["user"]) for e in events]
+    assert got == [
+        ("client.connected", "amqp091", "alice"),
+        ("client.disconnected", "amqp091", "alice"),
+        ("client.auth_failed", "amqp091", "alice"),
+    ]

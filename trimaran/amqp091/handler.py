@@ -47,6 +47,7 @@ from trimaran.amqp091.queues import QueueMeta, RouterBinding
 from trimaran.broker.auth import Authenticator, AuthResult
 from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker
+from trimaran.broker.events import CLIENT_AUTH_FAILED, CLIENT_CONNECTED, CLIENT_DISCONNECTED
 from trimaran.broker.message import PROTOCOL_AMQP091, Message
 from trimaran.broker.topics import TopicError, routing_key_to_topic, topic_to_routing_key
 from trimaran.config import Settings
@@ -298,6 +299,8 @@ class Amqp091FrontEnd:
         if link.client is not None:
             self.broker.clients.remove(link.client)
             self.broker.stats.client_disconnected()
+            if self.broker.events.wants(CLIENT_DISCONNECTED):
+                self.broker.events.client_info(CLIENT_DISCONNECTED, link.client)
             link.client = None
 
     async def close_channel(self, link: Link, number: int) -> None:
@@ -396,6 +399,11 @@ class Amqp091FrontEnd:
             conn.accept_authentication()
             return
         log.info("amqp091: %s refused (%s, user %r)", link.peer, verdict.value, event.username)
+        if self.broker.events.wants(CLIENT_AUTH_FAILED):
+            peer, user = link.peer, event.username
+            self.broker.events.client(
+                CLIENT_AUTH_FAILED, peer, PROTOCOL_AMQP091, peer, user, reason=verdict.value
+            )
         events = conn.reject_authentication(
             f"Login was refused using authentication mechanism {event.mechanism}. "
             "For details see the broker logfile."
@@ -417,6 +425,8 @@ class Amqp091FrontEnd:
                 lambda: link.kick(spec.CONNECTION_FORCED, "CONNECTION_FORCED - Closed by an administrator"),
             )
         )
+        if self.broker.events.wants(CLIENT_CONNECTED):
+            self.broker.events.client_info(CLIENT_CONNECTED, link.client, vhost=event.virtual_host)
         log.debug("amqp091: %s opened vhost %s as %r", link.name, event.virtual_host, link.user)
 
     def _flow(self, link: Link, event: ChannelFlowChanged) -> None:
