@@ -28,6 +28,7 @@ SANS_IO = [
     "amqp091/frames.py",
     "amqp091/connection.py",
     "amqp091/channel.py",
+    "amqp091/exchanges.py",
     "amqp1/types.py",
     "amqp1/codec.py",
     "amqp1/performatives.py",

@@ -16,13 +16,18 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from trimaran import __version__
+from trimaran.amqp091.handler import Amqp091FrontEnd
 from trimaran.amqp1.handler import Amqp1FrontEnd
+from trimaran.broker.api import AdminApi
 from trimaran.broker.core import Broker
-from trimaran.broker.http import HttpServer, Request, Response
+from trimaran.broker.http import HttpServer
 from trimaran.broker.listeners import AmqpPort, ConnectionHandler, Listener, server_tls_context
+from trimaran.broker.telemetry import Telemetry
+from trimaran.broker.webhooks import Webhooks
 from trimaran.config import ConfigError, Endpoint, Settings
 from trimaran.mqtt.handler import MqttFrontEnd
 from trimaran.queue.manager import QueueManager
+from trimaran.storage.amqp_store import AmqpStore
 from trimaran.storage.engine import describe
 from trimaran.storage.mqtt_store import MqttStore
 from trimaran.storage.store import Storage
@@ -37,8 +42,10 @@ class App:
         self.storage: Storage | None = None
         self.broker: Broker | None = None
         self.mqtt: MqttFrontEnd | None = None
+        self.amqp091: Amqp091FrontEnd | None = None
         self.amqp1: Amqp1FrontEnd | None = None
         self.queues: QueueManager | None = None
+        self.webhooks: Webhooks | None = None
         self.listeners: list[Listener] = []
         self.http = HttpServer(
             max_body_bytes=settings.http.max_body_bytes,
@@ -46,7 +53,9 @@ class App:
         )
         self.ready = False
         self._stop = anyio.Event()
-        self._register_routes()
+        self.telemetry = Telemetry(settings.telemetry, node=settings.node_name)
+        self.api = AdminApi(self)
+        self.api.register(self.http)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -65,15 +74,23 @@ class App:
         store = MqttStore(storage.engine)
         self.broker = Broker(store, sys_interval=settings.limits.sys_interval)
         self.queues = QueueManager(storage, settings.queues, settings.storage)
+        self.queues.events = self.broker.events
+        self.webhooks = Webhooks(settings.webhooks, self.broker.events, settings.node_name)
         self.mqtt = MqttFrontEnd(self.broker, settings, store, self.queues)
+        self.amqp091 = Amqp091FrontEnd(self.broker, settings, self.queues, AmqpStore(storage.engine))
         self.amqp1 = Amqp1FrontEnd(self.broker, settings, self.queues)
+        self.telemetry.bind(self.broker, self.queues, self.mqtt, self.webhooks)
         self.listeners = self._build_listeners()
+        if settings.http.bind is not None and self.api.locked:
+            log.warning("admin API is locked: no http.tokens configured, /api/v1 answers 401 to every call")
         try:
             async with anyio.create_task_group() as root:
                 root.start_soon(self._watch_signals, name="signals")
                 await root.start(self.broker.run, name="broker")
+                await root.start(self.webhooks.run, name="webhooks")
                 await self.queues.start(root)
                 await root.start(self.mqtt.run, name="mqtt sessions")
+                await root.start(self.amqp091.run, name="amqp091")
                 async with anyio.create_task_group() as connections:
                     await self._start_listeners(connections)
                     self.ready = True
@@ -84,6 +101,7 @@ class App:
                 root.cancel_scope.cancel()
         finally:
             storage.close()
+            self.telemetry.shutdown()
             log.info("trimaran stopped")
 
     async def _start_listeners(self, connections: TaskGroup) -> None:
@@ -97,12 +115,16 @@ class App:
             listener.stop_accepting()
         with anyio.move_on_after(grace):
             await self._drain()
+        if self.webhooks is not None:
+            await self.webhooks.flush()  # bounded by webhooks.flush_timeout_s
         connections.cancel_scope.cancel()
 
     async def _drain(self) -> None:
         """Let the front ends close their connections, then write what is still in memory."""
         assert self.broker is not None and self.mqtt is not None and self.queues is not None
         await self.mqtt.shutdown()
+        if self.amqp091 is not None:
+            await self.amqp091.shutdown()
         if self.amqp1 is not None:
             await self.amqp1.shutdown()
         await self.queues.stop()
@@ -117,15 +139,15 @@ class App:
     def _build_listeners(self) -> list[Listener]:
         settings = self.settings
         bind = settings.listeners
-        assert self.mqtt is not None and self.amqp1 is not None
+        assert self.mqtt is not None and self.amqp091 is not None and self.amqp1 is not None
         tls = None
         if bind.mqtt_tls or bind.mqtt_wss or bind.amqps:
             try:
                 tls = server_tls_context(bind.tls)
             except (ValueError, OSError) as exc:
                 raise ConfigError(f"invalid setting listeners.tls: {exc}") from None
-        # AMQP 0.9.1 and 1.0 share the port; the front ends plug in here as they land.
-        amqp = AmqpPort(None, self.amqp1.handle)
+        # AMQP 0.9.1 and 1.0 share the port, told apart by the protocol header.
+        amqp = AmqpPort(self.amqp091.handle, self.amqp1.handle)
         plan: list[tuple[str, Endpoint | None, ConnectionHandler, bool]] = [
             ("mqtt", bind.mqtt, self.mqtt.handle, False),
             ("mqtt-tls", bind.mqtt_tls, self.mqtt.handle, True),
@@ -147,28 +169,6 @@ class App:
             for name, endpoint, handler, secure in plan
             if endpoint is not None
         ]
-
-    # -- admin routes ---------------------------------------------------------------------------
-
-    def _register_routes(self) -> None:
-        self.http.route("GET", "/healthz", self._healthz)
-        self.http.route("GET", "/readyz", self._readyz)
-
-    async def _healthz(self, _request: Request) -> Response:
-        return Response.json(
-            {"status": "ok", "version": __version__, "uptime_s": round(time.time() - self.started_at, 3)}
-        )
-
-    async def _readyz(self, _request: Request) -> Response:
-        checks: dict[str, Any] = {
-            "storage": self.storage is not None and await self.storage.aping(),
-            "listeners": {
-                listener.name: str(listener.bound) if listener.bound else None for listener in self.listeners
-            },
-            "accepting": self.ready,
-        }
-        ok = bool(checks["storage"]) and self.ready and all(checks["listeners"].values())
-        return Response.json({"status": "ready" if ok else "not ready", "checks": checks}, 200 if ok else 503)
 
 
 def run(settings: Settings) -> None:

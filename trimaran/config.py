@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextvars
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -26,6 +27,9 @@ from pydantic_settings import (
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+
+from trimaran.broker.events import expand_patterns
+from trimaran.broker.topics import validate_topic_filter
 
 DEFAULT_CONFIG_FILE = Path("trimaran.toml")
 
@@ -183,6 +187,18 @@ class QueueSettings(Section):
     declare: list[DeclaredQueue] = []
 
 
+class Amqp091Settings(Section):
+    """The AMQP 0.9.1 front end (RabbitMQ-compatible)."""
+
+    vhosts: list[str] = Field(["/"], min_length=1, description="virtual hosts connection.open may name")
+    heartbeat: int = Field(60, ge=0, le=65535, description="seconds proposed in connection.tune; 0 = off")
+    frame_max: int = Field(131072, ge=4096, le=2**31 - 1)
+    channel_max: int = Field(2047, ge=1, le=65535)
+    handshake_timeout: float = Field(10.0, gt=0, description="seconds from the header to connection.open")
+    max_message_size: int = Field(128 * 1024 * 1024, ge=1)
+    prefetch_window: int = Field(1000, ge=1, description="credit per consumer when prefetch_count is 0")
+
+
 class Amqp1Settings(Section):
     """The AMQP 1.0 front end (served on the AMQP port next to 0.9.1)."""
 
@@ -209,21 +225,50 @@ class AuthSettings(Section):
 
 
 class WebhookEndpoint(Section):
-    url: str
-    events: list[str] = ["*"]
-    topics: list[str] = ["#"]
+    url: str = Field(description="http:// or https:// URL the events are POSTed to")
+    events: list[str] = Field(["*"], description="event types; '*' is all, 'client.*' a family")
+    topics: list[str] = Field(["#"], description="topic filters for message.* events (MQTT wildcards)")
     headers: dict[str, str] = {}
-    secret: SecretStr | None = None
+    secret: SecretStr | None = Field(None, description="HMAC-SHA256 key for the signature header")
     include_payload: bool = False
+    ca_file: Path | None = Field(None, description="CA bundle to verify an https endpoint")
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("expected an http:// or https:// URL with a host")
+        return value
+
+    @field_validator("events")
+    @classmethod
+    def _known_events(cls, value: list[str]) -> list[str]:
+        expand_patterns(value)
+        return value
+
+    @field_validator("topics")
+    @classmethod
+    def _filters(cls, value: list[str]) -> list[str]:
+        for topic_filter in value:
+            validate_topic_filter(topic_filter)
+        return value
 
 
 class WebhookSettings(Section):
     endpoints: list[WebhookEndpoint] = []
-    batch_max: int = Field(100, ge=1)
-    batch_wait_ms: float = Field(200.0, ge=0)
-    timeout_s: float = Field(5.0, gt=0)
-    max_retries: int = Field(8, ge=0)
-    queue_size: int = Field(10_000, ge=1)
+    batch_max: int = Field(100, ge=1, description="most events in one request")
+    batch_wait_ms: float = Field(200.0, ge=0, description="longest wait to fill a batch")
+    timeout_s: float = Field(5.0, gt=0, description="one request: connect, send and answer")
+    max_retries: int = Field(8, ge=0, description="retries of a failed batch before it is dropped")
+    queue_size: int = Field(10_000, ge=1, description="events held per endpoint; the oldest go first")
+    backoff_initial_s: float = Field(0.5, ge=0, description="retry n waits random(0, initial * 2**n)")
+    backoff_max_s: float = Field(30.0, ge=0)
+    breaker_threshold: int = Field(5, ge=1, description="consecutive failures that open the breaker")
+    breaker_cooldown_s: float = Field(10.0, ge=0, description="open this long before one probe request")
+    signature_header: str = "X-Trimaran-Signature"
+    timestamp_header: str = "X-Trimaran-Timestamp"
+    flush_timeout_s: float = Field(2.0, ge=0, description="at shutdown: longest wait to send what is queued")
 
 
 class TelemetrySettings(Section):
@@ -264,8 +309,9 @@ class Settings(BaseSettings):
     storage: StorageSettings = StorageSettings()
     limits: LimitSettings = LimitSettings()
     queues: QueueSettings = QueueSettings()
-    auth: AuthSettings = AuthSettings()
+    amqp091: Amqp091Settings = Amqp091Settings()
     amqp1: Amqp1Settings = Amqp1Settings()
+    auth: AuthSettings = AuthSettings()
     webhooks: WebhookSettings = WebhookSettings()
     telemetry: TelemetrySettings = TelemetrySettings()
     http: HttpSettings = HttpSettings()

@@ -84,8 +84,23 @@ def mqtt(mqtt_server: RunningServer, tls_files: dict[str, str]) -> Endpoints:
     return endpoints_of(mqtt_server, tls_files)
 
 
-def amqp1_server_args() -> list[str]:
+def amqp_server_args() -> list[str]:
     return ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "127.0.0.1:0", "--http", "off"]
+
+
+@pytest.fixture(scope="module")
+def amqp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A server with MQTT and AMQP on port 0 (AMQP 0.9.1 tests use ``ports["amqp"]``)."""
+    env = {"TRIMARAN_AUTH__USERS": '[{"name": "alice", "password": "wonderland"}]'}
+    server = RunningServer(amqp_server_args(), cwd=tmp_path_factory.mktemp("amqp"), env=env).start()
+    try:
+        yield server
+    finally:
+        assert server.stop() == 0, server.output()
+
+
+def amqp1_server_args() -> list[str]:
+    return amqp_server_args()
 
 
 AMQP1_ENV = {
@@ -102,7 +117,8 @@ AMQP1_ENV = {
 
 @pytest.fixture(scope="module")
 def amqp1_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """Trimaran with AMQP (0.9.1 and 1.0) and MQTT on port 0; anonymous clients allowed."""
+    """Trimaran with AMQP (0.9.1 and 1.0) and MQTT on port 0; anonymous clients allowed; small
+    frame and message size limits, quick retries and a stream queue ``events`` for AMQP 1.0 tests."""
     server = RunningServer(amqp1_server_args(), cwd=tmp_path_factory.mktemp("amqp1"), env=AMQP1_ENV).start()
     try:
         yield server

@@ -28,7 +28,7 @@ async def test_aiomqtt_round_trip(mqtt: Endpoints, version: aiomqtt.ProtocolVers
         got = []
         with anyio.fail_after(10):
             async for message in sub.messages:
-                got.append(bytes(message.payload))  # type: ignore[arg-type]
+                got.append(bytes(message.payload))
                 if len(got) == 10:
                     break
         assert got == [f"p{i}".encode() for i in range(10)]

@@ -325,3 +325,39 @@ async def test_attempts_survive_restart_and_lead_to_the_dlq(make_manager: Factor
     kinds = [(e["kind"], e["reason"]) for e in events]
     assert kinds[0] == ("published", None)
     assert ("delivered", "restart") in kinds and kinds[-1][0] == "dead_lettered"
+
+
+async def test_publish_nowait_delivers_after_commit_and_survives_restart(make_manager: Factory) -> None:
+    manager = make_manager()
+    async with manager.running():
+        await manager.declare("nw")
+        await manager.declare("mem", durable=False)
+        c = Collector("c")
+        manager.consume("nw", c).add_credit(10)
+        tickets = [manager.publish_nowait("nw", msg(b"%d" % i, topic="$queue/nw")) for i in range(3)]
+        assert all(t is not None for t in tickets)
+        assert c.deliveries == []  # deliverable only once committed
+        for t in tickets:
+            assert t is not None
+            await t.wait()
+        await wait_until(lambda: len(c.deliveries) == 3)
+        assert c.payloads == [b"0", b"1", b"2"]
+        m = Collector("m")
+        manager.consume("mem", m).add_credit(1)
+        assert manager.publish_nowait("mem", msg(b"x", topic="$queue/mem")) is None
+        assert m.payloads == [b"x"]  # in memory: delivered at once
+    again = make_manager()
+    async with again.running():
+        assert again.info("nw").depth == 3
+        assert not again.exists("mem")
+
+
+async def test_publish_nowait_refuses_a_full_queue(make_manager: Factory) -> None:
+    manager = make_manager()
+    async with manager.running():
+        await manager.declare("small", QueuePolicySettings(max_length=1))
+        ticket = manager.publish_nowait("small", msg(b"a", topic="$queue/small"))
+        assert ticket is not None
+        await ticket.wait()
+        with pytest.raises(QueueError):
+            manager.publish_nowait("small", msg(b"b", topic="$queue/small"))

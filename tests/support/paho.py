@@ -13,6 +13,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 V311 = MQTTProtocolVersion.MQTTv311
 V5 = MQTTProtocolVersion.MQTTv5
@@ -71,7 +72,7 @@ class Client:
         self, topic: str, qos: int = 0, properties: Properties | None = None, **options: Any
     ) -> list[Any]:
         if self.version == V5:
-            opts = mqtt.SubscribeOptions(qos=qos, **options)
+            opts = SubscribeOptions(qos=qos, **options)
             result, mid = self.client.subscribe(topic, options=opts, properties=properties)
         else:
             result, mid = self.client.subscribe(topic, qos)

@@ -17,6 +17,7 @@ from anyio.abc import TaskStatus
 
 from trimaran import __version__
 from trimaran.broker.clients import ClientRegistry
+from trimaran.broker.events import MESSAGE_PUBLISHED, EventBus
 from trimaran.broker.message import Message, now_ms
 from trimaran.broker.retained import RetainedStore
 from trimaran.broker.router import Delivery, Router
@@ -81,6 +82,7 @@ class Broker:
         self.clients = ClientRegistry()
         self.retained = RetainedStore(on_change=self._retained_changed)
         self.stats = Stats()
+        self.events = EventBus()  # webhooks listen here; every front end emits into it
         self.store = store
         self.sys_interval = sys_interval
         self.started_at = time.monotonic()
@@ -131,6 +133,8 @@ class Broker:
         for delivery in deliveries:
             delivery.subscriber.deliver(message, delivery)
         self.stats.publish_routed += 1
+        if self.events.publishing:
+            self.events.message(MESSAGE_PUBLISHED, message, subscribers=len(deliveries))
         return len(deliveries)
 
     def _retained_changed(self, topic: str, message: Message | None) -> None:

@@ -9,7 +9,6 @@ connections when their expiry says so; persistent ones are kept in SQL.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import replace
@@ -22,6 +21,17 @@ from anyio.abc import ByteStream, TaskGroup
 from trimaran.broker.auth import Authenticator, AuthResult
 from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker
+from trimaran.broker.events import (
+    CLIENT_AUTH_FAILED,
+    CLIENT_CONNECTED,
+    CLIENT_DISCONNECTED,
+    MESSAGE_DROPPED,
+    SESSION_CREATED,
+    SESSION_EXPIRED,
+    SESSION_TAKEN_OVER,
+    SUBSCRIPTION_CREATED,
+    SUBSCRIPTION_REMOVED,
+)
 from trimaran.broker.message import PROTOCOL_MQTT, Message
 from trimaran.broker.router import Delivery, SubscriptionOptions
 from trimaran.broker.topics import TopicError, split_shared
@@ -50,7 +60,9 @@ from trimaran.storage.mqtt_store import MqttStore, StoredSession
 log = logging.getLogger(__name__)
 
 READ_CHUNK: Final = 65536
-HOUSEKEEPING_INTERVAL: Final = 0.5  # will delays, session expiry, session persistence
+# Will delays, session expiry, session persistence, and the connect and keep-alive timeouts of every
+# connection: one sweep is far cheaper than a timer per read per connection.
+HOUSEKEEPING_INTERVAL: Final = 0.5
 
 
 def server_limits(settings: Settings) -> ServerLimits:
@@ -78,7 +90,6 @@ class Link:
         "conn",
         "done",
         "endpoint",
-        "flushed",
         "front",
         "peer",
         "queue_bindings",
@@ -99,7 +110,6 @@ class Link:
         self.reading = anyio.CancelScope()
         self.tasks: TaskGroup | None = None
         self.queue_bindings = LinkQueues()
-        self.flushed = anyio.Event()  # the writer has sent its last bytes
         self.unflushed = 0  # QoS 0 messages queued since the writer last took the bytes
         self._wake = anyio.Event()
 
@@ -152,20 +162,22 @@ class MqttEndpoint:
                 # A slow reader's QoS 0 backlog is bounded: past the outbox size it is dropped and
                 # counted, so it never grows the server's memory or slows the publisher.
                 if link.unflushed >= self.front.outbox_size:
-                    stats.messages_dropped += 1
+                    self.front.dropped(message, self.client_id, "outbox full")
                     return
                 link.unflushed += 1
             if link.conn.publish(out):
                 stats.messages_sent += 1
                 link.wake()
             else:
-                stats.messages_dropped += 1
+                self.front.dropped(
+                    message, self.client_id, "refused by the connection: too large, expired or queue full"
+                )
         elif out.qos > 0:
             # Offline persistent session: keep QoS 1/2 (bounded by the session's queue).
             if self.session.enqueue(out):
                 self.front.mark_dirty(self)
             else:
-                stats.messages_dropped += 1
+                self.front.dropped(message, self.client_id, "session queue full")
 
 
 class MqttFrontEnd:
@@ -279,6 +291,14 @@ class MqttFrontEnd:
             self._dirty.add(endpoint.client_id)
 
     def _housekeeping(self, now: float) -> None:
+        for link in list(self.links):
+            deadline = link.conn.next_deadline()
+            if deadline is not None and deadline <= now:
+                self.dispatch(link, link.conn.check_timeouts(now))
+                if link.conn.closed:
+                    link.done = True
+                    link.reading.cancel()
+                link.wake()
         for client_id, (due, will) in list(self._wills.items()):
             if due <= now:
                 del self._wills[client_id]
@@ -286,6 +306,8 @@ class MqttFrontEnd:
         for endpoint in list(self.endpoints.values()):
             if endpoint.link is None and endpoint.expires_at is not None and endpoint.expires_at <= now:
                 log.info("mqtt: session %r expired", endpoint.client_id)
+                if self.broker.events.wants(SESSION_EXPIRED):
+                    self.broker.events.client(SESSION_EXPIRED, endpoint.client_id, PROTOCOL_MQTT, None, None)
                 self._drop_session(endpoint)
 
     # -- connections ------------------------------------------------------------------------------
@@ -315,8 +337,8 @@ class MqttFrontEnd:
                     await self._reader(link)
                 link.done = True
                 link.wake()
-                await link.flushed.wait()
-                tg.cancel_scope.cancel()  # pending queue acks cannot be sent any more
+                # The writer flushes what is queued, then cancels the group (pending queue acks
+                # cannot be sent any more).
         finally:
             self.links.discard(link)
             if self._drained is not None and not self.links:
@@ -330,16 +352,11 @@ class MqttFrontEnd:
         conn = link.conn
         stats = self.broker.stats
         while not conn.closed:
-            deadline = conn.next_deadline()
-            data: bytes | None = None
-            with anyio.move_on_after(math.inf if deadline is None else deadline - time.monotonic()):
-                try:
-                    data = await link.stream.receive(READ_CHUNK)
-                except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                    data = b""
-            if data is None:
-                events = conn.check_timeouts(time.monotonic())
-            elif not data:
+            try:
+                data = await link.stream.receive(READ_CHUNK)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                data = b""
+            if not data:
                 events = conn.connection_lost()
             else:
                 stats.bytes_received += len(data)
@@ -351,7 +368,7 @@ class MqttFrontEnd:
         try:
             await self._write_until_done(link, scope)
         finally:
-            link.flushed.set()
+            scope.cancel()
 
     async def _write_until_done(self, link: Link, scope: anyio.CancelScope) -> None:
         conn = link.conn
@@ -382,7 +399,8 @@ class MqttFrontEnd:
                 if _is_queue_tag(event.message.tag) and self.queues is not None:
                     self.queues.settled(link, event.message.tag, event.reason_code)
             elif isinstance(event, MessageDropped):
-                self.broker.stats.messages_dropped += 1
+                subscriber = link.endpoint.client_id if link.endpoint else ""
+                self.dropped(message_from_outbound(event.message), subscriber, event.reason)
                 if _is_queue_tag(event.message.tag) and self.queues is not None:
                     self.queues.settled(link, event.message.tag, ReasonCode.UNSPECIFIED_ERROR)
             elif isinstance(event, SubscribeRequest):
@@ -411,11 +429,15 @@ class MqttFrontEnd:
                 verdict.value,
                 connect.username,
             )
+            user = connect.username
+            self._client_event(CLIENT_AUTH_FAILED, link, request.client_id, user, reason=verdict.value)
             return conn.reject(refusal)
         client_id = request.client_id
         self._wills.pop(client_id, None)  # a reconnect within the Will Delay Interval cancels the will
         endpoint = self.endpoints.get(client_id)
         if endpoint is not None and endpoint.link is not None:
+            old = endpoint.link.peer
+            self._client_event(SESSION_TAKEN_OVER, link, client_id, connect.username, previous_address=old)
             self._take_over(endpoint.link)
         if endpoint is not None and connect.clean_start:
             self._drop_session(endpoint)
@@ -424,6 +446,7 @@ class MqttFrontEnd:
         if endpoint is None:
             session = Session(client_id, max_queued=self.limits.max_queued_messages)
             endpoint = self.endpoints[client_id] = MqttEndpoint(self, session, connect.protocol_level)
+            self._client_event(SESSION_CREATED, link, client_id, connect.username)
         endpoint.protocol_level = connect.protocol_level
         endpoint.link = link
         endpoint.expires_at = None
@@ -436,10 +459,39 @@ class MqttFrontEnd:
         events = conn.accept(endpoint.session, session_present=present)
         self.mark_dirty(endpoint)
         self._resume_queue_subscriptions(link, endpoint.session)
+        self._client_event(
+            CLIENT_CONNECTED,
+            link,
+            client_id,
+            connect.username,
+            protocol_version=connect.protocol_level,
+            session_present=present,
+        )
         log.debug(
             "mqtt: client %r connected from %s (level %d)", client_id, link.peer, connect.protocol_level
         )
         return events
+
+    # -- broker events (webhooks): built only when someone listens --------------------------------
+
+    def dropped(self, message: Message, subscriber: str, reason: str) -> None:
+        """A subscriber's copy of a message was not delivered: count it and tell the event bus."""
+        self.broker.stats.messages_dropped += 1
+        events = self.broker.events
+        if events.wants(MESSAGE_DROPPED):
+            events.message(MESSAGE_DROPPED, message, subscriber=subscriber, reason=reason)
+
+    def _client_event(
+        self, event_type: str, link: Link, client_id: str, user: str | None, **extra: Any
+    ) -> None:
+        events = self.broker.events
+        if events.wants(event_type):
+            events.client(event_type, client_id, PROTOCOL_MQTT, link.peer, user, **extra)
+
+    def _subscription_event(self, event_type: str, link: Link, topic_filter: str, **extra: Any) -> None:
+        events = self.broker.events
+        if events.wants(event_type) and link.client is not None:
+            events.client_info(event_type, link.client, topic_filter=topic_filter, **extra)
 
     def _kick(self, link: Link) -> None:
         """An operator closes the connection (admin API): DISCONNECT 0x98 where the protocol has it."""
@@ -453,6 +505,20 @@ class MqttFrontEnd:
         link.reading.cancel()
         link.wake()
 
+    def delete_session(self, client_id: str) -> bool:
+        """An operator ends a session (admin API): a connected client is disconnected first (0x98)
+        and its session is not kept whatever its expiry. False if there is no such session."""
+        endpoint = self.endpoints.get(client_id)
+        if endpoint is None:
+            return False
+        endpoint.session.expiry_interval = 0
+        if endpoint.link is not None:
+            self._kick(endpoint.link)  # closing drops the session: its expiry is now 0
+        if self.endpoints.get(client_id) is endpoint:
+            self._drop_session(endpoint)
+        log.info("mqtt: session %r deleted by an administrator", client_id)
+        return True
+
     def _take_over(self, old: Link) -> None:
         log.info("mqtt: client %r taken over by a new connection", old.endpoint and old.endpoint.client_id)
         self.dispatch(old, old.conn.disconnect(ReasonCode.SESSION_TAKEN_OVER, "session taken over"))
@@ -464,6 +530,14 @@ class MqttFrontEnd:
         endpoint = link.endpoint
         if link.client is not None:
             self.broker.clients.remove(link.client)
+            if self.broker.events.wants(CLIENT_DISCONNECTED):
+                self.broker.events.client_info(
+                    CLIENT_DISCONNECTED,
+                    link.client,
+                    reason=event.reason,
+                    reason_code=event.reason_code,
+                    initiator="client" if event.by_client else "server",
+                )
             link.client = None
         if event.reason_code >= 0x80 and not event.by_client:
             log.info(
@@ -519,7 +593,7 @@ class MqttFrontEnd:
             group, _, topic_filter = tag[len(SHARE_TAG) :].partition("\x00")
             members = self.broker.router.share_members(group, topic_filter)
             if not members:
-                self.broker.stats.messages_dropped += 1
+                self.dropped(message_from_outbound(out), session.client_id, "no share member left")
                 continue
             live = [m for m in members if getattr(m.subscriber, "link", None) is not None] or members
             member = live[0]
@@ -595,11 +669,14 @@ class MqttFrontEnd:
                 codes.append(code)
                 if code < 0x80:
                     queue_filters.append(topic_filter)
+                    self._subscription_event(SUBSCRIPTION_CREATED, link, topic_filter, qos=code)
                 continue
             granted_options = replace(options, qos=granted)
             subscription = Subscription(topic_filter, granted_options, request.subscription_identifier)
             code = self._route(endpoint, subscription)
             codes.append(code)
+            if code < 0x80:
+                self._subscription_event(SUBSCRIPTION_CREATED, link, topic_filter, qos=code)
             if code < 0x80 and not topic_filter.startswith("$share/"):
                 wanted = options.retain_handling == 0 or (
                     options.retain_handling == 1 and not request.existed[index]
@@ -622,6 +699,7 @@ class MqttFrontEnd:
         endpoint = link.endpoint
         assert endpoint is not None
         for topic_filter in event.topic_filters:
+            self._subscription_event(SUBSCRIPTION_REMOVED, link, topic_filter)
             if is_queue_filter(topic_filter):
                 if self.queues is not None:
                     self.queues.unsubscribe(link, topic_filter)

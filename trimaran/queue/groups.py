@@ -104,7 +104,18 @@ class QueueState:
     groups: dict[str, Group] = field(default_factory=dict)
     deleted: bool = False
     stats: dict[str, int] = field(
-        default_factory=lambda: {"published": 0, "dropped": 0, "expired": 0, "refused": 0, "dead_lettered": 0}
+        default_factory=lambda: {
+            "published": 0,
+            "dropped": 0,
+            "expired": 0,
+            "refused": 0,
+            "dead_lettered": 0,
+            "delivered": 0,
+            "redelivered": 0,
+            "acked": 0,
+            "nacked": 0,
+            "rejected": 0,
+        }
     )
     expiring: int = 0  # messages in ``messages`` with an expiry (0: the sweep skips this queue)
     block_next: int = 0  # shared mode: offsets reserved for this node

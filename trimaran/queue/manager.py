@@ -27,6 +27,15 @@ import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
+from trimaran.broker.events import (
+    MESSAGE_PUBLISHED,
+    QUEUE_ACKED,
+    QUEUE_DEAD_LETTERED,
+    QUEUE_EXPIRED,
+    QUEUE_NACKED,
+    QUEUE_REJECTED,
+    EventBus,
+)
 from trimaran.broker.message import Message, now_ms
 from trimaran.config import QueuePolicySettings, QueueSettings, StorageSettings
 from trimaran.queue.groups import DONE, HELD, WAIT, Entry, Group, QueueState, StoredMessage, policy_dict
@@ -51,6 +60,7 @@ TICK_S = 0.02  # timer resolution: visibility timeouts, nack backoff
 SWEEP_S = 1.0  # TTL expiry and stream retention
 SCAN_LIMIT = 10_000  # most messages a filtered consumer scans per take
 POLL_MS = 100  # shared mode: how often idle consumers look for messages other nodes published
+_SETTLED = {"ack": "acked", "commit": "acked", "nack": "nacked", "reject": "rejected"}  # stats keys
 
 
 class QueueConsumer(Protocol):
@@ -137,6 +147,9 @@ class QueueInfo:
     dlq: str | None = None
     dlq_depth: int = 0
     stats: dict[str, int] = field(default_factory=dict)
+
+
+_SETTLE_EVENTS = {"ack": QUEUE_ACKED, "commit": QUEUE_ACKED, "nack": QUEUE_NACKED, "reject": QUEUE_REJECTED}
 
 
 def _run_all(callbacks: list[Callable[[], None]]) -> Callable[[], None]:
@@ -279,6 +292,7 @@ class QueueManager:
         self._scope: anyio.CancelScope | None = None
         self._started = False
         self._last_sweep = 0.0
+        self.events = EventBus()  # the app hands in the broker's bus; events: see trimaran.broker.events
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -482,6 +496,70 @@ class QueueManager:
     def exists(self, name: str) -> bool:
         return name in self.queues
 
+    def peek(self, name: str, after: int = -1, limit: int = 100) -> list[StoredMessage]:
+        """Up to ``limit`` messages the queue holds past offset ``after``, in offset order, without
+        delivering or changing anything (the admin API's view of a queue)."""
+        state = self._get(name)
+        if self._is_shared(state):
+            raise QueueError("unsupported", "a shared work queue holds only its claims in memory")
+        out: list[StoredMessage] = []
+        for offset, stored in state.messages.items():
+            if offset > after:
+                out.append(stored)
+                if len(out) >= limit:
+                    break
+        return out
+
+    async def redrive(self, name: str, limit: int | None = None) -> int:
+        """Move the dead letters that came from ``name`` back to it, as new messages at its tail,
+        in one transaction; returns how many moved. Letters a DLQ consumer holds stay where they are."""
+        state = self._get(name)
+        source_name = dead_letter_target(name, state.policy)
+        source = self.queues.get(source_name) if source_name else None
+        if source is None or source is state:
+            return 0
+        if self._shared_offsets(state) or self._shared_offsets(source):
+            raise QueueError("unsupported", "redrive is not available on shared queues")
+        now = now_ms()
+        batch = WriteBatch()
+        moved: list[StoredMessage] = []
+        for offset, stored in list(source.messages.items()):
+            if limit is not None and len(moved) >= limit:
+                break
+            origin = next((v for k, v in stored.message.user_properties if k == "x-dead-letter-queue"), None)
+            if origin != name or any(
+                (e := g.entries.get(offset)) is not None and e.state == HELD for g in source.groups.values()
+            ):
+                continue
+            props = [(k, v) for k, v in stored.message.user_properties if k not in DLQ_PROPERTIES]
+            message = stored.message.copy_with(user_properties=props)
+            new_offset = state.next_offset
+            state.next_offset += 1
+            expires = expiry_ms(state.policy, now, None)
+            if state.durable:
+                batch.messages.append(
+                    queue_store.message_row(name, new_offset, message, stored.routing_key, now, expires)
+                )
+                batch.queue_next[name] = new_offset + 1
+                batch.events.append(
+                    queue_store.event_row(
+                        now, name, "published", offset=new_offset, node=self.node,
+                        reason=f"redrive from {source.name}:{offset}",
+                    )
+                )  # fmt: skip
+            state.stats["published"] += 1
+            self._remove(source, offset, "redriven", f"-> {name}:{new_offset}", now, batch)
+            moved.append(StoredMessage(new_offset, message, stored.routing_key, now, expires, stored.size))
+
+        def appended() -> None:
+            for stored in moved:
+                self._appended(state, stored)
+
+        if moved:
+            await self._write(batch, appended)
+            log.info("queue %s: %d dead letters moved back from %s", name, len(moved), source.name)
+        return len(moved)
+
     def _get(self, name: str) -> QueueState:
         state = self.queues.get(name)
         if state is None:
@@ -535,36 +613,88 @@ class QueueManager:
 
     async def publish(self, queue: str, message: Message, routing_key: str = "") -> PublishResult:
         """Append a message; returns once it is committed. Raises :class:`QueueError` when refused."""
+        state, message = self._check_publish(queue, message)
+        if self._shared_offsets(state):
+            offset = await self._reserve(state)
+        else:
+            offset = state.next_offset
+            state.next_offset += 1
+        stored, batch = self._stage(state, offset, message, routing_key)
+        if not state.durable:
+            self._published(state, stored)
+            self._flush_dirty()
+            return PublishResult(queue, offset, message_id(queue, offset))
+        state.inflight += 1
+        try:
+            await self._write(batch, lambda: self._published(state, stored))
+        finally:
+            state.inflight -= 1
+        return PublishResult(queue, offset, message_id(queue, offset))
+
+    def publish_nowait(self, queue: str, message: Message, routing_key: str = "") -> Ticket | None:
+        """Append without awaiting, for synchronous callers (a router endpoint feeding a queue, an
+        AMQP 0.9.1 channel that must not stall per publish). The message is deliverable once
+        committed; await the returned ticket to know it is durable (``None``: an in-memory queue,
+        already appended). Raises :class:`QueueError` when refused, and on a shared node (its
+        offsets need an awaited reservation)."""
+        state, message = self._check_publish(queue, message)
+        if self._shared_offsets(state):
+            raise QueueError("shared", "publish_nowait is not available on a shared node")
+        offset = state.next_offset
+        state.next_offset += 1
+        stored, batch = self._stage(state, offset, message, routing_key)
+        if not state.durable:
+            self._published(state, stored)
+            self._flush_dirty()
+            return None
+        state.inflight += 1
+
+        def committed() -> None:
+            state.inflight -= 1
+            self._published(state, stored)
+
+        return self.writer.submit(batch, wait=True, on_commit=committed)
+
+    def _check_publish(self, queue: str, message: Message) -> tuple[QueueState, Message]:
         if not self._started:
             raise QueueError("stopped", "the queue manager is not running")
         if message.retain:
             raise QueueError("retain", "a queue message cannot be retained")
         batch = WriteBatch()
         state = self._get_or_create(queue, batch)
+        if not batch.empty():
+            self.writer.submit(batch)  # the auto-created queue's row, ahead of its first message
         if state.deleted:
             raise QueueError("no-queue", f"queue {queue} was deleted")
-        policy = state.policy
-        size = len(message.payload)
         if not self._is_shared(state):  # shared: this node does not see the whole queue
-            self._check_limits(state, size, batch)
+            limits = WriteBatch()
+            self._check_limits(state, len(message.payload), limits)
+            if not limits.empty() and state.durable:
+                self.writer.submit(limits)
         if message.user_properties and any(k in RESERVED_PROPERTIES for k, _ in message.user_properties):
             message = message.copy_with(
                 user_properties=[(k, v) for k, v in message.user_properties if k not in RESERVED_PROPERTIES]
             )
-        if self._shared_offsets(state):
-            offset = await self._reserve(state)
-        else:
-            offset = state.next_offset
-            state.next_offset += 1
+        return state, message
+
+    def _stage(
+        self, state: QueueState, offset: int, message: Message, routing_key: str
+    ) -> tuple[StoredMessage, WriteBatch]:
+        """The stored message and, for a durable queue, the batch that appends it."""
         now = now_ms()
         stored = StoredMessage(
-            offset, message, routing_key, now, expiry_ms(policy, now, message.expires_at_ms), size
+            offset,
+            message,
+            routing_key,
+            now,
+            expiry_ms(state.policy, now, message.expires_at_ms),
+            len(message.payload),
         )
         state.stats["published"] += 1
+        batch = WriteBatch()
         if not state.durable:
-            self._appended(state, stored)
-            self._flush_dirty()
-            return PublishResult(queue, offset, message_id(queue, offset))
+            return stored, batch
+        queue = state.name
         batch.messages.append(
             queue_store.message_row(queue, offset, message, routing_key, now, stored.expires_at)
         )
@@ -575,12 +705,7 @@ class QueueManager:
                 now, queue, "published", offset=offset, node=self.node, consumer=message.publisher_id
             )
         )
-        state.inflight += 1
-        try:
-            await self._write(batch, lambda: self._appended(state, stored))
-        finally:
-            state.inflight -= 1
-        return PublishResult(queue, offset, message_id(queue, offset))
+        return stored, batch
 
     async def _reserve(self, state: QueueState) -> int:
         """Shared mode: offsets come from blocks reserved in the queue row (one UPDATE per block)."""
@@ -621,6 +746,12 @@ class QueueManager:
             oldest = next(iter(state.messages))
             self._remove(state, oldest, "dropped", "overflow", now, batch)
             state.stats["dropped"] += 1
+
+    def _published(self, state: QueueState, stored: StoredMessage) -> None:
+        """A publish is in (committed, for a durable queue): make it deliverable and say so."""
+        self._appended(state, stored)
+        if self.events.publishing:
+            self.events.message(MESSAGE_PUBLISHED, stored.message, queue=state.name, offset=stored.offset)
 
     def _appended(self, state: QueueState, stored: StoredMessage) -> None:
         """On the loop, in offset order, once the message is committed: make it deliverable."""
@@ -855,6 +986,10 @@ class QueueManager:
         reason = entry.reason if entry is not None else "first"
         cid = handle.consumer.id
         durable = state.durable
+        stats = state.stats
+        stats["delivered"] += 1
+        if attempt > 1:
+            stats["redelivered"] += 1
         if durable:
             batch.events.append(
                 queue_store.event_row(
@@ -873,6 +1008,7 @@ class QueueManager:
             if handle.auto_ack:
                 self._commit_stream(state, group, offset + 1, now, batch, cid)
         elif handle.auto_ack:
+            stats["acked"] += 1
             if offset >= group.cursor:
                 group.entries[offset] = Entry(DONE, attempts=attempt)
                 self._pending_row(state, group, offset, group.entries[offset], batch)
@@ -973,6 +1109,8 @@ class QueueManager:
         if kind == "expired":
             state.stats["expired"] += 1
             log.info("queue %s: message %d expired", state.name, offset)
+            if self.events.wants(QUEUE_EXPIRED):
+                self.events.queue(QUEUE_EXPIRED, state.name, offset=offset, reason=reason)
         if state.durable:
             batch.message_deletes.append((state.name, offset))
             batch.events.append(
@@ -1034,6 +1172,12 @@ class QueueManager:
         if state.mode == "stream":
             if action == "nack":
                 return False, None
+            if action == "reject":
+                state.stats["rejected"] += 1
+                if self.events.wants(QUEUE_REJECTED):
+                    consumer = consumer_id or (holder.consumer.id if holder else None)
+                    self.events.queue(QUEUE_REJECTED, state.name, group=group.name, offset=offset,
+                                      consumer=consumer, reason=reason)  # fmt: skip
             if action == "reject" and state.durable:
                 batch.events.append(
                     queue_store.event_row(
@@ -1054,6 +1198,12 @@ class QueueManager:
         if consumer_id is not None and entry.consumer_id != consumer_id:
             return False, None
         cid = entry.consumer_id
+        if action in _SETTLED:
+            state.stats[_SETTLED[action]] += 1
+        if self.events.wants(_SETTLE_EVENTS.get(action, "")):
+            why = reason if action == "reject" else None
+            self.events.queue(_SETTLE_EVENTS[action], state.name, group=group.name, offset=offset,
+                              consumer=cid, attempt=entry.attempts, reason=why)  # fmt: skip
         if action in ("ack", "commit"):
             self._finish(state, group, offset, entry, batch)
             if state.durable:
@@ -1163,6 +1313,10 @@ class QueueManager:
             return
         state.stats["dead_lettered"] += 1
         target = dead_letter_target(state.name, state.policy)
+        if self.events.wants(QUEUE_DEAD_LETTERED):
+            self.events.queue(QUEUE_DEAD_LETTERED, state.name, group=group.name, offset=offset,
+                              attempt=entry.attempts, reason=reason,
+                              dead_letter_queue=None if target == state.name else target)  # fmt: skip
         if target is None or target == state.name:
             if state.durable:
                 batch.events.append(

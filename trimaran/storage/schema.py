@@ -139,3 +139,47 @@ queue_events = Table(
 )
 Index("ix_queue_events_queue_offset", queue_events.c.queue, queue_events.c.offset)
 Index("ix_queue_pending_claim", queue_pending.c.queue, queue_pending.c.group, queue_pending.c.available_at)
+
+# -- AMQP 0.9.1 (migration 0004) --------------------------------------------------------------------
+
+from sqlalchemy import Boolean  # noqa: E402
+
+# Durable exchanges (RabbitMQ persists only those). ``arguments`` is the field table as tagged JSON
+# (storage.amqp_store), so every AMQP field type survives the round trip.
+amqp_exchanges = Table(
+    "amqp_exchanges",
+    metadata,
+    Column("vhost", String(255), nullable=False),
+    Column("name", String(255), nullable=False),
+    Column("type", String(32), nullable=False),
+    Column("durable", Boolean, nullable=False),
+    Column("auto_delete", Boolean, nullable=False),
+    Column("internal", Boolean, nullable=False),
+    Column("arguments", Text, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+    PrimaryKeyConstraint("vhost", "name"),
+)
+
+# Bindings whose source and destination are both durable. ``binding_key`` is a digest of
+# (source, destination, destination_kind, routing_key, arguments), so a binding is stored once per
+# vhost however long its key and arguments are.
+amqp_bindings = Table(
+    "amqp_bindings",
+    metadata,
+    Column("vhost", String(255), nullable=False),
+    Column("binding_key", String(64), nullable=False),
+    Column("source", String(255), nullable=False),
+    Column("destination", String(255), nullable=False),
+    Column("destination_kind", String(8), nullable=False),  # queue | exchange
+    Column("routing_key", Text, nullable=False),
+    Column("arguments", Text, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+    PrimaryKeyConstraint("vhost", "binding_key"),
+)
+Index("ix_amqp_bindings_vhost_source", amqp_bindings.c.vhost, amqp_bindings.c.source)
+Index(
+    "ix_amqp_bindings_vhost_destination_kind_destination",
+    amqp_bindings.c.vhost,
+    amqp_bindings.c.destination_kind,
+    amqp_bindings.c.destination,
+)

@@ -134,6 +134,8 @@ class GroupCommitWriter:
         self.transactions = 0
         self.submissions = 0
         self.batch_done: Callable[[], None] | None = None  # on the loop, after each batch's callbacks
+        # In the writer thread, after each batch of transactions: (seconds spent, rows written).
+        self.on_transaction: Callable[[float, int], None] | None = None
         self.busy_s = 0.0  # time spent writing (the rest of the thread's life it waits for work)
 
     # -- lifecycle (on the event loop) -----------------------------------------------------------
@@ -221,7 +223,14 @@ class GroupCommitWriter:
                     break
                 started = time.perf_counter()
                 self._write(connection, tickets)
-                self.busy_s += time.perf_counter() - started
+                spent = time.perf_counter() - started
+                self.busy_s += spent
+                observe = self.on_transaction
+                if observe is not None:
+                    try:
+                        observe(spent, sum(t.batch.rows() for t in tickets))
+                    except Exception:
+                        log.exception("on_transaction callback failed")
                 self._release(tickets)
         except BaseException:  # pragma: no cover - the thread must never die silently
             log.exception("queue writer thread failed")

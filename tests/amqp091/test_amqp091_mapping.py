@@ -1,0 +1,73 @@
+"""basic properties <-> Message, both ways, and the (exchange, routing key) a delivery names."""
+
+from __future__ import annotations
+
+import pytest
+
+from trimaran.amqp091.mapping import (
+    MappingError,
+    delivery_address,
+    message_from_content,
+    properties_from_message,
+)
+from trimaran.amqp091.properties import BasicProperties
+from trimaran.broker.message import PROTOCOL_MQTT, Message
+from trimaran.storage.serialize import message_from, properties_json
+
+
+def test_every_property_round_trips_through_the_queue_tables() -> None:
+    props = BasicProperties(
+        content_type="application/json",
+        content_encoding="gzip",
+        headers={"n": 7, "s": "text", "flag": True},
+        delivery_mode=2,
+        priority=5,
+        correlation_id="corr",
+        reply_to="amq.gen-reply",
+        expiration="60000",
+        message_id="m-1",
+        timestamp=1_700_000_000,
+        type="order.created",
+        user_id="alice",
+        app_id="shop",
+    )
+    message = message_from_content(
+        props, b"{}", "$queue/orders", exchange="", routing_key="orders", publisher_id="p", now=1000
+    )
+    assert message.qos == 1 and message.expires_at_ms == 61000
+    assert message.correlation_data == b"corr" and message.response_topic == "amq.gen-reply"
+    assert ("n", "7") in message.user_properties  # what MQTT and AMQP 1.0 consumers see
+    stored = message_from(message.topic, message.payload, message.qos, False, properties_json(message))
+    back = properties_from_message(stored, now=31000)
+    assert back.headers == {"n": 7, "s": "text", "flag": True}  # typed again for AMQP consumers
+    assert back.expiration == "30000"  # the time left
+    for name in ("content_type", "content_encoding", "delivery_mode", "priority", "correlation_id"):
+        assert getattr(back, name) == getattr(props, name)
+    for name in ("reply_to", "message_id", "timestamp", "type", "user_id", "app_id"):
+        assert getattr(back, name) == getattr(props, name)
+    assert delivery_address(stored) == ("", "orders")
+
+
+def test_mqtt_message_maps_to_amqp_properties_and_address() -> None:
+    message = Message(
+        "home/kitchen/temp",
+        b"21",
+        qos=1,
+        content_type="text/plain",
+        correlation_data=b"c",
+        response_topic="replies",
+        user_properties=[("unit", "C")],
+        protocol=PROTOCOL_MQTT,
+    )
+    props = properties_from_message(message)
+    assert (props.content_type, props.correlation_id, props.reply_to) == ("text/plain", "c", "replies")
+    assert props.headers == {"unit": "C"} and props.delivery_mode == 2
+    assert delivery_address(message) == ("amq.topic", "home.kitchen.temp")
+    assert delivery_address(Message("$queue/jobs", b"", protocol=PROTOCOL_MQTT)) == ("", "jobs")
+
+
+def test_bad_expiration_is_refused() -> None:
+    with pytest.raises(MappingError):
+        message_from_content(
+            BasicProperties(expiration="soon"), b"", "t", exchange="", routing_key="t", publisher_id=None
+        )

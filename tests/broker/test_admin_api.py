@@ -1,0 +1,449 @@
+"""The admin API over a real socket against ``trimaran serve``, with real paho clients.
+
+Every response a test receives is checked against the server's own OpenAPI document (status
+documented, body valid against the documented schema) by ``Api.call``; ``jsonschema`` (a dev
+dependency) does the schema validation.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import jsonschema
+import pytest
+
+from tests.support.paho import V5, Endpoints, PacketTypes, connect, props
+from tests.support.server import RunningServer
+from trimaran.app import App
+from trimaran.config import Settings
+
+TOKEN = "secret-token"
+SERVER_ENV = {
+    "TRIMARAN_HTTP__TOKENS": json.dumps(["other", TOKEN]),
+    "TRIMARAN_HTTP__MAX_BODY_BYTES": "4096",
+    "TRIMARAN_LIMITS__SYS_INTERVAL": "0",
+}
+ARGS = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "off", "--http", "127.0.0.1:0"]
+
+
+class Api:
+    """A tiny HTTP client that checks each answer against the server's OpenAPI document."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.doc: dict[str, Any] | None = None
+        self.checked = 0
+        self.doc = self.call("GET", "/api/v1/openapi.json")[1]
+
+    def raw(
+        self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            conn.request(method, path, body=body, headers=headers or {})
+            response = conn.getresponse()
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+        finally:
+            conn.close()
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        token: str | None = TOKEN,
+        raw_body: bytes | None = None,
+    ) -> tuple[int, Any, dict[str, str]]:
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        data = raw_body if raw_body is not None else (json.dumps(body).encode() if body is not None else None)
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        status, response_headers, content = self.raw(method, path, data, headers)
+        ctype = response_headers.get("content-type", "")
+        parsed: Any = json.loads(content) if ctype.startswith("application/json") else content.decode()
+        if self.doc is not None:
+            self.check(method, path, status, parsed, ctype)
+        return status, parsed, response_headers
+
+    def check(self, method: str, path: str, status: int, body: Any, ctype: str) -> None:
+        """The answer's status is documented for this operation and its body fits the schema."""
+        assert self.doc is not None
+        operation = self.operation(method, path.split("?")[0])
+        if operation is None:
+            assert status in (404, 405), (method, path, status)
+            assert set(body) == {"error"}
+            return
+        documented = operation["responses"]
+        assert str(status) in documented, f"{method} {path} answered {status}, not documented"
+        content = documented[str(status)].get("content", {})
+        assert ctype.split(";")[0] in {c.split(";")[0] for c in content}, (method, path, ctype)
+        media = content.get("application/json")
+        if media is not None:
+            schema = {**media["schema"], "components": self.doc["components"]}
+            jsonschema.validate(body, schema, cls=jsonschema.Draft202012Validator)
+        self.checked += 1
+
+    def operation(self, method: str, path: str) -> dict[str, Any] | None:
+        assert self.doc is not None
+        segments = [s for s in path.split("/") if s]
+        for template, operations in self.doc["paths"].items():
+            pattern = [s for s in template.split("/") if s]
+            if len(pattern) == len(segments) and all(
+                p.startswith("{") or p == s for p, s in zip(pattern, segments, strict=True)
+            ):
+                found = operations.get(method.lower())
+                if found is not None:
+                    return dict(found)
+        return None
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    running = RunningServer(ARGS, cwd=tmp_path_factory.mktemp("admin"), env=SERVER_ENV).start()
+    try:
+        yield running
+    finally:
+        assert running.stop() == 0, running.output()
+
+
+@pytest.fixture(scope="module")
+def api(server: RunningServer) -> Api:
+    return Api(server.ports["http"])
+
+
+@pytest.fixture(scope="module")
+def mqtt(server: RunningServer) -> Endpoints:
+    return Endpoints("127.0.0.1", server.ports["mqtt"])
+
+
+def q(name: str) -> str:
+    return quote(name, safe="")
+
+
+def wait_for(predicate: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+# -- auth -------------------------------------------------------------------------------------------
+
+
+def test_auth_refused_without_or_with_a_wrong_token(api: Api, server: RunningServer) -> None:
+    status, body, headers = api.call("GET", "/api/v1/overview", token=None)
+    assert status == 401 and body["error"]["code"] == "unauthorized"
+    assert headers["www-authenticate"].startswith("Bearer")
+    status, body, headers = api.call("GET", "/api/v1/queues", token="wrong")
+    assert status == 401 and 'error="invalid_token"' in headers["www-authenticate"]
+    status, _, _ = api.call("GET", "/api/v1/overview", token="secret-token-but-longer")
+    assert status == 401
+    status = api.raw("GET", "/api/v1/overview", headers={"Authorization": f"Basic {TOKEN}"})[0]
+    assert status == 401
+    # Both configured tokens work; the open routes need none.
+    assert api.call("GET", "/api/v1/overview", token="other")[0] == 200
+    assert api.call("GET", "/healthz", token=None)[0] == 200
+    assert api.call("GET", "/readyz", token=None)[0] == 200
+    assert api.call("GET", "/metrics", token=None)[0] == 200
+    assert "admin API is locked" not in server.output()
+
+
+def test_no_tokens_locks_the_api(tmp_path: Path) -> None:
+    running = RunningServer(ARGS, cwd=tmp_path, env={"TRIMARAN_HTTP__TOKENS": "[]"}).start()
+    try:
+        locked = Api.__new__(Api)
+        locked.port, locked.doc, locked.checked = running.ports["http"], None, 0
+        status, body, headers = locked.call("GET", "/api/v1/overview", token="anything")
+        assert status == 401 and body["error"]["code"] == "locked"
+        assert "www-authenticate" in headers
+        assert locked.call("GET", "/api/v1/openapi.json", token=None)[0] == 401
+        assert locked.call("GET", "/healthz", token=None)[0] == 200
+        assert locked.call("GET", "/metrics", token=None)[0] == 200
+        assert running.output().count("admin API is locked") == 1
+    finally:
+        assert running.stop() == 0
+
+
+# -- the OpenAPI document ------------------------------------------------------------------------
+
+
+def test_openapi_lists_exactly_the_served_routes(api: Api) -> None:
+    assert api.doc is not None
+    assert api.doc["openapi"].startswith("3.1")
+    documented = {(m.upper(), path) for path, ops in api.doc["paths"].items() for m in ops}
+    served = {(r.method, "/" + "/".join(r.segments)) for r in App(Settings()).http.routes}
+    assert documented == served
+    jsonschema.Draft202012Validator.check_schema({"$defs": api.doc["components"]["schemas"]})
+    # Operations with a body document 400 and 413; authenticated ones 401.
+    publish = api.doc["paths"]["/api/v1/publish"]["post"]
+    assert {"200", "400", "401", "413"} <= set(publish["responses"])
+    assert api.doc["paths"]["/healthz"]["get"]["security"] == []
+
+
+def test_errors(api: Api) -> None:
+    status, body, _ = api.call("GET", "/api/v1/queues/nope")
+    assert status == 404 and body["error"]["code"] == "no_queue"
+    for method, path in [("GET", "/api/v1/clients/mqtt-999"), ("DELETE", "/api/v1/clients/mqtt-999")]:
+        status, body, _ = api.call(method, path)
+        assert status == 404 and body["error"]["code"] == "no_client"
+    assert api.call("DELETE", "/api/v1/sessions/ghost")[0] == 404
+    assert api.call("POST", "/api/v1/queues/nope/purge")[0] == 404
+    assert api.call("GET", "/api/v1/nothing-here")[0] == 404
+    status, body, _ = api.call("PUT", "/api/v1/queues")
+    assert status == 405 and body["error"]["code"] == "method_not_allowed"
+    status, body, _ = api.call("POST", "/api/v1/publish", raw_body=b"{not json")
+    assert status == 400 and body["error"]["code"] == "bad_json"
+    status, body, _ = api.call("POST", "/api/v1/publish", {"topic": "a", "qos": 7})
+    assert status == 400 and "qos" in body["error"]["message"]
+    status, body, _ = api.call("POST", "/api/v1/publish", {"topic": "a", "surprise": 1})
+    assert status == 400
+    assert api.call("POST", "/api/v1/publish")[0] == 400  # no body at all
+    assert api.call("POST", "/api/v1/publish", {"topic": "a/+"})[0] == 400
+    assert (
+        api.call("POST", "/api/v1/publish", {"topic": "a", "payload": "%%", "encoding": "base64"})[0] == 400
+    )
+    assert api.call("POST", "/api/v1/queues", {"name": "bad/name"})[0] == 400
+    assert api.call("POST", "/api/v1/queues", {"name": "x", "mode": "sideways"})[0] == 400
+    status, body, _ = api.call("POST", "/api/v1/publish", {"topic": "a", "payload": "x" * 5000})
+    assert status == 413 and body["error"]["code"] == "too_large"
+    assert api.call("GET", "/api/v1/queues?limit=0")[0] == 400
+    assert api.call("GET", "/api/v1/queues?limit=ten")[0] == 400
+    assert api.call("GET", "/api/v1/queues?cursor=!!!")[0] == 400
+
+
+# -- pagination ---------------------------------------------------------------------------------
+
+
+def test_pagination_follows_next_links(api: Api) -> None:
+    names = [f"page-{i}" for i in range(5)]
+    for name in names:
+        status, body, _ = api.call("POST", "/api/v1/queues", {"name": name})
+        assert status == 201 and body["name"] == name
+    assert api.call("POST", "/api/v1/queues", {"name": "page-0"})[0] == 200  # exists: 200
+    seen: list[str] = []
+    path: str | None = "/api/v1/queues?limit=2"
+    pages = 0
+    while path is not None:
+        status, body, _ = api.call("GET", path)
+        assert status == 200 and len(body["items"]) <= 2
+        seen += [item["name"] for item in body["items"]]
+        path = body["next"]
+        assert (path is None) == (body["next_cursor"] is None)
+        pages += 1
+    assert [n for n in seen if n.startswith("page-")] == names
+    assert seen == sorted(seen) and len(seen) == len(set(seen))
+    assert pages >= 3
+
+
+# -- clients, sessions, subscriptions ----------------------------------------------------------------
+
+
+def test_kick_a_real_paho_client(api: Api, mqtt: Endpoints) -> None:
+    client = connect(mqtt, "kick-me", version=V5)
+    try:
+        status, body, _ = api.call("GET", "/api/v1/clients?protocol=mqtt")
+        mine = [c for c in body["items"] if c["client_id"] == "kick-me"]
+        assert status == 200 and len(mine) == 1
+        assert mine[0]["protocol"] == "mqtt" and mine[0]["address"].startswith("127.0.0.1")
+        key = mine[0]["id"]
+        assert api.call("GET", f"/api/v1/clients/{key}")[1]["client_id"] == "kick-me"
+        overview = api.call("GET", "/api/v1/overview")[1]
+        assert overview["connections"]["mqtt"] >= 1
+        status, body, _ = api.call("DELETE", f"/api/v1/clients/{key}")
+        assert status == 200 and body["ok"]
+        reason, _props = client.disconnects.get(timeout=5)
+        assert reason.value == 0x98  # administrative action
+        wait_for(lambda: api.call("GET", f"/api/v1/clients/{key}")[0] == 404)
+    finally:
+        client.client.loop_stop()
+
+
+def test_sessions_and_subscriptions(api: Api, mqtt: Endpoints) -> None:
+    keeper = connect(
+        mqtt,
+        "keeper",
+        version=V5,
+        clean=False,
+        properties=props(PacketTypes.CONNECT, SessionExpiryInterval=300),
+    )
+    keeper.subscribe("sensors/+/temp", qos=1)
+    keeper.subscribe("alerts/#", qos=0)
+    status, body, _ = api.call("GET", "/api/v1/sessions/keeper")
+    assert status == 200 and body["connected"] and body["expiry_interval_s"] == 300
+    assert {s["topic_filter"] for s in body["subscriptions"]} == {"sensors/+/temp", "alerts/#"}
+    keeper.disconnect()
+    wait_for(lambda: api.call("GET", "/api/v1/sessions/keeper")[1]["connected"] is False)
+    offline = api.call("GET", "/api/v1/sessions?connected=false")[1]["items"]
+    assert "keeper" in [s["client_id"] for s in offline]
+
+    status, body, _ = api.call("GET", "/api/v1/subscriptions?client=keeper")
+    assert sorted(s["topic_filter"] for s in body["items"]) == ["alerts/#", "sensors/+/temp"]
+    status, body, _ = api.call("GET", f"/api/v1/subscriptions?filter={q('sensors/+/temp')}")
+    assert [(s["client_id"], s["qos"]) for s in body["items"]] == [("keeper", 1)]
+    first = api.call("GET", "/api/v1/subscriptions?client=keeper&limit=1")[1]
+    second = api.call("GET", first["next"])[1]
+    assert len(first["items"]) == len(second["items"]) == 1 and second["next"] is None
+
+    status, body, _ = api.call("DELETE", "/api/v1/sessions/keeper")
+    assert status == 200
+    assert api.call("GET", "/api/v1/sessions/keeper")[0] == 404
+    assert api.call("GET", "/api/v1/subscriptions?client=keeper")[1]["items"] == []
+
+
+def test_delete_a_connected_session(api: Api, mqtt: Endpoints) -> None:
+    client = connect(
+        mqtt,
+        "live",
+        version=V5,
+        clean=False,
+        properties=props(PacketTypes.CONNECT, SessionExpiryInterval=300),
+    )
+    try:
+        client.subscribe("live/x")
+        assert api.call("DELETE", "/api/v1/sessions/live")[0] == 200
+        reason, _ = client.disconnects.get(timeout=5)
+        assert reason.value == 0x98
+        assert api.call("GET", "/api/v1/sessions/live")[0] == 404
+    finally:
+        client.client.loop_stop()
+
+
+# -- publish ------------------------------------------------------------------------------------
+
+
+def test_publish_reaches_a_real_paho_subscriber(api: Api, mqtt: Endpoints) -> None:
+    sub = connect(mqtt, "listener", version=V5)
+    try:
+        sub.subscribe("api/#", qos=1)
+        status, body, _ = api.call(
+            "POST",
+            "/api/v1/publish",
+            {
+                "topic": "api/text",
+                "payload": "héllo",
+                "qos": 1,
+                "properties": {"content_type": "text/plain", "user_properties": [["k", "v"]]},
+            },
+        )
+        assert status == 200 and body["delivered"] == 1
+        got = sub.expect()
+        assert (got.topic, got.payload, got.qos) == ("api/text", "héllo".encode(), 1)
+        assert got.properties.ContentType == "text/plain"
+        assert got.properties.UserProperty == [("k", "v")]
+        raw = bytes(range(256))
+        payload = base64.b64encode(raw).decode()
+        body = {"topic": "api/bin", "payload": payload, "encoding": "base64", "retain": True}
+        assert api.call("POST", "/api/v1/publish", body)[0] == 200
+        assert sub.expect().payload == raw
+        assert api.call("POST", "/api/v1/publish", {"topic": "$SYS/x"})[0] == 400
+        assert api.call("POST", "/api/v1/publish", {"topic": "api/bin", "retain": True})[0] == 200  # clears
+        assert sub.expect().payload == b""
+    finally:
+        sub.disconnect()
+
+
+# -- queues -------------------------------------------------------------------------------------
+
+
+def test_queue_peek_dead_letter_and_redrive(api: Api, mqtt: Endpoints) -> None:
+    policy = {"name": "jobs", "max_attempts": 1, "backoff_initial_s": 0}
+    assert api.call("POST", "/api/v1/queues", policy)[0] == 201
+    for i in range(3):
+        status, body, _ = api.call("POST", "/api/v1/publish", {"topic": "$queue/jobs", "payload": f"job{i}"})
+        assert status == 200 and body["message_id"] == f"jobs:{i}"
+    binary = base64.b64encode(b"\xff\x00").decode()
+    api.call("POST", "/api/v1/publish", {"topic": "$queue/jobs", "payload": binary, "encoding": "base64"})
+
+    page = api.call("GET", "/api/v1/queues/jobs/messages?limit=2")[1]
+    assert [m["payload"] for m in page["items"]] == ["job0", "job1"]
+    rest = api.call("GET", page["next"])[1]
+    assert [m["encoding"] for m in rest["items"]] == ["text", "base64"]
+    assert base64.b64decode(rest["items"][1]["payload"]) == b"\xff\x00"
+    forced = api.call("GET", "/api/v1/queues/jobs/messages?encoding=base64&limit=1")[1]["items"][0]
+    assert base64.b64decode(forced["payload"]) == b"job0"
+    shown = api.call("GET", "/api/v1/queues/jobs")[1]
+    assert shown["depth"] == 4 and shown["policy"]["max_attempts"] == 1  # peeking consumed nothing
+
+    worker = connect(mqtt, "worker", version=V5, manual_ack=True)
+    try:
+        worker.subscribe("$queue/jobs", qos=1)
+        first = worker.expect()
+        message_id = dict(first.properties.UserProperty)["x-queue-message-id"]
+        worker.publish(
+            "$queue/jobs/$reject",
+            b"",
+            qos=1,
+            properties=props(PacketTypes.PUBLISH, UserProperty=[("message-id", message_id)]),
+        )
+        wait_for(lambda: api.call("GET", "/api/v1/queues/jobs")[1]["dlq_depth"] == 1)
+        listed = {x["name"]: x for x in api.call("GET", "/api/v1/queues")[1]["items"]}
+        assert listed["jobs"]["dlq"] == "$dlq/jobs" and listed["jobs"]["dlq_depth"] == 1
+        assert listed["jobs"]["groups"][0]["consumers"] == 1
+        letters = api.call("GET", f"/api/v1/queues/{q('$dlq/jobs')}/messages")[1]["items"]
+        assert [m["payload"] for m in letters] == ["job0"]
+        assert ["x-dead-letter-queue", "jobs"] in letters[0]["user_properties"]
+
+        status, body, _ = api.call("POST", "/api/v1/queues/jobs/redrive")
+        assert status == 200 and body == {"count": 1}
+        assert api.call("GET", "/api/v1/queues/jobs")[1]["dlq_depth"] == 0
+        # The worker still holds job1..3 unacked; the redriven job0 arrives after them.
+        payloads = [m.payload for m in worker.drain(4)]
+        assert payloads[-1] == b"job0" and b"job0" not in payloads[:-1]
+    finally:
+        worker.disconnect()
+    for i in range(2):
+        api.call("POST", "/api/v1/publish", {"topic": "$queue/jobs", "payload": f"later{i}"})
+    depth = api.call("GET", "/api/v1/queues/jobs")[1]["depth"]
+    status, body, _ = api.call("POST", "/api/v1/queues/jobs/purge")
+    assert status == 200 and body["count"] == depth >= 2
+    assert api.call("GET", "/api/v1/queues/jobs")[1]["depth"] == 0
+    assert api.call("DELETE", "/api/v1/queues/jobs")[0] == 200
+    assert api.call("GET", "/api/v1/queues/jobs")[0] == 404
+
+
+def test_metrics_after_traffic(api: Api, mqtt: Endpoints) -> None:
+    client = connect(mqtt, "metered", version=V5)
+    try:
+        client.subscribe("m/#")
+        client.publish("m/1", b"x" * 100)
+        client.expect()
+        api.call("POST", "/api/v1/queues", {"name": "metered", "max_attempts": 1})
+        api.call("POST", "/api/v1/publish", {"topic": "$queue/metered", "payload": "p"})
+        holder = connect(mqtt, "holder", version=V5, manual_ack=True)
+        holder.subscribe("$queue/metered", qos=1)
+        holder.expect()  # delivered, not acknowledged
+        status, text, headers = api.call("GET", "/metrics", token=None)
+        holder.disconnect()
+    finally:
+        client.disconnect()
+    assert status == 200 and headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    assert samples["trimaran_messages_received_total"] >= 2
+    assert samples["trimaran_messages_sent_total"] >= 1
+    assert samples["trimaran_received_bytes_total"] > 100
+    assert samples['trimaran_connections{protocol="mqtt"}'] >= 1
+    assert samples['trimaran_queue_messages_total{queue="metered",event="published"}'] == 1
+    assert samples['trimaran_queue_depth{queue="metered"}'] == 1
+    assert samples["trimaran_storage_commit_seconds_count"] >= 1
+    assert samples['trimaran_storage_commit_seconds_bucket{le="+Inf"}'] >= 1
+    assert samples["trimaran_storage_commit_rows_sum"] >= 1
+    assert samples['trimaran_queue_messages_total{queue="metered",event="delivered"}'] == 1
+    assert samples['trimaran_queue_pending{queue="metered",group="$default"}'] == 1
+    assert samples['trimaran_queue_lag{queue="metered",group="$default"}'] == 1
+    assert samples['trimaran_queue_consumers{queue="metered",group="$default"}'] == 1
+
+
+def test_every_response_was_checked_against_the_document(api: Api) -> None:
+    # Runs last in this module: the calls above went through Api.check.
+    assert api.checked >= 50

@@ -1,0 +1,95 @@
+"""Telemetry in-process: observable instruments read the broker's counters; Prometheus text format."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING, Any, cast
+
+import pytest
+
+from trimaran.broker.clients import ClientInfo
+from trimaran.broker.core import Broker
+from trimaran.broker.telemetry import Telemetry, prometheus_name
+from trimaran.config import TelemetrySettings
+
+if TYPE_CHECKING:
+    from trimaran.broker.webhooks import Webhooks
+
+
+def samples(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def test_counters_are_read_from_the_broker_at_scrape_time() -> None:
+    telemetry = Telemetry(TelemetrySettings())
+    assert "trimaran_messages_received_total" not in telemetry.prometheus_text()  # nothing bound yet
+    broker = Broker(None, sys_interval=0)
+    telemetry.bind(broker)
+    broker.stats.messages_received = 7
+    broker.stats.bytes_sent = 1234
+    broker.clients.add(ClientInfo("c1", "mqtt", "127.0.0.1:1", None, lambda: None))
+    broker.clients.add(ClientInfo("c2", "amqp091", "127.0.0.1:2", "bob", lambda: None))
+    got = samples(telemetry.prometheus_text())
+    assert got["trimaran_messages_received_total"] == 7
+    assert got["trimaran_sent_bytes_total"] == 1234
+    assert got['trimaran_connections{protocol="mqtt"}'] == 1
+    assert got['trimaran_connections{protocol="amqp091"}'] == 1
+    assert got['trimaran_connections{protocol="amqp1"}'] == 0
+    broker.stats.messages_received = 9  # cumulative counters follow the broker's own
+    assert samples(telemetry.prometheus_text())["trimaran_messages_received_total"] == 9
+
+
+class FakeWebhooks:
+    """What Telemetry reads of trimaran.broker.webhooks.Webhooks: each endpoint's stats()."""
+
+    def stats(self) -> list[dict[str, Any]]:
+        common = {"queued": 4, "dropped": 5, "retried": 1, "breaker": "open"}
+        return [{"url": 'odd"name', "requests": 3, "failed": 2, "sent": 3, **common}]
+
+
+def test_webhook_counters_and_commit_histogram() -> None:
+    telemetry = Telemetry(TelemetrySettings())
+    telemetry.bind(webhooks=cast("Webhooks", FakeWebhooks()))
+    telemetry.commit_observed(0.003, 40)
+    telemetry.commit_observed(0.2, 1)
+    text = telemetry.prometheus_text()
+    got = samples(text)
+    endpoint = 'endpoint="odd\\"name"'  # label values escaped
+    assert got[f"trimaran_webhook_requests_total{{{endpoint}}}"] == 3
+    assert got[f"trimaran_webhook_failures_total{{{endpoint}}}"] == 2
+    assert got[f"trimaran_webhook_events_total{{{endpoint}}}"] == 3
+    assert got[f"trimaran_webhook_dropped_total{{{endpoint}}}"] == 5
+    assert got[f"trimaran_webhook_queued{{{endpoint}}}"] == 4
+    assert got[f"trimaran_webhook_breaker_open{{{endpoint}}}"] == 1
+    assert "# TYPE trimaran_storage_commit_seconds histogram" in text
+    assert got['trimaran_storage_commit_seconds_bucket{le="0.0025"}'] == 0
+    assert got['trimaran_storage_commit_seconds_bucket{le="0.005"}'] == 1  # cumulative buckets
+    assert got['trimaran_storage_commit_seconds_bucket{le="+Inf"}'] == 2
+    assert got["trimaran_storage_commit_seconds_count"] == 2
+    assert abs(got["trimaran_storage_commit_seconds_sum"] - 0.203) < 1e-9
+    assert got["trimaran_storage_commit_rows_sum"] == 41
+    # Every sample line is "name{labels} value" and every family has HELP and TYPE.
+    families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
+    assert {"trimaran_webhook_requests_total", "trimaran_storage_commit_rows"} <= families
+
+
+def test_prometheus_names() -> None:
+    assert prometheus_name("trimaran.queue.depth") == "trimaran_queue_depth"
+    assert prometheus_name("a-b c") == "a_b_c"
+
+
+def test_otlp_without_the_extra_is_logged_not_fatal(caplog: pytest.LogCaptureFixture) -> None:
+    try:
+        installed = importlib.util.find_spec("opentelemetry.exporter.otlp") is not None
+    except ModuleNotFoundError:  # no opentelemetry.exporter namespace at all
+        installed = False
+    telemetry = Telemetry(TelemetrySettings(otlp_endpoint="http://127.0.0.1:1/v1/metrics"))
+    assert installed or "OTLP exporter is not installed" in caplog.text
+    telemetry.commit_observed(0.001, 1)
+    assert "trimaran_storage_commit_rows" in telemetry.prometheus_text()
+    telemetry.shutdown()

@@ -1,0 +1,90 @@
+"""What the admin API needs of the manager: peek without consuming, redrive dead letters, counters."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.queue.conftest import Collector, Factory, wait_until
+from trimaran.broker.message import Message
+from trimaran.config import QueuePolicySettings
+from trimaran.queue import QueueError
+from trimaran.storage import queue_store
+
+pytestmark = pytest.mark.anyio
+
+
+def msg(payload: bytes, **kw: object) -> Message:
+    return Message(topic="$queue/q", payload=payload, qos=1, **kw)  # type: ignore[arg-type]
+
+
+async def test_peek_pages_without_consuming(make_manager: Factory) -> None:
+    manager = make_manager()
+    async with manager.running():
+        for i in range(5):
+            await manager.publish("q", msg(b"m%d" % i))
+        first = manager.peek("q", limit=2)
+        assert [s.offset for s in first] == [0, 1]
+        rest = manager.peek("q", after=first[-1].offset, limit=10)
+        assert [s.message.payload for s in rest] == [b"m2", b"m3", b"m4"]
+        assert manager.peek("q", after=4) == []
+        # Nothing was delivered or moved: a consumer still gets all five, first attempt.
+        consumer = Collector("c")
+        manager.consume("q", consumer).add_credit(10)
+        await wait_until(lambda: len(consumer.deliveries) == 5)
+        assert all(d.attempt == 1 for d in consumer.deliveries)
+        with pytest.raises(QueueError):
+            manager.peek("nope")
+
+
+async def test_redrive_moves_dead_letters_back_and_counts(make_manager: Factory) -> None:
+    manager = make_manager()
+    async with manager.running():
+        await manager.declare("q", QueuePolicySettings(max_attempts=1))
+        consumer = Collector("c")
+        handle = manager.consume("q", consumer)
+        handle.add_credit(10)
+        for i in range(3):
+            await manager.publish("q", msg(b"m%d" % i, user_properties=[("k", "v")]))
+        await wait_until(lambda: len(consumer.deliveries) == 3)
+        assert await handle.ack(0)
+        assert await handle.reject(1, "bad")
+        assert await handle.nack(2)  # max_attempts=1: dead-lettered too
+        info = manager.info("q")
+        assert info.dlq == "$dlq/q" and info.dlq_depth == 2
+        assert info.stats["acked"] == 1 and info.stats["rejected"] == 1 and info.stats["nacked"] == 1
+        assert info.stats["dead_lettered"] == 2 and info.stats["delivered"] == 3
+        letters = manager.peek("$dlq/q")
+        assert dict(letters[0].message.user_properties)["x-dead-letter-reason"] == "bad"
+
+        assert await manager.redrive("q", limit=1) == 1
+        assert manager.info("q").dlq_depth == 1
+        assert await manager.redrive("q") == 1
+        assert await manager.redrive("q") == 0
+        await wait_until(lambda: len(consumer.deliveries) == 5)
+        back = consumer.deliveries[3:]
+        assert [d.message.payload for d in back] == [b"m1", b"m2"]
+        assert [d.offset for d in back] == [3, 4]
+        # The history stays in extra; the x-dead-letter-* properties do not come back.
+        assert dict(back[0].message.user_properties) == {"k": "v"}
+        assert back[0].message.extra["dead_letter_history"]
+        assert manager.info("$dlq/q").depth == 0
+    engine = manager.storage.engine
+    assert queue_store.stored_offsets(engine, "$dlq/q") == []
+    assert queue_store.count_events(engine, "$dlq/q")["redriven"] == 2
+
+
+async def test_redrive_survives_restart(make_manager: Factory) -> None:
+    manager = make_manager()
+    async with manager.running():
+        await manager.declare("q", QueuePolicySettings(max_attempts=1))
+        consumer = Collector("c")
+        handle = manager.consume("q", consumer)
+        handle.add_credit(10)
+        await manager.publish("q", msg(b"x"))
+        await wait_until(lambda: len(consumer.deliveries) == 1)
+        assert await handle.reject(0)
+        assert await manager.redrive("q") == 1
+    again = make_manager()
+    async with again.running():
+        assert again.info("q").depth == 1 and again.info("$dlq/q").depth == 0
+        assert [s.message.payload for s in again.peek("q")] == [b"x"]

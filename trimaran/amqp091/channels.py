@@ -1,0 +1,259 @@
+"""Per-channel consuming state: consumers, delivery tags, prefetch as queue-manager credit.
+
+A consumer (basic.consume) is a queue-manager consumer. Prefetch is credit: a consumer holds at most
+``prefetch_count`` unacknowledged deliveries (RabbitMQ's per-consumer qos), and a channel-wide
+limit (``global`` qos) caps the sum over the channel's consumers. A consumer without a prefetch
+count gets a window of credit that acks (or, for no-ack consumers, written bytes) refill, so a
+slow socket never makes the server buffer a whole queue.
+
+basic.ack / nack / reject map onto the manager's ack / nack / reject; requeue is an immediate nack,
+``requeue=false`` a reject (dead-lettered when the queue has a dead-letter target, else dropped).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from trimaran.amqp091.mapping import delivery_address, properties_from_message
+from trimaran.amqp091.properties import BasicProperties
+from trimaran.amqp091.spec import PRECONDITION_FAILED, BasicDeliver, BasicGetOk, BasicPublish, ProtocolError
+from trimaran.queue.manager import ConsumerHandle, QueueDelivery
+
+if TYPE_CHECKING:
+    from trimaran.amqp091.handler import Link
+
+log = logging.getLogger(__name__)
+
+
+class Consumer:
+    """One basic.consume (or the hidden consumer basic.get uses); the manager's QueueConsumer."""
+
+    __slots__ = (
+        "cancelled",
+        "channel",
+        "exclusive",
+        "handle",
+        "id",
+        "no_ack",
+        "outstanding",
+        "prefetch",
+        "queue",
+        "tag",
+        "unacked",
+    )
+
+    def __init__(
+        self, channel: ChannelState, tag: str, queue: str, *, no_ack: bool, prefetch: int, exclusive: bool
+    ) -> None:
+        self.channel = channel
+        self.tag = tag
+        self.queue = queue
+        self.no_ack = no_ack
+        self.prefetch = prefetch
+        self.exclusive = exclusive
+        self.id = f"{channel.link.name}/{channel.number}/{tag}"
+        self.handle: ConsumerHandle | None = None
+        self.unacked = 0  # delivered, waiting for basic.ack
+        self.outstanding = 0  # no-ack deliveries queued but not yet written
+        self.cancelled = False
+
+    def deliver(self, delivery: QueueDelivery) -> None:
+        self.channel.deliver(self, delivery)
+
+
+class Getter(Consumer):
+    """basic.get: a consumer with no credit except while a get runs."""
+
+    __slots__ = ("got",)
+
+    def __init__(self, channel: ChannelState, queue: str, no_ack: bool) -> None:
+        super().__init__(channel, "", queue, no_ack=no_ack, prefetch=1, exclusive=False)
+        self.got: QueueDelivery | None = None
+
+    def deliver(self, delivery: QueueDelivery) -> None:
+        self.got = delivery
+
+
+class ChannelState:
+    __slots__ = (
+        "_window",
+        "confirm",
+        "consumers",
+        "flow_active",
+        "getters",
+        "global_prefetch",
+        "last_queue",
+        "link",
+        "next_tag",
+        "number",
+        "prefetch",
+        "publish_seq",
+        "tx",
+        "tx_acks",
+        "tx_publishes",
+        "unacked",
+    )
+
+    def __init__(self, link: Link, number: int, window: int) -> None:
+        self.link = link
+        self.number = number
+        self.consumers: dict[str, Consumer] = {}
+        self.getters: dict[tuple[str, bool], Getter] = {}
+        #: delivery tag -> (consumer, queue offset), in tag order.
+        self.unacked: dict[int, tuple[Consumer, int]] = {}
+        self.next_tag = 1
+        self.prefetch = 0  # for consumers created from now on; 0 = the window
+        self.global_prefetch = 0
+        self.flow_active = True
+        self.confirm = False
+        self.publish_seq = 0
+        self.tx = False
+        self.tx_publishes: list[tuple[BasicPublish, BasicProperties, bytes]] = []
+        self.tx_acks: list[Callable[[], None]] = []
+        self.last_queue = ""
+        self._window = window
+
+    # -- delivering -------------------------------------------------------------------------------
+
+    def deliver(self, consumer: Consumer, delivery: QueueDelivery) -> None:
+        link = self.link
+        message = delivery.message
+        exchange, key = delivery_address(message)
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        method = BasicDeliver(consumer.tag, tag, delivery.redelivered, exchange, key)
+        sent = link.conn.send_content(self.number, method, properties_from_message(message), message.payload)
+        if not sent:
+            if not consumer.no_ack and consumer.handle is not None:
+                consumer.handle.nack_nowait(delivery.offset, 0)
+            return
+        link.front.broker.stats.messages_sent += 1
+        if consumer.no_ack:
+            consumer.outstanding += 1
+            link.written_hooks.add(self)
+        else:
+            self.unacked[tag] = (consumer, delivery.offset)
+            consumer.unacked += 1
+        link.wake()
+
+    def get(self, getter: Getter, message_count: Callable[[], int]) -> bool:
+        """basic.get: one delivery if the queue has one ready (get-ok sent), else False."""
+        handle = getter.handle
+        assert handle is not None
+        getter.got = None
+        handle.add_credit(1)
+        delivery = getter.got
+        if delivery is None:
+            handle.set_credit(0)
+            return False
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        exchange, key = delivery_address(delivery.message)
+        method = BasicGetOk(tag, delivery.redelivered, exchange, key, message_count())
+        self.link.conn.send_content(
+            self.number, method, properties_from_message(delivery.message), delivery.message.payload
+        )
+        self.link.front.broker.stats.messages_sent += 1
+        if not getter.no_ack:
+            self.unacked[tag] = (getter, delivery.offset)
+            getter.unacked += 1
+        self.link.wake()
+        return True
+
+    def after_write(self) -> None:
+        """No-ack deliveries were written: their credit comes back."""
+        for consumer in self.consumers.values():
+            if consumer.outstanding:
+                consumer.outstanding = 0
+                self.refill(consumer)
+
+    # -- credit -----------------------------------------------------------------------------------
+
+    def refill(self, consumer: Consumer) -> None:
+        handle = consumer.handle
+        if handle is None or handle.closed or consumer.cancelled or not self.flow_active:
+            return
+        limit = consumer.prefetch or self._window
+        want = limit - consumer.unacked - consumer.outstanding - handle.credit
+        if self.global_prefetch:
+            held = len(self.unacked) + sum(
+                c.handle.credit + c.outstanding for c in self.consumers.values() if c.handle is not None
+            )
+            want = min(want, self.global_prefetch - held)
+        if want > 0:
+            handle.add_credit(want)
+
+    def refill_all(self) -> None:
+        for consumer in list(self.consumers.values()):
+            self.refill(consumer)
+
+    def stop_flow(self) -> None:
+        for consumer in self.consumers.values():
+            if consumer.handle is not None:
+                consumer.handle.set_credit(0)
+
+    # -- settling ---------------------------------------------------------------------------------
+
+    def _take(self, delivery_tag: int, multiple: bool, what: str) -> list[tuple[Consumer, int]]:
+        unacked = self.unacked
+        if multiple:
+            tags = [t for t in unacked if delivery_tag == 0 or t <= delivery_tag]
+        elif delivery_tag in unacked:
+            tags = [delivery_tag]
+        else:
+            raise ProtocolError(
+                PRECONDITION_FAILED,
+                f"unknown delivery tag {delivery_tag}",
+                channel=self.number,
+                class_id=60,
+                method_id={"ack": 80, "reject": 90, "nack": 120}[what],
+            )
+        taken = [unacked.pop(t) for t in tags]
+        for consumer, _offset in taken:
+            consumer.unacked -= 1
+        return taken
+
+    def settle(self, delivery_tag: int, multiple: bool, action: str, requeue: bool = False) -> None:
+        """basic.ack (action "ack"), basic.nack ("nack") or basic.reject ("reject")."""
+        taken = self._take(delivery_tag, multiple, action)
+        self.settle_taken(taken, "ack" if action == "ack" else "requeue" if requeue else "reject")
+
+    def settle_taken(self, taken: list[tuple[Consumer, int]], outcome: str) -> None:
+        touched: dict[int, Consumer] = {}
+        for consumer, offset in taken:
+            handle = consumer.handle
+            if handle is None or handle.closed:
+                continue
+            if outcome == "ack":
+                handle.ack_nowait(offset)
+            elif outcome == "requeue":
+                handle.nack_nowait(offset, 0)
+            else:
+                handle.reject_nowait(offset, "rejected by the AMQP 0.9.1 consumer")
+            touched[id(consumer)] = consumer
+        for consumer in touched.values():
+            if consumer.cancelled and not consumer.unacked:
+                self.link.release(consumer)
+        if self.global_prefetch:
+            self.refill_all()
+        else:
+            for consumer in touched.values():
+                if not isinstance(consumer, Getter):
+                    self.refill(consumer)
+
+    def recover(self) -> None:
+        """basic.recover: every unacknowledged delivery goes back to its queue, redelivered."""
+        taken = list(self.unacked.values())
+        self.unacked.clear()
+        for consumer, _ in taken:
+            consumer.unacked -= 1
+        self.settle_taken(taken, "requeue")
+
+    def handles(self) -> list[ConsumerHandle]:
+        """Every manager consumer of this channel (to cancel when it closes)."""
+        found = [c.handle for c in self.consumers.values() if c.handle is not None]
+        found += [g.handle for g in self.getters.values() if g.handle is not None]
+        found += [c.handle for c, _ in self.unacked.values() if c.handle is not None and c.cancelled]
+        return list({id(h): h for h in found}.values())

@@ -1,0 +1,168 @@
+"""basic properties <-> the broker's protocol-neutral Message (DESIGN.md, "Cross-protocol model").
+
+==================  =====================================================================
+AMQP 0.9.1          Message
+==================  =====================================================================
+content_type        ``content_type``
+correlation_id      ``correlation_data`` (UTF-8 bytes)
+reply_to            ``response_topic``
+headers             ``user_properties`` (values as text); typed values also kept in
+                    ``extra["headers"]`` so that an AMQP consumer gets them back typed
+expiration (ms)     ``expires_at_ms`` (absolute); sent on as the time left
+delivery_mode       ``qos`` (2 persistent -> 1, else 0) and ``extra["delivery_mode"]``
+priority, message_id, timestamp, type, app_id, user_id, content_encoding
+                    ``extra`` under the same names (other protocols ignore them)
+exchange, key       ``extra["exchange"]``, ``extra["routing_key"]`` (for basic.deliver)
+==================  =====================================================================
+"""
+
+from __future__ import annotations
+
+import datetime
+from decimal import Decimal
+from typing import Any
+
+from trimaran.amqp091.fields import FieldTable, FieldValue
+from trimaran.amqp091.properties import BasicProperties
+from trimaran.broker.message import PROTOCOL_AMQP091, Message, now_ms
+from trimaran.broker.topics import TopicError, topic_to_routing_key
+from trimaran.queue.policy import QUEUE_PREFIX
+
+#: basic properties carried in ``Message.extra`` under their own names.
+EXTRA_PROPERTIES = ("priority", "message_id", "timestamp", "type", "app_id", "user_id", "content_encoding")
+
+
+class MappingError(ValueError):
+    """A property that cannot be taken (e.g. an expiration that is not a number of milliseconds)."""
+
+
+def _text(value: FieldValue) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _json_safe(value: Any) -> Any:
+    """A field value as JSON-able data (the queue tables store ``extra`` as JSON)."""
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, datetime.datetime):
+        return int(value.timestamp())
+    if isinstance(value, bool | str | bytes | None):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    return str(value)
+
+
+def parse_expiration(expiration: str) -> int:
+    """RabbitMQ's rule: a non-negative integer of milliseconds, as a decimal string."""
+    if not expiration.isdigit():
+        raise MappingError(f"invalid expiration value {expiration!r}")
+    return int(expiration)
+
+
+def message_from_content(
+    props: BasicProperties,
+    body: bytes,
+    topic: str,
+    *,
+    exchange: str,
+    routing_key: str,
+    publisher_id: str | None,
+    now: int | None = None,
+) -> Message:
+    now = now_ms() if now is None else now
+    extra: dict[str, object] = {"exchange": exchange, "routing_key": routing_key}
+    user_properties: list[tuple[str, str]] = []
+    headers = props.headers
+    if headers:
+        user_properties = [(k, _text(v)) for k, v in headers.items()]
+        if any(not isinstance(v, str) for v in headers.values()):
+            extra["headers"] = _json_safe(headers)
+    for name in EXTRA_PROPERTIES:
+        value = getattr(props, name)
+        if value is not None:
+            extra[name] = value
+    if props.delivery_mode is not None:
+        extra["delivery_mode"] = props.delivery_mode
+    expires = None
+    if props.expiration is not None:
+        expires = now + parse_expiration(props.expiration)
+    return Message(
+        topic=topic,
+        payload=body,
+        qos=1 if props.delivery_mode == 2 else 0,
+        content_type=props.content_type,
+        correlation_data=None
+        if props.correlation_id is None
+        else props.correlation_id.encode("utf-8", "surrogateescape"),
+        response_topic=props.reply_to,
+        expires_at_ms=expires,
+        user_properties=user_properties,
+        publisher_id=publisher_id,
+        protocol=PROTOCOL_AMQP091,
+        created_at_ms=now,
+        extra=extra,
+    )
+
+
+def _headers(message: Message, extra_headers: list[tuple[str, str]] | None) -> FieldTable | None:
+    typed = message.extra.get("headers") if message.protocol == PROTOCOL_AMQP091 else None
+    if isinstance(typed, dict):
+        headers: FieldTable = dict(typed)
+    elif message.user_properties:
+        headers = dict(message.user_properties)
+    else:
+        headers = {}
+    if extra_headers:
+        headers.update(extra_headers)
+    return headers or None
+
+
+def properties_from_message(
+    message: Message, extra_headers: list[tuple[str, str]] | None = None, now: int | None = None
+) -> BasicProperties:
+    extra = message.extra if message.protocol == PROTOCOL_AMQP091 else {}
+    props = BasicProperties(
+        content_type=message.content_type,
+        headers=_headers(message, extra_headers),
+        reply_to=message.response_topic,
+    )
+    if message.correlation_data is not None:
+        props.correlation_id = message.correlation_data.decode("utf-8", "surrogateescape")
+    mode = extra.get("delivery_mode")
+    props.delivery_mode = mode if isinstance(mode, int) else (2 if message.qos else 1)
+    for name in EXTRA_PROPERTIES:
+        value = extra.get(name)
+        if value is not None:
+            setattr(props, name, value)
+    if message.expires_at_ms is not None:
+        now = now_ms() if now is None else now
+        props.expiration = str(max(0, message.expires_at_ms - now))
+    return props
+
+
+def delivery_address(message: Message) -> tuple[str, str]:
+    """(exchange, routing key) for basic.deliver: the AMQP publish's own, or one derived from the
+    topic for a message that came from MQTT or AMQP 1.0."""
+    extra = message.extra
+    if message.protocol == PROTOCOL_AMQP091:
+        exchange, key = extra.get("exchange"), extra.get("routing_key")
+        if isinstance(exchange, str) and isinstance(key, str):
+            return exchange, key
+    topic = message.topic
+    if topic.startswith(QUEUE_PREFIX):
+        return "", topic[len(QUEUE_PREFIX) :].split("/", 1)[0]
+    try:
+        return "amq.topic", topic_to_routing_key(topic)
+    except TopicError:
+        return "amq.topic", topic

@@ -1,0 +1,537 @@
+"""The exchange, queue, basic, confirm and tx methods of a channel, RabbitMQ-style.
+
+Each method either answers (``send_method``) or raises :class:`~trimaran.amqp091.spec.ProtocolError`
+/ :class:`~trimaran.amqp091.exchanges.ExchangeError`, which the front end turns into a channel or
+connection exception with RabbitMQ's reply code and text.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio.to_thread
+
+from trimaran.amqp091 import spec
+from trimaran.amqp091.channels import ChannelState, Consumer, Getter
+from trimaran.amqp091.exchanges import Binding, ExchangeError
+from trimaran.amqp091.queues import (
+    QueueMeta,
+    RouterBinding,
+    dead_letter_arguments,
+    policy_from_arguments,
+    stream_start,
+)
+from trimaran.broker.router import SubscriptionOptions
+from trimaran.broker.topics import TopicError, binding_key_to_filter
+from trimaran.queue.policy import QueueError
+
+if TYPE_CHECKING:
+    from trimaran.amqp091.handler import Amqp091FrontEnd, Link
+
+log = logging.getLogger(__name__)
+
+VHOST = "/"
+
+
+def _error(code: int, text: str, method: spec.Method) -> spec.ProtocolError:
+    return spec.ProtocolError(code, text, class_id=method.CLASS_ID, method_id=method.METHOD_ID)
+
+
+def _rs(queue: str) -> str:
+    return f"queue '{queue}' in vhost '{VHOST}'"
+
+
+class Operations:
+    def __init__(self, front: Amqp091FrontEnd) -> None:
+        self.front = front
+        self.manager = front.manager
+        self.exchanges = front.exchanges
+        self._handlers: dict[type[spec.Method], Any] = {
+            spec.ExchangeDeclare: self.exchange_declare,
+            spec.ExchangeDelete: self.exchange_delete,
+            spec.ExchangeBind: self.exchange_bind,
+            spec.ExchangeUnbind: self.exchange_unbind,
+            spec.QueueDeclare: self.queue_declare,
+            spec.QueueBind: self.queue_bind,
+            spec.QueueUnbind: self.queue_unbind,
+            spec.QueuePurge: self.queue_purge,
+            spec.QueueDelete: self.queue_delete,
+            spec.BasicQos: self.basic_qos,
+            spec.BasicConsume: self.basic_consume,
+            spec.BasicCancel: self.basic_cancel,
+            spec.BasicGet: self.basic_get,
+            spec.BasicAck: self.basic_ack,
+            spec.BasicNack: self.basic_nack,
+            spec.BasicReject: self.basic_reject,
+            spec.BasicRecover: self.basic_recover,
+            spec.BasicRecoverAsync: self.basic_recover,
+            spec.ConfirmSelect: self.confirm_select,
+            spec.TxSelect: self.tx_select,
+            spec.TxCommit: self.tx_commit,
+            spec.TxRollback: self.tx_rollback,
+        }
+
+    async def method(self, link: Link, channel: ChannelState, method: spec.Method) -> None:
+        handler = self._handlers.get(type(method))
+        if handler is None:
+            if isinstance(method, spec.ConnectionUpdateSecret | spec.ChannelFlowOk):
+                return
+            raise _error(spec.NOT_IMPLEMENTED, f"{method.NAME} is not implemented", method)
+        await handler(link, channel, method)
+
+    async def _store(self, call: Callable[[], None]) -> None:
+        """Persist a change to durable exchanges or bindings (one transaction, on a worker thread)."""
+        if self.front.store is not None:
+            await anyio.to_thread.run_sync(call)
+
+    async def _forget_removed(self) -> None:
+        store = self.front.store
+        removed = list(self.exchanges.last_removed_bindings)
+        gone = [e.name for e in self.exchanges.last_auto_deleted]
+        if store is not None and (removed or gone):
+            await self._store(lambda: store.forget(removed, gone))
+
+    def _durable_end(self, kind: str, name: str) -> bool:
+        if kind == "queue":
+            state = self.manager.queues.get(name)
+            return state is not None and state.durable
+        exchange = self.exchanges.get(name)
+        return exchange is not None and exchange.durable
+
+    @staticmethod
+    def _reply(link: Link, channel: ChannelState, reply: spec.Method, no_wait: bool = False) -> None:
+        if not no_wait:
+            link.conn.send_method(channel.number, reply)
+
+    # -- restore and housekeeping -------------------------------------------------------------------
+
+    async def restore(self) -> None:
+        """Durable exchanges and bindings from SQL; durable queues the manager loaded are AMQP queues
+        too (durable, not exclusive)."""
+        store = self.front.store
+        if store is not None:
+            exchanges, bindings = await anyio.to_thread.run_sync(store.load)
+            skipped = self.exchanges.restore(exchanges, bindings)
+            for binding in self.exchanges.bindings():
+                self._subscribe(binding)
+            log.info(
+                "amqp091: restored %d exchanges and %d bindings (%d skipped)",
+                len(exchanges),
+                len(bindings) - len(skipped),
+                len(skipped),
+            )
+        for name, state in self.manager.queues.items():
+            if state.durable and name not in self.front.meta:
+                self.front.meta[name] = QueueMeta(name, True, unused_since=time.monotonic())
+
+    async def expire_queues(self, now: float) -> None:
+        for meta in list(self.front.meta.values()):
+            if meta.expires_ms is None or self.front.consumers.get(meta.name):
+                continue
+            if now - meta.unused_since >= meta.expires_ms / 1000:
+                log.info("amqp091: queue %s expired (x-expires)", meta.name)
+                await self.delete_queue(meta.name)
+
+    async def auto_delete_queues(self, names: set[str]) -> None:
+        for name in names:
+            meta = self.front.meta.get(name)
+            if (
+                meta is not None
+                and meta.auto_delete
+                and meta.had_consumer
+                and not self.front.consumers.get(name)
+            ):
+                await self.delete_queue(name)
+
+    async def delete_queue(self, name: str) -> None:
+        front = self.front
+        meta = front.meta.pop(name, None)
+        for consumer in list(front.consumers.pop(name, ())):
+            channel = consumer.channel
+            if channel.consumers.get(consumer.tag) is consumer:
+                del channel.consumers[consumer.tag]
+                caps = channel.link.conn.client_capabilities
+                if caps.get("consumer_cancel_notify") is True:
+                    channel.link.conn.send_method(channel.number, spec.BasicCancel(consumer.tag, True))
+                    channel.link.wake()
+            for tag, (holder, _) in list(channel.unacked.items()):
+                if holder is consumer:
+                    del channel.unacked[tag]
+        if meta is not None and meta.exclusive_owner is not None:
+            meta.exclusive_owner.exclusive_queues.discard(name)
+        self.exchanges.remove_queue(name)
+        await self._forget_removed()
+        endpoint = front.router_bindings.pop(("queue", name), None)
+        if endpoint is not None:
+            front.broker.router.unsubscribe_all(endpoint)
+        await self.manager.delete(name)
+
+    # -- checks -----------------------------------------------------------------------------------
+
+    def _queue_name(self, channel: ChannelState, name: str, method: spec.Method) -> str:
+        if name:
+            return name
+        if not channel.last_queue:
+            raise _error(spec.NOT_FOUND, "no previously declared queue", method)
+        return channel.last_queue
+
+    def _existing(self, link: Link, name: str, method: spec.Method) -> QueueMeta:
+        meta = self.front.meta.get(name)
+        if meta is None or not self.manager.exists(name):
+            if self.manager.exists(name):  # a queue made outside AMQP (MQTT $queue/, config)
+                meta = self.front.meta[name] = QueueMeta(name, self.manager.info(name).durable)
+                return meta
+            raise _error(spec.NOT_FOUND, f"no {_rs(name)}", method)
+        self._check_exclusive(link, meta, method)
+        return meta
+
+    @staticmethod
+    def _check_exclusive(link: Link, meta: QueueMeta, method: spec.Method) -> None:
+        if meta.exclusive_owner is not None and meta.exclusive_owner is not link:
+            raise _error(
+                spec.RESOURCE_LOCKED,
+                f"cannot obtain exclusive access to locked {_rs(meta.name)}. It could be originally "
+                "declared on another connection or the exclusive property value does not match that "
+                "of the original declaration.",
+                method,
+            )
+
+    def _counts(self, name: str) -> tuple[int, int]:
+        state = self.manager.queues.get(name)
+        depth = len(state.messages) if state is not None else 0
+        return depth, len(self.front.consumers.get(name, ()))
+
+    # -- exchanges --------------------------------------------------------------------------------
+
+    async def exchange_declare(self, link: Link, channel: ChannelState, m: spec.ExchangeDeclare) -> None:
+        exchange, created = self.exchanges.declare(
+            m.exchange,
+            m.type,
+            passive=m.passive,
+            durable=m.durable,
+            auto_delete=m.auto_delete,
+            internal=m.internal,
+            arguments=m.arguments,
+        )
+        store = self.front.store
+        if created and exchange.durable and store is not None:
+            await self._store(lambda: store.save_exchange(exchange))
+        self._reply(link, channel, spec.ExchangeDeclareOk(), m.no_wait)
+
+    async def exchange_delete(self, link: Link, channel: ChannelState, m: spec.ExchangeDelete) -> None:
+        deleted = self.exchanges.delete(m.exchange, if_unused=m.if_unused)
+        self._unsubscribe_removed()
+        store = self.front.store
+        if deleted is not None and store is not None:
+            removed = list(self.exchanges.last_removed_bindings)
+            gone = [m.exchange, *(e.name for e in self.exchanges.last_auto_deleted)]
+            await self._store(lambda: store.forget(removed, gone))
+        endpoint = self.front.router_bindings.pop(("exchange", m.exchange), None)
+        if endpoint is not None:
+            self.front.broker.router.unsubscribe_all(endpoint)
+        self._reply(link, channel, spec.ExchangeDeleteOk(), m.no_wait)
+
+    async def exchange_bind(self, link: Link, channel: ChannelState, m: spec.ExchangeBind) -> None:
+        if self.exchanges.get(m.destination) is None:
+            raise _error(spec.NOT_FOUND, f"no exchange '{m.destination}' in vhost '{VHOST}'", m)
+        await self._bind(m.source, "exchange", m.destination, m.routing_key, m.arguments, m)
+        self._reply(link, channel, spec.ExchangeBindOk(), m.no_wait)
+
+    async def exchange_unbind(self, link: Link, channel: ChannelState, m: spec.ExchangeUnbind) -> None:
+        await self._unbind(m.source, "exchange", m.destination, m.routing_key, m.arguments)
+        self._reply(link, channel, spec.ExchangeUnbindOk(), m.no_wait)
+
+    async def _bind(
+        self, source: str, kind: str, destination: str, key: str, arguments: dict[str, Any], m: spec.Method
+    ) -> None:
+        if self.exchanges.is_router_backed(source):
+            try:
+                binding_key_to_filter(key)
+            except TopicError as exc:
+                raise _error(spec.PRECONDITION_FAILED, f"binding key {key!r}: {exc}", m) from None
+        binding, new = self.exchanges.bind(source, destination, kind, key, arguments)  # type: ignore[arg-type]
+        if not new:
+            return
+        self._subscribe(binding)
+        store = self.front.store
+        if (
+            store is not None
+            and self._durable_end("exchange", source)
+            and self._durable_end(kind, destination)
+        ):
+            await self._store(lambda: store.save_binding(binding))
+
+    def _subscribe(self, binding: Binding) -> None:
+        """A binding from amq.topic is a router subscription of its destination."""
+        if not self.exchanges.is_router_backed(binding.source):
+            return
+        try:
+            topic_filter = binding_key_to_filter(binding.routing_key)
+        except TopicError:
+            return
+        front = self.front
+        where = (binding.destination_kind, binding.destination)
+        endpoint = front.router_bindings.get(where)
+        if endpoint is None:
+            endpoint = front.router_bindings[where] = RouterBinding(front, *where)
+        front.broker.router.subscribe(endpoint, topic_filter, SubscriptionOptions(qos=1))
+
+    async def _unbind(
+        self, source: str, kind: str, destination: str, key: str, arguments: dict[str, Any]
+    ) -> None:
+        self.exchanges.unbind(source, destination, kind, key, arguments)  # type: ignore[arg-type]
+        self._unsubscribe_removed()
+        await self._forget_removed()
+
+    def _unsubscribe_removed(self) -> None:
+        """Router subscriptions of the bindings the registry's last call removed."""
+        front = self.front
+        for binding in self.exchanges.last_removed_bindings:
+            if not self.exchanges.is_router_backed(binding.source):
+                continue
+            endpoint = front.router_bindings.get((binding.destination_kind, binding.destination))
+            if endpoint is None:
+                continue
+            try:
+                front.broker.router.unsubscribe(endpoint, binding_key_to_filter(binding.routing_key))
+            except TopicError:
+                continue
+
+    # -- queues -----------------------------------------------------------------------------------
+
+    async def queue_declare(self, link: Link, channel: ChannelState, m: spec.QueueDeclare) -> None:
+        front = self.front
+        name = m.queue or f"amq.gen-{secrets.token_urlsafe(16)}"
+        if m.queue.startswith("amq.") and not m.passive:
+            raise _error(spec.ACCESS_REFUSED, f"queue name '{m.queue}' contains reserved prefix 'amq.*'", m)
+        if self.manager.exists(name):
+            meta = self._existing(link, name, m)
+            if not m.passive and meta.durable != m.durable and meta.exclusive_owner is None:
+                raise _error(
+                    spec.PRECONDITION_FAILED,
+                    f"inequivalent arg 'durable' for {_rs(name)}: received '{str(m.durable).lower()}' "
+                    f"but current is '{str(meta.durable).lower()}'",
+                    m,
+                )
+            meta.unused_since = time.monotonic()
+        else:
+            if m.passive:
+                raise _error(spec.NOT_FOUND, f"no {_rs(name)}", m)
+            policy = policy_from_arguments(
+                name, m.arguments, self._dead_letter_queue(m.arguments), self.manager.settings.defaults
+            )
+            in_sql = m.durable and not m.exclusive and not m.auto_delete
+            try:
+                await self.manager.declare(name, policy, durable=in_sql)
+            except QueueError as exc:
+                raise _error(spec.PRECONDITION_FAILED, f"cannot declare {_rs(name)}: {exc}", m) from None
+            expires = m.arguments.get("x-expires")
+            meta = front.meta[name] = QueueMeta(
+                name,
+                m.durable,
+                exclusive_owner=link if m.exclusive else None,
+                auto_delete=m.auto_delete,
+                expires_ms=expires if isinstance(expires, int) and not isinstance(expires, bool) else None,
+                arguments=dict(m.arguments),
+                unused_since=time.monotonic(),
+            )
+            if m.exclusive:
+                link.exclusive_queues.add(name)
+        channel.last_queue = name
+        depth, consumers = self._counts(name)
+        self._reply(link, channel, spec.QueueDeclareOk(name, depth, consumers), m.no_wait)
+
+    def _dead_letter_queue(self, arguments: dict[str, Any]) -> str | None:
+        target = dead_letter_arguments(arguments)
+        if target is None:
+            return None
+        exchange, key = target
+        if not exchange:
+            return key
+        try:
+            queues = sorted(self.exchanges.route(exchange, key or "", None).queues)
+        except ExchangeError:
+            queues = []
+        if not queues:
+            log.info(
+                "amqp091: dead-letter exchange %r routes key %r nowhere yet; rejects are dropped",
+                exchange,
+                key,
+            )
+            return None
+        return queues[0]
+
+    async def queue_bind(self, link: Link, channel: ChannelState, m: spec.QueueBind) -> None:
+        name = self._queue_name(channel, m.queue, m)
+        self._existing(link, name, m)
+        await self._bind(m.exchange, "queue", name, m.routing_key, m.arguments, m)
+        self._reply(link, channel, spec.QueueBindOk(), m.no_wait)
+
+    async def queue_unbind(self, link: Link, channel: ChannelState, m: spec.QueueUnbind) -> None:
+        name = self._queue_name(channel, m.queue, m)
+        self._existing(link, name, m)
+        await self._unbind(m.exchange, "queue", name, m.routing_key, m.arguments)
+        self._reply(link, channel, spec.QueueUnbindOk())
+
+    async def queue_purge(self, link: Link, channel: ChannelState, m: spec.QueuePurge) -> None:
+        name = self._queue_name(channel, m.queue, m)
+        self._existing(link, name, m)
+        count = await self.manager.purge(name)
+        self._reply(link, channel, spec.QueuePurgeOk(count), m.no_wait)
+
+    async def queue_delete(self, link: Link, channel: ChannelState, m: spec.QueueDelete) -> None:
+        name = self._queue_name(channel, m.queue, m)
+        if not self.manager.exists(name):
+            self._reply(link, channel, spec.QueueDeleteOk(0), m.no_wait)
+            return
+        self._existing(link, name, m)
+        depth, consumers = self._counts(name)
+        if m.if_unused and consumers:
+            raise _error(spec.PRECONDITION_FAILED, f"{_rs(name)} in use", m)
+        if m.if_empty and depth:
+            raise _error(spec.PRECONDITION_FAILED, f"{_rs(name)} not empty", m)
+        await self.delete_queue(name)
+        self._reply(link, channel, spec.QueueDeleteOk(depth), m.no_wait)
+
+    # -- basic ------------------------------------------------------------------------------------
+
+    async def basic_qos(self, link: Link, channel: ChannelState, m: spec.BasicQos) -> None:
+        if m.prefetch_size:
+            raise _error(spec.NOT_IMPLEMENTED, f"prefetch_size!=0 ({m.prefetch_size})", m)
+        if m.global_:
+            channel.global_prefetch = m.prefetch_count
+            channel.refill_all()
+        else:
+            channel.prefetch = m.prefetch_count
+        self._reply(link, channel, spec.BasicQosOk())
+
+    async def basic_consume(self, link: Link, channel: ChannelState, m: spec.BasicConsume) -> None:
+        front = self.front
+        name = self._queue_name(channel, m.queue, m)
+        meta = self._existing(link, name, m)
+        tag = m.consumer_tag or f"amq.ctag-{secrets.token_urlsafe(16)}"
+        if tag in channel.consumers:
+            raise spec.ProtocolError(
+                spec.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", class_id=60, method_id=20
+            )
+        others = front.consumers.get(name, set())
+        if any(c.exclusive for c in others) or (m.exclusive and others):
+            raise _error(spec.ACCESS_REFUSED, f"{_rs(name)} in exclusive use", m)
+        group = m.arguments.get("x-consumer-group")
+        if isinstance(group, bytes):
+            group = group.decode("utf-8", "replace")
+        consumer = Consumer(
+            channel, tag, name, no_ack=m.no_ack, prefetch=channel.prefetch, exclusive=m.exclusive
+        )
+        try:
+            consumer.handle = self.manager.consume(
+                name,
+                consumer,
+                group=group if isinstance(group, str) and group else None,
+                start=stream_start(m.arguments.get("x-stream-offset")),
+                auto_ack=m.no_ack,
+            )
+        except QueueError as exc:
+            raise _error(spec.PRECONDITION_FAILED, f"cannot consume from {_rs(name)}: {exc}", m) from None
+        channel.consumers[tag] = consumer
+        front.consumers.setdefault(name, set()).add(consumer)
+        meta.had_consumer = True
+        self._reply(link, channel, spec.BasicConsumeOk(tag), m.no_wait)
+        channel.refill(consumer)  # deliveries start after consume-ok
+
+    async def basic_cancel(self, link: Link, channel: ChannelState, m: spec.BasicCancel) -> None:
+        consumer = channel.consumers.pop(m.consumer_tag, None)
+        if consumer is not None:
+            self.front.forget_consumer(consumer)
+            consumer.cancelled = True
+            if consumer.handle is not None:
+                if consumer.unacked:
+                    consumer.handle.set_credit(0)  # its unacked deliveries may still be acked
+                else:
+                    await consumer.handle.cancel()
+        self._reply(link, channel, spec.BasicCancelOk(m.consumer_tag), m.no_wait)
+        if consumer is not None:
+            await self.auto_delete_queues({consumer.queue})
+
+    async def basic_get(self, link: Link, channel: ChannelState, m: spec.BasicGet) -> None:
+        name = self._queue_name(channel, m.queue, m)
+        meta = self._existing(link, name, m)
+        meta.unused_since = time.monotonic()
+        getter = channel.getters.get((name, m.no_ack))
+        if getter is None or getter.handle is None or getter.handle.closed:
+            getter = Getter(channel, name, m.no_ack)
+            try:
+                getter.handle = self.manager.consume(name, getter, auto_ack=m.no_ack)
+            except QueueError as exc:
+                raise _error(spec.PRECONDITION_FAILED, f"cannot get from {_rs(name)}: {exc}", m) from None
+            channel.getters[(name, m.no_ack)] = getter
+        if not channel.get(getter, lambda: self._counts(name)[0]):
+            self._reply(link, channel, spec.BasicGetEmpty())
+
+    async def basic_ack(self, link: Link, channel: ChannelState, m: spec.BasicAck) -> None:
+        self._settle(channel, m.delivery_tag, m.multiple, "ack", False)
+
+    async def basic_nack(self, link: Link, channel: ChannelState, m: spec.BasicNack) -> None:
+        self._settle(channel, m.delivery_tag, m.multiple, "nack", m.requeue)
+
+    async def basic_reject(self, link: Link, channel: ChannelState, m: spec.BasicReject) -> None:
+        self._settle(channel, m.delivery_tag, False, "reject", m.requeue)
+
+    @staticmethod
+    def _settle(channel: ChannelState, tag: int, multiple: bool, action: str, requeue: bool) -> None:
+        if channel.tx:
+            if not multiple and tag not in channel.unacked:  # an unknown tag fails at once
+                channel.settle(tag, multiple, action, requeue)
+            channel.tx_acks.append(lambda: channel.settle(tag, multiple, action, requeue))
+            return
+        channel.settle(tag, multiple, action, requeue)
+
+    async def basic_recover(
+        self, link: Link, channel: ChannelState, m: spec.BasicRecover | spec.BasicRecoverAsync
+    ) -> None:
+        channel.recover()
+        if isinstance(m, spec.BasicRecover):
+            self._reply(link, channel, spec.BasicRecoverOk())
+
+    # -- confirm and tx ---------------------------------------------------------------------------
+
+    async def confirm_select(self, link: Link, channel: ChannelState, m: spec.ConfirmSelect) -> None:
+        if channel.tx:
+            raise _error(spec.PRECONDITION_FAILED, "cannot switch from tx to confirm mode", m)
+        channel.confirm = True
+        self._reply(link, channel, spec.ConfirmSelectOk(), m.no_wait)
+
+    async def tx_select(self, link: Link, channel: ChannelState, m: spec.TxSelect) -> None:
+        if channel.confirm:
+            raise _error(spec.PRECONDITION_FAILED, "cannot switch from confirm to tx mode", m)
+        channel.tx = True
+        self._reply(link, channel, spec.TxSelectOk())
+
+    async def tx_commit(self, link: Link, channel: ChannelState, m: spec.TxCommit) -> None:
+        from trimaran.amqp091.handler import Pending
+
+        if not channel.tx:
+            raise _error(spec.PRECONDITION_FAILED, "channel is not transactional", m)
+        publishes, channel.tx_publishes = channel.tx_publishes, []
+        acks, channel.tx_acks = channel.tx_acks, []
+        tickets = []
+        for method, props, body in publishes:
+            got, _failed = self.front.publish(link, channel, method, props, body)
+            tickets.extend(got)
+        for settle in acks:
+            try:
+                settle()
+            except spec.ProtocolError:
+                continue  # settled meanwhile (basic.recover, a cancelled queue)
+        self.front.add_pending(link, Pending(channel, 0, tickets, reply=spec.TxCommitOk()))
+
+    async def tx_rollback(self, link: Link, channel: ChannelState, m: spec.TxRollback) -> None:
+        if not channel.tx:
+            raise _error(spec.PRECONDITION_FAILED, "channel is not transactional", m)
+        channel.tx_publishes = []
+        channel.tx_acks = []  # the deliveries stay unacknowledged
+        self._reply(link, channel, spec.TxRollbackOk())

@@ -1,0 +1,1038 @@
+"""The admin HTTP API: one route table serves the requests and generates the OpenAPI document.
+
+Each :class:`ApiRoute` names its method, path, summary, query parameters, request body model and
+response models once; :meth:`AdminApi.register` puts the routes on the :class:`HttpServer` (with the
+bearer-token check) and :func:`openapi_document` describes the very same list. Bodies and responses
+are pydantic models, so the schemas in the document are the ones the code validates and serializes.
+
+Auth: ``Authorization: Bearer <token>`` against ``http.tokens`` (constant-time compare). With no
+token configured every authenticated route answers 401: the API is locked, never open by default.
+``/healthz``, ``/readyz`` and ``/metrics`` need no token.
+
+Lists are paginated by an opaque ``cursor`` (the key of the last item of the previous page, so a page
+does not shift when items are added or removed before it) and ``limit``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from urllib.parse import quote, urlencode
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic.json_schema import models_json_schema
+
+from trimaran import __version__
+from trimaran.broker.http import HttpError, HttpServer, Request, Response
+from trimaran.broker.message import Message, now_ms
+from trimaran.broker.telemetry import PROMETHEUS_CONTENT_TYPE
+from trimaran.broker.topics import TopicError, validate_topic_name
+from trimaran.config import DeclaredQueue, QueuePolicySettings
+from trimaran.queue.policy import QueueError, parse_queue_topic
+
+if TYPE_CHECKING:
+    from trimaran.app import App
+    from trimaran.mqtt.handler import MqttEndpoint
+    from trimaran.queue.groups import StoredMessage
+    from trimaran.queue.manager import QueueInfo
+
+log = logging.getLogger(__name__)
+
+PREFIX = "/api/v1"
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 1000
+REALM = 'Bearer realm="trimaran"'
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+
+
+# -- models (request bodies and responses) ---------------------------------------------------------
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorDetail(Model):
+    code: str
+    message: str
+
+
+class ErrorBody(Model):
+    error: ErrorDetail
+
+
+class Health(Model):
+    status: str
+    version: str
+    uptime_s: float
+
+
+class Readiness(Model):
+    status: Literal["ready", "not ready"]
+    checks: dict[str, Any]
+
+
+class Overview(Model):
+    version: str
+    node: str
+    uptime_s: float
+    started_at_ms: int
+    connections: dict[str, int] = Field(description="open connections per protocol")
+    sessions: int = Field(description="MQTT sessions, connected or not")
+    subscriptions: int
+    retained: int
+    queues: int
+    messages: dict[str, int] = Field(description="received, sent, dropped, routed")
+    bytes: dict[str, int] = Field(description="received, sent")
+
+
+class ClientOut(Model):
+    id: str = Field(description="key for /clients/{id}, unique among connected clients")
+    client_id: str
+    protocol: str
+    address: str
+    user: str | None
+    connected_at_ms: int
+
+
+class SessionSubscription(Model):
+    topic_filter: str
+    qos: int
+    no_local: bool
+    retain_as_published: bool
+    retain_handling: int
+    subscription_identifier: int | None
+
+
+class SessionOut(Model):
+    client_id: str
+    connected: bool
+    protocol_level: int
+    expiry_interval_s: int
+    expires_in_s: float | None
+    subscription_count: int
+    inflight: int
+    queued: int
+    dropped: int
+
+
+class SessionDetail(SessionOut):
+    subscriptions: list[SessionSubscription]
+
+
+class SubscriptionOut(Model):
+    client_id: str
+    topic_filter: str
+    share_group: str | None
+    qos: int
+    no_local: bool
+    retain_as_published: bool
+    subscription_identifier: int | None
+
+
+class GroupOut(Model):
+    name: str
+    cursor: int
+    committed: int
+    pending: int
+    waiting: int
+    lag: int
+    consumers: int
+
+
+class QueueOut(Model):
+    name: str
+    mode: str
+    durable: bool
+    depth: int
+    bytes: int
+    pending: int
+    lag: int
+    groups: list[GroupOut]
+    dlq: str | None
+    dlq_depth: int
+
+
+class QueueDetail(QueueOut):
+    policy: QueuePolicySettings
+    stats: dict[str, int]
+
+
+class MessageOut(Model):
+    offset: int
+    message_id: str
+    topic: str
+    routing_key: str
+    payload: str
+    encoding: Literal["text", "base64"]
+    size: int
+    content_type: str | None
+    response_topic: str | None
+    correlation_data: str | None = Field(description="base64")
+    user_properties: list[tuple[str, str]]
+    published_at_ms: int
+    expires_at_ms: int | None
+
+
+class RedriveIn(Model):
+    limit: int | None = Field(None, ge=1, description="move at most this many (default: all)")
+
+
+class Count(Model):
+    count: int
+
+
+class Done(Model):
+    ok: bool
+    detail: str
+
+
+class PublishProperties(Model):
+    content_type: str | None = None
+    response_topic: str | None = None
+    correlation_data: str | None = Field(None, description="text")
+    message_expiry_interval: int | None = Field(None, ge=0, description="seconds")
+    user_properties: list[tuple[str, str]] = []
+
+
+class PublishIn(Model):
+    topic: str = Field(min_length=1, description="a topic, or $queue/<name>[/<routing key>]")
+    payload: str = ""
+    encoding: Literal["text", "base64"] = "text"
+    qos: int = Field(0, ge=0, le=2)
+    retain: bool = False
+    properties: PublishProperties = PublishProperties()
+
+
+class PublishOut(Model):
+    topic: str
+    delivered: int | None = Field(None, description="subscribers reached (pub/sub topics)")
+    queue: str | None = None
+    offset: int | None = None
+    message_id: str | None = None
+
+
+def page_model(item: type[BaseModel]) -> type[BaseModel]:
+    return create_model(
+        f"{item.__name__}Page",
+        __base__=Model,
+        items=(list[item], ...),  # type: ignore[valid-type]
+        next_cursor=(str | None, Field(None, description="pass as ?cursor= for the next page")),
+        next=(str | None, Field(None, description="the next page's URL, if there is one")),
+    )
+
+
+ClientPage = page_model(ClientOut)
+SessionPage = page_model(SessionOut)
+SubscriptionPage = page_model(SubscriptionOut)
+QueuePage = page_model(QueueOut)
+MessagePage = page_model(MessageOut)
+
+
+# -- the route table --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    name: str
+    schema: dict[str, Any]
+    description: str = ""
+
+
+LIMIT = Param("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, "page size (default 100)")
+CURSOR = Param("cursor", {"type": "string"}, "next_cursor of the previous page")
+PAGED = (LIMIT, CURSOR)
+
+
+@dataclass(frozen=True, slots=True)
+class ApiRoute:
+    method: str
+    path: str
+    summary: str
+    handler: Callable[[Request], Awaitable[Response]]
+    responses: dict[int, type[BaseModel] | str | None]  # model, a media type (text), or no body
+    query: tuple[Param, ...] = ()
+    body: type[BaseModel] | None = None
+    body_required: bool = True
+    auth: bool = True
+    tags: tuple[str, ...] = field(default=())
+
+    @property
+    def path_params(self) -> list[str]:
+        return [part[1:-1] for part in self.path.split("/") if part.startswith("{")]
+
+    def error_statuses(self) -> list[int]:
+        statuses = []
+        if self.query or self.body is not None:
+            statuses.append(400)
+        if self.auth:
+            statuses.append(401)
+        if self.path_params:
+            statuses.append(404)
+        if self.body is not None:
+            statuses.append(413)
+        return statuses
+
+
+class AdminApi:
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self.tokens = [t.get_secret_value().encode() for t in app.settings.http.tokens]
+        self.routes = self._routes()
+
+    # -- registration and auth ---------------------------------------------------------------------
+
+    def register(self, server: HttpServer) -> None:
+        for route in self.routes:
+            server.route(route.method, route.path, self._guard(route) if route.auth else route.handler)
+
+    @property
+    def locked(self) -> bool:
+        return not self.tokens
+
+    def _guard(self, route: ApiRoute) -> Callable[[Request], Awaitable[Response]]:
+        handler = route.handler
+
+        async def guarded(request: Request) -> Response:
+            refusal = self._refusal(request)
+            if refusal is not None:
+                return refusal
+            return await handler(request)
+
+        return guarded
+
+    def _refusal(self, request: Request) -> Response | None:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if not self.tokens:
+            return _unauthorized("locked", "the admin API is locked: no http.tokens are configured", "")
+        if scheme.lower() != "bearer" or not token.strip():
+            return _unauthorized("unauthorized", "a bearer token is required", "")
+        given = token.strip().encode()
+        ok = False
+        for expected in self.tokens:  # every token compared, in constant time each
+            ok |= hmac.compare_digest(given, expected)
+        if not ok:
+            log.info("http: %s %s from %s refused: wrong token", request.method, request.path, request.peer)
+            return _unauthorized("unauthorized", "the bearer token is not valid", ', error="invalid_token"')
+        return None
+
+    def _routes(self) -> list[ApiRoute]:
+        p = PREFIX
+        return [
+            ApiRoute(
+                "GET", "/healthz", "Liveness", self.healthz, {200: Health}, auth=False, tags=("health",)
+            ),
+            ApiRoute(
+                "GET",
+                "/readyz",
+                "Readiness: storage reachable and listeners bound",
+                self.readyz,
+                {200: Readiness, 503: Readiness},
+                auth=False,
+                tags=("health",),
+            ),
+            ApiRoute(
+                "GET",
+                "/metrics",
+                "Prometheus text exposition of the OpenTelemetry metrics",
+                self.metrics,
+                {200: PROMETHEUS_CONTENT_TYPE, 404: ErrorBody},
+                auth=False,
+                tags=("health",),
+            ),
+            ApiRoute("GET", f"{p}/openapi.json", "This document", self.openapi, {200: "application/json"}),
+            ApiRoute(
+                "GET", f"{p}/overview", "Version, node, uptime and counts", self.overview, {200: Overview}
+            ),
+            ApiRoute(
+                "GET",
+                f"{p}/clients",
+                "Connected clients, every protocol",
+                self.list_clients,
+                {200: ClientPage},
+                query=(*PAGED, Param("protocol", {"type": "string"}, "only this protocol")),
+            ),
+            ApiRoute(
+                "GET", f"{p}/clients/{{id}}", "One connected client", self.show_client, {200: ClientOut}
+            ),
+            ApiRoute(
+                "DELETE",
+                f"{p}/clients/{{id}}",
+                "Disconnect a client (MQTT 5: reason 0x98)",
+                self.kick_client,
+                {200: Done},
+            ),
+            ApiRoute(
+                "GET",
+                f"{p}/sessions",
+                "MQTT sessions",
+                self.list_sessions,
+                {200: SessionPage},
+                query=(*PAGED, Param("connected", {"type": "boolean"}, "only connected (true) or offline")),
+            ),
+            ApiRoute(
+                "GET",
+                f"{p}/sessions/{{client_id}}",
+                "One MQTT session with its subscriptions",
+                self.show_session,
+                {200: SessionDetail},
+            ),
+            ApiRoute(
+                "DELETE",
+                f"{p}/sessions/{{client_id}}",
+                "End a session (disconnects its client)",
+                self.delete_session,
+                {200: Done},
+            ),
+            ApiRoute(
+                "GET",
+                f"{p}/subscriptions",
+                "Pub/sub subscriptions",
+                self.list_subscriptions,
+                {200: SubscriptionPage},
+                query=(
+                    *PAGED,
+                    Param("filter", {"type": "string"}, "only this topic filter (exact)"),
+                    Param("client", {"type": "string"}, "only this client id"),
+                ),
+            ),
+            ApiRoute("GET", f"{p}/queues", "Durable queues", self.list_queues, {200: QueuePage}, query=PAGED),
+            ApiRoute(
+                "POST",
+                f"{p}/queues",
+                "Create a queue, or change its policy",
+                self.create_queue,
+                {200: QueueDetail, 201: QueueDetail, 409: ErrorBody},
+                body=DeclaredQueue,
+            ),
+            ApiRoute(
+                "GET",
+                f"{p}/queues/{{name}}",
+                "One queue (a DLQ is $dlq%2F<name>)",
+                self.show_queue,
+                {200: QueueDetail},
+            ),
+            ApiRoute("DELETE", f"{p}/queues/{{name}}", "Delete a queue", self.delete_queue, {200: Done}),
+            ApiRoute(
+                "POST", f"{p}/queues/{{name}}/purge", "Remove every message", self.purge_queue, {200: Count}
+            ),
+            ApiRoute(
+                "GET",
+                f"{p}/queues/{{name}}/messages",
+                "Peek at messages without consuming them",
+                self.peek_queue,
+                {200: MessagePage},
+                query=(
+                    *PAGED,
+                    Param(
+                        "encoding", {"enum": ["auto", "text", "base64"]}, "payload encoding (default auto)"
+                    ),
+                ),
+            ),
+            ApiRoute(
+                "POST",
+                f"{p}/queues/{{name}}/redrive",
+                "Move dead letters back from $dlq/<name>",
+                self.redrive_queue,
+                {200: Count},
+                body=RedriveIn,
+                body_required=False,
+            ),
+            ApiRoute(
+                "POST",
+                f"{p}/publish",
+                "Publish to a topic or a $queue/",
+                self.publish,
+                {200: PublishOut, 409: ErrorBody},
+                body=PublishIn,
+            ),
+        ]
+
+    # -- health and metrics (open) -------------------------------------------------------------------
+
+    async def healthz(self, _request: Request) -> Response:
+        app = self.app
+        return _ok(Health(status="ok", version=__version__, uptime_s=round(time.time() - app.started_at, 3)))
+
+    async def readyz(self, _request: Request) -> Response:
+        app = self.app
+        checks: dict[str, Any] = {
+            "storage": app.storage is not None and await app.storage.aping(),
+            "listeners": {
+                listener.name: str(listener.bound) if listener.bound else None for listener in app.listeners
+            },
+            "accepting": app.ready,
+        }
+        ok = bool(checks["storage"]) and app.ready and all(checks["listeners"].values())
+        return _ok(Readiness(status="ready" if ok else "not ready", checks=checks), 200 if ok else 503)
+
+    async def metrics(self, _request: Request) -> Response:
+        telemetry = self.app.telemetry
+        if not telemetry.enabled:
+            raise HttpError(404, "not_found", "metrics are off (telemetry.metrics = false)")
+        return Response.text(telemetry.prometheus_text(), content_type=PROMETHEUS_CONTENT_TYPE)
+
+    async def openapi(self, _request: Request) -> Response:
+        return Response.json(openapi_document(self.routes))
+
+    # -- overview and clients -----------------------------------------------------------------------
+
+    async def overview(self, _request: Request) -> Response:
+        app = self.app
+        broker = self._broker()
+        stats = broker.stats
+        connections = {"mqtt": 0, "amqp091": 0, "amqp1": 0, **broker.clients.count_by_protocol()}
+        return _ok(
+            Overview(
+                version=__version__,
+                node=app.settings.node_name,
+                uptime_s=round(time.time() - app.started_at, 3),
+                started_at_ms=int(app.started_at * 1000),
+                connections=connections,
+                sessions=len(app.mqtt.endpoints) if app.mqtt is not None else 0,
+                subscriptions=broker.router.count(),
+                retained=broker.retained.count(),
+                queues=len(app.queues.queues) if app.queues is not None else 0,
+                messages={
+                    "received": stats.messages_received,
+                    "sent": stats.messages_sent,
+                    "dropped": stats.messages_dropped,
+                    "routed": stats.publish_routed,
+                },
+                bytes={"received": stats.bytes_received, "sent": stats.bytes_sent},
+            )
+        )
+
+    async def list_clients(self, request: Request) -> Response:
+        protocol = request.arg("protocol")
+        clients = sorted(
+            (c for c in self._broker().clients if protocol is None or c.protocol == protocol),
+            key=lambda c: (c.since_ms, c.key),
+        )
+        items = [(c.since_ms, c.key) for c in clients]
+        return _page(request, ClientPage, clients, items, lambda c: ClientOut(**c.to_json()))
+
+    async def show_client(self, request: Request) -> Response:
+        client = self._client(request.params["id"])
+        return _ok(ClientOut(**client.to_json()))
+
+    async def kick_client(self, request: Request) -> Response:
+        client = self._client(request.params["id"])
+        client.kick()
+        return _ok(Done(ok=True, detail=f"client {client.client_id} disconnected"))
+
+    def _client(self, key: str) -> Any:
+        client = self._broker().clients.get(key)
+        if client is None:
+            raise HttpError(404, "no_client", f"no connected client {key}")
+        return client
+
+    # -- sessions and subscriptions -------------------------------------------------------------------
+
+    async def list_sessions(self, request: Request) -> Response:
+        mqtt = self._mqtt()
+        connected = _bool_arg(request, "connected")
+        endpoints = sorted(
+            (e for e in mqtt.endpoints.values() if connected is None or (e.link is not None) == connected),
+            key=lambda e: e.client_id,
+        )
+        return _page(request, SessionPage, endpoints, [e.client_id for e in endpoints], _session_out)
+
+    async def show_session(self, request: Request) -> Response:
+        endpoint = self._mqtt().endpoints.get(request.params["client_id"])
+        if endpoint is None:
+            raise HttpError(404, "no_session", f"no session for client {request.params['client_id']}")
+        subscriptions = [
+            SessionSubscription(
+                topic_filter=s.topic_filter,
+                qos=s.options.qos,
+                no_local=s.options.no_local,
+                retain_as_published=s.options.retain_as_published,
+                retain_handling=s.options.retain_handling,
+                subscription_identifier=s.subscription_identifier,
+            )
+            for s in endpoint.session.subscriptions.values()
+        ]
+        out = _session_out(endpoint)
+        return _ok(SessionDetail(**out.model_dump(), subscriptions=subscriptions))
+
+    async def delete_session(self, request: Request) -> Response:
+        client_id = request.params["client_id"]
+        if not self._mqtt().delete_session(client_id):
+            raise HttpError(404, "no_session", f"no session for client {client_id}")
+        return _ok(Done(ok=True, detail=f"session {client_id} deleted"))
+
+    async def list_subscriptions(self, request: Request) -> Response:
+        wanted_filter = request.arg("filter")
+        wanted_client = request.arg("client")
+        rows = []
+        for sub in self._broker().router.iter_subscriptions():
+            client_id = str(sub.subscriber.id)
+            if wanted_filter is not None and sub.topic_filter != wanted_filter:
+                continue
+            if wanted_client is not None and client_id != wanted_client:
+                continue
+            o = sub.options
+            rows.append(
+                SubscriptionOut(
+                    client_id=client_id,
+                    topic_filter=sub.topic_filter,
+                    share_group=o.share_group,
+                    qos=o.qos,
+                    no_local=o.no_local,
+                    retain_as_published=o.retain_as_published,
+                    subscription_identifier=o.subscription_identifier,
+                )
+            )
+        rows.sort(key=lambda s: (s.client_id, s.topic_filter, s.share_group or ""))
+        keys = [[s.client_id, s.topic_filter, s.share_group or ""] for s in rows]
+        return _page(request, SubscriptionPage, rows, keys, lambda s: s)
+
+    # -- queues -------------------------------------------------------------------------------------
+
+    async def list_queues(self, request: Request) -> Response:
+        queues = self._queues()
+        names = sorted(queues.queues)
+        return _page(request, QueuePage, names, names, lambda n: _queue_out(queues.info(n)))
+
+    async def create_queue(self, request: Request) -> Response:
+        declared = _body(request, DeclaredQueue)
+        queues = self._queues()
+        existed = queues.exists(declared.name)
+        policy = QueuePolicySettings(**declared.model_dump(exclude={"name"}))
+        try:
+            info = await queues.declare(declared.name, policy)
+        except QueueError as exc:
+            raise _queue_error(exc) from None
+        return _ok(_queue_detail(info), 200 if existed else 201)
+
+    async def show_queue(self, request: Request) -> Response:
+        return _ok(_queue_detail(self._queue_info(request.params["name"])))
+
+    async def delete_queue(self, request: Request) -> Response:
+        name = request.params["name"]
+        self._queue_info(name)
+        await self._queues().delete(name)
+        return _ok(Done(ok=True, detail=f"queue {name} deleted"))
+
+    async def purge_queue(self, request: Request) -> Response:
+        name = request.params["name"]
+        self._queue_info(name)
+        try:
+            count = await self._queues().purge(name)
+        except QueueError as exc:
+            raise _queue_error(exc) from None
+        return _ok(Count(count=count))
+
+    async def peek_queue(self, request: Request) -> Response:
+        name = request.params["name"]
+        self._queue_info(name)
+        limit = _limit(request)
+        after = _decode_cursor(request.arg("cursor"))
+        if after is None:
+            after = -1
+        if not isinstance(after, int):
+            raise HttpError(400, "bad_cursor", "this cursor is not from this list")
+        encoding = request.arg("encoding", "auto")
+        if encoding not in ("auto", "text", "base64"):
+            raise HttpError(400, "bad_parameter", "encoding must be auto, text or base64")
+        try:
+            stored = self._queues().peek(name, after, limit + 1)
+        except QueueError as exc:
+            raise _queue_error(exc) from None
+        more = len(stored) > limit
+        stored = stored[:limit]
+        items = [_message_out(name, s, encoding) for s in stored]
+        next_cursor = _encode_cursor(stored[-1].offset) if more and stored else None
+        return _ok(MessagePage(items=items, next_cursor=next_cursor, next=_next_link(request, next_cursor)))
+
+    async def redrive_queue(self, request: Request) -> Response:
+        name = request.params["name"]
+        self._queue_info(name)
+        body = _body(request, RedriveIn, required=False)
+        try:
+            moved = await self._queues().redrive(name, body.limit)
+        except QueueError as exc:
+            raise _queue_error(exc) from None
+        return _ok(Count(count=moved))
+
+    def _queue_info(self, name: str) -> QueueInfo:
+        try:
+            info: QueueInfo = self._queues().info(name)
+        except QueueError:
+            raise HttpError(404, "no_queue", f"queue {name} does not exist") from None
+        return info
+
+    # -- publish ------------------------------------------------------------------------------------
+
+    async def publish(self, request: Request) -> Response:
+        body = _body(request, PublishIn)
+        broker = self._broker()
+        if body.encoding == "base64":
+            try:
+                payload = base64.b64decode(body.payload, validate=True)
+            except (binascii.Error, ValueError):
+                raise HttpError(400, "bad_payload", "payload is not valid base64") from None
+        else:
+            payload = body.payload.encode()
+        props = body.properties
+        now = now_ms()
+        message = Message(
+            topic=body.topic,
+            payload=payload,
+            qos=body.qos,
+            retain=body.retain,
+            content_type=props.content_type,
+            response_topic=props.response_topic,
+            correlation_data=props.correlation_data.encode() if props.correlation_data is not None else None,
+            expires_at_ms=Message.expiry_from_interval(props.message_expiry_interval, now),
+            user_properties=[(k, v) for k, v in props.user_properties],
+            created_at_ms=now,
+        )
+        if body.topic.startswith("$queue/"):
+            parsed = parse_queue_topic(body.topic)
+            if parsed is None or parsed[2] is not None:
+                raise HttpError(400, "bad_topic", f"{body.topic!r} is not a queue topic one can publish to")
+            if body.retain:
+                raise HttpError(400, "bad_request", "a queue message cannot be retained")
+            queue, routing_key, _ = parsed
+            try:
+                result = await self._queues().publish(queue, message, routing_key)
+            except QueueError as exc:
+                raise _queue_error(exc) from None
+            broker.stats.messages_received += 1
+            return _ok(
+                PublishOut(
+                    topic=body.topic, queue=result.queue, offset=result.offset, message_id=result.message_id
+                )
+            )
+        try:
+            validate_topic_name(body.topic)
+        except TopicError as exc:
+            raise HttpError(400, "bad_topic", str(exc)) from None
+        if body.topic.startswith("$"):
+            raise HttpError(400, "bad_topic", "topics starting with $ are the broker's own")
+        broker.stats.messages_received += 1
+        delivered = broker.publish(message)
+        return _ok(PublishOut(topic=body.topic, delivered=delivered))
+
+    # -- parts of the app ----------------------------------------------------------------------------
+
+    def _broker(self) -> Any:
+        if self.app.broker is None:
+            raise HttpError(503, "starting", "the broker is starting")
+        return self.app.broker
+
+    def _mqtt(self) -> Any:
+        if self.app.mqtt is None:
+            raise HttpError(503, "starting", "the broker is starting")
+        return self.app.mqtt
+
+    def _queues(self) -> Any:
+        if self.app.queues is None:
+            raise HttpError(503, "starting", "the broker is starting")
+        return self.app.queues
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+
+
+def _ok(model: BaseModel, status: int = 200) -> Response:
+    return Response(status, model.model_dump_json().encode())
+
+
+def _unauthorized(code: str, message: str, extra: str) -> Response:
+    response = HttpError(401, code, message).response()
+    response.headers.append(("www-authenticate", REALM + extra))
+    return response
+
+
+def _body(request: Request, model: type[M], required: bool = True) -> M:
+    data = request.json()
+    if data is None:
+        if required:
+            raise HttpError(400, "bad_body", "a JSON body is required")
+        data = {}
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()[:5]
+        )
+        raise HttpError(400, "bad_body", problems) from None
+
+
+def _bool_arg(request: Request, name: str) -> bool | None:
+    value = request.arg(name)
+    if value is None:
+        return None
+    if value.lower() in ("true", "1", "yes"):
+        return True
+    if value.lower() in ("false", "0", "no"):
+        return False
+    raise HttpError(400, "bad_parameter", f"{name} must be true or false")
+
+
+def _limit(request: Request) -> int:
+    text = request.arg("limit")
+    if text is None:
+        return DEFAULT_LIMIT
+    try:
+        limit = int(text)
+    except ValueError:
+        raise HttpError(400, "bad_parameter", "limit must be an integer") from None
+    if not 1 <= limit <= MAX_LIMIT:
+        raise HttpError(400, "bad_parameter", f"limit must be between 1 and {MAX_LIMIT}")
+    return limit
+
+
+def _encode_cursor(key: Any) -> str:
+    return base64.urlsafe_b64encode(json.dumps(key, separators=(",", ":")).encode()).decode().rstrip("=")
+
+
+def _decode_cursor(text: str | None) -> Any:
+    if text is None or text == "":
+        return None
+    try:
+        return json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+    except (ValueError, binascii.Error):
+        raise HttpError(400, "bad_cursor", "cursor is not valid") from None
+
+
+def _next_link(request: Request, cursor: str | None) -> str | None:
+    if cursor is None:
+        return None
+    query = {k: v[-1] for k, v in request.query.items() if k != "cursor"}
+    query["cursor"] = cursor
+    return quote(request.path) + "?" + urlencode(query)
+
+
+def _page(
+    request: Request,
+    page: type[BaseModel],
+    items: Sequence[T],
+    keys: Sequence[Any],
+    render: Callable[[T], BaseModel],
+) -> Response:
+    """One page of ``items`` (sorted by ``keys``): those whose key is past the cursor's."""
+    limit = _limit(request)
+    after = _decode_cursor(request.arg("cursor"))
+    start = 0
+    if after is not None:
+        try:
+            start = next((i for i, key in enumerate(keys) if key > after), len(keys))
+        except TypeError:
+            raise HttpError(400, "bad_cursor", "this cursor is not from this list") from None
+    chosen = items[start : start + limit]
+    more = start + limit < len(items)
+    cursor = _encode_cursor(keys[start + limit - 1]) if more else None
+    body = page(items=[render(i) for i in chosen], next_cursor=cursor, next=_next_link(request, cursor))
+    return _ok(body)
+
+
+def _session_out(endpoint: MqttEndpoint) -> SessionOut:
+    session = endpoint.session
+    expires_in = None
+    if endpoint.expires_at is not None:
+        expires_in = round(max(0.0, endpoint.expires_at - time.monotonic()), 3)
+    return SessionOut(
+        client_id=endpoint.client_id,
+        connected=endpoint.link is not None,
+        protocol_level=endpoint.protocol_level,
+        expiry_interval_s=session.expiry_interval,
+        expires_in_s=expires_in,
+        subscription_count=len(session.subscriptions),
+        inflight=len(session.inflight),
+        queued=len(session.queue),
+        dropped=session.dropped,
+    )
+
+
+def _queue_out(info: QueueInfo) -> QueueOut:
+    return QueueOut(**_queue_fields(info))
+
+
+def _queue_detail(info: QueueInfo) -> QueueDetail:
+    return QueueDetail(**_queue_fields(info), policy=info.policy, stats=info.stats)
+
+
+def _queue_fields(info: QueueInfo) -> dict[str, Any]:
+    return {
+        "name": info.name,
+        "mode": info.mode,
+        "durable": info.durable,
+        "depth": info.depth,
+        "bytes": info.bytes,
+        "pending": info.pending,
+        "lag": info.lag,
+        "groups": [
+            GroupOut(
+                name=g.name,
+                cursor=g.cursor,
+                committed=g.committed,
+                pending=g.pending,
+                waiting=g.waiting,
+                lag=g.lag,
+                consumers=g.consumers,
+            )
+            for g in info.groups.values()
+        ],
+        "dlq": info.dlq,
+        "dlq_depth": info.dlq_depth,
+    }
+
+
+def _message_out(queue: str, stored: StoredMessage, encoding: str) -> MessageOut:
+    message = stored.message
+    text: str | None = None
+    if encoding != "base64":
+        try:
+            text = message.payload.decode()
+        except UnicodeDecodeError:
+            text = None  # not UTF-8: base64 whatever was asked
+    correlation = message.correlation_data
+    return MessageOut(
+        offset=stored.offset,
+        message_id=f"{queue}:{stored.offset}",
+        topic=message.topic,
+        routing_key=stored.routing_key,
+        payload=text if text is not None else base64.b64encode(message.payload).decode(),
+        encoding="text" if text is not None else "base64",
+        size=stored.size,
+        content_type=message.content_type,
+        response_topic=message.response_topic,
+        correlation_data=base64.b64encode(correlation).decode() if correlation is not None else None,
+        user_properties=list(message.user_properties),
+        published_at_ms=stored.published_at,
+        expires_at_ms=stored.expires_at,
+    )
+
+
+def _queue_error(exc: QueueError) -> HttpError:
+    status = {
+        "no-queue": 404,
+        "bad-name": 400,
+        "bad-topic": 400,
+        "retain": 400,
+        "full": 409,
+        "mode-mismatch": 409,
+        "unsupported": 409,
+        "stopped": 503,
+        "storage": 503,
+    }.get(exc.reason, 400)
+    return HttpError(status, exc.reason.replace("-", "_"), str(exc))
+
+
+# -- OpenAPI 3.1 ------------------------------------------------------------------------------------
+
+REF_TEMPLATE = "#/components/schemas/{model}"
+
+
+def openapi_document(routes: Sequence[ApiRoute]) -> dict[str, Any]:
+    models: set[type[BaseModel]] = {ErrorBody}
+    for route in routes:
+        if route.body is not None:
+            models.add(route.body)
+        models.update(m for m in route.responses.values() if isinstance(m, type))
+    ordered = sorted(models, key=lambda m: m.__name__)
+    refs, defs = models_json_schema(
+        [(m, "validation" if _is_body(m, routes) else "serialization") for m in ordered],
+        ref_template=REF_TEMPLATE,
+    )
+    schemas: dict[str, Any] = dict(defs.get("$defs", {}))
+
+    def ref(model: type[BaseModel], mode: str) -> dict[str, Any]:
+        return dict(refs[(model, mode)])  # type: ignore[index]
+
+    paths: dict[str, dict[str, Any]] = {}
+    for route in routes:
+        operation: dict[str, Any] = {
+            "summary": route.summary,
+            "operationId": f"{route.method.lower()}_{_operation_name(route.path)}",
+            "tags": list(route.tags or ("admin",)),
+        }
+        parameters = [
+            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            for name in route.path_params
+        ]
+        parameters += [
+            {
+                "name": q.name,
+                "in": "query",
+                "required": False,
+                "schema": q.schema,
+                "description": q.description,
+            }
+            for q in route.query
+        ]
+        if parameters:
+            operation["parameters"] = parameters
+        if route.body is not None:
+            operation["requestBody"] = {
+                "required": route.body_required,
+                "content": {"application/json": {"schema": ref(route.body, "validation")}},
+            }
+        responses: dict[str, Any] = {}
+        for status, what in route.responses.items():
+            responses[str(status)] = _response(status, what, ref)
+        for status in route.error_statuses():
+            responses.setdefault(str(status), _response(status, ErrorBody, ref))
+        operation["responses"] = responses
+        if not route.auth:
+            operation["security"] = []
+        paths.setdefault(route.path, {})[route.method.lower()] = operation
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Trimaran admin API", "version": __version__},
+        "servers": [{"url": "/"}],
+        "security": [{"bearer": []}],
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+def _is_body(model: type[BaseModel], routes: Sequence[ApiRoute]) -> bool:
+    return any(route.body is model for route in routes)
+
+
+def _response(
+    status: int, what: type[BaseModel] | str | None, ref: Callable[[type[BaseModel], str], dict[str, Any]]
+) -> dict[str, Any]:
+    description = _STATUS_TEXT.get(status, "response")
+    if what is None:
+        return {"description": description}
+    if isinstance(what, str):
+        return {"description": description, "content": {what: {"schema": {"type": "string"}}}}
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": ref(what, "serialization")}},
+    }
+
+
+def _operation_name(path: str) -> str:
+    parts = [p.strip("{}") for p in path.split("/") if p and p not in ("api", "v1")]
+    return "_".join(p.replace(".", "_") for p in parts) or "root"
+
+
+_STATUS_TEXT = {
+    200: "OK",
+    201: "Created",
+    400: "Bad request (body, parameter or cursor)",
+    401: "No token, or a wrong one (WWW-Authenticate says which)",
+    404: "Not found",
+    409: "Conflict",
+    413: "Request body too large",
+    503: "Not ready",
+}

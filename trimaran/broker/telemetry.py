@@ -1,0 +1,337 @@
+"""OpenTelemetry metrics: what the broker counts, read when someone asks.
+
+Most instruments are *observable*: their callbacks read the counters the broker already keeps
+(``Broker.stats``, the client registry, each queue's ``QueueState.stats``, depth and lag) at
+collection time, so the per-message path pays nothing for metrics. Only events that have no counter
+of their own are recorded as they happen, and none of them is per message: one histogram sample per
+storage transaction (from the writer thread) and one count per webhook delivery attempt.
+
+``/metrics`` renders the Prometheus text exposition format (version 0.0.4) from an in-memory reader
+here, rather than through ``opentelemetry-exporter-prometheus``: that exporter is a pre-release pinned
+to one SDK version and registers into ``prometheus_client``'s process-global registry, which breaks
+as soon as two servers live in one process (the tests). OTLP export is an optional extra
+(``pip install trimaran[otlp]``) used when ``telemetry.otlp_endpoint`` is set.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    Gauge,
+    Histogram,
+    InMemoryMetricReader,
+    MetricReader,
+    Sum,
+)
+from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+from opentelemetry.sdk.resources import Resource
+
+from trimaran.broker.message import PROTOCOL_AMQP091, PROTOCOL_AMQP1, PROTOCOL_MQTT
+from trimaran.config import TelemetrySettings
+
+if TYPE_CHECKING:
+    from trimaran.broker.core import Broker
+    from trimaran.broker.webhooks import Webhooks
+    from trimaran.mqtt.handler import MqttFrontEnd
+    from trimaran.queue.manager import QueueManager
+
+log = logging.getLogger(__name__)
+
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+FRONT_ENDS = (PROTOCOL_MQTT, PROTOCOL_AMQP091, PROTOCOL_AMQP1)
+COMMIT_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+COMMIT_ROWS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+QUEUE_EVENTS = (
+    "published",
+    "delivered",
+    "redelivered",
+    "acked",
+    "nacked",
+    "rejected",
+    "dead_lettered",
+    "expired",
+    "dropped",
+    "refused",
+)
+
+
+class Telemetry:
+    """The broker's meter provider. ``bind`` the running parts; read with :meth:`prometheus_text`."""
+
+    def __init__(self, settings: TelemetrySettings, node: str = "trimaran") -> None:
+        self.enabled = settings.metrics
+        self.broker: Broker | None = None
+        self.queues: QueueManager | None = None
+        self.mqtt: MqttFrontEnd | None = None
+        self.webhooks: Webhooks | None = None
+        self.reader = InMemoryMetricReader()
+        readers: list[MetricReader] = [self.reader]
+        if settings.otlp_endpoint:
+            otlp = _otlp_reader(settings.otlp_endpoint)
+            if otlp is not None:
+                readers.append(otlp)
+        self._lock = threading.Lock()  # the reader's collect is not meant to run twice at once
+        self.provider = MeterProvider(
+            resource=Resource.create({"service.name": settings.service_name, "service.instance.id": node}),
+            metric_readers=readers,
+            views=[
+                View(
+                    instrument_name="trimaran.storage.commit.seconds",
+                    aggregation=ExplicitBucketHistogramAggregation(COMMIT_SECONDS_BUCKETS),
+                ),
+                View(
+                    instrument_name="trimaran.storage.commit.rows",
+                    aggregation=ExplicitBucketHistogramAggregation(COMMIT_ROWS_BUCKETS),
+                ),
+            ],
+        )
+        meter = self.provider.get_meter("trimaran")
+        counter, gauge = meter.create_observable_counter, meter.create_observable_gauge
+        counter("trimaran.messages.received", [self._stat("messages_received")], "1", "messages published in")
+        counter("trimaran.messages.sent", [self._stat("messages_sent")], "1", "messages delivered out")
+        counter("trimaran.messages.dropped", [self._stat("messages_dropped")], "1", "messages dropped")
+        counter("trimaran.messages.routed", [self._stat("publish_routed")], "1", "pub/sub messages routed")
+        counter("trimaran.received.bytes", [self._stat("bytes_received")], "By", "bytes read from clients")
+        counter("trimaran.sent.bytes", [self._stat("bytes_sent")], "By", "bytes written to clients")
+        counter("trimaran.connections.opened", [self._stat("clients_total")], "1", "connections accepted")
+        gauge("trimaran.connections", [self._connections], "1", "open client connections per protocol")
+        gauge("trimaran.subscriptions", [self._subscriptions], "1", "pub/sub subscriptions")
+        gauge("trimaran.retained", [self._retained], "1", "retained messages")
+        gauge("trimaran.mqtt.sessions", [self._sessions], "1", "MQTT sessions, connected or not")
+        counter("trimaran.queue.messages", [self._queue_events], "1", "queue message events per queue")
+        gauge("trimaran.queue.depth", [self._queue_depth], "1", "messages a queue holds")
+        gauge("trimaran.queue.stored.bytes", [self._queue_bytes], "By", "payload bytes a queue holds")
+        gauge("trimaran.queue.pending", [self._queue_pending], "1", "delivered and not settled")
+        gauge("trimaran.queue.lag", [self._queue_lag], "1", "messages a consumer group has not finished")
+        gauge("trimaran.queue.consumers", [self._queue_consumers], "1", "consumers per group")
+        self._commit_seconds = meter.create_histogram(
+            "trimaran.storage.commit.seconds", "s", "time to write and commit one group-commit transaction"
+        )
+        self._commit_rows = meter.create_histogram(
+            "trimaran.storage.commit.rows", "1", "rows written in one group-commit transaction"
+        )
+        counter("trimaran.webhook.requests", [self._webhook("requests")], "1", "webhook POSTs sent")
+        counter("trimaran.webhook.failures", [self._webhook("failed")], "1", "webhook POSTs that failed")
+        counter("trimaran.webhook.retries", [self._webhook("retried")], "1", "webhook POSTs retried")
+        counter("trimaran.webhook.events", [self._webhook("sent")], "1", "events delivered to webhooks")
+        counter("trimaran.webhook.dropped", [self._webhook("dropped")], "1", "webhook events given up")
+        gauge("trimaran.webhook.queued", [self._webhook("queued")], "1", "events waiting per endpoint")
+        gauge(
+            "trimaran.webhook.breaker.open",
+            [self._breaker_open],
+            "1",
+            "1 while a breaker is open or half-open",
+        )
+
+    # -- wiring -----------------------------------------------------------------------------------
+
+    def bind(
+        self,
+        broker: Broker | None = None,
+        queues: QueueManager | None = None,
+        mqtt: MqttFrontEnd | None = None,
+        webhooks: Webhooks | None = None,
+    ) -> None:
+        self.broker, self.queues, self.mqtt, self.webhooks = broker, queues, mqtt, webhooks
+        if queues is not None:
+            queues.writer.on_transaction = self.commit_observed
+
+    def shutdown(self) -> None:
+        try:
+            self.provider.shutdown()
+        except Exception:  # an exporter that cannot flush must not spoil the shutdown
+            log.warning("telemetry shutdown failed", exc_info=True)
+
+    # -- events without a counter of their own ---------------------------------------------------
+
+    def commit_observed(self, seconds: float, rows: int) -> None:
+        """One group-commit transaction (called from the writer thread; OTel instruments are
+        thread-safe)."""
+        self._commit_seconds.record(seconds)
+        self._commit_rows.record(rows)
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def prometheus_text(self) -> str:
+        with self._lock:
+            data = self.reader.get_metrics_data()
+        lines: list[str] = []
+        if data is not None:
+            for resource_metrics in data.resource_metrics:
+                for scope in resource_metrics.scope_metrics:
+                    for metric in scope.metrics:
+                        lines.extend(_render(metric.name, metric.description or "", metric.data))
+        return "\n".join(lines) + "\n"
+
+    # -- callbacks (on whichever thread collects; they only read) --------------------------------
+
+    def _stat(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            if self.broker is None:
+                return []
+            return [Observation(getattr(self.broker.stats, name))]
+
+        return observe
+
+    def _webhook(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        """One of each endpoint's own counters (trimaran/broker/webhooks.py), per endpoint."""
+
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            if self.webhooks is None:
+                return []
+            return [Observation(st[name], {"endpoint": st["url"]}) for st in self.webhooks.stats()]
+
+        return observe
+
+    def _breaker_open(self, _options: CallbackOptions) -> Iterable[Observation]:
+        if self.webhooks is None:
+            return []
+        return [
+            Observation(int(st["breaker"] != "closed"), {"endpoint": st["url"]})
+            for st in self.webhooks.stats()
+        ]
+
+    def _connections(self, _options: CallbackOptions) -> Iterable[Observation]:
+        if self.broker is None:
+            return []
+        counts = {protocol: 0 for protocol in FRONT_ENDS}
+        counts.update(self.broker.clients.count_by_protocol())
+        return [Observation(n, {"protocol": protocol}) for protocol, n in counts.items()]
+
+    def _subscriptions(self, _options: CallbackOptions) -> Iterable[Observation]:
+        return [] if self.broker is None else [Observation(self.broker.router.count())]
+
+    def _retained(self, _options: CallbackOptions) -> Iterable[Observation]:
+        return [] if self.broker is None else [Observation(self.broker.retained.count())]
+
+    def _sessions(self, _options: CallbackOptions) -> Iterable[Observation]:
+        return [] if self.mqtt is None else [Observation(len(self.mqtt.endpoints))]
+
+    def _each_queue(self) -> Iterator[Any]:
+        if self.queues is None:
+            return
+        try:
+            yield from list(self.queues.queues.values())
+        except RuntimeError:  # changed while another thread (OTLP export) read it: skip this round
+            return
+
+    def _queue_events(self, _options: CallbackOptions) -> Iterable[Observation]:
+        out = []
+        for state in self._each_queue():
+            for event in QUEUE_EVENTS:
+                out.append(Observation(state.stats.get(event, 0), {"queue": state.name, "event": event}))
+        return out
+
+    def _queue_depth(self, _options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(len(s.messages), {"queue": s.name}) for s in self._each_queue()]
+
+    def _queue_bytes(self, _options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(s.bytes, {"queue": s.name}) for s in self._each_queue()]
+
+    def _queue_pending(self, _options: CallbackOptions) -> Iterable[Observation]:
+        out = []
+        for state in self._each_queue():
+            for group in list(state.groups.values()):
+                out.append(Observation(group.held(), {"queue": state.name, "group": group.name}))
+        return out
+
+    def _queue_consumers(self, _options: CallbackOptions) -> Iterable[Observation]:
+        out = []
+        for state in self._each_queue():
+            for group in list(state.groups.values()):
+                out.append(Observation(len(group.consumers), {"queue": state.name, "group": group.name}))
+        return out
+
+    def _queue_lag(self, _options: CallbackOptions) -> Iterable[Observation]:
+        queues = self.queues
+        out: list[Observation] = []
+        if queues is None:
+            return out
+        for state in self._each_queue():
+            try:
+                info = queues.info(state.name)
+            except Exception:  # deleted meanwhile, or changed under another thread
+                continue
+            for group in info.groups.values():
+                out.append(Observation(group.lag, {"queue": state.name, "group": group.name}))
+        return out
+
+
+def _otlp_reader(endpoint: str) -> MetricReader | None:
+    try:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+            OTLPMetricExporter,
+        )
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    except ImportError:
+        log.error(
+            "telemetry.otlp_endpoint is set but the OTLP exporter is not installed "
+            "(pip install 'trimaran[otlp]'); metrics stay on /metrics only"
+        )
+        return None
+    log.info("exporting metrics by OTLP to %s", endpoint)
+    reader: MetricReader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=endpoint))
+    return reader
+
+
+# -- Prometheus text exposition ---------------------------------------------------------------------
+
+
+def prometheus_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+
+
+def _render(name: str, description: str, data: Any) -> list[str]:
+    base = prometheus_name(name)
+    lines: list[str] = []
+    if isinstance(data, Sum) and data.is_monotonic:
+        family = base if base.endswith("_total") else base + "_total"
+        lines += [f"# HELP {family} {_help(description)}", f"# TYPE {family} counter"]
+        lines += [f"{family}{_labels(p.attributes)} {_number(p.value)}" for p in data.data_points]
+    elif isinstance(data, (Sum, Gauge)):
+        lines += [f"# HELP {base} {_help(description)}", f"# TYPE {base} gauge"]
+        lines += [f"{base}{_labels(p.attributes)} {_number(p.value)}" for p in data.data_points]
+    elif isinstance(data, Histogram):
+        lines += [f"# HELP {base} {_help(description)}", f"# TYPE {base} histogram"]
+        for point in data.data_points:
+            cumulative = 0
+            for bound, count in zip(point.explicit_bounds, point.bucket_counts, strict=False):
+                cumulative += count
+                lines.append(f"{base}_bucket{_labels(point.attributes, le=_number(bound))} {cumulative}")
+            lines.append(f"{base}_bucket{_labels(point.attributes, le='+Inf')} {point.count}")
+            lines.append(f"{base}_sum{_labels(point.attributes)} {_number(point.sum)}")
+            lines.append(f"{base}_count{_labels(point.attributes)} {point.count}")
+    return lines
+
+
+def _help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _labels(attributes: Any, **extra: str) -> str:
+    pairs: Sequence[tuple[str, Any]] = [*(attributes or {}).items(), *extra.items()]
+    if not pairs:
+        return ""
+    body = ",".join(f'{prometheus_name(str(k))}="{_escape(str(v))}"' for k, v in pairs)
+    return "{" + body + "}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
