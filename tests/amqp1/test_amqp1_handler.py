@@ -83,6 +83,10 @@ async def serving(front: Amqp1FrontEnd) -> AsyncIterator[Callable[[], Awaitable[
 
 async def test_registered_while_open_and_kick_closes_with_connection_forced() -> None:
     broker = Broker(None, sys_interval=0)
+    seen: list[tuple[str, str]] = []
+    broker.events.subscribe(
+        lambda e: seen.append((e.type, e.data["protocol"])), ["client.connected", "client.disconnected"]
+    )
     front = Amqp1FrontEnd(broker, Settings())
     async with serving(front) as connect:
         client = await connect()
@@ -101,6 +105,7 @@ async def test_registered_while_open_and_kick_closes_with_connection_forced() ->
             while len(broker.clients) or front.connections:
                 await anyio.sleep(0.01)
         assert broker.stats.clients_connected == 0
+    assert seen == [("client.connected", "amqp1"), ("client.disconnected", "amqp1")]
 
 
 async def test_shutdown_closes_every_connection() -> None:

@@ -61,6 +61,14 @@ from trimaran.amqp1.types import DecodeError, Symbol
 from trimaran.broker.auth import Authenticator, AuthResult
 from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker
+from trimaran.broker.events import (
+    CLIENT_AUTH_FAILED,
+    CLIENT_CONNECTED,
+    CLIENT_DISCONNECTED,
+    MESSAGE_DROPPED,
+    SUBSCRIPTION_CREATED,
+    SUBSCRIPTION_REMOVED,
+)
 from trimaran.broker.message import PROTOCOL_AMQP1, Message
 from trimaran.broker.router import SubscriptionOptions
 from trimaran.config import Settings
@@ -264,14 +272,14 @@ class Amqp1FrontEnd:
         conn.close(Error(condition=CONNECTION_FORCED, description="disconnected by an administrator"))
 
     def _forget(self, conn: Connection) -> None:
+        for out in conn.outlinks.values():
+            self._unsubscribe(conn, out)
         if conn.client is not None:
             self.broker.clients.remove(conn.client)
+            if self.broker.events.wants(CLIENT_DISCONNECTED):
+                self.broker.events.client_info(CLIENT_DISCONNECTED, conn.client)
             conn.client = None
             self.broker.stats.client_disconnected()
-        for out in conn.outlinks.values():
-            out.stop()
-            if isinstance(out, TopicOut):
-                self.broker.router.unsubscribe_all(out)
 
     # -- events -----------------------------------------------------------------------------------
 
@@ -311,6 +319,16 @@ class Amqp1FrontEnd:
         creds = event.credentials
         verdict = self.auth.check(creds.username, creds.password)
         if verdict is not AuthResult.OK:
+            events = self.broker.events
+            if events.wants(CLIENT_AUTH_FAILED):
+                events.client(
+                    CLIENT_AUTH_FAILED,
+                    conn.peer,
+                    PROTOCOL_AMQP1,
+                    conn.peer,
+                    creds.username,
+                    reason=verdict.value,
+                )
             log.info(
                 "amqp1: %s refused (%s %s, user %r)",
                 conn.peer,
@@ -327,6 +345,8 @@ class Amqp1FrontEnd:
         conn.client = self.broker.clients.add(
             ClientInfo(conn.container_id, PROTOCOL_AMQP1, conn.peer, conn.user, lambda: self._kick(conn))
         )
+        if self.broker.events.wants(CLIENT_CONNECTED):
+            self.broker.events.client_info(CLIENT_CONNECTED, conn.client)
         log.debug("amqp1: %r connected from %s", conn.container_id, conn.peer)
 
     def _closed(self, conn: Connection, event: ConnectionClosed) -> None:
@@ -424,7 +444,9 @@ class Amqp1FrontEnd:
                 return
         else:
             out = TopicOut(conn, link, address, settled)
-            self.broker.router.subscribe(out, address.name, SubscriptionOptions(qos=0 if settled else 1))
+            qos = 0 if settled else 1
+            self.broker.router.subscribe(out, address.name, SubscriptionOptions(qos=qos))
+            self._subscription_event(SUBSCRIPTION_CREATED, conn, address.name, qos=qos, link=link.name)
         conn.outlinks[link] = out
         source = replace(source, capabilities=[Symbol(address.kind)])
         conn.amqp.accept_link(link, source=source, rcv_settle_mode=RCV_FIRST)
@@ -473,10 +495,29 @@ class Amqp1FrontEnd:
         out = conn.outlinks.get(link)
         if out is None:
             return
+        self._unsubscribe(conn, out)
+        conn.spawn(lambda: self._release_detached(conn, out))
+
+    def _unsubscribe(self, conn: Connection, out: OutLink) -> None:
+        """Stop sending on ``out`` at once; a topic link leaves the router."""
+        if out.stopped:
+            return
         out.stop()
         if isinstance(out, TopicOut):
             self.broker.router.unsubscribe_all(out)
-        conn.spawn(lambda: self._release_detached(conn, out))
+            self._subscription_event(SUBSCRIPTION_REMOVED, conn, out.address.name, link=out.link.name)
+
+    def _subscription_event(self, event_type: str, conn: Connection, topic_filter: str, **extra: Any) -> None:
+        events = self.broker.events
+        if events.wants(event_type) and conn.client is not None:
+            events.client_info(event_type, conn.client, topic_filter=topic_filter, **extra)
+
+    def dropped(self, message: Message, subscriber: str, reason: str) -> None:
+        """A receiver's copy of a topic message was not delivered: count it, tell the event bus."""
+        self.broker.stats.messages_dropped += 1
+        events = self.broker.events
+        if events.wants(MESSAGE_DROPPED):
+            events.message(MESSAGE_DROPPED, message, subscriber=subscriber, reason=reason)
 
     async def _release_detached(self, conn: Connection, out: OutLink) -> None:
         await self.release(out)

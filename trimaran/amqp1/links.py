@@ -155,13 +155,13 @@ class TopicOut(OutLink):
         payload = self.conn.front.encode_once(message)
         max_size = self.link.max_message_size
         if max_size and len(payload) > max_size:
-            stats.messages_dropped += 1  # larger than this receiver takes: it can never go
+            self.conn.front.dropped(message, self.id, "larger than the receiver's max-message-size")
             return
         if not self.backlog and self._send(payload) is not None:
             stats.messages_sent += 1
             return
         if len(self.backlog) >= self.conn.front.outbox_size:
-            stats.messages_dropped += 1
+            self.conn.front.dropped(message, self.id, "receiver without credit and its backlog is full")
             return
         self.backlog.append(payload)
 
