@@ -399,3 +399,31 @@ def test_receiver_max_message_size_is_respected(conn: BlockingConnection) -> Non
     dead = receive(dlq)
     assert len(bytes(dead.body)) == 2000
     dlq.accept()
+
+
+def test_stream_start_by_timestamp_and_a_bad_start(conn: BlockingConnection) -> None:
+    import time
+
+    sender = conn.create_sender("events")
+    sender.send(Message(body="before"))
+    time.sleep(0.05)
+    since = int(time.time() * 1000)
+    tag = unique("ts")
+    for i in range(2):
+        sender.send(Message(body=f"{tag}-{i}"))
+    by_time = conn.create_receiver(
+        "events",
+        credit=5,
+        name="by-time",
+        options=Properties(consumer_group=tag, stream_offset=f"timestamp:{since}"),
+    )
+    assert [receive(by_time).body for _ in range(2)] == [f"{tag}-0", f"{tag}-1"]
+    expect_nothing(by_time)
+    with pytest.raises(LinkDetached) as info:
+        conn.create_receiver(
+            "events",
+            credit=1,
+            name="bad",
+            options=Properties(consumer_group=unique("b"), stream_offset=[1, 2]),
+        )
+    assert info.value.condition == "amqp:invalid-field"

@@ -57,7 +57,7 @@ from trimaran.amqp1.performatives import (
     Source,
     Target,
 )
-from trimaran.amqp1.types import DecodeError, Symbol
+from trimaran.amqp1.types import DecodeError, Symbol, Timestamp
 from trimaran.broker.auth import Authenticator, AuthResult
 from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker
@@ -448,7 +448,9 @@ class Amqp1FrontEnd:
             self.broker.router.subscribe(out, address.name, SubscriptionOptions(qos=qos))
             self._subscription_event(SUBSCRIPTION_CREATED, conn, address.name, qos=qos, link=link.name)
         conn.outlinks[link] = out
-        source = replace(source, capabilities=[Symbol(address.kind)])
+        # Filters are not applied (beyond the address' own wildcards): leaving them out of our
+        # source tells the peer so, as the spec asks.
+        source = replace(source, capabilities=[Symbol(address.kind)], filter=None)
         conn.amqp.accept_link(link, source=source, rcv_settle_mode=RCV_FIRST)
         out.on_flow(link.drain)  # a flow may have come before our attach
 
@@ -460,8 +462,13 @@ class Amqp1FrontEnd:
         for name in START_PROPERTIES:
             if props.get(name) is not None:
                 start = props[name]
-        if start is not None and not isinstance(start, str):
-            start = int(start)
+        if isinstance(start, Timestamp):
+            start = f"timestamp:{int(start)}"
+        elif start is not None and not isinstance(start, str):
+            try:
+                start = int(start)
+            except (TypeError, ValueError):
+                raise QueueError("bad-start", f"stream-offset {start!r} is not a position") from None
         out.handle = self.queues.consume(
             out.address.name,
             out,
@@ -482,9 +489,14 @@ class Amqp1FrontEnd:
         address = Address(QUEUE, name)
         out = QueueOut(conn, link, address, settled)
         out.temp_queue = name
-        self._consume(out, link)
-        conn.outlinks[link] = out
-        source = replace(source, address=address.topic, capabilities=[Symbol(QUEUE)])
+        conn.outlinks[link] = out  # from here on, the link's end deletes the queue
+        try:
+            self._consume(out, link)
+        except QueueError as exc:
+            self._refuse(conn, link, INVALID_FIELD, str(exc))
+            conn.wake()
+            return
+        source = replace(source, address=address.topic, capabilities=[Symbol(QUEUE)], filter=None)
         conn.amqp.accept_link(link, source=source, rcv_settle_mode=RCV_FIRST)
         out.on_flow(link.drain)
         conn.wake()
