@@ -73,11 +73,12 @@ class Receiver:
                     self.close_connection = True
                     return
                 status = receiver.statuses.popleft() if receiver.statuses else 200
+                # Record before answering: once the sender has its answer, the test may look.
+                receiver._record(self, body, status)
                 self.send_response(status)
                 self.send_header("Content-Length", "2")
                 self.end_headers()
                 self.wfile.write(b"ok")
-                receiver._record(self, body, status)
                 if receiver.close_silently:
                     self.close_connection = True
 
