@@ -43,7 +43,7 @@ import brokers
 STAMP = struct.Struct("!QQ")  # sequence, send time (CLOCK_MONOTONIC ns)
 
 
-class Bench(MessagingHandler):  # type: ignore[misc]
+class Bench(MessagingHandler):
     def __init__(self, url: str, address: str, count: int, size: int, settled: bool, prefetch: int) -> None:
         super().__init__(prefetch=prefetch, auto_accept=not settled)
         self.url = url

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -12,7 +12,18 @@ proton = pytest.importorskip("proton")
 
 from proton import ConnectionException, Delivery, LinkException, Message, symbol  # noqa: E402
 from proton.reactor import AtMostOnce, LinkOption  # noqa: E402
-from proton.utils import BlockingConnection, LinkDetached, SendException, SyncRequestResponse  # noqa: E402
+from proton.utils import (  # noqa: E402
+    BlockingConnection,
+    BlockingReceiver,
+    LinkDetached,
+    SendException,
+    SyncRequestResponse,
+)
+
+from tests.support.amqp1 import body_bytes, body_str  # noqa: E402
+
+if TYPE_CHECKING:
+    from proton._utils import BlockingLink, Fetcher  # not re-exported by proton.utils
 
 
 class Properties(LinkOption):
@@ -47,11 +58,22 @@ def capabilities(terminus: Any) -> list[str]:
     return [str(v) for v in getattr(value, "elements", [value])]
 
 
-def receive(receiver: Any, timeout: float = 5) -> Message:
+def receive(receiver: BlockingReceiver, timeout: float = 5) -> Message:
     return receiver.receive(timeout=timeout)
 
 
-def expect_nothing(receiver: Any, wait: float = 0.3) -> None:
+def fetcher(receiver: BlockingReceiver) -> Fetcher:
+    """The receiver's prefetch buffer (present whenever no handler was given to create_receiver)."""
+    assert receiver.fetcher is not None
+    return receiver.fetcher
+
+
+def close_link(link: BlockingLink) -> None:
+    """BlockingLink.close, which proton leaves unannotated."""
+    cast(Callable[[], None], link.close)()
+
+
+def expect_nothing(receiver: BlockingReceiver, wait: float = 0.3) -> None:
     with pytest.raises(proton.Timeout):
         receiver.receive(timeout=wait)
 
@@ -111,7 +133,7 @@ def test_messages_stay_in_order_and_are_acked(conn: BlockingConnection, amqp1_ur
         got.append(receive(receiver).body)
         receiver.accept()
     assert got == list(range(20))
-    receiver.close()
+    close_link(receiver)
     # Accepted means acked: a new consumer finds the queue empty.
     again = conn.create_receiver(q, credit=5)
     expect_nothing(again)
@@ -132,7 +154,7 @@ def test_a_receiver_without_credit_leaves_messages_to_others(amqp1_url: str) -> 
             got.append(receive(busy_receiver).body)
             busy_receiver.accept()
         assert got == list(range(5))
-        assert not idle_receiver.fetcher.has_message
+        assert not fetcher(idle_receiver).has_message
         expect_nothing(idle_receiver)
     finally:
         busy.close()
@@ -147,8 +169,8 @@ def test_drain_delivers_what_is_there_then_uses_up_the_credit(conn: BlockingConn
     receiver = conn.create_receiver(q, credit=0)
     receiver.link.drain(10)
     conn.wait(lambda: not receiver.link.draining() and receiver.link.credit == 0, timeout=5)
-    assert receiver.fetcher.has_message == 3
-    assert [receiver.fetcher.pop().body for _ in range(3)] == [0, 1, 2]
+    assert fetcher(receiver).has_message == 3
+    assert [fetcher(receiver).pop().body for _ in range(3)] == [0, 1, 2]
     receiver.accept()
 
 
@@ -156,7 +178,7 @@ def test_drain_on_a_topic_with_nothing_to_send(conn: BlockingConnection) -> None
     receiver = conn.create_receiver(f"topic://{unique('t')}/x", credit=0)
     receiver.link.drain(4)
     conn.wait(lambda: not receiver.link.draining() and receiver.link.credit == 0, timeout=5)
-    assert not receiver.fetcher.has_message
+    assert not fetcher(receiver).has_message
 
 
 def test_rejected_goes_to_the_dead_letter_queue(conn: BlockingConnection) -> None:
@@ -204,7 +226,7 @@ def test_at_most_once_receiver_gets_settled_messages(conn: BlockingConnection) -
     conn.create_sender(q, options=AtMostOnce()).send(Message(body="once"))
     receiver = conn.create_receiver(q, options=AtMostOnce())
     assert receive(receiver).body == "once"
-    receiver.close()
+    close_link(receiver)
     expect_nothing(conn.create_receiver(q))
 
 
@@ -250,7 +272,7 @@ def test_messages_larger_than_the_frame_size(conn: BlockingConnection) -> None:
     receiver = conn.create_receiver(q)
     got = receive(receiver)
     receiver.accept()
-    assert bytes(got.body) == body  # got is still alive here
+    assert body_bytes(got) == body  # got is still alive here
 
 
 def test_message_over_the_size_limit_detaches_the_link(conn: BlockingConnection) -> None:
@@ -276,7 +298,9 @@ def test_dynamic_receiver_request_reply(conn: BlockingConnection, amqp1_url: str
             requests.accept()
             replies.send(
                 Message(
-                    address=request.reply_to, correlation_id=request.correlation_id, body=request.body.upper()
+                    address=request.reply_to,
+                    correlation_id=request.correlation_id,
+                    body=body_str(request).upper(),
                 )
             )
 
@@ -364,7 +388,7 @@ def test_unsettled_deliveries_return_when_the_link_closes(conn: BlockingConnecti
     conn.create_sender(q).send(Message(body="held"))
     first = conn.create_receiver(q, name="first")
     assert receive(first).body == "held"
-    first.close()  # neither accepted nor released
+    close_link(first)  # neither accepted nor released
     second = conn.create_receiver(q, name="second")
     got = receive(second)
     assert got.body == "held"
@@ -391,13 +415,13 @@ def test_receiver_max_message_size_is_respected(conn: BlockingConnection) -> Non
         sender.send(Message(body=b"ok"))
     # (proton's data bodies live only as long as their Message: keep the messages)
     from_topic, from_queue = receive(small_topic), receive(small_queue)
-    assert bytes(from_topic.body) == b"ok"
-    assert bytes(from_queue.body) == b"ok"
+    assert body_bytes(from_topic) == b"ok"
+    assert body_bytes(from_queue) == b"ok"
     small_queue.accept()
     # The queue message nobody could take went to the dead-letter queue.
     dlq = conn.create_receiver(f"$queue/$dlq/{q}")
     dead = receive(dlq)
-    assert len(bytes(dead.body)) == 2000
+    assert len(body_bytes(dead)) == 2000
     dlq.accept()
 
 

@@ -12,6 +12,7 @@ proton = pytest.importorskip("proton")
 from proton import Message  # noqa: E402
 from proton.utils import BlockingConnection  # noqa: E402
 
+from tests.support.amqp1 import body_bytes  # noqa: E402
 from tests.support.paho import V5, V311, Endpoints, PacketTypes, connect, props  # noqa: E402
 from tests.support.server import RunningServer  # noqa: E402
 
@@ -54,7 +55,7 @@ def test_mqtt_publish_reaches_an_amqp1_topic_receiver(
         receiver.accept()
     finally:
         client.disconnect()
-    assert bytes(got.body) == b"from mqtt"
+    assert body_bytes(got) == b"from mqtt"
     assert got.content_type == "text/plain"
     assert got.correlation_id == "corr-1"
     assert got.reply_to == f"topic://{root}/replies"
@@ -102,7 +103,7 @@ def test_mqtt_queue_publish_consumed_over_amqp1(amqp: BlockingConnection, mqtt_e
     # proton's data body is a memoryview that lives only as long as its Message: keep them.
     messages = [receiver.receive(timeout=5) for _ in range(3)]
     receiver.accept()
-    got = [bytes(m.body) for m in messages]
+    got = [body_bytes(m) for m in messages]
     assert got == [b"job 0", b"job 1", b"job 2"]
 
 

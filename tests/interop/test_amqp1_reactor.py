@@ -14,7 +14,7 @@ from proton.handlers import MessagingHandler  # noqa: E402
 from proton.reactor import AtMostOnce, Container  # noqa: E402
 
 
-class SendReceive(MessagingHandler):  # type: ignore[misc]
+class SendReceive(MessagingHandler):
     """Send ``count`` messages to ``address`` and receive them on the same connection."""
 
     def __init__(

@@ -7,7 +7,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -49,6 +49,8 @@ from trimaran.amqp1.performatives import (  # noqa: E402
 )
 
 IDLE_S = 1.0
+
+P = TypeVar("P")
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +122,7 @@ class Wire:
                 continue
             return None if f.is_empty else f.performative()[0]
 
-    def expect(self, kind: type[Any]) -> Any:
+    def expect(self, kind: type[P]) -> P:
         got = self.perf()
         assert isinstance(got, kind), got
         return got
@@ -235,6 +237,7 @@ def test_undecodable_message_is_rejected_with_decode_error(wire: Wire) -> None:
     )
     disposition = wire.expect(Disposition)
     assert isinstance(disposition.state, Rejected)
+    assert disposition.state.error is not None
     assert disposition.state.error.condition == "amqp:decode-error"
     # The link is still usable.
     good = encode_message(A1Message.from_value("fine"))
