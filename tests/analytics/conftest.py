@@ -41,8 +41,13 @@ def spark() -> Iterator[SparkSession]:
         "local[2]",
         list(DEBIAN_JARS),
         app_name="trimaran-audit-tests",
-        shuffle_partitions=2,
-        extra={"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"},
+        shuffle_partitions=1,  # tables of a few hundred rows: one task per stage is fastest
+        extra={
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.sql.adaptive.enabled": "false",
+            "spark.default.parallelism": "1",
+        },
     )
     yield session
     session.stop()
