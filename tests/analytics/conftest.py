@@ -16,8 +16,8 @@ from tests.support.server import ALL_OFF
 
 pyspark = pytest.importorskip("pyspark")
 
-from pyspark.sql import SparkSession  # noqa: E402
 from paho.mqtt.packettypes import PacketTypes  # noqa: E402
+from pyspark.sql import SparkSession  # noqa: E402
 
 from trimaran.analytics.source import DEBIAN_JARS, spark_session  # noqa: E402
 
@@ -101,7 +101,9 @@ def _first_run(mqtt: Endpoints) -> None:
         manual.client.ack(second.mid, 1)
         pub.publish("$queue/retry", b"poison", qos=1)
         poison = manual.expect()
-        _control(manual, "$queue/retry/$reject", _headers(poison)["x-queue-message-id"], reason="cannot parse")
+        _control(
+            manual, "$queue/retry/$reject", _headers(poison)["x-queue-message-id"], reason="cannot parse"
+        )
         pub.publish("$queue/retry", b"flaky", qos=1)
         for _ in range(3):
             flaky = manual.expect()

@@ -18,8 +18,14 @@ from trimaran.analytics.source import TABLES, Selection, read_tables
 
 def test_broker_tables_audit_clean(spark: SparkSession, broker_db: str, tmp_path: Path) -> None:
     args = argparse.Namespace(
-        parquet=None, since=None, until=None, queues=None, output=str(tmp_path / "report"),
-        master="local[2]", jars=None, no_charts=False,
+        parquet=None,
+        since=None,
+        until=None,
+        queues=None,
+        output=str(tmp_path / "report"),
+        master="local[2]",
+        jars=None,
+        no_charts=False,
     )
     code = run_audit(args, broker_db, spark=spark)
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
@@ -110,7 +116,10 @@ def _frame(spark: SparkSession, table: str, frame: pd.DataFrame) -> DataFrame:
             return None
         return int(v) if t in ("int", "bigint") else v  # type: ignore[call-overload]
 
-    rows = [tuple(value(v, t) for v, t in zip(r, types.values(), strict=True)) for r in frame[list(types)].itertuples(index=False)]
+    rows = [
+        tuple(value(v, t) for v, t in zip(r, types.values(), strict=True))
+        for r in frame[list(types)].itertuples(index=False)
+    ]
     return spark.createDataFrame(rows, schema=ddl)
 
 

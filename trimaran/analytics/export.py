@@ -17,9 +17,11 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-def export(spark: SparkSession, storage_url: str, directory: Path, selection: Selection = Selection()) -> dict[str, int]:
+def export(
+    spark: SparkSession, storage_url: str, directory: Path, selection: Selection | None = None
+) -> dict[str, int]:
     """Write each table under ``directory``; returns the rows written per table."""
-    tables = read_tables(spark, selection, storage_url=storage_url)
+    tables = read_tables(spark, selection or Selection(), storage_url=storage_url)
     written = {}
     for name in TABLES:
         frame = tables[name].persist()
@@ -30,11 +32,18 @@ def export(spark: SparkSession, storage_url: str, directory: Path, selection: Se
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output", "-o", required=True, metavar="DIR", help="directory for the Parquet tables")
-    parser.add_argument("--queue", dest="queues", action="append", metavar="NAME", help="only this queue (repeatable)")
+    parser.add_argument(
+        "--output", "-o", required=True, metavar="DIR", help="directory for the Parquet tables"
+    )
+    parser.add_argument(
+        "--queue", dest="queues", action="append", metavar="NAME", help="only this queue (repeatable)"
+    )
     parser.add_argument("--master", default="local[*]", help="Spark master (default: local[*])")
     parser.add_argument(
-        "--jars", default=None, metavar="JAR[,JAR]", help="JDBC driver jars (default: " + ", ".join(DEBIAN_JARS) + ")"
+        "--jars",
+        default=None,
+        metavar="JAR[,JAR]",
+        help="JDBC driver jars (default: " + ", ".join(DEBIAN_JARS) + ")",
     )
 
 

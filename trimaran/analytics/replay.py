@@ -37,7 +37,8 @@ INVARIANTS: dict[str, str] = {
     "acked_once": "no message acked twice in one group",
     "attempts": "a group's deliveries of a message count attempts 1, 2, 3, ...",
     "dead_letter_explained": "every dead letter follows a reject, or a nack or release at max attempts",
-    "redelivery_explained": "every redelivery follows a nack, a visibility timeout, a disconnect or a restart",
+    "redelivery_explained": "every redelivery follows a nack, a visibility timeout, a disconnect "
+    "or a restart",
     "commits_monotonic": "a stream group's commits never go backwards",
     "live_state": "the replayed state equals the live tables (messages, pending entries, cursors)",
 }
@@ -98,12 +99,13 @@ def _with_epochs(events: DataFrame) -> DataFrame:
     return events.withColumn("epoch", epoch.cast("int"))
 
 
-def replay(tables: dict[str, DataFrame], selection: Selection = Selection()) -> AuditResult:
+def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> AuditResult:
     """Replay and check; nothing is written. ``tables`` come from :func:`source.read_tables`."""
     from pyspark import StorageLevel
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    selection = selection or Selection()
     started = time.monotonic()
     col, lit = F.col, F.lit
     kind = col("kind")
@@ -119,7 +121,9 @@ def replay(tables: dict[str, DataFrame], selection: Selection = Selection()) -> 
     )
     events = _with_epochs(tables["queue_events"])
     # A queue's mode: the live row for the newest incarnation; older ones are streams if they commit.
-    streams = events.filter(kind == "committed").select("queue", "epoch").distinct().withColumn("commits", lit(1))
+    streams = (
+        events.filter(kind == "committed").select("queue", "epoch").distinct().withColumn("commits", lit(1))
+    )
     events = (
         events.join(F.broadcast(queues.drop("next_offset")), "queue", "left")
         .join(F.broadcast(streams), ["queue", "epoch"], "left")
@@ -150,10 +154,15 @@ def replay(tables: dict[str, DataFrame], selection: Selection = Selection()) -> 
 
     # -- each group's history of each message, in event order -------------------------------------
     group_events = events.filter(
-        col("group").isNotNull() & col("offset").isNotNull() & kind.isin(GROUP_KINDS) & (col("mode") == "work")
+        col("group").isNotNull()
+        & col("offset").isNotNull()
+        & kind.isin(GROUP_KINDS)
+        & (col("mode") == "work")
     )
     if selection.windowed:
-        group_events = group_events.join(messages.select("queue", "epoch", "offset"), ["queue", "epoch", "offset"], "left_semi")
+        group_events = group_events.join(
+            messages.select("queue", "epoch", "offset"), ["queue", "epoch", "offset"], "left_semi"
+        )
     in_order = Window.partitionBy(*KEY).orderBy("id")
     before = in_order.rowsBetween(Window.unboundedPreceding, -1)
     delivered = kind == "delivered"
@@ -173,7 +182,9 @@ def replay(tables: dict[str, DataFrame], selection: Selection = Selection()) -> 
     settles = kind.isin("acked", "nacked", "rejected", "released")
     violations.append(
         _violation(
-            history.filter(settles & (col("last_attempt").isNull() | (col("last_attempt") != col("attempt")))),
+            history.filter(
+                settles & (col("last_attempt").isNull() | (col("last_attempt") != col("attempt")))
+            ),
             "settled_after_delivery",
             F.concat_ws(
                 " ",
@@ -216,17 +227,25 @@ def replay(tables: dict[str, DataFrame], selection: Selection = Selection()) -> 
             ),
         )
     )
-    timed_out = (col("prev_reason") != "timeout") | col("visibility_ms").isNull() | (
-        col("prev_time") >= col("last_delivery_time") + col("visibility_ms")
+    timed_out = (
+        (col("prev_reason") != "timeout")
+        | col("visibility_ms").isNull()
+        | (col("prev_time") >= col("last_delivery_time") + col("visibility_ms"))
     )
     explained_redelivery = (
-        ((col("prev_kind") == "nacked") & (col("reason") == "nack") & (F.coalesce(col("prev_reason"), lit("")) != "max_attempts"))
+        (
+            (col("prev_kind") == "nacked")
+            & (col("reason") == "nack")
+            & (F.coalesce(col("prev_reason"), lit("")) != "max_attempts")
+        )
         | ((col("prev_kind") == "released") & (col("reason") == col("prev_reason")) & timed_out)
         | ((col("reason") == "lease_expired") & (col("prev_kind") == "delivered"))  # a node died
     )
     violations.append(
         _violation(
-            history.filter(delivered & (col("deliveries_before") > 0) & ~F.coalesce(explained_redelivery, lit(False))),
+            history.filter(
+                delivered & (col("deliveries_before") > 0) & ~F.coalesce(explained_redelivery, lit(False))
+            ),
             "redelivery_explained",
             F.format_string(
                 "attempt %s delivered for reason %s after %s (%s)",
@@ -256,7 +275,9 @@ def replay(tables: dict[str, DataFrame], selection: Selection = Selection()) -> 
         "status",
         F.when(last_kind == "delivered", lit("held"))
         .when(last_kind == "released", lit("wait"))
-        .when((last_kind == "nacked") & (F.coalesce(col("last_reason"), lit("")) != "max_attempts"), lit("wait"))
+        .when(
+            (last_kind == "nacked") & (F.coalesce(col("last_reason"), lit("")) != "max_attempts"), lit("wait")
+        )
         .otherwise(lit(FINISHED)),
     ).persist(StorageLevel.MEMORY_AND_DISK)
 
@@ -278,7 +299,9 @@ def replay(tables: dict[str, DataFrame], selection: Selection = Selection()) -> 
         _violation(
             commits.filter(col("offset") < col("highest_before")),
             "commits_monotonic",
-            F.format_string("commit of offset %d after offset %d was committed", col("offset"), col("highest_before")),
+            F.format_string(
+                "commit of offset %d after offset %d was committed", col("offset"), col("highest_before")
+            ),
         )
     )
 
@@ -294,7 +317,9 @@ def replay(tables: dict[str, DataFrame], selection: Selection = Selection()) -> 
         .groupBy("queue")
         .agg(F.max("id").alias("purge_id"))
     )
-    live_messages = tables["queue_messages"].select("queue", "offset").distinct().withColumn("live", lit(True))
+    live_messages = (
+        tables["queue_messages"].select("queue", "offset").distinct().withColumn("live", lit(True))
+    )
     live_groups = tables["queue_groups"].select("queue", "group", "cursor", "committed")
     current_lives = lives.filter(col("epoch") == 0).drop("epoch")
     event_groups = current_lives.select("queue", "group").distinct()
@@ -315,7 +340,9 @@ def replay(tables: dict[str, DataFrame], selection: Selection = Selection()) -> 
         msgs.filter((col("mode") == "work") & ~col("removed"))
         .select("queue", "offset")
         .join(groups, "queue")
-        .join(current_lives.select("queue", "group", "offset", "status"), ["queue", "group", "offset"], "left")
+        .join(
+            current_lives.select("queue", "group", "offset", "status"), ["queue", "group", "offset"], "left"
+        )
         .withColumn(
             "done",
             (col("status") == FINISHED)
@@ -329,7 +356,10 @@ def replay(tables: dict[str, DataFrame], selection: Selection = Selection()) -> 
                 ",",
                 F.sort_array(
                     F.collect_list(
-                        F.when(~col("done"), F.concat(col("group"), lit("="), F.coalesce(col("status"), lit("undelivered"))))
+                        F.when(
+                            ~col("done"),
+                            F.concat(col("group"), lit("="), F.coalesce(col("status"), lit("undelivered"))),
+                        )
                     )
                 ),
             ).alias("open_groups"),
@@ -340,11 +370,24 @@ def replay(tables: dict[str, DataFrame], selection: Selection = Selection()) -> 
 
     violations.append(
         _violation(
-            msgs.filter(~col("live") & ~col("removed") & ((col("mode") == "stream") | ~F.coalesce(all_done, lit(False)))),
+            msgs.filter(
+                ~col("live")
+                & ~col("removed")
+                & ((col("mode") == "stream") | ~F.coalesce(all_done, lit(False)))
+            ),
             "accounted",
-            F.when(col("mode") == "stream", lit("stream message gone from queue_messages without a drop, expiry or purge"))
-            .when(F.coalesce(col("groups"), lit(0)) == 0, lit("gone from queue_messages; no group finished it"))
-            .otherwise(F.concat(lit("gone from queue_messages while groups had not finished it: "), col("open_groups"))),
+            F.when(
+                col("mode") == "stream",
+                lit("stream message gone from queue_messages without a drop, expiry or purge"),
+            )
+            .when(
+                F.coalesce(col("groups"), lit(0)) == 0, lit("gone from queue_messages; no group finished it")
+            )
+            .otherwise(
+                F.concat(
+                    lit("gone from queue_messages while groups had not finished it: "), col("open_groups")
+                )
+            ),
         )
     )
     violations.append(
@@ -357,15 +400,25 @@ def replay(tables: dict[str, DataFrame], selection: Selection = Selection()) -> 
     if not selection.windowed:  # a history without its publication
         orphans = lives.join(messages, ["queue", "epoch", "offset"], "left_anti")
         violations.append(
-            _violation(orphans, "accounted", F.concat(lit("group history ("), last_kind, lit(") but no published event")))
+            _violation(
+                orphans,
+                "accounted",
+                F.concat(lit("group history ("), last_kind, lit(") but no published event")),
+            )
         )
 
     violations.append(
         _violation(
-            msgs.filter(col("live") & (col("removed") | ((col("mode") == "work") & F.coalesce(all_done, lit(False))))),
+            msgs.filter(
+                col("live") & (col("removed") | ((col("mode") == "work") & F.coalesce(all_done, lit(False))))
+            ),
             "live_state",
-            F.when(col("removed"), F.concat(lit("still in queue_messages after "), F.coalesce(col("removed_by"), lit("a purge"))))
-            .otherwise(lit("still in queue_messages though every group finished it")),
+            F.when(
+                col("removed"),
+                F.concat(
+                    lit("still in queue_messages after "), F.coalesce(col("removed_by"), lit("a purge"))
+                ),
+            ).otherwise(lit("still in queue_messages though every group finished it")),
         )
     )
     next_offsets = queues.select("queue", "next_offset")
@@ -406,14 +459,16 @@ def replay(tables: dict[str, DataFrame], selection: Selection = Selection()) -> 
         .when(is_open & live_open & (col("status") != col("live_state")),
               F.format_string("pending row %s but replay: %s", col("live_state"), col("status")))
         .when(is_open & live_open & (col("attempts") != col("live_attempts")),
-              F.format_string("pending row attempts %d but replay: %d", col("live_attempts"), col("attempts")))
+              F.format_string("pending row attempts %d but replay: %d",
+                              col("live_attempts"), col("attempts")))
         .when(is_open & (col("status") == "held") & (col("live_state") == "held")
               & ~F.coalesce(col("holder") == col("live_consumer"), lit(True)),
               F.format_string("held by %s but replay: %s", col("live_consumer"), col("holder")))
         .when((col("live_state") == "done") & ~F.coalesce(col("status") == FINISHED, lit(False)),
               F.format_string("pending row done but replay: %s", replayed))
         .when((col("status") == FINISHED) & col("live_state").isNull() & F.coalesce(col("live"), lit(False))
-              & ~F.coalesce(col("removed"), lit(False)) & col("cursor").isNotNull() & (col("offset") >= col("cursor")),
+              & ~F.coalesce(col("removed"), lit(False)) & col("cursor").isNotNull()
+              & (col("offset") >= col("cursor")),
               lit("finished ahead of the cursor but no done row"))
     )  # fmt: skip
     entries = entries.withColumn("mismatch", mismatch)
@@ -421,7 +476,9 @@ def replay(tables: dict[str, DataFrame], selection: Selection = Selection()) -> 
 
     # Group rows: stream committed offsets, work cursors past every delivery.
     commit_high = (
-        commits.filter(col("epoch") == 0).groupBy("queue", "group").agg((F.max("offset") + 1).alias("expect_committed"))
+        commits.filter(col("epoch") == 0)
+        .groupBy("queue", "group")
+        .agg((F.max("offset") + 1).alias("expect_committed"))
     )
     delivered_high = (
         events.filter((col("epoch") == 0) & delivered & (col("mode") == "work"))
@@ -436,26 +493,38 @@ def replay(tables: dict[str, DataFrame], selection: Selection = Selection()) -> 
     group_problem = (
         F.when(col("cursor").isNull(), lit("events for a group with no queue_groups row"))
         .when(col("expect_committed").isNotNull() & (col("committed") != col("expect_committed")),
-              F.format_string("committed %d but the commits replay to %d", col("committed"), col("expect_committed")))
-        .when(col("max_delivered").isNotNull() & (col("cursor") > 0) & (col("max_delivered") >= col("cursor")),
+              F.format_string("committed %d but the commits replay to %d",
+                              col("committed"), col("expect_committed")))
+        .when(col("max_delivered").isNotNull() & (col("cursor") > 0)
+              & (col("max_delivered") >= col("cursor")),
               F.format_string("cursor %d but offset %d was delivered", col("cursor"), col("max_delivered")))
     )  # fmt: skip
     group_check = group_check.withColumn("problem", group_problem)
-    violations.append(_violation(group_check.filter(col("problem").isNotNull()), "live_state", col("problem")))
+    violations.append(
+        _violation(group_check.filter(col("problem").isNotNull()), "live_state", col("problem"))
+    )
 
     # -- collect ---------------------------------------------------------------------------------
     every = violations[0]
     for frame in violations[1:]:
         every = every.unionByName(frame)
     every = every.persist(StorageLevel.MEMORY_AND_DISK)
-    counts_by = {r["invariant"]: int(r["n"]) for r in every.groupBy("invariant").agg(F.count(lit(1)).alias("n")).collect()}
+    counts_by = {
+        r["invariant"]: int(r["n"])
+        for r in every.groupBy("invariant").agg(F.count(lit(1)).alias("n")).collect()
+    }
     ranked = every.withColumn(
         "rank", F.row_number().over(Window.partitionBy("invariant").orderBy("queue", "offset", "event_id"))
     ).filter(col("rank") <= EXAMPLES)
     examples: dict[str, list[dict[str, Any]]] = {}
     for r in ranked.orderBy("invariant", "rank").collect():
         examples.setdefault(r["invariant"], []).append(
-            {"message_id": r["message_id"], "group": r["group"], "event_id": r["event_id"], "detail": r["detail"]}
+            {
+                "message_id": r["message_id"],
+                "group": r["group"],
+                "event_id": r["event_id"],
+                "detail": r["detail"],
+            }
         )
     invariants = {
         name: {
@@ -512,10 +581,16 @@ def parse_time(text: str | None) -> int | None:
 
 def add_arguments(parser: argparse.ArgumentParser, *, master_default: str | None) -> None:
     parser.add_argument("--parquet", metavar="DIR", help="audit a `trimaran export` instead of the database")
-    parser.add_argument("--since", metavar="TIME", help="only messages published at or after (epoch ms or ISO)")
+    parser.add_argument(
+        "--since", metavar="TIME", help="only messages published at or after (epoch ms or ISO)"
+    )
     parser.add_argument("--until", metavar="TIME", help="only messages published before (epoch ms or ISO)")
     parser.add_argument(
-        "--queue", dest="queues", action="append", metavar="NAME", help="audit this queue (repeatable; default all)"
+        "--queue",
+        dest="queues",
+        action="append",
+        metavar="NAME",
+        help="audit this queue (repeatable; default all)",
     )
     parser.add_argument("--output", "-o", default="audit-report", metavar="DIR", help="report directory")
     parser.add_argument(
@@ -531,7 +606,11 @@ def add_arguments(parser: argparse.ArgumentParser, *, master_default: str | None
 
 
 def run_audit(
-    args: argparse.Namespace, storage_url: str | None, *, default_jars: bool = True, spark: SparkSession | None = None
+    args: argparse.Namespace,
+    storage_url: str | None,
+    *,
+    default_jars: bool = True,
+    spark: SparkSession | None = None,
 ) -> int:
     """Run, write the report, print a summary; 0 when every invariant holds, 1 otherwise."""
     from trimaran.analytics import report
@@ -551,7 +630,9 @@ def run_audit(
         tables = read_tables(spark, selection, storage_url=storage_url)
         source = storage_url.split("@")[-1]  # never print a password
     result = replay(tables, selection)
-    summary = report.write(result, Path(args.output), source=source, selection=selection, charts=not args.no_charts)
+    summary = report.write(
+        result, Path(args.output), source=source, selection=selection, charts=not args.no_charts
+    )
     for name, outcome in result.invariants.items():
         mark = "ok  " if outcome["ok"] else "FAIL"
         ids = ", ".join(outcome["message_ids"][:10])
@@ -565,7 +646,9 @@ def run_audit(
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point under spark-submit: ``spark-submit .../replay.py --storage URL -o DIR``."""
-    parser = argparse.ArgumentParser(prog="trimaran-audit", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="trimaran-audit", description=__doc__.splitlines()[0] if __doc__ else None
+    )
     parser.add_argument("--storage", metavar="URL", help="sqlite:///path or postgresql://user@host/db")
     add_arguments(parser, master_default=None)
     args = parser.parse_args(argv)

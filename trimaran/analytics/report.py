@@ -90,7 +90,9 @@ def figure_tables(result: AuditResult) -> dict[str, pd.DataFrame]:
         (col("kind") == "dropped") & col("group").isNotNull()
     )
     tables["progress"] = (
-        events.filter((col("epoch") == 0) & (finished | col("kind").isin("published", "expired", "dropped", "purged")))
+        events.filter(
+            (col("epoch") == 0) & (finished | col("kind").isin("published", "expired", "dropped", "purged"))
+        )
         .groupBy(
             "queue",
             F.when(finished, col("group")).alias("group"),
@@ -181,7 +183,9 @@ def _charts(tables: dict[str, pd.DataFrame], directory: Path) -> list[tuple[str,
 
     red = tables["redeliveries"]
     if not red.empty:
-        pivot = red.pivot_table(index=["queue", "group"], columns="reason", values="n", aggfunc="sum", fill_value=0)
+        pivot = red.pivot_table(
+            index=["queue", "group"], columns="reason", values="n", aggfunc="sum", fill_value=0
+        )
         pivot = pivot.loc[pivot.sum(axis=1).sort_values(ascending=False).index[:MAX_SERIES]]
         share = pivot.div(pivot.sum(axis=1), axis=0) * 100
         fig, ax = plt.subplots(figsize=(9, 4))
@@ -193,7 +197,12 @@ def _charts(tables: dict[str, pd.DataFrame], directory: Path) -> list[tuple[str,
     dead = tables["dead_letters"]
     if not dead.empty:
         fig, ax = plt.subplots(figsize=(9, 4))
-        d = dead.groupby(["queue", "kind", "reason"])["n"].sum().sort_values(ascending=False).head(MAX_SERIES * 2)
+        d = (
+            dead.groupby(["queue", "kind", "reason"])["n"]
+            .sum()
+            .sort_values(ascending=False)
+            .head(MAX_SERIES * 2)
+        )
         ax.barh([" ".join(map(str, i)) for i in d.index], d.values)
         ax.set_xlabel("messages")
         save(fig, "dead_letters.png", "Dead letters, drops and expiries by reason")
@@ -205,7 +214,10 @@ def _charts(tables: dict[str, pd.DataFrame], directory: Path) -> list[tuple[str,
         totals = cons.groupby(["queue", "group"])["deliveries"].transform("sum")
         cons = cons.assign(share=cons["deliveries"] / totals * 100)
         c = cons.loc[c.index]
-        ax.barh([f"{q}/{g} {n}" for q, g, n in zip(c["queue"], c["group"], c["consumer"], strict=True)], c["share"])
+        ax.barh(
+            [f"{q}/{g} {n}" for q, g, n in zip(c["queue"], c["group"], c["consumer"], strict=True)],
+            c["share"],
+        )
         ax.set_xlabel("% of the group's deliveries")
         save(fig, "consumers.png", "Consumer share")
 
@@ -237,9 +249,13 @@ def _html(summary: dict[str, Any], charts: list[tuple[str, str]]) -> str:
         for ex in inv["examples"][:20]:
             details.append(
                 f"<tr><td>{e(name)}</td><td>{e(str(ex['message_id']))}</td><td>{e(str(ex['group']))}</td>"
-                f"<td>{ex['event_id'] if ex['event_id'] is not None else ''}</td><td>{e(str(ex['detail']))}</td></tr>"
+                f"<td>{'' if ex['event_id'] is None else ex['event_id']}</td>"
+                f"<td>{e(str(ex['detail']))}</td></tr>"
             )
-    images = "".join(f"<figure><img src='charts/{e(n)}' alt='{e(t)}'><figcaption>{e(t)}</figcaption></figure>" for n, t in charts)
+    images = "".join(
+        f"<figure><img src='charts/{e(n)}' alt='{e(t)}'><figcaption>{e(t)}</figcaption></figure>"
+        for n, t in charts
+    )
     counts = e(json.dumps(summary["counts"], indent=1))
     verdict = "every invariant holds" if summary["ok"] else "INVARIANTS FAILED"
     detail_table = (
@@ -259,7 +275,8 @@ figure{{display:inline-block;margin:1em}} img{{max-width:820px}}</style></head><
 <h1>Trimaran queue audit: {e(verdict)}</h1>
 <p>Source {e(summary["source"])}; window {e(str(summary["window"]))}; generated {e(summary["generated_at"])};
 replay {summary["seconds"]:.1f} s.</p>
-<table><tr><th></th><th>invariant</th><th>rule</th><th>violations</th><th>message ids</th></tr>{"".join(rows)}</table>
+<table><tr><th></th><th>invariant</th><th>rule</th><th>violations</th><th>message ids</th></tr>
+{"".join(rows)}</table>
 {detail_table}
 <h2>Counts</h2><pre>{counts}</pre>
 <h2>Figures</h2>{images}
@@ -280,7 +297,9 @@ def write(
 
     from trimaran.analytics.replay import _message_id
 
-    lives = result.lives.withColumn("message_id", _message_id(F.col("queue"), F.col("offset"), F.col("epoch")))
+    lives = result.lives.withColumn(
+        "message_id", _message_id(F.col("queue"), F.col("offset"), F.col("epoch"))
+    )
     lives.write.mode("overwrite").parquet(str(details / "messages.parquet"))
     summary: dict[str, Any] = {
         "ok": result.ok,

@@ -141,12 +141,14 @@ def read_jdbc(
     base = reader()
     slice_column = SLICE_COLUMN.get(table)
     if slice_column is not None:
+        c = f'"{slice_column}"'
         bounds_sql = (
-            f'SELECT CAST(min("{slice_column}") AS BIGINT) AS lo, CAST(max("{slice_column}") AS BIGINT) AS hi,'
+            f"SELECT CAST(min({c}) AS BIGINT) AS lo, CAST(max({c}) AS BIGINT) AS hi,"
             f" CAST(count(*) AS BIGINT) AS n FROM {table}{where}"
         )
         bounds = base.option("query", bounds_sql).option(  # type: ignore[attr-defined]
-            "customSchema", "lo BIGINT, hi BIGINT, n BIGINT"  # SQLite reports no type for aggregates
+            "customSchema",
+            "lo BIGINT, hi BIGINT, n BIGINT",  # SQLite reports no type for aggregates
         )
         row = bounds.load().first()
         n = int(row["n"] or 0) if row is not None else 0
