@@ -80,7 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="replay the queue tables with Spark and check every message (exit 1 when an invariant fails)",
     )
     analytics_replay.add_arguments(audit, master_default="local[*]")
-    export = commands.add_parser("export", parents=[common], help="copy the queue tables to Parquet for the audit")
+    export = commands.add_parser(
+        "export", parents=[common], help="copy the queue tables to Parquet for the audit"
+    )
     analytics_export.add_arguments(export)
 
     commands.add_parser("version", help="print the version")
