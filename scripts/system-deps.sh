@@ -2,10 +2,13 @@
 # System packages the test suite needs, from Debian's archive:
 #   gcc, libssl-dev   python-qpid-proton has no Linux wheel and builds from source
 #   postgresql        the storage tests start a throwaway cluster
+#   default-jre-headless, libxerial-sqlite-jdbc-java, libpostgresql-jdbc-java
+#                     the Spark audit (pyspark needs a JVM; it reads the tables over JDBC with these
+#                     drivers, found at /usr/share/java/{sqlite-jdbc,postgresql}.jar)
 # Installs what is missing when we are root (or have sudo); otherwise says what to install.
 set -euo pipefail
 
-packages=(gcc libssl-dev postgresql)
+packages=(gcc libssl-dev postgresql default-jre-headless libxerial-sqlite-jdbc-java libpostgresql-jdbc-java)
 missing=()
 for package in "${packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")

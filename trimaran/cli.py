@@ -1,4 +1,4 @@
-"""Command line: ``trimaran serve | config show | db upgrade | db current | version``."""
+"""Command line: ``trimaran serve | config show | db upgrade | db current | audit | export | version``."""
 
 from __future__ import annotations
 
@@ -71,6 +71,20 @@ def build_parser() -> argparse.ArgumentParser:
     db_commands.add_parser("upgrade", parents=[common], help="apply migrations up to the newest")
     db_commands.add_parser("current", parents=[common], help="print the schema revision")
 
+    from trimaran.analytics import export as analytics_export
+    from trimaran.analytics import replay as analytics_replay
+
+    audit = commands.add_parser(
+        "audit",
+        parents=[common],
+        help="replay the queue tables with Spark and check every message (exit 1 when an invariant fails)",
+    )
+    analytics_replay.add_arguments(audit, master_default="local[*]")
+    export = commands.add_parser(
+        "export", parents=[common], help="copy the queue tables to Parquet for the audit"
+    )
+    analytics_export.add_arguments(export)
+
     commands.add_parser("version", help="print the version")
     return parser
 
@@ -111,6 +125,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "db":
         return _db(settings, args.db_command)
+    if args.command == "audit":
+        from trimaran.analytics.replay import run_audit
+
+        return run_audit(args, None if args.parquet else settings.storage.effective_url())
+    if args.command == "export":
+        from trimaran.analytics.export import run_export
+
+        return run_export(args, settings.storage.effective_url())
     raise AssertionError(args.command)
 
 

@@ -293,6 +293,7 @@ class QueueManager:
         self._started = False
         self._last_sweep = 0.0
         self.events = EventBus()  # the app hands in the broker's bus; events: see trimaran.broker.events
+        self._restarted: list[tuple[QueueState, Group, int, Entry]] = []
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -314,6 +315,15 @@ class QueueManager:
             self.queues[state.name] = state
         self.writer.start()
         self._started = True
+        if self._restarted:  # record why these will be redelivered, and that they wait now
+            batch = WriteBatch()
+            now = now_ms()
+            for state, group, offset, entry in self._restarted:
+                self._released_event(state, group, offset, entry, "restart", now, batch)
+                entry.consumer_id = None
+                self._pending_row(state, group, offset, entry, batch)
+            self._restarted.clear()
+            await self._write(batch)
         for declared in self.settings.declare:
             policy = QueuePolicySettings(**declared.model_dump(exclude={"name"}))
             await self.declare(declared.name, policy)
@@ -341,6 +351,8 @@ class QueueManager:
                 if self._is_shared(state):  # hand everything this node holds back to the others
                     for offset, entry in list(group.entries.items()):
                         reason = "disconnect" if entry.state == HELD else entry.reason
+                        if entry.state == HELD:
+                            self._released_event(state, group, offset, entry, reason, now, release)
                         self._make_available(state, group, offset, entry, reason, now, now, release)
         if not release.empty():
             await self._write(release)
@@ -393,6 +405,8 @@ class QueueManager:
                     entry.state = WAIT
                     entry.reason = "restart"
                     entry.available_at = now
+                    entry.consumer_id = p.consumer
+                    self._restarted.append((state, group, int(p.offset), entry))
                 elif p.state == WAIT:
                     entry.available_at = int(p.available_at or now)
                     entry.reason = p.reason or "restart"
@@ -1489,10 +1503,31 @@ class QueueManager:
         batch: WriteBatch,
         after: list[Callable[[], None]],
     ) -> None:
+        self._released_event(state, group, offset, entry, reason, now, batch)
         if entry.attempts >= state.policy.max_attempts:
             self._dead_letter(state, group, offset, entry, "max_attempts", now, batch, after)
         else:
             self._make_available(state, group, offset, entry, reason, now, now, batch)
+
+    def _released_event(
+        self,
+        state: QueueState,
+        group: Group,
+        offset: int,
+        entry: Entry,
+        reason: str,
+        now: int,
+        batch: WriteBatch,
+    ) -> None:
+        """A held delivery came back without a settlement (timeout, disconnect, restart): the cause of
+        the redelivery or dead-lettering that follows, for the audit."""
+        if state.durable:
+            batch.events.append(
+                queue_store.event_row(
+                    now, state.name, "released", group=group.name, offset=offset,
+                    consumer=entry.consumer_id, node=self.node, attempt=entry.attempts, reason=reason,
+                )
+            )  # fmt: skip
 
     # -- timers -----------------------------------------------------------------------------------
 

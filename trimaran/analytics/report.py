@@ -1,0 +1,326 @@
+"""The audit's report: ``summary.json``, Parquet details, PNG charts and an ``index.html`` showing them.
+
+Figures, per queue and group: throughput over time, publish -> ack latency percentiles, redelivery
+and dead-letter rates with their reasons, each consumer's share of deliveries, and lag over time.
+The aggregation runs in Spark; only the small per-bucket tables come to the driver for plotting.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trimaran.analytics.source import Selection
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from trimaran.analytics.replay import AuditResult
+
+MAX_SERIES = 8  # lines or bars per chart; the busiest queues and groups are shown
+BUCKETS = 120  # time buckets across the audited span
+
+
+def figure_tables(result: AuditResult) -> dict[str, pd.DataFrame]:
+    """The numbers behind each chart, as small pandas frames."""
+    from pyspark.sql import functions as F
+
+    col, lit = F.col, F.lit
+    events = result.frames["events"]
+    lives = result.frames["lives"].filter(col("epoch") == 0)
+    msgs = result.frames["messages"]
+    span = events.agg(F.min("time").alias("lo"), F.max("time").alias("hi")).first()
+    lo = int(span["lo"] or 0) if span else 0
+    hi = int(span["hi"] or 0) if span else 0
+    bucket_ms = max(1000, math.ceil((hi - lo + 1) / BUCKETS))
+    bucket = (F.floor((col("time") - lo) / bucket_ms) * bucket_ms + lo).cast("bigint").alias("bucket")
+
+    tables: dict[str, pd.DataFrame] = {}
+    tables["throughput"] = (
+        events.filter(col("kind").isin("published", "acked", "dead_lettered", "committed"))
+        .groupBy("queue", "kind", bucket)
+        .agg(F.count(lit(1)).alias("n"))
+        .toPandas()
+    )
+    tables["throughput"]["rate_per_s"] = tables["throughput"]["n"] * 1000.0 / bucket_ms
+    latency = lives.join(msgs.select("queue", "offset", "pub_time"), ["queue", "offset"]).filter(
+        col("acked_at").isNotNull()
+    )
+    tables["latency"] = (
+        latency.withColumn("ms", col("acked_at") - col("pub_time"))
+        .groupBy("queue", "group")
+        .agg(
+            F.count(lit(1)).alias("acked"),
+            F.percentile_approx("ms", [0.5, 0.9, 0.99], 1000).alias("p"),
+            F.max("ms").alias("max_ms"),
+        )
+        .toPandas()
+    )
+    if len(tables["latency"]):
+        for i, name in enumerate(("p50_ms", "p90_ms", "p99_ms")):
+            tables["latency"][name] = tables["latency"]["p"].map(lambda p, i=i: p[i])
+        tables["latency"] = tables["latency"].drop(columns=["p"])
+    tables["redeliveries"] = (
+        events.filter(col("kind") == "delivered")
+        .groupBy("queue", "group", F.coalesce(col("reason"), lit("first")).alias("reason"))
+        .agg(F.count(lit(1)).alias("n"))
+        .toPandas()
+    )
+    tables["dead_letters"] = (
+        events.filter(col("kind").isin("dead_lettered", "dropped", "expired"))
+        .groupBy(
+            "queue",
+            F.coalesce(col("group"), lit("(all)")).alias("group"),
+            "kind",
+            F.coalesce(F.split(col("reason"), " -> ").getItem(0), lit("none")).alias("reason"),
+        )
+        .agg(F.count(lit(1)).alias("n"))
+        .toPandas()
+    )
+    tables["consumers"] = (
+        events.filter(col("kind") == "delivered")
+        .groupBy("queue", "group", F.coalesce(col("consumer"), lit("?")).alias("consumer"))
+        .agg(F.count(lit(1)).alias("deliveries"))
+        .toPandas()
+    )
+    finished = col("kind").isin("acked", "dead_lettered", "committed") | (
+        (col("kind") == "dropped") & col("group").isNotNull()
+    )
+    tables["progress"] = (
+        events.filter(
+            (col("epoch") == 0) & (finished | col("kind").isin("published", "expired", "dropped", "purged"))
+        )
+        .groupBy(
+            "queue",
+            F.when(finished, col("group")).alias("group"),
+            F.when(finished, lit("finished")).otherwise(col("kind")).alias("kind"),
+            "mode",
+            bucket,
+        )
+        .agg(F.count(lit(1)).alias("n"), F.max("offset").alias("max_offset"))
+        .toPandas()
+    )
+    tables["lag"] = _lag(tables["progress"])
+    return tables
+
+
+def _lag(progress: pd.DataFrame) -> pd.DataFrame:
+    """Per group and bucket: messages published and not yet finished (work) or committed (stream)."""
+    import pandas as pd
+
+    rows = []
+    if progress.empty:
+        return pd.DataFrame(columns=["queue", "group", "bucket", "lag"])
+    for queue, q in progress.groupby("queue"):
+        buckets = sorted(q["bucket"].unique())
+        pub = q[q["kind"] == "published"].groupby("bucket")["n"].sum().reindex(buckets, fill_value=0).cumsum()
+        gone = (
+            q[q["kind"].isin(["expired", "dropped", "purged"])]
+            .groupby("bucket")["n"]
+            .sum()
+            .reindex(buckets, fill_value=0)
+            .cumsum()
+        )
+        stream = (q["mode"] == "stream").any()
+        for group, g in q[q["kind"] == "finished"].groupby("group"):
+            if stream:  # the committed position against everything published
+                done = g.groupby("bucket")["max_offset"].max().reindex(buckets).ffill().fillna(-1) + 1
+                high = q[q["kind"] == "published"].groupby("bucket")["max_offset"].max()
+                high = high.reindex(buckets).ffill().fillna(-1).cummax() + 1
+                lag = (high - done).clip(lower=0)
+            else:
+                done = g.groupby("bucket")["n"].sum().reindex(buckets, fill_value=0).cumsum()
+                lag = (pub - done - gone).clip(lower=0)
+            rows += [{"queue": queue, "group": group, "bucket": b, "lag": int(v)} for b, v in lag.items()]
+    return pd.DataFrame(rows, columns=["queue", "group", "bucket", "lag"])
+
+
+def _charts(tables: dict[str, pd.DataFrame], directory: Path) -> list[tuple[str, str]]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    directory.mkdir(parents=True, exist_ok=True)
+    made: list[tuple[str, str]] = []
+
+    def save(fig: Any, name: str, title: str) -> None:
+        fig.tight_layout()
+        fig.savefig(directory / name, dpi=90)
+        plt.close(fig)
+        made.append((name, title))
+
+    def when(series: pd.Series) -> pd.Series:
+        return pd.to_datetime(series, unit="ms", utc=True)
+
+    t = tables["throughput"]
+    if not t.empty:
+        fig, ax = plt.subplots(figsize=(9, 4))
+        busiest = t.groupby(["queue", "kind"])["n"].sum().sort_values(ascending=False).index[:MAX_SERIES]
+        for queue, kind in busiest:
+            s = t[(t["queue"] == queue) & (t["kind"] == kind)].sort_values("bucket")
+            ax.plot(when(s["bucket"]), s["rate_per_s"], label=f"{queue} {kind}")
+        ax.set_ylabel("events/s")
+        ax.legend(fontsize=7)
+        save(fig, "throughput.png", "Throughput over time")
+
+    lat = tables["latency"]
+    if not lat.empty:
+        lat = lat.sort_values("acked", ascending=False).head(MAX_SERIES)
+        fig, ax = plt.subplots(figsize=(9, 4))
+        labels = [f"{q}/{g}" for q, g in zip(lat["queue"], lat["group"], strict=True)]
+        x = range(len(labels))
+        for i, p in enumerate(("p50_ms", "p90_ms", "p99_ms")):
+            ax.bar([v + (i - 1) * 0.27 for v in x], lat[p], width=0.27, label=p[:3])
+        ax.set_xticks(list(x), labels, rotation=20, fontsize=7)
+        ax.set_ylabel("publish -> ack, ms")
+        ax.legend()
+        save(fig, "latency.png", "Publish to ack latency percentiles")
+
+    red = tables["redeliveries"]
+    if not red.empty:
+        pivot = red.pivot_table(
+            index=["queue", "group"], columns="reason", values="n", aggfunc="sum", fill_value=0
+        )
+        pivot = pivot.loc[pivot.sum(axis=1).sort_values(ascending=False).index[:MAX_SERIES]]
+        share = pivot.div(pivot.sum(axis=1), axis=0) * 100
+        fig, ax = plt.subplots(figsize=(9, 4))
+        share.plot.bar(stacked=True, ax=ax)
+        ax.set_ylabel("% of deliveries")
+        ax.set_xticklabels(["/".join(map(str, i)) for i in share.index], rotation=20, fontsize=7)
+        save(fig, "redeliveries.png", "Deliveries by reason (first, nack, timeout, disconnect, restart)")
+
+    dead = tables["dead_letters"]
+    if not dead.empty:
+        fig, ax = plt.subplots(figsize=(9, 4))
+        d = (
+            dead.groupby(["queue", "kind", "reason"])["n"]
+            .sum()
+            .sort_values(ascending=False)
+            .head(MAX_SERIES * 2)
+        )
+        ax.barh([" ".join(map(str, i)) for i in d.index], d.values)
+        ax.set_xlabel("messages")
+        save(fig, "dead_letters.png", "Dead letters, drops and expiries by reason")
+
+    cons = tables["consumers"]
+    if not cons.empty:
+        fig, ax = plt.subplots(figsize=(9, 4))
+        c = cons.sort_values("deliveries", ascending=False).head(MAX_SERIES * 2)
+        totals = cons.groupby(["queue", "group"])["deliveries"].transform("sum")
+        cons = cons.assign(share=cons["deliveries"] / totals * 100)
+        c = cons.loc[c.index]
+        ax.barh(
+            [f"{q}/{g} {n}" for q, g, n in zip(c["queue"], c["group"], c["consumer"], strict=True)],
+            c["share"],
+        )
+        ax.set_xlabel("% of the group's deliveries")
+        save(fig, "consumers.png", "Consumer share")
+
+    lag = tables["lag"]
+    if not lag.empty:
+        fig, ax = plt.subplots(figsize=(9, 4))
+        top = lag.groupby(["queue", "group"])["lag"].max().sort_values(ascending=False).index[:MAX_SERIES]
+        for queue, group in top:
+            s = lag[(lag["queue"] == queue) & (lag["group"] == group)].sort_values("bucket")
+            ax.plot(when(s["bucket"]), s["lag"], label=f"{queue}/{group}")
+        ax.set_ylabel("messages not finished")
+        ax.legend(fontsize=7)
+        save(fig, "lag.png", "Lag over time")
+    return made
+
+
+def _html(summary: dict[str, Any], charts: list[tuple[str, str]]) -> str:
+    e = html.escape
+    rows = []
+    for name, inv in summary["invariants"].items():
+        status = "ok" if inv["ok"] else "FAIL"
+        ids = ", ".join(inv["message_ids"][:20])
+        rows.append(
+            f"<tr class='{status}'><td>{status}</td><td>{e(name)}</td><td>{e(inv['description'])}</td>"
+            f"<td>{inv['violations']}</td><td>{e(ids)}</td></tr>"
+        )
+    details = []
+    for name, inv in summary["invariants"].items():
+        for ex in inv["examples"][:20]:
+            details.append(
+                f"<tr><td>{e(name)}</td><td>{e(str(ex['message_id']))}</td><td>{e(str(ex['group']))}</td>"
+                f"<td>{'' if ex['event_id'] is None else ex['event_id']}</td>"
+                f"<td>{e(str(ex['detail']))}</td></tr>"
+            )
+    images = "".join(
+        f"<figure><img src='charts/{e(n)}' alt='{e(t)}'><figcaption>{e(t)}</figcaption></figure>"
+        for n, t in charts
+    )
+    counts = e(json.dumps(summary["counts"], indent=1))
+    verdict = "every invariant holds" if summary["ok"] else "INVARIANTS FAILED"
+    detail_table = (
+        "<h2>Offending messages (first 20 per invariant; all in details/violations.parquet)</h2>"
+        "<table><tr><th>invariant</th><th>message</th><th>group</th><th>event</th><th>detail</th></tr>"
+        + "".join(details)
+        + "</table>"
+        if details
+        else ""
+    )
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>Trimaran queue audit</title>
+<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}}
+tr.FAIL td:first-child{{color:#b00;font-weight:bold}} tr.ok td:first-child{{color:#070}}
+figure{{display:inline-block;margin:1em}} img{{max-width:820px}}</style></head><body>
+<h1>Trimaran queue audit: {e(verdict)}</h1>
+<p>Source {e(summary["source"])}; window {e(str(summary["window"]))}; generated {e(summary["generated_at"])};
+replay {summary["seconds"]:.1f} s.</p>
+<table><tr><th></th><th>invariant</th><th>rule</th><th>violations</th><th>message ids</th></tr>
+{"".join(rows)}</table>
+{detail_table}
+<h2>Counts</h2><pre>{counts}</pre>
+<h2>Figures</h2>{images}
+</body></html>
+"""
+
+
+def write(
+    result: AuditResult, directory: Path, *, source: str, selection: Selection, charts: bool = True
+) -> dict[str, Any]:
+    """Write the report into ``directory``; returns the summary (also in ``summary.json``)."""
+    from datetime import UTC, datetime
+
+    directory.mkdir(parents=True, exist_ok=True)
+    details = directory / "details"
+    result.violations.coalesce(1).write.mode("overwrite").parquet(str(details / "violations.parquet"))
+    from pyspark.sql import functions as F
+
+    from trimaran.analytics.replay import _message_id
+
+    lives = result.lives.withColumn(
+        "message_id", _message_id(F.col("queue"), F.col("offset"), F.col("epoch"))
+    )
+    lives.write.mode("overwrite").parquet(str(details / "messages.parquet"))
+    summary: dict[str, Any] = {
+        "ok": result.ok,
+        "source": source,
+        "window": {"queues": list(selection.queues) if selection.queues else None,
+                   "since_ms": selection.since_ms, "until_ms": selection.until_ms},
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "seconds": round(result.seconds, 2),
+        "counts": result.counts,
+        "invariants": result.invariants,
+    }  # fmt: skip
+    made: list[tuple[str, str]] = []
+    if charts:
+        tables = figure_tables(result)
+        for name, frame in tables.items():
+            frame.to_parquet(details / f"{name}.parquet", index=False)
+        summary["figures"] = {
+            "latency": tables["latency"].to_dict(orient="records"),
+            "consumers": tables["consumers"].to_dict(orient="records"),
+        }
+        made = _charts(tables, directory / "charts")
+    (directory / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    (directory / "index.html").write_text(_html(summary, made))
+    return summary

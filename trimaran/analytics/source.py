@@ -1,0 +1,225 @@
+"""Where the audit reads the queue tables from: the database over JDBC, or a Parquet export.
+
+Only the columns the audit needs are read (never message payloads). Large tables are read in
+parallel slices of a numeric column (Spark's partitioned JDBC reads); filters on queue names and on
+the time window are pushed into the SQL so the database sends only what is audited.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, unquote, urlsplit
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+# Debian's libxerial-sqlite-jdbc-java and libpostgresql-jdbc-java.
+DEBIAN_JARS: tuple[str, ...] = ("/usr/share/java/sqlite-jdbc.jar", "/usr/share/java/postgresql.jar")
+
+# The columns read from each table, with the Spark SQL type each is cast to (JDBC drivers and
+# Parquet writers disagree on integer widths; the replay sees one schema).
+TABLES: dict[str, dict[str, str]] = {
+    "queues": {"name": "string", "mode": "string", "policy": "string", "next_offset": "bigint"},
+    "queue_messages": {
+        "queue": "string",
+        "offset": "bigint",
+        "published_at": "bigint",
+        "expires_at": "bigint",
+        "publisher": "string",
+        "protocol": "string",
+    },
+    "queue_groups": {"queue": "string", "group": "string", "cursor": "bigint", "committed": "bigint"},
+    "queue_pending": {
+        "queue": "string",
+        "group": "string",
+        "offset": "bigint",
+        "state": "string",
+        "consumer": "string",
+        "node": "string",
+        "delivered_at": "bigint",
+        "attempts": "int",
+        "available_at": "bigint",
+        "reason": "string",
+    },
+    "queue_events": {
+        "id": "bigint",
+        "time": "bigint",
+        "queue": "string",
+        "group": "string",
+        "offset": "bigint",
+        "consumer": "string",
+        "node": "string",
+        "kind": "string",
+        "attempt": "int",
+        "reason": "string",
+    },
+}
+# Numeric column each large table is sliced on for parallel JDBC reads.
+SLICE_COLUMN = {"queue_events": "id", "queue_messages": "offset", "queue_pending": "offset"}
+ROWS_PER_SLICE = 200_000
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What to audit: some queues (``None``: all) and messages published in [since, until)."""
+
+    queues: tuple[str, ...] | None = None
+    since_ms: int | None = None
+    until_ms: int | None = None
+
+    @property
+    def windowed(self) -> bool:
+        return self.since_ms is not None or self.until_ms is not None
+
+
+def jdbc_target(storage_url: str) -> tuple[str, dict[str, str]]:
+    """A SQLAlchemy-style storage URL -> (JDBC URL, connection properties)."""
+    parts = urlsplit(storage_url)
+    scheme = parts.scheme.split("+", 1)[0]
+    if scheme == "sqlite":
+        path = storage_url.split(":///", 1)[1] if ":///" in storage_url else ""
+        path = path.split("?", 1)[0]
+        if not path or path == ":memory:":
+            raise ValueError("the audit needs a SQLite database file, not an in-memory one")
+        return f"jdbc:sqlite:{Path(path).resolve()}", {"driver": "org.sqlite.JDBC"}
+    if scheme in ("postgresql", "postgres"):
+        host = parts.hostname or parse_qs(parts.query).get("host", ["localhost"])[0]
+        port = parts.port or 5432
+        database = parts.path.lstrip("/")
+        props = {"driver": "org.postgresql.Driver"}
+        if parts.username:
+            props["user"] = unquote(parts.username)
+        if parts.password:
+            props["password"] = unquote(parts.password)
+        return f"jdbc:postgresql://{host}:{port}/{database}", props
+    raise ValueError(f"unsupported storage URL {storage_url!r}: use sqlite:/// or postgresql://")
+
+
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _where(table: str, selection: Selection) -> str:
+    clauses = []
+    if selection.queues is not None:
+        column = '"name"' if table == "queues" else '"queue"'
+        names = ", ".join(_sql_string(q) for q in selection.queues) or "NULL"
+        clauses.append(f"{column} IN ({names})")
+    # Events of a message come after its publication: older events cannot concern the window.
+    if table == "queue_events" and selection.since_ms is not None:
+        clauses.append(f'"time" >= {int(selection.since_ms)}')
+    return (" WHERE " + " AND ".join(clauses)) if clauses else ""
+
+
+def _typed(frame: DataFrame, table: str) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return frame.select(*[F.col(c).cast(t).alias(c) for c, t in TABLES[table].items()])
+
+
+def read_jdbc(
+    spark: SparkSession,
+    storage_url: str,
+    table: str,
+    selection: Selection,
+    max_slices: int = 16,
+) -> DataFrame:
+    url, props = jdbc_target(storage_url)
+    where = _where(table, selection)
+    columns = ", ".join(f'"{c}"' for c in TABLES[table])
+    sql = f"SELECT {columns} FROM {table}{where}"
+
+    def reader() -> object:
+        r = spark.read.format("jdbc").option("url", url).option("fetchsize", "10000")
+        for key, value in props.items():
+            r = r.option(key, value)
+        return r
+
+    base = reader()
+    slice_column = SLICE_COLUMN.get(table)
+    if slice_column is not None:
+        c = f'"{slice_column}"'
+        bounds_sql = (
+            f"SELECT CAST(min({c}) AS BIGINT) AS lo, CAST(max({c}) AS BIGINT) AS hi,"
+            f" CAST(count(*) AS BIGINT) AS n FROM {table}{where}"
+        )
+        bounds = base.option("query", bounds_sql).option(  # type: ignore[attr-defined]
+            "customSchema",
+            "lo BIGINT, hi BIGINT, n BIGINT",  # SQLite reports no type for aggregates
+        )
+        row = bounds.load().first()
+        n = int(row["n"] or 0) if row is not None else 0
+        slices = min(max_slices, math.ceil(n / ROWS_PER_SLICE))
+        if row is not None and slices > 1:
+            frame = (
+                reader()
+                .option("dbtable", f"({sql}) AS t")  # type: ignore[attr-defined]
+                .option("partitionColumn", slice_column)
+                .option("lowerBound", str(int(row["lo"])))
+                .option("upperBound", str(int(row["hi"]) + 1))
+                .option("numPartitions", str(slices))
+                .load()
+            )
+            return _typed(frame, table)
+    frame = reader().option("dbtable", f"({sql}) AS t").load()  # type: ignore[attr-defined]
+    return _typed(frame, table)
+
+
+def read_parquet(spark: SparkSession, directory: str, table: str, selection: Selection) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    frame = _typed(spark.read.parquet(str(Path(directory) / table)), table)
+    if selection.queues is not None:
+        column = "name" if table == "queues" else "queue"
+        frame = frame.filter(F.col(column).isin(list(selection.queues)))
+    if table == "queue_events" and selection.since_ms is not None:
+        frame = frame.filter(F.col("time") >= selection.since_ms)
+    return frame
+
+
+def read_tables(
+    spark: SparkSession,
+    selection: Selection,
+    *,
+    storage_url: str | None = None,
+    parquet: str | None = None,
+) -> dict[str, DataFrame]:
+    if (storage_url is None) == (parquet is None):
+        raise ValueError("read from exactly one of a storage URL and a Parquet export")
+    if parquet is not None:
+        return {t: read_parquet(spark, parquet, t, selection) for t in TABLES}
+    assert storage_url is not None
+    return {t: read_jdbc(spark, storage_url, t, selection) for t in TABLES}
+
+
+def spark_session(
+    master: str | None,
+    jars: list[str] | None,
+    *,
+    app_name: str = "trimaran-audit",
+    shuffle_partitions: int | None = None,
+    extra: dict[str, str] | None = None,
+) -> SparkSession:
+    """``master=None`` keeps what spark-submit configured; ``jars=None`` adds none (spark-submit --jars)."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
+    if jars:
+        present = [j for j in jars if Path(j).exists()]
+        if present:
+            builder = builder.config("spark.jars", ",".join(present))
+    builder = builder.config("spark.ui.showConsoleProgress", "true").config(
+        "spark.sql.session.timeZone", "UTC"
+    )
+    if shuffle_partitions is not None:
+        builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+    for key, value in (extra or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
