@@ -123,7 +123,7 @@ def _frame(spark: SparkSession, table: str, frame: pd.DataFrame) -> DataFrame:
     return spark.createDataFrame(rows, schema=ddl)
 
 
-FAULTS = {
+FAULTS: dict[Callable[[dict[str, pd.DataFrame]], None], str] = {
     deleted_event: "accounted",
     duplicate_ack: "acked_once",
     ack_without_delivery: "settled_after_delivery",

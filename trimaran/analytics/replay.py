@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 INVARIANTS: dict[str, str] = {
     "accounted": "every published message is, per group, acked, pending, expired, dead-lettered, "
-    "dropped or purged: never silently gone",
+    "dropped, redriven or purged: never silently gone",
     "settled_after_delivery": "no ack, nack, reject or release without a delivery of that attempt",
     "acked_once": "no message acked twice in one group",
     "attempts": "a group's deliveries of a message count attempts 1, 2, 3, ...",
@@ -308,7 +308,10 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
     # -- everything accounted for, and the live tables (newest incarnation only) -------------------
     current = events.filter(col("epoch") == 0)
     removed_one = (
-        current.filter(kind.isin("expired", "dropped") & col("group").isNull() & col("offset").isNotNull())
+        # Queue-level removals: TTL, overflow, and dead letters moved back by the admin API (redrive).
+        current.filter(
+            kind.isin("expired", "dropped", "redriven") & col("group").isNull() & col("offset").isNotNull()
+        )
         .groupBy("queue", "offset")
         .agg(F.min("id").alias("removed_id"), F.min_by("kind", "id").alias("removed_by"))
     )
