@@ -1,9 +1,10 @@
 """The AMQP 1.0 front end: binds the sans-IO ServerConnection to sockets, the router and the queues.
 
 One task group per connection: the reader feeds the state machine and acts on its events; the
-writer sends whatever the machine has queued, once per wake-up. Queue publishes run as tasks of
-the connection and their accepted dispositions leave in arrival order, after the commit; the
-link credit of a sending peer is bounded by the publishes still waiting for theirs.
+writer sends whatever the machine has queued, once per wake-up. Queue publishes are handed to the
+group commit without a task or an await per message; their dispositions leave in arrival order
+after the commit, consecutive accepted deliveries as one range, and the writer wakes once per
+commit batch. The link credit of a sending peer is bounded by the publishes still waiting.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import anyio
@@ -88,7 +89,7 @@ class Ticket:
     inlink: InLink
     delivery_id: int
     settled: bool
-    done: anyio.Event = field(default_factory=anyio.Event)
+    done: bool = False
     error: Error | None = None
 
 
@@ -110,7 +111,6 @@ class Connection:
         "stream",
         "tasks",
         "tickets",
-        "tickets_ready",
         "user",
     )
 
@@ -129,7 +129,6 @@ class Connection:
         self.outlinks: dict[Link, OutLink] = {}
         self.inlinks: dict[Link, InLink] = {}
         self.tickets: deque[Ticket] = deque()
-        self.tickets_ready = anyio.Event()
         self._wake = anyio.Event()
 
     def spawn(self, job: Callable[[], Coroutine[Any, Any, object]]) -> None:
@@ -206,7 +205,6 @@ class Amqp1FrontEnd:
             async with anyio.create_task_group() as tg:
                 conn.tasks = tg
                 tg.start_soon(self._writer, conn, tg.cancel_scope)
-                tg.start_soon(self._acknowledge_in_order, conn)
                 with conn.reading:
                     self._feed(conn, initial)
                     await self._reader(conn)
@@ -576,8 +574,7 @@ class Amqp1FrontEnd:
             ticket = Ticket(inlink, event.delivery_id, event.settled)
             inlink.inflight += 1
             conn.tickets.append(ticket)
-            conn.tickets_ready.set()
-            conn.spawn(lambda: self._append(conn, address, message, ticket))
+            self._append(conn, address, message, ticket)
         else:
             self.broker.publish(message)
             if not event.settled:
@@ -606,38 +603,97 @@ class Amqp1FrontEnd:
             conn.amqp.grant_credit(link, room)
             conn.wake()
 
-    async def _append(self, conn: Connection, address: Address, message: Message, ticket: Ticket) -> None:
+    def _append(self, conn: Connection, address: Address, message: Message, ticket: Ticket) -> None:
+        """Hand the message to the group commit; ``ticket`` is done once it is committed."""
+        assert self.queues is not None
+        try:
+            pending = self.queues.publish_nowait(address.name, message, address.key)
+        except QueueError as exc:
+            if exc.reason == "shared":  # a shared node reserves offsets with an await
+                conn.spawn(lambda: self._append_async(conn, address, message, ticket))
+                return
+            self._publish_failed(conn, address, ticket, exc)
+            self._ticket_done(conn, ticket)
+            return
+        if pending is None:  # an in-memory queue: appended already
+            self._ticket_done(conn, ticket)
+            return
+
+        # on_results runs on the loop after the commit (and its on_commit), or with the error set.
+        def committed(_results: list[Any]) -> None:
+            error = pending.error
+            if error is not None:
+                self._publish_failed(conn, address, ticket, QueueError("storage", str(error)))
+            self._ticket_done(conn, ticket)
+
+        pending.on_results = committed
+
+    async def _append_async(
+        self, conn: Connection, address: Address, message: Message, ticket: Ticket
+    ) -> None:
         assert self.queues is not None
         try:
             await self.queues.publish(address.name, message, address.key)
         except QueueError as exc:
-            log.info("amqp1: %s: queue publish to %s refused: %s", conn.container_id, address.name, exc)
-            condition = RESOURCE_LIMIT_EXCEEDED if exc.reason in ("full", "overflow") else NOT_FOUND
-            if exc.reason not in ("full", "overflow", "no-queue"):
-                condition = INTERNAL_ERROR
-            ticket.error = Error(condition=condition, description=str(exc))
-        finally:
-            ticket.done.set()
+            self._publish_failed(conn, address, ticket, exc)
+        self._ticket_done(conn, ticket)
 
-    async def _acknowledge_in_order(self, conn: Connection) -> None:
-        """Dispositions for queue publishes, as their commits finish, in arrival order."""
-        while True:
-            while not conn.tickets:
-                await conn.tickets_ready.wait()
-                conn.tickets_ready = anyio.Event()
-            ticket = conn.tickets[0]
-            await ticket.done.wait()
-            conn.tickets.popleft()
+    def _publish_failed(self, conn: Connection, address: Address, ticket: Ticket, exc: QueueError) -> None:
+        log.info("amqp1: %s: queue publish to %s refused: %s", conn.container_id, address.name, exc)
+        condition = RESOURCE_LIMIT_EXCEEDED if exc.reason in ("full", "overflow") else NOT_FOUND
+        if exc.reason not in ("full", "overflow", "no-queue"):
+            condition = INTERNAL_ERROR
+        ticket.error = Error(condition=condition, description=str(exc))
+
+    def _ticket_done(self, conn: Connection, ticket: Ticket) -> None:
+        ticket.done = True
+        tickets = conn.tickets
+        if tickets and tickets[0] is ticket:
+            try:
+                self._acknowledge_in_order(conn)
+            except Exception:
+                # Runs from the commit callback: a bug of ours closes this connection only.
+                log.exception("amqp1: acknowledging publishes for %s failed", conn.peer)
+                conn.close(Error(condition=INTERNAL_ERROR, description="internal error"))
+
+    def _acknowledge_in_order(self, conn: Connection) -> None:
+        """Dispositions for the committed publishes at the head, in arrival order: a run of
+        consecutive accepted deliveries of one link goes as one ranged disposition."""
+        tickets = conn.tickets
+        amqp = conn.amqp
+        run_link: Link | None = None
+        run_first = run_last = 0
+        refill: dict[InLink, None] = {}
+        while tickets and tickets[0].done:
+            ticket = tickets.popleft()
             inlink = ticket.inlink
             inlink.inflight -= 1
             link = inlink.link
-            if not link.is_open or conn.amqp.closed:
+            if not link.is_open or amqp.closed:
                 continue
-            if not ticket.settled:
-                state = Accepted() if ticket.error is None else Rejected(error=ticket.error)
-                conn.amqp.settle(link, ticket.delivery_id, state)
+            refill[inlink] = None
+            if ticket.settled:
+                continue
+            did = ticket.delivery_id
+            if ticket.error is None:
+                if run_link is link and did == run_last + 1:
+                    run_last = did
+                    continue
+                if run_link is not None and run_link.is_open:
+                    amqp.settle_range(run_link.session, ROLE_RECEIVER, run_first, run_last, Accepted())
+                run_link, run_first, run_last = link, did, did
+            else:
+                if run_link is not None and run_link.is_open:
+                    amqp.settle_range(run_link.session, ROLE_RECEIVER, run_first, run_last, Accepted())
+                run_link = None
+                amqp.settle(link, did, Rejected(error=ticket.error))
+        if run_link is not None and run_link.is_open and not amqp.closed:
+            amqp.settle_range(run_link.session, ROLE_RECEIVER, run_first, run_last, Accepted())
+        if amqp.closed:
+            return
+        for inlink in refill:
             self._refill(conn, inlink)
-            conn.wake()
+        conn.wake()
 
     # -- dispositions -----------------------------------------------------------------------------
 
