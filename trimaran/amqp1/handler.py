@@ -252,6 +252,13 @@ class Amqp1FrontEnd:
         try:
             while True:
                 await conn.wait()
+                if conn.tickets and conn.tickets[0].done:
+                    try:
+                        self._acknowledge_in_order(conn)
+                    except Exception:
+                        # A bug of ours closes this connection only.
+                        log.exception("amqp1: acknowledging publishes for %s failed", conn.peer)
+                        conn.close(Error(condition=INTERNAL_ERROR, description="internal error"))
                 data = conn.amqp.data_to_send(time.monotonic())
                 if data:
                     try:
@@ -646,15 +653,11 @@ class Amqp1FrontEnd:
         ticket.error = Error(condition=condition, description=str(exc))
 
     def _ticket_done(self, conn: Connection, ticket: Ticket) -> None:
+        """Commit callbacks of one batch run back to back: the writer, woken once for them all,
+        sends their dispositions (see :meth:`_acknowledge_in_order`)."""
         ticket.done = True
-        tickets = conn.tickets
-        if tickets and tickets[0] is ticket:
-            try:
-                self._acknowledge_in_order(conn)
-            except Exception:
-                # Runs from the commit callback: a bug of ours closes this connection only.
-                log.exception("amqp1: acknowledging publishes for %s failed", conn.peer)
-                conn.close(Error(condition=INTERNAL_ERROR, description="internal error"))
+        if conn.tickets[0] is ticket:
+            conn.wake()
 
     def _acknowledge_in_order(self, conn: Connection) -> None:
         """Dispositions for the committed publishes at the head, in arrival order: a run of
@@ -693,7 +696,6 @@ class Amqp1FrontEnd:
             return
         for inlink in refill:
             self._refill(conn, inlink)
-        conn.wake()
 
     # -- dispositions -----------------------------------------------------------------------------
 
