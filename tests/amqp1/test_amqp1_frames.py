@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trimaran.amqp1.connection import TRANSFER_OVERHEAD_MAX
 from trimaran.amqp1.frames import (
     AMQP_HEADER,
     EMPTY_FRAME,
@@ -19,6 +20,7 @@ from trimaran.amqp1.frames import (
     FrameDecoder,
     FramingError,
     encode_frame,
+    performative_size,
 )
 from trimaran.amqp1.performatives import Close, Open, SaslInit, Transfer
 
@@ -133,3 +135,17 @@ def test_random_bytes_only_raise_framing_error(data: bytes) -> None:
     dec.feed(data)
     with contextlib.suppress(FramingError):
         dec.frames()
+
+
+def test_first_transfer_fits_the_overhead_bound_send_relies_on() -> None:
+    """ServerConnection.send skips the trial encoding when size + tag + this bound fits a frame."""
+    for tag in (b"", b"t" * 32, b"x" * 300, b"y" * 70000):
+        for settled in (True, False):
+            transfer = Transfer(
+                handle=2**32 - 1,
+                delivery_id=2**32 - 1,
+                delivery_tag=tag,
+                message_format=2**32 - 1,
+                settled=settled,
+            )
+            assert performative_size(transfer) <= len(tag) + TRANSFER_OVERHEAD_MAX
