@@ -225,7 +225,7 @@ def main() -> int:
     parser.add_argument("--results", metavar="FILE", help="append the measurement as one JSON line")
     args = parser.parse_args()
 
-    from trimaran.analytics.replay import run_audit
+    from trimaran.analytics.replay import local_cores, run_audit
     from trimaran.analytics.source import DEBIAN_JARS, spark_session
 
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="audit-bench-"))
@@ -243,11 +243,12 @@ def main() -> int:
     print(f"generated {n_events} events in {generated:.1f} s ({args.format}, {work})")
 
     t1 = time.monotonic()
-    spark = spark_session(args.master, list(DEBIAN_JARS), shuffle_partitions=8)
+    spark = spark_session(args.master, list(DEBIAN_JARS), shuffle_partitions=local_cores(args.master))
     started = time.monotonic() - t1
     audit_args = argparse.Namespace(
         parquet=str(work / "export") if args.format == "parquet" else None, since=None, until=None,
         queues=None, output=str(work / "report"), master=args.master, jars=None, no_charts=args.no_charts,
+        shuffle_partitions=None,
     )  # fmt: skip
     t2 = time.monotonic()
     code = run_audit(audit_args, storage_url, spark=spark)

@@ -67,14 +67,14 @@ def _message_id(queue: Column, offset: Column, epoch: Column) -> Column:
     return F.when(epoch > 0, F.concat(base, F.lit("@epoch"), epoch.cast("string"))).otherwise(base)
 
 
-def _violation(frame: DataFrame, invariant: str, detail: Column) -> DataFrame:
+def _violation(frame: DataFrame, invariant: str | Column, detail: Column) -> DataFrame:
     """Offending rows in one shape: invariant, queue, group, offset, message id, event id, detail."""
     from pyspark.sql import functions as F
 
     cols = set(frame.columns)
     epoch = F.col("epoch") if "epoch" in cols else F.lit(0)
     return frame.select(
-        F.lit(invariant).alias("invariant"),
+        (F.lit(invariant) if isinstance(invariant, str) else invariant).cast("string").alias("invariant"),
         F.col("queue"),
         (F.col("group") if "group" in cols else F.lit(None)).cast("string").alias("group"),
         F.col("offset").cast("bigint").alias("offset"),
@@ -83,6 +83,24 @@ def _violation(frame: DataFrame, invariant: str, detail: Column) -> DataFrame:
         (F.col("id") if "id" in cols else F.lit(None)).cast("bigint").alias("event_id"),
         detail.cast("string").alias("detail"),
     )
+
+
+def _checks(frame: DataFrame, checks: list[tuple[str, Column, Column]]) -> DataFrame:
+    """Several (invariant, failed, detail) checks over one frame in a single pass.
+
+    A row yields one violation per check it fails. Spark then scans (and joins) ``frame`` once
+    rather than once per check, which is what costs time: each scan adds jobs and stages.
+    """
+    from pyspark.sql import functions as F
+
+    failed = F.array(
+        *[
+            F.when(F.coalesce(condition, F.lit(False)), F.struct(F.lit(name).alias("i"), detail.alias("d")))
+            for name, condition, detail in checks
+        ]
+    )
+    exploded = frame.withColumn("_failed", F.explode(F.filter(failed, lambda v: v.isNotNull())))
+    return _violation(exploded, F.col("_failed.i"), F.col("_failed.d"))
 
 
 def _with_epochs(events: DataFrame) -> DataFrame:
@@ -180,12 +198,11 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
     violations: list[DataFrame] = []
 
     settles = kind.isin("acked", "nacked", "rejected", "released")
-    violations.append(
-        _violation(
-            history.filter(
-                settles & (col("last_attempt").isNull() | (col("last_attempt") != col("attempt")))
-            ),
+    history_checks: list[tuple[str, Column, Column]] = []
+    history_checks.append(
+        (
             "settled_after_delivery",
+            settles & (col("last_attempt").isNull() | (col("last_attempt") != col("attempt"))),
             F.concat_ws(
                 " ",
                 kind,
@@ -196,10 +213,10 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
             ),
         )
     )
-    violations.append(
-        _violation(
-            history.filter(delivered & (F.coalesce(col("attempt"), lit(-1)) != col("deliveries_before") + 1)),
+    history_checks.append(
+        (
             "attempts",
+            delivered & (F.coalesce(col("attempt"), lit(-1)) != col("deliveries_before") + 1),
             F.format_string(
                 "delivery numbered attempt %s is delivery %d of this group",
                 F.coalesce(col("attempt").cast("string"), lit("?")),
@@ -213,10 +230,10 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
         | ((col("prev_kind") == "nacked") & (col("prev_reason") == "max_attempts") & at_max)
         | ((col("prev_kind") == "released") & at_max)
     )
-    violations.append(
-        _violation(
-            history.filter((kind.isin("dead_lettered", "dropped")) & ~F.coalesce(explained_dead, lit(False))),
+    history_checks.append(
+        (
             "dead_letter_explained",
+            kind.isin("dead_lettered", "dropped") & ~F.coalesce(explained_dead, lit(False)),
             F.format_string(
                 "%s (%s) after %s, attempt %s of max %s",
                 kind,
@@ -241,12 +258,10 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
         | ((col("prev_kind") == "released") & (col("reason") == col("prev_reason")) & timed_out)
         | ((col("reason") == "lease_expired") & (col("prev_kind") == "delivered"))  # a node died
     )
-    violations.append(
-        _violation(
-            history.filter(
-                delivered & (col("deliveries_before") > 0) & ~F.coalesce(explained_redelivery, lit(False))
-            ),
+    history_checks.append(
+        (
             "redelivery_explained",
+            delivered & (col("deliveries_before") > 0) & ~F.coalesce(explained_redelivery, lit(False)),
             F.format_string(
                 "attempt %s delivered for reason %s after %s (%s)",
                 F.coalesce(col("attempt").cast("string"), lit("?")),
@@ -256,6 +271,7 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
             ),
         )
     )
+    violations.append(_checks(history, history_checks))
 
     # -- each (group, message): its final state ---------------------------------------------------
     lives = history.groupBy(*KEY).agg(
@@ -371,14 +387,12 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
     msgs = msgs.join(per_group, ["queue", "offset"], "left").persist(StorageLevel.MEMORY_AND_DISK)
     all_done = (col("groups") > 0) & (col("groups_done") == col("groups"))
 
-    violations.append(
-        _violation(
-            msgs.filter(
-                ~col("live")
-                & ~col("removed")
-                & ((col("mode") == "stream") | ~F.coalesce(all_done, lit(False)))
-            ),
+    next_offsets = queues.select("queue", "next_offset")
+    message_checks: list[tuple[str, Column, Column]] = []
+    message_checks.append(
+        (
             "accounted",
+            ~col("live") & ~col("removed") & ((col("mode") == "stream") | ~F.coalesce(all_done, lit(False))),
             F.when(
                 col("mode") == "stream",
                 lit("stream message gone from queue_messages without a drop, expiry or purge"),
@@ -393,10 +407,10 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
             ),
         )
     )
-    violations.append(
-        _violation(
-            msgs.filter(col("publishes") > 1),
+    message_checks.append(
+        (
             "accounted",
+            col("publishes") > 1,
             F.format_string("published %d times under one offset", col("publishes")),
         )
     )
@@ -410,12 +424,10 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
             )
         )
 
-    violations.append(
-        _violation(
-            msgs.filter(
-                col("live") & (col("removed") | ((col("mode") == "work") & F.coalesce(all_done, lit(False))))
-            ),
+    message_checks.append(
+        (
             "live_state",
+            col("live") & (col("removed") | ((col("mode") == "work") & F.coalesce(all_done, lit(False)))),
             F.when(
                 col("removed"),
                 F.concat(
@@ -424,14 +436,14 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
             ).otherwise(lit("still in queue_messages though every group finished it")),
         )
     )
-    next_offsets = queues.select("queue", "next_offset")
-    violations.append(
-        _violation(
-            msgs.join(F.broadcast(next_offsets), "queue").filter(col("offset") >= col("next_offset")),
+    message_checks.append(
+        (
             "live_state",
+            col("next_offset").isNotNull() & (col("offset") >= col("next_offset")),
             F.format_string("offset at or past the queue's next_offset %d", col("next_offset")),
         )
     )
+    violations.append(_checks(msgs.join(F.broadcast(next_offsets), "queue", "left"), message_checks))
     if not selection.windowed:
         unlogged = live_messages.join(messages.filter(col("epoch") == 0), ["queue", "offset"], "left_anti")
         violations.append(_violation(unlogged, "live_state", lit("in queue_messages but never published")))
@@ -512,15 +524,17 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
     for frame in violations[1:]:
         every = every.unionByName(frame)
     every = every.persist(StorageLevel.MEMORY_AND_DISK)
-    counts_by = {
-        r["invariant"]: int(r["n"])
-        for r in every.groupBy("invariant").agg(F.count(lit(1)).alias("n")).collect()
-    }
-    ranked = every.withColumn(
-        "rank", F.row_number().over(Window.partitionBy("invariant").orderBy("queue", "offset", "event_id"))
-    ).filter(col("rank") <= EXAMPLES)
+    # One job for both the count per invariant and its first examples.
+    by_invariant = Window.partitionBy("invariant")
+    ranked = (
+        every.withColumn("n", F.count(lit(1)).over(by_invariant))
+        .withColumn("rank", F.row_number().over(by_invariant.orderBy("queue", "offset", "event_id")))
+        .filter(col("rank") <= EXAMPLES)
+    )
+    counts_by: dict[str, int] = {}
     examples: dict[str, list[dict[str, Any]]] = {}
-    for r in ranked.orderBy("invariant", "rank").collect():
+    for r in sorted(ranked.collect(), key=lambda r: (r["invariant"], r["rank"])):
+        counts_by[r["invariant"]] = int(r["n"])
         examples.setdefault(r["invariant"], []).append(
             {
                 "message_id": r["message_id"],
@@ -606,6 +620,23 @@ def add_arguments(parser: argparse.ArgumentParser, *, master_default: str | None
         help="JDBC driver jars (default: " + ", ".join(DEBIAN_JARS) + ")",
     )
     parser.add_argument("--no-charts", action="store_true", help="skip the PNG charts and HTML page")
+    parser.add_argument(
+        "--shuffle-partitions",
+        type=int,
+        default=None,
+        metavar="N",
+        help="spark.sql.shuffle.partitions (default: the local cores in local mode, else Spark's)",
+    )
+
+
+def local_cores(master: str | None) -> int:
+    """Cores a ``local[N]`` / ``local[*]`` master runs on: one shuffle partition each is enough here."""
+    import os
+
+    inner = (master or "").partition("[")[2].partition("]")[0].split(",")[0]
+    if inner.isdigit():
+        return max(1, int(inner))
+    return max(1, len(os.sched_getaffinity(0)))
 
 
 def run_audit(
@@ -624,7 +655,8 @@ def run_audit(
     jars = args.jars.split(",") if args.jars else (list(DEBIAN_JARS) if default_jars else None)
     local = args.master is not None and args.master.startswith("local")
     if spark is None:
-        spark = spark_session(args.master, jars, shuffle_partitions=8 if local else None)
+        partitions = getattr(args, "shuffle_partitions", None) or (local_cores(args.master) if local else None)
+        spark = spark_session(args.master, jars, shuffle_partitions=partitions)
     if args.parquet:
         tables = read_tables(spark, selection, parquet=args.parquet)
         source = f"parquet:{args.parquet}"

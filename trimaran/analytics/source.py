@@ -216,6 +216,11 @@ def spark_session(
     builder = builder.config("spark.ui.showConsoleProgress", "true").config(
         "spark.sql.session.timeZone", "UTC"
     )
+    # Adaptive execution: shuffles coalesced to what the data needs, sort-merge joins turned into
+    # broadcast joins when one side proves small. The audit's many small stages cost more than its data.
+    builder = builder.config("spark.sql.adaptive.enabled", "true").config(
+        "spark.sql.adaptive.coalescePartitions.enabled", "true"
+    )
     if shuffle_partitions is not None:
         builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
     for key, value in (extra or {}).items():
