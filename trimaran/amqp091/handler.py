@@ -485,9 +485,18 @@ class Amqp091FrontEnd:
             result = self.exchanges.route(exchange, key, props.headers)
         except ExchangeError as exc:
             raise spec.ProtocolError(exc.reply_code, exc.reason, class_id=60, method_id=40) from None
+        queues = result.queues
+        # One queue and no router (the default exchange, the usual case): build the message with
+        # its queue topic at once rather than copy it per queue below.
+        single = next(iter(queues)) if len(queues) == 1 and not result.to_router else None
         try:
             message = message_from_content(
-                props, body, "", exchange=exchange, routing_key=key, publisher_id=link.name
+                props,
+                body,
+                "" if single is None else queue_topic(single),
+                exchange=exchange,
+                routing_key=key,
+                publisher_id=link.name,
             )
         except MappingError as exc:
             raise spec.ProtocolError(spec.PRECONDITION_FAILED, str(exc), class_id=60, method_id=40) from None
@@ -506,11 +515,11 @@ class Amqp091FrontEnd:
                     routed += self.broker.publish(message)
                 finally:
                     self._collecting = None
-        for queue in result.queues:
+        for queue in queues:
             if not self.manager.exists(queue):
                 continue
             routed += 1
-            queued = message.copy_with(topic=queue_topic(queue))
+            queued = message if single is not None else message.copy_with(topic=queue_topic(queue))
             try:
                 ticket = self.manager.publish_nowait(queue, queued)
             except QueueError as exc:
