@@ -195,6 +195,10 @@ class Amqp091FrontEnd:
         handshake_deadline = time.monotonic() + self.config.handshake_timeout
         data: bytes | None = initial
         while conn.state is not ConnectionState.CLOSED:
+            if data is None and conn.state is ConnectionState.OPEN:
+                await self.dispatch(link, await self._read_open(link))
+                link.wake()
+                continue
             if data is None:
                 deadline = conn.next_deadline()
                 if conn.state is not ConnectionState.OPEN and conn.state is not ConnectionState.CLOSING:
@@ -216,6 +220,33 @@ class Amqp091FrontEnd:
             data = None
             await self.dispatch(link, events)
             link.wake()
+
+    async def _read_open(self, link: Link) -> list[Event]:
+        """Read while the connection is open under one timeout scope for the whole run, not one per
+        read (a scope costs about as much as decoding a publish): while open, the heartbeat deadline
+        only moves later, so a scope entered with it fires at worst early, and then we tick.
+
+        Publishes (content events) are handled here, and never await; the first other event and
+        everything after it are returned, to be dispatched outside the scope so that the deadline
+        never cancels an operation half-way.
+        """
+        conn = link.conn
+        stats = self.broker.stats
+        deadline = conn.next_deadline()
+        with anyio.move_on_after(math.inf if deadline is None else deadline - time.monotonic()):
+            while conn.state is ConnectionState.OPEN:
+                try:
+                    data = await link.stream.receive(READ_CHUNK)
+                except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    data = b""
+                stats.bytes_received += len(data)
+                events = conn.receive_data(data, time.monotonic())
+                for i, event in enumerate(events):
+                    if type(event) is not ContentReceived:
+                        return events[i:]
+                    self._content(link, event)
+                link.wake()
+        return conn.tick(time.monotonic())
 
     async def _writer(self, link: Link, scope: anyio.CancelScope) -> None:
         conn = link.conn
