@@ -245,7 +245,8 @@ class Amqp091FrontEnd:
                     if type(event) is not ContentReceived:
                         return events[i:]
                     self._content(link, event)
-                link.wake()
+                if conn.has_data_to_send:  # a publish alone answers nothing: no empty writer wake-up
+                    link.wake()
         return conn.tick(time.monotonic())
 
     async def _writer(self, link: Link, scope: anyio.CancelScope) -> None:
