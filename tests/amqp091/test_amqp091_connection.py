@@ -631,6 +631,19 @@ def test_heartbeats_both_ways() -> None:
     assert server.next_deadline() is None
 
 
+def test_has_data_to_send() -> None:
+    c = Client()
+    c.handshake()
+    c.open_channel(1)
+    server = c.server
+    assert not server.has_data_to_send
+    c.publish(1, b"hello")  # a plain publish is answered by nothing
+    assert not server.has_data_to_send and server.data_to_send() == b""
+    server.send_method(1, spec.BasicAck(1, False))
+    assert server.has_data_to_send
+    assert server.data_to_send() and not server.has_data_to_send
+
+
 def test_no_heartbeat_when_disabled() -> None:
     c = Client()
     c.handshake(heartbeat=0)

@@ -199,7 +199,14 @@ class ChannelState:
     def _take(self, delivery_tag: int, multiple: bool, what: str) -> list[tuple[Consumer, int]]:
         unacked = self.unacked
         if multiple:
-            tags = [t for t in unacked if delivery_tag == 0 or t <= delivery_tag]
+            if delivery_tag == 0:
+                tags = list(unacked)
+            else:
+                tags = []
+                for t in unacked:  # in tag order: stop at the first one past delivery_tag
+                    if t > delivery_tag:
+                        break
+                    tags.append(t)
         elif delivery_tag in unacked:
             tags = [delivery_tag]
         else:

@@ -925,6 +925,11 @@ class ServerConnection:
     def _send(self, channel: int, method: Method) -> None:
         write_method(self._out, channel, method)
 
+    @property
+    def has_data_to_send(self) -> bool:
+        """Whether :meth:`data_to_send` would return anything."""
+        return bool(self._out)
+
     def data_to_send(self, now: float | None = None) -> bytes:
         """Everything queued since the last call (b"" if nothing)."""
         out = self._out

@@ -195,6 +195,10 @@ class Amqp091FrontEnd:
         handshake_deadline = time.monotonic() + self.config.handshake_timeout
         data: bytes | None = initial
         while conn.state is not ConnectionState.CLOSED:
+            if data is None and conn.state is ConnectionState.OPEN:
+                await self.dispatch(link, await self._read_open(link))
+                link.wake()
+                continue
             if data is None:
                 deadline = conn.next_deadline()
                 if conn.state is not ConnectionState.OPEN and conn.state is not ConnectionState.CLOSING:
@@ -216,6 +220,34 @@ class Amqp091FrontEnd:
             data = None
             await self.dispatch(link, events)
             link.wake()
+
+    async def _read_open(self, link: Link) -> list[Event]:
+        """Read while the connection is open under one timeout scope for the whole run, not one per
+        read (a scope costs about as much as decoding a publish): while open, the heartbeat deadline
+        only moves later, so a scope entered with it fires at worst early, and then we tick.
+
+        Publishes (content events) are handled here, and never await; the first other event and
+        everything after it are returned, to be dispatched outside the scope so that the deadline
+        never cancels an operation half-way.
+        """
+        conn = link.conn
+        stats = self.broker.stats
+        deadline = conn.next_deadline()
+        with anyio.move_on_after(math.inf if deadline is None else deadline - time.monotonic()):
+            while conn.state is ConnectionState.OPEN:
+                try:
+                    data = await link.stream.receive(READ_CHUNK)
+                except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    data = b""
+                stats.bytes_received += len(data)
+                events = conn.receive_data(data, time.monotonic())
+                for i, event in enumerate(events):
+                    if type(event) is not ContentReceived:
+                        return events[i:]
+                    self._content(link, event)
+                if conn.has_data_to_send:  # a publish alone answers nothing: no empty writer wake-up
+                    link.wake()
+        return conn.tick(time.monotonic())
 
     async def _writer(self, link: Link, scope: anyio.CancelScope) -> None:
         conn = link.conn
@@ -485,9 +517,18 @@ class Amqp091FrontEnd:
             result = self.exchanges.route(exchange, key, props.headers)
         except ExchangeError as exc:
             raise spec.ProtocolError(exc.reply_code, exc.reason, class_id=60, method_id=40) from None
+        queues = result.queues
+        # One queue and no router (the default exchange, the usual case): build the message with
+        # its queue topic at once rather than copy it per queue below.
+        single = next(iter(queues)) if len(queues) == 1 and not result.to_router else None
         try:
             message = message_from_content(
-                props, body, "", exchange=exchange, routing_key=key, publisher_id=link.name
+                props,
+                body,
+                "" if single is None else queue_topic(single),
+                exchange=exchange,
+                routing_key=key,
+                publisher_id=link.name,
             )
         except MappingError as exc:
             raise spec.ProtocolError(spec.PRECONDITION_FAILED, str(exc), class_id=60, method_id=40) from None
@@ -506,11 +547,11 @@ class Amqp091FrontEnd:
                     routed += self.broker.publish(message)
                 finally:
                     self._collecting = None
-        for queue in result.queues:
+        for queue in queues:
             if not self.manager.exists(queue):
                 continue
             routed += 1
-            queued = message.copy_with(topic=queue_topic(queue))
+            queued = message if single is not None else message.copy_with(topic=queue_topic(queue))
             try:
                 ticket = self.manager.publish_nowait(queue, queued)
             except QueueError as exc:

@@ -128,27 +128,35 @@ def _headers(message: Message, extra_headers: list[tuple[str, str]] | None) -> F
     return headers or None
 
 
+_NO_EXTRA: dict[str, object] = {}
+
+
 def properties_from_message(
     message: Message, extra_headers: list[tuple[str, str]] | None = None, now: int | None = None
 ) -> BasicProperties:
-    extra = message.extra if message.protocol == PROTOCOL_AMQP091 else {}
-    props = BasicProperties(
-        content_type=message.content_type,
-        headers=_headers(message, extra_headers),
-        reply_to=message.response_topic,
-    )
-    if message.correlation_data is not None:
-        props.correlation_id = message.correlation_data.decode("utf-8", "surrogateescape")
-    mode = extra.get("delivery_mode")
-    props.delivery_mode = mode if isinstance(mode, int) else (2 if message.qos else 1)
-    for name in EXTRA_PROPERTIES:
-        value = extra.get(name)
-        if value is not None:
-            setattr(props, name, value)
+    # Once per delivery: one constructor call with every field, no setattr loop.
+    get = (message.extra if message.protocol == PROTOCOL_AMQP091 else _NO_EXTRA).get
+    mode = get("delivery_mode")
+    correlation = message.correlation_data
+    expiration = None
     if message.expires_at_ms is not None:
         now = now_ms() if now is None else now
-        props.expiration = str(max(0, message.expires_at_ms - now))
-    return props
+        expiration = str(max(0, message.expires_at_ms - now))
+    return BasicProperties(
+        message.content_type,
+        get("content_encoding"),  # type: ignore[arg-type]
+        _headers(message, extra_headers),
+        mode if isinstance(mode, int) else (2 if message.qos else 1),
+        get("priority"),  # type: ignore[arg-type]
+        None if correlation is None else correlation.decode("utf-8", "surrogateescape"),
+        message.response_topic,
+        expiration,
+        get("message_id"),  # type: ignore[arg-type]
+        get("timestamp"),  # type: ignore[arg-type]
+        get("type"),  # type: ignore[arg-type]
+        get("user_id"),  # type: ignore[arg-type]
+        get("app_id"),  # type: ignore[arg-type]
+    )
 
 
 def delivery_address(message: Message) -> tuple[str, str]:
