@@ -79,7 +79,10 @@ async def run(args: argparse.Namespace) -> None:
         drained = time.perf_counter() - start
     storage.close()
     latencies.sort()
-    p = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000  # noqa: E731
+
+    def p(q: float) -> float:
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000
+
     print(
         f"{storage.dialect}: {total} msgs x {args.size} B, {args.publishers} publishers, "
         f"{args.consumers} consumers\n"

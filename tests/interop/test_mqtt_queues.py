@@ -437,10 +437,10 @@ def test_puback_reason_codes_nack_then_reject_v5(qmqtt: Endpoints) -> None:
         assert isinstance(suback := raw.next(), SubAck) and suback.reason_codes == [1]
         pub.publish(q, b"twice", qos=1)
         first = raw.next()
-        assert isinstance(first, Publish) and first.payload == b"twice"
+        assert isinstance(first, Publish) and first.payload == b"twice" and first.packet_id is not None
         raw.send(PubAck(first.packet_id, 0x80))  # Unspecified error: nack, retry after backoff
         second = raw.next()
-        assert isinstance(second, Publish) and second.payload == b"twice"
+        assert isinstance(second, Publish) and second.payload == b"twice" and second.packet_id is not None
         headers = dict(second.properties.user_properties)
         assert headers["x-queue-redelivered"] == "true" and headers["x-queue-attempt"] == "2"
         raw.send(PubAck(second.packet_id, 0x83))  # Implementation specific error: reject
