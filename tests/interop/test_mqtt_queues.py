@@ -356,10 +356,14 @@ def test_restart_loses_nothing(tmp_path: Path, tls_files: dict[str, str]) -> Non
         assert server.stop() == 0, server.output()
 
 
-def test_crash_keeps_every_acknowledged_publish(tmp_path: Path, tls_files: dict[str, str]) -> None:
+def test_crash_keeps_every_acknowledged_publish(
+    tmp_path: Path, tls_files: dict[str, str], storage_url: str
+) -> None:
+    """SIGKILL under load, on SQLite and on PostgreSQL (``storage_url`` runs the test on each)."""
     q = "$queue/crash"
     total = 3000
-    server = start_server(tmp_path, tls_files, QUEUE_ENV)
+    env = {**QUEUE_ENV, "TRIMARAN_STORAGE__URL": storage_url}
+    server = start_server(tmp_path, tls_files, env)
     acked_mids: list[int] = []  # appended by paho's thread; mapped to payloads afterwards
     mids: dict[int, int] = {}  # mid -> payload index (mids do not wrap below 65535 publishes)
     enough = threading.Event()
@@ -383,7 +387,7 @@ def test_crash_keeps_every_acknowledged_publish(tmp_path: Path, tls_files: dict[
     confirmed = {mids[mid] for mid in list(acked_mids)}
     assert 0 < len(confirmed) < total, "the kill should land mid-stream"
 
-    server = start_server(tmp_path, tls_files, QUEUE_ENV)
+    server = start_server(tmp_path, tls_files, env)
     try:
         sub = connect(endpoints_of(server, tls_files), version=V5)
         try:
