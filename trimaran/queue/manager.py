@@ -1502,3 +1502,28 @@ async def commit_by_id(
 ) -> bool:
     state, grp, offset = manager._locate(message_id_text, group)
     return await manager._settle(state, grp, offset, "commit", consumer_id=consumer_id)
+
+
+def holder_by_id(
+    manager: QueueManager, message_id_text: str, group: str | None = None
+) -> ConsumerHandle | None:
+    """The consumer that holds a work-queue delivery right now (None: nobody, or a stream)."""
+    _state, grp, offset = manager._locate(message_id_text, group)
+    entry = grp.entries.get(offset)
+    return entry.holder if entry is not None and entry.state == HELD else None
+
+
+def settle_by_id_now(
+    manager: QueueManager,
+    action: str,
+    message_id_text: str,
+    group: str | None = None,
+    reason: str = "rejected",
+) -> tuple[bool, Ticket | None]:
+    """``ack``, ``nack``, ``reject`` or ``commit`` by message id, applied in memory at once (no await).
+
+    For front ends that must apply control messages in the order they read them, relative to the
+    protocol's own acks; await the returned ticket (when not None) for the commit.
+    """
+    state, grp, offset = manager._locate(message_id_text, group)
+    return manager._settle_now(state, grp, offset, action, None, None, None, reason, wait=True)
