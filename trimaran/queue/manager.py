@@ -674,8 +674,10 @@ class QueueManager:
             position = self._position(state, start if start is not None else default)
             grp = state.groups[name] = Group(state.name, name, cursor=position, committed=position)
             self._group_row(state, grp, batch)
-        elif state.mode == "stream" and start is not None and not grp.consumers:
-            grp.cursor = self._position(state, start)
+        elif state.mode == "stream" and not grp.consumers:
+            # The group's first consumer again: what was delivered but not committed is read again,
+            # as after a restart.
+            grp.cursor = self._position(state, start) if start is not None else grp.committed
         handle = ConsumerHandle(self, state, grp, consumer, routing_filter, auto_ack)
         grp.consumers.append(handle)
         if state.durable and not batch.empty():
