@@ -325,3 +325,26 @@ async def test_attempts_survive_restart_and_lead_to_the_dlq(make_manager: Factor
     kinds = [(e["kind"], e["reason"]) for e in events]
     assert kinds[0] == ("published", None)
     assert ("delivered", "restart") in kinds and kinds[-1][0] == "dead_lettered"
+
+
+async def test_publish_nowait_calls_back_after_the_commit_in_order(make_manager: Factory) -> None:
+    manager = make_manager(max_length=3)
+    async with manager.running():
+        done: list[tuple[str, QueueError | None]] = []
+        for i in range(3):
+            assert manager.publish_nowait(
+                "q", msg(b"%d" % i), "", lambda r, e: done.append((r.message_id, e))
+            )
+        assert done == []  # nothing before the commit
+        with pytest.raises(QueueError) as refused:  # max_length 3 counts the ones in flight
+            manager.publish_nowait("q", msg(b"3"), "", lambda r, e: done.append((r.message_id, e)))
+        assert refused.value.reason == "full"
+        await wait_until(lambda: len(done) == 3)
+        assert done == [("q:0", None), ("q:1", None), ("q:2", None)]
+        c = Collector("c")
+        manager.consume("q", c).add_credit(10)
+        await wait_until(lambda: len(c.deliveries) == 3)
+        assert c.payloads == [b"0", b"1", b"2"]
+    restarted = make_manager()
+    async with restarted.running():
+        assert restarted.info("q").depth == 3  # committed, not only in memory

@@ -309,14 +309,12 @@ class MqttFrontEnd:
             async with anyio.create_task_group() as tg:
                 link.tasks = tg
                 tg.start_soon(self._writer, link, tg.cancel_scope)
-                if self.queues is not None:
-                    tg.start_soon(self.queues.acknowledge_in_order, link)
                 with link.reading:
                     await self._reader(link)
                 link.done = True
                 link.wake()
                 await link.flushed.wait()
-                tg.cancel_scope.cancel()  # pending queue acks cannot be sent any more
+                tg.cancel_scope.cancel()  # queue control settles still waiting for their commit
         finally:
             self.links.discard(link)
             if self._drained is not None and not self.links:

@@ -35,6 +35,7 @@ from trimaran.mqtt.reason_codes import ReasonCode
 from trimaran.mqtt.session import OutboundMessage
 from trimaran.queue.manager import (
     ConsumerHandle,
+    PublishResult,
     QueueDelivery,
     QueueManager,
     holder_by_id,
@@ -74,7 +75,7 @@ class Ticket:
     """One queue PUBLISH waiting for its commit, acknowledged in arrival order."""
 
     packet_id: int | None
-    done: anyio.Event = field(default_factory=anyio.Event)
+    done: bool = False
     reason_code: int = 0
     reason: str | None = None
 
@@ -148,8 +149,8 @@ class LinkQueues:
     deliveries: dict[str, Delivery] = field(default_factory=dict)  # by OutboundMessage.tag
     next_tag: int = 0
     qos0_sent: list[QueueSubscription] = field(default_factory=list)
-    tickets: deque[Ticket] = field(default_factory=deque)
-    tickets_ready: anyio.Event = field(default_factory=anyio.Event)
+    tickets: deque[Ticket] = field(default_factory=deque)  # in arrival order
+    refused: bool = False  # 3.1.1: a refusal closed the connection; nothing more is acknowledged
 
 
 class MqttQueues:
@@ -161,30 +162,41 @@ class MqttQueues:
     def publish(self, link: Link, message: Message, packet_id: int | None) -> None:
         """Start a queue publish; its ack goes out (in order) once committed.
 
-        A control topic (``$ack``, ``$nack``, ``$reject``, ``$commit``) is applied here, before the
-        next packet of the connection is read; only the wait for its commit runs in a task.
+        No task per message: the manager calls back after the group commit. A control topic
+        (``$ack``, ``$nack``, ``$reject``, ``$commit``) is applied here, before the next packet of the
+        connection is read; only the wait for its commit runs in a task.
         """
         ticket = Ticket(packet_id)
-        bindings = link.queue_bindings
-        bindings.tickets.append(ticket)
-        bindings.tickets_ready.set()
+        link.queue_bindings.tickets.append(ticket)
         assert link.tasks is not None
         client = link.endpoint.client_id if link.endpoint else "?"
         parsed = parse_queue_topic(message.topic)
-        if parsed is None or parsed[2] is None:
-            link.tasks.start_soon(self._append, message, ticket, client)
-            return
         try:
-            commit = self._control(parsed[0], parsed[2], message, client)
+            if parsed is None:
+                raise QueueError("bad-topic", f"{message.topic!r} is not a valid queue topic")
+            queue, routing_key, control = parsed
+            if control is None:
+
+                def done(_result: PublishResult, error: QueueError | None) -> None:
+                    if error is not None:
+                        self._refused(ticket, client, message, error)
+                    self._finish(link, ticket)
+
+                if not self.manager.publish_nowait(queue, message, routing_key, done):
+                    link.tasks.start_soon(self._append, link, message, ticket, client)
+                return
+            commit = self._control(queue, control, message, client)
         except QueueError as exc:
             self._refused(ticket, client, message, exc)
+            self._finish(link, ticket)
             return
         if commit is None:
-            ticket.done.set()
+            self._finish(link, ticket)
         else:
-            link.tasks.start_soon(self._committed, commit, ticket, client, message)
+            link.tasks.start_soon(self._committed, link, commit, ticket, client, message)
 
-    async def _append(self, message: Message, ticket: Ticket, client: str) -> None:
+    async def _append(self, link: Link, message: Message, ticket: Ticket, client: str) -> None:
+        """A shared node's publish (its offset comes from an awaited reservation)."""
         try:
             parsed = parse_queue_topic(message.topic)
             if parsed is None:
@@ -192,23 +204,46 @@ class MqttQueues:
             await self.manager.publish(parsed[0], message, parsed[1])
         except QueueError as exc:
             self._refused(ticket, client, message, exc)
-            return
-        ticket.done.set()
+        self._finish(link, ticket)
 
-    async def _committed(self, commit: WriterTicket, ticket: Ticket, client: str, message: Message) -> None:
+    async def _committed(
+        self, link: Link, commit: WriterTicket, ticket: Ticket, client: str, message: Message
+    ) -> None:
         try:
             await commit.wait()
         except WriterError as exc:
             self._refused(ticket, client, message, QueueError("storage", str(exc)))
-            return
-        ticket.done.set()
+        self._finish(link, ticket)
 
     @staticmethod
     def _refused(ticket: Ticket, client: str, message: Message, exc: QueueError) -> None:
         log.info("mqtt: queue publish from %r to %r refused: %s", client, message.topic, exc)
         ticket.reason_code = _refusal_code(exc)
         ticket.reason = str(exc)
-        ticket.done.set()
+
+    @staticmethod
+    def _finish(link: Link, ticket: Ticket) -> None:
+        """``ticket`` is settled: send the PUBACK/PUBREC of every settled publish at the head, in order."""
+        ticket.done = True
+        bindings = link.queue_bindings
+        tickets = bindings.tickets
+        sent = False
+        while tickets and tickets[0].done:
+            head = tickets.popleft()
+            if head.packet_id is None or bindings.refused:
+                continue
+            code = head.reason_code
+            if code and link.conn.protocol_level < MQTT_5:
+                # 3.1.1 cannot refuse a PUBLISH: closing the connection is how it says no.
+                bindings.refused = True
+                if not link.conn.closed:
+                    link.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, head.reason or "refused")
+                continue
+            # Also after the connection is gone: a QoS 2 packet id must then be known as a duplicate.
+            link.conn.ack_publish(head.packet_id, code, _reason_props(head.reason) if code else None)
+            sent = True
+        if sent:
+            link.wake()
 
     def _control(self, queue: str, control: str, message: Message, client: str) -> WriterTicket | None:
         """Settle by message id now; returns the commit to wait for (None: nothing to write)."""
@@ -239,25 +274,6 @@ class MqttQueues:
                 record.credited = True
                 holder.add_credit(1)
         return commit
-
-    async def acknowledge_in_order(self, link: Link) -> None:
-        """Runs per connection: sends PUBACK/PUBREC for queue publishes as their commits finish."""
-        bindings = link.queue_bindings
-        while True:
-            while not bindings.tickets:
-                await bindings.tickets_ready.wait()
-                bindings.tickets_ready = anyio.Event()
-            ticket = bindings.tickets[0]
-            await ticket.done.wait()
-            bindings.tickets.popleft()
-            if ticket.packet_id is not None:
-                code = ticket.reason_code
-                if code and link.conn.protocol_level < MQTT_5:
-                    # 3.1.1 cannot refuse a PUBLISH: closing the connection is how it says no.
-                    link.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, ticket.reason or "refused")
-                    return
-                link.conn.ack_publish(ticket.packet_id, code, _reason_props(ticket.reason) if code else None)
-                link.wake()
 
     # -- consuming --------------------------------------------------------------------------------
 

@@ -535,6 +535,63 @@ class QueueManager:
 
     async def publish(self, queue: str, message: Message, routing_key: str = "") -> PublishResult:
         """Append a message; returns once it is committed. Raises :class:`QueueError` when refused."""
+        state, message, batch = self._accept(queue, message)
+        if self._shared_offsets(state):
+            offset = await self._reserve(state)
+        else:
+            offset = state.next_offset
+            state.next_offset += 1
+        stored, result = self._stage(state, message, routing_key, offset, batch)
+        if not state.durable:
+            return result
+        state.inflight += 1
+        try:
+            await self._write(batch, lambda: self._appended(state, stored))
+        finally:
+            state.inflight -= 1
+        return result
+
+    def publish_nowait(
+        self,
+        queue: str,
+        message: Message,
+        routing_key: str,
+        done: Callable[[PublishResult, QueueError | None], None],
+    ) -> bool:
+        """``publish`` without a task per message: ``done(result, error)`` runs on the loop after the
+        commit (error: the write failed). Refusals raise :class:`QueueError` at once.
+
+        Returns False, having done nothing, on a shared node (offsets come from an awaited
+        reservation there): use ``publish``.
+        """
+        if self.shared:
+            return False
+        state, message, batch = self._accept(queue, message)
+        offset = state.next_offset
+        state.next_offset += 1
+        stored, result = self._stage(state, message, routing_key, offset, batch)
+        if not state.durable:
+            done(result, None)
+            return True
+        state.inflight += 1
+
+        def committed() -> None:
+            self._appended(state, stored)
+
+        def finished(_results: list[Any]) -> None:
+            state.inflight -= 1
+            error = ticket.error
+            done(result, None if error is None else QueueError("storage", str(error)))
+
+        try:
+            ticket = self.writer.submit(batch, on_commit=committed, on_results=finished)
+        except WriterError as exc:
+            state.inflight -= 1
+            raise QueueError("storage", str(exc)) from exc
+        return True
+
+    def _accept(self, queue: str, message: Message) -> tuple[QueueState, Message, WriteBatch]:
+        """A publish's checks (and overflow drops): the queue, the message to store, the batch so far."""
         if not self._started:
             raise QueueError("stopped", "the queue manager is not running")
         if message.retain:
@@ -543,28 +600,30 @@ class QueueManager:
         state = self._get_or_create(queue, batch)
         if state.deleted:
             raise QueueError("no-queue", f"queue {queue} was deleted")
-        policy = state.policy
-        size = len(message.payload)
         if not self._is_shared(state):  # shared: this node does not see the whole queue
-            self._check_limits(state, size, batch)
+            self._check_limits(state, len(message.payload), batch)
         if message.user_properties and any(k in RESERVED_PROPERTIES for k, _ in message.user_properties):
             message = message.copy_with(
                 user_properties=[(k, v) for k, v in message.user_properties if k not in RESERVED_PROPERTIES]
             )
-        if self._shared_offsets(state):
-            offset = await self._reserve(state)
-        else:
-            offset = state.next_offset
-            state.next_offset += 1
+        return state, message, batch
+
+    def _stage(
+        self, state: QueueState, message: Message, routing_key: str, offset: int, batch: WriteBatch
+    ) -> tuple[StoredMessage, PublishResult]:
+        """The message at ``offset``: in memory at once when not durable, else its rows in ``batch``."""
+        queue = state.name
         now = now_ms()
         stored = StoredMessage(
-            offset, message, routing_key, now, expiry_ms(policy, now, message.expires_at_ms), size
-        )
+            offset, message, routing_key, now, expiry_ms(state.policy, now, message.expires_at_ms),
+            len(message.payload),
+        )  # fmt: skip
         state.stats["published"] += 1
+        result = PublishResult(queue, offset, message_id(queue, offset))
         if not state.durable:
             self._appended(state, stored)
             self._flush_dirty()
-            return PublishResult(queue, offset, message_id(queue, offset))
+            return stored, result
         batch.messages.append(
             queue_store.message_row(queue, offset, message, routing_key, now, stored.expires_at)
         )
@@ -575,12 +634,7 @@ class QueueManager:
                 now, queue, "published", offset=offset, node=self.node, consumer=message.publisher_id
             )
         )
-        state.inflight += 1
-        try:
-            await self._write(batch, lambda: self._appended(state, stored))
-        finally:
-            state.inflight -= 1
-        return PublishResult(queue, offset, message_id(queue, offset))
+        return stored, result
 
     async def _reserve(self, state: QueueState) -> int:
         """Shared mode: offsets come from blocks reserved in the queue row (one UPDATE per block)."""
