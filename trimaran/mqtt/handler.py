@@ -391,6 +391,8 @@ class MqttFrontEnd:
                 self.dispatch(link, self._connect(link, event))
             elif isinstance(event, ConnectionClosed):
                 self._connection_closed(link, event)
+        if self.queues is not None:
+            self.queues.after_events(link)
 
     def _connect(self, link: Link, request: ConnectRequest) -> list[Event]:
         conn = link.conn

@@ -151,6 +151,7 @@ class LinkQueues:
     qos0_sent: list[QueueSubscription] = field(default_factory=list)
     tickets: deque[Ticket] = field(default_factory=deque)  # in arrival order
     refused: bool = False  # 3.1.1: a refusal closed the connection; nothing more is acknowledged
+    credit_due: dict[ConsumerHandle, int] = field(default_factory=dict)  # see MqttQueues.after_events
 
 
 class MqttQueues:
@@ -344,7 +345,18 @@ class MqttQueues:
                 handle.ack_nowait(offset)
         if not record.credited:
             record.credited = True
-            handle.add_credit(1)
+            due = link.queue_bindings.credit_due  # given back once per batch of packets: after_events
+            due[handle] = due.get(handle, 0) + 1
+
+    def after_events(self, link: Link) -> None:
+        """After the events of one read: the credit the PUBACKs in it gave back, in one dispatch per
+        consumer rather than one per PUBACK."""
+        bindings = link.queue_bindings
+        due = bindings.credit_due
+        if due:
+            bindings.credit_due = {}
+            for handle, n in due.items():
+                handle.add_credit(n)
 
     def after_write(self, link: Link) -> None:
         """QoS 0 deliveries are settled once written: give their credit back."""
