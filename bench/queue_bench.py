@@ -202,22 +202,24 @@ def compare_table(results: dict[str, list[dict[str, Any]]]) -> str:
     base = _median(results.get("rabbitmq", []))
     lines = [
         "| broker | delivered msg/s (median; min-max) | published msg/s | lost | latency p50 / p99 ms "
-        "| broker CPU (cores) | generator CPU | other CPU on host | vs RabbitMQ (MQTT) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| broker CPU (cores) | broker CPU µs/msg | generator CPU | other CPU on host | vs RabbitMQ (MQTT) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, runs in results.items():
         m = _median(runs)
         if m is None:
-            lines.append(f"| {name} | not available: {runs[-1].get('error', '?')[:80]!r} | | | | | | | |")
+            lines.append(f"| {name} | not available: {runs[-1].get('error', '?')[:80]!r} | | | | | | | | |")
             continue
         rates = [float(r["deliver_rate"]) for r in runs if "deliver_rate" in r]
         lat = m.get("latency_ms", {})
         ratio = f"{m['deliver_rate'] / base['deliver_rate']:.2f}" if base and base["deliver_rate"] else "-"
         spread = f"{min(rates):,.0f}-{max(rates):,.0f}"
+        cpu = m.get("broker_cpu")
+        per_message = f"{cpu / m['deliver_rate'] * 1e6:.0f}" if cpu and m["deliver_rate"] else "-"
         lines.append(
             f"| {name} | {m['deliver_rate']:,.0f} ({spread}) | {m['pub_rate']:,.0f} "
             f"| {m.get('lost', 0)} | {lat.get('p50') or 0:.1f} / {lat.get('p99') or 0:.1f} "
-            f"| {m.get('broker_cpu')} | {m.get('gen_cpu')} | {m.get('other_cpu')} | {ratio} |"
+            f"| {m.get('broker_cpu')} | {per_message} | {m.get('gen_cpu')} | {m.get('other_cpu')} | {ratio} |"
         )
     return "\n".join(lines)
 
@@ -233,6 +235,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=10.0, help="--compare: seconds per run")
     parser.add_argument("--warmup", type=float, default=2.0, help="--compare: seconds left out of the rates")
     parser.add_argument("--out", help="--compare: write every run as JSON here")
+    parser.add_argument("--table", metavar="JSON", help="print the --compare table again from an --out file")
     parser.add_argument("-n", "--messages", type=int, default=20_000)
     parser.add_argument("-p", "--publishers", type=int, default=8)
     parser.add_argument("-c", "--consumers", type=int, default=4)
@@ -249,6 +252,9 @@ def main() -> None:
         help="sys.setswitchinterval: how soon the writer thread gets the GIL back after each I/O",
     )
     args = parser.parse_args()
+    if args.table:
+        print(compare_table(json.loads(Path(args.table).read_text())))
+        return
     if args.compare:
         if "-p" not in sys.argv and "--publishers" not in sys.argv:
             args.publishers = 4
