@@ -8,13 +8,13 @@ short timeouts are declared in a config file (``[[queues.declare]]``) given to t
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy
 
 from tests.interop.conftest import endpoints_of, mqtt_server_args, start_server
 from tests.support.paho import V5, V311, Client, Endpoints, PacketTypes, Received, connect, props
@@ -66,10 +66,15 @@ mode = "stream"
 QUOTA_EXCEEDED = 0x97
 
 
-def start(workdir: Path, tls_files: dict[str, str]) -> RunningServer:
+def start(workdir: Path, tls_files: dict[str, str], storage_url: str | None = None) -> RunningServer:
     config = workdir / "trimaran.toml"
     config.write_text(CONFIG)
-    return start_server(workdir, tls_files, args=[*mqtt_server_args(), "--config", str(config)])
+    env = {"TRIMARAN_STORAGE__URL": storage_url} if storage_url else None
+    return start_server(workdir, tls_files, env, args=[*mqtt_server_args(), "--config", str(config)])
+
+
+def sqlite_url(workdir: Path) -> str:
+    return f"sqlite:///{workdir / 'data' / 'trimaran.db'}"
 
 
 @pytest.fixture(scope="module")
@@ -90,20 +95,26 @@ def headers(message: Received) -> dict[str, str]:
     return dict(getattr(message.properties, "UserProperty", None) or [])
 
 
-def events(workdir: Path, queue: str, kind: str) -> list[tuple[Any, ...]]:
-    """(offset, reason, attempt) of the queue's events of one kind, from the server's SQLite file."""
-    with contextlib.closing(sqlite3.connect(workdir / "data" / "trimaran.db")) as db:
-        return db.execute(
-            'SELECT "offset", reason, attempt FROM queue_events WHERE queue = ? AND kind = ? ORDER BY id',
-            (queue, kind),
-        ).fetchall()
+def events(url: str, queue: str, kind: str) -> list[tuple[Any, ...]]:
+    """(offset, reason, attempt) of the queue's events of one kind, read from the server's database."""
+    engine = sqlalchemy.create_engine(url)
+    try:
+        with engine.connect() as db:
+            rows = db.execute(
+                sqlalchemy.text(
+                    'SELECT "offset", reason, attempt FROM queue_events '
+                    "WHERE queue = :q AND kind = :k ORDER BY id"
+                ),
+                {"q": queue, "k": kind},
+            )
+            return [tuple(row) for row in rows]
+    finally:
+        engine.dispose()
 
 
-def wait_events(
-    workdir: Path, queue: str, kind: str, count: int, timeout: float = 5.0
-) -> list[tuple[Any, ...]]:
+def wait_events(url: str, queue: str, kind: str, count: int, timeout: float = 5.0) -> list[tuple[Any, ...]]:
     deadline = time.monotonic() + timeout
-    while len(found := events(workdir, queue, kind)) < count and time.monotonic() < deadline:
+    while len(found := events(url, queue, kind)) < count and time.monotonic() < deadline:
         time.sleep(0.05)
     return found
 
@@ -193,7 +204,7 @@ def test_ttl_expiry_drops_and_logs(ends: Endpoints, pserver: RunningServer, vers
     q = "$queue/ttl"
     pub = connect(ends, version=version)
     try:
-        before = len(events(pserver.cwd, "ttl", "expired"))
+        before = len(events(sqlite_url(pserver.cwd), "ttl", "expired"))
         pub.publish(q, b"stale", qos=1)
         time.sleep(0.5)  # ttl_s = 0.4
         pub.publish(q, b"fresh", qos=1)
@@ -204,7 +215,7 @@ def test_ttl_expiry_drops_and_logs(ends: Endpoints, pserver: RunningServer, vers
             sub.expect_none(0.3)
         finally:
             sub.disconnect()
-        expired = wait_events(pserver.cwd, "ttl", "expired", before + 1)
+        expired = wait_events(sqlite_url(pserver.cwd), "ttl", "expired", before + 1)
         assert len(expired) == before + 1 and expired[-1][1] == "ttl"
     finally:
         close_all(pub)
@@ -255,7 +266,7 @@ def test_max_length_drop_oldest_counts(ends: Endpoints, pserver: RunningServer, 
     q = "$queue/capped-drop"
     pub = connect(ends, version=version)
     try:
-        before = len(events(pserver.cwd, "capped-drop", "dropped"))
+        before = len(events(sqlite_url(pserver.cwd), "capped-drop", "dropped"))
         for i in range(5):
             pub.publish(q, f"m{i}".encode(), qos=1)  # all accepted
         sub = connect(ends, version=version)
@@ -265,7 +276,7 @@ def test_max_length_drop_oldest_counts(ends: Endpoints, pserver: RunningServer, 
             sub.expect_none(0.3)
         finally:
             sub.disconnect()
-        dropped = wait_events(pserver.cwd, "capped-drop", "dropped", before + 2)[before:]
+        dropped = wait_events(sqlite_url(pserver.cwd), "capped-drop", "dropped", before + 2)[before:]
         assert [reason for _, reason, _ in dropped] == ["overflow", "overflow"]
     finally:
         close_all(pub)
@@ -399,9 +410,10 @@ def test_stream_commit_by_puback_v311(ends: Endpoints) -> None:
 
 
 def test_sigkill_restart_keeps_pending_entries_cursors_and_limits(
-    tmp_path: Path, tls_files: dict[str, str]
+    tmp_path: Path, tls_files: dict[str, str], storage_url: str
 ) -> None:
-    server = start(tmp_path, tls_files)
+    """On SQLite and on PostgreSQL (``storage_url`` runs it on each)."""
+    server = start(tmp_path, tls_files, storage_url)
     try:
         ends = endpoints_of(server, tls_files)
         pub = connect(ends, version=V5)
@@ -452,7 +464,7 @@ def test_sigkill_restart_keeps_pending_entries_cursors_and_limits(
     finally:
         server.kill()
 
-    server = start(tmp_path, tls_files)
+    server = start(tmp_path, tls_files, storage_url)
     clients: list[Client] = []
     try:
         ends = endpoints_of(server, tls_files)
@@ -495,7 +507,7 @@ def test_sigkill_restart_keeps_pending_entries_cursors_and_limits(
         ttl = client()
         ttl.subscribe("$queue/ttl", qos=1)
         ttl.expect_none(0.5)  # expired while the server was down
-        assert wait_events(tmp_path, "ttl", "expired", 1)
+        assert wait_events(storage_url, "ttl", "expired", 1)
     finally:
         close_all(*clients)
         assert server.stop() == 0, server.output()
