@@ -10,6 +10,7 @@ from trimaran.broker.message import Message
 from trimaran.config import QueuePolicySettings
 from trimaran.queue import QueueError, ack_by_id
 from trimaran.storage import queue_store
+from trimaran.storage.schema import queue_pending
 
 pytestmark = pytest.mark.anyio
 
@@ -348,3 +349,42 @@ async def test_publish_nowait_calls_back_after_the_commit_in_order(make_manager:
     restarted = make_manager()
     async with restarted.running():
         assert restarted.info("q").depth == 3  # committed, not only in memory
+
+
+async def test_ack_inside_deliver_is_not_overwritten_by_the_delivery_rows(make_manager: Factory) -> None:
+    """A consumer that acks from within deliver() (in-process, or a front end settling at once):
+    the delivery's pending row must not reach the database after the ack that removed it."""
+    from trimaran.queue import ConsumerHandle, QueueDelivery
+
+    class AckAtOnce:
+        id = "quick"
+        handle: ConsumerHandle | None = None
+        seen = 0
+
+        def deliver(self, delivery: QueueDelivery) -> None:
+            self.seen += 1
+            assert self.handle is not None
+            self.handle.ack_nowait(delivery.offset)
+            self.handle.add_credit(1)
+
+    first = make_manager()
+    async with first.running():
+        quick = AckAtOnce()
+        quick.handle = first.consume("q", quick)
+        quick.handle.add_credit(5)
+        for i in range(20):
+            await first.publish("q", msg(b"%d" % i))
+        await wait_until(lambda: quick.seen == 20)
+        await wait_until(lambda: first.info("q").depth == 0)
+    pending = first.storage.engine.connect()
+    try:
+        rows = pending.execute(queue_pending.select()).fetchall()
+    finally:
+        pending.close()
+    assert rows == []
+    second = make_manager()
+    async with second.running():
+        again = Collector("again")
+        second.consume("q", again).add_credit(100)
+        await anyio.sleep(0.3)
+        assert again.deliveries == []  # acked once means never redelivered

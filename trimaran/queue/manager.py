@@ -769,6 +769,9 @@ class QueueManager:
         group.busy = True
         batch = WriteBatch()
         now = now_ms()
+        # Handed to the consumers only after the batch is submitted: a consumer that settles from
+        # within deliver() submits its rows after the delivery's, never before them.
+        out: list[tuple[ConsumerHandle, QueueDelivery]] = []
         try:
             while True:
                 group.again = False
@@ -792,7 +795,7 @@ class QueueManager:
                         stored, entry = taken
                     if stored is None:
                         continue
-                    self._deliver(state, group, handle, stored, entry, now, batch)
+                    out.append((handle, self._deliver(state, group, handle, stored, entry, now, batch)))
                     group.rr = start + i + 1
                     progressed = True
                 if not progressed and not group.again:
@@ -801,6 +804,11 @@ class QueueManager:
             group.busy = False
             if state.durable and not batch.empty():
                 self.writer.submit(batch)
+            for handle, delivery in out:
+                try:
+                    handle.consumer.deliver(delivery)
+                except Exception:
+                    log.exception("consumer %s failed to take a delivery", handle.consumer.id)
         if self._is_shared(state) and not group.ready and any(h.credit > 0 for h in group.consumers):
             self._claim(state, group)
 
@@ -905,7 +913,8 @@ class QueueManager:
         entry: Entry | None,
         now: int,
         batch: WriteBatch,
-    ) -> None:
+    ) -> QueueDelivery:
+        """Record a delivery in memory and in ``batch``; the caller hands it to the consumer."""
         offset = stored.offset
         attempt = entry.attempts + 1 if entry is not None else 1
         reason = entry.reason if entry is not None else "first"
@@ -959,7 +968,7 @@ class QueueManager:
             self._timed.add((state, group))
             self._pending_row(state, group, offset, entry, batch)
         handle.credit -= 1
-        delivery = QueueDelivery(
+        return QueueDelivery(
             stored.message,
             state.name,
             offset,
@@ -968,10 +977,6 @@ class QueueManager:
             attempt > 1,
             message_id(state.name, offset),
         )
-        try:
-            handle.consumer.deliver(delivery)
-        except Exception:
-            log.exception("consumer %s failed to take a delivery", cid)
 
     # -- state rows -------------------------------------------------------------------------------
 
