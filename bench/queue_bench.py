@@ -145,7 +145,7 @@ def start_target(name: str) -> Iterator[tuple[Any, list[int]]]:
         finally:
             cluster.stop()
     else:
-        with brokers.rabbitmq(mqtt=name == "rabbitmq") as running:
+        with brokers.rabbitmq(mqtt=True) as running:
             yield running, [running.pid]
 
 
@@ -176,18 +176,31 @@ def bench_once(name: str, running: Any, watch: list[int], args: argparse.Namespa
 
 
 def compare(args: argparse.Namespace) -> None:
+    """Every broker runs for the whole session and the runs go round-robin (run 1 of each, then run
+    2 of each, ...), so on a shared host each broker meets about the same load from other jobs."""
     names = [n.strip() for n in args.targets.split(",") if n.strip()]
     results: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
-    for name in names:
-        try:
-            with start_target(name) as (running, watch):
-                for i in range(args.runs):
-                    r = bench_once(name, running, watch, args)
-                    results[name].append(r)
-                    rate = r.get("deliver_rate", r.get("error"))
-                    print(f"{name} run {i + 1}: {rate} msg/s", file=sys.stderr)
-        except Exception as exc:  # a broker that cannot start is reported, the others still run
-            results[name].append({"error": str(exc)[-800:]})
+    running: dict[str, tuple[Any, list[int]]] = {}
+    with contextlib.ExitStack() as stack:
+        for name in names:
+            # rabbitmq-amqp drives the same RabbitMQ (its AMQP port) when rabbitmq runs too
+            shared = "rabbitmq" if name == "rabbitmq-amqp" and "rabbitmq" in running else None
+            try:
+                running[name] = running[shared] if shared else stack.enter_context(start_target(name))
+            except Exception as exc:  # a broker that cannot start is reported, the others still run
+                results[name].append({"error": str(exc)[-800:]})
+        import brokers  # on sys.path once start_target ran
+
+        for i in range(args.runs):
+            for name, (broker, watch) in running.items():
+                idle = sorted({p for n, (_, w) in running.items() if w != watch for p in w})
+                t0, c0 = time.monotonic(), brokers.cpu_seconds(idle)
+                r = bench_once(name, broker, watch, args)
+                # the other brokers are idle meanwhile, but not free (RabbitMQ's schedulers spin)
+                r["idle_brokers_cpu"] = round((brokers.cpu_seconds(idle) - c0) / (time.monotonic() - t0), 3)
+                results[name].append(r)
+                rate = r.get("deliver_rate", r.get("error"))
+                print(f"{name} run {i + 1}: {rate} msg/s", file=sys.stderr)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
     print(compare_table(results))
@@ -202,7 +215,8 @@ def compare_table(results: dict[str, list[dict[str, Any]]]) -> str:
     base = _median(results.get("rabbitmq", []))
     lines = [
         "| broker | delivered msg/s (median; min-max) | published msg/s | lost | latency p50 / p99 ms "
-        "| broker CPU (cores) | broker CPU µs/msg | generator CPU | other CPU on host | vs RabbitMQ (MQTT) |",
+        "| broker CPU (cores) | broker CPU µs/msg | generator CPU | other CPU on host (of it: idle brokers) "
+        "| vs RabbitMQ (MQTT) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, runs in results.items():
@@ -216,10 +230,12 @@ def compare_table(results: dict[str, list[dict[str, Any]]]) -> str:
         spread = f"{min(rates):,.0f}-{max(rates):,.0f}"
         cpu = m.get("broker_cpu")
         per_message = f"{cpu / m['deliver_rate'] * 1e6:.0f}" if cpu and m["deliver_rate"] else "-"
+        idle = f" ({m['idle_brokers_cpu']})" if "idle_brokers_cpu" in m else ""
         lines.append(
             f"| {name} | {m['deliver_rate']:,.0f} ({spread}) | {m['pub_rate']:,.0f} "
             f"| {m.get('lost', 0)} | {lat.get('p50') or 0:.1f} / {lat.get('p99') or 0:.1f} "
-            f"| {m.get('broker_cpu')} | {per_message} | {m.get('gen_cpu')} | {m.get('other_cpu')} | {ratio} |"
+            f"| {m.get('broker_cpu')} | {per_message} | {m.get('gen_cpu')} | {m.get('other_cpu')}{idle} "
+            f"| {ratio} |"
         )
     return "\n".join(lines)
 
