@@ -132,14 +132,15 @@ class Conn:
         self.decoder = Decoder(MAX_PACKET, protocol_level=level)
 
     @classmethod
-    async def open(cls, host: str, port: int, client_id: str, level: int) -> Conn:
+    async def open(cls, host: str, port: int, client_id: str, level: int, clean: bool = True) -> Conn:
         reader, writer = await asyncio.open_connection(host, port, limit=4 * CHUNK)
         sock = writer.get_extra_info("socket")
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         writer.transport.set_write_buffer_limits(high=256 * 1024)
         conn = cls(reader, writer, level)
         # keep_alive 0: a subscriber that only reads must not be dropped in a long run.
-        writer.write(encode(Connect(protocol_level=level, client_id=client_id, keep_alive=0), level))
+        connect = Connect(protocol_level=level, client_id=client_id, keep_alive=0, clean_start=clean)
+        writer.write(encode(connect, level))
         ack = await conn.expect(ConnAck)
         if ack.reason_code:
             raise ConnectionError(f"CONNACK refused {client_id}: reason 0x{ack.reason_code:02X}")
@@ -352,7 +353,10 @@ def percentile(sorted_values: list[int], q: float) -> float | None:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     level = args.level
     run_id = f"{os.getpid()}-{int(time.time() * 1000) % 100000}"
-    topic = f"bench/{run_id}/t"
+    # --durable: a `$queue/` topic (Trimaran: a durable SQL queue, PUBACK after the commit) consumed by
+    # persistent-session subscribers (RabbitMQ: a durable queue; QoS 1 publishes are persistent and
+    # PUBACKed on the publisher confirm).
+    topic = f"$queue/bench-{run_id}" if args.durable else f"bench/{run_id}/t"
     if args.scenario == "fan-in":
         n_pub, n_sub = args.clients, 1
     elif args.scenario == "fan-out":
@@ -364,7 +368,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     acks = [b""] + [encode(PubAck(pid), level) for pid in range(1, 65536)]
     template = Template(topic, args.qos, args.payload, level)
 
-    subs = [await Conn.open(args.host, args.port, f"bench-{run_id}-s{i}", level) for i in range(n_sub)]
+    subs = [
+        await Conn.open(args.host, args.port, f"bench-{run_id}-s{i}", level, clean=not args.durable)
+        for i in range(n_sub)
+    ]
     for s in subs:
         await s.subscribe(topic, args.qos)
     pubs = [await Conn.open(args.host, args.port, f"bench-{run_id}-p{i}", level) for i in range(n_pub)]
@@ -427,6 +434,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "scenario": args.scenario,
         "qos": args.qos,
+        "durable": args.durable,
         "level": level,
         "publishers": n_pub,
         "subscribers": n_sub,
@@ -481,6 +489,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--clients", type=int, default=4, help="publishers (fan-in) or subscribers (fan-out); default 4"
     )
     p.add_argument("--payload", type=int, default=64, help="payload bytes, >= 16 (default 64)")
+    p.add_argument(
+        "--durable",
+        action="store_true",
+        help="topic $queue/bench-<id> and persistent-session subscribers: a durable queue on both brokers",
+    )
     p.add_argument("--duration", type=float, default=10.0, help="seconds of publishing (default 10)")
     p.add_argument("--warmup", type=float, default=2.0, help="seconds excluded from the rates (default 2)")
     p.add_argument("--drain", type=float, default=20.0, help="max seconds to wait for deliveries afterwards")

@@ -104,3 +104,12 @@ def test_secrets_are_masked(tmp_path: Path) -> None:
     dumped = settings.model_dump(mode="json")
     assert "s3cret" not in str(dumped)
     assert dumped["listeners"]["mqtt"] == "0.0.0.0:1883"
+
+
+def test_shared_queues_need_postgresql(tmp_path: Path) -> None:
+    assert load_settings().queues.shared is False
+    config = write(tmp_path / "c.toml", "[queues]\nshared = true\n")
+    with pytest.raises(ConfigError, match=r"queues\.shared: .*PostgreSQL.*sqlite:///data/trimaran\.db"):
+        load_settings(config)
+    settings = load_settings(config, {"storage": {"url": "postgresql://trimaran@db/trimaran"}})
+    assert settings.queues.shared is True

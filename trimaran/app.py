@@ -7,6 +7,8 @@ flush what was acknowledged, close storage.
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 import signal
 import time
 from typing import Any
@@ -24,7 +26,7 @@ from trimaran.broker.http import HttpServer
 from trimaran.broker.listeners import AmqpPort, ConnectionHandler, Listener, server_tls_context
 from trimaran.broker.telemetry import Telemetry
 from trimaran.broker.webhooks import Webhooks
-from trimaran.config import ConfigError, Endpoint, Settings
+from trimaran.config import ConfigError, Endpoint, Settings, check_settings
 from trimaran.mqtt.handler import MqttFrontEnd
 from trimaran.queue.manager import QueueManager
 from trimaran.storage.amqp_store import AmqpStore
@@ -64,6 +66,7 @@ class App:
 
     async def run(self) -> None:
         settings = self.settings
+        check_settings(settings)
         url = settings.storage.effective_url()
         storage = Storage.from_url(
             url, sqlite_synchronous=settings.storage.sqlite_synchronous, pool_size=settings.storage.pool_size
@@ -73,7 +76,9 @@ class App:
         await anyio.to_thread.run_sync(storage.migrate)
         store = MqttStore(storage.engine)
         self.broker = Broker(store, sys_interval=settings.limits.sys_interval)
-        self.queues = QueueManager(storage, settings.queues, settings.storage)
+        self.queues = QueueManager(
+            storage, settings.queues, settings.storage, node=self._node_id(), shared=settings.queues.shared
+        )
         self.queues.events = self.broker.events
         self.webhooks = Webhooks(settings.webhooks, self.broker.events, settings.node_name)
         self.mqtt = MqttFrontEnd(self.broker, settings, store, self.queues)
@@ -103,6 +108,19 @@ class App:
             storage.close()
             self.telemetry.shutdown()
             log.info("trimaran stopped")
+
+    def _node_id(self) -> str:
+        """The name this process writes in queue events and claims.
+
+        Shared queues lease claimed messages to a node id; a process restarted under the same id would
+        renew its dead predecessor's leases, so each process adds its pid and a random suffix.
+        """
+        name = self.settings.node_name
+        if not self.settings.queues.shared:
+            return name
+        node = f"{name}-{os.getpid()}-{secrets.token_hex(3)}"
+        log.info("shared queues: this process claims messages as node %s", node)
+        return node
 
     async def _start_listeners(self, connections: TaskGroup) -> None:
         for listener in self.listeners:

@@ -183,6 +183,11 @@ class DeclaredQueue(QueuePolicySettings):
 
 class QueueSettings(Section):
     auto_create: bool = True
+    shared: bool = Field(
+        False,
+        description="several server processes share one PostgreSQL database: work queues deliver only "
+        "messages this process claimed (SKIP LOCKED claims with leases); needs storage.url = postgresql://",
+    )
     defaults: QueuePolicySettings = QueuePolicySettings()
     declare: list[DeclaredQueue] = []
 
@@ -346,13 +351,25 @@ def load_settings(config_file: Path | None = None, overrides: dict[str, Any] | N
         raise ConfigError(f"config file {config_file} does not exist")
     token = _toml_file.set(config_file)
     try:
-        return Settings(**(overrides or {}))
+        settings = Settings(**(overrides or {}))
+        check_settings(settings)
+        return settings
     except ValidationError as exc:
         raise ConfigError(describe_errors(exc)) from None
     except ValueError as exc:  # e.g. a TOML syntax error
         raise ConfigError(f"cannot read {config_file}: {exc}") from None
     finally:
         _toml_file.reset(token)
+
+
+def check_settings(settings: Settings) -> None:
+    """Rules that join two sections; raises :class:`ConfigError`."""
+    if settings.queues.shared and not settings.storage.effective_url().startswith("postgres"):
+        raise ConfigError(
+            "invalid setting queues.shared: several servers can share queues only on PostgreSQL "
+            f"(storage.url is {settings.storage.effective_url()!r}); set storage.url = postgresql://... "
+            "or queues.shared = false"
+        )
 
 
 def describe_errors(exc: ValidationError) -> str:

@@ -222,6 +222,102 @@ def test_nack_redelivers_v5(qmqtt: Endpoints) -> None:
         close_all(pub, sub)
 
 
+def test_control_nack_returns_credit_and_late_puback_settles_nothing_v5(qmqtt: Endpoints) -> None:
+    """$nack through the control topic gives the credit back at once; the PUBACK of that first copy,
+    arriving after the redelivery, must not ack the redelivery (nor take its credit)."""
+    q = "$queue/control-credit"
+    pub = connect(qmqtt, version=V5)
+    sub = connect(qmqtt, version=V5, manual_ack=True, properties=props(PacketTypes.CONNECT, ReceiveMaximum=2))
+    try:
+        codes = watch_pubacks(sub)
+        sub.subscribe(q, qos=1)
+        pub.publish(q, b"a", qos=1)
+        first = sub.expect()
+        message_id = user_props(first)["x-queue-message-id"]
+        control(sub, f"{q}/$nack", message_id)
+        second = sub.expect(5)  # after the 0.1 s backoff
+        assert user_props(second)["x-queue-attempt"] == "2"
+        sub.client.ack(first.mid, 1)  # the late PUBACK of the nacked copy: MQTT bookkeeping only
+        info = sub.publish(
+            f"{q}/$nack", b"", qos=1, properties=props(UserProperty=[("message-id", message_id)])
+        )
+        assert codes[info.mid] == 0, "the redelivery was settled by the earlier copy's PUBACK"
+        third = sub.expect(5)
+        assert user_props(third)["x-queue-attempt"] == "3"
+        sub.client.ack(second.mid, 1)
+        sub.client.ack(third.mid, 1)  # this one acks for real
+        # Every credit is back: a window of two new messages arrives without further PUBACKs.
+        pub.publish(q, b"b", qos=1)
+        pub.publish(q, b"c", qos=1)
+        assert sorted(m.payload for m in sub.drain(2)) == [b"b", b"c"]
+        sub.expect_none(0.3)  # "a" stays acked
+    finally:
+        close_all(pub, sub)
+
+
+@pytest.mark.parametrize("action", ["ack", "reject"])
+def test_control_settle_then_puback_keeps_the_control_meaning(qmqtt: Endpoints, action: str) -> None:
+    """A PUBACK right behind a $ack/$reject on the same connection completes the MQTT exchange only."""
+    q = f"$queue/control-then-puback-{action}"
+    pub = connect(qmqtt, version=V5)
+    sub = connect(qmqtt, version=V5, manual_ack=True, properties=props(PacketTypes.CONNECT, ReceiveMaximum=1))
+    dlq = connect(qmqtt, version=V5)
+    try:
+        codes = watch_pubacks(sub)
+        sub.subscribe(q, qos=1)
+        for payload in (b"m0", b"m1", b"m2"):
+            pub.publish(q, payload, qos=1)
+        got = []
+        for _ in range(3):
+            m = sub.expect()
+            got.append(m.payload)
+            message_id = user_props(m)["x-queue-message-id"]
+            info = sub.publish(
+                f"{q}/${action}",
+                b"",
+                qos=1,
+                properties=props(UserProperty=[("message-id", message_id), ("reason", "bad")]),
+                wait=False,
+            )
+            sub.client.ack(m.mid, 1)  # sent right behind the control PUBLISH
+            info.wait_for_publish(5)
+            assert codes[info.mid] == 0
+        assert got == [b"m0", b"m1", b"m2"]  # the window of one moved on each time
+        sub.expect_none(0.3)
+        dlq.subscribe(f"$queue/$dlq/control-then-puback-{action}", qos=1)
+        if action == "reject":
+            dead = dlq.drain(3)
+            assert [m.payload for m in dead] == [b"m0", b"m1", b"m2"]
+            assert {user_props(m)["x-dead-letter-reason"] for m in dead} == {"bad"}
+        else:
+            dlq.expect_none(0.3)
+    finally:
+        close_all(pub, sub, dlq)
+
+
+def test_control_ack_by_payload_v311(qmqtt: Endpoints) -> None:
+    """3.1.1 has no user properties: the message id is the payload of the control PUBLISH."""
+    q = "$queue/control-311"
+    pub = connect(qmqtt, version=V311)
+    sub = connect(qmqtt, version=V5, manual_ack=True)  # reads the message id from its headers
+    settler = connect(qmqtt, version=V311)  # another connection settles it
+    try:
+        sub.subscribe(q, qos=1)
+        pub.publish(q, b"x", qos=1)
+        got = sub.expect()
+        settler.publish(f"{q}/$ack", user_props(got)["x-queue-message-id"].encode(), qos=1)
+        sub.client.ack(got.mid, 1)
+        sub.disconnect()
+        again = connect(qmqtt, version=V311)
+        try:
+            again.subscribe(q, qos=1)
+            again.expect_none(0.5)
+        finally:
+            again.disconnect()
+    finally:
+        close_all(pub, settler)
+
+
 def test_reject_goes_to_dead_letter_queue(qmqtt: Endpoints) -> None:
     q = "$queue/rejected"
     pub = connect(qmqtt, version=V5)
@@ -356,10 +452,14 @@ def test_restart_loses_nothing(tmp_path: Path, tls_files: dict[str, str]) -> Non
         assert server.stop() == 0, server.output()
 
 
-def test_crash_keeps_every_acknowledged_publish(tmp_path: Path, tls_files: dict[str, str]) -> None:
+def test_crash_keeps_every_acknowledged_publish(
+    tmp_path: Path, tls_files: dict[str, str], storage_url: str
+) -> None:
+    """SIGKILL under load, on SQLite and on PostgreSQL (``storage_url`` runs the test on each)."""
     q = "$queue/crash"
     total = 3000
-    server = start_server(tmp_path, tls_files, QUEUE_ENV)
+    env = {**QUEUE_ENV, "TRIMARAN_STORAGE__URL": storage_url}
+    server = start_server(tmp_path, tls_files, env)
     acked_mids: list[int] = []  # appended by paho's thread; mapped to payloads afterwards
     mids: dict[int, int] = {}  # mid -> payload index (mids do not wrap below 65535 publishes)
     enough = threading.Event()
@@ -383,7 +483,7 @@ def test_crash_keeps_every_acknowledged_publish(tmp_path: Path, tls_files: dict[
     confirmed = {mids[mid] for mid in list(acked_mids)}
     assert 0 < len(confirmed) < total, "the kill should land mid-stream"
 
-    server = start_server(tmp_path, tls_files, QUEUE_ENV)
+    server = start_server(tmp_path, tls_files, env)
     try:
         sub = connect(endpoints_of(server, tls_files), version=V5)
         try:
@@ -437,10 +537,10 @@ def test_puback_reason_codes_nack_then_reject_v5(qmqtt: Endpoints) -> None:
         assert isinstance(suback := raw.next(), SubAck) and suback.reason_codes == [1]
         pub.publish(q, b"twice", qos=1)
         first = raw.next()
-        assert isinstance(first, Publish) and first.payload == b"twice"
+        assert isinstance(first, Publish) and first.payload == b"twice" and first.packet_id is not None
         raw.send(PubAck(first.packet_id, 0x80))  # Unspecified error: nack, retry after backoff
         second = raw.next()
-        assert isinstance(second, Publish) and second.payload == b"twice"
+        assert isinstance(second, Publish) and second.payload == b"twice" and second.packet_id is not None
         headers = dict(second.properties.user_properties)
         assert headers["x-queue-redelivered"] == "true" and headers["x-queue-attempt"] == "2"
         raw.send(PubAck(second.packet_id, 0x83))  # Implementation specific error: reject

@@ -96,3 +96,26 @@ async def test_retention_by_count(make_manager: Factory) -> None:
         await wait_until(lambda: len(c.deliveries) == 3)
         assert [d.offset for d in c.deliveries] == [2, 3, 4]
     assert queue_store.stored_offsets(manager.storage.engine, "s") == [2, 3, 4]
+
+
+async def test_uncommitted_deliveries_are_read_again_by_the_next_consumer(make_manager: Factory) -> None:
+    """Without a restart too: a group's new first consumer resumes at the committed offset."""
+    manager = make_manager()
+    async with manager.running():
+        await manager.declare("s", STREAM)
+        await fill(manager, 4)
+        first = Collector("first")
+        handle = manager.consume("s", first, group="g", start="first")
+        handle.add_credit(10)
+        await wait_until(lambda: len(first.deliveries) == 4)
+        assert await handle.ack(1)  # committed through offset 1; 2 and 3 only delivered
+        await handle.cancel()
+        second = Collector("second")
+        manager.consume("s", second, group="g").add_credit(10)
+        await wait_until(lambda: len(second.deliveries) == 2)
+        assert [d.offset for d in second.deliveries] == [2, 3]
+        other = Collector("other")  # a second consumer joining a live group does not rewind it
+        manager.consume("s", other, group="g").add_credit(10)
+        await fill(manager, 1)
+        await wait_until(lambda: len(second.deliveries) + len(other.deliveries) == 3)
+        assert sorted(d.offset for d in second.deliveries + other.deliveries) == [2, 3, 4]

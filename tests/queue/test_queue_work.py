@@ -10,6 +10,7 @@ from trimaran.broker.message import Message
 from trimaran.config import QueuePolicySettings
 from trimaran.queue import QueueError, ack_by_id
 from trimaran.storage import queue_store
+from trimaran.storage.schema import queue_pending
 
 pytestmark = pytest.mark.anyio
 
@@ -361,3 +362,64 @@ async def test_publish_nowait_refuses_a_full_queue(make_manager: Factory) -> Non
         await ticket.wait()
         with pytest.raises(QueueError):
             manager.publish_nowait("small", msg(b"b", topic="$queue/small"))
+
+
+async def test_publish_nowait_calls_back_after_the_commit_in_order(make_manager: Factory) -> None:
+    manager = make_manager(max_length=3)
+    async with manager.running():
+        done: list[tuple[str, QueueError | None]] = []
+        for i in range(3):
+            record = lambda r, e: done.append((r.message_id, e))  # noqa: E731
+            assert manager.publish_nowait("q", msg(b"%d" % i), "", record) is not None
+        assert done == []  # nothing before the commit
+        with pytest.raises(QueueError) as refused:  # max_length 3 counts the ones in flight
+            manager.publish_nowait("q", msg(b"3"), "", lambda r, e: done.append((r.message_id, e)))
+        assert refused.value.reason == "full"
+        await wait_until(lambda: len(done) == 3)
+        assert done == [("q:0", None), ("q:1", None), ("q:2", None)]
+        c = Collector("c")
+        manager.consume("q", c).add_credit(10)
+        await wait_until(lambda: len(c.deliveries) == 3)
+        assert c.payloads == [b"0", b"1", b"2"]
+    restarted = make_manager()
+    async with restarted.running():
+        assert restarted.info("q").depth == 3  # committed, not only in memory
+
+
+async def test_ack_inside_deliver_is_not_overwritten_by_the_delivery_rows(make_manager: Factory) -> None:
+    """A consumer that acks from within deliver() (in-process, or a front end settling at once):
+    the delivery's pending row must not reach the database after the ack that removed it."""
+    from trimaran.queue import ConsumerHandle, QueueDelivery
+
+    class AckAtOnce:
+        id = "quick"
+        handle: ConsumerHandle | None = None
+        seen = 0
+
+        def deliver(self, delivery: QueueDelivery) -> None:
+            self.seen += 1
+            assert self.handle is not None
+            self.handle.ack_nowait(delivery.offset)
+            self.handle.add_credit(1)
+
+    first = make_manager()
+    async with first.running():
+        quick = AckAtOnce()
+        quick.handle = first.consume("q", quick)
+        quick.handle.add_credit(5)
+        for i in range(20):
+            await first.publish("q", msg(b"%d" % i))
+        await wait_until(lambda: quick.seen == 20)
+        await wait_until(lambda: first.info("q").depth == 0)
+    pending = first.storage.engine.connect()
+    try:
+        rows = pending.execute(queue_pending.select()).fetchall()
+    finally:
+        pending.close()
+    assert rows == []
+    second = make_manager()
+    async with second.running():
+        again = Collector("again")
+        second.consume("q", again).add_credit(100)
+        await anyio.sleep(0.3)
+        assert again.deliveries == []  # acked once means never redelivered

@@ -30,8 +30,10 @@ def _free_port() -> int:
 
 
 class PostgresCluster:
-    def __init__(self, bindir: Path) -> None:
+    def __init__(self, bindir: Path, *, fsync: bool = False) -> None:
+        """``fsync=False`` (tests) trades durability for speed; benchmarks turn it on."""
         self.bindir = bindir
+        self.fsync = fsync
         self.root = Path(tempfile.mkdtemp(prefix="trimaran-pg-"))
         self.datadir = self.root / "data"
         self.port = _free_port()
@@ -49,7 +51,8 @@ class PostgresCluster:
         self._run(
             "initdb", "-D", str(self.datadir), "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"
         )
-        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1"
+        options += " -c fsync=on -c synchronous_commit=on" if self.fsync else " -c fsync=off"
         self._run(
             "pg_ctl", "-D", str(self.datadir), "-o", options, "-w", "-l", str(self.root / "log"), "start"
         )

@@ -73,7 +73,7 @@ from trimaran.broker.events import (
 from trimaran.broker.message import PROTOCOL_AMQP1, Message
 from trimaran.broker.router import SubscriptionOptions
 from trimaran.config import Settings
-from trimaran.queue.manager import QueueManager
+from trimaran.queue.manager import PublishResult, QueueManager
 from trimaran.queue.policy import QueueError
 
 log = logging.getLogger(__name__)
@@ -613,27 +613,21 @@ class Amqp1FrontEnd:
     def _append(self, conn: Connection, address: Address, message: Message, ticket: Ticket) -> None:
         """Hand the message to the group commit; ``ticket`` is done once it is committed."""
         assert self.queues is not None
+
+        def done(_result: PublishResult, error: QueueError | None) -> None:
+            # On the loop after the commit (at once for an in-memory queue), or with the write's error.
+            if error is not None:
+                self._publish_failed(conn, address, ticket, error)
+            self._ticket_done(conn, ticket)
+
         try:
-            pending = self.queues.publish_nowait(address.name, message, address.key)
+            self.queues.publish_nowait(address.name, message, address.key, done)
         except QueueError as exc:
             if exc.reason == "shared":  # a shared node reserves offsets with an await
                 conn.spawn(lambda: self._append_async(conn, address, message, ticket))
                 return
             self._publish_failed(conn, address, ticket, exc)
             self._ticket_done(conn, ticket)
-            return
-        if pending is None:  # an in-memory queue: appended already
-            self._ticket_done(conn, ticket)
-            return
-
-        # on_results runs on the loop after the commit (and its on_commit), or with the error set.
-        def committed(_results: list[Any]) -> None:
-            error = pending.error
-            if error is not None:
-                self._publish_failed(conn, address, ticket, QueueError("storage", str(error)))
-            self._ticket_done(conn, ticket)
-
-        pending.on_results = committed
 
     async def _append_async(
         self, conn: Connection, address: Address, message: Message, ticket: Ticket

@@ -655,7 +655,8 @@ def run_audit(
     jars = args.jars.split(",") if args.jars else (list(DEBIAN_JARS) if default_jars else None)
     local = args.master is not None and args.master.startswith("local")
     if spark is None:
-        partitions = getattr(args, "shuffle_partitions", None) or (local_cores(args.master) if local else None)
+        cores = local_cores(args.master) if local else None
+        partitions = getattr(args, "shuffle_partitions", None) or cores
         spark = spark_session(args.master, jars, shuffle_partitions=partitions)
     if args.parquet:
         tables = read_tables(spark, selection, parquet=args.parquet)

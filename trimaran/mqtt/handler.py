@@ -331,14 +331,12 @@ class MqttFrontEnd:
             async with anyio.create_task_group() as tg:
                 link.tasks = tg
                 tg.start_soon(self._writer, link, tg.cancel_scope)
-                if self.queues is not None:
-                    tg.start_soon(self.queues.acknowledge_in_order, link)
                 with link.reading:
                     await self._reader(link)
                 link.done = True
                 link.wake()
-                # The writer flushes what is queued, then cancels the group (pending queue acks
-                # cannot be sent any more).
+                # The writer flushes what is queued, then cancels the group (queue control settles
+                # still waiting for their commit cannot be answered any more).
         finally:
             self.links.discard(link)
             if self._drained is not None and not self.links:
@@ -411,6 +409,8 @@ class MqttFrontEnd:
                 self.dispatch(link, self._connect(link, event))
             elif isinstance(event, ConnectionClosed):
                 self._connection_closed(link, event)
+        if self.queues is not None:
+            self.queues.after_events(link)
 
     def _connect(self, link: Link, request: ConnectRequest) -> list[Event]:
         conn = link.conn

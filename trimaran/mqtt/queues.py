@@ -9,6 +9,12 @@
   Credit is the client's Receive Maximum, so the queue never parks messages in an MQTT session.
 - PUBACK / PUBCOMP acks; 5.0 PUBACK 0x80 nacks, 0x83 and 0x99 reject. A QoS 0 subscription
   consumes at most once (settled when sent).
+
+Credit: each QoS 1/2 delivery takes one unit of the consumer's credit and gives it back once, when
+the delivery is settled: by its PUBACK/PUBCOMP, or by a control topic (from any connection), whichever
+comes first. Control topics are applied in memory as soon as they are read, so a PUBACK that follows
+a ``$nack`` on the same connection finds the delivery settled and only completes the MQTT exchange.
+Every delivery has its own tag, so a late PUBACK of an earlier delivery never settles a redelivery.
 """
 
 from __future__ import annotations
@@ -29,14 +35,16 @@ from trimaran.mqtt.reason_codes import ReasonCode
 from trimaran.mqtt.session import OutboundMessage
 from trimaran.queue.manager import (
     ConsumerHandle,
+    PublishResult,
     QueueDelivery,
     QueueManager,
-    ack_by_id,
-    commit_by_id,
-    nack_by_id,
-    reject_by_id,
+    holder_by_id,
+    parse_message_id,
+    settle_by_id_now,
 )
 from trimaran.queue.policy import QUEUE_PREFIX, QueueError, parse_queue_topic
+from trimaran.storage.writer import Ticket as WriterTicket
+from trimaran.storage.writer import WriterError
 
 if TYPE_CHECKING:
     from trimaran.mqtt.handler import Link
@@ -67,15 +75,25 @@ class Ticket:
     """One queue PUBLISH waiting for its commit, acknowledged in arrival order."""
 
     packet_id: int | None
-    done: anyio.Event = field(default_factory=anyio.Event)
+    done: bool = False
     reason_code: int = 0
     reason: str | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Delivery:
+    """One QoS 1/2 delivery awaiting its PUBACK/PUBCOMP."""
+
+    subscription: QueueSubscription
+    offset: int
+    live: bool = True  # still this delivery's to settle (not settled by a control topic, not superseded)
+    credited: bool = False  # its credit went back already
 
 
 class QueueSubscription:
     """A consumer of one queue for one MQTT subscription (the queue manager's QueueConsumer)."""
 
-    __slots__ = ("handle", "id", "link", "qos", "topic_filter")
+    __slots__ = ("handle", "held", "id", "link", "qos", "topic_filter")
 
     def __init__(self, link: Link, topic_filter: str, qos: int) -> None:
         assert link.endpoint is not None
@@ -84,30 +102,41 @@ class QueueSubscription:
         self.topic_filter = topic_filter
         self.qos = qos
         self.handle: ConsumerHandle | None = None
+        self.held: dict[int, Delivery] = {}  # offset -> its latest delivery not yet settled
 
     def deliver(self, delivery: QueueDelivery) -> None:
         message = delivery.message
         props = publish_properties(message)
         if self.link.conn.protocol_level == MQTT_5:
             props.user_properties = [*message.user_properties, *delivery.headers()]
+        bindings = self.link.queue_bindings
+        tag: str | None = None
+        if self.qos:
+            bindings.next_tag += 1
+            tag = f"{bindings.next_tag}@{delivery.message_id}"  # never "share:...": a digit leads
+            record = Delivery(self, delivery.offset)
+            previous = self.held.get(delivery.offset)
+            if previous is not None:  # redelivered to us before the earlier copy was PUBACKed
+                previous.live = False
+            self.held[delivery.offset] = record
+            bindings.deliveries[tag] = record
         out = OutboundMessage(
             topic=message.topic,
             payload=message.payload,
             qos=self.qos,
             properties=props,
-            tag=delivery.message_id if self.qos else None,
+            tag=tag,
             expires_at=None if message.expires_at_ms is None else message.expires_at_ms / 1000,
         )
-        bindings = self.link.queue_bindings
-        if self.qos:
-            bindings.deliveries[delivery.message_id] = (self, delivery.offset)
         if self.link.conn.publish(out):
             self.link.wake()
             if not self.qos:
                 bindings.qos0_sent.append(self)
-        elif self.qos:
+        elif tag is not None:
             # Too large for this client or the session is full: let another consumer have it.
-            bindings.deliveries.pop(delivery.message_id, None)
+            record = bindings.deliveries.pop(tag)
+            if self.held.get(delivery.offset) is record:
+                del self.held[delivery.offset]
             if self.handle is not None:
                 self.handle.nack_nowait(delivery.offset, 0)
 
@@ -117,10 +146,12 @@ class LinkQueues:
     """Per connection: queue subscriptions, deliveries awaiting PUBACK, publishes awaiting commit."""
 
     subscriptions: dict[str, QueueSubscription] = field(default_factory=dict)
-    deliveries: dict[str, tuple[QueueSubscription, int]] = field(default_factory=dict)
+    deliveries: dict[str, Delivery] = field(default_factory=dict)  # by OutboundMessage.tag
+    next_tag: int = 0
     qos0_sent: list[QueueSubscription] = field(default_factory=list)
-    tickets: deque[Ticket] = field(default_factory=deque)
-    tickets_ready: anyio.Event = field(default_factory=anyio.Event)
+    tickets: deque[Ticket] = field(default_factory=deque)  # in arrival order
+    refused: bool = False  # 3.1.1: a refusal closed the connection; nothing more is acknowledged
+    credit_due: dict[ConsumerHandle, int] = field(default_factory=dict)  # see MqttQueues.after_events
 
 
 class MqttQueues:
@@ -130,71 +161,124 @@ class MqttQueues:
     # -- publishing -------------------------------------------------------------------------------
 
     def publish(self, link: Link, message: Message, packet_id: int | None) -> None:
-        """Start a queue publish; its ack goes out (in order) once committed."""
-        ticket = Ticket(packet_id)
-        bindings = link.queue_bindings
-        bindings.tickets.append(ticket)
-        bindings.tickets_ready.set()
-        assert link.tasks is not None
-        link.tasks.start_soon(self._append, link, message, ticket)
+        """Start a queue publish; its ack goes out (in order) once committed.
 
-    async def _append(self, link: Link, message: Message, ticket: Ticket) -> None:
-        parsed = parse_queue_topic(message.topic)
+        No task per message: the manager calls back after the group commit. A control topic
+        (``$ack``, ``$nack``, ``$reject``, ``$commit``) is applied here, before the next packet of the
+        connection is read; only the wait for its commit runs in a task.
+        """
+        ticket = Ticket(packet_id)
+        link.queue_bindings.tickets.append(ticket)
+        assert link.tasks is not None
         client = link.endpoint.client_id if link.endpoint else "?"
+        parsed = parse_queue_topic(message.topic)
         try:
             if parsed is None:
                 raise QueueError("bad-topic", f"{message.topic!r} is not a valid queue topic")
             queue, routing_key, control = parsed
-            if control is not None:
-                await self._control(queue, control, message, client)
-            else:
-                await self.manager.publish(queue, message, routing_key)
-        except QueueError as exc:
-            log.info("mqtt: queue publish from %r to %r refused: %s", client, message.topic, exc)
-            ticket.reason_code = _refusal_code(exc)
-            ticket.reason = str(exc)
-        ticket.done.set()
+            if control is None:
 
-    async def _control(self, queue: str, control: str, message: Message, client: str) -> None:
+                def done(_result: PublishResult, error: QueueError | None) -> None:
+                    if error is not None:
+                        self._refused(ticket, client, message, error)
+                    self._finish(link, ticket)
+
+                try:
+                    self.manager.publish_nowait(queue, message, routing_key, done)
+                except QueueError as exc:
+                    if exc.reason != "shared":
+                        raise
+                    link.tasks.start_soon(self._append, link, message, ticket, client)
+                return
+            commit = self._control(queue, control, message, client)
+        except QueueError as exc:
+            self._refused(ticket, client, message, exc)
+            self._finish(link, ticket)
+            return
+        if commit is None:
+            self._finish(link, ticket)
+        else:
+            link.tasks.start_soon(self._committed, link, commit, ticket, client, message)
+
+    async def _append(self, link: Link, message: Message, ticket: Ticket, client: str) -> None:
+        """A shared node's publish (its offset comes from an awaited reservation)."""
+        try:
+            parsed = parse_queue_topic(message.topic)
+            if parsed is None:
+                raise QueueError("bad-topic", f"{message.topic!r} is not a valid queue topic")
+            await self.manager.publish(parsed[0], message, parsed[1])
+        except QueueError as exc:
+            self._refused(ticket, client, message, exc)
+        self._finish(link, ticket)
+
+    async def _committed(
+        self, link: Link, commit: WriterTicket, ticket: Ticket, client: str, message: Message
+    ) -> None:
+        try:
+            await commit.wait()
+        except WriterError as exc:
+            self._refused(ticket, client, message, QueueError("storage", str(exc)))
+        self._finish(link, ticket)
+
+    @staticmethod
+    def _refused(ticket: Ticket, client: str, message: Message, exc: QueueError) -> None:
+        log.info("mqtt: queue publish from %r to %r refused: %s", client, message.topic, exc)
+        ticket.reason_code = _refusal_code(exc)
+        ticket.reason = str(exc)
+
+    @staticmethod
+    def _finish(link: Link, ticket: Ticket) -> None:
+        """``ticket`` is settled: send the PUBACK/PUBREC of every settled publish at the head, in order."""
+        ticket.done = True
+        bindings = link.queue_bindings
+        tickets = bindings.tickets
+        sent = False
+        while tickets and tickets[0].done:
+            head = tickets.popleft()
+            if head.packet_id is None or bindings.refused:
+                continue
+            code = head.reason_code
+            if code and link.conn.protocol_level < MQTT_5:
+                # 3.1.1 cannot refuse a PUBLISH: closing the connection is how it says no.
+                bindings.refused = True
+                if not link.conn.closed:
+                    link.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, head.reason or "refused")
+                continue
+            # Also after the connection is gone: a QoS 2 packet id must then be known as a duplicate.
+            link.conn.ack_publish(head.packet_id, code, _reason_props(head.reason) if code else None)
+            sent = True
+        if sent:
+            link.wake()
+
+    def _control(self, queue: str, control: str, message: Message, client: str) -> WriterTicket | None:
+        """Settle by message id now; returns the commit to wait for (None: nothing to write)."""
         message_id = _property(message, "message-id") or message.payload.decode(errors="replace").strip()
         if not message_id:
             raise QueueError("bad-request", f"${control} needs a message-id user property")
         group = _property(message, "consumer-group")
         if not message_id.startswith(f"{queue}:"):
             message_id = f"{queue}:{message_id}"
+        reason = (_property(message, "reason") or f"rejected by {client}") if control == "reject" else ""
         try:
-            if control == "ack":
-                done = await ack_by_id(self.manager, message_id, group)
-            elif control == "nack":
-                done = await nack_by_id(self.manager, message_id, group)
-            elif control == "reject":
-                reason = _property(message, "reason") or f"rejected by {client}"
-                done = await reject_by_id(self.manager, message_id, group, reason=reason)
-            else:
-                done = await commit_by_id(self.manager, message_id, group)
+            _queue, offset = parse_message_id(message_id)
+            holder = holder_by_id(self.manager, message_id, group)
+            held = holder.consumer if holder is not None else None
+            record = held.held.get(offset) if isinstance(held, QueueSubscription) else None
+            done, commit = settle_by_id_now(self.manager, control, message_id, group, reason or "rejected")
         except (KeyError, ValueError) as exc:
             raise QueueError("not-found", f"no delivery {message_id}: {exc}") from None
         if not done:
             raise QueueError("not-found", f"no pending delivery {message_id}")
-
-    async def acknowledge_in_order(self, link: Link) -> None:
-        """Runs per connection: sends PUBACK/PUBREC for queue publishes as their commits finish."""
-        bindings = link.queue_bindings
-        while True:
-            while not bindings.tickets:
-                await bindings.tickets_ready.wait()
-                bindings.tickets_ready = anyio.Event()
-            ticket = bindings.tickets[0]
-            await ticket.done.wait()
-            bindings.tickets.popleft()
-            if ticket.packet_id is not None:
-                code = ticket.reason_code
-                if code and link.conn.protocol_level < MQTT_5:
-                    # 3.1.1 cannot refuse a PUBLISH: closing the connection is how it says no.
-                    link.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, ticket.reason or "refused")
-                    return
-                link.conn.ack_publish(ticket.packet_id, code, _reason_props(ticket.reason) if code else None)
-                link.wake()
+        if record is not None and record.live and holder is not None:
+            # Settled here rather than by its PUBACK: its credit goes back now, once.
+            record.live = False
+            subscription = record.subscription
+            if subscription.held.get(offset) is record:
+                del subscription.held[offset]
+            if not record.credited:
+                record.credited = True
+                holder.add_credit(1)
+        return commit
 
     # -- consuming --------------------------------------------------------------------------------
 
@@ -247,20 +331,36 @@ class MqttQueues:
 
     def settled(self, link: Link, tag: object, reason_code: int) -> None:
         """A PUBACK/PUBCOMP (or a failed PUBREC) for a queue delivery."""
-        entry = link.queue_bindings.deliveries.pop(str(tag), None)
-        if entry is None:
+        record = link.queue_bindings.deliveries.pop(str(tag), None)
+        if record is None:
             return
-        subscription, offset = entry
+        subscription, offset = record.subscription, record.offset
+        if subscription.held.get(offset) is record:
+            del subscription.held[offset]
         handle = subscription.handle
         if handle is None or handle.closed:
             return
-        if reason_code in NACK_CODES:
-            handle.nack_nowait(offset)
-        elif reason_code in REJECT_CODES:
-            handle.reject_nowait(offset, f"client reason code 0x{reason_code:02X}")
-        else:
-            handle.ack_nowait(offset)
-        handle.add_credit(1)
+        if record.live:  # not already settled by a control topic, nor superseded by a redelivery
+            if reason_code in NACK_CODES:
+                handle.nack_nowait(offset)
+            elif reason_code in REJECT_CODES:
+                handle.reject_nowait(offset, f"client reason code 0x{reason_code:02X}")
+            else:
+                handle.ack_nowait(offset)
+        if not record.credited:
+            record.credited = True
+            due = link.queue_bindings.credit_due  # given back once per batch of packets: after_events
+            due[handle] = due.get(handle, 0) + 1
+
+    def after_events(self, link: Link) -> None:
+        """After the events of one read: the credit the PUBACKs in it gave back, in one dispatch per
+        consumer rather than one per PUBACK."""
+        bindings = link.queue_bindings
+        due = bindings.credit_due
+        if due:
+            bindings.credit_due = {}
+            for handle, n in due.items():
+                handle.add_credit(n)
 
     def after_write(self, link: Link) -> None:
         """QoS 0 deliveries are settled once written: give their credit back."""

@@ -627,49 +627,67 @@ class QueueManager:
 
     async def publish(self, queue: str, message: Message, routing_key: str = "") -> PublishResult:
         """Append a message; returns once it is committed. Raises :class:`QueueError` when refused."""
-        state, message = self._check_publish(queue, message)
+        state, message, batch = self._accept(queue, message)
         if self._shared_offsets(state):
             offset = await self._reserve(state)
         else:
             offset = state.next_offset
             state.next_offset += 1
-        stored, batch = self._stage(state, offset, message, routing_key)
+        stored, result = self._stage(state, message, routing_key, offset, batch)
         if not state.durable:
-            self._published(state, stored)
-            self._flush_dirty()
-            return PublishResult(queue, offset, message_id(queue, offset))
+            return result
         state.inflight += 1
         try:
             await self._write(batch, lambda: self._published(state, stored))
         finally:
             state.inflight -= 1
-        return PublishResult(queue, offset, message_id(queue, offset))
+        return result
 
-    def publish_nowait(self, queue: str, message: Message, routing_key: str = "") -> Ticket | None:
-        """Append without awaiting, for synchronous callers (a router endpoint feeding a queue, an
-        AMQP 0.9.1 channel that must not stall per publish). The message is deliverable once
-        committed; await the returned ticket to know it is durable (``None``: an in-memory queue,
-        already appended). Raises :class:`QueueError` when refused, and on a shared node (its
-        offsets need an awaited reservation)."""
-        state, message = self._check_publish(queue, message)
+    def publish_nowait(
+        self,
+        queue: str,
+        message: Message,
+        routing_key: str = "",
+        done: Callable[[PublishResult, QueueError | None], None] | None = None,
+    ) -> Ticket | None:
+        """``publish`` without a task per message, for front ends that must not stall per publish.
+
+        ``done(result, error)`` runs on the loop once the message is committed (``error``: the write
+        failed); the returned writer ticket can be awaited instead. ``None``: an in-memory queue, where
+        the message is appended (and ``done`` has run) already. Refusals raise :class:`QueueError` at
+        once; so does a durable queue on a shared node (reason ``shared``: its offsets come from an
+        awaited reservation, use ``publish``).
+        """
+        state, message, batch = self._accept(queue, message)
         if self._shared_offsets(state):
-            raise QueueError("shared", "publish_nowait is not available on a shared node")
+            raise QueueError("shared", "publish_nowait is not available for a shared node's durable queue")
         offset = state.next_offset
         state.next_offset += 1
-        stored, batch = self._stage(state, offset, message, routing_key)
+        stored, result = self._stage(state, message, routing_key, offset, batch)
         if not state.durable:
-            self._published(state, stored)
-            self._flush_dirty()
+            if done is not None:
+                done(result, None)
             return None
         state.inflight += 1
 
         def committed() -> None:
-            state.inflight -= 1
             self._published(state, stored)
 
-        return self.writer.submit(batch, wait=True, on_commit=committed)
+        def finished(_results: list[Any]) -> None:
+            state.inflight -= 1  # on failure too, or max-length accounting would drift
+            if done is not None:
+                error = ticket.error
+                done(result, None if error is None else QueueError("storage", str(error)))
 
-    def _check_publish(self, queue: str, message: Message) -> tuple[QueueState, Message]:
+        try:
+            ticket = self.writer.submit(batch, wait=True, on_commit=committed, on_results=finished)
+        except WriterError as exc:
+            state.inflight -= 1
+            raise QueueError("storage", str(exc)) from exc
+        return ticket
+
+    def _accept(self, queue: str, message: Message) -> tuple[QueueState, Message, WriteBatch]:
+        """A publish's checks (and overflow drops): the queue, the message to store, the batch so far."""
         if not self._started:
             raise QueueError("stopped", "the queue manager is not running")
         if message.retain:
@@ -677,38 +695,35 @@ class QueueManager:
         batch = WriteBatch()
         state = self._get_or_create(queue, batch)
         if not batch.empty():
-            self.writer.submit(batch)  # the auto-created queue's row, ahead of its first message
+            # An auto-created queue's row goes ahead on its own: a refused publish must not lose it.
+            self.writer.submit(batch)
+            batch = WriteBatch()
         if state.deleted:
             raise QueueError("no-queue", f"queue {queue} was deleted")
         if not self._is_shared(state):  # shared: this node does not see the whole queue
-            limits = WriteBatch()
-            self._check_limits(state, len(message.payload), limits)
-            if not limits.empty() and state.durable:
-                self.writer.submit(limits)
+            self._check_limits(state, len(message.payload), batch)
         if message.user_properties and any(k in RESERVED_PROPERTIES for k, _ in message.user_properties):
             message = message.copy_with(
                 user_properties=[(k, v) for k, v in message.user_properties if k not in RESERVED_PROPERTIES]
             )
-        return state, message
+        return state, message, batch
 
     def _stage(
-        self, state: QueueState, offset: int, message: Message, routing_key: str
-    ) -> tuple[StoredMessage, WriteBatch]:
-        """The stored message and, for a durable queue, the batch that appends it."""
+        self, state: QueueState, message: Message, routing_key: str, offset: int, batch: WriteBatch
+    ) -> tuple[StoredMessage, PublishResult]:
+        """The message at ``offset``: in memory at once when not durable, else its rows in ``batch``."""
+        queue = state.name
         now = now_ms()
         stored = StoredMessage(
-            offset,
-            message,
-            routing_key,
-            now,
-            expiry_ms(state.policy, now, message.expires_at_ms),
+            offset, message, routing_key, now, expiry_ms(state.policy, now, message.expires_at_ms),
             len(message.payload),
-        )
+        )  # fmt: skip
         state.stats["published"] += 1
-        batch = WriteBatch()
+        result = PublishResult(queue, offset, message_id(queue, offset))
         if not state.durable:
-            return stored, batch
-        queue = state.name
+            self._published(state, stored)
+            self._flush_dirty()
+            return stored, result
         batch.messages.append(
             queue_store.message_row(queue, offset, message, routing_key, now, stored.expires_at)
         )
@@ -719,7 +734,7 @@ class QueueManager:
                 now, queue, "published", offset=offset, node=self.node, consumer=message.publisher_id
             )
         )
-        return stored, batch
+        return stored, result
 
     async def _reserve(self, state: QueueState) -> int:
         """Shared mode: offsets come from blocks reserved in the queue row (one UPDATE per block)."""
@@ -819,8 +834,10 @@ class QueueManager:
             position = self._position(state, start if start is not None else default)
             grp = state.groups[name] = Group(state.name, name, cursor=position, committed=position)
             self._group_row(state, grp, batch)
-        elif state.mode == "stream" and start is not None and not grp.consumers:
-            grp.cursor = self._position(state, start)
+        elif state.mode == "stream" and not grp.consumers:
+            # The group's first consumer again: what was delivered but not committed is read again,
+            # as after a restart.
+            grp.cursor = self._position(state, start) if start is not None else grp.committed
         handle = ConsumerHandle(self, state, grp, consumer, routing_filter, auto_ack)
         grp.consumers.append(handle)
         if state.durable and not batch.empty():
@@ -858,6 +875,9 @@ class QueueManager:
         group.busy = True
         batch = WriteBatch()
         now = now_ms()
+        # Handed to the consumers only after the batch is submitted: a consumer that settles from
+        # within deliver() submits its rows after the delivery's, never before them.
+        out: list[tuple[ConsumerHandle, QueueDelivery]] = []
         try:
             while True:
                 group.again = False
@@ -881,7 +901,7 @@ class QueueManager:
                         stored, entry = taken
                     if stored is None:
                         continue
-                    self._deliver(state, group, handle, stored, entry, now, batch)
+                    out.append((handle, self._deliver(state, group, handle, stored, entry, now, batch)))
                     group.rr = start + i + 1
                     progressed = True
                 if not progressed and not group.again:
@@ -890,6 +910,11 @@ class QueueManager:
             group.busy = False
             if state.durable and not batch.empty():
                 self.writer.submit(batch)
+            for handle, delivery in out:
+                try:
+                    handle.consumer.deliver(delivery)
+                except Exception:
+                    log.exception("consumer %s failed to take a delivery", handle.consumer.id)
         if self._is_shared(state) and not group.ready and any(h.credit > 0 for h in group.consumers):
             self._claim(state, group)
 
@@ -994,7 +1019,8 @@ class QueueManager:
         entry: Entry | None,
         now: int,
         batch: WriteBatch,
-    ) -> None:
+    ) -> QueueDelivery:
+        """Record a delivery in memory and in ``batch``; the caller hands it to the consumer."""
         offset = stored.offset
         attempt = entry.attempts + 1 if entry is not None else 1
         reason = entry.reason if entry is not None else "first"
@@ -1053,7 +1079,7 @@ class QueueManager:
             self._timed.add((state, group))
             self._pending_row(state, group, offset, entry, batch)
         handle.credit -= 1
-        delivery = QueueDelivery(
+        return QueueDelivery(
             stored.message,
             state.name,
             offset,
@@ -1062,10 +1088,6 @@ class QueueManager:
             attempt > 1,
             message_id(state.name, offset),
         )
-        try:
-            handle.consumer.deliver(delivery)
-        except Exception:
-            log.exception("consumer %s failed to take a delivery", cid)
 
     # -- state rows -------------------------------------------------------------------------------
 
@@ -1691,3 +1713,28 @@ async def commit_by_id(
 ) -> bool:
     state, grp, offset = manager._locate(message_id_text, group)
     return await manager._settle(state, grp, offset, "commit", consumer_id=consumer_id)
+
+
+def holder_by_id(
+    manager: QueueManager, message_id_text: str, group: str | None = None
+) -> ConsumerHandle | None:
+    """The consumer that holds a work-queue delivery right now (None: nobody, or a stream)."""
+    _state, grp, offset = manager._locate(message_id_text, group)
+    entry = grp.entries.get(offset)
+    return entry.holder if entry is not None and entry.state == HELD else None
+
+
+def settle_by_id_now(
+    manager: QueueManager,
+    action: str,
+    message_id_text: str,
+    group: str | None = None,
+    reason: str = "rejected",
+) -> tuple[bool, Ticket | None]:
+    """``ack``, ``nack``, ``reject`` or ``commit`` by message id, applied in memory at once (no await).
+
+    For front ends that must apply control messages in the order they read them, relative to the
+    protocol's own acks; await the returned ticket (when not None) for the commit.
+    """
+    state, grp, offset = manager._locate(message_id_text, group)
+    return manager._settle_now(state, grp, offset, action, None, None, None, reason, wait=True)

@@ -13,6 +13,7 @@ from typing import Any
 from trimaran.broker.message import Message
 
 _BYTES = "$b64"
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)  # json.dumps builds one per call
 
 
 def _plain(value: Any) -> Any:
@@ -55,7 +56,7 @@ def properties_json(message: Message) -> str:
         props["publisher_id"] = message.publisher_id
     if message.extra:
         props["extra"] = _plain(message.extra)
-    return json.dumps(props, separators=(",", ":"), ensure_ascii=False)
+    return _ENCODER.encode(props)
 
 
 def message_from(topic: str, payload: bytes, qos: int, retain: bool, properties: str | None) -> Message:

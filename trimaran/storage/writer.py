@@ -384,12 +384,13 @@ class _PgSql:
                 f"INSERT INTO {table.name} ({quoted}) SELECT * FROM unnest({arrays})",
                 names,
             )
-        # Deletes by "offset" = ANY(array) per queue (and group): always the primary-key index.
+        # Deletes by "offset" = ANY(array) per queue (and group). The BETWEEN bounds make the primary
+        # key the plan even before the table has statistics (a fresh or churning table): without them
+        # the planner chose a bitmap scan of the whole queue, ~10 ms instead of ~0.2 ms per batch.
+        span = '"offset" BETWEEN %s AND %s AND "offset" = ANY(%b::bigint[])'
         self.deletes = {
-            "queue_messages": 'DELETE FROM queue_messages WHERE queue = %s AND "offset" = ANY(%b::bigint[])',
-            "queue_pending": (
-                'DELETE FROM queue_pending WHERE queue = %s AND "group" = %s AND "offset" = ANY(%b::bigint[])'
-            ),
+            "queue_messages": f"DELETE FROM queue_messages WHERE queue = %s AND {span}",
+            "queue_pending": f'DELETE FROM queue_pending WHERE queue = %s AND "group" = %s AND {span}',
         }
 
     def insert(self, cursor: Any, table: str, rows: list[dict[str, Any]]) -> None:
@@ -400,7 +401,8 @@ class _PgSql:
         by_prefix: dict[tuple[Any, ...], list[int]] = {}
         for key in keys:
             by_prefix.setdefault(key[:-1], []).append(key[-1])
-        cursor.executemany(self.deletes[table], [(*prefix, offs) for prefix, offs in by_prefix.items()])
+        params = [(*prefix, min(offs), max(offs), offs) for prefix, offs in by_prefix.items()]
+        cursor.executemany(self.deletes[table], params)
 
 
 _pg_sql: _PgSql | None = None
