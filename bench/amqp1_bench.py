@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import statistics
 import struct
 import sys
@@ -39,6 +38,7 @@ from proton.reactor import AtMostOnce, Container
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import brokers
+import common
 
 STAMP = struct.Struct("!QQ")  # sequence, send time (CLOCK_MONOTONIC ns)
 
@@ -145,27 +145,17 @@ class Bench(MessagingHandler):
         self.errors.append(str(event.transport.condition))
 
 
-def _cpu_self() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
 def run(url: str, args: argparse.Namespace, watch: list[int]) -> dict[str, Any]:
     settled = args.mode == "settled"
     bench = Bench(url, args.address, args.count, args.size, settled, args.prefetch)
     bench.timeout = args.timeout
     container = Container(bench)
     container.timeout = args.timeout
-    cpu0, broker0, host0, t0 = (
-        _cpu_self(),
-        brokers.cpu_seconds(watch),
-        brokers.host_busy_seconds(),
-        time.monotonic(),
-    )
+    start, t0 = common.Mark.now(watch), time.monotonic()
     container.run()
-    wall = time.monotonic() - t0
-    cpu, broker_cpu = _cpu_self() - cpu0, brokers.cpu_seconds(watch) - broker0
-    host_cpu = brokers.host_busy_seconds() - host0
+    end = common.Mark.now(watch)
+    wall = common.window_s(start, end)
+    cpu, broker_cpu, host_cpu = end.gen - start.gen, end.broker - start.broker, end.host - start.host
     elapsed = (bench.last_receive or time.monotonic()) - (bench.first_send or t0)
     lat = sorted(bench.latencies)
     return {

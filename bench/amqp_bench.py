@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import json
 import os
-import statistics
 import struct
 import sys
 import time
@@ -44,8 +43,9 @@ from aio_pika.abc import AbstractIncomingMessage
 from pamqp.commands import Basic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import brokers
+import common
 
+TIMEOUT_SLACK = 40  # seconds beyond duration + drain before the run is cut off
 STAMP = struct.Struct("!QQ")  # sequence, send time (CLOCK_MONOTONIC ns)
 monotonic_ns = time.monotonic_ns
 
@@ -129,13 +129,6 @@ class Client:
             await conn.close()
 
 
-def percentile(sorted_values: list[int], q: float) -> float | None:
-    if not sorted_values:
-        return None
-    k = min(len(sorted_values) - 1, max(0, round(q / 100 * (len(sorted_values) - 1))))
-    return sorted_values[k] / 1e6
-
-
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     confirm = args.mode == "confirm"
     queue_name = f"bench-{os.getpid()}-{int(time.time() * 1000) % 100000}"
@@ -200,15 +193,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         room.clear()
                         await room.wait()
 
-        def snapshot() -> tuple[int, int, int, float, float, float]:
-            return (
-                monotonic_ns(),
-                published,
-                delivered,
-                time.process_time(),
-                brokers.cpu_seconds(args.watch_pid) if args.watch_pid else 0.0,
-                brokers.host_busy_seconds(),
-            )
+        def snapshot() -> tuple[common.Mark, int, int]:
+            return common.Mark.now(args.watch_pid), published, delivered
 
         pub_task = asyncio.create_task(publisher())
         await asyncio.sleep(args.warmup)
@@ -229,7 +215,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         await client.close()
 
-    window_s = (s1[0] - s0[0]) / 1e9
+    window_s = common.window_s(s0[0], s1[0])
     lat = sorted(latencies)
     return {
         "mode": args.mode,
@@ -244,17 +230,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "delivered": delivered,
         "lost": max(0, published - delivered),
         "latency_samples": len(lat),
-        "latency_ms": {
-            "p50": percentile(lat, 50),
-            "p99": percentile(lat, 99),
-            "max": lat[-1] / 1e6 if lat else None,
-            "mean": round(statistics.fmean(lat) / 1e6, 3) if lat else None,
-        },
-        "gen_cpu": round((s1[3] - s0[3]) / window_s, 3),
-        "broker_cpu": round((s1[4] - s0[4]) / window_s, 3) if args.watch_pid else None,
-        "other_cpu": round(((s1[5] - s0[5]) - (s1[3] - s0[3]) - (s1[4] - s0[4])) / window_s, 3),
-        "host_cpus": os.cpu_count(),
-        "broker_rss_kib": brokers.rss_kib(args.watch_pid) if args.watch_pid else None,
+        "latency_ms": common.latency_ms(lat, {"p50": 50, "p99": 99}),
+        **common.cpu_fields(s0[0], s1[0], args.watch_pid),
         "loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
         "client": client.describe(),
         **({"broker": args.label} if args.label else {}),
@@ -323,23 +300,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="aio-pika's public API, or aiormq (the engine under it, less client CPU)",
     )
     p.add_argument("--payload", type=int, default=64, help="body bytes, >= 16 (default 64)")
-    p.add_argument("--duration", type=float, default=10.0)
-    p.add_argument("--warmup", type=float, default=2.0)
-    p.add_argument("--drain", type=float, default=20.0)
-    p.add_argument("--idle", type=float, default=2.0)
+    common.add_timed_run_args(p, timeout_slack=TIMEOUT_SLACK)
     p.add_argument("--window", type=int, default=100, help="outstanding publishes (default 100)")
     p.add_argument("--prefetch", type=int, default=1000, help="consumer basic.qos prefetch (default 1000)")
     p.add_argument("--sample-every", type=int, default=16, help="latency of every k-th message")
-    p.add_argument("--watch-pid", type=int, action="append", default=[], help="broker pid to measure CPU of")
-    p.add_argument("--label", help="broker name to put in the result")
     p.add_argument("--client-only", action="store_true", help="measure the client codec alone, no broker")
-    p.add_argument("--timeout", type=float, help="hard limit in seconds (default duration + drain + 40)")
-    p.add_argument("--no-uvloop", action="store_true")
     args = p.parse_args(argv)
     if args.payload < STAMP.size:
         p.error(f"--payload must be at least {STAMP.size}")
-    if args.warmup >= args.duration:
-        p.error("--warmup must be shorter than --duration")
+    common.check_timed_run_args(p, args)
     return args
 
 
@@ -348,27 +317,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.client_only:
         print(json.dumps(client_only(args.payload)))
         return 0
-    timeout = args.timeout or args.duration + args.drain + 40
-
-    async def bounded() -> dict[str, Any]:
-        async with asyncio.timeout(timeout):
-            return await run(args)
-
-    runner: Any = asyncio.run
-    if not args.no_uvloop:
-        try:
-            import uvloop
-
-            runner = uvloop.run
-        except ImportError:
-            pass
-    try:
-        result = runner(bounded())
-    except (OSError, ConnectionError, TimeoutError, aio_pika.exceptions.AMQPError) as exc:
-        print(json.dumps({"error": f"{type(exc).__name__}: {exc}", "mode": args.mode}))
-        return 1
-    print(json.dumps(result))
-    return 0
+    return common.print_bounded_run(
+        lambda: run(args),
+        args,
+        timeout_slack=TIMEOUT_SLACK,
+        errors=(OSError, ConnectionError, TimeoutError, aio_pika.exceptions.AMQPError),
+        describe={"mode": args.mode},
+    )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import sys
 import threading
@@ -29,11 +28,6 @@ import brokers
 from trimaran.amqp091 import spec
 from trimaran.amqp091.frames import NEED_DATA, Frame, FrameDecoder, MethodFrame, encode_content, encode_method
 from trimaran.amqp091.properties import BasicProperties
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class RawClient:
@@ -99,9 +93,9 @@ def run(port: int, pid: int, messages: int, batch: int, window: int, payload: in
                     if n % 250 == 0:
                         sub.send(1, spec.BasicAck(frame.method.delivery_tag, True))
                     if n == warmup:
-                        marks["start"] = (time.monotonic(), cpu_seconds(pid))
+                        marks["start"] = (time.monotonic(), brokers.cpu_seconds([pid]))
             delivered[0] = n
-        marks["end"] = (time.monotonic(), cpu_seconds(pid))
+        marks["end"] = (time.monotonic(), brokers.cpu_seconds([pid]))
         done.set()
 
     consumer = threading.Thread(target=consume, name="raw-consumer", daemon=True)

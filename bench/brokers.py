@@ -18,6 +18,7 @@ Run `python bench/brokers.py [name ...]` to start each broker, print what answer
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import re
@@ -436,7 +437,12 @@ def start(name: str) -> contextlib.AbstractContextManager[Running]:
 
 
 def main(argv: list[str]) -> int:
-    for name in argv or list(BROKERS):
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("names", nargs="*", metavar="BROKER", help=f"default: all ({', '.join(BROKERS)})")
+    args = parser.parse_args(argv)
+    for name in args.names or list(BROKERS):
         t0 = time.monotonic()
         try:
             with start(name) as b:

@@ -21,35 +21,25 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `trimaran` from this checkout
 
+from trimaran.mqtt.codec import encode
+from trimaran.mqtt.packets import MQTT_3_1_1, Connect, Subscribe, SubscriptionOptions
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import brokers
 
 BATCH = 200
 
 
-def _remaining_length(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n % 128, n // 128
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _string(text: str) -> bytes:
-    raw = text.encode()
-    return len(raw).to_bytes(2, "big") + raw
-
-
 def connect_packet(client_id: str, keep_alive: int = 600) -> bytes:
-    body = _string("MQTT") + bytes((4, 0x02)) + keep_alive.to_bytes(2, "big") + _string(client_id)
-    return b"\x10" + _remaining_length(len(body)) + body
+    """An MQTT 3.1.1 CONNECT (clean session), from Trimaran's own codec."""
+    return encode(Connect(keep_alive=keep_alive, client_id=client_id), MQTT_3_1_1)
 
 
 def subscribe_packet(packet_id: int, topic: str) -> bytes:
-    body = packet_id.to_bytes(2, "big") + _string(topic) + b"\x00"
-    return b"\x82" + _remaining_length(len(body)) + body
+    """An MQTT 3.1.1 SUBSCRIBE to one filter at QoS 0."""
+    return encode(Subscribe(packet_id, [(topic, SubscriptionOptions(0))]), MQTT_3_1_1)
 
 
 def _read_exactly(sock: socket.socket, n: int) -> bytes:

@@ -36,10 +36,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import socket
-import statistics
 import struct
 import sys
 import time
@@ -65,8 +63,9 @@ from trimaran.mqtt.packets import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import brokers
+import common
 
+TIMEOUT_SLACK = 30  # seconds beyond duration + drain before the run is cut off
 T = TypeVar("T", bound=Packet)
 CHUNK = 64 * 1024
 STAMP = struct.Struct("!IIQ")  # publisher index, sequence number, send time (monotonic ns)
@@ -343,13 +342,6 @@ async def _puback_reader(conn: Conn, counter: Counter, room: asyncio.Event, wind
 # --------------------------------------------------------------------------------------------- a run
 
 
-def percentile(sorted_values: list[int], q: float) -> float | None:
-    if not sorted_values:
-        return None
-    k = min(len(sorted_values) - 1, max(0, round(q / 100 * (len(sorted_values) - 1))))
-    return sorted_values[k] / 1e6  # ms
-
-
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     level = args.level
     run_id = f"{os.getpid()}-{int(time.time() * 1000) % 100000}"
@@ -390,14 +382,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for i, (p, c) in enumerate(zip(pubs, pub_counters, strict=True))
     ]
 
-    def snapshot() -> tuple[int, int, int, float, float, float]:
+    def snapshot() -> tuple[common.Mark, int, int]:
         return (
-            monotonic_ns(),
+            common.Mark.now(args.watch_pid),
             sum(c.published for c in pub_counters),
             sum(c.delivered for c in sub_counters),
-            time.process_time(),
-            brokers.cpu_seconds(args.watch_pid) if args.watch_pid else 0.0,
-            brokers.host_busy_seconds(),
         )
 
     await asyncio.sleep(args.warmup)
@@ -428,7 +417,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     for c in subs + pubs:
         await c.close()
 
-    window_s = (s1[0] - s0[0]) / 1e9
+    window_s = common.window_s(s0[0], s1[0])
     lat = sorted(x for c in sub_counters for x in c.latencies_ns)
     last_ns = max((c.last_ns for c in sub_counters), default=0)
     result: dict[str, Any] = {
@@ -455,20 +444,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "drain_s": round(max(0, last_ns - t_pub_end) / 1e9, 3),
         "overall_deliver_rate": round(delivered / ((last_ns - t_start) / 1e9)) if last_ns > t_start else 0,
         "latency_samples": len(lat),
-        "latency_ms": {
-            "p50": percentile(lat, 50),
-            "p90": percentile(lat, 90),
-            "p99": percentile(lat, 99),
-            "p999": percentile(lat, 99.9),
-            "max": lat[-1] / 1e6 if lat else None,
-            "mean": round(statistics.fmean(lat) / 1e6, 3) if lat else None,
-        },
-        "gen_cpu": round((s1[3] - s0[3]) / window_s, 3),
-        "broker_cpu": round((s1[4] - s0[4]) / window_s, 3) if args.watch_pid else None,
-        # Everything else busy on the host meanwhile (other jobs on a shared machine): > 0.2 = noisy.
-        "other_cpu": round(((s1[5] - s0[5]) - (s1[3] - s0[3]) - (s1[4] - s0[4])) / window_s, 3),
-        "host_cpus": os.cpu_count(),
-        "broker_rss_kib": brokers.rss_kib(args.watch_pid) if args.watch_pid else None,
+        "latency_ms": common.latency_ms(lat, {"p50": 50, "p90": 90, "p99": 99, "p999": 99.9}),
+        **common.cpu_fields(s0[0], s1[0], args.watch_pid),
         "loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
     }
     if args.label:
@@ -494,10 +471,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="topic $queue/bench-<id> and persistent-session subscribers: a durable queue on both brokers",
     )
-    p.add_argument("--duration", type=float, default=10.0, help="seconds of publishing (default 10)")
-    p.add_argument("--warmup", type=float, default=2.0, help="seconds excluded from the rates (default 2)")
-    p.add_argument("--drain", type=float, default=20.0, help="max seconds to wait for deliveries afterwards")
-    p.add_argument("--idle", type=float, default=2.0, help="stop draining after this long with no delivery")
+    common.add_timed_run_args(p, timeout_slack=TIMEOUT_SLACK)
     p.add_argument("--rate", type=float, default=5000.0, help="latency scenario: msg/s (default 5000)")
     p.add_argument("--window", type=int, default=100, help="QoS 1 unacknowledged PUBLISHes per publisher")
     p.add_argument(
@@ -510,39 +484,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=100, help="max PUBLISHes per write (default 100)")
     p.add_argument("--sample-every", type=int, default=64, help="throughput runs: latency of every k-th msg")
     p.add_argument("--level", type=int, choices=[MQTT_3_1_1, MQTT_5], default=MQTT_3_1_1, help="4 or 5")
-    p.add_argument("--watch-pid", type=int, action="append", default=[], help="broker pid to measure CPU of")
-    p.add_argument("--label", help="broker name to put in the result")
-    p.add_argument("--timeout", type=float, help="hard limit in seconds (default duration + drain + 30)")
-    p.add_argument("--no-uvloop", action="store_true")
     args = p.parse_args(argv)
-    if args.warmup >= args.duration:
-        p.error("--warmup must be shorter than --duration")
+    common.check_timed_run_args(p, args)
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    timeout = args.timeout or args.duration + args.drain + 30
-
-    async def bounded() -> dict[str, Any]:
-        async with asyncio.timeout(timeout):
-            return await run(args)
-
-    runner: Any = asyncio.run
-    if not args.no_uvloop:
-        try:
-            import uvloop
-
-            runner = uvloop.run
-        except ImportError:
-            pass
-    try:
-        result = runner(bounded())
-    except (OSError, ConnectionError, TimeoutError) as exc:
-        print(json.dumps({"error": f"{type(exc).__name__}: {exc}", "scenario": args.scenario}))
-        return 1
-    print(json.dumps(result))
-    return 0
+    return common.print_bounded_run(
+        lambda: run(args),
+        args,
+        timeout_slack=TIMEOUT_SLACK,
+        errors=(OSError, ConnectionError, TimeoutError),
+        describe={"scenario": args.scenario},
+    )
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import pytest
 import trustme
 
 from tests.support.paho import Endpoints
-from tests.support.server import RunningServer
+from tests.support.server import ALICE, RunningServer, serving
 
 
 @pytest.fixture(scope="session")
@@ -51,7 +51,7 @@ def start_server(
         "TRIMARAN_LISTENERS__TLS__CERT_FILE": tls_files["cert"],
         "TRIMARAN_LISTENERS__TLS__KEY_FILE": tls_files["key"],
         "TRIMARAN_LIMITS__SYS_INTERVAL": "1",
-        "TRIMARAN_AUTH__USERS": '[{"name": "alice", "password": "wonderland"}]',
+        "TRIMARAN_AUTH__USERS": ALICE,
         **(extra_env or {}),
     }
     return RunningServer(args or mqtt_server_args(), cwd=workdir, env=env).start()
@@ -72,11 +72,8 @@ def endpoints_of(server: RunningServer, tls_files: dict[str, str]) -> Endpoints:
 def mqtt_server(
     tmp_path_factory: pytest.TempPathFactory, tls_files: dict[str, str]
 ) -> Iterator[RunningServer]:
-    server = start_server(tmp_path_factory.mktemp("server"), tls_files)
-    try:
+    with serving(start_server(tmp_path_factory.mktemp("server"), tls_files)) as server:
         yield server
-    finally:
-        assert server.stop() == 0, server.output()
 
 
 @pytest.fixture(scope="module")
@@ -91,12 +88,11 @@ def amqp_server_args() -> list[str]:
 @pytest.fixture(scope="module")
 def amqp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """A server with MQTT and AMQP on port 0 (AMQP 0.9.1 tests use ``ports["amqp"]``)."""
-    env = {"TRIMARAN_AUTH__USERS": '[{"name": "alice", "password": "wonderland"}]'}
-    server = RunningServer(amqp_server_args(), cwd=tmp_path_factory.mktemp("amqp"), env=env).start()
-    try:
+    env = {"TRIMARAN_AUTH__USERS": ALICE}
+    with serving(
+        RunningServer(amqp_server_args(), cwd=tmp_path_factory.mktemp("amqp"), env=env).start()
+    ) as server:
         yield server
-    finally:
-        assert server.stop() == 0, server.output()
 
 
 def amqp1_server_args() -> list[str]:
@@ -104,7 +100,7 @@ def amqp1_server_args() -> list[str]:
 
 
 AMQP1_ENV = {
-    "TRIMARAN_AUTH__USERS": '[{"name": "alice", "password": "wonderland"}]',
+    "TRIMARAN_AUTH__USERS": ALICE,
     "TRIMARAN_LIMITS__SYS_INTERVAL": "0",
     # Small numbers so that the tests see limits and retries quickly.
     "TRIMARAN_AMQP1__MAX_FRAME_SIZE": "4096",
@@ -119,11 +115,9 @@ AMQP1_ENV = {
 def amqp1_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """Trimaran with AMQP (0.9.1 and 1.0) and MQTT on port 0; anonymous clients allowed; small
     frame and message size limits, quick retries and a stream queue ``events`` for AMQP 1.0 tests."""
-    server = RunningServer(amqp1_server_args(), cwd=tmp_path_factory.mktemp("amqp1"), env=AMQP1_ENV).start()
-    try:
+    workdir = tmp_path_factory.mktemp("amqp1")
+    with serving(RunningServer(amqp1_server_args(), cwd=workdir, env=AMQP1_ENV).start()) as server:
         yield server
-    finally:
-        assert server.stop() == 0, server.output()
 
 
 @pytest.fixture(scope="module")

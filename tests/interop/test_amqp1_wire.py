@@ -17,7 +17,7 @@ from proton import ConnectionException, Message  # noqa: E402
 from proton.utils import BlockingConnection  # noqa: E402
 
 from tests.interop.conftest import amqp1_server_args  # noqa: E402
-from tests.support.server import RunningServer  # noqa: E402
+from tests.support.server import ALICE, RunningServer, serving  # noqa: E402
 from trimaran.amqp1.frames import (  # noqa: E402
     AMQP_HEADER,
     FRAME_AMQP,
@@ -57,16 +57,13 @@ P = TypeVar("P")
 def strict_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     env = {
         "TRIMARAN_AUTH__ALLOW_ANONYMOUS": "false",
-        "TRIMARAN_AUTH__USERS": '[{"name": "alice", "password": "wonderland"}]',
+        "TRIMARAN_AUTH__USERS": ALICE,
         "TRIMARAN_LIMITS__SYS_INTERVAL": "0",
         "TRIMARAN_AMQP1__IDLE_TIMEOUT_S": str(IDLE_S),
     }
     workdir: Path = tmp_path_factory.mktemp("amqp1-strict")
-    server = RunningServer(amqp1_server_args(), cwd=workdir, env=env).start()
-    try:
+    with serving(RunningServer(amqp1_server_args(), cwd=workdir, env=env).start()) as server:
         yield server
-    finally:
-        assert server.stop() == 0, server.output()
 
 
 @pytest.fixture

@@ -17,8 +17,19 @@ import pytest
 import sqlalchemy
 
 from tests.interop.conftest import endpoints_of, mqtt_server_args, start_server
-from tests.support.paho import V5, V311, Client, Endpoints, PacketTypes, Received, connect, props
-from tests.support.server import RunningServer
+from tests.support.paho import (
+    V5,
+    V311,
+    Client,
+    Endpoints,
+    PacketTypes,
+    close_all,
+    connect,
+    props,
+    user_props,
+    watch_pubacks,
+)
+from tests.support.server import RunningServer, serving
 
 CONFIG = """
 [queues.defaults]
@@ -79,20 +90,13 @@ def sqlite_url(workdir: Path) -> str:
 
 @pytest.fixture(scope="module")
 def pserver(tmp_path_factory: pytest.TempPathFactory, tls_files: dict[str, str]) -> Iterator[RunningServer]:
-    server = start(tmp_path_factory.mktemp("policies"), tls_files)
-    try:
+    with serving(start(tmp_path_factory.mktemp("policies"), tls_files)) as server:
         yield server
-    finally:
-        assert server.stop() == 0, server.output()
 
 
 @pytest.fixture(scope="module")
 def ends(pserver: RunningServer, tls_files: dict[str, str]) -> Endpoints:
     return endpoints_of(pserver, tls_files)
-
-
-def headers(message: Received) -> dict[str, str]:
-    return dict(getattr(message.properties, "UserProperty", None) or [])
 
 
 def events(url: str, queue: str, kind: str) -> list[tuple[Any, ...]]:
@@ -119,25 +123,9 @@ def wait_events(url: str, queue: str, kind: str, count: int, timeout: float = 5.
     return found
 
 
-def watch_pubacks(client: Client) -> dict[int, int]:
-    codes: dict[int, int] = {}
-
-    def on_publish(_c: Any, _u: Any, mid: int, reason: Any, _p: Any) -> None:
-        codes[mid] = getattr(reason, "value", 0)
-
-    client.client.on_publish = on_publish
-    return codes
-
-
 def stream_subscribe(client: Client, topic: str, group: str, start: str | None = None, qos: int = 1) -> None:
     pairs = [("consumer-group", group)] + ([("stream-offset", start)] if start is not None else [])
     client.subscribe(topic, qos=qos, properties=props(PacketTypes.SUBSCRIBE, UserProperty=pairs))
-
-
-def close_all(*clients: Client) -> None:
-    for c in clients:
-        with contextlib.suppress(Exception):
-            c.disconnect()
 
 
 # -- work queues -----------------------------------------------------------------------------------
@@ -158,9 +146,9 @@ def test_visibility_timeout_redelivers(ends: Endpoints, version: Any) -> None:
         assert second.payload == first.payload
         assert 0.4 <= waited < 3.0, waited
         if version == V5:
-            assert headers(first)["x-queue-attempt"] == "1"
-            assert headers(second)["x-queue-redelivered"] == "true"
-            assert headers(second)["x-queue-attempt"] == "2"
+            assert user_props(first)["x-queue-attempt"] == "1"
+            assert user_props(second)["x-queue-redelivered"] == "true"
+            assert user_props(second)["x-queue-attempt"] == "2"
         sub.client.ack(second.mid, 1)
         sub.expect_none(0.8)  # acked in time: no third copy
     finally:
@@ -176,24 +164,24 @@ def test_nack_backoff_is_respected_then_dead_letters(ends: Endpoints) -> None:
         sub.subscribe(q, qos=1)
         pub.publish(q, b"flaky", qos=1)
         got = sub.expect()
-        message_id = headers(got)["x-queue-message-id"]
+        message_id = user_props(got)["x-queue-message-id"]
         for attempt, delay in ((1, 0.3), (2, 0.6)):  # initial 0.3 s, multiplier 2
-            assert headers(got)["x-queue-attempt"] == str(attempt)
+            assert user_props(got)["x-queue-attempt"] == str(attempt)
             sent = time.monotonic()
             sub.publish(f"{q}/$nack", b"", qos=1, properties=props(UserProperty=[("message-id", message_id)]))
             sub.client.ack(got.mid, 1)
             got = sub.expect(5)
             waited = time.monotonic() - sent
             assert delay - 0.01 <= waited < delay + 2.0, (attempt, waited)
-            assert headers(got)["x-queue-message-id"] == message_id
-        assert headers(got)["x-queue-attempt"] == "3"
+            assert user_props(got)["x-queue-message-id"] == message_id
+        assert user_props(got)["x-queue-attempt"] == "3"
         sub.publish(f"{q}/$nack", b"", qos=1, properties=props(UserProperty=[("message-id", message_id)]))
         sub.client.ack(got.mid, 1)
         dlq.subscribe("$queue/$dlq/backoff", qos=1)
         dead = dlq.expect()  # max_attempts = 3: the third nack dead-letters it
         assert dead.payload == b"flaky"
-        assert headers(dead)["x-dead-letter-reason"] == "max_attempts"
-        assert headers(dead)["x-dead-letter-attempts"] == "3"
+        assert user_props(dead)["x-dead-letter-reason"] == "max_attempts"
+        assert user_props(dead)["x-dead-letter-attempts"] == "3"
         sub.expect_none(0.5)
     finally:
         close_all(pub, sub, dlq)
@@ -336,7 +324,7 @@ def test_stream_start_positions(ends: Endpoints) -> None:
         first = reader("from-first", "first")
         from_first = first.drain(5)
         assert [m.payload for m in from_first] == all5
-        offsets = [int(headers(m)["x-queue-offset"]) for m in from_first]
+        offsets = [int(user_props(m)["x-queue-offset"]) for m in from_first]
         assert offsets == list(range(offsets[0], offsets[0] + 5))
         last = reader("from-last", "last")
         assert last.expect().payload == b"s4"
@@ -367,7 +355,7 @@ def test_stream_commits_by_ack_and_by_commit_topic_v5(ends: Endpoints) -> None:
         assert [m.payload for m in got] == [f"c{i}".encode() for i in range(6)]
         first_run.client.ack(got[0].mid, 1)  # commit by PUBACK: c0 done
         first_run.client.ack(got[1].mid, 1)
-        commit_id = headers(got[3])["x-queue-message-id"]  # commit by topic: through c3
+        commit_id = user_props(got[3])["x-queue-message-id"]  # commit by topic: through c3
         first_run.publish(
             f"{q}/$commit",
             b"",
@@ -434,7 +422,7 @@ def test_sigkill_restart_keeps_pending_entries_cursors_and_limits(
             "$queue/restart-backoff/$nack",
             b"",
             qos=1,
-            properties=props(UserProperty=[("message-id", headers(retry)["x-queue-message-id"])]),
+            properties=props(UserProperty=[("message-id", user_props(retry)["x-queue-message-id"])]),
         )
         # Groups: "billing" consumed everything, "audit" nothing.
         billing = connect(ends, version=V5)
@@ -478,13 +466,15 @@ def test_sigkill_restart_keeps_pending_entries_cursors_and_limits(
         vt.subscribe("$queue/restart-work", qos=1)
         back = vt.expect()
         assert back.payload == b"unacked"  # the held one comes back, the acked one does not
-        assert headers(back)["x-queue-redelivered"] == "true" and headers(back)["x-queue-attempt"] == "2"
+        assert (
+            user_props(back)["x-queue-redelivered"] == "true" and user_props(back)["x-queue-attempt"] == "2"
+        )
         vt.expect_none(0.3)
 
         retry_sub = client()
         retry_sub.subscribe("$queue/restart-backoff", qos=1)
         again = retry_sub.expect(8)
-        assert again.payload == b"retry" and headers(again)["x-queue-attempt"] == "2"
+        assert again.payload == b"retry" and user_props(again)["x-queue-attempt"] == "2"
         assert time.monotonic() - nacked_at >= 2.49  # its 2.5 s backoff survived the restart
 
         billing = client()

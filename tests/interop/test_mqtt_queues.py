@@ -18,8 +18,20 @@ from typing import Any
 import pytest
 
 from tests.interop.conftest import endpoints_of, start_server
-from tests.support.paho import V5, V311, Client, Endpoints, PacketTypes, Received, connect, props
-from tests.support.server import RunningServer
+from tests.support.paho import (
+    V5,
+    V311,
+    Client,
+    Endpoints,
+    PacketTypes,
+    Received,
+    close_all,
+    connect,
+    props,
+    user_props,
+    watch_pubacks,
+)
+from tests.support.server import RunningServer, serving
 from trimaran.mqtt.codec import NEED_DATA, Decoder, encode
 from trimaran.mqtt.packets import (
     MQTT_5,
@@ -41,20 +53,13 @@ QUEUE_ENV = {
 
 @pytest.fixture(scope="module")
 def qserver(tmp_path_factory: pytest.TempPathFactory, tls_files: dict[str, str]) -> Iterator[RunningServer]:
-    server = start_server(tmp_path_factory.mktemp("queues"), tls_files, QUEUE_ENV)
-    try:
+    with serving(start_server(tmp_path_factory.mktemp("queues"), tls_files, QUEUE_ENV)) as server:
         yield server
-    finally:
-        assert server.stop() == 0, server.output()
 
 
 @pytest.fixture(scope="module")
 def qmqtt(qserver: RunningServer, tls_files: dict[str, str]) -> Endpoints:
     return endpoints_of(qserver, tls_files)
-
-
-def user_props(message: Received) -> dict[str, str]:
-    return dict(getattr(message.properties, "UserProperty", None) or [])
 
 
 def drain_all(clients: list[Client], count: int, timeout: float = 10.0) -> list[list[Received]]:
@@ -77,23 +82,6 @@ def control(client: Client, topic: str, message_id: str, **extra: str) -> None:
         qos=1,
         properties=props(PacketTypes.PUBLISH, UserProperty=[("message-id", message_id), *extra.items()]),
     )
-
-
-def watch_pubacks(client: Client) -> dict[int, int]:
-    """mid -> PUBACK reason code, filled by paho's on_publish."""
-    codes: dict[int, int] = {}
-
-    def on_publish(_c: Any, _u: Any, mid: int, reason: Any, _p: Any) -> None:
-        codes[mid] = getattr(reason, "value", 0)
-
-    client.client.on_publish = on_publish
-    return codes
-
-
-def close_all(*clients: Client) -> None:
-    for c in clients:
-        with contextlib.suppress(Exception):  # a dropped client may already be gone
-            c.disconnect()
 
 
 # -- publish and consume ------------------------------------------------------------------------

@@ -14,14 +14,10 @@ from pathlib import Path
 import pytest
 
 from tests.interop.conftest import endpoints_of, start_server
-from tests.support.paho import V5, V311, Client, Received, connect
+from tests.support.paho import V5, V311, Client, Received, connect, user_props
 from tests.support.server import RunningServer
 
 pytestmark = pytest.mark.postgres
-
-
-def headers(message: Received) -> dict[str, str]:
-    return dict(getattr(message.properties, "UserProperty", None) or [])
 
 
 def test_two_processes_share_a_queue_without_double_holding(
@@ -76,7 +72,7 @@ def test_two_processes_share_a_queue_without_double_holding(
                 pytest.fail(f"{m.payload!r} delivered twice (consumers {seen[m.payload]} and {n})")
             seen[m.payload] = n
             if n < 2:
-                assert headers(m)["x-queue-redelivered"] == "false"
+                assert user_props(m)["x-queue-redelivered"] == "false"
         # Both processes delivered: the claims really were split between them.
         per_server = [sum(1 for n, _ in received if n % 2 == s) for s in (0, 1)]
         assert all(per_server), per_server

@@ -11,7 +11,7 @@ import pika
 import pytest
 
 from tests.support.paho import V5, Endpoints, PacketTypes, connect, props
-from tests.support.server import RunningServer
+from tests.support.server import ALICE, RunningServer
 from tests.support.webhook_receiver import Receiver, verify
 
 SECRET = "topsecret"
@@ -19,7 +19,7 @@ SECRET = "topsecret"
 
 def serve(workdir: Path, webhooks: dict[str, Any], endpoint: dict[str, Any]) -> RunningServer:
     env = {
-        "TRIMARAN_AUTH__USERS": '[{"name": "alice", "password": "wonderland"}]',
+        "TRIMARAN_AUTH__USERS": ALICE,
         "TRIMARAN_LIMITS__SYS_INTERVAL": "0",
         "TRIMARAN_WEBHOOKS__ENDPOINTS": json.dumps([endpoint]),
         **{f"TRIMARAN_WEBHOOKS__{key.upper()}": str(value) for key, value in webhooks.items()},
@@ -153,7 +153,7 @@ def test_amqp091_client_events(tmp_path: Path) -> None:
     with Receiver() as receiver:
         endpoint = {"url": receiver.url, "events": ["client.*"]}
         env = {
-            "TRIMARAN_AUTH__USERS": '[{"name": "alice", "password": "wonderland"}]',
+            "TRIMARAN_AUTH__USERS": ALICE,
             "TRIMARAN_WEBHOOKS__ENDPOINTS": json.dumps([endpoint]),
             "TRIMARAN_WEBHOOKS__BATCH_WAIT_MS": "20",
         }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import ssl
 import threading
@@ -197,6 +198,29 @@ def connect(
     return client
 
 
+def user_props(message: Received) -> dict[str, str]:
+    """A message's MQTT 5 user properties as a dict (empty for 3.1.1 or when it has none)."""
+    return dict(getattr(message.properties, "UserProperty", None) or [])
+
+
+def watch_pubacks(client: Client) -> dict[int, int]:
+    """mid -> PUBACK reason code, filled by paho's on_publish from now on."""
+    codes: dict[int, int] = {}
+
+    def on_publish(_c: Any, _u: Any, mid: int, reason: Any, _p: Any) -> None:
+        codes[mid] = getattr(reason, "value", 0)
+
+    client.client.on_publish = on_publish
+    return codes
+
+
+def close_all(*clients: Client) -> None:
+    """Disconnect every client, ignoring the ones already gone (dropped or closed by the server)."""
+    for c in clients:
+        with contextlib.suppress(Exception):
+            c.disconnect()
+
+
 def props(packet: int = PacketTypes.PUBLISH, **values: Any) -> Properties:
     """Build paho Properties: props(PacketTypes.CONNECT, SessionExpiryInterval=60)."""
     p = Properties(packet)  # type: ignore[no-untyped-call]
@@ -214,6 +238,9 @@ __all__ = [
     "PacketTypes",
     "Properties",
     "Received",
+    "close_all",
     "connect",
     "props",
+    "user_props",
+    "watch_pubacks",
 ]

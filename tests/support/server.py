@@ -9,9 +9,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 READY_LINE = re.compile(r"(\S+) listener ready on (\S+):(\d+)")
+
+# TRIMARAN_AUTH__USERS for the tests' one user, alice (password "wonderland").
+ALICE = '[{"name": "alice", "password": "wonderland"}]'
 
 ALL_OFF = ["--mqtt", "off", "--mqtt-ws", "off", "--amqp", "off", "--http", "off"]
 
@@ -92,3 +97,13 @@ class RunningServer:
                 return True
             time.sleep(0.02)
         return False
+
+
+@contextmanager
+def serving(server: RunningServer) -> Iterator[RunningServer]:
+    """Hand out a started server; afterwards stop it and check that it exited cleanly (code 0), with
+    its log as the failure message otherwise. In a fixture: ``with serving(...) as s: yield s``."""
+    try:
+        yield server
+    finally:
+        assert server.stop() == 0, server.output()
