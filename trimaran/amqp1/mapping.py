@@ -26,7 +26,7 @@ import uuid
 from typing import Any, Final
 
 from trimaran.amqp1.addresses import QUEUE_SCHEME, TOPIC_SCHEME
-from trimaran.amqp1.messages import AmqpValue, Data, Header, Properties, decode_message, encode_message
+from trimaran.amqp1.messages import AmqpValue, Data, Header, Properties, encode_message, split_header
 from trimaran.amqp1.messages import Message as A1Message
 from trimaran.amqp1.types import Timestamp
 from trimaran.broker.message import PROTOCOL_AMQP1, Message, now_ms
@@ -168,16 +168,17 @@ def to_amqp1(message: Message, *, delivery_count: int = 0, now: int | None = Non
     if isinstance(kept, bytes):
         if not delivery_count:
             return kept
-        kept_msg = decode_message(kept)
-        old = kept_msg.header or Header()
-        kept_msg.header = Header(
+        # Only the header changes: decode it alone and keep the bytes after it as they are.
+        old, rest = split_header(kept)
+        old = old or Header()
+        again = Header(
             durable=old.durable,
             priority=old.priority,
             ttl=old.ttl,
             first_acquirer=False,
             delivery_count=delivery_count,
         )
-        return encode_message(kept_msg)
+        return encode_message(A1Message(header=again)) + memoryview(kept)[rest:]
     now = now_ms() if now is None else now
     ttl = None
     if message.expires_at_ms is not None:
