@@ -116,11 +116,6 @@ class Message:
     bare: bytes | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
-    def from_bytes(cls, payload: bytes, **kw: Any) -> Message:
-        """A message whose body is one ``data`` section."""
-        return cls(body=[Data(bytes(payload))], **kw)
-
-    @classmethod
     def from_value(cls, value: Any, **kw: Any) -> Message:
         """A message whose body is one ``amqp-value`` section."""
         return cls(body=[AmqpValue(value)], **kw)
