@@ -129,6 +129,28 @@ def test_redelivery_sets_the_header_delivery_count_and_keeps_the_bare_message() 
     assert decoded.bare == decode_message(wire).bare
 
 
+def test_redelivery_replaces_only_the_header_of_a_kept_message() -> None:
+    wire = encode_message(
+        A1Message(
+            header=Header(durable=True, priority=7, ttl=60_000, first_acquirer=True),
+            message_annotations={Symbol("x-opt-a"): 1},
+            properties=Properties(message_id="id-1"),
+            body=[Data(b"x" * 300)],
+            footer={Symbol("f"): 2},
+        )
+    )
+    m = from_amqp1(decode_message(wire), "$queue/q", None, settled=False, raw=wire)
+    again = decode_message(to_amqp1(m, delivery_count=1))
+    expected = Header(durable=True, priority=7, ttl=60_000, first_acquirer=False, delivery_count=1)
+    assert again.header == expected
+    first = decode_message(wire)
+    assert (again.message_annotations, again.bare, again.footer) == (
+        first.message_annotations,
+        first.bare,
+        first.footer,
+    )
+
+
 def test_to_amqp1_from_mqtt() -> None:
     m = Message(
         "a/b",

@@ -19,7 +19,13 @@ from typing import Any, Final, Literal
 
 from trimaran.amqp1.performatives import INVALID_FIELD
 from trimaran.broker.topics import TopicError, validate_topic_filter, validate_topic_name
-from trimaran.queue.policy import QUEUE_PREFIX, QueueError, parse_queue_topic, validate_queue_name
+from trimaran.queue.policy import (
+    QUEUE_PREFIX,
+    QueueError,
+    parse_queue_topic,
+    queue_topic,
+    validate_queue_name,
+)
 
 QUEUE: Final = "queue"
 TOPIC: Final = "topic"
@@ -47,10 +53,7 @@ class Address:
     @property
     def topic(self) -> str:
         """The router topic, or the ``$queue/`` topic other protocols use for this queue."""
-        if self.kind == TOPIC:
-            return self.name
-        base = QUEUE_PREFIX + self.name
-        return f"{base}/{self.key}" if self.key else base
+        return self.name if self.kind == TOPIC else queue_topic(self.name, self.key)
 
 
 def _capabilities(caps: Any) -> set[str]:

@@ -138,6 +138,10 @@ class Connection:
     def close(self, error: Error | None) -> None:
         """Server-initiated close: close frame after what is queued, then the socket."""
         self.amqp.close(error)
+        self.finish()
+
+    def finish(self) -> None:
+        """Stop reading; the writer sends what is queued and ends."""
         self.done = True
         self.reading.cancel()
         self.wake()
@@ -367,9 +371,7 @@ class Amqp1FrontEnd:
                 error.description or "",
             )
         self._forget(conn)
-        conn.done = True
-        conn.reading.cancel()
-        conn.wake()
+        conn.finish()
 
     # -- attach / detach --------------------------------------------------------------------------
 
@@ -641,8 +643,11 @@ class Amqp1FrontEnd:
 
     def _publish_failed(self, conn: Connection, address: Address, ticket: Ticket, exc: QueueError) -> None:
         log.info("amqp1: %s: queue publish to %s refused: %s", conn.container_id, address.name, exc)
-        condition = RESOURCE_LIMIT_EXCEEDED if exc.reason in ("full", "overflow") else NOT_FOUND
-        if exc.reason not in ("full", "overflow", "no-queue"):
+        if exc.reason in ("full", "overflow"):
+            condition = RESOURCE_LIMIT_EXCEEDED
+        elif exc.reason == "no-queue":
+            condition = NOT_FOUND
+        else:
             condition = INTERNAL_ERROR
         ticket.error = Error(condition=condition, description=str(exc))
 

@@ -133,7 +133,7 @@ class QueueOut(OutLink):
             handle.ack_nowait(offset)
 
     def stop(self) -> None:
-        self.stopped = True
+        super().stop()
         if self.handle is not None:
             self.handle.set_credit(0)
 
@@ -176,7 +176,7 @@ class TopicOut(OutLink):
             self.conn.wake()
 
     def stop(self) -> None:
-        self.stopped = True
+        super().stop()
         self.backlog.clear()
 
 

@@ -25,21 +25,22 @@ from __future__ import annotations
 import uuid
 from typing import Any, Final
 
-from trimaran.amqp1.messages import AmqpValue, Data, Header, Properties, decode_message, encode_message
+from trimaran.amqp1.addresses import QUEUE_SCHEME, TOPIC_SCHEME
+from trimaran.amqp1.messages import AmqpValue, Data, Header, Properties, encode_message, split_header
 from trimaran.amqp1.messages import Message as A1Message
 from trimaran.amqp1.types import Timestamp
 from trimaran.broker.message import PROTOCOL_AMQP1, Message, now_ms
+from trimaran.queue.policy import QUEUE_PREFIX
 
 EXTRA_KEY: Final = "amqp1"
-QUEUE_PREFIX: Final = "$queue/"
 
 
 def address_to_topic(address: str) -> str:
     """An AMQP 1.0 address as the router / queue topic other protocols use (for reply-to)."""
-    if address.startswith("topic://"):
-        return address[len("topic://") :]
-    if address.startswith("queue://"):
-        return QUEUE_PREFIX + address[len("queue://") :]
+    if address.startswith(TOPIC_SCHEME):
+        return address[len(TOPIC_SCHEME) :]
+    if address.startswith(QUEUE_SCHEME):
+        return QUEUE_PREFIX + address[len(QUEUE_SCHEME) :]
     return address
 
 
@@ -47,7 +48,7 @@ def topic_to_address(topic: str) -> str:
     """The inverse of :func:`address_to_topic` for addresses we hand to AMQP 1.0 peers."""
     if topic.startswith(QUEUE_PREFIX):
         return topic
-    return "topic://" + topic
+    return TOPIC_SCHEME + topic
 
 
 def _payload(msg: A1Message) -> tuple[bytes, int | None]:
@@ -167,16 +168,17 @@ def to_amqp1(message: Message, *, delivery_count: int = 0, now: int | None = Non
     if isinstance(kept, bytes):
         if not delivery_count:
             return kept
-        kept_msg = decode_message(kept)
-        old = kept_msg.header or Header()
-        kept_msg.header = Header(
+        # Only the header changes: decode it alone and keep the bytes after it as they are.
+        old, rest = split_header(kept)
+        old = old or Header()
+        again = Header(
             durable=old.durable,
             priority=old.priority,
             ttl=old.ttl,
             first_acquirer=False,
             delivery_count=delivery_count,
         )
-        return encode_message(kept_msg)
+        return encode_message(A1Message(header=again)) + memoryview(kept)[rest:]
     now = now_ms() if now is None else now
     ttl = None
     if message.expires_at_ms is not None:

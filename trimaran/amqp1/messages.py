@@ -19,7 +19,7 @@ import dataclasses
 from typing import Any
 
 from .codec import decode_value, encode_into
-from .performatives import Composite, composite, fld, from_described
+from .performatives import Composite, composite, decode_composite, fld, from_described
 from .types import DecodeError, Described, EncodeError, ULong
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "Properties",
     "decode_message",
     "encode_message",
+    "split_header",
 ]
 
 MESSAGE_FORMAT = 0
@@ -113,11 +114,6 @@ class Message:
     footer: dict[Any, Any] | None = None
     # Exact bytes of the bare message as received (see the module docstring).
     bare: bytes | None = dataclasses.field(default=None, compare=False, repr=False)
-
-    @classmethod
-    def from_bytes(cls, payload: bytes, **kw: Any) -> Message:
-        """A message whose body is one ``data`` section."""
-        return cls(body=[Data(bytes(payload))], **kw)
 
     @classmethod
     def from_value(cls, value: Any, **kw: Any) -> Message:
@@ -212,3 +208,19 @@ def decode_message(data: bytes | bytearray | memoryview) -> Message:
     if bare_start >= 0:
         msg.bare = bytes(buf[bare_start:bare_end])
     return msg
+
+
+def split_header(data: bytes | bytearray | memoryview) -> tuple[Header | None, int]:
+    """The header section a message payload starts with (``None`` without one) and the position
+    just after it; the sections that follow are not decoded (see :func:`decode_message`)."""
+    buf = memoryview(data)
+    if not buf:
+        return None, 0
+    if buf[0] != 0x00:
+        raise DecodeError("message section is not a described value")
+    descriptor, _ = decode_value(buf, 1)
+    if _section_code(descriptor) != 0x70:
+        return None, 0
+    header, end = decode_composite(buf, 0)
+    assert isinstance(header, Header)
+    return header, end

@@ -253,10 +253,6 @@ def to_described(obj: Composite) -> Described:
     return value
 
 
-def encode_composite(out: bytearray, obj: Composite) -> None:
-    _write_composite(out, obj)
-
-
 def _field_reader(spec: FieldSpec) -> Callable[[Any], Any]:
     """A checker/converter for one decoded non-null field value."""
     t = spec.type
