@@ -64,6 +64,9 @@ def test_mqtt_message_maps_to_amqp_properties_and_address() -> None:
     assert props.headers == {"unit": "C"} and props.delivery_mode == 2
     assert delivery_address(message) == ("amq.topic", "home.kitchen.temp")
     assert delivery_address(Message("$queue/jobs", b"", protocol=PROTOCOL_MQTT)) == ("", "jobs")
+    assert delivery_address(Message("$queue/jobs/a/b", b"", protocol=PROTOCOL_MQTT)) == ("", "jobs")
+    # a dead-letter queue's name has a slash in it
+    assert delivery_address(Message("$queue/$dlq/jobs", b"", protocol=PROTOCOL_MQTT)) == ("", "$dlq/jobs")
 
 
 def test_bad_expiration_is_refused() -> None:

@@ -341,8 +341,6 @@ class Amqp091FrontEnd:
             return
         for consumer in list(channel.consumers.values()):
             self.forget_consumer(consumer)
-        for getter in channel.getters.values():
-            self.forget_consumer(getter)
         for handle in channel.handles():
             await handle.cancel()
         link.written_hooks.discard(channel)
@@ -373,16 +371,6 @@ class Amqp091FrontEnd:
                     await self.ops.method(link, channel, event.method)
                 except spec.ProtocolError as exc:
                     await self.refuse(link, event.channel, exc)
-                except ExchangeError as exc:
-                    method = event.method
-                    error = spec.ProtocolError(
-                        exc.reply_code,
-                        exc.reason,
-                        channel=event.channel,
-                        class_id=method.CLASS_ID,
-                        method_id=method.METHOD_ID,
-                    )
-                    await self.refuse(link, event.channel, error)
             elif isinstance(event, AuthenticationRequested):
                 self._authenticate(link, event)
             elif isinstance(event, SecureOkReceived):

@@ -81,7 +81,10 @@ class Operations:
             if isinstance(method, spec.ConnectionUpdateSecret | spec.ChannelFlowOk):
                 return
             raise _error(spec.NOT_IMPLEMENTED, f"{method.NAME} is not implemented", method)
-        await handler(link, channel, method)
+        try:
+            await handler(link, channel, method)
+        except ExchangeError as exc:
+            raise _error(exc.reply_code, exc.reason, method) from None
 
     async def _store(self, call: Callable[[], None]) -> None:
         """Persist a change to durable exchanges or bindings (one transaction, on a worker thread)."""
@@ -180,12 +183,12 @@ class Operations:
         return channel.last_queue
 
     def _existing(self, link: Link, name: str, method: spec.Method) -> QueueMeta:
-        meta = self.front.meta.get(name)
-        if meta is None or not self.manager.exists(name):
-            if self.manager.exists(name):  # a queue made outside AMQP (MQTT $queue/, config)
-                meta = self.front.meta[name] = QueueMeta(name, self.manager.info(name).durable)
-                return meta
+        state = self.manager.queues.get(name)
+        if state is None:
             raise _error(spec.NOT_FOUND, f"no {_rs(name)}", method)
+        meta = self.front.meta.get(name)
+        if meta is None:  # a queue made outside AMQP (MQTT $queue/, config)
+            meta = self.front.meta[name] = QueueMeta(name, state.durable)
         self._check_exclusive(link, meta, method)
         return meta
 
