@@ -22,8 +22,9 @@ import datetime
 from decimal import Decimal
 from typing import Any
 
-from trimaran.amqp091.fields import FieldTable, FieldValue
+from trimaran.amqp091.fields import FieldTable
 from trimaran.amqp091.properties import BasicProperties
+from trimaran.broker.mapping import property_text
 from trimaran.broker.message import PROTOCOL_AMQP091, Message, now_ms
 from trimaran.broker.topics import topic_to_routing_key
 from trimaran.queue.policy import QUEUE_PREFIX, parse_queue_topic
@@ -34,14 +35,6 @@ EXTRA_PROPERTIES = ("priority", "message_id", "timestamp", "type", "app_id", "us
 
 class MappingError(ValueError):
     """A property that cannot be taken (e.g. an expiration that is not a number of milliseconds)."""
-
-
-def _text(value: FieldValue) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 def _json_safe(value: Any) -> Any:
@@ -85,7 +78,7 @@ def message_from_content(
     user_properties: list[tuple[str, str]] = []
     headers = props.headers
     if headers:
-        user_properties = [(k, _text(v)) for k, v in headers.items()]
+        user_properties = [(k, property_text(v)) for k, v in headers.items()]
         if any(not isinstance(v, str) for v in headers.values()):
             extra["headers"] = _json_safe(headers)
     for name in EXTRA_PROPERTIES:
