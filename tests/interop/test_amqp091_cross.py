@@ -115,6 +115,21 @@ def test_auto_deleted_exchange_leaves_no_router_subscription(amqp_server: Runnin
     conn.close()
 
 
+def test_unbinding_one_of_two_amq_topic_bindings_keeps_the_other(amqp_server: RunningServer) -> None:
+    conn = amqp(amqp_server)
+    ch = conn.channel()
+    q = ch.queue_declare("", exclusive=True).method.queue
+    # Two bindings that differ only in arguments: one router subscription (filter twin/key) serves both.
+    ch.queue_bind(q, "amq.topic", "twin.key")
+    ch.queue_bind(q, "amq.topic", "twin.key", arguments={"tag": "second"})
+    ch.queue_unbind(q, "amq.topic", "twin.key")
+    ch.confirm_delivery()
+    ch.basic_publish("amq.topic", "twin.key", b"still bound")
+    method, _props, body = ch.basic_get(q, auto_ack=True)
+    assert method is not None and body == b"still bound"
+    conn.close()
+
+
 async def test_aio_pika_confirms_consume_and_ack(amqp_server: RunningServer) -> None:
     connection = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{amqp_server.ports['amqp']}/")
     async with connection:

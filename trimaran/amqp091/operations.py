@@ -101,7 +101,7 @@ class Operations:
             if not self.exchanges.is_router_backed(binding.source):
                 continue
             endpoint = front.router_bindings.get((binding.destination_kind, binding.destination))
-            if endpoint is None:
+            if endpoint is None or self._still_bound(binding):
                 continue
             try:
                 router.unsubscribe(endpoint, binding_key_to_filter(binding.routing_key))
@@ -118,6 +118,13 @@ class Operations:
         store = front.store
         if store is not None and (removed or gone):
             await self._store(lambda: store.forget(removed, gone))
+
+    def _still_bound(self, removed: Binding) -> bool:
+        """Whether another router-backed binding (same key, other arguments) keeps the subscription."""
+        return any(
+            b.routing_key == removed.routing_key and self.exchanges.is_router_backed(b.source)
+            for b in self.exchanges.bindings_for_destination(removed.destination, removed.destination_kind)
+        )
 
     def _durable_end(self, kind: str, name: str) -> bool:
         if kind == "queue":
