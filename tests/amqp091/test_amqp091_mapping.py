@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 
+from trimaran.amqp091.fields import Float32, Int8, Timestamp
 from trimaran.amqp091.mapping import (
     MappingError,
     delivery_address,
@@ -64,6 +67,31 @@ def test_mqtt_message_maps_to_amqp_properties_and_address() -> None:
     assert props.headers == {"unit": "C"} and props.delivery_mode == 2
     assert delivery_address(message) == ("amq.topic", "home.kitchen.temp")
     assert delivery_address(Message("$queue/jobs", b"", protocol=PROTOCOL_MQTT)) == ("", "jobs")
+    assert delivery_address(Message("$queue/jobs/a/b", b"", protocol=PROTOCOL_MQTT)) == ("", "jobs")
+    # a dead-letter queue's name has a slash in it
+    assert delivery_address(Message("$queue/$dlq/jobs", b"", protocol=PROTOCOL_MQTT)) == ("", "$dlq/jobs")
+
+
+def test_typed_headers_become_plain_text_user_properties() -> None:
+    headers = {
+        "i": Int8(-3),
+        "f": Float32(1.5),
+        "t": Timestamp(7),
+        "b": b"raw",
+        "no": False,
+        "d": Decimal("1.25"),
+    }
+    message = message_from_content(
+        BasicProperties(headers=headers), b"", "$queue/q", exchange="", routing_key="q", publisher_id=None
+    )
+    assert message.user_properties == [
+        ("i", "-3"),
+        ("f", "1.5"),
+        ("t", "7"),
+        ("b", "raw"),
+        ("no", "false"),
+        ("d", "1.25"),
+    ]
 
 
 def test_bad_expiration_is_refused() -> None:

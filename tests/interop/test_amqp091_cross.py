@@ -93,6 +93,43 @@ def test_queue_both_ways(amqp_server: RunningServer, mqtt_client) -> None:  # ty
     conn.close()
 
 
+def test_auto_deleted_exchange_leaves_no_router_subscription(amqp_server: RunningServer) -> None:
+    conn = amqp(amqp_server)
+    ch = conn.channel()
+    ch.exchange_declare("leak-x", "fanout", auto_delete=True)
+    ch.exchange_bind("leak-x", "amq.topic", "leak.test")
+    q1 = ch.queue_declare("", exclusive=True).method.queue
+    ch.queue_bind(q1, "leak-x")
+    # Deleting the queue auto-deletes leak-x (its last binding as a source), and with it the
+    # amq.topic -> leak-x binding: a new leak-x must not get what amq.topic routes for the old one.
+    ch.queue_delete(q1)
+    ch.exchange_declare("leak-x", "fanout")
+    q2 = ch.queue_declare("", exclusive=True).method.queue
+    ch.queue_bind(q2, "leak-x")
+    ch.confirm_delivery()
+    ch.basic_publish("amq.topic", "leak.test", b"not for q2")
+    ch.basic_publish("leak-x", "", b"direct")
+    method, _props, body = ch.basic_get(q2, auto_ack=True)
+    assert method is not None and body == b"direct"
+    ch.exchange_delete("leak-x")
+    conn.close()
+
+
+def test_unbinding_one_of_two_amq_topic_bindings_keeps_the_other(amqp_server: RunningServer) -> None:
+    conn = amqp(amqp_server)
+    ch = conn.channel()
+    q = ch.queue_declare("", exclusive=True).method.queue
+    # Two bindings that differ only in arguments: one router subscription (filter twin/key) serves both.
+    ch.queue_bind(q, "amq.topic", "twin.key")
+    ch.queue_bind(q, "amq.topic", "twin.key", arguments={"tag": "second"})
+    ch.queue_unbind(q, "amq.topic", "twin.key")
+    ch.confirm_delivery()
+    ch.basic_publish("amq.topic", "twin.key", b"still bound")
+    method, _props, body = ch.basic_get(q, auto_ack=True)
+    assert method is not None and body == b"still bound"
+    conn.close()
+
+
 async def test_aio_pika_confirms_consume_and_ack(amqp_server: RunningServer) -> None:
     connection = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{amqp_server.ports['amqp']}/")
     async with connection:

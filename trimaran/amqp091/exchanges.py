@@ -881,7 +881,7 @@ class ExchangeRegistry:
         :meth:`check_publish` for a basic.publish.
         """
         if exchange == DEFAULT_EXCHANGE:
-            return RouteResult({routing_key[7:] if routing_key.startswith(QUEUE_PREFIX) else routing_key})
+            return RouteResult({_default_queue(routing_key)})
         entry = self._entries.get(exchange)
         if entry is None:
             raise self._not_found(exchange)
@@ -897,7 +897,7 @@ class ExchangeRegistry:
         while todo:
             name = todo.pop()
             if name == DEFAULT_EXCHANGE:  # reachable only as an alternate exchange
-                result.queues.add(routing_key[7:] if routing_key.startswith(QUEUE_PREFIX) else routing_key)
+                result.queues.add(_default_queue(routing_key))
                 continue
             nxt = self._entries.get(name)
             if nxt is None:
@@ -908,6 +908,11 @@ class ExchangeRegistry:
             queues, exchanges = nxt.matcher.match(routing_key, headers)
             _visit(nxt, queues, exchanges, seen, todo, result)
         return result
+
+
+def _default_queue(routing_key: str) -> str:
+    """The queue the default exchange routes a key to: ``q`` or ``$queue/q`` -> ``q``."""
+    return routing_key.removeprefix(QUEUE_PREFIX)
 
 
 def _visit(

@@ -337,12 +337,13 @@ class Amqp091FrontEnd:
 
     async def close_channel(self, link: Link, number: int) -> None:
         channel = link.channels.pop(number, None)
-        if channel is None:
-            return
+        if channel is not None:
+            await self._release_channel(link, channel)
+
+    async def _release_channel(self, link: Link, channel: ChannelState) -> None:
+        """What a closed channel held: its consumers, its queue-manager handles, its auto-delete queues."""
         for consumer in list(channel.consumers.values()):
             self.forget_consumer(consumer)
-        for getter in channel.getters.values():
-            self.forget_consumer(getter)
         for handle in channel.handles():
             await handle.cancel()
         link.written_hooks.discard(channel)
@@ -373,16 +374,6 @@ class Amqp091FrontEnd:
                     await self.ops.method(link, channel, event.method)
                 except spec.ProtocolError as exc:
                     await self.refuse(link, event.channel, exc)
-                except ExchangeError as exc:
-                    method = event.method
-                    error = spec.ProtocolError(
-                        exc.reply_code,
-                        exc.reason,
-                        channel=event.channel,
-                        class_id=method.CLASS_ID,
-                        method_id=method.METHOD_ID,
-                    )
-                    await self.refuse(link, event.channel, error)
             elif isinstance(event, AuthenticationRequested):
                 self._authenticate(link, event)
             elif isinstance(event, SecureOkReceived):
@@ -489,18 +480,12 @@ class Amqp091FrontEnd:
             link.conn.raise_error(exc)
             log.info("amqp091: %s channel %d: %s", link.name, event.channel, exc)
             link.channels.pop(event.channel, None)
-            if link.tasks is not None:
-                link.tasks.start_soon(self._cancel_channel_handles, channel)
+            if link.tasks is not None:  # not awaited here: publishes are handled without awaiting
+                link.tasks.start_soon(self._release_channel, link, channel)
             return
         if channel.confirm:
             channel.publish_seq += 1
             self.add_pending(link, Pending(channel, channel.publish_seq, tickets, failed))
-
-    async def _cancel_channel_handles(self, channel: ChannelState) -> None:
-        for consumer in list(channel.consumers.values()):
-            self.forget_consumer(consumer)
-        for handle in channel.handles():
-            await handle.cancel()
 
     def publish(
         self,

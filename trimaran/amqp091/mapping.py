@@ -22,11 +22,12 @@ import datetime
 from decimal import Decimal
 from typing import Any
 
-from trimaran.amqp091.fields import FieldTable, FieldValue
+from trimaran.amqp091.fields import FieldTable
 from trimaran.amqp091.properties import BasicProperties
+from trimaran.broker.mapping import property_text
 from trimaran.broker.message import PROTOCOL_AMQP091, Message, now_ms
-from trimaran.broker.topics import TopicError, topic_to_routing_key
-from trimaran.queue.policy import QUEUE_PREFIX
+from trimaran.broker.topics import topic_to_routing_key
+from trimaran.queue.policy import QUEUE_PREFIX, parse_queue_topic
 
 #: basic properties carried in ``Message.extra`` under their own names.
 EXTRA_PROPERTIES = ("priority", "message_id", "timestamp", "type", "app_id", "user_id", "content_encoding")
@@ -34,14 +35,6 @@ EXTRA_PROPERTIES = ("priority", "message_id", "timestamp", "type", "app_id", "us
 
 class MappingError(ValueError):
     """A property that cannot be taken (e.g. an expiration that is not a number of milliseconds)."""
-
-
-def _text(value: FieldValue) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 def _json_safe(value: Any) -> Any:
@@ -85,7 +78,7 @@ def message_from_content(
     user_properties: list[tuple[str, str]] = []
     headers = props.headers
     if headers:
-        user_properties = [(k, _text(v)) for k, v in headers.items()]
+        user_properties = [(k, property_text(v)) for k, v in headers.items()]
         if any(not isinstance(v, str) for v in headers.values()):
             extra["headers"] = _json_safe(headers)
     for name in EXTRA_PROPERTIES:
@@ -115,25 +108,21 @@ def message_from_content(
     )
 
 
-def _headers(message: Message, extra_headers: list[tuple[str, str]] | None) -> FieldTable | None:
+def _headers(message: Message) -> FieldTable | None:
+    """The typed table an AMQP 0.9.1 publisher sent (shared, not copied: encoding only reads it), else
+    the user properties as text."""
     typed = message.extra.get("headers") if message.protocol == PROTOCOL_AMQP091 else None
     if isinstance(typed, dict):
-        headers: FieldTable = dict(typed)
-    elif message.user_properties:
-        headers = dict(message.user_properties)
-    else:
-        headers = {}
-    if extra_headers:
-        headers.update(extra_headers)
-    return headers or None
+        return typed
+    if message.user_properties:
+        return dict(message.user_properties)
+    return None
 
 
 _NO_EXTRA: dict[str, object] = {}
 
 
-def properties_from_message(
-    message: Message, extra_headers: list[tuple[str, str]] | None = None, now: int | None = None
-) -> BasicProperties:
+def properties_from_message(message: Message, now: int | None = None) -> BasicProperties:
     # Once per delivery: one constructor call with every field, no setattr loop.
     get = (message.extra if message.protocol == PROTOCOL_AMQP091 else _NO_EXTRA).get
     mode = get("delivery_mode")
@@ -145,7 +134,7 @@ def properties_from_message(
     return BasicProperties(
         message.content_type,
         get("content_encoding"),  # type: ignore[arg-type]
-        _headers(message, extra_headers),
+        _headers(message),
         mode if isinstance(mode, int) else (2 if message.qos else 1),
         get("priority"),  # type: ignore[arg-type]
         None if correlation is None else correlation.decode("utf-8", "surrogateescape"),
@@ -169,8 +158,6 @@ def delivery_address(message: Message) -> tuple[str, str]:
             return exchange, key
     topic = message.topic
     if topic.startswith(QUEUE_PREFIX):
-        return "", topic[len(QUEUE_PREFIX) :].split("/", 1)[0]
-    try:
-        return "amq.topic", topic_to_routing_key(topic)
-    except TopicError:
-        return "amq.topic", topic
+        parsed = parse_queue_topic(topic)  # the queue's name: $queue/$dlq/q is queue $dlq/q
+        return "", parsed[0] if parsed is not None else topic[len(QUEUE_PREFIX) :].split("/", 1)[0]
+    return "amq.topic", topic_to_routing_key(topic)

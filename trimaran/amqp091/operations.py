@@ -81,19 +81,50 @@ class Operations:
             if isinstance(method, spec.ConnectionUpdateSecret | spec.ChannelFlowOk):
                 return
             raise _error(spec.NOT_IMPLEMENTED, f"{method.NAME} is not implemented", method)
-        await handler(link, channel, method)
+        try:
+            await handler(link, channel, method)
+        except ExchangeError as exc:
+            raise _error(exc.reply_code, exc.reason, method) from None
 
     async def _store(self, call: Callable[[], None]) -> None:
         """Persist a change to durable exchanges or bindings (one transaction, on a worker thread)."""
         if self.front.store is not None:
             await anyio.to_thread.run_sync(call)
 
-    async def _forget_removed(self) -> None:
-        store = self.front.store
-        removed = list(self.exchanges.last_removed_bindings)
+    async def _removed(self, deleted: str | None = None) -> None:
+        """After a registry call that removed bindings (unbind, exchange or queue deletion, and the
+        auto-deletes they cascade to): drop their router subscriptions and the router endpoints of the
+        exchanges gone, then forget them in SQL. ``deleted``: the exchange the call deleted, if any."""
+        front = self.front
+        router = front.broker.router
+        for binding in self.exchanges.last_removed_bindings:
+            if not self.exchanges.is_router_backed(binding.source):
+                continue
+            endpoint = front.router_bindings.get((binding.destination_kind, binding.destination))
+            if endpoint is None or self._still_bound(binding):
+                continue
+            try:
+                router.unsubscribe(endpoint, binding_key_to_filter(binding.routing_key))
+            except TopicError:
+                continue
         gone = [e.name for e in self.exchanges.last_auto_deleted]
+        if deleted is not None:
+            gone.insert(0, deleted)
+        for name in gone:
+            endpoint = front.router_bindings.pop(("exchange", name), None)
+            if endpoint is not None:
+                router.unsubscribe_all(endpoint)
+        removed = list(self.exchanges.last_removed_bindings)
+        store = front.store
         if store is not None and (removed or gone):
             await self._store(lambda: store.forget(removed, gone))
+
+    def _still_bound(self, removed: Binding) -> bool:
+        """Whether another router-backed binding (same key, other arguments) keeps the subscription."""
+        return any(
+            b.routing_key == removed.routing_key and self.exchanges.is_router_backed(b.source)
+            for b in self.exchanges.bindings_for_destination(removed.destination, removed.destination_kind)
+        )
 
     def _durable_end(self, kind: str, name: str) -> bool:
         if kind == "queue":
@@ -164,10 +195,10 @@ class Operations:
         if meta is not None and meta.exclusive_owner is not None:
             meta.exclusive_owner.exclusive_queues.discard(name)
         self.exchanges.remove_queue(name)
-        await self._forget_removed()
         endpoint = front.router_bindings.pop(("queue", name), None)
         if endpoint is not None:
             front.broker.router.unsubscribe_all(endpoint)
+        await self._removed()
         await self.manager.delete(name)
 
     # -- checks -----------------------------------------------------------------------------------
@@ -180,12 +211,12 @@ class Operations:
         return channel.last_queue
 
     def _existing(self, link: Link, name: str, method: spec.Method) -> QueueMeta:
-        meta = self.front.meta.get(name)
-        if meta is None or not self.manager.exists(name):
-            if self.manager.exists(name):  # a queue made outside AMQP (MQTT $queue/, config)
-                meta = self.front.meta[name] = QueueMeta(name, self.manager.info(name).durable)
-                return meta
+        state = self.manager.queues.get(name)
+        if state is None:
             raise _error(spec.NOT_FOUND, f"no {_rs(name)}", method)
+        meta = self.front.meta.get(name)
+        if meta is None:  # a queue made outside AMQP (MQTT $queue/, config)
+            meta = self.front.meta[name] = QueueMeta(name, state.durable)
         self._check_exclusive(link, meta, method)
         return meta
 
@@ -224,15 +255,7 @@ class Operations:
 
     async def exchange_delete(self, link: Link, channel: ChannelState, m: spec.ExchangeDelete) -> None:
         deleted = self.exchanges.delete(m.exchange, if_unused=m.if_unused)
-        self._unsubscribe_removed()
-        store = self.front.store
-        if deleted is not None and store is not None:
-            removed = list(self.exchanges.last_removed_bindings)
-            gone = [m.exchange, *(e.name for e in self.exchanges.last_auto_deleted)]
-            await self._store(lambda: store.forget(removed, gone))
-        endpoint = self.front.router_bindings.pop(("exchange", m.exchange), None)
-        if endpoint is not None:
-            self.front.broker.router.unsubscribe_all(endpoint)
+        await self._removed(None if deleted is None else m.exchange)
         self._reply(link, channel, spec.ExchangeDeleteOk(), m.no_wait)
 
     async def exchange_bind(self, link: Link, channel: ChannelState, m: spec.ExchangeBind) -> None:
@@ -284,22 +307,7 @@ class Operations:
         self, source: str, kind: str, destination: str, key: str, arguments: dict[str, Any]
     ) -> None:
         self.exchanges.unbind(source, destination, kind, key, arguments)  # type: ignore[arg-type]
-        self._unsubscribe_removed()
-        await self._forget_removed()
-
-    def _unsubscribe_removed(self) -> None:
-        """Router subscriptions of the bindings the registry's last call removed."""
-        front = self.front
-        for binding in self.exchanges.last_removed_bindings:
-            if not self.exchanges.is_router_backed(binding.source):
-                continue
-            endpoint = front.router_bindings.get((binding.destination_kind, binding.destination))
-            if endpoint is None:
-                continue
-            try:
-                front.broker.router.unsubscribe(endpoint, binding_key_to_filter(binding.routing_key))
-            except TopicError:
-                continue
+        await self._removed()
 
     # -- queues -----------------------------------------------------------------------------------
 

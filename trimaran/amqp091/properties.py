@@ -154,12 +154,6 @@ def decode_properties(buf: bytes, off: int) -> tuple[BasicProperties, int]:
     return BasicProperties(*values), off
 
 
-def encode_header_payload(class_id: int, body_size: int, props: BasicProperties | None) -> bytes:
-    out = bytearray(_HEADER.pack(class_id, 0, body_size))
-    encode_properties(props, out)
-    return bytes(out)
-
-
 def decode_header_payload(payload: bytes) -> tuple[int, int, BasicProperties]:
     """Return ``(class_id, body_size, properties)`` of a whole content-header payload."""
     if len(payload) < 14:

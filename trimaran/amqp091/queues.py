@@ -25,7 +25,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trimaran.amqp091.fields import FieldTable
+from trimaran.amqp091.fields import FieldTable, Timestamp
 from trimaran.amqp091.spec import PRECONDITION_FAILED, ProtocolError
 from trimaran.broker.message import Message
 from trimaran.broker.router import Delivery
@@ -143,7 +143,7 @@ def stream_start(value: object) -> str | int | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        if type(value).__name__ == "Timestamp":
+        if isinstance(value, Timestamp):
             return f"timestamp:{int(value) * 1000}"
         return value
     if hasattr(value, "timestamp"):
@@ -169,9 +169,6 @@ class RouterBinding:
     @property
     def id(self) -> str:
         return f"amqp091-binding:{self.kind}:{self.destination}"
-
-    def __hash__(self) -> int:
-        return id(self)
 
     def deliver(self, message: Message, delivery: Delivery[Any]) -> None:
         self.front.deliver_from_router(self, message)
