@@ -29,6 +29,7 @@ from trimaran.amqp1.addresses import QUEUE_SCHEME, TOPIC_SCHEME
 from trimaran.amqp1.messages import AmqpValue, Data, Header, Properties, encode_message, split_header
 from trimaran.amqp1.messages import Message as A1Message
 from trimaran.amqp1.types import Timestamp
+from trimaran.broker.mapping import property_text
 from trimaran.broker.message import PROTOCOL_AMQP1, Message, now_ms
 from trimaran.queue.policy import QUEUE_PREFIX
 
@@ -69,22 +70,6 @@ def _payload(msg: A1Message) -> tuple[bytes, int | None]:
     return encode_message(A1Message(body=list(body))), None
 
 
-def _text(value: Any) -> str:
-    """An application-property value as MQTT user-property / header text (the wrapper types of
-    :mod:`.types` have their own repr, so use the plain type's)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return str.__str__(value)
-    if isinstance(value, int):
-        return int.__repr__(value)
-    if isinstance(value, float):
-        return float.__repr__(value)
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return str(value)
-
-
 def _correlation_bytes(value: Any) -> bytes | None:
     if value is None:
         return None
@@ -121,9 +106,11 @@ def from_amqp1(
         content_type = None if props.content_type is None else str(props.content_type)
         correlation = _correlation_bytes(props.correlation_id)
         if props.reply_to is not None:
-            reply_to = address_to_topic(_text(props.reply_to))
+            reply_to = address_to_topic(property_text(props.reply_to))
     user_properties = [
-        (_text(k), _text(v)) for k, v in (msg.application_properties or {}).items() if v is not None
+        (property_text(k), property_text(v))
+        for k, v in (msg.application_properties or {}).items()
+        if v is not None
     ]
     if raw is not None and msg.delivery_annotations is None:
         wire = bytes(raw)  # nothing to drop: forward the transfer payload as it came
