@@ -497,6 +497,3 @@ def apply(connection: Connection, batch: WriteBatch) -> list[Any]:
         cursor.close()
     return results
 
-
-def monotonic_ms() -> float:
-    return time.monotonic() * 1000.0
