@@ -555,12 +555,8 @@ class QueueManager:
                     queue_store.message_row(name, new_offset, message, stored.routing_key, now, expires)
                 )
                 batch.queue_next[name] = new_offset + 1
-                batch.events.append(
-                    queue_store.event_row(
-                        now, name, "published", offset=new_offset, node=self.node,
-                        reason=f"redrive from {source.name}:{offset}",
-                    )
-                )  # fmt: skip
+                self._event(state, batch, now, "published", offset=new_offset,
+                            reason=f"redrive from {source.name}:{offset}")  # fmt: skip
             state.stats["published"] += 1
             self._remove(source, offset, "redriven", f"-> {name}:{new_offset}", now, batch)
             moved.append(StoredMessage(new_offset, message, stored.routing_key, now, expires, stored.size))
@@ -729,11 +725,7 @@ class QueueManager:
         )
         if not self._shared_offsets(state):
             batch.queue_next[queue] = offset + 1
-        batch.events.append(
-            queue_store.event_row(
-                now, queue, "published", offset=offset, node=self.node, consumer=message.publisher_id
-            )
-        )
+        self._event(state, batch, now, "published", offset=offset, consumer=message.publisher_id)
         return stored, result
 
     async def _reserve(self, state: QueueState) -> int:
@@ -1025,25 +1017,12 @@ class QueueManager:
         attempt = entry.attempts + 1 if entry is not None else 1
         reason = entry.reason if entry is not None else "first"
         cid = handle.consumer.id
-        durable = state.durable
         stats = state.stats
         stats["delivered"] += 1
         if attempt > 1:
             stats["redelivered"] += 1
-        if durable:
-            batch.events.append(
-                queue_store.event_row(
-                    now,
-                    state.name,
-                    "delivered",
-                    group=group.name,
-                    offset=offset,
-                    consumer=cid,
-                    node=self.node,
-                    attempt=attempt,
-                    reason=reason,
-                )
-            )
+        self._event(state, batch, now, "delivered", group=group, offset=offset,
+                    consumer=cid, attempt=attempt, reason=reason)  # fmt: skip
         if state.mode == "stream":
             if handle.auto_ack:
                 self._commit_stream(state, group, offset + 1, now, batch, cid)
@@ -1055,13 +1034,8 @@ class QueueManager:
             elif entry is not None:
                 del group.entries[offset]
                 batch.pending[(state.name, group.name, offset)] = None
-            if durable:
-                batch.events.append(
-                    queue_store.event_row(
-                        now, state.name, "acked", group=group.name, offset=offset, consumer=cid,
-                        node=self.node, attempt=attempt, reason="auto",
-                    )
-                )  # fmt: skip
+            self._event(state, batch, now, "acked", group=group, offset=offset,
+                        consumer=cid, attempt=attempt, reason="auto")  # fmt: skip
             self._maybe_release(state, offset, batch)
         else:
             if entry is None:
@@ -1090,6 +1064,28 @@ class QueueManager:
         )
 
     # -- state rows -------------------------------------------------------------------------------
+
+    def _event(
+        self,
+        state: QueueState,
+        batch: WriteBatch,
+        now: int,
+        kind: str,
+        *,
+        group: Group | None = None,
+        offset: int | None = None,
+        consumer: str | None = None,
+        attempt: int | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """An audit row in ``queue_events`` for a durable queue (in-memory queues keep none)."""
+        if state.durable:
+            batch.events.append(
+                queue_store.event_row(
+                    now, state.name, kind, group=None if group is None else group.name, offset=offset,
+                    consumer=consumer, node=self.node, attempt=attempt, reason=reason,
+                )
+            )  # fmt: skip
 
     def _pending_row(
         self, state: QueueState, group: Group, offset: int, entry: Entry, batch: WriteBatch
@@ -1149,9 +1145,7 @@ class QueueManager:
                 self.events.queue(QUEUE_EXPIRED, state.name, offset=offset, reason=reason)
         if state.durable:
             batch.message_deletes.append((state.name, offset))
-            batch.events.append(
-                queue_store.event_row(now, state.name, kind, offset=offset, node=self.node, reason=reason)
-            )
+        self._event(state, batch, now, kind, offset=offset, reason=reason)
 
     # -- settlement -------------------------------------------------------------------------------
 
@@ -1208,23 +1202,15 @@ class QueueManager:
         if state.mode == "stream":
             if action == "nack":
                 return False, None
+            consumer = holder.consumer.id if holder else consumer_id
             if action == "reject":
                 state.stats["rejected"] += 1
                 if self.events.wants(QUEUE_REJECTED):
-                    consumer = consumer_id or (holder.consumer.id if holder else None)
                     self.events.queue(QUEUE_REJECTED, state.name, group=group.name, offset=offset,
                                       consumer=consumer, reason=reason)  # fmt: skip
-            if action == "reject" and state.durable:
-                batch.events.append(
-                    queue_store.event_row(
-                        now, state.name, "rejected", group=group.name, offset=offset,
-                        consumer=consumer_id or (holder.consumer.id if holder else None),
-                        node=self.node, reason=reason,
-                    )
-                )  # fmt: skip
-            self._commit_stream(
-                state, group, offset + 1, now, batch, holder.consumer.id if holder else consumer_id
-            )
+                self._event(state, batch, now, "rejected", group=group, offset=offset,
+                            consumer=consumer, reason=reason)  # fmt: skip
+            self._commit_stream(state, group, offset + 1, now, batch, consumer)
             return True, self._submit(state, batch, None, wait)
         entry = group.entries.get(offset)
         if entry is None or entry.state != HELD:
@@ -1242,41 +1228,23 @@ class QueueManager:
                               consumer=cid, attempt=entry.attempts, reason=why)  # fmt: skip
         if action in ("ack", "commit"):
             self._finish(state, group, offset, entry, batch)
-            if state.durable:
-                batch.events.append(
-                    queue_store.event_row(
-                        now, state.name, "acked", group=group.name, offset=offset, consumer=cid,
-                        node=self.node, attempt=entry.attempts,
-                    )
-                )  # fmt: skip
+            self._event(
+                state, batch, now, "acked", group=group, offset=offset, consumer=cid, attempt=entry.attempts
+            )
         elif action == "nack":
             if entry.attempts >= state.policy.max_attempts:
-                if state.durable:
-                    batch.events.append(
-                        queue_store.event_row(
-                            now, state.name, "nacked", group=group.name, offset=offset, consumer=cid,
-                            node=self.node, attempt=entry.attempts, reason="max_attempts",
-                        )
-                    )  # fmt: skip
+                self._event(state, batch, now, "nacked", group=group, offset=offset, consumer=cid,
+                            attempt=entry.attempts, reason="max_attempts")  # fmt: skip
                 self._dead_letter(state, group, offset, entry, "max_attempts", now, batch, after)
             else:
                 delay = backoff_s(state.policy, entry.attempts) if delay_s is None else max(0.0, delay_s)
-                self._make_available(state, group, offset, entry, "nack", now + int(delay * 1000), now, batch)
-                if state.durable:
-                    batch.events.append(
-                        queue_store.event_row(
-                            now, state.name, "nacked", group=group.name, offset=offset, consumer=cid,
-                            node=self.node, attempt=entry.attempts, reason=f"delay_ms={int(delay * 1000)}",
-                        )
-                    )  # fmt: skip
+                delay_ms = int(delay * 1000)
+                self._make_available(state, group, offset, entry, "nack", now + delay_ms, now, batch)
+                self._event(state, batch, now, "nacked", group=group, offset=offset, consumer=cid,
+                            attempt=entry.attempts, reason=f"delay_ms={delay_ms}")  # fmt: skip
         elif action == "reject":
-            if state.durable:
-                batch.events.append(
-                    queue_store.event_row(
-                        now, state.name, "rejected", group=group.name, offset=offset, consumer=cid,
-                        node=self.node, attempt=entry.attempts, reason=reason,
-                    )
-                )  # fmt: skip
+            self._event(state, batch, now, "rejected", group=group, offset=offset, consumer=cid,
+                        attempt=entry.attempts, reason=reason)  # fmt: skip
             self._dead_letter(state, group, offset, entry, reason, now, batch, after)
         else:
             raise QueueError("bad-action", action)
@@ -1354,13 +1322,8 @@ class QueueManager:
                               attempt=entry.attempts, reason=reason,
                               dead_letter_queue=None if target == state.name else target)  # fmt: skip
         if target is None or target == state.name:
-            if state.durable:
-                batch.events.append(
-                    queue_store.event_row(
-                        now, state.name, "dropped", group=group.name, offset=offset, node=self.node,
-                        attempt=entry.attempts, reason=f"no dead-letter queue: {reason}",
-                    )
-                )  # fmt: skip
+            self._event(state, batch, now, "dropped", group=group, offset=offset, attempt=entry.attempts,
+                        reason=f"no dead-letter queue: {reason}")  # fmt: skip
             return
         original = stored.message
         history = {
@@ -1409,24 +1372,15 @@ class QueueManager:
             d_offset, copy, stored.routing_key, now, expiry_ms(dlq.policy, now, None), stored.size
         )
         dlq.stats["published"] += 1
-        if state.durable:
-            batch.events.append(
-                queue_store.event_row(
-                    now, state.name, "dead_lettered", group=group.name, offset=offset, node=self.node,
-                    attempt=entry.attempts, reason=f"{reason} -> {target}:{d_offset}",
-                )
-            )  # fmt: skip
+        self._event(state, batch, now, "dead_lettered", group=group, offset=offset, attempt=entry.attempts,
+                    reason=f"{reason} -> {target}:{d_offset}")  # fmt: skip
         if dlq.durable:
             batch.messages.append(
                 queue_store.message_row(target, d_offset, copy, stored.routing_key, now, d_stored.expires_at)
             )
             batch.queue_next[target] = d_offset + 1
-            batch.events.append(
-                queue_store.event_row(
-                    now, target, "published", offset=d_offset, node=self.node,
-                    reason=f"dead_letter from {state.name}:{offset}",
-                )
-            )  # fmt: skip
+            self._event(dlq, batch, now, "published", offset=d_offset,
+                        reason=f"dead_letter from {state.name}:{offset}")  # fmt: skip
         after.append(lambda: self._appended(dlq, d_stored))
 
     def _forget(self, state: QueueState, offset: int) -> None:
@@ -1478,18 +1432,7 @@ class QueueManager:
             return
         group.committed = to
         self._group_row(state, group, batch)
-        if state.durable:
-            batch.events.append(
-                queue_store.event_row(
-                    now,
-                    state.name,
-                    "committed",
-                    group=group.name,
-                    offset=to - 1,
-                    consumer=cid,
-                    node=self.node,
-                )
-            )
+        self._event(state, batch, now, "committed", group=group, offset=to - 1, consumer=cid)
 
     async def _cancel(self, handle: ConsumerHandle) -> None:
         if handle.closed:
@@ -1543,13 +1486,8 @@ class QueueManager:
     ) -> None:
         """A held delivery came back without a settlement (timeout, disconnect, restart): the cause of
         the redelivery or dead-lettering that follows, for the audit."""
-        if state.durable:
-            batch.events.append(
-                queue_store.event_row(
-                    now, state.name, "released", group=group.name, offset=offset,
-                    consumer=entry.consumer_id, node=self.node, attempt=entry.attempts, reason=reason,
-                )
-            )  # fmt: skip
+        self._event(state, batch, now, "released", group=group, offset=offset, consumer=entry.consumer_id,
+                    attempt=entry.attempts, reason=reason)  # fmt: skip
 
     # -- timers -----------------------------------------------------------------------------------
 
