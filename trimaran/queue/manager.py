@@ -160,6 +160,28 @@ def _run_all(callbacks: list[Callable[[], None]]) -> Callable[[], None]:
     return run
 
 
+async def _committed(ticket: Ticket | None) -> None:
+    """Wait for a submission's commit; a failed write is a :class:`QueueError` ("storage")."""
+    if ticket is not None:
+        try:
+            await ticket.wait()
+        except WriterError as exc:
+            raise QueueError("storage", str(exc)) from exc
+
+
+def _stored(row: Any) -> StoredMessage:
+    """A ``queue_messages`` row as the manager holds it."""
+    message = queue_store.row_message(row)
+    return StoredMessage(
+        int(row.offset), message, row.routing_key, int(row.published_at), row.expires_at, len(message.payload)
+    )
+
+
+def _held(state: QueueState, offset: int) -> bool:
+    """Some group's consumer holds ``offset`` (delivered, not settled)."""
+    return any((e := g.entries.get(offset)) is not None and e.state == HELD for g in state.groups.values())
+
+
 def message_id(queue: str, offset: int) -> str:
     return f"{queue}:{offset}"
 
@@ -381,17 +403,7 @@ class QueueManager:
                 continue
             for page in queue_store.iter_messages(engine, state.name):
                 for m in page:
-                    message = queue_store.row_message(m)
-                    state.add(
-                        StoredMessage(
-                            int(m.offset),
-                            message,
-                            m.routing_key,
-                            int(m.published_at),
-                            m.expires_at,
-                            len(message.payload),
-                        )
-                    )
+                    state.add(_stored(m))
             state.high = state.next_offset
             for g in queue_store.load_groups(engine, state.name):
                 cursor = int(g.committed) if policy.mode == "stream" else int(g.cursor)
@@ -541,9 +553,7 @@ class QueueManager:
             if limit is not None and len(moved) >= limit:
                 break
             origin = next((v for k, v in stored.message.user_properties if k == "x-dead-letter-queue"), None)
-            if origin != name or any(
-                (e := g.entries.get(offset)) is not None and e.state == HELD for g in source.groups.values()
-            ):
+            if origin != name or _held(source, offset):
                 continue
             props = [(k, v) for k, v in stored.message.user_properties if k not in DLQ_PROPERTIES]
             message = stored.message.copy_with(user_properties=props)
@@ -1165,16 +1175,14 @@ class QueueManager:
         ok, ticket = self._settle_now(
             state, group, offset, action, holder, consumer_id, delay_s, reason, wait=True
         )
-        if ticket is not None:
-            try:
-                await ticket.wait()
-            except WriterError as exc:
-                raise QueueError("storage", str(exc)) from exc
+        await _committed(ticket)
         return ok
 
     def _submit(
         self, state: QueueState, batch: WriteBatch, after: list[Callable[[], None]] | None, wait: bool
     ) -> Ticket | None:
+        """Rows of a durable queue go to the writer and ``after`` runs once they are committed; with
+        nothing to write, ``after`` runs now. ``None``: nothing to wait for."""
         if state.durable and not batch.empty():
             return self.writer.submit(batch, wait=wait, on_commit=_run_all(after) if after else None)
         for f in after or ():
@@ -1413,13 +1421,7 @@ class QueueManager:
             if offset in group.entries:
                 continue
             if offset not in state.messages:
-                message = queue_store.row_message(row)
-                state.add(
-                    StoredMessage(
-                        offset, message, row.routing_key, int(row.published_at), row.expires_at,
-                        len(message.payload),
-                    )
-                )  # fmt: skip
+                state.add(_stored(row))
             group.entries[offset] = Entry(WAIT, attempts=attempts, reason=reason)
             group.make_ready(offset)
         if rows:
@@ -1449,12 +1451,7 @@ class QueueManager:
         for offset, entry in list(group.entries.items()):
             if entry.state == HELD and entry.holder is handle:
                 self._redeliver_or_dead_letter(state, group, offset, entry, "disconnect", now, batch, after)
-        if state.durable and not batch.empty():
-            await self._write(batch, _run_all(after) if after else None)
-        else:
-            for f in after:
-                f()
-            self._flush_dirty()
+        await _committed(self._submit(state, batch, after, wait=True))
         self._dispatch(state, group)
 
     def _redeliver_or_dead_letter(
@@ -1529,12 +1526,7 @@ class QueueManager:
                 changed = True
             if not timeouts and not delayed:
                 self._timed.discard((state, group))
-            if state.durable and not batch.empty():
-                self.writer.submit(batch, on_commit=_run_all(after) if after else None)
-            else:
-                for f in after:
-                    f()
-                self._flush_dirty()
+            self._submit(state, batch, after, wait=False)
             if changed or group.ready:
                 self._dispatch(state, group)
         if self.shared:
@@ -1564,10 +1556,7 @@ class QueueManager:
             if state.expiring:
                 for offset, stored in list(state.messages.items()):
                     if stored.expires_at is not None and now >= stored.expires_at:
-                        if any(
-                            (e := g.entries.get(offset)) is not None and e.state == HELD
-                            for g in state.groups.values()
-                        ):
+                        if _held(state, offset):
                             continue  # held by a consumer: settled or timed out first
                         self._remove(state, offset, "expired", "ttl", now, batch)
             if state.mode == "stream":
