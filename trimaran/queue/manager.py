@@ -970,26 +970,26 @@ class QueueManager:
         return None
 
     def _advance(self, state: QueueState, group: Group, to: int, batch: WriteBatch) -> None:
-        """Move a work group's cursor, retiring 'done' entries it passes."""
-        entries = group.entries
+        """Move a work group's cursor, retiring 'done' entries it passes and the run of them right
+        after it; the group row gets the final cursor (a row short of it would, after a restart,
+        deliver again what was acked out of order)."""
         old = group.cursor
         group.cursor = to
         for offset in range(old, to):
-            entry = entries.get(offset)
-            if entry is not None and entry.state == DONE:
-                del entries[offset]
-                batch.pending[(state.name, group.name, offset)] = None
-                self._maybe_release(state, offset, batch)
-        self._group_row(state, group, batch)
-        # Runs of already-finished offsets right after the cursor.
-        while group.cursor < state.high:
-            entry = entries.get(group.cursor)
-            if entry is None or entry.state != DONE:
-                break
-            del entries[group.cursor]
-            batch.pending[(state.name, group.name, group.cursor)] = None
-            self._maybe_release(state, group.cursor, batch)
+            self._retire(state, group, offset, batch)
+        while group.cursor < state.high and self._retire(state, group, group.cursor, batch):
             group.cursor += 1
+        self._group_row(state, group, batch)
+
+    def _retire(self, state: QueueState, group: Group, offset: int, batch: WriteBatch) -> bool:
+        """Drop a 'done' entry the cursor has reached; False when ``offset`` has none."""
+        entry = group.entries.get(offset)
+        if entry is None or entry.state != DONE:
+            return False
+        del group.entries[offset]
+        batch.pending[(state.name, group.name, offset)] = None
+        self._maybe_release(state, offset, batch)
+        return True
 
     def _take_stream(
         self, state: QueueState, group: Group, handle: ConsumerHandle, now: int, batch: WriteBatch
