@@ -303,6 +303,33 @@ async def test_restart_keeps_pending_entries_and_cursors(make_manager: Factory) 
         assert (await second.publish("q", msg(b"6"))).offset == 6
 
 
+async def test_restart_keeps_the_cursor_past_an_out_of_order_ack(make_manager: Factory) -> None:
+    first = make_manager()
+    async with first.running():
+        await first.publish("q", msg(b"0", topic="$queue/q/a"), "a")
+        await first.publish("q", msg(b"1", topic="$queue/q/b"), "b")
+        first.consume("q", Collector("idle"), group="other")  # keeps both messages stored
+        b = Collector("b")
+        hb = first.consume("q", b, routing_filter="b")
+        hb.add_credit(1)
+        await wait_until(lambda: len(b.deliveries) == 1)
+        assert await hb.ack(1)  # done ahead of the cursor
+        a = Collector("a")
+        ha = first.consume("q", a, routing_filter="a")
+        ha.add_credit(1)
+        await wait_until(lambda: len(a.deliveries) == 1)
+        assert await ha.ack(0)
+        assert first.info("q").groups["$default"].cursor == 2
+    second = make_manager()
+    async with second.running():
+        assert second.info("q").groups["$default"].cursor == 2
+        c = Collector("c")
+        second.consume("q", c).add_credit(5)
+        await second.publish("q", msg(b"2"))
+        await wait_until(lambda: len(c.deliveries) == 1)
+        assert [d.offset for d in c.deliveries] == [2]  # 0 and 1 were acked: not again
+
+
 async def test_attempts_survive_restart_and_lead_to_the_dlq(make_manager: Factory) -> None:
     first = make_manager(max_attempts=2, visibility_timeout_s=60)
     async with first.running():

@@ -160,6 +160,28 @@ def _run_all(callbacks: list[Callable[[], None]]) -> Callable[[], None]:
     return run
 
 
+async def _committed(ticket: Ticket | None) -> None:
+    """Wait for a submission's commit; a failed write is a :class:`QueueError` ("storage")."""
+    if ticket is not None:
+        try:
+            await ticket.wait()
+        except WriterError as exc:
+            raise QueueError("storage", str(exc)) from exc
+
+
+def _stored(row: Any) -> StoredMessage:
+    """A ``queue_messages`` row as the manager holds it."""
+    message = queue_store.row_message(row)
+    return StoredMessage(
+        int(row.offset), message, row.routing_key, int(row.published_at), row.expires_at, len(message.payload)
+    )
+
+
+def _held(state: QueueState, offset: int) -> bool:
+    """Some group's consumer holds ``offset`` (delivered, not settled)."""
+    return any((e := g.entries.get(offset)) is not None and e.state == HELD for g in state.groups.values())
+
+
 def message_id(queue: str, offset: int) -> str:
     return f"{queue}:{offset}"
 
@@ -381,17 +403,7 @@ class QueueManager:
                 continue
             for page in queue_store.iter_messages(engine, state.name):
                 for m in page:
-                    message = queue_store.row_message(m)
-                    state.add(
-                        StoredMessage(
-                            int(m.offset),
-                            message,
-                            m.routing_key,
-                            int(m.published_at),
-                            m.expires_at,
-                            len(message.payload),
-                        )
-                    )
+                    state.add(_stored(m))
             state.high = state.next_offset
             for g in queue_store.load_groups(engine, state.name):
                 cursor = int(g.committed) if policy.mode == "stream" else int(g.cursor)
@@ -541,9 +553,7 @@ class QueueManager:
             if limit is not None and len(moved) >= limit:
                 break
             origin = next((v for k, v in stored.message.user_properties if k == "x-dead-letter-queue"), None)
-            if origin != name or any(
-                (e := g.entries.get(offset)) is not None and e.state == HELD for g in source.groups.values()
-            ):
+            if origin != name or _held(source, offset):
                 continue
             props = [(k, v) for k, v in stored.message.user_properties if k not in DLQ_PROPERTIES]
             message = stored.message.copy_with(user_properties=props)
@@ -555,12 +565,8 @@ class QueueManager:
                     queue_store.message_row(name, new_offset, message, stored.routing_key, now, expires)
                 )
                 batch.queue_next[name] = new_offset + 1
-                batch.events.append(
-                    queue_store.event_row(
-                        now, name, "published", offset=new_offset, node=self.node,
-                        reason=f"redrive from {source.name}:{offset}",
-                    )
-                )  # fmt: skip
+                self._event(state, batch, now, "published", offset=new_offset,
+                            reason=f"redrive from {source.name}:{offset}")  # fmt: skip
             state.stats["published"] += 1
             self._remove(source, offset, "redriven", f"-> {name}:{new_offset}", now, batch)
             moved.append(StoredMessage(new_offset, message, stored.routing_key, now, expires, stored.size))
@@ -729,11 +735,7 @@ class QueueManager:
         )
         if not self._shared_offsets(state):
             batch.queue_next[queue] = offset + 1
-        batch.events.append(
-            queue_store.event_row(
-                now, queue, "published", offset=offset, node=self.node, consumer=message.publisher_id
-            )
-        )
+        self._event(state, batch, now, "published", offset=offset, consumer=message.publisher_id)
         return stored, result
 
     async def _reserve(self, state: QueueState) -> int:
@@ -968,26 +970,26 @@ class QueueManager:
         return None
 
     def _advance(self, state: QueueState, group: Group, to: int, batch: WriteBatch) -> None:
-        """Move a work group's cursor, retiring 'done' entries it passes."""
-        entries = group.entries
+        """Move a work group's cursor, retiring 'done' entries it passes and the run of them right
+        after it; the group row gets the final cursor (a row short of it would, after a restart,
+        deliver again what was acked out of order)."""
         old = group.cursor
         group.cursor = to
         for offset in range(old, to):
-            entry = entries.get(offset)
-            if entry is not None and entry.state == DONE:
-                del entries[offset]
-                batch.pending[(state.name, group.name, offset)] = None
-                self._maybe_release(state, offset, batch)
-        self._group_row(state, group, batch)
-        # Runs of already-finished offsets right after the cursor.
-        while group.cursor < state.high:
-            entry = entries.get(group.cursor)
-            if entry is None or entry.state != DONE:
-                break
-            del entries[group.cursor]
-            batch.pending[(state.name, group.name, group.cursor)] = None
-            self._maybe_release(state, group.cursor, batch)
+            self._retire(state, group, offset, batch)
+        while group.cursor < state.high and self._retire(state, group, group.cursor, batch):
             group.cursor += 1
+        self._group_row(state, group, batch)
+
+    def _retire(self, state: QueueState, group: Group, offset: int, batch: WriteBatch) -> bool:
+        """Drop a 'done' entry the cursor has reached; False when ``offset`` has none."""
+        entry = group.entries.get(offset)
+        if entry is None or entry.state != DONE:
+            return False
+        del group.entries[offset]
+        batch.pending[(state.name, group.name, offset)] = None
+        self._maybe_release(state, offset, batch)
+        return True
 
     def _take_stream(
         self, state: QueueState, group: Group, handle: ConsumerHandle, now: int, batch: WriteBatch
@@ -1025,25 +1027,12 @@ class QueueManager:
         attempt = entry.attempts + 1 if entry is not None else 1
         reason = entry.reason if entry is not None else "first"
         cid = handle.consumer.id
-        durable = state.durable
         stats = state.stats
         stats["delivered"] += 1
         if attempt > 1:
             stats["redelivered"] += 1
-        if durable:
-            batch.events.append(
-                queue_store.event_row(
-                    now,
-                    state.name,
-                    "delivered",
-                    group=group.name,
-                    offset=offset,
-                    consumer=cid,
-                    node=self.node,
-                    attempt=attempt,
-                    reason=reason,
-                )
-            )
+        self._event(state, batch, now, "delivered", group=group, offset=offset,
+                    consumer=cid, attempt=attempt, reason=reason)  # fmt: skip
         if state.mode == "stream":
             if handle.auto_ack:
                 self._commit_stream(state, group, offset + 1, now, batch, cid)
@@ -1055,13 +1044,8 @@ class QueueManager:
             elif entry is not None:
                 del group.entries[offset]
                 batch.pending[(state.name, group.name, offset)] = None
-            if durable:
-                batch.events.append(
-                    queue_store.event_row(
-                        now, state.name, "acked", group=group.name, offset=offset, consumer=cid,
-                        node=self.node, attempt=attempt, reason="auto",
-                    )
-                )  # fmt: skip
+            self._event(state, batch, now, "acked", group=group, offset=offset,
+                        consumer=cid, attempt=attempt, reason="auto")  # fmt: skip
             self._maybe_release(state, offset, batch)
         else:
             if entry is None:
@@ -1090,6 +1074,28 @@ class QueueManager:
         )
 
     # -- state rows -------------------------------------------------------------------------------
+
+    def _event(
+        self,
+        state: QueueState,
+        batch: WriteBatch,
+        now: int,
+        kind: str,
+        *,
+        group: Group | None = None,
+        offset: int | None = None,
+        consumer: str | None = None,
+        attempt: int | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """An audit row in ``queue_events`` for a durable queue (in-memory queues keep none)."""
+        if state.durable:
+            batch.events.append(
+                queue_store.event_row(
+                    now, state.name, kind, group=None if group is None else group.name, offset=offset,
+                    consumer=consumer, node=self.node, attempt=attempt, reason=reason,
+                )
+            )  # fmt: skip
 
     def _pending_row(
         self, state: QueueState, group: Group, offset: int, entry: Entry, batch: WriteBatch
@@ -1149,9 +1155,7 @@ class QueueManager:
                 self.events.queue(QUEUE_EXPIRED, state.name, offset=offset, reason=reason)
         if state.durable:
             batch.message_deletes.append((state.name, offset))
-            batch.events.append(
-                queue_store.event_row(now, state.name, kind, offset=offset, node=self.node, reason=reason)
-            )
+        self._event(state, batch, now, kind, offset=offset, reason=reason)
 
     # -- settlement -------------------------------------------------------------------------------
 
@@ -1171,16 +1175,14 @@ class QueueManager:
         ok, ticket = self._settle_now(
             state, group, offset, action, holder, consumer_id, delay_s, reason, wait=True
         )
-        if ticket is not None:
-            try:
-                await ticket.wait()
-            except WriterError as exc:
-                raise QueueError("storage", str(exc)) from exc
+        await _committed(ticket)
         return ok
 
     def _submit(
         self, state: QueueState, batch: WriteBatch, after: list[Callable[[], None]] | None, wait: bool
     ) -> Ticket | None:
+        """Rows of a durable queue go to the writer and ``after`` runs once they are committed; with
+        nothing to write, ``after`` runs now. ``None``: nothing to wait for."""
         if state.durable and not batch.empty():
             return self.writer.submit(batch, wait=wait, on_commit=_run_all(after) if after else None)
         for f in after or ():
@@ -1208,23 +1210,15 @@ class QueueManager:
         if state.mode == "stream":
             if action == "nack":
                 return False, None
+            consumer = holder.consumer.id if holder else consumer_id
             if action == "reject":
                 state.stats["rejected"] += 1
                 if self.events.wants(QUEUE_REJECTED):
-                    consumer = consumer_id or (holder.consumer.id if holder else None)
                     self.events.queue(QUEUE_REJECTED, state.name, group=group.name, offset=offset,
                                       consumer=consumer, reason=reason)  # fmt: skip
-            if action == "reject" and state.durable:
-                batch.events.append(
-                    queue_store.event_row(
-                        now, state.name, "rejected", group=group.name, offset=offset,
-                        consumer=consumer_id or (holder.consumer.id if holder else None),
-                        node=self.node, reason=reason,
-                    )
-                )  # fmt: skip
-            self._commit_stream(
-                state, group, offset + 1, now, batch, holder.consumer.id if holder else consumer_id
-            )
+                self._event(state, batch, now, "rejected", group=group, offset=offset,
+                            consumer=consumer, reason=reason)  # fmt: skip
+            self._commit_stream(state, group, offset + 1, now, batch, consumer)
             return True, self._submit(state, batch, None, wait)
         entry = group.entries.get(offset)
         if entry is None or entry.state != HELD:
@@ -1242,41 +1236,23 @@ class QueueManager:
                               consumer=cid, attempt=entry.attempts, reason=why)  # fmt: skip
         if action in ("ack", "commit"):
             self._finish(state, group, offset, entry, batch)
-            if state.durable:
-                batch.events.append(
-                    queue_store.event_row(
-                        now, state.name, "acked", group=group.name, offset=offset, consumer=cid,
-                        node=self.node, attempt=entry.attempts,
-                    )
-                )  # fmt: skip
+            self._event(
+                state, batch, now, "acked", group=group, offset=offset, consumer=cid, attempt=entry.attempts
+            )
         elif action == "nack":
             if entry.attempts >= state.policy.max_attempts:
-                if state.durable:
-                    batch.events.append(
-                        queue_store.event_row(
-                            now, state.name, "nacked", group=group.name, offset=offset, consumer=cid,
-                            node=self.node, attempt=entry.attempts, reason="max_attempts",
-                        )
-                    )  # fmt: skip
+                self._event(state, batch, now, "nacked", group=group, offset=offset, consumer=cid,
+                            attempt=entry.attempts, reason="max_attempts")  # fmt: skip
                 self._dead_letter(state, group, offset, entry, "max_attempts", now, batch, after)
             else:
                 delay = backoff_s(state.policy, entry.attempts) if delay_s is None else max(0.0, delay_s)
-                self._make_available(state, group, offset, entry, "nack", now + int(delay * 1000), now, batch)
-                if state.durable:
-                    batch.events.append(
-                        queue_store.event_row(
-                            now, state.name, "nacked", group=group.name, offset=offset, consumer=cid,
-                            node=self.node, attempt=entry.attempts, reason=f"delay_ms={int(delay * 1000)}",
-                        )
-                    )  # fmt: skip
+                delay_ms = int(delay * 1000)
+                self._make_available(state, group, offset, entry, "nack", now + delay_ms, now, batch)
+                self._event(state, batch, now, "nacked", group=group, offset=offset, consumer=cid,
+                            attempt=entry.attempts, reason=f"delay_ms={delay_ms}")  # fmt: skip
         elif action == "reject":
-            if state.durable:
-                batch.events.append(
-                    queue_store.event_row(
-                        now, state.name, "rejected", group=group.name, offset=offset, consumer=cid,
-                        node=self.node, attempt=entry.attempts, reason=reason,
-                    )
-                )  # fmt: skip
+            self._event(state, batch, now, "rejected", group=group, offset=offset, consumer=cid,
+                        attempt=entry.attempts, reason=reason)  # fmt: skip
             self._dead_letter(state, group, offset, entry, reason, now, batch, after)
         else:
             raise QueueError("bad-action", action)
@@ -1354,13 +1330,8 @@ class QueueManager:
                               attempt=entry.attempts, reason=reason,
                               dead_letter_queue=None if target == state.name else target)  # fmt: skip
         if target is None or target == state.name:
-            if state.durable:
-                batch.events.append(
-                    queue_store.event_row(
-                        now, state.name, "dropped", group=group.name, offset=offset, node=self.node,
-                        attempt=entry.attempts, reason=f"no dead-letter queue: {reason}",
-                    )
-                )  # fmt: skip
+            self._event(state, batch, now, "dropped", group=group, offset=offset, attempt=entry.attempts,
+                        reason=f"no dead-letter queue: {reason}")  # fmt: skip
             return
         original = stored.message
         history = {
@@ -1409,24 +1380,15 @@ class QueueManager:
             d_offset, copy, stored.routing_key, now, expiry_ms(dlq.policy, now, None), stored.size
         )
         dlq.stats["published"] += 1
-        if state.durable:
-            batch.events.append(
-                queue_store.event_row(
-                    now, state.name, "dead_lettered", group=group.name, offset=offset, node=self.node,
-                    attempt=entry.attempts, reason=f"{reason} -> {target}:{d_offset}",
-                )
-            )  # fmt: skip
+        self._event(state, batch, now, "dead_lettered", group=group, offset=offset, attempt=entry.attempts,
+                    reason=f"{reason} -> {target}:{d_offset}")  # fmt: skip
         if dlq.durable:
             batch.messages.append(
                 queue_store.message_row(target, d_offset, copy, stored.routing_key, now, d_stored.expires_at)
             )
             batch.queue_next[target] = d_offset + 1
-            batch.events.append(
-                queue_store.event_row(
-                    now, target, "published", offset=d_offset, node=self.node,
-                    reason=f"dead_letter from {state.name}:{offset}",
-                )
-            )  # fmt: skip
+            self._event(dlq, batch, now, "published", offset=d_offset,
+                        reason=f"dead_letter from {state.name}:{offset}")  # fmt: skip
         after.append(lambda: self._appended(dlq, d_stored))
 
     def _forget(self, state: QueueState, offset: int) -> None:
@@ -1459,13 +1421,7 @@ class QueueManager:
             if offset in group.entries:
                 continue
             if offset not in state.messages:
-                message = queue_store.row_message(row)
-                state.add(
-                    StoredMessage(
-                        offset, message, row.routing_key, int(row.published_at), row.expires_at,
-                        len(message.payload),
-                    )
-                )  # fmt: skip
+                state.add(_stored(row))
             group.entries[offset] = Entry(WAIT, attempts=attempts, reason=reason)
             group.make_ready(offset)
         if rows:
@@ -1478,18 +1434,7 @@ class QueueManager:
             return
         group.committed = to
         self._group_row(state, group, batch)
-        if state.durable:
-            batch.events.append(
-                queue_store.event_row(
-                    now,
-                    state.name,
-                    "committed",
-                    group=group.name,
-                    offset=to - 1,
-                    consumer=cid,
-                    node=self.node,
-                )
-            )
+        self._event(state, batch, now, "committed", group=group, offset=to - 1, consumer=cid)
 
     async def _cancel(self, handle: ConsumerHandle) -> None:
         if handle.closed:
@@ -1506,12 +1451,7 @@ class QueueManager:
         for offset, entry in list(group.entries.items()):
             if entry.state == HELD and entry.holder is handle:
                 self._redeliver_or_dead_letter(state, group, offset, entry, "disconnect", now, batch, after)
-        if state.durable and not batch.empty():
-            await self._write(batch, _run_all(after) if after else None)
-        else:
-            for f in after:
-                f()
-            self._flush_dirty()
+        await _committed(self._submit(state, batch, after, wait=True))
         self._dispatch(state, group)
 
     def _redeliver_or_dead_letter(
@@ -1543,13 +1483,8 @@ class QueueManager:
     ) -> None:
         """A held delivery came back without a settlement (timeout, disconnect, restart): the cause of
         the redelivery or dead-lettering that follows, for the audit."""
-        if state.durable:
-            batch.events.append(
-                queue_store.event_row(
-                    now, state.name, "released", group=group.name, offset=offset,
-                    consumer=entry.consumer_id, node=self.node, attempt=entry.attempts, reason=reason,
-                )
-            )  # fmt: skip
+        self._event(state, batch, now, "released", group=group, offset=offset, consumer=entry.consumer_id,
+                    attempt=entry.attempts, reason=reason)  # fmt: skip
 
     # -- timers -----------------------------------------------------------------------------------
 
@@ -1591,12 +1526,7 @@ class QueueManager:
                 changed = True
             if not timeouts and not delayed:
                 self._timed.discard((state, group))
-            if state.durable and not batch.empty():
-                self.writer.submit(batch, on_commit=_run_all(after) if after else None)
-            else:
-                for f in after:
-                    f()
-                self._flush_dirty()
+            self._submit(state, batch, after, wait=False)
             if changed or group.ready:
                 self._dispatch(state, group)
         if self.shared:
@@ -1626,10 +1556,7 @@ class QueueManager:
             if state.expiring:
                 for offset, stored in list(state.messages.items()):
                     if stored.expires_at is not None and now >= stored.expires_at:
-                        if any(
-                            (e := g.entries.get(offset)) is not None and e.state == HELD
-                            for g in state.groups.values()
-                        ):
+                        if _held(state, offset):
                             continue  # held by a consumer: settled or timed out first
                         self._remove(state, offset, "expired", "ttl", now, batch)
             if state.mode == "stream":

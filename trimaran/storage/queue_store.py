@@ -113,18 +113,6 @@ def purge_queue(name: str) -> Call:
     return call
 
 
-def trim_below(name: str, offset: int) -> Call:
-    """Delete a stream's messages below ``offset`` (retention)."""
-
-    def call(connection: Connection) -> int:
-        stmt = delete(queue_messages).where(
-            and_(queue_messages.c.queue == name, queue_messages.c.offset < offset)
-        )
-        return int(connection.execute(stmt).rowcount or 0)
-
-    return call
-
-
 def reserve_offsets(name: str, count: int) -> Call:
     """Shared mode: reserve ``count`` offsets; returns the first. The row lock orders the nodes."""
 

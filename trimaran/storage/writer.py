@@ -93,7 +93,7 @@ class WriterError(Exception):
 class Ticket:
     """One submission's fate. ``event`` is set on the loop once committed (or failed)."""
 
-    __slots__ = ("batch", "error", "event", "on_commit", "on_results", "results")
+    __slots__ = ("batch", "error", "event", "on_commit", "on_results", "results", "rows")
 
     def __init__(
         self,
@@ -103,6 +103,7 @@ class Ticket:
         on_results: Callable[[list[Any]], None] | None = None,
     ):
         self.batch = batch
+        self.rows = batch.rows()  # counted once: the submit, the gathering and the statistics use it
         self.event = event
         self.on_commit = on_commit
         self.on_results = on_results
@@ -179,7 +180,7 @@ class GroupCommitWriter:
             raise WriterError("the writer is not running")
         with self._cond:
             self._items.append(ticket)
-            self._rows += batch.rows()
+            self._rows += ticket.rows
             if self._idle or self._rows >= self.batch_max:
                 self._cond.notify()
         self.submissions += 1
@@ -207,7 +208,7 @@ class GroupCommitWriter:
             items = self._items
             i = 0
             while i < len(items) and (rows < self.batch_max or not taken):
-                rows += items[i].batch.rows()
+                rows += items[i].rows
                 i += 1
             taken = items[:i]
             del items[:i]
@@ -228,7 +229,7 @@ class GroupCommitWriter:
                 observe = self.on_transaction
                 if observe is not None:
                     try:
-                        observe(spent, sum(t.batch.rows() for t in tickets))
+                        observe(spent, sum(t.rows for t in tickets))
                     except Exception:
                         log.exception("on_transaction callback failed")
                 self._release(tickets)
@@ -239,9 +240,12 @@ class GroupCommitWriter:
             connection.close()
 
     def _write(self, connection: Connection, tickets: list[Ticket]) -> None:
-        merged = WriteBatch()
-        for ticket in tickets:
-            merged.merge(ticket.batch)
+        if len(tickets) == 1:
+            merged = tickets[0].batch
+        else:
+            merged = WriteBatch()
+            for ticket in tickets:
+                merged.merge(ticket.batch)
         try:
             with connection.begin():
                 results = apply(connection, merged)
@@ -496,7 +500,3 @@ def apply(connection: Connection, batch: WriteBatch) -> list[Any]:
     finally:
         cursor.close()
     return results
-
-
-def monotonic_ms() -> float:
-    return time.monotonic() * 1000.0
