@@ -120,9 +120,15 @@ class Link:
 
     def close(self, reason_code: int, reason: str) -> None:
         """Server-initiated close: DISCONNECT (5.0) after what is queued, then the socket."""
-        self.front.dispatch(self, self.conn.disconnect(reason_code, reason))
-        self.done = True
-        self.reading.cancel()
+        self.apply(self.conn.disconnect(reason_code, reason))
+
+    def apply(self, events: list[Event]) -> None:
+        """Act on events the server caused outside the reader (a close, a timeout); once they close
+        the connection, stop the reader so that the writer flushes what is queued and ends."""
+        self.front.dispatch(self, events)
+        if self.conn.closed:
+            self.done = True
+            self.reading.cancel()
         self.wake()
 
     def wake(self) -> None:
@@ -244,10 +250,7 @@ class MqttFrontEnd:
             for event in events:
                 if isinstance(event, ConnectionClosed):
                     event.publish_will = False
-            self.dispatch(link, events)
-            link.done = True
-            link.reading.cancel()
-            link.wake()
+            link.apply(events)
         if self.links:
             self._drained = anyio.Event()
             await self._drained.wait()
@@ -294,11 +297,7 @@ class MqttFrontEnd:
         for link in list(self.links):
             deadline = link.conn.next_deadline()
             if deadline is not None and deadline <= now:
-                self.dispatch(link, link.conn.check_timeouts(now))
-                if link.conn.closed:
-                    link.done = True
-                    link.reading.cancel()
-                link.wake()
+                link.apply(link.conn.check_timeouts(now))
         for client_id, (due, will) in list(self._wills.items()):
             if due <= now:
                 del self._wills[client_id]
@@ -438,7 +437,8 @@ class MqttFrontEnd:
         if endpoint is not None and endpoint.link is not None:
             old = endpoint.link.peer
             self._client_event(SESSION_TAKEN_OVER, link, client_id, connect.username, previous_address=old)
-            self._take_over(endpoint.link)
+            log.info("mqtt: client %r taken over by a new connection", client_id)
+            endpoint.link.close(ReasonCode.SESSION_TAKEN_OVER, "session taken over")
         if endpoint is not None and connect.clean_start:
             self._drop_session(endpoint)
             endpoint = None
@@ -498,12 +498,7 @@ class MqttFrontEnd:
         log.info(
             "mqtt: client %r disconnected by an administrator", link.endpoint and link.endpoint.client_id
         )
-        self.dispatch(
-            link, link.conn.disconnect(ReasonCode.ADMINISTRATIVE_ACTION, "disconnected by an administrator")
-        )
-        link.done = True
-        link.reading.cancel()
-        link.wake()
+        link.close(ReasonCode.ADMINISTRATIVE_ACTION, "disconnected by an administrator")
 
     def delete_session(self, client_id: str) -> bool:
         """An operator ends a session (admin API): a connected client is disconnected first (0x98)
@@ -518,13 +513,6 @@ class MqttFrontEnd:
             self._drop_session(endpoint)
         log.info("mqtt: session %r deleted by an administrator", client_id)
         return True
-
-    def _take_over(self, old: Link) -> None:
-        log.info("mqtt: client %r taken over by a new connection", old.endpoint and old.endpoint.client_id)
-        self.dispatch(old, old.conn.disconnect(ReasonCode.SESSION_TAKEN_OVER, "session taken over"))
-        old.done = True
-        old.reading.cancel()
-        old.wake()
 
     def _connection_closed(self, link: Link, event: ConnectionClosed) -> None:
         endpoint = link.endpoint
