@@ -397,7 +397,7 @@ class MqttFrontEnd:
                     self.queues.settled(link, event.message.tag, event.reason_code)
             elif isinstance(event, MessageDropped):
                 subscriber = link.endpoint.client_id if link.endpoint else ""
-                self.dropped(message_from_outbound(event.message), subscriber, event.reason)
+                self.dropped(event.message, subscriber, event.reason)
                 if _is_queue_tag(event.message.tag) and self.queues is not None:
                     self.queues.settled(link, event.message.tag, ReasonCode.UNSPECIFIED_ERROR)
             elif isinstance(event, SubscribeRequest):
@@ -474,11 +474,14 @@ class MqttFrontEnd:
 
     # -- broker events (webhooks): built only when someone listens --------------------------------
 
-    def dropped(self, message: Message, subscriber: str, reason: str) -> None:
-        """A subscriber's copy of a message was not delivered: count it and tell the event bus."""
+    def dropped(self, message: Message | OutboundMessage, subscriber: str, reason: str) -> None:
+        """A subscriber's copy of a message was not delivered: count it and tell the event bus (a
+        session's copy is turned back into a broker message only when someone listens)."""
         self.broker.stats.messages_dropped += 1
         events = self.broker.events
         if events.wants(MESSAGE_DROPPED):
+            if isinstance(message, OutboundMessage):
+                message = message_from_outbound(message)
             events.message(MESSAGE_DROPPED, message, subscriber=subscriber, reason=reason)
 
     def _client_event(
@@ -581,7 +584,7 @@ class MqttFrontEnd:
             group, _, topic_filter = tag[len(SHARE_TAG) :].partition("\x00")
             members = self.broker.router.share_members(group, topic_filter)
             if not members:
-                self.dropped(message_from_outbound(out), session.client_id, "no share member left")
+                self.dropped(out, session.client_id, "no share member left")
                 continue
             live = [m for m in members if getattr(m.subscriber, "link", None) is not None] or members
             member = live[0]
