@@ -50,7 +50,14 @@ from trimaran.mqtt.connection import (
     SubscribeRequest,
     UnsubscribeReceived,
 )
-from trimaran.mqtt.mapping import SHARE_TAG, message_from_outbound, message_from_publish, outbound
+from trimaran.mqtt.mapping import (
+    SHARE_TAG,
+    FanOutEncoder,
+    delivered_retain,
+    message_from_outbound,
+    message_from_publish,
+    outbound,
+)
 from trimaran.mqtt.queues import LinkQueues, MqttQueues, is_queue_filter
 from trimaran.mqtt.reason_codes import ReasonCode
 from trimaran.mqtt.session import AWAITING_PUBCOMP, OutboundMessage, Session, Subscription
@@ -160,30 +167,42 @@ class MqttEndpoint:
         return id(self)
 
     def deliver(self, message: Message, delivery: Delivery[Any], retained: bool = False) -> None:
-        stats = self.front.broker.stats
-        out = outbound(message, delivery, retained=retained)
+        front = self.front
         link = self.link
-        if link is not None:
-            if out.qos == 0:
-                # A slow reader's QoS 0 backlog is bounded: past the outbox size it is dropped and
-                # counted, so it never grows the server's memory or slows the publisher.
-                if link.unflushed >= self.front.outbox_size:
-                    self.front.dropped(message, self.client_id, "outbox full")
-                    return
-                link.unflushed += 1
-            if link.conn.publish(out):
-                stats.messages_sent += 1
-                link.wake()
-            else:
-                self.front.dropped(
-                    message, self.client_id, "refused by the connection: too large, expired or queue full"
+        qos = min(message.qos, delivery.qos)
+        if link is None:
+            if qos > 0:
+                # Offline persistent session: keep QoS 1/2 (bounded by the session's queue).
+                if self.session.enqueue(outbound(message, delivery, retained=retained)):
+                    front.mark_dirty(self)
+                else:
+                    front.dropped(message, self.client_id, "session queue full")
+            return
+        conn = link.conn
+        if qos > 0:
+            sent = conn.publish(outbound(message, delivery, retained=retained))
+        else:
+            # A slow reader's QoS 0 backlog is bounded: past the outbox size it is dropped and
+            # counted, so it never grows the server's memory or slows the publisher.
+            if link.unflushed >= front.outbox_size:
+                front.dropped(message, self.client_id, "outbox full")
+                return
+            link.unflushed += 1
+            if message.expires_at_ms is None and not conn.uses_topic_aliases:
+                retain = delivered_retain(message, delivery, retained)
+                ids = delivery.subscription_identifiers
+                sent = conn.publish_encoded(
+                    front.fan_out.qos0_publish(message, conn.protocol_level, retain, ids)
                 )
-        elif out.qos > 0:
-            # Offline persistent session: keep QoS 1/2 (bounded by the session's queue).
-            if self.session.enqueue(out):
-                self.front.mark_dirty(self)
             else:
-                self.front.dropped(message, self.client_id, "session queue full")
+                sent = conn.publish(outbound(message, delivery, retained=retained))
+        if sent:
+            front.broker.stats.messages_sent += 1
+            link.wake()
+        else:
+            front.dropped(
+                message, self.client_id, "refused by the connection: too large, expired or queue full"
+            )
 
 
 class MqttFrontEnd:
@@ -200,6 +219,7 @@ class MqttFrontEnd:
         self.store = store
         self.limits = server_limits(settings)
         self.outbox_size = settings.limits.outbox_size
+        self.fan_out = FanOutEncoder()
         self.endpoints: dict[str, MqttEndpoint] = {}
         self.links: set[Link] = set()
         self._wills: dict[str, tuple[float, Message]] = {}  # client id -> (due, will) for delayed wills
