@@ -397,10 +397,10 @@ class ServerConnection:
             raise RuntimeError(f"accept() in state {self.state}")
         connect = self._connect
         level = self._level
-        if session is None:
-            session = Session(self.client_id, max_queued=self.limits.max_queued_messages)
         if session is None or connect.clean_start:
             session_present = False
+        if session is None:
+            session = Session(self.client_id, max_queued=self.limits.max_queued_messages)
         session.expiry_interval = self.session_expiry_interval
         self.session = session
         props = properties.copy() if properties is not None else Properties()
