@@ -397,10 +397,10 @@ class ServerConnection:
             raise RuntimeError(f"accept() in state {self.state}")
         connect = self._connect
         level = self._level
-        if session is None:
-            session = Session(self.client_id, max_queued=self.limits.max_queued_messages)
         if session is None or connect.clean_start:
             session_present = False
+        if session is None:
+            session = Session(self.client_id, max_queued=self.limits.max_queued_messages)
         session.expiry_interval = self.session_expiry_interval
         self.session = session
         props = properties.copy() if properties is not None else Properties()
@@ -455,8 +455,20 @@ class ServerConnection:
             self._pump(self._pending_events)
         return True
 
+    @property
+    def uses_topic_aliases(self) -> bool:
+        """Whether PUBLISHes to this client carry outbound topic aliases, so that each is encoded for
+        this connection alone (`publish` does that; `publish_encoded` would send the full topic)."""
+        return (
+            self._level == MQTT_5
+            and self.client_topic_alias_maximum > 0
+            and self.limits.outbound_topic_aliases
+        )
+
     def publish_encoded(self, data: bytes) -> bool:
-        """Send a QoS 0 PUBLISH already encoded for this protocol level (fan-out encodes once).
+        """Send a QoS 0 PUBLISH already encoded for this protocol level, the same bytes for every
+        subscriber (fan-out encodes once). The caller keeps to `publish` for a message with an expiry
+        (its interval counts down per send) and for a client that `uses_topic_aliases`.
         False if not connected or larger than the client's Maximum Packet Size (counted)."""
         if self.state != State.CONNECTED:
             return False
@@ -940,7 +952,7 @@ class ServerConnection:
         publish = Publish(message.topic, message.payload, qos, message.retain, dup, packet_id, props)
         alias = 0
         new_alias = False
-        if level == MQTT_5 and self.client_topic_alias_maximum and self.limits.outbound_topic_aliases:
+        if self.uses_topic_aliases:
             aliases = self._out_aliases
             if aliases is None:
                 aliases = self._out_aliases = {}

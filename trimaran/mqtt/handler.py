@@ -50,7 +50,14 @@ from trimaran.mqtt.connection import (
     SubscribeRequest,
     UnsubscribeReceived,
 )
-from trimaran.mqtt.mapping import SHARE_TAG, message_from_outbound, message_from_publish, outbound
+from trimaran.mqtt.mapping import (
+    SHARE_TAG,
+    FanOutEncoder,
+    delivered_retain,
+    message_from_outbound,
+    message_from_publish,
+    outbound,
+)
 from trimaran.mqtt.queues import LinkQueues, MqttQueues, is_queue_filter
 from trimaran.mqtt.reason_codes import ReasonCode
 from trimaran.mqtt.session import AWAITING_PUBCOMP, OutboundMessage, Session, Subscription
@@ -120,9 +127,15 @@ class Link:
 
     def close(self, reason_code: int, reason: str) -> None:
         """Server-initiated close: DISCONNECT (5.0) after what is queued, then the socket."""
-        self.front.dispatch(self, self.conn.disconnect(reason_code, reason))
-        self.done = True
-        self.reading.cancel()
+        self.apply(self.conn.disconnect(reason_code, reason))
+
+    def apply(self, events: list[Event]) -> None:
+        """Act on events the server caused outside the reader (a close, a timeout); once they close
+        the connection, stop the reader so that the writer flushes what is queued and ends."""
+        self.front.dispatch(self, events)
+        if self.conn.closed:
+            self.done = True
+            self.reading.cancel()
         self.wake()
 
     def wake(self) -> None:
@@ -154,30 +167,42 @@ class MqttEndpoint:
         return id(self)
 
     def deliver(self, message: Message, delivery: Delivery[Any], retained: bool = False) -> None:
-        stats = self.front.broker.stats
-        out = outbound(message, delivery, retained=retained)
+        front = self.front
         link = self.link
-        if link is not None:
-            if out.qos == 0:
-                # A slow reader's QoS 0 backlog is bounded: past the outbox size it is dropped and
-                # counted, so it never grows the server's memory or slows the publisher.
-                if link.unflushed >= self.front.outbox_size:
-                    self.front.dropped(message, self.client_id, "outbox full")
-                    return
-                link.unflushed += 1
-            if link.conn.publish(out):
-                stats.messages_sent += 1
-                link.wake()
-            else:
-                self.front.dropped(
-                    message, self.client_id, "refused by the connection: too large, expired or queue full"
+        qos = min(message.qos, delivery.qos)
+        if link is None:
+            if qos > 0:
+                # Offline persistent session: keep QoS 1/2 (bounded by the session's queue).
+                if self.session.enqueue(outbound(message, delivery, retained=retained)):
+                    front.mark_dirty(self)
+                else:
+                    front.dropped(message, self.client_id, "session queue full")
+            return
+        conn = link.conn
+        if qos > 0:
+            sent = conn.publish(outbound(message, delivery, retained=retained))
+        else:
+            # A slow reader's QoS 0 backlog is bounded: past the outbox size it is dropped and
+            # counted, so it never grows the server's memory or slows the publisher.
+            if link.unflushed >= front.outbox_size:
+                front.dropped(message, self.client_id, "outbox full")
+                return
+            link.unflushed += 1
+            if message.expires_at_ms is None and not conn.uses_topic_aliases:
+                retain = delivered_retain(message, delivery, retained)
+                ids = delivery.subscription_identifiers
+                sent = conn.publish_encoded(
+                    front.fan_out.qos0_publish(message, conn.protocol_level, retain, ids)
                 )
-        elif out.qos > 0:
-            # Offline persistent session: keep QoS 1/2 (bounded by the session's queue).
-            if self.session.enqueue(out):
-                self.front.mark_dirty(self)
             else:
-                self.front.dropped(message, self.client_id, "session queue full")
+                sent = conn.publish(outbound(message, delivery, retained=retained))
+        if sent:
+            front.broker.stats.messages_sent += 1
+            link.wake()
+        else:
+            front.dropped(
+                message, self.client_id, "refused by the connection: too large, expired or queue full"
+            )
 
 
 class MqttFrontEnd:
@@ -194,6 +219,7 @@ class MqttFrontEnd:
         self.store = store
         self.limits = server_limits(settings)
         self.outbox_size = settings.limits.outbox_size
+        self.fan_out = FanOutEncoder()
         self.endpoints: dict[str, MqttEndpoint] = {}
         self.links: set[Link] = set()
         self._wills: dict[str, tuple[float, Message]] = {}  # client id -> (due, will) for delayed wills
@@ -244,10 +270,7 @@ class MqttFrontEnd:
             for event in events:
                 if isinstance(event, ConnectionClosed):
                     event.publish_will = False
-            self.dispatch(link, events)
-            link.done = True
-            link.reading.cancel()
-            link.wake()
+            link.apply(events)
         if self.links:
             self._drained = anyio.Event()
             await self._drained.wait()
@@ -294,11 +317,7 @@ class MqttFrontEnd:
         for link in list(self.links):
             deadline = link.conn.next_deadline()
             if deadline is not None and deadline <= now:
-                self.dispatch(link, link.conn.check_timeouts(now))
-                if link.conn.closed:
-                    link.done = True
-                    link.reading.cancel()
-                link.wake()
+                link.apply(link.conn.check_timeouts(now))
         for client_id, (due, will) in list(self._wills.items()):
             if due <= now:
                 del self._wills[client_id]
@@ -398,7 +417,7 @@ class MqttFrontEnd:
                     self.queues.settled(link, event.message.tag, event.reason_code)
             elif isinstance(event, MessageDropped):
                 subscriber = link.endpoint.client_id if link.endpoint else ""
-                self.dropped(message_from_outbound(event.message), subscriber, event.reason)
+                self.dropped(event.message, subscriber, event.reason)
                 if _is_queue_tag(event.message.tag) and self.queues is not None:
                     self.queues.settled(link, event.message.tag, ReasonCode.UNSPECIFIED_ERROR)
             elif isinstance(event, SubscribeRequest):
@@ -438,7 +457,8 @@ class MqttFrontEnd:
         if endpoint is not None and endpoint.link is not None:
             old = endpoint.link.peer
             self._client_event(SESSION_TAKEN_OVER, link, client_id, connect.username, previous_address=old)
-            self._take_over(endpoint.link)
+            log.info("mqtt: client %r taken over by a new connection", client_id)
+            endpoint.link.close(ReasonCode.SESSION_TAKEN_OVER, "session taken over")
         if endpoint is not None and connect.clean_start:
             self._drop_session(endpoint)
             endpoint = None
@@ -474,11 +494,14 @@ class MqttFrontEnd:
 
     # -- broker events (webhooks): built only when someone listens --------------------------------
 
-    def dropped(self, message: Message, subscriber: str, reason: str) -> None:
-        """A subscriber's copy of a message was not delivered: count it and tell the event bus."""
+    def dropped(self, message: Message | OutboundMessage, subscriber: str, reason: str) -> None:
+        """A subscriber's copy of a message was not delivered: count it and tell the event bus (a
+        session's copy is turned back into a broker message only when someone listens)."""
         self.broker.stats.messages_dropped += 1
         events = self.broker.events
         if events.wants(MESSAGE_DROPPED):
+            if isinstance(message, OutboundMessage):
+                message = message_from_outbound(message)
             events.message(MESSAGE_DROPPED, message, subscriber=subscriber, reason=reason)
 
     def _client_event(
@@ -498,12 +521,7 @@ class MqttFrontEnd:
         log.info(
             "mqtt: client %r disconnected by an administrator", link.endpoint and link.endpoint.client_id
         )
-        self.dispatch(
-            link, link.conn.disconnect(ReasonCode.ADMINISTRATIVE_ACTION, "disconnected by an administrator")
-        )
-        link.done = True
-        link.reading.cancel()
-        link.wake()
+        link.close(ReasonCode.ADMINISTRATIVE_ACTION, "disconnected by an administrator")
 
     def delete_session(self, client_id: str) -> bool:
         """An operator ends a session (admin API): a connected client is disconnected first (0x98)
@@ -518,13 +536,6 @@ class MqttFrontEnd:
             self._drop_session(endpoint)
         log.info("mqtt: session %r deleted by an administrator", client_id)
         return True
-
-    def _take_over(self, old: Link) -> None:
-        log.info("mqtt: client %r taken over by a new connection", old.endpoint and old.endpoint.client_id)
-        self.dispatch(old, old.conn.disconnect(ReasonCode.SESSION_TAKEN_OVER, "session taken over"))
-        old.done = True
-        old.reading.cancel()
-        old.wake()
 
     def _connection_closed(self, link: Link, event: ConnectionClosed) -> None:
         endpoint = link.endpoint
@@ -593,7 +604,7 @@ class MqttFrontEnd:
             group, _, topic_filter = tag[len(SHARE_TAG) :].partition("\x00")
             members = self.broker.router.share_members(group, topic_filter)
             if not members:
-                self.dropped(message_from_outbound(out), session.client_id, "no share member left")
+                self.dropped(out, session.client_id, "no share member left")
                 continue
             live = [m for m in members if getattr(m.subscriber, "link", None) is not None] or members
             member = live[0]

@@ -6,7 +6,8 @@ from typing import Any
 
 from trimaran.broker.message import PROTOCOL_MQTT, Message, now_ms
 from trimaran.broker.router import Delivery
-from trimaran.mqtt.packets import Publish, Will
+from trimaran.mqtt.codec import encode
+from trimaran.mqtt.packets import MQTT_5, Publish, Will
 from trimaran.mqtt.properties import Properties
 from trimaran.mqtt.session import OutboundMessage
 
@@ -71,15 +72,50 @@ def message_from_outbound(out: OutboundMessage, publisher_id: str | None = None)
     )
 
 
+def delivered_retain(message: Message, delivery: Delivery[Any], retained: bool) -> bool:
+    """The retain flag a subscriber sees: kept only for retained-on-subscribe deliveries or Retain As
+    Published."""
+    return message.retain and (retained or delivery.retain_as_published)
+
+
 def outbound(message: Message, delivery: Delivery[Any], *, retained: bool = False) -> OutboundMessage:
-    """The message as this subscriber gets it: QoS capped by its subscription, the retain flag kept
-    only for retained-on-subscribe deliveries or Retain As Published, its subscription identifiers."""
+    """The message as this subscriber gets it: QoS capped by its subscription, the retain flag as
+    `delivered_retain` says, its subscription identifiers."""
     return OutboundMessage(
         topic=message.topic,
         payload=message.payload,
         qos=min(message.qos, delivery.qos),
-        retain=message.retain and (retained or delivery.retain_as_published),
+        retain=delivered_retain(message, delivery, retained),
         properties=publish_properties(message, delivery.subscription_identifiers),
         tag=share_tag(delivery),
         expires_at=None if message.expires_at_ms is None else message.expires_at_ms / 1000,
     )
+
+
+class FanOutEncoder:
+    """QoS 0 PUBLISH bytes of the message being fanned out, encoded once per protocol level, retain
+    flag and (5.0) subscription identifiers, and shared by every subscriber for which those are the
+    same (DESIGN.md: encode a fan-out message once). Only for messages without an expiry, whose
+    bytes do not depend on when they are sent; the last message is kept until the next one."""
+
+    __slots__ = ("_encoded", "_message")
+
+    def __init__(self) -> None:
+        self._message: Message | None = None
+        self._encoded: dict[tuple[int, bool, tuple[int, ...]], bytes] = {}
+
+    def qos0_publish(
+        self, message: Message, level: int, retain: bool, subscription_ids: tuple[int, ...]
+    ) -> bytes:
+        if message is not self._message:
+            self._message = message
+            self._encoded = {}
+        if level != MQTT_5:
+            subscription_ids = ()  # properties exist only in 5.0
+        key = (level, retain, subscription_ids)
+        data = self._encoded.get(key)
+        if data is None:
+            props = publish_properties(message, subscription_ids)
+            publish = Publish(message.topic, message.payload, 0, retain, False, None, props)
+            data = self._encoded[key] = encode(publish, level)
+        return data

@@ -188,7 +188,7 @@ class MqttQueues:
                 except QueueError as exc:
                     if exc.reason != "shared":
                         raise
-                    link.tasks.start_soon(self._append, link, message, ticket, client)
+                    link.tasks.start_soon(self._append, link, queue, routing_key, message, ticket, client)
                 return
             commit = self._control(queue, control, message, client)
         except QueueError as exc:
@@ -200,13 +200,12 @@ class MqttQueues:
         else:
             link.tasks.start_soon(self._committed, link, commit, ticket, client, message)
 
-    async def _append(self, link: Link, message: Message, ticket: Ticket, client: str) -> None:
+    async def _append(
+        self, link: Link, queue: str, routing_key: str, message: Message, ticket: Ticket, client: str
+    ) -> None:
         """A shared node's publish (its offset comes from an awaited reservation)."""
         try:
-            parsed = parse_queue_topic(message.topic)
-            if parsed is None:
-                raise QueueError("bad-topic", f"{message.topic!r} is not a valid queue topic")
-            await self.manager.publish(parsed[0], message, parsed[1])
+            await self.manager.publish(queue, message, routing_key)
         except QueueError as exc:
             self._refused(ticket, client, message, exc)
         self._finish(link, ticket)
@@ -394,5 +393,4 @@ def _refusal_code(exc: QueueError) -> int:
 
 
 def _reason_props(reason: str | None) -> Properties:
-
     return Properties(reason_string=reason)

@@ -1,0 +1,89 @@
+"""QoS 0 fan-out encodes a message once per protocol level, retain flag and subscription identifiers,
+and every subscriber still gets exactly the PUBLISH it would have got encoded for it alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from mqtt_client import connected
+
+from trimaran.broker.core import Broker
+from trimaran.broker.message import Message, now_ms
+from trimaran.broker.router import SubscriptionOptions
+from trimaran.config import Settings
+from trimaran.mqtt.handler import Link, MqttEndpoint, MqttFrontEnd
+from trimaran.mqtt.mapping import FanOutEncoder
+from trimaran.mqtt.packets import Publish
+from trimaran.mqtt.properties import Properties
+from trimaran.mqtt.session import Session
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def test_encoding_is_shared_only_where_the_bytes_are_the_same() -> None:
+    encoder = FanOutEncoder()
+    message = Message("a/b", b"hello", retain=True, user_properties=[("k", "v")])
+    v4 = encoder.qos0_publish(message, 4, False, ())
+    assert encoder.qos0_publish(message, 4, False, ()) is v4
+    assert encoder.qos0_publish(message, 4, False, (7,)) is v4  # 3.1.1 has no subscription ids
+    assert encoder.qos0_publish(message, 4, True, ()) != v4
+    v5 = encoder.qos0_publish(message, 5, False, (7,))
+    assert encoder.qos0_publish(message, 5, False, (7,)) is v5
+    assert encoder.qos0_publish(message, 5, False, (8,)) != v5
+    other = Message("a/b", b"hello", retain=True, user_properties=[("k", "v")])
+    assert encoder.qos0_publish(other, 4, False, ()) is not v4  # a new message is encoded anew
+
+
+async def test_each_subscriber_gets_its_own_publish() -> None:
+    broker = Broker(sys_interval=0)
+    front = MqttFrontEnd(broker, Settings())
+    clients: dict[str, Any] = {}
+
+    def subscriber(name: str, level: int, sub_id: int | None = None, **connect: Any) -> None:
+        server, client, _ = connected(level=level, client_id=name, **connect)
+        link = Link(front, server, None, "peer")  # type: ignore[arg-type]  # never read nor written
+        endpoint = MqttEndpoint(front, Session(name), level)
+        endpoint.link, link.endpoint = link, endpoint
+        options = SubscriptionOptions(qos=1, retain_as_published=True, subscription_identifier=sub_id)
+        broker.router.subscribe(endpoint, "a/+", options)
+        clients[name] = client
+
+    subscriber("v311", 4)
+    subscriber("v5-id", 5, sub_id=3)
+    subscriber("v5-aliases", 5, properties=Properties(topic_alias_maximum=4))
+    subscriber("v5-small", 5, properties=Properties(maximum_packet_size=20))
+
+    broker.publish(Message("a/b", b"x" * 8, retain=True))
+    assert clients["v311"].received() == [Publish("a/b", b"x" * 8, 0, True)]
+    assert clients["v5-id"].received() == [
+        Publish("a/b", b"x" * 8, 0, True, properties=Properties(subscription_identifiers=[3]))
+    ]
+    assert clients["v5-aliases"].received() == [
+        Publish("a/b", b"x" * 8, 0, True, properties=Properties(topic_alias=1))
+    ]
+    assert clients["v5-small"].received() == [Publish("a/b", b"x" * 8, 0, True)]
+
+    broker.publish(Message("a/c", b"y" * 30))  # too large for v5-small: dropped and counted
+    assert clients["v5-small"].received() == []
+    assert broker.stats.messages_dropped == 1
+    assert clients["v311"].received() == [Publish("a/c", b"y" * 30)]
+    assert clients["v5-id"].received() == [
+        Publish("a/c", b"y" * 30, properties=Properties(subscription_identifiers=[3]))
+    ]
+    assert clients["v5-aliases"].received() == [
+        Publish("a/c", b"y" * 30, properties=Properties(topic_alias=2))
+    ]
+
+    # A message with an expiry is encoded per subscriber: its interval counts down.
+    broker.publish(Message("a/d", b"z", expires_at_ms=now_ms() + 60_000))
+    (publish,) = clients["v5-id"].received()
+    assert isinstance(publish, Publish)
+    assert publish.properties.message_expiry_interval in (59, 60)
+    assert publish.properties.subscription_identifiers == [3]
+    assert clients["v311"].received() == [Publish("a/d", b"z")]
