@@ -77,9 +77,13 @@ class App:
         store = MqttStore(storage.engine)
         self.broker = Broker(store, sys_interval=settings.limits.sys_interval)
         self.queues = QueueManager(
-            storage, settings.queues, settings.storage, node=self._node_id(), shared=settings.queues.shared
+            storage,
+            settings.queues,
+            settings.storage,
+            node=self._node_id(),
+            shared=settings.queues.shared,
+            events=self.broker.events,
         )
-        self.queues.events = self.broker.events
         self.webhooks = Webhooks(settings.webhooks, self.broker.events, settings.node_name)
         self.mqtt = MqttFrontEnd(self.broker, settings, store, self.queues)
         self.amqp091 = Amqp091FrontEnd(self.broker, settings, self.queues, AmqpStore(storage.engine))

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from trimaran import __version__
-from trimaran.config import ConfigError, Settings, load_settings
+from trimaran.config import ConfigError, Settings, load_settings, masked
 
 EXIT_CONFIG = 2
 
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         return _serve(settings)
     if args.command == "config":
-        print(json.dumps(settings.model_dump(mode="json"), indent=2))
+        print(json.dumps(masked(settings), indent=2))
         return 0
     if args.command == "db":
         return _db(settings, args.db_command)

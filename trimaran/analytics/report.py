@@ -154,18 +154,22 @@ def _charts(tables: dict[str, pd.DataFrame], directory: Path) -> list[tuple[str,
         plt.close(fig)
         made.append((name, title))
 
-    def when(series: pd.Series) -> pd.Series:
-        return pd.to_datetime(series, unit="ms", utc=True)
+    def over_time(
+        frame: pd.DataFrame, series: list[str], rank: pd.Series, value: str, sep: str, ylabel: str
+    ) -> Any:
+        """One line per ``series`` key (the MAX_SERIES highest by ``rank``) of ``value`` per bucket."""
+        fig, ax = plt.subplots(figsize=(9, 4))
+        for key in rank.sort_values(ascending=False).index[:MAX_SERIES]:
+            s = frame[(frame[series[0]] == key[0]) & (frame[series[1]] == key[1])].sort_values("bucket")
+            ax.plot(pd.to_datetime(s["bucket"], unit="ms", utc=True), s[value], label=sep.join(map(str, key)))
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7)
+        return fig
 
     t = tables["throughput"]
     if not t.empty:
-        fig, ax = plt.subplots(figsize=(9, 4))
-        busiest = t.groupby(["queue", "kind"])["n"].sum().sort_values(ascending=False).index[:MAX_SERIES]
-        for queue, kind in busiest:
-            s = t[(t["queue"] == queue) & (t["kind"] == kind)].sort_values("bucket")
-            ax.plot(when(s["bucket"]), s["rate_per_s"], label=f"{queue} {kind}")
-        ax.set_ylabel("events/s")
-        ax.legend(fontsize=7)
+        busiest = t.groupby(["queue", "kind"])["n"].sum()
+        fig = over_time(t, ["queue", "kind"], busiest, "rate_per_s", " ", "events/s")
         save(fig, "throughput.png", "Throughput over time")
 
     lat = tables["latency"]
@@ -223,13 +227,8 @@ def _charts(tables: dict[str, pd.DataFrame], directory: Path) -> list[tuple[str,
 
     lag = tables["lag"]
     if not lag.empty:
-        fig, ax = plt.subplots(figsize=(9, 4))
-        top = lag.groupby(["queue", "group"])["lag"].max().sort_values(ascending=False).index[:MAX_SERIES]
-        for queue, group in top:
-            s = lag[(lag["queue"] == queue) & (lag["group"] == group)].sort_values("bucket")
-            ax.plot(when(s["bucket"]), s["lag"], label=f"{queue}/{group}")
-        ax.set_ylabel("messages not finished")
-        ax.legend(fontsize=7)
+        top = lag.groupby(["queue", "group"])["lag"].max()
+        fig = over_time(lag, ["queue", "group"], top, "lag", "/", "messages not finished")
         save(fig, "lag.png", "Lag over time")
     return made
 

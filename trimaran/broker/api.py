@@ -32,16 +32,18 @@ from pydantic.json_schema import models_json_schema
 from trimaran import __version__
 from trimaran.broker.http import HttpError, HttpServer, Request, Response
 from trimaran.broker.message import Message, now_ms
-from trimaran.broker.telemetry import PROMETHEUS_CONTENT_TYPE
+from trimaran.broker.telemetry import FRONT_ENDS, PROMETHEUS_CONTENT_TYPE
 from trimaran.broker.topics import TopicError, validate_topic_name
 from trimaran.config import DeclaredQueue, QueuePolicySettings
 from trimaran.queue.policy import QueueError, parse_queue_topic
 
 if TYPE_CHECKING:
     from trimaran.app import App
-    from trimaran.mqtt.handler import MqttEndpoint
+    from trimaran.broker.clients import ClientInfo
+    from trimaran.broker.core import Broker
+    from trimaran.mqtt.handler import MqttEndpoint, MqttFrontEnd
     from trimaran.queue.groups import StoredMessage
-    from trimaran.queue.manager import QueueInfo
+    from trimaran.queue.manager import QueueInfo, QueueManager
 
 log = logging.getLogger(__name__)
 
@@ -490,7 +492,7 @@ class AdminApi:
         app = self.app
         broker = self._broker()
         stats = broker.stats
-        connections = {"mqtt": 0, "amqp091": 0, "amqp1": 0, **broker.clients.count_by_protocol()}
+        connections = {**dict.fromkeys(FRONT_ENDS, 0), **broker.clients.count_by_protocol()}
         return _ok(
             Overview(
                 version=__version__,
@@ -530,7 +532,7 @@ class AdminApi:
         client.kick()
         return _ok(Done(ok=True, detail=f"client {client.client_id} disconnected"))
 
-    def _client(self, key: str) -> Any:
+    def _client(self, key: str) -> ClientInfo:
         client = self._broker().clients.get(key)
         if client is None:
             raise HttpError(404, "no_client", f"no connected client {key}")
@@ -667,10 +669,9 @@ class AdminApi:
 
     def _queue_info(self, name: str) -> QueueInfo:
         try:
-            info: QueueInfo = self._queues().info(name)
+            return self._queues().info(name)
         except QueueError:
             raise HttpError(404, "no_queue", f"queue {name} does not exist") from None
-        return info
 
     # -- publish ------------------------------------------------------------------------------------
 
@@ -727,17 +728,17 @@ class AdminApi:
 
     # -- parts of the app ----------------------------------------------------------------------------
 
-    def _broker(self) -> Any:
+    def _broker(self) -> Broker:
         if self.app.broker is None:
             raise HttpError(503, "starting", "the broker is starting")
         return self.app.broker
 
-    def _mqtt(self) -> Any:
+    def _mqtt(self) -> MqttFrontEnd:
         if self.app.mqtt is None:
             raise HttpError(503, "starting", "the broker is starting")
         return self.app.mqtt
 
-    def _queues(self) -> Any:
+    def _queues(self) -> QueueManager:
         if self.app.queues is None:
             raise HttpError(503, "starting", "the broker is starting")
         return self.app.queues

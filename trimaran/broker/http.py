@@ -145,8 +145,9 @@ class HttpServer:
                     return
                 conn.start_next_cycle()
         except _BadRequest as exc:
+            log.info("http: bad request from %s: %s", peer, exc.error.message)
             if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-                await self._send(conn, stream, exc.response, close=True)
+                await self._send(conn, stream, exc.error.response(), close=True)
         except (
             anyio.EndOfStream,
             anyio.BrokenResourceError,
@@ -165,10 +166,7 @@ class HttpServer:
             try:
                 event = conn.next_event()
             except h11.RemoteProtocolError as exc:
-                log.info("http: bad request from %s: %s", peer, exc)
-                raise _BadRequest(
-                    HttpError(exc.error_status_hint, "bad_request", str(exc)).response()
-                ) from None
+                raise _BadRequest(HttpError(exc.error_status_hint, "bad_request", str(exc))) from None
             if event is h11.NEED_DATA:
                 if conn.they_are_waiting_for_100_continue:
                     await stream.send(conn.send(h11.InformationalResponse(status_code=100, headers=[])))
@@ -184,11 +182,11 @@ class HttpServer:
                 head = event
                 length = _content_length(event)
                 if length is not None and length > self.max_body_bytes:
-                    raise _BadRequest(HttpError(413, "too_large", "request body is too large").response())
+                    raise _BadRequest(_TOO_LARGE)
             elif isinstance(event, h11.Data):
                 body += event.data
                 if len(body) > self.max_body_bytes:
-                    raise _BadRequest(HttpError(413, "too_large", "request body is too large").response())
+                    raise _BadRequest(_TOO_LARGE)
             elif isinstance(event, h11.EndOfMessage):
                 assert head is not None
                 target = urlsplit(head.target.decode("latin-1"))
@@ -220,8 +218,14 @@ class HttpServer:
 
 
 class _BadRequest(Exception):
-    def __init__(self, response: Response) -> None:
-        self.response = response
+    """A request that gets an error answer and then the connection closed."""
+
+    def __init__(self, error: HttpError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+_TOO_LARGE = HttpError(413, "too_large", "request body is too large")
 
 
 def _split(path: str) -> tuple[str, ...]:

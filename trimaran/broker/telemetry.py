@@ -40,9 +40,12 @@ if TYPE_CHECKING:
     from trimaran.broker.core import Broker
     from trimaran.broker.webhooks import Webhooks
     from trimaran.mqtt.handler import MqttFrontEnd
+    from trimaran.queue.groups import Group
     from trimaran.queue.manager import QueueManager
 
 log = logging.getLogger(__name__)
+
+Callback = Callable[[CallbackOptions], Iterable[Observation]]  # an observable instrument's reader
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 FRONT_ENDS = (PROTOCOL_MQTT, PROTOCOL_AMQP091, PROTOCOL_AMQP1)
@@ -108,9 +111,16 @@ class Telemetry:
         counter("trimaran.queue.messages", [self._queue_events], "1", "queue message events per queue")
         gauge("trimaran.queue.depth", [self._queue_depth], "1", "messages a queue holds")
         gauge("trimaran.queue.stored.bytes", [self._queue_bytes], "By", "payload bytes a queue holds")
-        gauge("trimaran.queue.pending", [self._queue_pending], "1", "delivered and not settled")
+        gauge(
+            "trimaran.queue.pending", [self._per_group(lambda g: g.held())], "1", "delivered and not settled"
+        )
         gauge("trimaran.queue.lag", [self._queue_lag], "1", "messages a consumer group has not finished")
-        gauge("trimaran.queue.consumers", [self._queue_consumers], "1", "consumers per group")
+        gauge(
+            "trimaran.queue.consumers",
+            [self._per_group(lambda g: len(g.consumers))],
+            "1",
+            "consumers per group",
+        )
         self._commit_seconds = meter.create_histogram(
             "trimaran.storage.commit.seconds", "s", "time to write and commit one group-commit transaction"
         )
@@ -172,7 +182,7 @@ class Telemetry:
 
     # -- callbacks (on whichever thread collects; they only read) --------------------------------
 
-    def _stat(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def _stat(self, name: str) -> Callback:
         def observe(_options: CallbackOptions) -> Iterable[Observation]:
             if self.broker is None:
                 return []
@@ -180,7 +190,7 @@ class Telemetry:
 
         return observe
 
-    def _webhook(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def _webhook(self, name: str) -> Callback:
         """One of each endpoint's own counters (trimaran/broker/webhooks.py), per endpoint."""
 
         def observe(_options: CallbackOptions) -> Iterable[Observation]:
@@ -235,19 +245,17 @@ class Telemetry:
     def _queue_bytes(self, _options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(s.bytes, {"queue": s.name}) for s in self._each_queue()]
 
-    def _queue_pending(self, _options: CallbackOptions) -> Iterable[Observation]:
-        out = []
-        for state in self._each_queue():
-            for group in list(state.groups.values()):
-                out.append(Observation(group.held(), {"queue": state.name, "group": group.name}))
-        return out
+    def _per_group(self, measure: Callable[[Group], int]) -> Callback:
+        """One of each consumer group's numbers, labelled with its queue and group."""
 
-    def _queue_consumers(self, _options: CallbackOptions) -> Iterable[Observation]:
-        out = []
-        for state in self._each_queue():
-            for group in list(state.groups.values()):
-                out.append(Observation(len(group.consumers), {"queue": state.name, "group": group.name}))
-        return out
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            return [
+                Observation(measure(group), {"queue": state.name, "group": group.name})
+                for state in self._each_queue()
+                for group in list(state.groups.values())
+            ]
+
+        return observe
 
     def _queue_lag(self, _options: CallbackOptions) -> Iterable[Observation]:
         queues = self.queues

@@ -286,8 +286,10 @@ class QueueManager:
         shared: bool = False,
         lease_s: float = 30.0,
         claim_batch: int = 100,
+        events: EventBus | None = None,
     ) -> None:
-        """``shared=True``: several processes share one PostgreSQL database (see ``_claim``)."""
+        """``shared=True``: several processes share one PostgreSQL database (see ``_claim``).
+        ``events``: the bus queue events go to (the app passes the broker's); a private one by default."""
         if shared and storage.dialect != "postgresql":
             raise ValueError("shared queues need PostgreSQL")
         self.storage = storage
@@ -314,7 +316,7 @@ class QueueManager:
         self._scope: anyio.CancelScope | None = None
         self._started = False
         self._last_sweep = 0.0
-        self.events = EventBus()  # the app hands in the broker's bus; events: see trimaran.broker.events
+        self.events = events if events is not None else EventBus()  # see trimaran.broker.events
         self._restarted: list[tuple[QueueState, Group, int, Entry]] = []
 
     # -- lifecycle --------------------------------------------------------------------------------
