@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from trimaran.amqp091.fields import Float32, Int8, Timestamp
+from trimaran.amqp091.fields import FieldValue, Float32, Int8, Timestamp
 from trimaran.amqp091.mapping import (
     MappingError,
     delivery_address,
@@ -73,7 +73,7 @@ def test_mqtt_message_maps_to_amqp_properties_and_address() -> None:
 
 
 def test_typed_headers_become_plain_text_user_properties() -> None:
-    headers = {
+    headers: dict[str, FieldValue] = {
         "i": Int8(-3),
         "f": Float32(1.5),
         "t": Timestamp(7),
