@@ -935,7 +935,7 @@ class QueueManager:
                 stored = messages.get(offset)
                 if stored is None:
                     group.unready(offset)
-                    if group.entries.pop(offset, None) is not None:
+                    if group.entries.pop(offset, None) is not None and state.durable:
                         batch.pending[(state.name, group.name, offset)] = None
                     continue
                 if self._expired(stored, now):
@@ -989,7 +989,8 @@ class QueueManager:
         if entry is None or entry.state != DONE:
             return False
         del group.entries[offset]
-        batch.pending[(state.name, group.name, offset)] = None
+        if state.durable:
+            batch.pending[(state.name, group.name, offset)] = None
         self._maybe_release(state, offset, batch)
         return True
 
@@ -1045,7 +1046,8 @@ class QueueManager:
                 self._pending_row(state, group, offset, group.entries[offset], batch)
             elif entry is not None:
                 del group.entries[offset]
-                batch.pending[(state.name, group.name, offset)] = None
+                if state.durable:
+                    batch.pending[(state.name, group.name, offset)] = None
             self._event(state, batch, now, "acked", group=group, offset=offset,
                         consumer=cid, attempt=attempt, reason="auto")  # fmt: skip
             self._maybe_release(state, offset, batch)
@@ -1149,7 +1151,8 @@ class QueueManager:
         for group in state.groups.values():
             if group.entries.pop(offset, None) is not None:
                 group.unready(offset)
-                batch.pending[(state.name, group.name, offset)] = None
+                if state.durable:
+                    batch.pending[(state.name, group.name, offset)] = None
         if kind == "expired":
             state.stats["expired"] += 1
             log.info("queue %s: message %d expired", state.name, offset)
@@ -1180,12 +1183,14 @@ class QueueManager:
         await _committed(ticket)
         return ok
 
-    def _submit(
-        self, state: QueueState, batch: WriteBatch, after: list[Callable[[], None]] | None, wait: bool
-    ) -> Ticket | None:
-        """Rows of a durable queue go to the writer and ``after`` runs once they are committed; with
-        nothing to write, ``after`` runs now. ``None``: nothing to wait for."""
-        if state.durable and not batch.empty():
+    def _submit(self, batch: WriteBatch, after: list[Callable[[], None]] | None, wait: bool) -> Ticket | None:
+        """A batch with rows goes to the writer and ``after`` runs once they are committed; with
+        nothing to write, ``after`` runs now. ``None``: nothing to wait for.
+
+        Whatever queue the settlement came from: a batch holds durable queues' rows only (in-memory
+        queues add none), and an in-memory queue's dead letter in a durable dead-letter queue is such
+        a row. Deciding by the source queue's durability would keep that dead letter in memory only."""
+        if not batch.empty():
             return self.writer.submit(batch, wait=wait, on_commit=_run_all(after) if after else None)
         for f in after or ():
             f()
@@ -1221,7 +1226,7 @@ class QueueManager:
                 self._event(state, batch, now, "rejected", group=group, offset=offset,
                             consumer=consumer, reason=reason)  # fmt: skip
             self._commit_stream(state, group, offset + 1, now, batch, consumer)
-            return True, self._submit(state, batch, None, wait)
+            return True, self._submit(batch, None, wait)
         entry = group.entries.get(offset)
         if entry is None or entry.state != HELD:
             return False, None
@@ -1258,7 +1263,7 @@ class QueueManager:
             self._dead_letter(state, group, offset, entry, reason, now, batch, after)
         else:
             raise QueueError("bad-action", action)
-        ticket = self._submit(state, batch, after, wait)
+        ticket = self._submit(batch, after, wait)
         if action == "nack":
             self._dispatch(state, group)
         return True, ticket
@@ -1278,7 +1283,8 @@ class QueueManager:
             self._pending_row(state, group, offset, entry, batch)
         else:
             del group.entries[offset]
-            batch.pending[(state.name, group.name, offset)] = None
+            if state.durable:
+                batch.pending[(state.name, group.name, offset)] = None
             self._maybe_release(state, offset, batch)
 
     def _make_available(
@@ -1367,12 +1373,8 @@ class QueueManager:
                 now, target, "published", node=self.node, reason=f"dead_letter from {state.name}:{offset}"
             )
             batch.calls.append(queue_store.append_reserving(row, published))
-            batch.events.append(
-                queue_store.event_row(
-                    now, state.name, "dead_lettered", group=group.name, offset=offset, node=self.node,
-                    attempt=entry.attempts, reason=f"{reason} -> {target}",
-                )
-            )  # fmt: skip
+            self._event(state, batch, now, "dead_lettered", group=group, offset=offset,
+                        attempt=entry.attempts, reason=f"{reason} -> {target}")  # fmt: skip
             if self._is_shared(dlq):  # wakes its consumers' claims
                 after.append(lambda: self._appended(dlq, StoredMessage(-1, copy, "", now, None, 0)))
             return
@@ -1453,7 +1455,7 @@ class QueueManager:
         for offset, entry in list(group.entries.items()):
             if entry.state == HELD and entry.holder is handle:
                 self._redeliver_or_dead_letter(state, group, offset, entry, "disconnect", now, batch, after)
-        await _committed(self._submit(state, batch, after, wait=True))
+        await _committed(self._submit(batch, after, wait=True))
         self._dispatch(state, group)
 
     def _redeliver_or_dead_letter(
@@ -1528,7 +1530,7 @@ class QueueManager:
                 changed = True
             if not timeouts and not delayed:
                 self._timed.discard((state, group))
-            self._submit(state, batch, after, wait=False)
+            self._submit(batch, after, wait=False)
             if changed or group.ready:
                 self._dispatch(state, group)
         if self.shared:
