@@ -287,3 +287,52 @@ async def test_many_in_memory_rejects_keep_their_dlq_order_across_restart(make_m
         await wait_until(lambda: len(d.deliveries) == 21)
         assert d.payloads == [b"%d" % i for i in reversed(range(20))] + [b"after"]
         assert [x.offset for x in d.deliveries] == list(range(21))
+
+
+@pytest.mark.postgres
+async def test_shared_node_in_memory_queue_rejects_into_a_shared_durable_dlq(
+    make_manager: Factory, storage_url: str
+) -> None:
+    if not storage_url.startswith("postgresql"):
+        pytest.skip("shared mode needs PostgreSQL")
+    a = make_manager(shared=True, node="a")
+    async with a.running():
+        h, _ = await setup(a)
+        batches = record_batches(a)
+        assert await h.reject(0, "invalid")  # the DLQ row takes its offset in the transaction
+        assert len(queue_store.stored_offsets(a.storage.engine, DLQ)) == 1
+    writes = [b for b in batches if not b.calls or b.events]  # leases and claims carry only calls
+    assert all(batch_queues(b) <= {DLQ} for b in writes)
+    assert queue_store.count_events(a.storage.engine, "tmp") == {}
+    b = make_manager(shared=True, node="b")  # its first timer tick compacts the DLQ at once
+    async with b.running():
+        d = Collector("d")
+        hd = b.consume(DLQ, d)
+        hd.add_credit(1)
+        await wait_until(lambda: len(d.deliveries) == 1, timeout=10)
+        letter = d.deliveries[0].message
+        assert letter.payload == b"poison"
+        assert dict(letter.user_properties)["x-dead-letter-queue"] == "tmp"
+        assert await hd.ack(d.deliveries[0].offset)
+
+
+@pytest.mark.postgres
+async def test_shared_compaction_keeps_messages_of_a_queue_with_no_group_yet(
+    make_manager: Factory, storage_url: str
+) -> None:
+    """A DLQ nobody consumes yet has no group row: 'every group is done' must not hold vacuously."""
+    if not storage_url.startswith("postgresql"):
+        pytest.skip("shared mode needs PostgreSQL")
+    a = make_manager(shared=True, node="a")
+    async with a.running():
+        await a.declare(DLQ)
+        await a.publish(DLQ, msg(b"kept", topic=f"$queue/{DLQ}"))
+        await a._write(WriteBatch(calls=[queue_store.compact_shared(DLQ)]))
+        assert len(queue_store.stored_offsets(a.storage.engine, DLQ)) == 1
+        d = Collector("d")
+        hd = a.consume(DLQ, d)
+        hd.add_credit(1)
+        await wait_until(lambda: len(d.deliveries) == 1)
+        assert await hd.ack(d.deliveries[0].offset)
+        await a._write(WriteBatch(calls=[queue_store.compact_shared(DLQ)]))
+        assert queue_store.stored_offsets(a.storage.engine, DLQ) == []  # done by its one group

@@ -326,7 +326,8 @@ def renew_leases(node: str, lease_until: int) -> Call:
 
 
 def compact_shared(queue: str) -> Call:
-    """Delete messages every group has finished, then their 'done' markers."""
+    """Delete messages every group has finished, then their 'done' markers. A queue with no group
+    yet (a dead-letter queue nobody consumes) keeps everything: its first group starts there."""
 
     def call(connection: Connection) -> int:
         params = {"q": queue}
@@ -335,6 +336,7 @@ def compact_shared(queue: str) -> Call:
                 """
                 DELETE FROM queue_messages m
                 WHERE m.queue = :q
+                  AND EXISTS (SELECT 1 FROM queue_groups g WHERE g.queue = :q)
                   AND (SELECT count(*) FROM queue_pending p
                        WHERE p.queue = :q AND p."offset" = m."offset" AND p.state = 'done')
                       >= (SELECT count(*) FROM queue_groups g WHERE g.queue = :q)
