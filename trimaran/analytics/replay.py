@@ -1,10 +1,12 @@
 """The audit: replay the durable queue tables with PySpark and prove what happened to every message.
 
-The events table is the record. Per (queue, group, offset) the job orders the events by id and
-rebuilds each message's life (deliveries, settlements, releases, dead-lettering) and each group's
-final state (cursor, committed offset, pending entries); then it checks the invariants below and
-compares the rebuilt state with the live tables. Every violation names the message
-(``<queue>:<offset>``, the id the broker hands to consumers) and the event that broke the rule.
+The events table is the record. One shuffle brings every row about a message slot (queue, offset)
+together: its events, its ``queue_messages`` row and its ``queue_pending`` rows. Each partition is
+then replayed in one pass (``life.py``): per group, each message's life (deliveries, settlements,
+releases, dead-lettering) is rebuilt in event order, the invariants below are checked as it goes, and
+the rebuilt state is compared with the live rows. Group-level rules (stream commits, cursors) use a
+small summary gathered on the driver. Every violation names the message (``<queue>:<offset>``, the id
+the broker hands to consumers) and the event that broke the rule.
 
 A queue deleted and declared again starts its offsets over: events before a ``purged``/``delete``
 event belong to an older incarnation (``epoch`` > 0), which is replayed but not compared with the
@@ -16,13 +18,26 @@ Runs in local mode from ``trimaran audit`` and on a cluster with ``spark-submit`
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trimaran.analytics.life import (
+    GROUP_KINDS,
+    INPUT,
+    LIFE,
+    MESSAGE,
+    OUTPUT,
+    VIOLATION,
+    Context,
+    message_id,
+    replay_partition,
+)  # fmt: skip
 from trimaran.analytics.source import DEBIAN_JARS, Selection, read_tables, spark_session
 
 if TYPE_CHECKING:
@@ -43,9 +58,6 @@ INVARIANTS: dict[str, str] = {
     "live_state": "the replayed state equals the live tables (messages, pending entries, cursors)",
 }
 
-KEY = ["queue", "epoch", "group", "offset"]
-GROUP_KINDS = ["delivered", "acked", "nacked", "rejected", "released", "dead_lettered", "dropped"]
-FINISHED = "finished"
 EXAMPLES = 50  # offending message ids listed per invariant in the summary (all are in the Parquet)
 
 
@@ -67,54 +79,179 @@ def _message_id(queue: Column, offset: Column, epoch: Column) -> Column:
     return F.when(epoch > 0, F.concat(base, F.lit("@epoch"), epoch.cast("string"))).otherwise(base)
 
 
-def _violation(frame: DataFrame, invariant: str | Column, detail: Column) -> DataFrame:
-    """Offending rows in one shape: invariant, queue, group, offset, message id, event id, detail."""
-    from pyspark.sql import functions as F
-
-    cols = set(frame.columns)
-    epoch = F.col("epoch") if "epoch" in cols else F.lit(0)
-    return frame.select(
-        (F.lit(invariant) if isinstance(invariant, str) else invariant).cast("string").alias("invariant"),
-        F.col("queue"),
-        (F.col("group") if "group" in cols else F.lit(None)).cast("string").alias("group"),
-        F.col("offset").cast("bigint").alias("offset"),
-        epoch.cast("int").alias("epoch"),
-        _message_id(F.col("queue"), F.col("offset"), epoch).alias("message_id"),
-        (F.col("id") if "id" in cols else F.lit(None)).cast("bigint").alias("event_id"),
-        detail.cast("string").alias("detail"),
-    )
-
-
-def _checks(frame: DataFrame, checks: list[tuple[str, Column, Column]]) -> DataFrame:
-    """Several (invariant, failed, detail) checks over one frame in a single pass.
-
-    A row yields one violation per check it fails. Spark then scans (and joins) ``frame`` once
-    rather than once per check, which is what costs time: each scan adds jobs and stages.
-    """
-    from pyspark.sql import functions as F
-
-    failed = F.array(
-        *[
-            F.when(F.coalesce(condition, F.lit(False)), F.struct(F.lit(name).alias("i"), detail.alias("d")))
-            for name, condition, detail in checks
-        ]
-    )
-    exploded = frame.withColumn("_failed", F.explode(F.filter(failed, lambda v: v.isNotNull())))
-    return _violation(exploded, F.col("_failed.i"), F.col("_failed.d"))
+def _ddl(columns: dict[str, str]) -> str:
+    return ", ".join(f"`{name}` {kind}" for name, kind in columns.items())
 
 
 def _with_epochs(events: DataFrame) -> DataFrame:
-    from pyspark.sql import Window
+    """``epoch``: how many deletes of its queue come at or after the event (0: the live incarnation).
+
+    Deletes are rare: they are looked up first (a filter the source answers), and when there are
+    some, each queue's delete ids ride a broadcast join, so the events are never shuffled for this.
+    """
     from pyspark.sql import functions as F
 
     deleted = (F.col("kind") == "purged") & (F.col("reason") == "delete")
-    if events.filter(deleted).limit(1).count() == 0:
+    if not events.filter(deleted).select("id").limit(1).collect():
         return events.withColumn("epoch", F.lit(0))
-    newest_first = Window.partitionBy("queue").orderBy(F.col("id").desc())
-    epoch = F.sum(F.when(deleted, 1).otherwise(0)).over(
-        newest_first.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    deletes = events.filter(deleted).groupBy("queue").agg(F.collect_list("id").alias("_deletes"))
+    later = F.filter(F.col("_deletes"), lambda d: d >= F.col("id"))
+    return (
+        events.join(F.broadcast(deletes), "queue", "left")
+        .withColumn("epoch", F.when(F.col("_deletes").isNull(), 0).otherwise(F.size(later)).cast("int"))
+        .drop("_deletes")
     )
-    return events.withColumn("epoch", epoch.cast("int"))
+
+
+@dataclass
+class Facts:
+    """The small per-queue and per-group facts, gathered on the driver in one pass over the events."""
+
+    context: Context
+    events_by_kind: dict[str, int]
+    live_groups: dict[tuple[str, str], tuple[int | None, int | None]]  # cursor, committed
+    commit_high: dict[tuple[str, str], int]  # the live incarnation's highest commit + 1
+    delivered_high: dict[tuple[str, str], int]  # the highest offset delivered to a work group
+    incarnations: set[tuple[str, int]]  # (queue, epoch) pairs with events
+
+
+def _policy_number(policy: str | None, key: str, scale: float = 1.0) -> int | None:
+    try:
+        value = json.loads(policy or "{}").get(key)
+        return None if value is None else int(float(value) * scale)
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def gather_facts(events: DataFrame, tables: dict[str, DataFrame], selection: Selection) -> Facts:
+    from pyspark.sql import functions as F
+
+    col = F.col
+    summary = (
+        events.groupBy("queue", "epoch", "group", "kind")
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.max("offset").alias("max_offset"),
+            F.max(F.when(F.coalesce(col("reason") != "delete", F.lit(True)), col("id"))).alias("purge_id"),
+        )
+        .collect()
+    )
+    modes: dict[str, str] = {}
+    max_attempts: dict[str, int | None] = {}
+    visibility_ms: dict[str, int | None] = {}
+    next_offset: dict[str, int | None] = {}
+    for q in tables["queues"].select("name", "mode", "policy", "next_offset").collect():
+        if q["mode"] is not None:
+            modes[q["name"]] = q["mode"]
+        max_attempts[q["name"]] = _policy_number(q["policy"], "max_attempts")
+        visibility_ms[q["name"]] = _policy_number(q["policy"], "visibility_timeout_s", 1000)
+        next_offset[q["name"]] = q["next_offset"]
+    live_groups = {
+        (g["queue"], g["group"]): (g["cursor"], g["committed"])
+        for g in tables["queue_groups"].select("queue", "group", "cursor", "committed").collect()
+    }
+    kinds: dict[str, int] = {}
+    stream_epochs = {(r["queue"], r["epoch"]) for r in summary if r["kind"] == "committed"}
+    context = Context(
+        modes=modes, stream_epochs=frozenset(stream_epochs), max_attempts=max_attempts,
+        visibility_ms=visibility_ms, next_offset=next_offset,
+        since_ms=selection.since_ms, until_ms=selection.until_ms,
+    )  # fmt: skip
+    groups: dict[str, dict[str, int | None]] = {}
+    for (queue, group), (cursor, _) in live_groups.items():
+        groups.setdefault(queue, {})[group] = cursor
+    commit_high: dict[tuple[str, str], int] = {}
+    delivered_high: dict[tuple[str, str], int] = {}
+    for r in summary:
+        kind, queue, group = r["kind"], r["queue"], r["group"]
+        kinds[kind] = kinds.get(kind, 0) + int(r["n"])
+        if r["epoch"] != 0:
+            continue
+        if kind == "purged" and r["purge_id"] is not None:
+            context.purge_ids[queue] = max(context.purge_ids.get(queue, 0), int(r["purge_id"]))
+        if group is None or r["max_offset"] is None:
+            continue
+        work = context.mode(queue, 0) == "work"
+        if kind in GROUP_KINDS and work:
+            groups.setdefault(queue, {}).setdefault(group, None)
+        if kind == "committed":
+            commit_high[(queue, group)] = int(r["max_offset"]) + 1
+        elif kind == "delivered" and work:
+            delivered_high[(queue, group)] = int(r["max_offset"])
+    context.groups.update(groups)
+    incarnations = {(r["queue"], r["epoch"]) for r in summary}
+    return Facts(context, kinds, live_groups, commit_high, delivered_high, incarnations)
+
+
+def _group_violations(facts: Facts) -> list[tuple[Any, ...]]:
+    """Group rows against the replay: stream committed offsets, work cursors past every delivery."""
+    found = []
+    for queue, group in sorted(
+        facts.live_groups.keys() | facts.commit_high.keys() | facts.delivered_high.keys()
+    ):
+        cursor, committed = facts.live_groups.get((queue, group), (None, None))
+        expect = facts.commit_high.get((queue, group))
+        delivered = facts.delivered_high.get((queue, group))
+        if cursor is None:
+            problem = "events for a group with no queue_groups row"
+        elif expect is not None and committed is not None and committed != expect:
+            problem = f"committed {committed} but the commits replay to {expect}"
+        elif delivered is not None and cursor > 0 and delivered >= cursor:
+            problem = f"cursor {cursor} but offset {delivered} was delivered"
+        else:
+            continue
+        offset = next((v for v in (committed, expect, delivered) if v is not None), None)
+        found.append(("live_state", queue, group, offset, 0, message_id(queue, offset, 0), None, problem))
+    return found
+
+
+def _slots(events: DataFrame, tables: dict[str, DataFrame], partitions: int) -> DataFrame:
+    """Every row about each message slot in one partition, in replay order (``life.INPUT``)."""
+    from pyspark.sql import functions as F
+
+    def shaped(frame: DataFrame, **given: Any) -> DataFrame:
+        cols = []
+        for name, kind in INPUT.items():
+            value = given.get(name, name if name in frame.columns else None)
+            expr = F.col(value) if isinstance(value, str) else F.lit(value)
+            cols.append(expr.cast(kind).alias(name))
+        return frame.select(*cols)
+
+    none = None
+    rows = (
+        shaped(events.filter(F.col("offset").isNotNull()), src=F.lit("e"), state=none)
+        .unionByName(shaped(tables["queue_messages"], src=F.lit("m"), epoch=F.lit(0), id=none,
+                            time=none, group=none, consumer=none, kind=none, attempt=none, reason=none,
+                            state=none))
+        .unionByName(shaped(tables["queue_pending"], src=F.lit("p"), epoch=F.lit(0), id=none,
+                            time=none, kind=none, attempt="attempts", reason=none))
+    )  # fmt: skip
+    return rows.repartition(partitions, "queue", "offset").sortWithinPartitions(
+        "queue", "offset", "epoch", "id"
+    )
+
+
+def _replay_arrow(context: Context) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The executor side: Arrow batches of sorted slot rows in, Arrow batches of OUTPUT rows out."""
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        types = {"string": pa.string(), "bigint": pa.int64(), "int": pa.int32(), "boolean": pa.bool_()}
+        schema = pa.schema([(name, types[kind]) for name, kind in OUTPUT.items()])
+
+        def rows() -> Iterator[tuple[Any, ...]]:
+            for batch in batches:
+                yield from zip(*(column.to_pylist() for column in batch.columns), strict=True)
+
+        for out in replay_partition(context, rows()):
+            columns = list(zip(*out.rows, strict=True))
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(values, type=t) for values, t in zip(columns, schema.types, strict=True)],
+                schema=schema,
+            )
+
+    return run
 
 
 def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> AuditResult:
@@ -126,400 +263,45 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
     selection = selection or Selection()
     started = time.monotonic()
     col, lit = F.col, F.lit
-    kind = col("kind")
+    spark = tables["queue_events"].sparkSession
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)
 
-    queues = tables["queues"].select(
-        col("name").alias("queue"),
-        col("mode"),
-        F.get_json_object("policy", "$.max_attempts").cast("int").alias("max_attempts"),
-        (F.get_json_object("policy", "$.visibility_timeout_s").cast("double") * 1000)
-        .cast("bigint")
-        .alias("visibility_ms"),
-        col("next_offset"),
-    )
-    events = _with_epochs(tables["queue_events"])
-    # A queue's mode: the live row for the newest incarnation; older ones are streams if they commit.
-    streams = (
-        events.filter(kind == "committed").select("queue", "epoch").distinct().withColumn("commits", lit(1))
-    )
-    events = (
-        events.join(F.broadcast(queues.drop("next_offset")), "queue", "left")
-        .join(F.broadcast(streams), ["queue", "epoch"], "left")
-        .withColumn(
-            "mode",
-            F.when((col("epoch") == 0) & col("mode").isNotNull(), col("mode"))
-            .when(col("commits").isNotNull(), lit("stream"))
-            .otherwise(lit("work")),
-        )
-        .drop("commits")
+    events = _with_epochs(tables["queue_events"]).persist(StorageLevel.MEMORY_AND_DISK)
+    facts = gather_facts(events, tables, selection)
+    context = facts.context
+
+    # Each message slot's events, live row and pending rows, replayed in one pass (life.py).
+    replayed = (
+        _slots(events, tables, partitions)
+        .mapInArrow(_replay_arrow(context), _ddl(OUTPUT))
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
+    record = col("record")
+    lives = replayed.filter(record == "life").select(*LIFE)
+    msgs = replayed.filter(record == "message").select(*MESSAGE)
+    violations = [replayed.filter(record == "violation").select(*VIOLATION)]
 
-    published = events.filter((kind == "published") & col("offset").isNotNull()).select(
-        "queue", "epoch", "offset", col("id").alias("pub_id"), col("time").alias("pub_time"), "mode"
+    # Stream commits, in order per group: never backwards.
+    commits = events.filter(
+        (col("kind") == "committed") & col("group").isNotNull() & col("offset").isNotNull()
     )
-    if selection.since_ms is not None:
-        published = published.filter(col("pub_time") >= selection.since_ms)
-    if selection.until_ms is not None:
-        published = published.filter(col("pub_time") < selection.until_ms)
-    messages = published.groupBy("queue", "epoch", "offset").agg(
-        F.count(lit(1)).alias("publishes"),
-        F.min("pub_id").alias("pub_id"),
-        F.min("pub_time").alias("pub_time"),
-        F.first("mode").alias("mode"),
-    )
-    messages = messages.persist(StorageLevel.MEMORY_AND_DISK)
-
-    # -- each group's history of each message, in event order -------------------------------------
-    group_events = events.filter(
-        col("group").isNotNull()
-        & col("offset").isNotNull()
-        & kind.isin(GROUP_KINDS)
-        & (col("mode") == "work")
-    )
-    if selection.windowed:
-        group_events = group_events.join(
-            messages.select("queue", "epoch", "offset"), ["queue", "epoch", "offset"], "left_semi"
-        )
-    in_order = Window.partitionBy(*KEY).orderBy("id")
-    before = in_order.rowsBetween(Window.unboundedPreceding, -1)
-    delivered = kind == "delivered"
-    history = group_events.select(
-        "*",
-        F.lag("kind").over(in_order).alias("prev_kind"),
-        F.lag("attempt").over(in_order).alias("prev_attempt"),
-        F.lag("reason").over(in_order).alias("prev_reason"),
-        F.lag("time").over(in_order).alias("prev_time"),
-        F.coalesce(F.sum(F.when(delivered, 1).otherwise(0)).over(before), lit(0)).alias("deliveries_before"),
-        F.last(F.when(delivered, col("attempt")), ignorenulls=True).over(before).alias("last_attempt"),
-        F.last(F.when(delivered, col("time")), ignorenulls=True).over(before).alias("last_delivery_time"),
-    ).persist(StorageLevel.MEMORY_AND_DISK)
-
-    violations: list[DataFrame] = []
-
-    settles = kind.isin("acked", "nacked", "rejected", "released")
-    history_checks: list[tuple[str, Column, Column]] = []
-    history_checks.append(
-        (
-            "settled_after_delivery",
-            settles & (col("last_attempt").isNull() | (col("last_attempt") != col("attempt"))),
-            F.concat_ws(
-                " ",
-                kind,
-                F.concat(lit("attempt "), F.coalesce(col("attempt").cast("string"), lit("?"))),
-                F.when(col("last_attempt").isNull(), lit("with no delivery before it")).otherwise(
-                    F.concat(lit("but the last delivery was attempt "), col("last_attempt").cast("string"))
-                ),
-            ),
-        )
-    )
-    history_checks.append(
-        (
-            "attempts",
-            delivered & (F.coalesce(col("attempt"), lit(-1)) != col("deliveries_before") + 1),
-            F.format_string(
-                "delivery numbered attempt %s is delivery %d of this group",
-                F.coalesce(col("attempt").cast("string"), lit("?")),
-                col("deliveries_before") + 1,
-            ),
-        )
-    )
-    at_max = col("prev_attempt") >= F.coalesce(col("max_attempts"), lit(1))
-    explained_dead = (
-        (col("prev_kind") == "rejected")
-        | ((col("prev_kind") == "nacked") & (col("prev_reason") == "max_attempts") & at_max)
-        | ((col("prev_kind") == "released") & at_max)
-    )
-    history_checks.append(
-        (
-            "dead_letter_explained",
-            kind.isin("dead_lettered", "dropped") & ~F.coalesce(explained_dead, lit(False)),
-            F.format_string(
-                "%s (%s) after %s, attempt %s of max %s",
-                kind,
-                F.coalesce(col("reason"), lit("no reason")),
-                F.coalesce(col("prev_kind"), lit("nothing")),
-                F.coalesce(col("prev_attempt").cast("string"), lit("?")),
-                F.coalesce(col("max_attempts").cast("string"), lit("?")),
-            ),
-        )
-    )
-    timed_out = (
-        (col("prev_reason") != "timeout")
-        | col("visibility_ms").isNull()
-        | (col("prev_time") >= col("last_delivery_time") + col("visibility_ms"))
-    )
-    explained_redelivery = (
-        (
-            (col("prev_kind") == "nacked")
-            & (col("reason") == "nack")
-            & (F.coalesce(col("prev_reason"), lit("")) != "max_attempts")
-        )
-        | ((col("prev_kind") == "released") & (col("reason") == col("prev_reason")) & timed_out)
-        | ((col("reason") == "lease_expired") & (col("prev_kind") == "delivered"))  # a node died
-    )
-    history_checks.append(
-        (
-            "redelivery_explained",
-            delivered & (col("deliveries_before") > 0) & ~F.coalesce(explained_redelivery, lit(False)),
-            F.format_string(
-                "attempt %s delivered for reason %s after %s (%s)",
-                F.coalesce(col("attempt").cast("string"), lit("?")),
-                F.coalesce(col("reason"), lit("none")),
-                F.coalesce(col("prev_kind"), lit("nothing")),
-                F.coalesce(col("prev_reason"), lit("no reason")),
-            ),
-        )
-    )
-    violations.append(_checks(history, history_checks))
-
-    # -- each (group, message): its final state ---------------------------------------------------
-    lives = history.groupBy(*KEY).agg(
-        F.max_by("kind", "id").alias("last_kind"),
-        F.max_by("reason", "id").alias("last_reason"),
-        F.max(F.when(delivered, col("attempt"))).alias("attempts"),
-        F.max_by("consumer", F.when(delivered, col("id"))).alias("holder"),
-        F.sum(F.when(delivered, 1).otherwise(0)).alias("deliveries"),
-        F.sum(F.when(kind == "acked", 1).otherwise(0)).alias("acks"),
-        F.min(F.when(delivered, col("time"))).alias("first_delivered_at"),
-        F.max(F.when(kind == "acked", col("time"))).alias("acked_at"),
-        F.max(F.when(kind.isin("dead_lettered", "dropped"), col("time"))).alias("dead_lettered_at"),
-        F.max("id").alias("last_id"),
-    )
-    last_kind = col("last_kind")
-    lives = lives.withColumn(
-        "status",
-        F.when(last_kind == "delivered", lit("held"))
-        .when(last_kind == "released", lit("wait"))
-        .when(
-            (last_kind == "nacked") & (F.coalesce(col("last_reason"), lit("")) != "max_attempts"), lit("wait")
-        )
-        .otherwise(lit(FINISHED)),
-    ).persist(StorageLevel.MEMORY_AND_DISK)
-
-    violations.append(
-        _violation(
-            lives.filter(col("acks") > 1),
-            "acked_once",
-            F.format_string("acked %d times", col("acks")),
-        )
-    )
-
-    # -- stream commits ---------------------------------------------------------------------------
-    commits = events.filter((kind == "committed") & col("group").isNotNull() & col("offset").isNotNull())
     commit_order = Window.partitionBy("queue", "epoch", "group").orderBy("id")
     commits = commits.withColumn(
         "highest_before", F.max("offset").over(commit_order.rowsBetween(Window.unboundedPreceding, -1))
-    )
+    ).filter(col("offset") < col("highest_before"))
     violations.append(
-        _violation(
-            commits.filter(col("offset") < col("highest_before")),
-            "commits_monotonic",
-            F.format_string(
-                "commit of offset %d after offset %d was committed", col("offset"), col("highest_before")
-            ),
+        commits.select(
+            lit("commits_monotonic").alias("invariant"), "queue", "group", "offset", "epoch",
+            _message_id(col("queue"), col("offset"), col("epoch")).alias("message_id"),
+            col("id").alias("event_id"),
+            F.format_string("commit of offset %d after offset %d was committed", col("offset"),
+                            col("highest_before")).alias("detail"),
         )
-    )
-
-    # -- everything accounted for, and the live tables (newest incarnation only) -------------------
-    current = events.filter(col("epoch") == 0)
-    removed_one = (
-        # Queue-level removals: TTL, overflow, and dead letters moved back by the admin API (redrive).
-        current.filter(
-            kind.isin("expired", "dropped", "redriven") & col("group").isNull() & col("offset").isNotNull()
-        )
-        .groupBy("queue", "offset")
-        .agg(F.min("id").alias("removed_id"), F.min_by("kind", "id").alias("removed_by"))
-    )
-    purges = (
-        current.filter((kind == "purged") & F.coalesce(col("reason") != "delete", lit(True)))
-        .groupBy("queue")
-        .agg(F.max("id").alias("purge_id"))
-    )
-    live_messages = (
-        tables["queue_messages"].select("queue", "offset").distinct().withColumn("live", lit(True))
-    )
-    live_groups = tables["queue_groups"].select("queue", "group", "cursor", "committed")
-    current_lives = lives.filter(col("epoch") == 0).drop("epoch")
-    event_groups = current_lives.select("queue", "group").distinct()
-    groups = live_groups.join(event_groups, ["queue", "group"], "full_outer")
-
-    msgs = (
-        messages.filter(col("epoch") == 0)
-        .join(removed_one, ["queue", "offset"], "left")
-        .join(F.broadcast(purges), "queue", "left")
-        .join(live_messages, ["queue", "offset"], "left")
-        .withColumn("live", F.coalesce(col("live"), lit(False)))
-        .withColumn(
-            "removed",
-            col("removed_id").isNotNull() | (col("purge_id").isNotNull() & (col("pub_id") < col("purge_id"))),
-        )
-    )
-    per_group = (
-        msgs.filter((col("mode") == "work") & ~col("removed"))
-        .select("queue", "offset")
-        .join(groups, "queue")
-        .join(
-            current_lives.select("queue", "group", "offset", "status"), ["queue", "group", "offset"], "left"
-        )
-        .withColumn(
-            "done",
-            (col("status") == FINISHED)
-            | (col("status").isNull() & col("cursor").isNotNull() & (col("offset") < col("cursor"))),
-        )
-        .groupBy("queue", "offset")
-        .agg(
-            F.count(lit(1)).alias("groups"),
-            F.sum(F.when(col("done"), 1).otherwise(0)).alias("groups_done"),
-            F.concat_ws(
-                ",",
-                F.sort_array(
-                    F.collect_list(
-                        F.when(
-                            ~col("done"),
-                            F.concat(col("group"), lit("="), F.coalesce(col("status"), lit("undelivered"))),
-                        )
-                    )
-                ),
-            ).alias("open_groups"),
-        )
-    )
-    msgs = msgs.join(per_group, ["queue", "offset"], "left").persist(StorageLevel.MEMORY_AND_DISK)
-    all_done = (col("groups") > 0) & (col("groups_done") == col("groups"))
-
-    next_offsets = queues.select("queue", "next_offset")
-    message_checks: list[tuple[str, Column, Column]] = []
-    message_checks.append(
-        (
-            "accounted",
-            ~col("live") & ~col("removed") & ((col("mode") == "stream") | ~F.coalesce(all_done, lit(False))),
-            F.when(
-                col("mode") == "stream",
-                lit("stream message gone from queue_messages without a drop, expiry or purge"),
-            )
-            .when(
-                F.coalesce(col("groups"), lit(0)) == 0, lit("gone from queue_messages; no group finished it")
-            )
-            .otherwise(
-                F.concat(
-                    lit("gone from queue_messages while groups had not finished it: "), col("open_groups")
-                )
-            ),
-        )
-    )
-    message_checks.append(
-        (
-            "accounted",
-            col("publishes") > 1,
-            F.format_string("published %d times under one offset", col("publishes")),
-        )
-    )
-    if not selection.windowed:  # a history without its publication
-        orphans = lives.join(messages, ["queue", "epoch", "offset"], "left_anti")
-        violations.append(
-            _violation(
-                orphans,
-                "accounted",
-                F.concat(lit("group history ("), last_kind, lit(") but no published event")),
-            )
-        )
-
-    message_checks.append(
-        (
-            "live_state",
-            col("live") & (col("removed") | ((col("mode") == "work") & F.coalesce(all_done, lit(False)))),
-            F.when(
-                col("removed"),
-                F.concat(
-                    lit("still in queue_messages after "), F.coalesce(col("removed_by"), lit("a purge"))
-                ),
-            ).otherwise(lit("still in queue_messages though every group finished it")),
-        )
-    )
-    message_checks.append(
-        (
-            "live_state",
-            col("next_offset").isNotNull() & (col("offset") >= col("next_offset")),
-            F.format_string("offset at or past the queue's next_offset %d", col("next_offset")),
-        )
-    )
-    violations.append(_checks(msgs.join(F.broadcast(next_offsets), "queue", "left"), message_checks))
-    if not selection.windowed:
-        unlogged = live_messages.join(messages.filter(col("epoch") == 0), ["queue", "offset"], "left_anti")
-        violations.append(_violation(unlogged, "live_state", lit("in queue_messages but never published")))
-
-    # Pending entries: replayed open entries against queue_pending.
-    pending = tables["queue_pending"].select(
-        "queue", "group", "offset",
-        col("state").alias("live_state"),
-        col("attempts").alias("live_attempts"),
-        col("consumer").alias("live_consumer"),
     )  # fmt: skip
-    if selection.windowed:
-        pending = pending.join(msgs.select("queue", "offset"), ["queue", "offset"], "left_semi")
-    entries = (
-        current_lives.select("queue", "group", "offset", "status", "attempts", "holder")
-        .join(pending, ["queue", "group", "offset"], "full_outer")
-        .join(msgs.select("queue", "offset", "live", "removed"), ["queue", "offset"], "left")
-        .join(live_groups.select("queue", "group", "cursor"), ["queue", "group"], "left")
-    )
-    is_open = col("status").isin("held", "wait") & ~F.coalesce(col("removed"), lit(False))
-    live_open = col("live_state").isin("held", "wait")
-    replayed = F.coalesce(col("status"), lit("never delivered"))
-    mismatch = (
-        F.when(is_open & col("live_state").isNull() & F.coalesce(col("live"), lit(False)),
-               F.format_string("replay: %s attempt %d; no pending row", col("status"), col("attempts")))
-        .when(live_open & ~F.coalesce(is_open, lit(False)),
-              F.format_string("pending row %s but replay: %s", col("live_state"), replayed))
-        .when(is_open & live_open & (col("status") != col("live_state")),
-              F.format_string("pending row %s but replay: %s", col("live_state"), col("status")))
-        .when(is_open & live_open & (col("attempts") != col("live_attempts")),
-              F.format_string("pending row attempts %d but replay: %d",
-                              col("live_attempts"), col("attempts")))
-        .when(is_open & (col("status") == "held") & (col("live_state") == "held")
-              & ~F.coalesce(col("holder") == col("live_consumer"), lit(True)),
-              F.format_string("held by %s but replay: %s", col("live_consumer"), col("holder")))
-        .when((col("live_state") == "done") & ~F.coalesce(col("status") == FINISHED, lit(False)),
-              F.format_string("pending row done but replay: %s", replayed))
-        .when((col("status") == FINISHED) & col("live_state").isNull() & F.coalesce(col("live"), lit(False))
-              & ~F.coalesce(col("removed"), lit(False)) & col("cursor").isNotNull()
-              & (col("offset") >= col("cursor")),
-              lit("finished ahead of the cursor but no done row"))
-    )  # fmt: skip
-    entries = entries.withColumn("mismatch", mismatch)
-    violations.append(_violation(entries.filter(col("mismatch").isNotNull()), "live_state", col("mismatch")))
+    group_rows = _group_violations(facts)
+    if group_rows:
+        violations.append(spark.createDataFrame(group_rows, schema=_ddl(VIOLATION)))
 
-    # Group rows: stream committed offsets, work cursors past every delivery.
-    commit_high = (
-        commits.filter(col("epoch") == 0)
-        .groupBy("queue", "group")
-        .agg((F.max("offset") + 1).alias("expect_committed"))
-    )
-    delivered_high = (
-        events.filter((col("epoch") == 0) & delivered & (col("mode") == "work"))
-        .groupBy("queue", "group")
-        .agg(F.max("offset").alias("max_delivered"))
-    )
-    group_check = (
-        live_groups.join(commit_high, ["queue", "group"], "full_outer")
-        .join(delivered_high, ["queue", "group"], "full_outer")
-        .withColumn("offset", F.coalesce(col("committed"), col("expect_committed"), col("max_delivered")))
-    )
-    group_problem = (
-        F.when(col("cursor").isNull(), lit("events for a group with no queue_groups row"))
-        .when(col("expect_committed").isNotNull() & (col("committed") != col("expect_committed")),
-              F.format_string("committed %d but the commits replay to %d",
-                              col("committed"), col("expect_committed")))
-        .when(col("max_delivered").isNotNull() & (col("cursor") > 0)
-              & (col("max_delivered") >= col("cursor")),
-              F.format_string("cursor %d but offset %d was delivered", col("cursor"), col("max_delivered")))
-    )  # fmt: skip
-    group_check = group_check.withColumn("problem", group_problem)
-    violations.append(
-        _violation(group_check.filter(col("problem").isNotNull()), "live_state", col("problem"))
-    )
-
-    # -- collect ---------------------------------------------------------------------------------
     every = violations[0]
     for frame in violations[1:]:
         every = every.unionByName(frame)
@@ -553,21 +335,34 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
         }
         for name, text in INVARIANTS.items()
     }
-    kinds = {r["kind"]: int(r["n"]) for r in events.groupBy("kind").agg(F.count(lit(1)).alias("n")).collect()}
-    totals = msgs.agg(
-        F.count(lit(1)).alias("messages"),
-        F.sum(F.when(col("live"), 1).otherwise(0)).alias("live"),
-        F.sum(F.when(col("removed"), 1).otherwise(0)).alias("removed"),
-    ).first()
-    counts: dict[str, Any] = {
-        "events": sum(kinds.values()),
-        "events_by_kind": dict(sorted(kinds.items())),
-        "messages": int(totals["messages"] or 0) if totals else 0,
-        "messages_live": int(totals["live"] or 0) if totals else 0,
-        "messages_removed": int(totals["removed"] or 0) if totals else 0,
-        "group_message_pairs": lives.count(),
+    totals = {
+        r["record"]: r
+        for r in replayed.groupBy("record")
+        .agg(
+            F.count(lit(1)).alias("n"),
+            F.sum(F.when(col("live"), 1).otherwise(0)).alias("live"),
+            F.sum(F.when(col("removed"), 1).otherwise(0)).alias("removed"),
+        )
+        .collect()
     }
-    frames = {"events": events, "lives": lives, "messages": msgs, "commits": commits}
+    message_totals = totals.get("message")
+    counts: dict[str, Any] = {
+        "events": sum(facts.events_by_kind.values()),
+        "events_by_kind": dict(sorted(facts.events_by_kind.items())),
+        "messages": int(message_totals["n"]) if message_totals else 0,
+        "messages_live": int(message_totals["live"] or 0) if message_totals else 0,
+        "messages_removed": int(message_totals["removed"] or 0) if message_totals else 0,
+        "group_message_pairs": int(totals["life"]["n"]) if "life" in totals else 0,
+    }
+    # The report's view of the events: with each incarnation's mode.
+    modes = spark.createDataFrame(
+        [(q, e, context.mode(q, e)) for q, e in sorted(facts.incarnations)] or [("", 0, "work")],
+        schema="queue string, epoch int, mode string",
+    )
+    events = events.join(F.broadcast(modes), ["queue", "epoch"], "left").withColumn(
+        "mode", F.coalesce(col("mode"), lit("work"))
+    )
+    frames = {"events": events, "lives": lives, "messages": msgs}
     return AuditResult(
         ok=all(v["ok"] for v in invariants.values()),
         invariants=invariants,

@@ -8,6 +8,8 @@ the time window are pushed into the SQL so the database sends only what is audit
 from __future__ import annotations
 
 import math
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -209,6 +211,10 @@ def spark_session(
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
+        if master.startswith("local"):
+            # The replay runs Python on the executors: in local mode, this interpreter (and its
+            # pyarrow), not whatever ``python3`` is first on the PATH.
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if jars:
         present = [j for j in jars if Path(j).exists()]
         if present:

@@ -1,0 +1,503 @@
+"""The life of each message, replayed from its events in plain Python.
+
+Spark brings every row that concerns one message slot (queue, offset) into one partition, sorted
+by incarnation (``epoch``) and event id: the slot's events, its ``queue_messages`` row and its
+``queue_pending`` rows. :func:`replay_partition` walks those rows once, the way the broker lived
+them, and writes three kinds of record: a *life* per (group, message), a *message* per published
+message of the live incarnation, and a *violation* per broken rule (see ``replay.INVARIANTS``).
+
+Spark's own operators (windows, joins, aggregates) did the same work, but each of them costs a
+stage, generated code and JIT time; one pass over the sorted rows is several times faster, and the
+rules read as the story of a message. The module imports only the standard library, so the rules are
+tested without Spark; ``replay.py`` does the Arrow plumbing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+FINISHED = "finished"
+GROUP_KINDS = frozenset({"delivered", "acked", "nacked", "rejected", "released", "dead_lettered", "dropped"})
+SETTLES = frozenset({"acked", "nacked", "rejected", "released"})
+REMOVALS = frozenset({"expired", "dropped", "redriven"})  # queue-level: TTL, overflow, redrive
+
+# One input row: the slot (queue, offset, epoch), the event id (None for table rows), where the row
+# comes from ("e" event, "m" queue_messages, "p" queue_pending), then the event's (or pending row's)
+# fields. A pending row carries its attempts in ``attempt`` and its state in ``state``.
+INPUT: dict[str, str] = {
+    "queue": "string",
+    "offset": "bigint",
+    "epoch": "int",
+    "id": "bigint",
+    "src": "string",
+    "time": "bigint",
+    "group": "string",
+    "consumer": "string",
+    "kind": "string",
+    "attempt": "int",
+    "reason": "string",
+    "state": "string",
+}
+QUEUE, OFFSET, EPOCH, ID, SRC, TIME, GROUP, CONSUMER, KIND, ATTEMPT, REASON, STATE = range(len(INPUT))
+
+VIOLATION: dict[str, str] = {
+    "invariant": "string",
+    "queue": "string",
+    "group": "string",
+    "offset": "bigint",
+    "epoch": "int",
+    "message_id": "string",
+    "event_id": "bigint",
+    "detail": "string",
+}
+LIFE: dict[str, str] = {
+    "queue": "string",
+    "epoch": "int",
+    "group": "string",
+    "offset": "bigint",
+    "last_kind": "string",
+    "last_reason": "string",
+    "attempts": "int",
+    "holder": "string",
+    "deliveries": "int",
+    "acks": "int",
+    "first_delivered_at": "bigint",
+    "acked_at": "bigint",
+    "dead_lettered_at": "bigint",
+    "last_id": "bigint",
+    "status": "string",
+}
+MESSAGE: dict[str, str] = {
+    "queue": "string",
+    "offset": "bigint",
+    "publishes": "int",
+    "pub_id": "bigint",
+    "pub_time": "bigint",
+    "mode": "string",
+    "live": "boolean",
+    "removed": "boolean",
+    "removed_by": "string",
+}
+# The output rows of all three kinds share one schema: ``record`` says which, the rest is the union
+# (queue, group, offset and epoch are shared). Rows are built as tuples in this order.
+OUTPUT: dict[str, str] = {"record": "string", **VIOLATION, **LIFE, **MESSAGE}
+_LIFE_AT = list(OUTPUT).index("last_kind")
+_MESSAGE_AT = list(OUTPUT).index("publishes")
+assert list(OUTPUT)[1:_LIFE_AT] == list(VIOLATION)
+assert (
+    list(OUTPUT)[_LIFE_AT:_MESSAGE_AT] == list(LIFE)[4:] and list(OUTPUT)[_MESSAGE_AT:] == list(MESSAGE)[2:]
+)
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a partition needs to know beyond its own rows: small per-queue and per-group facts."""
+
+    modes: dict[str, str] = field(default_factory=dict)  # the live incarnation's mode, per queue
+    stream_epochs: frozenset[tuple[str, int]] = frozenset()  # older incarnations that committed
+    max_attempts: dict[str, int | None] = field(default_factory=dict)
+    visibility_ms: dict[str, int | None] = field(default_factory=dict)
+    next_offset: dict[str, int | None] = field(default_factory=dict)
+    # Per queue, its groups: those with a queue_groups row (with their cursor) and those seen only
+    # in events (cursor None).
+    groups: dict[str, dict[str, int | None]] = field(default_factory=dict)
+    purge_ids: dict[str, int] = field(default_factory=dict)  # the newest purge, per queue
+    since_ms: int | None = None
+    until_ms: int | None = None
+
+    @property
+    def windowed(self) -> bool:
+        return self.since_ms is not None or self.until_ms is not None
+
+    def mode(self, queue: str, epoch: int) -> str:
+        if epoch == 0 and queue in self.modes:
+            return self.modes[queue]
+        return "stream" if (queue, epoch) in self.stream_epochs else "work"
+
+    def in_window(self, time: int | None) -> bool:
+        if time is None:
+            return not self.windowed
+        if self.since_ms is not None and time < self.since_ms:
+            return False
+        return self.until_ms is None or time < self.until_ms
+
+
+def message_id(queue: str, offset: int | None, epoch: int | None) -> str:
+    base = f"{queue}:{offset}"
+    return f"{base}@epoch{epoch}" if epoch else base
+
+
+def _text(value: object) -> str:
+    """A value in a detail text as Spark's format_string writes it."""
+    return "null" if value is None else str(value)
+
+
+class Life:
+    """One group's history of one message, and what the replay checks as it walks it."""
+
+    __slots__ = (
+        "acked_at",
+        "acks",
+        "attempts",
+        "dead_lettered_at",
+        "deliveries",
+        "first_delivered_at",
+        "holder",
+        "last_attempt",
+        "last_delivery_time",
+        "last_id",
+        "last_kind",
+        "last_reason",
+        "prev_attempt",
+        "prev_reason",
+        "prev_time",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.last_kind: str | None = None  # also the previous event's kind while walking
+        self.last_reason: str | None = None
+        self.last_id: int | None = None
+        self.attempts: int | None = None  # the highest attempt delivered
+        self.holder: str | None = None  # the consumer of the newest delivery
+        self.deliveries = 0
+        self.acks = 0
+        self.first_delivered_at: int | None = None
+        self.acked_at: int | None = None
+        self.dead_lettered_at: int | None = None
+        self.prev_attempt: int | None = None
+        self.prev_reason: str | None = None
+        self.prev_time: int | None = None
+        self.last_attempt: int | None = None  # the newest delivery's attempt
+        self.last_delivery_time: int | None = None
+
+    @property
+    def status(self) -> str:
+        """held: a consumer has it; wait: it will be delivered again; finished: the group is done."""
+        if self.last_kind == "delivered":
+            return "held"
+        if self.last_kind == "released":
+            return "wait"
+        if self.last_kind == "nacked" and self.last_reason != "max_attempts":
+            return "wait"
+        return FINISHED
+
+    def step(
+        self, row: tuple[Any, ...], max_attempts: int | None, visibility_ms: int | None
+    ) -> list[tuple[str, str]]:
+        """Apply one event; returns the (invariant, detail) pairs it breaks."""
+        kind, attempt, reason, time = row[KIND], row[ATTEMPT], row[REASON], row[TIME]
+        prev_kind, prev_attempt, prev_reason = self.last_kind, self.prev_attempt, self.prev_reason
+        broken: list[tuple[str, str]] = []
+        if kind in SETTLES:
+            last = self.last_attempt
+            if last is None or (attempt is not None and last != attempt):
+                why = (
+                    "with no delivery before it"
+                    if last is None
+                    else f"but the last delivery was attempt {last}"
+                )
+                broken.append(
+                    ("settled_after_delivery", f"{kind} attempt {'?' if attempt is None else attempt} {why}")
+                )
+        elif kind == "delivered":
+            number = self.deliveries + 1
+            if (-1 if attempt is None else attempt) != number:
+                shown = "?" if attempt is None else attempt
+                broken.append(
+                    ("attempts", f"delivery numbered attempt {shown} is delivery {number} of this group")
+                )
+            if self.deliveries and not self._redelivery_explained(reason, visibility_ms):
+                broken.append(
+                    (
+                        "redelivery_explained",
+                        f"attempt {'?' if attempt is None else attempt} delivered for reason "
+                        f"{reason or 'none'} after {prev_kind or 'nothing'} ({prev_reason or 'no reason'})",
+                    )
+                )
+        elif kind in ("dead_lettered", "dropped"):
+            at_max = prev_attempt is not None and prev_attempt >= (
+                1 if max_attempts is None else max_attempts
+            )
+            explained = (
+                prev_kind == "rejected"
+                or (prev_kind == "nacked" and prev_reason == "max_attempts" and at_max)
+                or (prev_kind == "released" and at_max)
+            )
+            if not explained:
+                broken.append(
+                    (
+                        "dead_letter_explained",
+                        f"{kind} ({reason or 'no reason'}) after {prev_kind or 'nothing'}, attempt "
+                        f"{'?' if prev_attempt is None else prev_attempt} of max "
+                        f"{'?' if max_attempts is None else max_attempts}",
+                    )
+                )
+            self.dead_lettered_at = _max(self.dead_lettered_at, time)
+        if kind == "delivered":
+            self.deliveries += 1
+            self.attempts = _max(self.attempts, attempt)
+            self.holder = row[CONSUMER]
+            self.last_attempt = attempt
+            self.last_delivery_time = time
+            if time is not None and (self.first_delivered_at is None or time < self.first_delivered_at):
+                self.first_delivered_at = time
+        elif kind == "acked":
+            self.acks += 1
+            self.acked_at = _max(self.acked_at, time)
+        self.last_kind, self.last_reason, self.last_id = kind, reason, row[ID]
+        self.prev_attempt, self.prev_reason, self.prev_time = attempt, reason, time
+        return broken
+
+    def _redelivery_explained(self, reason: str | None, visibility_ms: int | None) -> bool:
+        """A redelivery follows a nack, a release for the same reason (a timeout only once the
+        visibility timeout has passed since the delivery), or a dead node's expired lease."""
+        prev_kind, prev_reason = self.last_kind, self.prev_reason
+        if prev_kind == "nacked":
+            return reason == "nack" and prev_reason != "max_attempts"
+        if prev_kind == "released":
+            if prev_reason is None or reason != prev_reason:
+                return False
+            if prev_reason != "timeout" or visibility_ms is None:
+                return True
+            delivered, released = self.last_delivery_time, self.prev_time
+            return delivered is not None and released is not None and released >= delivered + visibility_ms
+        return prev_kind == "delivered" and reason == "lease_expired"
+
+
+def _max(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    return a if b is None or a >= b else b
+
+
+class Output:
+    """Output rows (tuples in OUTPUT's column order), handed out in batches."""
+
+    __slots__ = ("rows",)
+    _AFTER_VIOLATION = (None,) * (len(OUTPUT) - _LIFE_AT)
+    _AFTER_LIFE = (None,) * (len(OUTPUT) - _MESSAGE_AT)
+    _BEFORE_MESSAGE = (None,) * (_MESSAGE_AT - _LIFE_AT)
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[Any, ...]] = []
+
+    def violation(
+        self, invariant: str, queue: str, group: str | None, offset: int | None, epoch: int,
+        event_id: int | None, detail: str,
+    ) -> None:  # fmt: skip
+        head = (
+            "violation",
+            invariant,
+            queue,
+            group,
+            offset,
+            epoch,
+            message_id(queue, offset, epoch),
+            event_id,
+        )
+        self.rows.append((*head, detail, *self._AFTER_VIOLATION))
+
+    def life(self, queue: str, epoch: int, group: str, offset: int, life: Life) -> None:
+        self.rows.append(
+            ("life", None, queue, group, offset, epoch, None, None, None, life.last_kind, life.last_reason,
+             life.attempts, life.holder, life.deliveries, life.acks, life.first_delivered_at, life.acked_at,
+             life.dead_lettered_at, life.last_id, life.status, *self._AFTER_LIFE)
+        )  # fmt: skip
+
+    def message(
+        self, queue: str, offset: int, publishes: int, pub_id: int | None, pub_time: int | None, mode: str,
+        live: bool, removed: bool, removed_by: str | None,
+    ) -> None:  # fmt: skip
+        self.rows.append(
+            ("message", None, queue, None, offset, 0, None, None, None, *self._BEFORE_MESSAGE,
+             publishes, pub_id, pub_time, mode, live, removed, removed_by)
+        )  # fmt: skip
+
+
+def replay_slot(ctx: Context, rows: list[tuple[Any, ...]], out: Output) -> None:
+    """Every row of one (queue, offset, epoch), events in id order (table rows first)."""
+    queue, offset, epoch = rows[0][QUEUE], rows[0][OFFSET], rows[0][EPOCH]
+    publishes, pub_id, pub_time = 0, None, None
+    for row in rows:
+        if row[SRC] == "e" and row[KIND] == "published" and ctx.in_window(row[TIME]):
+            publishes += 1
+            pub_id = row[ID] if pub_id is None else min(pub_id, row[ID])
+            pub_time = row[TIME] if pub_time is None else min(pub_time, row[TIME])
+    published = publishes > 0
+    if ctx.windowed and not published:
+        return  # outside the audited window
+    mode = ctx.mode(queue, epoch)
+    max_attempts, visibility_ms = ctx.max_attempts.get(queue), ctx.visibility_ms.get(queue)
+    lives: dict[str, Life] = {}
+    pending: dict[str, tuple[Any, ...]] = {}
+    live = False
+    removed_id: int | None = None
+    removed_by: str | None = None
+    for row in rows:
+        src = row[SRC]
+        if src == "m":
+            live = True
+            continue
+        if src == "p":
+            pending[row[GROUP]] = row
+            continue
+        group, kind = row[GROUP], row[KIND]
+        if group is None:
+            if epoch == 0 and kind in REMOVALS and (removed_id is None or row[ID] < removed_id):
+                removed_id, removed_by = row[ID], kind
+            continue
+        if kind not in GROUP_KINDS or mode != "work":
+            continue
+        life = lives.get(group)
+        if life is None:
+            life = lives[group] = Life()
+        for invariant, detail in life.step(row, max_attempts, visibility_ms):
+            out.violation(invariant, queue, group, offset, epoch, row[ID], detail)
+
+    for group, life in lives.items():
+        out.life(queue, epoch, group, offset, life)
+        if life.acks > 1:
+            out.violation("acked_once", queue, group, offset, epoch, None, f"acked {life.acks} times")
+        if not published:  # (only reached when no window is set)
+            out.violation(
+                "accounted", queue, group, offset, epoch, None,
+                f"group history ({life.last_kind}) but no published event",
+            )  # fmt: skip
+    if epoch != 0:
+        return  # older incarnations are replayed, not compared with the live tables
+
+    removed: bool | None = None
+    if published:
+        purge_id = ctx.purge_ids.get(queue)
+        removed = removed_id is not None or (
+            purge_id is not None and pub_id is not None and pub_id < purge_id
+        )
+        out.message(queue, offset, publishes, pub_id, pub_time, mode, live, removed, removed_by)
+        _check_message(ctx, queue, offset, mode, publishes, live, removed, removed_by, lives, out)
+    elif live and not ctx.windowed:
+        out.violation("live_state", queue, None, offset, 0, None, "in queue_messages but never published")
+    _check_pending(ctx, queue, offset, lives, pending, live if published else None, removed, out)
+
+
+def _check_message(
+    ctx: Context, queue: str, offset: int, mode: str, publishes: int, live: bool, removed: bool,
+    removed_by: str | None, lives: dict[str, Life], out: Output,
+) -> None:  # fmt: skip
+    """The live incarnation's message: accounted for, and in queue_messages exactly while needed."""
+    groups = ctx.groups.get(queue, {})
+    all_done = False
+    open_groups: list[str] = []
+    if mode == "work" and not removed:
+        for group, cursor in groups.items():
+            life = lives.get(group)
+            status = life.status if life is not None else None
+            done = status == FINISHED or (status is None and cursor is not None and offset < cursor)
+            if not done:
+                open_groups.append(f"{group}={status or 'undelivered'}")
+        all_done = bool(groups) and not open_groups
+    if not live and not removed and (mode == "stream" or not all_done):
+        if mode == "stream":
+            why = "stream message gone from queue_messages without a drop, expiry or purge"
+        elif removed or not groups:
+            why = "gone from queue_messages; no group finished it"
+        else:
+            why = "gone from queue_messages while groups had not finished it: " + ",".join(
+                sorted(open_groups)
+            )
+        out.violation("accounted", queue, None, offset, 0, None, why)
+    if publishes > 1:
+        out.violation(
+            "accounted", queue, None, offset, 0, None, f"published {publishes} times under one offset"
+        )
+    if live and (removed or (mode == "work" and all_done)):
+        why = (
+            f"still in queue_messages after {removed_by or 'a purge'}"
+            if removed
+            else "still in queue_messages though every group finished it"
+        )
+        out.violation("live_state", queue, None, offset, 0, None, why)
+    next_offset = ctx.next_offset.get(queue)
+    if next_offset is not None and offset >= next_offset:
+        out.violation(
+            "live_state",
+            queue,
+            None,
+            offset,
+            0,
+            None,
+            f"offset at or past the queue's next_offset {next_offset}",
+        )
+
+
+def _check_pending(
+    ctx: Context, queue: str, offset: int, lives: dict[str, Life], pending: dict[str, tuple[Any, ...]],
+    live: bool | None, removed: bool | None, out: Output,
+) -> None:  # fmt: skip
+    """Replayed open entries against queue_pending, per group (live: None when never published)."""
+    cursors = ctx.groups.get(queue, {})
+    for group in sorted(lives.keys() | pending.keys()):
+        life = lives.get(group)
+        row = pending.get(group)
+        status = life.status if life is not None else None
+        attempts = life.attempts if life is not None else None
+        live_state = row[STATE] if row is not None else None
+        live_attempts = row[ATTEMPT] if row is not None else None
+        is_open = status in ("held", "wait") and not removed
+        live_open = live_state in ("held", "wait")
+        replayed = status or "never delivered"
+        cursor = cursors.get(group)
+        problem: str | None = None
+        if is_open and live_state is None and live:
+            problem = f"replay: {status} attempt {_text(attempts)}; no pending row"
+        elif live_open and not is_open:
+            problem = f"pending row {live_state} but replay: {replayed}"
+        elif is_open and live_open and status != live_state:
+            problem = f"pending row {live_state} but replay: {status}"
+        elif (
+            is_open
+            and live_open
+            and attempts is not None
+            and live_attempts is not None
+            and attempts != live_attempts
+        ):
+            problem = f"pending row attempts {live_attempts} but replay: {attempts}"
+        elif (
+            is_open and status == "held" and live_state == "held" and life is not None and row is not None
+            and life.holder is not None and row[CONSUMER] is not None and life.holder != row[CONSUMER]
+        ):  # fmt: skip
+            problem = f"held by {row[CONSUMER]} but replay: {life.holder}"
+        elif live_state == "done" and status != FINISHED:
+            problem = f"pending row done but replay: {replayed}"
+        elif (
+            status == FINISHED and live_state is None and live and not removed
+            and cursor is not None and offset >= cursor
+        ):  # fmt: skip
+            problem = "finished ahead of the cursor but no done row"
+        if problem is not None:
+            out.violation("live_state", queue, group, offset, 0, None, problem)
+
+
+def replay_partition(
+    ctx: Context, rows: Iterable[tuple[Any, ...]], batch_rows: int = 8192
+) -> Iterator[Output]:
+    """Replay a partition's rows, sorted by (queue, offset, epoch, id); yields filled outputs."""
+    out = Output()
+    slot: list[tuple[Any, ...]] = []
+    key: tuple[Any, ...] | None = None
+    for row in rows:
+        here = (row[QUEUE], row[OFFSET], row[EPOCH])
+        if here != key:
+            if slot:
+                replay_slot(ctx, slot, out)
+                if len(out.rows) >= batch_rows:
+                    yield out
+                    out = Output()
+            slot = []
+            key = here
+        slot.append(row)
+    if slot:
+        replay_slot(ctx, slot, out)
+    if out.rows:
+        yield out
