@@ -1,0 +1,162 @@
+"""The per-message replay rules (``life.py``) on hand-made rows, without Spark."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trimaran.analytics.life import OUTPUT, Context, Output, replay_partition, replay_slot
+
+COLUMNS = list(OUTPUT)
+CTX = Context(
+    modes={"q": "work", "s": "stream"},
+    max_attempts={"q": 3},
+    visibility_ms={"q": 30_000},
+    groups={"q": {"g": 1}},
+)
+
+
+class Slot:
+    """Rows of one (queue, offset, epoch) slot, built in event order."""
+
+    def __init__(self, queue: str = "q", offset: int = 0, epoch: int = 0) -> None:
+        self.key = (queue, offset, epoch)
+        self.rows: list[tuple[Any, ...]] = []
+        self.next_id = 1
+
+    def event(
+        self, kind: str, group: str | None = "g", attempt: int | None = None, reason: str | None = None,
+        time: int | None = None, consumer: str | None = "c1",
+    ) -> Slot:  # fmt: skip
+        queue, offset, epoch = self.key
+        at = self.next_id * 10 if time is None else time
+        self.rows.append(
+            (queue, offset, epoch, self.next_id, "e", at, group, consumer, kind, attempt, reason, None)
+        )
+        self.next_id += 1
+        return self
+
+    def published(self, time: int | None = None) -> Slot:
+        return self.event("published", group=None, consumer="publisher", time=time)
+
+    def live(self) -> Slot:
+        queue, offset, _ = self.key
+        self.rows.insert(0, (queue, offset, 0, None, "m", None, None, None, None, None, None, None))
+        return self
+
+    def pending(self, group: str, state: str, attempts: int, consumer: str | None = "c1") -> Slot:
+        queue, offset, _ = self.key
+        row = (queue, offset, 0, None, "p", None, group, consumer, None, attempts, None, state)
+        self.rows.insert(0, row)
+        return self
+
+
+def replay(slot: Slot, ctx: Context = CTX) -> list[dict[str, Any]]:
+    out = Output()
+    replay_slot(ctx, slot.rows, out)
+    return [dict(zip(COLUMNS, row, strict=True)) for row in out.rows]
+
+
+def broken(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(r["invariant"], r["detail"]) for r in records if r["record"] == "violation"]
+
+
+def test_acked_message_is_clean_and_finished() -> None:
+    slot = Slot().published().event("delivered", attempt=1, reason="first")
+    records = replay(slot.event("acked", attempt=1))
+    assert broken(records) == []
+    (life,) = [r for r in records if r["record"] == "life"]
+    assert (life["status"], life["deliveries"], life["acks"], life["holder"]) == ("finished", 1, 1, "c1")
+    (message,) = [r for r in records if r["record"] == "message"]
+    assert (message["publishes"], message["live"], message["removed"]) == (1, False, False)
+
+
+def test_ack_without_delivery() -> None:
+    records = replay(Slot().published().event("acked", attempt=1))
+    assert broken(records) == [("settled_after_delivery", "acked attempt 1 with no delivery before it")]
+
+
+def test_ack_twice_is_one_violation_of_acked_once() -> None:
+    slot = Slot().published().event("delivered", attempt=1, reason="first")
+    records = replay(slot.event("acked", attempt=1).event("acked", attempt=1))
+    assert broken(records) == [("acked_once", "acked 2 times")]
+
+
+def test_redelivery_after_timeout_must_wait_for_the_visibility_timeout() -> None:
+    def slot(released_at: int) -> Slot:
+        s = Slot().published(time=0).event("delivered", attempt=1, reason="first", time=1_000)
+        s.event("released", attempt=1, reason="timeout", time=released_at)
+        return s.event("delivered", attempt=2, reason="timeout", time=released_at).event("acked", attempt=2)
+
+    assert broken(replay(slot(31_000))) == []
+    assert broken(replay(slot(5_000))) == [
+        ("redelivery_explained", "attempt 2 delivered for reason timeout after released (timeout)")
+    ]
+
+
+def test_dead_letter_needs_a_reject_or_max_attempts() -> None:
+    slot = Slot().published()
+    for attempt in (1, 2, 3):
+        slot.event("delivered", attempt=attempt, reason="first" if attempt == 1 else "nack")
+        slot.event("nacked", attempt=attempt, reason="max_attempts" if attempt == 3 else "delay_ms=10")
+    assert broken(replay(slot.event("dead_lettered", reason="max_attempts -> $dlq/q:0"))) == []
+
+    early = Slot().published().event("delivered", attempt=1, reason="first")
+    assert broken(replay(early.event("dead_lettered", reason="max_attempts"))) == [
+        ("dead_letter_explained", "dead_lettered (max_attempts) after delivered, attempt 1 of max 3")
+    ]
+
+
+def test_attempts_count_deliveries() -> None:
+    slot = Slot().published().event("delivered", attempt=1, reason="first").event("nacked", attempt=1)
+    records = replay(slot.event("delivered", attempt=3, reason="nack").event("acked", attempt=3))
+    assert broken(records) == [("attempts", "delivery numbered attempt 3 is delivery 2 of this group")]
+
+
+def test_a_held_message_needs_its_pending_row() -> None:
+    held = Slot().live().published().event("delivered", attempt=1, reason="first")
+    assert broken(replay(held)) == [("live_state", "replay: held attempt 1; no pending row")]
+    assert broken(replay(held.pending("g", "held", 1))) == []
+    other = Slot().live().pending("g", "held", 1, consumer="c2").published()
+    other.event("delivered", attempt=1, reason="first")
+    assert broken(replay(other)) == [("live_state", "held by c2 but replay: c1")]
+
+
+def test_a_message_gone_before_its_groups_finished_is_unaccounted() -> None:
+    ctx = Context(modes={"q": "work"}, groups={"q": {"g": 1, "h": None}})
+    slot = Slot().published().event("delivered", attempt=1, reason="first").event("acked", attempt=1)
+    assert broken(replay(slot, ctx)) == [
+        ("accounted", "gone from queue_messages while groups had not finished it: h=undelivered")
+    ]
+    assert broken(replay(slot.live(), ctx)) == []  # still there: h has yet to read it
+
+
+def test_live_row_without_publication() -> None:
+    assert broken(replay(Slot().live())) == [("live_state", "in queue_messages but never published")]
+
+
+def test_an_older_incarnation_is_replayed_but_not_compared() -> None:
+    records = replay(Slot(epoch=1).published().event("delivered", attempt=1, reason="first"))
+    assert broken(records) == []  # held in a deleted queue: nothing live to compare with
+    assert [(r["record"], r["epoch"]) for r in records] == [("life", 1)]
+
+
+def test_a_window_leaves_out_messages_published_outside_it() -> None:
+    ctx = Context(modes={"q": "work"}, groups={"q": {"g": 1}}, since_ms=100)
+    assert replay(Slot().published(time=50).event("acked", attempt=1), ctx) == []
+    assert replay(Slot().published(time=150).event("acked", attempt=1), ctx)
+
+
+def test_stream_messages_have_no_group_lives() -> None:
+    records = replay(Slot(queue="s").live().published().event("delivered", attempt=1, reason="first"))
+    assert [r["record"] for r in records] == ["message"]
+    assert broken(records) == []
+
+
+def test_partitions_are_cut_between_slots_never_inside_one() -> None:
+    rows = []
+    for offset in range(5):
+        slot = Slot(offset=offset).published().event("delivered", attempt=1, reason="first")
+        rows += slot.event("acked", attempt=1).rows
+    outputs = list(replay_partition(CTX, rows, batch_rows=1))
+    assert len(outputs) == 5
+    assert all({row[4] for row in out.rows} == {i} for i, out in enumerate(outputs))
