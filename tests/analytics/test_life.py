@@ -50,8 +50,8 @@ class Slot:
         return self
 
 
-def replay(slot: Slot, ctx: Context = CTX) -> list[dict[str, Any]]:
-    out = Output()
+def replay(slot: Slot, ctx: Context = CTX, out: Output | None = None) -> list[dict[str, Any]]:
+    out = out or Output()
     replay_slot(ctx, slot.rows, out)
     return [dict(zip(COLUMNS, row, strict=True)) for row in out.rows]
 
@@ -61,13 +61,14 @@ def broken(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
 
 def test_acked_message_is_clean_and_finished() -> None:
-    slot = Slot().published().event("delivered", attempt=1, reason="first")
-    records = replay(slot.event("acked", attempt=1))
+    slot = Slot().published(time=5).event("delivered", attempt=1, reason="first")
+    out = Output()
+    records = replay(slot.event("acked", attempt=1), out=out)
     assert broken(records) == []
     (life,) = [r for r in records if r["record"] == "life"]
     assert (life["status"], life["deliveries"], life["acks"], life["holder"]) == ("finished", 1, 1, "c1")
-    (message,) = [r for r in records if r["record"] == "message"]
-    assert (message["publishes"], message["live"], message["removed"]) == (1, False, False)
+    assert (life["pub_time"], life["acked_at"]) == (5, 30)
+    assert (out.messages, out.live, out.removed) == (1, 0, 0)
 
 
 def test_ack_without_delivery() -> None:
@@ -147,9 +148,12 @@ def test_a_window_leaves_out_messages_published_outside_it() -> None:
 
 
 def test_stream_messages_have_no_group_lives() -> None:
-    records = replay(Slot(queue="s").live().published().event("delivered", attempt=1, reason="first"))
-    assert [r["record"] for r in records] == ["message"]
-    assert broken(records) == []
+    out = Output()
+    records = replay(
+        Slot(queue="s").live().published().event("delivered", attempt=1, reason="first"), out=out
+    )
+    assert records == []
+    assert (out.messages, out.live) == (1, 1)
 
 
 def test_partitions_are_cut_between_slots_never_inside_one() -> None:
@@ -159,4 +163,7 @@ def test_partitions_are_cut_between_slots_never_inside_one() -> None:
         rows += slot.event("acked", attempt=1).rows
     outputs = list(replay_partition(CTX, rows, batch_rows=1))
     assert len(outputs) == 5
-    assert all({row[4] for row in out.rows} == {i} for i, out in enumerate(outputs))
+    for i, out in enumerate(outputs):
+        assert {row[4] for row in out.rows if row[0] == "life"} == {i}
+    assert outputs[-1].rows[-1][0] == "totals"
+    assert outputs[-1].rows[-1][-3:] == (5, 0, 0)

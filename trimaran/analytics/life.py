@@ -3,8 +3,8 @@
 Spark brings every row that concerns one message slot (queue, offset) into one partition, sorted
 by incarnation (``epoch``) and event id: the slot's events, its ``queue_messages`` row and its
 ``queue_pending`` rows. :func:`replay_partition` walks those rows once, the way the broker lived
-them, and writes three kinds of record: a *life* per (group, message), a *message* per published
-message of the live incarnation, and a *violation* per broken rule (see ``replay.INVARIANTS``).
+them, and writes a *life* per (group, message) and a *violation* per broken rule (see
+``replay.INVARIANTS``), and counts the live incarnation's messages.
 
 Spark's own operators (windows, joins, aggregates) did the same work, but each of them costs a
 stage, generated code and JIT time; one pass over the sorted rows is several times faster, and the
@@ -68,27 +68,17 @@ LIFE: dict[str, str] = {
     "dead_lettered_at": "bigint",
     "last_id": "bigint",
     "status": "string",
+    "pub_time": "bigint",  # the message's publication (None: never published)
 }
-MESSAGE: dict[str, str] = {
-    "queue": "string",
-    "offset": "bigint",
-    "publishes": "int",
-    "pub_id": "bigint",
-    "pub_time": "bigint",
-    "mode": "string",
-    "live": "boolean",
-    "removed": "boolean",
-    "removed_by": "string",
-}
-# The output rows of all three kinds share one schema: ``record`` says which, the rest is the union
+TOTALS: dict[str, str] = {"messages": "bigint", "messages_live": "bigint", "messages_removed": "bigint"}
+# The output rows share one schema: ``record`` says which kind ("violation", "life", or one
+# "totals" row per partition counting the live incarnation's messages); the rest is the union
 # (queue, group, offset and epoch are shared). Rows are built as tuples in this order.
-OUTPUT: dict[str, str] = {"record": "string", **VIOLATION, **LIFE, **MESSAGE}
+OUTPUT: dict[str, str] = {"record": "string", **VIOLATION, **LIFE, **TOTALS}
 _LIFE_AT = list(OUTPUT).index("last_kind")
-_MESSAGE_AT = list(OUTPUT).index("publishes")
+_TOTALS_AT = list(OUTPUT).index("messages")
 assert list(OUTPUT)[1:_LIFE_AT] == list(VIOLATION)
-assert (
-    list(OUTPUT)[_LIFE_AT:_MESSAGE_AT] == list(LIFE)[4:] and list(OUTPUT)[_MESSAGE_AT:] == list(MESSAGE)[2:]
-)
+assert list(OUTPUT)[_LIFE_AT:_TOTALS_AT] == list(LIFE)[4:] and list(OUTPUT)[_TOTALS_AT:] == list(TOTALS)
 
 
 @dataclass(frozen=True)
@@ -273,15 +263,15 @@ def _max(a: int | None, b: int | None) -> int | None:
 
 
 class Output:
-    """Output rows (tuples in OUTPUT's column order), handed out in batches."""
+    """Output rows (tuples in OUTPUT's column order), handed out in batches, and message counts."""
 
-    __slots__ = ("rows",)
+    __slots__ = ("live", "messages", "removed", "rows")
     _AFTER_VIOLATION = (None,) * (len(OUTPUT) - _LIFE_AT)
-    _AFTER_LIFE = (None,) * (len(OUTPUT) - _MESSAGE_AT)
-    _BEFORE_MESSAGE = (None,) * (_MESSAGE_AT - _LIFE_AT)
+    _AFTER_LIFE = (None,) * (len(OUTPUT) - _TOTALS_AT)
 
     def __init__(self) -> None:
         self.rows: list[tuple[Any, ...]] = []
+        self.messages = self.live = self.removed = 0
 
     def violation(
         self, invariant: str, queue: str, group: str | None, offset: int | None, epoch: int,
@@ -299,21 +289,24 @@ class Output:
         )
         self.rows.append((*head, detail, *self._AFTER_VIOLATION))
 
-    def life(self, queue: str, epoch: int, group: str, offset: int, life: Life) -> None:
+    def life(self, queue: str, epoch: int, group: str, offset: int, life: Life, pub_time: int | None) -> None:
         self.rows.append(
             ("life", None, queue, group, offset, epoch, None, None, None, life.last_kind, life.last_reason,
              life.attempts, life.holder, life.deliveries, life.acks, life.first_delivered_at, life.acked_at,
-             life.dead_lettered_at, life.last_id, life.status, *self._AFTER_LIFE)
+             life.dead_lettered_at, life.last_id, life.status, pub_time, *self._AFTER_LIFE)
         )  # fmt: skip
 
-    def message(
-        self, queue: str, offset: int, publishes: int, pub_id: int | None, pub_time: int | None, mode: str,
-        live: bool, removed: bool, removed_by: str | None,
-    ) -> None:  # fmt: skip
-        self.rows.append(
-            ("message", None, queue, None, offset, 0, None, None, None, *self._BEFORE_MESSAGE,
-             publishes, pub_id, pub_time, mode, live, removed, removed_by)
-        )  # fmt: skip
+    def next(self) -> Output:
+        """A fresh batch that carries the counts on."""
+        fresh = Output()
+        fresh.messages, fresh.live, fresh.removed = self.messages, self.live, self.removed
+        return fresh
+
+    def totals(self) -> None:
+        """The message counts so far as one row (then zero)."""
+        none = (None,) * (_TOTALS_AT - 1)
+        self.rows.append(("totals", *none, self.messages, self.live, self.removed))
+        self.messages = self.live = self.removed = 0
 
 
 def replay_slot(ctx: Context, rows: list[tuple[Any, ...]], out: Output) -> None:
@@ -357,7 +350,7 @@ def replay_slot(ctx: Context, rows: list[tuple[Any, ...]], out: Output) -> None:
             out.violation(invariant, queue, group, offset, epoch, row[ID], detail)
 
     for group, life in lives.items():
-        out.life(queue, epoch, group, offset, life)
+        out.life(queue, epoch, group, offset, life, pub_time)
         if life.acks > 1:
             out.violation("acked_once", queue, group, offset, epoch, None, f"acked {life.acks} times")
         if not published:  # (only reached when no window is set)
@@ -374,7 +367,9 @@ def replay_slot(ctx: Context, rows: list[tuple[Any, ...]], out: Output) -> None:
         removed = removed_id is not None or (
             purge_id is not None and pub_id is not None and pub_id < purge_id
         )
-        out.message(queue, offset, publishes, pub_id, pub_time, mode, live, removed, removed_by)
+        out.messages += 1
+        out.live += live
+        out.removed += removed
         _check_message(ctx, queue, offset, mode, publishes, live, removed, removed_by, lives, out)
     elif live and not ctx.windowed:
         out.violation("live_state", queue, None, offset, 0, None, "in queue_messages but never published")
@@ -493,11 +488,11 @@ def replay_partition(
                 replay_slot(ctx, slot, out)
                 if len(out.rows) >= batch_rows:
                     yield out
-                    out = Output()
+                    out = out.next()
             slot = []
             key = here
         slot.append(row)
     if slot:
         replay_slot(ctx, slot, out)
-    if out.rows:
-        yield out
+    out.totals()
+    yield out

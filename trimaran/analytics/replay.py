@@ -31,8 +31,8 @@ from trimaran.analytics.life import (
     GROUP_KINDS,
     INPUT,
     LIFE,
-    MESSAGE,
     OUTPUT,
+    TOTALS,
     VIOLATION,
     Context,
     message_id,
@@ -278,7 +278,6 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
     )
     record = col("record")
     lives = replayed.filter(record == "life").select(*LIFE)
-    msgs = replayed.filter(record == "message").select(*MESSAGE)
     violations = [replayed.filter(record == "violation").select(*VIOLATION)]
 
     # Stream commits, in order per group: never backwards.
@@ -335,24 +334,12 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
         }
         for name, text in INVARIANTS.items()
     }
-    totals = {
-        r["record"]: r
-        for r in replayed.groupBy("record")
-        .agg(
-            F.count(lit(1)).alias("n"),
-            F.sum(F.when(col("live"), 1).otherwise(0)).alias("live"),
-            F.sum(F.when(col("removed"), 1).otherwise(0)).alias("removed"),
-        )
-        .collect()
-    }
-    message_totals = totals.get("message")
+    totals = replayed.filter(record == "totals").agg(*[F.sum(name).alias(name) for name in TOTALS]).first()
     counts: dict[str, Any] = {
         "events": sum(facts.events_by_kind.values()),
         "events_by_kind": dict(sorted(facts.events_by_kind.items())),
-        "messages": int(message_totals["n"]) if message_totals else 0,
-        "messages_live": int(message_totals["live"] or 0) if message_totals else 0,
-        "messages_removed": int(message_totals["removed"] or 0) if message_totals else 0,
-        "group_message_pairs": int(totals["life"]["n"]) if "life" in totals else 0,
+        **{name: int(totals[name] or 0) if totals else 0 for name in TOTALS},
+        "group_message_pairs": lives.count(),
     }
     # The report's view of the events: with each incarnation's mode.
     modes = spark.createDataFrame(
@@ -362,7 +349,7 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
     events = events.join(F.broadcast(modes), ["queue", "epoch"], "left").withColumn(
         "mode", F.coalesce(col("mode"), lit("work"))
     )
-    frames = {"events": events, "lives": lives, "messages": msgs}
+    frames = {"events": events, "lives": lives}
     return AuditResult(
         ok=all(v["ok"] for v in invariants.values()),
         invariants=invariants,
