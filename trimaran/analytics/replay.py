@@ -113,6 +113,7 @@ class Facts:
     commit_high: dict[tuple[str, str], int]  # the live incarnation's highest commit + 1
     delivered_high: dict[tuple[str, str], int]  # the highest offset delivered to a work group
     incarnations: set[tuple[str, int]]  # (queue, epoch) pairs with events
+    span: tuple[int | None, int | None]  # the first and last event's time
 
 
 def _policy_number(policy: str | None, key: str, scale: float = 1.0) -> int | None:
@@ -131,6 +132,8 @@ def gather_facts(events: DataFrame, tables: dict[str, DataFrame], selection: Sel
         events.groupBy("queue", "epoch", "group", "kind")
         .agg(
             F.count(F.lit(1)).alias("n"),
+            F.min("time").alias("first"),
+            F.max("time").alias("last"),
             F.max("offset").alias("max_offset"),
             F.max(F.when(F.coalesce(col("reason") != "delete", F.lit(True)), col("id"))).alias("purge_id"),
         )
@@ -180,7 +183,10 @@ def gather_facts(events: DataFrame, tables: dict[str, DataFrame], selection: Sel
             delivered_high[(queue, group)] = int(r["max_offset"])
     context.groups.update(groups)
     incarnations = {(r["queue"], r["epoch"]) for r in summary}
-    return Facts(context, kinds, live_groups, commit_high, delivered_high, incarnations)
+    firsts = [r["first"] for r in summary if r["first"] is not None]
+    lasts = [r["last"] for r in summary if r["last"] is not None]
+    span = (min(firsts, default=None), max(lasts, default=None))
+    return Facts(context, kinds, live_groups, commit_high, delivered_high, incarnations, span)
 
 
 def _group_violations(facts: Facts) -> list[tuple[Any, ...]]:
@@ -340,6 +346,8 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
         "events_by_kind": dict(sorted(facts.events_by_kind.items())),
         **{name: int(totals[name] or 0) if totals else 0 for name in TOTALS},
         "group_message_pairs": lives.count(),
+        "first_event_at": facts.span[0],
+        "last_event_at": facts.span[1],
     }
     # The report's view of the events: with each incarnation's mode.
     modes = spark.createDataFrame(

@@ -25,25 +25,36 @@ BUCKETS = 120  # time buckets across the audited span
 
 
 def figure_tables(result: AuditResult) -> dict[str, pd.DataFrame]:
-    """The numbers behind each chart, as small pandas frames."""
+    """The numbers behind each chart, as small pandas frames.
+
+    Three Spark jobs: one aggregate over the events by queue, group, kind and time bucket (with the
+    reason where a chart splits by it), one of deliveries per consumer, and the latency percentiles
+    over the lives. The charts' tables are cut from the first in pandas.
+    """
     from pyspark.sql import functions as F
 
     col, lit = F.col, F.lit
     events = result.frames["events"]
     lives = result.frames["lives"].filter(col("epoch") == 0)
-    span = events.agg(F.min("time").alias("lo"), F.max("time").alias("hi")).first()
-    lo = int(span["lo"] or 0) if span else 0
-    hi = int(span["hi"] or 0) if span else 0
+    lo, hi = result.counts.get("first_event_at") or 0, result.counts.get("last_event_at") or 0
     bucket_ms = max(1000, math.ceil((hi - lo + 1) / BUCKETS))
     bucket = (F.floor((col("time") - lo) / bucket_ms) * bucket_ms + lo).cast("bigint").alias("bucket")
-
-    tables: dict[str, pd.DataFrame] = {}
-    tables["throughput"] = (
-        events.filter(col("kind").isin("published", "acked", "dead_lettered", "committed"))
-        .groupBy("queue", "kind", bucket)
-        .agg(F.count(lit(1)).alias("n"))
+    kind = col("kind")
+    delivered = kind == "delivered"
+    gone = kind.isin("dead_lettered", "dropped", "expired")
+    detail = F.when(delivered, F.coalesce(col("reason"), lit("first"))).when(
+        gone, F.coalesce(F.split(col("reason"), " -> ").getItem(0), lit("none"))
+    )
+    counted: pd.DataFrame = (
+        events.groupBy("queue", "group", "kind", "epoch", "mode", bucket, detail.alias("detail"))
+        .agg(F.count(lit(1)).alias("n"), F.max("offset").alias("max_offset"))
         .toPandas()
     )
+    keys = {"dropna": False, "as_index": False}
+
+    tables: dict[str, pd.DataFrame] = {}
+    flow = counted[counted["kind"].isin(["published", "acked", "dead_lettered", "committed"])]
+    tables["throughput"] = flow.groupby(["queue", "kind", "bucket"], **keys)["n"].sum()
     tables["throughput"]["rate_per_s"] = tables["throughput"]["n"] * 1000.0 / bucket_ms
     latency = lives.filter(col("acked_at").isNotNull() & col("pub_time").isNotNull())
     tables["latency"] = (
@@ -60,45 +71,28 @@ def figure_tables(result: AuditResult) -> dict[str, pd.DataFrame]:
         for i, name in enumerate(("p50_ms", "p90_ms", "p99_ms")):
             tables["latency"][name] = tables["latency"]["p"].map(lambda p, i=i: p[i])
         tables["latency"] = tables["latency"].drop(columns=["p"])
-    tables["redeliveries"] = (
-        events.filter(col("kind") == "delivered")
-        .groupBy("queue", "group", F.coalesce(col("reason"), lit("first")).alias("reason"))
-        .agg(F.count(lit(1)).alias("n"))
-        .toPandas()
-    )
-    tables["dead_letters"] = (
-        events.filter(col("kind").isin("dead_lettered", "dropped", "expired"))
-        .groupBy(
-            "queue",
-            F.coalesce(col("group"), lit("(all)")).alias("group"),
-            "kind",
-            F.coalesce(F.split(col("reason"), " -> ").getItem(0), lit("none")).alias("reason"),
-        )
-        .agg(F.count(lit(1)).alias("n"))
-        .toPandas()
-    )
+    deliveries = counted[counted["kind"] == "delivered"].rename(columns={"detail": "reason"})
+    tables["redeliveries"] = deliveries.groupby(["queue", "group", "reason"], **keys)["n"].sum()
+    dead = counted[counted["kind"].isin(["dead_lettered", "dropped", "expired"])]
+    dead = dead.assign(group=dead["group"].fillna("(all)")).rename(columns={"detail": "reason"})
+    tables["dead_letters"] = dead.groupby(["queue", "group", "kind", "reason"], **keys)["n"].sum()
     tables["consumers"] = (
-        events.filter(col("kind") == "delivered")
+        events.filter(delivered)
         .groupBy("queue", "group", F.coalesce(col("consumer"), lit("?")).alias("consumer"))
         .agg(F.count(lit(1)).alias("deliveries"))
         .toPandas()
     )
-    finished = col("kind").isin("acked", "dead_lettered", "committed") | (
-        (col("kind") == "dropped") & col("group").isNotNull()
+    current = counted[counted["epoch"] == 0]
+    finished = current["kind"].isin(["acked", "dead_lettered", "committed"]) | (
+        (current["kind"] == "dropped") & current["group"].notna()
     )
-    tables["progress"] = (
-        events.filter(
-            (col("epoch") == 0) & (finished | col("kind").isin("published", "expired", "dropped", "purged"))
-        )
-        .groupBy(
-            "queue",
-            F.when(finished, col("group")).alias("group"),
-            F.when(finished, lit("finished")).otherwise(col("kind")).alias("kind"),
-            "mode",
-            bucket,
-        )
-        .agg(F.count(lit(1)).alias("n"), F.max("offset").alias("max_offset"))
-        .toPandas()
+    progress = current[finished | current["kind"].isin(["published", "expired", "dropped", "purged"])]
+    finished = finished[progress.index]
+    progress = progress.assign(
+        group=progress["group"].where(finished, None), kind=progress["kind"].where(~finished, "finished")
+    )
+    tables["progress"] = progress.groupby(["queue", "group", "kind", "mode", "bucket"], **keys).agg(
+        n=("n", "sum"), max_offset=("max_offset", "max")
     )
     tables["lag"] = _lag(tables["progress"])
     return tables
