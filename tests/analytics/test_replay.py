@@ -89,6 +89,16 @@ def dead_letter_without_cause(t: dict[str, pd.DataFrame]) -> None:
     t["queue_events"] = ev.drop(_one(ev[(ev["queue"] == "retry") & (ev["kind"] == "rejected")]).name)
 
 
+def dead_letter_copy_lost(t: dict[str, pd.DataFrame]) -> None:
+    """A dead letter whose copy never reached the dead-letter queue: no trace of it there."""
+    ev = _events(t)
+    moved = _one(ev[(ev["queue"] == "retry") & (ev["kind"] == "dead_lettered")])
+    target, _, offset = str(moved["reason"]).split(" -> ")[1].rpartition(":")
+    for table in ("queue_events", "queue_messages", "queue_pending"):
+        rows = t[table]
+        t[table] = rows[~((rows["queue"] == target) & (rows["offset"] == int(offset)))]
+
+
 def cursor_moved_back(t: dict[str, pd.DataFrame]) -> None:
     ev = _events(t)
     commits = ev[(ev["queue"] == "ticks") & (ev["kind"] == "committed")]
@@ -128,6 +138,7 @@ FAULTS: dict[Callable[[dict[str, pd.DataFrame]], None], str] = {
     duplicate_ack: "acked_once",
     ack_without_delivery: "settled_after_delivery",
     dead_letter_without_cause: "dead_letter_explained",
+    dead_letter_copy_lost: "accounted",
     cursor_moved_back: "commits_monotonic",
     live_row_disagrees: "live_state",
 }

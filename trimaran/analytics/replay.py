@@ -211,6 +211,47 @@ def _group_violations(facts: Facts) -> list[tuple[Any, ...]]:
     return found
 
 
+def _lost_dead_letters(events: DataFrame, durable: set[str]) -> DataFrame:
+    """A dead letter moved into a durable queue must arrive there: each ``dead_lettered`` event
+    (reason ``<why> -> <dlq>[:offset]``) needs a ``published`` event in that queue whose reason is
+    ``dead_letter from <queue>:<offset>``. Counted per source message, so two groups dead-lettering
+    one message need two copies. Only queues in the audited ``queues`` table are checked (an
+    in-memory dead-letter queue leaves no rows; an unselected one was not read)."""
+    from pyspark.sql import functions as F
+
+    col = F.col
+    target = F.regexp_extract(col("reason"), r" -> (.+?)(?::[0-9]+)?$", 1)
+    moved = (
+        events.filter((col("kind") == "dead_lettered") & col("group").isNotNull())
+        .withColumn("target", target)
+        .filter(col("target").isin(sorted(durable)) if durable else F.lit(False))
+        .groupBy("target", "queue", "offset")
+        .agg(F.count(F.lit(1)).alias("moved"), F.max("id").alias("id"))
+    )
+    source = F.regexp_extract(col("reason"), r"^dead_letter from (.+):([0-9]+)$", 1)
+    source_offset = F.regexp_extract(col("reason"), r"^dead_letter from (.+):([0-9]+)$", 2)
+    arrived = (
+        events.filter((col("kind") == "published") & col("reason").startswith("dead_letter from "))
+        .select(
+            col("queue").alias("target"),
+            source.alias("queue"),
+            source_offset.cast("bigint").alias("offset"),
+        )
+        .groupBy("target", "queue", "offset")
+        .agg(F.count(F.lit(1)).alias("arrived"))
+    )
+    lost = moved.join(arrived, ["target", "queue", "offset"], "left").filter(
+        col("moved") > F.coalesce(col("arrived"), F.lit(0))
+    )
+    return lost.select(
+        F.lit("accounted").alias("invariant"), "queue", F.lit(None).cast("string").alias("group"), "offset",
+        F.lit(0).alias("epoch"), _message_id(col("queue"), col("offset"), F.lit(0)).alias("message_id"),
+        col("id").alias("event_id"),
+        F.format_string("dead-lettered %d time(s) into %s, but %d cop(ies) arrived there", col("moved"),
+                        col("target"), F.coalesce(col("arrived"), F.lit(0))).alias("detail"),
+    )  # fmt: skip
+
+
 def _slots(events: DataFrame, tables: dict[str, DataFrame], partitions: int) -> DataFrame:
     """Every row about each message slot in one partition, in replay order (``life.INPUT``)."""
     from pyspark.sql import functions as F
@@ -303,6 +344,7 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
                             col("highest_before")).alias("detail"),
         )
     )  # fmt: skip
+    violations.append(_lost_dead_letters(events, set(context.next_offset)))
     group_rows = _group_violations(facts)
     if group_rows:
         violations.append(spark.createDataFrame(group_rows, schema=_ddl(VIOLATION)))
