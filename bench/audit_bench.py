@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import sys
@@ -264,7 +265,7 @@ def main() -> int:
         "replay_s": summary["seconds"],
         "audit_with_report_s": round(audited, 1),
         "clean": code == 0,
-        "host": f"{platform.node()} {len(__import__('os').sched_getaffinity(0))} CPUs (busy host: shared)",
+        "host": f"{platform.node()} {len(os.sched_getaffinity(0))} CPUs, load {os.getloadavg()[0]:.1f}",
         "date": time.strftime("%Y-%m-%d"),
     }
     print(json.dumps(record))
