@@ -167,3 +167,13 @@ def test_partitions_are_cut_between_slots_never_inside_one() -> None:
         assert {row[4] for row in out.rows if row[0] == "life"} == {i}
     assert outputs[-1].rows[-1][0] == "totals"
     assert outputs[-1].rows[-1][-3:] == (5, 0, 0)
+
+
+def test_an_older_incarnation_is_not_judged_by_the_newest_policy() -> None:
+    """Declared again with max_attempts 5: the old incarnation's dead letter at 3 was right."""
+    ctx = Context(modes={"q": "work"}, max_attempts={"q": 5}, groups={"q": {"g": 1}})
+    slot = Slot(epoch=1).published()
+    for attempt in (1, 2, 3):
+        slot.event("delivered", attempt=attempt, reason="first" if attempt == 1 else "nack")
+        slot.event("nacked", attempt=attempt, reason="max_attempts" if attempt == 3 else "delay_ms=10")
+    assert broken(replay(slot.event("dead_lettered", reason="max_attempts"), ctx)) == []

@@ -322,7 +322,10 @@ def replay_slot(ctx: Context, rows: list[tuple[Any, ...]], out: Output) -> None:
     if ctx.windowed and not published:
         return  # outside the audited window
     mode = ctx.mode(queue, epoch)
-    max_attempts, visibility_ms = ctx.max_attempts.get(queue), ctx.visibility_ms.get(queue)
+    # The policy row belongs to the queue as declared now: older incarnations are checked without
+    # one, as a queue with no row is.
+    max_attempts = ctx.max_attempts.get(queue) if epoch == 0 else None
+    visibility_ms = ctx.visibility_ms.get(queue) if epoch == 0 else None
     lives: dict[str, Life] = {}
     pending: dict[str, tuple[Any, ...]] = {}
     live = False
