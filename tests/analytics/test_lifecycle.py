@@ -1,0 +1,309 @@
+"""The audit across a queue's life: deleted and declared again, purged, redriven, expired; and the
+selections (``--queue``, ``--since``/``--until``).
+
+One broker run (paho and the admin API over real sockets) writes a SQLite database for the whole
+module; each test replays it, and one test breaks copies of its tables in a few new ways.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from paho.mqtt.packettypes import PacketTypes
+from pyspark.sql import SparkSession
+
+from tests.analytics.conftest import BROKER_ENV
+from tests.analytics.test_replay import _frame
+from tests.interop.conftest import endpoints_of, start_server
+from tests.support.paho import V5, Client, Endpoints, connect, props, user_props
+from tests.support.server import ALL_OFF
+from trimaran.analytics.replay import add_arguments, replay, run_audit
+from trimaran.analytics.source import Selection, read_tables
+
+TOKEN = "audit-token"
+
+
+class Admin:
+    """The admin API's queue calls over HTTP, with the bearer token."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+        try:
+            conn.request(method, path, body=json.dumps(body).encode() if body is not None else None,
+                         headers=headers)  # fmt: skip
+            response = conn.getresponse()
+            return response.status, json.loads(response.read() or b"null")
+        finally:
+            conn.close()
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _settle(seconds: float = 0.3) -> None:
+    """Let PUBACKs, control messages and the group commit land before the next step."""
+    time.sleep(seconds)
+
+
+def _cycle(mqtt: Endpoints, admin: Admin, pub: Client) -> None:
+    """``cycle``: 3 consumed, 2 held by a consumer when the queue is deleted; declared again, 3 more."""
+    c = connect(mqtt, version=V5)
+    c.subscribe("$queue/cycle", qos=1)
+    for i in range(3):
+        pub.publish("$queue/cycle", f"old{i}".encode(), qos=1)
+    c.drain(3)
+    _settle()
+    c.disconnect()
+    holder = connect(mqtt, version=V5, manual_ack=True)
+    holder.subscribe("$queue/cycle", qos=1)
+    for i in range(3, 5):
+        pub.publish("$queue/cycle", f"old{i}".encode(), qos=1)
+    holder.drain(2)
+    assert admin.call("DELETE", "/api/v1/queues/cycle")[0] == 200
+    holder.disconnect()  # its held deliveries belonged to the deleted queue
+    status, body = admin.call("POST", "/api/v1/queues", {"name": "cycle"})
+    assert status == 201, body
+    again = connect(mqtt, version=V5)
+    again.subscribe("$queue/cycle", qos=1)
+    for i in range(3):
+        pub.publish("$queue/cycle", f"new{i}".encode(), qos=1)
+    got = again.drain(3)
+    assert [user_props(m)["x-queue-offset"] for m in got] == ["0", "1", "2"]  # offsets start over
+    _settle()
+    again.disconnect()
+
+
+def _purge(mqtt: Endpoints, admin: Admin, pub: Client) -> None:
+    """``purgeme``: 1 acked, 2 held, 1 waiting when purged; the holder acks one after; 2 more after."""
+    for i in range(4):
+        pub.publish("$queue/purgeme", f"p{i}".encode(), qos=1)
+    h = connect(mqtt, version=V5, manual_ack=True, properties=props(PacketTypes.CONNECT, ReceiveMaximum=2))
+    h.subscribe("$queue/purgeme", qos=1)
+    first = h.expect()
+    second = h.expect()
+    h.client.ack(first.mid, 1)
+    third = h.expect()
+    assert [m.payload for m in (first, second, third)] == [b"p0", b"p1", b"p2"]
+    _settle()
+    status, body = admin.call("POST", "/api/v1/queues/purgeme/purge")
+    assert (status, body) == (200, {"count": 3})
+    h.client.ack(second.mid, 1)  # settling what the purge removed: nothing to ack any more
+    _settle()
+    h.client.ack(third.mid, 1)
+    for i in range(4, 6):
+        pub.publish("$queue/purgeme", f"p{i}".encode(), qos=1)
+    for m in h.drain(2):
+        h.client.ack(m.mid, 1)
+    _settle()
+    h.disconnect()
+
+
+def _redrive(mqtt: Endpoints, admin: Admin, pub: Client) -> None:
+    """``redo``: one rejected to ``$dlq/redo``, moved back with redrive, then acked."""
+    r = connect(mqtt, version=V5, manual_ack=True)
+    r.subscribe("$queue/redo", qos=1)
+    pub.publish("$queue/redo", b"d0", qos=1)
+    pub.publish("$queue/redo", b"d1", qos=1)
+    bad, good = r.drain(2)
+    message_id = user_props(bad)["x-queue-message-id"]
+    user = [("message-id", message_id), ("reason", "not now")]
+    r.publish("$queue/redo/$reject", b"", qos=1, properties=props(PacketTypes.PUBLISH, UserProperty=user))
+    r.client.ack(good.mid, 1)
+    _settle()
+    status, body = admin.call("POST", "/api/v1/queues/redo/redrive", {})
+    assert (status, body) == (200, {"count": 1})
+    back = r.expect()
+    assert back.payload == b"d0"
+    assert user_props(back)["x-queue-offset"] == "2"  # a new message at the tail
+    r.client.ack(back.mid, 1)
+    _settle()
+    r.disconnect()
+
+
+def _expire(admin: Admin, pub: Client) -> None:
+    """``brief``: a 0.2 s TTL and no consumer; the manager's sweep (every second) expires both."""
+    status, body = admin.call("POST", "/api/v1/queues", {"name": "brief", "ttl_s": 0.2})
+    assert status == 201, body
+    pub.publish("$queue/brief", b"e0", qos=1)
+    pub.publish("$queue/brief", b"e1", qos=1)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if admin.call("GET", "/api/v1/queues/brief")[1]["depth"] == 0:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("brief's messages did not expire")
+
+
+def _window(mqtt: Endpoints, pub: Client) -> int:
+    """``win``: 3 messages, then a time mark, then 4 more; all consumed. Returns the mark (ms)."""
+    w = connect(mqtt, version=V5)
+    w.subscribe("$queue/win", qos=1)
+    for i in range(3):
+        pub.publish("$queue/win", f"w{i}".encode(), qos=1)
+    w.drain(3)
+    time.sleep(0.05)
+    mark = _now_ms()
+    time.sleep(0.05)
+    for i in range(3, 7):
+        pub.publish("$queue/win", f"w{i}".encode(), qos=1)
+    w.drain(4)
+    _settle()
+    w.disconnect()
+    return mark
+
+
+@pytest.fixture(scope="module")
+def lifecycle_db(tmp_path_factory: pytest.TempPathFactory, tls_files: dict[str, str]) -> tuple[str, int]:
+    """(SQLite URL, the ``win`` time mark): one broker run through every step above."""
+    workdir = tmp_path_factory.mktemp("audit-lifecycle")
+    url = f"sqlite:///{workdir / 'trimaran.db'}"
+    env = {**BROKER_ENV, "TRIMARAN_STORAGE__URL": url, "TRIMARAN_HTTP__TOKENS": json.dumps([TOKEN])}
+    args = [*ALL_OFF, "--mqtt", "127.0.0.1:0", "--http", "127.0.0.1:0"]
+    server = start_server(workdir, tls_files, env, args)
+    try:
+        mqtt = endpoints_of(server, tls_files)
+        admin = Admin(server.ports["http"])
+        pub = connect(mqtt, version=V5)
+        try:
+            _cycle(mqtt, admin, pub)
+            _purge(mqtt, admin, pub)
+            _redrive(mqtt, admin, pub)
+            _expire(admin, pub)
+            mark = _window(mqtt, pub)
+        finally:
+            pub.disconnect()
+    finally:
+        assert server.stop() == 0, server.output()
+    return url, mark
+
+
+def _audit(spark: SparkSession, url: str, output: Path, *options: str) -> tuple[int, dict[str, Any]]:
+    """``trimaran audit --storage URL OPTIONS --no-charts`` in this process's Spark session."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, master_default="local[2]")
+    args = parser.parse_args([*options, "--output", str(output), "--no-charts"])
+    code = run_audit(args, url, spark=spark)
+    summary: dict[str, Any] = json.loads((output / "summary.json").read_text())
+    return code, summary
+
+
+def _failed(summary: dict[str, Any]) -> dict[str, Any]:
+    return {name: v["examples"] for name, v in summary["invariants"].items() if not v["ok"]}
+
+
+def test_lifecycle_audits_clean(spark: SparkSession, lifecycle_db: tuple[str, int], tmp_path: Path) -> None:
+    code, summary = _audit(spark, lifecycle_db[0], tmp_path)
+    assert _failed(summary) == {}
+    assert code == 0
+    kinds = summary["counts"]["events_by_kind"]
+    # two purges (one of them the delete), one redrive, two expiries
+    assert (kinds["purged"], kinds["redriven"], kinds["expired"]) == (2, 1, 2)
+    # The newest incarnations: cycle 3, purgeme 6, redo 3, $dlq/redo 1, brief 2, win 7.
+    assert summary["counts"]["messages"] == 22
+    # Gone without a group finishing them: purgeme 0-3 (purged), $dlq/redo:0 (redriven), brief 0-1.
+    assert summary["counts"]["messages_removed"] == 7
+
+    lives = pd.read_parquet(tmp_path / "details" / "messages.parquet")
+    cycle = lives[lives["queue"] == "cycle"].set_index("message_id")
+    old = {f"cycle:{i}@epoch1" for i in range(5)}
+    assert set(cycle.index) == old | {f"cycle:{i}" for i in range(3)}
+    # The old incarnation's last two were held when the queue was deleted; that is its end.
+    assert cycle.loc[sorted(old), "status"].tolist() == ["finished"] * 3 + ["held"] * 2
+    assert (cycle.loc[[f"cycle:{i}" for i in range(3)], "last_kind"] == "acked").all()
+    # The messages the purge removed while held were never acked (the late acks were ignored).
+    purged = lives[lives["queue"] == "purgeme"].set_index("offset")
+    assert purged.loc[[1, 2], "last_kind"].tolist() == ["delivered", "delivered"]
+    assert purged.loc[[0, 4, 5], "last_kind"].tolist() == ["acked"] * 3
+
+
+def test_queue_selection_audits_only_that_queue(
+    spark: SparkSession, lifecycle_db: tuple[str, int], tmp_path: Path
+) -> None:
+    code, summary = _audit(spark, lifecycle_db[0], tmp_path, "--queue", "cycle")
+    assert _failed(summary) == {}
+    assert code == 0
+    assert summary["window"]["queues"] == ["cycle"]
+    assert summary["counts"]["messages"] == 3  # the newest incarnation's
+    lives = pd.read_parquet(tmp_path / "details" / "messages.parquet")
+    assert set(lives["queue"]) == {"cycle"}
+    assert len(lives) == 8  # both incarnations' (group, message) lives
+
+
+@pytest.mark.parametrize("side", ["since", "until"])
+def test_time_window_audits_clean(
+    spark: SparkSession, lifecycle_db: tuple[str, int], tmp_path: Path, side: str
+) -> None:
+    url, mark = lifecycle_db
+    if side == "since":  # ISO 8601 form: the 4 ``win`` messages published after the mark
+        iso = datetime.fromtimestamp(mark / 1000, UTC).isoformat(timespec="milliseconds")
+        code, summary = _audit(spark, url, tmp_path, "--since", iso)
+        expected = 4
+    else:  # epoch milliseconds: everything before the mark, deletes, purges and redrives included
+        code, summary = _audit(spark, url, tmp_path, "--until", str(mark))
+        expected = 22 - 4
+    assert _failed(summary) == {}
+    assert code == 0
+    assert summary["window"][f"{side}_ms"] == mark
+    assert summary["counts"]["messages"] == expected
+
+
+# -- faults of the new kinds, injected into copies of the tables --------------------------------------
+
+
+def _event(ev: pd.DataFrame, queue: str, kind: str, offset: int) -> int:
+    """The index of the first ``kind`` event of ``queue:offset`` (the oldest incarnation's first)."""
+    rows = ev[(ev["queue"] == queue) & (ev["kind"] == kind) & (ev["offset"] == offset)]
+    assert len(rows), f"the broker run should have written a {kind} event for {queue}:{offset}"
+    return int(rows.sort_values("id").index[0])
+
+
+def test_lifecycle_faults_flag_their_invariant_and_message(
+    spark: SparkSession, lifecycle_db: tuple[str, int]
+) -> None:
+    """Five faults in one copy, each in its own message; every flagged id must be one of them, under
+    the invariant its fault breaks, and nothing else may fail."""
+    read = read_tables(spark, Selection(), storage_url=lifecycle_db[0])
+    tables = {name: frame.toPandas() for name, frame in read.items()}
+    ev = tables["queue_events"]
+    drop = [
+        _event(ev, "cycle", "delivered", 0),  # the deleted incarnation's delivery of an acked message
+        _event(ev, "brief", "expired", 0),  # an expiry without its event
+        _event(ev, "$dlq/redo", "redriven", 0),  # a dead letter moved back without its event
+    ]
+    tables["queue_events"] = ev.drop(drop)
+    messages = tables["queue_messages"]
+    leftover = {"queue": "purgeme", "offset": 3, "published_at": int(ev["time"].min()), "expires_at": None,
+                "publisher": "p", "protocol": "mqtt"}  # fmt: skip
+    tables["queue_messages"] = pd.concat([messages, pd.DataFrame([leftover])], ignore_index=True)
+    # What the writer once left behind: a pending row of the deleted incarnation (cycle:4 was held).
+    stale = {"queue": "cycle", "group": "$default", "offset": 4, "state": "held", "consumer": "gone",
+             "node": "trimaran", "delivered_at": int(ev["time"].min()), "attempts": 1,
+             "available_at": None, "reason": None}  # fmt: skip
+    tables["queue_pending"] = pd.concat([tables["queue_pending"], pd.DataFrame([stale])], ignore_index=True)
+
+    result = replay({name: _frame(spark, name, frame) for name, frame in tables.items()})
+    flagged = {
+        name: (outcome["violations"], set(outcome["message_ids"]))
+        for name, outcome in result.invariants.items()
+        if not outcome["ok"]
+    }
+    assert flagged == {
+        "settled_after_delivery": (1, {"cycle:0@epoch1"}),
+        "accounted": (2, {"brief:0", "$dlq/redo:0"}),
+        "live_state": (2, {"purgeme:3", "cycle:4"}),
+    }, {n: result.invariants[n]["examples"] for n in flagged}
+    assert not result.ok
