@@ -163,11 +163,8 @@ def _second_run(mqtt: Endpoints) -> None:
         sub.disconnect()
 
 
-@pytest.fixture(scope="session")
-def broker_db(tmp_path_factory: pytest.TempPathFactory, tls_files: dict[str, str]) -> str:
-    """A SQLite database written by two broker runs (stop, restart) with every kind of event."""
-    workdir = tmp_path_factory.mktemp("audit-broker")
-    url = f"sqlite:///{workdir / 'trimaran.db'}"
+def write_broker_tables(workdir: Path, url: str, tls_files: dict[str, str]) -> None:
+    """Two broker runs (stop, restart) on the database at ``url``, with every kind of event."""
     env = {**BROKER_ENV, "TRIMARAN_STORAGE__URL": url}
     args = [*ALL_OFF, "--mqtt", "127.0.0.1:0"]
     for run in (_first_run, _second_run):
@@ -176,4 +173,12 @@ def broker_db(tmp_path_factory: pytest.TempPathFactory, tls_files: dict[str, str
             run(endpoints_of(server, tls_files))
         finally:
             assert server.stop() == 0, server.output()
+
+
+@pytest.fixture(scope="session")
+def broker_db(tmp_path_factory: pytest.TempPathFactory, tls_files: dict[str, str]) -> str:
+    """A SQLite database written by :func:`write_broker_tables`."""
+    workdir = tmp_path_factory.mktemp("audit-broker")
+    url = f"sqlite:///{workdir / 'trimaran.db'}"
+    write_broker_tables(workdir, url, tls_files)
     return url
