@@ -49,17 +49,22 @@ class Admin:
             conn.close()
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def _settle(seconds: float = 0.3) -> None:
     """Let PUBACKs, control messages and the group commit land before the next step."""
     time.sleep(seconds)
 
 
-def _cycle(mqtt: Endpoints, admin: Admin, pub: Client) -> None:
-    """``cycle``: 3 consumed, 2 held by a consumer when the queue is deleted; declared again, 3 more."""
+def _mark() -> int:
+    """A point in time (epoch ms) with nothing published in the 50 ms either side of it."""
+    time.sleep(0.05)
+    mark = time.time_ns() // 1_000_000
+    time.sleep(0.05)
+    return mark
+
+
+def _cycle(mqtt: Endpoints, admin: Admin, pub: Client) -> int:
+    """``cycle``: 3 consumed, 2 held by a consumer when the queue is deleted; declared again, 3 more.
+    Returns a time mark taken after the first 3."""
     c = connect(mqtt, version=V5)
     c.subscribe("$queue/cycle", qos=1)
     for i in range(3):
@@ -67,6 +72,7 @@ def _cycle(mqtt: Endpoints, admin: Admin, pub: Client) -> None:
     c.drain(3)
     _settle()
     c.disconnect()
+    mark = _mark()
     holder = connect(mqtt, version=V5, manual_ack=True)
     holder.subscribe("$queue/cycle", qos=1)
     for i in range(3, 5):
@@ -84,6 +90,7 @@ def _cycle(mqtt: Endpoints, admin: Admin, pub: Client) -> None:
     assert [user_props(m)["x-queue-offset"] for m in got] == ["0", "1", "2"]  # offsets start over
     _settle()
     again.disconnect()
+    return mark
 
 
 def _purge(mqtt: Endpoints, admin: Admin, pub: Client) -> None:
@@ -155,9 +162,7 @@ def _window(mqtt: Endpoints, pub: Client) -> int:
     for i in range(3):
         pub.publish("$queue/win", f"w{i}".encode(), qos=1)
     w.drain(3)
-    time.sleep(0.05)
-    mark = _now_ms()
-    time.sleep(0.05)
+    mark = _mark()
     for i in range(3, 7):
         pub.publish("$queue/win", f"w{i}".encode(), qos=1)
     w.drain(4)
@@ -167,8 +172,10 @@ def _window(mqtt: Endpoints, pub: Client) -> int:
 
 
 @pytest.fixture(scope="module")
-def lifecycle_db(tmp_path_factory: pytest.TempPathFactory, tls_files: dict[str, str]) -> tuple[str, int]:
-    """(SQLite URL, the ``win`` time mark): one broker run through every step above."""
+def lifecycle_db(
+    tmp_path_factory: pytest.TempPathFactory, tls_files: dict[str, str]
+) -> tuple[str, tuple[int, int]]:
+    """(SQLite URL, (the ``cycle`` mark, the ``win`` mark)): one broker run through every step above."""
     workdir = tmp_path_factory.mktemp("audit-lifecycle")
     url = f"sqlite:///{workdir / 'trimaran.db'}"
     env = {**BROKER_ENV, "TRIMARAN_STORAGE__URL": url, "TRIMARAN_HTTP__TOKENS": json.dumps([TOKEN])}
@@ -179,16 +186,16 @@ def lifecycle_db(tmp_path_factory: pytest.TempPathFactory, tls_files: dict[str, 
         admin = Admin(server.ports["http"])
         pub = connect(mqtt, version=V5)
         try:
-            _cycle(mqtt, admin, pub)
+            first = _cycle(mqtt, admin, pub)
             _purge(mqtt, admin, pub)
             _redrive(mqtt, admin, pub)
             _expire(admin, pub)
-            mark = _window(mqtt, pub)
+            last = _window(mqtt, pub)
         finally:
             pub.disconnect()
     finally:
         assert server.stop() == 0, server.output()
-    return url, mark
+    return url, (first, last)
 
 
 def _audit(spark: SparkSession, url: str, output: Path, *options: str) -> tuple[int, dict[str, Any]]:
@@ -205,7 +212,9 @@ def _failed(summary: dict[str, Any]) -> dict[str, Any]:
     return {name: v["examples"] for name, v in summary["invariants"].items() if not v["ok"]}
 
 
-def test_lifecycle_audits_clean(spark: SparkSession, lifecycle_db: tuple[str, int], tmp_path: Path) -> None:
+def test_lifecycle_audits_clean(
+    spark: SparkSession, lifecycle_db: tuple[str, tuple[int, int]], tmp_path: Path
+) -> None:
     code, summary = _audit(spark, lifecycle_db[0], tmp_path)
     assert _failed(summary) == {}
     assert code == 0
@@ -231,7 +240,7 @@ def test_lifecycle_audits_clean(spark: SparkSession, lifecycle_db: tuple[str, in
 
 
 def test_queue_selection_audits_only_that_queue(
-    spark: SparkSession, lifecycle_db: tuple[str, int], tmp_path: Path
+    spark: SparkSession, lifecycle_db: tuple[str, tuple[int, int]], tmp_path: Path
 ) -> None:
     code, summary = _audit(spark, lifecycle_db[0], tmp_path, "--queue", "cycle")
     assert _failed(summary) == {}
@@ -243,22 +252,23 @@ def test_queue_selection_audits_only_that_queue(
     assert len(lives) == 8  # both incarnations' (group, message) lives
 
 
-@pytest.mark.parametrize("side", ["since", "until"])
 def test_time_window_audits_clean(
-    spark: SparkSession, lifecycle_db: tuple[str, int], tmp_path: Path, side: str
+    spark: SparkSession, lifecycle_db: tuple[str, tuple[int, int]], tmp_path: Path
 ) -> None:
-    url, mark = lifecycle_db
-    if side == "since":  # ISO 8601 form: the 4 ``win`` messages published after the mark
-        iso = datetime.fromtimestamp(mark / 1000, UTC).isoformat(timespec="milliseconds")
-        code, summary = _audit(spark, url, tmp_path, "--since", iso)
-        expected = 4
-    else:  # epoch milliseconds: everything before the mark, deletes, purges and redrives included
-        code, summary = _audit(spark, url, tmp_path, "--until", str(mark))
-        expected = 22 - 4
+    """From the mark inside ``cycle`` (after its first 3 messages; ISO 8601) to the mark inside
+    ``win`` (after its first 3; epoch ms): the delete, the new incarnation, the purge, the redrive
+    and the expiries are all inside; the cut-off messages on either side are not audited."""
+    url, (since, until) = lifecycle_db
+    iso = datetime.fromtimestamp(since / 1000, UTC).isoformat(timespec="milliseconds")
+    code, summary = _audit(spark, url, tmp_path, "--since", iso, "--until", str(until))
     assert _failed(summary) == {}
     assert code == 0
-    assert summary["window"][f"{side}_ms"] == mark
-    assert summary["counts"]["messages"] == expected
+    assert (summary["window"]["since_ms"], summary["window"]["until_ms"]) == (since, until)
+    # cycle 3 (the newest incarnation), purgeme 6, redo 3, $dlq/redo 1, brief 2, win 3
+    assert summary["counts"]["messages"] == 18
+    lives = pd.read_parquet(tmp_path / "details" / "messages.parquet")
+    assert set(lives["message_id"]) >= {"cycle:3@epoch1", "cycle:4@epoch1", "win:2"}
+    assert not set(lives["message_id"]) & {"cycle:0@epoch1", "win:3"}
 
 
 # -- faults of the new kinds, injected into copies of the tables --------------------------------------
@@ -272,7 +282,7 @@ def _event(ev: pd.DataFrame, queue: str, kind: str, offset: int) -> int:
 
 
 def test_lifecycle_faults_flag_their_invariant_and_message(
-    spark: SparkSession, lifecycle_db: tuple[str, int]
+    spark: SparkSession, lifecycle_db: tuple[str, tuple[int, int]]
 ) -> None:
     """Five faults in one copy, each in its own message; every flagged id must be one of them, under
     the invariant its fault breaks, and nothing else may fail."""
