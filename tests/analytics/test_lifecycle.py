@@ -287,7 +287,7 @@ def test_lifecycle_faults_flag_their_invariant_and_message(
     """Five faults in one copy, each in its own message; every flagged id must be one of them, under
     the invariant its fault breaks, and nothing else may fail."""
     read = read_tables(spark, Selection(), storage_url=lifecycle_db[0])
-    tables = {name: frame.toPandas() for name, frame in read.items()}
+    tables: dict[str, pd.DataFrame] = {name: frame.toPandas() for name, frame in read.items()}
     ev = tables["queue_events"]
     drop = [
         _event(ev, "cycle", "delivered", 0),  # the deleted incarnation's delivery of an acked message
