@@ -54,6 +54,19 @@ def _settle(seconds: float = 0.3) -> None:
     time.sleep(seconds)
 
 
+def _wait_for(admin: Admin, queue: str, field: str, value: int, timeout: float = 10.0) -> None:
+    """Poll the admin API until the queue's ``field`` (depth, dlq_depth, ...) is ``value``."""
+    deadline = time.monotonic() + timeout
+    seen = None
+    while time.monotonic() < deadline:
+        status, body = admin.call("GET", f"/api/v1/queues/{queue}")
+        seen = body.get(field) if status == 200 else body
+        if seen == value:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"queue {queue}: {field} is {seen!r}, not {value} after {timeout} s")
+
+
 def _mark() -> int:
     """A point in time (epoch ms) with nothing published in the 50 ms either side of it."""
     time.sleep(0.05)
@@ -129,7 +142,7 @@ def _redrive(mqtt: Endpoints, admin: Admin, pub: Client) -> None:
     user = [("message-id", message_id), ("reason", "not now")]
     r.publish("$queue/redo/$reject", b"", qos=1, properties=props(PacketTypes.PUBLISH, UserProperty=user))
     r.client.ack(good.mid, 1)
-    _settle()
+    _wait_for(admin, "redo", "dlq_depth", 1)
     status, body = admin.call("POST", "/api/v1/queues/redo/redrive", {})
     assert (status, body) == (200, {"count": 1})
     back = r.expect()
@@ -146,13 +159,7 @@ def _expire(admin: Admin, pub: Client) -> None:
     assert status == 201, body
     pub.publish("$queue/brief", b"e0", qos=1)
     pub.publish("$queue/brief", b"e1", qos=1)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        if admin.call("GET", "/api/v1/queues/brief")[1]["depth"] == 0:
-            break
-        time.sleep(0.1)
-    else:
-        raise AssertionError("brief's messages did not expire")
+    _wait_for(admin, "brief", "depth", 0)
 
 
 def _window(mqtt: Endpoints, pub: Client) -> int:
@@ -284,7 +291,7 @@ def _event(ev: pd.DataFrame, queue: str, kind: str, offset: int) -> int:
 def test_lifecycle_faults_flag_their_invariant_and_message(
     spark: SparkSession, lifecycle_db: tuple[str, tuple[int, int]]
 ) -> None:
-    """Five faults in one copy, each in its own message; every flagged id must be one of them, under
+    """Six faults in one copy, each in its own message; every flagged id must be one of them, under
     the invariant its fault breaks, and nothing else may fail."""
     read = read_tables(spark, Selection(), storage_url=lifecycle_db[0])
     tables: dict[str, pd.DataFrame] = {name: frame.toPandas() for name, frame in read.items()}
@@ -296,12 +303,17 @@ def test_lifecycle_faults_flag_their_invariant_and_message(
     ]
     tables["queue_events"] = ev.drop(drop)
     messages = tables["queue_messages"]
-    leftover = {"queue": "purgeme", "offset": 3, "published_at": int(ev["time"].min()), "expires_at": None,
-                "publisher": "p", "protocol": "mqtt"}  # fmt: skip
-    tables["queue_messages"] = pd.concat([messages, pd.DataFrame([leftover])], ignore_index=True)
+    start = int(ev["time"].min())
+    leftovers = [  # a row left after its purge, and one left after its expiry
+        {"queue": "purgeme", "offset": 3, "published_at": start, "expires_at": None, "publisher": "p",
+         "protocol": "mqtt"},
+        {"queue": "brief", "offset": 1, "published_at": start, "expires_at": start + 200, "publisher": "p",
+         "protocol": "mqtt"},
+    ]  # fmt: skip
+    tables["queue_messages"] = pd.concat([messages, pd.DataFrame(leftovers)], ignore_index=True)
     # What the writer once left behind: a pending row of the deleted incarnation (cycle:4 was held).
     stale = {"queue": "cycle", "group": "$default", "offset": 4, "state": "held", "consumer": "gone",
-             "node": "trimaran", "delivered_at": int(ev["time"].min()), "attempts": 1,
+             "node": "trimaran", "delivered_at": start, "attempts": 1,
              "available_at": None, "reason": None}  # fmt: skip
     tables["queue_pending"] = pd.concat([tables["queue_pending"], pd.DataFrame([stale])], ignore_index=True)
 
@@ -314,6 +326,6 @@ def test_lifecycle_faults_flag_their_invariant_and_message(
     assert flagged == {
         "settled_after_delivery": (1, {"cycle:0@epoch1"}),
         "accounted": (2, {"brief:0", "$dlq/redo:0"}),
-        "live_state": (2, {"purgeme:3", "cycle:4"}),
+        "live_state": (3, {"purgeme:3", "brief:1", "cycle:4"}),
     }, {n: result.invariants[n]["examples"] for n in flagged}
     assert not result.ok
