@@ -139,6 +139,8 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
     )
     events = _with_epochs(tables["queue_events"])
     # A queue's mode: the live row for the newest incarnation; older ones are streams if they commit.
+    # Its policy (max attempts, visibility timeout) is known only for the newest: older incarnations
+    # are checked without one, as a queue with no row would be.
     streams = (
         events.filter(kind == "committed").select("queue", "epoch").distinct().withColumn("commits", lit(1))
     )
@@ -152,6 +154,8 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
             .otherwise(lit("work")),
         )
         .drop("commits")
+        .withColumn("max_attempts", F.when(col("epoch") == 0, col("max_attempts")))
+        .withColumn("visibility_ms", F.when(col("epoch") == 0, col("visibility_ms")))
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
 
