@@ -75,9 +75,18 @@ def _mark() -> int:
     return mark
 
 
+def _settle_by_id(client: Client, queue: str, action: str, message: Any, **extra: str) -> None:
+    """``$ack``/``$nack``/``$reject`` a delivery by its message id (the control topics)."""
+    user = [("message-id", user_props(message)["x-queue-message-id"]), *extra.items()]
+    client.publish(
+        f"$queue/{queue}/{action}", b"", qos=1, properties=props(PacketTypes.PUBLISH, UserProperty=user)
+    )
+
+
 def _cycle(mqtt: Endpoints, admin: Admin, pub: Client) -> int:
-    """``cycle``: 3 consumed, 2 held by a consumer when the queue is deleted; declared again, 3 more.
-    Returns a time mark taken after the first 3."""
+    """``cycle`` (max 3 attempts): 3 consumed; one nacked 3 times to its DLQ; 2 held by a consumer
+    when the queue is deleted; declared again with max 5 attempts, 3 more. Returns a time mark
+    taken after the first 3."""
     c = connect(mqtt, version=V5)
     c.subscribe("$queue/cycle", qos=1)
     for i in range(3):
@@ -86,14 +95,23 @@ def _cycle(mqtt: Endpoints, admin: Admin, pub: Client) -> int:
     _settle()
     c.disconnect()
     mark = _mark()
+    nacker = connect(mqtt, version=V5, manual_ack=True)
+    nacker.subscribe("$queue/cycle", qos=1)
+    pub.publish("$queue/cycle", b"flaky", qos=1)
+    for attempt in range(1, 4):
+        m = nacker.expect()
+        assert user_props(m)["x-queue-attempt"] == str(attempt)
+        _settle_by_id(nacker, "cycle", "$nack", m)
+    _wait_for(admin, "cycle", "dlq_depth", 1)
+    nacker.disconnect()
     holder = connect(mqtt, version=V5, manual_ack=True)
     holder.subscribe("$queue/cycle", qos=1)
-    for i in range(3, 5):
+    for i in range(4, 6):
         pub.publish("$queue/cycle", f"old{i}".encode(), qos=1)
     holder.drain(2)
     assert admin.call("DELETE", "/api/v1/queues/cycle")[0] == 200
     holder.disconnect()  # its held deliveries belonged to the deleted queue
-    status, body = admin.call("POST", "/api/v1/queues", {"name": "cycle"})
+    status, body = admin.call("POST", "/api/v1/queues", {"name": "cycle", "max_attempts": 5})
     assert status == 201, body
     again = connect(mqtt, version=V5)
     again.subscribe("$queue/cycle", qos=1)
@@ -138,9 +156,7 @@ def _redrive(mqtt: Endpoints, admin: Admin, pub: Client) -> None:
     pub.publish("$queue/redo", b"d0", qos=1)
     pub.publish("$queue/redo", b"d1", qos=1)
     bad, good = r.drain(2)
-    message_id = user_props(bad)["x-queue-message-id"]
-    user = [("message-id", message_id), ("reason", "not now")]
-    r.publish("$queue/redo/$reject", b"", qos=1, properties=props(PacketTypes.PUBLISH, UserProperty=user))
+    _settle_by_id(r, "redo", "$reject", bad, reason="not now")
     r.client.ack(good.mid, 1)
     _wait_for(admin, "redo", "dlq_depth", 1)
     status, body = admin.call("POST", "/api/v1/queues/redo/redrive", {})
@@ -228,17 +244,19 @@ def test_lifecycle_audits_clean(
     kinds = summary["counts"]["events_by_kind"]
     # two purges (one of them the delete), one redrive, two expiries
     assert (kinds["purged"], kinds["redriven"], kinds["expired"]) == (2, 1, 2)
-    # The newest incarnations: cycle 3, purgeme 6, redo 3, $dlq/redo 1, brief 2, win 7.
-    assert summary["counts"]["messages"] == 22
+    # The newest incarnations: cycle 3, $dlq/cycle 1, purgeme 6, redo 3, $dlq/redo 1, brief 2, win 7.
+    assert summary["counts"]["messages"] == 23
     # Gone without a group finishing them: purgeme 0-3 (purged), $dlq/redo:0 (redriven), brief 0-1.
     assert summary["counts"]["messages_removed"] == 7
 
     lives = pd.read_parquet(tmp_path / "details" / "messages.parquet")
     cycle = lives[lives["queue"] == "cycle"].set_index("message_id")
-    old = {f"cycle:{i}@epoch1" for i in range(5)}
-    assert set(cycle.index) == old | {f"cycle:{i}" for i in range(3)}
-    # The old incarnation's last two were held when the queue was deleted; that is its end.
-    assert cycle.loc[sorted(old), "status"].tolist() == ["finished"] * 3 + ["held"] * 2
+    old = [f"cycle:{i}@epoch1" for i in range(6)]
+    assert set(cycle.index) == {*old, *(f"cycle:{i}" for i in range(3))}
+    # The old incarnation: 3 acked, one dead-lettered at its (old) max attempts, and the last two
+    # held when the queue was deleted, which is their end.
+    assert cycle.loc[old, "last_kind"].tolist() == ["acked"] * 3 + ["dead_lettered"] + ["delivered"] * 2
+    assert cycle.loc[old, "status"].tolist() == ["finished"] * 4 + ["held"] * 2
     assert (cycle.loc[[f"cycle:{i}" for i in range(3)], "last_kind"] == "acked").all()
     # The messages the purge removed while held were never acked (the late acks were ignored).
     purged = lives[lives["queue"] == "purgeme"].set_index("offset")
@@ -256,7 +274,7 @@ def test_queue_selection_audits_only_that_queue(
     assert summary["counts"]["messages"] == 3  # the newest incarnation's
     lives = pd.read_parquet(tmp_path / "details" / "messages.parquet")
     assert set(lives["queue"]) == {"cycle"}
-    assert len(lives) == 8  # both incarnations' (group, message) lives
+    assert len(lives) == 9  # both incarnations' (group, message) lives
 
 
 def test_time_window_audits_clean(
@@ -271,10 +289,10 @@ def test_time_window_audits_clean(
     assert _failed(summary) == {}
     assert code == 0
     assert (summary["window"]["since_ms"], summary["window"]["until_ms"]) == (since, until)
-    # cycle 3 (the newest incarnation), purgeme 6, redo 3, $dlq/redo 1, brief 2, win 3
-    assert summary["counts"]["messages"] == 18
+    # cycle 3 (the newest incarnation), $dlq/cycle 1, purgeme 6, redo 3, $dlq/redo 1, brief 2, win 3
+    assert summary["counts"]["messages"] == 19
     lives = pd.read_parquet(tmp_path / "details" / "messages.parquet")
-    assert set(lives["message_id"]) >= {"cycle:3@epoch1", "cycle:4@epoch1", "win:2"}
+    assert set(lives["message_id"]) >= {"cycle:3@epoch1", "cycle:5@epoch1", "win:2"}
     assert not set(lives["message_id"]) & {"cycle:0@epoch1", "win:3"}
 
 
@@ -311,7 +329,8 @@ def test_lifecycle_faults_flag_their_invariant_and_message(
          "protocol": "mqtt"},
     ]  # fmt: skip
     tables["queue_messages"] = pd.concat([messages, pd.DataFrame(leftovers)], ignore_index=True)
-    # What the writer once left behind: a pending row of the deleted incarnation (cycle:4 was held).
+    # What the writer once left behind: a pending row of the deleted incarnation (cycle:4 was held
+    # there; the newest incarnation ends at offset 2).
     stale = {"queue": "cycle", "group": "$default", "offset": 4, "state": "held", "consumer": "gone",
              "node": "trimaran", "delivered_at": start, "attempts": 1,
              "available_at": None, "reason": None}  # fmt: skip
