@@ -125,7 +125,7 @@ def _cycle(mqtt: Endpoints, admin: Admin, pub: Client) -> int:
 
 
 def _purge(mqtt: Endpoints, admin: Admin, pub: Client) -> None:
-    """``purgeme``: 1 acked, 2 held, 1 waiting when purged; the holder acks one after; 2 more after."""
+    """``purgeme``: 1 acked, 2 held, 1 waiting when purged; the holder acks its 2 after; 2 more after."""
     for i in range(4):
         pub.publish("$queue/purgeme", f"p{i}".encode(), qos=1)
     h = connect(mqtt, version=V5, manual_ack=True, properties=props(PacketTypes.CONNECT, ReceiveMaximum=2))
