@@ -240,15 +240,9 @@ class GroupCommitWriter:
             connection.close()
 
     def _write(self, connection: Connection, tickets: list[Ticket]) -> None:
-        if len(tickets) == 1:
-            merged = tickets[0].batch
-        else:
-            merged = WriteBatch()
-            for ticket in tickets:
-                merged.merge(ticket.batch)
         try:
             with connection.begin():
-                results = apply(connection, merged)
+                results = [r for run in _runs(tickets) for r in apply(connection, _merged(run))]
             self.transactions += 1
             i = 0
             for ticket in tickets:
@@ -285,6 +279,29 @@ class GroupCommitWriter:
                 self.batch_done()
             except Exception:
                 log.exception("batch_done callback failed")
+
+
+def _runs(tickets: list[Ticket]) -> list[list[Ticket]]:
+    """Split submissions into runs that merge without reordering: a batch's calls run before its
+    rows, so a batch with calls starts a new run. Merged behind earlier submissions, a queue delete or
+    purge would run before their rows and leave them behind (a delivery's pending row outliving its
+    deleted queue, a message row its purge)."""
+    runs: list[list[Ticket]] = []
+    for ticket in tickets:
+        if not runs or ticket.batch.calls:
+            runs.append([ticket])
+        else:
+            runs[-1].append(ticket)
+    return runs
+
+
+def _merged(run: list[Ticket]) -> WriteBatch:
+    if len(run) == 1:
+        return run[0].batch
+    merged = WriteBatch()
+    for ticket in run:
+        merged.merge(ticket.batch)
+    return merged
 
 
 def _complete(tickets: list[Ticket]) -> None:
