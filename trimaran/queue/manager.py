@@ -935,8 +935,8 @@ class QueueManager:
                 stored = messages.get(offset)
                 if stored is None:
                     group.unready(offset)
-                    if group.entries.pop(offset, None) is not None and state.durable:
-                        batch.pending[(state.name, group.name, offset)] = None
+                    if group.entries.pop(offset, None) is not None:
+                        self._pending_gone(state, group, offset, batch)
                     continue
                 if self._expired(stored, now):
                     self._remove(state, offset, "expired", "ttl", now, batch)
@@ -989,8 +989,7 @@ class QueueManager:
         if entry is None or entry.state != DONE:
             return False
         del group.entries[offset]
-        if state.durable:
-            batch.pending[(state.name, group.name, offset)] = None
+        self._pending_gone(state, group, offset, batch)
         self._maybe_release(state, offset, batch)
         return True
 
@@ -1046,8 +1045,7 @@ class QueueManager:
                 self._pending_row(state, group, offset, group.entries[offset], batch)
             elif entry is not None:
                 del group.entries[offset]
-                if state.durable:
-                    batch.pending[(state.name, group.name, offset)] = None
+                self._pending_gone(state, group, offset, batch)
             self._event(state, batch, now, "acked", group=group, offset=offset,
                         consumer=cid, attempt=attempt, reason="auto")  # fmt: skip
             self._maybe_release(state, offset, batch)
@@ -1101,6 +1099,11 @@ class QueueManager:
                 )
             )  # fmt: skip
 
+    def _pending_gone(self, state: QueueState, group: Group, offset: int, batch: WriteBatch) -> None:
+        """The entry's row goes (an in-memory queue has none: its batch stays empty)."""
+        if state.durable:
+            batch.pending[(state.name, group.name, offset)] = None
+
     def _pending_row(
         self, state: QueueState, group: Group, offset: int, entry: Entry, batch: WriteBatch
     ) -> None:
@@ -1151,8 +1154,7 @@ class QueueManager:
         for group in state.groups.values():
             if group.entries.pop(offset, None) is not None:
                 group.unready(offset)
-                if state.durable:
-                    batch.pending[(state.name, group.name, offset)] = None
+                self._pending_gone(state, group, offset, batch)
         if kind == "expired":
             state.stats["expired"] += 1
             log.info("queue %s: message %d expired", state.name, offset)
@@ -1283,8 +1285,7 @@ class QueueManager:
             self._pending_row(state, group, offset, entry, batch)
         else:
             del group.entries[offset]
-            if state.durable:
-                batch.pending[(state.name, group.name, offset)] = None
+            self._pending_gone(state, group, offset, batch)
             self._maybe_release(state, offset, batch)
 
     def _make_available(
