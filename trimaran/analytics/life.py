@@ -70,13 +70,18 @@ LIFE: dict[str, str] = {
     "status": "string",
     "pub_time": "bigint",  # the message's publication (None: never published)
 }
-TOTALS: dict[str, str] = {"messages": "bigint", "messages_live": "bigint", "messages_removed": "bigint"}
+TOTALS: dict[str, str] = {
+    "group_message_pairs": "bigint",
+    "messages": "bigint",
+    "messages_live": "bigint",
+    "messages_removed": "bigint",
+}
 # The output rows share one schema: ``record`` says which kind ("violation", "life", or one
-# "totals" row per partition counting the live incarnation's messages); the rest is the union
-# (queue, group, offset and epoch are shared). Rows are built as tuples in this order.
+# "totals" row per partition counting lives and the live incarnation's messages); the rest is the
+# union (queue, group, offset and epoch are shared). Rows are built as tuples in this order.
 OUTPUT: dict[str, str] = {"record": "string", **VIOLATION, **LIFE, **TOTALS}
 _LIFE_AT = list(OUTPUT).index("last_kind")
-_TOTALS_AT = list(OUTPUT).index("messages")
+_TOTALS_AT = list(OUTPUT).index("group_message_pairs")
 assert list(OUTPUT)[1:_LIFE_AT] == list(VIOLATION)
 assert list(OUTPUT)[_LIFE_AT:_TOTALS_AT] == list(LIFE)[4:] and list(OUTPUT)[_TOTALS_AT:] == list(TOTALS)
 
@@ -263,15 +268,16 @@ def _max(a: int | None, b: int | None) -> int | None:
 
 
 class Output:
-    """Output rows (tuples in OUTPUT's column order), handed out in batches, and message counts."""
+    """Output rows (tuples in OUTPUT's column order), handed out in batches, and the counts of
+    messages (live incarnation) and lives."""
 
-    __slots__ = ("live", "messages", "removed", "rows")
+    __slots__ = ("live", "lives", "messages", "removed", "rows")
     _AFTER_VIOLATION = (None,) * (len(OUTPUT) - _LIFE_AT)
     _AFTER_LIFE = (None,) * (len(OUTPUT) - _TOTALS_AT)
 
     def __init__(self) -> None:
         self.rows: list[tuple[Any, ...]] = []
-        self.messages = self.live = self.removed = 0
+        self.messages = self.live = self.removed = self.lives = 0
 
     def violation(
         self, invariant: str, queue: str, group: str | None, offset: int | None, epoch: int,
@@ -290,6 +296,7 @@ class Output:
         self.rows.append((*head, detail, *self._AFTER_VIOLATION))
 
     def life(self, queue: str, epoch: int, group: str, offset: int, life: Life, pub_time: int | None) -> None:
+        self.lives += 1
         self.rows.append(
             ("life", None, queue, group, offset, epoch, None, None, None, life.last_kind, life.last_reason,
              life.attempts, life.holder, life.deliveries, life.acks, life.first_delivered_at, life.acked_at,
@@ -299,14 +306,15 @@ class Output:
     def next(self) -> Output:
         """A fresh batch that carries the counts on."""
         fresh = Output()
-        fresh.messages, fresh.live, fresh.removed = self.messages, self.live, self.removed
+        fresh.lives, fresh.messages = self.lives, self.messages
+        fresh.live, fresh.removed = self.live, self.removed
         return fresh
 
     def totals(self) -> None:
         """The message counts so far as one row (then zero)."""
         none = (None,) * (_TOTALS_AT - 1)
-        self.rows.append(("totals", *none, self.messages, self.live, self.removed))
-        self.messages = self.live = self.removed = 0
+        self.rows.append(("totals", *none, self.lives, self.messages, self.live, self.removed))
+        self.messages = self.live = self.removed = self.lives = 0
 
 
 def replay_slot(ctx: Context, rows: list[tuple[Any, ...]], out: Output) -> None:

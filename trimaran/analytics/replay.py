@@ -18,6 +18,7 @@ Runs in local mode from ``trimaran audit`` and on a cluster with ``spark-submit`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -153,7 +154,6 @@ def gather_facts(events: DataFrame, tables: dict[str, DataFrame], selection: Sel
         (g["queue"], g["group"]): (g["cursor"], g["committed"])
         for g in tables["queue_groups"].select("queue", "group", "cursor", "committed").collect()
     }
-    kinds: dict[str, int] = {}
     stream_epochs = {(r["queue"], r["epoch"]) for r in summary if r["kind"] == "committed"}
     context = Context(
         modes=modes, stream_epochs=frozenset(stream_epochs), max_attempts=max_attempts,
@@ -163,6 +163,8 @@ def gather_facts(events: DataFrame, tables: dict[str, DataFrame], selection: Sel
     groups: dict[str, dict[str, int | None]] = {}
     for (queue, group), (cursor, _) in live_groups.items():
         groups.setdefault(queue, {})[group] = cursor
+    kinds: dict[str, int] = {}
+    purge_ids: dict[str, int] = {}
     commit_high: dict[tuple[str, str], int] = {}
     delivered_high: dict[tuple[str, str], int] = {}
     for r in summary:
@@ -171,7 +173,7 @@ def gather_facts(events: DataFrame, tables: dict[str, DataFrame], selection: Sel
         if r["epoch"] != 0:
             continue
         if kind == "purged" and r["purge_id"] is not None:
-            context.purge_ids[queue] = max(context.purge_ids.get(queue, 0), int(r["purge_id"]))
+            purge_ids[queue] = max(purge_ids.get(queue, 0), int(r["purge_id"]))
         if group is None or r["max_offset"] is None:
             continue
         work = context.mode(queue, 0) == "work"
@@ -181,7 +183,7 @@ def gather_facts(events: DataFrame, tables: dict[str, DataFrame], selection: Sel
             commit_high[(queue, group)] = int(r["max_offset"]) + 1
         elif kind == "delivered" and work:
             delivered_high[(queue, group)] = int(r["max_offset"])
-    context.groups.update(groups)
+    context = dataclasses.replace(context, groups=groups, purge_ids=purge_ids)
     incarnations = {(r["queue"], r["epoch"]) for r in summary}
     firsts = [r["first"] for r in summary if r["first"] is not None]
     lasts = [r["last"] for r in summary if r["last"] is not None]
@@ -257,6 +259,7 @@ def _slots(events: DataFrame, tables: dict[str, DataFrame], partitions: int) -> 
     from pyspark.sql import functions as F
 
     def shaped(frame: DataFrame, **given: Any) -> DataFrame:
+        """INPUT's columns: given here, else the frame's own of that name, else null."""
         cols = []
         for name, kind in INPUT.items():
             value = given.get(name, name if name in frame.columns else None)
@@ -264,15 +267,13 @@ def _slots(events: DataFrame, tables: dict[str, DataFrame], partitions: int) -> 
             cols.append(expr.cast(kind).alias(name))
         return frame.select(*cols)
 
-    none = None
     rows = (
-        shaped(events.filter(F.col("offset").isNotNull()), src=F.lit("e"), state=none)
-        .unionByName(shaped(tables["queue_messages"], src=F.lit("m"), epoch=F.lit(0), id=none,
-                            time=none, group=none, consumer=none, kind=none, attempt=none, reason=none,
-                            state=none))
-        .unionByName(shaped(tables["queue_pending"], src=F.lit("p"), epoch=F.lit(0), id=none,
-                            time=none, kind=none, attempt="attempts", reason=none))
-    )  # fmt: skip
+        shaped(events.filter(F.col("offset").isNotNull()), src=F.lit("e"))
+        .unionByName(shaped(tables["queue_messages"], src=F.lit("m"), epoch=F.lit(0)))
+        .unionByName(
+            shaped(tables["queue_pending"], src=F.lit("p"), epoch=F.lit(0), attempt="attempts", reason=None)
+        )
+    )
     return rows.repartition(partitions, "queue", "offset").sortWithinPartitions(
         "queue", "offset", "epoch", "id"
     )
@@ -387,7 +388,6 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
         "events": sum(facts.events_by_kind.values()),
         "events_by_kind": dict(sorted(facts.events_by_kind.items())),
         **{name: int(totals[name] or 0) if totals else 0 for name in TOTALS},
-        "group_message_pairs": lives.count(),
         "first_event_at": facts.span[0],
         "last_event_at": facts.span[1],
     }
