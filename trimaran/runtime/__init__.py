@@ -1,0 +1,1 @@
+"""One connection runtime for the three hulls (DESIGN.md, "The connection runtime")."""

@@ -1,0 +1,58 @@
+"""The surface every hull's sans-IO machine implements, so that one runtime drives all three.
+
+A machine hands its events out one frame at a time, as h11's ``next_event()`` does: it parses the
+next frame only when the events of the previous one have been taken, so the hull acts on each frame
+before a later one (a detach, a close) changes the machine's state. Feeding a byte stream in one
+piece or cut anywhere therefore gives the same events and the same output.
+
+Everything the machine produces, including what the hull's own calls cause (an accepted CONNECT, a
+server close, a message dropped by a full session), comes out of ``next_event()``; the runtime drains
+it after feeding bytes, after a tick, and after any call the hull makes outside an event.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Machine(Protocol):
+    """A sans-IO protocol machine: bytes and ``now`` in, events and bytes out. No clock of its own."""
+
+    @property
+    def closed(self) -> bool:
+        """The protocol is over: nothing more is read; what ``data_to_send()`` returns is the last."""
+        ...
+
+    def receive_data(self, data: bytes, now: float) -> None:
+        """Buffer bytes from the peer; ``now`` is the caller's monotonic time. Parses nothing yet."""
+        ...
+
+    def receive_eof(self) -> None:
+        """The peer closed its side (or the socket is gone)."""
+        ...
+
+    def next_event(self) -> object | None:
+        """The next event, parsing at most one more frame; None when the buffered bytes hold no
+        whole frame (or the machine waits for the hull, e.g. to decide on a login)."""
+        ...
+
+    def data_to_send(self) -> bytes:
+        """All bytes queued for the peer since the last call (b"" if none)."""
+        ...
+
+    def next_deadline(self) -> float | None:
+        """Monotonic time at which ``tick`` must be called, or None."""
+        ...
+
+    def tick(self, now: float) -> None:
+        """Handle the deadlines that are due (handshake, keep-alive, close waits)."""
+        ...
+
+
+def drain(machine: Machine) -> list[object]:
+    """Every event the machine has ready, in order (for tests and simple callers; the runtime acts
+    on each event before taking the next)."""
+    events: list[object] = []
+    while (event := machine.next_event()) is not None:
+        events.append(event)
+    return events

@@ -1,0 +1,296 @@
+"""The runtime's owner of connections: admission limits, one flush per loop iteration, one deadline
+heap, the task group for hull steps, memory watermarks, and the drain at shutdown.
+
+Listeners are ``asyncio`` servers whose protocol is ``Conn``; the runner is the single place that
+knows every open connection, so shutdown can ask each hull to close its protocol's way and wait for
+them, and a limit is one check here rather than one per hull.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import math
+import ssl
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+from trimaran.runtime.memory import Memory
+from trimaran.runtime.transport import GONE, Conn, HullFactory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class RuntimeLimits:
+    max_connections: int = 100_000
+    max_connections_per_address: int = 0  # 0: no limit
+    accept_rate_per_address: float = 0.0  # new connections per second and source address; 0: no limit
+    accept_burst_per_address: int = 50
+    handshake_timeout_s: float = 10.0  # until the protocol picks its own deadline
+    tcp_nodelay: bool = True
+    memory_high_watermark: int = 0  # bytes waiting for slow readers; 0: off
+    memory_low_watermark: int = 0
+
+
+@dataclass(slots=True)
+class RuntimeStats:
+    accepted: int = 0
+    refused: dict[str, int] = field(default_factory=dict)  # reason -> count
+    crashes: int = 0
+
+    def refuse(self, reason: str) -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+
+
+class _Bucket:
+    """A token bucket: ``rate`` connections a second, ``burst`` at once."""
+
+    __slots__ = ("at", "tokens")
+
+    def __init__(self, tokens: float, at: float) -> None:
+        self.tokens = tokens
+        self.at = at
+
+
+class Runner:
+    def __init__(self, limits: RuntimeLimits | None = None) -> None:
+        self.limits = limits or RuntimeLimits()
+        self.stats = RuntimeStats()
+        self.conns: set[Conn] = set()
+        self.memory = Memory(
+            self.limits.memory_high_watermark, self.limits.memory_low_watermark, self._publishers
+        )
+        self._per_address: dict[str, int] = {}
+        self._buckets: dict[str, _Bucket] = {}
+        self._dirty: list[Conn] = []
+        self._flush_scheduled = False
+        self._heap: list[tuple[float, int, Conn]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        self._seq = 0
+        self._tasks: TaskGroup | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._empty: anyio.Event | None = None
+        self._servers: list[asyncio.Server] = []
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Own the task group that hull steps and connection clean-ups run in, until cancelled."""
+        self._loop = asyncio.get_running_loop()
+        try:
+            async with anyio.create_task_group() as tasks:
+                self._tasks = tasks
+                task_status.started()
+                await anyio.sleep_forever()
+        finally:
+            self._tasks = None
+            for server in self._servers:
+                server.close()
+            for conn in list(self.conns):
+                conn.abort()
+
+    async def serve(
+        self,
+        name: str,
+        host: str,
+        port: int,
+        factory: HullFactory,
+        *,
+        tls: ssl.SSLContext | None = None,
+        backlog: int = 1024,
+    ) -> list[tuple[str, int]]:
+        """Listen on ``host:port`` (every address it resolves to); returns the bound addresses."""
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        server = await loop.create_server(
+            lambda: Conn(self, name, factory),
+            host=host,
+            port=port,
+            backlog=backlog,
+            ssl=tls,
+            ssl_handshake_timeout=self.limits.handshake_timeout_s if tls is not None else None,
+            reuse_address=True,
+        )
+        self._servers.append(server)
+        bound: list[tuple[str, int]] = []
+        for sock in server.sockets:
+            address = sock.getsockname()
+            bound.append((str(address[0]), int(address[1])))
+        return bound
+
+    def stop_accepting(self) -> None:
+        for server in self._servers:
+            server.close()
+
+    async def shutdown(self) -> None:
+        """Ask every hull to close its protocol's way, and wait until every connection is gone."""
+        self.stop_accepting()
+        for conn in list(self.conns):
+            if conn.hull is None:
+                conn.abort()
+                continue
+            try:
+                conn.hull.shutdown()
+            except Exception as exc:
+                conn.crash(exc)
+                continue
+            conn.pump()
+        if self.conns:
+            self._empty = anyio.Event()
+            await self._empty.wait()
+
+    # -- admission -----------------------------------------------------------------------------------
+
+    def admit(self, conn: Conn) -> str | None:
+        """None to let the connection in, or why not (counted)."""
+        limits = self.limits
+        host = conn.peer_host
+        reason = None
+        if len(self.conns) >= limits.max_connections:
+            reason = "max_connections"
+        elif limits.max_connections_per_address and (
+            self._per_address.get(host, 0) >= limits.max_connections_per_address
+        ):
+            reason = "max_connections_per_address"
+        elif limits.accept_rate_per_address > 0 and not self._take_token(host):
+            reason = "accept_rate_per_address"
+        if reason is not None:
+            self.stats.refuse(reason)
+        return reason
+
+    def _take_token(self, host: str) -> bool:
+        limits = self.limits
+        now = time.monotonic()
+        bucket = self._buckets.get(host)
+        if bucket is None:
+            if len(self._buckets) > 10_000:
+                self._forget_full_buckets(now)
+            bucket = self._buckets[host] = _Bucket(limits.accept_burst_per_address, now)
+        bucket.tokens = min(
+            limits.accept_burst_per_address,
+            bucket.tokens + (now - bucket.at) * limits.accept_rate_per_address,
+        )
+        bucket.at = now
+        if bucket.tokens < 1:
+            return False
+        bucket.tokens -= 1
+        return True
+
+    def _forget_full_buckets(self, now: float) -> None:
+        limits = self.limits
+        burst = limits.accept_burst_per_address
+        for host, bucket in list(self._buckets.items()):
+            if bucket.tokens + (now - bucket.at) * limits.accept_rate_per_address >= burst:
+                del self._buckets[host]
+
+    def opened(self, conn: Conn) -> None:
+        self.conns.add(conn)
+        self.stats.accepted += 1
+        host = conn.peer_host
+        self._per_address[host] = self._per_address.get(host, 0) + 1
+        self.watch_deadline(conn)
+
+    def closed(self, conn: Conn) -> None:
+        if conn not in self.conns:
+            return
+        self.conns.discard(conn)
+        self.memory.changed(conn, 0)
+        host = conn.peer_host
+        left = self._per_address.get(host, 1) - 1
+        if left:
+            self._per_address[host] = left
+        else:
+            self._per_address.pop(host, None)
+        if self._empty is not None and not self.conns:
+            self._empty.set()
+
+    # -- writes: one flush per loop iteration --------------------------------------------------------
+
+    def mark_dirty(self, conn: Conn) -> None:
+        if conn.dirty:
+            return
+        conn.dirty = True
+        self._dirty.append(conn)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop = self._loop or asyncio.get_running_loop()
+            loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        # A flush can make other connections dirty (a hull acting on late events); they are
+        # written in the next iteration, not this one.
+        dirty, self._dirty = self._dirty, []
+        for conn in dirty:
+            conn.flush()
+
+    # -- deadlines: one heap, one timer ------------------------------------------------------------
+
+    def watch_deadline(self, conn: Conn) -> None:
+        """Make sure ``conn``'s next deadline is scheduled. Later deadlines (a keep-alive pushed
+        forward by traffic) need no new entry: the due entry looks again before acting."""
+        deadline = conn.next_deadline()
+        if deadline is None or (conn.scheduled is not None and conn.scheduled <= deadline):
+            return
+        conn.scheduled = deadline
+        self._seq += 1
+        heapq.heappush(self._heap, (deadline, self._seq, conn))
+        if deadline < self._timer_at:
+            self._arm(deadline)
+
+    def _arm(self, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        loop = self._loop or asyncio.get_running_loop()
+        self._timer_at = at
+        # Timers coarser than 1 ms busy-loop under uvloop; deadlines here are seconds apart anyway.
+        self._timer = loop.call_at(max(at, loop.time() + 0.001), self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._timer_at = math.inf
+        now = time.monotonic()
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            at, _, conn = heapq.heappop(heap)
+            if conn.state == GONE or conn.scheduled != at:
+                continue  # gone, or a stale entry of a deadline that moved
+            conn.scheduled = None
+            deadline = conn.next_deadline()
+            if deadline is not None and deadline <= now:
+                conn.tick(now)
+            self.watch_deadline(conn)
+        if heap:
+            self._arm(heap[0][0])
+
+    # -- tasks ---------------------------------------------------------------------------------------
+
+    def spawn(self, job: Callable[[], Coroutine[Any, Any, object]], conn: Conn) -> None:
+        """Run a hull's coroutine in the runtime's task group; an error closes its connection only."""
+
+        async def guarded() -> None:
+            try:
+                await job()
+            except Exception as exc:
+                conn.crash(exc)
+
+        if self._tasks is None:
+            log.debug("runtime not running; dropped a task of %s", conn.peer)
+            return
+        self._tasks.start_soon(guarded)
+
+    # -- memory ----------------------------------------------------------------------------------------
+
+    def memory_changed(self, conn: Conn) -> None:
+        self.memory.changed(conn, conn.backlog())
+
+    def _publishers(self) -> list[Conn]:
+        return [conn for conn in self.conns if conn.publisher]

@@ -1,0 +1,442 @@
+"""One network connection: bytes in -> machine -> hull, batched writes out, flow control.
+
+The fast path is an ``asyncio.Protocol``: ``data_received`` feeds the machine and hands its events to
+the hull one at a time, synchronously, with no task or wake-up per message. Whatever the machines
+queue for their peers is written once per loop iteration for every connection that has something to
+send (the runner's flush). A hull that must wait for something (a declare waiting for its commit)
+returns an awaitable from ``handle``; the connection reads no further frame until it is done, so
+frames still take effect in the order they arrived.
+
+A close is the protocol's: once the machine is closed the runtime writes what it queued, half-closes
+the socket and reads (and drops) what the peer still sends until it closes or the linger time passes,
+so that no reset destroys the last frame. A bug in the hull or the machine closes this connection,
+logged once with the peer, and reaches nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
+
+from trimaran.runtime.machine import Machine
+
+if TYPE_CHECKING:
+    from trimaran.runtime.runner import Runner
+
+log = logging.getLogger(__name__)
+
+# Reading while closing: at most this long after the machine closed, then the socket goes.
+LINGER_S = 2.0
+
+
+class Hull(Protocol):
+    """A hull's per-connection state: the machine's events in, the deck's work out."""
+
+    @property
+    def machine(self) -> Machine: ...
+
+    def handle(self, event: object) -> Awaitable[None] | None:
+        """Act on one event. An awaitable holds back the connection's later frames until it is done;
+        it runs in the runtime's task group."""
+        ...
+
+    def written(self) -> None:
+        """The runtime has just handed this connection's queued bytes to the socket."""
+        ...
+
+    def shutdown(self) -> None:
+        """The server stops: close the protocol's way (the runtime then flushes and closes)."""
+        ...
+
+    def blocked(self, on: bool) -> None:
+        """Memory is above the high-water mark (``on``) or back below the low one; the runtime stops
+        reading the socket either way, the hull tells its peer where the protocol can."""
+        ...
+
+    async def finish(self) -> None:
+        """The connection is gone: give back what it held (deliveries, exclusive queues)."""
+        ...
+
+
+# Makes the hull for a new connection, given its first bytes (None: need more; the AMQP port picks
+# the protocol from the 8-byte header). Raise ``Refused`` to close without a hull.
+HullFactory = Callable[["Conn", bytes], "Hull | None"]
+
+
+class Refused(Exception):
+    """The first bytes name nothing this listener serves; the reply (if any) is in ``reply``."""
+
+    def __init__(self, reason: str, reply: bytes = b"") -> None:
+        super().__init__(reason)
+        self.reply = reply
+
+
+OPEN, CLOSING, GONE = 0, 1, 2
+
+
+class Conn(asyncio.Protocol):
+    """The runtime's side of one connection. Hulls hold it as their ``io``."""
+
+    __slots__ = (
+        "_first",
+        "_hello_until",
+        "_linger_until",
+        "_peer_eof",
+        "_read_paused",
+        "_reading_paused",
+        "_waiting",
+        "_writable",
+        "bytes_in",
+        "bytes_out",
+        "dirty",
+        "factory",
+        "hull",
+        "listener",
+        "peer",
+        "peer_host",
+        "publisher",
+        "runner",
+        "scheduled",
+        "state",
+        "transport",
+        "write_buffered",
+    )
+
+    def __init__(self, runner: Runner, listener: str, factory: HullFactory) -> None:
+        self.runner = runner
+        self.listener = listener
+        self.factory = factory
+        self.transport: asyncio.Transport | None = None
+        self.hull: Hull | None = None
+        self.peer = "?"
+        self.peer_host = ""
+        self.state = OPEN
+        self.dirty = False  # queued in the runner's flush for this loop iteration
+        self.publisher = False  # has published: paused while memory is above the high-water mark
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.write_buffered = 0  # the transport's write buffer at the last look (memory accounting)
+        self._first = b""  # bytes read before the hull was chosen
+        self._waiting = False  # a hull step is in flight; later frames wait
+        self._writable = True
+        self._reading_paused = False  # the hull asked
+        self._read_paused = False  # the transport is paused (hull, a step in flight, or memory)
+        self._peer_eof = False
+        self._hello_until = 0.0  # until then the first bytes must name a protocol
+        self._linger_until = 0.0  # closing: until then the peer's last bytes are read and dropped
+        self.scheduled: float | None = None  # the deadline the runner's heap holds for us
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        address = transport.get_extra_info("peername")
+        if isinstance(address, tuple):
+            self.peer_host = str(address[0])
+            self.peer = f"{address[0]}:{address[1]}"
+        refusal = self.runner.admit(self)
+        if refusal is not None:
+            log.warning("%s: refused connection from %s: %s", self.listener, self.peer, refusal)
+            self.state = GONE
+            transport.abort()
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is not None and self.runner.limits.tcp_nodelay:
+            # The runtime batches writes itself, so Nagle only adds latency. A socket reset before
+            # we got here refuses the option; connection_lost follows.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._hello_until = time.monotonic() + self.runner.limits.handshake_timeout_s
+        self.runner.opened(self)
+        self._open_hull(b"")
+
+    def data_received(self, data: bytes) -> None:
+        if self.state != OPEN:
+            return  # closing: the peer's last bytes are read and dropped
+        self.bytes_in += len(data)
+        if self.hull is None:
+            self._open_hull(data)
+            return
+        try:
+            self.hull.machine.receive_data(data, time.monotonic())
+        except Exception as exc:
+            self.crash(exc)
+            return
+        self.pump()
+
+    def eof_received(self) -> bool:
+        self._peer_eof = True
+        if self.state == CLOSING or self.hull is None:
+            self._close_now()
+        elif self.state == OPEN:
+            try:
+                self.hull.machine.receive_eof()
+            except Exception as exc:
+                self.crash(exc)
+                return True
+            self.pump()  # the flush writes the machine's last bytes, then closes
+        # True: the transport stays open until the runtime has written what the machine queued.
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        was = self.state
+        self.state = GONE
+        hull = self.hull
+        if was == OPEN and hull is not None and not hull.machine.closed:
+            try:
+                hull.machine.receive_eof()
+                self._act()
+            except Exception as crash:
+                self._log_crash(crash)
+        self.runner.closed(self)
+        if hull is not None:
+            self.runner.spawn(hull.finish, self)
+
+    def pause_writing(self) -> None:
+        self._writable = False
+
+    def resume_writing(self) -> None:
+        self._writable = True
+        self.runner.memory_changed(self)
+        if self.hull is not None:
+            self.runner.mark_dirty(self)
+
+    # -- what hulls call ----------------------------------------------------------------------------
+
+    def pump(self) -> None:
+        """Act on every event the machine has ready, then schedule a flush. Hulls call it after a
+        call on their machine made outside an event (a delivery, a kick, a login decided later)."""
+        if self.state == GONE or self.hull is None:
+            return
+        try:
+            self._act()
+        except Exception as exc:
+            self.crash(exc)
+            return
+        self.runner.mark_dirty(self)
+
+    def wake(self) -> None:
+        """The machine has bytes to send: write them in this loop iteration's flush."""
+        if not self.dirty and self.state != GONE:
+            self.runner.mark_dirty(self)
+
+    def spawn(self, job: Callable[[], Coroutine[Any, Any, object]]) -> None:
+        """Run a coroutine for this connection in the runtime's task group (errors close it)."""
+        self.runner.spawn(job, self)
+
+    @property
+    def writable(self) -> bool:
+        """False while the socket's buffer is above its high-water mark."""
+        return self._writable
+
+    def backlog(self) -> int:
+        """Bytes queued for the peer and not yet on the wire (the transport's buffer)."""
+        transport = self.transport
+        return 0 if transport is None else transport.get_write_buffer_size()
+
+    def peer_certificate(self) -> dict[str, Any] | None:
+        if self.transport is None:
+            return None
+        cert = self.transport.get_extra_info("peercert")
+        return cert if isinstance(cert, dict) and cert else None
+
+    def pause_reading(self) -> None:
+        self._reading_paused = True
+        self._sync_reading()
+
+    def resume_reading(self) -> None:
+        self._reading_paused = False
+        self._sync_reading()
+
+    def block(self, on: bool) -> None:
+        """The memory watermark was crossed: a publisher stops (or starts) being read."""
+        if self.hull is not None and self.state == OPEN:
+            try:
+                self.hull.blocked(on)
+            except Exception as exc:
+                self.crash(exc)
+                return
+            self.wake()
+        self._sync_reading()
+
+    def _sync_reading(self) -> None:
+        transport = self.transport
+        if transport is None or self.state == GONE:
+            return
+        pause = self.state == OPEN and (
+            self._reading_paused or self._waiting or self.runner.memory.blocking(self)
+        )
+        if pause != self._read_paused:
+            self._read_paused = pause
+            if pause:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
+
+    def abort(self) -> None:
+        if self.transport is not None and self.state != GONE:
+            self.transport.abort()
+
+    # -- inside the runtime ------------------------------------------------------------------------
+
+    def _open_hull(self, data: bytes) -> None:
+        first = self._first + data
+        try:
+            hull = self.factory(self, first)
+        except Refused as refused:
+            log.info("%s: %s from %s; closing", self.listener, refused, self.peer)
+            self._first = b""
+            assert self.transport is not None
+            if refused.reply:
+                self.transport.write(refused.reply)
+            self.state = CLOSING
+            self._close_soon()
+            return
+        except Exception as exc:
+            self.crash(exc)
+            return
+        if hull is None:
+            self._first = first
+            if len(first) > 64:
+                self.crash(RuntimeError("protocol header not recognised in 64 bytes"))
+            return
+        self._first = b""
+        self.hull = hull
+        if first:
+            try:
+                hull.machine.receive_data(first, time.monotonic())
+            except Exception as exc:
+                self.crash(exc)
+                return
+        self.pump()
+
+    def _act(self) -> None:
+        hull = self.hull
+        assert hull is not None
+        if self._waiting:
+            return
+        next_event = hull.machine.next_event
+        handle = hull.handle
+        while (event := next_event()) is not None:
+            step = handle(event)
+            if step is not None:
+                self._hold(step)
+                return
+
+    def _hold(self, step: Awaitable[None]) -> None:
+        """A hull step is in flight: read no more frames until it is done."""
+        self._waiting = True
+        self._sync_reading()
+
+        async def finish_step() -> None:
+            try:
+                await step
+            finally:
+                self._waiting = False
+                self._sync_reading()
+            self.pump()
+
+        self.runner.spawn(finish_step, self)
+
+    def flush(self) -> None:
+        """Write what the machine queued (called once per loop iteration by the runner)."""
+        self.dirty = False
+        hull = self.hull
+        transport = self.transport
+        if hull is None or transport is None or self.state == GONE:
+            return
+        try:
+            self._act()
+            data = hull.machine.data_to_send()
+        except Exception as exc:
+            self.crash(exc)
+            return
+        if data:
+            self.bytes_out += len(data)
+            transport.write(data)
+            self.runner.memory_changed(self)
+            try:
+                hull.written()
+            except Exception as exc:
+                self.crash(exc)
+                return
+        if self.state == OPEN and (hull.machine.closed or self._peer_eof):
+            self._begin_close()
+        self.runner.watch_deadline(self)
+
+    def next_deadline(self) -> float | None:
+        if self.state == CLOSING:
+            return self._linger_until
+        if self.state == GONE:
+            return None
+        if self.hull is None:
+            return self._hello_until
+        return self.hull.machine.next_deadline()
+
+    def tick(self, now: float) -> None:
+        """The runner's timer: a deadline of ours is due."""
+        if self.state == CLOSING:
+            self._close_now()
+            return
+        if self.hull is None:
+            log.info("%s: %s sent no protocol header in time; closing", self.listener, self.peer)
+            self.abort()
+            return
+        try:
+            self.hull.machine.tick(now)
+        except Exception as exc:
+            self.crash(exc)
+            return
+        self.pump()
+
+    def _begin_close(self) -> None:
+        """The machine is closed and its last bytes are written: half-close, linger, then close
+        (at once when the peer has closed its side already)."""
+        self.state = CLOSING
+        if self._peer_eof:
+            self._close_now()
+        else:
+            self._close_soon()
+
+    def _close_soon(self) -> None:
+        transport = self.transport
+        assert transport is not None
+        self._linger_until = time.monotonic() + LINGER_S
+        if self._read_paused:
+            self._read_paused = False
+            transport.resume_reading()
+        if transport.can_write_eof():
+            try:
+                transport.write_eof()
+            except OSError:
+                self._close_now()
+                return
+        self.runner.watch_deadline(self)
+
+    def _close_now(self) -> None:
+        if self.transport is not None and self.state != GONE:
+            self.transport.close()
+
+    def crash(self, exc: BaseException) -> None:
+        """A bug in this connection's handling: close it, say so once, count it."""
+        if self.state == GONE:
+            return
+        self._log_crash(exc)
+        self.runner.stats.crashes += 1
+        self.abort()
+
+    def _log_crash(self, exc: BaseException) -> None:
+        log.warning(
+            "%s: closing connection from %s after an internal error: %s: %s",
+            self.listener,
+            self.peer,
+            type(exc).__name__,
+            exc,
+            exc_info=log.isEnabledFor(logging.DEBUG),
+        )
