@@ -164,6 +164,9 @@ def test_metadata_passes_twine_check(built: Built) -> None:
         top = f"trimaran-{trimaran.__version__}"
         members = set(sdist.getnames())
     assert {f"{top}/LICENSE", f"{top}/CHANGELOG.md", f"{top}/README.md", f"{top}/pyproject.toml"} <= members
+    # The test suite whole (setuptools alone ships only tests/test*.py, which import tests.support).
+    assert {f"{top}/tests/conftest.py", f"{top}/tests/support/server.py"} <= members
+    assert not [name for name in members if "__pycache__" in name]
 
 
 def test_installed_wheel_serves_mqtt_to_amqp_and_stops_cleanly(
