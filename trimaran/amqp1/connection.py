@@ -47,6 +47,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from trimaran import __version__
+
 from .frames import (
     AMQP_HEADER,
     EMPTY_FRAME,
@@ -97,6 +99,10 @@ from .performatives import (
 from .sasl import Credentials, SaslCode, SaslParseError, parse_initial_response
 from .session import Session, SessionState
 from .types import DecodeError, Symbol
+
+# The open's properties when the caller gives none: who the peer is talking to (as AMQP 0.9.1's
+# server-properties say). Shared by every connection; nothing writes to it.
+SERVER_PROPERTIES: dict[Any, Any] = {Symbol("product"): "Trimaran", Symbol("version"): __version__}
 
 __all__ = [
     "AMQPStateError",
@@ -281,7 +287,7 @@ class ServerConnection:
         self.idle_timeout = idle_timeout
         self.incoming_window = incoming_window
         self.max_message_size = max_message_size
-        self.properties = properties
+        self.properties = SERVER_PROPERTIES if properties is None else properties
         self.offered_capabilities = list(offered_capabilities) if offered_capabilities else None
 
         self.state = ConnState.AWAIT_HEADER
