@@ -169,7 +169,9 @@ class App:
             except (ValueError, OSError) as exc:
                 raise ConfigError(f"invalid setting listeners.tls: {exc}") from None
         # AMQP 0.9.1 and 1.0 share the port, told apart by the protocol header.
-        amqp = AmqpPort(self.amqp091.handle, self.amqp1.handle)
+        # AMQP 1.0 runs on the connection runtime (Amqp1FrontEnd.open); until the port is wired
+        # onto it, an AMQP 1.0 header is answered as one the port does not serve.
+        amqp = AmqpPort(self.amqp091.handle, None)
         plan: list[tuple[str, Endpoint | None, ConnectionHandler, bool]] = [
             ("mqtt", bind.mqtt, self.mqtt.handle, False),
             ("mqtt-tls", bind.mqtt_tls, self.mqtt.handle, True),

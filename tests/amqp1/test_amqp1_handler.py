@@ -1,4 +1,5 @@
-"""The AMQP 1.0 front end in process, on a real socket: client registry, kick and shutdown."""
+"""The AMQP 1.0 front end on the connection runtime, on a real socket: client registry, kick,
+shutdown, and no new link credit while memory is above the high-water mark."""
 
 from __future__ import annotations
 
@@ -8,14 +9,17 @@ from typing import Any
 
 import anyio
 import pytest
-from anyio.abc import ByteStream, SocketAttribute, SocketListener
+from anyio.abc import ByteStream
 
+from trimaran.amqp1.conn import Amqp1Conn
 from trimaran.amqp1.frames import AMQP_HEADER, FRAME_AMQP, Frame, FrameDecoder, encode_frame
 from trimaran.amqp1.handler import Amqp1FrontEnd
-from trimaran.amqp1.performatives import Begin, Close, Composite, Open
+from trimaran.amqp1.performatives import ROLE_SENDER, Attach, Begin, Close, Composite, Flow, Open, Target
 from trimaran.broker.core import Broker
 from trimaran.broker.message import PROTOCOL_AMQP1
 from trimaran.config import Settings
+from trimaran.runtime.runner import Runner
+from trimaran.runtime.transport import Conn
 
 pytestmark = pytest.mark.anyio
 
@@ -56,29 +60,29 @@ class Client:
 
 @asynccontextmanager
 async def serving(front: Amqp1FrontEnd) -> AsyncIterator[Callable[[], Awaitable[Client]]]:
-    multi = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-    async with multi, anyio.create_task_group() as tg:
-        listener = multi.listeners[0]
-        assert isinstance(listener, SocketListener)
-        port = listener.extra(SocketAttribute.local_port)
+    runner = Runner()
 
-        async def accept_loop() -> None:
-            while True:
-                stream = await listener.accept()
+    def factory(io: Conn, first: bytes) -> Amqp1Conn | None:
+        return front.open(io) if first else None
 
-                async def serve(s: ByteStream = stream) -> None:
-                    async with s:
-                        await front.handle(s, "test", b"")
-
-                tg.start_soon(serve)
-
-        tg.start_soon(accept_loop)
+    async with anyio.create_task_group() as tg:
+        await tg.start(runner.run)
+        [(host, port), *_] = await runner.serve("amqp1", "127.0.0.1", 0, factory)
 
         async def connect() -> Client:
-            return Client(await anyio.connect_tcp("127.0.0.1", port))
+            return Client(await anyio.connect_tcp(host, port))
 
         yield connect
         tg.cancel_scope.cancel()
+
+
+async def answer_close(client: Client) -> Close:
+    """Read the server's close, answer it and hang up, as a client does."""
+    close = await client.perf()
+    assert isinstance(close, Close)
+    await client.send(Close())
+    await client.stream.aclose()
+    return close
 
 
 async def test_registered_while_open_and_kick_closes_with_connection_forced() -> None:
@@ -98,8 +102,7 @@ async def test_registered_while_open_and_kick_closes_with_connection_forced() ->
         assert (info.client_id, info.protocol) == ("in-process", PROTOCOL_AMQP1)
         assert broker.stats.clients_connected == 1
         info.kick()
-        close = await client.perf()
-        assert isinstance(close, Close)
+        close = await answer_close(client)
         assert close.error is not None and close.error.condition == "amqp:connection:forced"
         with anyio.fail_after(5):
             while len(broker.clients) or front.connections:
@@ -115,10 +118,44 @@ async def test_shutdown_closes_every_connection() -> None:
         clients = [await connect() for _ in range(3)]
         for client in clients:
             await client.connect()
+        closes: list[Close] = []
+
+        async def client_side(client: Client) -> None:
+            closes.append(await answer_close(client))
+
         with anyio.fail_after(5):
-            await front.shutdown()
-        for client in clients:
-            close = await client.perf()
-            assert isinstance(close, Close) and close.error is not None
-            assert close.error.description == "server shutting down"
+            async with anyio.create_task_group() as tg:
+                for client in clients:
+                    tg.start_soon(client_side, client)
+                await front.shutdown()
+        assert [c.error.description for c in closes if c.error is not None] == ["server shutting down"] * 3
         assert not front.connections and not len(broker.clients)
+
+
+async def test_no_new_link_credit_while_memory_is_above_the_high_water_mark() -> None:
+    broker = Broker(None, sys_interval=0)
+    front = Amqp1FrontEnd(broker, Settings())
+    async with serving(front) as connect:
+        client = await connect()
+        await client.connect()
+        await client.send(Begin(next_outgoing_id=0, incoming_window=10, outgoing_window=10))
+        assert isinstance(await client.perf(), Begin)
+        [conn] = front.connections
+        conn.blocked(True)
+        await client.send(
+            Attach(
+                name="s",
+                handle=0,
+                role=ROLE_SENDER,
+                target=Target(address="topic://t"),
+                initial_delivery_count=0,
+            )
+        )
+        assert isinstance(await client.perf(), Attach)
+        with anyio.move_on_after(0.2):
+            got = await client.perf()
+            raise AssertionError(f"credit granted while blocked: {got}")
+        conn.blocked(False)
+        conn.io.wake()
+        flow = await client.perf()
+        assert isinstance(flow, Flow) and flow.link_credit == front.config.link_credit

@@ -139,6 +139,24 @@ class AMQPStateError(RuntimeError):
 # --------------------------------------------------------------------------------------
 
 
+# Descriptor codes of detach, end and close (as ``0x00 0x53 code`` at the start of a frame body).
+_ENDING_CODES = frozenset((0x16, 0x17, 0x18))
+
+
+def _ends_something(frame: Frame) -> bool:
+    """Whether an AMQP frame carries a detach, end or close (cheaply, for the common encoding)."""
+    body = frame.body
+    if frame.type != FRAME_AMQP or len(body) < 3:
+        return False
+    if body[0] == 0x00 and body[1] == 0x53:
+        return body[2] in _ENDING_CODES
+    try:  # a descriptor spelled another way: decode to know
+        perf, _ = frame.performative()
+    except Exception:
+        return False  # the frame's own processing reports the error
+    return isinstance(perf, (Detach, End, Close))
+
+
 class ConnState(enum.Enum):
     AWAIT_HEADER = "await-header"
     SASL_AWAIT_INIT = "sasl-await-init"
@@ -212,6 +230,11 @@ class ServerConnection:
         self._last_recv = now
         self._last_sent = now
         self._close_sent = now
+        # While set (by the caller), a detach, end or close from the peer is read but not acted
+        # on: the caller has work that must reach the peer first (dispositions of publishes
+        # waiting for their commit). Clearing it and taking the events again goes on from there.
+        self.hold_closing = False
+        self._held: Frame | None = None
 
     # ---- public I/O --------------------------------------------------------------------
 
@@ -689,9 +712,20 @@ class ServerConnection:
             elif state in (ConnState.SASL_AUTHENTICATING, ConnState.CLOSED):
                 return False
             else:
-                frame = decoder.next_frame()
-                if frame is NEED_DATA:
-                    return False
+                held = self._held
+                if held is not None:
+                    if self.hold_closing:
+                        return False
+                    self._held = None
+                    frame: Frame | object = held
+                else:
+                    frame = decoder.next_frame()
+                    if frame is NEED_DATA:
+                        return False
+                    assert isinstance(frame, Frame)
+                    if self.hold_closing and _ends_something(frame):
+                        self._held = frame
+                        return False
                 assert isinstance(frame, Frame)
                 if state is ConnState.SASL_AWAIT_INIT:
                     self._on_sasl_frame(frame)
