@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -17,9 +18,11 @@ from trimaran.amqp1.handler import Amqp1FrontEnd
 from trimaran.amqp1.performatives import ROLE_SENDER, Attach, Begin, Close, Composite, Flow, Open, Target
 from trimaran.broker.core import Broker
 from trimaran.broker.message import PROTOCOL_AMQP1
-from trimaran.config import Settings
+from trimaran.config import QueueSettings, Settings, StorageSettings
+from trimaran.queue.manager import QueueManager
 from trimaran.runtime.runner import Runner
 from trimaran.runtime.transport import Conn
+from trimaran.storage.store import Storage
 
 pytestmark = pytest.mark.anyio
 
@@ -159,3 +162,77 @@ async def test_no_new_link_credit_while_memory_is_above_the_high_water_mark() ->
         conn.io.wake()
         flow = await client.perf()
         assert isinstance(flow, Flow) and flow.link_credit == front.config.link_credit
+
+
+@asynccontextmanager
+async def with_queues(tmp_path: Path) -> AsyncIterator[tuple[Amqp1FrontEnd, QueueManager]]:
+    storage = Storage.from_url(f"sqlite:///{tmp_path / 'amqp1.db'}", sqlite_synchronous="normal")
+    storage.migrate()
+    queues = QueueManager(storage, QueueSettings(auto_create=True), StorageSettings(commit_interval_ms=1.0))
+    try:
+        async with queues.running():
+            yield Amqp1FrontEnd(Broker(None, sys_interval=0), Settings(), queues), queues
+    finally:
+        storage.close()
+
+
+async def port_of(front: Amqp1FrontEnd, tg: anyio.abc.TaskGroup) -> int:
+    runner = Runner()
+    await tg.start(runner.run)
+
+    def factory(io: Conn, first: bytes) -> Amqp1Conn | None:
+        return front.open(io) if first else None
+
+    [(_host, port), *_] = await runner.serve("amqp1", "127.0.0.1", 0, factory)
+    return port
+
+
+async def test_proton_sender_that_sends_and_closes_in_one_callback_reaches_the_queue(tmp_path: Path) -> None:
+    proton = pytest.importorskip("proton")
+    from proton.handlers import MessagingHandler
+    from proton.reactor import Container
+
+    class SendAndClose(MessagingHandler):  # type: ignore[misc]
+        def __init__(self, url: str) -> None:
+            super().__init__()
+            self.url = url
+
+        def on_start(self, event: Any) -> None:
+            event.container.create_sender(self.url)
+
+        def on_sendable(self, event: Any) -> None:
+            event.sender.send(proton.Message(body="hello"))
+            event.sender.close()
+            event.connection.close()
+
+    async with with_queues(tmp_path) as (front, queues), anyio.create_task_group() as tg:
+        port = await port_of(front, tg)
+        url = f"127.0.0.1:{port}/queue://hello"
+        with anyio.fail_after(10):
+            await anyio.to_thread.run_sync(lambda: Container(SendAndClose(url)).run())
+            while not (queues.exists("hello") and queues.peek("hello")):
+                await anyio.sleep(0.01)
+        assert [s.message.payload for s in queues.peek("hello")] == [b"hello"]
+        tg.cancel_scope.cancel()
+
+
+async def test_proton_blocking_client_sends_ten_presettled_and_closes(tmp_path: Path) -> None:
+    proton = pytest.importorskip("proton")
+    from proton.reactor import AtMostOnce
+    from proton.utils import BlockingConnection
+
+    def client(port: int) -> None:
+        conn = BlockingConnection(f"127.0.0.1:{port}", timeout=5)
+        sender = conn.create_sender("queue://ten", options=AtMostOnce())
+        for i in range(10):
+            sender.send(proton.Message(body=f"m{i}"))
+        conn.close()
+
+    async with with_queues(tmp_path) as (front, queues), anyio.create_task_group() as tg:
+        port = await port_of(front, tg)
+        with anyio.fail_after(10):
+            await anyio.to_thread.run_sync(client, port)
+            while not (queues.exists("ten") and len(queues.peek("ten")) == 10):
+                await anyio.sleep(0.01)
+        assert len(queues.peek("ten")) == 10
+        tg.cancel_scope.cancel()
