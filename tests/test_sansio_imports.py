@@ -27,6 +27,7 @@ SANS_IO = [
     "amqp091/properties.py",
     "amqp091/frames.py",
     "amqp091/connection.py",
+    "amqp091/events.py",
     "amqp091/channel.py",
     "amqp091/exchanges.py",
     "amqp1/types.py",
