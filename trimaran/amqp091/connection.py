@@ -251,6 +251,7 @@ class ServerConnection:
         self._out = bytearray()
         self._events: deque[Event] = deque()
         self._eof = False  # the peer closed its side: end once the buffered frames are taken
+        self._close_ok_due = False  # the peer's connection.close was handed out: close-ok next
         self._now = now
         self._last_received = now
         self._last_sent = now
@@ -308,6 +309,10 @@ class ServerConnection:
         past). ``None``: no whole frame is buffered, or the caller must decide on a login."""
         events = self._events
         while not events:
+            if self._close_ok_due:
+                self._send(0, ConnectionCloseOk())
+                self._end()
+                return None
             state = self.state
             if state is ConnectionState.CLOSED:
                 return None
@@ -432,9 +437,14 @@ class ServerConnection:
     def _connection_method(self, method: Method, events: deque[Event]) -> None:
         state = self.state
         if isinstance(method, ConnectionClose):
-            self._send(0, ConnectionCloseOk())
-            self._finish(
-                events, method.reply_code, method.reply_text, method.class_id, method.method_id, by_peer=True
+            # close-ok is queued when the caller asks for the next event, after acting on this one:
+            # what it still sends for earlier frames (the confirms of publishes before the close)
+            # goes out ahead of close-ok.
+            self._close_ok_due = True
+            events.append(
+                ConnectionClosed(
+                    method.reply_code, method.reply_text, method.class_id, method.method_id, by_peer=True
+                )
             )
             return
         if method.CLASS_ID != 10:
@@ -687,10 +697,14 @@ class ServerConnection:
         *,
         by_peer: bool = False,
     ) -> None:
+        self._end()
+        events.append(ConnectionClosed(code, text, class_id, method_id, by_peer))
+
+    def _end(self) -> None:
         self.state = ConnectionState.CLOSED
+        self._close_ok_due = False
         self._channels.clear()
         self._decoder = FrameDecoder(0)
-        events.append(ConnectionClosed(code, text, class_id, method_id, by_peer))
 
     # -- decisions of the caller ---------------------------------------------------------------
 

@@ -271,6 +271,14 @@ class ConsumerHandle:
             self.queue, self.group, offset, "reject", self, None, None, reason, wait=False
         )[0]
 
+    def release_nowait(self, offset: int) -> bool:
+        """Give back a delivery the consumer never sent (its channel closed as it was handed over):
+        the attempt does not count, so the next delivery is not a redelivery. Set the credit to 0
+        first, or it comes straight back."""
+        return self.manager._settle_now(
+            self.queue, self.group, offset, "release", self, None, None, "unsent", wait=False
+        )[0]
+
     async def cancel(self) -> None:
         await self.manager._cancel(self)
 
@@ -1237,6 +1245,14 @@ class QueueManager:
         if consumer_id is not None and entry.consumer_id != consumer_id:
             return False, None
         cid = entry.consumer_id
+        if action == "release":
+            self._released_event(state, group, offset, entry, reason, now, batch)
+            entry.attempts = max(0, entry.attempts - 1)
+            again = entry.reason if entry.attempts else "first"
+            self._make_available(state, group, offset, entry, again, now, now, batch)
+            ticket = self._submit(batch, after, wait)
+            self._dispatch(state, group)
+            return True, ticket
         if action in _SETTLED:
             state.stats[_SETTLED[action]] += 1
         if self.events.wants(_SETTLE_EVENTS.get(action, "")):
