@@ -307,6 +307,18 @@ def test_server_closes_connection_then_only_close_ok_counts() -> None:
     assert c.server.send_method(1, spec.BasicAck()) is False
 
 
+def test_close_ok_follows_what_the_caller_sends_for_the_close_event() -> None:
+    c = opened()
+    c.server.receive_data(encode_method(0, spec.ConnectionClose(200, "bye", 0, 0)), c.now)
+    event = c.server.next_event()
+    assert event == ConnectionClosed(200, "bye", 0, 0, by_peer=True)
+    assert not c.server.closed  # close-ok not queued yet: a confirm may still go first
+    assert c.server.send_method(1, spec.BasicAck(1, False))
+    assert c.server.next_event() is None
+    assert c.server.closed
+    assert c.methods() == [(1, spec.BasicAck(1, False)), (0, spec.ConnectionCloseOk())]
+
+
 def test_crossing_connection_close() -> None:
     c = opened()
     c.server.close(spec.CONNECTION_FORCED, "bye")

@@ -153,6 +153,9 @@ def read(data: bytes) -> list[tuple[int, object]]:
 async def session(deck: Deck, chunks: list[bytes]) -> tuple[list[tuple[int, object]], Wire]:
     wire = Wire(deck.runner, deck.open)
     await feed(wire, chunks)
+    with anyio.fail_after(5):  # the stream ends with connection.close: wait for close-ok
+        while not (wire.transport.eof_written or wire.transport.closed):
+            await anyio.sleep(0.001)
     output = read(wire.transport.take())
     await wire.eof()
     await settle()
