@@ -9,17 +9,15 @@ and its other channels stay usable.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
 import pytest
 
+from tests.support.amqp091 import Deck, running
 from tests.support.runtime import Wire, settle
 from trimaran.amqp091 import spec
-from trimaran.amqp091.conn import Amqp091Conn
 from trimaran.amqp091.frames import (
     NEED_DATA,
     BodyFrame,
@@ -29,15 +27,7 @@ from trimaran.amqp091.frames import (
     encode_content,
     encode_method,
 )
-from trimaran.amqp091.handler import Amqp091FrontEnd
 from trimaran.amqp091.properties import BasicProperties
-from trimaran.broker.core import Broker
-from trimaran.config import Settings, StorageSettings
-from trimaran.queue.manager import QueueManager
-from trimaran.runtime.runner import Runner
-from trimaran.runtime.transport import Conn
-from trimaran.storage.amqp_store import AmqpStore
-from trimaran.storage.store import Storage
 
 pytestmark = pytest.mark.anyio
 
@@ -45,40 +35,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@dataclass
-class Deck:
-    front: Amqp091FrontEnd
-    manager: QueueManager
-    runner: Runner
-
-    def open(self, io: Conn, first: bytes) -> Amqp091Conn:
-        return self.front.open(io)
-
-    def contents(self, queue: str) -> list[bytes]:
-        state = self.manager.queues.get(queue)
-        return [] if state is None else [m.message.payload for m in state.messages.values()]
-
-
-@asynccontextmanager
-async def running(tmp_path: Path) -> AsyncIterator[Deck]:
-    storage = Storage.from_url(f"sqlite:///{tmp_path / 'trimaran.db'}", sqlite_synchronous="normal")
-    storage.migrate()
-    settings = Settings()
-    manager = QueueManager(storage, settings.queues, StorageSettings(commit_interval_ms=1.0))
-    front = Amqp091FrontEnd(Broker(), settings, manager, AmqpStore(storage.engine))
-    runner = Runner()
-    try:
-        async with anyio.create_task_group() as tasks:
-            await manager.start(tasks)
-            await tasks.start(runner.run)
-            await tasks.start(front.run)
-            yield Deck(front, manager, runner)
-            tasks.cancel_scope.cancel()
-    finally:
-        await manager.stop()
-        storage.close()
 
 
 # -- recorded client streams --------------------------------------------------------------------
