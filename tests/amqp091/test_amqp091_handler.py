@@ -53,7 +53,7 @@ def test_channel_error_leaves_the_connection_usable(port: int) -> None:
         good = connection.channel()
         good.queue_declare("here")
         good.basic_publish("", "here", b"x")
-        method, _props, body = good.basic_get("here", auto_ack=True)
+        _method, _props, body = good.basic_get("here", auto_ack=True)
         assert body == b"x"
 
 
