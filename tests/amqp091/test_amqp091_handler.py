@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ def port(tmp_path: Path) -> Iterator[int]:
         yield bound
 
 
-def connect(port: int) -> pika.BlockingConnection:
+def connect(port: int) -> Any:
     params = pika.ConnectionParameters("127.0.0.1", port, heartbeat=0, blocked_connection_timeout=5)
     return pika.BlockingConnection(params)
 
