@@ -69,3 +69,80 @@ def test_a_second_connection_sees_what_the_first_published(port: int) -> None:
         method, _props, body = channel.basic_get("shared", auto_ack=False)
         assert body == b"hello" and not method.redelivered
         channel.basic_ack(method.delivery_tag)
+
+
+# -- RabbitMQ's rules (issue 22) ------------------------------------------------------------------
+
+
+def test_unbind_of_a_missing_queue_or_exchange_is_unbind_ok(port: int) -> None:
+    with connect(port) as connection:
+        channel = connection.channel()
+        channel.queue_unbind("gone-queue", "amq.direct", "k")
+        channel.exchange_declare("src", "direct")
+        channel.exchange_unbind("gone-exchange", "src", "k")
+        channel.exchange_unbind("src", "gone-exchange", "k")
+        channel.queue_declare("still-here")  # the channel is still open
+        assert channel.is_open
+
+
+def test_immediate_publish_closes_the_channel_with_540(port: int) -> None:
+    with connect(port) as connection:
+        channel = connection.channel()
+        channel.queue_declare("imm")
+        # pika's API has no immediate flag any more: the frames it would send.
+        publish = pika.spec.Basic.Publish(exchange="", routing_key="imm", immediate=True)
+        channel._impl._send_method(publish, (pika.spec.BasicProperties(), b"x"))
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+            channel.queue_declare("imm", passive=True)
+        assert caught.value.reply_code == 540
+        assert "immediate=true" in caught.value.reply_text
+        assert connection.channel().queue_declare("imm", passive=True).method.message_count == 0
+
+
+def test_a_consumer_without_qos_has_no_hidden_window(port: int) -> None:
+    with connect(port) as connection:
+        channel = connection.channel()
+        channel.queue_declare("many")
+        for i in range(1500):
+            channel.basic_publish("", "many", b"%d" % i)
+        tags = []
+        for method, _props, _body in channel.consume("many", inactivity_timeout=2):
+            if method is None:
+                break
+            tags.append(method.delivery_tag)  # none acknowledged
+            if len(tags) == 1500:
+                break
+        assert len(tags) == 1500
+        channel.basic_ack(tags[-1], multiple=True)
+
+
+def test_properties_are_delivered_as_published(port: int) -> None:
+    with connect(port) as connection:
+        channel = connection.channel()
+        channel.queue_declare("props")
+        channel.basic_publish("", "props", b"a", pika.BasicProperties(expiration="60000"))
+        channel.basic_publish("", "props", b"b", pika.BasicProperties(content_type="text/plain"))
+        _m, first, _b = channel.basic_get("props", auto_ack=True)
+        _m, second, _b = channel.basic_get("props", auto_ack=True)
+        assert first.expiration == "60000"  # not the time left
+        assert second.delivery_mode is None and second.content_type == "text/plain"
+
+
+def test_queue_declare_equivalence(port: int) -> None:
+    with connect(port) as connection:
+        channel = connection.channel()
+        channel.queue_declare("eq", arguments={"x-max-length": 10})
+        channel.queue_declare("eq", arguments={"x-max-length": 10})  # the same: fine
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+            channel.queue_declare("eq", arguments={"x-max-length": 20})
+        assert caught.value.reply_code == 406 and "'x-max-length'" in caught.value.reply_text
+        channel = connection.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+            channel.queue_declare("eq", auto_delete=True, arguments={"x-max-length": 10})
+        assert caught.value.reply_code == 406 and "'auto_delete'" in caught.value.reply_text
+        channel = connection.channel()
+        channel.queue_declare("mine", exclusive=True)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+            channel.queue_declare("mine")  # its own connection, another exclusive flag
+        assert caught.value.reply_code == 405
+        assert connection.channel().queue_declare("mine", exclusive=True).method.queue == "mine"

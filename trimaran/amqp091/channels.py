@@ -3,8 +3,8 @@
 A consumer (basic.consume) is a queue-manager consumer. Prefetch is credit: a consumer holds at most
 ``prefetch_count`` unacknowledged deliveries (RabbitMQ's per-consumer qos), and a channel-wide
 limit (``global`` qos) caps the sum over the channel's consumers. A consumer without a prefetch
-count gets a window of credit that acks (or, for no-ack consumers, written bytes) refill, so a
-slow socket never makes the server buffer a whole queue.
+count has no limit, as in RabbitMQ: memory is bounded by the runtime's byte accounting and flow
+control (publishers pause above the memory watermark), not by a hidden window.
 
 basic.ack / nack / reject map onto the manager's ack / nack / reject; requeue is an immediate nack,
 ``requeue=false`` a reject (dead-lettered when the queue has a dead-letter target, else dropped).
@@ -25,6 +25,10 @@ if TYPE_CHECKING:
     from trimaran.amqp091.conn import Amqp091Conn
 
 log = logging.getLogger(__name__)
+
+
+#: The credit of a consumer without a prefetch count.
+NO_LIMIT = 1 << 30
 
 
 class Consumer:
@@ -97,7 +101,7 @@ class ChannelState:
         "unacked",
     )
 
-    def __init__(self, conn: Amqp091Conn, number: int, window: int) -> None:
+    def __init__(self, conn: Amqp091Conn, number: int, window: int = NO_LIMIT) -> None:
         self.conn = conn
         self.number = number
         self.consumers: dict[str, Consumer] = {}
@@ -105,7 +109,7 @@ class ChannelState:
         #: delivery tag -> (consumer, queue offset), in tag order.
         self.unacked: dict[int, tuple[Consumer, int]] = {}
         self.next_tag = 1
-        self.prefetch = 0  # for consumers created from now on; 0 = the window
+        self.prefetch = 0  # for consumers created from now on; 0 = no limit
         self.global_prefetch = 0
         self.flow_active = True
         self.confirm = False

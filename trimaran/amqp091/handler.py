@@ -203,7 +203,7 @@ class Amqp091FrontEnd:
         elif isinstance(event, SecureOkReceived):
             conn.machine.reject_authentication("unexpected secure-ok")
         elif isinstance(event, ChannelOpened):
-            conn.channels[event.channel] = ChannelState(conn, event.channel, self.config.prefetch_window)
+            conn.channels[event.channel] = ChannelState(conn, event.channel)
         elif isinstance(event, ChannelClosed):
             if not event.by_peer or event.reply_code != spec.REPLY_SUCCESS:
                 log.info("amqp091: %s channel %d closed: %s", conn.name, event.channel, event.reply_text)
@@ -260,13 +260,21 @@ class Amqp091FrontEnd:
 
         return step()
 
-    def refuse(self, conn: Amqp091Conn, number: int, error: spec.ProtocolError) -> Awaitable[None] | None:
+    def refuse(
+        self, conn: Amqp091Conn, number: int, error: spec.ProtocolError, *, channel_only: bool = False
+    ) -> Awaitable[None] | None:
         """Raise ``error`` as a channel or connection exception (with a log line saying why); the
-        awaitable, if any, releases what the closed channels held."""
+        awaitable, if any, releases what the closed channels held. ``channel_only``: close the
+        channel whatever the code (RabbitMQ's way for some hard codes, e.g. 540 for immediate)."""
         log.info("amqp091: %s channel %d: %s", conn.name, number, error)
         error.channel = number
-        conn.machine.raise_error(error)
         conn.wake()
+        if channel_only:
+            conn.machine.close_channel(
+                number, error.reply_code, error.full_text, error.class_id, error.method_id
+            )
+            return self._drop_channels(conn, [number])
+        conn.machine.raise_error(error)
         if error.connection_exception:
             return self._drop_channels(conn, list(conn.channels))
         return self._drop_channels(conn, [number])
@@ -335,6 +343,11 @@ class Amqp091FrontEnd:
         if channel.tx:
             channel.tx_publishes.append((method, event.properties, event.body))
             return
+        if method.immediate:
+            # Refused as RabbitMQ 3 refuses it: the channel closes with 540, the connection stays.
+            error = spec.ProtocolError(spec.NOT_IMPLEMENTED, "immediate=true", class_id=60, method_id=40)
+            _later(conn, self.refuse(conn, event.channel, error, channel_only=True))
+            return
         entry = None
         if channel.confirm:
             channel.publish_seq += 1
@@ -344,9 +357,7 @@ class Amqp091FrontEnd:
         except spec.ProtocolError as exc:
             if entry is not None:
                 conn.pending.remove(entry)
-            release = self.refuse(conn, event.channel, exc)
-            if release is not None:  # not awaited here: publishes are handled without waiting
-                conn.io.spawn(lambda: _run(release))
+            _later(conn, self.refuse(conn, event.channel, exc))
             return
         if entry is not None:
             entry.sealed()
@@ -362,8 +373,6 @@ class Amqp091FrontEnd:
     ) -> None:
         """Route one basic.publish; ``entry`` (a confirm or a tx.commit) waits for its commits."""
         exchange, key = method.exchange, method.routing_key
-        if method.immediate:
-            raise spec.ProtocolError(spec.NOT_IMPLEMENTED, "immediate=true", class_id=60, method_id=40)
         try:
             self.exchanges.check_publish(exchange)
             result = self.exchanges.route(exchange, key, props.headers)
@@ -448,5 +457,13 @@ class Amqp091FrontEnd:
                 self.broker.stats.messages_dropped += 1  # a router copy: dropped, not a failed publish
 
 
-async def _run(step: Awaitable[None]) -> None:
-    await step
+def _later(conn: Amqp091Conn, step: Awaitable[None] | None) -> None:
+    """Run ``step`` in the background: a publish is handled without waiting, even when it closes
+    its channel (what the channel held is released meanwhile; it takes no more frames)."""
+    if step is None:
+        return
+
+    async def run() -> None:
+        await step
+
+    conn.io.spawn(run)

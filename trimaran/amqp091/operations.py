@@ -46,6 +46,23 @@ def _rs(queue: str) -> str:
     return f"queue '{queue}' in vhost '{VHOST}'"
 
 
+def _locked(queue: str) -> str:
+    return (
+        f"cannot obtain exclusive access to locked {_rs(queue)}. It could be originally declared on "
+        "another connection or the exclusive property value does not match that of the original "
+        "declaration."
+    )
+
+
+def _argument(value: object) -> object:
+    """A queue argument for comparison: text whether it came as bytes or str, numbers as numbers."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, bool) or not isinstance(value, int):
+        return value
+    return int(value)
+
+
 class Operations:
     def __init__(self, front: Amqp091FrontEnd) -> None:
         self.front = front
@@ -217,13 +234,7 @@ class Operations:
     @staticmethod
     def _check_exclusive(conn: Amqp091Conn, meta: QueueMeta, method: spec.Method) -> None:
         if meta.exclusive_owner is not None and meta.exclusive_owner is not conn:
-            raise _error(
-                spec.RESOURCE_LOCKED,
-                f"cannot obtain exclusive access to locked {_rs(meta.name)}. It could be originally "
-                "declared on another connection or the exclusive property value does not match that "
-                "of the original declaration.",
-                method,
-            )
+            raise _error(spec.RESOURCE_LOCKED, _locked(meta.name), method)
 
     def _counts(self, name: str) -> tuple[int, int]:
         state = self.manager.queues.get(name)
@@ -302,7 +313,14 @@ class Operations:
     async def _unbind(
         self, source: str, kind: str, destination: str, key: str, arguments: dict[str, Any]
     ) -> None:
-        self.exchanges.unbind(source, destination, kind, key, arguments)  # type: ignore[arg-type]
+        try:
+            self.exchanges.unbind(source, destination, kind, key, arguments)  # type: ignore[arg-type]
+        except ExchangeError as exc:
+            if exc.reply_code != spec.NOT_FOUND:
+                raise
+            # A missing source or destination has no binding to remove: unbind-ok, as RabbitMQ
+            # answers (clients unbind in clean-ups after an auto-delete removed the queue).
+            return
         await self._removed()
 
     # -- queues -----------------------------------------------------------------------------------
@@ -314,13 +332,8 @@ class Operations:
             raise _error(spec.ACCESS_REFUSED, f"queue name '{m.queue}' contains reserved prefix 'amq.*'", m)
         if self.manager.exists(name):
             meta = self._existing(conn, name, m)
-            if not m.passive and meta.durable != m.durable and meta.exclusive_owner is None:
-                raise _error(
-                    spec.PRECONDITION_FAILED,
-                    f"inequivalent arg 'durable' for {_rs(name)}: received '{str(m.durable).lower()}' "
-                    f"but current is '{str(meta.durable).lower()}'",
-                    m,
-                )
+            if not m.passive:
+                self._check_equivalent(meta, m)
             meta.unused_since = time.monotonic()
         else:
             if m.passive:
@@ -342,12 +355,39 @@ class Operations:
                 expires_ms=expires if isinstance(expires, int) and not isinstance(expires, bool) else None,
                 arguments=dict(m.arguments),
                 unused_since=time.monotonic(),
+                declared=True,
             )
             if m.exclusive:
                 conn.exclusive_queues.add(name)
         channel.last_queue = name
         depth, consumers = self._counts(name)
         self._reply(conn, channel, spec.QueueDeclareOk(name, depth, consumers), m.no_wait)
+
+    def _check_equivalent(self, meta: QueueMeta, m: spec.QueueDeclare) -> None:
+        """RabbitMQ's rule for redeclaring a queue: the same exclusive flag (405 RESOURCE_LOCKED,
+        from the owning connection too), else the same durable, auto_delete and arguments (406
+        PRECONDITION_FAILED naming the first that differs). Arguments and auto_delete are known only
+        for queues declared over AMQP since the start."""
+        if (meta.exclusive_owner is not None) != m.exclusive:
+            raise _error(spec.RESOURCE_LOCKED, _locked(meta.name), m)
+        if meta.durable != m.durable:
+            raise self._inequivalent(meta.name, "durable", m.durable, meta.durable, m)
+        if not meta.declared:
+            return
+        if meta.auto_delete != m.auto_delete:
+            raise self._inequivalent(meta.name, "auto_delete", m.auto_delete, meta.auto_delete, m)
+        for key in sorted(set(meta.arguments) | set(m.arguments)):
+            got, have = _argument(m.arguments.get(key)), _argument(meta.arguments.get(key))
+            if got != have:
+                raise self._inequivalent(meta.name, key, got, have, m)
+
+    @staticmethod
+    def _inequivalent(name: str, arg: str, got: object, have: object, m: spec.Method) -> spec.ProtocolError:
+        def shown(value: object) -> str:
+            return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+        text = f"received '{shown(got)}' but current is '{shown(have)}'"
+        return _error(spec.PRECONDITION_FAILED, f"inequivalent arg '{arg}' for {_rs(name)}: {text}", m)
 
     def _dead_letter_queue(self, arguments: dict[str, Any]) -> str | None:
         target = dead_letter_arguments(arguments)
@@ -377,8 +417,9 @@ class Operations:
 
     async def queue_unbind(self, conn: Amqp091Conn, channel: ChannelState, m: spec.QueueUnbind) -> None:
         name = self._queue_name(channel, m.queue, m)
-        self._existing(conn, name, m)
-        await self._unbind(m.exchange, "queue", name, m.routing_key, m.arguments)
+        if self.manager.exists(name):
+            self._existing(conn, name, m)
+            await self._unbind(m.exchange, "queue", name, m.routing_key, m.arguments)
         self._reply(conn, channel, spec.QueueUnbindOk())
 
     async def queue_purge(self, conn: Amqp091Conn, channel: ChannelState, m: spec.QueuePurge) -> None:

@@ -58,6 +58,7 @@ class QueueMeta:
     arguments: FieldTable = field(default_factory=dict)
     had_consumer: bool = False
     unused_since: float = 0.0  # monotonic, for x-expires
+    declared: bool = False  # declared over AMQP in this process: its arguments are known
 
 
 def _int_arg(queue: str, name: str, value: object, minimum: int = 0) -> int:
