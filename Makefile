@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test test-all lint typecheck check system-deps clean
+.PHONY: run test test-all release-check lint typecheck check system-deps clean
 
 run: $(VENV)/.installed-run
 	$(BIN)/trimaran serve $(ARGS)
@@ -15,6 +15,11 @@ test: $(VENV)/.installed-dev
 # Slow suites too (crash tests, soak).
 test-all: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -m "" $(ARGS)
+
+# The release alone (also part of `make test`): build, twine check, the wheel served from a fresh venv,
+# and one version on every surface.
+release-check: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest tests/test_release.py tests/test_version.py $(ARGS)
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check trimaran tests bench

@@ -34,16 +34,16 @@ def test_defaults() -> None:
 
 def test_precedence_file_then_env_then_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = write(
-        tmp_path / "c.toml", "[limits]\nmax_inflight = 10\nreceive_maximum = 11\noutbox_size = 12\n"
+        tmp_path / "c.toml", "[limits]\nmax_inflight = 10\nreceive_maximum = 11\noutbox_bytes = 12000\n"
     )
     assert load_settings(config).limits.max_inflight == 10
 
     monkeypatch.setenv("TRIMARAN_LIMITS__RECEIVE_MAXIMUM", "21")
-    monkeypatch.setenv("TRIMARAN_LIMITS__OUTBOX_SIZE", "22")
-    settings = load_settings(config, {"limits": {"outbox_size": 32}})
+    monkeypatch.setenv("TRIMARAN_LIMITS__OUTBOX_BYTES", "22000")
+    settings = load_settings(config, {"limits": {"outbox_bytes": 32768}})
     assert settings.limits.max_inflight == 10  # file only
     assert settings.limits.receive_maximum == 21  # env beats file
-    assert settings.limits.outbox_size == 32  # flag beats env
+    assert settings.limits.outbox_bytes == 32768  # flag beats env
 
 
 def test_trimaran_toml_in_working_directory_is_read(tmp_path: Path) -> None:

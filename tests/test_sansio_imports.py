@@ -37,6 +37,7 @@ SANS_IO = [
     "amqp1/frames.py",
     "amqp1/sasl.py",
     "amqp1/connection.py",
+    "amqp1/events.py",
     "amqp1/session.py",
     "amqp1/link.py",
 ]

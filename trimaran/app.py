@@ -15,7 +15,6 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-from anyio.abc import TaskGroup
 
 from trimaran import __version__
 from trimaran.amqp091.handler import Amqp091FrontEnd
@@ -23,12 +22,17 @@ from trimaran.amqp1.handler import Amqp1FrontEnd
 from trimaran.broker.api import AdminApi
 from trimaran.broker.core import Broker
 from trimaran.broker.http import HttpServer
-from trimaran.broker.listeners import AmqpPort, ConnectionHandler, Listener, server_tls_context
 from trimaran.broker.telemetry import Telemetry
 from trimaran.broker.webhooks import Webhooks
 from trimaran.config import ConfigError, Endpoint, Settings, check_settings
 from trimaran.mqtt.handler import MqttFrontEnd
+from trimaran.net.listeners import Listener, ProtocolListener, amqp_port
+from trimaran.net.tls import server_tls_context
+from trimaran.net.websocket import WebSocketMachine
 from trimaran.queue.manager import QueueManager
+from trimaran.runtime.machine import Machine
+from trimaran.runtime.runner import Runner, RuntimeLimits
+from trimaran.runtime.transport import Conn, Hull, HullFactory
 from trimaran.storage.amqp_store import AmqpStore
 from trimaran.storage.engine import describe
 from trimaran.storage.mqtt_store import MqttStore
@@ -48,7 +52,8 @@ class App:
         self.amqp1: Amqp1FrontEnd | None = None
         self.queues: QueueManager | None = None
         self.webhooks: Webhooks | None = None
-        self.listeners: list[Listener] = []
+        self.runner = Runner(runtime_limits(settings))
+        self.listeners: list[ProtocolListener | Listener] = []
         self.http = HttpServer(
             max_body_bytes=settings.http.max_body_bytes,
             request_timeout_s=settings.http.request_timeout_s,
@@ -95,18 +100,21 @@ class App:
         try:
             async with anyio.create_task_group() as root:
                 root.start_soon(self._watch_signals, name="signals")
+                await root.start(self.runner.run, name="connection runtime")
                 await root.start(self.broker.run, name="broker")
                 await root.start(self.webhooks.run, name="webhooks")
                 await self.queues.start(root)
                 await root.start(self.mqtt.run, name="mqtt sessions")
                 await root.start(self.amqp091.run, name="amqp091")
-                async with anyio.create_task_group() as connections:
-                    await self._start_listeners(connections)
+                async with anyio.create_task_group() as listening:
+                    for listener in self.listeners:
+                        await listening.start(listener.serve, name=f"{listener.name} listener")
                     self.ready = True
                     log.info("trimaran ready")
                     await self._stop.wait()
                     self.ready = False
-                    await self._shutdown(connections)
+                    await self._shutdown()
+                    listening.cancel_scope.cancel()
                 root.cancel_scope.cancel()
         finally:
             storage.close()
@@ -126,29 +134,22 @@ class App:
         log.info("shared queues: this process claims messages as node %s", node)
         return node
 
-    async def _start_listeners(self, connections: TaskGroup) -> None:
-        for listener in self.listeners:
-            await connections.start(listener.serve, connections, name=f"{listener.name} listener")
-
-    async def _shutdown(self, connections: TaskGroup) -> None:
+    async def _shutdown(self) -> None:
         grace = self.settings.shutdown_grace_s
         log.info("shutting down (grace %.1fs): no new connections", grace)
+        self.runner.stop_accepting()
         for listener in self.listeners:
             listener.stop_accepting()
         with anyio.move_on_after(grace):
             await self._drain()
         if self.webhooks is not None:
             await self.webhooks.flush()  # bounded by webhooks.flush_timeout_s
-        connections.cancel_scope.cancel()
 
     async def _drain(self) -> None:
-        """Let the front ends close their connections, then write what is still in memory."""
+        """Let every connection close its protocol's way, then write what is still in memory."""
         assert self.broker is not None and self.mqtt is not None and self.queues is not None
+        await self.runner.shutdown()
         await self.mqtt.shutdown()
-        if self.amqp091 is not None:
-            await self.amqp091.shutdown()
-        if self.amqp1 is not None:
-            await self.amqp1.shutdown()
         await self.queues.stop()
         await self.broker.flush()
 
@@ -158,39 +159,68 @@ class App:
                 log.info("received %s", signal.Signals(signum).name)
                 self.request_stop()
 
-    def _build_listeners(self) -> list[Listener]:
+    def _build_listeners(self) -> list[ProtocolListener | Listener]:
         settings = self.settings
         bind = settings.listeners
-        assert self.mqtt is not None and self.amqp091 is not None and self.amqp1 is not None
+        mqtt, amqp091, amqp1 = self.mqtt, self.amqp091, self.amqp1
+        assert mqtt is not None and amqp091 is not None and amqp1 is not None
         tls = None
         if bind.mqtt_tls or bind.mqtt_wss or bind.amqps:
             try:
                 tls = server_tls_context(bind.tls)
             except (ValueError, OSError) as exc:
                 raise ConfigError(f"invalid setting listeners.tls: {exc}") from None
-        # AMQP 0.9.1 and 1.0 share the port, told apart by the protocol header.
-        amqp = AmqpPort(self.amqp091.handle, self.amqp1.handle)
-        plan: list[tuple[str, Endpoint | None, ConnectionHandler, bool]] = [
-            ("mqtt", bind.mqtt, self.mqtt.handle, False),
-            ("mqtt-tls", bind.mqtt_tls, self.mqtt.handle, True),
-            ("mqtt-ws", bind.mqtt_ws, self.mqtt.handle_websocket, False),
-            ("mqtt-wss", bind.mqtt_wss, self.mqtt.handle_websocket, True),
-            ("amqp", bind.amqp, amqp.handle, False),
-            ("amqps", bind.amqps, amqp.handle, True),
-            ("http", settings.http.bind, self.http.handle, False),
-        ]
-        return [
-            Listener(
-                name,
-                endpoint,
-                handler,
-                tls=tls if secure else None,
-                backlog=bind.backlog,
-                nodelay=bind.tcp_nodelay,
+
+        def websocket(mqtt_machine: Machine) -> Machine:
+            return WebSocketMachine(
+                mqtt_machine,
+                paths=bind.mqtt_ws_paths,
+                origins=bind.mqtt_ws_origins,
+                now=time.monotonic(),
+                max_message_size=settings.limits.max_packet_size + 5,
             )
-            for name, endpoint, handler, secure in plan
+
+        def plain(io: Conn, _first: bytes) -> Hull:
+            return mqtt.open(io)
+
+        def over_websocket(io: Conn, _first: bytes) -> Hull:
+            return mqtt.open(io, websocket)
+
+        plan: list[tuple[str, Endpoint | None, HullFactory, bool]] = [
+            ("mqtt", bind.mqtt, plain, False),
+            ("mqtt-tls", bind.mqtt_tls, plain, True),
+            ("mqtt-ws", bind.mqtt_ws, over_websocket, False),
+            ("mqtt-wss", bind.mqtt_wss, over_websocket, True),
+        ]
+        if bind.amqp or bind.amqps:
+            # AMQP 0.9.1 and 1.0 share the port, told apart by the protocol header.
+            amqp = amqp_port(amqp091.open, amqp1.open)
+            plan += [("amqp", bind.amqp, amqp, False), ("amqps", bind.amqps, amqp, True)]
+        listeners: list[ProtocolListener | Listener] = [
+            ProtocolListener(
+                name, endpoint, factory, self.runner, tls=tls if secure else None, backlog=bind.backlog
+            )
+            for name, endpoint, factory, secure in plan
             if endpoint is not None
         ]
+        if settings.http.bind is not None:
+            listeners.append(
+                Listener("http", settings.http.bind, self.http.handle, backlog=bind.backlog, nodelay=True)
+            )
+        return listeners
+
+
+def runtime_limits(settings: Settings) -> RuntimeLimits:
+    limits = settings.limits
+    return RuntimeLimits(
+        max_connections=limits.max_connections,
+        max_connections_per_address=limits.max_connections_per_address,
+        accept_rate_per_address=limits.accept_rate_per_address,
+        handshake_timeout_s=limits.handshake_timeout,
+        tcp_nodelay=settings.listeners.tcp_nodelay,
+        memory_high_watermark=limits.memory_high_watermark,
+        memory_low_watermark=limits.memory_low_watermark,
+    )
 
 
 def run(settings: Settings) -> None:

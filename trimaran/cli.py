@@ -48,6 +48,7 @@ def _settings_flags() -> argparse.ArgumentParser:
 def build_parser() -> argparse.ArgumentParser:
     common = _settings_flags()
     parser = argparse.ArgumentParser(prog="trimaran", description="Multi-protocol messaging server")
+    parser.add_argument("--version", action="version", version=f"trimaran {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", parents=[common], help="run the server")

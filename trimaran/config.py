@@ -115,7 +115,10 @@ class ListenerSettings(Section):
     mqtt_tls: BindAddress = None
     mqtt_ws: BindAddress = Endpoint("0.0.0.0", 8083)
     mqtt_wss: BindAddress = None
-    mqtt_ws_path: str = "/mqtt"
+    mqtt_ws_paths: list[str] = Field(["/mqtt"], min_length=1, description="WebSocket paths MQTT is served on")
+    mqtt_ws_origins: list[str] = Field(
+        [], description="Origin headers a browser may connect from; empty = any (others send none)"
+    )
     amqp: BindAddress = Endpoint("0.0.0.0", 5672)
     amqps: BindAddress = None
     tls: TlsSettings = TlsSettings()
@@ -145,11 +148,29 @@ class StorageSettings(Section):
 
 
 class LimitSettings(Section):
-    max_connections: int = Field(100_000, ge=1)
+    """Limits the connection runtime enforces for every protocol (and MQTT's own)."""
+
+    max_connections: int = Field(100_000, ge=1, description="open connections, all listeners together")
+    max_connections_per_address: int = Field(0, ge=0, description="per source address; 0 = no limit")
+    accept_rate_per_address: float = Field(
+        0.0, ge=0, description="new connections a second per source address (burst 50); 0 = no limit"
+    )
+    handshake_timeout: float = Field(
+        10.0, gt=0, description="seconds for TLS and the protocol header before a connection is dropped"
+    )
     max_packet_size: int = Field(16 * 1024 * 1024, ge=64, le=268_435_455)
+    max_packet_size_unauthenticated: int = Field(
+        65536, ge=64, description="largest packet before the login succeeded (MQTT CONNECT included)"
+    )
     receive_maximum: int = Field(1024, ge=1, le=65535)
     max_inflight: int = Field(64, ge=1, le=65535, description="outbound QoS 1/2 window per client")
-    outbox_size: int = Field(1000, ge=1, description="messages buffered per subscriber")
+    outbox_bytes: int = Field(
+        8 * 1024 * 1024, ge=4096, description="bytes waiting for a slow subscriber; QoS 0 beyond is dropped"
+    )
+    memory_high_watermark: int = Field(
+        256 * 1024 * 1024, ge=0, description="bytes waiting for slow readers that pause publishers; 0 = off"
+    )
+    memory_low_watermark: int = Field(128 * 1024 * 1024, ge=0, description="publishers resume below this")
     session_queue_size: int = Field(10_000, ge=0, description="QoS 1/2 queued per session")
     max_keep_alive: int = Field(3600, ge=0, le=65535, description="seconds; 0 = client's value")
     topic_alias_maximum: int = Field(64, ge=0, le=65535)

@@ -9,8 +9,8 @@ from amqp1_client import Client
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trimaran.amqp1.connection import (
-    AMQPStateError,
+from trimaran.amqp1.connection import AMQPStateError, ServerConnection
+from trimaran.amqp1.events import (
     ConnectionClosed,
     ConnectionOpened,
     DispositionReceived,
@@ -19,7 +19,6 @@ from trimaran.amqp1.connection import (
     LinkDetached,
     MessageReceived,
     SaslAuthRequested,
-    ServerConnection,
     SessionBegun,
     SessionEnded,
     TransferAborted,
@@ -50,9 +49,11 @@ from trimaran.amqp1.performatives import (
     Target,
     Transfer,
 )
+from trimaran.runtime.machine import drain
 
 
 def server(**kw: object) -> ServerConnection:
+    kw.setdefault("now", 0.0)
     return ServerConnection("trimaran", **kw)  # type: ignore[arg-type]
 
 
@@ -84,7 +85,8 @@ def test_sasl_plain_credentials_go_to_the_caller() -> None:
         "secret",
         None,
     )
-    assert conn.sasl_complete(True) == []
+    conn.sasl_complete(True)
+    assert drain(conn) == []
     assert c.sasl_outcome().code == 0
     ev = c.open(hostname="h")
     assert isinstance(ev[0], ConnectionOpened) and ev[0].open.hostname == "h"
@@ -104,7 +106,8 @@ def test_sasl_rejected_by_caller_closes() -> None:
     conn = server()
     c = Client(conn)
     c.sasl("PLAIN", b"\x00alice\x00wrong")
-    ev = conn.sasl_complete(False)
+    conn.sasl_complete(False)
+    ev = drain(conn)
     assert isinstance(ev[0], ConnectionClosed) and ev[0].error is not None
     assert ev[0].error.condition == "amqp:unauthorized-access"
     assert c.sasl_outcome().code == 1
@@ -137,8 +140,8 @@ def test_sasl_pipelined_header_and_open_are_processed_after_outcome() -> None:
     data += bytes(encode_frame(0, 0, Open(container_id="c")))
     ev = c.feed(data)
     assert [type(e) for e in ev] == [SaslAuthRequested]
-    ev = conn.sasl_complete(True)
-    assert [type(e) for e in ev] == [ConnectionOpened]
+    conn.sasl_complete(True)
+    assert [type(e) for e in drain(conn)] == [ConnectionOpened]
     c.decoder.feed(conn.data_to_send())
     outcome = c.decoder.next_frame()
     assert isinstance(outcome, Frame) and outcome.type == FRAME_SASL
@@ -163,7 +166,8 @@ def test_unsupported_header_answered_with_ours() -> None:
     assert isinstance(ev[0], ConnectionClosed)
     assert c.read_header() == AMQP_HEADER
     assert conn.closed
-    assert conn.receive_data(b"more") == []
+    conn.receive_data(b"more", 0.0)
+    assert drain(conn) == []
 
 
 def test_no_sasl_when_not_required() -> None:
@@ -176,7 +180,8 @@ def test_no_sasl_when_not_required() -> None:
 def test_header_fed_one_byte_at_a_time() -> None:
     conn = server(require_sasl=False)
     for b in AMQP_HEADER:
-        assert conn.receive_data(bytes([b])) == []
+        conn.receive_data(bytes([b]), 0.0)
+        assert drain(conn) == []
     assert conn.data_to_send() == AMQP_HEADER
 
 
@@ -268,17 +273,22 @@ def test_heartbeats_and_idle_timeout() -> None:
     c = Client(conn)
     c.connect(idle_time_out=4000)
     assert conn.next_deadline() == 2.0
-    assert conn.tick(1.0) == []
-    assert conn.data_to_send(1.0) == b""
-    assert conn.tick(2.0) == []
-    assert conn.data_to_send(2.0) == EMPTY_FRAME
+    conn.tick(1.0)
+    assert drain(conn) == []
+    assert conn.data_to_send() == b""
+    conn.tick(2.0)
+    assert drain(conn) == []
+    assert conn.data_to_send() == EMPTY_FRAME
     assert conn.next_deadline() == 4.0
     # the peer's heartbeat keeps us alive
-    assert conn.receive_data(EMPTY_FRAME, now=9.0) == []
-    assert conn.tick(12.0) == []
+    conn.receive_data(EMPTY_FRAME, 9.0)
+    assert drain(conn) == []
+    conn.tick(12.0)
+    assert drain(conn) == []
     c.now = 12.0
     c.frames()
-    ev = conn.tick(19.0)
+    conn.tick(19.0)
+    ev = drain(conn)
     assert isinstance(ev[0], ConnectionClosed)
     assert ev[0].error is not None and ev[0].error.condition == "amqp:resource-limit-exceeded"
     c.now = 19.0
@@ -288,7 +298,8 @@ def test_heartbeats_and_idle_timeout() -> None:
 def test_no_idle_timeout() -> None:
     conn, _c = connected(idle_timeout=None)
     assert conn.next_deadline() is None
-    assert conn.tick(1e9) == []
+    conn.tick(1e9)
+    assert drain(conn) == []
 
 
 # ---- sessions -------------------------------------------------------------------------
@@ -769,7 +780,8 @@ def _summary(events: list[Any]) -> list[tuple[Any, ...]]:
 def test_any_split_of_the_input_gives_the_same_events(cuts: list[int]) -> None:
     data = _conversation()
     whole = server(require_sasl=False)
-    expected = _summary(whole.receive_data(data))
+    whole.receive_data(data, 0.0)
+    expected = _summary(drain(whole))
     assert [e[0] for e in expected] == [
         "ConnectionOpened",
         "SessionBegun",
@@ -783,7 +795,84 @@ def test_any_split_of_the_input_gives_the_same_events(cuts: list[int]) -> None:
     got: list[Any] = []
     pos = 0
     for n in [*cuts, len(data)]:
-        got += split.receive_data(data[pos : pos + n])
+        split.receive_data(data[pos : pos + n], 0.0)
+        got += drain(split)
         pos += n
     assert _summary(got) == expected
     assert split.data_to_send() == whole.data_to_send()
+
+
+# ---- one frame at a time, deadlines of the handshake and the close ---------------------
+
+
+def test_transfer_read_with_its_detach_is_handed_out_while_the_link_is_open() -> None:
+    conn, c = connected()
+    link = receiver_link(conn, c)
+    data = bytes(encode_frame(0, 0, Transfer(handle=0, delivery_id=0, delivery_tag=b"t", settled=True), b"m"))
+    data += bytes(encode_frame(0, 0, Detach(handle=0, closed=True)))
+    data += bytes(encode_frame(0, 0, End()))
+    conn.receive_data(data, 0.0)
+    assert conn.data_to_send() == b""  # nothing parsed yet
+    first = conn.next_event()
+    assert isinstance(first, MessageReceived) and first.payload == b"m"
+    assert link.is_open, "the detach behind the transfer must not be read yet"
+    conn.settle(link, 0, Accepted())  # the caller can still act on the link
+    rest = drain(conn)
+    assert [type(e) for e in rest] == [LinkDetached, SessionEnded]
+    assert not link.is_open
+    assert [type(p) for p in c.perfs()] == [Disposition, Detach, End]
+
+
+def test_silent_socket_is_closed_at_the_handshake_deadline() -> None:
+    conn = server(handshake_timeout=5.0, now=100.0)
+    assert conn.next_deadline() == 105.0
+    conn.tick(104.0)
+    assert drain(conn) == [] and not conn.closed
+    conn.tick(105.0)
+    [ev] = drain(conn)
+    assert isinstance(ev, ConnectionClosed) and ev.error is not None
+    assert ev.error.condition == "amqp:resource-limit-exceeded"
+    assert conn.closed and conn.next_deadline() is None
+
+
+def test_sasl_not_finished_in_time_is_closed_and_open_stops_the_clock() -> None:
+    conn = server(handshake_timeout=5.0)
+    c = Client(conn)
+    c.feed(SASL_HEADER)  # and then nothing
+    conn.tick(5.0)
+    assert isinstance(drain(conn)[0], ConnectionClosed) and conn.closed
+    conn, c = connected(handshake_timeout=5.0, idle_timeout=None)
+    assert conn.next_deadline() is None
+    conn.tick(50.0)
+    assert not conn.closed
+
+
+def test_open_not_sent_in_time_gets_open_and_close_with_the_reason() -> None:
+    conn = server(handshake_timeout=5.0, require_sasl=False)
+    c = Client(conn)
+    c.feed(AMQP_HEADER)
+    c.read_header()
+    conn.tick(6.0)
+    assert isinstance(drain(conn)[0], ConnectionClosed)
+    perfs = c.perfs()
+    assert [type(p) for p in perfs] == [Open, Close]
+    assert conn.closed
+
+
+def test_our_close_waits_for_the_peer_at_most_close_timeout() -> None:
+    conn, c = connected(close_timeout=2.0, idle_timeout=None)
+    conn.receive_data(b"", 10.0)
+    conn.close(Error(condition="amqp:connection:forced"))
+    assert drain(conn) == []
+    assert not conn.closed and conn.next_deadline() == 12.0
+    conn.tick(12.0)
+    assert conn.closed
+    assert closed_error(c).condition == "amqp:connection:forced"  # type: ignore[union-attr]
+
+
+def test_eof_ends_the_connection() -> None:
+    conn, _c = connected()
+    conn.receive_eof()
+    [ev] = drain(conn)
+    assert isinstance(ev, ConnectionClosed) and ev.by_peer and ev.error is None
+    assert conn.closed

@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_amqp1_performatives import composite_strategy
 
-from trimaran.amqp1.connection import ConnectionClosed, LinkAttached, MessageReceived, ServerConnection
+from trimaran.amqp1.connection import ServerConnection
+from trimaran.amqp1.events import ConnectionClosed, LinkAttached, MessageReceived
 from trimaran.amqp1.frames import encode_frame
 from trimaran.amqp1.performatives import (
     FRAME_TYPES,
@@ -49,7 +50,7 @@ def react(conn: ServerConnection, events: list[Any]) -> None:
 @given(frames)
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
 def test_random_performatives_after_open(script: list[tuple[int, Any, bytes]]) -> None:
-    conn = ServerConnection("trimaran", handle_max=7, channel_max=3)
+    conn = ServerConnection("trimaran", handle_max=7, channel_max=3, now=0.0)
     c = Client(conn)
     c.connect()
     react(conn, c.send(Begin(next_outgoing_id=0, incoming_window=10, outgoing_window=10)))

@@ -1,21 +1,28 @@
-"""The AMQP 1.0 front end in process, on a real socket: client registry, kick and shutdown."""
+"""The AMQP 1.0 front end on the connection runtime, on a real socket: client registry, kick,
+shutdown, and no new link credit while memory is above the high-water mark."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from anyio.abc import ByteStream, SocketAttribute, SocketListener
+from anyio.abc import ByteStream
 
+from trimaran.amqp1.conn import Amqp1Conn
 from trimaran.amqp1.frames import AMQP_HEADER, FRAME_AMQP, Frame, FrameDecoder, encode_frame
 from trimaran.amqp1.handler import Amqp1FrontEnd
-from trimaran.amqp1.performatives import Begin, Close, Composite, Open
+from trimaran.amqp1.performatives import ROLE_SENDER, Attach, Begin, Close, Composite, Flow, Open, Target
 from trimaran.broker.core import Broker
 from trimaran.broker.message import PROTOCOL_AMQP1
-from trimaran.config import Settings
+from trimaran.config import QueueSettings, Settings, StorageSettings
+from trimaran.queue.manager import QueueManager
+from trimaran.runtime.runner import Runner
+from trimaran.runtime.transport import Conn
+from trimaran.storage.store import Storage
 
 pytestmark = pytest.mark.anyio
 
@@ -56,29 +63,29 @@ class Client:
 
 @asynccontextmanager
 async def serving(front: Amqp1FrontEnd) -> AsyncIterator[Callable[[], Awaitable[Client]]]:
-    multi = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-    async with multi, anyio.create_task_group() as tg:
-        listener = multi.listeners[0]
-        assert isinstance(listener, SocketListener)
-        port = listener.extra(SocketAttribute.local_port)
+    runner = Runner()
 
-        async def accept_loop() -> None:
-            while True:
-                stream = await listener.accept()
+    def factory(io: Conn, first: bytes) -> Amqp1Conn | None:
+        return front.open(io) if first else None
 
-                async def serve(s: ByteStream = stream) -> None:
-                    async with s:
-                        await front.handle(s, "test", b"")
-
-                tg.start_soon(serve)
-
-        tg.start_soon(accept_loop)
+    async with anyio.create_task_group() as tg:
+        await tg.start(runner.run)
+        [(host, port), *_] = await runner.serve("amqp1", "127.0.0.1", 0, factory)
 
         async def connect() -> Client:
-            return Client(await anyio.connect_tcp("127.0.0.1", port))
+            return Client(await anyio.connect_tcp(host, port))
 
         yield connect
         tg.cancel_scope.cancel()
+
+
+async def answer_close(client: Client) -> Close:
+    """Read the server's close, answer it and hang up, as a client does."""
+    close = await client.perf()
+    assert isinstance(close, Close)
+    await client.send(Close())
+    await client.stream.aclose()
+    return close
 
 
 async def test_registered_while_open_and_kick_closes_with_connection_forced() -> None:
@@ -98,8 +105,7 @@ async def test_registered_while_open_and_kick_closes_with_connection_forced() ->
         assert (info.client_id, info.protocol) == ("in-process", PROTOCOL_AMQP1)
         assert broker.stats.clients_connected == 1
         info.kick()
-        close = await client.perf()
-        assert isinstance(close, Close)
+        close = await answer_close(client)
         assert close.error is not None and close.error.condition == "amqp:connection:forced"
         with anyio.fail_after(5):
             while len(broker.clients) or front.connections:
@@ -115,10 +121,118 @@ async def test_shutdown_closes_every_connection() -> None:
         clients = [await connect() for _ in range(3)]
         for client in clients:
             await client.connect()
+        closes: list[Close] = []
+
+        async def client_side(client: Client) -> None:
+            closes.append(await answer_close(client))
+
         with anyio.fail_after(5):
-            await front.shutdown()
-        for client in clients:
-            close = await client.perf()
-            assert isinstance(close, Close) and close.error is not None
-            assert close.error.description == "server shutting down"
+            async with anyio.create_task_group() as tg:
+                for client in clients:
+                    tg.start_soon(client_side, client)
+                await front.shutdown()
+        assert [c.error.description for c in closes if c.error is not None] == ["server shutting down"] * 3
         assert not front.connections and not len(broker.clients)
+
+
+async def test_no_new_link_credit_while_memory_is_above_the_high_water_mark() -> None:
+    broker = Broker(None, sys_interval=0)
+    front = Amqp1FrontEnd(broker, Settings())
+    async with serving(front) as connect:
+        client = await connect()
+        await client.connect()
+        await client.send(Begin(next_outgoing_id=0, incoming_window=10, outgoing_window=10))
+        assert isinstance(await client.perf(), Begin)
+        [conn] = front.connections
+        conn.blocked(True)
+        await client.send(
+            Attach(
+                name="s",
+                handle=0,
+                role=ROLE_SENDER,
+                target=Target(address="topic://t"),
+                initial_delivery_count=0,
+            )
+        )
+        assert isinstance(await client.perf(), Attach)
+        with anyio.move_on_after(0.2):
+            got = await client.perf()
+            raise AssertionError(f"credit granted while blocked: {got}")
+        conn.blocked(False)
+        conn.io.wake()
+        flow = await client.perf()
+        assert isinstance(flow, Flow) and flow.link_credit == front.config.link_credit
+
+
+@asynccontextmanager
+async def with_queues(tmp_path: Path) -> AsyncIterator[tuple[Amqp1FrontEnd, QueueManager]]:
+    storage = Storage.from_url(f"sqlite:///{tmp_path / 'amqp1.db'}", sqlite_synchronous="normal")
+    storage.migrate()
+    queues = QueueManager(storage, QueueSettings(auto_create=True), StorageSettings(commit_interval_ms=1.0))
+    try:
+        async with queues.running():
+            yield Amqp1FrontEnd(Broker(None, sys_interval=0), Settings(), queues), queues
+    finally:
+        storage.close()
+
+
+async def port_of(front: Amqp1FrontEnd, tg: anyio.abc.TaskGroup) -> int:
+    runner = Runner()
+    await tg.start(runner.run)
+
+    def factory(io: Conn, first: bytes) -> Amqp1Conn | None:
+        return front.open(io) if first else None
+
+    [(_host, port), *_] = await runner.serve("amqp1", "127.0.0.1", 0, factory)
+    return port
+
+
+async def test_proton_sender_that_sends_and_closes_in_one_callback_reaches_the_queue(tmp_path: Path) -> None:
+    proton = pytest.importorskip("proton")
+    from proton.handlers import MessagingHandler
+    from proton.reactor import Container
+
+    class SendAndClose(MessagingHandler):  # type: ignore[misc]
+        def __init__(self, url: str) -> None:
+            super().__init__()
+            self.url = url
+
+        def on_start(self, event: Any) -> None:
+            event.container.create_sender(self.url)
+
+        def on_sendable(self, event: Any) -> None:
+            event.sender.send(proton.Message(body="hello"))
+            event.sender.close()
+            event.connection.close()
+
+    async with with_queues(tmp_path) as (front, queues), anyio.create_task_group() as tg:
+        port = await port_of(front, tg)
+        url = f"127.0.0.1:{port}/queue://hello"
+        with anyio.fail_after(10):
+            await anyio.to_thread.run_sync(lambda: Container(SendAndClose(url)).run())
+            while not (queues.exists("hello") and queues.peek("hello")):
+                await anyio.sleep(0.01)
+        assert [s.message.payload for s in queues.peek("hello")] == [b"hello"]
+        tg.cancel_scope.cancel()
+
+
+async def test_proton_blocking_client_sends_ten_presettled_and_closes(tmp_path: Path) -> None:
+    proton = pytest.importorskip("proton")
+    from proton.reactor import AtMostOnce
+    from proton.utils import BlockingConnection
+
+    def client(port: int) -> None:
+        conn = BlockingConnection(f"127.0.0.1:{port}", timeout=5)
+        sender = conn.create_sender("queue://ten", options=AtMostOnce())
+        for i in range(10):
+            sender.send(proton.Message(body=f"m{i}"))
+        conn.close()
+
+    async with with_queues(tmp_path) as (front, queues), anyio.create_task_group() as tg:
+        port = await port_of(front, tg)
+        with anyio.fail_after(10):
+            await anyio.to_thread.run_sync(client, port)
+            while not (queues.exists("ten") and len(queues.peek("ten")) == 10):
+                await anyio.sleep(0.01)
+        assert len(queues.peek("ten")) == 10
+        tg.cancel_scope.cancel()

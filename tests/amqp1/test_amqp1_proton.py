@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from trimaran.amqp1.connection import (
+from trimaran.amqp1.connection import ServerConnection
+from trimaran.amqp1.events import (
     ConnectionClosed,
     DispositionReceived,
     FlowReceived,
@@ -18,7 +19,6 @@ from trimaran.amqp1.connection import (
     LinkDetached,
     MessageReceived,
     SaslAuthRequested,
-    ServerConnection,
 )
 from trimaran.amqp1.messages import decode_message
 from trimaran.amqp1.performatives import Accepted, Error, Source
@@ -37,7 +37,8 @@ class Pair:
         plain: bool = True,
         password: str = "secret",
     ) -> None:
-        self.server = ServerConnection("trimaran", max_frame_size=server_max_frame)
+        self.now = 0.0
+        self.server = ServerConnection("trimaran", max_frame_size=server_max_frame, now=self.now)
         self.events: list[Any] = []
         self.received: list[MessageReceived] = []
         self.dispositions: list[DispositionReceived] = []
@@ -66,7 +67,8 @@ class Pair:
             if n > 0:
                 data = self.transport.peek(n)
                 self.transport.pop(n)
-                self.handle(self.server.receive_data(data))
+                self.server.receive_data(data, self.now)
+                self.handle()
                 moved = True
             self.to_client += self.server.data_to_send()
             room = self.transport.capacity()
@@ -78,32 +80,36 @@ class Pair:
                 return
         raise AssertionError("the engines never settled down")
 
-    def handle(self, events: list[Any]) -> None:
-        for ev in events:
-            self.events.append(ev)
-            if isinstance(ev, SaslAuthRequested):
-                ok = ev.credentials.username in (None, "alice") and ev.credentials.password in (
-                    None,
-                    "secret",
-                )
-                self.handle(self.server.sasl_complete(ok))
-            elif isinstance(ev, LinkAttached):
-                link = ev.link
-                if link.address == "missing":
-                    self.server.reject_link(link, Error(condition="amqp:not-found", description="no node"))
-                elif link.is_receiver:
-                    self.server.accept_link(link, initial_credit=100)
-                else:
-                    self.server.accept_link(link)
-                    self.out_links.append(link)
-            elif isinstance(ev, MessageReceived):
-                self.received.append(ev)
-                self.server.settle(ev.link, ev.delivery_id, Accepted())
-                for out in self.out_links:
-                    if out.is_open and out.credit > 0:
-                        self.server.send(out, ev.payload)
-            elif isinstance(ev, DispositionReceived):
-                self.dispositions.append(ev)
+    def handle(self) -> None:
+        """Act on each event as it comes, as the runtime does."""
+        while (ev := self.server.next_event()) is not None:
+            self.react(ev)
+
+    def react(self, ev: Any) -> None:
+        self.events.append(ev)
+        if isinstance(ev, SaslAuthRequested):
+            ok = ev.credentials.username in (None, "alice") and ev.credentials.password in (
+                None,
+                "secret",
+            )
+            self.server.sasl_complete(ok)
+        elif isinstance(ev, LinkAttached):
+            link = ev.link
+            if link.address == "missing":
+                self.server.reject_link(link, Error(condition="amqp:not-found", description="no node"))
+            elif link.is_receiver:
+                self.server.accept_link(link, initial_credit=100)
+            else:
+                self.server.accept_link(link)
+                self.out_links.append(link)
+        elif isinstance(ev, MessageReceived):
+            self.received.append(ev)
+            self.server.settle(ev.link, ev.delivery_id, Accepted())
+            for out in self.out_links:
+                if out.is_open and out.credit > 0:
+                    self.server.send(out, ev.payload)
+        elif isinstance(ev, DispositionReceived):
+            self.dispositions.append(ev)
 
 
 def test_proton_sends_and_receives_through_us() -> None:
@@ -219,16 +225,15 @@ def test_refused_link_and_bad_password() -> None:
 
 def test_dynamic_source_via_proton() -> None:
     p = Pair(plain=False)
-    orig = p.handle
+    orig = p.react
 
-    def handle(events: list[Any]) -> None:
-        for ev in events:
-            if isinstance(ev, LinkAttached) and ev.link.remote_attach.source.dynamic:
-                p.server.accept_link(ev.link, source=Source(address="tmp-queue-1", dynamic=True))
-            else:
-                orig([ev])
+    def react(ev: Any) -> None:
+        if isinstance(ev, LinkAttached) and ev.link.remote_attach.source.dynamic:
+            p.server.accept_link(ev.link, source=Source(address="tmp-queue-1", dynamic=True))
+        else:
+            orig(ev)
 
-    p.handle = handle  # type: ignore[method-assign]
+    p.react = react  # type: ignore[method-assign]
     session = p.conn.session()
     session.open()
     rcv = session.receiver("dyn")
@@ -250,15 +255,17 @@ def test_idle_timeout_heartbeats_both_ways() -> None:
     while now < 10.0:
         now += 0.05
         p.transport.tick(now)
-        p.handle(p.server.tick(now))
-        p.server.receive_data(b"", now=now)
+        p.now = now
+        p.server.tick(now)
+        p.handle()
         p.pump()
     assert p.conn.state & proton.Endpoint.REMOTE_ACTIVE
     assert not p.server.closed and not any(isinstance(e, ConnectionClosed) for e in p.events)
     # the client stops sending anything: we close it with resource-limit-exceeded
     while now < 13.0:
         now += 0.05
-        p.handle(p.server.tick(now))
+        p.server.tick(now)
+        p.handle()
     closed = [e for e in p.events if isinstance(e, ConnectionClosed)]
     assert closed and closed[0].error is not None
     assert closed[0].error.condition == "amqp:resource-limit-exceeded"
@@ -269,17 +276,16 @@ def test_idle_timeout_heartbeats_both_ways() -> None:
 
 def test_drain_with_proton_receiver() -> None:
     p = Pair(plain=False)
-    orig = p.handle
+    orig = p.react
 
-    def handle(events: list[Any]) -> None:
-        for ev in events:
-            orig([ev])
-            if isinstance(ev, FlowReceived) and ev.drain and ev.link.is_sender:
-                if ev.link.credit > 0:
-                    p.server.send(ev.link, proton.Message(body="only one").encode())
-                p.server.complete_drain(ev.link)
+    def react(ev: Any) -> None:
+        orig(ev)
+        if isinstance(ev, FlowReceived) and ev.drain and ev.link.is_sender:
+            if ev.link.credit > 0:
+                p.server.send(ev.link, proton.Message(body="only one").encode())
+            p.server.complete_drain(ev.link)
 
-    p.handle = handle  # type: ignore[method-assign]
+    p.react = react  # type: ignore[method-assign]
     session = p.conn.session()
     session.open()
     rcv = session.receiver("r")

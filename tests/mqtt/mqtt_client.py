@@ -3,6 +3,7 @@ server, decode what it answers."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from trimaran.mqtt.codec import NEED_DATA, Decoder, encode
@@ -29,7 +30,7 @@ class Client:
         return self.send_bytes(b"".join(encode(p, self.level) for p in packets))
 
     def send_bytes(self, data: bytes) -> list[Event]:
-        return self.server.receive_data(data, self.now)
+        return feed(self.server, data, self.now)
 
     def received(self) -> list[Packet]:
         self.decoder.feed(self.server.data_to_send())
@@ -60,10 +61,39 @@ def connected(
 ) -> tuple[ServerConnection, Client, ConnAck]:
     server, client, events = start(limits, level, **connect)
     assert len(events) == 1 and isinstance(events[0], ConnectRequest), events
-    assert server.accept(session, session_present=session_present) == []
+    assert answer(server, server.accept, session, session_present=session_present) == []
     packets = client.received()
     assert isinstance(packets[0], ConnAck) and packets[0].reason_code == 0, packets
     return server, client, packets[0]
+
+
+def feed(server: ServerConnection, data: bytes, now: float) -> list[Event]:
+    """Bytes in, every event they complete out (the runtime takes them one at a time)."""
+    server.receive_data(data, now)
+    return events(server)
+
+
+def tick(server: ServerConnection, now: float) -> list[Event]:
+    server.tick(now)
+    return events(server)
+
+
+def eof(server: ServerConnection) -> list[Event]:
+    server.receive_eof()
+    return events(server)
+
+
+def answer(server: ServerConnection, call: Callable[..., None], *args: Any, **kwargs: Any) -> list[Event]:
+    """A call the hull makes (accept, reject, disconnect) and the events that follow it."""
+    call(*args, **kwargs)
+    return events(server)
+
+
+def events(server: ServerConnection) -> list[Event]:
+    found: list[Event] = []
+    while (event := server.next_event()) is not None:
+        found.append(event)
+    return found
 
 
 def props(**kwargs: Any) -> Properties:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mqtt_client import Client, closed, connected, props, start
+from mqtt_client import Client, answer, closed, connected, eof, feed, props, start, tick
 
 from trimaran.mqtt.codec import encode
 from trimaran.mqtt.connection import (
@@ -50,7 +50,7 @@ def test_first_packet_must_be_connect() -> None:
     assert closed(events).reason_code == 0x82
     assert server.data_to_send() == b""
     assert server.state == State.CLOSED
-    assert server.receive_data(b"\xc0\x00", 1.0) == []  # everything after is ignored
+    assert feed(server, b"\xc0\x00", 1.0) == []  # everything after is ignored
 
 
 @pytest.mark.parametrize("level", [3, 4])
@@ -69,14 +69,14 @@ def test_unsupported_level_5_gets_0x84() -> None:
 
 def test_unknown_protocol_level_gets_3_1_1_connack() -> None:
     server = ServerConnection(now=0.0)
-    events = server.receive_data(bytes.fromhex("100e00044d5154540702003c00026331"), 0.0)
+    events = feed(server, bytes.fromhex("100e00044d5154540702003c00026331"), 0.0)
     assert closed(events).reason_code == 0x84
     assert server.data_to_send() == bytes.fromhex("20020001")
 
 
 def test_malformed_connect_closes_without_answer() -> None:
     server = ServerConnection(now=0.0)
-    events = server.receive_data(bytes.fromhex("100e00044d5154540403003c00026331"), 0.0)
+    events = feed(server, bytes.fromhex("100e00044d5154540403003c00026331"), 0.0)
     assert closed(events).reason_code == 0x81
     assert server.data_to_send() == b""
 
@@ -97,7 +97,10 @@ def test_empty_client_id_3_1_1_clean_session_gets_an_id() -> None:
     server, client, events = start(level=4, client_id="")
     (request,) = events
     assert isinstance(request, ConnectRequest) and request.client_id_assigned and request.client_id
-    server.accept()
+    answer(
+        server,
+        server.accept,
+    )
     assert client.received() == [ConnAck(False, 0)]  # 3.1.1 cannot tell the client its id
     assert server.client_id == request.client_id
 
@@ -106,7 +109,10 @@ def test_empty_client_id_5_is_assigned_and_returned() -> None:
     server, client, events = start(client_id="", clean_start=False)
     (request,) = events
     assert isinstance(request, ConnectRequest) and request.client_id_assigned
-    server.accept()
+    answer(
+        server,
+        server.accept,
+    )
     (ack,) = client.received()
     assert isinstance(ack, ConnAck)
     assert ack.properties.assigned_client_identifier == request.client_id
@@ -120,11 +126,11 @@ def test_client_id_too_long() -> None:
 
 def test_reject_maps_to_3_1_1_return_codes() -> None:
     server, client, _ = start(level=4)
-    events = server.reject(0x86)
+    events = answer(server, server.reject, 0x86)
     assert closed(events).reason_code == 0x86
     assert client.received() == [ConnAck(False, 4)]
     server, client, _ = start(level=5)
-    server.reject(0x87, "go away")
+    answer(server, server.reject, 0x87, "go away")
     assert client.received() == [ConnAck(False, 0x87, props(reason_string="go away"))]
     assert server.closed
 
@@ -165,7 +171,10 @@ def test_packets_sent_before_connack_are_read_after_accept() -> None:
     client = Client(server, 5)
     events = client.send(Connect(protocol_level=5, client_id="c"), Publish("a", b"1"), PingReq())
     assert len(events) == 1 and isinstance(events[0], ConnectRequest)
-    events = server.accept()
+    events = answer(
+        server,
+        server.accept,
+    )
     assert events == [PublishReceived(Publish("a", b"1"))]
     assert [type(p) for p in client.received()] == [ConnAck, PingResp]
 
@@ -216,12 +225,12 @@ def test_will_checks() -> None:
 def test_keep_alive_deadline_is_one_and_a_half_times() -> None:
     server, client, _ = connected(keep_alive=10)
     assert server.next_deadline() == 15.0
-    assert server.check_timeouts(14.9) == []
+    assert tick(server, 14.9) == []
     client.now = 10.0
     client.send(PingReq())
     assert client.received() == [PingResp()]
     assert server.next_deadline() == 25.0
-    events = server.check_timeouts(25.0)
+    events = tick(server, 25.0)
     assert closed(events).reason_code == 0x8D and closed(events).publish_will
     (disconnect,) = client.received()
     assert isinstance(disconnect, Disconnect) and disconnect.reason_code == 0x8D
@@ -231,14 +240,14 @@ def test_keep_alive_deadline_is_one_and_a_half_times() -> None:
 def test_keep_alive_zero_has_no_deadline() -> None:
     server, _, _ = connected(keep_alive=0)
     assert server.next_deadline() is None
-    assert server.check_timeouts(1e9) == []
+    assert tick(server, 1e9) == []
 
 
 def test_connect_timeout() -> None:
     server = ServerConnection(ServerLimits(connect_timeout=5.0), now=100.0)
     assert server.next_deadline() == 105.0
-    assert server.check_timeouts(104.0) == []
-    events = server.check_timeouts(105.0)
+    assert tick(server, 104.0) == []
+    events = tick(server, 105.0)
     assert not closed(events).publish_will
     assert server.data_to_send() == b""
 
@@ -311,7 +320,7 @@ def test_qos2_state_survives_reconnect() -> None:
     assert client.received() == [PubRec(9)]
     assert server.session is not None
     stored = server.session.to_json()
-    server.connection_lost()
+    eof(server)
     _server2, client2, _ = connected(
         session=Session.from_json(stored), session_present=True, clean_start=False
     )
@@ -485,10 +494,10 @@ def test_inflight_is_resent_with_dup_on_reconnect() -> None:
     assert isinstance(three, Publish) and three.packet_id
     assert server.session is not None
     stored = server.session.to_dict()
-    server.connection_lost()
+    eof(server)
 
     server2, client2, _events = start(clean_start=False)
-    assert server2.accept(Session.from_dict(stored), session_present=True) == []
+    assert answer(server2, server2.accept, Session.from_dict(stored), session_present=True) == []
     ack, *resent = client2.received()
     assert ack == ConnAck(True, 0, props(topic_alias_maximum=16))
     assert resent == [
@@ -505,7 +514,7 @@ def test_queued_messages_wait_for_the_client() -> None:
     session = Session("c1")
     session.enqueue(OutboundMessage("t", b"queued", 1))
     server, client, _events = start(clean_start=False)
-    server.accept(session, session_present=True)
+    answer(server, server.accept, session, session_present=True)
     _ack, publish = client.received()
     assert isinstance(publish, Publish) and publish.payload == b"queued" and not publish.dup
 
@@ -513,7 +522,7 @@ def test_queued_messages_wait_for_the_client() -> None:
 def test_session_present_false_for_3_1() -> None:
     _, client, _events = start(level=3, clean_start=False)
     server = client.server
-    server.accept(Session("c1"), session_present=True)
+    answer(server, server.accept, Session("c1"), session_present=True)
     assert client.received() == [ConnAck(False, 0)]
 
 
@@ -530,7 +539,7 @@ def test_queued_message_too_large_after_reconnect_counts_as_delivered() -> None:
     session = Session("c1")
     session.enqueue(OutboundMessage("t", bytes(100), 1, tag="big"))
     server, client, _ = start(clean_start=False, properties=props(maximum_packet_size=50))
-    events = server.accept(session, session_present=True)
+    events = answer(server, server.accept, session, session_present=True)
     assert len(events) == 1 and isinstance(events[0], MessageDropped) and events[0].message.tag == "big"
     assert [type(p) for p in client.received()] == [ConnAck]
     assert not session.inflight and not session.queue
@@ -570,7 +579,7 @@ def test_no_outbound_aliases_for_clients_without_them() -> None:
 
 def test_session_queue_bound() -> None:
     server, _client, _ = start(properties=props(receive_maximum=1))
-    server.accept(Session("c1", max_queued=2))
+    answer(server, server.accept, Session("c1", max_queued=2))
     results = [server.publish(OutboundMessage("t", b"", 1)) for _ in range(5)]
     assert results == [True, True, True, False, False]  # 1 inflight + 2 queued
     assert server.stats.dropped_queue_full == 2
@@ -663,17 +672,23 @@ def test_disconnect_session_expiry_rules() -> None:
 
 def test_server_disconnect() -> None:
     server, client, _ = connected()
-    event = closed(server.disconnect(0x8E, "taken over"))
+    event = closed(answer(server, server.disconnect, 0x8E, "taken over"))
     assert event.reason_code == 0x8E and not event.by_client
     assert client.received() == [Disconnect(0x8E, props(reason_string="taken over"))]
-    assert server.disconnect() == []
+    assert (
+        answer(
+            server,
+            server.disconnect,
+        )
+        == []
+    )
 
 
 def test_connection_lost() -> None:
     server, _, _ = connected()
-    event = closed(server.connection_lost())
+    event = closed(eof(server))
     assert event.by_client and event.publish_will
-    assert server.connection_lost() == []
+    assert eof(server) == []
 
 
 def test_session_expiry_legacy() -> None:
@@ -683,7 +698,10 @@ def test_session_expiry_legacy() -> None:
         ServerLimits(maximum_session_expiry=3600), properties=props(session_expiry_interval=10**6)
     )
     assert isinstance(events[0], ConnectRequest) and events[0].session_expiry_interval == 3600
-    server.accept()
+    answer(
+        server,
+        server.accept,
+    )
     _, ack = None, Client(server).received()[0]
     assert isinstance(ack, ConnAck) and ack.properties.session_expiry_interval == 3600
 
@@ -695,26 +713,29 @@ def test_session_expiry_legacy() -> None:
 @given(st.sampled_from([3, 4, 5]), st.binary(max_size=120), st.lists(st.integers(1, 50), max_size=4))
 def test_garbage_after_connect_never_raises(level: int, junk: bytes, cuts: list[int]) -> None:
     server, client, events = start(level=level)
-    server.accept()
+    answer(
+        server,
+        server.accept,
+    )
     client.received()
     pos = 0
     events = []
     for cut in [*cuts, len(junk)]:
-        events += server.receive_data(junk[pos : pos + cut], 1.0)
+        events += feed(server, junk[pos : pos + cut], 1.0)
         pos += cut
-    events += server.receive_data(junk[pos:], 1.0)
+    events += feed(server, junk[pos:], 1.0)
     for event in events:
         if isinstance(event, ConnectionClosed):
             assert server.closed
     server.data_to_send()
-    server.check_timeouts(1e9)
+    tick(server, 1e9)
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.binary(max_size=80))
 def test_garbage_instead_of_connect_never_raises(junk: bytes) -> None:
     server = ServerConnection(now=0.0)
-    server.receive_data(junk, 0.0)
+    feed(server, junk, 0.0)
     server.data_to_send()
 
 
@@ -729,7 +750,10 @@ def test_publish_encoded_for_fan_out() -> None:
     assert not server.publish_encoded(encode(Publish("a/b", bytes(40)), 5))
     assert server.stats.dropped_too_large == 1
     assert client.received() == [Publish("a/b", b"shared")]
-    server.disconnect()
+    answer(
+        server,
+        server.disconnect,
+    )
     assert not server.publish_encoded(data)
 
 
@@ -746,7 +770,10 @@ def _connected_with_clock(**connect: object) -> tuple[ServerConnection, Client, 
     server = ServerConnection(now=0.0, clock=clock)
     client = Client(server, 5)
     client.send(Connect(protocol_level=5, client_id="c", **connect))  # type: ignore[arg-type]
-    server.accept()
+    answer(
+        server,
+        server.accept,
+    )
     client.received()
     return server, client, clock
 
@@ -785,16 +812,22 @@ def test_expired_inflight_message_is_still_resent() -> None:
     server = ServerConnection(now=0.0, clock=clock)
     client = Client(server, 5)
     client.send(Connect(protocol_level=5, client_id="c", clean_start=False))
-    server.accept(session, session_present=True)
+    answer(server, server.accept, session, session_present=True)
     _, resent = client.received()
     assert isinstance(resent, Publish) and resent.dup
 
 
 def test_accept_after_the_client_left_is_harmless() -> None:
     server, _, _ = start()
-    server.connection_lost()
-    assert server.accept() == []
-    assert server.reject(0x87) == []
+    eof(server)
+    assert (
+        answer(
+            server,
+            server.accept,
+        )
+        == []
+    )
+    assert answer(server, server.reject, 0x87) == []
     assert server.data_to_send() == b""
 
 

@@ -11,6 +11,8 @@ from typing import Any
 
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
+from mqtt_client import answer, feed, tick
+from mqtt_client import events as events_of
 from mqtt_strategies import packet_ids, publishes, subscribes, texts
 
 from trimaran.mqtt import reason_codes as rc
@@ -153,9 +155,12 @@ def test_random_conversations(data: st.DataObject) -> None:
         properties=client_props,
     )
     now = 0.0
-    events: list[Any] = server.receive_data(encode(connect, level), now)
+    events: list[Any] = feed(server, encode(connect, level), now)
     assert isinstance(events[0], ConnectRequest)
-    events = server.accept()
+    events = answer(
+        server,
+        server.accept,
+    )
     peer.take(server.data_to_send())
     received: list[int] = []
     pending_subs: list[int] = []
@@ -172,7 +177,7 @@ def test_random_conversations(data: st.DataObject) -> None:
                 wire = encode(packet, level)
             except ValueError:
                 continue
-            new = server.receive_data(wire, now)
+            new = feed(server, wire, now)
         elif kind == "ack" and received:
             pid = received.pop(arg % len(received))
             server.ack_publish(pid, data.draw(st.sampled_from([0, 0, 0x10, 0x80, 0x97])))
@@ -185,10 +190,10 @@ def test_random_conversations(data: st.DataObject) -> None:
         elif kind == "publish":
             topic, payload, qos = arg
             server.publish(OutboundMessage(topic or "t", payload, qos))
-            new = server.take_events()
+            new = events_of(server)
         elif kind == "time":
             now += arg
-            new = server.check_timeouts(now)
+            new = tick(server, now)
         for ev in new:
             assert not closed, "events after the connection closed"
             if isinstance(ev, PublishReceived) and ev.publish.qos:
@@ -205,5 +210,5 @@ def test_random_conversations(data: st.DataObject) -> None:
             if isinstance(packet, Publish) and packet.qos:
                 event("server sent a QoS 1/2 PUBLISH")
         if closed:
-            assert server.receive_data(encode(PingReq(), level), now) == []
+            assert feed(server, encode(PingReq(), level), now) == []
             assert server.data_to_send() == b""

@@ -8,15 +8,18 @@ from typing import Any
 import pytest
 from mqtt_client import connected
 
+from tests.support.runtime import Wire
 from trimaran.broker.core import Broker
 from trimaran.broker.message import Message, now_ms
 from trimaran.broker.router import SubscriptionOptions
 from trimaran.config import Settings
-from trimaran.mqtt.handler import Link, MqttEndpoint, MqttFrontEnd
+from trimaran.mqtt.conn import MqttConn
+from trimaran.mqtt.handler import MqttEndpoint, MqttFrontEnd
 from trimaran.mqtt.mapping import FanOutEncoder
 from trimaran.mqtt.packets import Publish
 from trimaran.mqtt.properties import Properties
 from trimaran.mqtt.session import Session
+from trimaran.runtime.runner import Runner
 
 pytestmark = pytest.mark.anyio
 
@@ -47,9 +50,10 @@ async def test_each_subscriber_gets_its_own_publish() -> None:
 
     def subscriber(name: str, level: int, sub_id: int | None = None, **connect: Any) -> None:
         server, client, _ = connected(level=level, client_id=name, **connect)
-        link = Link(front, server, None, "peer")  # type: ignore[arg-type]  # never read nor written
+        io = Wire(Runner(), lambda io, first: None).conn  # the runtime's side, never read
+        conn = MqttConn(front, server, io)
         endpoint = MqttEndpoint(front, Session(name), level)
-        endpoint.link, link.endpoint = link, endpoint
+        endpoint.conn, conn.endpoint = conn, endpoint
         options = SubscriptionOptions(qos=1, retain_as_published=True, subscription_identifier=sub_id)
         broker.router.subscribe(endpoint, "a/+", options)
         clients[name] = client

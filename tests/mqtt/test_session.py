@@ -7,7 +7,7 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mqtt_client import Client, connected, props, start
+from mqtt_client import Client, answer, connected, eof, props, start
 from mqtt_strategies import properties
 
 from trimaran.mqtt.packets import PubAck, Publish, SubscriptionOptions
@@ -145,20 +145,20 @@ def test_session_resumed_by_a_new_connection_keeps_subscriptions() -> None:
     assert server.session is not None
     server.session.add_subscription(Subscription("a", SubscriptionOptions(1)))
     stored = server.session.to_json()
-    server.connection_lost()
+    eof(server)
     server2, _, _ = start(clean_start=False)
-    server2.accept(Session.from_json(stored), session_present=True)
+    answer(server2, server2.accept, Session.from_json(stored), session_present=True)
     assert server2.session is not None and "a" in server2.session.subscriptions
 
 
 def test_qos2_ack_after_connection_loss_is_remembered() -> None:
     server, client, _ = connected(clean_start=False)
     client.send(Publish("x", b"", 2, packet_id=4))
-    server.connection_lost()
+    eof(server)
     server.ack_publish(4)  # the handler committed it after the socket died
     assert server.session is not None and 4 in server.session.inbound_qos2
     server2, _, _ = start(clean_start=False)
-    server2.accept(server.session, session_present=True)
+    answer(server2, server2.accept, server.session, session_present=True)
     client2 = Client(server2)
     client2.received()
     assert client2.send(Publish("x", b"", 2, dup=True, packet_id=4)) == []

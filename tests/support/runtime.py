@@ -7,7 +7,8 @@ however it likes, then wait until the runtime has nothing left to do (flushes, h
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Iterator
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
 import anyio
@@ -117,3 +118,86 @@ def cuts(data: bytes) -> Iterator[list[bytes]]:
     yield [data[i : i + 1] for i in range(len(data))]
     for i in range(1, len(data)):
         yield [data[:i], data[i:]]
+
+
+class LineMachine:
+    """A tiny machine for runtime tests: each ``\\n``-ended line is one event; ``close`` closes,
+    ``boom`` makes the hull raise; every line is echoed back upper-cased by the hull."""
+
+    def __init__(self, deadline: float | None = None) -> None:
+        self.buffer = b""
+        self.out: list[bytes] = []
+        self.closed = False
+        self.eof = False
+        self.deadline = deadline
+        self.ticks: list[float] = []
+
+    def receive_data(self, data: bytes, now: float) -> None:
+        if not self.closed:
+            self.buffer += data
+
+    def receive_eof(self) -> None:
+        self.eof = self.closed = True
+
+    def next_event(self) -> bytes | None:
+        if self.closed or b"\n" not in self.buffer:
+            return None
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        if line == b"close":
+            self.out.append(b"BYE\n")
+            self.closed = True
+        return line
+
+    def data_to_send(self) -> bytes:
+        data = b"".join(self.out)
+        self.out.clear()
+        return data
+
+    def next_deadline(self) -> float | None:
+        return None if self.closed else self.deadline
+
+    def tick(self, now: float) -> None:
+        self.ticks.append(now)
+        if self.deadline is not None and now >= self.deadline:
+            self.out.append(b"TIMEOUT\n")
+            self.closed = True
+
+
+class LineHull:
+    def __init__(self, io: Conn, machine: LineMachine | None = None) -> None:
+        self.io = io
+        self.machine = machine or LineMachine()
+        self.seen: list[bytes] = []
+        self.finished = False
+        self.shut_down = False
+        self.blocks: list[bool] = []
+
+    def handle(self, event: object) -> None:
+        assert isinstance(event, bytes)
+        if event == b"boom":
+            raise RuntimeError("a bug in the hull")
+        self.seen.append(event)
+        self.machine.out.append(event.upper() + b"\n")
+
+    def written(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        self.machine.out.append(b"SHUTDOWN\n")
+        self.machine.closed = True
+
+    def blocked(self, on: bool) -> None:
+        self.blocks.append(on)
+
+    async def finish(self) -> None:
+        self.finished = True
+
+
+@contextlib.asynccontextmanager
+async def running(runner: Runner | None = None) -> AsyncIterator[Runner]:
+    """A runner whose task group is up (hull steps and clean-ups run), cancelled at the end."""
+    runner = runner or Runner()
+    async with anyio.create_task_group() as tg:
+        await tg.start(runner.run)
+        yield runner
+        tg.cancel_scope.cancel()

@@ -24,8 +24,17 @@ ALL_OFF = ["--mqtt", "off", "--mqtt-ws", "off", "--amqp", "off", "--http", "off"
 class RunningServer:
     """``trimaran serve`` in a child process; ``ports[name]`` is each listener's real port."""
 
-    def __init__(self, args: list[str], *, cwd: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        *,
+        cwd: Path,
+        env: dict[str, str] | None = None,
+        command: list[str] | None = None,
+    ) -> None:
         self.args = args
+        # What runs ``serve``: this interpreter's trimaran, or e.g. an installed ``trimaran`` script.
+        self.command = command or [sys.executable, "-m", "trimaran"]
         self.cwd = cwd
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.ports: dict[str, int] = {}
@@ -37,7 +46,7 @@ class RunningServer:
 
     def start(self, timeout: float = 30.0) -> RunningServer:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "trimaran", "serve", *self.args],
+            [*self.command, "serve", *self.args],
             cwd=self.cwd,
             env=self.env,
             stdout=subprocess.PIPE,

@@ -2,11 +2,21 @@
 
 Bytes in, events out, bytes to send out; no sockets, no clocks, no threads::
 
-    conn = ServerConnection("trimaran", sasl_mechanisms=("PLAIN", "ANONYMOUS"))
-    events = conn.receive_data(chunk, now=time.monotonic())
-    ...react: conn.sasl_complete(ok), conn.accept_link(link), conn.send(link, payload) ...
-    sock.sendall(conn.data_to_send(now))
-    ...at conn.next_deadline(): events = conn.tick(now)
+    conn = ServerConnection("trimaran", sasl_mechanisms=("PLAIN", "ANONYMOUS"), now=now)
+    conn.receive_data(chunk, now)
+    while (event := conn.next_event()) is not None:
+        ...react: conn.sasl_complete(ok), conn.accept_link(link), conn.send(link, payload) ...
+    sock.sendall(conn.data_to_send())
+    ...at conn.next_deadline(): conn.tick(now), then take the events again
+
+``next_event()`` parses the next frame only once the events of the previous one have been taken,
+so the caller acts on a transfer before a detach, end or close read behind it changes the state:
+however the bytes were cut, the same events come out in the same order. Events the caller's own
+calls cause (``sasl_complete(False)``, an error close) come out of ``next_event()`` too.
+
+Deadlines: the handshake (protocol header, SASL and open) must be done within
+``handshake_timeout`` seconds of the connection's start, the peer may stay silent at most
+``idle_timeout`` once open, and after our close the peer has ``close_timeout`` to answer.
 
 Peer errors never raise: a protocol violation sends close / end / detach with the standard
 error condition and surfaces as a ``ConnectionClosed`` / ``SessionEnded`` / ``LinkDetached``
@@ -21,7 +31,7 @@ repeated when the peer confirms.
 A handler's reactions, in short:
 
 * ``SaslAuthRequested``: check ``credentials`` (username None = ANONYMOUS), then
-  ``events += conn.sasl_complete(ok)`` (input the client pipelined is processed then).
+  ``conn.sasl_complete(ok)`` (input the client pipelined is parsed by the next ``next_event()``).
 * ``LinkAttached``: ``link.role`` is ours. ``link.is_sender`` (the peer receives): route by
   ``link.address`` / ``link.remote_attach.source`` (filters, capabilities, dynamic) and
   ``accept_link(link)``; messages go out with ``conn.send(link, encode_message(msg))`` while
@@ -43,10 +53,27 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
+from trimaran import __version__
+
+from .events import (
+    ConnectionClosed,
+    ConnectionOpened,
+    DispositionReceived,
+    Event,
+    FlowReceived,
+    LinkAttached,
+    LinkDetached,
+    MessageReceived,
+    SaslAuthRequested,
+    SessionBegun,
+    SessionEnded,
+    TransferAborted,
+)
 from .frames import (
     AMQP_HEADER,
     EMPTY_FRAME,
@@ -98,22 +125,11 @@ from .sasl import Credentials, SaslCode, SaslParseError, parse_initial_response
 from .session import Session, SessionState
 from .types import DecodeError, Symbol
 
-__all__ = [
-    "AMQPStateError",
-    "ConnectionClosed",
-    "ConnectionOpened",
-    "DispositionReceived",
-    "Event",
-    "FlowReceived",
-    "LinkAttached",
-    "LinkDetached",
-    "MessageReceived",
-    "SaslAuthRequested",
-    "ServerConnection",
-    "SessionBegun",
-    "SessionEnded",
-    "TransferAborted",
-]
+# The open's properties when the caller gives none: who the peer is talking to (as AMQP 0.9.1's
+# server-properties say). Shared by every connection; nothing writes to it.
+SERVER_PROPERTIES: dict[Any, Any] = {Symbol("product"): "Trimaran", Symbol("version"): __version__}
+
+__all__ = ["AMQPStateError", "ConnState", "ServerConnection"]
 
 log = logging.getLogger(__name__)
 # Bytes a first Transfer (handle, delivery-id, tag, message-format, settled) takes beyond its tag.
@@ -125,114 +141,26 @@ class AMQPStateError(RuntimeError):
 
 
 # --------------------------------------------------------------------------------------
-# Events
-# --------------------------------------------------------------------------------------
-
-
-class Event:
-    __slots__ = ()
-
-
-@dataclass(frozen=True, slots=True)
-class SaslAuthRequested(Event):
-    """The client chose a mechanism; answer with ``conn.sasl_complete(ok)``."""
-
-    credentials: Credentials
-    hostname: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionOpened(Event):
-    """The peer's open arrived; ours has been sent in reply."""
-
-    open: Open
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionClosed(Event):
-    """The connection is over: write out ``data_to_send()`` and close the transport."""
-
-    error: Error | None
-    by_peer: bool
-
-
-@dataclass(frozen=True, slots=True)
-class SessionBegun(Event):
-    session: Session
-
-
-@dataclass(frozen=True, slots=True)
-class SessionEnded(Event):
-    """The session is gone (its links are reported detached just before)."""
-
-    session: Session
-    error: Error | None
-    by_peer: bool
-
-
-@dataclass(frozen=True, slots=True)
-class LinkAttached(Event):
-    """The peer attached; answer with ``accept_link(link, ...)`` or ``reject_link(link, error)``."""
-
-    link: Link
-
-
-@dataclass(frozen=True, slots=True)
-class LinkDetached(Event):
-    link: Link
-    closed: bool
-    error: Error | None
-    by_peer: bool
-
-
-@dataclass(frozen=True, slots=True)
-class FlowReceived(Event):
-    """Link flow state from the peer. For our sender links ``link.credit`` is what we may send;
-    with ``drain`` set, send what is available and then call ``complete_drain(link)``."""
-
-    link: Link
-    credit: int
-    drain: bool
-    available: int | None
-    flow: Flow
-
-
-@dataclass(frozen=True, slots=True)
-class MessageReceived(Event):
-    """A whole delivery on one of our receiver links (frames already reassembled)."""
-
-    link: Link
-    delivery_id: int
-    tag: bytes
-    settled: bool
-    payload: bytes
-    message_format: int
-
-
-@dataclass(frozen=True, slots=True)
-class TransferAborted(Event):
-    link: Link
-    delivery_id: int
-    tag: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class DispositionReceived(Event):
-    """``role`` is the peer's role: ROLE_RECEIVER means it concerns deliveries we sent.
-    ``deliveries`` lists the (link, delivery_id, tag) we still knew as unsettled in first..last."""
-
-    session: Session
-    role: bool
-    first: int
-    last: int
-    settled: bool
-    state: Any
-    deliveries: list[tuple[Link, int, bytes]]
-
-
-# --------------------------------------------------------------------------------------
 # The connection
 # --------------------------------------------------------------------------------------
+
+
+# Descriptor codes of detach, end and close (as ``0x00 0x53 code`` at the start of a frame body).
+_ENDING_CODES = frozenset((0x16, 0x17, 0x18))
+
+
+def _ends_something(frame: Frame) -> bool:
+    """Whether an AMQP frame carries a detach, end or close (cheaply, for the common encoding)."""
+    body = frame.body
+    if frame.type != FRAME_AMQP or len(body) < 3:
+        return False
+    if body[0] == 0x00 and body[1] == 0x53:
+        return body[2] in _ENDING_CODES
+    try:  # a descriptor spelled another way: decode to know
+        perf, _ = frame.performative()
+    except Exception:
+        return False  # the frame's own processing reports the error
+    return isinstance(perf, (Detach, End, Close))
 
 
 class ConnState(enum.Enum):
@@ -265,11 +193,15 @@ class ServerConnection:
         max_message_size: int | None = None,
         properties: dict[Any, Any] | None = None,
         offered_capabilities: Sequence[str] | None = None,
-        now: float = 0.0,
+        handshake_timeout: float | None = 10.0,
+        close_timeout: float = 5.0,
+        now: float,
     ) -> None:
         """``idle_timeout`` (seconds) is how long the peer may stay silent after open; we
         advertise half of it as our idle-time-out, as the spec recommends. ``max_message_size``
-        is offered on our receiver links and enforced. ``now`` is the caller's clock."""
+        is offered on our receiver links and enforced. ``handshake_timeout`` bounds the time
+        from ``now`` (the caller's clock at the connection's start) to the peer's open, SASL
+        included; ``close_timeout`` how long we wait for the peer's close after ours."""
         if max_frame_size < MIN_MAX_FRAME_SIZE:
             raise ValueError("max_frame_size must be at least 512")
         self.container_id = container_id
@@ -281,8 +213,10 @@ class ServerConnection:
         self.idle_timeout = idle_timeout
         self.incoming_window = incoming_window
         self.max_message_size = max_message_size
-        self.properties = properties
+        self.properties = SERVER_PROPERTIES if properties is None else properties
         self.offered_capabilities = list(offered_capabilities) if offered_capabilities else None
+        self.handshake_timeout = handshake_timeout
+        self.close_timeout = close_timeout
 
         self.state = ConnState.AWAIT_HEADER
         self.remote_open: Open | None = None
@@ -294,12 +228,19 @@ class ServerConnection:
         self._by_local_channel: dict[int, Session] = {}
         self._decoder = FrameDecoder(max_frame_size)
         self._out = bytearray()
-        self._events: list[Event] = []
+        self._events: deque[Event] = deque()
         self._sasl_done = False
         self._window_due: set[Session] = set()
         self._now = now
+        self._started = now
         self._last_recv = now
         self._last_sent = now
+        self._close_sent = now
+        # While set (by the caller), a detach, end or close from the peer is read but not acted
+        # on: the caller has work that must reach the peer first (dispositions of publishes
+        # waiting for their commit). Clearing it and taking the events again goes on from there.
+        self.hold_closing = False
+        self._held: Frame | None = None
 
     # ---- public I/O --------------------------------------------------------------------
 
@@ -308,34 +249,57 @@ class ServerConnection:
         """Nothing more will happen: write out ``data_to_send()`` and close the transport."""
         return self.state is ConnState.CLOSED
 
-    def receive_data(self, data: bytes | bytearray | memoryview, now: float | None = None) -> list[Event]:
-        """Feed bytes from the transport; returns the events they caused, in order."""
-        if now is not None:
-            self._now = now
-        if self.state is ConnState.CLOSED:
-            return []
-        if data:
-            self._last_recv = self._now
-            self._decoder.feed(data)
-        return self._run()
+    def receive_data(self, data: bytes | bytearray | memoryview, now: float) -> None:
+        """Buffer bytes from the transport; ``next_event()`` parses them."""
+        self._now = now
+        if self.state is ConnState.CLOSED or not data:
+            return
+        self._last_recv = now
+        self._decoder.feed(data)
 
-    def data_to_send(self, now: float | None = None) -> bytes:
+    def receive_eof(self) -> None:
+        """The peer closed its side: nothing more will come, the connection is over."""
+        if self.state is ConnState.CLOSED:
+            return
+        if self.state is not ConnState.CLOSE_SENT:
+            self._events.append(ConnectionClosed(None, True))  # without a close frame
+        self.state = ConnState.CLOSED
+        self._teardown_if_closing()
+
+    def next_event(self) -> Event | None:
+        """The next event, parsing one more frame (or header) only when none is waiting; None
+        when no whole frame is buffered or a SASL outcome is awaited."""
+        events = self._events
+        while not events:
+            if not self._step():
+                self._reopen_windows()
+                return None
+        return events.popleft()
+
+    def data_to_send(self) -> bytes:
         """Everything queued for the transport since the last call (may be empty)."""
         if not self._out:
             return b""
-        if now is not None:
-            self._now = now
         self._last_sent = self._now
         out = bytes(self._out)
         self._out.clear()
         return out
 
-    def tick(self, now: float) -> list[Event]:
-        """Idle time-out handling: queue a heartbeat when due, close a silent peer."""
+    def tick(self, now: float) -> None:
+        """Deadlines: the handshake, the peer's close after ours, idle time-out and heartbeats."""
         self._now = now
-        if self.state is not ConnState.OPENED:
-            return []
-        self._events = []
+        state = self.state
+        if state is ConnState.CLOSED:
+            return
+        if state is ConnState.CLOSE_SENT:
+            if now >= self._close_sent + self.close_timeout:
+                self.state = ConnState.CLOSED  # the peer never answered our close
+            return
+        if state is not ConnState.OPENED:
+            if self.handshake_timeout is not None and now >= self._started + self.handshake_timeout:
+                self._fail(RESOURCE_LIMIT_EXCEEDED, f"handshake not done within {self.handshake_timeout:g}s")
+                self.state = ConnState.CLOSED  # nobody we could wait for: no close is coming
+            return
         if self.idle_timeout and now - self._last_recv >= self.idle_timeout:
             self._fail(RESOURCE_LIMIT_EXCEEDED, f"idle time-out: no frames for {self.idle_timeout:g}s")
         elif self.remote_idle_timeout and now - self._last_sent >= self.remote_idle_timeout / 2:
@@ -343,12 +307,16 @@ class ServerConnection:
                 self._out += EMPTY_FRAME
             self._last_sent = now
         self._teardown_if_closing()
-        return self._take_events()
 
     def next_deadline(self) -> float | None:
         """When ``tick`` must next be called (caller's clock), or None."""
-        if self.state is not ConnState.OPENED:
+        state = self.state
+        if state is ConnState.CLOSED:
             return None
+        if state is ConnState.CLOSE_SENT:
+            return self._close_sent + self.close_timeout
+        if state is not ConnState.OPENED:
+            return None if self.handshake_timeout is None else self._started + self.handshake_timeout
         deadlines = []
         if self.idle_timeout:
             deadlines.append(self._last_recv + self.idle_timeout)
@@ -358,9 +326,10 @@ class ServerConnection:
 
     # ---- SASL --------------------------------------------------------------------------
 
-    def sasl_complete(self, ok: bool, code: int | None = None) -> list[Event]:
+    def sasl_complete(self, ok: bool, code: int | None = None) -> None:
         """Answer a ``SaslAuthRequested``. On success, bytes the client pipelined after its
-        sasl-init are processed now and their events returned."""
+        sasl-init are parsed by the following ``next_event()`` calls; on failure a
+        ``ConnectionClosed`` comes out of ``next_event()``."""
         if self.state is not ConnState.SASL_AUTHENTICATING:
             raise AMQPStateError("no SASL exchange is waiting for an outcome")
         if code is None:
@@ -371,22 +340,17 @@ class ServerConnection:
         if not ok:
             self.state = ConnState.CLOSED
             err = Error(condition=UNAUTHORIZED_ACCESS, description="SASL authentication failed")
-            return [ConnectionClosed(err, False)]
+            self._events.append(ConnectionClosed(err, False))
+            return
         self._sasl_done = True
         self.state = ConnState.AWAIT_HEADER
-        return self._run()
 
     # ---- connection --------------------------------------------------------------------
 
     def close(self, error: Error | None = None) -> None:
         """Close the connection (no event follows; ``closed`` turns True on the peer's reply)."""
-        if self.state is ConnState.OPENED:
-            self._send(0, Close(error=error))
-            self.state = ConnState.CLOSE_SENT
-        elif self.state is ConnState.AWAIT_OPEN:
-            self._send_open()
-            self._send(0, Close(error=error))
-            self.state = ConnState.CLOSE_SENT
+        if self.state in (ConnState.OPENED, ConnState.AWAIT_OPEN):
+            self._send_close(error)
         elif self.state is not ConnState.CLOSE_SENT:
             self.state = ConnState.CLOSED
         self._teardown_if_closing()
@@ -569,6 +533,14 @@ class ServerConnection:
     def _send(self, channel: int, perf: Composite, payload: bytes | memoryview = b"") -> None:
         encode_frame(FRAME_AMQP, channel, perf, payload, out=self._out)
 
+    def _send_close(self, error: Error | None) -> None:
+        """Our close (after our open if the peer's has not come yet); the peer's close ends it."""
+        if self.state is ConnState.AWAIT_OPEN:
+            self._send_open()
+        self._send(0, Close(error=error))
+        self.state = ConnState.CLOSE_SENT
+        self._close_sent = self._now
+
     def _send_open(self) -> None:
         idle_ms = int(self.idle_timeout * 500) if self.idle_timeout else None
         self._send(
@@ -690,24 +662,14 @@ class ServerConnection:
             self.sessions.clear()
             self._by_local_channel.clear()
 
-    def _take_events(self) -> list[Event]:
-        events = self._events
-        self._events = []
-        return events
-
     # ---- internals: errors -------------------------------------------------------------
 
     def _fail(self, condition: Symbol, description: str) -> None:
         """Close the connection because of the peer (or an internal bug)."""
         log.debug("closing AMQP connection: %s %s", condition, description)
         error = Error(condition=condition, description=description)
-        if self.state is ConnState.OPENED:
-            self._send(0, Close(error=error))
-            self.state = ConnState.CLOSE_SENT
-        elif self.state is ConnState.AWAIT_OPEN:
-            self._send_open()
-            self._send(0, Close(error=error))
-            self.state = ConnState.CLOSE_SENT
+        if self.state in (ConnState.OPENED, ConnState.AWAIT_OPEN):
+            self._send_close(error)
         elif self.state is ConnState.CLOSE_SENT:
             self.state = ConnState.CLOSED
             return
@@ -741,48 +703,64 @@ class ServerConnection:
 
     # ---- internals: input --------------------------------------------------------------
 
-    def _run(self) -> list[Event]:
-        self._events = []
-        try:
-            self._process()
-            # Re-open incoming windows once per batch of input, not once per frame.
-            for session in self._window_due:
-                if session.state is SessionState.MAPPED and self.state is ConnState.OPENED:
-                    self._send_flow(session)
-            self._window_due.clear()
-            self._teardown_if_closing()
-        except FramingError as exc:
-            # The byte stream cannot be trusted any more: say why and stop reading.
-            self._fail(FRAMING_ERROR, str(exc))
-            self.state = ConnState.CLOSED
-        except DecodeError as exc:
-            self._fail(Symbol(exc.condition), str(exc))
-        except Exception as exc:  # a bug of ours must not escape into the I/O loop
-            log.exception("AMQP 1.0 connection failed")
-            self._fail(INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
-        return self._take_events()
-
-    def _process(self) -> None:
+    def _step(self) -> bool:
+        """Parse one header or frame and act on it; False when nothing whole is buffered (or the
+        caller's SASL outcome is awaited, or the connection is over)."""
         decoder = self._decoder
-        while True:
+        try:
             state = self.state
             if state is ConnState.AWAIT_HEADER:
                 hdr = decoder.next_header()
                 if hdr is NEED_DATA:
-                    return
+                    return False
                 assert isinstance(hdr, bytes)
                 self._on_header(hdr)
             elif state in (ConnState.SASL_AUTHENTICATING, ConnState.CLOSED):
-                return
+                return False
             else:
-                frame = decoder.next_frame()
-                if frame is NEED_DATA:
-                    return
+                held = self._held
+                if held is not None:
+                    if self.hold_closing:
+                        return False
+                    self._held = None
+                    frame: Frame | object = held
+                else:
+                    frame = decoder.next_frame()
+                    if frame is NEED_DATA:
+                        return False
+                    assert isinstance(frame, Frame)
+                    if self.hold_closing and _ends_something(frame):
+                        self._held = frame
+                        return False
                 assert isinstance(frame, Frame)
                 if state is ConnState.SASL_AWAIT_INIT:
                     self._on_sasl_frame(frame)
                 else:
                     self._on_frame(frame)
+            self._teardown_if_closing()
+        except FramingError as exc:
+            # The byte stream cannot be trusted any more: say why and stop reading.
+            self._fail(FRAMING_ERROR, str(exc))
+            self.state = ConnState.CLOSED
+            self._teardown_if_closing()
+        except DecodeError as exc:
+            self._fail(Symbol(exc.condition), str(exc))
+            self._teardown_if_closing()
+        except Exception as exc:  # a bug of ours must not escape into the I/O loop
+            log.exception("AMQP 1.0 connection failed")
+            self._fail(INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+            self._teardown_if_closing()
+        return True
+
+    def _reopen_windows(self) -> None:
+        """Re-open incoming windows once per batch of input (when the buffer is used up), not
+        once per frame."""
+        if not self._window_due:
+            return
+        for session in self._window_due:
+            if session.state is SessionState.MAPPED and self.state is ConnState.OPENED:
+                self._send_flow(session)
+        self._window_due.clear()
 
     def _on_header(self, hdr: bytes) -> None:
         want_sasl = self.require_sasl and not self._sasl_done

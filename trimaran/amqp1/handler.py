@@ -1,28 +1,28 @@
-"""The AMQP 1.0 front end: binds the sans-IO ServerConnection to sockets, the router and the queues.
+"""The AMQP 1.0 front end: the machine's events <-> the router and the queues.
 
-One task group per connection: the reader feeds the state machine and acts on its events; the
-writer sends whatever the machine has queued, once per wake-up. Queue publishes are handed to the
-group commit without a task or an await per message; their dispositions leave in arrival order
-after the commit, consecutive accepted deliveries as one range, and the writer wakes once per
-commit batch. The link credit of a sending peer is bounded by the publishes still waiting.
+Each connection is an :class:`~trimaran.amqp1.conn.Amqp1Conn` on the connection runtime, which
+hands the machine's events here one at a time, in the order their frames arrived (a transfer is
+routed before the detach, end or close read behind it). Queue publishes are handed to the group
+commit without a task or an await per message; their dispositions leave in arrival order after
+the commit (see :mod:`trimaran.amqp1.conn`). The link credit of a sending peer is bounded by the
+publishes still waiting, and no new credit is granted while memory is above the high-water mark.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
 import uuid
-from collections import deque
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable
+from dataclasses import replace
 from typing import Any, Final
 
 import anyio
-from anyio.abc import ByteStream, TaskGroup
 
 from trimaran.amqp1.addresses import QUEUE, Address, AddressError, resolve
-from trimaran.amqp1.connection import (
+from trimaran.amqp1.conn import Amqp1Conn, PendingSettle
+from trimaran.amqp1.connection import ServerConnection
+from trimaran.amqp1.events import (
     ConnectionClosed,
     ConnectionOpened,
     DispositionReceived,
@@ -32,7 +32,6 @@ from trimaran.amqp1.connection import (
     LinkDetached,
     MessageReceived,
     SaslAuthRequested,
-    ServerConnection,
     TransferAborted,
 )
 from trimaran.amqp1.link import Link, LinkState
@@ -75,83 +74,11 @@ from trimaran.broker.router import SubscriptionOptions
 from trimaran.config import Settings
 from trimaran.queue.manager import PublishResult, QueueManager
 from trimaran.queue.policy import QueueError
+from trimaran.runtime.transport import Conn
 
 log = logging.getLogger(__name__)
 
-READ_CHUNK: Final = 65536
 START_PROPERTIES: Final = ("stream-offset", "stream-start")
-
-
-@dataclass(slots=True, eq=False)
-class Ticket:
-    """One queue publish waiting for its commit; dispositions leave in arrival order."""
-
-    inlink: InLink
-    delivery_id: int
-    settled: bool
-    done: bool = False
-    error: Error | None = None
-
-
-class Connection:
-    """One network connection: the state machine, its links and the writer's wake-up."""
-
-    __slots__ = (
-        "_wake",
-        "amqp",
-        "client",
-        "container_id",
-        "done",
-        "flushed",
-        "front",
-        "inlinks",
-        "outlinks",
-        "peer",
-        "reading",
-        "stream",
-        "tasks",
-        "tickets",
-        "user",
-    )
-
-    def __init__(self, front: Amqp1FrontEnd, amqp: ServerConnection, stream: ByteStream, peer: str) -> None:
-        self.front = front
-        self.amqp = amqp
-        self.stream = stream
-        self.peer = peer
-        self.container_id = "?"
-        self.user: str | None = None
-        self.client: ClientInfo | None = None
-        self.done = False
-        self.reading = anyio.CancelScope()
-        self.tasks: TaskGroup | None = None
-        self.flushed = anyio.Event()
-        self.outlinks: dict[Link, OutLink] = {}
-        self.inlinks: dict[Link, InLink] = {}
-        self.tickets: deque[Ticket] = deque()
-        self._wake = anyio.Event()
-
-    def spawn(self, job: Callable[[], Coroutine[Any, Any, object]]) -> None:
-        assert self.tasks is not None
-        self.tasks.start_soon(job)
-
-    def close(self, error: Error | None) -> None:
-        """Server-initiated close: close frame after what is queued, then the socket."""
-        self.amqp.close(error)
-        self.finish()
-
-    def finish(self) -> None:
-        """Stop reading; the writer sends what is queued and ends."""
-        self.done = True
-        self.reading.cancel()
-        self.wake()
-
-    def wake(self) -> None:
-        self._wake.set()
-
-    async def wait(self) -> None:
-        await self._wake.wait()
-        self._wake = anyio.Event()
 
 
 class Amqp1FrontEnd:
@@ -163,7 +90,7 @@ class Amqp1FrontEnd:
         self.auth = Authenticator(settings.auth)
         self.container_id = self.config.container_id or settings.node_name
         self.outbox_size = self.config.outbox_size
-        self.connections: set[Connection] = set()
+        self.connections: set[Amqp1Conn] = set()
         self._drained: anyio.Event | None = None
         self._encoded: tuple[Message | None, bytes] = (None, b"")
 
@@ -177,18 +104,11 @@ class Amqp1FrontEnd:
 
     # -- lifecycle --------------------------------------------------------------------------------
 
-    async def shutdown(self) -> None:
-        """Close every connection (amqp:connection:forced) and wait until they are gone."""
-        for conn in list(self.connections):
-            conn.close(Error(condition=CONNECTION_FORCED, description="server shutting down"))
-        if self.connections:
-            self._drained = anyio.Event()
-            await self._drained.wait()
-
-    def _new_machine(self) -> ServerConnection:
+    def open(self, io: Conn) -> Amqp1Conn:
+        """A new connection on the AMQP port (the port feeds it the header it read and the rest)."""
         cfg = self.config
         mechanisms = ("PLAIN", "ANONYMOUS") if self.auth.allow_anonymous else ("PLAIN",)
-        return ServerConnection(
+        machine = ServerConnection(
             self.container_id,
             sasl_mechanisms=mechanisms,
             require_sasl=not self.auth.allow_anonymous,
@@ -197,90 +117,42 @@ class Amqp1FrontEnd:
             idle_timeout=cfg.idle_timeout_s or None,
             max_message_size=cfg.max_message_size,
             offered_capabilities=["ANONYMOUS-RELAY"],
+            handshake_timeout=io.runner.limits.handshake_timeout_s,
             now=time.monotonic(),
         )
-
-    # -- connections ------------------------------------------------------------------------------
-
-    async def handle(self, stream: ByteStream, peer: str, initial: bytes) -> None:
-        conn = Connection(self, self._new_machine(), stream, peer)
+        conn = Amqp1Conn(self, io, machine, cfg.link_credit)
         self.connections.add(conn)
+        return conn
+
+    async def shutdown(self) -> None:
+        """Close every connection (amqp:connection:forced) and wait until they are gone."""
+        for conn in list(self.connections):
+            conn.shutdown()
+            conn.io.pump()
+        if self.connections:
+            self._drained = anyio.Event()
+            await self._drained.wait()
+
+    async def finished(self, conn: Amqp1Conn) -> None:
+        """The connection is gone: unsubscribe, hand unsettled queue deliveries back, delete its
+        temporary queues."""
+        self._forget(conn)
         try:
-            async with anyio.create_task_group() as tg:
-                conn.tasks = tg
-                tg.start_soon(self._writer, conn, tg.cancel_scope)
-                with conn.reading:
-                    self._feed(conn, initial)
-                    await self._reader(conn)
-                conn.done = True
-                conn.wake()
-                await conn.flushed.wait()
-                tg.cancel_scope.cancel()
-        finally:
-            self.connections.discard(conn)
-            if self._drained is not None and not self.connections:
-                self._drained.set()
-            self._forget(conn)
             with anyio.CancelScope(shield=True):
                 for out in list(conn.outlinks.values()):
                     await self.release(out)
-            conn.outlinks.clear()
-
-    def _feed(self, conn: Connection, data: bytes) -> None:
-        self.broker.stats.bytes_received += len(data)
-        self.dispatch(conn, conn.amqp.receive_data(data, time.monotonic()))
-        conn.wake()
-
-    async def _reader(self, conn: Connection) -> None:
-        amqp = conn.amqp
-        while not amqp.closed and not conn.done:
-            deadline = amqp.next_deadline()
-            data: bytes | None = None
-            with anyio.move_on_after(math.inf if deadline is None else deadline - time.monotonic()):
-                try:
-                    data = await conn.stream.receive(READ_CHUNK)
-                except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                    data = b""
-            if data is None:
-                self.dispatch(conn, amqp.tick(time.monotonic()))
-                conn.wake()
-            elif not data:
-                if not amqp.closed:
-                    log.debug("amqp1: %s closed the socket without a close frame", conn.peer)
-                return
-            else:
-                self._feed(conn, data)
-
-    async def _writer(self, conn: Connection, scope: anyio.CancelScope) -> None:
-        stats = self.broker.stats
-        try:
-            while True:
-                await conn.wait()
-                if conn.tickets and conn.tickets[0].done:
-                    try:
-                        self._acknowledge_in_order(conn)
-                    except Exception:
-                        # A bug of ours closes this connection only.
-                        log.exception("amqp1: acknowledging publishes for %s failed", conn.peer)
-                        conn.close(Error(condition=INTERNAL_ERROR, description="internal error"))
-                data = conn.amqp.data_to_send(time.monotonic())
-                if data:
-                    try:
-                        await conn.stream.send(data)
-                    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                        scope.cancel()
-                        return
-                    stats.bytes_sent += len(data)
-                if conn.done:
-                    return
         finally:
-            conn.flushed.set()
+            conn.outlinks.clear()
+            conn.inlinks.clear()
+            self.connections.discard(conn)
+            if self._drained is not None and not self.connections:
+                self._drained.set()
 
-    def _kick(self, conn: Connection) -> None:
+    def _kick(self, conn: Amqp1Conn) -> None:
         log.info("amqp1: %r disconnected by an administrator", conn.container_id)
         conn.close(Error(condition=CONNECTION_FORCED, description="disconnected by an administrator"))
 
-    def _forget(self, conn: Connection) -> None:
+    def _forget(self, conn: Amqp1Conn) -> None:
         for out in conn.outlinks.values():
             self._unsubscribe(conn, out)
         if conn.client is not None:
@@ -292,17 +164,8 @@ class Amqp1FrontEnd:
 
     # -- events -----------------------------------------------------------------------------------
 
-    def dispatch(self, conn: Connection, events: list[Event]) -> None:
-        for event in events:
-            try:
-                self._dispatch_one(conn, event)
-            except Exception:
-                # A bug of ours in one connection closes that connection, not the server.
-                log.exception("amqp1: handling %s for %s failed", type(event).__name__, conn.peer)
-                conn.close(Error(condition=INTERNAL_ERROR, description="internal error"))
-                return
-
-    def _dispatch_one(self, conn: Connection, event: Event) -> None:
+    def dispatch(self, conn: Amqp1Conn, event: Event) -> Awaitable[None] | None:
+        """Act on one event (a bug here closes this connection only: the runtime's concern)."""
         if isinstance(event, MessageReceived):
             self._message(conn, event)
         elif isinstance(event, FlowReceived):
@@ -312,7 +175,7 @@ class Amqp1FrontEnd:
         elif isinstance(event, DispositionReceived):
             self._disposition(conn, event)
         elif isinstance(event, LinkAttached):
-            self._attach(conn, event.link)
+            return self._attach(conn, event.link)
         elif isinstance(event, LinkDetached):
             self._detached(conn, event)
         elif isinstance(event, TransferAborted):
@@ -323,8 +186,9 @@ class Amqp1FrontEnd:
             self._opened(conn, event)
         elif isinstance(event, ConnectionClosed):
             self._closed(conn, event)
+        return None
 
-    def _sasl(self, conn: Connection, event: SaslAuthRequested) -> None:
+    def _sasl(self, conn: Amqp1Conn, event: SaslAuthRequested) -> None:
         creds = event.credentials
         verdict = self.auth.check(creds.username, creds.password)
         if verdict is not AuthResult.OK:
@@ -346,9 +210,9 @@ class Amqp1FrontEnd:
                 creds.username,
             )
         conn.user = creds.username
-        self.dispatch(conn, conn.amqp.sasl_complete(verdict is AuthResult.OK))
+        conn.machine.sasl_complete(verdict is AuthResult.OK)
 
-    def _opened(self, conn: Connection, event: ConnectionOpened) -> None:
+    def _opened(self, conn: Amqp1Conn, event: ConnectionOpened) -> None:
         conn.container_id = str(event.open.container_id)
         self.broker.stats.client_connected()
         conn.client = self.broker.clients.add(
@@ -358,7 +222,7 @@ class Amqp1FrontEnd:
             self.broker.events.client_info(CLIENT_CONNECTED, conn.client)
         log.debug("amqp1: %r connected from %s", conn.container_id, conn.peer)
 
-    def _closed(self, conn: Connection, event: ConnectionClosed) -> None:
+    def _closed(self, conn: Amqp1Conn, event: ConnectionClosed) -> None:
         error = event.error
         if error is not None:
             who = "peer" if event.by_peer else "server"
@@ -370,23 +234,22 @@ class Amqp1FrontEnd:
                 error.condition,
                 error.description or "",
             )
-        self._forget(conn)
-        conn.finish()
+        self._forget(conn)  # the runtime writes our last frames and closes the socket
 
     # -- attach / detach --------------------------------------------------------------------------
 
-    def _refuse(self, conn: Connection, link: Link, condition: str, description: str) -> None:
+    def _refuse(self, conn: Amqp1Conn, link: Link, condition: str, description: str) -> None:
         log.info("amqp1: %s: link %r refused: %s %s", conn.container_id, link.name, condition, description)
-        conn.amqp.reject_link(link, Error(condition=Symbol(condition), description=description))
+        conn.machine.reject_link(link, Error(condition=Symbol(condition), description=description))
 
-    def _attach(self, conn: Connection, link: Link) -> None:
+    def _attach(self, conn: Amqp1Conn, link: Link) -> Awaitable[None] | None:
         attach = link.remote_attach
         if link.is_receiver:
             self._attach_inlink(conn, link, attach.target)
-        else:
-            self._attach_outlink(conn, link, attach.source)
+            return None
+        return self._attach_outlink(conn, link, attach.source)
 
-    def _attach_inlink(self, conn: Connection, link: Link, target: Any) -> None:
+    def _attach_inlink(self, conn: Amqp1Conn, link: Link, target: Any) -> None:
         if isinstance(target, Coordinator):
             self._refuse(conn, link, NOT_IMPLEMENTED, "transactions are not supported")
             return
@@ -409,9 +272,8 @@ class Amqp1FrontEnd:
             target = replace(target, capabilities=[Symbol(address.kind)])
         inlink = InLink(link, address)
         conn.inlinks[link] = inlink
-        conn.amqp.accept_link(
-            link, target=target, rcv_settle_mode=RCV_FIRST, initial_credit=self.config.link_credit
-        )
+        credit = 0 if conn.publishing_blocked else self.config.link_credit
+        conn.machine.accept_link(link, target=target, rcv_settle_mode=RCV_FIRST, initial_credit=credit)
 
     def _check_queue(self, address: Address) -> None:
         if not address.is_queue:
@@ -421,17 +283,17 @@ class Amqp1FrontEnd:
         if not self.settings.queues.auto_create and not self.queues.exists(address.name):
             raise AddressError(NOT_FOUND, f"queue {address.name} does not exist")
 
-    def _attach_outlink(self, conn: Connection, link: Link, source: Any) -> None:
+    def _attach_outlink(self, conn: Amqp1Conn, link: Link, source: Any) -> Awaitable[None] | None:
         if not isinstance(source, Source):
             self._refuse(conn, link, INVALID_FIELD, "attach without a source")
-            return
+            return None
         settled = link.remote_attach.snd_settle_mode == SND_SETTLED
         if source.dynamic:
             if self.queues is None:
                 self._refuse(conn, link, NOT_IMPLEMENTED, "durable queues are off")
-                return
-            conn.spawn(lambda: self._attach_dynamic(conn, link, source, settled))
-            return
+                return None
+            # Later frames wait until the node exists and the attach is answered.
+            return self._attach_dynamic(conn, link, source, settled)
         try:
             address = resolve(
                 source.address, source.capabilities, bare=self.config.bare_address, for_receive=True
@@ -439,7 +301,7 @@ class Amqp1FrontEnd:
             self._check_queue(address)
         except AddressError as exc:
             self._refuse(conn, link, exc.condition, exc.description)
-            return
+            return None
         out: OutLink
         if address.is_queue:
             out = QueueOut(conn, link, address, settled)
@@ -448,7 +310,7 @@ class Amqp1FrontEnd:
             except QueueError as exc:
                 condition = NOT_FOUND if exc.reason == "no-queue" else INVALID_FIELD
                 self._refuse(conn, link, condition, str(exc))
-                return
+                return None
         else:
             out = TopicOut(conn, link, address, settled)
             qos = 0 if settled else 1
@@ -458,8 +320,9 @@ class Amqp1FrontEnd:
         # Filters are not applied (beyond the address' own wildcards): leaving them out of our
         # source tells the peer so, as the spec asks.
         source = replace(source, capabilities=[Symbol(address.kind)], filter=None)
-        conn.amqp.accept_link(link, source=source, rcv_settle_mode=RCV_FIRST)
+        conn.machine.accept_link(link, source=source, rcv_settle_mode=RCV_FIRST)
         out.on_flow(link.drain)  # a flow may have come before our attach
+        return None
 
     def _consume(self, out: QueueOut, link: Link) -> None:
         assert self.queues is not None
@@ -485,12 +348,12 @@ class Amqp1FrontEnd:
             auto_ack=out.settled,
         )
 
-    async def _attach_dynamic(self, conn: Connection, link: Link, source: Source, settled: bool) -> None:
+    async def _attach_dynamic(self, conn: Amqp1Conn, link: Link, source: Source, settled: bool) -> None:
         """A dynamic receiver gets a temporary in-memory queue; its address goes back in the attach."""
         assert self.queues is not None
         name = f"tmp-{uuid.uuid4().hex[:16]}"
         await self.queues.declare(name, durable=False)
-        if link.state is not LinkState.ATTACH_RECEIVED or conn.amqp.closed:
+        if link.state is not LinkState.ATTACH_RECEIVED or conn.machine.closed:
             await self.queues.delete(name)  # the peer gave up (detach or close) meanwhile
             return
         address = Address(QUEUE, name)
@@ -501,23 +364,21 @@ class Amqp1FrontEnd:
             self._consume(out, link)
         except QueueError as exc:
             self._refuse(conn, link, INVALID_FIELD, str(exc))
-            conn.wake()
             return
         source = replace(source, address=address.topic, capabilities=[Symbol(QUEUE)], filter=None)
-        conn.amqp.accept_link(link, source=source, rcv_settle_mode=RCV_FIRST)
+        conn.machine.accept_link(link, source=source, rcv_settle_mode=RCV_FIRST)
         out.on_flow(link.drain)
-        conn.wake()
 
-    def _detached(self, conn: Connection, event: LinkDetached) -> None:
+    def _detached(self, conn: Amqp1Conn, event: LinkDetached) -> None:
         link = event.link
         conn.inlinks.pop(link, None)
         out = conn.outlinks.get(link)
         if out is None:
             return
         self._unsubscribe(conn, out)
-        conn.spawn(lambda: self._release_detached(conn, out))
+        conn.io.spawn(lambda: self._release_detached(conn, out))
 
-    def _unsubscribe(self, conn: Connection, out: OutLink) -> None:
+    def _unsubscribe(self, conn: Amqp1Conn, out: OutLink) -> None:
         """Stop sending on ``out`` at once; a topic link leaves the router."""
         if out.stopped:
             return
@@ -526,7 +387,7 @@ class Amqp1FrontEnd:
             self.broker.router.unsubscribe_all(out)
             self._subscription_event(SUBSCRIPTION_REMOVED, conn, out.address.name, link=out.link.name)
 
-    def _subscription_event(self, event_type: str, conn: Connection, topic_filter: str, **extra: Any) -> None:
+    def _subscription_event(self, event_type: str, conn: Amqp1Conn, topic_filter: str, **extra: Any) -> None:
         events = self.broker.events
         if events.wants(event_type) and conn.client is not None:
             events.client_info(event_type, conn.client, topic_filter=topic_filter, **extra)
@@ -538,7 +399,7 @@ class Amqp1FrontEnd:
         if events.wants(MESSAGE_DROPPED):
             events.message(MESSAGE_DROPPED, message, subscriber=subscriber, reason=reason)
 
-    async def _release_detached(self, conn: Connection, out: OutLink) -> None:
+    async def _release_detached(self, conn: Amqp1Conn, out: OutLink) -> None:
         await self.release(out)
         conn.outlinks.pop(out.link, None)
 
@@ -556,7 +417,7 @@ class Amqp1FrontEnd:
 
     # -- transfers --------------------------------------------------------------------------------
 
-    def _message(self, conn: Connection, event: MessageReceived) -> None:
+    def _message(self, conn: Amqp1Conn, event: MessageReceived) -> None:
         link = event.link
         inlink = conn.inlinks.get(link)
         if inlink is None or not link.is_open:
@@ -580,68 +441,57 @@ class Amqp1FrontEnd:
             decoded, address.topic, conn.container_id, settled=event.settled, raw=event.payload
         )
         if address.is_queue:
-            ticket = Ticket(inlink, event.delivery_id, event.settled)
-            inlink.inflight += 1
-            conn.tickets.append(ticket)
-            self._append(conn, address, message, ticket)
+            self._append(conn, address, message, conn.waiting(inlink, event.delivery_id, event.settled))
         else:
             self.broker.publish(message)
             if not event.settled:
-                conn.amqp.settle(link, event.delivery_id, Accepted())
-        self._refill(conn, inlink)
+                conn.machine.settle(link, event.delivery_id, Accepted())
+        conn.refill(inlink)
 
     def _refuse_message(
-        self, conn: Connection, event: MessageReceived, condition: str, description: str
+        self, conn: Amqp1Conn, event: MessageReceived, condition: str, description: str
     ) -> None:
         log.info("amqp1: %s: message refused: %s %s", conn.container_id, condition, description)
         error = Error(condition=Symbol(condition), description=description)
         if event.settled:
             if condition == DECODE_ERROR:  # nobody hears a disposition: end the link instead
-                conn.amqp.detach_link(event.link, error)
+                conn.machine.detach_link(event.link, error)
                 self._detached(conn, LinkDetached(event.link, True, error, False))
             return
-        conn.amqp.settle(event.link, event.delivery_id, Rejected(error=error))
+        conn.machine.settle(event.link, event.delivery_id, Rejected(error=error))
 
-    def _refill(self, conn: Connection, inlink: InLink) -> None:
-        link = inlink.link
-        if not link.is_open:
-            return
-        window = self.config.link_credit
-        room = window - inlink.inflight
-        if room > 0 and (room - link.credit >= window // 2 or link.credit == 0):
-            conn.amqp.grant_credit(link, room)
-            conn.wake()
-
-    def _append(self, conn: Connection, address: Address, message: Message, ticket: Ticket) -> None:
-        """Hand the message to the group commit; ``ticket`` is done once it is committed."""
+    def _append(self, conn: Amqp1Conn, address: Address, message: Message, pending: PendingSettle) -> None:
+        """Hand the message to the group commit; ``pending`` is done once it is committed."""
         assert self.queues is not None
 
         def done(_result: PublishResult, error: QueueError | None) -> None:
             # On the loop after the commit (at once for an in-memory queue), or with the write's error.
             if error is not None:
-                self._publish_failed(conn, address, ticket, error)
-            self._ticket_done(conn, ticket)
+                self._publish_failed(conn, address, pending, error)
+            conn.committed(pending)
 
         try:
             self.queues.publish_nowait(address.name, message, address.key, done)
         except QueueError as exc:
             if exc.reason == "shared":  # a shared node reserves offsets with an await
-                conn.spawn(lambda: self._append_async(conn, address, message, ticket))
+                conn.io.spawn(lambda: self._append_async(conn, address, message, pending))
                 return
-            self._publish_failed(conn, address, ticket, exc)
-            self._ticket_done(conn, ticket)
+            self._publish_failed(conn, address, pending, exc)
+            conn.committed(pending)
 
     async def _append_async(
-        self, conn: Connection, address: Address, message: Message, ticket: Ticket
+        self, conn: Amqp1Conn, address: Address, message: Message, pending: PendingSettle
     ) -> None:
         assert self.queues is not None
         try:
             await self.queues.publish(address.name, message, address.key)
         except QueueError as exc:
-            self._publish_failed(conn, address, ticket, exc)
-        self._ticket_done(conn, ticket)
+            self._publish_failed(conn, address, pending, exc)
+        conn.committed(pending)
 
-    def _publish_failed(self, conn: Connection, address: Address, ticket: Ticket, exc: QueueError) -> None:
+    def _publish_failed(
+        self, conn: Amqp1Conn, address: Address, pending: PendingSettle, exc: QueueError
+    ) -> None:
         log.info("amqp1: %s: queue publish to %s refused: %s", conn.container_id, address.name, exc)
         if exc.reason in ("full", "overflow"):
             condition = RESOURCE_LIMIT_EXCEEDED
@@ -649,56 +499,11 @@ class Amqp1FrontEnd:
             condition = NOT_FOUND
         else:
             condition = INTERNAL_ERROR
-        ticket.error = Error(condition=condition, description=str(exc))
-
-    def _ticket_done(self, conn: Connection, ticket: Ticket) -> None:
-        """Commit callbacks of one batch run back to back: the writer, woken once for them all,
-        sends their dispositions (see :meth:`_acknowledge_in_order`)."""
-        ticket.done = True
-        if conn.tickets[0] is ticket:
-            conn.wake()
-
-    def _acknowledge_in_order(self, conn: Connection) -> None:
-        """Dispositions for the committed publishes at the head, in arrival order: a run of
-        consecutive accepted deliveries of one link goes as one ranged disposition."""
-        tickets = conn.tickets
-        amqp = conn.amqp
-        run_link: Link | None = None
-        run_first = run_last = 0
-        refill: dict[InLink, None] = {}
-        while tickets and tickets[0].done:
-            ticket = tickets.popleft()
-            inlink = ticket.inlink
-            inlink.inflight -= 1
-            link = inlink.link
-            if not link.is_open or amqp.closed:
-                continue
-            refill[inlink] = None
-            if ticket.settled:
-                continue
-            did = ticket.delivery_id
-            if ticket.error is None:
-                if run_link is link and did == run_last + 1:
-                    run_last = did
-                    continue
-                if run_link is not None and run_link.is_open:
-                    amqp.settle_range(run_link.session, ROLE_RECEIVER, run_first, run_last, Accepted())
-                run_link, run_first, run_last = link, did, did
-            else:
-                if run_link is not None and run_link.is_open:
-                    amqp.settle_range(run_link.session, ROLE_RECEIVER, run_first, run_last, Accepted())
-                run_link = None
-                amqp.settle(link, did, Rejected(error=ticket.error))
-        if run_link is not None and run_link.is_open and not amqp.closed:
-            amqp.settle_range(run_link.session, ROLE_RECEIVER, run_first, run_last, Accepted())
-        if amqp.closed:
-            return
-        for inlink in refill:
-            self._refill(conn, inlink)
+        pending.error = Error(condition=condition, description=str(exc))
 
     # -- dispositions -----------------------------------------------------------------------------
 
-    def _disposition(self, conn: Connection, event: DispositionReceived) -> None:
+    def _disposition(self, conn: Amqp1Conn, event: DispositionReceived) -> None:
         if event.role is not ROLE_RECEIVER:
             return  # the sender settling deliveries we received: nothing to do in rcv-settle-mode first
         for link, delivery_id, _tag in event.deliveries:
@@ -707,5 +512,4 @@ class Amqp1FrontEnd:
                 out.on_outcome(delivery_id, event.state, event.settled)
         if not event.settled and event.state is not None and event.deliveries:
             # The receiver waits for us to settle (it asked for rcv-settle-mode second anyway).
-            conn.amqp.settle_range(event.session, ROLE_SENDER, event.first, event.last, event.state)
-            conn.wake()
+            conn.machine.settle_range(event.session, ROLE_SENDER, event.first, event.last, event.state)

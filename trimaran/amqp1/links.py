@@ -8,7 +8,8 @@
 - :class:`InLink`: the peer sends to a queue, a topic, or (no target address) to each message's
   ``to`` address.
 
-Everything here is synchronous and never blocks; the connection (:mod:`.handler`) owns the tasks.
+Everything here is synchronous and never blocks. Deliveries arrive outside the connection's
+events, so each send ends with ``io.wake()``: the runtime writes it in this loop iteration's flush.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from trimaran.broker.router import Delivery
 from trimaran.queue.manager import ConsumerHandle, QueueDelivery
 
 if TYPE_CHECKING:
-    from trimaran.amqp1.handler import Connection
+    from trimaran.amqp1.conn import Amqp1Conn
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class OutLink:
 
     __slots__ = ("address", "conn", "id", "link", "released", "settled", "stopped", "temp_queue")
 
-    def __init__(self, conn: Connection, link: Link, address: Address, settled: bool) -> None:
+    def __init__(self, conn: Amqp1Conn, link: Link, address: Address, settled: bool) -> None:
         self.conn = conn
         self.link = link
         self.address = address
@@ -55,11 +56,11 @@ class OutLink:
         if not link.is_open or link.credit <= 0:
             return None
         try:
-            did = self.conn.amqp.send(link, payload, settled=self.settled)
+            did = self.conn.machine.send(link, payload, settled=self.settled)
         except AMQPStateError as exc:
             log.info("amqp1: cannot send on %s: %s", self.id, exc)
             return None
-        self.conn.wake()
+        self.conn.io.wake()
         return did
 
     def on_flow(self, drain: bool) -> None:
@@ -76,7 +77,7 @@ class OutLink:
 class QueueOut(OutLink):
     __slots__ = ("handle", "offsets")
 
-    def __init__(self, conn: Connection, link: Link, address: Address, settled: bool) -> None:
+    def __init__(self, conn: Amqp1Conn, link: Link, address: Address, settled: bool) -> None:
         super().__init__(conn, link, address, settled)
         self.handle: ConsumerHandle | None = None
         self.offsets: dict[int, int] = {}  # delivery id -> queue offset, until the outcome
@@ -105,9 +106,9 @@ class QueueOut(OutLink):
             return
         handle.set_credit(self.link.credit)  # delivers synchronously what the credit allows
         if drain and self.link.is_open and self.link.credit > 0:
-            self.conn.amqp.complete_drain(self.link)
+            self.conn.machine.complete_drain(self.link)
             handle.set_credit(0)
-            self.conn.wake()
+            self.conn.io.wake()
 
     def on_outcome(self, delivery_id: int, state: Any, settled: bool) -> None:
         offset = self.offsets.get(delivery_id)
@@ -143,7 +144,7 @@ class TopicOut(OutLink):
 
     __slots__ = ("backlog",)
 
-    def __init__(self, conn: Connection, link: Link, address: Address, settled: bool) -> None:
+    def __init__(self, conn: Amqp1Conn, link: Link, address: Address, settled: bool) -> None:
         super().__init__(conn, link, address, settled)
         self.backlog: deque[bytes] = deque()
 
@@ -172,8 +173,8 @@ class TopicOut(OutLink):
             if self._send(backlog.popleft()) is not None:
                 stats.messages_sent += 1
         if drain and self.link.is_open and self.link.credit > 0:
-            self.conn.amqp.complete_drain(self.link)
-            self.conn.wake()
+            self.conn.machine.complete_drain(self.link)
+            self.conn.io.wake()
 
     def stop(self) -> None:
         super().stop()

@@ -544,7 +544,7 @@ class AdminApi:
         mqtt = self._mqtt()
         connected = _bool_arg(request, "connected")
         endpoints = sorted(
-            (e for e in mqtt.endpoints.values() if connected is None or (e.link is not None) == connected),
+            (e for e in mqtt.endpoints.values() if connected is None or (e.conn is not None) == connected),
             key=lambda e: e.client_id,
         )
         return _page(request, SessionPage, endpoints, [e.client_id for e in endpoints], _session_out)
@@ -847,7 +847,7 @@ def _session_out(endpoint: MqttEndpoint) -> SessionOut:
         expires_in = round(max(0.0, endpoint.expires_at - time.monotonic()), 3)
     return SessionOut(
         client_id=endpoint.client_id,
-        connected=endpoint.link is not None,
+        connected=endpoint.conn is not None,
         protocol_level=endpoint.protocol_level,
         expiry_interval_s=session.expiry_interval,
         expires_in_s=expires_in,

@@ -33,6 +33,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 
+from trimaran import __version__
 from trimaran.broker.message import PROTOCOL_AMQP091, PROTOCOL_AMQP1, PROTOCOL_MQTT
 from trimaran.config import TelemetrySettings
 
@@ -97,6 +98,7 @@ class Telemetry:
         )
         meter = self.provider.get_meter("trimaran")
         counter, gauge = meter.create_observable_counter, meter.create_observable_gauge
+        gauge("trimaran.build.info", [_build_info], "1", "always 1; the version label is the running release")
         counter("trimaran.messages.received", [self._stat("messages_received")], "1", "messages published in")
         counter("trimaran.messages.sent", [self._stat("messages_sent")], "1", "messages delivered out")
         counter("trimaran.messages.dropped", [self._stat("messages_dropped")], "1", "messages dropped")
@@ -270,6 +272,10 @@ class Telemetry:
             for group in info.groups.values():
                 out.append(Observation(group.lag, {"queue": state.name, "group": group.name}))
         return out
+
+
+def _build_info(_options: CallbackOptions) -> Iterable[Observation]:
+    return [Observation(1, {"version": __version__})]
 
 
 def _otlp_reader(endpoint: str) -> MetricReader | None:

@@ -1,13 +1,14 @@
 """Server side of one MQTT connection as a sans-IO state machine (h11 style).
 
     conn = ServerConnection(ServerLimits(...), now=monotonic())
-    events = conn.receive_data(data, now)      # bytes in -> events out
+    conn.receive_data(data, now)               # bytes in
+    while (event := conn.next_event()):        # events out, one packet at a time
     conn.accept(session) / conn.reject(code)   # answer a ConnectRequest
     conn.publish(OutboundMessage(...))         # to the client
     conn.ack_publish(packet_id)                # after the client's message is committed
     conn.send_suback(packet_id, codes)         # answer a SubscribeRequest
     sock.write(conn.data_to_send())            # bytes out, batched
-    conn.next_deadline(), conn.check_timeouts(now)
+    conn.next_deadline(), conn.tick(now), conn.receive_eof()
 
 The machine never raises on bad client input: it answers per protocol level (MQTT 5.0 DISCONNECT with
 a reason code, 3.1/3.1.1 plain close), emits `ConnectionClosed`, and ignores everything after. The
@@ -21,6 +22,7 @@ from __future__ import annotations
 import math
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
@@ -28,6 +30,17 @@ from typing import Final
 from trimaran.broker.topics import SHARE_PREFIX, TopicError, is_valid_topic_name, split_shared
 from trimaran.mqtt import reason_codes as rc
 from trimaran.mqtt.codec import MAX_PACKET_SIZE, NEED_DATA, Decoder, ProtocolError, encode
+from trimaran.mqtt.events import (
+    ConnectionClosed,
+    ConnectRequest,
+    Event,
+    Events,
+    MessageAcked,
+    MessageDropped,
+    PublishReceived,
+    SubscribeRequest,
+    UnsubscribeReceived,
+)
 from trimaran.mqtt.packets import (
     MQTT_5,
     Auth,
@@ -101,89 +114,6 @@ class ServerLimits:
     max_early_data: int = 1 << 20  # bytes buffered while accept()/reject() is pending
 
 
-# ------------------------------------------------------------------------------------------------ events
-
-
-@dataclass(slots=True)
-class ConnectRequest:
-    """A valid CONNECT. Answer with `accept()` or `reject()`; nothing else is read until then."""
-
-    connect: Connect
-    client_id: str  # the client's id, or the one assigned for an empty id
-    client_id_assigned: bool
-    keep_alive: int  # effective keep alive (after Server Keep Alive)
-    session_expiry_interval: int  # requested, seconds (capped; 0xFFFFFFFF = never)
-
-
-@dataclass(slots=True)
-class PublishReceived:
-    """A PUBLISH from the client, topic alias resolved. For QoS 1/2 call `ack_publish(packet_id)`."""
-
-    publish: Publish
-
-
-@dataclass(slots=True)
-class SubscribeRequest:
-    """A SUBSCRIBE. `preset[i]` is a failure code the machine already decided for filter i (invalid,
-    shared or wildcard not supported) or None; `existed[i]` tells whether the session already had that
-    filter (for Retain Handling 1). Answer with `send_suback(packet_id, codes)`."""
-
-    packet_id: int
-    subscriptions: list[tuple[str, SubscriptionOptions]]
-    subscription_identifier: int | None
-    user_properties: list[tuple[str, str]]
-    preset: list[int | None]
-    existed: list[bool]
-
-
-@dataclass(slots=True)
-class UnsubscribeReceived:
-    """An UNSUBSCRIBE, already answered and removed from the session; update the router."""
-
-    packet_id: int
-    topic_filters: list[str]
-    existed: list[bool]
-
-
-@dataclass(slots=True)
-class MessageAcked:
-    """An outbound QoS 1/2 delivery finished: PUBACK, PUBCOMP, or a PUBREC with an error code."""
-
-    packet_id: int
-    message: OutboundMessage
-    reason_code: int
-
-
-@dataclass(slots=True)
-class MessageDropped:
-    """An outbound message was not sent: larger than the client's Maximum Packet Size, or queue full.
-    Per spec a too large QoS 1/2 message counts as delivered."""
-
-    message: OutboundMessage
-    reason: str
-
-
-@dataclass(slots=True)
-class ConnectionClosed:
-    """The connection is over: flush `data_to_send()` and close the socket."""
-
-    reason_code: int
-    reason: str
-    by_client: bool  # the client sent DISCONNECT or closed the socket
-    publish_will: bool
-
-
-Event = (
-    ConnectRequest
-    | PublishReceived
-    | SubscribeRequest
-    | UnsubscribeReceived
-    | MessageAcked
-    | MessageDropped
-    | ConnectionClosed
-)
-
-
 @dataclass(slots=True)
 class ConnectionStats:
     dropped_too_large: int = 0  # outbound packets larger than the client's maximum
@@ -198,6 +128,10 @@ class State:
     CONNECTING: Final = "connecting"  # CONNECT received, waiting for accept()/reject()
     CONNECTED: Final = "connected"
     CLOSED: Final = "closed"
+
+
+# The states in which packets are decoded (CONNECTING waits for the hull's accept or reject).
+_READING: Final = frozenset({State.AWAIT_CONNECT, State.CONNECTED})
 
 
 class _Fail(Exception):
@@ -243,8 +177,8 @@ class ServerConnection:
         "_out",
         "_out_alias_next",
         "_out_aliases",
-        "_pending_events",
         "_pending_subscribes",
+        "_ready",
         "client_id",
         "client_max_packet_size",
         "client_receive_maximum",
@@ -289,7 +223,7 @@ class ServerConnection:
         self._out_aliases: dict[str, int] | None = None
         self._out_alias_next = 1
         self._pending_subscribes: dict[int, Subscribe] = {}
-        self._pending_events: list[Event] = []
+        self._ready: Events = deque()  # what next_event() hands out, in order
         self.stats = ConnectionStats()
 
     # ------------------------------------------------------------------------------------- public
@@ -315,30 +249,28 @@ class ServerConnection:
         self._out = []
         return data
 
-    def take_events(self) -> list[Event]:
-        """Events produced outside receive_data() (e.g. messages dropped by publish())."""
-        events, self._pending_events = self._pending_events, []
-        return events
+    def receive_data(self, data: bytes, now: float) -> None:
+        """Buffer bytes from the socket; ``next_event()`` decodes them one packet at a time."""
+        if self.state == State.CLOSED or not data:
+            return
+        self._decoder.feed(data)
+        self._last_rx = now
+        if self.keep_alive and self.state == State.CONNECTED:
+            self._deadline = now + self.keep_alive * 1.5
+        elif self.state == State.CONNECTING and self._decoder.buffered > self.limits.max_early_data:
+            self._refuse(self._ready, ReasonCode.QUOTA_EXCEEDED, "too much data before CONNACK")
 
-    def receive_data(self, data: bytes, now: float) -> list[Event]:
-        """Feed bytes from the socket. Returns the events they complete."""
-        events = self.take_events()
-        if self.state == State.CLOSED:
-            return events
-        if data:
-            self._decoder.feed(data)
-            self._last_rx = now
-            if self.keep_alive and self.state == State.CONNECTED:
-                self._deadline = now + self.keep_alive * 1.5
-            elif self.state == State.CONNECTING and self._decoder.buffered > self.limits.max_early_data:
-                self._refuse(events, ReasonCode.QUOTA_EXCEEDED, "too much data before CONNACK")
-                return events
-        self._process(events)
-        return events
+    def next_event(self) -> Event | None:
+        """The next event, decoding at most one more packet; None when no whole packet is buffered
+        (or a CONNECT waits for ``accept``/``reject``)."""
+        ready = self._ready
+        while not ready and self.state in _READING and self._step(ready):
+            pass
+        return ready.popleft() if ready else None
 
-    def connection_lost(self) -> list[Event]:
-        """The socket closed under us (no DISCONNECT). Returns the ConnectionClosed event if still open."""
-        events = self.take_events()
+    def receive_eof(self) -> None:
+        """The socket closed under us (no DISCONNECT): a ConnectionClosed event if still open."""
+        events = self._ready
         if self.state != State.CLOSED:
             was_connected = self.state == State.CONNECTED
             self.state = State.CLOSED
@@ -351,16 +283,16 @@ class ServerConnection:
                     publish_will=was_connected,
                 )
             )
-        return events
 
     def next_deadline(self) -> float | None:
         """Monotonic time at which `check_timeouts` must be called, or None."""
         return None if self.state == State.CLOSED else self._deadline
 
-    def check_timeouts(self, now: float) -> list[Event]:
-        events = self.take_events()
+    def tick(self, now: float) -> None:
+        """Close a connection whose CONNECT or keep alive is overdue."""
+        events = self._ready
         if self.state == State.CLOSED or self._deadline is None or now < self._deadline:
-            return events
+            return
         if self.state in (State.AWAIT_CONNECT, State.CONNECTING):
             self._close(
                 events, ReasonCode.MAXIMUM_CONNECT_TIME, "no CONNECT within the connect timeout", False
@@ -372,7 +304,6 @@ class ServerConnection:
                 f"nothing received for 1.5 x keep alive ({self.keep_alive} s)",
                 True,
             )
-        return events
 
     # --------------------------------------------------------------------------------- connecting
 
@@ -382,9 +313,9 @@ class ServerConnection:
         *,
         session_present: bool = False,
         properties: Properties | None = None,
-    ) -> list[Event]:
-        """Accept the pending CONNECT: send CONNACK, resend the session's inflight messages, then
-        decode whatever the client sent meanwhile (returned as events).
+    ) -> None:
+        """Accept the pending CONNECT: send CONNACK and resend the session's inflight messages;
+        what the client sent meanwhile is decoded by the next ``next_event()`` calls.
 
         `session` is the stored session to resume (Clean Start 0), or None for a new one.
         `session_present` must be True only when such a session was resumed. `properties` are added to
@@ -392,7 +323,7 @@ class ServerConnection:
         clock runs from the last data received.
         """
         if self.state == State.CLOSED:
-            return self.take_events()  # the client went away while the handler was deciding
+            return  # the client went away while the handler was deciding
         if self.state != State.CONNECTING or self._connect is None:
             raise RuntimeError(f"accept() in state {self.state}")
         connect = self._connect
@@ -412,22 +343,18 @@ class ServerConnection:
         self._send(ack)
         self.state = State.CONNECTED
         self._deadline = self._last_rx + self.keep_alive * 1.5 if self.keep_alive else None
-        events = self.take_events()
+        events = self._ready
         for entry in session.inflight_entries():
             self._send_inflight(entry, events)
         self._pump(events)
-        self._process(events)
-        return events
 
-    def reject(self, reason_code: int, reason_string: str | None = None) -> list[Event]:
+    def reject(self, reason_code: int, reason_string: str | None = None) -> None:
         """Refuse the pending CONNECT with a 5.0 reason code (mapped to a 3.1.1 return code)."""
         if self.state == State.CLOSED:
-            return []
+            return
         if self.state != State.CONNECTING:
             raise RuntimeError(f"reject() in state {self.state}")
-        events: list[Event] = []
-        self._refuse(events, reason_code, reason_string or "connection refused")
-        return events
+        self._refuse(self._ready, reason_code, reason_string or "connection refused")
 
     # ----------------------------------------------------------------------------------- outbound
 
@@ -437,7 +364,7 @@ class ServerConnection:
         False if it was dropped: too large for the client (counted; a QoS 1/2 message then counts as
         delivered), expired (`message.expires_at`), QoS 0 while not connected, or the session queue is
         full. A QoS 1/2 message that expires or no longer fits while queued is reported later as a
-        MessageDropped event (from take_events(), receive_data(), accept() or check_timeouts()).
+        MessageDropped event (from ``next_event()``).
         """
         if message.qos == 0:
             if self.state != State.CONNECTED:
@@ -452,7 +379,7 @@ class ServerConnection:
             self.stats.dropped_queue_full += 1
             return False
         if self.state == State.CONNECTED:
-            self._pump(self._pending_events)
+            self._pump(self._ready)
         return True
 
     @property
@@ -539,45 +466,44 @@ class ServerConnection:
         reason_code: int = ReasonCode.SERVER_SHUTTING_DOWN,
         reason_string: str | None = None,
         server_reference: str | None = None,
-    ) -> list[Event]:
+    ) -> None:
         """Server-initiated close (takeover 0x8E, shutdown 0x8B, ...). 5.0 gets a DISCONNECT."""
-        events = self.take_events()
+        events = self._ready
         if self.state == State.CLOSED:
-            return events
+            return
         if self.state in (State.AWAIT_CONNECT, State.CONNECTING) and self._connect is not None:
             self._refuse(events, reason_code, reason_string or "refused")
-            return events
+            return
         props = Properties(reason_string=reason_string, server_reference=server_reference)
         if self.state == State.CONNECTED and self._level == MQTT_5:
             self._send(Disconnect(_disconnect_code(reason_code), props))
         self.state = State.CLOSED
         events.append(ConnectionClosed(reason_code, reason_string or "closed by server", False, True))
-        return events
 
     # ------------------------------------------------------------------------------------ receive
 
-    def _process(self, events: list[Event]) -> None:
-        decoder = self._decoder
-        while self.state in (State.AWAIT_CONNECT, State.CONNECTED):
-            try:
-                packet = decoder.next_packet()
-            except ProtocolError as exc:
-                self._fail(events, exc.reason_code, exc.message)
-                return
-            if packet is NEED_DATA:
-                return
-            self.stats.packets_received += 1
-            try:
-                if self.state == State.AWAIT_CONNECT:
-                    assert isinstance(packet, Connect)  # the decoder refuses anything else first
-                    self._on_connect(packet, events)
-                else:
-                    self._on_packet(packet, events)
-            except _Fail as exc:
-                self._fail(events, exc.reason_code, exc.message)
-                return
+    def _step(self, events: Events) -> bool:
+        """Decode and act on one packet; False when no whole packet is buffered or it failed."""
+        try:
+            packet = self._decoder.next_packet()
+        except ProtocolError as exc:
+            self._fail(events, exc.reason_code, exc.message)
+            return False
+        if packet is NEED_DATA:
+            return False
+        self.stats.packets_received += 1
+        try:
+            if self.state == State.AWAIT_CONNECT:
+                assert isinstance(packet, Connect)  # the decoder refuses anything else first
+                self._on_connect(packet, events)
+            else:
+                self._on_packet(packet, events)
+        except _Fail as exc:
+            self._fail(events, exc.reason_code, exc.message)
+            return False
+        return True
 
-    def _on_packet(self, packet: Packet, events: list[Event]) -> None:
+    def _on_packet(self, packet: Packet, events: Events) -> None:
         if isinstance(packet, Publish):
             self._on_publish(packet, events)
         elif isinstance(packet, PubAck):
@@ -606,7 +532,7 @@ class ServerConnection:
             assert isinstance(packet, _SERVER_ONLY), packet
             raise _Fail(ReasonCode.PROTOCOL_ERROR, f"{type(packet).__name__} is sent by servers only")
 
-    def _on_connect(self, connect: Connect, events: list[Event]) -> None:
+    def _on_connect(self, connect: Connect, events: Events) -> None:
         limits = self.limits
         level = connect.protocol_level
         self._level = level
@@ -702,7 +628,7 @@ class ServerConnection:
         if props.session_expiry_interval is None and self.session_expiry_interval != requested:
             props.session_expiry_interval = self.session_expiry_interval
 
-    def _on_publish(self, publish: Publish, events: list[Event]) -> None:
+    def _on_publish(self, publish: Publish, events: Events) -> None:
         level = self._level
         limits = self.limits
         if level == MQTT_5:
@@ -766,14 +692,14 @@ class ServerConnection:
         else:
             self._send(PubComp(pid, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
 
-    def _on_puback(self, packet: PubAck, events: list[Event]) -> None:
+    def _on_puback(self, packet: PubAck, events: Events) -> None:
         assert self.session is not None
         entry = self.session.on_puback(packet.packet_id)
         if entry is not None:
             events.append(MessageAcked(entry.packet_id, entry.message, packet.reason_code))
             self._pump(events)
 
-    def _on_pubrec(self, packet: PubRec, events: list[Event]) -> None:
+    def _on_pubrec(self, packet: PubRec, events: Events) -> None:
         assert self.session is not None
         entry = self.session.on_pubrec(packet.packet_id, packet.reason_code)
         if entry is None:
@@ -784,7 +710,7 @@ class ServerConnection:
             events.append(MessageAcked(entry.packet_id, entry.message, packet.reason_code))
             self._pump(events)
 
-    def _on_pubcomp(self, packet: PubComp, events: list[Event]) -> None:
+    def _on_pubcomp(self, packet: PubComp, events: Events) -> None:
         assert self.session is not None
         entry = self.session.on_pubcomp(packet.packet_id)
         if entry is not None:
@@ -813,7 +739,7 @@ class ServerConnection:
             out.append(code)
         return out
 
-    def _on_subscribe(self, packet: Subscribe, events: list[Event]) -> None:
+    def _on_subscribe(self, packet: Subscribe, events: Events) -> None:
         assert self.session is not None
         sub_ids = packet.properties.subscription_identifiers
         if sub_ids and not self.limits.subscription_identifier_available:
@@ -836,14 +762,14 @@ class ServerConnection:
             )
         )
 
-    def _on_unsubscribe(self, packet: Unsubscribe, events: list[Event]) -> None:
+    def _on_unsubscribe(self, packet: Unsubscribe, events: Events) -> None:
         assert self.session is not None
         existed = [self.session.remove_subscription(f) for f in packet.topic_filters]
         codes = [ReasonCode.SUCCESS if e else ReasonCode.NO_SUBSCRIPTION_EXISTED for e in existed]
         self._send(UnsubAck(packet.packet_id, [int(c) for c in codes] if self._level == MQTT_5 else []))
         events.append(UnsubscribeReceived(packet.packet_id, packet.topic_filters, existed))
 
-    def _on_disconnect(self, packet: Disconnect, events: list[Event]) -> None:
+    def _on_disconnect(self, packet: Disconnect, events: Events) -> None:
         expiry = packet.properties.session_expiry_interval
         if expiry is not None:
             if self.session_expiry_interval == 0 and expiry != 0:
@@ -864,7 +790,7 @@ class ServerConnection:
 
     # --------------------------------------------------------------------------------- failures
 
-    def _fail(self, events: list[Event], reason_code: int, message: str) -> None:
+    def _fail(self, events: Events, reason_code: int, message: str) -> None:
         """Protocol violation by the client: answer per level and close."""
         if self.state in (State.AWAIT_CONNECT, State.CONNECTING):
             if reason_code == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
@@ -876,14 +802,14 @@ class ServerConnection:
             return
         self._close(events, reason_code, message, True)
 
-    def _close(self, events: list[Event], reason_code: int, message: str, publish_will: bool) -> None:
+    def _close(self, events: Events, reason_code: int, message: str, publish_will: bool) -> None:
         if self.state == State.CONNECTED and self._level == MQTT_5:
             self._send(Disconnect(_disconnect_code(reason_code), Properties(reason_string=message)))
         self.state = State.CLOSED
         self._deadline = None
         events.append(ConnectionClosed(reason_code, message, False, publish_will))
 
-    def _refuse(self, events: list[Event], reason_code: int, message: str) -> None:
+    def _refuse(self, events: Events, reason_code: int, message: str) -> None:
         """Refuse a CONNECT with a CONNACK (5.0 reason code, or its 3.1.1 return code) and close."""
         if self._level == MQTT_5:
             if reason_code not in rc.CONNACK_CODES or reason_code < 0x80:
@@ -992,7 +918,7 @@ class ServerConnection:
         aliases[topic] = alias
         self._out_alias_next = alias % self.client_topic_alias_maximum + 1
 
-    def _send_inflight(self, entry: InflightEntry, events: list[Event]) -> None:
+    def _send_inflight(self, entry: InflightEntry, events: Events) -> None:
         if entry.state == AWAITING_PUBCOMP:
             self._send(PubRel(entry.packet_id))
             return
@@ -1005,7 +931,7 @@ class ServerConnection:
         self.session.drop_inflight(entry.packet_id)
         events.append(MessageDropped(entry.message, reason))
 
-    def _pump(self, events: list[Event]) -> None:
+    def _pump(self, events: Events) -> None:
         """Move queued QoS 1/2 messages into the inflight window and send them."""
         session = self.session
         if session is None or self.state != State.CONNECTED:

@@ -43,11 +43,11 @@ from trimaran.queue.manager import (
     settle_by_id_now,
 )
 from trimaran.queue.policy import QUEUE_PREFIX, QueueError, parse_queue_topic
-from trimaran.storage.writer import Ticket as WriterTicket
+from trimaran.storage.writer import Ticket as WriterReceipt
 from trimaran.storage.writer import WriterError
 
 if TYPE_CHECKING:
-    from trimaran.mqtt.handler import Link
+    from trimaran.mqtt.conn import MqttConn
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def _property(message: Message, name: str) -> str | None:
 
 
 @dataclass(slots=True, eq=False)
-class Ticket:
+class PendingAck:
     """One queue PUBLISH waiting for its commit, acknowledged in arrival order."""
 
     packet_id: int | None
@@ -93,12 +93,12 @@ class Delivery:
 class QueueSubscription:
     """A consumer of one queue for one MQTT subscription (the queue manager's QueueConsumer)."""
 
-    __slots__ = ("handle", "held", "id", "link", "qos", "topic_filter")
+    __slots__ = ("conn", "handle", "held", "id", "qos", "topic_filter")
 
-    def __init__(self, link: Link, topic_filter: str, qos: int) -> None:
-        assert link.endpoint is not None
-        self.id = link.endpoint.client_id
-        self.link = link
+    def __init__(self, conn: MqttConn, topic_filter: str, qos: int) -> None:
+        assert conn.endpoint is not None
+        self.id = conn.endpoint.client_id
+        self.conn = conn
         self.topic_filter = topic_filter
         self.qos = qos
         self.handle: ConsumerHandle | None = None
@@ -107,9 +107,9 @@ class QueueSubscription:
     def deliver(self, delivery: QueueDelivery) -> None:
         message = delivery.message
         props = publish_properties(message)
-        if self.link.conn.protocol_level == MQTT_5:
+        if self.conn.mqtt.protocol_level == MQTT_5:
             props.user_properties = [*message.user_properties, *delivery.headers()]
-        bindings = self.link.queue_bindings
+        bindings = self.conn.queue_bindings
         tag: str | None = None
         if self.qos:
             bindings.next_tag += 1
@@ -128,8 +128,8 @@ class QueueSubscription:
             tag=tag,
             expires_at=None if message.expires_at_ms is None else message.expires_at_ms / 1000,
         )
-        if self.link.conn.publish(out):
-            self.link.wake()
+        if self.conn.mqtt.publish(out):
+            self.conn.wake()
             if not self.qos:
                 bindings.qos0_sent.append(self)
         elif tag is not None:
@@ -142,14 +142,14 @@ class QueueSubscription:
 
 
 @dataclass(slots=True)
-class LinkQueues:
+class ConnQueues:
     """Per connection: queue subscriptions, deliveries awaiting PUBACK, publishes awaiting commit."""
 
     subscriptions: dict[str, QueueSubscription] = field(default_factory=dict)
     deliveries: dict[str, Delivery] = field(default_factory=dict)  # by OutboundMessage.tag
     next_tag: int = 0
     qos0_sent: list[QueueSubscription] = field(default_factory=list)
-    tickets: deque[Ticket] = field(default_factory=deque)  # in arrival order
+    tickets: deque[PendingAck] = field(default_factory=deque)  # in arrival order
     refused: bool = False  # 3.1.1: a refusal closed the connection; nothing more is acknowledged
     credit_due: dict[ConsumerHandle, int] = field(default_factory=dict)  # see MqttQueues.after_events
 
@@ -160,17 +160,16 @@ class MqttQueues:
 
     # -- publishing -------------------------------------------------------------------------------
 
-    def publish(self, link: Link, message: Message, packet_id: int | None) -> None:
+    def publish(self, conn: MqttConn, message: Message, packet_id: int | None) -> None:
         """Start a queue publish; its ack goes out (in order) once committed.
 
         No task per message: the manager calls back after the group commit. A control topic
         (``$ack``, ``$nack``, ``$reject``, ``$commit``) is applied here, before the next packet of the
         connection is read; only the wait for its commit runs in a task.
         """
-        ticket = Ticket(packet_id)
-        link.queue_bindings.tickets.append(ticket)
-        assert link.tasks is not None
-        client = link.endpoint.client_id if link.endpoint else "?"
+        ticket = PendingAck(packet_id)
+        conn.queue_bindings.tickets.append(ticket)
+        client = conn.endpoint.client_id if conn.endpoint else "?"
         parsed = parse_queue_topic(message.topic)
         try:
             if parsed is None:
@@ -181,55 +180,55 @@ class MqttQueues:
                 def done(_result: PublishResult, error: QueueError | None) -> None:
                     if error is not None:
                         self._refused(ticket, client, message, error)
-                    self._finish(link, ticket)
+                    self._finish(conn, ticket)
 
                 try:
                     self.manager.publish_nowait(queue, message, routing_key, done)
                 except QueueError as exc:
                     if exc.reason != "shared":
                         raise
-                    link.tasks.start_soon(self._append, link, queue, routing_key, message, ticket, client)
+                    conn.spawn(lambda: self._append(conn, queue, routing_key, message, ticket, client))
                 return
             commit = self._control(queue, control, message, client)
         except QueueError as exc:
             self._refused(ticket, client, message, exc)
-            self._finish(link, ticket)
+            self._finish(conn, ticket)
             return
         if commit is None:
-            self._finish(link, ticket)
+            self._finish(conn, ticket)
         else:
-            link.tasks.start_soon(self._committed, link, commit, ticket, client, message)
+            conn.spawn(lambda: self._committed(conn, commit, ticket, client, message))
 
     async def _append(
-        self, link: Link, queue: str, routing_key: str, message: Message, ticket: Ticket, client: str
+        self, conn: MqttConn, queue: str, routing_key: str, message: Message, ticket: PendingAck, client: str
     ) -> None:
         """A shared node's publish (its offset comes from an awaited reservation)."""
         try:
             await self.manager.publish(queue, message, routing_key)
         except QueueError as exc:
             self._refused(ticket, client, message, exc)
-        self._finish(link, ticket)
+        self._finish(conn, ticket)
 
     async def _committed(
-        self, link: Link, commit: WriterTicket, ticket: Ticket, client: str, message: Message
+        self, conn: MqttConn, commit: WriterReceipt, ticket: PendingAck, client: str, message: Message
     ) -> None:
         try:
             await commit.wait()
         except WriterError as exc:
             self._refused(ticket, client, message, QueueError("storage", str(exc)))
-        self._finish(link, ticket)
+        self._finish(conn, ticket)
 
     @staticmethod
-    def _refused(ticket: Ticket, client: str, message: Message, exc: QueueError) -> None:
+    def _refused(ticket: PendingAck, client: str, message: Message, exc: QueueError) -> None:
         log.info("mqtt: queue publish from %r to %r refused: %s", client, message.topic, exc)
         ticket.reason_code = _refusal_code(exc)
         ticket.reason = str(exc)
 
     @staticmethod
-    def _finish(link: Link, ticket: Ticket) -> None:
+    def _finish(conn: MqttConn, ticket: PendingAck) -> None:
         """``ticket`` is settled: send the PUBACK/PUBREC of every settled publish at the head, in order."""
         ticket.done = True
-        bindings = link.queue_bindings
+        bindings = conn.queue_bindings
         tickets = bindings.tickets
         sent = False
         while tickets and tickets[0].done:
@@ -237,19 +236,19 @@ class MqttQueues:
             if head.packet_id is None or bindings.refused:
                 continue
             code = head.reason_code
-            if code and link.conn.protocol_level < MQTT_5:
+            if code and conn.mqtt.protocol_level < MQTT_5:
                 # 3.1.1 cannot refuse a PUBLISH: closing the connection is how it says no.
                 bindings.refused = True
-                if not link.conn.closed:
-                    link.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, head.reason or "refused")
+                if not conn.mqtt.closed:
+                    conn.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, head.reason or "refused")
                 continue
             # Also after the connection is gone: a QoS 2 packet id must then be known as a duplicate.
-            link.conn.ack_publish(head.packet_id, code, _reason_props(head.reason) if code else None)
+            conn.mqtt.ack_publish(head.packet_id, code, _reason_props(head.reason) if code else None)
             sent = True
         if sent:
-            link.wake()
+            conn.wake()
 
-    def _control(self, queue: str, control: str, message: Message, client: str) -> WriterTicket | None:
+    def _control(self, queue: str, control: str, message: Message, client: str) -> WriterReceipt | None:
         """Settle by message id now; returns the commit to wait for (None: nothing to write)."""
         message_id = _property(message, "message-id") or message.payload.decode(errors="replace").strip()
         if not message_id:
@@ -283,7 +282,7 @@ class MqttQueues:
 
     def subscribe(
         self,
-        link: Link,
+        conn: MqttConn,
         topic_filter: str,
         options: SubscriptionOptions,
         user_properties: list[tuple[str, str]],
@@ -297,11 +296,11 @@ class MqttQueues:
         props = dict(user_properties)
         group = props.get("consumer-group", group)
         start: str | int | None = props.get("stream-offset")
-        bindings = link.queue_bindings
+        bindings = conn.queue_bindings
         old = bindings.subscriptions.pop(topic_filter, None)
         if old is not None and old.handle is not None:
-            link.spawn(old.handle.cancel)
-        subscription = QueueSubscription(link, topic_filter, options.qos)
+            conn.spawn(old.handle.cancel)
+        subscription = QueueSubscription(conn, topic_filter, options.qos)
         try:
             subscription.handle = self.manager.consume(
                 queue,
@@ -317,20 +316,20 @@ class MqttQueues:
         bindings.subscriptions[topic_filter] = subscription
         return options.qos
 
-    def grant_initial_credit(self, link: Link, subscription: QueueSubscription) -> None:
+    def grant_initial_credit(self, conn: MqttConn, subscription: QueueSubscription) -> None:
         if subscription.handle is None:
             return
-        window = QOS0_CREDIT if not subscription.qos else max(1, link.conn.client_receive_maximum)
+        window = QOS0_CREDIT if not subscription.qos else max(1, conn.mqtt.client_receive_maximum)
         subscription.handle.add_credit(window)
 
-    def unsubscribe(self, link: Link, topic_filter: str) -> None:
-        subscription = link.queue_bindings.subscriptions.pop(topic_filter, None)
+    def unsubscribe(self, conn: MqttConn, topic_filter: str) -> None:
+        subscription = conn.queue_bindings.subscriptions.pop(topic_filter, None)
         if subscription is not None and subscription.handle is not None:
-            link.spawn(subscription.handle.cancel)
+            conn.spawn(subscription.handle.cancel)
 
-    def settled(self, link: Link, tag: object, reason_code: int) -> None:
+    def settled(self, conn: MqttConn, tag: object, reason_code: int) -> None:
         """A PUBACK/PUBCOMP (or a failed PUBREC) for a queue delivery."""
-        record = link.queue_bindings.deliveries.pop(str(tag), None)
+        record = conn.queue_bindings.deliveries.pop(str(tag), None)
         if record is None:
             return
         subscription, offset = record.subscription, record.offset
@@ -348,31 +347,31 @@ class MqttQueues:
                 handle.ack_nowait(offset)
         if not record.credited:
             record.credited = True
-            due = link.queue_bindings.credit_due  # given back once per batch of packets: after_events
+            due = conn.queue_bindings.credit_due  # given back once per batch of packets: after_events
             due[handle] = due.get(handle, 0) + 1
 
-    def after_events(self, link: Link) -> None:
+    def after_events(self, conn: MqttConn) -> None:
         """After the events of one read: the credit the PUBACKs in it gave back, in one dispatch per
         consumer rather than one per PUBACK."""
-        bindings = link.queue_bindings
+        bindings = conn.queue_bindings
         due = bindings.credit_due
         if due:
             bindings.credit_due = {}
             for handle, n in due.items():
                 handle.add_credit(n)
 
-    def after_write(self, link: Link) -> None:
+    def after_write(self, conn: MqttConn) -> None:
         """QoS 0 deliveries are settled once written: give their credit back."""
-        sent = link.queue_bindings.qos0_sent
+        sent = conn.queue_bindings.qos0_sent
         if sent:
-            link.queue_bindings.qos0_sent = []
+            conn.queue_bindings.qos0_sent = []
             for subscription in sent:
                 if subscription.handle is not None:
                     subscription.handle.add_credit(1)
 
-    async def detach(self, link: Link) -> None:
+    async def detach(self, conn: MqttConn) -> None:
         """The connection is gone: its held deliveries become available to other consumers at once."""
-        bindings = link.queue_bindings
+        bindings = conn.queue_bindings
         subscriptions = list(bindings.subscriptions.values())
         bindings.subscriptions.clear()
         bindings.deliveries.clear()

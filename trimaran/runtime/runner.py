@@ -259,14 +259,17 @@ class Runner:
         self._timer_at = math.inf
         now = time.monotonic()
         heap = self._heap
+        due: list[Conn] = []
         while heap and heap[0][0] <= now:
             at, _, conn = heapq.heappop(heap)
-            if conn.state == GONE or conn.scheduled != at:
-                continue  # gone, or a stale entry of a deadline that moved
-            conn.scheduled = None
+            if conn.state != GONE and conn.scheduled == at:  # else gone, or a deadline that moved
+                conn.scheduled = None
+                due.append(conn)
+        for conn in due:
             deadline = conn.next_deadline()
             if deadline is not None and deadline <= now:
                 conn.tick(now)
+            # A deadline still due (the close it caused is under way) is looked at in the next round.
             self.watch_deadline(conn)
         if heap:
             self._arm(heap[0][0])

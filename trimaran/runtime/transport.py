@@ -21,7 +21,7 @@ import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from trimaran.runtime.machine import Machine
 
@@ -46,7 +46,8 @@ class Hull(Protocol):
         ...
 
     def written(self) -> None:
-        """The runtime has just handed this connection's queued bytes to the socket."""
+        """The runtime has just handed this connection's queued bytes (if any) to the socket: once per
+        loop iteration in which the connection read or was given something to send."""
         ...
 
     def shutdown(self) -> None:
@@ -134,8 +135,14 @@ class Conn(asyncio.Protocol):
     # -- asyncio.Protocol ---------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not subclasses of asyncio.Transport, but have its methods.
+        self.transport = cast(asyncio.Transport, transport)
+        try:
+            self._admit(self.transport)
+        except Exception as exc:
+            self.crash(exc)
+
+    def _admit(self, transport: asyncio.Transport) -> None:
         address = transport.get_extra_info("peername")
         if isinstance(address, tuple):
             self.peer_host = str(address[0])
@@ -361,11 +368,11 @@ class Conn(asyncio.Protocol):
             self.bytes_out += len(data)
             transport.write(data)
             self.runner.memory_changed(self)
-            try:
-                hull.written()
-            except Exception as exc:
-                self.crash(exc)
-                return
+        try:
+            hull.written()
+        except Exception as exc:
+            self.crash(exc)
+            return
         if self.state == OPEN and (hull.machine.closed or self._peer_eof):
             self._begin_close()
         self.runner.watch_deadline(self)

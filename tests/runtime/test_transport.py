@@ -1,0 +1,157 @@
+"""The runtime's connection in-process: event order, batched writes, crash isolation, the close."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.support.runtime import LineHull, LineMachine, Wire, cuts, running, settle
+from trimaran.runtime.runner import Runner, RuntimeLimits
+from trimaran.runtime.transport import Conn, Hull
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class Hulls:
+    def __init__(self) -> None:
+        self.made: list[LineHull] = []
+
+    def __call__(self, io: Conn, first: bytes) -> Hull:
+        hull = LineHull(io)
+        self.made.append(hull)
+        return hull
+
+
+async def test_same_events_and_output_however_the_bytes_are_cut() -> None:
+    stream = b"one\ntwo\nclose\nthree\n"
+    outcomes = set()
+    for chunks in cuts(stream):
+        hulls = Hulls()
+        wire = Wire(Runner(), hulls)
+        await wire.feed(chunks)
+        outcomes.add((tuple(hulls.made[0].seen), wire.transport.take()))
+    assert outcomes == {((b"one", b"two", b"close"), b"ONE\nTWO\nBYE\nCLOSE\n")}
+
+
+async def test_writes_are_batched_per_loop_iteration() -> None:
+    hulls = Hulls()
+    wire = Wire(Runner(), hulls)
+    writes: list[bytes] = []
+    original = wire.transport.write
+    wire.transport.write = lambda data: (writes.append(bytes(data)), original(data))  # type: ignore[method-assign]
+    wire.conn.data_received(b"a\nb\n")
+    wire.conn.data_received(b"c\n")
+    await settle()
+    assert writes == [b"A\nB\nC\n"]
+
+
+async def test_a_bug_in_the_hull_closes_only_its_connection(caplog: pytest.LogCaptureFixture) -> None:
+    hulls = Hulls()
+    async with running() as runner:
+        broken, healthy = Wire(runner, hulls), Wire(runner, hulls, peer=("127.0.0.2", 1))
+        await broken.feed([b"boom\n"])
+        await healthy.feed([b"fine\n"])
+        assert broken.transport.aborted
+        assert hulls.made[0].finished
+        assert healthy.transport.take() == b"FINE\n" and not healthy.transport.closed
+    assert runner.stats.crashes == 1
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "127.0.0.1:40000" in warnings[0].getMessage()
+    assert "a bug in the hull" in warnings[0].getMessage()
+
+
+async def test_close_half_closes_then_lingers_until_the_peer_closes() -> None:
+    hulls = Hulls()
+    async with running() as runner:
+        wire = Wire(runner, hulls)
+        await wire.feed([b"close\n"])
+        assert wire.transport.take() == b"BYE\nCLOSE\n"
+        assert wire.transport.eof_written and not wire.transport.closed
+        await wire.feed([b"late bytes are read and dropped\n"])
+        assert not wire.transport.closed and hulls.made[0].seen == [b"close"]
+        await wire.eof()
+        assert wire.transport.closed and hulls.made[0].finished
+
+
+async def test_machine_deadline_ticks() -> None:
+    machine = LineMachine(deadline=time.monotonic() + 0.05)
+    runner = Runner()
+    wire = Wire(runner, lambda io, first: LineHull(io, machine))
+    await settle()
+    assert not machine.ticks
+    for _ in range(50):
+        await settle()
+        if machine.closed:
+            break
+    assert machine.ticks and wire.transport.take() == b"TIMEOUT\n"
+
+
+async def test_a_silent_connection_is_dropped_at_the_handshake_deadline() -> None:
+    runner = Runner(RuntimeLimits(handshake_timeout_s=0.05))
+    wire = Wire(runner, lambda io, first: None)  # never recognises a protocol
+    for _ in range(50):
+        await settle()
+        if wire.transport.closed:
+            break
+    assert wire.transport.closed and not runner.conns
+
+
+async def test_connection_limits_refuse_and_count() -> None:
+    runner = Runner(RuntimeLimits(max_connections=3, max_connections_per_address=2))
+    hulls = Hulls()
+    wires = [Wire(runner, hulls, peer=("10.0.0.1", i)) for i in range(3)]
+    assert [w.transport.aborted for w in wires] == [False, False, True]
+    other = Wire(runner, hulls, peer=("10.0.0.2", 1))
+    assert not other.transport.aborted
+    full = Wire(runner, hulls, peer=("10.0.0.3", 1))
+    assert full.transport.aborted
+    assert runner.stats.refused == {"max_connections_per_address": 1, "max_connections": 1}
+    await settle()
+
+
+async def test_accept_rate_per_address() -> None:
+    runner = Runner(RuntimeLimits(accept_rate_per_address=1.0, accept_burst_per_address=2))
+    hulls = Hulls()
+    wires = [Wire(runner, hulls, peer=("10.0.0.1", i)) for i in range(3)]
+    assert [w.transport.aborted for w in wires] == [False, False, True]
+    assert runner.stats.refused == {"accept_rate_per_address": 1}
+    await settle()
+
+
+async def test_memory_watermark_pauses_and_resumes_publishers() -> None:
+    runner = Runner(RuntimeLimits(memory_high_watermark=1000, memory_low_watermark=100))
+    hulls = Hulls()
+    publisher, reader = Wire(runner, hulls), Wire(runner, hulls, peer=("127.0.0.2", 1))
+    publisher.conn.publisher = True
+    reader.transport.buffered = 5000  # a slow reader: its socket buffer holds 5000 bytes
+    await reader.feed([b"x\n"])
+    assert runner.memory.blocked
+    assert not publisher.transport.reading and reader.transport.reading
+    assert hulls.made[0].blocks == [True]
+    reader.transport.buffered = 0
+    reader.conn.resume_writing()
+    assert not runner.memory.blocked and publisher.transport.reading
+    assert hulls.made[0].blocks == [True, False]
+
+
+async def test_shutdown_closes_every_hull_its_protocols_way() -> None:
+    runner = Runner()
+    hulls = Hulls()
+    wires = [Wire(runner, hulls, peer=("127.0.0.1", i)) for i in range(3)]
+    await settle()
+    # The runner waits until each connection is gone; the fake peers close once told.
+    import anyio
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(runner.shutdown)
+        await settle()
+        for wire in wires:
+            assert wire.transport.take() == b"SHUTDOWN\n"
+            await wire.eof()
+    assert not runner.conns

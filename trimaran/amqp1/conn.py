@@ -1,0 +1,206 @@
+"""One AMQP 1.0 connection on the connection runtime: its machine, its links, and the queue
+publishes waiting for their commit.
+
+This is the runtime's ``Hull`` for AMQP 1.0. The runtime feeds the machine and hands each event to
+``handle`` (the front end's "events <-> deck" code) before the machine reads the next frame; what
+the machine queues for the peer is written once per loop iteration. Calls on the machine made
+outside an event (a delivery from a queue or the router, a commit completing, a kick) end with
+``io.wake()`` (bytes only) or ``io.pump()`` (the call may have produced events).
+
+Dispositions of queue publishes leave in arrival order after the commit: each publish is a
+:class:`PendingSettle`; the commit callback marks it done and, once per batch of callbacks, the
+done ones at the head are settled (consecutive accepted deliveries of a link as one range).
+While publishes wait, the machine holds back a detach, end or close read behind them, so their
+dispositions reach the peer before the link, session or connection goes, however the bytes were
+cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING
+
+from trimaran.amqp1.connection import ServerConnection
+from trimaran.amqp1.link import Link
+from trimaran.amqp1.performatives import CONNECTION_FORCED, ROLE_RECEIVER, Accepted, Error, Rejected
+
+if TYPE_CHECKING:
+    from trimaran.amqp1.handler import Amqp1FrontEnd
+    from trimaran.amqp1.links import InLink, OutLink
+    from trimaran.broker.clients import ClientInfo
+    from trimaran.runtime.transport import Conn
+
+
+class PendingSettle:
+    """One queue publish waiting for its commit; its disposition leaves in arrival order."""
+
+    __slots__ = ("delivery_id", "done", "error", "inlink", "settled")
+
+    def __init__(self, inlink: InLink, delivery_id: int, settled: bool) -> None:
+        self.inlink = inlink
+        self.delivery_id = delivery_id
+        self.settled = settled  # pre-settled: no disposition, but the credit comes back
+        self.done = False
+        self.error: Error | None = None
+
+
+class Amqp1Conn:
+    """The per-connection state the front end acts on; implements the runtime's ``Hull``."""
+
+    __slots__ = (
+        "_ack_scheduled",
+        "_bytes_in",
+        "_bytes_out",
+        "_machine",
+        "client",
+        "container_id",
+        "front",
+        "inlinks",
+        "io",
+        "link_credit",
+        "outlinks",
+        "peer",
+        "pending",
+        "publishing_blocked",
+        "user",
+    )
+
+    def __init__(self, front: Amqp1FrontEnd, io: Conn, machine: ServerConnection, link_credit: int) -> None:
+        self.front = front
+        self.io = io
+        self._machine = machine
+        self.peer = io.peer
+        self.link_credit = link_credit  # the window of publishes a sending link may have open
+        self.container_id = "?"
+        self.user: str | None = None
+        self.client: ClientInfo | None = None
+        self.outlinks: dict[Link, OutLink] = {}
+        self.inlinks: dict[Link, InLink] = {}
+        self.pending: deque[PendingSettle] = deque()
+        self.publishing_blocked = False  # memory above the high-water mark: no new link credit
+        self._ack_scheduled = False
+        self._bytes_in = 0
+        self._bytes_out = 0
+
+    # -- the runtime's Hull ---------------------------------------------------------------------
+
+    @property
+    def machine(self) -> ServerConnection:
+        return self._machine
+
+    def handle(self, event: object) -> Awaitable[None] | None:
+        return self.front.dispatch(self, event)  # type: ignore[arg-type]
+
+    def written(self) -> None:
+        self._count_bytes()
+
+    def shutdown(self) -> None:
+        self._machine.close(Error(condition=CONNECTION_FORCED, description="server shutting down"))
+
+    def blocked(self, on: bool) -> None:
+        self.publishing_blocked = on
+        if not on:
+            for inlink in list(self.inlinks.values()):
+                self.refill(inlink)
+
+    async def finish(self) -> None:
+        self._count_bytes()
+        await self.front.finished(self)
+
+    # -- calls from outside an event ----------------------------------------------------------
+
+    def close(self, error: Error) -> None:
+        """Server-initiated close (a kick): close frame after what is queued, then the socket."""
+        self._machine.close(error)
+        self.io.pump()
+
+    # -- publishes waiting for their commit ---------------------------------------------------
+
+    def waiting(self, inlink: InLink, delivery_id: int, settled: bool) -> PendingSettle:
+        pending = PendingSettle(inlink, delivery_id, settled)
+        inlink.inflight += 1
+        self.pending.append(pending)
+        # A detach, end or close read behind this publish waits for its disposition.
+        self._machine.hold_closing = True
+        return pending
+
+    def committed(self, pending: PendingSettle) -> None:
+        """The publish is committed (or failed, ``pending.error``). Commit callbacks of one batch
+        run back to back: the dispositions go once, after the last of them."""
+        pending.done = True
+        if self.pending and self.pending[0].done and not self._ack_scheduled:
+            self._ack_scheduled = True
+            asyncio.get_running_loop().call_soon(self._acknowledge)
+
+    def _acknowledge(self) -> None:
+        self._ack_scheduled = False
+        try:
+            self.acknowledge_in_order()
+        except Exception as exc:
+            self.io.crash(exc)
+            return
+        if self.pending:
+            self.io.wake()
+        else:
+            self._machine.hold_closing = False
+            self.io.pump()  # a detach, end or close that waited for these dispositions
+
+    def acknowledge_in_order(self) -> None:
+        """Dispositions for the committed publishes at the head, in arrival order: a run of
+        consecutive accepted deliveries of one link goes as one ranged disposition."""
+        pending = self.pending
+        amqp = self._machine
+        run_link: Link | None = None
+        run_first = run_last = 0
+        refill: dict[InLink, None] = {}
+        while pending and pending[0].done:
+            item = pending.popleft()
+            inlink = item.inlink
+            inlink.inflight -= 1
+            link = inlink.link
+            if not link.is_open or amqp.closed:
+                continue
+            refill[inlink] = None
+            if item.settled:
+                continue
+            did = item.delivery_id
+            if item.error is None:
+                if run_link is link and did == run_last + 1:
+                    run_last = did
+                    continue
+                if run_link is not None and run_link.is_open:
+                    amqp.settle_range(run_link.session, ROLE_RECEIVER, run_first, run_last, Accepted())
+                run_link, run_first, run_last = link, did, did
+            else:
+                if run_link is not None and run_link.is_open:
+                    amqp.settle_range(run_link.session, ROLE_RECEIVER, run_first, run_last, Accepted())
+                run_link = None
+                amqp.settle(link, did, Rejected(error=item.error))
+        if run_link is not None and run_link.is_open and not amqp.closed:
+            amqp.settle_range(run_link.session, ROLE_RECEIVER, run_first, run_last, Accepted())
+        if amqp.closed:
+            return
+        for inlink in refill:
+            self.refill(inlink)
+
+    def refill(self, inlink: InLink) -> None:
+        """Top the sending peer's credit up to the window less the publishes still in flight,
+        in steps of half the window; none while memory is above the high-water mark."""
+        link = inlink.link
+        if not link.is_open or self.publishing_blocked:
+            return
+        window = self.link_credit
+        room = window - inlink.inflight
+        if room > 0 and (room - link.credit >= window // 2 or link.credit == 0):
+            self._machine.grant_credit(link, room)
+            self.io.wake()
+
+    def _count_bytes(self) -> None:
+        stats = self.front.broker.stats
+        io = self.io
+        stats.bytes_received += io.bytes_in - self._bytes_in
+        stats.bytes_sent += io.bytes_out - self._bytes_out
+        self._bytes_in = io.bytes_in
+        self._bytes_out = io.bytes_out

@@ -1,0 +1,96 @@
+"""One MQTT network connection as the runtime's hull: the machine, the runtime's I/O handle, and the
+session endpoint and queue bindings it serves while connected."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from trimaran.mqtt.connection import ServerConnection
+from trimaran.mqtt.queues import ConnQueues
+from trimaran.mqtt.reason_codes import ReasonCode
+from trimaran.runtime.machine import Machine
+from trimaran.runtime.transport import Conn
+
+if TYPE_CHECKING:
+    from trimaran.broker.clients import ClientInfo
+    from trimaran.mqtt.handler import MqttEndpoint, MqttFrontEnd
+
+
+class MqttConn:
+    __slots__ = (
+        "client",
+        "counted_in",
+        "counted_out",
+        "endpoint",
+        "front",
+        "io",
+        "machine",
+        "mqtt",
+        "queue_bindings",
+        "shutting_down",
+    )
+
+    def __init__(self, front: MqttFrontEnd, mqtt: ServerConnection, io: Conn, machine: Machine | None = None):
+        self.front = front
+        self.mqtt = mqtt
+        # What the runtime feeds: the MQTT machine itself, or a WebSocket machine around it.
+        self.machine: Machine = mqtt if machine is None else machine
+        self.io = io
+        self.endpoint: MqttEndpoint | None = None
+        self.client: ClientInfo | None = None  # in the broker's client registry while connected
+        self.queue_bindings = ConnQueues()
+        self.shutting_down = False  # a server shutdown closes it: no will
+        self.counted_in = self.counted_out = 0  # the runtime's byte counts already in the broker's stats
+
+    @property
+    def peer(self) -> str:
+        return self.io.peer
+
+    # -- the runtime's Hull --------------------------------------------------------------------------
+
+    def handle(self, event: object) -> None:
+        self.front.handle(self, event)
+
+    def written(self) -> None:
+        self._count_bytes()
+        queues = self.front.queues
+        if queues is not None:
+            queues.after_events(self)  # queue credit given back once per batch, not per packet
+            queues.after_write(self)
+
+    def shutdown(self) -> None:
+        """The server stops: 5.0 clients get DISCONNECT 0x8B; wills are not published."""
+        self.shutting_down = True
+        self.mqtt.disconnect(ReasonCode.SERVER_SHUTTING_DOWN, "server shutting down")
+
+    def blocked(self, on: bool) -> None:
+        """MQTT has no way to say so: the runtime simply stops reading the socket."""
+
+    async def finish(self) -> None:
+        self._count_bytes()
+        front = self.front
+        front.closed(self)
+        if front.queues is not None:
+            await front.queues.detach(self)
+
+    def _count_bytes(self) -> None:
+        """The broker's byte counters, brought up to date once per flush rather than per read."""
+        io, stats = self.io, self.front.broker.stats
+        stats.bytes_received += io.bytes_in - self.counted_in
+        stats.bytes_sent += io.bytes_out - self.counted_out
+        self.counted_in, self.counted_out = io.bytes_in, io.bytes_out
+
+    # -- what the front end and the queues call ------------------------------------------------------
+
+    def wake(self) -> None:
+        self.io.wake()
+
+    def spawn(self, job: Callable[[], Coroutine[Any, Any, object]]) -> None:
+        """Run a coroutine for this connection in the runtime's task group."""
+        self.io.spawn(job)
+
+    def close(self, reason_code: int, reason: str) -> None:
+        """Server-initiated close: DISCONNECT (5.0) after what is queued, then the socket."""
+        self.mqtt.disconnect(reason_code, reason)
+        self.io.pump()

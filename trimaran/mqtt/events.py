@@ -1,0 +1,91 @@
+"""What the MQTT machine hands the hull, one packet at a time (``ServerConnection.next_event()``)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from trimaran.mqtt.packets import Connect, Publish, SubscriptionOptions
+from trimaran.mqtt.session import OutboundMessage
+
+
+@dataclass(slots=True)
+class ConnectRequest:
+    """A valid CONNECT. Answer with `accept()` or `reject()`; nothing else is read until then."""
+
+    connect: Connect
+    client_id: str  # the client's id, or the one assigned for an empty id
+    client_id_assigned: bool
+    keep_alive: int  # effective keep alive (after Server Keep Alive)
+    session_expiry_interval: int  # requested, seconds (capped; 0xFFFFFFFF = never)
+
+
+@dataclass(slots=True)
+class PublishReceived:
+    """A PUBLISH from the client, topic alias resolved. For QoS 1/2 call `ack_publish(packet_id)`."""
+
+    publish: Publish
+
+
+@dataclass(slots=True)
+class SubscribeRequest:
+    """A SUBSCRIBE. `preset[i]` is a failure code the machine already decided for filter i (invalid,
+    shared or wildcard not supported) or None; `existed[i]` tells whether the session already had that
+    filter (for Retain Handling 1). Answer with `send_suback(packet_id, codes)`."""
+
+    packet_id: int
+    subscriptions: list[tuple[str, SubscriptionOptions]]
+    subscription_identifier: int | None
+    user_properties: list[tuple[str, str]]
+    preset: list[int | None]
+    existed: list[bool]
+
+
+@dataclass(slots=True)
+class UnsubscribeReceived:
+    """An UNSUBSCRIBE, already answered and removed from the session; update the router."""
+
+    packet_id: int
+    topic_filters: list[str]
+    existed: list[bool]
+
+
+@dataclass(slots=True)
+class MessageAcked:
+    """An outbound QoS 1/2 delivery finished: PUBACK, PUBCOMP, or a PUBREC with an error code."""
+
+    packet_id: int
+    message: OutboundMessage
+    reason_code: int
+
+
+@dataclass(slots=True)
+class MessageDropped:
+    """An outbound message was not sent: larger than the client's Maximum Packet Size, or queue full.
+    Per spec a too large QoS 1/2 message counts as delivered."""
+
+    message: OutboundMessage
+    reason: str
+
+
+@dataclass(slots=True)
+class ConnectionClosed:
+    """The connection is over: flush `data_to_send()` and close the socket."""
+
+    reason_code: int
+    reason: str
+    by_client: bool  # the client sent DISCONNECT or closed the socket
+    publish_will: bool
+
+
+Event = (
+    ConnectRequest
+    | PublishReceived
+    | SubscribeRequest
+    | UnsubscribeReceived
+    | MessageAcked
+    | MessageDropped
+    | ConnectionClosed
+)
+
+Events = deque[Event]

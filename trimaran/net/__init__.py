@@ -1,0 +1,1 @@
+"""The network edge: listeners, TLS and WebSocket under the connection runtime."""
