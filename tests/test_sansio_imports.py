@@ -21,6 +21,7 @@ SANS_IO = [
     "mqtt/properties.py",
     "mqtt/reason_codes.py",
     "mqtt/connection.py",
+    "mqtt/events.py",
     "mqtt/session.py",
     "amqp091/spec.py",
     "amqp091/fields.py",
