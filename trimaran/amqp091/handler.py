@@ -82,7 +82,6 @@ class Amqp091FrontEnd:
         self.conns: set[Amqp091Conn] = set()
         self.ops = Operations(self)
         self._collecting: Pending | None = None
-        self._drained: anyio.Event | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -93,16 +92,6 @@ class Amqp091FrontEnd:
         while True:
             await anyio.sleep(HOUSEKEEPING_INTERVAL)
             await self.ops.expire_queues(time.monotonic())
-
-    async def shutdown(self) -> None:
-        """Close every connection with 320 CONNECTION_FORCED and wait (a while) for them to go.
-        The runtime's own shutdown does the same through each hull's ``shutdown()``."""
-        for conn in list(self.conns):
-            conn.kick(spec.CONNECTION_FORCED, "CONNECTION_FORCED - broker forced connection closure")
-        if self.conns:
-            self._drained = anyio.Event()
-            with anyio.move_on_after(self.config.handshake_timeout):
-                await self._drained.wait()
 
     # -- connections ------------------------------------------------------------------------------
 
@@ -140,8 +129,6 @@ class Amqp091FrontEnd:
                 conn.client = None
         finally:
             self.conns.discard(conn)
-            if self._drained is not None and not self.conns:
-                self._drained.set()
 
     async def close_channel(self, conn: Amqp091Conn, number: int) -> None:
         channel = conn.channels.pop(number, None)
