@@ -11,7 +11,7 @@ import pytest
 from tests.support.amqp091 import running
 from tests.support.runtime import Wire, settle
 from trimaran.amqp091 import spec
-from trimaran.amqp091.frames import NEED_DATA, FrameDecoder, MethodFrame, encode_method
+from trimaran.amqp091.frames import NEED_DATA, FrameDecoder, MethodFrame, encode_content, encode_method
 from trimaran.amqp091.mapping import message_from_content
 from trimaran.amqp091.properties import BasicProperties
 from trimaran.broker.message import Message
@@ -140,3 +140,34 @@ def _message(queue: str) -> Message:
     return message_from_content(
         BasicProperties(), b"payload", f"$queue/{queue}", exchange="", routing_key=queue, publisher_id="t"
     )
+
+
+async def test_a_refused_tx_commit_holds_back_no_other_confirm(tmp_path: Path) -> None:
+    """tx.commit of a publish to a missing exchange closes its channel (404); confirms on another
+    channel and the close-ok after them still go out."""
+    publish = spec.BasicPublish(exchange="nope", routing_key="k")
+    confirmed = spec.BasicPublish(routing_key="q")
+    async with running(tmp_path) as deck:
+        wire = Wire(deck.runner, deck.open)
+        await wire.feed(
+            [
+                hello(),
+                encode_method(2, spec.ChannelOpen()),
+                encode_method(2, spec.QueueDeclare(queue="q", durable=True)),
+                encode_method(1, spec.TxSelect()),
+                encode_content(1, publish, BasicProperties(), b"lost", 131072),
+                encode_method(1, spec.TxCommit()),
+                encode_method(2, spec.ConfirmSelect()),
+                encode_content(2, confirmed, BasicProperties(), b"kept", 131072),
+                encode_method(0, spec.ConnectionClose(200, "", 0, 0)),
+            ]
+        )
+        with anyio.fail_after(5):
+            while not wire.transport.eof_written:
+                await anyio.sleep(0.005)
+        got = methods(wire.transport.take())
+        closes = [m for ch, m in got if ch == 1 and isinstance(m, spec.ChannelClose)]
+        assert closes and closes[0].reply_code == spec.NOT_FOUND
+        assert got[-2:] == [(2, spec.BasicAck(1, False)), (0, spec.ConnectionCloseOk())]
+        assert deck.contents("q") == [b"kept"]
+        await wire.eof()

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FORCED = "CONNECTION_FORCED - broker forced connection closure"
+#: At most this long, close-ok waits for the confirms of the publishes before the close.
+CONFIRM_WAIT_S = 5.0
 
 
 class Pending:
@@ -141,6 +143,12 @@ class Amqp091Conn:
         self.pending.append(entry)
         return entry
 
+    def drop_confirm(self, entry: Pending) -> None:
+        """A publish (or tx.commit) refused before it was routed: nothing to confirm, nothing after
+        it waits for it."""
+        self.pending.remove(entry)
+        self.confirm_ready()
+
     def confirm_ready(self) -> None:
         """Send every confirm whose commits are done and that has none left before it. Acks on a
         channel in a row go as one ``multiple`` ack."""
@@ -169,7 +177,8 @@ class Amqp091Conn:
         """Wait until every pending confirm has been sent (before close-ok answers a close)."""
         if self.pending:
             self._confirmed = anyio.Event()
-            await self._confirmed.wait()
+            with anyio.move_on_after(CONFIRM_WAIT_S):  # commits always report; this is a backstop
+                await self._confirmed.wait()
 
     def _flush_ack(self, acks: dict[ChannelState, tuple[int, int]], channel: ChannelState) -> None:
         got = acks.pop(channel, None)

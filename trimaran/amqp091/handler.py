@@ -343,7 +343,7 @@ class Amqp091FrontEnd:
             self.publish(conn, channel, method, event.properties, event.body, entry)
         except spec.ProtocolError as exc:
             if entry is not None:
-                conn.pending.remove(entry)
+                conn.drop_confirm(entry)
             _later(conn, self.refuse(conn, event.channel, exc))
             return
         if entry is not None:

@@ -197,7 +197,7 @@ class Operations:
             if channel.consumers.get(consumer.tag) is consumer:
                 del channel.consumers[consumer.tag]
                 caps = channel.conn.machine.client_capabilities
-                if caps.get("consumer_cancel_notify") is True:
+                if caps.get("consumer_cancel_notify") is True and not channel.closed:
                     channel.conn.machine.send_method(channel.number, spec.BasicCancel(consumer.tag, True))
                     channel.conn.wake()
             for tag, (holder, _) in list(channel.unacked.items()):
@@ -562,8 +562,12 @@ class Operations:
         publishes, channel.tx_publishes = channel.tx_publishes, []
         acks, channel.tx_acks = channel.tx_acks, []
         entry = conn.begin_confirm(channel, 0, spec.TxCommitOk())
-        for method, props, body in publishes:
-            self.front.publish(conn, channel, method, props, body, entry)
+        try:
+            for method, props, body in publishes:
+                self.front.publish(conn, channel, method, props, body, entry)
+        except spec.ProtocolError:
+            conn.drop_confirm(entry)  # the channel closes; its commit-ok will never be sent
+            raise
         for settle in acks:
             try:
                 settle()
