@@ -669,7 +669,8 @@ class QueueManager:
         """``publish`` without a task per message, for front ends that must not stall per publish.
 
         ``done(result, error)`` runs on the loop once the message is committed (``error``: the write
-        failed); the returned writer ticket can be awaited instead. ``None``: an in-memory queue, where
+        failed); without ``done``, the returned writer ticket can be awaited instead (with it, the
+        ticket has no event: no wake-up object per message). ``None``: an in-memory queue, where
         the message is appended (and ``done`` has run) already. Refusals raise :class:`QueueError` at
         once; so does a durable queue on a shared node (reason ``shared``: its offsets come from an
         awaited reservation, use ``publish``).
@@ -696,7 +697,7 @@ class QueueManager:
                 done(result, None if error is None else QueueError("storage", str(error)))
 
         try:
-            ticket = self.writer.submit(batch, wait=True, on_commit=committed, on_results=finished)
+            ticket = self.writer.submit(batch, wait=done is None, on_commit=committed, on_results=finished)
         except WriterError as exc:
             state.inflight -= 1
             raise QueueError("storage", str(exc)) from exc
