@@ -273,8 +273,8 @@ class ConsumerHandle:
 
     def release_nowait(self, offset: int) -> bool:
         """Give back a delivery the consumer never sent (its channel closed as it was handed over):
-        the attempt does not count, so the next delivery is not a redelivery. Set the credit to 0
-        first, or it comes straight back."""
+        the next delivery is not flagged redelivered for it. Set the credit to 0 first, or it comes
+        straight back."""
         return self.manager._settle_now(
             self.queue, self.group, offset, "release", self, None, None, "unsent", wait=False
         )[0]
@@ -1074,13 +1074,14 @@ class QueueManager:
             self._timed.add((state, group))
             self._pending_row(state, group, offset, entry, batch)
         handle.credit -= 1
+        unsent = entry.unsent if entry is not None else 0
         return QueueDelivery(
             stored.message,
             state.name,
             offset,
             group.name,
             attempt,
-            attempt > 1,
+            attempt - unsent > 1,
             message_id(state.name, offset),
         )
 
@@ -1247,10 +1248,11 @@ class QueueManager:
             return False, None
         cid = entry.consumer_id
         if action == "release":
+            # The attempt stays counted (the journal shows the delivery and its release), but the
+            # next delivery is not flagged redelivered for it.
             self._released_event(state, group, offset, entry, reason, now, batch)
-            entry.attempts = max(0, entry.attempts - 1)
-            again = entry.reason if entry.attempts else "first"
-            self._make_available(state, group, offset, entry, again, now, now, batch)
+            entry.unsent += 1
+            self._make_available(state, group, offset, entry, reason, now, now, batch)
             ticket = self._submit(batch, after, wait)
             self._dispatch(state, group)
             return True, ticket
