@@ -146,3 +146,47 @@ def test_queue_declare_equivalence(port: int) -> None:
             channel.queue_declare("mine")  # its own connection, another exclusive flag
         assert caught.value.reply_code == 405
         assert connection.channel().queue_declare("mine", exclusive=True).method.queue == "mine"
+
+
+def test_direct_reply_to(port: int) -> None:
+    """RPC over amq.rabbitmq.reply-to: the requester consumes the pseudo-queue (no-ack), publishes
+    with reply_to set to it; the server's reply reaches the requester's channel without a queue."""
+    with connect(port) as client, connect(port) as server:
+        requests = server.channel()
+        requests.queue_declare("rpc")
+        caller = client.channel()
+        assert caller.queue_declare("amq.rabbitmq.reply-to", passive=True).method.message_count == 0
+        replies: list[tuple[bytes, str | None]] = []
+        caller.basic_consume(
+            "amq.rabbitmq.reply-to",
+            lambda _ch, _m, props, body: replies.append((body, props.correlation_id)),
+            auto_ack=True,
+        )
+        caller.basic_publish(
+            "", "rpc", b"2+2", pika.BasicProperties(reply_to="amq.rabbitmq.reply-to", correlation_id="c1")
+        )
+        method, props, body = None, None, b""
+        for _ in range(50):
+            method, props, body = requests.basic_get("rpc", auto_ack=True)
+            if method is not None:
+                break
+            server.sleep(0.02)
+        assert body == b"2+2" and props.reply_to.startswith("amq.rabbitmq.reply-to.")
+        requests.basic_publish(
+            "", props.reply_to, b"4", pika.BasicProperties(correlation_id=props.correlation_id)
+        )
+        for _ in range(50):
+            client.process_data_events(time_limit=0.05)
+            if replies:
+                break
+        assert replies == [(b"4", "c1")]
+
+
+def test_reply_to_without_a_reply_consumer_is_refused(port: int) -> None:
+    with connect(port) as connection:
+        channel = connection.channel()
+        channel.queue_declare("rpc2")
+        channel.basic_publish("", "rpc2", b"x", pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"))
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+            channel.queue_declare("rpc2", passive=True)
+        assert caught.value.reply_code == 406

@@ -95,6 +95,8 @@ class ChannelState:
         "number",
         "prefetch",
         "publish_seq",
+        "reply_tag",
+        "reply_token",
         "tx",
         "tx_acks",
         "tx_publishes",
@@ -119,6 +121,9 @@ class ChannelState:
         self.tx_acks: list[Callable[[], None]] = []
         self.last_queue = ""
         self.closed = False  # the channel is gone; its consumers are being released
+        #: Direct reply-to: the consumer tag on amq.rabbitmq.reply-to and the channel's token.
+        self.reply_tag = ""
+        self.reply_token: str | None = None
         self._window = window
 
     # -- delivering -------------------------------------------------------------------------------

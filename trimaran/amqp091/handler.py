@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import replace
 from typing import Any, Final
 
 import anyio
@@ -42,7 +43,7 @@ from trimaran.amqp091.events import (
 )
 from trimaran.amqp091.exchanges import ExchangeError, ExchangeRegistry
 from trimaran.amqp091.mapping import MappingError, message_from_content
-from trimaran.amqp091.operations import Operations, _error
+from trimaran.amqp091.operations import REPLY_PREFIX, REPLY_TO, Operations, _error
 from trimaran.amqp091.properties import BasicProperties
 from trimaran.amqp091.queues import QueueMeta, RouterBinding
 from trimaran.broker.auth import Authenticator, AuthResult
@@ -82,6 +83,8 @@ class Amqp091FrontEnd:
         self.conns: set[Amqp091Conn] = set()
         self.ops = Operations(self)
         self._collecting: Pending | None = None
+        #: direct reply-to token -> the channel consuming its replies
+        self.reply_to: dict[str, ChannelState] = {}
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -133,7 +136,14 @@ class Amqp091FrontEnd:
     async def close_channel(self, conn: Amqp091Conn, number: int) -> None:
         channel = conn.channels.pop(number, None)
         if channel is not None:
+            self.forget_reply_to(channel)
             await self._release_channel(conn, channel)
+
+    def forget_reply_to(self, channel: ChannelState) -> None:
+        if channel.reply_token is not None:
+            self.reply_to.pop(channel.reply_token, None)
+            channel.reply_token = None
+            channel.reply_tag = ""
 
     async def _release_channel(self, conn: Amqp091Conn, channel: ChannelState) -> None:
         """What a closed channel held: its consumers, its queue-manager handles, its auto-delete queues."""
@@ -153,6 +163,7 @@ class Amqp091FrontEnd:
             if channel is None:
                 continue
             channel.closed = True
+            self.forget_reply_to(channel)
             if channel.consumers or channel.getters or channel.unacked:
                 held.append(channel)
             else:
@@ -360,6 +371,19 @@ class Amqp091FrontEnd:
     ) -> None:
         """Route one basic.publish; ``entry`` (a confirm or a tx.commit) waits for its commits."""
         exchange, key = method.exchange, method.routing_key
+        if not exchange and key.startswith(REPLY_PREFIX):
+            if not self._direct_reply(key, props, body) and method.mandatory:
+                conn.machine.send_content(
+                    channel.number, spec.BasicReturn(spec.NO_ROUTE, "NO_ROUTE", exchange, key), props, body
+                )
+                conn.wake()
+            return
+        if props.reply_to == REPLY_TO:
+            if channel.reply_token is None:
+                raise spec.ProtocolError(
+                    spec.PRECONDITION_FAILED, "fast reply consumer does not exist", class_id=60, method_id=40
+                )
+            props = replace(props, reply_to=REPLY_PREFIX + channel.reply_token)
         try:
             self.exchanges.check_publish(exchange)
             result = self.exchanges.route(exchange, key, props.headers)
@@ -405,6 +429,21 @@ class Amqp091FrontEnd:
                 channel.number, spec.BasicReturn(spec.NO_ROUTE, "NO_ROUTE", exchange, key), props, body
             )
             conn.wake()
+
+    def _direct_reply(self, key: str, props: BasicProperties, body: bytes) -> bool:
+        """A reply to a direct reply-to requester: straight to its channel (no queue, no ack).
+        False when the requester is gone (the reply is dropped, as RabbitMQ drops it)."""
+        channel = self.reply_to.get(key[len(REPLY_PREFIX) :])
+        if channel is None or channel.closed:
+            return False
+        tag = channel.next_tag
+        channel.next_tag = tag + 1
+        deliver = spec.BasicDeliver(channel.reply_tag, tag, False, "", key)
+        if not channel.conn.machine.send_content(channel.number, deliver, props, body):
+            return False
+        self.broker.stats.messages_sent += 1
+        channel.conn.wake()
+        return True
 
     def _to_queue(self, queue: str, message: Message, entry: Pending | None) -> bool:
         """Append to a queue; ``entry`` (if any) waits for the commit. False: the queue refused it."""

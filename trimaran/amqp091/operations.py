@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 VHOST = "/"
+#: Direct reply-to: consume here, publish with reply_to set to it; replies go to
+#: ``REPLY_TO + "." + token`` on the default exchange.
+REPLY_TO = "amq.rabbitmq.reply-to"
+REPLY_PREFIX = REPLY_TO + "."
 
 
 def _error(code: int, text: str, method: spec.Method) -> spec.ProtocolError:
@@ -328,6 +332,9 @@ class Operations:
     async def queue_declare(self, conn: Amqp091Conn, channel: ChannelState, m: spec.QueueDeclare) -> None:
         front = self.front
         name = m.queue or f"amq.gen-{secrets.token_urlsafe(16)}"
+        if name == REPLY_TO and m.passive:  # the direct reply-to pseudo-queue exists, always empty
+            self._reply(conn, channel, spec.QueueDeclareOk(name, 0, 0), m.no_wait)
+            return
         if m.queue.startswith("amq.") and not m.passive:
             raise _error(spec.ACCESS_REFUSED, f"queue name '{m.queue}' contains reserved prefix 'amq.*'", m)
         if self.manager.exists(name):
@@ -456,6 +463,9 @@ class Operations:
 
     def basic_consume(self, conn: Amqp091Conn, channel: ChannelState, m: spec.BasicConsume) -> None:
         front = self.front
+        if m.queue == REPLY_TO:
+            self._reply_consumer(conn, channel, m)
+            return
         name = self._queue_name(channel, m.queue, m)
         meta = self._existing(conn, name, m)
         tag = m.consumer_tag or f"amq.ctag-{secrets.token_urlsafe(16)}"
@@ -488,7 +498,26 @@ class Operations:
         self._reply(conn, channel, spec.BasicConsumeOk(tag), m.no_wait)
         channel.refill(consumer)  # deliveries start after consume-ok
 
+    def _reply_consumer(self, conn: Amqp091Conn, channel: ChannelState, m: spec.BasicConsume) -> None:
+        """basic.consume on the direct reply-to pseudo-queue: replies to this channel's requests are
+        delivered straight to it, with no queue (RabbitMQ's rules: no-ack only, one per channel)."""
+        if not m.no_ack:
+            raise _error(spec.PRECONDITION_FAILED, "reply consumer cannot acknowledge", m)
+        if channel.reply_token is not None:
+            raise _error(spec.PRECONDITION_FAILED, "reply consumer already set", m)
+        tag = m.consumer_tag or f"amq.ctag-{secrets.token_urlsafe(16)}"
+        if tag in channel.consumers:
+            raise _error(spec.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", m)
+        token = secrets.token_urlsafe(18)
+        channel.reply_tag, channel.reply_token = tag, token
+        self.front.reply_to[token] = channel
+        self._reply(conn, channel, spec.BasicConsumeOk(tag), m.no_wait)
+
     async def basic_cancel(self, conn: Amqp091Conn, channel: ChannelState, m: spec.BasicCancel) -> None:
+        if channel.reply_token is not None and m.consumer_tag == channel.reply_tag:
+            self.front.forget_reply_to(channel)
+            self._reply(conn, channel, spec.BasicCancelOk(m.consumer_tag), m.no_wait)
+            return
         consumer = channel.consumers.pop(m.consumer_tag, None)
         if consumer is not None:
             self.front.forget_consumer(consumer)
