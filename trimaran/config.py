@@ -222,7 +222,9 @@ class Amqp091Settings(Section):
     channel_max: int = Field(2047, ge=1, le=65535)
     handshake_timeout: float = Field(10.0, gt=0, description="seconds from the header to connection.open")
     max_message_size: int = Field(128 * 1024 * 1024, ge=1)
-    prefetch_window: int = Field(1000, ge=1, description="credit per consumer when prefetch_count is 0")
+    prefetch_window: int = Field(
+        1000, ge=1, description="ignored: a consumer without basic.qos has no limit, as in RabbitMQ"
+    )
 
 
 class Amqp1Settings(Section):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from trimaran.amqp091 import spec
-from trimaran.amqp091.connection import Event, ServerConnection
+from trimaran.amqp091.connection import ServerConnection
+from trimaran.amqp091.events import Event
 from trimaran.amqp091.fields import FieldTable, encode_table_contents
 from trimaran.amqp091.frames import (
     NEED_DATA,
@@ -14,6 +15,7 @@ from trimaran.amqp091.frames import (
     encode_method,
 )
 from trimaran.amqp091.properties import BasicProperties
+from trimaran.runtime.machine import drain
 
 
 class Client:
@@ -26,7 +28,17 @@ class Client:
     # -- sending ---------------------------------------------------------------------------------
 
     def send(self, data: bytes) -> list[Event]:
-        return self.server.receive_data(data, self.now)
+        """Feed ``data`` and take every event it completes."""
+        self.server.receive_data(data, self.now)
+        return self.events()
+
+    def events(self) -> list[Event]:
+        """Every event the server has ready (also those its own calls caused)."""
+        return drain(self.server)  # type: ignore[return-value]
+
+    def tick(self, now: float) -> list[Event]:
+        self.server.tick(now)
+        return self.events()
 
     def method(self, channel: int, method: spec.Method) -> list[Event]:
         return self.send(encode_method(channel, method))

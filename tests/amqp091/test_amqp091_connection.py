@@ -4,7 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trimaran.amqp091 import spec
-from trimaran.amqp091.connection import (
+from trimaran.amqp091.connection import ConnectionState, ServerConnection
+from trimaran.amqp091.events import (
     AuthenticationRequested,
     ChannelClosed,
     ChannelFlowChanged,
@@ -12,7 +13,6 @@ from trimaran.amqp091.connection import (
     ConnectionClosed,
     ConnectionClosing,
     ConnectionOpened,
-    ConnectionState,
     ConnectionTuned,
     ContentReceived,
     Event,
@@ -20,7 +20,6 @@ from trimaran.amqp091.connection import (
     MethodReceived,
     ProtocolHeaderRejected,
     SecureOkReceived,
-    ServerConnection,
 )
 from trimaran.amqp091.frames import (
     HEARTBEAT_FRAME,
@@ -178,7 +177,8 @@ def test_malformed_credentials_close_with_403_when_client_supports_it(
 def test_rejected_login_without_capability_just_ends() -> None:
     c = Client()
     c.start()
-    events = c.server.reject_authentication("bad password")
+    c.server.reject_authentication("bad password")
+    events = c.events()
     assert events == [ConnectionClosed(spec.ACCESS_REFUSED, "ACCESS_REFUSED - bad password", 10, 11)]
     assert c.frames() == []
 
@@ -186,7 +186,8 @@ def test_rejected_login_without_capability_just_ends() -> None:
 def test_rejected_login_with_capability_sends_close() -> None:
     c = Client()
     c.start(client_properties={"capabilities": {"authentication_failure_close": True}})
-    events = c.server.reject_authentication("bad password")
+    c.server.reject_authentication("bad password")
+    events = c.events()
     assert_connection_closing(c, events, spec.ACCESS_REFUSED)
 
 
@@ -247,9 +248,9 @@ def test_vhost_refused_unless_configured() -> None:
     c.method(0, spec.ConnectionTuneOk(0, 4096, 0))
     assert_connection_closing(c, c.method(0, spec.ConnectionOpen("/other")), spec.NOT_ALLOWED)
 
-    c = Client(ServerConnection(virtual_hosts={"/", "/other"}))
+    c = Client(ServerConnection(virtual_hosts={"/", "/other"}, now=1000.0))
     assert ConnectionOpened("/other") in c.handshake(vhost="/other")
-    c = Client(ServerConnection(virtual_hosts=None))
+    c = Client(ServerConnection(virtual_hosts=None, now=1000.0))
     assert ConnectionOpened("anything") in c.handshake(vhost="anything")
     assert c.server.virtual_host == "anything"
 
@@ -268,7 +269,9 @@ def test_methods_out_of_order_during_handshake() -> None:
 
 
 def test_server_properties_override() -> None:
-    c = Client(ServerConnection(server_properties={"cluster_name": "x", "capabilities": {"extra": True}}))
+    c = Client(
+        ServerConnection(server_properties={"cluster_name": "x", "capabilities": {"extra": True}}, now=1000.0)
+    )
     c.send(spec.PROTOCOL_HEADER)
     ((_, start),) = c.methods()
     assert isinstance(start, spec.ConnectionStart)
@@ -292,6 +295,7 @@ def test_client_closes_connection() -> None:
 def test_server_closes_connection_then_only_close_ok_counts() -> None:
     c = opened()
     c.server.close(spec.CONNECTION_FORCED, "shutting down")
+    assert c.events() == [ConnectionClosing(320, "shutting down", 0, 0)]
     assert c.methods() == [(0, spec.ConnectionClose(320, "shutting down", 0, 0))]
     # Anything else is discarded, even garbage semantics.
     assert c.publish(1, b"late") == []
@@ -301,6 +305,18 @@ def test_server_closes_connection_then_only_close_ok_counts() -> None:
     events = c.method(0, spec.ConnectionCloseOk())
     assert events == [ConnectionClosed(320, "shutting down", 0, 0, by_peer=False)]
     assert c.server.send_method(1, spec.BasicAck()) is False
+
+
+def test_close_ok_follows_what_the_caller_sends_for_the_close_event() -> None:
+    c = opened()
+    c.server.receive_data(encode_method(0, spec.ConnectionClose(200, "bye", 0, 0)), c.now)
+    event = c.server.next_event()
+    assert event == ConnectionClosed(200, "bye", 0, 0, by_peer=True)
+    assert not c.server.closed  # close-ok not queued yet: a confirm may still go first
+    assert c.server.send_method(1, spec.BasicAck(1, False))
+    assert c.server.next_event() is None
+    assert c.server.closed
+    assert c.methods() == [(1, spec.BasicAck(1, False)), (0, spec.ConnectionCloseOk())]
 
 
 def test_crossing_connection_close() -> None:
@@ -315,17 +331,89 @@ def test_crossing_connection_close() -> None:
 def test_close_ok_timeout() -> None:
     c = opened()
     c.server.close(spec.CONNECTION_FORCED, "bye")
+    assert c.events() == [ConnectionClosing(320, "bye", 0, 0)]
     c.frames()
     deadline = c.server.next_deadline()
     assert deadline is not None
-    assert c.server.tick(deadline - 0.1) == []
-    assert c.server.tick(deadline) == [ConnectionClosed(320, "bye", 0, 0, by_peer=False)]
+    assert c.tick(deadline - 0.1) == []
+    assert c.tick(deadline) == [ConnectionClosed(320, "bye", 0, 0, by_peer=False)]
 
 
 def test_end_of_stream() -> None:
     c = opened()
-    (ev,) = c.send(b"")
+    c.server.receive_eof()
+    (ev,) = c.events()
     assert isinstance(ev, ConnectionClosed) and ev.by_peer
+    assert c.server.closed
+
+
+def test_end_of_stream_comes_after_the_frames_already_buffered() -> None:
+    c = opened()
+    c.server.receive_data(encode_method(1, spec.BasicQos(0, 5, False)), c.now)
+    c.server.receive_eof()
+    events = c.events()
+    assert events[0] == MethodReceived(1, spec.BasicQos(0, 5, False))
+    assert isinstance(events[1], ConnectionClosed) and events[1].by_peer
+
+
+def test_one_frame_at_a_time_a_method_before_channel_close_is_answered_first() -> None:
+    c = opened()
+    declare = spec.QueueDeclare(queue="q")
+    c.server.receive_data(
+        encode_method(1, declare) + encode_method(1, spec.ChannelClose(200, "", 0, 0)), c.now
+    )
+    assert c.server.next_event() == MethodReceived(1, declare)
+    # The close is not read yet: the channel is still open for the answer.
+    assert c.server.is_channel_open(1)
+    assert c.server.send_method(1, spec.QueueDeclareOk("q", 0, 0))
+    assert c.server.next_event() == ChannelClosed(1, 200, "", 0, 0)
+    assert c.server.next_event() is None
+    assert c.methods() == [(1, spec.QueueDeclareOk("q", 0, 0)), (1, spec.ChannelCloseOk())]
+
+
+def test_frames_behind_start_ok_wait_for_the_login_decision() -> None:
+    c = Client()
+    c.send(spec.PROTOCOL_HEADER)
+    c.frames()
+    c.server.receive_data(
+        encode_method(0, spec.ConnectionStartOk({}, "PLAIN", b"\x00guest\x00guest", "en_US"))
+        + encode_method(0, spec.ConnectionTuneOk(0, 4096, 0)),
+        c.now,
+    )
+    assert isinstance(c.server.next_event(), AuthenticationRequested)
+    assert c.server.next_event() is None  # tune-ok waits until the login is decided
+    c.server.accept_authentication()
+    assert c.events() == [ConnectionTuned(2047, 4096, 0)]
+
+
+def test_large_frame_before_authentication_is_refused() -> None:
+    c = Client(ServerConnection(max_packet_size_unauthenticated=8192, now=1000.0))
+    c.send(spec.PROTOCOL_HEADER)
+    c.frames()
+    big = spec.ConnectionStartOk({"x": "y" * 9000}, "PLAIN", b"\x00guest\x00guest", "en_US")
+    events = c.method(0, big)
+    assert isinstance(events[0], ConnectionClosing) and events[0].reply_code == spec.FRAME_ERROR
+    assert c.server.closed
+
+
+def test_large_frame_after_authentication_is_accepted() -> None:
+    c = Client(ServerConnection(max_packet_size_unauthenticated=8192, now=1000.0))
+    c.handshake(frame_max=131072)
+    c.open_channel(1)
+    events = c.publish(1, b"x" * 20000, frame_max=131072)
+    assert isinstance(events[0], ContentReceived) and len(events[0].body) == 20000
+
+
+def test_handshake_deadline() -> None:
+    c = Client(ServerConnection(handshake_timeout=10, now=1000.0))
+    c.start()
+    assert c.server.next_deadline() == 1010.0
+    assert c.tick(1009.9) == []
+    (ev,) = c.tick(1010.0)
+    assert isinstance(ev, ConnectionClosed) and "handshake" in ev.reply_text
+    c = Client(ServerConnection(handshake_timeout=10, now=1000.0))
+    c.handshake()
+    assert c.server.next_deadline() is None
 
 
 def test_frame_error_closes_at_once() -> None:
@@ -617,15 +705,15 @@ def test_heartbeats_both_ways() -> None:
     t0 = c.now
     server = c.server
     assert server.next_deadline() == t0 + 5  # send after heartbeat / 2 of silence
-    assert server.tick(t0 + 4.9) == [] and server.data_to_send(t0 + 4.9) == b""
-    assert server.tick(t0 + 5) == []
+    assert c.tick(t0 + 4.9) == [] and server.data_to_send(t0 + 4.9) == b""
+    assert c.tick(t0 + 5) == []
     assert server.data_to_send(t0 + 5) == HEARTBEAT_FRAME
     # The client's heartbeat keeps us alive.
     c.now = t0 + 15
     assert c.send(HEARTBEAT_FRAME) == []
-    assert server.tick(t0 + 30) == []
+    assert c.tick(t0 + 30) == []
     server.data_to_send(t0 + 30)
-    events = server.tick(t0 + 35)
+    events = c.tick(t0 + 35)
     assert isinstance(events[0], HeartbeatTimeout) and events[0].silent_for == 20
     assert isinstance(events[1], ConnectionClosed)
     assert server.next_deadline() is None
@@ -648,7 +736,7 @@ def test_no_heartbeat_when_disabled() -> None:
     c = Client()
     c.handshake(heartbeat=0)
     assert c.server.next_deadline() is None
-    assert c.server.tick(c.now + 10_000) == []
+    assert c.tick(c.now + 10_000) == []
 
 
 # --------------------------------------------------------------------------------------------

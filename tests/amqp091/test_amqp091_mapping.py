@@ -43,7 +43,7 @@ def test_every_property_round_trips_through_the_queue_tables() -> None:
     stored = message_from(message.topic, message.payload, message.qos, False, properties_json(message))
     back = properties_from_message(stored, now=31000)
     assert back.headers == {"n": 7, "s": "text", "flag": True}  # typed again for AMQP consumers
-    assert back.expiration == "30000"  # the time left
+    assert back.expiration == "60000"  # as published, not the time left: a republish keeps the TTL
     for name in ("content_type", "content_encoding", "delivery_mode", "priority", "correlation_id"):
         assert getattr(back, name) == getattr(props, name)
     for name in ("reply_to", "message_id", "timestamp", "type", "user_id", "app_id"):
@@ -92,6 +92,20 @@ def test_typed_headers_become_plain_text_user_properties() -> None:
         ("no", "false"),
         ("d", "1.25"),
     ]
+
+
+def test_properties_are_delivered_as_published() -> None:
+    message = message_from_content(
+        BasicProperties(expiration="5000"),
+        b"",
+        "$queue/q",
+        exchange="",
+        routing_key="q",
+        publisher_id=None,
+        now=0,
+    )
+    props = properties_from_message(message, now=4000)
+    assert props.expiration == "5000" and props.delivery_mode is None  # unset stays unset
 
 
 def test_bad_expiration_is_refused() -> None:

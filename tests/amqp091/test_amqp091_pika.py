@@ -7,20 +7,20 @@ confirms, close) is what a real client expects.
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from trimaran.amqp091 import spec
-from trimaran.amqp091.connection import (
+from trimaran.amqp091.connection import ConnectionState, ServerConnection
+from trimaran.amqp091.events import (
     AuthenticationRequested,
     ConnectionClosed,
-    ConnectionState,
     ContentReceived,
     Event,
     MethodReceived,
-    ServerConnection,
 )
 from trimaran.amqp091.properties import BasicProperties
 
@@ -31,12 +31,17 @@ def _serve(listener: socket.socket, events: list[Event], errors: list[BaseExcept
     try:
         sock, _ = listener.accept()
         sock.settimeout(10)
-        conn = ServerConnection()
+        conn = ServerConnection(now=time.monotonic())
         stored: list[tuple[BasicProperties, bytes]] = []
         published = 0
         with sock:
             while conn.state is not ConnectionState.CLOSED:
-                for ev in conn.receive_data(sock.recv(65536)):
+                data = sock.recv(65536)
+                if data:
+                    conn.receive_data(data, time.monotonic())
+                else:
+                    conn.receive_eof()
+                while (ev := conn.next_event()) is not None:
                     events.append(ev)
                     if isinstance(ev, AuthenticationRequested):
                         if ev.password == "pw":

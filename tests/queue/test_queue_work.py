@@ -450,3 +450,21 @@ async def test_ack_inside_deliver_is_not_overwritten_by_the_delivery_rows(make_m
         second.consume("q", again).add_credit(100)
         await anyio.sleep(0.3)
         assert again.deliveries == []  # acked once means never redelivered
+
+
+async def test_a_delivery_released_unsent_is_not_a_redelivery(make_manager: Factory) -> None:
+    manager = make_manager()
+    async with manager.running():
+        await manager.declare("un", durable=False)
+        first = Collector("first")
+        handle = manager.consume("un", first)
+        handle.add_credit(1)
+        manager.publish_nowait("un", msg(b"x", topic="$queue/un"))
+        (delivery,) = first.deliveries
+        handle.set_credit(0)
+        assert handle.release_nowait(delivery.offset)
+        second = Collector("second")
+        manager.consume("un", second).add_credit(1)
+        (again,) = second.deliveries
+        assert again.message.payload == b"x" and not again.redelivered
+        assert again.attempt == 2  # the journal still counts it

@@ -3,8 +3,8 @@
 A consumer (basic.consume) is a queue-manager consumer. Prefetch is credit: a consumer holds at most
 ``prefetch_count`` unacknowledged deliveries (RabbitMQ's per-consumer qos), and a channel-wide
 limit (``global`` qos) caps the sum over the channel's consumers. A consumer without a prefetch
-count gets a window of credit that acks (or, for no-ack consumers, written bytes) refill, so a
-slow socket never makes the server buffer a whole queue.
+count has no limit, as in RabbitMQ: memory is bounded by the runtime's byte accounting and flow
+control (publishers pause above the memory watermark), not by a hidden window.
 
 basic.ack / nack / reject map onto the manager's ack / nack / reject; requeue is an immediate nack,
 ``requeue=false`` a reject (dead-lettered when the queue has a dead-letter target, else dropped).
@@ -22,9 +22,13 @@ from trimaran.amqp091.spec import PRECONDITION_FAILED, BasicDeliver, BasicGetOk,
 from trimaran.queue.manager import ConsumerHandle, QueueDelivery
 
 if TYPE_CHECKING:
-    from trimaran.amqp091.handler import Link
+    from trimaran.amqp091.conn import Amqp091Conn
 
 log = logging.getLogger(__name__)
+
+
+#: The credit of a consumer without a prefetch count.
+NO_LIMIT = 1 << 30
 
 
 class Consumer:
@@ -53,7 +57,7 @@ class Consumer:
         self.no_ack = no_ack
         self.prefetch = prefetch
         self.exclusive = exclusive
-        self.id = f"{channel.link.name}/{channel.number}/{tag}"
+        self.id = f"{channel.conn.name}/{channel.number}/{tag}"
         self.handle: ConsumerHandle | None = None
         self.unacked = 0  # delivered, waiting for basic.ack
         self.outstanding = 0  # no-ack deliveries queued but not yet written
@@ -79,32 +83,35 @@ class Getter(Consumer):
 class ChannelState:
     __slots__ = (
         "_window",
+        "closed",
         "confirm",
+        "conn",
         "consumers",
         "flow_active",
         "getters",
         "global_prefetch",
         "last_queue",
-        "link",
         "next_tag",
         "number",
         "prefetch",
         "publish_seq",
+        "reply_tag",
+        "reply_token",
         "tx",
         "tx_acks",
         "tx_publishes",
         "unacked",
     )
 
-    def __init__(self, link: Link, number: int, window: int) -> None:
-        self.link = link
+    def __init__(self, conn: Amqp091Conn, number: int, window: int = NO_LIMIT) -> None:
+        self.conn = conn
         self.number = number
         self.consumers: dict[str, Consumer] = {}
         self.getters: dict[tuple[str, bool], Getter] = {}
         #: delivery tag -> (consumer, queue offset), in tag order.
         self.unacked: dict[int, tuple[Consumer, int]] = {}
         self.next_tag = 1
-        self.prefetch = 0  # for consumers created from now on; 0 = the window
+        self.prefetch = 0  # for consumers created from now on; 0 = no limit
         self.global_prefetch = 0
         self.flow_active = True
         self.confirm = False
@@ -113,30 +120,48 @@ class ChannelState:
         self.tx_publishes: list[tuple[BasicPublish, BasicProperties, bytes]] = []
         self.tx_acks: list[Callable[[], None]] = []
         self.last_queue = ""
+        self.closed = False  # the channel is gone; its consumers are being released
+        #: Direct reply-to: the consumer tag on amq.rabbitmq.reply-to and the channel's token.
+        self.reply_tag = ""
+        self.reply_token: str | None = None
         self._window = window
 
     # -- delivering -------------------------------------------------------------------------------
 
     def deliver(self, consumer: Consumer, delivery: QueueDelivery) -> None:
-        link = self.link
+        conn = self.conn
         message = delivery.message
+        if self.closed:
+            self._give_back(consumer, delivery)
+            return
         exchange, key = delivery_address(message)
         tag = self.next_tag
         self.next_tag = tag + 1
         method = BasicDeliver(consumer.tag, tag, delivery.redelivered, exchange, key)
-        sent = link.conn.send_content(self.number, method, properties_from_message(message), message.payload)
+        sent = conn.machine.send_content(
+            self.number, method, properties_from_message(message), message.payload
+        )
         if not sent:
-            if not consumer.no_ack and consumer.handle is not None:
-                consumer.handle.nack_nowait(delivery.offset, 0)
+            self._give_back(consumer, delivery)
             return
-        link.front.broker.stats.messages_sent += 1
+        conn.front.broker.stats.messages_sent += 1
         if consumer.no_ack:
             consumer.outstanding += 1
-            link.written_hooks.add(self)
+            conn.written_hooks.add(self)
         else:
             self.unacked[tag] = (consumer, delivery.offset)
             consumer.unacked += 1
-        link.wake()
+        conn.wake()
+
+    def _give_back(self, consumer: Consumer, delivery: QueueDelivery) -> None:
+        """A delivery handed over as the channel closed, never sent: back to the queue, and not
+        as a redelivery (it was not delivered)."""
+        handle = consumer.handle
+        if handle is None:
+            return
+        handle.set_credit(0)
+        if not consumer.no_ack:
+            handle.release_nowait(delivery.offset)
 
     def get(self, getter: Getter, message_count: Callable[[], int]) -> bool:
         """basic.get: one delivery if the queue has one ready (get-ok sent), else False."""
@@ -152,14 +177,14 @@ class ChannelState:
         self.next_tag = tag + 1
         exchange, key = delivery_address(delivery.message)
         method = BasicGetOk(tag, delivery.redelivered, exchange, key, message_count())
-        self.link.conn.send_content(
+        self.conn.machine.send_content(
             self.number, method, properties_from_message(delivery.message), delivery.message.payload
         )
-        self.link.front.broker.stats.messages_sent += 1
+        self.conn.front.broker.stats.messages_sent += 1
         if not getter.no_ack:
             self.unacked[tag] = (getter, delivery.offset)
             getter.unacked += 1
-        self.link.wake()
+        self.conn.wake()
         return True
 
     def after_write(self) -> None:
@@ -242,7 +267,7 @@ class ChannelState:
             touched[id(consumer)] = consumer
         for consumer in touched.values():
             if consumer.cancelled and not consumer.unacked:
-                self.link.release(consumer)
+                self.conn.release(consumer)
         if self.global_prefetch:
             self.refill_all()
         else:

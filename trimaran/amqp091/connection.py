@@ -1,12 +1,20 @@
 """Sans-IO server side of an AMQP 0-9-1 connection, in the style of h11.
 
-Bytes in, events out, bytes to send out; no sockets. Times come from the caller (``now``, one
-monotonic clock throughout; ``time.monotonic()`` when omitted)::
+Bytes in, events out, bytes to send out; no sockets and no clock: times come from the caller
+(``now``, one monotonic clock throughout). It implements the runtime's machine surface
+(:class:`trimaran.runtime.machine.Machine`)::
 
-    conn = ServerConnection(virtual_hosts={"/"})
-    for event in conn.receive_data(data, now):
-        ...                                   # see the event classes below
-    sock.sendall(conn.data_to_send(now))
+    conn = ServerConnection(now=now)
+    conn.receive_data(data, now)              # only buffers
+    while (event := conn.next_event()) is not None:
+        ...                                   # act on it before the next frame is read
+    sock.sendall(conn.data_to_send())
+
+``next_event()`` parses frames only while no event is ready, so the caller acts on each frame before
+a later one changes the machine: a method followed by channel.close in the same read is answered
+before the channel goes. Everything the machine produces, including what the caller's own calls
+cause (``reject_authentication``, ``close``), comes out of ``next_event()``; the event classes are in
+:mod:`trimaran.amqp091.events`.
 
 What the machine does by itself: protocol header check (a wrong header is answered with ours and
 the connection ends), connection.start with our properties and capabilities, SASL response
@@ -26,12 +34,27 @@ and every method of the exchange/queue/basic/confirm/tx classes (:class:`MethodR
 
 import enum
 import platform
-import time
+from collections import deque
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
 
 from trimaran import __version__
 from trimaran.amqp091.channel import DEFAULT_MAX_BODY_SIZE, Channel, ChannelState, ContentState
+from trimaran.amqp091.events import (
+    AuthenticationRequested,
+    ChannelClosed,
+    ChannelFlowChanged,
+    ChannelOpened,
+    ConnectionClosed,
+    ConnectionClosing,
+    ConnectionOpened,
+    ConnectionTuned,
+    ContentReceived,
+    Event,
+    HeartbeatTimeout,
+    MethodReceived,
+    ProtocolHeaderRejected,
+    SecureOkReceived,
+)
 from trimaran.amqp091.fields import FieldTable, FieldValue, decode_table_contents
 from trimaran.amqp091.frames import (
     HEARTBEAT_FRAME,
@@ -80,161 +103,6 @@ from trimaran.amqp091.spec import (
     ProtocolError,
     truncate_shortstr,
 )
-
-# --------------------------------------------------------------------------------------------
-# Events
-
-
-@dataclass(slots=True)
-class ProtocolHeaderRejected:
-    """The client's first 8 bytes were not ``AMQP\\x00\\x00\\x09\\x01``; ours was queued in reply.
-
-    :class:`ConnectionClosed` follows: flush ``data_to_send()`` and close the socket.
-    """
-
-    header: bytes
-    kind: ProtocolHeader
-
-
-@dataclass(slots=True)
-class AuthenticationRequested:
-    """connection.start-ok (or the last secure-ok's answer) arrived: decide.
-
-    For PLAIN and AMQPLAIN, ``username``/``password`` are parsed from ``response``; for any other
-    offered mechanism they are ``None`` and ``response`` is the raw SASL response.
-    Answer with ``accept_authentication()``, ``reject_authentication()`` or ``send_challenge()``.
-    """
-
-    mechanism: str
-    username: str | None
-    password: str | None
-    response: bytes
-    client_properties: FieldTable
-    locale: str
-
-
-@dataclass(slots=True)
-class SecureOkReceived:
-    """The client answered our connection.secure challenge; decide as for AuthenticationRequested."""
-
-    response: bytes
-
-
-@dataclass(slots=True)
-class ConnectionTuned:
-    channel_max: int
-    frame_max: int
-    heartbeat: int
-
-
-@dataclass(slots=True)
-class ConnectionOpened:
-    """connection.open accepted (open-ok sent): channels may be opened from now on."""
-
-    virtual_host: str
-
-
-@dataclass(slots=True)
-class ChannelOpened:
-    """channel.open accepted (open-ok sent)."""
-
-    channel: int
-
-
-@dataclass(slots=True)
-class ChannelClosed:
-    """The channel is gone for the application: drop its consumers, unacked messages, etc.
-
-    ``by_peer``: the client sent channel.close (we answered close-ok). Otherwise the machine
-    raised a channel exception itself while receiving (channel.close sent, close-ok awaited).
-    Not emitted for :meth:`ServerConnection.close_channel`, which the caller knows about.
-    """
-
-    channel: int
-    reply_code: int
-    reply_text: str
-    class_id: int = 0
-    method_id: int = 0
-    by_peer: bool = True
-
-
-@dataclass(slots=True)
-class ChannelFlowChanged:
-    """The client sent channel.flow (flow-ok already sent): stop/resume content on the channel."""
-
-    channel: int
-    active: bool
-
-
-@dataclass(slots=True)
-class MethodReceived:
-    """A method for the caller: exchange.*, queue.*, basic.* (but publish), confirm.*, tx.*,
-    channel.flow-ok, connection.update-secret."""
-
-    channel: int
-    method: Method
-
-
-@dataclass(slots=True)
-class ContentReceived:
-    """A content-carrying method (basic.publish) with its properties and assembled body."""
-
-    channel: int
-    method: Method
-    properties: BasicProperties
-    body: bytes
-
-
-@dataclass(slots=True)
-class ConnectionClosing:
-    """The machine raised a connection exception: connection.close is queued and only close-ok is
-    awaited (stop all work for this connection). :class:`ConnectionClosed` follows."""
-
-    reply_code: int
-    reply_text: str
-    class_id: int = 0
-    method_id: int = 0
-
-
-@dataclass(slots=True)
-class HeartbeatTimeout:
-    """Nothing received for two heartbeat intervals. :class:`ConnectionClosed` follows."""
-
-    silent_for: float
-
-
-@dataclass(slots=True)
-class ConnectionClosed:
-    """The end. Flush ``data_to_send()`` and close the socket; nothing more will be processed.
-
-    ``by_peer``: the client sent connection.close. Otherwise it is the reason we closed with
-    (0 with a text for a header mismatch, heartbeat timeout or close-ok timeout).
-    """
-
-    reply_code: int
-    reply_text: str
-    class_id: int = 0
-    method_id: int = 0
-    by_peer: bool = False
-
-
-Event = (
-    ProtocolHeaderRejected
-    | AuthenticationRequested
-    | SecureOkReceived
-    | ConnectionTuned
-    | ConnectionOpened
-    | ChannelOpened
-    | ChannelClosed
-    | ChannelFlowChanged
-    | MethodReceived
-    | ContentReceived
-    | ConnectionClosing
-    | HeartbeatTimeout
-    | ConnectionClosed
-)
-
-# --------------------------------------------------------------------------------------------
 
 
 class ConnectionState(enum.Enum):
@@ -320,7 +188,9 @@ class ServerConnection:
         max_body_size: int = DEFAULT_MAX_BODY_SIZE,
         server_properties: Mapping[str, FieldValue] | None = None,
         close_timeout: float = 5.0,
-        now: float | None = None,
+        handshake_timeout: float | None = None,
+        max_packet_size_unauthenticated: int = 65536,
+        now: float,
     ) -> None:
         """
         :param virtual_hosts: vhosts connection.open may name; ``None`` accepts any.
@@ -332,6 +202,12 @@ class ServerConnection:
         :param server_properties: merged over :func:`default_server_properties` (a
             ``capabilities`` table given here is merged into ours).
         :param close_timeout: seconds to wait for connection.close-ok before giving up.
+        :param handshake_timeout: seconds from ``now`` until connection.open must have arrived
+            (``None``: no limit); then the connection just ends, as RabbitMQ's does.
+        :param max_packet_size_unauthenticated: the largest frame accepted before the login is
+            accepted (RabbitMQ's ``max_packet_size_unauthenticated``): a stranger cannot make the
+            server buffer a large frame. 0: up to ``frame_max``.
+        :param now: the caller's monotonic time at the start of the connection.
         """
         if frame_max and frame_max < FRAME_MIN_SIZE:
             raise ValueError(f"frame_max must be 0 or at least {FRAME_MIN_SIZE}")
@@ -365,16 +241,22 @@ class ServerConnection:
         self.close_reason: tuple[int, str, int, int] | None = None
 
         self._header = b""
-        # Before tune-ok, frames up to our own frame_max are accepted (the spec's 4096 is a floor;
-        # large PLAIN responses such as OAuth tokens need more).
-        self._decoder = FrameDecoder(frame_max)
+        # Before the login is accepted, frames up to max_packet_size_unauthenticated; then, until
+        # tune-ok, up to our own frame_max (the spec's 4096 is a floor; large PLAIN responses such
+        # as OAuth tokens need more).
+        limit = max_packet_size_unauthenticated
+        self._decoder = FrameDecoder(min(limit, frame_max) if limit and frame_max else limit or frame_max)
         self._decoder_broken = False
         self._channels: dict[int, Channel] = {}
         self._out = bytearray()
-        t = time.monotonic() if now is None else now
-        self._last_received = t
-        self._last_sent = t
+        self._events: deque[Event] = deque()
+        self._eof = False  # the peer closed its side: end once the buffered frames are taken
+        self._close_ok_due = False  # the peer's connection.close was handed out: close-ok next
+        self._now = now
+        self._last_received = now
+        self._last_sent = now
         self._closing_since: float | None = None
+        self._handshake_until = None if handshake_timeout is None else now + handshake_timeout
 
     # -- introspection -------------------------------------------------------------------------
 
@@ -402,65 +284,96 @@ class ServerConnection:
 
     # -- receiving -----------------------------------------------------------------------------
 
-    def receive_data(self, data: bytes | bytearray | memoryview, now: float | None = None) -> list[Event]:
-        """Feed bytes from the socket; return the events they complete.
+    @property
+    def closed(self) -> bool:
+        """The connection is over: nothing more is read; ``data_to_send()`` holds the last bytes."""
+        return self.state is ConnectionState.CLOSED
 
-        ``b""`` means the peer closed its end; it yields :class:`ConnectionClosed` unless the
-        connection already ended.
-        """
-        events: list[Event] = []
-        state = self.state
-        if state is ConnectionState.CLOSED:
-            return events
-        if not data:
-            self._finish(events, 0, "connection lost (end of stream)", by_peer=True)
-            return events
-        self._last_received = time.monotonic() if now is None else now
-        if state is ConnectionState.AWAIT_HEADER:
-            data = self._receive_header(bytes(data), events)
-            if not data:
-                return events
-        if self._decoder_broken:
-            return events
-        decoder = self._decoder
-        decoder.feed(data)
-        while self.state is not ConnectionState.CLOSED:
-            try:
-                frame = decoder.next_frame()
-            except ProtocolError as exc:
-                if exc.reply_code == FRAME_ERROR:
-                    # The frame boundary is lost: nothing after this can be trusted.
-                    self._decoder_broken = True
-                    if self.state is ConnectionState.CLOSING:
-                        self._finish(events, *self._close_reason_or(exc))
-                    else:
-                        self._connection_exception(exc, events)
-                        self._finish(events, *self._close_reason_or(exc))
-                    break
-                self._on_error(exc, events)
+    def receive_data(self, data: bytes | bytearray | memoryview, now: float) -> None:
+        """Buffer bytes from the socket; ``next_event()`` parses them."""
+        if self.state is ConnectionState.CLOSED or self._eof or not data:
+            return
+        self._now = self._last_received = now
+        if self.state is ConnectionState.AWAIT_HEADER:
+            self._header += bytes(data)
+        elif not self._decoder_broken:
+            self._decoder.feed(data)
+
+    def receive_eof(self) -> None:
+        """The peer closed its side: :class:`ConnectionClosed` follows the frames already buffered."""
+        self._eof = True
+
+    def next_event(self) -> Event | None:
+        """The next event; parses frames only while none is ready, so at most the one frame whose
+        events are handed out (frames without an event, heartbeats and content headers, are read
+        past). ``None``: no whole frame is buffered, or the caller must decide on a login."""
+        events = self._events
+        while not events:
+            if self._close_ok_due:
+                self._send(0, ConnectionCloseOk())
+                self._end()
+                return None
+            state = self.state
+            if state is ConnectionState.CLOSED:
+                return None
+            if state is ConnectionState.AWAIT_HEADER:
+                if not self._receive_header(events) and not events:
+                    if self._eof:
+                        self._finish(events, 0, "connection lost (end of stream)", by_peer=True)
+                        continue
+                    return None
                 continue
-            if frame is NEED_DATA:
-                break
-            try:
-                self._handle_frame(frame, events)
-            except ProtocolError as exc:
-                self._on_error(exc, events)
-        return events
+            if state is ConnectionState.AUTHENTICATING:
+                if not self._eof:
+                    return None  # the caller decides first; the frames behind wait
+                self._finish(events, 0, "connection lost (end of stream)", by_peer=True)
+                continue
+            if not self._next_frame(events) and not events:
+                if self._eof:
+                    self._finish(events, 0, "connection lost (end of stream)", by_peer=True)
+                    continue
+                return None
+        return events.popleft()
+
+    def _next_frame(self, events: deque[Event]) -> bool:
+        """Parse and act on one frame; False if no whole frame is buffered."""
+        if self._decoder_broken:
+            return False
+        try:
+            frame = self._decoder.next_frame()
+        except ProtocolError as exc:
+            if exc.reply_code == FRAME_ERROR:
+                # The frame boundary is lost: nothing after this can be trusted.
+                self._decoder_broken = True
+                if self.state is ConnectionState.CLOSING:
+                    self._finish(events, *self._close_reason_or(exc))
+                else:
+                    self._connection_exception(exc, events)
+                    self._finish(events, *self._close_reason_or(exc))
+                return True
+            self._on_error(exc, events)
+            return True
+        if frame is NEED_DATA:
+            return False
+        try:
+            self._handle_frame(frame, events)
+        except ProtocolError as exc:
+            self._on_error(exc, events)
+        return True
 
     def _close_reason_or(self, exc: ProtocolError) -> tuple[int, str, int, int]:
         if self.close_reason is not None:
             return self.close_reason
         return exc.reply_code, exc.full_text, exc.class_id, exc.method_id
 
-    def _receive_header(self, data: bytes, events: list[Event]) -> bytes:
-        """Consume the protocol header; return the bytes after it."""
-        head = self._header + data
+    def _receive_header(self, events: deque[Event]) -> bool:
+        """Consume the protocol header (the bytes after it go to the decoder); False: need more."""
+        head = self._header
         kind = classify_protocol_header(head)
         if kind is NEED_DATA:
-            self._header = head
-            return b""
+            return False
+        self._header = b""
         if kind is ProtocolHeader.AMQP_0_9_1 or kind is ProtocolHeader.AMQP_0_9:
-            self._header = b""
             self._send(
                 0,
                 ConnectionStart(
@@ -472,14 +385,16 @@ class ServerConnection:
                 ),
             )
             self.state = ConnectionState.AWAIT_START_OK
-            return head[8:]
+            if len(head) > 8:
+                self._decoder.feed(head[8:])
+            return True
         self._out += PROTOCOL_HEADER
         events.append(ProtocolHeaderRejected(head[:8], kind))
         self._finish(events, 0, "protocol header mismatch")
-        return b""
+        return True
 
     def _handle_frame(
-        self, frame: MethodFrame | HeaderFrame | BodyFrame | HeartbeatFrame, events: list[Event]
+        self, frame: MethodFrame | HeaderFrame | BodyFrame | HeartbeatFrame, events: deque[Event]
     ) -> None:
         state = self.state
         if state is ConnectionState.OPEN and frame.channel:
@@ -519,12 +434,17 @@ class ServerConnection:
 
     # -- connection (channel 0) ----------------------------------------------------------------
 
-    def _connection_method(self, method: Method, events: list[Event]) -> None:
+    def _connection_method(self, method: Method, events: deque[Event]) -> None:
         state = self.state
         if isinstance(method, ConnectionClose):
-            self._send(0, ConnectionCloseOk())
-            self._finish(
-                events, method.reply_code, method.reply_text, method.class_id, method.method_id, by_peer=True
+            # close-ok is queued when the caller asks for the next event, after acting on this one:
+            # what it still sends for earlier frames (the confirms of publishes before the close)
+            # goes out ahead of close-ok.
+            self._close_ok_due = True
+            events.append(
+                ConnectionClosed(
+                    method.reply_code, method.reply_text, method.class_id, method.method_id, by_peer=True
+                )
             )
             return
         if method.CLASS_ID != 10:
@@ -553,7 +473,7 @@ class ServerConnection:
                 method_id=method.METHOD_ID,
             )
 
-    def _on_start_ok(self, method: ConnectionStartOk, events: list[Event]) -> None:
+    def _on_start_ok(self, method: ConnectionStartOk, events: deque[Event]) -> None:
         self.client_properties = method.client_properties
         self.mechanism = method.mechanism
         if method.mechanism not in self._mechanisms:
@@ -578,7 +498,7 @@ class ServerConnection:
             )
         )
 
-    def _on_tune_ok(self, method: ConnectionTuneOk, events: list[Event]) -> None:
+    def _on_tune_ok(self, method: ConnectionTuneOk, events: deque[Event]) -> None:
         server_cm, server_fm = self._server_channel_max, self._server_frame_max
         if server_cm and method.channel_max > server_cm:
             raise ProtocolError(
@@ -608,7 +528,7 @@ class ServerConnection:
         self.state = ConnectionState.AWAIT_OPEN
         events.append(ConnectionTuned(self.channel_max, self.frame_max, self.heartbeat))
 
-    def _on_open(self, method: ConnectionOpen, events: list[Event]) -> None:
+    def _on_open(self, method: ConnectionOpen, events: deque[Event]) -> None:
         vhost = method.virtual_host
         if self._virtual_hosts is not None and vhost not in self._virtual_hosts:
             raise ProtocolError(
@@ -623,7 +543,7 @@ class ServerConnection:
         events.append(ConnectionOpened(vhost))
 
     def _closing_frame(
-        self, frame: MethodFrame | HeaderFrame | BodyFrame | HeartbeatFrame, events: list[Event]
+        self, frame: MethodFrame | HeaderFrame | BodyFrame | HeartbeatFrame, events: deque[Event]
     ) -> None:
         """While our connection.close is outstanding only close-ok (or a crossing close) counts."""
         if frame.channel or type(frame) is not MethodFrame:
@@ -642,7 +562,7 @@ class ServerConnection:
         self,
         ch: Channel | None,
         frame: MethodFrame | HeaderFrame | BodyFrame | HeartbeatFrame,
-        events: list[Event],
+        events: deque[Event],
     ) -> None:
         number = frame.channel
         method = frame.method if type(frame) is MethodFrame else None
@@ -672,7 +592,7 @@ class ServerConnection:
         elif isinstance(method, ChannelClose):
             self._send(number, ChannelCloseOk())
 
-    def _channel_method(self, ch: Channel, method: Method, events: list[Event]) -> None:
+    def _channel_method(self, ch: Channel, method: Method, events: deque[Event]) -> None:
         number = ch.number
         if method.HAS_CONTENT:
             if method.SENDER == "server":
@@ -717,7 +637,7 @@ class ServerConnection:
 
     # -- errors --------------------------------------------------------------------------------
 
-    def _on_error(self, exc: ProtocolError, events: list[Event]) -> None:
+    def _on_error(self, exc: ProtocolError, events: deque[Event]) -> None:
         if self.state is ConnectionState.CLOSING:
             return  # already closing: the peer's further mistakes do not matter
         if exc.connection_exception or not exc.channel:
@@ -732,7 +652,7 @@ class ServerConnection:
                     )
                 )
 
-    def _connection_exception(self, exc: ProtocolError, events: list[Event]) -> None:
+    def _connection_exception(self, exc: ProtocolError, events: deque[Event]) -> None:
         if self.state in (ConnectionState.CLOSING, ConnectionState.CLOSED):
             return
         self._start_close(exc.reply_code, exc.full_text, exc.class_id, exc.method_id)
@@ -748,7 +668,7 @@ class ServerConnection:
         self._send(number, ChannelClose(code, truncate_shortstr(text), class_id, method_id))
         return True
 
-    def _auth_failure(self, text: str, events: list[Event]) -> None:
+    def _auth_failure(self, text: str, events: deque[Event]) -> None:
         text = truncate_shortstr(f"ACCESS_REFUSED - {text}")
         if self.client_capabilities.get("authentication_failure_close") is True:
             self._start_close(ACCESS_REFUSED, text, 10, 11)
@@ -769,7 +689,7 @@ class ServerConnection:
 
     def _finish(
         self,
-        events: list[Event],
+        events: deque[Event],
         code: int,
         text: str,
         class_id: int = 0,
@@ -777,10 +697,14 @@ class ServerConnection:
         *,
         by_peer: bool = False,
     ) -> None:
+        self._end()
+        events.append(ConnectionClosed(code, text, class_id, method_id, by_peer))
+
+    def _end(self) -> None:
         self.state = ConnectionState.CLOSED
+        self._close_ok_due = False
         self._channels.clear()
         self._decoder = FrameDecoder(0)
-        events.append(ConnectionClosed(code, text, class_id, method_id, by_peer))
 
     # -- decisions of the caller ---------------------------------------------------------------
 
@@ -791,16 +715,15 @@ class ServerConnection:
             0,
             ConnectionTune(self._server_channel_max, self._server_frame_max, self._server_heartbeat),
         )
+        self._decoder.frame_max = self._server_frame_max
         self.state = ConnectionState.AWAIT_TUNE_OK
 
-    def reject_authentication(self, reply_text: str = "login refused") -> list[Event]:
+    def reject_authentication(self, reply_text: str = "login refused") -> None:
         """Credentials are bad: connection.close 403 if the client announced
-        ``authentication_failure_close``, else the connection simply ends. Returns the events
-        (:class:`ConnectionClosing` or :class:`ConnectionClosed`)."""
+        ``authentication_failure_close``, else the connection simply ends (the events,
+        :class:`ConnectionClosing` or :class:`ConnectionClosed`, come out of ``next_event()``)."""
         self._require(ConnectionState.AUTHENTICATING)
-        events: list[Event] = []
-        self._auth_failure(reply_text, events)
-        return events
+        self._auth_failure(reply_text, self._events)
 
     def send_challenge(self, challenge: bytes) -> None:
         """Send connection.secure; the answer comes as :class:`SecureOkReceived`."""
@@ -911,6 +834,8 @@ class ServerConnection:
             rc = REPLY_CODES.get(reply_code)
             reply_text = rc.text if rc is not None else "closed"
         self._start_close(reply_code, reply_text, class_id, method_id)
+        assert self.close_reason is not None
+        self._events.append(ConnectionClosing(*self.close_reason))
 
     def raise_error(self, error: ProtocolError) -> None:
         """Send the exception ``error`` describes: a channel exception for a soft reply code on a
@@ -931,13 +856,14 @@ class ServerConnection:
         return bool(self._out)
 
     def data_to_send(self, now: float | None = None) -> bytes:
-        """Everything queued since the last call (b"" if nothing)."""
+        """Everything queued since the last call (b"" if nothing). ``now``: when it is sent (the
+        last time the machine was given, if omitted), for the heartbeat."""
         out = self._out
         if not out:
             return b""
         data = bytes(out)
         self._out = bytearray()
-        self._last_sent = time.monotonic() if now is None else now
+        self._last_sent = self._now if now is None else now
         return data
 
     # -- time ----------------------------------------------------------------------------------
@@ -950,32 +876,41 @@ class ServerConnection:
         if state is ConnectionState.CLOSING:
             assert self._closing_since is not None
             return self._closing_since + self._close_timeout
+        handshake = self._handshake_until if state is not ConnectionState.OPEN else None
         hb = self.heartbeat
         if not hb or (state is not ConnectionState.OPEN and state is not ConnectionState.AWAIT_OPEN):
-            return None
-        return min(self._last_sent + hb / 2, self._last_received + 2 * hb)
+            return handshake
+        beat = min(self._last_sent + hb / 2, self._last_received + 2 * hb)
+        return beat if handshake is None else min(beat, handshake)
 
-    def tick(self, now: float) -> list[Event]:
+    def tick(self, now: float) -> None:
         """Heartbeats and timeouts. Queues a heartbeat frame after ``heartbeat / 2`` seconds of not
-        sending; ends the connection after ``2 * heartbeat`` seconds of not receiving, or after
-        ``close_timeout`` seconds without connection.close-ok."""
-        events: list[Event] = []
+        sending; ends the connection after ``2 * heartbeat`` seconds of not receiving, after
+        ``close_timeout`` seconds without connection.close-ok, or when the handshake deadline passes
+        before connection.open."""
+        events = self._events
+        self._now = now
         state = self.state
+        if state is ConnectionState.CLOSED:
+            return
         if state is ConnectionState.CLOSING:
             assert self._closing_since is not None
             if now - self._closing_since >= self._close_timeout:
                 assert self.close_reason is not None
                 code, text, cid, mid = self.close_reason
                 self._finish(events, code, text, cid, mid)
-            return events
+            return
+        until = self._handshake_until
+        if state is not ConnectionState.OPEN and until is not None and now >= until:
+            self._finish(events, 0, "handshake timeout: no connection.open in time")
+            return
         hb = self.heartbeat
         if not hb or (state is not ConnectionState.OPEN and state is not ConnectionState.AWAIT_OPEN):
-            return events
+            return
         silent = now - self._last_received
         if silent >= 2 * hb:
             events.append(HeartbeatTimeout(silent))
             self._finish(events, 0, f"missed heartbeats from client, timeout: {hb}s")
-            return events
+            return
         if not self._out and now - self._last_sent >= hb / 2:
             self._out += HEARTBEAT_FRAME
-        return events

@@ -1,9 +1,13 @@
-"""The AMQP 0.9.1 front end: binds the sans-IO ServerConnection to sockets, the router and queues.
+"""The AMQP 0.9.1 front end: the machine's events in, the deck (router, exchanges, queues) out.
 
-One task group per connection: the reader feeds the state machine and acts on its events in order
-(queue and exchange methods may await their commit; publishes and acks never do); the writer sends
-what the machine has queued, once per wake-up; the confirmer sends publisher confirms (and
-tx.commit-ok) in publish order once the messages are committed.
+Connections run on the connection runtime (:mod:`trimaran.runtime`): the AMQP port calls
+:meth:`Amqp091FrontEnd.open` for each connection after its protocol header, and the runtime hands
+the machine's events, one frame at a time, to :meth:`Amqp091FrontEnd.on_event`. Publishes, acks and
+the methods that answer at once are handled inside the event; a method that must wait (a queue
+declared, bound, purged or deleted, an exchange stored) returns an awaitable, and the runtime reads
+no further frame of that connection until it is done, so frames take effect in arrival order.
+Publisher confirms (and tx.commit-ok) leave in publish order from the commit callbacks
+(:meth:`~trimaran.amqp091.conn.Amqp091Conn.confirm_ready`).
 
 Exchanges live in :class:`~trimaran.amqp091.exchanges.ExchangeRegistry`; ``amq.topic`` is the
 shared router (a binding there is a router subscription that appends to the queue), every queue
@@ -13,18 +17,18 @@ is a queue of the manager (see :mod:`trimaran.amqp091.queues`).
 from __future__ import annotations
 
 import logging
-import math
 import time
-from collections import deque
-from dataclasses import dataclass
-from typing import Final
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import replace
+from typing import Any, Final
 
 import anyio
-from anyio.abc import ByteStream, TaskGroup
 
 from trimaran.amqp091 import spec
 from trimaran.amqp091.channels import ChannelState, Consumer
-from trimaran.amqp091.connection import (
+from trimaran.amqp091.conn import Amqp091Conn, Pending
+from trimaran.amqp091.connection import ServerConnection
+from trimaran.amqp091.events import (
     AuthenticationRequested,
     ChannelClosed,
     ChannelFlowChanged,
@@ -32,16 +36,14 @@ from trimaran.amqp091.connection import (
     ConnectionClosed,
     ConnectionClosing,
     ConnectionOpened,
-    ConnectionState,
     ContentReceived,
     Event,
     MethodReceived,
     SecureOkReceived,
-    ServerConnection,
 )
 from trimaran.amqp091.exchanges import ExchangeError, ExchangeRegistry
 from trimaran.amqp091.mapping import MappingError, message_from_content
-from trimaran.amqp091.operations import Operations
+from trimaran.amqp091.operations import REPLY_PREFIX, REPLY_TO, Operations, _error
 from trimaran.amqp091.properties import BasicProperties
 from trimaran.amqp091.queues import QueueMeta, RouterBinding
 from trimaran.broker.auth import Authenticator, AuthResult
@@ -53,68 +55,13 @@ from trimaran.broker.topics import TopicError, routing_key_to_topic, topic_to_ro
 from trimaran.config import Settings
 from trimaran.queue.manager import QueueManager
 from trimaran.queue.policy import QueueError, queue_topic
+from trimaran.runtime.transport import Conn
 from trimaran.storage.amqp_store import AmqpStore
-from trimaran.storage.writer import Ticket, WriterError
 
 log = logging.getLogger(__name__)
 
-READ_CHUNK: Final = 65536
 HOUSEKEEPING_INTERVAL: Final = 1.0
 GUEST: Final = ("guest", "guest")
-
-
-@dataclass(slots=True, eq=False)
-class Pending:
-    """A publish awaiting its commit for a confirm, or a tx.commit awaiting its commit-ok."""
-
-    channel: ChannelState
-    seq: int
-    tickets: list[Ticket]
-    failed: bool = False
-    reply: spec.Method | None = None
-
-    def done(self) -> bool:
-        return all(t.event is None or t.event.is_set() for t in self.tickets)
-
-
-class Link:
-    """One network connection: its machine, channels, and the wake-ups of its tasks."""
-
-    def __init__(self, front: Amqp091FrontEnd, conn: ServerConnection, stream: ByteStream, peer: str) -> None:
-        self.front = front
-        self.conn = conn
-        self.stream = stream
-        self.peer = peer
-        self.name = peer
-        self.user: str | None = None
-        self.client: ClientInfo | None = None
-        self.channels: dict[int, ChannelState] = {}
-        self.written_hooks: set[ChannelState] = set()
-        self.pending: deque[Pending] = deque()
-        self.pending_ready = anyio.Event()
-        self.exclusive_queues: set[str] = set()
-        self.tasks: TaskGroup | None = None
-        self.done = False
-        self.flushed = anyio.Event()
-        self.reading = anyio.CancelScope()
-        self._wake = anyio.Event()
-
-    def wake(self) -> None:
-        self._wake.set()
-
-    async def wait(self) -> None:
-        await self._wake.wait()
-        self._wake = anyio.Event()
-
-    def release(self, consumer: Consumer) -> None:
-        """A cancelled consumer has nothing unacknowledged left: detach it from its queue."""
-        handle = consumer.handle
-        if handle is not None and not handle.closed and self.tasks is not None:
-            self.tasks.start_soon(handle.cancel)
-
-    def kick(self, code: int, text: str) -> None:
-        self.conn.close(code, text)
-        self.wake()
 
 
 class Amqp091FrontEnd:
@@ -133,221 +80,102 @@ class Amqp091FrontEnd:
         #: queue name -> its consumers (every channel, every connection), for counts and cancels.
         self.consumers: dict[str, set[Consumer]] = {}
         self.router_bindings: dict[tuple[str, str], RouterBinding] = {}
-        self.links: set[Link] = set()
+        self.conns: set[Amqp091Conn] = set()
         self.ops = Operations(self)
-        self._collecting: list[Ticket] | None = None
-        self._drained: anyio.Event | None = None
+        self._collecting: Pending | None = None
+        #: direct reply-to token -> the channel consuming its replies
+        self.reply_to: dict[str, ChannelState] = {}
 
     # -- lifecycle --------------------------------------------------------------------------------
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Restore exchanges and bindings, then the housekeeping (x-expires) until cancelled."""
         await self.ops.restore()
         task_status.started()
         while True:
             await anyio.sleep(HOUSEKEEPING_INTERVAL)
             await self.ops.expire_queues(time.monotonic())
 
-    async def shutdown(self) -> None:
-        """Close every connection with 320 CONNECTION_FORCED and wait for them to go."""
-        for link in list(self.links):
-            link.kick(spec.CONNECTION_FORCED, "CONNECTION_FORCED - broker forced connection closure")
-        if self.links:
-            self._drained = anyio.Event()
-            with anyio.move_on_after(self.config.handshake_timeout):
-                await self._drained.wait()
-
     # -- connections ------------------------------------------------------------------------------
 
-    async def handle(self, stream: ByteStream, peer: str, initial: bytes) -> None:
+    def open(self, io: Conn) -> Amqp091Conn:
+        """The hull for a new connection (the port feeds it the protocol header and what follows)."""
         config = self.config
-        conn = ServerConnection(
+        machine = ServerConnection(
             virtual_hosts=config.vhosts,
             channel_max=config.channel_max,
             frame_max=config.frame_max,
             heartbeat=config.heartbeat,
             max_body_size=config.max_message_size,
+            handshake_timeout=config.handshake_timeout,
             now=time.monotonic(),
         )
-        link = Link(self, conn, stream, peer)
-        self.links.add(link)
+        conn = Amqp091Conn(self, io, machine)
+        self.conns.add(conn)
+        return conn
+
+    async def finish(self, conn: Amqp091Conn) -> None:
+        """The connection is gone: its channels, consumers and exclusive queues go too."""
         try:
-            async with anyio.create_task_group() as tg:
-                link.tasks = tg
-                tg.start_soon(self._writer, link, tg.cancel_scope)
-                tg.start_soon(self._confirmer, link)
-                with link.reading:
-                    await self._reader(link, initial)
-                link.done = True
-                link.wake()
-                with anyio.move_on_after(5):
-                    await link.flushed.wait()
-                tg.cancel_scope.cancel()
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self._cleanup(link)
-            self.links.discard(link)
-            if self._drained is not None and not self.links:
-                self._drained.set()
-
-    async def _reader(self, link: Link, initial: bytes) -> None:
-        conn = link.conn
-        stats = self.broker.stats
-        handshake_deadline = time.monotonic() + self.config.handshake_timeout
-        data: bytes | None = initial
-        while conn.state is not ConnectionState.CLOSED:
-            if data is None and conn.state is ConnectionState.OPEN:
-                await self.dispatch(link, await self._read_open(link))
-                link.wake()
-                continue
-            if data is None:
-                deadline = conn.next_deadline()
-                if conn.state is not ConnectionState.OPEN and conn.state is not ConnectionState.CLOSING:
-                    deadline = handshake_deadline if deadline is None else min(deadline, handshake_deadline)
-                with anyio.move_on_after(math.inf if deadline is None else deadline - time.monotonic()):
-                    try:
-                        data = await link.stream.receive(READ_CHUNK)
-                    except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                        data = b""
-            now = time.monotonic()
-            if data is None:
-                if conn.virtual_host is None and now >= handshake_deadline:
-                    log.info("amqp091: %s did not finish the handshake in time; closing", link.peer)
-                    return
-                events = conn.tick(now)
-            else:
-                stats.bytes_received += len(data)
-                events = conn.receive_data(data, now)
-            data = None
-            await self.dispatch(link, events)
-            link.wake()
-
-    async def _read_open(self, link: Link) -> list[Event]:
-        """Read while the connection is open under one timeout scope for the whole run, not one per
-        read (a scope costs about as much as decoding a publish): while open, the heartbeat deadline
-        only moves later, so a scope entered with it fires at worst early, and then we tick.
-
-        Publishes (content events) are handled here, and never await; the first other event and
-        everything after it are returned, to be dispatched outside the scope so that the deadline
-        never cancels an operation half-way.
-        """
-        conn = link.conn
-        stats = self.broker.stats
-        deadline = conn.next_deadline()
-        with anyio.move_on_after(math.inf if deadline is None else deadline - time.monotonic()):
-            while conn.state is ConnectionState.OPEN:
+            for number in list(conn.channels):
+                await self.close_channel(conn, number)
+            for name in list(conn.exclusive_queues):
                 try:
-                    data = await link.stream.receive(READ_CHUNK)
-                except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                    data = b""
-                stats.bytes_received += len(data)
-                events = conn.receive_data(data, time.monotonic())
-                for i, event in enumerate(events):
-                    if type(event) is not ContentReceived:
-                        return events[i:]
-                    self._content(link, event)
-                if conn.has_data_to_send:  # a publish alone answers nothing: no empty writer wake-up
-                    link.wake()
-        return conn.tick(time.monotonic())
-
-    async def _writer(self, link: Link, scope: anyio.CancelScope) -> None:
-        conn = link.conn
-        stats = self.broker.stats
-        try:
-            while True:
-                await link.wait()
-                data = conn.data_to_send()
-                if data:
-                    try:
-                        await link.stream.send(data)
-                    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                        link.reading.cancel()
-                        return
-                    stats.bytes_sent += len(data)
-                if link.written_hooks:
-                    hooks, link.written_hooks = link.written_hooks, set()
-                    for channel in hooks:
-                        channel.after_write()
-                if link.done:
-                    return
+                    await self.ops.delete_queue(name)
+                except QueueError:
+                    log.exception("amqp091: deleting exclusive queue %s failed", name)
+            if conn.client is not None:
+                self.broker.clients.remove(conn.client)
+                self.broker.stats.client_disconnected()
+                if self.broker.events.wants(CLIENT_DISCONNECTED):
+                    self.broker.events.client_info(CLIENT_DISCONNECTED, conn.client)
+                conn.client = None
         finally:
-            link.flushed.set()
+            self.conns.discard(conn)
 
-    async def _confirmer(self, link: Link) -> None:
-        """Publisher confirms and tx.commit-ok, in publish order, after the commits."""
-        pending = link.pending
-        while True:
-            while not pending:
-                await link.pending_ready.wait()
-                link.pending_ready = anyio.Event()
-            head = pending[0]
-            for ticket in head.tickets:
-                if ticket.event is None:
-                    continue
-                try:
-                    await ticket.wait()
-                except WriterError:
-                    head.failed = True
-            acks: dict[ChannelState, int] = {}
-            while pending and pending[0].done():
-                entry = pending.popleft()
-                self._send_confirm(link, entry, acks)
-            for channel, seq in acks.items():
-                link.conn.send_method(channel.number, spec.BasicAck(seq, True))
-            link.wake()
-
-    def _send_confirm(self, link: Link, entry: Pending, acks: dict[ChannelState, int]) -> None:
-        channel = entry.channel
-        if not entry.failed:
-            entry.failed = any(t.error is not None for t in entry.tickets)
-        if entry.reply is not None:
-            link.conn.send_method(channel.number, entry.reply)
-        elif entry.failed:
-            seq = acks.pop(channel, None)
-            if seq is not None:
-                link.conn.send_method(channel.number, spec.BasicAck(seq, True))
-            link.conn.send_method(channel.number, spec.BasicNack(entry.seq, False, False))
-        else:
-            acks[channel] = entry.seq
-
-    def add_pending(self, link: Link, entry: Pending) -> None:
-        if not link.pending and entry.done() and entry.reply is None:
-            # Nothing before it, nothing to wait for: confirm at once.
-            acks: dict[ChannelState, int] = {}
-            self._send_confirm(link, entry, acks)
-            for channel, seq in acks.items():
-                link.conn.send_method(channel.number, spec.BasicAck(seq, False))
-            return
-        link.pending.append(entry)
-        link.pending_ready.set()
-
-    async def _cleanup(self, link: Link) -> None:
-        for number in list(link.channels):
-            await self.close_channel(link, number)
-        for name in list(link.exclusive_queues):
-            try:
-                await self.ops.delete_queue(name)
-            except QueueError:
-                log.exception("amqp091: deleting exclusive queue %s failed", name)
-        if link.client is not None:
-            self.broker.clients.remove(link.client)
-            self.broker.stats.client_disconnected()
-            if self.broker.events.wants(CLIENT_DISCONNECTED):
-                self.broker.events.client_info(CLIENT_DISCONNECTED, link.client)
-            link.client = None
-
-    async def close_channel(self, link: Link, number: int) -> None:
-        channel = link.channels.pop(number, None)
+    async def close_channel(self, conn: Amqp091Conn, number: int) -> None:
+        channel = conn.channels.pop(number, None)
         if channel is not None:
-            await self._release_channel(link, channel)
+            self.forget_reply_to(channel)
+            await self._release_channel(conn, channel)
 
-    async def _release_channel(self, link: Link, channel: ChannelState) -> None:
+    def forget_reply_to(self, channel: ChannelState) -> None:
+        if channel.reply_token is not None:
+            self.reply_to.pop(channel.reply_token, None)
+            channel.reply_token = None
+            channel.reply_tag = ""
+
+    async def _release_channel(self, conn: Amqp091Conn, channel: ChannelState) -> None:
         """What a closed channel held: its consumers, its queue-manager handles, its auto-delete queues."""
         for consumer in list(channel.consumers.values()):
             self.forget_consumer(consumer)
         for handle in channel.handles():
             await handle.cancel()
-        link.written_hooks.discard(channel)
+        conn.written_hooks.discard(channel)
         await self.ops.auto_delete_queues({c.queue for c in channel.consumers.values()})
+
+    def _drop_channels(self, conn: Amqp091Conn, numbers: list[int]) -> Awaitable[None] | None:
+        """Forget channels now (nothing is sent on them any more); what they held is released by
+        the awaitable returned, None when they held nothing."""
+        held: list[ChannelState] = []
+        for number in numbers:
+            channel = conn.channels.pop(number, None)
+            if channel is None:
+                continue
+            channel.closed = True
+            self.forget_reply_to(channel)
+            if channel.consumers or channel.getters or channel.unacked:
+                held.append(channel)
+            else:
+                conn.written_hooks.discard(channel)
+        if not held:
+            return None
+
+        async def release() -> None:
+            for channel in held:
+                await self._release_channel(conn, channel)
+
+        return release()
 
     def forget_consumer(self, consumer: Consumer) -> None:
         consumers = self.consumers.get(consumer.queue)
@@ -361,54 +189,96 @@ class Amqp091FrontEnd:
 
     # -- events -----------------------------------------------------------------------------------
 
-    async def dispatch(self, link: Link, events: list[Event]) -> None:
-        conn = link.conn
-        for event in events:
-            if isinstance(event, ContentReceived):
-                self._content(link, event)
-            elif isinstance(event, MethodReceived):
-                channel = link.channels.get(event.channel)
-                if channel is None:
-                    continue
-                try:
-                    await self.ops.method(link, channel, event.method)
-                except spec.ProtocolError as exc:
-                    await self.refuse(link, event.channel, exc)
-            elif isinstance(event, AuthenticationRequested):
-                self._authenticate(link, event)
-            elif isinstance(event, SecureOkReceived):
-                await self.dispatch(link, conn.reject_authentication("unexpected secure-ok"))
-            elif isinstance(event, ChannelOpened):
-                link.channels[event.channel] = ChannelState(link, event.channel, self.config.prefetch_window)
-            elif isinstance(event, ChannelClosed):
-                if not event.by_peer or event.reply_code != spec.REPLY_SUCCESS:
-                    log.info("amqp091: %s channel %d closed: %s", link.name, event.channel, event.reply_text)
-                await self.close_channel(link, event.channel)
-            elif isinstance(event, ChannelFlowChanged):
-                self._flow(link, event)
-            elif isinstance(event, ConnectionOpened):
-                self._opened(link, event)
-            elif isinstance(event, ConnectionClosing):
-                log.info("amqp091: closing connection %s: %s", link.name, event.reply_text)
-                for number in list(link.channels):
-                    await self.close_channel(link, number)
-            elif isinstance(event, ConnectionClosed) and not event.by_peer:
-                log.debug("amqp091: connection %s ended: %s", link.name, event.reply_text)
+    def on_event(self, conn: Amqp091Conn, event: Event) -> Awaitable[None] | None:
+        """Act on one event; an awaitable holds the connection's later frames until it is done."""
+        if type(event) is ContentReceived:
+            self._content(conn, event)
+            return None
+        if type(event) is MethodReceived:
+            return self._method(conn, event)
+        if isinstance(event, AuthenticationRequested):
+            self._authenticate(conn, event)
+        elif isinstance(event, SecureOkReceived):
+            conn.machine.reject_authentication("unexpected secure-ok")
+        elif isinstance(event, ChannelOpened):
+            conn.channels[event.channel] = ChannelState(conn, event.channel)
+        elif isinstance(event, ChannelClosed):
+            if not event.by_peer or event.reply_code != spec.REPLY_SUCCESS:
+                log.info("amqp091: %s channel %d closed: %s", conn.name, event.channel, event.reply_text)
+            return self._drop_channels(conn, [event.channel])
+        elif isinstance(event, ChannelFlowChanged):
+            self._flow(conn, event)
+        elif isinstance(event, ConnectionOpened):
+            self._opened(conn, event)
+        elif isinstance(event, ConnectionClosing):
+            log.info("amqp091: closing connection %s: %s", conn.name, event.reply_text)
+            return self._drop_channels(conn, list(conn.channels))
+        elif isinstance(event, ConnectionClosed):
+            if event.by_peer and conn.pending:
+                # The confirms of the publishes before the close go out before close-ok.
+                return conn.confirms_sent()
+            if not event.by_peer:
+                log.debug("amqp091: connection %s ended: %s", conn.name, event.reply_text)
+        return None
 
-    async def refuse(self, link: Link, number: int, error: spec.ProtocolError) -> None:
-        """Raise ``error`` as a channel or connection exception (with a log line saying why)."""
-        log.info("amqp091: %s channel %d: %s", link.name, number, error)
+    def _method(self, conn: Amqp091Conn, event: MethodReceived) -> Awaitable[None] | None:
+        channel = conn.channels.get(event.channel)
+        if channel is None:
+            return None
+        method = event.method
+        kind = type(method)
+        ops = self.ops
+        at_once = ops.at_once.get(kind)
+        if at_once is not None:
+            try:
+                at_once(conn, channel, method)
+            except spec.ProtocolError as exc:
+                return self.refuse(conn, event.channel, exc)
+            except ExchangeError as exc:
+                return self.refuse(conn, event.channel, _error(exc.reply_code, exc.reason, method))
+            return None
+        waiting: Callable[..., Coroutine[Any, Any, None]] | None = ops.waiting.get(kind)
+        if waiting is None:
+            if isinstance(method, spec.ConnectionUpdateSecret | spec.ChannelFlowOk):
+                return None
+            error = _error(spec.NOT_IMPLEMENTED, f"{method.NAME} is not implemented", method)
+            return self.refuse(conn, event.channel, error)
+
+        async def step() -> None:
+            try:
+                await waiting(conn, channel, method)
+            except spec.ProtocolError as exc:
+                release = self.refuse(conn, event.channel, exc)
+            except ExchangeError as exc:
+                release = self.refuse(conn, event.channel, _error(exc.reply_code, exc.reason, method))
+            else:
+                return
+            if release is not None:
+                await release
+
+        return step()
+
+    def refuse(
+        self, conn: Amqp091Conn, number: int, error: spec.ProtocolError, *, channel_only: bool = False
+    ) -> Awaitable[None] | None:
+        """Raise ``error`` as a channel or connection exception (with a log line saying why); the
+        awaitable, if any, releases what the closed channels held. ``channel_only``: close the
+        channel whatever the code (RabbitMQ's way for some hard codes, e.g. 540 for immediate)."""
+        log.info("amqp091: %s channel %d: %s", conn.name, number, error)
         error.channel = number
-        link.conn.raise_error(error)
+        conn.wake()
+        if channel_only:
+            conn.machine.close_channel(
+                number, error.reply_code, error.full_text, error.class_id, error.method_id
+            )
+            return self._drop_channels(conn, [number])
+        conn.machine.raise_error(error)
         if error.connection_exception:
-            for n in list(link.channels):
-                await self.close_channel(link, n)
-        else:
-            await self.close_channel(link, number)
-        link.wake()
+            return self._drop_channels(conn, list(conn.channels))
+        return self._drop_channels(conn, [number])
 
-    def _authenticate(self, link: Link, event: AuthenticationRequested) -> None:
-        conn = link.conn
+    def _authenticate(self, conn: Amqp091Conn, event: AuthenticationRequested) -> None:
+        machine = conn.machine
         if event.username is None:
             verdict = AuthResult.BAD_CREDENTIALS
         elif (event.username, event.password) == GUEST and not self._guest_is_user:
@@ -418,42 +288,39 @@ class Amqp091FrontEnd:
         else:
             verdict = self.auth.check(event.username, event.password)
         if verdict is AuthResult.OK:
-            link.user = event.username
-            conn.accept_authentication()
+            conn.user = event.username
+            machine.accept_authentication()
             return
-        log.info("amqp091: %s refused (%s, user %r)", link.peer, verdict.value, event.username)
+        log.info("amqp091: %s refused (%s, user %r)", conn.peer, verdict.value, event.username)
         if self.broker.events.wants(CLIENT_AUTH_FAILED):
-            peer, user = link.peer, event.username
+            peer, user = conn.peer, event.username
             self.broker.events.client(
                 CLIENT_AUTH_FAILED, peer, PROTOCOL_AMQP091, peer, user, reason=verdict.value
             )
-        events = conn.reject_authentication(
+        machine.reject_authentication(
             f"Login was refused using authentication mechanism {event.mechanism}. "
             "For details see the broker logfile."
         )
-        for ev in events:
-            if isinstance(ev, ConnectionClosing | ConnectionClosed):
-                link.wake()
 
-    def _opened(self, link: Link, event: ConnectionOpened) -> None:
-        name = link.conn.client_properties.get("connection_name")
-        link.name = f"{link.peer} ({name})" if isinstance(name, str) and name else link.peer
+    def _opened(self, conn: Amqp091Conn, event: ConnectionOpened) -> None:
+        name = conn.machine.client_properties.get("connection_name")
+        conn.name = f"{conn.peer} ({name})" if isinstance(name, str) and name else conn.peer
         self.broker.stats.client_connected()
-        link.client = self.broker.clients.add(
+        conn.client = self.broker.clients.add(
             ClientInfo(
-                link.name,
+                conn.name,
                 PROTOCOL_AMQP091,
-                link.peer,
-                link.user,
-                lambda: link.kick(spec.CONNECTION_FORCED, "CONNECTION_FORCED - Closed by an administrator"),
+                conn.peer,
+                conn.user,
+                lambda: conn.kick(spec.CONNECTION_FORCED, "CONNECTION_FORCED - Closed by an administrator"),
             )
         )
         if self.broker.events.wants(CLIENT_CONNECTED):
-            self.broker.events.client_info(CLIENT_CONNECTED, link.client, vhost=event.virtual_host)
-        log.debug("amqp091: %s opened vhost %s as %r", link.name, event.virtual_host, link.user)
+            self.broker.events.client_info(CLIENT_CONNECTED, conn.client, vhost=event.virtual_host)
+        log.debug("amqp091: %s opened vhost %s as %r", conn.name, event.virtual_host, conn.user)
 
-    def _flow(self, link: Link, event: ChannelFlowChanged) -> None:
-        channel = link.channels.get(event.channel)
+    def _flow(self, conn: Amqp091Conn, event: ChannelFlowChanged) -> None:
+        channel = conn.channels.get(event.channel)
         if channel is None:
             return
         channel.flow_active = event.active
@@ -464,39 +331,59 @@ class Amqp091FrontEnd:
 
     # -- publishing -------------------------------------------------------------------------------
 
-    def _content(self, link: Link, event: ContentReceived) -> None:
-        channel = link.channels.get(event.channel)
+    def _content(self, conn: Amqp091Conn, event: ContentReceived) -> None:
+        channel = conn.channels.get(event.channel)
         method = event.method
         if channel is None or not isinstance(method, spec.BasicPublish):
             return
         self.broker.stats.messages_received += 1
+        conn.io.publisher = True
         if channel.tx:
             channel.tx_publishes.append((method, event.properties, event.body))
             return
-        try:
-            tickets, failed = self.publish(link, channel, method, event.properties, event.body)
-        except spec.ProtocolError as exc:
-            exc.channel = event.channel
-            link.conn.raise_error(exc)
-            log.info("amqp091: %s channel %d: %s", link.name, event.channel, exc)
-            link.channels.pop(event.channel, None)
-            if link.tasks is not None:  # not awaited here: publishes are handled without awaiting
-                link.tasks.start_soon(self._release_channel, link, channel)
+        if method.immediate:
+            # Refused as RabbitMQ 3 refuses it: the channel closes with 540, the connection stays.
+            error = spec.ProtocolError(spec.NOT_IMPLEMENTED, "immediate=true", class_id=60, method_id=40)
+            _later(conn, self.refuse(conn, event.channel, error, channel_only=True))
             return
+        entry = None
         if channel.confirm:
             channel.publish_seq += 1
-            self.add_pending(link, Pending(channel, channel.publish_seq, tickets, failed))
+            entry = conn.begin_confirm(channel, channel.publish_seq)
+        try:
+            self.publish(conn, channel, method, event.properties, event.body, entry)
+        except spec.ProtocolError as exc:
+            if entry is not None:
+                conn.drop_confirm(entry)
+            _later(conn, self.refuse(conn, event.channel, exc))
+            return
+        if entry is not None:
+            entry.sealed()
 
     def publish(
         self,
-        link: Link,
+        conn: Amqp091Conn,
         channel: ChannelState,
         method: spec.BasicPublish,
         props: BasicProperties,
         body: bytes,
-    ) -> tuple[list[Ticket], bool]:
-        """Route one basic.publish; returns the commit tickets to wait for and whether a queue refused it."""
+        entry: Pending | None = None,
+    ) -> None:
+        """Route one basic.publish; ``entry`` (a confirm or a tx.commit) waits for its commits."""
         exchange, key = method.exchange, method.routing_key
+        if not exchange and key.startswith(REPLY_PREFIX):
+            if not self._direct_reply(key, props, body) and method.mandatory:
+                conn.machine.send_content(
+                    channel.number, spec.BasicReturn(spec.NO_ROUTE, "NO_ROUTE", exchange, key), props, body
+                )
+                conn.wake()
+            return
+        if props.reply_to == REPLY_TO:
+            if channel.reply_token is None:
+                raise spec.ProtocolError(
+                    spec.PRECONDITION_FAILED, "fast reply consumer does not exist", class_id=60, method_id=40
+                )
+            props = replace(props, reply_to=REPLY_PREFIX + channel.reply_token)
         try:
             self.exchanges.check_publish(exchange)
             result = self.exchanges.route(exchange, key, props.headers)
@@ -513,12 +400,10 @@ class Amqp091FrontEnd:
                 "" if single is None else queue_topic(single),
                 exchange=exchange,
                 routing_key=key,
-                publisher_id=link.name,
+                publisher_id=conn.name,
             )
         except MappingError as exc:
             raise spec.ProtocolError(spec.PRECONDITION_FAILED, str(exc), class_id=60, method_id=40) from None
-        tickets: list[Ticket] = []
-        failed = False
         routed = 0
         if result.to_router:
             try:
@@ -527,7 +412,7 @@ class Amqp091FrontEnd:
                 topic = ""
             if topic:
                 message.topic = topic
-                self._collecting = tickets
+                self._collecting = entry
                 try:
                     routed += self.broker.publish(message)
                 finally:
@@ -537,20 +422,46 @@ class Amqp091FrontEnd:
                 continue
             routed += 1
             queued = message if single is not None else message.copy_with(topic=queue_topic(queue))
-            try:
-                ticket = self.manager.publish_nowait(queue, queued)
-            except QueueError as exc:
-                log.debug("amqp091: publish to queue %s refused: %s", queue, exc)
-                failed = True
-                continue
-            if ticket is not None:
-                tickets.append(ticket)
+            if not self._to_queue(queue, queued, entry) and entry is not None:
+                entry.failed = True
         if not routed and method.mandatory:
-            link.conn.send_content(
+            conn.machine.send_content(
                 channel.number, spec.BasicReturn(spec.NO_ROUTE, "NO_ROUTE", exchange, key), props, body
             )
-            link.wake()
-        return tickets, failed
+            conn.wake()
+
+    def _direct_reply(self, key: str, props: BasicProperties, body: bytes) -> bool:
+        """A reply to a direct reply-to requester: straight to its channel (no queue, no ack).
+        False when the requester is gone (the reply is dropped, as RabbitMQ drops it)."""
+        channel = self.reply_to.get(key[len(REPLY_PREFIX) :])
+        if channel is None or channel.closed:
+            return False
+        tag = channel.next_tag
+        channel.next_tag = tag + 1
+        deliver = spec.BasicDeliver(channel.reply_tag, tag, False, "", key)
+        if not channel.conn.machine.send_content(channel.number, deliver, props, body):
+            return False
+        self.broker.stats.messages_sent += 1
+        channel.conn.wake()
+        return True
+
+    def _to_queue(self, queue: str, message: Message, entry: Pending | None) -> bool:
+        """Append to a queue; ``entry`` (if any) waits for the commit. False: the queue refused it."""
+        if entry is None:
+            try:
+                self.manager.publish_nowait(queue, message)
+            except QueueError as exc:
+                log.debug("amqp091: publish to queue %s refused: %s", queue, exc)
+                return False
+            return True
+        entry.expect()
+        try:
+            self.manager.publish_nowait(queue, message, done=entry.committed)
+        except QueueError as exc:
+            log.debug("amqp091: publish to queue %s refused: %s", queue, exc)
+            entry.waiting -= 1  # never committed; the seal still holds the entry
+            return False
+        return True
 
     def deliver_from_router(self, binding: RouterBinding, message: Message) -> None:
         """A router match for a queue (or exchange) bound to amq.topic: append to the queue(s)."""
@@ -564,14 +475,21 @@ class Amqp091FrontEnd:
                 queues = self.exchanges.route(binding.destination, key, dict(message.user_properties)).queues
             except ExchangeError:
                 return
+        entry = self._collecting
         for queue in queues:
             if not self.manager.exists(queue):
                 continue
-            try:
-                ticket = self.manager.publish_nowait(queue, message)
-            except QueueError as exc:
-                self.broker.stats.messages_dropped += 1
-                log.debug("amqp091: router message for queue %s refused: %s", queue, exc)
-                continue
-            if ticket is not None and self._collecting is not None:
-                self._collecting.append(ticket)
+            if not self._to_queue(queue, message, entry):
+                self.broker.stats.messages_dropped += 1  # a router copy: dropped, not a failed publish
+
+
+def _later(conn: Amqp091Conn, step: Awaitable[None] | None) -> None:
+    """Run ``step`` in the background: a publish is handled without waiting, even when it closes
+    its channel (what the channel held is released meanwhile; it takes no more frames)."""
+    if step is None:
+        return
+
+    async def run() -> None:
+        await step
+
+    conn.io.spawn(run)

@@ -8,8 +8,11 @@ correlation_id      ``correlation_data`` (UTF-8 bytes)
 reply_to            ``response_topic``
 headers             ``user_properties`` (values as text); typed values also kept in
                     ``extra["headers"]`` so that an AMQP consumer gets them back typed
-expiration (ms)     ``expires_at_ms`` (absolute); sent on as the time left
-delivery_mode       ``qos`` (2 persistent -> 1, else 0) and ``extra["delivery_mode"]``
+expiration (ms)     ``expires_at_ms`` (absolute) and ``extra["expiration"]``: delivered as the
+                    publisher's string (a consumer that republishes keeps the TTL); the time
+                    left for messages from other protocols
+delivery_mode       ``qos`` (2 persistent -> 1, else 0) and ``extra["delivery_mode"]``; unset
+                    stays unset (for messages from other protocols: 2 for QoS >= 1, else 1)
 priority, message_id, timestamp, type, app_id, user_id, content_encoding
                     ``extra`` under the same names (other protocols ignore them)
 exchange, key       ``extra["exchange"]``, ``extra["routing_key"]`` (for basic.deliver)
@@ -90,6 +93,7 @@ def message_from_content(
     expires = None
     if props.expiration is not None:
         expires = now + parse_expiration(props.expiration)
+        extra["expiration"] = props.expiration
     return Message(
         topic=topic,
         payload=body,
@@ -124,18 +128,22 @@ _NO_EXTRA: dict[str, object] = {}
 
 def properties_from_message(message: Message, now: int | None = None) -> BasicProperties:
     # Once per delivery: one constructor call with every field, no setattr loop.
-    get = (message.extra if message.protocol == PROTOCOL_AMQP091 else _NO_EXTRA).get
+    ours = message.protocol == PROTOCOL_AMQP091
+    get = (message.extra if ours else _NO_EXTRA).get
     mode = get("delivery_mode")
+    if not isinstance(mode, int):
+        mode = None if ours else 2 if message.qos else 1
     correlation = message.correlation_data
-    expiration = None
-    if message.expires_at_ms is not None:
+    published = get("expiration")
+    expiration = published if isinstance(published, str) else None
+    if expiration is None and message.expires_at_ms is not None:
         now = now_ms() if now is None else now
         expiration = str(max(0, message.expires_at_ms - now))
     return BasicProperties(
         message.content_type,
         get("content_encoding"),  # type: ignore[arg-type]
         _headers(message),
-        mode if isinstance(mode, int) else (2 if message.qos else 1),
+        mode,
         get("priority"),  # type: ignore[arg-type]
         None if correlation is None else correlation.decode("utf-8", "surrogateescape"),
         message.response_topic,

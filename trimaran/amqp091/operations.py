@@ -30,11 +30,16 @@ from trimaran.broker.topics import TopicError, binding_key_to_filter
 from trimaran.queue.policy import QueueError
 
 if TYPE_CHECKING:
-    from trimaran.amqp091.handler import Amqp091FrontEnd, Link
+    from trimaran.amqp091.conn import Amqp091Conn
+    from trimaran.amqp091.handler import Amqp091FrontEnd
 
 log = logging.getLogger(__name__)
 
 VHOST = "/"
+#: Direct reply-to: consume here, publish with reply_to set to it; replies go to
+#: ``REPLY_TO + "." + token`` on the default exchange.
+REPLY_TO = "amq.rabbitmq.reply-to"
+REPLY_PREFIX = REPLY_TO + "."
 
 
 def _error(code: int, text: str, method: spec.Method) -> spec.ProtocolError:
@@ -45,24 +50,32 @@ def _rs(queue: str) -> str:
     return f"queue '{queue}' in vhost '{VHOST}'"
 
 
+def _locked(queue: str) -> str:
+    return (
+        f"cannot obtain exclusive access to locked {_rs(queue)}. It could be originally declared on "
+        "another connection or the exclusive property value does not match that of the original "
+        "declaration."
+    )
+
+
+def _argument(value: object) -> object:
+    """A queue argument for comparison: text whether it came as bytes or str, numbers as numbers."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, bool) or not isinstance(value, int):
+        return value
+    return int(value)
+
+
 class Operations:
     def __init__(self, front: Amqp091FrontEnd) -> None:
         self.front = front
         self.manager = front.manager
         self.exchanges = front.exchanges
-        self._handlers: dict[type[spec.Method], Any] = {
-            spec.ExchangeDeclare: self.exchange_declare,
-            spec.ExchangeDelete: self.exchange_delete,
-            spec.ExchangeBind: self.exchange_bind,
-            spec.ExchangeUnbind: self.exchange_unbind,
-            spec.QueueDeclare: self.queue_declare,
-            spec.QueueBind: self.queue_bind,
-            spec.QueueUnbind: self.queue_unbind,
-            spec.QueuePurge: self.queue_purge,
-            spec.QueueDelete: self.queue_delete,
+        # Methods answered at once: handled inside the event, nothing waits.
+        self.at_once: dict[type[spec.Method], Any] = {
             spec.BasicQos: self.basic_qos,
             spec.BasicConsume: self.basic_consume,
-            spec.BasicCancel: self.basic_cancel,
             spec.BasicGet: self.basic_get,
             spec.BasicAck: self.basic_ack,
             spec.BasicNack: self.basic_nack,
@@ -74,17 +87,19 @@ class Operations:
             spec.TxCommit: self.tx_commit,
             spec.TxRollback: self.tx_rollback,
         }
-
-    async def method(self, link: Link, channel: ChannelState, method: spec.Method) -> None:
-        handler = self._handlers.get(type(method))
-        if handler is None:
-            if isinstance(method, spec.ConnectionUpdateSecret | spec.ChannelFlowOk):
-                return
-            raise _error(spec.NOT_IMPLEMENTED, f"{method.NAME} is not implemented", method)
-        try:
-            await handler(link, channel, method)
-        except ExchangeError as exc:
-            raise _error(exc.reply_code, exc.reason, method) from None
+        # Methods that wait (a commit, a queue manager call): the connection's later frames wait too.
+        self.waiting: dict[type[spec.Method], Any] = {
+            spec.ExchangeDeclare: self.exchange_declare,
+            spec.ExchangeDelete: self.exchange_delete,
+            spec.ExchangeBind: self.exchange_bind,
+            spec.ExchangeUnbind: self.exchange_unbind,
+            spec.QueueDeclare: self.queue_declare,
+            spec.QueueBind: self.queue_bind,
+            spec.QueueUnbind: self.queue_unbind,
+            spec.QueuePurge: self.queue_purge,
+            spec.QueueDelete: self.queue_delete,
+            spec.BasicCancel: self.basic_cancel,
+        }
 
     async def _store(self, call: Callable[[], None]) -> None:
         """Persist a change to durable exchanges or bindings (one transaction, on a worker thread)."""
@@ -134,9 +149,9 @@ class Operations:
         return exchange is not None and exchange.durable
 
     @staticmethod
-    def _reply(link: Link, channel: ChannelState, reply: spec.Method, no_wait: bool = False) -> None:
+    def _reply(conn: Amqp091Conn, channel: ChannelState, reply: spec.Method, no_wait: bool = False) -> None:
         if not no_wait:
-            link.conn.send_method(channel.number, reply)
+            conn.machine.send_method(channel.number, reply)
 
     # -- restore and housekeeping -------------------------------------------------------------------
 
@@ -185,10 +200,10 @@ class Operations:
             channel = consumer.channel
             if channel.consumers.get(consumer.tag) is consumer:
                 del channel.consumers[consumer.tag]
-                caps = channel.link.conn.client_capabilities
-                if caps.get("consumer_cancel_notify") is True:
-                    channel.link.conn.send_method(channel.number, spec.BasicCancel(consumer.tag, True))
-                    channel.link.wake()
+                caps = channel.conn.machine.client_capabilities
+                if caps.get("consumer_cancel_notify") is True and not channel.closed:
+                    channel.conn.machine.send_method(channel.number, spec.BasicCancel(consumer.tag, True))
+                    channel.conn.wake()
             for tag, (holder, _) in list(channel.unacked.items()):
                 if holder is consumer:
                     del channel.unacked[tag]
@@ -210,26 +225,20 @@ class Operations:
             raise _error(spec.NOT_FOUND, "no previously declared queue", method)
         return channel.last_queue
 
-    def _existing(self, link: Link, name: str, method: spec.Method) -> QueueMeta:
+    def _existing(self, conn: Amqp091Conn, name: str, method: spec.Method) -> QueueMeta:
         state = self.manager.queues.get(name)
         if state is None:
             raise _error(spec.NOT_FOUND, f"no {_rs(name)}", method)
         meta = self.front.meta.get(name)
         if meta is None:  # a queue made outside AMQP (MQTT $queue/, config)
             meta = self.front.meta[name] = QueueMeta(name, state.durable)
-        self._check_exclusive(link, meta, method)
+        self._check_exclusive(conn, meta, method)
         return meta
 
     @staticmethod
-    def _check_exclusive(link: Link, meta: QueueMeta, method: spec.Method) -> None:
-        if meta.exclusive_owner is not None and meta.exclusive_owner is not link:
-            raise _error(
-                spec.RESOURCE_LOCKED,
-                f"cannot obtain exclusive access to locked {_rs(meta.name)}. It could be originally "
-                "declared on another connection or the exclusive property value does not match that "
-                "of the original declaration.",
-                method,
-            )
+    def _check_exclusive(conn: Amqp091Conn, meta: QueueMeta, method: spec.Method) -> None:
+        if meta.exclusive_owner is not None and meta.exclusive_owner is not conn:
+            raise _error(spec.RESOURCE_LOCKED, _locked(meta.name), method)
 
     def _counts(self, name: str) -> tuple[int, int]:
         state = self.manager.queues.get(name)
@@ -238,7 +247,9 @@ class Operations:
 
     # -- exchanges --------------------------------------------------------------------------------
 
-    async def exchange_declare(self, link: Link, channel: ChannelState, m: spec.ExchangeDeclare) -> None:
+    async def exchange_declare(
+        self, conn: Amqp091Conn, channel: ChannelState, m: spec.ExchangeDeclare
+    ) -> None:
         exchange, created = self.exchanges.declare(
             m.exchange,
             m.type,
@@ -251,22 +262,22 @@ class Operations:
         store = self.front.store
         if created and exchange.durable and store is not None:
             await self._store(lambda: store.save_exchange(exchange))
-        self._reply(link, channel, spec.ExchangeDeclareOk(), m.no_wait)
+        self._reply(conn, channel, spec.ExchangeDeclareOk(), m.no_wait)
 
-    async def exchange_delete(self, link: Link, channel: ChannelState, m: spec.ExchangeDelete) -> None:
+    async def exchange_delete(self, conn: Amqp091Conn, channel: ChannelState, m: spec.ExchangeDelete) -> None:
         deleted = self.exchanges.delete(m.exchange, if_unused=m.if_unused)
         await self._removed(None if deleted is None else m.exchange)
-        self._reply(link, channel, spec.ExchangeDeleteOk(), m.no_wait)
+        self._reply(conn, channel, spec.ExchangeDeleteOk(), m.no_wait)
 
-    async def exchange_bind(self, link: Link, channel: ChannelState, m: spec.ExchangeBind) -> None:
+    async def exchange_bind(self, conn: Amqp091Conn, channel: ChannelState, m: spec.ExchangeBind) -> None:
         if self.exchanges.get(m.destination) is None:
             raise _error(spec.NOT_FOUND, f"no exchange '{m.destination}' in vhost '{VHOST}'", m)
         await self._bind(m.source, "exchange", m.destination, m.routing_key, m.arguments, m)
-        self._reply(link, channel, spec.ExchangeBindOk(), m.no_wait)
+        self._reply(conn, channel, spec.ExchangeBindOk(), m.no_wait)
 
-    async def exchange_unbind(self, link: Link, channel: ChannelState, m: spec.ExchangeUnbind) -> None:
+    async def exchange_unbind(self, conn: Amqp091Conn, channel: ChannelState, m: spec.ExchangeUnbind) -> None:
         await self._unbind(m.source, "exchange", m.destination, m.routing_key, m.arguments)
-        self._reply(link, channel, spec.ExchangeUnbindOk(), m.no_wait)
+        self._reply(conn, channel, spec.ExchangeUnbindOk(), m.no_wait)
 
     async def _bind(
         self, source: str, kind: str, destination: str, key: str, arguments: dict[str, Any], m: spec.Method
@@ -306,25 +317,30 @@ class Operations:
     async def _unbind(
         self, source: str, kind: str, destination: str, key: str, arguments: dict[str, Any]
     ) -> None:
-        self.exchanges.unbind(source, destination, kind, key, arguments)  # type: ignore[arg-type]
+        try:
+            self.exchanges.unbind(source, destination, kind, key, arguments)  # type: ignore[arg-type]
+        except ExchangeError as exc:
+            if exc.reply_code != spec.NOT_FOUND:
+                raise
+            # A missing source or destination has no binding to remove: unbind-ok, as RabbitMQ
+            # answers (clients unbind in clean-ups after an auto-delete removed the queue).
+            return
         await self._removed()
 
     # -- queues -----------------------------------------------------------------------------------
 
-    async def queue_declare(self, link: Link, channel: ChannelState, m: spec.QueueDeclare) -> None:
+    async def queue_declare(self, conn: Amqp091Conn, channel: ChannelState, m: spec.QueueDeclare) -> None:
         front = self.front
         name = m.queue or f"amq.gen-{secrets.token_urlsafe(16)}"
+        if name == REPLY_TO and m.passive:  # the direct reply-to pseudo-queue exists, always empty
+            self._reply(conn, channel, spec.QueueDeclareOk(name, 0, 0), m.no_wait)
+            return
         if m.queue.startswith("amq.") and not m.passive:
             raise _error(spec.ACCESS_REFUSED, f"queue name '{m.queue}' contains reserved prefix 'amq.*'", m)
         if self.manager.exists(name):
-            meta = self._existing(link, name, m)
-            if not m.passive and meta.durable != m.durable and meta.exclusive_owner is None:
-                raise _error(
-                    spec.PRECONDITION_FAILED,
-                    f"inequivalent arg 'durable' for {_rs(name)}: received '{str(m.durable).lower()}' "
-                    f"but current is '{str(meta.durable).lower()}'",
-                    m,
-                )
+            meta = self._existing(conn, name, m)
+            if not m.passive:
+                self._check_equivalent(meta, m)
             meta.unused_since = time.monotonic()
         else:
             if m.passive:
@@ -341,17 +357,44 @@ class Operations:
             meta = front.meta[name] = QueueMeta(
                 name,
                 m.durable,
-                exclusive_owner=link if m.exclusive else None,
+                exclusive_owner=conn if m.exclusive else None,
                 auto_delete=m.auto_delete,
                 expires_ms=expires if isinstance(expires, int) and not isinstance(expires, bool) else None,
                 arguments=dict(m.arguments),
                 unused_since=time.monotonic(),
+                declared=True,
             )
             if m.exclusive:
-                link.exclusive_queues.add(name)
+                conn.exclusive_queues.add(name)
         channel.last_queue = name
         depth, consumers = self._counts(name)
-        self._reply(link, channel, spec.QueueDeclareOk(name, depth, consumers), m.no_wait)
+        self._reply(conn, channel, spec.QueueDeclareOk(name, depth, consumers), m.no_wait)
+
+    def _check_equivalent(self, meta: QueueMeta, m: spec.QueueDeclare) -> None:
+        """RabbitMQ's rule for redeclaring a queue: the same exclusive flag (405 RESOURCE_LOCKED,
+        from the owning connection too), else the same durable, auto_delete and arguments (406
+        PRECONDITION_FAILED naming the first that differs). Arguments and auto_delete are known only
+        for queues declared over AMQP since the start."""
+        if (meta.exclusive_owner is not None) != m.exclusive:
+            raise _error(spec.RESOURCE_LOCKED, _locked(meta.name), m)
+        if meta.durable != m.durable:
+            raise self._inequivalent(meta.name, "durable", m.durable, meta.durable, m)
+        if not meta.declared:
+            return
+        if meta.auto_delete != m.auto_delete:
+            raise self._inequivalent(meta.name, "auto_delete", m.auto_delete, meta.auto_delete, m)
+        for key in sorted(set(meta.arguments) | set(m.arguments)):
+            got, have = _argument(m.arguments.get(key)), _argument(meta.arguments.get(key))
+            if got != have:
+                raise self._inequivalent(meta.name, key, got, have, m)
+
+    @staticmethod
+    def _inequivalent(name: str, arg: str, got: object, have: object, m: spec.Method) -> spec.ProtocolError:
+        def shown(value: object) -> str:
+            return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+        text = f"received '{shown(got)}' but current is '{shown(have)}'"
+        return _error(spec.PRECONDITION_FAILED, f"inequivalent arg '{arg}' for {_rs(name)}: {text}", m)
 
     def _dead_letter_queue(self, arguments: dict[str, Any]) -> str | None:
         target = dead_letter_arguments(arguments)
@@ -373,41 +416,42 @@ class Operations:
             return None
         return queues[0]
 
-    async def queue_bind(self, link: Link, channel: ChannelState, m: spec.QueueBind) -> None:
+    async def queue_bind(self, conn: Amqp091Conn, channel: ChannelState, m: spec.QueueBind) -> None:
         name = self._queue_name(channel, m.queue, m)
-        self._existing(link, name, m)
+        self._existing(conn, name, m)
         await self._bind(m.exchange, "queue", name, m.routing_key, m.arguments, m)
-        self._reply(link, channel, spec.QueueBindOk(), m.no_wait)
+        self._reply(conn, channel, spec.QueueBindOk(), m.no_wait)
 
-    async def queue_unbind(self, link: Link, channel: ChannelState, m: spec.QueueUnbind) -> None:
+    async def queue_unbind(self, conn: Amqp091Conn, channel: ChannelState, m: spec.QueueUnbind) -> None:
         name = self._queue_name(channel, m.queue, m)
-        self._existing(link, name, m)
-        await self._unbind(m.exchange, "queue", name, m.routing_key, m.arguments)
-        self._reply(link, channel, spec.QueueUnbindOk())
+        if self.manager.exists(name):
+            self._existing(conn, name, m)
+            await self._unbind(m.exchange, "queue", name, m.routing_key, m.arguments)
+        self._reply(conn, channel, spec.QueueUnbindOk())
 
-    async def queue_purge(self, link: Link, channel: ChannelState, m: spec.QueuePurge) -> None:
+    async def queue_purge(self, conn: Amqp091Conn, channel: ChannelState, m: spec.QueuePurge) -> None:
         name = self._queue_name(channel, m.queue, m)
-        self._existing(link, name, m)
+        self._existing(conn, name, m)
         count = await self.manager.purge(name)
-        self._reply(link, channel, spec.QueuePurgeOk(count), m.no_wait)
+        self._reply(conn, channel, spec.QueuePurgeOk(count), m.no_wait)
 
-    async def queue_delete(self, link: Link, channel: ChannelState, m: spec.QueueDelete) -> None:
+    async def queue_delete(self, conn: Amqp091Conn, channel: ChannelState, m: spec.QueueDelete) -> None:
         name = self._queue_name(channel, m.queue, m)
         if not self.manager.exists(name):
-            self._reply(link, channel, spec.QueueDeleteOk(0), m.no_wait)
+            self._reply(conn, channel, spec.QueueDeleteOk(0), m.no_wait)
             return
-        self._existing(link, name, m)
+        self._existing(conn, name, m)
         depth, consumers = self._counts(name)
         if m.if_unused and consumers:
             raise _error(spec.PRECONDITION_FAILED, f"{_rs(name)} in use", m)
         if m.if_empty and depth:
             raise _error(spec.PRECONDITION_FAILED, f"{_rs(name)} not empty", m)
         await self.delete_queue(name)
-        self._reply(link, channel, spec.QueueDeleteOk(depth), m.no_wait)
+        self._reply(conn, channel, spec.QueueDeleteOk(depth), m.no_wait)
 
     # -- basic ------------------------------------------------------------------------------------
 
-    async def basic_qos(self, link: Link, channel: ChannelState, m: spec.BasicQos) -> None:
+    def basic_qos(self, conn: Amqp091Conn, channel: ChannelState, m: spec.BasicQos) -> None:
         if m.prefetch_size:
             raise _error(spec.NOT_IMPLEMENTED, f"prefetch_size!=0 ({m.prefetch_size})", m)
         if m.global_:
@@ -415,12 +459,15 @@ class Operations:
             channel.refill_all()
         else:
             channel.prefetch = m.prefetch_count
-        self._reply(link, channel, spec.BasicQosOk())
+        self._reply(conn, channel, spec.BasicQosOk())
 
-    async def basic_consume(self, link: Link, channel: ChannelState, m: spec.BasicConsume) -> None:
+    def basic_consume(self, conn: Amqp091Conn, channel: ChannelState, m: spec.BasicConsume) -> None:
         front = self.front
+        if m.queue == REPLY_TO:
+            self._reply_consumer(conn, channel, m)
+            return
         name = self._queue_name(channel, m.queue, m)
-        meta = self._existing(link, name, m)
+        meta = self._existing(conn, name, m)
         tag = m.consumer_tag or f"amq.ctag-{secrets.token_urlsafe(16)}"
         if tag in channel.consumers:
             raise spec.ProtocolError(
@@ -448,10 +495,29 @@ class Operations:
         channel.consumers[tag] = consumer
         front.consumers.setdefault(name, set()).add(consumer)
         meta.had_consumer = True
-        self._reply(link, channel, spec.BasicConsumeOk(tag), m.no_wait)
+        self._reply(conn, channel, spec.BasicConsumeOk(tag), m.no_wait)
         channel.refill(consumer)  # deliveries start after consume-ok
 
-    async def basic_cancel(self, link: Link, channel: ChannelState, m: spec.BasicCancel) -> None:
+    def _reply_consumer(self, conn: Amqp091Conn, channel: ChannelState, m: spec.BasicConsume) -> None:
+        """basic.consume on the direct reply-to pseudo-queue: replies to this channel's requests are
+        delivered straight to it, with no queue (RabbitMQ's rules: no-ack only, one per channel)."""
+        if not m.no_ack:
+            raise _error(spec.PRECONDITION_FAILED, "reply consumer cannot acknowledge", m)
+        if channel.reply_token is not None:
+            raise _error(spec.PRECONDITION_FAILED, "reply consumer already set", m)
+        tag = m.consumer_tag or f"amq.ctag-{secrets.token_urlsafe(16)}"
+        if tag in channel.consumers:
+            raise _error(spec.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", m)
+        token = secrets.token_urlsafe(18)
+        channel.reply_tag, channel.reply_token = tag, token
+        self.front.reply_to[token] = channel
+        self._reply(conn, channel, spec.BasicConsumeOk(tag), m.no_wait)
+
+    async def basic_cancel(self, conn: Amqp091Conn, channel: ChannelState, m: spec.BasicCancel) -> None:
+        if channel.reply_token is not None and m.consumer_tag == channel.reply_tag:
+            self.front.forget_reply_to(channel)
+            self._reply(conn, channel, spec.BasicCancelOk(m.consumer_tag), m.no_wait)
+            return
         consumer = channel.consumers.pop(m.consumer_tag, None)
         if consumer is not None:
             self.front.forget_consumer(consumer)
@@ -461,13 +527,13 @@ class Operations:
                     consumer.handle.set_credit(0)  # its unacked deliveries may still be acked
                 else:
                     await consumer.handle.cancel()
-        self._reply(link, channel, spec.BasicCancelOk(m.consumer_tag), m.no_wait)
+        self._reply(conn, channel, spec.BasicCancelOk(m.consumer_tag), m.no_wait)
         if consumer is not None:
             await self.auto_delete_queues({consumer.queue})
 
-    async def basic_get(self, link: Link, channel: ChannelState, m: spec.BasicGet) -> None:
+    def basic_get(self, conn: Amqp091Conn, channel: ChannelState, m: spec.BasicGet) -> None:
         name = self._queue_name(channel, m.queue, m)
-        meta = self._existing(link, name, m)
+        meta = self._existing(conn, name, m)
         meta.unused_since = time.monotonic()
         getter = channel.getters.get((name, m.no_ack))
         if getter is None or getter.handle is None or getter.handle.closed:
@@ -478,15 +544,15 @@ class Operations:
                 raise _error(spec.PRECONDITION_FAILED, f"cannot get from {_rs(name)}: {exc}", m) from None
             channel.getters[(name, m.no_ack)] = getter
         if not channel.get(getter, lambda: self._counts(name)[0]):
-            self._reply(link, channel, spec.BasicGetEmpty())
+            self._reply(conn, channel, spec.BasicGetEmpty())
 
-    async def basic_ack(self, link: Link, channel: ChannelState, m: spec.BasicAck) -> None:
+    def basic_ack(self, conn: Amqp091Conn, channel: ChannelState, m: spec.BasicAck) -> None:
         self._settle(channel, m.delivery_tag, m.multiple, "ack", False)
 
-    async def basic_nack(self, link: Link, channel: ChannelState, m: spec.BasicNack) -> None:
+    def basic_nack(self, conn: Amqp091Conn, channel: ChannelState, m: spec.BasicNack) -> None:
         self._settle(channel, m.delivery_tag, m.multiple, "nack", m.requeue)
 
-    async def basic_reject(self, link: Link, channel: ChannelState, m: spec.BasicReject) -> None:
+    def basic_reject(self, conn: Amqp091Conn, channel: ChannelState, m: spec.BasicReject) -> None:
         self._settle(channel, m.delivery_tag, False, "reject", m.requeue)
 
     @staticmethod
@@ -498,48 +564,49 @@ class Operations:
             return
         channel.settle(tag, multiple, action, requeue)
 
-    async def basic_recover(
-        self, link: Link, channel: ChannelState, m: spec.BasicRecover | spec.BasicRecoverAsync
+    def basic_recover(
+        self, conn: Amqp091Conn, channel: ChannelState, m: spec.BasicRecover | spec.BasicRecoverAsync
     ) -> None:
         channel.recover()
         if isinstance(m, spec.BasicRecover):
-            self._reply(link, channel, spec.BasicRecoverOk())
+            self._reply(conn, channel, spec.BasicRecoverOk())
 
     # -- confirm and tx ---------------------------------------------------------------------------
 
-    async def confirm_select(self, link: Link, channel: ChannelState, m: spec.ConfirmSelect) -> None:
+    def confirm_select(self, conn: Amqp091Conn, channel: ChannelState, m: spec.ConfirmSelect) -> None:
         if channel.tx:
             raise _error(spec.PRECONDITION_FAILED, "cannot switch from tx to confirm mode", m)
         channel.confirm = True
-        self._reply(link, channel, spec.ConfirmSelectOk(), m.no_wait)
+        self._reply(conn, channel, spec.ConfirmSelectOk(), m.no_wait)
 
-    async def tx_select(self, link: Link, channel: ChannelState, m: spec.TxSelect) -> None:
+    def tx_select(self, conn: Amqp091Conn, channel: ChannelState, m: spec.TxSelect) -> None:
         if channel.confirm:
             raise _error(spec.PRECONDITION_FAILED, "cannot switch from confirm to tx mode", m)
         channel.tx = True
-        self._reply(link, channel, spec.TxSelectOk())
+        self._reply(conn, channel, spec.TxSelectOk())
 
-    async def tx_commit(self, link: Link, channel: ChannelState, m: spec.TxCommit) -> None:
-        from trimaran.amqp091.handler import Pending
-
+    def tx_commit(self, conn: Amqp091Conn, channel: ChannelState, m: spec.TxCommit) -> None:
         if not channel.tx:
             raise _error(spec.PRECONDITION_FAILED, "channel is not transactional", m)
         publishes, channel.tx_publishes = channel.tx_publishes, []
         acks, channel.tx_acks = channel.tx_acks, []
-        tickets = []
-        for method, props, body in publishes:
-            got, _failed = self.front.publish(link, channel, method, props, body)
-            tickets.extend(got)
+        entry = conn.begin_confirm(channel, 0, spec.TxCommitOk())
+        try:
+            for method, props, body in publishes:
+                self.front.publish(conn, channel, method, props, body, entry)
+        except spec.ProtocolError:
+            conn.drop_confirm(entry)  # the channel closes; its commit-ok will never be sent
+            raise
         for settle in acks:
             try:
                 settle()
             except spec.ProtocolError:
                 continue  # settled meanwhile (basic.recover, a cancelled queue)
-        self.front.add_pending(link, Pending(channel, 0, tickets, reply=spec.TxCommitOk()))
+        entry.sealed()
 
-    async def tx_rollback(self, link: Link, channel: ChannelState, m: spec.TxRollback) -> None:
+    def tx_rollback(self, conn: Amqp091Conn, channel: ChannelState, m: spec.TxRollback) -> None:
         if not channel.tx:
             raise _error(spec.PRECONDITION_FAILED, "channel is not transactional", m)
         channel.tx_publishes = []
         channel.tx_acks = []  # the deliveries stay unacknowledged
-        self._reply(link, channel, spec.TxRollbackOk())
+        self._reply(conn, channel, spec.TxRollbackOk())

@@ -32,7 +32,8 @@ from trimaran.broker.router import Delivery
 from trimaran.config import QueuePolicySettings
 
 if TYPE_CHECKING:
-    from trimaran.amqp091.handler import Amqp091FrontEnd, Link
+    from trimaran.amqp091.conn import Amqp091Conn
+    from trimaran.amqp091.handler import Amqp091FrontEnd
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +52,13 @@ class QueueMeta:
 
     name: str
     durable: bool
-    exclusive_owner: Link | None = None  # the connection of an exclusive queue
+    exclusive_owner: Amqp091Conn | None = None  # the connection of an exclusive queue
     auto_delete: bool = False
     expires_ms: int | None = None
     arguments: FieldTable = field(default_factory=dict)
     had_consumer: bool = False
     unused_since: float = 0.0  # monotonic, for x-expires
+    declared: bool = False  # declared over AMQP in this process: its arguments are known
 
 
 def _int_arg(queue: str, name: str, value: object, minimum: int = 0) -> int:

@@ -45,6 +45,7 @@ class Entry:
     available_at: int | None = None
     reason: str = "first"  # why it is available again: timeout, nack, disconnect, restart
     token: int = 0  # bumped at each delivery; stale timer items carry an old token
+    unsent: int = 0  # deliveries given back unsent (in memory): they do not make a redelivery
 
 
 @dataclass(eq=False)

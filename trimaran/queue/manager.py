@@ -271,6 +271,14 @@ class ConsumerHandle:
             self.queue, self.group, offset, "reject", self, None, None, reason, wait=False
         )[0]
 
+    def release_nowait(self, offset: int) -> bool:
+        """Give back a delivery the consumer never sent (its channel closed as it was handed over):
+        the next delivery is not flagged redelivered for it. Set the credit to 0 first, or it comes
+        straight back."""
+        return self.manager._settle_now(
+            self.queue, self.group, offset, "release", self, None, None, "unsent", wait=False
+        )[0]
+
     async def cancel(self) -> None:
         await self.manager._cancel(self)
 
@@ -661,7 +669,8 @@ class QueueManager:
         """``publish`` without a task per message, for front ends that must not stall per publish.
 
         ``done(result, error)`` runs on the loop once the message is committed (``error``: the write
-        failed); the returned writer ticket can be awaited instead. ``None``: an in-memory queue, where
+        failed); without ``done``, the returned writer ticket can be awaited instead (with it, the
+        ticket has no event: no wake-up object per message). ``None``: an in-memory queue, where
         the message is appended (and ``done`` has run) already. Refusals raise :class:`QueueError` at
         once; so does a durable queue on a shared node (reason ``shared``: its offsets come from an
         awaited reservation, use ``publish``).
@@ -688,7 +697,7 @@ class QueueManager:
                 done(result, None if error is None else QueueError("storage", str(error)))
 
         try:
-            ticket = self.writer.submit(batch, wait=True, on_commit=committed, on_results=finished)
+            ticket = self.writer.submit(batch, wait=done is None, on_commit=committed, on_results=finished)
         except WriterError as exc:
             state.inflight -= 1
             raise QueueError("storage", str(exc)) from exc
@@ -1065,13 +1074,14 @@ class QueueManager:
             self._timed.add((state, group))
             self._pending_row(state, group, offset, entry, batch)
         handle.credit -= 1
+        unsent = entry.unsent if entry is not None else 0
         return QueueDelivery(
             stored.message,
             state.name,
             offset,
             group.name,
             attempt,
-            attempt > 1,
+            attempt - unsent > 1,
             message_id(state.name, offset),
         )
 
@@ -1237,6 +1247,15 @@ class QueueManager:
         if consumer_id is not None and entry.consumer_id != consumer_id:
             return False, None
         cid = entry.consumer_id
+        if action == "release":
+            # The attempt stays counted (the journal shows the delivery and its release), but the
+            # next delivery is not flagged redelivered for it.
+            self._released_event(state, group, offset, entry, reason, now, batch)
+            entry.unsent += 1
+            self._make_available(state, group, offset, entry, reason, now, now, batch)
+            ticket = self._submit(batch, after, wait)
+            self._dispatch(state, group)
+            return True, ticket
         if action in _SETTLED:
             state.stats[_SETTLED[action]] += 1
         if self.events.wants(_SETTLE_EVENTS.get(action, "")):

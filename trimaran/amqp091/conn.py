@@ -1,0 +1,187 @@
+"""One AMQP 0.9.1 connection on the connection runtime: its machine, channels, publisher confirms
+and exclusive queues, and the runtime's ``Hull`` surface.
+
+The runtime hands the machine's events to :meth:`Amqp091Conn.handle` one at a time; the front end
+(:mod:`trimaran.amqp091.handler`) turns them into deck operations. Nothing here waits per message:
+outgoing bytes ask the runtime for a flush (``io.wake()``), confirms leave in publish order from the
+commit callbacks, and background work runs through ``io.spawn``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING
+
+import anyio
+
+from trimaran.amqp091 import spec
+from trimaran.amqp091.channels import ChannelState, Consumer
+from trimaran.amqp091.connection import ConnectionState, ServerConnection
+from trimaran.broker.clients import ClientInfo
+from trimaran.queue.manager import PublishResult
+from trimaran.queue.policy import QueueError
+from trimaran.runtime.transport import Conn
+
+if TYPE_CHECKING:
+    from trimaran.amqp091.handler import Amqp091FrontEnd
+
+log = logging.getLogger(__name__)
+
+FORCED = "CONNECTION_FORCED - broker forced connection closure"
+#: At most this long, close-ok waits for the confirms of the publishes before the close.
+CONFIRM_WAIT_S = 5.0
+
+
+class Pending:
+    """A publish waiting for its commits before its confirm, or a tx.commit before its commit-ok.
+
+    ``waiting`` counts the commits still to come, plus one while the publish is still being routed
+    (so a commit that completes during routing cannot confirm it early).
+    """
+
+    __slots__ = ("channel", "conn", "failed", "reply", "seq", "waiting")
+
+    def __init__(self, conn: Amqp091Conn, channel: ChannelState, seq: int, reply: spec.Method | None) -> None:
+        self.conn = conn
+        self.channel = channel
+        self.seq = seq
+        self.reply = reply
+        self.failed = False
+        self.waiting = 1
+
+    def expect(self) -> None:
+        """One more commit to wait for."""
+        self.waiting += 1
+
+    def committed(self, _result: PublishResult | None, error: QueueError | None) -> None:
+        """A commit this entry waits for is done (``error``: the write failed)."""
+        if error is not None:
+            self.failed = True
+        self.waiting -= 1
+        if not self.waiting:
+            self.conn.confirm_ready()
+
+    def sealed(self) -> None:
+        """Routing is over: nothing more will be expected."""
+        self.committed(None, None)
+
+
+class Amqp091Conn:
+    """The runtime's hull for one AMQP 0.9.1 connection."""
+
+    def __init__(self, front: Amqp091FrontEnd, io: Conn, machine: ServerConnection) -> None:
+        self.front = front
+        self.io = io
+        self.machine = machine
+        self.peer = io.peer
+        self.name = io.peer
+        self.user: str | None = None
+        self.client: ClientInfo | None = None
+        self.channels: dict[int, ChannelState] = {}
+        self.written_hooks: set[ChannelState] = set()
+        self.pending: deque[Pending] = deque()
+        self.exclusive_queues: set[str] = set()
+        self._blocked_sent = False
+        self._confirmed: anyio.Event | None = None  # set when the last pending confirm is sent
+
+    # -- the runtime's Hull -----------------------------------------------------------------------
+
+    def handle(self, event: object) -> Awaitable[None] | None:
+        return self.front.on_event(self, event)  # type: ignore[arg-type]
+
+    def written(self) -> None:
+        if self.written_hooks:
+            hooks, self.written_hooks = self.written_hooks, set()
+            for channel in hooks:
+                channel.after_write()
+
+    def shutdown(self) -> None:
+        self.machine.close(spec.CONNECTION_FORCED, FORCED)
+
+    def blocked(self, on: bool) -> None:
+        """connection.blocked / unblocked, to a client that announced the capability."""
+        machine = self.machine
+        if machine.state is not ConnectionState.OPEN:
+            return
+        if machine.client_capabilities.get("connection.blocked") is not True:
+            return
+        if on and not self._blocked_sent:
+            machine.send_method(0, spec.ConnectionBlocked("low on memory"))
+            self._blocked_sent = True
+        elif not on and self._blocked_sent:
+            machine.send_method(0, spec.ConnectionUnblocked())
+            self._blocked_sent = False
+        self.io.wake()
+
+    async def finish(self) -> None:
+        await self.front.finish(self)
+
+    # -- what the front end and the channels call -------------------------------------------------
+
+    def wake(self) -> None:
+        """The machine has bytes to send."""
+        self.io.wake()
+
+    def kick(self, code: int, text: str) -> None:
+        """Close from outside an event (an administrator, a shutdown)."""
+        self.machine.close(code, text)
+        self.io.pump()
+
+    def release(self, consumer: Consumer) -> None:
+        """A cancelled consumer has nothing unacknowledged left: detach it from its queue."""
+        handle = consumer.handle
+        if handle is not None and not handle.closed:
+            self.io.spawn(handle.cancel)
+
+    # -- confirms: in publish order, after the commits ---------------------------------------------
+
+    def begin_confirm(self, channel: ChannelState, seq: int, reply: spec.Method | None = None) -> Pending:
+        """An entry for a publish (confirm ``seq``) or a tx.commit (``reply``); ``sealed()`` ends it."""
+        entry = Pending(self, channel, seq, reply)
+        self.pending.append(entry)
+        return entry
+
+    def drop_confirm(self, entry: Pending) -> None:
+        """A publish (or tx.commit) refused before it was routed: nothing to confirm, nothing after
+        it waits for it."""
+        self.pending.remove(entry)
+        self.confirm_ready()
+
+    def confirm_ready(self) -> None:
+        """Send every confirm whose commits are done and that has none left before it. Acks on a
+        channel in a row go as one ``multiple`` ack."""
+        pending = self.pending
+        machine = self.machine
+        acks: dict[ChannelState, tuple[int, int]] = {}  # channel -> (last seq, how many)
+        while pending and not pending[0].waiting:
+            entry = pending.popleft()
+            channel = entry.channel
+            if entry.reply is not None:
+                self._flush_ack(acks, channel)
+                machine.send_method(channel.number, entry.reply)
+            elif entry.failed:
+                self._flush_ack(acks, channel)
+                machine.send_method(channel.number, spec.BasicNack(entry.seq, False, False))
+            else:
+                _, count = acks.get(channel, (0, 0))
+                acks[channel] = (entry.seq, count + 1)
+        for channel in list(acks):
+            self._flush_ack(acks, channel)
+        self.io.wake()
+        if not pending and self._confirmed is not None:
+            self._confirmed.set()
+
+    async def confirms_sent(self) -> None:
+        """Wait until every pending confirm has been sent (before close-ok answers a close)."""
+        if self.pending:
+            self._confirmed = anyio.Event()
+            with anyio.move_on_after(CONFIRM_WAIT_S):  # commits always report; this is a backstop
+                await self._confirmed.wait()
+
+    def _flush_ack(self, acks: dict[ChannelState, tuple[int, int]], channel: ChannelState) -> None:
+        got = acks.pop(channel, None)
+        if got is not None:
+            seq, count = got
+            self.machine.send_method(channel.number, spec.BasicAck(seq, count > 1))
