@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import anyio
@@ -25,12 +26,19 @@ class Worker:
         self.tg = tg
         self.handle: ConsumerHandle | None = None
         self.count = 0
+        self.offsets: asyncio.Queue[int] = asyncio.Queue()
 
     def deliver(self, delivery: QueueDelivery) -> None:
         assert delivery.offset not in self.held, f"{delivery.offset} held by {self.held[delivery.offset]}"
         self.held[delivery.offset] = self.id
         self.count += 1
-        self.tg.start_soon(self._settle, delivery.offset)
+        # Deliveries may come from a loop callback (a commit), where no task can be started: the
+        # offsets queue up for the worker's own task.
+        self.offsets.put_nowait(delivery.offset)
+
+    async def run(self) -> None:
+        while True:
+            self.tg.start_soon(self._settle, await self.offsets.get())
 
     async def _settle(self, offset: int) -> None:
         await anyio.sleep(random.random() * 0.01)
@@ -59,6 +67,7 @@ async def test_two_managers_never_hold_the_same_message(make_manager: Factory) -
         workers = []
         for i, manager in enumerate((a, b, a, b)):
             w = Worker(f"w{i}", held, done, tg)
+            tg.start_soon(w.run)
             w.handle = manager.consume("jobs", w)
             w.handle.add_credit(5)
             workers.append(w)
@@ -74,6 +83,7 @@ async def test_two_managers_never_hold_the_same_message(make_manager: Factory) -
         assert sorted(done) == sorted(set(done))
         assert all(w.count for w in workers)
         await anyio.sleep(0.4)  # lease renewal + compaction pass
+        tg.cancel_scope.cancel()  # the workers' loops
     assert len(queue_store.stored_offsets(a.storage.engine, "jobs")) <= 200
     counts = queue_store.count_events(a.storage.engine, "jobs")
     assert counts["published"] == 200 and counts["acked"] == 200 and counts["delivered"] == 200

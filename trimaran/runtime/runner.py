@@ -76,6 +76,8 @@ class Runner:
         self._timer_at = math.inf
         self._seq = 0
         self._tasks: TaskGroup | None = None
+        self._jobs: list[Callable[[], Coroutine[Any, Any, None]]] = []
+        self._jobs_ready: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._empty: anyio.Event | None = None
         self._servers: list[asyncio.Server] = []
@@ -85,11 +87,19 @@ class Runner:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Own the task group that hull steps and connection clean-ups run in, until cancelled."""
         self._loop = asyncio.get_running_loop()
+        self._jobs_ready = asyncio.Event()
         try:
             async with anyio.create_task_group() as tasks:
                 self._tasks = tasks
                 task_status.started()
-                await anyio.sleep_forever()
+                # Protocol callbacks run outside any task, where anyio cannot start one: they queue
+                # their jobs, and this task starts them (one wake-up per batch, off the hot path).
+                while True:
+                    await self._jobs_ready.wait()
+                    self._jobs_ready.clear()
+                    jobs, self._jobs = self._jobs, []
+                    for job in jobs:
+                        tasks.start_soon(job)
         finally:
             self._tasks = None
             for server in self._servers:
@@ -285,10 +295,11 @@ class Runner:
             except Exception as exc:
                 conn.crash(exc)
 
-        if self._tasks is None:
+        if self._tasks is None or self._jobs_ready is None:
             log.debug("runtime not running; dropped a task of %s", conn.peer)
             return
-        self._tasks.start_soon(guarded)
+        self._jobs.append(guarded)
+        self._jobs_ready.set()
 
     # -- memory ----------------------------------------------------------------------------------------
 
