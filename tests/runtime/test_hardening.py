@@ -1,0 +1,318 @@
+"""Hardening of the real server (issue 13): resets, half-open and byte-by-byte sessions on every
+listener, limits answered while other clients keep working, and a mutation fuzzer over real MQTT
+sessions. Each test runs ``trimaran serve`` as a subprocess and checks it still serves afterwards,
+with no traceback in its log.
+
+The long fuzz run: ``TRIMARAN_FUZZ_INPUTS=1000000 pytest -m slow tests/runtime/test_hardening.py``.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import struct
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import paho
+from tests.support.server import RunningServer, serving
+from trimaran.mqtt.codec import Decoder as MqttDecoder
+from trimaran.mqtt.codec import NeedData, encode
+from trimaran.mqtt.packets import (
+    ConnAck,
+    Connect,
+    Disconnect,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    SubAck,
+    Subscribe,
+    SubscriptionOptions,
+)
+from trimaran.mqtt.properties import Properties
+
+HOST = "127.0.0.1"
+LISTENERS = ["mqtt", "mqtt-ws", "http"]
+RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset
+
+
+def server_args(*listeners: str) -> list[str]:
+    args: list[str] = []
+    for name in ("mqtt", "mqtt-ws", "amqp", "http"):
+        args += [f"--{name}", f"{HOST}:0" if name in listeners else "off"]
+    return args
+
+
+def start(tmp: Path, *listeners: str, env: dict[str, str] | None = None) -> RunningServer:
+    return RunningServer(server_args(*listeners), cwd=tmp, env=env).start()
+
+
+def assert_clean_log(server: RunningServer) -> None:
+    assert server.process is not None and server.process.poll() is None, server.output()
+    assert "Traceback" not in server.output(), server.output()
+
+
+def rss_kb(server: RunningServer) -> int:
+    assert server.process is not None
+    for line in Path(f"/proc/{server.process.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+# -- raw clients ---------------------------------------------------------------------------------
+
+
+def dial(port: int, source: str | None = None, timeout: float = 5.0) -> socket.socket:
+    sock = socket.socket()
+    sock.settimeout(timeout)
+    if source is not None:
+        sock.bind((source, 0))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.connect((HOST, port))
+    return sock
+
+
+def read_until_closed(sock: socket.socket, timeout: float = 5.0) -> bytes:
+    """Everything the server sends until it closes (a reset counts as closed)."""
+    sock.settimeout(timeout)
+    data = bytearray()
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return bytes(data)
+
+
+def ws_handshake(path: str = "/mqtt") -> bytes:
+    key = base64.b64encode(os.urandom(16)).decode()
+    return (
+        f"GET {path} HTTP/1.1\r\nHost: {HOST}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: mqtt\r\n\r\n"
+    ).encode()
+
+
+def ws_frame(payload: bytes, opcode: int = 0x2) -> bytes:
+    """One masked client frame."""
+    mask = os.urandom(4)
+    n = len(payload)
+    if n < 126:
+        head = bytes([0x80 | opcode, 0x80 | n])
+    elif n < 65536:
+        head = bytes([0x80 | opcode, 0x80 | 126]) + struct.pack("!H", n)
+    else:
+        head = bytes([0x80 | opcode, 0x80 | 127]) + struct.pack("!Q", n)
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+class MqttReader:
+    """Server packets off a raw socket, plain or inside WebSocket frames."""
+
+    def __init__(self, sock: socket.socket, level: int, websocket: bool = False) -> None:
+        self.sock = sock
+        self.decoder = MqttDecoder(protocol_level=level)
+        self.websocket = websocket
+        self.raw = bytearray()
+        self.upgraded = not websocket
+
+    def _more(self) -> None:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise EOFError("server closed")
+        if not self.websocket:
+            self.decoder.feed(chunk)
+            return
+        self.raw += chunk
+        if not self.upgraded:
+            end = self.raw.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head, self.raw = bytes(self.raw[:end]), self.raw[end + 4 :]
+            assert head.startswith(b"HTTP/1.1 101"), head
+            self.upgraded = True
+        while len(self.raw) >= 2:
+            n = self.raw[1] & 0x7F
+            at = 2
+            if n == 126:
+                if len(self.raw) < 4:
+                    return
+                n, at = struct.unpack("!H", self.raw[2:4])[0], 4
+            elif n == 127:
+                if len(self.raw) < 10:
+                    return
+                n, at = struct.unpack("!Q", self.raw[2:10])[0], 10
+            if len(self.raw) < at + n:
+                return
+            opcode = self.raw[0] & 0x0F
+            if opcode == 0x2:
+                self.decoder.feed(bytes(self.raw[at : at + n]))
+            del self.raw[: at + n]
+
+    def packet(self) -> object:
+        while (packet := self.decoder.next_packet()) is NeedData.NEED_DATA:
+            self._more()
+        return packet
+
+
+def mqtt_session(level: int, client_id: str, topic: str) -> list[bytes]:
+    """A subscriber that publishes to itself at QoS 0, 1 and 2, then disconnects."""
+    props = Properties(session_expiry_interval=0) if level == 5 else Properties()
+    return [
+        encode(Connect(protocol_level=level, client_id=client_id, keep_alive=30, properties=props), level),
+        encode(Subscribe(1, [(topic, SubscriptionOptions(qos=2))]), level),
+        encode(Publish(topic, b"q0", qos=0), level),
+        encode(Publish(topic, b"q1", qos=1, packet_id=2), level),
+        encode(Publish(topic, b"q2", qos=2, packet_id=3), level),
+    ]
+
+
+def bytewise(sock: socket.socket, data: bytes) -> None:
+    for i in range(len(data)):
+        sock.sendall(data[i : i + 1])
+
+
+def answer_until(
+    reader: MqttReader, sock: socket.socket, wrap: Callable[[bytes], bytes], level: int, want: set[type]
+) -> None:
+    """Read the server's packets, acknowledging its deliveries byte by byte, until each kind in
+    ``want`` has been seen (the order of acknowledgements and deliveries is the server's)."""
+    seen: set[type] = set()
+    while not want <= seen:
+        packet = reader.packet()
+        seen.add(type(packet))
+        reply: object = None
+        if isinstance(packet, Publish) and packet.qos and packet.packet_id is not None:
+            reply = (PubAck if packet.qos == 1 else PubRec)(packet.packet_id)
+        elif isinstance(packet, PubRec):
+            reply = PubRel(packet.packet_id)
+        elif isinstance(packet, PubRel):
+            reply = PubComp(packet.packet_id)
+        if reply is not None:
+            bytewise(sock, wrap(encode(reply, level)))  # type: ignore[arg-type]
+
+
+def run_bytewise_mqtt(port: int, level: int, websocket: bool) -> None:
+    """A whole MQTT session sent one byte per send; the server's answers checked on the way."""
+    topic = f"hard/{uuid.uuid4().hex}"
+    packets = mqtt_session(level, f"bytewise-{uuid.uuid4().hex[:8]}", topic)
+    wrap: Callable[[bytes], bytes] = ws_frame if websocket else (lambda b: b)
+    with dial(port) as sock:
+        reader = MqttReader(sock, level, websocket)
+        if websocket:
+            bytewise(sock, ws_handshake())
+        connect, subscribe, q0, q1, q2 = (wrap(p) for p in packets)
+        bytewise(sock, connect)
+        assert isinstance(reader.packet(), ConnAck)
+        bytewise(sock, subscribe)
+        assert isinstance(reader.packet(), SubAck)
+        bytewise(sock, q0)
+        got = reader.packet()
+        assert isinstance(got, Publish) and got.payload == b"q0"
+        bytewise(sock, q1)
+        answer_until(reader, sock, wrap, level, {PubAck, Publish})
+        bytewise(sock, q2)
+        answer_until(reader, sock, wrap, level, {PubRec, PubRel, PubComp})
+        bytewise(sock, wrap(encode(Disconnect(), level)))
+        sock.shutdown(socket.SHUT_WR)
+        read_until_closed(sock)
+
+
+def run_bytewise_http(port: int) -> None:
+    with dial(port) as sock:
+        bytewise(sock, f"GET /healthz HTTP/1.1\r\nHost: {HOST}\r\nConnection: close\r\n\r\n".encode())
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+
+
+# -- the server still serves ------------------------------------------------------------------------
+
+
+def assert_serving(server: RunningServer) -> None:
+    """A real client of each listener gets through; the log has no traceback."""
+    assert_clean_log(server)
+    if "mqtt" in server.ports:
+        check_paho(paho.Endpoints(HOST, server.ports["mqtt"]), "tcp")
+    if "mqtt-ws" in server.ports:
+        check_paho(paho.Endpoints(HOST, 0, ws=server.ports["mqtt-ws"]), "ws")
+    if "http" in server.ports:
+        with urllib.request.urlopen(f"http://{HOST}:{server.ports['http']}/healthz", timeout=5) as reply:
+            assert reply.status == 200
+    assert_clean_log(server)
+
+
+def check_paho(endpoints: paho.Endpoints, transport: str) -> None:
+    topic = f"check/{uuid.uuid4().hex}"
+    client = paho.connect(endpoints, transport=transport, version=paho.V5)
+    try:
+        client.subscribe(topic, qos=1)
+        client.publish(topic, b"still here", qos=1)
+        assert client.expect().payload == b"still here"
+    finally:
+        paho.close_all(client)
+
+
+# -- 1. resets, half-open sockets, byte-by-byte sessions ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    with serving(start(tmp_path_factory.mktemp("hardening"), *LISTENERS)) as running:
+        yield running
+
+
+RESETS = int(os.environ.get("TRIMARAN_RESETS", "10000"))
+
+PARTIAL = {
+    "mqtt": encode(Connect(client_id="half-open"), 4)[:7],
+    "mqtt-ws": ws_handshake()[:30],
+    "http": b"GET /heal",
+}
+
+
+@pytest.mark.parametrize("listener", LISTENERS)
+def test_connect_and_reset_before_any_byte(server: RunningServer, listener: str) -> None:
+    port = server.ports[listener]
+    started = time.monotonic()
+    for _ in range(RESETS):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RST)
+        sock.connect((HOST, port))
+        sock.close()
+    took = time.monotonic() - started
+    print(f"{listener}: {RESETS} connect+RST in {took:.1f}s")
+    assert_serving(server)
+
+
+@pytest.mark.parametrize("listener", LISTENERS)
+def test_half_open_sockets_are_closed(server: RunningServer, listener: str) -> None:
+    """Part of a header, then the client's half-close: the server closes its side too."""
+    socks = []
+    for _ in range(200):
+        sock = dial(server.ports[listener])
+        sock.sendall(PARTIAL[listener])
+        sock.shutdown(socket.SHUT_WR)
+        socks.append(sock)
+    for sock in socks:
+        with sock:
+            read_until_closed(sock, timeout=5)  # raises TimeoutError if the server keeps it open
+    assert_serving(server)
+
+
+@pytest.mark.parametrize(("listener", "level"), [("mqtt", 4), ("mqtt", 5), ("mqtt-ws", 4), ("mqtt-ws", 5)])
+def test_byte_by_byte_mqtt_session(server: RunningServer, listener: str, level: int) -> None:
+    run_bytewise_mqtt(server.ports[listener], level, websocket=listener == "mqtt-ws")
+    assert_serving(server)
+
+
+def test_byte_by_byte_http_request(server: RunningServer) -> None:
+    run_bytewise_http(server.ports["http"])
+    assert_serving(server)
