@@ -28,6 +28,8 @@ from trimaran.mqtt.packets import (
     ConnAck,
     Connect,
     Disconnect,
+    PingReq,
+    PingResp,
     PubAck,
     PubComp,
     Publish,
@@ -316,3 +318,162 @@ def test_byte_by_byte_mqtt_session(server: RunningServer, listener: str, level: 
 def test_byte_by_byte_http_request(server: RunningServer) -> None:
     run_bytewise_http(server.ports["http"])
     assert_serving(server)
+
+
+# -- 2. limits answered while other clients keep working -------------------------------------------
+
+
+def hello(port: int, source: str, websocket: bool = False) -> socket.socket | None:
+    """An MQTT 3.1.1 session from ``source``: the socket once CONNACK came, None if the server
+    closed the connection instead (refused)."""
+    sock = dial(port, source)
+    try:
+        if websocket:
+            sock.sendall(ws_handshake())
+        packet = encode(Connect(client_id=f"limit-{uuid.uuid4().hex[:8]}"), 4)
+        sock.sendall(ws_frame(packet) if websocket else packet)
+        got = MqttReader(sock, 4, websocket).packet()
+    except (EOFError, ConnectionResetError, BrokenPipeError):
+        sock.close()
+        return None
+    assert isinstance(got, ConnAck) and got.reason_code == 0, got
+    return sock
+
+
+def ping(sock: socket.socket, websocket: bool = False) -> None:
+    sock.sendall(ws_frame(encode(PingReq(), 4)) if websocket else encode(PingReq(), 4))
+    reader = MqttReader(sock, 4, websocket)
+    reader.upgraded = True
+    assert isinstance(reader.packet(), PingResp)
+
+
+def bye(sock: socket.socket | None, websocket: bool = False) -> None:
+    assert sock is not None
+    with sock:
+        sock.sendall(ws_frame(encode(Disconnect(), 4)) if websocket else encode(Disconnect(), 4))
+        read_until_closed(sock)
+
+
+class Control:
+    """A paho client that stays connected through a test and must keep working."""
+
+    def __init__(self, port: int) -> None:
+        self.topic = f"control/{uuid.uuid4().hex}"
+        self.client = paho.connect(paho.Endpoints(HOST, port), version=paho.V5)
+        self.client.subscribe(self.topic, qos=1)
+        self.sent = 0
+
+    def check(self) -> None:
+        self.sent += 1
+        payload = f"ping {self.sent}".encode()
+        self.client.publish(self.topic, payload, qos=1)
+        assert self.client.expect().payload == payload
+
+    def close(self) -> None:
+        paho.close_all(self.client)
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    env = {
+        "TRIMARAN_LIMITS__MAX_CONNECTIONS_PER_ADDRESS": "5",
+        "TRIMARAN_LIMITS__ACCEPT_RATE_PER_ADDRESS": "1",
+        "TRIMARAN_LIMITS__HANDSHAKE_TIMEOUT": "1",
+        # The admin port is not the runtime's: its own request timeout bounds a silent client.
+        "TRIMARAN_HTTP__REQUEST_TIMEOUT_S": "1",
+    }
+    with serving(start(tmp_path_factory.mktemp("limited"), *LISTENERS, env=env)) as running:
+        yield running
+
+
+@pytest.mark.parametrize("listener", ["mqtt", "mqtt-ws"])
+def test_connections_per_address(limited: RunningServer, listener: str) -> None:
+    port, websocket = limited.ports[listener], listener == "mqtt-ws"
+    source = "127.0.0.2" if websocket else "127.0.0.3"
+    control = Control(limited.ports["mqtt"])
+    try:
+        held = [hello(port, source, websocket) for _ in range(5)]
+        assert all(held), "the first five from one address are let in"
+        assert hello(port, source, websocket) is None, "the sixth is refused"
+        control.check()
+        for sock in held:
+            assert sock is not None
+            ping(sock, websocket)
+        bye(held.pop(0), websocket)
+        deadline = time.monotonic() + 5
+        while (again := hello(port, source, websocket)) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert again is not None, "a place freed is taken again"
+        held.append(again)
+        for sock in held:
+            assert sock is not None
+            bye(sock, websocket)
+        control.check()
+    finally:
+        control.close()
+    assert "max_connections_per_address" in limited.output()
+    assert_serving(limited)
+
+
+def test_accept_rate_per_address(limited: RunningServer) -> None:
+    """A burst of 50 from one address, then one a second; another address is not affected."""
+    control = Control(limited.ports["mqtt"])
+    try:
+        outcomes = []
+        for _ in range(60):
+            sock = hello(limited.ports["mqtt"], "127.0.0.4")
+            outcomes.append(sock is not None)
+            if sock is not None:
+                bye(sock)
+        assert outcomes[:50] == [True] * 50
+        assert outcomes[50:].count(False) >= 8, outcomes[50:]
+        control.check()
+        assert hello(limited.ports["mqtt"], "127.0.0.5") is not None
+    finally:
+        control.close()
+    assert "accept_rate_per_address" in limited.output()
+    assert_serving(limited)
+
+
+@pytest.mark.parametrize("listener", LISTENERS)
+def test_silent_connection_dropped_after_handshake_timeout(limited: RunningServer, listener: str) -> None:
+    control = Control(limited.ports["mqtt"])
+    try:
+        with dial(limited.ports[listener], "127.0.0.6") as sock:
+            started = time.monotonic()
+            read_until_closed(sock, timeout=15)
+            took = time.monotonic() - started
+        assert 0.5 < took < 3.0, f"{listener}: a silent connection lasted {took:.1f}s (handshake_timeout 1s)"
+        control.check()
+    finally:
+        control.close()
+    assert_serving(limited)
+
+
+def test_max_connections(tmp_path: Path) -> None:
+    env = {"TRIMARAN_LIMITS__MAX_CONNECTIONS": "4"}
+    with serving(start(tmp_path, "mqtt", env=env)) as server:
+        port = server.ports["mqtt"]
+        control = Control(port)
+        try:
+            held = [hello(port, "127.0.0.7") for _ in range(3)]
+            assert all(held)
+            assert hello(port, "127.0.0.8") is None, "the fifth connection is refused"
+            control.check()
+            for sock in held:
+                assert sock is not None
+                ping(sock)
+            bye(held.pop(0))
+            deadline = time.monotonic() + 5
+            while (again := hello(port, "127.0.0.8")) is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert again is not None
+            held.append(again)
+            control.check()
+            for sock in held:
+                assert sock is not None
+                bye(sock)
+        finally:
+            control.close()
+        assert "max_connections" in server.output()
+        assert_clean_log(server)
