@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import base64
 import os
+import random
+import selectors
 import socket
 import struct
 import time
 import urllib.request
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -38,6 +41,8 @@ from trimaran.mqtt.packets import (
     SubAck,
     Subscribe,
     SubscriptionOptions,
+    Unsubscribe,
+    Will,
 )
 from trimaran.mqtt.properties import Properties
 
@@ -477,3 +482,225 @@ def test_max_connections(tmp_path: Path) -> None:
             control.close()
         assert "max_connections" in server.output()
         assert_clean_log(server)
+
+
+# -- 3. a mutation fuzzer over real MQTT sessions ----------------------------------------------------
+
+
+def corpus() -> list[list[bytes]]:
+    """Client sessions of MQTT 3.1.1 and 5, each a list of packets as a client sends them."""
+    sessions: list[list[bytes]] = []
+    for level in (4, 5):
+        v5 = level == 5
+        props = Properties(session_expiry_interval=0, receive_maximum=20) if v5 else Properties()
+        pub_props = (
+            Properties(message_expiry_interval=60, content_type="text/plain", user_properties=[("k", "v")])
+            if v5
+            else Properties()
+        )
+        connect = Connect(protocol_level=level, client_id=f"fuzz-{level}", keep_alive=30, properties=props)
+        with_will = Connect(
+            protocol_level=level,
+            client_id=f"fuzz-will-{level}",
+            username="alice",
+            password=b"wonderland",
+            will=Will("fuzz/will", b"gone", qos=1),
+            properties=props,
+        )
+        options = SubscriptionOptions(qos=2, no_local=v5)
+        sessions.append(
+            [
+                encode(connect, level),
+                encode(Subscribe(1, [("fuzz/a", options), ("fuzz/+/b", SubscriptionOptions(qos=1))]), level),
+                encode(Publish("fuzz/a", b"zero", qos=0, properties=pub_props), level),
+                encode(Publish("fuzz/a", b"one", qos=1, packet_id=2, properties=pub_props), level),
+                encode(Publish("fuzz/x/b", b"two", qos=2, packet_id=3), level),
+                encode(PubRel(3), level),
+                encode(PubAck(1), level),
+                encode(PubRec(2), level),
+                encode(PubComp(2), level),
+                encode(Unsubscribe(4, ["fuzz/a"]), level),
+                encode(PingReq(), level),
+                encode(Disconnect(), level),
+            ]
+        )
+        sessions.append(
+            [
+                encode(with_will, level),
+                encode(Publish("fuzz/w", b"x" * 300, qos=1, packet_id=9), level),
+                encode(PingReq(), level),
+            ]
+        )
+    return sessions
+
+
+def mutate(packets: list[bytes], rng: random.Random) -> bytes:
+    """Apply one to four mutations to a session: bit flips, truncation, duplication, insertion,
+    deletion, whole-packet shuffles, and tweaks of a packet's remaining-length field."""
+    packets = list(packets)
+    for _ in range(rng.randint(1, 4)):
+        packets = [p for p in packets if p]
+        if not packets:
+            break
+        op = rng.randrange(8)
+        i = rng.randrange(len(packets))
+        packet = bytearray(packets[i])
+        if op == 0:  # bit flips
+            for _ in range(rng.randint(1, 3)):
+                at = rng.randrange(len(packet))
+                packet[at] ^= 1 << rng.randrange(8)
+        elif op == 1:  # truncate this packet (and drop the rest of the session, sometimes)
+            del packet[rng.randrange(len(packet)) :]
+            if rng.random() < 0.5:
+                del packets[i + 1 :]
+        elif op == 2:  # duplicate a slice in place
+            a = rng.randrange(len(packet))
+            b = rng.randrange(a, len(packet) + 1)
+            packet[b:b] = packet[a:b]
+        elif op == 3:  # insert random bytes
+            at = rng.randrange(len(packet) + 1)
+            packet[at:at] = rng.randbytes(rng.randint(1, 16))
+        elif op == 4:  # delete a slice
+            a = rng.randrange(len(packet))
+            del packet[a : rng.randrange(a, min(len(packet), a + 16) + 1)]
+        elif op == 5:  # the remaining-length field: off by a little, huge, or an endless varint
+            choice = rng.randrange(4)
+            if choice == 0 and len(packet) > 1:
+                packet[1] = (packet[1] + rng.choice((-2, -1, 1, 2))) & 0xFF
+            elif choice == 1:
+                packet[1:2] = rng.choice((b"\xff\xff\xff\x7f", b"\x80\x80\x80\x80\x01", b"\xff\x7f"))
+            elif choice == 2:
+                packet[1:2] = b"\x80" * rng.randint(1, 6)
+            else:
+                packet[1:2] = bytes([rng.randrange(256)])
+        elif op == 6:  # a whole packet repeated, or two swapped
+            if rng.random() < 0.5:
+                packets.insert(i, bytes(packet))
+            else:
+                j = rng.randrange(len(packets))
+                packets[i], packets[j] = packets[j], packets[i]
+                continue
+        else:  # the first byte (type and flags) replaced
+            packet[0] = rng.randrange(256)
+        packets[i] = bytes(packet)
+    return b"".join(packets)
+
+
+def fuzz_input(seed: int, index: int, sessions: list[list[bytes]]) -> bytes:
+    """Input ``index`` of run ``seed``: the same bytes every time."""
+    rng = random.Random(f"{seed}:{index}")
+    return mutate(rng.choice(sessions), rng)
+
+
+class FuzzRun:
+    """Send inputs over their own connection each, ``width`` at a time; each connection is
+    half-closed after its input and must then be closed by the server."""
+
+    def __init__(self, port: int, seed: int, width: int = 32, patience: float = 15.0) -> None:
+        self.port = port
+        self.seed = seed
+        self.width = width
+        self.patience = patience
+        self.sessions = corpus()
+        self.outcomes: Counter[str] = Counter()
+        self.answered = 0  # inputs the server sent bytes back for
+        self.hung: list[int] = []
+
+    def run(self, count: int) -> None:
+        selector = selectors.DefaultSelector()
+        pending = iter(range(count))
+        live: dict[socket.socket, tuple[int, float]] = {}
+
+        def open_next() -> bool:
+            index = next(pending, None)
+            if index is None:
+                return False
+            data = fuzz_input(self.seed, index, self.sessions)
+            sock = socket.socket()
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.connect((HOST, self.port))
+            sock.setblocking(False)
+            try:
+                sock.sendall(data)  # small: fits the socket buffer at once
+                sock.shutdown(socket.SHUT_WR)
+            except (BrokenPipeError, ConnectionResetError, BlockingIOError):
+                self.outcomes["reset while sending"] += 1
+            live[sock] = (index, time.monotonic() + self.patience)
+            selector.register(sock, selectors.EVENT_READ, bytearray())
+            return True
+
+        while len(live) < self.width and open_next():
+            pass
+        while live:
+            for key, _ in selector.select(timeout=0.5):
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                try:
+                    chunk = sock.recv(65536)
+                except ConnectionResetError:
+                    chunk, outcome = b"", "reset"
+                else:
+                    outcome = "closed"
+                if chunk:
+                    key.data.extend(chunk[:1])
+                    continue
+                self.outcomes[outcome] += 1
+                self.answered += bool(key.data)
+                selector.unregister(sock)
+                sock.close()
+                del live[sock]
+                open_next()
+            now = time.monotonic()
+            for sock, (index, deadline) in list(live.items()):
+                if now > deadline:
+                    self.hung.append(index)
+                    selector.unregister(sock)
+                    sock.close()
+                    del live[sock]
+                    open_next()
+        selector.close()
+
+    def describe(self, index: int) -> str:
+        return f"input seed={self.seed} index={index}: {fuzz_input(self.seed, index, self.sessions)!r}"
+
+
+def fuzz(tmp: Path, count: int, seed: int) -> None:
+    with serving(start(tmp, "mqtt")) as server:
+        control = Control(server.ports["mqtt"])
+        try:
+            control.check()
+            warm = FuzzRun(server.ports["mqtt"], seed + 1)
+            warm.run(min(count, 200))  # the server's code paths loaded before the baseline
+            time.sleep(0.5)
+            baseline = rss_kb(server)
+            run = FuzzRun(server.ports["mqtt"], seed)
+            started = time.monotonic()
+            run.run(count)
+            took = time.monotonic() - started
+            time.sleep(1.0)
+            after = rss_kb(server)
+            print(
+                f"\nfuzz seed={seed}: {count} inputs in {took:.1f}s ({count / took:.0f}/s), "
+                f"{dict(run.outcomes)}, {run.answered} answered, {len(run.hung)} hung; "
+                f"RSS {baseline // 1024} -> {after // 1024} MB"
+            )
+            assert not run.hung, "the server kept open: " + "; ".join(map(run.describe, run.hung[:5]))
+            control.check()
+            assert_serving(server)
+            assert "internal error" not in server.output(), server.output()[-5000:]
+            assert after - baseline < 30 * 1024, f"RSS grew from {baseline} kB to {after} kB"
+        finally:
+            control.close()
+
+
+FUZZ_SEED = int(os.environ.get("TRIMARAN_FUZZ_SEED", "13"))
+
+
+def test_fuzz_mqtt_short(tmp_path: Path) -> None:
+    fuzz(tmp_path, int(os.environ.get("TRIMARAN_FUZZ_SHORT", "2000")), FUZZ_SEED)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(0)
+def test_fuzz_mqtt_long(tmp_path: Path) -> None:
+    fuzz(tmp_path, int(os.environ.get("TRIMARAN_FUZZ_INPUTS", "1000000")), FUZZ_SEED + 1000)
