@@ -170,8 +170,14 @@ class Listener:
         try:
             peer = peer_name(stream)
             if self.nodelay:
-                raw = stream.extra(SocketAttribute.raw_socket)
-                raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                try:
+                    raw = stream.extra(SocketAttribute.raw_socket)
+                    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                except (OSError, AttributeError):
+                    # Reset before we got here: anyio has no socket left to look at (AttributeError
+                    # from inside its extra attributes), or the option is refused.
+                    log.debug("%s: connection from %s was gone before its first byte", self.name, peer)
+                    return
             if self.tls is not None:
                 with anyio.fail_after(TLS_HANDSHAKE_TIMEOUT):
                     connection = await TLSStream.wrap(

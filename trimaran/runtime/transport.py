@@ -384,14 +384,18 @@ class Conn(asyncio.Protocol):
             return None
         if self.hull is None:
             return self._hello_until
-        return self.hull.machine.next_deadline()
+        deadline = self.hull.machine.next_deadline()
+        if self.bytes_in == 0:
+            # Silent so far: the handshake deadline holds whatever the protocol's own is.
+            return self._hello_until if deadline is None else min(deadline, self._hello_until)
+        return deadline
 
     def tick(self, now: float) -> None:
         """The runner's timer: a deadline of ours is due."""
         if self.state == CLOSING:
             self._close_now()
             return
-        if self.hull is None:
+        if self.hull is None or (self.bytes_in == 0 and now >= self._hello_until):
             log.info("%s: %s sent no protocol header in time; closing", self.listener, self.peer)
             self.abort()
             return
