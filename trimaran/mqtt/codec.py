@@ -400,15 +400,19 @@ def _decode_publish(flags: int, mv: memoryview, pos: int, end: int, level: int) 
         pos += 2
         if not packet_id:
             raise _malformed("packet identifier 0")
+    plain = True  # no properties
     if level == MQTT_5:
         if pos < end and mv[pos] == 0:  # the common case: no properties
             props = Properties()
             pos += 1
         else:
             props, pos = decode_properties(mv, pos, end, PacketType.PUBLISH)
+            plain = False
     else:
         props = Properties()
-    return Publish(topic, bytes(mv[pos:end]), qos, bool(flags & 0x01), dup, packet_id, props)
+    # flags 0: QoS 0, no retain, no DUP. The fixed header starts at 0 of the decoder's buffer.
+    wire = bytes(mv[:end]) if flags == 0 and plain else None
+    return Publish(topic, bytes(mv[pos:end]), qos, bool(flags & 0x01), dup, packet_id, props, wire)
 
 
 def _decode_ack(

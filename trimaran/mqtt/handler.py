@@ -126,7 +126,8 @@ class MqttEndpoint:
         else:
             # A slow reader's QoS 0 backlog is bounded: past the outbox size it is dropped and
             # counted, so it never grows the server's memory or slows the publisher.
-            if conn.io.backlog() >= front.outbox_bytes:
+            io = conn.io
+            if not io.writable and io.backlog() >= front.outbox_bytes:
                 front.dropped(message, self.client_id, "outbox full")
                 return
             if message.expires_at_ms is None and not machine.uses_topic_aliases:
@@ -139,7 +140,7 @@ class MqttEndpoint:
                 sent = machine.publish(outbound(message, delivery, retained=retained))
         if sent:
             front.broker.stats.messages_sent += 1
-            conn.wake()
+            conn.io.wake()
         else:
             front.dropped(
                 message, self.client_id, "refused by the connection: too large, expired or queue full"
@@ -488,6 +489,8 @@ class MqttFrontEnd:
         assert endpoint is not None
         self.broker.stats.messages_received += 1
         message = message_from_publish(publish, endpoint.client_id)
+        if publish.wire is not None:
+            self.fan_out.received(message, publish.wire, endpoint.protocol_level)
         if publish.topic.startswith("$queue/"):
             if self.queues is not None:
                 self.queues.publish(conn, message, publish.packet_id if publish.qos else None)

@@ -98,11 +98,21 @@ class FanOutEncoder:
     same (DESIGN.md: encode a fan-out message once). Only for messages without an expiry, whose
     bytes do not depend on when they are sent; the last message is kept until the next one."""
 
-    __slots__ = ("_encoded", "_message")
+    __slots__ = ("_encoded", "_message", "_wire", "_wire_v5")
 
     def __init__(self) -> None:
         self._message: Message | None = None
         self._encoded: dict[tuple[int, bool, tuple[int, ...]], bytes] = {}
+        self._wire: bytes | None = None
+        self._wire_v5 = False
+
+    def received(self, message: Message, wire: bytes, level: int) -> None:
+        """``message`` came in as ``wire`` (a QoS 0 PUBLISH without retain or properties, at
+        ``level``): subscribers of the same family get those bytes as they are."""
+        self._message = message
+        self._encoded = {}
+        self._wire = wire
+        self._wire_v5 = level == MQTT_5
 
     def qos0_publish(
         self, message: Message, level: int, retain: bool, subscription_ids: tuple[int, ...]
@@ -110,6 +120,10 @@ class FanOutEncoder:
         if message is not self._message:
             self._message = message
             self._encoded = {}
+            self._wire = None
+        elif self._wire is not None and not retain and (level == MQTT_5) is self._wire_v5:
+            if not subscription_ids or level != MQTT_5:
+                return self._wire  # 3.1 and 3.1.1 PUBLISHes are the same bytes
         if level != MQTT_5:
             subscription_ids = ()  # properties exist only in 5.0
         key = (level, retain, subscription_ids)
