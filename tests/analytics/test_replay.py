@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from trimaran.analytics.replay import INVARIANTS, replay, run_audit
+from trimaran.analytics.replay import INVARIANTS, AuditResult, replay, run_audit
 from trimaran.analytics.source import TABLES, Selection, read_tables
 
 
@@ -156,3 +156,21 @@ def test_each_fault_flags_exactly_its_invariant(
     assert failed == {FAULTS[fault]}, {n: result.invariants[n]["examples"] for n in failed}
     assert not result.ok
     assert result.invariants[FAULTS[fault]]["message_ids"]
+
+
+def test_generated_faults_flag_exactly_their_invariant_and_message(
+    faulty_audit: tuple[AuditResult, Path, dict[str, set[str]]],
+) -> None:
+    """Ten faults in one copy of generated tables (``conftest.inject_faults``), each in its own
+    message: each invariant flags exactly the message its fault broke, once; the other few hundred
+    messages stay clean."""
+    result, _, expected = faulty_audit
+    flagged = {
+        name: (outcome["violations"], set(outcome["message_ids"]))
+        for name, outcome in result.invariants.items()
+        if not outcome["ok"]
+    }
+    assert flagged == {name: (1, ids) for name, ids in expected.items()}, {
+        n: result.invariants[n]["examples"] for n in flagged
+    }
+    assert len(expected) == 10 and not result.ok

@@ -158,6 +158,7 @@ class Life:
     __slots__ = (
         "acked_at",
         "acks",
+        "again_id",
         "attempts",
         "dead_lettered_at",
         "deliveries",
@@ -181,6 +182,7 @@ class Life:
         self.holder: str | None = None  # the consumer of the newest delivery
         self.deliveries = 0
         self.acks = 0
+        self.again_id: int | None = None  # the second ack, if any
         self.first_delivered_at: int | None = None
         self.acked_at: int | None = None
         self.dead_lettered_at: int | None = None
@@ -267,6 +269,8 @@ class Life:
             if time is not None and (self.first_delivered_at is None or time < self.first_delivered_at):
                 self.first_delivered_at = time
         elif kind == "acked":
+            if self.acks == 1:
+                self.again_id = row[ID]
             self.acks += 1
             self.acked_at = _max(self.acked_at, time)
         self.last_kind, self.last_reason, self.last_id = kind, reason, row[ID]
@@ -372,10 +376,12 @@ class Output:
 def replay_slot(ctx: Context, rows: list[tuple[Any, ...]], out: Output) -> None:
     """Every row of one (queue, offset, epoch), events in id order (table rows first)."""
     queue, offset, epoch = rows[0][QUEUE], rows[0][OFFSET], rows[0][EPOCH]
-    publishes, pub_id, pub_time = 0, None, None
+    publishes, pub_id, pub_time, again_id = 0, None, None, None
     for row in rows:
         if row[SRC] == "e" and row[KIND] == "published" and ctx.in_window(row[TIME]):
             publishes += 1
+            if publishes == 2:
+                again_id = row[ID]
             pub_id = row[ID] if pub_id is None else min(pub_id, row[ID])
             pub_time = row[TIME] if pub_time is None else min(pub_time, row[TIME])
     published = publishes > 0
@@ -425,7 +431,9 @@ def replay_slot(ctx: Context, rows: list[tuple[Any, ...]], out: Output) -> None:
     for group, life in lives.items():
         out.life(queue, epoch, group, offset, life, pub_time)
         if life.acks > 1:
-            out.violation("acked_once", queue, group, offset, epoch, None, f"acked {life.acks} times")
+            out.violation(
+                "acked_once", queue, group, offset, epoch, life.again_id, f"acked {life.acks} times"
+            )
         if not published:  # (only reached when no window is set)
             out.violation(
                 "accounted", queue, group, offset, epoch, None,
@@ -445,7 +453,7 @@ def replay_slot(ctx: Context, rows: list[tuple[Any, ...]], out: Output) -> None:
         out.messages += 1
         out.live += live
         out.removed += removed
-        _check_message(ctx, queue, offset, mode, publishes, live, removed, removed_by, lives, out)
+        _check_message(ctx, queue, offset, mode, publishes, again_id, live, removed, removed_by, lives, out)
         gone_by = (removed_by or "purged") if removed else None
         _outcomes(ctx, queue, offset, mode, live, gone_by, lives, out)
     elif live and not ctx.windowed:
@@ -454,8 +462,8 @@ def replay_slot(ctx: Context, rows: list[tuple[Any, ...]], out: Output) -> None:
 
 
 def _check_message(
-    ctx: Context, queue: str, offset: int, mode: str, publishes: int, live: bool, removed: bool,
-    removed_by: str | None, lives: dict[str, Life], out: Output,
+    ctx: Context, queue: str, offset: int, mode: str, publishes: int, again_id: int | None, live: bool,
+    removed: bool, removed_by: str | None, lives: dict[str, Life], out: Output,
 ) -> None:  # fmt: skip
     """The live incarnation's message: accounted for, and in queue_messages exactly while needed."""
     groups = ctx.groups.get(queue, {})
@@ -481,7 +489,13 @@ def _check_message(
         out.violation("accounted", queue, None, offset, 0, None, why)
     if publishes > 1:
         out.violation(
-            "published_once", queue, None, offset, 0, None, f"published {publishes} times under one offset"
+            "published_once",
+            queue,
+            None,
+            offset,
+            0,
+            again_id,
+            f"published {publishes} times under one offset",
         )
     if live and (removed or (mode == "work" and all_done)):
         why = (

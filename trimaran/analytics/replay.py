@@ -417,6 +417,9 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
         examples.setdefault(r["invariant"], []).append(
             {
                 "message_id": r["message_id"],
+                "queue": r["queue"],
+                "offset": r["offset"],
+                "epoch": r["epoch"],
                 "group": r["group"],
                 "event_id": r["event_id"],
                 "detail": r["detail"],
