@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trimaran.analytics.life import (
+    CLOCK_SLACK_MS,
     GROUP_KINDS,
     INPUT,
     LIFE,
@@ -49,13 +50,18 @@ log = logging.getLogger(__name__)
 INVARIANTS: dict[str, str] = {
     "accounted": "every published message is, per group, acked, pending, expired, dead-lettered, "
     "dropped, redriven or purged: never silently gone",
+    "published_once": "each offset of a queue is published once",
     "settled_after_delivery": "no ack, nack, reject or release without a delivery of that attempt",
     "acked_once": "no message acked twice in one group",
     "attempts": "a group's deliveries of a message count attempts 1, 2, 3, ...",
     "dead_letter_explained": "every dead letter follows a reject, or a nack or release at max attempts",
     "redelivery_explained": "every redelivery follows a nack, a visibility timeout, a disconnect "
     "or a restart",
+    "final": "nothing is delivered to a group after it acked, dead-lettered or dropped the message",
+    "time_ordered": "a message's events are stamped in the order they were logged "
+    f"(clocks may differ by up to {CLOCK_SLACK_MS} ms)",
     "commits_monotonic": "a stream group's commits never go backwards",
+    "commits_published": "a stream group commits only offsets that were published",
     "live_state": "the replayed state equals the live tables (messages, pending entries, cursors)",
 }
 
@@ -71,6 +77,10 @@ class AuditResult:
     lives: DataFrame
     frames: dict[str, DataFrame] = field(default_factory=dict)
     seconds: float = 0.0
+    # Per (queue, group) — group None for the queue itself — messages per outcome (life.OUTCOMES).
+    outcomes: dict[tuple[str, str | None], dict[str, int]] = field(default_factory=dict)
+    # Messages standing for each outcome: (queue, offset, epoch, outcome), for the report's pages.
+    samples: list[tuple[str, int, int, str]] = field(default_factory=list)
 
 
 def _message_id(queue: Column, offset: Column, epoch: Column) -> Column:
@@ -115,6 +125,8 @@ class Facts:
     delivered_high: dict[tuple[str, str], int]  # the highest offset delivered to a work group
     incarnations: set[tuple[str, int]]  # (queue, epoch) pairs with events
     span: tuple[int | None, int | None]  # the first and last event's time
+    # (queue, epoch, group, highest offset committed, last offset published or None)
+    commits_beyond: list[tuple[str, int, str, int, int | None]] = field(default_factory=list)
 
 
 def _policy_number(policy: str | None, key: str, scale: float = 1.0) -> int | None:
@@ -161,8 +173,10 @@ def gather_facts(events: DataFrame, tables: dict[str, DataFrame], selection: Sel
         since_ms=selection.since_ms, until_ms=selection.until_ms,
     )  # fmt: skip
     groups: dict[str, dict[str, int | None]] = {}
-    for (queue, group), (cursor, _) in live_groups.items():
+    committed: dict[str, dict[str, int | None]] = {}
+    for (queue, group), (cursor, position) in live_groups.items():
         groups.setdefault(queue, {})[group] = cursor
+        committed.setdefault(queue, {})[group] = position
     kinds: dict[str, int] = {}
     purge_ids: dict[str, int] = {}
     commit_high: dict[tuple[str, str], int] = {}
@@ -183,12 +197,41 @@ def gather_facts(events: DataFrame, tables: dict[str, DataFrame], selection: Sel
             commit_high[(queue, group)] = int(r["max_offset"]) + 1
         elif kind == "delivered" and work:
             delivered_high[(queue, group)] = int(r["max_offset"])
-    context = dataclasses.replace(context, groups=groups, purge_ids=purge_ids)
+    context = dataclasses.replace(context, groups=groups, committed=committed, purge_ids=purge_ids)
     incarnations = {(r["queue"], r["epoch"]) for r in summary}
     firsts = [r["first"] for r in summary if r["first"] is not None]
     lasts = [r["last"] for r in summary if r["last"] is not None]
     span = (min(firsts, default=None), max(lasts, default=None))
-    return Facts(context, kinds, live_groups, commit_high, delivered_high, incarnations, span)
+    facts = Facts(context, kinds, live_groups, commit_high, delivered_high, incarnations, span)
+    facts.commits_beyond = _commits_beyond(summary, next_offset, selection.windowed)
+    return facts
+
+
+def _commits_beyond(
+    summary: list[Any], next_offset: dict[str, int | None], windowed: bool
+) -> list[tuple[str, int, str, int, int | None]]:
+    """Stream groups whose highest commit is past the last offset published in their incarnation.
+    With a time window the publications may lie before it: the live queue's next_offset bounds
+    the newest incarnation instead."""
+    published: dict[tuple[str, int], int] = {}
+    for r in summary:
+        if r["kind"] == "published" and r["group"] is None and r["max_offset"] is not None:
+            key = (r["queue"], r["epoch"])
+            published[key] = max(published.get(key, -1), int(r["max_offset"]))
+    beyond = []
+    for r in summary:
+        if r["kind"] != "committed" or r["group"] is None or r["max_offset"] is None:
+            continue
+        queue, epoch, high = r["queue"], r["epoch"], int(r["max_offset"])
+        last = published.get((queue, epoch))
+        if windowed:
+            bound = next_offset.get(queue) if epoch == 0 else None
+            if bound is None:
+                continue
+            last = bound - 1
+        if last is None or high > last:
+            beyond.append((queue, epoch, r["group"], high, last))
+    return sorted(beyond)
 
 
 def _group_violations(facts: Facts) -> list[tuple[Any, ...]]:
@@ -210,6 +253,12 @@ def _group_violations(facts: Facts) -> list[tuple[Any, ...]]:
             continue
         offset = next((v for v in (committed, expect, delivered) if v is not None), None)
         found.append(("live_state", queue, group, offset, 0, message_id(queue, offset, 0), None, problem))
+    for queue, epoch, group, high, last in facts.commits_beyond:
+        published = "nothing was published" if last is None else f"the last offset published is {last}"
+        found.append(
+            ("commits_published", queue, group, high, epoch, message_id(queue, high, epoch), None,
+             f"committed offset {high}, but {published}")
+        )  # fmt: skip
     return found
 
 
@@ -368,6 +417,9 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
         examples.setdefault(r["invariant"], []).append(
             {
                 "message_id": r["message_id"],
+                "queue": r["queue"],
+                "offset": r["offset"],
+                "epoch": r["epoch"],
                 "group": r["group"],
                 "event_id": r["event_id"],
                 "detail": r["detail"],
@@ -383,11 +435,24 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
         }
         for name, text in INVARIANTS.items()
     }
-    totals = replayed.filter(record == "totals").agg(*[F.sum(name).alias(name) for name in TOTALS]).first()
+    # The per-partition totals, outcome counts and samples: a few rows per partition, one job.
+    totals = dict.fromkeys(TOTALS, 0)
+    outcomes: dict[tuple[str, str | None], dict[str, int]] = {}
+    samples: set[tuple[str, int, int, str]] = set()
+    small = replayed.filter(record.isin("totals", "outcome", "sample"))
+    for r in small.select("record", "queue", "group", "offset", "epoch", "outcome", "n", *TOTALS).collect():
+        if r["record"] == "totals":
+            for name in TOTALS:
+                totals[name] += int(r[name] or 0)
+        elif r["record"] == "outcome":
+            counted = outcomes.setdefault((r["queue"], r["group"]), {})
+            counted[r["outcome"]] = counted.get(r["outcome"], 0) + int(r["n"])
+        else:
+            samples.add((r["queue"], int(r["offset"]), int(r["epoch"]), r["outcome"]))
     counts: dict[str, Any] = {
         "events": sum(facts.events_by_kind.values()),
         "events_by_kind": dict(sorted(facts.events_by_kind.items())),
-        **{name: int(totals[name] or 0) if totals else 0 for name in TOTALS},
+        **totals,
         "first_event_at": facts.span[0],
         "last_event_at": facts.span[1],
     }
@@ -408,6 +473,8 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
         lives=lives,
         frames=frames,
         seconds=time.monotonic() - started,
+        outcomes=outcomes,
+        samples=sorted(samples),
     )
 
 
