@@ -386,6 +386,12 @@ def _decode_connack(flags: int, mv: memoryview, pos: int, end: int, level: int) 
     return ConnAck(bool(ack_flags), code, props)
 
 
+# The properties of every received PUBLISH that has none: one shared instance, since building 28
+# fields per message is a good part of the decode. Never mutated: whoever changes properties works
+# on a copy (the topic alias, which is only resolved for a PUBLISH that has properties, included).
+NO_PROPERTIES = Properties()
+
+
 def _decode_publish(flags: int, mv: memoryview, pos: int, end: int, level: int) -> Publish:
     qos = (flags >> 1) & 0x03
     if qos == 3:
@@ -403,13 +409,13 @@ def _decode_publish(flags: int, mv: memoryview, pos: int, end: int, level: int) 
     plain = True  # no properties
     if level == MQTT_5:
         if pos < end and mv[pos] == 0:  # the common case: no properties
-            props = Properties()
+            props = NO_PROPERTIES
             pos += 1
         else:
             props, pos = decode_properties(mv, pos, end, PacketType.PUBLISH)
             plain = False
     else:
-        props = Properties()
+        props = NO_PROPERTIES
     # flags 0: QoS 0, no retain, no DUP. The fixed header starts at 0 of the decoder's buffer.
     wire = bytes(mv[:end]) if flags == 0 and plain else None
     return Publish(topic, bytes(mv[pos:end]), qos, bool(flags & 0x01), dup, packet_id, props, wire)

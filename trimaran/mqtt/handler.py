@@ -276,7 +276,7 @@ class MqttFrontEnd:
     def handle(self, conn: MqttConn, event: object) -> None:
         """Act on one event of ``conn``'s machine (the runtime hands them out one packet at a time)."""
         if isinstance(event, PublishReceived):
-            self._publish_received(conn, event)
+            self.publish_received(conn, event)
         elif isinstance(event, MessageAcked):
             if _is_queue_tag(event.message.tag) and self.queues is not None:
                 self.queues.settled(conn, event.message.tag, event.reason_code)
@@ -483,7 +483,7 @@ class MqttFrontEnd:
         self.broker.stats.messages_received += 1
         self.broker.publish(will)
 
-    def _publish_received(self, conn: MqttConn, event: PublishReceived) -> None:
+    def publish_received(self, conn: MqttConn, event: PublishReceived) -> None:
         publish = event.publish
         endpoint = conn.endpoint
         assert endpoint is not None
