@@ -51,6 +51,21 @@ def publish_properties(message: Message, subscription_ids: tuple[int, ...] = ())
     )
 
 
+def _delivered_properties(message: Message, subscription_ids: tuple[int, ...]) -> Properties:
+    """Like ``publish_properties``, but the shared empty instance for a message that has none (most
+    do): the connection copies properties before it changes them."""
+    if (
+        subscription_ids
+        or message.user_properties
+        or message.content_type is not None
+        or message.response_topic is not None
+        or message.correlation_data is not None
+        or message.payload_format is not None
+    ):
+        return publish_properties(message, subscription_ids)
+    return NO_PROPERTIES
+
+
 SHARE_TAG = "share:"  # OutboundMessage.tag of a $share delivery: "share:<group>\x00<filter>"
 
 
@@ -92,7 +107,7 @@ def outbound(message: Message, delivery: Delivery[Any], *, retained: bool = Fals
         payload=message.payload,
         qos=min(message.qos, delivery.qos),
         retain=delivered_retain(message, delivery, retained),
-        properties=publish_properties(message, delivery.subscription_identifiers),
+        properties=_delivered_properties(message, delivery.subscription_identifiers),
         tag=share_tag(delivery),
         expires_at=None if message.expires_at_ms is None else message.expires_at_ms / 1000,
     )
