@@ -255,10 +255,10 @@ def explain(exc: BaseException) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     # Py4J: "An error occurred while calling o42.load.\n: java.sql.SQLException: ..."
     top = next((x.lstrip(": ") for x in lines if not x.startswith("An error occurred while calling")), "")
-    top = re.sub(r"\s*SQLSTATE: \w+$", "", top) or type(exc).__name__
-    root = (_root_cause(exc) or "").splitlines()[0:1]
-    line = f"{top} ({root[0]})" if root and root[0] not in top else top
-    line = _JAVA_PACKAGE.sub("", line)
+    top = _JAVA_PACKAGE.sub("", re.sub(r"\s*SQLSTATE: \w+$", "", top)) or type(exc).__name__
+    root = _JAVA_PACKAGE.sub("", re.sub(r"\s*SQLSTATE: \w+$", "", (_root_cause(exc) or "").split("\n")[0]))
+    said = root.partition(": ")[2] or root  # the cause's message without its class name
+    line = f"{top} ({root})" if root and said not in top else top
     return line if len(line) <= 500 else line[:497] + "..."
 
 
@@ -283,6 +283,9 @@ def audit_session(launch: Launch, *, storage_url: str | None) -> Iterator[SparkS
             raise CannotRun(f"Spark did not start on {where}: {explain(exc)}") from exc
         try:
             sc = spark.sparkContext
+            # Spark's warnings carry Java stack traces (a missing path, a lost task): the audit says
+            # what went wrong in one line; --log-level debug shows them.
+            sc.setLogLevel("WARN" if log.isEnabledFor(logging.DEBUG) else "ERROR")
             found = None
             if not is_local(sc.master):
                 sc.addPyFile(str(bundle(Path(work))))
