@@ -7,6 +7,11 @@ pandas and what they require, from this interpreter's installation: it cannot im
 every clean run proves that the audit shipped its code. Each source (a Parquet export, SQLite over
 JDBC, PostgreSQL over JDBC as a read-only role) is audited clean (exit 0), then with one event
 deleted (exit 1). The ways the audit cannot run are one line on stderr and exit 2.
+
+Each audit on the cluster starts two JVMs (the driver's and an executor's) and takes 15-20 s on the
+2-CPU test host, so the default suite runs the SQLite pair and the failed executor import (about a
+minute with the cluster's start); Parquet, PostgreSQL and the executor that never starts are
+``slow`` (``make test-all``).
 """
 
 from __future__ import annotations
@@ -365,6 +370,7 @@ def test_spark_errors_are_one_line_and_exit_2(
 # -- on the cluster -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_parquet_on_the_cluster(
     standalone: Standalone, executor_python: Path, broker_db: str, tmp_path: Path
 ) -> None:
@@ -410,6 +416,7 @@ ALTER ROLE trimaran_audit SET default_transaction_read_only = on;
 """
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_postgresql_on_the_cluster(
     standalone: Standalone,
@@ -436,6 +443,7 @@ def test_postgresql_on_the_cluster(
     assert_fault(done, summary, message)
 
 
+@pytest.mark.slow
 def test_no_executor_is_one_line_and_exit_2(
     standalone: Standalone, executor_python: Path, tmp_path: Path
 ) -> None:
