@@ -45,6 +45,7 @@ JDBC_DRIVERS = {
     "postgres": ("org.postgresql.Driver", "libpostgresql-jdbc-java"),
 }
 PROBE_GROUP = "trimaran-audit-probe"
+CLASSPATH_SETTINGS = ("spark.jars", "spark.jars.packages", "spark.driver.extraClassPath")
 
 
 class CannotRun(Exception):
@@ -274,7 +275,9 @@ def audit_session(launch: Launch, *, storage_url: str | None) -> Iterator[SparkS
     check_master(launch.master)
     jars = launch.jars
     if jars is not None:
-        jars = check_jars(jars, given=launch.jars_given, storage_url=storage_url)
+        # A driver supplied through Spark settings (a Maven package, the classpath) is not looked for.
+        supplied = any(key in launch.conf for key in CLASSPATH_SETTINGS)
+        jars = check_jars(jars, given=launch.jars_given, storage_url=None if supplied else storage_url)
     with tempfile.TemporaryDirectory(prefix="trimaran-audit-") as work:
         try:
             spark = spark_session(launch.master, jars, app_name=launch.app_name, extra=launch.conf)
