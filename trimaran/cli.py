@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="replay the queue tables with Spark and check every message (exit 1 when an invariant fails)",
     )
-    analytics_replay.add_arguments(audit, master_default="local[*]")
+    analytics_replay.add_arguments(audit, master_default=None)
     export = commands.add_parser(
         "export", parents=[common], help="copy the queue tables to Parquet for the audit"
     )
@@ -127,9 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "db":
         return _db(settings, args.db_command)
     if args.command == "audit":
-        from trimaran.analytics.replay import run_audit
-
-        return run_audit(args, None if args.parquet else settings.storage.effective_url())
+        return _audit(args, settings)
     if args.command == "export":
         from trimaran.analytics.export import run_export
 
@@ -152,6 +150,18 @@ def _serve(settings: Settings) -> int:
     for error in failed:
         logging.getLogger("trimaran").error("cannot start: %s", error)
     return 1 if failed else 0
+
+
+def _audit(args: argparse.Namespace, settings: Settings) -> int:
+    """The flags over the ``[audit]`` settings (themselves from the environment or trimaran.toml)."""
+    from trimaran.analytics.replay import run_audit
+
+    audit = settings.audit
+    args.master = args.master or audit.master
+    args.jars = args.jars or (",".join(audit.jars) if audit.jars else None)
+    args.conf = [f"{key}={value}" for key, value in audit.conf.items()] + (args.conf or [])
+    args.executor_timeout_s = audit.executor_timeout_s
+    return run_audit(args, None if args.parquet else settings.storage.effective_url())
 
 
 def _db(settings: Settings, command: str) -> int:

@@ -323,6 +323,15 @@ class LogSettings(Section):
         return value.lower() if isinstance(value, str) else value
 
 
+class AuditSettings(Section):
+    """``trimaran audit``: where its Spark runs. ``--master``, ``--jars`` and ``--conf`` override."""
+
+    master: str = Field("local[*]", description="local[*], spark://HOST:7077, yarn or k8s://https://HOST")
+    jars: list[str] = Field([], description="JDBC driver jars; default: Debian's in /usr/share/java")
+    conf: dict[str, str] = Field({}, description="Spark settings, e.g. spark.executor.memory = '4g'")
+    executor_timeout_s: float = Field(180.0, gt=0, description="longest wait for a first executor task")
+
+
 _toml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("toml_file", default=None)
 
 
@@ -344,6 +353,7 @@ class Settings(BaseSettings):
     telemetry: TelemetrySettings = TelemetrySettings()
     http: HttpSettings = HttpSettings()
     log: LogSettings = LogSettings()
+    audit: AuditSettings = AuditSettings()
 
     @classmethod
     def settings_customise_sources(

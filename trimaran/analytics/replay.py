@@ -12,7 +12,8 @@ A queue deleted and declared again starts its offsets over: events before a ``pu
 event belong to an older incarnation (``epoch`` > 0), which is replayed but not compared with the
 live tables (they hold only the newest).
 
-Runs in local mode from ``trimaran audit`` and on a cluster with ``spark-submit`` (``__main__``).
+Runs from ``trimaran audit``, in local mode or on a cluster (``--master``; ``cluster.py`` ships the
+code to the executors), and under ``spark-submit`` (``__main__``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trimaran.analytics.cluster import CannotRun, Launch, audit_session, explain, parse_conf, spark_errors
 from trimaran.analytics.life import (
     CLOCK_SLACK_MS,
     GROUP_KINDS,
@@ -40,7 +42,7 @@ from trimaran.analytics.life import (
     message_id,
     replay_partition,
 )  # fmt: skip
-from trimaran.analytics.source import DEBIAN_JARS, Selection, read_tables, spark_session
+from trimaran.analytics.source import DEBIAN_JARS, Selection, read_tables
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -510,13 +512,23 @@ def add_arguments(parser: argparse.ArgumentParser, *, master_default: str | None
     )
     parser.add_argument("--output", "-o", default="audit-report", metavar="DIR", help="report directory")
     parser.add_argument(
-        "--master", default=master_default, help=f"Spark master (default: {master_default or 'spark-submit'})"
+        "--master",
+        default=master_default,
+        help="Spark master: local[*], spark://HOST:7077, yarn, k8s://https://HOST:443 (default: "
+        + (master_default or "the audit.master setting, local[*]; under spark-submit, its --master")
+        + ")",
     )
     parser.add_argument(
         "--jars",
         default=None,
         metavar="JAR[,JAR]",
-        help="JDBC driver jars (default: " + ", ".join(DEBIAN_JARS) + ")",
+        help="JDBC driver jars, shipped to the executors (default: " + ", ".join(DEBIAN_JARS) + ")",
+    )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a Spark setting, e.g. spark.executor.memory=4g (repeatable)",
     )
     parser.add_argument("--no-charts", action="store_true", help="skip the PNG charts and HTML page")
     parser.add_argument(
@@ -524,7 +536,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, master_default: str | None
         type=int,
         default=None,
         metavar="N",
-        help="spark.sql.shuffle.partitions (default: the local cores in local mode, else Spark's)",
+        help="spark.sql.shuffle.partitions (default: the cores, local or the cluster's executors')",
     )
 
 
@@ -538,6 +550,23 @@ def local_cores(master: str | None) -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
 
+def launch_of(args: argparse.Namespace, *, default_jars: bool = True) -> Launch:
+    """How to start Spark, from the audit's arguments (the CLI has merged ``[audit]`` into them)."""
+    given = getattr(args, "jars", None)
+    jars = given.split(",") if given else (list(DEBIAN_JARS) if default_jars else None)
+    launch = Launch(
+        master=args.master,
+        jars=jars,
+        jars_given=bool(given),
+        conf=parse_conf(getattr(args, "conf", None)),
+        shuffle_partitions=getattr(args, "shuffle_partitions", None),
+    )
+    timeout = getattr(args, "executor_timeout_s", None)
+    if timeout is not None:
+        launch.executor_timeout_s = timeout
+    return launch
+
+
 def run_audit(
     args: argparse.Namespace,
     storage_url: str | None,
@@ -545,23 +574,37 @@ def run_audit(
     default_jars: bool = True,
     spark: SparkSession | None = None,
 ) -> int:
-    """Run, write the report, print a summary; 0 when every invariant holds, 1 otherwise."""
-    from trimaran.analytics import report
-
+    """Run, write the report, print a summary; 0 when every invariant holds, 1 when one fails, 2
+    (one line on stderr) when the audit could not run. ``spark``: a session to use as it is."""
     selection = Selection(
         tuple(args.queues) if args.queues else None, parse_time(args.since), parse_time(args.until)
     )
-    jars = args.jars.split(",") if args.jars else (list(DEBIAN_JARS) if default_jars else None)
-    local = args.master is not None and args.master.startswith("local")
-    if spark is None:
-        cores = local_cores(args.master) if local else None
-        partitions = getattr(args, "shuffle_partitions", None) or cores
-        spark = spark_session(args.master, jars, shuffle_partitions=partitions)
     if args.parquet:
+        storage_url = None
+    try:
+        if spark is not None:
+            return _audit(spark, args, storage_url, selection)
+        launch = launch_of(args, default_jars=default_jars)
+        with audit_session(launch, storage_url=storage_url) as session:
+            return _audit(session, args, storage_url, selection)
+    except CannotRun as exc:
+        print(f"trimaran audit: {exc}", file=sys.stderr)
+        return 2
+    except spark_errors() as exc:
+        log.debug("the audit could not run", exc_info=exc)
+        print(f"trimaran audit: {explain(exc)}", file=sys.stderr)
+        return 2
+
+
+def _audit(
+    spark: SparkSession, args: argparse.Namespace, storage_url: str | None, selection: Selection
+) -> int:
+    from trimaran.analytics import report
+
+    if storage_url is None:
         tables = read_tables(spark, selection, parquet=args.parquet)
         source = f"parquet:{args.parquet}"
     else:
-        assert storage_url is not None
         tables = read_tables(spark, selection, storage_url=storage_url)
         source = storage_url.split("@")[-1]  # never print a password
     result = replay(tables, selection)
