@@ -146,6 +146,12 @@ def check_utf8(text: str) -> None:
     text.encode("utf-8")  # raises UnicodeEncodeError (a ValueError) on surrogates
 
 
+# The properties of every received packet that has none (PUBLISH, 3.1.1 CONNECT): one shared
+# instance, since building 28 fields per message is a good part of the decode. Never mutated: whoever
+# changes properties works on a copy (the topic alias, resolved only when a PUBLISH has properties).
+NO_PROPERTIES = Properties()
+
+
 def _malformed(message: str) -> ProtocolError:
     return ProtocolError(MALFORMED, message)
 
@@ -344,13 +350,13 @@ def _decode_connect(flags: int, mv: memoryview, pos: int, end: int, level: int) 
         raise _malformed("will QoS or retain set without the will flag")
     if level < MQTT_5 and has_password and not has_username:
         raise _malformed("password flag set without the user name flag")
-    props = Properties()
+    props = NO_PROPERTIES  # kept for the connection's life: no copy of 28 empty fields
     if level == MQTT_5:
         props, pos = decode_properties(mv, pos, end, PacketType.CONNECT)
     client_id, pos = _read_str(mv, pos, end)
     will = None
     if will_flag:
-        will_props = Properties()
+        will_props = NO_PROPERTIES
         if level == MQTT_5:
             will_props, pos = decode_properties(mv, pos, end, WILL)
         will_topic, pos = _read_str(mv, pos, end)
@@ -384,12 +390,6 @@ def _decode_connack(flags: int, mv: memoryview, pos: int, end: int, level: int) 
     if pos != end:
         raise _malformed("trailing bytes in CONNACK")
     return ConnAck(bool(ack_flags), code, props)
-
-
-# The properties of every received PUBLISH that has none: one shared instance, since building 28
-# fields per message is a good part of the decode. Never mutated: whoever changes properties works
-# on a copy (the topic alias, which is only resolved for a PUBLISH that has properties, included).
-NO_PROPERTIES = Properties()
 
 
 def _decode_publish(flags: int, mv: memoryview, pos: int, end: int, level: int) -> Publish:

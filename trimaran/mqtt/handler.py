@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from functools import partial
 from typing import Any, Final
 
 import anyio
@@ -337,7 +338,7 @@ class MqttFrontEnd:
         conn.endpoint = endpoint
         self.broker.stats.client_connected()
         conn.client = self.broker.clients.add(
-            ClientInfo(client_id, PROTOCOL_MQTT, conn.peer, connect.username, lambda: self._kick(conn))
+            ClientInfo(client_id, PROTOCOL_MQTT, conn.peer, connect.username, partial(self._kick, conn))
         )
         _forget_queue_deliveries(endpoint.session)
         machine.accept(endpoint.session, session_present=present)
