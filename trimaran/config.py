@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextvars
 import difflib
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple, get_args
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -415,8 +415,8 @@ def _did_you_mean(loc: tuple[int | str, ...]) -> str:
         annotation = field.annotation if field is not None else None
         if isinstance(part, int):  # an entry of a list of sections, e.g. auth.users[0]
             continue
-        while hasattr(annotation, "__args__") and not isinstance(annotation, type):
-            annotation = annotation.__args__[0]  # list[Section] -> Section
+        while get_args(annotation) and not isinstance(annotation, type):
+            annotation = get_args(annotation)[0]  # list[Section] -> Section
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return ""
         model = annotation
