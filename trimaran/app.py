@@ -96,7 +96,7 @@ class App:
         self.mqtt = MqttFrontEnd(self.broker, settings, store, self.queues)
         self.amqp091 = Amqp091FrontEnd(self.broker, settings, self.queues, AmqpStore(storage.engine))
         self.amqp1 = Amqp1FrontEnd(self.broker, settings, self.queues)
-        self.telemetry.bind(self.broker, self.queues, self.mqtt, self.webhooks)
+        self.telemetry.bind(self.broker, self.queues, self.mqtt, self.webhooks, self.runner)
         self.listeners = self._build_listeners(tls)
         if settings.http.bind is not None and self.api.locked:
             log.warning("admin API is locked: no http.tokens configured, /api/v1 answers 401 to every call")

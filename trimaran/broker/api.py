@@ -345,7 +345,8 @@ class AdminApi:
             ApiRoute(
                 "GET",
                 "/metrics",
-                "Prometheus text exposition of the OpenTelemetry metrics",
+                "Prometheus text exposition (OpenMetrics when Accept asks for it): the broker's "
+                "OpenTelemetry instruments, process, platform and GC",
                 self.metrics,
                 {200: PROMETHEUS_CONTENT_TYPE, 404: ErrorBody},
                 auth=False,
@@ -485,7 +486,8 @@ class AdminApi:
         telemetry = self.app.telemetry
         if not telemetry.enabled:
             raise HttpError(404, "not_found", "metrics are off (telemetry.metrics = false)")
-        return Response.text(telemetry.prometheus_text(), content_type=PROMETHEUS_CONTENT_TYPE)
+        body, content_type = telemetry.exposition(_request.headers.get("accept", ""))
+        return Response(200, body, content_type)
 
     async def openapi(self, _request: Request) -> Response:
         return Response.json(openapi_document(self.routes))
