@@ -50,7 +50,7 @@ class OtelBridge(Collector):
 
 def _families(name: str, description: str, data: Any) -> Iterator[Metric]:
     points = list(data.data_points)
-    keys = list(dict.fromkeys(str(k) for point in points for k in (point.attributes or {})))  # as set
+    keys = sorted({str(k) for point in points for k in (point.attributes or {})})
     labels = [prometheus_name(k) for k in keys]
 
     def values(point: Any) -> list[str]:
