@@ -323,7 +323,13 @@ class AdminApi:
         for expected in self.tokens:  # every token compared, in constant time each
             ok |= hmac.compare_digest(given, expected)
         if not ok:
-            log.info("http: %s %s from %s refused: wrong token", request.method, request.path, request.peer)
+            log.warning(
+                "http: %s %s from %s refused: wrong token",
+                request.method,
+                request.path,
+                request.peer,
+                extra={"peer": request.peer, "protocol": "http", "reason": "invalid_token"},
+            )
             return _unauthorized("unauthorized", "the bearer token is not valid", ', error="invalid_token"')
         return None
 
