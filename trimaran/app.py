@@ -18,6 +18,7 @@ import anyio
 import anyio.to_thread
 
 from trimaran import __version__
+from trimaran.admin import ui as management_page
 from trimaran.amqp091.handler import Amqp091FrontEnd
 from trimaran.amqp1.handler import Amqp1FrontEnd
 from trimaran.broker.api import AdminApi
@@ -65,6 +66,7 @@ class App:
         self.telemetry = Telemetry(settings.telemetry, node=settings.node_name)
         self.api = AdminApi(self)
         self.api.register(self.http)
+        management_page.register(self.http)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
