@@ -7,8 +7,9 @@ environment (``TRIMARAN_`` prefix, ``__`` between nested keys) < CLI flags.
 from __future__ import annotations
 
 import contextvars
+import difflib
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple, get_args
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -411,9 +412,26 @@ def describe_errors(exc: ValidationError) -> str:
         key = ".".join(str(part) for part in error["loc"]) or "(root)"
         message = error["msg"]
         if error["type"] == "extra_forbidden":
-            message = "unknown setting"
+            message = "unknown setting" + _did_you_mean(error["loc"])
         lines.append(f"invalid setting {key}: {message}")
     return "\n".join(lines)
+
+
+def _did_you_mean(loc: tuple[int | str, ...]) -> str:
+    """For an unknown key, the closest key of the same section (``; did you mean 'mqtt_ws'?``)."""
+    model: Any = Settings
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        annotation = field.annotation if field is not None else None
+        if isinstance(part, int):  # an entry of a list of sections, e.g. auth.users[0]
+            continue
+        while get_args(annotation) and not isinstance(annotation, type):
+            annotation = get_args(annotation)[0]  # list[Section] -> Section
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return ""
+        model = annotation
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def masked(settings: Settings) -> dict[str, Any]:

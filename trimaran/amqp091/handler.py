@@ -291,7 +291,13 @@ class Amqp091FrontEnd:
             conn.user = event.username
             machine.accept_authentication()
             return
-        log.info("amqp091: %s refused (%s, user %r)", conn.peer, verdict.value, event.username)
+        log.warning(
+            "amqp091: %s refused (%s, user %r)",
+            conn.peer,
+            verdict.value,
+            event.username,
+            extra={"peer": conn.peer, "protocol": "amqp091", "user": event.username, "reason": verdict.value},
+        )
         if self.broker.events.wants(CLIENT_AUTH_FAILED):
             peer, user = conn.peer, event.username
             self.broker.events.client(

@@ -192,6 +192,18 @@ class Amqp1FrontEnd:
         creds = event.credentials
         verdict = self.auth.check(creds.username, creds.password)
         if verdict is not AuthResult.OK:
+            log.warning(
+                "amqp1: %s refused (%s, user %r)",
+                conn.peer,
+                verdict.value,
+                creds.username,
+                extra={
+                    "peer": conn.peer,
+                    "protocol": "amqp1",
+                    "user": creds.username,
+                    "reason": verdict.value,
+                },
+            )
             events = self.broker.events
             if events.wants(CLIENT_AUTH_FAILED):
                 events.client(

@@ -67,6 +67,12 @@ from trimaran.storage.mqtt_store import MqttStore, StoredSession
 
 log = logging.getLogger(__name__)
 
+
+def _login_fields(peer: str, client_id: str, user: str | None, reason: str) -> dict[str, object]:
+    """A refused login's fields for JSON logs."""
+    return {"peer": peer, "protocol": "mqtt", "client_id": client_id, "user": user, "reason": reason}
+
+
 READ_CHUNK: Final = 65536
 # Will delays, session expiry, session persistence, and the connect and keep-alive timeouts of every
 # connection: one sweep is far cheaper than a timer per read per connection.
@@ -305,12 +311,13 @@ class MqttFrontEnd:
                 if verdict is AuthResult.ANONYMOUS_REFUSED
                 else ReasonCode.BAD_USER_NAME_OR_PASSWORD
             )
-            log.info(
+            log.warning(
                 "mqtt: client %r from %s refused (%s, user %r)",
                 request.client_id,
                 conn.peer,
                 verdict.value,
                 connect.username,
+                extra=_login_fields(conn.peer, request.client_id, connect.username, verdict.value),
             )
             user = connect.username
             self._client_event(CLIENT_AUTH_FAILED, conn, request.client_id, user, reason=verdict.value)
