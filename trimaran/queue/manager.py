@@ -83,6 +83,7 @@ class QueueDelivery:
     attempt: int
     redelivered: bool
     message_id: str
+    failed: int = 0  # earlier deliveries that failed (not released unprocessed): AMQP 1.0 delivery-count
 
     @property
     def original_topic(self) -> str:
@@ -279,8 +280,58 @@ class ConsumerHandle:
             self.queue, self.group, offset, "release", self, None, None, "unsent", wait=False
         )[0]
 
+    def return_nowait(self, offset: int) -> bool:
+        """The consumer hands a delivery back unprocessed (AMQP 1.0 ``released``, ``modified``
+        without ``delivery-failed``): available again at once, and not a failed attempt (it does not
+        count towards ``max_attempts`` nor raise the delivery-count)."""
+        return self.manager._settle_now(
+            self.queue, self.group, offset, "return", self, None, None, "released", wait=False
+        )[0]
+
     async def cancel(self) -> None:
         await self.manager._cancel(self)
+
+
+class BrowseHandle:
+    """What ``browse`` returns: a copy-mode reader (an AMQP 1.0 ``distribution-mode copy`` link).
+
+    It sees what the queue holds, in offset order, then what arrives; it removes nothing, holds
+    nothing, and settles nothing: other consumers get every message as if it were not there.
+    """
+
+    def __init__(self, manager: QueueManager, queue: QueueState, consumer: QueueConsumer) -> None:
+        self.manager = manager
+        self.queue = queue
+        self.consumer = consumer
+        self.cursor = queue.first_offset()
+        self.credit = 0
+        self.closed = False
+
+    @property
+    def queue_name(self) -> str:
+        return self.queue.name
+
+    def set_credit(self, n: int) -> None:
+        if self.closed:
+            return
+        self.credit = max(0, n)
+        self.manager._browse(self)
+
+    def add_credit(self, n: int) -> None:
+        if n > 0 and not self.closed:
+            self.credit += n
+            self.manager._browse(self)
+
+    async def cancel(self) -> None:
+        self.cancel_nowait()
+
+    def cancel_nowait(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        browsers = self.queue.browsers
+        if self in browsers:
+            browsers.remove(self)
 
 
 class QueueManager:
@@ -492,6 +543,9 @@ class QueueManager:
         if state is None:
             return
         state.deleted = True
+        for browser in state.browsers:
+            browser.closed = True
+        state.browsers.clear()
         for group in state.groups.values():
             for handle in group.consumers:
                 handle.closed = True
@@ -810,6 +864,8 @@ class QueueManager:
             return
         self._dirty = set()
         for state in dirty:
+            for browser in list(state.browsers):
+                self._browse(browser)
             for group in state.groups.values():
                 if group.consumers:
                     if self._is_shared(state):
@@ -856,6 +912,50 @@ class QueueManager:
         if state.durable and not batch.empty():
             self.writer.submit(batch)
         return handle
+
+    def browse(self, queue: str, consumer: QueueConsumer) -> BrowseHandle:
+        """Attach a browser: it receives copies of what the queue holds (from the oldest) and of
+        what arrives, as credit allows, and changes nothing. Not for a shared node's work queues
+        (this node holds only its claims)."""
+        if not self._started:
+            raise QueueError("stopped", "the queue manager is not running")
+        batch = WriteBatch()
+        state = self._get_or_create(queue, batch)
+        if state.durable and not batch.empty():
+            self.writer.submit(batch)
+        if self._is_shared(state):
+            raise QueueError("unsupported", "a shared work queue holds only its claims in memory")
+        handle = BrowseHandle(self, state, consumer)
+        state.browsers.append(handle)
+        return handle
+
+    def _browse(self, handle: BrowseHandle) -> None:
+        """Hand a browser copies of the messages past its cursor while it has credit."""
+        state = handle.queue
+        if state.deleted:
+            handle.closed = True
+            return
+        messages = state.messages
+        now = now_ms()
+        offset = max(handle.cursor, state.first_offset()) if messages else handle.cursor
+        high = state.high
+        out: list[QueueDelivery] = []
+        while handle.credit > 0 and offset < high and not handle.closed:
+            stored = messages.get(offset)
+            offset += 1
+            if stored is None or self._expired(stored, now):
+                continue
+            handle.credit -= 1
+            out.append(
+                QueueDelivery(stored.message, state.name, stored.offset, "$browse", 1, False,
+                              message_id(state.name, stored.offset))
+            )  # fmt: skip
+        handle.cursor = max(handle.cursor, offset)
+        for delivery in out:
+            try:
+                handle.consumer.deliver(delivery)
+            except Exception:
+                log.exception("browser %s failed to take a delivery", handle.consumer.id)
 
     def _position(self, state: QueueState, start: str | int) -> int:
         if isinstance(start, int):
@@ -1075,6 +1175,7 @@ class QueueManager:
             self._pending_row(state, group, offset, entry, batch)
         handle.credit -= 1
         unsent = entry.unsent if entry is not None else 0
+        returned = entry.returned if entry is not None else 0
         return QueueDelivery(
             stored.message,
             state.name,
@@ -1083,6 +1184,7 @@ class QueueManager:
             attempt,
             attempt - unsent > 1,
             message_id(state.name, offset),
+            attempt - 1 - unsent - returned,
         )
 
     # -- state rows -------------------------------------------------------------------------------
@@ -1247,11 +1349,15 @@ class QueueManager:
         if consumer_id is not None and entry.consumer_id != consumer_id:
             return False, None
         cid = entry.consumer_id
-        if action == "release":
-            # The attempt stays counted (the journal shows the delivery and its release), but the
-            # next delivery is not flagged redelivered for it.
+        if action in ("release", "return"):
+            # The journal shows the delivery and its release and numbers the next one on, but it is
+            # not a failed attempt: "release" (never sent) is not flagged redelivered either;
+            # "return" (handed back unprocessed, AMQP 1.0 released) leaves the delivery-count.
             self._released_event(state, group, offset, entry, reason, now, batch)
-            entry.unsent += 1
+            if action == "release":
+                entry.unsent += 1
+            else:
+                entry.returned += 1
             self._make_available(state, group, offset, entry, reason, now, now, batch)
             ticket = self._submit(batch, after, wait)
             self._dispatch(state, group)
@@ -1268,12 +1374,12 @@ class QueueManager:
                 state, batch, now, "acked", group=group, offset=offset, consumer=cid, attempt=entry.attempts
             )
         elif action == "nack":
-            if entry.attempts >= state.policy.max_attempts:
+            if entry.failed() >= state.policy.max_attempts:
                 self._event(state, batch, now, "nacked", group=group, offset=offset, consumer=cid,
                             attempt=entry.attempts, reason="max_attempts")  # fmt: skip
                 self._dead_letter(state, group, offset, entry, "max_attempts", now, batch, after)
             else:
-                delay = backoff_s(state.policy, entry.attempts) if delay_s is None else max(0.0, delay_s)
+                delay = backoff_s(state.policy, entry.failed()) if delay_s is None else max(0.0, delay_s)
                 delay_ms = int(delay * 1000)
                 self._make_available(state, group, offset, entry, "nack", now + delay_ms, now, batch)
                 self._event(state, batch, now, "nacked", group=group, offset=offset, consumer=cid,
@@ -1490,7 +1596,7 @@ class QueueManager:
         after: list[Callable[[], None]],
     ) -> None:
         self._released_event(state, group, offset, entry, reason, now, batch)
-        if entry.attempts >= state.policy.max_attempts:
+        if entry.failed() >= state.policy.max_attempts:
             self._dead_letter(state, group, offset, entry, "max_attempts", now, batch, after)
         else:
             self._make_available(state, group, offset, entry, reason, now, now, batch)
