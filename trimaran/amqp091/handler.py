@@ -42,7 +42,7 @@ from trimaran.amqp091.events import (
     SecureOkReceived,
 )
 from trimaran.amqp091.exchanges import ExchangeError, ExchangeRegistry
-from trimaran.amqp091.mapping import MappingError, message_from_content
+from trimaran.amqp091.mapping import MappingError, message_from_content, message_headers
 from trimaran.amqp091.operations import REPLY_PREFIX, REPLY_TO, Operations, _error
 from trimaran.amqp091.properties import BasicProperties
 from trimaran.amqp091.queues import QueueMeta, RouterBinding
@@ -85,6 +85,7 @@ class Amqp091FrontEnd:
         self._collecting: Pending | None = None
         #: direct reply-to token -> the channel consuming its replies
         self.reply_to: dict[str, ChannelState] = {}
+        queues.dead_letter_router = self
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -462,6 +463,23 @@ class Amqp091FrontEnd:
             entry.waiting -= 1  # never committed; the seal still holds the entry
             return False
         return True
+
+    def dead_letter_queues(self, exchange: str, routing_key: str, message: Message) -> list[str]:
+        """The queue manager's DeadLetterRouter: where a dead letter published now to ``exchange``
+        goes (RabbitMQ routes dead letters when they die, with the message's headers). A missing
+        exchange routes nowhere (the letter is dropped, as RabbitMQ drops it)."""
+        try:
+            result = self.exchanges.route(exchange, routing_key, message_headers(message))
+        except ExchangeError:
+            return []
+        if result.to_router:
+            try:
+                topic = routing_key_to_topic(routing_key)
+            except TopicError:
+                topic = ""
+            if topic:  # amq.topic is the shared router: its subscribers get the letter too
+                self.broker.publish(message.copy_with(topic=topic))
+        return sorted(q for q in result.queues if self.manager.exists(q))
 
     def deliver_from_router(self, binding: RouterBinding, message: Message) -> None:
         """A router match for a queue (or exchange) bound to amq.topic: append to the queue(s)."""
