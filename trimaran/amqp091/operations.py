@@ -240,9 +240,9 @@ class Operations:
             raise _error(spec.RESOURCE_LOCKED, _locked(meta.name), method)
 
     def _counts(self, name: str) -> tuple[int, int]:
-        state = self.manager.queues.get(name)
-        depth = len(state.messages) if state is not None else 0
-        return depth, len(self.front.consumers.get(name, ()))
+        """(ready messages, consumers), as RabbitMQ counts them: unacknowledged deliveries are
+        not in message_count."""
+        return self.manager.ready_count(name), len(self.front.consumers.get(name, ()))
 
     # -- exchanges --------------------------------------------------------------------------------
 

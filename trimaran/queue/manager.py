@@ -649,6 +649,32 @@ class QueueManager:
     def exists(self, name: str) -> bool:
         return name in self.queues
 
+    def ready_count(self, name: str, group: str = DEFAULT_GROUP) -> int:
+        """Messages ``group`` could be handed now: not held by a consumer (delivered, unsettled),
+        not finished. RabbitMQ's message_count (queue.declare-ok, basic.get-ok). A stream, or a
+        group not made yet: every message the queue holds."""
+        state = self.queues.get(name)
+        if state is None:
+            return 0
+        grp = state.groups.get(group)
+        messages = state.messages
+        if grp is None or state.mode != "work":
+            return len(messages)
+        entries = grp.entries
+        if len(state.groups) == 1:
+            # One group: what it finished below its cursor is gone from the queue already, so only
+            # its entries (held, or acked out of order) are not ready.
+            busy = sum(1 for o, e in entries.items() if e.state != WAIT and o in messages)
+            return len(messages) - busy
+        ready = 0
+        for offset in messages:
+            if grp.is_done(offset):
+                continue
+            entry = entries.get(offset)
+            if entry is None or entry.state == WAIT:
+                ready += 1
+        return ready
+
     def peek(self, name: str, after: int = -1, limit: int = 100) -> list[StoredMessage]:
         """Up to ``limit`` messages the queue holds past offset ``after``, in offset order, without
         delivering or changing anything (the admin API's view of a queue)."""
