@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import pika
@@ -70,23 +71,34 @@ def test_a_plain_unknown_name_is_unroutable(channel: BlockingChannel) -> None:
 # -- message counts -------------------------------------------------------------------------------
 
 
+def ready(channel: BlockingChannel, name: str, expected: int) -> int:
+    """message_count once the count settles at ``expected`` (acks and nacks have no reply: a broker
+    may answer the declare before it applied them), else the last count seen."""
+    deadline = time.monotonic() + 3
+    while True:
+        count = int(channel.queue_declare(name, passive=True).method.message_count)
+        if count == expected or time.monotonic() > deadline:
+            return count
+        time.sleep(0.02)
+
+
 def test_message_count_is_the_ready_messages(channel: BlockingChannel) -> None:
     channel.confirm_delivery()  # the publishes are in the queue before we count
     name = channel.queue_declare("", exclusive=True).method.queue
     for i in range(4):
         channel.basic_publish("", name, b"%d" % i)
-    assert channel.queue_declare(name, passive=True).method.message_count == 4
+    assert ready(channel, name, 4) == 4
     first = channel.basic_get(name)[0]
     assert first.message_count == 3  # without the one returned
     second = channel.basic_get(name)[0]
     assert second.message_count == 2
-    assert channel.queue_declare(name, passive=True).method.message_count == 2  # unacked are out
+    assert ready(channel, name, 2) == 2  # unacked are out
     channel.basic_nack(first.delivery_tag, requeue=True)
-    assert channel.queue_declare(name, passive=True).method.message_count == 3
+    assert ready(channel, name, 3) == 3
     channel.basic_reject(second.delivery_tag, requeue=False)
-    assert channel.queue_declare(name, passive=True).method.message_count == 3
+    assert ready(channel, name, 3) == 3
     channel.basic_ack(channel.basic_get(name)[0].delivery_tag)
-    assert channel.queue_declare(name, passive=True).method.message_count == 2
+    assert ready(channel, name, 2) == 2
 
 
 def test_message_count_after_cancel_and_channel_close(connection: pika.BlockingConnection) -> None:
@@ -99,11 +111,11 @@ def test_message_count_after_cancel_and_channel_close(connection: pika.BlockingC
     other.basic_qos(prefetch_count=2)
     tag = other.basic_consume(name, lambda *_: None)
     connection.process_data_events(0.3)
-    assert channel.queue_declare(name, passive=True).method.message_count == 1
+    assert ready(channel, name, 1) == 1
     other.basic_cancel(tag)  # the unacked stay with the channel
-    assert channel.queue_declare(name, passive=True).method.message_count == 1
+    assert ready(channel, name, 1) == 1
     other.close()  # now they are back
-    assert channel.queue_declare(name, passive=True).method.message_count == 3
+    assert ready(channel, name, 3) == 3
 
 
 # -- connection.update-secret ---------------------------------------------------------------------
@@ -233,3 +245,103 @@ def test_field_table_types_round_trip(amqp_port: int) -> None:
         assert split_table(got[18 : 18 + size]) == dict(TYPED)
     finally:
         client.close()
+
+
+# -- channel and connection errors ----------------------------------------------------------------
+
+LOCKED = (
+    "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{q}' in vhost '/'. It could be "
+    "originally declared on another connection or the exclusive property value does not match that of "
+    "the original declaration."
+)
+
+
+def closed_with(client: RawClient, timeout: float = 5.0) -> tuple[int, int, str, int, int]:
+    """(channel, reply code, text, class id, method id) of the first close the server sends."""
+    client.sock.settimeout(timeout)
+    while True:
+        kind, _payload, whole = client.raw_frame()
+        if kind != 1:
+            continue
+        value = frame.unmarshal(whole)[2]
+        if isinstance(value, commands.Connection.Close | commands.Channel.Close):
+            channel = struct.unpack_from(">H", whole, 1)[0]
+            code, class_id, method_id = value.reply_code, value.class_id, value.method_id
+            assert code is not None and class_id is not None and method_id is not None
+            return channel, code, value.reply_text, class_id, method_id
+
+
+def test_second_channel_open_is_a_connection_error(amqp_port: int) -> None:
+    client = RawClient(amqp_port)
+    try:
+        client.send(1, commands.Channel.Open())
+        assert closed_with(client) == (0, 504, "CHANNEL_ERROR - second 'channel.open' seen", 20, 10)
+    finally:
+        client.close()
+
+
+def test_a_method_on_a_channel_not_open_is_a_connection_error(amqp_port: int) -> None:
+    client = RawClient(amqp_port)
+    try:
+        client.send(2, commands.Queue.Declare(queue="x"))
+        assert closed_with(client) == (0, 504, "CHANNEL_ERROR - expected 'channel.open'", 50, 10)
+    finally:
+        client.close()
+
+
+class TwoChannels(RawClient):
+    """A client that tunes channel_max down to 2."""
+
+    def send(self, channel: int, value: Frame) -> None:
+        if isinstance(value, commands.Connection.TuneOk):
+            value = commands.Connection.TuneOk(2, value.frame_max, 0)
+        super().send(channel, value)
+
+
+def test_channel_max_counts_open_channels(amqp_port: int) -> None:
+    client = TwoChannels(amqp_port)  # channel 1 is open
+    try:
+        client.send(3000, commands.Channel.Open())  # a number past channel_max is fine
+        client.expect(commands.Channel.OpenOk)
+        client.send(7, commands.Channel.Open())
+        text = "NOT_ALLOWED - number of channels opened (2) has reached the negotiated channel_max (2)"
+        assert closed_with(client) == (0, 530, text, 0, 0)
+    finally:
+        client.close()
+
+
+def test_an_invalid_exchange_type_closes_the_connection(amqp_port: int) -> None:
+    client = RawClient(amqp_port)
+    try:
+        client.send(1, commands.Exchange.Declare(exchange=unique("x"), exchange_type="foo"))
+        assert closed_with(client) == (0, 503, "COMMAND_INVALID - invalid exchange type 'foo'", 40, 10)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "ids"),
+    [
+        (lambda q: commands.Basic.Consume(queue=q), (60, 20)),
+        (lambda q: commands.Basic.Get(queue=q), (60, 70)),
+        (lambda q: commands.Queue.Declare(queue=q, passive=True), (50, 10)),
+        (lambda q: commands.Queue.Declare(queue=q), (50, 10)),
+        (lambda q: commands.Queue.Delete(queue=q), (50, 40)),
+    ],
+)
+def test_an_exclusive_queue_of_another_connection_is_locked(
+    amqp_port: int, method: Callable[[str], Frame], ids: tuple[int, int]
+) -> None:
+    owner = RawClient(amqp_port)
+    other = RawClient(amqp_port)
+    try:
+        queue = unique("mine")
+        owner.send(1, commands.Queue.Declare(queue=queue, exclusive=True))
+        owner.expect(commands.Queue.DeclareOk)
+        other.send(1, method(queue))
+        assert closed_with(other) == (1, 405, LOCKED.format(q=queue), *ids)  # the channel only
+        other.send(2, commands.Channel.Open())
+        other.expect(commands.Channel.OpenOk)
+    finally:
+        owner.close()
+        other.close()
