@@ -189,3 +189,24 @@ def test_dead_letters_of_a_queue_made_over_mqtt_carry_x_death(amqp_server: Runni
         assert props.headers["x-first-death-queue"] == name
     finally:
         conn.close()
+
+
+def test_messages_dropped_by_max_length_are_dead_lettered(channel: BlockingChannel) -> None:
+    dlx, source, letters = unique("dlx"), unique("short"), unique("letters")
+    channel.exchange_declare(dlx, "fanout", auto_delete=True)
+    channel.queue_declare(letters, exclusive=True)
+    channel.queue_bind(letters, dlx)
+    channel.queue_declare(
+        source, auto_delete=True, arguments={"x-max-length": 2, "x-dead-letter-exchange": dlx}
+    )
+    channel.confirm_delivery()
+    for i in range(4):  # the default overflow drops the head
+        channel.basic_publish("", source, b"%d" % i)
+    kept = [channel.basic_get(source, auto_ack=True)[2] for _ in range(2)]
+    assert kept == [b"2", b"3"]
+    dropped = [get(channel, letters) for _ in range(2)]
+    assert [body for _m, _p, body in dropped] == [b"0", b"1"]
+    for _m, props, _b in dropped:
+        [death] = deaths(props)
+        assert (death["queue"], death["reason"], death["count"]) == (source, "maxlen", 1)
+    channel.queue_delete(source)

@@ -7,7 +7,9 @@ exclusive, auto-delete and non-durable ones live in memory. The RabbitMQ argumen
 =============================  ==================================================================
 x-message-ttl (ms)             ``ttl_s``
 x-max-length / -bytes          ``max_length`` / ``max_length_bytes``
-x-overflow                     ``overflow``: drop-head -> drop-oldest, reject-publish(-dlx) -> reject
+x-overflow                     ``overflow``: drop-head (the default) -> drop-oldest (dead-lettered
+                               with reason maxlen when there is a dead-letter exchange),
+                               reject-publish(-dlx) -> reject
 x-dead-letter-exchange / -key  ``dead_letter_exchange`` / ``dead_letter_routing_key``: rejected,
                                expired and over-the-limit messages are routed through the exchange
                                when they die (bindings made later count), with RabbitMQ's x-death;
@@ -90,6 +92,7 @@ def policy_from_arguments(
         "backoff_max_s": 0.0,
         "visibility_timeout_s": CONSUMER_TIMEOUT_S,
         "dead_letter": "none",
+        "overflow": "drop-oldest",  # RabbitMQ's default x-overflow: drop-head
         "dead_letter_exchange": None,
         "dead_letter_routing_key": None,
     }

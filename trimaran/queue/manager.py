@@ -924,13 +924,28 @@ class QueueManager:
             state.stats["refused"] += 1
             raise QueueError("full", f"queue {state.name} is full")
         now = now_ms()
+        # Dropped from the head; with a dead-letter exchange they are dead-lettered (reason maxlen),
+        # each drop and its letter in one batch of their own, ahead of the publish.
+        routed = policy.dead_letter_exchange is not None
+        letters = WriteBatch()
+        after: list[Callable[[], None]] = []
         while state.messages and (
             (max_n is not None and len(state.messages) + state.inflight + 1 > max_n)
             or (max_b is not None and state.bytes + size > max_b)
         ):
-            oldest = next(iter(state.messages))
-            self._remove(state, oldest, "dropped", "overflow", now, batch)
+            oldest, stored = next(iter(state.messages.items()))
+            targets = self._dead_letter_targets(state, stored, DEATH_MAXLEN) if routed else []
+            if not targets:
+                self._remove(state, oldest, "dropped", "overflow", now, batch)
+                state.stats["dropped"] += 1
+                continue
+            where = ",".join(t for t, _ in targets)
+            self._remove(state, oldest, "dropped", f"overflow -> {where}", now, letters)
             state.stats["dropped"] += 1
+            state.stats["dead_lettered"] += 1
+            self._letter(state, None, stored, 0, DEATH_MAXLEN, targets, now, letters, after)
+        if after or not letters.empty():
+            self._submit(letters, after, wait=False)
 
     def _published(self, state: QueueState, stored: StoredMessage) -> None:
         """A publish is in (committed, for a durable queue): make it deliverable and say so."""
