@@ -190,6 +190,14 @@ class QueuePolicySettings(Section):
     backoff_multiplier: float = Field(2.0, ge=1)
     backoff_max_s: float = Field(60.0, ge=0)
     dead_letter: str | None = Field(None, description="default: $dlq/<queue>")
+    dead_letter_exchange: str | None = Field(
+        None,
+        description="AMQP 0.9.1 x-dead-letter-exchange: dead letters (expired ones too) are routed "
+        "through this exchange when they die, instead of going to dead_letter",
+    )
+    dead_letter_routing_key: str | None = Field(
+        None, description="x-dead-letter-routing-key: the key they are routed with (default: their own)"
+    )
     ttl_s: float | None = Field(None, gt=0)
     max_length: int | None = Field(None, ge=1)
     max_length_bytes: int | None = Field(None, ge=1)

@@ -42,7 +42,7 @@ from trimaran.amqp091.events import (
     SecureOkReceived,
 )
 from trimaran.amqp091.exchanges import ExchangeError, ExchangeRegistry
-from trimaran.amqp091.mapping import MappingError, message_from_content
+from trimaran.amqp091.mapping import MappingError, message_from_content, message_headers
 from trimaran.amqp091.operations import REPLY_PREFIX, REPLY_TO, Operations, _error
 from trimaran.amqp091.properties import BasicProperties
 from trimaran.amqp091.queues import QueueMeta, RouterBinding
@@ -54,7 +54,7 @@ from trimaran.broker.message import PROTOCOL_AMQP091, Message
 from trimaran.broker.topics import TopicError, routing_key_to_topic, topic_to_routing_key
 from trimaran.config import Settings
 from trimaran.queue.manager import QueueManager
-from trimaran.queue.policy import QueueError, queue_topic
+from trimaran.queue.policy import QUEUE_PREFIX, QueueError, parse_queue_topic, queue_topic
 from trimaran.runtime.transport import Conn
 from trimaran.storage.amqp_store import AmqpStore
 
@@ -85,6 +85,7 @@ class Amqp091FrontEnd:
         self._collecting: Pending | None = None
         #: direct reply-to token -> the channel consuming its replies
         self.reply_to: dict[str, ChannelState] = {}
+        queues.dead_letter_router = self
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -222,10 +223,12 @@ class Amqp091FrontEnd:
         return None
 
     def _method(self, conn: Amqp091Conn, event: MethodReceived) -> Awaitable[None] | None:
+        method = event.method
+        if isinstance(method, spec.ConnectionUpdateSecret):
+            return self._update_secret(conn, method)
         channel = conn.channels.get(event.channel)
         if channel is None:
             return None
-        method = event.method
         kind = type(method)
         ops = self.ops
         at_once = ops.at_once.get(kind)
@@ -239,7 +242,7 @@ class Amqp091FrontEnd:
             return None
         waiting: Callable[..., Coroutine[Any, Any, None]] | None = ops.waiting.get(kind)
         if waiting is None:
-            if isinstance(method, spec.ConnectionUpdateSecret | spec.ChannelFlowOk):
+            if isinstance(method, spec.ChannelFlowOk):
                 return None
             error = _error(spec.NOT_IMPLEMENTED, f"{method.NAME} is not implemented", method)
             return self.refuse(conn, event.channel, error)
@@ -257,6 +260,21 @@ class Amqp091FrontEnd:
                 await release
 
         return step()
+
+    def _update_secret(self, conn: Amqp091Conn, m: spec.ConnectionUpdateSecret) -> Awaitable[None] | None:
+        """RabbitMQ's connection.update-secret (a refreshed token or password on a live connection):
+        the new secret must still authenticate the connection's user; update-secret-ok, else the
+        connection closes with 530 NOT_ALLOWED, as RabbitMQ closes it."""
+        user = conn.user
+        anonymous = user is None or (user == GUEST[0] and not self._guest_is_user)
+        verdict = AuthResult.OK if anonymous else self.auth.check(user, m.new_secret)
+        if verdict is AuthResult.OK:
+            log.info("amqp091: %s updated its secret (%s)", conn.name, m.reason or "no reason given")
+            conn.machine.send_method(0, spec.ConnectionUpdateSecretOk())
+            conn.wake()
+            return None
+        error = _error(spec.NOT_ALLOWED, f"Secret update was refused for user '{user}'", m)
+        return self.refuse(conn, 0, error)
 
     def refuse(
         self, conn: Amqp091Conn, number: int, error: spec.ProtocolError, *, channel_only: bool = False
@@ -390,6 +408,9 @@ class Amqp091FrontEnd:
                     spec.PRECONDITION_FAILED, "fast reply consumer does not exist", class_id=60, method_id=40
                 )
             props = replace(props, reply_to=REPLY_PREFIX + channel.reply_token)
+        if not exchange and key.startswith(QUEUE_PREFIX):
+            self._publish_cross(conn, channel, method, props, body, entry)
+            return
         try:
             self.exchanges.check_publish(exchange)
             result = self.exchanges.route(exchange, key, props.headers)
@@ -436,6 +457,48 @@ class Amqp091FrontEnd:
             )
             conn.wake()
 
+    def _publish_cross(
+        self,
+        conn: Amqp091Conn,
+        channel: ChannelState,
+        method: spec.BasicPublish,
+        props: BasicProperties,
+        body: bytes,
+        entry: Pending | None,
+    ) -> None:
+        """The default exchange with key ``$queue/<name>[/<key>]``: the cross-protocol namespace,
+        where a queue is created on first use as for MQTT and AMQP 1.0 publishers
+        (``queues.auto_create``). Refused (auto_create off, a bad name, a full queue): the confirm
+        is a nack and a mandatory publish comes back; never confirmed and dropped."""
+        key = method.routing_key
+        parsed = parse_queue_topic(key)
+        sent = False
+        if parsed is not None and parsed[2] is None:
+            name, sub_key, _ = parsed
+            try:
+                message = message_from_content(
+                    props,
+                    body,
+                    queue_topic(name, sub_key),
+                    exchange="",
+                    routing_key=key,
+                    publisher_id=conn.name,
+                )
+            except MappingError as exc:
+                raise spec.ProtocolError(
+                    spec.PRECONDITION_FAILED, str(exc), class_id=60, method_id=40
+                ) from None
+            sent = self._to_queue(name, message, entry, sub_key)
+        if sent:
+            return
+        if entry is not None:
+            entry.failed = True
+        if method.mandatory:
+            conn.machine.send_content(
+                channel.number, spec.BasicReturn(spec.NO_ROUTE, "NO_ROUTE", "", key), props, body
+            )
+            conn.wake()
+
     def _direct_reply(self, key: str, props: BasicProperties, body: bytes) -> bool:
         """A reply to a direct reply-to requester: straight to its channel (no queue, no ack).
         False when the requester is gone (the reply is dropped, as RabbitMQ drops it)."""
@@ -451,23 +514,40 @@ class Amqp091FrontEnd:
         channel.conn.wake()
         return True
 
-    def _to_queue(self, queue: str, message: Message, entry: Pending | None) -> bool:
+    def _to_queue(self, queue: str, message: Message, entry: Pending | None, key: str = "") -> bool:
         """Append to a queue; ``entry`` (if any) waits for the commit. False: the queue refused it."""
         if entry is None:
             try:
-                self.manager.publish_nowait(queue, message)
+                self.manager.publish_nowait(queue, message, key)
             except QueueError as exc:
                 log.debug("amqp091: publish to queue %s refused: %s", queue, exc)
                 return False
             return True
         entry.expect()
         try:
-            self.manager.publish_nowait(queue, message, done=entry.committed)
+            self.manager.publish_nowait(queue, message, key, done=entry.committed)
         except QueueError as exc:
             log.debug("amqp091: publish to queue %s refused: %s", queue, exc)
             entry.waiting -= 1  # never committed; the seal still holds the entry
             return False
         return True
+
+    def dead_letter_queues(self, exchange: str, routing_key: str, message: Message) -> list[str]:
+        """The queue manager's DeadLetterRouter: where a dead letter published now to ``exchange``
+        goes (RabbitMQ routes dead letters when they die, with the message's headers). A missing
+        exchange routes nowhere (the letter is dropped, as RabbitMQ drops it)."""
+        try:
+            result = self.exchanges.route(exchange, routing_key, message_headers(message))
+        except ExchangeError:
+            return []
+        if result.to_router:
+            try:
+                topic = routing_key_to_topic(routing_key)
+            except TopicError:
+                topic = ""
+            if topic:  # amq.topic is the shared router: its subscribers get the letter too
+                self.broker.publish(message.copy_with(topic=topic))
+        return sorted(q for q in result.queues if self.manager.exists(q))
 
     def deliver_from_router(self, binding: RouterBinding, message: Message) -> None:
         """A router match for a queue (or exchange) bound to amq.topic: append to the queue(s)."""

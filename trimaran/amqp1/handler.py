@@ -35,7 +35,7 @@ from trimaran.amqp1.events import (
     TransferAborted,
 )
 from trimaran.amqp1.link import Link, LinkState
-from trimaran.amqp1.links import InLink, OutLink, QueueOut, TopicOut
+from trimaran.amqp1.links import InLink, OutLink, QueueBrowse, QueueOut, TopicOut
 from trimaran.amqp1.mapping import from_amqp1, to_amqp1
 from trimaran.amqp1.messages import decode_message
 from trimaran.amqp1.performatives import (
@@ -79,6 +79,8 @@ from trimaran.runtime.transport import Conn
 log = logging.getLogger(__name__)
 
 START_PROPERTIES: Final = ("stream-offset", "stream-start")
+COPY: Final = Symbol("copy")
+MOVE: Final = Symbol("move")
 
 
 class Amqp1FrontEnd:
@@ -315,7 +317,19 @@ class Amqp1FrontEnd:
             self._refuse(conn, link, exc.condition, exc.description)
             return None
         out: OutLink
-        if address.is_queue:
+        mode = source.distribution_mode
+        if address.is_queue and mode == COPY:
+            assert self.queues is not None
+            browse = QueueBrowse(conn, link, address, settled)
+            try:
+                browse.handle = self.queues.browse(address.name, browse)
+            except QueueError as exc:
+                condition = NOT_FOUND if exc.reason == "no-queue" else NOT_IMPLEMENTED
+                self._refuse(conn, link, condition, str(exc))
+                return None
+            out = browse
+        elif address.is_queue:
+            mode = MOVE  # what a queue does for any other mode asked: the peer is told so
             out = QueueOut(conn, link, address, settled)
             try:
                 self._consume(out, link)
@@ -331,7 +345,9 @@ class Amqp1FrontEnd:
         conn.outlinks[link] = out
         # Filters are not applied (beyond the address' own wildcards): leaving them out of our
         # source tells the peer so, as the spec asks.
-        source = replace(source, capabilities=[Symbol(address.kind)], filter=None)
+        if not address.is_queue and mode != COPY:
+            mode = None  # a topic link copies; another mode asked of it is not ours to claim
+        source = replace(source, capabilities=[Symbol(address.kind)], filter=None, distribution_mode=mode)
         conn.machine.accept_link(link, source=source, rcv_settle_mode=RCV_FIRST)
         out.on_flow(link.drain)  # a flow may have come before our attach
         return None
@@ -377,7 +393,9 @@ class Amqp1FrontEnd:
         except QueueError as exc:
             self._refuse(conn, link, INVALID_FIELD, str(exc))
             return
-        source = replace(source, address=address.topic, capabilities=[Symbol(QUEUE)], filter=None)
+        source = replace(
+            source, address=address.topic, capabilities=[Symbol(QUEUE)], filter=None, distribution_mode=MOVE
+        )
         conn.machine.accept_link(link, source=source, rcv_settle_mode=RCV_FIRST)
         out.on_flow(link.drain)
 
@@ -422,6 +440,8 @@ class Amqp1FrontEnd:
         out.released = True
         if isinstance(out, QueueOut) and out.handle is not None:
             out.offsets.clear()
+            await out.handle.cancel()
+        elif isinstance(out, QueueBrowse) and out.handle is not None:
             await out.handle.cancel()
         if out.temp_queue is not None and self.queues is not None:
             name, out.temp_queue = out.temp_queue, None

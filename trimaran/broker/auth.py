@@ -21,7 +21,10 @@ class Authenticator:
 
     def check(self, username: str | None, password: str | bytes | None) -> AuthResult:
         """``username=None`` is an anonymous client; compare passwords in constant time."""
-        if username is None:
+        if username is None or (not self._passwords and self.allow_anonymous):
+            # With no users configured, a user name (even an empty one, as several MQTT client
+            # libraries send) names nobody: the client is anonymous, as Mosquitto treats it with
+            # allow_anonymous and no password file. Users that exist always need their password.
             return AuthResult.OK if self.allow_anonymous else AuthResult.ANONYMOUS_REFUSED
         expected = self._passwords.get(username)
         if isinstance(password, str):
