@@ -201,7 +201,12 @@ class QueuePolicySettings(Section):
     ttl_s: float | None = Field(None, gt=0)
     max_length: int | None = Field(None, ge=1)
     max_length_bytes: int | None = Field(None, ge=1)
-    overflow: Literal["reject", "drop-oldest"] = "reject"
+    overflow: Literal["reject", "drop-oldest", "reject-dead-letter"] = Field(
+        "reject",
+        description="when full: refuse the publish, drop the oldest (dead-lettered through "
+        "dead_letter_exchange if set), or refuse the publish and dead-letter it (AMQP 0.9.1 "
+        "x-overflow reject-publish-dlx)",
+    )
     retention_age_s: float | None = Field(None, gt=0)
     retention_bytes: int | None = Field(None, ge=1)
     retention_count: int | None = Field(None, ge=1)

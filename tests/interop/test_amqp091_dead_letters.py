@@ -210,3 +210,25 @@ def test_messages_dropped_by_max_length_are_dead_lettered(channel: BlockingChann
         [death] = deaths(props)
         assert (death["queue"], death["reason"], death["count"]) == (source, "maxlen", 1)
     channel.queue_delete(source)
+
+
+def test_reject_publish_dlx_refuses_and_dead_letters(channel: BlockingChannel) -> None:
+    dlx, source, letters = unique("dlx"), unique("full"), unique("letters")
+    channel.exchange_declare(dlx, "fanout", auto_delete=True)
+    channel.queue_declare(letters, exclusive=True)
+    channel.queue_bind(letters, dlx)
+    channel.queue_declare(
+        source,
+        auto_delete=True,
+        arguments={"x-max-length": 1, "x-overflow": "reject-publish-dlx", "x-dead-letter-exchange": dlx},
+    )
+    channel.confirm_delivery()
+    channel.basic_publish("", source, b"in")
+    with pytest.raises(pika.exceptions.NackError):
+        channel.basic_publish("", source, b"over")
+    _m, props, body = get(channel, letters)
+    assert body == b"over"
+    [death] = deaths(props)
+    assert (death["queue"], death["reason"], death["count"]) == (source, "maxlen", 1)
+    assert channel.basic_get(source, auto_ack=True)[2] == b"in"
+    channel.queue_delete(source)

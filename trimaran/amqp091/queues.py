@@ -9,7 +9,8 @@ x-message-ttl (ms)             ``ttl_s``
 x-max-length / -bytes          ``max_length`` / ``max_length_bytes``
 x-overflow                     ``overflow``: drop-head (the default) -> drop-oldest (dead-lettered
                                with reason maxlen when there is a dead-letter exchange),
-                               reject-publish(-dlx) -> reject
+                               reject-publish -> reject, reject-publish-dlx -> reject-dead-letter
+                               (refused, and dead-lettered with reason maxlen)
 x-dead-letter-exchange / -key  ``dead_letter_exchange`` / ``dead_letter_routing_key``: rejected,
                                expired and over-the-limit messages are routed through the exchange
                                when they die (bindings made later count), with RabbitMQ's x-death;
@@ -46,7 +47,11 @@ UNLIMITED_ATTEMPTS = 1_000_000_000
 CONSUMER_TIMEOUT_S = 1800.0
 
 QUEUE_TYPES = {"classic": "work", "quorum": "work", "stream": "stream"}
-OVERFLOW = {"drop-head": "drop-oldest", "reject-publish": "reject", "reject-publish-dlx": "reject"}
+OVERFLOW = {
+    "drop-head": "drop-oldest",
+    "reject-publish": "reject",
+    "reject-publish-dlx": "reject-dead-letter",
+}
 
 
 @dataclass(slots=True)

@@ -861,7 +861,12 @@ class QueueManager:
         if state.deleted:
             raise QueueError("no-queue", f"queue {queue} was deleted")
         if not self._is_shared(state):  # shared: this node does not see the whole queue
-            self._check_limits(state, len(message.payload), batch)
+            try:
+                self._check_limits(state, len(message.payload), batch)
+            except QueueError:
+                if state.policy.overflow == "reject-dead-letter":
+                    self._letter_refused(state, message)
+                raise
         if message.user_properties and any(k in RESERVED_PROPERTIES for k, _ in message.user_properties):
             message = message.copy_with(
                 user_properties=[(k, v) for k, v in message.user_properties if k not in RESERVED_PROPERTIES]
@@ -920,7 +925,7 @@ class QueueManager:
         over_b = max_b is not None and state.bytes + size > max_b
         if not (over_n or over_b):
             return
-        if policy.overflow == "reject" or (max_b is not None and size > max_b):
+        if policy.overflow != "drop-oldest" or (max_b is not None and size > max_b):
             state.stats["refused"] += 1
             raise QueueError("full", f"queue {state.name} is full")
         now = now_ms()
@@ -946,6 +951,21 @@ class QueueManager:
             self._letter(state, None, stored, 0, DEATH_MAXLEN, targets, now, letters, after)
         if after or not letters.empty():
             self._submit(letters, after, wait=False)
+
+    def _letter_refused(self, state: QueueState, message: Message) -> None:
+        """A publish refused by a full queue with overflow ``reject-dead-letter``: the message is
+        dead-lettered (reason maxlen) through the queue's dead-letter exchange, as RabbitMQ's
+        reject-publish-dlx does; the publisher is still refused."""
+        now = now_ms()
+        stored = StoredMessage(-1, message, "", now, None, len(message.payload))
+        targets = self._dead_letter_targets(state, stored, DEATH_MAXLEN)
+        if not targets:
+            return
+        batch = WriteBatch()
+        after: list[Callable[[], None]] = []
+        state.stats["dead_lettered"] += 1
+        self._letter(state, None, stored, 0, DEATH_MAXLEN, targets, now, batch, after)
+        self._submit(batch, after, wait=False)
 
     def _published(self, state: QueueState, stored: StoredMessage) -> None:
         """A publish is in (committed, for a durable queue): make it deliverable and say so."""
