@@ -155,3 +155,35 @@ async def test_shutdown_closes_every_hull_its_protocols_way() -> None:
             assert wire.transport.take() == b"SHUTDOWN\n"
             await wire.eof()
     assert not runner.conns
+
+
+async def test_a_full_subscriber_holds_its_publishers_until_it_drains() -> None:
+    """push_back: a delivery to a connection whose socket is full stops reading the connection whose
+    frames are being acted on; the subscriber draining (resume_writing) lets it go on."""
+    hulls = Hulls()
+    async with running() as runner:
+        subscriber = Wire(runner, hulls, peer=("127.0.0.2", 1))
+        publisher = Wire(runner, hulls)
+        pushing = hulls.made[1]
+
+        def handle(event: object) -> None:
+            # What a hull does when it delivers to a subscriber that is behind.
+            subscriber.conn.push_back()
+            subscriber.conn.wake()
+
+        pushing.handle = handle  # type: ignore[method-assign]
+        subscriber.conn.pause_writing()
+        await publisher.feed([b"one\n"])
+        assert not publisher.transport.reading and subscriber.transport.reading
+        subscriber.conn.resume_writing()
+        assert publisher.transport.reading
+        # A subscriber that is written without filling its socket releases them at the flush.
+        await publisher.feed([b"two\n"])
+        assert publisher.transport.reading
+        # A subscriber that goes away releases them too.
+        subscriber.conn.pause_writing()
+        await publisher.feed([b"three\n"])
+        assert not publisher.transport.reading
+        subscriber.transport.abort()
+        await settle()
+        assert publisher.transport.reading

@@ -185,6 +185,7 @@ class ServerConnection:
         "client_topic_alias_maximum",
         "keep_alive",
         "limits",
+        "pending_out",
         "request_problem_information",
         "session",
         "session_expiry_interval",
@@ -206,6 +207,7 @@ class ServerConnection:
         self.state: str = State.AWAIT_CONNECT
         self._decoder = Decoder(self.limits.max_packet_size)
         self._out: list[bytes] = []
+        self.pending_out = 0  # bytes of PUBLISHes in _out: a subscriber's backlog not yet written
         self._level = 0
         self._connect: Connect | None = None
         self._deadline: float | None = now + self.limits.connect_timeout
@@ -248,6 +250,7 @@ class ServerConnection:
             return b""
         data = b"".join(self._out)
         self._out = []
+        self.pending_out = 0
         return data
 
     def receive_data(self, data: bytes, now: float) -> None:
@@ -413,6 +416,7 @@ class ServerConnection:
             self.stats.dropped_too_large += 1
             return False
         self._out.append(data)
+        self.pending_out += len(data)
         self.stats.packets_sent += 1
         return True
 
@@ -913,6 +917,7 @@ class ServerConnection:
         if alias and new_alias:
             self._commit_alias(message.topic, alias)
         self._out.append(data)
+        self.pending_out += len(data)
         self.stats.packets_sent += 1
         return None
 

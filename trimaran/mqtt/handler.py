@@ -77,6 +77,9 @@ READ_CHUNK: Final = 65536
 # Will delays, session expiry, session persistence, and the connect and keep-alive timeouts of every
 # connection: one sweep is far cheaper than a timer per read per connection.
 HOUSEKEEPING_INTERVAL: Final = 0.5
+# QoS 0 bytes queued for one subscriber within one loop iteration past which its publishers are held
+# until it has been written (libuv reads a publisher in several gulps per iteration).
+PUSH_BACK_BYTES: Final = 256 * 1024
 
 
 def server_limits(settings: Settings) -> ServerLimits:
@@ -134,9 +137,11 @@ class MqttEndpoint:
             # A slow reader's QoS 0 backlog is bounded: past the outbox size it is dropped and
             # counted, so it never grows the server's memory or slows the publisher.
             io = conn.io
-            if not io.writable and io.backlog() >= front.outbox_bytes:
-                front.dropped(message, self.client_id, "outbox full")
-                return
+            if not io.writable or machine.pending_out > PUSH_BACK_BYTES:
+                if io.backlog() + machine.pending_out >= front.outbox_bytes:
+                    front.dropped(message, self.client_id, "outbox full")
+                    return
+                io.push_back()  # behind: its publishers wait for it instead of losing messages
             if message.expires_at_ms is None and not machine.uses_topic_aliases:
                 retain = delivered_retain(message, delivery, retained)
                 ids = delivery.subscription_identifiers

@@ -81,6 +81,7 @@ class Runner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._empty: anyio.Event | None = None
         self._servers: list[asyncio.Server] = []
+        self.current: Conn | None = None  # the connection whose events are being acted on
 
     # -- lifecycle -----------------------------------------------------------------------------------
 

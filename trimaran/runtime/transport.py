@@ -85,7 +85,9 @@ class Conn(asyncio.Protocol):
 
     __slots__ = (
         "_first",
+        "_held_by",
         "_hello_until",
+        "_holding",
         "_linger_until",
         "_peer_eof",
         "_read_paused",
@@ -128,6 +130,8 @@ class Conn(asyncio.Protocol):
         self._reading_paused = False  # the hull asked
         self._read_paused = False  # the transport is paused (hull, a step in flight, or memory)
         self._peer_eof = False
+        self._held_by = 0  # slow readers this connection's publishes wait for (push_back)
+        self._holding: set[Conn] | None = None  # the publishers waiting for this one to drain
         self._hello_until = 0.0  # until then the first bytes must name a protocol
         self._linger_until = 0.0  # closing: until then the peer's last bytes are read and dropped
         self.scheduled: float | None = None  # the deadline the runner's heap holds for us
@@ -201,6 +205,7 @@ class Conn(asyncio.Protocol):
                 self._act()
             except Exception as crash:
                 self._log_crash(crash)
+        self._release_held()
         self.runner.closed(self)
         if hull is not None:
             self.runner.spawn(hull.finish, self)
@@ -211,8 +216,15 @@ class Conn(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._writable = True
         self.runner.memory_changed(self)
+        self._release_held()
         if self.hull is not None:
             self.runner.mark_dirty(self)
+
+    def _release_held(self) -> None:
+        held, self._holding = self._holding, None
+        for source in held or ():
+            source._held_by -= 1
+            source._sync_reading()
 
     # -- what hulls call ----------------------------------------------------------------------------
 
@@ -253,6 +265,24 @@ class Conn(asyncio.Protocol):
         cert = self.transport.get_extra_info("peercert")
         return cert if isinstance(cert, dict) and cert else None
 
+    def push_back(self) -> None:
+        """This connection's socket is full (not ``writable``) and a delivery is coming to it: the
+        connection whose frames are being acted on (the publisher) is not read again until this one
+        drains. So a subscriber that is merely behind slows its publishers instead of losing their
+        QoS 0 messages; one that stops reading fills its outbox and then loses them (the hull's
+        bound), while the publishers it held go on once it is gone."""
+        source = self.runner.current
+        if source is None or source.state != OPEN:
+            return
+        holding = self._holding
+        if holding is None:
+            holding = self._holding = set()
+        elif source in holding:
+            return
+        holding.add(source)
+        source._held_by += 1
+        source._sync_reading()
+
     def pause_reading(self) -> None:
         self._reading_paused = True
         self._sync_reading()
@@ -277,7 +307,7 @@ class Conn(asyncio.Protocol):
         if transport is None or self.state == GONE:
             return
         pause = self.state == OPEN and (
-            self._reading_paused or self._waiting or self.runner.memory.blocking(self)
+            self._reading_paused or self._waiting or self._held_by > 0 or self.runner.memory.blocking(self)
         )
         if pause != self._read_paused:
             self._read_paused = pause
@@ -330,11 +360,16 @@ class Conn(asyncio.Protocol):
             return
         next_event = hull.machine.next_event
         handle = hull.handle
-        while (event := next_event()) is not None:
-            step = handle(event)
-            if step is not None:
-                self._hold(step)
-                return
+        runner = self.runner
+        outer, runner.current = runner.current, self  # whose frames are being acted on (push_back)
+        try:
+            while (event := next_event()) is not None:
+                step = handle(event)
+                if step is not None:
+                    self._hold(step)
+                    return
+        finally:
+            runner.current = outer
 
     def _hold(self, step: Awaitable[None]) -> None:
         """A hull step is in flight: read no more frames until it is done."""
@@ -366,8 +401,10 @@ class Conn(asyncio.Protocol):
             return
         if data:
             self.bytes_out += len(data)
-            transport.write(data)
+            transport.write(data)  # calls pause_writing at once when the buffer passes its mark
             self.runner.memory_changed(self)
+        if self._holding is not None and self._writable:
+            self._release_held()  # written without filling the socket: the held publishers go on
         try:
             hull.written()
         except Exception as exc:
