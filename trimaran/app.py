@@ -231,6 +231,7 @@ def runtime_limits(settings: Settings) -> RuntimeLimits:
         tcp_nodelay=settings.listeners.tcp_nodelay,
         memory_high_watermark=limits.memory_high_watermark,
         memory_low_watermark=limits.memory_low_watermark,
+        hold_publishers_s=limits.hold_publishers_s,
     )
 
 

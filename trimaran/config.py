@@ -172,6 +172,9 @@ class LimitSettings(Section):
         256 * 1024 * 1024, ge=0, description="bytes waiting for slow readers that pause publishers; 0 = off"
     )
     memory_low_watermark: int = Field(128 * 1024 * 1024, ge=0, description="publishers resume below this")
+    hold_publishers_s: float = Field(
+        1.0, gt=0, description="longest a subscriber that is behind holds its publishers; then it drops"
+    )
     session_queue_size: int = Field(10_000, ge=0, description="QoS 1/2 queued per session")
     max_keep_alive: int = Field(3600, ge=0, le=65535, description="seconds; 0 = client's value")
     topic_alias_maximum: int = Field(64, ge=0, le=65535)

@@ -187,3 +187,29 @@ async def test_a_full_subscriber_holds_its_publishers_until_it_drains() -> None:
         subscriber.transport.abort()
         await settle()
         assert publisher.transport.reading
+
+
+async def test_a_reader_that_holds_its_publishers_too_long_is_stuck_and_holds_no_more() -> None:
+    hulls = Hulls()
+    async with running(Runner(RuntimeLimits(hold_publishers_s=0.05))) as runner:
+        subscriber = Wire(runner, hulls, peer=("127.0.0.2", 1))
+        publisher = Wire(runner, hulls)
+
+        def handle(event: object) -> None:
+            subscriber.conn.push_back()
+
+        hulls.made[1].handle = handle  # type: ignore[method-assign]
+        subscriber.conn.pause_writing()  # never drains
+        await publisher.feed([b"one\n"])
+        assert not publisher.transport.reading
+        for _ in range(20):
+            await settle()
+            if publisher.transport.reading:
+                break
+        assert publisher.transport.reading  # let go after hold_publishers_s
+        await publisher.feed([b"two\n"])
+        assert publisher.transport.reading  # a stuck reader holds nobody
+        subscriber.conn.resume_writing()  # it drains: behind again, not stuck
+        subscriber.conn.pause_writing()
+        await publisher.feed([b"three\n"])
+        assert not publisher.transport.reading

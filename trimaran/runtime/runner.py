@@ -37,6 +37,7 @@ class RuntimeLimits:
     tcp_nodelay: bool = True
     memory_high_watermark: int = 0  # bytes waiting for slow readers; 0: off
     memory_low_watermark: int = 0
+    hold_publishers_s: float = 1.0  # longest a reader that is behind holds its publishers
 
 
 @dataclass(slots=True)
@@ -225,6 +226,11 @@ class Runner:
 
     # -- writes: one flush per loop iteration --------------------------------------------------------
 
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
+
     def mark_dirty(self, conn: Conn) -> None:
         if conn.dirty:
             return
@@ -253,7 +259,12 @@ class Runner:
             return
         conn.scheduled = deadline
         self._seq += 1
-        heapq.heappush(self._heap, (deadline, self._seq, conn))
+        heap = self._heap
+        if len(heap) > 2 * len(self.conns) + 1024:
+            # Mostly entries of closed connections and of deadlines that moved: keep the live ones.
+            heap[:] = [e for e in heap if e[2].state != GONE and e[2].scheduled == e[0]]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (deadline, self._seq, conn))
         if deadline < self._timer_at:
             self._arm(deadline)
 

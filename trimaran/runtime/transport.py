@@ -87,11 +87,13 @@ class Conn(asyncio.Protocol):
         "_first",
         "_held_by",
         "_hello_until",
+        "_hold_timer",
         "_holding",
         "_linger_until",
         "_peer_eof",
         "_read_paused",
         "_reading_paused",
+        "_stuck",
         "_waiting",
         "_writable",
         "bytes_in",
@@ -132,6 +134,8 @@ class Conn(asyncio.Protocol):
         self._peer_eof = False
         self._held_by = 0  # slow readers this connection's publishes wait for (push_back)
         self._holding: set[Conn] | None = None  # the publishers waiting for this one to drain
+        self._hold_timer: asyncio.TimerHandle | None = None
+        self._stuck = False  # held publishers for too long: deliveries no longer hold anyone
         self._hello_until = 0.0  # until then the first bytes must name a protocol
         self._linger_until = 0.0  # closing: until then the peer's last bytes are read and dropped
         self.scheduled: float | None = None  # the deadline the runner's heap holds for us
@@ -209,18 +213,34 @@ class Conn(asyncio.Protocol):
         self.runner.closed(self)
         if hull is not None:
             self.runner.spawn(hull.finish, self)
+        # The runner's deadline heap may hold this object until its deadline passes: keep it small.
+        self.hull = None
+        self.transport = None
 
     def pause_writing(self) -> None:
         self._writable = False
 
     def resume_writing(self) -> None:
         self._writable = True
+        self._stuck = False
         self.runner.memory_changed(self)
         self._release_held()
         if self.hull is not None:
             self.runner.mark_dirty(self)
 
+    def _stop_holding(self) -> None:
+        """Held publishers waited long enough: this reader is stuck, not behind. They go on, and
+        until it drains its QoS 0 deliveries queue up to the outbox and are then dropped."""
+        self._hold_timer = None
+        if self._holding is not None:
+            log.info("%s: %s is not reading; its publishers are no longer held", self.listener, self.peer)
+            self._stuck = True
+            self._release_held()
+
     def _release_held(self) -> None:
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
         held, self._holding = self._holding, None
         for source in held or ():
             source._held_by -= 1
@@ -268,15 +288,18 @@ class Conn(asyncio.Protocol):
     def push_back(self) -> None:
         """This connection's socket is full (not ``writable``) and a delivery is coming to it: the
         connection whose frames are being acted on (the publisher) is not read again until this one
-        drains. So a subscriber that is merely behind slows its publishers instead of losing their
-        QoS 0 messages; one that stops reading fills its outbox and then loses them (the hull's
-        bound), while the publishers it held go on once it is gone."""
+        drains, is written without filling its socket, or goes. So a subscriber that is merely behind
+        slows its publishers instead of losing their QoS 0 messages. One that holds them longer than
+        ``hold_publishers_s`` is stuck, not behind: they go on, and its deliveries fill its outbox and
+        are then dropped (the hull's bound) until it drains again."""
         source = self.runner.current
-        if source is None or source.state != OPEN:
+        if source is None or source.state != OPEN or self._stuck:
             return
         holding = self._holding
         if holding is None:
             holding = self._holding = set()
+            loop = self.runner.loop()
+            self._hold_timer = loop.call_later(self.runner.limits.hold_publishers_s, self._stop_holding)
         elif source in holding:
             return
         holding.add(source)
