@@ -46,7 +46,6 @@ from trimaran.amqp091.mapping import MappingError, message_from_content
 from trimaran.amqp091.operations import REPLY_PREFIX, REPLY_TO, Operations, _error
 from trimaran.amqp091.properties import BasicProperties
 from trimaran.amqp091.queues import QueueMeta, RouterBinding
-from trimaran.broker.auth import Authenticator, AuthResult
 from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker
 from trimaran.broker.events import CLIENT_AUTH_FAILED, CLIENT_CONNECTED, CLIENT_DISCONNECTED
@@ -56,6 +55,8 @@ from trimaran.config import Settings
 from trimaran.queue.manager import QueueManager
 from trimaran.queue.policy import QueueError, queue_topic
 from trimaran.runtime.transport import Conn
+from trimaran.security.amqp091 import check_method, publish_targets
+from trimaran.security.guard import Login, Security
 from trimaran.storage.amqp_store import AmqpStore
 
 log = logging.getLogger(__name__)
@@ -66,15 +67,19 @@ GUEST: Final = ("guest", "guest")
 
 class Amqp091FrontEnd:
     def __init__(
-        self, broker: Broker, settings: Settings, queues: QueueManager, store: AmqpStore | None = None
+        self,
+        broker: Broker,
+        settings: Settings,
+        queues: QueueManager,
+        store: AmqpStore | None = None,
+        security: Security | None = None,
     ) -> None:
         self.broker = broker
         self.store = store
         self.settings = settings
         self.config = settings.amqp091
         self.manager = queues
-        self.auth = Authenticator(settings.auth)
-        self._guest_is_user = any(user.name == GUEST[0] for user in settings.auth.users)
+        self.security = security if security is not None else Security(settings.auth)
         self.exchanges = ExchangeRegistry()
         self.meta: dict[str, QueueMeta] = {}
         #: queue name -> its consumers (every channel, every connection), for counts and cancels.
@@ -101,7 +106,10 @@ class Amqp091FrontEnd:
     def open(self, io: Conn) -> Amqp091Conn:
         """The hull for a new connection (the port feeds it the protocol header and what follows)."""
         config = self.config
+        # SASL EXTERNAL: offered on a TLS connection that showed a client certificate.
+        external = io.peer_certificate() is not None
         machine = ServerConnection(
+            mechanisms=("EXTERNAL", "PLAIN", "AMQPLAIN") if external else ("PLAIN", "AMQPLAIN"),
             virtual_hosts=config.vhosts,
             channel_max=config.channel_max,
             frame_max=config.frame_max,
@@ -197,7 +205,7 @@ class Amqp091FrontEnd:
         if type(event) is MethodReceived:
             return self._method(conn, event)
         if isinstance(event, AuthenticationRequested):
-            self._authenticate(conn, event)
+            return self._authenticate(conn, event)
         elif isinstance(event, SecureOkReceived):
             conn.machine.reject_authentication("unexpected secure-ok")
         elif isinstance(event, ChannelOpened):
@@ -228,6 +236,9 @@ class Amqp091FrontEnd:
         method = event.method
         kind = type(method)
         ops = self.ops
+        refusal = check_method(self.security, self.exchanges, conn, channel, method)
+        if refusal is not None:
+            return self.refuse(conn, event.channel, refusal)
         at_once = ops.at_once.get(kind)
         if at_once is not None:
             try:
@@ -277,26 +288,52 @@ class Amqp091FrontEnd:
             return self._drop_channels(conn, list(conn.channels))
         return self._drop_channels(conn, [number])
 
-    def _authenticate(self, conn: Amqp091Conn, event: AuthenticationRequested) -> None:
-        machine = conn.machine
-        if event.username is None:
-            verdict = AuthResult.BAD_CREDENTIALS
-        elif (event.username, event.password) == GUEST and not self._guest_is_user:
+    def _authenticate(self, conn: Amqp091Conn, event: AuthenticationRequested) -> Awaitable[None] | None:
+        security, host = self.security, conn.io.peer_host
+        verdict: Login | Awaitable[Login]
+        if event.mechanism == "EXTERNAL":
+            user = security.certificate_identity(conn.io.peer_certificate())
+            verdict = (
+                security.login(None, None, host, protocol="amqp091", certificate_user=user)
+                if user is not None
+                else security.failed_login(
+                    "amqp091", None, host, "no identity in the client certificate", True
+                )
+            )
+        elif event.username is None:
+            verdict = Login(False, None, "bad user name or password")
+        elif (event.username, event.password) == GUEST and not security.known_user(GUEST[0]):
             # RabbitMQ's default guest/guest is what AMQP clients send when they have no account:
-            # it is the anonymous login here unless a real user 'guest' is configured.
-            verdict = self.auth.check(None, None)
+            # it is the anonymous login here unless a real user 'guest' is configured (and, as
+            # any 'guest', it is accepted from loopback only).
+            verdict = security.login(GUEST[0], None, host, protocol="amqp091", anonymous_alias=True)
         else:
-            verdict = self.auth.check(event.username, event.password)
-        if verdict is AuthResult.OK:
-            conn.user = event.username
+            verdict = security.login(event.username, event.password, host, protocol="amqp091")
+        if isinstance(verdict, Login):
+            self._logged_in(conn, event, verdict)
+            return None
+
+        async def checked() -> None:
+            login = await verdict
+            if not conn.machine.closed:
+                self._logged_in(conn, event, login)
+
+        return checked()
+
+    def _logged_in(self, conn: Amqp091Conn, event: AuthenticationRequested, login: Login) -> None:
+        machine = conn.machine
+        if login.ok:
+            conn.user = login.user
+            conn.principal = self.security.principal("amqp091", login.user, conn.peer, conn.io.peer_host)
             machine.accept_authentication()
+            conn.wake()
             return
-        log.info("amqp091: %s refused (%s, user %r)", conn.peer, verdict.value, event.username)
         if self.broker.events.wants(CLIENT_AUTH_FAILED):
             peer, user = conn.peer, event.username
             self.broker.events.client(
-                CLIENT_AUTH_FAILED, peer, PROTOCOL_AMQP091, peer, user, reason=verdict.value
+                CLIENT_AUTH_FAILED, peer, PROTOCOL_AMQP091, peer, user, reason=login.reason
             )
+        conn.wake()
         machine.reject_authentication(
             f"Login was refused using authentication mechanism {event.mechanism}. "
             "For details see the broker logfile."
@@ -305,6 +342,8 @@ class Amqp091FrontEnd:
     def _opened(self, conn: Amqp091Conn, event: ConnectionOpened) -> None:
         name = conn.machine.client_properties.get("connection_name")
         conn.name = f"{conn.peer} ({name})" if isinstance(name, str) and name else conn.peer
+        if conn.principal is not None and isinstance(name, str) and name:
+            conn.principal.rename(name)  # %c in the rules: the client's connection_name
         self.broker.stats.client_connected()
         conn.client = self.broker.clients.add(
             ClientInfo(
@@ -390,6 +429,10 @@ class Amqp091FrontEnd:
         except ExchangeError as exc:
             raise spec.ProtocolError(exc.reply_code, exc.reason, class_id=60, method_id=40) from None
         queues = result.queues
+        if conn.principal is not None:
+            queues = publish_targets(
+                self.security, conn.principal, conn, exchange, key, result.to_router, queues, method
+            )
         # One queue and no router (the default exchange, the usual case): build the message with
         # its queue topic at once rather than copy it per queue below.
         single = next(iter(queues)) if len(queues) == 1 and not result.to_router else None

@@ -366,6 +366,7 @@ class Operations:
             )
             if m.exclusive:
                 conn.exclusive_queues.add(name)
+                self.manager.owners[name] = conn  # no other connection consumes it, whatever protocol
         channel.last_queue = name
         depth, consumers = self._counts(name)
         self._reply(conn, channel, spec.QueueDeclareOk(name, depth, consumers), m.no_wait)

@@ -3,7 +3,7 @@ session endpoint and queue bindings it serves while connected."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from trimaran.mqtt.connection import ServerConnection
@@ -15,6 +15,7 @@ from trimaran.runtime.transport import Conn
 if TYPE_CHECKING:
     from trimaran.broker.clients import ClientInfo
     from trimaran.mqtt.handler import MqttEndpoint, MqttFrontEnd
+    from trimaran.security.guard import Principal
 
 
 class MqttConn:
@@ -27,6 +28,7 @@ class MqttConn:
         "io",
         "machine",
         "mqtt",
+        "principal",
         "queue_bindings",
         "shutting_down",
     )
@@ -39,6 +41,7 @@ class MqttConn:
         self.io = io
         self.endpoint: MqttEndpoint | None = None
         self.client: ClientInfo | None = None  # in the broker's client registry while connected
+        self.principal: Principal | None = None  # who logged in: what the rules let it do
         self.queue_bindings = ConnQueues()
         self.shutting_down = False  # a server shutdown closes it: no will
         self.counted_in = self.counted_out = 0  # the runtime's byte counts already in the broker's stats
@@ -49,8 +52,8 @@ class MqttConn:
 
     # -- the runtime's Hull --------------------------------------------------------------------------
 
-    def handle(self, event: object) -> None:
-        self.front.handle(self, event)
+    def handle(self, event: object) -> Awaitable[None] | None:
+        return self.front.handle(self, event)
 
     def written(self) -> None:
         self._count_bytes()
