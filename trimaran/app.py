@@ -33,6 +33,9 @@ from trimaran.queue.manager import QueueManager
 from trimaran.runtime.machine import Machine
 from trimaran.runtime.runner import Runner, RuntimeLimits
 from trimaran.runtime.transport import Conn, Hull, HullFactory
+from trimaran.security.acl import AclError
+from trimaran.security.guard import Security
+from trimaran.security.passwords import PasswordFileError
 from trimaran.storage.amqp_store import AmqpStore
 from trimaran.storage.engine import describe
 from trimaran.storage.mqtt_store import MqttStore
@@ -52,6 +55,7 @@ class App:
         self.amqp1: Amqp1FrontEnd | None = None
         self.queues: QueueManager | None = None
         self.webhooks: Webhooks | None = None
+        self.security: Security | None = None
         self.runner = Runner(runtime_limits(settings))
         self.listeners: list[ProtocolListener | Listener] = []
         self.http = HttpServer(
@@ -72,6 +76,11 @@ class App:
     async def run(self) -> None:
         settings = self.settings
         check_settings(settings)
+        try:
+            self.security = security = Security(settings.auth)
+        except (PasswordFileError, AclError) as exc:  # a bad password or rule file stops the start
+            raise ConfigError(str(exc)) from None
+        security.describe_start()
         url = settings.storage.effective_url()
         storage = Storage.from_url(
             url, sqlite_synchronous=settings.storage.sqlite_synchronous, pool_size=settings.storage.pool_size
@@ -90,9 +99,10 @@ class App:
             events=self.broker.events,
         )
         self.webhooks = Webhooks(settings.webhooks, self.broker.events, settings.node_name)
-        self.mqtt = MqttFrontEnd(self.broker, settings, store, self.queues)
-        self.amqp091 = Amqp091FrontEnd(self.broker, settings, self.queues, AmqpStore(storage.engine))
-        self.amqp1 = Amqp1FrontEnd(self.broker, settings, self.queues)
+        self.mqtt = MqttFrontEnd(self.broker, settings, store, self.queues, security)
+        amqp_store = AmqpStore(storage.engine)
+        self.amqp091 = Amqp091FrontEnd(self.broker, settings, self.queues, amqp_store, security)
+        self.amqp1 = Amqp1FrontEnd(self.broker, settings, self.queues, security)
         self.telemetry.bind(self.broker, self.queues, self.mqtt, self.webhooks)
         self.listeners = self._build_listeners()
         if settings.http.bind is not None and self.api.locked:
@@ -154,9 +164,13 @@ class App:
         await self.broker.flush()
 
     async def _watch_signals(self) -> None:
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
             async for signum in signals:
                 log.info("received %s", signal.Signals(signum).name)
+                if signum == signal.SIGHUP:
+                    if self.security is not None:
+                        self.security.reload()  # users and rules; no connection is dropped
+                    continue
                 self.request_stop()
 
     def _build_listeners(self) -> list[ProtocolListener | Listener]:

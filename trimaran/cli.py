@@ -87,6 +87,22 @@ def build_parser() -> argparse.ArgumentParser:
     analytics_export.add_arguments(export)
 
     commands.add_parser("version", help="print the version")
+
+    passwd = commands.add_parser(
+        "passwd", help="manage a password file (auth.password_file, mosquitto_passwd's format)"
+    )
+    passwd_commands = passwd.add_subparsers(dest="passwd_command", required=True)
+    add = passwd_commands.add_parser(
+        "add", help="add a user or change its password (read from the terminal, or stdin when piped)"
+    )
+    add.add_argument("file", type=Path)
+    add.add_argument("user")
+    add.add_argument("--scheme", choices=["pbkdf2", "scrypt"], default="pbkdf2", help="default: pbkdf2 ($7$)")
+    remove = passwd_commands.add_parser("remove", help="remove a user")
+    remove.add_argument("file", type=Path)
+    remove.add_argument("user")
+    listing = passwd_commands.add_parser("list", help="print the user names")
+    listing.add_argument("file", type=Path)
     return parser
 
 
@@ -110,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "version":
         print(f"trimaran {__version__}")
         return 0
+    if args.command == "passwd":
+        from trimaran.security.cli import run_passwd
+
+        return run_passwd(args)
     try:
         settings = load_settings(args.config, overrides_from(args))
     except ConfigError as exc:
