@@ -490,6 +490,7 @@ class Operations:
                 group=group if isinstance(group, str) and group else None,
                 start=stream_start(m.arguments.get("x-stream-offset")),
                 auto_ack=m.no_ack,
+                owner=conn,
             )
         except QueueError as exc:
             raise _error(spec.PRECONDITION_FAILED, f"cannot consume from {_rs(name)}: {exc}", m) from None
@@ -540,7 +541,7 @@ class Operations:
         if getter is None or getter.handle is None or getter.handle.closed:
             getter = Getter(channel, name, m.no_ack)
             try:
-                getter.handle = self.manager.consume(name, getter, auto_ack=m.no_ack)
+                getter.handle = self.manager.consume(name, getter, auto_ack=m.no_ack, owner=conn)
             except QueueError as exc:
                 raise _error(spec.PRECONDITION_FAILED, f"cannot get from {_rs(name)}: {exc}", m) from None
             channel.getters[(name, m.no_ack)] = getter
