@@ -104,6 +104,7 @@ class App:
         self.amqp091 = Amqp091FrontEnd(self.broker, settings, self.queues, amqp_store, security)
         self.amqp1 = Amqp1FrontEnd(self.broker, settings, self.queues, security)
         self.telemetry.bind(self.broker, self.queues, self.mqtt, self.webhooks)
+        self.telemetry.security = security  # failed logins and refusals in /metrics
         self.listeners = self._build_listeners()
         if settings.http.bind is not None and self.api.locked:
             log.warning("admin API is locked: no http.tokens configured, /api/v1 answers 401 to every call")

@@ -56,7 +56,7 @@ from trimaran.queue.manager import QueueManager
 from trimaran.queue.policy import QueueError, queue_topic
 from trimaran.runtime.transport import Conn
 from trimaran.security.amqp091 import check_method, publish_targets
-from trimaran.security.guard import Login, Security
+from trimaran.security.guard import READ, Login, Security
 from trimaran.storage.amqp_store import AmqpStore
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class Amqp091FrontEnd:
         self.config = settings.amqp091
         self.manager = queues
         self.security = security if security is not None else Security(settings.auth)
+        self.security.on_reload(self._recheck_all)
         self.exchanges = ExchangeRegistry()
         self.meta: dict[str, QueueMeta] = {}
         #: queue name -> its consumers (every channel, every connection), for counts and cancels.
@@ -184,6 +185,34 @@ class Amqp091FrontEnd:
                 await self._release_channel(conn, channel)
 
         return release()
+
+    def _recheck_all(self) -> None:
+        """The rules were reloaded: consumers of queues their user may no longer read are cancelled
+        (basic.cancel where the client takes it); connections and channels stay."""
+        for conn in list(self.conns):
+            principal = conn.principal
+            if principal is None or conn.machine.closed:
+                continue
+            for channel in list(conn.channels.values()):
+                for consumer in list(channel.consumers.values()):
+                    name = consumer.queue
+                    if name in conn.exclusive_queues or self.security.allowed(
+                        principal, READ, queue_topic(name)
+                    ):
+                        continue
+                    self.security.refused(
+                        principal, READ, queue_topic(name), "consumer cancelled by a reload"
+                    )
+                    del channel.consumers[consumer.tag]
+                    self.forget_consumer(consumer)
+                    consumer.cancelled = True
+                    if consumer.handle is not None:
+                        consumer.handle.set_credit(0)  # its unacked deliveries may still be acked
+                        if not consumer.unacked:
+                            conn.io.spawn(consumer.handle.cancel)
+                    if conn.machine.client_capabilities.get("consumer_cancel_notify") is True:
+                        conn.machine.send_method(channel.number, spec.BasicCancel(consumer.tag, True))
+            conn.wake()
 
     def forget_consumer(self, consumer: Consumer) -> None:
         consumers = self.consumers.get(consumer.queue)

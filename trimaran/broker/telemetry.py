@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from trimaran.mqtt.handler import MqttFrontEnd
     from trimaran.queue.groups import Group
     from trimaran.queue.manager import QueueManager
+    from trimaran.security.guard import Security
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ class Telemetry:
         self.queues: QueueManager | None = None
         self.mqtt: MqttFrontEnd | None = None
         self.webhooks: Webhooks | None = None
+        self.security: Security | None = None
         self.reader = InMemoryMetricReader()
         readers: list[MetricReader] = [self.reader]
         if settings.otlp_endpoint:
@@ -110,6 +112,13 @@ class Telemetry:
         gauge("trimaran.subscriptions", [self._subscriptions], "1", "pub/sub subscriptions")
         gauge("trimaran.retained", [self._retained], "1", "retained messages")
         gauge("trimaran.mqtt.sessions", [self._sessions], "1", "MQTT sessions, connected or not")
+        counter("trimaran.auth.login.failures", [self._login_failures], "1", "logins refused")
+        counter(
+            "trimaran.auth.refusals",
+            [self._refusals],
+            "1",
+            "publishes, subscriptions, settles refused by rules",
+        )
         counter("trimaran.queue.messages", [self._queue_events], "1", "queue message events per queue")
         gauge("trimaran.queue.depth", [self._queue_depth], "1", "messages a queue holds")
         gauge("trimaran.queue.stored.bytes", [self._queue_bytes], "By", "payload bytes a queue holds")
@@ -222,6 +231,16 @@ class Telemetry:
 
     def _retained(self, _options: CallbackOptions) -> Iterable[Observation]:
         return [] if self.broker is None else [Observation(self.broker.retained.count())]
+
+    def _login_failures(self, _options: CallbackOptions) -> Iterable[Observation]:
+        return [] if self.security is None else [Observation(self.security.stats["login_failures"])]
+
+    def _refusals(self, _options: CallbackOptions) -> Iterable[Observation]:
+        if self.security is None:
+            return []
+        counts = {protocol: 0 for protocol in ("mqtt", "amqp091", "amqp1")}
+        counts.update(self.security.refusals)
+        return [Observation(n, {"protocol": protocol}) for protocol, n in counts.items()]
 
     def _sessions(self, _options: CallbackOptions) -> Iterable[Observation]:
         return [] if self.mqtt is None else [Observation(len(self.mqtt.endpoints))]
