@@ -4,6 +4,7 @@ connection whatever protocol asks."""
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -147,6 +148,12 @@ def test_exclusive_queue_is_locked_for_every_other_connection(
     if amqp1_refusal is not None:
         assert amqp1_refusal == "amqp:resource-locked"
     assert owner.basic_get(name, auto_ack=True)[2] == b"reply"
+    # Its name is not listed on the unauthenticated /metrics (per-queue series are opt-in).
+    metrics_url = f"http://127.0.0.1:{secure_server.ports['http']}/metrics"
+    with urllib.request.urlopen(metrics_url, timeout=10) as answer:
+        metrics = answer.read().decode()
+    assert name not in metrics and "invoices" not in metrics
+    assert 'trimaran_auth_refusals_total{protocol="mqtt"}' in metrics
 
 
 def _amqp1_receive_condition(server: RunningServer, user: str, queue: str) -> str | None:
