@@ -2,25 +2,41 @@
 
 from __future__ import annotations
 
+import anyio
 from pydantic import SecretStr
 
-from trimaran.broker.auth import Authenticator, AuthResult
 from trimaran.broker.clients import ClientInfo, ClientRegistry
 from trimaran.config import AuthSettings, UserSettings
+from trimaran.security.guard import Login, Security
 
 
-def test_authenticator() -> None:
+def verdict(security: Security, user: str | None, password: str | bytes | None, host: str) -> Login:
+    result = security.login(user, password, host, protocol="mqtt")
+    if isinstance(result, Login):
+        return result
+
+    async def wait() -> Login:
+        return await result
+
+    return anyio.run(wait)
+
+
+def test_one_user_table_and_who_may_be_anonymous() -> None:
     users = [UserSettings(name="alice", password=SecretStr("wonderland"))]
-    open_door = Authenticator(AuthSettings(allow_anonymous=True, users=users))
-    assert open_door.check(None, None) is AuthResult.OK
-    assert open_door.check("alice", "wonderland") is AuthResult.OK
-    assert open_door.check("alice", b"wonderland") is AuthResult.OK
-    assert open_door.check("alice", "wrong") is AuthResult.BAD_CREDENTIALS
-    assert open_door.check("alice", None) is AuthResult.BAD_CREDENTIALS
-    assert open_door.check("bob", "wonderland") is AuthResult.BAD_CREDENTIALS
-    closed = Authenticator(AuthSettings(allow_anonymous=False, users=users))
-    assert closed.check(None, None) is AuthResult.ANONYMOUS_REFUSED
-    assert closed.check("alice", "wonderland") is AuthResult.OK
+    open_door = Security(AuthSettings(allow_anonymous=True, users=users, login_delay_initial_s=0))
+    assert verdict(open_door, None, None, "192.0.2.7").ok
+    assert verdict(open_door, "alice", "wonderland", "127.0.0.1").user == "alice"
+    assert verdict(open_door, "alice", b"wonderland", "::1").ok
+    assert not verdict(open_door, "alice", "wrong", "127.0.0.1").ok
+    assert not verdict(open_door, "alice", None, "127.0.0.1").ok
+    assert not verdict(open_door, "bob", "wonderland", "127.0.0.1").ok
+    closed = Security(AuthSettings(allow_anonymous=False, users=users))
+    refused = verdict(closed, None, None, "127.0.0.1")
+    assert not refused.ok and refused.not_authorized
+    unset = Security(AuthSettings(users=users))  # the default: anonymous from loopback only
+    assert verdict(unset, None, None, "127.0.0.1").ok and verdict(unset, None, None, "::ffff:127.0.0.1").ok
+    assert not verdict(unset, None, None, "192.0.2.7").ok
+    assert closed.stats["login_failures"] == 1
 
 
 def test_client_registry() -> None:
