@@ -5,10 +5,13 @@
 #   default-jre-headless, libxerial-sqlite-jdbc-java, libpostgresql-jdbc-java
 #                     the Spark audit (pyspark needs a JVM; it reads the tables over JDBC with these
 #                     drivers, found at /usr/share/java/{sqlite-jdbc,postgresql}.jar)
+#   chromium, chromium-driver
+#                     the audit report's browser test (selenium drives a headless Chromium)
 # Installs what is missing when we are root (or have sudo); otherwise says what to install.
 set -euo pipefail
 
-packages=(gcc libssl-dev postgresql default-jre-headless libxerial-sqlite-jdbc-java libpostgresql-jdbc-java)
+packages=(gcc libssl-dev postgresql default-jre-headless libxerial-sqlite-jdbc-java libpostgresql-jdbc-java
+          chromium chromium-driver)
 missing=()
 for package in "${packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")

@@ -49,7 +49,10 @@ def test_port_in_use_fails_cleanly(tmp_path: Path) -> None:
         second = RunningServer([*ALL_OFF, "--http", f"127.0.0.1:{port}"], cwd=tmp_path)
         with pytest.raises(RuntimeError, match=r"exited at start|did not become ready"):
             second.start(timeout=20)
-        assert second.process is not None and second.process.wait(10) == 1
-        assert "cannot start" in second.output()
+        assert second.process is not None and second.process.wait(10) == 2
+        assert f"cannot start: http listener cannot bind 127.0.0.1:{port}: address already in use" in (
+            second.output()
+        )
+        assert "Traceback" not in second.output()
     finally:
         first.stop()

@@ -22,7 +22,8 @@ from tests.support import paho
 from tests.support.server import RunningServer, serving
 
 TOKEN = "version-token"
-BUILD_INFO = re.compile(r'^trimaran_build_info\{version="([^"]*)"\} 1$', re.MULTILINE)
+# Labels in any order (prometheus_client sorts them; python= is there too); the value 1 or 1.0.
+BUILD_INFO = re.compile(r'^trimaran_build_info\{(?:[^}]*,)?version="([^"]*)"[^}]*\} 1(?:\.0)?$', re.MULTILINE)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import logging
 import os
 import secrets
 import signal
+import ssl
 import time
 from typing import Any
 
@@ -17,6 +18,7 @@ import anyio
 import anyio.to_thread
 
 from trimaran import __version__
+from trimaran.admin import ui as management_page
 from trimaran.amqp091.handler import Amqp091FrontEnd
 from trimaran.amqp1.handler import Amqp1FrontEnd
 from trimaran.broker.api import AdminApi
@@ -25,6 +27,7 @@ from trimaran.broker.http import HttpServer
 from trimaran.broker.telemetry import Telemetry
 from trimaran.broker.webhooks import Webhooks
 from trimaran.config import ConfigError, Endpoint, Settings, check_settings
+from trimaran.errors import bind_failure
 from trimaran.mqtt.handler import MqttFrontEnd
 from trimaran.net.listeners import Listener, ProtocolListener, amqp_port
 from trimaran.net.tls import server_tls_context
@@ -67,6 +70,7 @@ class App:
         self.telemetry = Telemetry(settings.telemetry, node=settings.node_name)
         self.api = AdminApi(self)
         self.api.register(self.http)
+        management_page.register(self.http)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -76,6 +80,7 @@ class App:
     async def run(self) -> None:
         settings = self.settings
         check_settings(settings)
+        tls = self._tls_context()  # a missing certificate is said before any database is created
         try:
             self.security = security = Security(settings.auth)
         except (PasswordFileError, AclError) as exc:  # a bad password or rule file stops the start
@@ -103,9 +108,9 @@ class App:
         amqp_store = AmqpStore(storage.engine)
         self.amqp091 = Amqp091FrontEnd(self.broker, settings, self.queues, amqp_store, security)
         self.amqp1 = Amqp1FrontEnd(self.broker, settings, self.queues, security)
-        self.telemetry.bind(self.broker, self.queues, self.mqtt, self.webhooks)
+        self.telemetry.bind(self.broker, self.queues, self.mqtt, self.webhooks, self.runner)
         self.telemetry.security = security  # failed logins and refusals in /metrics
-        self.listeners = self._build_listeners()
+        self.listeners = self._build_listeners(tls)
         if settings.http.bind is not None and self.api.locked:
             log.warning("admin API is locked: no http.tokens configured, /api/v1 answers 401 to every call")
         try:
@@ -119,7 +124,10 @@ class App:
                 await root.start(self.amqp091.run, name="amqp091")
                 async with anyio.create_task_group() as listening:
                     for listener in self.listeners:
-                        await listening.start(listener.serve, name=f"{listener.name} listener")
+                        try:
+                            await listening.start(listener.serve, name=f"{listener.name} listener")
+                        except OSError as exc:
+                            raise bind_failure(listener.name, str(listener.endpoint), exc) from None
                     self.ready = True
                     log.info("trimaran ready")
                     await self._stop.wait()
@@ -174,17 +182,20 @@ class App:
                     continue
                 self.request_stop()
 
-    def _build_listeners(self) -> list[ProtocolListener | Listener]:
+    def _tls_context(self) -> ssl.SSLContext | None:
+        bind = self.settings.listeners
+        if not (bind.mqtt_tls or bind.mqtt_wss or bind.amqps):
+            return None
+        try:
+            return server_tls_context(bind.tls)
+        except (ValueError, OSError) as exc:
+            raise ConfigError(f"invalid setting listeners.tls: {exc}") from None
+
+    def _build_listeners(self, tls: ssl.SSLContext | None) -> list[ProtocolListener | Listener]:
         settings = self.settings
         bind = settings.listeners
         mqtt, amqp091, amqp1 = self.mqtt, self.amqp091, self.amqp1
         assert mqtt is not None and amqp091 is not None and amqp1 is not None
-        tls = None
-        if bind.mqtt_tls or bind.mqtt_wss or bind.amqps:
-            try:
-                tls = server_tls_context(bind.tls)
-            except (ValueError, OSError) as exc:
-                raise ConfigError(f"invalid setting listeners.tls: {exc}") from None
 
         def websocket(mqtt_machine: Machine) -> Machine:
             return WebSocketMachine(

@@ -1,16 +1,28 @@
-"""Command line: ``trimaran serve | config show | db upgrade | db current | audit | export | version``."""
+"""Command line: ``trimaran serve | config show|example | db upgrade|current | audit | export |
+passwd add|remove|list | version`` and the admin API's client (``status``, ``clients``,
+``sessions``, ``queues``: trimaran/ctl.py).
+
+Every failure a person can cause ends in one line on stderr and a non-zero status: 2 for settings,
+files, ports and databases (and usage errors, with a "did you mean"), no traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import importlib.util
 import json
-import logging
+import os
+import re
+import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from trimaran import __version__
+from trimaran import __version__, ctl
 from trimaran.config import ConfigError, Settings, load_settings, masked
+from trimaran.errors import StartupError, startup_problem
 
 EXIT_CONFIG = 2
 
@@ -30,6 +42,41 @@ _FLAG_KEYS = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse that answers a usage error in one line, with a "did you mean" for a typo."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_CONFIG, f"{self.prog}: {message}{self._suggestion(message)} (see --help)\n")
+
+    def _suggestion(self, message: str) -> str:
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:
+            wrong, options = choice.group(1), re.findall(r"'?([\w-]+)'?", choice.group(2))
+        else:
+            unknown = re.search(r"unrecognized arguments: (\S+)", message)
+            if not unknown:
+                return ""
+            wrong, options = unknown.group(1).split("=")[0], sorted(set(_option_strings(self)))
+        close = difflib.get_close_matches(wrong, options, n=1, cutoff=0.6)
+        return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> Iterator[str]:
+    """Every --option of a parser and of its subcommands (an unknown option is reported by the top
+    parser, which does not know the subcommand's)."""
+    for action in parser._actions:
+        yield from (option for option in action.option_strings if option.startswith("--"))
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _option_strings(sub)
+
+
+def _command(commands: Any, name: str, summary: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """A subcommand whose summary is both its line in the parent's help and its own description."""
+    parser: argparse.ArgumentParser = commands.add_parser(name, help=summary, description=summary, **kwargs)
+    return parser
+
+
 def _settings_flags() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -47,11 +94,16 @@ def _settings_flags() -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     common = _settings_flags()
-    parser = argparse.ArgumentParser(prog="trimaran", description="Multi-protocol messaging server")
+    parser = Parser(prog="trimaran", description="Multi-protocol messaging server")
     parser.add_argument("--version", action="version", version=f"trimaran {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", parents=[common], help="run the server")
+    serve = _command(
+        commands,
+        "serve",
+        "run the server until SIGINT or SIGTERM (SIGHUP reloads users and rules)",
+        parents=[common],
+    )
     bind_help = "[HOST:]PORT, or off (port 0 picks a free port)"
     serve.add_argument("--mqtt", metavar="ADDR", help=f"MQTT over TCP, default 1883; {bind_help}")
     serve.add_argument("--mqtt-tls", metavar="ADDR", help=f"MQTT over TLS, default off; {bind_help}")
@@ -63,45 +115,50 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--amqps", metavar="ADDR", help=f"AMQP over TLS, default off; {bind_help}")
     serve.add_argument("--http", metavar="ADDR", help=f"admin HTTP API, default 127.0.0.1:8080; {bind_help}")
 
-    config = commands.add_parser("config", help="inspect settings")
+    config = _command(commands, "config", "inspect settings")
     config_commands = config.add_subparsers(dest="config_command", required=True)
-    config_commands.add_parser("show", parents=[common], help="print the effective settings, secrets masked")
+    _command(config_commands, "show", "print the effective settings, secrets masked", parents=[common])
+    _command(
+        config_commands, "example", "print a trimaran.toml with every setting, its default and its meaning"
+    )
 
-    db = commands.add_parser("db", help="database schema")
+    db = _command(commands, "db", "database schema")
     db_commands = db.add_subparsers(dest="db_command", required=True)
-    db_commands.add_parser("upgrade", parents=[common], help="apply migrations up to the newest")
-    db_commands.add_parser("current", parents=[common], help="print the schema revision")
+    _command(db_commands, "upgrade", "apply migrations up to the newest", parents=[common])
+    _command(db_commands, "current", "print the schema revision", parents=[common])
 
     from trimaran.analytics import export as analytics_export
     from trimaran.analytics import replay as analytics_replay
 
-    audit = commands.add_parser(
+    audit = _command(
+        commands,
         "audit",
+        "replay the queue tables with Spark and check every message (exit 1 when an invariant fails)",
         parents=[common],
-        help="replay the queue tables with Spark and check every message (exit 1 when an invariant fails)",
     )
-    analytics_replay.add_arguments(audit, master_default="local[*]")
-    export = commands.add_parser(
-        "export", parents=[common], help="copy the queue tables to Parquet for the audit"
-    )
+    analytics_replay.add_arguments(audit, master_default=None)
+    export = _command(commands, "export", "copy the queue tables to Parquet for the audit", parents=[common])
     analytics_export.add_arguments(export)
 
-    commands.add_parser("version", help="print the version")
+    _command(commands, "version", "print the version")
+    ctl.add_commands(commands, common, _command)
 
-    passwd = commands.add_parser(
-        "passwd", help="manage a password file (auth.password_file, mosquitto_passwd's format)"
+    passwd = _command(
+        commands, "passwd", "manage a password file (auth.password_file, mosquitto_passwd's format)"
     )
     passwd_commands = passwd.add_subparsers(dest="passwd_command", required=True)
-    add = passwd_commands.add_parser(
-        "add", help="add a user or change its password (read from the terminal, or stdin when piped)"
+    add = _command(
+        passwd_commands,
+        "add",
+        "add a user or change its password (read from the terminal, or stdin when piped)",
     )
     add.add_argument("file", type=Path)
     add.add_argument("user")
     add.add_argument("--scheme", choices=["pbkdf2", "scrypt"], default="pbkdf2", help="default: pbkdf2 ($7$)")
-    remove = passwd_commands.add_parser("remove", help="remove a user")
+    remove = _command(passwd_commands, "remove", "remove a user")
     remove.add_argument("file", type=Path)
     remove.add_argument("user")
-    listing = passwd_commands.add_parser("list", help="print the user names")
+    listing = _command(passwd_commands, "list", "print the user names")
     listing.add_argument("file", type=Path)
     return parser
 
@@ -122,6 +179,18 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # e.g. `trimaran config show | head`: the reader left, not an error of ours
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again
+        return 0
+    except StartupError as exc:  # a database that cannot be opened, outside `serve`
+        print(f"trimaran: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "version":
         print(f"trimaran {__version__}")
@@ -130,6 +199,11 @@ def main(argv: list[str] | None = None) -> int:
         from trimaran.security.cli import run_passwd
 
         return run_passwd(args)
+    if args.command == "config" and args.config_command == "example":
+        from trimaran.config_example import example_toml
+
+        sys.stdout.write(example_toml())
+        return 0
     try:
         settings = load_settings(args.config, overrides_from(args))
     except ConfigError as exc:
@@ -146,10 +220,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "db":
         return _db(settings, args.db_command)
+    if args.command in ctl.COMMANDS:
+        return ctl.run(args, settings)
+    if args.command in ("audit", "export"):
+        missing = _analytics_missing()
+        if missing is not None:
+            print(f"trimaran: {args.command} cannot run: {missing}", file=sys.stderr)
+            return EXIT_CONFIG
     if args.command == "audit":
-        from trimaran.analytics.replay import run_audit
-
-        return run_audit(args, None if args.parquet else settings.storage.effective_url())
+        return _audit(args, settings)
     if args.command == "export":
         from trimaran.analytics.export import run_export
 
@@ -157,21 +236,40 @@ def main(argv: list[str] | None = None) -> int:
     raise AssertionError(args.command)
 
 
+def _analytics_missing() -> str | None:
+    """Why the Spark commands cannot run here, or None."""
+    if importlib.util.find_spec("pyspark") is None:
+        return "PySpark is not installed (pip install 'trimaran[analytics]')"
+    java_home = os.environ.get("JAVA_HOME")
+    if not (java_home and (Path(java_home) / "bin" / "java").is_file()) and shutil.which("java") is None:
+        return "Java is not installed (Spark needs a JRE: apt-get install default-jre-headless; or JAVA_HOME)"
+    return None
+
+
 def _serve(settings: Settings) -> int:
     from trimaran.app import run
 
-    failed: list[BaseException] = []
     try:
-        try:
-            run(settings)
-        except* OSError as group:  # e.g. a port already in use, raised from inside the task group
-            failed.extend(group.exceptions)
-    except ConfigError as exc:  # settings that only fail when used, e.g. an unreadable TLS key
-        print(f"trimaran: {exc}", file=sys.stderr)
+        run(settings)
+    except Exception as exc:  # a port in use, a missing file, a database down: one line, no traceback
+        problem = startup_problem(exc)
+        if problem is None:
+            raise
+        print(f"trimaran: cannot start: {problem}", file=sys.stderr)
         return EXIT_CONFIG
-    for error in failed:
-        logging.getLogger("trimaran").error("cannot start: %s", error)
-    return 1 if failed else 0
+    return 0
+
+
+def _audit(args: argparse.Namespace, settings: Settings) -> int:
+    """The flags over the ``[audit]`` settings (themselves from the environment or trimaran.toml)."""
+    from trimaran.analytics.replay import run_audit
+
+    audit = settings.audit
+    args.master = args.master or audit.master
+    args.jars = args.jars or (",".join(audit.jars) if audit.jars else None)
+    args.conf = [f"{key}={value}" for key, value in audit.conf.items()] + (args.conf or [])
+    args.executor_timeout_s = audit.executor_timeout_s
+    return run_audit(args, None if args.parquet else settings.storage.effective_url())
 
 
 def _db(settings: Settings, command: str) -> int:

@@ -7,8 +7,9 @@ environment (``TRIMARAN_`` prefix, ``__`` between nested keys) < CLI flags.
 from __future__ import annotations
 
 import contextvars
+import difflib
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple, get_args
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -189,6 +190,14 @@ class QueuePolicySettings(Section):
     backoff_multiplier: float = Field(2.0, ge=1)
     backoff_max_s: float = Field(60.0, ge=0)
     dead_letter: str | None = Field(None, description="default: $dlq/<queue>")
+    dead_letter_exchange: str | None = Field(
+        None,
+        description="AMQP 0.9.1 x-dead-letter-exchange: dead letters (expired ones too) are routed "
+        "through this exchange when they die, instead of going to dead_letter",
+    )
+    dead_letter_routing_key: str | None = Field(
+        None, description="x-dead-letter-routing-key: the key they are routed with (default: their own)"
+    )
     ttl_s: float | None = Field(None, gt=0)
     max_length: int | None = Field(None, ge=1)
     max_length_bytes: int | None = Field(None, ge=1)
@@ -342,6 +351,15 @@ class LogSettings(Section):
         return value.lower() if isinstance(value, str) else value
 
 
+class AuditSettings(Section):
+    """``trimaran audit``: where its Spark runs. ``--master``, ``--jars`` and ``--conf`` override."""
+
+    master: str = Field("local[*]", description="local[*], spark://HOST:7077, yarn or k8s://https://HOST")
+    jars: list[str] = Field([], description="JDBC driver jars; default: Debian's in /usr/share/java")
+    conf: dict[str, str] = Field({}, description="Spark settings, e.g. spark.executor.memory = '4g'")
+    executor_timeout_s: float = Field(180.0, gt=0, description="longest wait for a first executor task")
+
+
 _toml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("toml_file", default=None)
 
 
@@ -363,6 +381,7 @@ class Settings(BaseSettings):
     telemetry: TelemetrySettings = TelemetrySettings()
     http: HttpSettings = HttpSettings()
     log: LogSettings = LogSettings()
+    audit: AuditSettings = AuditSettings()
 
     @classmethod
     def settings_customise_sources(
@@ -420,9 +439,26 @@ def describe_errors(exc: ValidationError) -> str:
         key = ".".join(str(part) for part in error["loc"]) or "(root)"
         message = error["msg"]
         if error["type"] == "extra_forbidden":
-            message = "unknown setting"
+            message = "unknown setting" + _did_you_mean(error["loc"])
         lines.append(f"invalid setting {key}: {message}")
     return "\n".join(lines)
+
+
+def _did_you_mean(loc: tuple[int | str, ...]) -> str:
+    """For an unknown key, the closest key of the same section (``; did you mean 'mqtt_ws'?``)."""
+    model: Any = Settings
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        annotation = field.annotation if field is not None else None
+        if isinstance(part, int):  # an entry of a list of sections, e.g. auth.users[0]
+            continue
+        while get_args(annotation) and not isinstance(annotation, type):
+            annotation = get_args(annotation)[0]  # list[Section] -> Section
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return ""
+        model = annotation
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def masked(settings: Settings) -> dict[str, Any]:

@@ -14,8 +14,13 @@ from typing import Any
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
 
+# What every LogRecord has; anything else on a record came from ``extra=`` and is a field of its own.
+_STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+
+
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, and any exception."""
+    """One JSON object per line: time, level, logger, message, the ``extra`` fields of the call
+    (``peer``, ``client_id``, ``protocol``, ``user``, ``reason``, ``queue``, ...), and any exception."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -25,9 +30,12 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD and not key.startswith("_") and key not in entry:
+                entry[key] = value
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False)
+        return json.dumps(entry, ensure_ascii=False, default=str)
 
 
 def configure(level: str = "info", fmt: str = "text") -> None:

@@ -473,10 +473,12 @@ def test_frames_on_a_channel_never_opened_are_channel_errors(data: bytes) -> Non
     assert_connection_closing(c, c.send(data), spec.CHANNEL_ERROR)
 
 
-def test_channel_above_channel_max() -> None:
+def test_channel_max_limits_open_channels_not_their_numbers() -> None:
+    """RabbitMQ's rule: channel_max is how many channels may be open; any number 1-65535 is fine."""
     c = Client()
-    c.handshake(channel_max=10)
+    c.handshake(channel_max=2)
     assert c.open_channel(10) == [ChannelOpened(10)]
+    assert c.open_channel(3000) == [ChannelOpened(3000)]
     assert_connection_closing(c, c.method(11, spec.ChannelOpen()), spec.NOT_ALLOWED)
 
 

@@ -190,3 +190,132 @@ def broker_db(tmp_path_factory: pytest.TempPathFactory, tls_files: dict[str, str
     url = f"sqlite:///{workdir / 'trimaran.db'}"
     write_broker_tables(workdir, url, tls_files)
     return url
+
+
+# -- generated tables with one fault per message ----------------------------------------------------
+
+
+def _frame(spark: SparkSession, table: str, frame: Any) -> Any:
+    """A pandas table as a Spark frame of the audit's schema (``source.TABLES``)."""
+    import math
+
+    from trimaran.analytics.source import TABLES
+
+    types = TABLES[table]
+
+    def value(v: object, t: str) -> object:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return None
+        return int(v) if t in ("int", "bigint") else v  # type: ignore[call-overload]
+
+    rows = [
+        tuple(value(v, t) for v, t in zip(r, types.values(), strict=True))
+        for r in frame[list(types)].itertuples(index=False)
+    ]
+    return spark.createDataFrame(rows, schema=", ".join(f"`{c}` {t}" for c, t in types.items()))
+
+
+def inject_faults(tables: dict[str, Any]) -> dict[str, set[str]]:
+    """Break generated tables (``bench/audit_bench.py``) the way a bug or tampering would, one
+    message per fault; returns the message ids each invariant must flag, and only those."""
+    import pandas as pd
+
+    ev = tables["queue_events"].copy()
+    ev["id"] = ev["id"] * 2  # room for an event written right after another (a retried write)
+    extra: list[dict[str, Any]] = []
+    used: set[tuple[str, int]] = set()
+
+    def story(queue: str, kinds: list[str], group: str = "$default") -> pd.DataFrame:
+        """The events of the first unused message of ``queue`` whose group life is ``kinds``."""
+        mine = ev[(ev["queue"] == queue) & (ev["group"] == group)].sort_values("id")
+        lives = mine.groupby("offset")["kind"].agg(list)
+        for offset, life in lives.items():
+            if life == kinds and (queue, int(offset)) not in used:
+                used.add((queue, int(offset)))
+                return ev[(ev["queue"] == queue) & (ev["offset"] == offset)].sort_values("id")
+        raise AssertionError(f"no {queue} message lived {kinds}")
+
+    def after(row: pd.Series, **changes: Any) -> None:
+        """A copy of ``row`` written right after it, with ``changes``."""
+        extra.append({**row.to_dict(), "id": int(row["id"]) + 1, **changes})
+
+    acked = ["delivered", "acked"]
+    expected: dict[str, set[str]] = {}
+
+    # A published message that vanishes: its rows deleted with no event saying why.
+    held = story("jobs", ["delivered"])
+    offset = int(held["offset"].iloc[0])
+    for table in ("queue_messages", "queue_pending"):
+        rows = tables[table]
+        tables[table] = rows[~((rows["queue"] == "jobs") & (rows["offset"] == offset))]
+    expected["accounted"] = {f"jobs:{offset}"}
+    # An ack of an attempt that was never delivered.
+    s = story("emails", acked)
+    ev.loc[s[s["kind"] == "acked"].index, "attempt"] = 2
+    expected["settled_after_delivery"] = {f"emails:{s['offset'].iloc[0]}"}
+    # A double ack: the ack's write retried.
+    s = story("emails", acked)
+    after(s[s["kind"] == "acked"].iloc[0])
+    expected["acked_once"] = {f"emails:{s['offset'].iloc[0]}"}
+    # A dead letter with no reject, at attempt 1 of 3.
+    s = story("orders", ["delivered", "rejected", "dead_lettered"])
+    ev = ev.drop(s[(s["kind"] == "rejected") & (s["group"] == "$default")].index)
+    expected["dead_letter_explained"] = {f"orders:{s['offset'].iloc[0]}"}
+    # A delivery after the ack.
+    s = story("jobs", acked)
+    ack = s[s["kind"] == "acked"].iloc[0]
+    after(ack, kind="delivered", attempt=2, reason="nack", time=int(ack["time"]) + 5, consumer="$default-c9")
+    expected["final"] = {f"jobs:{s['offset'].iloc[0]}"}
+    # Attempt counters that skip: the second delivery (and its ack) numbered 3.
+    s = story("emails", ["delivered", "nacked", "delivered", "acked"])
+    ev.loc[s.index[-2:], "attempt"] = 3
+    expected["attempts"] = {f"emails:{s['offset'].iloc[0]}"}
+    # A stream group committing past the last published offset, in its event and its row.
+    ticks = ev[ev["queue"] == "ticks"]
+    beyond = int(ticks["offset"].max()) + 5
+    commit = ticks[ticks["kind"] == "committed"].sort_values("id").iloc[-1]
+    extra.append({**commit.to_dict(), "id": int(ev["id"].max()) + 2, "offset": beyond,
+                  "time": int(ev["time"].max()) + 1})  # fmt: skip
+    groups = tables["queue_groups"].copy()
+    groups.loc[(groups["queue"] == "ticks") & (groups["group"] == "readers"), "committed"] = beyond + 1
+    tables["queue_groups"] = groups
+    expected["commits_published"] = {f"ticks:{beyond}"}
+    # A pending row the events say was acked.
+    s = story("orders", ["delivered", "acked"], group="billing")
+    delivery = s[(s["kind"] == "delivered") & (s["group"] == "billing")].iloc[0]
+    stale = {"queue": "orders", "group": "billing", "offset": int(delivery["offset"]), "state": "held",
+             "consumer": delivery["consumer"], "node": "local", "delivered_at": int(delivery["time"]),
+             "attempts": 1, "available_at": None, "reason": None}  # fmt: skip
+    tables["queue_pending"] = pd.concat([tables["queue_pending"], pd.DataFrame([stale])], ignore_index=True)
+    expected["live_state"] = {f"orders:{delivery['offset']}"}
+    # An ack stamped a minute before its message was published.
+    s = story("jobs", acked)
+    ev.loc[s[s["kind"] == "acked"].index, "time"] = int(s["time"].min()) - 60_000
+    expected["time_ordered"] = {f"jobs:{s['offset'].iloc[0]}"}
+    # A duplicated publish event: the publication's write retried.
+    s = story("emails", acked)
+    after(s[s["kind"] == "published"].iloc[0])
+    expected["published_once"] = {f"emails:{s['offset'].iloc[0]}"}
+
+    tables["queue_events"] = pd.concat([ev, pd.DataFrame(extra)], ignore_index=True).sort_values("id")
+    return expected
+
+
+@pytest.fixture(scope="session")
+def faulty_audit(
+    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Any, Path, dict[str, set[str]]]:
+    """The audit and its report on generated tables with one fault per message: (result, report
+    directory, the message ids each invariant must flag)."""
+    from bench.audit_bench import _dlq_reasons, generate
+    from trimaran.analytics import report
+    from trimaran.analytics.replay import replay
+    from trimaran.analytics.source import Selection
+
+    tables = generate(3000)
+    _dlq_reasons(tables["queue_events"])
+    expected = inject_faults(tables)
+    result = replay({name: _frame(spark, name, frame) for name, frame in tables.items()})
+    directory = tmp_path_factory.mktemp("audit-report")
+    report.write(result, directory, source="generated tables with faults", selection=Selection())
+    return result, directory, expected

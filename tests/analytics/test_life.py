@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trimaran.analytics.life import OUTPUT, Context, Output, replay_partition, replay_slot
+from trimaran.analytics.life import CLOCK_SLACK_MS, OUTPUT, Context, Output, replay_partition, replay_slot
 
 COLUMNS = list(OUTPUT)
 CTX = Context(
@@ -86,7 +86,8 @@ def test_redelivery_after_timeout_must_wait_for_the_visibility_timeout() -> None
     def slot(released_at: int) -> Slot:
         s = Slot().published(time=0).event("delivered", attempt=1, reason="first", time=1_000)
         s.event("released", attempt=1, reason="timeout", time=released_at)
-        return s.event("delivered", attempt=2, reason="timeout", time=released_at).event("acked", attempt=2)
+        s.event("delivered", attempt=2, reason="timeout", time=released_at)
+        return s.event("acked", attempt=2, time=released_at + 5)
 
     assert broken(replay(slot(31_000))) == []
     assert broken(replay(slot(5_000))) == [
@@ -165,8 +166,8 @@ def test_partitions_are_cut_between_slots_never_inside_one() -> None:
     assert len(outputs) == 5
     for i, out in enumerate(outputs):
         assert {row[4] for row in out.rows if row[0] == "life"} == {i}
-    assert outputs[-1].rows[-1][0] == "totals"
-    assert outputs[-1].rows[-1][-3:] == (5, 0, 0)
+    (totals,) = [dict(zip(COLUMNS, r, strict=True)) for r in outputs[-1].rows if r[0] == "totals"]
+    assert (totals["messages"], totals["messages_live"], totals["messages_removed"]) == (5, 0, 0)
 
 
 def test_an_older_incarnation_is_not_judged_by_the_newest_policy() -> None:
@@ -177,3 +178,127 @@ def test_an_older_incarnation_is_not_judged_by_the_newest_policy() -> None:
         slot.event("delivered", attempt=attempt, reason="first" if attempt == 1 else "nack")
         slot.event("nacked", attempt=attempt, reason="max_attempts" if attempt == 3 else "delay_ms=10")
     assert broken(replay(slot.event("dead_lettered", reason="max_attempts"), ctx)) == []
+
+
+# -- faults, each as a real bug or tampering would leave the rows: exactly its invariant and message --
+
+
+def flagged(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(r["invariant"], r["message_id"]) for r in records if r["record"] == "violation"]
+
+
+def _acked(offset: int = 7) -> Slot:
+    """A message delivered once and acked, its rows gone: clean."""
+    slot = Slot(offset=offset).published(time=100).event("delivered", attempt=1, reason="first", time=110)
+    return slot.event("acked", attempt=1, time=120)
+
+
+def test_clean_messages_of_every_kind_stay_clean() -> None:
+    retried = Slot(offset=8).published(time=100).event("delivered", attempt=1, reason="first", time=110)
+    retried.event("nacked", attempt=1, reason="delay_ms=10", time=120)
+    retried.event("delivered", attempt=2, reason="nack", time=130).event("acked", attempt=2, time=140)
+    held = Slot(offset=9).live().pending("g", "held", 1).published(time=100)
+    held.event("delivered", attempt=1, reason="first", time=110)
+    for slot in (_acked(), retried, held):
+        assert flagged(replay(slot)) == []
+
+
+def test_a_published_message_that_vanishes_without_an_event() -> None:
+    """Delivered, then its queue_messages and queue_pending rows deleted with no event saying why."""
+    slot = Slot(offset=7).published(time=100).event("delivered", attempt=1, reason="first", time=110)
+    assert flagged(replay(slot)) == [("accounted", "q:7")]
+    assert flagged(replay(Slot(offset=7).live().pending("g", "held", 1).published(time=100)
+                          .event("delivered", attempt=1, reason="first", time=110))) == []  # fmt: skip
+
+
+def test_an_ack_of_an_attempt_that_was_not_delivered() -> None:
+    slot = Slot(offset=7).published(time=100).event("delivered", attempt=1, reason="first", time=110)
+    records = replay(slot.event("acked", attempt=2, time=120))
+    assert flagged(records) == [("settled_after_delivery", "q:7")]
+    assert broken(records)[0][1] == "acked attempt 2 but the last delivery was attempt 1"
+
+
+def test_a_double_ack() -> None:
+    assert flagged(replay(_acked().event("acked", attempt=1, time=130))) == [("acked_once", "q:7")]
+
+
+def test_a_dead_letter_with_no_reject_below_max_attempts() -> None:
+    slot = Slot(offset=7).published(time=100).event("delivered", attempt=1, reason="first", time=110)
+    slot.event("nacked", attempt=1, reason="delay_ms=10", time=120)
+    records = replay(slot.event("dead_lettered", reason="max_attempts -> $dlq/q:0", time=125))
+    assert flagged(records) == [("dead_letter_explained", "q:7")]
+    assert "attempt 1 of max 3" in broken(records)[0][1]
+
+
+def test_a_delivery_after_the_ack() -> None:
+    """Only ``final``: the stray delivery neither counts as a redelivery nor reopens the message."""
+    records = replay(_acked().event("delivered", attempt=2, reason="nack", time=130, consumer="c2"))
+    assert flagged(records) == [("final", "q:7")]
+    assert broken(records)[0][1] == "attempt 2 delivered to c2 after acked"
+    (life,) = [r for r in records if r["record"] == "life"]
+    assert (life["status"], life["deliveries"]) == ("finished", 1)
+
+
+def test_attempt_counters_that_skip() -> None:
+    slot = Slot(offset=7).published(time=100).event("delivered", attempt=1, reason="first", time=110)
+    slot.event("nacked", attempt=1, reason="delay_ms=10", time=120)
+    slot.event("delivered", attempt=3, reason="nack", time=130).event("acked", attempt=3, time=140)
+    assert flagged(replay(slot)) == [("attempts", "q:7")]
+
+
+def test_a_live_row_the_events_say_was_acked() -> None:
+    pending = _acked().live().pending("g", "held", 1)
+    records = replay(pending)
+    assert flagged(records) == [("live_state", "q:7"), ("live_state", "q:7")]
+    assert {detail for _, detail in broken(records)} == {
+        "still in queue_messages though every group finished it",
+        "pending row held but replay: finished",
+    }
+    assert flagged(replay(_acked(offset=0).live())) == [("live_state", "q:0")]
+
+
+def test_an_event_stamped_before_the_one_logged_ahead_of_it() -> None:
+    slot = Slot(offset=7).published(time=100_000).event("delivered", attempt=1, reason="first", time=110_000)
+    records = replay(slot.event("acked", attempt=1, time=50_000))
+    assert flagged(records) == [("time_ordered", "q:7")]
+    assert broken(records)[0][1] == "acked stamped 60000 ms before the delivered logged ahead of it (event 2)"
+    # Two nodes' clocks a little apart are not a fault.
+    near = Slot(offset=7).published(time=100_000).event("delivered", attempt=1, reason="first", time=110_000)
+    assert flagged(replay(near.event("acked", attempt=1, time=110_000 - CLOCK_SLACK_MS))) == []
+
+
+def test_a_duplicated_publish_event() -> None:
+    slot = Slot(offset=7).published(time=100).published(time=100)
+    slot.event("delivered", attempt=1, reason="first", time=110).event("acked", attempt=1, time=120)
+    assert flagged(replay(slot)) == [("published_once", "q:7")]
+
+
+# -- outcomes and samples for the report ------------------------------------------------------------
+
+
+def test_outcomes_split_each_groups_messages_exactly_once() -> None:
+    ctx = Context(modes={"q": "work"}, max_attempts={"q": 2}, groups={"q": {"g": 0, "h": 0}})
+    out = Output()
+    acked_g = Slot(offset=0).live().published(time=1).event("delivered", attempt=1, reason="first", time=2)
+    acked_g.event("acked", attempt=1, time=3)  # g acked it; h has not read it yet
+    replay(acked_g, ctx, out)
+    dead = Slot(offset=1).published(time=1)
+    for group in ("g", "h"):
+        dead.event("delivered", group=group, attempt=1, reason="first", time=2)
+        dead.event("nacked", group=group, attempt=1, reason="delay_ms=1", time=3)
+        dead.event("delivered", group=group, attempt=2, reason="nack", time=4)
+        dead.event("nacked", group=group, attempt=2, reason="max_attempts", time=5)
+        dead.event("dead_lettered", group=group, reason="max_attempts -> $dlq/q:0", time=6)
+    replay(dead, ctx, out)
+    replay(Slot(offset=2).published(time=1).event("expired", group=None, reason="ttl", time=9), ctx, out)
+    out.totals()
+    counted = {(r[2], r[3], r[-2]): r[-1] for r in out.rows if r[0] == "outcome"}
+    assert counted == {
+        ("q", None, "published"): 3, ("q", None, "stored"): 1, ("q", None, "expired"): 1,
+        ("q", "g", "published"): 3, ("q", "g", "acked"): 1, ("q", "g", "dead_lettered"): 1,
+        ("q", "g", "redelivered"): 1, ("q", "g", "expired"): 1,
+        ("q", "h", "published"): 3, ("q", "h", "pending"): 1, ("q", "h", "dead_lettered"): 1,
+        ("q", "h", "redelivered"): 1, ("q", "h", "expired"): 1,
+    }  # fmt: skip
+    sampled = {(r[6], r[-2]) for r in out.rows if r[0] == "sample"}
+    assert sampled == {("q:0", "pending"), ("q:1", "dead_lettered"), ("q:2", "expired")}

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from trimaran.analytics.replay import INVARIANTS, replay, run_audit
+from trimaran.analytics.replay import INVARIANTS, AuditResult, _commits_beyond, replay, run_audit
 from trimaran.analytics.source import TABLES, Selection, read_tables
 
 
@@ -156,3 +156,39 @@ def test_each_fault_flags_exactly_its_invariant(
     assert failed == {FAULTS[fault]}, {n: result.invariants[n]["examples"] for n in failed}
     assert not result.ok
     assert result.invariants[FAULTS[fault]]["message_ids"]
+
+
+def test_generated_faults_flag_exactly_their_invariant_and_message(
+    faulty_audit: tuple[AuditResult, Path, dict[str, set[str]]],
+) -> None:
+    """Ten faults in one copy of generated tables (``conftest.inject_faults``), each in its own
+    message: each invariant flags exactly the message its fault broke, once; the other few hundred
+    messages stay clean."""
+    result, _, expected = faulty_audit
+    flagged = {
+        name: (outcome["violations"], set(outcome["message_ids"]))
+        for name, outcome in result.invariants.items()
+        if not outcome["ok"]
+    }
+    assert flagged == {name: (1, ids) for name, ids in expected.items()}, {
+        n: result.invariants[n]["examples"] for n in flagged
+    }
+    assert len(expected) == 10 and not result.ok
+
+
+def test_stream_commits_are_bounded_by_what_was_published() -> None:
+    """Per incarnation, the highest commit against the last offset published; with a time window
+    the publications may lie before it, so the live queue's next_offset bounds it instead."""
+    summary = [
+        {"queue": "s", "epoch": 0, "group": None, "kind": "published", "max_offset": 9},
+        {"queue": "s", "epoch": 0, "group": "r", "kind": "committed", "max_offset": 9},
+        {"queue": "s", "epoch": 1, "group": None, "kind": "published", "max_offset": 4},
+        {"queue": "s", "epoch": 1, "group": "r", "kind": "committed", "max_offset": 6},
+        {"queue": "t", "epoch": 0, "group": "r", "kind": "committed", "max_offset": 3},
+    ]
+    assert _commits_beyond(summary, {"s": 10, "t": 4}, windowed=False) == [
+        ("s", 1, "r", 6, 4),
+        ("t", 0, "r", 3, None),
+    ]
+    assert _commits_beyond(summary, {"s": 10, "t": 4}, windowed=True) == []
+    assert _commits_beyond(summary, {"s": 9, "t": 4}, windowed=True) == [("s", 0, "r", 9, 8)]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import trustme
 
+from tests.support import rabbitmq
 from tests.support.paho import Endpoints
 from tests.support.server import ALICE, RunningServer, serving
 
@@ -123,3 +124,25 @@ def amqp1_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSe
 @pytest.fixture(scope="module")
 def amqp1_url(amqp1_server: RunningServer) -> str:
     return f"127.0.0.1:{amqp1_server.ports['amqp']}"
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """A private RabbitMQ node's AMQP port (tests.support.rabbitmq); skipped when it cannot run."""
+    why = rabbitmq.available()
+    if why is not None:
+        pytest.skip(why)
+    try:
+        with rabbitmq.rabbitmq_node(tmp_path_factory.mktemp("rabbitmq")) as port:
+            yield port
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(params=["trimaran", "rabbitmq"])
+def amqp_port(request: pytest.FixtureRequest) -> int:
+    """The AMQP 0.9.1 port of this server, then of RabbitMQ: one test, both brokers."""
+    if request.param == "rabbitmq":
+        return int(request.getfixturevalue("rabbitmq_port"))
+    server: RunningServer = request.getfixturevalue("amqp_server")
+    return server.ports["amqp"]

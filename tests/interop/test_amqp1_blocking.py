@@ -202,7 +202,7 @@ def test_released_comes_back_at_once(conn: BlockingConnection) -> None:
     receiver.release(delivered=False)
     second = receive(receiver)
     assert second.body == "again"
-    assert second.delivery_count == 1
+    assert second.delivery_count == 0  # released: not a failed attempt (AMQP 1.0, 3.4.4)
     receiver.accept()
 
 
@@ -214,7 +214,12 @@ def test_modified_is_retried_then_dead_lettered(conn: BlockingConnection) -> Non
     for _ in range(3):  # max_attempts is 3 in the test server
         got = receive(receiver)
         counts.append(got.delivery_count)
-        receiver.release(delivered=True)  # modified, delivery-failed
+        # modified with delivery-failed (proton's release(delivered=True) leaves it false)
+        assert receiver.fetcher is not None
+        delivery = receiver.fetcher.unsettled.popleft()
+        delivery.local.failed = True
+        delivery.update(Delivery.MODIFIED)
+        delivery.settle()
     assert counts == [0, 1, 2]
     dlq = conn.create_receiver(f"$queue/$dlq/{q}")
     assert receive(dlq).body == "flaky"

@@ -13,6 +13,7 @@ from trimaran.broker.core import Broker
 from trimaran.broker.message import Message, now_ms
 from trimaran.broker.router import SubscriptionOptions
 from trimaran.config import Settings
+from trimaran.mqtt.codec import Decoder, encode
 from trimaran.mqtt.conn import MqttConn
 from trimaran.mqtt.handler import MqttEndpoint, MqttFrontEnd
 from trimaran.mqtt.mapping import FanOutEncoder
@@ -91,3 +92,42 @@ async def test_each_subscriber_gets_its_own_publish() -> None:
     assert publish.properties.message_expiry_interval in (59, 60)
     assert publish.properties.subscription_identifiers == [3]
     assert clients["v311"].received() == [Publish("a/d", b"z")]
+
+
+def test_a_plain_qos0_publish_is_forwarded_as_received() -> None:
+    """Fan-in: the PUBLISH bytes a QoS 0 publisher sent (no retain, no properties) are what same-family
+    subscribers get, without a new encoding; other subscribers get their own."""
+    for level in (4, 5):
+        decoder = Decoder()
+        decoder.protocol_level = level
+        decoder.feed(encode(Publish("a/b", b"payload"), level))
+        packet = decoder.next_packet()
+        assert isinstance(packet, Publish) and packet.wire == encode(Publish("a/b", b"payload"), level)
+        encoder = FanOutEncoder()
+        message = Message("a/b", b"payload")
+        encoder.received(message, packet.wire, level)
+        same_family = (3, 4) if level == 4 else (5,)
+        for subscriber_level in (3, 4, 5):
+            data = encoder.qos0_publish(message, subscriber_level, False, ())
+            assert (data is packet.wire) == (subscriber_level in same_family)
+            assert data == encode(Publish("a/b", b"payload"), subscriber_level)
+        with_id = encoder.qos0_publish(message, 5, False, (9,))
+        assert with_id == encode(
+            Publish("a/b", b"payload", properties=Properties(subscription_identifiers=[9])), 5
+        )
+        assert encoder.qos0_publish(message, level, True, ()) == encode(
+            Publish("a/b", b"payload", retain=True), level
+        )
+
+
+def test_only_plain_qos0_publishes_keep_their_bytes() -> None:
+    for publish, level in [
+        (Publish("a/b", b"x", qos=1, packet_id=1), 4),
+        (Publish("a/b", b"x", retain=True), 4),
+        (Publish("a/b", b"x", properties=Properties(content_type="t")), 5),
+    ]:
+        decoder = Decoder()
+        decoder.protocol_level = level
+        decoder.feed(encode(publish, level))
+        packet = decoder.next_packet()
+        assert isinstance(packet, Publish) and packet.wire is None

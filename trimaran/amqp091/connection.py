@@ -568,21 +568,20 @@ class ServerConnection:
         method = frame.method if type(frame) is MethodFrame else None
         if ch is None:
             if isinstance(method, ChannelOpen):
-                if number > self.channel_max:
+                # RabbitMQ limits how many channels are open, not their numbers (any 1-65535).
+                if self.channel_max and len(self._channels) >= self.channel_max:
                     raise ProtocolError(
                         NOT_ALLOWED,
-                        f"channel {number} is above the negotiated channel_max {self.channel_max}",
-                        class_id=20,
-                        method_id=10,
+                        f"number of channels opened ({len(self._channels)}) has reached the "
+                        f"negotiated channel_max ({self.channel_max})",
                     )
                 self._channels[number] = Channel(number, self._max_body_size)
                 self._send(number, ChannelOpenOk())
                 events.append(ChannelOpened(number))
                 return
-            what = method.NAME if method is not None else type(frame).__name__
             raise ProtocolError(
                 CHANNEL_ERROR,
-                f"expected 'channel.open' on channel {number}, got {what}",
+                "expected 'channel.open'",
                 class_id=method.CLASS_ID if method else 0,
                 method_id=method.METHOD_ID if method else 0,
             )
@@ -615,9 +614,7 @@ class ServerConnection:
             elif isinstance(method, ChannelFlowOk):
                 events.append(MethodReceived(number, method))
             elif isinstance(method, ChannelOpen):
-                raise ProtocolError(
-                    CHANNEL_ERROR, f"channel {number} is already open", class_id=20, method_id=10
-                )
+                raise ProtocolError(CHANNEL_ERROR, "second 'channel.open' seen", class_id=20, method_id=10)
             # channel.close-ok for a close we never sent: harmless, ignored.
             elif not isinstance(method, ChannelCloseOk):
                 raise self._invalid(method, number)

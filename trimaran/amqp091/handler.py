@@ -42,7 +42,7 @@ from trimaran.amqp091.events import (
     SecureOkReceived,
 )
 from trimaran.amqp091.exchanges import ExchangeError, ExchangeRegistry
-from trimaran.amqp091.mapping import MappingError, message_from_content
+from trimaran.amqp091.mapping import MappingError, message_from_content, message_headers
 from trimaran.amqp091.operations import REPLY_PREFIX, REPLY_TO, Operations, _error
 from trimaran.amqp091.properties import BasicProperties
 from trimaran.amqp091.queues import QueueMeta, RouterBinding
@@ -53,7 +53,7 @@ from trimaran.broker.message import PROTOCOL_AMQP091, Message
 from trimaran.broker.topics import TopicError, routing_key_to_topic, topic_to_routing_key
 from trimaran.config import Settings
 from trimaran.queue.manager import QueueManager
-from trimaran.queue.policy import QueueError, queue_topic
+from trimaran.queue.policy import QUEUE_PREFIX, QueueError, parse_queue_topic, queue_topic
 from trimaran.runtime.transport import Conn
 from trimaran.security.amqp091 import check_method, publish_targets
 from trimaran.security.guard import READ, Login, Security
@@ -91,6 +91,7 @@ class Amqp091FrontEnd:
         self._collecting: Pending | None = None
         #: direct reply-to token -> the channel consuming its replies
         self.reply_to: dict[str, ChannelState] = {}
+        queues.dead_letter_router = self
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -259,10 +260,12 @@ class Amqp091FrontEnd:
         return None
 
     def _method(self, conn: Amqp091Conn, event: MethodReceived) -> Awaitable[None] | None:
+        method = event.method
+        if isinstance(method, spec.ConnectionUpdateSecret):
+            return self._update_secret(conn, method)
         channel = conn.channels.get(event.channel)
         if channel is None:
             return None
-        method = event.method
         kind = type(method)
         ops = self.ops
         refusal = check_method(self.security, self.exchanges, conn, channel, method)
@@ -279,7 +282,7 @@ class Amqp091FrontEnd:
             return None
         waiting: Callable[..., Coroutine[Any, Any, None]] | None = ops.waiting.get(kind)
         if waiting is None:
-            if isinstance(method, spec.ConnectionUpdateSecret | spec.ChannelFlowOk):
+            if isinstance(method, spec.ChannelFlowOk):
                 return None
             error = _error(spec.NOT_IMPLEMENTED, f"{method.NAME} is not implemented", method)
             return self.refuse(conn, event.channel, error)
@@ -297,6 +300,39 @@ class Amqp091FrontEnd:
                 await release
 
         return step()
+
+    def _update_secret(self, conn: Amqp091Conn, m: spec.ConnectionUpdateSecret) -> Awaitable[None] | None:
+        """RabbitMQ's connection.update-secret (a refreshed token or password on a live connection):
+        the new secret must still authenticate the connection's user; update-secret-ok, else the
+        connection closes with 530 NOT_ALLOWED, as RabbitMQ closes it."""
+        user = conn.user  # None: anonymous (guest/guest standing for nobody), nothing to check
+        if user is None or conn.machine.mechanism == "EXTERNAL":
+            return self._secret_updated(conn, m, Login(True, user))  # the certificate still holds
+        verdict = self.security.login(
+            user, m.new_secret, conn.io.peer_host, protocol="amqp091", peer=conn.peer
+        )
+        if isinstance(verdict, Login):
+            return self._secret_updated(conn, m, verdict)
+
+        async def checked() -> None:
+            login = await verdict
+            if not conn.machine.closed:
+                release = self._secret_updated(conn, m, login)
+                if release is not None:
+                    await release
+
+        return checked()
+
+    def _secret_updated(
+        self, conn: Amqp091Conn, m: spec.ConnectionUpdateSecret, login: Login
+    ) -> Awaitable[None] | None:
+        if login.ok:
+            log.info("amqp091: %s updated its secret (%s)", conn.name, m.reason or "no reason given")
+            conn.machine.send_method(0, spec.ConnectionUpdateSecretOk())
+            conn.wake()
+            return None
+        error = _error(spec.NOT_ALLOWED, f"Secret update was refused for user '{conn.user}'", m)
+        return self.refuse(conn, 0, error)
 
     def refuse(
         self, conn: Amqp091Conn, number: int, error: spec.ProtocolError, *, channel_only: bool = False
@@ -318,26 +354,30 @@ class Amqp091FrontEnd:
         return self._drop_channels(conn, [number])
 
     def _authenticate(self, conn: Amqp091Conn, event: AuthenticationRequested) -> Awaitable[None] | None:
-        security, host = self.security, conn.io.peer_host
+        security, host, peer = self.security, conn.io.peer_host, conn.peer
         verdict: Login | Awaitable[Login]
         if event.mechanism == "EXTERNAL":
             user = security.certificate_identity(conn.io.peer_certificate())
             verdict = (
-                security.login(None, None, host, protocol="amqp091", certificate_user=user)
+                security.login(None, None, host, protocol="amqp091", certificate_user=user, peer=peer)
                 if user is not None
                 else security.failed_login(
-                    "amqp091", None, host, "no identity in the client certificate", True
+                    "amqp091", None, host, "no identity in the client certificate", True, (None, peer)
                 )
             )
         elif event.username is None:
-            verdict = Login(False, None, "bad user name or password")
+            verdict = security.failed_login(
+                "amqp091", None, host, "bad user name or password", False, (None, peer)
+            )
         elif (event.username, event.password) == GUEST and not security.known_user(GUEST[0]):
             # RabbitMQ's default guest/guest is what AMQP clients send when they have no account:
             # it is the anonymous login here unless a real user 'guest' is configured (and, as
             # any 'guest', it is accepted from loopback only).
-            verdict = security.login(GUEST[0], None, host, protocol="amqp091", anonymous_alias=True)
+            verdict = security.login(
+                GUEST[0], None, host, protocol="amqp091", anonymous_alias=True, peer=peer
+            )
         else:
-            verdict = security.login(event.username, event.password, host, protocol="amqp091")
+            verdict = security.login(event.username, event.password, host, protocol="amqp091", peer=peer)
         if isinstance(verdict, Login):
             self._logged_in(conn, event, verdict)
             return None
@@ -452,6 +492,9 @@ class Amqp091FrontEnd:
                     spec.PRECONDITION_FAILED, "fast reply consumer does not exist", class_id=60, method_id=40
                 )
             props = replace(props, reply_to=REPLY_PREFIX + channel.reply_token)
+        if not exchange and key.startswith(QUEUE_PREFIX):
+            self._publish_cross(conn, channel, method, props, body, entry)
+            return
         try:
             self.exchanges.check_publish(exchange)
             result = self.exchanges.route(exchange, key, props.headers)
@@ -502,6 +545,48 @@ class Amqp091FrontEnd:
             )
             conn.wake()
 
+    def _publish_cross(
+        self,
+        conn: Amqp091Conn,
+        channel: ChannelState,
+        method: spec.BasicPublish,
+        props: BasicProperties,
+        body: bytes,
+        entry: Pending | None,
+    ) -> None:
+        """The default exchange with key ``$queue/<name>[/<key>]``: the cross-protocol namespace,
+        where a queue is created on first use as for MQTT and AMQP 1.0 publishers
+        (``queues.auto_create``). Refused (auto_create off, a bad name, a full queue): the confirm
+        is a nack and a mandatory publish comes back; never confirmed and dropped."""
+        key = method.routing_key
+        parsed = parse_queue_topic(key)
+        sent = False
+        if parsed is not None and parsed[2] is None:
+            name, sub_key, _ = parsed
+            try:
+                message = message_from_content(
+                    props,
+                    body,
+                    queue_topic(name, sub_key),
+                    exchange="",
+                    routing_key=key,
+                    publisher_id=conn.name,
+                )
+            except MappingError as exc:
+                raise spec.ProtocolError(
+                    spec.PRECONDITION_FAILED, str(exc), class_id=60, method_id=40
+                ) from None
+            sent = self._to_queue(name, message, entry, sub_key)
+        if sent:
+            return
+        if entry is not None:
+            entry.failed = True
+        if method.mandatory:
+            conn.machine.send_content(
+                channel.number, spec.BasicReturn(spec.NO_ROUTE, "NO_ROUTE", "", key), props, body
+            )
+            conn.wake()
+
     def _direct_reply(self, key: str, props: BasicProperties, body: bytes) -> bool:
         """A reply to a direct reply-to requester: straight to its channel (no queue, no ack).
         False when the requester is gone (the reply is dropped, as RabbitMQ drops it)."""
@@ -517,23 +602,40 @@ class Amqp091FrontEnd:
         channel.conn.wake()
         return True
 
-    def _to_queue(self, queue: str, message: Message, entry: Pending | None) -> bool:
+    def _to_queue(self, queue: str, message: Message, entry: Pending | None, key: str = "") -> bool:
         """Append to a queue; ``entry`` (if any) waits for the commit. False: the queue refused it."""
         if entry is None:
             try:
-                self.manager.publish_nowait(queue, message)
+                self.manager.publish_nowait(queue, message, key)
             except QueueError as exc:
                 log.debug("amqp091: publish to queue %s refused: %s", queue, exc)
                 return False
             return True
         entry.expect()
         try:
-            self.manager.publish_nowait(queue, message, done=entry.committed)
+            self.manager.publish_nowait(queue, message, key, done=entry.committed)
         except QueueError as exc:
             log.debug("amqp091: publish to queue %s refused: %s", queue, exc)
             entry.waiting -= 1  # never committed; the seal still holds the entry
             return False
         return True
+
+    def dead_letter_queues(self, exchange: str, routing_key: str, message: Message) -> list[str]:
+        """The queue manager's DeadLetterRouter: where a dead letter published now to ``exchange``
+        goes (RabbitMQ routes dead letters when they die, with the message's headers). A missing
+        exchange routes nowhere (the letter is dropped, as RabbitMQ drops it)."""
+        try:
+            result = self.exchanges.route(exchange, routing_key, message_headers(message))
+        except ExchangeError:
+            return []
+        if result.to_router:
+            try:
+                topic = routing_key_to_topic(routing_key)
+            except TopicError:
+                topic = ""
+            if topic:  # amq.topic is the shared router: its subscribers get the letter too
+                self.broker.publish(message.copy_with(topic=topic))
+        return sorted(q for q in result.queues if self.manager.exists(q))
 
     def deliver_from_router(self, binding: RouterBinding, message: Message) -> None:
         """A router match for a queue (or exchange) bound to amq.topic: append to the queue(s)."""

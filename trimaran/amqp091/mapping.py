@@ -6,8 +6,12 @@ AMQP 0.9.1          Message
 content_type        ``content_type``
 correlation_id      ``correlation_data`` (UTF-8 bytes)
 reply_to            ``response_topic``
-headers             ``user_properties`` (values as text); typed values also kept in
-                    ``extra["headers"]`` so that an AMQP consumer gets them back typed
+headers             ``user_properties`` (values as text); a table with typed values is also
+                    kept as published, in ``extra["header_table"]`` (its wire bytes), so that an
+                    AMQP consumer gets every value back with its type tag, and as JSON in
+                    ``extra["headers"]`` for the management API
+x-death             from ``extra["deaths"]`` and ``extra["first_death"]``, which the queue
+                    manager records for every dead letter (whatever protocol published it)
 expiration (ms)     ``expires_at_ms`` (absolute) and ``extra["expiration"]``: delivered as the
                     publisher's string (a consumer that republishes keeps the TTL); the time
                     left for messages from other protocols
@@ -25,7 +29,7 @@ import datetime
 from decimal import Decimal
 from typing import Any
 
-from trimaran.amqp091.fields import FieldTable
+from trimaran.amqp091.fields import FieldTable, FieldValue, Int64, Timestamp, decode_table, table_bytes
 from trimaran.amqp091.properties import BasicProperties
 from trimaran.broker.mapping import property_text
 from trimaran.broker.message import PROTOCOL_AMQP091, Message, now_ms
@@ -84,6 +88,7 @@ def message_from_content(
         user_properties = [(k, property_text(v)) for k, v in headers.items()]
         if any(not isinstance(v, str) for v in headers.values()):
             extra["headers"] = _json_safe(headers)
+            extra["header_table"] = table_bytes(headers)
     for name in EXTRA_PROPERTIES:
         value = getattr(props, name)
         if value is not None:
@@ -112,15 +117,54 @@ def message_from_content(
     )
 
 
-def _headers(message: Message) -> FieldTable | None:
-    """The typed table an AMQP 0.9.1 publisher sent (shared, not copied: encoding only reads it), else
-    the user properties as text."""
-    typed = message.extra.get("headers") if message.protocol == PROTOCOL_AMQP091 else None
-    if isinstance(typed, dict):
-        return typed
+def message_headers(message: Message) -> FieldTable | None:
+    """The table an AMQP 0.9.1 publisher sent, every value with its own type, else the user
+    properties as text (without x-death: see :func:`_headers`)."""
+    if message.protocol == PROTOCOL_AMQP091:
+        extra = message.extra
+        raw = extra.get("header_table")
+        if isinstance(raw, bytes):
+            return decode_table(raw, 0)[0]
+        typed = extra.get("headers")
+        if isinstance(typed, dict):  # stored before header_table was kept
+            return typed
     if message.user_properties:
         return dict(message.user_properties)
     return None
+
+
+def _headers(message: Message) -> FieldTable | None:
+    headers = message_headers(message)
+    deaths = message.extra.get("deaths")
+    if isinstance(deaths, list) and deaths:
+        headers = dict(headers or {})
+        _add_deaths(headers, deaths, message.extra.get("first_death"))
+    return headers
+
+
+def _add_deaths(headers: FieldTable, deaths: list[Any], first: object) -> None:
+    """RabbitMQ's x-death (newest first, one table per queue and reason) and x-first-death-*."""
+    table: list[FieldValue] = []
+    for death in deaths:
+        if not isinstance(death, dict):
+            continue
+        keys = death.get("routing_keys")
+        entry: dict[str, FieldValue] = {
+            "count": Int64(int(death.get("count") or 1)),
+            "reason": str(death.get("reason", "")),
+            "queue": str(death.get("queue", "")),
+            "time": Timestamp(int(death.get("time") or 0) // 1000),
+            "exchange": str(death.get("exchange", "")),
+            "routing-keys": [str(k) for k in keys] if isinstance(keys, list) else [],
+        }
+        if isinstance(death.get("original_expiration"), str):
+            entry["original-expiration"] = death["original_expiration"]
+        table.append(entry)
+    headers["x-death"] = table
+    if isinstance(first, dict):
+        for key in ("queue", "reason", "exchange"):
+            if isinstance(first.get(key), str):
+                headers.setdefault(f"x-first-death-{key}", first[key])
 
 
 _NO_EXTRA: dict[str, object] = {}
@@ -160,7 +204,7 @@ def delivery_address(message: Message) -> tuple[str, str]:
     """(exchange, routing key) for basic.deliver: the AMQP publish's own, or one derived from the
     topic for a message that came from MQTT or AMQP 1.0."""
     extra = message.extra
-    if message.protocol == PROTOCOL_AMQP091:
+    if message.protocol == PROTOCOL_AMQP091 or "deaths" in extra:  # a dead letter: its DLX and key
         exchange, key = extra.get("exchange"), extra.get("routing_key")
         if isinstance(exchange, str) and isinstance(key, str):
             return exchange, key

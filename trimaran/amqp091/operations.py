@@ -21,7 +21,6 @@ from trimaran.amqp091.exchanges import Binding, ExchangeError
 from trimaran.amqp091.queues import (
     QueueMeta,
     RouterBinding,
-    dead_letter_arguments,
     policy_from_arguments,
     stream_start,
 )
@@ -241,9 +240,9 @@ class Operations:
             raise _error(spec.RESOURCE_LOCKED, _locked(meta.name), method)
 
     def _counts(self, name: str) -> tuple[int, int]:
-        state = self.manager.queues.get(name)
-        depth = len(state.messages) if state is not None else 0
-        return depth, len(self.front.consumers.get(name, ()))
+        """(ready messages, consumers), as RabbitMQ counts them: unacknowledged deliveries are
+        not in message_count."""
+        return self.manager.ready_count(name), len(self.front.consumers.get(name, ()))
 
     # -- exchanges --------------------------------------------------------------------------------
 
@@ -345,9 +344,7 @@ class Operations:
         else:
             if m.passive:
                 raise _error(spec.NOT_FOUND, f"no {_rs(name)}", m)
-            policy = policy_from_arguments(
-                name, m.arguments, self._dead_letter_queue(m.arguments), self.manager.settings.defaults
-            )
+            policy = policy_from_arguments(name, m.arguments, self.manager.settings.defaults)
             in_sql = m.durable and not m.exclusive and not m.auto_delete
             try:
                 await self.manager.declare(name, policy, durable=in_sql)
@@ -396,26 +393,6 @@ class Operations:
 
         text = f"received '{shown(got)}' but current is '{shown(have)}'"
         return _error(spec.PRECONDITION_FAILED, f"inequivalent arg '{arg}' for {_rs(name)}: {text}", m)
-
-    def _dead_letter_queue(self, arguments: dict[str, Any]) -> str | None:
-        target = dead_letter_arguments(arguments)
-        if target is None:
-            return None
-        exchange, key = target
-        if not exchange:
-            return key
-        try:
-            queues = sorted(self.exchanges.route(exchange, key or "", None).queues)
-        except ExchangeError:
-            queues = []
-        if not queues:
-            log.info(
-                "amqp091: dead-letter exchange %r routes key %r nowhere yet; rejects are dropped",
-                exchange,
-                key,
-            )
-            return None
-        return queues[0]
 
     async def queue_bind(self, conn: Amqp091Conn, channel: ChannelState, m: spec.QueueBind) -> None:
         name = self._queue_name(channel, m.queue, m)

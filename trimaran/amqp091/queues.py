@@ -7,10 +7,13 @@ exclusive, auto-delete and non-durable ones live in memory. The RabbitMQ argumen
 =============================  ==================================================================
 x-message-ttl (ms)             ``ttl_s``
 x-max-length / -bytes          ``max_length`` / ``max_length_bytes``
-x-overflow                     ``overflow``: drop-head -> drop-oldest, reject-publish(-dlx) -> reject
-x-dead-letter-exchange / -key  ``dead_letter``: the queue the exchange routes the key to (resolved
-                               at declare time); no dead-letter exchange -> rejected messages are
-                               dropped, as in RabbitMQ
+x-overflow                     ``overflow``: drop-head (the default) -> drop-oldest (dead-lettered
+                               with reason maxlen when there is a dead-letter exchange),
+                               reject-publish(-dlx) -> reject
+x-dead-letter-exchange / -key  ``dead_letter_exchange`` / ``dead_letter_routing_key``: rejected,
+                               expired and over-the-limit messages are routed through the exchange
+                               when they die (bindings made later count), with RabbitMQ's x-death;
+                               no dead-letter exchange -> they are dropped, as in RabbitMQ
 x-queue-type                   classic, quorum -> work; stream -> stream
 x-delivery-limit               ``max_attempts`` (default: unlimited, as for a classic queue)
 x-expires (ms)                 kept by the front end: the queue is deleted after that long unused
@@ -80,7 +83,7 @@ def _str_arg(value: object) -> str | None:
 
 
 def policy_from_arguments(
-    queue: str, arguments: FieldTable, dead_letter_queue: str | None, defaults: QueuePolicySettings
+    queue: str, arguments: FieldTable, defaults: QueuePolicySettings
 ) -> QueuePolicySettings:
     """The manager policy for a queue.declare's arguments (406 for a value RabbitMQ refuses)."""
     update: dict[str, Any] = {
@@ -88,8 +91,14 @@ def policy_from_arguments(
         "backoff_initial_s": 0.0,
         "backoff_max_s": 0.0,
         "visibility_timeout_s": CONSUMER_TIMEOUT_S,
-        "dead_letter": dead_letter_queue if dead_letter_queue is not None else "none",
+        "dead_letter": "none",
+        "overflow": "drop-oldest",  # RabbitMQ's default x-overflow: drop-head
+        "dead_letter_exchange": None,
+        "dead_letter_routing_key": None,
     }
+    dead_letter = dead_letter_arguments(arguments)
+    if dead_letter is not None:
+        update["dead_letter_exchange"], update["dead_letter_routing_key"] = dead_letter
     kind = _str_arg(arguments.get("x-queue-type", "classic"))
     if kind not in QUEUE_TYPES:
         raise ProtocolError(

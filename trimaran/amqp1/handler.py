@@ -35,7 +35,7 @@ from trimaran.amqp1.events import (
     TransferAborted,
 )
 from trimaran.amqp1.link import Link, LinkState
-from trimaran.amqp1.links import InLink, OutLink, QueueOut, TopicOut
+from trimaran.amqp1.links import InLink, OutLink, QueueBrowse, QueueOut, TopicOut
 from trimaran.amqp1.mapping import from_amqp1, to_amqp1
 from trimaran.amqp1.messages import decode_message
 from trimaran.amqp1.performatives import (
@@ -81,6 +81,8 @@ log = logging.getLogger(__name__)
 
 START_PROPERTIES: Final = ("stream-offset", "stream-start")
 RESOURCE_LOCKED: Final = Symbol("amqp:resource-locked")  # another connection's exclusive queue
+COPY: Final = Symbol("copy")
+MOVE: Final = Symbol("move")
 
 
 class Amqp1FrontEnd:
@@ -207,11 +209,15 @@ class Amqp1FrontEnd:
         if creds.mechanism == "EXTERNAL":
             user = security.certificate_identity(conn.io.peer_certificate())
             if user is None:
-                verdict = security.failed_login("amqp1", None, host, "no identity in the certificate", True)
+                verdict = security.failed_login(
+                    "amqp1", None, host, "no identity in the certificate", True, (None, conn.peer)
+                )
             else:
-                verdict = security.login(None, None, host, protocol="amqp1", certificate_user=user)
+                verdict = security.login(
+                    None, None, host, protocol="amqp1", certificate_user=user, peer=conn.peer
+                )
         else:
-            verdict = security.login(creds.username, creds.password, host, protocol="amqp1")
+            verdict = security.login(creds.username, creds.password, host, protocol="amqp1", peer=conn.peer)
         if isinstance(verdict, Login):
             self._logged_in(conn, event, verdict)
             return None
@@ -361,7 +367,19 @@ class Amqp1FrontEnd:
             self._refuse(conn, link, exc.condition, exc.description)
             return None
         out: OutLink
-        if address.is_queue:
+        mode = source.distribution_mode
+        if address.is_queue and mode == COPY:
+            assert self.queues is not None
+            browse = QueueBrowse(conn, link, address, settled)
+            try:
+                browse.handle = self.queues.browse(address.name, browse)
+            except QueueError as exc:
+                condition = NOT_FOUND if exc.reason == "no-queue" else NOT_IMPLEMENTED
+                self._refuse(conn, link, condition, str(exc))
+                return None
+            out = browse
+        elif address.is_queue:
+            mode = MOVE  # what a queue does for any other mode asked: the peer is told so
             out = QueueOut(conn, link, address, settled)
             try:
                 self._consume(out, link)
@@ -379,7 +397,9 @@ class Amqp1FrontEnd:
         conn.outlinks[link] = out
         # Filters are not applied (beyond the address' own wildcards): leaving them out of our
         # source tells the peer so, as the spec asks.
-        source = replace(source, capabilities=[Symbol(address.kind)], filter=None)
+        if not address.is_queue and mode != COPY:
+            mode = None  # a topic link copies; another mode asked of it is not ours to claim
+        source = replace(source, capabilities=[Symbol(address.kind)], filter=None, distribution_mode=mode)
         conn.machine.accept_link(link, source=source, rcv_settle_mode=RCV_FIRST)
         out.on_flow(link.drain)  # a flow may have come before our attach
         return None
@@ -429,7 +449,9 @@ class Amqp1FrontEnd:
         except QueueError as exc:
             self._refuse(conn, link, INVALID_FIELD, str(exc))
             return
-        source = replace(source, address=address.topic, capabilities=[Symbol(QUEUE)], filter=None)
+        source = replace(
+            source, address=address.topic, capabilities=[Symbol(QUEUE)], filter=None, distribution_mode=MOVE
+        )
         conn.machine.accept_link(link, source=source, rcv_settle_mode=RCV_FIRST)
         out.on_flow(link.drain)
 
@@ -474,6 +496,8 @@ class Amqp1FrontEnd:
         out.released = True
         if isinstance(out, QueueOut) and out.handle is not None:
             out.offsets.clear()
+            await out.handle.cancel()
+        elif isinstance(out, QueueBrowse) and out.handle is not None:
             await out.handle.cancel()
         if out.temp_queue is not None and self.queues is not None:
             name, out.temp_queue = out.temp_queue, None

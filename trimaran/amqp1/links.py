@@ -25,7 +25,7 @@ from trimaran.amqp1.mapping import to_amqp1
 from trimaran.amqp1.performatives import Accepted, Modified, Rejected, Released
 from trimaran.broker.message import Message
 from trimaran.broker.router import Delivery
-from trimaran.queue.manager import ConsumerHandle, QueueDelivery
+from trimaran.queue.manager import BrowseHandle, ConsumerHandle, QueueDelivery
 
 if TYPE_CHECKING:
     from trimaran.amqp1.conn import Amqp1Conn
@@ -85,7 +85,7 @@ class QueueOut(OutLink):
     def deliver(self, delivery: QueueDelivery) -> None:
         """Called by the queue manager (only while this link has credit)."""
         handle = self.handle
-        payload = to_amqp1(delivery.message, delivery_count=delivery.attempt - 1)
+        payload = to_amqp1(delivery.message, delivery_count=delivery.failed)
         max_size = self.link.max_message_size
         if max_size and len(payload) > max_size:
             if handle is not None:
@@ -125,11 +125,14 @@ class QueueOut(OutLink):
             reason = error.description or str(error.condition) if error is not None else "rejected"
             handle.reject_nowait(offset, f"rejected by {self.id}: {reason}")
         elif isinstance(state, Released):
-            handle.nack_nowait(offset, 0)  # not processed: available again at once
+            handle.return_nowait(offset)  # not processed: available again at once, not an attempt
         elif isinstance(state, Modified):
-            # delivery-failed counts an attempt and backs off; undeliverable-here is a retry too
-            # (the queue cannot exclude one consumer).
-            handle.nack_nowait(offset, None if state.delivery_failed else 0)
+            # delivery-failed is a failed attempt (counted, backs off); without it the message
+            # comes back unchanged (undeliverable-here too: the queue cannot exclude one consumer).
+            if state.delivery_failed:
+                handle.nack_nowait(offset, None)
+            else:
+                handle.return_nowait(offset)
         else:
             handle.ack_nowait(offset)
 
@@ -137,6 +140,40 @@ class QueueOut(OutLink):
         super().stop()
         if self.handle is not None:
             self.handle.set_credit(0)
+
+
+class QueueBrowse(OutLink):
+    """A ``distribution-mode copy`` receiver on a queue: it browses (sees what the queue holds and
+    what arrives) and changes nothing; its settlements are taken and ignored."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, conn: Amqp1Conn, link: Link, address: Address, settled: bool) -> None:
+        super().__init__(conn, link, address, settled)
+        self.handle: BrowseHandle | None = None
+
+    def deliver(self, delivery: QueueDelivery) -> None:
+        payload = to_amqp1(delivery.message, delivery_count=0)
+        max_size = self.link.max_message_size
+        if max_size and len(payload) > max_size:
+            return  # a copy: nothing to give back
+        if self._send(payload) is not None:
+            self.conn.front.broker.stats.messages_sent += 1
+
+    def on_flow(self, drain: bool) -> None:
+        handle = self.handle
+        if handle is None or handle.closed:
+            return
+        handle.set_credit(self.link.credit)
+        if drain and self.link.is_open and self.link.credit > 0:
+            self.conn.machine.complete_drain(self.link)
+            handle.set_credit(0)
+            self.conn.io.wake()
+
+    def stop(self) -> None:
+        super().stop()
+        if self.handle is not None:
+            self.handle.cancel_nowait()
 
 
 class TopicOut(OutLink):

@@ -22,6 +22,23 @@ FINISHED = "finished"
 GROUP_KINDS = frozenset({"delivered", "acked", "nacked", "rejected", "released", "dead_lettered", "dropped"})
 SETTLES = frozenset({"acked", "nacked", "rejected", "released"})
 REMOVALS = frozenset({"expired", "dropped", "redriven"})  # queue-level: TTL, overflow, redrive
+FINAL = frozenset({"acked", "dead_lettered", "dropped"})  # a group is done with the message for good
+# How far a message's event may be stamped before the one logged ahead of it: the nodes sharing a
+# database stamp events with their own clocks. Tampering or a reordering writer shows as more.
+CLOCK_SLACK_MS = 1000
+# One message's outcome for one group (or, with no group, for its queue), counted per (queue, group)
+# for the report's table: a group's "published" splits into exactly one of acked (a stream group:
+# committed), dead_lettered, dropped, expired, purged, redriven, pending and lost (the accounted
+# invariant broken); "redelivered" counts those delivered more than once. Queue rows (no group) count
+# published, the removals, "stored" (in queue_messages) and "deleted" (an earlier incarnation's).
+OUTCOMES = (
+    "published", "acked", "redelivered", "dead_lettered", "dropped", "expired", "purged", "redriven",
+    "pending", "lost", "stored", "deleted",
+)  # fmt: skip
+# Which outcome a sampled message stands for, the rarest first (a message is sampled once).
+_SAMPLE_ORDER = ("lost", "dead_lettered", "dropped", "redelivered", "expired", "purged", "redriven",
+                 "pending", "acked")  # fmt: skip
+SAMPLES = 3  # messages sampled per (queue, outcome) and partition, for the report's message pages
 
 # One input row: the slot (queue, offset, epoch), the event id (None for table rows), where the row
 # comes from ("e" event, "m" queue_messages, "p" queue_pending), then the event's (or pending row's)
@@ -76,14 +93,19 @@ TOTALS: dict[str, str] = {
     "messages_live": "bigint",
     "messages_removed": "bigint",
 }
-# The output rows share one schema: ``record`` says which kind ("violation", "life", or one
-# "totals" row per partition counting lives and the live incarnation's messages); the rest is the
-# union (queue, group, offset and epoch are shared). Rows are built as tuples in this order.
-OUTPUT: dict[str, str] = {"record": "string", **VIOLATION, **LIFE, **TOTALS}
+# An "outcome" row counts, per (queue, group), the messages with one outcome (OUTCOMES); a
+# "sample" row names one message (queue, offset, epoch) standing for an outcome.
+OUTCOME: dict[str, str] = {"outcome": "string", "n": "bigint"}
+# The output rows share one schema: ``record`` says which kind ("violation", "life", "outcome",
+# "sample", or one "totals" row per partition counting lives and the live incarnation's messages);
+# the rest is the union (queue, group, offset and epoch are shared). Rows are tuples in this order.
+OUTPUT: dict[str, str] = {"record": "string", **VIOLATION, **LIFE, **TOTALS, **OUTCOME}
 _LIFE_AT = list(OUTPUT).index("last_kind")
 _TOTALS_AT = list(OUTPUT).index("group_message_pairs")
+_OUTCOME_AT = list(OUTPUT).index("outcome")
 assert list(OUTPUT)[1:_LIFE_AT] == list(VIOLATION)
-assert list(OUTPUT)[_LIFE_AT:_TOTALS_AT] == list(LIFE)[4:] and list(OUTPUT)[_TOTALS_AT:] == list(TOTALS)
+assert list(OUTPUT)[_LIFE_AT:_TOTALS_AT] == list(LIFE)[4:]
+assert list(OUTPUT)[_TOTALS_AT:_OUTCOME_AT] == list(TOTALS) and list(OUTPUT)[_OUTCOME_AT:] == list(OUTCOME)
 
 
 @dataclass(frozen=True)
@@ -98,6 +120,7 @@ class Context:
     # Per queue, its groups: those with a queue_groups row (with their cursor) and those seen only
     # in events (cursor None).
     groups: dict[str, dict[str, int | None]] = field(default_factory=dict)
+    committed: dict[str, dict[str, int | None]] = field(default_factory=dict)  # stream groups' position
     purge_ids: dict[str, int] = field(default_factory=dict)  # the newest purge, per queue
     since_ms: int | None = None
     until_ms: int | None = None
@@ -135,6 +158,7 @@ class Life:
     __slots__ = (
         "acked_at",
         "acks",
+        "again_id",
         "attempts",
         "dead_lettered_at",
         "deliveries",
@@ -158,6 +182,7 @@ class Life:
         self.holder: str | None = None  # the consumer of the newest delivery
         self.deliveries = 0
         self.acks = 0
+        self.again_id: int | None = None  # the second ack, if any
         self.first_delivered_at: int | None = None
         self.acked_at: int | None = None
         self.dead_lettered_at: int | None = None
@@ -184,6 +209,11 @@ class Life:
         """Apply one event; returns the (invariant, detail) pairs it breaks."""
         kind, attempt, reason, time = row[KIND], row[ATTEMPT], row[REASON], row[TIME]
         prev_kind, prev_attempt, prev_reason = self.last_kind, self.prev_attempt, self.prev_reason
+        if kind == "delivered" and prev_kind in FINAL:
+            # The group was done with it: reported, and the life stays finished (the delivery is
+            # not counted, so it breaks this rule alone).
+            shown = "?" if attempt is None else attempt
+            return [("final", f"attempt {shown} delivered to {row[CONSUMER] or 'nobody'} after {prev_kind}")]
         broken: list[tuple[str, str]] = []
         if kind in SETTLES:
             last = self.last_attempt
@@ -239,6 +269,8 @@ class Life:
             if time is not None and (self.first_delivered_at is None or time < self.first_delivered_at):
                 self.first_delivered_at = time
         elif kind == "acked":
+            if self.acks == 1:
+                self.again_id = row[ID]
             self.acks += 1
             self.acked_at = _max(self.acked_at, time)
         self.last_kind, self.last_reason, self.last_id = kind, reason, row[ID]
@@ -268,16 +300,19 @@ def _max(a: int | None, b: int | None) -> int | None:
 
 
 class Output:
-    """Output rows (tuples in OUTPUT's column order), handed out in batches, and the counts of
-    messages (live incarnation) and lives."""
+    """Output rows (tuples in OUTPUT's column order), handed out in batches; the counts of messages
+    (live incarnation) and lives, the outcomes per (queue, group) and the sampled messages."""
 
-    __slots__ = ("live", "lives", "messages", "removed", "rows")
+    __slots__ = ("live", "lives", "messages", "outcomes", "removed", "rows", "samples")
     _AFTER_VIOLATION = (None,) * (len(OUTPUT) - _LIFE_AT)
     _AFTER_LIFE = (None,) * (len(OUTPUT) - _TOTALS_AT)
+    _BEFORE_OUTCOME = (None,) * (_OUTCOME_AT - _LIFE_AT)
 
     def __init__(self) -> None:
         self.rows: list[tuple[Any, ...]] = []
         self.messages = self.live = self.removed = self.lives = 0
+        self.outcomes: dict[tuple[str, str | None, str], int] = {}
+        self.samples: dict[tuple[str, str], list[tuple[int, int]]] = {}
 
     def violation(
         self, invariant: str, queue: str, group: str | None, offset: int | None, epoch: int,
@@ -303,27 +338,50 @@ class Output:
              life.dead_lettered_at, life.last_id, life.status, pub_time, *self._AFTER_LIFE)
         )  # fmt: skip
 
+    def count(self, queue: str, group: str | None, outcome: str) -> None:
+        key = (queue, group, outcome)
+        self.outcomes[key] = self.outcomes.get(key, 0) + 1
+
+    def sample(self, queue: str, offset: int, epoch: int, outcome: str) -> None:
+        taken = self.samples.setdefault((queue, outcome), [])
+        if len(taken) < SAMPLES:
+            taken.append((offset, epoch))
+
     def next(self) -> Output:
         """A fresh batch that carries the counts on."""
         fresh = Output()
         fresh.lives, fresh.messages = self.lives, self.messages
         fresh.live, fresh.removed = self.live, self.removed
+        fresh.outcomes, fresh.samples = self.outcomes, self.samples
         return fresh
 
     def totals(self) -> None:
-        """The message counts so far as one row (then zero)."""
+        """The message counts, outcomes and samples so far as rows (then zero)."""
         none = (None,) * (_TOTALS_AT - 1)
-        self.rows.append(("totals", *none, self.lives, self.messages, self.live, self.removed))
+        self.rows.append(("totals", *none, self.lives, self.messages, self.live, self.removed, None, None))
         self.messages = self.live = self.removed = self.lives = 0
+        for (queue, group, outcome), n in sorted(self.outcomes.items(), key=str):
+            self.rows.append(
+                ("outcome", None, queue, group, None, 0, None, None, None, *self._BEFORE_OUTCOME, outcome, n)
+            )
+        for (queue, outcome), taken in sorted(self.samples.items()):
+            for offset, epoch in taken:
+                self.rows.append(
+                    ("sample", None, queue, None, offset, epoch, message_id(queue, offset, epoch), None, None,
+                     *self._BEFORE_OUTCOME, outcome, None)
+                )  # fmt: skip
+        self.outcomes, self.samples = {}, {}
 
 
 def replay_slot(ctx: Context, rows: list[tuple[Any, ...]], out: Output) -> None:
     """Every row of one (queue, offset, epoch), events in id order (table rows first)."""
     queue, offset, epoch = rows[0][QUEUE], rows[0][OFFSET], rows[0][EPOCH]
-    publishes, pub_id, pub_time = 0, None, None
+    publishes, pub_id, pub_time, again_id = 0, None, None, None
     for row in rows:
         if row[SRC] == "e" and row[KIND] == "published" and ctx.in_window(row[TIME]):
             publishes += 1
+            if publishes == 2:
+                again_id = row[ID]
             pub_id = row[ID] if pub_id is None else min(pub_id, row[ID])
             pub_time = row[TIME] if pub_time is None else min(pub_time, row[TIME])
     published = publishes > 0
@@ -339,6 +397,7 @@ def replay_slot(ctx: Context, rows: list[tuple[Any, ...]], out: Output) -> None:
     live = False
     removed_id: int | None = None
     removed_by: str | None = None
+    latest: tuple[Any, ...] | None = None  # the event stamped latest so far
     for row in rows:
         src = row[SRC]
         if src == "m":
@@ -347,7 +406,16 @@ def replay_slot(ctx: Context, rows: list[tuple[Any, ...]], out: Output) -> None:
         if src == "p":
             pending[row[GROUP]] = row
             continue
-        group, kind = row[GROUP], row[KIND]
+        group, kind, time = row[GROUP], row[KIND], row[TIME]
+        if time is not None:
+            if latest is not None and time < latest[TIME] - CLOCK_SLACK_MS:
+                out.violation(
+                    "time_ordered", queue, group, offset, epoch, row[ID],
+                    f"{kind} stamped {latest[TIME] - time} ms before the {latest[KIND]} logged ahead of it "
+                    f"(event {latest[ID]})",
+                )  # fmt: skip
+            if latest is None or time > latest[TIME]:
+                latest = row
         if group is None:
             if epoch == 0 and kind in REMOVALS and (removed_id is None or row[ID] < removed_id):
                 removed_id, removed_by = row[ID], kind
@@ -363,13 +431,17 @@ def replay_slot(ctx: Context, rows: list[tuple[Any, ...]], out: Output) -> None:
     for group, life in lives.items():
         out.life(queue, epoch, group, offset, life, pub_time)
         if life.acks > 1:
-            out.violation("acked_once", queue, group, offset, epoch, None, f"acked {life.acks} times")
+            out.violation(
+                "acked_once", queue, group, offset, epoch, life.again_id, f"acked {life.acks} times"
+            )
         if not published:  # (only reached when no window is set)
             out.violation(
                 "accounted", queue, group, offset, epoch, None,
                 f"group history ({life.last_kind}) but no published event",
             )  # fmt: skip
     if epoch != 0:
+        if published:
+            out.count(queue, None, "deleted")
         return  # older incarnations are replayed, not compared with the live tables
 
     removed: bool | None = None
@@ -381,15 +453,17 @@ def replay_slot(ctx: Context, rows: list[tuple[Any, ...]], out: Output) -> None:
         out.messages += 1
         out.live += live
         out.removed += removed
-        _check_message(ctx, queue, offset, mode, publishes, live, removed, removed_by, lives, out)
+        _check_message(ctx, queue, offset, mode, publishes, again_id, live, removed, removed_by, lives, out)
+        gone_by = (removed_by or "purged") if removed else None
+        _outcomes(ctx, queue, offset, mode, live, gone_by, lives, out)
     elif live and not ctx.windowed:
         out.violation("live_state", queue, None, offset, 0, None, "in queue_messages but never published")
     _check_pending(ctx, queue, offset, lives, pending, live if published else None, removed, out)
 
 
 def _check_message(
-    ctx: Context, queue: str, offset: int, mode: str, publishes: int, live: bool, removed: bool,
-    removed_by: str | None, lives: dict[str, Life], out: Output,
+    ctx: Context, queue: str, offset: int, mode: str, publishes: int, again_id: int | None, live: bool,
+    removed: bool, removed_by: str | None, lives: dict[str, Life], out: Output,
 ) -> None:  # fmt: skip
     """The live incarnation's message: accounted for, and in queue_messages exactly while needed."""
     groups = ctx.groups.get(queue, {})
@@ -415,7 +489,13 @@ def _check_message(
         out.violation("accounted", queue, None, offset, 0, None, why)
     if publishes > 1:
         out.violation(
-            "accounted", queue, None, offset, 0, None, f"published {publishes} times under one offset"
+            "published_once",
+            queue,
+            None,
+            offset,
+            0,
+            again_id,
+            f"published {publishes} times under one offset",
         )
     if live and (removed or (mode == "work" and all_done)):
         why = (
@@ -435,6 +515,43 @@ def _check_message(
             None,
             f"offset at or past the queue's next_offset {next_offset}",
         )
+
+
+def _outcomes(
+    ctx: Context, queue: str, offset: int, mode: str, live: bool, removed_by: str | None,
+    lives: dict[str, Life], out: Output,
+) -> None:  # fmt: skip
+    """Count what became of the live incarnation's message in its queue and in each group, and
+    sample it under its rarest outcome."""
+    out.count(queue, None, "published")
+    if live:
+        out.count(queue, None, "stored")
+    if removed_by is not None:
+        out.count(queue, None, removed_by)
+    seen: set[str] = set() if removed_by is None else {removed_by}
+    committed = ctx.committed.get(queue, {})
+    for group, cursor in ctx.groups.get(queue, {}).items():
+        life = lives.get(group)
+        if mode == "stream":
+            position = committed.get(group)
+            done = "acked" if position is not None and offset < position else None
+        elif life is None and cursor is not None and offset < cursor:
+            continue  # the group began after it: never the group's to read
+        elif life is not None and life.status == FINISHED:
+            done = life.last_kind if life.last_kind in ("acked", "dropped") else "dead_lettered"
+        else:
+            done = None
+        outcome = done or removed_by or ("pending" if live else "lost")
+        out.count(queue, group, "published")
+        out.count(queue, group, outcome)
+        seen.add(outcome)
+        if life is not None and life.deliveries > 1:
+            out.count(queue, group, "redelivered")
+            seen.add("redelivered")
+    for outcome in _SAMPLE_ORDER:
+        if outcome in seen:
+            out.sample(queue, offset, 0, outcome)
+            break
 
 
 def _check_pending(

@@ -12,7 +12,8 @@ A queue deleted and declared again starts its offsets over: events before a ``pu
 event belong to an older incarnation (``epoch`` > 0), which is replayed but not compared with the
 live tables (they hold only the newest).
 
-Runs in local mode from ``trimaran audit`` and on a cluster with ``spark-submit`` (``__main__``).
+Runs from ``trimaran audit``, in local mode or on a cluster (``--master``; ``cluster.py`` ships the
+code to the executors), and under ``spark-submit`` (``__main__``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trimaran.analytics.cluster import CannotRun, Launch, audit_session, explain, parse_conf, spark_errors
 from trimaran.analytics.life import (
+    CLOCK_SLACK_MS,
     GROUP_KINDS,
     INPUT,
     LIFE,
@@ -39,7 +42,7 @@ from trimaran.analytics.life import (
     message_id,
     replay_partition,
 )  # fmt: skip
-from trimaran.analytics.source import DEBIAN_JARS, Selection, read_tables, spark_session
+from trimaran.analytics.source import DEBIAN_JARS, Selection, read_tables
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -49,13 +52,18 @@ log = logging.getLogger(__name__)
 INVARIANTS: dict[str, str] = {
     "accounted": "every published message is, per group, acked, pending, expired, dead-lettered, "
     "dropped, redriven or purged: never silently gone",
+    "published_once": "each offset of a queue is published once",
     "settled_after_delivery": "no ack, nack, reject or release without a delivery of that attempt",
     "acked_once": "no message acked twice in one group",
     "attempts": "a group's deliveries of a message count attempts 1, 2, 3, ...",
     "dead_letter_explained": "every dead letter follows a reject, or a nack or release at max attempts",
     "redelivery_explained": "every redelivery follows a nack, a visibility timeout, a disconnect "
     "or a restart",
+    "final": "nothing is delivered to a group after it acked, dead-lettered or dropped the message",
+    "time_ordered": "a message's events are stamped in the order they were logged "
+    f"(clocks may differ by up to {CLOCK_SLACK_MS} ms)",
     "commits_monotonic": "a stream group's commits never go backwards",
+    "commits_published": "a stream group commits only offsets that were published",
     "live_state": "the replayed state equals the live tables (messages, pending entries, cursors)",
 }
 
@@ -71,6 +79,10 @@ class AuditResult:
     lives: DataFrame
     frames: dict[str, DataFrame] = field(default_factory=dict)
     seconds: float = 0.0
+    # Per (queue, group) — group None for the queue itself — messages per outcome (life.OUTCOMES).
+    outcomes: dict[tuple[str, str | None], dict[str, int]] = field(default_factory=dict)
+    # Messages standing for each outcome: (queue, offset, epoch, outcome), for the report's pages.
+    samples: list[tuple[str, int, int, str]] = field(default_factory=list)
 
 
 def _message_id(queue: Column, offset: Column, epoch: Column) -> Column:
@@ -115,6 +127,8 @@ class Facts:
     delivered_high: dict[tuple[str, str], int]  # the highest offset delivered to a work group
     incarnations: set[tuple[str, int]]  # (queue, epoch) pairs with events
     span: tuple[int | None, int | None]  # the first and last event's time
+    # (queue, epoch, group, highest offset committed, last offset published or None)
+    commits_beyond: list[tuple[str, int, str, int, int | None]] = field(default_factory=list)
 
 
 def _policy_number(policy: str | None, key: str, scale: float = 1.0) -> int | None:
@@ -161,8 +175,10 @@ def gather_facts(events: DataFrame, tables: dict[str, DataFrame], selection: Sel
         since_ms=selection.since_ms, until_ms=selection.until_ms,
     )  # fmt: skip
     groups: dict[str, dict[str, int | None]] = {}
-    for (queue, group), (cursor, _) in live_groups.items():
+    committed: dict[str, dict[str, int | None]] = {}
+    for (queue, group), (cursor, position) in live_groups.items():
         groups.setdefault(queue, {})[group] = cursor
+        committed.setdefault(queue, {})[group] = position
     kinds: dict[str, int] = {}
     purge_ids: dict[str, int] = {}
     commit_high: dict[tuple[str, str], int] = {}
@@ -183,12 +199,41 @@ def gather_facts(events: DataFrame, tables: dict[str, DataFrame], selection: Sel
             commit_high[(queue, group)] = int(r["max_offset"]) + 1
         elif kind == "delivered" and work:
             delivered_high[(queue, group)] = int(r["max_offset"])
-    context = dataclasses.replace(context, groups=groups, purge_ids=purge_ids)
+    context = dataclasses.replace(context, groups=groups, committed=committed, purge_ids=purge_ids)
     incarnations = {(r["queue"], r["epoch"]) for r in summary}
     firsts = [r["first"] for r in summary if r["first"] is not None]
     lasts = [r["last"] for r in summary if r["last"] is not None]
     span = (min(firsts, default=None), max(lasts, default=None))
-    return Facts(context, kinds, live_groups, commit_high, delivered_high, incarnations, span)
+    facts = Facts(context, kinds, live_groups, commit_high, delivered_high, incarnations, span)
+    facts.commits_beyond = _commits_beyond(summary, next_offset, selection.windowed)
+    return facts
+
+
+def _commits_beyond(
+    summary: list[Any], next_offset: dict[str, int | None], windowed: bool
+) -> list[tuple[str, int, str, int, int | None]]:
+    """Stream groups whose highest commit is past the last offset published in their incarnation.
+    With a time window the publications may lie before it: the live queue's next_offset bounds
+    the newest incarnation instead."""
+    published: dict[tuple[str, int], int] = {}
+    for r in summary:
+        if r["kind"] == "published" and r["group"] is None and r["max_offset"] is not None:
+            key = (r["queue"], r["epoch"])
+            published[key] = max(published.get(key, -1), int(r["max_offset"]))
+    beyond = []
+    for r in summary:
+        if r["kind"] != "committed" or r["group"] is None or r["max_offset"] is None:
+            continue
+        queue, epoch, high = r["queue"], r["epoch"], int(r["max_offset"])
+        last = published.get((queue, epoch))
+        if windowed:
+            bound = next_offset.get(queue) if epoch == 0 else None
+            if bound is None:
+                continue
+            last = bound - 1
+        if last is None or high > last:
+            beyond.append((queue, epoch, r["group"], high, last))
+    return sorted(beyond)
 
 
 def _group_violations(facts: Facts) -> list[tuple[Any, ...]]:
@@ -210,6 +255,12 @@ def _group_violations(facts: Facts) -> list[tuple[Any, ...]]:
             continue
         offset = next((v for v in (committed, expect, delivered) if v is not None), None)
         found.append(("live_state", queue, group, offset, 0, message_id(queue, offset, 0), None, problem))
+    for queue, epoch, group, high, last in facts.commits_beyond:
+        published = "nothing was published" if last is None else f"the last offset published is {last}"
+        found.append(
+            ("commits_published", queue, group, high, epoch, message_id(queue, high, epoch), None,
+             f"committed offset {high}, but {published}")
+        )  # fmt: skip
     return found
 
 
@@ -368,6 +419,9 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
         examples.setdefault(r["invariant"], []).append(
             {
                 "message_id": r["message_id"],
+                "queue": r["queue"],
+                "offset": r["offset"],
+                "epoch": r["epoch"],
                 "group": r["group"],
                 "event_id": r["event_id"],
                 "detail": r["detail"],
@@ -383,11 +437,24 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
         }
         for name, text in INVARIANTS.items()
     }
-    totals = replayed.filter(record == "totals").agg(*[F.sum(name).alias(name) for name in TOTALS]).first()
+    # The per-partition totals, outcome counts and samples: a few rows per partition, one job.
+    totals = dict.fromkeys(TOTALS, 0)
+    outcomes: dict[tuple[str, str | None], dict[str, int]] = {}
+    samples: set[tuple[str, int, int, str]] = set()
+    small = replayed.filter(record.isin("totals", "outcome", "sample"))
+    for r in small.select("record", "queue", "group", "offset", "epoch", "outcome", "n", *TOTALS).collect():
+        if r["record"] == "totals":
+            for name in TOTALS:
+                totals[name] += int(r[name] or 0)
+        elif r["record"] == "outcome":
+            counted = outcomes.setdefault((r["queue"], r["group"]), {})
+            counted[r["outcome"]] = counted.get(r["outcome"], 0) + int(r["n"])
+        else:
+            samples.add((r["queue"], int(r["offset"]), int(r["epoch"]), r["outcome"]))
     counts: dict[str, Any] = {
         "events": sum(facts.events_by_kind.values()),
         "events_by_kind": dict(sorted(facts.events_by_kind.items())),
-        **{name: int(totals[name] or 0) if totals else 0 for name in TOTALS},
+        **totals,
         "first_event_at": facts.span[0],
         "last_event_at": facts.span[1],
     }
@@ -408,6 +475,8 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
         lives=lives,
         frames=frames,
         seconds=time.monotonic() - started,
+        outcomes=outcomes,
+        samples=sorted(samples),
     )
 
 
@@ -443,13 +512,23 @@ def add_arguments(parser: argparse.ArgumentParser, *, master_default: str | None
     )
     parser.add_argument("--output", "-o", default="audit-report", metavar="DIR", help="report directory")
     parser.add_argument(
-        "--master", default=master_default, help=f"Spark master (default: {master_default or 'spark-submit'})"
+        "--master",
+        default=master_default,
+        help="Spark master: local[*], spark://HOST:7077, yarn, k8s://https://HOST:443 (default: "
+        + (master_default or "the audit.master setting, local[*]; under spark-submit, its --master")
+        + ")",
     )
     parser.add_argument(
         "--jars",
         default=None,
         metavar="JAR[,JAR]",
-        help="JDBC driver jars (default: " + ", ".join(DEBIAN_JARS) + ")",
+        help="JDBC driver jars, shipped to the executors (default: " + ", ".join(DEBIAN_JARS) + ")",
+    )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a Spark setting, e.g. spark.executor.memory=4g (repeatable)",
     )
     parser.add_argument("--no-charts", action="store_true", help="skip the PNG charts and HTML page")
     parser.add_argument(
@@ -457,7 +536,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, master_default: str | None
         type=int,
         default=None,
         metavar="N",
-        help="spark.sql.shuffle.partitions (default: the local cores in local mode, else Spark's)",
+        help="spark.sql.shuffle.partitions (default: the cores, local or the cluster's executors')",
     )
 
 
@@ -471,6 +550,23 @@ def local_cores(master: str | None) -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
 
+def launch_of(args: argparse.Namespace, *, default_jars: bool = True) -> Launch:
+    """How to start Spark, from the audit's arguments (the CLI has merged ``[audit]`` into them)."""
+    given = getattr(args, "jars", None)
+    jars = given.split(",") if given else (list(DEBIAN_JARS) if default_jars else None)
+    launch = Launch(
+        master=args.master,
+        jars=jars,
+        jars_given=bool(given),
+        conf=parse_conf(getattr(args, "conf", None)),
+        shuffle_partitions=getattr(args, "shuffle_partitions", None),
+    )
+    timeout = getattr(args, "executor_timeout_s", None)
+    if timeout is not None:
+        launch.executor_timeout_s = timeout
+    return launch
+
+
 def run_audit(
     args: argparse.Namespace,
     storage_url: str | None,
@@ -478,23 +574,37 @@ def run_audit(
     default_jars: bool = True,
     spark: SparkSession | None = None,
 ) -> int:
-    """Run, write the report, print a summary; 0 when every invariant holds, 1 otherwise."""
-    from trimaran.analytics import report
-
+    """Run, write the report, print a summary; 0 when every invariant holds, 1 when one fails, 2
+    (one line on stderr) when the audit could not run. ``spark``: a session to use as it is."""
     selection = Selection(
         tuple(args.queues) if args.queues else None, parse_time(args.since), parse_time(args.until)
     )
-    jars = args.jars.split(",") if args.jars else (list(DEBIAN_JARS) if default_jars else None)
-    local = args.master is not None and args.master.startswith("local")
-    if spark is None:
-        cores = local_cores(args.master) if local else None
-        partitions = getattr(args, "shuffle_partitions", None) or cores
-        spark = spark_session(args.master, jars, shuffle_partitions=partitions)
     if args.parquet:
+        storage_url = None
+    try:
+        if spark is not None:
+            return _audit(spark, args, storage_url, selection)
+        launch = launch_of(args, default_jars=default_jars)
+        with audit_session(launch, storage_url=storage_url) as session:
+            return _audit(session, args, storage_url, selection)
+    except CannotRun as exc:
+        print(f"trimaran audit: {exc}", file=sys.stderr)
+        return 2
+    except spark_errors() as exc:
+        log.debug("the audit could not run", exc_info=exc)
+        print(f"trimaran audit: {explain(exc)}", file=sys.stderr)
+        return 2
+
+
+def _audit(
+    spark: SparkSession, args: argparse.Namespace, storage_url: str | None, selection: Selection
+) -> int:
+    from trimaran.analytics import report
+
+    if storage_url is None:
         tables = read_tables(spark, selection, parquet=args.parquet)
         source = f"parquet:{args.parquet}"
     else:
-        assert storage_url is not None
         tables = read_tables(spark, selection, storage_url=storage_url)
         source = storage_url.split("@")[-1]  # never print a password
     result = replay(tables, selection)

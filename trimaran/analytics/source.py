@@ -61,7 +61,16 @@ TABLES: dict[str, dict[str, str]] = {
 }
 # Numeric column each large table is sliced on for parallel JDBC reads.
 SLICE_COLUMN = {"queue_events": "id", "queue_messages": "offset", "queue_pending": "offset"}
-ROWS_PER_SLICE = 200_000
+ROWS_PER_SLICE = 200_000  # at most (about): one slice is one query, fetched by one task
+MIN_ROWS_PER_SLICE = 10_000  # below this, one more connection costs more than it saves
+
+
+def slice_count(rows: int, parallelism: int) -> int:
+    """How many partitioned reads of a table: one per core, so every executor core has a share,
+    when the table has enough rows for each; more when slices would pass ``ROWS_PER_SLICE``."""
+    by_size = math.ceil(rows / ROWS_PER_SLICE)
+    by_cores = min(parallelism, rows // MIN_ROWS_PER_SLICE)
+    return max(1, by_size, by_cores)
 
 
 @dataclass(frozen=True)
@@ -127,8 +136,11 @@ def read_jdbc(
     storage_url: str,
     table: str,
     selection: Selection,
-    max_slices: int = 16,
 ) -> DataFrame:
+    """One table over JDBC. The large ones are read in slices of their numeric column
+    (``partitionColumn``/``lowerBound``/``upperBound``/``numPartitions`` from a min/max/count query),
+    as many as :func:`slice_count` gives for the executors' cores, so the executors share the read;
+    the database sees one range query per slice."""
     url, props = jdbc_target(storage_url)
     where = _where(table, selection)
     columns = ", ".join(f'"{c}"' for c in TABLES[table])
@@ -154,7 +166,7 @@ def read_jdbc(
         )
         row = bounds.load().first()
         n = int(row["n"] or 0) if row is not None else 0
-        slices = min(max_slices, math.ceil(n / ROWS_PER_SLICE))
+        slices = slice_count(n, spark.sparkContext.defaultParallelism)
         if row is not None and slices > 1:
             frame = (
                 reader()

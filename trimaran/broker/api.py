@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.json_schema import models_json_schema
@@ -323,7 +323,13 @@ class AdminApi:
         for expected in self.tokens:  # every token compared, in constant time each
             ok |= hmac.compare_digest(given, expected)
         if not ok:
-            log.info("http: %s %s from %s refused: wrong token", request.method, request.path, request.peer)
+            log.warning(
+                "http: %s %s from %s refused: wrong token",
+                request.method,
+                request.path,
+                request.peer,
+                extra={"peer": request.peer, "protocol": "http", "reason": "invalid_token"},
+            )
             return _unauthorized("unauthorized", "the bearer token is not valid", ', error="invalid_token"')
         return None
 
@@ -345,7 +351,8 @@ class AdminApi:
             ApiRoute(
                 "GET",
                 "/metrics",
-                "Prometheus text exposition of the OpenTelemetry metrics",
+                "Prometheus text exposition (OpenMetrics when Accept asks for it): the broker's "
+                "OpenTelemetry instruments, process, platform and GC",
                 self.metrics,
                 {200: PROMETHEUS_CONTENT_TYPE, 404: ErrorBody},
                 auth=False,
@@ -364,14 +371,18 @@ class AdminApi:
                 query=(*PAGED, Param("protocol", {"type": "string"}, "only this protocol")),
             ),
             ApiRoute(
-                "GET", f"{p}/clients/{{id}}", "One connected client", self.show_client, {200: ClientOut}
+                "GET",
+                f"{p}/clients/{{id}}",
+                "One connected client, by client id or connection id",
+                self.show_client,
+                {200: ClientOut, 409: ErrorBody},
             ),
             ApiRoute(
                 "DELETE",
                 f"{p}/clients/{{id}}",
-                "Disconnect a client (MQTT 5: reason 0x98)",
+                "Disconnect a client, by client id or connection id (MQTT 5: reason 0x98)",
                 self.kick_client,
-                {200: Done},
+                {200: Done, 409: ErrorBody},
             ),
             ApiRoute(
                 "GET",
@@ -489,7 +500,8 @@ class AdminApi:
         telemetry = self.app.telemetry
         if not telemetry.enabled:
             raise HttpError(404, "not_found", "metrics are off (telemetry.metrics = false)")
-        return Response.text(telemetry.prometheus_text(), content_type=PROMETHEUS_CONTENT_TYPE)
+        body, content_type = telemetry.exposition(_request.headers.get("accept", ""))
+        return Response(200, body, content_type)
 
     async def openapi(self, _request: Request) -> Response:
         return Response.json(openapi_document(self.routes))
@@ -541,10 +553,18 @@ class AdminApi:
         return _ok(Done(ok=True, detail=f"client {client.client_id} disconnected"))
 
     def _client(self, key: str) -> ClientInfo:
-        client = self._broker().clients.get(key)
-        if client is None:
+        """A client by its connection id (``mqtt-12``) or by its client id, as people know it."""
+        clients = self._broker().clients
+        client = clients.get(key)
+        if client is not None:
+            return client
+        named = [c for c in clients if c.client_id == key]
+        if not named:
             raise HttpError(404, "no_client", f"no connected client {key}")
-        return client
+        if len(named) > 1:  # AMQP connection names need not be unique
+            ids = ", ".join(sorted(c.key for c in named))
+            raise HttpError(409, "ambiguous", f"{len(named)} connections are named {key}: {ids}; use one id")
+        return named[0]
 
     # -- sessions and subscriptions -------------------------------------------------------------------
 
@@ -832,7 +852,7 @@ def _next_link(request: Request, cursor: str | None) -> str | None:
         return None
     query = {k: v[-1] for k, v in request.query.items() if k != "cursor"}
     query["cursor"] = cursor
-    return quote(request.path) + "?" + urlencode(query)
+    return request.path + "?" + urlencode(query)  # the path as it came, already percent-encoded
 
 
 def _page(

@@ -10,6 +10,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -212,7 +213,9 @@ class HttpServer:
         ]
         if close:
             headers.append(("connection", "close"))
-        data = conn.send(h11.Response(status_code=response.status, headers=headers))
+        data = conn.send(
+            h11.Response(status_code=response.status, headers=headers, reason=_reason(response.status))
+        )
         data += conn.send(h11.Data(data=response.body)) + conn.send(h11.EndOfMessage())
         await stream.send(data)
 
@@ -226,6 +229,14 @@ class _BadRequest(Exception):
 
 
 _TOO_LARGE = HttpError(413, "too_large", "request body is too large")
+
+
+def _reason(status: int) -> bytes:
+    """The status line's reason phrase (``404 Not Found``): h11 leaves it empty."""
+    try:
+        return HTTPStatus(status).phrase.encode("ascii")
+    except ValueError:
+        return b""
 
 
 def _split(path: str) -> tuple[str, ...]:

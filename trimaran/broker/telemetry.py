@@ -6,35 +6,37 @@ collection time, so the per-message path pays nothing for metrics. Only events t
 of their own are recorded as they happen, and none of them is per message: one histogram sample per
 storage transaction (from the writer thread) and one count per webhook delivery attempt.
 
-``/metrics`` renders the Prometheus text exposition format (version 0.0.4) from an in-memory reader
-here, rather than through ``opentelemetry-exporter-prometheus``: that exporter is a pre-release pinned
-to one SDK version and registers into ``prometheus_client``'s process-global registry, which breaks
-as soon as two servers live in one process (the tests). OTLP export is an optional extra
-(``pip install trimaran[otlp]``) used when ``telemetry.otlp_endpoint`` is set.
+``/metrics`` is rendered by ``prometheus_client`` from a registry of this server's own
+(trimaran/broker/exposition.py: the instruments below through an in-memory reader, plus the process,
+platform and GC collectors; text format or OpenMetrics), rather than through
+``opentelemetry-exporter-prometheus``: that exporter is a pre-release pinned to one SDK version and
+registers into the process-global registry, which breaks as soon as two servers live in one process
+(the tests). OTLP export is an optional extra (``pip install trimaran[otlp]``) used when
+``telemetry.otlp_endpoint`` is set.
 """
 
 from __future__ import annotations
 
 import logging
-import math
+import platform
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
-    Gauge,
-    Histogram,
     InMemoryMetricReader,
     MetricReader,
-    Sum,
+    MetricsData,
 )
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 
 from trimaran import __version__
+from trimaran.broker import exposition
+from trimaran.broker.exposition import prometheus_name as prometheus_name
 from trimaran.broker.message import PROTOCOL_AMQP091, PROTOCOL_AMQP1, PROTOCOL_MQTT
 from trimaran.config import TelemetrySettings
 
@@ -44,13 +46,14 @@ if TYPE_CHECKING:
     from trimaran.mqtt.handler import MqttFrontEnd
     from trimaran.queue.groups import Group
     from trimaran.queue.manager import QueueManager
+    from trimaran.runtime.runner import Runner
     from trimaran.security.guard import Security
 
 log = logging.getLogger(__name__)
 
 Callback = Callable[[CallbackOptions], Iterable[Observation]]  # an observable instrument's reader
 
-PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PROMETHEUS_CONTENT_TYPE = exposition.TEXT_CONTENT_TYPE
 FRONT_ENDS = (PROTOCOL_MQTT, PROTOCOL_AMQP091, PROTOCOL_AMQP1)
 COMMIT_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 COMMIT_ROWS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
@@ -92,6 +95,7 @@ class Telemetry:
         self.mqtt: MqttFrontEnd | None = None
         self.webhooks: Webhooks | None = None
         self.security: Security | None = None
+        self.runner: Runner | None = None
         self.reader = InMemoryMetricReader()
         readers: list[MetricReader] = [self.reader]
         if settings.otlp_endpoint:
@@ -124,6 +128,22 @@ class Telemetry:
         counter("trimaran.sent.bytes", [self._stat("bytes_sent")], "By", "bytes written to clients")
         counter("trimaran.connections.opened", [self._stat("clients_total")], "1", "connections accepted")
         gauge("trimaran.connections", [self._connections], "1", "open client connections per protocol")
+        counter(
+            "trimaran.connections.refused",
+            [self._refused],
+            "1",
+            "connections the runtime refused, per reason (limits, accept rate, shutdown)",
+        )
+        counter(
+            "trimaran.connections.crashed",
+            [self._runtime("crashes")],
+            "1",
+            "connections closed after an internal error (each one logged once)",
+        )
+        gauge(
+            "trimaran.memory.buffered.bytes", [self._memory("total")], "By", "bytes waiting for slow readers"
+        )
+        gauge("trimaran.memory.blocked", [self._memory("blocked")], "1", "1 while publishers are paused")
         gauge("trimaran.subscriptions", [self._subscriptions], "1", "pub/sub subscriptions")
         gauge("trimaran.retained", [self._retained], "1", "retained messages")
         gauge("trimaran.mqtt.sessions", [self._sessions], "1", "MQTT sessions, connected or not")
@@ -210,6 +230,7 @@ class Telemetry:
             "1",
             "1 while a breaker is open or half-open",
         )
+        self.registry = exposition.build_registry(self.metrics_data)
 
     # -- wiring -----------------------------------------------------------------------------------
 
@@ -219,8 +240,10 @@ class Telemetry:
         queues: QueueManager | None = None,
         mqtt: MqttFrontEnd | None = None,
         webhooks: Webhooks | None = None,
+        runner: Runner | None = None,
     ) -> None:
         self.broker, self.queues, self.mqtt, self.webhooks = broker, queues, mqtt, webhooks
+        self.runner = runner
         if queues is not None:
             queues.writer.on_transaction = self.commit_observed
 
@@ -240,16 +263,16 @@ class Telemetry:
 
     # -- reading ----------------------------------------------------------------------------------
 
-    def prometheus_text(self) -> str:
+    def metrics_data(self) -> MetricsData | None:
         with self._lock:
-            data = self.reader.get_metrics_data()
-        lines: list[str] = []
-        if data is not None:
-            for resource_metrics in data.resource_metrics:
-                for scope in resource_metrics.scope_metrics:
-                    for metric in scope.metrics:
-                        lines.extend(_render(metric.name, metric.description or "", metric.data))
-        return "\n".join(lines) + "\n"
+            return self.reader.get_metrics_data()
+
+    def exposition(self, accept: str = "") -> tuple[bytes, str]:
+        """``/metrics``: the body and its content type, OpenMetrics when ``accept`` asks for it."""
+        return exposition.render(self.registry, accept)
+
+    def prometheus_text(self) -> str:
+        return self.exposition()[0].decode()
 
     # -- callbacks (on whichever thread collects; they only read) --------------------------------
 
@@ -270,6 +293,23 @@ class Telemetry:
             return [Observation(value, dict(labels)) for labels, value in totals.items()]
 
         return aggregated
+
+    def _refused(self, _options: CallbackOptions) -> Iterable[Observation]:
+        if self.runner is None:
+            return []
+        return [Observation(n, {"reason": reason}) for reason, n in list(self.runner.stats.refused.items())]
+
+    def _runtime(self, name: str) -> Callback:
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            return [] if self.runner is None else [Observation(getattr(self.runner.stats, name))]
+
+        return observe
+
+    def _memory(self, name: str) -> Callback:
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            return [] if self.runner is None else [Observation(int(getattr(self.runner.memory, name)))]
+
+        return observe
 
     def _stat(self, name: str) -> Callback:
         def observe(_options: CallbackOptions) -> Iterable[Observation]:
@@ -372,7 +412,8 @@ class Telemetry:
 
 
 def _build_info(_options: CallbackOptions) -> Iterable[Observation]:
-    return [Observation(1, {"version": __version__})]
+    labels = {"version": __version__, "python": platform.python_version()}
+    return [Observation(1, labels)]
 
 
 def _otlp_reader(endpoint: str) -> MetricReader | None:
@@ -390,59 +431,3 @@ def _otlp_reader(endpoint: str) -> MetricReader | None:
     log.info("exporting metrics by OTLP to %s", endpoint)
     reader: MetricReader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=endpoint))
     return reader
-
-
-# -- Prometheus text exposition ---------------------------------------------------------------------
-
-
-def prometheus_name(name: str) -> str:
-    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
-
-
-def _render(name: str, description: str, data: Any) -> list[str]:
-    base = prometheus_name(name)
-    lines: list[str] = []
-    if isinstance(data, Sum) and data.is_monotonic:
-        family = base if base.endswith("_total") else base + "_total"
-        lines += [f"# HELP {family} {_help(description)}", f"# TYPE {family} counter"]
-        lines += [f"{family}{_labels(p.attributes)} {_number(p.value)}" for p in data.data_points]
-    elif isinstance(data, (Sum, Gauge)):
-        lines += [f"# HELP {base} {_help(description)}", f"# TYPE {base} gauge"]
-        lines += [f"{base}{_labels(p.attributes)} {_number(p.value)}" for p in data.data_points]
-    elif isinstance(data, Histogram):
-        lines += [f"# HELP {base} {_help(description)}", f"# TYPE {base} histogram"]
-        for point in data.data_points:
-            cumulative = 0
-            for bound, count in zip(point.explicit_bounds, point.bucket_counts, strict=False):
-                cumulative += count
-                lines.append(f"{base}_bucket{_labels(point.attributes, le=_number(bound))} {cumulative}")
-            lines.append(f"{base}_bucket{_labels(point.attributes, le='+Inf')} {point.count}")
-            lines.append(f"{base}_sum{_labels(point.attributes)} {_number(point.sum)}")
-            lines.append(f"{base}_count{_labels(point.attributes)} {point.count}")
-    return lines
-
-
-def _help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def _labels(attributes: Any, **extra: str) -> str:
-    pairs: Sequence[tuple[str, Any]] = [*(attributes or {}).items(), *extra.items()]
-    if not pairs:
-        return ""
-    body = ",".join(f'{prometheus_name(str(k))}="{_escape(str(v))}"' for k, v in pairs)
-    return "{" + body + "}"
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _number(value: float) -> str:
-    if isinstance(value, int):
-        return str(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))

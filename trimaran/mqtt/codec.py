@@ -146,6 +146,12 @@ def check_utf8(text: str) -> None:
     text.encode("utf-8")  # raises UnicodeEncodeError (a ValueError) on surrogates
 
 
+# The properties of every received packet that has none (PUBLISH, 3.1.1 CONNECT): one shared
+# instance, since building 28 fields per message is a good part of the decode. Never mutated: whoever
+# changes properties works on a copy (the topic alias, resolved only when a PUBLISH has properties).
+NO_PROPERTIES = Properties()
+
+
 def _malformed(message: str) -> ProtocolError:
     return ProtocolError(MALFORMED, message)
 
@@ -344,13 +350,13 @@ def _decode_connect(flags: int, mv: memoryview, pos: int, end: int, level: int) 
         raise _malformed("will QoS or retain set without the will flag")
     if level < MQTT_5 and has_password and not has_username:
         raise _malformed("password flag set without the user name flag")
-    props = Properties()
+    props = NO_PROPERTIES  # kept for the connection's life: no copy of 28 empty fields
     if level == MQTT_5:
         props, pos = decode_properties(mv, pos, end, PacketType.CONNECT)
     client_id, pos = _read_str(mv, pos, end)
     will = None
     if will_flag:
-        will_props = Properties()
+        will_props = NO_PROPERTIES
         if level == MQTT_5:
             will_props, pos = decode_properties(mv, pos, end, WILL)
         will_topic, pos = _read_str(mv, pos, end)
@@ -402,12 +408,12 @@ def _decode_publish(flags: int, mv: memoryview, pos: int, end: int, level: int) 
             raise _malformed("packet identifier 0")
     if level == MQTT_5:
         if pos < end and mv[pos] == 0:  # the common case: no properties
-            props = Properties()
+            props = NO_PROPERTIES
             pos += 1
         else:
             props, pos = decode_properties(mv, pos, end, PacketType.PUBLISH)
     else:
-        props = Properties()
+        props = NO_PROPERTIES
     return Publish(topic, bytes(mv[pos:end]), qos, bool(flags & 0x01), dup, packet_id, props)
 
 
@@ -599,40 +605,50 @@ class Decoder:
     included) and is checked as soon as the remaining length is known, before the body is awaited.
     """
 
-    __slots__ = ("_buf", "_failed", "max_packet_size", "protocol_level")
+    __slots__ = ("_buf", "_failed", "_mv", "_pos", "max_packet_size", "protocol_level")
 
     def __init__(self, max_packet_size: int = MAX_PACKET_SIZE, protocol_level: int | None = None) -> None:
         if protocol_level not in (None, 3, 4, 5):
             raise ValueError(f"unknown protocol level {protocol_level}")
+        # Packets are decoded in place from ``_pos``; the consumed front is dropped when more bytes
+        # arrive, not per packet, and one memoryview serves every packet of a chunk.
         self._buf = bytearray()
+        self._pos = 0
+        self._mv: memoryview | None = None
         self._failed: ProtocolError | None = None
         self.max_packet_size = max_packet_size
         self.protocol_level = protocol_level
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if self._mv is not None:
+            self._mv.release()  # a bytearray with a view cannot grow
+            self._mv = None
+        if self._pos:
+            del self._buf[: self._pos]
+            self._pos = 0
         self._buf += data
 
     @property
     def buffered(self) -> int:
         """Number of bytes received but not yet decoded."""
-        return len(self._buf)
+        return len(self._buf) - self._pos
 
     def next_packet(self) -> Packet | Literal[NeedData.NEED_DATA]:
         if self._failed is not None:
             raise self._failed
         buf = self._buf
+        base = self._pos
         size = len(buf)
-        if size < 2:
+        if size - base < 2:
             return NEED_DATA
         # Remaining length: a variable byte integer starting at offset 1.
-        byte = buf[1]
+        byte = buf[base + 1]
+        start = base + 2
         if byte < 0x80:
             remaining = byte
-            start = 2
         else:
             remaining = byte & 0x7F
             shift = 7
-            start = 2
             while True:
                 if start >= size:
                     return NEED_DATA
@@ -643,18 +659,18 @@ class Decoder:
                     if byte == 0:
                         raise self._fail(_malformed("remaining length not in its shortest form"))
                     break
-                if start >= 5:
+                if start - base >= 5:
                     raise self._fail(_malformed("remaining length longer than 4 bytes"))
                 shift += 7
         total = start + remaining
-        if total > self.max_packet_size:
+        if total - base > self.max_packet_size:
             raise self._fail(
                 ProtocolError(
                     rc.ReasonCode.PACKET_TOO_LARGE,
-                    f"packet of {total} bytes exceeds the maximum packet size {self.max_packet_size}",
+                    f"packet of {total - base} bytes exceeds the maximum packet size {self.max_packet_size}",
                 )
             )
-        first = buf[0]
+        first = buf[base]
         ptype = first >> 4
         level = self.protocol_level
         if level is None and ptype != PacketType.CONNECT:
@@ -667,18 +683,25 @@ class Decoder:
         flags = first & 0x0F
         if ptype != PacketType.PUBLISH and flags != _FLAGS[ptype]:
             raise self._fail(_malformed(f"invalid fixed header flags 0x{flags:X} for packet type {ptype}"))
-        mv = memoryview(buf)
+        mv = self._mv
+        if mv is None:
+            mv = self._mv = memoryview(buf)
         try:
             packet = decode(flags, mv, start, total, level or 0)
         except ProtocolError as exc:
             self._failed = exc
             raise
-        finally:
+        if flags == 0 and ptype == PacketType.PUBLISH and packet.properties is NO_PROPERTIES:  # type: ignore[union-attr]
+            # QoS 0, no retain, no DUP, no properties: these bytes are what a subscriber of the
+            # same protocol family gets.
+            packet.wire = bytes(mv[base:total])  # type: ignore[union-attr]
+        if total == size:  # all decoded: an idle connection keeps no buffer
             mv.release()
-        if total == size:
+            self._mv = None
             buf.clear()
+            self._pos = 0
         else:
-            del buf[:total]
+            self._pos = total
         if level is None and isinstance(packet, Connect):
             self.protocol_level = packet.protocol_level
         return packet

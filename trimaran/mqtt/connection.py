@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 import secrets
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
@@ -179,6 +178,7 @@ class ServerConnection:
         "_out_aliases",
         "_pending_subscribes",
         "_ready",
+        "_ready_at",
         "client_id",
         "client_max_packet_size",
         "client_receive_maximum",
@@ -223,7 +223,8 @@ class ServerConnection:
         self._out_aliases: dict[str, int] | None = None
         self._out_alias_next = 1
         self._pending_subscribes: dict[int, Subscribe] = {}
-        self._ready: Events = deque()  # what next_event() hands out, in order
+        self._ready: Events = []  # what next_event() hands out, in order, from _ready_at
+        self._ready_at = 0
         self.stats = ConnectionStats()
 
     # ------------------------------------------------------------------------------------- public
@@ -264,9 +265,18 @@ class ServerConnection:
         """The next event, decoding at most one more packet; None when no whole packet is buffered
         (or a CONNECT waits for ``accept``/``reject``)."""
         ready = self._ready
-        while not ready and self.state in _READING and self._step(ready):
-            pass
-        return ready.popleft() if ready else None
+        at = self._ready_at
+        if at == len(ready):
+            if at:
+                ready.clear()
+                at = 0
+            while not ready and self.state in _READING and self._step(ready):
+                pass
+            if not ready:
+                self._ready_at = 0
+                return None
+        self._ready_at = at + 1
+        return ready[at]
 
     def receive_eof(self) -> None:
         """The socket closed under us (no DISCONNECT): a ConnectionClosed event if still open."""
@@ -416,7 +426,7 @@ class ServerConnection:
             # Too late to answer, but the message is ours now: when the client resends it on its next
             # connection it must be recognised as a duplicate (and answered with PUBREC).
             if qos == 2 and reason_code < 0x80:
-                self.session.inbound_qos2.add(packet_id)
+                self.session.inbound_qos2[packet_id] = None
             return
         if reason_code == 0 and properties is None:
             # Hot path: a plain success ack is always 4 bytes, the same at every level.
@@ -427,7 +437,7 @@ class ServerConnection:
         else:
             self._send(PubRec(packet_id, reason_code, properties or Properties()))
         if qos == 2 and (reason_code < 0x80 or self._level < MQTT_5):
-            self.session.inbound_qos2.add(packet_id)
+            self.session.inbound_qos2[packet_id] = None
 
     def send_suback(
         self, packet_id: int, reason_codes: list[int], properties: Properties | None = None
@@ -687,7 +697,7 @@ class ServerConnection:
         assert self.session is not None
         pid = packet.packet_id
         if pid in self.session.inbound_qos2:
-            self.session.inbound_qos2.discard(pid)
+            del self.session.inbound_qos2[pid]
             self._send(PubComp(pid))
         else:
             self._send(PubComp(pid, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
 from trimaran.mqtt.packets import Connect, Publish, SubscriptionOptions
@@ -88,4 +87,6 @@ Event = (
     | ConnectionClosed
 )
 
-Events = deque[Event]
+# What the machine has ready, in order (a list read from a cursor: a deque costs 600 bytes a
+# connection, and most of the time nothing is ready).
+Events = list[Event]

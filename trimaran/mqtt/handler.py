@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
+from functools import partial
 from typing import Any, Final
 
 import anyio
@@ -65,6 +66,7 @@ from trimaran.security.guard import READ, WRITE, Login, Security, publish_access
 from trimaran.storage.mqtt_store import MqttStore, StoredSession
 
 log = logging.getLogger(__name__)
+
 
 READ_CHUNK: Final = 65536
 # Will delays, session expiry, session persistence, and the connect and keep-alive timeouts of every
@@ -127,7 +129,8 @@ class MqttEndpoint:
         else:
             # A slow reader's QoS 0 backlog is bounded: past the outbox size it is dropped and
             # counted, so it never grows the server's memory or slows the publisher.
-            if conn.io.backlog() >= front.outbox_bytes:
+            io = conn.io
+            if not io.writable and io.backlog() >= front.outbox_bytes:
                 front.dropped(message, self.client_id, "outbox full")
                 return
             if message.expires_at_ms is None and not machine.uses_topic_aliases:
@@ -140,7 +143,7 @@ class MqttEndpoint:
                 sent = machine.publish(outbound(message, delivery, retained=retained))
         if sent:
             front.broker.stats.messages_sent += 1
-            conn.wake()
+            conn.io.wake()
         else:
             front.dropped(
                 message, self.client_id, "refused by the connection: too large, expired or queue full"
@@ -279,7 +282,7 @@ class MqttFrontEnd:
         """Act on one event of ``conn``'s machine (the runtime hands them out one packet at a time);
         a login that must check a hash returns an awaitable (the connection reads nothing meanwhile)."""
         if isinstance(event, PublishReceived):
-            self._publish_received(conn, event)
+            self.publish_received(conn, event)
         elif isinstance(event, MessageAcked):
             if _is_queue_tag(event.message.tag) and self.queues is not None:
                 self.queues.settled(conn, event.message.tag, event.reason_code)
@@ -310,6 +313,8 @@ class MqttFrontEnd:
             conn.io.peer_host,
             protocol="mqtt",
             certificate_user=certificate_user,
+            client_id=request.client_id,
+            peer=conn.peer,
         )
         if isinstance(verdict, Login):
             self._connect(conn, request, verdict)
@@ -373,7 +378,7 @@ class MqttFrontEnd:
         conn.endpoint = endpoint
         self.broker.stats.client_connected()
         conn.client = self.broker.clients.add(
-            ClientInfo(client_id, PROTOCOL_MQTT, conn.peer, login.user, lambda: self._kick(conn))
+            ClientInfo(client_id, PROTOCOL_MQTT, conn.peer, login.user, partial(self._kick, conn))
         )
         _forget_queue_deliveries(endpoint.session)
         if present:
@@ -521,7 +526,7 @@ class MqttFrontEnd:
         self.broker.stats.messages_received += 1
         self.broker.publish(will)
 
-    def _publish_received(self, conn: MqttConn, event: PublishReceived) -> None:
+    def publish_received(self, conn: MqttConn, event: PublishReceived) -> None:
         publish = event.publish
         endpoint = conn.endpoint
         assert endpoint is not None
@@ -531,6 +536,8 @@ class MqttFrontEnd:
             self._publish_refused(conn, publish.packet_id if publish.qos else None)
             return
         message = message_from_publish(publish, endpoint.client_id)
+        if publish.wire is not None:
+            self.fan_out.received(message, publish.wire, endpoint.protocol_level)
         if publish.topic.startswith("$queue/"):
             if self.queues is not None:
                 self.queues.publish(conn, message, publish.packet_id if publish.qos else None)

@@ -6,7 +6,7 @@ from typing import Any
 
 from trimaran.broker.message import PROTOCOL_MQTT, Message, now_ms
 from trimaran.broker.router import Delivery
-from trimaran.mqtt.codec import encode
+from trimaran.mqtt.codec import NO_PROPERTIES, encode
 from trimaran.mqtt.packets import MQTT_5, Publish, Will
 from trimaran.mqtt.properties import Properties
 from trimaran.mqtt.session import OutboundMessage
@@ -15,6 +15,12 @@ from trimaran.mqtt.session import OutboundMessage
 def message_from_publish(publish: Publish | Will, publisher_id: str, now: int | None = None) -> Message:
     props = publish.properties
     now = now_ms() if now is None else now
+    if props is NO_PROPERTIES:
+        # Most PUBLISHes carry no properties; positional arguments are half the cost of keywords.
+        return Message(
+            publish.topic, publish.payload, publish.qos, publish.retain,
+            None, None, None, None, None, [], publisher_id, PROTOCOL_MQTT, now,
+        )  # fmt: skip
     expiry = props.message_expiry_interval
     return Message(
         topic=publish.topic,
@@ -26,7 +32,7 @@ def message_from_publish(publish: Publish | Will, publisher_id: str, now: int | 
         response_topic=props.response_topic,
         payload_format=props.payload_format_indicator,
         expires_at_ms=None if expiry is None else now + expiry * 1000,
-        user_properties=props.user_properties,
+        user_properties=props.user_properties or [],  # a list of its own, never the packet's
         publisher_id=publisher_id,
         protocol=PROTOCOL_MQTT,
         created_at_ms=now,
@@ -43,6 +49,21 @@ def publish_properties(message: Message, subscription_ids: tuple[int, ...] = ())
         user_properties=message.user_properties,
         subscription_identifiers=list(subscription_ids),
     )
+
+
+def _delivered_properties(message: Message, subscription_ids: tuple[int, ...]) -> Properties:
+    """Like ``publish_properties``, but the shared empty instance for a message that has none (most
+    do): the connection copies properties before it changes them."""
+    if (
+        subscription_ids
+        or message.user_properties
+        or message.content_type is not None
+        or message.response_topic is not None
+        or message.correlation_data is not None
+        or message.payload_format is not None
+    ):
+        return publish_properties(message, subscription_ids)
+    return NO_PROPERTIES
 
 
 SHARE_TAG = "share:"  # OutboundMessage.tag of a $share delivery: "share:<group>\x00<filter>"
@@ -86,7 +107,7 @@ def outbound(message: Message, delivery: Delivery[Any], *, retained: bool = Fals
         payload=message.payload,
         qos=min(message.qos, delivery.qos),
         retain=delivered_retain(message, delivery, retained),
-        properties=publish_properties(message, delivery.subscription_identifiers),
+        properties=_delivered_properties(message, delivery.subscription_identifiers),
         tag=share_tag(delivery),
         expires_at=None if message.expires_at_ms is None else message.expires_at_ms / 1000,
     )
@@ -98,11 +119,21 @@ class FanOutEncoder:
     same (DESIGN.md: encode a fan-out message once). Only for messages without an expiry, whose
     bytes do not depend on when they are sent; the last message is kept until the next one."""
 
-    __slots__ = ("_encoded", "_message")
+    __slots__ = ("_encoded", "_message", "_wire", "_wire_v5")
 
     def __init__(self) -> None:
         self._message: Message | None = None
         self._encoded: dict[tuple[int, bool, tuple[int, ...]], bytes] = {}
+        self._wire: bytes | None = None
+        self._wire_v5 = False
+
+    def received(self, message: Message, wire: bytes, level: int) -> None:
+        """``message`` came in as ``wire`` (a QoS 0 PUBLISH without retain or properties, at
+        ``level``): subscribers of the same family get those bytes as they are."""
+        self._message = message
+        self._encoded = {}
+        self._wire = wire
+        self._wire_v5 = level == MQTT_5
 
     def qos0_publish(
         self, message: Message, level: int, retain: bool, subscription_ids: tuple[int, ...]
@@ -110,6 +141,14 @@ class FanOutEncoder:
         if message is not self._message:
             self._message = message
             self._encoded = {}
+            self._wire = None
+        elif (
+            self._wire is not None
+            and not retain
+            and (level == MQTT_5) is self._wire_v5
+            and not (subscription_ids and level == MQTT_5)
+        ):
+            return self._wire  # 3.1 and 3.1.1 PUBLISHes are the same bytes
         if level != MQTT_5:
             subscription_ids = ()  # properties exist only in 5.0
         key = (level, retain, subscription_ids)

@@ -77,6 +77,9 @@ class Publish:
     dup: bool = False
     packet_id: int | None = None  # present iff qos > 0
     properties: Properties = field(default_factory=Properties)
+    # The packet as received, when those very bytes are what a subscriber of the same protocol
+    # family gets (QoS 0, no retain, no properties): fan-in then forwards them without encoding.
+    wire: bytes | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(slots=True)

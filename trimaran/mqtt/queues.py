@@ -149,7 +149,7 @@ class ConnQueues:
     deliveries: dict[str, Delivery] = field(default_factory=dict)  # by OutboundMessage.tag
     next_tag: int = 0
     qos0_sent: list[QueueSubscription] = field(default_factory=list)
-    tickets: deque[PendingAck] = field(default_factory=deque)  # in arrival order
+    tickets: deque[PendingAck] | None = None  # in arrival order; made on the first queue publish
     refused: bool = False  # 3.1.1: a refusal closed the connection; nothing more is acknowledged
     credit_due: dict[ConsumerHandle, int] = field(default_factory=dict)  # see MqttQueues.after_events
 
@@ -168,7 +168,10 @@ class MqttQueues:
         connection is read; only the wait for its commit runs in a task.
         """
         ticket = PendingAck(packet_id)
-        conn.queue_bindings.tickets.append(ticket)
+        bindings = conn.queue_bindings
+        if bindings.tickets is None:
+            bindings.tickets = deque()
+        bindings.tickets.append(ticket)
         client = conn.endpoint.client_id if conn.endpoint else "?"
         parsed = parse_queue_topic(message.topic)
         try:
@@ -252,7 +255,10 @@ class MqttQueues:
         """Acknowledge a publish that never reached a queue (the rules refused it) after the queue
         publishes before it, in arrival order."""
         ticket = PendingAck(packet_id, reason_code=code, reason=reason if code else None)
-        conn.queue_bindings.tickets.append(ticket)
+        bindings = conn.queue_bindings
+        if bindings.tickets is None:
+            bindings.tickets = deque()
+        bindings.tickets.append(ticket)
         self._finish(conn, ticket)
 
     def _check_holder(self, conn: MqttConn, control: str, message_id: str, group: str | None) -> None:

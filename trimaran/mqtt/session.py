@@ -22,8 +22,9 @@ Standard library only.
 from __future__ import annotations
 
 import base64
+import itertools
 import json
-from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -62,6 +63,55 @@ class OutboundMessage:
     # Wall-clock (epoch seconds) end of the Message Expiry Interval; None: never expires. The
     # connection drops it if it expires before it is first sent and sends the time left.
     expires_at: float | None = None
+
+
+class Backlog:
+    """A session's queue of messages waiting for the inflight window: first in, first out.
+
+    A list read from a head index, compacted as it is consumed: an idle session's empty backlog is a
+    small object, where a deque would be 600 bytes per session."""
+
+    __slots__ = ("_head", "_items")
+
+    def __init__(self, items: Iterable[OutboundMessage] = ()) -> None:
+        self._items: list[OutboundMessage] = list(items)
+        self._head = 0
+
+    def append(self, message: OutboundMessage) -> None:
+        self._items.append(message)
+
+    def extend(self, messages: Iterable[OutboundMessage]) -> None:
+        self._items.extend(messages)
+
+    def popleft(self) -> OutboundMessage:
+        items, head = self._items, self._head
+        if head >= len(items):
+            raise IndexError("pop from an empty backlog")
+        message = items[head]
+        head += 1
+        if head == len(items):
+            items.clear()
+            head = 0
+        elif head > 64 and head * 2 > len(items):
+            del items[:head]
+            head = 0
+        self._head = head
+        return message
+
+    def clear(self) -> None:
+        self._items.clear()
+        self._head = 0
+
+    def __len__(self) -> int:
+        return len(self._items) - self._head
+
+    def __iter__(self) -> Iterator[OutboundMessage]:
+        return itertools.islice(self._items, self._head, None)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Backlog) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 @dataclass(slots=True)
@@ -113,8 +163,10 @@ class Session:
         self.max_queued = max_queued
         self.subscriptions: dict[str, Subscription] = {}
         self.inflight: dict[int, InflightEntry] = {}  # in send order
-        self.queue: deque[OutboundMessage] = deque()
-        self.inbound_qos2: set[int] = set()
+        self.queue: Backlog = Backlog()
+        # Packet ids as dict keys: an empty dict is a quarter of an empty set, and most sessions
+        # never see QoS 2.
+        self.inbound_qos2: dict[int, None] = {}
         self.dropped = 0  # messages refused because the queue was full
         self._next_packet_id = 1
 
@@ -250,7 +302,7 @@ class Session:
                 e["packet_id"], _message_from_dict(e["message"]), e["state"], e["sent"]
             )
         session.queue.extend(_message_from_dict(m) for m in data["queue"])
-        session.inbound_qos2.update(data["inbound_qos2"])
+        session.inbound_qos2.update(dict.fromkeys(data["inbound_qos2"]))
         return session
 
     def to_json(self) -> bytes:

@@ -1,6 +1,7 @@
 """Durable ``$queue/`` manager: work queues and streams, consumer groups, DLQ, group commit to SQL."""
 
 from trimaran.queue.manager import (
+    BrowseHandle,
     ConsumerHandle,
     GroupInfo,
     PublishResult,
@@ -19,6 +20,7 @@ from trimaran.queue.policy import DEFAULT_GROUP, QueueError, parse_queue_topic, 
 
 __all__ = [
     "DEFAULT_GROUP",
+    "BrowseHandle",
     "ConsumerHandle",
     "GroupInfo",
     "PublishResult",

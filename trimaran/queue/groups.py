@@ -16,7 +16,7 @@ from trimaran.broker.message import Message
 from trimaran.config import QueuePolicySettings
 
 if TYPE_CHECKING:
-    from trimaran.queue.manager import ConsumerHandle
+    from trimaran.queue.manager import BrowseHandle, ConsumerHandle
 
 HELD = "held"  # delivered to a consumer, not settled
 WAIT = "wait"  # to be (re)delivered at available_at
@@ -46,6 +46,12 @@ class Entry:
     reason: str = "first"  # why it is available again: timeout, nack, disconnect, restart
     token: int = 0  # bumped at each delivery; stale timer items carry an old token
     unsent: int = 0  # deliveries given back unsent (in memory): they do not make a redelivery
+    returned: int = 0  # deliveries handed back unprocessed (AMQP 1.0 released): not failed attempts
+
+    def failed(self) -> int:
+        """Attempts that count towards ``max_attempts``: deliveries not given back unsent or
+        unprocessed (the journal numbers every delivery; this is what the policy counts)."""
+        return self.attempts - self.unsent - self.returned
 
 
 @dataclass(eq=False)
@@ -103,6 +109,7 @@ class QueueState:
     bytes: int = 0
     inflight: int = 0  # publishes allocated but not committed yet
     groups: dict[str, Group] = field(default_factory=dict)
+    browsers: list[BrowseHandle] = field(default_factory=list)  # copy-mode readers: remove nothing
     deleted: bool = False
     stats: dict[str, int] = field(
         default_factory=lambda: {

@@ -21,6 +21,7 @@ import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 import anyio
@@ -72,6 +73,66 @@ class QueueConsumer(Protocol):
         """Synchronous and non-blocking: put the delivery in the outbox."""
 
 
+class DeadLetterRouter(Protocol):
+    """Routes the dead letters of queues with a ``dead_letter_exchange`` (the AMQP 0.9.1 front end
+    implements it with its exchanges)."""
+
+    def dead_letter_queues(self, exchange: str, routing_key: str, message: Message) -> list[str]:
+        """The queues ``message`` reaches when published to ``exchange`` with ``routing_key`` now."""
+        ...
+
+
+#: Why a message died, in RabbitMQ's words (x-death ``reason``).
+DEATH_EXPIRED = "expired"
+DEATH_REJECTED = "rejected"
+DEATH_LIMIT = "delivery_limit"
+DEATH_MAXLEN = "maxlen"
+
+
+def _death_kind(reason: str) -> str:
+    if reason == "max_attempts":
+        return DEATH_LIMIT
+    if reason in (DEATH_EXPIRED, DEATH_MAXLEN):
+        return reason
+    return DEATH_REJECTED
+
+
+def _with_death(message: Message, queue: str, reason: str) -> Message:
+    """A copy of ``message`` whose ``extra["deaths"]`` records this death as RabbitMQ's x-death
+    does: one entry per (queue, reason), newest first, its count raised on each cycle; the first
+    death is kept apart (x-first-death-*). Protocol-neutral: the AMQP 0.9.1 mapping turns it into
+    headers."""
+    extra = dict(message.extra)
+    previous = extra.get("deaths")
+    deaths = [dict(d) for d in previous if isinstance(d, dict)] if isinstance(previous, list) else []
+    exchange = extra.get("exchange")
+    key = extra.get("routing_key")
+    for i, death in enumerate(deaths):
+        if death.get("queue") == queue and death.get("reason") == reason:
+            count = death.get("count")
+            death["count"] = (count if isinstance(count, int) else 0) + 1
+            deaths.insert(0, deaths.pop(i))
+            break
+    else:
+        death = {
+            "queue": queue,
+            "reason": reason,
+            "count": 1,
+            "time": now_ms(),
+            "exchange": exchange if isinstance(exchange, str) else "",
+            "routing_keys": [key if isinstance(key, str) else queue],
+        }
+        expiration = extra.get("expiration")
+        if isinstance(expiration, str):
+            death["original_expiration"] = expiration
+        deaths.insert(0, death)
+    extra["deaths"] = deaths
+    extra.pop("expiration", None)  # a dead letter does not expire by its old TTL
+    if "first_death" not in extra:
+        extra["first_death"] = {"queue": queue, "reason": reason, "exchange": deaths[0]["exchange"]}
+    return message.copy_with(extra=extra, expires_at_ms=None)
+
+
 @dataclass(slots=True)
 class QueueDelivery:
     """One delivery. These fields come from the manager; the publisher's properties cannot change them."""
@@ -83,6 +144,7 @@ class QueueDelivery:
     attempt: int
     redelivered: bool
     message_id: str
+    failed: int = 0  # earlier deliveries that failed (not released unprocessed): AMQP 1.0 delivery-count
 
     @property
     def original_topic(self) -> str:
@@ -279,8 +341,58 @@ class ConsumerHandle:
             self.queue, self.group, offset, "release", self, None, None, "unsent", wait=False
         )[0]
 
+    def return_nowait(self, offset: int) -> bool:
+        """The consumer hands a delivery back unprocessed (AMQP 1.0 ``released``, ``modified``
+        without ``delivery-failed``): available again at once, and not a failed attempt (it does not
+        count towards ``max_attempts`` nor raise the delivery-count)."""
+        return self.manager._settle_now(
+            self.queue, self.group, offset, "return", self, None, None, "released", wait=False
+        )[0]
+
     async def cancel(self) -> None:
         await self.manager._cancel(self)
+
+
+class BrowseHandle:
+    """What ``browse`` returns: a copy-mode reader (an AMQP 1.0 ``distribution-mode copy`` link).
+
+    It sees what the queue holds, in offset order, then what arrives; it removes nothing, holds
+    nothing, and settles nothing: other consumers get every message as if it were not there.
+    """
+
+    def __init__(self, manager: QueueManager, queue: QueueState, consumer: QueueConsumer) -> None:
+        self.manager = manager
+        self.queue = queue
+        self.consumer = consumer
+        self.cursor = queue.first_offset()
+        self.credit = 0
+        self.closed = False
+
+    @property
+    def queue_name(self) -> str:
+        return self.queue.name
+
+    def set_credit(self, n: int) -> None:
+        if self.closed:
+            return
+        self.credit = max(0, n)
+        self.manager._browse(self)
+
+    def add_credit(self, n: int) -> None:
+        if n > 0 and not self.closed:
+            self.credit += n
+            self.manager._browse(self)
+
+    async def cancel(self) -> None:
+        self.cancel_nowait()
+
+    def cancel_nowait(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        browsers = self.queue.browsers
+        if self in browsers:
+            browsers.remove(self)
 
 
 class QueueManager:
@@ -327,6 +439,8 @@ class QueueManager:
         self._started = False
         self._last_sweep = 0.0
         self.events = events if events is not None else EventBus()  # see trimaran.broker.events
+        #: Routes dead letters of queues with a dead_letter_exchange (set by the AMQP 0.9.1 front end).
+        self.dead_letter_router: DeadLetterRouter | None = None
         self._restarted: list[tuple[QueueState, Group, int, Entry]] = []
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -495,6 +609,9 @@ class QueueManager:
         if state is None:
             return
         state.deleted = True
+        for browser in state.browsers:
+            browser.closed = True
+        state.browsers.clear()
         for group in state.groups.values():
             for handle in group.consumers:
                 handle.closed = True
@@ -534,6 +651,32 @@ class QueueManager:
 
     def exists(self, name: str) -> bool:
         return name in self.queues
+
+    def ready_count(self, name: str, group: str = DEFAULT_GROUP) -> int:
+        """Messages ``group`` could be handed now: not held by a consumer (delivered, unsettled),
+        not finished. RabbitMQ's message_count (queue.declare-ok, basic.get-ok). A stream, or a
+        group not made yet: every message the queue holds."""
+        state = self.queues.get(name)
+        if state is None:
+            return 0
+        grp = state.groups.get(group)
+        messages = state.messages
+        if grp is None or state.mode != "work":
+            return len(messages)
+        entries = grp.entries
+        if len(state.groups) == 1:
+            # One group: what it finished below its cursor is gone from the queue already, so only
+            # its entries (held, or acked out of order) are not ready.
+            busy = sum(1 for o, e in entries.items() if e.state != WAIT and o in messages)
+            return len(messages) - busy
+        ready = 0
+        for offset in messages:
+            if grp.is_done(offset):
+                continue
+            entry = entries.get(offset)
+            if entry is None or entry.state == WAIT:
+                ready += 1
+        return ready
 
     def peek(self, name: str, after: int = -1, limit: int = 100) -> list[StoredMessage]:
         """Up to ``limit`` messages the queue holds past offset ``after``, in offset order, without
@@ -784,13 +927,28 @@ class QueueManager:
             state.stats["refused"] += 1
             raise QueueError("full", f"queue {state.name} is full")
         now = now_ms()
+        # Dropped from the head; with a dead-letter exchange they are dead-lettered (reason maxlen),
+        # each drop and its letter in one batch of their own, ahead of the publish.
+        routed = policy.dead_letter_exchange is not None
+        letters = WriteBatch()
+        after: list[Callable[[], None]] = []
         while state.messages and (
             (max_n is not None and len(state.messages) + state.inflight + 1 > max_n)
             or (max_b is not None and state.bytes + size > max_b)
         ):
-            oldest = next(iter(state.messages))
-            self._remove(state, oldest, "dropped", "overflow", now, batch)
+            oldest, stored = next(iter(state.messages.items()))
+            targets = self._dead_letter_targets(state, stored, DEATH_MAXLEN) if routed else []
+            if not targets:
+                self._remove(state, oldest, "dropped", "overflow", now, batch)
+                state.stats["dropped"] += 1
+                continue
+            where = ",".join(t for t, _ in targets)
+            self._remove(state, oldest, "dropped", f"overflow -> {where}", now, letters)
             state.stats["dropped"] += 1
+            state.stats["dead_lettered"] += 1
+            self._letter(state, None, stored, 0, DEATH_MAXLEN, targets, now, letters, after)
+        if after or not letters.empty():
+            self._submit(letters, after, wait=False)
 
     def _published(self, state: QueueState, stored: StoredMessage) -> None:
         """A publish is in (committed, for a durable queue): make it deliverable and say so."""
@@ -813,6 +971,8 @@ class QueueManager:
             return
         self._dirty = set()
         for state in dirty:
+            for browser in list(state.browsers):
+                self._browse(browser)
             for group in state.groups.values():
                 if group.consumers:
                     if self._is_shared(state):
@@ -867,6 +1027,50 @@ class QueueManager:
             self.writer.submit(batch)
         return handle
 
+    def browse(self, queue: str, consumer: QueueConsumer) -> BrowseHandle:
+        """Attach a browser: it receives copies of what the queue holds (from the oldest) and of
+        what arrives, as credit allows, and changes nothing. Not for a shared node's work queues
+        (this node holds only its claims)."""
+        if not self._started:
+            raise QueueError("stopped", "the queue manager is not running")
+        batch = WriteBatch()
+        state = self._get_or_create(queue, batch)
+        if state.durable and not batch.empty():
+            self.writer.submit(batch)
+        if self._is_shared(state):
+            raise QueueError("unsupported", "a shared work queue holds only its claims in memory")
+        handle = BrowseHandle(self, state, consumer)
+        state.browsers.append(handle)
+        return handle
+
+    def _browse(self, handle: BrowseHandle) -> None:
+        """Hand a browser copies of the messages past its cursor while it has credit."""
+        state = handle.queue
+        if state.deleted:
+            handle.closed = True
+            return
+        messages = state.messages
+        now = now_ms()
+        offset = max(handle.cursor, state.first_offset()) if messages else handle.cursor
+        high = state.high
+        out: list[QueueDelivery] = []
+        while handle.credit > 0 and offset < high and not handle.closed:
+            stored = messages.get(offset)
+            offset += 1
+            if stored is None or self._expired(stored, now):
+                continue
+            handle.credit -= 1
+            out.append(
+                QueueDelivery(stored.message, state.name, stored.offset, "$browse", 1, False,
+                              message_id(state.name, stored.offset))
+            )  # fmt: skip
+        handle.cursor = max(handle.cursor, offset)
+        for delivery in out:
+            try:
+                handle.consumer.deliver(delivery)
+            except Exception:
+                log.exception("browser %s failed to take a delivery", handle.consumer.id)
+
     def _position(self, state: QueueState, start: str | int) -> int:
         if isinstance(start, int):
             return max(start, 0)
@@ -897,6 +1101,7 @@ class QueueManager:
             return
         group.busy = True
         batch = WriteBatch()
+        after: list[Callable[[], None]] = []  # dead letters of expired messages, once committed
         now = now_ms()
         # Handed to the consumers only after the batch is submitted: a consumer that settles from
         # within deliver() submits its rows after the delivery's, never before them.
@@ -915,10 +1120,10 @@ class QueueManager:
                     if handle.credit <= 0 or handle.closed:
                         continue
                     if state.mode == "stream":
-                        stored = self._take_stream(state, group, handle, now, batch)
+                        stored = self._take_stream(state, group, handle, now, batch, after)
                         entry = None
                     else:
-                        taken = self._take_work(state, group, handle, now, batch)
+                        taken = self._take_work(state, group, handle, now, batch, after)
                         if taken is None:
                             continue
                         stored, entry = taken
@@ -931,7 +1136,9 @@ class QueueManager:
                     break
         finally:
             group.busy = False
-            if state.durable and not batch.empty():
+            if after:
+                self._submit(batch, after, wait=False)
+            elif state.durable and not batch.empty():
                 self.writer.submit(batch)
             for handle, delivery in out:
                 try:
@@ -945,7 +1152,13 @@ class QueueManager:
         return stored.expires_at is not None and now >= stored.expires_at
 
     def _take_work(
-        self, state: QueueState, group: Group, handle: ConsumerHandle, now: int, batch: WriteBatch
+        self,
+        state: QueueState,
+        group: Group,
+        handle: ConsumerHandle,
+        now: int,
+        batch: WriteBatch,
+        after: list[Callable[[], None]],
     ) -> tuple[StoredMessage, Entry | None] | None:
         messages = state.messages
         flt = handle.routing_filter
@@ -958,7 +1171,7 @@ class QueueManager:
                         self._pending_gone(state, group, offset, batch)
                     continue
                 if self._expired(stored, now):
-                    self._remove(state, offset, "expired", "ttl", now, batch)
+                    self._expire(state, offset, now, batch, after)
                     continue
                 if flt is not None and not filter_matches(flt, stored.routing_key):
                     continue
@@ -978,7 +1191,7 @@ class QueueManager:
                 offset += 1
                 continue
             if self._expired(stored, now):
-                self._remove(state, offset, "expired", "ttl", now, batch)
+                self._expire(state, offset, now, batch, after)
                 continue
             if flt is None or filter_matches(flt, stored.routing_key):
                 if offset == group.cursor:
@@ -1013,7 +1226,13 @@ class QueueManager:
         return True
 
     def _take_stream(
-        self, state: QueueState, group: Group, handle: ConsumerHandle, now: int, batch: WriteBatch
+        self,
+        state: QueueState,
+        group: Group,
+        handle: ConsumerHandle,
+        now: int,
+        batch: WriteBatch,
+        after: list[Callable[[], None]],
     ) -> StoredMessage | None:
         messages = state.messages
         flt = handle.routing_filter
@@ -1025,7 +1244,7 @@ class QueueManager:
             if stored is None:
                 continue
             if self._expired(stored, now):
-                self._remove(state, stored.offset, "expired", "ttl", now, batch)
+                self._expire(state, stored.offset, now, batch, after)
                 continue
             if flt is None or filter_matches(flt, stored.routing_key):
                 group.cursor = offset
@@ -1085,6 +1304,7 @@ class QueueManager:
             self._pending_row(state, group, offset, entry, batch)
         handle.credit -= 1
         unsent = entry.unsent if entry is not None else 0
+        returned = entry.returned if entry is not None else 0
         return QueueDelivery(
             stored.message,
             state.name,
@@ -1093,6 +1313,7 @@ class QueueManager:
             attempt,
             attempt - unsent > 1,
             message_id(state.name, offset),
+            attempt - 1 - unsent - returned,
         )
 
     # -- state rows -------------------------------------------------------------------------------
@@ -1257,11 +1478,15 @@ class QueueManager:
         if consumer_id is not None and entry.consumer_id != consumer_id:
             return False, None
         cid = entry.consumer_id
-        if action == "release":
-            # The attempt stays counted (the journal shows the delivery and its release), but the
-            # next delivery is not flagged redelivered for it.
+        if action in ("release", "return"):
+            # The journal shows the delivery and its release and numbers the next one on, but it is
+            # not a failed attempt: "release" (never sent) is not flagged redelivered either;
+            # "return" (handed back unprocessed, AMQP 1.0 released) leaves the delivery-count.
             self._released_event(state, group, offset, entry, reason, now, batch)
-            entry.unsent += 1
+            if action == "release":
+                entry.unsent += 1
+            else:
+                entry.returned += 1
             self._make_available(state, group, offset, entry, reason, now, now, batch)
             ticket = self._submit(batch, after, wait)
             self._dispatch(state, group)
@@ -1278,12 +1503,12 @@ class QueueManager:
                 state, batch, now, "acked", group=group, offset=offset, consumer=cid, attempt=entry.attempts
             )
         elif action == "nack":
-            if entry.attempts >= state.policy.max_attempts:
+            if entry.failed() >= state.policy.max_attempts:
                 self._event(state, batch, now, "nacked", group=group, offset=offset, consumer=cid,
                             attempt=entry.attempts, reason="max_attempts")  # fmt: skip
                 self._dead_letter(state, group, offset, entry, "max_attempts", now, batch, after)
             else:
-                delay = backoff_s(state.policy, entry.attempts) if delay_s is None else max(0.0, delay_s)
+                delay = backoff_s(state.policy, entry.failed()) if delay_s is None else max(0.0, delay_s)
                 delay_ms = int(delay * 1000)
                 self._make_available(state, group, offset, entry, "nack", now + delay_ms, now, batch)
                 self._event(state, batch, now, "nacked", group=group, offset=offset, consumer=cid,
@@ -1362,22 +1587,93 @@ class QueueManager:
         if stored is None:
             return
         state.stats["dead_lettered"] += 1
-        target = dead_letter_target(state.name, state.policy)
+        targets = self._dead_letter_targets(state, stored, reason)
         if self.events.wants(QUEUE_DEAD_LETTERED):
             self.events.queue(QUEUE_DEAD_LETTERED, state.name, group=group.name, offset=offset,
                               attempt=entry.attempts, reason=reason,
-                              dead_letter_queue=None if target == state.name else target)  # fmt: skip
-        if target is None or target == state.name:
+                              dead_letter_queue=targets[0][0] if targets else None)  # fmt: skip
+        if not targets:
             self._event(state, batch, now, "dropped", group=group, offset=offset, attempt=entry.attempts,
                         reason=f"no dead-letter queue: {reason}")  # fmt: skip
             return
+        self._letter(state, group.name, stored, entry.attempts, reason, targets, now, batch, after)
+
+    def _expire(
+        self, state: QueueState, offset: int, now: int, batch: WriteBatch, after: list[Callable[[], None]]
+    ) -> None:
+        """A message's time is up: removed, and dead-lettered (reason ``expired``) when the queue
+        routes its dead letters through an exchange, as RabbitMQ does with x-dead-letter-exchange."""
+        stored = state.messages.get(offset)
+        targets = (
+            self._dead_letter_targets(state, stored, "expired")
+            if stored is not None and state.policy.dead_letter_exchange is not None
+            else []
+        )
+        where = ",".join(t for t, _ in targets)
+        self._remove(state, offset, "expired", f"ttl -> {where}" if targets else "ttl", now, batch)
+        if stored is not None and targets:
+            state.stats["dead_lettered"] += 1
+            self._letter(state, None, stored, 0, "expired", targets, now, batch, after)
+
+    def _dead_letter_targets(
+        self, state: QueueState, stored: StoredMessage, reason: str
+    ) -> list[tuple[str, Message]]:
+        """Where a dead letter of ``state`` goes, each with the message as that queue gets it.
+
+        A queue with a dead-letter exchange (AMQP 0.9.1) has it routed through that exchange now,
+        with the message's headers and the dead-letter routing key (or its own); bindings made
+        since the queue was declared count, and a fanout exchange reaches every bound queue.
+        Otherwise the policy's dead-letter queue (by default ``$dlq/<queue>``; never the queue
+        itself)."""
+        policy = state.policy
+        death = _death_kind(reason)
+        message = _with_death(stored.message, state.name, death)
+        exchange = policy.dead_letter_exchange
+        if exchange is None:
+            target = dead_letter_target(state.name, policy)
+            if target is None or target == state.name:
+                return []
+            return [(target, message)]
+        router = self.dead_letter_router
+        if router is None:
+            return []
+        extra = message.extra
+        original = extra.get("routing_key")
+        key = policy.dead_letter_routing_key
+        if key is None:
+            key = original if isinstance(original, str) else state.name
+        extra["exchange"] = exchange
+        extra["routing_key"] = key
+        queues = router.dead_letter_queues(exchange, key, message)
+        if death == "expired":
+            # An expiry cycle with no rejection in it would go round for ever: RabbitMQ drops it.
+            deaths = extra.get("deaths")
+            previous = deaths[1:] if isinstance(deaths, list) else []
+            looped = {d.get("queue") for d in previous if isinstance(d, dict) and d.get("reason") == death}
+            queues = [q for q in queues if q != state.name and q not in looped]
+        return [(q, message) for q in queues]
+
+    def _letter(
+        self,
+        state: QueueState,
+        group: str | None,
+        stored: StoredMessage,
+        attempts: int,
+        reason: str,
+        targets: list[tuple[str, Message]],
+        now: int,
+        batch: WriteBatch,
+        after: list[Callable[[], None]],
+    ) -> None:
+        """Append the dead letter of ``stored`` to each target queue (created if missing)."""
+        offset = stored.offset
         original = stored.message
         history = {
             "queue": state.name,
             "topic": original.topic,
-            "group": group.name,
+            "group": group,
             "offset": offset,
-            "attempts": entry.attempts,
+            "attempts": attempts,
             "reason": reason,
             "time": now,
         }
@@ -1385,45 +1681,50 @@ class QueueManager:
         props += [
             ("x-dead-letter-queue", state.name),
             ("x-dead-letter-topic", original.topic),
-            ("x-dead-letter-group", group.name),
-            ("x-dead-letter-attempts", str(entry.attempts)),
+            ("x-dead-letter-group", group or ""),
+            ("x-dead-letter-attempts", str(attempts)),
             ("x-dead-letter-reason", reason),
             ("x-dead-letter-time", str(now)),
         ]
-        extra = dict(original.extra)
-        previous = extra.get("dead_letter_history")
-        extra["dead_letter_history"] = [*(previous if isinstance(previous, list) else []), history]
-        copy = original.copy_with(user_properties=props, extra=extra, expires_at_ms=None)
-        dlq = self.queues.get(target)
-        if dlq is None:
-            dlq = self._declare_now(target, None, state.durable, batch)
-        if self._shared_offsets(dlq):
-            row = queue_store.message_row(target, 0, copy, stored.routing_key, now, None)
-            published = queue_store.event_row(
-                now, target, "published", node=self.node, reason=f"dead_letter from {state.name}:{offset}"
+        grp = state.groups.get(group) if group is not None else None
+        where: list[str] = []
+        for target, message in targets:
+            extra = dict(message.extra)
+            previous = extra.get("dead_letter_history")
+            extra["dead_letter_history"] = [*(previous if isinstance(previous, list) else []), history]
+            copy = message.copy_with(user_properties=props, extra=extra, expires_at_ms=None)
+            dlq = self.queues.get(target)
+            if dlq is None:
+                dlq = self._declare_now(target, None, state.durable, batch)
+            if self._shared_offsets(dlq):
+                row = queue_store.message_row(target, 0, copy, stored.routing_key, now, None)
+                published = queue_store.event_row(
+                    now, target, "published", node=self.node, reason=f"dead_letter from {state.name}:{offset}"
+                )
+                batch.calls.append(queue_store.append_reserving(row, published))
+                where.append(target)
+                if self._is_shared(dlq):  # wakes its consumers' claims
+                    after.append(partial(self._appended, dlq, StoredMessage(-1, copy, "", now, None, 0)))
+                continue
+            d_offset = dlq.next_offset
+            dlq.next_offset += 1
+            d_stored = StoredMessage(
+                d_offset, copy, stored.routing_key, now, expiry_ms(dlq.policy, now, None), stored.size
             )
-            batch.calls.append(queue_store.append_reserving(row, published))
-            self._event(state, batch, now, "dead_lettered", group=group, offset=offset,
-                        attempt=entry.attempts, reason=f"{reason} -> {target}")  # fmt: skip
-            if self._is_shared(dlq):  # wakes its consumers' claims
-                after.append(lambda: self._appended(dlq, StoredMessage(-1, copy, "", now, None, 0)))
-            return
-        d_offset = dlq.next_offset
-        dlq.next_offset += 1
-        d_stored = StoredMessage(
-            d_offset, copy, stored.routing_key, now, expiry_ms(dlq.policy, now, None), stored.size
-        )
-        dlq.stats["published"] += 1
-        self._event(state, batch, now, "dead_lettered", group=group, offset=offset, attempt=entry.attempts,
-                    reason=f"{reason} -> {target}:{d_offset}")  # fmt: skip
-        if dlq.durable:
-            batch.messages.append(
-                queue_store.message_row(target, d_offset, copy, stored.routing_key, now, d_stored.expires_at)
-            )
-            batch.queue_next[target] = d_offset + 1
-            self._event(dlq, batch, now, "published", offset=d_offset,
-                        reason=f"dead_letter from {state.name}:{offset}")  # fmt: skip
-        after.append(lambda: self._appended(dlq, d_stored))
+            dlq.stats["published"] += 1
+            where.append(f"{target}:{d_offset}")
+            if dlq.durable:
+                row = queue_store.message_row(
+                    target, d_offset, copy, stored.routing_key, now, d_stored.expires_at
+                )
+                batch.messages.append(row)
+                batch.queue_next[target] = d_offset + 1
+                self._event(dlq, batch, now, "published", offset=d_offset,
+                            reason=f"dead_letter from {state.name}:{offset}")  # fmt: skip
+            after.append(partial(self._appended, dlq, d_stored))
+        if grp is not None:  # an expiry has its own event (expired), with no group
+            self._event(state, batch, now, "dead_lettered", group=grp, offset=offset, attempt=attempts,
+                        reason=f"{reason} -> {','.join(where)}")  # fmt: skip
 
     def _forget(self, state: QueueState, offset: int) -> None:
         """Shared mode: drop a message from memory once no local group entry refers to it."""
@@ -1500,7 +1801,7 @@ class QueueManager:
         after: list[Callable[[], None]],
     ) -> None:
         self._released_event(state, group, offset, entry, reason, now, batch)
-        if entry.attempts >= state.policy.max_attempts:
+        if entry.failed() >= state.policy.max_attempts:
             self._dead_letter(state, group, offset, entry, "max_attempts", now, batch, after)
         else:
             self._make_available(state, group, offset, entry, reason, now, now, batch)
@@ -1587,15 +1888,18 @@ class QueueManager:
         """TTL expiry and stream retention."""
         for state in list(self.queues.values()):
             batch = WriteBatch()
+            after: list[Callable[[], None]] = []
             if state.expiring:
                 for offset, stored in list(state.messages.items()):
                     if stored.expires_at is not None and now >= stored.expires_at:
                         if _held(state, offset):
                             continue  # held by a consumer: settled or timed out first
-                        self._remove(state, offset, "expired", "ttl", now, batch)
+                        self._expire(state, offset, now, batch, after)
             if state.mode == "stream":
                 self._retention(state, now, batch)
-            if state.durable and not batch.empty():
+            if after:
+                self._submit(batch, after, wait=False)
+            elif state.durable and not batch.empty():
                 self.writer.submit(batch)
 
     def _retention(self, state: QueueState, now: int, batch: WriteBatch) -> None:

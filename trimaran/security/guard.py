@@ -252,38 +252,51 @@ class Security:
         protocol: str,
         certificate_user: str | None = None,
         anonymous_alias: bool = False,
+        client_id: str | None = None,
+        peer: str | None = None,
     ) -> Login | Awaitable[Login]:
         """Check a login: the answer at once when no hash must be computed and nobody must wait,
         else an awaitable (hulls return it from ``handle``, so the connection waits for it).
 
         ``certificate_user``: the verified certificate's identity, which is the user (no password).
         ``anonymous_alias``: RabbitMQ's default guest/guest standing for an anonymous client
-        (``username`` is still checked against the loopback-only users)."""
+        (``username`` is still checked against the loopback-only users).
+
+        With no users at all (no password file, no ``auth.users``), a user name names nobody: where
+        anonymous clients are accepted, the client is anonymous, as Mosquitto treats a user name with
+        ``allow_anonymous`` and no password file (several client libraries always send one).
+
+        ``client_id`` and ``peer`` (``host:port``) only say who failed in the log line."""
+        who = (client_id, peer or host)
         if certificate_user is not None:
             if certificate_user in self.loopback_users and not is_loopback(host):
-                return self._refused(protocol, certificate_user, host, "user allowed from loopback only")
+                return self._refused(protocol, certificate_user, host, "user allowed from loopback only", who)
             return Login(True, certificate_user)
         if username is not None and username in self.loopback_users and not is_loopback(host):
-            return self.failed_login(protocol, username, host, "user allowed from loopback only", True)
+            return self.failed_login(protocol, username, host, "user allowed from loopback only", True, who)
         if username is None or anonymous_alias:
             if self.anonymous_allowed(host):
                 return Login(True, None)
-            return self.failed_login(protocol, username, host, "anonymous refused", True)
+            return self.failed_login(protocol, username, host, "anonymous refused", True, who)
+        if not (self.hashed or self.plain) and self.anonymous_allowed(host):
+            return Login(True, None)  # a name of nobody, where anyone may connect: anonymous
         raw = password.encode() if isinstance(password, str) else password
         if not self.throttle.delay(host) and raw is not None:
             known = self._known_password(username, raw)
             if known:
                 return Login(True, username)
-        return self._slow_login(username, raw, host, protocol)
+        return self._slow_login(username, raw, host, protocol, who)
 
-    async def _slow_login(self, username: str, password: bytes | None, host: str, protocol: str) -> Login:
+    async def _slow_login(
+        self, username: str, password: bytes | None, host: str, protocol: str, who: tuple[str | None, str]
+    ) -> Login:
         wait = self.throttle.delay(host)
         if wait:
             await anyio.sleep(wait)
         if password is not None and await self._check_password(username, password):
             self.throttle.succeeded(host)
             return Login(True, username)
-        return self.failed_login(protocol, username, host, "bad user name or password", False)
+        return self.failed_login(protocol, username, host, "bad user name or password", False, who)
 
     def _known_password(self, user: str, password: bytes) -> bool:
         """A plaintext user's password, or a hash verified recently (no hashing here)."""
@@ -318,16 +331,49 @@ class Security:
                 self._verified.popitem(last=False)
         return ok
 
-    def failed_login(self, protocol: str, user: str | None, host: str, reason: str, who: bool) -> Login:
-        """Count, log, and make the next logins from this address wait longer."""
-        refusal = self._refused(protocol, user, host, reason, who)
+    def failed_login(
+        self,
+        protocol: str,
+        user: str | None,
+        host: str,
+        reason: str,
+        not_authorized: bool,
+        who: tuple[str | None, str] | None = None,
+    ) -> Login:
+        """Count, log, and make the next logins from this address wait longer. ``who``: the client id
+        (if the protocol has one yet) and the peer address, for the log line."""
+        refusal = self._refused(protocol, user, host, reason, who, not_authorized)
         self.throttle.failed(host)
         return refusal
 
-    def _refused(self, protocol: str, user: str | None, host: str, reason: str, who: bool = True) -> Login:
+    def _refused(
+        self,
+        protocol: str,
+        user: str | None,
+        host: str,
+        reason: str,
+        who: tuple[str | None, str] | None = None,
+        not_authorized: bool = True,
+    ) -> Login:
+        """A refused login: counted, and one WARNING with the peer, protocol, client id, user and
+        reason as fields of their own (JSON logs), for a log pipeline to filter and alert on."""
         self.stats["login_failures"] += 1
-        log.warning("auth: %s login refused from %s: %s (user %r)", protocol, host or "?", reason, user)
-        return Login(False, user, reason, not_authorized=who)
+        client_id, peer = who if who is not None else (None, host)
+        peer = peer or "?"
+        fields = {"peer": peer, "protocol": protocol, "client_id": client_id, "user": user, "reason": reason}
+        if client_id is not None:
+            log.warning(
+                "%s: client %r from %s refused (%s, user %r)",
+                protocol,
+                client_id,
+                peer,
+                reason,
+                user,
+                extra=fields,
+            )
+        else:
+            log.warning("%s: %s refused (%s, user %r)", protocol, peer, reason, user, extra=fields)
+        return Login(False, user, reason, not_authorized=not_authorized)
 
     def certificate_identity(self, certificate: dict[str, Any] | None) -> str | None:
         """The configured subject field of a verified client certificate (``None``: no certificate

@@ -10,7 +10,9 @@ import logging
 
 import anyio.to_thread
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import DBAPIError
 
+from trimaran.errors import StorageUnavailable, first_line
 from trimaran.storage import migrate
 from trimaran.storage.engine import build_engine, describe, now_ms
 from trimaran.storage.schema import broker_meta
@@ -31,7 +33,11 @@ class Storage:
         return self.engine.dialect.name
 
     def migrate(self) -> None:
-        before = migrate.current_revision(self.engine)
+        try:
+            before = migrate.current_revision(self.engine)
+        except DBAPIError as exc:  # the first connection: a server down, a wrong password, no file
+            reason = first_line(exc.orig) if exc.orig is not None else first_line(exc)
+            raise StorageUnavailable(f"cannot open the database {describe(self.engine)}: {reason}") from None
         migrate.upgrade(self.engine)
         after = migrate.current_revision(self.engine)
         if before != after:

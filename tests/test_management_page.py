@@ -1,0 +1,177 @@
+"""The management page at /ui in a real headless Chromium (selenium): log in with a token, see a
+queue appear after an MQTT publish, purge it, kick a client; and the files it is served from.
+
+Needs Debian's ``chromium`` and ``chromium-driver`` (scripts/system-deps.sh installs them) and
+selenium (the dev extra); the browser tests are skipped, saying which is missing, without them.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.paho import V5, Endpoints, connect
+from tests.support.server import RunningServer
+from trimaran.admin.ui import FILES, asset
+
+TOKEN = "page-token"
+ARGS = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "off", "--http", "127.0.0.1:0"]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+def _browser_missing() -> str | None:
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install -e '.[dev]')"
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        return "headless Chromium is not installed (apt-get install chromium chromium-driver)"
+    return None
+
+
+needs_browser = pytest.mark.skipif(_browser_missing() is not None, reason=_browser_missing() or "")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    env = {"TRIMARAN_HTTP__TOKENS": json.dumps([TOKEN]), "TRIMARAN_LIMITS__SYS_INTERVAL": "0"}
+    running = RunningServer(ARGS, cwd=tmp_path_factory.mktemp("page"), env=env).start()
+    try:
+        yield running
+    finally:
+        assert running.stop() == 0, running.output()
+
+
+def get(server: RunningServer, path: str) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", server.ports["http"], timeout=10)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        conn.close()
+
+
+def test_page_files_are_served_with_their_types_and_a_strict_policy(server: RunningServer) -> None:
+    for path in ("/ui", "/ui/"):
+        status, headers, body = get(server, path)
+        assert status == 200 and headers["content-type"].startswith("text/html")
+        assert body == asset("index.html")
+        assert "script-src 'self'" in headers["content-security-policy"]
+        assert "frame-ancestors 'none'" in headers["content-security-policy"]
+    for name, content_type in FILES.items():
+        status, headers, body = get(server, f"/ui/{name}")
+        assert status == 200 and headers["content-type"] == content_type and body == asset(name)
+    assert get(server, "/ui/../pyproject.toml")[0] == 404
+    assert get(server, "/ui/secrets.txt")[0] == 404
+
+
+def test_page_writes_server_values_as_text_only() -> None:
+    script = asset("app.js").decode()
+    assert "innerHTML" not in script and "insertAdjacentHTML" not in script and "eval(" not in script
+    html = asset("index.html").decode()
+    assert "http://" not in html and "https://" not in html  # no CDN: everything ships in the package
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1400,900",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def snap(browser: Any, name: str) -> None:
+    """With TRIMARAN_SCREENSHOTS=DIR, save the page as DIR/<name>.png (the README's pictures)."""
+    folder = os.environ.get("TRIMARAN_SCREENSHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(Path(folder) / f"{name}.png"))
+
+
+def wait(predicate: Callable[[], Any], timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = predicate()
+        except Exception:  # the page is re-rendering the element just looked up
+            value = None
+        if value:
+            return value
+        assert time.monotonic() < deadline, "the page did not show it in time"
+        time.sleep(0.1)
+
+
+@needs_browser
+def test_login_queue_purge_and_kick(server: RunningServer, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    base = f"http://127.0.0.1:{server.ports['http']}"
+    browser.get(f"{base}/ui")
+    browser.find_element(By.ID, "token").send_keys("wrong")
+    browser.find_element(By.CSS_SELECTOR, "#login button").click()
+    error = wait(lambda: browser.find_element(By.ID, "error").text)
+    assert error.startswith("Log in failed")
+
+    token = browser.find_element(By.ID, "token")
+    token.clear()
+    token.send_keys(TOKEN)
+    browser.find_element(By.CSS_SELECTOR, "#login button").click()
+    version = wait(lambda: browser.find_element(By.CSS_SELECTOR, '#facts dd[data-fact="version"]').text)
+    assert version.startswith("0.")
+    wait(lambda: browser.find_element(By.CSS_SELECTOR, "#rates td").text != "-", timeout=6)
+    snap(browser, "overview")
+
+    mqtt = Endpoints("127.0.0.1", server.ports["mqtt"])
+    publisher = connect(mqtt, "page-publisher", version=V5)
+    try:
+        for n in range(3):
+            publisher.client.publish("$queue/browser-jobs", f"job {n}".encode(), qos=1).wait_for_publish(5)
+        browser.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="queues"]').click()
+        row = '#queue-rows tr[data-queue="browser-jobs"]'
+        wait(lambda: browser.find_element(By.CSS_SELECTOR, f'{row} td[data-field="depth"]').text == "3")
+
+        buttons = {b.text: b for b in browser.find_elements(By.CSS_SELECTOR, f"{row} button")}
+        buttons["Peek"].click()
+        wait(lambda: "job 0" in browser.find_element(By.ID, "peek-rows").text)
+        snap(browser, "queues")
+
+        buttons = {b.text: b for b in browser.find_elements(By.CSS_SELECTOR, f"{row} button")}
+        buttons["Purge"].click()
+        browser.switch_to.alert.accept()
+        wait(lambda: browser.find_element(By.CSS_SELECTOR, f'{row} td[data-field="depth"]').text == "0")
+
+        browser.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="connections"]').click()
+        client_row = '#connection-rows tr[data-client-id="page-publisher"]'
+        kick = wait(lambda: browser.find_element(By.CSS_SELECTOR, f"{client_row} button"))
+        snap(browser, "connections")
+        kick.click()
+        browser.switch_to.alert.accept()
+        reason, _ = publisher.disconnects.get(timeout=10)
+        assert reason.value == 0x98  # administrative action
+        wait(lambda: not browser.find_elements(By.CSS_SELECTOR, client_row))
+    finally:
+        publisher.client.loop_stop()

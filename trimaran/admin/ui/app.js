@@ -1,0 +1,244 @@
+// Trimaran's management page: a small script over /api/v1 with a bearer token.
+// Every value from the server is written with textContent (client ids and payloads are untrusted).
+"use strict";
+
+const POLL_MS = 2000;
+const state = { token: sessionStorage.getItem("trimaran-token"), tab: "overview", last: null, lastQueues: {}, timer: null };
+
+const $ = (id) => document.getElementById(id);
+
+class ApiError extends Error {
+  constructor(status, message) { super(message); this.status = status; }
+}
+
+async function api(method, path, body) {
+  const headers = { Authorization: `Bearer ${state.token}` };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const response = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  const data = await response.json().catch(() => null);
+  if (!response.ok) {
+    const message = data && data.error ? data.error.message : `${response.status} ${response.statusText}`;
+    throw new ApiError(response.status, message);
+  }
+  return data;
+}
+
+async function all(path) {
+  let items = [];
+  let url = path;
+  while (url) {
+    const page = await api("GET", url);
+    items = items.concat(page.items);
+    url = page.next;
+  }
+  return items;
+}
+
+const seg = (value) => encodeURIComponent(value);
+
+function showError(error) {
+  const box = $("error");
+  if (!error) { box.hidden = true; return; }
+  box.textContent = error.message || String(error);
+  box.hidden = false;
+  if (error.status === 401) logout();
+}
+
+function cell(row, value) {
+  const td = document.createElement("td");
+  td.textContent = value === null || value === undefined ? "-" : String(value);
+  row.appendChild(td);
+  return td;
+}
+
+function button(parent, label, action, danger) {
+  const b = document.createElement("button");
+  b.textContent = label;
+  if (danger) b.className = "danger";
+  b.addEventListener("click", async () => {
+    try { await action(); showError(null); await refresh(); } catch (error) { showError(error); }
+  });
+  parent.appendChild(b);
+  return b;
+}
+
+function actions(row) {
+  const td = document.createElement("td");
+  row.appendChild(td);
+  return td;
+}
+
+function fill(tbody, items, render) {
+  tbody.replaceChildren();
+  for (const item of items) {
+    const row = document.createElement("tr");
+    render(row, item);
+    tbody.appendChild(row);
+  }
+}
+
+function duration(seconds) {
+  seconds = Math.max(0, Math.floor(seconds));
+  const d = Math.floor(seconds / 86400), h = Math.floor(seconds % 86400 / 3600), m = Math.floor(seconds % 3600 / 60);
+  if (d) return `${d}d ${h}h`;
+  if (h) return `${h}h ${m}m`;
+  if (m) return `${m}m ${seconds % 60}s`;
+  return `${seconds}s`;
+}
+
+const rate = (now, before, seconds) => (before === undefined || seconds <= 0 ? "-" : ((now - before) / seconds).toFixed(1));
+
+// -- tabs ------------------------------------------------------------------------------------------
+
+async function overview() {
+  const o = await api("GET", "/api/v1/overview");
+  const facts = [
+    ["version", o.version], ["node", o.node], ["uptime", duration(o.uptime_s)],
+    ["connections", Object.entries(o.connections).map(([k, v]) => `${k} ${v}`).join(", ")],
+    ["sessions", o.sessions], ["subscriptions", o.subscriptions], ["retained", o.retained], ["queues", o.queues],
+    ["messages", Object.entries(o.messages).map(([k, v]) => `${k} ${v}`).join(", ")],
+  ];
+  const dl = $("facts");
+  dl.replaceChildren();
+  for (const [name, value] of facts) {
+    const dt = document.createElement("dt"); dt.textContent = name;
+    const dd = document.createElement("dd"); dd.textContent = String(value); dd.dataset.fact = name;
+    dl.append(dt, dd);
+  }
+  const now = { at: o.uptime_s, received: o.messages.received, sent: o.messages.sent, dropped: o.messages.dropped,
+    bytesIn: o.bytes.received, bytesOut: o.bytes.sent };
+  const before = state.last || {};
+  const seconds = now.at - (before.at || now.at);
+  const cells = $("rates").children;
+  ["received", "sent", "dropped", "bytesIn", "bytesOut"].forEach((key, i) => { cells[i].textContent = rate(now[key], before[key], seconds); });
+  state.last = now;
+  $("server").textContent = `${o.node} · ${o.version}`;
+}
+
+async function connections() {
+  const clients = await all("/api/v1/clients");
+  fill($("connection-rows"), clients, (row, c) => {
+    row.dataset.clientId = c.client_id;
+    cell(row, c.id); cell(row, c.client_id); cell(row, c.protocol); cell(row, c.address); cell(row, c.user);
+    cell(row, duration(Date.now() / 1000 - c.connected_at_ms / 1000));
+    button(actions(row), "Kick", async () => {
+      if (confirm(`Disconnect ${c.client_id}?`)) await api("DELETE", `/api/v1/clients/${seg(c.id)}`);
+    }, true);
+  });
+}
+
+async function sessions() {
+  const items = await all("/api/v1/sessions");
+  fill($("session-rows"), items, (row, s) => {
+    row.dataset.clientId = s.client_id;
+    cell(row, s.client_id); cell(row, s.connected ? "yes" : "no");
+    cell(row, { 3: "3.1", 4: "3.1.1", 5: "5.0" }[s.protocol_level] || s.protocol_level);
+    cell(row, s.subscription_count); cell(row, s.inflight); cell(row, s.queued); cell(row, s.dropped);
+    button(actions(row), "Delete", async () => {
+      if (confirm(`End the session of ${s.client_id}?`)) await api("DELETE", `/api/v1/sessions/${seg(s.client_id)}`);
+    }, true);
+  });
+}
+
+async function queues() {
+  const listed = await all("/api/v1/queues");
+  const details = await Promise.all(listed.map((q) => api("GET", `/api/v1/queues/${seg(q.name)}`)));
+  const at = Date.now() / 1000;
+  const previous = state.lastQueues;
+  state.lastQueues = {};
+  fill($("queue-rows"), details, (row, q) => {
+    const before = previous[q.name] || {};
+    const seconds = at - (before.at || at);
+    state.lastQueues[q.name] = { at, published: q.stats.published || 0, acked: q.stats.acked || 0 };
+    row.dataset.queue = q.name;
+    cell(row, q.name); cell(row, q.mode); cell(row, q.depth).dataset.field = "depth"; cell(row, q.bytes);
+    cell(row, q.pending);
+    cell(row, q.groups.map((g) => `${g.name}: ${g.lag}`).join(", ") || q.lag);
+    cell(row, q.groups.reduce((n, g) => n + g.consumers, 0));
+    cell(row, rate(q.stats.published || 0, before.published, seconds));
+    cell(row, rate(q.stats.acked || 0, before.acked, seconds));
+    cell(row, q.dlq ? `${q.dlq} (${q.dlq_depth})` : "-");
+    const td = actions(row);
+    const act = (label, fn, danger) => button(td, label, fn, danger);
+    act("Peek", () => peek(q.name));
+    act("Purge", async () => {
+      if (confirm(`Remove every message of ${q.name}?`)) await api("POST", `/api/v1/queues/${seg(q.name)}/purge`);
+    }, true);
+    if (q.dlq_depth > 0) act("Redrive", () => api("POST", `/api/v1/queues/${seg(q.name)}/redrive`, {}));
+  });
+}
+
+async function peek(name) {
+  const page = await api("GET", `/api/v1/queues/${seg(name)}/messages?limit=50`);
+  $("peek-title").textContent = `${name}: first ${page.items.length} messages`;
+  fill($("peek-rows"), page.items, (row, m) => {
+    cell(row, m.offset); cell(row, m.topic); cell(row, m.size);
+    cell(row, m.encoding === "text" ? m.payload : `base64:${m.payload}`).className = "payload";
+  });
+  $("peek").hidden = false;
+}
+
+const TABS = { overview, connections, sessions, queues, publish: async () => {} };
+
+async function refresh() {
+  if (!state.token) return;
+  try { await TABS[state.tab](); showError(null); } catch (error) { showError(error); }
+}
+
+function show(tab) {
+  state.tab = tab;
+  for (const b of document.querySelectorAll("#tabs button")) b.classList.toggle("active", b.dataset.tab === tab);
+  for (const name of Object.keys(TABS)) $(name).hidden = name !== tab;
+  refresh();
+}
+
+// -- login -----------------------------------------------------------------------------------------
+
+function loggedIn() {
+  $("login").hidden = true;
+  $("tabs").hidden = false;
+  $("logout").hidden = false;
+  show(state.tab);
+  clearInterval(state.timer);
+  state.timer = setInterval(refresh, POLL_MS);
+}
+
+function logout() {
+  state.token = null;
+  sessionStorage.removeItem("trimaran-token");
+  clearInterval(state.timer);
+  $("login").hidden = false;
+  $("tabs").hidden = true;
+  $("logout").hidden = true;
+  for (const name of Object.keys(TABS)) $(name).hidden = true;
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("login").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    state.token = $("token").value.trim();
+    try {
+      await api("GET", "/api/v1/overview");
+      sessionStorage.setItem("trimaran-token", state.token);
+      showError(null);
+      loggedIn();
+    } catch (error) {
+      state.token = null;
+      showError(error.status === 401 ? new Error(`Log in failed: ${error.message}`) : error);
+    }
+  });
+  $("logout").addEventListener("click", logout);
+  for (const b of document.querySelectorAll("#tabs button")) b.addEventListener("click", () => show(b.dataset.tab));
+  $("publish-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    try {
+      const answer = await api("POST", "/api/v1/publish", {
+        topic: $("publish-topic").value, payload: $("publish-payload").value,
+        qos: Number($("publish-qos").value), retain: $("publish-retain").checked,
+      });
+      $("publish-result").textContent = answer.queue ? `stored in ${answer.queue} at offset ${answer.offset}` : `delivered to ${answer.delivered} subscribers`;
+      showError(null);
+    } catch (error) { showError(error); }
+  });
+  if (state.token) loggedIn(); else logout();
+});

@@ -1,0 +1,402 @@
+"""The admin API from the shell, as ``rabbitmqctl`` and ``emqx ctl`` are: ``trimaran status``,
+``clients list|show|kick``, ``sessions list|show|delete``, ``queues list|show|peek|purge|redrive|delete``.
+
+Each command is one or a few calls to ``/api/v1`` on a running server (stdlib ``urllib``, nothing
+to install). The address and the token default to the settings the server reads (``http.bind``,
+the first of ``http.tokens``), so on the server's own machine ``trimaran clients list`` just works;
+``--url`` and ``--token`` (or ``TRIMARAN_ADMIN_TOKEN``) reach another one. Output is a table for a
+person, or the API's JSON with ``--json``.
+
+Exit status: 0 done; 1 the server answered with an error (no such client, queue, ...); 2 the server
+cannot be reached, or the token is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+from urllib.parse import quote, urlencode, urljoin
+
+from trimaran.config import Settings
+
+COMMANDS = ("status", "clients", "sessions", "queues")
+TOKEN_ENV = "TRIMARAN_ADMIN_TOKEN"
+EXIT_ANSWERED_ERROR = 1
+EXIT_UNREACHABLE = 2
+TIMEOUT_S = 10.0
+
+AddCommand = Callable[..., argparse.ArgumentParser]
+
+
+class CtlError(Exception):
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# -- the command line -------------------------------------------------------------------------------
+
+
+def add_commands(commands: Any, common: argparse.ArgumentParser, command: AddCommand) -> None:
+    admin = argparse.ArgumentParser(add_help=False)
+    admin.add_argument("--url", help="the admin API's base URL (default: from http.bind)")
+    admin.add_argument("--token", help=f"bearer token (default: ${TOKEN_ENV}, then the first http.tokens)")
+    admin.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
+    parents = [common, admin]
+
+    command(commands, "status", "a running server's version, uptime, readiness and counts", parents=parents)
+
+    clients = command(commands, "clients", "connected clients of every protocol")
+    sub = clients.add_subparsers(dest="action", required=True)
+    listing = command(sub, "list", "list connected clients", parents=parents)
+    listing.add_argument("--protocol", choices=["mqtt", "amqp091", "amqp1"], help="only this protocol")
+    command(sub, "show", "one client", parents=parents).add_argument("id", help="client id or connection id")
+    kick = command(sub, "kick", "disconnect a client (MQTT 5: reason 0x98)", parents=parents)
+    kick.add_argument("id", help="client id (MQTT client id, AMQP container id) or connection id (mqtt-12)")
+
+    sessions = command(commands, "sessions", "MQTT sessions, connected or not")
+    sub = sessions.add_subparsers(dest="action", required=True)
+    listing = command(sub, "list", "list MQTT sessions", parents=parents)
+    state = listing.add_mutually_exclusive_group()
+    state.add_argument("--connected", action="store_true", help="only sessions with a connected client")
+    state.add_argument("--offline", action="store_true", help="only sessions without one")
+    command(sub, "show", "one session and its subscriptions", parents=parents).add_argument("client_id")
+    command(sub, "delete", "end a session (its client is disconnected)", parents=parents).add_argument(
+        "client_id"
+    )
+
+    queues = command(commands, "queues", "durable queues")
+    sub = queues.add_subparsers(dest="action", required=True)
+    command(sub, "list", "list queues with depth, pending, lag and consumers", parents=parents)
+    command(sub, "show", "one queue: policy, groups, counters", parents=parents).add_argument("name")
+    peek = command(sub, "peek", "look at messages without consuming them", parents=parents)
+    peek.add_argument("name")
+    peek.add_argument("--limit", type=int, default=20, help="how many (default 20)")
+    command(sub, "purge", "remove every message of a queue", parents=parents).add_argument("name")
+    redrive = command(sub, "redrive", "move dead letters from $dlq/<name> back to <name>", parents=parents)
+    redrive.add_argument("name")
+    redrive.add_argument("--limit", type=int, help="move at most this many (default: all)")
+    command(sub, "delete", "delete a queue and its messages", parents=parents).add_argument("name")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    try:
+        client = AdminClient(_base_url(args, settings), _token(args, settings))
+        return _dispatch(client, args)
+    except CtlError as exc:
+        print(f"trimaran: {exc}", file=sys.stderr)
+        return exc.status
+
+
+def _base_url(args: argparse.Namespace, settings: Settings) -> str:
+    if args.url:
+        return str(args.url).rstrip("/")
+    bind = settings.http.bind
+    if bind is None:
+        raise CtlError("http.bind is off in these settings: pass --url", EXIT_UNREACHABLE)
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(bind.host, bind.host)
+    return f"http://{f'[{host}]' if ':' in host else host}:{bind.port}"
+
+
+def _token(args: argparse.Namespace, settings: Settings) -> str | None:
+    if args.token:
+        return str(args.token)
+    if os.environ.get(TOKEN_ENV):
+        return os.environ[TOKEN_ENV]
+    tokens = settings.http.tokens
+    return tokens[0].get_secret_value() if tokens else None
+
+
+# -- HTTP -------------------------------------------------------------------------------------------
+
+
+class AdminClient:
+    def __init__(self, base_url: str, token: str | None) -> None:
+        self.base_url = base_url
+        self.token = token
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.base_url + path, data=data, method=method)
+        request.add_header("accept", "application/json")
+        if data is not None:
+            request.add_header("content-type", "application/json")
+        if self.token:
+            request.add_header("authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as error:
+            raise _answered(error) from None
+        except (urllib.error.URLError, OSError) as error:
+            reason = getattr(error, "reason", error)
+            raise CtlError(
+                f"cannot reach the admin API at {self.base_url}: {reason}", EXIT_UNREACHABLE
+            ) from None
+
+    def pages(self, path: str, query: dict[str, str] | None = None) -> list[dict[str, Any]]:
+        """Every item of a paginated list, following the ``next`` links."""
+        url: str | None = path + (f"?{urlencode(query)}" if query else "")
+        items: list[dict[str, Any]] = []
+        while url is not None:
+            page = self.call("GET", url)
+            items.extend(page["items"])
+            url = page.get("next")
+            if url is not None and url.startswith("http"):  # an absolute link: keep our base
+                url = urljoin("/", url.split("/", 3)[-1])
+        return items
+
+
+def _answered(error: urllib.error.HTTPError) -> CtlError:
+    try:
+        detail = json.loads(error.read())["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        detail = error.reason
+    if error.code == 401:
+        return CtlError(f"the admin API refused the token: {detail} (pass --token)", EXIT_UNREACHABLE)
+    return CtlError(f"{detail} ({error.code})", EXIT_ANSWERED_ERROR)
+
+
+def _segment(value: str) -> str:
+    """One path segment: a queue or client id may hold '/', '#' or '$'."""
+    return quote(value, safe="")
+
+
+# -- the commands -----------------------------------------------------------------------------------
+
+
+def _dispatch(client: AdminClient, args: argparse.Namespace) -> int:
+    command, action = args.command, getattr(args, "action", None)
+    as_json: bool = args.json
+    if command == "status":
+        overview = client.call("GET", "/api/v1/overview")
+        ready = _readiness(client)
+        if as_json:
+            _print_json({"overview": overview, "ready": ready})
+        else:
+            _print_status(client.base_url, overview, ready)
+        return 0
+    if command == "clients":
+        if action == "list":
+            query = {"protocol": args.protocol} if args.protocol else None
+            return _show_list(client.pages("/api/v1/clients", query), as_json, CLIENT_COLUMNS)
+        path = f"/api/v1/clients/{_segment(args.id)}"
+        if action == "show":
+            return _show_record(client.call("GET", path), as_json)
+        return _show_done(client.call("DELETE", path), as_json)
+    if command == "sessions":
+        if action == "list":
+            query = (
+                {"connected": "true"} if args.connected else {"connected": "false"} if args.offline else None
+            )
+            return _show_list(client.pages("/api/v1/sessions", query), as_json, SESSION_COLUMNS)
+        path = f"/api/v1/sessions/{_segment(args.client_id)}"
+        if action == "show":
+            return _show_record(
+                client.call("GET", path), as_json, nested=("subscriptions", SUBSCRIPTION_COLUMNS)
+            )
+        return _show_done(client.call("DELETE", path), as_json)
+    if command == "queues":
+        if action == "list":
+            return _show_list(client.pages("/api/v1/queues"), as_json, QUEUE_COLUMNS)
+        path = f"/api/v1/queues/{_segment(args.name)}"
+        if action == "show":
+            return _show_record(client.call("GET", path), as_json, nested=("groups", GROUP_COLUMNS))
+        if action == "peek":
+            page = client.call("GET", f"{path}/messages?{urlencode({'limit': max(1, args.limit)})}")
+            return _show_list(page["items"], as_json, MESSAGE_COLUMNS)
+        if action == "purge":
+            answer = client.call("POST", f"{path}/purge")
+            return _show_count(answer, as_json, f"purged {answer['count']} messages from {args.name}")
+        if action == "redrive":
+            answer = client.call("POST", f"{path}/redrive", {"limit": args.limit})
+            return _show_count(answer, as_json, f"moved {answer['count']} messages back to {args.name}")
+        return _show_done(client.call("DELETE", path), as_json)
+    raise AssertionError(command)
+
+
+def _readiness(client: AdminClient) -> dict[str, Any]:
+    try:
+        return dict(client.call("GET", "/readyz"))
+    except CtlError as exc:  # 503 still carries the checks; report it as not ready
+        return {"status": "not ready", "checks": {}, "detail": str(exc)}
+
+
+# -- output -----------------------------------------------------------------------------------------
+
+Column = tuple[str, Callable[[dict[str, Any]], object]]
+
+
+def _field(name: str) -> Callable[[dict[str, Any]], object]:
+    return lambda item: item.get(name)
+
+
+def _age(name: str) -> Callable[[dict[str, Any]], object]:
+    return lambda item: _duration(time.time() - item[name] / 1000) if item.get(name) else None
+
+
+CLIENT_COLUMNS: list[Column] = [
+    ("ID", _field("id")),
+    ("CLIENT ID", _field("client_id")),
+    ("PROTOCOL", _field("protocol")),
+    ("ADDRESS", _field("address")),
+    ("USER", _field("user")),
+    ("CONNECTED FOR", _age("connected_at_ms")),
+]
+SESSION_COLUMNS: list[Column] = [
+    ("CLIENT ID", _field("client_id")),
+    ("CONNECTED", lambda s: "yes" if s["connected"] else "no"),
+    ("MQTT", lambda s: {3: "3.1", 4: "3.1.1", 5: "5.0"}.get(s["protocol_level"], s["protocol_level"])),
+    ("SUBSCRIPTIONS", _field("subscription_count")),
+    ("INFLIGHT", _field("inflight")),
+    ("QUEUED", _field("queued")),
+    ("DROPPED", _field("dropped")),
+    ("EXPIRES IN", lambda s: None if s["expires_in_s"] is None else _duration(s["expires_in_s"])),
+]
+SUBSCRIPTION_COLUMNS: list[Column] = [
+    ("FILTER", _field("topic_filter")),
+    ("QOS", _field("qos")),
+    ("NO LOCAL", _field("no_local")),
+    ("RETAIN AS PUBLISHED", _field("retain_as_published")),
+]
+QUEUE_COLUMNS: list[Column] = [
+    ("NAME", _field("name")),
+    ("MODE", _field("mode")),
+    ("DEPTH", _field("depth")),
+    ("BYTES", _field("bytes")),
+    ("PENDING", _field("pending")),
+    ("LAG", _field("lag")),
+    ("CONSUMERS", lambda q: sum(g["consumers"] for g in q["groups"])),
+    ("DLQ DEPTH", _field("dlq_depth")),
+]
+GROUP_COLUMNS: list[Column] = [
+    ("GROUP", _field("name")),
+    ("CURSOR", _field("cursor")),
+    ("PENDING", _field("pending")),
+    ("LAG", _field("lag")),
+    ("CONSUMERS", _field("consumers")),
+]
+MESSAGE_COLUMNS: list[Column] = [
+    ("OFFSET", _field("offset")),
+    ("TOPIC", _field("topic")),
+    ("SIZE", _field("size")),
+    ("PAYLOAD", lambda m: _clip(m["payload"] if m["encoding"] == "text" else f"base64:{m['payload']}", 60)),
+]
+
+
+def table(rows: Iterable[dict[str, Any]], columns: Sequence[Column]) -> str:
+    """Rows as aligned text columns under a header, as ``rabbitmqctl list_queues`` prints them."""
+    cells = [[name for name, _ in columns]]
+    cells += [[_cell(get(row)) for _, get in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in cells
+    )
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def _clip(text: str, width: int) -> str:
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def _show_list(items: list[dict[str, Any]], as_json: bool, columns: Sequence[Column]) -> int:
+    if as_json:
+        _print_json(items)
+    else:
+        print(table(items, columns))
+    return 0
+
+
+def _show_record(
+    record: dict[str, Any], as_json: bool, nested: tuple[str, Sequence[Column]] | None = None
+) -> int:
+    """A record as ``key  value`` lines; ``nested`` names a list field shown as a table below."""
+    if as_json:
+        _print_json(record)
+        return 0
+    width = max(len(key) for key in record)
+    for key, value in record.items():
+        if nested is not None and key == nested[0]:
+            continue
+        shown = json.dumps(value) if isinstance(value, (dict, list)) else _cell(value)
+        print(f"{key.ljust(width)}  {shown}")
+    if nested is not None:
+        print()
+        print(table(record.get(nested[0], []), nested[1]))
+    return 0
+
+
+def _show_done(answer: dict[str, Any], as_json: bool) -> int:
+    if as_json:
+        _print_json(answer)
+    else:
+        print(answer.get("detail", "done"))
+    return 0
+
+
+def _show_count(answer: dict[str, Any], as_json: bool, sentence: str) -> int:
+    if as_json:
+        _print_json(answer)
+    else:
+        print(sentence)
+    return 0
+
+
+def _print_status(url: str, overview: dict[str, Any], ready: dict[str, Any]) -> None:
+    connections = overview["connections"]
+    rows = [
+        ("server", url),
+        ("version", overview["version"]),
+        ("node", overview["node"]),
+        ("uptime", _duration(overview["uptime_s"])),
+        ("ready", ready.get("status", "unknown")),
+        (
+            "connections",
+            ", ".join(f"{k} {v}" for k, v in connections.items()) + f" (total {sum(connections.values())})",
+        ),
+        ("sessions", overview["sessions"]),
+        ("subscriptions", overview["subscriptions"]),
+        ("retained", overview["retained"]),
+        ("queues", overview["queues"]),
+        ("messages", ", ".join(f"{k} {v}" for k, v in overview["messages"].items())),
+        ("bytes", ", ".join(f"{k} {v}" for k, v in overview["bytes"].items())),
+    ]
+    listeners = ready.get("checks", {}).get("listeners")
+    if isinstance(listeners, dict):
+        rows.append(("listeners", ", ".join(f"{k} {v or 'not bound'}" for k, v in listeners.items())))
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name.ljust(width)}  {value}")
