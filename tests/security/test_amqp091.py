@@ -147,6 +147,11 @@ def test_exclusive_queue_is_locked_for_every_other_connection(
     amqp1_refusal = _amqp1_receive_condition(secure_server, "carol", name)
     if amqp1_refusal is not None:
         assert amqp1_refusal == "amqp:resource-locked"
+    # A browser (distribution-mode copy) reads without taking: still another connection's queue.
+    assert _amqp1_receive_condition(secure_server, "carol", name, browse=True) in (
+        None,
+        "amqp:resource-locked",
+    )
     assert owner.basic_get(name, auto_ack=True)[2] == b"reply"
     # Its name is not listed on the unauthenticated /metrics (per-queue series are opt-in).
     metrics_url = f"http://127.0.0.1:{secure_server.ports['http']}/metrics"
@@ -156,9 +161,13 @@ def test_exclusive_queue_is_locked_for_every_other_connection(
     assert 'trimaran_auth_refusals_total{protocol="mqtt"}' in metrics
 
 
-def _amqp1_receive_condition(server: RunningServer, user: str, queue: str) -> str | None:
-    """The condition of the refused attach of an AMQP 1.0 receiver (None: proton is missing)."""
+def _amqp1_receive_condition(
+    server: RunningServer, user: str, queue: str, *, browse: bool = False
+) -> str | None:
+    """The condition of the refused attach of an AMQP 1.0 receiver, a browser with ``browse``
+    (None: proton is missing)."""
     try:
+        from proton.reactor import Copy
         from proton.utils import BlockingConnection, LinkDetached
     except ImportError:
         return None
@@ -166,7 +175,7 @@ def _amqp1_receive_condition(server: RunningServer, user: str, queue: str) -> st
     connection = BlockingConnection(url, timeout=10, allowed_mechs="PLAIN")
     try:
         with pytest.raises(LinkDetached) as caught:
-            connection.create_receiver(f"queue://{queue}")
+            connection.create_receiver(f"queue://{queue}", options=Copy() if browse else None)
         return str(caught.value.condition)
     finally:
         connection.close()

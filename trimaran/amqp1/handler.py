@@ -372,9 +372,11 @@ class Amqp1FrontEnd:
             assert self.queues is not None
             browse = QueueBrowse(conn, link, address, settled)
             try:
-                browse.handle = self.queues.browse(address.name, browse)
+                browse.handle = self.queues.browse(address.name, browse, owner=conn)
             except QueueError as exc:
                 condition = NOT_FOUND if exc.reason == "no-queue" else NOT_IMPLEMENTED
+                if exc.reason == "locked":
+                    condition = RESOURCE_LOCKED
                 self._refuse(conn, link, condition, str(exc))
                 return None
             out = browse

@@ -1005,9 +1005,7 @@ class QueueManager:
         """
         if not self._started:
             raise QueueError("stopped", "the queue manager is not running")
-        held_by = self.owners.get(queue)
-        if held_by is not None and held_by is not owner:
-            raise QueueError("locked", f"queue {queue} is exclusive to another connection")
+        self._check_owner(queue, owner)
         batch = WriteBatch()
         state = self._get_or_create(queue, batch)
         name = group or DEFAULT_GROUP
@@ -1027,12 +1025,19 @@ class QueueManager:
             self.writer.submit(batch)
         return handle
 
-    def browse(self, queue: str, consumer: QueueConsumer) -> BrowseHandle:
+    def _check_owner(self, queue: str, owner: object) -> None:
+        held_by = self.owners.get(queue)
+        if held_by is not None and held_by is not owner:
+            raise QueueError("locked", f"queue {queue} is exclusive to another connection")
+
+    def browse(self, queue: str, consumer: QueueConsumer, *, owner: object = None) -> BrowseHandle:
         """Attach a browser: it receives copies of what the queue holds (from the oldest) and of
         what arrives, as credit allows, and changes nothing. Not for a shared node's work queues
-        (this node holds only its claims)."""
+        (this node holds only its claims). ``owner``: as for :meth:`consume`, an exclusive or
+        temporary queue is read only by the connection that owns it."""
         if not self._started:
             raise QueueError("stopped", "the queue manager is not running")
+        self._check_owner(queue, owner)
         batch = WriteBatch()
         state = self._get_or_create(queue, batch)
         if state.durable and not batch.empty():
