@@ -82,6 +82,8 @@ def test_publishes_map_to_queue_and_topic_writes(open_as: Callable[[str], Any]) 
     alice = open_as("alice")
     for exchange, key in (
         ("", "invoices"),
+        ("", "$queue/invoices"),  # the cross-protocol name through the default exchange
+        ("", "$queue/invoices/some-key"),
         ("amq.topic", "bob.private.inbox"),
         ("amq.topic", "$SYS.broker.x"),
     ):
@@ -96,8 +98,9 @@ def test_publishes_map_to_queue_and_topic_writes(open_as: Callable[[str], Any]) 
     channel.queue_bind("alice-work", "amq.topic", "alice.#")
     channel.basic_publish("amq.topic", "alice.note", b"via topic")
     channel.basic_publish("", "alice-work", b"direct")
-    got = [channel.basic_get("alice-work", auto_ack=True)[2] for _ in range(2)]
-    assert sorted(got) == [b"direct", b"via topic"]
+    channel.basic_publish("", "$queue/alice-work", b"cross")
+    got = [channel.basic_get("alice-work", auto_ack=True)[2] for _ in range(3)]
+    assert sorted(got) == [b"cross", b"direct", b"via topic"]
 
 
 def test_binding_to_other_users_topics_is_reading_them(open_as: Callable[[str], Any]) -> None:

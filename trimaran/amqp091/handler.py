@@ -55,7 +55,7 @@ from trimaran.config import Settings
 from trimaran.queue.manager import QueueManager
 from trimaran.queue.policy import QUEUE_PREFIX, QueueError, parse_queue_topic, queue_topic
 from trimaran.runtime.transport import Conn
-from trimaran.security.amqp091 import check_method, publish_targets
+from trimaran.security.amqp091 import check_method, check_queue_publish, publish_targets
 from trimaran.security.guard import READ, Login, Security
 from trimaran.storage.amqp_store import AmqpStore
 
@@ -563,11 +563,14 @@ class Amqp091FrontEnd:
         sent = False
         if parsed is not None and parsed[2] is None:
             name, sub_key, _ = parsed
+            topic = queue_topic(name, sub_key)
+            if conn.principal is not None:
+                check_queue_publish(self.security, conn.principal, conn, name, topic, method)
             try:
                 message = message_from_content(
                     props,
                     body,
-                    queue_topic(name, sub_key),
+                    topic,
                     exchange="",
                     routing_key=key,
                     publisher_id=conn.name,

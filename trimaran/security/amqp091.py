@@ -5,7 +5,7 @@ basic.consume and basic.get need read. A binding from ``amq.topic`` also reads t
 names (``a.*`` reads ``a/+``), so it needs read on that filter too: otherwise a queue of one's own
 bound to another user's topics would read them. Exchanges other than the built-in ones are configured
 as ``$exchange/<name>``. A queue this connection declared exclusive needs no rule: it is its own.
-Publishing is checked where it is routed (:func:`publish_targets`).
+Publishing is checked where it is routed (:func:`publish_targets`, :func:`check_queue_publish`).
 """
 
 from __future__ import annotations
@@ -154,3 +154,13 @@ def publish_targets(
                 principal, WRITE, queue_topic(name), f"routed by exchange {exchange!r}: left out"
             )
     return allowed
+
+
+def check_queue_publish(
+    security: Security, principal: Principal, conn: Amqp091Conn, name: str, topic: str, method: spec.Method
+) -> None:
+    """A basic.publish through the default exchange to ``$queue/<name>[/<key>]`` (the cross-protocol
+    name) writes that topic, as an MQTT publish to it does: ``403 ACCESS_REFUSED`` when the rules say
+    no (a queue this connection declared exclusive is its own)."""
+    if name not in conn.exclusive_queues and not security.authorize(principal, WRITE, topic):
+        raise _refusal(WRITE, topic, method)
