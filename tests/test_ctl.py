@@ -1,4 +1,4 @@
-"""``trimaran status|clients|sessions|queues`` against a real server, and the admin API fixes they
+"""``trimaran status|clients|sessions|queues|auth`` against a real server, and the admin API fixes they
 rely on: kick by client id, ``next`` links under names with '/', reason phrases."""
 
 from __future__ import annotations
@@ -223,6 +223,14 @@ def test_wrong_token_and_unreachable_server(
     )
     assert result.returncode == 2
     assert result.stderr.startswith("trimaran: cannot reach the admin API at http://127.0.0.1:1: ")
+
+
+def test_auth_reload(ctl: Callable[..., subprocess.CompletedProcess[str]], server: RunningServer) -> None:
+    result = ctl("auth", "reload")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "users and rules reloaded"
+    assert json.loads(ctl("auth", "reload", "--json").stdout)["ok"] is True
+    wait_for(lambda: "auth: reloaded" in server.output())
 
 
 def test_table_aligns_columns() -> None:

@@ -348,6 +348,7 @@ def test_systemd_unit_is_hardened_and_consistent() -> None:
         assert re.search(rf"^d {config.parent} \d+ root {service['Group']} ", tmpfiles, re.M)
         assert str(config.parent) in service["ReadOnlyPaths"]
     assert service["RestartPreventExitStatus"] == "2"  # a setting to fix, not a crash
+    assert service["ExecReload"] == "/bin/kill -HUP $MAINPID"  # SIGHUP reloads users and rules
 
 
 # -- Grafana ----------------------------------------------------------------------------------------

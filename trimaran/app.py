@@ -36,6 +36,9 @@ from trimaran.queue.manager import QueueManager
 from trimaran.runtime.machine import Machine
 from trimaran.runtime.runner import Runner, RuntimeLimits
 from trimaran.runtime.transport import Conn, Hull, HullFactory
+from trimaran.security.acl import AclError
+from trimaran.security.guard import Security
+from trimaran.security.passwords import PasswordFileError
 from trimaran.storage.amqp_store import AmqpStore
 from trimaran.storage.engine import describe
 from trimaran.storage.mqtt_store import MqttStore
@@ -55,6 +58,7 @@ class App:
         self.amqp1: Amqp1FrontEnd | None = None
         self.queues: QueueManager | None = None
         self.webhooks: Webhooks | None = None
+        self.security: Security | None = None
         self.runner = Runner(runtime_limits(settings))
         self.listeners: list[ProtocolListener | Listener] = []
         self.http = HttpServer(
@@ -77,6 +81,11 @@ class App:
         settings = self.settings
         check_settings(settings)
         tls = self._tls_context()  # a missing certificate is said before any database is created
+        try:
+            self.security = security = Security(settings.auth)
+        except (PasswordFileError, AclError) as exc:  # a bad password or rule file stops the start
+            raise ConfigError(str(exc)) from None
+        security.describe_start()
         url = settings.storage.effective_url()
         storage = Storage.from_url(
             url, sqlite_synchronous=settings.storage.sqlite_synchronous, pool_size=settings.storage.pool_size
@@ -95,10 +104,12 @@ class App:
             events=self.broker.events,
         )
         self.webhooks = Webhooks(settings.webhooks, self.broker.events, settings.node_name)
-        self.mqtt = MqttFrontEnd(self.broker, settings, store, self.queues)
-        self.amqp091 = Amqp091FrontEnd(self.broker, settings, self.queues, AmqpStore(storage.engine))
-        self.amqp1 = Amqp1FrontEnd(self.broker, settings, self.queues)
+        self.mqtt = MqttFrontEnd(self.broker, settings, store, self.queues, security)
+        amqp_store = AmqpStore(storage.engine)
+        self.amqp091 = Amqp091FrontEnd(self.broker, settings, self.queues, amqp_store, security)
+        self.amqp1 = Amqp1FrontEnd(self.broker, settings, self.queues, security)
         self.telemetry.bind(self.broker, self.queues, self.mqtt, self.webhooks, self.runner)
+        self.telemetry.security = security  # failed logins and refusals in /metrics
         self.listeners = self._build_listeners(tls)
         if settings.http.bind is not None and self.api.locked:
             log.warning("admin API is locked: no http.tokens configured, /api/v1 answers 401 to every call")
@@ -162,9 +173,13 @@ class App:
         await self.broker.flush()
 
     async def _watch_signals(self) -> None:
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
             async for signum in signals:
                 log.info("received %s", signal.Signals(signum).name)
+                if signum == signal.SIGHUP:
+                    if self.security is not None:
+                        self.security.reload()  # users and rules; no connection is dropped
+                    continue
                 self.request_stop()
 
     def _tls_context(self) -> ssl.SSLContext | None:

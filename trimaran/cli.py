@@ -1,5 +1,6 @@
-"""Command line: ``trimaran serve | config show|example | db upgrade|current | audit | export | version``
-and the admin API's client (``status``, ``clients``, ``sessions``, ``queues``: trimaran/ctl.py).
+"""Command line: ``trimaran serve | config show|example | db upgrade|current | audit | export |
+passwd add|remove|list | version`` and the admin API's client (``status``, ``clients``,
+``sessions``, ``queues``, ``auth reload``: trimaran/ctl.py).
 
 Every failure a person can cause ends in one line on stderr and a non-zero status: 2 for settings,
 files, ports and databases (and usage errors, with a "did you mean"), no traceback.
@@ -97,7 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"trimaran {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = _command(commands, "serve", "run the server until SIGINT or SIGTERM", parents=[common])
+    serve = _command(
+        commands,
+        "serve",
+        "run the server until SIGINT or SIGTERM (SIGHUP reloads users and rules)",
+        parents=[common],
+    )
     bind_help = "[HOST:]PORT, or off (port 0 picks a free port)"
     serve.add_argument("--mqtt", metavar="ADDR", help=f"MQTT over TCP, default 1883; {bind_help}")
     serve.add_argument("--mqtt-tls", metavar="ADDR", help=f"MQTT over TLS, default off; {bind_help}")
@@ -136,6 +142,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     _command(commands, "version", "print the version")
     ctl.add_commands(commands, common, _command)
+
+    passwd = _command(
+        commands, "passwd", "manage a password file (auth.password_file, mosquitto_passwd's format)"
+    )
+    passwd_commands = passwd.add_subparsers(dest="passwd_command", required=True)
+    add = _command(
+        passwd_commands,
+        "add",
+        "add a user or change its password (read from the terminal, or stdin when piped)",
+    )
+    add.add_argument("file", type=Path)
+    add.add_argument("user")
+    add.add_argument("--scheme", choices=["pbkdf2", "scrypt"], default="pbkdf2", help="default: pbkdf2 ($7$)")
+    remove = _command(passwd_commands, "remove", "remove a user")
+    remove.add_argument("file", type=Path)
+    remove.add_argument("user")
+    listing = _command(passwd_commands, "list", "print the user names")
+    listing.add_argument("file", type=Path)
     return parser
 
 
@@ -171,6 +195,10 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "version":
         print(f"trimaran {__version__}")
         return 0
+    if args.command == "passwd":
+        from trimaran.security.cli import run_passwd
+
+        return run_passwd(args)
     if args.command == "config" and args.config_command == "example":
         from trimaran.config_example import example_toml
 

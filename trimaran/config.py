@@ -265,8 +265,26 @@ class UserSettings(Section):
 
 
 class AuthSettings(Section):
-    allow_anonymous: bool = True
-    users: list[UserSettings] = []
+    allow_anonymous: bool | None = Field(
+        None, description="anonymous clients; unset = from loopback addresses only"
+    )
+    users: list[UserSettings] = Field(
+        [], description="plaintext passwords (a WARNING at start); prefer password_file"
+    )
+    password_file: Path | None = Field(
+        None, description="mosquitto_passwd format ($7$ PBKDF2-SHA512, $6$) or scrypt"
+    )
+    acl_file: Path | None = Field(
+        None, description="Mosquitto acl_file syntax plus 'configure'; deny by default"
+    )
+    loopback_users: list[str] = Field(["guest"], description="users that may log in only from loopback")
+    use_identity_as_username: bool = Field(
+        False, description="a verified client certificate's subject field is the username (MQTT)"
+    )
+    identity_field: str = Field("commonName", description="certificate subject field used as the username")
+    login_delay_initial_s: float = Field(0.2, ge=0, description="after a failed login from an address")
+    login_delay_max_s: float = Field(10.0, ge=0, description="the growing delay's ceiling")
+    login_cache_s: float = Field(300.0, ge=0, description="a verified password is remembered this long")
 
 
 class WebhookEndpoint(Section):
@@ -321,6 +339,7 @@ class TelemetrySettings(Section):
     traces: bool = False
     otlp_endpoint: str | None = None
     service_name: str = "trimaran"
+    per_object_metrics: bool = Field(False, description="per-queue and per-endpoint series in /metrics")
 
 
 class HttpSettings(Section):

@@ -1,5 +1,6 @@
 """The admin API from the shell, as ``rabbitmqctl`` and ``emqx ctl`` are: ``trimaran status``,
-``clients list|show|kick``, ``sessions list|show|delete``, ``queues list|show|peek|purge|redrive|delete``.
+``clients list|show|kick``, ``sessions list|show|delete``, ``queues list|show|peek|purge|redrive|delete``,
+``auth reload``.
 
 Each command is one or a few calls to ``/api/v1`` on a running server (stdlib ``urllib``, nothing
 to install). The address and the token default to the settings the server reads (``http.bind``,
@@ -26,7 +27,7 @@ from urllib.parse import quote, urlencode, urljoin
 
 from trimaran.config import Settings
 
-COMMANDS = ("status", "clients", "sessions", "queues")
+COMMANDS = ("status", "clients", "sessions", "queues", "auth")
 TOKEN_ENV = "TRIMARAN_ADMIN_TOKEN"
 EXIT_ANSWERED_ERROR = 1
 EXIT_UNREACHABLE = 2
@@ -84,6 +85,10 @@ def add_commands(commands: Any, common: argparse.ArgumentParser, command: AddCom
     redrive.add_argument("name")
     redrive.add_argument("--limit", type=int, help="move at most this many (default: all)")
     command(sub, "delete", "delete a queue and its messages", parents=parents).add_argument("name")
+
+    auth = command(commands, "auth", "users and access rules of a running server")
+    sub = auth.add_subparsers(dest="action", required=True)
+    command(sub, "reload", "read auth.password_file and auth.acl_file again, as SIGHUP does", parents=parents)
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -219,6 +224,8 @@ def _dispatch(client: AdminClient, args: argparse.Namespace) -> int:
             answer = client.call("POST", f"{path}/redrive", {"limit": args.limit})
             return _show_count(answer, as_json, f"moved {answer['count']} messages back to {args.name}")
         return _show_done(client.call("DELETE", path), as_json)
+    if command == "auth":
+        return _show_done(client.call("POST", "/api/v1/auth/reload"), as_json)
     raise AssertionError(command)
 
 

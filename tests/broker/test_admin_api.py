@@ -29,6 +29,7 @@ SERVER_ENV = {
     "TRIMARAN_HTTP__TOKENS": json.dumps(["other", TOKEN]),
     "TRIMARAN_HTTP__MAX_BODY_BYTES": "4096",
     "TRIMARAN_LIMITS__SYS_INTERVAL": "0",
+    "TRIMARAN_TELEMETRY__PER_OBJECT_METRICS": "true",  # the queue series below are per queue
 }
 ARGS = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "off", "--http", "127.0.0.1:0"]
 

@@ -2,25 +2,86 @@
 
 from __future__ import annotations
 
+import logging
+
+import anyio
+import pytest
 from pydantic import SecretStr
 
-from trimaran.broker.auth import Authenticator, AuthResult
 from trimaran.broker.clients import ClientInfo, ClientRegistry
 from trimaran.config import AuthSettings, UserSettings
+from trimaran.security.guard import Login, Security
 
 
-def test_authenticator() -> None:
+def verdict(security: Security, user: str | None, password: str | bytes | None, host: str) -> Login:
+    result = security.login(user, password, host, protocol="mqtt")
+    if isinstance(result, Login):
+        return result
+
+    async def wait() -> Login:
+        return await result
+
+    return anyio.run(wait)
+
+
+def test_one_user_table_and_who_may_be_anonymous() -> None:
     users = [UserSettings(name="alice", password=SecretStr("wonderland"))]
-    open_door = Authenticator(AuthSettings(allow_anonymous=True, users=users))
-    assert open_door.check(None, None) is AuthResult.OK
-    assert open_door.check("alice", "wonderland") is AuthResult.OK
-    assert open_door.check("alice", b"wonderland") is AuthResult.OK
-    assert open_door.check("alice", "wrong") is AuthResult.BAD_CREDENTIALS
-    assert open_door.check("alice", None) is AuthResult.BAD_CREDENTIALS
-    assert open_door.check("bob", "wonderland") is AuthResult.BAD_CREDENTIALS
-    closed = Authenticator(AuthSettings(allow_anonymous=False, users=users))
-    assert closed.check(None, None) is AuthResult.ANONYMOUS_REFUSED
-    assert closed.check("alice", "wonderland") is AuthResult.OK
+    open_door = Security(AuthSettings(allow_anonymous=True, users=users, login_delay_initial_s=0))
+    assert verdict(open_door, None, None, "192.0.2.7").ok
+    assert verdict(open_door, "alice", "wonderland", "127.0.0.1").user == "alice"
+    assert verdict(open_door, "alice", b"wonderland", "::1").ok
+    assert not verdict(open_door, "alice", "wrong", "127.0.0.1").ok
+    assert not verdict(open_door, "alice", None, "127.0.0.1").ok
+    assert not verdict(open_door, "bob", "wonderland", "127.0.0.1").ok
+    closed = Security(AuthSettings(allow_anonymous=False, users=users))
+    refused = verdict(closed, None, None, "127.0.0.1")
+    assert not refused.ok and refused.not_authorized
+    unset = Security(AuthSettings(users=users))  # the default: anonymous from loopback only
+    assert verdict(unset, None, None, "127.0.0.1").ok and verdict(unset, None, None, "::ffff:127.0.0.1").ok
+    assert not verdict(unset, None, None, "192.0.2.7").ok
+    assert closed.stats["login_failures"] == 1
+
+
+def test_a_user_name_with_no_users_is_anonymous_where_anonymous_clients_are() -> None:
+    """Mosquitto's rule (allow_anonymous, no password file): the name names nobody. The loopback-only
+    default for anonymous clients and the loopback-only users still hold."""
+    open_door = Security(AuthSettings(allow_anonymous=True, login_delay_initial_s=0))
+    for name, password in (("", None), ("someone", None), ("someone", "anything")):
+        login = verdict(open_door, name, password, "192.0.2.7")
+        assert login.ok and login.user is None, name
+    assert not verdict(open_door, "guest", "guest", "192.0.2.7").ok  # auth.loopback_users
+    unset = Security(AuthSettings(login_delay_initial_s=0))  # anonymous from loopback only
+    assert verdict(unset, "someone", "x", "127.0.0.1").ok
+    assert not verdict(unset, "someone", "x", "192.0.2.7").ok
+    closed = Security(AuthSettings(allow_anonymous=False, login_delay_initial_s=0))
+    assert not verdict(closed, "someone", "x", "127.0.0.1").ok
+    users = [UserSettings(name="alice", password=SecretStr("wonderland"))]
+    with_users = Security(AuthSettings(allow_anonymous=True, users=users, login_delay_initial_s=0))
+    assert not verdict(with_users, "someone", "x", "127.0.0.1").ok  # once users exist, names count
+
+
+def test_a_failed_login_is_one_warning_with_fields(caplog: pytest.LogCaptureFixture) -> None:
+    users = [UserSettings(name="alice", password=SecretStr("wonderland"))]
+    security = Security(AuthSettings(users=users, login_delay_initial_s=0))
+    with caplog.at_level(logging.WARNING, logger="trimaran.security"):
+        result = security.login(
+            "alice", "guess", "127.0.0.1", protocol="mqtt", client_id="dev-1", peer="127.0.0.1:5000"
+        )
+        login = result if isinstance(result, Login) else anyio.run(lambda: result)
+    assert not login.ok
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == (
+        "mqtt: client 'dev-1' from 127.0.0.1:5000 refused (bad user name or password, user 'alice')"
+    )
+    fields = {k: getattr(record, k) for k in ("peer", "protocol", "client_id", "user", "reason")}
+    assert fields == {
+        "peer": "127.0.0.1:5000",
+        "protocol": "mqtt",
+        "client_id": "dev-1",
+        "user": "alice",
+        "reason": "bad user name or password",
+    }
 
 
 def test_client_registry() -> None:

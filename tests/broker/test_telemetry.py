@@ -53,7 +53,7 @@ class FakeWebhooks:
 
 
 def test_webhook_counters_and_commit_histogram() -> None:
-    telemetry = Telemetry(TelemetrySettings())
+    telemetry = Telemetry(TelemetrySettings(per_object_metrics=True))
     telemetry.bind(webhooks=cast("Webhooks", FakeWebhooks()))
     telemetry.commit_observed(0.003, 40)
     telemetry.commit_observed(0.2, 1)
@@ -93,3 +93,37 @@ def test_otlp_without_the_extra_is_logged_not_fatal(caplog: pytest.LogCaptureFix
     telemetry.commit_observed(0.001, 1)
     assert "trimaran_storage_commit_rows" in telemetry.prometheus_text()
     telemetry.shutdown()
+
+
+class PathWebhooks:
+    """Two endpoints whose URLs carry secrets in their paths."""
+
+    def stats(self) -> list[dict[str, Any]]:
+        common = {
+            "requests": 1,
+            "failed": 0,
+            "sent": 1,
+            "queued": 0,
+            "dropped": 0,
+            "retried": 0,
+            "breaker": "closed",
+        }
+        return [
+            {"url": "https://hooks.example:8443/token/s3cret?key=1", **common},
+            {"url": "http://other.example/t/abc", **common},
+        ]
+
+
+def test_per_object_series_only_when_asked_and_never_webhook_paths() -> None:
+    aggregated = Telemetry(TelemetrySettings())
+    aggregated.bind(webhooks=cast("Webhooks", PathWebhooks()))
+    text = aggregated.prometheus_text()
+    assert samples(text)["trimaran_webhook_requests_total"] == 2  # one series, summed
+    assert "endpoint=" not in text and "s3cret" not in text
+    per_object = Telemetry(TelemetrySettings(per_object_metrics=True))
+    per_object.bind(webhooks=cast("Webhooks", PathWebhooks()))
+    text = per_object.prometheus_text()
+    got = samples(text)
+    assert got['trimaran_webhook_requests_total{endpoint="https://hooks.example:8443"}'] == 1
+    assert got['trimaran_webhook_requests_total{endpoint="http://other.example"}'] == 1
+    assert "s3cret" not in text and "/t/abc" not in text

@@ -284,16 +284,17 @@ def test_control_settle_then_puback_keeps_the_control_meaning(qmqtt: Endpoints, 
 
 
 def test_control_ack_by_payload_v311(qmqtt: Endpoints) -> None:
-    """3.1.1 has no user properties: the message id is the payload of the control PUBLISH."""
+    """3.1.1 has no user properties: the message id is the payload of the control PUBLISH. Only
+    the connection holding the delivery may settle it (tests/security cover the refusals)."""
     q = "$queue/control-311"
     pub = connect(qmqtt, version=V311)
     sub = connect(qmqtt, version=V5, manual_ack=True)  # reads the message id from its headers
-    settler = connect(qmqtt, version=V311)  # another connection settles it
+    settler = connect(qmqtt, version=V311)
     try:
         sub.subscribe(q, qos=1)
         pub.publish(q, b"x", qos=1)
         got = sub.expect()
-        settler.publish(f"{q}/$ack", user_props(got)["x-queue-message-id"].encode(), qos=1)
+        sub.publish(f"{q}/$ack", user_props(got)["x-queue-message-id"].encode(), qos=1)
         sub.client.ack(got.mid, 1)
         sub.disconnect()
         again = connect(qmqtt, version=V311)

@@ -10,6 +10,7 @@ import pytest
 from tests.queue.conftest import Collector, Factory, wait_until
 from trimaran.broker.message import Message
 from trimaran.config import QueuePolicySettings
+from trimaran.queue.policy import QueueError
 from trimaran.storage import queue_store
 
 pytestmark = pytest.mark.anyio
@@ -39,6 +40,22 @@ async def test_a_browser_sees_everything_and_takes_nothing(make_manager: Factory
         assert manager.info("q").pending == 4  # held by the consumer, not by the browser
         await handle.cancel()
         assert manager.queues["q"].browsers == []
+
+
+async def test_another_connections_exclusive_queue_is_not_browsed(make_manager: Factory) -> None:
+    manager = make_manager()
+    owner, other = object(), object()
+    async with manager.running():
+        await manager.publish("reply", msg(b"secret", topic="$queue/reply"))
+        manager.owners["reply"] = owner
+        with pytest.raises(QueueError) as refused:
+            manager.browse("reply", Collector("other"), owner=other)
+        assert refused.value.reason == "locked"
+        with pytest.raises(QueueError):
+            manager.browse("reply", Collector("nobody"))  # no owner given: not the owner either
+        browser = Collector("owner")
+        manager.browse("reply", browser, owner=owner).set_credit(10)
+        assert browser.payloads == [b"secret"]
 
 
 async def test_returned_deliveries_are_not_failed_attempts(make_manager: Factory) -> None:

@@ -26,6 +26,7 @@ from trimaran.runtime.transport import Conn
 
 if TYPE_CHECKING:
     from trimaran.amqp091.handler import Amqp091FrontEnd
+    from trimaran.security.guard import Principal
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class Amqp091Conn:
         self.peer = io.peer
         self.name = io.peer
         self.user: str | None = None
+        self.principal: Principal | None = None  # who logged in: what the rules let it do
         self.client: ClientInfo | None = None
         self.channels: dict[int, ChannelState] = {}
         self.written_hooks: set[ChannelState] = set()

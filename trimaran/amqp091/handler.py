@@ -46,7 +46,6 @@ from trimaran.amqp091.mapping import MappingError, message_from_content, message
 from trimaran.amqp091.operations import REPLY_PREFIX, REPLY_TO, Operations, _error
 from trimaran.amqp091.properties import BasicProperties
 from trimaran.amqp091.queues import QueueMeta, RouterBinding
-from trimaran.broker.auth import Authenticator, AuthResult
 from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker
 from trimaran.broker.events import CLIENT_AUTH_FAILED, CLIENT_CONNECTED, CLIENT_DISCONNECTED
@@ -56,6 +55,8 @@ from trimaran.config import Settings
 from trimaran.queue.manager import QueueManager
 from trimaran.queue.policy import QUEUE_PREFIX, QueueError, parse_queue_topic, queue_topic
 from trimaran.runtime.transport import Conn
+from trimaran.security.amqp091 import check_method, check_queue_publish, publish_targets
+from trimaran.security.guard import READ, Login, Security
 from trimaran.storage.amqp_store import AmqpStore
 
 log = logging.getLogger(__name__)
@@ -66,15 +67,20 @@ GUEST: Final = ("guest", "guest")
 
 class Amqp091FrontEnd:
     def __init__(
-        self, broker: Broker, settings: Settings, queues: QueueManager, store: AmqpStore | None = None
+        self,
+        broker: Broker,
+        settings: Settings,
+        queues: QueueManager,
+        store: AmqpStore | None = None,
+        security: Security | None = None,
     ) -> None:
         self.broker = broker
         self.store = store
         self.settings = settings
         self.config = settings.amqp091
         self.manager = queues
-        self.auth = Authenticator(settings.auth)
-        self._guest_is_user = any(user.name == GUEST[0] for user in settings.auth.users)
+        self.security = security if security is not None else Security(settings.auth)
+        self.security.on_reload(self._recheck_all)
         self.exchanges = ExchangeRegistry()
         self.meta: dict[str, QueueMeta] = {}
         #: queue name -> its consumers (every channel, every connection), for counts and cancels.
@@ -102,7 +108,10 @@ class Amqp091FrontEnd:
     def open(self, io: Conn) -> Amqp091Conn:
         """The hull for a new connection (the port feeds it the protocol header and what follows)."""
         config = self.config
+        # SASL EXTERNAL: offered on a TLS connection that showed a client certificate.
+        external = io.peer_certificate() is not None
         machine = ServerConnection(
+            mechanisms=("EXTERNAL", "PLAIN", "AMQPLAIN") if external else ("PLAIN", "AMQPLAIN"),
             virtual_hosts=config.vhosts,
             channel_max=config.channel_max,
             frame_max=config.frame_max,
@@ -178,6 +187,34 @@ class Amqp091FrontEnd:
 
         return release()
 
+    def _recheck_all(self) -> None:
+        """The rules were reloaded: consumers of queues their user may no longer read are cancelled
+        (basic.cancel where the client takes it); connections and channels stay."""
+        for conn in list(self.conns):
+            principal = conn.principal
+            if principal is None or conn.machine.closed:
+                continue
+            for channel in list(conn.channels.values()):
+                for consumer in list(channel.consumers.values()):
+                    name = consumer.queue
+                    if name in conn.exclusive_queues or self.security.allowed(
+                        principal, READ, queue_topic(name)
+                    ):
+                        continue
+                    self.security.refused(
+                        principal, READ, queue_topic(name), "consumer cancelled by a reload"
+                    )
+                    del channel.consumers[consumer.tag]
+                    self.forget_consumer(consumer)
+                    consumer.cancelled = True
+                    if consumer.handle is not None:
+                        consumer.handle.set_credit(0)  # its unacked deliveries may still be acked
+                        if not consumer.unacked:
+                            conn.io.spawn(consumer.handle.cancel)
+                    if conn.machine.client_capabilities.get("consumer_cancel_notify") is True:
+                        conn.machine.send_method(channel.number, spec.BasicCancel(consumer.tag, True))
+            conn.wake()
+
     def forget_consumer(self, consumer: Consumer) -> None:
         consumers = self.consumers.get(consumer.queue)
         if consumers is not None:
@@ -198,7 +235,7 @@ class Amqp091FrontEnd:
         if type(event) is MethodReceived:
             return self._method(conn, event)
         if isinstance(event, AuthenticationRequested):
-            self._authenticate(conn, event)
+            return self._authenticate(conn, event)
         elif isinstance(event, SecureOkReceived):
             conn.machine.reject_authentication("unexpected secure-ok")
         elif isinstance(event, ChannelOpened):
@@ -231,6 +268,9 @@ class Amqp091FrontEnd:
             return None
         kind = type(method)
         ops = self.ops
+        refusal = check_method(self.security, self.exchanges, conn, channel, method)
+        if refusal is not None:
+            return self.refuse(conn, event.channel, refusal)
         at_once = ops.at_once.get(kind)
         if at_once is not None:
             try:
@@ -265,15 +305,33 @@ class Amqp091FrontEnd:
         """RabbitMQ's connection.update-secret (a refreshed token or password on a live connection):
         the new secret must still authenticate the connection's user; update-secret-ok, else the
         connection closes with 530 NOT_ALLOWED, as RabbitMQ closes it."""
-        user = conn.user
-        anonymous = user is None or (user == GUEST[0] and not self._guest_is_user)
-        verdict = AuthResult.OK if anonymous else self.auth.check(user, m.new_secret)
-        if verdict is AuthResult.OK:
+        user = conn.user  # None: anonymous (guest/guest standing for nobody), nothing to check
+        if user is None or conn.machine.mechanism == "EXTERNAL":
+            return self._secret_updated(conn, m, Login(True, user))  # the certificate still holds
+        verdict = self.security.login(
+            user, m.new_secret, conn.io.peer_host, protocol="amqp091", peer=conn.peer
+        )
+        if isinstance(verdict, Login):
+            return self._secret_updated(conn, m, verdict)
+
+        async def checked() -> None:
+            login = await verdict
+            if not conn.machine.closed:
+                release = self._secret_updated(conn, m, login)
+                if release is not None:
+                    await release
+
+        return checked()
+
+    def _secret_updated(
+        self, conn: Amqp091Conn, m: spec.ConnectionUpdateSecret, login: Login
+    ) -> Awaitable[None] | None:
+        if login.ok:
             log.info("amqp091: %s updated its secret (%s)", conn.name, m.reason or "no reason given")
             conn.machine.send_method(0, spec.ConnectionUpdateSecretOk())
             conn.wake()
             return None
-        error = _error(spec.NOT_ALLOWED, f"Secret update was refused for user '{user}'", m)
+        error = _error(spec.NOT_ALLOWED, f"Secret update was refused for user '{conn.user}'", m)
         return self.refuse(conn, 0, error)
 
     def refuse(
@@ -295,32 +353,56 @@ class Amqp091FrontEnd:
             return self._drop_channels(conn, list(conn.channels))
         return self._drop_channels(conn, [number])
 
-    def _authenticate(self, conn: Amqp091Conn, event: AuthenticationRequested) -> None:
-        machine = conn.machine
-        if event.username is None:
-            verdict = AuthResult.BAD_CREDENTIALS
-        elif (event.username, event.password) == GUEST and not self._guest_is_user:
+    def _authenticate(self, conn: Amqp091Conn, event: AuthenticationRequested) -> Awaitable[None] | None:
+        security, host, peer = self.security, conn.io.peer_host, conn.peer
+        verdict: Login | Awaitable[Login]
+        if event.mechanism == "EXTERNAL":
+            user = security.certificate_identity(conn.io.peer_certificate())
+            verdict = (
+                security.login(None, None, host, protocol="amqp091", certificate_user=user, peer=peer)
+                if user is not None
+                else security.failed_login(
+                    "amqp091", None, host, "no identity in the client certificate", True, (None, peer)
+                )
+            )
+        elif event.username is None:
+            verdict = security.failed_login(
+                "amqp091", None, host, "bad user name or password", False, (None, peer)
+            )
+        elif (event.username, event.password) == GUEST and not security.known_user(GUEST[0]):
             # RabbitMQ's default guest/guest is what AMQP clients send when they have no account:
-            # it is the anonymous login here unless a real user 'guest' is configured.
-            verdict = self.auth.check(None, None)
+            # it is the anonymous login here unless a real user 'guest' is configured (and, as
+            # any 'guest', it is accepted from loopback only).
+            verdict = security.login(
+                GUEST[0], None, host, protocol="amqp091", anonymous_alias=True, peer=peer
+            )
         else:
-            verdict = self.auth.check(event.username, event.password)
-        if verdict is AuthResult.OK:
-            conn.user = event.username
+            verdict = security.login(event.username, event.password, host, protocol="amqp091", peer=peer)
+        if isinstance(verdict, Login):
+            self._logged_in(conn, event, verdict)
+            return None
+
+        async def checked() -> None:
+            login = await verdict
+            if not conn.machine.closed:
+                self._logged_in(conn, event, login)
+
+        return checked()
+
+    def _logged_in(self, conn: Amqp091Conn, event: AuthenticationRequested, login: Login) -> None:
+        machine = conn.machine
+        if login.ok:
+            conn.user = login.user
+            conn.principal = self.security.principal("amqp091", login.user, conn.peer, conn.io.peer_host)
             machine.accept_authentication()
+            conn.wake()
             return
-        log.warning(
-            "amqp091: %s refused (%s, user %r)",
-            conn.peer,
-            verdict.value,
-            event.username,
-            extra={"peer": conn.peer, "protocol": "amqp091", "user": event.username, "reason": verdict.value},
-        )
         if self.broker.events.wants(CLIENT_AUTH_FAILED):
             peer, user = conn.peer, event.username
             self.broker.events.client(
-                CLIENT_AUTH_FAILED, peer, PROTOCOL_AMQP091, peer, user, reason=verdict.value
+                CLIENT_AUTH_FAILED, peer, PROTOCOL_AMQP091, peer, user, reason=login.reason
             )
+        conn.wake()
         machine.reject_authentication(
             f"Login was refused using authentication mechanism {event.mechanism}. "
             "For details see the broker logfile."
@@ -329,6 +411,8 @@ class Amqp091FrontEnd:
     def _opened(self, conn: Amqp091Conn, event: ConnectionOpened) -> None:
         name = conn.machine.client_properties.get("connection_name")
         conn.name = f"{conn.peer} ({name})" if isinstance(name, str) and name else conn.peer
+        if conn.principal is not None and isinstance(name, str) and name:
+            conn.principal.rename(name)  # %c in the rules: the client's connection_name
         self.broker.stats.client_connected()
         conn.client = self.broker.clients.add(
             ClientInfo(
@@ -417,6 +501,10 @@ class Amqp091FrontEnd:
         except ExchangeError as exc:
             raise spec.ProtocolError(exc.reply_code, exc.reason, class_id=60, method_id=40) from None
         queues = result.queues
+        if conn.principal is not None:
+            queues = publish_targets(
+                self.security, conn.principal, conn, exchange, key, result.to_router, queues, method
+            )
         # One queue and no router (the default exchange, the usual case): build the message with
         # its queue topic at once rather than copy it per queue below.
         single = next(iter(queues)) if len(queues) == 1 and not result.to_router else None
@@ -475,11 +563,14 @@ class Amqp091FrontEnd:
         sent = False
         if parsed is not None and parsed[2] is None:
             name, sub_key, _ = parsed
+            topic = queue_topic(name, sub_key)
+            if conn.principal is not None:
+                check_queue_publish(self.security, conn.principal, conn, name, topic, method)
             try:
                 message = message_from_content(
                     props,
                     body,
-                    queue_topic(name, sub_key),
+                    topic,
                     exchange="",
                     routing_key=key,
                     publisher_id=conn.name,

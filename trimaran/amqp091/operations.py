@@ -363,6 +363,7 @@ class Operations:
             )
             if m.exclusive:
                 conn.exclusive_queues.add(name)
+                self.manager.owners[name] = conn  # no other connection consumes it, whatever protocol
         channel.last_queue = name
         depth, consumers = self._counts(name)
         self._reply(conn, channel, spec.QueueDeclareOk(name, depth, consumers), m.no_wait)
@@ -466,6 +467,7 @@ class Operations:
                 group=group if isinstance(group, str) and group else None,
                 start=stream_start(m.arguments.get("x-stream-offset")),
                 auto_ack=m.no_ack,
+                owner=conn,
             )
         except QueueError as exc:
             raise _error(spec.PRECONDITION_FAILED, f"cannot consume from {_rs(name)}: {exc}", m) from None
@@ -516,7 +518,7 @@ class Operations:
         if getter is None or getter.handle is None or getter.handle.closed:
             getter = Getter(channel, name, m.no_ack)
             try:
-                getter.handle = self.manager.consume(name, getter, auto_ack=m.no_ack)
+                getter.handle = self.manager.consume(name, getter, auto_ack=m.no_ack, owner=conn)
             except QueueError as exc:
                 raise _error(spec.PRECONDITION_FAILED, f"cannot get from {_rs(name)}: {exc}", m) from None
             channel.getters[(name, m.no_ack)] = getter

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from trimaran.amqp1.links import InLink, OutLink
     from trimaran.broker.clients import ClientInfo
     from trimaran.runtime.transport import Conn
+    from trimaran.security.guard import Principal
 
 
 class PendingSettle:
@@ -63,6 +64,7 @@ class Amqp1Conn:
         "outlinks",
         "peer",
         "pending",
+        "principal",
         "publishing_blocked",
         "user",
     )
@@ -75,6 +77,7 @@ class Amqp1Conn:
         self.link_credit = link_credit  # the window of publishes a sending link may have open
         self.container_id = "?"
         self.user: str | None = None
+        self.principal: Principal | None = None  # who logged in: what the rules let it do
         self.client: ClientInfo | None = None
         self.outlinks: dict[Link, OutLink] = {}
         self.inlinks: dict[Link, InLink] = {}

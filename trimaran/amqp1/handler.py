@@ -50,6 +50,7 @@ from trimaran.amqp1.performatives import (
     ROLE_RECEIVER,
     ROLE_SENDER,
     SND_SETTLED,
+    UNAUTHORIZED_ACCESS,
     Accepted,
     Coordinator,
     Error,
@@ -58,7 +59,6 @@ from trimaran.amqp1.performatives import (
     Target,
 )
 from trimaran.amqp1.types import DecodeError, Symbol, Timestamp
-from trimaran.broker.auth import Authenticator, AuthResult
 from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker
 from trimaran.broker.events import (
@@ -75,21 +75,30 @@ from trimaran.config import Settings
 from trimaran.queue.manager import PublishResult, QueueManager
 from trimaran.queue.policy import QueueError
 from trimaran.runtime.transport import Conn
+from trimaran.security.guard import READ, WRITE, Login, Security
 
 log = logging.getLogger(__name__)
 
 START_PROPERTIES: Final = ("stream-offset", "stream-start")
+RESOURCE_LOCKED: Final = Symbol("amqp:resource-locked")  # another connection's exclusive queue
 COPY: Final = Symbol("copy")
 MOVE: Final = Symbol("move")
 
 
 class Amqp1FrontEnd:
-    def __init__(self, broker: Broker, settings: Settings, queues: QueueManager | None = None) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        settings: Settings,
+        queues: QueueManager | None = None,
+        security: Security | None = None,
+    ) -> None:
         self.broker = broker
         self.settings = settings
         self.config = settings.amqp1
         self.queues = queues
-        self.auth = Authenticator(settings.auth)
+        self.security = security if security is not None else Security(settings.auth)
+        self.security.on_reload(self._recheck_all)
         self.container_id = self.config.container_id or settings.node_name
         self.outbox_size = self.config.outbox_size
         self.connections: set[Amqp1Conn] = set()
@@ -109,11 +118,14 @@ class Amqp1FrontEnd:
     def open(self, io: Conn) -> Amqp1Conn:
         """A new connection on the AMQP port (the port feeds it the header it read and the rest)."""
         cfg = self.config
-        mechanisms = ("PLAIN", "ANONYMOUS") if self.auth.allow_anonymous else ("PLAIN",)
+        anonymous = self.security.anonymous_allowed(io.peer_host)
+        mechanisms = ["PLAIN", "ANONYMOUS"] if anonymous else ["PLAIN"]
+        if io.peer_certificate() is not None:
+            mechanisms.insert(0, "EXTERNAL")  # TLS with a client certificate: SASL EXTERNAL
         machine = ServerConnection(
             self.container_id,
             sasl_mechanisms=mechanisms,
-            require_sasl=not self.auth.allow_anonymous,
+            require_sasl=not anonymous,
             max_frame_size=cfg.max_frame_size,
             channel_max=cfg.channel_max,
             idle_timeout=cfg.idle_timeout_s or None,
@@ -183,29 +195,43 @@ class Amqp1FrontEnd:
         elif isinstance(event, TransferAborted):
             log.debug("amqp1: %s aborted delivery %d", conn.container_id, event.delivery_id)
         elif isinstance(event, SaslAuthRequested):
-            self._sasl(conn, event)
+            return self._sasl(conn, event)
         elif isinstance(event, ConnectionOpened):
             self._opened(conn, event)
         elif isinstance(event, ConnectionClosed):
             self._closed(conn, event)
         return None
 
-    def _sasl(self, conn: Amqp1Conn, event: SaslAuthRequested) -> None:
+    def _sasl(self, conn: Amqp1Conn, event: SaslAuthRequested) -> Awaitable[None] | None:
         creds = event.credentials
-        verdict = self.auth.check(creds.username, creds.password)
-        if verdict is not AuthResult.OK:
-            log.warning(
-                "amqp1: %s refused (%s, user %r)",
-                conn.peer,
-                verdict.value,
-                creds.username,
-                extra={
-                    "peer": conn.peer,
-                    "protocol": "amqp1",
-                    "user": creds.username,
-                    "reason": verdict.value,
-                },
-            )
+        security, host = self.security, conn.io.peer_host
+        verdict: Login | Awaitable[Login]
+        if creds.mechanism == "EXTERNAL":
+            user = security.certificate_identity(conn.io.peer_certificate())
+            if user is None:
+                verdict = security.failed_login(
+                    "amqp1", None, host, "no identity in the certificate", True, (None, conn.peer)
+                )
+            else:
+                verdict = security.login(
+                    None, None, host, protocol="amqp1", certificate_user=user, peer=conn.peer
+                )
+        else:
+            verdict = security.login(creds.username, creds.password, host, protocol="amqp1", peer=conn.peer)
+        if isinstance(verdict, Login):
+            self._logged_in(conn, event, verdict)
+            return None
+
+        async def checked() -> None:
+            login = await verdict
+            if not conn.machine.closed:
+                self._logged_in(conn, event, login)
+
+        return checked()
+
+    def _logged_in(self, conn: Amqp1Conn, event: SaslAuthRequested, login: Login) -> None:
+        creds = event.credentials
+        if not login.ok:
             events = self.broker.events
             if events.wants(CLIENT_AUTH_FAILED):
                 events.client(
@@ -214,20 +240,19 @@ class Amqp1FrontEnd:
                     PROTOCOL_AMQP1,
                     conn.peer,
                     creds.username,
-                    reason=verdict.value,
+                    reason=login.reason,
                 )
-            log.info(
-                "amqp1: %s refused (%s %s, user %r)",
-                conn.peer,
-                creds.mechanism,
-                verdict.value,
-                creds.username,
-            )
-        conn.user = creds.username
-        conn.machine.sasl_complete(verdict is AuthResult.OK)
+        else:
+            conn.user = login.user
+            conn.principal = self.security.principal("amqp1", login.user, "", conn.io.peer_host)
+        conn.machine.sasl_complete(login.ok)
+        conn.io.wake()
 
     def _opened(self, conn: Amqp1Conn, event: ConnectionOpened) -> None:
         conn.container_id = str(event.open.container_id)
+        if conn.principal is None:  # no SASL: an anonymous client (allowed from this address)
+            conn.principal = self.security.principal("amqp1", None, "", conn.io.peer_host)
+        conn.principal.rename(conn.container_id)  # %c in the rules: the container id
         self.broker.stats.client_connected()
         conn.client = self.broker.clients.add(
             ClientInfo(conn.container_id, PROTOCOL_AMQP1, conn.peer, conn.user, lambda: self._kick(conn))
@@ -280,6 +305,7 @@ class Amqp1FrontEnd:
                     target.address, target.capabilities, bare=self.config.bare_address, for_receive=False
                 )
                 self._check_queue(address)
+                self._check_access(conn, WRITE, address.topic)
             except AddressError as exc:
                 self._refuse(conn, link, exc.condition, exc.description)
                 return
@@ -288,6 +314,29 @@ class Amqp1FrontEnd:
         conn.inlinks[link] = inlink
         credit = 0 if conn.publishing_blocked else self.config.link_credit
         conn.machine.accept_link(link, target=target, rcv_settle_mode=RCV_FIRST, initial_credit=credit)
+
+    def _check_access(self, conn: Amqp1Conn, access: str, topic: str) -> None:
+        """The rules' word on ``topic``: ``amqp:unauthorized-access`` when they refuse."""
+        principal = conn.principal
+        if principal is not None and not self.security.authorize(principal, access, topic):
+            raise AddressError(UNAUTHORIZED_ACCESS, f"{access} access to {topic!r} refused")
+
+    def _recheck_all(self) -> None:
+        """The rules were reloaded: receiving links that may no longer read are detached
+        (``amqp:unauthorized-access``); the connections stay."""
+        for conn in list(self.connections):
+            principal = conn.principal
+            if principal is None or conn.machine.closed:
+                continue
+            for out in list(conn.outlinks.values()):
+                if out.temp_queue is not None or out.stopped:
+                    continue
+                if self.security.authorize(principal, READ, out.address.topic):
+                    continue
+                error = Error(condition=UNAUTHORIZED_ACCESS, description="read access revoked")
+                conn.machine.detach_link(out.link, error)
+                self._detached(conn, LinkDetached(out.link, True, error, False))
+            conn.io.wake()
 
     def _check_queue(self, address: Address) -> None:
         if not address.is_queue:
@@ -313,6 +362,7 @@ class Amqp1FrontEnd:
                 source.address, source.capabilities, bare=self.config.bare_address, for_receive=True
             )
             self._check_queue(address)
+            self._check_access(conn, READ, address.topic)
         except AddressError as exc:
             self._refuse(conn, link, exc.condition, exc.description)
             return None
@@ -322,9 +372,11 @@ class Amqp1FrontEnd:
             assert self.queues is not None
             browse = QueueBrowse(conn, link, address, settled)
             try:
-                browse.handle = self.queues.browse(address.name, browse)
+                browse.handle = self.queues.browse(address.name, browse, owner=conn)
             except QueueError as exc:
                 condition = NOT_FOUND if exc.reason == "no-queue" else NOT_IMPLEMENTED
+                if exc.reason == "locked":
+                    condition = RESOURCE_LOCKED
                 self._refuse(conn, link, condition, str(exc))
                 return None
             out = browse
@@ -335,6 +387,8 @@ class Amqp1FrontEnd:
                 self._consume(out, link)
             except QueueError as exc:
                 condition = NOT_FOUND if exc.reason == "no-queue" else INVALID_FIELD
+                if exc.reason == "locked":
+                    condition = RESOURCE_LOCKED
                 self._refuse(conn, link, condition, str(exc))
                 return None
         else:
@@ -374,6 +428,7 @@ class Amqp1FrontEnd:
             routing_filter=out.address.key or None,
             start=start,
             auto_ack=out.settled,
+            owner=out.conn,
         )
 
     async def _attach_dynamic(self, conn: Amqp1Conn, link: Link, source: Source, settled: bool) -> None:
@@ -381,6 +436,9 @@ class Amqp1FrontEnd:
         assert self.queues is not None
         name = f"tmp-{uuid.uuid4().hex[:16]}"
         await self.queues.declare(name, durable=False)
+        self.queues.owners[name] = conn  # a temporary queue: this connection's alone
+        if conn.principal is not None:
+            conn.principal.own_queues.add(name)
         if link.state is not LinkState.ATTACH_RECEIVED or conn.machine.closed:
             await self.queues.delete(name)  # the peer gave up (detach or close) meanwhile
             return
@@ -469,6 +527,13 @@ class Amqp1FrontEnd:
             except AddressError as exc:
                 self._refuse_message(conn, event, exc.condition, f"properties.to: {exc.description}")
                 return
+        principal = conn.principal
+        if principal is not None and not self.security.authorize(principal, WRITE, address.topic):
+            self._refuse_message(
+                conn, event, UNAUTHORIZED_ACCESS, f"write access to {address.topic!r} refused"
+            )
+            conn.refill(inlink)
+            return
         message = from_amqp1(
             decoded, address.topic, conn.container_id, settled=event.settled, raw=event.payload
         )

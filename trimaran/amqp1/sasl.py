@@ -22,7 +22,8 @@ __all__ = [
 
 ANONYMOUS = "ANONYMOUS"
 PLAIN = "PLAIN"
-SUPPORTED_MECHANISMS = (PLAIN, ANONYMOUS)
+EXTERNAL = "EXTERNAL"  # RFC 4422: the identity the TLS client certificate proved
+SUPPORTED_MECHANISMS = (PLAIN, ANONYMOUS, EXTERNAL)
 
 
 class SaslCode(enum.IntEnum):
@@ -66,4 +67,7 @@ def parse_initial_response(mechanism: str, response: bytes | None) -> Credential
         except UnicodeDecodeError:
             raise SaslParseError("PLAIN response is not UTF-8") from None
         return Credentials(PLAIN, user, password, authzid or None)
+    if mechanism == EXTERNAL:
+        requested = response.decode("utf-8", "replace") if response else ""
+        return Credentials(EXTERNAL, None, None, requested or None)
     raise SaslParseError(f"unsupported mechanism {mechanism}")

@@ -462,6 +462,14 @@ class AdminApi:
             ),
             ApiRoute(
                 "POST",
+                f"{p}/auth/reload",
+                "Read auth.password_file and auth.acl_file again (as SIGHUP does); no client is dropped",
+                self.reload_auth,
+                {200: Done, 409: ErrorBody},
+                tags=("auth",),
+            ),
+            ApiRoute(
+                "POST",
                 f"{p}/publish",
                 "Publish to a topic or a $queue/",
                 self.publish,
@@ -745,6 +753,16 @@ class AdminApi:
         broker.stats.messages_received += 1
         delivered = broker.publish(message)
         return _ok(PublishOut(topic=body.topic, delivered=delivered))
+
+    async def reload_auth(self, _request: Request) -> Response:
+        security = self.app.security
+        if security is None:
+            raise HttpError(503, "starting", "the broker is starting")
+        if not security.reload():
+            raise HttpError(
+                409, "reload-failed", "a file could not be read; the current rules stay (see log)"
+            )
+        return _ok(Done(ok=True, detail="users and rules reloaded"))
 
     # -- parts of the app ----------------------------------------------------------------------------
 

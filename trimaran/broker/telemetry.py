@@ -22,6 +22,7 @@ import platform
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from trimaran.queue.groups import Group
     from trimaran.queue.manager import QueueManager
     from trimaran.runtime.runner import Runner
+    from trimaran.security.guard import Security
 
 log = logging.getLogger(__name__)
 
@@ -69,15 +71,30 @@ QUEUE_EVENTS = (
 )
 
 
+PER_OBJECT_LABELS = frozenset({"queue", "group", "endpoint"})
+
+
+def _origin(url: str) -> str:
+    """A webhook endpoint as scheme://host:port: its path and query may hold secrets."""
+    parts = urlsplit(url)
+    if not parts.scheme or not parts.netloc:
+        return url
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
+
+
 class Telemetry:
     """The broker's meter provider. ``bind`` the running parts; read with :meth:`prometheus_text`."""
 
     def __init__(self, settings: TelemetrySettings, node: str = "trimaran") -> None:
         self.enabled = settings.metrics
+        self.per_object = settings.per_object_metrics
         self.broker: Broker | None = None
         self.queues: QueueManager | None = None
         self.mqtt: MqttFrontEnd | None = None
         self.webhooks: Webhooks | None = None
+        self.security: Security | None = None
         self.runner: Runner | None = None
         self.reader = InMemoryMetricReader()
         readers: list[MetricReader] = [self.reader]
@@ -130,16 +147,41 @@ class Telemetry:
         gauge("trimaran.subscriptions", [self._subscriptions], "1", "pub/sub subscriptions")
         gauge("trimaran.retained", [self._retained], "1", "retained messages")
         gauge("trimaran.mqtt.sessions", [self._sessions], "1", "MQTT sessions, connected or not")
-        counter("trimaran.queue.messages", [self._queue_events], "1", "queue message events per queue")
-        gauge("trimaran.queue.depth", [self._queue_depth], "1", "messages a queue holds")
-        gauge("trimaran.queue.stored.bytes", [self._queue_bytes], "By", "payload bytes a queue holds")
-        gauge(
-            "trimaran.queue.pending", [self._per_group(lambda g: g.held())], "1", "delivered and not settled"
+        counter("trimaran.auth.login.failures", [self._login_failures], "1", "logins refused")
+        counter(
+            "trimaran.auth.refusals",
+            [self._refusals],
+            "1",
+            "publishes, subscriptions, settles refused by rules",
         )
-        gauge("trimaran.queue.lag", [self._queue_lag], "1", "messages a consumer group has not finished")
+        counter(
+            "trimaran.queue.messages",
+            [self._objects(self._queue_events)],
+            "1",
+            "queue message events per queue",
+        )
+        gauge("trimaran.queue.depth", [self._objects(self._queue_depth)], "1", "messages a queue holds")
+        gauge(
+            "trimaran.queue.stored.bytes",
+            [self._objects(self._queue_bytes)],
+            "By",
+            "payload bytes a queue holds",
+        )
+        gauge(
+            "trimaran.queue.pending",
+            [self._objects(self._per_group(lambda g: g.held()))],
+            "1",
+            "delivered and not settled",
+        )
+        gauge(
+            "trimaran.queue.lag",
+            [self._objects(self._queue_lag)],
+            "1",
+            "messages a consumer group has not finished",
+        )
         gauge(
             "trimaran.queue.consumers",
-            [self._per_group(lambda g: len(g.consumers))],
+            [self._objects(self._per_group(lambda g: len(g.consumers)))],
             "1",
             "consumers per group",
         )
@@ -149,15 +191,42 @@ class Telemetry:
         self._commit_rows = meter.create_histogram(
             "trimaran.storage.commit.rows", "1", "rows written in one group-commit transaction"
         )
-        counter("trimaran.webhook.requests", [self._webhook("requests")], "1", "webhook POSTs sent")
-        counter("trimaran.webhook.failures", [self._webhook("failed")], "1", "webhook POSTs that failed")
-        counter("trimaran.webhook.retries", [self._webhook("retried")], "1", "webhook POSTs retried")
-        counter("trimaran.webhook.events", [self._webhook("sent")], "1", "events delivered to webhooks")
-        counter("trimaran.webhook.dropped", [self._webhook("dropped")], "1", "webhook events given up")
-        gauge("trimaran.webhook.queued", [self._webhook("queued")], "1", "events waiting per endpoint")
+        counter(
+            "trimaran.webhook.requests", [self._objects(self._webhook("requests"))], "1", "webhook POSTs sent"
+        )
+        counter(
+            "trimaran.webhook.failures",
+            [self._objects(self._webhook("failed"))],
+            "1",
+            "webhook POSTs that failed",
+        )
+        counter(
+            "trimaran.webhook.retries",
+            [self._objects(self._webhook("retried"))],
+            "1",
+            "webhook POSTs retried",
+        )
+        counter(
+            "trimaran.webhook.events",
+            [self._objects(self._webhook("sent"))],
+            "1",
+            "events delivered to webhooks",
+        )
+        counter(
+            "trimaran.webhook.dropped",
+            [self._objects(self._webhook("dropped"))],
+            "1",
+            "webhook events given up",
+        )
+        gauge(
+            "trimaran.webhook.queued",
+            [self._objects(self._webhook("queued"))],
+            "1",
+            "events waiting per endpoint",
+        )
         gauge(
             "trimaran.webhook.breaker.open",
-            [self._breaker_open],
+            [self._objects(self._breaker_open)],
             "1",
             "1 while a breaker is open or half-open",
         )
@@ -207,6 +276,24 @@ class Telemetry:
 
     # -- callbacks (on whichever thread collects; they only read) --------------------------------
 
+    def _objects(self, callback: Callback) -> Callback:
+        """Per-queue, per-group and per-endpoint series only with ``telemetry.per_object_metrics``
+        (names such as a client's exclusive reply queue are not for everyone who reads /metrics);
+        otherwise one series summed over them, as RabbitMQ aggregates by default."""
+        if self.per_object:
+            return callback
+
+        def aggregated(options: CallbackOptions) -> Iterable[Observation]:
+            totals: dict[tuple[tuple[str, Any], ...], float] = {}
+            for observation in callback(options):
+                labels = tuple(
+                    (k, v) for k, v in (observation.attributes or {}).items() if k not in PER_OBJECT_LABELS
+                )
+                totals[labels] = totals.get(labels, 0) + observation.value
+            return [Observation(value, dict(labels)) for labels, value in totals.items()]
+
+        return aggregated
+
     def _refused(self, _options: CallbackOptions) -> Iterable[Observation]:
         if self.runner is None:
             return []
@@ -238,7 +325,7 @@ class Telemetry:
         def observe(_options: CallbackOptions) -> Iterable[Observation]:
             if self.webhooks is None:
                 return []
-            return [Observation(st[name], {"endpoint": st["url"]}) for st in self.webhooks.stats()]
+            return [Observation(st[name], {"endpoint": _origin(st["url"])}) for st in self.webhooks.stats()]
 
         return observe
 
@@ -246,7 +333,7 @@ class Telemetry:
         if self.webhooks is None:
             return []
         return [
-            Observation(int(st["breaker"] != "closed"), {"endpoint": st["url"]})
+            Observation(int(st["breaker"] != "closed"), {"endpoint": _origin(st["url"])})
             for st in self.webhooks.stats()
         ]
 
@@ -262,6 +349,16 @@ class Telemetry:
 
     def _retained(self, _options: CallbackOptions) -> Iterable[Observation]:
         return [] if self.broker is None else [Observation(self.broker.retained.count())]
+
+    def _login_failures(self, _options: CallbackOptions) -> Iterable[Observation]:
+        return [] if self.security is None else [Observation(self.security.stats["login_failures"])]
+
+    def _refusals(self, _options: CallbackOptions) -> Iterable[Observation]:
+        if self.security is None:
+            return []
+        counts = {protocol: 0 for protocol in ("mqtt", "amqp091", "amqp1")}
+        counts.update(self.security.refusals)
+        return [Observation(n, {"protocol": protocol}) for protocol, n in counts.items()]
 
     def _sessions(self, _options: CallbackOptions) -> Iterable[Observation]:
         return [] if self.mqtt is None else [Observation(len(self.mqtt.endpoints))]

@@ -3,7 +3,7 @@ session endpoint and queue bindings it serves while connected."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from trimaran.mqtt.connection import ServerConnection
@@ -16,6 +16,7 @@ from trimaran.runtime.transport import Conn
 if TYPE_CHECKING:
     from trimaran.broker.clients import ClientInfo
     from trimaran.mqtt.handler import MqttEndpoint, MqttFrontEnd
+    from trimaran.security.guard import Principal
 
 
 class MqttConn:
@@ -28,6 +29,7 @@ class MqttConn:
         "io",
         "machine",
         "mqtt",
+        "principal",
         "queue_bindings",
         "shutting_down",
     )
@@ -40,6 +42,7 @@ class MqttConn:
         self.io = io
         self.endpoint: MqttEndpoint | None = None
         self.client: ClientInfo | None = None  # in the broker's client registry while connected
+        self.principal: Principal | None = None  # who logged in: what the rules let it do
         self.queue_bindings = ConnQueues()
         self.shutting_down = False  # a server shutdown closes it: no will
         self.counted_in = self.counted_out = 0  # the runtime's byte counts already in the broker's stats
@@ -50,11 +53,11 @@ class MqttConn:
 
     # -- the runtime's Hull --------------------------------------------------------------------------
 
-    def handle(self, event: object) -> None:
+    def handle(self, event: object) -> Awaitable[None] | None:
         if type(event) is PublishReceived:  # the hot path, one call shorter
             self.front.publish_received(self, event)
-        else:
-            self.front.handle(self, event)
+            return None
+        return self.front.handle(self, event)
 
     def written(self) -> None:
         self._count_bytes()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from functools import partial
 from typing import Any, Final
@@ -18,7 +18,6 @@ from typing import Any, Final
 import anyio
 import anyio.to_thread
 
-from trimaran.broker.auth import Authenticator, AuthResult
 from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker
 from trimaran.broker.events import (
@@ -63,14 +62,10 @@ from trimaran.mqtt.session import AWAITING_PUBCOMP, OutboundMessage, Session, Su
 from trimaran.queue.manager import QueueManager
 from trimaran.runtime.machine import Machine
 from trimaran.runtime.transport import Conn
+from trimaran.security.guard import READ, WRITE, Login, Security, publish_access, subscription_filter
 from trimaran.storage.mqtt_store import MqttStore, StoredSession
 
 log = logging.getLogger(__name__)
-
-
-def _login_fields(peer: str, client_id: str, user: str | None, reason: str) -> dict[str, object]:
-    """A refused login's fields for JSON logs."""
-    return {"peer": peer, "protocol": "mqtt", "client_id": client_id, "user": user, "reason": reason}
 
 
 READ_CHUNK: Final = 65536
@@ -101,7 +96,7 @@ def server_limits(settings: Settings) -> ServerLimits:
 class MqttEndpoint:
     """The router's subscriber for one client id: its session, and its conn while connected."""
 
-    __slots__ = ("client_id", "conn", "expires_at", "front", "protocol_level", "session")
+    __slots__ = ("client_id", "conn", "expires_at", "front", "owner", "protocol_level", "session")
 
     def __init__(self, front: MqttFrontEnd, session: Session, protocol_level: int) -> None:
         self.front = front
@@ -110,6 +105,7 @@ class MqttEndpoint:
         self.protocol_level = protocol_level
         self.conn: MqttConn | None = None
         self.expires_at: float | None = None  # monotonic; set while offline with a finite expiry
+        self.owner: tuple[str | None] | None = None  # (user,) who made the session; None: not known
 
     @property
     def id(self) -> str:
@@ -166,6 +162,7 @@ class MqttFrontEnd:
         settings: Settings,
         store: MqttStore | None = None,
         queues: QueueManager | None = None,
+        security: Security | None = None,
     ) -> None:
         self.broker = broker
         self.queues = MqttQueues(queues) if queues is not None else None
@@ -179,7 +176,8 @@ class MqttFrontEnd:
         self._wills: dict[str, tuple[float, Message]] = {}  # client id -> (due, will) for delayed wills
         self._dirty: set[str] = set()
         self._deleted: set[str] = set()
-        self.auth = Authenticator(settings.auth)
+        self.security = security if security is not None else Security(settings.auth)
+        self.security.on_reload(self._recheck_all)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -285,8 +283,9 @@ class MqttFrontEnd:
 
     # -- events -----------------------------------------------------------------------------------
 
-    def handle(self, conn: MqttConn, event: object) -> None:
-        """Act on one event of ``conn``'s machine (the runtime hands them out one packet at a time)."""
+    def handle(self, conn: MqttConn, event: object) -> Awaitable[None] | None:
+        """Act on one event of ``conn``'s machine (the runtime hands them out one packet at a time);
+        a login that must check a hash returns an awaitable (the connection reads nothing meanwhile)."""
         if isinstance(event, PublishReceived):
             self.publish_received(conn, event)
         elif isinstance(event, MessageAcked):
@@ -302,35 +301,68 @@ class MqttFrontEnd:
         elif isinstance(event, UnsubscribeReceived):
             self._unsubscribe(conn, event)
         elif isinstance(event, ConnectRequest):
-            self._connect(conn, event)
+            return self._login(conn, event)
         elif isinstance(event, ConnectionClosed):
             self._connection_closed(conn, event)
+        return None
 
-    def _connect(self, conn: MqttConn, request: ConnectRequest) -> None:
+    def _login(self, conn: MqttConn, request: ConnectRequest) -> Awaitable[None] | None:
+        connect = request.connect
+        security = self.security
+        certificate_user = None
+        if security.settings.use_identity_as_username and conn.io.peer_certificate() is not None:
+            certificate_user = security.certificate_identity(conn.io.peer_certificate())
+        verdict = security.login(
+            connect.username,
+            connect.password,
+            conn.io.peer_host,
+            protocol="mqtt",
+            certificate_user=certificate_user,
+            client_id=request.client_id,
+            peer=conn.peer,
+        )
+        if isinstance(verdict, Login):
+            self._connect(conn, request, verdict)
+            return None
+
+        async def checked() -> None:
+            login = await verdict
+            if not conn.mqtt.closed:
+                self._connect(conn, request, login)
+
+        return checked()
+
+    def _connect(self, conn: MqttConn, request: ConnectRequest, login: Login) -> None:
         machine = conn.mqtt
         connect = request.connect
-        verdict = self.auth.check(connect.username, connect.password)
-        if verdict is not AuthResult.OK:
-            refusal = (
-                ReasonCode.NOT_AUTHORIZED
-                if verdict is AuthResult.ANONYMOUS_REFUSED
-                else ReasonCode.BAD_USER_NAME_OR_PASSWORD
-            )
-            log.warning(
-                "mqtt: client %r from %s refused (%s, user %r)",
-                request.client_id,
-                conn.peer,
-                verdict.value,
-                connect.username,
-                extra=_login_fields(conn.peer, request.client_id, connect.username, verdict.value),
-            )
+        client_id = request.client_id
+        endpoint = self.endpoints.get(client_id)
+        principal = self.security.principal("mqtt", login.user, client_id, conn.io.peer_host)
+        reason = login.reason
+        if (
+            login.ok
+            and endpoint is not None
+            and endpoint.owner is not None
+            and endpoint.owner != (login.user,)
+        ):
+            reason = "client id belongs to a session of another user"
+        elif (
+            login.ok
+            and connect.will is not None
+            and not self.security.allowed(principal, WRITE, connect.will.topic)
+        ):
+            reason = f"will topic {connect.will.topic!r} not writable"
+        if reason != "ok":
+            not_authorized = login.not_authorized or login.ok
+            refusal = ReasonCode.NOT_AUTHORIZED if not_authorized else ReasonCode.BAD_USER_NAME_OR_PASSWORD
+            if login.ok:
+                self.security.refused(principal, "connect as", client_id, reason)
             user = connect.username
-            self._client_event(CLIENT_AUTH_FAILED, conn, request.client_id, user, reason=verdict.value)
+            self._client_event(CLIENT_AUTH_FAILED, conn, request.client_id, user, reason=reason)
             machine.reject(refusal)
             return
-        client_id = request.client_id
+        conn.principal = principal
         self._wills.pop(client_id, None)  # a reconnect within the Will Delay Interval cancels the will
-        endpoint = self.endpoints.get(client_id)
         if endpoint is not None and endpoint.conn is not None:
             old = endpoint.conn.peer
             self._client_event(SESSION_TAKEN_OVER, conn, client_id, connect.username, previous_address=old)
@@ -345,14 +377,17 @@ class MqttFrontEnd:
             endpoint = self.endpoints[client_id] = MqttEndpoint(self, session, connect.protocol_level)
             self._client_event(SESSION_CREATED, conn, client_id, connect.username)
         endpoint.protocol_level = connect.protocol_level
+        endpoint.owner = (login.user,)
         endpoint.conn = conn
         endpoint.expires_at = None
         conn.endpoint = endpoint
         self.broker.stats.client_connected()
         conn.client = self.broker.clients.add(
-            ClientInfo(client_id, PROTOCOL_MQTT, conn.peer, connect.username, partial(self._kick, conn))
+            ClientInfo(client_id, PROTOCOL_MQTT, conn.peer, login.user, partial(self._kick, conn))
         )
         _forget_queue_deliveries(endpoint.session)
+        if present:
+            self._recheck(endpoint)  # a resumed session keeps only what this login may read
         machine.accept(endpoint.session, session_present=present)
         self.mark_dirty(endpoint)
         self._resume_queue_subscriptions(conn, endpoint.session)
@@ -501,6 +536,10 @@ class MqttFrontEnd:
         endpoint = conn.endpoint
         assert endpoint is not None
         self.broker.stats.messages_received += 1
+        access, topic = publish_access(publish.topic)
+        if conn.principal is not None and not self.security.authorize(conn.principal, access, topic):
+            self._publish_refused(conn, publish.packet_id if publish.qos else None)
+            return
         message = message_from_publish(publish, endpoint.client_id)
         if publish.wire is not None:
             self.fan_out.received(message, publish.wire, endpoint.protocol_level)
@@ -512,6 +551,49 @@ class MqttFrontEnd:
         self.broker.publish(message)
         if publish.qos and publish.packet_id is not None:
             conn.mqtt.ack_publish(publish.packet_id)
+
+    def _publish_refused(self, conn: MqttConn, packet_id: int | None) -> None:
+        """A publish the rules refuse: 5.0 PUBACK/PUBREC 0x87; 3.1.1 has no refusal, the message is
+        dropped and acknowledged. Acks of queue publishes still waiting for their commit go first."""
+        if packet_id is None:
+            return
+        code = ReasonCode.NOT_AUTHORIZED if conn.mqtt.protocol_level >= 5 else 0
+        if self.queues is not None and conn.queue_bindings.tickets:
+            self.queues.acknowledge_in_order(conn, packet_id, code, "not authorized")
+        else:
+            conn.mqtt.ack_publish(packet_id, code)
+
+    def _may_read(self, conn: MqttConn, topic_filter: str) -> bool:
+        principal = conn.principal
+        return principal is None or self.security.authorize(
+            principal, READ, subscription_filter(topic_filter)
+        )
+
+    def _recheck_all(self) -> None:
+        """The rules were reloaded: connected clients lose the subscriptions they may no longer read."""
+        for endpoint in list(self.endpoints.values()):
+            if endpoint.conn is not None:
+                self._recheck(endpoint)
+
+    def _recheck(self, endpoint: MqttEndpoint) -> None:
+        conn = endpoint.conn
+        if conn is None or conn.principal is None:
+            return
+        for topic_filter in list(endpoint.session.subscriptions):
+            if self._may_read(conn, topic_filter):
+                continue
+            log.warning("mqtt: subscription %r of %r revoked by the rules", topic_filter, endpoint.client_id)
+            endpoint.session.remove_subscription(topic_filter)
+            if is_queue_filter(topic_filter):
+                if self.queues is not None:
+                    self.queues.unsubscribe(conn, topic_filter)
+                continue
+            try:
+                group, plain = split_shared(topic_filter)
+            except TopicError:
+                continue
+            self.broker.router.unsubscribe(endpoint, plain, group)
+        self.mark_dirty(endpoint)
 
     # -- subscriptions ----------------------------------------------------------------------------
 
@@ -550,6 +632,9 @@ class MqttFrontEnd:
                 codes.append(preset)
                 continue
             granted = min(options.qos, self.limits.maximum_qos)
+            if not self._may_read(conn, topic_filter):
+                codes.append(ReasonCode.NOT_AUTHORIZED)  # 3.1.1: 0x80 (the machine maps it)
+                continue
             if is_queue_filter(topic_filter):
                 if self.queues is None:
                     codes.append(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)

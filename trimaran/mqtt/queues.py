@@ -42,7 +42,7 @@ from trimaran.queue.manager import (
     parse_message_id,
     settle_by_id_now,
 )
-from trimaran.queue.policy import QUEUE_PREFIX, QueueError, parse_queue_topic
+from trimaran.queue.policy import DEFAULT_GROUP, QUEUE_PREFIX, QueueError, parse_queue_topic
 from trimaran.storage.writer import Ticket as WriterReceipt
 from trimaran.storage.writer import WriterError
 
@@ -192,7 +192,7 @@ class MqttQueues:
                         raise
                     conn.spawn(lambda: self._append(conn, queue, routing_key, message, ticket, client))
                 return
-            commit = self._control(queue, control, message, client)
+            commit = self._control(conn, queue, control, message, client)
         except QueueError as exc:
             self._refused(ticket, client, message, exc)
             self._finish(conn, ticket)
@@ -251,7 +251,46 @@ class MqttQueues:
         if sent:
             conn.wake()
 
-    def _control(self, queue: str, control: str, message: Message, client: str) -> WriterReceipt | None:
+    def acknowledge_in_order(self, conn: MqttConn, packet_id: int, code: int, reason: str) -> None:
+        """Acknowledge a publish that never reached a queue (the rules refused it) after the queue
+        publishes before it, in arrival order."""
+        ticket = PendingAck(packet_id, reason_code=code, reason=reason if code else None)
+        bindings = conn.queue_bindings
+        if bindings.tickets is None:
+            bindings.tickets = deque()
+        bindings.tickets.append(ticket)
+        self._finish(conn, ticket)
+
+    def _check_holder(self, conn: MqttConn, control: str, message_id: str, group: str | None) -> None:
+        """Settlement belongs to its holder: a work-queue delivery only by the session it was delivered
+        to; a stream's ``$commit`` / ``$reject`` only in a group this connection consumes in, and never
+        past the last offset."""
+        queue, offset = parse_message_id(message_id)
+        state = self.manager.queues.get(queue)
+        if state is None:
+            raise QueueError("not-found", f"no queue {queue}")
+        if state.mode == "stream":
+            name = group or DEFAULT_GROUP
+            mine = any(
+                s.handle is not None and s.handle.queue_name == queue and s.handle.group_name == name
+                for s in conn.queue_bindings.subscriptions.values()
+            )
+            if not mine:
+                raise QueueError("not-authorized", f"group {name} of {queue} is not consumed here")
+            if offset >= state.high:
+                raise QueueError("not-authorized", f"offset {offset} is past the end of {queue}")
+            return
+        holder = holder_by_id(self.manager, message_id, group)
+        if holder is None:
+            return  # nobody holds it: nothing to settle ("not-found" below)
+        consumer = holder.consumer
+        client = conn.endpoint.client_id if conn.endpoint is not None else None
+        if not isinstance(consumer, QueueSubscription) or consumer.id != client:
+            raise QueueError("not-authorized", f"delivery {message_id} is not held by this session")
+
+    def _control(
+        self, conn: MqttConn, queue: str, control: str, message: Message, client: str
+    ) -> WriterReceipt | None:
         """Settle by message id now; returns the commit to wait for (None: nothing to write)."""
         message_id = _property(message, "message-id") or message.payload.decode(errors="replace").strip()
         if not message_id:
@@ -261,6 +300,7 @@ class MqttQueues:
             message_id = f"{queue}:{message_id}"
         reason = (_property(message, "reason") or f"rejected by {client}") if control == "reject" else ""
         try:
+            self._check_holder(conn, control, message_id, group)
             _queue, offset = parse_message_id(message_id)
             holder = holder_by_id(self.manager, message_id, group)
             held = holder.consumer if holder is not None else None
@@ -312,10 +352,12 @@ class MqttQueues:
                 routing_filter=key_filter or None,
                 start=start,
                 auto_ack=options.qos == 0,
+                owner=conn,
             )
         except QueueError as exc:
             log.info("mqtt: queue subscription %r refused: %s", topic_filter, exc)
-            return ReasonCode.NOT_AUTHORIZED if exc.reason == "no-queue" else ReasonCode.UNSPECIFIED_ERROR
+            refused = exc.reason in ("no-queue", "locked")
+            return ReasonCode.NOT_AUTHORIZED if refused else ReasonCode.UNSPECIFIED_ERROR
         bindings.subscriptions[topic_filter] = subscription
         return options.qos
 
@@ -389,7 +431,7 @@ def _refusal_code(exc: QueueError) -> int:
         return ReasonCode.QUOTA_EXCEEDED
     if exc.reason in ("bad-topic", "bad-name"):
         return ReasonCode.TOPIC_NAME_INVALID
-    if exc.reason == "no-queue":
+    if exc.reason in ("no-queue", "not-authorized", "locked"):
         return ReasonCode.NOT_AUTHORIZED
     return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
 

@@ -425,6 +425,8 @@ class QueueManager:
         self._last_renew = 0
         self._last_poll = 0
         self.queues: dict[str, QueueState] = {}
+        #: exclusive and temporary queues -> the connection that owns them (see ``consume``)
+        self.owners: dict[str, object] = {}
         self.writer = GroupCommitWriter(
             storage.engine,
             commit_interval_ms=storage_settings.commit_interval_ms,
@@ -602,6 +604,7 @@ class QueueManager:
         return self.info(name)
 
     async def delete(self, name: str) -> None:
+        self.owners.pop(name, None)
         state = self.queues.pop(name, None)
         if state is None:
             return
@@ -1008,6 +1011,7 @@ class QueueManager:
         routing_filter: str | None = None,
         start: str | int | None = None,
         auto_ack: bool = False,
+        owner: object = None,
     ) -> ConsumerHandle:
         """Attach a consumer. It receives nothing until the front end gives it credit.
 
@@ -1015,9 +1019,13 @@ class QueueManager:
         ``"next"``, an offset (int or digits), or ``"timestamp:<epoch ms>"``. A stream group with
         no ``start`` resumes at its committed offset (new stream groups start at ``next``); a new work
         group starts at the oldest message the queue holds.
+
+        ``owner``: the connection asking. An exclusive or temporary queue (``owners``) is consumed
+        only by the connection that owns it, whatever its protocol ("locked" for the others).
         """
         if not self._started:
             raise QueueError("stopped", "the queue manager is not running")
+        self._check_owner(queue, owner)
         batch = WriteBatch()
         state = self._get_or_create(queue, batch)
         name = group or DEFAULT_GROUP
@@ -1037,12 +1045,19 @@ class QueueManager:
             self.writer.submit(batch)
         return handle
 
-    def browse(self, queue: str, consumer: QueueConsumer) -> BrowseHandle:
+    def _check_owner(self, queue: str, owner: object) -> None:
+        held_by = self.owners.get(queue)
+        if held_by is not None and held_by is not owner:
+            raise QueueError("locked", f"queue {queue} is exclusive to another connection")
+
+    def browse(self, queue: str, consumer: QueueConsumer, *, owner: object = None) -> BrowseHandle:
         """Attach a browser: it receives copies of what the queue holds (from the oldest) and of
         what arrives, as credit allows, and changes nothing. Not for a shared node's work queues
-        (this node holds only its claims)."""
+        (this node holds only its claims). ``owner``: as for :meth:`consume`, an exclusive or
+        temporary queue is read only by the connection that owns it."""
         if not self._started:
             raise QueueError("stopped", "the queue manager is not running")
+        self._check_owner(queue, owner)
         batch = WriteBatch()
         state = self._get_or_create(queue, batch)
         if state.durable and not batch.empty():

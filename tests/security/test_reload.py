@@ -1,0 +1,125 @@
+"""Reloading users and rules (SIGHUP, the admin API) while clients stay connected; failed logins
+slowed per address and counted in /metrics."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.security.conftest import SERVER_ARGS, secure_env, write_passwords
+from tests.security.test_guard import NOT_AUTHORIZED, code, connack, login, puback
+from tests.support.paho import V5, Endpoints, close_all, connect
+from tests.support.server import RunningServer, serving
+
+TOKEN = "reload-test-token"
+BEFORE = """\
+user alice
+topic readwrite alice/#
+topic read public/#
+user bob
+topic readwrite public/#
+"""
+AFTER = """\
+user alice
+topic readwrite alice/#
+topic write granted/#
+user bob
+topic readwrite public/#
+"""
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RunningServer]:
+    env = secure_env(
+        tmp_path,
+        BEFORE,
+        TRIMARAN_AUTH__LOGIN_DELAY_INITIAL_S="0.2",
+        TRIMARAN_AUTH__LOGIN_DELAY_MAX_S="5",
+        TRIMARAN_HTTP__TOKENS=json.dumps([TOKEN]),
+    )
+    with serving(RunningServer(SERVER_ARGS, cwd=tmp_path, env=env).start()) as running:
+        yield running
+
+
+def endpoints(server: RunningServer) -> Endpoints:
+    return Endpoints("127.0.0.1", server.ports["mqtt"])
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def test_sighup_changes_permissions_of_connected_clients(server: RunningServer, tmp_path: Path) -> None:
+    mqtt = endpoints(server)
+    alice = login(mqtt, "alice")
+    bob = login(mqtt, "bob")
+    try:
+        assert [code(c) for c in alice.subscribe("public/#", qos=1)] == [1]
+        assert puback(alice, "granted/x") == NOT_AUTHORIZED
+        (tmp_path / "acl").write_text(AFTER)
+        assert server.process is not None
+        server.process.send_signal(signal.SIGHUP)
+        wait_for(lambda: "auth: reloaded" in server.output())
+        assert puback(alice, "granted/x") == 0  # granted to the connected client
+        bob.publish("public/news", b"no longer hers", qos=1)
+        alice.expect_none()  # her subscription was revoked
+        assert alice.disconnects.empty()  # and she is still connected
+        assert puback(alice, "alice/still-here") == 0
+        assert "subscription 'public/#' of" in server.output()
+    finally:
+        close_all(alice, bob)
+
+
+def test_admin_api_reload_picks_up_a_new_user(server: RunningServer, tmp_path: Path) -> None:
+    mqtt = endpoints(server)
+    assert connack(mqtt, V5, username="dave", password="diver") == 0x86
+    write_passwords(tmp_path / "passwords", {"alice": "wonderland", "dave": "diver"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{server.ports['http']}/api/v1/auth/reload",
+        method="POST",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert json.load(answer)["ok"] is True
+    time.sleep(0.5)  # the earlier failure's delay on this address has passed
+    connect(mqtt, version=V5, username="dave", password="diver").disconnect()
+
+
+def test_failed_logins_are_slowed_per_address_and_counted(server: RunningServer) -> None:
+    mqtt = endpoints(server)
+    durations = []
+    for _ in range(5):
+        started = time.monotonic()
+        assert connack(mqtt, V5, username="alice", password="guess") == 0x86
+        durations.append(time.monotonic() - started)
+    # No wait before the first answer; then 0.2, 0.4, 0.8, 1.6 s.
+    assert durations[0] < 0.5
+    assert durations[3] >= 0.75 and durations[4] >= 1.5, durations
+    assert re.search(
+        r"WARNING +trimaran\.security: mqtt: client '[^']*' from 127\.0\.0\.1:\d+ refused "
+        r"\(bad user name or password, user 'alice'\)",
+        server.output(),
+    )
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.ports['http']}/metrics", timeout=10) as answer:
+        metrics = answer.read().decode()
+    failures = [line for line in metrics.splitlines() if line.startswith("trimaran_auth_login_failures")]
+    assert failures and float(failures[0].split()[-1]) >= 5
+    started = time.monotonic()
+    alice = login(mqtt, "alice")  # the right password still works, after the address' delay
+    assert time.monotonic() - started >= 1.5
+    alice.disconnect()
+    started = time.monotonic()
+    login(mqtt, "alice").disconnect()  # a success forgot the failures
+    assert time.monotonic() - started < 1.0

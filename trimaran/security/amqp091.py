@@ -1,0 +1,166 @@
+"""AMQP 0.9.1 methods in the one permission model.
+
+Queues are ``$queue/<name>``: queue.declare, bind, unbind, purge and delete need configure on it;
+basic.consume and basic.get need read. A binding from ``amq.topic`` also reads the topics its key
+names (``a.*`` reads ``a/+``), so it needs read on that filter too: otherwise a queue of one's own
+bound to another user's topics would read them. Exchanges other than the built-in ones are configured
+as ``$exchange/<name>``. A queue this connection declared exclusive needs no rule: it is its own.
+Publishing is checked where it is routed (:func:`publish_targets`, :func:`check_queue_publish`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Final
+
+from trimaran.amqp091 import spec
+from trimaran.broker.topics import TopicError, binding_key_to_filter, routing_key_to_topic
+from trimaran.queue.policy import queue_topic
+from trimaran.security.guard import CONFIGURE, READ, WRITE, Principal, Security
+
+if TYPE_CHECKING:
+    from trimaran.amqp091.channels import ChannelState
+    from trimaran.amqp091.conn import Amqp091Conn
+    from trimaran.amqp091.exchanges import ExchangeRegistry
+
+REPLY_TO: Final = "amq.rabbitmq.reply-to"
+EXCHANGE_PREFIX: Final = "$exchange/"
+ACCESS_REFUSED: Final = spec.ACCESS_REFUSED
+
+
+def _refusal(access: str, topic: str, method: spec.Method) -> spec.ProtocolError:
+    what = f"queue '{topic[7:]}'" if topic.startswith("$queue/") else repr(topic)
+    return spec.ProtocolError(
+        ACCESS_REFUSED,
+        f"ACCESS_REFUSED - access to {what} refused for {access}",
+        class_id=method.CLASS_ID,
+        method_id=method.METHOD_ID,
+    )
+
+
+def _queue(channel: ChannelState, name: str) -> str:
+    return name or channel.last_queue
+
+
+def method_needs(
+    exchanges: ExchangeRegistry, conn: Amqp091Conn, channel: ChannelState, method: spec.Method
+) -> list[tuple[str, str]]:
+    """``(access, topic)`` pairs a method needs, every one of them (empty: nothing to check)."""
+    needs: list[tuple[str, str]] = []
+
+    def queue(name: str, access: str) -> None:
+        name = _queue(channel, name)
+        if name and name not in conn.exclusive_queues:
+            needs.append((access, queue_topic(name)))
+
+    def bound(source: str, key: str) -> None:
+        if exchanges.is_router_backed(source):
+            with contextlib.suppress(TopicError):  # a bad key: the bind itself refuses it
+                needs.append((READ, binding_key_to_filter(key)))
+
+    def exchange(name: str) -> None:
+        if name and not name.startswith("amq."):
+            needs.append((CONFIGURE, EXCHANGE_PREFIX + name))
+
+    if isinstance(method, spec.QueueDeclare):
+        if method.queue and method.queue != REPLY_TO:
+            queue(method.queue, READ if method.passive else CONFIGURE)
+    elif isinstance(method, spec.QueueBind):
+        queue(method.queue, CONFIGURE)
+        bound(method.exchange, method.routing_key)
+    elif isinstance(method, spec.QueueUnbind | spec.QueuePurge | spec.QueueDelete):
+        queue(method.queue, CONFIGURE)
+    elif isinstance(method, spec.BasicConsume):
+        if method.queue != REPLY_TO:
+            queue(method.queue, READ)
+    elif isinstance(method, spec.BasicGet):
+        queue(method.queue, READ)
+    elif isinstance(method, spec.ExchangeDeclare):
+        if not method.passive:
+            exchange(method.exchange)
+    elif isinstance(method, spec.ExchangeDelete):
+        exchange(method.exchange)
+    elif isinstance(method, spec.ExchangeBind):
+        exchange(method.destination)
+        bound(method.source, method.routing_key)
+    elif isinstance(method, spec.ExchangeUnbind):
+        exchange(method.destination)
+    return needs
+
+
+def check_method(
+    security: Security,
+    exchanges: ExchangeRegistry,
+    conn: Amqp091Conn,
+    channel: ChannelState,
+    method: spec.Method,
+) -> spec.ProtocolError | None:
+    """``403 ACCESS_REFUSED`` for the first thing the rules refuse; None when all is allowed."""
+    principal = conn.principal
+    if principal is None:
+        return None
+    if isinstance(method, spec.QueueDeclare) and method.passive:
+        # A passive declare only asks whether the queue exists: any access to it will do.
+        name = _queue(channel, method.queue)
+        if not name or name == REPLY_TO or name in conn.exclusive_queues:
+            return None
+        topic = queue_topic(name)
+        if any(security.allowed(principal, a, topic) for a in (READ, WRITE, CONFIGURE)):
+            return None
+        security.refused(principal, READ, topic)
+        return _refusal(READ, topic, method)
+    for access, topic in method_needs(exchanges, conn, channel, method):
+        if not security.authorize(principal, access, topic):
+            return _refusal(access, topic, method)
+    return None
+
+
+def publish_targets(
+    security: Security,
+    principal: Principal,
+    conn: Amqp091Conn,
+    exchange: str,
+    key: str,
+    to_router: bool,
+    queues: Iterable[str],
+    method: spec.Method,
+) -> set[str]:
+    """The queues a basic.publish may go to. The default exchange names its queue and ``amq.topic``
+    its topic: a refusal there is ``403 ACCESS_REFUSED``. Any other exchange routes to queues the
+    publisher may not know: those it may not write are left out."""
+    targets = set(queues)
+    if not exchange:
+        if (
+            key
+            and key not in conn.exclusive_queues
+            and not security.authorize(principal, WRITE, queue_topic(key))
+        ):
+            raise _refusal(WRITE, queue_topic(key), method)
+        return targets
+    if to_router:
+        try:
+            topic = routing_key_to_topic(key)
+        except TopicError:
+            topic = ""
+        if topic and not security.authorize(principal, WRITE, topic):
+            raise _refusal(WRITE, topic, method)
+    allowed = set()
+    for name in targets:
+        if name in conn.exclusive_queues or security.allowed(principal, WRITE, queue_topic(name)):
+            allowed.add(name)
+        else:
+            security.refused(
+                principal, WRITE, queue_topic(name), f"routed by exchange {exchange!r}: left out"
+            )
+    return allowed
+
+
+def check_queue_publish(
+    security: Security, principal: Principal, conn: Amqp091Conn, name: str, topic: str, method: spec.Method
+) -> None:
+    """A basic.publish through the default exchange to ``$queue/<name>[/<key>]`` (the cross-protocol
+    name) writes that topic, as an MQTT publish to it does: ``403 ACCESS_REFUSED`` when the rules say
+    no (a queue this connection declared exclusive is its own)."""
+    if name not in conn.exclusive_queues and not security.authorize(principal, WRITE, topic):
+        raise _refusal(WRITE, topic, method)

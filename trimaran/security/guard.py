@@ -1,0 +1,452 @@
+"""Who may connect and what each client may do: one object shared by every protocol's hull.
+
+- Logins: users from ``auth.password_file`` (hashed) and ``[[auth.users]]`` (plaintext, a WARNING at
+  start). Hashes are checked on a worker thread, and a verified password is remembered for
+  ``auth.login_cache_s`` (as an HMAC under a key of this process, never in clear). A failed login is
+  logged at WARNING, counted, and slows the next logins from the same address (a delay doubling per
+  failure up to ``auth.login_delay_max_s``; forgotten after a success or a quiet minute).
+- Anonymous clients: ``auth.allow_anonymous``; unset, only from loopback addresses. Users named in
+  ``auth.loopback_users`` (``guest``) only from loopback, as RabbitMQ's ``loopback_users``.
+- Certificates: a verified client certificate's subject field (``auth.identity_field``) as username.
+- Permissions (:mod:`trimaran.security.acl`): each connection holds a :class:`Principal`; hulls ask
+  :meth:`Security.authorize` before a publish, a subscription, a settle or a queue change. Without a
+  rule file everything is allowed except writing ``$SYS``. A refusal is logged at WARNING once per
+  connection, access and topic, and counted.
+- :meth:`Security.reload` (SIGHUP, the admin API) reads the files again; hulls registered with
+  :meth:`Security.on_reload` re-check what their connections hold, none is dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import logging
+import secrets
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import anyio
+import anyio.to_thread
+
+from trimaran.config import AuthSettings
+from trimaran.security import acl, passwords
+from trimaran.security.acl import CONFIGURE, READ, WRITE, RuleSet
+from trimaran.security.passwords import PasswordHash
+
+log = logging.getLogger("trimaran.security")
+
+__all__ = ["CONFIGURE", "READ", "WRITE", "Login", "Principal", "Security", "is_loopback"]
+
+THROTTLE_FORGET_S: Final = 60.0  # an address with no failure for this long starts afresh
+THROTTLE_MAX_ADDRESSES: Final = 10_000
+DECISION_CACHE: Final = 512  # per connection
+CACHE_MAX_USERS: Final = 10_000
+QUEUE_TOPIC: Final = "$queue/"
+
+
+def is_loopback(host: str) -> bool:
+    if not host:
+        return False
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+def is_sys(topic: str) -> bool:
+    return topic == "$SYS" or topic.startswith("$SYS/")
+
+
+def queue_of(topic: str) -> str | None:
+    """The queue a ``$queue/...`` topic or filter names (``$dlq/<q>`` for a dead-letter queue)."""
+    if not topic.startswith(QUEUE_TOPIC):
+        return None
+    levels = topic[len(QUEUE_TOPIC) :].split("/")
+    if levels[0] == "$dlq" and len(levels) > 1:
+        return f"$dlq/{levels[1]}"
+    return levels[0] or None
+
+
+@dataclass(frozen=True, slots=True)
+class Login:
+    ok: bool
+    user: str | None  # None: anonymous
+    reason: str = "ok"
+    #: the refusal is about who (anonymous, loopback-only user), not a wrong password
+    not_authorized: bool = False
+
+
+class Principal:
+    """One connection's identity and its permission state."""
+
+    __slots__ = (
+        "_decisions",
+        "_generation",
+        "_rules",
+        "client_id",
+        "host",
+        "own_queues",
+        "protocol",
+        "user",
+        "warned",
+    )
+
+    def __init__(self, protocol: str, user: str | None, client_id: str, host: str) -> None:
+        self.protocol = protocol
+        self.user = user
+        self.client_id = client_id
+        self.host = host
+        self.own_queues: set[str] = set()  # server-named and temporary queues this connection made
+        self.warned: set[tuple[str, str]] = set()
+        self._rules: list[acl.Rule] | None = None
+        self._generation = -1
+        self._decisions: dict[tuple[str, str], bool] = {}
+
+    def rename(self, client_id: str) -> None:
+        """The client's id became known later (AMQP's connection name): rules are looked up again."""
+        self.client_id = client_id
+        self._generation = -1
+
+    def __repr__(self) -> str:
+        who = "anonymous" if self.user is None else repr(self.user)
+        return f"{self.protocol} client {self.client_id!r} ({who} from {self.host or '?'})"
+
+
+class Throttle:
+    """Failed logins per source address: each failure doubles the wait before the next answer."""
+
+    def __init__(self, initial_s: float, max_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.initial_s = initial_s
+        self.max_s = max_s
+        self.clock = clock
+        self._failures: OrderedDict[str, tuple[int, float]] = OrderedDict()
+
+    def delay(self, host: str) -> float:
+        entry = self._failures.get(host)
+        if entry is None or not self.initial_s:
+            return 0.0
+        count, last = entry
+        if self.clock() - last > THROTTLE_FORGET_S + self.max_s:
+            del self._failures[host]
+            return 0.0
+        return float(min(self.initial_s * 2 ** min(count - 1, 32), self.max_s))
+
+    def failed(self, host: str) -> None:
+        count = self._failures.pop(host, (0, 0.0))[0]
+        self._failures[host] = (count + 1, self.clock())
+        while len(self._failures) > THROTTLE_MAX_ADDRESSES:
+            self._failures.popitem(last=False)
+
+    def succeeded(self, host: str) -> None:
+        self._failures.pop(host, None)
+
+
+class Security:
+    def __init__(self, settings: AuthSettings) -> None:
+        self.settings = settings
+        self.allow_anonymous = settings.allow_anonymous
+        self.loopback_users = frozenset(settings.loopback_users)
+        self.throttle = Throttle(settings.login_delay_initial_s, settings.login_delay_max_s)
+        self.stats: Counter[str] = Counter()  # failed logins, refusals by protocol
+        self.refusals: Counter[str] = Counter()
+        self.hashed: dict[str, PasswordHash] = {}
+        self.plain: dict[str, bytes] = {}
+        self.rules: RuleSet | None = None
+        self.generation = 0
+        self._key = secrets.token_bytes(32)
+        self._verified: OrderedDict[str, tuple[bytes, float]] = OrderedDict()
+        self._limiter = anyio.CapacityLimiter(2)
+        self._dummy = passwords.parse_hash(passwords.make_hash("", iterations=1000))
+        self._listeners: list[Callable[[], Any]] = []
+        self.load()
+
+    # -- users and rules --------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Read the password and rule files (raises ``PasswordFileError`` / ``AclError``)."""
+        settings = self.settings
+        hashed = passwords.load(settings.password_file) if settings.password_file is not None else {}
+        rules = acl.load(settings.acl_file) if settings.acl_file is not None else None
+        self.hashed = hashed
+        self.plain = {u.name: u.password.get_secret_value().encode() for u in settings.users}
+        self.rules = rules
+        self.generation += 1
+        self._verified.clear()
+        if hashed:
+            sample = next(iter(hashed.values()))
+            self._dummy = passwords.PasswordHash(
+                sample.kind, b"\x00" * len(sample.salt), sample.digest, sample.iterations, sample.log_n,
+                sample.r, sample.p,
+            )  # fmt: skip
+
+    def describe_start(self) -> None:
+        """The start log: where users come from, and who may connect anonymously."""
+        settings = self.settings
+        if self.plain:
+            log.warning(
+                "auth: %d user(s) with plaintext passwords in the configuration (auth.users); "
+                "move them to auth.password_file (trimaran passwd add FILE USER)",
+                len(self.plain),
+            )
+        if settings.password_file is not None:
+            log.info("auth: %d user(s) from %s", len(self.hashed), settings.password_file)
+        if self.allow_anonymous is None:
+            log.info(
+                "auth: anonymous clients accepted from loopback addresses only (auth.allow_anonymous unset)"
+            )
+        elif self.allow_anonymous:
+            log.warning("auth: anonymous clients accepted from any address (auth.allow_anonymous = true)")
+        else:
+            log.info("auth: anonymous clients refused")
+        if self.rules is None:
+            log.info("auth: no acl_file: every client may read and write every topic and queue (not $SYS)")
+        else:
+            log.info("auth: permissions from %s (deny by default)", settings.acl_file)
+
+    def on_reload(self, callback: Callable[[], Any]) -> None:
+        self._listeners.append(callback)
+
+    def reload(self) -> bool:
+        """Read the files again; on an error keep the current users and rules. Connections stay;
+        each hull re-checks what its clients hold."""
+        try:
+            self.load()
+        except (passwords.PasswordFileError, acl.AclError) as exc:
+            log.error("auth: reload failed, keeping the current users and rules: %s", exc)
+            return False
+        log.info(
+            "auth: reloaded: %d user(s) from the password file, %s",
+            len(self.hashed),
+            "no rule file" if self.rules is None else f"rules from {self.settings.acl_file}",
+        )
+        for callback in list(self._listeners):
+            try:
+                callback()
+            except Exception:
+                log.exception("auth: re-checking permissions after a reload failed")
+        return True
+
+    def known_user(self, name: str) -> bool:
+        return name in self.hashed or name in self.plain
+
+    # -- logins -----------------------------------------------------------------------------------
+
+    def anonymous_allowed(self, host: str) -> bool:
+        if self.allow_anonymous is None:
+            return is_loopback(host)
+        return self.allow_anonymous
+
+    def login(
+        self,
+        username: str | None,
+        password: str | bytes | None,
+        host: str,
+        *,
+        protocol: str,
+        certificate_user: str | None = None,
+        anonymous_alias: bool = False,
+        client_id: str | None = None,
+        peer: str | None = None,
+    ) -> Login | Awaitable[Login]:
+        """Check a login: the answer at once when no hash must be computed and nobody must wait,
+        else an awaitable (hulls return it from ``handle``, so the connection waits for it).
+
+        ``certificate_user``: the verified certificate's identity, which is the user (no password).
+        ``anonymous_alias``: RabbitMQ's default guest/guest standing for an anonymous client
+        (``username`` is still checked against the loopback-only users).
+
+        With no users at all (no password file, no ``auth.users``), a user name names nobody: where
+        anonymous clients are accepted, the client is anonymous, as Mosquitto treats a user name with
+        ``allow_anonymous`` and no password file (several client libraries always send one).
+
+        ``client_id`` and ``peer`` (``host:port``) only say who failed in the log line."""
+        who = (client_id, peer or host)
+        if certificate_user is not None:
+            if certificate_user in self.loopback_users and not is_loopback(host):
+                return self._refused(protocol, certificate_user, host, "user allowed from loopback only", who)
+            return Login(True, certificate_user)
+        if username is not None and username in self.loopback_users and not is_loopback(host):
+            return self.failed_login(protocol, username, host, "user allowed from loopback only", True, who)
+        if username is None or anonymous_alias:
+            if self.anonymous_allowed(host):
+                return Login(True, None)
+            return self.failed_login(protocol, username, host, "anonymous refused", True, who)
+        if not (self.hashed or self.plain) and self.anonymous_allowed(host):
+            return Login(True, None)  # a name of nobody, where anyone may connect: anonymous
+        raw = password.encode() if isinstance(password, str) else password
+        if not self.throttle.delay(host) and raw is not None:
+            known = self._known_password(username, raw)
+            if known:
+                return Login(True, username)
+        return self._slow_login(username, raw, host, protocol, who)
+
+    async def _slow_login(
+        self, username: str, password: bytes | None, host: str, protocol: str, who: tuple[str | None, str]
+    ) -> Login:
+        wait = self.throttle.delay(host)
+        if wait:
+            await anyio.sleep(wait)
+        if password is not None and await self._check_password(username, password):
+            self.throttle.succeeded(host)
+            return Login(True, username)
+        return self.failed_login(protocol, username, host, "bad user name or password", False, who)
+
+    def _known_password(self, user: str, password: bytes) -> bool:
+        """A plaintext user's password, or a hash verified recently (no hashing here)."""
+        plain = self.plain.get(user)
+        if plain is not None:
+            return hmac.compare_digest(plain, password)
+        cached = self._verified.get(user)
+        if cached is None or cached[1] <= time.monotonic() or user not in self.hashed:
+            return False
+        return hmac.compare_digest(cached[0], self._mark(user, password))
+
+    def _mark(self, user: str, password: bytes) -> bytes:
+        return hmac.new(self._key, user.encode() + b"\x00" + password, hashlib.sha256).digest()
+
+    async def _check_password(self, user: str, password: bytes) -> bool:
+        if self._known_password(user, password):
+            return True
+        if user in self.plain:
+            return False
+        stored = self.hashed.get(user)
+        generation = self.generation
+        target = stored if stored is not None else self._dummy  # the same work for unknown users
+        ok = await anyio.to_thread.run_sync(target.matches, password, limiter=self._limiter)
+        ok = ok and stored is not None
+        if ok and generation == self.generation and self.settings.login_cache_s:
+            self._verified[user] = (
+                self._mark(user, password),
+                time.monotonic() + self.settings.login_cache_s,
+            )
+            self._verified.move_to_end(user)
+            while len(self._verified) > CACHE_MAX_USERS:
+                self._verified.popitem(last=False)
+        return ok
+
+    def failed_login(
+        self,
+        protocol: str,
+        user: str | None,
+        host: str,
+        reason: str,
+        not_authorized: bool,
+        who: tuple[str | None, str] | None = None,
+    ) -> Login:
+        """Count, log, and make the next logins from this address wait longer. ``who``: the client id
+        (if the protocol has one yet) and the peer address, for the log line."""
+        refusal = self._refused(protocol, user, host, reason, who, not_authorized)
+        self.throttle.failed(host)
+        return refusal
+
+    def _refused(
+        self,
+        protocol: str,
+        user: str | None,
+        host: str,
+        reason: str,
+        who: tuple[str | None, str] | None = None,
+        not_authorized: bool = True,
+    ) -> Login:
+        """A refused login: counted, and one WARNING with the peer, protocol, client id, user and
+        reason as fields of their own (JSON logs), for a log pipeline to filter and alert on."""
+        self.stats["login_failures"] += 1
+        client_id, peer = who if who is not None else (None, host)
+        peer = peer or "?"
+        fields = {"peer": peer, "protocol": protocol, "client_id": client_id, "user": user, "reason": reason}
+        if client_id is not None:
+            log.warning(
+                "%s: client %r from %s refused (%s, user %r)",
+                protocol,
+                client_id,
+                peer,
+                reason,
+                user,
+                extra=fields,
+            )
+        else:
+            log.warning("%s: %s refused (%s, user %r)", protocol, peer, reason, user, extra=fields)
+        return Login(False, user, reason, not_authorized=not_authorized)
+
+    def certificate_identity(self, certificate: dict[str, Any] | None) -> str | None:
+        """The configured subject field of a verified client certificate (``None``: no certificate
+        or no such field)."""
+        if not certificate:
+            return None
+        wanted = self.settings.identity_field
+        for rdn in certificate.get("subject", ()):
+            for key, value in rdn:
+                if key == wanted and isinstance(value, str) and value:
+                    return value
+        return None
+
+    # -- permissions ------------------------------------------------------------------------------
+
+    def principal(self, protocol: str, user: str | None, client_id: str, host: str) -> Principal:
+        return Principal(protocol, user, client_id, host)
+
+    def allowed(self, who: Principal, access: str, topic: str) -> bool:
+        """May ``who`` read (subscribe, consume, settle), write (publish) or configure ``topic``?"""
+        if access == WRITE and is_sys(topic):
+            return False
+        rules = self.rules
+        if rules is None:
+            return True
+        queue = queue_of(topic)
+        if queue is not None and queue in who.own_queues:
+            return True
+        if who._generation != self.generation:
+            who._generation = self.generation
+            who._rules = rules.rules_for(who.user, who.client_id)
+            who._decisions.clear()
+        key = (access, topic)
+        decided = who._decisions.get(key)
+        if decided is None:
+            assert who._rules is not None
+            decided = acl.decide(who._rules, access, topic)
+            if len(who._decisions) >= DECISION_CACHE:
+                who._decisions.clear()
+            who._decisions[key] = decided
+        return decided
+
+    def authorize(self, who: Principal, access: str, topic: str) -> bool:
+        """:meth:`allowed`, and a refusal logged (once per connection, access and topic) and counted."""
+        if self.allowed(who, access, topic):
+            return True
+        self.refused(who, access, topic)
+        return False
+
+    def refused(self, who: Principal, access: str, topic: str, why: str = "not allowed") -> None:
+        self.refusals[who.protocol] += 1
+        key = (access, topic)
+        if key not in who.warned and len(who.warned) < 1000:
+            who.warned.add(key)
+            log.warning("auth: %s may not %s %r: %s", who, access, topic, why)
+
+
+def publish_access(topic: str) -> tuple[str, str]:
+    """What publishing to ``topic`` needs: a write, or for a queue control topic
+    (``$queue/<q>/$ack|$nack|$reject|$commit``) a read of the queue (settling is reading)."""
+    if topic.startswith(QUEUE_TOPIC):
+        last = topic.rpartition("/")[2]
+        if last in ("$ack", "$nack", "$reject", "$commit"):
+            queue = queue_of(topic)
+            if queue is not None:
+                return READ, QUEUE_TOPIC + queue
+    return WRITE, topic
+
+
+def subscription_filter(topic_filter: str) -> str:
+    """The filter a subscription reads: ``$share/<group>/`` taken off."""
+    if topic_filter.startswith("$share/"):
+        parts = topic_filter.split("/", 2)
+        if len(parts) == 3:
+            return parts[2]
+    return topic_filter
