@@ -125,6 +125,21 @@ def wait(predicate: Callable[[], Any], timeout: float = 10.0) -> Any:
         time.sleep(0.1)
 
 
+def click(browser: Any, selector: str, label: str) -> None:
+    """Click the button with ``label`` among ``selector``, looked up and clicked in one go: the page
+    re-renders its tables on every refresh, which makes an element found a moment earlier stale."""
+    from selenium.webdriver.common.by import By
+
+    def attempt() -> bool:
+        for button in browser.find_elements(By.CSS_SELECTOR, selector):
+            if button.text == label:
+                button.click()
+                return True
+        return False
+
+    wait(attempt)
+
+
 @needs_browser
 def test_login_queue_purge_and_kick(server: RunningServer, browser: Any) -> None:
     from selenium.webdriver.common.by import By
@@ -154,13 +169,11 @@ def test_login_queue_purge_and_kick(server: RunningServer, browser: Any) -> None
         row = '#queue-rows tr[data-queue="browser-jobs"]'
         wait(lambda: browser.find_element(By.CSS_SELECTOR, f'{row} td[data-field="depth"]').text == "3")
 
-        buttons = {b.text: b for b in browser.find_elements(By.CSS_SELECTOR, f"{row} button")}
-        buttons["Peek"].click()
+        click(browser, f"{row} button", "Peek")
         wait(lambda: "job 0" in browser.find_element(By.ID, "peek-rows").text)
         snap(browser, "queues")
 
-        buttons = {b.text: b for b in browser.find_elements(By.CSS_SELECTOR, f"{row} button")}
-        buttons["Purge"].click()
+        click(browser, f"{row} button", "Purge")
         browser.switch_to.alert.accept()
         wait(lambda: browser.find_element(By.CSS_SELECTOR, f'{row} td[data-field="depth"]').text == "0")
 
