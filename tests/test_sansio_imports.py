@@ -15,7 +15,7 @@ SANS_IO = [
     "broker/message.py",
     "broker/router.py",
     "broker/retained.py",
-    "broker/topics.py",
+    "topics.py",
     "mqtt/codec.py",
     "mqtt/packets.py",
     "mqtt/properties.py",

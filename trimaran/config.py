@@ -30,7 +30,7 @@ from pydantic_settings import (
 )
 
 from trimaran.broker.events import expand_patterns
-from trimaran.broker.topics import validate_topic_filter
+from trimaran.topics import validate_topic_filter
 
 DEFAULT_CONFIG_FILE = Path("trimaran.toml")
 

@@ -10,7 +10,7 @@ from trimaran.broker.events import (
     EVENT_TYPES,
     MESSAGE_PUBLISHED,
     QUEUE_ACKED,
-    Event,
+    BusEvent,
     EventBus,
     expand_patterns,
 )
@@ -19,7 +19,7 @@ from trimaran.broker.message import PROTOCOL_MQTT, Message
 
 def test_wants_and_publishing_follow_subscriptions() -> None:
     bus = EventBus()
-    got: list[Event] = []
+    got: list[BusEvent] = []
     assert not bus.wants(CLIENT_CONNECTED) and not bus.publishing
     off = bus.subscribe(got.append, [CLIENT_CONNECTED, MESSAGE_PUBLISHED])
     assert bus.wants(CLIENT_CONNECTED) and bus.publishing and not bus.wants(QUEUE_ACKED)
@@ -42,9 +42,9 @@ def test_wants_and_publishing_follow_subscriptions() -> None:
 
 def test_a_failing_listener_is_counted_and_the_others_still_hear() -> None:
     bus = EventBus()
-    got: list[Event] = []
+    got: list[BusEvent] = []
 
-    def broken(_event: Event) -> None:
+    def broken(_event: BusEvent) -> None:
         raise RuntimeError("boom")
 
     bus.subscribe(broken, [QUEUE_ACKED])
@@ -56,7 +56,7 @@ def test_a_failing_listener_is_counted_and_the_others_still_hear() -> None:
 
 def test_broker_publish_emits_message_published_with_payload_beside_data() -> None:
     broker = Broker()
-    got: list[Event] = []
+    got: list[BusEvent] = []
     broker.publish(Message("a/b", b"quiet"))  # no listener yet
     broker.events.subscribe(got.append, [MESSAGE_PUBLISHED])
     broker.publish(Message("a/b", b"hi", qos=1, publisher_id="p", protocol=PROTOCOL_MQTT))

@@ -7,8 +7,8 @@ import contextlib
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mqtt_strategies import connects, level_and_packets, levels, packets, publishes
 
+from tests.mqtt.mqtt_strategies import connects, level_and_packets, levels, packets, publishes
 from trimaran.mqtt.codec import (
     MAX_VARINT,
     NEED_DATA,

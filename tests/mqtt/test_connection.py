@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mqtt_client import Client, answer, closed, connected, eof, feed, props, start, tick
 
+from tests.mqtt.mqtt_client import Client, answer, closed, connected, eof, feed, props, start, tick
 from trimaran.mqtt.codec import encode
 from trimaran.mqtt.connection import (
     ConnectionClosed,

@@ -11,10 +11,10 @@ from typing import Any
 
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from mqtt_client import answer, feed, tick
-from mqtt_client import events as events_of
-from mqtt_strategies import packet_ids, publishes, subscribes, texts
 
+from tests.mqtt.mqtt_client import answer, feed, tick
+from tests.mqtt.mqtt_client import events as events_of
+from tests.mqtt.mqtt_strategies import packet_ids, publishes, subscribes, texts
 from trimaran.mqtt import reason_codes as rc
 from trimaran.mqtt.codec import NEED_DATA, Decoder, encode
 from trimaran.mqtt.connection import (

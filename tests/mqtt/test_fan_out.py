@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from mqtt_client import connected
 
+from tests.mqtt.mqtt_client import connected
 from tests.support.runtime import Wire
 from trimaran.broker.core import Broker
 from trimaran.broker.message import Message, now_ms

@@ -7,9 +7,9 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mqtt_client import Client, answer, connected, eof, props, start
-from mqtt_strategies import properties
 
+from tests.mqtt.mqtt_client import Client, answer, connected, eof, props, start
+from tests.mqtt.mqtt_strategies import properties
 from trimaran.mqtt.packets import PubAck, Publish, SubscriptionOptions
 from trimaran.mqtt.properties import PacketType
 from trimaran.mqtt.session import (

@@ -6,7 +6,7 @@ import anyio
 import pytest
 
 from tests.queue.conftest import Collector, Factory, wait_until
-from trimaran.broker.events import EVENT_TYPES, Event, EventBus
+from trimaran.broker.events import EVENT_TYPES, BusEvent, EventBus
 from trimaran.broker.message import Message
 from trimaran.config import QueuePolicySettings
 
@@ -20,7 +20,7 @@ def msg(payload: bytes) -> Message:
 async def test_settlements_dead_letters_and_expiry_are_events(make_manager: Factory) -> None:
     manager = make_manager(max_attempts=2, backoff_initial_s=0)
     bus = EventBus()
-    heard: list[Event] = []
+    heard: list[BusEvent] = []
     bus.subscribe(heard.append, [t for t in EVENT_TYPES if t.startswith("queue.")] + ["message.published"])
     manager.events = bus
     async with manager.running():

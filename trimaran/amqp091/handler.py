@@ -50,7 +50,6 @@ from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker
 from trimaran.broker.events import CLIENT_AUTH_FAILED, CLIENT_CONNECTED, CLIENT_DISCONNECTED
 from trimaran.broker.message import PROTOCOL_AMQP091, Message
-from trimaran.broker.topics import TopicError, routing_key_to_topic, topic_to_routing_key
 from trimaran.config import Settings
 from trimaran.queue.manager import QueueManager
 from trimaran.queue.policy import QUEUE_PREFIX, QueueError, parse_queue_topic, queue_topic
@@ -58,6 +57,7 @@ from trimaran.runtime.transport import Conn
 from trimaran.security.amqp091 import check_method, check_queue_publish, publish_targets
 from trimaran.security.guard import READ, Login, Security
 from trimaran.storage.amqp_store import AmqpStore
+from trimaran.topics import TopicError, routing_key_to_topic, topic_to_routing_key
 
 log = logging.getLogger(__name__)
 

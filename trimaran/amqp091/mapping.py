@@ -33,8 +33,8 @@ from trimaran.amqp091.fields import FieldTable, FieldValue, Int64, Timestamp, de
 from trimaran.amqp091.properties import BasicProperties
 from trimaran.broker.mapping import property_text
 from trimaran.broker.message import PROTOCOL_AMQP091, Message, now_ms
-from trimaran.broker.topics import topic_to_routing_key
 from trimaran.queue.policy import QUEUE_PREFIX, parse_queue_topic
+from trimaran.topics import topic_to_routing_key
 
 #: basic properties carried in ``Message.extra`` under their own names.
 EXTRA_PROPERTIES = ("priority", "message_id", "timestamp", "type", "app_id", "user_id", "content_encoding")

@@ -25,8 +25,8 @@ from trimaran.amqp091.queues import (
     stream_start,
 )
 from trimaran.broker.router import SubscriptionOptions
-from trimaran.broker.topics import TopicError, binding_key_to_filter
 from trimaran.queue.policy import QueueError
+from trimaran.topics import TopicError, binding_key_to_filter
 
 if TYPE_CHECKING:
     from trimaran.amqp091.conn import Amqp091Conn

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from trimaran.amqp1.performatives import INVALID_FIELD
-from trimaran.broker.topics import TopicError, validate_topic_filter, validate_topic_name
 from trimaran.queue.policy import (
     QUEUE_PREFIX,
     QueueError,
@@ -26,6 +25,7 @@ from trimaran.queue.policy import (
     queue_topic,
     validate_queue_name,
 )
+from trimaran.topics import TopicError, validate_topic_filter, validate_topic_name
 
 QUEUE: Final = "queue"
 TOPIC: Final = "topic"

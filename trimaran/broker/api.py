@@ -33,9 +33,9 @@ from trimaran import __version__
 from trimaran.broker.http import HttpError, HttpServer, Request, Response
 from trimaran.broker.message import Message, now_ms
 from trimaran.broker.telemetry import FRONT_ENDS, PROMETHEUS_CONTENT_TYPE
-from trimaran.broker.topics import TopicError, validate_topic_name
 from trimaran.config import DeclaredQueue, QueuePolicySettings
 from trimaran.queue.policy import QueueError, parse_queue_topic
+from trimaran.topics import TopicError, validate_topic_name
 
 if TYPE_CHECKING:
     from trimaran.app import App

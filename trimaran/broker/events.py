@@ -9,7 +9,7 @@ and an exception in a listener is logged and counted, never raised into the brok
 The ``data`` of an event is plain JSON-ready data, the same shape whatever protocol caused it:
 client events carry ``client_id``, ``protocol``, ``address``, ``user`` and, where it applies,
 ``reason``; message events carry ``topic``, ``qos``, ``retain``, ``size``, ``client_id`` and
-``protocol`` (the payload travels beside ``data`` in ``Event.payload``, so that each listener decides
+``protocol`` (the payload travels beside ``data`` in ``BusEvent.payload``, so that each listener decides
 whether and how to include it); queue events carry ``queue``, ``group``, ``offset`` and what the event
 needs besides. An emitted ``data`` dict is shared by every listener: do not change it afterwards.
 
@@ -83,7 +83,7 @@ def expand_patterns(patterns: Iterable[str]) -> frozenset[str]:
     return frozenset(chosen)
 
 
-class Event:
+class BusEvent:
     """One thing that happened. Treat as read-only: every listener gets the same object."""
 
     __slots__ = ("data", "payload", "seq", "time_ms", "topic", "type")
@@ -105,10 +105,10 @@ class Event:
         self.payload = payload  # message events: the payload, included only where configured
 
     def __repr__(self) -> str:
-        return f"Event({self.type!r}, {self.data!r})"
+        return f"BusEvent({self.type!r}, {self.data!r})"
 
 
-Listener = Callable[[Event], None]
+Listener = Callable[[BusEvent], None]
 
 
 class EventBus:
@@ -161,7 +161,7 @@ class EventBus:
         if not listeners:
             return
         self._seq += 1
-        event = Event(event_type, data, now_ms(), self._seq, topic, payload)
+        event = BusEvent(event_type, data, now_ms(), self._seq, topic, payload)
         self.emitted += 1
         for listener in listeners:
             try:

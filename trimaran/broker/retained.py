@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 
 from trimaran.broker.message import Message, now_ms
-from trimaran.broker.topics import validate_topic_filter, validate_topic_name
+from trimaran.topics import validate_topic_filter, validate_topic_name
 
 __all__ = ["ChangeListener", "RetainedStore"]
 
@@ -54,7 +54,7 @@ class RetainedStore:
 
         A message that has already expired clears the topic too. Returns True if the store changed
         (always for a non-empty payload; for a clear, only if something was retained there).
-        Raises :class:`~trimaran.broker.topics.TopicError` for an invalid topic name.
+        Raises :class:`~trimaran.topics.TopicError` for an invalid topic name.
         """
         topic = message.topic
         validate_topic_name(topic)
@@ -139,7 +139,7 @@ class RetainedStore:
         """Retained messages whose topic matches the (non-shared) ``topic_filter``, expired ones removed.
 
         The order is unspecified.
-        Raises :class:`~trimaran.broker.topics.TopicError` for an invalid filter.
+        Raises :class:`~trimaran.topics.TopicError` for an invalid filter.
         """
         validate_topic_filter(topic_filter)
         if "+" not in topic_filter and "#" not in topic_filter:

@@ -24,7 +24,7 @@ result memoised per publisher in the entry) and the round-robin pick of each sha
 precomputed Delivery per member). A cache hit therefore allocates only the returned list.
 
 Topics passed to :meth:`Router.match` must be valid topic names (the front end validates publishes);
-an invalid one raises :class:`~trimaran.broker.topics.TopicError` on a cache miss.
+an invalid one raises :class:`~trimaran.topics.TopicError` on a cache miss.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final, Generic, Protocol, TypeVar, cast
 
-from trimaran.broker.topics import SHARE_PREFIX, TopicError, validate_topic_filter
+from trimaran.topics import SHARE_PREFIX, TopicError, validate_topic_filter
 
 __all__ = [
     "DEFAULT_CACHE_SIZE",
@@ -220,9 +220,9 @@ class Router(Generic[S]):
         """Add or replace ``subscriber``'s subscription to ``topic_filter`` (in ``options.share_group``).
 
         ``topic_filter`` is the plain filter: a front end splits ``$share/<group>/<filter>`` with
-        :func:`~trimaran.broker.topics.split_shared` and passes the group in the options. Returns True
+        :func:`~trimaran.topics.split_shared` and passes the group in the options. Returns True
         if the subscription is new, False if it replaced one (MQTT 5 Retain Handling 1 needs this).
-        Raises :class:`~trimaran.broker.topics.TopicError` for an invalid filter and ``ValueError``
+        Raises :class:`~trimaran.topics.TopicError` for an invalid filter and ``ValueError``
         for No Local on a shared subscription (a protocol error in MQTT 5) or a QoS outside 0..2.
         """
         validate_topic_filter(topic_filter)

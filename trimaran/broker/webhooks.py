@@ -44,10 +44,10 @@ import h11
 from anyio.abc import ByteStream, TaskStatus
 
 from trimaran import __version__
-from trimaran.broker.events import Event, EventBus, expand_patterns
+from trimaran.broker.events import BusEvent, EventBus, expand_patterns
 from trimaran.broker.message import now_ms
-from trimaran.broker.topics import topic_matches
 from trimaran.config import WebhookEndpoint, WebhookSettings
+from trimaran.topics import topic_matches
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +258,7 @@ class WebhookDispatcher:
             context = ssl.create_default_context(cafile=str(endpoint.ca_file))
         self.client = HttpClient(endpoint.url, settings.timeout_s, context)
         self.breaker = CircuitBreaker(settings.breaker_threshold, settings.breaker_cooldown_s)
-        self.queue: deque[Event] = deque()
+        self.queue: deque[BusEvent] = deque()
         self.queue_size = settings.queue_size
         # Counters (events unless said otherwise), read by telemetry and the admin API.
         self.accepted = 0  # taken into the queue
@@ -277,7 +277,7 @@ class WebhookDispatcher:
 
     # -- in the broker: never blocks -------------------------------------------------------------
 
-    def offer(self, event: Event) -> None:
+    def offer(self, event: BusEvent) -> None:
         """The event bus listener: filter, then queue (the oldest goes when full)."""
         topic = event.topic
         if topic is not None and not self._topic_wanted(topic):
@@ -321,7 +321,7 @@ class WebhookDispatcher:
         if self._wake.is_set():
             self._wake = anyio.Event()
 
-    async def _next_batch(self) -> list[Event] | None:
+    async def _next_batch(self) -> list[BusEvent] | None:
         queue = self.queue
         while not queue:
             if self._closing:
@@ -337,7 +337,7 @@ class WebhookDispatcher:
             await self._wait(left)
         return [queue.popleft() for _ in range(min(batch_max, len(queue)))]
 
-    def encode(self, batch: list[Event]) -> bytes:
+    def encode(self, batch: list[BusEvent]) -> bytes:
         """The request body: ``{"events": [envelope, ...]}``."""
         envelopes = []
         for event in batch:
@@ -358,14 +358,14 @@ class WebhookDispatcher:
             )
         return json.dumps({"events": envelopes}, separators=(",", ":"), default=str).encode()
 
-    async def _deliver(self, batch: list[Event]) -> None:
+    async def _deliver(self, batch: list[BusEvent]) -> None:
         self.in_flight = len(batch)
         try:
             await self._deliver_batch(batch)
         finally:
             self.in_flight = 0
 
-    async def _deliver_batch(self, batch: list[Event]) -> None:
+    async def _deliver_batch(self, batch: list[BusEvent]) -> None:
         body = self.encode(batch)
         settings = self.settings
         attempt = 0
@@ -412,7 +412,7 @@ class WebhookDispatcher:
         retryable = status >= 500 or status in RETRY_STATUSES
         return retryable, f"HTTP {status}"
 
-    def _drop(self, batch: list[Event], why: str) -> None:
+    def _drop(self, batch: list[BusEvent], why: str) -> None:
         self.dropped += len(batch)
         self.dropped_failed += len(batch)
         log.warning("webhook %s: %d events dropped (%s)", self.display_url, len(batch), why)

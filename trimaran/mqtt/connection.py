@@ -14,7 +14,7 @@ The machine never raises on bad client input: it answers per protocol level (MQT
 a reason code, 3.1/3.1.1 plain close), emits `ConnectionClosed`, and ignores everything after. The
 caller writes what `data_to_send()` returns and then closes the socket.
 
-Standard library only (plus the pure topic rules of `trimaran.broker.topics`).
+Standard library only (plus the pure topic rules of `trimaran.topics`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from trimaran.broker.topics import SHARE_PREFIX, TopicError, is_valid_topic_name, split_shared
 from trimaran.mqtt import reason_codes as rc
 from trimaran.mqtt.codec import MAX_PACKET_SIZE, NEED_DATA, Decoder, ProtocolError, encode
 from trimaran.mqtt.events import (
@@ -69,6 +68,7 @@ from trimaran.mqtt.session import (
     Session,
     Subscription,
 )
+from trimaran.topics import SHARE_PREFIX, TopicError, is_valid_topic_name, split_shared
 
 __all__ = [
     "ConnectRequest",

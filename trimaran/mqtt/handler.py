@@ -33,7 +33,6 @@ from trimaran.broker.events import (
 )
 from trimaran.broker.message import PROTOCOL_MQTT, Message
 from trimaran.broker.router import Delivery, SubscriptionOptions
-from trimaran.broker.topics import TopicError, split_shared
 from trimaran.config import Settings
 from trimaran.mqtt.conn import MqttConn
 from trimaran.mqtt.connection import (
@@ -64,6 +63,7 @@ from trimaran.runtime.machine import Machine
 from trimaran.runtime.transport import Conn
 from trimaran.security.guard import READ, WRITE, Login, Security, publish_access, subscription_filter
 from trimaran.storage.mqtt_store import MqttStore, StoredSession
+from trimaran.topics import TopicError, split_shared
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING
 import anyio
 
 from trimaran.broker.message import Message
-from trimaran.broker.topics import TopicError, split_shared
 from trimaran.mqtt.mapping import publish_properties
 from trimaran.mqtt.packets import MQTT_5, SubscriptionOptions
 from trimaran.mqtt.properties import Properties
@@ -45,6 +44,7 @@ from trimaran.queue.manager import (
 from trimaran.queue.policy import DEFAULT_GROUP, QUEUE_PREFIX, QueueError, parse_queue_topic
 from trimaran.storage.writer import Ticket as WriterReceipt
 from trimaran.storage.writer import WriterError
+from trimaran.topics import TopicError, split_shared
 
 if TYPE_CHECKING:
     from trimaran.mqtt.conn import MqttConn

@@ -15,9 +15,9 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Final
 
 from trimaran.amqp091 import spec
-from trimaran.broker.topics import TopicError, binding_key_to_filter, routing_key_to_topic
 from trimaran.queue.policy import queue_topic
 from trimaran.security.guard import CONFIGURE, READ, WRITE, Principal, Security
+from trimaran.topics import TopicError, binding_key_to_filter, routing_key_to_topic
 
 if TYPE_CHECKING:
     from trimaran.amqp091.channels import ChannelState

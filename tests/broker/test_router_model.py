@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from trimaran.broker.router import Router, SubscriptionOptions
-from trimaran.broker.topics import topic_matches
+from trimaran.topics import topic_matches
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from amqp1_client import Client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_amqp1_performatives import composite_strategy
 
+from tests.amqp1.amqp1_client import Client
+from tests.amqp1.test_performatives import composite_strategy
 from trimaran.amqp1.connection import ServerConnection
 from trimaran.amqp1.events import ConnectionClosed, LinkAttached, MessageReceived
 from trimaran.amqp1.frames import encode_frame

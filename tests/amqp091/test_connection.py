@@ -1,8 +1,8 @@
 import pytest
-from amqp091_client import Client, amqplain
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.amqp091.amqp091_client import Client, amqplain
 from trimaran.amqp091 import spec
 from trimaran.amqp091.connection import ConnectionState, ServerConnection
 from trimaran.amqp091.events import (
@@ -610,7 +610,7 @@ def test_publish_fed_byte_by_byte_and_interleaved_channels() -> None:
     a = encode_content(1, spec.BasicPublish(routing_key="a"), None, b"A" * 5000, 4096)
     b = encode_content(2, spec.BasicPublish(routing_key="b"), None, b"B" * 5000, 4096)
     # Split both into frames and interleave them frame by frame: legal across channels.
-    from test_amqp091_frames import decode_all
+    from tests.amqp091.test_frames import decode_all
 
     fa, fb = decode_all(a), decode_all(b)
     data = b"".join(encode_frame(f) for pair in zip(fa, fb, strict=True) for f in pair)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trimaran.broker.topics import (
+from trimaran.topics import (
     MAX_TOPIC_BYTES,
     SharedFilter,
     TopicError,

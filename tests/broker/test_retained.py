@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from trimaran.broker.message import Message
 from trimaran.broker.retained import RetainedStore
-from trimaran.broker.topics import TopicError, topic_matches
+from trimaran.topics import TopicError, topic_matches
 
 
 class Clock:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from amqp1_client import Client
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.amqp1.amqp1_client import Client
 from trimaran.amqp1.connection import AMQPStateError, ServerConnection
 from trimaran.amqp1.events import (
     ConnectionClosed,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from trimaran.broker.router import Delivery, Router, SubscriptionOptions
-from trimaran.broker.topics import TopicError
+from trimaran.topics import TopicError
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_amqp091_fields import field_tables
 
+from tests.amqp091.test_fields import field_tables
 from trimaran.amqp091 import spec
 from trimaran.amqp091.frames import (
     HEARTBEAT_FRAME,
