@@ -176,7 +176,14 @@ class LimitSettings(Section):
         1.0, gt=0, description="longest a subscriber that is behind holds its publishers; then it drops"
     )
     session_queue_size: int = Field(10_000, ge=0, description="QoS 1/2 queued per session")
-    max_keep_alive: int = Field(3600, ge=0, le=65535, description="seconds; 0 = client's value")
+    max_keep_alive: int = Field(
+        3600, ge=0, le=65535, description="seconds; a client asking for more (or 0) gets this; 0 = client's"
+    )
+    max_topic_length: int = Field(65535, ge=1, le=65535, description="characters of a topic or filter")
+    max_topic_levels: int = Field(128, ge=1, description="levels of a topic or filter")
+    max_subscriptions_per_client: int = Field(
+        10_000, ge=0, description="subscriptions one MQTT session may hold; 0 = no limit"
+    )
     topic_alias_maximum: int = Field(64, ge=0, le=65535)
     maximum_qos: int = Field(2, ge=0, le=2)
     retain_available: bool = True

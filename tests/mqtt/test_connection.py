@@ -39,6 +39,7 @@ from trimaran.mqtt.packets import (
     Unsubscribe,
     Will,
 )
+from trimaran.mqtt.reason_codes import ReasonCode
 from trimaran.mqtt.session import OutboundMessage, Session
 
 # --------------------------------------------------------------------------------------------- CONNECT
@@ -260,9 +261,34 @@ def test_server_keep_alive(asked: int, told: int | None) -> None:
     assert server.next_deadline() == server.keep_alive * 1.5
 
 
-def test_legacy_keep_alive_is_not_overridden() -> None:
+def test_legacy_keep_alive_is_not_lowered_but_none_is_capped() -> None:
     server, _, _ = connected(ServerLimits(server_keep_alive=30), level=4, keep_alive=100)
-    assert server.keep_alive == 100
+    assert server.keep_alive == 100  # 3.1.1 cannot be told: lowering it would close a good client
+    server, _, _ = connected(ServerLimits(server_keep_alive=30), level=4, keep_alive=0)
+    assert server.keep_alive == 30  # no keep alive at all: closed after 1.5 x the cap of silence
+    assert server.next_deadline() is not None
+
+
+def test_a_connect_larger_than_the_unauthenticated_limit_is_refused() -> None:
+    server = ServerConnection(ServerLimits(max_packet_size_unauthenticated=128), now=0.0)
+    big = Connect(protocol_level=5, client_id="c", password=b"x" * 200)
+    events = feed(server, encode(big, 5), 0.0)
+    assert closed(events).reason_code == ReasonCode.PACKET_TOO_LARGE
+    # After the login the full limit applies.
+    server, client, _ = connected(ServerLimits(max_packet_size_unauthenticated=128), level=5)
+    (event,) = client.send(Publish("a/b", b"x" * 1000))
+    assert isinstance(event, PublishReceived)
+
+
+def test_topic_length_levels_and_subscriptions_are_bounded() -> None:
+    limits = ServerLimits(max_topic_length=10, max_topic_levels=3, max_subscriptions=2)
+    _, client, _ = connected(limits, level=5)
+    filters = ["a/b/c/d", "x" * 11, "a", "b", "c"]
+    (event,) = client.send(Subscribe(1, [(f, SubscriptionOptions(0)) for f in filters]))
+    assert isinstance(event, SubscribeRequest)
+    assert event.preset == [0x8F, 0x8F, None, None, 0x97]
+    events = client.send(Publish("a/b/c/d", b"x"))
+    assert closed(events).reason_code == ReasonCode.TOPIC_NAME_INVALID
 
 
 # ------------------------------------------------------------------------------------- inbound publish

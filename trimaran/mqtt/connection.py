@@ -110,6 +110,10 @@ class ServerLimits:
     max_inflight_legacy: int = 32  # outbound window for 3.1/3.1.1 clients (no Receive Maximum)
     max_queued_messages: int = 1000  # per session, for sessions this machine creates
     maximum_session_expiry: int | None = None  # cap on the client's Session Expiry Interval
+    max_packet_size_unauthenticated: int = 65536  # until accept(): a CONNECT larger is refused
+    max_topic_length: int = 65535  # bytes of a topic name or filter (as UTF-8 characters)
+    max_topic_levels: int = 128  # levels of a topic name or filter
+    max_subscriptions: int = 0  # per session; 0 = no limit
     max_early_data: int = 1 << 20  # bytes buffered while accept()/reject() is pending
 
 
@@ -205,7 +209,8 @@ class ServerConnection:
         self.limits = limits or ServerLimits()
         self._clock = clock
         self.state: str = State.AWAIT_CONNECT
-        self._decoder = Decoder(self.limits.max_packet_size)
+        # Until the login is decided, a packet may be no larger than the unauthenticated limit.
+        self._decoder = Decoder(min(self.limits.max_packet_size, self.limits.max_packet_size_unauthenticated))
         self._out: list[bytes] = []
         self.pending_out = 0  # bytes of PUBLISHes in _out: a subscriber's backlog not yet written
         self._level = 0
@@ -355,6 +360,7 @@ class ServerConnection:
         ack = ConnAck(session_present and level > 3, 0, props)
         self._send(ack)
         self.state = State.CONNECTED
+        self._decoder.max_packet_size = self.limits.max_packet_size
         self._deadline = self._last_rx + self.keep_alive * 1.5 if self.keep_alive else None
         events = self._ready
         for entry in session.inflight_entries():
@@ -597,13 +603,13 @@ class ServerConnection:
                 self._refuse(events, ReasonCode.RETAIN_NOT_SUPPORTED, "retained will not supported")
                 return
         # Keep alive.
+        # 5.0 is told the cap (Server Keep Alive). 3.1.1 cannot be told, so a longer keep alive is
+        # kept (lowering it would close a client that pings as it said), but none at all (0) gets
+        # the cap: a connection that never speaks is not kept for ever.
         keep_alive = connect.keep_alive
-        if (
-            level == MQTT_5
-            and limits.server_keep_alive is not None
-            and (keep_alive == 0 or keep_alive > limits.server_keep_alive)
-        ):
-            keep_alive = limits.server_keep_alive
+        cap = limits.server_keep_alive
+        if cap is not None and (keep_alive == 0 or (keep_alive > cap and level == MQTT_5)):
+            keep_alive = cap
         self.keep_alive = keep_alive
         # Session expiry.
         if level == MQTT_5:
@@ -670,8 +676,14 @@ class ServerConnection:
                 props.topic_alias = None
             elif not publish.topic:
                 raise _Fail(ReasonCode.PROTOCOL_ERROR, "empty topic name without a topic alias")
-        if not is_valid_topic_name(publish.topic):
+        topic = publish.topic
+        if not is_valid_topic_name(topic):
             raise _Fail(ReasonCode.TOPIC_NAME_INVALID, "invalid topic name")
+        if len(topic) > limits.max_topic_length or topic.count("/") >= limits.max_topic_levels:
+            raise _Fail(
+                ReasonCode.TOPIC_NAME_INVALID,
+                f"topic over {limits.max_topic_length} characters or {limits.max_topic_levels} levels",
+            )
         qos = publish.qos
         if qos == 0:
             events.append(PublishReceived(publish))
@@ -735,6 +747,9 @@ class ServerConnection:
         limits = self.limits
         v5 = self._level == MQTT_5
         out: list[int | None] = []
+        assert self.session is not None
+        held = self.session.subscriptions
+        room = limits.max_subscriptions - len(held) if limits.max_subscriptions else None
         for topic_filter, _options in packet.subscriptions:
             code: int | None = None
             try:
@@ -742,12 +757,20 @@ class ServerConnection:
             except TopicError:
                 code = ReasonCode.TOPIC_FILTER_INVALID
             else:
-                if shared.group is not None and not limits.shared_subscription_available:
+                if len(topic_filter) > limits.max_topic_length or (
+                    topic_filter.count("/") >= limits.max_topic_levels
+                ):
+                    code = ReasonCode.TOPIC_FILTER_INVALID
+                elif shared.group is not None and not limits.shared_subscription_available:
                     code = ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED
                 elif not limits.wildcard_subscription_available and (
                     "+" in shared.topic_filter or "#" in shared.topic_filter
                 ):
                     code = ReasonCode.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED
+                elif room is not None and topic_filter not in held:
+                    if room <= 0:
+                        code = ReasonCode.QUOTA_EXCEEDED  # subscriptions per client
+                    room -= 1
             if code is not None and not v5:
                 code = rc.SUBACK_FAILURE_V311
             out.append(code)

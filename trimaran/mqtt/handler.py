@@ -90,6 +90,10 @@ def server_limits(settings: Settings) -> ServerLimits:
         max_inflight_legacy=limits.max_inflight,
         max_queued_messages=limits.session_queue_size,
         maximum_session_expiry=limits.max_session_expiry,
+        max_packet_size_unauthenticated=limits.max_packet_size_unauthenticated,
+        max_topic_length=limits.max_topic_length,
+        max_topic_levels=limits.max_topic_levels,
+        max_subscriptions=limits.max_subscriptions_per_client,
     )
 
 
