@@ -55,7 +55,7 @@ from trimaran.queue.manager import QueueManager
 from trimaran.queue.policy import QUEUE_PREFIX, QueueError, parse_queue_topic, queue_topic
 from trimaran.runtime.transport import Conn
 from trimaran.security.amqp091 import check_method, check_queue_publish, publish_targets
-from trimaran.security.guard import READ, Login, Security
+from trimaran.security.guard import READ, Login, Security, on_login
 from trimaran.storage.amqp_store import AmqpStore
 from trimaran.topics import TopicError, routing_key_to_topic, topic_to_routing_key
 
@@ -378,16 +378,9 @@ class Amqp091FrontEnd:
             )
         else:
             verdict = security.login(event.username, event.password, host, protocol="amqp091", peer=peer)
-        if isinstance(verdict, Login):
-            self._logged_in(conn, event, verdict)
-            return None
-
-        async def checked() -> None:
-            login = await verdict
-            if not conn.machine.closed:
-                self._logged_in(conn, event, login)
-
-        return checked()
+        return on_login(
+            verdict, lambda login: self._logged_in(conn, event, login), lambda: not conn.machine.closed
+        )
 
     def _logged_in(self, conn: Amqp091Conn, event: AuthenticationRequested, login: Login) -> None:
         machine = conn.machine

@@ -75,7 +75,7 @@ from trimaran.config import Settings
 from trimaran.queue.manager import PublishResult, QueueManager
 from trimaran.queue.policy import QueueError
 from trimaran.runtime.transport import Conn
-from trimaran.security.guard import READ, WRITE, Login, Security
+from trimaran.security.guard import READ, WRITE, Login, Security, on_login
 
 log = logging.getLogger(__name__)
 
@@ -218,16 +218,9 @@ class Amqp1FrontEnd:
                 )
         else:
             verdict = security.login(creds.username, creds.password, host, protocol="amqp1", peer=conn.peer)
-        if isinstance(verdict, Login):
-            self._logged_in(conn, event, verdict)
-            return None
-
-        async def checked() -> None:
-            login = await verdict
-            if not conn.machine.closed:
-                self._logged_in(conn, event, login)
-
-        return checked()
+        return on_login(
+            verdict, lambda login: self._logged_in(conn, event, login), lambda: not conn.machine.closed
+        )
 
     def _logged_in(self, conn: Amqp1Conn, event: SaslAuthRequested, login: Login) -> None:
         creds = event.credentials

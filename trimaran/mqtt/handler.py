@@ -61,7 +61,15 @@ from trimaran.mqtt.session import AWAITING_PUBCOMP, OutboundMessage, Session, Su
 from trimaran.queue.manager import QueueManager
 from trimaran.runtime.machine import Machine
 from trimaran.runtime.transport import Conn
-from trimaran.security.guard import READ, WRITE, Login, Security, publish_access, subscription_filter
+from trimaran.security.guard import (
+    READ,
+    WRITE,
+    Login,
+    Security,
+    on_login,
+    publish_access,
+    subscription_filter,
+)
 from trimaran.storage.mqtt_store import MqttStore, StoredSession
 from trimaran.topics import TopicError, split_shared
 
@@ -325,16 +333,9 @@ class MqttFrontEnd:
             client_id=request.client_id,
             peer=conn.peer,
         )
-        if isinstance(verdict, Login):
-            self._connect(conn, request, verdict)
-            return None
-
-        async def checked() -> None:
-            login = await verdict
-            if not conn.mqtt.closed:
-                self._connect(conn, request, login)
-
-        return checked()
+        return on_login(
+            verdict, lambda login: self._connect(conn, request, login), lambda: not conn.mqtt.closed
+        )
 
     def _connect(self, conn: MqttConn, request: ConnectRequest, login: Login) -> None:
         machine = conn.mqtt

@@ -431,6 +431,23 @@ class Security:
             log.warning("auth: %s may not %s %r: %s", who, access, topic, why)
 
 
+def on_login(
+    verdict: Login | Awaitable[Login], act: Callable[[Login], None], still_open: Callable[[], bool]
+) -> Awaitable[None] | None:
+    """Act on a login's verdict: at once when it is known, else as the hull step the runtime awaits
+    (holding the connection's later frames), skipped when the connection closed meanwhile."""
+    if isinstance(verdict, Login):
+        act(verdict)
+        return None
+
+    async def decided() -> None:
+        login = await verdict
+        if still_open():
+            act(login)
+
+    return decided()
+
+
 def publish_access(topic: str) -> tuple[str, str]:
     """What publishing to ``topic`` needs: a write, or for a queue control topic
     (``$queue/<q>/$ack|$nack|$reject|$commit``) a read of the queue (settling is reading)."""
