@@ -42,7 +42,7 @@ from trimaran.queue.manager import (
     parse_message_id,
     settle_by_id_now,
 )
-from trimaran.queue.policy import DEFAULT_GROUP, QUEUE_PREFIX, QueueError, parse_queue_topic
+from trimaran.queue.policy import DEFAULT_GROUP, QUEUE_PREFIX, QueueError, parse_queue_topic, queue_topic
 from trimaran.storage.writer import Ticket as WriterReceipt
 from trimaran.storage.writer import WriterError
 
@@ -121,7 +121,7 @@ class QueueSubscription:
             self.held[delivery.offset] = record
             bindings.deliveries[tag] = record
         out = OutboundMessage(
-            topic=message.topic,
+            topic=delivered_topic(delivery),
             payload=message.payload,
             qos=self.qos,
             properties=props,
@@ -139,6 +139,17 @@ class QueueSubscription:
                 del self.held[delivery.offset]
             if self.handle is not None:
                 self.handle.nack_nowait(delivery.offset, 0)
+
+
+def delivered_topic(delivery: QueueDelivery) -> str:
+    """The topic a queue delivery carries: the queue it came from (MQTT 5 4.7: the topic sent matches
+    the subscriber's filter). A dead letter from ``$queue/orders/eu`` read from ``$dlq/orders`` goes
+    out as ``$queue/$dlq/orders/eu``; its original topic stays in ``x-dead-letter-topic``."""
+    topic = delivery.message.topic
+    parsed = parse_queue_topic(topic)
+    if parsed is not None and parsed[0] == delivery.queue:
+        return topic
+    return queue_topic(delivery.queue, parsed[1] if parsed is not None else "")
 
 
 @dataclass(slots=True)
