@@ -63,6 +63,17 @@ def _sqlite_engine(url: URL, synchronous: str) -> Engine:
     return engine
 
 
+def sqlite_file(url: str | URL) -> Path | None:
+    """The database file of a SQLite URL (``None`` for PostgreSQL and in-memory databases)."""
+    parsed = normalise_url(url) if isinstance(url, str) else url
+    database = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not database or database == ":memory:":
+        return None
+    if database.startswith("file:"):
+        return None
+    return Path(database)
+
+
 def describe(engine: Engine) -> str:
     """The URL with the password hidden, for log lines."""
     return engine.url.render_as_string(hide_password=True)
