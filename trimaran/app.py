@@ -105,7 +105,10 @@ class App:
         security = self.security
         assert security is not None
         storage = Storage.from_url(
-            url, sqlite_synchronous=settings.storage.sqlite_synchronous, pool_size=settings.storage.pool_size
+            url,
+            sqlite_synchronous=settings.storage.sqlite_synchronous,
+            pool_size=settings.storage.pool_size,
+            statement_timeout_s=settings.storage.statement_timeout_s,
         )
         self.storage = storage
         log.info("trimaran %s starting, storage %s", __version__, describe(storage.engine))

@@ -134,6 +134,10 @@ class StorageSettings(Section):
     pool_size: int = Field(5, ge=1)
     commit_interval_ms: float = Field(2.0, ge=0, description="group commit: longest wait to gather a batch")
     commit_batch_max: int = Field(2000, ge=1, description="group commit: most rows in one transaction")
+    statement_timeout_s: float = Field(
+        30.0, ge=0, description="PostgreSQL: longest statement, also the TCP user time-out (0 = no limit)"
+    )
+    ready_timeout_s: float = Field(2.0, gt=0, description="/readyz: longest wait for the storage's answer")
 
     @field_validator("url")
     @classmethod

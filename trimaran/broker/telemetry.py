@@ -146,6 +146,18 @@ class Telemetry:
         gauge("trimaran.memory.blocked", [self._memory("blocked")], "1", "1 while publishers are paused")
         gauge("trimaran.subscriptions", [self._subscriptions], "1", "pub/sub subscriptions")
         gauge("trimaran.retained", [self._retained], "1", "retained messages")
+        gauge(
+            "trimaran.retained.unwritten",
+            [self._broker_value(lambda b: b.retained_unwritten)],
+            "1",
+            "retained changes in memory not yet written (kept and retried when a write fails)",
+        )
+        counter(
+            "trimaran.retained.write.failures",
+            [self._broker_value(lambda b: b.retained_write_failures)],
+            "1",
+            "retained writes that failed (each is kept and retried)",
+        )
         gauge("trimaran.mqtt.sessions", [self._sessions], "1", "MQTT sessions, connected or not")
         counter("trimaran.auth.login.failures", [self._login_failures], "1", "logins refused")
         counter(
@@ -346,6 +358,14 @@ class Telemetry:
 
     def _subscriptions(self, _options: CallbackOptions) -> Iterable[Observation]:
         return [] if self.broker is None else [Observation(self.broker.router.count())]
+
+    def _broker_value(
+        self, read: Callable[[Broker], int]
+    ) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            return [] if self.broker is None else [Observation(read(self.broker))]
+
+        return observe
 
     def _retained(self, _options: CallbackOptions) -> Iterable[Observation]:
         return [] if self.broker is None else [Observation(self.broker.retained.count())]

@@ -28,8 +28,22 @@ class Storage:
         self.engine = engine
 
     @classmethod
-    def from_url(cls, url: str, *, sqlite_synchronous: str = "full", pool_size: int = 5) -> Storage:
-        return cls(build_engine(url, sqlite_synchronous=sqlite_synchronous, pool_size=pool_size))
+    def from_url(
+        cls,
+        url: str,
+        *,
+        sqlite_synchronous: str = "full",
+        pool_size: int = 5,
+        statement_timeout_s: float = 30.0,
+    ) -> Storage:
+        return cls(
+            build_engine(
+                url,
+                sqlite_synchronous=sqlite_synchronous,
+                pool_size=pool_size,
+                statement_timeout_s=statement_timeout_s,
+            )
+        )
 
     @property
     def dialect(self) -> str:
@@ -108,8 +122,15 @@ class Storage:
             return False
         return True
 
-    async def aping(self) -> bool:
-        return await anyio.to_thread.run_sync(self.ping)
+    async def aping(self, timeout_s: float | None = None) -> bool:
+        """``ping`` on a worker thread; False after ``timeout_s`` (a hung server: the thread is left
+        to end on the driver's own time-outs, the caller answers now)."""
+        if timeout_s is None:
+            return await anyio.to_thread.run_sync(self.ping)
+        with anyio.move_on_after(timeout_s):
+            return await anyio.to_thread.run_sync(self.ping, abandon_on_cancel=True)
+        log.warning("storage %s did not answer within %.1f s", describe(self.engine), timeout_s)
+        return False
 
     def close(self) -> None:
         self.engine.dispose()
