@@ -23,6 +23,7 @@ from trimaran.queue.manager import ConsumerHandle, QueueDelivery
 
 if TYPE_CHECKING:
     from trimaran.amqp091.conn import Amqp091Conn
+    from trimaran.storage.writer import Ticket
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ class ChannelState:
         "getters",
         "global_prefetch",
         "last_queue",
+        "last_write",
         "next_tag",
         "number",
         "prefetch",
@@ -120,6 +122,9 @@ class ChannelState:
         self.tx_publishes: list[tuple[BasicPublish, BasicProperties, bytes]] = []
         self.tx_acks: list[Callable[[], None]] = []
         self.last_queue = ""
+        #: The channel's latest durable publish not yet known committed: its own basic.get waits for
+        #: it (RabbitMQ orders a channel's publish and get).
+        self.last_write: Ticket | None = None
         self.closed = False  # the channel is gone; its consumers are being released
         #: Direct reply-to: the consumer tag on amq.rabbitmq.reply-to and the channel's token.
         self.reply_tag = ""

@@ -98,7 +98,7 @@ class WriterError(Exception):
 class Ticket:
     """One submission's fate. ``event`` is set on the loop once committed (or failed)."""
 
-    __slots__ = ("batch", "error", "event", "on_commit", "on_results", "results", "rows")
+    __slots__ = ("batch", "done", "error", "event", "followers", "on_commit", "on_results", "results", "rows")
 
     def __init__(
         self,
@@ -114,6 +114,18 @@ class Ticket:
         self.on_results = on_results
         self.error: BaseException | None = None
         self.results: list[Any] = []
+        self.done = False  # committed or failed, its callbacks run
+        self.followers: list[Callable[[], None]] | None = None
+
+    def then(self, follower: Callable[[], None]) -> None:
+        """Run ``follower`` on the loop once this submission is done (at once if it is). Submissions
+        complete in submission order, so this also follows every earlier submission."""
+        if self.done:
+            follower()
+        elif self.followers is None:
+            self.followers = [follower]
+        else:
+            self.followers.append(follower)
 
     async def wait(self) -> list[Any]:
         assert self.event is not None, "submitted without wait=True"
@@ -359,8 +371,15 @@ def _complete(tickets: list[Ticket]) -> None:
                 ticket.on_results(ticket.results if ticket.error is None else [])
             except Exception:
                 log.exception("on_results callback failed")
+        ticket.done = True
         if ticket.event is not None:
             ticket.event.set()
+        if ticket.followers is not None:
+            for follower in ticket.followers:
+                try:
+                    follower()
+                except Exception:
+                    log.exception("a follower of a queue write failed")
 
 
 # -- statements --------------------------------------------------------------------------------
