@@ -142,6 +142,12 @@ class StorageSettings(Section):
     statement_timeout_s: float = Field(
         30.0, ge=0, description="PostgreSQL: longest statement, also the TCP user time-out (0 = no limit)"
     )
+    min_free_bytes: int = Field(
+        50_000_000,
+        ge=0,
+        description="SQLite: refuse new durable publishes while the data directory's disk has less free "
+        "(0 = off)",
+    )
     ready_timeout_s: float = Field(2.0, gt=0, description="/readyz: longest wait for the storage's answer")
 
     @field_validator("url")

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from trimaran.queue.manager import QueueManager
     from trimaran.runtime.runner import Runner
     from trimaran.security.guard import Security
+    from trimaran.storage.disk import DiskWatch
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +152,24 @@ class Telemetry:
             [self._broker_value(lambda b: b.retained_unwritten)],
             "1",
             "retained changes in memory not yet written (kept and retried when a write fails)",
+        )
+        gauge(
+            "trimaran.storage.disk.free.bytes",
+            [self._disk(lambda d: d.free)],
+            "By",
+            "free bytes on the data directory's disk (SQLite; measured once a second)",
+        )
+        gauge(
+            "trimaran.storage.disk.low",
+            [self._disk(lambda d: int(d.low))],
+            "1",
+            "1 while free disk is below storage.min_free_bytes and durable publishes are refused",
+        )
+        counter(
+            "trimaran.queue.refused.disk",
+            [self._disk(lambda d: d.refused)],
+            "1",
+            "durable publishes refused for the disk-free watermark",
         )
         counter(
             "trimaran.retained.write.failures",
@@ -364,6 +383,17 @@ class Telemetry:
     ) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(_options: CallbackOptions) -> Iterable[Observation]:
             return [] if self.broker is None else [Observation(read(self.broker))]
+
+        return observe
+
+    def _disk(
+        self, read: Callable[[DiskWatch], int | None]
+    ) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            if self.queues is None or not self.queues.disk.enabled:
+                return []
+            value = read(self.queues.disk)
+            return [] if value is None else [Observation(value)]
 
         return observe
 

@@ -438,7 +438,7 @@ class MqttQueues:
 
 
 def _refusal_code(exc: QueueError) -> int:
-    if exc.reason in ("full", "overflow"):
+    if exc.reason in ("full", "overflow", "disk-full"):
         return ReasonCode.QUOTA_EXCEEDED
     if exc.reason in ("bad-topic", "bad-name"):
         return ReasonCode.TOPIC_NAME_INVALID

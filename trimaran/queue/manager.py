@@ -52,6 +52,8 @@ from trimaran.queue.policy import (
     validate_queue_name,
 )
 from trimaran.storage import queue_store
+from trimaran.storage.disk import DiskWatch
+from trimaran.storage.engine import sqlite_file
 from trimaran.storage.store import Storage
 from trimaran.storage.writer import GroupCommitWriter, Ticket, WriteBatch, WriterError
 
@@ -432,6 +434,8 @@ class QueueManager:
             commit_interval_ms=storage_settings.commit_interval_ms,
             commit_batch_max=storage_settings.commit_batch_max,
         )
+        database = sqlite_file(storage.engine.url)
+        self.disk = DiskWatch(None if database is None else database.parent, storage_settings.min_free_bytes)
         self._timed: set[tuple[QueueState, Group]] = set()
         self._dirty: set[QueueState] = set()
         self.writer.batch_done = self._flush_dirty
@@ -458,6 +462,7 @@ class QueueManager:
     async def start(self, task_group: TaskGroup) -> None:
         if self._started:
             return
+        self.disk.check()
         loaded = await anyio.to_thread.run_sync(self._load)
         for state in loaded:
             self.queues[state.name] = state
@@ -863,6 +868,13 @@ class QueueManager:
             batch = WriteBatch()
         if state.deleted:
             raise QueueError("no-queue", f"queue {queue} was deleted")
+        if state.durable and self.disk.low:
+            self.disk.refused += 1
+            state.stats["refused"] += 1
+            raise QueueError(
+                "disk-full",
+                f"queue {queue}: disk free is below storage.min_free_bytes ({self.disk.free} left)",
+            )
         if not self._is_shared(state):  # shared: this node does not see the whole queue
             try:
                 self._check_limits(state, len(message.payload), batch)
@@ -1860,6 +1872,7 @@ class QueueManager:
                     log.exception("queue timers failed")
 
     def _tick(self) -> None:
+        self.disk.poll()
         now = now_ms()
         for state, group in list(self._timed):
             if state.deleted:
