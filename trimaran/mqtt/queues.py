@@ -42,6 +42,7 @@ from trimaran.queue.manager import (
     parse_message_id,
     settle_by_id_now,
 )
+from trimaran.queue.outcomes import ACK, DeadLetter, Outcome, Retry
 from trimaran.queue.policy import DEFAULT_GROUP, QUEUE_PREFIX, QueueError, parse_queue_topic, queue_topic
 from trimaran.storage.writer import Ticket as WriterReceipt
 from trimaran.storage.writer import WriterError
@@ -395,12 +396,7 @@ class MqttQueues:
         if handle is None or handle.closed:
             return
         if record.live:  # not already settled by a control topic, nor superseded by a redelivery
-            if reason_code in NACK_CODES:
-                handle.nack_nowait(offset)
-            elif reason_code in REJECT_CODES:
-                handle.reject_nowait(offset, f"client reason code 0x{reason_code:02X}")
-            else:
-                handle.ack_nowait(offset)
+            handle.settle_nowait(offset, puback_outcome(reason_code))
         if not record.credited:
             record.credited = True
             due = conn.queue_bindings.credit_due  # given back once per batch of packets: after_events
@@ -435,6 +431,17 @@ class MqttQueues:
             for subscription in subscriptions:
                 if subscription.handle is not None:
                     await subscription.handle.cancel()
+
+
+def puback_outcome(reason_code: int) -> Outcome:
+    """MQTT's settlement of a queue delivery (the PUBACK's, PUBCOMP's or failed PUBREC's reason
+    code) as a typed outcome: 0x80 retries after the queue's backoff, 0x83 and 0x99 dead-letter,
+    anything else acknowledges."""
+    if reason_code in NACK_CODES:
+        return Retry()
+    if reason_code in REJECT_CODES:
+        return DeadLetter(f"client reason code 0x{reason_code:02X}")
+    return ACK
 
 
 def _refusal_code(exc: QueueError) -> int:

@@ -40,6 +40,7 @@ from trimaran.broker.events import (
 from trimaran.broker.message import Message, now_ms
 from trimaran.config import QueuePolicySettings, QueueSettings, StorageSettings
 from trimaran.queue.groups import DONE, HELD, WAIT, Entry, Group, QueueState, StoredMessage, policy_dict
+from trimaran.queue.outcomes import Ack, Commit, DeadLetter, Outcome, Retry
 from trimaran.queue.policy import (
     DEFAULT_GROUP,
     DLQ_PREFIX,
@@ -342,6 +343,23 @@ class ConsumerHandle:
         return self.manager._settle_now(
             self.queue, self.group, offset, "release", self, None, None, "unsent", wait=False
         )[0]
+
+    def settle_nowait(self, offset: int, outcome: Outcome) -> bool:
+        """Settle a delivery this handle holds with a typed outcome, without waiting for the commit
+        (see :mod:`trimaran.queue.outcomes`). False: the delivery is not this handle's to settle."""
+        match outcome:
+            case Ack():
+                return self.ack_nowait(offset)
+            case Retry(delay_s=delay_s, failed=True):
+                return self.nack_nowait(offset, delay_s)
+            case Retry():
+                return self.return_nowait(offset)
+            case DeadLetter(reason=reason):
+                return self.reject_nowait(offset, reason)
+            case Commit(offset=position):
+                return self.manager._settle_now(
+                    self.queue, self.group, position, "commit", self, None, None, "", wait=False
+                )[0]
 
     def return_nowait(self, offset: int) -> bool:
         """The consumer hands a delivery back unprocessed (AMQP 1.0 ``released``, ``modified``
