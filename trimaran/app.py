@@ -40,7 +40,8 @@ from trimaran.security.acl import AclError
 from trimaran.security.guard import Security
 from trimaran.security.passwords import PasswordFileError
 from trimaran.storage.amqp_store import AmqpStore
-from trimaran.storage.engine import describe
+from trimaran.storage.engine import describe, sqlite_file
+from trimaran.storage.lock import DataDirLock
 from trimaran.storage.mqtt_store import MqttStore
 from trimaran.storage.store import Storage
 
@@ -66,6 +67,7 @@ class App:
             request_timeout_s=settings.http.request_timeout_s,
         )
         self.ready = False
+        self._tls: ssl.SSLContext | None = None
         self._stop = anyio.Event()
         self.telemetry = Telemetry(settings.telemetry, node=settings.node_name)
         self.api = AdminApi(self)
@@ -80,18 +82,37 @@ class App:
     async def run(self) -> None:
         settings = self.settings
         check_settings(settings)
-        tls = self._tls_context()  # a missing certificate is said before any database is created
+        self._tls = self._tls_context()  # a missing certificate is said before any database is created
         try:
             self.security = security = Security(settings.auth)
         except (PasswordFileError, AclError) as exc:  # a bad password or rule file stops the start
             raise ConfigError(str(exc)) from None
         security.describe_start()
         url = settings.storage.effective_url()
+        database = sqlite_file(url)
+        lock = DataDirLock(database.parent) if database is not None else None
+        if lock is not None:
+            lock.acquire()  # before the file is opened: a second server stops here, in one line
+        try:
+            await self._run(url)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    async def _run(self, url: str) -> None:
+        settings = self.settings
+        tls = self._tls
+        security = self.security
+        assert security is not None
         storage = Storage.from_url(
-            url, sqlite_synchronous=settings.storage.sqlite_synchronous, pool_size=settings.storage.pool_size
+            url,
+            sqlite_synchronous=settings.storage.sqlite_synchronous,
+            pool_size=settings.storage.pool_size,
+            statement_timeout_s=settings.storage.statement_timeout_s,
         )
         self.storage = storage
         log.info("trimaran %s starting, storage %s", __version__, describe(storage.engine))
+        await anyio.to_thread.run_sync(storage.check)  # a damaged or locked file: one line, no wait
         await anyio.to_thread.run_sync(storage.migrate)
         store = MqttStore(storage.engine)
         self.broker = Broker(store, sys_interval=settings.limits.sys_interval)

@@ -277,7 +277,9 @@ def _db(settings: Settings, command: str) -> int:
     from trimaran.storage.store import Storage
 
     storage = Storage.from_url(
-        settings.storage.effective_url(), sqlite_synchronous=settings.storage.sqlite_synchronous
+        settings.storage.effective_url(),
+        sqlite_synchronous=settings.storage.sqlite_synchronous,
+        statement_timeout_s=0,  # a migration of a big table may take its time; an operator watches it
     )
     try:
         if command == "upgrade":

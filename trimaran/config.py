@@ -132,8 +132,23 @@ class StorageSettings(Section):
     data_dir: Path = Path("data")
     sqlite_synchronous: Literal["off", "normal", "full"] = "full"
     pool_size: int = Field(5, ge=1)
-    commit_interval_ms: float = Field(2.0, ge=0, description="group commit: longest wait to gather a batch")
+    commit_interval_ms: float = Field(
+        0.0,
+        ge=0,
+        description="group commit: extra wait to gather between back-to-back commits (an idle writer "
+        "commits at once; 0 = none, batches gather while a commit is in flight)",
+    )
     commit_batch_max: int = Field(2000, ge=1, description="group commit: most rows in one transaction")
+    statement_timeout_s: float = Field(
+        30.0, ge=0, description="PostgreSQL: longest statement, also the TCP user time-out (0 = no limit)"
+    )
+    min_free_bytes: int = Field(
+        50_000_000,
+        ge=0,
+        description="SQLite: refuse new durable publishes while the data directory's disk has less free "
+        "(0 = off)",
+    )
+    ready_timeout_s: float = Field(2.0, gt=0, description="/readyz: longest wait for the storage's answer")
 
     @field_validator("url")
     @classmethod

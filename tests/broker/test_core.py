@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,8 @@ import pytest
 from trimaran.broker.core import Broker
 from trimaran.broker.message import Message
 from trimaran.broker.router import Delivery, SubscriptionOptions
+from trimaran.broker.telemetry import Telemetry
+from trimaran.config import TelemetrySettings
 from trimaran.storage.mqtt_store import MqttStore
 from trimaran.storage.store import Storage
 
@@ -80,5 +84,55 @@ async def test_retained_changes_survive_a_new_broker(tmp_path: Path) -> None:
             await tg.start(again.run)
             tg.cancel_scope.cancel()
         assert sorted(m.topic for m in again.retained.messages()) == ["keep", "late"]
+    finally:
+        storage.close()
+
+
+class FlakyStore(MqttStore):
+    """Retained writes fail (a locked SQLite file, a full disk) while ``failing`` is set."""
+
+    failing = True
+    attempts = 0
+
+    def write_retained(self, changes: Mapping[str, Message | None]) -> None:
+        self.attempts += 1
+        if self.failing:
+            raise sqlite3.OperationalError("database is locked")
+        super().write_retained(changes)
+
+
+async def test_failed_retained_write_is_kept_retried_and_shown(tmp_path: Path) -> None:
+    storage = Storage.from_url(f"sqlite:///{tmp_path / 'r.db'}")
+    storage.migrate()
+    try:
+        store = FlakyStore(storage.engine)
+        broker = Broker(store, sys_interval=0)
+        telemetry = Telemetry(TelemetrySettings())
+        telemetry.bind(broker)
+        async with anyio.create_task_group() as tg:
+            await tg.start(broker.run)
+            broker.publish(Message("keep", b"v1", retain=True))
+            broker.publish(Message("other", b"x", retain=True))
+            with anyio.fail_after(5):
+                while store.attempts < 2:  # failed, then retried
+                    await anyio.sleep(0.01)
+            assert broker.retained_write_error == "database is locked"
+            metrics = telemetry.prometheus_text()
+            assert "trimaran_retained_write_failures_total" in metrics
+            assert "trimaran_retained_unwritten 2" in metrics
+            broker.publish(Message("keep", b"v2", retain=True))  # newer than the kept change: it wins
+            store.failing = False
+            with anyio.fail_after(10):
+                while broker.retained_unwritten or broker.retained_write_error is not None:
+                    await anyio.sleep(0.01)
+            assert broker.retained_write_failures >= 2
+            tg.cancel_scope.cancel()
+        again = Broker(MqttStore(storage.engine), sys_interval=0)
+        async with anyio.create_task_group() as tg:
+            await tg.start(again.run)
+            tg.cancel_scope.cancel()
+        kept = again.retained.get("keep")
+        assert kept is not None and kept.payload == b"v2"
+        assert again.retained.get("other") is not None
     finally:
         storage.close()

@@ -345,3 +345,19 @@ def test_an_exclusive_queue_of_another_connection_is_locked(
     finally:
         owner.close()
         other.close()
+
+
+def test_publish_then_get_on_one_channel_sees_the_message(channel: BlockingChannel) -> None:
+    """A channel's publish to a durable queue is visible to its own later basic.get, as RabbitMQ
+    orders them per channel (no confirms: nothing else waits for the commit)."""
+    name = unique("own-get")
+    channel.queue_declare(name, durable=True)
+    persistent = pika.BasicProperties(delivery_mode=2)
+    try:
+        for i in range(20):
+            channel.basic_publish("", name, f"m{i}".encode(), persistent)
+            method, _props, body = channel.basic_get(name, auto_ack=True)
+            assert method is not None, f"publish {i} not visible to the channel's own basic.get"
+            assert body == f"m{i}".encode()
+    finally:
+        channel.queue_delete(name)

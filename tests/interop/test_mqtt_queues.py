@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from paho.mqtt.client import topic_matches_sub
 
 from tests.interop.conftest import endpoints_of, start_server
 from tests.support.paho import (
@@ -321,6 +322,9 @@ def test_reject_goes_to_dead_letter_queue(qmqtt: Endpoints) -> None:
         dlq.subscribe("$queue/$dlq/rejected", qos=1)
         dead = dlq.expect()
         assert dead.payload == b"poison"
+        # MQTT 5 4.7: the topic sent matches the subscription, so per-filter callbacks fire
+        assert dead.topic == "$queue/$dlq/rejected"
+        assert topic_matches_sub("$queue/$dlq/rejected", dead.topic)
         history = user_props(dead)
         assert history["k"] == "v"
         assert history["x-dead-letter-queue"] == "rejected"

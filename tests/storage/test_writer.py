@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
+
+from sqlalchemy import Connection, select
 
 from trimaran.broker.message import Message
 from trimaran.storage import queue_store
+from trimaran.storage import writer as writer_module
+from trimaran.storage.schema import queue_events
 from trimaran.storage.store import Storage
-from trimaran.storage.writer import GroupCommitWriter, WriteBatch
+from trimaran.storage.writer import GroupCommitWriter, Ticket, WriteBatch
 
 
 def _rows(queue: str, offset: int) -> WriteBatch:
@@ -57,5 +63,112 @@ def test_delete_and_purge_merged_behind_rows_remove_those_rows(storage_url: str)
         assert queue_store.stored_offsets(storage.engine, "gone") == []
         assert queue_store.stored_offsets(storage.engine, "purged") == [1]
         assert [r["offset"] for r in queue_store.pending_rows(storage.engine, "purged")] == [1]
+    finally:
+        storage.close()
+
+
+def test_idle_writer_commits_a_lone_message_at_once(storage_url: str) -> None:
+    """No fixed gather wait: a lone message's commit does not wait commit_interval_ms (300 ms here,
+    which only applies between back-to-back commits)."""
+    storage = Storage.from_url(storage_url)
+    storage.migrate()
+    try:
+        writer = GroupCommitWriter(storage.engine, commit_interval_ms=300)
+        spent: list[float] = []
+
+        async def scenario() -> None:
+            writer.start()
+            try:
+                await writer.write(WriteBatch(calls=[queue_store.upsert_queue("lone", "work", {}, 1)]))
+                for offset in range(3):
+                    await asyncio.sleep(0.05)  # the writer is idle again
+                    started = time.perf_counter()
+                    await writer.write(_rows("lone", offset))
+                    spent.append(time.perf_counter() - started)
+            finally:
+                await writer.stop()
+
+        asyncio.run(scenario())
+        assert max(spent) < 0.15, spent
+        assert queue_store.stored_offsets(storage.engine, "lone") == [0, 1, 2]
+    finally:
+        storage.close()
+
+
+def test_batch_gathers_while_a_commit_is_in_flight(storage_url: str) -> None:
+    """Submissions made while the writer is busy go out together in the next transaction."""
+    storage = Storage.from_url(storage_url)
+    storage.migrate()
+    try:
+        writer = GroupCommitWriter(storage.engine)
+        gate = threading.Event()
+
+        def slow(_connection: Connection) -> None:
+            gate.wait(5)  # a commit in flight, as long as the test wants
+
+        async def scenario() -> None:
+            writer.start()
+            try:
+                await writer.write(WriteBatch(calls=[queue_store.upsert_queue("busy", "work", {}, 1)]))
+                first = writer.submit(WriteBatch(calls=[slow]), wait=True)
+                await asyncio.sleep(0.05)  # the writer has taken it and is blocked inside
+                tickets = [writer.submit(_rows("busy", offset), wait=True) for offset in range(50)]
+                before = writer.transactions
+                gate.set()
+                await first.wait()
+                for ticket in tickets:
+                    await ticket.wait()
+                assert writer.transactions - before == 2  # the slow one, then all fifty together
+            finally:
+                await writer.stop()
+
+        asyncio.run(scenario())
+        assert queue_store.stored_offsets(storage.engine, "busy") == list(range(50))
+    finally:
+        storage.close()
+
+
+def _settled_in_one_batch() -> WriteBatch:
+    """Offsets 1 and 2 appended; 1 (new) and 0 (from an earlier commit) deleted, with their events."""
+    batch = WriteBatch()
+    for offset in (1, 2):
+        batch.messages.append(
+            queue_store.message_row("short", offset, Message("t", b"x", qos=1), "", 1, None)
+        )
+        batch.events.append(queue_store.event_row(1, "short", "published", offset=offset))
+    batch.message_deletes += [("short", 0), ("short", 1)]
+    batch.pending[("short", "$default", 0)] = None
+    batch.events.append(queue_store.event_row(1, "short", "acked", offset=1))
+    return batch
+
+
+def test_message_appended_and_deleted_in_one_transaction_writes_no_row(storage_url: str) -> None:
+    """Published and settled within one commit: the message row is neither inserted nor deleted; a
+    delete of a row from an earlier transaction still runs, and the events are all kept."""
+    applied = writer_module._merged([Ticket(_settled_in_one_batch(), None, None)])
+    assert [row["offset"] for row in applied.messages] == [2]
+    assert applied.message_deletes == [("short", 0)]
+    assert len(applied.events) == 3
+    storage = Storage.from_url(storage_url)
+    storage.migrate()
+    try:
+        writer = GroupCommitWriter(storage.engine)
+
+        async def scenario() -> None:
+            writer.start()
+            try:
+                await writer.write(WriteBatch(calls=[queue_store.upsert_queue("short", "work", {}, 1)]))
+                await writer.write(_rows("short", 0))
+                await writer.write(_settled_in_one_batch())
+            finally:
+                await writer.stop()
+
+        asyncio.run(scenario())
+        assert queue_store.stored_offsets(storage.engine, "short") == [2]
+        with storage.engine.connect() as connection:
+            kinds = connection.execute(
+                select(queue_events.c.kind, queue_events.c.offset).where(queue_events.c.queue == "short")
+            ).all()
+        assert sorted((k, o) for k, o in kinds) == [("acked", 1), ("published", 1), ("published", 2)]
     finally:
         storage.close()

@@ -20,9 +20,11 @@ from trimaran.amqp091.mapping import delivery_address, properties_from_message
 from trimaran.amqp091.properties import BasicProperties
 from trimaran.amqp091.spec import PRECONDITION_FAILED, BasicDeliver, BasicGetOk, BasicPublish, ProtocolError
 from trimaran.queue.manager import ConsumerHandle, QueueDelivery
+from trimaran.queue.outcomes import ACK, RETRY_NOW, DeadLetter, Outcome
 
 if TYPE_CHECKING:
     from trimaran.amqp091.conn import Amqp091Conn
+    from trimaran.storage.writer import Ticket
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,7 @@ class ChannelState:
         "getters",
         "global_prefetch",
         "last_queue",
+        "last_write",
         "next_tag",
         "number",
         "prefetch",
@@ -120,6 +123,9 @@ class ChannelState:
         self.tx_publishes: list[tuple[BasicPublish, BasicProperties, bytes]] = []
         self.tx_acks: list[Callable[[], None]] = []
         self.last_queue = ""
+        #: The channel's latest durable publish not yet known committed: its own basic.get waits for
+        #: it (RabbitMQ orders a channel's publish and get).
+        self.last_write: Ticket | None = None
         self.closed = False  # the channel is gone; its consumers are being released
         #: Direct reply-to: the consumer tag on amq.rabbitmq.reply-to and the channel's token.
         self.reply_tag = ""
@@ -258,12 +264,7 @@ class ChannelState:
             handle = consumer.handle
             if handle is None or handle.closed:
                 continue
-            if outcome == "ack":
-                handle.ack_nowait(offset)
-            elif outcome == "requeue":
-                handle.nack_nowait(offset, 0)
-            else:
-                handle.reject_nowait(offset, "rejected by the AMQP 0.9.1 consumer")
+            handle.settle_nowait(offset, basic_outcome(outcome))
             touched[id(consumer)] = consumer
         for consumer in touched.values():
             if consumer.cancelled and not consumer.unacked:
@@ -289,3 +290,17 @@ class ChannelState:
         found += [g.handle for g in self.getters.values() if g.handle is not None]
         found += [c.handle for c, _ in self.unacked.values() if c.handle is not None and c.cancelled]
         return list({id(h): h for h in found}.values())
+
+
+_REJECTED = DeadLetter("rejected by the AMQP 0.9.1 consumer")
+
+
+def basic_outcome(settlement: str) -> Outcome:
+    """AMQP 0.9.1's settlement as a typed outcome: basic.ack ("ack") acknowledges; basic.nack or
+    basic.reject with requeue ("requeue") comes back at once, an attempt; without requeue
+    ("reject") dead-letters (to the queue's dead-letter exchange, if any), as RabbitMQ does."""
+    if settlement == "ack":
+        return ACK
+    if settlement == "requeue":
+        return RETRY_NOW
+    return _REJECTED

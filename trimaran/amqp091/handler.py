@@ -274,12 +274,15 @@ class Amqp091FrontEnd:
         at_once = ops.at_once.get(kind)
         if at_once is not None:
             try:
-                at_once(conn, channel, method)
+                later = at_once(conn, channel, method)
             except spec.ProtocolError as exc:
                 return self.refuse(conn, event.channel, exc)
             except ExchangeError as exc:
                 return self.refuse(conn, event.channel, _error(exc.reply_code, exc.reason, method))
-            return None
+            if later is None:
+                return None
+            # It must wait after all (basic.get behind the channel's own publishes): so do later frames.
+            return self._finish(conn, event.channel, method, later)
         waiting: Callable[..., Coroutine[Any, Any, None]] | None = ops.waiting.get(kind)
         if waiting is None:
             if isinstance(method, spec.ChannelFlowOk):
@@ -300,6 +303,20 @@ class Amqp091FrontEnd:
                 await release
 
         return step()
+
+    async def _finish(
+        self, conn: Amqp091Conn, number: int, method: spec.Method, later: Awaitable[None]
+    ) -> None:
+        try:
+            await later
+        except spec.ProtocolError as exc:
+            release = self.refuse(conn, number, exc)
+        except ExchangeError as exc:
+            release = self.refuse(conn, number, _error(exc.reply_code, exc.reason, method))
+        else:
+            return
+        if release is not None:
+            await release
 
     def _update_secret(self, conn: Amqp091Conn, m: spec.ConnectionUpdateSecret) -> Awaitable[None] | None:
         """RabbitMQ's connection.update-secret (a refreshed token or password on a live connection):
@@ -530,7 +547,7 @@ class Amqp091FrontEnd:
                 continue
             routed += 1
             queued = message if single is not None else message.copy_with(topic=queue_topic(queue))
-            if not self._to_queue(queue, queued, entry) and entry is not None:
+            if not self._to_queue(channel, queue, queued, entry) and entry is not None:
                 entry.failed = True
         if not routed and method.mandatory:
             conn.machine.send_content(
@@ -572,7 +589,7 @@ class Amqp091FrontEnd:
                 raise spec.ProtocolError(
                     spec.PRECONDITION_FAILED, str(exc), class_id=60, method_id=40
                 ) from None
-            sent = self._to_queue(name, message, entry, sub_key)
+            sent = self._to_queue(channel, name, message, entry, sub_key)
         if sent:
             return
         if entry is not None:
@@ -598,22 +615,27 @@ class Amqp091FrontEnd:
         channel.conn.wake()
         return True
 
-    def _to_queue(self, queue: str, message: Message, entry: Pending | None, key: str = "") -> bool:
-        """Append to a queue; ``entry`` (if any) waits for the commit. False: the queue refused it."""
+    def _to_queue(
+        self, channel: ChannelState | None, queue: str, message: Message, entry: Pending | None, key: str = ""
+    ) -> bool:
+        """Append to a queue; ``entry`` (if any) waits for the commit. False: the queue refused it.
+        A durable append is remembered on the channel: its own later basic.get waits for it."""
         if entry is None:
             try:
-                self.manager.publish_nowait(queue, message, key)
+                ticket = self.manager.publish_nowait(queue, message, key)
             except QueueError as exc:
                 log.debug("amqp091: publish to queue %s refused: %s", queue, exc)
                 return False
-            return True
-        entry.expect()
-        try:
-            self.manager.publish_nowait(queue, message, key, done=entry.committed)
-        except QueueError as exc:
-            log.debug("amqp091: publish to queue %s refused: %s", queue, exc)
-            entry.waiting -= 1  # never committed; the seal still holds the entry
-            return False
+        else:
+            entry.expect()
+            try:
+                ticket = self.manager.publish_nowait(queue, message, key, done=entry.committed)
+            except QueueError as exc:
+                log.debug("amqp091: publish to queue %s refused: %s", queue, exc)
+                entry.waiting -= 1  # never committed; the seal still holds the entry
+                return False
+        if ticket is not None and channel is not None:
+            channel.last_write = ticket
         return True
 
     def dead_letter_queues(self, exchange: str, routing_key: str, message: Message) -> list[str]:
@@ -649,7 +671,7 @@ class Amqp091FrontEnd:
         for queue in queues:
             if not self.manager.exists(queue):
                 continue
-            if not self._to_queue(queue, message, entry):
+            if not self._to_queue(None, queue, message, entry):
                 self.broker.stats.messages_dropped += 1  # a router copy: dropped, not a failed publish
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import anyio.to_thread
 
 from trimaran.amqp091 import spec
@@ -31,6 +32,7 @@ from trimaran.topics import TopicError, binding_key_to_filter
 if TYPE_CHECKING:
     from trimaran.amqp091.conn import Amqp091Conn
     from trimaran.amqp091.handler import Amqp091FrontEnd
+    from trimaran.storage.writer import Ticket
 
 log = logging.getLogger(__name__)
 
@@ -510,7 +512,30 @@ class Operations:
         if consumer is not None:
             await self.auto_delete_queues({consumer.queue})
 
-    def basic_get(self, conn: Amqp091Conn, channel: ChannelState, m: spec.BasicGet) -> None:
+    def basic_get(self, conn: Amqp091Conn, channel: ChannelState, m: spec.BasicGet) -> Awaitable[None] | None:
+        """basic.get-ok or get-empty. Behind the channel's own uncommitted durable publishes it waits
+        for their commit first (RabbitMQ orders a channel's publish and get); the connection's later
+        frames wait with it."""
+        pending = channel.last_write
+        if pending is not None:
+            if not pending.done:
+                return self._get_after(conn, channel, m, pending)
+            channel.last_write = None
+        self._get(conn, channel, m)
+        return None
+
+    async def _get_after(
+        self, conn: Amqp091Conn, channel: ChannelState, m: spec.BasicGet, pending: Ticket
+    ) -> None:
+        committed = anyio.Event()
+        pending.then(committed.set)
+        await committed.wait()
+        if channel.last_write is pending:
+            channel.last_write = None
+        if not channel.closed and not conn.machine.closed:
+            self._get(conn, channel, m)
+
+    def _get(self, conn: Amqp091Conn, channel: ChannelState, m: spec.BasicGet) -> None:
         name = self._queue_name(channel, m.queue, m)
         meta = self._existing(conn, name, m)
         meta.unused_since = time.monotonic()

@@ -583,13 +583,7 @@ class Amqp1FrontEnd:
         self, conn: Amqp1Conn, address: Address, pending: PendingSettle, exc: QueueError
     ) -> None:
         log.info("amqp1: %s: queue publish to %s refused: %s", conn.container_id, address.name, exc)
-        if exc.reason in ("full", "overflow"):
-            condition = RESOURCE_LIMIT_EXCEEDED
-        elif exc.reason == "no-queue":
-            condition = NOT_FOUND
-        else:
-            condition = INTERNAL_ERROR
-        pending.error = Error(condition=condition, description=str(exc))
+        pending.error = Error(condition=refusal_condition(exc), description=str(exc))
 
     # -- dispositions -----------------------------------------------------------------------------
 
@@ -603,3 +597,12 @@ class Amqp1FrontEnd:
         if not event.settled and event.state is not None and event.deliveries:
             # The receiver waits for us to settle (it asked for rcv-settle-mode second anyway).
             conn.machine.settle_range(event.session, ROLE_SENDER, event.first, event.last, event.state)
+
+
+def refusal_condition(exc: QueueError) -> Symbol:
+    """The AMQP 1.0 error condition of a refused queue publish (the transfer is rejected with it)."""
+    if exc.reason in ("full", "overflow", "disk-full"):
+        return RESOURCE_LIMIT_EXCEEDED
+    if exc.reason == "no-queue":
+        return NOT_FOUND
+    return INTERNAL_ERROR

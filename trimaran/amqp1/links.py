@@ -26,6 +26,7 @@ from trimaran.amqp1.performatives import Accepted, Modified, Rejected, Released
 from trimaran.broker.message import Message
 from trimaran.broker.router import Delivery
 from trimaran.queue.manager import BrowseHandle, ConsumerHandle, QueueDelivery
+from trimaran.queue.outcomes import ACK, RELEASED, DeadLetter, Outcome, Retry
 
 if TYPE_CHECKING:
     from trimaran.amqp1.conn import Amqp1Conn
@@ -118,23 +119,7 @@ class QueueOut(OutLink):
         if state is None and not settled:
             return  # no outcome yet
         del self.offsets[delivery_id]
-        if state is None or isinstance(state, Accepted):
-            handle.ack_nowait(offset)
-        elif isinstance(state, Rejected):
-            error = state.error
-            reason = error.description or str(error.condition) if error is not None else "rejected"
-            handle.reject_nowait(offset, f"rejected by {self.id}: {reason}")
-        elif isinstance(state, Released):
-            handle.return_nowait(offset)  # not processed: available again at once, not an attempt
-        elif isinstance(state, Modified):
-            # delivery-failed is a failed attempt (counted, backs off); without it the message
-            # comes back unchanged (undeliverable-here too: the queue cannot exclude one consumer).
-            if state.delivery_failed:
-                handle.nack_nowait(offset, None)
-            else:
-                handle.return_nowait(offset)
-        else:
-            handle.ack_nowait(offset)
+        handle.settle_nowait(offset, disposition_outcome(state, self.id))
 
     def stop(self) -> None:
         super().stop()
@@ -227,3 +212,21 @@ class InLink:
         self.link = link
         self.address = address
         self.inflight = 0  # queue publishes not yet committed
+
+
+def disposition_outcome(state: Any, link: str) -> Outcome:
+    """AMQP 1.0's delivery state as a typed outcome. accepted (or settled with no state) acknowledges;
+    rejected dead-letters; released is handed back unprocessed (at once, not an attempt); modified
+    with delivery-failed is a failed attempt (counted, backs off), without it the message comes back
+    unchanged (undeliverable-here too: the queue cannot exclude one consumer)."""
+    if state is None or isinstance(state, Accepted):
+        return ACK
+    if isinstance(state, Rejected):
+        error = state.error
+        reason = error.description or str(error.condition) if error is not None else "rejected"
+        return DeadLetter(f"rejected by {link}: {reason}")
+    if isinstance(state, Released):
+        return RELEASED
+    if isinstance(state, Modified):
+        return Retry(None) if state.delivery_failed else RELEASED
+    return ACK

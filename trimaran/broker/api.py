@@ -487,13 +487,24 @@ class AdminApi:
     async def readyz(self, _request: Request) -> Response:
         app = self.app
         checks: dict[str, Any] = {
-            "storage": app.storage is not None and await app.storage.aping(),
+            "storage": app.storage is not None
+            and await app.storage.aping(app.settings.storage.ready_timeout_s),
             "listeners": {
                 listener.name: str(listener.bound) if listener.bound else None for listener in app.listeners
             },
             "accepting": app.ready,
         }
-        ok = bool(checks["storage"]) and app.ready and all(checks["listeners"].values())
+        broker = app.broker
+        if broker is not None and broker.retained_write_error is not None:
+            # retained messages PUBACKed but not on disk: kept in memory and retried, not ready
+            unwritten, error = broker.retained_unwritten, broker.retained_write_error
+            checks["retained_writes"] = f"failing ({unwritten} unwritten): {error}"
+        ok = (
+            bool(checks["storage"])
+            and app.ready
+            and all(checks["listeners"].values())
+            and "retained_writes" not in checks
+        )
         return _ok(Readiness(status="ready" if ok else "not ready", checks=checks), 200 if ok else 503)
 
     async def metrics(self, _request: Request) -> Response:

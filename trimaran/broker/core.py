@@ -21,11 +21,14 @@ from trimaran.broker.events import MESSAGE_PUBLISHED, EventBus
 from trimaran.broker.message import Message, now_ms
 from trimaran.broker.retained import RetainedStore
 from trimaran.broker.router import Delivery, Router
+from trimaran.errors import first_line
 from trimaran.storage.mqtt_store import MqttStore
 
 log = logging.getLogger(__name__)
 
 RETAINED_FLUSH_DELAY = 0.05  # gather retained changes this long before one transaction
+RETAINED_RETRY_FIRST = 0.1  # a failed retained write is kept and retried after this, doubling
+RETAINED_RETRY_MAX = 5.0
 
 
 class Endpoint(Protocol):
@@ -88,6 +91,9 @@ class Broker:
         self.started_at = time.monotonic()
         self._retained_changes: dict[str, Message | None] = {}
         self._retained_dirty = anyio.Event()
+        # A retained write that failed is kept and retried; these say so in /metrics and /readyz.
+        self.retained_write_failures = 0
+        self.retained_write_error: str | None = None  # the last failure, until a write succeeds
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -105,23 +111,53 @@ class Broker:
             task_status.started()
 
     async def flush(self) -> None:
-        """Write every retained change still in memory (at shutdown)."""
+        """Write every retained change still in memory (behind, and at shutdown).
+
+        On failure the changes stay in memory (a change made meanwhile is newer and wins) and the
+        error is raised: the writer behind retries them, never forgets them."""
         if self.store is None or not self._retained_changes:
             return
         changes, self._retained_changes = self._retained_changes, {}
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self.store.write_retained, changes)
+        try:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self.store.write_retained, changes)
+        except BaseException:
+            changes.update(self._retained_changes)
+            self._retained_changes = changes
+            raise
+        if self.retained_write_error is not None:
+            log.info("retained messages written again after %d failed writes", self.retained_write_failures)
+            self.retained_write_error = None
+
+    @property
+    def retained_unwritten(self) -> int:
+        """Retained changes in memory not yet written."""
+        return len(self._retained_changes)
 
     async def _write_retained_behind(self) -> None:
+        retry = RETAINED_RETRY_FIRST
         while True:
             await self._retained_dirty.wait()
             self._retained_dirty = anyio.Event()
             await anyio.sleep(RETAINED_FLUSH_DELAY)
             try:
                 await self.flush()
-            except Exception:
-                # Keep serving: the next change (or shutdown) writes the whole set again.
-                log.exception("writing retained messages failed")
+            except Exception as exc:
+                self.retained_write_failures += 1
+                first = self.retained_write_error is None
+                self.retained_write_error = first_line(exc)
+                log.error(
+                    "writing %d retained changes failed, kept in memory and retried in %.1f s: %s",
+                    len(self._retained_changes),
+                    retry,
+                    self.retained_write_error,
+                    exc_info=first,  # the whole story once, then one line per retry
+                )
+                self._retained_dirty.set()
+                await anyio.sleep(retry)
+                retry = min(retry * 2, RETAINED_RETRY_MAX)
+            else:
+                retry = RETAINED_RETRY_FIRST
 
     # -- publish ----------------------------------------------------------------------------------
 

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from trimaran.queue.manager import QueueManager
     from trimaran.runtime.runner import Runner
     from trimaran.security.guard import Security
+    from trimaran.storage.disk import DiskWatch
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +147,36 @@ class Telemetry:
         gauge("trimaran.memory.blocked", [self._memory("blocked")], "1", "1 while publishers are paused")
         gauge("trimaran.subscriptions", [self._subscriptions], "1", "pub/sub subscriptions")
         gauge("trimaran.retained", [self._retained], "1", "retained messages")
+        gauge(
+            "trimaran.retained.unwritten",
+            [self._broker_value(lambda b: b.retained_unwritten)],
+            "1",
+            "retained changes in memory not yet written (kept and retried when a write fails)",
+        )
+        gauge(
+            "trimaran.storage.disk.free.bytes",
+            [self._disk(lambda d: d.free)],
+            "By",
+            "free bytes on the data directory's disk (SQLite; measured once a second)",
+        )
+        gauge(
+            "trimaran.storage.disk.low",
+            [self._disk(lambda d: int(d.low))],
+            "1",
+            "1 while free disk is below storage.min_free_bytes and durable publishes are refused",
+        )
+        counter(
+            "trimaran.queue.refused.disk",
+            [self._disk(lambda d: d.refused)],
+            "1",
+            "durable publishes refused for the disk-free watermark",
+        )
+        counter(
+            "trimaran.retained.write.failures",
+            [self._broker_value(lambda b: b.retained_write_failures)],
+            "1",
+            "retained writes that failed (each is kept and retried)",
+        )
         gauge("trimaran.mqtt.sessions", [self._sessions], "1", "MQTT sessions, connected or not")
         counter("trimaran.auth.login.failures", [self._login_failures], "1", "logins refused")
         counter(
@@ -346,6 +377,25 @@ class Telemetry:
 
     def _subscriptions(self, _options: CallbackOptions) -> Iterable[Observation]:
         return [] if self.broker is None else [Observation(self.broker.router.count())]
+
+    def _broker_value(
+        self, read: Callable[[Broker], int]
+    ) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            return [] if self.broker is None else [Observation(read(self.broker))]
+
+        return observe
+
+    def _disk(
+        self, read: Callable[[DiskWatch], int | None]
+    ) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            if self.queues is None or not self.queues.disk.enabled:
+                return []
+            value = read(self.queues.disk)
+            return [] if value is None else [Observation(value)]
+
+        return observe
 
     def _retained(self, _options: CallbackOptions) -> Iterable[Observation]:
         return [] if self.broker is None else [Observation(self.broker.retained.count())]

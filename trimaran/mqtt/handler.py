@@ -57,7 +57,7 @@ from trimaran.mqtt.mapping import (
 )
 from trimaran.mqtt.queues import MqttQueues, is_queue_filter
 from trimaran.mqtt.reason_codes import ReasonCode
-from trimaran.mqtt.session import AWAITING_PUBCOMP, OutboundMessage, Session, Subscription
+from trimaran.mqtt.session import AWAITING_PUBCOMP, OutboundMessage, Session, Subscription, queued_to_json
 from trimaran.queue.manager import QueueManager
 from trimaran.runtime.machine import Machine
 from trimaran.runtime.transport import Conn
@@ -209,7 +209,7 @@ class MqttFrontEnd:
         count = 0
         for row in stored:
             try:
-                session = Session.from_json(row.state)
+                session = Session.from_json(row.state, row.queued)
             except (ValueError, KeyError) as exc:
                 log.error("mqtt: stored session %r is unreadable (%s); dropped", row.client_id, exc)
                 self._deleted.add(row.client_id)
@@ -239,20 +239,16 @@ class MqttFrontEnd:
         deleted, self._deleted = self._deleted, set()
         now_wall = int(time.time() * 1000)
         rows = []
+        saved: list[tuple[Session, int]] = []
         for client_id in dirty:
             endpoint = self.endpoints.get(client_id)
             if endpoint is None or not endpoint.session.expiry_interval:
                 deleted.add(client_id)
                 continue
             rows.append(
-                StoredSession(
-                    client_id,
-                    endpoint.protocol_level,
-                    endpoint.session.expiry_interval,
-                    None if endpoint.conn is not None else now_wall,
-                    endpoint.session.to_json().decode(),
-                )
+                session_row(endpoint.session, endpoint.protocol_level, endpoint.conn is None, now_wall)
             )
+            saved.append((endpoint.session, endpoint.session.queue.next_seq))
         store = self.store
         with anyio.CancelScope(shield=True):
             try:
@@ -262,6 +258,9 @@ class MqttFrontEnd:
                 log.exception("mqtt: saving sessions failed; will retry")
                 self._dirty |= dirty
                 self._deleted |= deleted
+                return
+        for session, next_seq in saved:
+            session.saved_seq = next_seq
 
     def mark_dirty(self, endpoint: MqttEndpoint) -> None:
         if endpoint.session.expiry_interval:
@@ -720,3 +719,21 @@ def _forget_queue_deliveries(session: Session) -> None:
 
 def _is_queue_tag(tag: object) -> bool:
     return tag is not None and not (isinstance(tag, str) and tag.startswith(SHARE_TAG))
+
+
+def session_row(session: Session, protocol_level: int, offline: bool, now_wall: int) -> StoredSession:
+    """What one save of a persistent session writes, built on the loop: the session's JSON without
+    its queue (subscriptions, inflight, ids: small) and only the queued messages new since the last
+    save, a row each. A filling offline session costs the messages it gained, not its whole queue."""
+    first_save = session.saved_seq is None
+    queue = session.queue
+    return StoredSession(
+        session.client_id,
+        protocol_level,
+        session.expiry_interval,
+        now_wall if offline else None,
+        session.to_json(with_queue=False).decode(),
+        [(seq, queued_to_json(m)) for seq, m in queue.since(session.saved_seq or 0)],
+        queue.first_seq,
+        replace=first_save,
+    )

@@ -41,7 +41,8 @@ from trimaran.queue.manager import (
     parse_message_id,
     settle_by_id_now,
 )
-from trimaran.queue.policy import DEFAULT_GROUP, QUEUE_PREFIX, QueueError, parse_queue_topic
+from trimaran.queue.outcomes import ACK, DeadLetter, Outcome, Retry
+from trimaran.queue.policy import DEFAULT_GROUP, QUEUE_PREFIX, QueueError, parse_queue_topic, queue_topic
 from trimaran.storage.writer import Ticket as WriterReceipt
 from trimaran.storage.writer import WriterError
 from trimaran.topics import TopicError, split_shared
@@ -121,7 +122,7 @@ class QueueSubscription:
             self.held[delivery.offset] = record
             bindings.deliveries[tag] = record
         out = OutboundMessage(
-            topic=message.topic,
+            topic=delivered_topic(delivery),
             payload=message.payload,
             qos=self.qos,
             properties=props,
@@ -139,6 +140,17 @@ class QueueSubscription:
                 del self.held[delivery.offset]
             if self.handle is not None:
                 self.handle.nack_nowait(delivery.offset, 0)
+
+
+def delivered_topic(delivery: QueueDelivery) -> str:
+    """The topic a queue delivery carries: the queue it came from (MQTT 5 4.7: the topic sent matches
+    the subscriber's filter). A dead letter from ``$queue/orders/eu`` read from ``$dlq/orders`` goes
+    out as ``$queue/$dlq/orders/eu``; its original topic stays in ``x-dead-letter-topic``."""
+    topic = delivery.message.topic
+    parsed = parse_queue_topic(topic)
+    if parsed is not None and parsed[0] == delivery.queue:
+        return topic
+    return queue_topic(delivery.queue, parsed[1] if parsed is not None else "")
 
 
 @dataclass(slots=True)
@@ -384,12 +396,7 @@ class MqttQueues:
         if handle is None or handle.closed:
             return
         if record.live:  # not already settled by a control topic, nor superseded by a redelivery
-            if reason_code in NACK_CODES:
-                handle.nack_nowait(offset)
-            elif reason_code in REJECT_CODES:
-                handle.reject_nowait(offset, f"client reason code 0x{reason_code:02X}")
-            else:
-                handle.ack_nowait(offset)
+            handle.settle_nowait(offset, puback_outcome(reason_code))
         if not record.credited:
             record.credited = True
             due = conn.queue_bindings.credit_due  # given back once per batch of packets: after_events
@@ -426,8 +433,19 @@ class MqttQueues:
                     await subscription.handle.cancel()
 
 
+def puback_outcome(reason_code: int) -> Outcome:
+    """MQTT's settlement of a queue delivery (the PUBACK's, PUBCOMP's or failed PUBREC's reason
+    code) as a typed outcome: 0x80 retries after the queue's backoff, 0x83 and 0x99 dead-letter,
+    anything else acknowledges."""
+    if reason_code in NACK_CODES:
+        return Retry()
+    if reason_code in REJECT_CODES:
+        return DeadLetter(f"client reason code 0x{reason_code:02X}")
+    return ACK
+
+
 def _refusal_code(exc: QueueError) -> int:
-    if exc.reason in ("full", "overflow"):
+    if exc.reason in ("full", "overflow", "disk-full"):
         return ReasonCode.QUOTA_EXCEEDED
     if exc.reason in ("bad-topic", "bad-name"):
         return ReasonCode.TOPIC_NAME_INVALID

@@ -71,11 +71,25 @@ class Backlog:
     A list read from a head index, compacted as it is consumed: an idle session's empty backlog is a
     small object, where a deque would be 600 bytes per session."""
 
-    __slots__ = ("_head", "_items")
+    __slots__ = ("_head", "_items", "first_seq")
 
-    def __init__(self, items: Iterable[OutboundMessage] = ()) -> None:
+    def __init__(self, items: Iterable[OutboundMessage] = (), first_seq: int = 0) -> None:
         self._items: list[OutboundMessage] = list(items)
         self._head = 0
+        # Each message has a sequence number: first_seq for the head, then one more each. Storage
+        # writes a message once, by its number, and deletes the numbers below first_seq.
+        self.first_seq = first_seq
+
+    @property
+    def next_seq(self) -> int:
+        """The number the next appended message gets."""
+        return self.first_seq + len(self._items) - self._head
+
+    def since(self, seq: int) -> list[tuple[int, OutboundMessage]]:
+        """The messages numbered ``seq`` and after, with their numbers."""
+        start = max(seq, self.first_seq)
+        skip = self._head + start - self.first_seq
+        return list(enumerate(itertools.islice(self._items, skip, None), start))
 
     def append(self, message: OutboundMessage) -> None:
         self._items.append(message)
@@ -89,6 +103,7 @@ class Backlog:
             raise IndexError("pop from an empty backlog")
         message = items[head]
         head += 1
+        self.first_seq += 1
         if head == len(items):
             items.clear()
             head = 0
@@ -99,6 +114,7 @@ class Backlog:
         return message
 
     def clear(self) -> None:
+        self.first_seq = self.next_seq  # the numbers are never reused: the cleared rows go
         self._items.clear()
         self._head = 0
 
@@ -154,6 +170,7 @@ class Session:
         "inflight",
         "max_queued",
         "queue",
+        "saved_seq",
         "subscriptions",
     )
 
@@ -169,6 +186,9 @@ class Session:
         self.inbound_qos2: dict[int, None] = {}
         self.dropped = 0  # messages refused because the queue was full
         self._next_packet_id = 1
+        # Storage holds this session's queued messages numbered below saved_seq; None: never saved
+        # (its first save replaces whatever an earlier session of the same client id left).
+        self.saved_seq: int | None = None
 
     # ------------------------------------------------------------------------------------ outbound
 
@@ -249,7 +269,9 @@ class Session:
 
     # ------------------------------------------------------------------------------- serialization
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, with_queue: bool = True) -> dict[str, Any]:
+        """The session as plain data; ``with_queue=False`` leaves the queued messages out (stored a
+        row each, see :func:`queued_to_json`) and records the first queued number instead."""
         return {
             "version": 1,
             "client_id": self.client_id,
@@ -277,7 +299,8 @@ class Session:
                 }
                 for e in self.inflight.values()
             ],
-            "queue": [_message_to_dict(m) for m in self.queue],
+            "queue": [_message_to_dict(m) for m in self.queue] if with_queue else [],
+            "queue_first_seq": self.queue.first_seq,
             "inbound_qos2": sorted(self.inbound_qos2),
         }
 
@@ -301,21 +324,40 @@ class Session:
             session.inflight[e["packet_id"]] = InflightEntry(
                 e["packet_id"], _message_from_dict(e["message"]), e["state"], e["sent"]
             )
+        session.queue.first_seq = data.get("queue_first_seq", 0)
         session.queue.extend(_message_from_dict(m) for m in data["queue"])
         session.inbound_qos2.update(dict.fromkeys(data["inbound_qos2"]))
         return session
 
-    def to_json(self) -> bytes:
-        return json.dumps(self.to_dict(), default=_b64, separators=(",", ":")).encode()
+    def to_json(self, *, with_queue: bool = True) -> bytes:
+        return json.dumps(self.to_dict(with_queue=with_queue), default=_b64, separators=(",", ":")).encode()
 
     @classmethod
-    def from_json(cls, data: bytes | str) -> Session:
+    def from_json(cls, data: bytes | str, queued: Iterable[tuple[int, str]] = ()) -> Session:
+        """From :meth:`to_json`; ``queued``: the (number, message) rows stored apart, in number order.
+
+        A session stored whole (its queue inside the JSON, as before rows) is not marked saved: its
+        next save writes its queue as rows."""
         raw = json.loads(data)
         for e in raw["inflight"]:
             _unb64_message(e["message"])
         for m in raw["queue"]:
             _unb64_message(m)
-        return cls.from_dict(raw)
+        whole = "queue_first_seq" not in raw or bool(raw["queue"])
+        first = raw.get("queue_first_seq", 0)
+        for seq, text in queued:
+            if seq >= first:
+                m = json.loads(text)
+                _unb64_message(m)
+                raw["queue"].append(m)
+        session = cls.from_dict(raw)
+        session.saved_seq = None if whole else session.queue.next_seq
+        return session
+
+
+def queued_to_json(message: OutboundMessage) -> str:
+    """One queued message as stored in its own row."""
+    return json.dumps(_message_to_dict(message), default=_b64, separators=(",", ":"))
 
 
 def _message_to_dict(m: OutboundMessage) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from trimaran.broker.events import (
 from trimaran.broker.message import Message, now_ms
 from trimaran.config import QueuePolicySettings, QueueSettings, StorageSettings
 from trimaran.queue.groups import DONE, HELD, WAIT, Entry, Group, QueueState, StoredMessage, policy_dict
+from trimaran.queue.outcomes import Ack, Commit, DeadLetter, Outcome, Retry
 from trimaran.queue.policy import (
     DEFAULT_GROUP,
     DLQ_PREFIX,
@@ -52,6 +53,8 @@ from trimaran.queue.policy import (
     validate_queue_name,
 )
 from trimaran.storage import queue_store
+from trimaran.storage.disk import DiskWatch
+from trimaran.storage.engine import sqlite_file
 from trimaran.storage.store import Storage
 from trimaran.storage.writer import GroupCommitWriter, Ticket, WriteBatch, WriterError
 
@@ -341,6 +344,23 @@ class ConsumerHandle:
             self.queue, self.group, offset, "release", self, None, None, "unsent", wait=False
         )[0]
 
+    def settle_nowait(self, offset: int, outcome: Outcome) -> bool:
+        """Settle a delivery this handle holds with a typed outcome, without waiting for the commit
+        (see :mod:`trimaran.queue.outcomes`). False: the delivery is not this handle's to settle."""
+        match outcome:
+            case Ack():
+                return self.ack_nowait(offset)
+            case Retry(delay_s=delay_s, failed=True):
+                return self.nack_nowait(offset, delay_s)
+            case Retry():
+                return self.return_nowait(offset)
+            case DeadLetter(reason=reason):
+                return self.reject_nowait(offset, reason)
+            case Commit(offset=position):
+                return self.manager._settle_now(
+                    self.queue, self.group, position, "commit", self, None, None, "", wait=False
+                )[0]
+
     def return_nowait(self, offset: int) -> bool:
         """The consumer hands a delivery back unprocessed (AMQP 1.0 ``released``, ``modified``
         without ``delivery-failed``): available again at once, and not a failed attempt (it does not
@@ -432,6 +452,8 @@ class QueueManager:
             commit_interval_ms=storage_settings.commit_interval_ms,
             commit_batch_max=storage_settings.commit_batch_max,
         )
+        database = sqlite_file(storage.engine.url)
+        self.disk = DiskWatch(None if database is None else database.parent, storage_settings.min_free_bytes)
         self._timed: set[tuple[QueueState, Group]] = set()
         self._dirty: set[QueueState] = set()
         self.writer.batch_done = self._flush_dirty
@@ -458,6 +480,7 @@ class QueueManager:
     async def start(self, task_group: TaskGroup) -> None:
         if self._started:
             return
+        self.disk.check()
         loaded = await anyio.to_thread.run_sync(self._load)
         for state in loaded:
             self.queues[state.name] = state
@@ -863,6 +886,13 @@ class QueueManager:
             batch = WriteBatch()
         if state.deleted:
             raise QueueError("no-queue", f"queue {queue} was deleted")
+        if state.durable and self.disk.low:
+            self.disk.refused += 1
+            state.stats["refused"] += 1
+            raise QueueError(
+                "disk-full",
+                f"queue {queue}: disk free is below storage.min_free_bytes ({self.disk.free} left)",
+            )
         if not self._is_shared(state):  # shared: this node does not see the whole queue
             try:
                 self._check_limits(state, len(message.payload), batch)
@@ -1860,6 +1890,7 @@ class QueueManager:
                     log.exception("queue timers failed")
 
     def _tick(self) -> None:
+        self.disk.poll()
         now = now_ms()
         for state, group in list(self._timed):
             if state.deleted:

@@ -29,11 +29,45 @@ def normalise_url(url: str) -> URL:
     return parsed
 
 
-def build_engine(url: str, *, sqlite_synchronous: str = "full", pool_size: int = 5) -> Engine:
+def build_engine(
+    url: str,
+    *,
+    sqlite_synchronous: str = "full",
+    pool_size: int = 5,
+    statement_timeout_s: float = 30.0,
+) -> Engine:
     parsed = normalise_url(url)
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(parsed, sqlite_synchronous)
-    return create_engine(parsed, pool_size=pool_size, pool_pre_ping=True, future=True)
+    return create_engine(
+        parsed,
+        pool_size=pool_size,
+        pool_pre_ping=True,
+        future=True,
+        connect_args=postgres_connect_args(statement_timeout_s),
+    )
+
+
+def postgres_connect_args(statement_timeout_s: float) -> dict[str, Any]:
+    """Bound every statement and notice a dead server: a hung PostgreSQL must fail queue writes (and
+    /readyz) in bounded time, never stall them without limit.
+
+    ``statement_timeout`` ends a statement the server works on too long; TCP keep-alive and
+    ``tcp_user_timeout`` end a connection whose server stopped answering (a frozen host, a dropped
+    route), where no statement time-out can fire because the server never sees the statement.
+    """
+    timeout_ms = max(1, int(statement_timeout_s * 1000))
+    args: dict[str, Any] = {
+        "connect_timeout": max(1, int(statement_timeout_s)),
+        "keepalives": 1,
+        "keepalives_idle": 10,
+        "keepalives_interval": 5,
+        "keepalives_count": 3,
+        "tcp_user_timeout": timeout_ms,
+    }
+    if statement_timeout_s > 0:
+        args["options"] = f"-c statement_timeout={timeout_ms}"
+    return args
 
 
 def _sqlite_engine(url: URL, synchronous: str) -> Engine:
@@ -61,6 +95,17 @@ def _sqlite_engine(url: URL, synchronous: str) -> Engine:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
+
+
+def sqlite_file(url: str | URL) -> Path | None:
+    """The database file of a SQLite URL (``None`` for PostgreSQL and in-memory databases)."""
+    parsed = normalise_url(url) if isinstance(url, str) else url
+    database = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not database or database == ":memory:":
+        return None
+    if database.startswith("file:"):
+        return None
+    return Path(database)
 
 
 def describe(engine: Engine) -> str:

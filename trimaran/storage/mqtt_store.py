@@ -6,13 +6,13 @@ Blocking calls; the broker runs them on a worker thread, a whole batch per call.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from sqlalchemy import Delete, Engine, delete, select
+from sqlalchemy import Connection, Delete, Engine, delete, or_, select
 
 from trimaran.broker.message import Message
 from trimaran.storage.engine import now_ms
-from trimaran.storage.schema import mqtt_sessions, retained_messages
+from trimaran.storage.schema import mqtt_session_messages, mqtt_sessions, retained_messages
 from trimaran.storage.serialize import message_from, properties_json
 
 
@@ -22,7 +22,12 @@ class StoredSession:
     protocol_level: int
     expiry_interval_s: int
     disconnected_at: int | None
-    state: str  # the whole session as JSON (mqtt.session.Session.to_json)
+    state: str  # the session as JSON (mqtt.session.Session.to_json), its queued messages aside
+    # Queued messages, a row each by number: loaded, every row; saved, only the rows new since the
+    # last save (rows numbered below ``first_seq`` are deleted, all of them when ``replace``).
+    queued: list[tuple[int, str]] = field(default_factory=list)
+    first_seq: int = 0
+    replace: bool = True
 
 
 class MqttStore:
@@ -67,21 +72,32 @@ class MqttStore:
 
     def load_sessions(self) -> list[StoredSession]:
         with self.engine.connect() as connection:
-            return [
-                StoredSession(
+            sessions = {
+                row.client_id: StoredSession(
                     row.client_id, row.protocol_level, row.expiry_interval_s, row.disconnected_at, row.state
                 )
                 for row in connection.execute(select(mqtt_sessions))
-            ]
+            }
+            messages = mqtt_session_messages.c
+            query = select(messages.client_id, messages.seq, messages.message).order_by(
+                messages.client_id, messages.seq
+            )
+            for client_id, seq, message in connection.execute(query):
+                session = sessions.get(client_id)
+                if session is not None:
+                    session.queued.append((seq, message))
+        return list(sessions.values())
 
     def save_sessions(self, sessions: Iterable[StoredSession]) -> None:
-        """Replace each session's row, all in one transaction."""
+        """Replace each session's row and apply its queued-message changes, all in one transaction."""
         batch = list(sessions)
         if not batch:
             return
         now = now_ms()
         with self.engine.begin() as connection:
-            connection.execute(_delete_sessions([s.client_id for s in batch]))
+            connection.execute(
+                delete(mqtt_sessions).where(mqtt_sessions.c.client_id.in_([s.client_id for s in batch]))
+            )
             connection.execute(
                 mqtt_sessions.insert(),
                 [
@@ -96,12 +112,34 @@ class MqttStore:
                     for s in batch
                 ],
             )
+            _save_queued(connection, batch)
 
     def delete_sessions(self, client_ids: Iterable[str]) -> None:
         ids = list(client_ids)
         if ids:
             with self.engine.begin() as connection:
                 connection.execute(_delete_sessions(ids))
+                connection.execute(
+                    delete(mqtt_session_messages).where(mqtt_session_messages.c.client_id.in_(ids))
+                )
+
+
+def _save_queued(connection: Connection, batch: list[StoredSession]) -> None:
+    messages = mqtt_session_messages.c
+    replaced = [s.client_id for s in batch if s.replace]
+    if replaced:
+        connection.execute(delete(mqtt_session_messages).where(messages.client_id.in_(replaced)))
+    for s in batch:
+        if not s.replace:
+            # Below first_seq: sent or dropped since. From the first new number on: rows a concurrent
+            # save (the shutdown's beside the periodic one) may have written already.
+            stale = messages.seq < s.first_seq
+            if s.queued:
+                stale = or_(stale, messages.seq >= s.queued[0][0])
+            connection.execute(delete(mqtt_session_messages).where(messages.client_id == s.client_id, stale))
+    rows = [{"client_id": s.client_id, "seq": seq, "message": text} for s in batch for seq, text in s.queued]
+    if rows:
+        connection.execute(mqtt_session_messages.insert(), rows)
 
 
 def _delete_sessions(client_ids: list[str]) -> Delete:

@@ -5,7 +5,17 @@ Times are integer epoch milliseconds.
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Integer, LargeBinary, MetaData, String, Table, Text
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+)
 
 metadata = MetaData(
     naming_convention={
@@ -53,9 +63,21 @@ mqtt_sessions = Table(
     Column("updated_at", BigInteger, nullable=False),
 )
 
+# A persistent session's queued messages (migration 0005), a row each by sequence number, so a
+# filling offline session writes only what was queued since the last save; the session's JSON above
+# holds the rest (subscriptions, inflight, ids) and the first sequence number still queued.
+mqtt_session_messages = Table(
+    "mqtt_session_messages",
+    metadata,
+    Column("client_id", String(65535), nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("message", Text, nullable=False),
+    PrimaryKeyConstraint("client_id", "seq", name="pk_mqtt_session_messages"),
+)
+
 # -- durable queues (migration 0003) --------------------------------------------------------------
 
-from sqlalchemy import Index, PrimaryKeyConstraint  # noqa: E402
+from sqlalchemy import Index  # noqa: E402
 
 # One row per durable queue. ``next_offset`` is the first offset not yet handed out, so offsets are
 # never reused even after every message was acknowledged and deleted (message ids stay unique for the

@@ -7,6 +7,7 @@ lives in ``writer.py`` and takes whole batches per thread hop.
 from __future__ import annotations
 
 import logging
+import sqlite3
 
 import anyio.to_thread
 from sqlalchemy import Engine, text
@@ -14,10 +15,12 @@ from sqlalchemy.exc import DBAPIError
 
 from trimaran.errors import StorageUnavailable, first_line
 from trimaran.storage import migrate
-from trimaran.storage.engine import build_engine, describe, now_ms
+from trimaran.storage.engine import build_engine, describe, now_ms, sqlite_file
 from trimaran.storage.schema import broker_meta
 
 log = logging.getLogger(__name__)
+
+CHECK_BUSY_TIMEOUT_S = 2.0  # how long the start-up check waits for a lock another process holds
 
 
 class Storage:
@@ -25,12 +28,65 @@ class Storage:
         self.engine = engine
 
     @classmethod
-    def from_url(cls, url: str, *, sqlite_synchronous: str = "full", pool_size: int = 5) -> Storage:
-        return cls(build_engine(url, sqlite_synchronous=sqlite_synchronous, pool_size=pool_size))
+    def from_url(
+        cls,
+        url: str,
+        *,
+        sqlite_synchronous: str = "full",
+        pool_size: int = 5,
+        statement_timeout_s: float = 30.0,
+    ) -> Storage:
+        return cls(
+            build_engine(
+                url,
+                sqlite_synchronous=sqlite_synchronous,
+                pool_size=pool_size,
+                statement_timeout_s=statement_timeout_s,
+            )
+        )
 
     @property
     def dialect(self) -> str:
         return self.engine.dialect.name
+
+    def check(self, busy_timeout_s: float = CHECK_BUSY_TIMEOUT_S) -> None:
+        """SQLite: refuse a damaged or locked file in one line before anything else touches it.
+
+        ``PRAGMA quick_check`` reads every page (seconds for gigabytes, once per start); a short write
+        transaction proves nobody else holds the file, instead of the engine's 30 s silent busy wait.
+        """
+        path = sqlite_file(self.engine.url)
+        if path is None or not path.exists():
+            return
+        try:
+            connection = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise StorageUnavailable(f"cannot open the database {path}: {first_line(exc)}") from None
+        try:
+            rows = connection.execute("PRAGMA quick_check").fetchall()
+            problems = [str(row[0]) for row in rows if row[0] != "ok"]
+            if problems:
+                more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+                raise StorageUnavailable(
+                    f"the database {path} is damaged: {problems[0]}{more}; restore it from a backup "
+                    "or move it aside"
+                )
+            connection.execute("BEGIN IMMEDIATE")
+            connection.execute("ROLLBACK")
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise StorageUnavailable(
+                    f"the database {path} is locked by another process (waited {busy_timeout_s:g} s): "
+                    f"{first_line(exc)}"
+                ) from None
+            raise StorageUnavailable(f"the database {path} cannot be read: {first_line(exc)}") from None
+        except sqlite3.DatabaseError as exc:  # "file is not a database", "database disk image is malformed"
+            raise StorageUnavailable(
+                f"the database {path} is damaged: {first_line(exc)}; restore it from a backup "
+                "or move it aside"
+            ) from None
+        finally:
+            connection.close()
 
     def migrate(self) -> None:
         try:
@@ -66,8 +122,15 @@ class Storage:
             return False
         return True
 
-    async def aping(self) -> bool:
-        return await anyio.to_thread.run_sync(self.ping)
+    async def aping(self, timeout_s: float | None = None) -> bool:
+        """``ping`` on a worker thread; False after ``timeout_s`` (a hung server: the thread is left
+        to end on the driver's own time-outs, the caller answers now)."""
+        if timeout_s is None:
+            return await anyio.to_thread.run_sync(self.ping)
+        with anyio.move_on_after(timeout_s):
+            return await anyio.to_thread.run_sync(self.ping, abandon_on_cancel=True)
+        log.warning("storage %s did not answer within %.1f s", describe(self.engine), timeout_s)
+        return False
 
     def close(self) -> None:
         self.engine.dispose()

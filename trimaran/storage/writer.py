@@ -2,16 +2,21 @@
 
 Callers on the event loop build a :class:`WriteBatch` (message appends, pending-entry changes, cursor
 moves, events) and :meth:`GroupCommitWriter.submit` it; that only appends to a list and, when the
-thread sleeps, wakes it. The thread gathers submissions for ``commit_interval_ms`` or until
-``commit_batch_max`` rows, writes them all in ONE transaction with executemany statements, and then
-hands the whole finished batch back to the event loop with one thread hop, where every waiter is
-released and every ``on_commit`` callback runs in submission order.
+thread sleeps, wakes it once at the end of the loop's current turn (so every submission of that turn
+rides along). There is no fixed gather wait: an idle writer commits at once, so a lone message costs
+one fsync; while a commit is in flight the next batch gathers, so batches grow with the load. The
+thread writes what it took (at most ``commit_batch_max`` rows) in ONE transaction with executemany
+statements, and then hands the whole finished batch back to the event loop with one thread hop, where
+every waiter is released and every ``on_commit`` callback runs in submission order.
+``commit_interval_ms`` (0 by default) adds a gather wait only between back-to-back commits, never
+after idleness.
 
 A submission is atomic: it never straddles two transactions. If a merged transaction fails, each
 submission is retried alone so that one bad submission cannot fail its neighbours.
 
 Pending entries and group cursors are written as final states: within one transaction only the last
-state of a key counts (a delivery acknowledged in the same batch writes nothing but the delete).
+state of a key counts (a delivery acknowledged in the same batch writes nothing but the delete), and a
+message appended and deleted in the same transaction is written not at all (its events still are).
 """
 
 from __future__ import annotations
@@ -93,7 +98,7 @@ class WriterError(Exception):
 class Ticket:
     """One submission's fate. ``event`` is set on the loop once committed (or failed)."""
 
-    __slots__ = ("batch", "error", "event", "on_commit", "on_results", "results", "rows")
+    __slots__ = ("batch", "done", "error", "event", "followers", "on_commit", "on_results", "results", "rows")
 
     def __init__(
         self,
@@ -109,6 +114,18 @@ class Ticket:
         self.on_results = on_results
         self.error: BaseException | None = None
         self.results: list[Any] = []
+        self.done = False  # committed or failed, its callbacks run
+        self.followers: list[Callable[[], None]] | None = None
+
+    def then(self, follower: Callable[[], None]) -> None:
+        """Run ``follower`` on the loop once this submission is done (at once if it is). Submissions
+        complete in submission order, so this also follows every earlier submission."""
+        if self.done:
+            follower()
+        elif self.followers is None:
+            self.followers = [follower]
+        else:
+            self.followers.append(follower)
 
     async def wait(self) -> list[Any]:
         assert self.event is not None, "submitted without wait=True"
@@ -119,7 +136,7 @@ class Ticket:
 
 
 class GroupCommitWriter:
-    def __init__(self, engine: Engine, *, commit_interval_ms: float = 2.0, commit_batch_max: int = 2000):
+    def __init__(self, engine: Engine, *, commit_interval_ms: float = 0.0, commit_batch_max: int = 2000):
         self.engine = engine
         self.interval_s = commit_interval_ms / 1000.0
         self.batch_max = commit_batch_max
@@ -127,6 +144,7 @@ class GroupCommitWriter:
         self._items: list[Ticket] = []
         self._rows = 0
         self._idle = False  # the thread waits for work: a submit must notify it
+        self._wake_pending = False  # a wake is scheduled for the end of the loop's turn
         self._closing = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -181,10 +199,23 @@ class GroupCommitWriter:
         with self._cond:
             self._items.append(ticket)
             self._rows += ticket.rows
-            if self._idle or self._rows >= self.batch_max:
+            if self._rows >= self.batch_max:
                 self._cond.notify()
+            elif self._idle and not self._wake_pending:
+                if self._loop is None:
+                    self._cond.notify()
+                else:
+                    # Wake the thread after the loop's turn: what the rest of this turn submits (the
+                    # other frames of the same read, other connections' reads) goes in the same commit.
+                    self._wake_pending = True
+                    self._loop.call_soon(self._wake)
         self.submissions += 1
         return ticket
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._wake_pending = False
+            self._cond.notify()
 
     async def write(self, batch: WriteBatch, on_commit: Callable[[], None] | None = None) -> list[Any]:
         return await self.submit(batch, wait=True, on_commit=on_commit).wait()
@@ -194,14 +225,16 @@ class GroupCommitWriter:
     def _take(self) -> list[Ticket] | None:
         cond = self._cond
         with cond:
+            idle = False
             while not self._items:
                 if self._closing:
                     return None
-                self._idle = True
+                self._idle = idle = True
                 cond.wait()
                 self._idle = False
-            if self.interval_s > 0 and self._rows < self.batch_max and not self._closing:
-                # Gather: submitters notify only when the batch is full.
+            if not idle and self.interval_s > 0 and self._rows < self.batch_max and not self._closing:
+                # Back-to-back commits, and an operator asked for bigger batches: gather a while
+                # (submitters notify only when the batch is full). Never after idleness.
                 cond.wait(self.interval_s)
             taken: list[Ticket] = []
             rows = 0
@@ -297,11 +330,32 @@ def _runs(tickets: list[Ticket]) -> list[list[Ticket]]:
 
 def _merged(run: list[Ticket]) -> WriteBatch:
     if len(run) == 1:
-        return run[0].batch
+        batch = run[0].batch
+        return _without_transients(batch) if batch.messages and batch.message_deletes else batch
     merged = WriteBatch()
     for ticket in run:
         merged.merge(ticket.batch)
-    return merged
+    return _without_transients(merged) if merged.messages and merged.message_deletes else merged
+
+
+def _without_transients(batch: WriteBatch) -> WriteBatch:
+    """Drop the messages appended and deleted in the same transaction (published, delivered and
+    settled within one commit): their insert and delete would cancel out. A delete of a message
+    written by an earlier transaction stays. Calls run before rows, so none can see the dropped rows;
+    the events of those messages are kept, for the audit."""
+    deleted = set(batch.message_deletes)
+    transient = {key for row in batch.messages if (key := (row["queue"], row["offset"])) in deleted}
+    if not transient:
+        return batch
+    return WriteBatch(
+        messages=[row for row in batch.messages if (row["queue"], row["offset"]) not in transient],
+        message_deletes=[key for key in batch.message_deletes if key not in transient],
+        pending=batch.pending,
+        groups=batch.groups,
+        queue_next=batch.queue_next,
+        events=batch.events,
+        calls=batch.calls,
+    )
 
 
 def _complete(tickets: list[Ticket]) -> None:
@@ -317,8 +371,15 @@ def _complete(tickets: list[Ticket]) -> None:
                 ticket.on_results(ticket.results if ticket.error is None else [])
             except Exception:
                 log.exception("on_results callback failed")
+        ticket.done = True
         if ticket.event is not None:
             ticket.event.set()
+        if ticket.followers is not None:
+            for follower in ticket.followers:
+                try:
+                    follower()
+                except Exception:
+                    log.exception("a follower of a queue write failed")
 
 
 # -- statements --------------------------------------------------------------------------------
