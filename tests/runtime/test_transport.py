@@ -39,16 +39,24 @@ async def test_same_events_and_output_however_the_bytes_are_cut() -> None:
     assert outcomes == {((b"one", b"two", b"close"), b"ONE\nTWO\nBYE\nCLOSE\n")}
 
 
-async def test_writes_are_batched_per_loop_iteration() -> None:
+async def test_writes_are_batched_per_read_and_per_loop_iteration() -> None:
+    """What one read causes leaves in one write, at the end of the read; what is queued outside a
+    read (a delivery from elsewhere, a commit) leaves once per loop iteration."""
     hulls = Hulls()
     wire = Wire(Runner(), hulls)
     writes: list[bytes] = []
     original = wire.transport.write
     wire.transport.write = lambda data: (writes.append(bytes(data)), original(data))  # type: ignore[method-assign]
     wire.conn.data_received(b"a\nb\n")
-    wire.conn.data_received(b"c\n")
+    assert writes == [b"A\nB\n"]
+    machine = hulls.made[0].machine
+    machine.out.append(b"X\n")
+    wire.conn.wake()
+    machine.out.append(b"Y\n")
+    wire.conn.wake()
+    assert writes == [b"A\nB\n"]
     await settle()
-    assert writes == [b"A\nB\nC\n"]
+    assert writes == [b"A\nB\n", b"X\nY\n"]
 
 
 async def test_a_bug_in_the_hull_closes_only_its_connection(caplog: pytest.LogCaptureFixture) -> None:

@@ -239,10 +239,18 @@ class Runner:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             loop = self._loop or asyncio.get_running_loop()
-            loop.call_soon(self._flush)
+            loop.call_soon(self._scheduled_flush)
+
+    def _scheduled_flush(self) -> None:
+        self._flush_scheduled = False
+        self._flush()
+
+    def flush_now(self) -> None:
+        """Write every dirty connection at once (the scheduled flush then finds nothing to do)."""
+        if self._dirty:
+            self._flush()
 
     def _flush(self) -> None:
-        self._flush_scheduled = False
         # A flush can make other connections dirty (a hull acting on late events); they are
         # written in the next iteration, not this one.
         dirty, self._dirty = self._dirty, []
