@@ -6,12 +6,18 @@
 #                     the Spark audit (pyspark needs a JVM; it reads the tables over JDBC with these
 #                     drivers, found at /usr/share/java/{sqlite-jdbc,postgresql}.jar)
 #   chromium, chromium-driver
-#                     the audit report's browser test (selenium drives a headless Chromium)
+#                     the audit report's and the management page's browser tests (selenium)
+#   rabbitmq-server, mosquitto
+#                     the peers that behaviour copied from them is tested against, side by side
+#   libqpid-proton11-dev, libqpid-proton11-dev-examples, pkg-config
+#                     the Qpid Proton C broker example, compiled by the tests, for the AMQP 1.0 side
+#                     by side runs; mosquitto also gives mosquitto_passwd for the password-file test
 # Installs what is missing when we are root (or have sudo); otherwise says what to install.
 set -euo pipefail
 
 packages=(gcc libssl-dev postgresql default-jre-headless libxerial-sqlite-jdbc-java libpostgresql-jdbc-java
-          chromium chromium-driver)
+          chromium chromium-driver rabbitmq-server mosquitto
+          libqpid-proton11-dev libqpid-proton11-dev-examples pkg-config)
 missing=()
 for package in "${packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
@@ -39,3 +45,9 @@ if command -v pg_lsclusters >/dev/null 2>&1; then
     "${sudo[@]}" pg_ctlcluster "$version" "$name" stop 2>/dev/null || true
   done
 fi
+# Debian starts the peers as services on their default ports; the tests start their own on free ones.
+for service in rabbitmq-server mosquitto; do
+  if command -v service >/dev/null 2>&1; then
+    "${sudo[@]}" service "$service" stop >/dev/null 2>&1 || true
+  fi
+done

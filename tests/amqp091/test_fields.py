@@ -96,7 +96,16 @@ def test_undecodable_long_string_survives_byte_exact() -> None:
     assert table_bytes(decoded) == data
 
 
-@pytest.mark.parametrize("tag", [b"L", b"U", b"c", b"\x00", b"Z"])
+def test_unsigned_64_bit_is_read_as_rabbitmq_reads_it() -> None:
+    """'L' is not in RabbitMQ's errata table, but RabbitMQ reads it and py-amqp (kombu, Celery) writes
+    large integers with it: it comes back with the same tag and value."""
+    data = _table_with(b"L" + struct.pack(">Q", 2**40))
+    decoded, _ = decode_table(data, 0)
+    assert decoded["k"] == 2**40 and type(decoded["k"]).__name__ == "UInt64"
+    assert table_bytes(decoded) == data
+
+
+@pytest.mark.parametrize("tag", [b"U", b"c", b"\x00", b"Z"])
 def test_tags_outside_rabbitmq_errata_are_syntax_errors(tag: bytes) -> None:
     with pytest.raises(ProtocolError) as info:
         decode_table(_table_with(tag + b"\x00" * 8), 0)

@@ -83,6 +83,13 @@ class Int64(int):
     __slots__ = ()
 
 
+class UInt64(int):
+    """A table integer sent with tag 'L' (unsigned 64-bit: py-amqp, under kombu and Celery, writes
+    large integers so, and RabbitMQ reads them)."""
+
+    __slots__ = ()
+
+
 class Timestamp(int):
     """Seconds since the epoch, sent with tag 'T' (unsigned 64-bit)."""
 
@@ -111,6 +118,7 @@ _NUMBERS: dict[int, tuple[struct.Struct, type]] = {
     ord("I"): (_I32, int),
     ord("i"): (struct.Struct(">I"), UInt32),
     ord("l"): (_I64, Int64),
+    ord("L"): (struct.Struct(">Q"), UInt64),
     ord("f"): (struct.Struct(">f"), Float32),
     ord("d"): (_F64, float),
     ord("T"): (struct.Struct(">Q"), Timestamp),
