@@ -116,6 +116,7 @@ class App:
         await anyio.to_thread.run_sync(storage.migrate)
         store = MqttStore(storage.engine)
         self.broker = Broker(store, sys_interval=settings.limits.sys_interval)
+        self.runner.traffic = self.broker.stats  # every protocol's bytes, counted once by the runtime
         self.queues = QueueManager(
             storage,
             settings.queues,

@@ -52,8 +52,6 @@ class Amqp1Conn:
 
     __slots__ = (
         "_ack_scheduled",
-        "_bytes_in",
-        "_bytes_out",
         "_machine",
         "client",
         "container_id",
@@ -84,8 +82,6 @@ class Amqp1Conn:
         self.pending: deque[PendingSettle] = deque()
         self.publishing_blocked = False  # memory above the high-water mark: no new link credit
         self._ack_scheduled = False
-        self._bytes_in = 0
-        self._bytes_out = 0
 
     # -- the runtime's Hull ---------------------------------------------------------------------
 
@@ -97,7 +93,7 @@ class Amqp1Conn:
         return self.front.dispatch(self, event)  # type: ignore[arg-type]
 
     def written(self) -> None:
-        self._count_bytes()
+        """Nothing to do after a write: bytes are counted by the runtime."""
 
     def shutdown(self) -> None:
         self._machine.close(Error(condition=CONNECTION_FORCED, description="server shutting down"))
@@ -109,7 +105,6 @@ class Amqp1Conn:
                 self.refill(inlink)
 
     async def finish(self) -> None:
-        self._count_bytes()
         await self.front.finished(self)
 
     # -- calls from outside an event ----------------------------------------------------------
@@ -199,11 +194,3 @@ class Amqp1Conn:
         if room > 0 and (room - link.credit >= window // 2 or link.credit == 0):
             self._machine.grant_credit(link, room)
             self.io.wake()
-
-    def _count_bytes(self) -> None:
-        stats = self.front.broker.stats
-        io = self.io
-        stats.bytes_received += io.bytes_in - self._bytes_in
-        stats.bytes_sent += io.bytes_out - self._bytes_out
-        self._bytes_in = io.bytes_in
-        self._bytes_out = io.bytes_out

@@ -22,8 +22,6 @@ if TYPE_CHECKING:
 class MqttConn:
     __slots__ = (
         "client",
-        "counted_in",
-        "counted_out",
         "endpoint",
         "front",
         "io",
@@ -45,7 +43,6 @@ class MqttConn:
         self.principal: Principal | None = None  # who logged in: what the rules let it do
         self.queue_bindings = ConnQueues()
         self.shutting_down = False  # a server shutdown closes it: no will
-        self.counted_in = self.counted_out = 0  # the runtime's byte counts already in the broker's stats
 
     @property
     def peer(self) -> str:
@@ -60,7 +57,6 @@ class MqttConn:
         return self.front.handle(self, event)
 
     def written(self) -> None:
-        self._count_bytes()
         queues = self.front.queues
         if queues is not None:
             queues.after_events(self)  # queue credit given back once per batch, not per packet
@@ -75,18 +71,10 @@ class MqttConn:
         """MQTT has no way to say so: the runtime simply stops reading the socket."""
 
     async def finish(self) -> None:
-        self._count_bytes()
         front = self.front
         front.closed(self)
         if front.queues is not None:
             await front.queues.detach(self)
-
-    def _count_bytes(self) -> None:
-        """The broker's byte counters, brought up to date once per flush rather than per read."""
-        io, stats = self.io, self.front.broker.stats
-        stats.bytes_received += io.bytes_in - self.counted_in
-        stats.bytes_sent += io.bytes_out - self.counted_out
-        self.counted_in, self.counted_out = io.bytes_in, io.bytes_out
 
     # -- what the front end and the queues call ------------------------------------------------------
 

@@ -16,7 +16,7 @@ import ssl
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -40,9 +40,18 @@ class RuntimeLimits:
     hold_publishers_s: float = 1.0  # longest a reader that is behind holds its publishers
 
 
+class Traffic(Protocol):
+    """Where the runtime counts the bytes of every connection (the broker's $SYS and metrics)."""
+
+    bytes_received: int
+    bytes_sent: int
+
+
 @dataclass(slots=True)
 class RuntimeStats:
     accepted: int = 0
+    bytes_received: int = 0  # what every connection read and wrote, when no other sink is given
+    bytes_sent: int = 0
     refused: dict[str, int] = field(default_factory=dict)  # reason -> count
     crashes: int = 0
 
@@ -64,6 +73,7 @@ class Runner:
     def __init__(self, limits: RuntimeLimits | None = None) -> None:
         self.limits = limits or RuntimeLimits()
         self.stats = RuntimeStats()
+        self.traffic: Traffic = self.stats
         self.conns: set[Conn] = set()
         self.memory = Memory(
             self.limits.memory_high_watermark, self.limits.memory_low_watermark, self._publishers

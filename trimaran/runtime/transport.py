@@ -175,6 +175,7 @@ class Conn(asyncio.Protocol):
         if self.state != OPEN:
             return  # closing: the peer's last bytes are read and dropped
         self.bytes_in += len(data)
+        self.runner.traffic.bytes_received += len(data)
         if self.hull is None:
             self._open_hull(data)
             return
@@ -427,6 +428,7 @@ class Conn(asyncio.Protocol):
             return
         if data:
             self.bytes_out += len(data)
+            self.runner.traffic.bytes_sent += len(data)
             transport.write(data)  # calls pause_writing at once when the buffer passes its mark
             self.runner.memory_changed(self)
         if self._holding is not None and self._writable:
