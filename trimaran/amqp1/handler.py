@@ -505,6 +505,7 @@ class Amqp1FrontEnd:
         inlink = conn.inlinks.get(link)
         if inlink is None or not link.is_open:
             return
+        conn.io.publisher = True  # the memory watermark pauses the connections that publish
         self.broker.stats.messages_received += 1
         try:
             decoded = decode_message(event.payload)

@@ -539,6 +539,7 @@ class MqttFrontEnd:
         publish = event.publish
         endpoint = conn.endpoint
         assert endpoint is not None
+        conn.io.publisher = True  # the memory watermark pauses the connections that publish
         self.broker.stats.messages_received += 1
         principal = conn.principal
         # Without rules only $SYS writes and queue control topics ($...) can be refused: skip the check.
