@@ -6,6 +6,7 @@ flush what was acknowledged, close storage.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import secrets
@@ -151,6 +152,10 @@ class App:
                         except OSError as exc:
                             raise bind_failure(listener.name, str(listener.endpoint), exc) from None
                     self.ready = True
+                    # What start-up built (modules, settings, restored sessions) lives as long as the
+                    # server: out of the collector's sight, a full collection walks only what came
+                    # later, so thousands of connecting clients no longer pay for the whole heap.
+                    gc.freeze()
                     log.info("trimaran ready")
                     await self._stop.wait()
                     self.ready = False

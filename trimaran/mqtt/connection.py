@@ -238,7 +238,7 @@ class ServerConnection:
         self._in_aliases: dict[int, str] | None = None
         self._out_aliases: dict[str, int] | None = None
         self._out_alias_next = 1
-        self._pending_subscribes: dict[int, Subscribe] = {}
+        self._pending_subscribes: dict[int, Subscribe] | None = None  # made by the first SUBSCRIBE
         self._ready: Events = []  # what next_event() hands out, in order, from _ready_at
         self._ready_at = 0
         self._valid_topic: str | None = None  # the last topic name checked: publishers repeat theirs
@@ -253,6 +253,7 @@ class ServerConnection:
 
     @property
     def connect_packet(self) -> Connect | None:
+        """The CONNECT while the login is decided; once accepted, only if it carries a will."""
         return self._connect
 
     @property
@@ -370,6 +371,8 @@ class ServerConnection:
         ack = ConnAck(session_present and level > 3, 0, props)
         self._send(ack)
         self.state = State.CONNECTED
+        if connect.will is None:
+            self._connect = None  # only its will is needed later: an idle client keeps no packet
         self._decoder.max_packet_size = self.limits.max_packet_size
         self._deadline = self._last_rx + self.keep_alive * 1.5 if self.keep_alive else None
         events = self._ready
@@ -479,7 +482,8 @@ class ServerConnection:
         """Answer a SubscribeRequest: one code per filter (granted QoS 0-2 or a 5.0 failure code).
         Preset failures override, granted QoS is capped at maximum_qos, and granted filters are stored
         in the session."""
-        request = self._pending_subscribes.pop(packet_id, None)
+        pending = self._pending_subscribes
+        request = None if pending is None else pending.pop(packet_id, None)
         if request is None or self.state != State.CONNECTED or self.session is None:
             return
         if len(reason_codes) != len(request.subscriptions):
@@ -814,6 +818,8 @@ class ServerConnection:
             for topic_filter, options in packet.subscriptions:
                 if options.no_local and topic_filter.startswith(SHARE_PREFIX):
                     raise _Fail(ReasonCode.PROTOCOL_ERROR, "No Local on a shared subscription")
+        if self._pending_subscribes is None:
+            self._pending_subscribes = {}
         self._pending_subscribes[packet.packet_id] = packet
         events.append(
             SubscribeRequest(

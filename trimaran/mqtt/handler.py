@@ -566,7 +566,7 @@ class MqttFrontEnd:
         if packet_id is None:
             return
         code = ReasonCode.NOT_AUTHORIZED if conn.mqtt.protocol_level >= 5 else 0
-        if self.queues is not None and conn.queue_bindings.tickets:
+        if self.queues is not None and conn.uses_queues and conn.queue_bindings.tickets:
             self.queues.acknowledge_in_order(conn, packet_id, code, "not authorized")
         else:
             conn.mqtt.ack_publish(packet_id, code)
@@ -709,6 +709,8 @@ class MqttFrontEnd:
 def _forget_queue_deliveries(session: Session) -> None:
     """Queue deliveries of an earlier connection were handed back to their queue when it closed;
     the queue redelivers them, so the session must not resend them."""
+    if not session.inflight and not session.queue:
+        return  # a new or drained session, most of them
     for packet_id, entry in list(session.inflight.items()):
         if _is_queue_tag(entry.message.tag):
             del session.inflight[packet_id]
