@@ -17,9 +17,9 @@ import pytest
 import trustme
 
 from tests.support.webhook_receiver import Receiver, verify
+from trimaran.admin.webhooks import CLOSED, OPEN, CircuitBreaker, Webhooks
 from trimaran.broker.events import CLIENT_CONNECTED, MESSAGE_PUBLISHED, EventBus
 from trimaran.broker.message import PROTOCOL_MQTT, Message
-from trimaran.broker.webhooks import CLOSED, OPEN, CircuitBreaker, Webhooks
 from trimaran.config import WebhookEndpoint, WebhookSettings
 
 pytestmark = pytest.mark.anyio
