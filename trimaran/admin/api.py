@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.json_schema import models_json_schema
@@ -221,6 +221,32 @@ class PublishOut(Model):
     message_id: str | None = None
 
 
+class WebhookOut(Model):
+    name: str = Field(description="webhook-<n>: the n-th [[webhooks.endpoints]] entry, from 0")
+    url: str = Field(description="scheme://host[:port], and '/…' for a path (it may hold a secret)")
+    events: list[str] = Field(description="event types or patterns, as configured")
+    topics: list[str] = Field(description="topic filters for the message events")
+    healthy: bool = Field(description="false from a failed request until one succeeds")
+    breaker: Literal["closed", "open", "half_open"]
+    consecutive_failures: int
+    last_error: str | None
+    last_error_at_ms: int | None
+    last_success_at_ms: int | None
+    queued: int = Field(description="events waiting to be sent")
+    queue_size: int
+    in_flight: int = Field(description="events in the request being sent")
+    accepted: int
+    sent: int = Field(description="events delivered (2xx)")
+    dropped: int = Field(description="events given up: queue full, failed every retry, or at shutdown")
+    dropped_queue_full: int
+    dropped_failed: int
+    dropped_shutdown: int
+    requests: int
+    failed: int = Field(description="requests without an answer or with a non-2xx status")
+    retried: int
+    connections: int = Field(description="connections opened to the endpoint (kept alive and reused)")
+
+
 def page_model(item: type[BaseModel]) -> type[BaseModel]:
     return create_model(
         f"{item.__name__}Page",
@@ -236,6 +262,7 @@ SessionPage = page_model(SessionOut)
 SubscriptionPage = page_model(SubscriptionOut)
 QueuePage = page_model(QueueOut)
 MessagePage = page_model(MessageOut)
+WebhookPage = page_model(WebhookOut)
 
 
 # -- the route table --------------------------------------------------------------------------------
@@ -280,6 +307,8 @@ class ApiRoute:
             statuses.append(404)
         if self.body is not None:
             statuses.append(413)
+        if self.auth:
+            statuses.append(503)  # NotReady: the server is starting
         return statuses
 
 
@@ -464,6 +493,15 @@ class AdminApi:
                 {200: Count},
                 body=RedriveIn,
                 body_required=False,
+            ),
+            ApiRoute(
+                "GET",
+                f"{p}/webhooks",
+                "Webhook endpoints and their state: health, last error and success, queue, counters",
+                self.list_webhooks,
+                {200: WebhookPage},
+                query=PAGED,
+                tags=("webhooks",),
             ),
             ApiRoute(
                 "POST",
@@ -741,6 +779,15 @@ class AdminApi:
         delivered = self.view.publish(message)
         return _ok(PublishOut(topic=body.topic, delivered=delivered))
 
+    # -- webhooks -------------------------------------------------------------------------------------
+
+    async def list_webhooks(self, request: Request) -> Response:
+        webhooks = self.view.webhooks
+        if webhooks is None:
+            raise NotReady("webhooks")
+        states = webhooks.stats()
+        return _page(request, WebhookPage, states, list(range(len(states))), _webhook_out)
+
     async def reload_auth(self, _request: Request) -> Response:
         if not self.view.reload_security():
             raise HttpError(
@@ -865,6 +912,22 @@ def _session_out(session: SessionInfo) -> SessionOut:
         queued=session.queued,
         dropped=session.dropped,
     )
+
+
+def _webhook_out(state: dict[str, Any]) -> WebhookOut:
+    fields = {name: state[name] for name in WebhookOut.model_fields if name in state}
+    return WebhookOut(
+        **fields | {"url": _shown_url(state["url"])},
+        last_error_at_ms=state["last_error_ms"],
+        last_success_at_ms=state["last_success_ms"],
+    )
+
+
+def _shown_url(url: str) -> str:
+    """An endpoint's origin: its path and query may carry a secret (hook URLs often do)."""
+    parts = urlsplit(url)
+    origin = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+    return origin + ("/…" if parts.path.strip("/") or parts.query else "")
 
 
 def _queue_out(info: QueueInfo) -> QueueOut:
@@ -1044,5 +1107,5 @@ _STATUS_TEXT = {
     404: "Not found",
     409: "Conflict",
     413: "Request body too large",
-    503: "Not ready",
+    503: "Not ready, or the server is starting",
 }
