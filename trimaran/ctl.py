@@ -1,6 +1,6 @@
 """The admin API from the shell, as ``rabbitmqctl`` and ``emqx ctl`` are: ``trimaran status``,
 ``clients list|show|kick``, ``sessions list|show|delete``, ``queues list|show|peek|purge|redrive|delete``,
-``auth reload``.
+``webhooks list``, ``auth reload``.
 
 Each command is one or a few calls to ``/api/v1`` on a running server (stdlib ``urllib``, nothing
 to install). The address and the token default to the settings the server reads (``http.bind``,
@@ -27,7 +27,7 @@ from urllib.parse import quote, urlencode, urljoin
 
 from trimaran.config import Settings
 
-COMMANDS = ("status", "clients", "sessions", "queues", "auth")
+COMMANDS = ("status", "clients", "sessions", "queues", "webhooks", "auth")
 TOKEN_ENV = "TRIMARAN_ADMIN_TOKEN"
 EXIT_ANSWERED_ERROR = 1
 EXIT_UNREACHABLE = 2
@@ -85,6 +85,15 @@ def add_commands(commands: Any, common: argparse.ArgumentParser, command: AddCom
     redrive.add_argument("name")
     redrive.add_argument("--limit", type=int, help="move at most this many (default: all)")
     command(sub, "delete", "delete a queue and its messages", parents=parents).add_argument("name")
+
+    webhooks = command(commands, "webhooks", "webhook endpoints of a running server")
+    sub = webhooks.add_subparsers(dest="action", required=True)
+    command(
+        sub,
+        "list",
+        "each endpoint: healthy or failing, last error, last success, queued, sent, dropped",
+        parents=parents,
+    )
 
     auth = command(commands, "auth", "users and access rules of a running server")
     sub = auth.add_subparsers(dest="action", required=True)
@@ -224,6 +233,8 @@ def _dispatch(client: AdminClient, args: argparse.Namespace) -> int:
             answer = client.call("POST", f"{path}/redrive", {"limit": args.limit})
             return _show_count(answer, as_json, f"moved {answer['count']} messages back to {args.name}")
         return _show_done(client.call("DELETE", path), as_json)
+    if command == "webhooks":
+        return _show_list(client.pages("/api/v1/webhooks"), as_json, WEBHOOK_COLUMNS)
     if command == "auth":
         return _show_done(client.call("POST", "/api/v1/auth/reload"), as_json)
     raise AssertionError(command)
@@ -246,7 +257,11 @@ def _field(name: str) -> Callable[[dict[str, Any]], object]:
 
 
 def _age(name: str) -> Callable[[dict[str, Any]], object]:
-    return lambda item: _duration(time.time() - item[name] / 1000) if item.get(name) else None
+    return lambda item: _since(item[name]) if item.get(name) else None
+
+
+def _since(epoch_ms: int) -> str:
+    return _duration(time.time() - epoch_ms / 1000)
 
 
 CLIENT_COLUMNS: list[Column] = [
@@ -289,6 +304,20 @@ GROUP_COLUMNS: list[Column] = [
     ("PENDING", _field("pending")),
     ("LAG", _field("lag")),
     ("CONSUMERS", _field("consumers")),
+]
+WEBHOOK_COLUMNS: list[Column] = [
+    ("NAME", _field("name")),
+    ("URL", _field("url")),
+    ("STATE", lambda w: "healthy" if w["healthy"] else f"failing ({w['consecutive_failures']} in a row)"),
+    ("BREAKER", _field("breaker")),
+    ("LAST ERROR", lambda w: _clip(w["last_error"], 40) if w["last_error"] else None),
+    (
+        "LAST SUCCESS",
+        lambda w: f"{_since(w['last_success_at_ms'])} ago" if w["last_success_at_ms"] else "never",
+    ),
+    ("QUEUED", _field("queued")),
+    ("SENT", _field("sent")),
+    ("DROPPED", _field("dropped")),
 ]
 MESSAGE_COLUMNS: list[Column] = [
     ("OFFSET", _field("offset")),
