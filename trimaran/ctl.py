@@ -37,20 +37,26 @@ AddCommand = Callable[..., argparse.ArgumentParser]
 
 
 class CtlError(Exception):
-    def __init__(self, message: str, status: int) -> None:
+    def __init__(self, message: str, status: int, *, answered: bool = True) -> None:
         super().__init__(message)
         self.status = status
+        self.answered = answered  # False: no server answered at all
 
 
 # -- the command line -------------------------------------------------------------------------------
 
 
-def add_commands(commands: Any, common: argparse.ArgumentParser, command: AddCommand) -> None:
+def admin_options() -> argparse.ArgumentParser:
+    """--url, --token and --json: how a command reaches a running server's admin API."""
     admin = argparse.ArgumentParser(add_help=False)
     admin.add_argument("--url", help="the admin API's base URL (default: from http.bind)")
     admin.add_argument("--token", help=f"bearer token (default: ${TOKEN_ENV}, then the first http.tokens)")
     admin.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
-    parents = [common, admin]
+    return admin
+
+
+def add_commands(commands: Any, common: argparse.ArgumentParser, command: AddCommand) -> None:
+    parents = [common, admin_options()]
 
     command(commands, "status", "a running server's version, uptime, readiness and counts", parents=parents)
 
@@ -109,6 +115,23 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return exc.status
 
 
+def reload_auth(args: argparse.Namespace, settings: Settings) -> tuple[bool, str]:
+    """Ask a running server to read its password and rule files again (``trimaran users`` after a
+    change). (True, what happened) when it did, or when no server answers: that is no failure, the
+    file is read at the next start. (False, why) when a server answered and did not reload."""
+    try:
+        url = _base_url(args, settings)
+    except CtlError:
+        return True, "no admin API in these settings (http.bind is off): send the server SIGHUP"
+    try:
+        answer = AdminClient(url, _token(args, settings)).call("POST", "/api/v1/auth/reload")
+    except CtlError as exc:
+        if not exc.answered:
+            return True, f"no server answers at {url}: the file is read at its next start, or on SIGHUP"
+        return False, f"the server at {url} did not reload: {exc}; send it SIGHUP"
+    return True, f"the server at {url} reloaded ({answer.get('detail', 'done')})"
+
+
 def _base_url(args: argparse.Namespace, settings: Settings) -> str:
     if args.url:
         return str(args.url).rstrip("/")
@@ -152,7 +175,7 @@ class AdminClient:
         except (urllib.error.URLError, OSError) as error:
             reason = getattr(error, "reason", error)
             raise CtlError(
-                f"cannot reach the admin API at {self.base_url}: {reason}", EXIT_UNREACHABLE
+                f"cannot reach the admin API at {self.base_url}: {reason}", EXIT_UNREACHABLE, answered=False
             ) from None
 
     def pages(self, path: str, query: dict[str, str] | None = None) -> list[dict[str, Any]]:
