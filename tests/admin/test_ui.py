@@ -1,6 +1,7 @@
 """The management page at /ui in a real headless Chromium (selenium): log in with a token, see a
-queue appear after an MQTT publish, purge it, kick a client, see a failing webhook endpoint; and the
-files it is served from.
+queue appear after an MQTT publish, purge it, publish from the page, see the sessions, kick a client,
+see a failing webhook endpoint; and the files it is served from. With TRIMARAN_SCREENSHOTS=DIR it
+takes the README's screenshots of each page.
 
 Needs Debian's ``chromium`` and ``chromium-driver`` (scripts/system-deps.sh installs them) and
 selenium (the dev extra); the browser tests are skipped, saying which is missing, without them.
@@ -194,6 +195,20 @@ def test_login_queue_purge_and_kick(server: RunningServer, browser: Any) -> None
         click(browser, f"{row} button", "Purge")
         browser.switch_to.alert.accept()
         wait(lambda: browser.find_element(By.CSS_SELECTOR, f'{row} td[data-field="depth"]').text == "0")
+
+        browser.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="publish"]').click()
+        browser.find_element(By.ID, "publish-topic").send_keys("$queue/browser-jobs")
+        browser.find_element(By.ID, "publish-payload").send_keys("from the page")
+        browser.find_element(By.CSS_SELECTOR, "#publish-form button").click()
+        result = wait(lambda: browser.find_element(By.ID, "publish-result").text)
+        assert result == "stored in browser-jobs at offset 3", result  # offsets 0-2 were purged
+        snap(browser, "publish")
+
+        browser.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="sessions"]').click()
+        wait(
+            lambda: browser.find_element(By.CSS_SELECTOR, '#session-rows tr[data-client-id="page-publisher"]')
+        )
+        snap(browser, "sessions")
 
         browser.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="connections"]').click()
         client_row = '#connection-rows tr[data-client-id="page-publisher"]'
