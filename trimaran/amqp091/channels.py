@@ -24,7 +24,7 @@ from trimaran.queue.outcomes import ACK, RETRY_NOW, DeadLetter, Outcome
 
 if TYPE_CHECKING:
     from trimaran.amqp091.conn import Amqp091Conn
-    from trimaran.storage.writer import Ticket
+    from trimaran.storage.writer import Receipt
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class ChannelState:
         self.last_queue = ""
         #: The channel's latest durable publish not yet known committed: its own basic.get waits for
         #: it (RabbitMQ orders a channel's publish and get).
-        self.last_write: Ticket | None = None
+        self.last_write: Receipt | None = None
         self.closed = False  # the channel is gone; its consumers are being released
         #: Direct reply-to: the consumer tag on amq.rabbitmq.reply-to and the channel's token.
         self.reply_tag = ""

@@ -43,7 +43,7 @@ from trimaran.queue.manager import (
 )
 from trimaran.queue.outcomes import ACK, DeadLetter, Outcome, Retry
 from trimaran.queue.policy import DEFAULT_GROUP, QUEUE_PREFIX, QueueError, parse_queue_topic, queue_topic
-from trimaran.storage.writer import Ticket as WriterReceipt
+from trimaran.storage.writer import Receipt as WriterReceipt
 from trimaran.storage.writer import WriterError
 from trimaran.topics import TopicError, split_shared
 

@@ -56,7 +56,7 @@ from trimaran.storage import queue_store
 from trimaran.storage.disk import DiskWatch
 from trimaran.storage.engine import sqlite_file
 from trimaran.storage.store import Storage
-from trimaran.storage.writer import GroupCommitWriter, Ticket, WriteBatch, WriterError
+from trimaran.storage.writer import GroupCommitWriter, Receipt, WriteBatch, WriterError
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ def _run_all(callbacks: list[Callable[[], None]]) -> Callable[[], None]:
     return run
 
 
-async def _committed(ticket: Ticket | None) -> None:
+async def _committed(ticket: Receipt | None) -> None:
     """Wait for a submission's commit; a failed write is a :class:`QueueError` ("storage")."""
     if ticket is not None:
         try:
@@ -834,7 +834,7 @@ class QueueManager:
         message: Message,
         routing_key: str = "",
         done: Callable[[PublishResult, QueueError | None], None] | None = None,
-    ) -> Ticket | None:
+    ) -> Receipt | None:
         """``publish`` without a task per message, for front ends that must not stall per publish.
 
         ``done(result, error)`` runs on the loop once the message is committed (``error``: the write
@@ -1481,7 +1481,9 @@ class QueueManager:
         await _committed(ticket)
         return ok
 
-    def _submit(self, batch: WriteBatch, after: list[Callable[[], None]] | None, wait: bool) -> Ticket | None:
+    def _submit(
+        self, batch: WriteBatch, after: list[Callable[[], None]] | None, wait: bool
+    ) -> Receipt | None:
         """A batch with rows goes to the writer and ``after`` runs once they are committed; with
         nothing to write, ``after`` runs now. ``None``: nothing to wait for.
 
@@ -1507,7 +1509,7 @@ class QueueManager:
         reason: str,
         *,
         wait: bool,
-    ) -> tuple[bool, Ticket | None]:
+    ) -> tuple[bool, Receipt | None]:
         """Apply a settlement in memory and hand its rows to the writer (no await)."""
         now = now_ms()
         batch = WriteBatch()
@@ -2051,7 +2053,7 @@ def settle_by_id_now(
     message_id_text: str,
     group: str | None = None,
     reason: str = "rejected",
-) -> tuple[bool, Ticket | None]:
+) -> tuple[bool, Receipt | None]:
     """``ack``, ``nack``, ``reject`` or ``commit`` by message id, applied in memory at once (no await).
 
     For front ends that must apply control messages in the order they read them, relative to the
