@@ -32,7 +32,7 @@ from trimaran.topics import TopicError, binding_key_to_filter
 if TYPE_CHECKING:
     from trimaran.amqp091.conn import Amqp091Conn
     from trimaran.amqp091.handler import Amqp091FrontEnd
-    from trimaran.storage.writer import Receipt
+    from trimaran.queue.journal import Receipt
 
 log = logging.getLogger(__name__)
 

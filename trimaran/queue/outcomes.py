@@ -6,7 +6,9 @@ RabbitMQ's queue types settle ``complete | requeue | discard | modify``; these a
 - :class:`Retry`: not done. ``failed=True`` (a nack, AMQP 1.0 ``modified`` with delivery-failed)
   counts as an attempt and comes back after ``delay_s`` (``None``: the queue's backoff), or is
   dead-lettered once ``max_attempts`` is reached. ``failed=False`` (AMQP 1.0 ``released``) hands it
-  back unprocessed: available again at once, not an attempt.
+  back unprocessed: available again at once, not an attempt. ``sent=False`` (the hull never put it
+  on the wire: its channel closed as it was handed over) also keeps the next delivery from being
+  flagged redelivered.
 - :class:`DeadLetter`: never retried; moved to the dead-letter queue with ``reason``.
 - :class:`Commit`: a stream group's position moves past ``offset``.
 
@@ -29,6 +31,7 @@ class Ack:
 class Retry:
     delay_s: float | None = None
     failed: bool = True
+    sent: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,3 +49,4 @@ Outcome = Ack | Retry | DeadLetter | Commit
 ACK = Ack()
 RETRY_NOW = Retry(0.0)  # AMQP 0.9.1 requeue: back at once, an attempt
 RELEASED = Retry(0.0, failed=False)
+UNSENT = Retry(0.0, failed=False, sent=False)
