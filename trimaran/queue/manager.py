@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
@@ -95,8 +96,8 @@ log = logging.getLogger(__name__)
 
 AnyGroup = WorkGroup | StreamGroup
 
-TICK_MS = 20  # timer resolution: visibility timeouts, nack backoff
-SWEEP_S = 1.0  # TTL expiry and stream retention
+TICK_MS = 20  # the timers run at most this often (what is due within it is handled together)
+SWEEP_S = 1.0  # TTL expiry and stream retention; also the longest the timers sleep
 
 RESERVED_PROPERTIES = frozenset(
     {
@@ -306,7 +307,8 @@ class QueueManager:
         self._timed: set[Group] = set()
         self._dirty: set[QueueState] = set()
         self._scope: anyio.CancelScope | None = None
-        self.wake_at = 0  # when the timers wake next (epoch ms); they poll for now
+        self._alarm: anyio.Event | None = None
+        self.wake_at = 0  # when the timers wake next (epoch ms)
         self._last_tick = 0
         self._started = False
         self._last_sweep = 0.0
@@ -903,8 +905,12 @@ class QueueManager:
         self.letters.dead_letter(state, group, stored, attempts, reason, now, ch)
 
     def due(self, state: QueueState, group: Group, at: int) -> None:
-        """A group's timer is due at ``at``: watch it."""
+        """A group's timer is due at ``at``: watch it, and wake the timers early if they sleep past it."""
         self._watch(group)
+        if at < self.wake_at:
+            self.wake_at = at
+            if self._alarm is not None:
+                self._alarm.set()
 
     def _watch(self, group: Group) -> None:
         group.timed = True
@@ -963,15 +969,36 @@ class QueueManager:
     # -- timers -----------------------------------------------------------------------------------
 
     async def _timers(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Sleep until the next thing is due (a visibility time-out, a retry, the TTL and retention
+        sweep, a shared node's poll and lease renewal), at most a second; ``due`` wakes it early."""
         with anyio.CancelScope() as scope:
             self._scope = scope
             task_status.started()
             while True:
-                await anyio.sleep(TICK_MS / 1000)
+                now = now_ms()
+                wake = max(self._next_due(now), self._last_tick + TICK_MS)
+                self.wake_at = wake
+                if wake > now:
+                    alarm = self._alarm = anyio.Event()
+                    with anyio.move_on_after((wake - now) / 1000):
+                        await alarm.wait()
+                    self._alarm = None
+                else:
+                    await anyio.lowlevel.checkpoint()
                 try:
                     self._tick()
                 except Exception:
                     log.exception("queue timers failed")
+
+    def _next_due(self, now: int) -> int:
+        due = now + int(SWEEP_S * 1000)
+        for group in self._timed:
+            at = group.next_due()
+            if at is not None and at < due:
+                due = at
+        if self.shared:
+            due = min(due, self.claims.next_due())
+        return due
 
     def _tick(self) -> None:
         self.disk.poll()

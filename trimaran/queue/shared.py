@@ -101,6 +101,10 @@ class Claims:
         state.block_next += 1
         return offset
 
+    def next_due(self) -> int:
+        """When :meth:`tick` has work next (epoch ms)."""
+        return min(self.last_poll + POLL_MS, self.last_renew + self.lease_ms // 3)
+
     def tick(self, now: int, queues: list[QueueState]) -> None:
         """Poll for what other nodes published or released; renew leases and compact."""
         if now - self.last_poll >= POLL_MS:
