@@ -89,7 +89,11 @@ def test_ack_commits_past_the_delivery_and_a_failed_retry_is_refused() -> None:
     assert settle(group, 1, ACK)
     assert group.committed == 2
     assert not settle(group, 2, Retry())
-    assert settle(group, 2, RELEASED)  # handed back unprocessed: read on, committed past
+    assert group.cursor == 5
+    assert settle(group, 2, RELEASED)  # handed back unprocessed: read again, nothing committed
+    assert group.committed == 2 and group.cursor == 2
+    assert read(group, Taker("c", credit=1)) == [2]
+    assert settle(group, 2, ACK)
     assert group.committed == 3
     assert settle(group, 3, DeadLetter("bad"))
     assert group.committed == 4 and group.state.stats["rejected"] == 1

@@ -948,7 +948,7 @@ class QueueManager:
         if not group.settle(offset, outcome, holder, consumer_id, now_ms(), ch):
             return False, None
         receipt = self.journal.submit(ch, wait=wait)
-        if outcome.__class__ is Retry and isinstance(group, WorkGroup):  # back in the group: offer it again
+        if outcome.__class__ is Retry:  # back in the group (a stream: its cursor): offer it again
             self._dispatch(state, group)
         return True, receipt
 

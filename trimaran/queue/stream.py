@@ -99,9 +99,15 @@ class StreamGroup(Group):
         now: int,
         ch: Changes,
     ) -> bool:
-        """Commit past ``offset`` (a :class:`Commit` carries its own). False for a failed retry."""
-        if isinstance(outcome, Retry) and outcome.failed:
-            return False
+        """Commit past ``offset`` (a :class:`Commit` carries its own). False for a failed retry.
+        A delivery handed back unprocessed (released, or never put on the wire as its channel
+        closed) commits nothing: the group reads on from it again, at least once as ever."""
+        if isinstance(outcome, Retry):
+            if outcome.failed:
+                return False
+            if offset < self.cursor:
+                self.cursor = max(offset, self.committed)
+            return True
         consumer = holder.consumer.id if holder is not None else consumer_id
         if isinstance(outcome, DeadLetter):
             state = self.state
