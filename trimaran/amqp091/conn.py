@@ -10,7 +10,6 @@ commit callbacks, and background work runs through ``io.spawn``.
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
@@ -22,6 +21,7 @@ from trimaran.amqp091.connection import ConnectionState, ServerConnection
 from trimaran.broker.clients import ClientInfo
 from trimaran.queue.manager import PublishResult
 from trimaran.queue.policy import QueueError
+from trimaran.runtime.confirms import InOrder
 from trimaran.runtime.transport import Conn
 
 if TYPE_CHECKING:
@@ -68,6 +68,10 @@ class Pending:
         """Routing is over: nothing more will be expected."""
         self.committed(None, None)
 
+    @property
+    def done(self) -> bool:
+        return not self.waiting
+
 
 class Amqp091Conn:
     """The runtime's hull for one AMQP 0.9.1 connection."""
@@ -83,7 +87,7 @@ class Amqp091Conn:
         self.client: ClientInfo | None = None
         self.channels: dict[int, ChannelState] = {}
         self.written_hooks: set[ChannelState] = set()
-        self.pending: deque[Pending] = deque()
+        self.pending: InOrder[Pending] = InOrder()  # confirms and tx.commit-oks, in arrival order
         self.exclusive_queues: set[str] = set()
         self._blocked_sent = False
         self._confirmed: anyio.Event | None = None  # set when the last pending confirm is sent
@@ -142,7 +146,7 @@ class Amqp091Conn:
     def begin_confirm(self, channel: ChannelState, seq: int, reply: spec.Method | None = None) -> Pending:
         """An entry for a publish (confirm ``seq``) or a tx.commit (``reply``); ``sealed()`` ends it."""
         entry = Pending(self, channel, seq, reply)
-        self.pending.append(entry)
+        self.pending.add(entry)
         return entry
 
     def drop_confirm(self, entry: Pending) -> None:
@@ -157,8 +161,7 @@ class Amqp091Conn:
         pending = self.pending
         machine = self.machine
         acks: dict[ChannelState, tuple[int, int]] = {}  # channel -> (last seq, how many)
-        while pending and not pending[0].waiting:
-            entry = pending.popleft()
+        for entry in pending.ready():
             channel = entry.channel
             if entry.reply is not None:
                 self._flush_ack(acks, channel)

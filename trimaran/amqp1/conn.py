@@ -18,13 +18,13 @@ cut.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from trimaran.amqp1.connection import ServerConnection
 from trimaran.amqp1.link import Link
 from trimaran.amqp1.performatives import CONNECTION_FORCED, ROLE_RECEIVER, Accepted, Error, Rejected
+from trimaran.runtime.confirms import InOrder
 
 if TYPE_CHECKING:
     from trimaran.amqp1.handler import Amqp1FrontEnd
@@ -79,7 +79,7 @@ class Amqp1Conn:
         self.client: ClientInfo | None = None
         self.outlinks: dict[Link, OutLink] = {}
         self.inlinks: dict[Link, InLink] = {}
-        self.pending: deque[PendingSettle] = deque()
+        self.pending: InOrder[PendingSettle] = InOrder()  # dispositions, in arrival order
         self.publishing_blocked = False  # memory above the high-water mark: no new link credit
         self._ack_scheduled = False
 
@@ -119,7 +119,7 @@ class Amqp1Conn:
     def waiting(self, inlink: InLink, delivery_id: int, settled: bool) -> PendingSettle:
         pending = PendingSettle(inlink, delivery_id, settled)
         inlink.inflight += 1
-        self.pending.append(pending)
+        self.pending.add(pending)
         # A detach, end or close read behind this publish waits for its disposition.
         self._machine.hold_closing = True
         return pending
@@ -128,7 +128,7 @@ class Amqp1Conn:
         """The publish is committed (or failed, ``pending.error``). Commit callbacks of one batch
         run back to back: the dispositions go once, after the last of them."""
         pending.done = True
-        if self.pending and self.pending[0].done and not self._ack_scheduled:
+        if self.pending.head_done() and not self._ack_scheduled:
             self._ack_scheduled = True
             asyncio.get_running_loop().call_soon(self._acknowledge)
 
@@ -153,8 +153,7 @@ class Amqp1Conn:
         run_link: Link | None = None
         run_first = run_last = 0
         refill: dict[InLink, None] = {}
-        while pending and pending[0].done:
-            item = pending.popleft()
+        for item in pending.ready():
             inlink = item.inlink
             inlink.inflight -= 1
             link = inlink.link

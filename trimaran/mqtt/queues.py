@@ -20,7 +20,6 @@ Every delivery has its own tag, so a late PUBACK of an earlier delivery never se
 from __future__ import annotations
 
 import logging
-from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -44,6 +43,7 @@ from trimaran.queue.manager import (
 )
 from trimaran.queue.outcomes import ACK, RETRY_NOW, Commit, DeadLetter, Outcome, Retry
 from trimaran.queue.policy import DEFAULT_GROUP, QUEUE_PREFIX, QueueError, parse_queue_topic, queue_topic
+from trimaran.runtime.confirms import InOrder
 from trimaran.topics import TopicError, split_shared
 
 if TYPE_CHECKING:
@@ -160,9 +160,15 @@ class ConnQueues:
     deliveries: dict[str, Delivery] = field(default_factory=dict)  # by OutboundMessage.tag
     next_tag: int = 0
     qos0_sent: list[QueueSubscription] = field(default_factory=list)
-    tickets: deque[PendingAck] | None = None  # in arrival order; made on the first queue publish
+    tickets: InOrder[PendingAck] | None = None  # made on the first queue publish
     refused: bool = False  # 3.1.1: a refusal closed the connection; nothing more is acknowledged
     credit_due: dict[ConsumerHandle, int] = field(default_factory=dict)  # see MqttQueues.after_events
+
+    def pending_ack(self, ticket: PendingAck) -> PendingAck:
+        """Queue ``ticket`` behind the publishes before it: acknowledgements leave in arrival order."""
+        if self.tickets is None:
+            self.tickets = InOrder()
+        return self.tickets.add(ticket)
 
 
 class MqttQueues:
@@ -178,11 +184,7 @@ class MqttQueues:
         (``$ack``, ``$nack``, ``$reject``, ``$commit``) is applied here, before the next packet of the
         connection is read; only the wait for its commit runs in a task.
         """
-        ticket = PendingAck(packet_id)
-        bindings = conn.queue_bindings
-        if bindings.tickets is None:
-            bindings.tickets = deque()
-        bindings.tickets.append(ticket)
+        ticket = conn.queue_bindings.pending_ack(PendingAck(packet_id))
         client = conn.endpoint.client_id if conn.endpoint else "?"
         parsed = parse_queue_topic(message.topic)
         try:
@@ -244,9 +246,9 @@ class MqttQueues:
         ticket.done = True
         bindings = conn.queue_bindings
         tickets = bindings.tickets
+        assert tickets is not None
         sent = False
-        while tickets and tickets[0].done:
-            head = tickets.popleft()
+        for head in tickets.ready():
             if head.packet_id is None or bindings.refused:
                 continue
             code = head.reason_code
@@ -266,11 +268,7 @@ class MqttQueues:
         """Acknowledge a publish that never reached a queue (the rules refused it) after the queue
         publishes before it, in arrival order."""
         ticket = PendingAck(packet_id, reason_code=code, reason=reason if code else None)
-        bindings = conn.queue_bindings
-        if bindings.tickets is None:
-            bindings.tickets = deque()
-        bindings.tickets.append(ticket)
-        self._finish(conn, ticket)
+        self._finish(conn, conn.queue_bindings.pending_ack(ticket))
 
     def _check_holder(self, conn: MqttConn, control: str, message_id: str, group: str | None) -> None:
         """Settlement belongs to its holder: a work-queue delivery only by the session it was delivered
