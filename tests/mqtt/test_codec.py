@@ -20,7 +20,7 @@ from trimaran.mqtt.codec import (
     encode_plain_publish,
     encode_varint,
 )
-from trimaran.mqtt.packets import Packet, PingReq, Publish
+from trimaran.mqtt.packets import Packet, PingReq, PubAck, Publish
 from trimaran.mqtt.properties import (
     PROPERTY_TABLE,
     WILL,
@@ -214,3 +214,21 @@ def test_plain_publish_refuses_what_encode_refuses() -> None:
         encode_plain_publish("a\x00b", b"", 0, False, False, None, 4)
     with pytest.raises(ValueError):
         encode_plain_publish("t", b"", 1, False, False, None, 4)
+
+
+def test_a_plain_puback_is_read_without_a_packet_object() -> None:
+    decoder = Decoder(protocol_level=5)
+    decoder.feed(bytes((0x40, 2, 1, 2)) + bytes((0x40, 2, 0, 7)) + bytes((0x40, 3, 0, 8, 0x80)))
+    assert decoder.next_puback() == 0x0102
+    assert decoder.next_puback() == 7
+    assert decoder.next_puback() == 0  # a reason code: left to next_packet
+    assert decoder.next_packet() == PubAck(8, 0x80)
+    assert decoder.buffered == 0
+
+
+def test_what_next_puback_leaves_is_decoded_as_before() -> None:
+    for data in (bytes((0x40, 2, 0)), bytes((0x40, 2, 0, 0)), bytes((0x50, 2, 0, 1))):
+        decoder = Decoder(protocol_level=5)
+        decoder.feed(data)
+        assert decoder.next_puback() == 0
+        assert decoder.buffered == len(data)

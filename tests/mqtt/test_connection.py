@@ -473,6 +473,20 @@ def test_outbound_window_follows_client_receive_maximum() -> None:
     assert len(server.session.inflight) == 2 and len(server.session.queue) == 2
 
 
+def test_plain_acks_can_go_unreported() -> None:
+    server, client, _ = connected(properties=props(topic_alias_maximum=0))
+    server.report_plain_acks = False  # the hull settles only tagged deliveries
+    assert server.publish(OutboundMessage("t", b"plain", 1))
+    assert server.publish(OutboundMessage("t", b"tagged", 1, tag="q1"))
+    plain, tagged = client.received()
+    assert isinstance(plain, Publish) and isinstance(tagged, Publish)
+    assert plain.packet_id and tagged.packet_id
+    assert client.send(PubAck(plain.packet_id)) == []
+    (event,) = client.send(PubAck(tagged.packet_id))
+    assert isinstance(event, MessageAcked) and event.message.tag == "q1"
+    assert server.session is not None and not server.session.inflight
+
+
 def test_legacy_window() -> None:
     server, client, _ = connected(ServerLimits(max_inflight_legacy=3), level=4)
     for _ in range(5):

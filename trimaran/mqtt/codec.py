@@ -637,6 +637,28 @@ class Decoder:
         """Number of bytes received but not yet decoded."""
         return len(self._buf) - self._pos
 
+    def next_puback(self) -> int:
+        """The packet identifier of a plain PUBACK (success, no properties: the four bytes
+        ``40 02 id id``, the same at every level) at the head of the buffer, consumed: a subscriber
+        acknowledging QoS 1 sends little else, and no packet object is needed for it. 0 when the
+        next packet is anything else; it is left to :meth:`next_packet`."""
+        buf = self._buf
+        pos = self._pos
+        if len(buf) - pos < 4 or buf[pos] != 0x40 or buf[pos + 1] != 2 or self._failed is not None:
+            return 0
+        packet_id = buf[pos + 2] << 8 | buf[pos + 3]
+        if not packet_id:
+            return 0  # malformed: next_packet says so
+        if pos + 4 == len(buf):
+            if self._mv is not None:
+                self._mv.release()
+                self._mv = None
+            buf.clear()
+            self._pos = 0
+        else:
+            self._pos = pos + 4
+        return packet_id
+
     def next_packet(self) -> Packet | Literal[NeedData.NEED_DATA]:
         if self._failed is not None:
             raise self._failed

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from trimaran.mqtt.connection import ServerConnection
-from trimaran.mqtt.events import MessageAcked, PublishReceived
+from trimaran.mqtt.events import PublishReceived
 from trimaran.mqtt.queues import ConnQueues
 from trimaran.mqtt.reason_codes import ReasonCode
 from trimaran.runtime.machine import Machine
@@ -67,8 +67,6 @@ class MqttConn:
         if type(event) is PublishReceived:  # the hot path, one call shorter
             self.front.publish_received(self, event)
             return None
-        if type(event) is MessageAcked and event.message.tag is None:
-            return None  # a plain pub/sub delivery finished: nothing to settle
         return self.front.handle(self, event)
 
     def written(self) -> None:

@@ -199,6 +199,7 @@ class ServerConnection:
         "keep_alive",
         "limits",
         "pending_out",
+        "report_plain_acks",
         "request_problem_information",
         "session",
         "session_expiry_interval",
@@ -242,6 +243,9 @@ class ServerConnection:
         self._ready: Events = []  # what next_event() hands out, in order, from _ready_at
         self._ready_at = 0
         self._valid_topic: str | None = None  # the last topic name checked: publishers repeat theirs
+        # MessageAcked for every finished delivery; False: only for tagged ones (a hull that has
+        # nothing to do when a plain pub/sub delivery is acknowledged saves an event per message).
+        self.report_plain_acks = True
         self.stats = ConnectionStats()
 
     # ------------------------------------------------------------------------------------- public
@@ -532,8 +536,13 @@ class ServerConnection:
 
     def _step(self, events: Events) -> bool:
         """Decode and act on one packet; False when no whole packet is buffered or it failed."""
+        decoder = self._decoder
+        if self.state == State.CONNECTED and (packet_id := decoder.next_puback()):
+            self.stats.packets_received += 1  # a subscriber's plain PUBACK: no packet object
+            self._puback(packet_id, 0, events)
+            return True
         try:
-            packet = self._decoder.next_packet()
+            packet = decoder.next_packet()
         except ProtocolError as exc:
             self._fail(events, exc.reason_code, exc.message)
             return False
@@ -749,12 +758,20 @@ class ServerConnection:
             self._send(PubComp(pid, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
 
     def _on_puback(self, packet: PubAck, events: Events) -> None:
-        assert self.session is not None
-        entry = self.session.on_puback(packet.packet_id)
+        self._puback(packet.packet_id, packet.reason_code, events)
+
+    def _puback(self, packet_id: int, reason_code: int, events: Events) -> None:
+        session = self.session
+        assert session is not None
+        entry = session.on_puback(packet_id)
         if entry is not None:
-            events.append(MessageAcked(entry.packet_id, entry.message, packet.reason_code))
-            if self.session.queue:
+            self._acked(entry, reason_code, events)
+            if session.queue:
                 self._pump(events)
+
+    def _acked(self, entry: InflightEntry, reason_code: int, events: Events) -> None:
+        if self.report_plain_acks or entry.message.tag is not None:
+            events.append(MessageAcked(entry.packet_id, entry.message, reason_code))
 
     def _on_pubrec(self, packet: PubRec, events: Events) -> None:
         assert self.session is not None
@@ -764,14 +781,14 @@ class ServerConnection:
         elif entry.state == AWAITING_PUBCOMP and packet.packet_id in self.session.inflight:
             self._send(PubRel(entry.packet_id))
         else:  # refused with an error code: the flow ends here
-            events.append(MessageAcked(entry.packet_id, entry.message, packet.reason_code))
+            self._acked(entry, packet.reason_code, events)
             self._pump(events)
 
     def _on_pubcomp(self, packet: PubComp, events: Events) -> None:
         assert self.session is not None
         entry = self.session.on_pubcomp(packet.packet_id)
         if entry is not None:
-            events.append(MessageAcked(entry.packet_id, entry.message, packet.reason_code))
+            self._acked(entry, packet.reason_code, events)
             self._pump(events)
 
     def _preset_codes(self, packet: Subscribe) -> list[int | None]:

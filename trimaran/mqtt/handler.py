@@ -285,6 +285,7 @@ class MqttFrontEnd:
         """A new connection on an MQTT listener: its hull for the runtime. ``wrap`` puts a transport
         machine around the MQTT machine (WebSocket)."""
         mqtt = ServerConnection(self.limits, now=time.monotonic())
+        mqtt.report_plain_acks = False  # only queue and $share deliveries (tagged) need settling
         conn = MqttConn(self, mqtt, io, None if wrap is None else wrap(mqtt))
         self.conns.add(conn)
         return conn
