@@ -208,6 +208,8 @@ class App:
             listener.stop_accepting()
         with anyio.move_on_after(grace):
             await self._drain()
+        if self.cluster is not None:
+            await self.cluster.leave()  # even after a drain cut short: the others need not wait the time-out
         if self.webhooks is not None:
             await self.webhooks.flush()  # bounded by webhooks.flush_timeout_s
 
@@ -218,8 +220,6 @@ class App:
         await self.mqtt.shutdown()
         await self.queues.stop()
         await self.broker.flush()
-        if self.cluster is not None:
-            await self.cluster.leave()
 
     async def _watch_signals(self) -> None:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:

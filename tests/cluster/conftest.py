@@ -15,6 +15,7 @@ from tests.support.server import RunningServer
 # Short heartbeats so a killed node is found dead within about a second.
 HEARTBEAT_S = 0.2
 NODE_TIMEOUT_S = 1.0
+TOKEN = "cluster-test-token"
 
 
 class Nodes:
@@ -40,6 +41,9 @@ class Nodes:
         }
         args = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "127.0.0.1:0"]
         args += ["--http", "127.0.0.1:0"] if http else ["--http", "off"]
+        if http:
+            env["TRIMARAN_HTTP__TOKENS"] = f'["{TOKEN}"]'
+
         server = RunningServer(args, cwd=workdir, env=env)
         if check:
             server.start()

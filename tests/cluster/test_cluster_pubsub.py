@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +14,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from tests.cluster.conftest import Nodes, wait_route, wait_until
+from tests.cluster.conftest import TOKEN, Nodes, wait_route, wait_until
 from tests.support.paho import V5, Endpoints, connect
 from tests.support.postgres import PostgresCluster
 from tests.support.server import RunningServer
@@ -254,11 +256,15 @@ def _all(client):  # type: ignore[no-untyped-def]
 
 
 def test_the_cluster_endpoint_lists_the_nodes(two: Nodes) -> None:
-    import json
-    import urllib.request
-
     a = two.started[0]
-    with urllib.request.urlopen(f"http://127.0.0.1:{a.ports['http']}/api/v1/cluster", timeout=5) as reply:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{a.ports['http']}/api/v1/cluster", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    with urllib.request.urlopen(request, timeout=5) as reply:
         body = json.load(reply)
     assert body["node"] == "a"
-    assert {n["name"]: n["state"] for n in body["nodes"]} == {"a": "alive", "b": "alive"}
+    assert body["forwarded"] > 0 and body["received"] > 0
+    nodes = {n["name"]: n for n in body["nodes"]}
+    assert {name: n["state"] for name, n in nodes.items()} == {"a": "alive", "b": "alive"}
+    assert nodes["a"]["self"] and not nodes["b"]["self"]
+    assert all(n["last_heartbeat"] >= n["started_at"] for n in nodes.values())
