@@ -12,7 +12,7 @@ import secrets
 import signal
 import ssl
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
@@ -26,7 +26,6 @@ from trimaran.broker.core import Broker
 from trimaran.broker.http import HttpServer
 from trimaran.broker.telemetry import Telemetry
 from trimaran.broker.webhooks import Webhooks
-from trimaran.cluster.node import ClusterNode
 from trimaran.config import ConfigError, Endpoint, Settings, check_settings
 from trimaran.errors import bind_failure
 from trimaran.mqtt.handler import MqttFrontEnd
@@ -45,6 +44,9 @@ from trimaran.storage.engine import describe, sqlite_file
 from trimaran.storage.lock import DataDirLock
 from trimaran.storage.mqtt_store import MqttStore
 from trimaran.storage.store import Storage
+
+if TYPE_CHECKING:
+    from trimaran.cluster.node import ClusterNode
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +137,9 @@ class App:
         self.webhooks = Webhooks(settings.webhooks, self.broker.events, settings.node_name)
         self.mqtt = MqttFrontEnd(self.broker, settings, store, self.queues, security)
         if clustered:
+            # Imported here: psycopg comes with the postgresql extra, which a single node may lack.
+            from trimaran.cluster.node import ClusterNode
+
             self.cluster = ClusterNode(
                 settings.cluster,
                 name=settings.node_name,

@@ -29,9 +29,9 @@ class Recorder:
         self.written: list[list[str]] = []
         self.elsewhere = elsewhere
 
-    def forward(self, message: Message) -> frozenset[tuple[str, str]]:
+    def forward(self, message: Message) -> tuple[int, frozenset[tuple[str, str]]]:
         self.forwarded.append(message.topic)
-        return self.elsewhere
+        return 1, self.elsewhere
 
     def retained_written(self, topics: list[str]) -> None:
         self.written.append(topics)
@@ -61,7 +61,7 @@ def test_publish_hands_each_message_to_the_forwarder_and_skips_share_groups_serv
     plain, member = Sink("plain"), Sink("member")
     broker.router.subscribe(plain, "jobs/+", SubscriptionOptions())
     broker.router.subscribe(member, "jobs/+", SubscriptionOptions(share_group="g"))
-    broker.publish(Message("jobs/1", b"x"))
+    assert broker.publish(Message("jobs/1", b"x")) == 2  # the plain subscriber and the other node
     assert forwarder.forwarded == ["jobs/1"]
     assert plain.got == ["jobs/1"]
     assert member.got == []  # another node's member has it

@@ -122,7 +122,8 @@ def test_amqp091_across_nodes_both_ways(two: Nodes, pub: int, sub: int) -> None:
         wait_route(two, "ab"[sub], f"{topic}/+")
         channel = producer.channel()
         channel.confirm_delivery()
-        channel.basic_publish("amq.topic", f"{topic}.x", b"over amqp 0.9.1")
+        # mandatory: a subscriber on another node counts as a route (no basic.return, no UnroutableError)
+        channel.basic_publish("amq.topic", f"{topic}.x", b"over amqp 0.9.1", mandatory=True)
         assert amqp091_get(consumer, queue) == b"over amqp 0.9.1"
     finally:
         consumer.close()

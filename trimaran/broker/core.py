@@ -47,11 +47,12 @@ class Forwarder(Protocol):
     """The deck's port to other nodes (trimaran.cluster implements it; app.py wires it).
 
     ``forward`` hands a publish to every other node with a matching route, without blocking, and
-    returns the share groups ``(group, filter)`` another node serves this time (the publishing node
-    then skips its own members of those groups, so a shared message reaches one member cluster-wide).
+    returns how many nodes it went to and the share groups ``(group, filter)`` another node serves
+    this time (the publishing node then skips its own members of those groups, so a shared message
+    reaches one member cluster-wide).
     """
 
-    def forward(self, message: Message) -> frozenset[tuple[str, str]]: ...
+    def forward(self, message: Message) -> tuple[int, frozenset[tuple[str, str]]]: ...
 
     def retained_written(self, topics: list[str]) -> None:
         """Retained changes to these topics were committed: other nodes reload them."""
@@ -182,12 +183,14 @@ class Broker:
     # -- publish ----------------------------------------------------------------------------------
 
     def publish(self, message: Message) -> int:
-        """Route a pub/sub message to every matching subscriber; returns how many got it."""
+        """Route a pub/sub message to every matching subscriber; returns how many got it (another
+        node it was forwarded to counts as one: AMQP 0.9.1's mandatory flag asks whether anyone did)."""
         if message.retain:
             self.retained.set(message)
         deliveries = self.router.match(message.topic, message.publisher_id)
+        nodes = 0
         if self.forwarder is not None:
-            elsewhere = self.forwarder.forward(message)
+            nodes, elsewhere = self.forwarder.forward(message)
             if elsewhere:
                 deliveries = [d for d in deliveries if _share_key(d) not in elsewhere]
         for delivery in deliveries:
@@ -195,7 +198,7 @@ class Broker:
         self.stats.publish_routed += 1
         if self.events.publishing:
             self.events.message(MESSAGE_PUBLISHED, message, subscribers=len(deliveries))
-        return len(deliveries)
+        return len(deliveries) + nodes
 
     def deliver_forwarded(self, message: Message, shares: frozenset[tuple[str, str]]) -> int:
         """A publish another node forwarded: delivered to this node's subscribers only (never

@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 BROADCAST: Final = "trimaran_cluster"
 MAX_PENDING: Final = 100_000  # forwards queued while PostgreSQL does not answer, past which they drop
 RECONNECT_S: Final = 1.0
-_NOTHING: Final[frozenset[tuple[str, str]]] = frozenset()
+_NOTHING: Final[tuple[int, frozenset[tuple[str, str]]]] = (0, frozenset())
 
 
 def channel(node: str) -> str:
@@ -175,7 +175,7 @@ class ClusterNode:
 
     # -- the deck's Forwarder port --------------------------------------------------------------
 
-    def forward(self, message: Message) -> frozenset[tuple[str, str]]:
+    def forward(self, message: Message) -> tuple[int, frozenset[tuple[str, str]]]:
         targets = self.table.targets(message.topic)
         if not targets.nodes or message.topic.startswith("$SYS/"):
             return _NOTHING
@@ -203,7 +203,7 @@ class ClusterNode:
             return _NOTHING
         self.forwarded += 1
         self._wake.set()
-        return targets.elsewhere
+        return len(targets.nodes), targets.elsewhere
 
     def retained_written(self, topics: list[str]) -> None:
         if topics:
@@ -389,9 +389,11 @@ class ClusterNode:
     async def _received(self, target: str, text: str) -> None:
         try:
             kind, _, body = parse_notice(text)
-        except ValueError:
-            log.warning("cluster: unreadable notice on %s: %r", target, text[:80])
-            return
+            await self._act(kind, body)
+        except (ValueError, KeyError) as exc:  # not from a node of this version: said, not fatal
+            log.warning("cluster: unreadable notice on %s (%s): %r", target, exc, text[:80])
+
+    async def _act(self, kind: str, body: str) -> None:
         if kind == FORWARD:
             self._deliver(unpack_inline(body))
         elif kind == SPILLED:
@@ -431,7 +433,10 @@ class ClusterNode:
         try:
             for message, shares in decode_batch(batch):
                 self.received += 1
-                broker.deliver_forwarded(message, shares)
+                try:
+                    broker.deliver_forwarded(message, shares)
+                except Exception:  # one subscriber's bug must not cut this node off the others
+                    log.exception("cluster: delivering a forwarded message to %r failed", message.topic)
         except (ValueError, KeyError) as exc:
             log.error("cluster: a damaged forward batch was dropped: %s", exc)
 
