@@ -257,7 +257,8 @@ class ClusterSettings(Section):
 
     enabled: bool = Field(
         False,
-        description="join the nodes that share storage.url (PostgreSQL only); node_name must differ per node",
+        description="join the nodes that share storage.url (PostgreSQL only; durable queues are shared as "
+        "with queues.shared); node_name must differ per node",
     )
     heartbeat_s: float = Field(2.0, gt=0, description="how often this node renews its row in cluster_nodes")
     node_timeout_s: float = Field(

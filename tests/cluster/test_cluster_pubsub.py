@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pika
+import psycopg
 import pytest
 
 from tests.cluster.conftest import TOKEN, Nodes, wait_route, wait_until
@@ -269,3 +270,40 @@ def test_the_cluster_endpoint_lists_the_nodes(two: Nodes) -> None:
     assert {name: n["state"] for name, n in nodes.items()} == {"a": "alive", "b": "alive"}
     assert nodes["a"]["self"] and not nodes["b"]["self"]
     assert all(n["last_heartbeat"] >= n["started_at"] for n in nodes.values())
+
+
+def test_a_node_that_lost_its_listening_connection_listens_again_and_catches_up(two: Nodes) -> None:
+    topic = root()
+    a, b = two.started
+    publisher = connect(mqtt(a))
+    try:
+        with psycopg.connect(two.url, autocommit=True) as connection:
+            cut = connection.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+                ("trimaran b listen",),
+            ).fetchall()
+        assert cut == [(True,)]
+        publisher.publish(f"{topic}/state", b"while away", qos=1, retain=True)  # b misses the notice
+        assert b.wait_for_log("listening again")
+        late = connect(mqtt(b))
+        try:
+
+            def reloaded() -> bool:
+                late.subscribe(f"{topic}/state", qos=1)
+                try:
+                    return late.expect(timeout=0.2).payload == b"while away"
+                except Exception:
+                    return False
+
+            wait_until(reloaded, what="b to reload the retained messages")
+            late.subscribe(f"{topic}/live", qos=1)
+            wait_route(two, "b", f"{topic}/live")
+            publisher.publish(f"{topic}/live", b"again", qos=1)
+            got = late.expect()
+            while got.retain:  # retained copies of the probes above
+                got = late.expect()
+            assert got.payload == b"again"
+        finally:
+            late.disconnect()
+    finally:
+        publisher.disconnect()

@@ -134,7 +134,7 @@ class ClusterNode:
                 "cluster: the earlier %s had stopped answering; its routes and sessions released", self.name
             )
         url = conninfo(engine)
-        sender = await connect(url, self.statement_timeout_s, autocommit=True)
+        sender = await connect(url, self.statement_timeout_s, name=f"trimaran {self.name} send")
         self._sender = Sender(sender)
         router = self.broker.router
         for key in router.routes():
@@ -336,7 +336,11 @@ class ClusterNode:
             await anyio.sleep(RECONNECT_S)
             try:
                 self._sender = Sender(
-                    await connect(conninfo(self.storage.engine), self.statement_timeout_s, autocommit=True)
+                    await connect(
+                        conninfo(self.storage.engine),
+                        self.statement_timeout_s,
+                        name=f"trimaran {self.name} send",
+                    )
                 )
                 return
             except (psycopg.Error, OSError) as exc:
@@ -355,7 +359,7 @@ class ClusterNode:
         started = False
         while True:
             try:
-                connection = await connect(url, self.statement_timeout_s, autocommit=True)
+                connection = await connect(url, self.statement_timeout_s, name=f"trimaran {self.name} listen")
             except (psycopg.Error, OSError) as exc:
                 if not started:
                     raise
@@ -368,6 +372,8 @@ class ClusterNode:
                 if not started:
                     started = True
                     task_status.started()
+                else:  # retained changes announced while we were not listening
+                    await self._reload_retained()
                 async for sent in received(connection):
                     await self._received(*sent)
             except (psycopg.Error, OSError) as exc:
@@ -385,6 +391,15 @@ class ClusterNode:
         for node, keys in routes.items():
             if node != self.name:
                 self.table.replace(node, keys)
+
+    async def _reload_retained(self) -> None:
+        stored = await anyio.to_thread.run_sync(cluster_store.load_retained, self.storage.engine, None)
+        retained = self.broker.retained
+        for message in retained.messages():
+            if message.topic not in stored and not message.topic.startswith("$SYS/"):
+                retained.replace(message.topic, None)
+        for topic, value in stored.items():
+            retained.replace(topic, value)
 
     async def _received(self, target: str, text: str) -> None:
         try:

@@ -171,12 +171,15 @@ def take_spill(engine: Engine, ids: list[int]) -> dict[int, bytes]:
     return {int(r.id): bytes(r.batch) for r in rows}
 
 
-def load_retained(engine: Engine, topics: list[str]) -> dict[str, Message | None]:
-    """The stored retained message of each topic (None: cleared)."""
-    found: dict[str, Message | None] = dict.fromkeys(topics)
+def load_retained(engine: Engine, topics: list[str] | None) -> dict[str, Message | None]:
+    """The stored retained message of each topic (None: cleared), or of every topic stored."""
+    found: dict[str, Message | None] = dict.fromkeys(topics or ())
     now = now_ms()
+    query = select(retained_messages)
+    if topics is not None:
+        query = query.where(retained_messages.c.topic.in_(topics))
     with engine.connect() as connection:
-        for row in connection.execute(select(retained_messages).where(retained_messages.c.topic.in_(topics))):
+        for row in connection.execute(query):
             if row.expires_at is None or row.expires_at > now:
                 found[row.topic] = message_from(row.topic, row.payload, row.qos, True, row.properties)
     return found

@@ -41,9 +41,11 @@ class Flush:
         return bool(self.routes_added or self.routes_removed or self.sessions_released or self.notices)
 
 
-async def connect(url: str, statement_timeout_s: float, *, autocommit: bool) -> psycopg.AsyncConnection[Any]:
+async def connect(url: str, statement_timeout_s: float, *, name: str) -> psycopg.AsyncConnection[Any]:
+    """An autocommit connection (``conn.transaction()`` opens one when wanted), named in
+    ``pg_stat_activity`` so an operator sees which node holds it and what for."""
     args = postgres_connect_args(statement_timeout_s)
-    return await psycopg.AsyncConnection.connect(url, autocommit=autocommit, **args)
+    return await psycopg.AsyncConnection.connect(url, autocommit=True, application_name=name, **args)
 
 
 class Sender:
