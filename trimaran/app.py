@@ -148,7 +148,7 @@ class App:
                 claims_as=self.queues.node,
                 statement_timeout_s=settings.storage.statement_timeout_s,
             )
-            self.mqtt.directory = self.cluster  # a persistent session is held by one node at a time
+            self.mqtt.holders = self.cluster  # a persistent session is held by one node at a time
             self.cluster.serve(self.mqtt.hand_over)
         amqp_store = AmqpStore(storage.engine)
         self.amqp091 = Amqp091FrontEnd(self.broker, settings, self.queues, amqp_store, security)

@@ -12,7 +12,7 @@
   A node delivers what it receives to its own subscribers only.
 - Retained messages: the publishing node writes them (the broker's write-behind); after the commit
   the changed topics are announced and the other nodes reload them from the table.
-- Sessions: the :class:`~trimaran.broker.sessions.SessionDirectory` port, ``cluster_sessions`` says
+- Sessions: the :class:`~trimaran.broker.holders.SessionHolders` port, ``cluster_sessions`` says
   which node holds a client's session; taking it over asks the holder on its channel and waits for
   its reply (or the time-out).
 
@@ -35,8 +35,8 @@ import psycopg
 from anyio.abc import TaskGroup, TaskStatus
 
 from trimaran.broker.core import Broker
+from trimaran.broker.holders import HandOver
 from trimaran.broker.message import Message
-from trimaran.broker.sessions import HandOver
 from trimaran.cluster.routes import RouteTable
 from trimaran.cluster.wire import (
     FORWARD,
@@ -219,7 +219,7 @@ class ClusterNode:
         self._route_changes[key] = added
         self._wake.set()
 
-    # -- the deck's SessionDirectory port -------------------------------------------------------
+    # -- the deck's SessionHolders port --------------------------------------------------------
 
     async def owned(self, client_ids: list[str]) -> set[str]:
         return await anyio.to_thread.run_sync(

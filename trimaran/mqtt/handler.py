@@ -31,9 +31,9 @@ from trimaran.broker.events import (
     SUBSCRIPTION_CREATED,
     SUBSCRIPTION_REMOVED,
 )
+from trimaran.broker.holders import SessionHolders
 from trimaran.broker.message import PROTOCOL_MQTT, Message
 from trimaran.broker.router import Delivery, SubscriptionOptions
-from trimaran.broker.sessions import SessionDirectory
 from trimaran.config import Settings
 from trimaran.mqtt.conn import MqttConn
 from trimaran.mqtt.connection import (
@@ -192,15 +192,15 @@ class MqttFrontEnd:
         self.security = security if security is not None else Security(settings.auth)
         self.security.on_reload(self._recheck_all)
         # Several nodes: which node holds each session (app.py sets it; alone, every session is ours).
-        self.directory: SessionDirectory | None = None
+        self.holders: SessionHolders | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         if self.store is not None:
             stored = await anyio.to_thread.run_sync(self.store.load_sessions)
-            if self.directory is not None:
-                mine = await self.directory.owned([row.client_id for row in stored])
+            if self.holders is not None:
+                mine = await self.holders.owned([row.client_id for row in stored])
                 stored = [row for row in stored if row.client_id in mine]
             self._restore(stored)
         task_status.started()
@@ -338,8 +338,8 @@ class MqttFrontEnd:
             client_id=request.client_id,
             peer=conn.peer,
         )
-        if self.directory is not None:
-            return self._connect_held(conn, request, verdict, self.directory)
+        if self.holders is not None:
+            return self._connect_held(conn, request, verdict, self.holders)
         return on_login(
             verdict, lambda login: self._connect(conn, request, login), lambda: not conn.mqtt.closed
         )
@@ -349,13 +349,13 @@ class MqttFrontEnd:
         conn: MqttConn,
         request: ConnectRequest,
         verdict: Login | Awaitable[Login],
-        directory: SessionDirectory,
+        holders: SessionHolders,
     ) -> None:
         """Several nodes: the session is made ours (taken over from the node holding it, loaded from
         storage) before the CONNACK says whether one is present."""
         login = verdict if isinstance(verdict, Login) else await verdict
         client_id = request.client_id
-        if login.ok and not conn.mqtt.closed and await directory.acquire(client_id):
+        if login.ok and not conn.mqtt.closed and await holders.acquire(client_id):
             stale = self.endpoints.get(client_id)
             if stale is not None and stale.conn is None:
                 self.broker.router.unsubscribe_all(stale)
@@ -365,7 +365,7 @@ class MqttFrontEnd:
         if not conn.mqtt.closed:
             self._connect(conn, request, login)
             if client_id in self.endpoints:
-                directory.held(client_id)  # a clean start ended the old session, not the hold
+                holders.held(client_id)  # a clean start ended the old session, not the hold
 
     async def hand_over(self, client_id: str) -> None:
         """Another node takes ``client_id`` over: its client here is disconnected (0x8E), its session
@@ -562,8 +562,8 @@ class MqttFrontEnd:
             self._publish_will(pending[1])  # the session ended before the will delay did
         self._deleted.add(endpoint.client_id)
         self._dirty.discard(endpoint.client_id)
-        if self.directory is not None:
-            self.directory.released(endpoint.client_id)
+        if self.holders is not None:
+            self.holders.released(endpoint.client_id)
 
     def _hand_over_shared(self, session: Session) -> None:
         """A share member's session ended: its unacknowledged shared messages go to another member."""

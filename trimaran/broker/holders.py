@@ -1,8 +1,9 @@
-"""The deck's port for where a persistent session lives when several nodes share one database.
+"""The deck's port for which node holds a persistent session when several nodes share one database.
 
-A front end that keeps sessions (MQTT) asks the directory before it resumes or creates one, so a
-session is held by one node at a time; ``trimaran.cluster`` implements it, app.py wires it. Alone, a
-node has no directory and holds every session it stored.
+A front end that keeps sessions (MQTT) asks it before it resumes or creates one, so a session is
+held by one node at a time; ``trimaran.cluster`` implements it, app.py wires it. Alone, a node has
+none and holds every session it stored. (Which sessions there are, for the admin API, is the other
+port, ``SessionDirectory``.)
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ HandOver = Callable[[str], Awaitable[None]]
 session to storage, forget it) because another node takes it over."""
 
 
-class SessionDirectory(Protocol):
+class SessionHolders(Protocol):
     async def owned(self, client_ids: list[str]) -> set[str]:
         """Which of the stored sessions this node holds (and restores at start)."""
 
