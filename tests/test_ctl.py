@@ -1,11 +1,12 @@
-"""``trimaran status|clients|sessions|queues|auth`` against a real server, and the admin API fixes they
-rely on: kick by client id, ``next`` links under names with '/', reason phrases."""
+"""``trimaran status|clients|sessions|queues|webhooks|auth`` against a real server, and the admin API
+fixes they rely on: kick by client id, ``next`` links under names with '/', reason phrases."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -23,9 +24,25 @@ TOKEN = "ctl-token"
 ARGS = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "off", "--http", "127.0.0.1:0"]
 
 
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+# Nobody listens here: the endpoint fails from the first client.connected event.
+WEBHOOK_URL = f"http://127.0.0.1:{_closed_port()}/hook"
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    env = {"TRIMARAN_HTTP__TOKENS": json.dumps([TOKEN]), "TRIMARAN_LIMITS__SYS_INTERVAL": "0"}
+    env = {
+        "TRIMARAN_HTTP__TOKENS": json.dumps([TOKEN]),
+        "TRIMARAN_LIMITS__SYS_INTERVAL": "0",
+        "TRIMARAN_WEBHOOKS__ENDPOINTS": json.dumps([{"url": WEBHOOK_URL, "events": ["client.connected"]}]),
+        "TRIMARAN_WEBHOOKS__FLUSH_TIMEOUT_S": "0.2",
+    }
     running = RunningServer(ARGS, cwd=tmp_path_factory.mktemp("ctl"), env=env).start()
     try:
         yield running
@@ -231,6 +248,27 @@ def test_auth_reload(ctl: Callable[..., subprocess.CompletedProcess[str]], serve
     assert result.stdout.strip() == "users and rules reloaded"
     assert json.loads(ctl("auth", "reload", "--json").stdout)["ok"] is True
     wait_for(lambda: "auth: reloaded" in server.output())
+
+
+def test_webhooks_list(ctl: Callable[..., subprocess.CompletedProcess[str]], mqtt: Endpoints) -> None:
+    client = connect(mqtt, "shell-hook", version=V5)  # one client.connected event for the endpoint
+    client.client.loop_stop()
+
+    def listed() -> list[dict[str, Any]]:
+        result = ctl("webhooks", "list", "--json")
+        assert result.returncode == 0, result.stderr
+        items: list[dict[str, Any]] = json.loads(result.stdout)
+        return items
+
+    wait_for(lambda: not listed()[0]["healthy"])
+    (hook,) = listed()
+    assert hook["name"] == "webhook-0" and hook["url"] == WEBHOOK_URL.removesuffix("hook") + "…"
+    assert hook["events"] == ["client.connected"] and "cannot connect" in hook["last_error"]
+    result = ctl("webhooks", "list")
+    assert result.returncode == 0, result.stderr
+    header, row = result.stdout.splitlines()
+    assert header.split()[:4] == ["NAME", "URL", "STATE", "BREAKER"]
+    assert row.startswith("webhook-0") and "failing (" in row and "cannot connect" in row and "never" in row
 
 
 def test_table_aligns_columns() -> None:

@@ -46,9 +46,10 @@ SANS_IO = [
 PURE_MODULES = {"trimaran"} | {"trimaran." + path.removesuffix(".py").replace("/", ".") for path in SANS_IO}
 
 
-def imported_modules(path: Path) -> set[str]:
-    """Every module a file imports; ``from pkg import name`` counts as ``pkg.name``."""
-    tree = ast.parse(path.read_text(), str(path))
+def imported_modules(path: Path, source: str | None = None) -> set[str]:
+    """Every module a file imports; ``from pkg import name`` counts as ``pkg.name``. ``source``: read
+    that instead of the file, as if it were the file's text (relative imports resolve from ``path``)."""
+    tree = ast.parse(path.read_text() if source is None else source, str(path))
     names: set[str] = set()
     package = "trimaran." + str(path.parent.relative_to(PACKAGE)).replace("/", ".")
     for node in ast.walk(tree):

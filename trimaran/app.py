@@ -6,12 +6,14 @@ flush what was acknowledged, close storage.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import secrets
 import signal
 import ssl
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -19,20 +21,25 @@ import anyio.to_thread
 
 from trimaran import __version__
 from trimaran.admin import ui as management_page
+from trimaran.admin.api import AdminApi
+from trimaran.admin.http import HttpServer
+from trimaran.admin.telemetry import FRONT_ENDS, Telemetry
+from trimaran.admin.view import NotReady, QueueOps, Readiness, ServerCounts
+from trimaran.admin.webhooks import Webhooks
 from trimaran.amqp091.handler import Amqp091FrontEnd
 from trimaran.amqp1.handler import Amqp1FrontEnd
-from trimaran.broker.api import AdminApi
+from trimaran.broker.clients import ClientRegistry
 from trimaran.broker.core import Broker
-from trimaran.broker.http import HttpServer
-from trimaran.broker.telemetry import Telemetry
-from trimaran.broker.webhooks import Webhooks
+from trimaran.broker.message import Message
+from trimaran.broker.router import Subscription
+from trimaran.broker.sessions import SessionDirectory
 from trimaran.config import ConfigError, Endpoint, Settings, check_settings
 from trimaran.errors import bind_failure
 from trimaran.mqtt.handler import MqttFrontEnd
 from trimaran.net.listeners import Listener, ProtocolListener, amqp_port
 from trimaran.net.tls import server_tls_context
 from trimaran.net.websocket import WebSocketMachine
-from trimaran.queue.manager import QueueManager
+from trimaran.queue.manager import PublishResult, QueueManager
 from trimaran.runtime.machine import Machine
 from trimaran.runtime.runner import Runner, RuntimeLimits
 from trimaran.runtime.transport import Conn, Hull, HullFactory
@@ -74,7 +81,7 @@ class App:
         self._tls: ssl.SSLContext | None = None
         self._stop = anyio.Event()
         self.telemetry = Telemetry(settings.telemetry, node=settings.node_name)
-        self.api = AdminApi(self)
+        self.api = AdminApi(self, settings.http, self.telemetry)  # the app as trimaran.admin.view.AdminView
         self.api.register(self.http)
         management_page.register(self.http)
 
@@ -176,6 +183,10 @@ class App:
                         except OSError as exc:
                             raise bind_failure(listener.name, str(listener.endpoint), exc) from None
                     self.ready = True
+                    # What start-up built (modules, settings, restored sessions) lives as long as the
+                    # server: out of the collector's sight, a full collection walks only what came
+                    # later, so thousands of connecting clients no longer pay for the whole heap.
+                    gc.freeze()
                     log.info("trimaran ready")
                     await self._stop.wait()
                     self.ready = False
@@ -235,6 +246,91 @@ class App:
                         self.security.reload()  # users and rules; no connection is dropped
                     continue
                 self.request_stop()
+
+    # -- what the admin API sees (trimaran.admin.view.AdminView) ---------------------------------
+
+    @property
+    def node(self) -> str:
+        return self.settings.node_name
+
+    async def readiness(self) -> Readiness:
+        storage = self.storage
+        checks: dict[str, Any] = {
+            "storage": storage is not None and await storage.aping(self.settings.storage.ready_timeout_s),
+            "listeners": {
+                listener.name: str(listener.bound) if listener.bound else None for listener in self.listeners
+            },
+            "accepting": self.ready,
+        }
+        broker = self.broker
+        if broker is not None and broker.retained_write_error is not None:
+            # retained messages PUBACKed but not on disk: kept in memory and retried, not ready
+            unwritten, error = broker.retained_unwritten, broker.retained_write_error
+            checks["retained_writes"] = f"failing ({unwritten} unwritten): {error}"
+        ok = (
+            bool(checks["storage"])
+            and self.ready
+            and all(checks["listeners"].values())
+            and "retained_writes" not in checks
+        )
+        return Readiness(ok, checks)
+
+    def counts(self) -> ServerCounts:
+        broker = self._deck()
+        stats = broker.stats
+        return ServerCounts(
+            connections={**dict.fromkeys(FRONT_ENDS, 0), **broker.clients.count_by_protocol()},
+            sessions=self.mqtt.session_count() if self.mqtt is not None else 0,
+            subscriptions=broker.router.count(),
+            retained=broker.retained.count(),
+            queues=len(self.queues.queues) if self.queues is not None else 0,
+            messages={
+                "received": stats.messages_received,
+                "sent": stats.messages_sent,
+                "dropped": stats.messages_dropped,
+                "routed": stats.publish_routed,
+            },
+            bytes={"received": stats.bytes_received, "sent": stats.bytes_sent},
+        )
+
+    def clients(self) -> ClientRegistry:
+        return self._deck().clients
+
+    def subscriptions(self) -> Iterator[Subscription[Any]]:
+        return self._deck().router.iter_subscriptions()
+
+    def publish(self, message: Message) -> int:
+        broker = self._deck()
+        broker.stats.messages_received += 1
+        return broker.publish(message)
+
+    async def publish_to_queue(self, queue: str, message: Message, routing_key: str) -> PublishResult:
+        result = await self.queue_ops().publish(queue, message, routing_key)
+        self._deck().stats.messages_received += 1
+        return result
+
+    def queue_ops(self) -> QueueOps:
+        if self.queues is None:
+            raise NotReady("queues")
+        return self.queues
+
+    def session_directory(self) -> SessionDirectory:
+        if self.mqtt is None:
+            raise NotReady("sessions")
+        return self.mqtt
+
+    async def cluster_nodes(self) -> dict[str, Any] | None:
+        return None if self.cluster is None else await self.cluster.describe()
+
+    def reload_security(self) -> bool:
+        if self.security is None:
+            raise NotReady("security")
+        return self.security.reload()
+
+    def _deck(self) -> Broker:
+        if self.broker is None:
+            raise NotReady("broker")
+        return self.broker
 
     def _tls_context(self) -> ssl.SSLContext | None:
         bind = self.settings.listeners

@@ -1,6 +1,6 @@
 """Command line: ``trimaran serve | config show|example | db upgrade|current | audit | export |
-passwd add|remove|list | version`` and the admin API's client (``status``, ``clients``,
-``sessions``, ``queues``, ``auth reload``: trimaran/ctl.py).
+users list|add|delete|set-password | passwd add|remove|list | version`` and the admin API's client
+(``status``, ``clients``, ``sessions``, ``queues``, ``webhooks``, ``auth reload``: trimaran/ctl.py).
 
 Every failure a person can cause ends in one line on stderr and a non-zero status: 2 for settings,
 files, ports and databases (and usage errors, with a "did you mean"), no traceback.
@@ -143,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     _command(commands, "version", "print the version")
     ctl.add_commands(commands, common, _command)
 
+    from trimaran.security.cli import add_users_command
+
+    add_users_command(commands, _command, [common, ctl.admin_options()])
+
     passwd = _command(
         commands, "passwd", "manage a password file (auth.password_file, mosquitto_passwd's format)"
     )
@@ -222,6 +226,12 @@ def _main(argv: list[str] | None) -> int:
         return _db(settings, args.db_command)
     if args.command in ctl.COMMANDS:
         return ctl.run(args, settings)
+    if args.command == "users":
+        from trimaran.security.cli import Reloaded, run_users
+
+        return run_users(
+            args, settings.auth.password_file, lambda: Reloaded(*ctl.reload_auth(args, settings))
+        )
     if args.command in ("audit", "export"):
         missing = _analytics_missing()
         if missing is not None:

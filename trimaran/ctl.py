@@ -1,6 +1,6 @@
 """The admin API from the shell, as ``rabbitmqctl`` and ``emqx ctl`` are: ``trimaran status``,
 ``clients list|show|kick``, ``sessions list|show|delete``, ``queues list|show|peek|purge|redrive|delete``,
-``auth reload``.
+``webhooks list``, ``auth reload``.
 
 Each command is one or a few calls to ``/api/v1`` on a running server (stdlib ``urllib``, nothing
 to install). The address and the token default to the settings the server reads (``http.bind``,
@@ -27,7 +27,7 @@ from urllib.parse import quote, urlencode, urljoin
 
 from trimaran.config import Settings
 
-COMMANDS = ("status", "clients", "sessions", "queues", "auth")
+COMMANDS = ("status", "clients", "sessions", "queues", "webhooks", "auth")
 TOKEN_ENV = "TRIMARAN_ADMIN_TOKEN"
 EXIT_ANSWERED_ERROR = 1
 EXIT_UNREACHABLE = 2
@@ -37,20 +37,26 @@ AddCommand = Callable[..., argparse.ArgumentParser]
 
 
 class CtlError(Exception):
-    def __init__(self, message: str, status: int) -> None:
+    def __init__(self, message: str, status: int, *, answered: bool = True) -> None:
         super().__init__(message)
         self.status = status
+        self.answered = answered  # False: no server answered at all
 
 
 # -- the command line -------------------------------------------------------------------------------
 
 
-def add_commands(commands: Any, common: argparse.ArgumentParser, command: AddCommand) -> None:
+def admin_options() -> argparse.ArgumentParser:
+    """--url, --token and --json: how a command reaches a running server's admin API."""
     admin = argparse.ArgumentParser(add_help=False)
     admin.add_argument("--url", help="the admin API's base URL (default: from http.bind)")
     admin.add_argument("--token", help=f"bearer token (default: ${TOKEN_ENV}, then the first http.tokens)")
     admin.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
-    parents = [common, admin]
+    return admin
+
+
+def add_commands(commands: Any, common: argparse.ArgumentParser, command: AddCommand) -> None:
+    parents = [common, admin_options()]
 
     command(commands, "status", "a running server's version, uptime, readiness and counts", parents=parents)
 
@@ -86,6 +92,15 @@ def add_commands(commands: Any, common: argparse.ArgumentParser, command: AddCom
     redrive.add_argument("--limit", type=int, help="move at most this many (default: all)")
     command(sub, "delete", "delete a queue and its messages", parents=parents).add_argument("name")
 
+    webhooks = command(commands, "webhooks", "webhook endpoints of a running server")
+    sub = webhooks.add_subparsers(dest="action", required=True)
+    command(
+        sub,
+        "list",
+        "each endpoint: healthy or failing, last error, last success, queued, sent, dropped",
+        parents=parents,
+    )
+
     auth = command(commands, "auth", "users and access rules of a running server")
     sub = auth.add_subparsers(dest="action", required=True)
     command(sub, "reload", "read auth.password_file and auth.acl_file again, as SIGHUP does", parents=parents)
@@ -98,6 +113,23 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     except CtlError as exc:
         print(f"trimaran: {exc}", file=sys.stderr)
         return exc.status
+
+
+def reload_auth(args: argparse.Namespace, settings: Settings) -> tuple[bool, str]:
+    """Ask a running server to read its password and rule files again (``trimaran users`` after a
+    change). (True, what happened) when it did, or when no server answers: that is no failure, the
+    file is read at the next start. (False, why) when a server answered and did not reload."""
+    try:
+        url = _base_url(args, settings)
+    except CtlError:
+        return True, "no admin API in these settings (http.bind is off): send the server SIGHUP"
+    try:
+        answer = AdminClient(url, _token(args, settings)).call("POST", "/api/v1/auth/reload")
+    except CtlError as exc:
+        if not exc.answered:
+            return True, f"no server answers at {url}: the file is read at its next start, or on SIGHUP"
+        return False, f"the server at {url} did not reload: {exc}; send it SIGHUP"
+    return True, f"the server at {url} reloaded ({answer.get('detail', 'done')})"
 
 
 def _base_url(args: argparse.Namespace, settings: Settings) -> str:
@@ -143,7 +175,7 @@ class AdminClient:
         except (urllib.error.URLError, OSError) as error:
             reason = getattr(error, "reason", error)
             raise CtlError(
-                f"cannot reach the admin API at {self.base_url}: {reason}", EXIT_UNREACHABLE
+                f"cannot reach the admin API at {self.base_url}: {reason}", EXIT_UNREACHABLE, answered=False
             ) from None
 
     def pages(self, path: str, query: dict[str, str] | None = None) -> list[dict[str, Any]]:
@@ -224,6 +256,8 @@ def _dispatch(client: AdminClient, args: argparse.Namespace) -> int:
             answer = client.call("POST", f"{path}/redrive", {"limit": args.limit})
             return _show_count(answer, as_json, f"moved {answer['count']} messages back to {args.name}")
         return _show_done(client.call("DELETE", path), as_json)
+    if command == "webhooks":
+        return _show_list(client.pages("/api/v1/webhooks"), as_json, WEBHOOK_COLUMNS)
     if command == "auth":
         return _show_done(client.call("POST", "/api/v1/auth/reload"), as_json)
     raise AssertionError(command)
@@ -246,7 +280,11 @@ def _field(name: str) -> Callable[[dict[str, Any]], object]:
 
 
 def _age(name: str) -> Callable[[dict[str, Any]], object]:
-    return lambda item: _duration(time.time() - item[name] / 1000) if item.get(name) else None
+    return lambda item: _since(item[name]) if item.get(name) else None
+
+
+def _since(epoch_ms: int) -> str:
+    return _duration(time.time() - epoch_ms / 1000)
 
 
 CLIENT_COLUMNS: list[Column] = [
@@ -289,6 +327,20 @@ GROUP_COLUMNS: list[Column] = [
     ("PENDING", _field("pending")),
     ("LAG", _field("lag")),
     ("CONSUMERS", _field("consumers")),
+]
+WEBHOOK_COLUMNS: list[Column] = [
+    ("NAME", _field("name")),
+    ("URL", _field("url")),
+    ("STATE", lambda w: "healthy" if w["healthy"] else f"failing ({w['consecutive_failures']} in a row)"),
+    ("BREAKER", _field("breaker")),
+    ("LAST ERROR", lambda w: _clip(w["last_error"], 40) if w["last_error"] else None),
+    (
+        "LAST SUCCESS",
+        lambda w: f"{_since(w['last_success_at_ms'])} ago" if w["last_success_at_ms"] else "never",
+    ),
+    ("QUEUED", _field("queued")),
+    ("SENT", _field("sent")),
+    ("DROPPED", _field("dropped")),
 ]
 MESSAGE_COLUMNS: list[Column] = [
     ("OFFSET", _field("offset")),

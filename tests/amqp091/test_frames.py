@@ -420,3 +420,52 @@ def test_mutated_frames_raise_only_protocol_error(method: spec.Method, data: st.
             encode_frame(f)  # whatever decodes must encode again
     except spec.ProtocolError:
         pass
+
+
+# --------------------------------------------------------------------------------------------
+# A whole publish in one step
+
+
+PUBLISH = spec.BasicPublish(exchange="x", routing_key="k")
+PROPS = BasicProperties(content_type="text/plain", headers={"n": 1})
+
+
+def test_a_whole_publish_decodes_in_one_step_as_its_three_frames_do() -> None:
+    data = encode_content(3, PUBLISH, PROPS, b"body", frame_max=4096) + HEARTBEAT_FRAME
+    decoder = FrameDecoder(4096)
+    decoder.feed(data)
+    assert decoder.publish_channel() == 3
+    assert decoder.next_publish(1 << 20) == (PUBLISH, PROPS, b"body")
+    assert decoder.next_frame() == HeartbeatFrame(0)  # what follows is left where it was
+    empty = encode_content(2, PUBLISH, None, b"", frame_max=4096)
+    decoder.feed(empty)
+    assert decoder.next_publish(1 << 20) == (PUBLISH, BasicProperties(), b"")
+    assert decoder.buffered == 0
+
+
+@pytest.mark.parametrize(
+    "why",
+    ["cut", "split body", "other channel", "too large", "bad method", "not a publish"],
+)
+def test_anything_but_a_whole_plain_publish_is_left_to_next_frame(why: str) -> None:
+    body = b"x" * 100
+    data = encode_content(1, PUBLISH, PROPS, body, frame_max=4096)
+    max_body = 1 << 20
+    if why == "cut":
+        data = data[:-1]
+    elif why == "split body":
+        data = encode_content(1, PUBLISH, PROPS, body, frame_max=64)
+    elif why == "other channel":
+        method = encode_method(1, PUBLISH)
+        data = method + encode_content(2, PUBLISH, PROPS, body, frame_max=4096)[len(method) :]
+    elif why == "too large":
+        max_body = 99
+    elif why == "bad method":
+        data = data[:13] + b"\xff" + data[14:]  # the exchange name's length overruns the frame
+    else:
+        data = encode_method(1, spec.BasicQos(prefetch_count=1)) + data
+    decoder = FrameDecoder(4096)
+    decoder.feed(data)
+    if decoder.publish_channel():
+        assert decoder.next_publish(max_body) is None
+    assert decoder.buffered == len(data)  # nothing consumed

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import os
+import re
 import shutil
 import signal
 import socket
@@ -307,6 +308,42 @@ def test_slice_count_spreads_large_tables_over_the_cores() -> None:
     assert slice_count(ROWS_PER_SLICE, 8) == 8  # one slice per core
     assert slice_count(ROWS_PER_SLICE, 1) == 1
     assert slice_count(40 * ROWS_PER_SLICE, 8) == 40  # no slice much above ROWS_PER_SLICE
+
+
+PROGRESS = re.compile(r"audit: (spark|read|replay|report) +.+ \(\d+\.\d s\)")
+
+
+@pytest.fixture(scope="module")
+def empty_db(tmp_path_factory: pytest.TempPathFactory) -> str:
+    url = f"sqlite:///{tmp_path_factory.mktemp('empty') / 'trimaran.db'}"
+    subprocess.run([sys.executable, "-m", "trimaran", "db", "upgrade", "--storage", url], check=True)
+    return url
+
+
+def test_a_quiet_audit_prints_its_progress_and_keeps_sparks_output_in_a_log(
+    empty_db: str, tmp_path: Path
+) -> None:
+    done = audit("--storage", empty_db, "--master", "local[1]", "--no-charts", "-o", "report", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr[-5000:]
+    lines = done.stderr.splitlines()
+    assert [PROGRESS.fullmatch(line) is not None for line in lines] == [True] * 4, done.stderr
+    assert [line.split()[1] for line in lines] == ["spark", "read", "replay", "report"]
+    assert lines[0].startswith("audit: spark  started on local[1], 1 shuffle partitions (")
+    assert lines[1].startswith("audit: read   0 events of 0 queues (")
+    log = (tmp_path / "report" / "spark.log").read_text()
+    assert "log4j" in log  # the JVM's own start-up lines went there, not to the terminal
+    assert "0 messages, 0 events replayed in" in done.stdout
+
+
+def test_a_verbose_audit_shows_sparks_own_output(empty_db: str, tmp_path: Path) -> None:
+    options = ["--master", "local[1]", "--no-charts", "-o", "report", "--verbose"]
+    done = audit("--storage", empty_db, *options, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr[-5000:]
+    lines = done.stderr.replace("\r", "\n").splitlines()
+    ours = [line for line in lines if PROGRESS.fullmatch(line)]
+    assert [line.split()[1] for line in ours] == ["spark", "read", "replay", "report"]
+    assert "log4j" in done.stderr and len(lines) > len(ours)
+    assert not (tmp_path / "report" / "spark.log").exists()
 
 
 @pytest.mark.parametrize("how", ["flag", "environment", "trimaran.toml"])

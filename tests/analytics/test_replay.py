@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,11 +14,13 @@ import pandas as pd
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from trimaran.analytics.replay import INVARIANTS, AuditResult, _commits_beyond, replay, run_audit
+from trimaran.analytics.replay import INVARIANTS, AuditResult, Progress, _commits_beyond, replay, run_audit
 from trimaran.analytics.source import TABLES, Selection, read_tables
 
 
-def test_broker_tables_audit_clean(spark: SparkSession, broker_db: str, tmp_path: Path) -> None:
+def test_broker_tables_audit_clean(
+    spark: SparkSession, broker_db: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     args = argparse.Namespace(
         parquet=None,
         since=None,
@@ -33,6 +37,35 @@ def test_broker_tables_audit_clean(spark: SparkSession, broker_db: str, tmp_path
     assert failed == {}
     assert code == 0
     assert set(summary["invariants"]) == set(INVARIANTS)
+
+    # One progress line per phase on stderr, with its counts and seconds (the session was given:
+    # no "spark" line); the verdict stays on stdout.
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert [line.split()[1] for line in lines] == ["read", "replay", "report"], err
+    assert all(re.fullmatch(r"audit: \w+ +.+ \(\d+\.\d s\)", line) for line in lines), err
+    counts = summary["counts"]
+    queues = len({row["queue"] for row in summary["outcomes"]})
+    assert f"read   {counts['events']:,} events of {queues} queues (" in lines[0]
+    assert f"replay {counts['messages']:,} messages ({counts['group_message_pairs']:,} lives" in lines[1]
+    assert re.search(r", 0 violations \(\d+\.\d s\)$", lines[1]), lines[1]
+    charts = len(list((tmp_path / "report" / "charts").glob("*.png")))
+    assert f"report {tmp_path / 'report'}/index.html, {charts} charts, " in lines[2] and charts > 0
+    assert "audit:" not in out and "replayed in" in out
+
+
+def test_progress_says_each_phase_with_its_own_seconds() -> None:
+    now = iter([10.0, 12.5, 12.6, 20.0])
+    stream = io.StringIO()
+    progress = Progress(stream, clock=lambda: next(now))
+    progress.done("spark", "started on local[2], 2 shuffle partitions")
+    progress.done("read", "1,204 events of 3 queues")
+    progress.done("replay", "1 message (1 lives in consumer groups), 1 violation")
+    assert stream.getvalue().splitlines() == [
+        "audit: spark  started on local[2], 2 shuffle partitions (2.5 s)",
+        "audit: read   1,204 events of 3 queues (0.1 s)",
+        "audit: replay 1 message (1 lives in consumer groups), 1 violation (7.4 s)",
+    ]
 
 
 # -- faults injected into copies of the broker's tables ---------------------------------------------

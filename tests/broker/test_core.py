@@ -11,10 +11,10 @@ from typing import Any
 import anyio
 import pytest
 
+from trimaran.admin.telemetry import Telemetry
 from trimaran.broker.core import Broker
 from trimaran.broker.message import Message
 from trimaran.broker.router import Delivery, SubscriptionOptions
-from trimaran.broker.telemetry import Telemetry
 from trimaran.config import TelemetrySettings
 from trimaran.storage.mqtt_store import MqttStore
 from trimaran.storage.store import Storage

@@ -12,10 +12,12 @@ from tests.mqtt.mqtt_strategies import connects, level_and_packets, levels, pack
 from trimaran.mqtt.codec import (
     MAX_VARINT,
     NEED_DATA,
+    NO_PROPERTIES,
     Decoder,
     ProtocolError,
     decode_varint,
     encode,
+    encode_plain_publish,
     encode_varint,
 )
 from trimaran.mqtt.packets import Packet, PingReq, Publish
@@ -188,3 +190,27 @@ def test_decoder_releases_its_buffer() -> None:
     decoder.feed(b"\xc0\x00\xc0")
     assert decode_all(decoder) == [PingReq()]
     assert decoder.buffered == 1
+
+
+@given(
+    topic=st.text(st.characters(blacklist_characters="\x00", blacklist_categories=["Cs"]), max_size=40),
+    payload=st.binary(max_size=300),
+    qos=st.integers(0, 2),
+    retain=st.booleans(),
+    dup=st.booleans(),
+    packet_id=st.integers(1, 0xFFFF),
+    level=levels,
+)
+def test_plain_publish_encodes_as_a_publish_without_properties(
+    topic: str, payload: bytes, qos: int, retain: bool, dup: bool, packet_id: int, level: int
+) -> None:
+    pid = packet_id if qos else None
+    expected = encode(Publish(topic, payload, qos, retain, dup, pid, NO_PROPERTIES), level)
+    assert encode_plain_publish(topic, payload, qos, retain, dup, pid, level) == expected
+
+
+def test_plain_publish_refuses_what_encode_refuses() -> None:
+    with pytest.raises(ValueError):
+        encode_plain_publish("a\x00b", b"", 0, False, False, None, 4)
+    with pytest.raises(ValueError):
+        encode_plain_publish("t", b"", 1, False, False, None, 4)

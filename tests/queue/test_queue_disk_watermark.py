@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from tests.queue.conftest import Collector, Factory, wait_until
+from trimaran.admin.telemetry import Telemetry
 from trimaran.amqp1.handler import refusal_condition
 from trimaran.amqp1.performatives import RESOURCE_LIMIT_EXCEEDED
 from trimaran.broker.message import Message
-from trimaran.broker.telemetry import Telemetry
 from trimaran.config import TelemetrySettings
 from trimaran.mqtt.queues import _refusal_code
 from trimaran.mqtt.reason_codes import ReasonCode

@@ -15,6 +15,7 @@ from trimaran.broker.message import Message
 from trimaran.config import QueuePolicySettings
 from trimaran.queue import QueueManager, reject_by_id
 from trimaran.queue.manager import ConsumerHandle, settle_by_id_now
+from trimaran.queue.outcomes import DeadLetter
 from trimaran.storage import queue_store
 from trimaran.storage.writer import WriteBatch
 
@@ -104,7 +105,7 @@ async def reject_by_message_id(manager: QueueManager, h: ConsumerHandle) -> None
 
 
 async def reject_by_id_now(manager: QueueManager, h: ConsumerHandle) -> None:
-    ok, ticket = settle_by_id_now(manager, "reject", "tmp:0", reason="invalid")
+    ok, ticket = settle_by_id_now(manager, DeadLetter("invalid"), "tmp:0")
     assert ok and ticket is not None  # something durable to wait for
     await ticket.wait()
 
@@ -327,12 +328,12 @@ async def test_shared_compaction_keeps_messages_of_a_queue_with_no_group_yet(
     async with a.running():
         await a.declare(DLQ)
         await a.publish(DLQ, msg(b"kept", topic=f"$queue/{DLQ}"))
-        await a._write(WriteBatch(calls=[queue_store.compact_shared(DLQ)]))
+        await a.journal.write(WriteBatch(calls=[queue_store.compact_shared(DLQ)]))
         assert len(queue_store.stored_offsets(a.storage.engine, DLQ)) == 1
         d = Collector("d")
         hd = a.consume(DLQ, d)
         hd.add_credit(1)
         await wait_until(lambda: len(d.deliveries) == 1)
         assert await hd.ack(d.deliveries[0].offset)
-        await a._write(WriteBatch(calls=[queue_store.compact_shared(DLQ)]))
+        await a.journal.write(WriteBatch(calls=[queue_store.compact_shared(DLQ)]))
         assert queue_store.stored_offsets(a.storage.engine, DLQ) == []  # done by its one group

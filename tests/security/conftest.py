@@ -29,9 +29,11 @@ topic readwrite bob/#
 topic readwrite public/#
 topic all $queue/invoices/#
 topic all $queue/payroll/#
+topic all $queue/bob-dl/#
 topic all $queue/events/#
 topic read $queue/$dlq/payroll/#
 topic configure $exchange/bob-x
+topic write $exchange/bob-x
 user carol
 topic all $queue/#
 pattern readwrite clients/%c/#

@@ -131,6 +131,23 @@ def test_custom_exchanges_need_configure_and_leave_out_unwritable_queues(
     assert bob.queue_declare("invoices", passive=True).method.message_count == 0
 
 
+def test_a_dead_letter_exchange_needs_write_on_it(open_as: Callable[[str], Any]) -> None:
+    bob = open_as("bob").channel()
+    bob.queue_declare("invoices", durable=True)
+    bob.queue_purge("invoices")
+    alice = open_as("alice")
+    # Her own queue, dead-lettering into bob's through the default exchange: refused at declare,
+    # before any message of hers could be posted there by the server.
+    channel = alice.channel()
+    forged = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "invoices"}
+    reply_code, reply_text = refused(lambda: channel.queue_declare("alice-work", arguments=forged))
+    assert reply_code == 403 and "$exchange/amq.default" in reply_text
+    # bob may write bob-x: his queue dead-letters through it.
+    bob.exchange_declare("bob-x", "fanout")
+    bob.queue_declare("bob-dl", arguments={"x-dead-letter-exchange": "bob-x"})
+    assert bob.queue_declare("invoices", passive=True).method.message_count == 0
+
+
 def test_exclusive_queue_is_locked_for_every_other_connection(
     open_as: Callable[[str], Any], smqtt: Endpoints, secure_server: RunningServer
 ) -> None:

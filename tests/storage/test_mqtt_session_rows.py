@@ -4,7 +4,6 @@ gained since the last save, a row each, never its whole queue on the loop every 
 from __future__ import annotations
 
 import json
-import time
 
 from trimaran.mqtt.handler import session_row
 from trimaran.mqtt.session import OutboundMessage, Session
@@ -38,22 +37,22 @@ def test_filling_session_costs_each_tick_only_what_it_gained(storage_url: str) -
     store = MqttStore(storage.engine)
     try:
         session = Session("offline", expiry_interval=3600, max_queued=20_000)
-        on_loop: list[float] = []
         written: list[int] = []
+        state_sizes: list[int] = []
         for tick in range(100):  # 100 ticks of 100 x 16 KB: 10,000 queued, 160 MB
             for i in range(100):
                 assert session.enqueue(queued(tick * 100 + i))
-            started = time.perf_counter()
             row = session_row(session, 5, True, 1000)
-            on_loop.append(time.perf_counter() - started)
             written.append(len(row.queued))
+            state_sizes.append(len(row.state))
             store.save_sessions([row])
             session.saved_seq = session.queue.next_seq
+        # What a tick costs is what it writes: the 100 messages it gained and a state document that
+        # does not grow with the queue (the whole queue as one JSON document is ~220 MB of text).
+        # Counted, not timed: a timing bound fails on a loaded machine and proves less.
         assert written == [100] * 100
         assert len(session.queue) == 10_000
-        # The whole queue as one JSON document is ~220 MB of text per tick; a tick's rows are 2 MB.
-        # 100 ms is far above what 100 messages take, far below what 10,000 do.
-        assert max(on_loop[50:]) < 0.1, max(on_loop)
+        assert max(state_sizes) == min(state_sizes) < 4096, (min(state_sizes), max(state_sizes))
         assert len(json.loads(row.state)["queue"]) == 0
         again = restore(store, "offline")
         assert [m.topic for m in again.queue] == [f"t/{i}" for i in range(10_000)]

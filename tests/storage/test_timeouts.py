@@ -5,14 +5,15 @@ from __future__ import annotations
 import threading
 import time
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
-from trimaran.broker.api import AdminApi
+from trimaran.app import App
+from trimaran.broker.core import Broker
 from trimaran.config import Settings
 from trimaran.storage.engine import build_engine
 from trimaran.storage.store import Storage
@@ -47,19 +48,19 @@ class HungStorage(Storage):
         return True
 
 
-def _app(storage: Any, broker: Any = None) -> Any:
+def _app(storage: Storage, broker: Any = None) -> App:
+    """An app as if started, with no listener; /readyz is answered by the app (its AdminView)."""
     settings = Settings()
     settings.storage.ready_timeout_s = 0.3
-    app = SimpleNamespace(
-        settings=settings, storage=storage, broker=broker, listeners=[], ready=True, started_at=time.time()
-    )
+    app = App(settings)
+    app.storage, app.broker, app.ready = storage, cast(Broker, broker), True
     return app
 
 
 @pytest.mark.anyio
 async def test_readyz_answers_503_within_its_time_out_when_storage_hangs() -> None:
     storage = HungStorage()
-    api = AdminApi(_app(storage))
+    api = _app(storage).api
     try:
         started = time.monotonic()
         with anyio.fail_after(5):
@@ -80,11 +81,11 @@ class Answering:
 @pytest.mark.anyio
 async def test_readyz_is_503_while_retained_writes_fail() -> None:
     broker = SimpleNamespace(retained_write_error="database is locked", retained_unwritten=3)
-    response = await AdminApi(_app(Answering(), broker)).readyz(None)  # type: ignore[arg-type]
+    response = await _app(cast(Storage, Answering()), broker).api.readyz(None)  # type: ignore[arg-type]
     assert response.status == 503
     assert b"failing (3 unwritten): database is locked" in response.body
     broker.retained_write_error = None
-    response = await AdminApi(_app(Answering(), broker)).readyz(None)  # type: ignore[arg-type]
+    response = await _app(cast(Storage, Answering()), broker).api.readyz(None)  # type: ignore[arg-type]
     assert response.status == 200
 
 

@@ -13,7 +13,7 @@ from trimaran.storage import queue_store
 from trimaran.storage import writer as writer_module
 from trimaran.storage.schema import queue_events
 from trimaran.storage.store import Storage
-from trimaran.storage.writer import GroupCommitWriter, Ticket, WriteBatch
+from trimaran.storage.writer import GroupCommitWriter, Receipt, WriteBatch
 
 
 def _rows(queue: str, offset: int) -> WriteBatch:
@@ -145,7 +145,7 @@ def _settled_in_one_batch() -> WriteBatch:
 def test_message_appended_and_deleted_in_one_transaction_writes_no_row(storage_url: str) -> None:
     """Published and settled within one commit: the message row is neither inserted nor deleted; a
     delete of a row from an earlier transaction still runs, and the events are all kept."""
-    applied = writer_module._merged([Ticket(_settled_in_one_batch(), None, None)])
+    applied = writer_module._merged([Receipt(_settled_in_one_batch(), None, None)])
     assert [row["offset"] for row in applied.messages] == [2]
     assert applied.message_deletes == [("short", 0)]
     assert len(applied.events) == 3

@@ -1,2 +1,5 @@
-"""The admin side: today the management page; the API, HTTP server, telemetry and webhooks move here
-from broker/ in their own step (DESIGN.md's layout)."""
+"""The admin side: the HTTP server and API, the management page, telemetry and webhooks.
+
+It sees the running server through trimaran/admin/view.py's protocols (the app and the MQTT hull
+implement them) and imports no protocol hull (tests/admin/test_imports.py).
+"""

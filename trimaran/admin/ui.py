@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-from trimaran.broker.http import HttpError, HttpServer, Request, Response
+from trimaran.admin.http import HttpError, HttpServer, Request, Response
 
 FILES = {
     "index.html": "text/html; charset=utf-8",

@@ -137,7 +137,8 @@ class Channel:
         self._method = None
         self._properties = None
         self._body_size = self._received = 0
-        self._chunks = []
+        if self._chunks:
+            self._chunks = []
 
     def unexpected_method(self, what: str) -> ProtocolError:
         """The error for a method frame arriving while content is still expected."""

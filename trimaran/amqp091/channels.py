@@ -20,11 +20,11 @@ from trimaran.amqp091.mapping import delivery_address, properties_from_message
 from trimaran.amqp091.properties import BasicProperties
 from trimaran.amqp091.spec import PRECONDITION_FAILED, BasicDeliver, BasicGetOk, BasicPublish, ProtocolError
 from trimaran.queue.manager import ConsumerHandle, QueueDelivery
-from trimaran.queue.outcomes import ACK, RETRY_NOW, DeadLetter, Outcome
+from trimaran.queue.outcomes import ACK, RETRY_NOW, UNSENT, DeadLetter, Outcome
 
 if TYPE_CHECKING:
     from trimaran.amqp091.conn import Amqp091Conn
-    from trimaran.storage.writer import Ticket
+    from trimaran.queue.journal import Receipt
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class ChannelState:
         self.last_queue = ""
         #: The channel's latest durable publish not yet known committed: its own basic.get waits for
         #: it (RabbitMQ orders a channel's publish and get).
-        self.last_write: Ticket | None = None
+        self.last_write: Receipt | None = None
         self.closed = False  # the channel is gone; its consumers are being released
         #: Direct reply-to: the consumer tag on amq.rabbitmq.reply-to and the channel's token.
         self.reply_tag = ""
@@ -167,7 +167,7 @@ class ChannelState:
             return
         handle.set_credit(0)
         if not consumer.no_ack:
-            handle.release_nowait(delivery.offset)
+            handle.settle_nowait(delivery.offset, UNSENT)
 
     def get(self, getter: Getter, message_count: Callable[[], int]) -> bool:
         """basic.get: one delivery if the queue has one ready (get-ok sent), else False."""
@@ -258,13 +258,14 @@ class ChannelState:
         taken = self._take(delivery_tag, multiple, action)
         self.settle_taken(taken, "ack" if action == "ack" else "requeue" if requeue else "reject")
 
-    def settle_taken(self, taken: list[tuple[Consumer, int]], outcome: str) -> None:
+    def settle_taken(self, taken: list[tuple[Consumer, int]], settlement: str) -> None:
         touched: dict[int, Consumer] = {}
+        outcome = basic_outcome(settlement)
         for consumer, offset in taken:
             handle = consumer.handle
             if handle is None or handle.closed:
                 continue
-            handle.settle_nowait(offset, basic_outcome(outcome))
+            handle.settle_nowait(offset, outcome)
             touched[id(consumer)] = consumer
         for consumer in touched.values():
             if consumer.cancelled and not consumer.unacked:

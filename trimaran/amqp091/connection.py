@@ -339,8 +339,20 @@ class ServerConnection:
         """Parse and act on one frame; False if no whole frame is buffered."""
         if self._decoder_broken:
             return False
+        decoder = self._decoder
+        if self.state is ConnectionState.OPEN and (number := decoder.publish_channel()):
+            # The hot path: a whole publish (method, header, body) for a channel waiting for one.
+            ch = self._channels.get(number)
+            if (
+                ch is not None
+                and ch.state is ChannelState.OPEN
+                and ch.content_state is ContentState.AWAIT_METHOD
+                and (content := decoder.next_publish(ch.max_body_size)) is not None
+            ):
+                events.append(ContentReceived(number, *content))
+                return True
         try:
-            frame = self._decoder.next_frame()
+            frame = decoder.next_frame()
         except ProtocolError as exc:
             if exc.reply_code == FRAME_ERROR:
                 # The frame boundary is lost: nothing after this can be trusted.

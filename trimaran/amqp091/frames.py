@@ -118,7 +118,10 @@ def classify_protocol_header(data: bytes) -> ProtocolHeader | Literal[NeedData.N
 _FRAME_HEAD = struct.Struct(">BHI")
 _METHOD_HEAD = struct.Struct(">BHII")
 _HEADER_HEAD = struct.Struct(">BHIHHQ")
+_HEADER_FIELDS = struct.Struct(">HHQ")  # class id, weight, body size
 _SIZE = struct.Struct(">I")
+_PUBLISH_INDEX = (60 << 16) | 40  # basic.publish
+_BASIC = 60
 
 
 class FrameDecoder:
@@ -145,6 +148,68 @@ class FrameDecoder:
 
     def unconsumed(self) -> bytes:
         return bytes(self._buf[self._pos :])
+
+    def publish_channel(self) -> int:
+        """The channel of the basic.publish method frame at the head of the buffer; 0 if the next
+        frame is anything else (or not yet readable)."""
+        buf = self._buf
+        pos = self._pos
+        if len(buf) - pos < 11 or buf[pos] != FRAME_METHOD:
+            return 0
+        _, channel, _, index = _METHOD_HEAD.unpack_from(buf, pos)
+        return channel if index == _PUBLISH_INDEX else 0
+
+    def next_publish(self, max_body_size: int) -> tuple[Method, BasicProperties, bytes] | None:
+        """A basic.publish with its content header and its one body frame, decoded in one step
+        when all three are buffered, well-formed and within the limits: what most messages are,
+        three frames for one event. None leaves them to :meth:`next_frame`, which reads them one
+        at a time and reports whatever is wrong exactly as it would have (call only after
+        :meth:`publish_channel` found a publish)."""
+        buf = self._buf
+        pos = self._pos
+        have = len(buf)
+        fmax = self.frame_max
+        largest = fmax - FRAME_OVERHEAD if fmax else 0xFFFFFFFF
+        _, channel, size, _ = _METHOD_HEAD.unpack_from(buf, pos)
+        method_end = pos + 7 + size
+        head = method_end + 1
+        if size > largest or head + 21 > have or buf[method_end] != FRAME_END:
+            return None
+        ftype, head_channel, size = _FRAME_HEAD.unpack_from(buf, head)
+        head_end = head + 7 + size
+        if ftype != FRAME_HEADER or head_channel != channel or size > largest or head_end >= have:
+            return None
+        class_id, _, body_size = _HEADER_FIELDS.unpack_from(buf, head + 7)
+        if buf[head_end] != FRAME_END or class_id != _BASIC or body_size > max_body_size:
+            return None
+        end = head_end
+        body = b""
+        if body_size:
+            start = head_end + 1
+            if start + 7 > have:
+                return None
+            ftype, body_channel, size = _FRAME_HEAD.unpack_from(buf, start)
+            end = start + 7 + size
+            if ftype != FRAME_BODY or body_channel != channel or size != body_size or size > largest:
+                return None
+            if end >= have or buf[end] != FRAME_END:
+                return None
+            if size < 16384:
+                body = bytes(buf[start + 7 : end])
+            else:
+                with memoryview(buf) as view:
+                    body = bytes(view[start + 7 : end])
+        try:
+            method = decode_method(bytes(buf[pos + 7 : method_end]), channel)
+            _, _, properties = decode_header_payload(bytes(buf[head + 7 : head_end]))
+        except ProtocolError:
+            return None
+        if end + 1 == have:
+            self._buf = bytearray()
+            self._pos = 0
+        else:
+            self._pos = end + 1
+        return method, properties, body
 
     def next_frame(self) -> Frame | Literal[NeedData.NEED_DATA]:
         buf = self._buf

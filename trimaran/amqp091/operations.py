@@ -32,7 +32,7 @@ from trimaran.topics import TopicError, binding_key_to_filter
 if TYPE_CHECKING:
     from trimaran.amqp091.conn import Amqp091Conn
     from trimaran.amqp091.handler import Amqp091FrontEnd
-    from trimaran.storage.writer import Ticket
+    from trimaran.queue.journal import Receipt
 
 log = logging.getLogger(__name__)
 
@@ -525,7 +525,7 @@ class Operations:
         return None
 
     async def _get_after(
-        self, conn: Amqp091Conn, channel: ChannelState, m: spec.BasicGet, pending: Ticket
+        self, conn: Amqp091Conn, channel: ChannelState, m: spec.BasicGet, pending: Receipt
     ) -> None:
         committed = anyio.Event()
         pending.then(committed.set)

@@ -431,7 +431,7 @@ class Amqp1FrontEnd:
         await self.queues.declare(name, durable=False)
         self.queues.owners[name] = conn  # a temporary queue: this connection's alone
         if conn.principal is not None:
-            conn.principal.own_queues[name] = None
+            conn.principal.own(name)
         if link.state is not LinkState.ATTACH_RECEIVED or conn.machine.closed:
             await self.queues.delete(name)  # the peer gave up (detach or close) meanwhile
             return

@@ -26,7 +26,7 @@ from trimaran.amqp1.performatives import Accepted, Modified, Rejected, Released
 from trimaran.broker.message import Message
 from trimaran.broker.router import Delivery
 from trimaran.queue.manager import BrowseHandle, ConsumerHandle, QueueDelivery
-from trimaran.queue.outcomes import ACK, RELEASED, DeadLetter, Outcome, Retry
+from trimaran.queue.outcomes import ACK, RELEASED, RETRY_NOW, DeadLetter, Outcome, Retry
 
 if TYPE_CHECKING:
     from trimaran.amqp1.conn import Amqp1Conn
@@ -90,12 +90,13 @@ class QueueOut(OutLink):
         max_size = self.link.max_message_size
         if max_size and len(payload) > max_size:
             if handle is not None:
-                handle.reject_nowait(delivery.offset, f"larger than {self.id}'s max-message-size {max_size}")
+                too_large = DeadLetter(f"larger than {self.id}'s max-message-size {max_size}")
+                handle.settle_nowait(delivery.offset, too_large)
             return
         did = self._send(payload)
         if did is None:
             if handle is not None and not self.settled:
-                handle.nack_nowait(delivery.offset, 0)
+                handle.settle_nowait(delivery.offset, RETRY_NOW)
             return
         self.conn.front.broker.stats.messages_sent += 1
         if not self.settled:

@@ -12,18 +12,23 @@ any data is read; and the shuffle partitions are sized from the executors' cores
 Anything that keeps the audit from running (an unreachable master, a missing JDBC jar, executors
 that cannot import the code, no executor at all) becomes :class:`CannotRun`: one line for the user,
 exit status 2, never a page of Java and Python tracebacks.
+
+Spark's own output (the JVM's start-up warnings, log4j lines, stage progress bars) is not the
+audit's: unless ``verbose``, the JVM started for the audit writes its stderr to ``Launch.log_file``
+(``<report>/spark.log``) and draws no progress bars, and the audit prints its own progress instead.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import socket
 import tempfile
 import threading
 import zipfile
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,6 +68,27 @@ class Launch:
     shuffle_partitions: int | None = None  # None: the executors' cores
     executor_timeout_s: float = 180.0
     app_name: str = "trimaran-audit"
+    verbose: bool = False  # Spark's own log and progress bars on the terminal
+    log_file: Path | None = None  # unless verbose: where the JVM's stderr goes (None: the terminal)
+
+
+def _stderr_to(path: Path) -> AbstractContextManager[None]:
+    """File descriptor 2 pointed at ``path`` while the JVM starts: the JVM (and the Python workers
+    it forks) inherit it and keep writing there; this process gets its terminal back at once."""
+
+    @contextmanager
+    def redirected() -> Iterator[None]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        saved = os.dup(2)
+        try:
+            with open(path, "ab") as target:
+                os.dup2(target.fileno(), 2)
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+    return redirected()
 
 
 def is_local(master: str | None) -> bool:
@@ -278,17 +304,24 @@ def audit_session(launch: Launch, *, storage_url: str | None) -> Iterator[SparkS
         # A driver supplied through Spark settings (a Maven package, the classpath) is not looked for.
         supplied = any(key in launch.conf for key in CLASSPATH_SETTINGS)
         jars = check_jars(jars, given=launch.jars_given, storage_url=None if supplied else storage_url)
+    quiet = not launch.verbose
+    log_file = launch.log_file if quiet else None
+    conf = {"spark.ui.showConsoleProgress": "false" if quiet else "true", **launch.conf}
     with tempfile.TemporaryDirectory(prefix="trimaran-audit-") as work:
         try:
-            spark = spark_session(launch.master, jars, app_name=launch.app_name, extra=launch.conf)
+            with _stderr_to(log_file) if log_file is not None else nullcontext():
+                spark = spark_session(launch.master, jars, app_name=launch.app_name, extra=conf)
         except spark_errors() as exc:
             where = launch.master or "spark-submit's master"
-            raise CannotRun(f"Spark did not start on {where}: {explain(exc)}") from exc
+            told = f" (Spark's log: {log_file})" if log_file is not None else ""
+            raise CannotRun(f"Spark did not start on {where}: {explain(exc)}{told}") from exc
         try:
             sc = spark.sparkContext
             # Spark's warnings carry Java stack traces (a missing path, a lost task): the audit says
-            # what went wrong in one line; --log-level debug shows them.
-            sc.setLogLevel("WARN" if log.isEnabledFor(logging.DEBUG) else "ERROR")
+            # what went wrong in one line. They are kept in the log file, and shown with --verbose
+            # or --log-level debug.
+            shown = launch.verbose or log_file is not None or log.isEnabledFor(logging.DEBUG)
+            sc.setLogLevel("WARN" if shown else "ERROR")
             found = None
             if not is_local(sc.master):
                 sc.addPyFile(str(bundle(Path(work))))

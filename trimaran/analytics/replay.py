@@ -13,7 +13,9 @@ event belong to an older incarnation (``epoch`` > 0), which is replayed but not 
 live tables (they hold only the newest).
 
 Runs from ``trimaran audit``, in local mode or on a cluster (``--master``; ``cluster.py`` ships the
-code to the executors), and under ``spark-submit`` (``__main__``).
+code to the executors), and under ``spark-submit`` (``__main__``). It says how far it got on stderr,
+one line per phase (Spark started, tables read, replayed, report written) with counts and seconds;
+Spark's own output goes to ``<report>/spark.log`` unless ``--verbose``.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from trimaran.analytics.cluster import CannotRun, Launch, audit_session, explain, parse_conf, spark_errors
 from trimaran.analytics.life import (
@@ -68,6 +70,25 @@ INVARIANTS: dict[str, str] = {
 }
 
 EXAMPLES = 50  # offending message ids listed per invariant in the summary (all are in the Parquet)
+SPARK_LOG = "spark.log"  # in the report directory: Spark's own output, unless --verbose
+
+
+class Progress:
+    """One line on stderr as each phase ends: what it did, with counts, and the seconds it took."""
+
+    def __init__(self, stream: TextIO | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.stream = stream  # None: sys.stderr when written (so a test's capture sees it)
+        self.clock = clock
+        self.mark = clock()
+
+    def done(self, phase: str, what: str) -> None:
+        now = self.clock()
+        seconds, self.mark = now - self.mark, now
+        print(f"audit: {phase:<7}{what} ({seconds:.1f} s)", file=self.stream or sys.stderr, flush=True)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
 @dataclass
@@ -353,8 +374,11 @@ def _replay_arrow(context: Context) -> Callable[[Iterator[Any]], Iterator[Any]]:
     return run
 
 
-def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> AuditResult:
-    """Replay and check; nothing is written. ``tables`` come from :func:`source.read_tables`."""
+def replay(
+    tables: dict[str, DataFrame], selection: Selection | None = None, progress: Progress | None = None
+) -> AuditResult:
+    """Replay and check; nothing is written. ``tables`` come from :func:`source.read_tables`;
+    ``progress`` hears when the tables are read and when the replay is done."""
     from pyspark import StorageLevel
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -368,6 +392,12 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
     events = _with_epochs(tables["queue_events"]).persist(StorageLevel.MEMORY_AND_DISK)
     facts = gather_facts(events, tables, selection)
     context = facts.context
+    if progress is not None:
+        queues = len({queue for queue, _epoch in facts.incarnations})
+        progress.done(
+            "read",
+            f"{_plural(sum(facts.events_by_kind.values()), 'event')} of {_plural(queues, 'queue')}",
+        )
 
     # Each message slot's events, live row and pending rows, replayed in one pass (life.py).
     replayed = (
@@ -451,6 +481,13 @@ def replay(tables: dict[str, DataFrame], selection: Selection | None = None) -> 
             counted[r["outcome"]] = counted.get(r["outcome"], 0) + int(r["n"])
         else:
             samples.add((r["queue"], int(r["offset"]), int(r["epoch"]), r["outcome"]))
+    if progress is not None:
+        found = sum(counts_by.values())
+        progress.done(
+            "replay",
+            f"{_plural(totals['messages'], 'message')} ({totals['group_message_pairs']:,} lives in "
+            f"consumer groups), {_plural(found, 'violation')}",
+        )
     counts: dict[str, Any] = {
         "events": sum(facts.events_by_kind.values()),
         "events_by_kind": dict(sorted(facts.events_by_kind.items())),
@@ -532,6 +569,11 @@ def add_arguments(parser: argparse.ArgumentParser, *, master_default: str | None
     )
     parser.add_argument("--no-charts", action="store_true", help="skip the PNG charts and HTML page")
     parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help=f"show Spark's own log and progress bars (default: kept in <output>/{SPARK_LOG})",
+    )
+    parser.add_argument(
         "--shuffle-partitions",
         type=int,
         default=None,
@@ -564,6 +606,9 @@ def launch_of(args: argparse.Namespace, *, default_jars: bool = True) -> Launch:
     timeout = getattr(args, "executor_timeout_s", None)
     if timeout is not None:
         launch.executor_timeout_s = timeout
+    launch.verbose = bool(getattr(args, "verbose", False))
+    if not launch.verbose:
+        launch.log_file = Path(args.output) / SPARK_LOG
     return launch
 
 
@@ -581,12 +626,17 @@ def run_audit(
     )
     if args.parquet:
         storage_url = None
+    progress = Progress()
     try:
         if spark is not None:
-            return _audit(spark, args, storage_url, selection)
+            return _audit(spark, args, storage_url, selection, progress)
         launch = launch_of(args, default_jars=default_jars)
         with audit_session(launch, storage_url=storage_url) as session:
-            return _audit(session, args, storage_url, selection)
+            partitions = session.conf.get("spark.sql.shuffle.partitions")
+            progress.done(
+                "spark", f"started on {session.sparkContext.master}, {partitions} shuffle partitions"
+            )
+            return _audit(session, args, storage_url, selection, progress)
     except CannotRun as exc:
         print(f"trimaran audit: {exc}", file=sys.stderr)
         return 2
@@ -597,7 +647,11 @@ def run_audit(
 
 
 def _audit(
-    spark: SparkSession, args: argparse.Namespace, storage_url: str | None, selection: Selection
+    spark: SparkSession,
+    args: argparse.Namespace,
+    storage_url: str | None,
+    selection: Selection,
+    progress: Progress,
 ) -> int:
     from trimaran.analytics import report
 
@@ -607,9 +661,15 @@ def _audit(
     else:
         tables = read_tables(spark, selection, storage_url=storage_url)
         source = storage_url.split("@")[-1]  # never print a password
-    result = replay(tables, selection)
+    result = replay(tables, selection, progress)
     summary = report.write(
         result, Path(args.output), source=source, selection=selection, charts=not args.no_charts
+    )
+    output = Path(args.output)
+    charts = len(list((output / "charts").glob("*.png"))) if not args.no_charts else 0
+    pages = len([page for page in (output / "messages").glob("*.html") if page.name != "index.html"])
+    progress.done(
+        "report", f"{output}/index.html, {_plural(charts, 'chart')}, {_plural(pages, 'message page')}"
     )
     for name, outcome in result.invariants.items():
         mark = "ok  " if outcome["ok"] else "FAIL"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import anyio
@@ -22,13 +23,23 @@ from trimaran.broker.message import Message, now_ms
 from trimaran.broker.retained import RetainedStore
 from trimaran.broker.router import Delivery, Router
 from trimaran.errors import first_line
-from trimaran.storage.mqtt_store import MqttStore
 
 log = logging.getLogger(__name__)
 
 RETAINED_FLUSH_DELAY = 0.05  # gather retained changes this long before one transaction
 RETAINED_RETRY_FIRST = 0.1  # a failed retained write is kept and retried after this, doubling
 RETAINED_RETRY_MAX = 5.0
+
+
+class RetainedPersistence(Protocol):
+    """Where retained messages are kept across restarts: the deck's port, which storage implements
+    (trimaran.storage.mqtt_store.MqttStore), so the deck never imports storage."""
+
+    def load_retained(self) -> list[Message]: ...
+
+    def write_retained(self, changes: Mapping[str, Message | None]) -> None:
+        """One transaction; ``None`` deletes."""
+        ...
 
 
 class Endpoint(Protocol):
@@ -96,7 +107,11 @@ class Stats:
 
 class Broker:
     def __init__(
-        self, store: MqttStore | None = None, *, sys_interval: float = 10.0, node_name: str | None = None
+        self,
+        store: RetainedPersistence | None = None,
+        *,
+        sys_interval: float = 10.0,
+        node_name: str | None = None,
     ) -> None:
         self.router: Router[Any] = Router()
         self.clients = ClientRegistry()

@@ -402,7 +402,9 @@ def _decode_publish(flags: int, mv: memoryview, pos: int, end: int, level: int) 
     topic, pos = _read_str(mv, pos, end)
     packet_id = None
     if qos:
-        packet_id = _read_u16(mv, pos, end)
+        if pos + 2 > end:
+            raise _malformed("truncated two byte integer")
+        packet_id = _u16_from(mv, pos)[0]
         pos += 2
         if not packet_id:
             raise _malformed("packet identifier 0")
@@ -423,12 +425,14 @@ def _decode_ack(
     def decode(
         flags: int, mv: memoryview, pos: int, end: int, level: int
     ) -> PubAck | PubRec | PubRel | PubComp:
-        packet_id = _read_u16(mv, pos, end)
+        if pos + 2 > end:
+            raise _malformed("truncated two byte integer")
+        packet_id: int = _u16_from(mv, pos)[0]
         if not packet_id:
             raise _malformed("packet identifier 0")
         pos += 2
         code = 0
-        props = Properties()
+        props = NO_PROPERTIES
         if level == MQTT_5 and pos < end:
             code = mv[pos]
             pos += 1
@@ -781,6 +785,28 @@ def _encode_publish(p: Publish, level: int) -> bytes:
     size = sum(map(len, parts))
     header = bytes((first, size)) if size < 128 else bytes((first,)) + encode_varint(size)
     return b"".join((header, *parts))
+
+
+def encode_plain_publish(
+    topic: str, payload: bytes, qos: int, retain: bool, dup: bool, packet_id: int | None, level: int
+) -> bytes:
+    """The bytes `encode` gives for a PUBLISH without properties (most deliveries), built without a
+    `Publish` object: one join instead of a packet and a parts list per message."""
+    name = topic.encode("utf-8")
+    if len(name) > 0xFFFF or b"\x00" in name:
+        raise ValueError("topic longer than 65535 bytes or containing U+0000")
+    first = 0x30 | (qos << 1) | (0x08 if dup else 0) | (0x01 if retain else 0)
+    if qos:
+        if not packet_id:
+            raise ValueError("a QoS 1/2 PUBLISH needs a non-zero packet identifier")
+        variable = _U16.pack(len(name)) + name + _U16.pack(packet_id)
+    else:
+        variable = _U16.pack(len(name)) + name
+    if level == MQTT_5:
+        variable += _EMPTY_PROPERTIES
+    size = len(variable) + len(payload)
+    header = bytes((first, size)) if size < 128 else bytes((first,)) + encode_varint(size)
+    return b"".join((header, variable, payload))
 
 
 def _ack_encoder(first: int, ptype: int) -> Callable[[PubAck | PubRec | PubRel | PubComp, int], bytes]:

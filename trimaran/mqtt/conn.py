@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from trimaran.mqtt.connection import ServerConnection
-from trimaran.mqtt.events import PublishReceived
+from trimaran.mqtt.events import MessageAcked, PublishReceived
 from trimaran.mqtt.queues import ConnQueues
 from trimaran.mqtt.reason_codes import ReasonCode
 from trimaran.runtime.machine import Machine
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 class MqttConn:
     __slots__ = (
+        "_queue_bindings",
         "client",
         "endpoint",
         "front",
@@ -28,7 +29,6 @@ class MqttConn:
         "machine",
         "mqtt",
         "principal",
-        "queue_bindings",
         "shutting_down",
     )
 
@@ -41,12 +41,25 @@ class MqttConn:
         self.endpoint: MqttEndpoint | None = None
         self.client: ClientInfo | None = None  # in the broker's client registry while connected
         self.principal: Principal | None = None  # who logged in: what the rules let it do
-        self.queue_bindings = ConnQueues()
+        self._queue_bindings: ConnQueues | None = None  # made when the connection first uses a queue
         self.shutting_down = False  # a server shutdown closes it: no will
 
     @property
     def peer(self) -> str:
         return self.io.peer
+
+    @property
+    def queue_bindings(self) -> ConnQueues:
+        """This connection's queue subscriptions, deliveries and pending acks; most connections never
+        touch a queue, so an idle one carries none of it."""
+        bindings = self._queue_bindings
+        if bindings is None:
+            bindings = self._queue_bindings = ConnQueues()
+        return bindings
+
+    @property
+    def uses_queues(self) -> bool:
+        return self._queue_bindings is not None
 
     # -- the runtime's Hull --------------------------------------------------------------------------
 
@@ -54,11 +67,13 @@ class MqttConn:
         if type(event) is PublishReceived:  # the hot path, one call shorter
             self.front.publish_received(self, event)
             return None
+        if type(event) is MessageAcked and event.message.tag is None:
+            return None  # a plain pub/sub delivery finished: nothing to settle
         return self.front.handle(self, event)
 
     def written(self) -> None:
         queues = self.front.queues
-        if queues is not None:
+        if queues is not None and self._queue_bindings is not None:
             queues.after_events(self)  # queue credit given back once per batch, not per packet
             queues.after_write(self)
 
@@ -73,7 +88,7 @@ class MqttConn:
     async def finish(self) -> None:
         front = self.front
         front.closed(self)
-        if front.queues is not None:
+        if front.queues is not None and self._queue_bindings is not None:
             await front.queues.detach(self)
 
     # -- what the front end and the queues call ------------------------------------------------------

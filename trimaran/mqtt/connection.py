@@ -27,7 +27,15 @@ from dataclasses import dataclass
 from typing import Final
 
 from trimaran.mqtt import reason_codes as rc
-from trimaran.mqtt.codec import MAX_PACKET_SIZE, NEED_DATA, Decoder, ProtocolError, encode
+from trimaran.mqtt.codec import (
+    MAX_PACKET_SIZE,
+    NEED_DATA,
+    NO_PROPERTIES,
+    Decoder,
+    ProtocolError,
+    encode,
+    encode_plain_publish,
+)
 from trimaran.mqtt.events import (
     ConnectionClosed,
     ConnectRequest,
@@ -183,6 +191,7 @@ class ServerConnection:
         "_pending_subscribes",
         "_ready",
         "_ready_at",
+        "_valid_topic",
         "client_id",
         "client_max_packet_size",
         "client_receive_maximum",
@@ -229,9 +238,10 @@ class ServerConnection:
         self._in_aliases: dict[int, str] | None = None
         self._out_aliases: dict[str, int] | None = None
         self._out_alias_next = 1
-        self._pending_subscribes: dict[int, Subscribe] = {}
+        self._pending_subscribes: dict[int, Subscribe] | None = None  # made by the first SUBSCRIBE
         self._ready: Events = []  # what next_event() hands out, in order, from _ready_at
         self._ready_at = 0
+        self._valid_topic: str | None = None  # the last topic name checked: publishers repeat theirs
         self.stats = ConnectionStats()
 
     # ------------------------------------------------------------------------------------- public
@@ -243,6 +253,7 @@ class ServerConnection:
 
     @property
     def connect_packet(self) -> Connect | None:
+        """The CONNECT while the login is decided; once accepted, only if it carries a will."""
         return self._connect
 
     @property
@@ -360,6 +371,8 @@ class ServerConnection:
         ack = ConnAck(session_present and level > 3, 0, props)
         self._send(ack)
         self.state = State.CONNECTED
+        if connect.will is None:
+            self._connect = None  # only its will is needed later: an idle client keeps no packet
         self._decoder.max_packet_size = self.limits.max_packet_size
         self._deadline = self._last_rx + self.keep_alive * 1.5 if self.keep_alive else None
         events = self._ready
@@ -391,14 +404,28 @@ class ServerConnection:
             return self._send_publish(message, 0, None, False) is None
         if self.session is None:
             return False
-        if self.state == State.CONNECTED and not self._fits(message):
+        if (
+            self.state == State.CONNECTED
+            and self.client_max_packet_size < MAX_PACKET_SIZE
+            and not self._fits(message)
+        ):
             self.stats.dropped_too_large += 1
             return False
-        if not self.session.enqueue(message):
+        session = self.session
+        if self.state == State.CONNECTED and len(session.inflight) < self.client_receive_maximum:
+            if not session.queue:
+                # Room in the window and nothing waiting before it: straight to inflight.
+                self._send_inflight(session.start_inflight(message), self._ready)
+                return True
+            if not session.enqueue(message):
+                self.stats.dropped_queue_full += 1
+                return False
+            self._pump(self._ready)
+            return True
+        # Offline, or the window is full: it waits its turn (a PUBACK pumps the queue).
+        if not session.enqueue(message):
             self.stats.dropped_queue_full += 1
             return False
-        if self.state == State.CONNECTED:
-            self._pump(self._ready)
         return True
 
     @property
@@ -455,7 +482,8 @@ class ServerConnection:
         """Answer a SubscribeRequest: one code per filter (granted QoS 0-2 or a 5.0 failure code).
         Preset failures override, granted QoS is capped at maximum_qos, and granted filters are stored
         in the session."""
-        request = self._pending_subscribes.pop(packet_id, None)
+        pending = self._pending_subscribes
+        request = None if pending is None else pending.pop(packet_id, None)
         if request is None or self.state != State.CONNECTED or self.session is None:
             return
         if len(reason_codes) != len(request.subscriptions):
@@ -677,13 +705,15 @@ class ServerConnection:
             elif not publish.topic:
                 raise _Fail(ReasonCode.PROTOCOL_ERROR, "empty topic name without a topic alias")
         topic = publish.topic
-        if not is_valid_topic_name(topic):
-            raise _Fail(ReasonCode.TOPIC_NAME_INVALID, "invalid topic name")
-        if len(topic) > limits.max_topic_length or topic.count("/") >= limits.max_topic_levels:
-            raise _Fail(
-                ReasonCode.TOPIC_NAME_INVALID,
-                f"topic over {limits.max_topic_length} characters or {limits.max_topic_levels} levels",
-            )
+        if topic != self._valid_topic:
+            if not is_valid_topic_name(topic):
+                raise _Fail(ReasonCode.TOPIC_NAME_INVALID, "invalid topic name")
+            if len(topic) > limits.max_topic_length or topic.count("/") >= limits.max_topic_levels:
+                raise _Fail(
+                    ReasonCode.TOPIC_NAME_INVALID,
+                    f"topic over {limits.max_topic_length} characters or {limits.max_topic_levels} levels",
+                )
+            self._valid_topic = topic
         qos = publish.qos
         if qos == 0:
             events.append(PublishReceived(publish))
@@ -723,7 +753,8 @@ class ServerConnection:
         entry = self.session.on_puback(packet.packet_id)
         if entry is not None:
             events.append(MessageAcked(entry.packet_id, entry.message, packet.reason_code))
-            self._pump(events)
+            if self.session.queue:
+                self._pump(events)
 
     def _on_pubrec(self, packet: PubRec, events: Events) -> None:
         assert self.session is not None
@@ -787,6 +818,8 @@ class ServerConnection:
             for topic_filter, options in packet.subscriptions:
                 if options.no_local and topic_filter.startswith(SHARE_PREFIX):
                     raise _Fail(ReasonCode.PROTOCOL_ERROR, "No Local on a shared subscription")
+        if self._pending_subscribes is None:
+            self._pending_subscribes = {}
         self._pending_subscribes[packet.packet_id] = packet
         events.append(
             SubscribeRequest(
@@ -904,6 +937,20 @@ class ServerConnection:
         the Message Expiry Interval set to the time left. Returns why it was dropped, or None."""
         level = self._level
         props = message.properties
+        if message.expires_at is None and (
+            level != MQTT_5 or (props is NO_PROPERTIES and not self.uses_topic_aliases)
+        ):
+            # The common delivery: no properties to send, nothing that depends on the time.
+            data = encode_plain_publish(
+                message.topic, message.payload, qos, message.retain, dup, packet_id, level
+            )
+            if len(data) > self.client_max_packet_size:
+                self.stats.dropped_too_large += 1
+                return "larger than the client's maximum packet size"
+            self._out.append(data)
+            self.pending_out += len(data)
+            self.stats.packets_sent += 1
+            return None
         if message.expires_at is not None:
             remaining = message.expires_at - self._clock()
             if remaining <= 0 and not dup:  # a resend is already on its way: finish it
@@ -974,6 +1021,6 @@ class ServerConnection:
         session = self.session
         if session is None or self.state != State.CONNECTED:
             return
-        window = self.client_receive_maximum
-        while (entry := session.next_to_send(window)) is not None:
-            self._send_inflight(entry, events)
+        queue, inflight = session.queue, session.inflight
+        for _ in range(min(len(queue), self.client_receive_maximum - len(inflight))):
+            self._send_inflight(session.start_inflight(queue.popleft()), events)

@@ -34,6 +34,7 @@ from trimaran.broker.events import (
 from trimaran.broker.holders import SessionHolders
 from trimaran.broker.message import PROTOCOL_MQTT, Message
 from trimaran.broker.router import Delivery, SubscriptionOptions
+from trimaran.broker.sessions import SessionInfo, SessionSubscriptionInfo
 from trimaran.config import Settings
 from trimaran.mqtt.conn import MqttConn
 from trimaran.mqtt.connection import (
@@ -494,6 +495,18 @@ class MqttFrontEnd:
         )
         conn.close(ReasonCode.ADMINISTRATIVE_ACTION, "disconnected by an administrator")
 
+    # -- the session directory (trimaran.broker.sessions.SessionDirectory) ---------------------------
+
+    def session_count(self) -> int:
+        return len(self.endpoints)
+
+    def sessions(self) -> list[SessionInfo]:
+        return [_session_info(endpoint, False) for endpoint in list(self.endpoints.values())]
+
+    def session(self, client_id: str) -> SessionInfo | None:
+        endpoint = self.endpoints.get(client_id)
+        return None if endpoint is None else _session_info(endpoint, True)
+
     def delete_session(self, client_id: str) -> bool:
         """An operator ends a session (admin API): a connected client is disconnected first (0x98)
         and its session is not kept whatever its expiry. False if there is no such session."""
@@ -624,7 +637,7 @@ class MqttFrontEnd:
         if packet_id is None:
             return
         code = ReasonCode.NOT_AUTHORIZED if conn.mqtt.protocol_level >= 5 else 0
-        if self.queues is not None and conn.queue_bindings.tickets:
+        if self.queues is not None and conn.uses_queues and conn.queue_bindings.tickets:
             self.queues.acknowledge_in_order(conn, packet_id, code, "not authorized")
         else:
             conn.mqtt.ack_publish(packet_id, code)
@@ -767,6 +780,8 @@ class MqttFrontEnd:
 def _forget_queue_deliveries(session: Session) -> None:
     """Queue deliveries of an earlier connection were handed back to their queue when it closed;
     the queue redelivers them, so the session must not resend them."""
+    if not session.inflight and not session.queue:
+        return  # a new or drained session, most of them
     for packet_id, entry in list(session.inflight.items()):
         if _is_queue_tag(entry.message.tag):
             del session.inflight[packet_id]
@@ -795,4 +810,36 @@ def session_row(session: Session, protocol_level: int, offline: bool, now_wall: 
         [(seq, queued_to_json(m)) for seq, m in queue.since(session.saved_seq or 0)],
         queue.first_seq,
         replace=first_save,
+    )
+
+
+def _session_info(endpoint: MqttEndpoint, with_subscriptions: bool) -> SessionInfo:
+    session = endpoint.session
+    expires_in = None
+    if endpoint.expires_at is not None:
+        expires_in = round(max(0.0, endpoint.expires_at - time.monotonic()), 3)
+    subscriptions: tuple[SessionSubscriptionInfo, ...] = ()
+    if with_subscriptions:
+        subscriptions = tuple(
+            SessionSubscriptionInfo(
+                topic_filter=s.topic_filter,
+                qos=s.options.qos,
+                no_local=s.options.no_local,
+                retain_as_published=s.options.retain_as_published,
+                retain_handling=s.options.retain_handling,
+                subscription_identifier=s.subscription_identifier,
+            )
+            for s in session.subscriptions.values()
+        )
+    return SessionInfo(
+        client_id=endpoint.client_id,
+        connected=endpoint.conn is not None,
+        protocol_level=endpoint.protocol_level,
+        expiry_interval_s=session.expiry_interval,
+        expires_in_s=expires_in,
+        subscription_count=len(session.subscriptions),
+        inflight=len(session.inflight),
+        queued=len(session.queue),
+        dropped=session.dropped,
+        subscriptions=subscriptions,
     )

@@ -102,14 +102,15 @@ def delivered_retain(message: Message, delivery: Delivery[Any], retained: bool) 
 def outbound(message: Message, delivery: Delivery[Any], *, retained: bool = False) -> OutboundMessage:
     """The message as this subscriber gets it: QoS capped by its subscription, the retain flag as
     `delivered_retain` says, its subscription identifiers."""
+    # Positional, and the one-line helpers written out: this runs once per QoS 1/2 delivery.
     return OutboundMessage(
-        topic=message.topic,
-        payload=message.payload,
-        qos=min(message.qos, delivery.qos),
-        retain=delivered_retain(message, delivery, retained),
-        properties=_delivered_properties(message, delivery.subscription_identifiers),
-        tag=share_tag(delivery),
-        expires_at=None if message.expires_at_ms is None else message.expires_at_ms / 1000,
+        message.topic,
+        message.payload,
+        min(message.qos, delivery.qos),
+        message.retain and (retained or delivery.retain_as_published),  # delivered_retain
+        _delivered_properties(message, delivery.subscription_identifiers),
+        None if delivery.share_group is None else share_tag(delivery),
+        None if message.expires_at_ms is None else message.expires_at_ms / 1000,
     )
 
 

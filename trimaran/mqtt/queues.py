@@ -32,6 +32,7 @@ from trimaran.mqtt.packets import MQTT_5, SubscriptionOptions
 from trimaran.mqtt.properties import Properties
 from trimaran.mqtt.reason_codes import ReasonCode
 from trimaran.mqtt.session import OutboundMessage
+from trimaran.queue.journal import Receipt, committed
 from trimaran.queue.manager import (
     ConsumerHandle,
     PublishResult,
@@ -41,10 +42,8 @@ from trimaran.queue.manager import (
     parse_message_id,
     settle_by_id_now,
 )
-from trimaran.queue.outcomes import ACK, DeadLetter, Outcome, Retry
+from trimaran.queue.outcomes import ACK, RETRY_NOW, Commit, DeadLetter, Outcome, Retry
 from trimaran.queue.policy import DEFAULT_GROUP, QUEUE_PREFIX, QueueError, parse_queue_topic, queue_topic
-from trimaran.storage.writer import Ticket as WriterReceipt
-from trimaran.storage.writer import WriterError
 from trimaran.topics import TopicError, split_shared
 
 if TYPE_CHECKING:
@@ -139,7 +138,7 @@ class QueueSubscription:
             if self.held.get(delivery.offset) is record:
                 del self.held[delivery.offset]
             if self.handle is not None:
-                self.handle.nack_nowait(delivery.offset, 0)
+                self.handle.settle_nowait(delivery.offset, RETRY_NOW)
 
 
 def delivered_topic(delivery: QueueDelivery) -> str:
@@ -225,12 +224,12 @@ class MqttQueues:
         self._finish(conn, ticket)
 
     async def _committed(
-        self, conn: MqttConn, commit: WriterReceipt, ticket: PendingAck, client: str, message: Message
+        self, conn: MqttConn, commit: Receipt, ticket: PendingAck, client: str, message: Message
     ) -> None:
         try:
-            await commit.wait()
-        except WriterError as exc:
-            self._refused(ticket, client, message, QueueError("storage", str(exc)))
+            await committed(commit)
+        except QueueError as exc:
+            self._refused(ticket, client, message, exc)
         self._finish(conn, ticket)
 
     @staticmethod
@@ -302,7 +301,7 @@ class MqttQueues:
 
     def _control(
         self, conn: MqttConn, queue: str, control: str, message: Message, client: str
-    ) -> WriterReceipt | None:
+    ) -> Receipt | None:
         """Settle by message id now; returns the commit to wait for (None: nothing to write)."""
         message_id = _property(message, "message-id") or message.payload.decode(errors="replace").strip()
         if not message_id:
@@ -317,7 +316,8 @@ class MqttQueues:
             holder = holder_by_id(self.manager, message_id, group)
             held = holder.consumer if holder is not None else None
             record = held.held.get(offset) if isinstance(held, QueueSubscription) else None
-            done, commit = settle_by_id_now(self.manager, control, message_id, group, reason or "rejected")
+            outcome = control_outcome(control, offset, reason or "rejected")
+            done, commit = settle_by_id_now(self.manager, outcome, message_id, group)
         except (KeyError, ValueError) as exc:
             raise QueueError("not-found", f"no delivery {message_id}: {exc}") from None
         if not done:
@@ -441,6 +441,19 @@ def puback_outcome(reason_code: int) -> Outcome:
         return Retry()
     if reason_code in REJECT_CODES:
         return DeadLetter(f"client reason code 0x{reason_code:02X}")
+    return ACK
+
+
+def control_outcome(control: str, offset: int, reason: str) -> Outcome:
+    """A control topic (``$ack``, ``$nack``, ``$reject``, ``$commit``) as a typed outcome: ``$nack``
+    retries after the queue's backoff, ``$reject`` dead-letters with ``reason``, ``$commit`` moves a
+    stream group past ``offset``."""
+    if control == "nack":
+        return Retry()
+    if control == "reject":
+        return DeadLetter(reason)
+    if control == "commit":
+        return Commit(offset)
     return ACK
 
 

@@ -216,7 +216,11 @@ class Session:
         """Move the head of the queue into the inflight window if there is room."""
         if not self.queue or len(self.inflight) >= window:
             return None
-        message = self.queue.popleft()
+        return self.start_inflight(self.queue.popleft())
+
+    def start_inflight(self, message: OutboundMessage) -> InflightEntry:
+        """Give a QoS 1/2 message a packet id in the inflight window (the caller checked for room
+        and for an empty queue, which goes first)."""
         pid = self.allocate_packet_id()
         entry = InflightEntry(pid, message, AWAITING_PUBACK if message.qos == 1 else AWAITING_PUBREC)
         self.inflight[pid] = entry

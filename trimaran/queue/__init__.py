@@ -1,5 +1,6 @@
 """Durable ``$queue/`` manager: work queues and streams, consumer groups, DLQ, group commit to SQL."""
 
+from trimaran.queue.journal import Receipt, committed
 from trimaran.queue.manager import (
     BrowseHandle,
     ConsumerHandle,
@@ -29,8 +30,10 @@ __all__ = [
     "QueueError",
     "QueueInfo",
     "QueueManager",
+    "Receipt",
     "ack_by_id",
     "commit_by_id",
+    "committed",
     "message_id",
     "nack_by_id",
     "parse_message_id",

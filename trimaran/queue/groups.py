@@ -1,14 +1,14 @@
 """In-memory state of a queue: its message tail, consumer groups, pending entries and consumers.
 
-Nothing here does I/O; the manager mutates these objects on the event loop and mirrors each change
-to the writer.
+Nothing here does I/O. The groups' behaviour is in ``work.py`` and ``stream.py``; they tell a
+journal (``journal.py``) each change, and reach past themselves only through :class:`Host`.
 """
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
@@ -16,7 +16,10 @@ from trimaran.broker.message import Message
 from trimaran.config import QueuePolicySettings
 
 if TYPE_CHECKING:
-    from trimaran.queue.manager import BrowseHandle, ConsumerHandle
+    from trimaran.broker.events import EventBus
+    from trimaran.queue.journal import Changes, Journal
+    from trimaran.queue.stream import StreamGroup
+    from trimaran.queue.work import WorkGroup
 
 HELD = "held"  # delivered to a consumer, not settled
 WAIT = "wait"  # to be (re)delivered at available_at
@@ -39,7 +42,7 @@ class Entry:
 
     state: str
     attempts: int = 0
-    holder: ConsumerHandle | None = None
+    holder: Taker | None = None
     consumer_id: str | None = None
     delivered_at: int | None = None
     available_at: int | None = None
@@ -54,20 +57,121 @@ class Entry:
         return self.attempts - self.unsent - self.returned
 
 
-@dataclass(eq=False)
-class Group:
+class QueueConsumer(Protocol):
+    """Implemented by each front end's connection (or link / channel consumer)."""
+
+    id: str
+
+    def deliver(self, delivery: QueueDelivery) -> None:
+        """Synchronous and non-blocking: put the delivery in the outbox."""
+
+
+class Taker(Protocol):
+    """A consumer as the groups see it (the manager's ``ConsumerHandle``)."""
+
+    consumer: QueueConsumer
+    routing_filter: str | None
+    auto_ack: bool
+    credit: int
+    closed: bool
+
+
+class Host(Protocol):
+    """What a group asks of the queue manager around it, without importing it: the journal, the
+    event bus, and what reaches past one group (removing a message from every group, dead letters
+    into other queues, the timers)."""
+
+    journal: Journal
+    events: EventBus
+    wake_at: int  # when the timers wake next (epoch ms): an earlier due time must call ``due``
+
+    def remove(self, state: QueueState, offset: int, kind: str, reason: str, now: int, ch: Changes) -> None:
+        """Remove a message from the queue and every group (expired, dropped): one event."""
+
+    def expire(self, state: QueueState, offset: int, now: int, ch: Changes) -> None:
+        """A message's time is up: removed, and dead-lettered where the policy says so."""
+
+    def dead_letter(
+        self,
+        state: QueueState,
+        group: Group,
+        stored: StoredMessage,
+        attempts: int,
+        reason: str,
+        now: int,
+        ch: Changes,
+    ) -> None:
+        """Route the dead letter of ``stored`` (the group is done with it already)."""
+
+    def due(self, state: QueueState, group: Group, at: int) -> None:
+        """``group`` has a timer due at ``at`` (epoch ms): a visibility time-out or a retry."""
+
+
+@dataclass(slots=True)
+class QueueDelivery:
+    """One delivery. These fields come from the manager; the publisher's properties cannot change them."""
+
+    message: Message  # message.topic is the original topic
     queue: str
-    name: str
-    cursor: int = 0  # work: first offset never handed out; stream: next offset to read
-    committed: int = 0  # stream: first offset not committed
-    entries: dict[int, Entry] = field(default_factory=dict)
-    ready: list[int] = field(default_factory=list)  # sorted offsets available for redelivery now
-    delayed: list[tuple[int, int, int]] = field(default_factory=list)  # heap (available_at, offset, token)
-    timeouts: list[tuple[int, int, int]] = field(default_factory=list)  # heap (deadline, offset, token)
-    consumers: list[ConsumerHandle] = field(default_factory=list)
-    rr: int = 0
-    busy: bool = False
-    again: bool = False
+    offset: int
+    group: str
+    attempt: int
+    redelivered: bool
+    message_id: str
+    failed: int = 0  # earlier deliveries that failed (not released unprocessed): AMQP 1.0 delivery-count
+
+    @property
+    def original_topic(self) -> str:
+        return self.message.topic
+
+    def headers(self) -> list[tuple[str, str]]:
+        """The delivery facts as user properties / headers, for front ends that forward them."""
+        return [
+            ("x-queue", self.queue),
+            ("x-queue-offset", str(self.offset)),
+            ("x-queue-group", self.group),
+            ("x-queue-attempt", str(self.attempt)),
+            ("x-queue-redelivered", "true" if self.redelivered else "false"),
+            ("x-queue-message-id", self.message_id),
+            ("x-queue-topic", self.message.topic),
+        ]
+
+
+def message_id(queue: str, offset: int) -> str:
+    return f"{queue}:{offset}"
+
+
+def expired(stored: StoredMessage, now: int) -> bool:
+    return stored.expires_at is not None and now >= stored.expires_at
+
+
+class Group:
+    """What both kinds of consumer group have: a cursor, consumers and their round robin, and
+    (work mode) pending entries. :class:`~trimaran.queue.work.WorkGroup` and
+    :class:`~trimaran.queue.stream.StreamGroup` add the behaviour."""
+
+    def __init__(
+        self, state: QueueState, name: str, host: Host, *, cursor: int = 0, committed: int = 0
+    ) -> None:
+        self.state = state
+        self.name = name
+        self.host = host
+        self.journal = host.journal
+        self.cursor = cursor  # work: first offset never handed out; stream: next offset to read
+        self.committed = committed  # stream: first offset not committed
+        self.entries: dict[int, Entry] = {}
+        self.ready: list[int] = []  # sorted offsets available for redelivery now
+        self.delayed: list[tuple[int, int, int]] = []  # heap (available_at, offset, token)
+        self.timeouts: list[tuple[int, int, int]] = []  # heap (deadline, offset, token)
+        self.consumers: list[Taker] = []
+        self.rr = 0
+        self.busy = False
+        self.again = False
+        self.timed = False  # the manager's timers watch this group (``Host.due`` was called)
+
+    @property
+    def queue(self) -> str:
+        return self.state.name
 
     def make_ready(self, offset: int) -> None:
         ready = self.ready
@@ -96,6 +200,26 @@ class Group:
     def waiting(self) -> int:
         return sum(1 for e in self.entries.values() if e.state == WAIT)
 
+    def lag(self) -> int:
+        """Messages this group has not finished."""
+        return sum(1 for o in self.state.messages if not self.is_done(o))
+
+    def next_due(self) -> int | None:
+        """The earliest timer of this group (epoch ms), or None."""
+        timeouts, delayed = self.timeouts, self.delayed
+        if timeouts:
+            if delayed and delayed[0][0] < timeouts[0][0]:
+                return delayed[0][0]
+            return timeouts[0][0]
+        return delayed[0][0] if delayed else None
+
+    def clear(self) -> None:
+        """Purged: nothing pending, nothing timed."""
+        self.entries.clear()
+        self.ready.clear()
+        self.delayed.clear()
+        self.timeouts.clear()
+
 
 @dataclass(eq=False)
 class QueueState:
@@ -108,8 +232,8 @@ class QueueState:
     messages: dict[int, StoredMessage] = field(default_factory=dict)  # ascending offsets
     bytes: int = 0
     inflight: int = 0  # publishes allocated but not committed yet
-    groups: dict[str, Group] = field(default_factory=dict)
-    browsers: list[BrowseHandle] = field(default_factory=list)  # copy-mode readers: remove nothing
+    groups: dict[str, WorkGroup | StreamGroup] = field(default_factory=dict)  # all of the queue's mode
+    browsers: list[Any] = field(default_factory=list)  # the manager's BrowseHandles: remove nothing
     deleted: bool = False
     stats: dict[str, int] = field(
         default_factory=lambda: {
@@ -146,6 +270,17 @@ class QueueState:
             self.high = stored.offset + 1
         if stored.expires_at is not None:
             self.expiring += 1
+
+    def held(self, offset: int) -> bool:
+        """Some group's consumer holds ``offset`` (delivered, not settled)."""
+        return any((e := g.entries.get(offset)) is not None and e.state == HELD for g in self.groups.values())
+
+    def forget(self, offset: int) -> None:
+        """Shared mode: drop a message from memory once no local group entry refers to it."""
+        for group in self.groups.values():
+            if offset in group.entries:
+                return
+        self.remove(offset)
 
     def remove(self, offset: int) -> StoredMessage | None:
         stored = self.messages.pop(offset, None)

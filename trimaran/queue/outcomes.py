@@ -6,13 +6,17 @@ RabbitMQ's queue types settle ``complete | requeue | discard | modify``; these a
 - :class:`Retry`: not done. ``failed=True`` (a nack, AMQP 1.0 ``modified`` with delivery-failed)
   counts as an attempt and comes back after ``delay_s`` (``None``: the queue's backoff), or is
   dead-lettered once ``max_attempts`` is reached. ``failed=False`` (AMQP 1.0 ``released``) hands it
-  back unprocessed: available again at once, not an attempt.
+  back unprocessed: available again at once, not an attempt. ``sent=False`` (the hull never put it
+  on the wire: its channel closed as it was handed over) also keeps the next delivery from being
+  flagged redelivered.
 - :class:`DeadLetter`: never retried; moved to the dead-letter queue with ``reason``.
 - :class:`Commit`: a stream group's position moves past ``offset``.
 
 Each hull turns its protocol's settlement into one of these in one function (MQTT
-``mqtt.queues.puback_outcome``, AMQP 0.9.1 ``amqp091.channels.basic_outcome``, AMQP 1.0
-``amqp1.links.disposition_outcome``) and hands it to ``ConsumerHandle.settle_nowait``.
+``mqtt.queues.puback_outcome``, and ``mqtt.queues.control_outcome`` for its ``$ack``/``$nack``/
+``$reject``/``$commit`` topics; AMQP 0.9.1 ``amqp091.channels.basic_outcome``; AMQP 1.0
+``amqp1.links.disposition_outcome``) and hands it to ``ConsumerHandle.settle_nowait``. The groups
+(``work.py``, ``stream.py``) settle with nothing else.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class Ack:
 class Retry:
     delay_s: float | None = None
     failed: bool = True
+    sent: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,3 +51,4 @@ Outcome = Ack | Retry | DeadLetter | Commit
 ACK = Ack()
 RETRY_NOW = Retry(0.0)  # AMQP 0.9.1 requeue: back at once, an attempt
 RELEASED = Retry(0.0, failed=False)
+UNSENT = Retry(0.0, failed=False, sent=False)

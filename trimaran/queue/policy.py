@@ -1,9 +1,11 @@
-"""Queue names, ``$queue/`` topics and the policy arithmetic (backoff, expiry, dead-letter target)."""
+"""Queue names, ``$queue/`` topics and the policy decisions: retry and backoff, expiry, where and
+how a message dies (dead-letter target, x-death)."""
 
 from __future__ import annotations
 
 from typing import Final
 
+from trimaran.broker.message import Message, now_ms
 from trimaran.config import QueuePolicySettings
 
 QUEUE_PREFIX: Final = "$queue/"
@@ -95,6 +97,73 @@ def backoff_s(policy: QueuePolicySettings, attempts: int) -> float:
     """Delay before the next attempt after ``attempts`` failed ones (1 -> initial)."""
     delay = policy.backoff_initial_s * policy.backoff_multiplier ** max(0, attempts - 1)
     return float(min(delay, policy.backoff_max_s))
+
+
+def retry_after_ms(policy: QueuePolicySettings, failed: int, delay_s: float | None) -> int | None:
+    """How a failed attempt is retried: the delay before the next one (``delay_s`` when the consumer
+    asked for one, else the backoff), or ``None`` when ``failed`` attempts exhaust ``max_attempts``
+    and the message is dead-lettered instead."""
+    if failed >= policy.max_attempts:
+        return None
+    delay = backoff_s(policy, failed) if delay_s is None else max(0.0, delay_s)
+    return int(delay * 1000)
+
+
+def exhausted(policy: QueuePolicySettings, failed: int) -> bool:
+    """A delivery that came back unsettled (time-out, disconnect) after ``failed`` attempts is
+    dead-lettered rather than offered again."""
+    return failed >= policy.max_attempts
+
+
+#: Why a message died, in RabbitMQ's words (x-death ``reason``).
+DEATH_EXPIRED: Final = "expired"
+DEATH_REJECTED: Final = "rejected"
+DEATH_LIMIT: Final = "delivery_limit"
+DEATH_MAXLEN: Final = "maxlen"
+
+
+def death_kind(reason: str) -> str:
+    if reason == "max_attempts":
+        return DEATH_LIMIT
+    if reason in (DEATH_EXPIRED, DEATH_MAXLEN):
+        return reason
+    return DEATH_REJECTED
+
+
+def with_death(message: Message, queue: str, reason: str) -> Message:
+    """A copy of ``message`` whose ``extra["deaths"]`` records this death as RabbitMQ's x-death
+    does: one entry per (queue, reason), newest first, its count raised on each cycle; the first
+    death is kept apart (x-first-death-*). Protocol-neutral: the AMQP 0.9.1 mapping turns it into
+    headers."""
+    extra = dict(message.extra)
+    previous = extra.get("deaths")
+    deaths = [dict(d) for d in previous if isinstance(d, dict)] if isinstance(previous, list) else []
+    exchange = extra.get("exchange")
+    key = extra.get("routing_key")
+    for i, death in enumerate(deaths):
+        if death.get("queue") == queue and death.get("reason") == reason:
+            count = death.get("count")
+            death["count"] = (count if isinstance(count, int) else 0) + 1
+            deaths.insert(0, deaths.pop(i))
+            break
+    else:
+        death = {
+            "queue": queue,
+            "reason": reason,
+            "count": 1,
+            "time": now_ms(),
+            "exchange": exchange if isinstance(exchange, str) else "",
+            "routing_keys": [key if isinstance(key, str) else queue],
+        }
+        expiration = extra.get("expiration")
+        if isinstance(expiration, str):
+            death["original_expiration"] = expiration
+        deaths.insert(0, death)
+    extra["deaths"] = deaths
+    extra.pop("expiration", None)  # a dead letter does not expire by its old TTL
+    if "first_death" not in extra:
+        extra["first_death"] = {"queue": queue, "reason": reason, "exchange": deaths[0]["exchange"]}
+    return message.copy_with(extra=extra, expires_at_ms=None)
 
 
 def expiry_ms(policy: QueuePolicySettings, published_at: int, message_expiry: int | None) -> int | None:

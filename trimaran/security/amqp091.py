@@ -4,7 +4,9 @@ Queues are ``$queue/<name>``: queue.declare, bind, unbind, purge and delete need
 basic.consume and basic.get need read. A binding from ``amq.topic`` also reads the topics its key
 names (``a.*`` reads ``a/+``), so it needs read on that filter too: otherwise a queue of one's own
 bound to another user's topics would read them. Exchanges other than the built-in ones are configured
-as ``$exchange/<name>``. A queue this connection declared exclusive needs no rule: it is its own.
+as ``$exchange/<name>``; a queue declared with ``x-dead-letter-exchange`` also needs write on that
+exchange (``$exchange/amq.default`` for the default one) and read on itself, as in RabbitMQ.
+A queue this connection declared exclusive needs no rule: it is its own.
 Publishing is checked where it is routed (:func:`publish_targets`, :func:`check_queue_publish`).
 """
 
@@ -26,7 +28,14 @@ if TYPE_CHECKING:
 
 REPLY_TO: Final = "amq.rabbitmq.reply-to"
 EXCHANGE_PREFIX: Final = "$exchange/"
+DEFAULT_EXCHANGE: Final = "amq.default"  # the nameless exchange, as RabbitMQ names it in permissions
+DEAD_LETTER_EXCHANGE: Final = "x-dead-letter-exchange"
 ACCESS_REFUSED: Final = spec.ACCESS_REFUSED
+
+
+def exchange_topic(name: str) -> str:
+    """An exchange in the rules: ``$exchange/<name>``, the default exchange as ``amq.default``."""
+    return EXCHANGE_PREFIX + (name or DEFAULT_EXCHANGE)
 
 
 def _refusal(access: str, topic: str, method: spec.Method) -> spec.ProtocolError:
@@ -66,6 +75,14 @@ def method_needs(
     if isinstance(method, spec.QueueDeclare):
         if method.queue and method.queue != REPLY_TO:
             queue(method.queue, READ if method.passive else CONFIGURE)
+        dlx = (method.arguments or {}).get(DEAD_LETTER_EXCHANGE)
+        if not method.passive and isinstance(dlx, str):
+            # Dead letters are published by the server on the declarer's behalf, later and to
+            # whatever the exchange routes them to: as RabbitMQ, the declarer must be able to read
+            # the queue and write the exchange, or a queue of one's own would post into others'.
+            if method.queue:  # a server-named queue is this connection's own
+                queue(method.queue, READ)
+            needs.append((WRITE, exchange_topic(dlx)))
     elif isinstance(method, spec.QueueBind):
         queue(method.queue, CONFIGURE)
         bound(method.exchange, method.routing_key)

@@ -108,11 +108,18 @@ class Principal:
         self.host = host
         # Dicts as sets: an empty dict is a quarter of an empty set, and most connections own no
         # queue and are never refused.
-        self.own_queues: dict[str, None] = {}  # server-named and temporary queues this connection made
-        self.warned: dict[tuple[str, str], None] = {}
+        # Server-named and temporary queues this connection made; made with the first one.
+        self.own_queues: dict[str, None] | None = None
+        self.warned: dict[tuple[str, str], None] | None = None  # made at the first refusal
         self._rules: list[acl.Rule] | None = None
         self._generation = -1
-        self._decisions: dict[tuple[str, str], bool] = {}
+        self._decisions: dict[tuple[str, str], bool] | None = None  # made at the first check
+
+    def own(self, queue: str) -> None:
+        """``queue`` was made by this connection (server-named or temporary): it may use it."""
+        if self.own_queues is None:
+            self.own_queues = {}
+        self.own_queues[queue] = None
 
     def rename(self, client_id: str) -> None:
         """The client's id became known later (AMQP's connection name): rules are looked up again."""
@@ -405,20 +412,21 @@ class Security:
         if rules is None:
             return True
         queue = queue_of(topic)
-        if queue is not None and queue in who.own_queues:
+        if queue is not None and who.own_queues is not None and queue in who.own_queues:
             return True
-        if who._generation != self.generation:
+        decisions = who._decisions
+        if who._generation != self.generation or decisions is None:
             who._generation = self.generation
             who._rules = rules.rules_for(who.user, who.client_id)
-            who._decisions.clear()
+            decisions = who._decisions = {}
         key = (access, topic)
-        decided = who._decisions.get(key)
+        decided = decisions.get(key)
         if decided is None:
             assert who._rules is not None
             decided = acl.decide(who._rules, access, topic)
-            if len(who._decisions) >= DECISION_CACHE:
-                who._decisions.clear()
-            who._decisions[key] = decided
+            if len(decisions) >= DECISION_CACHE:
+                decisions.clear()
+            decisions[key] = decided
         return decided
 
     def authorize(self, who: Principal, access: str, topic: str) -> bool:
@@ -431,8 +439,11 @@ class Security:
     def refused(self, who: Principal, access: str, topic: str, why: str = "not allowed") -> None:
         self.refusals[who.protocol] += 1
         key = (access, topic)
-        if key not in who.warned and len(who.warned) < 1000:
-            who.warned[key] = None
+        warned = who.warned
+        if warned is None:
+            warned = who.warned = {}
+        if key not in warned and len(warned) < 1000:
+            warned[key] = None
             log.warning("auth: %s may not %s %r: %s", who, access, topic, why)
 
 

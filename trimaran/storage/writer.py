@@ -55,7 +55,7 @@ class WriteBatch:
     queue_next: dict[str, int] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
     # Anything else, run first in the same transaction (declare, delete, purge, claims); results are
-    # returned in order in Ticket.results.
+    # returned in order in Receipt.results.
     calls: list[Callable[[Connection], Any]] = field(default_factory=list)
 
     def rows(self) -> int:
@@ -95,8 +95,9 @@ class WriterError(Exception):
     """The transaction holding a submission failed."""
 
 
-class Ticket:
-    """One submission's fate. ``event`` is set on the loop once committed (or failed)."""
+class Receipt:
+    """One submission's fate, the "committed" future. ``event`` is set on the loop once committed (or
+    failed)."""
 
     __slots__ = ("batch", "done", "error", "event", "followers", "on_commit", "on_results", "results", "rows")
 
@@ -141,7 +142,7 @@ class GroupCommitWriter:
         self.interval_s = commit_interval_ms / 1000.0
         self.batch_max = commit_batch_max
         self._cond = threading.Condition(threading.Lock())
-        self._items: list[Ticket] = []
+        self._items: list[Receipt] = []
         self._rows = 0
         self._idle = False  # the thread waits for work: a submit must notify it
         self._wake_pending = False  # a wake is scheduled for the end of the loop's turn
@@ -191,14 +192,14 @@ class GroupCommitWriter:
         wait: bool = False,
         on_commit: Callable[[], None] | None = None,
         on_results: Callable[[list[Any]], None] | None = None,
-    ) -> Ticket:
+    ) -> Receipt:
         """Queue a batch. ``on_commit`` / ``on_results`` run on the loop after the commit."""
-        ticket = Ticket(batch, anyio.Event() if wait else None, on_commit, on_results)
+        receipt = Receipt(batch, anyio.Event() if wait else None, on_commit, on_results)
         if self._thread is None:
             raise WriterError("the writer is not running")
         with self._cond:
-            self._items.append(ticket)
-            self._rows += ticket.rows
+            self._items.append(receipt)
+            self._rows += receipt.rows
             if self._rows >= self.batch_max:
                 self._cond.notify()
             elif self._idle and not self._wake_pending:
@@ -210,7 +211,7 @@ class GroupCommitWriter:
                     self._wake_pending = True
                     self._loop.call_soon(self._wake)
         self.submissions += 1
-        return ticket
+        return receipt
 
     def _wake(self) -> None:
         with self._cond:
@@ -222,7 +223,7 @@ class GroupCommitWriter:
 
     # -- the thread ------------------------------------------------------------------------------
 
-    def _take(self) -> list[Ticket] | None:
+    def _take(self) -> list[Receipt] | None:
         cond = self._cond
         with cond:
             idle = False
@@ -236,7 +237,7 @@ class GroupCommitWriter:
                 # Back-to-back commits, and an operator asked for bigger batches: gather a while
                 # (submitters notify only when the batch is full). Never after idleness.
                 cond.wait(self.interval_s)
-            taken: list[Ticket] = []
+            taken: list[Receipt] = []
             rows = 0
             items = self._items
             i = 0
@@ -252,61 +253,61 @@ class GroupCommitWriter:
         connection = self.engine.connect()
         try:
             while True:
-                tickets = self._take()
-                if tickets is None:
+                receipts = self._take()
+                if receipts is None:
                     break
                 started = time.perf_counter()
-                self._write(connection, tickets)
+                self._write(connection, receipts)
                 spent = time.perf_counter() - started
                 self.busy_s += spent
                 observe = self.on_transaction
                 if observe is not None:
                     try:
-                        observe(spent, sum(t.rows for t in tickets))
+                        observe(spent, sum(t.rows for t in receipts))
                     except Exception:
                         log.exception("on_transaction callback failed")
-                self._release(tickets)
+                self._release(receipts)
         except BaseException:  # pragma: no cover - the thread must never die silently
             log.exception("queue writer thread failed")
             raise
         finally:
             connection.close()
 
-    def _write(self, connection: Connection, tickets: list[Ticket]) -> None:
+    def _write(self, connection: Connection, receipts: list[Receipt]) -> None:
         try:
             with connection.begin():
-                results = [r for run in _runs(tickets) for r in apply(connection, _merged(run))]
+                results = [r for run in _runs(receipts) for r in apply(connection, _merged(run))]
             self.transactions += 1
             i = 0
-            for ticket in tickets:
-                n = len(ticket.batch.calls)
-                ticket.results = results[i : i + n]
+            for receipt in receipts:
+                n = len(receipt.batch.calls)
+                receipt.results = results[i : i + n]
                 i += n
             return
         except Exception as exc:
-            if len(tickets) == 1:
+            if len(receipts) == 1:
                 log.exception("queue write failed")
-                tickets[0].error = exc
+                receipts[0].error = exc
                 return
-            log.warning("a batch of %d submissions failed; retrying one by one", len(tickets), exc_info=True)
-        for ticket in tickets:
+            log.warning("a batch of %d submissions failed; retrying one by one", len(receipts), exc_info=True)
+        for receipt in receipts:
             try:
                 with connection.begin():
-                    ticket.results = apply(connection, ticket.batch)
+                    receipt.results = apply(connection, receipt.batch)
                 self.transactions += 1
             except Exception as exc:
                 log.exception("queue write failed")
-                ticket.error = exc
+                receipt.error = exc
 
-    def _release(self, tickets: list[Ticket]) -> None:
+    def _release(self, receipts: list[Receipt]) -> None:
         if self._loop is not None:
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
-                self._loop.call_soon_threadsafe(self._completed, tickets)
+                self._loop.call_soon_threadsafe(self._completed, receipts)
         else:
-            anyio.from_thread.run_sync(self._completed, tickets, token=self._token)
+            anyio.from_thread.run_sync(self._completed, receipts, token=self._token)
 
-    def _completed(self, tickets: list[Ticket]) -> None:
-        _complete(tickets)
+    def _completed(self, receipts: list[Receipt]) -> None:
+        _complete(receipts)
         if self.batch_done is not None:
             try:
                 self.batch_done()
@@ -314,27 +315,27 @@ class GroupCommitWriter:
                 log.exception("batch_done callback failed")
 
 
-def _runs(tickets: list[Ticket]) -> list[list[Ticket]]:
+def _runs(receipts: list[Receipt]) -> list[list[Receipt]]:
     """Split submissions into runs that merge without reordering: a batch's calls run before its
     rows, so a batch with calls starts a new run. Merged behind earlier submissions, a queue delete or
     purge would run before their rows and leave them behind (a delivery's pending row outliving its
     deleted queue, a message row its purge)."""
-    runs: list[list[Ticket]] = []
-    for ticket in tickets:
-        if not runs or ticket.batch.calls:
-            runs.append([ticket])
+    runs: list[list[Receipt]] = []
+    for receipt in receipts:
+        if not runs or receipt.batch.calls:
+            runs.append([receipt])
         else:
-            runs[-1].append(ticket)
+            runs[-1].append(receipt)
     return runs
 
 
-def _merged(run: list[Ticket]) -> WriteBatch:
+def _merged(run: list[Receipt]) -> WriteBatch:
     if len(run) == 1:
         batch = run[0].batch
         return _without_transients(batch) if batch.messages and batch.message_deletes else batch
     merged = WriteBatch()
-    for ticket in run:
-        merged.merge(ticket.batch)
+    for receipt in run:
+        merged.merge(receipt.batch)
     return _without_transients(merged) if merged.messages and merged.message_deletes else merged
 
 
@@ -358,24 +359,24 @@ def _without_transients(batch: WriteBatch) -> WriteBatch:
     )
 
 
-def _complete(tickets: list[Ticket]) -> None:
+def _complete(receipts: list[Receipt]) -> None:
     """On the event loop: callbacks in submission order, then wake the waiters."""
-    for ticket in tickets:
-        if ticket.error is None and ticket.on_commit is not None:
+    for receipt in receipts:
+        if receipt.error is None and receipt.on_commit is not None:
             try:
-                ticket.on_commit()
+                receipt.on_commit()
             except Exception:
                 log.exception("on_commit callback failed")
-        if ticket.on_results is not None:
+        if receipt.on_results is not None:
             try:
-                ticket.on_results(ticket.results if ticket.error is None else [])
+                receipt.on_results(receipt.results if receipt.error is None else [])
             except Exception:
                 log.exception("on_results callback failed")
-        ticket.done = True
-        if ticket.event is not None:
-            ticket.event.set()
-        if ticket.followers is not None:
-            for follower in ticket.followers:
+        receipt.done = True
+        if receipt.event is not None:
+            receipt.event.set()
+        if receipt.followers is not None:
+            for follower in receipt.followers:
                 try:
                     follower()
                 except Exception:

@@ -178,7 +178,29 @@ async function peek(name) {
   $("peek").hidden = false;
 }
 
-const TABS = { overview, connections, sessions, queues, publish: async () => {} };
+const ago = (ms) => (ms ? `${duration(Date.now() / 1000 - ms / 1000)} ago` : "never");
+
+async function webhooks() {
+  const items = await all("/api/v1/webhooks");
+  $("webhooks-none").hidden = items.length > 0;
+  fill($("webhook-rows"), items, (row, w) => {
+    row.dataset.webhook = w.name;
+    cell(row, w.name); cell(row, w.url); cell(row, w.events.join(", "));
+    const health = cell(row, w.healthy ? "healthy" : "failing");
+    health.dataset.field = "health";
+    health.className = w.healthy ? "good" : "bad";
+    cell(row, w.breaker.replace("_", "-"));
+    cell(row, w.consecutive_failures);
+    const error = cell(row, w.last_error ? `${w.last_error} (${ago(w.last_error_at_ms)})` : "-");
+    error.dataset.field = "last-error";
+    error.className = "wrap";
+    cell(row, ago(w.last_success_at_ms));
+    cell(row, `${w.queued} / ${w.queue_size}`); cell(row, w.in_flight);
+    cell(row, w.sent); cell(row, w.dropped).dataset.field = "dropped"; cell(row, w.failed);
+  });
+}
+
+const TABS = { overview, connections, sessions, queues, webhooks, publish: async () => {} };
 
 async function refresh() {
   if (!state.token) return;

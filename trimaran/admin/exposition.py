@@ -1,6 +1,6 @@
 """``/metrics`` through ``prometheus_client``: one registry per server, fed by the OTel instruments.
 
-The broker's numbers are OpenTelemetry instruments (trimaran/broker/telemetry.py), so OTLP export and
+The broker's numbers are OpenTelemetry instruments (trimaran/admin/telemetry.py), so OTLP export and
 Prometheus scraping see the same values. :class:`OtelBridge` turns what the in-memory reader collects
 into ``prometheus_client`` metric families at scrape time; the registry adds the process
 (``process_cpu_seconds_total``, ``process_resident_memory_bytes``, ``process_open_fds``,

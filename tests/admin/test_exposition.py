@@ -7,7 +7,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from trimaran import __version__
-from trimaran.broker.telemetry import Telemetry
+from trimaran.admin.telemetry import Telemetry
 from trimaran.config import TelemetrySettings
 from trimaran.runtime.runner import Runner
 

@@ -24,26 +24,25 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.json_schema import models_json_schema
 
 from trimaran import __version__
-from trimaran.broker.http import HttpError, HttpServer, Request, Response
+from trimaran.admin.http import HttpError, HttpServer, Request, Response
+from trimaran.admin.telemetry import PROMETHEUS_CONTENT_TYPE, Telemetry
+from trimaran.admin.view import AdminView, NotReady, QueueOps
 from trimaran.broker.message import Message, now_ms
-from trimaran.broker.telemetry import FRONT_ENDS, PROMETHEUS_CONTENT_TYPE
-from trimaran.config import DeclaredQueue, QueuePolicySettings
+from trimaran.broker.sessions import SessionDirectory, SessionInfo
+from trimaran.config import DeclaredQueue, HttpSettings, QueuePolicySettings
 from trimaran.queue.policy import QueueError, parse_queue_topic
 from trimaran.topics import TopicError, validate_topic_name
 
 if TYPE_CHECKING:
-    from trimaran.app import App
-    from trimaran.broker.clients import ClientInfo
-    from trimaran.broker.core import Broker
-    from trimaran.mqtt.handler import MqttEndpoint, MqttFrontEnd
+    from trimaran.broker.clients import ClientInfo, ClientRegistry
     from trimaran.queue.groups import StoredMessage
-    from trimaran.queue.manager import QueueInfo, QueueManager
+    from trimaran.queue.manager import QueueInfo
 
 log = logging.getLogger(__name__)
 
@@ -241,6 +240,32 @@ class PublishOut(Model):
     message_id: str | None = None
 
 
+class WebhookOut(Model):
+    name: str = Field(description="webhook-<n>: the n-th [[webhooks.endpoints]] entry, from 0")
+    url: str = Field(description="scheme://host[:port], and '/…' for a path (it may hold a secret)")
+    events: list[str] = Field(description="event types or patterns, as configured")
+    topics: list[str] = Field(description="topic filters for the message events")
+    healthy: bool = Field(description="false from a failed request until one succeeds")
+    breaker: Literal["closed", "open", "half_open"]
+    consecutive_failures: int
+    last_error: str | None
+    last_error_at_ms: int | None
+    last_success_at_ms: int | None
+    queued: int = Field(description="events waiting to be sent")
+    queue_size: int
+    in_flight: int = Field(description="events in the request being sent")
+    accepted: int
+    sent: int = Field(description="events delivered (2xx)")
+    dropped: int = Field(description="events given up: queue full, failed every retry, or at shutdown")
+    dropped_queue_full: int
+    dropped_failed: int
+    dropped_shutdown: int
+    requests: int
+    failed: int = Field(description="requests without an answer or with a non-2xx status")
+    retried: int
+    connections: int = Field(description="connections opened to the endpoint (kept alive and reused)")
+
+
 def page_model(item: type[BaseModel]) -> type[BaseModel]:
     return create_model(
         f"{item.__name__}Page",
@@ -256,6 +281,7 @@ SessionPage = page_model(SessionOut)
 SubscriptionPage = page_model(SubscriptionOut)
 QueuePage = page_model(QueueOut)
 MessagePage = page_model(MessageOut)
+WebhookPage = page_model(WebhookOut)
 
 
 # -- the route table --------------------------------------------------------------------------------
@@ -300,13 +326,18 @@ class ApiRoute:
             statuses.append(404)
         if self.body is not None:
             statuses.append(413)
+        if self.auth:
+            statuses.append(503)  # NotReady: the server is starting
         return statuses
 
 
 class AdminApi:
-    def __init__(self, app: App) -> None:
-        self.app = app
-        self.tokens = [t.get_secret_value().encode() for t in app.settings.http.tokens]
+    """The routes over a narrow view of the server (trimaran/admin/view.py), never the whole app."""
+
+    def __init__(self, view: AdminView, settings: HttpSettings, telemetry: Telemetry) -> None:
+        self.view = view
+        self.telemetry = telemetry
+        self.tokens = [t.get_secret_value().encode() for t in settings.tokens]
         self.routes = self._routes()
 
     # -- registration and auth ---------------------------------------------------------------------
@@ -326,7 +357,10 @@ class AdminApi:
             refusal = self._refusal(request)
             if refusal is not None:
                 return refusal
-            return await handler(request)
+            try:
+                return await handler(request)
+            except NotReady:
+                raise HttpError(503, "starting", "the broker is starting") from None
 
         return guarded
 
@@ -386,7 +420,7 @@ class AdminApi:
                 f"{p}/cluster",
                 "The nodes sharing this database, with state, last heartbeat and routes (404 alone)",
                 self.cluster,
-                {200: ClusterOut},
+                {200: ClusterOut, 404: ErrorBody},
             ),
             ApiRoute(
                 "GET",
@@ -487,6 +521,15 @@ class AdminApi:
                 body_required=False,
             ),
             ApiRoute(
+                "GET",
+                f"{p}/webhooks",
+                "Webhook endpoints and their state: health, last error and success, queue, counters",
+                self.list_webhooks,
+                {200: WebhookPage},
+                query=PAGED,
+                tags=("webhooks",),
+            ),
+            ApiRoute(
                 "POST",
                 f"{p}/auth/reload",
                 "Read auth.password_file and auth.acl_file again (as SIGHUP does); no client is dropped",
@@ -507,34 +550,16 @@ class AdminApi:
     # -- health and metrics (open) -------------------------------------------------------------------
 
     async def healthz(self, _request: Request) -> Response:
-        app = self.app
-        return _ok(Health(status="ok", version=__version__, uptime_s=round(time.time() - app.started_at, 3)))
+        uptime = round(time.time() - self.view.started_at, 3)
+        return _ok(Health(status="ok", version=__version__, uptime_s=uptime))
 
     async def readyz(self, _request: Request) -> Response:
-        app = self.app
-        checks: dict[str, Any] = {
-            "storage": app.storage is not None
-            and await app.storage.aping(app.settings.storage.ready_timeout_s),
-            "listeners": {
-                listener.name: str(listener.bound) if listener.bound else None for listener in app.listeners
-            },
-            "accepting": app.ready,
-        }
-        broker = app.broker
-        if broker is not None and broker.retained_write_error is not None:
-            # retained messages PUBACKed but not on disk: kept in memory and retried, not ready
-            unwritten, error = broker.retained_unwritten, broker.retained_write_error
-            checks["retained_writes"] = f"failing ({unwritten} unwritten): {error}"
-        ok = (
-            bool(checks["storage"])
-            and app.ready
-            and all(checks["listeners"].values())
-            and "retained_writes" not in checks
-        )
-        return _ok(Readiness(status="ready" if ok else "not ready", checks=checks), 200 if ok else 503)
+        ready = await self.view.readiness()
+        status: Literal["ready", "not ready"] = "ready" if ready.ok else "not ready"
+        return _ok(Readiness(status=status, checks=ready.checks), 200 if ready.ok else 503)
 
     async def metrics(self, _request: Request) -> Response:
-        telemetry = self.app.telemetry
+        telemetry = self.telemetry
         if not telemetry.enabled:
             raise HttpError(404, "not_found", "metrics are off (telemetry.metrics = false)")
         body, content_type = telemetry.exposition(_request.headers.get("accept", ""))
@@ -546,41 +571,34 @@ class AdminApi:
     # -- overview and clients -----------------------------------------------------------------------
 
     async def cluster(self, _request: Request) -> Response:
-        cluster = self.app.cluster
-        if cluster is None:
+        nodes = await self.view.cluster_nodes()
+        if nodes is None:
             raise HttpError(404, "not_found", "this node is not in a cluster (cluster.enabled = false)")
-        return _ok(ClusterOut.model_validate(await cluster.describe()))
+        return _ok(ClusterOut.model_validate(nodes))
 
     async def overview(self, _request: Request) -> Response:
-        app = self.app
-        broker = self._broker()
-        stats = broker.stats
-        connections = {**dict.fromkeys(FRONT_ENDS, 0), **broker.clients.count_by_protocol()}
+        view = self.view
+        counts = view.counts()
         return _ok(
             Overview(
                 version=__version__,
-                node=app.settings.node_name,
-                uptime_s=round(time.time() - app.started_at, 3),
-                started_at_ms=int(app.started_at * 1000),
-                connections=connections,
-                sessions=len(app.mqtt.endpoints) if app.mqtt is not None else 0,
-                subscriptions=broker.router.count(),
-                retained=broker.retained.count(),
-                queues=len(app.queues.queues) if app.queues is not None else 0,
-                messages={
-                    "received": stats.messages_received,
-                    "sent": stats.messages_sent,
-                    "dropped": stats.messages_dropped,
-                    "routed": stats.publish_routed,
-                },
-                bytes={"received": stats.bytes_received, "sent": stats.bytes_sent},
+                node=view.node,
+                uptime_s=round(time.time() - view.started_at, 3),
+                started_at_ms=int(view.started_at * 1000),
+                connections=counts.connections,
+                sessions=counts.sessions,
+                subscriptions=counts.subscriptions,
+                retained=counts.retained,
+                queues=counts.queues,
+                messages=counts.messages,
+                bytes=counts.bytes,
             )
         )
 
     async def list_clients(self, request: Request) -> Response:
         protocol = request.arg("protocol")
         clients = sorted(
-            (c for c in self._broker().clients if protocol is None or c.protocol == protocol),
+            (c for c in self.view.clients() if protocol is None or c.protocol == protocol),
             key=lambda c: (c.since_ms, c.key),
         )
         items = [(c.since_ms, c.key) for c in clients]
@@ -597,7 +615,7 @@ class AdminApi:
 
     def _client(self, key: str) -> ClientInfo:
         """A client by its connection id (``mqtt-12``) or by its client id, as people know it."""
-        clients = self._broker().clients
+        clients: ClientRegistry = self.view.clients()
         client = clients.get(key)
         if client is not None:
             return client
@@ -612,35 +630,34 @@ class AdminApi:
     # -- sessions and subscriptions -------------------------------------------------------------------
 
     async def list_sessions(self, request: Request) -> Response:
-        mqtt = self._mqtt()
         connected = _bool_arg(request, "connected")
-        endpoints = sorted(
-            (e for e in mqtt.endpoints.values() if connected is None or (e.conn is not None) == connected),
-            key=lambda e: e.client_id,
+        sessions = sorted(
+            (s for s in self._sessions().sessions() if connected is None or s.connected == connected),
+            key=lambda s: s.client_id,
         )
-        return _page(request, SessionPage, endpoints, [e.client_id for e in endpoints], _session_out)
+        return _page(request, SessionPage, sessions, [s.client_id for s in sessions], _session_out)
 
     async def show_session(self, request: Request) -> Response:
-        endpoint = self._mqtt().endpoints.get(request.params["client_id"])
-        if endpoint is None:
+        session = self._sessions().session(request.params["client_id"])
+        if session is None:
             raise HttpError(404, "no_session", f"no session for client {request.params['client_id']}")
         subscriptions = [
             SessionSubscription(
                 topic_filter=s.topic_filter,
-                qos=s.options.qos,
-                no_local=s.options.no_local,
-                retain_as_published=s.options.retain_as_published,
-                retain_handling=s.options.retain_handling,
+                qos=s.qos,
+                no_local=s.no_local,
+                retain_as_published=s.retain_as_published,
+                retain_handling=s.retain_handling,
                 subscription_identifier=s.subscription_identifier,
             )
-            for s in endpoint.session.subscriptions.values()
+            for s in session.subscriptions
         ]
-        out = _session_out(endpoint)
+        out = _session_out(session)
         return _ok(SessionDetail(**out.model_dump(), subscriptions=subscriptions))
 
     async def delete_session(self, request: Request) -> Response:
         client_id = request.params["client_id"]
-        if not self._mqtt().delete_session(client_id):
+        if not self._sessions().delete_session(client_id):
             raise HttpError(404, "no_session", f"no session for client {client_id}")
         return _ok(Done(ok=True, detail=f"session {client_id} deleted"))
 
@@ -648,7 +665,7 @@ class AdminApi:
         wanted_filter = request.arg("filter")
         wanted_client = request.arg("client")
         rows = []
-        for sub in self._broker().router.iter_subscriptions():
+        for sub in self.view.subscriptions():
             client_id = str(sub.subscriber.id)
             if wanted_filter is not None and sub.topic_filter != wanted_filter:
                 continue
@@ -748,7 +765,6 @@ class AdminApi:
 
     async def publish(self, request: Request) -> Response:
         body = _body(request, PublishIn)
-        broker = self._broker()
         if body.encoding == "base64":
             try:
                 payload = base64.b64decode(body.payload, validate=True)
@@ -778,10 +794,9 @@ class AdminApi:
                 raise HttpError(400, "bad_request", "a queue message cannot be retained")
             queue, routing_key, _ = parsed
             try:
-                result = await self._queues().publish(queue, message, routing_key)
+                result = await self.view.publish_to_queue(queue, message, routing_key)
             except QueueError as exc:
                 raise _queue_error(exc) from None
-            broker.stats.messages_received += 1
             return _ok(
                 PublishOut(
                     topic=body.topic, queue=result.queue, offset=result.offset, message_id=result.message_id
@@ -793,36 +808,32 @@ class AdminApi:
             raise HttpError(400, "bad_topic", str(exc)) from None
         if body.topic.startswith("$"):
             raise HttpError(400, "bad_topic", "topics starting with $ are the broker's own")
-        broker.stats.messages_received += 1
-        delivered = broker.publish(message)
+        delivered = self.view.publish(message)
         return _ok(PublishOut(topic=body.topic, delivered=delivered))
 
+    # -- webhooks -------------------------------------------------------------------------------------
+
+    async def list_webhooks(self, request: Request) -> Response:
+        webhooks = self.view.webhooks
+        if webhooks is None:
+            raise NotReady("webhooks")
+        states = webhooks.stats()
+        return _page(request, WebhookPage, states, list(range(len(states))), _webhook_out)
+
     async def reload_auth(self, _request: Request) -> Response:
-        security = self.app.security
-        if security is None:
-            raise HttpError(503, "starting", "the broker is starting")
-        if not security.reload():
+        if not self.view.reload_security():
             raise HttpError(
                 409, "reload-failed", "a file could not be read; the current rules stay (see log)"
             )
         return _ok(Done(ok=True, detail="users and rules reloaded"))
 
-    # -- parts of the app ----------------------------------------------------------------------------
+    # -- parts of the server (NotReady while starting: 503) ------------------------------------------
 
-    def _broker(self) -> Broker:
-        if self.app.broker is None:
-            raise HttpError(503, "starting", "the broker is starting")
-        return self.app.broker
+    def _sessions(self) -> SessionDirectory:
+        return self.view.session_directory()
 
-    def _mqtt(self) -> MqttFrontEnd:
-        if self.app.mqtt is None:
-            raise HttpError(503, "starting", "the broker is starting")
-        return self.app.mqtt
-
-    def _queues(self) -> QueueManager:
-        if self.app.queues is None:
-            raise HttpError(503, "starting", "the broker is starting")
-        return self.app.queues
+    def _queues(self) -> QueueOps:
+        return self.view.queue_ops()
 
 
 # -- helpers ----------------------------------------------------------------------------------------
@@ -921,22 +932,34 @@ def _page(
     return _ok(body)
 
 
-def _session_out(endpoint: MqttEndpoint) -> SessionOut:
-    session = endpoint.session
-    expires_in = None
-    if endpoint.expires_at is not None:
-        expires_in = round(max(0.0, endpoint.expires_at - time.monotonic()), 3)
+def _session_out(session: SessionInfo) -> SessionOut:
     return SessionOut(
-        client_id=endpoint.client_id,
-        connected=endpoint.conn is not None,
-        protocol_level=endpoint.protocol_level,
-        expiry_interval_s=session.expiry_interval,
-        expires_in_s=expires_in,
-        subscription_count=len(session.subscriptions),
-        inflight=len(session.inflight),
-        queued=len(session.queue),
+        client_id=session.client_id,
+        connected=session.connected,
+        protocol_level=session.protocol_level,
+        expiry_interval_s=session.expiry_interval_s,
+        expires_in_s=session.expires_in_s,
+        subscription_count=session.subscription_count,
+        inflight=session.inflight,
+        queued=session.queued,
         dropped=session.dropped,
     )
+
+
+def _webhook_out(state: dict[str, Any]) -> WebhookOut:
+    fields = {name: state[name] for name in WebhookOut.model_fields if name in state}
+    return WebhookOut(
+        **fields | {"url": _shown_url(state["url"])},
+        last_error_at_ms=state["last_error_ms"],
+        last_success_at_ms=state["last_success_ms"],
+    )
+
+
+def _shown_url(url: str) -> str:
+    """An endpoint's origin: its path and query may carry a secret (hook URLs often do)."""
+    parts = urlsplit(url)
+    origin = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+    return origin + ("/…" if parts.path.strip("/") or parts.query else "")
 
 
 def _queue_out(info: QueueInfo) -> QueueOut:
@@ -1116,5 +1139,5 @@ _STATUS_TEXT = {
     404: "Not found",
     409: "Conflict",
     413: "Request body too large",
-    503: "Not ready",
+    503: "Not ready, or the server is starting",
 }

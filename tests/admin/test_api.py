@@ -446,6 +446,11 @@ def test_metrics_after_traffic(api: Api, mqtt: Endpoints) -> None:
     assert samples['trimaran_queue_consumers{group="$default",queue="metered"}'] == 1
 
 
+def test_webhooks_without_endpoints_is_an_empty_list(api: Api) -> None:
+    status, page, _ = api.call("GET", "/api/v1/webhooks")
+    assert status == 200 and page == {"items": [], "next_cursor": None, "next": None}
+
+
 def test_every_response_was_checked_against_the_document(api: Api) -> None:
     # Runs last in this module: the calls above went through Api.check.
     assert api.checked >= 50

@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
+from trimaran.admin.telemetry import Telemetry, prometheus_name
 from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker
-from trimaran.broker.telemetry import Telemetry, prometheus_name
 from trimaran.config import TelemetrySettings
 
 if TYPE_CHECKING:
-    from trimaran.broker.webhooks import Webhooks
+    from trimaran.admin.webhooks import Webhooks
 
 
 def samples(text: str) -> dict[str, float]:
@@ -45,7 +45,7 @@ def test_counters_are_read_from_the_broker_at_scrape_time() -> None:
 
 
 class FakeWebhooks:
-    """What Telemetry reads of trimaran.broker.webhooks.Webhooks: each endpoint's stats()."""
+    """What Telemetry reads of trimaran.admin.webhooks.Webhooks: each endpoint's stats()."""
 
     def stats(self) -> list[dict[str, Any]]:
         common = {"queued": 4, "dropped": 5, "retried": 1, "breaker": "open"}

@@ -17,9 +17,9 @@ import pytest
 import trustme
 
 from tests.support.webhook_receiver import Receiver, verify
+from trimaran.admin.webhooks import CLOSED, OPEN, CircuitBreaker, Webhooks
 from trimaran.broker.events import CLIENT_CONNECTED, MESSAGE_PUBLISHED, EventBus
 from trimaran.broker.message import PROTOCOL_MQTT, Message
-from trimaran.broker.webhooks import CLOSED, OPEN, CircuitBreaker, Webhooks
 from trimaran.config import WebhookEndpoint, WebhookSettings
 
 pytestmark = pytest.mark.anyio
@@ -189,6 +189,25 @@ async def test_retry_after_500_then_success(receiver: Receiver) -> None:
     assert all(verify(SECRET.encode(), r.headers, r.body) for r in receiver.requests)
     assert stats["requests"] == 3 and stats["failed"] == 2 and stats["retried"] == 2
     assert stats["dropped"] == 0 and stats["breaker"] == CLOSED
+
+
+async def test_health_fails_with_the_last_error_and_recovers_on_success(receiver: Receiver) -> None:
+    receiver.statuses.extend([500, 502])
+    config = settings(receiver.url, breaker_threshold=2, breaker_cooldown_s=0.5, max_retries=5)
+    async with running(config) as (bus, hooks):
+        dispatcher = hooks.dispatchers[0]
+        assert dispatcher.healthy and hooks.stats()[0]["last_success_ms"] is None
+        connected(bus, "c1")
+        await wait_until(lambda: dispatcher.breaker.state == OPEN)  # cooling down: nothing is sent
+        failing = hooks.stats()[0]
+        assert not failing["healthy"] and failing["consecutive_failures"] == 2
+        assert failing["last_error"] == "HTTP 502" and failing["last_success_ms"] is None
+        assert failing["in_flight"] == 1 and failing["events"] == ["*"]
+        await wait_until(lambda: dispatcher.sent == 1)
+        recovered = hooks.stats()[0]
+    assert recovered["healthy"] and recovered["consecutive_failures"] == 0
+    assert recovered["last_error"] == "HTTP 502"  # kept: when it last failed, and why
+    assert recovered["last_success_ms"] >= recovered["last_error_ms"] >= failing["last_error_ms"]
 
 
 async def test_a_refusal_is_not_retried(receiver: Receiver) -> None:

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 
-from trimaran.broker.http import HttpError, HttpServer, Request, Response
+from trimaran.admin.http import HttpError, HttpServer, Request, Response
 
 pytestmark = pytest.mark.anyio
 

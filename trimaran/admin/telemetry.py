@@ -7,7 +7,7 @@ of their own are recorded as they happen, and none of them is per message: one h
 storage transaction (from the writer thread) and one count per webhook delivery attempt.
 
 ``/metrics`` is rendered by ``prometheus_client`` from a registry of this server's own
-(trimaran/broker/exposition.py: the instruments below through an in-memory reader, plus the process,
+(trimaran/admin/exposition.py: the instruments below through an in-memory reader, plus the process,
 platform and GC collectors; text format or OpenMetrics), rather than through
 ``opentelemetry-exporter-prometheus``: that exporter is a pre-release pinned to one SDK version and
 registers into the process-global registry, which breaks as soon as two servers live in one process
@@ -35,15 +35,15 @@ from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, V
 from opentelemetry.sdk.resources import Resource
 
 from trimaran import __version__
-from trimaran.broker import exposition
-from trimaran.broker.exposition import prometheus_name as prometheus_name
+from trimaran.admin import exposition
+from trimaran.admin.exposition import prometheus_name as prometheus_name
 from trimaran.broker.message import PROTOCOL_AMQP091, PROTOCOL_AMQP1, PROTOCOL_MQTT
 from trimaran.config import TelemetrySettings
 
 if TYPE_CHECKING:
+    from trimaran.admin.webhooks import Webhooks
     from trimaran.broker.core import Broker
-    from trimaran.broker.webhooks import Webhooks
-    from trimaran.mqtt.handler import MqttFrontEnd
+    from trimaran.broker.sessions import SessionDirectory
     from trimaran.queue.groups import Group
     from trimaran.queue.manager import QueueManager
     from trimaran.runtime.runner import Runner
@@ -93,7 +93,7 @@ class Telemetry:
         self.per_object = settings.per_object_metrics
         self.broker: Broker | None = None
         self.queues: QueueManager | None = None
-        self.mqtt: MqttFrontEnd | None = None
+        self.sessions: SessionDirectory | None = None
         self.webhooks: Webhooks | None = None
         self.security: Security | None = None
         self.runner: Runner | None = None
@@ -269,11 +269,11 @@ class Telemetry:
         self,
         broker: Broker | None = None,
         queues: QueueManager | None = None,
-        mqtt: MqttFrontEnd | None = None,
+        sessions: SessionDirectory | None = None,
         webhooks: Webhooks | None = None,
         runner: Runner | None = None,
     ) -> None:
-        self.broker, self.queues, self.mqtt, self.webhooks = broker, queues, mqtt, webhooks
+        self.broker, self.queues, self.sessions, self.webhooks = broker, queues, sessions, webhooks
         self.runner = runner
         if queues is not None:
             queues.writer.on_transaction = self.commit_observed
@@ -351,7 +351,7 @@ class Telemetry:
         return observe
 
     def _webhook(self, name: str) -> Callback:
-        """One of each endpoint's own counters (trimaran/broker/webhooks.py), per endpoint."""
+        """One of each endpoint's own counters (trimaran/admin/webhooks.py), per endpoint."""
 
         def observe(_options: CallbackOptions) -> Iterable[Observation]:
             if self.webhooks is None:
@@ -411,7 +411,7 @@ class Telemetry:
         return [Observation(n, {"protocol": protocol}) for protocol, n in counts.items()]
 
     def _sessions(self, _options: CallbackOptions) -> Iterable[Observation]:
-        return [] if self.mqtt is None else [Observation(len(self.mqtt.endpoints))]
+        return [] if self.sessions is None else [Observation(self.sessions.session_count())]
 
     def _each_queue(self) -> Iterator[Any]:
         if self.queues is None:

@@ -1,5 +1,7 @@
 """The management page at /ui in a real headless Chromium (selenium): log in with a token, see a
-queue appear after an MQTT publish, purge it, kick a client; and the files it is served from.
+queue appear after an MQTT publish, purge it, publish from the page, see the sessions, kick a client,
+see a failing webhook endpoint; and the files it is served from. With TRIMARAN_SCREENSHOTS=DIR it
+takes the README's screenshots of each page.
 
 Needs Debian's ``chromium`` and ``chromium-driver`` (scripts/system-deps.sh installs them) and
 selenium (the dev extra); the browser tests are skipped, saying which is missing, without them.
@@ -11,6 +13,7 @@ import http.client
 import json
 import os
 import shutil
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,9 +44,25 @@ def _browser_missing() -> str | None:
 needs_browser = pytest.mark.skipif(_browser_missing() is not None, reason=_browser_missing() or "")
 
 
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+# An endpoint nobody listens on: the first client.connected event makes it fail.
+WEBHOOK_URL = f"http://127.0.0.1:{_closed_port()}/hooks/secret-path"
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    env = {"TRIMARAN_HTTP__TOKENS": json.dumps([TOKEN]), "TRIMARAN_LIMITS__SYS_INTERVAL": "0"}
+    env = {
+        "TRIMARAN_HTTP__TOKENS": json.dumps([TOKEN]),
+        "TRIMARAN_LIMITS__SYS_INTERVAL": "0",
+        "TRIMARAN_WEBHOOKS__ENDPOINTS": json.dumps([{"url": WEBHOOK_URL, "events": ["client.*"]}]),
+        "TRIMARAN_WEBHOOKS__FLUSH_TIMEOUT_S": "0.2",
+    }
     running = RunningServer(ARGS, cwd=tmp_path_factory.mktemp("page"), env=env).start()
     try:
         yield running
@@ -177,6 +196,20 @@ def test_login_queue_purge_and_kick(server: RunningServer, browser: Any) -> None
         browser.switch_to.alert.accept()
         wait(lambda: browser.find_element(By.CSS_SELECTOR, f'{row} td[data-field="depth"]').text == "0")
 
+        browser.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="publish"]').click()
+        browser.find_element(By.ID, "publish-topic").send_keys("$queue/browser-jobs")
+        browser.find_element(By.ID, "publish-payload").send_keys("from the page")
+        browser.find_element(By.CSS_SELECTOR, "#publish-form button").click()
+        result = wait(lambda: browser.find_element(By.ID, "publish-result").text)
+        assert result == "stored in browser-jobs at offset 3", result  # offsets 0-2 were purged
+        snap(browser, "publish")
+
+        browser.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="sessions"]').click()
+        wait(
+            lambda: browser.find_element(By.CSS_SELECTOR, '#session-rows tr[data-client-id="page-publisher"]')
+        )
+        snap(browser, "sessions")
+
         browser.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="connections"]').click()
         client_row = '#connection-rows tr[data-client-id="page-publisher"]'
         kick = wait(lambda: browser.find_element(By.CSS_SELECTOR, f"{client_row} button"))
@@ -188,3 +221,17 @@ def test_login_queue_purge_and_kick(server: RunningServer, browser: Any) -> None
         wait(lambda: not browser.find_elements(By.CSS_SELECTOR, client_row))
     finally:
         publisher.client.loop_stop()
+
+    # The publisher's connection was an event for the webhook endpoint, which cannot be reached.
+    browser.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="webhooks"]').click()
+    hook_row = '#webhook-rows tr[data-webhook="webhook-0"]'
+    health = f'{hook_row} td[data-field="health"]'
+    assert wait(lambda: browser.find_element(By.CSS_SELECTOR, health).text == "failing")
+    row_text = browser.find_element(By.CSS_SELECTOR, hook_row).text
+    port = WEBHOOK_URL.split(":")[2].split("/")[0]
+    assert f"http://127.0.0.1:{port}/…" in row_text and "secret-path" not in row_text
+    assert "client.*" in row_text
+    last_error = browser.find_element(By.CSS_SELECTOR, f'{hook_row} td[data-field="last-error"]').text
+    assert "cannot connect" in last_error, last_error
+    assert browser.find_element(By.ID, "webhooks-none").is_displayed() is False
+    snap(browser, "webhooks")

@@ -244,6 +244,7 @@ class WebhookDispatcher:
         self.url = endpoint.url
         parts = urlsplit(endpoint.url)
         self.display_url = endpoint.url.replace(parts.netloc, parts.netloc.rpartition("@")[2], 1)
+        self.events = tuple(endpoint.events)  # as configured: patterns such as "queue.*"
         self.types = expand_patterns(endpoint.events)
         self.topics = tuple(endpoint.topics)
         self._any_topic = "#" in self.topics
@@ -271,6 +272,12 @@ class WebhookDispatcher:
         self.requests = 0  # HTTP requests made
         self.failed = 0  # requests that failed (no answer, or not 2xx)
         self.retried = 0  # requests that were retries
+        # Health, for the admin API and the management page: failing from the first request that
+        # fails (no answer, or not 2xx) until one succeeds, whatever the breaker says.
+        self.consecutive_failures = 0
+        self.last_error: str | None = None
+        self.last_error_ms: int | None = None
+        self.last_success_ms: int | None = None
         self._wake = anyio.Event()
         self._closing = False
         self.finished = anyio.Event()
@@ -378,9 +385,13 @@ class WebhookDispatcher:
             if outcome is None:
                 self.breaker.success()
                 self.sent += len(batch)
+                self.consecutive_failures = 0
+                self.last_success_ms = now_ms()
                 return
             retryable, why = outcome
             self.failed += 1
+            self.consecutive_failures += 1
+            self.last_error, self.last_error_ms = why, now_ms()
             if not retryable:
                 self.breaker.success()  # the endpoint answers; it refuses this batch
                 self._drop(batch, why)
@@ -429,11 +440,24 @@ class WebhookDispatcher:
             self.in_flight,
         )
 
+    @property
+    def healthy(self) -> bool:
+        return self.consecutive_failures == 0
+
     def stats(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "url": self.display_url,
+            "events": list(self.events),
+            "topics": list(self.topics),
+            "healthy": self.healthy,
+            "consecutive_failures": self.consecutive_failures,
+            "last_error": self.last_error,
+            "last_error_ms": self.last_error_ms,
+            "last_success_ms": self.last_success_ms,
             "queued": len(self.queue),
+            "queue_size": self.queue_size,
+            "in_flight": self.in_flight,
             "accepted": self.accepted,
             "sent": self.sent,
             "dropped": self.dropped,

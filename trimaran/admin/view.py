@@ -1,0 +1,125 @@
+"""What the admin side may see of a running server: small protocols, not the whole application.
+
+The application (trimaran/app.py, the composition root) implements :class:`AdminView`; the MQTT hull
+implements the deck's :class:`~trimaran.broker.sessions.SessionDirectory`; the queue manager is
+reached through :class:`QueueOps`. So the admin API, the management page and their tests depend on
+these few operations only, and ``trimaran.admin`` never imports a protocol hull
+(tests/admin/test_imports.py says so).
+
+A part that does not exist yet (the server is starting) raises :class:`NotReady`; the API answers 503.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from trimaran.admin.webhooks import Webhooks
+    from trimaran.broker.clients import ClientRegistry
+    from trimaran.broker.message import Message
+    from trimaran.broker.router import Subscription
+    from trimaran.broker.sessions import SessionDirectory
+    from trimaran.config import QueuePolicySettings
+    from trimaran.queue.groups import StoredMessage
+    from trimaran.queue.manager import PublishResult, QueueInfo
+
+
+class NotReady(Exception):
+    """The server is starting: the part asked for is not built yet."""
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    ok: bool
+    checks: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerCounts:
+    """The overview's numbers."""
+
+    connections: dict[str, int]  # open connections per protocol
+    sessions: int
+    subscriptions: int
+    retained: int
+    queues: int
+    messages: dict[str, int]  # received, sent, dropped, routed
+    bytes: dict[str, int]  # received, sent
+
+
+class QueueOps(Protocol):
+    """The durable queues' operations an operator uses (the queue manager has them)."""
+
+    @property
+    def queues(self) -> Mapping[str, Any]: ...
+
+    def exists(self, name: str) -> bool: ...
+
+    def info(self, name: str) -> QueueInfo: ...
+
+    async def declare(
+        self, name: str, policy: QueuePolicySettings | None = None, *, durable: bool = True
+    ) -> QueueInfo: ...
+
+    async def delete(self, name: str) -> None: ...
+
+    async def purge(self, name: str) -> int: ...
+
+    def peek(self, name: str, after: int = -1, limit: int = 100) -> list[StoredMessage]: ...
+
+    async def redrive(self, name: str, limit: int | None = None) -> int: ...
+
+    async def publish(self, queue: str, message: Message, routing_key: str = "") -> PublishResult: ...
+
+
+class AdminView(Protocol):
+    """The running server as the admin API sees it."""
+
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def started_at(self) -> float:
+        """Epoch seconds."""
+        ...
+
+    @property
+    def webhooks(self) -> Webhooks | None:
+        """The webhook dispatchers (admin's own), once started."""
+        ...
+
+    async def readiness(self) -> Readiness:
+        """Storage reachable (within its time-out), listeners bound, accepting, writes keeping up."""
+        ...
+
+    def counts(self) -> ServerCounts: ...
+
+    def clients(self) -> ClientRegistry:
+        """Every protocol's connected clients; each can be kicked."""
+        ...
+
+    def subscriptions(self) -> Iterator[Subscription[Any]]:
+        """Pub/sub subscriptions of every protocol."""
+        ...
+
+    def publish(self, message: Message) -> int:
+        """Publish to a pub/sub topic as a client would; returns the subscribers reached."""
+        ...
+
+    async def publish_to_queue(self, queue: str, message: Message, routing_key: str) -> PublishResult:
+        """Append to a durable queue; returns once committed. Raises QueueError when refused."""
+        ...
+
+    def queue_ops(self) -> QueueOps: ...
+
+    def session_directory(self) -> SessionDirectory: ...
+
+    async def cluster_nodes(self) -> dict[str, Any] | None:
+        """The nodes sharing this database with their state (``cluster.enabled``); None alone."""
+        ...
+
+    def reload_security(self) -> bool:
+        """Read the password and rule files again; False (the old ones stay) when one cannot be read."""
+        ...

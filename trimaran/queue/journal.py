@@ -1,0 +1,283 @@
+"""The queue's journal: state changes become storage rows and ``queue_events``, committed together.
+
+The rooms (``work.py``, ``stream.py``, ``letters.py``, ``shared.py``, the manager) never build rows
+themselves: they tell a :class:`Journal` what changed (a delivery, a pending entry's new state, a
+cursor, an append, a removal) into one :class:`Changes` and hand it in with :meth:`Journal.submit`.
+What comes back is a :class:`Receipt`, the one "committed" future front ends wait on (or follow with
+``then``); :func:`committed` waits and turns a failed write into :class:`QueueError` ("storage").
+
+An in-memory queue writes nothing: every method skips a state that is not durable. The rows and
+events are exactly those the audit (``analytics/``) replays; their kinds and reasons are documented
+there. :class:`MemoryJournal` keeps the same rows in dicts and lists instead of a database, for tests
+that drive the groups in-process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from trimaran.broker.message import now_ms
+from trimaran.queue.groups import HELD, WAIT, Entry, Group, QueueState, StoredMessage, policy_dict
+from trimaran.queue.policy import QueueError
+from trimaran.storage import queue_store
+from trimaran.storage.writer import Receipt, WriteBatch, WriterError
+
+if TYPE_CHECKING:
+    from trimaran.storage.writer import GroupCommitWriter
+
+__all__ = ["Changes", "Journal", "MemoryJournal", "Receipt", "committed"]
+
+
+@dataclass(slots=True)
+class Changes(WriteBatch):
+    """One unit of state changes: the rows that commit together, and what runs once they have
+    (``after``: dead letters becoming deliverable). It is the writer's batch itself, so a change
+    allocates nothing more than a bare batch did (``after`` only when there is something to run)."""
+
+    after: list[Callable[[], None]] | None = None
+
+    def then(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once these changes are committed (at once if they write nothing)."""
+        if self.after is None:
+            self.after = [callback]
+        else:
+            self.after.append(callback)
+
+
+async def committed(receipt: Receipt | None) -> None:
+    """Wait for a submission's commit; a failed write is a :class:`QueueError` ("storage")."""
+    if receipt is None:
+        return
+    if receipt.done:  # committed already (or committed in memory): nothing to wait for
+        if receipt.error is not None:
+            raise QueueError("storage", str(receipt.error))
+        return
+    try:
+        await receipt.wait()
+    except WriterError as exc:
+        raise QueueError("storage", str(exc)) from exc
+
+
+def _run_all(callbacks: list[Callable[[], None]]) -> Callable[[], None]:
+    def run() -> None:
+        for callback in callbacks:
+            callback()
+
+    return run
+
+
+class Journal:
+    """Rows and events for the group-commit writer. ``node`` is written on events and claims;
+    ``shared`` (several nodes on one PostgreSQL) adds leases to held entries and leaves group rows
+    to the claims."""
+
+    def __init__(
+        self, writer: GroupCommitWriter | None, node: str, *, shared: bool = False, lease_ms: int = 30_000
+    ):
+        self.writer = writer
+        self.node = node
+        self.shared = shared
+        self.lease_ms = lease_ms
+        #: On the loop after every commit (and after a submission with nothing to write): the
+        #: manager delivers what the commit made deliverable, once per batch.
+        self.idle: Callable[[], None] | None = None
+
+    # -- state changes ----------------------------------------------------------------------------
+
+    def event(
+        self,
+        ch: WriteBatch,
+        state: QueueState,
+        now: int,
+        kind: str,
+        *,
+        group: Group | None = None,
+        offset: int | None = None,
+        consumer: str | None = None,
+        attempt: int | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """An audit row in ``queue_events`` for a durable queue (in-memory queues keep none)."""
+        if state.durable:
+            ch.events.append(
+                queue_store.event_row(
+                    now, state.name, kind, group=None if group is None else group.name, offset=offset,
+                    consumer=consumer, node=self.node, attempt=attempt, reason=reason,
+                )
+            )  # fmt: skip
+
+    def pending(self, ch: WriteBatch, state: QueueState, group: Group, offset: int, entry: Entry) -> None:
+        """A pending entry's new state (only the last state of a key in a commit is written)."""
+        if not state.durable:
+            return
+        held = entry.state == HELD
+        ch.pending[(state.name, group.name, offset)] = {
+            "queue": state.name,
+            "group": group.name,
+            "offset": offset,
+            "state": entry.state,
+            "consumer": entry.consumer_id if held else None,
+            "node": self.node if entry.state != WAIT else None,
+            "delivered_at": entry.delivered_at,
+            "attempts": entry.attempts,
+            "available_at": entry.available_at,
+            "lease_until": now_ms() + self.lease_ms if self.shared and held else None,
+            "reason": entry.reason if entry.state == WAIT else None,
+        }
+
+    def pending_gone(self, ch: WriteBatch, state: QueueState, group: Group, offset: int) -> None:
+        """The entry's row goes (an in-memory queue has none)."""
+        if state.durable:
+            ch.pending[(state.name, group.name, offset)] = None
+
+    def cursor(self, ch: WriteBatch, state: QueueState, group: Group) -> None:
+        """A group's cursor or committed offset moved. Shared: claims make the row; cursors are unused."""
+        if not state.durable or self.shared:
+            return
+        ch.groups[(state.name, group.name)] = {
+            "queue": state.name,
+            "group": group.name,
+            "cursor": group.cursor,
+            "committed": group.committed,
+            "updated_at": now_ms(),
+        }
+
+    def appended(
+        self, ch: WriteBatch, state: QueueState, stored: StoredMessage, *, next_offset: bool = True
+    ) -> None:
+        """A message's row (``next_offset``: the queue row's next offset moves past it; not for
+        offsets reserved in blocks)."""
+        if not state.durable:
+            return
+        name = state.name
+        ch.messages.append(
+            queue_store.message_row(
+                name,
+                stored.offset,
+                stored.message,
+                stored.routing_key,
+                stored.published_at,
+                stored.expires_at,
+            )
+        )
+        if next_offset:
+            ch.queue_next[name] = stored.offset + 1
+
+    def removed(self, ch: WriteBatch, state: QueueState, offset: int) -> None:
+        if state.durable:
+            ch.message_deletes.append((state.name, offset))
+
+    def declared(self, ch: WriteBatch, state: QueueState) -> None:
+        if state.durable:
+            ch.calls.append(
+                queue_store.upsert_queue(
+                    state.name, state.policy.mode, policy_dict(state.policy), state.created_at
+                )
+            )
+
+    # -- committing -------------------------------------------------------------------------------
+
+    def submit(self, ch: Changes, *, wait: bool = False) -> Receipt | None:
+        """Hand ``ch`` to the writer; its ``after`` callbacks run once it is committed. With nothing to
+        write they run now. ``None``: nothing to wait for.
+
+        Whatever queue the change came from: ``ch`` holds durable queues' rows only, and an in-memory
+        queue's dead letter into a durable dead-letter queue is such a row. Deciding by the source
+        queue's durability would keep that dead letter in memory only."""
+        after = ch.after
+        if not ch.empty():
+            assert self.writer is not None
+            return self.writer.submit(ch, wait=wait, on_commit=_run_all(after) if after else None)
+        if after:
+            for f in after:
+                f()
+        if self.idle is not None:
+            self.idle()
+        return None
+
+    def send(
+        self,
+        batch: WriteBatch,
+        *,
+        wait: bool = False,
+        on_commit: Callable[[], None] | None = None,
+        on_results: Callable[[list[Any]], None] | None = None,
+    ) -> Receipt:
+        """A batch straight to the writer (claims, reservations, a publish's rows)."""
+        assert self.writer is not None
+        return self.writer.submit(batch, wait=wait, on_commit=on_commit, on_results=on_results)
+
+    async def write(self, batch: WriteBatch, on_commit: Callable[[], Any] | None = None) -> list[Any]:
+        """Submit and wait for the commit; returns the results of ``batch.calls``."""
+        if batch.empty():
+            if on_commit is not None:
+                on_commit()
+                if self.idle is not None:
+                    self.idle()
+            return []
+        try:
+            return await self.send(batch, wait=True, on_commit=on_commit).wait()
+        except WriterError as exc:
+            raise QueueError("storage", str(exc)) from exc
+
+
+class MemoryJournal(Journal):
+    """A journal that commits into memory at once: the same rows and events, kept in ``events``,
+    ``pending``, ``groups`` and ``messages``. For tests that drive the groups without a database
+    (``calls`` such as claims are not run)."""
+
+    def __init__(self, node: str = "local", *, shared: bool = False) -> None:
+        super().__init__(None, node, shared=shared)
+        self.events: list[dict[str, Any]] = []
+        self.pending_rows: dict[tuple[str, str, int], dict[str, Any]] = {}
+        self.group_rows: dict[tuple[str, str], dict[str, Any]] = {}
+        self.messages: dict[tuple[str, int], dict[str, Any]] = {}
+        self.commits = 0
+
+    def send(
+        self,
+        batch: WriteBatch,
+        *,
+        wait: bool = False,
+        on_commit: Callable[[], None] | None = None,
+        on_results: Callable[[list[Any]], None] | None = None,
+    ) -> Receipt:
+        self.commits += 1
+        for row in batch.messages:
+            self.messages[(row["queue"], row["offset"])] = row
+        for key in batch.message_deletes:
+            self.messages.pop(key, None)
+        for pkey, prow in batch.pending.items():
+            if prow is None:
+                self.pending_rows.pop(pkey, None)
+            else:
+                self.pending_rows[pkey] = prow
+        for gkey, grow in batch.groups.items():
+            if grow is not None:
+                self.group_rows[gkey] = grow
+        self.events.extend(batch.events)
+        receipt = Receipt(batch, None, None)
+        receipt.done = True
+        if on_commit is not None:
+            on_commit()
+        if on_results is not None:
+            on_results([])
+        if self.idle is not None:
+            self.idle()
+        return receipt
+
+    def submit(self, ch: Changes, *, wait: bool = False) -> Receipt | None:
+        if ch.empty():
+            return super().submit(ch, wait=wait)
+        after = ch.after
+        return self.send(ch, on_commit=_run_all(after) if after else None)
+
+    async def write(self, batch: WriteBatch, on_commit: Callable[[], Any] | None = None) -> list[Any]:
+        self.send(batch, on_commit=on_commit)
+        return []
+
+    def kinds(self, offset: int | None = None) -> list[str]:
+        """The event kinds written so far (for one offset), in order."""
+        return [e["kind"] for e in self.events if offset is None or e["offset"] == offset]

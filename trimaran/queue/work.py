@@ -1,0 +1,372 @@
+"""Work-mode consumer groups: competing consumers, each message done once per group.
+
+A :class:`WorkGroup` hands out messages past its cursor (and the ones waiting to come back), records
+each delivery as a held pending entry with a visibility time-out, and settles it with a typed outcome
+(:mod:`trimaran.queue.outcomes`):
+
+- :class:`~trimaran.queue.outcomes.Ack`: done. Below the cursor the entry goes; at or past it the
+  entry stays as ``done`` until the cursor passes (acks out of order). A message every group is done
+  with leaves the queue.
+- :class:`~trimaran.queue.outcomes.Retry`: a failed attempt comes back after the consumer's delay or
+  the queue's backoff, or is dead-lettered once ``max_attempts`` failed attempts are reached
+  (:func:`~trimaran.queue.policy.retry_after_ms`); an unprocessed or unsent one comes back at once.
+- :class:`~trimaran.queue.outcomes.DeadLetter`: done here, and its letter goes to the dead-letter
+  queue (``Host.dead_letter``).
+
+A held delivery nobody settles comes back at its visibility time-out (or when its consumer goes), as
+a failed attempt. Every change goes to the journal in the caller's :class:`Changes`; nothing here
+waits, writes or imports the manager. In shared mode (``shared=True``) the group holds only what this
+node claimed: what it is done with, or hands back, is forgotten here and claimed again from the
+database by whichever node is free.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from trimaran.broker.events import QUEUE_ACKED, QUEUE_NACKED, QUEUE_REJECTED
+from trimaran.queue.groups import (
+    DONE,
+    HELD,
+    WAIT,
+    Entry,
+    Group,
+    Host,
+    QueueDelivery,
+    QueueState,
+    StoredMessage,
+    Taker,
+    expired,
+    message_id,
+)
+from trimaran.queue.journal import Changes
+from trimaran.queue.outcomes import Ack, Commit, DeadLetter, Outcome, Retry
+from trimaran.queue.policy import exhausted, filter_matches, retry_after_ms
+
+SCAN_LIMIT = 10_000  # most messages a filtered consumer scans per take
+
+
+class WorkGroup(Group):
+    mode = "work"
+
+    def __init__(
+        self,
+        state: QueueState,
+        name: str,
+        host: Host,
+        *,
+        cursor: int = 0,
+        committed: int = 0,
+        shared: bool = False,
+    ) -> None:
+        super().__init__(state, name, host, cursor=cursor, committed=committed)
+        self.shared = shared
+
+    # -- taking -----------------------------------------------------------------------------------
+
+    def take(
+        self, routing_filter: str | None, now: int, ch: Changes
+    ) -> tuple[StoredMessage, Entry | None] | None:
+        """The next message for a consumer with ``routing_filter``: one waiting to come back first,
+        then the oldest past the cursor. Expired messages met on the way are expired."""
+        state = self.state
+        messages = state.messages
+        if self.ready:
+            for offset in list(self.ready):
+                stored = messages.get(offset)
+                if stored is None:
+                    self.unready(offset)
+                    if self.entries.pop(offset, None) is not None:
+                        self.journal.pending_gone(ch, state, self, offset)
+                    continue
+                if expired(stored, now):
+                    self.host.expire(state, offset, now, ch)
+                    continue
+                if routing_filter is not None and not filter_matches(routing_filter, stored.routing_key):
+                    continue
+                self.unready(offset)
+                return stored, self.entries.get(offset)
+        if self.shared:
+            return None  # only claimed messages
+        offset = self.cursor
+        high = state.high
+        entries = self.entries
+        scanned = 0
+        while offset < high:
+            stored = messages.get(offset)
+            if stored is None or offset in entries:
+                if offset == self.cursor:
+                    self.advance(offset + 1, ch)
+                offset += 1
+                continue
+            if expired(stored, now):
+                self.host.expire(state, offset, now, ch)
+                continue
+            if routing_filter is None or filter_matches(routing_filter, stored.routing_key):
+                if offset == self.cursor:
+                    self.advance(offset + 1, ch)
+                return stored, None
+            offset += 1
+            scanned += 1
+            if scanned >= SCAN_LIMIT:
+                break
+        return None
+
+    def advance(self, to: int, ch: Changes) -> None:
+        """Move the cursor, retiring 'done' entries it passes and the run of them right after it;
+        the group row gets the final cursor (a row short of it would, after a restart, deliver again
+        what was acked out of order)."""
+        old = self.cursor
+        self.cursor = to
+        for offset in range(old, to):
+            self._retire(offset, ch)
+        high = self.state.high
+        while self.cursor < high and self._retire(self.cursor, ch):
+            self.cursor += 1
+        self.journal.cursor(ch, self.state, self)
+
+    def _retire(self, offset: int, ch: Changes) -> bool:
+        """Drop a 'done' entry the cursor has reached; False when ``offset`` has none."""
+        entry = self.entries.get(offset)
+        if entry is None or entry.state != DONE:
+            return False
+        del self.entries[offset]
+        self.journal.pending_gone(ch, self.state, self, offset)
+        self.drop_if_finished(offset, ch)
+        return True
+
+    def deliver(
+        self, handle: Taker, stored: StoredMessage, entry: Entry | None, now: int, ch: Changes
+    ) -> QueueDelivery:
+        """Record a delivery (held until settled, or done at once for an auto-ack consumer); the
+        caller hands it to the consumer."""
+        state = self.state
+        journal = self.journal
+        offset = stored.offset
+        attempt = entry.attempts + 1 if entry is not None else 1
+        cid = handle.consumer.id
+        stats = state.stats
+        stats["delivered"] += 1
+        if attempt > 1:
+            stats["redelivered"] += 1
+        journal.event(ch, state, now, "delivered", group=self, offset=offset, consumer=cid, attempt=attempt,
+                      reason=entry.reason if entry is not None else "first")  # fmt: skip
+        if handle.auto_ack:
+            stats["acked"] += 1
+            if offset >= self.cursor:
+                done = self.entries[offset] = Entry(DONE, attempts=attempt)
+                journal.pending(ch, state, self, offset, done)
+            elif entry is not None:
+                del self.entries[offset]
+                journal.pending_gone(ch, state, self, offset)
+            journal.event(ch, state, now, "acked", group=self, offset=offset, consumer=cid, attempt=attempt,
+                          reason="auto")  # fmt: skip
+            self.drop_if_finished(offset, ch)
+        else:
+            if entry is None:
+                entry = Entry(HELD)
+            entry.state = HELD
+            entry.attempts = attempt
+            entry.holder = handle
+            entry.consumer_id = cid
+            entry.delivered_at = now
+            entry.available_at = None
+            entry.token += 1
+            self.entries[offset] = entry
+            deadline = now + int(state.policy.visibility_timeout_s * 1000)
+            heapq.heappush(self.timeouts, (deadline, offset, entry.token))
+            host = self.host
+            if not self.timed or deadline < host.wake_at:
+                host.due(state, self, deadline)
+            journal.pending(ch, state, self, offset, entry)
+        handle.credit -= 1
+        unsent = entry.unsent if entry is not None else 0
+        returned = entry.returned if entry is not None else 0
+        return QueueDelivery(
+            stored.message,
+            state.name,
+            offset,
+            self.name,
+            attempt,
+            attempt - unsent > 1,
+            message_id(state.name, offset),
+            attempt - 1 - unsent - returned,
+        )
+
+    # -- settling ---------------------------------------------------------------------------------
+
+    def settle(
+        self,
+        offset: int,
+        outcome: Outcome,
+        holder: Taker | None,
+        consumer_id: str | None,
+        now: int,
+        ch: Changes,
+    ) -> bool:
+        """Settle the held delivery of ``offset`` (``holder`` / ``consumer_id``: only if it holds it).
+        False: nothing of theirs to settle. A :class:`Commit` settles the delivery at its offset."""
+        if outcome.__class__ is Commit:
+            offset = outcome.offset
+        entry = self.entries.get(offset)
+        if entry is None or entry.state != HELD:
+            return False
+        if holder is not None and entry.holder is not holder:
+            return False
+        if consumer_id is not None and entry.consumer_id != consumer_id:
+            return False
+        state = self.state
+        journal = self.journal
+        events = self.host.events
+        cid = entry.consumer_id
+        match outcome:
+            case Ack() | Commit():
+                state.stats["acked"] += 1
+                if events.wants(QUEUE_ACKED):
+                    events.queue(QUEUE_ACKED, state.name, group=self.name, offset=offset, consumer=cid,
+                                 attempt=entry.attempts, reason=None)  # fmt: skip
+                self.finish(offset, entry, ch)
+                journal.event(
+                    ch, state, now, "acked", group=self, offset=offset, consumer=cid, attempt=entry.attempts
+                )
+            case Retry(failed=True, delay_s=delay_s):
+                state.stats["nacked"] += 1
+                if events.wants(QUEUE_NACKED):
+                    events.queue(QUEUE_NACKED, state.name, group=self.name, offset=offset, consumer=cid,
+                                 attempt=entry.attempts, reason=None)  # fmt: skip
+                delay_ms = retry_after_ms(state.policy, entry.failed(), delay_s)
+                if delay_ms is None:
+                    journal.event(ch, state, now, "nacked", group=self, offset=offset, consumer=cid,
+                                  attempt=entry.attempts, reason="max_attempts")  # fmt: skip
+                    self.dead_letter(offset, entry, "max_attempts", now, ch)
+                else:
+                    self.make_available(offset, entry, "nack", now + delay_ms, now, ch)
+                    journal.event(ch, state, now, "nacked", group=self, offset=offset, consumer=cid,
+                                  attempt=entry.attempts, reason=f"delay_ms={delay_ms}")  # fmt: skip
+            case Retry(sent=sent):
+                # The journal shows the delivery and its release and numbers the next one on, but it
+                # is not a failed attempt: unsent is not flagged redelivered either; returned
+                # (handed back unprocessed, AMQP 1.0 released) leaves the delivery-count.
+                reason = "released" if sent else "unsent"
+                self.released_event(offset, entry, reason, now, ch)
+                if sent:
+                    entry.returned += 1
+                else:
+                    entry.unsent += 1
+                self.make_available(offset, entry, reason, now, now, ch)
+            case DeadLetter(reason=reason):
+                state.stats["rejected"] += 1
+                if events.wants(QUEUE_REJECTED):
+                    events.queue(QUEUE_REJECTED, state.name, group=self.name, offset=offset, consumer=cid,
+                                 attempt=entry.attempts, reason=reason)  # fmt: skip
+                journal.event(ch, state, now, "rejected", group=self, offset=offset, consumer=cid,
+                              attempt=entry.attempts, reason=reason)  # fmt: skip
+                self.dead_letter(offset, entry, reason, now, ch)
+        return True
+
+    def finish(self, offset: int, entry: Entry, ch: Changes) -> None:
+        """The group is done with ``offset`` (acked or dead-lettered)."""
+        state = self.state
+        if self.shared:  # a 'done' marker; the compaction deletes finished messages
+            entry.state = DONE
+            entry.holder = None
+            self.journal.pending(ch, state, self, offset, entry)
+            del self.entries[offset]
+            state.forget(offset)
+            return
+        if offset >= self.cursor:
+            entry.state = DONE
+            entry.holder = None
+            self.journal.pending(ch, state, self, offset, entry)
+        else:
+            del self.entries[offset]
+            self.journal.pending_gone(ch, state, self, offset)
+            self.drop_if_finished(offset, ch)
+
+    def make_available(self, offset: int, entry: Entry, reason: str, at: int, now: int, ch: Changes) -> None:
+        """Waiting to be delivered again at ``at`` (now, or after a retry delay)."""
+        state = self.state
+        entry.state = WAIT
+        entry.holder = None
+        entry.reason = reason
+        entry.available_at = at
+        entry.token += 1
+        if self.shared:  # released to every node: claimed again when available
+            self.journal.pending(ch, state, self, offset, entry)
+            del self.entries[offset]
+            self.unready(offset)
+            state.forget(offset)
+            return
+        if at <= now:
+            self.make_ready(offset)
+        else:
+            heapq.heappush(self.delayed, (at, offset, entry.token))
+            if not self.timed or at < self.host.wake_at:
+                self.host.due(state, self, at)
+        self.journal.pending(ch, state, self, offset, entry)
+
+    def dead_letter(self, offset: int, entry: Entry, reason: str, now: int, ch: Changes) -> None:
+        """Done here; the letter goes wherever the queue's policy sends it."""
+        state = self.state
+        stored = state.messages.get(offset)
+        self.finish(offset, entry, ch)
+        if stored is None:
+            return
+        state.stats["dead_lettered"] += 1
+        self.host.dead_letter(state, self, stored, entry.attempts, reason, now, ch)
+
+    def release(self, offset: int, entry: Entry, reason: str, now: int, ch: Changes) -> None:
+        """A held delivery came back unsettled (time-out, disconnect): a failed attempt, offered
+        again at once or dead-lettered once attempts are exhausted."""
+        self.released_event(offset, entry, reason, now, ch)
+        if exhausted(self.state.policy, entry.failed()):
+            self.dead_letter(offset, entry, "max_attempts", now, ch)
+        else:
+            self.make_available(offset, entry, reason, now, now, ch)
+
+    def released_event(self, offset: int, entry: Entry, reason: str, now: int, ch: Changes) -> None:
+        """A held delivery came back without a settlement (timeout, disconnect, restart): the cause
+        of the redelivery or dead-lettering that follows, for the audit."""
+        self.journal.event(ch, self.state, now, "released", group=self, offset=offset,
+                           consumer=entry.consumer_id, attempt=entry.attempts, reason=reason)  # fmt: skip
+
+    def cancel(self, handle: Taker, now: int, ch: Changes) -> None:
+        """``handle`` is gone: what it held comes back (or dies, attempts exhausted)."""
+        for offset, entry in list(self.entries.items()):
+            if entry.state == HELD and entry.holder is handle:
+                self.release(offset, entry, "disconnect", now, ch)
+
+    # -- timers -----------------------------------------------------------------------------------
+
+    def run_due(self, now: int, ch: Changes) -> bool:
+        """Visibility time-outs and retry delays up to ``now``; True when something came back."""
+        changed = False
+        entries = self.entries
+        timeouts = self.timeouts
+        while timeouts and timeouts[0][0] <= now:
+            _, offset, token = heapq.heappop(timeouts)
+            entry = entries.get(offset)
+            if entry is None or entry.state != HELD or entry.token != token:
+                continue
+            self.release(offset, entry, "timeout", now, ch)
+            changed = True
+        delayed = self.delayed
+        while delayed and delayed[0][0] <= now:
+            _, offset, token = heapq.heappop(delayed)
+            entry = entries.get(offset)
+            if entry is None or entry.state != WAIT or (token and entry.token != token):
+                continue
+            self.make_ready(offset)
+            changed = True
+        return changed
+
+    def drop_if_finished(self, offset: int, ch: Changes) -> None:
+        """Drop a message every group of the queue has finished."""
+        state = self.state
+        if offset not in state.messages:
+            return
+        for group in state.groups.values():
+            if not group.is_done(offset):
+                return
+        state.remove(offset)
+        self.journal.removed(ch, state, offset)
