@@ -9,6 +9,7 @@
 #                     the audit report's and the management page's browser tests (selenium)
 #   rabbitmq-server, mosquitto
 #                     the peers that behaviour copied from them is tested against, side by side
+#   haproxy           checks deploy/cluster/haproxy.cfg (the two-node compose file's load balancer)
 #   libqpid-proton11-dev, libqpid-proton11-dev-examples, pkg-config
 #                     the Qpid Proton C broker example, compiled by the tests, for the AMQP 1.0 side
 #                     by side runs; mosquitto also gives mosquitto_passwd for the password-file test
@@ -16,7 +17,7 @@
 set -euo pipefail
 
 packages=(gcc libssl-dev postgresql default-jre-headless libxerial-sqlite-jdbc-java libpostgresql-jdbc-java
-          chromium chromium-driver rabbitmq-server mosquitto
+          chromium chromium-driver rabbitmq-server mosquitto haproxy
           libqpid-proton11-dev libqpid-proton11-dev-examples pkg-config)
 missing=()
 for package in "${packages[@]}"; do

@@ -206,6 +206,82 @@ def test_compose_file() -> None:
     assert services["postgres"]["healthcheck"]["test"][1] == "pg_isready"
 
 
+def haproxy_config() -> dict[str, list[list[str]]]:
+    """deploy/cluster/haproxy.cfg as section -> its lines split into words."""
+    sections: dict[str, list[list[str]]] = {}
+    current: list[list[str]] = []
+    for raw in (DEPLOY / "cluster" / "haproxy.cfg").read_text().splitlines():
+        line = raw.split("#", 1)[0].rstrip()
+        if not line:
+            continue
+        if not line[0].isspace():
+            current = sections.setdefault(line.strip(), [])
+        else:
+            current.append(line.split())
+    return sections
+
+
+def test_cluster_compose_file_runs_two_nodes_on_one_postgresql_behind_haproxy() -> None:
+    compose = yaml.safe_load((DEPLOY / "compose.cluster.yaml").read_text())
+    services = compose["services"]
+    assert set(services) == {"postgres", "node-a", "node-b", "haproxy"}
+    exposed = {int(p) for args in stage_args("runtime", "EXPOSE") for p in args.split()}
+    nodes = {}
+    for name in ("node-a", "node-b"):
+        service = services[name]
+        assert (DEPLOY / service["build"]["context"] / service["build"]["dockerfile"]).resolve() == DOCKERFILE
+        env = {k: re.sub(r"\$\{(\w+):-([^}]*)\}", r"\2", v) for k, v in service["environment"].items()}
+        # the image sets the listeners' and the admin API's addresses (0.0.0.0:8080)
+        settings = settings_with_env({**env, "TRIMARAN_HTTP__BIND": "0.0.0.0:8080"})
+        assert settings.cluster.enabled and settings.storage.effective_url().startswith("postgresql://")
+        assert service["depends_on"]["postgres"]["condition"] == "service_healthy"
+        nodes[settings.node_name] = settings
+    assert set(nodes) == {"node-a", "node-b"}  # node_name unique per node, and the service's name
+    haproxy = services["haproxy"]
+    assert (DEPLOY / haproxy["build"]["context"] / haproxy["build"]["dockerfile"]).is_file()
+    mount = haproxy["volumes"][0].split(":")
+    assert (DEPLOY / mount[0]).resolve() == DEPLOY / "cluster" / "haproxy.cfg"
+    assert mount[1] == "/etc/haproxy/haproxy.cfg"
+    config = haproxy_config()
+    published = {int(p.split(":")[1]) for p in haproxy["ports"]}
+    bound = set()
+    for section, lines in config.items():
+        if section.startswith("frontend"):
+            bound |= {int(words[1].rpartition(":")[2]) for words in lines if words[0] == "bind"}
+    assert published == bound and bound <= exposed
+    known = routes()
+    for section, lines in config.items():
+        if not section.startswith("backend"):
+            continue
+        check = next(words for words in lines if words[:2] == ["option", "httpchk"])
+        assert ("GET", check[3]) in known and check[3] == "/readyz"
+        servers = [words for words in lines if words[0] == "server"]
+        assert {words[1] for words in servers} == set(nodes)
+        for words in servers:
+            host, _, port = words[2].partition(":")
+            settings = nodes[host]
+            ports = {
+                e.port
+                for e in (settings.listeners.mqtt, settings.listeners.mqtt_ws, settings.listeners.amqp)
+                if e
+            }
+            assert settings.http.bind is not None
+            assert int(port) in ports | {settings.http.bind.port}
+    defaults = config["defaults"]
+    assert ["default-server", "check", "port", "8080", "inter", "2s", "fall", "2", "rise", "2"] in defaults
+    assert (DEPLOY / "cluster" / "haproxy.Dockerfile").read_text().count("apt-get install") == 1
+
+
+@pytest.mark.skipif(not __import__("shutil").which("haproxy"), reason="haproxy is not installed")
+def test_haproxy_accepts_the_cluster_config() -> None:
+    # the node names resolve only inside compose's network: check the syntax with them mapped away
+    text = (DEPLOY / "cluster" / "haproxy.cfg").read_text().replace("node-a:", "127.0.0.1:")
+    text = text.replace("node-b:", "127.0.0.2:")
+    Path("haproxy.cfg").write_text(text)
+    done = subprocess.run(["haproxy", "-c", "-f", "haproxy.cfg"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 # -- Helm ---------------------------------------------------------------------------------------------
 
 

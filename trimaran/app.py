@@ -14,7 +14,7 @@ import signal
 import ssl
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
@@ -52,6 +52,9 @@ from trimaran.storage.lock import DataDirLock
 from trimaran.storage.mqtt_store import MqttStore
 from trimaran.storage.store import Storage
 
+if TYPE_CHECKING:
+    from trimaran.cluster.node import ClusterNode
+
 log = logging.getLogger(__name__)
 
 
@@ -67,6 +70,7 @@ class App:
         self.queues: QueueManager | None = None
         self.webhooks: Webhooks | None = None
         self.security: Security | None = None
+        self.cluster: ClusterNode | None = None
         self.runner = Runner(runtime_limits(settings))
         self.listeners: list[ProtocolListener | Listener] = []
         self.http = HttpServer(
@@ -122,18 +126,37 @@ class App:
         await anyio.to_thread.run_sync(storage.check)  # a damaged or locked file: one line, no wait
         await anyio.to_thread.run_sync(storage.migrate)
         store = MqttStore(storage.engine)
-        self.broker = Broker(store, sys_interval=settings.limits.sys_interval)
+        clustered = settings.cluster.enabled
+        self.broker = Broker(
+            store,
+            sys_interval=settings.limits.sys_interval,
+            node_name=settings.node_name if clustered else None,
+        )
         self.runner.traffic = self.broker.stats  # every protocol's bytes, counted once by the runtime
         self.queues = QueueManager(
             storage,
             settings.queues,
             settings.storage,
             node=self._node_id(),
-            shared=settings.queues.shared,
+            shared=self._shared_queues,
             events=self.broker.events,
         )
         self.webhooks = Webhooks(settings.webhooks, self.broker.events, settings.node_name)
         self.mqtt = MqttFrontEnd(self.broker, settings, store, self.queues, security)
+        if clustered:
+            # Imported here: psycopg comes with the postgresql extra, which a single node may lack.
+            from trimaran.cluster.node import ClusterNode
+
+            self.cluster = ClusterNode(
+                settings.cluster,
+                name=settings.node_name,
+                storage=storage,
+                broker=self.broker,
+                claims_as=self.queues.node,
+                statement_timeout_s=settings.storage.statement_timeout_s,
+            )
+            self.mqtt.holders = self.cluster  # a persistent session is held by one node at a time
+            self.cluster.serve(self.mqtt.hand_over)
         amqp_store = AmqpStore(storage.engine)
         self.amqp091 = Amqp091FrontEnd(self.broker, settings, self.queues, amqp_store, security)
         self.amqp1 = Amqp1FrontEnd(self.broker, settings, self.queues, security)
@@ -147,6 +170,8 @@ class App:
                 root.start_soon(self._watch_signals, name="signals")
                 await root.start(self.runner.run, name="connection runtime")
                 await root.start(self.broker.run, name="broker")
+                if self.cluster is not None:
+                    await root.start(self.cluster.run, name="cluster")
                 await root.start(self.webhooks.run, name="webhooks")
                 await self.queues.start(root)
                 await root.start(self.mqtt.run, name="mqtt sessions")
@@ -180,11 +205,16 @@ class App:
         renew its dead predecessor's leases, so each process adds its pid and a random suffix.
         """
         name = self.settings.node_name
-        if not self.settings.queues.shared:
+        if not self._shared_queues:
             return name
         node = f"{name}-{os.getpid()}-{secrets.token_hex(3)}"
         log.info("shared queues: this process claims messages as node %s", node)
         return node
+
+    @property
+    def _shared_queues(self) -> bool:
+        """Nodes of a cluster share their durable queues."""
+        return self.settings.queues.shared or self.settings.cluster.enabled
 
     async def _shutdown(self) -> None:
         grace = self.settings.shutdown_grace_s
@@ -194,6 +224,8 @@ class App:
             listener.stop_accepting()
         with anyio.move_on_after(grace):
             await self._drain()
+        if self.cluster is not None:
+            await self.cluster.leave()  # even after a drain cut short: the others need not wait the time-out
         if self.webhooks is not None:
             await self.webhooks.flush()  # bounded by webhooks.flush_timeout_s
 
@@ -286,6 +318,9 @@ class App:
         if self.mqtt is None:
             raise NotReady("sessions")
         return self.mqtt
+
+    async def cluster_nodes(self) -> dict[str, Any] | None:
+        return None if self.cluster is None else await self.cluster.describe()
 
     def reload_security(self) -> bool:
         if self.security is None:

@@ -252,6 +252,28 @@ class QueueSettings(Section):
     declare: list[DeclaredQueue] = []
 
 
+class ClusterSettings(Section):
+    """Several nodes on one PostgreSQL: pub/sub, retained messages and sessions across nodes."""
+
+    enabled: bool = Field(
+        False,
+        description="join the nodes that share storage.url (PostgreSQL only; durable queues are shared as "
+        "with queues.shared); node_name must differ per node",
+    )
+    heartbeat_s: float = Field(2.0, gt=0, description="how often this node renews its row in cluster_nodes")
+    node_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="a node whose heartbeat is older is dead: its routes and sessions are released",
+    )
+    takeover_timeout_s: float = Field(
+        5.0, gt=0, description="longest wait for another node to hand a session over before taking it anyway"
+    )
+    address: str = Field(
+        "", description="how operators reach this node (shown in /api/v1/cluster); default: host name"
+    )
+
+
 class Amqp091Settings(Section):
     """The AMQP 0.9.1 front end (RabbitMQ-compatible)."""
 
@@ -404,6 +426,7 @@ class Settings(BaseSettings):
     storage: StorageSettings = StorageSettings()
     limits: LimitSettings = LimitSettings()
     queues: QueueSettings = QueueSettings()
+    cluster: ClusterSettings = ClusterSettings()
     amqp091: Amqp091Settings = Amqp091Settings()
     amqp1: Amqp1Settings = Amqp1Settings()
     auth: AuthSettings = AuthSettings()
@@ -460,6 +483,17 @@ def check_settings(settings: Settings) -> None:
             "invalid setting queues.shared: several servers can share queues only on PostgreSQL "
             f"(storage.url is {settings.storage.effective_url()!r}); set storage.url = postgresql://... "
             "or queues.shared = false"
+        )
+    cluster = settings.cluster
+    if cluster.enabled and not settings.storage.effective_url().startswith("postgres"):
+        raise ConfigError(
+            "invalid setting cluster.enabled: several nodes need one PostgreSQL database "
+            f"(storage.url is {settings.storage.effective_url()!r}); set storage.url = postgresql://..."
+        )
+    if cluster.enabled and cluster.node_timeout_s <= cluster.heartbeat_s:
+        raise ConfigError(
+            f"invalid setting cluster.node_timeout_s: {cluster.node_timeout_s:g} s must be longer than "
+            f"cluster.heartbeat_s ({cluster.heartbeat_s:g} s), or live nodes are declared dead"
         )
 
 

@@ -109,6 +109,11 @@ class View:
     def reload_security(self) -> bool:
         raise NotReady("security")
 
+    async def cluster_nodes(self) -> dict[str, Any] | None:
+        return self.nodes
+
+    nodes: dict[str, Any] | None = None
+
 
 def serve(view: AdminView) -> tuple[HttpServer, dict[str, Any]]:
     api = AdminApi(view, HttpSettings(tokens=[SecretStr(TOKEN)]), Telemetry(TelemetrySettings()))
@@ -201,3 +206,27 @@ def test_webhooks_list_each_endpoint_with_its_state() -> None:
     assert [w["name"] for w in paged["items"]] == ["webhook-0"] and paged["next_cursor"]
     rest = call(server, doc, "GET", f"/api/v1/webhooks?limit=1&cursor={paged['next_cursor']}")[1]
     assert [w["name"] for w in rest["items"]] == ["webhook-1"]
+
+
+def test_the_cluster_lists_its_nodes_and_a_node_alone_answers_404() -> None:
+    view = View(None, None)
+    server, doc = serve(view)
+    status, body = call(server, doc, "GET", "/api/v1/cluster")
+    assert (status, body["error"]["code"]) == (404, "not_found")
+    node = {"address": "h", "started_at": 1, "last_heartbeat": 2, "routes": 3}
+    view.nodes = {
+        "node": "a",
+        "forwarded": 5,
+        "received": 6,
+        "dropped": 0,
+        "takeovers": 1,
+        "nodes": [
+            {"name": "a", "state": "alive", "self": True, **node},
+            {"name": "b", "state": "dead", "self": False, **node},
+        ],
+    }
+    status, body = call(server, doc, "GET", "/api/v1/cluster")
+    assert status == 200 and [(n["name"], n["state"]) for n in body["nodes"]] == [
+        ("a", "alive"),
+        ("b", "dead"),
+    ]

@@ -81,6 +81,25 @@ class Readiness(Model):
     checks: dict[str, Any]
 
 
+class ClusterNodeOut(Model):
+    name: str
+    state: Literal["alive", "dead"] = Field(description="dead: heartbeat older than cluster.node_timeout_s")
+    address: str
+    started_at: int = Field(description="epoch ms")
+    last_heartbeat: int = Field(description="epoch ms")
+    routes: int = Field(description="filters this node's subscribers hold")
+    self: bool = Field(description="the node that answered")
+
+
+class ClusterOut(Model):
+    node: str
+    forwarded: int = Field(description="publishes this node forwarded to others")
+    received: int = Field(description="publishes other nodes forwarded to this one")
+    dropped: int = Field(description="forwards lost (PostgreSQL unreachable, or too many queued)")
+    takeovers: int = Field(description="sessions this node took over from another")
+    nodes: list[ClusterNodeOut]
+
+
 class Overview(Model):
     version: str
     node: str
@@ -398,6 +417,13 @@ class AdminApi:
             ),
             ApiRoute(
                 "GET",
+                f"{p}/cluster",
+                "The nodes sharing this database, with state, last heartbeat and routes (404 alone)",
+                self.cluster,
+                {200: ClusterOut, 404: ErrorBody},
+            ),
+            ApiRoute(
+                "GET",
                 f"{p}/clients",
                 "Connected clients, every protocol",
                 self.list_clients,
@@ -543,6 +569,12 @@ class AdminApi:
         return Response.json(openapi_document(self.routes))
 
     # -- overview and clients -----------------------------------------------------------------------
+
+    async def cluster(self, _request: Request) -> Response:
+        nodes = await self.view.cluster_nodes()
+        if nodes is None:
+            raise HttpError(404, "not_found", "this node is not in a cluster (cluster.enabled = false)")
+        return _ok(ClusterOut.model_validate(nodes))
 
     async def overview(self, _request: Request) -> Response:
         view = self.view

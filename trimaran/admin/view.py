@@ -116,6 +116,10 @@ class AdminView(Protocol):
 
     def session_directory(self) -> SessionDirectory: ...
 
+    async def cluster_nodes(self) -> dict[str, Any] | None:
+        """The nodes sharing this database with their state (``cluster.enabled``); None alone."""
+        ...
+
     def reload_security(self) -> bool:
         """Read the password and rule files again; False (the old ones stay) when one cannot be read."""
         ...

@@ -54,6 +54,21 @@ class Endpoint(Protocol):
         """Take the message into a bounded outbox; never block (drop and count when full)."""
 
 
+class Forwarder(Protocol):
+    """The deck's port to other nodes (trimaran.cluster implements it; app.py wires it).
+
+    ``forward`` hands a publish to every other node with a matching route, without blocking, and
+    returns how many nodes it went to and the share groups ``(group, filter)`` another node serves
+    this time (the publishing node then skips its own members of those groups, so a shared message
+    reaches one member cluster-wide).
+    """
+
+    def forward(self, message: Message) -> tuple[int, frozenset[tuple[str, str]]]: ...
+
+    def retained_written(self, topics: list[str]) -> None:
+        """Retained changes to these topics were committed: other nodes reload them."""
+
+
 class Stats:
     """Counters for $SYS and metrics; plain attributes because they change per message."""
 
@@ -91,7 +106,13 @@ class Stats:
 
 
 class Broker:
-    def __init__(self, store: RetainedPersistence | None = None, *, sys_interval: float = 10.0) -> None:
+    def __init__(
+        self,
+        store: RetainedPersistence | None = None,
+        *,
+        sys_interval: float = 10.0,
+        node_name: str | None = None,
+    ) -> None:
         self.router: Router[Any] = Router()
         self.clients = ClientRegistry()
         self.retained = RetainedStore(on_change=self._retained_changed)
@@ -99,12 +120,14 @@ class Broker:
         self.events = EventBus()  # webhooks listen here; every front end emits into it
         self.store = store
         self.sys_interval = sys_interval
+        self.node_name = node_name  # $SYS/broker/node: each node of a cluster publishes its own $SYS
         self.started_at = time.monotonic()
         self._retained_changes: dict[str, Message | None] = {}
         self._retained_dirty = anyio.Event()
         # A retained write that failed is kept and retried; these say so in /metrics and /readyz.
         self.retained_write_failures = 0
         self.retained_write_error: str | None = None  # the last failure, until a write succeeds
+        self.forwarder: Forwarder | None = None  # set when this node is one of several
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -139,6 +162,8 @@ class Broker:
         if self.retained_write_error is not None:
             log.info("retained messages written again after %d failed writes", self.retained_write_failures)
             self.retained_write_error = None
+        if self.forwarder is not None:
+            self.forwarder.retained_written(list(changes))
 
     @property
     def retained_unwritten(self) -> int:
@@ -173,16 +198,34 @@ class Broker:
     # -- publish ----------------------------------------------------------------------------------
 
     def publish(self, message: Message) -> int:
-        """Route a pub/sub message to every matching subscriber; returns how many got it."""
+        """Route a pub/sub message to every matching subscriber; returns how many got it (another
+        node it was forwarded to counts as one: AMQP 0.9.1's mandatory flag asks whether anyone did)."""
         if message.retain:
             self.retained.set(message)
         deliveries = self.router.match(message.topic, message.publisher_id)
+        nodes = 0
+        if self.forwarder is not None:
+            nodes, elsewhere = self.forwarder.forward(message)
+            if elsewhere:
+                deliveries = [d for d in deliveries if _share_key(d) not in elsewhere]
         for delivery in deliveries:
             delivery.subscriber.deliver(message, delivery)
         self.stats.publish_routed += 1
         if self.events.publishing:
             self.events.message(MESSAGE_PUBLISHED, message, subscribers=len(deliveries))
-        return len(deliveries)
+        return len(deliveries) + nodes
+
+    def deliver_forwarded(self, message: Message, shares: frozenset[tuple[str, str]]) -> int:
+        """A publish another node forwarded: delivered to this node's subscribers only (never
+        forwarded again, never retained here: the publishing node wrote it), and to this node's
+        members of only the share groups ``shares`` names."""
+        deliveries = self.router.match(message.topic, message.publisher_id)
+        count = 0
+        for delivery in deliveries:
+            if delivery.share_group is None or _share_key(delivery) in shares:
+                delivery.subscriber.deliver(message, delivery)
+                count += 1
+        return count
 
     def _retained_changed(self, topic: str, message: Message | None) -> None:
         """The store's own account of a change (set, clear, expiry) is what gets written."""
@@ -198,7 +241,9 @@ class Broker:
 
     def sys_values(self) -> dict[str, str]:
         stats = self.stats
+        node = {} if self.node_name is None else {"$SYS/broker/node": self.node_name}
         return {
+            **node,
             "$SYS/broker/version": f"trimaran {__version__}",
             "$SYS/broker/uptime": f"{int(self.uptime())} seconds",
             "$SYS/broker/clients/connected": str(stats.clients_connected),
@@ -225,3 +270,8 @@ class Broker:
         while True:
             self.publish_sys()
             await anyio.sleep(self.sys_interval)
+
+
+def _share_key(delivery: Delivery[Any]) -> tuple[str, str] | None:
+    group = delivery.share_group
+    return None if group is None else (group, delivery.subscriptions[0].topic_filter)

@@ -65,6 +65,14 @@ class RetainedStore:
             self.on_change(topic, message)
         return True
 
+    def replace(self, topic: str, message: Message | None) -> None:
+        """Take another writer's value for ``topic`` (a node of the same cluster) without reporting
+        it: the change is stored already."""
+        if message is None or not message.payload or message.is_expired(self._clock()):
+            self._remove(topic, report=False)
+        else:
+            self._store(message)
+
     def delete(self, topic: str) -> bool:
         """Remove the retained message of ``topic``; True if there was one."""
         return self._remove(topic)
@@ -107,7 +115,7 @@ class RetainedStore:
         node.message = message
         self._by_topic[message.topic] = message
 
-    def _remove(self, topic: str) -> bool:
+    def _remove(self, topic: str, report: bool = True) -> bool:
         if self._by_topic.pop(topic, None) is None:
             return False
         path: list[tuple[_Node, str]] = []
@@ -121,7 +129,7 @@ class RetainedStore:
             if child.message is not None or child.children:
                 break
             del parent.children[level]
-        if self.on_change is not None:
+        if report and self.on_change is not None:
             self.on_change(topic, None)
         return True
 

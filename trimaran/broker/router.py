@@ -30,7 +30,7 @@ an invalid one raises :class:`~trimaran.topics.TopicError` on a cache miss.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Final, Generic, Protocol, TypeVar, cast
 
@@ -43,6 +43,7 @@ __all__ = [
     "Subscriber",
     "Subscription",
     "SubscriptionOptions",
+    "route_key",
 ]
 
 DEFAULT_CACHE_SIZE: Final = 8192
@@ -202,6 +203,11 @@ class _Entry(Generic[S]):
         return result
 
 
+def route_key(topic_filter: str, group: str | None) -> str:
+    """A route's name: the filter, or ``$share/<group>/<filter>`` for a share group."""
+    return topic_filter if group is None else f"{SHARE_PREFIX}{group}/{topic_filter}"
+
+
 class Router(Generic[S]):
     """Subscription trie with ``+``/``#`` wildcards, share groups, the ``$`` rule and a match cache."""
 
@@ -213,6 +219,11 @@ class Router(Generic[S]):
         self._cache_size = max(0, cache_size)
         # Misses only: a hit counter would allocate a new int per publish once past 256.
         self.cache_misses = 0
+        # Routes: each filter (``$share/<group>/<filter>`` for a share group) with how many
+        # subscriptions hold it; ``on_route(key, added)`` hears when one appears or goes (a cluster
+        # node tells the others which publishes it wants).
+        self._routes: dict[str, int] = {}
+        self.on_route: Callable[[str, bool], None] | None = None
 
     # --- changes -----------------------------------------------------------------------------------
 
@@ -267,6 +278,7 @@ class Router(Generic[S]):
         mine[(topic_filter, group)] = sub
         if is_new:
             self._count += 1
+            self._route_up(topic_filter, group)
         self._invalidate(topic_filter)
         return is_new
 
@@ -279,6 +291,7 @@ class Router(Generic[S]):
             del self._by_subscriber[subscriber]
         self._remove_from_trie(subscriber, topic_filter, share_group)
         self._count -= 1
+        self._route_down(topic_filter, share_group)
         self._invalidate(topic_filter)
         return True
 
@@ -289,9 +302,29 @@ class Router(Generic[S]):
             return 0
         for topic_filter, group in mine:
             self._remove_from_trie(subscriber, topic_filter, group)
+            self._route_down(topic_filter, group)
             self._invalidate(topic_filter)
         self._count -= len(mine)
         return len(mine)
+
+    def _route_up(self, topic_filter: str, group: str | None) -> None:
+        key = route_key(topic_filter, group)
+        held = self._routes.get(key, 0)
+        self._routes[key] = held + 1
+        if not held and self.on_route is not None:
+            self.on_route(key, True)
+
+    def _route_down(self, topic_filter: str, group: str | None) -> None:
+        key = route_key(topic_filter, group)
+        held = self._routes.pop(key, 0) - 1
+        if held > 0:
+            self._routes[key] = held
+        elif self.on_route is not None:
+            self.on_route(key, False)
+
+    def routes(self) -> list[str]:
+        """Every route this router holds (a filter once, share groups as ``$share/<group>/<filter>``)."""
+        return list(self._routes)
 
     def _invalidate(self, topic_filter: str) -> None:
         """Drop the cached matches a change to ``topic_filter`` can affect.

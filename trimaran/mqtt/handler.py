@@ -31,6 +31,7 @@ from trimaran.broker.events import (
     SUBSCRIPTION_CREATED,
     SUBSCRIPTION_REMOVED,
 )
+from trimaran.broker.holders import SessionHolders
 from trimaran.broker.message import PROTOCOL_MQTT, Message
 from trimaran.broker.router import Delivery, SubscriptionOptions
 from trimaran.broker.sessions import SessionInfo, SessionSubscriptionInfo
@@ -191,12 +192,17 @@ class MqttFrontEnd:
         self._deleted: set[str] = set()
         self.security = security if security is not None else Security(settings.auth)
         self.security.on_reload(self._recheck_all)
+        # Several nodes: which node holds each session (app.py sets it; alone, every session is ours).
+        self.holders: SessionHolders | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         if self.store is not None:
             stored = await anyio.to_thread.run_sync(self.store.load_sessions)
+            if self.holders is not None:
+                mine = await self.holders.owned([row.client_id for row in stored])
+                stored = [row for row in stored if row.client_id in mine]
             self._restore(stored)
         task_status.started()
         while True:
@@ -334,9 +340,59 @@ class MqttFrontEnd:
             client_id=request.client_id,
             peer=conn.peer,
         )
+        if self.holders is not None:
+            return self._connect_held(conn, request, verdict, self.holders)
         return on_login(
             verdict, lambda login: self._connect(conn, request, login), lambda: not conn.mqtt.closed
         )
+
+    async def _connect_held(
+        self,
+        conn: MqttConn,
+        request: ConnectRequest,
+        verdict: Login | Awaitable[Login],
+        holders: SessionHolders,
+    ) -> None:
+        """Several nodes: the session is made ours (taken over from the node holding it, loaded from
+        storage) before the CONNACK says whether one is present."""
+        login = verdict if isinstance(verdict, Login) else await verdict
+        client_id = request.client_id
+        if login.ok and not conn.mqtt.closed and await holders.acquire(client_id):
+            stale = self.endpoints.get(client_id)
+            if stale is not None and stale.conn is None:
+                self.broker.router.unsubscribe_all(stale)
+                del self.endpoints[client_id]
+            if self.store is not None and client_id not in self.endpoints:
+                self._restore(await anyio.to_thread.run_sync(self.store.load_sessions, client_id))
+        if not conn.mqtt.closed:
+            self._connect(conn, request, login)
+            if client_id in self.endpoints:
+                holders.held(client_id)  # a clean start ended the old session, not the hold
+
+    async def hand_over(self, client_id: str) -> None:
+        """Another node takes ``client_id`` over: its client here is disconnected (0x8E), its session
+        written whole and forgotten here, without deleting it from storage."""
+        endpoint = self.endpoints.get(client_id)
+        if endpoint is None:
+            return
+        conn = endpoint.conn
+        if conn is not None:
+            endpoint.conn = None
+            conn.endpoint = None
+            self.broker.stats.client_disconnected()
+            conn.close(ReasonCode.SESSION_TAKEN_OVER, "session taken over by another node")
+        self.broker.router.unsubscribe_all(endpoint)
+        if self.endpoints.get(client_id) is endpoint:
+            del self.endpoints[client_id]
+        self._dirty.discard(client_id)
+        self._wills.pop(client_id, None)
+        session = endpoint.session
+        if not session.expiry_interval or self.store is None:
+            return
+        session.saved_seq = None  # the whole queue, replacing what an earlier save wrote
+        row = session_row(session, endpoint.protocol_level, True, int(time.time() * 1000))
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self.store.save_sessions, [row])
 
     def _connect(self, conn: MqttConn, request: ConnectRequest, login: Login) -> None:
         machine = conn.mqtt
@@ -520,6 +576,8 @@ class MqttFrontEnd:
             self._publish_will(pending[1])  # the session ended before the will delay did
         self._deleted.add(endpoint.client_id)
         self._dirty.discard(endpoint.client_id)
+        if self.holders is not None:
+            self.holders.released(endpoint.client_id)
 
     def _hand_over_shared(self, session: Session) -> None:
         """A share member's session ended: its unacknowledged shared messages go to another member."""

@@ -70,18 +70,23 @@ class MqttStore:
 
     # -- sessions ---------------------------------------------------------------------------------
 
-    def load_sessions(self) -> list[StoredSession]:
+    def load_sessions(self, client_id: str | None = None) -> list[StoredSession]:
+        """Every stored session, or the one of ``client_id`` (another node handed it over)."""
+        sessions_query = select(mqtt_sessions)
+        messages = mqtt_session_messages.c
+        query = select(messages.client_id, messages.seq, messages.message).order_by(
+            messages.client_id, messages.seq
+        )
+        if client_id is not None:
+            sessions_query = sessions_query.where(mqtt_sessions.c.client_id == client_id)
+            query = query.where(messages.client_id == client_id)
         with self.engine.connect() as connection:
             sessions = {
                 row.client_id: StoredSession(
                     row.client_id, row.protocol_level, row.expiry_interval_s, row.disconnected_at, row.state
                 )
-                for row in connection.execute(select(mqtt_sessions))
+                for row in connection.execute(sessions_query)
             }
-            messages = mqtt_session_messages.c
-            query = select(messages.client_id, messages.seq, messages.message).order_by(
-                messages.client_id, messages.seq
-            )
             for client_id, seq, message in connection.execute(query):
                 session = sessions.get(client_id)
                 if session is not None:

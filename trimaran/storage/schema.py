@@ -205,3 +205,50 @@ Index(
     amqp_bindings.c.destination_kind,
     amqp_bindings.c.destination,
 )
+
+# -- several nodes on one PostgreSQL (migration 0006) ----------------------------------------------
+
+# One row per node by name. ``heartbeat_at`` is renewed every cluster.heartbeat_s; a row older than
+# cluster.node_timeout_s is a dead node, whose routes and sessions the others release. ``incarnation``
+# tells a restarted node from its predecessor; ``claims_as`` is the node id its shared-queue claims use.
+cluster_nodes = Table(
+    "cluster_nodes",
+    metadata,
+    Column("name", String(255), primary_key=True),
+    Column("incarnation", String(64), nullable=False),
+    Column("claims_as", String(255), nullable=False),
+    Column("address", Text, nullable=False),
+    Column("started_at", BigInteger, nullable=False),
+    Column("heartbeat_at", BigInteger, nullable=False),
+)
+
+# Which filters a node's subscribers hold: a filter once per node (shared subscriptions as
+# ``$share/<group>/<filter>``), so a publish is forwarded only to nodes with a matching route.
+cluster_routes = Table(
+    "cluster_routes",
+    metadata,
+    Column("node", String(255), nullable=False),
+    Column("topic_filter", Text, nullable=False),
+    PrimaryKeyConstraint("node", "topic_filter", name="pk_cluster_routes"),
+)
+
+# Forwards too large for one NOTIFY (8,000 bytes): the NOTIFY names the row, the receiving node
+# reads and deletes it.
+cluster_spill = Table(
+    "cluster_spill",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("node", String(255), nullable=False),
+    Column("batch", LargeBinary, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+)
+
+# Which node holds each MQTT client's session (connected or persistent offline): one at a time.
+cluster_sessions = Table(
+    "cluster_sessions",
+    metadata,
+    Column("client_id", String(65535), primary_key=True),
+    Column("node", String(255), nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
+)
+Index("ix_cluster_sessions_node", cluster_sessions.c.node)

@@ -1,0 +1,1 @@
+"""Several nodes on one PostgreSQL: membership, routes, forwards and session hand-over."""
