@@ -4,9 +4,11 @@ import itertools
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.support.browser import open_browser
 from tests.support.postgres import PostgresCluster, find_bindir
 
 _db_names = itertools.count()
@@ -39,3 +41,9 @@ def storage_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'trimaran.db'}"
     url: str = request.getfixturevalue("postgres_url")
     return url
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """A real headless Chromium (tests/support/browser.py); mark the test ``needs_browser``."""
+    yield from open_browser()

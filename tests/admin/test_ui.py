@@ -11,37 +11,19 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import shutil
 import socket
-import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.support.browser import needs_browser, snap, wait
 from tests.support.paho import V5, Endpoints, connect
 from tests.support.server import RunningServer
 from trimaran.admin.ui import FILES, asset
 
 TOKEN = "page-token"
 ARGS = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "off", "--http", "127.0.0.1:0"]
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-CHROMEDRIVER = shutil.which("chromedriver")
-
-
-def _browser_missing() -> str | None:
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (pip install -e '.[dev]')"
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        return "headless Chromium is not installed (apt-get install chromium chromium-driver)"
-    return None
-
-
-needs_browser = pytest.mark.skipif(_browser_missing() is not None, reason=_browser_missing() or "")
 
 
 def _closed_port() -> int:
@@ -99,49 +81,6 @@ def test_page_writes_server_values_as_text_only() -> None:
     assert "innerHTML" not in script and "insertAdjacentHTML" not in script and "eval(" not in script
     html = asset("index.html").decode()
     assert "http://" not in html and "https://" not in html  # no CDN: everything ships in the package
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--disable-gpu",
-        "--window-size=1400,900",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-def snap(browser: Any, name: str) -> None:
-    """With TRIMARAN_SCREENSHOTS=DIR, save the page as DIR/<name>.png (the README's pictures)."""
-    folder = os.environ.get("TRIMARAN_SCREENSHOTS")
-    if folder:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        browser.save_screenshot(str(Path(folder) / f"{name}.png"))
-
-
-def wait(predicate: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = predicate()
-        except Exception:  # the page is re-rendering the element just looked up
-            value = None
-        if value:
-            return value
-        assert time.monotonic() < deadline, "the page did not show it in time"
-        time.sleep(0.1)
 
 
 def click(browser: Any, selector: str, label: str) -> None:
@@ -235,3 +174,6 @@ def test_login_queue_purge_and_kick(server: RunningServer, browser: Any) -> None
     assert "cannot connect" in last_error, last_error
     assert browser.find_element(By.ID, "webhooks-none").is_displayed() is False
     snap(browser, "webhooks")
+    # A node alone: the cluster tab says so (tests/cluster shows one with its nodes).
+    browser.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="cluster"]').click()
+    assert wait(lambda: browser.find_element(By.ID, "cluster-none").is_displayed())

@@ -10,12 +10,14 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pika
 import psycopg
 import pytest
 
 from tests.cluster.conftest import TOKEN, Nodes, wait_route, wait_until
+from tests.support.browser import needs_browser, snap, wait
 from tests.support.paho import V5, Endpoints, connect
 from tests.support.postgres import PostgresCluster
 from tests.support.server import RunningServer
@@ -270,6 +272,24 @@ def test_the_cluster_endpoint_lists_the_nodes(two: Nodes) -> None:
     assert {name: n["state"] for name, n in nodes.items()} == {"a": "alive", "b": "alive"}
     assert nodes["a"]["self"] and not nodes["b"]["self"]
     assert all(n["last_heartbeat"] >= n["started_at"] for n in nodes.values())
+
+
+@needs_browser
+def test_the_management_page_lists_the_nodes(two: Nodes, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    a = two.started[0]
+    browser.get(f"http://127.0.0.1:{a.ports['http']}/ui")
+    browser.find_element(By.ID, "token").send_keys(TOKEN)
+    browser.find_element(By.CSS_SELECTOR, "#login button").click()
+    wait(lambda: browser.find_element(By.ID, "tabs").is_displayed())
+    browser.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="cluster"]').click()
+    for node in ("a", "b"):
+        state = f'#node-rows tr[data-node="{node}"] td[data-field="state"]'
+        assert wait(lambda state=state: browser.find_element(By.CSS_SELECTOR, state).text == "alive")
+    assert "(this one)" in browser.find_element(By.CSS_SELECTOR, '#node-rows tr[data-node="a"]').text
+    assert not browser.find_element(By.ID, "cluster-none").is_displayed()
+    snap(browser, "cluster")
 
 
 def test_a_node_that_lost_its_listening_connection_listens_again_and_catches_up(two: Nodes) -> None:

@@ -200,7 +200,36 @@ async function webhooks() {
   });
 }
 
-const TABS = { overview, connections, sessions, queues, webhooks, publish: async () => {} };
+async function cluster() {
+  let answer = null;
+  try {
+    answer = await api("GET", "/api/v1/cluster");
+  } catch (error) {
+    if (error.status !== 404) throw error;  // 404: a node alone
+  }
+  $("cluster-none").hidden = answer !== null;
+  const facts = $("cluster-facts");
+  facts.replaceChildren();
+  const nodes = answer ? answer.nodes : [];
+  if (answer) {
+    for (const [name, value] of [["this node", answer.node], ["forwarded", answer.forwarded], ["received", answer.received],
+                                 ["forwards dropped", answer.dropped], ["sessions taken over", answer.takeovers]]) {
+      const dt = document.createElement("dt"); dt.textContent = name;
+      const dd = document.createElement("dd"); dd.textContent = String(value);
+      facts.append(dt, dd);
+    }
+  }
+  fill($("node-rows"), nodes, (row, n) => {
+    row.dataset.node = n.name;
+    cell(row, n.self ? `${n.name} (this one)` : n.name);
+    const alive = cell(row, n.state);
+    alive.dataset.field = "state";
+    alive.className = n.state === "alive" ? "good" : "bad";
+    cell(row, n.address); cell(row, ago(n.started_at)); cell(row, ago(n.last_heartbeat)); cell(row, n.routes);
+  });
+}
+
+const TABS = { overview, connections, sessions, queues, webhooks, cluster, publish: async () => {} };
 
 async function refresh() {
   if (!state.token) return;
