@@ -48,7 +48,7 @@ from trimaran.amqp091.properties import BasicProperties
 from trimaran.amqp091.queues import QueueMeta, RouterBinding
 from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker
-from trimaran.broker.events import CLIENT_AUTH_FAILED, CLIENT_CONNECTED, CLIENT_DISCONNECTED
+from trimaran.broker.events import CLIENT_AUTH_FAILED
 from trimaran.broker.message import PROTOCOL_AMQP091, Message
 from trimaran.config import Settings
 from trimaran.queue.manager import QueueManager
@@ -134,13 +134,9 @@ class Amqp091FrontEnd:
                     await self.ops.delete_queue(name)
                 except QueueError:
                     log.exception("amqp091: deleting exclusive queue %s failed", name)
-            if conn.client is not None:
-                self.broker.clients.remove(conn.client)
-                self.broker.stats.client_disconnected()
-                if self.broker.events.wants(CLIENT_DISCONNECTED):
-                    self.broker.events.client_info(CLIENT_DISCONNECTED, conn.client)
-                conn.client = None
         finally:
+            self.broker.presence.left(conn.client)
+            conn.client = None
             self.conns.discard(conn)
 
     async def close_channel(self, conn: Amqp091Conn, number: int) -> None:
@@ -423,18 +419,16 @@ class Amqp091FrontEnd:
         conn.name = f"{conn.peer} ({name})" if isinstance(name, str) and name else conn.peer
         if conn.principal is not None and isinstance(name, str) and name:
             conn.principal.rename(name)  # %c in the rules: the client's connection_name
-        self.broker.stats.client_connected()
-        conn.client = self.broker.clients.add(
+        conn.client = self.broker.presence.arrived(
             ClientInfo(
                 conn.name,
                 PROTOCOL_AMQP091,
                 conn.peer,
                 conn.user,
                 lambda: conn.kick(spec.CONNECTION_FORCED, "CONNECTION_FORCED - Closed by an administrator"),
-            )
+            ),
+            vhost=event.virtual_host,
         )
-        if self.broker.events.wants(CLIENT_CONNECTED):
-            self.broker.events.client_info(CLIENT_CONNECTED, conn.client, vhost=event.virtual_host)
         log.debug("amqp091: %s opened vhost %s as %r", conn.name, event.virtual_host, conn.user)
 
     def _flow(self, conn: Amqp091Conn, event: ChannelFlowChanged) -> None:

@@ -63,8 +63,6 @@ from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker
 from trimaran.broker.events import (
     CLIENT_AUTH_FAILED,
-    CLIENT_CONNECTED,
-    CLIENT_DISCONNECTED,
     MESSAGE_DROPPED,
     SUBSCRIPTION_CREATED,
     SUBSCRIPTION_REMOVED,
@@ -169,12 +167,8 @@ class Amqp1FrontEnd:
     def _forget(self, conn: Amqp1Conn) -> None:
         for out in conn.outlinks.values():
             self._unsubscribe(conn, out)
-        if conn.client is not None:
-            self.broker.clients.remove(conn.client)
-            if self.broker.events.wants(CLIENT_DISCONNECTED):
-                self.broker.events.client_info(CLIENT_DISCONNECTED, conn.client)
-            conn.client = None
-            self.broker.stats.client_disconnected()
+        self.broker.presence.left(conn.client)
+        conn.client = None
 
     # -- events -----------------------------------------------------------------------------------
 
@@ -246,12 +240,9 @@ class Amqp1FrontEnd:
         if conn.principal is None:  # no SASL: an anonymous client (allowed from this address)
             conn.principal = self.security.principal("amqp1", None, "", conn.io.peer_host)
         conn.principal.rename(conn.container_id)  # %c in the rules: the container id
-        self.broker.stats.client_connected()
-        conn.client = self.broker.clients.add(
+        conn.client = self.broker.presence.arrived(
             ClientInfo(conn.container_id, PROTOCOL_AMQP1, conn.peer, conn.user, lambda: self._kick(conn))
         )
-        if self.broker.events.wants(CLIENT_CONNECTED):
-            self.broker.events.client_info(CLIENT_CONNECTED, conn.client)
         log.debug("amqp1: %r connected from %s", conn.container_id, conn.peer)
 
     def _closed(self, conn: Amqp1Conn, event: ConnectionClosed) -> None:

@@ -41,9 +41,12 @@ class ClientRegistry:
         self._clients[client.key] = client
         return client
 
-    def remove(self, client: ClientInfo) -> None:
+    def remove(self, client: ClientInfo) -> bool:
+        """False if ``client`` was not registered (never, or removed already)."""
         if self._clients.get(client.key) is client:
             del self._clients[client.key]
+            return True
+        return False
 
     def get(self, key: str) -> ClientInfo | None:
         return self._clients.get(key)

@@ -20,6 +20,7 @@ from trimaran import __version__
 from trimaran.broker.clients import ClientRegistry
 from trimaran.broker.events import MESSAGE_PUBLISHED, EventBus
 from trimaran.broker.message import Message, now_ms
+from trimaran.broker.presence import Presence
 from trimaran.broker.retained import RetainedStore
 from trimaran.broker.router import Delivery, Router
 from trimaran.errors import first_line
@@ -118,6 +119,7 @@ class Broker:
         self.retained = RetainedStore(on_change=self._retained_changed)
         self.stats = Stats()
         self.events = EventBus()  # webhooks listen here; every front end emits into it
+        self.presence = Presence(self.clients, self.stats, self.events)
         self.store = store
         self.sys_interval = sys_interval
         self.node_name = node_name  # $SYS/broker/node: each node of a cluster publishes its own $SYS

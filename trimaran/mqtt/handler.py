@@ -22,8 +22,6 @@ from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker
 from trimaran.broker.events import (
     CLIENT_AUTH_FAILED,
-    CLIENT_CONNECTED,
-    CLIENT_DISCONNECTED,
     MESSAGE_DROPPED,
     SESSION_CREATED,
     SESSION_EXPIRED,
@@ -379,7 +377,6 @@ class MqttFrontEnd:
         if conn is not None:
             endpoint.conn = None
             conn.endpoint = None
-            self.broker.stats.client_disconnected()
             conn.close(ReasonCode.SESSION_TAKEN_OVER, "session taken over by another node")
         self.broker.router.unsubscribe_all(endpoint)
         if self.endpoints.get(client_id) is endpoint:
@@ -443,9 +440,10 @@ class MqttFrontEnd:
         endpoint.conn = conn
         endpoint.expires_at = None
         conn.endpoint = endpoint
-        self.broker.stats.client_connected()
-        conn.client = self.broker.clients.add(
-            ClientInfo(client_id, PROTOCOL_MQTT, conn.peer, login.user, partial(self._kick, conn))
+        conn.client = self.broker.presence.arrived(
+            ClientInfo(client_id, PROTOCOL_MQTT, conn.peer, login.user, partial(self._kick, conn)),
+            protocol_version=connect.protocol_level,
+            session_present=present,
         )
         _forget_queue_deliveries(endpoint.session)
         if present:
@@ -453,14 +451,6 @@ class MqttFrontEnd:
         machine.accept(endpoint.session, session_present=present)
         self.mark_dirty(endpoint)
         self._resume_queue_subscriptions(conn, endpoint.session)
-        self._client_event(
-            CLIENT_CONNECTED,
-            conn,
-            client_id,
-            connect.username,
-            protocol_version=connect.protocol_level,
-            session_present=present,
-        )
         log.debug(
             "mqtt: client %r connected from %s (level %d)", client_id, conn.peer, connect.protocol_level
         )
@@ -524,17 +514,13 @@ class MqttFrontEnd:
 
     def _connection_closed(self, conn: MqttConn, event: ConnectionClosed) -> None:
         endpoint = conn.endpoint
-        if conn.client is not None:
-            self.broker.clients.remove(conn.client)
-            if self.broker.events.wants(CLIENT_DISCONNECTED):
-                self.broker.events.client_info(
-                    CLIENT_DISCONNECTED,
-                    conn.client,
-                    reason=event.reason,
-                    reason_code=event.reason_code,
-                    initiator="client" if event.by_client else "server",
-                )
-            conn.client = None
+        self.broker.presence.left(
+            conn.client,
+            reason=event.reason,
+            reason_code=event.reason_code,
+            initiator="client" if event.by_client else "server",
+        )
+        conn.client = None
         if event.reason_code >= 0x80 and not event.by_client:
             log.info(
                 "mqtt: closing %s (%s): %s",
@@ -546,7 +532,6 @@ class MqttFrontEnd:
             return  # never accepted, or already handed to a newer connection
         endpoint.conn = None
         conn.endpoint = None
-        self.broker.stats.client_disconnected()
         session = endpoint.session
         connect = conn.mqtt.connect_packet
         publish_will = event.publish_will and not conn.shutting_down
