@@ -6,7 +6,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,22 +16,15 @@ from typing import Any
 import pytest
 
 from tests.support.paho import V5, Endpoints, connect
-from tests.support.server import RunningServer
+from tests.support.server import RunningServer, unused_port
 from trimaran.ctl import table
 
 TOKEN = "ctl-token"
 ARGS = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "off", "--http", "127.0.0.1:0"]
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 # Nobody listens here: the endpoint fails from the first client.connected event.
-WEBHOOK_URL = f"http://127.0.0.1:{_closed_port()}/hook"
+WEBHOOK_URL = f"http://127.0.0.1:{unused_port()}/hook"
 
 
 @pytest.fixture(scope="module")

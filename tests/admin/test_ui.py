@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,22 +18,15 @@ import pytest
 
 from tests.support.browser import needs_browser, snap, wait
 from tests.support.paho import V5, Endpoints, connect
-from tests.support.server import RunningServer
+from tests.support.server import RunningServer, unused_port
 from trimaran.admin.ui import FILES, asset
 
 TOKEN = "page-token"
 ARGS = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "off", "--http", "127.0.0.1:0"]
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 # An endpoint nobody listens on: the first client.connected event makes it fail.
-WEBHOOK_URL = f"http://127.0.0.1:{_closed_port()}/hooks/secret-path"
+WEBHOOK_URL = f"http://127.0.0.1:{unused_port()}/hooks/secret-path"
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import itertools
-import socket
 import ssl
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -16,6 +15,7 @@ import anyio
 import pytest
 import trustme
 
+from tests.support.server import unused_port
 from tests.support.webhook_receiver import Receiver, verify
 from trimaran.admin.webhooks import CLOSED, OPEN, CircuitBreaker, Webhooks
 from trimaran.broker.events import CLIENT_CONNECTED, MESSAGE_PUBLISHED, EventBus
@@ -84,13 +84,6 @@ async def wait_until(condition: Any, timeout: float = 5.0) -> None:
     with anyio.fail_after(timeout):
         while not condition():
             await anyio.sleep(0.01)
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 async def test_signature_and_envelope(receiver: Receiver) -> None:
@@ -242,7 +235,7 @@ async def test_breaker_opens_after_repeated_failures_and_recovers(receiver: Rece
 
 
 async def test_drops_counted_when_receiver_is_down_and_queue_full() -> None:
-    url = f"http://127.0.0.1:{closed_port()}/hooks"
+    url = f"http://127.0.0.1:{unused_port()}/hooks"
     config = settings(url, queue_size=5, batch_max=5, max_retries=1, breaker_threshold=100)
     async with running(config) as (bus, hooks):
         dispatcher = hooks.dispatchers[0]

@@ -22,7 +22,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -40,6 +39,7 @@ from pyspark.sql import SparkSession
 
 from tests.analytics.conftest import write_broker_tables
 from tests.support.postgres import PostgresCluster
+from tests.support.server import unused_port
 from trimaran.analytics.cluster import bundle
 from trimaran.analytics.replay import add_arguments, run_audit
 from trimaran.analytics.source import MIN_ROWS_PER_SLICE, ROWS_PER_SLICE, TABLES, slice_count
@@ -59,12 +59,6 @@ SMALL_TABLES = {
     "spark.executor.memory": "512m",
 }
 WORKER_CORES = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # -- the executors' Python: pyspark, pyarrow and pandas, no Trimaran ---------------------------------
@@ -122,7 +116,7 @@ class Standalone:
 
         self.root = root
         self.spark_class = Path(pyspark.__file__).parent / "bin" / "spark-class"
-        self.port = _free_port()
+        self.port = unused_port()
         self.url = f"spark://127.0.0.1:{self.port}"
         self.processes: list[subprocess.Popen[bytes]] = []
         # Not the test run's PYTHONPATH: the executors inherit the worker's environment, and must
@@ -348,7 +342,7 @@ def test_a_verbose_audit_shows_sparks_own_output(empty_db: str, tmp_path: Path) 
 
 @pytest.mark.parametrize("how", ["flag", "environment", "trimaran.toml"])
 def test_unreachable_master_is_one_line_and_exit_2(how: str, tmp_path: Path) -> None:
-    master = f"spark://127.0.0.1:{_free_port()}"  # nothing listens there
+    master = f"spark://127.0.0.1:{unused_port()}"  # nothing listens there
     args = ["--parquet", str(tmp_path / "export")]
     env = {}
     if how == "flag":
@@ -394,7 +388,7 @@ def test_spark_errors_are_one_line_and_exit_2(
         expected = f"Path does not exist: file:{tmp_path}/no-export/"
     else:
         args = parser.parse_args(["-o", str(tmp_path / "r")])
-        port = _free_port()
+        port = unused_port()
         code = run_audit(args, f"postgresql://audit@127.0.0.1:{port}/trimaran", spark=spark)
         expected = "Couldn't connect to the database (ConnectException: Connection refused)"
     out, err = capsys.readouterr()

@@ -20,13 +20,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from tests.support.server import RunningServer, serving
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support.server import RunningServer, serving, unused_port
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +37,7 @@ def open_mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     """Mosquitto with allow_anonymous and no password file, on a free port."""
     if shutil.which("mosquitto") is None:
         pytest.skip("Mosquitto is not installed (apt-get install mosquitto)")
-    port = free_port()
+    port = unused_port()
     conf: Path = tmp_path_factory.mktemp("mosquitto") / "mosquitto.conf"
     conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
     process = subprocess.Popen(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -19,18 +18,11 @@ import pytest
 from tests.security.conftest import SERVER_ARGS, secure_env
 from tests.security.test_guard import connack
 from tests.support.paho import V5, Endpoints
-from tests.support.server import RunningServer, serving
+from tests.support.server import RunningServer, serving, unused_port
 from trimaran.security import passwords
 
 TOKEN = "users-test-token"
 Users = Callable[..., subprocess.CompletedProcess[str]]
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 def users_command(cwd: Path, env: dict[str, str]) -> Users:
@@ -143,7 +135,7 @@ def test_without_a_running_server_the_change_waits_for_the_next_start(tmp_path: 
     file = tmp_path / "etc" / "passwords"
     users = users_command(
         tmp_path,
-        {"TRIMARAN_AUTH__PASSWORD_FILE": str(file), "TRIMARAN_HTTP__BIND": f"127.0.0.1:{_closed_port()}"},
+        {"TRIMARAN_AUTH__PASSWORD_FILE": str(file), "TRIMARAN_HTTP__BIND": f"127.0.0.1:{unused_port()}"},
     )
     missing = users("list")
     assert missing.returncode == 2 and missing.stderr == f"trimaran: password file {file} does not exist\n"

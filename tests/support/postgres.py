@@ -9,10 +9,11 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
+
+from tests.support.server import unused_port
 
 
 def find_bindir() -> Path | None:
@@ -23,12 +24,6 @@ def find_bindir() -> Path | None:
     return Path(initdb).parent if initdb else None
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class PostgresCluster:
     def __init__(self, bindir: Path, *, fsync: bool = False) -> None:
         """``fsync=False`` (tests) trades durability for speed; benchmarks turn it on."""
@@ -36,7 +31,7 @@ class PostgresCluster:
         self.fsync = fsync
         self.root = Path(tempfile.mkdtemp(prefix="trimaran-pg-"))
         self.datadir = self.root / "data"
-        self.port = _free_port()
+        self.port = unused_port()
         self.as_root = os.geteuid() == 0
 
     def _run(self, *args: str) -> None:

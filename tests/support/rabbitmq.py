@@ -18,14 +18,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.support.server import unused_port
+
 SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
 START_TIMEOUT_S = 90.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _listening(port: int) -> bool:
@@ -62,7 +58,7 @@ def rabbitmq_node(base: Path) -> Iterator[int]:
     why = available()
     if why is not None:
         raise RuntimeError(why)
-    amqp, dist, epmd_port = free_port(), free_port(), free_port()
+    amqp, dist, epmd_port = unused_port(), unused_port(), unused_port()
     for sub in ("home", "mnesia", "log"):
         (base / sub).mkdir(parents=True, exist_ok=True)
     (base / "enabled_plugins").write_text("[].\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -14,6 +15,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 READY_LINE = re.compile(r"(\S+) listener ready on (\S+):(\d+)")
+
+
+def unused_port() -> int:
+    """A loopback port nobody listens on (bound and released: free for a moment)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
 
 # TRIMARAN_AUTH__USERS for the tests' one user, alice (password "wonderland").
 ALICE = '[{"name": "alice", "password": "wonderland"}]'
