@@ -202,7 +202,12 @@ class LimitSettings(Section):
     topic_alias_maximum: int = Field(64, ge=0, le=65535)
     maximum_qos: int = Field(2, ge=0, le=2)
     retain_available: bool = True
-    max_session_expiry: int = Field(7 * 24 * 3600, ge=0)
+    max_session_expiry: int = Field(
+        7 * 24 * 3600,
+        ge=0,
+        description="seconds an offline session is kept at most: caps MQTT 5's Session Expiry Interval "
+        "and ends 3.1.1 clean-session-0 sessions too (Mosquitto's persistent_client_expiration)",
+    )
     connect_timeout: float = Field(10.0, gt=0)
     sys_interval: float = Field(10.0, ge=0, description="$SYS publish period in seconds; 0 disables")
 

@@ -746,6 +746,13 @@ def test_session_expiry_legacy() -> None:
     assert isinstance(ack, ConnAck) and ack.properties.session_expiry_interval == 3600
 
 
+def test_legacy_persistent_session_is_capped_too() -> None:
+    """limits.max_session_expiry also ends 3.1.1 Clean Session 0 sessions (Mosquitto's
+    persistent_client_expiration): a client id that never comes back is not kept for ever."""
+    _, _, events = start(ServerLimits(maximum_session_expiry=60), level=4, clean_start=False)
+    assert isinstance(events[0], ConnectRequest) and events[0].session_expiry_interval == 60
+
+
 # --------------------------------------------------------------------------------------------- hostile
 
 

@@ -83,6 +83,7 @@ class Runner:
         self._dirty: list[Conn] = []
         self._flush_scheduled = False
         self._heap: list[tuple[float, int, Conn]] = []
+        self._heap_dead = 0  # entries of connections closed since the heap was last compacted
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         self._seq = 0
@@ -224,6 +225,13 @@ class Runner:
         if conn not in self.conns:
             return
         self.conns.discard(conn)
+        if conn.scheduled is not None:
+            # Its entry would stay until the deadline passes (a keep-alive: up to hours). Once the
+            # dead are half the heap, drop them: amortised O(1) a close, and a burst of closed
+            # connections is not kept.
+            self._heap_dead += 1
+            if 2 * self._heap_dead >= len(self._heap):
+                self._compact_heap()
         self.memory.changed(conn, 0)
         host = conn.peer_host
         left = self._per_address.get(host, 1) - 1
@@ -279,12 +287,17 @@ class Runner:
         self._seq += 1
         heap = self._heap
         if len(heap) > 2 * len(self.conns) + 1024:
-            # Mostly entries of closed connections and of deadlines that moved: keep the live ones.
-            heap[:] = [e for e in heap if e[2].state != GONE and e[2].scheduled == e[0]]
-            heapq.heapify(heap)
+            self._compact_heap()  # mostly deadlines that moved
         heapq.heappush(heap, (deadline, self._seq, conn))
         if deadline < self._timer_at:
             self._arm(deadline)
+
+    def _compact_heap(self) -> None:
+        """Keep the entries of open connections' current deadlines only."""
+        heap = self._heap
+        heap[:] = [e for e in heap if e[2].state != GONE and e[2] in self.conns and e[2].scheduled == e[0]]
+        heapq.heapify(heap)
+        self._heap_dead = 0
 
     def _arm(self, at: float) -> None:
         if self._timer is not None:
