@@ -976,7 +976,8 @@ class ServerConnection:
             if remaining > 0 and level == MQTT_5:
                 props = props.copy()
                 props.message_expiry_interval = math.ceil(remaining)
-        publish = Publish(message.topic, message.payload, qos, message.retain, dup, packet_id, props)
+        flag = dup or (message.redelivered and qos > 0)  # never DUP at QoS 0 (MQTT-3.3.1-2)
+        publish = Publish(message.topic, message.payload, qos, message.retain, flag, packet_id, props)
         alias = 0
         new_alias = False
         if self.uses_topic_aliases:
