@@ -75,9 +75,10 @@ def _endpoints(server: RunningServer) -> Endpoints:
     return Endpoints("127.0.0.1", server.ports["mqtt"])
 
 
-def _check_errors(workers: list[Worker], series: Series, life: int) -> None:
+def _check_errors(workers: list[Worker], series: Series, life: int, *, killed: bool = False) -> None:
     for w in workers:
-        assert w.error is None, f"{w.name} failed {series.where(life)}: {w.error!r}"
+        why = w.failure(killed=killed)
+        assert why is None, f"{w.name} failed {series.where(life)}: {why}"
 
 
 def _drain(series: Series, life: int, owed: set[str], server: RunningServer) -> None:
@@ -148,7 +149,7 @@ def _life(series: Series, life: int, rng: random.Random, *, kill: bool) -> None:
             for w in workers:
                 w.thread.join(10)
                 assert not w.thread.is_alive(), f"{w.name} hangs after the kill {series.where(life)}"
-            _check_errors(workers, series, life)
+            _check_errors(workers, series, life, killed=True)
             what = f"killed after {load_s:.2f} s of load"
         else:
             time.sleep(0.5)  # let the last acks land before the consumers leave

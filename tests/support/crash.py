@@ -26,6 +26,16 @@ MQTT_QUEUE = "crash-mqtt"  # published by MQTT
 AMQP_QUEUE = "crash-amqp"  # published by AMQP 0.9.1
 QUEUES = (MQTT_QUEUE, AMQP_QUEUE)
 
+# How a client sees the server vanish: pika's lost stream or a channel/connection already closed,
+# paho's failed write, a refused reconnect.
+CUT_OFF = (
+    pika.exceptions.AMQPConnectionError,
+    pika.exceptions.ChannelWrongStateError,
+    pika.exceptions.ConnectionWrongStateError,
+    ConnectionError,
+    OSError,
+)
+
 # pika logs every connection the kill cuts as an error, with its traceback: expected here.
 logging.getLogger("pika").setLevel(logging.CRITICAL)
 
@@ -96,7 +106,8 @@ class Worker(abc.ABC):
         self.ledger = ledger
         self.life = life
         self.stopping = threading.Event()
-        self.error: BaseException | None = None  # anything but the connection going away
+        self.error: BaseException | None = None  # what ended it, if not stop()
+        self.cut_off = False  # it ended because its connection went away (expected after a kill)
         self.thread = threading.Thread(target=self._main, name=self.name, daemon=True)
 
     def start(self) -> Worker:
@@ -110,10 +121,23 @@ class Worker(abc.ABC):
     def _main(self) -> None:
         try:
             self.run()
-        except (pika.exceptions.AMQPError, ConnectionError, OSError):
-            pass  # the server was killed under us: expected
+        except CUT_OFF as exc:
+            self.error = exc
+            self.cut_off = True
         except BaseException as exc:  # reported by the test, not lost in a thread
             self.error = exc
+        if not self.stopping.is_set() and self.error is None:
+            self.cut_off = True  # a paho loop that saw its connection end
+
+    def failure(self, *, killed: bool) -> str | None:
+        """Why this client failed: anything, before the kill; after it, anything but being cut off."""
+        if killed and self.cut_off:
+            return None
+        if self.error is not None:
+            return repr(self.error)
+        if not killed and not self.thread.is_alive() and not self.stopping.is_set():
+            return "ended by itself"
+        return None
 
     @abc.abstractmethod
     def run(self) -> None:
