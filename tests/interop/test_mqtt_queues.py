@@ -360,6 +360,29 @@ def test_disconnect_redelivers_to_another_consumer(qmqtt: Endpoints) -> None:
         close_all(pub, second)
 
 
+@pytest.mark.parametrize("version", [V311, V5])
+def test_redelivery_carries_dup_first_delivery_does_not(qmqtt: Endpoints, version: int) -> None:
+    """MQTT's own redelivery flag, the only one a 3.1.1 consumer sees (RabbitMQ's MQTT plugin sets
+    DUP from the queue's redelivered flag too); found by the crash series after restarts."""
+    q = f"$queue/dup-{version}"
+    pub = connect(qmqtt, version=V5)
+    first = connect(qmqtt, version=version, manual_ack=True)  # type: ignore[arg-type]
+    second = connect(qmqtt, version=version)  # type: ignore[arg-type]
+    try:
+        first.subscribe(q, qos=1)
+        pub.publish(q, b"held", qos=1)
+        assert first.expect().dup is False
+        second.subscribe(q, qos=1)
+        first.drop()
+        got = second.expect(5)
+        assert (got.payload, got.dup) == (b"held", True)
+        pub.publish(q, b"fresh", qos=1)
+        fresh = second.expect(5)
+        assert (fresh.payload, fresh.dup) == (b"fresh", False)
+    finally:
+        close_all(pub, second)
+
+
 # -- refusals and QoS 0 ---------------------------------------------------------------------------
 
 

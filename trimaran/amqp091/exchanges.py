@@ -2,7 +2,7 @@
 
 Pure and synchronous (standard library only); not thread-safe: it lives on the event loop. The
 handler checks queues (they belong to the queue manager), persists changes with
-``storage.amqp_store`` and turns an :class:`ExchangeError` into a channel or connection exception.
+``amqp091.durable`` and turns an :class:`ExchangeError` into a channel or connection exception.
 
 Model
 -----

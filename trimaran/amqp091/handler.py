@@ -28,6 +28,7 @@ from trimaran.amqp091 import spec
 from trimaran.amqp091.channels import ChannelState, Consumer
 from trimaran.amqp091.conn import Amqp091Conn, Pending
 from trimaran.amqp091.connection import ServerConnection
+from trimaran.amqp091.durable import DurableExchanges
 from trimaran.amqp091.events import (
     AuthenticationRequested,
     ChannelClosed,
@@ -75,7 +76,7 @@ class Amqp091FrontEnd:
         security: Security | None = None,
     ) -> None:
         self.broker = broker
-        self.store = store
+        self.store = DurableExchanges(store) if store is not None else None
         self.settings = settings
         self.config = settings.amqp091
         self.manager = queues

@@ -954,12 +954,13 @@ class ServerConnection:
         the Message Expiry Interval set to the time left. Returns why it was dropped, or None."""
         level = self._level
         props = message.properties
+        flag = dup or (message.redelivered and qos > 0)  # never DUP at QoS 0 (MQTT-3.3.1-2)
         if message.expires_at is None and (
             level != MQTT_5 or (props is NO_PROPERTIES and not self.uses_topic_aliases)
         ):
             # The common delivery: no properties to send, nothing that depends on the time.
             data = encode_plain_publish(
-                message.topic, message.payload, qos, message.retain, dup, packet_id, level
+                message.topic, message.payload, qos, message.retain, flag, packet_id, level
             )
             if len(data) > self.client_max_packet_size:
                 self.stats.dropped_too_large += 1
@@ -976,7 +977,7 @@ class ServerConnection:
             if remaining > 0 and level == MQTT_5:
                 props = props.copy()
                 props.message_expiry_interval = math.ceil(remaining)
-        publish = Publish(message.topic, message.payload, qos, message.retain, dup, packet_id, props)
+        publish = Publish(message.topic, message.payload, qos, message.retain, flag, packet_id, props)
         alias = 0
         new_alias = False
         if self.uses_topic_aliases:

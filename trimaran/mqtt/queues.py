@@ -127,6 +127,7 @@ class QueueSubscription:
             properties=props,
             tag=tag,
             expires_at=None if message.expires_at_ms is None else message.expires_at_ms / 1000,
+            redelivered=delivery.redelivered,
         )
         if self.conn.mqtt.publish(out):
             self.conn.wake()

@@ -63,6 +63,10 @@ class OutboundMessage:
     # Wall-clock (epoch seconds) end of the Message Expiry Interval; None: never expires. The
     # connection drops it if it expires before it is first sent and sends the time left.
     expires_at: float | None = None
+    # A durable queue's redelivery (delivered before, or maybe before a crash): even its first
+    # PUBLISH carries DUP, MQTT's only redelivery flag (3.1.1 has no user properties), as RabbitMQ's
+    # MQTT plugin sets DUP from the queue's redelivered flag.
+    redelivered: bool = False
 
 
 class Backlog:

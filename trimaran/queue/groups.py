@@ -250,6 +250,10 @@ class QueueState:
         }
     )
     expiring: int = 0  # messages in ``messages`` with an expiry (0: the sweep skips this queue)
+    # After an unclean stop: offsets below this may have been sent before the crash with their
+    # delivery never committed (deliveries are recorded without waiting), so a first delivery of one
+    # is flagged redelivered; a false flag must mean "never seen" (RabbitMQ's guarantee).
+    maybe_seen_below: int = 0
     block_next: int = 0  # shared mode: offsets reserved for this node
     block_end: int = 0
     reserving: anyio.Event | None = None

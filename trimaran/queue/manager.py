@@ -7,8 +7,9 @@ Lifecycle: ``async with manager.running():`` (or ``await manager.start(task_grou
 Everything runs on the event loop; the only thread is the writer. Consumers are fed from memory
 (every message a queue still holds stays in ``QueueState.messages``); SQL is written, not read, on the
 hot path. ``publish`` returns after the commit; deliveries are recorded without waiting (a crash
-before their commit only lowers an attempt count); ack, nack, reject, commit and cancel wait for their
-commit.
+before their commit only lowers an attempt count, and the next start flags the messages the dead
+process may have sent as redelivered: see ``_mark_running``); ack, nack, reject, commit and cancel
+wait for their commit.
 
 This module holds lifecycle, publish, consume, dispatch and the timers. The rest is in rooms of its
 own: ``work.py`` and ``stream.py`` (what a group does: take, settle, retry, commit, retention),
@@ -382,6 +383,9 @@ class QueueManager:
             await self.journal.write(release)
         self._started = False
         await self.writer.stop()
+        key = self._running_key()
+        if key is not None:  # everything is written: the next start may trust SQL's delivery records
+            await anyio.to_thread.run_sync(self.storage.set_meta, key, "stopped")
 
     def is_shared(self, state: QueueState) -> bool:
         """Work queues of a shared node deliver only what they claimed in the database."""
@@ -396,11 +400,30 @@ class QueueManager:
             return StreamGroup(state, name, self, cursor=cursor, committed=committed)
         return WorkGroup(state, name, self, cursor=cursor, committed=committed, shared=self.is_shared(state))
 
+    def _running_key(self) -> str | None:
+        """The ``broker_meta`` key saying this node's queues are live: set at start, cleared by a
+        clean stop. Shared nodes have a new id per process and hand their messages back at stop."""
+        return None if self.shared else f"queues.running.{self.node}"
+
+    def _mark_running(self) -> bool:
+        """In the loading thread: mark this node running; True when its last run did not stop
+        cleanly (killed, crashed, power lost), so deliveries it sent may be missing from SQL."""
+        key = self._running_key()
+        if key is None:
+            return False
+        unclean = self.storage.get_meta(key) == "running"
+        if unclean:
+            log.warning("queues: the last run of node %s did not stop cleanly; messages it may have "
+                        "delivered are flagged redelivered", self.node)  # fmt: skip
+        self.storage.set_meta(key, "running")
+        return unclean
+
     def _load(self) -> list[QueueState]:
         """In a worker thread: queues, groups, pending entries and messages (paged)."""
         engine = self.storage.engine
         now = now_ms()
         result = []
+        unclean = self._mark_running()
         for row in queue_store.load_queues(engine):
             policy = QueuePolicySettings(**row["policy"])
             state = QueueState(row["name"], policy, True, row["created_at"])
@@ -412,6 +435,8 @@ class QueueManager:
                 for m in page:
                     state.add(stored_row(m))
             state.high = state.next_offset
+            if unclean and policy.mode == "work":
+                state.maybe_seen_below = state.high
             for g in queue_store.load_groups(engine, state.name):
                 cursor = int(g.committed) if policy.mode == "stream" else int(g.cursor)
                 state.groups[g.group] = self._new_group(state, g.group, cursor, int(g.committed))

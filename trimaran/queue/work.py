@@ -188,7 +188,8 @@ class WorkGroup(Group):
             offset,
             self.name,
             attempt,
-            attempt - unsent > 1,
+            # maybe_seen_below: sent by a process that died before recording it (manager._mark_running)
+            attempt - unsent > 1 or offset < state.maybe_seen_below,
             message_id(state.name, offset),
             attempt - 1 - unsent - returned,
         )

@@ -1,154 +1,50 @@
 """SQL for the AMQP 0.9.1 front end: durable exchanges and the bindings between durable ends.
 
-Blocking calls; the handler runs them on a worker thread, each call one transaction. RabbitMQ's rule:
-only durable exchanges persist, and a binding persists when its source and destination are both
-durable. This module stores what it is given; the handler decides (it knows queue durability).
-
-Field tables (exchange and binding arguments) are stored as tagged JSON so every AMQP field type
-comes back as it went in (see :func:`encode_value`).
+Rows and JSON text only: storage knows no AMQP type. The hull (``amqp091.durable``) maps its
+exchanges and bindings to these rows, field tables (the ``arguments``) to JSON text. Blocking calls,
+each one transaction; the handler runs them on a worker thread.
 """
 
 from __future__ import annotations
 
-import base64
-import datetime
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
-from decimal import Decimal
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from sqlalchemy import ColumnElement, Connection, Engine, and_, delete, or_, select
 
-from trimaran.amqp091.exchanges import Binding, Exchange, freeze_arguments
-from trimaran.amqp091.fields import Float32, Int8, Int16, Int64, Timestamp, UInt8, UInt16, UInt32
 from trimaran.storage.engine import now_ms
 from trimaran.storage.schema import amqp_bindings, amqp_exchanges
 
-__all__ = [
-    "AmqpStore",
-    "binding_key",
-    "decode_table",
-    "decode_value",
-    "encode_table",
-    "encode_value",
-    "table_from_json",
-    "table_to_json",
-]
-
-# -- tagged JSON ------------------------------------------------------------------------------------
-#
-# JSON null, booleans, strings and arrays stand for themselves; a plain int is a JSON integer and a
-# finite plain float a JSON number with a fraction or exponent. Everything else is an object
-# {"$t": tag, "v": value} with the field-table tag of fields.py: b B s u i l (sized ints), f (Float32),
-# d (a non-finite float, as text), D (Decimal, as text), T (Timestamp), x (bytes, base64) and F (a
-# nested table: "v" is an object of encoded values). Every JSON object is such a tag, so a table can
-# never be mistaken for one.
-
-_TAG = "$t"
-_SIZED: dict[type, str] = {
-    Int8: "b",
-    UInt8: "B",
-    Int16: "s",
-    UInt16: "u",
-    UInt32: "i",
-    Int64: "l",
-    Timestamp: "T",
-}
-_SIZED_BY_TAG: dict[str, type[int]] = {tag: typ for typ, tag in _SIZED.items()}
+__all__ = ["AmqpStore", "BindingRow", "ExchangeRow", "binding_key"]
 
 
-def encode_value(value: object) -> Any:
-    """A field value in its JSON-safe tagged form."""
-    typ = type(value)
-    if value is None or typ is bool or typ is str:
-        return value
-    if typ is int:
-        return value
-    if typ is float:
-        f = float(value)  # type: ignore[arg-type]
-        return f if f == f and f not in (float("inf"), float("-inf")) else {_TAG: "d", "v": repr(f)}
-    tag = _SIZED.get(typ)
-    if tag is not None:
-        return {_TAG: tag, "v": int(value)}  # type: ignore[call-overload]
-    if typ is Float32:
-        return {_TAG: "f", "v": repr(float(value))}  # type: ignore[arg-type]
-    if isinstance(value, bytes | bytearray | memoryview):
-        return {_TAG: "x", "v": base64.b64encode(bytes(value)).decode("ascii")}
-    if isinstance(value, Decimal):
-        return {_TAG: "D", "v": str(value)}
-    if isinstance(value, datetime.datetime):
-        return {_TAG: "T", "v": int(value.timestamp())}
-    if isinstance(value, dict):
-        return {_TAG: "F", "v": encode_table(value)}
-    if isinstance(value, list | tuple):
-        return [encode_value(v) for v in value]
-    if isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return encode_value(float(value))
-    if isinstance(value, str):
-        return str(value)
-    raise TypeError(f"cannot store a {typ.__name__} as a field value")
+@dataclass(frozen=True, slots=True)
+class ExchangeRow:
+    name: str
+    type: str
+    durable: bool
+    auto_delete: bool
+    internal: bool
+    arguments: str  # a JSON object, as the hull wrote it
 
 
-def decode_value(data: Any) -> object:
-    if isinstance(data, list):
-        return [decode_value(v) for v in data]
-    if not isinstance(data, dict):
-        return data  # None, bool, int, float, str
-    tag = data[_TAG]
-    raw = data["v"]
-    sized = _SIZED_BY_TAG.get(tag)
-    if sized is not None:
-        return sized(raw)
-    if tag == "x":
-        return base64.b64decode(raw)
-    if tag == "D":
-        return Decimal(raw)
-    if tag == "F":
-        return decode_table(raw)
-    if tag == "f":
-        return Float32(float(raw))
-    if tag == "d":
-        return float(raw)
-    raise ValueError(f"unknown stored field tag {tag!r}")
+@dataclass(frozen=True, slots=True)
+class BindingRow:
+    source: str
+    destination: str
+    destination_kind: str  # "queue" or "exchange"
+    routing_key: str
+    arguments: str  # a JSON object, as the hull wrote it
 
 
-def encode_table(table: Mapping[str, object]) -> dict[str, Any]:
-    return {str(k): encode_value(v) for k, v in table.items()}
-
-
-def decode_table(data: Mapping[str, Any]) -> dict[str, object]:
-    return {k: decode_value(v) for k, v in data.items()}
-
-
-def table_to_json(table: Mapping[str, object], *, canonical: bool = False) -> str:
-    """The table as ASCII JSON text (so strings holding undecodable bytes via ``surrogateescape``
-    survive any database encoding), in its own key order; ``canonical`` sorts the keys at every
-    level, so that equal tables give equal text."""
-    return json.dumps(encode_table(table), sort_keys=canonical, separators=(",", ":"))
-
-
-def table_from_json(text: str) -> dict[str, object]:
-    data = json.loads(text)
-    if not isinstance(data, dict):
-        raise ValueError("stored arguments are not a table")
-    return decode_table(data)
-
-
-def binding_key(binding: Binding) -> str:
-    """The digest that makes a stored binding unique within its vhost."""
+def binding_key(binding: BindingRow) -> str:
+    """The digest that makes a stored binding unique within its vhost: equal arguments in another
+    key order give the same key (the JSON is re-written with sorted keys)."""
+    canonical = json.dumps(json.loads(binding.arguments), sort_keys=True, separators=(",", ":"))
     text = json.dumps(
-        [
-            binding.source,
-            binding.destination,
-            binding.destination_kind,
-            binding.routing_key,
-            table_to_json(binding.arguments_dict(), canonical=True),
-        ],
+        [binding.source, binding.destination, binding.destination_kind, binding.routing_key, canonical],
         separators=(",", ":"),
     )
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
@@ -161,8 +57,8 @@ class AmqpStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def load(self, vhost: str = "/") -> tuple[list[Exchange], list[Binding]]:
-        """Every saved exchange and binding of ``vhost``, for ``ExchangeRegistry.restore``."""
+    def load(self, vhost: str = "/") -> tuple[list[ExchangeRow], list[BindingRow]]:
+        """Every saved exchange (by name) and binding (in the order they were made) of ``vhost``."""
         with self.engine.connect() as connection:
             xrows = connection.execute(
                 select(amqp_exchanges).where(amqp_exchanges.c.vhost == vhost).order_by(amqp_exchanges.c.name)
@@ -173,29 +69,17 @@ class AmqpStore:
                 .order_by(amqp_bindings.c.created_at, amqp_bindings.c.binding_key)
             ).all()
         exchanges = [
-            Exchange(
-                row.name,
-                row.type,
-                bool(row.durable),
-                bool(row.auto_delete),
-                bool(row.internal),
-                table_from_json(row.arguments),
-            )
+            ExchangeRow(row.name, row.type, bool(row.durable), bool(row.auto_delete), bool(row.internal),
+                        row.arguments)
             for row in xrows
-        ]
+        ]  # fmt: skip
         bindings = [
-            Binding(
-                row.source,
-                row.destination,
-                "exchange" if row.destination_kind == "exchange" else "queue",
-                row.routing_key,
-                freeze_arguments(table_from_json(row.arguments)),
-            )
+            BindingRow(row.source, row.destination, row.destination_kind, row.routing_key, row.arguments)
             for row in brows
         ]
         return exchanges, bindings
 
-    def save_exchange(self, exchange: Exchange, *, vhost: str = "/") -> None:
+    def save_exchange(self, exchange: ExchangeRow, *, vhost: str = "/") -> None:
         """Insert or replace one exchange."""
         with self.engine.begin() as connection:
             connection.execute(delete(amqp_exchanges).where(_exchange_row(vhost, exchange.name)))
@@ -207,7 +91,7 @@ class AmqpStore:
                     durable=exchange.durable,
                     auto_delete=exchange.auto_delete,
                     internal=exchange.internal,
-                    arguments=table_to_json(exchange.arguments),
+                    arguments=exchange.arguments,
                     created_at=now_ms(),
                 )
             )
@@ -217,7 +101,7 @@ class AmqpStore:
         with self.engine.begin() as connection:
             _delete_exchanges(connection, vhost, [name])
 
-    def save_binding(self, binding: Binding, *, vhost: str = "/") -> None:
+    def save_binding(self, binding: BindingRow, *, vhost: str = "/") -> None:
         """Store a binding (saving it again is a no-op)."""
         key = binding_key(binding)
         with self.engine.begin() as connection:
@@ -230,12 +114,12 @@ class AmqpStore:
                     destination=binding.destination,
                     destination_kind=binding.destination_kind,
                     routing_key=binding.routing_key,
-                    arguments=table_to_json(binding.arguments_dict()),
+                    arguments=binding.arguments,
                     created_at=now_ms(),
                 )
             )
 
-    def delete_binding(self, binding: Binding, *, vhost: str = "/") -> None:
+    def delete_binding(self, binding: BindingRow, *, vhost: str = "/") -> None:
         with self.engine.begin() as connection:
             connection.execute(delete(amqp_bindings).where(_binding_row(vhost, binding_key(binding))))
 
@@ -251,10 +135,9 @@ class AmqpStore:
             )
 
     def forget(
-        self, bindings: Iterable[Binding] = (), exchanges: Iterable[str] = (), *, vhost: str = "/"
+        self, bindings: Iterable[BindingRow] = (), exchanges: Iterable[str] = (), *, vhost: str = "/"
     ) -> None:
-        """Delete many bindings and exchanges (with their bindings) in one transaction: what
-        ``ExchangeRegistry.last_removed_bindings`` / ``last_auto_deleted`` list after a cascade."""
+        """Delete many bindings and exchanges (with their bindings) in one transaction."""
         keys = [binding_key(b) for b in bindings]
         names = list(exchanges)
         if not keys and not names:

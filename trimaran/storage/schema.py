@@ -167,7 +167,7 @@ Index("ix_queue_pending_claim", queue_pending.c.queue, queue_pending.c.group, qu
 from sqlalchemy import Boolean  # noqa: E402
 
 # Durable exchanges (RabbitMQ persists only those). ``arguments`` is the field table as tagged JSON
-# (storage.amqp_store), so every AMQP field type survives the round trip.
+# (written by amqp091.durable), so every AMQP field type survives the round trip.
 amqp_exchanges = Table(
     "amqp_exchanges",
     metadata,
