@@ -191,6 +191,9 @@ class LimitSettings(Section):
         1.0, gt=0, description="longest a subscriber that is behind holds its publishers; then it drops"
     )
     session_queue_size: int = Field(10_000, ge=0, description="QoS 1/2 queued per session")
+    session_queue_bytes: int = Field(
+        64 * 1024 * 1024, ge=0, description="bytes (payloads and topics) queued per session; 0 = no bound"
+    )
     max_keep_alive: int = Field(
         3600, ge=0, le=65535, description="seconds; a client asking for more (or 0) gets this; 0 = client's"
     )

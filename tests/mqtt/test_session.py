@@ -64,6 +64,20 @@ def test_window_and_queue() -> None:
         session.enqueue(OutboundMessage("t", b"", 0))
 
 
+def test_the_queue_is_bounded_in_bytes_as_well_as_messages() -> None:
+    session = Session("c", max_queued=100, max_queued_bytes=1000)
+    big = OutboundMessage("t/1", b"x" * 400, 1)  # 403 bytes with its topic
+    assert session.enqueue(big) and session.enqueue(big)
+    assert not session.enqueue(big)  # 1,209 > 1,000: refused and counted
+    assert session.dropped == 1 and session.queue.bytes == 806
+    assert session.enqueue(OutboundMessage("t", b"y" * 100, 1))  # small ones still fit
+    session.next_to_send(window=1)  # one leaves for the window: its bytes no longer count
+    assert session.queue.bytes == 806 - 403 + 101
+    assert Session.from_dict(session.to_dict()).queue.bytes == session.queue.bytes
+    session.queue.clear()
+    assert session.queue.bytes == 0 and session.enqueue(big)
+
+
 def test_pubrec_error_ends_flow() -> None:
     session = Session("c")
     session.enqueue(OutboundMessage("t", b"", 2))

@@ -117,6 +117,7 @@ class ServerLimits:
     authentication_methods: frozenset[str] = frozenset()  # 5.0 enhanced auth methods (none yet)
     max_inflight_legacy: int = 32  # outbound window for 3.1/3.1.1 clients (no Receive Maximum)
     max_queued_messages: int = 1000  # per session, for sessions this machine creates
+    max_queued_bytes: int = 0  # the same in payload and topic bytes; 0 = no bound
     maximum_session_expiry: int | None = None  # cap on the client's Session Expiry Interval
     max_packet_size_unauthenticated: int = 65536  # until accept(): a CONNECT larger is refused
     max_topic_length: int = 65535  # bytes of a topic name or filter (as UTF-8 characters)
@@ -364,7 +365,11 @@ class ServerConnection:
         if session is None or connect.clean_start:
             session_present = False
         if session is None:
-            session = Session(self.client_id, max_queued=self.limits.max_queued_messages)
+            session = Session(
+                self.client_id,
+                max_queued=self.limits.max_queued_messages,
+                max_queued_bytes=self.limits.max_queued_bytes,
+            )
         session.expiry_interval = self.session_expiry_interval
         self.session = session
         props = properties.copy() if properties is not None else Properties()

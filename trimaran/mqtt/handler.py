@@ -97,6 +97,7 @@ def server_limits(settings: Settings) -> ServerLimits:
         connect_timeout=limits.connect_timeout,
         max_inflight_legacy=limits.max_inflight,
         max_queued_messages=limits.session_queue_size,
+        max_queued_bytes=limits.session_queue_bytes,
         maximum_session_expiry=limits.max_session_expiry,
         max_packet_size_unauthenticated=limits.max_packet_size_unauthenticated,
         max_topic_length=limits.max_topic_length,
@@ -432,7 +433,11 @@ class MqttFrontEnd:
             endpoint = None
         present = endpoint is not None
         if endpoint is None:
-            session = Session(client_id, max_queued=self.limits.max_queued_messages)
+            session = Session(
+                client_id,
+                max_queued=self.limits.max_queued_messages,
+                max_queued_bytes=self.limits.max_queued_bytes,
+            )
             endpoint = self.endpoints[client_id] = MqttEndpoint(self, session, connect.protocol_level)
             self._client_event(SESSION_CREATED, conn, client_id, connect.username)
         endpoint.protocol_level = connect.protocol_level

@@ -69,17 +69,23 @@ class OutboundMessage:
     redelivered: bool = False
 
 
+def weight(message: OutboundMessage) -> int:
+    """What a queued message counts against a session's byte bound: its payload and topic."""
+    return len(message.payload) + len(message.topic)
+
+
 class Backlog:
     """A session's queue of messages waiting for the inflight window: first in, first out.
 
     A list read from a head index, compacted as it is consumed: an idle session's empty backlog is a
     small object, where a deque would be 600 bytes per session."""
 
-    __slots__ = ("_head", "_items", "first_seq")
+    __slots__ = ("_head", "_items", "bytes", "first_seq")
 
     def __init__(self, items: Iterable[OutboundMessage] = (), first_seq: int = 0) -> None:
         self._items: list[OutboundMessage] = list(items)
         self._head = 0
+        self.bytes = sum(map(weight, self._items))  # payloads and topics queued
         # Each message has a sequence number: first_seq for the head, then one more each. Storage
         # writes a message once, by its number, and deletes the numbers below first_seq.
         self.first_seq = first_seq
@@ -97,9 +103,11 @@ class Backlog:
 
     def append(self, message: OutboundMessage) -> None:
         self._items.append(message)
+        self.bytes += len(message.payload) + len(message.topic)
 
     def extend(self, messages: Iterable[OutboundMessage]) -> None:
-        self._items.extend(messages)
+        for message in messages:
+            self.append(message)
 
     def popleft(self) -> OutboundMessage:
         items, head = self._items, self._head
@@ -108,6 +116,7 @@ class Backlog:
         message = items[head]
         head += 1
         self.first_seq += 1
+        self.bytes -= len(message.payload) + len(message.topic)
         if head == len(items):
             items.clear()
             head = 0
@@ -121,6 +130,7 @@ class Backlog:
         self.first_seq = self.next_seq  # the numbers are never reused: the cleared rows go
         self._items.clear()
         self._head = 0
+        self.bytes = 0
 
     def __len__(self) -> int:
         return len(self._items) - self._head
@@ -173,15 +183,19 @@ class Session:
         "inbound_qos2",
         "inflight",
         "max_queued",
+        "max_queued_bytes",
         "queue",
         "saved_seq",
         "subscriptions",
     )
 
-    def __init__(self, client_id: str, *, expiry_interval: int = 0, max_queued: int = 1000) -> None:
+    def __init__(
+        self, client_id: str, *, expiry_interval: int = 0, max_queued: int = 1000, max_queued_bytes: int = 0
+    ) -> None:
         self.client_id = client_id
         self.expiry_interval = expiry_interval  # seconds; 0xFFFFFFFF means never
         self.max_queued = max_queued
+        self.max_queued_bytes = max_queued_bytes  # payloads and topics; 0 = no bound
         self.subscriptions: dict[str, Subscription] = {}
         self.inflight: dict[int, InflightEntry] = {}  # in send order
         self.queue: Backlog = Backlog()
@@ -207,10 +221,15 @@ class Session:
         return pid
 
     def enqueue(self, message: OutboundMessage) -> bool:
-        """Queue a QoS 1/2 message. False (and counted in `dropped`) when the queue is full."""
+        """Queue a QoS 1/2 message. False (and counted in `dropped`) when the queue is full: as
+        many messages as ``max_queued``, or as many bytes as ``max_queued_bytes``."""
         if message.qos == 0:
             raise ValueError("only QoS 1 and 2 messages are queued in the session")
-        if len(self.queue) >= self.max_queued:
+        queue = self.queue
+        if len(queue) >= self.max_queued or (
+            self.max_queued_bytes
+            and queue.bytes + len(message.payload) + len(message.topic) > self.max_queued_bytes
+        ):
             self.dropped += 1
             return False
         self.queue.append(message)
@@ -285,6 +304,7 @@ class Session:
             "client_id": self.client_id,
             "expiry_interval": self.expiry_interval,
             "max_queued": self.max_queued,
+            "max_queued_bytes": self.max_queued_bytes,
             "next_packet_id": self._next_packet_id,
             "dropped": self.dropped,
             "subscriptions": [
@@ -317,7 +337,10 @@ class Session:
         if data.get("version") != 1:
             raise ValueError(f"unknown session format version {data.get('version')!r}")
         session = cls(
-            data["client_id"], expiry_interval=data["expiry_interval"], max_queued=data["max_queued"]
+            data["client_id"],
+            expiry_interval=data["expiry_interval"],
+            max_queued=data["max_queued"],
+            max_queued_bytes=data.get("max_queued_bytes", 0),  # sessions saved before the bound: none
         )
         session._next_packet_id = data["next_packet_id"]
         session.dropped = data["dropped"]
