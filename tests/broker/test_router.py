@@ -263,6 +263,20 @@ def test_cache_is_bounded() -> None:
     assert uncached.cache_len() == 0
 
 
+def test_cache_is_bounded_in_bytes() -> None:
+    r: Router[Client] = Router(cache_size=1000, cache_bytes=10_000)
+    r.subscribe(A, "#", Opts())
+    for i in range(10):
+        assert ids(r.match(f"{i}/" + "x" * 3000)) == ["a"]  # long topics: three fit in 10,000 bytes
+    assert r.cache_len() == 3
+    assert ids(r.match("y" * 20_000)) == ["a"]  # larger than the whole cache: matched, not cached
+    assert r.cache_len() == 3
+    r.subscribe(B, "+/#", Opts())  # a wildcard change empties it, and its byte count
+    for i in range(3):
+        r.match(f"{i}/" + "x" * 3000)
+    assert r.cache_len() == 3
+
+
 def test_exact_filter_changes_keep_other_cache_entries() -> None:
     r: Router[Client] = Router()
     r.subscribe(A, "a/+", Opts())

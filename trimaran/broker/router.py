@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Final, Generic, Protocol, TypeVar, cast
+from typing import Any, Final, Generic, Protocol, TypeVar, cast
 
 from trimaran.topics import SHARE_PREFIX, TopicError, validate_topic_filter
 
@@ -47,6 +47,8 @@ __all__ = [
 ]
 
 DEFAULT_CACHE_SIZE: Final = 8192
+DEFAULT_CACHE_BYTES: Final = 4 * 1024 * 1024
+_ENTRY_OVERHEAD: Final = 200  # an entry's objects and its dict slot, roughly, beyond topic and deliveries
 _NO_IDS: Final[frozenset[str]] = frozenset()
 
 
@@ -208,15 +210,23 @@ def route_key(topic_filter: str, group: str | None) -> str:
     return topic_filter if group is None else f"{SHARE_PREFIX}{group}/{topic_filter}"
 
 
+def _weight(topic: str, entry: _Entry[Any]) -> int:
+    """What a cached match counts against the cache's byte bound."""
+    return len(topic) + 8 * (len(entry.deliveries) + len(entry.groups)) + _ENTRY_OVERHEAD
+
+
 class Router(Generic[S]):
     """Subscription trie with ``+``/``#`` wildcards, share groups, the ``$`` rule and a match cache."""
 
-    def __init__(self, cache_size: int = DEFAULT_CACHE_SIZE) -> None:
+    def __init__(self, cache_size: int = DEFAULT_CACHE_SIZE, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self._root: _Node[S] = _Node()
         self._by_subscriber: dict[S, dict[tuple[str, str | None], Subscription[S]]] = {}
         self._count = 0
         self._cache: OrderedDict[str, _Entry[S]] = OrderedDict()
         self._cache_size = max(0, cache_size)
+        # Bounded in bytes too: topics may be 64 KB long, and 8,192 of those would be half a GB.
+        self._cache_bytes = max(0, cache_bytes)
+        self._cached_bytes = 0
         # Misses only: a hit counter would allocate a new int per publish once past 256.
         self.cache_misses = 0
         # Routes: each filter (``$share/<group>/<filter>`` for a share group) with how many
@@ -335,8 +345,11 @@ class Router(Generic[S]):
         """
         if "+" in topic_filter or "#" in topic_filter:
             self._cache.clear()
+            self._cached_bytes = 0
         else:
-            self._cache.pop(topic_filter, None)
+            entry = self._cache.pop(topic_filter, None)
+            if entry is not None:
+                self._cached_bytes -= _weight(topic_filter, entry)
 
     def _remove_from_trie(self, subscriber: S, topic_filter: str, group: str | None) -> None:
         path: list[tuple[_Node[S], str]] = []
@@ -418,10 +431,15 @@ class Router(Generic[S]):
 
         entry = _Entry(tuple(deliveries), tuple(groups), frozenset(no_local) if no_local else _NO_IDS)
         cache = self._cache
-        if self._cache_size:
-            if len(cache) >= self._cache_size:
-                cache.popitem(last=False)
+        weight = _weight(topic, entry)
+        if self._cache_size and weight <= self._cache_bytes:
+            while cache and (
+                len(cache) >= self._cache_size or self._cached_bytes + weight > self._cache_bytes
+            ):
+                old_topic, old = cache.popitem(last=False)
+                self._cached_bytes -= _weight(old_topic, old)
             cache[topic] = entry
+            self._cached_bytes += weight
         return entry
 
     def _collect(self, topic: str) -> list[_Node[S]]:
