@@ -413,11 +413,7 @@ class ServerConnection:
             return self._send_publish(message, 0, None, False) is None
         if self.session is None:
             return False
-        if (
-            self.state == State.CONNECTED
-            and self.client_max_packet_size < MAX_PACKET_SIZE
-            and not self._fits(message)
-        ):
+        if self.state == State.CONNECTED and not self._fits(message):
             self.stats.dropped_too_large += 1
             return False
         session = self.session
@@ -960,6 +956,8 @@ class ServerConnection:
         level = self._level
         props = message.properties
         flag = dup or (message.redelivered and qos > 0)  # never DUP at QoS 0 (MQTT-3.3.1-2)
+        alias = 0
+        new_alias = False
         if message.expires_at is None and (
             level != MQTT_5 or (props is NO_PROPERTIES and not self.uses_topic_aliases)
         ):
@@ -967,43 +965,35 @@ class ServerConnection:
             data = encode_plain_publish(
                 message.topic, message.payload, qos, message.retain, flag, packet_id, level
             )
-            if len(data) > self.client_max_packet_size:
-                self.stats.dropped_too_large += 1
-                return "larger than the client's maximum packet size"
-            self._out.append(data)
-            self.pending_out += len(data)
-            self.stats.packets_sent += 1
-            return None
-        if message.expires_at is not None:
-            remaining = message.expires_at - self._clock()
-            if remaining <= 0 and not dup:  # a resend is already on its way: finish it
-                self.stats.dropped_expired += 1
-                return "message expired"
-            if remaining > 0 and level == MQTT_5:
-                props = props.copy()
-                props.message_expiry_interval = math.ceil(remaining)
-        publish = Publish(message.topic, message.payload, qos, message.retain, flag, packet_id, props)
-        alias = 0
-        new_alias = False
-        if self.uses_topic_aliases:
-            aliases = self._out_aliases
-            if aliases is None:
-                aliases = self._out_aliases = {}
-            alias = aliases.get(message.topic, 0)
-            if not alias:
-                new_alias = True
-                alias = self._out_alias_next
-            aliased = props.copy()
-            aliased.topic_alias = alias
-            publish.properties = aliased
-            if not new_alias:
-                publish.topic = ""
-        data = encode(publish, level)
-        if alias and len(data) > self.client_max_packet_size:
-            publish.topic = message.topic
-            publish.properties = props
-            alias = 0
+        else:
+            if message.expires_at is not None:
+                remaining = message.expires_at - self._clock()
+                if remaining <= 0 and not dup:  # a resend is already on its way: finish it
+                    self.stats.dropped_expired += 1
+                    return "message expired"
+                if remaining > 0 and level == MQTT_5:
+                    props = props.copy()
+                    props.message_expiry_interval = math.ceil(remaining)
+            publish = Publish(message.topic, message.payload, qos, message.retain, flag, packet_id, props)
+            if self.uses_topic_aliases:
+                aliases = self._out_aliases
+                if aliases is None:
+                    aliases = self._out_aliases = {}
+                alias = aliases.get(message.topic, 0)
+                if not alias:
+                    new_alias = True
+                    alias = self._out_alias_next
+                aliased = props.copy()
+                aliased.topic_alias = alias
+                publish.properties = aliased
+                if not new_alias:
+                    publish.topic = ""
             data = encode(publish, level)
+            if alias and len(data) > self.client_max_packet_size:
+                publish.topic = message.topic
+                publish.properties = props
+                alias = 0
+                data = encode(publish, level)
         if len(data) > self.client_max_packet_size:
             self.stats.dropped_too_large += 1
             return "larger than the client's maximum packet size"

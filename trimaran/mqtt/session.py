@@ -103,7 +103,7 @@ class Backlog:
 
     def append(self, message: OutboundMessage) -> None:
         self._items.append(message)
-        self.bytes += len(message.payload) + len(message.topic)
+        self.bytes += weight(message)
 
     def extend(self, messages: Iterable[OutboundMessage]) -> None:
         for message in messages:
@@ -116,7 +116,7 @@ class Backlog:
         message = items[head]
         head += 1
         self.first_seq += 1
-        self.bytes -= len(message.payload) + len(message.topic)
+        self.bytes -= weight(message)
         if head == len(items):
             items.clear()
             head = 0
@@ -227,8 +227,7 @@ class Session:
             raise ValueError("only QoS 1 and 2 messages are queued in the session")
         queue = self.queue
         if len(queue) >= self.max_queued or (
-            self.max_queued_bytes
-            and queue.bytes + len(message.payload) + len(message.topic) > self.max_queued_bytes
+            self.max_queued_bytes and queue.bytes + weight(message) > self.max_queued_bytes
         ):
             self.dropped += 1
             return False
