@@ -413,7 +413,11 @@ class ServerConnection:
             return self._send_publish(message, 0, None, False) is None
         if self.session is None:
             return False
-        if self.state == State.CONNECTED and not self._fits(message):
+        if (
+            self.state == State.CONNECTED
+            and self.client_max_packet_size < MAX_PACKET_SIZE  # _fits's shortcut, without the call
+            and not self._fits(message)
+        ):
             self.stats.dropped_too_large += 1
             return False
         session = self.session
