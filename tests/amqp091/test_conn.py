@@ -129,6 +129,11 @@ async def test_frames_pipelined_behind_a_refused_login_get_the_protocols_answer(
     async with running(tmp_path, settings) as deck:
         wire = Wire(deck.runner, deck.open)
         await wire.feed([hello({"authentication_failure_close": True}, password="wrong")])
+        with anyio.fail_after(10):  # the password check runs in a thread: slow on a loaded machine
+            while not any(
+                isinstance(m, spec.ConnectionClose) for _, m in methods(bytes(wire.transport.written))
+            ):
+                await anyio.sleep(0.01)
         got = methods(wire.transport.take())
         assert isinstance(got[-1][1], spec.ConnectionClose)
         assert got[-1][1].reply_code == spec.ACCESS_REFUSED

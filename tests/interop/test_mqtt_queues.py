@@ -510,7 +510,7 @@ def test_crash_keeps_every_acknowledged_publish(
                 try:
                     seen.add(int(sub.expect(0.5).payload[1:]))
                 except queue.Empty:
-                    break
+                    continue  # a loaded machine can pause longer than one poll; the deadline decides
             missing = sorted(confirmed - seen)
             assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {missing[:10]}"
         finally:

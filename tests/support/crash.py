@@ -57,7 +57,7 @@ class Ledger:
     lock: threading.Lock = field(default_factory=threading.Lock)
     published_in: dict[str, int] = field(default_factory=dict)  # payload -> life it was sent in
     confirmed: set[str] = field(default_factory=set)  # PUBACK 0 / basic.ack from the broker
-    acked: set[str] = field(default_factory=set)  # a consumer sent its ack (it may not have landed)
+    acked: set[str] = field(default_factory=set)  # a consumer is sending its ack (it may not land)
     receipts: dict[str, list[Receipt]] = field(default_factory=lambda: defaultdict(list))
 
     def sent(self, payload: str, life: int) -> None:
@@ -267,10 +267,12 @@ class MqttConsumer(Worker):
     def _ack(self, client: Client) -> None:
         with self.held_lock:
             batch, self.held = self.held, []
-        for mid, _ in batch:
+        for mid, payload in batch:
+            # Recorded before it is sent: the kill can land between the PUBACKs of one batch, and
+            # one the broker read and committed is rightly not delivered again.
+            self.ledger.ack_sent([payload])
             if client.client.ack(mid, 1) != 0:
                 raise ConnectionError("PUBACK not sent")
-        self.ledger.ack_sent([payload for _, payload in batch])
 
 
 class AmqpConsumer(Worker):
@@ -304,8 +306,9 @@ class AmqpConsumer(Worker):
             while True:
                 connection.process_data_events(time_limit=self.ack_every)
                 if held:
-                    channel.basic_ack(last_tag, multiple=True)
+                    # Recorded first: pika may have written the ack when the kill makes it raise.
                     self.ledger.ack_sent(held)
+                    channel.basic_ack(last_tag, multiple=True)
                     held = []
                 if self.stopping.is_set():
                     break
