@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import anyio
 import pytest
 
@@ -11,6 +13,7 @@ from trimaran.config import QueuePolicySettings
 from trimaran.queue import QueueError, ack_by_id
 from trimaran.storage import queue_store
 from trimaran.storage.schema import queue_pending
+from trimaran.storage.writer import WriteBatch
 
 pytestmark = pytest.mark.anyio
 
@@ -355,21 +358,27 @@ async def test_attempts_survive_restart_and_lead_to_the_dlq(make_manager: Factor
     assert ("delivered", "restart") in kinds and kinds[-1][0] == "dead_lettered"
 
 
-async def test_publish_nowait_delivers_after_commit_and_survives_restart(make_manager: Factory) -> None:
+async def test_publish_nowait_delivers_before_the_commit_and_confirms_after_it(make_manager: Factory) -> None:
+    """A durable work queue hands a message to its consumers at the end of the loop's turn, as
+    RabbitMQ does, while the publisher's receipt waits for the commit; what was committed survives a
+    restart."""
     manager = make_manager()
     async with manager.running():
         await manager.declare("nw")
         await manager.declare("mem", durable=False)
         c = Collector("c")
         manager.consume("nw", c).add_credit(10)
+        gate = threading.Event()
+        manager.journal.send(WriteBatch(calls=[lambda _connection: gate.wait(10)]))  # the disk stalls
         tickets = [manager.publish_nowait("nw", msg(b"%d" % i, topic="$queue/nw")) for i in range(3)]
-        assert all(t is not None for t in tickets)
-        assert c.deliveries == []  # deliverable only once committed
+        assert c.deliveries == []  # not inside the publish: at the end of the turn
+        await wait_until(lambda: len(c.deliveries) == 3)
+        assert c.payloads == [b"0", b"1", b"2"]
+        assert not any(t is None or t.done for t in tickets)  # delivered, not committed
+        gate.set()
         for t in tickets:
             assert t is not None
             await t.wait()
-        await wait_until(lambda: len(c.deliveries) == 3)
-        assert c.payloads == [b"0", b"1", b"2"]
         m = Collector("m")
         manager.consume("mem", m).add_credit(1)
         assert manager.publish_nowait("mem", msg(b"x", topic="$queue/mem")) is None
@@ -378,6 +387,29 @@ async def test_publish_nowait_delivers_after_commit_and_survives_restart(make_ma
     async with again.running():
         assert again.info("nw").depth == 3
         assert not again.exists("mem")
+
+
+async def test_an_early_message_whose_write_fails_is_withdrawn(
+    make_manager: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The publisher hears of the failure and no consumer that comes later gets the message."""
+    manager = make_manager()
+    async with manager.running():
+        await manager.declare("w")
+        real = queue_store.message_row
+        monkeypatch.setattr(queue_store, "message_row", lambda *a: {**real(*a), "offset": None})
+        errors: list[QueueError | None] = []
+        manager.publish_nowait("w", msg(b"lost", topic="$queue/w"), "", lambda _r, e: errors.append(e))
+        await wait_until(lambda: bool(errors))
+        assert isinstance(errors[0], QueueError) and errors[0].reason == "storage"
+        monkeypatch.undo()
+        c = Collector("c")
+        manager.consume("w", c).add_credit(10)
+        await manager.publish("w", msg(b"kept", topic="$queue/w"))
+        await wait_until(lambda: bool(c.deliveries))
+        await anyio.sleep(0.05)
+        assert c.payloads == [b"kept"]
+        assert manager.info("w").depth == 1
 
 
 async def test_publish_nowait_refuses_a_full_queue(make_manager: Factory) -> None:

@@ -6,7 +6,8 @@ Lifecycle: ``async with manager.running():`` (or ``await manager.start(task_grou
 
 Everything runs on the event loop; the only thread is the writer. Consumers are fed from memory
 (every message a queue still holds stays in ``QueueState.messages``); SQL is written, not read, on the
-hot path. ``publish`` returns after the commit; deliveries are recorded without waiting (a crash
+hot path. ``publish`` returns after the commit, but a durable work queue's consumers get the message
+before it (``QueueManager.early``, RabbitMQ's way); deliveries are recorded without waiting (a crash
 before their commit only lowers an attempt count, and the next start flags the messages the dead
 process may have sent as redelivered: see ``_mark_running``); ack, nack, reject, commit and cancel
 wait for their commit.
@@ -20,6 +21,7 @@ shared PostgreSQL), ``admin.py`` (purge, peek, redrive, info) and ``policy.py`` 
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import logging
 import os
@@ -307,6 +309,8 @@ class QueueManager:
         self.disk = DiskWatch(None if database is None else database.parent, storage_settings.min_free_bytes)
         self._timed: set[Group] = set()
         self._dirty: set[QueueState] = set()
+        self._flush_soon = False  # a _flush_now is scheduled for the end of the loop's turn
+        self._loop: asyncio.AbstractEventLoop | None = None  # None under trio: flush at once
         self._scope: anyio.CancelScope | None = None
         self._alarm: anyio.Event | None = None
         self.wake_at = 0  # when the timers wake next (epoch ms)
@@ -337,6 +341,10 @@ class QueueManager:
         for state in loaded:
             self.queues[state.name] = state
         self.writer.start()
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
         self._started = self.claims.open = True
         if self._restarted:  # record why these will be redelivered, and that they wait now
             ch = Changes()
@@ -591,6 +599,15 @@ class QueueManager:
         stored, result = self._stage(state, message, routing_key, offset, ch)
         if not state.durable:
             return result
+        if self.early(state):
+            receipt = self.journal.send(ch, wait=True, on_commit=lambda: self._announce(state, stored))
+            self._deliverable(state, stored)
+            try:
+                await receipt.wait()
+            except WriterError as exc:
+                self._withdraw(state, offset)
+                raise QueueError("storage", str(exc)) from exc
+            return result
         state.inflight += 1
         try:
             await self.journal.write(ch, lambda: self._published(state, stored))
@@ -624,22 +641,33 @@ class QueueManager:
             if done is not None:
                 done(result, None)
             return None
-        state.inflight += 1
+        early = self.early(state)
+        if not early:
+            state.inflight += 1
 
         def published() -> None:
-            self._published(state, stored)
+            if early:
+                self._announce(state, stored)
+            else:
+                self._published(state, stored)
 
         def finished(_results: list[Any]) -> None:
-            state.inflight -= 1  # on failure too, or max-length accounting would drift
+            error = receipt.error
+            if not early:
+                state.inflight -= 1  # on failure too, or max-length accounting would drift
+            elif error is not None:
+                self._withdraw(state, offset)
             if done is not None:
-                error = receipt.error
                 done(result, None if error is None else QueueError("storage", str(error)))
 
         try:
             receipt = self.journal.send(ch, wait=done is None, on_commit=published, on_results=finished)
         except WriterError as exc:
-            state.inflight -= 1
+            if not early:
+                state.inflight -= 1
             raise QueueError("storage", str(exc)) from exc
+        if early:  # after its rows were submitted: a delivery's rows must follow them
+            self._deliverable(state, stored)
         return receipt
 
     def _accept(self, queue: str, message: Message) -> tuple[QueueState, Message, Changes]:
@@ -725,14 +753,50 @@ class QueueManager:
         if letters.after or not letters.empty():
             self.journal.submit(letters)
 
+    def early(self, state: QueueState) -> bool:
+        """A durable work queue on a single node delivers a message before its commit, as RabbitMQ
+        does a persistent one: the publisher's confirm (PUBACK, basic.ack, disposition) still waits
+        for the commit, but the consumer does not wait for the disk. A delivery's rows are submitted
+        after the message's, so no commit can record a delivery of a message it does not hold, and a
+        message acked before its commit is never written (the writer drops the pair). A crash before
+        the commit loses only what no publisher was told is safe. Streams (offsets a consumer keeps
+        must never be reused after a crash) and shared nodes (messages come by claims) commit first."""
+        return state.durable and not self.shared and state.policy.mode == "work"
+
     def _published(self, state: QueueState, stored: StoredMessage) -> None:
         """A publish is in (committed, for a durable queue): make it deliverable and say so."""
         self.appended(state, stored)
+        self._announce(state, stored)
+
+    def _announce(self, state: QueueState, stored: StoredMessage) -> None:
         if self.events.publishing:
             self.events.message(MESSAGE_PUBLISHED, stored.message, queue=state.name, offset=stored.offset)
 
+    def _deliverable(self, state: QueueState, stored: StoredMessage) -> None:
+        """An early message (see :meth:`early`) in memory now; its queue's consumers get it at the end
+        of the loop's turn, with whatever else this turn publishes (one dispatch, not one each)."""
+        self.appended(state, stored)
+        if not self._flush_soon:
+            self._flush_soon = True
+            loop = self._loop
+            if loop is None:
+                self._flush_now()
+            else:
+                loop.call_soon(self._flush_now)
+
+    def _flush_now(self) -> None:
+        self._flush_soon = False
+        self._flush_dirty()
+
+    def _withdraw(self, state: QueueState, offset: int) -> None:
+        """An early message whose write failed: the publisher is told, and consumers do not get it
+        unless one already has (at least once: it may be published again)."""
+        if not any(offset in group.entries for group in state.groups.values()):
+            state.remove(offset)
+
     def appended(self, state: QueueState, stored: StoredMessage) -> None:
-        """On the loop, in offset order, once the message is committed: make it deliverable."""
+        """On the loop, in offset order, once the message is committed (or submitted, for an early
+        queue): make it deliverable."""
         if state.deleted:
             return
         if not self.is_shared(state):  # shared: the message comes back by a claim
