@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import pytest
+
 from trimaran.broker.message import Message
+from trimaran.storage import serialize
 from trimaran.storage.serialize import message_from, properties_json
 
 
@@ -30,3 +33,23 @@ def test_minimal_message_has_small_properties() -> None:
         properties_json(Message(topic="t", payload=b"", created_at_ms=1))
         == '{"protocol":"internal","created_at_ms":1}'
     )
+
+
+def test_the_fast_encoder_writes_what_the_plain_walk_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reused C encoder and the fallback (``_plain`` then json) agree, bytes and odd keys too."""
+    message = Message(
+        topic="t",
+        payload=b"",
+        created_at_ms=1,
+        correlation_data=b"\x00",
+        extra={"table": b"\x01\x02", "headers": {"n": [1, 2.5, None, True, "é"]}, 3: "int key", "t": (1, 2)},
+    )
+    fast = properties_json(message)
+    monkeypatch.setattr(serialize, "_C_ENCODER", None)
+    assert properties_json(message) == fast
+    assert message_from("t", b"", 0, False, fast).extra["table"] == b"\x01\x02"
+
+
+def test_a_key_the_encoder_refuses_takes_the_plain_walk() -> None:
+    text = properties_json(Message(topic="t", payload=b"", extra={(1, 2): "tuple key"}))
+    assert '"(1, 2)":"tuple key"' in text  # _plain's str(key), as before the fast encoder

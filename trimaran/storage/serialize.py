@@ -8,12 +8,32 @@ from __future__ import annotations
 
 import base64
 import json
+import json.encoder as json_encoder
 from typing import Any
 
 from trimaran.broker.message import Message
 
 _BYTES = "$b64"
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)  # json.dumps builds one per call
+
+
+def _bytes_or_refuse(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {_BYTES: base64.b64encode(bytes(value)).decode("ascii")}
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+# Once per durable message: the C encoder built once (json's encode() builds one per call, and a
+# walk through _plain first costs as much again). No cycle check: these values come from our own
+# codecs, never cyclic. Anything it refuses (a key that is not text) takes the _plain path.
+_make_c_encoder: Any = getattr(json_encoder, "c_make_encoder", None)  # None without the _json module
+_C_ENCODER = (
+    None
+    if _make_c_encoder is None
+    else _make_c_encoder(
+        None, _bytes_or_refuse, json_encoder.encode_basestring, None, ":", ",", False, False, True
+    )
+)
 
 
 def _plain(value: Any) -> Any:
@@ -55,6 +75,13 @@ def properties_json(message: Message) -> str:
     if message.publisher_id is not None:
         props["publisher_id"] = message.publisher_id
     if message.extra:
+        props["extra"] = message.extra
+    if _C_ENCODER is not None:
+        try:
+            return "".join(_C_ENCODER(props, 0))
+        except (TypeError, ValueError):
+            pass
+    if "extra" in props:
         props["extra"] = _plain(message.extra)
     return _ENCODER.encode(props)
 

@@ -406,9 +406,16 @@ class _Sql:
         self.group_cols = cols(queue_groups)
         self.event_cols = cols(queue_events, ("id",))
         self.message_insert = ins(queue_messages, self.message_cols)
-        self.pending_insert = ins(queue_pending, self.pending_cols)
         self.group_insert = ins(queue_groups, self.group_cols)
         self.event_insert = ins(queue_events, self.event_cols)
+        keys = ("queue", "group", "offset")
+        updates = ", ".join(f'"{n}" = excluded."{n}"' for n in self.pending_cols if n not in keys)
+        # One statement per pending entry whatever it was before (a first delivery has no row; a
+        # redelivery or a nack replaces one), instead of a delete ahead of every insert.
+        self.pending_upsert = (
+            f"{ins(queue_pending, self.pending_cols)} "
+            f'ON CONFLICT ("queue", "group", "offset") DO UPDATE SET {updates}'
+        )
         self.message_delete = f"DELETE FROM queue_messages WHERE {where(['queue', 'offset'])}"
         self.pending_delete = f"DELETE FROM queue_pending WHERE {where(['queue', 'group', 'offset'])}"
         self.group_delete = f"DELETE FROM queue_groups WHERE {where(['queue', 'group'])}"
@@ -566,10 +573,12 @@ def apply(connection: Connection, batch: WriteBatch) -> list[Any]:
         if batch.message_deletes:
             cursor.executemany(sql.message_delete, batch.message_deletes)
         if batch.pending:
-            cursor.executemany(sql.pending_delete, list(batch.pending))
+            gone = [key for key, row in batch.pending.items() if row is None]
+            if gone:
+                cursor.executemany(sql.pending_delete, gone)
             rows = [row for row in batch.pending.values() if row is not None]
             if rows:
-                cursor.executemany(sql.pending_insert, _tuples(rows, sql.pending_cols))
+                cursor.executemany(sql.pending_upsert, _tuples(rows, sql.pending_cols))
         if batch.groups:
             _write_groups(cursor, "?", batch)
         if batch.queue_next:
