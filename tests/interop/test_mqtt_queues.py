@@ -38,6 +38,7 @@ from trimaran.mqtt.packets import (
     MQTT_5,
     ConnAck,
     Connect,
+    Disconnect,
     PubAck,
     Publish,
     SubAck,
@@ -528,8 +529,8 @@ class RawClient:
         self.send(Connect(protocol_level=MQTT_5, client_id=client_id))
         assert isinstance(self.next(), ConnAck)
 
-    def send(self, packet: Any) -> None:
-        self.sock.sendall(encode(packet, MQTT_5))
+    def send(self, *packets: Any) -> None:
+        self.sock.sendall(b"".join(encode(packet, MQTT_5) for packet in packets))  # one write
 
     def next(self, timeout: float = 5.0) -> Any:
         self.sock.settimeout(timeout)
@@ -571,6 +572,30 @@ def test_puback_reason_codes_nack_then_reject_v5(qmqtt: Endpoints) -> None:
     finally:
         raw.close()
         close_all(pub, dlq)
+
+
+def test_pubacks_in_the_read_that_disconnects_are_settled_v5(qmqtt: Endpoints) -> None:
+    """PUBACKs are settled once per read; the DISCONNECT in the same write must not turn them into
+    releases (redelivered to the next consumer)."""
+    q = "$queue/puback-then-bye"
+    raw = RawClient(qmqtt, "raw-puback-bye")
+    pub = connect(qmqtt, version=V5)
+    after = connect(qmqtt, version=V5)
+    try:
+        raw.send(Subscribe(1, [(q, SubscriptionOptions(1))]))
+        assert isinstance(raw.next(), SubAck)
+        for i in range(3):
+            pub.publish(q, b"%d" % i, qos=1)
+        got = [raw.next() for _ in range(3)]
+        assert all(isinstance(p, Publish) and p.packet_id is not None for p in got)
+        raw.send(*(PubAck(p.packet_id) for p in got), Disconnect())
+        pub.publish(q, b"last", qos=1)
+        after.subscribe(q, qos=1)
+        assert after.expect().payload == b"last"  # the three acked ones are not redelivered
+        after.expect_none(0.3)
+    finally:
+        raw.close()
+        close_all(pub, after)
 
 
 def test_persistent_session_resumes_queue_subscription_without_duplicates(qmqtt: Endpoints) -> None:

@@ -11,6 +11,7 @@ from tests.queue.conftest import Collector, Factory, wait_until
 from trimaran.broker.message import Message
 from trimaran.config import QueuePolicySettings
 from trimaran.queue import QueueError, ack_by_id
+from trimaran.queue.outcomes import ACK
 from trimaran.storage import queue_store
 from trimaran.storage.schema import queue_pending
 from trimaran.storage.writer import WriteBatch
@@ -410,6 +411,27 @@ async def test_an_early_message_whose_write_fails_is_withdrawn(
         await anyio.sleep(0.05)
         assert c.payloads == [b"kept"]
         assert manager.info("w").depth == 1
+
+
+async def test_settle_all_nowait_is_one_submission_for_many(make_manager: Factory) -> None:
+    """basic.ack with multiple: every delivery the handle holds is settled in one change; one it does
+    not hold is skipped and not counted."""
+    manager = make_manager()
+    async with manager.running():
+        c, other = Collector("c"), Collector("other")
+        handle = manager.consume("q", c)
+        handle.add_credit(5)
+        for i in range(5):
+            await manager.publish("q", msg(b"%d" % i))
+        await wait_until(lambda: len(c.deliveries) == 5)
+        manager.consume("q", other)
+        before = manager.writer.submissions
+        assert handle.settle_all_nowait([0, 1, 2, 3, 99], ACK) == 4
+        assert manager.writer.submissions == before + 1
+        await wait_until(lambda: manager.info("q").depth == 1)
+        assert handle.settle_all_nowait([0], ACK) == 0  # settled already
+    counts = queue_store.count_events(manager.storage.engine, "q")
+    assert counts["acked"] == 4
 
 
 async def test_publish_nowait_refuses_a_full_queue(make_manager: Factory) -> None:

@@ -261,12 +261,20 @@ class ChannelState:
     def settle_taken(self, taken: list[tuple[Consumer, int]], settlement: str) -> None:
         touched: dict[int, Consumer] = {}
         outcome = basic_outcome(settlement)
+        # One submission per queue consumer, not per tag: an ack of 100 with multiple is one change.
+        by_handle: dict[int, tuple[ConsumerHandle, list[int]]] = {}
         for consumer, offset in taken:
             handle = consumer.handle
             if handle is None or handle.closed:
                 continue
-            handle.settle_nowait(offset, outcome)
+            offsets = by_handle.get(id(handle))
+            if offsets is None:
+                by_handle[id(handle)] = (handle, [offset])
+            else:
+                offsets[1].append(offset)
             touched[id(consumer)] = consumer
+        for handle, handle_offsets in by_handle.values():
+            handle.settle_all_nowait(handle_offsets, outcome)
         for consumer in touched.values():
             if consumer.cancelled and not consumer.unacked:
                 self.conn.release(consumer)

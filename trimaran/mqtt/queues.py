@@ -164,6 +164,7 @@ class ConnQueues:
     tickets: InOrder[PendingAck] | None = None  # made on the first queue publish
     refused: bool = False  # 3.1.1: a refusal closed the connection; nothing more is acknowledged
     credit_due: dict[ConsumerHandle, int] = field(default_factory=dict)  # see MqttQueues.after_events
+    settle_due: list[tuple[ConsumerHandle, int, Outcome]] = field(default_factory=list)  # likewise
 
     def pending_ack(self, ticket: PendingAck) -> PendingAck:
         """Queue ``ticket`` behind the publishes before it: acknowledgements leave in arrival order."""
@@ -395,16 +396,28 @@ class MqttQueues:
         if handle is None or handle.closed:
             return
         if record.live:  # not already settled by a control topic, nor superseded by a redelivery
-            handle.settle_nowait(offset, puback_outcome(reason_code))
+            conn.queue_bindings.settle_due.append((handle, offset, puback_outcome(reason_code)))
         if not record.credited:
             record.credited = True
             due = conn.queue_bindings.credit_due  # given back once per batch of packets: after_events
             due[handle] = due.get(handle, 0) + 1
 
     def after_events(self, conn: MqttConn) -> None:
-        """After the events of one read: the credit the PUBACKs in it gave back, in one dispatch per
-        consumer rather than one per PUBACK."""
+        """After the events of one read: what its PUBACKs settled, in one change per consumer and
+        outcome, then the credit they gave back, in one dispatch per consumer (not one per PUBACK)."""
         bindings = conn.queue_bindings
+        settle = bindings.settle_due
+        if settle:
+            bindings.settle_due = []
+            run: list[int] = []
+            handle, outcome = settle[0][0], settle[0][2]
+            for next_handle, offset, next_outcome in settle:
+                if next_handle is not handle or next_outcome != outcome:
+                    handle.settle_all_nowait(run, outcome)
+                    run = []
+                    handle, outcome = next_handle, next_outcome
+                run.append(offset)
+            handle.settle_all_nowait(run, outcome)
         due = bindings.credit_due
         if due:
             bindings.credit_due = {}
@@ -422,6 +435,7 @@ class MqttQueues:
 
     async def detach(self, conn: MqttConn) -> None:
         """The connection is gone: its held deliveries become available to other consumers at once."""
+        self.after_events(conn)  # whatever the last read settled goes first, however the connection ended
         bindings = conn.queue_bindings
         subscriptions = list(bindings.subscriptions.values())
         bindings.subscriptions.clear()

@@ -183,6 +183,11 @@ class ConsumerHandle:
         next group commit. False: the delivery is not this handle's to settle."""
         return self.manager._settle_now(self.queue, self.group, offset, outcome, self, None, False)[0]
 
+    def settle_all_nowait(self, offsets: list[int], outcome: Outcome) -> int:
+        """``settle_nowait`` for several deliveries with one outcome (basic.ack with ``multiple``,
+        a disposition range): one change and one submission for all. Returns how many it settled."""
+        return self.manager._settle_all_now(self.queue, self.group, offsets, outcome, self)
+
     async def ack(self, offset: int) -> bool:
         return await self.settle(offset, ACK)
 
@@ -1040,6 +1045,21 @@ class QueueManager:
         if outcome.__class__ is Retry:  # back in the group (a stream: its cursor): offer it again
             self._dispatch(state, group)
         return True, receipt
+
+    def _settle_all_now(
+        self, state: QueueState, group: AnyGroup, offsets: list[int], outcome: Outcome, holder: ConsumerHandle
+    ) -> int:
+        ch = Changes()
+        now = now_ms()
+        settled = 0
+        for offset in offsets:
+            if group.settle(offset, outcome, holder, None, now, ch):
+                settled += 1
+        if settled:
+            self.journal.submit(ch)
+            if outcome.__class__ is Retry:
+                self._dispatch(state, group)
+        return settled
 
     async def _cancel(self, handle: ConsumerHandle) -> None:
         if handle.closed:

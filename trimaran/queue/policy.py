@@ -3,6 +3,7 @@ how a message dies (dead-letter target, x-death)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Final
 
 from trimaran.broker.message import Message, now_ms
@@ -43,12 +44,29 @@ def validate_queue_name(name: str) -> None:
         raise QueueError("bad-name", f"queue name {name!r} contains '/', '+', '#' or NUL")
 
 
-def parse_queue_topic(topic: str) -> tuple[str, str, str | None] | None:
+ParsedQueueTopic = tuple[str, str, str | None]
+
+
+def parse_queue_topic(topic: str) -> ParsedQueueTopic | None:
     """``$queue/<name>[/<routing key...>][/$ack|$nack|$reject|$commit]`` -> (queue, key, control).
 
     Dead-letter queues are addressed as ``$queue/$dlq/<name>/...``. Returns ``None`` for a topic that
     is not a queue topic, has an empty or invalid name, or a control word that is not the last level.
     """
+    if len(topic) <= _CACHED_TOPIC_MAX:  # every queue publish and delivery asks again
+        return _parse_cached(topic)
+    return _parse(topic)
+
+
+_CACHED_TOPIC_MAX = 256  # with 4,096 entries at most ~1 MB: the cache is bounded in bytes too
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_cached(topic: str) -> ParsedQueueTopic | None:
+    return _parse(topic)
+
+
+def _parse(topic: str) -> ParsedQueueTopic | None:
     if not topic.startswith(QUEUE_PREFIX):
         return None
     levels = topic[len(QUEUE_PREFIX) :].split("/")
