@@ -120,3 +120,46 @@ async def test_a_stopping_manager_hands_its_messages_over(make_manager: Factory)
         b.consume("$dlq/jobs", d).add_credit(1)
         await wait_until(lambda: len(d.deliveries) == 1)
         assert dict(d.deliveries[0].message.user_properties)["x-dead-letter-reason"] == "bad"
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_what_a_node_claimed_ahead_goes_back_when_its_last_consumer_leaves(
+    make_manager: Factory,
+) -> None:
+    """A node claims a batch ahead of its consumers' credit; when they are gone, the messages it
+    had not handed out are at once another node's, not held until its lease runs out."""
+    a = make_manager(shared=True, node="a")
+    b = make_manager(shared=True, node="b")
+    async with a.running(), b.running():
+        await a.declare("ahead")
+        await b.declare("ahead")
+        for i in range(10):
+            await a.publish("ahead", Message(topic="$queue/ahead", payload=b"%d" % i, qos=1))
+        ca = Collector("ca")
+        ha = a.consume("ahead", ca)
+        ha.add_credit(1)
+        await wait_until(lambda: len(ca.deliveries) == 1)
+        await wait_until(lambda: len(a.queues["ahead"].groups["$default"].ready) == 9)  # claimed ahead
+        await ha.cancel()
+        cb = Collector("cb")
+        b.consume("ahead", cb).add_credit(100)
+        await wait_until(lambda: len(cb.deliveries) == 10, timeout=5)  # the lease is 30 s
+        assert sorted(d.message.payload for d in cb.deliveries) == [b"%d" % i for i in range(10)]
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_finished_messages_are_compacted_at_the_next_poll(make_manager: Factory) -> None:
+    """'done' markers do not pile up until the lease renewal: a claim's scan starts past them."""
+    a = make_manager(shared=True, node="a")
+    async with a.running():
+        await a.declare("compact")
+        c = Collector("c")
+        handle = a.consume("compact", c)
+        handle.add_credit(100)
+        for i in range(20):
+            await a.publish("compact", Message(topic="$queue/compact", payload=b"%d" % i, qos=1))
+        await wait_until(lambda: len(c.deliveries) == 20)
+        for d in c.deliveries:
+            assert await handle.ack(d.offset)
+        await wait_until(lambda: queue_store.stored_offsets(a.storage.engine, "compact") == [], timeout=2)
+        assert queue_store.pending_rows(a.storage.engine, "compact") == []

@@ -975,7 +975,7 @@ class QueueManager:
                     consumer_handle.consumer.deliver(delivery)
                 except Exception:
                     log.exception("consumer %s failed to take a delivery", consumer_handle.consumer.id)
-        if self.is_shared(state) and not group.ready and any(h.credit > 0 for h in group.consumers):
+        if self.is_shared(state) and self.claims.low(group):
             self.claims.claim(state, group)
 
     # -- the groups' Host: what reaches past one group ---------------------------------------------
@@ -1041,6 +1041,8 @@ class QueueManager:
         ch = Changes()
         if not group.settle(offset, outcome, holder, consumer_id, now_ms(), ch):
             return False, None
+        if self.shared:
+            self.claims.finished.add(state.name)
         receipt = self.journal.submit(ch, wait=wait)
         if outcome.__class__ is Retry:  # back in the group (a stream: its cursor): offer it again
             self._dispatch(state, group)
@@ -1056,6 +1058,8 @@ class QueueManager:
             if group.settle(offset, outcome, holder, None, now, ch):
                 settled += 1
         if settled:
+            if self.shared:
+                self.claims.finished.add(state.name)
             self.journal.submit(ch)
             if outcome.__class__ is Retry:
                 self._dispatch(state, group)
@@ -1071,7 +1075,14 @@ class QueueManager:
         if not isinstance(group, WorkGroup):
             return
         ch = Changes()
-        group.cancel(handle, now_ms(), ch)
+        now = now_ms()
+        group.cancel(handle, now, ch)
+        if self.is_shared(state) and not group.consumers:
+            # Claimed ahead and not handed out: back to every node, not held here without a consumer.
+            for offset in list(group.ready):
+                entry = group.entries.get(offset)
+                if entry is not None and entry.state == WAIT:
+                    group.make_available(offset, entry, entry.reason or "first", now, now, ch)
         await committed(self.journal.submit(ch, wait=True))
         self._dispatch(state, group)
 

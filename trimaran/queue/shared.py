@@ -53,12 +53,23 @@ class Claims:
         self.last_renew = 0
         self.last_poll = 0
         self.open = False  # claims are made only while the manager runs
+        # Queues this node settled something of since the last poll: their 'done' markers are
+        # compacted at the next poll, so a claim's scan never walks far past finished messages.
+        self.finished: set[str] = set()
+
+    def low(self, group: Group) -> bool:
+        """Few claimed messages left to hand out: time to claim the next batch."""
+        return len(group.ready) < self.batch // 4
 
     def claim(self, state: QueueState, group: AnyGroup) -> None:
-        """Claim up to the consumers' credit (at most ``batch``) for this node, in one statement."""
+        """Claim a batch for this node, in one statement, while its consumers have credit: up to
+        ``batch`` messages ready here. Claiming only the credit of the moment (a few messages after
+        each PUBACK) made every claim pay the scan and the commit for a handful, ~250 msg/s."""
         if group in self.claiming or not self.open or state.deleted:
             return
-        want = min(self.batch, sum(max(0, h.credit) for h in group.consumers))
+        if not any(h.credit > 0 for h in group.consumers):
+            return
+        want = self.batch - len(group.ready)
         if want <= 0:
             return
         self.claiming.add(group)
@@ -109,6 +120,9 @@ class Claims:
         """Poll for what other nodes published or released; renew leases and compact."""
         if now - self.last_poll >= POLL_MS:
             self.last_poll = now
+            if self.finished:
+                names, self.finished = self.finished, set()
+                self.journal.send(WriteBatch(calls=[queue_store.compact_shared(n) for n in sorted(names)]))
             for state in queues:
                 for group in state.groups.values():
                     if not group.ready and group.consumers:

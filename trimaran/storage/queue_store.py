@@ -331,15 +331,20 @@ def compact_shared(queue: str) -> Call:
 
     def call(connection: Connection) -> int:
         params = {"q": queue}
+        # Driven by the 'done' markers, not by the messages: the cost follows what was finished
+        # since the last compaction, not the backlog, so it can run at every poll.
         deleted = connection.execute(
             text(
                 """
                 DELETE FROM queue_messages m
-                WHERE m.queue = :q
+                USING (
+                    SELECT p."offset" FROM queue_pending p
+                    WHERE p.queue = :q AND p.state = 'done'
+                    GROUP BY p."offset"
+                    HAVING count(*) >= (SELECT count(*) FROM queue_groups g WHERE g.queue = :q)
+                ) d
+                WHERE m.queue = :q AND m."offset" = d."offset"
                   AND EXISTS (SELECT 1 FROM queue_groups g WHERE g.queue = :q)
-                  AND (SELECT count(*) FROM queue_pending p
-                       WHERE p.queue = :q AND p."offset" = m."offset" AND p.state = 'done')
-                      >= (SELECT count(*) FROM queue_groups g WHERE g.queue = :q)
                 """
             ),
             params,
