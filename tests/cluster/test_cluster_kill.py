@@ -45,12 +45,15 @@ def test_a_killed_node_is_released_and_its_queue_consumers_get_everything_unacke
     amqp_a = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", a.ports["amqp"]))
     amqp_channel = amqp_a.channel()
     amqp_channel.queue_declare("tasks", durable=True)
-    # (published over MQTT: AMQP 0.9.1 publishes to a shared durable queue are refused today,
-    # "publish_nowait is not available for a shared node's durable queue")
-    producer = connect(on_b)
+    # Published on b by an AMQP 0.9.1 client with confirms: every confirm after the commit.
+    amqp_b = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", b.ports["amqp"]))
+    producer = amqp_b.channel()
+    producer.queue_declare("tasks", durable=True)  # b learns the queue a declared
+    producer.confirm_delivery()
+    persistent = pika.BasicProperties(delivery_mode=pika.DeliveryMode.Persistent)
     for i in range(5):
-        producer.publish("$queue/tasks", f"task{i}".encode(), qos=1)
-    producer.disconnect()
+        producer.basic_publish("", "tasks", f"task{i}".encode(), persistent, mandatory=True)
+    amqp_b.close()
     taken = take(amqp_channel, "tasks", 5)
     assert sorted(taken) == [f"task{i}".encode() for i in range(5)]
 

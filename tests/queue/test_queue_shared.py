@@ -163,3 +163,29 @@ async def test_finished_messages_are_compacted_at_the_next_poll(make_manager: Fa
             assert await handle.ack(d.offset)
         await wait_until(lambda: queue_store.stored_offsets(a.storage.engine, "compact") == [], timeout=2)
         assert queue_store.pending_rows(a.storage.engine, "compact") == []
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_publish_nowait_on_a_shared_node_reserves_its_offset_in_the_commit(
+    make_manager: Factory,
+) -> None:
+    """The AMQP 0.9.1 and MQTT publish path (no await per message) works on a shared node: offsets
+    from the node's block while it lasts, else from the queue row inside the writer."""
+    a = make_manager(shared=True, node="a")
+    async with a.running():
+        await a.declare("nowait")
+        results: list[tuple[int, object]] = []
+        for i in range(3):
+            a.publish_nowait(
+                "nowait",
+                Message(topic="$queue/nowait", payload=b"%d" % i, qos=1),
+                "",
+                lambda r, e: results.append((r.offset, e)),
+            )
+        await wait_until(lambda: len(results) == 3)
+        assert [e for _, e in results] == [None] * 3
+        assert len({o for o, _ in results}) == 3 and all(o >= 0 for o, _ in results)
+        c = Collector("c")
+        a.consume("nowait", c).add_credit(10)
+        await wait_until(lambda: len(c.deliveries) == 3)
+        assert sorted(d.message.payload for d in c.deliveries) == [b"0", b"1", b"2"]

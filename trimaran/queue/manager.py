@@ -633,14 +633,21 @@ class QueueManager:
         failed); without ``done``, the returned receipt can be awaited instead (with it, the receipt
         has no event: no wake-up object per message). ``None``: an in-memory queue, where the message
         is appended (and ``done`` has run) already. Refusals raise :class:`QueueError` at once; so
-        does a durable queue on a shared node (reason ``shared``: its offsets come from an awaited
-        reservation, use ``publish``).
+        does a shared node's stream when its reserved block of offsets is spent (reason ``shared``:
+        use ``publish``).
         """
         state, message, ch = self._accept(queue, message)
         if self.shared_offsets(state):
-            raise QueueError("shared", "publish_nowait is not available for a shared node's durable queue")
-        offset = state.next_offset
-        state.next_offset += 1
+            if state.block_next < state.block_end:  # an offset of this node's reserved block
+                offset = state.block_next
+                state.block_next += 1
+            elif self.is_shared(state):  # none left: the writer takes one from the queue row
+                return self._publish_reserving(state, message, routing_key, ch, done)
+            else:
+                raise QueueError("shared", "a shared node's stream takes its offsets from publish()")
+        else:
+            offset = state.next_offset
+            state.next_offset += 1
         stored, result = self._stage(state, message, routing_key, offset, ch)
         if not state.durable:
             if done is not None:
@@ -673,6 +680,41 @@ class QueueManager:
             raise QueueError("storage", str(exc)) from exc
         if early:  # after its rows were submitted: a delivery's rows must follow them
             self._deliverable(state, stored)
+        return receipt
+
+    def _publish_reserving(
+        self,
+        state: QueueState,
+        message: Message,
+        routing_key: str,
+        ch: Changes,
+        done: Callable[[PublishResult, QueueError | None], None] | None,
+    ) -> Receipt:
+        """A shared work queue's publish without an offset at hand: the writer reserves it from the
+        queue row in the commit that stores the message (no await on the caller's path). The message
+        reaches consumers by a claim, as every shared work queue's does."""
+        now = now_ms()
+        expires = expiry_ms(state.policy, now, message.expires_at_ms)
+        row = queue_store.message_row(state.name, -1, message, routing_key, now, expires)
+        event = queue_store.event_row(
+            now, state.name, "published", consumer=message.publisher_id, node=self.node
+        )
+        ch.calls.append(queue_store.append_reserving(row, event))
+        state.stats["published"] += 1
+
+        def finished(results: list[Any]) -> None:
+            error = receipt.error
+            offset = int(results[-1]) if error is None and results else -1
+            if error is None:
+                self._dirty.add(state)  # claimed by the consumers at the batch's flush
+            if done is not None:
+                failed = None if error is None else QueueError("storage", str(error))
+                done(PublishResult(state.name, offset, message_id(state.name, offset)), failed)
+
+        try:
+            receipt = self.journal.send(ch, wait=done is None, on_results=finished)
+        except WriterError as exc:
+            raise QueueError("storage", str(exc)) from exc
         return receipt
 
     def _accept(self, queue: str, message: Message) -> tuple[QueueState, Message, Changes]:
