@@ -256,6 +256,9 @@ class QueueState:
     maybe_seen_below: int = 0
     block_next: int = 0  # shared mode: offsets reserved for this node
     block_end: int = 0
+    block_ahead: tuple[int, int] | None = None  # the next block, reserved before this one is spent
+    # Shared mode: publishes (message, routing key, changes, done) waiting for the next block.
+    awaiting_block: list[tuple[Any, str, Any, Any]] = field(default_factory=list)
     reserving: anyio.Event | None = None
 
     @property

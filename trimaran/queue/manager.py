@@ -73,7 +73,7 @@ from trimaran.storage import queue_store
 from trimaran.storage.disk import DiskWatch
 from trimaran.storage.engine import sqlite_file
 from trimaran.storage.store import Storage
-from trimaran.storage.writer import GroupCommitWriter, WriterError
+from trimaran.storage.writer import GroupCommitWriter, WriteBatch, WriterError
 
 __all__ = [
     "BrowseHandle",
@@ -114,6 +114,11 @@ RESERVED_PROPERTIES = frozenset(
         *DLQ_PROPERTIES,
     }
 )
+
+
+# Offsets a shared node reserves at once for publishes that do not await (one UPDATE per block; a
+# node that stops leaves the rest of its block unused, a gap claims step over).
+OFFSET_BLOCK = 1000
 
 
 @dataclass(slots=True, frozen=True)
@@ -598,6 +603,7 @@ class QueueManager:
         state, message, ch = self._accept(queue, message)
         if self.shared_offsets(state):
             offset = await self.claims.reserve(state)
+            self._publish_awaiting(state)  # a block this reservation brought serves them too
         else:
             offset = state.next_offset
             state.next_offset += 1
@@ -632,22 +638,36 @@ class QueueManager:
         ``done(result, error)`` runs on the loop once the message is committed (``error``: the write
         failed); without ``done``, the returned receipt can be awaited instead (with it, the receipt
         has no event: no wake-up object per message). ``None``: an in-memory queue, where the message
-        is appended (and ``done`` has run) already. Refusals raise :class:`QueueError` at once; so
-        does a shared node's stream when its reserved block of offsets is spent (reason ``shared``:
-        use ``publish``).
+        is appended (and ``done`` has run) already, or a shared node's publish waiting in memory for
+        the node's next block of offsets (``done`` runs after its commit all the same; these waits are
+        bounded by the publishers' windows and last one writer round). Refusals raise
+        :class:`QueueError` at once; so does a shared node's stream when its block of offsets is spent
+        (reason ``shared``: use ``publish``).
         """
         state, message, ch = self._accept(queue, message)
         if self.shared_offsets(state):
-            if state.block_next < state.block_end:  # an offset of this node's reserved block
-                offset = state.block_next
-                state.block_next += 1
-            elif self.is_shared(state):  # none left: the writer takes one from the queue row
-                return self._publish_reserving(state, message, routing_key, ch, done)
-            else:
+            if not self.is_shared(state) and not self._has_offset(state):
                 raise QueueError("shared", "a shared node's stream takes its offsets from publish()")
+            if state.awaiting_block or not self._has_offset(state):
+                # In order behind the others waiting for the node's next block of offsets.
+                state.awaiting_block.append((message, routing_key, ch, done))
+                return None
+            offset = state.block_next
+            state.block_next += 1
         else:
             offset = state.next_offset
             state.next_offset += 1
+        return self._publish_at(state, message, routing_key, offset, ch, done)
+
+    def _publish_at(
+        self,
+        state: QueueState,
+        message: Message,
+        routing_key: str,
+        offset: int,
+        ch: Changes,
+        done: Callable[[PublishResult, QueueError | None], None] | None,
+    ) -> Receipt | None:
         stored, result = self._stage(state, message, routing_key, offset, ch)
         if not state.durable:
             if done is not None:
@@ -682,40 +702,53 @@ class QueueManager:
             self._deliverable(state, stored)
         return receipt
 
-    def _publish_reserving(
-        self,
-        state: QueueState,
-        message: Message,
-        routing_key: str,
-        ch: Changes,
-        done: Callable[[PublishResult, QueueError | None], None] | None,
-    ) -> Receipt:
-        """A shared work queue's publish without an offset at hand: the writer reserves it from the
-        queue row in the commit that stores the message (no await on the caller's path). The message
-        reaches consumers by a claim, as every shared work queue's does."""
-        now = now_ms()
-        expires = expiry_ms(state.policy, now, message.expires_at_ms)
-        row = queue_store.message_row(state.name, -1, message, routing_key, now, expires)
-        event = queue_store.event_row(
-            now, state.name, "published", consumer=message.publisher_id, node=self.node
-        )
-        ch.calls.append(queue_store.append_reserving(row, event))
-        state.stats["published"] += 1
+    def _has_offset(self, state: QueueState) -> bool:
+        """Whether this node's reserved block has an offset left (taking the block reserved ahead
+        when the current one is spent); reserves the next block once half of one is used."""
+        if state.block_next >= state.block_end and state.block_ahead is not None:
+            (state.block_next, state.block_end), state.block_ahead = state.block_ahead, None
+        if state.block_end - state.block_next < OFFSET_BLOCK // 2:
+            self._reserve_ahead(state)
+        return state.block_next < state.block_end
 
-        def finished(results: list[Any]) -> None:
-            error = receipt.error
-            offset = int(results[-1]) if error is None and results else -1
-            if error is None:
-                self._dirty.add(state)  # claimed by the consumers at the batch's flush
-            if done is not None:
-                failed = None if error is None else QueueError("storage", str(error))
-                done(PublishResult(state.name, offset, message_id(state.name, offset)), failed)
+    def _reserve_ahead(self, state: QueueState) -> None:
+        """Reserve this node's next block of offsets without awaiting it (``Claims.reserve`` waits
+        on the same ``reserving`` event); publishes waiting for it go on once it is in."""
+        if state.reserving is not None or state.block_ahead is not None:
+            return
+        event = state.reserving = anyio.Event()
 
-        try:
-            receipt = self.journal.send(ch, wait=done is None, on_results=finished)
-        except WriterError as exc:
-            raise QueueError("storage", str(exc)) from exc
-        return receipt
+        def reserved(results: list[Any]) -> None:
+            state.reserving = None
+            event.set()
+            if results:
+                first = int(results[0])
+                if state.block_next >= state.block_end:
+                    state.block_next, state.block_end = first, first + OFFSET_BLOCK
+                else:
+                    state.block_ahead = (first, first + OFFSET_BLOCK)
+                self._publish_awaiting(state)
+            else:  # the reservation failed: so do the publishes that waited for it
+                waiting, state.awaiting_block = state.awaiting_block, []
+                for _message, _key, _ch, done in waiting:
+                    if done is not None:
+                        done(PublishResult(state.name, -1, ""), QueueError("storage", "no offsets reserved"))
+
+        batch = WriteBatch(calls=[queue_store.reserve_offsets(state.name, OFFSET_BLOCK)])
+        self.journal.send(batch, on_results=reserved)
+
+    def _publish_awaiting(self, state: QueueState) -> None:
+        """Publishes that waited for a block of offsets, in arrival order, while the block lasts."""
+        waiting = state.awaiting_block
+        while waiting and self._has_offset(state):
+            message, routing_key, ch, done = waiting.pop(0)
+            offset = state.block_next
+            state.block_next += 1
+            try:
+                self._publish_at(state, message, routing_key, offset, ch, done)
+            except QueueError as exc:
+                if done is not None:
+                    done(PublishResult(state.name, offset, message_id(state.name, offset)), exc)
 
     def _accept(self, queue: str, message: Message) -> tuple[QueueState, Message, Changes]:
         """A publish's checks (and overflow drops): the queue, the message to store, the changes so far."""

@@ -268,6 +268,10 @@ _CLAIM_NEW = text(
     """
 )
 
+_PLANNER = ("enable_sort", "enable_mergejoin", "enable_hashjoin", "enable_bitmapscan")
+_WALK_IN_ORDER = text("; ".join(f"SET LOCAL {p} = off" for p in _PLANNER))
+_PLAN_AS_USUAL = text("; ".join(f"SET LOCAL {p} TO DEFAULT" for p in _PLANNER))
+
 _ENSURE_GROUP = text(
     """
     INSERT INTO queue_groups (queue, "group", cursor, committed, updated_at)
@@ -282,6 +286,10 @@ def claim(queue: str, group: str, node: str, limit: int, now: int, lease_until: 
     def call(connection: Connection) -> list[tuple[Any, int, str]]:
         params = {"q": queue, "g": group, "node": node, "n": limit, "now": now, "lease": lease_until}
         connection.execute(_ENSURE_GROUP, params)
+        # Walk the messages by their key and stop at the limit: with a young table's statistics the
+        # planner sorted (or bitmap-scanned) every message of the queue for each claim instead, O(backlog):
+        # 30 ms a claim at 40,000 queued, the commit waiting behind it.
+        connection.execute(_WALK_IN_ORDER)
         claimed: dict[int, tuple[int, str]] = {}
         for row in connection.execute(_CLAIM_AGAIN, params):
             why = "lease_expired" if row.old_state == "held" else (row.reason or "released")
@@ -291,11 +299,19 @@ def claim(queue: str, group: str, node: str, limit: int, now: int, lease_until: 
             for row in connection.execute(_CLAIM_NEW, params):
                 claimed[int(row.offset)] = (0, "first")
         if not claimed:
+            connection.execute(_PLAN_AS_USUAL)
             return []
+        offsets = queue_messages.c.offset
         stmt = select(queue_messages).where(
-            and_(queue_messages.c.queue == queue, queue_messages.c.offset.in_(list(claimed)))
+            and_(
+                queue_messages.c.queue == queue,
+                # the bounds put the key's range in the index condition, not a filter over the queue
+                offsets.between(min(claimed), max(claimed)),
+                offsets.in_(list(claimed)),
+            )
         )
-        rows = sorted(connection.execute(stmt).all(), key=lambda r: int(r.offset))
+        rows = sorted(connection.execute(stmt).all(), key=lambda r: int(r.offset))  # by the key too
+        connection.execute(_PLAN_AS_USUAL)
         found = {int(r.offset) for r in rows}
         missing = [o for o in claimed if o not in found]
         if missing:  # deleted meanwhile (purge, expiry elsewhere): drop the claims
