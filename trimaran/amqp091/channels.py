@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from trimaran.amqp091.mapping import delivery_address, properties_from_message
 from trimaran.amqp091.properties import BasicProperties
 from trimaran.amqp091.spec import PRECONDITION_FAILED, BasicDeliver, BasicGetOk, BasicPublish, ProtocolError
-from trimaran.queue.manager import ConsumerHandle, QueueDelivery
+from trimaran.queue.manager import ConsumerHandle, QueueDelivery, settle_many_nowait
 from trimaran.queue.outcomes import ACK, RETRY_NOW, UNSENT, DeadLetter, Outcome
 
 if TYPE_CHECKING:
@@ -261,20 +261,14 @@ class ChannelState:
     def settle_taken(self, taken: list[tuple[Consumer, int]], settlement: str) -> None:
         touched: dict[int, Consumer] = {}
         outcome = basic_outcome(settlement)
-        # One submission per queue consumer, not per tag: an ack of 100 with multiple is one change.
-        by_handle: dict[int, tuple[ConsumerHandle, list[int]]] = {}
+        settlements: list[tuple[ConsumerHandle, int, Outcome]] = []
         for consumer, offset in taken:
             handle = consumer.handle
             if handle is None or handle.closed:
                 continue
-            offsets = by_handle.get(id(handle))
-            if offsets is None:
-                by_handle[id(handle)] = (handle, [offset])
-            else:
-                offsets[1].append(offset)
+            settlements.append((handle, offset, outcome))
             touched[id(consumer)] = consumer
-        for handle, handle_offsets in by_handle.values():
-            handle.settle_all_nowait(handle_offsets, outcome)
+        settle_many_nowait(settlements)  # an ack of 100 with multiple is one change per consumer
         for consumer in touched.values():
             if consumer.cancelled and not consumer.unacked:
                 self.conn.release(consumer)

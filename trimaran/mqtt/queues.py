@@ -40,6 +40,7 @@ from trimaran.queue.manager import (
     holder_by_id,
     parse_message_id,
     settle_by_id_now,
+    settle_many_nowait,
 )
 from trimaran.queue.outcomes import ACK, RETRY_NOW, Commit, DeadLetter, Outcome, Retry
 from trimaran.queue.policy import DEFAULT_GROUP, QUEUE_PREFIX, QueueError, parse_queue_topic, queue_topic
@@ -409,15 +410,7 @@ class MqttQueues:
         settle = bindings.settle_due
         if settle:
             bindings.settle_due = []
-            run: list[int] = []
-            handle, outcome = settle[0][0], settle[0][2]
-            for next_handle, offset, next_outcome in settle:
-                if next_handle is not handle or next_outcome != outcome:
-                    handle.settle_all_nowait(run, outcome)
-                    run = []
-                    handle, outcome = next_handle, next_outcome
-                run.append(offset)
-            handle.settle_all_nowait(run, outcome)
+            settle_many_nowait(settle)
         due = bindings.credit_due
         if due:
             bindings.credit_due = {}

@@ -7,6 +7,7 @@ journal (``journal.py``) each change, and reach past themselves only through :cl
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -258,7 +259,7 @@ class QueueState:
     block_end: int = 0
     block_ahead: tuple[int, int] | None = None  # the next block, reserved before this one is spent
     # Shared mode: publishes (message, routing key, changes, done) waiting for the next block.
-    awaiting_block: list[tuple[Any, str, Any, Any]] = field(default_factory=list)
+    awaiting_block: deque[tuple[Message, str, Changes, Any]] = field(default_factory=deque)
     reserving: anyio.Event | None = None
 
     @property

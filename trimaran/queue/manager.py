@@ -27,7 +27,8 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -93,6 +94,7 @@ __all__ = [
     "parse_message_id",
     "reject_by_id",
     "settle_by_id_now",
+    "settle_many_nowait",
 ]
 
 log = logging.getLogger(__name__)
@@ -607,24 +609,8 @@ class QueueManager:
         else:
             offset = state.next_offset
             state.next_offset += 1
-        stored, result = self._stage(state, message, routing_key, offset, ch)
-        if not state.durable:
-            return result
-        if self.early(state):
-            receipt = self.journal.send(ch, wait=True, on_commit=lambda: self._announce(state, stored))
-            self._deliverable(state, stored)
-            try:
-                await receipt.wait()
-            except WriterError as exc:
-                self._withdraw(state, offset)
-                raise QueueError("storage", str(exc)) from exc
-            return result
-        state.inflight += 1
-        try:
-            await self.journal.write(ch, lambda: self._published(state, stored))
-        finally:
-            state.inflight -= 1
-        return result
+        await committed(self._publish_at(state, message, routing_key, offset, ch, None))
+        return PublishResult(state.name, offset, message_id(state.name, offset))
 
     def publish_nowait(
         self,
@@ -646,14 +632,13 @@ class QueueManager:
         """
         state, message, ch = self._accept(queue, message)
         if self.shared_offsets(state):
-            if not self.is_shared(state) and not self._has_offset(state):
-                raise QueueError("shared", "a shared node's stream takes its offsets from publish()")
-            if state.awaiting_block or not self._has_offset(state):
+            offset = None if state.awaiting_block else self._block_offset(state)
+            if offset is None:
+                if not self.is_shared(state):
+                    raise QueueError("shared", "a shared node's stream takes its offsets from publish()")
                 # In order behind the others waiting for the node's next block of offsets.
                 state.awaiting_block.append((message, routing_key, ch, done))
                 return None
-            offset = state.block_next
-            state.block_next += 1
         else:
             offset = state.next_offset
             state.next_offset += 1
@@ -702,14 +687,17 @@ class QueueManager:
             self._deliverable(state, stored)
         return receipt
 
-    def _has_offset(self, state: QueueState) -> bool:
-        """Whether this node's reserved block has an offset left (taking the block reserved ahead
-        when the current one is spent); reserves the next block once half of one is used."""
+    def _block_offset(self, state: QueueState) -> int | None:
+        """The next offset of this node's reserved block (taking the block reserved ahead when the
+        current one is spent), or None; reserves the next block once half of one is used."""
         if state.block_next >= state.block_end and state.block_ahead is not None:
             (state.block_next, state.block_end), state.block_ahead = state.block_ahead, None
         if state.block_end - state.block_next < OFFSET_BLOCK // 2:
             self._reserve_ahead(state)
-        return state.block_next < state.block_end
+        if state.block_next >= state.block_end:
+            return None
+        state.block_next += 1
+        return state.block_next - 1
 
     def _reserve_ahead(self, state: QueueState) -> None:
         """Reserve this node's next block of offsets without awaiting it (``Claims.reserve`` waits
@@ -729,7 +717,7 @@ class QueueManager:
                     state.block_ahead = (first, first + OFFSET_BLOCK)
                 self._publish_awaiting(state)
             else:  # the reservation failed: so do the publishes that waited for it
-                waiting, state.awaiting_block = state.awaiting_block, []
+                waiting, state.awaiting_block = state.awaiting_block, deque()
                 for _message, _key, _ch, done in waiting:
                     if done is not None:
                         done(PublishResult(state.name, -1, ""), QueueError("storage", "no offsets reserved"))
@@ -740,10 +728,8 @@ class QueueManager:
     def _publish_awaiting(self, state: QueueState) -> None:
         """Publishes that waited for a block of offsets, in arrival order, while the block lasts."""
         waiting = state.awaiting_block
-        while waiting and self._has_offset(state):
-            message, routing_key, ch, done = waiting.pop(0)
-            offset = state.block_next
-            state.block_next += 1
+        while waiting and (offset := self._block_offset(state)) is not None:
+            message, routing_key, ch, done = waiting.popleft()
             try:
                 self._publish_at(state, message, routing_key, offset, ch, done)
             except QueueError as exc:
@@ -1113,32 +1099,36 @@ class QueueManager:
         wait: bool,
     ) -> tuple[bool, Receipt | None]:
         """Apply a settlement in memory (the group's) and hand its rows to the writer (no await)."""
-        ch = Changes()
-        if not group.settle(offset, outcome, holder, consumer_id, now_ms(), ch):
-            return False, None
-        if self.shared:
-            self.claims.finished.add(state.name)
-        receipt = self.journal.submit(ch, wait=wait)
-        if outcome.__class__ is Retry:  # back in the group (a stream: its cursor): offer it again
-            self._dispatch(state, group)
-        return True, receipt
+        settled, receipt = self._settle_offsets(state, group, (offset,), outcome, holder, consumer_id, wait)
+        return settled == 1, receipt
 
     def _settle_all_now(
         self, state: QueueState, group: AnyGroup, offsets: list[int], outcome: Outcome, holder: ConsumerHandle
     ) -> int:
+        return self._settle_offsets(state, group, offsets, outcome, holder, None, False)[0]
+
+    def _settle_offsets(
+        self,
+        state: QueueState,
+        group: AnyGroup,
+        offsets: Iterable[int],
+        outcome: Outcome,
+        holder: ConsumerHandle | None,
+        consumer_id: str | None,
+        wait: bool,
+    ) -> tuple[int, Receipt | None]:
+        """Settle each offset with one outcome, all in one change and one submission."""
         ch = Changes()
         now = now_ms()
-        settled = 0
-        for offset in offsets:
-            if group.settle(offset, outcome, holder, None, now, ch):
-                settled += 1
-        if settled:
-            if self.shared:
-                self.claims.finished.add(state.name)
-            self.journal.submit(ch)
-            if outcome.__class__ is Retry:
-                self._dispatch(state, group)
-        return settled
+        settled = sum(1 for o in offsets if group.settle(o, outcome, holder, consumer_id, now, ch))
+        if not settled:
+            return 0, None
+        if self.shared:
+            self.claims.finished.add(state.name)  # its 'done' markers are compacted at the next poll
+        receipt = self.journal.submit(ch, wait=wait)
+        if outcome.__class__ is Retry:  # back in the group (a stream: its cursor): offer it again
+            self._dispatch(state, group)
+        return settled, receipt
 
     async def _cancel(self, handle: ConsumerHandle) -> None:
         if handle.closed:
@@ -1153,11 +1143,7 @@ class QueueManager:
         now = now_ms()
         group.cancel(handle, now, ch)
         if self.is_shared(state) and not group.consumers:
-            # Claimed ahead and not handed out: back to every node, not held here without a consumer.
-            for offset in list(group.ready):
-                entry = group.entries.get(offset)
-                if entry is not None and entry.state == WAIT:
-                    group.make_available(offset, entry, entry.reason or "first", now, now, ch)
+            group.hand_back_claimed(now, ch)  # not held here without a consumer
         await committed(self.journal.submit(ch, wait=True))
         self._dispatch(state, group)
 
@@ -1313,3 +1299,17 @@ def settle_by_id_now(
     """
     state, grp, offset = manager._locate(message_id_text, group)
     return manager._settle_now(state, grp, offset, outcome, None, None, True)
+
+
+def settle_many_nowait(settlements: Iterable[tuple[ConsumerHandle, int, Outcome]]) -> None:
+    """Settle deliveries of several handles and outcomes (a read's PUBACKs, basic.ack with
+    ``multiple``) with one change and one submission per handle and outcome, not one per delivery."""
+    batches: dict[tuple[int, Outcome], tuple[ConsumerHandle, list[int]]] = {}
+    for handle, offset, outcome in settlements:
+        batch = batches.get((id(handle), outcome))
+        if batch is None:
+            batches[(id(handle), outcome)] = (handle, [offset])
+        else:
+            batch[1].append(offset)
+    for (_, outcome), (handle, offsets) in batches.items():
+        handle.settle_all_nowait(offsets, outcome)

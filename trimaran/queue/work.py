@@ -331,6 +331,13 @@ class WorkGroup(Group):
         self.journal.event(ch, self.state, now, "released", group=self, offset=offset,
                            consumer=entry.consumer_id, attempt=entry.attempts, reason=reason)  # fmt: skip
 
+    def hand_back_claimed(self, now: int, ch: Changes) -> None:
+        """Shared mode: what this node claimed ahead and has not handed out goes back to every node."""
+        for offset in list(self.ready):
+            entry = self.entries.get(offset)
+            if entry is not None and entry.state == WAIT:
+                self.make_available(offset, entry, entry.reason or "first", now, now, ch)
+
     def cancel(self, handle: Taker, now: int, ch: Changes) -> None:
         """``handle`` is gone: what it held comes back (or dies, attempts exhausted)."""
         for offset, entry in list(self.entries.items()):

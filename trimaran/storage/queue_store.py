@@ -298,20 +298,10 @@ def claim(queue: str, group: str, node: str, limit: int, now: int, lease_until: 
             params["n"] = limit - len(claimed)
             for row in connection.execute(_CLAIM_NEW, params):
                 claimed[int(row.offset)] = (0, "first")
-        if not claimed:
-            connection.execute(_PLAN_AS_USUAL)
-            return []
-        offsets = queue_messages.c.offset
-        stmt = select(queue_messages).where(
-            and_(
-                queue_messages.c.queue == queue,
-                # the bounds put the key's range in the index condition, not a filter over the queue
-                offsets.between(min(claimed), max(claimed)),
-                offsets.in_(list(claimed)),
-            )
-        )
-        rows = sorted(connection.execute(stmt).all(), key=lambda r: int(r.offset))  # by the key too
+        rows = _claimed_rows(connection, queue, list(claimed)) if claimed else []
         connection.execute(_PLAN_AS_USUAL)
+        if not claimed:
+            return []
         found = {int(r.offset) for r in rows}
         missing = [o for o in claimed if o not in found]
         if missing:  # deleted meanwhile (purge, expiry elsewhere): drop the claims
@@ -327,6 +317,16 @@ def claim(queue: str, group: str, node: str, limit: int, now: int, lease_until: 
         return [(r, *claimed[int(r.offset)]) for r in rows]
 
     return call
+
+
+def _claimed_rows(connection: Connection, queue: str, offsets: list[int]) -> list[Any]:
+    """The claimed messages in offset order; the bounds put the key's range in the index condition
+    instead of a filter over the whole queue."""
+    column = queue_messages.c.offset
+    stmt = select(queue_messages).where(
+        and_(queue_messages.c.queue == queue, column.between(min(offsets), max(offsets)), column.in_(offsets))
+    )
+    return sorted(connection.execute(stmt).all(), key=lambda r: int(r.offset))
 
 
 def renew_leases(node: str, lease_until: int) -> Call:
