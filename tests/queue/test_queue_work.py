@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import anyio
@@ -14,7 +15,7 @@ from trimaran.queue import QueueError, ack_by_id
 from trimaran.queue.outcomes import ACK
 from trimaran.storage import queue_store
 from trimaran.storage.schema import queue_pending
-from trimaran.storage.writer import WriteBatch
+from trimaran.storage.writer import Receipt, WriteBatch
 
 pytestmark = pytest.mark.anyio
 
@@ -432,6 +433,39 @@ async def test_settle_all_nowait_is_one_submission_for_many(make_manager: Factor
         assert handle.settle_all_nowait([0], ACK) == 0  # settled already
     counts = queue_store.count_events(manager.storage.engine, "q")
     assert counts["acked"] == 4
+
+
+async def test_durable_messages_leave_no_reference_cycles(make_manager: Factory) -> None:
+    """Publish, commit, deliver and ack free everything by reference counting. A cycle per message
+    (a commit callback holding its own receipt did) made the collector's passes a fifth of the
+    broker's time under load."""
+    manager = make_manager()
+    async with manager.running():
+        c = Collector("c")
+        handle = manager.consume("q", c)
+        handle.add_credit(1000)
+        await manager.publish("q", msg(b"warm-up"))  # first-use objects (the queue, its group)
+        await wait_until(lambda: len(c.deliveries) == 1)
+        handle.settle_all_nowait([0], ACK)
+        await wait_until(lambda: manager.info("q").depth == 0)
+        gc.collect()
+        gc.disable()
+        try:
+            done: list[QueueError | None] = []
+            for i in range(200):
+                manager.publish_nowait("q", msg(b"%d" % i), "", lambda _r, e: done.append(e))
+            await wait_until(lambda: len(done) == 200 and len(c.deliveries) == 201)
+            assert done == [None] * 200
+            handle.settle_all_nowait([d.offset for d in c.deliveries[1:]], ACK)
+            await wait_until(lambda: manager.info("q").depth == 0)
+            c.deliveries.clear()
+            done.clear()
+            for _ in range(2):  # the writer's thread holds its last batch until the next one
+                await manager.journal.write(WriteBatch(calls=[lambda _connection: None]))
+            # The collector is off: whatever is still alive was not freed by reference counting.
+            assert sum(isinstance(o, Receipt) for o in gc.get_objects()) < 10
+        finally:
+            gc.enable()
 
 
 async def test_publish_nowait_refuses_a_full_queue(make_manager: Factory) -> None:

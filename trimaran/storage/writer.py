@@ -360,23 +360,29 @@ def _without_transients(batch: WriteBatch) -> WriteBatch:
 
 
 def _complete(receipts: list[Receipt]) -> None:
-    """On the event loop: callbacks in submission order, then wake the waiters."""
+    """On the event loop: callbacks in submission order, then wake the waiters.
+
+    A done receipt lets go of its callbacks. A callback that closes over its own receipt
+    (to read ``error``) is a reference cycle; left in place, every durable publish became some 25
+    objects only the cyclic collector could free, and its collections cost a fifth of the loop."""
     for receipt in receipts:
-        if receipt.error is None and receipt.on_commit is not None:
+        on_commit, on_results, followers = receipt.on_commit, receipt.on_results, receipt.followers
+        receipt.on_commit = receipt.on_results = receipt.followers = None
+        if receipt.error is None and on_commit is not None:
             try:
-                receipt.on_commit()
+                on_commit()
             except Exception:
                 log.exception("on_commit callback failed")
-        if receipt.on_results is not None:
+        if on_results is not None:
             try:
-                receipt.on_results(receipt.results if receipt.error is None else [])
+                on_results(receipt.results if receipt.error is None else [])
             except Exception:
                 log.exception("on_results callback failed")
         receipt.done = True
         if receipt.event is not None:
             receipt.event.set()
-        if receipt.followers is not None:
-            for follower in receipt.followers:
+        if followers is not None:
+            for follower in followers:
                 try:
                     follower()
                 except Exception:
