@@ -3,6 +3,7 @@ back, the handshake deadline, and bytes pipelined behind a refused login."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import anyio
@@ -16,6 +17,7 @@ from trimaran.amqp091.mapping import message_from_content
 from trimaran.amqp091.properties import BasicProperties
 from trimaran.broker.message import Message
 from trimaran.config import Amqp091Settings, AuthSettings, Settings
+from trimaran.storage.writer import WriteBatch
 
 pytestmark = pytest.mark.anyio
 
@@ -175,4 +177,37 @@ async def test_a_refused_tx_commit_holds_back_no_other_confirm(tmp_path: Path) -
         assert closes and closes[0].reply_code == spec.NOT_FOUND
         assert got[-2:] == [(2, spec.BasicAck(1, False)), (0, spec.ConnectionCloseOk())]
         assert deck.contents("q") == [b"kept"]
+        await wire.eof()
+
+
+async def test_the_publishes_of_one_commit_are_confirmed_by_one_multiple_ack(tmp_path: Path) -> None:
+    """Confirms leave once per write, not once per publish: a commit of 50 publishes is one
+    ``basic.ack`` with ``multiple`` (RabbitMQ coalesces the same way), and sent after the commit."""
+    publish = spec.BasicPublish(routing_key="q")
+    persistent = BasicProperties(delivery_mode=2)
+    async with running(tmp_path) as deck:
+        wire = Wire(deck.runner, deck.open)
+        await wire.feed(
+            [
+                hello(),
+                encode_method(1, spec.QueueDeclare(queue="q", durable=True)),
+                encode_method(1, spec.ConfirmSelect()),
+            ]
+        )
+        await settle()
+        wire.transport.take()
+        gate = threading.Event()
+        deck.manager.journal.send(WriteBatch(calls=[lambda _connection: gate.wait(10)]))  # the disk stalls
+        await settle()
+        await wire.feed(
+            [b"".join(encode_content(1, publish, persistent, b"%d" % i, 131072) for i in range(50))]
+        )
+        await settle()
+        assert not any(isinstance(m, spec.BasicAck) for _, m in methods(wire.transport.take()))
+        gate.set()
+        with anyio.fail_after(5):
+            while not (got := methods(wire.transport.take())):
+                await anyio.sleep(0.005)
+        assert got == [(1, spec.BasicAck(50, True))]
+        assert len(deck.contents("q")) == 50
         await wire.eof()

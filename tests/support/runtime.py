@@ -179,6 +179,9 @@ class LineHull:
         self.seen.append(event)
         self.machine.out.append(event.upper() + b"\n")
 
+    def before_write(self) -> None:
+        pass
+
     def written(self) -> None:
         pass
 

@@ -62,7 +62,7 @@ class Pending:
             self.failed = True
         self.waiting -= 1
         if not self.waiting:
-            self.conn.confirm_ready()
+            self.conn.confirm_due()
 
     def sealed(self) -> None:
         """Routing is over: nothing more will be expected."""
@@ -91,11 +91,17 @@ class Amqp091Conn:
         self.exclusive_queues: set[str] = set()
         self._blocked_sent = False
         self._confirmed: anyio.Event | None = None  # set when the last pending confirm is sent
+        self._confirm_due = False  # a confirm is done: send what is ready before the next write
 
     # -- the runtime's Hull -----------------------------------------------------------------------
 
     def handle(self, event: object) -> Awaitable[None] | None:
         return self.front.on_event(self, event)  # type: ignore[arg-type]
+
+    def before_write(self) -> None:
+        if self._confirm_due:
+            self._confirm_due = False
+            self.confirm_ready()
 
     def written(self) -> None:
         if self.written_hooks:
@@ -154,6 +160,14 @@ class Amqp091Conn:
         it waits for it."""
         self.pending.remove(entry)
         self.confirm_ready()
+
+    def confirm_due(self) -> None:
+        """An entry is done. Its confirm goes out before the connection's next write, with every
+        other one done by then: a commit of a thousand publishes is one ``multiple`` ack, not a
+        thousand acks."""
+        if not self._confirm_due:
+            self._confirm_due = True
+            self.io.wake()
 
     def confirm_ready(self) -> None:
         """Send every confirm whose commits are done and that has none left before it. Acks on a

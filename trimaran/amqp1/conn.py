@@ -92,6 +92,9 @@ class Amqp1Conn:
     def handle(self, event: object) -> Awaitable[None] | None:
         return self.front.dispatch(self, event)  # type: ignore[arg-type]
 
+    def before_write(self) -> None:
+        """Dispositions are queued as their commits complete: nothing gathers."""
+
     def written(self) -> None:
         """Nothing to do after a write: bytes are counted by the runtime."""
 

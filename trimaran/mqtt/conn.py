@@ -69,6 +69,9 @@ class MqttConn:
             return None
         return self.front.handle(self, event)
 
+    def before_write(self) -> None:
+        """PUBACKs and PUBRECs are queued as their commits complete: nothing gathers."""
+
     def written(self) -> None:
         queues = self.front.queues
         if queues is not None and self._queue_bindings is not None:

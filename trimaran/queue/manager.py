@@ -677,14 +677,19 @@ class QueueManager:
             if done is not None:
                 done(result, None if error is None else QueueError("storage", str(error)))
 
+        if early:
+            # Consumers get it at the end of the turn, after these rows were submitted (a delivery's
+            # rows must follow them); scheduled before the submission wakes the writer, so the
+            # delivery goes out before the writer's thread competes for the interpreter.
+            self._deliverable(state, stored)
         try:
             receipt = self.journal.send(ch, wait=done is None, on_commit=published, on_results=finished)
         except WriterError as exc:
-            if not early:
+            if early:
+                self._withdraw(state, offset)
+            else:
                 state.inflight -= 1
             raise QueueError("storage", str(exc)) from exc
-        if early:  # after its rows were submitted: a delivery's rows must follow them
-            self._deliverable(state, stored)
         return receipt
 
     def _block_offset(self, state: QueueState) -> int | None:

@@ -45,6 +45,11 @@ class Hull(Protocol):
         it runs in the runtime's task group."""
         ...
 
+    def before_write(self) -> None:
+        """The runtime is about to take the machine's queued bytes: queue what gathered during the
+        loop iteration (the confirms of a commit's publishes go as one)."""
+        ...
+
     def written(self) -> None:
         """The runtime has just handed this connection's queued bytes (if any) to the socket: once per
         loop iteration in which the connection read or was given something to send."""
@@ -422,6 +427,7 @@ class Conn(asyncio.Protocol):
             return
         try:
             self._act()
+            hull.before_write()
             data = hull.machine.data_to_send()
         except Exception as exc:
             self.crash(exc)
