@@ -172,3 +172,55 @@ def test_message_appended_and_deleted_in_one_transaction_writes_no_row(storage_u
         assert sorted((k, o) for k, o in kinds) == [("acked", 1), ("published", 1), ("published", 2)]
     finally:
         storage.close()
+
+
+def test_batches_larger_than_one_statement_write_every_row(storage_url: str) -> None:
+    """SQLite writes up to 999 parameters a statement and the rest row by row: 1,100 messages (12
+    statements of 90 rows and 20 rows one by one), their pending rows and 3,300 events land whole;
+    deleting 1,000 (messages: 2 statements of 499 keys and a tail of 2; pending: 3 of 333 and 1)
+    removes exactly those, and deleting the last 100 (all tail) leaves nothing."""
+    storage = Storage.from_url(storage_url)
+    storage.migrate()
+    try:
+        writer = GroupCommitWriter(storage.engine)
+        offsets = range(1100)
+
+        def written() -> WriteBatch:
+            batch = WriteBatch()
+            for offset in offsets:
+                rows = _rows("big", offset)
+                batch.merge(rows)
+                for kind in ("published", "delivered", "acked"):
+                    batch.events.append(queue_store.event_row(1, "big", kind, offset=offset))
+            return batch
+
+        def deleted(which: range) -> WriteBatch:
+            batch = WriteBatch()
+            for offset in which:
+                batch.message_deletes.append(("big", offset))
+                batch.pending[("big", "$default", offset)] = None
+            return batch
+
+        async def scenario() -> None:
+            writer.start()
+            try:
+                await writer.write(WriteBatch(calls=[queue_store.upsert_queue("big", "work", {}, 1)]))
+                await writer.write(written())
+                assert queue_store.stored_offsets(storage.engine, "big") == list(offsets)
+                assert len(queue_store.pending_rows(storage.engine, "big")) == 1100
+                assert queue_store.count_events(storage.engine, "big") == {
+                    "published": 1100, "delivered": 1100, "acked": 1100,
+                }  # fmt: skip
+                await writer.write(deleted(range(1000)))
+                assert queue_store.stored_offsets(storage.engine, "big") == list(range(1000, 1100))
+                left = [row["offset"] for row in queue_store.pending_rows(storage.engine, "big")]
+                assert left == list(range(1000, 1100))
+                await writer.write(deleted(range(1000, 1100)))
+            finally:
+                await writer.stop()
+
+        asyncio.run(scenario())
+        assert queue_store.stored_offsets(storage.engine, "big") == []
+        assert queue_store.pending_rows(storage.engine, "big") == []
+    finally:
+        storage.close()

@@ -424,10 +424,45 @@ class _Sql:
         )
         self.message_delete = f"DELETE FROM queue_messages WHERE {where(['queue', 'offset'])}"
         self.pending_delete = f"DELETE FROM queue_pending WHERE {where(['queue', 'group', 'offset'])}"
+        # SQLite: many rows a statement. executemany steps once a row, and that per-row round
+        # (reset, bind, step) was about a third of an event's insert (1.7 -> 1.1 µs a row).
+        self.messages_in = _Chunked(ins(queue_messages, self.message_cols), len(self.message_cols))
+        self.pending_in = _Chunked(self.pending_upsert, len(self.pending_cols))
+        self.events_in = _Chunked(self.event_insert, len(self.event_cols))
+        self.messages_out = _Chunked(f"DELETE FROM queue_messages WHERE {where(['queue', 'offset'])}", 2)
+        self.pending_out = _Chunked(self.pending_delete, 3)
         self.group_delete = f"DELETE FROM queue_groups WHERE {where(['queue', 'group'])}"
         self.queue_next = (
             f'UPDATE queues SET "next_offset" = {marker} WHERE "name" = {marker} AND "next_offset" < {marker}'
         )
+
+
+class _Chunked:
+    """One statement for up to ``per`` rows: an insert's ``VALUES`` list repeated, or a delete's
+    key condition OR-ed (SQLite's primary-key lookup per term, as one statement). Rows beyond the
+    last whole chunk go through ``executemany``. At most 999 parameters a statement, the lowest
+    limit of any SQLite build."""
+
+    __slots__ = ("full", "one", "per")
+
+    def __init__(self, one: str, width: int) -> None:
+        self.one = one
+        self.per = per = max(1, 999 // width)
+        if one.startswith("INSERT"):
+            head, _, rest = one.partition(" VALUES ")
+            values, on_conflict, tail = rest.partition(" ON CONFLICT ")
+            self.full = f"{head} VALUES {', '.join([values] * per)}{on_conflict}{tail}"
+        else:
+            head, _, condition = one.partition(" WHERE ")
+            self.full = f"{head} WHERE " + " OR ".join([f"({condition})"] * per)
+
+    def run(self, cursor: Any, rows: list[tuple[Any, ...]]) -> None:
+        per = self.per
+        whole = len(rows) - len(rows) % per
+        for start in range(0, whole, per):
+            cursor.execute(self.full, [value for row in rows[start : start + per] for value in row])
+        if whole < len(rows):
+            cursor.executemany(self.one, rows[whole:])
 
 
 _sql_by_style: dict[str, _Sql] = {}
@@ -575,22 +610,22 @@ def apply(connection: Connection, batch: WriteBatch) -> list[Any]:
     cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
     try:
         if batch.messages:
-            cursor.executemany(sql.message_insert, _tuples(batch.messages, sql.message_cols))
+            sql.messages_in.run(cursor, _tuples(batch.messages, sql.message_cols))
         if batch.message_deletes:
-            cursor.executemany(sql.message_delete, batch.message_deletes)
+            sql.messages_out.run(cursor, batch.message_deletes)
         if batch.pending:
             gone = [key for key, row in batch.pending.items() if row is None]
             if gone:
-                cursor.executemany(sql.pending_delete, gone)
+                sql.pending_out.run(cursor, gone)
             rows = [row for row in batch.pending.values() if row is not None]
             if rows:
-                cursor.executemany(sql.pending_upsert, _tuples(rows, sql.pending_cols))
+                sql.pending_in.run(cursor, _tuples(rows, sql.pending_cols))
         if batch.groups:
             _write_groups(cursor, "?", batch)
         if batch.queue_next:
             cursor.executemany(sql.queue_next, [(v, n, v) for n, v in batch.queue_next.items()])
         if batch.events:
-            cursor.executemany(sql.event_insert, _tuples(batch.events, sql.event_cols))
+            sql.events_in.run(cursor, _tuples(batch.events, sql.event_cols))
     finally:
         cursor.close()
     return results
