@@ -11,6 +11,7 @@ import pytest
 from tests.queue.conftest import Collector, Factory, wait_until
 from trimaran.broker.message import Message
 from trimaran.queue import ConsumerHandle, QueueDelivery
+from trimaran.queue.journal import committed
 from trimaran.storage import queue_store
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
@@ -189,3 +190,30 @@ async def test_publish_nowait_on_a_shared_node_reserves_its_offset_in_the_commit
         a.consume("nowait", c).add_credit(10)
         await wait_until(lambda: len(c.deliveries) == 3)
         assert sorted(d.message.payload for d in c.deliveries) == [b"0", b"1", b"2"]
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_a_publish_waiting_for_its_offsets_has_a_ticket_done_after_its_commit(
+    make_manager: Factory,
+) -> None:
+    """A node's first publishes wait in memory for its block of offsets; each still returns a ticket
+    (AMQP 0.9.1 keeps it as the channel's last write, and the channel's own basic.get waits for it,
+    as RabbitMQ orders them), done only once the publish is committed."""
+    a = make_manager(shared=True, node="a")
+    async with a.running():
+        await a.declare("ticket")
+        committed_first: list[bool] = []
+        tickets = []
+        for i in range(3):
+            ticket = a.publish_nowait(
+                "ticket",
+                Message(topic="$queue/ticket", payload=b"%d" % i, qos=1),
+                "",
+                lambda _r, e: committed_first.append(e is None),
+            )
+            assert ticket is not None and not ticket.done
+            tickets.append(ticket)
+        for ticket in tickets:
+            await committed(ticket)
+        assert committed_first == [True, True, True]  # the commit came first, then the ticket
+        assert len(queue_store.stored_offsets(a.storage.engine, "ticket")) == 3

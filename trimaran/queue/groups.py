@@ -258,8 +258,9 @@ class QueueState:
     block_next: int = 0  # shared mode: offsets reserved for this node
     block_end: int = 0
     block_ahead: tuple[int, int] | None = None  # the next block, reserved before this one is spent
-    # Shared mode: publishes (message, routing key, changes, done) waiting for the next block.
-    awaiting_block: deque[tuple[Message, str, Changes, Any]] = field(default_factory=deque)
+    # Shared mode: publishes (message, routing key, changes, done, their ticket) waiting for the
+    # next block.
+    awaiting_block: deque[tuple[Message, str, Changes, Any, Any]] = field(default_factory=deque)
     reserving: anyio.Event | None = None
 
     @property

@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import anyio
@@ -624,9 +625,10 @@ class QueueManager:
         ``done(result, error)`` runs on the loop once the message is committed (``error``: the write
         failed); without ``done``, the returned receipt can be awaited instead (with it, the receipt
         has no event: no wake-up object per message). ``None``: an in-memory queue, where the message
-        is appended (and ``done`` has run) already, or a shared node's publish waiting in memory for
-        the node's next block of offsets (``done`` runs after its commit all the same; these waits are
-        bounded by the publishers' windows and last one writer round). Refusals raise
+        is appended (and ``done`` has run) already. A shared node's publish that waits in memory for
+        the node's next block of offsets gets a ticket standing in for its receipt, done after its
+        commit all the same (these waits are bounded by the publishers' windows and last one writer
+        round). Refusals raise
         :class:`QueueError` at once; so does a shared node's stream when its block of offsets is spent
         (reason ``shared``: use ``publish``).
         """
@@ -636,9 +638,11 @@ class QueueManager:
             if offset is None:
                 if not self.is_shared(state):
                     raise QueueError("shared", "a shared node's stream takes its offsets from publish()")
-                # In order behind the others waiting for the node's next block of offsets.
-                state.awaiting_block.append((message, routing_key, ch, done))
-                return None
+                # In order behind the others waiting for the node's next block of offsets. Its
+                # ticket is done once it is committed: a channel's own basic.get waits for it.
+                ticket = Receipt.standing_in()
+                state.awaiting_block.append((message, routing_key, ch, done, ticket))
+                return ticket
         else:
             offset = state.next_offset
             state.next_offset += 1
@@ -723,9 +727,11 @@ class QueueManager:
                 self._publish_awaiting(state)
             else:  # the reservation failed: so do the publishes that waited for it
                 waiting, state.awaiting_block = state.awaiting_block, deque()
-                for _message, _key, _ch, done in waiting:
+                failed = QueueError("storage", "no offsets reserved")
+                for _message, _key, _ch, done, ticket in waiting:
                     if done is not None:
-                        done(PublishResult(state.name, -1, ""), QueueError("storage", "no offsets reserved"))
+                        done(PublishResult(state.name, -1, ""), failed)
+                    ticket.settle(failed)
 
         batch = WriteBatch(calls=[queue_store.reserve_offsets(state.name, OFFSET_BLOCK)])
         self.journal.send(batch, on_results=reserved)
@@ -734,12 +740,18 @@ class QueueManager:
         """Publishes that waited for a block of offsets, in arrival order, while the block lasts."""
         waiting = state.awaiting_block
         while waiting and (offset := self._block_offset(state)) is not None:
-            message, routing_key, ch, done = waiting.popleft()
+            message, routing_key, ch, done, ticket = waiting.popleft()
             try:
-                self._publish_at(state, message, routing_key, offset, ch, done)
+                receipt = self._publish_at(state, message, routing_key, offset, ch, done)
             except QueueError as exc:
                 if done is not None:
                     done(PublishResult(state.name, offset, message_id(state.name, offset)), exc)
+                ticket.settle(exc)
+                continue
+            if receipt is None:
+                ticket.settle(None)
+            else:
+                receipt.then(partial(_settle_as, ticket, receipt))
 
     def _accept(self, queue: str, message: Message) -> tuple[QueueState, Message, Changes]:
         """A publish's checks (and overflow drops): the queue, the message to store, the changes so far."""
@@ -1318,3 +1330,8 @@ def settle_many_nowait(settlements: Iterable[tuple[ConsumerHandle, int, Outcome]
             batch[1].append(offset)
     for (_, outcome), (handle, offsets) in batches.items():
         handle.settle_all_nowait(offsets, outcome)
+
+
+def _settle_as(ticket: Receipt, receipt: Receipt) -> None:
+    """A publish that waited for its offset is committed (or failed): so is its ticket."""
+    ticket.settle(receipt.error)

@@ -128,6 +128,17 @@ class Receipt:
         else:
             self.followers.append(follower)
 
+    @classmethod
+    def standing_in(cls) -> Receipt:
+        """A receipt for work not submitted yet (a publish waiting for its offset): awaitable and
+        followable like any other, done when :meth:`settle` says so."""
+        return cls(WriteBatch(), anyio.Event(), None)
+
+    def settle(self, error: BaseException | None) -> None:
+        """Done, as the receipt it stood in for (``error``: that one failed), on the loop."""
+        self.error = error
+        _complete([self])
+
     async def wait(self) -> list[Any]:
         assert self.event is not None, "submitted without wait=True"
         await self.event.wait()
