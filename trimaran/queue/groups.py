@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -21,10 +22,23 @@ if TYPE_CHECKING:
     from trimaran.queue.journal import Changes, Journal
     from trimaran.queue.stream import StreamGroup
     from trimaran.queue.work import WorkGroup
+    from trimaran.storage.writer import Receipt
 
 HELD = "held"  # delivered to a consumer, not settled
 WAIT = "wait"  # to be (re)delivered at available_at
 DONE = "done"  # acknowledged ahead of the group's cursor (out of order)
+
+
+@dataclass(slots=True)
+class WaitingPublish:
+    """A shared node's publish waiting for the node's next block of offsets, in arrival order;
+    ``ticket`` stands in for its receipt until it is submitted (``Receipt.standing_in``)."""
+
+    message: Message
+    routing_key: str
+    changes: Changes
+    done: Callable[..., None] | None  # publish_nowait's: (PublishResult, QueueError | None)
+    ticket: Receipt
 
 
 @dataclass(slots=True)
@@ -258,9 +272,7 @@ class QueueState:
     block_next: int = 0  # shared mode: offsets reserved for this node
     block_end: int = 0
     block_ahead: tuple[int, int] | None = None  # the next block, reserved before this one is spent
-    # Shared mode: publishes (message, routing key, changes, done, their ticket) waiting for the
-    # next block.
-    awaiting_block: deque[tuple[Message, str, Changes, Any, Any]] = field(default_factory=deque)
+    awaiting_block: deque[WaitingPublish] = field(default_factory=deque)  # shared: for the next block
     reserving: anyio.Event | None = None
 
     @property

@@ -54,6 +54,7 @@ from trimaran.queue.groups import (
     QueueState,
     StoredMessage,
     Taker,
+    WaitingPublish,
     expired,
     message_id,
 )
@@ -628,9 +629,8 @@ class QueueManager:
         is appended (and ``done`` has run) already. A shared node's publish that waits in memory for
         the node's next block of offsets gets a ticket standing in for its receipt, done after its
         commit all the same (these waits are bounded by the publishers' windows and last one writer
-        round). Refusals raise
-        :class:`QueueError` at once; so does a shared node's stream when its block of offsets is spent
-        (reason ``shared``: use ``publish``).
+        round). Refusals raise :class:`QueueError` at once; so does a shared node's stream when its
+        block of offsets is spent (reason ``shared``: use ``publish``).
         """
         state, message, ch = self._accept(queue, message)
         if self.shared_offsets(state):
@@ -640,9 +640,9 @@ class QueueManager:
                     raise QueueError("shared", "a shared node's stream takes its offsets from publish()")
                 # In order behind the others waiting for the node's next block of offsets. Its
                 # ticket is done once it is committed: a channel's own basic.get waits for it.
-                ticket = Receipt.standing_in()
-                state.awaiting_block.append((message, routing_key, ch, done, ticket))
-                return ticket
+                waiting = WaitingPublish(message, routing_key, ch, done, Receipt.standing_in())
+                state.awaiting_block.append(waiting)
+                return waiting.ticket
         else:
             offset = state.next_offset
             state.next_offset += 1
@@ -728,10 +728,8 @@ class QueueManager:
             else:  # the reservation failed: so do the publishes that waited for it
                 waiting, state.awaiting_block = state.awaiting_block, deque()
                 failed = QueueError("storage", "no offsets reserved")
-                for _message, _key, _ch, done, ticket in waiting:
-                    if done is not None:
-                        done(PublishResult(state.name, -1, ""), failed)
-                    ticket.settle(failed)
+                for publish in waiting:
+                    _refuse_waiting(publish, PublishResult(state.name, -1, ""), failed)
 
         batch = WriteBatch(calls=[queue_store.reserve_offsets(state.name, OFFSET_BLOCK)])
         self.journal.send(batch, on_results=reserved)
@@ -740,18 +738,20 @@ class QueueManager:
         """Publishes that waited for a block of offsets, in arrival order, while the block lasts."""
         waiting = state.awaiting_block
         while waiting and (offset := self._block_offset(state)) is not None:
-            message, routing_key, ch, done, ticket = waiting.popleft()
+            publish = waiting.popleft()
             try:
-                receipt = self._publish_at(state, message, routing_key, offset, ch, done)
+                receipt = self._publish_at(
+                    state, publish.message, publish.routing_key, offset, publish.changes, publish.done
+                )
             except QueueError as exc:
-                if done is not None:
-                    done(PublishResult(state.name, offset, message_id(state.name, offset)), exc)
-                ticket.settle(exc)
+                _refuse_waiting(
+                    publish, PublishResult(state.name, offset, message_id(state.name, offset)), exc
+                )
                 continue
             if receipt is None:
-                ticket.settle(None)
+                publish.ticket.settle(None)
             else:
-                receipt.then(partial(_settle_as, ticket, receipt))
+                receipt.then(partial(_settle_as, publish.ticket, receipt))
 
     def _accept(self, queue: str, message: Message) -> tuple[QueueState, Message, Changes]:
         """A publish's checks (and overflow drops): the queue, the message to store, the changes so far."""
@@ -1330,6 +1330,13 @@ def settle_many_nowait(settlements: Iterable[tuple[ConsumerHandle, int, Outcome]
             batch[1].append(offset)
     for (_, outcome), (handle, offsets) in batches.items():
         handle.settle_all_nowait(offsets, outcome)
+
+
+def _refuse_waiting(publish: WaitingPublish, result: PublishResult, error: QueueError) -> None:
+    """A publish that waited for its offset failed: its publisher and its ticket hear so."""
+    if publish.done is not None:
+        publish.done(result, error)
+    publish.ticket.settle(error)
 
 
 def _settle_as(ticket: Receipt, receipt: Receipt) -> None:

@@ -420,29 +420,22 @@ class _Sql:
 
         self.message_cols = cols(queue_messages)
         self.pending_cols = cols(queue_pending)
-        self.group_cols = cols(queue_groups)
         self.event_cols = cols(queue_events, ("id",))
-        self.message_insert = ins(queue_messages, self.message_cols)
-        self.group_insert = ins(queue_groups, self.group_cols)
-        self.event_insert = ins(queue_events, self.event_cols)
         keys = ("queue", "group", "offset")
         updates = ", ".join(f'"{n}" = excluded."{n}"' for n in self.pending_cols if n not in keys)
-        # One statement per pending entry whatever it was before (a first delivery has no row; a
-        # redelivery or a nack replaces one), instead of a delete ahead of every insert.
-        self.pending_upsert = (
-            f"{ins(queue_pending, self.pending_cols)} "
-            f'ON CONFLICT ("queue", "group", "offset") DO UPDATE SET {updates}'
-        )
-        self.message_delete = f"DELETE FROM queue_messages WHERE {where(['queue', 'offset'])}"
-        self.pending_delete = f"DELETE FROM queue_pending WHERE {where(['queue', 'group', 'offset'])}"
         # SQLite: many rows a statement. executemany steps once a row, and that per-row round
         # (reset, bind, step) was about a third of an event's insert (1.7 -> 1.1 µs a row).
-        self.messages_in = _Chunked(ins(queue_messages, self.message_cols), len(self.message_cols))
-        self.pending_in = _Chunked(self.pending_upsert, len(self.pending_cols))
-        self.events_in = _Chunked(self.event_insert, len(self.event_cols))
-        self.messages_out = _Chunked(f"DELETE FROM queue_messages WHERE {where(['queue', 'offset'])}", 2)
-        self.pending_out = _Chunked(self.pending_delete, 3)
-        self.group_delete = f"DELETE FROM queue_groups WHERE {where(['queue', 'group'])}"
+        self.messages_in = _Chunked(ins(queue_messages, self.message_cols), marker)
+        # One statement per pending entry whatever it was before (a first delivery has no row; a
+        # redelivery or a nack replaces one), instead of a delete ahead of every insert.
+        self.pending_in = _Chunked(
+            f"{ins(queue_pending, self.pending_cols)} "
+            f'ON CONFLICT ("queue", "group", "offset") DO UPDATE SET {updates}',
+            marker,
+        )
+        self.events_in = _Chunked(ins(queue_events, self.event_cols), marker)
+        self.messages_out = _Chunked(f"DELETE FROM queue_messages WHERE {where(['queue', 'offset'])}", marker)
+        self.pending_out = _Chunked(f"DELETE FROM queue_pending WHERE {where(list(keys))}", marker)
         self.queue_next = (
             f'UPDATE queues SET "next_offset" = {marker} WHERE "name" = {marker} AND "next_offset" < {marker}'
         )
@@ -456,9 +449,9 @@ class _Chunked:
 
     __slots__ = ("full", "one", "per")
 
-    def __init__(self, one: str, width: int) -> None:
+    def __init__(self, one: str, marker: str) -> None:
         self.one = one
-        self.per = per = max(1, 999 // width)
+        self.per = per = max(1, 999 // one.count(marker))  # a row's parameters
         if one.startswith("INSERT"):
             head, _, rest = one.partition(" VALUES ")
             values, on_conflict, tail = rest.partition(" ON CONFLICT ")
