@@ -153,6 +153,7 @@ def generate(total_events: int, seed: int = 7) -> dict[str, pd.DataFrame]:
     events = events.sort_values(["time", "seq"], kind="stable").reset_index(drop=True)
     events.insert(0, "id", np.arange(1, len(events) + 1))
     events["node"] = "local"
+    events["span"] = 1  # one event a row (the broker joins neighbours; the audit expands them)
     pending_frame = (
         pd.concat(pending, ignore_index=True)
         if pending
@@ -209,6 +210,9 @@ def write_sqlite(tables: dict[str, pd.DataFrame], path: Path) -> str:
                 cols = list(frame.columns)
             if name == "queues":
                 frame = frame.assign(created_at=0)
+                cols = list(frame.columns)
+            if name == "queue_events":  # rows added by hand (injected faults) are single events
+                frame = frame.assign(span=frame["span"].fillna(1) if "span" in frame else 1)
                 cols = list(frame.columns)
             rows = frame.astype(object).where(frame.notna(), None).itertuples(index=False, name=None)
             quoted = ", ".join(f'"{c}"' for c in cols)

@@ -199,9 +199,9 @@ def _frame(spark: SparkSession, table: str, frame: Any) -> Any:
     """A pandas table as a Spark frame of the audit's schema (``source.TABLES``)."""
     import math
 
-    from trimaran.analytics.source import TABLES
+    from trimaran.analytics.source import replayed_columns
 
-    types = TABLES[table]
+    types = replayed_columns(table)  # as read_tables hands them over
 
     def value(v: object, t: str) -> object:
         if v is None or (isinstance(v, float) and math.isnan(v)):

@@ -15,7 +15,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from trimaran.analytics.replay import INVARIANTS, AuditResult, Progress, _commits_beyond, replay, run_audit
-from trimaran.analytics.source import TABLES, Selection, read_tables
+from trimaran.analytics.source import Selection, read_tables, replayed_columns
 
 
 def test_broker_tables_audit_clean(
@@ -151,7 +151,7 @@ def live_row_disagrees(t: dict[str, pd.DataFrame]) -> None:
 
 
 def _frame(spark: SparkSession, table: str, frame: pd.DataFrame) -> DataFrame:
-    types = TABLES[table]
+    types = replayed_columns(table)  # as read_tables hands them over
     ddl = ", ".join(f"`{c}` {t}" for c, t in types.items())
 
     def value(v: object, t: str) -> object:

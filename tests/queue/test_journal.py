@@ -41,6 +41,29 @@ def test_rows_of_a_delivery() -> None:
     assert ("q", "g", 0) not in journal.pending_rows
 
 
+def test_a_changes_neighbouring_events_share_one_spanning_event() -> None:
+    """A dispatch's deliveries (and a multiple ack's acks) to one consumer at one moment are one
+    event spanning their offsets; anything that differs starts a new one. Read back, there is one
+    event per offset, in order."""
+    rooms = Rooms()
+    state = rooms.queue()
+    group = WorkGroup(state, "g", rooms)
+    journal = rooms.journal
+    ch = Changes()
+    for offset in range(3, 8):
+        journal.event(ch, state, 5, "delivered", group=group, offset=offset, consumer="c", attempt=1,
+                      reason="first")  # fmt: skip
+    journal.event(ch, state, 5, "delivered", group=group, offset=8, consumer="c", attempt=2, reason="nack")
+    journal.event(ch, state, 6, "delivered", group=group, offset=9, consumer="c", attempt=1, reason="first")
+    journal.event(ch, state, 6, "delivered", group=group, offset=11, consumer="c", attempt=1, reason="first")
+    assert [(e["offset"], e.get("span", 1)) for e in ch.events] == [(3, 5), (8, 1), (9, 1), (11, 1)]
+    journal.submit(ch)
+    assert [(e["offset"], e["attempt"]) for e in journal.events] == [
+        (3, 1), (4, 1), (5, 1), (6, 1), (7, 1), (8, 2), (9, 1), (11, 1),
+    ]  # fmt: skip
+    assert all("span" not in e for e in journal.events)
+
+
 def test_an_in_memory_queue_writes_nothing_and_after_runs_at_once() -> None:
     rooms = Rooms()
     state = rooms.queue(durable=False)

@@ -30,7 +30,7 @@ def msg(payload: bytes, topic: str = "$queue/tmp") -> Message:
 
 def batch_queues(batch: WriteBatch) -> set[str]:
     """Every queue a batch has rows for (``calls`` are opaque and not counted)."""
-    names = {row["queue"] for row in batch.messages}
+    names = {m.queue for m in batch.messages}
     names |= {queue for queue, _ in batch.message_deletes}
     names |= {key[0] for key in batch.pending}
     names |= {key[0] for key in batch.groups}

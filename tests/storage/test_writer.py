@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import Any
 
+import pytest
 from sqlalchemy import Connection, select
 
 from trimaran.broker.message import Message
 from trimaran.storage import queue_store
 from trimaran.storage import writer as writer_module
-from trimaran.storage.schema import queue_events
+from trimaran.storage.schema import SPAN_MAX, queue_events
 from trimaran.storage.store import Storage
 from trimaran.storage.writer import GroupCommitWriter, Receipt, WriteBatch
 
@@ -19,7 +21,7 @@ from trimaran.storage.writer import GroupCommitWriter, Receipt, WriteBatch
 def _rows(queue: str, offset: int) -> WriteBatch:
     """What a publish and its delivery write: the message, its pending row, the group row."""
     batch = WriteBatch()
-    batch.messages.append(queue_store.message_row(queue, offset, Message("t", b"x", qos=1), "", 1, None))
+    batch.messages.append(queue_store.MessageRow(queue, offset, Message("t", b"x", qos=1), "", 1, None))
     batch.pending[(queue, "$default", offset)] = {
         "queue": queue, "group": "$default", "offset": offset, "state": "held", "consumer": "c1",
         "node": "n", "delivered_at": 1, "attempts": 1, "available_at": None, "lease_until": None,
@@ -132,12 +134,11 @@ def _settled_in_one_batch() -> WriteBatch:
     """Offsets 1 and 2 appended; 1 (new) and 0 (from an earlier commit) deleted, with their events."""
     batch = WriteBatch()
     for offset in (1, 2):
-        batch.messages.append(
-            queue_store.message_row("short", offset, Message("t", b"x", qos=1), "", 1, None)
-        )
+        batch.messages.append(queue_store.MessageRow("short", offset, Message("t", b"x", qos=1), "", 1, None))
         batch.events.append(queue_store.event_row(1, "short", "published", offset=offset))
     batch.message_deletes += [("short", 0), ("short", 1)]
     batch.pending[("short", "$default", 0)] = None
+    batch.pending[("short", "$default", 1)] = None  # delivered and acked within this batch too
     batch.events.append(queue_store.event_row(1, "short", "acked", offset=1))
     return batch
 
@@ -146,8 +147,10 @@ def test_message_appended_and_deleted_in_one_transaction_writes_no_row(storage_u
     """Published and settled within one commit: the message row is neither inserted nor deleted; a
     delete of a row from an earlier transaction still runs, and the events are all kept."""
     applied = writer_module._merged([Receipt(_settled_in_one_batch(), None, None)])
-    assert [row["offset"] for row in applied.messages] == [2]
+    assert [m.offset for m in applied.messages] == [2]
     assert applied.message_deletes == [("short", 0)]
+    # offset 1 was first written here: it has no pending row to delete; offset 0's is deleted
+    assert applied.pending == {("short", "$default", 0): None}
     assert len(applied.events) == 3
     storage = Storage.from_url(storage_url)
     storage.migrate()
@@ -165,11 +168,17 @@ def test_message_appended_and_deleted_in_one_transaction_writes_no_row(storage_u
 
         asyncio.run(scenario())
         assert queue_store.stored_offsets(storage.engine, "short") == [2]
+        events = queue_store.events_for(storage.engine, "short")
+        assert [(e["kind"], e["offset"]) for e in events] == [
+            ("published", 1), ("published", 2), ("acked", 1),
+        ]  # fmt: skip
         with storage.engine.connect() as connection:
-            kinds = connection.execute(
-                select(queue_events.c.kind, queue_events.c.offset).where(queue_events.c.queue == "short")
+            rows = connection.execute(
+                select(queue_events.c.kind, queue_events.c.offset, queue_events.c.span)
+                .where(queue_events.c.queue == "short")
+                .order_by(queue_events.c.id)
             ).all()
-        assert sorted((k, o) for k, o in kinds) == [("acked", 1), ("published", 1), ("published", 2)]
+        assert [tuple(r) for r in rows] == [("published", 1, 2), ("acked", 1, 1)]  # neighbours joined
     finally:
         storage.close()
 
@@ -224,3 +233,78 @@ def test_batches_larger_than_one_statement_write_every_row(storage_url: str) -> 
         assert queue_store.pending_rows(storage.engine, "big") == []
     finally:
         storage.close()
+
+
+def _event(offset: int | None, kind: str = "delivered", *, time: int = 5, consumer: str = "c1") -> dict:
+    return queue_store.event_row(time, "q", kind, group="g", offset=offset, consumer=consumer, attempt=1)
+
+
+def test_adjacent_events_on_consecutive_offsets_become_one_row() -> None:
+    """Only neighbours that differ in nothing but the next offset join, so the expanded rows are
+    the events in their order; a span stops at SPAN_MAX, and an event without an offset stands alone."""
+    events = [
+        *(_event(o) for o in range(10, 14)),  # one run
+        _event(15),  # a gap
+        _event(16, "acked"),  # another kind
+        _event(17, "acked", time=6),  # another moment
+        _event(18, "acked", time=6, consumer="c2"),  # another consumer
+        _event(None, "declared"),
+        _event(19, "acked", time=6, consumer="c2"),  # not joined across the offset-less event
+        _event(20, "acked", time=6, consumer="c2"),
+    ]
+    rows = writer_module._event_rows(events)
+    offset_span = [(r[3], r[6], r[9]) for r in rows]
+    assert offset_span == [
+        (10, "delivered", 4), (15, "delivered", 1), (16, "acked", 1), (17, "acked", 1), (18, "acked", 1),
+        (None, "declared", 1), (19, "acked", 2),
+    ]  # fmt: skip
+    expanded = [(r[3] + i if r[3] is not None else None, r[6]) for r in rows for i in range(r[9])]
+    assert expanded == [(e["offset"], e["kind"]) for e in events]
+    long = writer_module._event_rows([_event(o) for o in range(SPAN_MAX + 5)])
+    assert [(r[3], r[9]) for r in long] == [(0, SPAN_MAX), (SPAN_MAX, 5)]
+
+
+def test_spanning_rows_read_back_one_event_per_offset(storage_url: str) -> None:
+    """events_for and count_events see every event a row spans, and a lookup by offset finds an
+    offset inside a span."""
+    storage = Storage.from_url(storage_url)
+    storage.migrate()
+    try:
+        writer = GroupCommitWriter(storage.engine)
+        batch = WriteBatch(events=[_event(o) for o in range(100, 400)] + [_event(250, "acked")])
+
+        async def scenario() -> None:
+            writer.start()
+            try:
+                await writer.write(batch)
+            finally:
+                await writer.stop()
+
+        asyncio.run(scenario())
+        with storage.engine.connect() as connection:
+            assert connection.execute(select(queue_events.c.id)).all().__len__() == 2
+        assert queue_store.count_events(storage.engine, "q") == {"delivered": 300, "acked": 1}
+        assert [e["kind"] for e in queue_store.events_for(storage.engine, "q", 250)] == ["delivered", "acked"]
+        assert [e["offset"] for e in queue_store.events_for(storage.engine, "q", 399)] == [399]
+        assert queue_store.events_for(storage.engine, "q", 400) == []
+        assert [e["offset"] for e in queue_store.events_for(storage.engine, "q")][:3] == [100, 101, 102]
+    finally:
+        storage.close()
+
+
+def test_a_transient_message_row_is_never_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The message row (its properties JSON above all) is built by the writer, and only for a
+    message that is written: not on the event loop, and not for one settled within its commit."""
+    built: list[int] = []
+    real = queue_store.message_row
+
+    def counting(queue: str, offset: int, *rest: Any) -> dict[str, Any]:
+        built.append(offset)
+        return real(queue, offset, *rest)
+
+    monkeypatch.setattr(queue_store, "message_row", counting)
+    batch = _settled_in_one_batch()
+    assert built == []  # staged, not built
+    applied = writer_module._merged([Receipt(batch, None, None)])
+    writer_module._message_tuples(applied, ["queue", "offset"])
+    assert built == [2]

@@ -57,6 +57,7 @@ TABLES: dict[str, dict[str, str]] = {
         "kind": "string",
         "attempt": "int",
         "reason": "string",
+        "span": "int",  # the row stands for this many consecutive offsets (expand_spans)
     },
 }
 # Numeric column each large table is sliced on for parallel JDBC reads.
@@ -128,7 +129,30 @@ def _where(table: str, selection: Selection) -> str:
 def _typed(frame: DataFrame, table: str) -> DataFrame:
     from pyspark.sql import functions as F
 
-    return frame.select(*[F.col(c).cast(t).alias(c) for c, t in TABLES[table].items()])
+    present = set(frame.columns)
+    return frame.select(
+        *[
+            # an export made before event spans (migration 0007) has single events only
+            (F.col(c) if c in present else F.lit(1)).cast(t).alias(c)
+            for c, t in TABLES[table].items()
+        ]
+    )
+
+
+def replayed_columns(table: str) -> dict[str, str]:
+    """The columns the replay sees of ``table``: as read, less ``span`` (``expand_spans`` took it)."""
+    return {c: t for c, t in TABLES[table].items() if c != "span"}
+
+
+def expand_spans(events: DataFrame) -> DataFrame:
+    """One row per event: a row spanning ``span`` consecutive offsets (``schema.queue_events``)
+    becomes that many rows, one per offset, with the same id (their order is the offsets')."""
+    from pyspark.sql import functions as F
+
+    offsets = F.when(
+        F.col("span") > 1, F.sequence(F.col("offset"), F.col("offset") + F.col("span") - 1)
+    ).otherwise(F.array(F.col("offset")))
+    return events.withColumn("offset", F.explode(offsets)).drop("span")
 
 
 def read_jdbc(
@@ -204,9 +228,12 @@ def read_tables(
     if (storage_url is None) == (parquet is None):
         raise ValueError("read from exactly one of a storage URL and a Parquet export")
     if parquet is not None:
-        return {t: read_parquet(spark, parquet, t, selection) for t in TABLES}
-    assert storage_url is not None
-    return {t: read_jdbc(spark, storage_url, t, selection) for t in TABLES}
+        tables = {t: read_parquet(spark, parquet, t, selection) for t in TABLES}
+    else:
+        assert storage_url is not None
+        tables = {t: read_jdbc(spark, storage_url, t, selection) for t in TABLES}
+    tables["queue_events"] = expand_spans(tables["queue_events"])
+    return tables
 
 
 def spark_session(

@@ -13,7 +13,14 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, delete, func, insert, select, text, update
 
 from trimaran.broker.message import Message
-from trimaran.storage.schema import queue_events, queue_groups, queue_messages, queue_pending, queues
+from trimaran.storage.schema import (
+    SPAN_MAX,
+    queue_events,
+    queue_groups,
+    queue_messages,
+    queue_pending,
+    queues,
+)
 from trimaran.storage.serialize import message_from, properties_json
 
 Call = Callable[[Connection], Any]
@@ -40,6 +47,35 @@ def message_row(
         "publisher": message.publisher_id,
         "protocol": message.protocol,
     }
+
+
+class MessageRow:
+    """A message's row, built when the writer writes it. A message published and settled within one
+    commit is never written (``writer._without_transients``), so its row, the properties JSON above
+    all, is never built either, and the event loop never builds any: the writer thread does."""
+
+    __slots__ = ("expires_at", "message", "offset", "published_at", "queue", "routing_key")
+
+    def __init__(
+        self,
+        queue: str,
+        offset: int,
+        message: Message,
+        routing_key: str,
+        published_at: int,
+        expires_at: int | None,
+    ) -> None:
+        self.queue = queue
+        self.offset = offset
+        self.message = message  # never changed once published (copies are made with copy_with)
+        self.routing_key = routing_key
+        self.published_at = published_at
+        self.expires_at = expires_at
+
+    def row(self) -> dict[str, Any]:
+        return message_row(
+            self.queue, self.offset, self.message, self.routing_key, self.published_at, self.expires_at
+        )
 
 
 def row_message(row: Any) -> Message:
@@ -188,20 +224,37 @@ def iter_messages(engine: Engine, queue: str, page: int = 1000, after: int = -1)
 
 
 def count_events(engine: Engine, queue: str | None = None) -> dict[str, int]:
-    """Events per kind (tests and the admin API)."""
+    """Events per kind (tests and the admin API); a row counts as the events it spans."""
     with engine.connect() as connection:
-        stmt = select(queue_events.c.kind, func.count()).group_by(queue_events.c.kind)
+        stmt = select(queue_events.c.kind, func.sum(queue_events.c.span)).group_by(queue_events.c.kind)
         if queue is not None:
             stmt = stmt.where(queue_events.c.queue == queue)
         return {str(kind): int(n) for kind, n in connection.execute(stmt).all()}
 
 
 def events_for(engine: Engine, queue: str, offset: int | None = None) -> list[dict[str, Any]]:
+    """A queue's events (of one offset) in order, one dict per event: spans are expanded."""
     with engine.connect() as connection:
         stmt = select(queue_events).where(queue_events.c.queue == queue).order_by(queue_events.c.id)
         if offset is not None:
-            stmt = stmt.where(queue_events.c.offset == offset)
-        return [dict(row._mapping) for row in connection.execute(stmt).all()]
+            stmt = stmt.where(
+                queue_events.c.offset > offset - SPAN_MAX,
+                queue_events.c.offset <= offset,
+                queue_events.c.offset + queue_events.c.span > offset,
+            )
+        events = [e for row in connection.execute(stmt).all() for e in expand_event(dict(row._mapping))]
+        return events if offset is None else [e for e in events if e["offset"] == offset]
+
+
+def expand_event(event: dict[str, Any]) -> list[dict[str, Any]]:
+    """An event row (or a journal's event) as one event per offset it spans, without ``span``."""
+    span = event.get("span", 1)
+    if "span" in event:
+        event = {key: value for key, value in event.items() if key != "span"}
+    first = event["offset"]
+    if span == 1 or first is None:
+        return [event]
+    return [{**event, "offset": first + i} for i in range(span)]
 
 
 def stored_offsets(engine: Engine, queue: str) -> list[int]:

@@ -144,7 +144,10 @@ queue_pending = Table(
 )
 
 # Append-only history of every state change: what the Spark audit replays. ``reason`` explains a
-# delivery (first, timeout, nack, disconnect, restart), a rejection, a dead-lettering or a drop.
+# delivery (first, timeout, nack, disconnect, restart), a rejection, a dead-lettering or a drop. A
+# row stands for ``span`` events (migration 0007): the same kind, moment, queue, group, consumer,
+# node, attempt and reason on the consecutive offsets ``offset`` .. ``offset + span - 1`` (a run of
+# publishes, a dispatch's deliveries, a multiple ack), so a message costs a fraction of a row.
 queue_events = Table(
     "queue_events",
     metadata,
@@ -158,7 +161,10 @@ queue_events = Table(
     Column("kind", String(16), nullable=False),
     Column("attempt", Integer, nullable=True),
     Column("reason", Text, nullable=True),
+    Column("span", Integer, nullable=False, server_default="1"),
 )
+# The longest span a row may have: a lookup by offset reads the index from ``offset - SPAN_MAX``.
+SPAN_MAX = 1024
 Index("ix_queue_events_queue_offset", queue_events.c.queue, queue_events.c.offset)
 Index("ix_queue_pending_claim", queue_pending.c.queue, queue_pending.c.group, queue_pending.c.available_at)
 

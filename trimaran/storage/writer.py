@@ -16,7 +16,10 @@ submission is retried alone so that one bad submission cannot fail its neighbour
 
 Pending entries and group cursors are written as final states: within one transaction only the last
 state of a key counts (a delivery acknowledged in the same batch writes nothing but the delete), and a
-message appended and deleted in the same transaction is written not at all (its events still are).
+message appended and deleted in the same transaction is written not at all, nor is its row built, nor
+the delete of a pending entry it cannot have had (its events still are). Adjacent events on
+consecutive offsets that differ in nothing else are written as one row spanning them (a run of
+publishes, a dispatch's deliveries, a multiple ack): a message costs a fraction of an event row.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ import anyio.from_thread
 import anyio.lowlevel
 from sqlalchemy import Connection, Engine
 
-from trimaran.storage.schema import queue_events, queue_groups, queue_messages, queue_pending
+from trimaran.storage.queue_store import MessageRow
+from trimaran.storage.schema import SPAN_MAX, queue_events, queue_groups, queue_messages, queue_pending
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +50,10 @@ GroupKey = tuple[str, str]
 
 @dataclass(slots=True)
 class WriteBatch:
-    """Changes that commit together. Rows are plain dicts keyed by column name."""
+    """Changes that commit together. Rows are plain dicts keyed by column name; a message's row is
+    built by the writer (:class:`MessageRow`), only if it is written."""
 
-    messages: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[MessageRow] = field(default_factory=list)
     message_deletes: list[tuple[str, int]] = field(default_factory=list)
     pending: dict[PendingKey, dict[str, Any] | None] = field(default_factory=dict)
     groups: dict[GroupKey, dict[str, Any] | None] = field(default_factory=dict)
@@ -353,16 +358,23 @@ def _merged(run: list[Receipt]) -> WriteBatch:
 def _without_transients(batch: WriteBatch) -> WriteBatch:
     """Drop the messages appended and deleted in the same transaction (published, delivered and
     settled within one commit): their insert and delete would cancel out. A delete of a message
-    written by an earlier transaction stays. Calls run before rows, so none can see the dropped rows;
-    the events of those messages are kept, for the audit."""
+    written by an earlier transaction stays. So does the delete of its pending entries: a delivery's
+    rows are submitted after its message's, so a message first written here has no pending row
+    before this transaction, and a pending entry it ends with none needs no statement. Calls run
+    before rows, so none can see the dropped rows; the events of those messages are kept, for the
+    audit."""
     deleted = set(batch.message_deletes)
-    transient = {key for row in batch.messages if (key := (row["queue"], row["offset"])) in deleted}
+    transient = {key for m in batch.messages if (key := (m.queue, m.offset)) in deleted}
     if not transient:
         return batch
     return WriteBatch(
-        messages=[row for row in batch.messages if (row["queue"], row["offset"]) not in transient],
+        messages=[m for m in batch.messages if (m.queue, m.offset) not in transient],
         message_deletes=[key for key in batch.message_deletes if key not in transient],
-        pending=batch.pending,
+        pending={
+            key: row
+            for key, row in batch.pending.items()
+            if row is not None or (key[0], key[2]) not in transient
+        },
         groups=batch.groups,
         queue_next=batch.queue_next,
         events=batch.events,
@@ -528,9 +540,12 @@ class _PgSql:
             "queue_pending": f'DELETE FROM queue_pending WHERE queue = %s AND "group" = %s AND {span}',
         }
 
-    def insert(self, cursor: Any, table: str, rows: list[dict[str, Any]]) -> None:
-        sql, names = self.inserts[table]
-        cursor.execute(sql, [[row[n] for row in rows] for n in names])
+    def insert(self, cursor: Any, table: str, rows: list[tuple[Any, ...]]) -> None:
+        """``rows``: tuples in the table's column order (``id`` left out)."""
+        cursor.execute(self.inserts[table][0], [list(column) for column in zip(*rows, strict=True)])
+
+    def columns(self, table: str) -> list[str]:
+        return self.inserts[table][1]
 
     def delete(self, cursor: Any, table: str, keys: list[tuple[Any, ...]]) -> None:
         by_prefix: dict[tuple[Any, ...], list[int]] = {}
@@ -558,14 +573,14 @@ def _apply_pg(connection: Connection, batch: WriteBatch) -> None:
 
 def _apply_pg_statements(cursor: Any, sql: _PgSql, batch: WriteBatch) -> None:
     if batch.messages:
-        sql.insert(cursor, "queue_messages", batch.messages)
+        sql.insert(cursor, "queue_messages", _message_tuples(batch, sql.columns("queue_messages")))
     if batch.message_deletes:
         sql.delete(cursor, "queue_messages", batch.message_deletes)
     if batch.pending:
         sql.delete(cursor, "queue_pending", list(batch.pending))
         rows = [row for row in batch.pending.values() if row is not None]
         if rows:
-            sql.insert(cursor, "queue_pending", rows)
+            sql.insert(cursor, "queue_pending", _tuples(rows, sql.columns("queue_pending")))
     if batch.groups:
         _write_groups(cursor, "%s", batch)
     if batch.queue_next:
@@ -574,12 +589,56 @@ def _apply_pg_statements(cursor: Any, sql: _PgSql, batch: WriteBatch) -> None:
             [(v, n, v) for n, v in batch.queue_next.items()],
         )
     if batch.events:
-        sql.insert(cursor, "queue_events", batch.events)
+        sql.insert(cursor, "queue_events", _event_rows(batch.events))
 
 
 def _tuples(rows: list[dict[str, Any]], names: list[str]) -> list[tuple[Any, ...]]:
     get = itemgetter(*names)
     return [get(row) for row in rows]
+
+
+def _message_tuples(batch: WriteBatch, names: list[str]) -> list[tuple[Any, ...]]:
+    get = itemgetter(*names)
+    return [get(m.row()) for m in batch.messages]
+
+
+# An event's columns in the table's order, ``id`` left out; ``span`` is last, ``offset`` fourth.
+_EVENT_COLUMNS = [c.name for c in queue_events.columns if c.name != "id"]
+assert _EVENT_COLUMNS[-1] == "span" and _EVENT_COLUMNS[3] == "offset"
+_event_fields = itemgetter(*_EVENT_COLUMNS[:-1])
+
+
+def _event_rows(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """The events as rows in column order, adjacent events that differ only in a consecutive offset
+    made one row spanning them (at most ``SPAN_MAX``). Lossless: readers expand a span, and since
+    only neighbours join, the expanded rows are the events in their order."""
+    rows: list[tuple[Any, ...]] = []
+    last: tuple[Any, ...] | None = None  # the open run's first event
+    span = 0
+    for event in events:
+        row = _event_fields(event)
+        offset = row[3]
+        width = event.get("span", 1)  # the journal joins a change's own neighbours already
+        if (
+            last is not None
+            and offset is not None
+            and offset == last[3] + span
+            and span + width <= SPAN_MAX
+            and row[:3] == last[:3]
+            and row[4:] == last[4:]
+        ):
+            span += width
+            continue
+        if last is not None:
+            rows.append((*last, span))
+        if offset is None:
+            rows.append((*row, 1))
+            last = None
+        else:
+            last, span = row, width
+    if last is not None:
+        rows.append((*last, span))
+    return rows
 
 
 def _write_groups(cursor: Any, marker: str, batch: WriteBatch) -> None:
@@ -614,7 +673,7 @@ def apply(connection: Connection, batch: WriteBatch) -> list[Any]:
     cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
     try:
         if batch.messages:
-            sql.messages_in.run(cursor, _tuples(batch.messages, sql.message_cols))
+            sql.messages_in.run(cursor, _message_tuples(batch, sql.message_cols))
         if batch.message_deletes:
             sql.messages_out.run(cursor, batch.message_deletes)
         if batch.pending:
@@ -629,7 +688,7 @@ def apply(connection: Connection, batch: WriteBatch) -> list[Any]:
         if batch.queue_next:
             cursor.executemany(sql.queue_next, [(v, n, v) for n, v in batch.queue_next.items()])
         if batch.events:
-            sql.events_in.run(cursor, _tuples(batch.events, sql.event_cols))
+            sql.events_in.run(cursor, _event_rows(batch.events))
     finally:
         cursor.close()
     return results
