@@ -108,6 +108,7 @@ queue_messages = Table(
     Column("publisher", String(65535), nullable=True),
     Column("protocol", String(16), nullable=False),
     PrimaryKeyConstraint("queue", "offset"),
+    sqlite_with_rowid=False,  # one b-tree, its key's (migration 0008)
 )
 
 # Per consumer group: work mode's cursor (first offset never handed out) and a stream's committed
@@ -141,6 +142,7 @@ queue_pending = Table(
     Column("lease_until", BigInteger, nullable=True),
     Column("reason", String(16), nullable=True),  # why it waits: nack, timeout, disconnect, restart
     PrimaryKeyConstraint("queue", "group", "offset"),
+    sqlite_with_rowid=False,  # one b-tree, its key's, besides the claim index (migration 0008)
 )
 
 # Append-only history of every state change: what the Spark audit replays. ``reason`` explains a
