@@ -398,8 +398,8 @@ async def test_an_early_message_whose_write_fails_is_withdrawn(
     manager = make_manager()
     async with manager.running():
         await manager.declare("w")
-        real = queue_store.message_row
-        monkeypatch.setattr(queue_store, "message_row", lambda *a: {**real(*a), "offset": None})
+        real = queue_store.MessageRow.values
+        monkeypatch.setattr(queue_store.MessageRow, "values", lambda m: (m.queue, None, *real(m)[2:]))
         errors: list[QueueError | None] = []
         manager.publish_nowait("w", msg(b"lost", topic="$queue/w"), "", lambda _r, e: errors.append(e))
         await wait_until(lambda: bool(errors))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any
 
 import pytest
 from sqlalchemy import Connection, select
@@ -295,16 +294,20 @@ def test_spanning_rows_read_back_one_event_per_offset(storage_url: str) -> None:
 def test_a_transient_message_row_is_never_built(monkeypatch: pytest.MonkeyPatch) -> None:
     """The message row (its properties JSON above all) is built by the writer, and only for a
     message that is written: not on the event loop, and not for one settled within its commit."""
-    built: list[int] = []
-    real = queue_store.message_row
+    built: list[str | None] = []
+    real = queue_store.properties_json
 
-    def counting(queue: str, offset: int, *rest: Any) -> dict[str, Any]:
-        built.append(offset)
-        return real(queue, offset, *rest)
+    def counting(message: Message) -> str:
+        built.append(message.topic)
+        return real(message)
 
-    monkeypatch.setattr(queue_store, "message_row", counting)
+    monkeypatch.setattr(queue_store, "properties_json", counting)
     batch = _settled_in_one_batch()
+    batch.messages[1].message = Message("kept", b"x", qos=1)
     assert built == []  # staged, not built
     applied = writer_module._merged([Receipt(batch, None, None)])
-    writer_module._message_tuples(applied, ["queue", "offset"])
-    assert built == [2]
+    rows = writer_module._message_tuples(applied)
+    assert built == ["kept"]
+    assert [dict(zip(queue_store.MESSAGE_COLUMNS, row, strict=True)) for row in rows] == [
+        applied.messages[0].row()
+    ]

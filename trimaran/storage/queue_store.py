@@ -77,6 +77,23 @@ class MessageRow:
             self.queue, self.offset, self.message, self.routing_key, self.published_at, self.expires_at
         )
 
+    def values(self) -> tuple[Any, ...]:
+        """The row in ``MESSAGE_COLUMNS`` order, for the writer's statements."""
+        message = self.message
+        return (
+            self.queue, self.offset, message.topic, self.routing_key, message.payload, message.qos,
+            properties_json(message), self.published_at, self.expires_at, message.publisher_id,
+            message.protocol,
+        )  # fmt: skip
+
+
+# The order of MessageRow.values(): the table's own.
+MESSAGE_COLUMNS = (
+    "queue", "offset", "topic", "routing_key", "payload", "qos", "properties", "published_at",
+    "expires_at", "publisher", "protocol",
+)  # fmt: skip
+assert tuple(c.name for c in queue_messages.columns) == MESSAGE_COLUMNS
+
 
 def row_message(row: Any) -> Message:
     return message_from(row.topic, row.payload, row.qos, False, row.properties)
