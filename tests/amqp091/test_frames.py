@@ -21,8 +21,9 @@ from trimaran.amqp091.frames import (
     encode_content,
     encode_frame,
     encode_method,
+    write_content,
 )
-from trimaran.amqp091.properties import PROPERTY_TABLE, BasicProperties
+from trimaran.amqp091.properties import PROPERTY_TABLE, BasicProperties, encode_properties
 
 FRAME_END = b"\xce"
 
@@ -435,12 +436,25 @@ def test_a_whole_publish_decodes_in_one_step_as_its_three_frames_do() -> None:
     decoder = FrameDecoder(4096)
     decoder.feed(data)
     assert decoder.publish_channel() == 3
-    assert decoder.next_publish(1 << 20) == (PUBLISH, PROPS, b"body")
+    encoded = bytearray()
+    encode_properties(PROPS, encoded)
+    assert decoder.next_publish(1 << 20) == (PUBLISH, PROPS, b"body", bytes(encoded))
     assert decoder.next_frame() == HeartbeatFrame(0)  # what follows is left where it was
     empty = encode_content(2, PUBLISH, None, b"", frame_max=4096)
     decoder.feed(empty)
-    assert decoder.next_publish(1 << 20) == (PUBLISH, BasicProperties(), b"")
+    assert decoder.next_publish(1 << 20) == (PUBLISH, BasicProperties(), b"", b"\x00\x00")
     assert decoder.buffered == 0
+
+
+def test_encoded_properties_are_written_as_they_are() -> None:
+    """A content header given the property bytes a publisher sent is the header it sent."""
+    sent = encode_content(3, PUBLISH, PROPS, b"body", frame_max=4096)
+    decoder = FrameDecoder(4096)
+    decoder.feed(sent)
+    _, _, body, encoded = decoder.next_publish(1 << 20) or ((), (), b"", b"")
+    out = bytearray()
+    write_content(out, 3, PUBLISH, encoded, body, 4096)
+    assert bytes(out) == sent
 
 
 @pytest.mark.parametrize(

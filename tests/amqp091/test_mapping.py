@@ -10,10 +10,11 @@ from trimaran.amqp091.fields import FieldValue, Float32, Int8, Timestamp
 from trimaran.amqp091.mapping import (
     MappingError,
     delivery_address,
+    delivery_properties,
     message_from_content,
     properties_from_message,
 )
-from trimaran.amqp091.properties import BasicProperties
+from trimaran.amqp091.properties import BasicProperties, encode_properties
 from trimaran.broker.message import PROTOCOL_MQTT, Message
 from trimaran.storage.serialize import message_from, properties_json
 
@@ -113,3 +114,18 @@ def test_bad_expiration_is_refused() -> None:
         message_from_content(
             BasicProperties(expiration="soon"), b"", "t", exchange="", routing_key="t", publisher_id=None
         )
+
+
+def test_a_consumer_gets_the_publishers_property_bytes_until_the_message_changes() -> None:
+    """The bytes an AMQP 0.9.1 publisher sent go to its consumers as they are; a copy (a dead
+    letter, another topic) does not keep them and is mapped afresh, as is a message from MQTT."""
+    props = BasicProperties(content_type="text/plain", delivery_mode=2, headers={"n": 1})
+    message = message_from_content(props, b"x", "$queue/q", exchange="", routing_key="q", publisher_id="p")
+    encoded = bytearray()
+    encode_properties(props, encoded)
+    message.encoded_properties = bytes(encoded)
+    assert delivery_properties(message) == bytes(encoded)
+    assert delivery_properties(message.copy_with(topic="$queue/other")) == properties_from_message(message)
+    mqtt = Message("t", b"x", qos=1)
+    mqtt.encoded_properties = b"\x00\x00"  # not ours: never sent as AMQP 0.9.1 properties
+    assert delivery_properties(mqtt) == properties_from_message(mqtt)

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from trimaran.amqp091.mapping import delivery_address, properties_from_message
+from trimaran.amqp091.mapping import delivery_address, delivery_properties
 from trimaran.amqp091.properties import BasicProperties
 from trimaran.amqp091.spec import PRECONDITION_FAILED, BasicDeliver, BasicGetOk, BasicPublish, ProtocolError
 from trimaran.queue.manager import ConsumerHandle, QueueDelivery, settle_many_nowait
@@ -144,9 +144,7 @@ class ChannelState:
         tag = self.next_tag
         self.next_tag = tag + 1
         method = BasicDeliver(consumer.tag, tag, delivery.redelivered, exchange, key)
-        sent = conn.machine.send_content(
-            self.number, method, properties_from_message(message), message.payload
-        )
+        sent = conn.machine.send_content(self.number, method, delivery_properties(message), message.payload)
         if not sent:
             self._give_back(consumer, delivery)
             return
@@ -184,7 +182,7 @@ class ChannelState:
         exchange, key = delivery_address(delivery.message)
         method = BasicGetOk(tag, delivery.redelivered, exchange, key, message_count())
         self.conn.machine.send_content(
-            self.number, method, properties_from_message(delivery.message), delivery.message.payload
+            self.number, method, delivery_properties(delivery.message), delivery.message.payload
         )
         self.conn.front.broker.stats.messages_sent += 1
         if not getter.no_ack:

@@ -777,7 +777,7 @@ class ServerConnection:
         self,
         channel: int,
         method: Method,
-        properties: BasicProperties | None,
+        properties: BasicProperties | bytes | None,
         body: bytes | bytearray | memoryview,
     ) -> bool:
         """Queue basic.deliver / basic.get-ok / basic.return with its header and body frames,

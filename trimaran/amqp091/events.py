@@ -1,7 +1,7 @@
 """What the AMQP 0-9-1 machine (:class:`~trimaran.amqp091.connection.ServerConnection`) hands out
 through ``next_event()``, one at a time, in the order the frames arrived."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trimaran.amqp091.fields import FieldTable
 from trimaran.amqp091.frames import ProtocolHeader
@@ -107,6 +107,8 @@ class ContentReceived:
     method: Method
     properties: BasicProperties
     body: bytes
+    #: ``properties`` as the frame carried them (flag word and list), when read in one step
+    encoded_properties: bytes | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True)

@@ -159,12 +159,13 @@ class FrameDecoder:
         _, channel, _, index = _METHOD_HEAD.unpack_from(buf, pos)
         return channel if index == _PUBLISH_INDEX else 0
 
-    def next_publish(self, max_body_size: int) -> tuple[Method, BasicProperties, bytes] | None:
+    def next_publish(self, max_body_size: int) -> tuple[Method, BasicProperties, bytes, bytes] | None:
         """A basic.publish with its content header and its one body frame, decoded in one step
         when all three are buffered, well-formed and within the limits: what most messages are,
         three frames for one event. None leaves them to :meth:`next_frame`, which reads them one
         at a time and reports whatever is wrong exactly as it would have (call only after
-        :meth:`publish_channel` found a publish)."""
+        :meth:`publish_channel` found a publish). Last comes the properties' own bytes (flag word
+        and list), which a consumer can be sent as they are."""
         buf = self._buf
         pos = self._pos
         have = len(buf)
@@ -201,7 +202,8 @@ class FrameDecoder:
                     body = bytes(view[start + 7 : end])
         try:
             method = decode_method(bytes(buf[pos + 7 : method_end]), channel)
-            _, _, properties = decode_header_payload(bytes(buf[head + 7 : head_end]))
+            header = bytes(buf[head + 7 : head_end])
+            _, _, properties = decode_header_payload(header)
         except ProtocolError:
             return None
         if end + 1 == have:
@@ -209,7 +211,7 @@ class FrameDecoder:
             self._pos = 0
         else:
             self._pos = end + 1
-        return method, properties, body
+        return method, properties, body, header[_HEADER_FIELDS.size :]
 
     def next_frame(self) -> Frame | Literal[NeedData.NEED_DATA]:
         buf = self._buf
@@ -278,12 +280,21 @@ def write_method(out: bytearray, channel: int, method: Method) -> None:
 
 
 def write_content_header(
-    out: bytearray, channel: int, class_id: int, body_size: int, properties: BasicProperties | None
+    out: bytearray,
+    channel: int,
+    class_id: int,
+    body_size: int,
+    properties: BasicProperties | bytes | None,
 ) -> None:
+    """``properties``: to encode, or ``bytes`` already encoded (a publisher's own, see
+    ``Message.encoded_properties``)."""
     start = len(out)
     try:
         out += _HEADER_HEAD.pack(FRAME_HEADER, channel, 0, class_id, 0, body_size)
-        encode_properties(properties, out)
+        if type(properties) is bytes:
+            out += properties
+        else:
+            encode_properties(properties, out)  # type: ignore[arg-type]
     except (struct.error, ValueError, TypeError, AttributeError, OverflowError) as exc:
         del out[start:]
         raise EncodeError(f"cannot encode content header: {exc}") from exc
@@ -316,7 +327,7 @@ def write_content(
     out: bytearray,
     channel: int,
     method: Method,
-    properties: BasicProperties | None,
+    properties: BasicProperties | bytes | None,
     body: bytes | bytearray | memoryview,
     frame_max: int,
 ) -> None:

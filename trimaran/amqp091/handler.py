@@ -464,7 +464,7 @@ class Amqp091FrontEnd:
             channel.publish_seq += 1
             entry = conn.begin_confirm(channel, channel.publish_seq)
         try:
-            self.publish(conn, channel, method, event.properties, event.body, entry)
+            self.publish(conn, channel, method, event.properties, event.body, entry, event.encoded_properties)
         except spec.ProtocolError as exc:
             if entry is not None:
                 conn.drop_confirm(entry)
@@ -481,8 +481,10 @@ class Amqp091FrontEnd:
         props: BasicProperties,
         body: bytes,
         entry: Pending | None = None,
+        encoded: bytes | None = None,
     ) -> None:
-        """Route one basic.publish; ``entry`` (a confirm or a tx.commit) waits for its commits."""
+        """Route one basic.publish; ``entry`` (a confirm or a tx.commit) waits for its commits.
+        ``encoded``: ``props`` as the frame carried them, kept on the message for its consumers."""
         exchange, key = method.exchange, method.routing_key
         if not exchange and key.startswith(REPLY_PREFIX):
             if not self._direct_reply(key, props, body) and method.mandatory:
@@ -497,8 +499,9 @@ class Amqp091FrontEnd:
                     spec.PRECONDITION_FAILED, "fast reply consumer does not exist", class_id=60, method_id=40
                 )
             props = replace(props, reply_to=REPLY_PREFIX + channel.reply_token)
+            encoded = None  # no longer what the publisher sent
         if not exchange and key.startswith(QUEUE_PREFIX):
-            self._publish_cross(conn, channel, method, props, body, entry)
+            self._publish_cross(conn, channel, method, props, body, entry, encoded)
             return
         try:
             self.exchanges.check_publish(exchange)
@@ -524,6 +527,7 @@ class Amqp091FrontEnd:
             )
         except MappingError as exc:
             raise spec.ProtocolError(spec.PRECONDITION_FAILED, str(exc), class_id=60, method_id=40) from None
+        message.encoded_properties = encoded
         routed = 0
         if result.to_router:
             try:
@@ -558,6 +562,7 @@ class Amqp091FrontEnd:
         props: BasicProperties,
         body: bytes,
         entry: Pending | None,
+        encoded: bytes | None = None,
     ) -> None:
         """The default exchange with key ``$queue/<name>[/<key>]``: the cross-protocol namespace,
         where a queue is created on first use as for MQTT and AMQP 1.0 publishers
@@ -584,6 +589,7 @@ class Amqp091FrontEnd:
                 raise spec.ProtocolError(
                     spec.PRECONDITION_FAILED, str(exc), class_id=60, method_id=40
                 ) from None
+            message.encoded_properties = encoded
             sent = self._to_queue(channel, name, message, entry, sub_key)
         if sent:
             return

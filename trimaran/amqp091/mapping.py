@@ -200,6 +200,15 @@ def properties_from_message(message: Message, now: int | None = None) -> BasicPr
     )
 
 
+def delivery_properties(message: Message) -> BasicProperties | bytes:
+    """What a consumer is sent: an AMQP 0.9.1 publisher's own property bytes, unchanged (no copy of
+    the message keeps them, see ``Message.encoded_properties``), else the mapped properties."""
+    encoded = message.encoded_properties
+    if encoded is not None and message.protocol == PROTOCOL_AMQP091:
+        return encoded
+    return properties_from_message(message)
+
+
 def delivery_address(message: Message) -> tuple[str, str]:
     """(exchange, routing key) for basic.deliver: the AMQP publish's own, or one derived from the
     topic for a message that came from MQTT or AMQP 1.0."""
