@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import chain, islice
 from operator import itemgetter
 from typing import Any
 
@@ -376,6 +377,8 @@ def _without_transients(batch: WriteBatch) -> WriteBatch:
     before this transaction, and a pending entry it ends with none needs no statement. Calls run
     before rows, so none can see the dropped rows; the events of those messages are kept, for the
     audit."""
+    if max(offset for _, offset in batch.message_deletes) < min(m.offset for m in batch.messages):
+        return batch  # every delete is older than every append (the usual batch): none is transient
     deleted = set(batch.message_deletes)
     transient = {key for m in batch.messages if (key := (m.queue, m.offset)) in deleted}
     if not transient:
@@ -488,8 +491,8 @@ class _Chunked:
     def run(self, cursor: Any, rows: list[tuple[Any, ...]]) -> None:
         per = self.per
         whole = len(rows) - len(rows) % per
-        for start in range(0, whole, per):
-            cursor.execute(self.full, [value for row in rows[start : start + per] for value in row])
+        for start in range(0, whole, per):  # the rows' values in one flat list, flattened in C
+            cursor.execute(self.full, list(chain.from_iterable(islice(rows, start, start + per))))
         if whole < len(rows):
             cursor.executemany(self.one, rows[whole:])
 
@@ -614,10 +617,10 @@ def _message_tuples(batch: WriteBatch) -> list[tuple[Any, ...]]:
     return [m.values() for m in batch.messages]
 
 
-# An event's columns in the table's order, ``id`` left out; ``span`` is last, ``offset`` fourth.
+# An event's columns in the table's order, ``id`` left out: ``span`` is last, ``offset`` fourth.
 _EVENT_COLUMNS = [c.name for c in queue_events.columns if c.name != "id"]
 assert _EVENT_COLUMNS[-1] == "span" and _EVENT_COLUMNS[3] == "offset"
-_event_fields = itemgetter(*_EVENT_COLUMNS[:-1])
+_event_key = itemgetter(*(c for c in _EVENT_COLUMNS if c not in ("offset", "span")))
 
 
 def _event_rows(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
@@ -625,31 +628,24 @@ def _event_rows(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     made one row spanning them (at most ``SPAN_MAX``). Lossless: readers expand a span, and since
     only neighbours join, the expanded rows are the events in their order."""
     rows: list[tuple[Any, ...]] = []
-    last: tuple[Any, ...] | None = None  # the open run's first event
-    span = 0
+    key: tuple[Any, ...] | None = None  # the open run: its other columns, first offset, span
+    first = span = 0
     for event in events:
-        row = _event_fields(event)
-        offset = row[3]
+        offset = event["offset"]
         width = event.get("span", 1)  # the journal joins a change's own neighbours already
-        if (
-            last is not None
-            and offset is not None
-            and offset == last[3] + span
-            and span + width <= SPAN_MAX
-            and row[:3] == last[:3]
-            and row[4:] == last[4:]
-        ):
+        this = _event_key(event)
+        if offset is not None and offset == first + span and span + width <= SPAN_MAX and this == key:
             span += width
             continue
-        if last is not None:
-            rows.append((*last, span))
+        if key is not None:
+            rows.append((*key[:3], first, *key[3:], span))
         if offset is None:
-            rows.append((*row, 1))
-            last = None
+            rows.append((*this[:3], None, *this[3:], 1))
+            key = None
         else:
-            last, span = row, width
-    if last is not None:
-        rows.append((*last, span))
+            key, first, span = this, offset, width
+    if key is not None:
+        rows.append((*key[:3], first, *key[3:], span))
     return rows
 
 
