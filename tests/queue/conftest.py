@@ -108,9 +108,10 @@ class Rooms:
         if state.remove(offset) is None:
             return
         for group in state.groups.values():
-            if group.entries.pop(offset, None) is not None:
+            entry = group.entries.pop(offset, None)
+            if entry is not None:
                 group.unready(offset)
-                self.journal.pending_gone(ch, state, group, offset)
+                self.journal.pending_gone(ch, state, group, offset, entry)
         self.journal.removed(ch, state, offset)
         self.journal.event(ch, state, now, kind, offset=offset, reason=reason)
 

@@ -36,7 +36,7 @@ def test_rows_of_a_delivery() -> None:
         5, "q", "delivered", group="g", offset=0, consumer="c", node="local", attempt=1, reason="first"
     )
     ch = Changes()
-    journal.pending_gone(ch, state, group, 0)
+    journal.pending_gone(ch, state, group, 0, entry)
     journal.submit(ch)
     assert ("q", "g", 0) not in journal.pending_rows
 

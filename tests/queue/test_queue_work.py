@@ -556,3 +556,41 @@ async def test_a_delivery_released_unsent_is_not_a_redelivery(make_manager: Fact
         (again,) = second.deliveries
         assert again.message.payload == b"x" and not again.redelivered
         assert again.attempt == 2  # the journal still counts it
+
+
+async def test_a_lone_groups_first_delivery_keeps_no_row_and_comes_back_after_a_restart(
+    make_manager: Factory,
+) -> None:
+    """The queue's only group writes no pending row for a first delivery (its 'delivered' event
+    says it): held, acked or restarted, the rows are right. After a restart, a message below the
+    cursor with no row is one that was held: it comes back as a redelivery, as a held row would."""
+    first = make_manager()
+    async with first.running():
+        c = Collector("c")
+        h = first.consume("q", c)
+        h.add_credit(3)
+        for i in range(4):
+            await first.publish("q", msg(b"%d" % i))
+        await wait_until(lambda: len(c.deliveries) == 3)
+        await h.ack(0)
+        assert await h.nack(1, delay_s=0.0)
+        h.add_credit(1)
+        await wait_until(lambda: len(c.deliveries) == 4)  # 1 again: a second attempt has a row
+        engine = first.storage.engine
+
+        def rows() -> set[tuple[int, str, int]]:
+            return {(r["offset"], r["state"], r["attempts"]) for r in queue_store.pending_rows(engine, "q")}
+
+        await wait_until(lambda: rows() == {(1, "held", 2)})  # 2 is held without a row; 0 was acked
+    second = make_manager()
+    async with second.running():
+        assert second.info("q").groups["$default"].waiting == 2  # 1 and 2, held when it stopped
+        c2 = Collector("c2")
+        second.consume("q", c2).add_credit(10)
+        await wait_until(lambda: len(c2.deliveries) == 3)
+        got = {d.offset: (d.attempt, d.redelivered) for d in c2.deliveries}
+        assert got == {1: (3, True), 2: (2, True), 3: (1, False)}
+    events = queue_store.events_for(second.storage.engine, "q", 2)
+    assert [(e["kind"], e["reason"]) for e in events] == [
+        ("published", None), ("delivered", "first"), ("released", "restart"), ("delivered", "restart"),
+    ]  # fmt: skip

@@ -65,6 +65,9 @@ class Entry:
     token: int = 0  # bumped at each delivery; stale timer items carry an old token
     unsent: int = 0  # deliveries given back unsent (in memory): they do not make a redelivery
     returned: int = 0  # deliveries handed back unprocessed (AMQP 1.0 released): not failed attempts
+    # False for a first delivery the journal left without a row (WorkGroup.deliver): there is no
+    # row to delete when it is settled
+    stored: bool = True
 
     def failed(self) -> int:
         """Attempts that count towards ``max_attempts``: deliveries not given back unsent or

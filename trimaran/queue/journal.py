@@ -134,6 +134,7 @@ class Journal:
 
     def pending(self, ch: WriteBatch, state: QueueState, group: Group, offset: int, entry: Entry) -> None:
         """A pending entry's new state (only the last state of a key in a commit is written)."""
+        entry.stored = True
         if not state.durable:
             return
         held = entry.state == HELD
@@ -151,9 +152,11 @@ class Journal:
             "reason": entry.reason if entry.state == WAIT else None,
         }
 
-    def pending_gone(self, ch: WriteBatch, state: QueueState, group: Group, offset: int) -> None:
-        """The entry's row goes (an in-memory queue has none)."""
-        if state.durable:
+    def pending_gone(
+        self, ch: WriteBatch, state: QueueState, group: Group, offset: int, entry: Entry
+    ) -> None:
+        """The entry's row goes (an in-memory queue has none, nor has an entry never stored)."""
+        if state.durable and entry.stored:
             ch.pending[(state.name, group.name, offset)] = None
 
     def cursor(self, ch: WriteBatch, state: QueueState, group: Group) -> None:

@@ -59,9 +59,10 @@ class Letters:
             return
         journal = self.journal
         for group in state.groups.values():
-            if group.entries.pop(offset, None) is not None:
+            entry = group.entries.pop(offset, None)
+            if entry is not None:
                 group.unready(offset)
-                journal.pending_gone(ch, state, group, offset)
+                journal.pending_gone(ch, state, group, offset, entry)
         if kind == "expired":
             state.stats["expired"] += 1
             log.info("queue %s: message %d expired", state.name, offset)

@@ -483,6 +483,9 @@ class QueueManager:
                         group.make_ready(int(p.offset))
                     else:
                         heapq.heappush(group.delayed, (entry.available_at or 0, int(p.offset), 0))
+            alone = next(iter(state.groups.values())) if len(state.groups) == 1 else None
+            if isinstance(alone, WorkGroup):  # its held first deliveries had no rows
+                self._restarted.extend((alone, offset, entry) for offset, entry in alone.held_at_start(now))
             result.append(state)
         return result
 
@@ -937,6 +940,9 @@ class QueueManager:
             at = position(state, start if start is not None else default)
             grp = state.groups[name] = self._new_group(state, name, at, at)
             self.journal.cursor(ch, state, grp)
+            for other in state.groups.values():
+                if isinstance(other, WorkGroup) and other is not grp:
+                    other.store_held(ch)  # no longer alone: its held deliveries need their rows
         elif isinstance(grp, StreamGroup) and not grp.consumers:
             grp.resume(start)
         handle = ConsumerHandle(self, state, grp, consumer, routing_filter, auto_ack)

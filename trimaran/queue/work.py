@@ -76,8 +76,9 @@ class WorkGroup(Group):
                 stored = messages.get(offset)
                 if stored is None:
                     self.unready(offset)
-                    if self.entries.pop(offset, None) is not None:
-                        self.journal.pending_gone(ch, state, self, offset)
+                    gone = self.entries.pop(offset, None)
+                    if gone is not None:
+                        self.journal.pending_gone(ch, state, self, offset, gone)
                     continue
                 if expired(stored, now):
                     self.host.expire(state, offset, now, ch)
@@ -131,7 +132,7 @@ class WorkGroup(Group):
         if entry is None or entry.state != DONE:
             return False
         del self.entries[offset]
-        self.journal.pending_gone(ch, self.state, self, offset)
+        self.journal.pending_gone(ch, self.state, self, offset, entry)
         self.drop_if_finished(offset, ch)
         return True
 
@@ -158,11 +159,12 @@ class WorkGroup(Group):
                 journal.pending(ch, state, self, offset, done)
             elif entry is not None:
                 del self.entries[offset]
-                journal.pending_gone(ch, state, self, offset)
+                journal.pending_gone(ch, state, self, offset, entry)
             journal.event(ch, state, now, "acked", group=self, offset=offset, consumer=cid, attempt=attempt,
                           reason="auto")  # fmt: skip
             self.drop_if_finished(offset, ch)
         else:
+            first = entry is None
             if entry is None:
                 entry = Entry(HELD)
             entry.state = HELD
@@ -178,7 +180,12 @@ class WorkGroup(Group):
             host = self.host
             if not self.timed or deadline < host.wake_at:
                 host.due(state, self, deadline)
-            journal.pending(ch, state, self, offset, entry)
+            if first and self.alone():
+                # No row: the 'delivered' event says as much, and after a crash the load reads a
+                # message below the cursor with no row as this (manager._load, held_at_start).
+                entry.stored = False
+            else:
+                journal.pending(ch, state, self, offset, entry)
         handle.credit -= 1
         unsent = entry.unsent if entry is not None else 0
         returned = entry.returned if entry is not None else 0
@@ -281,8 +288,36 @@ class WorkGroup(Group):
             self.journal.pending(ch, state, self, offset, entry)
         else:
             del self.entries[offset]
-            self.journal.pending_gone(ch, state, self, offset)
+            self.journal.pending_gone(ch, state, self, offset, entry)
             self.drop_if_finished(offset, ch)
+
+    def alone(self) -> bool:
+        """The queue's only group, on one node: its first deliveries need no pending row, since a
+        message below its cursor with none can only be one it holds (every other way out of the
+        group removes the message). With two groups a message stays for the other, so rows are
+        written again (:meth:`store_held` writes those left out)."""
+        return not self.shared and len(self.state.groups) == 1
+
+    def store_held(self, ch: Changes) -> None:
+        """Rows for the held first deliveries written without one, now that the queue is no longer
+        this group's alone."""
+        for offset, entry in self.entries.items():
+            if not entry.stored:
+                self.journal.pending(ch, self.state, self, offset, entry)
+
+    def held_at_start(self, now: int) -> list[tuple[int, Entry]]:
+        """At load, the group alone: messages below the cursor with no entry were held by the last
+        process (first deliveries keep no row). They wait to be delivered again, as held rows do."""
+        restarted = []
+        for offset in self.state.messages:
+            if offset >= self.cursor:
+                break
+            if offset not in self.entries:
+                entry = Entry(WAIT, attempts=1, reason="restart", available_at=now)
+                self.entries[offset] = entry
+                self.make_ready(offset)
+                restarted.append((offset, entry))
+        return restarted
 
     def make_available(self, offset: int, entry: Entry, reason: str, at: int, now: int, ch: Changes) -> None:
         """Waiting to be delivered again at ``at`` (now, or after a retry delay)."""
