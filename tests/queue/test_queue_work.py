@@ -7,6 +7,7 @@ import threading
 
 import anyio
 import pytest
+from sqlalchemy import select
 
 from tests.queue.conftest import Collector, Factory, wait_until
 from trimaran.broker.message import Message
@@ -14,7 +15,7 @@ from trimaran.config import QueuePolicySettings
 from trimaran.queue import QueueError, ack_by_id
 from trimaran.queue.outcomes import ACK
 from trimaran.storage import queue_store
-from trimaran.storage.schema import queue_pending
+from trimaran.storage.schema import queue_events, queue_pending
 from trimaran.storage.writer import Receipt, WriteBatch
 
 pytestmark = pytest.mark.anyio
@@ -594,3 +595,63 @@ async def test_a_lone_groups_first_delivery_keeps_no_row_and_comes_back_after_a_
     assert [(e["kind"], e["reason"]) for e in events] == [
         ("published", None), ("delivered", "first"), ("released", "restart"), ("delivered", "restart"),
     ]  # fmt: skip
+
+
+async def test_a_turns_publishes_are_one_submission_confirmed_in_order(make_manager: Factory) -> None:
+    """Publishes to an early queue within one turn of the loop share one change: one submission,
+    one receipt, one event row for their run of offsets; each publisher is told in publish order
+    once it is committed."""
+    manager = make_manager()
+    async with manager.running():
+        await manager.declare("t")
+        told: list[tuple[int, QueueError | None]] = []
+        before = manager.writer.submissions
+        tickets = [
+            manager.publish_nowait(
+                "t", msg(b"%d" % i, topic="$queue/t"), "", lambda r, e: told.append((r.offset, e))
+            )
+            for i in range(5)
+        ]
+        assert len({id(t) for t in tickets}) == 1 and told == []
+        ticket = tickets[0]
+        assert ticket is not None
+        await ticket.wait()
+        assert told == [(i, None) for i in range(5)]
+        assert manager.writer.submissions == before + 1
+    with manager.storage.engine.connect() as connection:
+        columns = (queue_events.c.time, queue_events.c.offset, queue_events.c.span)
+        rows = connection.execute(select(*columns).where(queue_events.c.queue == "t")).all()
+    # one row for each millisecond the five publishes took (they rarely cross one)
+    assert len(rows) == len({time for time, _, _ in rows})
+    assert [o for _, first, span in rows for o in range(first, first + span)] == list(range(5))
+
+
+async def test_a_submission_later_in_the_turn_follows_the_turns_publishes(make_manager: Factory) -> None:
+    """A purge in the same turn as publishes is handed to the writer after their rows, so it
+    removes them; were it first, the rows would outlive it."""
+    manager = make_manager()
+    async with manager.running():
+        await manager.declare("p")
+        for i in range(3):
+            manager.publish_nowait("p", msg(b"%d" % i, topic="$queue/p"))
+        assert await manager.purge("p") == 3
+    assert queue_store.stored_offsets(manager.storage.engine, "p") == []
+
+
+async def test_a_turns_publishes_fail_together_and_are_withdrawn(
+    make_manager: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One change, one fate: every publisher of the turn hears of the failed write, and no
+    consumer gets the messages."""
+    manager = make_manager()
+    async with manager.running():
+        await manager.declare("f")
+        real = queue_store.MessageRow.values
+        monkeypatch.setattr(queue_store.MessageRow, "values", lambda m: (m.queue, None, *real(m)[2:]))
+        errors: list[QueueError | None] = []
+        for i in range(3):
+            manager.publish_nowait("f", msg(b"%d" % i, topic="$queue/f"), "", lambda _r, e: errors.append(e))
+        await wait_until(lambda: len(errors) == 3)
+        assert all(isinstance(e, QueueError) and e.reason == "storage" for e in errors)
+        monkeypatch.undo()
+        assert manager.info("f").depth == 0

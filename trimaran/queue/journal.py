@@ -84,6 +84,9 @@ class Journal:
         #: On the loop after every commit (and after a submission with nothing to write): the
         #: manager delivers what the commit made deliverable, once per batch.
         self.idle: Callable[[], None] | None = None
+        #: Called before anything is handed to the writer: the manager submits the publishes it
+        #: gathered this turn first, so that nothing submitted later overtakes them.
+        self.before_submit: Callable[[], None] | None = None
 
     # -- state changes ----------------------------------------------------------------------------
 
@@ -216,6 +219,8 @@ class Journal:
         after = ch.after
         if not ch.empty():
             assert self.writer is not None
+            if self.before_submit is not None:
+                self.before_submit()
             return self.writer.submit(ch, wait=wait, on_commit=_run_all(after) if after else None)
         if after:
             for f in after:
@@ -234,6 +239,8 @@ class Journal:
     ) -> Receipt:
         """A batch straight to the writer (claims, reservations, a publish's rows)."""
         assert self.writer is not None
+        if self.before_submit is not None:
+            self.before_submit()
         return self.writer.submit(batch, wait=wait, on_commit=on_commit, on_results=on_results)
 
     async def write(self, batch: WriteBatch, on_commit: Callable[[], Any] | None = None) -> list[Any]:

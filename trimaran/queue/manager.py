@@ -132,6 +132,17 @@ class PublishResult:
     message_id: str
 
 
+@dataclass(slots=True)
+class StagedPublish:
+    """A publish whose rows are in the turn's changes (``QueueManager._staging``): what it is told
+    once they are committed."""
+
+    state: QueueState
+    stored: StoredMessage
+    result: PublishResult
+    done: Callable[[PublishResult, QueueError | None], None] | None
+
+
 def parse_message_id(text: str) -> tuple[str, int]:
     queue, sep, offset = text.rpartition(":")
     if not sep or not queue or not offset.isdigit():
@@ -334,6 +345,11 @@ class QueueManager:
         #: Routes dead letters of queues with a dead_letter_exchange (set by the AMQP 0.9.1 front end).
         self.dead_letter_router: DeadLetterRouter | None = None
         self._restarted: list[tuple[WorkGroup, int, Entry]] = []
+        # This turn's early publishes (see _staging): their rows, what each waits for, their ticket
+        self._staged: Changes | None = None
+        self._staged_publishes: list[StagedPublish] = []
+        self._staged_ticket: Receipt | None = None
+        self.journal.before_submit = self._submit_staged
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -403,6 +419,7 @@ class QueueManager:
                         group.make_available(offset, entry, reason, now, now, release)
         if not release.empty():
             await self.journal.write(release)
+        self._submit_staged()
         self._started = False
         await self.writer.stop()
         key = self._running_key()
@@ -665,6 +682,13 @@ class QueueManager:
             if done is not None:
                 done(result, None)
             return None
+        if ch is self._staged:
+            # Its rows are in this turn's changes: confirmed (or withdrawn) with them, at the end
+            # of the turn's commit. Consumers get it at the end of the turn, after the rows.
+            self._staged_publishes.append(StagedPublish(state, stored, result, done))
+            self._deliverable(state, stored)
+            assert self._staged_ticket is not None
+            return self._staged_ticket
         early = self.early(state)
         if not early:
             state.inflight += 1
@@ -762,12 +786,13 @@ class QueueManager:
             raise QueueError("stopped", "the queue manager is not running")
         if message.retain:
             raise QueueError("retain", "a queue message cannot be retained")
-        ch = Changes()
-        state = self._get_or_create(queue, ch)
-        if not ch.empty():
-            # An auto-created queue's row goes ahead on its own: a refused publish must not lose it.
-            self.journal.send(ch)
+        state = self.queues.get(queue)
+        if state is None:
             ch = Changes()
+            state = self._get_or_create(queue, ch)
+            if not ch.empty():
+                # An auto-created queue's row goes ahead on its own: a refused publish must not lose it.
+                self.journal.send(ch)
         if state.deleted:
             raise QueueError("no-queue", f"queue {queue} was deleted")
         if state.durable and self.disk.low:
@@ -778,10 +803,12 @@ class QueueManager:
                 f"queue {queue}: disk free is below storage.min_free_bytes ({self.disk.free} left)",
             )
         policy = state.policy
+        limited = policy.max_length is not None or policy.max_length_bytes is not None
+        # A turn's publishes to early queues share one change (see _staging); a limited queue's
+        # publish keeps its own, whose drops must follow their dead letters (_check_limits).
+        ch = self._staging() if self.early(state) and not limited else Changes()
         # shared: this node does not see the whole queue
-        if (policy.max_length is not None or policy.max_length_bytes is not None) and not self.is_shared(
-            state
-        ):
+        if limited and not self.is_shared(state):
             try:
                 self._check_limits(state, len(message.payload), ch)
             except QueueError:
@@ -872,7 +899,51 @@ class QueueManager:
 
     def _flush_now(self) -> None:
         self._flush_soon = False
+        self._submit_staged()
         self._flush_dirty()
+
+    def _staging(self) -> Changes:
+        """The changes this turn's publishes to early queues (:meth:`early`) add their rows to:
+        one submission, one receipt and one event run for all of them instead of one each. It is
+        submitted at the end of the turn, before the deliveries' rows (:meth:`_flush_now`), and
+        before anything else is handed to the writer (``Journal.before_submit``), so nothing
+        submitted later overtakes it. The turn's publishes commit or fail together."""
+        ch = self._staged
+        if ch is None:
+            ch = self._staged = Changes()
+            self._staged_ticket = Receipt.standing_in()
+        return ch
+
+    def _submit_staged(self) -> None:
+        ch, publishes, ticket = self._staged, self._staged_publishes, self._staged_ticket
+        if ch is None or ticket is None:
+            return
+        self._staged, self._staged_publishes, self._staged_ticket = None, [], None
+        if ch.empty():  # every publish of the turn was refused after its rows' change was made
+            ticket.settle(None)
+            return
+
+        def finished(_results: list[Any]) -> None:
+            self._staged_done(publishes, ticket, receipt.error)
+
+        try:
+            receipt = self.journal.send(ch, on_results=finished)
+        except WriterError as exc:
+            self._staged_done(publishes, ticket, exc)
+
+    def _staged_done(
+        self, publishes: list[StagedPublish], ticket: Receipt, error: BaseException | None
+    ) -> None:
+        """A turn's publishes committed (or failed): say so to each, in order, then to the ticket."""
+        failed = None if error is None else QueueError("storage", str(error))
+        for publish in publishes:
+            if failed is None:
+                self._announce(publish.state, publish.stored)
+            else:
+                self._withdraw(publish.state, publish.stored.offset)
+            if publish.done is not None:
+                publish.done(publish.result, failed)
+        ticket.settle(error)
 
     def _withdraw(self, state: QueueState, offset: int) -> None:
         """An early message whose write failed: the publisher is told, and consumers do not get it
