@@ -655,3 +655,15 @@ async def test_a_turns_publishes_fail_together_and_are_withdrawn(
         assert all(isinstance(e, QueueError) and e.reason == "storage" for e in errors)
         monkeypatch.undo()
         assert manager.info("f").depth == 0
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_without_an_asyncio_loop_a_publish_is_submitted_at_once(make_manager: Factory) -> None:
+    """Under trio there is no end of the turn to wait for: the publish is its own change."""
+    manager = make_manager()
+    async with manager.running():
+        await manager.declare("t")
+        ticket = manager.publish_nowait("t", msg(b"x", topic="$queue/t"))
+        assert ticket is not None
+        await ticket.wait()
+        assert manager.info("t").depth == 1

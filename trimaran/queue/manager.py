@@ -685,10 +685,11 @@ class QueueManager:
         if ch is self._staged:
             # Its rows are in this turn's changes: confirmed (or withdrawn) with them, at the end
             # of the turn's commit. Consumers get it at the end of the turn, after the rows.
+            ticket = self._staged_ticket
+            assert ticket is not None
             self._staged_publishes.append(StagedPublish(state, stored, result, done))
-            self._deliverable(state, stored)
-            assert self._staged_ticket is not None
-            return self._staged_ticket
+            self._deliverable(state, stored)  # without a loop (trio), this submits the turn at once
+            return ticket
         early = self.early(state)
         if not early:
             state.inflight += 1
