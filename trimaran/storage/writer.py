@@ -224,9 +224,13 @@ class GroupCommitWriter:
                     self._cond.notify()
                 else:
                     # Wake the thread after the loop's turn: what the rest of this turn submits (the
-                    # other frames of the same read, other connections' reads) goes in the same commit.
+                    # other frames of the same read, other connections' reads) goes in the same
+                    # commit. Two hops: the callbacks this turn scheduled, the runtime's socket
+                    # writes among them, run first; woken sooner, the thread (on the same core)
+                    # took the core and then waited for the interpreter while a delivery was
+                    # still to be written (durable p50 at 1k msg/s 243 -> 210-215 µs).
                     self._wake_pending = True
-                    self._loop.call_soon(self._wake)
+                    self._loop.call_soon(self._loop.call_soon, self._wake)
         self.submissions += 1
         return receipt
 
