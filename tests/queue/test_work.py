@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.queue.conftest import Rooms, Taker
-from trimaran.queue.groups import DONE, HELD, WAIT
+from trimaran.queue.groups import DONE, HELD, WAIT, Deadlines
 from trimaran.queue.journal import Changes
 from trimaran.queue.outcomes import ACK, RELEASED, UNSENT, Commit, DeadLetter, Retry
 from trimaran.queue.work import WorkGroup
@@ -156,6 +156,34 @@ def test_visibility_timeout_brings_a_delivery_back() -> None:
     ch = Changes()
     group.run_due(3000, ch)  # its second time-out: attempts exhausted
     assert rooms.letters == [("q", "g", 0, 2, "max_attempts")]
+
+
+def test_deadlines_come_out_earliest_first_whatever_order_they_went_in() -> None:
+    """In order they queue (the usual case); one earlier than the last (a shortened time-out)
+    still comes out in time."""
+    deadlines = Deadlines()
+    for deadline, offset in ((100, 0), (200, 1), (150, 2), (300, 3), (120, 4)):
+        deadlines.push(deadline, offset, 1)
+    assert deadlines.first() == 100 and len(deadlines) == 5
+    assert sorted(deadlines.pop_due(160)) == [(0, 1), (2, 1), (4, 1)]
+    assert deadlines.first() == 200
+    assert deadlines.pop_due(199) == []
+    assert deadlines.pop_due(1000) == [(1, 1), (3, 1)] and deadlines.first() is None
+
+
+def test_settled_deliveries_do_not_pile_up_in_the_time_outs() -> None:
+    """Every delivery is timed; the items of settled ones are dropped once they outnumber the
+    entries, so the time-outs hold about what is held, not everything delivered in the last
+    time-out. A delivery still held keeps its time-out through it."""
+    _rooms, group, c = setup(5000, visibility_timeout_s=30.0)
+    take(group, c, now=0)  # offset 0 stays held
+    for now in range(1, 5000):
+        delivery = take(group, c, now=now)
+        assert settle(group, delivery.offset, ACK, c, now=now)
+    assert len(group.timeouts) <= 2 * len(group.entries) + 1025
+    ch = Changes()
+    assert group.run_due(30_000, ch)  # offset 0's time-out, kept through the compactions
+    assert group.entries[0].state == WAIT and group.entries[0].reason == "timeout"
 
 
 def test_a_late_settlement_of_a_timed_out_delivery_is_refused() -> None:

@@ -176,7 +176,10 @@ class WorkGroup(Group):
             entry.token += 1
             self.entries[offset] = entry
             deadline = now + int(state.policy.visibility_timeout_s * 1000)
-            heapq.heappush(self.timeouts, (deadline, offset, entry.token))
+            timeouts = self.timeouts
+            timeouts.push(deadline, offset, entry.token)
+            if len(timeouts) > 2 * len(self.entries) + 1024:  # mostly settled deliveries
+                timeouts.compact(self._holds)
             host = self.host
             if not self.timed or deadline < host.wake_at:
                 host.due(state, self, deadline)
@@ -381,13 +384,16 @@ class WorkGroup(Group):
 
     # -- timers -----------------------------------------------------------------------------------
 
+    def _holds(self, offset: int, token: int) -> bool:
+        """A time-out item still stands for a held delivery."""
+        entry = self.entries.get(offset)
+        return entry is not None and entry.state == HELD and entry.token == token
+
     def run_due(self, now: int, ch: Changes) -> bool:
         """Visibility time-outs and retry delays up to ``now``; True when something came back."""
         changed = False
         entries = self.entries
-        timeouts = self.timeouts
-        while timeouts and timeouts[0][0] <= now:
-            _, offset, token = heapq.heappop(timeouts)
+        for offset, token in self.timeouts.pop_due(now):
             entry = entries.get(offset)
             if entry is None or entry.state != HELD or entry.token != token:
                 continue
