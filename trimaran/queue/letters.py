@@ -219,7 +219,7 @@ class Letters:
             if dlq is None:
                 dlq = manager.declare_now(target, None, state.durable, ch)
             if manager.shared_offsets(dlq):
-                row = queue_store.message_row(target, 0, copy, stored.routing_key, now, None)
+                row = queue_store.MessageRow(target, 0, copy, stored.routing_key, now, None).row()
                 published = queue_store.event_row(
                     now,
                     target,

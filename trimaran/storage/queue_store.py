@@ -26,27 +26,12 @@ from trimaran.storage.serialize import message_from, properties_json
 Call = Callable[[Connection], Any]
 
 
-def message_row(
-    queue: str,
-    offset: int,
-    message: Message,
-    routing_key: str,
-    published_at: int,
-    expires_at: int | None,
-) -> dict[str, Any]:
-    return {
-        "queue": queue,
-        "offset": offset,
-        "topic": message.topic,
-        "routing_key": routing_key,
-        "payload": message.payload,
-        "qos": message.qos,
-        "properties": properties_json(message),
-        "published_at": published_at,
-        "expires_at": expires_at,
-        "publisher": message.publisher_id,
-        "protocol": message.protocol,
-    }
+# A message row's columns, in the table's order: MessageRow.values() gives them so.
+MESSAGE_COLUMNS = (
+    "queue", "offset", "topic", "routing_key", "payload", "qos", "properties", "published_at",
+    "expires_at", "publisher", "protocol",
+)  # fmt: skip
+assert tuple(c.name for c in queue_messages.columns) == MESSAGE_COLUMNS
 
 
 class MessageRow:
@@ -72,11 +57,6 @@ class MessageRow:
         self.published_at = published_at
         self.expires_at = expires_at
 
-    def row(self) -> dict[str, Any]:
-        return message_row(
-            self.queue, self.offset, self.message, self.routing_key, self.published_at, self.expires_at
-        )
-
     def values(self) -> tuple[Any, ...]:
         """The row in ``MESSAGE_COLUMNS`` order, for the writer's statements."""
         message = self.message
@@ -86,13 +66,8 @@ class MessageRow:
             message.protocol,
         )  # fmt: skip
 
-
-# The order of MessageRow.values(): the table's own.
-MESSAGE_COLUMNS = (
-    "queue", "offset", "topic", "routing_key", "payload", "qos", "properties", "published_at",
-    "expires_at", "publisher", "protocol",
-)  # fmt: skip
-assert tuple(c.name for c in queue_messages.columns) == MESSAGE_COLUMNS
+    def row(self) -> dict[str, Any]:
+        return dict(zip(MESSAGE_COLUMNS, self.values(), strict=True))
 
 
 def row_message(row: Any) -> Message:
