@@ -194,10 +194,8 @@ def test_batches_larger_than_one_statement_write_every_row(storage_url: str) -> 
         offsets = range(1100)
 
         def written() -> WriteBatch:
-            batch = WriteBatch()
+            batch = WriteBatch.joined([_rows("big", offset) for offset in offsets])
             for offset in offsets:
-                rows = _rows("big", offset)
-                batch.merge(rows)
                 for kind in ("published", "delivered", "acked"):
                     batch.events.append(queue_store.event_row(1, "big", kind, offset=offset))
             return batch

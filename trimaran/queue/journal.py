@@ -22,7 +22,6 @@ from trimaran.broker.message import now_ms
 from trimaran.queue.groups import HELD, WAIT, Entry, Group, QueueState, StoredMessage, policy_dict
 from trimaran.queue.policy import QueueError
 from trimaran.storage import queue_store
-from trimaran.storage.schema import SPAN_MAX
 from trimaran.storage.writer import Receipt, WriteBatch, WriterError
 
 if TYPE_CHECKING:
@@ -106,34 +105,11 @@ class Journal:
         """An audit row in ``queue_events`` for a durable queue (in-memory queues keep none). The
         next offset of the change's last event, alike in all else (a dispatch's deliveries, a
         multiple ack), widens that event's span instead (``schema.queue_events``)."""
-        if not state.durable:
-            return
-        events = ch.events
-        gname = None if group is None else group.name
-        if events and offset is not None:
-            last = events[-1]
-            first = last["offset"]
-            span = last.get("span", 1)
-            if (
-                first is not None
-                and first + span == offset
-                and span < SPAN_MAX
-                and last["kind"] == kind
-                and last["time"] == now
-                and last["consumer"] == consumer
-                and last["attempt"] == attempt
-                and last["reason"] == reason
-                and last["group"] == gname
-                and last["queue"] == state.name
-            ):
-                last["span"] = span + 1
-                return
-        events.append(
-            queue_store.event_row(
-                now, state.name, kind, group=gname, offset=offset, consumer=consumer, node=self.node,
-                attempt=attempt, reason=reason,
-            )
-        )  # fmt: skip
+        if state.durable:
+            queue_store.add_event(
+                ch.events, now, state.name, kind, group=None if group is None else group.name,
+                offset=offset, consumer=consumer, node=self.node, attempt=attempt, reason=reason,
+            )  # fmt: skip
 
     def pending(self, ch: WriteBatch, state: QueueState, group: Group, offset: int, entry: Entry) -> None:
         """A pending entry's new state (only the last state of a key in a commit is written)."""

@@ -30,7 +30,7 @@ import socket
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -141,6 +141,16 @@ class StagedPublish:
     stored: StoredMessage
     result: PublishResult
     done: Callable[[PublishResult, QueueError | None], None] | None
+
+
+@dataclass(slots=True)
+class Turn:
+    """This turn's publishes to early queues (``QueueManager._staging``): their one change, the
+    ticket each was handed, and what each is told once the change is committed."""
+
+    changes: Changes
+    ticket: Receipt
+    publishes: list[StagedPublish] = field(default_factory=list)
 
 
 def parse_message_id(text: str) -> tuple[str, int]:
@@ -345,10 +355,7 @@ class QueueManager:
         #: Routes dead letters of queues with a dead_letter_exchange (set by the AMQP 0.9.1 front end).
         self.dead_letter_router: DeadLetterRouter | None = None
         self._restarted: list[tuple[WorkGroup, int, Entry]] = []
-        # This turn's early publishes (see _staging): their rows, what each waits for, their ticket
-        self._staged: Changes | None = None
-        self._staged_publishes: list[StagedPublish] = []
-        self._staged_ticket: Receipt | None = None
+        self._turn: Turn | None = None  # this turn's early publishes (see _staging)
         self.journal.before_submit = self._submit_staged
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -682,14 +689,13 @@ class QueueManager:
             if done is not None:
                 done(result, None)
             return None
-        if ch is self._staged:
+        turn = self._turn
+        if turn is not None and ch is turn.changes:
             # Its rows are in this turn's changes: confirmed (or withdrawn) with them, at the end
             # of the turn's commit. Consumers get it at the end of the turn, after the rows.
-            ticket = self._staged_ticket
-            assert ticket is not None
-            self._staged_publishes.append(StagedPublish(state, stored, result, done))
+            turn.publishes.append(StagedPublish(state, stored, result, done))
             self._deliverable(state, stored)  # without a loop (trio), this submits the turn at once
-            return ticket
+            return turn.ticket
         early = self.early(state)
         if not early:
             state.inflight += 1
@@ -909,42 +915,38 @@ class QueueManager:
         submitted at the end of the turn, before the deliveries' rows (:meth:`_flush_now`), and
         before anything else is handed to the writer (``Journal.before_submit``), so nothing
         submitted later overtakes it. The turn's publishes commit or fail together."""
-        ch = self._staged
-        if ch is None:
-            ch = self._staged = Changes()
-            self._staged_ticket = Receipt.standing_in()
-        return ch
+        if self._turn is None:
+            self._turn = Turn(Changes(), Receipt.standing_in())
+        return self._turn.changes
 
     def _submit_staged(self) -> None:
-        ch, publishes, ticket = self._staged, self._staged_publishes, self._staged_ticket
-        if ch is None or ticket is None:
+        turn = self._turn
+        if turn is None:
             return
-        self._staged, self._staged_publishes, self._staged_ticket = None, [], None
-        if ch.empty():  # every publish of the turn was refused after its rows' change was made
-            ticket.settle(None)
+        self._turn = None  # before send(), whose before_submit calls this again
+        if turn.changes.empty():  # every publish of the turn was refused after the change was made
+            turn.ticket.settle(None)
             return
 
         def finished(_results: list[Any]) -> None:
-            self._staged_done(publishes, ticket, receipt.error)
+            self._staged_done(turn, receipt.error)
 
         try:
-            receipt = self.journal.send(ch, on_results=finished)
+            receipt = self.journal.send(turn.changes, on_results=finished)
         except WriterError as exc:
-            self._staged_done(publishes, ticket, exc)
+            self._staged_done(turn, exc)
 
-    def _staged_done(
-        self, publishes: list[StagedPublish], ticket: Receipt, error: BaseException | None
-    ) -> None:
+    def _staged_done(self, turn: Turn, error: BaseException | None) -> None:
         """A turn's publishes committed (or failed): say so to each, in order, then to the ticket."""
         failed = None if error is None else QueueError("storage", str(error))
-        for publish in publishes:
+        for publish in turn.publishes:
             if failed is None:
                 self._announce(publish.state, publish.stored)
             else:
                 self._withdraw(publish.state, publish.stored.offset)
             if publish.done is not None:
                 publish.done(publish.result, failed)
-        ticket.settle(error)
+        turn.ticket.settle(error)
 
     def _withdraw(self, state: QueueState, offset: int) -> None:
         """An early message whose write failed: the publisher is told, and consumers do not get it

@@ -394,11 +394,9 @@ class WorkGroup(Group):
         changed = False
         entries = self.entries
         for offset, token in self.timeouts.pop_due(now):
-            entry = entries.get(offset)
-            if entry is None or entry.state != HELD or entry.token != token:
-                continue
-            self.release(offset, entry, "timeout", now, ch)
-            changed = True
+            if self._holds(offset, token):  # else settled or delivered again since
+                self.release(offset, entries[offset], "timeout", now, ch)
+                changed = True
         delayed = self.delayed
         while delayed and delayed[0][0] <= now:
             _, offset, token = heapq.heappop(delayed)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, delete, func, insert, select, text, update
@@ -97,6 +98,49 @@ def event_row(
         "attempt": attempt,
         "reason": reason,
     }
+
+
+# Events on consecutive offsets are one run, one row, when every other column (``span`` aside) is
+# alike: these, in the table's order. The journal widens a change's last event by this key
+# (add_event) and the writer joins a batch's neighbours by it (writer._event_rows).
+RUN_COLUMNS = ("time", "queue", "group", "consumer", "node", "kind", "attempt", "reason")
+assert tuple(c.name for c in queue_events.columns if c.name not in ("id", "offset", "span")) == RUN_COLUMNS
+run_key = itemgetter(*RUN_COLUMNS)
+
+
+def add_event(
+    events: list[dict[str, Any]],
+    time_ms: int,
+    queue: str,
+    kind: str,
+    *,
+    group: str | None,
+    offset: int | None,
+    consumer: str | None,
+    node: str | None,
+    attempt: int | None,
+    reason: str | None,
+) -> None:
+    """Append an event to a change's ``events``, or widen the last one's span when this is the
+    next offset of its run (a dispatch's deliveries, a multiple ack): no dict for it."""
+    if events and offset is not None:
+        last = events[-1]
+        first = last["offset"]
+        span = last.get("span", 1)
+        if (
+            first is not None
+            and first + span == offset
+            and span < SPAN_MAX
+            and run_key(last) == (time_ms, queue, group, consumer, node, kind, attempt, reason)
+        ):
+            last["span"] = span + 1
+            return
+    events.append(
+        event_row(
+            time_ms, queue, kind, group=group, offset=offset, consumer=consumer, node=node,
+            attempt=attempt, reason=reason,
+        )
+    )  # fmt: skip
 
 
 # -- calls run by the writer ----------------------------------------------------------------------

@@ -40,7 +40,7 @@ import anyio.from_thread
 import anyio.lowlevel
 from sqlalchemy import Connection, Engine
 
-from trimaran.storage.queue_store import MessageRow
+from trimaran.storage.queue_store import MESSAGE_COLUMNS, RUN_COLUMNS, MessageRow, run_key
 from trimaran.storage.schema import SPAN_MAX, queue_events, queue_groups, queue_messages, queue_pending
 
 log = logging.getLogger(__name__)
@@ -85,16 +85,23 @@ class WriteBatch:
             or self.calls
         )
 
-    def merge(self, other: WriteBatch) -> None:
-        self.messages.extend(other.messages)
-        self.message_deletes.extend(other.message_deletes)
-        self.pending.update(other.pending)
-        self.groups.update(other.groups)
-        for name, value in other.queue_next.items():
-            if value > self.queue_next.get(name, -1):
-                self.queue_next[name] = value
-        self.events.extend(other.events)
-        self.calls.extend(other.calls)
+    @classmethod
+    def joined(cls, batches: list[WriteBatch]) -> WriteBatch:
+        """The batches as one, in order (a later state of a key wins): one pass per kind of row."""
+        joined = cls(
+            messages=[m for b in batches for m in b.messages],
+            message_deletes=[key for b in batches for key in b.message_deletes],
+            pending={key: row for b in batches for key, row in b.pending.items()},
+            groups={key: row for b in batches for key, row in b.groups.items()},
+            events=[event for b in batches for event in b.events],
+            calls=[call for b in batches for call in b.calls],
+        )
+        queue_next = joined.queue_next
+        for b in batches:
+            for name, value in b.queue_next.items():
+                if value > queue_next.get(name, -1):
+                    queue_next[name] = value
+        return joined
 
 
 class WriterError(Exception):
@@ -354,22 +361,7 @@ def _merged(run: list[Receipt]) -> WriteBatch:
     if len(run) == 1:
         batch = run[0].batch
         return _without_transients(batch) if batch.messages and batch.message_deletes else batch
-    # One pass per kind of row over the run (what a merge() per submission does, for less).
-    batches = [receipt.batch for receipt in run]
-    merged = WriteBatch(
-        messages=[m for b in batches for m in b.messages],
-        message_deletes=[key for b in batches for key in b.message_deletes],
-        pending={key: row for b in batches for key, row in b.pending.items()},
-        groups={key: row for b in batches for key, row in b.groups.items()},
-        events=[event for b in batches for event in b.events],
-    )
-    queue_next = merged.queue_next
-    for b in batches:
-        for name, value in b.queue_next.items():
-            if value > queue_next.get(name, -1):
-                queue_next[name] = value
-    # calls start a run (_runs): only the first submission of a run can have any
-    merged.calls = batches[0].calls
+    merged = WriteBatch.joined([receipt.batch for receipt in run])
     return _without_transients(merged) if merged.messages and merged.message_deletes else merged
 
 
@@ -438,10 +430,16 @@ def _complete(receipts: list[Receipt]) -> None:
 # processing costs about as much as SQLite's own insert, and these rows are plain ints, str and bytes.
 
 
+# An event's columns in the table's order, ``id`` left out: the run's key with ``offset`` fourth
+# and ``span`` last (a row is built as key[:3], offset, key[3:], span).
+_EVENT_COLUMNS = [c.name for c in queue_events.columns if c.name != "id"]
+assert [*RUN_COLUMNS[:3], "offset", *RUN_COLUMNS[3:], "span"] == _EVENT_COLUMNS
+
+
 class _Sql:
     def __init__(self, marker: str) -> None:
-        def cols(table: Any, skip: tuple[str, ...] = ()) -> list[str]:
-            return [c.name for c in table.columns if c.name not in skip]
+        def cols(table: Any) -> list[str]:
+            return [c.name for c in table.columns]
 
         def ins(table: Any, names: list[str]) -> str:
             quoted = ", ".join(f'"{n}"' for n in names)
@@ -450,9 +448,9 @@ class _Sql:
         def where(names: list[str]) -> str:
             return " AND ".join(f'"{n}" = {marker}' for n in names)
 
-        self.message_cols = cols(queue_messages)
+        self.message_cols = list(MESSAGE_COLUMNS)
         self.pending_cols = cols(queue_pending)
-        self.event_cols = cols(queue_events, ("id",))
+        self.event_cols = _EVENT_COLUMNS
         keys = ("queue", "group", "offset")
         updates = ", ".join(f'"{n}" = excluded."{n}"' for n in self.pending_cols if n not in keys)
         # SQLite: many rows a statement. executemany steps once a row, and that per-row round
@@ -621,12 +619,6 @@ def _message_tuples(batch: WriteBatch) -> list[tuple[Any, ...]]:
     return [m.values() for m in batch.messages]
 
 
-# An event's columns in the table's order, ``id`` left out: ``span`` is last, ``offset`` fourth.
-_EVENT_COLUMNS = [c.name for c in queue_events.columns if c.name != "id"]
-assert _EVENT_COLUMNS[-1] == "span" and _EVENT_COLUMNS[3] == "offset"
-_event_key = itemgetter(*(c for c in _EVENT_COLUMNS if c not in ("offset", "span")))
-
-
 def _event_rows(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     """The events as rows in column order, adjacent events that differ only in a consecutive offset
     made one row spanning them (at most ``SPAN_MAX``). Lossless: readers expand a span, and since
@@ -637,7 +629,7 @@ def _event_rows(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     for event in events:
         offset = event["offset"]
         width = event.get("span", 1)  # the journal joins a change's own neighbours already
-        this = _event_key(event)
+        this = run_key(event)
         if offset is not None and offset == first + span and span + width <= SPAN_MAX and this == key:
             span += width
             continue
