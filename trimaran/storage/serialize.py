@@ -57,9 +57,33 @@ def _restore(value: Any) -> Any:
     return value
 
 
+# AMQP 0.9.1 messages carry the property bytes their publisher sent (Message.encoded_properties),
+# and a publisher sends the same bytes again and again. Their JSON differs only in created_at_ms,
+# so it is built once per (bytes, exchange, routing key, publisher), not once per message.
+_SHAPES: dict[tuple[bytes, object, object, str | None], str] = {}
+_SHAPES_MAX = 1024
+
+
 def properties_json(message: Message) -> str:
     """Everything but topic, payload, qos and retain, as compact JSON (absent fields left out)."""
-    props: dict[str, Any] = {"protocol": message.protocol, "created_at_ms": message.created_at_ms}
+    encoded = message.encoded_properties
+    if encoded is None or message.expires_at_ms is not None:  # expires_at_ms: per message
+        return _json(message)
+    extra = message.extra
+    key = (encoded, extra.get("exchange"), extra.get("routing_key"), message.publisher_id)
+    shape = _SHAPES.get(key)
+    if shape is None:
+        if len(_SHAPES) >= _SHAPES_MAX:
+            _SHAPES.clear()
+        text = _json(message, created_at=False)
+        shape = _SHAPES[key] = text[: -len("}")]
+    return f'{shape},"created_at_ms":{message.created_at_ms}}}'
+
+
+def _json(message: Message, *, created_at: bool = True) -> str:
+    props: dict[str, Any] = {"protocol": message.protocol}
+    if created_at:
+        props["created_at_ms"] = message.created_at_ms
     if message.content_type is not None:
         props["content_type"] = message.content_type
     if message.correlation_data is not None:
