@@ -136,8 +136,12 @@ class QueueDelivery:
     group: str
     attempt: int
     redelivered: bool
-    message_id: str
     failed: int = 0  # earlier deliveries that failed (not released unprocessed): AMQP 1.0 delivery-count
+
+    @property
+    def message_id(self) -> str:
+        """Made when asked (MQTT's delivery tag, the forwarded headers): AMQP 0.9.1 never asks."""
+        return message_id(self.queue, self.offset)
 
     @property
     def original_topic(self) -> str:

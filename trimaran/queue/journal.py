@@ -107,8 +107,8 @@ class Journal:
         multiple ack), widens that event's span instead (``schema.queue_events``)."""
         if state.durable:
             queue_store.add_event(
-                ch.events, now, state.name, kind, group=None if group is None else group.name,
-                offset=offset, consumer=consumer, node=self.node, attempt=attempt, reason=reason,
+                ch.events, now, state.name, kind, None if group is None else group.name, offset, consumer,
+                self.node, attempt, reason,
             )  # fmt: skip
 
     def pending(self, ch: WriteBatch, state: QueueState, group: Group, offset: int, entry: Entry) -> None:
@@ -142,7 +142,13 @@ class Journal:
         """A group's cursor or committed offset moved. Shared: claims make the row; cursors are unused."""
         if not state.durable or self.shared:
             return
-        ch.groups[(state.name, group.name)] = {
+        key = (state.name, group.name)
+        row = ch.groups.get(key)
+        if row is not None:  # a dispatch moves it once per delivery: one row per change
+            row["cursor"] = group.cursor
+            row["committed"] = group.committed
+            return
+        ch.groups[key] = {
             "queue": state.name,
             "group": group.name,
             "cursor": group.cursor,

@@ -60,7 +60,7 @@ from trimaran.queue.groups import (
 )
 from trimaran.queue.journal import Changes, Journal, Receipt, committed
 from trimaran.queue.letters import DeadLetterRouter, Letters
-from trimaran.queue.outcomes import ACK, RELEASED, UNSENT, Commit, DeadLetter, Outcome, Retry
+from trimaran.queue.outcomes import ACK, RELEASED, UNSENT, Ack, Commit, DeadLetter, Outcome, Retry
 from trimaran.queue.policy import (
     DEFAULT_GROUP,
     DLQ_PREFIX,
@@ -128,8 +128,12 @@ OFFSET_BLOCK = 1000
 @dataclass(slots=True, frozen=True)
 class PublishResult:
     queue: str
-    offset: int
-    message_id: str
+    offset: int  # -1: refused before it had one
+
+    @property
+    def message_id(self) -> str:
+        """Made when asked (the admin API's answer): publishers over AMQP and MQTT never ask."""
+        return message_id(self.queue, self.offset) if self.offset >= 0 else ""
 
 
 @dataclass(slots=True)
@@ -639,7 +643,7 @@ class QueueManager:
             offset = state.next_offset
             state.next_offset += 1
         await committed(self._publish_at(state, message, routing_key, offset, ch, None))
-        return PublishResult(state.name, offset, message_id(state.name, offset))
+        return PublishResult(state.name, offset)
 
     def publish_nowait(
         self,
@@ -763,7 +767,7 @@ class QueueManager:
                 waiting, state.awaiting_block = state.awaiting_block, deque()
                 failed = QueueError("storage", "no offsets reserved")
                 for publish in waiting:
-                    _refuse_waiting(publish, PublishResult(state.name, -1, ""), failed)
+                    _refuse_waiting(publish, PublishResult(state.name, -1), failed)
 
         batch = WriteBatch(calls=[queue_store.reserve_offsets(state.name, OFFSET_BLOCK)])
         self.journal.send(batch, on_results=reserved)
@@ -778,9 +782,7 @@ class QueueManager:
                     state, publish.message, publish.routing_key, offset, publish.changes, publish.done
                 )
             except QueueError as exc:
-                _refuse_waiting(
-                    publish, PublishResult(state.name, offset, message_id(state.name, offset)), exc
-                )
+                _refuse_waiting(publish, PublishResult(state.name, offset), exc)
                 continue
             if receipt is None:
                 publish.ticket.settle(None)
@@ -841,7 +843,7 @@ class QueueManager:
             len(message.payload),
         )  # fmt: skip
         state.stats["published"] += 1
-        result = PublishResult(queue, offset, message_id(queue, offset))
+        result = PublishResult(queue, offset)
         if not state.durable:
             self._published(state, stored)
             self._flush_dirty()
@@ -1065,10 +1067,7 @@ class QueueManager:
             if stored is None or expired(stored, now):
                 continue
             handle.credit -= 1
-            out.append(
-                QueueDelivery(stored.message, state.name, stored.offset, "$browse", 1, False,
-                              message_id(state.name, stored.offset))
-            )  # fmt: skip
+            out.append(QueueDelivery(stored.message, state.name, stored.offset, "$browse", 1, False))
         handle.cursor = max(handle.cursor, offset)
         for delivery in out:
             try:
@@ -1217,7 +1216,15 @@ class QueueManager:
         """Settle each offset with one outcome, all in one change and one submission."""
         ch = Changes()
         now = now_ms()
-        settled = sum(1 for o in offsets if group.settle(o, outcome, holder, consumer_id, now, ch))
+        if (
+            outcome.__class__ is Ack
+            and holder is not None
+            and consumer_id is None
+            and isinstance(group, WorkGroup)
+        ):
+            settled = group.ack_all(offsets, holder, now, ch)  # the usual case, one loop
+        else:
+            settled = sum(1 for o in offsets if group.settle(o, outcome, holder, consumer_id, now, ch))
         if not settled:
             return 0, None
         if self.shared:

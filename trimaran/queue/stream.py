@@ -22,7 +22,6 @@ from trimaran.queue.groups import (
     StoredMessage,
     Taker,
     expired,
-    message_id,
 )
 from trimaran.queue.journal import Changes
 from trimaran.queue.outcomes import Commit, DeadLetter, Outcome, Retry
@@ -86,9 +85,7 @@ class StreamGroup(Group):
         if handle.auto_ack:
             self.commit(offset + 1, now, ch, cid)
         handle.credit -= 1
-        return QueueDelivery(
-            stored.message, state.name, offset, self.name, 1, False, message_id(state.name, offset)
-        )
+        return QueueDelivery(stored.message, state.name, offset, self.name, 1, False)
 
     def settle(
         self,

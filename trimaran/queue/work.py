@@ -23,6 +23,7 @@ database by whichever node is free.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
 
 from trimaran.broker.events import QUEUE_ACKED, QUEUE_NACKED, QUEUE_REJECTED
 from trimaran.queue.groups import (
@@ -37,10 +38,9 @@ from trimaran.queue.groups import (
     StoredMessage,
     Taker,
     expired,
-    message_id,
 )
 from trimaran.queue.journal import Changes
-from trimaran.queue.outcomes import Ack, Commit, DeadLetter, Outcome, Retry
+from trimaran.queue.outcomes import ACK, Ack, Commit, DeadLetter, Outcome, Retry
 from trimaran.queue.policy import exhausted, filter_matches, retry_after_ms
 
 SCAN_LIMIT = 10_000  # most messages a filtered consumer scans per take
@@ -200,7 +200,6 @@ class WorkGroup(Group):
             attempt,
             # maybe_seen_below: sent by a process that died before recording it (manager._mark_running)
             attempt - unsent > 1 or offset < state.maybe_seen_below,
-            message_id(state.name, offset),
             attempt - 1 - unsent - returned,
         )
 
@@ -274,6 +273,28 @@ class WorkGroup(Group):
                               attempt=entry.attempts, reason=reason)  # fmt: skip
                 self.dead_letter(offset, entry, reason, now, ch)
         return True
+
+    def ack_all(self, offsets: Iterable[int], holder: Taker, now: int, ch: Changes) -> int:
+        """``settle(offset, ACK, holder)`` for each of ``offsets`` the holder holds (basic.ack with
+        ``multiple``, a read's PUBACKs): the same rows and events, with what every offset shares
+        looked up once rather than per offset. Returns how many it settled."""
+        if self.host.events.wants(QUEUE_ACKED):  # each ack is an event for the bus: one by one
+            return sum(1 for o in offsets if self.settle(o, ACK, holder, None, now, ch))
+        state = self.state
+        entries = self.entries
+        event = self.journal.event
+        finish = self.finish
+        n = 0
+        for offset in offsets:
+            entry = entries.get(offset)
+            if entry is None or entry.state != HELD or entry.holder is not holder:
+                continue
+            n += 1
+            finish(offset, entry, ch)
+            event(ch, state, now, "acked", group=self, offset=offset, consumer=entry.consumer_id,
+                  attempt=entry.attempts)  # fmt: skip
+        state.stats["acked"] += n
+        return n
 
     def finish(self, offset: int, entry: Entry, ch: Changes) -> None:
         """The group is done with ``offset`` (acked or dead-lettered)."""

@@ -113,7 +113,6 @@ def add_event(
     time_ms: int,
     queue: str,
     kind: str,
-    *,
     group: str | None,
     offset: int | None,
     consumer: str | None,
@@ -122,7 +121,8 @@ def add_event(
     reason: str | None,
 ) -> None:
     """Append an event to a change's ``events``, or widen the last one's span when this is the
-    next offset of its run (a dispatch's deliveries, a multiple ack): no dict for it."""
+    next offset of its run (a dispatch's deliveries, a multiple ack): no dict for it. Positional:
+    once per event of every message."""
     if events and offset is not None:
         last = events[-1]
         first = last["offset"]
