@@ -86,3 +86,12 @@ def test_a_message_that_expires_is_encoded_on_its_own() -> None:
     first.expires_at_ms, second.expires_at_ms = 100, 200
     assert properties_json(first) != properties_json(second)
     assert message_from("$queue/q", b"x", 1, False, properties_json(second)) == second
+
+
+def test_a_message_without_properties_shares_its_publishers_shape() -> None:
+    first = Message(topic="t", payload=b"", protocol="mqtt", publisher_id="c1", created_at_ms=1)
+    second = Message(topic="t", payload=b"", protocol="mqtt", publisher_id="c1", created_at_ms=2)
+    other = Message(topic="t", payload=b"", protocol="mqtt", publisher_id="c2", created_at_ms=2)
+    assert properties_json(first) == '{"protocol":"mqtt","publisher_id":"c1","created_at_ms":1}'
+    assert message_from("t", b"", 0, False, properties_json(second)) == second
+    assert message_from("t", b"", 0, False, properties_json(other)) == other

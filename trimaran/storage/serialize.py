@@ -57,27 +57,44 @@ def _restore(value: Any) -> Any:
     return value
 
 
-# AMQP 0.9.1 messages carry the property bytes their publisher sent (Message.encoded_properties),
-# and a publisher sends the same bytes again and again. Their JSON differs only in created_at_ms,
-# so it is built once per (bytes, exchange, routing key, publisher), not once per message.
-_SHAPES: dict[tuple[bytes, object, object, str | None], str] = {}
+# Most publishers send messages alike in all but created_at_ms: an AMQP 0.9.1 publisher the same
+# property bytes again and again (Message.encoded_properties), an MQTT one none at all. Their JSON
+# is built once per shape and created_at_ms appended, not encoded afresh for every message.
+_SHAPES: dict[tuple[object, ...], str] = {}
 _SHAPES_MAX = 1024
 
 
 def properties_json(message: Message) -> str:
     """Everything but topic, payload, qos and retain, as compact JSON (absent fields left out)."""
-    encoded = message.encoded_properties
-    if encoded is None or message.expires_at_ms is not None:  # expires_at_ms: per message
+    key = _shape(message)
+    if key is None:
         return _json(message)
-    extra = message.extra
-    key = (encoded, extra.get("exchange"), extra.get("routing_key"), message.publisher_id)
     shape = _SHAPES.get(key)
     if shape is None:
         if len(_SHAPES) >= _SHAPES_MAX:
             _SHAPES.clear()
-        text = _json(message, created_at=False)
-        shape = _SHAPES[key] = text[: -len("}")]
+        shape = _SHAPES[key] = _json(message, created_at=False)[: -len("}")]
     return f'{shape},"created_at_ms":{message.created_at_ms}}}'
+
+
+def _shape(message: Message) -> tuple[object, ...] | None:
+    """What decides a message's JSON but created_at_ms, where that is cheap to know; else None."""
+    if message.expires_at_ms is not None:  # per message
+        return None
+    encoded = message.encoded_properties
+    if encoded is not None:  # the rest of an AMQP 0.9.1 message's properties come from these bytes
+        extra = message.extra
+        return (encoded, extra.get("exchange"), extra.get("routing_key"), message.publisher_id)
+    if (
+        message.extra
+        or message.user_properties
+        or message.content_type is not None
+        or message.correlation_data is not None
+        or message.response_topic is not None
+        or message.payload_format is not None
+    ):
+        return None
+    return (message.protocol, message.publisher_id)
 
 
 def _json(message: Message, *, created_at: bool = True) -> str:
