@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from trimaran.broker.message import Message
+from trimaran.mqtt.codec import NO_PROPERTIES
 from trimaran.mqtt.mapping import publish_properties
 from trimaran.mqtt.packets import MQTT_5, SubscriptionOptions
 from trimaran.mqtt.properties import Properties
@@ -107,14 +108,18 @@ class QueueSubscription:
 
     def deliver(self, delivery: QueueDelivery) -> None:
         message = delivery.message
-        props = publish_properties(message)
-        if self.conn.mqtt.protocol_level == MQTT_5:
+        conn = self.conn
+        if conn.mqtt.protocol_level == MQTT_5:
+            props = publish_properties(message)
             props.user_properties = [*message.user_properties, *delivery.headers()]
-        bindings = self.conn.queue_bindings
-        tag: str | None = None
+        else:  # 3.1.1 sends no properties (the connection copies them before it changes them)
+            props = NO_PROPERTIES
+        bindings = conn.queue_bindings
+        tag: int | None = None
         if self.qos:
-            bindings.next_tag += 1
-            tag = f"{bindings.next_tag}@{delivery.message_id}"  # never "share:...": a digit leads
+            # An int: never a "share:..." tag. Unique on this connection, as it must be: a resumed
+            # session forgets the queue deliveries of its earlier connections (handler).
+            tag = bindings.next_tag = bindings.next_tag + 1
             record = Delivery(self, delivery.offset)
             previous = self.held.get(delivery.offset)
             if previous is not None:  # redelivered to us before the earlier copy was PUBACKed
@@ -130,8 +135,8 @@ class QueueSubscription:
             expires_at=None if message.expires_at_ms is None else message.expires_at_ms / 1000,
             redelivered=delivery.redelivered,
         )
-        if self.conn.mqtt.publish(out):
-            self.conn.wake()
+        if conn.mqtt.publish(out):
+            conn.wake()
             if not self.qos:
                 bindings.qos0_sent.append(self)
         elif tag is not None:
@@ -159,7 +164,7 @@ class ConnQueues:
     """Per connection: queue subscriptions, deliveries awaiting PUBACK, publishes awaiting commit."""
 
     subscriptions: dict[str, QueueSubscription] = field(default_factory=dict)
-    deliveries: dict[str, Delivery] = field(default_factory=dict)  # by OutboundMessage.tag
+    deliveries: dict[int, Delivery] = field(default_factory=dict)  # by OutboundMessage.tag
     next_tag: int = 0
     qos0_sent: list[QueueSubscription] = field(default_factory=list)
     tickets: InOrder[PendingAck] | None = None  # made on the first queue publish
@@ -387,7 +392,7 @@ class MqttQueues:
 
     def settled(self, conn: MqttConn, tag: object, reason_code: int) -> None:
         """A PUBACK/PUBCOMP (or a failed PUBREC) for a queue delivery."""
-        record = conn.queue_bindings.deliveries.pop(str(tag), None)
+        record = conn.queue_bindings.deliveries.pop(tag, None) if type(tag) is int else None
         if record is None:
             return
         subscription, offset = record.subscription, record.offset
