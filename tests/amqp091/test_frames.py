@@ -22,6 +22,7 @@ from trimaran.amqp091.frames import (
     encode_frame,
     encode_method,
     write_content,
+    write_delivery,
 )
 from trimaran.amqp091.properties import PROPERTY_TABLE, BasicProperties, encode_properties
 
@@ -323,6 +324,49 @@ def test_encode_errors_leave_nothing_behind() -> None:
     with pytest.raises(spec.EncodeError):  # the header frame alone would exceed frame_max
         write_content(out, 1, spec.BasicDeliver(), BasicProperties(headers={"h": "v" * 5000}), b"x", 4096)
     assert out == b"keep"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    consumer_tag=st.text(max_size=300),
+    delivery_tag=st.integers(min_value=0, max_value=(1 << 64) - 1),
+    redelivered=st.booleans(),
+    exchange=st.text(max_size=20),
+    routing_key=st.text(max_size=300),
+    body=st.binary(max_size=9000),
+    frame_max=st.sampled_from([0, 4096, 131072]),
+    encoded=st.booleans(),
+)
+def test_write_delivery_writes_what_write_content_writes(
+    consumer_tag: str,
+    delivery_tag: int,
+    redelivered: bool,
+    exchange: str,
+    routing_key: str,
+    body: bytes,
+    frame_max: int,
+    encoded: bool,
+) -> None:
+    """The basic.deliver fast path: the same bytes, and the same refusal (a key past 255 bytes)."""
+    props = BasicProperties(content_type="text/plain", delivery_mode=2)
+    properties: BasicProperties | bytes = props
+    if encoded:
+        raw = bytearray()
+        encode_properties(props, raw)
+        properties = bytes(raw)
+    method = spec.BasicDeliver(consumer_tag, delivery_tag, redelivered, exchange, routing_key)
+    expected, got = bytearray(b"keep"), bytearray(b"keep")
+    try:
+        write_content(expected, 3, method, properties, body, frame_max)
+    except spec.EncodeError:
+        with pytest.raises(spec.EncodeError):
+            write_delivery(got, 3, consumer_tag, delivery_tag, redelivered, exchange, routing_key, properties,
+                           body, frame_max)  # fmt: skip
+        assert got == b"keep"
+        return
+    write_delivery(got, 3, consumer_tag, delivery_tag, redelivered, exchange, routing_key, properties, body,
+                   frame_max)  # fmt: skip
+    assert got == expected
 
 
 # --------------------------------------------------------------------------------------------

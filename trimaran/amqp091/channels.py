@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from trimaran.amqp091.mapping import delivery_address, delivery_properties
 from trimaran.amqp091.properties import BasicProperties
-from trimaran.amqp091.spec import PRECONDITION_FAILED, BasicDeliver, BasicGetOk, BasicPublish, ProtocolError
+from trimaran.amqp091.spec import PRECONDITION_FAILED, BasicGetOk, BasicPublish, ProtocolError
 from trimaran.queue.manager import ConsumerHandle, QueueDelivery, settle_many_nowait
 from trimaran.queue.outcomes import ACK, RETRY_NOW, UNSENT, DeadLetter, Outcome
 
@@ -143,8 +143,10 @@ class ChannelState:
         exchange, key = delivery_address(message)
         tag = self.next_tag
         self.next_tag = tag + 1
-        method = BasicDeliver(consumer.tag, tag, delivery.redelivered, exchange, key)
-        sent = conn.machine.send_content(self.number, method, delivery_properties(message), message.payload)
+        sent = conn.machine.send_delivery(
+            self.number, consumer.tag, tag, delivery.redelivered, exchange, key, delivery_properties(message),
+            message.payload,
+        )  # fmt: skip
         if not sent:
             self._give_back(consumer, delivery)
             return

@@ -67,6 +67,7 @@ from trimaran.amqp091.frames import (
     ProtocolHeader,
     classify_protocol_header,
     write_content,
+    write_delivery,
     write_method,
 )
 from trimaran.amqp091.properties import BasicProperties
@@ -789,6 +790,33 @@ class ServerConnection:
         if not self._may_send(channel, method):
             return False
         write_content(self._out, channel, method, properties, body, self.frame_max)
+        return True
+
+    def send_delivery(
+        self,
+        channel: int,
+        consumer_tag: str,
+        delivery_tag: int,
+        redelivered: bool,
+        exchange: str,
+        routing_key: str,
+        properties: BasicProperties | bytes | None,
+        body: bytes | bytearray | memoryview,
+    ) -> bool:
+        """``send_content`` of a basic.deliver without building the method (``write_delivery``):
+        what every consumed message sends. Same return value and errors."""
+        state = self.state
+        if state is ConnectionState.CLOSING or state is ConnectionState.CLOSED:
+            return False
+        ch = self._channels.get(channel) if channel else None
+        if ch is None:
+            raise LocalProtocolError(f"channel {channel} is not open")
+        if ch.state is not ChannelState.OPEN:
+            return False
+        write_delivery(
+            self._out, channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key, properties,
+            body, self.frame_max,
+        )  # fmt: skip
         return True
 
     def _may_send(self, channel: int, method: Method) -> bool:

@@ -30,6 +30,7 @@ from trimaran.amqp091.spec import (
     FRAME_MIN_SIZE,
     FRAME_OVERHEAD,
     PROTOCOL_HEADER,
+    BasicDeliver,
     EncodeError,
     Method,
     ProtocolError,
@@ -334,9 +335,23 @@ def write_content(
     """Append a content-carrying method, its header and its body frames to ``out``."""
     start = len(out)
     write_method(out, channel, method)
+    _write_header_and_body(out, start, channel, method.CLASS_ID, properties, body, frame_max)
+
+
+def _write_header_and_body(
+    out: bytearray,
+    start: int,
+    channel: int,
+    class_id: int,
+    properties: BasicProperties | bytes | None,
+    body: bytes | bytearray | memoryview,
+    frame_max: int,
+) -> None:
+    """The content header and body frames after a method written from ``start``; on an error the
+    whole content, method and all, is taken back out."""
     header_start = len(out)
     try:
-        write_content_header(out, channel, method.CLASS_ID, len(body), properties)
+        write_content_header(out, channel, class_id, len(body), properties)
         if frame_max and len(out) - header_start > frame_max:
             raise EncodeError(
                 f"content header of {len(out) - header_start} bytes exceeds frame_max {frame_max}"
@@ -345,6 +360,48 @@ def write_content(
     except EncodeError:
         del out[start:]
         raise
+
+
+_DELIVER_INDEX = BasicDeliver.INDEX
+_DELIVER_FIXED = 4 + 1 + 8 + 1 + 1 + 1  # method index, three shortstr lengths, delivery tag, bits
+_TAG_AND_BITS = struct.Struct(">QB")
+
+
+def write_delivery(
+    out: bytearray,
+    channel: int,
+    consumer_tag: str,
+    delivery_tag: int,
+    redelivered: bool,
+    exchange: str,
+    routing_key: str,
+    properties: BasicProperties | bytes | None,
+    body: bytes | bytearray | memoryview,
+    frame_max: int,
+) -> None:
+    """``write_content`` of a basic.deliver, its arguments packed here rather than through a
+    method object and the generic encoder: the frame every consumed message costs."""
+    ctag = consumer_tag.encode("utf-8", "surrogateescape")
+    ex = exchange.encode("utf-8", "surrogateescape")
+    key = routing_key.encode("utf-8", "surrogateescape")
+    if len(ctag) > 255 or len(ex) > 255 or len(key) > 255 or not 0 <= delivery_tag < 1 << 64:
+        # Not a shortstr (a long MQTT topic as the key): the generic path says so as it always has.
+        method = BasicDeliver(consumer_tag, delivery_tag, redelivered, exchange, routing_key)
+        write_content(out, channel, method, properties, body, frame_max)
+        return
+    start = len(out)
+    out += _METHOD_HEAD.pack(
+        FRAME_METHOD, channel, _DELIVER_FIXED + len(ctag) + len(ex) + len(key), _DELIVER_INDEX
+    )
+    out.append(len(ctag))
+    out += ctag
+    out += _TAG_AND_BITS.pack(delivery_tag, 1 if redelivered else 0)
+    out.append(len(ex))
+    out += ex
+    out.append(len(key))
+    out += key
+    out.append(FRAME_END)
+    _write_header_and_body(out, start, channel, BasicDeliver.CLASS_ID, properties, body, frame_max)
 
 
 def encode_method(channel: int, method: Method) -> bytes:
