@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import threading
 import time
 
@@ -309,3 +311,33 @@ def test_a_transient_message_row_is_never_built(monkeypatch: pytest.MonkeyPatch)
     assert [dict(zip(queue_store.MESSAGE_COLUMNS, row, strict=True)) for row in rows] == [
         applied.messages[0].row()
     ]
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "getpriority") or sys.platform != "linux", reason="per-thread nice is Linux's"
+)
+def test_the_writer_thread_runs_nicer_than_the_loop(storage_url: str) -> None:
+    """A commit must not hold up the loop on a shared core: the writer's nice value is the loop's
+    plus WRITER_NICE (at most 19), the loop's own is untouched."""
+    storage = Storage.from_url(storage_url)
+    storage.migrate()
+    loop_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    try:
+        writer = GroupCommitWriter(storage.engine)
+        seen: list[int] = []
+
+        async def scenario() -> None:
+            writer.start()
+            try:
+                await writer.write(WriteBatch(calls=[queue_store.upsert_queue("nice", "work", {}, 1)]))
+                thread = writer._thread
+                assert thread is not None and thread.native_id is not None
+                seen.append(os.getpriority(os.PRIO_PROCESS, thread.native_id))
+            finally:
+                await writer.stop()
+
+        asyncio.run(scenario())
+        assert seen == [min(19, loop_nice + writer_module.WRITER_NICE)]
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == loop_nice
+    finally:
+        storage.close()

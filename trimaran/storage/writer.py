@@ -27,6 +27,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -160,6 +162,25 @@ class Receipt:
         return self.results
 
 
+#: How much nicer the writer thread is than the event loop (Linux).
+WRITER_NICE = 10
+
+
+def _yield_to_the_loop() -> None:
+    """Lower this thread's CPU priority below the event loop's (Linux: a thread has its own nice
+    value). On a shared core a commit (SQLite's page writes, the fsync's kernel work) no longer
+    holds up a read the loop just woke for: the loop preempts the writer. Under a flood the writer
+    then commits mostly while the loop waits, in bigger batches, and still gets its share of a
+    saturated core (nice 10: about a tenth). Shared bench, MQTT queue fan-in, three pairs each:
+    x1.44, x1.12, x1.11 with nice 10; nice 19 starved the writer (x0.90 against 10); durable
+    latency at 1k msg/s: p99 -19%, p50 -2%."""
+    if sys.platform != "linux":
+        return
+    tid = threading.get_native_id()
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + WRITER_NICE))
+
+
 class GroupCommitWriter:
     def __init__(self, engine: Engine, *, commit_interval_ms: float = 0.0, commit_batch_max: int = 2000):
         self.engine = engine
@@ -278,6 +299,7 @@ class GroupCommitWriter:
             return taken
 
     def _run(self) -> None:
+        _yield_to_the_loop()
         connection = self.engine.connect()
         try:
             while True:
