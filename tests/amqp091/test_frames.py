@@ -501,6 +501,36 @@ def test_encoded_properties_are_written_as_they_are() -> None:
     assert bytes(out) == sent
 
 
+def test_repeated_property_bytes_are_decoded_once_per_connection() -> None:
+    decoder = FrameDecoder(4096)
+    seen = []
+    for props in (PROPS, PROPS, BasicProperties(delivery_mode=2), PROPS):
+        decoder.feed(encode_content(1, PUBLISH, props, b"b", frame_max=4096))
+        _, decoded, _, _ = decoder.next_publish(1 << 20) or ((), None, b"", b"")
+        assert decoded == props
+        seen.append(decoded)
+    assert seen[0] is seen[1] is seen[3] and seen[2] is not seen[0]
+    for priority in range(200):  # the memory of them is bounded
+        decoder.feed(encode_content(1, PUBLISH, BasicProperties(priority=priority), b"b", frame_max=4096))
+        assert decoder.next_publish(1 << 20) is not None
+    assert len(decoder._properties) <= 64
+
+
+def test_trailing_bytes_after_the_properties_are_left_to_next_frame() -> None:
+    data = bytearray(encode_content(1, PUBLISH, BasicProperties(), b"b", frame_max=4096))
+    method_len = len(encode_method(1, PUBLISH))
+    header_size = struct.unpack_from(">I", data, method_len + 3)[0]
+    struct.pack_into(">I", data, method_len + 3, header_size + 1)
+    data[method_len + 7 + header_size : method_len + 7 + header_size] = b"\x00"  # one byte too many
+    decoder = FrameDecoder(4096)
+    decoder.feed(bytes(data))
+    assert decoder.publish_channel() == 1
+    assert decoder.next_publish(1 << 20) is None
+    with pytest.raises(spec.ProtocolError):
+        decoder.next_frame()
+        decoder.next_frame()
+
+
 @pytest.mark.parametrize(
     "why",
     ["cut", "split body", "other channel", "too large", "bad method", "not a publish"],

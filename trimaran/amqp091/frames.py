@@ -18,6 +18,7 @@ from typing import Literal
 from trimaran.amqp091.properties import (
     BasicProperties,
     decode_header_payload,
+    decode_properties,
     encode_properties,
 )
 from trimaran.amqp091.spec import (
@@ -120,6 +121,7 @@ _FRAME_HEAD = struct.Struct(">BHI")
 _METHOD_HEAD = struct.Struct(">BHII")
 _HEADER_HEAD = struct.Struct(">BHIHHQ")
 _HEADER_FIELDS = struct.Struct(">HHQ")  # class id, weight, body size
+_PROPERTIES_KEPT = 64  # distinct property encodings remembered per connection
 _SIZE = struct.Struct(">I")
 _PUBLISH_INDEX = (60 << 16) | 40  # basic.publish
 _BASIC = 60
@@ -128,11 +130,14 @@ _BASIC = 60
 class FrameDecoder:
     """Incremental frame decoder with its own buffer."""
 
-    __slots__ = ("_buf", "_pos", "frame_max")
+    __slots__ = ("_buf", "_pos", "_properties", "frame_max")
 
     def __init__(self, frame_max: int = FRAME_MIN_SIZE) -> None:
         self._buf = bytearray()
         self._pos = 0
+        # A publisher sends the same property bytes again and again: each is decoded once. The
+        # objects are shared between messages; nothing changes a BasicProperties once decoded.
+        self._properties: dict[bytes, BasicProperties] = {}
         #: Largest frame accepted, overhead included; 0 means unlimited. May be changed any time.
         self.frame_max = frame_max
 
@@ -201,10 +206,17 @@ class FrameDecoder:
             else:
                 with memoryview(buf) as view:
                     body = bytes(view[start + 7 : end])
+        encoded = bytes(buf[head + 7 + _HEADER_FIELDS.size : head_end])
         try:
             method = decode_method(bytes(buf[pos + 7 : method_end]), channel)
-            header = bytes(buf[head + 7 : head_end])
-            _, _, properties = decode_header_payload(header)
+            properties = self._properties.get(encoded)
+            if properties is None:
+                properties, off = decode_properties(encoded, 0)
+                if off != len(encoded):
+                    return None  # next_frame says what is wrong with it
+                if len(self._properties) >= _PROPERTIES_KEPT:
+                    self._properties.clear()
+                self._properties[encoded] = properties
         except ProtocolError:
             return None
         if end + 1 == have:
@@ -212,7 +224,7 @@ class FrameDecoder:
             self._pos = 0
         else:
             self._pos = end + 1
-        return method, properties, body, header[_HEADER_FIELDS.size :]
+        return method, properties, body, encoded
 
     def next_frame(self) -> Frame | Literal[NeedData.NEED_DATA]:
         buf = self._buf
