@@ -74,8 +74,9 @@ class Message:
     extra: dict[str, object] = field(default_factory=dict)
     #: The properties as the publisher's own frame carried them (AMQP 0.9.1: the content header's
     #: flag word and property list), written as they are to a consumer of the same protocol instead
-    #: of being mapped and encoded again. Never copied: ``copy_with`` (a dead letter, another
-    #: topic) leaves a copy without it, so a changed message is always encoded afresh.
+    #: of being mapped and encoded again, and the key of the stored JSON's shape
+    #: (``storage.serialize``). Never copied: ``copy_with`` (a dead letter, another topic) leaves a
+    #: copy without it, so a changed message is always encoded afresh.
     encoded_properties: bytes | None = field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -19,8 +19,11 @@ from trimaran.broker.message import Message
 from trimaran.config import QueuePolicySettings
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from trimaran.broker.events import EventBus
     from trimaran.queue.journal import Changes, Journal
+    from trimaran.queue.outcomes import Outcome
     from trimaran.queue.stream import StreamGroup
     from trimaran.queue.work import WorkGroup
     from trimaran.storage.writer import Receipt
@@ -210,6 +213,30 @@ class Group:
         i = bisect.bisect_left(ready, offset)
         if i < len(ready) and ready[i] == offset:
             del ready[i]
+
+    def settle(
+        self,
+        offset: int,
+        outcome: Outcome,
+        holder: Taker | None,
+        consumer_id: str | None,
+        now: int,
+        ch: Changes,
+    ) -> bool:
+        """Settle the delivery of ``offset`` with ``outcome`` (the kind of group says how)."""
+        raise NotImplementedError
+
+    def settle_all(
+        self,
+        offsets: Iterable[int],
+        outcome: Outcome,
+        holder: Taker | None,
+        consumer_id: str | None,
+        now: int,
+        ch: Changes,
+    ) -> int:
+        """:meth:`settle` for each of ``offsets`` with one outcome; returns how many it settled."""
+        return sum(1 for o in offsets if self.settle(o, outcome, holder, consumer_id, now, ch))
 
     def is_done(self, offset: int) -> bool:
         if offset >= self.cursor:

@@ -60,7 +60,7 @@ from trimaran.queue.groups import (
 )
 from trimaran.queue.journal import Changes, Journal, Receipt, committed
 from trimaran.queue.letters import DeadLetterRouter, Letters
-from trimaran.queue.outcomes import ACK, RELEASED, UNSENT, Ack, Commit, DeadLetter, Outcome, Retry
+from trimaran.queue.outcomes import ACK, RELEASED, UNSENT, Commit, DeadLetter, Outcome, Retry
 from trimaran.queue.policy import (
     DEFAULT_GROUP,
     DLQ_PREFIX,
@@ -1216,15 +1216,7 @@ class QueueManager:
         """Settle each offset with one outcome, all in one change and one submission."""
         ch = Changes()
         now = now_ms()
-        if (
-            outcome.__class__ is Ack
-            and holder is not None
-            and consumer_id is None
-            and isinstance(group, WorkGroup)
-        ):
-            settled = group.ack_all(offsets, holder, now, ch)  # the usual case, one loop
-        else:
-            settled = sum(1 for o in offsets if group.settle(o, outcome, holder, consumer_id, now, ch))
+        settled = group.settle_all(offsets, outcome, holder, consumer_id, now, ch)
         if not settled:
             return 0, None
         if self.shared:

@@ -40,7 +40,7 @@ from trimaran.queue.groups import (
     expired,
 )
 from trimaran.queue.journal import Changes
-from trimaran.queue.outcomes import ACK, Ack, Commit, DeadLetter, Outcome, Retry
+from trimaran.queue.outcomes import Ack, Commit, DeadLetter, Outcome, Retry
 from trimaran.queue.policy import exhausted, filter_matches, retry_after_ms
 
 SCAN_LIMIT = 10_000  # most messages a filtered consumer scans per take
@@ -231,14 +231,7 @@ class WorkGroup(Group):
         cid = entry.consumer_id
         match outcome:
             case Ack() | Commit():
-                state.stats["acked"] += 1
-                if events.wants(QUEUE_ACKED):
-                    events.queue(QUEUE_ACKED, state.name, group=self.name, offset=offset, consumer=cid,
-                                 attempt=entry.attempts, reason=None)  # fmt: skip
-                self.finish(offset, entry, ch)
-                journal.event(
-                    ch, state, now, "acked", group=self, offset=offset, consumer=cid, attempt=entry.attempts
-                )
+                self._acked(offset, entry, now, ch)
             case Retry(failed=True, delay_s=delay_s):
                 state.stats["nacked"] += 1
                 if events.wants(QUEUE_NACKED):
@@ -274,27 +267,40 @@ class WorkGroup(Group):
                 self.dead_letter(offset, entry, reason, now, ch)
         return True
 
-    def ack_all(self, offsets: Iterable[int], holder: Taker, now: int, ch: Changes) -> int:
-        """``settle(offset, ACK, holder)`` for each of ``offsets`` the holder holds (basic.ack with
-        ``multiple``, a read's PUBACKs): the same rows and events, with what every offset shares
-        looked up once rather than per offset. Returns how many it settled."""
-        if self.host.events.wants(QUEUE_ACKED):  # each ack is an event for the bus: one by one
-            return sum(1 for o in offsets if self.settle(o, ACK, holder, None, now, ch))
-        state = self.state
+    def settle_all(
+        self,
+        offsets: Iterable[int],
+        outcome: Outcome,
+        holder: Taker | None,
+        consumer_id: str | None,
+        now: int,
+        ch: Changes,
+    ) -> int:
+        """:meth:`settle` for each offset, an ack by its holder (basic.ack with ``multiple``, a
+        read's PUBACKs: the usual case) in one loop, without the outcome's match per offset."""
+        if outcome.__class__ is not Ack or holder is None or consumer_id is not None:
+            return super().settle_all(offsets, outcome, holder, consumer_id, now, ch)
         entries = self.entries
-        event = self.journal.event
-        finish = self.finish
+        acked = self._acked
         n = 0
         for offset in offsets:
             entry = entries.get(offset)
-            if entry is None or entry.state != HELD or entry.holder is not holder:
-                continue
-            n += 1
-            finish(offset, entry, ch)
-            event(ch, state, now, "acked", group=self, offset=offset, consumer=entry.consumer_id,
-                  attempt=entry.attempts)  # fmt: skip
-        state.stats["acked"] += n
+            if entry is not None and entry.state == HELD and entry.holder is holder:
+                acked(offset, entry, now, ch)
+                n += 1
         return n
+
+    def _acked(self, offset: int, entry: Entry, now: int, ch: Changes) -> None:
+        """What an ack of a held delivery records: counted, told to the bus, finished, journaled."""
+        state = self.state
+        state.stats["acked"] += 1
+        events = self.host.events
+        if events.wants(QUEUE_ACKED):
+            events.queue(QUEUE_ACKED, state.name, group=self.name, offset=offset, consumer=entry.consumer_id,
+                         attempt=entry.attempts, reason=None)  # fmt: skip
+        self.finish(offset, entry, ch)
+        self.journal.event(ch, state, now, "acked", group=self, offset=offset, consumer=entry.consumer_id,
+                           attempt=entry.attempts)  # fmt: skip
 
     def finish(self, offset: int, entry: Entry, ch: Changes) -> None:
         """The group is done with ``offset`` (acked or dead-lettered)."""

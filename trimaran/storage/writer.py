@@ -380,11 +380,8 @@ def _runs(receipts: list[Receipt]) -> list[list[Receipt]]:
 
 
 def _merged(run: list[Receipt]) -> WriteBatch:
-    if len(run) == 1:
-        batch = run[0].batch
-        return _without_transients(batch) if batch.messages and batch.message_deletes else batch
-    merged = WriteBatch.joined([receipt.batch for receipt in run])
-    return _without_transients(merged) if merged.messages and merged.message_deletes else merged
+    batch = run[0].batch if len(run) == 1 else WriteBatch.joined([receipt.batch for receipt in run])
+    return _without_transients(batch)
 
 
 def _without_transients(batch: WriteBatch) -> WriteBatch:
@@ -395,6 +392,8 @@ def _without_transients(batch: WriteBatch) -> WriteBatch:
     before this transaction, and a pending entry it ends with none needs no statement. Calls run
     before rows, so none can see the dropped rows; the events of those messages are kept, for the
     audit."""
+    if not (batch.messages and batch.message_deletes):
+        return batch
     if max(offset for _, offset in batch.message_deletes) < min(m.offset for m in batch.messages):
         return batch  # every delete is older than every append (the usual batch): none is transient
     deleted = set(batch.message_deletes)
