@@ -13,6 +13,7 @@ from trimaran.mqtt.connection import (
     ConnectRequest,
     MessageAcked,
     MessageDropped,
+    MessagesAcked,
     PublishReceived,
     ServerConnection,
     ServerLimits,
@@ -464,9 +465,8 @@ def test_outbound_window_follows_client_receive_maximum() -> None:
     assert [p.payload for p in sent if isinstance(p, Publish)] == [b"\x00", b"\x01"]
     first = sent[0]
     assert isinstance(first, Publish) and first.packet_id is not None
-    events = client.send(PubAck(first.packet_id))
-    assert len(events) == 1 and isinstance(events[0], MessageAcked)
-    assert events[0].message.tag == 0 and events[0].reason_code == 0
+    (event,) = client.send(PubAck(first.packet_id))
+    assert isinstance(event, MessagesAcked) and [m.tag for m in event.messages] == [0]
     (third,) = client.received()
     assert isinstance(third, Publish) and third.payload == b"\x02"
     assert server.session is not None
@@ -483,8 +483,32 @@ def test_plain_acks_can_go_unreported() -> None:
     assert plain.packet_id and tagged.packet_id
     assert client.send(PubAck(plain.packet_id)) == []
     (event,) = client.send(PubAck(tagged.packet_id))
-    assert isinstance(event, MessageAcked) and event.message.tag == "q1"
+    assert isinstance(event, MessagesAcked) and [m.tag for m in event.messages] == ["q1"]
     assert server.session is not None and not server.session.inflight
+
+
+def test_a_run_of_plain_pubacks_is_one_event() -> None:
+    """PUBACKs read together finish their deliveries in one MessagesAcked, in the order they came;
+    a PUBACK with a reason code, or any other packet, ends the run."""
+    server, client, _ = connected(properties=props(topic_alias_maximum=0))
+    for tag in range(6):
+        assert server.publish(OutboundMessage("t", b"m", 1, tag=tag))
+    ids = [p.packet_id for p in client.received() if isinstance(p, Publish)]
+    assert len(ids) == 6 and all(ids)
+    events = client.send(
+        PubAck(ids[2]), PubAck(ids[0]), PubAck(4242), PubAck(ids[1]),  # 4242: unknown, ignored
+        PingReq(),
+        PubAck(ids[3], ReasonCode.UNSPECIFIED_ERROR),
+        PubAck(ids[4]), PubAck(ids[4]),  # the repeat finds nothing in flight
+    )  # fmt: skip
+    assert [type(e) for e in events] == [MessagesAcked, MessageAcked, MessagesAcked]
+    first, refused, last = events
+    assert isinstance(first, MessagesAcked) and [m.tag for m in first.messages] == [2, 0, 1]
+    assert isinstance(refused, MessageAcked) and refused.message.tag == 3 and refused.reason_code == 0x80
+    assert isinstance(last, MessagesAcked) and [m.tag for m in last.messages] == [4]
+    assert client.received() == [PingResp()]
+    assert server.session is not None and list(server.session.inflight) == [ids[5]]
+    assert server.stats.packets_received == 1 + 8  # the CONNECT, then every packet of the read
 
 
 def test_legacy_window() -> None:
@@ -841,7 +865,7 @@ def test_expired_messages_are_not_sent() -> None:
     assert isinstance(first, Publish) and first.packet_id
     clock.time += 10  # the queued message expires while waiting for the window
     acked, dropped = client.send(PubAck(first.packet_id))
-    assert isinstance(acked, MessageAcked)
+    assert isinstance(acked, MessagesAcked)
     assert isinstance(dropped, MessageDropped) and dropped.message.tag == "late"
     assert dropped.reason == "message expired"
     assert client.received() == []

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from trimaran.mqtt.connection import ServerConnection
-from trimaran.mqtt.events import MessageAcked, PublishReceived
+from trimaran.mqtt.events import PublishReceived
 from trimaran.mqtt.queues import ConnQueues
 from trimaran.mqtt.reason_codes import ReasonCode
 from trimaran.runtime.machine import Machine
@@ -67,12 +67,6 @@ class MqttConn:
         if type(event) is PublishReceived:  # the hot paths, one call shorter
             self.front.publish_received(self, event)
             return None
-        if type(event) is MessageAcked:
-            queues = self.front.queues
-            tag = event.message.tag
-            if type(tag) is int and queues is not None:  # a queue delivery's (QueueSubscription)
-                queues.settled(self, tag, event.reason_code)
-                return None
         return self.front.handle(self, event)
 
     def before_write(self) -> None:

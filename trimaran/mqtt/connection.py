@@ -43,6 +43,7 @@ from trimaran.mqtt.events import (
     Events,
     MessageAcked,
     MessageDropped,
+    MessagesAcked,
     PublishReceived,
     SubscribeRequest,
     UnsubscribeReceived,
@@ -85,6 +86,7 @@ __all__ = [
     "Event",
     "MessageAcked",
     "MessageDropped",
+    "MessagesAcked",
     "PublishReceived",
     "ServerConnection",
     "ServerLimits",
@@ -286,8 +288,8 @@ class ServerConnection:
             self._refuse(self._ready, ReasonCode.QUOTA_EXCEEDED, "too much data before CONNACK")
 
     def next_event(self) -> Event | None:
-        """The next event, decoding at most one more packet; None when no whole packet is buffered
-        (or a CONNECT waits for ``accept``/``reject``)."""
+        """The next event, decoding at most one more packet (or one run of plain PUBACKs); None when no
+        whole packet is buffered (or a CONNECT waits for ``accept``/``reject``)."""
         ready = self._ready
         at = self._ready_at
         if at == len(ready):
@@ -543,8 +545,7 @@ class ServerConnection:
         """Decode and act on one packet; False when no whole packet is buffered or it failed."""
         decoder = self._decoder
         if self.state == State.CONNECTED and (packet_id := decoder.next_puback()):
-            self.stats.packets_received += 1  # a subscriber's plain PUBACK: no packet object
-            self._puback(packet_id, 0, events)
+            self._plain_pubacks(packet_id, events)
             return True
         try:
             packet = decoder.next_packet()
@@ -773,6 +774,29 @@ class ServerConnection:
             self._acked(entry, reason_code, events)
             if session.queue:
                 self._pump(events)
+
+    def _plain_pubacks(self, packet_id: int, events: Events) -> None:
+        """The plain PUBACKs at the head of the buffer, ``packet_id`` the first: one MessagesAcked for
+        the deliveries they finish (no packet object, no event per PUBACK), then the session's queue
+        moves into the window they freed."""
+        session = self.session
+        assert session is not None
+        decoder = self._decoder
+        report = self.report_plain_acks
+        finished: list[OutboundMessage] | None = None
+        count = 0
+        while packet_id:
+            count += 1
+            entry = session.on_puback(packet_id)
+            if entry is not None and (report or entry.message.tag is not None):
+                if finished is None:
+                    finished = []
+                    events.append(MessagesAcked(finished))
+                finished.append(entry.message)
+            packet_id = decoder.next_puback()
+        self.stats.packets_received += count
+        if session.queue:
+            self._pump(events)
 
     def _acked(self, entry: InflightEntry, reason_code: int, events: Events) -> None:
         if self.report_plain_acks or entry.message.tag is not None:

@@ -1,4 +1,5 @@
-"""What the MQTT machine hands the hull, one packet at a time (``ServerConnection.next_event()``)."""
+"""What the MQTT machine hands the hull, one packet at a time (``ServerConnection.next_event()``),
+except a run of plain PUBACKs, which is one event."""
 
 from __future__ import annotations
 
@@ -59,6 +60,15 @@ class MessageAcked:
 
 
 @dataclass(slots=True)
+class MessagesAcked:
+    """Outbound QoS 1 deliveries finished by a run of plain PUBACKs (success, no properties) that
+    were read together, in the order they came: a subscriber acknowledging QoS 1 sends little else,
+    and one event for the run spares an event per message."""
+
+    messages: list[OutboundMessage]
+
+
+@dataclass(slots=True)
 class MessageDropped:
     """An outbound message was not sent: larger than the client's Maximum Packet Size, or queue full.
     Per spec a too large QoS 1/2 message counts as delivered."""
@@ -83,6 +93,7 @@ Event = (
     | SubscribeRequest
     | UnsubscribeReceived
     | MessageAcked
+    | MessagesAcked
     | MessageDropped
     | ConnectionClosed
 )

@@ -41,6 +41,7 @@ from trimaran.mqtt.connection import (
     ConnectRequest,
     MessageAcked,
     MessageDropped,
+    MessagesAcked,
     PublishReceived,
     ServerConnection,
     ServerLimits,
@@ -307,14 +308,17 @@ class MqttFrontEnd:
         a login that must check a hash returns an awaitable (the connection reads nothing meanwhile)."""
         if isinstance(event, PublishReceived):
             self.publish_received(conn, event)
+        elif isinstance(event, MessagesAcked):
+            if self.queues is not None:
+                self.queues.settled(conn, event.messages, ReasonCode.SUCCESS)
         elif isinstance(event, MessageAcked):
-            if _is_queue_tag(event.message.tag) and self.queues is not None:
-                self.queues.settled(conn, event.message.tag, event.reason_code)
+            if self.queues is not None:
+                self.queues.settled(conn, (event.message,), event.reason_code)
         elif isinstance(event, MessageDropped):
             subscriber = conn.endpoint.client_id if conn.endpoint else ""
             self.dropped(event.message, subscriber, event.reason)
-            if _is_queue_tag(event.message.tag) and self.queues is not None:
-                self.queues.settled(conn, event.message.tag, ReasonCode.UNSPECIFIED_ERROR)
+            if self.queues is not None:
+                self.queues.settled(conn, (event.message,), ReasonCode.UNSPECIFIED_ERROR)
         elif isinstance(event, SubscribeRequest):
             self._subscribe(conn, event)
         elif isinstance(event, UnsubscribeReceived):

@@ -20,6 +20,7 @@ Every delivery has its own tag, so a late PUBACK of an earlier delivery never se
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -390,23 +391,36 @@ class MqttQueues:
         if subscription is not None and subscription.handle is not None:
             conn.spawn(subscription.handle.cancel)
 
-    def settled(self, conn: MqttConn, tag: object, reason_code: int) -> None:
-        """A PUBACK/PUBCOMP (or a failed PUBREC) for a queue delivery."""
-        record = conn.queue_bindings.deliveries.pop(tag, None) if type(tag) is int else None
-        if record is None:
+    def settled(self, conn: MqttConn, messages: Iterable[OutboundMessage], reason_code: int) -> None:
+        """PUBACKs/PUBCOMPs (or failed PUBRECs), all with ``reason_code``, of deliveries to ``conn``:
+        the queue deliveries among them are settled after the read (:meth:`after_events`)."""
+        if not conn.uses_queues:
             return
-        subscription, offset = record.subscription, record.offset
-        if subscription.held.get(offset) is record:
-            del subscription.held[offset]
-        handle = subscription.handle
-        if handle is None or handle.closed:
-            return
-        if record.live:  # not already settled by a control topic, nor superseded by a redelivery
-            conn.queue_bindings.settle_due.append((handle, offset, puback_outcome(reason_code)))
-        if not record.credited:
-            record.credited = True
-            due = conn.queue_bindings.credit_due  # given back once per batch of packets: after_events
-            due[handle] = due.get(handle, 0) + 1
+        bindings = conn.queue_bindings
+        deliveries = bindings.deliveries
+        credit_due = bindings.credit_due  # given back once per batch of packets: after_events
+        outcome: Outcome | None = None
+        for message in messages:
+            tag = message.tag
+            # Only a QueueSubscription's tags are ints; a session saved before they were holds
+            # string tags, whose deliveries its earlier connection took with it.
+            record = deliveries.pop(tag, None) if type(tag) is int else None
+            if record is None:
+                continue
+            subscription, offset = record.subscription, record.offset
+            held = subscription.held
+            if held.get(offset) is record:
+                del held[offset]
+            handle = subscription.handle
+            if handle is None or handle.closed:
+                continue
+            if record.live:  # not already settled by a control topic, nor superseded by a redelivery
+                if outcome is None:
+                    outcome = puback_outcome(reason_code)
+                bindings.settle_due.append((handle, offset, outcome))
+            if not record.credited:
+                record.credited = True
+                credit_due[handle] = credit_due.get(handle, 0) + 1
 
     def after_events(self, conn: MqttConn) -> None:
         """After the events of one read: what its PUBACKs settled, in one change per consumer and
