@@ -40,11 +40,15 @@ from trimaran.mqtt.packets import (
     Connect,
     Disconnect,
     PubAck,
+    PubComp,
     Publish,
+    PubRec,
+    PubRel,
     SubAck,
     Subscribe,
     SubscriptionOptions,
 )
+from trimaran.mqtt.properties import Properties
 
 # Nack backoff short enough for a test to see the retry.
 QUEUE_ENV = {
@@ -523,11 +527,16 @@ def test_crash_keeps_every_acknowledged_publish(
 class RawClient:
     """Our own codec over a socket: paho cannot send a PUBACK with a reason code."""
 
-    def __init__(self, endpoints: Endpoints, client_id: str) -> None:
+    def __init__(self, endpoints: Endpoints, client_id: str, expiry: int | None = None) -> None:
         self.sock = socket.create_connection((endpoints.host, endpoints.tcp), timeout=5)
         self.decoder = Decoder(protocol_level=MQTT_5)
-        self.send(Connect(protocol_level=MQTT_5, client_id=client_id))
-        assert isinstance(self.next(), ConnAck)
+        keep = Properties(session_expiry_interval=expiry)  # a session that outlives the connection
+        connect = Connect(protocol_level=MQTT_5, client_id=client_id)
+        if expiry is not None:
+            connect = Connect(protocol_level=MQTT_5, clean_start=False, client_id=client_id, properties=keep)
+        self.send(connect)
+        self.connack = self.next()
+        assert isinstance(self.connack, ConnAck)
 
     def send(self, *packets: Any) -> None:
         self.sock.sendall(b"".join(encode(packet, MQTT_5) for packet in packets))  # one write
@@ -596,6 +605,34 @@ def test_pubacks_in_the_read_that_disconnects_are_settled_v5(qmqtt: Endpoints) -
     finally:
         raw.close()
         close_all(pub, after)
+
+
+def test_qos2_queue_publish_cut_off_before_its_pubrec_is_appended_once_v5(qmqtt: Endpoints) -> None:
+    """A QoS 2 queue publish whose connection ends in the same write, before the commit: its PUBREC
+    cannot be sent, but its packet id is remembered once committed, so the PUBLISH the client sends
+    again on its next connection is answered, not appended a second time."""
+    q = "$queue/qos2-cut-off"
+    sub = connect(qmqtt, version=V5)
+    pub = connect(qmqtt, version=V5)
+    raw = RawClient(qmqtt, "raw-qos2-cut-off", expiry=60)
+    try:
+        sub.subscribe(q, qos=1)
+        raw.send(Publish(q, b"once", 2, packet_id=7))
+        raw.close()  # the PUBLISH and the end of the connection in one read, as a client that dies
+        assert sub.expect().payload == b"once"
+        # Commits complete in order: once a later publish is acknowledged, so is the cut-off one.
+        pub.publish(q, b"later", qos=1)  # waits for its PUBACK
+        assert sub.expect().payload == b"later"
+        raw = RawClient(qmqtt, "raw-qos2-cut-off", expiry=60)
+        assert raw.connack.session_present
+        raw.send(Publish(q, b"once", 2, dup=True, packet_id=7))
+        assert raw.next() == PubRec(7)
+        raw.send(PubRel(7))
+        assert raw.next() == PubComp(7)
+        sub.expect_none(0.5)  # appended once
+    finally:
+        raw.close()
+        close_all(sub, pub)
 
 
 def test_persistent_session_resumes_queue_subscription_without_duplicates(qmqtt: Endpoints) -> None:

@@ -110,43 +110,42 @@ class QueueSubscription:
     def deliver(self, delivery: QueueDelivery) -> None:
         message = delivery.message
         conn = self.conn
-        if conn.mqtt.protocol_level == MQTT_5:
+        mqtt = conn.mqtt
+        if mqtt.protocol_level == MQTT_5:
             props = publish_properties(message)
             props.user_properties = [*message.user_properties, *delivery.headers()]
         else:  # 3.1.1 sends no properties (the connection copies them before it changes them)
             props = NO_PROPERTIES
         bindings = conn.queue_bindings
+        qos = self.qos
+        offset = delivery.offset
         tag: int | None = None
-        if self.qos:
+        if qos:
             # An int: never a "share:..." tag. Unique on this connection, as it must be: a resumed
             # session forgets the queue deliveries of its earlier connections (handler).
             tag = bindings.next_tag = bindings.next_tag + 1
-            record = Delivery(self, delivery.offset)
-            previous = self.held.get(delivery.offset)
+            record = Delivery(self, offset)
+            held = self.held
+            previous = held.get(offset)
             if previous is not None:  # redelivered to us before the earlier copy was PUBACKed
                 previous.live = False
-            self.held[delivery.offset] = record
-            bindings.deliveries[tag] = record
+            held[offset] = bindings.deliveries[tag] = record
+        expires_at = message.expires_at_ms
         out = OutboundMessage(
-            topic=delivered_topic(delivery),
-            payload=message.payload,
-            qos=self.qos,
-            properties=props,
-            tag=tag,
-            expires_at=None if message.expires_at_ms is None else message.expires_at_ms / 1000,
-            redelivered=delivery.redelivered,
-        )
-        if conn.mqtt.publish(out):
+            delivered_topic(delivery), message.payload, qos, False, props, tag,
+            None if expires_at is None else expires_at / 1000, delivery.redelivered,
+        )  # fmt: skip
+        if mqtt.publish(out):
             conn.wake()
-            if not self.qos:
+            if not qos:
                 bindings.qos0_sent.append(self)
         elif tag is not None:
             # Too large for this client or the session is full: let another consumer have it.
             record = bindings.deliveries.pop(tag)
-            if self.held.get(delivery.offset) is record:
-                del self.held[delivery.offset]
+            if self.held.get(offset) is record:
+                del self.held[offset]
             if self.handle is not None:
-                self.handle.settle_nowait(delivery.offset, RETRY_NOW)
+                self.handle.settle_nowait(offset, RETRY_NOW)
 
 
 def delivered_topic(delivery: QueueDelivery) -> str:
@@ -170,6 +169,7 @@ class ConnQueues:
     qos0_sent: list[QueueSubscription] = field(default_factory=list)
     tickets: InOrder[PendingAck] | None = None  # made on the first queue publish
     refused: bool = False  # 3.1.1: a refusal closed the connection; nothing more is acknowledged
+    acks_due: bool = False  # a publish was settled since the last write: MqttQueues.send_acks
     credit_due: dict[ConsumerHandle, int] = field(default_factory=dict)  # see MqttQueues.after_events
     settle_due: list[tuple[ConsumerHandle, int, Outcome]] = field(default_factory=list)  # likewise
 
@@ -251,27 +251,39 @@ class MqttQueues:
 
     @staticmethod
     def _finish(conn: MqttConn, ticket: PendingAck) -> None:
-        """``ticket`` is settled: send the PUBACK/PUBREC of every settled publish at the head, in order."""
+        """``ticket`` is settled: its PUBACK/PUBREC goes out before the connection's next write,
+        with every other one settled by then (:meth:`send_acks`), not one wake-up each. A closed
+        connection's are sent at once: no write follows, and a QoS 2 packet id must then be known as
+        a duplicate."""
         ticket.done = True
         bindings = conn.queue_bindings
+        if conn.mqtt.closed:
+            MqttQueues.send_acks(conn)
+        elif not bindings.acks_due:
+            bindings.acks_due = True
+            conn.wake()
+
+    @staticmethod
+    def send_acks(conn: MqttConn) -> None:
+        """Send the PUBACK/PUBREC of every settled publish at the head, in arrival order."""
+        bindings = conn.queue_bindings
+        bindings.acks_due = False
         tickets = bindings.tickets
-        assert tickets is not None
-        sent = False
+        if tickets is None:
+            return
+        mqtt = conn.mqtt
         for head in tickets.ready():
             if head.packet_id is None or bindings.refused:
                 continue
             code = head.reason_code
-            if code and conn.mqtt.protocol_level < MQTT_5:
+            if code and mqtt.protocol_level < MQTT_5:
                 # 3.1.1 cannot refuse a PUBLISH: closing the connection is how it says no.
                 bindings.refused = True
-                if not conn.mqtt.closed:
+                if not mqtt.closed:
                     conn.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, head.reason or "refused")
                 continue
             # Also after the connection is gone: a QoS 2 packet id must then be known as a duplicate.
-            conn.mqtt.ack_publish(head.packet_id, code, _reason_props(head.reason) if code else None)
-            sent = True
-        if sent:
-            conn.wake()
+            mqtt.ack_publish(head.packet_id, code, _reason_props(head.reason) if code else None)
 
     def acknowledge_in_order(self, conn: MqttConn, packet_id: int, code: int, reason: str) -> None:
         """Acknowledge a publish that never reached a queue (the rules refused it) after the queue
@@ -448,6 +460,7 @@ class MqttQueues:
     async def detach(self, conn: MqttConn) -> None:
         """The connection is gone: its held deliveries become available to other consumers at once."""
         self.after_events(conn)  # whatever the last read settled goes first, however the connection ended
+        self.send_acks(conn)  # settled since the last write: a QoS 2 packet id is then known as a duplicate
         bindings = conn.queue_bindings
         subscriptions = list(bindings.subscriptions.values())
         bindings.subscriptions.clear()
