@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from trimaran.mqtt.connection import ServerConnection
 from trimaran.mqtt.events import PublishReceived
-from trimaran.mqtt.queues import ConnQueues, MqttQueues
+from trimaran.mqtt.queues import ConnQueues, send_acks
 from trimaran.mqtt.reason_codes import ReasonCode
 from trimaran.runtime.machine import Machine
 from trimaran.runtime.transport import Conn
@@ -72,7 +72,7 @@ class MqttConn:
     def before_write(self) -> None:
         bindings = self._queue_bindings
         if bindings is not None and bindings.acks_due:
-            MqttQueues.send_acks(self)  # the queue publishes committed since the last write
+            send_acks(self)  # the queue publishes committed since the last write
 
     def written(self) -> None:
         queues = self.front.queues

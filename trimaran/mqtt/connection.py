@@ -556,7 +556,9 @@ class ServerConnection:
             return False
         self.stats.packets_received += 1
         try:
-            if self.state == State.AWAIT_CONNECT:
+            if type(packet) is Publish:  # most packets: one dispatch shorter
+                self._on_publish(packet, events)  # the decoder refuses one before CONNECT
+            elif self.state == State.AWAIT_CONNECT:
                 assert isinstance(packet, Connect)  # the decoder refuses anything else first
                 self._on_connect(packet, events)
             else:

@@ -73,14 +73,44 @@ def _property(message: Message, name: str) -> str | None:
     return None
 
 
-@dataclass(slots=True, eq=False)
 class PendingAck:
-    """One queue PUBLISH waiting for its commit, acknowledged in arrival order."""
+    """One PUBLISH waiting for its commit (or refused), acknowledged in arrival order: its own
+    ``committed`` is the manager's ``done`` callback, so a publish makes no closure."""
 
-    packet_id: int | None
-    done: bool = False
-    reason_code: int = 0
-    reason: str | None = None
+    __slots__ = ("client", "conn", "done", "packet_id", "reason", "reason_code", "topic")
+
+    def __init__(self, conn: MqttConn, packet_id: int | None, topic: str, client: str) -> None:
+        self.conn = conn
+        self.packet_id = packet_id
+        self.topic = topic
+        self.client = client  # for the log line of a refusal
+        self.done = False
+        self.reason_code = 0
+        self.reason: str | None = None
+
+    def committed(self, _result: PublishResult | None, error: QueueError | None) -> None:
+        """The publish is committed (``error``: the write failed)."""
+        if error is not None:
+            self.refuse(error)
+        self.settle()
+
+    def refuse(self, exc: QueueError) -> None:
+        log.info("mqtt: queue publish from %r to %r refused: %s", self.client, self.topic, exc)
+        self.reason_code = _refusal_code(exc)
+        self.reason = str(exc)
+
+    def settle(self) -> None:
+        """Settled: the PUBACK/PUBREC goes out before the connection's next write, with every other
+        one settled by then (:func:`send_acks`), not one wake-up each. A closed connection's are
+        sent at once: no write follows, and a QoS 2 packet id must then be known as a duplicate."""
+        self.done = True
+        conn = self.conn
+        bindings = conn.queue_bindings
+        if conn.mqtt.closed:
+            send_acks(conn)
+        elif not bindings.acks_due:
+            bindings.acks_due = True
+            conn.wake()
 
 
 @dataclass(slots=True, eq=False)
@@ -96,7 +126,7 @@ class Delivery:
 class QueueSubscription:
     """A consumer of one queue for one MQTT subscription (the queue manager's QueueConsumer)."""
 
-    __slots__ = ("conn", "handle", "held", "id", "qos", "topic_filter")
+    __slots__ = ("_topics", "conn", "handle", "held", "id", "qos", "topic_filter")
 
     def __init__(self, conn: MqttConn, topic_filter: str, qos: int) -> None:
         assert conn.endpoint is not None
@@ -106,6 +136,9 @@ class QueueSubscription:
         self.qos = qos
         self.handle: ConsumerHandle | None = None
         self.held: dict[int, Delivery] = {}  # offset -> its latest delivery not yet settled
+        # delivered_topic per message topic (a subscription reads one queue), the last 64: a queue's
+        # publishers repeat theirs.
+        self._topics: dict[str, str] = {}
 
     def deliver(self, delivery: QueueDelivery) -> None:
         message = delivery.message
@@ -130,9 +163,15 @@ class QueueSubscription:
             if previous is not None:  # redelivered to us before the earlier copy was PUBACKed
                 previous.live = False
             held[offset] = bindings.deliveries[tag] = record
+        topics = self._topics
+        topic = topics.get(message.topic)
+        if topic is None:
+            if len(topics) >= 64:
+                topics.clear()
+            topic = topics[message.topic] = delivered_topic(delivery)
         expires_at = message.expires_at_ms
         out = OutboundMessage(
-            delivered_topic(delivery), message.payload, qos, False, props, tag,
+            topic, message.payload, qos, False, props, tag,
             None if expires_at is None else expires_at / 1000, delivery.redelivered,
         )  # fmt: skip
         if mqtt.publish(out):
@@ -169,7 +208,7 @@ class ConnQueues:
     qos0_sent: list[QueueSubscription] = field(default_factory=list)
     tickets: InOrder[PendingAck] | None = None  # made on the first queue publish
     refused: bool = False  # 3.1.1: a refusal closed the connection; nothing more is acknowledged
-    acks_due: bool = False  # a publish was settled since the last write: MqttQueues.send_acks
+    acks_due: bool = False  # a publish was settled since the last write: send_acks
     credit_due: dict[ConsumerHandle, int] = field(default_factory=dict)  # see MqttQueues.after_events
     settle_due: list[tuple[ConsumerHandle, int, Outcome]] = field(default_factory=list)  # likewise
 
@@ -193,103 +232,57 @@ class MqttQueues:
         (``$ack``, ``$nack``, ``$reject``, ``$commit``) is applied here, before the next packet of the
         connection is read; only the wait for its commit runs in a task.
         """
-        ticket = conn.queue_bindings.pending_ack(PendingAck(packet_id))
-        client = conn.endpoint.client_id if conn.endpoint else "?"
+        endpoint = conn.endpoint
+        ticket = conn.queue_bindings.pending_ack(
+            PendingAck(conn, packet_id, message.topic, endpoint.client_id if endpoint else "?")
+        )
         parsed = parse_queue_topic(message.topic)
         try:
             if parsed is None:
                 raise QueueError("bad-topic", f"{message.topic!r} is not a valid queue topic")
             queue, routing_key, control = parsed
             if control is None:
-
-                def done(_result: PublishResult, error: QueueError | None) -> None:
-                    if error is not None:
-                        self._refused(ticket, client, message, error)
-                    self._finish(conn, ticket)
-
                 try:
-                    self.manager.publish_nowait(queue, message, routing_key, done)
+                    self.manager.publish_nowait(queue, message, routing_key, ticket.committed)
                 except QueueError as exc:
                     if exc.reason != "shared":
                         raise
-                    conn.spawn(lambda: self._append(conn, queue, routing_key, message, ticket, client))
+                    conn.spawn(lambda: self._append(queue, routing_key, message, ticket))
                 return
-            commit = self._control(conn, queue, control, message, client)
+            commit = self._control(conn, queue, control, message, ticket.client)
         except QueueError as exc:
-            self._refused(ticket, client, message, exc)
-            self._finish(conn, ticket)
+            ticket.refuse(exc)
+            ticket.settle()
             return
         if commit is None:
-            self._finish(conn, ticket)
+            ticket.settle()
         else:
-            conn.spawn(lambda: self._committed(conn, commit, ticket, client, message))
+            conn.spawn(lambda: self._committed(commit, ticket))
 
-    async def _append(
-        self, conn: MqttConn, queue: str, routing_key: str, message: Message, ticket: PendingAck, client: str
-    ) -> None:
+    async def _append(self, queue: str, routing_key: str, message: Message, ticket: PendingAck) -> None:
         """A shared node's publish (its offset comes from an awaited reservation)."""
         try:
             await self.manager.publish(queue, message, routing_key)
         except QueueError as exc:
-            self._refused(ticket, client, message, exc)
-        self._finish(conn, ticket)
+            ticket.refuse(exc)
+        ticket.settle()
 
-    async def _committed(
-        self, conn: MqttConn, commit: Receipt, ticket: PendingAck, client: str, message: Message
-    ) -> None:
+    @staticmethod
+    async def _committed(commit: Receipt, ticket: PendingAck) -> None:
         try:
             await committed(commit)
         except QueueError as exc:
-            self._refused(ticket, client, message, exc)
-        self._finish(conn, ticket)
-
-    @staticmethod
-    def _refused(ticket: PendingAck, client: str, message: Message, exc: QueueError) -> None:
-        log.info("mqtt: queue publish from %r to %r refused: %s", client, message.topic, exc)
-        ticket.reason_code = _refusal_code(exc)
-        ticket.reason = str(exc)
-
-    @staticmethod
-    def _finish(conn: MqttConn, ticket: PendingAck) -> None:
-        """``ticket`` is settled: its PUBACK/PUBREC goes out before the connection's next write,
-        with every other one settled by then (:meth:`send_acks`), not one wake-up each. A closed
-        connection's are sent at once: no write follows, and a QoS 2 packet id must then be known as
-        a duplicate."""
-        ticket.done = True
-        bindings = conn.queue_bindings
-        if conn.mqtt.closed:
-            MqttQueues.send_acks(conn)
-        elif not bindings.acks_due:
-            bindings.acks_due = True
-            conn.wake()
-
-    @staticmethod
-    def send_acks(conn: MqttConn) -> None:
-        """Send the PUBACK/PUBREC of every settled publish at the head, in arrival order."""
-        bindings = conn.queue_bindings
-        bindings.acks_due = False
-        tickets = bindings.tickets
-        if tickets is None:
-            return
-        mqtt = conn.mqtt
-        for head in tickets.ready():
-            if head.packet_id is None or bindings.refused:
-                continue
-            code = head.reason_code
-            if code and mqtt.protocol_level < MQTT_5:
-                # 3.1.1 cannot refuse a PUBLISH: closing the connection is how it says no.
-                bindings.refused = True
-                if not mqtt.closed:
-                    conn.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, head.reason or "refused")
-                continue
-            # Also after the connection is gone: a QoS 2 packet id must then be known as a duplicate.
-            mqtt.ack_publish(head.packet_id, code, _reason_props(head.reason) if code else None)
+            ticket.refuse(exc)
+        ticket.settle()
 
     def acknowledge_in_order(self, conn: MqttConn, packet_id: int, code: int, reason: str) -> None:
         """Acknowledge a publish that never reached a queue (the rules refused it) after the queue
         publishes before it, in arrival order."""
-        ticket = PendingAck(packet_id, reason_code=code, reason=reason if code else None)
-        self._finish(conn, conn.queue_bindings.pending_ack(ticket))
+        endpoint = conn.endpoint
+        ticket = PendingAck(conn, packet_id, "", endpoint.client_id if endpoint else "?")
+        ticket.reason_code = code
+        ticket.reason = reason if code else None
+        conn.queue_bindings.pending_ack(ticket).settle()
 
     def _check_holder(self, conn: MqttConn, control: str, message_id: str, group: str | None) -> None:
         """Settlement belongs to its holder: a work-queue delivery only by the session it was delivered
@@ -460,7 +453,7 @@ class MqttQueues:
     async def detach(self, conn: MqttConn) -> None:
         """The connection is gone: its held deliveries become available to other consumers at once."""
         self.after_events(conn)  # whatever the last read settled goes first, however the connection ended
-        self.send_acks(conn)  # settled since the last write: a QoS 2 packet id is then known as a duplicate
+        send_acks(conn)  # settled since the last write: a QoS 2 packet id is then known as a duplicate
         bindings = conn.queue_bindings
         subscriptions = list(bindings.subscriptions.values())
         bindings.subscriptions.clear()
@@ -469,6 +462,28 @@ class MqttQueues:
             for subscription in subscriptions:
                 if subscription.handle is not None:
                     await subscription.handle.cancel()
+
+
+def send_acks(conn: MqttConn) -> None:
+    """Send the PUBACK/PUBREC of every settled publish at the head, in arrival order."""
+    bindings = conn.queue_bindings
+    bindings.acks_due = False
+    tickets = bindings.tickets
+    if tickets is None:
+        return
+    mqtt = conn.mqtt
+    for head in tickets.ready():
+        if head.packet_id is None or bindings.refused:
+            continue
+        code = head.reason_code
+        if code and mqtt.protocol_level < MQTT_5:
+            # 3.1.1 cannot refuse a PUBLISH: closing the connection is how it says no.
+            bindings.refused = True
+            if not mqtt.closed:
+                conn.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, head.reason or "refused")
+            continue
+        # Also after the connection is gone: a QoS 2 packet id must then be known as a duplicate.
+        mqtt.ack_publish(head.packet_id, code, _reason_props(head.reason) if code else None)
 
 
 def puback_outcome(reason_code: int) -> Outcome:
