@@ -607,28 +607,36 @@ def test_pubacks_in_the_read_that_disconnects_are_settled_v5(qmqtt: Endpoints) -
         close_all(pub, after)
 
 
-def test_qos2_queue_publish_cut_off_before_its_pubrec_is_appended_once_v5(qmqtt: Endpoints) -> None:
+@pytest.mark.parametrize("back", ["after-the-commit", "at-once"])
+def test_qos2_queue_publish_cut_off_before_its_pubrec_is_appended_once_v5(
+    qmqtt: Endpoints, back: str
+) -> None:
     """A QoS 2 queue publish whose connection ends in the same write, before the commit: its PUBREC
     cannot be sent, but its packet id is remembered once committed, so the PUBLISH the client sends
-    again on its next connection is answered, not appended a second time."""
-    q = "$queue/qos2-cut-off"
+    again on its next connection is answered, not appended a second time; a resend that comes before
+    the commit is held and answered after it."""
+    q = f"$queue/qos2-cut-off-{back}"
+    client_id = f"raw-qos2-cut-off-{back}"
     sub = connect(qmqtt, version=V5)
     pub = connect(qmqtt, version=V5)
-    raw = RawClient(qmqtt, "raw-qos2-cut-off", expiry=60)
+    raw = RawClient(qmqtt, client_id, expiry=60)
     try:
         sub.subscribe(q, qos=1)
         raw.send(Publish(q, b"once", 2, packet_id=7))
         raw.close()  # the PUBLISH and the end of the connection in one read, as a client that dies
-        assert sub.expect().payload == b"once"
-        # Commits complete in order: once a later publish is acknowledged, so is the cut-off one.
-        pub.publish(q, b"later", qos=1)  # waits for its PUBACK
-        assert sub.expect().payload == b"later"
-        raw = RawClient(qmqtt, "raw-qos2-cut-off", expiry=60)
+        if back == "after-the-commit":
+            assert sub.expect().payload == b"once"
+            # Commits complete in order: once a later publish is acknowledged, so is the cut-off one.
+            pub.publish(q, b"later", qos=1)  # waits for its PUBACK
+            assert sub.expect().payload == b"later"
+        raw = RawClient(qmqtt, client_id, expiry=60)
         assert raw.connack.session_present
         raw.send(Publish(q, b"once", 2, dup=True, packet_id=7))
         assert raw.next() == PubRec(7)
         raw.send(PubRel(7))
         assert raw.next() == PubComp(7)
+        if back == "at-once":
+            assert sub.expect().payload == b"once"
         sub.expect_none(0.5)  # appended once
     finally:
         raw.close()

@@ -363,6 +363,54 @@ def test_pubrel_for_unknown_id() -> None:
     assert client.received() == [PubComp(3, 0x92)]
 
 
+def test_a_qos2_resend_on_the_next_connection_waits_for_the_first_copy() -> None:
+    """A QoS 2 PUBLISH whose connection ended before the hull acknowledged it (its commit runs): the
+    session's next connection holds the client's resend, delivering nothing, and answers it once the
+    first copy is acknowledged."""
+    session = Session("c1", expiry_interval=60)
+    first, client1, _ = connected(session=session)
+    (event,) = client1.send(Publish("t", b"x", 2, packet_id=7))
+    assert isinstance(event, PublishReceived)
+    assert [type(e) for e in eof(first)] == [ConnectionClosed]
+    second, client2, _ = connected(session=session, session_present=True)
+    assert client2.send(Publish("t", b"x", 2, dup=True, packet_id=7)) == []  # held, not received again
+    assert client2.received() == []
+    assert not second.settle_resend(8)  # nothing held under another id
+    first.ack_publish(7)  # the first copy is committed, after its connection ended
+    assert 7 in session.inbound_qos2 and not session.inbound_pending
+    assert second.settle_resend(7)
+    assert client2.received() == [PubRec(7)]
+    assert client2.send(PubRel(7)) == []
+    assert client2.received() == [PubComp(7)]
+    assert not second.settle_resend(7)
+
+
+def test_a_held_qos2_resend_whose_first_copy_is_refused_in_3_1_1_is_forgotten() -> None:
+    """3.1.1 cannot refuse a PUBLISH: the held resend is dropped without an answer (the hull closes
+    the connection), and the client's next resend is a new message."""
+    session = Session("c1", expiry_interval=60)
+    first, client1, _ = connected(level=4, session=session)
+    client1.send(Publish("t", b"x", 2, packet_id=7))
+    eof(first)
+    second, client2, _ = connected(level=4, session=session, session_present=True)
+    assert client2.send(Publish("t", b"x", 2, dup=True, packet_id=7)) == []
+    first.ack_publish(7, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
+    assert second.settle_resend(7, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
+    assert client2.received() == [] and not session.inbound_pending and not session.inbound_qos2
+    (again,) = client2.send(Publish("t", b"x", 2, dup=True, packet_id=7))
+    assert isinstance(again, PublishReceived)
+
+
+def test_a_qos2_publish_is_pending_in_the_session_until_acknowledged() -> None:
+    session = Session("c1", expiry_interval=60)
+    server, client, _ = connected(session=session)
+    client.send(Publish("t", b"x", 2, packet_id=3))
+    assert session.inbound_pending == {3: None} and not session.inbound_qos2
+    server.ack_publish(3, ReasonCode.QUOTA_EXCEEDED)  # refused: not pending, nor a duplicate later
+    assert not session.inbound_pending and not session.inbound_qos2
+    assert client.received() == [PubRec(3, ReasonCode.QUOTA_EXCEEDED)]
+
+
 def test_qos2_refused_ends_the_flow() -> None:
     server, client, _ = connected()
     client.send(Publish("a", b"x", 2, packet_id=7))

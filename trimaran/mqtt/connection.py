@@ -184,6 +184,7 @@ class ServerConnection:
         "_connect",
         "_deadline",
         "_decoder",
+        "_held_resends",
         "_in_aliases",
         "_inbound_unacked",
         "_last_rx",
@@ -239,6 +240,7 @@ class ServerConnection:
         self.client_topic_alias_maximum = 0
         self.request_problem_information = True
         self._inbound_unacked: dict[int, int] = {}  # client packet id -> QoS, not yet acked by the handler
+        self._held_resends: set[int] | None = None  # see settle_resend
         self._in_aliases: dict[int, str] | None = None
         self._out_aliases: dict[str, int] | None = None
         self._out_alias_next = 1
@@ -470,6 +472,8 @@ class ServerConnection:
         qos = self._inbound_unacked.pop(packet_id, None)
         if qos is None or self.session is None:
             return
+        if qos == 2:
+            self._settled_qos2(packet_id)
         if self.state != State.CONNECTED:
             # Too late to answer, but the message is ours now: when the client resends it on its next
             # connection it must be recognised as a duplicate (and answered with PUBREC).
@@ -486,6 +490,23 @@ class ServerConnection:
             self._send(PubRec(packet_id, reason_code, properties or Properties()))
         if qos == 2 and (reason_code < 0x80 or self._level < MQTT_5):
             self.session.inbound_qos2[packet_id] = None
+
+    def settle_resend(
+        self, packet_id: int, reason_code: int = 0, properties: Properties | None = None
+    ) -> bool:
+        """The first copy of a QoS 2 PUBLISH this connection holds a resend of (it came on an earlier
+        connection of the session, whose ``ack_publish`` has just run) is acknowledged: answer the
+        resend alike. A 3.1.1 refusal is only forgotten here: 3.1.1 refuses by closing, which is the
+        caller's to do. False when no resend of ``packet_id`` is held here."""
+        held = self._held_resends
+        if held is None or packet_id not in held:
+            return False
+        if reason_code >= 0x80 and self._level < MQTT_5:
+            del self._inbound_unacked[packet_id]
+            self._settled_qos2(packet_id)
+        else:
+            self.ack_publish(packet_id, reason_code, properties)
+        return True
 
     def send_suback(
         self, packet_id: int, reason_codes: list[int], properties: Properties | None = None
@@ -745,6 +766,16 @@ class ServerConnection:
                 return
             if pid in unacked:
                 return  # the handler has not acknowledged the first copy yet
+            pending = self.session.inbound_pending
+            if pending is not None and pid in pending:
+                # The first copy came on an earlier connection of this session and is not yet
+                # acknowledged (its commit runs): this one is answered with it (settle_resend).
+                unacked[pid] = 2
+                held = self._held_resends
+                if held is None:
+                    held = self._held_resends = set()
+                held.add(pid)
+                return
         elif pid in unacked:
             events.append(PublishReceived(publish))  # QoS 1 resend: at least once
             return
@@ -754,7 +785,21 @@ class ServerConnection:
                 "more unacknowledged QoS 1/2 PUBLISH than Receive Maximum",
             )
         unacked[pid] = qos
+        if qos == 2:
+            session = self.session
+            if session.inbound_pending is None:
+                session.inbound_pending = {}
+            session.inbound_pending[pid] = None
         events.append(PublishReceived(publish))
+
+    def _settled_qos2(self, packet_id: int) -> None:
+        """A QoS 2 PUBLISH is acknowledged: no longer pending in the session, nor held here."""
+        assert self.session is not None
+        pending = self.session.inbound_pending
+        if pending is not None:
+            pending.pop(packet_id, None)
+        if self._held_resends is not None:
+            self._held_resends.discard(packet_id)
 
     def _on_pubrel(self, packet: PubRel) -> None:
         assert self.session is not None

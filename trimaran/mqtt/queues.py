@@ -473,17 +473,38 @@ def send_acks(conn: MqttConn) -> None:
         return
     mqtt = conn.mqtt
     for head in tickets.ready():
-        if head.packet_id is None or bindings.refused:
+        packet_id = head.packet_id
+        if packet_id is None:
             continue
         code = head.reason_code
-        if code and mqtt.protocol_level < MQTT_5:
-            # 3.1.1 cannot refuse a PUBLISH: closing the connection is how it says no.
+        if code and mqtt.protocol_level < MQTT_5 and not bindings.refused:
+            # 3.1.1 cannot refuse a PUBLISH: closing the connection is how it says no, and nothing
+            # after it is acknowledged on this connection.
             bindings.refused = True
             if not mqtt.closed:
                 conn.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, head.reason or "refused")
-            continue
-        # Also after the connection is gone: a QoS 2 packet id must then be known as a duplicate.
-        mqtt.ack_publish(head.packet_id, code, _reason_props(head.reason) if code else None)
+        props = _reason_props(head.reason) if code else None
+        # Also once the connection is gone: a committed QoS 2 packet id must then be known as a
+        # duplicate, and a resend the session's next connection holds is answered.
+        mqtt.ack_publish(packet_id, code, props)
+        if mqtt.closed:
+            _answer_resend(conn, head, props)
+
+
+def _answer_resend(conn: MqttConn, ticket: PendingAck, props: Properties | None) -> None:
+    """A publish of a connection that is gone is acknowledged: the session's live connection answers
+    the client's resend of it, if it holds one (3.1.1 refuses by closing that one too)."""
+    endpoint = conn.front.endpoints.get(ticket.client)
+    live = endpoint.conn if endpoint is not None else None
+    if live is None or live is conn or ticket.packet_id is None:
+        return
+    code = ticket.reason_code
+    if not live.mqtt.settle_resend(ticket.packet_id, code, props):
+        return
+    if code and live.mqtt.protocol_level < MQTT_5:
+        live.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, ticket.reason or "refused")
+    else:
+        live.wake()
 
 
 def puback_outcome(reason_code: int) -> Outcome:

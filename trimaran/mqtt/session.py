@@ -15,6 +15,8 @@ Outbound delivery (server -> client):
 
 Inbound QoS 2 (client -> server): `inbound_qos2` holds the packet identifiers for which PUBREC was
 sent and PUBREL not yet received; a PUBLISH that reuses one of them is a resend, not a new message.
+`inbound_pending` holds those received and not yet acknowledged (a queue publish waits for its
+commit), in memory only: a resend on the session's next connection is held, not taken again.
 
 Standard library only.
 """
@@ -181,6 +183,7 @@ class Session:
         "client_id",
         "dropped",
         "expiry_interval",
+        "inbound_pending",
         "inbound_qos2",
         "inflight",
         "max_queued",
@@ -203,6 +206,7 @@ class Session:
         # Packet ids as dict keys: an empty dict is a quarter of an empty set, and most sessions
         # never see QoS 2.
         self.inbound_qos2: dict[int, None] = {}
+        self.inbound_pending: dict[int, None] | None = None  # made by the first QoS 2 PUBLISH
         self.dropped = 0  # messages refused because the queue was full
         self._next_packet_id = 1
         # Storage holds this session's queued messages numbered below saved_seq; None: never saved
