@@ -516,18 +516,8 @@ class Amqp091FrontEnd:
         # One queue and no router (the default exchange, the usual case): build the message with
         # its queue topic at once rather than copy it per queue below.
         single = next(iter(queues)) if len(queues) == 1 and not result.to_router else None
-        try:
-            message = message_from_content(
-                props,
-                body,
-                "" if single is None else queue_topic(single),
-                exchange=exchange,
-                routing_key=key,
-                publisher_id=conn.name,
-            )
-        except MappingError as exc:
-            raise spec.ProtocolError(spec.PRECONDITION_FAILED, str(exc), class_id=60, method_id=40) from None
-        message.encoded_properties = encoded
+        first_topic = "" if single is None else queue_topic(single)
+        message = _content_message(props, body, first_topic, exchange, key, conn.name, encoded)
         routed = 0
         if result.to_router:
             try:
@@ -576,20 +566,7 @@ class Amqp091FrontEnd:
             topic = queue_topic(name, sub_key)
             if conn.principal is not None:
                 check_queue_publish(self.security, conn.principal, conn, name, topic, method)
-            try:
-                message = message_from_content(
-                    props,
-                    body,
-                    topic,
-                    exchange="",
-                    routing_key=key,
-                    publisher_id=conn.name,
-                )
-            except MappingError as exc:
-                raise spec.ProtocolError(
-                    spec.PRECONDITION_FAILED, str(exc), class_id=60, method_id=40
-                ) from None
-            message.encoded_properties = encoded
+            message = _content_message(props, body, topic, "", key, conn.name, encoded)
             sent = self._to_queue(channel, name, message, entry, sub_key)
         if sent:
             return
@@ -674,6 +651,27 @@ class Amqp091FrontEnd:
                 continue
             if not self._to_queue(None, queue, message, entry):
                 self.broker.stats.messages_dropped += 1  # a router copy: dropped, not a failed publish
+
+
+def _content_message(
+    props: BasicProperties,
+    body: bytes,
+    topic: str,
+    exchange: str,
+    key: str,
+    publisher_id: str,
+    encoded: bytes | None,
+) -> Message:
+    """A basic.publish's message, carrying the publisher's property bytes as they came
+    (``Message.encoded_properties``); properties that cannot be mapped are PRECONDITION_FAILED."""
+    try:
+        message = message_from_content(
+            props, body, topic, exchange=exchange, routing_key=key, publisher_id=publisher_id
+        )
+    except MappingError as exc:
+        raise spec.ProtocolError(spec.PRECONDITION_FAILED, str(exc), class_id=60, method_id=40) from None
+    message.encoded_properties = encoded
+    return message
 
 
 def _later(conn: Amqp091Conn, step: Awaitable[None] | None) -> None:

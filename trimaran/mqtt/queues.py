@@ -79,14 +79,22 @@ class PendingAck:
 
     __slots__ = ("client", "conn", "done", "packet_id", "reason", "reason_code", "topic")
 
-    def __init__(self, conn: MqttConn, packet_id: int | None, topic: str, client: str) -> None:
+    def __init__(
+        self,
+        conn: MqttConn,
+        packet_id: int | None,
+        topic: str,
+        client: str,
+        reason_code: int = 0,
+        reason: str | None = None,
+    ) -> None:
         self.conn = conn
         self.packet_id = packet_id
         self.topic = topic
         self.client = client  # for the log line of a refusal
         self.done = False
-        self.reason_code = 0
-        self.reason: str | None = None
+        self.reason_code = reason_code
+        self.reason = reason
 
     def committed(self, _result: PublishResult | None, error: QueueError | None) -> None:
         """The publish is committed (``error``: the write failed)."""
@@ -207,7 +215,6 @@ class ConnQueues:
     next_tag: int = 0
     qos0_sent: list[QueueSubscription] = field(default_factory=list)
     tickets: InOrder[PendingAck] | None = None  # made on the first queue publish
-    refused: bool = False  # 3.1.1: a refusal closed the connection; nothing more is acknowledged
     acks_due: bool = False  # a publish was settled since the last write: send_acks
     credit_due: dict[ConsumerHandle, int] = field(default_factory=dict)  # see MqttQueues.after_events
     settle_due: list[tuple[ConsumerHandle, int, Outcome]] = field(default_factory=list)  # likewise
@@ -279,9 +286,8 @@ class MqttQueues:
         """Acknowledge a publish that never reached a queue (the rules refused it) after the queue
         publishes before it, in arrival order."""
         endpoint = conn.endpoint
-        ticket = PendingAck(conn, packet_id, "", endpoint.client_id if endpoint else "?")
-        ticket.reason_code = code
-        ticket.reason = reason if code else None
+        client = endpoint.client_id if endpoint else "?"
+        ticket = PendingAck(conn, packet_id, "", client, code, reason if code else None)
         conn.queue_bindings.pending_ack(ticket).settle()
 
     def _check_holder(self, conn: MqttConn, control: str, message_id: str, group: str | None) -> None:
@@ -476,34 +482,34 @@ def send_acks(conn: MqttConn) -> None:
         packet_id = head.packet_id
         if packet_id is None:
             continue
-        code = head.reason_code
-        if code and mqtt.protocol_level < MQTT_5 and not bindings.refused:
-            # 3.1.1 cannot refuse a PUBLISH: closing the connection is how it says no, and nothing
-            # after it is acknowledged on this connection.
-            bindings.refused = True
-            if not mqtt.closed:
-                conn.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, head.reason or "refused")
-        props = _reason_props(head.reason) if code else None
-        # Also once the connection is gone: a committed QoS 2 packet id must then be known as a
-        # duplicate, and a resend the session's next connection holds is answered.
-        mqtt.ack_publish(packet_id, code, props)
+        _refused_by_closing(conn, head)
+        props = _reason_props(head.reason) if head.reason_code else None
+        # Also once the connection is gone (as after a 3.1.1 refusal): a committed QoS 2 packet id
+        # must then be known as a duplicate, and a resend the session's next connection holds is
+        # answered.
+        mqtt.ack_publish(packet_id, head.reason_code, props)
         if mqtt.closed:
-            _answer_resend(conn, head, props)
+            _answer_resend(conn, head, packet_id, props)
 
 
-def _answer_resend(conn: MqttConn, ticket: PendingAck, props: Properties | None) -> None:
+def _refused_by_closing(conn: MqttConn, ticket: PendingAck) -> bool:
+    """3.1.1 cannot refuse a PUBLISH: closing the connection is how it says no (and nothing after it
+    is answered on that connection). True when ``ticket`` is such a refusal."""
+    if not ticket.reason_code or conn.mqtt.protocol_level >= MQTT_5:
+        return False
+    if not conn.mqtt.closed:
+        conn.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, ticket.reason or "refused")
+    return True
+
+
+def _answer_resend(conn: MqttConn, ticket: PendingAck, packet_id: int, props: Properties | None) -> None:
     """A publish of a connection that is gone is acknowledged: the session's live connection answers
-    the client's resend of it, if it holds one (3.1.1 refuses by closing that one too)."""
+    the client's resend of it, if it holds one."""
     endpoint = conn.front.endpoints.get(ticket.client)
     live = endpoint.conn if endpoint is not None else None
-    if live is None or live is conn or ticket.packet_id is None:
+    if live is None or live is conn or not live.mqtt.settle_resend(packet_id, ticket.reason_code, props):
         return
-    code = ticket.reason_code
-    if not live.mqtt.settle_resend(ticket.packet_id, code, props):
-        return
-    if code and live.mqtt.protocol_level < MQTT_5:
-        live.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, ticket.reason or "refused")
-    else:
+    if not _refused_by_closing(live, ticket):
         live.wake()
 
 
