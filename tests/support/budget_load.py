@@ -1,0 +1,357 @@
+"""Raw-socket clients that load the in-process server for the per-message budgets.
+
+Each speaks just enough of its protocol, with the project's own codecs, to run a closed loop: every
+round, the publishers send a fixed batch in one write each, and the round ends when every message
+has been delivered (and, where the path has them, acknowledged both ways). The clients run in the
+test's thread, which is never profiled.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+
+from tests.support.budget import connect
+from trimaran.amqp091 import spec
+from trimaran.amqp091.frames import NEED_DATA as AMQP091_NEED_DATA
+from trimaran.amqp091.frames import BodyFrame, FrameDecoder, HeaderFrame, MethodFrame, encode_content
+from trimaran.amqp091.frames import encode_method as amqp091_method
+from trimaran.amqp091.properties import BasicProperties
+from trimaran.amqp1.frames import AMQP_HEADER, FRAME_AMQP, FRAME_SASL, SASL_HEADER, Frame, encode_frame
+from trimaran.amqp1.frames import FrameDecoder as Amqp1Decoder
+from trimaran.amqp1.messages import Data, Message, encode_message
+from trimaran.amqp1.performatives import (
+    Accepted,
+    Attach,
+    Begin,
+    Composite,
+    Disposition,
+    Flow,
+    Open,
+    SaslInit,
+    SaslMechanisms,
+    SaslOutcome,
+    Source,
+    Target,
+    Transfer,
+)
+from trimaran.mqtt.codec import NEED_DATA, Decoder, encode, encode_plain_publish
+from trimaran.mqtt.packets import MQTT_5, Connect, PubAck, Publish, SubAck, Subscribe, SubscriptionOptions
+
+PAYLOAD = b"x" * 32
+
+
+def _recv(sock: socket.socket) -> bytes:
+    data = sock.recv(1 << 20)
+    if not data:
+        raise ConnectionError("the server closed the connection")
+    return data
+
+
+# -- MQTT --------------------------------------------------------------------------------------------
+
+
+class MqttClient:
+    def __init__(self, port: int, client_id: str, level: int = MQTT_5) -> None:
+        self.level = level
+        self.sock = connect(port)
+        self.decoder = Decoder(protocol_level=level)
+        self.sock.sendall(encode(Connect(protocol_level=level, client_id=client_id), level))
+        self.expect()  # CONNACK
+
+    def packets(self) -> list[object]:
+        self.decoder.feed(_recv(self.sock))
+        out: list[object] = []
+        while (packet := self.decoder.next_packet()) is not NEED_DATA:
+            out.append(packet)
+        return out
+
+    def expect(self) -> object:
+        while not (got := self.packets()):
+            pass
+        return got[0]
+
+    def subscribe(self, topic_filter: str, qos: int) -> None:
+        options = SubscriptionOptions(qos=qos)
+        self.sock.sendall(encode(Subscribe(1, [(topic_filter, options)]), self.level))
+        assert isinstance(self.expect(), SubAck)
+
+
+class MqttLoad:
+    """``publishers`` -> topic (or ``$queue/``) -> ``subscribers``, ``batch`` messages each a round."""
+
+    def __init__(
+        self, port: int, *, publishers: int, subscribers: int, qos: int, topic: str, batch: int
+    ) -> None:
+        self.qos = qos
+        self.batch = batch
+        self.subs = [MqttClient(port, f"sub{i}") for i in range(subscribers)]
+        for sub in self.subs:
+            sub.subscribe(topic, qos)
+        self.pubs = [MqttClient(port, f"pub{i}") for i in range(publishers)]
+        self.topic = topic
+        self.sent = 0
+
+    def messages_per_round(self) -> int:
+        return self.batch * len(self.pubs)
+
+    def round(self) -> None:
+        batches = []
+        for _ in self.pubs:
+            wire = bytearray()
+            for i in range(self.batch):
+                packet_id = (i % 65000) + 1 if self.qos else None
+                wire += encode_plain_publish(self.topic, PAYLOAD, self.qos, False, False, packet_id, MQTT_5)
+            batches.append(bytes(wire))
+        for pub, batch in zip(self.pubs, batches, strict=True):
+            pub.sock.sendall(batch)
+        queue = self.topic.startswith("$queue/")
+        # A queue message goes to one subscriber; a topic message to each of them.
+        expected = self.messages_per_round() * (1 if queue else len(self.subs))
+        received = 0
+        while received < expected:
+            for sub in self.subs:
+                sub.sock.settimeout(0.005 if len(self.subs) > 1 else 10)
+                try:
+                    got = sub.packets()
+                except TimeoutError:
+                    continue
+                finally:
+                    sub.sock.settimeout(10)
+                acks = bytearray()
+                for packet in got:
+                    assert isinstance(packet, Publish), packet
+                    received += 1
+                    if packet.qos:
+                        assert packet.packet_id is not None
+                        acks += encode(PubAck(packet.packet_id), MQTT_5)
+                if acks:
+                    sub.sock.sendall(acks)
+        if self.qos:
+            for pub in self.pubs:
+                acked = 0
+                while acked < self.batch:
+                    acked += sum(isinstance(p, PubAck) for p in pub.packets())
+
+    def close(self) -> None:
+        for client in [*self.pubs, *self.subs]:
+            client.sock.close()
+
+
+# -- AMQP 0.9.1 --------------------------------------------------------------------------------------
+
+
+class Amqp091Client:
+    def __init__(self, port: int) -> None:
+        self.sock = connect(port)
+        self.decoder = FrameDecoder(131072)
+        self.frames: list[object] = []
+        self.sock.sendall(spec.PROTOCOL_HEADER)
+        self.until(spec.ConnectionStart)
+        self.send(spec.ConnectionStartOk({"product": "budget"}, "PLAIN", b"\x00guest\x00guest", "en_US"))
+        self.until(spec.ConnectionTune)
+        self.send(spec.ConnectionTuneOk(2047, 131072, 0))
+        self.call(spec.ConnectionOpen("/"), spec.ConnectionOpenOk, channel=0)
+        self.call(spec.ChannelOpen(), spec.ChannelOpenOk, channel=1)
+
+    def send(self, method: spec.Method, channel: int = 0) -> None:
+        self.sock.sendall(amqp091_method(channel, method))
+
+    def read(self) -> list[object]:
+        self.decoder.feed(_recv(self.sock))
+        out: list[object] = []
+        while (frame := self.decoder.next_frame()) is not AMQP091_NEED_DATA:
+            out.append(frame)
+        return out
+
+    def until(self, kind: type[spec.Method]) -> spec.Method:
+        while True:
+            for frame in self.read():
+                if isinstance(frame, MethodFrame) and isinstance(frame.method, kind):
+                    return frame.method
+                assert not isinstance(frame, MethodFrame) or not isinstance(
+                    frame.method, spec.ConnectionClose | spec.ChannelClose
+                ), frame
+
+    def call(self, method: spec.Method, answer: type[spec.Method], channel: int = 1) -> spec.Method:
+        self.send(method, channel)
+        return self.until(answer)
+
+
+class Amqp091Load:
+    """One publisher -> queue -> one consumer acking each delivery; durable: persistent messages
+    with publisher confirms on a durable queue."""
+
+    def __init__(self, port: int, *, durable: bool, batch: int) -> None:
+        self.batch = batch
+        self.durable = durable
+        self.queue = "budget-durable" if durable else "budget-transient"
+        self.pub = Amqp091Client(port)
+        self.pub.call(spec.QueueDeclare(queue=self.queue, durable=durable), spec.QueueDeclareOk)
+        if durable:
+            self.pub.call(spec.ConfirmSelect(), spec.ConfirmSelectOk)
+        self.sub = Amqp091Client(port)
+        self.sub.call(spec.BasicQos(prefetch_count=batch * 2), spec.BasicQosOk)
+        self.sub.call(spec.BasicConsume(queue=self.queue, consumer_tag="c"), spec.BasicConsumeOk)
+        props = BasicProperties(delivery_mode=2 if durable else None)
+        publish = spec.BasicPublish(routing_key=self.queue)
+        self.wire = b"".join(encode_content(1, publish, props, PAYLOAD, 131072) for _ in range(batch))
+        self.confirmed = 0
+
+    def messages_per_round(self) -> int:
+        return self.batch
+
+    def round(self) -> None:
+        self.pub.sock.sendall(self.wire)
+        delivered = 0
+        while delivered < self.batch:
+            acks = bytearray()
+            for frame in self.sub.read():
+                if isinstance(frame, MethodFrame) and isinstance(frame.method, spec.BasicDeliver):
+                    delivered += 1
+                    acks += amqp091_method(1, spec.BasicAck(frame.method.delivery_tag))
+                else:
+                    assert isinstance(frame, HeaderFrame | BodyFrame), frame
+            if acks:
+                self.sub.sock.sendall(acks)
+        if self.durable:
+            target = self.confirmed + self.batch
+            while self.confirmed < target:
+                for frame in self.pub.read():
+                    assert isinstance(frame, MethodFrame) and isinstance(frame.method, spec.BasicAck), frame
+                    tag = frame.method.delivery_tag
+                    self.confirmed = tag if frame.method.multiple else max(self.confirmed, tag)
+
+    def close(self) -> None:
+        self.pub.sock.close()
+        self.sub.sock.close()
+
+
+# -- AMQP 1.0 ----------------------------------------------------------------------------------------
+
+
+class Amqp1Client:
+    def __init__(self, port: int, container_id: str) -> None:
+        self.sock = connect(port)
+        self.decoder = Amqp1Decoder()
+        self.header = True  # the server answers a protocol header with its own before any frame
+        self.sock.sendall(SASL_HEADER)
+        self.until(SaslMechanisms)
+        self.sock.sendall(bytes(encode_frame(FRAME_SASL, 0, SaslInit(mechanism="ANONYMOUS"))))
+        self.until(SaslOutcome)
+        self.header = True
+        self.sock.sendall(AMQP_HEADER)
+        self.send(Open(container_id=container_id))
+        self.until(Open)
+        self.send(Begin(next_outgoing_id=0, incoming_window=100_000, outgoing_window=100_000))
+        self.until(Begin)
+
+    def send(self, perf: Composite, payload: bytes = b"") -> None:
+        self.sock.sendall(bytes(encode_frame(FRAME_AMQP, 0, perf, payload)))
+
+    def read(self) -> list[Composite]:
+        self.decoder.feed(_recv(self.sock))
+        out: list[Composite] = []
+        while True:
+            if self.header:
+                if not isinstance(self.decoder.next_header(), bytes):
+                    return out
+                self.header = False
+            frame = self.decoder.next_frame()
+            if not isinstance(frame, Frame):
+                return out
+            if not frame.is_empty:
+                out.append(frame.performative()[0])
+
+    def until(self, kind: type[Composite]) -> Composite:
+        while True:
+            for perf in self.read():
+                if isinstance(perf, kind):
+                    return perf
+
+
+class Amqp1Load:
+    """One sender -> a transient queue (declared over AMQP 0.9.1 first) -> one receiver, both
+    unsettled: the server accepts each transfer, the receiver accepts each delivery."""
+
+    def __init__(self, port: int, *, batch: int) -> None:
+        self.batch = batch
+        declare = Amqp091Client(port)
+        declare.call(spec.QueueDeclare(queue="budget-amqp1"), spec.QueueDeclareOk)
+        declare.sock.close()
+        self.sender = Amqp1Client(port, "budget-sender")
+        self.sender.send(
+            Attach(
+                name="s",
+                handle=0,
+                role=False,
+                source=Source(),
+                target=Target(address="budget-amqp1"),
+                initial_delivery_count=0,
+            )
+        )
+        self.sender.until(Flow)
+        self.receiver = Amqp1Client(port, "budget-receiver")
+        self.receiver.send(
+            Attach(name="r", handle=0, role=True, source=Source(address="budget-amqp1"), target=Target())
+        )
+        self.receiver.until(Attach)
+        self.credit = 0
+        self.delivery_id = 0
+        self.body = encode_message(Message(body=[Data(PAYLOAD)]))
+        self.accepted = 0
+
+    def messages_per_round(self) -> int:
+        return self.batch
+
+    def _grant(self, delivered: int) -> None:
+        self.receiver.send(
+            Flow(
+                next_incoming_id=delivered,
+                incoming_window=100_000,
+                next_outgoing_id=0,
+                outgoing_window=100_000,
+                handle=0,
+                delivery_count=delivered,
+                link_credit=self.batch * 2,
+            )
+        )
+
+    def round(self) -> None:
+        first = self.delivery_id
+        wire = bytearray()
+        for i in range(self.batch):
+            tag = (first + i).to_bytes(8, "big")
+            wire += encode_frame(
+                FRAME_AMQP,
+                0,
+                Transfer(handle=0, delivery_id=first + i, delivery_tag=tag, message_format=0),
+                self.body,
+            )
+        self.delivery_id += self.batch
+        if first == 0:
+            self._grant(0)
+        self.sender.sock.sendall(bytes(wire))
+        received: list[int] = []
+        while len(received) < self.batch:
+            ids = [p.delivery_id or 0 for p in self.receiver.read() if isinstance(p, Transfer)]
+            received += ids
+            if ids:
+                self.receiver.send(
+                    Disposition(role=True, first=ids[0], last=ids[-1], settled=True, state=Accepted())
+                )
+        self._grant(self.delivery_id)
+        while self.accepted < self.delivery_id:
+            for perf in self.sender.read():
+                if isinstance(perf, Disposition):
+                    self.accepted = max(
+                        self.accepted, (perf.last if perf.last is not None else perf.first) + 1
+                    )
+
+    def close(self) -> None:
+        self.sender.sock.close()
+        self.receiver.sock.close()
+
+
+Load = MqttLoad | Amqp091Load | Amqp1Load
+LoadFactory = Callable[[int, int], Load]

@@ -1,0 +1,174 @@
+"""The interpreter's work per message on each hot path, budgeted: the guard timing cannot be.
+
+Throughput against C and Erlang peers moves with the host (one machine runs Python at half the speed
+of another of the same kind), so a slowdown hides in benchmark noise. The number of Python function
+calls and calls into C the server makes per message does not move with the host. Each path below
+runs a few thousand messages through the real server in-process (tests/support/budget.py), from
+raw-socket clients over loopback (tests/support/budget_load.py), and compares the server's calls
+per message with its budget:
+
+- the event loop's thread (protocol machines, hulls, router, queues): budgeted tightly;
+- the other threads (the storage writer's group commits, whose size varies with timing): a looser
+  budget, as a batch's fixed cost is shared by however many messages it happens to hold.
+
+A change that adds work fails here with the path and the count. A change that removes work lowers
+the budget in the same commit (the test says so when a count falls well below its budget), so the
+budgets stay at today's counts and the next regression shows.
+
+Run ``python -m tests.test_budgets [PATH-SUBSTRING]`` to print the counts of every path (or of the
+paths whose name holds the substring).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.budget import Counts, InProcessServer
+from tests.support.budget_load import Amqp091Load, Amqp1Load, Load, MqttLoad
+
+WARM_UP_ROUNDS = 5
+ROUNDS = 20
+# A measured count may exceed its budget by this much (the reads' cuts and the commits' sizes).
+LOOP_SLACK = 0.03
+OTHERS_SLACK = 0.25
+# Below this share of the budget the test asks for the budget to come down.
+TIGHT = 0.85
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Calls per message: (Python, C) on the loop thread, and on the others together."""
+
+    loop: tuple[float, float]
+    others: tuple[float, float] = (0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class Path_:
+    name: str
+    load: Callable[[InProcessServer], Load]
+    budget: Budget
+
+
+def _mqtt(**kw: int | str) -> Callable[[InProcessServer], Load]:
+    return lambda server: MqttLoad(server.port("mqtt"), **kw)  # type: ignore[arg-type]
+
+
+PATHS = [
+    Path_(
+        "mqtt qos0 fan-in 4->1",
+        _mqtt(publishers=4, subscribers=1, qos=0, topic="bench/t", batch=50),
+        Budget(loop=(28.0, 16.5)),
+    ),
+    Path_(
+        "mqtt qos0 fan-out 1->4",
+        _mqtt(publishers=1, subscribers=4, qos=0, topic="bench/t", batch=50),
+        Budget(loop=(53.0, 29.0)),
+    ),
+    Path_(
+        "mqtt qos1 fan-in 4->1",
+        _mqtt(publishers=4, subscribers=1, qos=1, topic="bench/t", batch=50),
+        Budget(loop=(36.2, 36.6)),
+    ),
+    Path_(
+        "mqtt qos1 fan-out 1->4",
+        _mqtt(publishers=1, subscribers=4, qos=1, topic="bench/t", batch=50),
+        Budget(loop=(88.0, 95.5)),
+    ),
+    Path_(
+        "mqtt $queue/ qos1",
+        _mqtt(publishers=1, subscribers=1, qos=1, topic="$queue/budget", batch=100),
+        Budget(loop=(123.5, 153.5), others=(4.5, 2.0)),
+    ),
+    Path_(
+        "amqp091 transient",
+        lambda s: Amqp091Load(s.port("amqp"), durable=False, batch=100),
+        Budget(loop=(130.5, 149.0), others=(0.5, 0.5)),
+    ),
+    Path_(
+        "amqp091 durable",
+        lambda s: Amqp091Load(s.port("amqp"), durable=True, batch=100),
+        Budget(loop=(148.0, 160.0), others=(5.5, 10.0)),
+    ),
+    Path_(
+        "amqp1 transfer-deliver-accept",
+        lambda s: Amqp1Load(s.port("amqp"), batch=100),
+        Budget(loop=(194.5, 146.0)),
+    ),
+]
+
+
+@dataclass
+class Measured:
+    path: str
+    messages: int
+    counts: Counts
+
+    def per_message(self) -> tuple[float, float, float, float]:
+        loop, others = self.counts.loop(), self.counts.others()
+        n = self.messages
+        return loop.python / n, loop.c / n, others.python / n, others.c / n
+
+
+def measure(server: InProcessServer, path: Path_) -> Measured:
+    load = path.load(server)
+    try:
+        for _ in range(WARM_UP_ROUNDS):
+            load.round()
+        counts: list[Counts] = []
+        with server.counting(counts):
+            for _ in range(ROUNDS):
+                load.round()
+    finally:
+        load.close()
+    return Measured(path.name, ROUNDS * load.messages_per_round(), counts[0])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessServer]:
+    running = InProcessServer(tmp_path_factory.mktemp("budget")).start()
+    yield running
+    running.stop()
+
+
+@pytest.mark.parametrize("path", PATHS, ids=[p.name for p in PATHS])
+def test_calls_per_message_within_budget(server: InProcessServer, path: Path_) -> None:
+    got = measure(server, path)
+    loop_py, loop_c, others_py, others_c = got.per_message()
+    report = (
+        f"{path.name}: {loop_py:.1f} Python + {loop_c:.1f} C calls a message on the loop, "
+        f"{others_py:.1f} + {others_c:.1f} on the other threads (budget {path.budget})"
+    )
+    checks = [
+        ("loop Python", loop_py, path.budget.loop[0], LOOP_SLACK),
+        ("loop C", loop_c, path.budget.loop[1], LOOP_SLACK),
+        ("other threads' Python", others_py, path.budget.others[0], OTHERS_SLACK),
+        ("other threads' C", others_c, path.budget.others[1], OTHERS_SLACK),
+    ]
+    for what, value, budget, slack in checks:
+        assert value <= budget * (1 + slack) + 1, f"over budget ({what}): {report}"
+    for what, value, budget, _ in checks:
+        assert budget < 20 or value >= budget * TIGHT, f"well under budget ({what}), lower it: {report}"
+
+
+def main() -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        server = InProcessServer(Path(tmp)).start()
+        try:
+            print(f"{'path':32} {'loop py':>8} {'loop C':>8} {'other py':>9} {'other C':>8}")
+            for path in PATHS if len(sys.argv) < 2 else [p for p in PATHS if sys.argv[1] in p.name]:
+                got = measure(server, path)
+                print(f"{path.name:32} " + " ".join(f"{v:8.1f}" for v in got.per_message()), flush=True)
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()
