@@ -23,6 +23,7 @@ SANS_IO = [
     "mqtt/connection.py",
     "mqtt/events.py",
     "mqtt/session.py",
+    "amqp091/errors.py",
     "amqp091/spec.py",
     "amqp091/fields.py",
     "amqp091/properties.py",

@@ -40,6 +40,8 @@ import struct
 from decimal import Decimal
 from typing import Any, NoReturn, TypeAlias
 
+from trimaran.amqp091.errors import SYNTAX_ERROR, EncodeError, ProtocolError
+
 FieldValue: TypeAlias = (
     bool | int | float | Decimal | str | bytes | list["FieldValue"] | dict[str, "FieldValue"] | None
 )
@@ -133,14 +135,10 @@ _TAG_D = b"d"
 
 
 def _syntax(text: str) -> NoReturn:
-    from trimaran.amqp091.spec import SYNTAX_ERROR, ProtocolError
-
     raise ProtocolError(SYNTAX_ERROR, text)
 
 
 def _encode_error(text: str) -> NoReturn:
-    from trimaran.amqp091.spec import EncodeError
-
     raise EncodeError(text)
 
 
