@@ -23,7 +23,7 @@ from trimaran.queue.manager import ConsumerHandle, QueueDelivery, settle_many_no
 from trimaran.queue.outcomes import ACK, RETRY_NOW, UNSENT, DeadLetter, Outcome
 
 if TYPE_CHECKING:
-    from trimaran.amqp091.conn import Amqp091Conn
+    from trimaran.amqp091.ports import ChannelOwner
     from trimaran.queue.journal import Receipt
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class ChannelState:
         "unacked",
     )
 
-    def __init__(self, conn: Amqp091Conn, number: int, window: int = NO_LIMIT) -> None:
+    def __init__(self, conn: ChannelOwner, number: int, window: int = NO_LIMIT) -> None:
         self.conn = conn
         self.number = number
         self.consumers: dict[str, Consumer] = {}

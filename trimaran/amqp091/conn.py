@@ -25,7 +25,7 @@ from trimaran.runtime.confirms import InOrder
 from trimaran.runtime.transport import Conn
 
 if TYPE_CHECKING:
-    from trimaran.amqp091.handler import Amqp091FrontEnd
+    from trimaran.amqp091.ports import FrontEnd
     from trimaran.security.guard import Principal
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class Pending:
 class Amqp091Conn:
     """The runtime's hull for one AMQP 0.9.1 connection."""
 
-    def __init__(self, front: Amqp091FrontEnd, io: Conn, machine: ServerConnection) -> None:
+    def __init__(self, front: FrontEnd, io: Conn, machine: ServerConnection) -> None:
         self.front = front
         self.io = io
         self.machine = machine
@@ -96,7 +96,7 @@ class Amqp091Conn:
     # -- the runtime's Hull -----------------------------------------------------------------------
 
     def handle(self, event: object) -> Awaitable[None] | None:
-        return self.front.on_event(self, event)  # type: ignore[arg-type]
+        return self.front.on_event(self, event)
 
     def before_write(self) -> None:
         if self._confirm_due:

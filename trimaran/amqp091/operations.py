@@ -11,14 +11,15 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.to_thread
 
 from trimaran.amqp091 import spec
 from trimaran.amqp091.channels import ChannelState, Consumer, Getter
-from trimaran.amqp091.exchanges import Binding, ExchangeError
+from trimaran.amqp091.exchanges import Binding, ExchangeError, ExchangeRegistry
+from trimaran.amqp091.ports import FrontEnd
 from trimaran.amqp091.queues import (
     QueueMeta,
     RouterBinding,
@@ -30,9 +31,11 @@ from trimaran.queue.policy import QueueError
 from trimaran.topics import TopicError, binding_key_to_filter
 
 if TYPE_CHECKING:
-    from trimaran.amqp091.conn import Amqp091Conn
-    from trimaran.amqp091.handler import Amqp091FrontEnd
+    from trimaran.amqp091.conn import Amqp091Conn, Pending
+    from trimaran.amqp091.durable import DurableExchanges
+    from trimaran.amqp091.properties import BasicProperties
     from trimaran.queue.journal import Receipt
+    from trimaran.queue.manager import QueueManager
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +71,49 @@ def _argument(value: object) -> object:
     return int(value)
 
 
+class Host(FrontEnd, Protocol):
+    """The front end (``handler.Amqp091FrontEnd``) as these operations see it: the vhost's queues,
+    consumers, bindings and exchanges, and the publish path."""
+
+    @property
+    def store(self) -> DurableExchanges | None: ...
+
+    @property
+    def manager(self) -> QueueManager: ...
+
+    @property
+    def exchanges(self) -> ExchangeRegistry: ...
+
+    @property
+    def meta(self) -> dict[str, QueueMeta]: ...
+
+    @property
+    def consumers(self) -> dict[str, set[Consumer]]: ...
+
+    @property
+    def router_bindings(self) -> dict[tuple[str, str], RouterBinding]: ...
+
+    @property
+    def reply_to(self) -> dict[str, ChannelState]: ...
+
+    def publish(
+        self,
+        conn: Amqp091Conn,
+        channel: ChannelState,
+        method: spec.BasicPublish,
+        props: BasicProperties,
+        body: bytes,
+        entry: Pending | None = None,
+        encoded: bytes | None = None,
+    ) -> None: ...
+
+    def forget_consumer(self, consumer: Consumer) -> None: ...
+
+    def forget_reply_to(self, channel: ChannelState) -> None: ...
+
+
 class Operations:
-    def __init__(self, front: Amqp091FrontEnd) -> None:
+    def __init__(self, front: Host) -> None:
         self.front = front
         self.manager = front.manager
         self.exchanges = front.exchanges

@@ -37,7 +37,7 @@ from trimaran.config import QueuePolicySettings
 
 if TYPE_CHECKING:
     from trimaran.amqp091.conn import Amqp091Conn
-    from trimaran.amqp091.handler import Amqp091FrontEnd
+    from trimaran.amqp091.ports import FrontEnd
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ class RouterBinding:
 
     __slots__ = ("destination", "front", "kind")
 
-    def __init__(self, front: Amqp091FrontEnd, kind: str, destination: str) -> None:
+    def __init__(self, front: FrontEnd, kind: str, destination: str) -> None:
         self.front = front
         self.kind = kind
         self.destination = destination
