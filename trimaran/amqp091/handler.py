@@ -25,6 +25,7 @@ from typing import Any, Final
 import anyio
 
 from trimaran.amqp091 import spec
+from trimaran.amqp091.access import check_method, check_queue_publish, publish_targets
 from trimaran.amqp091.channels import ChannelState, Consumer
 from trimaran.amqp091.conn import Amqp091Conn, Pending
 from trimaran.amqp091.connection import ServerConnection
@@ -55,7 +56,6 @@ from trimaran.config import Settings
 from trimaran.queue.manager import QueueManager
 from trimaran.queue.policy import QUEUE_PREFIX, QueueError, parse_queue_topic, queue_topic
 from trimaran.runtime.transport import Conn
-from trimaran.security.amqp091 import check_method, check_queue_publish, publish_targets
 from trimaran.security.guard import READ, Login, Security, on_login
 from trimaran.storage.amqp_store import AmqpStore
 from trimaran.topics import TopicError, routing_key_to_topic, topic_to_routing_key
