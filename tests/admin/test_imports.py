@@ -2,7 +2,9 @@
 
 The admin side sees the server through trimaran/admin/view.py's protocols, never a protocol hull or
 the application; the deck (broker/) knows nothing above it; the queue manager knows no hull and no
-admin. Every import counts, those under ``if TYPE_CHECKING:`` too: a type names a dependency.
+admin; storage knows no queue, hull or security; security (identity and rules) knows no protocol:
+each hull maps its methods onto the rules in its own package (``amqp091/access.py``).
+Every import counts, those under ``if TYPE_CHECKING:`` too: a type names a dependency.
 """
 
 from __future__ import annotations
@@ -30,6 +32,24 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "trimaran.analytics",
     ),
     "queue": (*HULLS, "trimaran.app", "trimaran.admin", "trimaran.net", "trimaran.runtime"),
+    "storage": (
+        *HULLS,
+        "trimaran.app",
+        "trimaran.admin",
+        "trimaran.queue",
+        "trimaran.security",
+        "trimaran.runtime",
+        "trimaran.net",
+    ),
+    "security": (
+        *HULLS,
+        "trimaran.app",
+        "trimaran.admin",
+        "trimaran.queue",
+        "trimaran.storage",
+        "trimaran.runtime",
+        "trimaran.net",
+    ),
 }
 
 

@@ -8,13 +8,16 @@ as ``$exchange/<name>``; a queue declared with ``x-dead-letter-exchange`` also n
 exchange (``$exchange/amq.default`` for the default one) and read on itself, as in RabbitMQ.
 A queue this connection declared exclusive needs no rule: it is its own.
 Publishing is checked where it is routed (:func:`publish_targets`, :func:`check_queue_publish`).
+
+The connection and channel are read through two small protocols (three fields in all), so that the
+mapping sits below the connection and the front end, and ``security/`` knows no protocol.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 from trimaran.amqp091 import spec
 from trimaran.queue.policy import queue_topic
@@ -22,8 +25,6 @@ from trimaran.security.guard import CONFIGURE, READ, WRITE, Principal, Security
 from trimaran.topics import TopicError, binding_key_to_filter, routing_key_to_topic
 
 if TYPE_CHECKING:
-    from trimaran.amqp091.channels import ChannelState
-    from trimaran.amqp091.conn import Amqp091Conn
     from trimaran.amqp091.exchanges import ExchangeRegistry
 
 REPLY_TO: Final = "amq.rabbitmq.reply-to"
@@ -31,6 +32,23 @@ EXCHANGE_PREFIX: Final = "$exchange/"
 DEFAULT_EXCHANGE: Final = "amq.default"  # the nameless exchange, as RabbitMQ names it in permissions
 DEAD_LETTER_EXCHANGE: Final = "x-dead-letter-exchange"
 ACCESS_REFUSED: Final = spec.ACCESS_REFUSED
+
+
+class Owner(Protocol):
+    """A connection (``conn.Amqp091Conn``): who logged in and the queues it declared exclusive."""
+
+    @property
+    def principal(self) -> Principal | None: ...
+
+    @property
+    def exclusive_queues(self) -> set[str]: ...
+
+
+class Channel(Protocol):
+    """A channel (``channels.ChannelState``): the queue a nameless queue method means."""
+
+    @property
+    def last_queue(self) -> str: ...
 
 
 def exchange_topic(name: str) -> str:
@@ -48,12 +66,12 @@ def _refusal(access: str, topic: str, method: spec.Method) -> spec.ProtocolError
     )
 
 
-def _queue(channel: ChannelState, name: str) -> str:
+def _queue(channel: Channel, name: str) -> str:
     return name or channel.last_queue
 
 
 def method_needs(
-    exchanges: ExchangeRegistry, conn: Amqp091Conn, channel: ChannelState, method: spec.Method
+    exchanges: ExchangeRegistry, conn: Owner, channel: Channel, method: spec.Method
 ) -> list[tuple[str, str]]:
     """``(access, topic)`` pairs a method needs, every one of them (empty: nothing to check)."""
     needs: list[tuple[str, str]] = []
@@ -109,8 +127,8 @@ def method_needs(
 def check_method(
     security: Security,
     exchanges: ExchangeRegistry,
-    conn: Amqp091Conn,
-    channel: ChannelState,
+    conn: Owner,
+    channel: Channel,
     method: spec.Method,
 ) -> spec.ProtocolError | None:
     """``403 ACCESS_REFUSED`` for the first thing the rules refuse; None when all is allowed."""
@@ -136,7 +154,7 @@ def check_method(
 def publish_targets(
     security: Security,
     principal: Principal,
-    conn: Amqp091Conn,
+    conn: Owner,
     exchange: str,
     key: str,
     to_router: bool,
@@ -174,7 +192,7 @@ def publish_targets(
 
 
 def check_queue_publish(
-    security: Security, principal: Principal, conn: Amqp091Conn, name: str, topic: str, method: spec.Method
+    security: Security, principal: Principal, conn: Owner, name: str, topic: str, method: spec.Method
 ) -> None:
     """A basic.publish through the default exchange to ``$queue/<name>[/<key>]`` (the cross-protocol
     name) writes that topic, as an MQTT publish to it does: ``403 ACCESS_REFUSED`` when the rules say
