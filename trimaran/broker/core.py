@@ -23,6 +23,7 @@ from trimaran.broker.message import Message, now_ms
 from trimaran.broker.presence import Presence
 from trimaran.broker.retained import RetainedStore
 from trimaran.broker.router import Delivery, Router
+from trimaran.broker.stats import Stats
 from trimaran.errors import first_line
 
 log = logging.getLogger(__name__)
@@ -68,42 +69,6 @@ class Forwarder(Protocol):
 
     def retained_written(self, topics: list[str]) -> None:
         """Retained changes to these topics were committed: other nodes reload them."""
-
-
-class Stats:
-    """Counters for $SYS and metrics; plain attributes because they change per message."""
-
-    __slots__ = (
-        "bytes_received",
-        "bytes_sent",
-        "clients_connected",
-        "clients_maximum",
-        "clients_total",
-        "messages_dropped",
-        "messages_received",
-        "messages_sent",
-        "publish_routed",
-    )
-
-    def __init__(self) -> None:
-        self.messages_received = 0
-        self.messages_sent = 0
-        self.messages_dropped = 0
-        self.bytes_received = 0
-        self.bytes_sent = 0
-        self.clients_connected = 0
-        self.clients_maximum = 0
-        self.clients_total = 0
-        self.publish_routed = 0
-
-    def client_connected(self) -> None:
-        self.clients_connected += 1
-        self.clients_total += 1
-        if self.clients_connected > self.clients_maximum:
-            self.clients_maximum = self.clients_connected
-
-    def client_disconnected(self) -> None:
-        self.clients_connected -= 1
 
 
 class Broker:

@@ -15,7 +15,7 @@ from trimaran.broker.clients import ClientInfo, ClientRegistry
 from trimaran.broker.events import CLIENT_CONNECTED, CLIENT_DISCONNECTED, EventBus
 
 if TYPE_CHECKING:
-    from trimaran.broker.core import Stats
+    from trimaran.broker.stats import Stats
 
 
 class Presence:

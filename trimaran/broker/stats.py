@@ -1,0 +1,40 @@
+"""The deck's counters: one ``Stats`` the broker owns and the hulls, the presence registry and
+$SYS read and bump."""
+
+from __future__ import annotations
+
+
+class Stats:
+    """Counters for $SYS and metrics; plain attributes because they change per message."""
+
+    __slots__ = (
+        "bytes_received",
+        "bytes_sent",
+        "clients_connected",
+        "clients_maximum",
+        "clients_total",
+        "messages_dropped",
+        "messages_received",
+        "messages_sent",
+        "publish_routed",
+    )
+
+    def __init__(self) -> None:
+        self.messages_received = 0
+        self.messages_sent = 0
+        self.messages_dropped = 0
+        self.bytes_received = 0
+        self.bytes_sent = 0
+        self.clients_connected = 0
+        self.clients_maximum = 0
+        self.clients_total = 0
+        self.publish_routed = 0
+
+    def client_connected(self) -> None:
+        self.clients_connected += 1
+        self.clients_total += 1
+        if self.clients_connected > self.clients_maximum:
+            self.clients_maximum = self.clients_connected
+
+    def client_disconnected(self) -> None:
+        self.clients_connected -= 1
