@@ -40,8 +40,9 @@ from trimaran.net.listeners import Listener, ProtocolListener, amqp_port
 from trimaran.net.tls import server_tls_context
 from trimaran.net.websocket import WebSocketMachine
 from trimaran.queue.manager import PublishResult, QueueManager
+from trimaran.runtime.limits import RuntimeLimits
 from trimaran.runtime.machine import Machine
-from trimaran.runtime.runner import Runner, RuntimeLimits
+from trimaran.runtime.runner import Runner
 from trimaran.runtime.transport import Conn, Hull, HullFactory
 from trimaran.security.acl import AclError
 from trimaran.security.guard import Security

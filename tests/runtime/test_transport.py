@@ -7,7 +7,8 @@ import time
 import pytest
 
 from tests.support.runtime import LineHull, LineMachine, Wire, cuts, running, settle
-from trimaran.runtime.runner import Runner, RuntimeLimits
+from trimaran.runtime.limits import RuntimeLimits
+from trimaran.runtime.runner import Runner
 from trimaran.runtime.transport import Conn, Hull
 
 pytestmark = pytest.mark.anyio

@@ -15,48 +15,16 @@ import math
 import ssl
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from trimaran.runtime.limits import RuntimeLimits, RuntimeStats, Traffic
 from trimaran.runtime.memory import Memory
 from trimaran.runtime.transport import GONE, Conn, HullFactory
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class RuntimeLimits:
-    max_connections: int = 100_000
-    max_connections_per_address: int = 0  # 0: no limit
-    accept_rate_per_address: float = 0.0  # new connections per second and source address; 0: no limit
-    accept_burst_per_address: int = 50
-    handshake_timeout_s: float = 10.0  # until the protocol picks its own deadline
-    tcp_nodelay: bool = True
-    memory_high_watermark: int = 0  # bytes waiting for slow readers; 0: off
-    memory_low_watermark: int = 0
-    hold_publishers_s: float = 1.0  # longest a reader that is behind holds its publishers
-
-
-class Traffic(Protocol):
-    """Where the runtime counts the bytes of every connection (the broker's $SYS and metrics)."""
-
-    bytes_received: int
-    bytes_sent: int
-
-
-@dataclass(slots=True)
-class RuntimeStats:
-    accepted: int = 0
-    bytes_received: int = 0  # what every connection read and wrote, when no other sink is given
-    bytes_sent: int = 0
-    refused: dict[str, int] = field(default_factory=dict)  # reason -> count
-    crashes: int = 0
-
-    def refuse(self, reason: str) -> None:
-        self.refused[reason] = self.refused.get(reason, 0) + 1
 
 
 class _Bucket:
