@@ -11,18 +11,27 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from trimaran.runtime.transport import Conn
+from typing import Protocol
 
 log = logging.getLogger(__name__)
+
+
+class Buffered(Protocol):
+    """A connection as the accounting sees it (``transport.Conn``): its buffered bytes at the last
+    look, whether it has published, and the switch that stops reading it."""
+
+    write_buffered: int
+
+    @property
+    def publisher(self) -> bool: ...
+
+    def block(self, on: bool) -> None: ...
 
 
 class Memory:
     __slots__ = ("_publishers", "blocked", "high", "low", "times_blocked", "total")
 
-    def __init__(self, high: int, low: int, publishers: Callable[[], Iterable[Conn]]) -> None:
+    def __init__(self, high: int, low: int, publishers: Callable[[], Iterable[Buffered]]) -> None:
         if low > high:
             raise ValueError("the low-water mark must not be above the high-water mark")
         self.high = high
@@ -32,7 +41,7 @@ class Memory:
         self.times_blocked = 0
         self._publishers = publishers
 
-    def changed(self, conn: Conn, size: int) -> None:
+    def changed(self, conn: Buffered, size: int) -> None:
         """``conn``'s write buffer now holds ``size`` bytes."""
         self.total += size - conn.write_buffered
         conn.write_buffered = size
@@ -55,6 +64,6 @@ class Memory:
             for publisher in self._publishers():
                 publisher.block(False)
 
-    def blocking(self, conn: Conn) -> bool:
+    def blocking(self, conn: Buffered) -> bool:
         """Whether ``conn`` must not be read now."""
         return self.blocked and conn.publisher

@@ -21,12 +21,11 @@ import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import Any, Protocol, cast
 
+from trimaran.runtime.limits import RuntimeLimits, RuntimeStats, Traffic
 from trimaran.runtime.machine import Machine
-
-if TYPE_CHECKING:
-    from trimaran.runtime.runner import Runner
+from trimaran.runtime.memory import Memory
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +71,35 @@ class Hull(Protocol):
 # Makes the hull for a new connection, given its first bytes (None: need more; the AMQP port picks
 # the protocol from the 8-byte header). Raise ``Refused`` to close without a hull.
 HullFactory = Callable[["Conn", bytes], "Hull | None"]
+
+
+class Runner(Protocol):
+    """The runner (``runner.Runner``) as its connections call it: admission, the flush of every
+    dirty connection once per loop iteration, deadlines, tasks, memory accounting and counters."""
+
+    limits: RuntimeLimits
+    stats: RuntimeStats
+    traffic: Traffic
+    memory: Memory
+    current: Conn | None  # the connection whose events are being acted on
+
+    def admit(self, conn: Conn) -> str | None: ...
+
+    def opened(self, conn: Conn) -> None: ...
+
+    def closed(self, conn: Conn) -> None: ...
+
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def mark_dirty(self, conn: Conn) -> None: ...
+
+    def flush_now(self) -> None: ...
+
+    def watch_deadline(self, conn: Conn) -> None: ...
+
+    def spawn(self, job: Callable[[], Coroutine[Any, Any, object]], conn: Conn) -> None: ...
+
+    def memory_changed(self, conn: Conn) -> None: ...
 
 
 class Refused(Exception):
