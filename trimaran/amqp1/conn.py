@@ -22,8 +22,8 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from trimaran.amqp1.connection import ServerConnection
-from trimaran.amqp1.link import Link
 from trimaran.amqp1.performatives import CONNECTION_FORCED, ROLE_RECEIVER, Accepted, Error, Rejected
+from trimaran.amqp1.session import Link
 from trimaran.runtime.confirms import InOrder
 
 if TYPE_CHECKING:

@@ -88,7 +88,6 @@ from .frames import (
     encode_frame,
     performative_size,
 )
-from .link import Link, LinkState, PartialDelivery
 from .performatives import (
     FRAMING_ERROR,
     HANDLE_IN_USE,
@@ -122,7 +121,7 @@ from .performatives import (
     Transfer,
 )
 from .sasl import Credentials, SaslCode, SaslParseError, parse_initial_response
-from .session import Session, SessionState
+from .session import Link, LinkState, PartialDelivery, Session, SessionState
 from .types import DecodeError, Symbol
 
 # The open's properties when the caller gives none: who the peer is talking to (as AMQP 0.9.1's

@@ -10,10 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .link import Link
 from .performatives import Error, Flow, Open
 from .sasl import Credentials
-from .session import Session
+from .session import Link, Session
 
 __all__ = [
     "ConnectionClosed",

@@ -34,7 +34,6 @@ from trimaran.amqp1.events import (
     SaslAuthRequested,
     TransferAborted,
 )
-from trimaran.amqp1.link import Link, LinkState
 from trimaran.amqp1.links import InLink, OutLink, QueueBrowse, QueueOut, TopicOut
 from trimaran.amqp1.mapping import from_amqp1, to_amqp1
 from trimaran.amqp1.messages import decode_message
@@ -58,6 +57,7 @@ from trimaran.amqp1.performatives import (
     Source,
     Target,
 )
+from trimaran.amqp1.session import Link, LinkState
 from trimaran.amqp1.types import DecodeError, Symbol, Timestamp
 from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker

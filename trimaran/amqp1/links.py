@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from trimaran.amqp1.addresses import Address
 from trimaran.amqp1.connection import AMQPStateError
-from trimaran.amqp1.link import Link
 from trimaran.amqp1.mapping import to_amqp1
 from trimaran.amqp1.performatives import Accepted, Modified, Rejected, Released
+from trimaran.amqp1.session import Link
 from trimaran.broker.message import Message
 from trimaran.broker.router import Delivery
 from trimaran.queue.manager import BrowseHandle, ConsumerHandle, QueueDelivery
