@@ -27,8 +27,8 @@ from trimaran.amqp1.session import Link
 from trimaran.runtime.confirms import InOrder
 
 if TYPE_CHECKING:
-    from trimaran.amqp1.handler import Amqp1FrontEnd
     from trimaran.amqp1.links import InLink, OutLink
+    from trimaran.amqp1.ports import FrontEnd
     from trimaran.broker.clients import ClientInfo
     from trimaran.runtime.transport import Conn
     from trimaran.security.guard import Principal
@@ -67,7 +67,7 @@ class Amqp1Conn:
         "user",
     )
 
-    def __init__(self, front: Amqp1FrontEnd, io: Conn, machine: ServerConnection, link_credit: int) -> None:
+    def __init__(self, front: FrontEnd, io: Conn, machine: ServerConnection, link_credit: int) -> None:
         self.front = front
         self.io = io
         self._machine = machine
@@ -90,7 +90,7 @@ class Amqp1Conn:
         return self._machine
 
     def handle(self, event: object) -> Awaitable[None] | None:
-        return self.front.dispatch(self, event)  # type: ignore[arg-type]
+        return self.front.dispatch(self, event)
 
     def before_write(self) -> None:
         """Dispositions are queued as their commits complete: nothing gathers."""

@@ -29,7 +29,7 @@ from trimaran.queue.manager import BrowseHandle, ConsumerHandle, QueueDelivery
 from trimaran.queue.outcomes import ACK, RELEASED, RETRY_NOW, DeadLetter, Outcome, Retry
 
 if TYPE_CHECKING:
-    from trimaran.amqp1.conn import Amqp1Conn
+    from trimaran.amqp1.ports import LinkOwner
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class OutLink:
 
     __slots__ = ("address", "conn", "id", "link", "released", "settled", "stopped", "temp_queue")
 
-    def __init__(self, conn: Amqp1Conn, link: Link, address: Address, settled: bool) -> None:
+    def __init__(self, conn: LinkOwner, link: Link, address: Address, settled: bool) -> None:
         self.conn = conn
         self.link = link
         self.address = address
@@ -78,7 +78,7 @@ class OutLink:
 class QueueOut(OutLink):
     __slots__ = ("handle", "offsets")
 
-    def __init__(self, conn: Amqp1Conn, link: Link, address: Address, settled: bool) -> None:
+    def __init__(self, conn: LinkOwner, link: Link, address: Address, settled: bool) -> None:
         super().__init__(conn, link, address, settled)
         self.handle: ConsumerHandle | None = None
         self.offsets: dict[int, int] = {}  # delivery id -> queue offset, until the outcome
@@ -134,7 +134,7 @@ class QueueBrowse(OutLink):
 
     __slots__ = ("handle",)
 
-    def __init__(self, conn: Amqp1Conn, link: Link, address: Address, settled: bool) -> None:
+    def __init__(self, conn: LinkOwner, link: Link, address: Address, settled: bool) -> None:
         super().__init__(conn, link, address, settled)
         self.handle: BrowseHandle | None = None
 
@@ -167,7 +167,7 @@ class TopicOut(OutLink):
 
     __slots__ = ("backlog",)
 
-    def __init__(self, conn: Amqp1Conn, link: Link, address: Address, settled: bool) -> None:
+    def __init__(self, conn: LinkOwner, link: Link, address: Address, settled: bool) -> None:
         super().__init__(conn, link, address, settled)
         self.backlog: deque[bytes] = deque()
 

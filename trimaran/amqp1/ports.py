@@ -1,0 +1,54 @@
+"""What the modules below the front end see of it and of a connection: small protocols, so that
+``links.py`` and ``conn.py`` import neither ``handler.py`` nor ``conn.py`` above them (imports go
+down only). ``handler.Amqp1FrontEnd`` and ``conn.Amqp1Conn`` implement them.
+
+The package's floors, bottom up: the sans-IO codec and machine (``types``, ``codec``,
+``performatives``, ``messages``, ``frames``, ``sasl``, ``session``, ``connection``, ``events``),
+``addresses``, ``mapping``, this module, ``links``, ``conn`` and ``handler`` on top.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from trimaran.amqp1.connection import ServerConnection
+    from trimaran.broker.core import Broker
+    from trimaran.broker.message import Message
+    from trimaran.runtime.transport import Conn
+
+
+class FrontEnd(Protocol):
+    """The front end as a connection and its links call it. The connection argument is typed
+    ``Any`` here: its class lives above this floor."""
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def outbox_size(self) -> int: ...
+
+    def dispatch(self, conn: Any, event: Any) -> Awaitable[None] | None: ...
+
+    async def finished(self, conn: Any) -> None: ...
+
+    def encode_once(self, message: Message) -> bytes: ...
+
+    def dropped(self, message: Message, subscriber: str, reason: str) -> None: ...
+
+
+class LinkOwner(Protocol):
+    """A connection as its outgoing links see it (``conn.Amqp1Conn``)."""
+
+    @property
+    def front(self) -> FrontEnd: ...
+
+    @property
+    def machine(self) -> ServerConnection: ...
+
+    @property
+    def io(self) -> Conn: ...
+
+    @property
+    def container_id(self) -> str: ...
