@@ -17,7 +17,7 @@ from matplotlib.text import Text
 
 from trimaran.analytics import report
 from trimaran.analytics.life import OUTCOMES
-from trimaran.analytics.replay import AuditResult
+from trimaran.analytics.result import AuditResult
 
 START = 1_790_000_000_000
 GRID = list(range(START, START + 120_000, 1000))  # 120 one-second buckets

@@ -44,10 +44,11 @@ from trimaran.analytics.life import (
     message_id,
     replay_partition,
 )  # fmt: skip
+from trimaran.analytics.result import AuditResult, _message_id
 from trimaran.analytics.source import DEBIAN_JARS, Selection, read_tables
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -89,28 +90,6 @@ class Progress:
 
 def _plural(n: int, word: str) -> str:
     return f"{n:,} {word}{'' if n == 1 else 's'}"
-
-
-@dataclass
-class AuditResult:
-    ok: bool
-    invariants: dict[str, dict[str, Any]]
-    counts: dict[str, Any]
-    violations: DataFrame
-    lives: DataFrame
-    frames: dict[str, DataFrame] = field(default_factory=dict)
-    seconds: float = 0.0
-    # Per (queue, group) — group None for the queue itself — messages per outcome (life.OUTCOMES).
-    outcomes: dict[tuple[str, str | None], dict[str, int]] = field(default_factory=dict)
-    # Messages standing for each outcome: (queue, offset, epoch, outcome), for the report's pages.
-    samples: list[tuple[str, int, int, str]] = field(default_factory=list)
-
-
-def _message_id(queue: Column, offset: Column, epoch: Column) -> Column:
-    from pyspark.sql import functions as F
-
-    base = F.concat(queue, F.lit(":"), offset.cast("string"))
-    return F.when(epoch > 0, F.concat(base, F.lit("@epoch"), epoch.cast("string"))).otherwise(base)
 
 
 def _ddl(columns: dict[str, str]) -> str:

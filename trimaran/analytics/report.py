@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-    from trimaran.analytics.replay import AuditResult
+    from trimaran.analytics.result import AuditResult
 
 MAX_SERIES = 8  # lines or bars per chart; the busiest queues and groups are shown
 BUCKETS = 120  # time buckets across the audited span
@@ -826,7 +826,7 @@ def write(
     result.violations.coalesce(1).write.mode("overwrite").parquet(str(details / "violations.parquet"))
     from pyspark.sql import functions as F
 
-    from trimaran.analytics.replay import _message_id
+    from trimaran.analytics.result import _message_id
 
     lives = result.lives.withColumn(
         "message_id", _message_id(F.col("queue"), F.col("offset"), F.col("epoch"))
