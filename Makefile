@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test test-all release-check lint typecheck check system-deps clean
+.PHONY: run test test-all release-check docs docs-build lint typecheck check system-deps clean
 
 run: $(VENV)/.installed-run
 	$(BIN)/trimaran serve $(ARGS)
@@ -20,6 +20,14 @@ test-all: $(VENV)/.installed-dev
 # and one version on every surface.
 release-check: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest tests/test_release.py tests/test_version.py $(ARGS)
+
+# The manual (docs/, mkdocs.yml) on http://127.0.0.1:8000, rebuilt as pages change; ARGS for mkdocs.
+docs: $(VENV)/.installed-dev
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve $(ARGS)
+
+# The manual as static files in site/, failing on a broken link or a page missing from the nav.
+docs-build: $(VENV)/.installed-dev
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict $(ARGS)
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check trimaran tests bench

@@ -104,34 +104,55 @@ class Section(BaseModel):
 
 
 class TlsSettings(Section):
-    cert_file: Path | None = None
-    key_file: Path | None = None
+    cert_file: Path | None = Field(None, description="PEM certificate (chain) the TLS listeners present")
+    key_file: Path | None = Field(None, description="PEM private key of cert_file")
     ca_file: Path | None = Field(None, description="CA bundle to verify client certificates")
-    require_client_cert: bool = False
-    min_version: Literal["1.2", "1.3"] = "1.2"
+    require_client_cert: bool = Field(
+        False, description="refuse a TLS client without a certificate that ca_file verifies"
+    )
+    min_version: Literal["1.2", "1.3"] = Field("1.2", description="oldest TLS version accepted")
 
 
 class ListenerSettings(Section):
-    mqtt: BindAddress = Endpoint("0.0.0.0", 1883)
-    mqtt_tls: BindAddress = None
-    mqtt_ws: BindAddress = Endpoint("0.0.0.0", 8083)
-    mqtt_wss: BindAddress = None
+    mqtt: BindAddress = Field(
+        Endpoint("0.0.0.0", 1883), description="MQTT over TCP: [HOST:]PORT or off; port 0 picks a free port"
+    )
+    mqtt_tls: BindAddress = Field(None, description="MQTT over TLS (needs listeners.tls), e.g. 0.0.0.0:8883")
+    mqtt_ws: BindAddress = Field(
+        Endpoint("0.0.0.0", 8083), description="MQTT over WebSocket, on the paths of mqtt_ws_paths"
+    )
+    mqtt_wss: BindAddress = Field(
+        None, description="MQTT over secure WebSocket (needs listeners.tls), e.g. 0.0.0.0:8084"
+    )
     mqtt_ws_paths: list[str] = Field(["/mqtt"], min_length=1, description="WebSocket paths MQTT is served on")
     mqtt_ws_origins: list[str] = Field(
         [], description="Origin headers a browser may connect from; empty = any (others send none)"
     )
-    amqp: BindAddress = Endpoint("0.0.0.0", 5672)
-    amqps: BindAddress = None
+    amqp: BindAddress = Field(
+        Endpoint("0.0.0.0", 5672), description="AMQP 0.9.1 and 1.0, told apart by the protocol header"
+    )
+    amqps: BindAddress = Field(
+        None, description="AMQP 0.9.1 and 1.0 over TLS (needs listeners.tls), e.g. 0.0.0.0:5671"
+    )
     tls: TlsSettings = TlsSettings()
-    backlog: int = Field(1024, ge=1)
-    tcp_nodelay: bool = True
+    backlog: int = Field(
+        1024, ge=1, description="the listen() backlog: connections the kernel queues before they are accepted"
+    )
+    tcp_nodelay: bool = Field(
+        True, description="TCP_NODELAY on every connection (no Nagle delay on small writes)"
+    )
 
 
 class StorageSettings(Section):
     url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite file in data_dir")
-    data_dir: Path = Path("data")
-    sqlite_synchronous: Literal["off", "normal", "full"] = "full"
-    pool_size: int = Field(5, ge=1)
+    data_dir: Path = Field(
+        Path("data"), description="where the SQLite database and the data directory's lock live"
+    )
+    sqlite_synchronous: Literal["off", "normal", "full"] = Field(
+        "full",
+        description="SQLite's synchronous pragma: full survives a power cut, normal trades that for speed",
+    )
+    pool_size: int = Field(5, ge=1, description="database connections kept open")
     commit_interval_ms: float = Field(
         0.0,
         ge=0,
@@ -174,11 +195,22 @@ class LimitSettings(Section):
     handshake_timeout: float = Field(
         10.0, gt=0, description="seconds for TLS and the protocol header before a connection is dropped"
     )
-    max_packet_size: int = Field(16 * 1024 * 1024, ge=64, le=268_435_455)
+    max_packet_size: int = Field(
+        16 * 1024 * 1024,
+        ge=64,
+        le=268_435_455,
+        description="largest MQTT packet after the login (announced as Maximum Packet Size when smaller "
+        "than MQTT's)",
+    )
     max_packet_size_unauthenticated: int = Field(
         65536, ge=64, description="largest packet before the login succeeded (MQTT CONNECT included)"
     )
-    receive_maximum: int = Field(1024, ge=1, le=65535)
+    receive_maximum: int = Field(
+        1024,
+        ge=1,
+        le=65535,
+        description="MQTT 5 Receive Maximum: inbound QoS 1/2 publishes a client may have unacknowledged",
+    )
     max_inflight: int = Field(64, ge=1, le=65535, description="outbound QoS 1/2 window per client")
     outbox_bytes: int = Field(
         8 * 1024 * 1024, ge=4096, description="bytes waiting for a slow subscriber; QoS 0 beyond is dropped"
@@ -202,26 +234,44 @@ class LimitSettings(Section):
     max_subscriptions_per_client: int = Field(
         10_000, ge=0, description="subscriptions one MQTT session may hold; 0 = no limit"
     )
-    topic_alias_maximum: int = Field(64, ge=0, le=65535)
-    maximum_qos: int = Field(2, ge=0, le=2)
-    retain_available: bool = True
+    topic_alias_maximum: int = Field(
+        64, ge=0, le=65535, description="MQTT 5 Topic Alias Maximum announced to clients; 0 = no aliases"
+    )
+    maximum_qos: int = Field(
+        2,
+        ge=0,
+        le=2,
+        description="highest QoS accepted (MQTT 5 Maximum QoS; a higher publish is refused with 0x9B)",
+    )
+    retain_available: bool = Field(True, description="whether MQTT clients may publish retained messages")
     max_session_expiry: int = Field(
         7 * 24 * 3600,
         ge=0,
         description="seconds an offline session is kept at most: caps MQTT 5's Session Expiry Interval "
         "and ends 3.1.1 clean-session-0 sessions too (Mosquitto's persistent_client_expiration)",
     )
-    connect_timeout: float = Field(10.0, gt=0)
+    connect_timeout: float = Field(
+        10.0, gt=0, description="seconds from the socket opening to an MQTT CONNECT"
+    )
     sys_interval: float = Field(10.0, ge=0, description="$SYS publish period in seconds; 0 disables")
 
 
 class QueuePolicySettings(Section):
-    mode: Literal["work", "stream"] = "work"
-    visibility_timeout_s: float = Field(30.0, gt=0)
-    max_attempts: int = Field(5, ge=1)
-    backoff_initial_s: float = Field(1.0, ge=0)
-    backoff_multiplier: float = Field(2.0, ge=1)
-    backoff_max_s: float = Field(60.0, ge=0)
+    mode: Literal["work", "stream"] = Field(
+        "work",
+        description="work: competing consumers and acks; stream: retained log read by offset per group",
+    )
+    visibility_timeout_s: float = Field(
+        30.0, gt=0, description="a delivery not settled within this is delivered again (a failed attempt)"
+    )
+    max_attempts: int = Field(5, ge=1, description="deliveries of one message before it is dead-lettered")
+    backoff_initial_s: float = Field(
+        1.0, ge=0, description="wait before the first retry of a nacked or timed-out delivery"
+    )
+    backoff_multiplier: float = Field(
+        2.0, ge=1, description="each retry waits this many times longer than the one before"
+    )
+    backoff_max_s: float = Field(60.0, ge=0, description="the retry wait's ceiling")
     dead_letter: str | None = Field(None, description="default: $dlq/<queue>")
     dead_letter_exchange: str | None = Field(
         None,
@@ -231,33 +281,52 @@ class QueuePolicySettings(Section):
     dead_letter_routing_key: str | None = Field(
         None, description="x-dead-letter-routing-key: the key they are routed with (default: their own)"
     )
-    ttl_s: float | None = Field(None, gt=0)
-    max_length: int | None = Field(None, ge=1)
-    max_length_bytes: int | None = Field(None, ge=1)
+    ttl_s: float | None = Field(
+        None,
+        gt=0,
+        description="a message older than this expires (dead-lettered through dead_letter_exchange if "
+        "set); unset = never",
+    )
+    max_length: int | None = Field(
+        None, ge=1, description="most messages the queue holds; what happens past it is overflow's"
+    )
+    max_length_bytes: int | None = Field(
+        None, ge=1, description="most payload bytes the queue holds; what happens past it is overflow's"
+    )
     overflow: Literal["reject", "drop-oldest", "reject-dead-letter"] = Field(
         "reject",
         description="when full: refuse the publish, drop the oldest (dead-lettered through "
         "dead_letter_exchange if set), or refuse the publish and dead-letter it (AMQP 0.9.1 "
         "x-overflow reject-publish-dlx)",
     )
-    retention_age_s: float | None = Field(None, gt=0)
-    retention_bytes: int | None = Field(None, ge=1)
-    retention_count: int | None = Field(None, ge=1)
+    retention_age_s: float | None = Field(
+        None, gt=0, description="stream: messages older than this are removed"
+    )
+    retention_bytes: int | None = Field(
+        None, ge=1, description="stream: the oldest messages are removed past this many payload bytes"
+    )
+    retention_count: int | None = Field(
+        None, ge=1, description="stream: the oldest messages are removed past this many messages"
+    )
 
 
 class DeclaredQueue(QueuePolicySettings):
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, description="the queue's name (MQTT: $queue/<name>)")
 
 
 class QueueSettings(Section):
-    auto_create: bool = True
+    auto_create: bool = Field(
+        True, description="a publish or consume of an unknown queue creates it with queues.defaults"
+    )
     shared: bool = Field(
         False,
         description="several server processes share one PostgreSQL database: work queues deliver only "
         "messages this process claimed (SKIP LOCKED claims with leases); needs storage.url = postgresql://",
     )
-    defaults: QueuePolicySettings = QueuePolicySettings()
-    declare: list[DeclaredQueue] = []
+    defaults: QueuePolicySettings = Field(
+        QueuePolicySettings(), description="the policy of queues created on first use"
+    )
+    declare: list[DeclaredQueue] = Field([], description="queues created at start, each with its own policy")
 
 
 class ClusterSettings(Section):
@@ -287,10 +356,14 @@ class Amqp091Settings(Section):
 
     vhosts: list[str] = Field(["/"], min_length=1, description="virtual hosts connection.open may name")
     heartbeat: int = Field(60, ge=0, le=65535, description="seconds proposed in connection.tune; 0 = off")
-    frame_max: int = Field(131072, ge=4096, le=2**31 - 1)
-    channel_max: int = Field(2047, ge=1, le=65535)
+    frame_max: int = Field(
+        131072, ge=4096, le=2**31 - 1, description="largest frame proposed in connection.tune (bytes)"
+    )
+    channel_max: int = Field(2047, ge=1, le=65535, description="most channels proposed in connection.tune")
     handshake_timeout: float = Field(10.0, gt=0, description="seconds from the header to connection.open")
-    max_message_size: int = Field(128 * 1024 * 1024, ge=1)
+    max_message_size: int = Field(
+        128 * 1024 * 1024, ge=1, description="largest message body accepted (bytes)"
+    )
     prefetch_window: int = Field(
         1000, ge=1, description="ignored: a consumer without basic.qos has no limit, as in RabbitMQ"
     )
@@ -303,8 +376,10 @@ class Amqp1Settings(Section):
     bare_address: Literal["queue", "topic"] = Field(
         "queue", description="what an address without prefix or capability names"
     )
-    max_frame_size: int = Field(65536, ge=512, le=0xFFFF_FFFF)
-    channel_max: int = Field(255, ge=0, le=65535)
+    max_frame_size: int = Field(
+        65536, ge=512, le=0xFFFF_FFFF, description="largest frame offered in the open (bytes)"
+    )
+    channel_max: int = Field(255, ge=0, le=65535, description="highest channel number offered in the open")
     idle_timeout_s: float = Field(60.0, ge=0, description="close a peer silent this long; 0 = never")
     max_message_size: int = Field(16 * 1024 * 1024, ge=512, description="largest message accepted")
     link_credit: int = Field(500, ge=1, le=100_000, description="credit granted to each sending peer")
@@ -312,8 +387,8 @@ class Amqp1Settings(Section):
 
 
 class UserSettings(Section):
-    name: str = Field(min_length=1)
-    password: SecretStr
+    name: str = Field(min_length=1, description="the user name")
+    password: SecretStr = Field(description="the password, in plain text")
 
 
 class AuthSettings(Section):
@@ -343,9 +418,11 @@ class WebhookEndpoint(Section):
     url: str = Field(description="http:// or https:// URL the events are POSTed to")
     events: list[str] = Field(["*"], description="event types; '*' is all, 'client.*' a family")
     topics: list[str] = Field(["#"], description="topic filters for message.* events (MQTT wildcards)")
-    headers: dict[str, str] = {}
+    headers: dict[str, str] = Field({}, description="extra HTTP headers sent with every request")
     secret: SecretStr | None = Field(None, description="HMAC-SHA256 key for the signature header")
-    include_payload: bool = False
+    include_payload: bool = Field(
+        False, description="message events carry the payload (base64, and as text when UTF-8)"
+    )
     ca_file: Path | None = Field(None, description="CA bundle to verify an https endpoint")
 
     @field_validator("url")
@@ -371,39 +448,53 @@ class WebhookEndpoint(Section):
 
 
 class WebhookSettings(Section):
-    endpoints: list[WebhookEndpoint] = []
+    endpoints: list[WebhookEndpoint] = Field(
+        [], description="where events are POSTed, each with its own events, topics and secret"
+    )
     batch_max: int = Field(100, ge=1, description="most events in one request")
     batch_wait_ms: float = Field(200.0, ge=0, description="longest wait to fill a batch")
     timeout_s: float = Field(5.0, gt=0, description="one request: connect, send and answer")
     max_retries: int = Field(8, ge=0, description="retries of a failed batch before it is dropped")
     queue_size: int = Field(10_000, ge=1, description="events held per endpoint; the oldest go first")
     backoff_initial_s: float = Field(0.5, ge=0, description="retry n waits random(0, initial * 2**n)")
-    backoff_max_s: float = Field(30.0, ge=0)
+    backoff_max_s: float = Field(30.0, ge=0, description="the retry wait's ceiling")
     breaker_threshold: int = Field(5, ge=1, description="consecutive failures that open the breaker")
     breaker_cooldown_s: float = Field(10.0, ge=0, description="open this long before one probe request")
-    signature_header: str = "X-Trimaran-Signature"
-    timestamp_header: str = "X-Trimaran-Timestamp"
+    signature_header: str = Field(
+        "X-Trimaran-Signature",
+        description="header holding sha256=<HMAC of timestamp.body> when the endpoint has a secret",
+    )
+    timestamp_header: str = Field(
+        "X-Trimaran-Timestamp", description="header holding the request's unix time, part of the signed text"
+    )
     flush_timeout_s: float = Field(2.0, ge=0, description="at shutdown: longest wait to send what is queued")
 
 
 class TelemetrySettings(Section):
-    metrics: bool = True
-    traces: bool = False
-    otlp_endpoint: str | None = None
-    service_name: str = "trimaran"
+    metrics: bool = Field(True, description="serve /metrics (false: 404)")
+    traces: bool = Field(False, description="reserved: the server exports no traces yet, whatever this says")
+    otlp_endpoint: str | None = Field(
+        None, description="also push the metrics by OTLP/HTTP here (needs the otlp extra)"
+    )
+    service_name: str = Field("trimaran", description="service.name of the OpenTelemetry resource")
     per_object_metrics: bool = Field(False, description="per-queue and per-endpoint series in /metrics")
 
 
 class HttpSettings(Section):
-    bind: LocalBindAddress = Endpoint("127.0.0.1", 8080)
-    tokens: list[SecretStr] = []
-    max_body_bytes: int = Field(1024 * 1024, ge=1)
-    request_timeout_s: float = Field(10.0, gt=0)
+    bind: LocalBindAddress = Field(
+        Endpoint("127.0.0.1", 8080),
+        description="the admin listener (health, /metrics, /api/v1, /ui): [HOST:]PORT or off",
+    )
+    tokens: list[SecretStr] = Field(
+        [], description="bearer tokens for /api/v1 and the management page; none = the API is locked"
+    )
+    max_body_bytes: int = Field(1024 * 1024, ge=1, description="largest request body (413 beyond)")
+    request_timeout_s: float = Field(10.0, gt=0, description="longest time to read a request and answer it")
 
 
 class LogSettings(Section):
-    level: Literal["debug", "info", "warning", "error"] = "info"
-    format: Literal["text", "json"] = "text"
+    level: Literal["debug", "info", "warning", "error"] = Field("info", description="lowest level logged")
+    format: Literal["text", "json"] = Field("text", description="text lines, or one JSON object per line")
 
     @field_validator("level", mode="before")
     @classmethod
@@ -428,7 +519,9 @@ class Settings(BaseSettings):
         env_prefix="TRIMARAN_", env_nested_delimiter="__", extra="forbid", validate_default=True
     )
 
-    node_name: str = "trimaran"
+    node_name: str = Field(
+        "trimaran", description="this server's name: in $SYS, /api/v1, webhook events and among cluster nodes"
+    )
     shutdown_grace_s: float = Field(5.0, ge=0, description="longest graceful shutdown before exit")
     listeners: ListenerSettings = ListenerSettings()
     storage: StorageSettings = StorageSettings()

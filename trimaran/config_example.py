@@ -37,11 +37,11 @@ def _table(model: type[BaseModel], path: list[str], value: BaseModel | None) -> 
     subtables: list[tuple[str, type[BaseModel], BaseModel | None]] = []
     repeated: list[tuple[str, type[BaseModel], FieldInfo]] = []
     for name, info in model.model_fields.items():
-        section = _section_type(info.annotation)
+        section = section_type(info.annotation)
         if section is not None:
             subtables.append((name, section, getattr(value, name, None) if value is not None else None))
             continue
-        item = _repeated_section(info.annotation)
+        item = repeated_section(info.annotation)
         if item is not None:
             repeated.append((name, item, info))
             continue
@@ -70,8 +70,8 @@ def _table(model: type[BaseModel], path: list[str], value: BaseModel | None) -> 
 
 def _key(name: str, info: FieldInfo, value: Any, commented: bool) -> list[str]:
     lines = [f"# {info.description}"] if info.description else []
-    rendered = _toml_value(value)
-    if rendered is None and Endpoint in _flatten(info.annotation):
+    rendered = toml_value(value)
+    if rendered is None and Endpoint in flatten(info.annotation):
         rendered = '"off"'  # a listener's "no value" has a name
     if rendered is None:
         lines.append(f"# {name} = {_placeholder(info.annotation)}")
@@ -80,7 +80,7 @@ def _key(name: str, info: FieldInfo, value: Any, commented: bool) -> list[str]:
     return lines
 
 
-def _toml_value(value: Any) -> str | None:
+def toml_value(value: Any) -> str | None:
     """A default as TOML, or ``None`` when TOML cannot say it (no value)."""
     if value is None:
         return None
@@ -95,16 +95,16 @@ def _toml_value(value: Any) -> str | None:
     if isinstance(value, SecretStr):
         return json.dumps(value.get_secret_value())
     if isinstance(value, (list, tuple)):
-        items = [_toml_value(v) for v in value]
+        items = [toml_value(v) for v in value]
         return "[" + ", ".join(i for i in items if i is not None) + "]"
     if isinstance(value, dict):
-        pairs = [f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()]
+        pairs = [f"{json.dumps(str(k))} = {toml_value(v)}" for k, v in value.items()]
         return "{" + ", ".join(pairs) + "}" if pairs else "{}"
     raise TypeError(f"no TOML form for {value!r}")
 
 
 def _placeholder(annotation: Any) -> str:
-    for arg in _flatten(annotation):
+    for arg in flatten(annotation):
         if get_origin(arg) is Literal:
             return json.dumps(get_args(arg)[0])
         if arg in (str, Path, SecretStr):
@@ -120,21 +120,21 @@ def _placeholder(annotation: Any) -> str:
     return '"..."'
 
 
-def _flatten(annotation: Any) -> list[Any]:
+def flatten(annotation: Any) -> list[Any]:
     """The members of a union (``X | None``), with ``Annotated`` unwrapped."""
     if get_origin(annotation) is typing.Annotated:
-        return _flatten(get_args(annotation)[0])
+        return flatten(get_args(annotation)[0])
     if get_origin(annotation) in (typing.Union, types.UnionType):
-        return [a for member in get_args(annotation) for a in _flatten(member) if a is not type(None)]
+        return [a for member in get_args(annotation) for a in flatten(member) if a is not type(None)]
     return [annotation]
 
 
-def _section_type(annotation: Any) -> type[BaseModel] | None:
+def section_type(annotation: Any) -> type[BaseModel] | None:
     return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
 
 
-def _repeated_section(annotation: Any) -> type[BaseModel] | None:
+def repeated_section(annotation: Any) -> type[BaseModel] | None:
     if get_origin(annotation) is list:
         (item,) = get_args(annotation)
-        return _section_type(item)
+        return section_type(item)
     return None
