@@ -175,6 +175,7 @@ class App:
                     await root.start(self.cluster.run, name="cluster")
                 await root.start(self.webhooks.run, name="webhooks")
                 await self.queues.start(root)
+                root.start_soon(self.telemetry.history.run, self, name="history")
                 await root.start(self.mqtt.run, name="mqtt sessions")
                 await root.start(self.amqp091.run, name="amqp091")
                 async with anyio.create_task_group() as listening:

@@ -478,6 +478,14 @@ class TelemetrySettings(Section):
     )
     service_name: str = Field("trimaran", description="service.name of the OpenTelemetry resource")
     per_object_metrics: bool = Field(False, description="per-queue and per-endpoint series in /metrics")
+    history_interval_s: float = Field(
+        5.0,
+        gt=0,
+        description="how often the management page's charts are sampled (rates, connections, queues)",
+    )
+    history_samples: int = Field(
+        180, ge=2, le=10_000, description="samples the charts keep: 180 at 5 s is the last 15 minutes"
+    )
 
 
 class HttpSettings(Section):

@@ -1,7 +1,7 @@
 """The management page at /ui in a real headless Chromium (selenium): log in with a token, see a
 queue appear after an MQTT publish, purge it, publish from the page, see the sessions, kick a client,
-see a failing webhook endpoint; and the files it is served from. With TRIMARAN_SCREENSHOTS=DIR it
-takes the README's screenshots of each page.
+see a failing webhook endpoint, watch the charts move under load; and the files it is served from.
+With TRIMARAN_SCREENSHOTS=DIR it takes the manual's screenshots of each page.
 
 Needs Debian's ``chromium`` and ``chromium-driver`` (scripts/system-deps.sh installs them) and
 selenium (the dev extra); the browser tests are skipped, saying which is missing, without them.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,6 +37,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         "TRIMARAN_LIMITS__SYS_INTERVAL": "0",
         "TRIMARAN_WEBHOOKS__ENDPOINTS": json.dumps([{"url": WEBHOOK_URL, "events": ["client.*"]}]),
         "TRIMARAN_WEBHOOKS__FLUSH_TIMEOUT_S": "0.2",
+        "TRIMARAN_TELEMETRY__HISTORY_INTERVAL_S": "0.5",  # the charts' samples, quicker than the default 5 s
     }
     running = RunningServer(ARGS, cwd=tmp_path_factory.mktemp("page"), env=env).start()
     try:
@@ -169,3 +171,71 @@ def test_login_queue_purge_and_kick(server: RunningServer, browser: Any) -> None
     # A node alone: the cluster tab says so (tests/cluster shows one with its nodes).
     browser.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="cluster"]').click()
     assert wait(lambda: browser.find_element(By.ID, "cluster-none").is_displayed())
+
+
+def _chart(browser: Any, chart: str) -> tuple[int, list[float | None]]:
+    """A chart's drawn samples and the newest value of each of its series (app.js sets both)."""
+    from selenium.webdriver.common.by import By
+
+    svg = browser.find_element(By.ID, chart)
+    samples = int(svg.get_attribute("data-samples") or 0)
+    last = [float(v) if v else None for v in (svg.get_attribute("data-last") or "").split(",")]
+    return samples, last
+
+
+@needs_browser
+def test_charts_move_under_load(server: RunningServer, browser: Any) -> None:
+    import threading
+
+    from selenium.webdriver.common.by import By
+
+    browser.get(f"http://127.0.0.1:{server.ports['http']}/ui")
+    if browser.find_element(By.ID, "login").is_displayed():
+        browser.find_element(By.ID, "token").send_keys(TOKEN)
+        browser.find_element(By.CSS_SELECTOR, "#login button").click()
+    browser.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="overview"]').click()
+    before, _ = wait(lambda: (c := _chart(browser, "chart-messages"))[0] >= 2 and c)
+
+    mqtt = Endpoints("127.0.0.1", server.ports["mqtt"])
+    subscriber = connect(mqtt, "chart-subscriber", version=V5)
+    subscriber.client.subscribe("charts/#", qos=0)
+    publisher = connect(mqtt, "chart-publisher", version=V5)
+    stop = threading.Event()
+
+    def load() -> None:
+        n = 0
+        while not stop.is_set():
+            publisher.client.publish("charts/load", b"x" * 32, qos=0)
+            if n % 10 == 0:
+                publisher.client.publish("$queue/chart-jobs", b"job", qos=1)
+            n += 1
+            time.sleep(0.002)
+
+    pump = threading.Thread(target=load, daemon=True)
+    pump.start()
+    try:
+        # Messages in and out per second rise above zero, and new samples keep arriving.
+        samples, (rate_in, rate_out, _dropped) = wait(
+            lambda: (c := _chart(browser, "chart-messages"))[1][0] and (c[1][1] or 0) > 0 and c, timeout=15
+        )
+        assert samples > before and rate_in is not None and rate_in > 10 and rate_out is not None
+        assert browser.find_elements(By.CSS_SELECTOR, "#chart-messages polyline")
+        _, (connections, *_) = wait(lambda: (c := _chart(browser, "chart-connections"))[1][0] and c)
+        assert connections is not None and connections >= 2
+        snap(browser, "overview")
+
+        browser.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="queues"]').click()
+        legend = "#chart-queue-depth + .legend"
+        wait(lambda: "chart-jobs" in browser.find_element(By.CSS_SELECTOR, legend).text, timeout=15)
+        first, _ = _chart(browser, "chart-queue-depth")
+        # The deepest queue is the first line: chart-jobs grows, nobody consumes it.
+        depth = wait(lambda: (c := _chart(browser, "chart-queue-depth"))[0] > first and c[1][0], timeout=15)
+        assert depth is not None and depth > 0
+        published = wait(lambda: _chart(browser, "chart-queue-published")[1][0], timeout=15)
+        assert published is not None and published > 0
+        snap(browser, "queues")
+    finally:
+        stop.set()
+        pump.join(5)
+        publisher.client.loop_stop()
+        subscriber.client.loop_stop()

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.json_schema import models_json_schema
 
 from trimaran import __version__
+from trimaran.admin.history import MAX_QUEUES
 from trimaran.admin.http import HttpError, HttpServer, Request, Response
 from trimaran.admin.telemetry import PROMETHEUS_CONTENT_TYPE, Telemetry
 from trimaran.admin.view import AdminView, NotReady, QueueOps
@@ -266,6 +267,29 @@ class WebhookOut(Model):
     connections: int = Field(description="connections opened to the endpoint (kept alive and reused)")
 
 
+class QueueSampleOut(Model):
+    depth: int = Field(description="messages held when sampled")
+    published_per_s: float | None = Field(description="per second since the sample before (null: none)")
+    delivered_per_s: float | None
+    acked_per_s: float | None
+
+
+class SampleOut(Model):
+    at_ms: int = Field(description="when sampled, epoch milliseconds")
+    messages_in_per_s: float | None = Field(
+        description="publishes received per second, every protocol (null: the first sample)"
+    )
+    messages_out_per_s: float | None = Field(description="deliveries sent per second, every protocol")
+    dropped_per_s: float | None
+    connections: dict[str, int] = Field(description="open connections per protocol")
+    queues: dict[str, QueueSampleOut] = Field(description=f"the {MAX_QUEUES} deepest queues")
+
+
+class HistoryOut(Model):
+    interval_s: float = Field(description="seconds between samples (telemetry.history_interval_s)")
+    samples: list[SampleOut] = Field(description="oldest first, at most telemetry.history_samples")
+
+
 def page_model(item: type[BaseModel]) -> type[BaseModel]:
     return create_model(
         f"{item.__name__}Page",
@@ -414,6 +438,14 @@ class AdminApi:
             ApiRoute("GET", f"{p}/openapi.json", "This document", self.openapi, {200: "application/json"}),
             ApiRoute(
                 "GET", f"{p}/overview", "Version, node, uptime and counts", self.overview, {200: Overview}
+            ),
+            ApiRoute(
+                "GET",
+                f"{p}/history",
+                "The management page's charts: messages in and out per second, connections, and the "
+                "deepest queues' depth and rates, sampled every telemetry.history_interval_s",
+                self.history,
+                {200: HistoryOut},
             ),
             ApiRoute(
                 "GET",
@@ -567,6 +599,29 @@ class AdminApi:
 
     async def openapi(self, _request: Request) -> Response:
         return Response.json(openapi_document(self.routes))
+
+    async def history(self, _request: Request) -> Response:
+        history = self.telemetry.history
+        samples = [
+            SampleOut(
+                at_ms=sample.at_ms,
+                messages_in_per_s=sample.messages_in,
+                messages_out_per_s=sample.messages_out,
+                dropped_per_s=sample.dropped,
+                connections=sample.connections,
+                queues={
+                    name: QueueSampleOut(
+                        depth=queue.depth,
+                        published_per_s=queue.rates["published"],
+                        delivered_per_s=queue.rates["delivered"],
+                        acked_per_s=queue.rates["acked"],
+                    )
+                    for name, queue in sample.queues.items()
+                },
+            )
+            for sample in history.samples()
+        ]
+        return _ok(HistoryOut(interval_s=history.interval_s, samples=samples))
 
     # -- overview and clients -----------------------------------------------------------------------
 

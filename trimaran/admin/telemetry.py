@@ -37,6 +37,7 @@ from opentelemetry.sdk.resources import Resource
 from trimaran import __version__
 from trimaran.admin import exposition
 from trimaran.admin.exposition import prometheus_name as prometheus_name
+from trimaran.admin.history import History
 from trimaran.broker.message import PROTOCOL_AMQP091, PROTOCOL_AMQP1, PROTOCOL_MQTT
 from trimaran.config import TelemetrySettings
 
@@ -90,6 +91,8 @@ class Telemetry:
 
     def __init__(self, settings: TelemetrySettings, node: str = "trimaran") -> None:
         self.enabled = settings.metrics
+        # The management page's charts: sampled by the application, served by /api/v1/history.
+        self.history = History(settings.history_samples, settings.history_interval_s)
         self.per_object = settings.per_object_metrics
         self.broker: Broker | None = None
         self.queues: QueueManager | None = None

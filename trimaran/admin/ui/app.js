@@ -88,6 +88,105 @@ function duration(seconds) {
 
 const rate = (now, before, seconds) => (before === undefined || seconds <= 0 ? "-" : ((now - before) / seconds).toFixed(1));
 
+// -- charts: the server's samples (/api/v1/history) drawn as inline SVG, no library ----------------
+
+const SVG = "http://www.w3.org/2000/svg";
+const COLORS = ["#1f6feb", "#d9480f", "#2f9e44", "#ae3ec9", "#e8590c", "#0c8599", "#5c940d", "#c2255c"];
+const CHART = { width: 600, height: 170, left: 48, right: 8, top: 8, bottom: 22 };
+const MAX_QUEUE_LINES = 8;
+
+function svgElement(name, attributes, parent) {
+  const element = document.createElementNS(SVG, name);
+  for (const [key, value] of Object.entries(attributes)) element.setAttribute(key, String(value));
+  if (parent) parent.appendChild(element);
+  return element;
+}
+
+const short = (value) => (value >= 1e6 ? `${(value / 1e6).toFixed(1)}M` : value >= 1e4 ? `${Math.round(value / 1e3)}k`
+  : value >= 1e3 ? `${(value / 1e3).toFixed(1)}k` : `${Math.round(value * 10) / 10}`);
+
+// series: [{name, values: [number|null, ...]}] over the same times (epoch ms). A null breaks the line.
+function drawChart(svg, times, series, span) {
+  const { width, height, left, right, top, bottom } = CHART;
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  svg.replaceChildren();
+  const end = times.length ? times[times.length - 1] : Date.now();
+  const start = end - span;
+  const values = series.flatMap((s) => s.values.filter((v) => v !== null));
+  const top10 = Math.max(1, ...values);
+  const step = 10 ** Math.floor(Math.log10(top10));
+  const max = Math.ceil(top10 / step * 2) / 2 * step;  // a round top: 1, 1.5, 2, ... times a power of ten
+  const x = (t) => left + (width - left - right) * Math.max(0, (t - start) / span);
+  const y = (v) => top + (height - top - bottom) * (1 - v / max);
+  for (const fraction of [0, 0.5, 1]) {
+    const value = max * fraction;
+    svgElement("line", { x1: left, x2: width - right, y1: y(value), y2: y(value), class: "grid" }, svg);
+    svgElement("text", { x: left - 4, y: y(value) + 4, "text-anchor": "end" }, svg).textContent = short(value);
+  }
+  const minutes = Math.round(span / 60000);
+  svgElement("text", { x: left, y: height - 4 }, svg).textContent = `${minutes} min ago`;
+  svgElement("text", { x: width - right, y: height - 4, "text-anchor": "end" }, svg).textContent = "now";
+  const legend = svg.parentElement.querySelector(".legend");
+  legend.replaceChildren();
+  series.forEach((s, i) => {
+    const color = COLORS[i % COLORS.length];
+    let run = [];
+    const flush = () => {
+      if (run.length > 1) svgElement("polyline", { points: run.join(" "), stroke: color }, svg);
+      else if (run.length === 1) svgElement("circle", { cx: run[0].split(",")[0], cy: run[0].split(",")[1], r: 2, fill: color }, svg);
+      run = [];
+    };
+    s.values.forEach((v, j) => {
+      if (v === null || times[j] < start) { flush(); return; }
+      run.push(`${x(times[j]).toFixed(1)},${y(v).toFixed(1)}`);
+    });
+    flush();
+    const item = document.createElement("li");  // coloured by its class: the policy allows no inline style
+    item.className = `series-${i % COLORS.length}`;
+    const label = document.createElement("span");
+    const last = [...s.values].reverse().find((v) => v !== null);
+    label.textContent = `${s.name}${last === undefined ? "" : ` ${short(last)}`}`;
+    item.appendChild(label);
+    legend.appendChild(item);
+  });
+  // What the browser test reads: how many samples are drawn and the newest value of each series.
+  svg.dataset.samples = String(times.filter((t) => t >= start).length);
+  svg.dataset.last = series.map((s) => { const v = s.values[s.values.length - 1]; return v === null || v === undefined ? "" : String(v); }).join(",");
+}
+
+async function history() {
+  const h = await api("GET", "/api/v1/history");
+  const samples = h.samples;
+  const times = samples.map((s) => s.at_ms);
+  // The ring is bounded (15 minutes by default): draw all of it, and at least a minute.
+  const span = Math.max(60000, times.length > 1 ? times[times.length - 1] - times[0] : 0);
+  return { samples, times, span };
+}
+
+async function overviewCharts() {
+  const { samples, times, span } = await history();
+  drawChart($("chart-messages"), times, [
+    { name: "in", values: samples.map((s) => s.messages_in_per_s) },
+    { name: "out", values: samples.map((s) => s.messages_out_per_s) },
+    { name: "dropped", values: samples.map((s) => s.dropped_per_s) },
+  ], span);
+  const protocols = [...new Set(samples.flatMap((s) => Object.keys(s.connections)))];
+  drawChart($("chart-connections"), times, [
+    { name: "all", values: samples.map((s) => Object.values(s.connections).reduce((a, b) => a + b, 0)) },
+    ...protocols.map((p) => ({ name: p, values: samples.map((s) => (p in s.connections ? s.connections[p] : null)) })),
+  ], span);
+}
+
+async function queueCharts() {
+  const { samples, times, span } = await history();
+  const latest = samples.length ? samples[samples.length - 1].queues : {};
+  const names = Object.keys(latest).sort((a, b) => latest[b].depth - latest[a].depth).slice(0, MAX_QUEUE_LINES);
+  const line = (field) => names.map((name) => ({ name, values: samples.map((s) => (s.queues[name] ? s.queues[name][field] : null)) }));
+  drawChart($("chart-queue-depth"), times, line("depth"), span);
+  drawChart($("chart-queue-published"), times, line("published_per_s"), span);
+  drawChart($("chart-queue-acked"), times, line("acked_per_s"), span);
+}
+
 // -- tabs ------------------------------------------------------------------------------------------
 
 async function overview() {
@@ -113,6 +212,7 @@ async function overview() {
   ["received", "sent", "dropped", "bytesIn", "bytesOut"].forEach((key, i) => { cells[i].textContent = rate(now[key], before[key], seconds); });
   state.last = now;
   $("server").textContent = `${o.node} · ${o.version}`;
+  await overviewCharts();
 }
 
 async function connections() {
@@ -166,6 +266,7 @@ async function queues() {
     }, true);
     if (q.dlq_depth > 0) act("Redrive", () => api("POST", `/api/v1/queues/${seg(q.name)}/redrive`, {}));
   });
+  await queueCharts();
 }
 
 async function peek(name) {
