@@ -1,4 +1,4 @@
-"""(Copied from ../shared/bench/benchlib.py, the team yardstick, and ruff-formatted; keep the two in step.)
+"""The load generators' library (the same for every generator of the manual's numbers).
 
 Shared plumbing for the load generators: worker processes, the shared
 clock, CPU/RSS sampling from /proc, percentiles and the JSON output.

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Start/stop the AMQP 1.0 brokers for bench/amqp1_load.py, each pinned to CPU 0 (taskset -c 0), on loopback
-# 29xxx ports.  Adapted from the shared yardstick's brokers.sh (../shared/bench/brokers.sh, which also runs
-# Mosquitto, amqtt, the relay and RabbitMQ with MQTT); the same rules, private state, pid files.
+# 29xxx ports, with private state and pid files.
 #   ./brokers.sh start|stop|restart trimaran|rabbitmq-amqp1
 #   ./brokers.sh pid <name>        # prints the broker PID
 #   ./brokers.sh stop-all

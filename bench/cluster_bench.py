@@ -1,4 +1,5 @@
-"""One node, then two, on the same PostgreSQL, driven by the shared MQTT generator.
+"""One node, then two, on the same PostgreSQL, driven by the raw-socket MQTT generator
+(mqtt_load.py, found through SHARED_BENCH).
 
     python bench/cluster_bench.py            # about 15 min on a quiet machine; results/<date>-cluster.jsonl
     python bench/cluster_bench.py --smoke    # one 1-second run: checks that everything starts and talks
@@ -9,7 +10,7 @@ Scenarios, each on one node and on two (``cluster.enabled`` both times, so only 
   latency at 1,000 msg/s                         so every message crosses (NOTIFY) between the nodes
   durable queue, QoS 1 (--queue)                 8 publishers and 2 consumers; on two nodes half of
                                                  each on either node (shared claims)
-The yardstick's rules (../shared/bench/README.md): nodes pinned by NODE_CPUS (default "0,1": node a on
+The rules of docs/performance.md: nodes pinned by NODE_CPUS (default "0,1": node a on
 CPU 0, node b on CPU 1), the generator on GEN_CPU (default 1; give it a core of its own where there is
 one), 2 s warm-up, 10 s window, 3 clean runs, runs with more than 8% of a core used by others retried.
 PostgreSQL (Debian's, started here, fsync on) runs unpinned: its commit and NOTIFY rate is what a cluster

@@ -1,5 +1,6 @@
-"""The shared MQTT generator (../shared/bench/mqtt_load.py, unchanged) with its publishers and
-subscribers spread over several nodes of one cluster.
+"""The raw-socket MQTT generator (mqtt_load.py, unchanged) with its publishers and subscribers spread
+over several nodes of one cluster. mqtt_load.py is not in this repository yet: SHARED_BENCH names the
+directory that holds it and its benchlib.
 
     cluster_load.py <mqtt_load.py arguments> --pub-ports 29901 --sub-ports 29902,29901
 
@@ -14,7 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-SHARED = Path(os.environ.get("SHARED_BENCH", Path(__file__).resolve().parents[2] / "shared" / "bench"))
+if "SHARED_BENCH" not in os.environ:
+    sys.exit("cluster_load.py: set SHARED_BENCH to the directory that holds mqtt_load.py")
+SHARED = Path(os.environ["SHARED_BENCH"])
 sys.path.insert(0, str(SHARED))  # before bench/: the generator imports the shared benchlib
 
 import benchlib as bl  # type: ignore[import-not-found]  # noqa: E402

@@ -1,5 +1,5 @@
 # Source me: environment for a private RabbitMQ node used by the bench (all state under $RMQ_BASE).
-# Copied from ../shared/bench/rabbitmq_env.sh; every setting can be overridden from the environment, and the
+# Every setting can be overridden from the environment, and the
 # listener comes from RABBITMQ_NODE_IP_ADDRESS/PORT (conf/rabbitmq-amqp1.conf names none).
 # Usage:  . ./rabbitmq_env.sh ; taskset -c 0 /usr/lib/rabbitmq/bin/rabbitmq-server &
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")" && pwd)"
