@@ -106,3 +106,11 @@ def test_quick_start_publishes_and_consumes_on_each_protocol(served: dict[str, i
         )
         assert result.returncode == 0, result.stderr
         assert text.decode() in result.stdout, (block, result.stdout, result.stderr)
+
+
+def test_getting_started_shows_the_same_quick_start() -> None:
+    """The manual's first publish and consume are the README's, which the test above runs."""
+    page = (ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8")
+    shown = [block.split("\n", 1)[1] for block in _blocks(page, "python") if block.startswith("# ")]
+    for block in _blocks(_section("Quick start"), "python"):
+        assert block in shown

@@ -222,7 +222,7 @@ def test_charts_move_under_load(server: RunningServer, browser: Any) -> None:
         assert browser.find_elements(By.CSS_SELECTOR, "#chart-messages polyline")
         _, (connections, *_) = wait(lambda: (c := _chart(browser, "chart-connections"))[1][0] and c)
         assert connections is not None and connections >= 2
-        snap(browser, "overview")
+        snap(browser, "overview-charts")
 
         browser.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="queues"]').click()
         legend = "#chart-queue-depth + .legend"
@@ -233,7 +233,7 @@ def test_charts_move_under_load(server: RunningServer, browser: Any) -> None:
         assert depth is not None and depth > 0
         published = wait(lambda: _chart(browser, "chart-queue-published")[1][0], timeout=15)
         assert published is not None and published > 0
-        snap(browser, "queues")
+        snap(browser, "queue-charts")
     finally:
         stop.set()
         pump.join(5)
