@@ -1,5 +1,4 @@
-"""One node, then two, on the same PostgreSQL, driven by the raw-socket MQTT generator
-(mqtt_load.py, found through SHARED_BENCH).
+"""One node, then two, on the same PostgreSQL, driven by the MQTT generator (mqtt_load.py).
 
     python bench/cluster_bench.py            # about 15 min on a quiet machine; results/<date>-cluster.jsonl
     python bench/cluster_bench.py --smoke    # one 1-second run: checks that everything starts and talks
@@ -17,7 +16,7 @@ PostgreSQL (Debian's, started here, fsync on) runs unpinned: its commit and NOTI
 is bound by. Broker CPU figures are node a's.
 
 Environment: TRIMARAN_BIN (default: this interpreter's ``-m trimaran``), BENCH_PY (the generator's
-interpreter, with uvloop; default /tmp/bench-venv/bin/python), SHARED_BENCH, NODE_CPUS, GEN_CPU, RUNS.
+interpreter, with uvloop; default the repository's .venv python), NODE_CPUS, GEN_CPU, RUNS.
 """
 
 from __future__ import annotations
@@ -88,7 +87,7 @@ class Node:
 def generate(
     label: str, scenario: list[str], pub: list[Node], sub: list[Node], common: list[str], out: Path
 ) -> dict:
-    python = os.environ.get("BENCH_PY", "/tmp/bench-venv/bin/python")
+    python = os.environ.get("BENCH_PY", str(ROOT / ".venv" / "bin" / "python"))
     gen_cpu = os.environ.get("GEN_CPU", "1")
     command = [
         "taskset", "-c", gen_cpu, python, str(BENCH / "cluster_load.py"), *scenario,

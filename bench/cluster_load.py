@@ -1,6 +1,5 @@
-"""The raw-socket MQTT generator (mqtt_load.py, unchanged) with its publishers and subscribers spread
-over several nodes of one cluster. mqtt_load.py is not in this repository yet: SHARED_BENCH names the
-directory that holds it and its benchlib.
+"""The MQTT generator (mqtt_load.py, unchanged) with its publishers and
+subscribers spread over several nodes of one cluster.
 
     cluster_load.py <mqtt_load.py arguments> --pub-ports 29901 --sub-ports 29902,29901
 
@@ -10,18 +9,14 @@ Each publisher and subscriber worker process connects to the next port of its si
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-if "SHARED_BENCH" not in os.environ:
-    sys.exit("cluster_load.py: set SHARED_BENCH to the directory that holds mqtt_load.py")
-SHARED = Path(os.environ["SHARED_BENCH"])
-sys.path.insert(0, str(SHARED))  # before bench/: the generator imports the shared benchlib
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import benchlib as bl  # type: ignore[import-not-found]  # noqa: E402
-import mqtt_load  # type: ignore[import-not-found]  # noqa: E402
+import benchlib as bl
+import mqtt_load
 
 
 def take_ports(argv: list[str], option: str) -> list[int]:
