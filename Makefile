@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test test-all release-check docs docs-build lint typecheck check system-deps clean
+.PHONY: run test test-all release-check docs docs-build lint typecheck check system-deps bench clean
 
 run: $(VENV)/.installed-run
 	$(BIN)/trimaran serve $(ARGS)
@@ -40,6 +40,14 @@ check: lint typecheck test
 
 system-deps:
 	scripts/system-deps.sh
+
+# The README's performance table in one sitting (bench/README.md; about 35 min, as root, quiet machine):
+# installs the peers if missing, prints the table, raw lines in bench/results/. AB="<commit> <commit>"
+# measures two builds against the same peers; BENCH_ARGS passes options (--rounds, --rows, --duration ...).
+AB ?=
+BENCH_ARGS ?=
+bench: $(VENV)/.installed-run
+	$(BIN)/python bench/run.py --install $(if $(AB),--ab $(AB)) $(BENCH_ARGS)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)

@@ -1,30 +1,40 @@
 #!/usr/bin/env bash
-# Start/stop the AMQP 1.0 brokers for bench/amqp1_load.py, each pinned to CPU 0 (taskset -c 0), on loopback
-# 29xxx ports, with private state and pid files.
-#   ./brokers.sh start|stop|restart trimaran|rabbitmq-amqp1
-#   ./brokers.sh pid <name>        # prints the broker PID
-#   ./brokers.sh stop-all
-# State (pid files, logs) lives in $BENCH_RUN (default /tmp/bench-run).  Only processes started
-# here are ever stopped, by the PIDs recorded in their pid files.
-#   trimaran: the `trimaran` command of $TRIMARAN_BIN; MQTT / AMQP (0.9.1 + 1.0) / HTTP on $TRIMARAN_MQTT_PORT
-#     (29893) / $TRIMARAN_AMQP_PORT (29692) / $TRIMARAN_HTTP_PORT (29890); SQLite in $BENCH_RUN/trimaran-data,
-#     wiped at every start.  Extra settings: TRIMARAN_* environment variables (see the README).
-#   rabbitmq-amqp1: RabbitMQ 3.x (Debian's rabbitmq-server) with the rabbitmq_amqp1_0 plugin, a private node
-#     (rabbitmq_env.sh: node name, ports, HOME, mnesia and logs under $RMQ_BASE, default /tmp/bench-rmq);
+# Start/stop the servers of the bench, each pinned to CPU $BROKER_CPU (0) with taskset, on loopback 29xxx ports.
+#   ./brokers.sh start|stop|restart <name>     ./brokers.sh pid <name>     ./brokers.sh stop-all
+# Names:
+#   trimaran, trimaran-<x>: python -m trimaran serve with $TRIMARAN_PY (default: the repository's .venv python)
+#     and PYTHONPATH=$TRIMARAN_SRC (default: this checkout), or the command $TRIMARAN_BIN when set; MQTT / AMQP
+#     (0.9.1 + 1.0) / HTTP on $TRIMARAN_MQTT_PORT (29893) / $TRIMARAN_AMQP_PORT (29692) / $TRIMARAN_HTTP_PORT
+#     (29890); SQLite in $BENCH_RUN/<name>-data, wiped at every start.  Extra settings: TRIMARAN_* variables.
+#   mosquitto, mosquitto-nodelay: Debian's mosquitto with conf/<name>.conf (29883, 29888).
+#   rabbitmq (alias rabbitmq-amqp1): Debian's rabbitmq-server, a private node (rabbitmq_env.sh: node name,
+#     ports, HOME, mnesia and logs under $RMQ_BASE, default /tmp/bench-rmq) with the rabbitmq_amqp1_0 plugin;
 #     AMQP 0.9.1 and 1.0 share $RABBITMQ_NODE_PORT (29672).
+#   relay: relay_ceiling.py, the uvloop MQTT QoS 0 relay (29885), run by $BENCH_PY.
+#   proton-broker: qpid-proton's C example broker, built by run.py into $PROTON_C (29695).
+# State (pid files, logs) lives in $BENCH_RUN (default /tmp/bench-run).  Only processes started here are ever
+# stopped, by the PIDs recorded in their pid files.
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
+REPO="$(dirname "$HERE")"
 RUN=${BENCH_RUN:-/tmp/bench-run}
 BROKER_CPU=${BROKER_CPU:-0}
-TRIMARAN_BIN=${TRIMARAN_BIN:-trimaran}
+PY=${BENCH_PY:-$REPO/.venv/bin/python}
+TRIMARAN_PY=${TRIMARAN_PY:-$REPO/.venv/bin/python}
+TRIMARAN_SRC=${TRIMARAN_SRC:-$REPO}
+TRIMARAN_BIN=${TRIMARAN_BIN:-}
 T_MQTT=${TRIMARAN_MQTT_PORT:-29893}
 T_AMQP=${TRIMARAN_AMQP_PORT:-29692}
 T_HTTP=${TRIMARAN_HTTP_PORT:-29890}
 mkdir -p "$RUN"
+RUN=$(cd "$RUN" && pwd)
+PROTON_C=${PROTON_C:-$RUN/proton-c}
 
 port_of() {
   case $1 in
-    trimaran) echo "$T_AMQP" ;; rabbitmq-amqp1) echo "${RABBITMQ_NODE_PORT:-29672}" ;;
+    trimaran|trimaran-*) echo "$T_AMQP" ;;
+    mosquitto) echo 29883 ;; mosquitto-nodelay) echo 29888 ;; relay) echo 29885 ;; proton-broker) echo 29695 ;;
+    rabbitmq|rabbitmq-amqp1) echo "${RABBITMQ_NODE_PORT:-29672}" ;;
     *) echo "unknown broker $1" >&2; exit 2 ;;
   esac
 }
@@ -42,12 +52,27 @@ start() {
   local b=$1 port; port=$(port_of "$b")
   if [ -f "$RUN/$b.pid" ] && kill -0 "$(cat "$RUN/$b.pid")" 2>/dev/null; then echo "$b already running"; return 0; fi
   case $b in
-    trimaran)
-      rm -rf "$RUN/trimaran-data"; mkdir -p "$RUN/trimaran-data"
-      taskset -c "$BROKER_CPU" "$TRIMARAN_BIN" serve --mqtt "127.0.0.1:$T_MQTT" --mqtt-ws off \
-        --amqp "127.0.0.1:$T_AMQP" --http "127.0.0.1:$T_HTTP" --data-dir "$RUN/trimaran-data" >"$RUN/$b.log" 2>&1 &
+    trimaran|trimaran-*)
+      rm -rf "$RUN/$b-data"; mkdir -p "$RUN/$b-data"
+      local cmd=("$TRIMARAN_PY" -m trimaran)
+      [ -n "$TRIMARAN_BIN" ] && cmd=("$TRIMARAN_BIN")
+      # from the tree itself: `python -m` puts the working directory first on sys.path
+      ( cd "$TRIMARAN_SRC" && PYTHONPATH="$TRIMARAN_SRC" exec taskset -c "$BROKER_CPU" "${cmd[@]}" serve \
+          --mqtt "127.0.0.1:$T_MQTT" --mqtt-ws off --amqp "127.0.0.1:$T_AMQP" --http "127.0.0.1:$T_HTTP" \
+          --data-dir "$RUN/$b-data" >"$RUN/$b.log" 2>&1 ) &
+      echo $! >"$RUN/$b.pid"
+      wait_port "$T_MQTT" 60 || return 1 ;;
+    mosquitto|mosquitto-nodelay)
+      taskset -c "$BROKER_CPU" mosquitto -c "$HERE/conf/$b.conf" >"$RUN/$b.log" 2>&1 &
       echo $! >"$RUN/$b.pid" ;;
-    rabbitmq-amqp1)
+    relay)
+      taskset -c "$BROKER_CPU" "$PY" "$HERE/relay_ceiling.py" --port "$port" >"$RUN/$b.log" 2>&1 &
+      echo $! >"$RUN/$b.pid" ;;
+    proton-broker)
+      # the example reads ssl-certs/ relative to its working directory (TLS is not used here)
+      ( cd "$PROTON_C" && exec taskset -c "$BROKER_CPU" ./broker 127.0.0.1 "$port" >"$RUN/$b.log" 2>&1 ) &
+      echo $! >"$RUN/$b.pid" ;;
+    rabbitmq|rabbitmq-amqp1)
       # shellcheck source=rabbitmq_env.sh
       ( . "$HERE/rabbitmq_env.sh"
         echo "[rabbitmq_amqp1_0]." >"$RABBITMQ_ENABLED_PLUGINS_FILE"
@@ -74,7 +99,7 @@ stop() {
     kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
   fi
   rm -f "$RUN/$b.pid"
-  if [ "$b" = rabbitmq-amqp1 ] && [ -f "$RUN/epmd.pid" ]; then
+  if [[ $b == rabbitmq* ]] && [ -f "$RUN/epmd.pid" ]; then
     kill "$(cat "$RUN/epmd.pid")" 2>/dev/null; rm -f "$RUN/epmd.pid"
   fi
   echo "$b stopped"
@@ -85,6 +110,10 @@ case ${1:-} in
   stop) stop "$2" ;;
   restart) stop "$2" >/dev/null; start "$2" ;;
   pid) cat "$RUN/$2.pid" ;;
-  stop-all) for b in trimaran rabbitmq-amqp1; do stop $b; done ;;
-  *) sed -n 2,8p "$0"; exit 2 ;;
+  stop-all)
+    for f in "$RUN"/*.pid; do
+      b=$(basename "$f" .pid)
+      [ -f "$f" ] && [ "$b" != epmd ] && stop "$b"
+    done ;;
+  *) sed -n 2,17p "$0"; exit 2 ;;
 esac

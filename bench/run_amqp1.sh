@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
 # AMQP 1.0: Trimaran and RabbitMQ (3.x, rabbitmq_amqp1_0 plugin) side by side with bench/amqp1_load.py, in one
-# session and under the shared yardstick's rules (broker on CPU 0, generator on CPU 1, 2 s warm-up + 10 s window,
+# session and under the bench's rules (broker on CPU 0, generator on CPU 1, 2 s warm-up + 10 s window,
 # 3 clean runs, runs with more than 8% of a core used by other tenants retried).  Scenarios are interleaved
 # (every broker runs scenario A, then every broker runs scenario B, ...).
-#   TRIMARAN_BIN=<venv>/bin/trimaran ./run_amqp1.sh          # about 25 min on a quiet machine
+#   ./run_amqp1.sh                                            # about 25 min on a quiet machine
 # Results: results/$PREFIX-amqp1-<label>.jsonl (PREFIX defaults to the date); summary lines on stdout.
 set -u
 cd "$(dirname "$0")"
-PY=${BENCH_PY:-/tmp/bench-venv/bin/python}
+PY=${BENCH_PY:-../.venv/bin/python}
 GEN_CPU=${GEN_CPU:-1}
 RUNS=${RUNS:-3}
 PREFIX=${PREFIX:-$(date +%F)}
 COMMON=${COMMON:-"--runs $RUNS --warmup 2 --duration 10 --quiet-pct 15 --quiet-wait 60 --max-foreign-pct 8"}
 OUT=results
 mkdir -p "$OUT"
-export TRIMARAN_BIN=${TRIMARAN_BIN:-trimaran}
+export TRIMARAN_BIN=${TRIMARAN_BIN:-}   # empty: brokers.sh runs this checkout with the .venv's python
 T_PORT=${TRIMARAN_AMQP_PORT:-29692}
 R_PORT=${RABBITMQ_NODE_PORT:-29672}
 

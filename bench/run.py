@@ -1,0 +1,567 @@
+#!/usr/bin/env python3
+"""`make bench`: every row of the README's performance table in one sitting, from this repository alone.
+
+    python bench/run.py [--install] [--rounds 3] [--rows mqtt-qos0-fanin,...] [--ab C1 C2]
+    python bench/run.py --table bench/results/<file>.jsonl        # print a recorded sitting again
+
+What it does (run as root on a machine with at least 2 CPUs, as quiet as you can make it):
+- checks what it needs and says what is missing (`--install`: apt-get and pip install it): Debian's
+  `mosquitto`, `rabbitmq-server` (with the rabbitmq_amqp1_0 plugin it ships), qpid-proton's C examples
+  (`libqpid-proton11-dev-examples`, built here with `gcc` against `libqpid-proton11-dev`), uvloop in the venv;
+- starts Trimaran (this checkout, or each commit of `--ab` from a temporary git worktree, with the venv's
+  python and PYTHONPATH on the tree) and the peers with `brokers.sh`, every server pinned to CPU 0 and
+  restarted at the start of every round; the generators run pinned to CPU 1;
+- runs the rows of `table.ROWS` in alternating rounds (round 1: each row for Trimaran then its peers,
+  round 2 the same, ...), each run discarded and retried when other processes used more than
+  `--max-foreign-pct` of a core in its window (`foreign_cpu_pct`, benchlib's rule);
+- writes every run as a JSON line (first line: the host, versions and commits) to
+  `bench/results/<date>-<commit>.jsonl` and prints the table (`table.format_table`).
+
+The generators are `mqtt_load.py` and `amqp091_load.py` (raw sockets, not the bottleneck: see README.md);
+the AMQP 1.0 row times proton's C `send` and `receive` examples through a transient queue (declared first
+over AMQP 0.9.1; the proton C broker makes its queues on demand).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import resource
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import amqp1_load  # noqa: E402
+import benchlib as bl  # noqa: E402
+import table  # noqa: E402
+
+PEER_PORTS = {
+    "mosquitto": 29883,
+    "mosquitto-nodelay": 29888,
+    "relay": 29885,
+    "rabbitmq": 29672,
+    "proton-broker": 29695,
+}
+PROTON_EXAMPLES = Path("/usr/share/proton/examples/c")
+RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
+GENERATORS = {"mqtt": "mqtt_load.py", "amqp091": "amqp091_load.py"}
+
+
+@dataclass(frozen=True)
+class Build:
+    """One Trimaran to measure: its name in the table and the records, its tree and its ports."""
+
+    name: str
+    commit: str
+    src: Path
+    index: int  # 0 or 1: the port block (29893/29692/29890, then 100 higher)
+
+    @property
+    def mqtt_port(self) -> int:
+        return 29893 + 100 * self.index
+
+    @property
+    def amqp_port(self) -> int:
+        return 29692 + 100 * self.index
+
+    def env(self, python: str) -> dict[str, str]:
+        return {
+            "TRIMARAN_SRC": str(self.src),
+            "TRIMARAN_PY": python,
+            "TRIMARAN_MQTT_PORT": str(self.mqtt_port),
+            "TRIMARAN_AMQP_PORT": str(self.amqp_port),
+            "TRIMARAN_HTTP_PORT": str(29890 + 100 * self.index),
+        }
+
+
+# --------------------------------------------------------------------------- what the sitting needs
+def missing(python: str) -> tuple[list[str], list[str]]:
+    """(Debian packages, pip packages) that are not there yet."""
+    apt = []
+    if not shutil.which("mosquitto", path=os.environ.get("PATH", "") + ":/usr/sbin"):
+        apt.append("mosquitto")
+    plugins = list(Path("/usr/lib/rabbitmq/lib").glob("rabbitmq_server-*/plugins/rabbitmq_amqp1_0*"))
+    if not RABBITMQ_SERVER.exists() or not plugins:
+        apt.append("rabbitmq-server")
+    if not (PROTON_EXAMPLES / "send.c").exists():
+        apt.append("libqpid-proton11-dev-examples")
+    if subprocess.run(["pkg-config", "--exists", "libqpid-proton"], capture_output=True).returncode:
+        apt.append("libqpid-proton11-dev")
+    for tool, package in (("gcc", "gcc"), ("pkg-config", "pkg-config"), ("taskset", "util-linux")):
+        if not shutil.which(tool) and package not in apt:
+            apt.append(package)
+    if not shutil.which("ss"):
+        apt.append("iproute2")
+    pip = [] if _run_ok([python, "-c", "import uvloop"]) else ["uvloop"]
+    return apt, pip
+
+
+def _run_ok(cmd: list[str]) -> bool:
+    try:
+        return subprocess.run(cmd, capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
+def ensure_deps(python: str, install: bool) -> None:
+    apt, pip = missing(python)
+    if (apt or pip) and install:
+        if apt:
+            if os.geteuid() != 0:
+                sys.exit(f"bench: needs root to install {' '.join(apt)} (sudo make bench)")
+            subprocess.run(["apt-get", "install", "-y", *apt], check=True)
+        if pip:
+            subprocess.run([python, "-m", "pip", "install", "--quiet", *pip], check=True)
+        apt, pip = missing(python)
+    if apt or pip:
+        lines = ["bench: missing, install them or run `make bench` (it passes --install):"]
+        if apt:
+            lines.append(f"  apt-get install -y {' '.join(apt)}")
+        if pip:
+            lines.append(f"  {python} -m pip install {' '.join(pip)}")
+        sys.exit("\n".join(lines))
+    if (os.cpu_count() or 1) < 2:
+        sys.exit("bench: needs 2 CPUs (the broker on CPU 0, the generator on CPU 1)")
+
+
+def build_proton(dest: Path) -> None:
+    """proton's C examples `send`, `receive` and `broker`, compiled once into dest."""
+    dest.mkdir(parents=True, exist_ok=True)
+    flags = subprocess.run(
+        ["pkg-config", "--cflags", "--libs", "libqpid-proton"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    for name in ("send", "receive", "broker"):
+        exe = dest / name
+        if not exe.exists():
+            src = PROTON_EXAMPLES / f"{name}.c"
+            subprocess.run(["gcc", "-O2", "-o", str(exe), str(src), *flags, "-lpthread"], check=True)
+    certs = dest / "ssl-certs"
+    if not certs.exists() and (PROTON_EXAMPLES / "ssl-certs").exists():
+        shutil.copytree(PROTON_EXAMPLES / "ssl-certs", certs)
+
+
+def versions() -> dict[str, str]:
+    def deb(package: str) -> str:
+        out = subprocess.run(
+            ["dpkg-query", "-W", "-f", "${Version}", package], capture_output=True, text=True
+        )
+        return out.stdout.strip() or "not installed"
+
+    return {
+        "Mosquitto": deb("mosquitto"),
+        "RabbitMQ": deb("rabbitmq-server"),
+        "Erlang": deb("erlang-base"),
+        "qpid-proton C": deb("libqpid-proton11"),
+    }
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def git(*args: str, cwd: Path = REPO) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def head_commit() -> str:
+    sha = git("rev-parse", "--short", "HEAD")
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "trimaran"], cwd=REPO).returncode
+    return sha + ("-dirty" if dirty else "")
+
+
+@contextlib.contextmanager
+def builds_for(ab: list[str] | None, python: str) -> Iterator[list[Build]]:
+    """This checkout, or each A/B commit checked out into a temporary worktree (removed afterwards)."""
+    if not ab:
+        yield [Build("trimaran", head_commit(), REPO, 0)]
+        return
+    made: list[Path] = []
+    try:
+        builds = []
+        for i, ref in enumerate(ab):
+            sha = git("rev-parse", "--short", f"{ref}^{{commit}}")
+            tree = Path(tempfile.mkdtemp(prefix=f"bench-{sha}-"))
+            git("worktree", "add", "--detach", str(tree), sha)
+            made.append(tree)
+            builds.append(Build(f"trimaran@{sha}", sha, tree, i))
+        for b in builds:
+            env = {**os.environ, "PYTHONPATH": str(b.src)}
+            where = subprocess.run(
+                [python, "-c", "import trimaran; print(trimaran.__file__)"],
+                env=env,
+                cwd=b.src,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            if not where.startswith(str(b.src)):
+                sys.exit(f"bench: {b.name} imports trimaran from {where}, not from {b.src}")
+        yield builds
+    finally:
+        for tree in made:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, capture_output=True)
+
+
+# --------------------------------------------------------------------------- servers
+class Servers:
+    """brokers.sh with this sitting's environment."""
+
+    def __init__(self, run_dir: Path, python: str, builds: list[Build], broker_cpu: int) -> None:
+        self.env = {
+            **os.environ,
+            "BENCH_RUN": str(run_dir),
+            "BENCH_PY": python,
+            "PROTON_C": str(run_dir / "proton-c"),
+            "BROKER_CPU": str(broker_cpu),
+        }
+        self.python = python
+        self.builds = {b.name: b for b in builds}
+
+    def _sh(self, *args: str, extra: dict[str, str] | None = None) -> None:
+        out = subprocess.run(
+            [str(HERE / "brokers.sh"), *args],
+            env={**self.env, **(extra or {})},
+            capture_output=True,
+            text=True,
+        )
+        if out.returncode:
+            raise RuntimeError(f"brokers.sh {' '.join(args)}: {out.stdout.strip()} {out.stderr.strip()}")
+
+    def restart(self, name: str) -> None:
+        if name in self.builds:
+            b = self.builds[name]
+            self._sh("restart", f"trimaran-{b.index}", extra=b.env(self.python))
+        else:
+            self._sh("restart", name)
+
+    def stop_all(self) -> None:
+        self._sh("stop-all")
+
+
+# --------------------------------------------------------------------------- one measurement
+@dataclass(frozen=True)
+class Settings:
+    python: str
+    runs: int
+    warmup: float
+    duration: float
+    quiet_pct: float
+    quiet_wait: float
+    max_foreign_pct: float
+    max_attempts: int
+    gen_cpu: int
+    amqp1_count: int
+
+
+def run_generator(row: table.Row, server: str, port: int, s: Settings) -> list[dict]:
+    """The row's generator against one server: its run lines (the summary line left out)."""
+    cmd = [
+        "taskset",
+        "-c",
+        str(s.gen_cpu),
+        s.python,
+        str(HERE / GENERATORS[row.tool]),
+        *row.args,
+        "--port",
+        str(port),
+        "--label",
+        server,
+        *("--runs", str(s.runs), "--warmup", str(s.warmup), "--duration", str(s.duration)),
+        *("--quiet-pct", str(s.quiet_pct), "--quiet-wait", str(s.quiet_wait)),
+        *("--max-foreign-pct", str(s.max_foreign_pct), "--max-attempts", str(s.max_attempts)),
+    ]
+    budget = (s.warmup + s.duration + 60 + s.quiet_wait) * s.max_attempts + 60
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=budget)
+    except subprocess.TimeoutExpired:
+        return [{"error": f"generator timed out after {budget:.0f} s"}]
+    lines = []
+    for line in out.stdout.splitlines():
+        with contextlib.suppress(ValueError):
+            rec = json.loads(line)
+            if isinstance(rec, dict) and not rec.get("summary"):
+                lines.append(rec)
+    if not lines:
+        lines.append({"error": f"generator exited {out.returncode}: {out.stderr.strip()[-400:]}"})
+    return lines
+
+
+def amqp1_once(server: str, port: int, s: Settings, proton: Path) -> dict:
+    """proton C `receive` then `send` of amqp1_count messages through a transient queue, timed from the
+    sender's start to the last message received, with the broker's CPU and the host's CPU over that span."""
+    q = f"bench-{secrets.token_hex(3)}"
+    declared = server != "proton-broker"
+    address = f"/amq/queue/{q}" if server == "rabbitmq" else q
+    rec: dict = {
+        "scenario": "amqp1_send_receive",
+        "label": server,
+        "params": {"count": s.amqp1_count, "address": address, "transient": True},
+        "gen_affinity": [s.gen_cpu],
+    }
+    if declared:
+        amqp1_load.rabbitmq_queues("127.0.0.1", port, "guest", "guest", "/", [q], "declare")
+    broker_pid = bl.find_listener_pid(port)
+    rec["broker_pid"] = broker_pid
+    if s.quiet_pct:
+        rec["quiet_pct_before"] = bl.wait_quiet(s.quiet_pct, s.quiet_wait)
+    pin = ["taskset", "-c", str(s.gen_cpu)]
+    args = ["127.0.0.1", str(port), address, str(s.amqp1_count)]
+    timeout = max(60.0, s.amqp1_count / 500)
+    receiver = subprocess.Popen([*pin, str(proton / "receive"), *args], stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)  # attached and credit granted before the first message
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        a_t, a_s = time.monotonic(), bl.cpu_times_all()
+        a_b = bl.proc_cpu_seconds(broker_pid) if broker_pid else None
+        sender = subprocess.run([*pin, str(proton / "send"), *args], capture_output=True, timeout=timeout)
+        code = receiver.wait(timeout=timeout)
+        b_t, b_s = time.monotonic(), bl.cpu_times_all()
+        b_b = bl.proc_cpu_seconds(broker_pid) if broker_pid else None
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    except subprocess.TimeoutExpired:
+        receiver.kill()
+        receiver.wait()
+        return {**rec, "error": f"send/receive did not finish within {timeout:.0f} s"}
+    finally:
+        if declared:
+            with contextlib.suppress(OSError, ConnectionError):
+                amqp1_load.rabbitmq_queues("127.0.0.1", port, "guest", "guest", "/", [q], "delete")
+    if sender.returncode or code:
+        return {**rec, "error": f"send exited {sender.returncode}, receive {code}: {sender.stderr[-300:]!r}"}
+    dt = b_t - a_t
+    gen = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+    rec.update(
+        sent=s.amqp1_count,
+        received=s.amqp1_count,
+        expected=s.amqp1_count,
+        duration=round(dt, 3),
+        msgs_per_s_received=round(s.amqp1_count / dt, 1),
+        loss=0.0,
+        gen_cpu_pct=round(100 * gen / dt, 1),
+    )
+    if a_b is not None and b_b is not None:
+        rec["broker_cpu_pct"] = round(100 * (b_b - a_b) / dt, 1)
+    rec.update(bl.cpu_busy_pct(a_s, b_s))
+    return bl.annotate_foreign(rec, s.max_foreign_pct)
+
+
+def run_amqp1(server: str, port: int, s: Settings, proton: Path) -> list[dict]:
+    """benchlib's rule for the proton row: retry contaminated runs until s.runs clean or s.max_attempts."""
+    lines: list[dict] = []
+    for attempt in range(1, s.max_attempts + 1):
+        try:
+            rec = amqp1_once(server, port, s, proton)
+        except (OSError, ConnectionError, RuntimeError) as e:
+            rec = {"scenario": "amqp1_send_receive", "label": server, "error": f"{type(e).__name__}: {e}"}
+        rec["run"] = attempt
+        lines.append(rec)
+        if sum(1 for r in lines if not r.get("error") and not r.get("contaminated")) >= s.runs:
+            break
+    return lines
+
+
+# --------------------------------------------------------------------------- the sitting
+def contenders(row: table.Row, builds: list[Build]) -> list[str]:
+    mine = [] if row.trimaran_from else [b.name for b in builds]
+    return [*mine, *row.peers]
+
+
+def port_for(row: table.Row, server: str, builds: dict[str, Build]) -> int:
+    if server in builds:
+        return builds[server].mqtt_port if row.tool == "mqtt" else builds[server].amqp_port
+    return PEER_PORTS[server]
+
+
+def sitting(a: argparse.Namespace, builds: list[Build], out: Path, meta: dict) -> list[dict]:
+    rows = [table.ROW_BY_KEY[k] for k in a.rows] if a.rows else list(table.ROWS)
+    by_name = {b.name: b for b in builds}
+    needed = list(dict.fromkeys(c for row in rows for c in contenders(row, builds)))
+    run_dir = Path(a.run_dir).resolve()
+    proton = run_dir / "proton-c"
+    if any(r.tool == "amqp1" for r in rows) or "proton-broker" in needed:
+        build_proton(proton)
+    s = Settings(
+        python=a.python,
+        runs=a.runs,
+        warmup=a.warmup,
+        duration=a.duration,
+        quiet_pct=a.quiet_pct,
+        quiet_wait=a.quiet_wait,
+        max_foreign_pct=a.max_foreign_pct,
+        max_attempts=a.max_attempts or 3 * a.runs,
+        gen_cpu=a.gen_cpu,
+        amqp1_count=a.amqp1_count or max(500, int(a.duration * 10_000)),
+    )
+    servers = Servers(run_dir, a.python, builds, a.broker_cpu)
+    meta["run_dir"] = str(run_dir)
+    records: list[dict] = []
+    with out.open("a") as f:
+        f.write(json.dumps(meta) + "\n")
+        try:
+            for rnd in range(1, a.rounds + 1):
+                print(
+                    f"=== round {rnd}/{a.rounds} {time.strftime('%H:%M:%S')}: restarting {', '.join(needed)}"
+                )
+                for name in needed:
+                    servers.restart(name)
+                for row in rows:
+                    for server in contenders(row, builds):
+                        port = port_for(row, server, by_name)
+                        if row.tool == "amqp1":
+                            lines = run_amqp1(server, port, s, proton)
+                        else:
+                            lines = run_generator(row, server, port, s)
+                        for rec in lines:
+                            rec.update(row=row.key, server=server, round=rnd)
+                            if server in by_name:
+                                rec["commit"] = by_name[server].commit
+                            f.write(json.dumps(rec) + "\n")
+                            f.flush()
+                            records.append(rec)
+                        print(
+                            f"--- {time.strftime('%H:%M:%S')} {row.key} {server}: {brief(lines)}", flush=True
+                        )
+        finally:
+            servers.stop_all()
+    return records
+
+
+def brief(lines: list[dict]) -> str:
+    parts = []
+    for r in lines:
+        if r.get("error"):
+            parts.append(f"error {r['error'][:200]}")
+            continue
+        v = r.get("lat_p50_us") and f"p50 {r['lat_p50_us']:.0f} p99 {r.get('lat_p99_us', 0):.0f} µs"
+        v = v or f"{r.get('msgs_per_s_received', 0):,.0f} msg/s"
+        parts.append(f"{v}, broker {r.get('broker_cpu_pct')}%, foreign {r.get('foreign_cpu_pct')}%")
+        if r.get("contaminated"):
+            parts[-1] += " (contaminated, retried)"
+    return "; ".join(parts)
+
+
+def print_recorded(paths: list[str]) -> None:
+    for path in paths:
+        meta: dict = {}
+        records = []
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    rec = json.loads(line)
+                    if rec.get("meta"):
+                        meta = rec
+                    else:
+                        records.append(rec)
+        print(table.format_table(records, meta))
+
+
+def results_path(results: Path, builds: list[Build]) -> Path:
+    name = f"{time.strftime('%Y-%m-%d')}-{'-'.join(b.commit for b in builds)}"
+    if len(builds) == 2:
+        name = f"{time.strftime('%Y-%m-%d')}-ab-{builds[0].commit}-{builds[1].commit}"
+    path, n = results / f"{name}.jsonl", 2
+    while path.exists():
+        path, n = results / f"{name}-{n}.jsonl", n + 1
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--table", nargs="+", metavar="JSONL", help="print the table of recorded sittings and exit"
+    )
+    ap.add_argument("--install", action="store_true", help="apt-get / pip install what is missing")
+    ap.add_argument("--ab", nargs=2, metavar=("A", "B"), help="compare two commits in one sitting")
+    ap.add_argument(
+        "--rows", type=lambda v: v.split(","), help=f"only these rows: {','.join(table.ROW_BY_KEY)}"
+    )
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (median of them; 3)")
+    ap.add_argument("--runs", type=int, default=1, help="clean runs per contender per round (1)")
+    ap.add_argument("--warmup", type=float, default=2.0)
+    ap.add_argument("--duration", type=float, default=10.0, help="window of each run, s (10)")
+    ap.add_argument("--quiet-pct", type=float, default=15.0, help="wait until the host is this quiet (15)")
+    ap.add_argument("--quiet-wait", type=float, default=60.0)
+    ap.add_argument(
+        "--max-foreign-pct",
+        type=float,
+        default=8.0,
+        help="discard and retry a run if other processes used more than this %% of a core (8; 0 keeps all)",
+    )
+    ap.add_argument("--max-attempts", type=int, default=0, help="per contender and round (3 x runs)")
+    ap.add_argument(
+        "--amqp1-count", type=int, default=0, help="messages per AMQP 1.0 run (10,000 x duration)"
+    )
+    ap.add_argument(
+        "--python", default=str(REPO / ".venv" / "bin" / "python"), help="runs Trimaran and generators"
+    )
+    ap.add_argument("--broker-cpu", type=int, default=0)
+    ap.add_argument("--gen-cpu", type=int, default=1)
+    ap.add_argument(
+        "--run-dir", default=os.environ.get("BENCH_RUN", "/tmp/bench-run"), help="pid files, logs"
+    )
+    ap.add_argument("--results", default=str(HERE / "results"), help="where the JSONL goes")
+    a = ap.parse_args(argv)
+    if a.table:
+        print_recorded(a.table)
+        return
+    for k in a.rows or ():
+        if k not in table.ROW_BY_KEY:
+            ap.error(f"unknown row {k}; rows: {', '.join(table.ROW_BY_KEY)}")
+    ensure_deps(a.python, a.install)
+    uvloop_version = subprocess.run(
+        [a.python, "-c", "import uvloop; print(uvloop.__version__)"], capture_output=True, text=True
+    ).stdout.strip()
+    python_version = subprocess.run(
+        [a.python, "-c", "import platform; print(platform.python_version())"], capture_output=True, text=True
+    ).stdout.strip()
+    with builds_for(a.ab, a.python) as builds:
+        meta = {
+            "meta": True,
+            "ts": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "commit": head_commit(),
+            "builds": [b.name for b in builds],
+            "ab": {b.name: b.commit for b in builds} if a.ab else {},
+            "cpu_model": cpu_model(),
+            "cpus": os.cpu_count(),
+            "kernel": platform.release(),
+            "python": python_version,
+            "uvloop": uvloop_version,
+            "versions": versions(),
+            "broker_cpu": a.broker_cpu,
+            "gen_cpu": a.gen_cpu,
+            "rounds": a.rounds,
+            "runs": a.runs,
+            "warmup": a.warmup,
+            "duration": a.duration,
+            "max_foreign_pct": a.max_foreign_pct,
+            "rows": a.rows or [r.key for r in table.ROWS],
+        }
+        results = Path(a.results)
+        results.mkdir(parents=True, exist_ok=True)
+        out = results_path(results, builds)
+        print(f"bench: {', '.join(f'{b.name} ({b.commit})' for b in builds)}; raw lines -> {out}", flush=True)
+        records = sitting(a, builds, out, meta)
+    print()
+    print(table.format_table(records, meta))
+    print(f"\nraw lines: {out}")
+
+
+if __name__ == "__main__":
+    main()

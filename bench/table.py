@@ -1,0 +1,255 @@
+"""The README's performance table: its rows, and the table printed from the JSON lines of one sitting.
+
+`run.py` measures each row's contenders (Trimaran, one or two builds of it, and the row's peers) in
+alternating rounds and writes one JSON line per run; this module only reads such lines, so a recorded
+sitting prints the same table again (`python bench/run.py --table results/<file>.jsonl`).
+
+A figure is the median of the clean runs of all rounds (no error, not contaminated); the broker's CPU
+per message is each run's `broker_cpu_pct` over its delivered rate, medianed the same way; a ratio is
+Trimaran's median over the peer's median from the same sitting.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Row:
+    key: str
+    title: str
+    tool: str  # the generator: "mqtt" (mqtt_load.py), "amqp091" (amqp091_load.py), "amqp1" (proton C)
+    args: tuple[str, ...]  # the generator's scenario arguments
+    peers: tuple[str, ...]
+    latency: bool = False
+    trimaran_from: str | None = None  # Trimaran's figure is that row's (the scenario is the same)
+    ref_row: str | None = None  # no peer: the ratio is against Trimaran's own figure on that row
+
+
+ROWS: tuple[Row, ...] = (
+    Row(
+        "mqtt-qos0-fanin",
+        "MQTT QoS 0 fan-in 8 -> 1, closed loop",
+        "mqtt",
+        ("fanin", "--qos", "0", "--e2e-window", "5000"),
+        ("mosquitto",),
+    ),
+    Row(
+        "mqtt-qos1-fanin",
+        "MQTT QoS 1 fan-in 8 -> 1, window 100, closed loop",
+        "mqtt",
+        ("fanin", "--qos", "1", "--e2e-window", "5000"),
+        ("mosquitto",),
+    ),
+    Row(
+        "mqtt-qos0-fanout",
+        "MQTT QoS 0 fan-out 1 -> 16, closed loop",
+        "mqtt",
+        ("fanout", "--qos", "0", "--e2e-window", "5000"),
+        ("mosquitto",),
+    ),
+    Row(
+        "mqtt-latency",
+        "MQTT latency at 10k msg/s (p50 / p99 µs)",
+        "mqtt",
+        ("latency", "--rate", "10000"),
+        ("mosquitto", "mosquitto-nodelay"),
+        latency=True,
+    ),
+    Row(
+        "amqp091-transient",
+        "AMQP 0.9.1 transient queue, closed loop",
+        "amqp091",
+        ("transient", "--e2e-window", "5000"),
+        ("rabbitmq",),
+    ),
+    Row(
+        "amqp091-durable",
+        "AMQP 0.9.1 durable queue, persistent, confirms + acks",
+        "amqp091",
+        ("durable",),
+        ("rabbitmq",),
+    ),
+    Row(
+        "amqp091-latency",
+        "AMQP 0.9.1 latency at 10k msg/s (p50 / p99 µs)",
+        "amqp091",
+        ("latency", "--rate", "10000"),
+        ("rabbitmq",),
+        latency=True,
+    ),
+    Row(
+        "amqp1-transient",
+        "AMQP 1.0, proton C send -> receive, transient queue",
+        "amqp1",
+        (),
+        ("rabbitmq", "proton-broker"),
+    ),
+    Row(
+        "mqtt-queue",
+        "MQTT `$queue/` QoS 1 fan-in 8 -> 1, closed loop (against Trimaran's AMQP 0.9.1 durable)",
+        "mqtt",
+        ("fanin", "--qos", "1", "--queue", "--e2e-window", "5000"),
+        (),
+        ref_row="amqp091-durable",
+    ),
+    Row(
+        "relay",
+        "Host speed: MQTT QoS 0 fan-in 8 -> 1 against the uvloop relay",
+        "mqtt",
+        ("fanin", "--qos", "0", "--e2e-window", "5000"),
+        ("relay",),
+        trimaran_from="mqtt-qos0-fanin",
+    ),
+)
+ROW_BY_KEY = {r.key: r for r in ROWS}
+
+PEER_NAMES = {
+    "mosquitto": "Mosquitto",
+    "mosquitto-nodelay": "Mosquitto TCP_NODELAY",
+    "rabbitmq": "RabbitMQ",
+    "proton-broker": "proton C broker",
+    "relay": "relay",
+}
+
+
+def clean(records: Iterable[dict]) -> list[dict]:
+    """The run lines that count: measured (not the meta line), no error, not contaminated."""
+    return [
+        r
+        for r in records
+        if "row" in r and not r.get("meta") and not r.get("error") and not r.get("contaminated")
+    ]
+
+
+def us_per_message(rec: dict) -> float | None:
+    cpu, rate = rec.get("broker_cpu_pct"), rec.get("msgs_per_s_received")
+    if not isinstance(cpu, int | float) or not rate:
+        return None
+    return cpu / 100 * 1e6 / rate
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if isinstance(v, int | float)]
+    return statistics.median(vals) if vals else None
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One contender's medians on one row."""
+
+    rate: float | None
+    p50: float | None
+    p99: float | None
+    us: float | None
+    runs: int
+    per_round: dict[int, float]  # round -> median rate (latency rows: p50)
+
+
+def figure(records: Sequence[dict], row: str, server: str, latency: bool) -> Figure | None:
+    mine = [r for r in records if r["row"] == row and r["server"] == server]
+    if not mine:
+        return None
+    key = "lat_p50_us" if latency else "msgs_per_s_received"
+    rounds: dict[int, list[float]] = {}
+    for r in mine:
+        if isinstance(r.get(key), int | float):
+            rounds.setdefault(r.get("round", 0), []).append(r[key])
+    return Figure(
+        rate=None if latency else _median(r.get("msgs_per_s_received") for r in mine),
+        p50=_median(r.get("lat_p50_us") for r in mine) if latency else None,
+        p99=_median(r.get("lat_p99_us") for r in mine) if latency else None,
+        us=_median(us_per_message(r) for r in mine),
+        runs=len(mine),
+        per_round={n: statistics.median(v) for n, v in sorted(rounds.items())},
+    )
+
+
+def _num(v: float | None, nd: int = 0) -> str:
+    return "-" if v is None else f"{v:,.{nd}f}"
+
+
+def _value(f: Figure | None) -> str:
+    if f is None:
+        return "-"
+    if f.rate is None:
+        return f"{_num(f.p50, 1)} / {_num(f.p99, 1)}"
+    return _num(f.rate)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if a is None or not b else f"{a / b:.2f}"
+
+
+def _ratios(a: Figure | None, b: Figure | None) -> str:
+    if a is None or b is None:
+        return "-"
+    if a.rate is None:
+        return f"{_ratio(a.p50, b.p50)} / {_ratio(a.p99, b.p99)}"
+    return _ratio(a.rate, b.rate)
+
+
+def _per_round(a: Figure | None, b: Figure | None) -> str:
+    if a is None or b is None:
+        return "-"
+    common = [n for n in a.per_round if n in b.per_round]
+    return ", ".join(_ratio(a.per_round[n], b.per_round[n]) for n in common) or "-"
+
+
+def format_table(records: Sequence[dict], meta: dict) -> str:
+    """The Markdown table of one sitting, with the host, versions and commits above it."""
+    runs = clean(records)
+    builds: list[str] = meta.get("builds") or ["trimaran"]
+    ab = len(builds) == 2
+    head = ["msg/s delivered (latency: p50 / p99 µs)", *builds]
+    if ab:
+        head.append(f"{builds[1]} / {builds[0]}")
+    head += ["peer", *(f"{b} / peer" for b in builds), "broker CPU µs per message", "ratio per round"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in ROWS:
+        source = row.trimaran_from or row.key
+        mine = [figure(runs, source, b, row.latency) for b in builds]
+        if all(f is None for f in mine) and not any(figure(runs, row.key, p, row.latency) for p in row.peers):
+            continue
+        if row.ref_row:
+            theirs = [figure(runs, row.ref_row, b, False) for b in builds]
+            peer = "; ".join(
+                f"{b}'s AMQP 0.9.1 durable {_value(f)}" for b, f in zip(builds, theirs, strict=True)
+            )
+            ratios = [_ratios(m, t) for m, t in zip(mine, theirs, strict=True)]
+            first = theirs[0]
+        else:
+            peers = [(p, figure(runs, row.key, p, row.latency)) for p in row.peers]
+            peer = "; ".join(f"{PEER_NAMES.get(p, p)} {_value(f)}" for p, f in peers)
+            ratios = ["; ".join(_ratios(m, f) for _, f in peers) for m in mine]
+            first = peers[0][1] if peers else None
+        us = " / ".join(_num(f.us, 2) if f else "-" for f in mine)
+        if not row.ref_row:
+            us = " / ".join([us, *(_num(f.us, 2) if f else "-" for _, f in peers)])
+        cells = [row.title, *(_value(f) for f in mine)]
+        if ab:
+            cells.append(_ratios(mine[1], mine[0]))
+        rounds = _per_round(mine[1], mine[0]) if ab else _per_round(mine[0], first)
+        cells += [peer, *ratios, us, rounds]
+        lines.append("| " + " | ".join(cells) + " |")
+    discarded = sum(1 for r in records if r.get("contaminated"))
+    errors = [r for r in records if r.get("error")]
+    about = [
+        f"Sitting of {meta.get('ts', '?')}, this checkout at {meta.get('commit', '?')}"
+        + (f"; A/B: {', '.join(f'{b} = {c}' for b, c in meta.get('ab', {}).items())}" if ab else ""),
+        f"Host: {meta.get('cpu_model', '?')}, {meta.get('cpus', '?')} CPUs; broker on CPU "
+        f"{meta.get('broker_cpu', 0)}, generator on CPU {meta.get('gen_cpu', 1)}; "
+        f"Python {meta.get('python', '?')} (uvloop {meta.get('uvloop', '?')})",
+        "Peers: " + ", ".join(f"{k} {v}" for k, v in meta.get("versions", {}).items()),
+        f"{meta.get('rounds', '?')} alternating rounds, {meta.get('runs', '?')} clean run(s) per contender "
+        f"per round, {meta.get('warmup', '?')} s warm-up + {meta.get('duration', '?')} s window, runs "
+        f"with more than {meta.get('max_foreign_pct', '?')}% of a core used by other processes "
+        f"discarded and retried ({discarded} discarded, {len(errors)} failed); medians of the rounds.",
+    ]
+    if meta.get("max_foreign_pct") == 0:
+        about.append("**Contamination check off (--max-foreign-pct 0): a smoke run, not a measurement.**")
+    for r in errors[:5]:
+        about.append(f"failed: {r.get('row')} {r.get('server')} round {r.get('round')}: {r.get('error')}")
+    return "\n".join([*about, "", *lines])

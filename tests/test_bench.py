@@ -1,0 +1,132 @@
+"""bench/: the modules import, the table is right on recorded lines, the scripts parse, and nothing
+points outside the repository. No load is generated here (that is `make bench`)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import run  # noqa: E402
+import table  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "module", ["benchlib", "mqtt_load", "amqp091_load", "amqp1_load", "relay_ceiling", "table", "run"]
+)
+def test_bench_modules_import(module: str) -> None:
+    assert importlib.import_module(module).__doc__
+
+
+def test_every_peer_has_a_port_and_a_name() -> None:
+    for row in table.ROWS:
+        for peer in row.peers:
+            assert peer in run.PEER_PORTS, row.key
+            assert peer in table.PEER_NAMES, row.key
+        for other in (row.trimaran_from, row.ref_row):
+            assert other is None or other in table.ROW_BY_KEY
+        assert row.tool in ("amqp1", *run.GENERATORS)
+
+
+def rec(row: str, server: str, rnd: int, rate: float, cpu: float = 50.0, **extra: object) -> dict:
+    return {
+        "row": row,
+        "server": server,
+        "round": rnd,
+        "msgs_per_s_received": rate,
+        "broker_cpu_pct": cpu,
+        "foreign_cpu_pct": 0.0,
+        **extra,
+    }
+
+
+def cells(text: str, title: str) -> list[str]:
+    line = next(x for x in text.splitlines() if x.startswith(f"| {title} |"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_table_takes_medians_of_clean_runs_and_ratios_from_the_same_sitting() -> None:
+    fanin = "MQTT QoS 0 fan-in 8 -> 1, closed loop"
+    records = [
+        rec("mqtt-qos0-fanin", "trimaran", 1, 100_000),
+        rec("mqtt-qos0-fanin", "trimaran", 2, 120_000),
+        rec("mqtt-qos0-fanin", "trimaran", 3, 110_000, cpu=55.0),
+        rec("mqtt-qos0-fanin", "trimaran", 3, 900_000, contaminated=True, foreign_cpu_pct=40.0),
+        rec("mqtt-qos0-fanin", "mosquitto", 1, 100_000, cpu=40.0),
+        rec("mqtt-qos0-fanin", "mosquitto", 2, 100_000, cpu=40.0),
+        rec("mqtt-qos0-fanin", "mosquitto", 3, 90_000, cpu=40.0),
+        {"row": "mqtt-qos0-fanin", "server": "mosquitto", "round": 3, "error": "generator exited 1"},
+        rec("relay", "relay", 1, 440_000, cpu=44.0),
+        rec("mqtt-latency", "trimaran", 1, 10_000, lat_p50_us=120.0, lat_p99_us=300.0),
+        rec("mqtt-latency", "mosquitto", 1, 10_000, lat_p50_us=100.0, lat_p99_us=200.0),
+        rec("mqtt-latency", "mosquitto-nodelay", 1, 10_000, lat_p50_us=80.0, lat_p99_us=400.0),
+        rec("amqp091-durable", "trimaran", 1, 20_000, cpu=80.0),
+        rec("mqtt-queue", "trimaran", 1, 25_000, cpu=80.0),
+    ]
+    meta = {
+        "meta": True,
+        "builds": ["trimaran"],
+        "cpu_model": "Test CPU",
+        "versions": {"Mosquitto": "2.0.11"},
+    }
+    text = table.format_table(records, meta)
+    assert "Host: Test CPU" in text and "Mosquitto 2.0.11" in text
+    assert "(1 discarded, 1 failed)" in text
+    # medians 110,000 and 100,000; the contaminated 900,000 is left out; rounds 1.00, 1.20, 1.22
+    row = cells(text, fanin)
+    assert row[1:4] == ["110,000", "Mosquitto 100,000", "1.10"]
+    # broker µs per message: 50% of a core at 100k msg/s is 5 µs; medians of 5.0, 4.17, 5.0 and of 4, 4, 4.44
+    assert row[4] == "5.00 / 4.00"
+    assert row[5] == "1.00, 1.20, 1.22"
+    lat = cells(text, "MQTT latency at 10k msg/s (p50 / p99 µs)")
+    assert lat[1] == "120.0 / 300.0"
+    assert lat[3] == "1.20 / 1.50; 1.50 / 0.75"
+    # the relay row takes Trimaran's fan-in figure; $queue/ is against Trimaran's own AMQP durable rate
+    relay = cells(text, "Host speed: MQTT QoS 0 fan-in 8 -> 1 against the uvloop relay")
+    assert relay[1:4] == ["110,000", "relay 440,000", "0.25"]
+    queue = cells(text, table.ROW_BY_KEY["mqtt-queue"].title)
+    assert queue[1:4] == ["25,000", "trimaran's AMQP 0.9.1 durable 20,000", "1.25"]
+    # rows nobody measured are left out
+    assert "AMQP 1.0" not in text
+
+
+def test_ab_table_has_both_builds_and_their_ratio(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = "trimaran@aaaaaaa", "trimaran@bbbbbbb"
+    meta = {"meta": True, "builds": [a, b], "ab": {a: "aaaaaaa", b: "bbbbbbb"}, "max_foreign_pct": 8.0}
+    lines = [meta]
+    for rnd, (ra, rb, rr) in enumerate([(50_000, 40_000, 100_000), (60_000, 45_000, 90_000)], start=1):
+        lines += [
+            rec("amqp091-transient", a, rnd, ra),
+            rec("amqp091-transient", b, rnd, rb),
+            rec("amqp091-transient", "rabbitmq", rnd, rr),
+        ]
+    path = tmp_path / "sitting.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    run.main(["--table", str(path)])
+    text = capsys.readouterr().out
+    assert f"| msg/s delivered (latency: p50 / p99 µs) | {a} | {b} | {b} / {a} | peer |" in text
+    row = cells(text, "AMQP 0.9.1 transient queue, closed loop")
+    # medians 55,000, 42,500 and 95,000; per round B/A: 0.80, 0.75
+    assert row[1:7] == ["55,000", "42,500", "0.77", "RabbitMQ 95,000", "0.58", "0.45"]
+    assert row[-1] == "0.80, 0.75"
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.sh")))
+def test_bench_scripts_parse(script: str) -> None:
+    subprocess.run(["bash", "-n", str(BENCH / script)], check=True)
+
+
+def test_bench_stands_alone() -> None:
+    """Nothing the bench runs reaches outside the repository (the team's shared directory)."""
+    root = BENCH.parent
+    files = [*BENCH.glob("*.py"), *BENCH.glob("*.sh"), *BENCH.glob("conf/*"), root / "Makefile"]
+    for f in files:
+        text = f.read_text()
+        assert "../shared" not in text and "/work/shared" not in text, f.name
