@@ -10,7 +10,8 @@ What it does (run as root on a machine with at least 2 CPUs, as quiet as you can
   (`libqpid-proton11-dev-examples`, built here with `gcc` against `libqpid-proton11-dev`), uvloop in the venv;
 - starts Trimaran (this checkout, or each commit of `--ab` from a temporary git worktree, with the venv's
   python and PYTHONPATH on the tree) and the peers with `brokers.sh`, every server pinned to CPU 0 and
-  restarted at the start of every round; the generators run pinned to CPU 1;
+  restarted before each of its rows (`--restart round`: all at the start of each round, which is
+  quicker); the generators run pinned to CPU 1;
 - runs the rows of `table.ROWS` in alternating rounds (round 1: each row for Trimaran then its peers,
   round 2 the same, ...), each run discarded and retried when other processes used more than
   `--max-foreign-pct` of a core in its window (`foreign_cpu_pct`, benchlib's rule);
@@ -416,13 +417,14 @@ def sitting(a: argparse.Namespace, builds: list[Build], out: Path, meta: dict) -
         f.write(json.dumps(meta) + "\n")
         try:
             for rnd in range(1, a.rounds + 1):
-                print(
-                    f"=== round {rnd}/{a.rounds} {time.strftime('%H:%M:%S')}: restarting {', '.join(needed)}"
-                )
-                for name in needed:
-                    servers.restart(name)
+                print(f"=== round {rnd}/{a.rounds} {time.strftime('%H:%M:%S')}", flush=True)
+                if a.restart == "round":
+                    for name in needed:
+                        servers.restart(name)
                 for row in rows:
                     for server in contenders(row, builds):
+                        if a.restart == "row":
+                            servers.restart(server)
                         port = port_for(row, server, by_name)
                         if row.tool == "amqp1":
                             lines = run_amqp1(server, port, s, proton)
@@ -493,6 +495,12 @@ def main(argv: list[str] | None = None) -> None:
         "--rows", type=lambda v: v.split(","), help=f"only these rows: {','.join(table.ROW_BY_KEY)}"
     )
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (median of them; 3)")
+    ap.add_argument(
+        "--restart",
+        choices=["row", "round"],
+        default="row",
+        help="restart each server before each of its rows (default), or all at the start of each round",
+    )
     ap.add_argument("--runs", type=int, default=1, help="clean runs per contender per round (1)")
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--duration", type=float, default=10.0, help="window of each run, s (10)")
@@ -547,6 +555,7 @@ def main(argv: list[str] | None = None) -> None:
             "broker_cpu": a.broker_cpu,
             "gen_cpu": a.gen_cpu,
             "rounds": a.rounds,
+            "restart": a.restart,
             "runs": a.runs,
             "warmup": a.warmup,
             "duration": a.duration,

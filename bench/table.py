@@ -106,6 +106,8 @@ ROWS: tuple[Row, ...] = (
 )
 ROW_BY_KEY = {r.key: r for r in ROWS}
 
+RESTARTS = {"row": "before each row", "round": "at the start of each round"}
+
 PEER_NAMES = {
     "mosquitto": "Mosquitto",
     "mosquitto-nodelay": "Mosquitto TCP_NODELAY",
@@ -201,6 +203,7 @@ def _per_round(a: Figure | None, b: Figure | None) -> str:
 def format_table(records: Sequence[dict], meta: dict) -> str:
     """The Markdown table of one sitting, with the host, versions and commits above it."""
     runs = clean(records)
+    attempted = {r.get("row") for r in records}
     builds: list[str] = meta.get("builds") or ["trimaran"]
     ab = len(builds) == 2
     head = ["msg/s delivered (latency: p50 / p99 µs)", *builds]
@@ -211,8 +214,8 @@ def format_table(records: Sequence[dict], meta: dict) -> str:
     for row in ROWS:
         source = row.trimaran_from or row.key
         mine = [figure(runs, source, b, row.latency) for b in builds]
-        if all(f is None for f in mine) and not any(figure(runs, row.key, p, row.latency) for p in row.peers):
-            continue
+        if row.key not in attempted:
+            continue  # not in this sitting; a row whose every run was discarded shows "-"
         if row.ref_row:
             theirs = [figure(runs, row.ref_row, b, False) for b in builds]
             peer = "; ".join(
@@ -236,17 +239,19 @@ def format_table(records: Sequence[dict], meta: dict) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     discarded = sum(1 for r in records if r.get("contaminated"))
     errors = [r for r in records if r.get("error")]
+    m = {k: meta.get(k, "?") for k in ("ts", "commit", "cpu_model", "cpus", "python", "uvloop")}
+    m.update({k: meta.get(k, "?") for k in ("rounds", "runs", "warmup", "duration", "max_foreign_pct")})
+    restart = RESTARTS.get(meta.get("restart", ""), "?")
+    ab_of = ", ".join(f"{b} = {c}" for b, c in meta.get("ab", {}).items())
     about = [
-        f"Sitting of {meta.get('ts', '?')}, this checkout at {meta.get('commit', '?')}"
-        + (f"; A/B: {', '.join(f'{b} = {c}' for b, c in meta.get('ab', {}).items())}" if ab else ""),
-        f"Host: {meta.get('cpu_model', '?')}, {meta.get('cpus', '?')} CPUs; broker on CPU "
-        f"{meta.get('broker_cpu', 0)}, generator on CPU {meta.get('gen_cpu', 1)}; "
-        f"Python {meta.get('python', '?')} (uvloop {meta.get('uvloop', '?')})",
+        f"Sitting of {m['ts']}, this checkout at {m['commit']}" + (f"; A/B: {ab_of}" if ab else ""),
+        f"Host: {m['cpu_model']}, {m['cpus']} CPUs; broker on CPU {meta.get('broker_cpu', 0)}, generator on "
+        f"CPU {meta.get('gen_cpu', 1)}; Python {m['python']} (uvloop {m['uvloop']})",
         "Peers: " + ", ".join(f"{k} {v}" for k, v in meta.get("versions", {}).items()),
-        f"{meta.get('rounds', '?')} alternating rounds, {meta.get('runs', '?')} clean run(s) per contender "
-        f"per round, {meta.get('warmup', '?')} s warm-up + {meta.get('duration', '?')} s window, runs "
-        f"with more than {meta.get('max_foreign_pct', '?')}% of a core used by other processes "
-        f"discarded and retried ({discarded} discarded, {len(errors)} failed); medians of the rounds.",
+        f"{m['rounds']} alternating rounds, {m['runs']} clean run(s) per contender per round, servers "
+        f"restarted {restart}, {m['warmup']} s warm-up + {m['duration']} s window, runs with more than "
+        f"{m['max_foreign_pct']}% of a core used by other processes discarded and retried ({discarded} "
+        f"discarded, {len(errors)} failed); medians of the rounds.",
     ]
     if meta.get("max_foreign_pct") == 0:
         about.append("**Contamination check off (--max-foreign-pct 0): a smoke run, not a measurement.**")
