@@ -39,4 +39,5 @@ done
 # Trimaran's non-durable path: a topic (the receiver's credit is its only buffer; overflow is dropped, counted)
 run trimaran-topic --port "$T_PORT" --address 'topic://bench/{q}' settled --e2e-window 5000
 ./brokers.sh stop rabbitmq-amqp1
+./brokers.sh stop trimaran
 echo "=== done $(date +%T)"
