@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Raw AMQP 1.0 load generator (own minimal framing; asyncio + uvloop, multi-process).
 
-The sibling of the shared yardstick's mqtt_load.py and amqp091_load.py (same timeline, CPU accounting,
+The sibling of mqtt_load.py and amqp091_load.py (same timeline, CPU accounting,
 JSON lines and options; see bench/README.md). Every sender and every receiver has its own connection,
 session (channel 0) and link (handle 0); senders and receivers run in separate processes.
 
