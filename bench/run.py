@@ -123,6 +123,7 @@ def ensure_deps(python: str, install: bool) -> None:
         if apt:
             if os.geteuid() != 0:
                 sys.exit(f"bench: needs root to install {' '.join(apt)} (sudo make bench)")
+            subprocess.run(["apt-get", "update", "-qq"], check=True)
             subprocess.run(["apt-get", "install", "-y", *apt], check=True)
         if pip:
             subprocess.run([python, "-m", "pip", "install", "--quiet", *pip], check=True)
