@@ -26,6 +26,8 @@ class Row:
     latency: bool = False
     trimaran_from: str | None = None  # Trimaran's figure is that row's (the scenario is the same)
     ref_row: str | None = None  # no peer: the ratio is against Trimaran's own figure on that row
+    # issue 32's bar for the ratio against every peer: at least this, or for latency at most this
+    target: float | None = None
 
 
 ROWS: tuple[Row, ...] = (
@@ -35,6 +37,7 @@ ROWS: tuple[Row, ...] = (
         "mqtt",
         ("fanin", "--qos", "0", "--e2e-window", "5000"),
         ("mosquitto",),
+        target=1.5,
     ),
     Row(
         "mqtt-qos1-fanin",
@@ -42,6 +45,7 @@ ROWS: tuple[Row, ...] = (
         "mqtt",
         ("fanin", "--qos", "1", "--e2e-window", "5000"),
         ("mosquitto",),
+        target=1.5,
     ),
     Row(
         "mqtt-qos0-fanout",
@@ -49,6 +53,7 @@ ROWS: tuple[Row, ...] = (
         "mqtt",
         ("fanout", "--qos", "0", "--e2e-window", "5000"),
         ("mosquitto",),
+        target=1.5,
     ),
     Row(
         "mqtt-latency",
@@ -57,6 +62,7 @@ ROWS: tuple[Row, ...] = (
         ("latency", "--rate", "10000"),
         ("mosquitto", "mosquitto-nodelay"),
         latency=True,
+        target=1.0,
     ),
     Row(
         "amqp091-transient",
@@ -64,6 +70,7 @@ ROWS: tuple[Row, ...] = (
         "amqp091",
         ("transient", "--e2e-window", "5000"),
         ("rabbitmq",),
+        target=1.0,
     ),
     Row(
         "amqp091-durable",
@@ -71,6 +78,7 @@ ROWS: tuple[Row, ...] = (
         "amqp091",
         ("durable",),
         ("rabbitmq",),
+        target=1.5,
     ),
     Row(
         "amqp091-latency",
@@ -79,6 +87,7 @@ ROWS: tuple[Row, ...] = (
         ("latency", "--rate", "10000"),
         ("rabbitmq",),
         latency=True,
+        target=1.0,
     ),
     Row(
         "amqp1-transient",
@@ -94,6 +103,7 @@ ROWS: tuple[Row, ...] = (
         ("fanin", "--qos", "1", "--queue", "--e2e-window", "5000"),
         (),
         ref_row="amqp091-durable",
+        target=1.0,
     ),
     Row(
         "relay",
@@ -102,6 +112,7 @@ ROWS: tuple[Row, ...] = (
         ("fanin", "--qos", "0", "--e2e-window", "5000"),
         ("relay",),
         trimaran_from="mqtt-qos0-fanin",
+        target=0.5,
     ),
 )
 ROW_BY_KEY = {r.key: r for r in ROWS}
@@ -200,6 +211,28 @@ def _per_round(a: Figure | None, b: Figure | None) -> str:
     return ", ".join(_ratio(a.per_round[n], b.per_round[n]) for n in common) or "-"
 
 
+def _meets(a: Figure | None, b: Figure | None, target: float) -> bool | None:
+    if a is None or b is None:
+        return None
+    if a.rate is None:
+        if a.p50 is None or a.p99 is None or not b.p50 or not b.p99:
+            return None
+        return a.p50 / b.p50 <= target and a.p99 / b.p99 <= target
+    return None if a.rate is None or not b.rate else a.rate / b.rate >= target
+
+
+def _verdict(row: Row, pairs: Sequence[tuple[Figure | None, Sequence[Figure | None]]]) -> str:
+    """Issue 32's bar for each build (with what it is compared to): met when every ratio meets it."""
+    if row.target is None:
+        return "reported"
+    bar = f"<= {row.target:g} (p50 and p99)" if row.latency else f">= {row.target:g}"
+    said = []
+    for m, theirs in pairs:
+        each = [_meets(m, t, row.target) for t in theirs]
+        said.append("-" if None in each or not each else "met" if all(each) else "**missed**")
+    return f"{bar}: {' / '.join(said)}"
+
+
 def format_table(records: Sequence[dict], meta: dict) -> str:
     """The Markdown table of one sitting, with the host, versions and commits above it."""
     runs = clean(records)
@@ -209,7 +242,8 @@ def format_table(records: Sequence[dict], meta: dict) -> str:
     head = ["msg/s delivered (latency: p50 / p99 µs)", *builds]
     if ab:
         head.append(f"{builds[1]} / {builds[0]}")
-    head += ["peer", *(f"{b} / peer" for b in builds), "broker CPU µs per message", "ratio per round"]
+    head += ["peer", *(f"{b} / peer" for b in builds), "target (issue 32)", "broker CPU µs per message"]
+    head.append("ratio per round")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in ROWS:
         source = row.trimaran_from or row.key
@@ -223,11 +257,13 @@ def format_table(records: Sequence[dict], meta: dict) -> str:
             )
             ratios = [_ratios(m, t) for m, t in zip(mine, theirs, strict=True)]
             first = theirs[0]
+            verdict = _verdict(row, [(m, [t]) for m, t in zip(mine, theirs, strict=True)])
         else:
             peers = [(p, figure(runs, row.key, p, row.latency)) for p in row.peers]
             peer = "; ".join(f"{PEER_NAMES.get(p, p)} {_value(f)}" for p, f in peers)
             ratios = ["; ".join(_ratios(m, f) for _, f in peers) for m in mine]
             first = peers[0][1] if peers else None
+            verdict = _verdict(row, [(m, [f for _, f in peers]) for m in mine])
         us = " / ".join(_num(f.us, 2) if f else "-" for f in mine)
         if not row.ref_row:
             us = " / ".join([us, *(_num(f.us, 2) if f else "-" for _, f in peers)])
@@ -235,7 +271,7 @@ def format_table(records: Sequence[dict], meta: dict) -> str:
         if ab:
             cells.append(_ratios(mine[1], mine[0]))
         rounds = _per_round(mine[1], mine[0]) if ab else _per_round(mine[0], first)
-        cells += [peer, *ratios, us, rounds]
+        cells += [peer, *ratios, verdict, us, rounds]
         lines.append("| " + " | ".join(cells) + " |")
     discarded = sum(1 for r in records if r.get("contaminated"))
     errors = [r for r in records if r.get("error")]

@@ -85,16 +85,17 @@ def test_table_takes_medians_of_clean_runs_and_ratios_from_the_same_sitting() ->
     row = cells(text, fanin)
     assert row[1:4] == ["110,000", "Mosquitto 100,000", "1.10"]
     # broker µs per message: 50% of a core at 100k msg/s is 5 µs; medians of 5.0, 4.17, 5.0 and of 4, 4, 4.44
-    assert row[4] == "5.00 / 4.00"
-    assert row[5] == "1.00, 1.20, 1.22"
+    assert row[4] == ">= 1.5: **missed**"
+    assert row[5] == "5.00 / 4.00"
+    assert row[6] == "1.00, 1.20, 1.22"
     lat = cells(text, "MQTT latency at 10k msg/s (p50 / p99 µs)")
     assert lat[1] == "120.0 / 300.0"
-    assert lat[3] == "1.20 / 1.50; 1.50 / 0.75"
+    assert lat[3:5] == ["1.20 / 1.50; 1.50 / 0.75", "<= 1 (p50 and p99): **missed**"]
     # the relay row takes Trimaran's fan-in figure; $queue/ is against Trimaran's own AMQP durable rate
     relay = cells(text, "Host speed: MQTT QoS 0 fan-in 8 -> 1 against the uvloop relay")
-    assert relay[1:4] == ["110,000", "relay 440,000", "0.25"]
+    assert relay[1:5] == ["110,000", "relay 440,000", "0.25", ">= 0.5: **missed**"]
     queue = cells(text, table.ROW_BY_KEY["mqtt-queue"].title)
-    assert queue[1:4] == ["25,000", "trimaran's AMQP 0.9.1 durable 20,000", "1.25"]
+    assert queue[1:5] == ["25,000", "trimaran's AMQP 0.9.1 durable 20,000", "1.25", ">= 1: met"]
     # a row whose every run was discarded shows no figure; rows nobody measured are left out
     assert cells(text, "AMQP 0.9.1 transient queue, closed loop")[1:4] == ["-", "RabbitMQ -", "-"]
     assert "AMQP 1.0" not in text
@@ -117,7 +118,15 @@ def test_ab_table_has_both_builds_and_their_ratio(tmp_path: Path, capsys: pytest
     assert f"| msg/s delivered (latency: p50 / p99 µs) | {a} | {b} | {b} / {a} | peer |" in text
     row = cells(text, "AMQP 0.9.1 transient queue, closed loop")
     # medians 55,000, 42,500 and 95,000; per round B/A: 0.80, 0.75
-    assert row[1:7] == ["55,000", "42,500", "0.77", "RabbitMQ 95,000", "0.58", "0.45"]
+    assert row[1:8] == [
+        "55,000",
+        "42,500",
+        "0.77",
+        "RabbitMQ 95,000",
+        "0.58",
+        "0.45",
+        ">= 1: **missed** / **missed**",
+    ]
     assert row[-1] == "0.80, 0.75"
 
 
