@@ -26,18 +26,22 @@ FINAL = frozenset({"acked", "dead_lettered", "dropped"})  # a group is done with
 # How far a message's event may be stamped before the one logged ahead of it: the nodes sharing a
 # database stamp events with their own clocks. Tampering or a reordering writer shows as more.
 CLOCK_SLACK_MS = 1000
-# One message's outcome for one group (or, with no group, for its queue), counted per (queue, group)
-# for the report's table: a group's "published" splits into exactly one of acked (a stream group:
-# committed), dead_lettered, dropped, expired, purged, redriven, pending and lost (the accounted
-# invariant broken); "redelivered" counts those delivered more than once. Queue rows (no group) count
-# published, the removals, "stored" (in queue_messages) and "deleted" (an earlier incarnation's).
-OUTCOMES = (
-    "published", "acked", "redelivered", "dead_lettered", "dropped", "expired", "purged", "redriven",
-    "pending", "lost", "stored", "deleted",
-)  # fmt: skip
+# The ledger: one line per (message, group that existed while the message was live), or one for
+# the queue when the message never had a group, each with exactly one fate taken from the events:
+# acked (a stream group: committed past it), dead_lettered (with its copy's queue:offset), dropped,
+# expired, purged, redriven (with the copy's queue:offset), or still owed: pending (delivered or
+# waiting, or stored in a queue with no group) or ahead (of the group's cursor, not yet delivered);
+# "lost" is a line with none of these (the accounted rule broken). Counted per (queue, group) for the
+# report's table, where a group's "published" is the sum of its lines' fates. The queue's own row
+# counts published, its messages finished by every group ("finished"), still stored ("stored"),
+# removed (expired, dropped, purged, redriven), lost, and an earlier incarnation's ("deleted");
+# "redelivered" counts a group's messages delivered more than once.
+FATES = ("acked", "dead_lettered", "dropped", "expired", "purged", "redriven", "pending", "ahead", "lost")
+OWED = frozenset({"pending", "ahead"})
+OUTCOMES = ("published", *FATES, "redelivered", "finished", "stored", "deleted")
 # Which outcome a sampled message stands for, the rarest first (a message is sampled once).
 _SAMPLE_ORDER = ("lost", "dead_lettered", "dropped", "redelivered", "expired", "purged", "redriven",
-                 "pending", "acked")  # fmt: skip
+                 "ahead", "pending", "acked")  # fmt: skip
 SAMPLES = 3  # messages sampled per (queue, outcome) and partition, for the report's message pages
 
 # One input row: the slot (queue, offset, epoch), the event id (None for table rows), where the row
@@ -86,6 +90,8 @@ LIFE: dict[str, str] = {
     "last_id": "bigint",
     "status": "string",
     "pub_time": "bigint",  # the message's publication (None: never published)
+    "fate": "string",  # the ledger line's fate (FATES; None in an older incarnation)
+    "copy": "string",  # a dead letter's or redrive's copy, "<queue>:<offset>" (several: comma-joined)
 }
 TOTALS: dict[str, str] = {
     "group_message_pairs": "bigint",
@@ -94,10 +100,12 @@ TOTALS: dict[str, str] = {
     "messages_removed": "bigint",
 }
 # An "outcome" row counts, per (queue, group), the messages with one outcome (OUTCOMES); a
-# "sample" row names one message (queue, offset, epoch) standing for an outcome.
+# "sample" row names one message (queue, offset, epoch) standing for an outcome. A "ledger" row is a
+# ledger line with no life (a group that never had an event for the message, or the queue's line):
+# LIFE's columns, with only the fate and copy set.
 OUTCOME: dict[str, str] = {"outcome": "string", "n": "bigint"}
-# The output rows share one schema: ``record`` says which kind ("violation", "life", "outcome",
-# "sample", or one "totals" row per partition counting lives and the live incarnation's messages);
+# The output rows share one schema: ``record`` says which kind ("violation", "life", "ledger",
+# "outcome", "sample", or one "totals" row per partition counting lives and the live incarnation's messages);
 # the rest is the union (queue, group, offset and epoch are shared). Rows are tuples in this order.
 OUTPUT: dict[str, str] = {"record": "string", **VIOLATION, **LIFE, **TOTALS, **OUTCOME}
 _LIFE_AT = list(OUTPUT).index("last_kind")
@@ -121,6 +129,9 @@ class Context:
     # in events (cursor None).
     groups: dict[str, dict[str, int | None]] = field(default_factory=dict)
     committed: dict[str, dict[str, int | None]] = field(default_factory=dict)  # stream groups' position
+    # Per queue and group, the id of the group's first event in the live incarnation: a group that
+    # had an event before a message was gone existed while it was live, whatever its cursor says.
+    first_ids: dict[str, dict[str, int]] = field(default_factory=dict)
     purge_ids: dict[str, int] = field(default_factory=dict)  # the newest purge, per queue
     since_ms: int | None = None
     until_ms: int | None = None
@@ -160,8 +171,13 @@ class Life:
         "acks",
         "again_id",
         "attempts",
+        "clash_id",
+        "clash_kind",
         "dead_lettered_at",
         "deliveries",
+        "fate",
+        "fate_id",
+        "fate_reason",
         "first_delivered_at",
         "holder",
         "last_attempt",
@@ -191,6 +207,11 @@ class Life:
         self.prev_time: int | None = None
         self.last_attempt: int | None = None  # the newest delivery's attempt
         self.last_delivery_time: int | None = None
+        self.fate: str | None = None  # the first final event (FINAL): the group's fate
+        self.fate_reason: str | None = None
+        self.fate_id: int | None = None
+        self.clash_kind: str | None = None  # a second final event (not a repeated ack): two fates
+        self.clash_id: int | None = None
 
     @property
     def status(self) -> str:
@@ -273,6 +294,11 @@ class Life:
                 self.again_id = row[ID]
             self.acks += 1
             self.acked_at = _max(self.acked_at, time)
+        if kind in FINAL:
+            if self.fate is None:
+                self.fate, self.fate_reason, self.fate_id = kind, reason, row[ID]
+            elif self.clash_id is None and not (kind == "acked" == self.fate):
+                self.clash_kind, self.clash_id = kind, row[ID]
         self.last_kind, self.last_reason, self.last_id = kind, reason, row[ID]
         self.prev_attempt, self.prev_reason, self.prev_time = attempt, reason, time
         return broken
@@ -330,12 +356,24 @@ class Output:
         )
         self.rows.append((*head, detail, *self._AFTER_VIOLATION))
 
-    def life(self, queue: str, epoch: int, group: str, offset: int, life: Life, pub_time: int | None) -> None:
+    def life(
+        self, queue: str, epoch: int, group: str, offset: int, life: Life, pub_time: int | None,
+        fate: str | None = None, copy: str | None = None,
+    ) -> None:  # fmt: skip
         self.lives += 1
         self.rows.append(
             ("life", None, queue, group, offset, epoch, None, None, None, life.last_kind, life.last_reason,
              life.attempts, life.holder, life.deliveries, life.acks, life.first_delivered_at, life.acked_at,
-             life.dead_lettered_at, life.last_id, life.status, pub_time, *self._AFTER_LIFE)
+             life.dead_lettered_at, life.last_id, life.status, pub_time, fate, copy, *self._AFTER_LIFE)
+        )  # fmt: skip
+
+    def ledger(
+        self, queue: str, group: str | None, offset: int, pub_time: int | None, fate: str, copy: str | None
+    ) -> None:
+        """A ledger line with no life: a group with no event for the message, or the queue's line."""
+        self.rows.append(
+            ("ledger", None, queue, group, offset, 0, None, None, None, None, None, None, None, 0, 0, None,
+             None, None, None, None, pub_time, fate, copy, *self._AFTER_LIFE)
         )  # fmt: skip
 
     def count(self, queue: str, group: str | None, outcome: str) -> None:
@@ -395,8 +433,7 @@ def replay_slot(ctx: Context, rows: list[tuple[Any, ...]], out: Output) -> None:
     lives: dict[str, Life] = {}
     pending: dict[str, tuple[Any, ...]] = {}
     live = False
-    removed_id: int | None = None
-    removed_by: str | None = None
+    removal: tuple[Any, ...] | None = None  # the queue-level removal event (REMOVALS)
     latest: tuple[Any, ...] | None = None  # the event stamped latest so far
     for row in rows:
         src = row[SRC]
@@ -417,8 +454,14 @@ def replay_slot(ctx: Context, rows: list[tuple[Any, ...]], out: Output) -> None:
             if latest is None or time > latest[TIME]:
                 latest = row
         if group is None:
-            if epoch == 0 and kind in REMOVALS and (removed_id is None or row[ID] < removed_id):
-                removed_id, removed_by = row[ID], kind
+            if kind in REMOVALS and epoch == 0:
+                if removal is None:
+                    removal = row
+                else:  # the broker removes a message once (``Letters.remove``)
+                    out.violation(
+                        "one_fate", queue, None, offset, epoch, row[ID],
+                        f"{kind} after it was already {removal[KIND]} (event {removal[ID]})",
+                    )  # fmt: skip
             continue
         if kind not in GROUP_KINDS or mode != "work":
             continue
@@ -429,64 +472,169 @@ def replay_slot(ctx: Context, rows: list[tuple[Any, ...]], out: Output) -> None:
             out.violation(invariant, queue, group, offset, epoch, row[ID], detail)
 
     for group, life in lives.items():
-        out.life(queue, epoch, group, offset, life, pub_time)
         if life.acks > 1:
             out.violation(
                 "acked_once", queue, group, offset, epoch, life.again_id, f"acked {life.acks} times"
             )
+        if life.clash_id is not None:
+            out.violation(
+                "one_fate", queue, group, offset, epoch, life.clash_id,
+                f"{life.clash_kind} after it was already {life.fate} (event {life.fate_id})",
+            )  # fmt: skip
         if not published:  # (only reached when no window is set)
             out.violation(
                 "accounted", queue, group, offset, epoch, None,
                 f"group history ({life.last_kind}) but no published event",
             )  # fmt: skip
-    if epoch != 0:
-        if published:
-            out.count(queue, None, "deleted")
-        return  # older incarnations are replayed, not compared with the live tables
+    if epoch != 0 or not published:
+        for group, life in lives.items():
+            out.life(queue, epoch, group, offset, life, pub_time)
+        if epoch != 0:
+            if published:
+                out.count(queue, None, "deleted")
+            return  # older incarnations are replayed, not compared with the live tables
+        if live and not ctx.windowed:
+            out.violation("live_state", queue, None, offset, 0, None, "in queue_messages but never published")
+        _check_pending(ctx, queue, offset, lives, pending, None, None, out)
+        return
 
-    removed: bool | None = None
-    if published:
+    removed_by: str | None = None
+    removed_id: int | None = None
+    copy: str | None = None
+    if removal is not None:
+        removed_by, removed_id = removal[KIND], removal[ID]
+        copy = _copies(removal[REASON])
+    else:
         purge_id = ctx.purge_ids.get(queue)
-        removed = removed_id is not None or (
-            purge_id is not None and pub_id is not None and pub_id < purge_id
-        )
-        out.messages += 1
-        out.live += live
-        out.removed += removed
-        _check_message(ctx, queue, offset, mode, publishes, again_id, live, removed, removed_by, lives, out)
-        gone_by = (removed_by or "purged") if removed else None
-        _outcomes(ctx, queue, offset, mode, live, gone_by, lives, out)
-    elif live and not ctx.windowed:
-        out.violation("live_state", queue, None, offset, 0, None, "in queue_messages but never published")
-    _check_pending(ctx, queue, offset, lives, pending, live if published else None, removed, out)
+        if purge_id is not None and pub_id is not None and pub_id < purge_id:
+            removed_by, removed_id = "purged", purge_id
+    removed = removed_by is not None
+    out.messages += 1
+    out.live += live
+    out.removed += removed
+    lines = _ledger(ctx, queue, offset, mode, live, removed_by, removed_id, copy, pub_id, lives, out)
+    for group, life in lives.items():
+        fate, copied = lines.get(group, (None, None))
+        out.life(queue, epoch, group, offset, life, pub_time, fate, copied)
+    for group, (fate, copied) in lines.items():
+        if group not in lives:
+            out.ledger(queue, group, offset, pub_time, fate, copied)
+    _check_message(ctx, queue, offset, mode, publishes, again_id, live, removed, removed_by, lives, out)
+    _outcomes(queue, offset, live, removed_by, lines, lives, out)
+    _check_pending(ctx, queue, offset, lives, pending, live, removed, out)
+
+
+def _copies(reason: str | None) -> str | None:
+    """The copies a removal or dead letter names: what follows " -> " in its reason."""
+    if reason is None:
+        return None
+    _, arrow, where = reason.partition("-> ")
+    return where or None if arrow else None
+
+
+def _ledger(
+    ctx: Context, queue: str, offset: int, mode: str, live: bool, removed_by: str | None,
+    removed_id: int | None, copy: str | None, pub_id: int | None, lives: dict[str, Life], out: Output,
+) -> dict[str | None, tuple[str, str | None]]:  # fmt: skip
+    """The live incarnation's message's ledger: a (fate, copy) per group that existed while it was
+    live (None: the queue's own line, when there is no such group). A line with no fate in the
+    events and the message gone from queue_messages breaks ``accounted``, whatever the cursor says."""
+    groups = ctx.groups.get(queue, {})
+    firsts = ctx.first_ids.get(queue, {})
+    lines: dict[str | None, tuple[str, str | None]] = {}
+    lost: list[tuple[str | None, str]] = []
+    if mode == "stream":
+        committed = ctx.committed.get(queue, {})
+        for group, cursor in groups.items():
+            position = committed.get(group)
+            if position is not None and offset < position:
+                lines[group] = ("acked", None)
+            elif removed_by is not None:
+                lines[group] = (removed_by, copy)
+            elif live:
+                lines[group] = ("pending" if cursor is not None and offset < cursor else "ahead", None)
+            else:
+                lines[group] = ("lost", None)
+        if not live and removed_by is None:
+            lost.append((None, "stream message gone from queue_messages without a drop, expiry or purge"))
+    else:
+        # When the message was gone: the last group's fate (or its removal), for groups that never
+        # touched it. A group with an event before then existed while it was live.
+        gone_id = removed_id
+        if gone_id is None and not live:
+            fated = [life.fate_id for life in lives.values() if life.fate_id is not None]
+            gone_id = max(fated) if fated else None
+        for group in groups.keys() | lives.keys():
+            life = lives.get(group)
+            if life is not None and life.fate is not None:
+                fate = life.fate
+                lines[group] = (fate, _copies(life.fate_reason) if fate == "dead_lettered" else None)
+                continue
+            if life is not None and life.status == FINISHED:
+                # Rejected, or nacked at its last attempt: the group held it until its dead letter.
+                if removed_by is not None:
+                    lines[group] = (removed_by, copy)
+                else:
+                    lines[group] = ("lost", None)
+                    attempt = "?" if life.prev_attempt is None else life.prev_attempt
+                    lost.append(
+                        (group, f"{life.last_kind} at attempt {attempt} ({life.last_reason or 'no reason'}) "
+                                "but no dead_lettered or dropped event")
+                    )  # fmt: skip
+                continue
+            if life is not None:  # held, or waiting to be delivered again
+                if removed_by is not None:
+                    lines[group] = (removed_by, copy)
+                elif live:
+                    lines[group] = ("pending", None)
+                else:
+                    lines[group] = ("lost", None)
+                    lost.append((group, f"gone from queue_messages while the group's copy was {life.status}"))
+                continue
+            cursor = groups.get(group)
+            first = firsts.get(group)
+            ahead = cursor is None or offset >= cursor
+            before = first is not None and pub_id is not None and first < pub_id  # there at publication
+            existed = ahead or before or (first is not None and gone_id is not None and first < gone_id)
+            if not existed:
+                continue  # began after it was gone, or was started past it
+            if removed_by is not None:
+                lines[group] = (removed_by, copy)
+            elif live and ahead:
+                lines[group] = ("ahead", None)
+            else:
+                lines[group] = ("lost", None)
+                why = (
+                    "gone from queue_messages before the group read it"
+                    if ahead
+                    else f"the group's cursor {cursor} passed it with no event for it"
+                )
+                lost.append((group, why))
+        if not lines:
+            whole = removed_by or ("pending" if live else "lost")
+            lines[None] = (whole, copy)
+            if whole == "lost":
+                lost.append((None, "gone from queue_messages with no fate in the events"))
+    for owner, why in lost:
+        out.violation("accounted", queue, owner, offset, 0, None, why)
+    return lines
 
 
 def _check_message(
     ctx: Context, queue: str, offset: int, mode: str, publishes: int, again_id: int | None, live: bool,
     removed: bool, removed_by: str | None, lives: dict[str, Life], out: Output,
 ) -> None:  # fmt: skip
-    """The live incarnation's message: accounted for, and in queue_messages exactly while needed."""
+    """The live incarnation's message: published once, and in queue_messages exactly while needed."""
     groups = ctx.groups.get(queue, {})
     all_done = False
-    open_groups: list[str] = []
-    if mode == "work" and not removed:
+    if mode == "work" and not removed and groups:
+        all_done = True
         for group, cursor in groups.items():
             life = lives.get(group)
             status = life.status if life is not None else None
-            done = status == FINISHED or (status is None and cursor is not None and offset < cursor)
-            if not done:
-                open_groups.append(f"{group}={status or 'undelivered'}")
-        all_done = bool(groups) and not open_groups
-    if not live and not removed and (mode == "stream" or not all_done):
-        if mode == "stream":
-            why = "stream message gone from queue_messages without a drop, expiry or purge"
-        elif removed or not groups:
-            why = "gone from queue_messages; no group finished it"
-        else:
-            why = "gone from queue_messages while groups had not finished it: " + ",".join(
-                sorted(open_groups)
-            )
-        out.violation("accounted", queue, None, offset, 0, None, why)
+            if not (status == FINISHED or (status is None and cursor is not None and offset < cursor)):
+                all_done = False
+                break
     if publishes > 1:
         out.violation(
             "published_once",
@@ -518,36 +666,30 @@ def _check_message(
 
 
 def _outcomes(
-    ctx: Context, queue: str, offset: int, mode: str, live: bool, removed_by: str | None,
-    lives: dict[str, Life], out: Output,
+    queue: str, offset: int, live: bool, removed_by: str | None,
+    lines: dict[str | None, tuple[str, str | None]], lives: dict[str, Life], out: Output,
 ) -> None:  # fmt: skip
-    """Count what became of the live incarnation's message in its queue and in each group, and
-    sample it under its rarest outcome."""
+    """Count the ledger's lines per (queue, group) and the message on its queue's row, and sample it
+    under its rarest outcome."""
     out.count(queue, None, "published")
-    if live:
-        out.count(queue, None, "stored")
-    if removed_by is not None:
-        out.count(queue, None, removed_by)
-    seen: set[str] = set() if removed_by is None else {removed_by}
-    committed = ctx.committed.get(queue, {})
-    for group, cursor in ctx.groups.get(queue, {}).items():
-        life = lives.get(group)
-        if mode == "stream":
-            position = committed.get(group)
-            done = "acked" if position is not None and offset < position else None
-        elif life is None and cursor is not None and offset < cursor:
-            continue  # the group began after it: never the group's to read
-        elif life is not None and life.status == FINISHED:
-            done = life.last_kind if life.last_kind in ("acked", "dropped") else "dead_lettered"
-        else:
-            done = None
-        outcome = done or removed_by or ("pending" if live else "lost")
+    seen: set[str] = set()
+    for group, (fate, _copy) in lines.items():
+        seen.add(fate)
+        if group is None:
+            continue
         out.count(queue, group, "published")
-        out.count(queue, group, outcome)
-        seen.add(outcome)
+        out.count(queue, group, fate)
+        life = lives.get(group)
         if life is not None and life.deliveries > 1:
             out.count(queue, group, "redelivered")
             seen.add("redelivered")
+    if removed_by is not None:
+        whole = removed_by
+    elif "lost" in seen:
+        whole = "lost"
+    else:
+        whole = "stored" if live else "finished"
+    out.count(queue, None, whole)
     for outcome in _SAMPLE_ORDER:
         if outcome in seen:
             out.sample(queue, offset, 0, outcome)

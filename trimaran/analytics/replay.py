@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from trimaran.analytics import copies
 from trimaran.analytics.cluster import CannotRun, Launch, audit_session, explain, parse_conf, spark_errors
 from trimaran.analytics.life import (
     CLOCK_SLACK_MS,
@@ -53,8 +54,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 INVARIANTS: dict[str, str] = {
-    "accounted": "every published message is, per group, acked, pending, expired, dead-lettered, "
-    "dropped, redriven or purged: never silently gone",
+    "accounted": "every published message has, in its ledger, one fate per group that existed while it "
+    "was live (acked, dead-lettered, dropped, expired, purged or redriven) or is still owed (pending, or "
+    "ahead of the cursor): never silently gone, whatever the cursor says",
+    "one_fate": "no message has two fates in one group (say acked and dead-lettered), nor two removals",
+    "copies_traced": "every dead-letter or redrive copy has exactly one cause event in its source, and "
+    "every cause its one copy",
     "published_once": "each offset of a queue is published once",
     "settled_after_delivery": "no ack, nack, reject or release without a delivery of that attempt",
     "acked_once": "no message acked twice in one group",
@@ -150,6 +155,7 @@ def gather_facts(events: DataFrame, tables: dict[str, DataFrame], selection: Sel
             F.min("time").alias("first"),
             F.max("time").alias("last"),
             F.max("offset").alias("max_offset"),
+            F.min("id").alias("first_id"),
             F.max(F.when(F.coalesce(col("reason") != "delete", F.lit(True)), col("id"))).alias("purge_id"),
         )
         .collect()
@@ -181,6 +187,7 @@ def gather_facts(events: DataFrame, tables: dict[str, DataFrame], selection: Sel
         committed.setdefault(queue, {})[group] = position
     kinds: dict[str, int] = {}
     purge_ids: dict[str, int] = {}
+    first_ids: dict[str, dict[str, int]] = {}
     commit_high: dict[tuple[str, str], int] = {}
     delivered_high: dict[tuple[str, str], int] = {}
     for r in summary:
@@ -190,6 +197,9 @@ def gather_facts(events: DataFrame, tables: dict[str, DataFrame], selection: Sel
             continue
         if kind == "purged" and r["purge_id"] is not None:
             purge_ids[queue] = max(purge_ids.get(queue, 0), int(r["purge_id"]))
+        if group is not None and r["first_id"] is not None:
+            known = first_ids.setdefault(queue, {})
+            known[group] = min(known.get(group, r["first_id"]), r["first_id"])
         if group is None or r["max_offset"] is None:
             continue
         work = context.mode(queue, 0) == "work"
@@ -199,7 +209,13 @@ def gather_facts(events: DataFrame, tables: dict[str, DataFrame], selection: Sel
             commit_high[(queue, group)] = int(r["max_offset"]) + 1
         elif kind == "delivered" and work:
             delivered_high[(queue, group)] = int(r["max_offset"])
-    context = dataclasses.replace(context, groups=groups, committed=committed, purge_ids=purge_ids)
+    # A stream group's position in the ledger comes from its commit events (the live row is checked
+    # against them in _group_violations); a group with none keeps its row's.
+    for (queue, group), high in commit_high.items():
+        committed.setdefault(queue, {})[group] = high
+    context = dataclasses.replace(
+        context, groups=groups, committed=committed, purge_ids=purge_ids, first_ids=first_ids
+    )
     incarnations = {(r["queue"], r["epoch"]) for r in summary}
     firsts = [r["first"] for r in summary if r["first"] is not None]
     lasts = [r["last"] for r in summary if r["last"] is not None]
@@ -264,45 +280,31 @@ def _group_violations(facts: Facts) -> list[tuple[Any, ...]]:
     return found
 
 
-def _lost_dead_letters(events: DataFrame, durable: set[str]) -> DataFrame:
-    """A dead letter moved into a durable queue must arrive there: each ``dead_lettered`` event
-    (reason ``<why> -> <dlq>[:offset]``) needs a ``published`` event in that queue whose reason is
-    ``dead_letter from <queue>:<offset>``. Counted per source message, so two groups dead-lettering
-    one message need two copies. Only queues in the audited ``queues`` table are checked (an
-    in-memory dead-letter queue leaves no rows; an unselected one was not read)."""
+def _traced_copies(events: DataFrame, audited: set[str]) -> list[tuple[Any, ...]]:
+    """Dead-letter and redrive copies against their causes (``copies.py``): the few rows that name
+    one another are filtered and parsed by Spark in one job, and matched on the driver."""
     from pyspark.sql import functions as F
 
     col = F.col
-    target = F.regexp_extract(col("reason"), r" -> (.+?)(?::[0-9]+)?$", 1)
-    moved = (
-        events.filter((col("kind") == "dead_lettered") & col("group").isNotNull())
-        .withColumn("target", target)
-        .filter(col("target").isin(sorted(durable)) if durable else F.lit(False))
-        .groupBy("target", "queue", "offset")
-        .agg(F.count(F.lit(1)).alias("moved"), F.max("id").alias("id"))
+    kind, reason = col("kind"), col("reason")
+    cause = (
+        ((kind == "dead_lettered") & col("group").isNotNull())
+        | (kind.isin("expired", "dropped") & col("group").isNull() & reason.contains(" -> "))
+        | (kind == "redriven")
     )
-    source = F.regexp_extract(col("reason"), r"^dead_letter from (.+):([0-9]+)$", 1)
-    source_offset = F.regexp_extract(col("reason"), r"^dead_letter from (.+):([0-9]+)$", 2)
-    arrived = (
-        events.filter((col("kind") == "published") & col("reason").startswith("dead_letter from "))
-        .select(
-            col("queue").alias("target"),
-            source.alias("queue"),
-            source_offset.cast("bigint").alias("offset"),
-        )
-        .groupBy("target", "queue", "offset")
-        .agg(F.count(F.lit(1)).alias("arrived"))
+    copy = (kind == "published") & (
+        reason.startswith("dead_letter from ") | reason.startswith("redrive from ")
     )
-    lost = moved.join(arrived, ["target", "queue", "offset"], "left").filter(
-        col("moved") > F.coalesce(col("arrived"), F.lit(0))
+    rows = (
+        events.filter(col("offset").isNotNull() & (cause | copy))
+        .select("queue", "offset", "epoch", "id", "kind", "group", "reason")
+        .collect()
     )
-    return lost.select(
-        F.lit("accounted").alias("invariant"), "queue", F.lit(None).cast("string").alias("group"), "offset",
-        F.lit(0).alias("epoch"), _message_id(col("queue"), col("offset"), F.lit(0)).alias("message_id"),
-        col("id").alias("event_id"),
-        F.format_string("dead-lettered %d time(s) into %s, but %d cop(ies) arrived there", col("moved"),
-                        col("target"), F.coalesce(col("arrived"), F.lit(0))).alias("detail"),
-    )  # fmt: skip
+    causes = [tuple(r) for r in rows if r["kind"] != "published"]
+    made = [
+        (r["queue"], r["offset"], r["epoch"], r["id"], r["reason"]) for r in rows if r["kind"] == "published"
+    ]
+    return copies.trace(causes, made, audited)
 
 
 def _slots(events: DataFrame, tables: dict[str, DataFrame], partitions: int) -> DataFrame:
@@ -386,6 +388,7 @@ def replay(
     )
     record = col("record")
     lives = replayed.filter(record == "life").select(*LIFE)
+    ledger = replayed.filter(record.isin("life", "ledger")).select(*LIFE)
     violations = [replayed.filter(record == "violation").select(*VIOLATION)]
 
     # Stream commits, in order per group: never backwards.
@@ -405,8 +408,7 @@ def replay(
                             col("highest_before")).alias("detail"),
         )
     )  # fmt: skip
-    violations.append(_lost_dead_letters(events, set(context.next_offset)))
-    group_rows = _group_violations(facts)
+    group_rows = _group_violations(facts) + _traced_copies(events, set(context.next_offset))
     if group_rows:
         violations.append(spark.createDataFrame(group_rows, schema=_ddl(VIOLATION)))
 
@@ -482,7 +484,7 @@ def replay(
     events = events.join(F.broadcast(modes), ["queue", "epoch"], "left").withColumn(
         "mode", F.coalesce(col("mode"), lit("work"))
     )
-    frames = {"events": events, "lives": lives}
+    frames = {"events": events, "lives": lives, "ledger": ledger}
     return AuditResult(
         ok=all(v["ok"] for v in invariants.values()),
         invariants=invariants,

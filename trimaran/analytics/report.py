@@ -53,6 +53,7 @@ COLUMNS = (
     ("purged", "purged"),
     ("redriven", "redriven"),
     ("pending", "still pending"),
+    ("ahead", "not yet delivered"),
     ("lost", "unaccounted"),
 )
 assert {c for c, _ in COLUMNS} <= set(OUTCOMES)
@@ -65,8 +66,12 @@ OUTCOME_WORDS = {
     "purged": "purged",
     "redriven": "redriven",
     "pending": "still pending",
+    "ahead": "not yet delivered",
     "lost": "unaccounted for",
 }
+# The queue's own row: what became of each message as a whole, under the group columns it matches.
+QUEUE_CELLS = {"published": "published", "acked": "finished", "dropped": "dropped", "expired": "expired",
+               "purged": "purged", "redriven": "redriven", "pending": "stored", "lost": "lost"}  # fmt: skip
 
 
 # -- words and times --------------------------------------------------------------------------------
@@ -499,12 +504,13 @@ def gather_messages(result: AuditResult) -> dict[tuple[str, int, int], Message]:
     for r in events.join(keys, ["queue", "offset", "epoch"]).select(*columns).collect():
         found[(r["queue"], r["offset"], r["epoch"])].events.append(r.asDict())
     life_columns = ["queue", "offset", "epoch", "group", "status", "last_kind", "deliveries", "attempts",
-                    "holder", "acked_at"]  # fmt: skip
-    for r in result.lives.join(keys, ["queue", "offset", "epoch"]).select(*life_columns).collect():
+                    "holder", "acked_at", "fate", "copy"]  # fmt: skip
+    ledger = result.frames.get("ledger", result.lives)
+    for r in ledger.join(keys, ["queue", "offset", "epoch"]).select(*life_columns).collect():
         found[(r["queue"], r["offset"], r["epoch"])].groups.append(r.asDict())
     for message in found.values():
         message.events.sort(key=lambda e: e["id"])
-        message.groups.sort(key=lambda g: g["group"])
+        message.groups.sort(key=lambda g: (g["group"] is not None, g["group"] or ""))
     return found
 
 
@@ -633,12 +639,9 @@ def outcome_table(outcomes: dict[tuple[str, str | None], dict[str, int]]) -> str
     rows = []
     for queue in sorted({q for q, _ in outcomes}):
         mine = outcomes.get((queue, None), {})
-        cells = "".join(
-            _n(mine.get(c)) if c in ("published", "dropped", "expired", "purged", "redriven") else
-            (_n(mine.get("stored")) if c == "pending" else "<td></td>")
-            for c, _ in COLUMNS
-        )  # fmt: skip
-        rows.append(f"<tr class='queue'><td>{e(queue)}</td><td>(queue)</td>{cells}</tr>")
+        cells = "".join(_n(mine.get(QUEUE_CELLS[c])) if c in QUEUE_CELLS else "<td></td>" for c, _ in COLUMNS)
+        bad = " bad" if mine.get("lost") else ""
+        rows.append(f"<tr class='queue{bad}'><td>{e(queue)}</td><td>(queue)</td>{cells}</tr>")
         for group in sorted(g for q, g in outcomes if q == queue and g is not None):
             by = outcomes[(queue, group)]
             cells = "".join(_n(by.get(c)) for c, _ in COLUMNS)
@@ -660,10 +663,13 @@ def outcome_table(outcomes: dict[tuple[str, str | None], dict[str, int]]) -> str
     )
     return (
         "<table id='outcomes'><tr><th>queue</th><th>group</th>" + head + "</tr>" + "".join(rows) + "</table>"
-        "<p><small>A group's published messages are each counted once as acked (a stream group: "
-        "committed), dead-lettered, dropped, expired, purged, redriven, still pending or unaccounted; "
-        "redelivered counts those delivered more than once. On a queue's own row, still pending is "
-        "the messages still stored.</small></p>" + note
+        "<p><small>The books balance from the ledger, which takes each message's fate from the events "
+        "alone: a group's published messages (those published while it existed) are each counted "
+        "once as acked (a stream group: committed), dead-lettered, dropped, expired, purged, "
+        "redriven, still pending (delivered or waiting), not yet delivered (ahead of its cursor) or "
+        "unaccounted (gone with no fate in the events); redelivered counts those delivered more than "
+        "once. On a queue's own row, acked counts the messages every group finished, still pending "
+        "the messages still stored, and unaccounted the messages with an unaccounted line.</small></p>" + note
     )
 
 
@@ -732,13 +738,17 @@ def message_page(message: Message, summary: dict[str, Any]) -> str:
         lines.append(f"<p>Shown as an example of a message {e(shown_for)}; it breaks no rule.</p>")
     if message.groups:
         lines.append(
-            "<h2>Per group</h2><table id='groups'><tr><th>group</th><th>state</th><th>last event</th>"
-            "<th>deliveries</th><th>highest attempt</th><th>last consumer</th><th>acked at</th></tr>"
+            "<h2>Ledger, per group</h2><table id='groups'><tr><th>group</th><th>fate</th><th>copy</th>"
+            "<th>state</th><th>last event</th><th>deliveries</th><th>highest attempt</th>"
+            "<th>last consumer</th><th>acked at</th></tr>"
         )
         for g in message.groups:
             acked = when(g["acked_at"]) if g["acked_at"] is not None else ""
+            fate = OUTCOME_WORDS.get(g.get("fate") or "", g.get("fate") or "")
             lines.append(
-                f"<tr><td>{e(g['group'])}</td><td>{e(g['status'] or '')}</td>"
+                f"<tr class='{'bad' if g.get('fate') == 'lost' else ''}'>"
+                f"<td>{e(g['group'] or '(queue)')}</td><td>{e(fate)}</td><td>{e(g.get('copy') or '')}</td>"
+                f"<td>{e(g['status'] or '')}</td>"
                 f"<td>{e(g['last_kind'] or '')}</td><td class='n'>{g['deliveries']}</td>"
                 f"<td class='n'>{'' if g['attempts'] is None else g['attempts']}</td>"
                 f"<td>{e(g['holder'] or '')}</td><td>{e(acked)}</td></tr>"
