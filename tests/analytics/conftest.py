@@ -297,8 +297,117 @@ def inject_faults(tables: dict[str, Any]) -> dict[str, set[str]]:
     after(s[s["kind"] == "published"].iloc[0])
     expected["published_once"] = {f"emails:{s['offset'].iloc[0]}"}
 
+    ledger_faults(tables, ev, extra, story, after, expected)
     tables["queue_events"] = pd.concat([ev, pd.DataFrame(extra)], ignore_index=True).sort_values("id")
     return expected
+
+
+def ledger_faults(
+    tables: dict[str, Any], ev: Any, extra: list[dict[str, Any]], story: Any, after: Any,
+    expected: dict[str, set[str]],
+) -> None:  # fmt: skip
+    """Evidence of a message's fate removed, altered or duplicated, in work queues, dead-letter
+    queues and the stream: ten ways, each in its own message, added to ``expected``."""
+    import pandas as pd
+
+    def flag(rule: str, *ids: str) -> None:
+        expected.setdefault(rule, set()).update(ids)
+
+    def drop_rows(table: str, queue: str, offset: int) -> None:
+        rows = tables[table]
+        tables[table] = rows[~((rows["queue"] == queue) & (rows["offset"] == offset))]
+
+    def drop_events(index: Any) -> None:
+        ev.drop(index, inplace=True)
+
+    def copy_of(s: pd.DataFrame) -> tuple[str, int]:
+        """The dead-letter queue and offset a message's dead_lettered event names."""
+        reason = s[s["kind"] == "dead_lettered"]["reason"].iloc[0]
+        queue, _, offset = reason.split(" -> ")[1].rpartition(":")
+        return queue, int(offset)
+
+    def copy_event(queue: str, offset: int) -> Any:
+        return ev[(ev["queue"] == queue) & (ev["offset"] == offset) & (ev["kind"] == "published")]
+
+    acked = ["delivered", "acked"]
+    rejected = ["delivered", "rejected", "dead_lettered"]
+    # 1. Work queue: acked, then every event of its group deleted with its rows (the cursor is past it).
+    s = story("jobs", acked)
+    drop_events(s[s["group"].notna()].index)
+    flag("accounted", f"jobs:{s['offset'].iloc[0]}")
+    # 2. Work queue with two groups: one group's whole history of a message deleted; the other's stays.
+    s = story("orders", acked, group="billing")
+    while list(s[s["group"] == "$default"].sort_values("id")["kind"]) != acked:
+        s = story("orders", acked, group="billing")
+    drop_events(s[s["group"] == "billing"].index)
+    flag("accounted", f"orders:{s['offset'].iloc[0]}")
+    # 3. Nacked at its last attempt, its dead_lettered event and its copy in the DLQ deleted.
+    s = story(
+        "emails", ["delivered", "nacked", "delivered", "nacked", "delivered", "nacked", "dead_lettered"]
+    )
+    dlq, at = copy_of(s)
+    drop_events(s[s["kind"] == "dead_lettered"].index)
+    drop_events(copy_event(dlq, at).index)
+    drop_rows("queue_messages", dlq, at)
+    flag("accounted", f"emails:{s['offset'].iloc[0]}")
+    # 4. A dead letter whose copy never arrived: the copy's event and row deleted, the cause kept.
+    s = story("jobs", rejected)
+    dlq, at = copy_of(s)
+    drop_events(copy_event(dlq, at).index)
+    drop_rows("queue_messages", dlq, at)
+    flag("copies_traced", f"jobs:{s['offset'].iloc[0]}")
+    # 5. A copy in the DLQ altered to claim another (acked) source: a copy with no cause, and a
+    # cause with no copy.
+    s = story("orders", rejected)
+    dlq, at = copy_of(s)
+    other = story("orders", acked)
+    ev.loc[copy_event(dlq, at).index, "reason"] = f"dead_letter from orders:{other['offset'].iloc[0]}"
+    flag("copies_traced", f"{dlq}:{at}", f"orders:{s['offset'].iloc[0]}")
+    # 6. A copy duplicated at the DLQ's tail (its offset reserved, so only the copy is wrong).
+    s = story("emails", rejected)
+    dlq, at = copy_of(s)
+    queues = tables["queues"].copy()
+    tail = int(queues.loc[queues["name"] == dlq, "next_offset"].iloc[0])
+    queues.loc[queues["name"] == dlq, "next_offset"] = tail + 1
+    tables["queues"] = queues
+    published = copy_event(dlq, at).iloc[0]
+    extra.append({**published.to_dict(), "id": int(ev["id"].max()) + 4, "offset": tail})
+    row = tables["queue_messages"]
+    twin = row[(row["queue"] == dlq) & (row["offset"] == at)].assign(offset=tail)
+    tables["queue_messages"] = pd.concat([row, twin], ignore_index=True)
+    flag("copies_traced", f"{dlq}:{tail}")
+    # 7. Acked after it was dead-lettered: two fates in one group.
+    s = story("jobs", rejected)
+    after(s[s["kind"] == "dead_lettered"].iloc[0], kind="acked", reason=None)
+    flag("one_fate", f"jobs:{s['offset'].iloc[0]}")
+    # 8. A stream message gone from queue_messages with no event.
+    ticks = ev[(ev["queue"] == "ticks") & (ev["kind"] == "published")].sort_values("offset")
+    gone = int(ticks["offset"].iloc[3])
+    drop_rows("queue_messages", "ticks", gone)
+    flag("accounted", f"ticks:{gone}")
+    # 9. A stream message dropped by retention twice (the drop's write retried), its row gone.
+    twice = int(ticks["offset"].iloc[1])
+    head = ticks[ticks["offset"] == twice].iloc[0]
+    drop_rows("queue_messages", "ticks", twice)
+    for k in (1, 3):
+        drop = {
+            "kind": "dropped",
+            "reason": "retention_count",
+            "consumer": None,
+            "time": int(head["time"]) + 50,
+        }
+        extra.append({**head.to_dict(), "id": int(ev["id"].max()) + 4 + k, **drop})
+    flag("one_fate", f"ticks:{twice}")
+    # 10. A dead letter redriven with no copy back in its queue: the DLQ row deleted and a redriven
+    # event naming a copy that was never published.
+    s = story("emails", rejected)
+    dlq, at = copy_of(s)
+    copy = copy_event(dlq, at).iloc[0]
+    emails_next = int(tables["queues"].loc[tables["queues"]["name"] == "emails", "next_offset"].iloc[0])
+    extra.append({**copy.to_dict(), "id": int(ev["id"].max()) + 9, "kind": "redriven", "consumer": None,
+                  "reason": f"-> emails:{emails_next}", "time": int(ev["time"].max()) + 1})  # fmt: skip
+    drop_rows("queue_messages", dlq, at)
+    flag("copies_traced", f"{dlq}:{at}")
 
 
 @pytest.fixture(scope="session")

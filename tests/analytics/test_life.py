@@ -5,7 +5,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from trimaran.analytics.life import CLOCK_SLACK_MS, OUTPUT, Context, Output, replay_partition, replay_slot
+from trimaran.analytics.life import (
+    CLOCK_SLACK_MS,
+    FATES,
+    OUTPUT,
+    Context,
+    Output,
+    replay_partition,
+    replay_slot,
+)
 
 COLUMNS = list(OUTPUT)
 CTX = Context(
@@ -314,3 +322,138 @@ def test_outcomes_split_each_groups_messages_exactly_once() -> None:
     }  # fmt: skip
     sampled = {(r[6], r[-2]) for r in out.rows if r[0] == "sample"}
     assert sampled == {("q:0", "ahead"), ("q:1", "dead_lettered"), ("q:2", "expired")}
+
+
+# -- the ledger: one fate per (message, group that existed while it was live) -----------------------
+
+
+def ledger(records: list[dict[str, Any]]) -> dict[str | None, tuple[str, str | None]]:
+    return {r["group"]: (r["fate"], r["copy"]) for r in records if r["record"] in ("life", "ledger")}
+
+
+def test_each_line_has_its_fate_and_copy() -> None:
+    ctx = dataclasses.replace(CTX, groups={"q": {"g": 3, "h": 3, "late": 9}}, first_ids={"q": {"late": 50}})
+    slot = Slot(offset=2).published(time=1).event("delivered", attempt=1, reason="first")
+    slot.event("rejected", attempt=1).event("dead_lettered", reason="rejected -> $dlq/q:4")
+    slot.event("delivered", group="h", attempt=1, reason="first").event("acked", group="h", attempt=1)
+    records = replay(slot, ctx)
+    assert broken(records) == []
+    # late began after the message was gone (its first event came later): no line of its own
+    assert ledger(records) == {"g": ("dead_lettered", "$dlq/q:4"), "h": ("acked", None)}
+
+
+def test_a_group_whose_whole_history_of_a_message_was_deleted() -> None:
+    """Its cursor is past the message, as if it had begun after it; but it had an event before the
+    message was gone, so it existed while the message was live and owes it a fate."""
+    ctx = dataclasses.replace(CTX, groups={"q": {"g": 8, "h": 8}}, first_ids={"q": {"g": 1, "h": 2}})
+    slot = _acked()  # g acked it; h's delivery and ack deleted
+    assert flagged_in(replay(slot, ctx)) == [
+        ("accounted", "h", "the group's cursor 8 passed it with no event for it")
+    ]
+    began_later = dataclasses.replace(ctx, first_ids={"q": {"g": 1, "h": 500}})
+    assert flagged_in(replay(_acked(), began_later)) == []
+    # The only group's history deleted: no fate at all, whatever the cursor says.
+    bare = Slot(offset=7).published(time=100)
+    assert flagged_in(replay(bare, dataclasses.replace(CTX, groups={"q": {"g": 8}}))) == [
+        ("accounted", None, "gone from queue_messages with no fate in the events")
+    ]
+
+
+def test_a_live_message_ahead_of_a_cursor_is_owed() -> None:
+    ctx = dataclasses.replace(CTX, groups={"q": {"g": 7}})
+    records = replay(Slot(offset=7).live().published(), ctx)
+    assert broken(records) == [] and ledger(records) == {"g": ("ahead", None)}
+    # A group there when it was published, whose cursor passed it with no event: evidence deleted.
+    there = dataclasses.replace(CTX, groups={"q": {"g": 8}}, first_ids={"q": {"g": 0}})
+    assert flagged(replay(Slot(offset=7).live().published(), there)) == [("accounted", "q:7")]
+
+
+def test_a_nack_at_the_last_attempt_needs_a_dead_letter_fate() -> None:
+    slot = Slot(offset=7).published()
+    for attempt in (1, 2, 3):
+        slot.event("delivered", attempt=attempt, reason="first" if attempt == 1 else "nack")
+        slot.event("nacked", attempt=attempt, reason="max_attempts" if attempt == 3 else "delay_ms=10")
+    records = replay(slot)
+    assert flagged_in(records) == [
+        ("accounted", "g", "nacked at attempt 3 (max_attempts) but no dead_lettered or dropped event")
+    ]
+    assert ledger(records) == {"g": ("lost", None)}
+    slot.event("dead_lettered", reason="max_attempts -> $dlq/q:0")
+    assert flagged(replay(slot)) == [] and ledger(replay(slot)) == {"g": ("dead_lettered", "$dlq/q:0")}
+
+
+def test_two_fates_in_one_group() -> None:
+    slot = Slot(offset=7).published().event("delivered", attempt=1, reason="first")
+    slot.event("rejected", attempt=1).event("dead_lettered", reason="rejected -> $dlq/q:0")
+    records = replay(slot.event("acked", attempt=1))
+    assert flagged_in(records) == [("one_fate", "g", "acked after it was already dead_lettered (event 4)")]
+    twice = Slot(offset=3).published().event("expired", group=None, reason="ttl")
+    assert flagged(replay(twice.event("expired", group=None, reason="ttl"))) == [("one_fate", "q:3")]
+
+
+def test_a_removal_is_the_fate_of_every_group_still_owing_it() -> None:
+    ctx = dataclasses.replace(CTX, groups={"q": {"g": 0, "h": 0}})
+    slot = Slot(offset=0).published().event("delivered", attempt=1, reason="first")
+    records = replay(slot.event("expired", group=None, reason="ttl -> $dlq/q"), ctx)
+    assert broken(records) == []
+    assert ledger(records) == {"g": ("expired", "$dlq/q"), "h": ("expired", "$dlq/q")}
+
+
+def test_a_queue_with_no_group_has_one_line() -> None:
+    ctx = Context(modes={"d": "work"})
+    stored = replay(Slot(queue="d", offset=0).live().published(), ctx)
+    assert broken(stored) == [] and ledger(stored) == {None: ("pending", None)}
+    gone = replay(Slot(queue="d", offset=1).published(), ctx)
+    assert flagged(gone) == [("accounted", "d:1")] and ledger(gone) == {None: ("lost", None)}
+    moved = replay(Slot(queue="d", offset=2).published().event("redriven", group=None, reason="-> q:9"), ctx)
+    assert broken(moved) == [] and ledger(moved) == {None: ("redriven", "q:9")}
+
+
+def test_stream_lines_follow_the_commits() -> None:
+    ctx = Context(modes={"s": "stream"}, groups={"s": {"r": 5, "t": 2}}, committed={"s": {"r": 4, "t": 0}})
+    records = replay(Slot(queue="s", offset=3).live().published(), ctx)
+    assert ledger(records) == {"r": ("acked", None), "t": ("ahead", None)}
+    assert flagged(replay(Slot(queue="s", offset=3).published(), ctx)) == [("accounted", "s:3")]
+
+
+# -- generated tables (bench/audit_bench.py) through the plain-Python audit (tests/analytics/plain.py) --
+
+
+def _generated() -> dict[str, Any]:
+    from bench.audit_bench import _dlq_reasons, generate
+
+    tables = generate(3000)
+    _dlq_reasons(tables["queue_events"])
+    return tables
+
+
+def test_generated_tables_are_clean_and_balance() -> None:
+    from tests.analytics.plain import audit
+
+    found, outcomes = audit(_generated())
+    assert found == []
+    fates = set(FATES)
+    for (queue, group), by in outcomes.items():
+        if group is not None:
+            assert by["published"] == sum(by.get(f, 0) for f in fates), (queue, group, by)
+            assert not by.get("lost")
+    assert outcomes[("orders", "billing")]["ahead"] > 0 and outcomes[("$dlq/orders", None)]["stored"] > 0
+
+
+def test_evidence_removed_altered_or_duplicated_is_flagged_with_its_rule_and_message() -> None:
+    """The faults of ``conftest.inject_faults`` (the Spark test's too): each rule flags exactly the
+    messages its faults broke, and the books show every message whose fate went missing."""
+    from tests.analytics.conftest import inject_faults
+    from tests.analytics.plain import audit
+
+    tables = _generated()
+    expected = inject_faults(tables)
+    found, outcomes = audit(tables)
+    by_rule: dict[str, set[str]] = {}
+    for v in found:
+        by_rule.setdefault(v["invariant"], set()).add(v["message_id"])
+    assert by_rule == expected
+    assert len(expected["accounted"]) == 5 and len(expected["copies_traced"]) == 5
+    assert len(expected["one_fate"]) == 2
+    lost = sum(by.get("lost", 0) for (_, group), by in outcomes.items() if group is None)
+    assert lost == len(expected["accounted"])

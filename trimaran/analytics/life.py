@@ -512,15 +512,15 @@ def replay_slot(ctx: Context, rows: list[tuple[Any, ...]], out: Output) -> None:
     out.messages += 1
     out.live += live
     out.removed += removed
-    lines = _ledger(ctx, queue, offset, mode, live, removed_by, removed_id, copy, pub_id, lives, out)
+    lines, lost = _ledger(ctx, queue, offset, mode, live, removed_by, removed_id, copy, pub_id, lives, out)
     for group, life in lives.items():
         fate, copied = lines.get(group, (None, None))
         out.life(queue, epoch, group, offset, life, pub_time, fate, copied)
     for group, (fate, copied) in lines.items():
         if group not in lives:
             out.ledger(queue, group, offset, pub_time, fate, copied)
-    _check_message(ctx, queue, offset, mode, publishes, again_id, live, removed, removed_by, lives, out)
-    _outcomes(queue, offset, live, removed_by, lines, lives, out)
+    _check_message(ctx, queue, offset, mode, publishes, again_id, live, removed, removed_by, lines, out)
+    _outcomes(queue, offset, live, removed_by, lost, lines, lives, out)
     _check_pending(ctx, queue, offset, lives, pending, live, removed, out)
 
 
@@ -535,10 +535,11 @@ def _copies(reason: str | None) -> str | None:
 def _ledger(
     ctx: Context, queue: str, offset: int, mode: str, live: bool, removed_by: str | None,
     removed_id: int | None, copy: str | None, pub_id: int | None, lives: dict[str, Life], out: Output,
-) -> dict[str | None, tuple[str, str | None]]:  # fmt: skip
+) -> tuple[dict[str | None, tuple[str, str | None]], bool]:  # fmt: skip
     """The live incarnation's message's ledger: a (fate, copy) per group that existed while it was
-    live (None: the queue's own line, when there is no such group). A line with no fate in the
-    events and the message gone from queue_messages breaks ``accounted``, whatever the cursor says."""
+    live (None: the queue's own line, when there is no such group), and whether it is unaccounted.
+    A line with no fate in the events and the message gone from queue_messages breaks
+    ``accounted``, whatever the cursor says."""
     groups = ctx.groups.get(queue, {})
     firsts = ctx.first_ids.get(queue, {})
     lines: dict[str | None, tuple[str, str | None]] = {}
@@ -617,24 +618,22 @@ def _ledger(
                 lost.append((None, "gone from queue_messages with no fate in the events"))
     for owner, why in lost:
         out.violation("accounted", queue, owner, offset, 0, None, why)
-    return lines
+    return lines, bool(lost)
 
 
 def _check_message(
     ctx: Context, queue: str, offset: int, mode: str, publishes: int, again_id: int | None, live: bool,
-    removed: bool, removed_by: str | None, lives: dict[str, Life], out: Output,
+    removed: bool, removed_by: str | None, lines: dict[str | None, tuple[str, str | None]], out: Output,
 ) -> None:  # fmt: skip
-    """The live incarnation's message: published once, and in queue_messages exactly while needed."""
+    """The live incarnation's message: published once, and in queue_messages exactly while needed
+    (a work queue's message until every group's line is final: those with none began after it)."""
     groups = ctx.groups.get(queue, {})
-    all_done = False
-    if mode == "work" and not removed and groups:
-        all_done = True
-        for group, cursor in groups.items():
-            life = lives.get(group)
-            status = life.status if life is not None else None
-            if not (status == FINISHED or (status is None and cursor is not None and offset < cursor)):
-                all_done = False
-                break
+    all_done = (
+        mode == "work"
+        and not removed
+        and bool(groups)
+        and all(lines[group][0] in FINAL for group in groups if group in lines)
+    )
     if publishes > 1:
         out.violation(
             "published_once",
@@ -666,7 +665,7 @@ def _check_message(
 
 
 def _outcomes(
-    queue: str, offset: int, live: bool, removed_by: str | None,
+    queue: str, offset: int, live: bool, removed_by: str | None, lost: bool,
     lines: dict[str | None, tuple[str, str | None]], lives: dict[str, Life], out: Output,
 ) -> None:  # fmt: skip
     """Count the ledger's lines per (queue, group) and the message on its queue's row, and sample it
@@ -685,7 +684,7 @@ def _outcomes(
             seen.add("redelivered")
     if removed_by is not None:
         whole = removed_by
-    elif "lost" in seen:
+    elif lost:
         whole = "lost"
     else:
         whole = "stored" if live else "finished"

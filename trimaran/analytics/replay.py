@@ -160,20 +160,25 @@ def gather_facts(events: DataFrame, tables: dict[str, DataFrame], selection: Sel
         )
         .collect()
     )
+    queues = tables["queues"].select("name", "mode", "policy", "next_offset").collect()
+    live = tables["queue_groups"].select("queue", "group", "cursor", "committed").collect()
+    return facts_of(summary, queues, live, selection)
+
+
+def facts_of(summary: list[Any], queues: list[Any], live: list[Any], selection: Selection) -> Facts:
+    """The facts from the events' summary per (queue, epoch, group, kind) (n, first, last,
+    max_offset, first_id, purge_id), the ``queues`` rows and the ``queue_groups`` rows; plain Python."""
     modes: dict[str, str] = {}
     max_attempts: dict[str, int | None] = {}
     visibility_ms: dict[str, int | None] = {}
     next_offset: dict[str, int | None] = {}
-    for q in tables["queues"].select("name", "mode", "policy", "next_offset").collect():
+    for q in queues:
         if q["mode"] is not None:
             modes[q["name"]] = q["mode"]
         max_attempts[q["name"]] = _policy_number(q["policy"], "max_attempts")
         visibility_ms[q["name"]] = _policy_number(q["policy"], "visibility_timeout_s", 1000)
         next_offset[q["name"]] = q["next_offset"]
-    live_groups = {
-        (g["queue"], g["group"]): (g["cursor"], g["committed"])
-        for g in tables["queue_groups"].select("queue", "group", "cursor", "committed").collect()
-    }
+    live_groups = {(g["queue"], g["group"]): (g["cursor"], g["committed"]) for g in live}
     stream_epochs = {(r["queue"], r["epoch"]) for r in summary if r["kind"] == "committed"}
     context = Context(
         modes=modes, stream_epochs=frozenset(stream_epochs), max_attempts=max_attempts,
