@@ -379,7 +379,7 @@ def ledger_faults(
     # 7. Acked after it was dead-lettered: two fates in one group.
     s = story("jobs", rejected)
     after(s[s["kind"] == "dead_lettered"].iloc[0], kind="acked", reason=None)
-    flag("one_fate", f"jobs:{s['offset'].iloc[0]}")
+    flag("single_fate", f"jobs:{s['offset'].iloc[0]}")
     # 8. A stream message gone from queue_messages with no event.
     ticks = ev[(ev["queue"] == "ticks") & (ev["kind"] == "published")].sort_values("offset")
     gone = int(ticks["offset"].iloc[3])
@@ -397,7 +397,7 @@ def ledger_faults(
             "time": int(head["time"]) + 50,
         }
         extra.append({**head.to_dict(), "id": int(ev["id"].max()) + 4 + k, **drop})
-    flag("one_fate", f"ticks:{twice}")
+    flag("single_fate", f"ticks:{twice}")
     # 10. A dead letter redriven with no copy back in its queue: the DLQ row deleted and a redriven
     # event naming a copy that was never published.
     s = story("emails", rejected)

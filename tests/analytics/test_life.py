@@ -386,9 +386,9 @@ def test_two_fates_in_one_group() -> None:
     slot = Slot(offset=7).published().event("delivered", attempt=1, reason="first")
     slot.event("rejected", attempt=1).event("dead_lettered", reason="rejected -> $dlq/q:0")
     records = replay(slot.event("acked", attempt=1))
-    assert flagged_in(records) == [("one_fate", "g", "acked after it was already dead_lettered (event 4)")]
+    assert flagged_in(records) == [("single_fate", "g", "acked after it was already dead_lettered (event 4)")]
     twice = Slot(offset=3).published().event("expired", group=None, reason="ttl")
-    assert flagged(replay(twice.event("expired", group=None, reason="ttl"))) == [("one_fate", "q:3")]
+    assert flagged(replay(twice.event("expired", group=None, reason="ttl"))) == [("single_fate", "q:3")]
 
 
 def test_a_removal_is_the_fate_of_every_group_still_owing_it() -> None:
@@ -454,6 +454,6 @@ def test_evidence_removed_altered_or_duplicated_is_flagged_with_its_rule_and_mes
         by_rule.setdefault(v["invariant"], set()).add(v["message_id"])
     assert by_rule == expected
     assert len(expected["accounted"]) == 5 and len(expected["copies_traced"]) == 5
-    assert len(expected["one_fate"]) == 2
+    assert len(expected["single_fate"]) == 2
     lost = sum(by.get("lost", 0) for (_, group), by in outcomes.items() if group is None)
     assert lost == len(expected["accounted"])

@@ -309,8 +309,8 @@ def _event(ev: pd.DataFrame, queue: str, kind: str, offset: int) -> int:
 def test_lifecycle_faults_flag_their_invariant_and_message(
     spark: SparkSession, lifecycle_db: tuple[str, tuple[int, int]]
 ) -> None:
-    """Six faults in one copy, each in its own message; every flagged id must be one of them, under
-    the invariant its fault breaks, and nothing else may fail."""
+    """Six faults in one copy, each in its own message; every flagged id must be one of them (or, for
+    a deleted redrive, its copy), under the invariant its fault breaks, and nothing else may fail."""
     read = read_tables(spark, Selection(), storage_url=lifecycle_db[0])
     tables: dict[str, pd.DataFrame] = {name: frame.toPandas() for name, frame in read.items()}
     ev = tables["queue_events"]
@@ -345,6 +345,8 @@ def test_lifecycle_faults_flag_their_invariant_and_message(
     assert flagged == {
         "settled_after_delivery": (1, {"cycle:0@epoch1"}),
         "accounted": (2, {"brief:0", "$dlq/redo:0"}),
+        # the copy redo:2 the redrive made, whose cause went with the event
+        "copies_traced": (1, {"redo:2"}),
         "live_state": (3, {"purgeme:3", "brief:1", "cycle:4"}),
     }, {n: result.invariants[n]["examples"] for n in flagged}
     assert not result.ok

@@ -459,7 +459,7 @@ def replay_slot(ctx: Context, rows: list[tuple[Any, ...]], out: Output) -> None:
                     removal = row
                 else:  # the broker removes a message once (``Letters.remove``)
                     out.violation(
-                        "one_fate", queue, None, offset, epoch, row[ID],
+                        "single_fate", queue, None, offset, epoch, row[ID],
                         f"{kind} after it was already {removal[KIND]} (event {removal[ID]})",
                     )  # fmt: skip
             continue
@@ -478,7 +478,7 @@ def replay_slot(ctx: Context, rows: list[tuple[Any, ...]], out: Output) -> None:
             )
         if life.clash_id is not None:
             out.violation(
-                "one_fate", queue, group, offset, epoch, life.clash_id,
+                "single_fate", queue, group, offset, epoch, life.clash_id,
                 f"{life.clash_kind} after it was already {life.fate} (event {life.fate_id})",
             )  # fmt: skip
         if not published:  # (only reached when no window is set)

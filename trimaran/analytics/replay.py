@@ -57,7 +57,7 @@ INVARIANTS: dict[str, str] = {
     "accounted": "every published message has, in its ledger, one fate per group that existed while it "
     "was live (acked, dead-lettered, dropped, expired, purged or redriven) or is still owed (pending, or "
     "ahead of the cursor): never silently gone, whatever the cursor says",
-    "one_fate": "no message has two fates in one group (say acked and dead-lettered), nor two removals",
+    "single_fate": "no message has two fates in one group (say acked and dead-lettered), nor two removals",
     "copies_traced": "every dead-letter or redrive copy has exactly one cause event in its source, and "
     "every cause its one copy",
     "published_once": "each offset of a queue is published once",
