@@ -56,18 +56,21 @@ def audit(
     rows.sort(key=lambda r: (r[0], r[1], r[2], -1 if r[3] is None else r[3]))  # Spark: nulls first
     found: list[dict[str, Any]] = []
     outcomes: dict[tuple[str, Any], dict[str, int]] = {}
+    causes: list[tuple[Any, ...]] = []
+    made: list[tuple[Any, ...]] = []
     for out in replay_partition(facts.context, rows):
         for row in out.rows:
-            record = dict(zip(OUTPUT, row, strict=True))
-            if record["record"] == "violation":
-                found.append({k: record[k] for k in VIOLATION})
-            elif record["record"] == "outcome":
-                by = outcomes.setdefault((record["queue"], record["group"]), {})
-                by[record["outcome"]] = by.get(record["outcome"], 0) + record["n"]
-    named = _records(events[events["offset"].notna()])
-    causes = [(e["queue"], e["offset"], 0, e["id"], e["kind"], e["group"], e["reason"]) for e in named
-              if e["kind"] in copies.CAUSES]  # fmt: skip
-    made = [(e["queue"], e["offset"], 0, e["id"], e["reason"]) for e in named if e["kind"] == "published"]
+            r = dict(zip(OUTPUT, row, strict=True))
+            if r["record"] == "violation":
+                found.append({k: r[k] for k in VIOLATION})
+            elif r["record"] == "outcome":
+                by = outcomes.setdefault((r["queue"], r["group"]), {})
+                by[r["outcome"]] = by.get(r["outcome"], 0) + r["n"]
+            elif r["record"] == "cause":
+                causes.append((r["queue"], r["offset"], r["epoch"], r["event_id"], r["invariant"], r["group"],
+                               r["detail"]))  # fmt: skip
+            elif r["record"] == "copy":
+                made.append((r["queue"], r["offset"], r["epoch"], r["event_id"], r["detail"]))
     audited = set(facts.context.next_offset)
     extra = _group_violations(facts) + copies.trace(causes, made, audited)
     found += [dict(zip(VIOLATION, v, strict=True)) for v in extra]

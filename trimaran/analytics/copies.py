@@ -7,7 +7,8 @@ operator's ``redriven`` (``-> <queue>:<offset>``). The copy is a ``published`` e
 whose reason names the source: ``dead_letter from <queue>:<offset>`` or ``redrive from
 <queue>:<offset>``. Each cause's copy must be there once, and each copy must have its cause once: a
 copy with no cause, or a cause with no copy (or a second copy), breaks ``copies_traced``, and the
-violation names both ends. The rows are few (one per dead letter), so the driver matches them.
+violation names both ends. The replay hands these events out as it meets them (``life.CAUSES``,
+``life.COPY_PREFIXES``); they are few (one per dead letter), so the driver matches them.
 
 Only queues in the audited ``queues`` table are held to it: an in-memory dead-letter queue leaves no
 rows, and an unselected one was not read. A copy of source offset -1 is a publish refused by a full
@@ -19,11 +20,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from trimaran.analytics.life import message_id
+from trimaran.analytics.life import COPY_PREFIXES, message_id
 
 RULE = "copies_traced"
-CAUSES = frozenset({"dead_lettered", "expired", "dropped", "redriven"})
-_FROM = {"dead_letter from ": "dead_letter", "redrive from ": "redrive"}
+_FROM = dict(zip(COPY_PREFIXES, ("dead_letter", "redrive"), strict=True))
 
 
 def _family(kind: str) -> str:

@@ -22,6 +22,10 @@ FINISHED = "finished"
 GROUP_KINDS = frozenset({"delivered", "acked", "nacked", "rejected", "released", "dead_lettered", "dropped"})
 SETTLES = frozenset({"acked", "nacked", "rejected", "released"})
 REMOVALS = frozenset({"expired", "dropped", "redriven"})  # queue-level: TTL, overflow, redrive
+# The events copies.py matches: a copy's publication names its source by these prefixes; its cause
+# is a dead_lettered or redriven event, or an expiry or drop routed to dead-letter queues (" -> ").
+COPY_PREFIXES = ("dead_letter from ", "redrive from ")
+CAUSES = frozenset({"dead_lettered", "redriven", "expired", "dropped"})
 FINAL = frozenset({"acked", "dead_lettered", "dropped"})  # a group is done with the message for good
 # How far a message's event may be stamped before the one logged ahead of it: the nodes sharing a
 # database stamp events with their own clocks. Tampering or a reordering writer shows as more.
@@ -44,6 +48,8 @@ _SAMPLE_ORDER = ("lost", "dead_lettered", "dropped", "redelivered", "expired", "
                  "ahead", "pending", "acked")  # fmt: skip
 SAMPLES = 3  # messages sampled per (queue, outcome) and partition, for the report's message pages
 
+# A "cause" or "copy" row is such an event, VIOLATION-shaped: its kind as ``invariant``, its reason
+# as ``detail``, its id as ``event_id``; the driver matches them (copies.py).
 # One input row: the slot (queue, offset, epoch), the event id (None for table rows), where the row
 # comes from ("e" event, "m" queue_messages, "p" queue_pending), then the event's (or pending row's)
 # fields. A pending row carries its attempts in ``attempt`` and its state in ``state``.
@@ -367,6 +373,13 @@ class Output:
              life.dead_lettered_at, life.last_id, life.status, pub_time, fate, copy, *self._AFTER_LIFE)
         )  # fmt: skip
 
+    def traced(self, record: str, row: tuple[Any, ...]) -> None:
+        """A cause or copy event for copies.py (``record`` "cause" or "copy")."""
+        self.rows.append(
+            (record, row[KIND], row[QUEUE], row[GROUP], row[OFFSET], row[EPOCH], None, row[ID], row[REASON],
+             *self._AFTER_VIOLATION)
+        )  # fmt: skip
+
     def ledger(
         self, queue: str, group: str | None, offset: int, pub_time: int | None, fate: str, copy: str | None
     ) -> None:
@@ -416,12 +429,28 @@ def replay_slot(ctx: Context, rows: list[tuple[Any, ...]], out: Output) -> None:
     queue, offset, epoch = rows[0][QUEUE], rows[0][OFFSET], rows[0][EPOCH]
     publishes, pub_id, pub_time, again_id = 0, None, None, None
     for row in rows:
-        if row[SRC] == "e" and row[KIND] == "published" and ctx.in_window(row[TIME]):
-            publishes += 1
-            if publishes == 2:
-                again_id = row[ID]
-            pub_id = row[ID] if pub_id is None else min(pub_id, row[ID])
-            pub_time = row[TIME] if pub_time is None else min(pub_time, row[TIME])
+        if row[SRC] != "e":
+            continue
+        kind = row[KIND]
+        if kind == "published":
+            reason = row[REASON]
+            if reason is not None and reason.startswith(COPY_PREFIXES):
+                out.traced("copy", row)
+            if ctx.in_window(row[TIME]):
+                publishes += 1
+                if publishes == 2:
+                    again_id = row[ID]
+                pub_id = row[ID] if pub_id is None else min(pub_id, row[ID])
+                pub_time = row[TIME] if pub_time is None else min(pub_time, row[TIME])
+        elif kind in CAUSES:
+            if kind == "dead_lettered":
+                traced = row[GROUP] is not None
+            elif kind == "redriven":
+                traced = True
+            else:  # an expiry or a drop is a cause only when routed to dead-letter queues
+                traced = row[GROUP] is None and " -> " in (row[REASON] or "")
+            if traced:
+                out.traced("cause", row)
     published = publishes > 0
     if ctx.windowed and not published:
         return  # outside the audited window

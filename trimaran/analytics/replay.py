@@ -285,33 +285,6 @@ def _group_violations(facts: Facts) -> list[tuple[Any, ...]]:
     return found
 
 
-def _traced_copies(events: DataFrame, audited: set[str]) -> list[tuple[Any, ...]]:
-    """Dead-letter and redrive copies against their causes (``copies.py``): the few rows that name
-    one another are filtered and parsed by Spark in one job, and matched on the driver."""
-    from pyspark.sql import functions as F
-
-    col = F.col
-    kind, reason = col("kind"), col("reason")
-    cause = (
-        ((kind == "dead_lettered") & col("group").isNotNull())
-        | (kind.isin("expired", "dropped") & col("group").isNull() & reason.contains(" -> "))
-        | (kind == "redriven")
-    )
-    copy = (kind == "published") & (
-        reason.startswith("dead_letter from ") | reason.startswith("redrive from ")
-    )
-    rows = (
-        events.filter(col("offset").isNotNull() & (cause | copy))
-        .select("queue", "offset", "epoch", "id", "kind", "group", "reason")
-        .collect()
-    )
-    causes = [tuple(r) for r in rows if r["kind"] != "published"]
-    made = [
-        (r["queue"], r["offset"], r["epoch"], r["id"], r["reason"]) for r in rows if r["kind"] == "published"
-    ]
-    return copies.trace(causes, made, audited)
-
-
 def _slots(events: DataFrame, tables: dict[str, DataFrame], partitions: int) -> DataFrame:
     """Every row about each message slot in one partition, in replay order (``life.INPUT``)."""
     from pyspark.sql import functions as F
@@ -413,7 +386,42 @@ def replay(
                             col("highest_before")).alias("detail"),
         )
     )  # fmt: skip
-    group_rows = _group_violations(facts) + _traced_copies(events, set(context.next_offset))
+    # The per-partition totals, outcome counts, samples, and the events copies.py matches: a few
+    # rows per partition and one per dead letter, in one job.
+    totals = dict.fromkeys(TOTALS, 0)
+    outcomes: dict[tuple[str, str | None], dict[str, int]] = {}
+    samples: set[tuple[str, int, int, str]] = set()
+    causes: list[tuple[Any, ...]] = []
+    made: list[tuple[Any, ...]] = []
+    small = replayed.filter(record.isin("totals", "outcome", "sample", "cause", "copy"))
+    columns = (
+        "record",
+        "invariant",
+        "queue",
+        "group",
+        "offset",
+        "epoch",
+        "event_id",
+        "detail",
+        "outcome",
+        "n",
+    )
+    for r in small.select(*columns, *TOTALS).collect():
+        kind = r["record"]
+        if kind == "totals":
+            for name in TOTALS:
+                totals[name] += int(r[name] or 0)
+        elif kind == "outcome":
+            counted = outcomes.setdefault((r["queue"], r["group"]), {})
+            counted[r["outcome"]] = counted.get(r["outcome"], 0) + int(r["n"])
+        elif kind == "sample":
+            samples.add((r["queue"], int(r["offset"]), int(r["epoch"]), r["outcome"]))
+        elif kind == "cause":
+            causes.append((r["queue"], r["offset"], r["epoch"], r["event_id"], r["invariant"], r["group"],
+                           r["detail"]))  # fmt: skip
+        else:
+            made.append((r["queue"], r["offset"], r["epoch"], r["event_id"], r["detail"]))
+    group_rows = _group_violations(facts) + copies.trace(causes, made, set(context.next_offset))
     if group_rows:
         violations.append(spark.createDataFrame(group_rows, schema=_ddl(VIOLATION)))
 
@@ -453,20 +461,6 @@ def replay(
         }
         for name, text in INVARIANTS.items()
     }
-    # The per-partition totals, outcome counts and samples: a few rows per partition, one job.
-    totals = dict.fromkeys(TOTALS, 0)
-    outcomes: dict[tuple[str, str | None], dict[str, int]] = {}
-    samples: set[tuple[str, int, int, str]] = set()
-    small = replayed.filter(record.isin("totals", "outcome", "sample"))
-    for r in small.select("record", "queue", "group", "offset", "epoch", "outcome", "n", *TOTALS).collect():
-        if r["record"] == "totals":
-            for name in TOTALS:
-                totals[name] += int(r[name] or 0)
-        elif r["record"] == "outcome":
-            counted = outcomes.setdefault((r["queue"], r["group"]), {})
-            counted[r["outcome"]] = counted.get(r["outcome"], 0) + int(r["n"])
-        else:
-            samples.add((r["queue"], int(r["offset"]), int(r["epoch"]), r["outcome"]))
     if progress is not None:
         found = sum(counts_by.values())
         progress.done(
