@@ -6,6 +6,13 @@ by incarnation (``epoch``) and event id: the slot's events, its ``queue_messages
 them, and writes a *life* per (group, message) and a *violation* per broken rule (see
 ``replay.INVARIANTS``), and counts the live incarnation's messages.
 
+Beside the rules, each message of the live incarnation gets its *ledger*: from the events alone,
+one fate per group that existed while it was live (see FATES), checked against the live rows. The
+rules each look at part of a life, so deleting the evidence one looks for could hide a loss; the
+ledger cannot be fooled that way, and the report's per-queue table counts its lines. The events
+that move a message to another queue (a dead letter's cause and copy, a redrive's) are handed out
+for ``copies.py`` to pair across slots.
+
 Spark's own operators (windows, joins, aggregates) did the same work, but each of them costs a
 stage, generated code and JIT time; one pass over the sorted rows is several times faster, and the
 rules read as the story of a message. The module imports only the standard library, so the rules are

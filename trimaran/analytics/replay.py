@@ -4,8 +4,10 @@ The events table is the record. One shuffle brings every row about a message slo
 together: its events, its ``queue_messages`` row and its ``queue_pending`` rows. Each partition is
 then replayed in one pass (``life.py``): per group, each message's life (deliveries, settlements,
 releases, dead-lettering) is rebuilt in event order, the invariants below are checked as it goes, and
-the rebuilt state is compared with the live rows. Group-level rules (stream commits, cursors) use a
-small summary gathered on the driver. Every violation names the message (``<queue>:<offset>``, the id
+the rebuilt state is compared with the live rows, and each message's ledger (one fate per group)
+is drawn up from the events and balanced. Group-level rules (stream commits, cursors) use a small
+summary gathered on the driver, where ``copies.py`` also pairs every dead-letter and redrive copy
+with its cause. Every violation names the message (``<queue>:<offset>``, the id
 the broker hands to consumers) and the event that broke the rule.
 
 A queue deleted and declared again starts its offsets over: events before a ``purged``/``delete``
