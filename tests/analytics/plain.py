@@ -42,6 +42,7 @@ def audit(
             **dict(zip(keys, (_value(k) for k in key), strict=True)),
             "n": len(rows), "first": _value(rows["time"].min()), "last": _value(rows["time"].max()),
             "max_offset": _value(rows["offset"].max()), "first_id": _value(rows["id"].min()),
+            "min_offset": _value(rows["offset"].min()),
             "purge_id": _value(purge.max()) if len(purge) else None,
         })  # fmt: skip
     facts = facts_of(summary, _records(tables["queues"]), _records(tables["queue_groups"]), Selection())

@@ -332,7 +332,7 @@ def ledger(records: list[dict[str, Any]]) -> dict[str | None, tuple[str, str | N
 
 
 def test_each_line_has_its_fate_and_copy() -> None:
-    ctx = dataclasses.replace(CTX, groups={"q": {"g": 3, "h": 3, "late": 9}}, first_ids={"q": {"late": 50}})
+    ctx = dataclasses.replace(CTX, groups={"q": {"g": 3, "h": 3, "late": 9}}, firsts={"q": {"late": (50, 9)}})
     slot = Slot(offset=2).published(time=1).event("delivered", attempt=1, reason="first")
     slot.event("rejected", attempt=1).event("dead_lettered", reason="rejected -> $dlq/q:4")
     slot.event("delivered", group="h", attempt=1, reason="first").event("acked", group="h", attempt=1)
@@ -345,13 +345,16 @@ def test_each_line_has_its_fate_and_copy() -> None:
 def test_a_group_whose_whole_history_of_a_message_was_deleted() -> None:
     """Its cursor is past the message, as if it had begun after it; but it had an event before the
     message was gone, so it existed while the message was live and owes it a fate."""
-    ctx = dataclasses.replace(CTX, groups={"q": {"g": 8, "h": 8}}, first_ids={"q": {"g": 1, "h": 2}})
+    ctx = dataclasses.replace(CTX, groups={"q": {"g": 8, "h": 8}}, firsts={"q": {"g": (1, 0), "h": (2, 0)}})
     slot = _acked()  # g acked it; h's delivery and ack deleted
     assert flagged_in(replay(slot, ctx)) == [
         ("accounted", "h", "the group's cursor 8 passed it with no event for it")
     ]
-    began_later = dataclasses.replace(ctx, first_ids={"q": {"g": 1, "h": 500}})
+    began_later = dataclasses.replace(ctx, firsts={"q": {"g": (1, 0), "h": (500, 8)}})
     assert flagged_in(replay(_acked(), began_later)) == []
+    # Or began while it was live, but at a start position past it ("last", an offset).
+    started_past = dataclasses.replace(ctx, firsts={"q": {"g": (1, 0), "h": (2, 8)}})
+    assert flagged_in(replay(_acked(), started_past)) == []
     # The only group's history deleted: no fate at all, whatever the cursor says.
     bare = Slot(offset=7).published(time=100)
     assert flagged_in(replay(bare, dataclasses.replace(CTX, groups={"q": {"g": 8}}))) == [
@@ -364,7 +367,7 @@ def test_a_live_message_ahead_of_a_cursor_is_owed() -> None:
     records = replay(Slot(offset=7).live().published(), ctx)
     assert broken(records) == [] and ledger(records) == {"g": ("ahead", None)}
     # A group there when it was published, whose cursor passed it with no event: evidence deleted.
-    there = dataclasses.replace(CTX, groups={"q": {"g": 8}}, first_ids={"q": {"g": 0}})
+    there = dataclasses.replace(CTX, groups={"q": {"g": 8}}, firsts={"q": {"g": (0, 0)}})
     assert flagged(replay(Slot(offset=7).live().published(), there)) == [("accounted", "q:7")]
 
 

@@ -1,7 +1,8 @@
 """The ledger on the broker's own tables, written by real clients of all three protocols: a group
-that joins late (MQTT), expiry, rejection and overflow through a dead-letter exchange (pika: causes
-that name no copy offset), reject, release and accept (AMQP 1.0). The plain-Python audit
-(``tests/analytics/plain.py``) must find it clean and the books balanced, and so must Spark."""
+that joins late and one started past messages another group holds (MQTT), expiry, rejection and
+overflow through a dead-letter exchange (pika: causes that name no copy offset), reject, release
+and accept (AMQP 1.0). The plain-Python audit (``tests/analytics/plain.py``) must find it clean and
+the books balanced, and so must Spark."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from paho.mqtt.packettypes import PacketTypes
 
 from tests.analytics.conftest import BROKER_ENV
 from tests.interop.conftest import amqp_server_args
-from tests.support.paho import V5, close_all, connect
+from tests.support.paho import V5, close_all, connect, props
 from tests.support.server import RunningServer
 from trimaran.analytics.life import FATES
 from trimaran.analytics.replay import replay
@@ -43,8 +45,22 @@ def _mqtt_late_group(mqtt: Endpoints) -> None:
         pub.publish("$queue/late", f"l{i}".encode(), qos=1)
     early.drain(2)
     late.drain(2)
+    # A group started past messages another group still holds ("stream-offset": "next").
+    holder = connect(mqtt, version=V5, manual_ack=True)
+    holder.subscribe("$share/holder/$queue/skip", qos=1)
+    for i in range(2):
+        pub.publish("$queue/skip", f"s{i}".encode(), qos=1)
+    held = holder.drain(2)
+    time.sleep(0.2)
+    ahead = connect(mqtt, version=V5)
+    start = props(PacketTypes.SUBSCRIBE, UserProperty=[("stream-offset", "next")])
+    ahead.subscribe("$share/ahead/$queue/skip", qos=1, properties=start)
+    pub.publish("$queue/skip", b"s2", qos=1)
+    assert [m.payload for m in ahead.drain(1)] == [b"s2"]
+    for message in [*held, *holder.drain(1)]:
+        holder.client.ack(message.mid, 1)
     time.sleep(0.3)
-    close_all(pub, early, late)
+    close_all(pub, early, late, holder, ahead)
 
 
 def _amqp091_dead_letter_exchange(port: int) -> None:
@@ -151,6 +167,10 @@ def test_three_protocols_traffic_is_clean_and_balances(traffic_db: Path) -> None
             assert not by.get("lost")
     # The late group's line covers only what was published while it was there.
     assert outcomes[("late", "early")]["published"] == 5 and outcomes[("late", "late")]["published"] == 2
+    assert outcomes[("skip", "holder")]["acked"] == 3 and outcomes[("skip", "ahead")] == {
+        "published": 1,
+        "acked": 1,
+    }
     assert outcomes[("p.ttl", None)]["expired"] == 1 and outcomes[("p.cap", None)]["dropped"] == 1
 
 

@@ -142,9 +142,11 @@ class Context:
     # in events (cursor None).
     groups: dict[str, dict[str, int | None]] = field(default_factory=dict)
     committed: dict[str, dict[str, int | None]] = field(default_factory=dict)  # stream groups' position
-    # Per queue and group, the id of the group's first event in the live incarnation: a group that
-    # had an event before a message was gone existed while it was live, whatever its cursor says.
-    first_ids: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Per queue and group, from its events in the live incarnation: the id of its first event and the
+    # lowest offset it had an event for. A group with an event before a message was published, or
+    # before it was gone and for a lower offset (it did not start past it), existed while it was
+    # live, whatever its cursor says.
+    firsts: dict[str, dict[str, tuple[int, int | None]]] = field(default_factory=dict)
     purge_ids: dict[str, int] = field(default_factory=dict)  # the newest purge, per queue
     since_ms: int | None = None
     until_ms: int | None = None
@@ -577,7 +579,7 @@ def _ledger(
     A line with no fate in the events and the message gone from queue_messages breaks
     ``accounted``, whatever the cursor says."""
     groups = ctx.groups.get(queue, {})
-    firsts = ctx.first_ids.get(queue, {})
+    firsts = ctx.firsts.get(queue, {})
     lines: dict[str | None, tuple[str, str | None]] = {}
     lost: list[tuple[str | None, str]] = []
     if mode == "stream":
@@ -629,10 +631,12 @@ def _ledger(
                     lost.append((group, f"gone from queue_messages while the group's copy was {life.status}"))
                 continue
             cursor = groups.get(group)
-            first = firsts.get(group)
+            first, low = firsts.get(group, (None, None))
             ahead = cursor is None or offset >= cursor
             before = first is not None and pub_id is not None and first < pub_id  # there at publication
-            existed = ahead or before or (first is not None and gone_id is not None and first < gone_id)
+            # There before it was gone, and not started past it (a start position: "last", an offset)
+            during = first is not None and gone_id is not None and first < gone_id and low is not None
+            existed = ahead or before or (during and low < offset)  # type: ignore[operator]
             if not existed:
                 continue  # began after it was gone, or was started past it
             if removed_by is not None:

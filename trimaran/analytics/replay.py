@@ -158,6 +158,7 @@ def gather_facts(events: DataFrame, tables: dict[str, DataFrame], selection: Sel
             F.max("time").alias("last"),
             F.max("offset").alias("max_offset"),
             F.min("id").alias("first_id"),
+            F.min("offset").alias("min_offset"),
             F.max(F.when(F.coalesce(col("reason") != "delete", F.lit(True)), col("id"))).alias("purge_id"),
         )
         .collect()
@@ -169,7 +170,8 @@ def gather_facts(events: DataFrame, tables: dict[str, DataFrame], selection: Sel
 
 def facts_of(summary: list[Any], queues: list[Any], live: list[Any], selection: Selection) -> Facts:
     """The facts from the events' summary per (queue, epoch, group, kind) (n, first, last,
-    max_offset, first_id, purge_id), the ``queues`` rows and the ``queue_groups`` rows; plain Python."""
+    max_offset, first_id, min_offset, purge_id), the ``queues`` rows and the ``queue_groups`` rows;
+    plain Python."""
     modes: dict[str, str] = {}
     max_attempts: dict[str, int | None] = {}
     visibility_ms: dict[str, int | None] = {}
@@ -194,7 +196,7 @@ def facts_of(summary: list[Any], queues: list[Any], live: list[Any], selection: 
         committed.setdefault(queue, {})[group] = position
     kinds: dict[str, int] = {}
     purge_ids: dict[str, int] = {}
-    first_ids: dict[str, dict[str, int]] = {}
+    starts: dict[str, dict[str, tuple[int, int | None]]] = {}
     commit_high: dict[tuple[str, str], int] = {}
     delivered_high: dict[tuple[str, str], int] = {}
     for r in summary:
@@ -205,8 +207,10 @@ def facts_of(summary: list[Any], queues: list[Any], live: list[Any], selection: 
         if kind == "purged" and r["purge_id"] is not None:
             purge_ids[queue] = max(purge_ids.get(queue, 0), int(r["purge_id"]))
         if group is not None and r["first_id"] is not None:
-            known = first_ids.setdefault(queue, {})
-            known[group] = min(known.get(group, r["first_id"]), r["first_id"])
+            known = starts.setdefault(queue, {})
+            first, low = known.get(group, (r["first_id"], r["min_offset"]))
+            lows = [o for o in (low, r["min_offset"]) if o is not None]
+            known[group] = (min(first, r["first_id"]), min(lows) if lows else None)
         if group is None or r["max_offset"] is None:
             continue
         work = context.mode(queue, 0) == "work"
@@ -221,7 +225,7 @@ def facts_of(summary: list[Any], queues: list[Any], live: list[Any], selection: 
     for (queue, group), high in commit_high.items():
         committed.setdefault(queue, {})[group] = high
     context = dataclasses.replace(
-        context, groups=groups, committed=committed, purge_ids=purge_ids, first_ids=first_ids
+        context, groups=groups, committed=committed, purge_ids=purge_ids, firsts=starts
     )
     incarnations = {(r["queue"], r["epoch"]) for r in summary}
     firsts = [r["first"] for r in summary if r["first"] is not None]
