@@ -52,6 +52,8 @@ from trimaran.storage.engine import describe, sqlite_file
 from trimaran.storage.lock import DataDirLock
 from trimaran.storage.mqtt_store import MqttStore
 from trimaran.storage.store import Storage
+from trimaran.storage.vhost_store import VHostRows
+from trimaran.vhosts import VHosts
 
 if TYPE_CHECKING:
     from trimaran.cluster.node import ClusterNode
@@ -128,10 +130,15 @@ class App:
         await anyio.to_thread.run_sync(storage.migrate)
         store = MqttStore(storage.engine)
         clustered = settings.cluster.enabled
+        vhost_rows = VHostRows(storage.engine)
+        vhosts = VHosts(settings.declared_vhosts(), vhost_rows)
+        await vhosts.load()
+        await anyio.to_thread.run_sync(security.use_permissions, vhost_rows)
         self.broker = Broker(
             store,
             sys_interval=settings.limits.sys_interval,
             node_name=settings.node_name if clustered else None,
+            vhosts=vhosts,
         )
         self.runner.traffic = self.broker.stats  # every protocol's bytes, counted once by the runtime
         self.queues = QueueManager(

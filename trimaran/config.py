@@ -31,6 +31,7 @@ from pydantic_settings import (
 
 from trimaran.broker.events import expand_patterns
 from trimaran.topics import validate_topic_filter
+from trimaran.vhosts import DEFAULT_VHOST, VHostError, validate_name
 
 DEFAULT_CONFIG_FILE = Path("trimaran.toml")
 
@@ -141,6 +142,15 @@ class ListenerSettings(Section):
     tcp_nodelay: bool = Field(
         True, description="TCP_NODELAY on every connection (no Nagle delay on small writes)"
     )
+    vhosts: dict[str, str] = Field(
+        {}, description="listener name -> vhost its clients enter unless they name one (mqtt_tls = 'prod')"
+    )
+
+    @field_validator("vhosts")
+    @classmethod
+    def _vhost_names(cls, value: dict[str, str]) -> dict[str, str]:
+        _valid_vhosts(list(value.values()))
+        return value
 
 
 class StorageSettings(Section):
@@ -351,10 +361,23 @@ class ClusterSettings(Section):
     )
 
 
+def _valid_vhosts(names: list[str]) -> list[str]:
+    try:
+        return [validate_name(name) for name in names]
+    except VHostError as exc:
+        raise ValueError(str(exc)) from None
+
+
 class Amqp091Settings(Section):
     """The AMQP 0.9.1 front end (RabbitMQ-compatible)."""
 
-    vhosts: list[str] = Field(["/"], min_length=1, description="virtual hosts connection.open may name")
+    vhosts: list[str] = Field(["/"], min_length=1, description="an alias of the top-level vhosts, kept")
+
+    @field_validator("vhosts")
+    @classmethod
+    def _vhost_names(cls, value: list[str]) -> list[str]:
+        return _valid_vhosts(value)
+
     heartbeat: int = Field(60, ge=0, le=65535, description="seconds proposed in connection.tune; 0 = off")
     frame_max: int = Field(
         131072, ge=4096, le=2**31 - 1, description="largest frame proposed in connection.tune (bytes)"
@@ -412,6 +435,15 @@ class AuthSettings(Section):
     login_delay_initial_s: float = Field(0.2, ge=0, description="after a failed login from an address")
     login_delay_max_s: float = Field(10.0, ge=0, description="the growing delay's ceiling")
     login_cache_s: float = Field(300.0, ge=0, description="a verified password is remembered this long")
+    vhost_map: dict[str, str] = Field(
+        {}, description="user name or certificate identity -> the vhost it enters unless it names one"
+    )
+
+    @field_validator("vhost_map")
+    @classmethod
+    def _vhost_names(cls, value: dict[str, str]) -> dict[str, str]:
+        _valid_vhosts(list(value.values()))
+        return value
 
 
 class WebhookEndpoint(Section):
@@ -530,6 +562,7 @@ class Settings(BaseSettings):
     node_name: str = Field(
         "trimaran", description="this server's name: in $SYS, /api/v1, webhook events and among cluster nodes"
     )
+    vhosts: list[str] = Field(["/"], description="virtual hosts that always exist; '/' is always one")
     shutdown_grace_s: float = Field(5.0, ge=0, description="longest graceful shutdown before exit")
     listeners: ListenerSettings = ListenerSettings()
     storage: StorageSettings = StorageSettings()
@@ -544,6 +577,16 @@ class Settings(BaseSettings):
     http: HttpSettings = HttpSettings()
     log: LogSettings = LogSettings()
     audit: AuditSettings = AuditSettings()
+
+    @field_validator("vhosts")
+    @classmethod
+    def _vhost_names(cls, value: list[str]) -> list[str]:
+        return _valid_vhosts(value)
+
+    def declared_vhosts(self) -> list[str]:
+        """``/``, the top-level ``vhosts`` and the older ``amqp091.vhosts`` (an alias), in order."""
+        names = [DEFAULT_VHOST, *self.vhosts, *self.amqp091.vhosts]
+        return list(dict.fromkeys(names))
 
     @classmethod
     def settings_customise_sources(

@@ -25,6 +25,7 @@ from trimaran.broker.retained import RetainedStore
 from trimaran.broker.router import Delivery, Router
 from trimaran.broker.stats import Stats
 from trimaran.errors import first_line
+from trimaran.vhosts import VHosts
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,11 @@ class Broker:
         *,
         sys_interval: float = 10.0,
         node_name: str | None = None,
+        vhosts: VHosts | None = None,
     ) -> None:
+        # Which vhosts exist (hulls ask at login); keys carry the vhost (trimaran/vhosts.py), so the
+        # router and retained store below are shared by all of them without meeting across them.
+        self.vhosts = vhosts if vhosts is not None else VHosts()
         self.router: Router[Any] = Router()
         self.clients = ClientRegistry()
         self.retained = RetainedStore(on_change=self._retained_changed)

@@ -67,7 +67,7 @@ from trimaran.security.guard import (
     WRITE,
     Login,
     Security,
-    is_sys,
+    is_guarded,
     on_login,
     publish_access,
     subscription_filter,
@@ -609,8 +609,8 @@ class MqttFrontEnd:
         conn.io.publisher = True  # the memory watermark pauses the connections that publish
         self.broker.stats.messages_received += 1
         principal = conn.principal
-        # Without rules only a write to $SYS is refused (Security.allowed): skip the check for the rest.
-        if principal is not None and (self.security.rules is not None or is_sys(publish.topic)):
+        # Without rules only a write to $SYS or $vhost/ is refused (Security.allowed): skip the rest.
+        if principal is not None and (self.security.rules is not None or is_guarded(publish.topic)):
             access, topic = publish_access(publish.topic)
             if not self.security.authorize(principal, access, topic):
                 self._publish_refused(conn, publish.packet_id if publish.qos else None)

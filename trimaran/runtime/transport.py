@@ -26,6 +26,7 @@ from typing import Any, Protocol, cast
 from trimaran.runtime.limits import RuntimeLimits, RuntimeStats, Traffic
 from trimaran.runtime.machine import Machine
 from trimaran.runtime.memory import Memory
+from trimaran.vhosts import DEFAULT_VHOST
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,8 @@ class Conn(asyncio.Protocol):
         "scheduled",
         "state",
         "transport",
+        "user",
+        "vhost",
         "write_buffered",
     )
 
@@ -159,6 +162,9 @@ class Conn(asyncio.Protocol):
         self.bytes_in = 0
         self.bytes_out = 0
         self.write_buffered = 0  # the transport's write buffer at the last look (memory accounting)
+        # Who the hull let in, and into which vhost (set at login; runtime limits key on them).
+        self.vhost = DEFAULT_VHOST
+        self.user: str | None = None
         self._first = b""  # bytes read before the hull was chosen
         self._waiting = False  # a hull step is in flight; later frames wait
         self._writable = True

@@ -37,6 +37,7 @@ from trimaran.config import AuthSettings
 from trimaran.security import acl, passwords
 from trimaran.security.acl import CONFIGURE, READ, WRITE, RuleSet
 from trimaran.security.passwords import PasswordHash
+from trimaran.vhosts import DEFAULT_VHOST, TENANT, Permission, PermissionStore
 
 log = logging.getLogger("trimaran.security")
 
@@ -47,6 +48,7 @@ THROTTLE_MAX_ADDRESSES: Final = 10_000
 DECISION_CACHE: Final = 512  # per connection
 CACHE_MAX_USERS: Final = 10_000
 QUEUE_TOPIC: Final = "$queue/"
+GUARDED: Final = ("$SYS/", TENANT)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -63,8 +65,10 @@ def is_loopback(host: str) -> bool:
     return address.is_loopback
 
 
-def is_sys(topic: str) -> bool:
-    return topic == "$SYS" or topic.startswith("$SYS/")
+def is_guarded(topic: str) -> bool:
+    """``$SYS`` topics, never written by clients, and ``$vhost/`` names, never named by clients
+    (another vhost's keys: trimaran/vhosts.py)."""
+    return topic.startswith(GUARDED) or topic == "$SYS"
 
 
 def queue_of(topic: str) -> str | None:
@@ -177,6 +181,9 @@ class Security:
         self._limiter = anyio.CapacityLimiter(2)
         self._dummy = passwords.parse_hash(passwords.make_hash("", iterations=1000))
         self._listeners: list[Callable[[], Any]] = []
+        # Who may enter which vhost (RabbitMQ's set_permissions), kept in storage: use_permissions.
+        self._permissions: dict[tuple[str, str], Permission] = {}
+        self._permission_store: PermissionStore | None = None
         self.load()
 
     # -- users and rules --------------------------------------------------------------------------
@@ -399,6 +406,54 @@ class Security:
                     return value
         return None
 
+    # -- vhosts -----------------------------------------------------------------------------------
+
+    def use_permissions(self, store: PermissionStore) -> None:
+        """Read the vhost permissions from ``store`` and keep changes there (blocking: at start)."""
+        self._permission_store = store
+        self._permissions = {(p.user, p.vhost): p for p in store.load_permissions()}
+
+    def may_enter(self, user: str | None, vhost: str) -> bool:
+        """May ``user`` (None: anonymous) enter ``vhost``? (Whether it exists is the caller's question.)
+
+        With no permission ever set, everyone may enter every vhost (before vhost permissions,
+        everyone could). Once one is set, a user needs a permission for the vhost, as in RabbitMQ,
+        where ``guest`` has one for ``/`` from the start; anonymous clients (whom ``auth`` already
+        admits or refuses) keep ``/``.
+        """
+        permissions = self._permissions
+        if not permissions:
+            return True
+        if user is None or user == "guest":
+            return vhost == DEFAULT_VHOST or (user or "", vhost) in permissions
+        return (user, vhost) in permissions
+
+    def permissions(self, vhost: str | None = None) -> list[Permission]:
+        """Every permission (of ``vhost``), by vhost and user."""
+        rows = [p for p in self._permissions.values() if vhost is None or p.vhost == vhost]
+        return sorted(rows, key=lambda p: (p.vhost, p.user))
+
+    async def set_permission(self, permission: Permission) -> None:
+        """Let ``permission.user`` enter ``permission.vhost`` (replacing its patterns), persisted."""
+        if self._permission_store is not None:
+            await self._permission_store.save_permission(permission)
+        self._permissions[(permission.user, permission.vhost)] = permission
+
+    async def clear_permission(self, user: str, vhost: str) -> bool:
+        """Take ``user``'s permission for ``vhost`` away; False if it had none. Connections already in
+        stay (RabbitMQ closes them; the admin side may)."""
+        if (user, vhost) not in self._permissions:
+            return False
+        if self._permission_store is not None:
+            await self._permission_store.delete_permission(user, vhost)
+        del self._permissions[(user, vhost)]
+        return True
+
+    def forget_vhost(self, vhost: str) -> None:
+        """A deleted vhost's permissions go with it (the store deletes its rows with the vhost)."""
+        for key in [k for k in self._permissions if k[1] == vhost]:
+            del self._permissions[key]
+
     # -- permissions ------------------------------------------------------------------------------
 
     def principal(self, protocol: str, user: str | None, client_id: str, host: str) -> Principal:
@@ -406,8 +461,10 @@ class Security:
 
     def allowed(self, who: Principal, access: str, topic: str) -> bool:
         """May ``who`` read (subscribe, consume, settle), write (publish) or configure ``topic``?"""
-        if access == WRITE and is_sys(topic):
+        if access == WRITE and is_guarded(topic):
             return False
+        if access != WRITE and topic.startswith(TENANT):
+            return False  # a /-client naming another vhost's keys
         rules = self.rules
         if rules is None:
             return True

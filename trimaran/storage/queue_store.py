@@ -23,6 +23,7 @@ from trimaran.storage.schema import (
     queues,
 )
 from trimaran.storage.serialize import message_from, properties_json
+from trimaran.vhosts import vhost_of
 
 Call = Callable[[Connection], Any]
 
@@ -155,7 +156,12 @@ def upsert_queue(name: str, mode: str, policy: dict[str, Any], created_at: int) 
         if row is None:
             connection.execute(
                 insert(queues).values(
-                    name=name, mode=mode, policy=policy_text, next_offset=0, created_at=created_at
+                    name=name,
+                    mode=mode,
+                    policy=policy_text,
+                    next_offset=0,
+                    created_at=created_at,
+                    vhost=vhost_of(name),
                 )
             )
             return 0

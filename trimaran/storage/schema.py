@@ -90,6 +90,7 @@ queues = Table(
     Column("policy", Text, nullable=False),
     Column("next_offset", BigInteger, nullable=False),
     Column("created_at", BigInteger, nullable=False),
+    Column("vhost", String(255), nullable=False, server_default="/"),  # migration 0009; the name's prefix
 )
 
 # The messages a queue still holds (work: until every group is done; stream: until retention).
@@ -260,3 +261,29 @@ cluster_sessions = Table(
     Column("updated_at", BigInteger, nullable=False),
 )
 Index("ix_cluster_sessions_node", cluster_sessions.c.node)
+
+
+# -- virtual hosts (migration 0009) ---------------------------------------------------------------
+
+# Vhosts created at run time (those in the settings are not stored).
+vhosts = Table(
+    "vhosts",
+    metadata,
+    Column("name", String(255), nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+    PrimaryKeyConstraint("name"),
+)
+
+# RabbitMQ's set_permissions: a row lets ``user`` enter ``vhost``; the three patterns are kept as
+# RabbitMQ takes them (configure, write, read regular expressions).
+vhost_permissions = Table(
+    "vhost_permissions",
+    metadata,
+    Column("user", String(255), nullable=False),
+    Column("vhost", String(255), nullable=False),
+    Column("configure", Text, nullable=False),
+    Column("write", Text, nullable=False),
+    Column("read", Text, nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
+    PrimaryKeyConstraint("user", "vhost"),
+)

@@ -1,0 +1,109 @@
+"""trimaran/vhosts.py: names, the key scheme and the registry."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from trimaran.vhosts import (
+    DEFAULT_VHOST,
+    VHostError,
+    VHosts,
+    dead_letter_name,
+    is_reserved,
+    prefix,
+    split_key,
+    split_user,
+    strip,
+    validate_name,
+    vhost_of,
+)
+
+
+def test_the_default_vhost_has_no_prefix_so_its_keys_are_the_names() -> None:
+    assert prefix(DEFAULT_VHOST) == ""
+    assert split_key("sensors/1") == ("/", "sensors/1")
+    assert dead_letter_name("orders") == "$dlq/orders"
+
+
+@pytest.mark.parametrize("vhost", ["prod", "prod/eu", "a+b#c", "$SYS", "ü ÿ", "%2F", "x:y"])
+def test_a_prefix_is_two_topic_levels_and_splits_back(vhost: str) -> None:
+    p = prefix(vhost)
+    assert p.startswith("$vhost/") and p.count("/") == 2
+    assert not set(p[len("$vhost/") : -1]) & {"/", "+", "#"}
+    for name in ("orders", "a/b/c", "$queue/q", ""):
+        assert split_key(p + name) == (vhost, name)
+        assert vhost_of(p + name) == vhost
+        assert strip(p + name, p) == name
+    assert split_key(dead_letter_name(p + "orders")) == (vhost, "$dlq/orders")
+
+
+def test_prefixes_of_different_vhosts_never_overlap() -> None:
+    names = ["a", "a/b", "a%2Fb", "ab", "/", "//"]
+    prefixes = [prefix(n) for n in names]
+    assert len(set(prefixes)) == len(names)
+    for one in prefixes:
+        for other in prefixes:
+            assert one == other or not (one and other.startswith(one))
+
+
+def test_reserved_names_are_the_tenant_ones() -> None:
+    assert is_reserved("$vhost/x/y") and is_reserved("$vhost")
+    assert not is_reserved("$vhostx/y") and not is_reserved("vhost/x") and not is_reserved("$SYS/x")
+
+
+@pytest.mark.parametrize("bad", ["", "a\x00b", "tab\there", "x" * 256, "é" * 128])
+def test_invalid_names_are_refused(bad: str) -> None:
+    with pytest.raises(VHostError):
+        validate_name(bad)
+
+
+def test_rabbitmq_mqtt_user_names_name_a_vhost() -> None:
+    assert split_user("prod:alice") == ("prod", "alice")
+    assert split_user("prod/eu:al:ice") == ("prod/eu", "al:ice")
+    assert split_user("alice") == (None, "alice")
+    assert split_user(":alice") == (None, ":alice")
+    assert split_user("prod:") == (None, "prod:")
+    assert split_user(None) == (None, None)
+
+
+class _Rows:
+    def __init__(self) -> None:
+        self.rows: set[str] = {"kept"}
+
+    async def load_vhosts(self) -> list[str]:
+        return sorted(self.rows)
+
+    async def save_vhost(self, name: str) -> None:
+        self.rows.add(name)
+
+    async def delete_vhost(self, name: str) -> None:
+        self.rows.discard(name)
+
+
+def test_the_registry_adds_persists_and_deletes_with_the_contents() -> None:
+    async def main() -> None:
+        rows = _Rows()
+        vhosts = VHosts(["declared"], rows)
+        assert vhosts.names() == ["/", "declared"]
+        await vhosts.load()
+        assert vhosts.exists("kept") and vhosts.exists("/") and not vhosts.exists("nope")
+        emptied: list[str] = []
+
+        async def empty(name: str) -> None:
+            assert not vhosts.exists(name)  # nobody enters while it is emptied
+            emptied.append(name)
+
+        vhosts.on_delete(empty)
+        assert await vhosts.add("new") and not await vhosts.add("new")
+        assert "new" in rows.rows and vhosts.names() == ["/", "declared", "kept", "new"]
+        assert await vhosts.delete("new") and emptied == ["new"] and "new" not in rows.rows
+        assert not await vhosts.delete("new")
+        with pytest.raises(VHostError):
+            await vhosts.delete("/")
+        with pytest.raises(VHostError):
+            await vhosts.delete("declared")
+        with pytest.raises(VHostError):
+            await vhosts.add("bad\x00")
+
+    anyio.run(main)

@@ -1,0 +1,89 @@
+"""SQL for virtual hosts: the vhosts created at run time and who may enter which.
+
+Implements :class:`trimaran.vhosts.VHostStore` and the permission store
+:class:`trimaran.security.guard.Security` reads. Each call is one short transaction run on a worker
+thread; these are administration calls, never on a message's path.
+"""
+
+from __future__ import annotations
+
+import anyio.to_thread
+from sqlalchemy import Connection, Engine, delete, insert, select
+
+from trimaran.storage.engine import now_ms
+from trimaran.storage.schema import vhost_permissions, vhosts
+from trimaran.vhosts import Permission
+
+__all__ = ["VHostRows"]
+
+
+class VHostRows:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    # -- vhosts -------------------------------------------------------------------------------------
+
+    async def load_vhosts(self) -> list[str]:
+        return await anyio.to_thread.run_sync(self._load_vhosts)
+
+    async def save_vhost(self, name: str) -> None:
+        await anyio.to_thread.run_sync(self._save_vhost, name)
+
+    async def delete_vhost(self, name: str) -> None:
+        await anyio.to_thread.run_sync(self._delete_vhost, name)
+
+    def _load_vhosts(self) -> list[str]:
+        with self.engine.connect() as connection:
+            return [row.name for row in connection.execute(select(vhosts.c.name).order_by(vhosts.c.name))]
+
+    def _save_vhost(self, name: str) -> None:
+        with self.engine.begin() as connection:
+            connection.execute(delete(vhosts).where(vhosts.c.name == name))
+            connection.execute(insert(vhosts).values(name=name, created_at=now_ms()))
+
+    def _delete_vhost(self, name: str) -> None:
+        with self.engine.begin() as connection:
+            connection.execute(delete(vhost_permissions).where(vhost_permissions.c.vhost == name))
+            connection.execute(delete(vhosts).where(vhosts.c.name == name))
+
+    # -- permissions --------------------------------------------------------------------------------
+
+    def load_permissions(self) -> list[Permission]:
+        """Every permission row (blocking: at start, before the listeners open)."""
+        with self.engine.connect() as connection:
+            rows = connection.execute(
+                select(vhost_permissions).order_by(vhost_permissions.c.vhost, vhost_permissions.c.user)
+            )
+            return [Permission(r.user, r.vhost, r.configure, r.write, r.read) for r in rows]
+
+    async def save_permission(self, permission: Permission) -> None:
+        await anyio.to_thread.run_sync(self._save_permission, permission)
+
+    async def delete_permission(self, user: str, vhost: str) -> None:
+        await anyio.to_thread.run_sync(self._delete_permission, user, vhost)
+
+    def _save_permission(self, p: Permission) -> None:
+        with self.engine.begin() as connection:
+            self._delete_permission_in(connection, p.user, p.vhost)
+            connection.execute(
+                insert(vhost_permissions).values(
+                    user=p.user,
+                    vhost=p.vhost,
+                    configure=p.configure,
+                    write=p.write,
+                    read=p.read,
+                    updated_at=now_ms(),
+                )
+            )
+
+    def _delete_permission(self, user: str, vhost: str) -> None:
+        with self.engine.begin() as connection:
+            self._delete_permission_in(connection, user, vhost)
+
+    @staticmethod
+    def _delete_permission_in(connection: Connection, user: str, vhost: str) -> None:
+        connection.execute(
+            delete(vhost_permissions).where(
+                vhost_permissions.c.user == user, vhost_permissions.c.vhost == vhost
+            )
+        )
