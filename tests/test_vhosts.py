@@ -107,3 +107,46 @@ def test_the_registry_adds_persists_and_deletes_with_the_contents() -> None:
             await vhosts.add("bad\x00")
 
     anyio.run(main)
+
+
+def test_the_dollar_rule_holds_at_a_tenants_first_level() -> None:
+    from trimaran.broker.message import Message
+    from trimaran.broker.retained import RetainedStore
+    from trimaran.broker.router import Router, SubscriptionOptions
+    from trimaran.topics import topic_matches
+
+    class Sub:
+        def __init__(self, name: str) -> None:
+            self.id = name
+
+    t = prefix("t")
+    router: Router[Sub] = Router()
+    everything, tenant_all, tenant_plus, tenant_sys = Sub("/#"), Sub("t#"), Sub("t+"), Sub("t$SYS")
+    router.subscribe(everything, "#", SubscriptionOptions())
+    router.subscribe(tenant_all, t + "#", SubscriptionOptions())
+    router.subscribe(tenant_plus, t + "+/x", SubscriptionOptions())
+    router.subscribe(tenant_sys, t + "$SYS/#", SubscriptionOptions())
+
+    def who(topic: str) -> set[str]:
+        return {d.subscriber.id for d in router.match(topic)}
+
+    assert who("a/x") == {"/#"}
+    assert who(t + "a/x") == {"t#", "t+"}
+    assert who(t + "$SYS/x") == {"t$SYS"}
+    assert who(t + "$SYS") == {"t$SYS"}
+    for f, topic, expected in [
+        (t + "#", t + "a", True),
+        (t + "#", t + "$SYS/a", False),
+        (t + "+/a", t + "$x/a", False),
+        (t + "$x/#", t + "$x/a", True),
+        ("#", t + "a", False),
+        (prefix("u") + "#", t + "a", False),
+    ]:
+        assert topic_matches(f, topic) is expected, (f, topic)
+    retained = RetainedStore()
+    for topic in ("a/x", t + "a/x", t + "$SYS/x", prefix("u") + "a/x"):
+        retained.set(Message(topic=topic, payload=b"1", retain=True))
+    assert {m.topic for m in retained.match("#")} == {"a/x"}
+    assert {m.topic for m in retained.match(t + "#")} == {t + "a/x"}
+    assert {m.topic for m in retained.match(t + "+/x")} == {t + "a/x"}
+    assert {m.topic for m in retained.match(t + "$SYS/+")} == {t + "$SYS/x"}

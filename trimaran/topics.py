@@ -40,6 +40,8 @@ from __future__ import annotations
 
 from typing import Final, NamedTuple
 
+from trimaran.vhosts import TENANT, TENANT_LEVELS
+
 __all__ = [
     "MAX_TOPIC_BYTES",
     "SHARE_PREFIX",
@@ -165,6 +167,14 @@ def topic_matches(topic_filter: str, topic: str) -> bool:
     A straightforward level-by-level check for one-off use (ACLs, tests). The router and the retained
     store use tries instead.
     """
+    if topic.startswith(TENANT) and topic_filter.startswith(TENANT):
+        # A tenant's tree (trimaran/vhosts.py): the $ rule holds at its own first level.
+        vhost, rest = topic.split("/", TENANT_LEVELS), topic_filter.split("/", TENANT_LEVELS)
+        if vhost[:TENANT_LEVELS] != rest[:TENANT_LEVELS] or len(vhost) <= TENANT_LEVELS:
+            return False
+        if len(rest) <= TENANT_LEVELS:
+            return False
+        return topic_matches(rest[TENANT_LEVELS], vhost[TENANT_LEVELS])
     if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
         return False
     f_levels = topic_filter.split("/")

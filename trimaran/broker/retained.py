@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from trimaran.broker.message import Message, now_ms
 from trimaran.topics import validate_topic_filter, validate_topic_name
+from trimaran.vhosts import TENANT, TENANT_LEVELS
 
 __all__ = ["ChangeListener", "RetainedStore"]
 
@@ -158,17 +159,21 @@ class RetainedStore:
         root = self._root
         # Level by level: the frontier holds the nodes matched by the filter's levels so far.
         frontier = [root]
+        # The $ rule holds at the tree's first level and at a tenant's (trimaran/vhosts.py).
+        top = TENANT_LEVELS if topic_filter.startswith(TENANT) else 0
         for i, level in enumerate(levels):
             if level == "#":
                 # Each frontier node itself ('a/#' matches 'a') and its whole subtree.
                 for node in frontier:
-                    if node is not root and node.message is not None:
+                    if i != top and node.message is not None:
                         found.append(node.message)
-                    self._collect_subtree(node, node is root, found)
+                    self._collect_subtree(node, i == top, found)
                 return self._drop_expired(found)
             if level == "+":
-                if i == 0:
-                    frontier = [c for name, c in root.children.items() if not name.startswith("$")]
+                if i == top:
+                    frontier = [
+                        c for node in frontier for name, c in node.children.items() if name[:1] != "$"
+                    ]
                 else:
                     frontier = [c for node in frontier for c in node.children.values()]
             else:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Generic, Protocol, TypeVar, cast
 
 from trimaran.topics import SHARE_PREFIX, TopicError, validate_topic_filter
+from trimaran.vhosts import TENANT, TENANT_LEVELS
 
 __all__ = [
     "DEFAULT_CACHE_SIZE",
@@ -446,18 +447,22 @@ class Router(Generic[S]):
         """Trie nodes whose filter matches ``topic`` (each at most once)."""
         found: list[_Node[S]] = []
         levels = topic.split("/")
-        root = self._root
-        frontier = [root]
-        dollar = topic[0] == "$"
-        for level in levels:
+        frontier = [self._root]
+        # '+' and '#' do not match a first level starting with '$' ($SYS, $queue ...): the tree's
+        # first level, and a tenant's first level (trimaran/vhosts.py: $vhost/<v>/$SYS/x) too.
+        shielded = 0 if topic[0] == "$" else -1
+        tenant = -1
+        if shielded == 0 and len(levels) > TENANT_LEVELS and levels[TENANT_LEVELS][:1] == "$":
+            tenant = TENANT_LEVELS if topic.startswith(TENANT) else -1
+        for depth, level in enumerate(levels):
             nxt: list[_Node[S]] = []
+            guarded = depth in (shielded, tenant)
             for node in frontier:
                 children = node.children
                 if not children:
                     continue
-                # '#' here matches this level and everything below; '+' matches this level. Neither
-                # matches a first level starting with '$' ($SYS, $queue ...).
-                if not (dollar and node is root):
+                # '#' here matches this level and everything below; '+' matches this level.
+                if not guarded:
                     wild = children.get("#")
                     if wild is not None:
                         found.append(wild)

@@ -74,6 +74,7 @@ from trimaran.security.guard import (
 )
 from trimaran.storage.mqtt_store import MqttStore, StoredSession
 from trimaran.topics import TopicError, split_shared
+from trimaran.vhosts import DEFAULT_VHOST, is_reserved, prefix, split_user, vhost_of
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +112,25 @@ def server_limits(settings: Settings) -> ServerLimits:
 class MqttEndpoint:
     """The router's subscriber for one client id: its session, and its conn while connected."""
 
-    __slots__ = ("client_id", "conn", "expires_at", "front", "owner", "protocol_level", "session")
+    __slots__ = (
+        "client_id",
+        "conn",
+        "cut",
+        "expires_at",
+        "front",
+        "owner",
+        "protocol_level",
+        "session",
+        "vhost_prefix",
+    )
 
     def __init__(self, front: MqttFrontEnd, session: Session, protocol_level: int) -> None:
         self.front = front
+        # The session's key: the client id behind its vhost's prefix (trimaran/vhosts.py). What the
+        # router holds for it carries that prefix, which deliveries cut off again.
         self.client_id = session.client_id
+        self.vhost_prefix = prefix(vhost_of(session.client_id))
+        self.cut = len(self.vhost_prefix)
         self.session = session
         self.protocol_level = protocol_level
         self.conn: MqttConn | None = None
@@ -136,14 +151,14 @@ class MqttEndpoint:
         if conn is None:
             if qos > 0:
                 # Offline persistent session: keep QoS 1/2 (bounded by the session's queue).
-                if self.session.enqueue(outbound(message, delivery, retained=retained)):
+                if self.session.enqueue(outbound(message, delivery, self.cut, retained=retained)):
                     front.mark_dirty(self)
                 else:
                     front.dropped(message, self.client_id, "session queue full")
             return
         machine = conn.mqtt
         if qos > 0:
-            sent = machine.publish(outbound(message, delivery, retained=retained))
+            sent = machine.publish(outbound(message, delivery, self.cut, retained=retained))
         else:
             # A slow reader's QoS 0 backlog is bounded: past the outbox size it is dropped and
             # counted, so it never grows the server's memory or slows the publisher.
@@ -157,10 +172,10 @@ class MqttEndpoint:
                 retain = delivered_retain(message, delivery, retained)
                 ids = delivery.subscription_identifiers
                 sent = machine.publish_encoded(
-                    front.fan_out.qos0_publish(message, machine.protocol_level, retain, ids)
+                    front.fan_out.qos0_publish(message, machine.protocol_level, retain, ids, self.cut)
                 )
             else:
-                sent = machine.publish(outbound(message, delivery, retained=retained))
+                sent = machine.publish(outbound(message, delivery, self.cut, retained=retained))
         if sent:
             front.broker.stats.messages_sent += 1
             conn.io.wake()
@@ -335,8 +350,11 @@ class MqttFrontEnd:
         certificate_user = None
         if security.settings.use_identity_as_username and conn.io.peer_certificate() is not None:
             certificate_user = security.certificate_identity(conn.io.peer_certificate())
+        named, username = split_user(connect.username)  # RabbitMQ's vhost:user
+        vhost = named or self._vhost_for(conn, certificate_user or username)
+        key = prefix(vhost) + request.client_id  # the session's key: its client id in its vhost
         verdict = security.login(
-            connect.username,
+            username,
             connect.password,
             conn.io.peer_host,
             protocol="mqtt",
@@ -345,10 +363,19 @@ class MqttFrontEnd:
             peer=conn.peer,
         )
         if self.holders is not None:
-            return self._connect_held(conn, request, verdict, self.holders)
+            return self._connect_held(conn, request, verdict, self.holders, vhost, key)
         return on_login(
-            verdict, lambda login: self._connect(conn, request, login), lambda: not conn.mqtt.closed
+            verdict,
+            lambda login: self._connect(conn, request, login, vhost, key),
+            lambda: not conn.mqtt.closed,
         )
+
+    def _vhost_for(self, conn: MqttConn, identity: str | None) -> str:
+        """The vhost of a client that names none: its user's or certificate's mapping
+        (``auth.vhost_map``), else its listener's (``listeners.vhosts``), else ``/``."""
+        settings = self.settings
+        mapped = settings.auth.vhost_map.get(identity) if identity is not None else None
+        return mapped or settings.listeners.vhosts.get(conn.io.listener) or DEFAULT_VHOST
 
     async def _connect_held(
         self,
@@ -356,11 +383,12 @@ class MqttFrontEnd:
         request: ConnectRequest,
         verdict: Login | Awaitable[Login],
         holders: SessionHolders,
+        vhost: str,
+        client_id: str,
     ) -> None:
         """Several nodes: the session is made ours (taken over from the node holding it, loaded from
         storage) before the CONNACK says whether one is present."""
         login = verdict if isinstance(verdict, Login) else await verdict
-        client_id = request.client_id
         if login.ok and not conn.mqtt.closed and await holders.acquire(client_id):
             stale = self.endpoints.get(client_id)
             if stale is not None and stale.conn is None:
@@ -369,7 +397,7 @@ class MqttFrontEnd:
             if self.store is not None and client_id not in self.endpoints:
                 self._restore(await anyio.to_thread.run_sync(self.store.load_sessions, client_id))
         if not conn.mqtt.closed:
-            self._connect(conn, request, login)
+            self._connect(conn, request, login, vhost, client_id)
             if client_id in self.endpoints:
                 holders.held(client_id)  # a clean start ended the old session, not the hold
 
@@ -397,14 +425,26 @@ class MqttFrontEnd:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(self.store.save_sessions, [row])
 
-    def _connect(self, conn: MqttConn, request: ConnectRequest, login: Login) -> None:
+    def _connect(
+        self, conn: MqttConn, request: ConnectRequest, login: Login, vhost: str, client_id: str
+    ) -> None:
+        """Accept or refuse a CONNECT; ``client_id`` is the session's key (its id in ``vhost``)."""
         machine = conn.mqtt
         connect = request.connect
-        client_id = request.client_id
         endpoint = self.endpoints.get(client_id)
-        principal = self.security.principal("mqtt", login.user, client_id, conn.io.peer_host)
+        principal = self.security.principal("mqtt", login.user, request.client_id, conn.io.peer_host)
         reason = login.reason
-        if (
+        refusal: int | None = None
+        if login.ok and not self.broker.vhosts.exists(vhost):
+            # RabbitMQ's MQTT plugin answers a missing vhost as bad credentials
+            reason, refusal = f"vhost {vhost} not found", ReasonCode.BAD_USER_NAME_OR_PASSWORD
+        elif login.ok and not self.security.may_enter(login.user, vhost):
+            reason = f"access to vhost '{vhost}' refused for user '{login.user or ''}'"
+            refusal = ReasonCode.NOT_AUTHORIZED
+        elif login.ok and is_reserved(request.client_id):
+            reason = "client id names another vhost's session"
+            refusal = ReasonCode.CLIENT_IDENTIFIER_NOT_VALID
+        elif (
             login.ok
             and endpoint is not None
             and endpoint.owner is not None
@@ -418,8 +458,9 @@ class MqttFrontEnd:
         ):
             reason = f"will topic {connect.will.topic!r} not writable"
         if reason != "ok":
-            not_authorized = login.not_authorized or login.ok
-            refusal = ReasonCode.NOT_AUTHORIZED if not_authorized else ReasonCode.BAD_USER_NAME_OR_PASSWORD
+            if refusal is None:
+                bad = not (login.not_authorized or login.ok)
+                refusal = ReasonCode.BAD_USER_NAME_OR_PASSWORD if bad else ReasonCode.NOT_AUTHORIZED
             if login.ok:
                 self.security.refused(principal, "connect as", client_id, reason)
             user = connect.username
@@ -427,6 +468,8 @@ class MqttFrontEnd:
             machine.reject(refusal)
             return
         conn.principal = principal
+        conn.io.vhost = vhost
+        conn.io.user = login.user
         self._wills.pop(client_id, None)  # a reconnect within the Will Delay Interval cancels the will
         if endpoint is not None and endpoint.conn is not None:
             old = endpoint.conn.peer
@@ -546,7 +589,7 @@ class MqttFrontEnd:
         connect = conn.mqtt.connect_packet
         publish_will = event.publish_will and not conn.shutting_down
         if publish_will and connect is not None and connect.will is not None:
-            will = message_from_publish(connect.will, endpoint.client_id)
+            will = message_from_publish(connect.will, endpoint.client_id, None, endpoint.vhost_prefix)
             delay = connect.will.properties.will_delay_interval or 0
             if session.expiry_interval != NO_EXPIRY:
                 delay = min(delay, session.expiry_interval)
@@ -596,7 +639,8 @@ class MqttFrontEnd:
             delivery: Delivery[Any] = Delivery(
                 member.subscriber, options.qos, ids, options.retain_as_published, (member,), group
             )
-            member.subscriber.deliver(message_from_outbound(out), delivery)
+            topic_key = member.subscriber.vhost_prefix + out.topic  # the copy carries the client's topic
+            member.subscriber.deliver(message_from_outbound(out, None, topic_key), delivery)
 
     def _publish_will(self, will: Message) -> None:
         self.broker.stats.messages_received += 1
@@ -615,7 +659,7 @@ class MqttFrontEnd:
             if not self.security.authorize(principal, access, topic):
                 self._publish_refused(conn, publish.packet_id if publish.qos else None)
                 return
-        message = message_from_publish(publish, endpoint.client_id)
+        message = message_from_publish(publish, endpoint.client_id, None, endpoint.vhost_prefix)
         if publish.wire is not None:
             self.fan_out.received(message, publish.wire, endpoint.protocol_level)
         if publish.topic.startswith("$queue/"):
@@ -667,7 +711,7 @@ class MqttFrontEnd:
                 group, plain = split_shared(topic_filter)
             except TopicError:
                 continue
-            self.broker.router.unsubscribe(endpoint, plain, group)
+            self.broker.router.unsubscribe(endpoint, endpoint.vhost_prefix + plain, group)
         self.mark_dirty(endpoint)
 
     # -- subscriptions ----------------------------------------------------------------------------
@@ -679,7 +723,7 @@ class MqttFrontEnd:
             options = subscription.options
             self.broker.router.subscribe(
                 endpoint,
-                topic_filter,
+                endpoint.vhost_prefix + topic_filter,
                 SubscriptionOptions(
                     qos=options.qos,
                     no_local=options.no_local,
@@ -742,7 +786,7 @@ class MqttFrontEnd:
         for topic_filter, granted, index in retained:
             rap = request.subscriptions[index][1].retain_as_published
             delivery: Delivery[Any] = Delivery(endpoint, granted, ids, rap, ())
-            for message in self.broker.retained.match(topic_filter):
+            for message in self.broker.retained.match(endpoint.vhost_prefix + topic_filter):
                 endpoint.deliver(message, delivery, retained=True)
 
     def _unsubscribe(self, conn: MqttConn, event: UnsubscribeReceived) -> None:
@@ -758,7 +802,7 @@ class MqttFrontEnd:
                 group, plain = split_shared(topic_filter)
             except TopicError:
                 continue
-            self.broker.router.unsubscribe(endpoint, plain, group)
+            self.broker.router.unsubscribe(endpoint, endpoint.vhost_prefix + plain, group)
         self.mark_dirty(endpoint)
 
     def _resume_queue_subscriptions(self, conn: MqttConn, session: Session) -> None:

@@ -12,18 +12,22 @@ from trimaran.mqtt.properties import Properties
 from trimaran.mqtt.session import OutboundMessage
 
 
-def message_from_publish(publish: Publish | Will, publisher_id: str, now: int | None = None) -> Message:
+def message_from_publish(
+    publish: Publish | Will, publisher_id: str, now: int | None = None, vhost_prefix: str = ""
+) -> Message:
+    """The broker's message for a PUBLISH (or will): its topic behind the client's ``vhost_prefix``
+    (trimaran/vhosts.py; ``""`` for ``/``)."""
     props = publish.properties
     now = now_ms() if now is None else now
     if props is NO_PROPERTIES:
         # Most PUBLISHes carry no properties; positional arguments are half the cost of keywords.
         return Message(
-            publish.topic, publish.payload, publish.qos, publish.retain,
+            vhost_prefix + publish.topic, publish.payload, publish.qos, publish.retain,
             None, None, None, None, None, [], publisher_id, PROTOCOL_MQTT, now,
         )  # fmt: skip
     expiry = props.message_expiry_interval
     return Message(
-        topic=publish.topic,
+        topic=vhost_prefix + publish.topic,
         payload=publish.payload,
         qos=publish.qos,
         retain=publish.retain,
@@ -75,11 +79,14 @@ def share_tag(delivery: Delivery[Any]) -> str | None:
     return f"{SHARE_TAG}{delivery.share_group}\x00{delivery.subscriptions[0].topic_filter}"
 
 
-def message_from_outbound(out: OutboundMessage, publisher_id: str | None = None) -> Message:
-    """Rebuild the broker message from a session's copy (to hand it to another share member)."""
+def message_from_outbound(
+    out: OutboundMessage, publisher_id: str | None = None, topic: str | None = None
+) -> Message:
+    """Rebuild the broker message from a session's copy (to hand it to another share member);
+    ``topic``: the key to give it (the copy holds the client's own topic)."""
     props = out.properties
     return Message(
-        topic=out.topic,
+        topic=out.topic if topic is None else topic,
         payload=out.payload,
         qos=out.qos,
         content_type=props.content_type,
@@ -99,12 +106,15 @@ def delivered_retain(message: Message, delivery: Delivery[Any], retained: bool) 
     return message.retain and (retained or delivery.retain_as_published)
 
 
-def outbound(message: Message, delivery: Delivery[Any], *, retained: bool = False) -> OutboundMessage:
-    """The message as this subscriber gets it: QoS capped by its subscription, the retain flag as
-    `delivered_retain` says, its subscription identifiers."""
+def outbound(
+    message: Message, delivery: Delivery[Any], cut: int = 0, *, retained: bool = False
+) -> OutboundMessage:
+    """The message as this subscriber gets it: its own topic (the key without its vhost prefix,
+    ``cut`` characters), QoS capped by its subscription, the retain flag as `delivered_retain` says,
+    its subscription identifiers."""
     # Positional, and the one-line helpers written out: this runs once per QoS 1/2 delivery.
     return OutboundMessage(
-        message.topic,
+        message.topic[cut:],
         message.payload,
         min(message.qos, delivery.qos),
         message.retain and (retained or delivery.retain_as_published),  # delivered_retain
@@ -137,8 +147,10 @@ class FanOutEncoder:
         self._wire_v5 = level == MQTT_5
 
     def qos0_publish(
-        self, message: Message, level: int, retain: bool, subscription_ids: tuple[int, ...]
+        self, message: Message, level: int, retain: bool, subscription_ids: tuple[int, ...], cut: int = 0
     ) -> bytes:
+        """The PUBLISH bytes; ``cut``: the length of the vhost prefix the subscribers' topic loses
+        (the same for every subscriber of one message: they share its vhost)."""
         if message is not self._message:
             self._message = message
             self._encoded = {}
@@ -156,6 +168,6 @@ class FanOutEncoder:
         data = self._encoded.get(key)
         if data is None:
             props = publish_properties(message, subscription_ids)
-            publish = Publish(message.topic, message.payload, 0, retain, False, None, props)
+            publish = Publish(message.topic[cut:], message.payload, 0, retain, False, None, props)
             data = self._encoded[key] = encode(publish, level)
         return data

@@ -48,6 +48,7 @@ from trimaran.queue.outcomes import ACK, RETRY_NOW, Commit, DeadLetter, Outcome,
 from trimaran.queue.policy import DEFAULT_GROUP, QUEUE_PREFIX, QueueError, parse_queue_topic, queue_topic
 from trimaran.runtime.confirms import InOrder
 from trimaran.topics import TopicError, split_shared
+from trimaran.vhosts import split_key
 
 if TYPE_CHECKING:
     from trimaran.mqtt.conn import MqttConn
@@ -134,11 +135,12 @@ class Delivery:
 class QueueSubscription:
     """A consumer of one queue for one MQTT subscription (the queue manager's QueueConsumer)."""
 
-    __slots__ = ("_topics", "conn", "handle", "held", "id", "qos", "topic_filter")
+    __slots__ = ("_topics", "conn", "cut", "handle", "held", "id", "qos", "topic_filter")
 
     def __init__(self, conn: MqttConn, topic_filter: str, qos: int) -> None:
         assert conn.endpoint is not None
         self.id = conn.endpoint.client_id
+        self.cut = conn.endpoint.cut  # the vhost prefix its deliveries lose (trimaran/vhosts.py)
         self.conn = conn
         self.topic_filter = topic_filter
         self.qos = qos
@@ -154,7 +156,7 @@ class QueueSubscription:
         mqtt = conn.mqtt
         if mqtt.protocol_level == MQTT_5:
             props = publish_properties(message)
-            props.user_properties = [*message.user_properties, *delivery.headers()]
+            props.user_properties = [*message.user_properties, *delivery.headers(self.cut)]
         else:  # 3.1.1 sends no properties (the connection copies them before it changes them)
             props = NO_PROPERTIES
         bindings = conn.queue_bindings
@@ -176,7 +178,7 @@ class QueueSubscription:
         if topic is None:
             if len(topics) >= 64:
                 topics.clear()
-            topic = topics[message.topic] = delivered_topic(delivery)
+            topic = topics[message.topic] = delivered_topic(delivery)[self.cut :]
         expires_at = message.expires_at_ms
         out = OutboundMessage(
             topic, message.payload, qos, False, props, tag,
@@ -325,6 +327,9 @@ class MqttQueues:
         if not message_id:
             raise QueueError("bad-request", f"${control} needs a message-id user property")
         group = _property(message, "consumer-group")
+        own = split_key(queue)[1]  # the client names its queue without the vhost prefix
+        if message_id.startswith(f"{own}:"):
+            message_id = message_id[len(own) + 1 :]
         if not message_id.startswith(f"{queue}:"):
             message_id = f"{queue}:{message_id}"
         reason = (_property(message, "reason") or f"rejected by {client}") if control == "reject" else ""
@@ -362,7 +367,8 @@ class MqttQueues:
     ) -> int:
         """Attach a consumer for ``[$share/<g>/]$queue/<q>[/<filter>]``; returns the SUBACK code."""
         group, plain = split_shared(topic_filter)
-        parsed = parse_queue_topic(plain)
+        assert conn.endpoint is not None
+        parsed = parse_queue_topic(conn.endpoint.vhost_prefix + plain)  # the queue's key in the vhost
         if parsed is None or parsed[2] is not None:
             return ReasonCode.TOPIC_FILTER_INVALID
         queue, key_filter, _ = parsed

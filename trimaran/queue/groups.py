@@ -150,16 +150,17 @@ class QueueDelivery:
     def original_topic(self) -> str:
         return self.message.topic
 
-    def headers(self) -> list[tuple[str, str]]:
-        """The delivery facts as user properties / headers, for front ends that forward them."""
+    def headers(self, cut: int = 0) -> list[tuple[str, str]]:
+        """The delivery facts as user properties / headers, for front ends that forward them; names
+        without their first ``cut`` characters (the consumer's vhost prefix: trimaran/vhosts.py)."""
         return [
-            ("x-queue", self.queue),
+            ("x-queue", self.queue[cut:]),
             ("x-queue-offset", str(self.offset)),
             ("x-queue-group", self.group),
             ("x-queue-attempt", str(self.attempt)),
             ("x-queue-redelivered", "true" if self.redelivered else "false"),
-            ("x-queue-message-id", self.message_id),
-            ("x-queue-topic", self.message.topic),
+            ("x-queue-message-id", self.message_id[cut:]),
+            ("x-queue-topic", self.message.topic[cut:]),
         ]
 
 

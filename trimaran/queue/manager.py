@@ -63,10 +63,10 @@ from trimaran.queue.letters import DeadLetterRouter, Letters
 from trimaran.queue.outcomes import ACK, RELEASED, UNSENT, Commit, DeadLetter, Outcome, Retry
 from trimaran.queue.policy import (
     DEFAULT_GROUP,
-    DLQ_PREFIX,
     DLQ_PROPERTIES,
     QueueError,
     expiry_ms,
+    is_dead_letter_queue,
     validate_queue_name,
 )
 from trimaran.queue.shared import Claims, stored_row
@@ -524,7 +524,7 @@ class QueueManager:
             if isinstance(policy, QueuePolicySettings) and type(policy) is not QueuePolicySettings:
                 policy = QueuePolicySettings(**policy.model_dump(exclude={"name"}))
             return policy
-        if name.startswith(DLQ_PREFIX):
+        if is_dead_letter_queue(name):
             return self.settings.defaults.model_copy(update={"mode": "work"})
         return self.settings.defaults
 

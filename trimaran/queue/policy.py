@@ -8,6 +8,7 @@ from typing import Final
 
 from trimaran.broker.message import Message, now_ms
 from trimaran.config import QueuePolicySettings
+from trimaran.vhosts import TENANT, prefix, split_key
 
 QUEUE_PREFIX: Final = "$queue/"
 DLQ_PREFIX: Final = "$dlq/"
@@ -37,7 +38,10 @@ class QueueError(Exception):
 
 
 def validate_queue_name(name: str) -> None:
-    base = name[len(DLQ_PREFIX) :] if name.startswith(DLQ_PREFIX) else name
+    """A queue key: ``[$vhost/<v>/][$dlq/]<name>`` (trimaran/vhosts.py); the whole key is stored in
+    255 characters, so a long vhost name leaves a shorter queue name."""
+    base = split_key(name)[1]
+    base = base[len(DLQ_PREFIX) :] if base.startswith(DLQ_PREFIX) else base
     if not base or len(name) > MAX_NAME:
         raise QueueError("bad-name", f"queue name must be 1-{MAX_NAME} characters")
     if any(c in base for c in "/+#\x00"):
@@ -67,16 +71,21 @@ def _parse_cached(topic: str) -> ParsedQueueTopic | None:
 
 
 def _parse(topic: str) -> ParsedQueueTopic | None:
+    vhost_prefix = ""
+    if topic.startswith(TENANT):  # a tenant's $queue/ topic: its queue key carries the same prefix
+        vhost, tail = split_key(topic)
+        vhost_prefix = prefix(vhost)
+        topic = tail
     if not topic.startswith(QUEUE_PREFIX):
         return None
     levels = topic[len(QUEUE_PREFIX) :].split("/")
     if levels[0] == "$dlq":
         if len(levels) < 2:
             return None
-        name = DLQ_PREFIX + levels[1]
+        name = vhost_prefix + DLQ_PREFIX + levels[1]
         rest = levels[2:]
     else:
-        name = levels[0]
+        name = vhost_prefix + levels[0]
         rest = levels[1:]
     try:
         validate_queue_name(name)
@@ -92,12 +101,23 @@ def _parse(topic: str) -> ParsedQueueTopic | None:
 
 
 def queue_topic(name: str, routing_key: str = "") -> str:
+    """The ``$queue/`` topic of a queue key, behind the key's vhost prefix (trimaran/vhosts.py)."""
+    if name.startswith(TENANT):
+        vhost, base = split_key(name)
+        return prefix(vhost) + queue_topic(base, routing_key)
     base = QUEUE_PREFIX + name
     return f"{base}/{routing_key}" if routing_key else base
 
 
+def is_dead_letter_queue(name: str) -> bool:
+    """A ``$dlq/`` queue of any vhost."""
+    return split_key(name)[1].startswith(DLQ_PREFIX)
+
+
 def dead_letter_target(name: str, policy: QueuePolicySettings) -> str | None:
-    """Where rejected messages go; ``None`` when dead-lettering is off (a DLQ's own rejects)."""
+    """Where rejected messages go, in the queue's own vhost; ``None`` when dead-lettering is off (a
+    DLQ's own rejects)."""
+    vhost, base = split_key(name)
     target = policy.dead_letter
     if target is not None:
         target = target.strip()
@@ -105,10 +125,10 @@ def dead_letter_target(name: str, policy: QueuePolicySettings) -> str | None:
             return None
         if target.startswith(QUEUE_PREFIX):
             target = target[len(QUEUE_PREFIX) :]
-        return target
-    if name.startswith(DLQ_PREFIX):
+        return prefix(vhost) + target
+    if base.startswith(DLQ_PREFIX):
         return None
-    return DLQ_PREFIX + name
+    return prefix(vhost) + DLQ_PREFIX + base
 
 
 def backoff_s(policy: QueuePolicySettings, attempts: int) -> float:
