@@ -16,6 +16,7 @@ SANS_IO = [
     "broker/router.py",
     "broker/retained.py",
     "topics.py",
+    "vhosts.py",
     "mqtt/codec.py",
     "mqtt/packets.py",
     "mqtt/properties.py",
