@@ -8,6 +8,11 @@ The conventions AMQP 1.0 clients already use (Qpid JMS, ActiveMQ Artemis, rhea):
 - any other address: a queue or a topic as the terminus capability ``queue`` / ``topic`` says,
   and without one as the ``amqp1.bare_address`` setting says (a queue by default).
 
+In a vhost other than ``/`` the address names the vhost's own node: :func:`resolve` puts the
+connection's vhost prefix in front of the queue or topic (trimaran/vhosts.py), and
+:attr:`Address.own_topic` gives the client's own name back (for the rules and for what goes back
+to the peer). An address that names ``$vhost/`` keys itself is refused (unauthorized-access).
+
 Pure functions, no I/O: :func:`resolve` raises :class:`AddressError` with the AMQP condition.
 """
 
@@ -17,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from trimaran.amqp1.performatives import INVALID_FIELD
+from trimaran.amqp1.performatives import INVALID_FIELD, UNAUTHORIZED_ACCESS
 from trimaran.queue.policy import (
     QUEUE_PREFIX,
     QueueError,
@@ -26,6 +31,7 @@ from trimaran.queue.policy import (
     validate_queue_name,
 )
 from trimaran.topics import TopicError, validate_topic_filter, validate_topic_name
+from trimaran.vhosts import is_reserved
 
 QUEUE: Final = "queue"
 TOPIC: Final = "topic"
@@ -43,8 +49,9 @@ class AddressError(Exception):
 @dataclass(frozen=True, slots=True)
 class Address:
     kind: Literal["queue", "topic"]
-    name: str  # queue name, or topic name / filter
+    name: str  # queue key, or topic name / filter key (behind the vhost prefix)
     key: str = ""  # queue only: routing key (publish) or key filter (consume)
+    cut: int = 0  # the vhost prefix's length: what the client's own names lack
 
     @property
     def is_queue(self) -> bool:
@@ -54,6 +61,11 @@ class Address:
     def topic(self) -> str:
         """The router topic, or the ``$queue/`` topic other protocols use for this queue."""
         return self.name if self.kind == TOPIC else queue_topic(self.name, self.key)
+
+    @property
+    def own_topic(self) -> str:
+        """:attr:`topic` as the client names it (without the vhost prefix)."""
+        return self.topic[self.cut :]
 
 
 def _capabilities(caps: Any) -> set[str]:
@@ -66,8 +78,8 @@ def _capabilities(caps: Any) -> set[str]:
     return set()
 
 
-def _queue(text: str, for_receive: bool) -> Address:
-    parsed = parse_queue_topic(QUEUE_PREFIX + text)
+def _queue(text: str, for_receive: bool, vhost_prefix: str) -> Address:
+    parsed = parse_queue_topic(vhost_prefix + QUEUE_PREFIX + text)
     if parsed is None:
         raise AddressError(INVALID_FIELD, f"{text!r} is not a valid queue address")
     name, key, control = parsed
@@ -80,10 +92,10 @@ def _queue(text: str, for_receive: bool) -> Address:
             raise AddressError(INVALID_FIELD, f"bad key filter in {text!r}: {exc}") from None
     elif key and ("+" in key or "#" in key):
         raise AddressError(INVALID_FIELD, f"a routing key cannot hold + or #: {text!r}")
-    return Address(QUEUE, name, key)
+    return Address(QUEUE, name, key, len(vhost_prefix))
 
 
-def _topic(text: str, for_receive: bool) -> Address:
+def _topic(text: str, for_receive: bool, vhost_prefix: str) -> Address:
     if text.startswith(QUEUE_PREFIX):
         raise AddressError(INVALID_FIELD, f"{text!r} is a queue, not a topic")
     try:
@@ -93,26 +105,32 @@ def _topic(text: str, for_receive: bool) -> Address:
             validate_topic_name(text)
     except TopicError as exc:
         raise AddressError(INVALID_FIELD, f"bad topic {text!r}: {exc}") from None
-    return Address(TOPIC, text)
+    return Address(TOPIC, vhost_prefix + text, "", len(vhost_prefix))
 
 
-def resolve(address: Any, capabilities: Any, *, bare: str = QUEUE, for_receive: bool) -> Address:
-    """Where ``address`` points. ``for_receive``: the peer consumes from it (a source)."""
+def resolve(
+    address: Any, capabilities: Any, *, bare: str = QUEUE, for_receive: bool, vhost_prefix: str = ""
+) -> Address:
+    """Where ``address`` points in the vhost whose prefix is ``vhost_prefix`` (``""``: ``/``).
+    ``for_receive``: the peer consumes from it (a source)."""
     if not isinstance(address, str) or not address:
         raise AddressError(INVALID_FIELD, f"address {address!r} is not a non-empty string")
     text = str(address)
+    for scheme in (QUEUE_PREFIX, QUEUE_SCHEME, TOPIC_SCHEME, ""):
+        if text.startswith(scheme) and is_reserved(text[len(scheme) :]):
+            raise AddressError(UNAUTHORIZED_ACCESS, f"address {text!r} names another vhost's node")
     if text.startswith(QUEUE_PREFIX):
-        return _queue(text[len(QUEUE_PREFIX) :], for_receive)
+        return _queue(text[len(QUEUE_PREFIX) :], for_receive, vhost_prefix)
     if text.startswith(QUEUE_SCHEME):
-        return _queue(text[len(QUEUE_SCHEME) :], for_receive)
+        return _queue(text[len(QUEUE_SCHEME) :], for_receive, vhost_prefix)
     if text.startswith(TOPIC_SCHEME):
-        return _topic(text[len(TOPIC_SCHEME) :], for_receive)
+        return _topic(text[len(TOPIC_SCHEME) :], for_receive, vhost_prefix)
     caps = _capabilities(capabilities)
     kind = QUEUE if QUEUE in caps else TOPIC if TOPIC in caps else bare
     if kind == TOPIC:
-        return _topic(text, for_receive)
+        return _topic(text, for_receive, vhost_prefix)
     try:
         validate_queue_name(text)
     except QueueError as exc:
         raise AddressError(INVALID_FIELD, f"{text!r} is not a valid queue name: {exc.detail}") from None
-    return Address(QUEUE, text)
+    return Address(QUEUE, vhost_prefix + text, "", len(vhost_prefix))

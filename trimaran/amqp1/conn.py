@@ -65,6 +65,7 @@ class Amqp1Conn:
         "principal",
         "publishing_blocked",
         "user",
+        "vhost_prefix",
     )
 
     def __init__(self, front: FrontEnd, io: Conn, machine: ServerConnection, link_credit: int) -> None:
@@ -82,6 +83,7 @@ class Amqp1Conn:
         self.pending: InOrder[PendingSettle] = InOrder()  # dispositions, in arrival order
         self.publishing_blocked = False  # memory above the high-water mark: no new link credit
         self._ack_scheduled = False
+        self.vhost_prefix = ""  # its vhost's key prefix (trimaran/vhosts.py), set at open
 
     # -- the runtime's Hull ---------------------------------------------------------------------
 

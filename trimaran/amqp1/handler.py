@@ -74,6 +74,7 @@ from trimaran.queue.manager import PublishResult, QueueManager
 from trimaran.queue.policy import QueueError
 from trimaran.runtime.transport import Conn
 from trimaran.security.guard import READ, WRITE, Login, Security, on_login
+from trimaran.vhosts import DEFAULT_VHOST, prefix
 
 log = logging.getLogger(__name__)
 
@@ -103,11 +104,11 @@ class Amqp1FrontEnd:
         self._drained: anyio.Event | None = None
         self._encoded: tuple[Message | None, bytes] = (None, b"")
 
-    def encode_once(self, message: Message) -> bytes:
-        """A topic message is encoded once for all its AMQP 1.0 subscribers."""
+    def encode_once(self, message: Message, cut: int = 0) -> bytes:
+        """A topic message is encoded once for all its AMQP 1.0 subscribers (one vhost: one ``cut``)."""
         last, payload = self._encoded
         if last is not message:
-            payload = to_amqp1(message)
+            payload = to_amqp1(message, cut=cut)
             self._encoded = (message, payload)
         return payload
 
@@ -239,11 +240,42 @@ class Amqp1FrontEnd:
         conn.container_id = str(event.open.container_id)
         if conn.principal is None:  # no SASL: an anonymous client (allowed from this address)
             conn.principal = self.security.principal("amqp1", None, "", conn.io.peer_host)
+        vhost = self._vhost_for(conn, event.open.hostname)
+        refusal = self._refuse_vhost(conn, vhost)
+        if refusal is not None:
+            log.warning("amqp1: %s (%s) refused: %s", conn.peer, conn.container_id, refusal.description)
+            conn.machine.close(refusal)
+            conn.io.wake()
+            return
+        conn.vhost_prefix = prefix(vhost)
+        conn.io.vhost = vhost
+        conn.io.user = conn.user
         conn.principal.rename(conn.container_id)  # %c in the rules: the container id
         conn.client = self.broker.presence.arrived(
             ClientInfo(conn.container_id, PROTOCOL_AMQP1, conn.peer, conn.user, lambda: self._kick(conn))
         )
         log.debug("amqp1: %r connected from %s", conn.container_id, conn.peer)
+
+    def _vhost_for(self, conn: Amqp1Conn, hostname: str | None) -> str:
+        """``open.hostname`` as RabbitMQ reads it: ``vhost:NAME`` names a vhost; a plain host name
+        (clients send the host they dialled) is the vhost only if one of that name exists; else the
+        user's mapping (``auth.vhost_map``), the listener's (``listeners.vhosts``) or ``/``."""
+        if hostname is not None and hostname.startswith("vhost:"):
+            return hostname[len("vhost:") :]
+        if hostname and self.broker.vhosts.exists(hostname):
+            return hostname
+        settings = self.settings
+        mapped = settings.auth.vhost_map.get(conn.user) if conn.user is not None else None
+        return mapped or settings.listeners.vhosts.get(conn.io.listener) or DEFAULT_VHOST
+
+    def _refuse_vhost(self, conn: Amqp1Conn, vhost: str) -> Error | None:
+        """Why ``conn`` may not enter ``vhost``, as RabbitMQ closes such a connection."""
+        if not self.broker.vhosts.exists(vhost):
+            return Error(condition=NOT_FOUND, description=f"vhost '{vhost}' not found")
+        if not self.security.may_enter(conn.user, vhost):
+            text = f"access to vhost '{vhost}' refused for user '{conn.user or ''}'"
+            return Error(condition=UNAUTHORIZED_ACCESS, description=text)
+        return None
 
     def _closed(self, conn: Amqp1Conn, event: ConnectionClosed) -> None:
         error = event.error
@@ -286,10 +318,14 @@ class Amqp1FrontEnd:
         if target.address is not None:
             try:
                 address = resolve(
-                    target.address, target.capabilities, bare=self.config.bare_address, for_receive=False
+                    target.address,
+                    target.capabilities,
+                    bare=self.config.bare_address,
+                    for_receive=False,
+                    vhost_prefix=conn.vhost_prefix,
                 )
                 self._check_queue(address)
-                self._check_access(conn, WRITE, address.topic)
+                self._check_access(conn, WRITE, address.own_topic)
             except AddressError as exc:
                 self._refuse(conn, link, exc.condition, exc.description)
                 return
@@ -315,7 +351,7 @@ class Amqp1FrontEnd:
             for out in list(conn.outlinks.values()):
                 if out.temp_queue is not None or out.stopped:
                     continue
-                if self.security.authorize(principal, READ, out.address.topic):
+                if self.security.authorize(principal, READ, out.address.own_topic):
                     continue
                 error = Error(condition=UNAUTHORIZED_ACCESS, description="read access revoked")
                 conn.machine.detach_link(out.link, error)
@@ -343,10 +379,14 @@ class Amqp1FrontEnd:
             return self._attach_dynamic(conn, link, source, settled)
         try:
             address = resolve(
-                source.address, source.capabilities, bare=self.config.bare_address, for_receive=True
+                source.address,
+                source.capabilities,
+                bare=self.config.bare_address,
+                for_receive=True,
+                vhost_prefix=conn.vhost_prefix,
             )
             self._check_queue(address)
-            self._check_access(conn, READ, address.topic)
+            self._check_access(conn, READ, address.own_topic)
         except AddressError as exc:
             self._refuse(conn, link, exc.condition, exc.description)
             return None
@@ -418,15 +458,15 @@ class Amqp1FrontEnd:
     async def _attach_dynamic(self, conn: Amqp1Conn, link: Link, source: Source, settled: bool) -> None:
         """A dynamic receiver gets a temporary in-memory queue; its address goes back in the attach."""
         assert self.queues is not None
-        name = f"tmp-{uuid.uuid4().hex[:16]}"
+        name = f"{conn.vhost_prefix}tmp-{uuid.uuid4().hex[:16]}"
         await self.queues.declare(name, durable=False)
         self.queues.owners[name] = conn  # a temporary queue: this connection's alone
         if conn.principal is not None:
-            conn.principal.own(name)
+            conn.principal.own(name[len(conn.vhost_prefix) :])  # the rules see the client's names
         if link.state is not LinkState.ATTACH_RECEIVED or conn.machine.closed:
             await self.queues.delete(name)  # the peer gave up (detach or close) meanwhile
             return
-        address = Address(QUEUE, name)
+        address = Address(QUEUE, name, "", len(conn.vhost_prefix))
         out = QueueOut(conn, link, address, settled)
         out.temp_queue = name
         conn.outlinks[link] = out  # from here on, the link's end deletes the queue
@@ -436,7 +476,11 @@ class Amqp1FrontEnd:
             self._refuse(conn, link, INVALID_FIELD, str(exc))
             return
         source = replace(
-            source, address=address.topic, capabilities=[Symbol(QUEUE)], filter=None, distribution_mode=MOVE
+            source,
+            address=address.own_topic,
+            capabilities=[Symbol(QUEUE)],
+            filter=None,
+            distribution_mode=MOVE,
         )
         conn.machine.accept_link(link, source=source, rcv_settle_mode=RCV_FIRST)
         out.on_flow(link.drain)
@@ -507,15 +551,17 @@ class Amqp1FrontEnd:
         if address is None:
             to = decoded.properties.to if decoded.properties is not None else None
             try:
-                address = resolve(to, None, bare=self.config.bare_address, for_receive=False)
+                address = resolve(
+                    to, None, bare=self.config.bare_address, for_receive=False, vhost_prefix=conn.vhost_prefix
+                )
                 self._check_queue(address)
             except AddressError as exc:
                 self._refuse_message(conn, event, exc.condition, f"properties.to: {exc.description}")
                 return
         principal = conn.principal
-        if principal is not None and not self.security.authorize(principal, WRITE, address.topic):
+        if principal is not None and not self.security.authorize(principal, WRITE, address.own_topic):
             self._refuse_message(
-                conn, event, UNAUTHORIZED_ACCESS, f"write access to {address.topic!r} refused"
+                conn, event, UNAUTHORIZED_ACCESS, f"write access to {address.own_topic!r} refused"
             )
             conn.refill(inlink)
             return

@@ -86,7 +86,7 @@ class QueueOut(OutLink):
     def deliver(self, delivery: QueueDelivery) -> None:
         """Called by the queue manager (only while this link has credit)."""
         handle = self.handle
-        payload = to_amqp1(delivery.message, delivery_count=delivery.failed)
+        payload = to_amqp1(delivery.message, delivery_count=delivery.failed, cut=self.address.cut)
         max_size = self.link.max_message_size
         if max_size and len(payload) > max_size:
             if handle is not None:
@@ -139,7 +139,7 @@ class QueueBrowse(OutLink):
         self.handle: BrowseHandle | None = None
 
     def deliver(self, delivery: QueueDelivery) -> None:
-        payload = to_amqp1(delivery.message, delivery_count=0)
+        payload = to_amqp1(delivery.message, delivery_count=0, cut=self.address.cut)
         max_size = self.link.max_message_size
         if max_size and len(payload) > max_size:
             return  # a copy: nothing to give back
@@ -176,7 +176,7 @@ class TopicOut(OutLink):
         if self.stopped:
             return
         stats = self.conn.front.broker.stats
-        payload = self.conn.front.encode_once(message)
+        payload = self.conn.front.encode_once(message, self.address.cut)
         max_size = self.link.max_message_size
         if max_size and len(payload) > max_size:
             self.conn.front.dropped(message, self.id, "larger than the receiver's max-message-size")

@@ -149,8 +149,9 @@ def _correlation_id(data: bytes) -> Any:
         return data
 
 
-def to_amqp1(message: Message, *, delivery_count: int = 0, now: int | None = None) -> bytes:
-    """The transfer payload for ``message``; ``delivery_count`` > 0 marks a redelivery."""
+def to_amqp1(message: Message, *, delivery_count: int = 0, now: int | None = None, cut: int = 0) -> bytes:
+    """The transfer payload for ``message``; ``delivery_count`` > 0 marks a redelivery; ``cut``: the
+    length of the vhost prefix its ``to`` loses (trimaran/vhosts.py)."""
     kept = message.extra.get(EXTRA_KEY) if message.extra else None
     if isinstance(kept, bytes):
         if not delivery_count:
@@ -174,7 +175,7 @@ def to_amqp1(message: Message, *, delivery_count: int = 0, now: int | None = Non
     if ttl is not None or message.qos or delivery_count:
         header = Header(durable=message.qos > 0, ttl=ttl, delivery_count=delivery_count)
     props = Properties(
-        to=topic_to_address(message.topic),
+        to=topic_to_address(message.topic[cut:]),
         content_type=message.content_type,
         correlation_id=None
         if message.correlation_data is None

@@ -1,7 +1,9 @@
-"""Virtual hosts over MQTT (paho): ``vhost:user`` names, two tenants sharing every name unseen.
+"""Virtual hosts with real clients: two tenants sharing every name without seeing each other.
 
-Each vhost has its own topics, retained messages, client ids and ``$queue/`` queues; a vhost that
-does not exist, or one the user has no permission for, is refused at CONNACK.
+MQTT (paho) selects a vhost with ``vhost:user`` user names or the ``auth.vhost_map`` mapping; AMQP
+1.0 (python-qpid-proton) with ``open.hostname``; AMQP 0.9.1 (pika, kombu) with ``virtual_host``. Each
+vhost has its own topics, retained messages, client ids, ``$queue/`` queues and exchanges; a vhost
+that does not exist, or one the user has no permission for, is refused the protocol's way.
 """
 
 from __future__ import annotations
@@ -9,8 +11,10 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from paho.mqtt.enums import MQTTProtocolVersion as Version
 
 from tests.interop.conftest import amqp_server_args
 from tests.support.paho import V5, V311, Client, Endpoints, Received, connect
@@ -51,13 +55,13 @@ def _unique(text: str) -> str:
 
 
 @pytest.mark.parametrize("version", [V311, V5])
-def test_two_tenants_share_topics_retained_and_client_ids_unseen(endpoints: Endpoints, version: object) -> None:
+def test_two_tenants_share_topics_retained_and_client_ids(endpoints: Endpoints, version: Version) -> None:
     root = _unique("sensors")
     topic = f"{root}/temp"
     client_id = _unique("device-")
-    one = connect(endpoints, client_id, version=version, username="t1:alice", password="a")  # type: ignore[arg-type]
-    two = connect(endpoints, client_id, version=version, username="t2/eu:alice", password="a")  # type: ignore[arg-type]
-    plain = connect(endpoints, _unique("root-"), version=version, username="alice", password="a")  # type: ignore[arg-type]
+    one = connect(endpoints, client_id, version=version, username="t1:alice", password="a")
+    two = connect(endpoints, client_id, version=version, username="t2/eu:alice", password="a")
+    plain = connect(endpoints, _unique("root-"), version=version, username="alice", password="a")
     try:
         # The same client id in two vhosts: two sessions, neither takes the other over.
         for client in (one, two):
@@ -79,8 +83,8 @@ def test_two_tenants_share_topics_retained_and_client_ids_unseen(endpoints: Endp
         for client in (one, two, plain):
             client.disconnect()
     # Retained per vhost: a new subscriber of t1 gets t1's retained message only.
-    again = connect(endpoints, version=version, username="t1:alice", password="a")  # type: ignore[arg-type]
-    default = connect(endpoints, version=version, username="alice", password="a")  # type: ignore[arg-type]
+    again = connect(endpoints, version=version, username="t1:alice", password="a")
+    default = connect(endpoints, version=version, username="alice", password="a")
     try:
         again.subscribe("#", qos=1)
         default.subscribe("#", qos=1)
@@ -132,10 +136,8 @@ def test_the_user_mapping_and_the_dollar_rule_inside_a_tenant(endpoints: Endpoin
 
 
 @pytest.mark.parametrize("version", [V311, V5])
-def test_a_vhost_that_does_not_exist_is_refused(endpoints: Endpoints, version: object) -> None:
-    client = connect(
-        endpoints, version=version, username="nowhere:alice", password="a", expect_success=False  # type: ignore[arg-type]
-    )
+def test_a_vhost_that_does_not_exist_is_refused(endpoints: Endpoints, version: Version) -> None:
+    client = connect(endpoints, version=version, username="nowhere:alice", password="a", expect_success=False)
     try:
         _flags, reason, _props = client.connack.get(timeout=5)
         assert reason.is_failure
@@ -157,9 +159,77 @@ def test_a_client_of_the_default_vhost_cannot_name_a_tenants_keys(endpoints: End
     finally:
         spy.disconnect()
         victim.disconnect()
-    forged = connect(endpoints, "$vhost/t1/x", version=V5, username="alice", password="a", expect_success=False)
+    forged = connect(
+        endpoints, "$vhost/t1/x", version=V5, username="alice", password="a", expect_success=False
+    )
     try:
         _flags, reason, _props = forged.connack.get(timeout=5)
         assert reason.value == 0x85
     finally:
         forged.drop()
+
+
+# -- AMQP 1.0 (python-qpid-proton): open.hostname ------------------------------------------------
+
+
+def _proton(server: RunningServer, hostname: str | None, user: str = "alice", password: str = "a") -> Any:
+    from proton.utils import BlockingConnection
+
+    kwargs: dict[str, Any] = {"user": user, "password": password, "allow_insecure_mechs": True}
+    if hostname is not None:
+        kwargs["virtual_host"] = hostname
+    return BlockingConnection(f"127.0.0.1:{server.ports['amqp']}", timeout=10, **kwargs)
+
+
+def test_amqp1_tenants_share_queue_and_topic_names_unseen(vhost_server: RunningServer) -> None:
+    proton = pytest.importorskip("proton")
+    from tests.support.amqp1 import body_bytes
+
+    queue, topic = _unique("orders"), _unique("prices/")
+    one = _proton(vhost_server, "vhost:t1")
+    two = _proton(vhost_server, "t2/eu")  # a plain host name that names a vhost
+    default = _proton(vhost_server, None)
+    try:
+        receivers = {c: c.create_receiver(f"topic://{topic}/#", credit=10) for c in (one, two, default)}
+        for client, text in ((one, b"t1"), (two, b"t2")):
+            sender = client.create_sender(f"$queue/{queue}")
+            sender.send(proton.Message(body=text + b" order"))
+            sender.close()
+            topical = client.create_sender(f"topic://{topic}/eur")
+            topical.send(proton.Message(body=text + b" price"))
+            topical.close()
+        for client, text in ((one, b"t1"), (two, b"t2")):
+            got = receivers[client].receive(timeout=5)
+            receivers[client].accept()
+            assert body_bytes(got) == text + b" price"
+            consumer = client.create_receiver(f"$queue/{queue}", credit=10)
+            got = consumer.receive(timeout=5)
+            consumer.accept()
+            assert body_bytes(got) == text + b" order"
+            with pytest.raises(proton.Timeout):
+                consumer.receive(timeout=0.5)
+        with pytest.raises(proton.Timeout):
+            receivers[default].receive(timeout=0.5)  # '/' sees neither tenant
+        # From MQTT in t1 to AMQP 1.0 in t1: the message's address is the tenant's own name.
+        mqtt = connect(Endpoints("127.0.0.1", vhost_server.ports["mqtt"]), username="t1:alice", password="a")
+        try:
+            mqtt.publish(f"{topic}/usd", b"from mqtt", qos=1)
+        finally:
+            mqtt.disconnect()
+        got = receivers[one].receive(timeout=5)
+        receivers[one].accept()
+        assert (body_bytes(got), got.address) == (b"from mqtt", f"topic://{topic}/usd")
+        with pytest.raises(proton.Timeout):
+            receivers[two].receive(timeout=0.5)
+    finally:
+        for client in (one, two, default):
+            client.close()
+
+
+def test_amqp1_a_vhost_that_does_not_exist_closes_with_not_found(vhost_server: RunningServer) -> None:
+    pytest.importorskip("proton")
+    from proton import ConnectionException
+
+    with pytest.raises(ConnectionException, match="amqp:not-found"):
+        connection = _proton(vhost_server, "vhost:nowhere")
+        connection.create_sender("$queue/x")
