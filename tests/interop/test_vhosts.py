@@ -13,12 +13,19 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import pytest
 from paho.mqtt.enums import MQTTProtocolVersion as Version
 
 from tests.interop.conftest import amqp_server_args
 from tests.support.paho import V5, V311, Client, Endpoints, Received, connect
+from tests.support.rabbitmq import rabbitmqctl
 from tests.support.server import RunningServer, serving
+from trimaran.config import AuthSettings
+from trimaran.security.guard import Security
+from trimaran.storage.store import Storage
+from trimaran.storage.vhost_store import VHostRows
+from trimaran.vhosts import Permission
 
 USERS = '[{"name": "alice", "password": "a"}, {"name": "bob", "password": "b"}]'
 VHOST_ENV = {
@@ -29,11 +36,56 @@ VHOST_ENV = {
 }
 
 
+# Who may enter which vhost (RabbitMQ's set_permissions), the same on both brokers.
+PERMISSIONS = [("alice", "/"), ("alice", "t1"), ("alice", "t2/eu"), ("bob", "t1")]
+
+
+def _grant(url: str) -> None:
+    """Write the permissions into a database before the server starts (the CLI is another issue's)."""
+    storage = Storage.from_url(url)
+    try:
+        storage.migrate()
+
+        async def grant() -> None:
+            security = Security(AuthSettings())
+            security.use_permissions(VHostRows(storage.engine))
+            for user, vhost in PERMISSIONS:
+                await security.set_permission(Permission(user, vhost))
+
+        anyio.run(grant)
+    finally:
+        storage.close()
+
+
 @pytest.fixture(scope="module")
 def vhost_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     workdir = tmp_path_factory.mktemp("vhosts")
-    with serving(RunningServer(amqp_server_args(), cwd=workdir, env=VHOST_ENV).start()) as server:
+    url = f"sqlite:///{workdir / 'vhosts.db'}"
+    _grant(url)
+    env = {**VHOST_ENV, "TRIMARAN_STORAGE__URL": url}
+    with serving(RunningServer(amqp_server_args(), cwd=workdir, env=env).start()) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def rabbitmq_vhosts(rabbitmq_port: int) -> int:
+    """The private RabbitMQ node with the same users, vhosts and permissions."""
+    for user, password in (("alice", "a"), ("bob", "b")):
+        rabbitmqctl(rabbitmq_port, "add_user", user, password)
+    for vhost in ("t1", "t2/eu"):
+        rabbitmqctl(rabbitmq_port, "add_vhost", vhost)
+    for user, vhost in PERMISSIONS:
+        rabbitmqctl(rabbitmq_port, "set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+    return rabbitmq_port
+
+
+@pytest.fixture(params=["trimaran", "rabbitmq"])
+def amqp091_port(request: pytest.FixtureRequest) -> int:
+    """The AMQP 0.9.1 port of Trimaran, then of RabbitMQ: one vhost test, both brokers."""
+    if request.param == "rabbitmq":
+        return int(request.getfixturevalue("rabbitmq_vhosts"))
+    server: RunningServer = request.getfixturevalue("vhost_server")
+    return server.ports["amqp"]
 
 
 @pytest.fixture(scope="module")
@@ -233,3 +285,122 @@ def test_amqp1_a_vhost_that_does_not_exist_closes_with_not_found(vhost_server: R
     with pytest.raises(ConnectionException, match="amqp:not-found"):
         connection = _proton(vhost_server, "vhost:nowhere")
         connection.create_sender("$queue/x")
+
+
+# -- AMQP 0.9.1 (pika, kombu): connection.open's virtual_host, next to RabbitMQ ---------------------
+
+
+def _pika(port: int, vhost: str, user: str = "alice", password: str = "a") -> Any:
+    import pika
+
+    params = pika.ConnectionParameters(
+        "127.0.0.1", port, vhost, pika.PlainCredentials(user, password), connection_attempts=1
+    )
+    return pika.BlockingConnection(params)
+
+
+def test_amqp091_tenants_share_queue_exchange_and_binding_names_unseen(amqp091_port: int) -> None:
+    pika = pytest.importorskip("pika")
+    queue, exchange = _unique("jobs-"), _unique("work-")
+    connections = {vhost: _pika(amqp091_port, vhost) for vhost in ("t1", "t2/eu", "/")}
+    try:
+        channels = {vhost: c.channel() for vhost, c in connections.items()}
+        for vhost in ("t1", "t2/eu"):
+            channel = channels[vhost]
+            channel.confirm_delivery()
+            channel.exchange_declare(exchange, "direct", durable=True)
+            declared = channel.queue_declare(queue, durable=True)
+            assert declared.method.queue == queue  # its own name, no prefix
+            channel.queue_bind(queue, exchange, "k")
+            channel.basic_publish(exchange, "k", f"via exchange in {vhost}".encode())
+            channel.basic_publish("", queue, f"direct in {vhost}".encode())
+            channel.basic_publish("amq.topic", "prices.eur", f"topic in {vhost}".encode())
+        # '/' knows neither the exchange nor the queue.
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as missing:
+            channels["/"].queue_declare(queue, passive=True)
+        assert missing.value.reply_code == 404
+        for vhost in ("t1", "t2/eu"):
+            channel = channels[vhost]
+            got = []
+            for _ in range(3):
+                method, _props, body = channel.basic_get(queue, auto_ack=True)
+                if method is None:
+                    break
+                got.append(body)
+            assert sorted(got) == sorted([f"via exchange in {vhost}".encode(), f"direct in {vhost}".encode()])
+            assert channel.queue_declare(queue, passive=True).method.message_count == 0
+            channel.queue_delete(queue)
+            channel.exchange_delete(exchange)
+    finally:
+        for connection in connections.values():
+            connection.close()
+
+
+def test_amqp091_topic_bindings_stay_in_their_vhost(amqp091_port: int) -> None:
+    pytest.importorskip("pika")
+    connections = {vhost: _pika(amqp091_port, vhost) for vhost in ("t1", "t2/eu")}
+    try:
+        channels = {vhost: c.channel() for vhost, c in connections.items()}
+        names = {}
+        for vhost, channel in channels.items():
+            names[vhost] = channel.queue_declare("", exclusive=True).method.queue
+            channel.queue_bind(names[vhost], "amq.topic", "prices.#")
+        for vhost, channel in channels.items():
+            channel.basic_publish("amq.topic", "prices.eur", f"from {vhost}".encode())
+        for vhost, channel in channels.items():
+            deadline = time.monotonic() + 5
+            got = []
+            while time.monotonic() < deadline and not got:
+                method, _props, body = channel.basic_get(names[vhost], auto_ack=True)
+                if method is not None:
+                    got.append((method.routing_key, body))
+                else:
+                    time.sleep(0.05)
+            time.sleep(0.3)
+            method, _props, body = channel.basic_get(names[vhost], auto_ack=True)
+            assert method is None, body
+            assert got == [("prices.eur", f"from {vhost}".encode())]
+    finally:
+        for connection in connections.values():
+            connection.close()
+
+
+def test_amqp091_a_vhost_that_does_not_exist_is_refused(amqp091_port: int) -> None:
+    pika = pytest.importorskip("pika")
+    with pytest.raises(pika.exceptions.AMQPConnectionError) as refused:
+        _pika(amqp091_port, "nowhere")
+    assert "NOT_ALLOWED - vhost nowhere not found" in repr(refused.value)
+
+
+def test_amqp091_a_user_without_permission_is_refused(amqp091_port: int) -> None:
+    pika = pytest.importorskip("pika")
+    with pytest.raises(pika.exceptions.AMQPConnectionError) as refused:
+        _pika(amqp091_port, "t2/eu", "bob", "b")
+    text = repr(refused.value).replace("\\", "")  # pika nests the reply in reprs of tuples
+    assert "530" in text and "NOT_ALLOWED - access to vhost 't2/eu' refused for user 'bob'" in text
+    _pika(amqp091_port, "t1", "bob", "b").close()  # where bob has a permission
+
+
+def test_kombu_on_a_non_default_vhost(vhost_server: RunningServer) -> None:
+    kombu = pytest.importorskip("kombu")
+    port = vhost_server.ports["amqp"]
+    queue_name = _unique("tasks-")
+    received: dict[str, list[Any]] = {}
+    for vhost in ("t1", "t2/eu"):
+        with kombu.Connection(f"amqp://alice:a@127.0.0.1:{port}/{vhost.replace('/', '%2F')}") as connection:
+            queue = kombu.Queue(queue_name, kombu.Exchange(queue_name, "direct"), routing_key=queue_name)
+            with connection.Producer() as producer:
+                producer.publish(
+                    {"vhost": vhost}, exchange=queue.exchange, routing_key=queue_name, declare=[queue]
+                )
+    for vhost in ("t1", "t2/eu"):
+        with kombu.Connection(f"amqp://alice:a@127.0.0.1:{port}/{vhost.replace('/', '%2F')}") as connection:
+            queue = kombu.Queue(queue_name, kombu.Exchange(queue_name, "direct"), routing_key=queue_name)
+            simple = connection.SimpleQueue(queue)
+            message = simple.get(timeout=5)
+            received[vhost] = [message.payload]
+            message.ack()
+            with pytest.raises(simple.Empty):
+                simple.get(timeout=0.5)
+            simple.close()
+    assert received == {"t1": [{"vhost": "t1"}], "t2/eu": [{"vhost": "t2/eu"}]}

@@ -21,7 +21,26 @@ from pathlib import Path
 from tests.support.server import unused_port
 
 SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
+CTL = Path("/usr/lib/rabbitmq/bin/rabbitmqctl")
 START_TIMEOUT_S = 90.0
+# AMQP port -> the environment its node was started with (rabbitmqctl needs the same one).
+_NODES: dict[int, dict[str, str]] = {}
+
+
+def rabbitmqctl(port: int, *args: str) -> str:
+    """Run ``rabbitmqctl`` against the node started here on AMQP ``port`` (e.g. ``add_vhost``)."""
+    env = _NODES[port]
+    result = subprocess.run(
+        [str(CTL), "-n", env["RABBITMQ_NODENAME"], *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"rabbitmqctl {' '.join(args)}: {result.stderr.strip() or result.stdout.strip()}")
+    return result.stdout
 
 
 def _listening(port: int) -> bool:
@@ -98,8 +117,10 @@ def rabbitmq_node(base: Path) -> Iterator[int]:
                 tail = (base / "server.log").read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"RabbitMQ did not start:\n{tail}")
             time.sleep(0.2)
+        _NODES[amqp] = env
         yield amqp
     finally:
+        _NODES.pop(amqp, None)
         if node is not None:
             _stop(node)
         _stop(epmd)

@@ -23,6 +23,7 @@ from trimaran.amqp091 import spec
 from trimaran.queue.policy import queue_topic
 from trimaran.security.guard import CONFIGURE, READ, WRITE, Principal, Security
 from trimaran.topics import TopicError, binding_key_to_filter, routing_key_to_topic
+from trimaran.vhosts import split_key
 
 if TYPE_CHECKING:
     from trimaran.amqp091.exchanges import ExchangeRegistry
@@ -182,12 +183,12 @@ def publish_targets(
             raise _refusal(WRITE, topic, method)
     allowed = set()
     for name in targets:
-        if name in conn.exclusive_queues or security.allowed(principal, WRITE, queue_topic(name)):
+        # The rules see the queue's name in its vhost, not its key (trimaran/vhosts.py).
+        topic = queue_topic(name if name[:1] != "$" else split_key(name)[1])
+        if name in conn.exclusive_queues or security.allowed(principal, WRITE, topic):
             allowed.add(name)
         else:
-            security.refused(
-                principal, WRITE, queue_topic(name), f"routed by exchange {exchange!r}: left out"
-            )
+            security.refused(principal, WRITE, topic, f"routed by exchange {exchange!r}: left out")
     return allowed
 
 

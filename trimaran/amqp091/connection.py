@@ -35,7 +35,7 @@ and every method of the exchange/queue/basic/confirm/tx classes (:class:`MethodR
 import enum
 import platform
 from collections import deque
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from trimaran import __version__
 from trimaran.amqp091.channel import DEFAULT_MAX_BODY_SIZE, Channel, ChannelState, ContentState
@@ -213,6 +213,8 @@ class ServerConnection:
         if frame_max and frame_max < FRAME_MIN_SIZE:
             raise ValueError(f"frame_max must be 0 or at least {FRAME_MIN_SIZE}")
         self._virtual_hosts = None if virtual_hosts is None else frozenset(virtual_hosts)
+        # Set by the front end: why connection.open may not enter a vhost (None: it may).
+        self.admit: Callable[[str], str | None] | None = None
         self._mechanisms = tuple(mechanisms)
         self._locales = tuple(locales)
         self._server_channel_max = channel_max
@@ -543,13 +545,13 @@ class ServerConnection:
 
     def _on_open(self, method: ConnectionOpen, events: deque[Event]) -> None:
         vhost = method.virtual_host
+        refusal: str | None = None
         if self._virtual_hosts is not None and vhost not in self._virtual_hosts:
-            raise ProtocolError(
-                NOT_ALLOWED,
-                f"vhost {vhost!r} not found",
-                class_id=method.CLASS_ID,
-                method_id=method.METHOD_ID,
-            )
+            refusal = f"vhost {vhost} not found"  # RabbitMQ's words
+        elif self.admit is not None:
+            refusal = self.admit(vhost)
+        if refusal is not None:
+            raise ProtocolError(NOT_ALLOWED, refusal, class_id=method.CLASS_ID, method_id=method.METHOD_ID)
         self.virtual_host = vhost
         self._send(0, ConnectionOpenOk())
         self.state = ConnectionState.OPEN

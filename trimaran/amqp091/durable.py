@@ -177,33 +177,34 @@ def binding_of(row: BindingRow) -> Binding:
 class DurableExchanges:
     """The exchange store in AMQP's own types, for the handler (``front.store``)."""
 
-    def __init__(self, store: AmqpStore) -> None:
+    def __init__(self, store: AmqpStore, vhost: str = "/") -> None:
         self.store = store
+        self.vhost = vhost  # whose rows these calls read and write, unless one names another
 
-    def load(self, vhost: str = "/") -> tuple[list[Exchange], list[Binding]]:
+    def load(self, vhost: str | None = None) -> tuple[list[Exchange], list[Binding]]:
         """Every saved exchange and binding of ``vhost``, for ``ExchangeRegistry.restore``."""
-        exchanges, bindings = self.store.load(vhost)
+        exchanges, bindings = self.store.load(vhost or self.vhost)
         return [exchange_of(r) for r in exchanges], [binding_of(r) for r in bindings]
 
-    def save_exchange(self, exchange: Exchange, *, vhost: str = "/") -> None:
-        self.store.save_exchange(exchange_row(exchange), vhost=vhost)
+    def save_exchange(self, exchange: Exchange, *, vhost: str | None = None) -> None:
+        self.store.save_exchange(exchange_row(exchange), vhost=vhost or self.vhost)
 
-    def delete_exchange(self, name: str, *, vhost: str = "/") -> None:
+    def delete_exchange(self, name: str, *, vhost: str | None = None) -> None:
         """The exchange and every binding it is the source or destination of."""
-        self.store.delete_exchange(name, vhost=vhost)
+        self.store.delete_exchange(name, vhost=vhost or self.vhost)
 
-    def save_binding(self, binding: Binding, *, vhost: str = "/") -> None:
-        self.store.save_binding(binding_row(binding), vhost=vhost)
+    def save_binding(self, binding: Binding, *, vhost: str | None = None) -> None:
+        self.store.save_binding(binding_row(binding), vhost=vhost or self.vhost)
 
-    def delete_binding(self, binding: Binding, *, vhost: str = "/") -> None:
-        self.store.delete_binding(binding_row(binding), vhost=vhost)
+    def delete_binding(self, binding: Binding, *, vhost: str | None = None) -> None:
+        self.store.delete_binding(binding_row(binding), vhost=vhost or self.vhost)
 
-    def delete_queue_bindings(self, queue: str, *, vhost: str = "/") -> None:
-        self.store.delete_queue_bindings(queue, vhost=vhost)
+    def delete_queue_bindings(self, queue: str, *, vhost: str | None = None) -> None:
+        self.store.delete_queue_bindings(queue, vhost=vhost or self.vhost)
 
     def forget(
-        self, bindings: Iterable[Binding] = (), exchanges: Iterable[str] = (), *, vhost: str = "/"
+        self, bindings: Iterable[Binding] = (), exchanges: Iterable[str] = (), *, vhost: str | None = None
     ) -> None:
         """What ``ExchangeRegistry.last_removed_bindings`` / ``last_auto_deleted`` list after a
         cascade, in one transaction."""
-        self.store.forget([binding_row(b) for b in bindings], exchanges, vhost=vhost)
+        self.store.forget([binding_row(b) for b in bindings], exchanges, vhost=vhost or self.vhost)

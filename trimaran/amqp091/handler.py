@@ -29,7 +29,6 @@ from trimaran.amqp091.access import check_method, check_queue_publish, publish_t
 from trimaran.amqp091.channels import ChannelState, Consumer
 from trimaran.amqp091.conn import Amqp091Conn, Pending
 from trimaran.amqp091.connection import ServerConnection
-from trimaran.amqp091.durable import DurableExchanges
 from trimaran.amqp091.events import (
     AuthenticationRequested,
     ChannelClosed,
@@ -43,11 +42,12 @@ from trimaran.amqp091.events import (
     MethodReceived,
     SecureOkReceived,
 )
-from trimaran.amqp091.exchanges import ExchangeError, ExchangeRegistry
+from trimaran.amqp091.exchanges import ExchangeError
 from trimaran.amqp091.mapping import MappingError, message_from_content, message_headers
-from trimaran.amqp091.operations import REPLY_PREFIX, REPLY_TO, Operations, _error
+from trimaran.amqp091.operations import REPLY_PREFIX, REPLY_TO, _error
 from trimaran.amqp091.properties import BasicProperties
 from trimaran.amqp091.queues import QueueMeta, RouterBinding
+from trimaran.amqp091.tenants import Tenant
 from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker
 from trimaran.broker.events import CLIENT_AUTH_FAILED
@@ -59,6 +59,7 @@ from trimaran.runtime.transport import Conn
 from trimaran.security.guard import READ, Login, Security, on_login
 from trimaran.storage.amqp_store import AmqpStore
 from trimaran.topics import TopicError, routing_key_to_topic, topic_to_routing_key
+from trimaran.vhosts import DEFAULT_VHOST, is_reserved, vhost_of
 
 log = logging.getLogger(__name__)
 
@@ -76,19 +77,21 @@ class Amqp091FrontEnd:
         security: Security | None = None,
     ) -> None:
         self.broker = broker
-        self.store = DurableExchanges(store) if store is not None else None
+        self.amqp_store = store
         self.settings = settings
         self.config = settings.amqp091
         self.manager = queues
         self.security = security if security is not None else Security(settings.auth)
         self.security.on_reload(self._recheck_all)
-        self.exchanges = ExchangeRegistry()
+        #: queue key -> its metadata and its consumers (every vhost, channel and connection)
         self.meta: dict[str, QueueMeta] = {}
-        #: queue name -> its consumers (every channel, every connection), for counts and cancels.
         self.consumers: dict[str, set[Consumer]] = {}
-        self.router_bindings: dict[tuple[str, str], RouterBinding] = {}
         self.conns: set[Amqp091Conn] = set()
-        self.ops = Operations(self)
+        #: vhost -> its exchanges, bindings and operations (trimaran/amqp091/tenants.py)
+        self.tenants: dict[str, Tenant] = {}
+        self.root = self.tenant(DEFAULT_VHOST)
+        self.exchanges = self.root.exchanges  # the default vhost's, as before vhosts
+        self.ops = self.root.ops
         self._collecting: Pending | None = None
         #: direct reply-to token -> the channel consuming its replies
         self.reply_to: dict[str, ChannelState] = {}
@@ -97,12 +100,34 @@ class Amqp091FrontEnd:
     # -- lifecycle --------------------------------------------------------------------------------
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Restore exchanges and bindings, then the housekeeping (x-expires) until cancelled."""
-        await self.ops.restore()
+        """Restore every vhost's exchanges and bindings, then the housekeeping (x-expires) until
+        cancelled."""
+        for vhost in self.broker.vhosts.names():
+            await self.tenant(vhost).ops.restore()
         task_status.started()
         while True:
             await anyio.sleep(HOUSEKEEPING_INTERVAL)
-            await self.ops.expire_queues(time.monotonic())
+            for tenant in list(self.tenants.values()):
+                await tenant.ops.expire_queues(time.monotonic())
+
+    def tenant(self, vhost: str) -> Tenant:
+        """The vhost's exchanges and operations, made on first use."""
+        tenant = self.tenants.get(vhost)
+        if tenant is None:
+            tenant = self.tenants[vhost] = Tenant(self, vhost)
+        return tenant
+
+    def tenant_of(self, key: str) -> Tenant:
+        """The tenant a queue key or topic key belongs to."""
+        return self.tenant(vhost_of(key))
+
+    def _admit(self, conn: Amqp091Conn, vhost: str) -> str | None:
+        """connection.open: why ``conn`` may not enter ``vhost`` (530 NOT_ALLOWED), as RabbitMQ says."""
+        if not self.broker.vhosts.exists(vhost):
+            return f"vhost {vhost} not found"
+        if not self.security.may_enter(conn.user, vhost):
+            return f"access to vhost '{vhost}' refused for user '{conn.user or 'guest'}'"
+        return None
 
     # -- connections ------------------------------------------------------------------------------
 
@@ -113,7 +138,7 @@ class Amqp091FrontEnd:
         external = io.peer_certificate() is not None
         machine = ServerConnection(
             mechanisms=("EXTERNAL", "PLAIN", "AMQPLAIN") if external else ("PLAIN", "AMQPLAIN"),
-            virtual_hosts=config.vhosts,
+            virtual_hosts=None,  # which vhosts exist and who may enter: _admit
             channel_max=config.channel_max,
             frame_max=config.frame_max,
             heartbeat=config.heartbeat,
@@ -122,6 +147,8 @@ class Amqp091FrontEnd:
             now=time.monotonic(),
         )
         conn = Amqp091Conn(self, io, machine)
+        conn.tenant = self.root
+        machine.admit = lambda vhost: self._admit(conn, vhost)
         self.conns.add(conn)
         return conn
 
@@ -132,7 +159,7 @@ class Amqp091FrontEnd:
                 await self.close_channel(conn, number)
             for name in list(conn.exclusive_queues):
                 try:
-                    await self.ops.delete_queue(name)
+                    await self.tenant_of(name).ops.delete_queue(name)
                 except QueueError:
                     log.exception("amqp091: deleting exclusive queue %s failed", name)
         finally:
@@ -159,7 +186,7 @@ class Amqp091FrontEnd:
         for handle in channel.handles():
             await handle.cancel()
         conn.written_hooks.discard(channel)
-        await self.ops.auto_delete_queues({c.queue for c in channel.consumers.values()})
+        await conn.tenant.ops.auto_delete_queues({c.queue for c in channel.consumers.values()})
 
     def _drop_channels(self, conn: Amqp091Conn, numbers: list[int]) -> Awaitable[None] | None:
         """Forget channels now (nothing is sent on them any more); what they held is released by
@@ -264,8 +291,9 @@ class Amqp091FrontEnd:
         if channel is None:
             return None
         kind = type(method)
-        ops = self.ops
-        refusal = check_method(self.security, self.exchanges, conn, channel, method)
+        tenant = conn.tenant
+        ops = tenant.ops
+        refusal = check_method(self.security, tenant.exchanges, conn, channel, method)
         if refusal is not None:
             return self.refuse(conn, event.channel, refusal)
         at_once = ops.at_once.get(kind)
@@ -416,6 +444,9 @@ class Amqp091FrontEnd:
         )
 
     def _opened(self, conn: Amqp091Conn, event: ConnectionOpened) -> None:
+        conn.tenant = self.tenant(event.virtual_host)  # _admit let it in
+        conn.io.vhost = event.virtual_host
+        conn.io.user = conn.user
         name = conn.machine.client_properties.get("connection_name")
         conn.name = f"{conn.peer} ({name})" if isinstance(name, str) and name else conn.peer
         if conn.principal is not None and isinstance(name, str) and name:
@@ -503,9 +534,16 @@ class Amqp091FrontEnd:
         if not exchange and key.startswith(QUEUE_PREFIX):
             self._publish_cross(conn, channel, method, props, body, entry, encoded)
             return
+        tenant = conn.tenant
+        exchanges = tenant.exchanges
         try:
-            self.exchanges.check_publish(exchange)
-            result = self.exchanges.route(exchange, key, props.headers)
+            exchanges.check_publish(exchange)
+            # The default exchange routes the key to the queue of that name: its key in the vhost
+            # (a /-client naming another vhost's key routes nowhere).
+            if exchange or key[:1] != "$" or not is_reserved(key):
+                result = exchanges.route(exchange, key if exchange else tenant.prefix + key, props.headers)
+            else:
+                result = exchanges.route(exchange, "", props.headers)
         except ExchangeError as exc:
             raise spec.ProtocolError(exc.reply_code, exc.reason, class_id=60, method_id=40) from None
         queues = result.queues
@@ -525,7 +563,7 @@ class Amqp091FrontEnd:
             except TopicError:
                 topic = ""
             if topic:
-                message.topic = topic
+                message.topic = tenant.prefix + topic
                 self._collecting = entry
                 try:
                     routed += self.broker.publish(message)
@@ -559,13 +597,15 @@ class Amqp091FrontEnd:
         (``queues.auto_create``). Refused (auto_create off, a bad name, a full queue): the confirm
         is a nack and a mandatory publish comes back; never confirmed and dropped."""
         key = method.routing_key
-        parsed = parse_queue_topic(key)
+        vhost_prefix = conn.tenant.prefix
+        parsed = parse_queue_topic(vhost_prefix + key)  # the queue's key in the connection's vhost
         sent = False
-        if parsed is not None and parsed[2] is None:
+        if parsed is not None and parsed[2] is None and not is_reserved(key[len(QUEUE_PREFIX) :]):
             name, sub_key, _ = parsed
             topic = queue_topic(name, sub_key)
             if conn.principal is not None:
-                check_queue_publish(self.security, conn.principal, conn, name, topic, method)
+                own = topic[len(vhost_prefix) :]  # the rules see the client's names
+                check_queue_publish(self.security, conn.principal, conn, name, own, method)
             message = _content_message(props, body, topic, "", key, conn.name, encoded)
             sent = self._to_queue(channel, name, message, entry, sub_key)
         if sent:
@@ -620,8 +660,10 @@ class Amqp091FrontEnd:
         """The queue manager's DeadLetterRouter: where a dead letter published now to ``exchange``
         goes (RabbitMQ routes dead letters when they die, with the message's headers). A missing
         exchange routes nowhere (the letter is dropped, as RabbitMQ drops it)."""
+        tenant = self.tenant_of(message.topic)  # the dead letter's vhost
         try:
-            result = self.exchanges.route(exchange, routing_key, message_headers(message))
+            key = routing_key if exchange else tenant.prefix + routing_key
+            result = tenant.exchanges.route(exchange, key, message_headers(message))
         except ExchangeError:
             return []
         if result.to_router:
@@ -630,19 +672,24 @@ class Amqp091FrontEnd:
             except TopicError:
                 topic = ""
             if topic:  # amq.topic is the shared router: its subscribers get the letter too
-                self.broker.publish(message.copy_with(topic=topic))
+                self.broker.publish(message.copy_with(topic=tenant.prefix + topic))
         return sorted(q for q in result.queues if self.manager.exists(q))
 
-    def deliver_from_router(self, binding: RouterBinding, message: Message) -> None:
-        """A router match for a queue (or exchange) bound to amq.topic: append to the queue(s)."""
+    def deliver_from_router(
+        self, binding: RouterBinding, message: Message, tenant: Tenant | None = None
+    ) -> None:
+        """A router match for a queue (or exchange) bound to amq.topic in ``tenant``'s vhost (``/``
+        unless named): append to the queue(s)."""
         if message.retain:
             message = message.copy_with(retain=False)
         if binding.kind == "queue":
             queues: set[str] = {binding.destination}
         else:
+            tenant = tenant or self.root
             try:
-                key = topic_to_routing_key(message.topic)
-                queues = self.exchanges.route(binding.destination, key, dict(message.user_properties)).queues
+                key = topic_to_routing_key(message.topic[len(tenant.prefix) :])
+                exchanges = tenant.exchanges
+                queues = exchanges.route(binding.destination, key, dict(message.user_properties)).queues
             except ExchangeError:
                 return
         entry = self._collecting

@@ -1,4 +1,8 @@
-"""The exchange, queue, basic, confirm and tx methods of a channel, RabbitMQ-style.
+"""The exchange, queue, basic, confirm and tx methods of a channel, RabbitMQ-style, in one vhost.
+
+One ``Operations`` per vhost (``tenants.Tenant``): its exchanges are the vhost's; a queue the
+client names is the key ``prefix + name`` in the queue manager (trimaran/vhosts.py), and what
+goes back to the client (declare-ok, reply texts) is its own name again.
 
 Each method either answers (``send_method``) or raises :class:`~trimaran.amqp091.spec.ProtocolError`
 / :class:`~trimaran.amqp091.exchanges.ExchangeError`, which the front end turns into a channel or
@@ -29,6 +33,7 @@ from trimaran.amqp091.queues import (
 from trimaran.broker.router import SubscriptionOptions
 from trimaran.queue.policy import QueueError
 from trimaran.topics import TopicError, binding_key_to_filter
+from trimaran.vhosts import is_reserved, split_key
 
 if TYPE_CHECKING:
     from trimaran.amqp091.conn import Amqp091Conn, Pending
@@ -39,7 +44,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-VHOST = "/"
 #: Direct reply-to: consume here, publish with reply_to set to it; replies go to
 #: ``REPLY_TO + "." + token`` on the default exchange.
 REPLY_TO = "amq.rabbitmq.reply-to"
@@ -51,7 +55,9 @@ def _error(code: int, text: str, method: spec.Method) -> spec.ProtocolError:
 
 
 def _rs(queue: str) -> str:
-    return f"queue '{queue}' in vhost '{VHOST}'"
+    """RabbitMQ's name of a queue in a reply text, from its key."""
+    vhost, name = split_key(queue)
+    return f"queue '{name}' in vhost '{vhost}'"
 
 
 def _locked(queue: str) -> str:
@@ -92,6 +98,12 @@ class Host(FrontEnd, Protocol):
 
     @property
     def router_bindings(self) -> dict[tuple[str, str], RouterBinding]: ...
+
+    @property
+    def vhost(self) -> str: ...
+
+    @property
+    def prefix(self) -> str: ...
 
     @property
     def reply_to(self) -> dict[str, ChannelState]: ...
@@ -164,7 +176,7 @@ class Operations:
             if endpoint is None or self._still_bound(binding):
                 continue
             try:
-                router.unsubscribe(endpoint, binding_key_to_filter(binding.routing_key))
+                router.unsubscribe(endpoint, front.prefix + binding_key_to_filter(binding.routing_key))
             except TopicError:
                 continue
         gone = [e.name for e in self.exchanges.last_auto_deleted]
@@ -215,13 +227,17 @@ class Operations:
                 len(bindings) - len(skipped),
                 len(skipped),
             )
+        vhost = self.front.vhost
         for name, state in self.manager.queues.items():
-            if state.durable and name not in self.front.meta:
+            if state.durable and name not in self.front.meta and split_key(name)[0] == vhost:
                 self.front.meta[name] = QueueMeta(name, True, unused_since=time.monotonic())
 
     async def expire_queues(self, now: float) -> None:
+        vhost = self.front.vhost
         for meta in list(self.front.meta.values()):
             if meta.expires_ms is None or self.front.consumers.get(meta.name):
+                continue
+            if split_key(meta.name)[0] != vhost:  # another vhost's operations expire it
                 continue
             if now - meta.unused_since >= meta.expires_ms / 1000:
                 log.info("amqp091: queue %s expired (x-expires)", meta.name)
@@ -264,11 +280,21 @@ class Operations:
     # -- checks -----------------------------------------------------------------------------------
 
     def _queue_name(self, channel: ChannelState, name: str, method: spec.Method) -> str:
+        """The key of the queue the client names (``""``: the channel's last declared queue)."""
         if name:
-            return name
+            return self._key(name, method)
         if not channel.last_queue:
             raise _error(spec.NOT_FOUND, "no previously declared queue", method)
         return channel.last_queue
+
+    def _key(self, name: str, method: spec.Method) -> str:
+        """The queue manager's key for a name in this vhost; a name that would be another vhost's
+        key is refused (403)."""
+        if is_reserved(name):
+            raise _error(
+                spec.ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix '$vhost'", method
+            )
+        return self.front.prefix + name
 
     def _existing(self, conn: Amqp091Conn, name: str, method: spec.Method) -> QueueMeta:
         state = self.manager.queues.get(name)
@@ -316,7 +342,7 @@ class Operations:
 
     async def exchange_bind(self, conn: Amqp091Conn, channel: ChannelState, m: spec.ExchangeBind) -> None:
         if self.exchanges.get(m.destination) is None:
-            raise _error(spec.NOT_FOUND, f"no exchange '{m.destination}' in vhost '{VHOST}'", m)
+            raise _error(spec.NOT_FOUND, f"no exchange '{m.destination}' in vhost '{self.front.vhost}'", m)
         await self._bind(m.source, "exchange", m.destination, m.routing_key, m.arguments, m)
         self._reply(conn, channel, spec.ExchangeBindOk(), m.no_wait)
 
@@ -349,7 +375,7 @@ class Operations:
         if not self.exchanges.is_router_backed(binding.source):
             return
         try:
-            topic_filter = binding_key_to_filter(binding.routing_key)
+            topic_filter = self.front.prefix + binding_key_to_filter(binding.routing_key)
         except TopicError:
             return
         front = self.front
@@ -376,10 +402,11 @@ class Operations:
 
     async def queue_declare(self, conn: Amqp091Conn, channel: ChannelState, m: spec.QueueDeclare) -> None:
         front = self.front
-        name = m.queue or f"amq.gen-{secrets.token_urlsafe(16)}"
-        if name == REPLY_TO and m.passive:  # the direct reply-to pseudo-queue exists, always empty
-            self._reply(conn, channel, spec.QueueDeclareOk(name, 0, 0), m.no_wait)
+        own = m.queue or f"amq.gen-{secrets.token_urlsafe(16)}"
+        if own == REPLY_TO and m.passive:  # the direct reply-to pseudo-queue exists, always empty
+            self._reply(conn, channel, spec.QueueDeclareOk(own, 0, 0), m.no_wait)
             return
+        name = self._key(own, m)
         if m.queue.startswith("amq.") and not m.passive:
             raise _error(spec.ACCESS_REFUSED, f"queue name '{m.queue}' contains reserved prefix 'amq.*'", m)
         if self.manager.exists(name):
@@ -412,7 +439,7 @@ class Operations:
                 self.manager.owners[name] = conn  # no other connection consumes it, whatever protocol
         channel.last_queue = name
         depth, consumers = self._counts(name)
-        self._reply(conn, channel, spec.QueueDeclareOk(name, depth, consumers), m.no_wait)
+        self._reply(conn, channel, spec.QueueDeclareOk(own, depth, consumers), m.no_wait)
 
     def _check_equivalent(self, meta: QueueMeta, m: spec.QueueDeclare) -> None:
         """RabbitMQ's rule for redeclaring a queue: the same exclusive flag (405 RESOURCE_LOCKED,
