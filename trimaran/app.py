@@ -53,7 +53,7 @@ from trimaran.storage.lock import DataDirLock
 from trimaran.storage.mqtt_store import MqttStore
 from trimaran.storage.store import Storage
 from trimaran.storage.vhost_store import VHostRows
-from trimaran.vhosts import VHosts
+from trimaran.vhosts import VHosts, prefix
 
 if TYPE_CHECKING:
     from trimaran.cluster.node import ClusterNode
@@ -168,6 +168,7 @@ class App:
         amqp_store = AmqpStore(storage.engine)
         self.amqp091 = Amqp091FrontEnd(self.broker, settings, self.queues, amqp_store, security)
         self.amqp1 = Amqp1FrontEnd(self.broker, settings, self.queues, security)
+        vhosts.on_delete(self._empty_vhost)
         self.telemetry.bind(self.broker, self.queues, self.mqtt, self.webhooks, self.runner)
         self.telemetry.security = security  # failed logins and refusals in /metrics
         self.listeners = self._build_listeners(tls)
@@ -211,6 +212,31 @@ class App:
             storage.close()
             self.telemetry.shutdown()
             log.info("trimaran stopped")
+
+    async def _empty_vhost(self, vhost: str) -> None:
+        """``VHosts.delete``: everything in the vhost goes — its connections, MQTT sessions, AMQP
+        exchanges and bindings, queues (any protocol's), retained messages and permissions."""
+        assert self.broker is not None and self.queues is not None and self.security is not None
+        key_prefix = prefix(vhost)
+        if self.amqp1 is not None:
+            self.amqp1.forget_vhost(key_prefix)
+        sessions = self.mqtt.forget_vhost(key_prefix) if self.mqtt is not None else 0
+        if self.amqp091 is not None:
+            await self.amqp091.forget_vhost(vhost)  # its queues with their AMQP consumers
+        queues = [name for name in list(self.queues.queues) if name.startswith(key_prefix)]
+        for name in queues:
+            await self.queues.delete(name)
+        retained = [m.topic for m in self.broker.retained.messages() if m.topic.startswith(key_prefix)]
+        for topic in retained:
+            self.broker.retained.delete(topic)
+        self.security.forget_vhost(vhost)
+        log.info(
+            "vhost %s deleted: %d sessions, %d more queues, %d retained messages",
+            vhost,
+            sessions,
+            len(queues),
+            len(retained),
+        )
 
     def _node_id(self) -> str:
         """The name this process writes in queue events and claims.

@@ -90,3 +90,20 @@ def test_a_node_with_a_plain_route_and_a_share_group_gets_one_forward() -> None:
     targets = table.targets("jobs/1")
     assert targets.nodes == {"b": [("g", "jobs/#")]}
     assert targets.elsewhere == frozenset({("g", "jobs/#")})
+
+
+def test_a_tenants_routes_carry_its_vhost_across_nodes() -> None:
+    """Keys carry the vhost (trimaran/vhosts.py): a node's tenant subscriptions are routes for that
+    tenant's publishes only, and the $ rule holds at the tenant's own first level."""
+    from trimaran.vhosts import prefix
+
+    t1, t2 = prefix("t1"), prefix("t2")
+    table = RouteTable("a")
+    table.add("b", t1 + "#")
+    table.add("c", "#")
+    table.add("d", f"$share/g/{t2}jobs/+")
+    assert set(table.targets(t1 + "x/y").nodes) == {"b"}
+    assert table.targets(t1 + "$SYS/x").nodes == {}
+    assert set(table.targets("x/y").nodes) == {"c"}
+    assert set(table.targets(t2 + "jobs/1").nodes) == {"d"}
+    assert table.targets(t1 + "jobs/1").nodes.keys() == {"b"}

@@ -121,6 +121,22 @@ class Amqp091FrontEnd:
         """The tenant a queue key or topic key belongs to."""
         return self.tenant(vhost_of(key))
 
+    async def forget_vhost(self, vhost: str) -> None:
+        """A vhost is deleted: its connections close (320 CONNECTION_FORCED, as RabbitMQ), its
+        queues go with their consumers, its exchanges and bindings from memory and storage."""
+        tenant = self.tenants.pop(vhost, None)
+        if tenant is None or tenant is self.root:
+            return
+        for conn in list(self.conns):
+            if conn.tenant is tenant and not conn.machine.closed:
+                conn.kick(spec.CONNECTION_FORCED, f"CONNECTION_FORCED - vhost '{vhost}' is deleted")
+        for name in [n for n in list(self.manager.queues) if vhost_of(n) == vhost]:
+            await tenant.ops.delete_queue(name)
+        for endpoint in tenant.router_bindings.values():
+            self.broker.router.unsubscribe_all(endpoint)
+        if self.amqp_store is not None:
+            await anyio.to_thread.run_sync(self.amqp_store.delete_vhost, vhost)
+
     def _admit(self, conn: Amqp091Conn, vhost: str) -> str | None:
         """connection.open: why ``conn`` may not enter ``vhost`` (530 NOT_ALLOWED), as RabbitMQ says."""
         if not self.broker.vhosts.exists(vhost):

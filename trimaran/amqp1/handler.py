@@ -256,6 +256,12 @@ class Amqp1FrontEnd:
         )
         log.debug("amqp1: %r connected from %s", conn.container_id, conn.peer)
 
+    def forget_vhost(self, vhost_prefix: str) -> None:
+        """A vhost is deleted: its connections close (amqp:connection:forced), as RabbitMQ does."""
+        for conn in list(self.connections):
+            if vhost_prefix and conn.vhost_prefix == vhost_prefix and not conn.machine.closed:
+                conn.close(Error(condition=Symbol("amqp:connection:forced"), description="vhost deleted"))
+
     def _vhost_for(self, conn: Amqp1Conn, hostname: str | None) -> str:
         """``open.hostname`` as RabbitMQ reads it: ``vhost:NAME`` names a vhost; a plain host name
         (clients send the host they dialled) is the vhost only if one of that name exists; else the

@@ -565,6 +565,14 @@ class MqttFrontEnd:
         log.info("mqtt: session %r deleted by an administrator", client_id)
         return True
 
+    def forget_vhost(self, vhost_prefix: str) -> int:
+        """A vhost is deleted: its sessions end (connected clients are disconnected, 0x98) and are
+        not kept. Returns how many there were."""
+        doomed = [cid for cid in self.endpoints if vhost_prefix and cid.startswith(vhost_prefix)]
+        for client_id in doomed:
+            self.delete_session(client_id)
+        return len(doomed)
+
     def _connection_closed(self, conn: MqttConn, event: ConnectionClosed) -> None:
         endpoint = conn.endpoint
         self.broker.presence.left(

@@ -96,6 +96,12 @@ class AmqpStore:
                 )
             )
 
+    def delete_vhost(self, vhost: str) -> None:
+        """Every exchange and binding of ``vhost`` (the vhost is deleted)."""
+        with self.engine.begin() as connection:
+            connection.execute(delete(amqp_bindings).where(amqp_bindings.c.vhost == vhost))
+            connection.execute(delete(amqp_exchanges).where(amqp_exchanges.c.vhost == vhost))
+
     def delete_exchange(self, name: str, *, vhost: str = "/") -> None:
         """Delete an exchange and every binding it is the source or destination of."""
         with self.engine.begin() as connection:

@@ -1,0 +1,73 @@
+"""The application's vhosts: one created at run time, used by clients, then deleted with its contents.
+
+The real App runs in-process (tests/support/budget.py's ``InProcessServer``); ``VHosts.add`` and
+``VHosts.delete`` run on its event loop, as the admin API will call them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from tests.support.budget import InProcessServer
+from tests.support.paho import V5, Endpoints, connect
+from trimaran.vhosts import prefix
+
+T = TypeVar("T")
+
+
+def _on_loop(server: InProcessServer, coro: Coroutine[Any, Any, T]) -> T:
+    loop = server.app.runner._loop
+    assert loop is not None
+    return asyncio.run_coroutine_threadsafe(coro, loop).result(10)
+
+
+def test_a_vhost_added_at_run_time_is_used_and_deleted_with_everything_in_it(tmp_path: Path) -> None:
+    pika = pytest.importorskip("pika")
+    server = InProcessServer(tmp_path, auth={"allow_anonymous": True}).start()
+    try:
+        vhosts = server.app.broker.vhosts  # type: ignore[union-attr]
+        endpoints = Endpoints("127.0.0.1", server.port("mqtt"))
+        refused = connect(endpoints, version=V5, username="late:someone", expect_success=False)
+        assert refused.connack.get(timeout=5)[1].is_failure
+        refused.drop()
+        assert _on_loop(server, vhosts.add("late"))
+        topic = f"news/{uuid.uuid4().hex[:6]}"
+        client = connect(
+            endpoints, "keeper", version=V5, username="late:someone", clean=False, properties=None
+        )
+        client.publish(topic, b"kept", qos=1, retain=True)
+        client.publish("$queue/work", b"job", qos=1)
+        params = pika.ConnectionParameters("127.0.0.1", server.port("amqp"), "late", connection_attempts=1)
+        amqp = pika.BlockingConnection(params)
+        channel = amqp.channel()
+        channel.exchange_declare("late-ex", "fanout", durable=True)
+        channel.queue_declare("late-q", durable=True)
+        channel.queue_bind("late-q", "late-ex")
+        key = prefix("late")
+        app = server.app
+        assert app.queues is not None and app.mqtt is not None
+        assert {key + "work", key + "late-q"} <= set(app.queues.queues)
+        assert any(m.topic == key + topic for m in app.broker.retained.messages())  # type: ignore[union-attr]
+        assert key + "keeper" in app.mqtt.endpoints
+
+        assert _on_loop(server, vhosts.delete("late"))
+
+        assert not vhosts.exists("late")
+        assert not [name for name in app.queues.queues if name.startswith(key)]
+        assert not [m for m in app.broker.retained.messages() if m.topic.startswith(key)]  # type: ignore[union-attr]
+        assert key + "keeper" not in app.mqtt.endpoints
+        assert client.disconnects.get(timeout=5)[0].value == 0x98  # administrative action
+        with pytest.raises(pika.exceptions.AMQPError):
+            for _ in range(50):
+                amqp.process_data_events(0.1)
+        again = connect(endpoints, version=V5, username="late:someone", expect_success=False)
+        assert again.connack.get(timeout=5)[1].is_failure  # it no longer exists
+        again.drop()
+    finally:
+        server.stop()
