@@ -404,3 +404,28 @@ def test_kombu_on_a_non_default_vhost(vhost_server: RunningServer) -> None:
                 simple.get(timeout=0.5)
             simple.close()
     assert received == {"t1": [{"vhost": "t1"}], "t2/eu": [{"vhost": "t2/eu"}]}
+
+
+def test_mqtt_to_amqp091_inside_a_tenant_carries_its_own_names(vhost_server: RunningServer) -> None:
+    pytest.importorskip("pika")
+    queue, root = _unique("inbox-"), _unique("cross")
+    connection = _pika(vhost_server.ports["amqp"], "t1")
+    mqtt = connect(Endpoints("127.0.0.1", vhost_server.ports["mqtt"]), username="t1:alice", password="a")
+    try:
+        channel = connection.channel()
+        bound = channel.queue_declare("", exclusive=True).method.queue
+        channel.queue_bind(bound, "amq.topic", f"{root}.#")
+        mqtt.publish(f"$queue/{queue}", b"to the queue", qos=1)
+        mqtt.publish(f"{root}/a", b"to the topic", qos=1)
+        got = {}
+        deadline = time.monotonic() + 5
+        while len(got) < 2 and time.monotonic() < deadline:
+            for name in (queue, bound):
+                method, _props, body = channel.basic_get(name, auto_ack=True)
+                if method is not None:
+                    got[body] = (method.exchange, method.routing_key)
+            time.sleep(0.05)
+        assert got == {b"to the queue": ("", queue), b"to the topic": ("amq.topic", f"{root}.a")}
+    finally:
+        mqtt.disconnect()
+        connection.close()

@@ -35,6 +35,7 @@ from trimaran.broker.mapping import property_text
 from trimaran.broker.message import PROTOCOL_AMQP091, Message, now_ms
 from trimaran.queue.policy import QUEUE_PREFIX, parse_queue_topic
 from trimaran.topics import topic_to_routing_key
+from trimaran.vhosts import TENANT, split_key
 
 #: basic properties carried in ``Message.extra`` under their own names.
 EXTRA_PROPERTIES = ("priority", "message_id", "timestamp", "type", "app_id", "user_id", "content_encoding")
@@ -152,7 +153,7 @@ def _add_deaths(headers: FieldTable, deaths: list[Any], first: object) -> None:
         entry: dict[str, FieldValue] = {
             "count": Int64(int(death.get("count") or 1)),
             "reason": str(death.get("reason", "")),
-            "queue": str(death.get("queue", "")),
+            "queue": split_key(str(death.get("queue", "")))[1],  # its name in its vhost
             "time": Timestamp(int(death.get("time") or 0) // 1000),
             "exchange": str(death.get("exchange", "")),
             "routing-keys": [str(k) for k in keys] if isinstance(keys, list) else [],
@@ -164,7 +165,8 @@ def _add_deaths(headers: FieldTable, deaths: list[Any], first: object) -> None:
     if isinstance(first, dict):
         for key in ("queue", "reason", "exchange"):
             if isinstance(first.get(key), str):
-                headers.setdefault(f"x-first-death-{key}", first[key])
+                value = split_key(first[key])[1] if key == "queue" else first[key]
+                headers.setdefault(f"x-first-death-{key}", value)
 
 
 _NO_EXTRA: dict[str, object] = {}
@@ -218,6 +220,8 @@ def delivery_address(message: Message) -> tuple[str, str]:
         if isinstance(exchange, str) and isinstance(key, str):
             return exchange, key
     topic = message.topic
+    if topic[:1] == "$" and topic.startswith(TENANT):
+        topic = split_key(topic)[1]  # the consumer's vhost is the message's: its own names
     if topic.startswith(QUEUE_PREFIX):
         parsed = parse_queue_topic(topic)  # the queue's name: $queue/$dlq/q is queue $dlq/q
         return "", parsed[0] if parsed is not None else topic[len(QUEUE_PREFIX) :].split("/", 1)[0]
