@@ -150,6 +150,10 @@ class ListenerSettings(Section):
     @classmethod
     def _vhost_names(cls, value: dict[str, str]) -> dict[str, str]:
         _valid_vhosts(list(value.values()))
+        listeners = ("amqp", "amqps", "mqtt", "mqtt_tls", "mqtt_ws", "mqtt_wss")
+        unknown = sorted(set(value) - set(listeners))
+        if unknown:
+            raise ValueError(f"no listener named {', '.join(unknown)} (one of {', '.join(listeners)})")
         return value
 
 

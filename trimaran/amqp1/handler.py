@@ -272,7 +272,8 @@ class Amqp1FrontEnd:
             return hostname
         settings = self.settings
         mapped = settings.auth.vhost_map.get(conn.user) if conn.user is not None else None
-        return mapped or settings.listeners.vhosts.get(conn.io.listener) or DEFAULT_VHOST
+        listener = conn.io.listener.replace("-", "_")  # "amqps" is listeners.amqps
+        return mapped or settings.listeners.vhosts.get(listener) or DEFAULT_VHOST
 
     def _refuse_vhost(self, conn: Amqp1Conn, vhost: str) -> Error | None:
         """Why ``conn`` may not enter ``vhost``, as RabbitMQ closes such a connection."""

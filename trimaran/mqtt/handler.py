@@ -375,7 +375,8 @@ class MqttFrontEnd:
         (``auth.vhost_map``), else its listener's (``listeners.vhosts``), else ``/``."""
         settings = self.settings
         mapped = settings.auth.vhost_map.get(identity) if identity is not None else None
-        return mapped or settings.listeners.vhosts.get(conn.io.listener) or DEFAULT_VHOST
+        listener = conn.io.listener.replace("-", "_")  # "mqtt-tls" is listeners.mqtt_tls
+        return mapped or settings.listeners.vhosts.get(listener) or DEFAULT_VHOST
 
     async def _connect_held(
         self,

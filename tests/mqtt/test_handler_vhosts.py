@@ -1,0 +1,34 @@
+"""mqtt/handler.py: the vhost of a client that names none (RabbitMQ's MQTT plugin's order)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from trimaran.broker.core import Broker
+from trimaran.config import Settings
+from trimaran.mqtt.handler import MqttFrontEnd
+
+
+def _conn(listener: str) -> Any:
+    return SimpleNamespace(io=SimpleNamespace(listener=listener))
+
+
+def test_the_user_mapping_wins_over_the_listener_and_the_listener_over_the_default() -> None:
+    settings = Settings(
+        listeners={"vhosts": {"mqtt_tls": "secure"}},
+        auth={"vhost_map": {"bob": "bobs", "CN=dev1": "devices"}},
+    )
+    front = MqttFrontEnd(Broker(), settings)
+    assert front._vhost_for(_conn("mqtt-tls"), None) == "secure"
+    assert front._vhost_for(_conn("mqtt-tls"), "bob") == "bobs"
+    assert front._vhost_for(_conn("mqtt"), "CN=dev1") == "devices"
+    assert front._vhost_for(_conn("mqtt"), "alice") == "/"
+
+
+def test_a_listener_mapping_must_name_a_listener() -> None:
+    with pytest.raises(ValidationError, match="no listener named mqtt_tsl"):
+        Settings(listeners={"vhosts": {"mqtt_tsl": "secure"}})
