@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -26,7 +26,6 @@ from trimaran.runtime.transport import Conn
 
 if TYPE_CHECKING:
     from trimaran.amqp091.ports import FrontEnd
-    from trimaran.amqp091.tenants import Tenant
     from trimaran.security.guard import Principal
 
 log = logging.getLogger(__name__)
@@ -90,7 +89,9 @@ class Amqp091Conn:
         self.written_hooks: set[ChannelState] = set()
         self.pending: InOrder[Pending] = InOrder()  # confirms and tx.commit-oks, in arrival order
         self.exclusive_queues: set[str] = set()
-        self.tenant: Tenant  # the vhost it works in: set by the front end at open, again at connection.open
+        # The vhost it works in (``tenants.Tenant``, a floor above: typed Any here, read back as a
+        # Tenant by the handler): set by the front end at open, again at connection.open.
+        self.tenant: Any
         self._blocked_sent = False
         self._confirmed: anyio.Event | None = None  # set when the last pending confirm is sent
         self._confirm_due = False  # a confirm is done: send what is ready before the next write

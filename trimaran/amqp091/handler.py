@@ -202,7 +202,8 @@ class Amqp091FrontEnd:
         for handle in channel.handles():
             await handle.cancel()
         conn.written_hooks.discard(channel)
-        await conn.tenant.ops.auto_delete_queues({c.queue for c in channel.consumers.values()})
+        tenant: Tenant = conn.tenant
+        await tenant.ops.auto_delete_queues({c.queue for c in channel.consumers.values()})
 
     def _drop_channels(self, conn: Amqp091Conn, numbers: list[int]) -> Awaitable[None] | None:
         """Forget channels now (nothing is sent on them any more); what they held is released by
@@ -307,7 +308,7 @@ class Amqp091FrontEnd:
         if channel is None:
             return None
         kind = type(method)
-        tenant = conn.tenant
+        tenant: Tenant = conn.tenant
         ops = tenant.ops
         refusal = check_method(self.security, tenant.exchanges, conn, channel, method)
         if refusal is not None:
@@ -550,7 +551,7 @@ class Amqp091FrontEnd:
         if not exchange and key.startswith(QUEUE_PREFIX):
             self._publish_cross(conn, channel, method, props, body, entry, encoded)
             return
-        tenant = conn.tenant
+        tenant: Tenant = conn.tenant
         exchanges = tenant.exchanges
         try:
             exchanges.check_publish(exchange)
@@ -613,7 +614,7 @@ class Amqp091FrontEnd:
         (``queues.auto_create``). Refused (auto_create off, a bad name, a full queue): the confirm
         is a nack and a mandatory publish comes back; never confirmed and dropped."""
         key = method.routing_key
-        vhost_prefix = conn.tenant.prefix
+        vhost_prefix: str = conn.tenant.prefix
         parsed = parse_queue_topic(vhost_prefix + key)  # the queue's key in the connection's vhost
         sent = False
         if parsed is not None and parsed[2] is None and not is_reserved(key[len(QUEUE_PREFIX) :]):
