@@ -682,12 +682,13 @@ class ServerConnection:
 
     def _auth_failure(self, text: str, events: deque[Event]) -> None:
         text = truncate_shortstr(f"ACCESS_REFUSED - {text}")
+        # No method named (0, 0), as RabbitMQ's refusal names none.
         if self.client_capabilities.get("authentication_failure_close") is True:
-            self._start_close(ACCESS_REFUSED, text, 10, 11)
-            events.append(ConnectionClosing(ACCESS_REFUSED, text, 10, 11))
+            self._start_close(ACCESS_REFUSED, text, 0, 0)
+            events.append(ConnectionClosing(ACCESS_REFUSED, text, 0, 0))
             # The client will answer close-ok; the handler may also just close after a flush.
         else:
-            self._finish(events, ACCESS_REFUSED, text, 10, 11)
+            self._finish(events, ACCESS_REFUSED, text, 0, 0)
 
     def _start_close(self, code: int, text: str, class_id: int, method_id: int) -> None:
         text = truncate_shortstr(text)

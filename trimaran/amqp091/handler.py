@@ -64,7 +64,6 @@ from trimaran.vhosts import DEFAULT_VHOST, is_reserved, vhost_of
 log = logging.getLogger(__name__)
 
 HOUSEKEEPING_INTERVAL: Final = 1.0
-GUEST: Final = ("guest", "guest")
 
 
 class Amqp091FrontEnd:
@@ -428,12 +427,12 @@ class Amqp091FrontEnd:
             verdict = security.failed_login(
                 "amqp091", None, host, "bad user name or password", False, (None, peer)
             )
-        elif (event.username, event.password) == GUEST and not security.known_user(GUEST[0]):
+        elif security.is_default_guest(event.username, event.password):
             # RabbitMQ's default guest/guest is what AMQP clients send when they have no account:
             # it is the anonymous login here unless a real user 'guest' is configured (and, as
             # any 'guest', it is accepted from loopback only).
             verdict = security.login(
-                GUEST[0], None, host, protocol="amqp091", anonymous_alias=True, peer=peer
+                event.username, None, host, protocol="amqp091", anonymous_alias=True, peer=peer
             )
         else:
             verdict = security.login(event.username, event.password, host, protocol="amqp091", peer=peer)

@@ -211,6 +211,10 @@ class Amqp1FrontEnd:
                 verdict = security.login(
                     None, None, host, protocol="amqp1", certificate_user=user, peer=conn.peer
                 )
+        elif security.is_default_guest(creds.username, creds.password):
+            verdict = security.login(  # RabbitMQ's default login: anonymous here, from loopback only
+                creds.username, None, host, protocol="amqp1", anonymous_alias=True, peer=conn.peer
+            )
         else:
             verdict = security.login(creds.username, creds.password, host, protocol="amqp1", peer=conn.peer)
         return on_login(

@@ -359,6 +359,7 @@ class MqttFrontEnd:
             conn.io.peer_host,
             protocol="mqtt",
             certificate_user=certificate_user,
+            anonymous_without_users=True,  # Mosquitto's rule
             client_id=request.client_id,
             peer=conn.peer,
         )

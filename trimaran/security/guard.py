@@ -7,6 +7,10 @@
   failure up to ``auth.login_delay_max_s``; forgotten after a success or a quiet minute).
 - Anonymous clients: ``auth.allow_anonymous``; unset, only from loopback addresses. Users named in
   ``auth.loopback_users`` (``guest``) only from loopback, as RabbitMQ's ``loopback_users``.
+- A user name that names nobody, or a wrong password, is refused, also with no users configured
+  (RabbitMQ's rule); only MQTT treats a name with no users configured as anonymous (Mosquitto's).
+  AMQP's ``guest``/``guest``, RabbitMQ's default login, is the anonymous login unless a real user
+  ``guest`` is configured (:meth:`Security.is_default_guest`).
 - Certificates: a verified client certificate's subject field (``auth.identity_field``) as username.
 - Permissions (:mod:`trimaran.security.acl`): each connection holds a :class:`Principal`; hulls ask
   :meth:`Security.authorize` before a publish, a subscription, a settle or a queue change. Without a
@@ -49,6 +53,8 @@ DECISION_CACHE: Final = 512  # per connection
 CACHE_MAX_USERS: Final = 10_000
 QUEUE_TOPIC: Final = "$queue/"
 GUARDED: Final = ("$SYS/", TENANT)
+#: RabbitMQ's default user and password: what AMQP clients send when given no account
+GUEST: Final = ("guest", "guest")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -255,6 +261,13 @@ class Security:
     def known_user(self, name: str) -> bool:
         return name in self.hashed or name in self.plain
 
+    def is_default_guest(self, username: str | None, password: str | bytes | None) -> bool:
+        """RabbitMQ's default ``guest``/``guest`` with no real user ``guest`` configured: the AMQP
+        hulls log it in as anonymous (``anonymous_alias``), from loopback only, as RabbitMQ does."""
+        if isinstance(password, bytes):
+            password = password.decode("utf-8", "replace")
+        return (username, password) == GUEST and not self.known_user(GUEST[0])
+
     # -- logins -----------------------------------------------------------------------------------
 
     def anonymous_allowed(self, host: str) -> bool:
@@ -271,6 +284,7 @@ class Security:
         protocol: str,
         certificate_user: str | None = None,
         anonymous_alias: bool = False,
+        anonymous_without_users: bool = False,
         client_id: str | None = None,
         peer: str | None = None,
     ) -> Login | Awaitable[Login]:
@@ -281,9 +295,11 @@ class Security:
         ``anonymous_alias``: RabbitMQ's default guest/guest standing for an anonymous client
         (``username`` is still checked against the loopback-only users).
 
-        With no users at all (no password file, no ``auth.users``), a user name names nobody: where
-        anonymous clients are accepted, the client is anonymous, as Mosquitto treats a user name with
-        ``allow_anonymous`` and no password file (several client libraries always send one).
+        A user name that names nobody is refused, as RabbitMQ refuses it, also with no users at all.
+        ``anonymous_without_users`` (MQTT): with no users at all (no password file, no
+        ``auth.users``), where anonymous clients are accepted, the client is anonymous instead, as
+        Mosquitto treats a user name with ``allow_anonymous`` and no password file (several client
+        libraries always send one).
 
         ``client_id`` and ``peer`` (``host:port``) only say who failed in the log line."""
         who = (client_id, peer or host)
@@ -297,8 +313,8 @@ class Security:
             if self.anonymous_allowed(host):
                 return Login(True, None)
             return self.failed_login(protocol, username, host, "anonymous refused", True, who)
-        if not (self.hashed or self.plain) and self.anonymous_allowed(host):
-            return Login(True, None)  # a name of nobody, where anyone may connect: anonymous
+        if anonymous_without_users and not (self.hashed or self.plain) and self.anonymous_allowed(host):
+            return Login(True, None)  # Mosquitto: a name of nobody, where anyone may connect
         raw = password.encode() if isinstance(password, str) else password
         if not self.throttle.delay(host) and raw is not None:
             known = self._known_password(username, raw)
