@@ -9,7 +9,7 @@ exchange (``$exchange/amq.default`` for the default one) and read on itself, as 
 A queue this connection declared exclusive needs no rule: it is its own.
 Publishing is checked where it is routed (:func:`publish_targets`, :func:`check_queue_publish`).
 
-The connection and channel are read through two small protocols (three fields in all), so that the
+The connection and channel are read through two small protocols (four fields in all), so that the
 mapping sits below the connection and the front end, and ``security/`` knows no protocol.
 """
 
@@ -21,8 +21,14 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 from trimaran.amqp091 import spec
 from trimaran.queue.policy import queue_topic
-from trimaran.security.guard import CONFIGURE, READ, WRITE, Principal, Security
-from trimaran.topics import TopicError, binding_key_to_filter, routing_key_to_topic
+from trimaran.security.guard import CONFIGURE, GUEST, READ, WRITE, Principal, Security, queue_of
+from trimaran.topics import (
+    TopicError,
+    binding_key_to_filter,
+    filter_to_binding_key,
+    routing_key_to_topic,
+    topic_to_routing_key,
+)
 from trimaran.vhosts import split_key
 
 if TYPE_CHECKING:
@@ -44,6 +50,9 @@ class Owner(Protocol):
     @property
     def exclusive_queues(self) -> set[str]: ...
 
+    @property
+    def virtual_host(self) -> str | None: ...
+
 
 class Channel(Protocol):
     """A channel (``channels.ChannelState``): the queue a nameless queue method means."""
@@ -57,11 +66,22 @@ def exchange_topic(name: str) -> str:
     return EXCHANGE_PREFIX + (name or DEFAULT_EXCHANGE)
 
 
-def _refusal(access: str, topic: str, method: spec.Method) -> spec.ProtocolError:
-    what = f"queue '{topic[7:]}'" if topic.startswith("$queue/") else repr(topic)
+def _refusal(conn: Owner, access: str, topic: str, method: spec.Method) -> spec.ProtocolError:
+    """403 in RabbitMQ's words: ``access to queue 'q' in vhost '/' refused for user 'u'`` (the
+    anonymous login is RabbitMQ's ``guest``); a topic reads as RabbitMQ's topic authorisation."""
+    queue = queue_of(topic)
+    if queue is not None:
+        what = f"queue '{queue}'"
+    elif topic.startswith(EXCHANGE_PREFIX):
+        what = f"exchange '{topic[len(EXCHANGE_PREFIX) :]}'"
+    else:
+        key = topic_to_routing_key(topic) if access == WRITE else filter_to_binding_key(topic)
+        what = f"topic '{key}' in exchange 'amq.topic'"
+    vhost = conn.virtual_host or "/"
+    user = conn.principal.user if conn.principal is not None else None
     return spec.ProtocolError(
         ACCESS_REFUSED,
-        f"ACCESS_REFUSED - access to {what} refused for {access}",
+        f"access to {what} in vhost '{vhost}' refused for user '{user or GUEST[0]}'",
         class_id=method.CLASS_ID,
         method_id=method.METHOD_ID,
     )
@@ -145,10 +165,10 @@ def check_method(
         if any(security.allowed(principal, a, topic) for a in (READ, WRITE, CONFIGURE)):
             return None
         security.refused(principal, READ, topic)
-        return _refusal(READ, topic, method)
+        return _refusal(conn, READ, topic, method)
     for access, topic in method_needs(exchanges, conn, channel, method):
         if not security.authorize(principal, access, topic):
-            return _refusal(access, topic, method)
+            return _refusal(conn, access, topic, method)
     return None
 
 
@@ -172,7 +192,7 @@ def publish_targets(
             and key not in conn.exclusive_queues
             and not security.authorize(principal, WRITE, queue_topic(key))
         ):
-            raise _refusal(WRITE, queue_topic(key), method)
+            raise _refusal(conn, WRITE, queue_topic(key), method)
         return targets
     if to_router:
         try:
@@ -180,7 +200,7 @@ def publish_targets(
         except TopicError:
             topic = ""
         if topic and not security.authorize(principal, WRITE, topic):
-            raise _refusal(WRITE, topic, method)
+            raise _refusal(conn, WRITE, topic, method)
     allowed = set()
     for name in targets:
         # The rules see the queue's name in its vhost, not its key (trimaran/vhosts.py).
@@ -199,4 +219,4 @@ def check_queue_publish(
     name) writes that topic, as an MQTT publish to it does: ``403 ACCESS_REFUSED`` when the rules say
     no (a queue this connection declared exclusive is its own)."""
     if name not in conn.exclusive_queues and not security.authorize(principal, WRITE, topic):
-        raise _refusal(WRITE, topic, method)
+        raise _refusal(conn, WRITE, topic, method)

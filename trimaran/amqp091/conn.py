@@ -96,6 +96,11 @@ class Amqp091Conn:
         self._confirmed: anyio.Event | None = None  # set when the last pending confirm is sent
         self._confirm_due = False  # a confirm is done: send what is ready before the next write
 
+    @property
+    def virtual_host(self) -> str | None:
+        """The vhost connection.open named (None before it)."""
+        return self.machine.virtual_host
+
     # -- the runtime's Hull -----------------------------------------------------------------------
 
     def handle(self, event: object) -> Awaitable[None] | None:
