@@ -119,7 +119,7 @@ async def test_a_silent_connection_is_closed_at_the_handshake_deadline(tmp_path:
         wire = Wire(deck.runner, deck.open)
         await wire.feed([spec.PROTOCOL_HEADER])
         with anyio.fail_after(2):  # the runtime half-closes, then lingers for the peer's end
-            while not (wire.transport.eof_written or wire.transport.closed):
+            while not wire.closing:
                 await anyio.sleep(0.01)
         await wire.eof()
         assert wire.transport.closed
@@ -170,7 +170,7 @@ async def test_a_refused_tx_commit_holds_back_no_other_confirm(tmp_path: Path) -
             ]
         )
         with anyio.fail_after(5):
-            while not wire.transport.eof_written:
+            while not wire.closing:
                 await anyio.sleep(0.005)
         got = methods(wire.transport.take())
         closes = [m for ch, m in got if ch == 1 and isinstance(m, spec.ChannelClose)]

@@ -183,14 +183,14 @@ def split_table(data: bytes) -> dict[str, bytes]:
 class RawClient:
     """Just enough AMQP 0.9.1 to send and read a content header byte for byte."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, heartbeat: int = 0) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
         self.buf = b""
         self.sock.sendall(b"AMQP\x00\x00\x09\x01")
         self.expect(commands.Connection.Start)
         self.send(0, commands.Connection.StartOk(mechanism="PLAIN", response="\0guest\0guest"))
         tune = self.expect(commands.Connection.Tune)
-        self.send(0, commands.Connection.TuneOk(tune.channel_max, tune.frame_max, 0))
+        self.send(0, commands.Connection.TuneOk(tune.channel_max, tune.frame_max, heartbeat))
         self.send(0, commands.Connection.Open("/"))
         self.expect(commands.Connection.OpenOk)
         self.send(1, commands.Channel.Open())

@@ -1,7 +1,8 @@
 """After a protocol error the server's last words reach the peer (issues 18 and 22): it stops
 writing, half-closes and drains what the peer still sends, so the peer reads the DISCONNECT's
 reason code (MQTT 5) or connection.close (AMQP 0.9.1) and then an orderly end of stream, never a
-reset, even when it had more bytes on the way when the error happened."""
+reset, even when it had more bytes on the way when the error happened. After a close the client
+began, the end of the TCP connection is the client's, as with RabbitMQ."""
 
 from __future__ import annotations
 
@@ -84,5 +85,39 @@ def test_amqp091_connection_error_close_survives_frames_in_flight(amqp_server: R
         start = time.monotonic()
         assert read_all(client.sock) == b""  # then an orderly end of stream
         assert time.monotonic() - start < 3
+    finally:
+        client.close()
+
+
+HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
+
+
+def seconds_until_closed(sock: socket.socket, timeout: float) -> float:
+    """How long until the server ends the connection (an end of stream, or RabbitMQ's reset);
+    only heartbeat frames may come meanwhile."""
+    start = time.monotonic()
+    sock.settimeout(timeout)
+    while True:
+        try:
+            data = sock.recv(65536)
+        except ConnectionResetError:
+            data = b""
+        if not data:
+            return time.monotonic() - start
+        assert data.replace(HEARTBEAT_FRAME, b"") == b"", data
+
+
+def test_amqp091_close_ok_leaves_the_socket_to_the_client(amqp_port: int) -> None:
+    """After the close-ok to the client's connection.close the server waits for the client to close
+    the socket, and closes it itself only after a timeout, as RabbitMQ does (it waits the negotiated
+    heartbeat, here 3 s, and resets; Trimaran waits its close timeout, 5 s, and ends the stream). A
+    client that found the socket shut first could report its own clean close as an error
+    (amqp091-go's ``TestConcurrentClose`` got ``501 EOF``)."""
+    client = RawClient(amqp_port, heartbeat=3)
+    try:
+        client.send(0, commands.Connection.Close(200, "bye", 0, 0))
+        client.expect(commands.Connection.CloseOk)
+        waited = seconds_until_closed(client.sock, timeout=15)
+        assert 2.5 < waited < 8
     finally:
         client.close()

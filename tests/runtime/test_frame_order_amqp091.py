@@ -110,7 +110,7 @@ async def session(deck: Deck, chunks: list[bytes]) -> tuple[list[tuple[int, obje
     wire = Wire(deck.runner, deck.open)
     await feed(wire, chunks)
     with anyio.fail_after(5):  # the stream ends with connection.close: wait for close-ok
-        while not (wire.transport.eof_written or wire.transport.closed):
+        while not wire.closing:
             await anyio.sleep(0.001)
     output = read(wire.transport.take())
     await wire.eof()
@@ -153,7 +153,7 @@ async def test_declare_and_publish_before_channel_close_take_effect(tmp_path: Pa
                 ]
                 assert output[-2] == (2, spec.QueueDeclareOk("q", 1, 0))
             assert output == first, how
-            assert wire.transport.eof_written or wire.transport.closed, how
+            assert wire.closing, how
             assert not wire.transport.aborted, how
             await deck.front.ops.delete_queue("q")
 

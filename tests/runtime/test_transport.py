@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
+import anyio
 import pytest
 
 from tests.support.runtime import LineHull, LineMachine, Wire, cuts, running, settle
@@ -86,6 +88,49 @@ async def test_close_half_closes_then_lingers_until_the_peer_closes() -> None:
         assert not wire.transport.closed and hulls.made[0].seen == [b"close"]
         await wire.eof()
         assert wire.transport.closed and hulls.made[0].finished
+
+
+def peer_closes(seconds: float) -> tuple[LineMachine, Callable[[Conn, bytes], Hull]]:
+    machine = LineMachine()
+    machine.peer_close_s = seconds
+    return machine, lambda io, first: LineHull(io, machine)
+
+
+async def test_a_close_left_to_the_peer_is_not_half_closed_and_ends_after_the_wait() -> None:
+    """AMQP 0.9.1 after its close-ok: the peer closes the socket; the runtime only after the wait."""
+    _machine, factory = peer_closes(0.2)
+    async with running() as runner:
+        wire = Wire(runner, factory)
+        await wire.feed([b"close\n"])
+        assert wire.transport.take() == b"BYE\nCLOSE\n"
+        assert not wire.transport.eof_written and not wire.transport.closed
+        await wire.feed([b"late bytes are read and dropped\n"])
+        start = time.monotonic()
+        while not wire.transport.closed and time.monotonic() - start < 2:
+            await settle()
+        assert wire.transport.closed and not wire.transport.eof_written
+        assert time.monotonic() - start > 0.1
+
+
+async def test_a_close_left_to_the_peer_ends_with_the_peers_end_of_stream() -> None:
+    _machine, factory = peer_closes(30)
+    async with running() as runner:
+        wire = Wire(runner, factory)
+        await wire.feed([b"close\n"])
+        assert not wire.transport.closed
+        await wire.eof()
+        assert wire.transport.closed and not wire.transport.eof_written
+
+
+async def test_shutdown_does_not_wait_for_a_peer_left_to_close() -> None:
+    _machine, factory = peer_closes(30)
+    runner = Runner()
+    async with running(runner):
+        wire = Wire(runner, factory)
+        await wire.feed([b"close\n"])
+        with anyio.fail_after(2):
+            await runner.shutdown()
+        assert wire.transport.closed and not runner.conns
 
 
 async def test_machine_deadline_ticks() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 
 from trimaran.runtime.runner import Runner
-from trimaran.runtime.transport import Conn, HullFactory
+from trimaran.runtime.transport import OPEN, Conn, HullFactory
 
 
 class FakeTransport(asyncio.Transport):
@@ -97,6 +97,12 @@ class Wire:
             self.conn.data_received(chunk)
             await settle()
 
+    @property
+    def closing(self) -> bool:
+        """The machine's last bytes are written: the runtime half-closed, waits for the peer to close
+        (``peer_close_s``), or closed."""
+        return self.conn.state != OPEN
+
     async def eof(self) -> None:
         if not self.transport.closed and self.conn.eof_received() is False:
             self.transport.close()
@@ -131,6 +137,7 @@ class LineMachine:
         self.eof = False
         self.deadline = deadline
         self.ticks: list[float] = []
+        self.peer_close_s = 0.0  # a test may leave the end of the connection to the peer
 
     def receive_data(self, data: bytes, now: float) -> None:
         if not self.closed:

@@ -255,6 +255,7 @@ class ServerConnection:
         self._events: deque[Event] = deque()
         self._eof = False  # the peer closed its side: end once the buffered frames are taken
         self._close_ok_due = False  # the peer's connection.close was handed out: close-ok next
+        self._peer_closes = False  # close-ok sent to the peer's close: the socket is its to close
         self._now = now
         self._last_received = now
         self._last_sent = now
@@ -292,6 +293,14 @@ class ServerConnection:
         """The connection is over: nothing more is read; ``data_to_send()`` holds the last bytes."""
         return self.state is ConnectionState.CLOSED
 
+    @property
+    def peer_close_s(self) -> float:
+        """After the close-ok to the peer's connection.close the peer closes the socket: RabbitMQ
+        waits for it, and closes only after a timeout (here ``close_timeout``). A client that finds
+        the socket shut first may report an error for its own clean close (amqp091-go's
+        ``501 EOF``). Our own close ends with the close-ok we receive: then we close."""
+        return self._close_timeout if self._peer_closes else 0.0
+
     def receive_data(self, data: bytes | bytearray | memoryview, now: float) -> None:
         """Buffer bytes from the socket; ``next_event()`` parses them."""
         if self.state is ConnectionState.CLOSED or self._eof or not data:
@@ -315,6 +324,7 @@ class ServerConnection:
             if self._close_ok_due:
                 self._send(0, ConnectionCloseOk())
                 self._end()
+                self._peer_closes = True
                 return None
             state = self.state
             if state is ConnectionState.CLOSED:

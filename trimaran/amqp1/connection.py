@@ -248,6 +248,8 @@ class ServerConnection:
         """Nothing more will happen: write out ``data_to_send()`` and close the transport."""
         return self.state is ConnState.CLOSED
 
+    peer_close_s = 0.0  # after the close performatives the server half-closes (and lingers)
+
     def receive_data(self, data: bytes | bytearray | memoryview, now: float) -> None:
         """Buffer bytes from the transport; ``next_event()`` parses them."""
         self._now = now

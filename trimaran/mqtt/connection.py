@@ -269,6 +269,8 @@ class ServerConnection:
     def closed(self) -> bool:
         return self.state == State.CLOSED
 
+    peer_close_s = 0.0  # the server ends the connection (after a DISCONNECT too, as Mosquitto)
+
     def data_to_send(self) -> bytes:
         """All bytes queued for the client since the last call (b"" if none)."""
         if not self._out:

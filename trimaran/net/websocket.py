@@ -77,6 +77,8 @@ class WebSocketMachine:
     def closed(self) -> bool:
         return self._refused or (self.upgraded and self.inner.closed)
 
+    peer_close_s = 0.0  # RFC 6455 7.1.1: the server closes the TCP connection first
+
     def receive_data(self, data: bytes, now: float) -> None:
         if self._ended:
             return

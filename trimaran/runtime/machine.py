@@ -23,6 +23,13 @@ class Machine(Protocol):
         """The protocol is over: nothing more is read; what ``data_to_send()`` returns is the last."""
         ...
 
+    @property
+    def peer_close_s(self) -> float:
+        """Once ``closed``: how long the peer is given to end the TCP connection itself, where the
+        protocol leaves that to it (AMQP 0.9.1 after the close-ok to the peer's connection.close, as
+        RabbitMQ waits). 0: the runtime half-closes at once and only lingers to drain."""
+        ...
+
     def receive_data(self, data: bytes, now: float) -> None:
         """Buffer bytes from the peer; ``now`` is the caller's monotonic time. Parses nothing yet."""
         ...

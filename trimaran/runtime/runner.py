@@ -128,6 +128,7 @@ class Runner:
             if conn.hull is None:
                 conn.abort()
                 continue
+            conn.stop_waiting()
             try:
                 conn.hull.shutdown()
             except Exception as exc:

@@ -9,8 +9,10 @@ frames still take effect in the order they arrived.
 
 A close is the protocol's: once the machine is closed the runtime writes what it queued, half-closes
 the socket and reads (and drops) what the peer still sends until it closes or the linger time passes,
-so that no reset destroys the last frame. A bug in the hull or the machine closes this connection,
-logged once with the peer, and reaches nothing else.
+so that no reset destroys the last frame. Where the protocol leaves the end to the peer (the machine's
+``peer_close_s``), the runtime does not half-close: it waits that long for the peer to close first.
+A bug in the hull or the machine closes this connection, logged once with the peer, and reaches
+nothing else.
 """
 
 from __future__ import annotations
@@ -124,6 +126,7 @@ class Conn(asyncio.Protocol):
         "_hold_timer",
         "_holding",
         "_linger_until",
+        "_peer_closes",
         "_peer_eof",
         "_read_paused",
         "_reading_paused",
@@ -171,6 +174,7 @@ class Conn(asyncio.Protocol):
         self._reading_paused = False  # the hull asked
         self._read_paused = False  # the transport is paused (hull, a step in flight, or memory)
         self._peer_eof = False
+        self._peer_closes = False  # closing: the protocol left the end of the connection to the peer
         self._held_by = 0  # slow readers this connection's publishes wait for (push_back)
         self._holding: set[Conn] | None = None  # the publishers waiting for this one to drain
         self._hold_timer: asyncio.TimerHandle | None = None
@@ -513,27 +517,39 @@ class Conn(asyncio.Protocol):
 
     def _begin_close(self) -> None:
         """The machine is closed and its last bytes are written: half-close, linger, then close
-        (at once when the peer has closed its side already)."""
+        (at once when the peer has closed its side already). Where the protocol leaves the end to
+        the peer, no half-close: its end of stream, or the machine's ``peer_close_s``, closes."""
         self.state = CLOSING
         if self._peer_eof:
             self._close_now()
+            return
+        hull = self.hull
+        wait = hull.machine.peer_close_s if hull is not None else 0.0
+        if wait > 0:
+            self._peer_closes = True
+            self._close_soon(wait, half_close=False)
         else:
             self._close_soon()
 
-    def _close_soon(self) -> None:
+    def _close_soon(self, wait: float = LINGER_S, *, half_close: bool = True) -> None:
         transport = self.transport
         assert transport is not None
-        self._linger_until = time.monotonic() + LINGER_S
+        self._linger_until = time.monotonic() + wait
         if self._read_paused:
             self._read_paused = False
             transport.resume_reading()
-        if transport.can_write_eof():
+        if half_close and transport.can_write_eof():
             try:
                 transport.write_eof()
             except OSError:
                 self._close_now()
                 return
         self.runner.watch_deadline(self)
+
+    def stop_waiting(self) -> None:
+        """The server stops: a connection left to its peer to close (``peer_close_s``) closes now."""
+        if self.state == CLOSING and self._peer_closes:
+            self._close_now()
 
     def _close_now(self) -> None:
         if self.transport is not None and self.state != GONE:
