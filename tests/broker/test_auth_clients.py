@@ -13,8 +13,11 @@ from trimaran.config import AuthSettings, UserSettings
 from trimaran.security.guard import Login, Security
 
 
-def verdict(security: Security, user: str | None, password: str | bytes | None, host: str) -> Login:
-    result = security.login(user, password, host, protocol="mqtt")
+def verdict(
+    security: Security, user: str | None, password: str | bytes | None, host: str, *, mqtt: bool = False
+) -> Login:
+    """``mqtt``: as the MQTT hull asks (Mosquitto's rule for a name with no users configured)."""
+    result = security.login(user, password, host, protocol="mqtt", anonymous_without_users=mqtt)
     if isinstance(result, Login):
         return result
 
@@ -43,21 +46,34 @@ def test_one_user_table_and_who_may_be_anonymous() -> None:
 
 
 def test_a_user_name_with_no_users_is_anonymous_where_anonymous_clients_are() -> None:
-    """Mosquitto's rule (allow_anonymous, no password file): the name names nobody. The loopback-only
-    default for anonymous clients and the loopback-only users still hold."""
+    """Mosquitto's rule for MQTT (allow_anonymous, no password file): the name names nobody. The
+    loopback-only default for anonymous clients and the loopback-only users still hold."""
     open_door = Security(AuthSettings(allow_anonymous=True, login_delay_initial_s=0))
     for name, password in (("", None), ("someone", None), ("someone", "anything")):
-        login = verdict(open_door, name, password, "192.0.2.7")
+        login = verdict(open_door, name, password, "192.0.2.7", mqtt=True)
         assert login.ok and login.user is None, name
-    assert not verdict(open_door, "guest", "guest", "192.0.2.7").ok  # auth.loopback_users
+    assert not verdict(open_door, "guest", "guest", "192.0.2.7", mqtt=True).ok  # auth.loopback_users
     unset = Security(AuthSettings(login_delay_initial_s=0))  # anonymous from loopback only
-    assert verdict(unset, "someone", "x", "127.0.0.1").ok
-    assert not verdict(unset, "someone", "x", "192.0.2.7").ok
+    assert verdict(unset, "someone", "x", "127.0.0.1", mqtt=True).ok
+    assert not verdict(unset, "someone", "x", "192.0.2.7", mqtt=True).ok
     closed = Security(AuthSettings(allow_anonymous=False, login_delay_initial_s=0))
-    assert not verdict(closed, "someone", "x", "127.0.0.1").ok
+    assert not verdict(closed, "someone", "x", "127.0.0.1", mqtt=True).ok
     users = [UserSettings(name="alice", password=SecretStr("wonderland"))]
     with_users = Security(AuthSettings(allow_anonymous=True, users=users, login_delay_initial_s=0))
-    assert not verdict(with_users, "someone", "x", "127.0.0.1").ok  # once users exist, names count
+    assert not verdict(with_users, "someone", "x", "127.0.0.1", mqtt=True).ok  # once users exist, names count
+
+
+def test_a_user_name_with_no_users_is_refused_on_amqp() -> None:
+    """RabbitMQ's rule for AMQP: a name of nobody, or guest with a wrong password, is refused and
+    counted as a failed login; RabbitMQ's default guest/guest stands for the anonymous login."""
+    open_door = Security(AuthSettings(allow_anonymous=True, login_delay_initial_s=0))
+    for name, password in (("", None), ("someone", None), ("someone", "anything"), ("guest", "wrong")):
+        login = verdict(open_door, name, password, "127.0.0.1")
+        assert not login.ok and not login.not_authorized, name
+    assert open_door.stats["login_failures"] == 4
+    assert open_door.is_default_guest("guest", b"guest") and not open_door.is_default_guest("guest", "x")
+    alias = open_door.login("guest", None, "127.0.0.1", protocol="amqp091", anonymous_alias=True)
+    assert isinstance(alias, Login) and alias.ok and alias.user is None
 
 
 def test_a_failed_login_is_one_warning_with_fields(caplog: pytest.LogCaptureFixture) -> None:

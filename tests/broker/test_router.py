@@ -292,3 +292,30 @@ def test_exact_filter_changes_keep_other_cache_entries() -> None:
     assert ids(r.match("a/2")) == ["a"]
     r.subscribe(C, "x/#", Opts())  # wildcard: everything goes
     assert r.cache_len() == 0
+
+
+def test_reads_leaves_out_the_topics_a_subscriber_may_not_read_and_is_asked_once_per_topic() -> None:
+    """A subscription its subscriber may read only in part (the permission rules): each topic is
+    asked once, the answer kept with the topic's cached match."""
+    r: Router[Client] = Router()
+    asked: list[str] = []
+
+    def reads(topic: str) -> bool:
+        asked.append(topic)
+        return topic != "t/secret"
+
+    r.subscribe(A, "t/#", Opts(qos=1, reads=reads))
+    r.subscribe(A, "t/+", Opts(qos=0))  # wholly readable: still delivered through this one
+    r.subscribe(B, "t/#", Opts())
+    for _ in range(3):
+        assert ids(r.match("t/x")) == ["a", "b"]
+        (secret_a,) = [d for d in r.match("t/secret") if d.subscriber is A]
+        assert secret_a.qos == 0 and len(secret_a.subscriptions) == 1
+    assert sorted(asked) == ["t/secret", "t/x"]
+    r.unsubscribe(A, "t/+")
+    assert ids(r.match("t/secret")) == ["b"]
+    r.unsubscribe(A, "t/#")
+    asked.clear()
+    assert ids(r.match("t/x")) == ["b"] and asked == []
+    with pytest.raises(ValueError):
+        r.subscribe(C, "t/#", Opts(share_group="g", reads=reads))

@@ -81,3 +81,39 @@ def test_bad_lines_are_named() -> None:
     for text in ("topic", "topic read a/#/b", "user", "subscribe a/b", "topic deny,read a"):
         with pytest.raises(acl.AclError, match=r"<rules>:1"):
             acl.parse(text)
+
+
+def some(user: str | None, topic_filter: str) -> bool:
+    return acl.decide_some(RULES.rules_for(user, "c1"), READ, topic_filter)
+
+
+def test_a_subscription_is_granted_when_some_topic_it_matches_may_be_read() -> None:
+    """Mosquitto's way: a wildcard over a deny is granted (each delivery decides for itself); a
+    filter wholly under a deny, or meeting no readable topic, is not."""
+    assert some("alice", "alice/#") and some("alice", "#") and some("alice", "+/+")
+    assert not some("alice", "alice/secret/#") and not some("alice", "alice/secret/+")
+    assert not some("alice", "bob/#") and not some(None, "alice/#")
+    assert some(None, "+/news") and some(None, "public")  # public/# matches "public" itself
+    assert not some("bob", "$SYS/#")  # "$" topics need a rule naming them: "#" is not one
+    assert some("alice", "$queue/+") and not some("alice", "$queue/other")
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "meeting"),
+    [
+        ("#", "a/b", "a/b"),
+        ("a/#", "a", "a"),
+        ("+/+", "a/#", "a/+"),
+        ("a/+", "+/b", "a/b"),
+        ("a/b/#", "a/#", "a/b/#"),
+        ("#", "#", "#"),
+        ("a/b", "a/c", None),
+        ("a/b", "a/b/c", None),
+        ("#", "$SYS/x", None),
+        ("+", "$SYS", None),
+        ("$SYS/#", "$SYS/+", "$SYS/+"),
+    ],
+)
+def test_intersection(a: str, b: str, meeting: str | None) -> None:
+    assert acl.intersection(a, b) == meeting
+    assert acl.intersection(b, a) == meeting

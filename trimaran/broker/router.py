@@ -75,6 +75,9 @@ class SubscriptionOptions:
 
     ``retain_handling`` is not used by the router; it is kept so that a session's subscriptions can be
     persisted and listed with everything MQTT 5 gives them. ``tag`` is opaque to the router.
+    ``reads``: set when the subscriber may read only some of the topics the filter matches (the
+    permission rules): a topic it says no to is left out of the match, and the answer is kept with
+    the topic's cached match, so a cache hit asks nothing. None (the default) costs nothing.
     """
 
     qos: int = 0
@@ -84,6 +87,7 @@ class SubscriptionOptions:
     share_group: str | None = None
     retain_handling: int = 0
     tag: object = None
+    reads: Callable[[str], bool] | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -206,6 +210,19 @@ class _Entry(Generic[S]):
         return result
 
 
+def _readable(topic: str, deliveries: list[Delivery[S]]) -> list[Delivery[S]]:
+    """The deliveries without the subscriptions whose subscriber may not read ``topic``."""
+    out: list[Delivery[S]] = []
+    for d in deliveries:
+        subs = d.subscriptions
+        kept = [s for s in subs if s.options.reads is None or s.options.reads(topic)]
+        if len(kept) == len(subs):
+            out.append(d)
+        elif kept:
+            out.append(_aggregate(kept))
+    return out
+
+
 def route_key(topic_filter: str, group: str | None) -> str:
     """A route's name: the filter, or ``$share/<group>/<filter>`` for a share group."""
     return topic_filter if group is None else f"{SHARE_PREFIX}{group}/{topic_filter}"
@@ -223,6 +240,7 @@ class Router(Generic[S]):
         self._root: _Node[S] = _Node()
         self._by_subscriber: dict[S, dict[tuple[str, str | None], Subscription[S]]] = {}
         self._count = 0
+        self._checked = 0  # subscriptions with ``reads``: while none, matches ask nothing
         self._cache: OrderedDict[str, _Entry[S]] = OrderedDict()
         self._cache_size = max(0, cache_size)
         # Bounded in bytes too: topics may be 64 KB long, and 8,192 of those would be half a GB.
@@ -256,6 +274,8 @@ class Router(Generic[S]):
                 raise TopicError(f"invalid share name {group!r}")
             if options.no_local:
                 raise ValueError("No Local cannot be set on a shared subscription")
+            if options.reads is not None:
+                raise ValueError("a shared subscription is read whole or not at all (no reads)")
         if not 0 <= options.qos <= 2:
             raise ValueError(f"qos must be 0, 1 or 2, not {options.qos!r}")
 
@@ -267,11 +287,15 @@ class Router(Generic[S]):
             node = child
 
         sub = Subscription(subscriber, topic_filter, options)
+        if options.reads is not None:
+            self._checked += 1
         if group is None:
             old = node.subs.get(subscriber)
             is_new = old is None
             if old is not None and old.subscriptions[0].options.no_local:
                 node.no_local -= 1
+            if old is not None and old.subscriptions[0].options.reads is not None:
+                self._checked -= 1
             node.subs[subscriber] = _single(sub)
             if options.no_local:
                 node.no_local += 1
@@ -337,6 +361,11 @@ class Router(Generic[S]):
         """Every route this router holds (a filter once, share groups as ``$share/<group>/<filter>``)."""
         return list(self._routes)
 
+    def forget_matches(self) -> None:
+        """Empty the match cache: the permission rules changed, and with them what ``reads`` says."""
+        self._cache.clear()
+        self._cached_bytes = 0
+
     def _invalidate(self, topic_filter: str) -> None:
         """Drop the cached matches a change to ``topic_filter`` can affect.
 
@@ -359,15 +388,18 @@ class Router(Generic[S]):
             path.append((node, level))
             node = node.children[level]
         if group is None:
-            if node.subs.pop(subscriber).subscriptions[0].options.no_local:
+            options = node.subs.pop(subscriber).subscriptions[0].options
+            if options.no_local:
                 node.no_local -= 1
         else:
             share = node.groups[group]
-            del share.members[subscriber]
+            options = share.members.pop(subscriber).options
             if share.members:
                 share.rebuild()
             else:
                 del node.groups[group]
+        if options.reads is not None:
+            self._checked -= 1
         # Prune the branch bottom-up while nodes are empty.
         for parent, level in reversed(path):
             child = parent.children[level]
@@ -430,6 +462,8 @@ class Router(Generic[S]):
             else:
                 deliveries = list(cast("dict[S, Delivery[S]]", per_subscriber).values())
 
+        if self._checked:
+            deliveries = _readable(topic, deliveries)
         entry = _Entry(tuple(deliveries), tuple(groups), frozenset(no_local) if no_local else _NO_IDS)
         cache = self._cache
         weight = _weight(topic, entry)

@@ -692,14 +692,20 @@ class MqttFrontEnd:
         else:
             conn.mqtt.ack_publish(packet_id, code)
 
-    def _may_read(self, conn: MqttConn, topic_filter: str) -> bool:
+    def _grant(self, conn: MqttConn, topic_filter: str) -> bool | Callable[[str], bool]:
+        """May this client subscribe (:meth:`Security.reading`): True, False, or the check each
+        delivery's topic goes through. Queues and share groups are read whole or not at all."""
         principal = conn.principal
-        return principal is None or self.security.authorize(
-            principal, READ, subscription_filter(topic_filter)
-        )
+        if principal is None:
+            return True
+        if is_queue_filter(topic_filter) or topic_filter.startswith("$share/"):
+            return self.security.authorize(principal, READ, subscription_filter(topic_filter))
+        endpoint = conn.endpoint
+        return self.security.reading(principal, topic_filter, 0 if endpoint is None else endpoint.cut)
 
     def _recheck_all(self) -> None:
         """The rules were reloaded: connected clients lose the subscriptions they may no longer read."""
+        self.broker.router.forget_matches()  # each topic's deliveries are decided again
         for endpoint in list(self.endpoints.values()):
             if endpoint.conn is not None:
                 self._recheck(endpoint)
@@ -708,8 +714,13 @@ class MqttFrontEnd:
         conn = endpoint.conn
         if conn is None or conn.principal is None:
             return
-        for topic_filter in list(endpoint.session.subscriptions):
-            if self._may_read(conn, topic_filter):
+        routed = self.broker.router.subscriptions_of(endpoint)
+        checked = {s.topic_filter[endpoint.cut :] for s in routed if s.options.reads}
+        for topic_filter, subscription in list(endpoint.session.subscriptions.items()):
+            grant = self._grant(conn, topic_filter)
+            if grant is not False:
+                if grant is not True or topic_filter in checked:  # (re)bound to this login's rules
+                    self._route(endpoint, subscription, None if grant is True else grant)
                 continue
             log.warning("mqtt: subscription %r of %r revoked by the rules", topic_filter, endpoint.client_id)
             endpoint.session.remove_subscription(topic_filter)
@@ -726,8 +737,11 @@ class MqttFrontEnd:
 
     # -- subscriptions ----------------------------------------------------------------------------
 
-    def _route(self, endpoint: MqttEndpoint, subscription: Subscription) -> int:
-        """Add a session subscription to the router; returns the granted QoS or a failure code."""
+    def _route(
+        self, endpoint: MqttEndpoint, subscription: Subscription, reads: Callable[[str], bool] | None = None
+    ) -> int:
+        """Add a session subscription to the router; returns the granted QoS or a failure code.
+        ``reads``: the subscriber may read only the topics it says yes to (:meth:`_grant`)."""
         try:
             group, topic_filter = split_shared(subscription.topic_filter)
             options = subscription.options
@@ -741,6 +755,7 @@ class MqttFrontEnd:
                     subscription_identifier=subscription.subscription_identifier,
                     share_group=group,
                     retain_handling=options.retain_handling,
+                    reads=reads,
                 ),
             )
         except TopicError:
@@ -753,7 +768,8 @@ class MqttFrontEnd:
         endpoint = conn.endpoint
         assert endpoint is not None
         codes: list[int] = []
-        retained: list[tuple[str, int, int]] = []  # (filter, granted qos, index)
+        # (filter, granted qos, index, the check of each topic when only some may be read)
+        retained: list[tuple[str, int, int, Callable[[str], bool] | None]] = []
         queue_filters: list[str] = []
         for index, (topic_filter, options) in enumerate(request.subscriptions):
             preset = request.preset[index]
@@ -761,9 +777,11 @@ class MqttFrontEnd:
                 codes.append(preset)
                 continue
             granted = min(options.qos, self.limits.maximum_qos)
-            if not self._may_read(conn, topic_filter):
+            grant = self._grant(conn, topic_filter)
+            if grant is False:
                 codes.append(ReasonCode.NOT_AUTHORIZED)  # 3.1.1: 0x80 (the machine maps it)
                 continue
+            reads = None if grant is True else grant
             if is_queue_filter(topic_filter):
                 if self.queues is None:
                     codes.append(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
@@ -777,7 +795,7 @@ class MqttFrontEnd:
                 continue
             granted_options = replace(options, qos=granted)
             subscription = Subscription(topic_filter, granted_options, request.subscription_identifier)
-            code = self._route(endpoint, subscription)
+            code = self._route(endpoint, subscription, reads)
             codes.append(code)
             if code < 0x80:
                 self._subscription_event(SUBSCRIPTION_CREATED, conn, topic_filter, qos=code)
@@ -786,18 +804,19 @@ class MqttFrontEnd:
                     options.retain_handling == 1 and not request.existed[index]
                 )
                 if wanted:
-                    retained.append((topic_filter, granted, index))
+                    retained.append((topic_filter, granted, index, reads))
         conn.mqtt.send_suback(request.packet_id, codes)
         self.mark_dirty(endpoint)
         if self.queues is not None:
             for topic_filter in queue_filters:  # deliveries start after the SUBACK
                 self.queues.grant_initial_credit(conn, conn.queue_bindings.subscriptions[topic_filter])
         ids = () if request.subscription_identifier is None else (request.subscription_identifier,)
-        for topic_filter, granted, index in retained:
+        for topic_filter, granted, index, reads in retained:
             rap = request.subscriptions[index][1].retain_as_published
             delivery: Delivery[Any] = Delivery(endpoint, granted, ids, rap, ())
             for message in self.broker.retained.match(endpoint.vhost_prefix + topic_filter):
-                endpoint.deliver(message, delivery, retained=True)
+                if reads is None or reads(message.topic):
+                    endpoint.deliver(message, delivery, retained=True)
 
     def _unsubscribe(self, conn: MqttConn, event: UnsubscribeReceived) -> None:
         endpoint = conn.endpoint

@@ -23,8 +23,15 @@
   rules of their own.
 
 Queues are named by their ``$queue/<name>`` topic: read = consume, settle and peek; write = publish;
-configure = declare, bind, purge, delete. A subscription is allowed only when every topic it could
-match is allowed (its filter lies inside an allowing rule and touches no earlier deny).
+configure = declare, bind, purge, delete.
+
+A subscription to a topic filter is granted, as Mosquitto grants it, when some topic it can match may
+be read (:func:`decide_some`); each delivery is then checked against the reader's rules
+(:func:`decide` on the delivered topic). A filter every topic of which may be read (:func:`decide` on
+the filter: it lies inside an allowing rule and touches no earlier deny) needs no check per delivery.
+Mosquitto 2.0 grants every SUBSCRIBE and only filters deliveries; here a filter no topic of which may
+be read is refused (SUBACK 0x80/0x87), as the paho interop suite's ``test_subscribe_failure`` expects.
+Trimaran before this refused any filter not wholly readable (``#`` beside a ``deny test/x``).
 """
 
 from __future__ import annotations
@@ -218,4 +225,46 @@ def decide(rules: list[Rule], access: str, topic_filter: str) -> bool:
             # Partly allowed: the rest may be allowed by a later rule only if nothing denies it;
             # a subscription must be wholly allowed, so a partial match is not enough.
             continue
+    return False
+
+
+def intersection(a: str, b: str) -> str | None:
+    """The filter matching exactly the topics both filters match; None when they share none (the
+    ``$`` rule included: a first-level wildcard of one never meets a ``$`` level of the other)."""
+    x, y = a.split("/"), b.split("/")
+    out: list[str] = []
+    for i in range(max(len(x), len(y))):
+        p = x[i] if i < len(x) else None
+        q = y[i] if i < len(y) else None
+        if p == "#" or q == "#":
+            rest = y[i:] if p == "#" else x[i:]  # '#' takes what the other still has ('a/#' meets 'a')
+            if i == 0 and rest and rest[0] not in ("+", "#") and _dollar(rest[0]):
+                return None
+            return "/".join(out + (rest or [])) if rest or out else None
+        if p is None or q is None:
+            return None
+        if p == "+" or q == "+":
+            other = q if p == "+" else p
+            if i == 0 and _dollar(other):
+                return None
+            out.append(other)
+            continue
+        if p != q:
+            return None
+        out.append(p)
+    return "/".join(out)
+
+
+def decide_some(rules: list[Rule], access: str, topic_filter: str) -> bool:
+    """Some topic ``topic_filter`` matches is allowed ``access``: an allowing rule meets the filter
+    where no earlier deny covers the meeting (a meeting that several denies cover together counts as
+    allowed here; each delivery is still decided on its own topic)."""
+    for index, rule in enumerate(rules):
+        if rule.deny or access not in rule.access:
+            continue
+        meeting = intersection(rule.filter, topic_filter)
+        if meeting is None:
+            continue
+        if not any(earlier.deny and covers(earlier.filter, meeting) for earlier in rules[:index]):
+            return True
     return False

@@ -502,6 +502,24 @@ class Security:
             decisions[key] = decided
         return decided
 
+    def reading(self, who: Principal, topic_filter: str, cut: int = 0) -> bool | Callable[[str], bool]:
+        """May ``who`` subscribe to ``topic_filter`` (topics, not ``$queue/``), Mosquitto's way:
+        True when every topic it matches may be read (nothing to check per delivery); a function of
+        the router's key when only some may be, to be asked for each delivery (the router keeps the
+        answer with its match of the topic; ``cut``: the length of the vhost prefix the key carries,
+        trimaran/vhosts.py); False, logged and counted, when none may be."""
+        if self.allowed(who, READ, topic_filter):
+            return True
+        if who._rules is not None and acl.decide_some(who._rules, READ, topic_filter):
+            if cut:
+                return functools.partial(self._reads_key, who, cut)
+            return functools.partial(self.allowed, who, READ)
+        self.refused(who, READ, topic_filter)
+        return False
+
+    def _reads_key(self, who: Principal, cut: int, key: str) -> bool:
+        return self.allowed(who, READ, key[cut:])
+
     def authorize(self, who: Principal, access: str, topic: str) -> bool:
         """:meth:`allowed`, and a refusal logged (once per connection, access and topic) and counted."""
         if self.allowed(who, access, topic):
