@@ -45,7 +45,7 @@ def test_bad_password_is_refused(secure_server: RunningServer) -> None:
 
 def test_receivers_and_senders_the_rules_refuse(alice: BlockingConnection) -> None:
     assert condition_of_refused(lambda: alice.create_receiver("topic://bob/private/inbox")) == UNAUTHORIZED
-    assert condition_of_refused(lambda: alice.create_receiver("topic://#")) == UNAUTHORIZED
+    assert condition_of_refused(lambda: alice.create_receiver("topic://bob/#")) == UNAUTHORIZED
     assert condition_of_refused(lambda: alice.create_receiver("queue://invoices")) == UNAUTHORIZED
     assert condition_of_refused(lambda: alice.create_sender("topic://bob/private/inbox")) == UNAUTHORIZED
     assert condition_of_refused(lambda: alice.create_sender("topic://$SYS/broker/version")) == UNAUTHORIZED
@@ -70,3 +70,23 @@ def test_anonymous_relay_refuses_each_message_it_may_not_send(alice: BlockingCon
     relay.send(Message(address="topic://alice/relay", body="mine"))  # the link stays usable
     assert receiver.receive(timeout=5).body == "mine"
     receiver.accept()
+
+
+def test_a_wildcard_receiver_gets_only_the_topics_its_user_may_read(
+    alice: BlockingConnection, secure_server: RunningServer
+) -> None:
+    """Mosquitto's rule through the one rule set: ``topic://#`` is attached (some topics under it
+    are alice's) and each delivery is checked against her rules."""
+    receiver = alice.create_receiver("topic://#")
+    bob = open_as(secure_server, "bob")
+    try:
+        sender = bob.create_sender(None)
+        for topic in ("bob/private/inbox", "public/news", "bob/other"):
+            sender.send(Message(address=f"topic://{topic}", body=topic))
+        got = receiver.receive(timeout=5)
+        assert got.body == "public/news"
+        receiver.accept()
+        with pytest.raises(proton.Timeout):
+            receiver.receive(timeout=1)
+    finally:
+        bob.close()

@@ -123,3 +123,26 @@ def test_failed_logins_are_slowed_per_address_and_counted(server: RunningServer)
     started = time.monotonic()
     login(mqtt, "alice").disconnect()  # a success forgot the failures
     assert time.monotonic() - started < 1.0
+
+
+def test_a_wildcard_read_in_part_follows_the_reloaded_rules(server: RunningServer, tmp_path: Path) -> None:
+    """``#`` granted because some topics are hers: after a reload each delivery is decided by the new
+    rules (the cached decisions are forgotten), and the subscription stays while some are."""
+    mqtt = endpoints(server)
+    alice = login(mqtt, "alice")
+    bob = login(mqtt, "bob")
+    try:
+        assert [code(c) for c in alice.subscribe("#", qos=1)] == [1]
+        bob.publish("public/news", b"hers before", qos=1)
+        assert alice.expect().payload == b"hers before"
+        (tmp_path / "acl").write_text(AFTER)
+        assert server.process is not None
+        server.process.send_signal(signal.SIGHUP)
+        wait_for(lambda: "auth: reloaded" in server.output())
+        bob.publish("public/news", b"no longer hers", qos=1)
+        assert puback(alice, "alice/still-here") == 0
+        got = alice.expect()
+        assert (got.topic, got.payload) == ("alice/still-here", b"x")
+        alice.expect_none()
+    finally:
+        close_all(alice, bob)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, Final
 
@@ -352,9 +352,23 @@ class Amqp1FrontEnd:
         if principal is not None and not self.security.authorize(principal, access, topic):
             raise AddressError(UNAUTHORIZED_ACCESS, f"{access} access to {topic!r} refused")
 
+    def _topic_grant(self, conn: Amqp1Conn, topic_filter: str) -> Callable[[str], bool] | None:
+        """A topic receiver is attached when some topic it can match may be read (Mosquitto's rule,
+        :meth:`Security.reading`): None when every one may, else the check each delivery's topic
+        goes through. ``amqp:unauthorized-access`` when none may."""
+        principal = conn.principal
+        if principal is None:
+            return None
+        grant = self.security.reading(principal, topic_filter, len(conn.vhost_prefix))
+        if grant is False:
+            raise AddressError(UNAUTHORIZED_ACCESS, f"read access to {topic_filter!r} refused")
+        return None if grant is True else grant
+
     def _recheck_all(self) -> None:
         """The rules were reloaded: receiving links that may no longer read are detached
-        (``amqp:unauthorized-access``); the connections stay."""
+        (``amqp:unauthorized-access``); the connections stay. Topic receivers that may read only
+        some of their topics are bound to the new rules."""
+        self.broker.router.forget_matches()
         for conn in list(self.connections):
             principal = conn.principal
             if principal is None or conn.machine.closed:
@@ -362,7 +376,14 @@ class Amqp1FrontEnd:
             for out in list(conn.outlinks.values()):
                 if out.temp_queue is not None or out.stopped:
                     continue
-                if self.security.authorize(principal, READ, out.address.own_topic):
+                if isinstance(out, TopicOut):
+                    grant = self.security.reading(principal, out.address.own_topic, len(conn.vhost_prefix))
+                    if grant is not False:
+                        reads = None if grant is True else grant
+                        options = SubscriptionOptions(qos=0 if out.settled else 1, reads=reads)
+                        self.broker.router.subscribe(out, out.address.name, options)
+                        continue
+                elif self.security.authorize(principal, READ, out.address.own_topic):
                     continue
                 error = Error(condition=UNAUTHORIZED_ACCESS, description="read access revoked")
                 conn.machine.detach_link(out.link, error)
@@ -397,7 +418,11 @@ class Amqp1FrontEnd:
                 vhost_prefix=conn.vhost_prefix,
             )
             self._check_queue(address)
-            self._check_access(conn, READ, address.own_topic)
+            reads = None
+            if address.is_queue:
+                self._check_access(conn, READ, address.own_topic)
+            else:
+                reads = self._topic_grant(conn, address.own_topic)
         except AddressError as exc:
             self._refuse(conn, link, exc.condition, exc.description)
             return None
@@ -429,7 +454,7 @@ class Amqp1FrontEnd:
         else:
             out = TopicOut(conn, link, address, settled)
             qos = 0 if settled else 1
-            self.broker.router.subscribe(out, address.name, SubscriptionOptions(qos=qos))
+            self.broker.router.subscribe(out, address.name, SubscriptionOptions(qos=qos, reads=reads))
             self._subscription_event(SUBSCRIPTION_CREATED, conn, address.name, qos=qos, link=link.name)
         conn.outlinks[link] = out
         # Filters are not applied (beyond the address' own wildcards): leaving them out of our
