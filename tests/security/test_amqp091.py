@@ -4,6 +4,7 @@ connection whatever protocol asks."""
 
 from __future__ import annotations
 
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -133,6 +134,28 @@ def test_binding_to_other_users_topics_is_reading_them(open_as: Callable[[str], 
     mine = channel.queue_declare("", exclusive=True).method.queue
     channel.queue_bind(mine, "amq.topic", "public.#")  # she may read public/#
     reply_code, _ = refused(lambda: channel.queue_bind(mine, "amq.topic", "bob.#"))
+    assert reply_code == 403
+
+
+def test_a_wildcard_binding_of_ones_own_queue_reads_only_ones_topics(open_as: Callable[[str], Any]) -> None:
+    """Mosquitto's rule for an exclusive queue (it lives no longer than its binder): '#' is bound,
+    and each message is checked against her rules. A queue that outlives its binder (here a durable
+    shared one) must be readable whole: '#' is refused there."""
+    alice = open_as("alice").channel()
+    mine = alice.queue_declare("", exclusive=True).method.queue
+    alice.queue_bind(mine, "amq.topic", "#")
+    bob = open_as("bob").channel()
+    bob.confirm_delivery()
+    for key in ("bob.private.inbox", "public.news", "bob.other"):
+        bob.basic_publish("amq.topic", key, key.encode())
+    time.sleep(0.3)
+    got = []
+    while (message := alice.basic_get(mine, auto_ack=True))[0] is not None:
+        got.append(message[2])
+    assert got == [b"public.news"]
+    shared = open_as("alice").channel()
+    shared.queue_declare("alice-work", durable=True)
+    reply_code, _ = refused(lambda: shared.queue_bind("alice-work", "amq.topic", "#"))
     assert reply_code == 403
 
 

@@ -166,10 +166,34 @@ def check_method(
             return None
         security.refused(principal, READ, topic)
         return _refusal(conn, READ, topic, method)
-    for access, topic in method_needs(exchanges, conn, channel, method):
+    needs = method_needs(exchanges, conn, channel, method)
+    own = own_topic_binding(exchanges, conn, channel, method)
+    if own is not None:
+        # Mosquitto's rule, as for an MQTT subscription: some topic the key names may be read.
+        needs = [(access, topic) for access, topic in needs if (access, topic) != (READ, own)]
+        if security.reading(principal, own) is False:
+            return _refusal(conn, READ, own, method)
+    for access, topic in needs:
         if not security.authorize(principal, access, topic):
             return _refusal(conn, access, topic, method)
     return None
+
+
+def own_topic_binding(
+    exchanges: ExchangeRegistry, conn: Owner, channel: Channel, method: spec.Method
+) -> str | None:
+    """The filter a queue.bind from ``amq.topic`` reads when the queue is this connection's own
+    (exclusive): such a binding lives no longer than the connection, so it is granted when some
+    topic it names may be read and each message is checked against the binder's rules. A binding
+    to a shared or durable queue outlives its binder: it must be readable whole."""
+    if not isinstance(method, spec.QueueBind) or not exchanges.is_router_backed(method.exchange):
+        return None
+    if _queue(channel, method.queue) not in conn.exclusive_queues:
+        return None
+    try:
+        return binding_key_to_filter(method.routing_key)
+    except TopicError:
+        return None
 
 
 def publish_targets(

@@ -229,7 +229,9 @@ class Amqp091FrontEnd:
 
     def _recheck_all(self) -> None:
         """The rules were reloaded: consumers of queues their user may no longer read are cancelled
-        (basic.cancel where the client takes it); connections and channels stay."""
+        (basic.cancel where the client takes it); connections and channels stay. Bindings of
+        exclusive queues read in part decide each topic by the new rules."""
+        self.broker.router.forget_matches()
         for conn in list(self.conns):
             principal = conn.principal
             if principal is None or conn.machine.closed:

@@ -21,6 +21,7 @@ import anyio
 import anyio.to_thread
 
 from trimaran.amqp091 import spec
+from trimaran.amqp091.access import own_topic_binding
 from trimaran.amqp091.channels import ChannelState, Consumer, Getter
 from trimaran.amqp091.exchanges import Binding, ExchangeError, ExchangeRegistry
 from trimaran.amqp091.ports import FrontEnd
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from trimaran.amqp091.properties import BasicProperties
     from trimaran.queue.journal import Receipt
     from trimaran.queue.manager import QueueManager
+    from trimaran.security.guard import Security
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +106,9 @@ class Host(FrontEnd, Protocol):
 
     @property
     def prefix(self) -> str: ...
+
+    @property
+    def security(self) -> Security: ...
 
     @property
     def reply_to(self) -> dict[str, ChannelState]: ...
@@ -351,7 +356,14 @@ class Operations:
         self._reply(conn, channel, spec.ExchangeUnbindOk(), m.no_wait)
 
     async def _bind(
-        self, source: str, kind: str, destination: str, key: str, arguments: dict[str, Any], m: spec.Method
+        self,
+        source: str,
+        kind: str,
+        destination: str,
+        key: str,
+        arguments: dict[str, Any],
+        m: spec.Method,
+        reads: Callable[[str], bool] | None = None,
     ) -> None:
         if self.exchanges.is_router_backed(source):
             try:
@@ -361,7 +373,7 @@ class Operations:
         binding, new = self.exchanges.bind(source, destination, kind, key, arguments)  # type: ignore[arg-type]
         if not new:
             return
-        self._subscribe(binding)
+        self._subscribe(binding, reads)
         store = self.front.store
         if (
             store is not None
@@ -370,8 +382,9 @@ class Operations:
         ):
             await self._store(lambda: store.save_binding(binding))
 
-    def _subscribe(self, binding: Binding) -> None:
-        """A binding from amq.topic is a router subscription of its destination."""
+    def _subscribe(self, binding: Binding, reads: Callable[[str], bool] | None = None) -> None:
+        """A binding from amq.topic is a router subscription of its destination (``reads``: the
+        binder may read only some of its topics, :func:`access.own_topic_binding`)."""
         if not self.exchanges.is_router_backed(binding.source):
             return
         try:
@@ -383,7 +396,7 @@ class Operations:
         endpoint = front.router_bindings.get(where)
         if endpoint is None:
             endpoint = front.router_bindings[where] = RouterBinding(front, *where)
-        front.broker.router.subscribe(endpoint, topic_filter, SubscriptionOptions(qos=1))
+        front.broker.router.subscribe(endpoint, topic_filter, SubscriptionOptions(qos=1, reads=reads))
 
     async def _unbind(
         self, source: str, kind: str, destination: str, key: str, arguments: dict[str, Any]
@@ -470,7 +483,12 @@ class Operations:
     async def queue_bind(self, conn: Amqp091Conn, channel: ChannelState, m: spec.QueueBind) -> None:
         name = self._queue_name(channel, m.queue, m)
         self._existing(conn, name, m)
-        await self._bind(m.exchange, "queue", name, m.routing_key, m.arguments, m)
+        reads = None
+        own = own_topic_binding(self.exchanges, conn, channel, m)
+        if own is not None and conn.principal is not None:
+            grant = self.front.security.reading(conn.principal, own, len(self.front.prefix))  # not False
+            reads = None if isinstance(grant, bool) else grant
+        await self._bind(m.exchange, "queue", name, m.routing_key, m.arguments, m, reads)
         self._reply(conn, channel, spec.QueueBindOk(), m.no_wait)
 
     async def queue_unbind(self, conn: Amqp091Conn, channel: ChannelState, m: spec.QueueUnbind) -> None:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from trimaran.broker.core import Broker
     from trimaran.broker.message import Message
     from trimaran.queue.manager import QueueManager
+    from trimaran.security.guard import Security
     from trimaran.storage.amqp_store import AmqpStore
 
 
@@ -51,6 +52,9 @@ class Front(Protocol):
 
     @property
     def reply_to(self) -> dict[str, ChannelState]: ...
+
+    @property
+    def security(self) -> Security: ...
 
     def on_event(self, conn: Any, event: Any) -> Awaitable[None] | None: ...
 
@@ -107,6 +111,10 @@ class Tenant:
     @property
     def reply_to(self) -> dict[str, ChannelState]:
         return self.front.reply_to
+
+    @property
+    def security(self) -> Security:
+        return self.front.security
 
     def on_event(self, conn: Any, event: Any) -> Awaitable[None] | None:
         return self.front.on_event(conn, event)
