@@ -125,6 +125,17 @@ def test_to_dict_round_trip() -> None:
     assert again.allocate_packet_id() == session.allocate_packet_id()
 
 
+def test_the_owner_is_kept_and_an_old_session_has_none() -> None:
+    session = _populated()
+    assert Session.from_dict(session.to_dict()).owner is None
+    for owner in (("alice",), (None,)):  # a user, anonymous
+        session.owner = owner
+        assert Session.from_json(session.to_json()).owner == owner
+    older = session.to_dict()
+    del older["owner"]
+    assert Session.from_dict(older).owner is None
+
+
 def test_json_round_trip_is_plain_json() -> None:
     session = _populated()
     data = session.to_json()

@@ -12,10 +12,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from paho.mqtt.packettypes import PacketTypes
 
 from tests.security.conftest import SERVER_ARGS, secure_env, write_passwords
 from tests.security.test_guard import NOT_AUTHORIZED, code, connack, login, puback
-from tests.support.paho import V5, Endpoints, close_all, connect
+from tests.support.paho import V5, Client, Endpoints, close_all, connect, props
 from tests.support.server import RunningServer, serving
 
 TOKEN = "reload-test-token"
@@ -146,3 +147,34 @@ def test_a_wildcard_read_in_part_follows_the_reloaded_rules(server: RunningServe
         alice.expect_none()
     finally:
         close_all(alice, bob)
+
+
+def persistent_alice(mqtt: Endpoints) -> Client:
+    expiry = props(PacketTypes.CONNECT, SessionExpiryInterval=600)
+    who = {"username": "alice", "password": "wonderland"}
+    return connect(mqtt, "alice-restart", version=V5, clean=False, properties=expiry, **who)
+
+
+def test_a_stored_wildcard_keeps_its_owners_rules_across_a_restart(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    """A persistent session's '#' read in part: after a restart, before its client is back, what is
+    queued for it is still decided by its owner's rules (the owner is stored with the session)."""
+    alice = persistent_alice(endpoints(server))
+    assert [code(c) for c in alice.subscribe("#", qos=1)] == [1]
+    alice.disconnect()
+    assert server.stop() == 0
+    (tmp_path / "acl").write_text(BEFORE + "topic write bob/#\n")  # bob may write where she may not read
+    with serving(RunningServer(SERVER_ARGS, cwd=tmp_path, env=server.env).start()) as again:
+        mqtt = endpoints(again)
+        bob = login(mqtt, "bob")
+        alice = None
+        try:
+            bob.publish("bob/private", b"not hers", qos=1)
+            bob.publish("public/news", b"hers", qos=1)
+            alice = persistent_alice(mqtt)
+            got = alice.expect()
+            assert (got.topic, got.payload) == ("public/news", b"hers")
+            alice.expect_none()
+        finally:
+            close_all(bob, *([alice] if alice is not None else []))

@@ -66,6 +66,7 @@ from trimaran.security.guard import (
     READ,
     WRITE,
     Login,
+    Principal,
     Security,
     is_guarded,
     on_login,
@@ -118,7 +119,6 @@ class MqttEndpoint:
         "cut",
         "expires_at",
         "front",
-        "owner",
         "protocol_level",
         "session",
         "vhost_prefix",
@@ -135,7 +135,6 @@ class MqttEndpoint:
         self.protocol_level = protocol_level
         self.conn: MqttConn | None = None
         self.expires_at: float | None = None  # monotonic; set while offline with a finite expiry
-        self.owner: tuple[str | None] | None = None  # (user,) who made the session; None: not known
 
     @property
     def id(self) -> str:
@@ -242,12 +241,31 @@ class MqttFrontEnd:
                 offline_for = max(0.0, (now_wall - (row.disconnected_at or now_wall)) / 1000)
                 endpoint.expires_at = now + row.expiry_interval_s - offline_for
             self.endpoints[session.client_id] = endpoint
-            for subscription in session.subscriptions.values():
-                if not is_queue_filter(subscription.topic_filter):
-                    self._route(endpoint, subscription)
+            self._route_restored(endpoint)
             count += 1
         if count:
             log.info("mqtt: restored %d persistent sessions", count)
+
+    def _route_restored(self, endpoint: MqttEndpoint) -> None:
+        """A stored session's subscriptions back in the router, read by its owner's rules (Mosquitto's
+        rule, :meth:`_grant`): one that may read only some of its topics checks each message queued
+        for it while its client is away; one that may read none is dropped (the rules changed)."""
+        session = endpoint.session
+        owner = session.owner
+        principal = None
+        if self.security.rules is not None and owner is not None:
+            client_id = session.client_id[endpoint.cut :]  # %c: the id the client names
+            principal = self.security.principal("mqtt", owner[0], client_id, "")
+        for topic_filter, subscription in list(session.subscriptions.items()):
+            if is_queue_filter(topic_filter):
+                continue
+            grant = self._grant(principal, endpoint, topic_filter)
+            if grant is False:
+                who = session.client_id
+                log.warning("mqtt: stored subscription %r of %r dropped by the rules", topic_filter, who)
+                session.remove_subscription(topic_filter)
+                continue
+            self._route(endpoint, subscription, None if grant is True else grant)
 
     async def shutdown(self) -> None:
         """After the runtime closed every connection (``MqttConn.shutdown``): keep persistent sessions."""
@@ -449,8 +467,8 @@ class MqttFrontEnd:
         elif (
             login.ok
             and endpoint is not None
-            and endpoint.owner is not None
-            and endpoint.owner != (login.user,)
+            and endpoint.session.owner is not None
+            and endpoint.session.owner != (login.user,)
         ):
             reason = "client id belongs to a session of another user"
         elif (
@@ -491,7 +509,7 @@ class MqttFrontEnd:
             endpoint = self.endpoints[client_id] = MqttEndpoint(self, session, connect.protocol_level)
             self._client_event(SESSION_CREATED, conn, client_id, connect.username)
         endpoint.protocol_level = connect.protocol_level
-        endpoint.owner = (login.user,)
+        endpoint.session.owner = (login.user,)
         endpoint.conn = conn
         endpoint.expires_at = None
         conn.endpoint = endpoint
@@ -692,16 +710,16 @@ class MqttFrontEnd:
         else:
             conn.mqtt.ack_publish(packet_id, code)
 
-    def _grant(self, conn: MqttConn, topic_filter: str) -> bool | Callable[[str], bool]:
+    def _grant(
+        self, principal: Principal | None, endpoint: MqttEndpoint, topic_filter: str
+    ) -> bool | Callable[[str], bool]:
         """May this client subscribe (:meth:`Security.reading`): True, False, or the check each
-        delivery's topic goes through. Queues and share groups are read whole or not at all."""
-        principal = conn.principal
+        delivery's key goes through. Queues and share groups are read whole or not at all."""
         if principal is None:
             return True
         if is_queue_filter(topic_filter) or topic_filter.startswith("$share/"):
             return self.security.authorize(principal, READ, subscription_filter(topic_filter))
-        endpoint = conn.endpoint
-        return self.security.reading(principal, topic_filter, 0 if endpoint is None else endpoint.cut)
+        return self.security.reading(principal, topic_filter, endpoint.cut)
 
     def _recheck_all(self) -> None:
         """The rules were reloaded: connected clients lose the subscriptions they may no longer read."""
@@ -717,7 +735,7 @@ class MqttFrontEnd:
         routed = self.broker.router.subscriptions_of(endpoint)
         checked = {s.topic_filter[endpoint.cut :] for s in routed if s.options.reads}
         for topic_filter, subscription in list(endpoint.session.subscriptions.items()):
-            grant = self._grant(conn, topic_filter)
+            grant = self._grant(conn.principal, endpoint, topic_filter)
             if grant is not False:
                 if grant is not True or topic_filter in checked:  # (re)bound to this login's rules
                     self._route(endpoint, subscription, None if grant is True else grant)
@@ -777,7 +795,7 @@ class MqttFrontEnd:
                 codes.append(preset)
                 continue
             granted = min(options.qos, self.limits.maximum_qos)
-            grant = self._grant(conn, topic_filter)
+            grant = self._grant(conn.principal, endpoint, topic_filter)
             if grant is False:
                 codes.append(ReasonCode.NOT_AUTHORIZED)  # 3.1.1: 0x80 (the machine maps it)
                 continue

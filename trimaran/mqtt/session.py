@@ -188,6 +188,7 @@ class Session:
         "inflight",
         "max_queued",
         "max_queued_bytes",
+        "owner",
         "queue",
         "saved_seq",
         "subscriptions",
@@ -209,6 +210,10 @@ class Session:
         self.inbound_pending: dict[int, None] | None = None  # made by the first QoS 2 PUBLISH
         self.dropped = 0  # messages refused because the queue was full
         self._next_packet_id = 1
+        # (user,) whose session this is (None inside: anonymous); None: not known (a session saved
+        # before owners were). Kept with the session, so a restart still knows whose rules its
+        # subscriptions read by and who may take its client id over.
+        self.owner: tuple[str | None] | None = None
         # Storage holds this session's queued messages numbered below saved_seq; None: never saved
         # (its first save replaces whatever an earlier session of the same client id left).
         self.saved_seq: int | None = None
@@ -312,6 +317,7 @@ class Session:
             "max_queued_bytes": self.max_queued_bytes,
             "next_packet_id": self._next_packet_id,
             "dropped": self.dropped,
+            "owner": None if self.owner is None else list(self.owner),
             "subscriptions": [
                 {
                     "topic_filter": s.topic_filter,
@@ -349,6 +355,8 @@ class Session:
         )
         session._next_packet_id = data["next_packet_id"]
         session.dropped = data["dropped"]
+        owner = data.get("owner")
+        session.owner = None if owner is None else (owner[0],)
         for s in data["subscriptions"]:
             options = SubscriptionOptions(
                 s["qos"], s["no_local"], s["retain_as_published"], s["retain_handling"]
