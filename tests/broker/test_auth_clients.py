@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import anyio
 import pytest
@@ -11,6 +12,7 @@ from pydantic import SecretStr
 from trimaran.broker.clients import ClientInfo, ClientRegistry
 from trimaran.config import AuthSettings, UserSettings
 from trimaran.security.guard import Login, Security
+from trimaran.vhosts import prefix
 
 
 def verdict(
@@ -115,3 +117,22 @@ def test_client_registry() -> None:
     registry.remove(a)
     registry.remove(a)  # twice is harmless
     assert [c.client_id for c in registry] == ["app"]
+
+
+def test_a_subscription_read_in_part_checks_each_key_of_its_vhost(tmp_path: Path) -> None:
+    """Security.reading: True (every topic), False (none) or a check of each delivery's router key,
+    the vhost prefix cut off first (the rules see the names clients use)."""
+    rules = tmp_path / "acl"
+    rules.write_text("user alice\ntopic deny public/secret\ntopic read public/#\n")
+    security = Security(AuthSettings(acl_file=rules))
+    alice = security.principal("mqtt", "alice", "c1", "127.0.0.1")
+    assert security.reading(alice, "public/news") is True
+    assert security.reading(alice, "bob/#") is False
+    assert security.reading(alice, "public/secret") is False
+    key_prefix = prefix("tenant-a")
+    reads = security.reading(alice, "#", len(key_prefix))
+    assert callable(reads)
+    assert reads(key_prefix + "public/news") and not reads(key_prefix + "public/secret")
+    assert not reads(key_prefix + "bob/x")
+    plain = security.reading(alice, "#")
+    assert callable(plain) and plain("public/news") and not plain("public/secret")
