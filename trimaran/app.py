@@ -35,6 +35,7 @@ from trimaran.broker.router import Subscription
 from trimaran.broker.sessions import SessionDirectory
 from trimaran.config import ConfigError, Endpoint, Settings, check_settings
 from trimaran.errors import bind_failure
+from trimaran.limits import TenantLimits, UserLimits, VhostLimits
 from trimaran.mqtt.handler import MqttFrontEnd
 from trimaran.net.listeners import Listener, ProtocolListener, amqp_port
 from trimaran.net.tls import server_tls_context
@@ -74,7 +75,7 @@ class App:
         self.webhooks: Webhooks | None = None
         self.security: Security | None = None
         self.cluster: ClusterNode | None = None
-        self.runner = Runner(runtime_limits(settings))
+        self.runner = Runner(runtime_limits(settings), tenant_limits(settings))
         self.listeners: list[ProtocolListener | Listener] = []
         self.http = HttpServer(
             max_body_bytes=settings.http.max_body_bytes,
@@ -424,6 +425,16 @@ class App:
                 Listener("http", settings.http.bind, self.http.handle, backlog=bind.backlog, nodelay=True)
             )
         return listeners
+
+
+def tenant_limits(settings: Settings) -> TenantLimits:
+    """The limits per vhost and per user in the settings (the admin API changes them later)."""
+    limits = settings.limits
+    return TenantLimits(
+        {name: VhostLimits(**v.model_dump()) for name, v in limits.vhosts.items()},
+        {name: UserLimits(**u.model_dump()) for name, u in limits.users.items()},
+        UserLimits(**limits.default_user.model_dump()),
+    )
 
 
 def runtime_limits(settings: Settings) -> RuntimeLimits:

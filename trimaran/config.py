@@ -198,6 +198,28 @@ class StorageSettings(Section):
         return f"sqlite:///{self.data_dir / 'trimaran.db'}"
 
 
+class VhostLimitSettings(Section):
+    """One virtual host's limits (RabbitMQ's ``set_vhost_limits``); 0 = no limit."""
+
+    max_connections: int = Field(0, ge=0, description="open connections in the vhost, all protocols")
+    max_queues: int = Field(0, ge=0, description="queues the vhost may hold; a declare beyond is refused")
+    max_stored_bytes: int = Field(
+        0, ge=0, description="bytes the vhost's queues may store; a publish beyond is refused"
+    )
+
+
+class UserLimitSettings(Section):
+    """One user's limits; 0 = no limit. The rates are shared by all of the user's connections."""
+
+    max_connections: int = Field(0, ge=0, description="open connections of the user, all protocols")
+    max_messages_per_s: float = Field(
+        0.0, ge=0, description="messages a second published; beyond, its sockets are read more slowly"
+    )
+    max_bytes_per_s: float = Field(
+        0.0, ge=0, description="bytes a second read from its connections; beyond, read more slowly"
+    )
+
+
 class LimitSettings(Section):
     """Limits the connection runtime enforces for every protocol (and MQTT's own)."""
 
@@ -266,6 +288,13 @@ class LimitSettings(Section):
     )
     connect_timeout: float = Field(
         10.0, gt=0, description="seconds from the socket opening to an MQTT CONNECT"
+    )
+    vhosts: dict[str, VhostLimitSettings] = Field(
+        {}, description='limits per virtual host, by name ("/" is the default vhost)'
+    )
+    users: dict[str, UserLimitSettings] = Field({}, description="limits per user name")
+    default_user: UserLimitSettings = Field(
+        UserLimitSettings(), description='limits of every user without its own entry (anonymous too, as "")'
     )
     sys_interval: float = Field(10.0, ge=0, description="$SYS publish period in seconds; 0 disables")
 

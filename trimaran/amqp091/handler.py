@@ -142,7 +142,7 @@ class Amqp091FrontEnd:
             return f"vhost {vhost} not found"
         if not self.security.may_enter(conn.user, vhost):
             return f"access to vhost '{vhost}' refused for user '{conn.user or 'guest'}'"
-        return None
+        return conn.io.enter(conn.user, vhost)  # the vhost's and the user's connection limits
 
     # -- connections ------------------------------------------------------------------------------
 

@@ -255,6 +255,12 @@ class Amqp1FrontEnd:
         conn.io.vhost = vhost
         conn.io.user = conn.user
         conn.principal.rename(conn.container_id)  # %c in the rules: the container id
+        over = conn.io.enter(conn.user, vhost)
+        if over is not None:
+            # The spec's way to refuse a connection: our open, then a close with the error.
+            log.info("amqp1: %s (%s): %s", conn.peer, conn.container_id, over)
+            conn.machine.close(Error(condition=RESOURCE_LIMIT_EXCEEDED, description=over))
+            return
         conn.client = self.broker.presence.arrived(
             ClientInfo(conn.container_id, PROTOCOL_AMQP1, conn.peer, conn.user, lambda: self._kick(conn))
         )

@@ -169,6 +169,7 @@ _V311_CONNACK_CODES: Final = frozenset(
         ReasonCode.SERVER_BUSY,
         ReasonCode.BANNED,
         ReasonCode.BAD_AUTHENTICATION_METHOD,
+        ReasonCode.QUOTA_EXCEEDED,  # a connection limit: 3.1.1's "server unavailable" (0x03)
     }
 )
 

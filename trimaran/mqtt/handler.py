@@ -477,6 +477,13 @@ class MqttFrontEnd:
             and not self.security.allowed(principal, WRITE, connect.will.topic)
         ):
             reason = f"will topic {connect.will.topic!r} not writable"
+        over = conn.io.enter(login.user, vhost) if reason == "ok" else None
+        if over is not None:
+            # MQTT 5: Quota exceeded; 3.1.1 has no such code and gets Server unavailable (0x03).
+            log.info("mqtt: %s: %s", conn.peer, over)
+            self._client_event(CLIENT_AUTH_FAILED, conn, client_id, connect.username, reason=over)
+            machine.reject(ReasonCode.QUOTA_EXCEEDED, over)
+            return
         if reason != "ok":
             if refusal is None:
                 bad = not (login.not_authorized or login.ok)

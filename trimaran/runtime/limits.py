@@ -25,6 +25,7 @@ class Traffic(Protocol):
 
     bytes_received: int
     bytes_sent: int
+    messages_received: int  # the hulls count each publish here (a user's rate is charged from it)
 
 
 @dataclass(slots=True)
@@ -32,6 +33,7 @@ class RuntimeStats:
     accepted: int = 0
     bytes_received: int = 0  # what every connection read and wrote, when no other sink is given
     bytes_sent: int = 0
+    messages_received: int = 0
     refused: dict[str, int] = field(default_factory=dict)  # reason -> count
     crashes: int = 0
 

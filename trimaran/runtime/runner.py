@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from trimaran.limits import RATE, TenantLimits
 from trimaran.runtime.limits import RuntimeLimits, RuntimeStats, Traffic
 from trimaran.runtime.memory import Memory
 from trimaran.runtime.transport import GONE, Conn, HullFactory
@@ -38,8 +39,10 @@ class _Bucket:
 
 
 class Runner:
-    def __init__(self, limits: RuntimeLimits | None = None) -> None:
+    def __init__(self, limits: RuntimeLimits | None = None, tenants: TenantLimits | None = None) -> None:
         self.limits = limits or RuntimeLimits()
+        self.tenants = tenants or TenantLimits()
+        self.tenants.on_change = self.retune
         self.stats = RuntimeStats()
         self.traffic: Traffic = self.stats
         self.conns: set[Conn] = set()
@@ -190,10 +193,37 @@ class Runner:
         self._per_address[host] = self._per_address.get(host, 0) + 1
         self.watch_deadline(conn)
 
+    def enter(self, conn: Conn, user: str | None, vhost: str) -> str | None:
+        """A hull's login of ``user`` into ``vhost`` on ``conn``: None when the vhost's and the
+        user's connection limits let it in (it then counts until the connection goes, and its user's
+        rate applies), else why not, for the hull to refuse its protocol's way."""
+        if conn.tenant is not None:
+            return None
+        refusal = self.tenants.enter(user, vhost)
+        if refusal is None:
+            conn.tenant = (user, vhost)
+            conn.rate = self.tenants.rate(user, vhost, time.monotonic())
+        return refusal
+
+    def retune(self) -> None:
+        """The limits changed at run time: every connection that entered takes its user's rate."""
+        now = time.monotonic()
+        for conn in self.conns:
+            if conn.tenant is not None:
+                conn.rate = self.tenants.rate(conn.tenant[0], conn.tenant[1], now)
+
+    def throttled(self, conn: Conn) -> None:
+        """``conn``'s user is over its rate: it is not read for a while (counted, said once)."""
+        assert conn.tenant is not None
+        user, vhost = conn.tenant
+        self.tenants.bit(RATE, vhost, user or "", "over its publish rate: reading its connections paused")
+
     def closed(self, conn: Conn) -> None:
         if conn not in self.conns:
             return
         self.conns.discard(conn)
+        if conn.tenant is not None:
+            self.tenants.leave(*conn.tenant)
         if conn.scheduled is not None:
             # Its entry would stay until the deadline passes (a keep-alive: up to hours). Once the
             # dead are half the heap, drop them: amortised O(1) a close, and a burst of closed

@@ -25,6 +25,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol, cast
 
+from trimaran.limits import Rate
 from trimaran.runtime.limits import RuntimeLimits, RuntimeStats, Traffic
 from trimaran.runtime.machine import Machine
 from trimaran.runtime.memory import Memory
@@ -104,6 +105,10 @@ class Runner(Protocol):
 
     def memory_changed(self, conn: Conn) -> None: ...
 
+    def enter(self, conn: Conn, user: str | None, vhost: str) -> str | None: ...
+
+    def throttled(self, conn: Conn) -> None: ...
+
 
 class Refused(Exception):
     """The first bytes name nothing this listener serves; the reply (if any) is in ``reply``."""
@@ -131,6 +136,7 @@ class Conn(asyncio.Protocol):
         "_read_paused",
         "_reading_paused",
         "_stuck",
+        "_throttle_timer",
         "_waiting",
         "_writable",
         "bytes_in",
@@ -142,9 +148,11 @@ class Conn(asyncio.Protocol):
         "peer",
         "peer_host",
         "publisher",
+        "rate",
         "runner",
         "scheduled",
         "state",
+        "tenant",
         "transport",
         "user",
         "vhost",
@@ -182,6 +190,9 @@ class Conn(asyncio.Protocol):
         self._hello_until = 0.0  # until then the first bytes must name a protocol
         self._linger_until = 0.0  # closing: until then the peer's last bytes are read and dropped
         self.scheduled: float | None = None  # the deadline the runner's heap holds for us
+        self.tenant: tuple[str | None, str] | None = None  # (user, vhost) once the login entered one
+        self.rate: Rate | None = None  # the user's token buckets, when it has a rate limit
+        self._throttle_timer: asyncio.TimerHandle | None = None  # not read until the buckets refill
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------
 
@@ -228,6 +239,8 @@ class Conn(asyncio.Protocol):
             self.crash(exc)
             return
         self.pump()
+        if self.rate is not None:
+            self._charge(0, len(data))
         # What this read caused (its replies, its deliveries) is written now rather than after one
         # more turn of the loop: a read is a batch already, and the extra turn cost latency.
         self.runner.flush_now()
@@ -257,6 +270,9 @@ class Conn(asyncio.Protocol):
             except Exception as crash:
                 self._log_crash(crash)
         self._release_held()
+        if self._throttle_timer is not None:
+            self._throttle_timer.cancel()
+            self._throttle_timer = None
         self.runner.closed(self)
         if hull is not None:
             self.runner.spawn(hull.finish, self)
@@ -332,6 +348,11 @@ class Conn(asyncio.Protocol):
         cert = self.transport.get_extra_info("peercert")
         return cert if isinstance(cert, dict) and cert else None
 
+    def enter(self, user: str | None, vhost: str) -> str | None:
+        """The login of ``user`` into ``vhost`` succeeded: None if the connection limits let it in,
+        else the reason for the hull's refusal (see ``Runner.enter``)."""
+        return self.runner.enter(self, user, vhost)
+
     def push_back(self) -> None:
         """This connection's socket is full (not ``writable``) and a delivery is coming to it: the
         connection whose frames are being acted on (the publisher) is not read again until this one
@@ -377,7 +398,11 @@ class Conn(asyncio.Protocol):
         if transport is None or self.state == GONE:
             return
         pause = self.state == OPEN and (
-            self._reading_paused or self._waiting or self._held_by > 0 or self.runner.memory.blocking(self)
+            self._reading_paused
+            or self._waiting
+            or self._held_by > 0
+            or self._throttle_timer is not None
+            or self.runner.memory.blocking(self)
         )
         if pause != self._read_paused:
             self._read_paused = pause
@@ -385,6 +410,28 @@ class Conn(asyncio.Protocol):
                 transport.pause_reading()
             else:
                 transport.resume_reading()
+
+    def _charge(self, messages: int, size: int) -> None:
+        """What was read and published counts against the user's rate (per read, not per message);
+        over it, the socket is not read until the buckets refill: the client is slowed, nothing is
+        refused or dropped."""
+        rate = self.rate
+        if rate is None:
+            return
+        wait = rate.charge(messages, size, time.monotonic())
+        if wait > 0 and self._throttle_timer is None and self.state == OPEN:
+            self.runner.throttled(self)
+            self._throttle_timer = self.runner.loop().call_later(wait, self._unthrottle)
+            self._sync_reading()
+
+    def _unthrottle(self) -> None:
+        self._throttle_timer = None
+        rate = self.rate
+        wait = 0.0 if rate is None else rate.charge(0, 0, time.monotonic())
+        if wait > 0 and self.state == OPEN:
+            self._throttle_timer = self.runner.loop().call_later(wait, self._unthrottle)
+        else:
+            self._sync_reading()
 
     def abort(self) -> None:
         if self.transport is not None and self.state != GONE:
@@ -432,6 +479,9 @@ class Conn(asyncio.Protocol):
         handle = hull.handle
         runner = self.runner
         outer, runner.current = runner.current, self  # whose frames are being acted on (push_back)
+        rate = self.rate
+        if rate is not None:
+            before = runner.traffic.messages_received
         try:
             while (event := next_event()) is not None:
                 step = handle(event)
@@ -440,6 +490,10 @@ class Conn(asyncio.Protocol):
                     return
         finally:
             runner.current = outer
+            if rate is not None:
+                published = runner.traffic.messages_received - before
+                if published:
+                    self._charge(published, 0)
 
     def _hold(self, step: Awaitable[None]) -> None:
         """A hull step is in flight: read no more frames until it is done."""

@@ -1,0 +1,131 @@
+"""Limits per vhost and per user with real clients (trimaran/limits.py, the runtime's rate).
+
+Each limit bites the protocol's way and loses nothing: a vhost or user over its connection limit is
+refused at CONNECT (MQTT 5 CONNACK 0x97 Quota exceeded, 3.1.1 return code 3) or connection.open
+(AMQP 0.9.1 530 NOT_ALLOWED, as RabbitMQ's ``set_vhost_limits`` does) or open (AMQP 1.0
+``amqp:resource-limit-exceeded``); a publisher over its user's rate is slowed to about that rate by
+its socket not being read, and every QoS 1 message it sent is delivered.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pika
+import pika.exceptions
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from proton import ConnectionException
+from proton.utils import BlockingConnection
+
+from tests.support.paho import Endpoints, close_all, connect
+from tests.support.server import RunningServer, serving
+
+V311 = MQTTProtocolVersion.MQTTv311
+V5 = MQTTProtocolVersion.MQTTv5
+ARGS = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "127.0.0.1:0", "--http", "off"]
+
+
+def _server(tmp: Path, limits: dict[str, object]) -> RunningServer:
+    env = {"TRIMARAN_AUTH__ALLOW_ANONYMOUS": "true"}
+    env.update({f"TRIMARAN_LIMITS__{key.upper()}": json.dumps(value) for key, value in limits.items()})
+    return RunningServer(ARGS, cwd=tmp, env=env).start()
+
+
+@pytest.fixture(scope="module")
+def two_per_vhost(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    limits = {"vhosts": {"/": {"max_connections": 2}}}
+    with serving(_server(tmp_path_factory.mktemp("vhost"), limits)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def rated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    limits = {"default_user": {"max_messages_per_s": 100, "max_connections": 3}}
+    with serving(_server(tmp_path_factory.mktemp("rated"), limits)) as server:
+        yield server
+
+
+def _endpoints(server: RunningServer) -> Endpoints:
+    return Endpoints("127.0.0.1", server.ports["mqtt"])
+
+
+def _connack(port: int, version: MQTTProtocolVersion) -> int:
+    """The CONNACK's reason code (5.0) or return code (3.1.1) a fresh paho client gets."""
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=version, reconnect_on_failure=False)
+    got: list[int] = []
+    client.on_connect = lambda _c, _u, _f, reason, _p: got.append(reason.value)
+    client.connect("127.0.0.1", port)
+    deadline = time.monotonic() + 5
+    while not got and time.monotonic() < deadline:
+        client.loop(0.1)
+    client.disconnect()
+    assert got, "no CONNACK"
+    return got[0]
+
+
+def _refused_then_let_in(server: RunningServer, amqp_refusal: str) -> None:
+    mqtt_port, amqp_port = server.ports["mqtt"], server.ports["amqp"]
+    assert _connack(mqtt_port, V5) == 0x97  # Quota exceeded
+    # 3.1.1 has no quota code: return code 3, Server unavailable (paho shows it as 5.0's 0x88).
+    assert _connack(mqtt_port, V311) == 0x88
+    params = pika.ConnectionParameters("127.0.0.1", amqp_port, connection_attempts=1)
+    # pika reports a close at connection.open as a probable access denial, RabbitMQ's too.
+    with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as refused:
+        pika.BlockingConnection(params)
+    assert "(530)" in str(refused.value)
+    assert amqp_refusal in str(refused.value)
+    with pytest.raises(ConnectionException) as amqp1:
+        BlockingConnection(f"amqp://127.0.0.1:{amqp_port}", timeout=5).close()
+    assert "resource-limit-exceeded" in str(amqp1.value)
+
+
+def test_a_vhost_over_its_connection_limit_is_refused_by_every_protocol(two_per_vhost: RunningServer) -> None:
+    endpoints = _endpoints(two_per_vhost)
+    first = connect(endpoints, "first")
+    second = connect(endpoints, "second")
+    try:
+        _refused_then_let_in(two_per_vhost, "connection limit (2) is reached")
+        # The two inside still work, and a place freed is a place taken.
+        second.subscribe("limits/t", 1)
+        first.publish("limits/t", b"still here", qos=1)
+        assert second.expect().payload == b"still here"
+    finally:
+        close_all(second)
+    third = connect(endpoints, "third")
+    close_all(first, third)
+    assert "limits: vhost '/': connection limit (2) is reached" in two_per_vhost.output()
+    assert two_per_vhost.output().count("connection limit (2) is reached (vhost") == 1  # said once
+
+
+def test_a_user_over_its_connection_limit_is_refused(rated: RunningServer) -> None:
+    endpoints = _endpoints(rated)
+    clients = [connect(endpoints, f"c{n}") for n in range(3)]
+    try:
+        _refused_then_let_in(rated, "user connection limit (3) is reached")
+    finally:
+        close_all(*clients)
+
+
+def test_a_publisher_over_its_rate_is_slowed_and_loses_nothing(rated: RunningServer) -> None:
+    endpoints = _endpoints(rated)
+    subscriber = connect(endpoints, "reader", version=V5)
+    publisher = connect(endpoints, "writer", version=V5)
+    try:
+        subscriber.subscribe("limits/rate", 1)
+        count = 300  # 100 a second, a second's worth at once: the rest takes about 2 s
+        started = time.monotonic()
+        for n in range(count):
+            publisher.publish("limits/rate", str(n).encode(), qos=1)
+        got = subscriber.drain(count, timeout=20)
+        elapsed = time.monotonic() - started
+    finally:
+        close_all(subscriber, publisher)
+    assert [int(m.payload) for m in got] == list(range(count))
+    assert elapsed > 1.5, f"{count} messages at 100/s took only {elapsed:.2f}s"
+    assert elapsed < 6, f"{count} messages at 100/s took {elapsed:.2f}s"
+    assert "limits: user '': over its publish rate" in rated.output()
