@@ -150,6 +150,7 @@ class App:
             shared=self._shared_queues,
             events=self.broker.events,
         )
+        self.queues.limits = self.runner.tenants  # one registry: the runtime's and the queues' limits
         self.webhooks = Webhooks(settings.webhooks, self.broker.events, settings.node_name)
         self.mqtt = MqttFrontEnd(self.broker, settings, store, self.queues, security)
         if clustered:

@@ -220,15 +220,12 @@ class TenantLimits:
     # -- queues and stored bytes ----------------------------------------------------------------------
 
     def may_declare_queue(self, vhost: str, queues: int, queue: str) -> str | None:
-        """None if ``vhost``, holding ``queues`` queues, may get another; else RabbitMQ's reason."""
+        """None if ``vhost``, holding ``queues`` queues, may get ``queue`` too; else RabbitMQ's reason."""
         limits = self.vhosts.get(vhost)
         if limits is None or not limits.max_queues or queues < limits.max_queues:
             return None
-        self.bit(QUEUES, vhost, vhost, f"queue limit ({limits.max_queues}) is reached")
-        return (
-            f"cannot declare queue '{queue}' in vhost '{vhost}': "
-            f"vhost queue limit ({limits.max_queues}) is reached"
-        )
+        self.bit(QUEUES, vhost, vhost, f"queue limit ({limits.max_queues}) is reached, {queue!r} refused")
+        return f"vhost queue limit ({limits.max_queues}) is reached"
 
     def may_store(self, vhost: str, stored: int, size: int) -> str | None:
         """None if ``vhost``, whose queues hold ``stored`` bytes, may store ``size`` more."""

@@ -19,10 +19,10 @@ import pika
 import pika.exceptions
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
-from proton import ConnectionException
-from proton.utils import BlockingConnection
+from proton import ConnectionException, Disposition, Message
+from proton.utils import BlockingConnection, SendException
 
-from tests.support.paho import Endpoints, close_all, connect
+from tests.support.paho import Endpoints, close_all, connect, watch_pubacks
 from tests.support.server import RunningServer, serving
 
 V311 = MQTTProtocolVersion.MQTTv311
@@ -47,6 +47,20 @@ def two_per_vhost(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningS
 def rated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     limits = {"default_user": {"max_messages_per_s": 100, "max_connections": 3}}
     with serving(_server(tmp_path_factory.mktemp("rated"), limits)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def two_queues(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    limits = {"vhosts": {"/": {"max_queues": 2}}}
+    with serving(_server(tmp_path_factory.mktemp("queues"), limits)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def quota(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    limits = {"vhosts": {"/": {"max_stored_bytes": 1000}}}
+    with serving(_server(tmp_path_factory.mktemp("quota"), limits)) as server:
         yield server
 
 
@@ -129,3 +143,71 @@ def test_a_publisher_over_its_rate_is_slowed_and_loses_nothing(rated: RunningSer
     assert elapsed > 1.5, f"{count} messages at 100/s took only {elapsed:.2f}s"
     assert elapsed < 6, f"{count} messages at 100/s took {elapsed:.2f}s"
     assert "limits: user '': over its publish rate" in rated.output()
+
+
+def _pika(server: RunningServer) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", server.ports["amqp"]))
+
+
+def test_a_queue_declare_over_the_vhost_limit_is_refused_as_rabbitmq_does(two_queues: RunningServer) -> None:
+    connection = _pika(two_queues)
+    try:
+        channel = connection.channel()
+        channel.queue_declare("q1", durable=True)
+        channel.queue_declare("q2", durable=True)
+        channel.queue_declare("q1", durable=True)  # declaring one that exists adds nothing
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            channel.queue_declare("q3", durable=True)
+        assert refused.value.reply_code == 406  # PRECONDITION_FAILED
+        assert "cannot declare queue 'q3' in vhost '/'" in refused.value.reply_text
+        assert "vhost queue limit (2) is reached" in refused.value.reply_text
+        channel = connection.channel()
+        channel.queue_delete("q1")
+        channel.queue_declare("q3", durable=True)
+    finally:
+        connection.close()
+    endpoints = _endpoints(two_queues)
+    client = connect(endpoints, "queuer", version=V5)
+    try:
+        codes = client.subscribe("$queue/q4", 1)
+    finally:
+        close_all(client)
+    assert [code.value for code in codes] == [0x97]  # SUBACK Quota exceeded
+
+
+def test_a_publish_over_the_stored_bytes_quota_is_refused_and_nothing_accepted_is_lost(
+    quota: RunningServer,
+) -> None:
+    endpoints = _endpoints(quota)
+    body = b"x" * 300
+    publisher = connect(endpoints, "filler", version=V5)
+    pubacks = watch_pubacks(publisher)
+    try:
+        mids = [publisher.publish("$queue/full", body, qos=1).mid for _ in range(4)]
+    finally:
+        close_all(publisher)
+    assert [pubacks[mid] for mid in mids] == [0, 0, 0, 0x97]  # the fourth would pass 1000 bytes
+    connection = _pika(quota)
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        with pytest.raises(pika.exceptions.NackError):
+            channel.basic_publish("", "$queue/full", b"y" * 200)
+        got = []
+        for _ in range(3):
+            method, _props, payload = channel.basic_get("full", auto_ack=True)
+            assert method is not None
+            got.append(payload)
+        assert got == [body, body, body]  # every accepted message is there
+        channel.basic_publish("", "$queue/full", b"y" * 200)  # room again: confirmed
+    finally:
+        connection.close()
+    amqp1 = BlockingConnection(f"amqp://127.0.0.1:{quota.ports['amqp']}", timeout=5)
+    try:
+        sender = amqp1.create_sender("$queue/full")
+        sender.send(Message(body=b"z" * 700))  # 200 + 700: fits
+        with pytest.raises(SendException) as rejected:
+            sender.send(Message(body=b"z" * 200))
+        assert rejected.value.state == Disposition.REJECTED
+    finally:
+        amqp1.close()

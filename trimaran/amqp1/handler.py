@@ -681,7 +681,7 @@ class Amqp1FrontEnd:
 
 def refusal_condition(exc: QueueError) -> Symbol:
     """The AMQP 1.0 error condition of a refused queue publish (the transfer is rejected with it)."""
-    if exc.reason in ("full", "overflow", "disk-full"):
+    if exc.reason in ("full", "overflow", "disk-full", "queue-limit"):
         return RESOURCE_LIMIT_EXCEEDED
     if exc.reason == "no-queue":
         return NOT_FOUND

@@ -392,6 +392,8 @@ class MqttQueues:
             )
         except QueueError as exc:
             log.info("mqtt: queue subscription %r refused: %s", topic_filter, exc)
+            if exc.reason == "queue-limit":
+                return ReasonCode.QUOTA_EXCEEDED  # the vhost's queue limit (3.1.1: 0x80)
             refused = exc.reason in ("no-queue", "locked")
             return ReasonCode.NOT_AUTHORIZED if refused else ReasonCode.UNSPECIFIED_ERROR
         bindings.subscriptions[topic_filter] = subscription
@@ -544,7 +546,7 @@ def control_outcome(control: str, offset: int, reason: str) -> Outcome:
 
 
 def _refusal_code(exc: QueueError) -> int:
-    if exc.reason in ("full", "overflow", "disk-full"):
+    if exc.reason in ("full", "overflow", "disk-full", "queue-limit"):
         return ReasonCode.QUOTA_EXCEEDED
     if exc.reason in ("bad-topic", "bad-name"):
         return ReasonCode.TOPIC_NAME_INVALID

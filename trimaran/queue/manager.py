@@ -42,6 +42,7 @@ from anyio.abc import TaskGroup
 from trimaran.broker.events import MESSAGE_PUBLISHED, EventBus
 from trimaran.broker.message import Message, now_ms
 from trimaran.config import QueuePolicySettings, QueueSettings, StorageSettings
+from trimaran.limits import TenantLimits
 from trimaran.queue import admin
 from trimaran.queue.admin import GroupInfo, QueueInfo
 from trimaran.queue.groups import (
@@ -63,6 +64,7 @@ from trimaran.queue.letters import DeadLetterRouter, Letters
 from trimaran.queue.outcomes import ACK, RELEASED, UNSENT, Commit, DeadLetter, Outcome, Retry
 from trimaran.queue.policy import (
     DEFAULT_GROUP,
+    DLQ_PREFIX,
     DLQ_PROPERTIES,
     QueueError,
     expiry_ms,
@@ -77,6 +79,7 @@ from trimaran.storage.disk import DiskWatch
 from trimaran.storage.engine import sqlite_file
 from trimaran.storage.store import Storage
 from trimaran.storage.writer import GroupCommitWriter, WriteBatch, WriterError
+from trimaran.vhosts import DEFAULT_VHOST
 
 __all__ = [
     "BrowseHandle",
@@ -361,6 +364,8 @@ class QueueManager:
         self._restarted: list[tuple[WorkGroup, int, Entry]] = []
         self._turn: Turn | None = None  # this turn's early publishes (see _staging)
         self.journal.before_submit = self._submit_staged
+        #: The vhosts' queue counts and stored-bytes quotas (the app passes the runtime's registry).
+        self.limits = TenantLimits()
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -547,6 +552,11 @@ class QueueManager:
                     if ch is not None:
                         self.journal.declared(ch, state)
             return state
+        if self.limits.vhosts and not name.startswith(DLQ_PREFIX):
+            # A dead-letter queue is made when a letter needs it: refusing it would lose the letter.
+            refusal = self.limits.may_declare_queue(DEFAULT_VHOST, len(self.queues), name)
+            if refusal is not None:
+                raise QueueError("queue-limit", refusal)
         pol = self._policy_for(name, policy)
         state = QueueState(name, pol, durable, now_ms())
         self.queues[name] = state
@@ -811,6 +821,8 @@ class QueueManager:
                 "disk-full",
                 f"queue {queue}: disk free is below storage.min_free_bytes ({self.disk.free} left)",
             )
+        if self.limits.vhosts:
+            self._check_quota(state, len(message.payload))
         policy = state.policy
         limited = policy.max_length is not None or policy.max_length_bytes is not None
         # A turn's publishes to early queues share one change (see _staging); a limited queue's
@@ -852,6 +864,18 @@ class QueueManager:
         journal.appended(ch, state, stored, next_offset=not self.shared_offsets(state))
         journal.event(ch, state, now, "published", offset=offset, consumer=message.publisher_id)
         return stored, result
+
+    def _check_quota(self, state: QueueState, size: int) -> None:
+        """The vhost's stored-bytes quota: a publish beyond it is refused ("full": each hull's
+        refusal, PUBACK 0x97, basic.nack, rejected with amqp:resource-limit-exceeded)."""
+        vhost = self.limits.of_vhost(DEFAULT_VHOST)
+        if vhost is None or not vhost.max_stored_bytes:
+            return
+        stored = sum(queue.bytes for queue in self.queues.values())  # only when a quota is set
+        refusal = self.limits.may_store(DEFAULT_VHOST, stored, size)
+        if refusal is not None:
+            state.stats["refused"] += 1
+            raise QueueError("full", refusal)
 
     def _check_limits(self, state: QueueState, size: int, ch: Changes) -> None:
         """Max length and bytes: refuse, or drop the oldest (dead-lettered with a dead-letter
