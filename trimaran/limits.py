@@ -67,18 +67,16 @@ class Rate:
     def __init__(self, user: str, vhost: str, limits: UserLimits, now: float) -> None:
         self.user = user
         self.vhost = vhost  # of the connection that made it (the metrics' label)
-        self.messages_per_s = 0.0
-        self.bytes_per_s = 0.0
-        self.messages = 0.0
-        self.bytes = 0.0
+        self.messages_per_s = self.messages = limits.max_messages_per_s
+        self.bytes_per_s = self.bytes = limits.max_bytes_per_s
         self.at = now
-        self.retune(limits)
 
     def retune(self, limits: UserLimits) -> None:
+        """New rates: what is in the buckets (or owed) is kept, up to the new burst."""
         self.messages_per_s = limits.max_messages_per_s
         self.bytes_per_s = limits.max_bytes_per_s
-        self.messages = min(self.messages, self.messages_per_s) if self.messages else self.messages_per_s
-        self.bytes = min(self.bytes, self.bytes_per_s) if self.bytes else self.bytes_per_s
+        self.messages = min(self.messages, self.messages_per_s)
+        self.bytes = min(self.bytes, self.bytes_per_s)
 
     def charge(self, messages: int, size: int, now: float) -> float:
         """Take ``messages`` and ``size`` bytes; the seconds to wait before reading again (0: go on)."""

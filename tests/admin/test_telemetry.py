@@ -127,3 +127,21 @@ def test_per_object_series_only_when_asked_and_never_webhook_paths() -> None:
     assert got['trimaran_webhook_requests_total{endpoint="https://hooks.example:8443"}'] == 1
     assert got['trimaran_webhook_requests_total{endpoint="http://other.example"}'] == 1
     assert "s3cret" not in text and "/t/abc" not in text
+
+
+def test_limit_bites_and_vhost_connections_carry_the_vhost_label() -> None:
+    from trimaran.limits import CONNECTIONS, QUEUES, TenantLimits, VhostLimits
+    from trimaran.runtime.runner import Runner
+
+    telemetry = Telemetry(TelemetrySettings())
+    tenants = TenantLimits({"/": VhostLimits(max_connections=1, max_queues=3)})
+    telemetry.bind(runner=Runner(tenants=tenants))
+    assert tenants.enter("alice", "/") is None
+    assert tenants.enter("bob", "/") is not None
+    tenants.may_declare_queue("/", 3, "q")
+    got = samples(telemetry.prometheus_text())
+    assert got[f'trimaran_limit_bites_total{{limit="{CONNECTIONS}",vhost="/"}}'] == 1
+    assert got[f'trimaran_limit_bites_total{{limit="{QUEUES}",vhost="/"}}'] == 1
+    assert got['trimaran_vhost_connections{vhost="/"}'] == 1
+    assert got['trimaran_vhost_limit{limit="max_queues",vhost="/"}'] == 3
+    assert got['trimaran_vhost_limit{limit="max_stored_bytes",vhost="/"}'] == 0

@@ -264,7 +264,19 @@ class Telemetry:
             "1",
             "1 while a breaker is open or half-open",
         )
+        self._limit_instruments(counter, gauge)
         self.registry = exposition.build_registry(self.metrics_data)
+
+    def _limit_instruments(self, counter: Callable[..., Any], gauge: Callable[..., Any]) -> None:
+        """Limits per vhost and user (trimaran/limits.py), labelled with the vhost."""
+        counter(
+            "trimaran.limit.bites",
+            [self._limit_bites],
+            "1",
+            "logins and declares refused, publishes refused or reads paused by a vhost or user limit",
+        )
+        gauge("trimaran.vhost.connections", [self._vhost_connections], "1", "logged-in connections per vhost")
+        gauge("trimaran.vhost.limit", [self._vhost_limits], "1", "each vhost's configured limits (0: none)")
 
     # -- wiring -----------------------------------------------------------------------------------
 
@@ -412,6 +424,31 @@ class Telemetry:
         counts = {protocol: 0 for protocol in ("mqtt", "amqp091", "amqp1")}
         counts.update(self.security.refusals)
         return [Observation(n, {"protocol": protocol}) for protocol, n in counts.items()]
+
+    def _limit_bites(self, _options: CallbackOptions) -> Iterable[Observation]:
+        if self.runner is None:
+            return []
+        bites = list(self.runner.tenants.bites.items())
+        return [Observation(n, {"vhost": vhost, "limit": limit}) for (vhost, limit), n in bites]
+
+    def _vhost_connections(self, _options: CallbackOptions) -> Iterable[Observation]:
+        if self.runner is None:
+            return []
+        counts = list(self.runner.tenants.connections.items())
+        return [Observation(n, {"vhost": vhost}) for vhost, n in counts]
+
+    def _vhost_limits(self, _options: CallbackOptions) -> Iterable[Observation]:
+        if self.runner is None:
+            return []
+        return [
+            Observation(value, {"vhost": vhost, "limit": limit})
+            for vhost, limits in list(self.runner.tenants.vhosts.items())
+            for limit, value in (
+                ("max_connections", limits.max_connections),
+                ("max_queues", limits.max_queues),
+                ("max_stored_bytes", limits.max_stored_bytes),
+            )
+        ]
 
     def _sessions(self, _options: CallbackOptions) -> Iterable[Observation]:
         return [] if self.sessions is None else [Observation(self.sessions.session_count())]
