@@ -364,6 +364,9 @@ class App:
     async def cluster_nodes(self) -> dict[str, Any] | None:
         return None if self.cluster is None else await self.cluster.describe()
 
+    def tenant_limits(self) -> TenantLimits:
+        return self.runner.tenants
+
     def reload_security(self) -> bool:
         if self.security is None:
             raise NotReady("security")

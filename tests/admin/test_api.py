@@ -451,6 +451,36 @@ def test_webhooks_without_endpoints_is_an_empty_list(api: Api) -> None:
     assert status == 200 and page == {"items": [], "next_cursor": None, "next": None}
 
 
+def test_limits_set_at_run_time_bite_at_once_and_go_when_cleared(api: Api, mqtt: Endpoints) -> None:
+    status, limits, _ = api.call("GET", "/api/v1/limits")
+    assert status == 200 and limits["default_user"]["max_messages_per_s"] == 0
+    status, limits, _ = api.call("PUT", f"/api/v1/limits/vhosts/{q('/')}", {"max_connections": 1})
+    assert status == 200 and limits["vhosts"]["/"]["max_connections"] == 1
+    first = connect(mqtt, "limited-1", version=V5)
+    try:
+        refused = connect(mqtt, "limited-2", version=V5, expect_success=False)
+        _flags, reason, _props = refused.connack.get(timeout=5)
+        assert reason.value == 0x97  # Quota exceeded
+        refused.disconnect()
+        status, limits, _ = api.call("GET", "/api/v1/limits")
+        assert limits["vhosts"]["/"]["connections"] == 1
+        assert {"vhost": "/", "limit": "connections", "count": 1} in limits["bites"]
+        assert api.call("DELETE", f"/api/v1/limits/vhosts/{q('/')}")[0] == 200
+        connect(mqtt, "limited-2", version=V5).disconnect()
+    finally:
+        first.disconnect()
+    assert api.call("DELETE", f"/api/v1/limits/vhosts/{q('/')}")[0] == 404
+    body = {"max_connections": 5, "max_messages_per_s": 100.0, "max_bytes_per_s": 0}
+    status, limits, _ = api.call("PUT", "/api/v1/limits/users/alice", body)
+    assert status == 200 and limits["users"]["alice"] == {**body, "connections": 0}
+    assert api.call("PUT", "/api/v1/limits/users/alice", {"max_connections": -1})[0] == 400
+    assert api.call("PUT", "/api/v1/limits/default-user", {"max_bytes_per_s": 1e6})[0] == 200
+    assert api.call("DELETE", "/api/v1/limits/users/alice")[0] == 200
+    assert api.call("DELETE", "/api/v1/limits/users/alice")[0] == 404
+    status, limits, _ = api.call("PUT", "/api/v1/limits/default-user", {})
+    assert limits["users"] == {} and limits["default_user"]["max_bytes_per_s"] == 0
+
+
 def test_every_response_was_checked_against_the_document(api: Api) -> None:
     # Runs last in this module: the calls above went through Api.check.
     assert api.checked >= 50

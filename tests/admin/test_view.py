@@ -22,6 +22,7 @@ from trimaran.broker.message import Message
 from trimaran.broker.router import Subscription
 from trimaran.broker.sessions import SessionDirectory, SessionInfo, SessionSubscriptionInfo
 from trimaran.config import HttpSettings, TelemetrySettings, WebhookEndpoint, WebhookSettings
+from trimaran.limits import TenantLimits
 from trimaran.queue.manager import PublishResult
 
 TOKEN = "view-token"
@@ -105,6 +106,9 @@ class View:
         if self._directory is None:
             raise NotReady("sessions")
         return self._directory
+
+    def tenant_limits(self) -> TenantLimits:
+        raise NotReady("runtime")
 
     def reload_security(self) -> bool:
         raise NotReady("security")

@@ -36,7 +36,14 @@ from trimaran.admin.telemetry import PROMETHEUS_CONTENT_TYPE, Telemetry
 from trimaran.admin.view import AdminView, NotReady, QueueOps
 from trimaran.broker.message import Message, now_ms
 from trimaran.broker.sessions import SessionDirectory, SessionInfo
-from trimaran.config import DeclaredQueue, HttpSettings, QueuePolicySettings
+from trimaran.config import (
+    DeclaredQueue,
+    HttpSettings,
+    QueuePolicySettings,
+    UserLimitSettings,
+    VhostLimitSettings,
+)
+from trimaran.limits import TenantLimits, UserLimits, VhostLimits
 from trimaran.queue.policy import QueueError, parse_queue_topic
 from trimaran.topics import TopicError, validate_topic_name
 
@@ -214,6 +221,27 @@ class Count(Model):
 class Done(Model):
     ok: bool
     detail: str
+
+
+class VhostLimitsOut(VhostLimitSettings):
+    connections: int = Field(description="connections logged in to the vhost now")
+
+
+class UserLimitsOut(UserLimitSettings):
+    connections: int = Field(description="the user's connections now")
+
+
+class LimitBite(Model):
+    vhost: str
+    limit: str = Field(description="connections, user_connections, queues, stored_bytes or rate")
+    count: int = Field(description="refusals (or paused reads, for rate) since the start")
+
+
+class LimitsOut(Model):
+    vhosts: dict[str, VhostLimitsOut] = Field(description="vhosts with limits or connections (0: no limit)")
+    users: dict[str, UserLimitsOut] = Field(description="users with limits of their own")
+    default_user: UserLimitSettings = Field(description="the limits of every other user")
+    bites: list[LimitBite]
 
 
 class PublishProperties(Model):
@@ -569,6 +597,7 @@ class AdminApi:
                 {200: Done, 409: ErrorBody},
                 tags=("auth",),
             ),
+            *self._limit_routes(),
             ApiRoute(
                 "POST",
                 f"{p}/publish",
@@ -882,7 +911,78 @@ class AdminApi:
             )
         return _ok(Done(ok=True, detail="users and rules reloaded"))
 
+    # -- limits per vhost and per user (trimaran/limits.py) -------------------------------------------
+
+    def _limit_routes(self) -> list[ApiRoute]:
+        p, tags = f"{PREFIX}/limits", ("limits",)
+        return [
+            ApiRoute(
+                "GET", p, "Limits per vhost and user, the counts and how often each bit", self.show_limits,
+                {200: LimitsOut}, tags=tags,
+            ),
+            ApiRoute(
+                "PUT", f"{p}/vhosts/{{vhost}}", "Set a vhost's limits (the default vhost is %2F)",
+                self.set_vhost_limits, {200: LimitsOut}, body=VhostLimitSettings, tags=tags,
+            ),
+            ApiRoute(
+                "DELETE", f"{p}/vhosts/{{vhost}}", "Remove a vhost's limits", self.clear_vhost_limits,
+                {200: Done}, tags=tags,
+            ),
+            ApiRoute(
+                "PUT", f"{p}/users/{{user}}", "Set a user's limits (connections, messages/s, bytes/s)",
+                self.set_user_limits, {200: LimitsOut}, body=UserLimitSettings, tags=tags,
+            ),
+            ApiRoute(
+                "DELETE", f"{p}/users/{{user}}", "Remove a user's own limits (the default's apply)",
+                self.clear_user_limits, {200: Done}, tags=tags,
+            ),
+            ApiRoute(
+                "PUT", f"{p}/default-user", "Set the limits of every user without limits of its own",
+                self.set_default_user_limits, {200: LimitsOut}, body=UserLimitSettings, tags=tags,
+            ),
+        ]  # fmt: skip
+
+    async def show_limits(self, _request: Request) -> Response:
+        return _ok(LimitsOut.model_validate(self._limits().snapshot()))
+
+    async def set_vhost_limits(self, request: Request) -> Response:
+        body = _body(request, VhostLimitSettings)
+        vhost = request.params["vhost"]
+        self._limits().set_vhost(vhost, VhostLimits(**body.model_dump()))
+        log.info("limits: vhost %r set to %s through the admin API", vhost, body.model_dump())
+        return await self.show_limits(request)
+
+    async def clear_vhost_limits(self, request: Request) -> Response:
+        vhost = request.params["vhost"]
+        if not self._limits().clear_vhost(vhost):
+            raise HttpError(404, "not_found", f"vhost {vhost!r} has no limits")
+        log.info("limits: vhost %r cleared through the admin API", vhost)
+        return _ok(Done(ok=True, detail=f"limits of vhost {vhost!r} removed"))
+
+    async def set_user_limits(self, request: Request) -> Response:
+        body = _body(request, UserLimitSettings)
+        user = request.params["user"]
+        self._limits().set_user(user, UserLimits(**body.model_dump()))
+        log.info("limits: user %r set to %s through the admin API", user, body.model_dump())
+        return await self.show_limits(request)
+
+    async def clear_user_limits(self, request: Request) -> Response:
+        user = request.params["user"]
+        if not self._limits().clear_user(user):
+            raise HttpError(404, "not_found", f"user {user!r} has no limits of its own")
+        log.info("limits: user %r cleared through the admin API", user)
+        return _ok(Done(ok=True, detail=f"limits of user {user!r} removed"))
+
+    async def set_default_user_limits(self, request: Request) -> Response:
+        body = _body(request, UserLimitSettings)
+        self._limits().set_default_user(UserLimits(**body.model_dump()))
+        log.info("limits: default user set to %s through the admin API", body.model_dump())
+        return await self.show_limits(request)
+
     # -- parts of the server (NotReady while starting: 503) ------------------------------------------
+
+    def _limits(self) -> TenantLimits:
+        return self.view.tenant_limits()
 
     def _sessions(self) -> SessionDirectory:
         return self.view.session_directory()

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from trimaran.broker.router import Subscription
     from trimaran.broker.sessions import SessionDirectory
     from trimaran.config import QueuePolicySettings
+    from trimaran.limits import TenantLimits
     from trimaran.queue.groups import StoredMessage
     from trimaran.queue.manager import PublishResult, QueueInfo
 
@@ -118,6 +119,10 @@ class AdminView(Protocol):
 
     async def cluster_nodes(self) -> dict[str, Any] | None:
         """The nodes sharing this database with their state (``cluster.enabled``); None alone."""
+        ...
+
+    def tenant_limits(self) -> TenantLimits:
+        """The limits per vhost and per user in force; changing them takes effect at once."""
         ...
 
     def reload_security(self) -> bool:
