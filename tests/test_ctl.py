@@ -242,6 +242,42 @@ def test_auth_reload(ctl: Callable[..., subprocess.CompletedProcess[str]], serve
     wait_for(lambda: "auth: reloaded" in server.output())
 
 
+def test_limits_set_list_clear(ctl: Callable[..., subprocess.CompletedProcess[str]], mqtt: Endpoints) -> None:
+    result = ctl("limits", "set-vhost", "-p", "/", "--max-connections", "10", "--max-queues", "5")
+    assert result.returncode == 0, result.stderr
+    client = connect(mqtt, "counted")
+    try:
+        listed = ctl("limits", "list")
+        assert listed.returncode == 0, listed.stderr
+        lines = listed.stdout.splitlines()
+        assert lines[0].split() == [
+            "VHOST",
+            "CONNECTIONS",
+            "MAX",
+            "CONNECTIONS",
+            "MAX",
+            "QUEUES",
+            "MAX",
+            "STORED",
+            "BYTES",
+        ]
+        assert lines[1].split() == ["/", "1", "10", "5", "0"]
+    finally:
+        client.disconnect()
+    assert ctl("limits", "set-user", "alice", "--max-messages-per-s", "50").returncode == 0
+    assert ctl("limits", "set-default-user", "--max-connections", "100").returncode == 0
+    answer = json.loads(ctl("limits", "list", "--json").stdout)
+    assert answer["users"]["alice"]["max_messages_per_s"] == 50
+    assert answer["default_user"]["max_connections"] == 100
+    table_lines = ctl("limits", "list").stdout.splitlines()
+    assert ["(default)", "-", "100", "0.0", "0.0"] in [line.split() for line in table_lines]
+    assert ctl("limits", "clear-user", "alice").stdout.strip() == "limits of user 'alice' removed"
+    assert ctl("limits", "clear-vhost").stdout.strip() == "limits of vhost '/' removed"
+    missing = ctl("limits", "clear-vhost", "-p", "nowhere")
+    assert missing.returncode == 1 and "has no limits" in missing.stderr
+    assert ctl("limits", "set-default-user").returncode == 0
+
+
 def test_webhooks_list(ctl: Callable[..., subprocess.CompletedProcess[str]], mqtt: Endpoints) -> None:
     client = connect(mqtt, "shell-hook", version=V5)  # one client.connected event for the endpoint
     client.client.loop_stop()

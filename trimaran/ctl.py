@@ -1,6 +1,7 @@
 """The admin API from the shell, as ``rabbitmqctl`` and ``emqx ctl`` are: ``trimaran status``,
 ``clients list|show|kick``, ``sessions list|show|delete``, ``queues list|show|peek|purge|redrive|delete``,
-``webhooks list``, ``auth reload``.
+``webhooks list``, ``auth reload``,
+``limits list|set-vhost|clear-vhost|set-user|clear-user|set-default-user``.
 
 Each command is one or a few calls to ``/api/v1`` on a running server (stdlib ``urllib``, nothing
 to install). The address and the token default to the settings the server reads (``http.bind``,
@@ -27,7 +28,7 @@ from urllib.parse import quote, urlencode, urljoin
 
 from trimaran.config import Settings
 
-COMMANDS = ("status", "clients", "sessions", "queues", "webhooks", "auth")
+COMMANDS = ("status", "clients", "sessions", "queues", "webhooks", "auth", "limits")
 TOKEN_ENV = "TRIMARAN_ADMIN_TOKEN"
 EXIT_ANSWERED_ERROR = 1
 EXIT_UNREACHABLE = 2
@@ -104,6 +105,47 @@ def add_commands(commands: Any, common: argparse.ArgumentParser, command: AddCom
     auth = command(commands, "auth", "users and access rules of a running server")
     sub = auth.add_subparsers(dest="action", required=True)
     command(sub, "reload", "read auth.password_file and auth.acl_file again, as SIGHUP does", parents=parents)
+
+    _add_limits_command(commands, command, parents)
+
+
+def _add_limits_command(commands: Any, command: AddCommand, parents: list[argparse.ArgumentParser]) -> None:
+    """``trimaran limits``: rabbitmqctl's set_vhost_limits / set_user_limits and their clear_."""
+    limits = command(commands, "limits", "limits per vhost and per user of a running server")
+    sub = limits.add_subparsers(dest="action", required=True)
+    command(sub, "list", "each vhost's and user's limits, connections, times each bit", parents=parents)
+    vhost = command(
+        sub, "set-vhost", "set a vhost's limits (replacing them all; an option left out is no limit)",
+        parents=parents,
+    )  # fmt: skip
+    vhost.add_argument("-p", "--vhost", default="/", help="the vhost (default /)")
+    vhost.add_argument("--max-connections", type=int, default=0, help="open connections, all protocols")
+    vhost.add_argument("--max-queues", type=int, default=0, help="queues; a declare beyond is refused")
+    vhost.add_argument(
+        "--max-stored-bytes", type=int, default=0, help="bytes its queues store; a publish beyond is refused"
+    )
+    clear = command(sub, "clear-vhost", "remove a vhost's limits", parents=parents)
+    clear.add_argument("-p", "--vhost", default="/", help="the vhost (default /)")
+    user = command(sub, "set-user", "set a user's limits (replacing them all)", parents=parents)
+    user.add_argument("user")
+    _user_limit_options(user)
+    clear_user = command(sub, "clear-user", "remove a user's own limits", parents=parents)
+    clear_user.add_argument("user")
+    default = command(
+        sub, "set-default-user", "set the limits of every user without its own (anonymous too)",
+        parents=parents,
+    )  # fmt: skip
+    _user_limit_options(default)
+
+
+def _user_limit_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-connections", type=int, default=0, help="the user's open connections")
+    parser.add_argument(
+        "--max-messages-per-s", type=float, default=0, help="messages a second; beyond, read slower"
+    )
+    parser.add_argument(
+        "--max-bytes-per-s", type=float, default=0, help="bytes a second; beyond, read slower"
+    )
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -260,7 +302,49 @@ def _dispatch(client: AdminClient, args: argparse.Namespace) -> int:
         return _show_list(client.pages("/api/v1/webhooks"), as_json, WEBHOOK_COLUMNS)
     if command == "auth":
         return _show_done(client.call("POST", "/api/v1/auth/reload"), as_json)
+    if command == "limits":
+        return _limits(client, args, action, as_json)
     raise AssertionError(command)
+
+
+def _limits(client: AdminClient, args: argparse.Namespace, action: str, as_json: bool) -> int:
+    base = "/api/v1/limits"
+    if action == "list":
+        return _show_limits(client.call("GET", base), as_json)
+    if action == "clear-vhost":
+        return _show_done(client.call("DELETE", f"{base}/vhosts/{_segment(args.vhost)}"), as_json)
+    if action == "clear-user":
+        return _show_done(client.call("DELETE", f"{base}/users/{_segment(args.user)}"), as_json)
+    if action == "set-vhost":
+        body: dict[str, float] = {
+            "max_connections": args.max_connections,
+            "max_queues": args.max_queues,
+            "max_stored_bytes": args.max_stored_bytes,
+        }
+        return _show_limits(client.call("PUT", f"{base}/vhosts/{_segment(args.vhost)}", body), as_json)
+    body = {
+        "max_connections": args.max_connections,
+        "max_messages_per_s": args.max_messages_per_s,
+        "max_bytes_per_s": args.max_bytes_per_s,
+    }
+    path = f"{base}/users/{_segment(args.user)}" if action == "set-user" else f"{base}/default-user"
+    return _show_limits(client.call("PUT", path, body), as_json)
+
+
+def _show_limits(answer: dict[str, Any], as_json: bool) -> int:
+    if as_json:
+        _print_json(answer)
+        return 0
+    vhosts = [{"vhost": name, **values} for name, values in answer["vhosts"].items()]
+    print(table(vhosts, VHOST_LIMIT_COLUMNS))
+    print()
+    users = [{"user": "(default)", **answer["default_user"], "connections": None}]
+    users += [{"user": name, **values} for name, values in answer["users"].items()]
+    print(table(users, USER_LIMIT_COLUMNS))
+    if answer["bites"]:
+        print()
+        print(table(answer["bites"], BITE_COLUMNS))
+    return 0
 
 
 def _readiness(client: AdminClient) -> dict[str, Any]:
@@ -341,6 +425,25 @@ WEBHOOK_COLUMNS: list[Column] = [
     ("QUEUED", _field("queued")),
     ("SENT", _field("sent")),
     ("DROPPED", _field("dropped")),
+]
+VHOST_LIMIT_COLUMNS: list[Column] = [
+    ("VHOST", _field("vhost")),
+    ("CONNECTIONS", _field("connections")),
+    ("MAX CONNECTIONS", _field("max_connections")),
+    ("MAX QUEUES", _field("max_queues")),
+    ("MAX STORED BYTES", _field("max_stored_bytes")),
+]
+USER_LIMIT_COLUMNS: list[Column] = [
+    ("USER", _field("user")),
+    ("CONNECTIONS", _field("connections")),
+    ("MAX CONNECTIONS", _field("max_connections")),
+    ("MAX MESSAGES/S", _field("max_messages_per_s")),
+    ("MAX BYTES/S", _field("max_bytes_per_s")),
+]
+BITE_COLUMNS: list[Column] = [
+    ("VHOST", _field("vhost")),
+    ("LIMIT", _field("limit")),
+    ("TIMES", _field("count")),
 ]
 MESSAGE_COLUMNS: list[Column] = [
     ("OFFSET", _field("offset")),
