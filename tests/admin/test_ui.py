@@ -239,3 +239,51 @@ def test_charts_move_under_load(server: RunningServer, browser: Any) -> None:
         pump.join(5)
         publisher.client.loop_stop()
         subscriber.client.loop_stop()
+
+
+@needs_browser
+def test_limits_page_sets_shows_and_clears_limits(server: RunningServer, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    base = f"http://127.0.0.1:{server.ports['http']}"
+    browser.get(f"{base}/ui")
+    if browser.find_element(By.ID, "login").is_displayed():
+        browser.find_element(By.ID, "token").send_keys(TOKEN)
+        browser.find_element(By.CSS_SELECTOR, "#login button").click()
+    browser.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="limits"]').click()
+
+    mqtt = Endpoints("127.0.0.1", server.ports["mqtt"])
+    client = connect(mqtt, "limits-page", version=V5)
+    try:
+        connections = browser.find_element(By.ID, "vhost-limit-connections")
+        connections.clear()
+        connections.send_keys("7")
+        browser.find_element(By.CSS_SELECTOR, "#vhost-limit-form button").click()
+        row = '#vhost-limit-rows tr[data-vhost="/"]'
+        limit = f'{row} td[data-field="max-connections"]'
+        wait(lambda: browser.find_element(By.CSS_SELECTOR, limit).text == "7")
+        assert browser.find_element(By.CSS_SELECTOR, f'{row} td[data-field="connections"]').text == "1"
+    finally:
+        client.disconnect()
+
+    browser.find_element(By.ID, "user-limit-name").send_keys("alice")
+    messages = browser.find_element(By.ID, "user-limit-messages")
+    messages.clear()
+    messages.send_keys("250")
+    browser.find_element(By.CSS_SELECTOR, "#user-limit-form button").click()
+    user_row = '#user-limit-rows tr[data-user="alice"]'
+    wait(lambda: browser.find_element(By.CSS_SELECTOR, f'{user_row} td[data-field="messages"]').text == "250")
+
+    picker = Select(browser.find_element(By.ID, "vhost"))
+    assert [o.text for o in picker.options] == ["all", "/"]
+    picker.select_by_visible_text("/")
+    assert wait(lambda: browser.find_elements(By.CSS_SELECTOR, row))
+    snap(browser, "limits")
+
+    click(browser, f"{user_row} button", "Clear")
+    browser.switch_to.alert.accept()
+    wait(lambda: not browser.find_elements(By.CSS_SELECTOR, user_row))
+    click(browser, f"{row} button", "Clear")
+    browser.switch_to.alert.accept()
+    wait(lambda: not browser.find_elements(By.CSS_SELECTOR, row))

@@ -3,7 +3,7 @@
 "use strict";
 
 const POLL_MS = 2000;
-const state = { token: sessionStorage.getItem("trimaran-token"), tab: "overview", last: null, lastQueues: {}, timer: null };
+const state = { token: sessionStorage.getItem("trimaran-token"), tab: "overview", last: null, lastQueues: {}, timer: null, vhost: "" };
 
 const $ = (id) => document.getElementById(id);
 
@@ -28,7 +28,7 @@ async function all(path) {
   let url = path;
   while (url) {
     const page = await api("GET", url);
-    items = items.concat(page.items);
+    items = items.concat(page.items.filter(inVhost));
     url = page.next;
   }
   return items;
@@ -330,7 +330,76 @@ async function cluster() {
   });
 }
 
-const TABS = { overview, connections, sessions, queues, webhooks, cluster, publish: async () => {} };
+// -- vhosts and limits (trimaran/limits.py) ----------------------------------------------------------
+
+// The vhost selector: "" shows every vhost; items that carry a vhost are shown in theirs only.
+const inVhost = (item) => !state.vhost || item.vhost === undefined || item.vhost === state.vhost;
+
+function vhostChoices(names) {
+  const select = $("vhost");
+  const known = ["", ...new Set(["/", ...names])];
+  if ([...select.options].map((o) => o.value).join("\n") === known.join("\n")) return;
+  select.replaceChildren();
+  for (const name of known) {
+    const option = document.createElement("option");
+    option.value = name; option.textContent = name || "all";
+    select.appendChild(option);
+  }
+  select.value = known.includes(state.vhost) ? state.vhost : "";
+}
+
+async function limits() {
+  const answer = await api("GET", "/api/v1/limits");
+  vhostChoices(Object.keys(answer.vhosts));
+  const vhosts = Object.entries(answer.vhosts).filter(([name]) => inVhost({ vhost: name }));
+  fill($("vhost-limit-rows"), vhosts, (row, [name, v]) => {
+    row.dataset.vhost = name;
+    cell(row, name); cell(row, v.connections).dataset.field = "connections";
+    cell(row, v.max_connections).dataset.field = "max-connections";
+    cell(row, v.max_queues); cell(row, v.max_stored_bytes);
+    button(actions(row), "Clear", async () => {
+      if (confirm(`Remove the limits of vhost ${name}?`)) await api("DELETE", `/api/v1/limits/vhosts/${seg(name)}`);
+    }, true);
+  });
+  const users = [["", { ...answer.default_user, connections: null }], ...Object.entries(answer.users)];
+  fill($("user-limit-rows"), users, (row, [name, u]) => {
+    row.dataset.user = name;
+    cell(row, name || "(every other user)"); cell(row, u.connections);
+    cell(row, u.max_connections); cell(row, u.max_messages_per_s).dataset.field = "messages";
+    cell(row, u.max_bytes_per_s);
+    if (name) {
+      button(actions(row), "Clear", async () => {
+        if (confirm(`Remove the limits of user ${name}?`)) await api("DELETE", `/api/v1/limits/users/${seg(name)}`);
+      }, true);
+    } else actions(row);
+  });
+  fill($("limit-bite-rows"), answer.bites.filter(inVhost), (row, b) => {
+    cell(row, b.vhost); cell(row, b.limit); cell(row, b.count);
+  });
+}
+
+async function setLimits(event, path, body) {
+  event.preventDefault();
+  try { await api("PUT", path, body); showError(null); await refresh(); } catch (error) { showError(error); }
+}
+
+function limitForms() {
+  $("vhost-limit-form").addEventListener("submit", (event) => setLimits(event,
+    `/api/v1/limits/vhosts/${seg($("vhost-limit-name").value)}`, {
+      max_connections: Number($("vhost-limit-connections").value), max_queues: Number($("vhost-limit-queues").value),
+      max_stored_bytes: Number($("vhost-limit-bytes").value),
+    }));
+  $("user-limit-form").addEventListener("submit", (event) => {
+    const user = $("user-limit-name").value.trim();
+    setLimits(event, user ? `/api/v1/limits/users/${seg(user)}` : "/api/v1/limits/default-user", {
+      max_connections: Number($("user-limit-connections").value),
+      max_messages_per_s: Number($("user-limit-messages").value), max_bytes_per_s: Number($("user-limit-bytes").value),
+    });
+  });
+  $("vhost").addEventListener("change", () => { state.vhost = $("vhost").value; refresh(); });
+}
+
+const TABS = { overview, connections, sessions, queues, webhooks, cluster, limits, publish: async () => {} };
 
 async function refresh() {
   if (!state.token) return;
@@ -350,6 +419,8 @@ function loggedIn() {
   $("login").hidden = true;
   $("tabs").hidden = false;
   $("logout").hidden = false;
+  $("vhost-picker").hidden = false;
+  api("GET", "/api/v1/limits").then((answer) => vhostChoices(Object.keys(answer.vhosts)), showError);
   show(state.tab);
   clearInterval(state.timer);
   state.timer = setInterval(refresh, POLL_MS);
@@ -362,6 +433,7 @@ function logout() {
   $("login").hidden = false;
   $("tabs").hidden = true;
   $("logout").hidden = true;
+  $("vhost-picker").hidden = true;
   for (const name of Object.keys(TABS)) $(name).hidden = true;
 }
 
@@ -380,6 +452,7 @@ document.addEventListener("DOMContentLoaded", () => {
     }
   });
   $("logout").addEventListener("click", logout);
+  limitForms();
   for (const b of document.querySelectorAll("#tabs button")) b.addEventListener("click", () => show(b.dataset.tab));
   $("publish-form").addEventListener("submit", async (event) => {
     event.preventDefault();
