@@ -35,7 +35,6 @@ from trimaran.broker.router import Subscription
 from trimaran.broker.sessions import SessionDirectory
 from trimaran.config import ConfigError, Endpoint, Settings, check_settings
 from trimaran.errors import bind_failure
-from trimaran.limits import TenantLimits, UserLimits, VhostLimits
 from trimaran.mqtt.handler import MqttFrontEnd
 from trimaran.net.listeners import Listener, ProtocolListener, amqp_port
 from trimaran.net.tls import server_tls_context
@@ -54,6 +53,7 @@ from trimaran.storage.lock import DataDirLock
 from trimaran.storage.mqtt_store import MqttStore
 from trimaran.storage.store import Storage
 from trimaran.storage.vhost_store import VHostRows
+from trimaran.tenant_limits import TenantLimits, UserLimits, VhostLimits
 from trimaran.vhosts import VHosts, prefix
 
 if TYPE_CHECKING:

@@ -307,7 +307,7 @@ def _dispatch(client: AdminClient, args: argparse.Namespace) -> int:
     raise AssertionError(command)
 
 
-def _limits(client: AdminClient, args: argparse.Namespace, action: str, as_json: bool) -> int:
+def _limits(client: AdminClient, args: argparse.Namespace, action: str | None, as_json: bool) -> int:
     base = "/api/v1/limits"
     if action == "list":
         return _show_limits(client.call("GET", base), as_json)

@@ -130,8 +130,8 @@ def test_per_object_series_only_when_asked_and_never_webhook_paths() -> None:
 
 
 def test_limit_bites_and_vhost_connections_carry_the_vhost_label() -> None:
-    from trimaran.limits import CONNECTIONS, QUEUES, TenantLimits, VhostLimits
     from trimaran.runtime.runner import Runner
+    from trimaran.tenant_limits import CONNECTIONS, QUEUES, TenantLimits, VhostLimits
 
     telemetry = Telemetry(TelemetrySettings())
     tenants = TenantLimits({"/": VhostLimits(max_connections=1, max_queues=3)})

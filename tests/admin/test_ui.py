@@ -263,7 +263,8 @@ def test_limits_page_sets_shows_and_clears_limits(server: RunningServer, browser
         row = '#vhost-limit-rows tr[data-vhost="/"]'
         limit = f'{row} td[data-field="max-connections"]'
         wait(lambda: browser.find_element(By.CSS_SELECTOR, limit).text == "7")
-        assert browser.find_element(By.CSS_SELECTOR, f'{row} td[data-field="connections"]').text == "1"
+        # This client at least (the charts' clients may still be going).
+        assert int(browser.find_element(By.CSS_SELECTOR, f'{row} td[data-field="connections"]').text) >= 1
     finally:
         client.disconnect()
 
@@ -286,4 +287,10 @@ def test_limits_page_sets_shows_and_clears_limits(server: RunningServer, browser
     wait(lambda: not browser.find_elements(By.CSS_SELECTOR, user_row))
     click(browser, f"{row} button", "Clear")
     browser.switch_to.alert.accept()
-    wait(lambda: not browser.find_elements(By.CSS_SELECTOR, row))
+    # The row stays while the vhost has connections, without limits.
+    wait(
+        lambda: (
+            not browser.find_elements(By.CSS_SELECTOR, row)
+            or browser.find_element(By.CSS_SELECTOR, limit).text == "0"
+        )
+    )

@@ -22,8 +22,8 @@ from trimaran.broker.message import Message
 from trimaran.broker.router import Subscription
 from trimaran.broker.sessions import SessionDirectory, SessionInfo, SessionSubscriptionInfo
 from trimaran.config import HttpSettings, TelemetrySettings, WebhookEndpoint, WebhookSettings
-from trimaran.limits import TenantLimits
 from trimaran.queue.manager import PublishResult
+from trimaran.tenant_limits import TenantLimits
 
 TOKEN = "view-token"
 

@@ -43,8 +43,8 @@ from trimaran.config import (
     UserLimitSettings,
     VhostLimitSettings,
 )
-from trimaran.limits import TenantLimits, UserLimits, VhostLimits
 from trimaran.queue.policy import QueueError, parse_queue_topic
+from trimaran.tenant_limits import TenantLimits, UserLimits, VhostLimits
 from trimaran.topics import TopicError, validate_topic_name
 
 if TYPE_CHECKING:
@@ -911,7 +911,7 @@ class AdminApi:
             )
         return _ok(Done(ok=True, detail="users and rules reloaded"))
 
-    # -- limits per vhost and per user (trimaran/limits.py) -------------------------------------------
+    # -- limits per vhost and per user (trimaran/tenant_limits.py) -------------------------------------------
 
     def _limit_routes(self) -> list[ApiRoute]:
         p, tags = f"{PREFIX}/limits", ("limits",)

@@ -268,7 +268,7 @@ class Telemetry:
         self.registry = exposition.build_registry(self.metrics_data)
 
     def _limit_instruments(self, counter: Callable[..., Any], gauge: Callable[..., Any]) -> None:
-        """Limits per vhost and user (trimaran/limits.py), labelled with the vhost."""
+        """Limits per vhost and user (trimaran/tenant_limits.py), labelled with the vhost."""
         counter(
             "trimaran.limit.bites",
             [self._limit_bites],

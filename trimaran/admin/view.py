@@ -22,9 +22,9 @@ if TYPE_CHECKING:
     from trimaran.broker.router import Subscription
     from trimaran.broker.sessions import SessionDirectory
     from trimaran.config import QueuePolicySettings
-    from trimaran.limits import TenantLimits
     from trimaran.queue.groups import StoredMessage
     from trimaran.queue.manager import PublishResult, QueueInfo
+    from trimaran.tenant_limits import TenantLimits
 
 
 class NotReady(Exception):

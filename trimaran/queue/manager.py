@@ -42,7 +42,6 @@ from anyio.abc import TaskGroup
 from trimaran.broker.events import MESSAGE_PUBLISHED, EventBus
 from trimaran.broker.message import Message, now_ms
 from trimaran.config import QueuePolicySettings, QueueSettings, StorageSettings
-from trimaran.limits import TenantLimits
 from trimaran.queue import admin
 from trimaran.queue.admin import GroupInfo, QueueInfo
 from trimaran.queue.groups import (
@@ -79,6 +78,7 @@ from trimaran.storage.disk import DiskWatch
 from trimaran.storage.engine import sqlite_file
 from trimaran.storage.store import Storage
 from trimaran.storage.writer import GroupCommitWriter, WriteBatch, WriterError
+from trimaran.tenant_limits import TenantLimits
 from trimaran.vhosts import DEFAULT_VHOST
 
 __all__ = [

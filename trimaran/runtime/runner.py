@@ -20,10 +20,10 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from trimaran.limits import RATE, TenantLimits
 from trimaran.runtime.limits import RuntimeLimits, RuntimeStats, Traffic
 from trimaran.runtime.memory import Memory
 from trimaran.runtime.transport import GONE, Conn, HullFactory
+from trimaran.tenant_limits import RATE, TenantLimits
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol, cast
 
-from trimaran.limits import Rate
 from trimaran.runtime.limits import RuntimeLimits, RuntimeStats, Traffic
 from trimaran.runtime.machine import Machine
 from trimaran.runtime.memory import Memory
+from trimaran.tenant_limits import Rate
 from trimaran.vhosts import DEFAULT_VHOST
 
 log = logging.getLogger(__name__)

@@ -330,7 +330,7 @@ async function cluster() {
   });
 }
 
-// -- vhosts and limits (trimaran/limits.py) ----------------------------------------------------------
+// -- vhosts and limits (trimaran/tenant_limits.py) ----------------------------------------------------------
 
 // The vhost selector: "" shows every vhost; items that carry a vhost are shown in theirs only.
 const inVhost = (item) => !state.vhost || item.vhost === undefined || item.vhost === state.vhost;

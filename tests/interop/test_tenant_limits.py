@@ -1,4 +1,4 @@
-"""Limits per vhost and per user with real clients (trimaran/limits.py, the runtime's rate).
+"""Limits per vhost and per user with real clients (trimaran/tenant_limits.py, the runtime's rate).
 
 Each limit bites the protocol's way and loses nothing: a vhost or user over its connection limit is
 refused at CONNECT (MQTT 5 CONNACK 0x97 Quota exceeded, 3.1.1 return code 3) or connection.open

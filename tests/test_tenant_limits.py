@@ -1,4 +1,4 @@
-"""trimaran/limits.py: the limits per vhost and per user, their counts, and the token buckets."""
+"""trimaran/tenant_limits.py: the limits per vhost and per user, their counts, and the token buckets."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from trimaran.limits import QUEUES, RATE, Rate, TenantLimits, UserLimits, VhostLimits
+from trimaran.tenant_limits import QUEUES, RATE, Rate, TenantLimits, UserLimits, VhostLimits
 
 
 def test_a_vhost_and_a_user_are_let_in_up_to_their_limits_and_counted_until_they_leave() -> None:
@@ -27,7 +27,7 @@ def test_a_vhost_and_a_user_are_let_in_up_to_their_limits_and_counted_until_they
 
 def test_a_limit_that_bites_says_so_once_and_again_after_it_changes(caplog: pytest.LogCaptureFixture) -> None:
     limits = TenantLimits({"/": VhostLimits(max_queues=1)})
-    with caplog.at_level(logging.WARNING, "trimaran.limits"):
+    with caplog.at_level(logging.WARNING, "trimaran.tenant_limits"):
         assert limits.may_declare_queue("/", 0, "a") is None
         for name in ("b", "c", "d"):
             assert limits.may_declare_queue("/", 1, name) == "vhost queue limit (1) is reached"
