@@ -63,7 +63,6 @@ from trimaran.queue.letters import DeadLetterRouter, Letters
 from trimaran.queue.outcomes import ACK, RELEASED, UNSENT, Commit, DeadLetter, Outcome, Retry
 from trimaran.queue.policy import (
     DEFAULT_GROUP,
-    DLQ_PREFIX,
     DLQ_PROPERTIES,
     QueueError,
     expiry_ms,
@@ -79,7 +78,7 @@ from trimaran.storage.engine import sqlite_file
 from trimaran.storage.store import Storage
 from trimaran.storage.writer import GroupCommitWriter, WriteBatch, WriterError
 from trimaran.tenant_limits import TenantLimits
-from trimaran.vhosts import DEFAULT_VHOST
+from trimaran.vhosts import split_key, vhost_of
 
 __all__ = [
     "BrowseHandle",
@@ -552,11 +551,8 @@ class QueueManager:
                     if ch is not None:
                         self.journal.declared(ch, state)
             return state
-        if self.limits.vhosts and not name.startswith(DLQ_PREFIX):
-            # A dead-letter queue is made when a letter needs it: refusing it would lose the letter.
-            refusal = self.limits.may_declare_queue(DEFAULT_VHOST, len(self.queues), name)
-            if refusal is not None:
-                raise QueueError("queue-limit", refusal)
+        if self.limits.vhosts:
+            self._check_queue_count(name)
         pol = self._policy_for(name, policy)
         state = QueueState(name, pol, durable, now_ms())
         self.queues[name] = state
@@ -865,14 +861,27 @@ class QueueManager:
         journal.event(ch, state, now, "published", offset=offset, consumer=message.publisher_id)
         return stored, result
 
+    def _check_queue_count(self, key: str) -> None:
+        """The vhost's queue limit, before a new queue: refused as RabbitMQ does (406 on 0.9.1)."""
+        vhost, name = split_key(key)
+        limits = self.limits.of_vhost(vhost)
+        if limits is None or not limits.max_queues or is_dead_letter_queue(key):
+            return  # a dead-letter queue is made when a letter needs it: refusing it would lose it
+        count = sum(1 for other in self.queues if vhost_of(other) == vhost)
+        refusal = self.limits.may_declare_queue(vhost, count, name)
+        if refusal is not None:
+            raise QueueError("queue-limit", refusal)
+
     def _check_quota(self, state: QueueState, size: int) -> None:
         """The vhost's stored-bytes quota: a publish beyond it is refused ("full": each hull's
         refusal, PUBACK 0x97, basic.nack, rejected with amqp:resource-limit-exceeded)."""
-        vhost = self.limits.of_vhost(DEFAULT_VHOST)
-        if vhost is None or not vhost.max_stored_bytes:
+        vhost = vhost_of(state.name)
+        limits = self.limits.of_vhost(vhost)
+        if limits is None or not limits.max_stored_bytes:
             return
-        stored = sum(queue.bytes for queue in self.queues.values())  # only when a quota is set
-        refusal = self.limits.may_store(DEFAULT_VHOST, stored, size)
+        # Summed when asked, and only with a quota: no second count of every queue's bytes to drift.
+        stored = sum(queue.bytes for key, queue in self.queues.items() if vhost_of(key) == vhost)
+        refusal = self.limits.may_store(vhost, stored, size)
         if refusal is not None:
             state.stats["refused"] += 1
             raise QueueError("full", refusal)

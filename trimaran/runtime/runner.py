@@ -197,11 +197,12 @@ class Runner:
         """A hull's login of ``user`` into ``vhost`` on ``conn``: None when the vhost's and the
         user's connection limits let it in (it then counts until the connection goes, and its user's
         rate applies), else why not, for the hull to refuse its protocol's way."""
-        if conn.tenant is not None:
+        if conn.entered:
             return None
         refusal = self.tenants.enter(user, vhost)
         if refusal is None:
-            conn.tenant = (user, vhost)
+            conn.entered = True
+            conn.user, conn.vhost = user, vhost
             conn.rate = self.tenants.rate(user, vhost, time.monotonic())
         return refusal
 
@@ -209,21 +210,20 @@ class Runner:
         """The limits changed at run time: every connection that entered takes its user's rate."""
         now = time.monotonic()
         for conn in self.conns:
-            if conn.tenant is not None:
-                conn.rate = self.tenants.rate(conn.tenant[0], conn.tenant[1], now)
+            if conn.entered:
+                conn.rate = self.tenants.rate(conn.user, conn.vhost, now)
 
     def throttled(self, conn: Conn) -> None:
         """``conn``'s user is over its rate: it is not read for a while (counted, said once)."""
-        assert conn.tenant is not None
-        user, vhost = conn.tenant
-        self.tenants.bit(RATE, vhost, user or "", "over its publish rate: reading its connections paused")
+        user = conn.user or ""
+        self.tenants.bit(RATE, conn.vhost, user, "over its publish rate: reading its connections paused")
 
     def closed(self, conn: Conn) -> None:
         if conn not in self.conns:
             return
         self.conns.discard(conn)
-        if conn.tenant is not None:
-            self.tenants.leave(*conn.tenant)
+        if conn.entered:
+            self.tenants.leave(conn.user, conn.vhost)
         if conn.scheduled is not None:
             # Its entry would stay until the deadline passes (a keep-alive: up to hours). Once the
             # dead are half the heap, drop them: amortised O(1) a close, and a burst of closed

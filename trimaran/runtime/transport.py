@@ -142,6 +142,7 @@ class Conn(asyncio.Protocol):
         "bytes_in",
         "bytes_out",
         "dirty",
+        "entered",
         "factory",
         "hull",
         "listener",
@@ -152,7 +153,6 @@ class Conn(asyncio.Protocol):
         "runner",
         "scheduled",
         "state",
-        "tenant",
         "transport",
         "user",
         "vhost",
@@ -190,7 +190,7 @@ class Conn(asyncio.Protocol):
         self._hello_until = 0.0  # until then the first bytes must name a protocol
         self._linger_until = 0.0  # closing: until then the peer's last bytes are read and dropped
         self.scheduled: float | None = None  # the deadline the runner's heap holds for us
-        self.tenant: tuple[str | None, str] | None = None  # (user, vhost) once the login entered one
+        self.entered = False  # counted against its vhost's and user's connection limits (Runner.enter)
         self.rate: Rate | None = None  # the user's token buckets, when it has a rate limit
         self._throttle_timer: asyncio.TimerHandle | None = None  # not read until the buckets refill
 
