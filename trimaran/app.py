@@ -24,7 +24,7 @@ from trimaran.admin import ui as management_page
 from trimaran.admin.api import AdminApi
 from trimaran.admin.http import HttpServer
 from trimaran.admin.telemetry import FRONT_ENDS, Telemetry
-from trimaran.admin.view import NotReady, QueueOps, Readiness, ServerCounts
+from trimaran.admin.view import NotReady, PermissionOps, QueueOps, Readiness, ServerCounts
 from trimaran.admin.webhooks import Webhooks
 from trimaran.amqp091.handler import Amqp091FrontEnd
 from trimaran.amqp1.handler import Amqp1FrontEnd
@@ -135,6 +135,12 @@ class App:
         vhosts = VHosts(settings.declared_vhosts(), vhost_rows)
         await vhosts.load()
         await anyio.to_thread.run_sync(security.use_permissions, vhost_rows)
+
+        async def forget_vhost(name: str) -> None:  # a deleted vhost's permissions and limits go too
+            security.forget_vhost(name)
+            self.runner.tenants.clear_vhost(name)
+
+        vhosts.on_delete(forget_vhost)
         self.broker = Broker(
             store,
             sys_interval=settings.limits.sys_interval,
@@ -366,6 +372,16 @@ class App:
 
     def tenant_limits(self) -> TenantLimits:
         return self.runner.tenants
+
+    def vhost_registry(self) -> VHosts:
+        if self.broker is None:
+            raise NotReady("broker")
+        return self.broker.vhosts
+
+    def permission_ops(self) -> PermissionOps:
+        if self.security is None:
+            raise NotReady("security")
+        return self.security
 
     def reload_security(self) -> bool:
         if self.security is None:

@@ -481,6 +481,38 @@ def test_limits_set_at_run_time_bite_at_once_and_go_when_cleared(api: Api, mqtt:
     assert limits["users"] == {} and limits["default_user"]["max_bytes_per_s"] == 0
 
 
+def test_vhosts_and_permissions_round_trip(api: Api) -> None:
+    status, page, _ = api.call("GET", "/api/v1/vhosts")
+    assert status == 200 and page["items"][0] == {"name": "/", "declared": True, "connections": 0}
+    assert api.call("PUT", "/api/v1/vhosts/staging")[0] == 201
+    assert api.call("PUT", "/api/v1/vhosts/staging")[0] == 200  # already there
+    assert api.call("PUT", f"/api/v1/vhosts/{q('bad' + chr(1))}")[0] == 400
+    names = [v["name"] for v in api.call("GET", "/api/v1/vhosts")[1]["items"]]
+    assert names == ["/", "staging"]
+
+    status, permission, _ = api.call("PUT", "/api/v1/permissions/staging/alice", {"read": "^orders"})
+    assert status == 200
+    assert permission == {
+        "user": "alice",
+        "vhost": "staging",
+        "configure": ".*",
+        "write": ".*",
+        "read": "^orders",
+    }
+    assert api.call("PUT", "/api/v1/permissions/staging/bob")[0] == 200  # no body: RabbitMQ's ".*" x3
+    assert api.call("PUT", "/api/v1/permissions/staging/carol", {"read": "("})[0] == 400
+    assert api.call("PUT", "/api/v1/permissions/nowhere/alice")[0] == 404
+    listed = api.call("GET", "/api/v1/permissions?vhost=staging")[1]["items"]
+    assert [(p["vhost"], p["user"]) for p in listed] == [("staging", "alice"), ("staging", "bob")]
+    assert api.call("DELETE", "/api/v1/permissions/staging/bob")[0] == 200
+    assert api.call("DELETE", "/api/v1/permissions/staging/bob")[0] == 404
+
+    assert api.call("DELETE", f"/api/v1/vhosts/{q('/')}")[0] == 409  # declared
+    assert api.call("DELETE", "/api/v1/vhosts/staging")[0] == 200
+    assert api.call("DELETE", "/api/v1/vhosts/staging")[0] == 404
+    assert api.call("GET", "/api/v1/permissions")[1]["items"] == []  # alice's went with the vhost
+
+
 def test_every_response_was_checked_against_the_document(api: Api) -> None:
     # Runs last in this module: the calls above went through Api.check.
     assert api.checked >= 50

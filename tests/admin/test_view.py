@@ -14,7 +14,7 @@ from pydantic import SecretStr
 from trimaran.admin.api import AdminApi, openapi_document
 from trimaran.admin.http import HttpServer, Request, Response
 from trimaran.admin.telemetry import Telemetry
-from trimaran.admin.view import AdminView, NotReady, QueueOps, Readiness, ServerCounts
+from trimaran.admin.view import AdminView, NotReady, PermissionOps, QueueOps, Readiness, ServerCounts
 from trimaran.admin.webhooks import Webhooks
 from trimaran.broker.clients import ClientRegistry
 from trimaran.broker.events import EventBus
@@ -24,6 +24,7 @@ from trimaran.broker.sessions import SessionDirectory, SessionInfo, SessionSubsc
 from trimaran.config import HttpSettings, TelemetrySettings, WebhookEndpoint, WebhookSettings
 from trimaran.queue.manager import PublishResult
 from trimaran.tenant_limits import TenantLimits
+from trimaran.vhosts import VHosts
 
 TOKEN = "view-token"
 
@@ -109,6 +110,12 @@ class View:
 
     def tenant_limits(self) -> TenantLimits:
         raise NotReady("runtime")
+
+    def vhost_registry(self) -> VHosts:
+        raise NotReady("broker")
+
+    def permission_ops(self) -> PermissionOps:
+        raise NotReady("security")
 
     def reload_security(self) -> bool:
         raise NotReady("security")

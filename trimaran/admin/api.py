@@ -20,6 +20,7 @@ import binascii
 import hmac
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from trimaran.config import (
 from trimaran.queue.policy import QueueError, parse_queue_topic
 from trimaran.tenant_limits import TenantLimits, UserLimits, VhostLimits
 from trimaran.topics import TopicError, validate_topic_name
+from trimaran.vhosts import Permission, VHostError
 
 if TYPE_CHECKING:
     from trimaran.broker.clients import ClientInfo, ClientRegistry
@@ -244,6 +246,25 @@ class LimitsOut(Model):
     bites: list[LimitBite]
 
 
+class VhostOut(Model):
+    name: str
+    declared: bool = Field(description="named in the settings (vhosts, amqp091.vhosts): cannot be deleted")
+    connections: int = Field(description="connections logged in to it now")
+
+
+class PermissionIn(Model):
+    """RabbitMQ's set_permissions patterns (regular expressions), kept as given; entering needs the row."""
+
+    configure: str = ".*"
+    write: str = ".*"
+    read: str = ".*"
+
+
+class PermissionOut(PermissionIn):
+    user: str
+    vhost: str
+
+
 class PublishProperties(Model):
     content_type: str | None = None
     response_topic: str | None = None
@@ -334,6 +355,8 @@ SubscriptionPage = page_model(SubscriptionOut)
 QueuePage = page_model(QueueOut)
 MessagePage = page_model(MessageOut)
 WebhookPage = page_model(WebhookOut)
+VhostPage = page_model(VhostOut)
+PermissionPage = page_model(PermissionOut)
 
 
 # -- the route table --------------------------------------------------------------------------------
@@ -597,6 +620,7 @@ class AdminApi:
                 {200: Done, 409: ErrorBody},
                 tags=("auth",),
             ),
+            *self._vhost_routes(),
             *self._limit_routes(),
             ApiRoute(
                 "POST",
@@ -911,6 +935,99 @@ class AdminApi:
             )
         return _ok(Done(ok=True, detail="users and rules reloaded"))
 
+    # -- vhosts and permissions (trimaran/vhosts.py, the security's vhost permissions) ---------------
+
+    def _vhost_routes(self) -> list[ApiRoute]:
+        p, tags = PREFIX, ("vhosts",)
+        vhost_query = (Param("vhost", {"type": "string"}, "only this vhost"),)
+        return [
+            ApiRoute(
+                "GET", f"{p}/vhosts", "Virtual hosts", self.list_vhosts, {200: VhostPage}, query=PAGED,
+                tags=tags,
+            ),
+            ApiRoute(
+                "PUT", f"{p}/vhosts/{{vhost}}", "Create a vhost (200 if it exists; the default vhost is %2F)",
+                self.add_vhost, {200: VhostOut, 201: VhostOut, 400: ErrorBody}, tags=tags,
+            ),
+            ApiRoute(
+                "DELETE", f"{p}/vhosts/{{vhost}}", "Delete a vhost and what it holds (not a declared one)",
+                self.delete_vhost, {200: Done, 409: ErrorBody}, tags=tags,
+            ),
+            ApiRoute(
+                "GET", f"{p}/permissions", "Who may enter which vhost", self.list_permissions,
+                {200: PermissionPage}, query=(*PAGED, *vhost_query), tags=tags,
+            ),
+            ApiRoute(
+                "PUT", f"{p}/permissions/{{vhost}}/{{user}}", "Let a user enter a vhost (set_permissions)",
+                self.set_permission, {200: PermissionOut}, body=PermissionIn, body_required=False, tags=tags,
+            ),
+            ApiRoute(
+                "DELETE", f"{p}/permissions/{{vhost}}/{{user}}", "Take a user's permission for a vhost away",
+                self.clear_permission, {200: Done}, tags=tags,
+            ),
+        ]  # fmt: skip
+
+    async def list_vhosts(self, request: Request) -> Response:
+        vhosts = self.view.vhost_registry()
+        connections = self._limits().connections
+        names = vhosts.names()
+
+        def render(name: str) -> VhostOut:
+            return VhostOut(name=name, declared=name in vhosts.declared, connections=connections.get(name, 0))
+
+        return _page(request, VhostPage, names, names, render)
+
+    async def add_vhost(self, request: Request) -> Response:
+        name = request.params["vhost"]
+        vhosts = self.view.vhost_registry()
+        try:
+            added = await vhosts.add(name)
+        except VHostError as exc:
+            raise HttpError(400, "bad_vhost", str(exc)) from None
+        if added:
+            log.info("vhosts: %r added through the admin API", name)
+        connections = self._limits().connections.get(name, 0)
+        out = VhostOut(name=name, declared=name in vhosts.declared, connections=connections)
+        return _ok(out, 201 if added else 200)
+
+    async def delete_vhost(self, request: Request) -> Response:
+        name = request.params["vhost"]
+        try:
+            deleted = await self.view.vhost_registry().delete(name)
+        except VHostError as exc:
+            raise HttpError(409, "declared", str(exc)) from None
+        if not deleted:
+            raise HttpError(404, "not_found", f"no vhost {name!r}")
+        log.info("vhosts: %r deleted through the admin API", name)
+        return _ok(Done(ok=True, detail=f"vhost {name!r} deleted"))
+
+    async def list_permissions(self, request: Request) -> Response:
+        rows = self.view.permission_ops().permissions(request.arg("vhost") or None)
+        keys = [(p.vhost, p.user) for p in rows]
+        return _page(request, PermissionPage, rows, keys, _permission_out)
+
+    async def set_permission(self, request: Request) -> Response:
+        vhost, user = request.params["vhost"], request.params["user"]
+        if not self.view.vhost_registry().exists(vhost):
+            raise HttpError(404, "not_found", f"no vhost {vhost!r}")
+        body = _body(request, PermissionIn, required=False)
+        for name, pattern in body.model_dump().items():
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise HttpError(400, "bad_pattern", f"{name} pattern {pattern!r}: {exc}") from None
+        permission = Permission(user, vhost, body.configure, body.write, body.read)
+        await self.view.permission_ops().set_permission(permission)
+        log.info("vhosts: user %r may enter %r (set through the admin API)", user, vhost)
+        return _ok(_permission_out(permission))
+
+    async def clear_permission(self, request: Request) -> Response:
+        vhost, user = request.params["vhost"], request.params["user"]
+        if not await self.view.permission_ops().clear_permission(user, vhost):
+            raise HttpError(404, "not_found", f"user {user!r} has no permission for vhost {vhost!r}")
+        log.info("vhosts: user %r may no longer enter %r (cleared through the admin API)", user, vhost)
+        return _ok(Done(ok=True, detail=f"permission of user {user!r} for vhost {vhost!r} cleared"))
+
     # -- limits per vhost and per user (trimaran/tenant_limits.py) -------------------------------------------
 
     def _limit_routes(self) -> list[ApiRoute]:
@@ -1085,6 +1202,11 @@ def _page(
     cursor = _encode_cursor(keys[start + limit - 1]) if more else None
     body = page(items=[render(i) for i in chosen], next_cursor=cursor, next=_next_link(request, cursor))
     return _ok(body)
+
+
+def _permission_out(permission: Permission) -> PermissionOut:
+    p = permission
+    return PermissionOut(user=p.user, vhost=p.vhost, configure=p.configure, write=p.write, read=p.read)
 
 
 def _session_out(session: SessionInfo) -> SessionOut:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from trimaran.queue.groups import StoredMessage
     from trimaran.queue.manager import PublishResult, QueueInfo
     from trimaran.tenant_limits import TenantLimits
+    from trimaran.vhosts import Permission, VHosts
 
 
 class NotReady(Exception):
@@ -75,6 +76,16 @@ class QueueOps(Protocol):
     async def publish(self, queue: str, message: Message, routing_key: str = "") -> PublishResult: ...
 
 
+class PermissionOps(Protocol):
+    """Who may enter which vhost (RabbitMQ's set_permissions; the security module keeps them)."""
+
+    def permissions(self, vhost: str | None = None) -> list[Permission]: ...
+
+    async def set_permission(self, permission: Permission) -> None: ...
+
+    async def clear_permission(self, user: str, vhost: str) -> bool: ...
+
+
 class AdminView(Protocol):
     """The running server as the admin API sees it."""
 
@@ -120,6 +131,12 @@ class AdminView(Protocol):
     async def cluster_nodes(self) -> dict[str, Any] | None:
         """The nodes sharing this database with their state (``cluster.enabled``); None alone."""
         ...
+
+    def vhost_registry(self) -> VHosts:
+        """The vhosts that exist; adding and deleting them persists."""
+        ...
+
+    def permission_ops(self) -> PermissionOps: ...
 
     def tenant_limits(self) -> TenantLimits:
         """The limits per vhost and per user in force; changing them takes effect at once."""
