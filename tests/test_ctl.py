@@ -278,6 +278,35 @@ def test_limits_set_list_clear(ctl: Callable[..., subprocess.CompletedProcess[st
     assert ctl("limits", "set-default-user").returncode == 0
 
 
+def test_vhosts_and_permissions(ctl: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    added = ctl("vhosts", "add", "team-a")
+    assert added.returncode == 0, added.stderr
+    assert added.stdout.strip() == "vhost 'team-a' ready"
+    rows = [line.split() for line in ctl("vhosts", "list").stdout.splitlines()]
+    assert rows == [["NAME", "DECLARED", "CONNECTIONS"], ["/", "yes", "0"], ["team-a", "no", "0"]]
+
+    granted = ctl("permissions", "set", "-p", "team-a", "alice", ".*", "^out", "^in")
+    assert granted.returncode == 0, granted.stderr
+    assert granted.stdout.strip() == "user 'alice' may enter vhost 'team-a'"
+    assert ctl("permissions", "set", "-p", "team-a", "bob").returncode == 0
+    rows = [line.split() for line in ctl("permissions", "list", "-p", "team-a").stdout.splitlines()]
+    assert rows == [
+        ["VHOST", "USER", "CONFIGURE", "WRITE", "READ"],
+        ["team-a", "alice", ".*", "^out", "^in"],
+        ["team-a", "bob", ".*", ".*", ".*"],
+    ]
+    assert json.loads(ctl("permissions", "list", "--json").stdout)[1]["user"] == "bob"
+    assert ctl("permissions", "clear", "-p", "team-a", "bob").returncode == 0
+    missing = ctl("permissions", "clear", "-p", "team-a", "bob")
+    assert missing.returncode == 1 and "has no permission" in missing.stderr
+    assert ctl("permissions", "set", "-p", "nowhere", "alice").returncode == 1
+
+    declared = ctl("vhosts", "delete", "/")
+    assert declared.returncode == 1 and "cannot be deleted" in declared.stderr
+    assert ctl("vhosts", "delete", "team-a").stdout.strip() == "vhost 'team-a' deleted"
+    assert ctl("permissions", "list", "--json").stdout.strip() == "[]"
+
+
 def test_webhooks_list(ctl: Callable[..., subprocess.CompletedProcess[str]], mqtt: Endpoints) -> None:
     client = connect(mqtt, "shell-hook", version=V5)  # one client.connected event for the endpoint
     client.client.loop_stop()

@@ -1,7 +1,8 @@
 """The admin API from the shell, as ``rabbitmqctl`` and ``emqx ctl`` are: ``trimaran status``,
 ``clients list|show|kick``, ``sessions list|show|delete``, ``queues list|show|peek|purge|redrive|delete``,
 ``webhooks list``, ``auth reload``,
-``limits list|set-vhost|clear-vhost|set-user|clear-user|set-default-user``.
+``limits list|set-vhost|clear-vhost|set-user|clear-user|set-default-user``, ``vhosts list|add|delete``,
+``permissions list|set|clear``.
 
 Each command is one or a few calls to ``/api/v1`` on a running server (stdlib ``urllib``, nothing
 to install). The address and the token default to the settings the server reads (``http.bind``,
@@ -28,7 +29,7 @@ from urllib.parse import quote, urlencode, urljoin
 
 from trimaran.config import Settings
 
-COMMANDS = ("status", "clients", "sessions", "queues", "webhooks", "auth", "limits")
+COMMANDS = ("status", "clients", "sessions", "queues", "webhooks", "auth", "limits", "vhosts", "permissions")
 TOKEN_ENV = "TRIMARAN_ADMIN_TOKEN"
 EXIT_ANSWERED_ERROR = 1
 EXIT_UNREACHABLE = 2
@@ -106,7 +107,35 @@ def add_commands(commands: Any, common: argparse.ArgumentParser, command: AddCom
     sub = auth.add_subparsers(dest="action", required=True)
     command(sub, "reload", "read auth.password_file and auth.acl_file again, as SIGHUP does", parents=parents)
 
+    _add_vhost_commands(commands, command, parents)
     _add_limits_command(commands, command, parents)
+
+
+def _add_vhost_commands(commands: Any, command: AddCommand, parents: list[argparse.ArgumentParser]) -> None:
+    """``trimaran vhosts`` and ``trimaran permissions``: rabbitmqctl's add_vhost / delete_vhost /
+    list_vhosts and set_permissions / clear_permissions / list_permissions."""
+    vhosts = command(commands, "vhosts", "virtual hosts of a running server")
+    sub = vhosts.add_subparsers(dest="action", required=True)
+    command(sub, "list", "each vhost, whether the settings declare it, its connections", parents=parents)
+    command(sub, "add", "create a vhost", parents=parents).add_argument("vhost")
+    delete = command(sub, "delete", "delete a vhost and everything in it", parents=parents)
+    delete.add_argument("vhost")
+
+    permissions = command(commands, "permissions", "who may enter which vhost")
+    sub = permissions.add_subparsers(dest="action", required=True)
+    listing = command(sub, "list", "permissions, of every vhost or of one", parents=parents)
+    listing.add_argument("-p", "--vhost", help="only this vhost")
+    grant = command(
+        sub, "set", "let a user enter a vhost (rabbitmqctl set_permissions -p VHOST USER CONF WRITE READ)",
+        parents=parents,
+    )  # fmt: skip
+    grant.add_argument("-p", "--vhost", default="/", help="the vhost (default /)")
+    grant.add_argument("user")
+    for pattern in ("configure", "write", "read"):
+        grant.add_argument(pattern, nargs="?", default=".*", help=f"{pattern} pattern (default .*)")
+    clear = command(sub, "clear", "take a user's permission for a vhost away", parents=parents)
+    clear.add_argument("-p", "--vhost", default="/", help="the vhost (default /)")
+    clear.add_argument("user")
 
 
 def _add_limits_command(commands: Any, command: AddCommand, parents: list[argparse.ArgumentParser]) -> None:
@@ -304,6 +333,23 @@ def _dispatch(client: AdminClient, args: argparse.Namespace) -> int:
         return _show_done(client.call("POST", "/api/v1/auth/reload"), as_json)
     if command == "limits":
         return _limits(client, args, action, as_json)
+    if command == "vhosts":
+        if action == "list":
+            return _show_list(client.pages("/api/v1/vhosts"), as_json, VHOST_COLUMNS)
+        path = f"/api/v1/vhosts/{_segment(args.vhost)}"
+        if action == "add":
+            return _show_count(client.call("PUT", path), as_json, f"vhost {args.vhost!r} ready")
+        return _show_done(client.call("DELETE", path), as_json)
+    if command == "permissions":
+        if action == "list":
+            query = {"vhost": args.vhost} if args.vhost else None
+            return _show_list(client.pages("/api/v1/permissions", query), as_json, PERMISSION_COLUMNS)
+        path = f"/api/v1/permissions/{_segment(args.vhost)}/{_segment(args.user)}"
+        if action == "set":
+            body = {"configure": args.configure, "write": args.write, "read": args.read}
+            answer = client.call("PUT", path, body)
+            return _show_count(answer, as_json, f"user {args.user!r} may enter vhost {args.vhost!r}")
+        return _show_done(client.call("DELETE", path), as_json)
     raise AssertionError(command)
 
 
@@ -425,6 +471,18 @@ WEBHOOK_COLUMNS: list[Column] = [
     ("QUEUED", _field("queued")),
     ("SENT", _field("sent")),
     ("DROPPED", _field("dropped")),
+]
+VHOST_COLUMNS: list[Column] = [
+    ("NAME", _field("name")),
+    ("DECLARED", _field("declared")),
+    ("CONNECTIONS", _field("connections")),
+]
+PERMISSION_COLUMNS: list[Column] = [
+    ("VHOST", _field("vhost")),
+    ("USER", _field("user")),
+    ("CONFIGURE", _field("configure")),
+    ("WRITE", _field("write")),
+    ("READ", _field("read")),
 ]
 VHOST_LIMIT_COLUMNS: list[Column] = [
     ("VHOST", _field("vhost")),
