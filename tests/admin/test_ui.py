@@ -294,3 +294,53 @@ def test_limits_page_sets_shows_and_clears_limits(server: RunningServer, browser
             or browser.find_element(By.CSS_SELECTOR, limit).text == "0"
         )
     )
+
+
+@needs_browser
+def test_vhosts_page_adds_a_vhost_sets_a_permission_and_filters_by_vhost(
+    server: RunningServer, browser: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    browser.get(f"http://127.0.0.1:{server.ports['http']}/ui")
+    if browser.find_element(By.ID, "login").is_displayed():
+        browser.find_element(By.ID, "token").send_keys(TOKEN)
+        browser.find_element(By.CSS_SELECTOR, "#login button").click()
+    browser.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="vhosts"]').click()
+    wait(lambda: browser.find_elements(By.CSS_SELECTOR, '#vhost-rows tr[data-vhost="/"]'))
+
+    browser.find_element(By.ID, "vhost-name").send_keys("team-b")
+    browser.find_element(By.CSS_SELECTOR, "#vhost-form button").click()
+    row = '#vhost-rows tr[data-vhost="team-b"]'
+    wait(lambda: browser.find_elements(By.CSS_SELECTOR, row))
+    vhost_field = browser.find_element(By.ID, "permission-vhost")
+    vhost_field.clear()
+    vhost_field.send_keys("team-b")
+    browser.find_element(By.ID, "permission-user").send_keys("alice")
+    read = browser.find_element(By.ID, "permission-read")
+    read.clear()
+    read.send_keys("^reports")
+    browser.find_element(By.CSS_SELECTOR, "#permission-form button").click()
+    permission = '#permission-rows tr[data-permission="team-b alice"]'
+    assert "^reports" in wait(lambda: browser.find_element(By.CSS_SELECTOR, permission).text)
+
+    picker = Select(browser.find_element(By.ID, "vhost"))
+    wait(lambda: "team-b" in [o.text for o in picker.options])
+    picker.select_by_visible_text("/")
+    wait(
+        lambda: (
+            not browser.find_elements(By.CSS_SELECTOR, permission)
+            and not browser.find_elements(By.CSS_SELECTOR, row)
+        )
+    )
+    picker.select_by_visible_text("team-b")
+    wait(lambda: browser.find_elements(By.CSS_SELECTOR, permission))
+    snap(browser, "vhosts")
+    picker.select_by_visible_text("all")
+
+    click(browser, f"{row} button", "Delete")
+    browser.switch_to.alert.accept()
+    wait(lambda: not browser.find_elements(By.CSS_SELECTOR, row))
+    assert not browser.find_elements(By.CSS_SELECTOR, permission)  # it went with the vhost
+    wait(lambda: "team-b" not in [o.text for o in Select(browser.find_element(By.ID, "vhost")).options])

@@ -337,7 +337,8 @@ const inVhost = (item) => !state.vhost || item.vhost === undefined || item.vhost
 
 function vhostChoices(names) {
   const select = $("vhost");
-  const known = ["", ...new Set(["/", ...names])];
+  state.vhostNames = [...new Set(["/", ...(state.vhostNames || []), ...names])].sort();
+  const known = ["", ...state.vhostNames];
   if ([...select.options].map((o) => o.value).join("\n") === known.join("\n")) return;
   select.replaceChildren();
   for (const name of known) {
@@ -346,6 +347,31 @@ function vhostChoices(names) {
     select.appendChild(option);
   }
   select.value = known.includes(state.vhost) ? state.vhost : "";
+}
+
+async function vhosts() {
+  const names = await all("/api/v1/vhosts");
+  fill($("vhost-rows"), names.filter((v) => inVhost({ vhost: v.name })), (row, v) => {
+    row.dataset.vhost = v.name;
+    cell(row, v.name); cell(row, v.declared ? "yes" : "no"); cell(row, v.connections);
+    const td = actions(row);
+    if (!v.declared) {
+      button(td, "Delete", async () => {
+        if (confirm(`Delete vhost ${v.name} and everything in it?`)) await api("DELETE", `/api/v1/vhosts/${seg(v.name)}`);
+      }, true);
+    }
+  });
+  state.vhostNames = [];  // the full list: a deleted vhost leaves the selector
+  vhostChoices(names.map((v) => v.name));
+  fill($("permission-rows"), await all("/api/v1/permissions"), (row, p) => {
+    row.dataset.permission = `${p.vhost} ${p.user}`;
+    cell(row, p.vhost); cell(row, p.user); cell(row, p.configure); cell(row, p.write); cell(row, p.read);
+    button(actions(row), "Clear", async () => {
+      if (confirm(`Take ${p.user}'s permission for ${p.vhost} away?`)) {
+        await api("DELETE", `/api/v1/permissions/${seg(p.vhost)}/${seg(p.user)}`);
+      }
+    }, true);
+  });
 }
 
 async function limits() {
@@ -378,28 +404,35 @@ async function limits() {
   });
 }
 
-async function setLimits(event, path, body) {
+// A form's PUT (limits, a vhost, a permission), then the tab again.
+async function putAndRefresh(event, path, body) {
   event.preventDefault();
   try { await api("PUT", path, body); showError(null); await refresh(); } catch (error) { showError(error); }
 }
 
 function limitForms() {
-  $("vhost-limit-form").addEventListener("submit", (event) => setLimits(event,
+  $("vhost-limit-form").addEventListener("submit", (event) => putAndRefresh(event,
     `/api/v1/limits/vhosts/${seg($("vhost-limit-name").value)}`, {
       max_connections: Number($("vhost-limit-connections").value), max_queues: Number($("vhost-limit-queues").value),
       max_stored_bytes: Number($("vhost-limit-bytes").value),
     }));
   $("user-limit-form").addEventListener("submit", (event) => {
     const user = $("user-limit-name").value.trim();
-    setLimits(event, user ? `/api/v1/limits/users/${seg(user)}` : "/api/v1/limits/default-user", {
+    putAndRefresh(event, user ? `/api/v1/limits/users/${seg(user)}` : "/api/v1/limits/default-user", {
       max_connections: Number($("user-limit-connections").value),
       max_messages_per_s: Number($("user-limit-messages").value), max_bytes_per_s: Number($("user-limit-bytes").value),
     });
   });
   $("vhost").addEventListener("change", () => { state.vhost = $("vhost").value; refresh(); });
+  $("vhost-form").addEventListener("submit", (event) => putAndRefresh(event,
+    `/api/v1/vhosts/${seg($("vhost-name").value)}`));
+  $("permission-form").addEventListener("submit", (event) => putAndRefresh(event,
+    `/api/v1/permissions/${seg($("permission-vhost").value)}/${seg($("permission-user").value)}`, {
+      configure: $("permission-configure").value, write: $("permission-write").value, read: $("permission-read").value,
+    }));
 }
 
-const TABS = { overview, connections, sessions, queues, webhooks, cluster, limits, publish: async () => {} };
+const TABS = { overview, connections, sessions, queues, webhooks, cluster, vhosts, limits, publish: async () => {} };
 
 async function refresh() {
   if (!state.token) return;
@@ -420,7 +453,7 @@ function loggedIn() {
   $("tabs").hidden = false;
   $("logout").hidden = false;
   $("vhost-picker").hidden = false;
-  api("GET", "/api/v1/limits").then((answer) => vhostChoices(Object.keys(answer.vhosts)), showError);
+  all("/api/v1/vhosts").then((names) => vhostChoices(names.map((v) => v.name)), showError);
   show(state.tab);
   clearInterval(state.timer);
   state.timer = setInterval(refresh, POLL_MS);
