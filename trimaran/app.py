@@ -49,6 +49,7 @@ from trimaran.security.guard import Security
 from trimaran.security.passwords import PasswordFileError
 from trimaran.storage.amqp_store import AmqpStore
 from trimaran.storage.engine import describe, sqlite_file
+from trimaran.storage.limit_store import LimitRows
 from trimaran.storage.lock import DataDirLock
 from trimaran.storage.mqtt_store import MqttStore
 from trimaran.storage.store import Storage
@@ -135,10 +136,11 @@ class App:
         vhosts = VHosts(settings.declared_vhosts(), vhost_rows)
         await vhosts.load()
         await anyio.to_thread.run_sync(security.use_permissions, vhost_rows)
+        await anyio.to_thread.run_sync(self.runner.tenants.use_store, LimitRows(storage.engine))
 
         async def forget_vhost(name: str) -> None:  # a deleted vhost's permissions and limits go too
             security.forget_vhost(name)
-            self.runner.tenants.clear_vhost(name)
+            await self.runner.tenants.change_vhost(name, None)
 
         vhosts.on_delete(forget_vhost)
         self.broker = Broker(

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Protocol, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,9 @@ USER_CONNECTIONS = "user_connections"
 QUEUES = "queues"
 STORED_BYTES = "stored_bytes"
 RATE = "rate"  # a publisher's reading paused by its user's rate
+
+# What a stored change is about (LimitStore's kinds).
+VHOST, USER, DEFAULT_USER = "vhost", "user", "default_user"
 
 
 @dataclass(slots=True)
@@ -98,6 +102,24 @@ class Rate:
         return wait
 
 
+class LimitStore(Protocol):
+    """Where the changes made at run time are kept (``trimaran.storage.limit_store`` implements it):
+    ``(kind, name, limits)`` rows, ``limits`` None for a vhost's or user's limits cleared."""
+
+    def load_limits(self) -> list[tuple[str, str, dict[str, Any] | None]]: ...
+
+    async def save_limits(self, kind: str, name: str, limits: dict[str, Any] | None) -> None: ...
+
+
+L = TypeVar("L", VhostLimits, UserLimits)
+
+
+def _limits_from(kind: type[L], values: dict[str, Any]) -> L:
+    """A stored row's limits (a field it does not know, from a later release, is left out)."""
+    known = {f.name for f in fields(kind)}
+    return kind(**{k: v for k, v in values.items() if k in known})
+
+
 class TenantLimits:
     """The limits in force, the counts they are checked against, and how often each bit."""
 
@@ -116,6 +138,7 @@ class TenantLimits:
         self.bites: dict[tuple[str, str], int] = {}  # (vhost, limit) -> times it bit
         self._told: set[tuple[str, str]] = set()  # (limit, vhost or user) already logged
         self.on_change: Callable[[], None] | None = None  # the runtime re-reads its connections' rates
+        self.store: LimitStore | None = None
 
     # -- what is configured ---------------------------------------------------------------------------
 
@@ -151,6 +174,54 @@ class TenantLimits:
         self.default_user = limits
         self._told = {told for told in self._told if told[0] not in (USER_CONNECTIONS, RATE)}
         self._changed()
+
+    # -- changes at run time, kept in the store ------------------------------------------------------
+
+    def use_store(self, store: LimitStore) -> None:
+        """Apply what was changed at run time before, over the settings (blocking: at start), and
+        keep the next changes in ``store``."""
+        self.store = store
+        for kind, name, values in store.load_limits():
+            if kind == VHOST:
+                if values is None:
+                    self.vhosts.pop(name, None)
+                else:
+                    self.vhosts[name] = _limits_from(VhostLimits, values)
+            elif kind == USER:
+                if values is None:
+                    self.users.pop(name, None)
+                else:
+                    self.users[name] = _limits_from(UserLimits, values)
+            elif kind == DEFAULT_USER and values is not None:
+                self.default_user = _limits_from(UserLimits, values)
+        self._changed()
+
+    async def change_vhost(self, vhost: str, limits: VhostLimits | None) -> bool:
+        """Set (or, with None, clear) ``vhost``'s limits, kept in the store; False: none to clear."""
+        if limits is None and vhost not in self.vhosts:
+            return False
+        if self.store is not None:
+            await self.store.save_limits(VHOST, vhost, None if limits is None else asdict(limits))
+        if limits is None:
+            return self.clear_vhost(vhost)
+        self.set_vhost(vhost, limits)
+        return True
+
+    async def change_user(self, user: str, limits: UserLimits | None) -> bool:
+        """Set (or, with None, clear) ``user``'s own limits, kept in the store; False: none to clear."""
+        if limits is None and user not in self.users:
+            return False
+        if self.store is not None:
+            await self.store.save_limits(USER, user, None if limits is None else asdict(limits))
+        if limits is None:
+            return self.clear_user(user)
+        self.set_user(user, limits)
+        return True
+
+    async def change_default_user(self, limits: UserLimits) -> None:
+        if self.store is not None:
+            await self.store.save_limits(DEFAULT_USER, "", asdict(limits))
+        self.set_default_user(limits)
 
     def snapshot(self) -> dict[str, object]:
         """The limits and the counts, as JSON values (the admin API's answer)."""

@@ -9,10 +9,12 @@ its socket not being read, and every QoS 1 message it sent is delivered.
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as mqtt
 import pika
@@ -82,7 +84,7 @@ def _connack(port: int, version: MQTTProtocolVersion) -> int:
     return got[0]
 
 
-def _refused_then_let_in(server: RunningServer, amqp_refusal: str) -> None:
+def _refused_by_every_protocol(server: RunningServer, amqp_refusal: str) -> None:
     mqtt_port, amqp_port = server.ports["mqtt"], server.ports["amqp"]
     assert _connack(mqtt_port, V5) == 0x97  # Quota exceeded
     # 3.1.1 has no quota code: return code 3, Server unavailable (paho shows it as 5.0's 0x88).
@@ -98,20 +100,28 @@ def _refused_then_let_in(server: RunningServer, amqp_refusal: str) -> None:
     assert "resource-limit-exceeded" in str(amqp1.value)
 
 
+def _let_in_again(server: RunningServer) -> None:
+    """A freed place is taken as soon as the server has seen the close."""
+    deadline = time.monotonic() + 5
+    while _connack(server.ports["mqtt"], V5) != 0:
+        assert time.monotonic() < deadline, "the freed place was not given back"
+        time.sleep(0.05)
+
+
 def test_a_vhost_over_its_connection_limit_is_refused_by_every_protocol(two_per_vhost: RunningServer) -> None:
     endpoints = _endpoints(two_per_vhost)
     first = connect(endpoints, "first")
     second = connect(endpoints, "second")
     try:
-        _refused_then_let_in(two_per_vhost, "connection limit (2) is reached")
+        _refused_by_every_protocol(two_per_vhost, "connection limit (2) is reached")
         # The two inside still work, and a place freed is a place taken.
         second.subscribe("limits/t", 1)
         first.publish("limits/t", b"still here", qos=1)
         assert second.expect().payload == b"still here"
     finally:
         close_all(second)
-    third = connect(endpoints, "third")
-    close_all(first, third)
+    _let_in_again(two_per_vhost)
+    close_all(first)
     assert "limits: vhost '/': connection limit (2) is reached" in two_per_vhost.output()
     assert two_per_vhost.output().count("connection limit (2) is reached (vhost") == 1  # said once
 
@@ -120,9 +130,10 @@ def test_a_user_over_its_connection_limit_is_refused(rated: RunningServer) -> No
     endpoints = _endpoints(rated)
     clients = [connect(endpoints, f"c{n}") for n in range(3)]
     try:
-        _refused_then_let_in(rated, "user connection limit (3) is reached")
+        _refused_by_every_protocol(rated, "user connection limit (3) is reached")
     finally:
         close_all(*clients)
+    _let_in_again(rated)
 
 
 def test_a_publisher_over_its_rate_is_slowed_and_loses_nothing(rated: RunningServer) -> None:
@@ -211,3 +222,32 @@ def test_a_publish_over_the_stored_bytes_quota_is_refused_and_nothing_accepted_i
         assert rejected.value.state == Disposition.REJECTED
     finally:
         amqp1.close()
+
+
+def _admin(server: RunningServer, method: str, path: str, body: object = None) -> tuple[int, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", server.ports["http"], timeout=10)
+    try:
+        headers = {"Authorization": "Bearer limits-token", "Content-Type": "application/json"}
+        conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
+        response = conn.getresponse()
+        return response.status, json.loads(response.read() or b"null")
+    finally:
+        conn.close()
+
+
+def test_limits_set_through_the_admin_api_outlive_a_restart(tmp_path: Path) -> None:
+    args = [*ARGS[:-1], "127.0.0.1:0"]  # the admin API on too
+    env = {"TRIMARAN_AUTH__ALLOW_ANONYMOUS": "true", "TRIMARAN_HTTP__TOKENS": '["limits-token"]'}
+    with serving(RunningServer(args, cwd=tmp_path, env=env).start()) as first:
+        status, _ = _admin(first, "PUT", "/api/v1/limits/vhosts/%2F", {"max_connections": 1})
+        assert status == 200
+        assert _admin(first, "PUT", "/api/v1/limits/default-user", {"max_messages_per_s": 50})[0] == 200
+    with serving(RunningServer(args, cwd=tmp_path, env=env).start()) as second:
+        _, limits = _admin(second, "GET", "/api/v1/limits")
+        assert limits["vhosts"]["/"]["max_connections"] == 1
+        assert limits["default_user"]["max_messages_per_s"] == 50
+        holder = connect(_endpoints(second), "holder")
+        try:
+            assert _connack(second.ports["mqtt"], V5) == 0x97
+        finally:
+            close_all(holder)

@@ -1065,13 +1065,13 @@ class AdminApi:
     async def set_vhost_limits(self, request: Request) -> Response:
         body = _body(request, VhostLimitSettings)
         vhost = request.params["vhost"]
-        self._limits().set_vhost(vhost, VhostLimits(**body.model_dump()))
+        await self._limits().change_vhost(vhost, VhostLimits(**body.model_dump()))
         log.info("limits: vhost %r set to %s through the admin API", vhost, body.model_dump())
         return await self.show_limits(request)
 
     async def clear_vhost_limits(self, request: Request) -> Response:
         vhost = request.params["vhost"]
-        if not self._limits().clear_vhost(vhost):
+        if not await self._limits().change_vhost(vhost, None):
             raise HttpError(404, "not_found", f"vhost {vhost!r} has no limits")
         log.info("limits: vhost %r cleared through the admin API", vhost)
         return _ok(Done(ok=True, detail=f"limits of vhost {vhost!r} removed"))
@@ -1079,20 +1079,20 @@ class AdminApi:
     async def set_user_limits(self, request: Request) -> Response:
         body = _body(request, UserLimitSettings)
         user = request.params["user"]
-        self._limits().set_user(user, UserLimits(**body.model_dump()))
+        await self._limits().change_user(user, UserLimits(**body.model_dump()))
         log.info("limits: user %r set to %s through the admin API", user, body.model_dump())
         return await self.show_limits(request)
 
     async def clear_user_limits(self, request: Request) -> Response:
         user = request.params["user"]
-        if not self._limits().clear_user(user):
+        if not await self._limits().change_user(user, None):
             raise HttpError(404, "not_found", f"user {user!r} has no limits of its own")
         log.info("limits: user %r cleared through the admin API", user)
         return _ok(Done(ok=True, detail=f"limits of user {user!r} removed"))
 
     async def set_default_user_limits(self, request: Request) -> Response:
         body = _body(request, UserLimitSettings)
-        self._limits().set_default_user(UserLimits(**body.model_dump()))
+        await self._limits().change_default_user(UserLimits(**body.model_dump()))
         log.info("limits: default user set to %s through the admin API", body.model_dump())
         return await self.show_limits(request)
 

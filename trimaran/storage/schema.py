@@ -287,3 +287,18 @@ vhost_permissions = Table(
     Column("updated_at", BigInteger, nullable=False),
     PrimaryKeyConstraint("user", "vhost"),
 )
+
+
+# -- limits per vhost and per user set at run time (migration 0010) --------------------------------
+
+# What the admin API set (``limits`` JSON: trimaran.tenant_limits' fields) or cleared (``limits``
+# NULL) for a vhost, a user or the default user (``name`` ""); it wins over the settings at start.
+tenant_limits = Table(
+    "tenant_limits",
+    metadata,
+    Column("kind", String(16), nullable=False),  # vhost, user, default_user
+    Column("name", String(255), nullable=False),
+    Column("limits", Text, nullable=True),
+    Column("updated_at", BigInteger, nullable=False),
+    PrimaryKeyConstraint("kind", "name"),
+)
