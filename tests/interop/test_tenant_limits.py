@@ -251,3 +251,32 @@ def test_limits_set_through_the_admin_api_outlive_a_restart(tmp_path: Path) -> N
             assert _connack(second.ports["mqtt"], V5) == 0x97
         finally:
             close_all(holder)
+
+
+def test_a_3_1_1_publish_over_the_quota_is_not_acknowledged_and_the_connection_closes(
+    quota: RunningServer,
+) -> None:
+    """3.1.1 has no negative PUBACK: the server closes the connection (section 3.3.5), and the
+    client still holds the message, unacknowledged, to send again."""
+    endpoints = _endpoints(quota)
+    connection = _pika(quota)
+    try:
+        channel = connection.channel()
+        channel.queue_purge("full")  # the other test's messages: start from 0 of 1000 bytes
+    finally:
+        connection.close()
+    publisher = connect(endpoints, "old-filler", version=V311)
+    try:
+        publisher.publish("$queue/full", b"a" * 600, qos=1)
+        refused = publisher.publish("$queue/full", b"b" * 600, qos=1, wait=False)
+        publisher.disconnects.get(timeout=10)  # the server closed the connection
+        assert not refused.is_published()  # no PUBACK: paho keeps it to send again
+    finally:
+        publisher.client.loop_stop()
+    connection = _pika(quota)
+    try:
+        method, _props, body = connection.channel().basic_get("full", auto_ack=True)
+        assert method is not None and body == b"a" * 600
+        assert method.message_count == 0  # the refused one was never stored
+    finally:
+        connection.close()
