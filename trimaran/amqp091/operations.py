@@ -435,7 +435,9 @@ class Operations:
             try:
                 await self.manager.declare(name, policy, durable=in_sql)
             except QueueError as exc:
-                raise _error(spec.PRECONDITION_FAILED, f"cannot declare {_rs(name)}: {exc}", m) from None
+                # The vhost's queue limit in RabbitMQ's words; other refusals keep their reason word.
+                why = exc.detail if exc.reason == "queue-limit" else str(exc)
+                raise _error(spec.PRECONDITION_FAILED, f"cannot declare {_rs(name)}: {why}", m) from None
             expires = m.arguments.get("x-expires")
             meta = front.meta[name] = QueueMeta(
                 name,
