@@ -242,9 +242,6 @@ class ServerConnection:
         self.mechanism: str | None = None
         #: The reason of the connection.close we sent, if any.
         self.close_reason: tuple[int, str, int, int] | None = None
-        #: Asked with the vhost when connection.open arrives: a reason refuses it (530 NOT_ALLOWED,
-        #: as RabbitMQ refuses a vhost or user over its connection limit), None lets it in.
-        self.open_check: Callable[[str], str | None] | None = None
 
         self._header = b""
         # Before the login is accepted, frames up to max_packet_size_unauthenticated; then, until
