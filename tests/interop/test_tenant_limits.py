@@ -47,7 +47,7 @@ def two_per_vhost(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningS
 
 @pytest.fixture(scope="module")
 def rated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    limits = {"default_user": {"max_messages_per_s": 100, "max_connections": 3}}
+    limits = {"default_user": {"max_messages_per_s": 100, "max_bytes_per_s": 100_000, "max_connections": 3}}
     with serving(_server(tmp_path_factory.mktemp("rated"), limits)) as server:
         yield server
 
@@ -281,3 +281,25 @@ def test_a_3_1_1_publish_over_the_quota_is_not_acknowledged_and_the_connection_c
         assert method.message_count == 0  # the refused one was never stored
     finally:
         connection.close()
+
+
+def test_an_amqp_publisher_over_its_bytes_rate_is_slowed_and_every_confirmed_message_is_there(
+    rated: RunningServer,
+) -> None:
+    connection = _pika(rated)
+    try:
+        channel = connection.channel()
+        channel.queue_declare("rated", durable=True)
+        channel.confirm_delivery()
+        body = b"r" * 10_000
+        started = time.monotonic()
+        for n in range(40):  # 400 kB at 100 kB/s, a second's worth at once: about 3 s
+            channel.basic_publish("", "rated", body, pika.BasicProperties(message_id=str(n)))
+        elapsed = time.monotonic() - started
+        got = []
+        while (message := channel.basic_get("rated", auto_ack=True))[0] is not None:
+            got.append(message[1].message_id)
+    finally:
+        connection.close()
+    assert got == [str(n) for n in range(40)]
+    assert 2.0 < elapsed < 8, f"400 kB at 100 kB/s took {elapsed:.2f}s"
