@@ -12,6 +12,7 @@ from tests.support.runtime import LineHull, LineMachine, Wire, cuts, running, se
 from trimaran.runtime.limits import RuntimeLimits
 from trimaran.runtime.runner import Runner
 from trimaran.runtime.transport import Conn, Hull
+from trimaran.tenant_limits import TenantLimits, UserLimits, VhostLimits
 
 pytestmark = pytest.mark.anyio
 
@@ -267,3 +268,50 @@ async def test_a_reader_that_holds_its_publishers_too_long_is_stuck_and_holds_no
         subscriber.conn.pause_writing()
         await publisher.feed([b"three\n"])
         assert not publisher.transport.reading
+
+
+class CountingHull(LineHull):
+    """Each line is a published message, counted where the hulls count theirs."""
+
+    def handle(self, event: object) -> None:
+        super().handle(event)
+        self.io.runner.traffic.messages_received += 1
+
+
+async def test_a_user_over_its_rate_is_not_read_until_its_buckets_refill() -> None:
+    tenants = TenantLimits(default_user=UserLimits(max_messages_per_s=20, max_bytes_per_s=10_000))
+    runner = Runner(tenants=tenants)
+    made: list[CountingHull] = []
+    wire = Wire(runner, lambda io, _first: made.append(CountingHull(io)) or made[-1])
+    assert wire.conn.enter("u", "/") is None
+    wire.conn.data_received(b"m\n" * 20)  # a second's worth of messages: still read
+    assert wire.transport.reading
+    wire.conn.data_received(b"m\n" * 5)  # 5 over: a quarter of a second unread
+    assert not wire.transport.reading and len(made[0].seen) == 25  # what was read is acted on
+    assert tenants.bites == {("/", "rate"): 1}
+    started = time.monotonic()
+    while not wire.transport.reading:
+        await anyio.sleep(0.01)
+    assert 0.15 < time.monotonic() - started < 1.0
+    wire.conn.data_received(b"x" * 30_000)  # bytes: 20 000 over a 10 000 B/s rate, about 2 s
+    assert not wire.transport.reading
+    await tenants.change_default_user(UserLimits())  # the limit lifted: read at the next look
+    await anyio.sleep(2.2)
+    assert wire.transport.reading and wire.conn.rate is None
+
+
+async def test_a_throttled_connection_that_closes_leaves_no_timer_and_no_count() -> None:
+    tenants = TenantLimits(
+        {"/": VhostLimits(max_connections=1)}, default_user=UserLimits(max_bytes_per_s=100)
+    )
+    runner = Runner(tenants=tenants)
+    async with running(runner):
+        wire = Wire(runner, Hulls())
+        assert wire.conn.enter("u", "/") is None
+        assert Wire(runner, Hulls()).conn.enter("v", "/") is not None  # the vhost's one place taken
+        wire.conn.data_received(b"y" * 1000)
+        assert not wire.transport.reading
+        wire.transport.abort()
+        await settle()
+    assert wire.conn._throttle_timer is None
+    assert tenants.connections == {} and tenants.user_connections == {} and tenants.rates == {}
