@@ -46,7 +46,7 @@ def test_the_stored_bytes_quota_counts_what_is_stored_and_what_comes() -> None:
 
 
 def test_a_bucket_gives_a_seconds_burst_then_asks_for_the_time_its_debt_takes_to_refill() -> None:
-    rate = Rate("u", "/", UserLimits(max_messages_per_s=10, max_bytes_per_s=1000), now=0.0)
+    rate = Rate(UserLimits(max_messages_per_s=10, max_bytes_per_s=1000), now=0.0)
     assert rate.charge(10, 100, 0.0) == 0.0  # a second's worth at once
     assert rate.charge(5, 0, 0.0) == pytest.approx(0.5)  # 5 messages of debt at 10/s
     assert rate.charge(0, 0, 0.5) == pytest.approx(0.0)
@@ -60,12 +60,12 @@ def test_a_users_connections_share_one_rate_that_follows_run_time_changes() -> N
     changes: list[int] = []
     limits.on_change = lambda: changes.append(1)
     assert limits.enter("u", "/") is None and limits.enter("u", "/") is None
-    first, second = limits.rate("u", "/", 0.0), limits.rate("u", "/", 0.0)
+    first, second = limits.rate("u", 0.0), limits.rate("u", 0.0)
     assert first is second is not None
     limits.set_user("u", UserLimits(max_messages_per_s=50))
-    assert limits.rate("u", "/", 0.0) is first and first.messages_per_s == 50
+    assert limits.rate("u", 0.0) is first and first.messages_per_s == 50
     limits.set_user("u", UserLimits())
-    assert limits.rate("u", "/", 0.0) is None
+    assert limits.rate("u", 0.0) is None
     assert changes == [1, 1]
     limits.bit(RATE, "/", "u", "over its publish rate")
     snapshot = limits.snapshot()

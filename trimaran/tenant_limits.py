@@ -66,11 +66,9 @@ class Rate:
     The runtime charges what a read brought in after acting on it, so a bucket may go into debt;
     while it is in debt the user's connections are not read."""
 
-    __slots__ = ("at", "bytes", "bytes_per_s", "messages", "messages_per_s", "user", "vhost")
+    __slots__ = ("at", "bytes", "bytes_per_s", "messages", "messages_per_s")
 
-    def __init__(self, user: str, vhost: str, limits: UserLimits, now: float) -> None:
-        self.user = user
-        self.vhost = vhost  # of the connection that made it (the metrics' label)
+    def __init__(self, limits: UserLimits, now: float) -> None:
         self.messages_per_s = self.messages = limits.max_messages_per_s
         self.bytes_per_s = self.bytes = limits.max_bytes_per_s
         self.at = now
@@ -272,7 +270,7 @@ class TenantLimits:
         if not _drop_one(self.user_connections, name):
             self.rates.pop(name, None)
 
-    def rate(self, user: str | None, vhost: str, now: float) -> Rate | None:
+    def rate(self, user: str | None, now: float) -> Rate | None:
         """The buckets of a user that entered, shared by its connections; None without a rate."""
         name = user or ""
         limits = self.of_user(user)
@@ -281,7 +279,7 @@ class TenantLimits:
             return None
         rate = self.rates.get(name)
         if rate is None:
-            rate = self.rates[name] = Rate(name, vhost, limits, now)
+            rate = self.rates[name] = Rate(limits, now)
         else:
             rate.retune(limits)
         return rate

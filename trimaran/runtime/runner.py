@@ -203,7 +203,7 @@ class Runner:
         if refusal is None:
             conn.entered = True
             conn.user, conn.vhost = user, vhost
-            conn.rate = self.tenants.rate(user, vhost, time.monotonic())
+            conn.rate = self.tenants.rate(user, time.monotonic())
         return refusal
 
     def retune(self) -> None:
@@ -211,7 +211,7 @@ class Runner:
         now = time.monotonic()
         for conn in self.conns:
             if conn.entered:
-                conn.rate = self.tenants.rate(conn.user, conn.vhost, now)
+                conn.rate = self.tenants.rate(conn.user, now)
 
     def throttled(self, conn: Conn) -> None:
         """``conn``'s user is over its rate: it is not read for a while (counted, said once)."""
