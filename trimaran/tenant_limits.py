@@ -311,8 +311,10 @@ class TenantLimits:
         told = (limit, subject)
         if told not in self._told:
             self._told.add(told)
-            whose = "vhost" if limit in (CONNECTIONS, QUEUES, STORED_BYTES) else "user"
-            log.warning("limits: %s %r: %s (vhost %r); counted from now on", whose, subject, what, vhost)
+            if limit in (CONNECTIONS, QUEUES, STORED_BYTES):
+                log.warning("limits: vhost %r: %s; counted from now on", vhost, what)
+            else:
+                log.warning("limits: user %r (vhost %r): %s; counted from now on", subject, vhost, what)
 
     def _forget_told(self, subject: str) -> None:
         self._told = {told for told in self._told if told[1] != subject}

@@ -455,6 +455,8 @@ class Amqp1FrontEnd:
                 condition = NOT_FOUND if exc.reason == "no-queue" else INVALID_FIELD
                 if exc.reason == "locked":
                     condition = RESOURCE_LOCKED
+                elif exc.reason == "queue-limit":
+                    condition = RESOURCE_LIMIT_EXCEEDED  # the vhost's queue limit
                 self._refuse(conn, link, condition, str(exc))
                 return None
         else:
@@ -515,7 +517,8 @@ class Amqp1FrontEnd:
         try:
             self._consume(out, link)
         except QueueError as exc:
-            self._refuse(conn, link, INVALID_FIELD, str(exc))
+            limit = exc.reason == "queue-limit"  # a dynamic queue past the vhost's queue limit
+            self._refuse(conn, link, RESOURCE_LIMIT_EXCEEDED if limit else INVALID_FIELD, str(exc))
             return
         source = replace(
             source,
