@@ -137,12 +137,6 @@ class App:
         await vhosts.load()
         await anyio.to_thread.run_sync(security.use_permissions, vhost_rows)
         await anyio.to_thread.run_sync(self.runner.tenants.use_store, LimitRows(storage.engine))
-
-        async def forget_vhost(name: str) -> None:  # a deleted vhost's permissions and limits go too
-            security.forget_vhost(name)
-            await self.runner.tenants.change_vhost(name, None)
-
-        vhosts.on_delete(forget_vhost)
         self.broker = Broker(
             store,
             sys_interval=settings.limits.sys_interval,
@@ -225,7 +219,7 @@ class App:
 
     async def _empty_vhost(self, vhost: str) -> None:
         """``VHosts.delete``: everything in the vhost goes — its connections, MQTT sessions, AMQP
-        exchanges and bindings, queues (any protocol's), retained messages and permissions."""
+        exchanges and bindings, queues (any protocol's), retained messages, permissions and limits."""
         assert self.broker is not None and self.queues is not None and self.security is not None
         key_prefix = prefix(vhost)
         if self.amqp1 is not None:
@@ -240,6 +234,7 @@ class App:
         for topic in retained:
             self.broker.retained.delete(topic)
         self.security.forget_vhost(vhost)
+        await self.runner.tenants.change_vhost(vhost, None)  # its limits too (kept cleared)
         log.info(
             "vhost %s deleted: %d sessions, %d more queues, %d retained messages",
             vhost,
