@@ -470,6 +470,7 @@ def test_limits_set_at_run_time_bite_at_once_and_go_when_cleared(api: Api, mqtt:
     finally:
         first.disconnect()
     assert api.call("DELETE", f"/api/v1/limits/vhosts/{q('/')}")[0] == 404
+    assert api.call("PUT", "/api/v1/limits/vhosts/nowhere", {"max_queues": 1})[0] == 404
     body = {"max_connections": 5, "max_messages_per_s": 100.0, "max_bytes_per_s": 0}
     status, limits, _ = api.call("PUT", "/api/v1/limits/users/alice", body)
     assert status == 200 and limits["users"]["alice"] == {**body, "connections": 0}

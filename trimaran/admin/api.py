@@ -1065,6 +1065,8 @@ class AdminApi:
     async def set_vhost_limits(self, request: Request) -> Response:
         body = _body(request, VhostLimitSettings)
         vhost = request.params["vhost"]
+        if not self.view.vhost_registry().exists(vhost):  # as rabbitmqctl set_vhost_limits
+            raise HttpError(404, "not_found", f"no vhost {vhost!r}")
         await self._limits().change_vhost(vhost, VhostLimits(**body.model_dump()))
         log.info("limits: vhost %r set to %s through the admin API", vhost, body.model_dump())
         return await self.show_limits(request)
