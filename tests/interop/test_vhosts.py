@@ -19,7 +19,7 @@ from paho.mqtt.enums import MQTTProtocolVersion as Version
 
 from tests.interop.conftest import amqp_server_args
 from tests.support.paho import V5, V311, Client, Endpoints, Received, connect
-from tests.support.rabbitmq import rabbitmqctl
+from tests.support.rabbitmq import ensure_user, rabbitmqctl
 from tests.support.server import RunningServer, serving
 from trimaran.config import AuthSettings
 from trimaran.security.guard import Security
@@ -71,7 +71,7 @@ def vhost_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSe
 def rabbitmq_vhosts(rabbitmq_port: int) -> int:
     """The private RabbitMQ node with the same users, vhosts and permissions."""
     for user, password in (("alice", "a"), ("bob", "b")):
-        rabbitmqctl(rabbitmq_port, "add_user", user, password)
+        ensure_user(rabbitmq_port, user, password)
     for vhost in ("t1", "t2/eu"):
         rabbitmqctl(rabbitmq_port, "add_vhost", vhost)
     for user, vhost in PERMISSIONS:

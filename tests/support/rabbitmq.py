@@ -43,6 +43,15 @@ def rabbitmqctl(port: int, *args: str) -> str:
     return result.stdout
 
 
+def ensure_user(port: int, user: str, password: str) -> None:
+    """``user`` with ``password`` on the node, whether an earlier test module made it or not (the
+    node lives for the session; each module says the users it needs)."""
+    if user in rabbitmqctl(port, "list_users", "--quiet").split():
+        rabbitmqctl(port, "change_password", user, password)
+    else:
+        rabbitmqctl(port, "add_user", user, password)
+
+
 def _listening(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
