@@ -57,6 +57,7 @@ __all__ = [
     "VHosts",
     "dead_letter_name",
     "is_reserved",
+    "key_prefix",
     "prefix",
     "split_key",
     "split_user",
@@ -91,11 +92,23 @@ def validate_name(name: str) -> str:
     return name
 
 
+# Quoting goes through urllib, a dozen calls; a server has few vhosts, and a tenant's every message
+# needs its prefix or its name: both are remembered (bounded, for names that are not vhosts).
+_PREFIXES: dict[str, str] = {}
+_NAMES: dict[str, str] = {}
+_REMEMBERED = 4096
+
+
 def prefix(vhost: str) -> str:
     """What goes in front of every key of ``vhost``: ``""`` for ``/``, ``$vhost/<quoted>/`` otherwise."""
     if vhost == DEFAULT_VHOST:
         return ""
-    return f"{TENANT}{quote(vhost, safe='')}/"
+    known = _PREFIXES.get(vhost)
+    if known is None:
+        if len(_PREFIXES) >= _REMEMBERED:
+            _PREFIXES.clear()
+        known = _PREFIXES[vhost] = f"{TENANT}{quote(vhost, safe='')}/"
+    return known
 
 
 def is_reserved(name: str) -> bool:
@@ -112,10 +125,24 @@ def split_key(key: str) -> tuple[str, str]:
     """``(vhost, name)`` of a key: the inverse of ``prefix(vhost) + name``."""
     if not key.startswith(TENANT):
         return DEFAULT_VHOST, key
-    quoted, sep, name = key[len(TENANT) :].partition("/")
-    if not sep or not quoted:
+    end = key.find("/", len(TENANT))
+    if end <= len(TENANT):
         return DEFAULT_VHOST, key  # not one of ours (a /-name refused at the door): leave it whole
-    return unquote(quoted), name
+    quoted = key[len(TENANT) : end]
+    vhost = _NAMES.get(quoted)
+    if vhost is None:
+        if len(_NAMES) >= _REMEMBERED:
+            _NAMES.clear()
+        vhost = _NAMES[quoted] = unquote(quoted)
+    return vhost, key[end + 1 :]
+
+
+def key_prefix(key: str) -> str:
+    """The vhost prefix ``key`` carries (``""`` for a key of ``/``), without decoding the vhost."""
+    if not key.startswith(TENANT):
+        return ""
+    end = key.find("/", len(TENANT))
+    return key[: end + 1] if end > len(TENANT) else ""
 
 
 def strip(key: str, vhost_prefix: str) -> str:

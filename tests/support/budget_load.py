@@ -36,7 +36,16 @@ from trimaran.amqp1.performatives import (
     Transfer,
 )
 from trimaran.mqtt.codec import NEED_DATA, Decoder, encode, encode_plain_publish
-from trimaran.mqtt.packets import MQTT_5, Connect, PubAck, Publish, SubAck, Subscribe, SubscriptionOptions
+from trimaran.mqtt.packets import (
+    MQTT_5,
+    ConnAck,
+    Connect,
+    PubAck,
+    Publish,
+    SubAck,
+    Subscribe,
+    SubscriptionOptions,
+)
 
 PAYLOAD = b"x" * 32
 
@@ -52,12 +61,14 @@ def _recv(sock: socket.socket) -> bytes:
 
 
 class MqttClient:
-    def __init__(self, port: int, client_id: str, level: int = MQTT_5) -> None:
+    def __init__(self, port: int, client_id: str, level: int = MQTT_5, username: str | None = None) -> None:
         self.level = level
         self.sock = connect(port)
         self.decoder = Decoder(protocol_level=level)
-        self.sock.sendall(encode(Connect(protocol_level=level, client_id=client_id), level))
-        self.expect()  # CONNACK
+        connect_packet = Connect(protocol_level=level, client_id=client_id, username=username)
+        self.sock.sendall(encode(connect_packet, level))
+        connack = self.expect()
+        assert isinstance(connack, ConnAck) and connack.reason_code == 0, connack
 
     def packets(self) -> list[object]:
         self.decoder.feed(_recv(self.sock))
@@ -78,17 +89,27 @@ class MqttClient:
 
 
 class MqttLoad:
-    """``publishers`` -> topic (or ``$queue/``) -> ``subscribers``, ``batch`` messages each a round."""
+    """``publishers`` -> topic (or ``$queue/``) -> ``subscribers``, ``batch`` messages each a round;
+    the subscribers on ``topic_filter`` (default: the topic), all logged in as ``username``."""
 
     def __init__(
-        self, port: int, *, publishers: int, subscribers: int, qos: int, topic: str, batch: int
+        self,
+        port: int,
+        *,
+        publishers: int,
+        subscribers: int,
+        qos: int,
+        topic: str,
+        batch: int,
+        topic_filter: str | None = None,
+        username: str | None = None,
     ) -> None:
         self.qos = qos
         self.batch = batch
-        self.subs = [MqttClient(port, f"sub{i}") for i in range(subscribers)]
+        self.subs = [MqttClient(port, f"sub{i}", username=username) for i in range(subscribers)]
         for sub in self.subs:
-            sub.subscribe(topic, qos)
-        self.pubs = [MqttClient(port, f"pub{i}") for i in range(publishers)]
+            sub.subscribe(topic_filter or topic, qos)
+        self.pubs = [MqttClient(port, f"pub{i}", username=username) for i in range(publishers)]
         self.topic = topic
         self.sent = 0
 
@@ -142,7 +163,7 @@ class MqttLoad:
 
 
 class Amqp091Client:
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, vhost: str = "/") -> None:
         self.sock = connect(port)
         self.decoder = FrameDecoder(131072)
         self.frames: list[object] = []
@@ -151,7 +172,7 @@ class Amqp091Client:
         self.send(spec.ConnectionStartOk({"product": "budget"}, "PLAIN", b"\x00guest\x00guest", "en_US"))
         self.until(spec.ConnectionTune)
         self.send(spec.ConnectionTuneOk(2047, 131072, 0))
-        self.call(spec.ConnectionOpen("/"), spec.ConnectionOpenOk, channel=0)
+        self.call(spec.ConnectionOpen(vhost), spec.ConnectionOpenOk, channel=0)
         self.call(spec.ChannelOpen(), spec.ChannelOpenOk, channel=1)
 
     def send(self, method: spec.Method, channel: int = 0) -> None:
@@ -182,15 +203,15 @@ class Amqp091Load:
     """One publisher -> queue -> one consumer acking each delivery; durable: persistent messages
     with publisher confirms on a durable queue."""
 
-    def __init__(self, port: int, *, durable: bool, batch: int) -> None:
+    def __init__(self, port: int, *, durable: bool, batch: int, vhost: str = "/") -> None:
         self.batch = batch
         self.durable = durable
         self.queue = "budget-durable" if durable else "budget-transient"
-        self.pub = Amqp091Client(port)
+        self.pub = Amqp091Client(port, vhost)
         self.pub.call(spec.QueueDeclare(queue=self.queue, durable=durable), spec.QueueDeclareOk)
         if durable:
             self.pub.call(spec.ConfirmSelect(), spec.ConfirmSelectOk)
-        self.sub = Amqp091Client(port)
+        self.sub = Amqp091Client(port, vhost)
         self.sub.call(spec.BasicQos(prefetch_count=batch * 2), spec.BasicQosOk)
         self.sub.call(spec.BasicConsume(queue=self.queue, consumer_tag="c"), spec.BasicConsumeOk)
         props = BasicProperties(delivery_mode=2 if durable else None)
@@ -204,16 +225,15 @@ class Amqp091Load:
     def round(self) -> None:
         self.pub.sock.sendall(self.wire)
         delivered = 0
+        acks = bytearray()  # one basic.ack a delivery, sent in one write when the round is in
         while delivered < self.batch:
-            acks = bytearray()
             for frame in self.sub.read():
                 if isinstance(frame, MethodFrame) and isinstance(frame.method, spec.BasicDeliver):
                     delivered += 1
                     acks += amqp091_method(1, spec.BasicAck(frame.method.delivery_tag))
                 else:
                     assert isinstance(frame, HeaderFrame | BodyFrame), frame
-            if acks:
-                self.sub.sock.sendall(acks)
+        self.sub.sock.sendall(acks)
         if self.durable:
             target = self.confirmed + self.batch
             while self.confirmed < target:

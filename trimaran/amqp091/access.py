@@ -29,7 +29,7 @@ from trimaran.topics import (
     routing_key_to_topic,
     topic_to_routing_key,
 )
-from trimaran.vhosts import split_key
+from trimaran.vhosts import key_prefix
 
 if TYPE_CHECKING:
     from trimaran.amqp091.exchanges import ExchangeRegistry
@@ -211,12 +211,17 @@ def publish_targets(
     publisher may not know: those it may not write are left out."""
     targets = set(queues)
     if not exchange:
+        # A queue published to last time under the same rules may be published to again.
         if (
             key
             and key not in conn.exclusive_queues
-            and not security.authorize(principal, WRITE, queue_topic(key))
+            and (key != principal.last_write or principal.last_write_generation != security.generation)
         ):
-            raise _refusal(conn, WRITE, queue_topic(key), method)
+            topic = queue_topic(key)
+            if not security.authorize(principal, WRITE, topic):
+                raise _refusal(conn, WRITE, topic, method)
+            principal.last_write = key
+            principal.last_write_generation = security.generation
         return targets
     if to_router:
         try:
@@ -228,7 +233,7 @@ def publish_targets(
     allowed = set()
     for name in targets:
         # The rules see the queue's name in its vhost, not its key (trimaran/vhosts.py).
-        topic = queue_topic(name if name[:1] != "$" else split_key(name)[1])
+        topic = queue_topic(name[len(key_prefix(name)) :] if name[:1] == "$" else name)
         if name in conn.exclusive_queues or security.allowed(principal, WRITE, topic):
             allowed.add(name)
         else:

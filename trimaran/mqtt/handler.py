@@ -688,12 +688,18 @@ class MqttFrontEnd:
         conn.io.publisher = True  # the memory watermark pauses the connections that publish
         self.broker.stats.messages_received += 1
         principal = conn.principal
+        security = self.security
         # Without rules only a write to $SYS or $vhost/ is refused (Security.allowed): skip the rest.
-        if principal is not None and (self.security.rules is not None or is_guarded(publish.topic)):
-            access, topic = publish_access(publish.topic)
-            if not self.security.authorize(principal, access, topic):
-                self._publish_refused(conn, publish.packet_id if publish.qos else None)
-                return
+        # With rules, a topic allowed last time under the same rules is allowed again.
+        if principal is not None and (security.rules is not None or is_guarded(publish.topic)):
+            topic = publish.topic
+            if topic != principal.last_write or principal.last_write_generation != security.generation:
+                access, target = publish_access(topic)
+                if not security.authorize(principal, access, target):
+                    self._publish_refused(conn, publish.packet_id if publish.qos else None)
+                    return
+                principal.last_write = topic
+                principal.last_write_generation = security.generation
         message = message_from_publish(publish, endpoint.client_id, None, endpoint.vhost_prefix)
         if publish.wire is not None:
             self.fan_out.received(message, publish.wire, endpoint.protocol_level)

@@ -8,7 +8,7 @@ from typing import Final
 
 from trimaran.broker.message import Message, now_ms
 from trimaran.config import QueuePolicySettings
-from trimaran.vhosts import TENANT, prefix, split_key
+from trimaran.vhosts import TENANT, key_prefix, prefix, split_key
 
 QUEUE_PREFIX: Final = "$queue/"
 DLQ_PREFIX: Final = "$dlq/"
@@ -103,9 +103,10 @@ def _parse(topic: str) -> ParsedQueueTopic | None:
 def queue_topic(name: str, routing_key: str = "") -> str:
     """The ``$queue/`` topic of a queue key, behind the key's vhost prefix (trimaran/vhosts.py)."""
     if name.startswith(TENANT):
-        vhost, base = split_key(name)
-        return prefix(vhost) + queue_topic(base, routing_key)
-    base = QUEUE_PREFIX + name
+        head = key_prefix(name)
+        base = head + QUEUE_PREFIX + name[len(head) :]
+    else:
+        base = QUEUE_PREFIX + name
     return f"{base}/{routing_key}" if routing_key else base
 
 

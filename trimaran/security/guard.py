@@ -105,6 +105,8 @@ class Principal:
         "_rules",
         "client_id",
         "host",
+        "last_write",
+        "last_write_generation",
         "own_queues",
         "protocol",
         "user",
@@ -124,6 +126,11 @@ class Principal:
         self._rules: list[acl.Rule] | None = None
         self._generation = -1
         self._decisions: dict[tuple[str, str], bool] | None = None  # made at the first check
+        # What this connection last published to with the rules' blessing (an MQTT topic, an AMQP
+        # 0.9.1 default-exchange queue), and under which generation of them: a hull that sees the
+        # same name again need not ask (a publisher mostly repeats it; asking is four calls).
+        self.last_write: str | None = None
+        self.last_write_generation = -1
 
     def own(self, queue: str) -> None:
         """``queue`` was made by this connection (server-named or temporary): it may use it."""
@@ -135,6 +142,7 @@ class Principal:
         """The client's id became known later (AMQP's connection name): rules are looked up again."""
         self.client_id = client_id
         self._generation = -1
+        self.last_write = None
 
     def __repr__(self) -> str:
         who = "anonymous" if self.user is None else repr(self.user)
