@@ -10,8 +10,9 @@ from trimaran.broker.events import EventBus
 from trimaran.broker.message import Message
 from trimaran.config import QueuePolicySettings, QueueSettings, StorageSettings
 from trimaran.queue import QueueDelivery, QueueManager
+from trimaran.queue.changes import Changes
 from trimaran.queue.groups import Group, QueueState, StoredMessage
-from trimaran.queue.journal import Changes, MemoryJournal
+from trimaran.queue.journal import MemoryJournal
 from trimaran.storage.store import Storage
 
 

@@ -6,8 +6,9 @@ import pytest
 
 from tests.queue.conftest import Rooms, Taker
 from trimaran.queue import QueueError, Receipt, committed
+from trimaran.queue.changes import Changes
 from trimaran.queue.groups import HELD, Entry
-from trimaran.queue.journal import Changes, Journal, MemoryJournal
+from trimaran.queue.journal import Journal, MemoryJournal
 from trimaran.queue.outcomes import ACK, Retry
 from trimaran.queue.work import WorkGroup
 from trimaran.storage import queue_store

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.queue.conftest import Rooms, Taker
-from trimaran.queue.journal import Changes
+from trimaran.queue.changes import Changes
 from trimaran.queue.outcomes import ACK, RELEASED, Commit, DeadLetter, Retry
 from trimaran.queue.policy import QueueError
 from trimaran.queue.stream import StreamGroup, position, retention

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from tests.queue.conftest import Rooms, Taker
+from trimaran.queue.changes import Changes
 from trimaran.queue.groups import DONE, HELD, WAIT, Deadlines
-from trimaran.queue.journal import Changes
 from trimaran.queue.outcomes import ACK, RELEASED, UNSENT, Commit, DeadLetter, Retry
 from trimaran.queue.work import WorkGroup
 

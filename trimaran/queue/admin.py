@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 from trimaran.broker.message import now_ms
 from trimaran.config import QueuePolicySettings
+from trimaran.queue.changes import Changes
 from trimaran.queue.groups import WAIT, StoredMessage
-from trimaran.queue.journal import Changes
 from trimaran.queue.policy import DEFAULT_GROUP, DLQ_PROPERTIES, QueueError, dead_letter_target, expiry_ms
 from trimaran.storage import queue_store
 

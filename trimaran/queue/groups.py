@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from trimaran.broker.events import EventBus
-    from trimaran.queue.journal import Changes, Journal
+    from trimaran.queue.changes import Changes
+    from trimaran.queue.journal import Journal
     from trimaran.queue.outcomes import Outcome
     from trimaran.queue.stream import StreamGroup
     from trimaran.queue.work import WorkGroup

@@ -15,10 +15,10 @@ that drive the groups in-process.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trimaran.broker.message import now_ms
+from trimaran.queue.changes import Changes
 from trimaran.queue.groups import HELD, WAIT, Entry, Group, QueueState, StoredMessage, policy_dict
 from trimaran.queue.policy import QueueError
 from trimaran.storage import queue_store
@@ -27,23 +27,7 @@ from trimaran.storage.writer import Receipt, WriteBatch, WriterError
 if TYPE_CHECKING:
     from trimaran.storage.writer import GroupCommitWriter
 
-__all__ = ["Changes", "Journal", "MemoryJournal", "Receipt", "committed"]
-
-
-@dataclass(slots=True)
-class Changes(WriteBatch):
-    """One unit of state changes: the rows that commit together, and what runs once they have
-    (``after``: dead letters becoming deliverable). It is the writer's batch itself, so a change
-    allocates nothing more than a bare batch did (``after`` only when there is something to run)."""
-
-    after: list[Callable[[], None]] | None = None
-
-    def then(self, callback: Callable[[], None]) -> None:
-        """Run ``callback`` once these changes are committed (at once if they write nothing)."""
-        if self.after is None:
-            self.after = [callback]
-        else:
-            self.after.append(callback)
+__all__ = ["Journal", "MemoryJournal", "Receipt", "committed"]
 
 
 async def committed(receipt: Receipt | None) -> None:

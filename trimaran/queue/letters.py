@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from trimaran.broker.events import QUEUE_DEAD_LETTERED, QUEUE_EXPIRED, EventBus
 from trimaran.broker.message import Message
+from trimaran.queue.changes import Changes
 from trimaran.queue.groups import Group, QueueState, StoredMessage
-from trimaran.queue.journal import Changes
 from trimaran.queue.policy import (
     DEATH_MAXLEN,
     DLQ_PROPERTIES,

@@ -44,6 +44,7 @@ from trimaran.broker.message import Message, now_ms
 from trimaran.config import QueuePolicySettings, QueueSettings, StorageSettings
 from trimaran.queue import admin
 from trimaran.queue.admin import GroupInfo, QueueInfo
+from trimaran.queue.changes import Changes
 from trimaran.queue.groups import (
     HELD,
     WAIT,
@@ -58,7 +59,7 @@ from trimaran.queue.groups import (
     expired,
     message_id,
 )
-from trimaran.queue.journal import Changes, Journal, Receipt, committed
+from trimaran.queue.journal import Journal, Receipt, committed
 from trimaran.queue.letters import DeadLetterRouter, Letters
 from trimaran.queue.outcomes import ACK, RELEASED, UNSENT, Commit, DeadLetter, Outcome, Retry
 from trimaran.queue.policy import (

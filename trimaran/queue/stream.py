@@ -14,6 +14,7 @@ Nothing here waits, writes or imports the manager: changes go to the journal in 
 from __future__ import annotations
 
 from trimaran.broker.events import QUEUE_REJECTED
+from trimaran.queue.changes import Changes
 from trimaran.queue.groups import (
     Group,
     Host,
@@ -23,7 +24,6 @@ from trimaran.queue.groups import (
     Taker,
     expired,
 )
-from trimaran.queue.journal import Changes
 from trimaran.queue.outcomes import Commit, DeadLetter, Outcome, Retry
 from trimaran.queue.policy import QueueError, filter_matches
 

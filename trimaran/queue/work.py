@@ -26,6 +26,7 @@ import heapq
 from collections.abc import Iterable
 
 from trimaran.broker.events import QUEUE_ACKED, QUEUE_NACKED, QUEUE_REJECTED
+from trimaran.queue.changes import Changes
 from trimaran.queue.groups import (
     DONE,
     HELD,
@@ -39,7 +40,6 @@ from trimaran.queue.groups import (
     Taker,
     expired,
 )
-from trimaran.queue.journal import Changes
 from trimaran.queue.outcomes import Ack, Commit, DeadLetter, Outcome, Retry
 from trimaran.queue.policy import exhausted, filter_matches, retry_after_ms
 
