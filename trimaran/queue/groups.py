@@ -1,7 +1,7 @@
 """In-memory state of a queue: its message tail, consumer groups, pending entries and consumers.
 
 Nothing here does I/O. The groups' behaviour is in ``work.py`` and ``stream.py``; they tell a
-journal (``journal.py``) each change, and reach past themselves only through :class:`Host`.
+journal (``journal.py``) each change, and reach past themselves only through ``ports.Host``.
 """
 
 from __future__ import annotations
@@ -21,12 +21,8 @@ from trimaran.config import QueuePolicySettings
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from trimaran.broker.events import EventBus
     from trimaran.queue.changes import Changes
-    from trimaran.queue.journal import Journal
     from trimaran.queue.outcomes import Outcome
-    from trimaran.queue.stream import StreamGroup
-    from trimaran.queue.work import WorkGroup
     from trimaran.storage.writer import Receipt
 
 HELD = "held"  # delivered to a consumer, not settled
@@ -99,37 +95,6 @@ class Taker(Protocol):
     closed: bool
 
 
-class Host(Protocol):
-    """What a group asks of the queue manager around it, without importing it: the journal, the
-    event bus, and what reaches past one group (removing a message from every group, dead letters
-    into other queues, the timers)."""
-
-    journal: Journal
-    events: EventBus
-    wake_at: int  # when the timers wake next (epoch ms): an earlier due time must call ``due``
-
-    def remove(self, state: QueueState, offset: int, kind: str, reason: str, now: int, ch: Changes) -> None:
-        """Remove a message from the queue and every group (expired, dropped): one event."""
-
-    def expire(self, state: QueueState, offset: int, now: int, ch: Changes) -> None:
-        """A message's time is up: removed, and dead-lettered where the policy says so."""
-
-    def dead_letter(
-        self,
-        state: QueueState,
-        group: Group,
-        stored: StoredMessage,
-        attempts: int,
-        reason: str,
-        now: int,
-        ch: Changes,
-    ) -> None:
-        """Route the dead letter of ``stored`` (the group is done with it already)."""
-
-    def due(self, state: QueueState, group: Group, at: int) -> None:
-        """``group`` has a timer due at ``at`` (epoch ms): a visibility time-out or a retry."""
-
-
 @dataclass(slots=True)
 class QueueDelivery:
     """One delivery. These fields come from the manager; the publisher's properties cannot change them."""
@@ -178,13 +143,9 @@ class Group:
     (work mode) pending entries. :class:`~trimaran.queue.work.WorkGroup` and
     :class:`~trimaran.queue.stream.StreamGroup` add the behaviour."""
 
-    def __init__(
-        self, state: QueueState, name: str, host: Host, *, cursor: int = 0, committed: int = 0
-    ) -> None:
+    def __init__(self, state: QueueState, name: str, *, cursor: int = 0, committed: int = 0) -> None:
         self.state = state
         self.name = name
-        self.host = host
-        self.journal = host.journal
         self.cursor = cursor  # work: first offset never handed out; stream: next offset to read
         self.committed = committed  # stream: first offset not committed
         self.entries: dict[int, Entry] = {}
@@ -340,7 +301,7 @@ class QueueState:
     messages: dict[int, StoredMessage] = field(default_factory=dict)  # ascending offsets
     bytes: int = 0
     inflight: int = 0  # publishes allocated but not committed yet
-    groups: dict[str, WorkGroup | StreamGroup] = field(default_factory=dict)  # all of the queue's mode
+    groups: dict[str, Group] = field(default_factory=dict)  # all of the queue's mode
     browsers: list[Any] = field(default_factory=list)  # the manager's BrowseHandles: remove nothing
     deleted: bool = False
     stats: dict[str, int] = field(

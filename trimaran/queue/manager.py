@@ -104,7 +104,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-AnyGroup = WorkGroup | StreamGroup
 
 TICK_MS = 20  # the timers run at most this often (what is due within it is handled together)
 SWEEP_S = 1.0  # TTL expiry and stream retention; also the longest the timers sleep
@@ -174,7 +173,7 @@ class ConsumerHandle:
         self,
         manager: QueueManager,
         queue: QueueState,
-        group: AnyGroup,
+        group: Group,
         consumer: QueueConsumer,
         routing_filter: str | None,
         auto_ack: bool,
@@ -450,7 +449,7 @@ class QueueManager:
         """Every durable queue of a shared node takes offsets from reserved blocks."""
         return self.shared and state.durable
 
-    def _new_group(self, state: QueueState, name: str, cursor: int = 0, committed: int = 0) -> AnyGroup:
+    def _new_group(self, state: QueueState, name: str, cursor: int = 0, committed: int = 0) -> Group:
         if state.policy.mode == "stream":
             return StreamGroup(state, name, self, cursor=cursor, committed=committed)
         return WorkGroup(state, name, self, cursor=cursor, committed=committed, shared=self.is_shared(state))
@@ -1111,7 +1110,7 @@ class QueueManager:
 
     # -- dispatch ---------------------------------------------------------------------------------
 
-    def _dispatch(self, state: QueueState, group: AnyGroup) -> None:
+    def _dispatch(self, state: QueueState, group: Group) -> None:
         if group.busy:
             group.again = True
             return
@@ -1206,7 +1205,7 @@ class QueueManager:
     async def _settle(
         self,
         state: QueueState,
-        group: AnyGroup,
+        group: Group,
         offset: int,
         outcome: Outcome,
         *,
@@ -1221,7 +1220,7 @@ class QueueManager:
     def _settle_now(
         self,
         state: QueueState,
-        group: AnyGroup,
+        group: Group,
         offset: int,
         outcome: Outcome,
         holder: ConsumerHandle | None,
@@ -1233,14 +1232,14 @@ class QueueManager:
         return settled == 1, receipt
 
     def _settle_all_now(
-        self, state: QueueState, group: AnyGroup, offsets: list[int], outcome: Outcome, holder: ConsumerHandle
+        self, state: QueueState, group: Group, offsets: list[int], outcome: Outcome, holder: ConsumerHandle
     ) -> int:
         return self._settle_offsets(state, group, offsets, outcome, holder, None, False)[0]
 
     def _settle_offsets(
         self,
         state: QueueState,
-        group: AnyGroup,
+        group: Group,
         offsets: Iterable[int],
         outcome: Outcome,
         holder: ConsumerHandle | None,
@@ -1353,7 +1352,7 @@ class QueueManager:
 
     # -- control topics (by message id) -----------------------------------------------------------
 
-    def _locate(self, message_id_text: str, group: str | None) -> tuple[QueueState, AnyGroup, int]:
+    def _locate(self, message_id_text: str, group: str | None) -> tuple[QueueState, Group, int]:
         queue, offset = parse_message_id(message_id_text)
         state = self.get(queue)
         grp = state.groups.get(group or DEFAULT_GROUP)

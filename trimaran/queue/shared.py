@@ -22,10 +22,8 @@ from trimaran.storage import queue_store
 from trimaran.storage.writer import WriteBatch
 
 if TYPE_CHECKING:
-    from trimaran.queue.stream import StreamGroup
-    from trimaran.queue.work import WorkGroup
+    pass
 
-    AnyGroup = WorkGroup | StreamGroup
 
 POLL_MS = 100  # how often idle consumers look for messages other nodes published or released
 
@@ -43,7 +41,7 @@ class Claims:
     messages to the group's consumers."""
 
     def __init__(
-        self, journal: Journal, *, lease_ms: int, batch: int, dispatch: Callable[[QueueState, AnyGroup], None]
+        self, journal: Journal, *, lease_ms: int, batch: int, dispatch: Callable[[QueueState, Group], None]
     ) -> None:
         self.journal = journal
         self.lease_ms = lease_ms
@@ -61,7 +59,7 @@ class Claims:
         """Few claimed messages left to hand out: time to claim the next batch."""
         return len(group.ready) < self.batch // 4
 
-    def claim(self, state: QueueState, group: AnyGroup) -> None:
+    def claim(self, state: QueueState, group: Group) -> None:
         """Claim a batch for this node, in one statement, while its consumers have credit: up to
         ``batch`` messages ready here. Claiming only the credit of the moment (a few messages after
         each PUBACK) made every claim pay the scan and the commit for a handful, ~250 msg/s."""
@@ -79,7 +77,7 @@ class Claims:
             WriteBatch(calls=[call]), on_results=lambda results: self._claimed(state, group, results)
         )
 
-    def _claimed(self, state: QueueState, group: AnyGroup, results: list[Any]) -> None:
+    def _claimed(self, state: QueueState, group: Group, results: list[Any]) -> None:
         self.claiming.discard(group)
         rows = results[0] if results else []
         for row, attempts, reason in rows:

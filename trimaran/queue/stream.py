@@ -17,7 +17,6 @@ from trimaran.broker.events import QUEUE_REJECTED
 from trimaran.queue.changes import Changes
 from trimaran.queue.groups import (
     Group,
-    Host,
     QueueDelivery,
     QueueState,
     StoredMessage,
@@ -26,6 +25,7 @@ from trimaran.queue.groups import (
 )
 from trimaran.queue.outcomes import Commit, DeadLetter, Outcome, Retry
 from trimaran.queue.policy import QueueError, filter_matches
+from trimaran.queue.ports import Host
 
 
 def position(state: QueueState, start: str | int) -> int:
@@ -53,6 +53,13 @@ def position(state: QueueState, start: str | int) -> int:
 
 class StreamGroup(Group):
     mode = "stream"
+
+    def __init__(
+        self, state: QueueState, name: str, host: Host, *, cursor: int = 0, committed: int = 0
+    ) -> None:
+        super().__init__(state, name, cursor=cursor, committed=committed)
+        self.host = host
+        self.journal = host.journal
 
     def take(self, routing_filter: str | None, now: int, ch: Changes) -> StoredMessage | None:
         """The next message past the read cursor that matches ``routing_filter``."""

@@ -33,7 +33,6 @@ from trimaran.queue.groups import (
     WAIT,
     Entry,
     Group,
-    Host,
     QueueDelivery,
     QueueState,
     StoredMessage,
@@ -42,6 +41,7 @@ from trimaran.queue.groups import (
 )
 from trimaran.queue.outcomes import Ack, Commit, DeadLetter, Outcome, Retry
 from trimaran.queue.policy import exhausted, filter_matches, retry_after_ms
+from trimaran.queue.ports import Host
 
 SCAN_LIMIT = 10_000  # most messages a filtered consumer scans per take
 
@@ -59,7 +59,9 @@ class WorkGroup(Group):
         committed: int = 0,
         shared: bool = False,
     ) -> None:
-        super().__init__(state, name, host, cursor=cursor, committed=committed)
+        super().__init__(state, name, cursor=cursor, committed=committed)
+        self.host = host
+        self.journal = host.journal
         self.shared = shared
 
     # -- taking -----------------------------------------------------------------------------------
