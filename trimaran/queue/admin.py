@@ -18,7 +18,7 @@ from trimaran.queue.policy import DEFAULT_GROUP, DLQ_PROPERTIES, QueueError, dea
 from trimaran.storage import queue_store
 
 if TYPE_CHECKING:
-    from trimaran.queue.manager import QueueManager
+    from trimaran.queue.ports import Queues
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class QueueInfo:
     stats: dict[str, int] = field(default_factory=dict)
 
 
-def info(manager: QueueManager, name: str) -> QueueInfo:
+def info(manager: Queues, name: str) -> QueueInfo:
     state = manager.get(name)
     groups = {}
     for group in state.groups.values():
@@ -81,7 +81,7 @@ def info(manager: QueueManager, name: str) -> QueueInfo:
     )
 
 
-def ready_count(manager: QueueManager, name: str, group: str = DEFAULT_GROUP) -> int:
+def ready_count(manager: Queues, name: str, group: str = DEFAULT_GROUP) -> int:
     """Messages ``group`` could be handed now: not held by a consumer (delivered, unsettled), not
     finished. RabbitMQ's message_count (queue.declare-ok, basic.get-ok). A stream, or a group not
     made yet: every message the queue holds."""
@@ -108,7 +108,7 @@ def ready_count(manager: QueueManager, name: str, group: str = DEFAULT_GROUP) ->
     return ready
 
 
-def peek(manager: QueueManager, name: str, after: int = -1, limit: int = 100) -> list[StoredMessage]:
+def peek(manager: Queues, name: str, after: int = -1, limit: int = 100) -> list[StoredMessage]:
     """Up to ``limit`` messages the queue holds past offset ``after``, in offset order, without
     delivering or changing anything."""
     state = manager.get(name)
@@ -123,7 +123,7 @@ def peek(manager: QueueManager, name: str, after: int = -1, limit: int = 100) ->
     return out
 
 
-async def purge(manager: QueueManager, name: str) -> int:
+async def purge(manager: Queues, name: str) -> int:
     """Remove every message (and pending entry); returns how many were removed."""
     state = manager.get(name)
     count = len(state.messages)
@@ -144,7 +144,7 @@ async def purge(manager: QueueManager, name: str) -> int:
     return count
 
 
-async def redrive(manager: QueueManager, name: str, limit: int | None = None) -> int:
+async def redrive(manager: Queues, name: str, limit: int | None = None) -> int:
     """Move the dead letters that came from ``name`` back to it, as new messages at its tail, in one
     transaction; returns how many moved. Letters a DLQ consumer holds stay where they are."""
     state = manager.get(name)
@@ -175,7 +175,7 @@ async def redrive(manager: QueueManager, name: str, limit: int | None = None) ->
             ch, state, now, "published", offset=new_offset, reason=f"redrive from {source.name}:{offset}"
         )
         state.stats["published"] += 1
-        manager.letters.remove(source, offset, "redriven", f"-> {name}:{new_offset}", now, ch)
+        manager.remove(source, offset, "redriven", f"-> {name}:{new_offset}", now, ch)
         moved.append(again)
 
     def appended() -> None:

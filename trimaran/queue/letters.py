@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from functools import partial
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from trimaran.broker.events import QUEUE_DEAD_LETTERED, QUEUE_EXPIRED, EventBus
 from trimaran.broker.message import Message
@@ -28,24 +28,15 @@ from trimaran.queue.policy import (
 from trimaran.storage import queue_store
 
 if TYPE_CHECKING:
-    from trimaran.queue.manager import QueueManager
+    from trimaran.queue.ports import Queues
 
 log = logging.getLogger(__name__)
-
-
-class DeadLetterRouter(Protocol):
-    """Routes the dead letters of queues with a ``dead_letter_exchange`` (the AMQP 0.9.1 front end
-    implements it with its exchanges)."""
-
-    def dead_letter_queues(self, exchange: str, routing_key: str, message: Message) -> list[str]:
-        """The queues ``message`` reaches when published to ``exchange`` with ``routing_key`` now."""
-        ...
 
 
 class Letters:
     """Removal, expiry and dead-lettering for every queue of one manager."""
 
-    def __init__(self, manager: QueueManager) -> None:
+    def __init__(self, manager: Queues) -> None:
         self.manager = manager
         self.journal = manager.journal
 

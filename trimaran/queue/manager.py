@@ -60,7 +60,7 @@ from trimaran.queue.groups import (
     message_id,
 )
 from trimaran.queue.journal import Journal, Receipt, committed
-from trimaran.queue.letters import DeadLetterRouter, Letters
+from trimaran.queue.letters import Letters
 from trimaran.queue.outcomes import ACK, RELEASED, UNSENT, Commit, DeadLetter, Outcome, Retry
 from trimaran.queue.policy import (
     DEFAULT_GROUP,
@@ -70,6 +70,7 @@ from trimaran.queue.policy import (
     is_dead_letter_queue,
     validate_queue_name,
 )
+from trimaran.queue.ports import DeadLetterRouter
 from trimaran.queue.shared import Claims, stored_row
 from trimaran.queue.stream import StreamGroup, position, retention
 from trimaran.queue.work import WorkGroup
