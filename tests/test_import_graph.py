@@ -105,26 +105,10 @@ def describe(graph: dict[str, set[str]], component: list[str]) -> str:
     return "; ".join(f"{m} -> {', '.join(sorted(graph[m] & members))}" for m in component)
 
 
-# Circles still open (issue #35): each goes when its package's lower modules type the upper ones
-# through protocols, as amqp091/ports.py does. The test fails when one closes, so the list shrinks.
-STILL_OPEN = [
-    ["trimaran.mqtt.conn", "trimaran.mqtt.handler", "trimaran.mqtt.queues"],
-    ["trimaran.queue.admin", "trimaran.queue.letters", "trimaran.queue.manager"],
-    ["trimaran.queue.groups", "trimaran.queue.journal", "trimaran.queue.stream", "trimaran.queue.work"],
-]
-
-
 def test_no_import_circle() -> None:
     graph = import_graph()
     found = circles(graph)
-    new = [c for c in found if c not in STILL_OPEN]
-    assert not new, "import circles:\n" + "\n".join(describe(graph, c) for c in new)
-
-
-def test_the_circles_still_open_are_still_there() -> None:
-    """A circle of STILL_OPEN that is gone (or has changed) leaves the list."""
-    found = circles(import_graph())
-    assert [c for c in STILL_OPEN if c not in found] == []
+    assert not found, "import circles:\n" + "\n".join(describe(graph, c) for c in found)
 
 
 def test_the_graph_sees_the_package() -> None:

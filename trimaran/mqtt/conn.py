@@ -3,23 +3,41 @@ session endpoint and queue bindings it serves while connected."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from trimaran.mqtt.connection import ServerConnection
 from trimaran.mqtt.events import PublishReceived
-from trimaran.mqtt.queues import ConnQueues, send_acks
+from trimaran.mqtt.queues import ConnQueues, MqttQueues, QueueEndpoint, send_acks
 from trimaran.mqtt.reason_codes import ReasonCode
 from trimaran.runtime.machine import Machine
 from trimaran.runtime.transport import Conn
 
 if TYPE_CHECKING:
     from trimaran.broker.clients import ClientInfo
-    from trimaran.mqtt.handler import MqttEndpoint, MqttFrontEnd
     from trimaran.security.guard import Principal
 
+#: The session endpoint a connection serves: ``handler.MqttEndpoint``, above this module.
+E = TypeVar("E", bound=QueueEndpoint)
 
-class MqttConn:
+
+class FrontEnd(Protocol):
+    """The front end as a connection calls it (``handler.MqttFrontEnd``, above this module)."""
+
+    @property
+    def queues(self) -> MqttQueues | None: ...
+
+    @property
+    def endpoints(self) -> Mapping[str, Any]: ...
+
+    def publish_received(self, conn: MqttConn[Any], event: PublishReceived) -> None: ...
+
+    def handle(self, conn: MqttConn[Any], event: object) -> Awaitable[None] | None: ...
+
+    def closed(self, conn: MqttConn[Any]) -> None: ...
+
+
+class MqttConn(Generic[E]):
     __slots__ = (
         "_queue_bindings",
         "client",
@@ -32,13 +50,13 @@ class MqttConn:
         "shutting_down",
     )
 
-    def __init__(self, front: MqttFrontEnd, mqtt: ServerConnection, io: Conn, machine: Machine | None = None):
+    def __init__(self, front: FrontEnd, mqtt: ServerConnection, io: Conn, machine: Machine | None = None):
         self.front = front
         self.mqtt = mqtt
         # What the runtime feeds: the MQTT machine itself, or a WebSocket machine around it.
         self.machine: Machine = mqtt if machine is None else machine
         self.io = io
-        self.endpoint: MqttEndpoint | None = None
+        self.endpoint: E | None = None
         self.client: ClientInfo | None = None  # in the broker's client registry while connected
         self.principal: Principal | None = None  # who logged in: what the rules let it do
         self._queue_bindings: ConnQueues | None = None  # made when the connection first uses a queue

@@ -133,7 +133,7 @@ class MqttEndpoint:
         self.cut = len(self.vhost_prefix)
         self.session = session
         self.protocol_level = protocol_level
-        self.conn: MqttConn | None = None
+        self.conn: MqttConn[MqttEndpoint] | None = None
         self.expires_at: float | None = None  # monotonic; set while offline with a finite expiry
 
     @property
@@ -201,7 +201,7 @@ class MqttFrontEnd:
         self.outbox_bytes = settings.limits.outbox_bytes
         self.fan_out = FanOutEncoder()
         self.endpoints: dict[str, MqttEndpoint] = {}
-        self.conns: set[MqttConn] = set()
+        self.conns: set[MqttConn[MqttEndpoint]] = set()
         self._wills: dict[str, tuple[float, Message]] = {}  # client id -> (due, will) for delayed wills
         self._dirty: set[str] = set()
         self._deleted: set[str] = set()
@@ -321,22 +321,22 @@ class MqttFrontEnd:
 
     # -- connections ------------------------------------------------------------------------------
 
-    def open(self, io: Conn, wrap: Callable[[Machine], Machine] | None = None) -> MqttConn:
+    def open(self, io: Conn, wrap: Callable[[Machine], Machine] | None = None) -> MqttConn[MqttEndpoint]:
         """A new connection on an MQTT listener: its hull for the runtime. ``wrap`` puts a transport
         machine around the MQTT machine (WebSocket)."""
         mqtt = ServerConnection(self.limits, now=time.monotonic())
         mqtt.report_plain_acks = False  # only queue and $share deliveries (tagged) need settling
-        conn = MqttConn(self, mqtt, io, None if wrap is None else wrap(mqtt))
+        conn: MqttConn[MqttEndpoint] = MqttConn(self, mqtt, io, None if wrap is None else wrap(mqtt))
         self.conns.add(conn)
         return conn
 
-    def closed(self, conn: MqttConn) -> None:
+    def closed(self, conn: MqttConn[MqttEndpoint]) -> None:
         """The runtime is done with ``conn``: the machine has closed and its socket is gone."""
         self.conns.discard(conn)
 
     # -- events -----------------------------------------------------------------------------------
 
-    def handle(self, conn: MqttConn, event: object) -> Awaitable[None] | None:
+    def handle(self, conn: MqttConn[MqttEndpoint], event: object) -> Awaitable[None] | None:
         """Act on one event of ``conn``'s machine (the runtime hands them out one packet at a time);
         a login that must check a hash returns an awaitable (the connection reads nothing meanwhile)."""
         if isinstance(event, PublishReceived):
@@ -362,7 +362,7 @@ class MqttFrontEnd:
             self._connection_closed(conn, event)
         return None
 
-    def _login(self, conn: MqttConn, request: ConnectRequest) -> Awaitable[None] | None:
+    def _login(self, conn: MqttConn[MqttEndpoint], request: ConnectRequest) -> Awaitable[None] | None:
         connect = request.connect
         security = self.security
         certificate_user = None
@@ -389,7 +389,7 @@ class MqttFrontEnd:
             lambda: not conn.mqtt.closed,
         )
 
-    def _vhost_for(self, conn: MqttConn, identity: str | None) -> str:
+    def _vhost_for(self, conn: MqttConn[MqttEndpoint], identity: str | None) -> str:
         """The vhost of a client that names none: its user's or certificate's mapping
         (``auth.vhost_map``), else its listener's (``listeners.vhosts``), else ``/``."""
         settings = self.settings
@@ -399,7 +399,7 @@ class MqttFrontEnd:
 
     async def _connect_held(
         self,
-        conn: MqttConn,
+        conn: MqttConn[MqttEndpoint],
         request: ConnectRequest,
         verdict: Login | Awaitable[Login],
         holders: SessionHolders,
@@ -446,7 +446,7 @@ class MqttFrontEnd:
             await anyio.to_thread.run_sync(self.store.save_sessions, [row])
 
     def _connect(
-        self, conn: MqttConn, request: ConnectRequest, login: Login, vhost: str, client_id: str
+        self, conn: MqttConn[MqttEndpoint], request: ConnectRequest, login: Login, vhost: str, client_id: str
     ) -> None:
         """Accept or refuse a CONNECT; ``client_id`` is the session's key (its id in ``vhost``)."""
         machine = conn.mqtt
@@ -548,18 +548,20 @@ class MqttFrontEnd:
             events.message(MESSAGE_DROPPED, message, subscriber=subscriber, reason=reason)
 
     def _client_event(
-        self, event_type: str, conn: MqttConn, client_id: str, user: str | None, **extra: Any
+        self, event_type: str, conn: MqttConn[MqttEndpoint], client_id: str, user: str | None, **extra: Any
     ) -> None:
         events = self.broker.events
         if events.wants(event_type):
             events.client(event_type, client_id, PROTOCOL_MQTT, conn.peer, user, **extra)
 
-    def _subscription_event(self, event_type: str, conn: MqttConn, topic_filter: str, **extra: Any) -> None:
+    def _subscription_event(
+        self, event_type: str, conn: MqttConn[MqttEndpoint], topic_filter: str, **extra: Any
+    ) -> None:
         events = self.broker.events
         if events.wants(event_type) and conn.client is not None:
             events.client_info(event_type, conn.client, topic_filter=topic_filter, **extra)
 
-    def _kick(self, conn: MqttConn) -> None:
+    def _kick(self, conn: MqttConn[MqttEndpoint]) -> None:
         """An operator closes the connection (admin API): DISCONNECT 0x98 where the protocol has it."""
         log.info(
             "mqtt: client %r disconnected by an administrator", conn.endpoint and conn.endpoint.client_id
@@ -600,7 +602,7 @@ class MqttFrontEnd:
             self.delete_session(client_id)
         return len(doomed)
 
-    def _connection_closed(self, conn: MqttConn, event: ConnectionClosed) -> None:
+    def _connection_closed(self, conn: MqttConn[MqttEndpoint], event: ConnectionClosed) -> None:
         endpoint = conn.endpoint
         self.broker.presence.left(
             conn.client,
@@ -681,7 +683,7 @@ class MqttFrontEnd:
         self.broker.stats.messages_received += 1
         self.broker.publish(will)
 
-    def publish_received(self, conn: MqttConn, event: PublishReceived) -> None:
+    def publish_received(self, conn: MqttConn[MqttEndpoint], event: PublishReceived) -> None:
         publish = event.publish
         endpoint = conn.endpoint
         assert endpoint is not None
@@ -712,7 +714,7 @@ class MqttFrontEnd:
         if publish.qos and publish.packet_id is not None:
             conn.mqtt.ack_publish(publish.packet_id)
 
-    def _publish_refused(self, conn: MqttConn, packet_id: int | None) -> None:
+    def _publish_refused(self, conn: MqttConn[MqttEndpoint], packet_id: int | None) -> None:
         """A publish the rules refuse: 5.0 PUBACK/PUBREC 0x87; 3.1.1 has no refusal, the message is
         dropped and acknowledged. Acks of queue publishes still waiting for their commit go first."""
         if packet_id is None:
@@ -795,7 +797,7 @@ class MqttFrontEnd:
             return ReasonCode.PROTOCOL_ERROR
         return options.qos
 
-    def _subscribe(self, conn: MqttConn, request: SubscribeRequest) -> None:
+    def _subscribe(self, conn: MqttConn[MqttEndpoint], request: SubscribeRequest) -> None:
         endpoint = conn.endpoint
         assert endpoint is not None
         codes: list[int] = []
@@ -849,7 +851,7 @@ class MqttFrontEnd:
                 if reads is None or reads(message.topic):
                     endpoint.deliver(message, delivery, retained=True)
 
-    def _unsubscribe(self, conn: MqttConn, event: UnsubscribeReceived) -> None:
+    def _unsubscribe(self, conn: MqttConn[MqttEndpoint], event: UnsubscribeReceived) -> None:
         endpoint = conn.endpoint
         assert endpoint is not None
         for topic_filter in event.topic_filters:
@@ -865,7 +867,7 @@ class MqttFrontEnd:
             self.broker.router.unsubscribe(endpoint, endpoint.vhost_prefix + plain, group)
         self.mark_dirty(endpoint)
 
-    def _resume_queue_subscriptions(self, conn: MqttConn, session: Session) -> None:
+    def _resume_queue_subscriptions(self, conn: MqttConn[MqttEndpoint], session: Session) -> None:
         """A resumed session's queue subscriptions consume again on the new connection."""
         if self.queues is None:
             return

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 
@@ -51,13 +51,65 @@ from trimaran.topics import TopicError, split_shared
 from trimaran.vhosts import split_key
 
 if TYPE_CHECKING:
-    from trimaran.mqtt.conn import MqttConn
+    from collections.abc import Callable, Coroutine, Mapping
+    from typing import Any
+
+    from trimaran.mqtt.connection import ServerConnection
 
 log = logging.getLogger(__name__)
 
 NACK_CODES = frozenset({ReasonCode.UNSPECIFIED_ERROR})
 REJECT_CODES = frozenset({ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, ReasonCode.PAYLOAD_FORMAT_INVALID})
 QOS0_CREDIT = 256
+
+
+class QueueEndpoint(Protocol):
+    """A client's session endpoint as the queue bindings see it (``handler.MqttEndpoint``)."""
+
+    @property
+    def client_id(self) -> str: ...
+
+    @property
+    def vhost_prefix(self) -> str: ...
+
+    @property
+    def cut(self) -> int: ...
+
+    @property
+    def conn(self) -> QueueConn | None: ...
+
+
+class QueueFront(Protocol):
+    """The front end as the queue bindings see it: the endpoints by client id."""
+
+    @property
+    def endpoints(self) -> Mapping[str, QueueEndpoint]: ...
+
+
+class QueueConn(Protocol):
+    """A connection as the queue bindings see it (``conn.MqttConn``): imports go down only, so this
+    module names neither ``conn.py`` nor ``handler.py`` above it."""
+
+    @property
+    def mqtt(self) -> ServerConnection: ...
+
+    @property
+    def endpoint(self) -> QueueEndpoint | None: ...
+
+    @property
+    def front(self) -> QueueFront: ...
+
+    @property
+    def queue_bindings(self) -> ConnQueues: ...
+
+    @property
+    def uses_queues(self) -> bool: ...
+
+    def wake(self) -> None: ...
+
+    def spawn(self, job: Callable[[], Coroutine[Any, Any, object]]) -> None: ...
+
+    def close(self, reason_code: int, reason: str) -> None: ...
 
 
 def is_queue_filter(topic_filter: str) -> bool:
@@ -82,7 +134,7 @@ class PendingAck:
 
     def __init__(
         self,
-        conn: MqttConn,
+        conn: QueueConn,
         packet_id: int | None,
         topic: str,
         client: str,
@@ -137,7 +189,7 @@ class QueueSubscription:
 
     __slots__ = ("_topics", "conn", "cut", "handle", "held", "id", "qos", "topic_filter")
 
-    def __init__(self, conn: MqttConn, topic_filter: str, qos: int) -> None:
+    def __init__(self, conn: QueueConn, topic_filter: str, qos: int) -> None:
         assert conn.endpoint is not None
         self.id = conn.endpoint.client_id
         self.cut = conn.endpoint.cut  # the vhost prefix its deliveries lose (trimaran/vhosts.py)
@@ -234,7 +286,7 @@ class MqttQueues:
 
     # -- publishing -------------------------------------------------------------------------------
 
-    def publish(self, conn: MqttConn, message: Message, packet_id: int | None) -> None:
+    def publish(self, conn: QueueConn, message: Message, packet_id: int | None) -> None:
         """Start a queue publish; its ack goes out (in order) once committed.
 
         No task per message: the manager calls back after the group commit. A control topic
@@ -284,7 +336,7 @@ class MqttQueues:
             ticket.refuse(exc)
         ticket.settle()
 
-    def acknowledge_in_order(self, conn: MqttConn, packet_id: int, code: int, reason: str) -> None:
+    def acknowledge_in_order(self, conn: QueueConn, packet_id: int, code: int, reason: str) -> None:
         """Acknowledge a publish that never reached a queue (the rules refused it) after the queue
         publishes before it, in arrival order."""
         endpoint = conn.endpoint
@@ -292,7 +344,7 @@ class MqttQueues:
         ticket = PendingAck(conn, packet_id, "", client, code, reason if code else None)
         conn.queue_bindings.pending_ack(ticket).settle()
 
-    def _check_holder(self, conn: MqttConn, control: str, message_id: str, group: str | None) -> None:
+    def _check_holder(self, conn: QueueConn, control: str, message_id: str, group: str | None) -> None:
         """Settlement belongs to its holder: a work-queue delivery only by the session it was delivered
         to; a stream's ``$commit`` / ``$reject`` only in a group this connection consumes in, and never
         past the last offset."""
@@ -320,7 +372,7 @@ class MqttQueues:
             raise QueueError("not-authorized", f"delivery {message_id} is not held by this session")
 
     def _control(
-        self, conn: MqttConn, queue: str, control: str, message: Message, client: str
+        self, conn: QueueConn, queue: str, control: str, message: Message, client: str
     ) -> Receipt | None:
         """Settle by message id now; returns the commit to wait for (None: nothing to write)."""
         message_id = _property(message, "message-id") or message.payload.decode(errors="replace").strip()
@@ -360,7 +412,7 @@ class MqttQueues:
 
     def subscribe(
         self,
-        conn: MqttConn,
+        conn: QueueConn,
         topic_filter: str,
         options: SubscriptionOptions,
         user_properties: list[tuple[str, str]],
@@ -399,18 +451,18 @@ class MqttQueues:
         bindings.subscriptions[topic_filter] = subscription
         return options.qos
 
-    def grant_initial_credit(self, conn: MqttConn, subscription: QueueSubscription) -> None:
+    def grant_initial_credit(self, conn: QueueConn, subscription: QueueSubscription) -> None:
         if subscription.handle is None:
             return
         window = QOS0_CREDIT if not subscription.qos else max(1, conn.mqtt.client_receive_maximum)
         subscription.handle.add_credit(window)
 
-    def unsubscribe(self, conn: MqttConn, topic_filter: str) -> None:
+    def unsubscribe(self, conn: QueueConn, topic_filter: str) -> None:
         subscription = conn.queue_bindings.subscriptions.pop(topic_filter, None)
         if subscription is not None and subscription.handle is not None:
             conn.spawn(subscription.handle.cancel)
 
-    def settled(self, conn: MqttConn, messages: Iterable[OutboundMessage], reason_code: int) -> None:
+    def settled(self, conn: QueueConn, messages: Iterable[OutboundMessage], reason_code: int) -> None:
         """PUBACKs/PUBCOMPs (or failed PUBRECs), all with ``reason_code``, of deliveries to ``conn``:
         the queue deliveries among them are settled after the read (:meth:`after_events`)."""
         if not conn.uses_queues:
@@ -441,7 +493,7 @@ class MqttQueues:
                 record.credited = True
                 credit_due[handle] = credit_due.get(handle, 0) + 1
 
-    def after_events(self, conn: MqttConn) -> None:
+    def after_events(self, conn: QueueConn) -> None:
         """After the events of one read: what its PUBACKs settled, in one change per consumer and
         outcome, then the credit they gave back, in one dispatch per consumer (not one per PUBACK)."""
         bindings = conn.queue_bindings
@@ -455,7 +507,7 @@ class MqttQueues:
             for handle, n in due.items():
                 handle.add_credit(n)
 
-    def after_write(self, conn: MqttConn) -> None:
+    def after_write(self, conn: QueueConn) -> None:
         """QoS 0 deliveries are settled once written: give their credit back."""
         sent = conn.queue_bindings.qos0_sent
         if sent:
@@ -464,7 +516,7 @@ class MqttQueues:
                 if subscription.handle is not None:
                     subscription.handle.add_credit(1)
 
-    async def detach(self, conn: MqttConn) -> None:
+    async def detach(self, conn: QueueConn) -> None:
         """The connection is gone: its held deliveries become available to other consumers at once."""
         self.after_events(conn)  # whatever the last read settled goes first, however the connection ended
         send_acks(conn)  # settled since the last write: a QoS 2 packet id is then known as a duplicate
@@ -478,7 +530,7 @@ class MqttQueues:
                     await subscription.handle.cancel()
 
 
-def send_acks(conn: MqttConn) -> None:
+def send_acks(conn: QueueConn) -> None:
     """Send the PUBACK/PUBREC of every settled publish at the head, in arrival order."""
     bindings = conn.queue_bindings
     bindings.acks_due = False
@@ -500,7 +552,7 @@ def send_acks(conn: MqttConn) -> None:
             _answer_resend(conn, head, packet_id, props)
 
 
-def _refused_by_closing(conn: MqttConn, ticket: PendingAck) -> bool:
+def _refused_by_closing(conn: QueueConn, ticket: PendingAck) -> bool:
     """3.1.1 cannot refuse a PUBLISH: closing the connection is how it says no (and nothing after it
     is answered on that connection). True when ``ticket`` is such a refusal."""
     if not ticket.reason_code or conn.mqtt.protocol_level >= MQTT_5:
@@ -510,7 +562,7 @@ def _refused_by_closing(conn: MqttConn, ticket: PendingAck) -> bool:
     return True
 
 
-def _answer_resend(conn: MqttConn, ticket: PendingAck, packet_id: int, props: Properties | None) -> None:
+def _answer_resend(conn: QueueConn, ticket: PendingAck, packet_id: int, props: Properties | None) -> None:
     """A publish of a connection that is gone is acknowledged: the session's live connection answers
     the client's resend of it, if it holds one."""
     endpoint = conn.front.endpoints.get(ticket.client)
