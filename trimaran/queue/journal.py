@@ -15,6 +15,8 @@ that drive the groups in-process.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from trimaran.broker.message import now_ms
@@ -27,7 +29,27 @@ from trimaran.storage.writer import Receipt, WriteBatch, WriterError
 if TYPE_CHECKING:
     from trimaran.storage.writer import GroupCommitWriter
 
-__all__ = ["Journal", "MemoryJournal", "Receipt", "committed"]
+__all__ = ["Journal", "MemoryJournal", "Receipt", "StagedPublish", "Turn", "committed"]
+
+
+@dataclass(slots=True)
+class StagedPublish:
+    """A publish whose rows are in the turn's changes (:meth:`Journal.stage`): what its publisher
+    is told once they are committed (``done(result, error)``, the manager's ``publish_nowait``)."""
+
+    state: QueueState
+    stored: StoredMessage
+    done: Callable[..., None] | None
+
+
+@dataclass(slots=True)
+class Turn:
+    """This turn of the loop's publishes to early queues: their one change, the receipt each was
+    handed (it becomes the change's own when it is submitted), and the publishes themselves."""
+
+    changes: Changes
+    ticket: Receipt
+    publishes: list[StagedPublish] = field(default_factory=list)
 
 
 async def committed(receipt: Receipt | None) -> None:
@@ -67,9 +89,13 @@ class Journal:
         #: On the loop after every commit (and after a submission with nothing to write): the
         #: manager delivers what the commit made deliverable, once per batch.
         self.idle: Callable[[], None] | None = None
-        #: Called before anything is handed to the writer: the manager submits the publishes it
-        #: gathered this turn first, so that nothing submitted later overtakes them.
-        self.before_submit: Callable[[], None] | None = None
+        #: This turn's publishes to early queues (:meth:`stage`), submitted at the end of the turn
+        #: (:meth:`send_turn`) and before anything else is handed to the writer, so that nothing
+        #: submitted later overtakes them.
+        self.turn: Turn | None = None
+        #: On the loop once a turn's change is committed or failed (its ticket's ``error`` says
+        #: which): the manager tells each publish. Called with the turn and the commit's results.
+        self.turn_done: Callable[[Turn, list[Any]], None] | None = None
 
     # -- state changes ----------------------------------------------------------------------------
 
@@ -161,6 +187,58 @@ class Journal:
         if next_offset:
             ch.queue_next[name] = stored.offset + 1
 
+    def publish(
+        self,
+        ch: WriteBatch,
+        state: QueueState,
+        stored: StoredMessage,
+        *,
+        next_offset: bool,
+        wait: bool,
+        on_results: Callable[[list[Any]], None],
+    ) -> Receipt:
+        """A durable queue's publish, committed on its own (not an early queue's, :meth:`stage`): its
+        message row and ``published`` event join ``ch``, which goes to the writer. ``next_offset``:
+        the queue row's next offset moves past it (not for offsets reserved in blocks)."""
+        name = state.name
+        queue_store.add_published(
+            ch.messages, ch.events, name, stored.offset, stored.message, stored.routing_key,
+            stored.published_at, stored.expires_at, self.node,
+        )  # fmt: skip
+        if next_offset:
+            ch.queue_next[name] = stored.offset + 1
+        return self.send(ch, wait=wait, on_results=on_results)
+
+    def stage(self, publish: StagedPublish) -> Receipt:
+        """A durable early queue's publish (a finished row): into this turn's one change, submitted at
+        the end of the turn (:meth:`send_turn`). Returns the turn's receipt, done once it is committed."""
+        turn = self.turn
+        if turn is None:
+            turn = self.turn = Turn(Changes(), Receipt.standing_in())
+        stored = publish.stored
+        name = publish.state.name
+        changes = turn.changes
+        queue_store.add_published(
+            changes.messages, changes.events, name, stored.offset, stored.message, stored.routing_key,
+            stored.published_at, stored.expires_at, self.node,
+        )  # fmt: skip
+        changes.queue_next[name] = stored.offset + 1
+        turn.publishes.append(publish)
+        return turn.ticket
+
+    def send_turn(self) -> None:
+        """Hand this turn's publishes to the writer, under the receipt they were given; ``turn_done``
+        tells them once they are committed (or failed)."""
+        turn = self.turn
+        if turn is None:
+            return
+        self.turn = None
+        assert self.writer is not None and self.turn_done is not None
+        try:
+            self.writer.submit(turn.changes, on_results=partial(self.turn_done, turn), receipt=turn.ticket)
+        except WriterError as exc:
+            turn.ticket.settle(exc)  # runs turn_done: every publish of the turn hears it failed
+
     def removed(self, ch: WriteBatch, state: QueueState, offset: int) -> None:
         if state.durable:
             ch.message_deletes.append((state.name, offset))
@@ -185,8 +263,8 @@ class Journal:
         after = ch.after
         if not ch.empty():
             assert self.writer is not None
-            if self.before_submit is not None:
-                self.before_submit()
+            if self.turn is not None:
+                self.send_turn()
             return self.writer.submit(ch, wait=wait, on_commit=_run_all(after) if after else None)
         if after:
             for f in after:
@@ -205,8 +283,8 @@ class Journal:
     ) -> Receipt:
         """A batch straight to the writer (claims, reservations, a publish's rows)."""
         assert self.writer is not None
-        if self.before_submit is not None:
-            self.before_submit()
+        if self.turn is not None:
+            self.send_turn()
         return self.writer.submit(batch, wait=wait, on_commit=on_commit, on_results=on_results)
 
     async def write(self, batch: WriteBatch, on_commit: Callable[[], Any] | None = None) -> list[Any]:

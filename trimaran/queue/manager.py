@@ -30,7 +30,7 @@ import socket
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -59,7 +59,7 @@ from trimaran.queue.groups import (
     expired,
     message_id,
 )
-from trimaran.queue.journal import Journal, Receipt, committed
+from trimaran.queue.journal import Journal, Receipt, StagedPublish, Turn, committed
 from trimaran.queue.letters import Letters
 from trimaran.queue.outcomes import ACK, RELEASED, UNSENT, Commit, DeadLetter, Outcome, Retry
 from trimaran.queue.policy import (
@@ -137,27 +137,6 @@ class PublishResult:
     def message_id(self) -> str:
         """Made when asked (the admin API's answer): publishers over AMQP and MQTT never ask."""
         return message_id(self.queue, self.offset) if self.offset >= 0 else ""
-
-
-@dataclass(slots=True)
-class StagedPublish:
-    """A publish whose rows are in the turn's changes (``QueueManager._staging``): what it is told
-    once they are committed."""
-
-    state: QueueState
-    stored: StoredMessage
-    result: PublishResult
-    done: Callable[[PublishResult, QueueError | None], None] | None
-
-
-@dataclass(slots=True)
-class Turn:
-    """This turn's publishes to early queues (``QueueManager._staging``): their one change, the
-    ticket each was handed, and what each is told once the change is committed."""
-
-    changes: Changes
-    ticket: Receipt
-    publishes: list[StagedPublish] = field(default_factory=list)
 
 
 def parse_message_id(text: str) -> tuple[str, int]:
@@ -343,7 +322,9 @@ class QueueManager:
             commit_batch_max=storage_settings.commit_batch_max,
         )
         self.journal = Journal(self.writer, node, shared=shared, lease_ms=self.lease_ms)
-        self.journal.idle = self.writer.batch_done = self._flush_dirty
+        # After each commit, the writer's batch_done delivers what it made deliverable (set while
+        # something is, see appended); so does the journal after a submission with nothing to write.
+        self.journal.idle = self._flush_dirty
         self.events = events if events is not None else EventBus()  # see trimaran.broker.events
         self.letters = Letters(self)
         self.claims = Claims(self.journal, lease_ms=self.lease_ms, batch=claim_batch, dispatch=self._dispatch)
@@ -362,8 +343,7 @@ class QueueManager:
         #: Routes dead letters of queues with a dead_letter_exchange (set by the AMQP 0.9.1 front end).
         self.dead_letter_router: DeadLetterRouter | None = None
         self._restarted: list[tuple[WorkGroup, int, Entry]] = []
-        self._turn: Turn | None = None  # this turn's early publishes (see _staging)
-        self.journal.before_submit = self._submit_staged
+        self.journal.turn_done = self._turn_done
         #: The vhosts' queue counts and stored-bytes quotas (the app passes the runtime's registry).
         self.limits = TenantLimits()
 
@@ -435,7 +415,7 @@ class QueueManager:
                         group.make_available(offset, entry, reason, now, now, release)
         if not release.empty():
             await self.journal.write(release)
-        self._submit_staged()
+        self.journal.send_turn()
         self._started = False
         await self.writer.stop()
         key = self._running_key()
@@ -643,6 +623,10 @@ class QueueManager:
     async def publish(self, queue: str, message: Message, routing_key: str = "") -> PublishResult:
         """Append a message; returns once it is committed. Raises :class:`QueueError` when refused."""
         state, message, ch = self._accept(queue, message)
+        if ch is None:
+            offset = state.next_offset
+            await committed(self._publish_early(state, message, routing_key, None))
+            return PublishResult(state.name, offset)
         if self.shared_offsets(state):
             offset = await self.claims.reserve(state)
             self._publish_awaiting(state)  # a block this reservation brought serves them too
@@ -671,6 +655,8 @@ class QueueManager:
         block of offsets is spent (reason ``shared``: use ``publish``).
         """
         state, message, ch = self._accept(queue, message)
+        if ch is None:
+            return self._publish_early(state, message, routing_key, done)
         if self.shared_offsets(state):
             offset = None if state.awaiting_block else self._block_offset(state)
             if offset is None:
@@ -700,29 +686,21 @@ class QueueManager:
             if done is not None:
                 done(result, None)
             return None
-        turn = self._turn
-        if turn is not None and ch is turn.changes:
-            # Its rows are in this turn's changes: confirmed (or withdrawn) with them, at the end
-            # of the turn's commit. Consumers get it at the end of the turn, after the rows.
-            turn.publishes.append(StagedPublish(state, stored, result, done))
-            self._deliverable(state, stored)  # without a loop (trio), this submits the turn at once
-            return turn.ticket
         early = self.early(state)
         if not early:
             state.inflight += 1
 
-        def published() -> None:
-            if early:
-                self._announce(state, stored)
-            else:
-                self._published(state, stored)
-
         def finished(_results: list[Any]) -> None:
             error = receipt.error
-            if not early:
+            if early:
+                if error is None:
+                    self._announce(state, stored)
+                else:
+                    self._withdraw(state, offset)
+            else:
+                if error is None:
+                    self._published(state, stored)
                 state.inflight -= 1  # on failure too, or max-length accounting would drift
-            elif error is not None:
-                self._withdraw(state, offset)
             if done is not None:
                 done(result, None if error is None else QueueError("storage", str(error)))
 
@@ -732,7 +710,14 @@ class QueueManager:
             # delivery goes out before the writer's thread competes for the interpreter.
             self._deliverable(state, stored)
         try:
-            receipt = self.journal.send(ch, wait=done is None, on_commit=published, on_results=finished)
+            receipt = self.journal.publish(
+                ch,
+                state,
+                stored,
+                next_offset=not self.shared_offsets(state),
+                wait=done is None,
+                on_results=finished,
+            )
         except WriterError as exc:
             if early:
                 self._withdraw(state, offset)
@@ -796,19 +781,43 @@ class QueueManager:
             else:
                 receipt.then(partial(_settle_as, publish.ticket, receipt))
 
-    def _accept(self, queue: str, message: Message) -> tuple[QueueState, Message, Changes]:
-        """A publish's checks (and overflow drops): the queue, the message to store, the changes so far."""
+    def _publish_early(
+        self,
+        state: QueueState,
+        message: Message,
+        routing_key: str,
+        done: Callable[[PublishResult, QueueError | None], None] | None,
+    ) -> Receipt:
+        """A durable early queue's publish (see :meth:`early`): its row, finished here (offset,
+        expiry), goes into the journal's turn, committed with the turn's other publishes and confirmed
+        (or withdrawn) with them; consumers get it at the end of the turn, after the turn's rows were
+        submitted. Returns the turn's receipt."""
+        offset = state.next_offset
+        state.next_offset = offset + 1
+        now = now_ms()
+        stored = StoredMessage(
+            offset, message, routing_key, now, expiry_ms(state.policy, now, message.expires_at_ms),
+            len(message.payload),
+        )  # fmt: skip
+        state.stats["published"] += 1
+        ticket = self.journal.stage(StagedPublish(state, stored, done))
+        self._deliverable(state, stored)  # without a loop (trio), this submits the turn at once
+        return ticket
+
+    def _accept(self, queue: str, message: Message) -> tuple[QueueState, Message, Changes | None]:
+        """A publish's checks (and overflow drops): the queue, the message to store, the changes so
+        far (None: an early queue's publish, whose row goes into the journal's turn)."""
         if not self._started:
             raise QueueError("stopped", "the queue manager is not running")
         if message.retain:
             raise QueueError("retain", "a queue message cannot be retained")
         state = self.queues.get(queue)
         if state is None:
-            ch = Changes()
-            state = self._get_or_create(queue, ch)
-            if not ch.empty():
+            declared = Changes()
+            state = self._get_or_create(queue, declared)
+            if not declared.empty():
                 # An auto-created queue's row goes ahead on its own: a refused publish must not lose it.
-                self.journal.send(ch)
+                self.journal.send(declared)
         if state.deleted:
             raise QueueError("no-queue", f"queue {queue} was deleted")
         if state.durable and self.disk.low:
@@ -822,11 +831,12 @@ class QueueManager:
             self._check_quota(state, len(message.payload))
         policy = state.policy
         limited = policy.max_length is not None or policy.max_length_bytes is not None
-        # A turn's publishes to early queues share one change (see _staging); a limited queue's
-        # publish keeps its own, whose drops must follow their dead letters (_check_limits).
-        ch = self._staging() if self.early(state) and not limited else Changes()
+        # A turn's publishes to early queues share the journal's turn (Journal.stage); a limited
+        # queue's publish keeps its own change, whose drops must follow their dead letters
+        # (_check_limits).
+        ch = None if not limited and self.early(state) else Changes()
         # shared: this node does not see the whole queue
-        if limited and not self.is_shared(state):
+        if ch is not None and limited and not self.is_shared(state):
             try:
                 self._check_limits(state, len(message.payload), ch)
             except QueueError:
@@ -844,7 +854,8 @@ class QueueManager:
     def _stage(
         self, state: QueueState, message: Message, routing_key: str, offset: int, ch: Changes
     ) -> tuple[StoredMessage, PublishResult]:
-        """The message at ``offset``: in memory at once when not durable, else its rows in ``ch``."""
+        """The message at ``offset``: in memory at once when not durable (a durable one's rows are
+        the journal's, :meth:`Journal.publish`)."""
         queue = state.name
         now = now_ms()
         stored = StoredMessage(
@@ -856,10 +867,6 @@ class QueueManager:
         if not state.durable:
             self._published(state, stored)
             self._flush_dirty()
-            return stored, result
-        journal = self.journal
-        journal.appended(ch, state, stored, next_offset=not self.shared_offsets(state))
-        journal.event(ch, state, now, "published", offset=offset, consumer=message.publisher_id)
         return stored, result
 
     def _check_queue_count(self, key: str) -> None:
@@ -942,47 +949,21 @@ class QueueManager:
 
     def _flush_now(self) -> None:
         self._flush_soon = False
-        self._submit_staged()
+        self.journal.send_turn()
         self._flush_dirty()
 
-    def _staging(self) -> Changes:
-        """The changes this turn's publishes to early queues (:meth:`early`) add their rows to:
-        one submission, one receipt and one event run for all of them instead of one each. It is
-        submitted at the end of the turn, before the deliveries' rows (:meth:`_flush_now`), and
-        before anything else is handed to the writer (``Journal.before_submit``), so nothing
-        submitted later overtakes it. The turn's publishes commit or fail together."""
-        if self._turn is None:
-            self._turn = Turn(Changes(), Receipt.standing_in())
-        return self._turn.changes
-
-    def _submit_staged(self) -> None:
-        turn = self._turn
-        if turn is None:
-            return
-        self._turn = None  # before send(), whose before_submit calls this again
-        if turn.changes.empty():  # every publish of the turn was refused after the change was made
-            turn.ticket.settle(None)
-            return
-
-        def finished(_results: list[Any]) -> None:
-            self._staged_done(turn, receipt.error)
-
-        try:
-            receipt = self.journal.send(turn.changes, on_results=finished)
-        except WriterError as exc:
-            self._staged_done(turn, exc)
-
-    def _staged_done(self, turn: Turn, error: BaseException | None) -> None:
-        """A turn's publishes committed (or failed): say so to each, in order, then to the ticket."""
+    def _turn_done(self, turn: Turn, _results: list[Any]) -> None:
+        """A turn's publishes committed (or failed: its receipt's error): say so to each, in order."""
+        error = turn.ticket.error
         failed = None if error is None else QueueError("storage", str(error))
         for publish in turn.publishes:
+            state, stored = publish.state, publish.stored
             if failed is None:
-                self._announce(publish.state, publish.stored)
+                self._announce(state, stored)
             else:
-                self._withdraw(publish.state, publish.stored.offset)
+                self._withdraw(state, stored.offset)
             if publish.done is not None:
-                publish.done(publish.result, failed)
-        turn.ticket.settle(error)
+                publish.done(PublishResult(state.name, stored.offset), failed)
 
     def _withdraw(self, state: QueueState, offset: int) -> None:
         """An early message whose write failed: the publisher is told, and consumers do not get it
@@ -998,13 +979,17 @@ class QueueManager:
         if not self.is_shared(state):  # shared: the message comes back by a claim
             state.add(stored)
         # Deliveries once per committed batch, not per message: the writer calls _flush_dirty.
-        self._dirty.add(state)
+        dirty = self._dirty
+        if not dirty:
+            self.writer.batch_done = self._flush_dirty
+        dirty.add(state)
 
     def _flush_dirty(self) -> None:
         dirty = self._dirty
         if not dirty:
             return
         self._dirty = set()
+        self.writer.batch_done = None  # until something is deliverable again
         for state in dirty:
             for browser in list(state.browsers):
                 self._browse(browser)

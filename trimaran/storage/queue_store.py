@@ -144,6 +144,23 @@ def add_event(
     )  # fmt: skip
 
 
+def add_published(
+    messages: list[MessageRow],
+    events: list[dict[str, Any]],
+    queue: str,
+    offset: int,
+    message: Message,
+    routing_key: str,
+    published_at: int,
+    expires_at: int | None,
+    node: str | None,
+) -> None:
+    """A publish's rows in a change: its message row and its ``published`` event (widening the
+    last one's span when it follows it). One call for both: the hot path of every durable publish."""
+    messages.append(MessageRow(queue, offset, message, routing_key, published_at, expires_at))
+    add_event(events, published_at, queue, "published", None, offset, message.publisher_id, node, None, None)
+
+
 # -- calls run by the writer ----------------------------------------------------------------------
 
 
