@@ -14,7 +14,8 @@ from tests.queue.conftest import Collector, Factory, wait_until
 from trimaran.broker.message import Message
 from trimaran.config import QueuePolicySettings
 from trimaran.queue import QueueManager, reject_by_id
-from trimaran.queue.manager import ConsumerHandle, settle_by_id_now
+from trimaran.queue.control import settle_by_id_now
+from trimaran.queue.manager import ConsumerHandle
 from trimaran.queue.outcomes import DeadLetter
 from trimaran.storage import queue_store
 from trimaran.storage.writer import WriteBatch

@@ -33,15 +33,13 @@ from trimaran.mqtt.packets import MQTT_5, SubscriptionOptions
 from trimaran.mqtt.properties import Properties
 from trimaran.mqtt.reason_codes import ReasonCode
 from trimaran.mqtt.session import OutboundMessage
+from trimaran.queue.control import holder_by_id, parse_message_id, settle_by_id_now
 from trimaran.queue.journal import Receipt, committed
 from trimaran.queue.manager import (
     ConsumerHandle,
     PublishResult,
     QueueDelivery,
     QueueManager,
-    holder_by_id,
-    parse_message_id,
-    settle_by_id_now,
     settle_many_nowait,
 )
 from trimaran.queue.outcomes import ACK, RETRY_NOW, Commit, DeadLetter, Outcome, Retry

@@ -1,5 +1,6 @@
 """Durable ``$queue/`` manager: work queues and streams, consumer groups, DLQ, group commit to SQL."""
 
+from trimaran.queue.control import ack_by_id, commit_by_id, nack_by_id, parse_message_id, reject_by_id
 from trimaran.queue.journal import Receipt, committed
 from trimaran.queue.manager import (
     BrowseHandle,
@@ -10,12 +11,7 @@ from trimaran.queue.manager import (
     QueueDelivery,
     QueueInfo,
     QueueManager,
-    ack_by_id,
-    commit_by_id,
     message_id,
-    nack_by_id,
-    parse_message_id,
-    reject_by_id,
 )
 from trimaran.queue.policy import DEFAULT_GROUP, QueueError, parse_queue_topic, queue_topic
 

@@ -59,9 +59,10 @@ from trimaran.queue.groups import (
     expired,
     message_id,
 )
+from trimaran.queue.handles import BrowseHandle, ConsumerHandle, settle_many_nowait
 from trimaran.queue.journal import Journal, Receipt, StagedPublish, Turn, committed
 from trimaran.queue.letters import Letters
-from trimaran.queue.outcomes import ACK, RELEASED, UNSENT, Commit, DeadLetter, Outcome, Retry
+from trimaran.queue.outcomes import Outcome, Retry
 from trimaran.queue.policy import (
     DEFAULT_GROUP,
     DLQ_PROPERTIES,
@@ -92,14 +93,7 @@ __all__ = [
     "QueueDelivery",
     "QueueInfo",
     "QueueManager",
-    "ack_by_id",
-    "commit_by_id",
-    "holder_by_id",
     "message_id",
-    "nack_by_id",
-    "parse_message_id",
-    "reject_by_id",
-    "settle_by_id_now",
     "settle_many_nowait",
 ]
 
@@ -137,151 +131,6 @@ class PublishResult:
     def message_id(self) -> str:
         """Made when asked (the admin API's answer): publishers over AMQP and MQTT never ask."""
         return message_id(self.queue, self.offset) if self.offset >= 0 else ""
-
-
-def parse_message_id(text: str) -> tuple[str, int]:
-    queue, sep, offset = text.rpartition(":")
-    if not sep or not queue or not offset.isdigit():
-        raise QueueError("bad-message-id", f"{text!r} is not <queue>:<offset>")
-    return queue, int(offset)
-
-
-class ConsumerHandle:
-    """What ``consume`` returns: credit, settlement and cancel for one consumer."""
-
-    def __init__(
-        self,
-        manager: QueueManager,
-        queue: QueueState,
-        group: Group,
-        consumer: QueueConsumer,
-        routing_filter: str | None,
-        auto_ack: bool,
-    ) -> None:
-        self.manager = manager
-        self.queue = queue
-        self.group = group
-        self.consumer = consumer
-        self.routing_filter = None if routing_filter in (None, "#") else routing_filter
-        self.auto_ack = auto_ack
-        self.credit = 0
-        self.closed = False
-
-    @property
-    def queue_name(self) -> str:
-        return self.queue.name
-
-    @property
-    def group_name(self) -> str:
-        return self.group.name
-
-    def add_credit(self, n: int) -> None:
-        if n <= 0 or self.closed:
-            return
-        self.credit += n
-        self.manager._dispatch(self.queue, self.group)
-
-    def set_credit(self, n: int) -> None:
-        """AMQP 1.0 flow sets the credit rather than adding to it."""
-        if self.closed:
-            return
-        self.credit = max(0, n)
-        self.manager._dispatch(self.queue, self.group)
-
-    async def settle(self, offset: int, outcome: Outcome) -> bool:
-        """Settle a delivery this handle holds and wait until the change is committed."""
-        return await self.manager._settle(self.queue, self.group, offset, outcome, holder=self)
-
-    def settle_nowait(self, offset: int, outcome: Outcome) -> bool:
-        """Settle a delivery this handle holds with a typed outcome, without waiting for the commit
-        (at-least-once: a crash may redeliver it; see :mod:`trimaran.queue.outcomes`). For front ends
-        whose reader must not stall per settlement (PUBACK, basic.ack, dispositions): it is in the
-        next group commit. False: the delivery is not this handle's to settle."""
-        return self.manager._settle_now(self.queue, self.group, offset, outcome, self, None, False)[0]
-
-    def settle_all_nowait(self, offsets: list[int], outcome: Outcome) -> int:
-        """``settle_nowait`` for several deliveries with one outcome (basic.ack with ``multiple``,
-        a disposition range): one change and one submission for all. Returns how many it settled."""
-        return self.manager._settle_all_now(self.queue, self.group, offsets, outcome, self)
-
-    async def ack(self, offset: int) -> bool:
-        return await self.settle(offset, ACK)
-
-    async def nack(self, offset: int, delay_s: float | None = None) -> bool:
-        return await self.settle(offset, Retry(delay_s))
-
-    async def reject(self, offset: int, reason: str = "rejected") -> bool:
-        return await self.settle(offset, DeadLetter(reason))
-
-    async def commit(self, offset: int) -> bool:
-        return await self.settle(offset, Commit(offset))
-
-    def ack_nowait(self, offset: int) -> bool:
-        return self.manager._settle_now(self.queue, self.group, offset, ACK, self, None, False)[0]
-
-    def nack_nowait(self, offset: int, delay_s: float | None = None) -> bool:
-        return self.manager._settle_now(self.queue, self.group, offset, Retry(delay_s), self, None, False)[0]
-
-    def reject_nowait(self, offset: int, reason: str = "rejected") -> bool:
-        return self.manager._settle_now(
-            self.queue, self.group, offset, DeadLetter(reason), self, None, False
-        )[0]
-
-    def release_nowait(self, offset: int) -> bool:
-        """Give back a delivery the consumer never sent (its channel closed as it was handed over):
-        the next delivery is not flagged redelivered for it. Set the credit to 0 first, or it comes
-        straight back."""
-        return self.manager._settle_now(self.queue, self.group, offset, UNSENT, self, None, False)[0]
-
-    def return_nowait(self, offset: int) -> bool:
-        """The consumer hands a delivery back unprocessed (AMQP 1.0 ``released``): available again at
-        once, and not a failed attempt."""
-        return self.manager._settle_now(self.queue, self.group, offset, RELEASED, self, None, False)[0]
-
-    async def cancel(self) -> None:
-        await self.manager._cancel(self)
-
-
-class BrowseHandle:
-    """What ``browse`` returns: a copy-mode reader (an AMQP 1.0 ``distribution-mode copy`` link).
-
-    It sees what the queue holds, in offset order, then what arrives; it removes nothing, holds
-    nothing, and settles nothing: other consumers get every message as if it were not there.
-    """
-
-    def __init__(self, manager: QueueManager, queue: QueueState, consumer: QueueConsumer) -> None:
-        self.manager = manager
-        self.queue = queue
-        self.consumer = consumer
-        self.cursor = queue.first_offset()
-        self.credit = 0
-        self.closed = False
-
-    @property
-    def queue_name(self) -> str:
-        return self.queue.name
-
-    def set_credit(self, n: int) -> None:
-        if self.closed:
-            return
-        self.credit = max(0, n)
-        self.manager._browse(self)
-
-    def add_credit(self, n: int) -> None:
-        if n > 0 and not self.closed:
-            self.credit += n
-            self.manager._browse(self)
-
-    async def cancel(self) -> None:
-        self.cancel_nowait()
-
-    def cancel_nowait(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        browsers = self.queue.browsers
-        if self in browsers:
-            browsers.remove(self)
 
 
 class QueueManager:
@@ -1335,99 +1184,6 @@ class QueueManager:
                 self.journal.submit(ch)
             elif state.durable and not ch.empty():
                 self.journal.send(ch)
-
-    # -- control topics (by message id) -----------------------------------------------------------
-
-    def _locate(self, message_id_text: str, group: str | None) -> tuple[QueueState, Group, int]:
-        queue, offset = parse_message_id(message_id_text)
-        state = self.get(queue)
-        grp = state.groups.get(group or DEFAULT_GROUP)
-        if grp is None:
-            raise QueueError("no-group", f"queue {queue} has no group {group or DEFAULT_GROUP}")
-        return state, grp, offset
-
-
-async def settle_by_id(
-    manager: QueueManager,
-    outcome: Outcome,
-    message_id_text: str,
-    group: str | None = None,
-    consumer_id: str | None = None,
-) -> bool:
-    """Settle by message id and wait for the commit. ``consumer_id`` restricts to its holder."""
-    state, grp, offset = manager._locate(message_id_text, group)
-    return await manager._settle(state, grp, offset, outcome, consumer_id=consumer_id)
-
-
-async def ack_by_id(
-    manager: QueueManager, message_id_text: str, group: str | None = None, consumer_id: str | None = None
-) -> bool:
-    """``$queue/<q>/$ack`` with the message id as payload. ``consumer_id`` restricts to its holder."""
-    return await settle_by_id(manager, ACK, message_id_text, group, consumer_id)
-
-
-async def nack_by_id(
-    manager: QueueManager,
-    message_id_text: str,
-    group: str | None = None,
-    consumer_id: str | None = None,
-    delay_s: float | None = None,
-) -> bool:
-    return await settle_by_id(manager, Retry(delay_s), message_id_text, group, consumer_id)
-
-
-async def reject_by_id(
-    manager: QueueManager,
-    message_id_text: str,
-    group: str | None = None,
-    consumer_id: str | None = None,
-    reason: str = "rejected",
-) -> bool:
-    return await settle_by_id(manager, DeadLetter(reason), message_id_text, group, consumer_id)
-
-
-async def commit_by_id(
-    manager: QueueManager, message_id_text: str, group: str | None = None, consumer_id: str | None = None
-) -> bool:
-    _queue, offset = parse_message_id(message_id_text)
-    return await settle_by_id(manager, Commit(offset), message_id_text, group, consumer_id)
-
-
-def holder_by_id(
-    manager: QueueManager, message_id_text: str, group: str | None = None
-) -> ConsumerHandle | None:
-    """The consumer that holds a work-queue delivery right now (None: nobody, or a stream)."""
-    _state, grp, offset = manager._locate(message_id_text, group)
-    entry = grp.entries.get(offset)
-    if entry is None or entry.state != HELD or not isinstance(entry.holder, ConsumerHandle):
-        return None
-    return entry.holder
-
-
-def settle_by_id_now(
-    manager: QueueManager, outcome: Outcome, message_id_text: str, group: str | None = None
-) -> tuple[bool, Receipt | None]:
-    """Settle by message id, applied in memory at once (no await).
-
-    For front ends that must apply control messages in the order they read them, relative to the
-    protocol's own acks; await the returned receipt (when not None) for the commit.
-    """
-    state, grp, offset = manager._locate(message_id_text, group)
-    return manager._settle_now(state, grp, offset, outcome, None, None, True)
-
-
-def settle_many_nowait(settlements: Iterable[tuple[ConsumerHandle, int, Outcome]]) -> None:
-    """Settle deliveries of several handles and outcomes (a read's PUBACKs, basic.ack with
-    ``multiple``) with one change and one submission per handle and outcome, not one per delivery."""
-    batches: dict[tuple[int, Outcome], tuple[ConsumerHandle, list[int]]] = {}
-    for handle, offset, outcome in settlements:
-        batch = batches.get((id(handle), outcome))
-        if batch is None:
-            batches[(id(handle), outcome)] = (handle, [offset])
-        else:
-            batch[1].append(offset)
-    for (_, outcome), (handle, offsets) in batches.items():
-        handle.settle_all_nowait(offsets, outcome)
 
 
 def _refuse_waiting(publish: WaitingPublish, result: PublishResult, error: QueueError) -> None:
