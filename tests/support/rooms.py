@@ -2,7 +2,7 @@
 
 A room is entered when a Python function of one module of ``trimaran/`` is called from anywhere
 but that module: from another room, or from outside the package (the event loop running a
-callback, the test itself). Calls inside a room, and calls into the standard library or third
+callback, the test itself). Code a dataclass generated (its ``__init__``) counts as its caller's. Calls inside a room, and calls into the standard library or third
 parties, are not entries. An entry from outside the package starts a new *leg*: one publish has a
 leg for the call itself, one for the end of the loop's turn, one for the commit's callback.
 
@@ -66,6 +66,8 @@ class RoomTrace:
         if room is None:
             return
         caller = frame.f_back
+        while caller is not None and caller.f_code.co_filename.startswith("<"):
+            caller = caller.f_back  # code a dataclass generated (``<string>``) is its caller's
         came_from = None if caller is None else self._room(caller.f_code)
         if came_from != room:
             self.entries.append(Entry(room, frame.f_code.co_name, came_from))

@@ -13,10 +13,15 @@ process may have sent as redelivered: see ``_mark_running``); ack, nack, reject,
 wait for their commit.
 
 This module holds lifecycle, publish, consume, dispatch and the timers. The rest is in rooms of its
-own: ``work.py`` and ``stream.py`` (what a group does: take, settle, retry, commit, retention),
-``outcomes.py`` (how a delivery is settled), ``journal.py`` (rows, events, the commit's
-:class:`Receipt`), ``letters.py`` (expiry, drops, dead letters), ``shared.py`` (claims and leases on a
-shared PostgreSQL), ``admin.py`` (purge, peek, redrive, info) and ``policy.py`` (the arithmetic).
+own, below it: ``groups.py`` (a queue's state in memory), ``work.py`` and ``stream.py`` (what a group
+does: take, settle, retry, commit, retention), ``outcomes.py`` (how a delivery is settled),
+``changes.py`` and ``journal.py`` (a unit of changes; its rows and events, the loop turn's publishes,
+the commit's :class:`Receipt`: the only room that talks to storage on a publish's way),
+``letters.py`` (expiry, drops, dead letters), ``shared.py`` (claims and leases on a shared
+PostgreSQL), ``admin.py`` (purge, peek, redrive, info), ``handles.py`` (what ``consume`` and
+``browse`` return), ``ports.py`` (what those rooms see of this one) and ``policy.py`` (the
+arithmetic); above it, ``control.py`` (settling by message id). A publish enters this module once:
+it works out the offset and the expiry and hands the journal the finished row.
 """
 
 from __future__ import annotations
