@@ -2,9 +2,10 @@
 
 A room is entered when a Python function of one module of ``trimaran/`` is called from anywhere
 but that module: from another room, or from outside the package (the event loop running a
-callback, the test itself). Code a dataclass generated (its ``__init__``) counts as its caller's. Calls inside a room, and calls into the standard library or third
-parties, are not entries. An entry from outside the package starts a new *leg*: one publish has a
-leg for the call itself, one for the end of the loop's turn, one for the commit's callback.
+callback, the test itself). Code a dataclass generated (its ``__init__``) counts as its caller's.
+Calls inside a room, and calls into the standard library or third parties, are not entries. An
+entry from outside the package starts a new *leg*: one publish has a leg for the call itself, one
+for the end of the loop's turn, one for the commit's callback.
 
 ``RoomTrace`` records the entries of the thread it is started on (``sys.setprofile``), so it sees
 the event loop's work and none of the storage writer's thread.
