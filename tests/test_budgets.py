@@ -83,17 +83,17 @@ PATHS = [
     Path_(
         "mqtt $queue/ qos1",
         _mqtt(publishers=1, subscribers=1, qos=1, topic="$queue/budget", batch=100),
-        Budget(loop=(123.5, 153.5), others=(4.5, 2.0)),
+        Budget(loop=(119.5, 153.5), others=(4.5, 2.0)),
     ),
     Path_(
         "amqp091 transient",
         lambda s: Amqp091Load(s.port("amqp"), durable=False, batch=100),
-        Budget(loop=(130.5, 149.0), others=(0.5, 0.5)),
+        Budget(loop=(127.5, 149.0), others=(0.5, 0.5)),
     ),
     Path_(
         "amqp091 durable",
         lambda s: Amqp091Load(s.port("amqp"), durable=True, batch=100),
-        Budget(loop=(148.0, 160.0), others=(5.5, 10.0)),
+        Budget(loop=(140.0, 161.0), others=(5.5, 10.0)),
     ),
     Path_(
         "amqp1 transfer-deliver-accept",
