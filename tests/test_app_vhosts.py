@@ -7,6 +7,7 @@ The real App runs in-process (tests/support/budget.py's ``InProcessServer``); ``
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Coroutine
 from pathlib import Path
@@ -70,4 +71,58 @@ def test_a_vhost_added_at_run_time_is_used_and_deleted_with_everything_in_it(tmp
         assert again.connack.get(timeout=5)[1].is_failure  # it no longer exists
         again.drop()
     finally:
+        server.stop()
+
+
+def _last_values(client: Any, wait: float = 1.0) -> dict[str, str]:
+    """The last value of each topic the client got within ``wait`` seconds."""
+    time.sleep(wait)
+    values: dict[str, str] = {}
+    while not client.messages.empty():
+        message = client.messages.get()
+        values[message.topic] = message.payload.decode()
+    return values
+
+
+def test_each_tenant_sees_its_own_sys_statistics_and_slash_the_whole_broker(tmp_path: Path) -> None:
+    settings: dict[str, Any] = {"vhosts": ["/", "t1", "t2/eu"], "limits": {"sys_interval": 0.2}}
+    server = InProcessServer(tmp_path, auth={"allow_anonymous": True}, **settings).start()
+    watchers = []
+    try:
+        endpoints = Endpoints("127.0.0.1", server.port("mqtt"))
+        publisher = connect(endpoints, version=V5, username="t1:app")
+        for i in range(3):
+            publisher.publish("sensors/temp", f"{i}".encode(), qos=1, retain=i == 2)
+        publisher.publish("$queue/jobs", b"job", qos=1)
+        time.sleep(0.3)
+        for username in ("t1:ops", "t2/eu:ops", "ops"):
+            watcher = connect(endpoints, version=V5, username=username)
+            watcher.subscribe("$SYS/#", qos=0)
+            watchers.append(watcher)
+        t1, t2, root = (_last_values(w) for w in watchers)
+
+        # The tenants see $SYS under their own names, with their own figures only.
+        assert t1 and all(topic.startswith("$SYS/broker/") for topic in t1)
+        assert t1["$SYS/broker/clients/connected"] == "2"  # the publisher and the t1 watcher
+        assert t1["$SYS/broker/messages/received"] == "4"
+        assert t1["$SYS/broker/retained messages/count"] == "1"
+        assert t1["$SYS/broker/subscriptions/count"] == "1"
+        assert t1["$SYS/broker/queues/count"] == "1"
+        assert int(t1["$SYS/broker/bytes/received"]) > 0
+        assert t2["$SYS/broker/clients/connected"] == "1"
+        assert t2["$SYS/broker/messages/received"] == "0"
+        assert t2["$SYS/broker/retained messages/count"] == "0"
+        assert t2["$SYS/broker/queues/count"] == "0"
+        # / keeps the whole broker's $SYS, as before tenants had one of their own.
+        assert all(topic.startswith("$SYS/broker/") for topic in root)
+        assert "$SYS/broker/queues/count" not in root
+        assert root["$SYS/broker/clients/connected"] == "4"
+        assert root["$SYS/broker/messages/received"] == "4"
+        # One tenant message and /'s own $SYS values, as before; the tenants' $SYS values not counted.
+        assert root["$SYS/broker/retained messages/count"] == str(1 + len(root))
+        assert root["$SYS/broker/subscriptions/count"] == "3"
+        publisher.disconnect()
+    finally:
+        for watcher in watchers:
+            watcher.disconnect()
         server.stop()

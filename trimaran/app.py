@@ -13,6 +13,7 @@ import secrets
 import signal
 import ssl
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +56,7 @@ from trimaran.storage.mqtt_store import MqttStore
 from trimaran.storage.store import Storage
 from trimaran.storage.vhost_store import VHostRows
 from trimaran.tenant_limits import TenantLimits, UserLimits, VhostLimits
-from trimaran.vhosts import VHosts, prefix
+from trimaran.vhosts import DEFAULT_VHOST, VHosts, prefix, vhost_of
 
 if TYPE_CHECKING:
     from trimaran.cluster.node import ClusterNode
@@ -144,6 +145,7 @@ class App:
             vhosts=vhosts,
         )
         self.runner.traffic = self.broker.stats  # every protocol's bytes, counted once by the runtime
+        self.broker.tenant_figures = self._tenant_figures
         self.queues = QueueManager(
             storage,
             settings.queues,
@@ -235,6 +237,7 @@ class App:
             self.broker.retained.delete(topic)
         self.security.forget_vhost(vhost)
         await self.runner.tenants.change_vhost(vhost, None)  # its limits too (kept cleared)
+        self.runner.forget_vhost(vhost)
         log.info(
             "vhost %s deleted: %d sessions, %d more queues, %d retained messages",
             vhost,
@@ -242,6 +245,26 @@ class App:
             len(queues),
             len(retained),
         )
+
+    def _tenant_figures(self) -> dict[str, dict[str, int]]:
+        """A tenant's $SYS figures the deck does not hold: its connections' traffic (the runtime's
+        counters) and its queues (Broker.tenant_sys_values)."""
+        assert self.broker is not None
+        traffic = self.runner.traffic_by_vhost()
+        queues = Counter(vhost_of(name) for name in (self.queues.queues if self.queues is not None else ()))
+        figures: dict[str, dict[str, int]] = {}
+        for vhost in self.broker.vhosts.names():
+            if vhost == DEFAULT_VHOST:
+                continue
+            messages_in, messages_out, bytes_in, bytes_out = traffic.get(vhost, (0, 0, 0, 0))
+            figures[vhost] = {
+                "$SYS/broker/messages/received": messages_in,
+                "$SYS/broker/messages/sent": messages_out,
+                "$SYS/broker/bytes/received": bytes_in,
+                "$SYS/broker/bytes/sent": bytes_out,
+                "$SYS/broker/queues/count": queues[vhost],
+            }
+        return figures
 
     def _node_id(self) -> str:
         """The name this process writes in queue events and claims.

@@ -151,6 +151,7 @@ class ChannelState:
             self._give_back(consumer, delivery)
             return
         conn.front.broker.stats.messages_sent += 1
+        conn.io.messages_out += 1
         if consumer.no_ack:
             consumer.outstanding += 1
             conn.written_hooks.add(self)
@@ -187,6 +188,7 @@ class ChannelState:
             self.number, method, delivery_properties(delivery.message), delivery.message.payload
         )
         self.conn.front.broker.stats.messages_sent += 1
+        self.conn.io.messages_out += 1
         if not getter.no_ack:
             self.unacked[tag] = (getter, delivery.offset)
             getter.unacked += 1

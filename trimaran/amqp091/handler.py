@@ -476,6 +476,7 @@ class Amqp091FrontEnd:
                 conn.peer,
                 conn.user,
                 lambda: conn.kick(spec.CONNECTION_FORCED, "CONNECTION_FORCED - Closed by an administrator"),
+                vhost=event.virtual_host,
             ),
             vhost=event.virtual_host,
         )
@@ -499,6 +500,7 @@ class Amqp091FrontEnd:
         if channel is None or not isinstance(method, spec.BasicPublish):
             return
         self.broker.stats.messages_received += 1
+        conn.io.messages_in += 1
         conn.io.publisher = True  # the memory watermark pauses the connections that publish
         if channel.tx:
             channel.tx_publishes.append((method, event.properties, event.body))
@@ -648,6 +650,7 @@ class Amqp091FrontEnd:
         if not channel.conn.machine.send_content(channel.number, deliver, props, body):
             return False
         self.broker.stats.messages_sent += 1
+        channel.conn.io.messages_out += 1
         channel.conn.wake()
         return True
 

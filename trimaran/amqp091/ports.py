@@ -33,8 +33,17 @@ class FrontEnd(Protocol):
     def deliver_from_router(self, binding: Any, message: Message) -> None: ...
 
 
+class Counters(Protocol):
+    """The runtime's per-connection counters a delivery bumps (``runtime.transport.Conn``)."""
+
+    messages_out: int
+
+
 class ChannelOwner(Protocol):
     """A connection as its channels see it (``conn.Amqp091Conn``)."""
+
+    @property
+    def io(self) -> Counters: ...
 
     @property
     def name(self) -> str: ...

@@ -262,7 +262,9 @@ class Amqp1FrontEnd:
             conn.machine.close(Error(condition=RESOURCE_LIMIT_EXCEEDED, description=over))
             return
         conn.client = self.broker.presence.arrived(
-            ClientInfo(conn.container_id, PROTOCOL_AMQP1, conn.peer, conn.user, lambda: self._kick(conn))
+            ClientInfo(
+                conn.container_id, PROTOCOL_AMQP1, conn.peer, conn.user, lambda: self._kick(conn), vhost=vhost
+            )
         )
         log.debug("amqp1: %r connected from %s", conn.container_id, conn.peer)
 
@@ -586,6 +588,7 @@ class Amqp1FrontEnd:
         if inlink is None or not link.is_open:
             return
         conn.io.publisher = True  # the memory watermark pauses the connections that publish
+        conn.io.messages_in += 1
         self.broker.stats.messages_received += 1
         try:
             decoded = decode_message(event.payload)

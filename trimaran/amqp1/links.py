@@ -99,6 +99,7 @@ class QueueOut(OutLink):
                 handle.settle_nowait(delivery.offset, RETRY_NOW)
             return
         self.conn.front.broker.stats.messages_sent += 1
+        self.conn.io.messages_out += 1
         if not self.settled:
             self.offsets[did] = delivery.offset
 
@@ -145,6 +146,7 @@ class QueueBrowse(OutLink):
             return  # a copy: nothing to give back
         if self._send(payload) is not None:
             self.conn.front.broker.stats.messages_sent += 1
+            self.conn.io.messages_out += 1
 
     def on_flow(self, drain: bool) -> None:
         handle = self.handle
@@ -183,6 +185,7 @@ class TopicOut(OutLink):
             return
         if not self.backlog and self._send(payload) is not None:
             stats.messages_sent += 1
+            self.conn.io.messages_out += 1
             return
         if len(self.backlog) >= self.conn.front.outbox_size:
             self.conn.front.dropped(message, self.id, "receiver without credit and its backlog is full")
@@ -195,6 +198,7 @@ class TopicOut(OutLink):
         while backlog and self.link.is_open and self.link.credit > 0:
             if self._send(backlog.popleft()) is not None:
                 stats.messages_sent += 1
+                self.conn.io.messages_out += 1
         if drain and self.link.is_open and self.link.credit > 0:
             self.conn.machine.complete_drain(self.link)
             self.conn.io.wake()

@@ -6,6 +6,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from trimaran.vhosts import DEFAULT_VHOST
+
 
 @dataclass(slots=True, eq=False)
 class ClientInfo:
@@ -16,6 +18,7 @@ class ClientInfo:
     peer: str
     user: str | None
     kick: Callable[[], None]
+    vhost: str = DEFAULT_VHOST  # the vhost it logged in to (trimaran/vhosts.py)
     since_ms: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
     key: str = ""  # unique among connected clients; set by the registry
 

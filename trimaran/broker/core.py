@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 import anyio
@@ -25,7 +25,7 @@ from trimaran.broker.retained import RetainedStore
 from trimaran.broker.router import Delivery, Router
 from trimaran.broker.stats import Stats
 from trimaran.errors import first_line
-from trimaran.vhosts import VHosts
+from trimaran.vhosts import DEFAULT_VHOST, TENANT, VHosts, prefix, split_key, vhost_of
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,13 @@ class Forwarder(Protocol):
         """Retained changes to these topics were committed: other nodes reload them."""
 
 
+class TenantFigures(Protocol):
+    """Each vhost's figures the deck does not hold (app.py joins the runtime's and the queues'):
+    ``vhost -> {$SYS topic: value}``, for the vhosts other than ``/``."""
+
+    def __call__(self) -> Mapping[str, Mapping[str, int]]: ...
+
+
 class Broker:
     def __init__(
         self,
@@ -100,6 +107,7 @@ class Broker:
         self.retained_write_failures = 0
         self.retained_write_error: str | None = None  # the last failure, until a write succeeds
         self.forwarder: Forwarder | None = None  # set when this node is one of several
+        self.tenant_figures: TenantFigures | None = None  # a tenant's traffic and queues, for its $SYS
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -201,8 +209,8 @@ class Broker:
 
     def _retained_changed(self, topic: str, message: Message | None) -> None:
         """The store's own account of a change (set, clear, expiry) is what gets written."""
-        if topic.startswith("$SYS/"):
-            return  # $SYS values are rebuilt at every start, never stored
+        if topic[:1] == "$" and split_key(topic)[1].startswith("$SYS/"):
+            return  # $SYS values (a tenant's too) are rebuilt at every start, never stored
         self._retained_changes[topic] = message
         self._retained_dirty.set()
 
@@ -227,16 +235,68 @@ class Broker:
             "$SYS/broker/bytes/received": str(stats.bytes_received),
             "$SYS/broker/bytes/sent": str(stats.bytes_sent),
             "$SYS/broker/subscriptions/count": str(self.router.count()),
-            "$SYS/broker/retained messages/count": str(self.retained.count()),
+            "$SYS/broker/retained messages/count": str(self.retained.count() - self._tenant_retained()[1]),
         }
+
+    def tenant_sys_values(self) -> dict[str, dict[str, str]]:
+        """Each vhost's own ``$SYS`` (but ``/``'s, which :meth:`sys_values` gives for the whole
+        broker): its clients, traffic, subscriptions, retained messages and queues, counted from the
+        registry, the router, the retained store and :attr:`tenant_figures` at publish time, so no
+        message pays for them. Keyed by vhost; the topics as its clients see them."""
+        tenants = [v for v in self.vhosts.names() if v != DEFAULT_VHOST]
+        if not tenants:
+            return {}
+        clients = dict.fromkeys(tenants, 0)
+        for client in self.clients:
+            if client.vhost in clients:
+                clients[client.vhost] += 1
+        subscriptions = _count_by_vhost(s.topic_filter for s in self.router.iter_subscriptions())
+        retained = self._tenant_retained()[0]
+        figures = self.tenant_figures() if self.tenant_figures is not None else {}
+        uptime = f"{int(self.uptime())} seconds"
+        values: dict[str, dict[str, str]] = {}
+        for vhost in tenants:
+            mine = {
+                "$SYS/broker/version": f"trimaran {__version__}",
+                "$SYS/broker/uptime": uptime,
+                "$SYS/broker/clients/connected": str(clients[vhost]),
+                "$SYS/broker/subscriptions/count": str(subscriptions.get(vhost, 0)),
+                "$SYS/broker/retained messages/count": str(retained.get(vhost, 0)),
+            }
+            for topic, value in figures.get(vhost, {}).items():
+                mine[topic] = str(value)
+            values[vhost] = mine
+        return values
+
+    def _tenant_retained(self) -> tuple[dict[str, int], int]:
+        """The tenants' retained messages by vhost, and how many tenant $SYS values the store holds
+        beside them (left out of every count, ``/``'s too, which counted none before tenants had any)."""
+        counts: dict[str, int] = {}
+        sys_values = 0
+        if any(vhost != DEFAULT_VHOST for vhost in self.vhosts.names()):
+            for message in self.retained.messages():
+                if message.topic.startswith(TENANT):
+                    vhost, name = split_key(message.topic)
+                    if name.startswith("$SYS/"):
+                        sys_values += 1
+                    else:
+                        counts[vhost] = counts.get(vhost, 0) + 1
+        return counts, sys_values
 
     def publish_sys(self) -> None:
         now = now_ms()
         for topic, value in self.sys_values().items():
-            message = Message(topic, value.encode(), retain=True, created_at_ms=now)
-            self.retained.set(message)
-            for delivery in self.router.match(topic):
-                delivery.subscriber.deliver(message, delivery)
+            self._publish_sys_value(topic, value, now)
+        for vhost, values in self.tenant_sys_values().items():
+            key_prefix = prefix(vhost)  # the tenant's $SYS, behind its prefix (trimaran/vhosts.py)
+            for topic, value in values.items():
+                self._publish_sys_value(key_prefix + topic, value, now)
+
+    def _publish_sys_value(self, topic: str, value: str, now: int) -> None:
+        message = Message(topic, value.encode(), retain=True, created_at_ms=now)
+        self.retained.set(message)
+        for delivery in self.router.match(topic):
+            delivery.subscriber.deliver(message, delivery)
 
     async def _publish_sys(self) -> None:
         while True:
@@ -247,3 +307,13 @@ class Broker:
 def _share_key(delivery: Delivery[Any]) -> tuple[str, str] | None:
     group = delivery.share_group
     return None if group is None else (group, delivery.subscriptions[0].topic_filter)
+
+
+def _count_by_vhost(keys: Iterable[str]) -> dict[str, int]:
+    """How many of ``keys`` each vhost but ``/`` holds."""
+    counts: dict[str, int] = {}
+    for key in keys:
+        if key.startswith(TENANT):
+            vhost = vhost_of(key)
+            counts[vhost] = counts.get(vhost, 0) + 1
+    return counts

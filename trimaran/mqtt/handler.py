@@ -177,6 +177,7 @@ class MqttEndpoint:
                 sent = machine.publish(outbound(message, delivery, self.cut, retained=retained))
         if sent:
             front.broker.stats.messages_sent += 1
+            conn.io.messages_out += 1
             conn.io.wake()
         else:
             front.dropped(
@@ -521,7 +522,7 @@ class MqttFrontEnd:
         endpoint.expires_at = None
         conn.endpoint = endpoint
         conn.client = self.broker.presence.arrived(
-            ClientInfo(client_id, PROTOCOL_MQTT, conn.peer, login.user, partial(self._kick, conn)),
+            ClientInfo(client_id, PROTOCOL_MQTT, conn.peer, login.user, partial(self._kick, conn), vhost),
             protocol_version=connect.protocol_level,
             session_present=present,
         )
@@ -688,6 +689,7 @@ class MqttFrontEnd:
         endpoint = conn.endpoint
         assert endpoint is not None
         conn.io.publisher = True  # the memory watermark pauses the connections that publish
+        conn.io.messages_in += 1
         self.broker.stats.messages_received += 1
         principal = conn.principal
         security = self.security

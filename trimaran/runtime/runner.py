@@ -24,6 +24,7 @@ from trimaran.runtime.limits import RuntimeLimits, RuntimeStats, Traffic
 from trimaran.runtime.memory import Memory
 from trimaran.runtime.transport import GONE, Conn, HullFactory
 from trimaran.tenant_limits import RATE, TenantLimits
+from trimaran.vhosts import DEFAULT_VHOST
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ class Runner:
             self.limits.memory_high_watermark, self.limits.memory_low_watermark, self._publishers
         )
         self._per_address: dict[str, int] = {}
+        # What the closed connections of each vhost but / moved: [messages in, out, bytes in, out].
+        self._gone_traffic: dict[str, list[int]] = {}
         self._buckets: dict[str, _Bucket] = {}
         self._dirty: list[Conn] = []
         self._flush_scheduled = False
@@ -232,6 +235,10 @@ class Runner:
             if 2 * self._heap_dead >= len(self._heap):
                 self._compact_heap()
         self.memory.changed(conn, 0)
+        if conn.vhost != DEFAULT_VHOST:
+            gone = self._gone_traffic.setdefault(conn.vhost, [0, 0, 0, 0])
+            for i, value in enumerate(_moved(conn)):
+                gone[i] += value
         host = conn.peer_host
         left = self._per_address.get(host, 1) - 1
         if left:
@@ -240,6 +247,21 @@ class Runner:
             self._per_address.pop(host, None)
         if self._empty is not None and not self.conns:
             self._empty.set()
+
+    def traffic_by_vhost(self) -> dict[str, list[int]]:
+        """Each vhost's (but /'s) ``[messages in, out, bytes in, out]`` since the start: its open
+        connections' own counters plus those of the closed ones (a tenant's $SYS figures)."""
+        totals = {vhost: list(moved) for vhost, moved in self._gone_traffic.items()}
+        for conn in self.conns:
+            if conn.vhost != DEFAULT_VHOST:
+                total = totals.setdefault(conn.vhost, [0, 0, 0, 0])
+                for i, value in enumerate(_moved(conn)):
+                    total[i] += value
+        return totals
+
+    def forget_vhost(self, vhost: str) -> None:
+        """A deleted vhost's figures go (one made again under its name starts from nothing)."""
+        self._gone_traffic.pop(vhost, None)
 
     # -- writes: one flush per loop iteration --------------------------------------------------------
 
@@ -350,3 +372,7 @@ class Runner:
 
     def _publishers(self) -> list[Conn]:
         return [conn for conn in self.conns if conn.publisher]
+
+
+def _moved(conn: Conn) -> tuple[int, int, int, int]:
+    return conn.messages_in, conn.messages_out, conn.bytes_in, conn.bytes_out

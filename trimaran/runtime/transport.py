@@ -146,6 +146,8 @@ class Conn(asyncio.Protocol):
         "factory",
         "hull",
         "listener",
+        "messages_in",
+        "messages_out",
         "peer",
         "peer_host",
         "publisher",
@@ -172,6 +174,10 @@ class Conn(asyncio.Protocol):
         self.publisher = False  # has published: paused while memory is above the high-water mark
         self.bytes_in = 0
         self.bytes_out = 0
+        # Messages this connection published and was delivered, bumped by its hull beside the
+        # broker's totals: a tenant's $SYS figures are summed from them (broker/tenants.py).
+        self.messages_in = 0
+        self.messages_out = 0
         self.write_buffered = 0  # the transport's write buffer at the last look (memory accounting)
         # Who the hull let in, and into which vhost (set at login; runtime limits key on them).
         self.vhost = DEFAULT_VHOST
