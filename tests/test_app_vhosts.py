@@ -17,7 +17,7 @@ import pytest
 
 from tests.support.budget import InProcessServer
 from tests.support.paho import V5, Endpoints, connect
-from trimaran.vhosts import prefix
+from trimaran.vhosts import Permission, prefix
 
 T = TypeVar("T")
 
@@ -125,4 +125,47 @@ def test_each_tenant_sees_its_own_sys_statistics_and_slash_the_whole_broker(tmp_
     finally:
         for watcher in watchers:
             watcher.disconnect()
+        server.stop()
+
+
+def test_clearing_a_permission_closes_that_users_connections_in_that_vhost(tmp_path: Path) -> None:
+    pika = pytest.importorskip("pika")
+    users = [{"name": "alice", "password": "a"}, {"name": "bob", "password": "b"}]
+    server = InProcessServer(tmp_path, auth={"users": users}, vhosts=["/", "t1"]).start()
+    try:
+        security = server.app.security
+        assert security is not None
+        for user, vhost in (("alice", "/"), ("alice", "t1"), ("bob", "t1")):
+            _on_loop(server, security.set_permission(Permission(user, vhost)))
+        endpoints = Endpoints("127.0.0.1", server.port("mqtt"))
+        alice_t1 = connect(endpoints, version=V5, username="t1:alice", password="a")
+        bob_t1 = connect(endpoints, version=V5, username="t1:bob", password="b")
+
+        def amqp(vhost: str) -> Any:
+            credentials = pika.PlainCredentials("alice", "a")
+            params = pika.ConnectionParameters(
+                "127.0.0.1", server.port("amqp"), vhost, credentials, connection_attempts=1
+            )
+            return pika.BlockingConnection(params)
+
+        amqp_t1, amqp_root = amqp("t1"), amqp("/")
+
+        assert _on_loop(server, security.clear_permission("alice", "t1"))
+
+        assert alice_t1.disconnects.get(timeout=5)[0].value == 0x98  # administrative action
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+            for _ in range(50):
+                amqp_t1.process_data_events(0.1)
+        assert closed.value.reply_code == 320  # CONNECTION_FORCED, as RabbitMQ
+        # Alice's connection to /, and bob's to t1, stay.
+        amqp_root.process_data_events(0.5)
+        assert amqp_root.is_open
+        bob_t1.publish("still/here", b"x", qos=1)
+        assert bob_t1.disconnects.empty()
+        again = connect(endpoints, version=V5, username="t1:alice", password="a", expect_success=False)
+        assert again.connack.get(timeout=5)[1].value == 0x87  # not authorized
+        again.drop()
+        amqp_root.close()
+        bob_t1.disconnect()
+    finally:
         server.stop()

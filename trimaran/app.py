@@ -175,6 +175,7 @@ class App:
         self.amqp091 = Amqp091FrontEnd(self.broker, settings, self.queues, amqp_store, security)
         self.amqp1 = Amqp1FrontEnd(self.broker, settings, self.queues, security)
         vhosts.on_delete(self._empty_vhost)
+        security.on_permission_cleared(self._permission_cleared)
         self.telemetry.bind(self.broker, self.queues, self.mqtt, self.webhooks, self.runner)
         self.telemetry.security = security  # failed logins and refusals in /metrics
         self.listeners = self._build_listeners(tls)
@@ -245,6 +246,16 @@ class App:
             len(queues),
             len(retained),
         )
+
+    def _permission_cleared(self, user: str, vhost: str) -> None:
+        """``user`` may no longer enter ``vhost``: its connections there close, as RabbitMQ closes
+        them (AMQP 0.9.1 320 CONNECTION_FORCED, MQTT 5 DISCONNECT 0x98, AMQP 1.0 connection-forced)."""
+        assert self.broker is not None
+        doomed = [c for c in self.broker.clients if c.user == user and c.vhost == vhost]
+        for client in doomed:
+            client.kick()
+        if doomed:
+            log.info("user '%s' lost vhost '%s': %d connections closed", user, vhost, len(doomed))
 
     def _tenant_figures(self) -> dict[str, dict[str, int]]:
         """A tenant's $SYS figures the deck does not hold: its connections' traffic (the runtime's

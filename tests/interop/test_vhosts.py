@@ -429,3 +429,25 @@ def test_mqtt_to_amqp091_inside_a_tenant_carries_its_own_names(vhost_server: Run
     finally:
         mqtt.disconnect()
         connection.close()
+
+
+def test_rabbitmq_keeps_a_connection_whose_permission_is_cleared(rabbitmq_vhosts: int) -> None:
+    """What RabbitMQ (3.10) does, beside tests/test_app_vhosts.py's clearing test: the connection
+    stays open and its next operation in that vhost is refused. Trimaran checks a vhost permission
+    at the door only (its patterns are not checked per operation), so it closes the connection
+    instead: the one way the permission is taken away at once (docs/security.md)."""
+    import pika
+
+    rabbitmqctl(rabbitmq_vhosts, "add_user", "carol", "c")
+    for vhost in ("/", "t1"):
+        rabbitmqctl(rabbitmq_vhosts, "set_permissions", "-p", vhost, "carol", ".*", ".*", ".*")
+    in_t1 = _pika(rabbitmq_vhosts, "t1", "carol", "c")
+    channel = in_t1.channel()
+    rabbitmqctl(rabbitmq_vhosts, "clear_permissions", "-p", "t1", "carol")
+    in_t1.process_data_events(1.0)
+    assert in_t1.is_open
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        channel.queue_declare(_unique("after-clear-"))
+    assert refused.value.reply_code == 403
+    assert "in vhost 't1' refused for user 'carol'" in refused.value.reply_text
+    in_t1.close()

@@ -198,6 +198,7 @@ class Security:
         # Who may enter which vhost (RabbitMQ's set_permissions), kept in storage: use_permissions.
         self._permissions: dict[tuple[str, str], Permission] = {}
         self._permission_store: PermissionStore | None = None
+        self._on_cleared: list[Callable[[str, str], Any]] = []
         self.load()
 
     # -- users and rules --------------------------------------------------------------------------
@@ -464,14 +465,20 @@ class Security:
         self._permissions[(permission.user, permission.vhost)] = permission
 
     async def clear_permission(self, user: str, vhost: str) -> bool:
-        """Take ``user``'s permission for ``vhost`` away; False if it had none. Connections already in
-        stay (RabbitMQ closes them; the admin side may)."""
+        """Take ``user``'s permission for ``vhost`` away; False if it had none. The connections it has
+        open in ``vhost`` are then closed, as RabbitMQ does (:meth:`on_permission_cleared`)."""
         if (user, vhost) not in self._permissions:
             return False
         if self._permission_store is not None:
             await self._permission_store.delete_permission(user, vhost)
         del self._permissions[(user, vhost)]
+        for callback in self._on_cleared:
+            callback(user, vhost)
         return True
+
+    def on_permission_cleared(self, callback: Callable[[str, str], Any]) -> None:
+        """Call ``callback(user, vhost)`` when a permission is cleared (the app closes connections)."""
+        self._on_cleared.append(callback)
 
     def forget_vhost(self, vhost: str) -> None:
         """A deleted vhost's permissions go with it (the store deletes its rows with the vhost)."""
