@@ -7,6 +7,8 @@ bound to another user's topics would read them. Exchanges other than the built-i
 as ``$exchange/<name>``; a queue declared with ``x-dead-letter-exchange`` also needs write on that
 exchange (``$exchange/amq.default`` for the default one) and read on itself, as in RabbitMQ.
 A queue this connection declared exclusive needs no rule: it is its own.
+The rules see names as the client spells them, in its vhost; the connection's exclusive queues and a
+channel's last queue are keys (``$vhost/<v>/`` in front, trimaran/vhosts.py), compared as keys.
 Publishing is checked where it is routed (:func:`publish_targets`, :func:`check_queue_publish`).
 
 The connection and channel are read through two small protocols (four fields in all), so that the
@@ -42,10 +44,14 @@ ACCESS_REFUSED: Final = spec.ACCESS_REFUSED
 
 
 class Owner(Protocol):
-    """A connection (``conn.Amqp091Conn``): who logged in and the queues it declared exclusive."""
+    """A connection (``conn.Amqp091Conn``): who logged in, its vhost's key prefix and the queues
+    (keys) it declared exclusive."""
 
     @property
     def principal(self) -> Principal | None: ...
+
+    @property
+    def vhost_prefix(self) -> str: ...
 
     @property
     def exclusive_queues(self) -> set[str]: ...
@@ -55,7 +61,7 @@ class Owner(Protocol):
 
 
 class Channel(Protocol):
-    """A channel (``channels.ChannelState``): the queue a nameless queue method means."""
+    """A channel (``channels.ChannelState``): the queue (its key) a nameless queue method means."""
 
     @property
     def last_queue(self) -> str: ...
@@ -87,8 +93,14 @@ def _refusal(conn: Owner, access: str, topic: str, method: spec.Method) -> spec.
     )
 
 
-def _queue(channel: Channel, name: str) -> str:
-    return name or channel.last_queue
+def _queue(conn: Owner, channel: Channel, name: str) -> str:
+    """The queue a method names, as the client names it (a nameless method: the channel's last)."""
+    return name or channel.last_queue[len(conn.vhost_prefix) :]
+
+
+def _exclusive(conn: Owner, name: str) -> bool:
+    """Did this connection declare the queue the client calls ``name`` exclusive?"""
+    return conn.vhost_prefix + name in conn.exclusive_queues
 
 
 def method_needs(
@@ -98,8 +110,8 @@ def method_needs(
     needs: list[tuple[str, str]] = []
 
     def queue(name: str, access: str) -> None:
-        name = _queue(channel, name)
-        if name and name not in conn.exclusive_queues:
+        name = _queue(conn, channel, name)
+        if name and not _exclusive(conn, name):
             needs.append((access, queue_topic(name)))
 
     def bound(source: str, key: str) -> None:
@@ -158,8 +170,8 @@ def check_method(
         return None
     if isinstance(method, spec.QueueDeclare) and method.passive:
         # A passive declare only asks whether the queue exists: any access to it will do.
-        name = _queue(channel, method.queue)
-        if not name or name == REPLY_TO or name in conn.exclusive_queues:
+        name = _queue(conn, channel, method.queue)
+        if not name or name == REPLY_TO or _exclusive(conn, name):
             return None
         topic = queue_topic(name)
         if any(security.allowed(principal, a, topic) for a in (READ, WRITE, CONFIGURE)):
@@ -188,7 +200,7 @@ def own_topic_binding(
     to a shared or durable queue outlives its binder: it must be readable whole."""
     if not isinstance(method, spec.QueueBind) or not exchanges.is_router_backed(method.exchange):
         return None
-    if _queue(channel, method.queue) not in conn.exclusive_queues:
+    if not _exclusive(conn, _queue(conn, channel, method.queue)):
         return None
     try:
         return binding_key_to_filter(method.routing_key)
@@ -214,7 +226,7 @@ def publish_targets(
         # A queue published to last time under the same rules may be published to again.
         if (
             key
-            and key not in conn.exclusive_queues
+            and conn.vhost_prefix + key not in conn.exclusive_queues  # keys: no call on this path
             and (key != principal.last_write or principal.last_write_generation != security.generation)
         ):
             topic = queue_topic(key)

@@ -92,6 +92,7 @@ class Amqp091Conn:
         # The vhost it works in (``tenants.Tenant``, a floor above: typed Any here, read back as a
         # Tenant by the handler): set by the front end at open, again at connection.open.
         self.tenant: Any
+        self.vhost_prefix = ""  # its tenant's key prefix (trimaran/vhosts.py), set with ``tenant``
         self._blocked_sent = False
         self._confirmed: anyio.Event | None = None  # set when the last pending confirm is sent
         self._confirm_due = False  # a confirm is done: send what is ready before the next write

@@ -163,6 +163,7 @@ class Amqp091FrontEnd:
         )
         conn = Amqp091Conn(self, io, machine)
         conn.tenant = self.root
+        conn.vhost_prefix = self.root.prefix
         machine.admit = lambda vhost: self._admit(conn, vhost)
         self.conns.add(conn)
         return conn
@@ -239,13 +240,10 @@ class Amqp091FrontEnd:
             for channel in list(conn.channels.values()):
                 for consumer in list(channel.consumers.values()):
                     name = consumer.queue
-                    if name in conn.exclusive_queues or self.security.allowed(
-                        principal, READ, queue_topic(name)
-                    ):
+                    topic = queue_topic(name[len(conn.vhost_prefix) :])  # the rules see the client's name
+                    if name in conn.exclusive_queues or self.security.allowed(principal, READ, topic):
                         continue
-                    self.security.refused(
-                        principal, READ, queue_topic(name), "consumer cancelled by a reload"
-                    )
+                    self.security.refused(principal, READ, topic, "consumer cancelled by a reload")
                     del channel.consumers[consumer.tag]
                     self.forget_consumer(consumer)
                     consumer.cancelled = True
@@ -463,6 +461,7 @@ class Amqp091FrontEnd:
 
     def _opened(self, conn: Amqp091Conn, event: ConnectionOpened) -> None:
         conn.tenant = self.tenant(event.virtual_host)  # _admit let it in
+        conn.vhost_prefix = conn.tenant.prefix
         conn.io.vhost = event.virtual_host
         conn.io.user = conn.user
         name = conn.machine.client_properties.get("connection_name")
