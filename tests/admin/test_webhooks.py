@@ -18,9 +18,10 @@ import trustme
 from tests.support.server import unused_port
 from tests.support.webhook_receiver import Receiver, verify
 from trimaran.admin.webhooks import CLOSED, OPEN, CircuitBreaker, Webhooks
-from trimaran.broker.events import CLIENT_CONNECTED, MESSAGE_PUBLISHED, EventBus
+from trimaran.broker.events import CLIENT_CONNECTED, MESSAGE_PUBLISHED, QUEUE_DEAD_LETTERED, EventBus
 from trimaran.broker.message import PROTOCOL_MQTT, Message
 from trimaran.config import WebhookEndpoint, WebhookSettings
+from trimaran.vhosts import prefix
 
 pytestmark = pytest.mark.anyio
 
@@ -114,6 +115,7 @@ async def test_signature_and_envelope(receiver: Receiver) -> None:
         "address": "127.0.0.1:1234",
         "user": "alice",
         "session_present": False,
+        "vhost": "/",
     }
     text = events[1]["data"]
     assert text["topic"] == "a/b" and text["qos"] == 1 and text["client_id"] == "pub"
@@ -259,6 +261,25 @@ async def test_filters_by_type_and_topic(receiver: Receiver) -> None:
         await wait_until(lambda: hooks.dispatchers[0].sent == 3)
     assert [e["data"]["topic"] for e in receiver.events()] == ["sensors/a/temp", "alerts", "alerts/x/y"]
     assert not bus.publishing  # the flush unsubscribed
+
+
+async def test_a_tenants_events_carry_its_names_and_its_vhost(receiver: Receiver) -> None:
+    """The bus carries keys ($vhost/<v>/ in front); a receiver gets the names the clients use, the
+    vhost in a field of its own, and ``#`` matches every vhost's topics but their $ ones."""
+    config = settings(receiver.url, topics=["#"])
+    key = prefix("team/eu")
+    async with running(config) as (bus, hooks):
+        connected(bus, key + "device-1")  # an MQTT session's key
+        published(bus, key + "sensors/temp")
+        published(bus, key + "$SYS/broker/uptime")  # the tenant's $ topics: not under its '#'
+        published(bus, "sensors/temp")
+        bus.queue(QUEUE_DEAD_LETTERED, key + "jobs", group="g", dead_letter_queue=key + "$dlq/jobs")
+        await wait_until(lambda: hooks.dispatchers[0].sent == 4)
+    connect, tenant, root, dead = (e["data"] for e in receiver.events())
+    assert (connect["client_id"], connect["vhost"]) == ("device-1", "team/eu")
+    assert (tenant["topic"], tenant["vhost"]) == ("sensors/temp", "team/eu")
+    assert (root["topic"], root["vhost"]) == ("sensors/temp", "/")
+    assert (dead["queue"], dead["dead_letter_queue"], dead["vhost"]) == ("jobs", "$dlq/jobs", "team/eu")
 
 
 async def test_a_receiver_that_never_answers_times_out() -> None:

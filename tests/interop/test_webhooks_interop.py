@@ -17,8 +17,9 @@ from tests.support.webhook_receiver import Receiver, verify
 SECRET = "topsecret"
 
 
-def serve(workdir: Path, webhooks: dict[str, Any], endpoint: dict[str, Any]) -> RunningServer:
+def serve(workdir: Path, webhooks: dict[str, Any], endpoint: dict[str, Any], **extra: str) -> RunningServer:
     env = {
+        **extra,
         "TRIMARAN_AUTH__USERS": ALICE,
         "TRIMARAN_LIMITS__SYS_INTERVAL": "0",
         "TRIMARAN_WEBHOOKS__ENDPOINTS": json.dumps([endpoint]),
@@ -88,6 +89,7 @@ def test_client_session_subscription_message_and_queue_events(tmp_path: Path) ->
             "address": by_type["client.auth_failed"][0]["address"],
             "user": "alice",
             "reason": "bad user name or password",
+            "vhost": "/",
         }
     ]
     first = next(d for d in by_type["client.connected"] if d["client_id"] == "sub")
@@ -113,6 +115,40 @@ def test_client_session_subscription_message_and_queue_events(tmp_path: Path) ->
     assert [d["reason"] for d in by_type["client.disconnected"] if d["initiator"] == "server"] == [
         "session taken over"
     ]
+
+
+def test_a_tenants_events_name_what_its_clients_named_and_its_vhost(tmp_path: Path) -> None:
+    """Inside a vhost the keys carry ``$vhost/t1/``: the receiver sees the client's names, the vhost
+    in ``vhost``, and an endpoint's filters match the tenant's topics as its clients name them."""
+    with Receiver() as receiver:
+        types = ["client.connected", "message.*", "queue.*"]
+        endpoint = {"url": receiver.url, "events": types, "topics": ["#", "$queue/#"]}
+        server = serve(tmp_path, {"batch_wait_ms": 20}, endpoint, TRIMARAN_VHOSTS='["/", "t1"]')
+        try:
+            mqtt = Endpoints("127.0.0.1", server.ports["mqtt"])
+            client = connect(mqtt, "dev", version=V5, username="t1:alice", password="wonderland")
+            client.subscribe("t/+", qos=1)
+            client.publish("t/1", b"hi", qos=1)
+            assert client.expect().payload == b"hi"
+            client.publish("$queue/orders", b"order", qos=1)
+            client.subscribe("$queue/orders", qos=1)
+            assert client.expect().payload == b"order"
+            events = receiver.wait_for_events(lambda ev: any(e["type"] == "queue.acked" for e in ev))
+            client.disconnect()
+        finally:
+            assert server.stop() == 0, server.output()
+    text = json.dumps(events)
+    assert "$vhost" not in text  # no key reaches the receiver
+    by_type: dict[str, list[dict[str, Any]]] = {}
+    for event in events:
+        by_type.setdefault(event["type"], []).append(event["data"])
+    connected = by_type["client.connected"][0]
+    assert (connected["client_id"], connected["vhost"], connected["user"]) == ("dev", "t1", "alice")
+    published = {d["topic"]: d for d in by_type["message.published"]}
+    assert {"t/1", "$queue/orders"} <= set(published)
+    assert all(d["vhost"] == "t1" and d["client_id"] == "dev" for d in published.values())
+    acked = by_type["queue.acked"][0]
+    assert (acked["queue"], acked["vhost"]) == ("orders", "t1")
 
 
 def test_a_receiver_that_never_answers_does_not_slow_the_broker(tmp_path: Path) -> None:

@@ -20,6 +20,11 @@ request goes out (half-open): success closes the breaker, failure opens it for a
 Signature: with a ``secret``, each request carries ``X-Trimaran-Timestamp: <unix seconds>`` and
 ``X-Trimaran-Signature: sha256=<hex HMAC-SHA256(secret, timestamp + "." + body)>``; receivers
 recompute it and refuse old timestamps (replays). The timestamp is fresh on every attempt.
+
+Vhosts: the bus carries keys (``$vhost/<v>/`` in front of a tenant's topics, client ids and queues:
+trimaran/vhosts.py). A receiver gets the names as the clients know them and the vhost in a field of
+its own (``data.vhost``), and an endpoint's ``topics`` filters match those names in every vhost:
+``#`` is every vhost's topics (but the ``$`` ones), ``a/#`` each vhost's ``a/...``.
 """
 
 from __future__ import annotations
@@ -48,12 +53,23 @@ from trimaran.broker.events import BusEvent, EventBus, expand_patterns
 from trimaran.broker.message import now_ms
 from trimaran.config import WebhookEndpoint, WebhookSettings
 from trimaran.topics import topic_matches
+from trimaran.vhosts import DEFAULT_VHOST, TENANT, split_key
 
 log = logging.getLogger(__name__)
 
 READ_CHUNK: Final = 65536
 MAX_RESPONSE_BODY: Final = 64 * 1024  # an answer's body is read (to reuse the connection) and ignored
 RETRY_STATUSES: Final = frozenset({408, 429})
+# The fields of an event's data that hold keys: a receiver sees them without the vhost's prefix.
+KEY_FIELDS: Final = (
+    "topic",
+    "client_id",
+    "queue",
+    "dead_letter_queue",
+    "topic_filter",
+    "subscriber",
+    "consumer",
+)
 
 CLOSED: Final = "closed"
 OPEN: Final = "open"
@@ -234,6 +250,20 @@ class _Stale(Exception):
     """The connection ended before any byte of an answer (a stale keep-alive connection)."""
 
 
+def client_view(data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of an event's data as a receiver sees it: the names without their vhost's prefix and
+    the vhost in ``vhost`` (given by the emitter, else read from the first key that names one)."""
+    view = dict(data)
+    vhost = data.get("vhost")
+    for field in KEY_FIELDS:
+        value = data.get(field)
+        if isinstance(value, str) and value.startswith(TENANT):
+            owner, view[field] = split_key(value)
+            vhost = vhost or owner
+    view["vhost"] = vhost or DEFAULT_VHOST
+    return view
+
+
 class WebhookDispatcher:
     """One endpoint: its filters, bounded queue, batching, HTTP client, retries and breaker."""
 
@@ -299,6 +329,8 @@ class WebhookDispatcher:
         self._wake.set()
 
     def _topic_wanted(self, topic: str) -> bool:
+        if topic[:1] == "$":
+            topic = split_key(topic)[1]  # a tenant's topic, as its clients name it
         if self._any_topic and not topic.startswith("$"):
             return True  # '#' matches every topic but the $ ones (the MQTT rule)
         return any(topic_matches(topic_filter, topic) for topic_filter in self.topics)
@@ -348,9 +380,8 @@ class WebhookDispatcher:
         """The request body: ``{"events": [envelope, ...]}``."""
         envelopes = []
         for event in batch:
-            data = event.data
+            data = client_view(event.data)
             if self.include_payload and event.payload is not None:
-                data = dict(data)
                 data["payload_base64"] = base64.b64encode(event.payload).decode("ascii")
                 with contextlib.suppress(UnicodeDecodeError):
                     data["payload_text"] = event.payload.decode("utf-8")

@@ -7,11 +7,14 @@ and an exception in a listener is logged and counted, never raised into the brok
 (``message.published``) is guarded by one attribute, ``publishing``.
 
 The ``data`` of an event is plain JSON-ready data, the same shape whatever protocol caused it:
-client events carry ``client_id``, ``protocol``, ``address``, ``user`` and, where it applies,
-``reason``; message events carry ``topic``, ``qos``, ``retain``, ``size``, ``client_id`` and
-``protocol`` (the payload travels beside ``data`` in ``BusEvent.payload``, so that each listener decides
-whether and how to include it); queue events carry ``queue``, ``group``, ``offset`` and what the event
-needs besides. An emitted ``data`` dict is shared by every listener: do not change it afterwards.
+client events carry ``client_id``, ``protocol``, ``address``, ``user``, ``vhost`` (a connected
+client's) and, where it applies, ``reason``; message events carry ``topic``, ``qos``, ``retain``,
+``size``, ``client_id`` and ``protocol`` (the payload travels beside ``data`` in
+``BusEvent.payload``, so that each listener decides whether and how to include it); queue events
+carry ``queue``, ``group``, ``offset`` and what the event needs besides. Topics, MQTT client ids and
+queues are keys (trimaran/vhosts.py): a tenant's carry its ``$vhost/<v>/`` prefix, which listeners
+that speak to people strip. An emitted ``data`` dict is shared by every listener: do not change it
+afterwards.
 
 Call ``emit`` from the event loop's thread only.
 """
@@ -188,7 +191,8 @@ class EventBus:
         self.emit(event_type, data)
 
     def client_info(self, event_type: str, client: ClientInfo, **extra: Any) -> None:
-        """The same, for a client in the broker's registry (any protocol)."""
+        """The same, for a client in the broker's registry (any protocol), with its vhost."""
+        extra.setdefault("vhost", client.vhost)
         self.client(event_type, client.client_id, client.protocol, client.peer, client.user, **extra)
 
     def message(self, event_type: str, message: Message, **extra: Any) -> None:
