@@ -56,6 +56,7 @@ __all__ = [
     "VHostStore",
     "VHosts",
     "dead_letter_name",
+    "describe",
     "is_reserved",
     "key_prefix",
     "prefix",
@@ -143,6 +144,13 @@ def key_prefix(key: str) -> str:
         return ""
     end = key.find("/", len(TENANT))
     return key[: end + 1] if end > len(TENANT) else ""
+
+
+def describe(key: str, kind: str = "queue") -> str:
+    """A key as people read it in a log line or a reply text, as RabbitMQ words it:
+    ``queue 'q' in vhost 'v'`` (the prefix never shows)."""
+    vhost, name = split_key(key)
+    return f"{kind} '{name}' in vhost '{vhost}'"
 
 
 def strip(key: str, vhost_prefix: str) -> str:

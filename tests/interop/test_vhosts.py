@@ -18,7 +18,7 @@ import pytest
 from paho.mqtt.enums import MQTTProtocolVersion as Version
 
 from tests.interop.conftest import amqp_server_args
-from tests.support.paho import V5, V311, Client, Endpoints, Received, connect
+from tests.support.paho import V5, V311, Client, Endpoints, PacketTypes, Received, connect, props, user_props
 from tests.support.rabbitmq import ensure_user, rabbitmqctl
 from tests.support.server import RunningServer, serving
 from trimaran.config import AuthSettings
@@ -168,6 +168,28 @@ def test_queues_are_per_vhost(endpoints: Endpoints) -> None:
     finally:
         one.disconnect()
         two.disconnect()
+
+
+def test_a_tenants_dead_letters_name_its_queue_and_topic_as_its_clients_do(endpoints: Endpoints) -> None:
+    queue = _unique("poison")
+    sub = connect(endpoints, version=V5, username="t1:alice", password="a", manual_ack=True)
+    dlq = connect(endpoints, version=V5, username="t1:alice", password="a")
+    try:
+        sub.subscribe(f"$queue/{queue}", qos=1)
+        sub.publish(f"$queue/{queue}", b"bad", qos=1)
+        message_id = user_props(sub.expect())["x-queue-message-id"]
+        control = props(PacketTypes.PUBLISH, UserProperty=[("message-id", message_id), ("reason", "no")])
+        sub.publish(f"$queue/{queue}/$reject", b"", qos=1, properties=control)
+        dlq.subscribe(f"$queue/$dlq/{queue}", qos=1)
+        dead = dlq.expect()
+        assert (dead.topic, dead.payload) == (f"$queue/$dlq/{queue}", b"bad")
+        history = user_props(dead)
+        assert history["x-dead-letter-queue"] == queue
+        assert history["x-dead-letter-topic"] == f"$queue/{queue}"
+        assert not [v for v in history.values() if "$vhost" in v]
+    finally:
+        sub.disconnect()
+        dlq.disconnect()
 
 
 def test_the_user_mapping_and_the_dollar_rule_inside_a_tenant(endpoints: Endpoints) -> None:

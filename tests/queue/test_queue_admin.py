@@ -8,7 +8,9 @@ from tests.queue.conftest import Collector, Factory, wait_until
 from trimaran.broker.message import Message
 from trimaran.config import QueuePolicySettings
 from trimaran.queue import QueueError
+from trimaran.queue.policy import queue_topic
 from trimaran.storage import queue_store
+from trimaran.vhosts import dead_letter_name, prefix
 
 pytestmark = pytest.mark.anyio
 
@@ -88,3 +90,26 @@ async def test_redrive_survives_restart(make_manager: Factory) -> None:
     async with again.running():
         assert again.info("q").depth == 1 and again.info("$dlq/q").depth == 0
         assert [s.message.payload for s in again.peek("q")] == [b"x"]
+
+
+async def test_redrive_inside_a_vhost_finds_the_letters_that_name_their_queue_as_clients_do(
+    make_manager: Factory,
+) -> None:
+    """A tenant's dead letters carry ``x-dead-letter-queue`` without the vhost's prefix (they never
+    leave the vhost); redrive still finds them, and those of a queue of the same name in / stay."""
+    key = prefix("t1") + "q"
+    manager = make_manager()
+    async with manager.running():
+        for name in (key, "q"):
+            await manager.declare(name, QueuePolicySettings(max_attempts=1))
+            handle = manager.consume(name, Collector(name))
+            handle.add_credit(10)
+            await manager.publish(name, Message(topic=queue_topic(name), payload=b"bad", qos=1))
+            await wait_until(lambda: manager.info(name).stats["delivered"] == 1)  # noqa: B023
+            assert await handle.reject(0, "bad")
+            await handle.cancel()
+        letter = manager.peek(dead_letter_name(key))[0].message
+        assert dict(letter.user_properties)["x-dead-letter-queue"] == "q"
+        assert dict(letter.user_properties)["x-dead-letter-topic"] == "$queue/q"
+        assert await manager.redrive(key) == 1
+        assert manager.info(key).depth == 1 and manager.info("q").dlq_depth == 1

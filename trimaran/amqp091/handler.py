@@ -59,7 +59,7 @@ from trimaran.runtime.transport import Conn
 from trimaran.security.guard import READ, Login, Security, on_login
 from trimaran.storage.amqp_store import AmqpStore
 from trimaran.topics import TopicError, routing_key_to_topic, topic_to_routing_key
-from trimaran.vhosts import DEFAULT_VHOST, is_reserved, vhost_of
+from trimaran.vhosts import DEFAULT_VHOST, describe, is_reserved, vhost_of
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ class Amqp091FrontEnd:
                 try:
                     await self.tenant_of(name).ops.delete_queue(name)
                 except QueueError:
-                    log.exception("amqp091: deleting exclusive queue %s failed", name)
+                    log.exception("amqp091: deleting exclusive %s failed", describe(name))
         finally:
             self.broker.presence.left(conn.client)
             conn.client = None
@@ -662,14 +662,14 @@ class Amqp091FrontEnd:
             try:
                 ticket = self.manager.publish_nowait(queue, message, key)
             except QueueError as exc:
-                log.debug("amqp091: publish to queue %s refused: %s", queue, exc)
+                log.debug("amqp091: publish to %s refused: %s", describe(queue), exc)
                 return False
         else:
             entry.expect()
             try:
                 ticket = self.manager.publish_nowait(queue, message, key, done=entry.committed)
             except QueueError as exc:
-                log.debug("amqp091: publish to queue %s refused: %s", queue, exc)
+                log.debug("amqp091: publish to %s refused: %s", describe(queue), exc)
                 entry.waiting -= 1  # never committed; the seal still holds the entry
                 return False
         if ticket is not None and channel is not None:

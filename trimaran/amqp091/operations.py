@@ -34,7 +34,7 @@ from trimaran.amqp091.queues import (
 from trimaran.broker.router import SubscriptionOptions
 from trimaran.queue.policy import QueueError
 from trimaran.topics import TopicError, binding_key_to_filter
-from trimaran.vhosts import is_reserved, split_key
+from trimaran.vhosts import describe, is_reserved, split_key
 
 if TYPE_CHECKING:
     from trimaran.amqp091.conn import Amqp091Conn, Pending
@@ -245,7 +245,7 @@ class Operations:
             if split_key(meta.name)[0] != vhost:  # another vhost's operations expire it
                 continue
             if now - meta.unused_since >= meta.expires_ms / 1000:
-                log.info("amqp091: queue %s expired (x-expires)", meta.name)
+                log.info("amqp091: %s expired (x-expires)", describe(meta.name))
                 await self.delete_queue(meta.name)
 
     async def auto_delete_queues(self, names: set[str]) -> None:

@@ -75,7 +75,7 @@ from trimaran.security.guard import (
 )
 from trimaran.storage.mqtt_store import MqttStore, StoredSession
 from trimaran.topics import TopicError, split_shared
-from trimaran.vhosts import DEFAULT_VHOST, is_reserved, prefix, split_user, vhost_of
+from trimaran.vhosts import DEFAULT_VHOST, describe, is_reserved, prefix, split_user, vhost_of
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +234,8 @@ class MqttFrontEnd:
             try:
                 session = Session.from_json(row.state, row.queued)
             except (ValueError, KeyError) as exc:
-                log.error("mqtt: stored session %r is unreadable (%s); dropped", row.client_id, exc)
+                what = describe(row.client_id, "session")
+                log.error("mqtt: stored %s is unreadable (%s); dropped", what, exc)
                 self._deleted.add(row.client_id)
                 continue
             endpoint = MqttEndpoint(self, session, row.protocol_level)
@@ -262,8 +263,8 @@ class MqttFrontEnd:
                 continue
             grant = self._grant(principal, endpoint, topic_filter)
             if grant is False:
-                who = session.client_id
-                log.warning("mqtt: stored subscription %r of %r dropped by the rules", topic_filter, who)
+                who = describe(session.client_id, "client")
+                log.warning("mqtt: stored subscription %r of %s dropped by the rules", topic_filter, who)
                 session.remove_subscription(topic_filter)
                 continue
             self._route(endpoint, subscription, None if grant is True else grant)
@@ -315,7 +316,7 @@ class MqttFrontEnd:
                 self._publish_will(will)
         for endpoint in list(self.endpoints.values()):
             if endpoint.conn is None and endpoint.expires_at is not None and endpoint.expires_at <= now:
-                log.info("mqtt: session %r expired", endpoint.client_id)
+                log.info("mqtt: %s expired", describe(endpoint.client_id, "session"))
                 if self.broker.events.wants(SESSION_EXPIRED):
                     self.broker.events.client(SESSION_EXPIRED, endpoint.client_id, PROTOCOL_MQTT, None, None)
                 self._drop_session(endpoint)
@@ -502,7 +503,7 @@ class MqttFrontEnd:
         if endpoint is not None and endpoint.conn is not None:
             old = endpoint.conn.peer
             self._client_event(SESSION_TAKEN_OVER, conn, client_id, connect.username, previous_address=old)
-            log.info("mqtt: client %r taken over by a new connection", client_id)
+            log.info("mqtt: %s taken over by a new connection", describe(client_id, "client"))
             endpoint.conn.close(ReasonCode.SESSION_TAKEN_OVER, "session taken over")
         if endpoint is not None and connect.clean_start:
             self._drop_session(endpoint)
@@ -592,7 +593,7 @@ class MqttFrontEnd:
             self._kick(endpoint.conn)  # closing drops the session: its expiry is now 0
         if self.endpoints.get(client_id) is endpoint:
             self._drop_session(endpoint)
-        log.info("mqtt: session %r deleted by an administrator", client_id)
+        log.info("mqtt: %s deleted by an administrator", describe(client_id, "session"))
         return True
 
     def forget_vhost(self, vhost_prefix: str) -> int:
@@ -711,7 +712,8 @@ class MqttFrontEnd:
             if self.queues is not None:
                 self.queues.publish(conn, message, publish.packet_id if publish.qos else None)
                 return
-            log.info("mqtt: %r published to %r but durable queues are off", endpoint.client_id, publish.topic)
+            who = describe(endpoint.client_id, "client")
+            log.info("mqtt: %s published to %r but durable queues are off", who, publish.topic)
         self.broker.publish(message)
         if publish.qos and publish.packet_id is not None:
             conn.mqtt.ack_publish(publish.packet_id)
@@ -757,7 +759,8 @@ class MqttFrontEnd:
                 if grant is not True or topic_filter in checked:  # (re)bound to this login's rules
                     self._route(endpoint, subscription, None if grant is True else grant)
                 continue
-            log.warning("mqtt: subscription %r of %r revoked by the rules", topic_filter, endpoint.client_id)
+            who = describe(endpoint.client_id, "client")
+            log.warning("mqtt: subscription %r of %s revoked by the rules", topic_filter, who)
             endpoint.session.remove_subscription(topic_filter)
             if is_queue_filter(topic_filter):
                 if self.queues is not None:

@@ -46,7 +46,7 @@ from trimaran.queue.outcomes import ACK, RETRY_NOW, Commit, DeadLetter, Outcome,
 from trimaran.queue.policy import DEFAULT_GROUP, QUEUE_PREFIX, QueueError, parse_queue_topic, queue_topic
 from trimaran.runtime.confirms import InOrder
 from trimaran.topics import TopicError, split_shared
-from trimaran.vhosts import split_key
+from trimaran.vhosts import describe, split_key
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine, Mapping
@@ -154,7 +154,8 @@ class PendingAck:
         self.settle()
 
     def refuse(self, exc: QueueError) -> None:
-        log.info("mqtt: queue publish from %r to %r refused: %s", self.client, self.topic, exc)
+        who, where = describe(self.client, "client"), split_key(self.topic)[1]
+        log.info("mqtt: queue publish from %s to %r refused: %s", who, where, exc)
         self.reason_code = _refusal_code(exc)
         self.reason = str(exc)
 

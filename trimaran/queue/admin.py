@@ -16,6 +16,7 @@ from trimaran.queue.changes import Changes
 from trimaran.queue.groups import WAIT, StoredMessage
 from trimaran.queue.policy import DEFAULT_GROUP, DLQ_PROPERTIES, QueueError, dead_letter_target, expiry_ms
 from trimaran.storage import queue_store
+from trimaran.vhosts import describe, split_key
 
 if TYPE_CHECKING:
     from trimaran.queue.ports import Queues
@@ -158,11 +159,12 @@ async def redrive(manager: Queues, name: str, limit: int | None = None) -> int:
     now = now_ms()
     ch = Changes()
     moved: list[StoredMessage] = []
+    own = split_key(name)[1]  # dead letters name their queue as its clients do (letters.py)
     for offset, stored in list(source.messages.items()):
         if limit is not None and len(moved) >= limit:
             break
         origin = next((v for k, v in stored.message.user_properties if k == "x-dead-letter-queue"), None)
-        if origin != name or source.held(offset):
+        if origin not in (name, own) or source.held(offset):
             continue
         props = [(k, v) for k, v in stored.message.user_properties if k not in DLQ_PROPERTIES]
         message = stored.message.copy_with(user_properties=props)
@@ -184,5 +186,5 @@ async def redrive(manager: Queues, name: str, limit: int | None = None) -> int:
 
     if moved:
         await journal.write(ch, appended)
-        log.info("queue %s: %d dead letters moved back from %s", name, len(moved), source.name)
+        log.info("%s: %d dead letters moved back from %s", describe(name), len(moved), describe(source.name))
     return len(moved)

@@ -26,6 +26,7 @@ from trimaran.queue.policy import (
     with_death,
 )
 from trimaran.storage import queue_store
+from trimaran.vhosts import describe, split_key
 
 if TYPE_CHECKING:
     from trimaran.queue.ports import Queues
@@ -56,7 +57,7 @@ class Letters:
                 journal.pending_gone(ch, state, group, offset, entry)
         if kind == "expired":
             state.stats["expired"] += 1
-            log.info("queue %s: message %d expired", state.name, offset)
+            log.info("%s: message %d expired", describe(state.name), offset)
             if self.events.wants(QUEUE_EXPIRED):
                 self.events.queue(QUEUE_EXPIRED, state.name, offset=offset, reason=reason)
         journal.removed(ch, state, offset)
@@ -192,8 +193,9 @@ class Letters:
         }
         props = [(k, v) for k, v in original.user_properties if k not in DLQ_PROPERTIES]
         props += [
-            ("x-dead-letter-queue", state.name),
-            ("x-dead-letter-topic", original.topic),
+            # As its clients name them: a dead letter stays in its vhost (trimaran/vhosts.py).
+            ("x-dead-letter-queue", split_key(state.name)[1]),
+            ("x-dead-letter-topic", split_key(original.topic)[1]),
             ("x-dead-letter-group", group or ""),
             ("x-dead-letter-attempts", str(attempts)),
             ("x-dead-letter-reason", reason),
