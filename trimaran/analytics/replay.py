@@ -49,6 +49,8 @@ from trimaran.analytics.life import (
 )  # fmt: skip
 from trimaran.analytics.result import AuditResult, _message_id
 from trimaran.analytics.source import DEBIAN_JARS, Selection, read_tables
+from trimaran.analytics.tenants import label, vhost_column
+from trimaran.vhosts import DEFAULT_VHOST, TENANT
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -447,16 +449,26 @@ def replay(
     for r in sorted(ranked.collect(), key=lambda r: (r["invariant"], r["rank"])):
         counts_by[r["invariant"]] = int(r["n"])
         examples.setdefault(r["invariant"], []).append(
-            {
-                "message_id": r["message_id"],
-                "queue": r["queue"],
-                "offset": r["offset"],
-                "epoch": r["epoch"],
-                "group": r["group"],
-                "event_id": r["event_id"],
-                "detail": r["detail"],
-            }
+            label(
+                {
+                    "message_id": r["message_id"],
+                    "queue": r["queue"],
+                    "offset": r["offset"],
+                    "epoch": r["epoch"],
+                    "group": r["group"],
+                    "event_id": r["event_id"],
+                    "detail": r["detail"],
+                }
+            )
         )
+    if any(queue.startswith(TENANT) for queue, _ in facts.incarnations):
+        # A tenant's own share of the failures: one more small job, only when there are tenants.
+        per_vhost = every.groupBy(vhost_column(col("queue")).alias("vhost"), "invariant").count()
+        by_vhost: dict[str, dict[str, int]] = {}
+        for r in per_vhost.collect():
+            by_vhost.setdefault(r["vhost"], {})[r["invariant"]] = int(r["count"])
+    else:
+        by_vhost = {DEFAULT_VHOST: dict(counts_by)} if counts_by else {}
     invariants = {
         name: {
             "ok": counts_by.get(name, 0) == 0,
@@ -500,6 +512,7 @@ def replay(
         seconds=time.monotonic() - started,
         outcomes=outcomes,
         samples=sorted(samples),
+        violations_by_vhost=by_vhost,
     )
 
 

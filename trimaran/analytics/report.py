@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from trimaran.analytics.life import OUTCOMES
 from trimaran.analytics.source import Selection
+from trimaran.analytics.tenants import outcomes_by_vhost, shown_id, vhost_column, vhost_summary
+from trimaran.vhosts import DEFAULT_VHOST, split_key
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -522,6 +524,7 @@ h1{font-size:1.6em} h2{margin-top:1.6em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;margin:.5em 0} td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}
 th{background:#f3f3f3;text-align:left} td.n{text-align:right;font-variant-numeric:tabular-nums}
 tr.queue td{background:#f8f8f8;font-weight:bold} td.zero{color:#aaa}
+tr.vhost td{background:#e8eef8;font-weight:bold}
 .ok{color:#070;font-weight:bold} .fail{color:#b00;font-weight:bold} .bad td{background:#fde8e8}
 .summary{font-size:1.1em;line-height:1.6;background:#f6f8fa;padding:.8em 1.2em;border-radius:6px}
 .violation{border-left:4px solid #b00;padding:.2em 1em;margin:1em 0}
@@ -592,6 +595,9 @@ def _summary_text(summary: dict[str, Any], result: AuditResult) -> str:
         else "no events"
     )
     picked = "the queues " + ", ".join(selection["queues"]) if selection.get("queues") else "every queue"
+    tenants = sorted(summary.get("vhosts") or {})
+    if set(tenants) - {DEFAULT_VHOST}:
+        picked += f", in {plural(len(tenants), 'vhost')}: " + ", ".join(tenants)
     window = ""
     if selection.get("since_ms") is not None or selection.get("until_ms") is not None:
         since = when(selection.get("since_ms"), precise=False) if selection.get("since_ms") else "the start"
@@ -633,27 +639,24 @@ def _summary_text(summary: dict[str, Any], result: AuditResult) -> str:
 
 
 def outcome_table(outcomes: dict[tuple[str, str | None], dict[str, int]]) -> str:
-    """Per queue a row of what happened to its messages, then a row per group."""
+    """Per queue a row of what happened to its messages, then a row per group; with tenants, the
+    queues of each vhost under a row naming it, by the names its clients use (analytics/tenants.py)."""
     e = html.escape
     head = "".join(f"<th>{e(h)}</th>" for _, h in COLUMNS)
+    by_vhost = outcomes_by_vhost(outcomes)
+    tenants = not set(by_vhost) <= {DEFAULT_VHOST}
     rows = []
-    for queue in sorted({q for q, _ in outcomes}):
-        mine = outcomes.get((queue, None), {})
-        cells = "".join(_n(mine.get(QUEUE_CELLS[c])) if c in QUEUE_CELLS else "<td></td>" for c, _ in COLUMNS)
-        bad = " bad" if mine.get("lost") else ""
-        rows.append(f"<tr class='queue{bad}'><td>{e(queue)}</td><td>(queue)</td>{cells}</tr>")
-        for group in sorted(g for q, g in outcomes if q == queue and g is not None):
-            by = outcomes[(queue, group)]
-            cells = "".join(_n(by.get(c)) for c, _ in COLUMNS)
-            rows.append(
-                f"<tr class='{'bad' if by.get('lost') else ''}'><td>{e(queue)}</td><td>{e(group)}</td>"
-                f"{cells}</tr>"
-            )
-    deleted = [
-        (q, by["deleted"])
-        for (q, g), by in sorted(outcomes.items(), key=str)
-        if g is None and by.get("deleted")
-    ]
+    deleted = []
+    for vhost, mine in sorted(by_vhost.items()):
+        if tenants:
+            rows.append(f"<tr class='vhost'><td colspan='{len(COLUMNS) + 2}'>vhost {e(vhost)}</td></tr>")
+        rows += _queue_rows(mine)
+        where = f" (vhost {vhost})" if tenants else ""
+        deleted += [
+            (q + where, by["deleted"])
+            for (q, g), by in sorted(mine.items(), key=str)
+            if g is None and by.get("deleted")
+        ]
     note = (
         "<p>Earlier incarnations of deleted queues (replayed, not in the table): "
         + ", ".join(f"{e(q)} {plural(n, 'message')}" for q, n in deleted)
@@ -671,6 +674,24 @@ def outcome_table(outcomes: dict[tuple[str, str | None], dict[str, int]]) -> str
         "once. On a queue's own row, acked counts the messages every group finished, still pending "
         "the messages still stored, and unaccounted the messages with an unaccounted line.</small></p>" + note
     )
+
+
+def _queue_rows(outcomes: dict[tuple[str, str | None], dict[str, int]]) -> list[str]:
+    e = html.escape
+    rows = []
+    for queue in sorted({q for q, _ in outcomes}):
+        mine = outcomes.get((queue, None), {})
+        cells = "".join(_n(mine.get(QUEUE_CELLS[c])) if c in QUEUE_CELLS else "<td></td>" for c, _ in COLUMNS)
+        bad = " bad" if mine.get("lost") else ""
+        rows.append(f"<tr class='queue{bad}'><td>{e(queue)}</td><td>(queue)</td>{cells}</tr>")
+        for group in sorted(g for q, g in outcomes if q == queue and g is not None):
+            by = outcomes[(queue, group)]
+            cells = "".join(_n(by.get(c)) for c, _ in COLUMNS)
+            rows.append(
+                f"<tr class='{'bad' if by.get('lost') else ''}'><td>{e(queue)}</td><td>{e(group)}</td>"
+                f"{cells}</tr>"
+            )
+    return rows
 
 
 def _violations_html(summary: dict[str, Any], messages: dict[tuple[str, int, int], Message]) -> str:
@@ -692,11 +713,11 @@ def _violations_html(summary: dict[str, Any], messages: dict[tuple[str, int, int
             )
             message = messages.get(key) if key is not None else None
             where = f" in group {e(ex['group'])}" if ex.get("group") else ""
-            link = (
-                f"<a href='messages/{message.page}'>{e(ex['message_id'])}</a>"
-                if message is not None
-                else e(str(ex["message_id"]))
-            )
+            vhost = ex.get("vhost") or DEFAULT_VHOST
+            if vhost != DEFAULT_VHOST:
+                where += f" in vhost {e(vhost)}"
+            shown = shown_id(str(ex["message_id"]))  # as the tenant's consumers know it
+            link = f"<a href='messages/{message.page}'>{e(shown)}</a>" if message is not None else e(shown)
             timeline = timeline_table(message, mark=[ex.get("event_id")]) if message is not None else ""
             parts.append(
                 f"<div class='violation'><p><b>{link}</b>{where}: {e(str(ex['detail']))}</p>{timeline}</div>"
@@ -714,8 +735,10 @@ def message_page(message: Message, summary: dict[str, Any]) -> str:
     ]
     published = next((ev for ev in message.events if ev["kind"] == "published"), None)
     lines = ["<p><a href='../index.html'>Audit report</a> / <a href='index.html'>messages</a></p>",
-             f"<h1>Message {e(message.message_id)}</h1>"]  # fmt: skip
-    facts = f"Queue <b>{e(message.queue)}</b>, offset {message.offset}"
+             f"<h1>Message {e(shown_id(message.message_id))}</h1>"]  # fmt: skip
+    vhost, name = split_key(message.queue)
+    facts = f"Queue <b>{e(name)}</b>" + (f" in vhost <b>{e(vhost)}</b>" if vhost != DEFAULT_VHOST else "")
+    facts += f", offset {message.offset}"
     if message.epoch:
         facts += f", from an earlier incarnation of the queue ({message.epoch} deletes ago)"
     if published is not None:
@@ -833,14 +856,15 @@ def write(
     """Write the report into ``directory``; returns the summary (also in ``summary.json``)."""
     directory.mkdir(parents=True, exist_ok=True)
     details = directory / "details"
-    result.violations.coalesce(1).write.mode("overwrite").parquet(str(details / "violations.parquet"))
     from pyspark.sql import functions as F
 
+    violations = result.violations.withColumn("vhost", vhost_column(F.col("queue")))
+    violations.coalesce(1).write.mode("overwrite").parquet(str(details / "violations.parquet"))
     from trimaran.analytics.result import _message_id
 
     lives = result.lives.withColumn(
         "message_id", _message_id(F.col("queue"), F.col("offset"), F.col("epoch"))
-    )
+    ).withColumn("vhost", vhost_column(F.col("queue")))
     lives.write.mode("overwrite").parquet(str(details / "messages.parquet"))
     summary: dict[str, Any] = {
         "ok": result.ok,
@@ -852,9 +876,10 @@ def write(
         "counts": result.counts,
         "invariants": result.invariants,
         "outcomes": [
-            {"queue": queue, "group": group, **by}
+            {"queue": queue, "vhost": split_key(queue)[0], "name": split_key(queue)[1], "group": group, **by}
             for (queue, group), by in sorted(result.outcomes.items(), key=lambda kv: str(kv[0]))
         ],
+        "vhosts": vhost_summary(result.outcomes, result.violations_by_vhost),
     }  # fmt: skip
     made: list[tuple[str, str]] = []
     if charts:

@@ -23,6 +23,8 @@ class AuditResult:
     outcomes: dict[tuple[str, str | None], dict[str, int]] = field(default_factory=dict)
     # Messages standing for each outcome: (queue, offset, epoch, outcome), for the report's pages.
     samples: list[tuple[str, int, int, str]] = field(default_factory=list)
+    # Per vhost, violations per rule (analytics/tenants.py): each tenant's own share of the failures.
+    violations_by_vhost: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def _message_id(queue: Column, offset: Column, epoch: Column) -> Column:
