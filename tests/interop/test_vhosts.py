@@ -403,6 +403,45 @@ def test_amqp091_a_user_without_permission_is_refused(amqp091_port: int) -> None
     _pika(amqp091_port, "t1", "bob", "b").close()  # where bob has a permission
 
 
+def test_amqp091_reply_texts_in_a_tenant_name_its_queues_and_exchanges_as_rabbitmq(amqp091_port: int) -> None:
+    """Errors about a tenant's queues and exchanges name them as its clients do, in RabbitMQ's words."""
+    pika = pytest.importorskip("pika")
+    queue, exchange = _unique("q-"), _unique("x-")
+    connection = _pika(amqp091_port, "t2/eu")
+    try:
+        texts = []
+        attempts = [
+            lambda ch: ch.queue_declare(queue, passive=True),
+            lambda ch: ch.queue_bind(queue, "amq.direct", "k"),
+            lambda ch: ch.basic_consume(queue, lambda *a: None),
+            lambda ch: ch.exchange_declare(exchange, passive=True),
+            lambda ch: ch.exchange_bind(exchange, "amq.direct", "k"),
+        ]
+        for attempt in attempts:
+            channel = connection.channel()
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+                attempt(channel)
+            texts.append((closed.value.reply_code, closed.value.reply_text))
+        channel = connection.channel()
+        channel.queue_declare(queue, durable=True)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            channel.queue_declare(queue, durable=False)  # inequivalent
+        texts.append((closed.value.reply_code, closed.value.reply_text.split(" for ")[1].split(":")[0]))
+        channel = connection.channel()
+        channel.queue_delete(queue)
+    finally:
+        connection.close()
+    in_vhost = "in vhost 't2/eu'"
+    assert texts == [
+        (404, f"NOT_FOUND - no queue '{queue}' {in_vhost}"),
+        (404, f"NOT_FOUND - no queue '{queue}' {in_vhost}"),
+        (404, f"NOT_FOUND - no queue '{queue}' {in_vhost}"),
+        (404, f"NOT_FOUND - no exchange '{exchange}' {in_vhost}"),
+        (404, f"NOT_FOUND - no exchange '{exchange}' {in_vhost}"),
+        (406, f"queue '{queue}' {in_vhost}"),
+    ]
+
+
 def test_kombu_on_a_non_default_vhost(vhost_server: RunningServer) -> None:
     kombu = pytest.importorskip("kombu")
     port = vhost_server.ports["amqp"]
