@@ -499,7 +499,7 @@ def test_rabbitmq_keeps_a_connection_whose_permission_is_cleared(rabbitmq_vhosts
     instead: the one way the permission is taken away at once (docs/security.md)."""
     import pika
 
-    rabbitmqctl(rabbitmq_vhosts, "add_user", "carol", "c")
+    ensure_user(rabbitmq_vhosts, "carol", "c")
     for vhost in ("/", "t1"):
         rabbitmqctl(rabbitmq_vhosts, "set_permissions", "-p", vhost, "carol", ".*", ".*", ".*")
     in_t1 = _pika(rabbitmq_vhosts, "t1", "carol", "c")
