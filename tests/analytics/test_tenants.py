@@ -127,3 +127,41 @@ def test_the_spark_audit_and_its_report_per_vhost(spark: Any, tmp_path: Any) -> 
     assert set(violations["vhost"]) == {"team/eu"}
     lives = pd.read_parquet(tmp_path / "details" / "messages.parquet")
     assert set(lives["vhost"]) == {"t1", "team/eu"}
+
+
+def test_a_vhost_selection_reads_only_that_vhosts_rows(spark: Any, tmp_path: Any) -> None:
+    """``--vhost``: pushed into the SQL (JDBC) and applied to a Parquet export alike; ``/`` is every
+    key without a prefix."""
+    from bench.audit_bench import write_parquet, write_sqlite
+    from trimaran.analytics.source import Selection, read_tables
+
+    tables, base = _two_vhosts()
+    gap = int(tables["queue_events"]["id"].max()) + 1
+    root = _in_vhost(base, "/", gap)
+    every = {name: pd.concat([tables[name], root[name]], ignore_index=True) for name in base}
+    url = write_sqlite(every, tmp_path / "three.db")
+    write_parquet(every, tmp_path / "export")
+    expected = {
+        "team/eu": lambda q: q.startswith(prefix("team/eu")),
+        "/": lambda q: not q.startswith("$vhost/"),
+    }
+    for vhost, mine in expected.items():
+        for where in ({"storage_url": url}, {"parquet": str(tmp_path / "export")}):
+            read = read_tables(spark, Selection(vhost=vhost), **where)  # type: ignore[arg-type]
+            queues = {r["queue"] for r in read["queue_events"].select("queue").distinct().collect()}
+            names = {r["name"] for r in read["queues"].select("name").collect()}
+            assert queues and all(mine(q) for q in queues), (vhost, where)
+            assert names == {q for q in every["queues"]["name"] if mine(q)}, (vhost, where)
+
+
+def test_the_command_line_names_queues_in_the_vhost_it_selects() -> None:
+    import argparse
+
+    from trimaran.analytics.replay import add_arguments, selection_of
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, master_default=None)
+    mine = selection_of(parser.parse_args(["--vhost", "team/eu", "--queue", "jobs", "--queue", "$dlq/jobs"]))
+    assert (mine.vhost, mine.queues) == ("team/eu", ("$vhost/team%2Feu/jobs", "$vhost/team%2Feu/$dlq/jobs"))
+    keys = selection_of(parser.parse_args(["--queue", "$vhost/t1/jobs"]))
+    assert (keys.vhost, keys.queues) == (None, ("$vhost/t1/jobs",))

@@ -50,7 +50,7 @@ from trimaran.analytics.life import (
 from trimaran.analytics.result import AuditResult, _message_id
 from trimaran.analytics.source import DEBIAN_JARS, Selection, read_tables
 from trimaran.analytics.tenants import label, vhost_column
-from trimaran.vhosts import DEFAULT_VHOST, TENANT
+from trimaran.vhosts import DEFAULT_VHOST, TENANT, prefix
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -544,7 +544,10 @@ def add_arguments(parser: argparse.ArgumentParser, *, master_default: str | None
         dest="queues",
         action="append",
         metavar="NAME",
-        help="audit this queue (repeatable; default all)",
+        help="audit this queue (repeatable; default all): its key, or its name in --vhost",
+    )
+    parser.add_argument(
+        "--vhost", metavar="NAME", help="audit only this vhost's queues (default every vhost)"
     )
     parser.add_argument("--output", "-o", default="audit-report", metavar="DIR", help="report directory")
     parser.add_argument(
@@ -611,6 +614,15 @@ def launch_of(args: argparse.Namespace, *, default_jars: bool = True) -> Launch:
     return launch
 
 
+def selection_of(args: argparse.Namespace) -> Selection:
+    """What the command line asks to audit; with ``--vhost``, ``--queue`` names queues in it."""
+    vhost = args.vhost
+    queues = args.queues
+    if vhost is not None and queues:
+        queues = [prefix(vhost) + name for name in queues]  # names in the vhost, as its clients use
+    return Selection(tuple(queues) if queues else None, parse_time(args.since), parse_time(args.until), vhost)
+
+
 def run_audit(
     args: argparse.Namespace,
     storage_url: str | None,
@@ -620,9 +632,7 @@ def run_audit(
 ) -> int:
     """Run, write the report, print a summary; 0 when every invariant holds, 1 when one fails, 2
     (one line on stderr) when the audit could not run. ``spark``: a session to use as it is."""
-    selection = Selection(
-        tuple(args.queues) if args.queues else None, parse_time(args.since), parse_time(args.until)
-    )
+    selection = selection_of(args)
     if args.parquet:
         storage_url = None
     progress = Progress()

@@ -595,6 +595,8 @@ def _summary_text(summary: dict[str, Any], result: AuditResult) -> str:
         else "no events"
     )
     picked = "the queues " + ", ".join(selection["queues"]) if selection.get("queues") else "every queue"
+    if selection.get("vhost"):
+        picked += f" of the vhost {selection['vhost']}"
     tenants = sorted(summary.get("vhosts") or {})
     if set(tenants) - {DEFAULT_VHOST}:
         picked += f", in {plural(len(tenants), 'vhost')}: " + ", ".join(tenants)
@@ -870,7 +872,7 @@ def write(
         "ok": result.ok,
         "source": source,
         "window": {"queues": list(selection.queues) if selection.queues else None,
-                   "since_ms": selection.since_ms, "until_ms": selection.until_ms},
+                   "since_ms": selection.since_ms, "until_ms": selection.until_ms, "vhost": selection.vhost},
         "generated_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
         "seconds": round(result.seconds, 2),
         "counts": result.counts,

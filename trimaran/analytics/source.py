@@ -1,8 +1,9 @@
 """Where the audit reads the queue tables from: the database over JDBC, or a Parquet export.
 
 Only the columns the audit needs are read (never message payloads). Large tables are read in
-parallel slices of a numeric column (Spark's partitioned JDBC reads); filters on queue names and on
-the time window are pushed into the SQL so the database sends only what is audited.
+parallel slices of a numeric column (Spark's partitioned JDBC reads); filters on queue names, on a
+vhost (a key prefix) and on the time window are pushed into the SQL so the database sends only what
+is audited.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from trimaran.vhosts import DEFAULT_VHOST, TENANT, prefix
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -76,11 +79,13 @@ def slice_count(rows: int, parallelism: int) -> int:
 
 @dataclass(frozen=True)
 class Selection:
-    """What to audit: some queues (``None``: all) and messages published in [since, until)."""
+    """What to audit: some queues (``None``: all; queue keys), of one vhost (``None``: every
+    vhost), and messages published in [since, until)."""
 
     queues: tuple[str, ...] | None = None
     since_ms: int | None = None
     until_ms: int | None = None
+    vhost: str | None = None
 
     @property
     def windowed(self) -> bool:
@@ -120,6 +125,14 @@ def _where(table: str, selection: Selection) -> str:
         column = '"name"' if table == "queues" else '"queue"'
         names = ", ".join(_sql_string(q) for q in selection.queues) or "NULL"
         clauses.append(f"{column} IN ({names})")
+    if selection.vhost is not None:
+        # A key's vhost is its prefix (trimaran/vhosts.py); substr compares bytes, as LIKE may not.
+        column = '"name"' if table == "queues" else '"queue"'
+        if selection.vhost == DEFAULT_VHOST:
+            clauses.append(f"substr({column}, 1, {len(TENANT)}) <> {_sql_string(TENANT)}")
+        else:
+            mine = prefix(selection.vhost)
+            clauses.append(f"substr({column}, 1, {len(mine)}) = {_sql_string(mine)}")
     # Events of a message come after its publication: older events cannot concern the window.
     if table == "queue_events" and selection.since_ms is not None:
         clauses.append(f'"time" >= {int(selection.since_ms)}')
@@ -213,6 +226,12 @@ def read_parquet(spark: SparkSession, directory: str, table: str, selection: Sel
     if selection.queues is not None:
         column = "name" if table == "queues" else "queue"
         frame = frame.filter(F.col(column).isin(list(selection.queues)))
+    if selection.vhost is not None:
+        column = "name" if table == "queues" else "queue"
+        if selection.vhost == DEFAULT_VHOST:
+            frame = frame.filter(~F.col(column).startswith(TENANT))
+        else:
+            frame = frame.filter(F.col(column).startswith(prefix(selection.vhost)))
     if table == "queue_events" and selection.since_ms is not None:
         frame = frame.filter(F.col("time") >= selection.since_ms)
     return frame
