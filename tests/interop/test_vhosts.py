@@ -300,6 +300,41 @@ def test_amqp1_tenants_share_queue_and_topic_names_unseen(vhost_server: RunningS
             client.close()
 
 
+def test_refusals_name_a_tenants_queues_as_its_clients_do(
+    vhost_server: RunningServer, endpoints: Endpoints
+) -> None:
+    """A queue's refusal texts reach the client with its own names: an MQTT 5 PUBACK reason string
+    and an AMQP 1.0 attach refusal about a queue of vhost t1 never show the internal prefix."""
+    from proton.utils import LinkDetached
+
+    queue = _unique("locked-")
+    owner = _pika(vhost_server.ports["amqp"], "t1")
+    mqtt = connect(endpoints, version=V5, username="t1:alice", password="a")
+    proton = _proton(vhost_server, "vhost:t1")
+    try:
+        owner.channel().queue_declare(queue, exclusive=True)
+        with pytest.raises(LinkDetached) as refused:
+            proton.create_receiver(f"$queue/{queue}")
+        assert "$vhost" not in str(refused.value) and f"queue {queue} is exclusive" in str(refused.value)
+        reasons: dict[int, str] = {}
+
+        def on_publish(_c: Any, _u: Any, mid: int, _reason: Any, props: Any) -> None:
+            reasons[mid] = getattr(props, "ReasonString", "")
+
+        mqtt.client.on_publish = on_publish
+        control = props(PacketTypes.PUBLISH, UserProperty=[("message-id", f"{queue}:99")])
+        info = mqtt.publish(f"$queue/{queue}/$ack", b"", qos=1, properties=control, wait=False)
+        info.wait_for_publish(5)
+        deadline = time.monotonic() + 5
+        while info.mid not in reasons and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert f"queue {queue} " in reasons[info.mid] and "$vhost" not in reasons[info.mid]
+    finally:
+        proton.close()
+        mqtt.disconnect()
+        owner.close()
+
+
 def test_amqp1_a_vhost_that_does_not_exist_closes_with_not_found(vhost_server: RunningServer) -> None:
     pytest.importorskip("proton")
     from proton import ConnectionException

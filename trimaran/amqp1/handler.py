@@ -313,6 +313,8 @@ class Amqp1FrontEnd:
     # -- attach / detach --------------------------------------------------------------------------
 
     def _refuse(self, conn: Amqp1Conn, link: Link, condition: str, description: str) -> None:
+        if conn.vhost_prefix:
+            description = description.replace(conn.vhost_prefix, "")  # the names its client knows
         log.info("amqp1: %s: link %r refused: %s %s", conn.container_id, link.name, condition, description)
         conn.machine.reject_link(link, Error(condition=Symbol(condition), description=description))
 
@@ -627,6 +629,8 @@ class Amqp1FrontEnd:
     def _refuse_message(
         self, conn: Amqp1Conn, event: MessageReceived, condition: str, description: str
     ) -> None:
+        if conn.vhost_prefix:
+            description = description.replace(conn.vhost_prefix, "")  # the names its client knows
         log.info("amqp1: %s: message refused: %s %s", conn.container_id, condition, description)
         error = Error(condition=Symbol(condition), description=description)
         if event.settled:

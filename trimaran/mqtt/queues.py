@@ -46,7 +46,7 @@ from trimaran.queue.outcomes import ACK, RETRY_NOW, Commit, DeadLetter, Outcome,
 from trimaran.queue.policy import DEFAULT_GROUP, QUEUE_PREFIX, QueueError, parse_queue_topic, queue_topic
 from trimaran.runtime.confirms import InOrder
 from trimaran.topics import TopicError, split_shared
-from trimaran.vhosts import describe, split_key
+from trimaran.vhosts import describe, prefix, split_key
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine, Mapping
@@ -157,7 +157,8 @@ class PendingAck:
         who, where = describe(self.client, "client"), split_key(self.topic)[1]
         log.info("mqtt: queue publish from %s to %r refused: %s", who, where, exc)
         self.reason_code = _refusal_code(exc)
-        self.reason = str(exc)
+        vhost_prefix = prefix(split_key(self.topic)[0])
+        self.reason = str(exc).replace(vhost_prefix, "") if vhost_prefix else str(exc)  # the client's names
 
     def settle(self) -> None:
         """Settled: the PUBACK/PUBREC goes out before the connection's next write, with every other

@@ -12,6 +12,7 @@ from trimaran.queue.journal import Receipt
 from trimaran.queue.manager import QueueManager
 from trimaran.queue.outcomes import ACK, Commit, DeadLetter, Outcome, Retry
 from trimaran.queue.policy import DEFAULT_GROUP, QueueError
+from trimaran.vhosts import split_key
 
 __all__ = [
     "ack_by_id",
@@ -37,7 +38,7 @@ def locate(manager: QueueManager, message_id_text: str, group: str | None) -> tu
     state = manager.get(queue)
     grp = state.groups.get(group or DEFAULT_GROUP)
     if grp is None:
-        raise QueueError("no-group", f"queue {queue} has no group {group or DEFAULT_GROUP}")
+        raise QueueError("no-group", f"queue {split_key(queue)[1]} has no group {group or DEFAULT_GROUP}")
     return state, grp, offset
 
 

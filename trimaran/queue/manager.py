@@ -86,7 +86,7 @@ from trimaran.storage.engine import sqlite_file
 from trimaran.storage.store import Storage
 from trimaran.storage.writer import GroupCommitWriter, WriteBatch, WriterError
 from trimaran.tenant_limits import TenantLimits
-from trimaran.vhosts import split_key, vhost_of
+from trimaran.vhosts import describe, split_key, vhost_of
 
 __all__ = [
     "BrowseHandle",
@@ -377,7 +377,8 @@ class QueueManager:
             if policy is not None:
                 new = self._policy_for(name, policy)
                 if new.mode != state.policy.mode and state.messages:
-                    raise QueueError("mode-mismatch", f"queue {name} is a {state.policy.mode} queue")
+                    mode = state.policy.mode
+                    raise QueueError("mode-mismatch", f"queue {split_key(name)[1]} is a {mode} queue")
                 if new != state.policy:
                     regroup = new.mode != state.policy.mode
                     state.policy = new
@@ -393,7 +394,7 @@ class QueueManager:
         self.queues[name] = state
         if ch is not None:
             self.journal.declared(ch, state)
-        log.info("queue %s declared (%s, %s)", name, pol.mode, "durable" if durable else "in memory")
+        log.info("%s declared (%s, %s)", describe(name), pol.mode, "durable" if durable else "in memory")
         return state
 
     def _regroup(self, state: QueueState) -> None:
@@ -444,7 +445,7 @@ class QueueManager:
     def get(self, name: str) -> QueueState:
         state = self.queues.get(name)
         if state is None:
-            raise QueueError("no-queue", f"queue {name} does not exist")
+            raise QueueError("no-queue", f"queue {split_key(name)[1]} does not exist")
         return state
 
     def _get_or_create(self, name: str, ch: Changes) -> QueueState:
@@ -452,7 +453,7 @@ class QueueManager:
         if state is not None:
             return state
         if not self.settings.auto_create:
-            raise QueueError("no-queue", f"queue {name} does not exist and auto_create is off")
+            raise QueueError("no-queue", f"queue {split_key(name)[1]} does not exist and auto_create is off")
         return self.declare_now(name, None, True, ch)
 
     # -- admin (queue/admin.py) -------------------------------------------------------------------
@@ -673,7 +674,7 @@ class QueueManager:
                 # An auto-created queue's row goes ahead on its own: a refused publish must not lose it.
                 self.journal.send(declared)
         if state.deleted:
-            raise QueueError("no-queue", f"queue {queue} was deleted")
+            raise QueueError("no-queue", f"queue {split_key(queue)[1]} was deleted")
         if state.durable and self.disk.low:
             self.disk.refused += 1
             state.stats["refused"] += 1
@@ -759,7 +760,7 @@ class QueueManager:
             return
         if policy.overflow != "drop-oldest" or (max_b is not None and size > max_b):
             state.stats["refused"] += 1
-            raise QueueError("full", f"queue {state.name} is full")
+            raise QueueError("full", f"queue {split_key(state.name)[1]} is full")
         now = now_ms()
         letters = Changes()
         while state.messages and (
@@ -903,7 +904,7 @@ class QueueManager:
     def _check_owner(self, queue: str, owner: object) -> None:
         held_by = self.owners.get(queue)
         if held_by is not None and held_by is not owner:
-            raise QueueError("locked", f"queue {queue} is exclusive to another connection")
+            raise QueueError("locked", f"queue {split_key(queue)[1]} is exclusive to another connection")
 
     def browse(self, queue: str, consumer: QueueConsumer, *, owner: object = None) -> BrowseHandle:
         """Attach a browser: it receives copies of what the queue holds (from the oldest) and of
