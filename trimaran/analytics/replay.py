@@ -616,7 +616,7 @@ def launch_of(args: argparse.Namespace, *, default_jars: bool = True) -> Launch:
 
 def selection_of(args: argparse.Namespace) -> Selection:
     """What the command line asks to audit; with ``--vhost``, ``--queue`` names queues in it."""
-    vhost = args.vhost
+    vhost = getattr(args, "vhost", None)  # a Namespace built by a caller may not have it
     queues = args.queues
     if vhost is not None and queues:
         queues = [prefix(vhost) + name for name in queues]  # names in the vhost, as its clients use
