@@ -242,7 +242,8 @@ class Broker:
         """Each vhost's own ``$SYS`` (but ``/``'s, which :meth:`sys_values` gives for the whole
         broker): its clients, traffic, subscriptions, retained messages and queues, counted from the
         registry, the router, the retained store and :attr:`tenant_figures` at publish time, so no
-        message pays for them. Keyed by vhost; the topics as its clients see them."""
+        message pays for them. Keyed by vhost (those with a client connected); the topics as its
+        clients see them."""
         tenants = [v for v in self.vhosts.names() if v != DEFAULT_VHOST]
         if not tenants:
             return {}
@@ -250,6 +251,11 @@ class Broker:
         for client in self.clients:
             if client.vhost in clients:
                 clients[client.vhost] += 1
+        # A vhost with no client has nobody to tell (its retained values wait for the next tick
+        # after one connects): idle tenants cost a tick nothing but this count.
+        tenants = [v for v in tenants if clients[v]]
+        if not tenants:
+            return {}
         subscriptions = _count_by_vhost(s.topic_filter for s in self.router.iter_subscriptions())
         retained = self._tenant_retained()[0]
         figures = self.tenant_figures() if self.tenant_figures is not None else {}
