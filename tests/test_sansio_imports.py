@@ -17,6 +17,7 @@ SANS_IO = [
     "broker/retained.py",
     "topics.py",
     "vhosts.py",
+    "selector.py",
     "mqtt/codec.py",
     "mqtt/packets.py",
     "mqtt/properties.py",
