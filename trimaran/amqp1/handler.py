@@ -34,7 +34,7 @@ from trimaran.amqp1.events import (
     SaslAuthRequested,
     TransferAborted,
 )
-from trimaran.amqp1.links import InLink, OutLink, QueueBrowse, QueueOut, TopicOut
+from trimaran.amqp1.links import InLink, OutLink, QueueBrowse, QueueOut, SelectedTopicOut, TopicOut
 from trimaran.amqp1.mapping import from_amqp1, to_amqp1
 from trimaran.amqp1.messages import decode_message
 from trimaran.amqp1.performatives import (
@@ -57,6 +57,7 @@ from trimaran.amqp1.performatives import (
     Source,
     Target,
 )
+from trimaran.amqp1.selection import find_selector, parse_selector, selecting
 from trimaran.amqp1.session import Link, LinkState
 from trimaran.amqp1.types import DecodeError, Symbol, Timestamp
 from trimaran.broker.clients import ClientInfo
@@ -70,10 +71,12 @@ from trimaran.broker.events import (
 from trimaran.broker.message import PROTOCOL_AMQP1, Message
 from trimaran.broker.router import SubscriptionOptions
 from trimaran.config import Settings
+from trimaran.queue.groups import Selects
 from trimaran.queue.manager import PublishResult, QueueManager
 from trimaran.queue.policy import QueueError
 from trimaran.runtime.transport import Conn
 from trimaran.security.guard import READ, WRITE, Login, Security, on_login
+from trimaran.selector import SelectorError
 from trimaran.vhosts import DEFAULT_VHOST, prefix
 
 log = logging.getLogger(__name__)
@@ -436,6 +439,15 @@ class Amqp1FrontEnd:
         except AddressError as exc:
             self._refuse(conn, link, exc.condition, exc.description)
             return None
+        # A JMS selector is parsed once, here; one that does not parse ends the link.
+        selector = find_selector(source.filter)
+        selects: Selects | None = None
+        if selector is not None:
+            try:
+                selects = selecting(parse_selector(selector[1].value))
+            except SelectorError as exc:
+                self._refuse(conn, link, INVALID_FIELD, f"{exc} in {selector[1].value!r}")
+                return None
         out: OutLink
         mode = source.distribution_mode
         if address.is_queue and mode == COPY:
@@ -454,7 +466,7 @@ class Amqp1FrontEnd:
             mode = MOVE  # what a queue does for any other mode asked: the peer is told so
             out = QueueOut(conn, link, address, settled)
             try:
-                self._consume(out, link)
+                self._consume(out, link, selects)
             except QueueError as exc:
                 condition = NOT_FOUND if exc.reason == "no-queue" else INVALID_FIELD
                 if exc.reason == "locked":
@@ -464,21 +476,27 @@ class Amqp1FrontEnd:
                 self._refuse(conn, link, condition, str(exc))
                 return None
         else:
-            out = TopicOut(conn, link, address, settled)
+            if selects is None:
+                out = TopicOut(conn, link, address, settled)
+            else:
+                out = SelectedTopicOut(conn, link, address, settled, selects)
             qos = 0 if settled else 1
             self.broker.router.subscribe(out, address.name, SubscriptionOptions(qos=qos, reads=reads))
             self._subscription_event(SUBSCRIPTION_CREATED, conn, address.name, qos=qos, link=link.name)
         conn.outlinks[link] = out
-        # Filters are not applied (beyond the address' own wildcards): leaving them out of our
-        # source tells the peer so, as the spec asks.
+        # The filters we apply go back in our source: the selector (not for a queue browser), and
+        # no other (beyond the address' own wildcards), which tells the peer so, as the spec asks.
+        applied = None
+        if selector is not None and not isinstance(out, QueueBrowse):
+            applied = {selector[0]: selector[1]}
         if not address.is_queue and mode != COPY:
             mode = None  # a topic link copies; another mode asked of it is not ours to claim
-        source = replace(source, capabilities=[Symbol(address.kind)], filter=None, distribution_mode=mode)
+        source = replace(source, capabilities=[Symbol(address.kind)], filter=applied, distribution_mode=mode)
         conn.machine.accept_link(link, source=source, rcv_settle_mode=RCV_FIRST)
         out.on_flow(link.drain)  # a flow may have come before our attach
         return None
 
-    def _consume(self, out: QueueOut, link: Link) -> None:
+    def _consume(self, out: QueueOut, link: Link, selects: Selects | None = None) -> None:
         assert self.queues is not None
         props = link.remote_attach.properties or {}
         group = props.get("consumer-group")
@@ -501,6 +519,7 @@ class Amqp1FrontEnd:
             start=start,
             auto_ack=out.settled,
             owner=out.conn,
+            selects=selects,
         )
 
     async def _attach_dynamic(self, conn: Amqp1Conn, link: Link, source: Source, settled: bool) -> None:

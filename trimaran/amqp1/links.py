@@ -5,6 +5,7 @@
   consumers get the messages).
 - :class:`TopicOut`: the peer receives from a router topic (filters may hold ``+`` and ``#``);
   messages that arrive while the link has no credit wait in a bounded backlog.
+  :class:`SelectedTopicOut` sends only what its JMS selector selects.
 - :class:`InLink`: the peer sends to a queue, a topic, or (no target address) to each message's
   ``to`` address.
 
@@ -25,6 +26,7 @@ from trimaran.amqp1.performatives import Accepted, Modified, Rejected, Released
 from trimaran.amqp1.session import Link
 from trimaran.broker.message import Message
 from trimaran.broker.router import Delivery
+from trimaran.queue.groups import Selects
 from trimaran.queue.manager import BrowseHandle, ConsumerHandle, QueueDelivery
 from trimaran.queue.outcomes import ACK, RELEASED, RETRY_NOW, DeadLetter, Outcome, Retry
 
@@ -206,6 +208,23 @@ class TopicOut(OutLink):
     def stop(self) -> None:
         super().stop()
         self.backlog.clear()
+
+
+class SelectedTopicOut(TopicOut):
+    """A topic link with a message selector: only the messages it selects are sent (the router's
+    path for links without one does not test anything)."""
+
+    __slots__ = ("selects",)
+
+    def __init__(
+        self, conn: LinkOwner, link: Link, address: Address, settled: bool, selects: Selects
+    ) -> None:
+        super().__init__(conn, link, address, settled)
+        self.selects = selects
+
+    def deliver(self, message: Message, delivery: Delivery[Any]) -> None:
+        if self.selects(message):
+            TopicOut.deliver(self, message, delivery)
 
 
 class InLink:

@@ -85,11 +85,17 @@ class QueueConsumer(Protocol):
         """Synchronous and non-blocking: put the delivery in the outbox."""
 
 
+#: A consumer's message selector (a JMS selector compiled by its hull): True takes the message;
+#: the ones it leaves stay for the group's other consumers.
+Selects = Callable[[Message], bool]
+
+
 class Taker(Protocol):
     """A consumer as the groups see it (the manager's ``ConsumerHandle``)."""
 
     consumer: QueueConsumer
     routing_filter: str | None
+    selects: Selects | None
     auto_ack: bool
     credit: int
     closed: bool

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 from trimaran.queue.outcomes import ACK, RELEASED, UNSENT, Commit, DeadLetter, Outcome, Retry
 
 if TYPE_CHECKING:
-    from trimaran.queue.groups import Group, QueueConsumer, QueueState
+    from trimaran.queue.groups import Group, QueueConsumer, QueueState, Selects
     from trimaran.queue.journal import Receipt
 
 __all__ = ["BrowseHandle", "ConsumerHandle", "Consuming", "settle_many_nowait"]
@@ -67,12 +67,14 @@ class ConsumerHandle:
         consumer: QueueConsumer,
         routing_filter: str | None,
         auto_ack: bool,
+        selects: Selects | None = None,
     ) -> None:
         self.manager = manager
         self.queue = queue
         self.group = group
         self.consumer = consumer
         self.routing_filter = None if routing_filter in (None, "#") else routing_filter
+        self.selects = selects  # a message selector: the messages it passes over stay for others
         self.auto_ack = auto_ack
         self.credit = 0
         self.closed = False

@@ -58,6 +58,7 @@ from trimaran.queue.groups import (
     QueueConsumer,
     QueueDelivery,
     QueueState,
+    Selects,
     StoredMessage,
     Taker,
     WaitingPublish,
@@ -867,6 +868,7 @@ class QueueManager:
         start: str | int | None = None,
         auto_ack: bool = False,
         owner: object = None,
+        selects: Selects | None = None,
     ) -> ConsumerHandle:
         """Attach a consumer. It receives nothing until the front end gives it credit.
 
@@ -877,6 +879,9 @@ class QueueManager:
 
         ``owner``: the connection asking. An exclusive or temporary queue (``owners``) is consumed
         only by the connection that owns it, whatever its protocol ("locked" for the others).
+
+        ``selects``: a message selector; the consumer gets only the messages it passes, the others
+        stay for the group's other consumers.
         """
         if not self._started:
             raise QueueError("stopped", "the queue manager is not running")
@@ -895,7 +900,7 @@ class QueueManager:
                     other.store_held(ch)  # no longer alone: its held deliveries need their rows
         elif isinstance(grp, StreamGroup) and not grp.consumers:
             grp.resume(start)
-        handle = ConsumerHandle(self, state, grp, consumer, routing_filter, auto_ack)
+        handle = ConsumerHandle(self, state, grp, consumer, routing_filter, auto_ack, selects)
         grp.consumers.append(handle)
         if state.durable and not ch.empty():
             self.journal.send(ch)
@@ -979,12 +984,12 @@ class QueueManager:
                     if handle.credit <= 0 or handle.closed:
                         continue
                     if work is not None:
-                        taken = work.take(handle.routing_filter, now, ch)
+                        taken = work.take(handle.routing_filter, now, ch, handle.selects)
                         if taken is None:
                             continue
                         delivery = work.deliver(handle, taken[0], taken[1], now, ch)
                     elif stream is not None:
-                        stored = stream.take(handle.routing_filter, now, ch)
+                        stored = stream.take(handle.routing_filter, now, ch, handle.selects)
                         if stored is None:
                             continue
                         delivery = stream.deliver(handle, stored, now, ch)

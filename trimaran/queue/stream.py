@@ -19,6 +19,7 @@ from trimaran.queue.groups import (
     Group,
     QueueDelivery,
     QueueState,
+    Selects,
     StoredMessage,
     Taker,
     expired,
@@ -61,8 +62,11 @@ class StreamGroup(Group):
         self.host = host
         self.journal = host.journal
 
-    def take(self, routing_filter: str | None, now: int, ch: Changes) -> StoredMessage | None:
-        """The next message past the read cursor that matches ``routing_filter``."""
+    def take(
+        self, routing_filter: str | None, now: int, ch: Changes, selects: Selects | None = None
+    ) -> StoredMessage | None:
+        """The next message past the read cursor that matches ``routing_filter`` and ``selects``
+        (the group reads past the others: a stream keeps them for the other groups)."""
         state = self.state
         messages = state.messages
         offset = max(self.cursor, state.first_offset()) if messages else self.cursor
@@ -75,7 +79,9 @@ class StreamGroup(Group):
             if expired(stored, now):
                 self.host.expire(state, stored.offset, now, ch)
                 continue
-            if routing_filter is None or filter_matches(routing_filter, stored.routing_key):
+            if (routing_filter is None or filter_matches(routing_filter, stored.routing_key)) and (
+                selects is None or selects(stored.message)
+            ):
                 self.cursor = offset
                 return stored
         self.cursor = max(self.cursor, offset)

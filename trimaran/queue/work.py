@@ -35,6 +35,7 @@ from trimaran.queue.groups import (
     Group,
     QueueDelivery,
     QueueState,
+    Selects,
     StoredMessage,
     Taker,
     expired,
@@ -67,10 +68,11 @@ class WorkGroup(Group):
     # -- taking -----------------------------------------------------------------------------------
 
     def take(
-        self, routing_filter: str | None, now: int, ch: Changes
+        self, routing_filter: str | None, now: int, ch: Changes, selects: Selects | None = None
     ) -> tuple[StoredMessage, Entry | None] | None:
-        """The next message for a consumer with ``routing_filter``: one waiting to come back first,
-        then the oldest past the cursor. Expired messages met on the way are expired."""
+        """The next message for a consumer with ``routing_filter`` (and ``selects``, its message
+        selector): one waiting to come back first, then the oldest past the cursor. Expired
+        messages met on the way are expired; the ones passed over stay for other consumers."""
         state = self.state
         messages = state.messages
         if self.ready:
@@ -86,6 +88,8 @@ class WorkGroup(Group):
                     self.host.expire(state, offset, now, ch)
                     continue
                 if routing_filter is not None and not filter_matches(routing_filter, stored.routing_key):
+                    continue
+                if selects is not None and not selects(stored.message):
                     continue
                 self.unready(offset)
                 return stored, self.entries.get(offset)
@@ -105,7 +109,9 @@ class WorkGroup(Group):
             if expired(stored, now):
                 self.host.expire(state, offset, now, ch)
                 continue
-            if routing_filter is None or filter_matches(routing_filter, stored.routing_key):
+            if (routing_filter is None or filter_matches(routing_filter, stored.routing_key)) and (
+                selects is None or selects(stored.message)
+            ):
                 if offset == self.cursor:
                     self.advance(offset + 1, ch)
                 return stored, None
