@@ -1030,6 +1030,8 @@ class ServerConnection:
             return
         if t.settled:
             partial.settled = True
+        if t.state is not None:
+            partial.state = t.state
         if t.aborted:
             link.partial = None
             self._events.append(TransferAborted(link, partial.delivery_id, partial.tag))
@@ -1052,7 +1054,13 @@ class ServerConnection:
             session.unsettled_in[partial.delivery_id] = (link, partial.tag)
         self._events.append(
             MessageReceived(
-                link, partial.delivery_id, partial.tag, partial.settled, body, partial.message_format
+                link,
+                partial.delivery_id,
+                partial.tag,
+                partial.settled,
+                body,
+                partial.message_format,
+                partial.state,
             )
         )
 

@@ -108,6 +108,7 @@ class MessageReceived(Event):
     settled: bool
     payload: bytes
     message_format: int
+    state: Any = None  # the transfer's state: a TransactionalState for a transactional transfer
 
 
 @dataclass(frozen=True, slots=True)

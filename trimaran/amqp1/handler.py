@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import anyio
 
@@ -34,9 +34,17 @@ from trimaran.amqp1.events import (
     SaslAuthRequested,
     TransferAborted,
 )
-from trimaran.amqp1.links import InLink, OutLink, QueueBrowse, QueueOut, SelectedTopicOut, TopicOut
+from trimaran.amqp1.links import (
+    InLink,
+    OutLink,
+    QueueBrowse,
+    QueueOut,
+    SelectedTopicOut,
+    TopicOut,
+    disposition_outcome,
+)
 from trimaran.amqp1.mapping import from_amqp1, to_amqp1
-from trimaran.amqp1.messages import decode_message
+from trimaran.amqp1.messages import AmqpValue, decode_message
 from trimaran.amqp1.performatives import (
     CONNECTION_FORCED,
     DECODE_ERROR,
@@ -52,14 +60,20 @@ from trimaran.amqp1.performatives import (
     UNAUTHORIZED_ACCESS,
     Accepted,
     Coordinator,
+    Declare,
+    Declared,
+    Discharge,
     Error,
     Rejected,
     Source,
     Target,
+    TransactionalState,
+    from_described,
 )
 from trimaran.amqp1.selection import find_selector, parse_selector, selecting
 from trimaran.amqp1.session import Link, LinkState
-from trimaran.amqp1.types import DecodeError, Symbol, Timestamp
+from trimaran.amqp1.transactions import LOCAL_TRANSACTIONS, ROLLBACK, UNKNOWN_ID, Transaction, Transactions
+from trimaran.amqp1.types import DecodeError, Described, Symbol, Timestamp
 from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker
 from trimaran.broker.events import (
@@ -73,6 +87,7 @@ from trimaran.broker.router import SubscriptionOptions
 from trimaran.config import Settings
 from trimaran.queue.groups import Selects
 from trimaran.queue.manager import PublishResult, QueueManager
+from trimaran.queue.outcomes import RELEASED
 from trimaran.queue.policy import QueueError
 from trimaran.runtime.transport import Conn
 from trimaran.security.guard import READ, WRITE, Login, Security, on_login
@@ -104,6 +119,7 @@ class Amqp1FrontEnd:
         self.container_id = self.config.container_id or settings.node_name
         self.outbox_size = self.config.outbox_size
         self.connections: set[Amqp1Conn] = set()
+        self.transactions: dict[Amqp1Conn, Transactions] = {}  # connections that declared one
         self._drained: anyio.Event | None = None
         self._encoded: tuple[Message | None, bytes] = (None, b"")
 
@@ -153,6 +169,11 @@ class Amqp1FrontEnd:
         """The connection is gone: unsubscribe, hand unsettled queue deliveries back, delete its
         temporary queues."""
         self._forget(conn)
+        txns = self.transactions.pop(conn, None)
+        if txns is not None:  # the connection ended: its open transactions roll back
+            for txn in list(txns.open.values()):
+                self._rollback(txn)
+            txns.open.clear()
         try:
             with anyio.CancelScope(shield=True):
                 for out in list(conn.outlinks.values()):
@@ -330,7 +351,7 @@ class Amqp1FrontEnd:
 
     def _attach_inlink(self, conn: Amqp1Conn, link: Link, target: Any) -> None:
         if isinstance(target, Coordinator):
-            self._refuse(conn, link, NOT_IMPLEMENTED, "transactions are not supported")
+            self._attach_coordinator(conn, link, target)
             return
         if not isinstance(target, Target):
             self._refuse(conn, link, INVALID_FIELD, "attach without a target")
@@ -358,6 +379,22 @@ class Amqp1FrontEnd:
         conn.inlinks[link] = inlink
         credit = 0 if conn.publishing_blocked else self.config.link_credit
         conn.machine.accept_link(link, target=target, rcv_settle_mode=RCV_FIRST, initial_credit=credit)
+
+    def _attach_coordinator(self, conn: Amqp1Conn, link: Link, target: Coordinator) -> None:
+        """A sender to the transaction coordinator: local transactions, whatever else it asks for
+        (our answer's capabilities say what it got)."""
+        if self.queues is None:
+            self._refuse(conn, link, NOT_IMPLEMENTED, "transactions need the durable queues")
+            return
+        inlink = InLink(link, None, coordinator=True)
+        conn.inlinks[link] = inlink
+        self.transactions.setdefault(conn, Transactions())
+        conn.machine.accept_link(
+            link,
+            target=Coordinator(capabilities=[LOCAL_TRANSACTIONS]),
+            rcv_settle_mode=RCV_FIRST,
+            initial_credit=0 if conn.publishing_blocked else self.config.link_credit,
+        )
 
     def _check_access(self, conn: Amqp1Conn, access: str, topic: str) -> None:
         """The rules' word on ``topic``: ``amqp:unauthorized-access`` when they refuse."""
@@ -555,11 +592,19 @@ class Amqp1FrontEnd:
 
     def _detached(self, conn: Amqp1Conn, event: LinkDetached) -> None:
         link = event.link
-        conn.inlinks.pop(link, None)
+        inlink = conn.inlinks.pop(link, None)
+        if inlink is not None and inlink.coordinator:
+            txns = self.transactions.get(conn)
+            for txn in txns.of_link(link) if txns is not None else ():
+                self._rollback(txn)  # its coordinator is gone: what it declared rolls back
         out = conn.outlinks.get(link)
         if out is None:
             return
         self._unsubscribe(conn, out)
+        txns = self.transactions.get(conn) if isinstance(out, QueueOut) else None
+        if txns is not None:
+            for txn in txns.open.values():
+                txn.link_ended(cast(QueueOut, out))
         conn.io.spawn(lambda: self._release_detached(conn, out))
 
     def _unsubscribe(self, conn: Amqp1Conn, out: OutLink) -> None:
@@ -608,6 +653,9 @@ class Amqp1FrontEnd:
         inlink = conn.inlinks.get(link)
         if inlink is None or not link.is_open:
             return
+        if inlink.coordinator:
+            self._control(conn, event, inlink)
+            return
         conn.io.publisher = True  # the memory watermark pauses the connections that publish
         conn.io.messages_in += 1
         self.broker.stats.messages_received += 1
@@ -637,6 +685,9 @@ class Amqp1FrontEnd:
         message = from_amqp1(
             decoded, address.topic, conn.container_id, settled=event.settled, raw=event.payload
         )
+        if event.state is not None and self._in_transaction(conn, event, address, message):
+            conn.refill(inlink)
+            return
         if address.is_queue:
             self._append(conn, address, message, conn.waiting(inlink, event.delivery_id, event.settled))
         else:
@@ -694,11 +745,143 @@ class Amqp1FrontEnd:
         log.info("amqp1: %s: queue publish to %s refused: %s", conn.container_id, address.name, exc)
         pending.error = Error(condition=refusal_condition(exc), description=str(exc))
 
+    # -- transactions ---------------------------------------------------------------------------
+
+    def _control(self, conn: Amqp1Conn, event: MessageReceived, inlink: InLink) -> None:
+        """A message to the coordinator: declare or discharge."""
+        link, did = event.link, event.delivery_id
+        txns = self.transactions.setdefault(conn, Transactions())
+        try:
+            body = decode_message(event.payload).body
+            value = body[0].value if len(body) == 1 and isinstance(body[0], AmqpValue) else None
+            if isinstance(value, Described):
+                value = from_described(value)
+        except DecodeError as exc:
+            self._refuse_message(conn, event, DECODE_ERROR, f"malformed coordinator message: {exc}")
+            conn.refill(inlink)
+            return
+        state: Any
+        if isinstance(value, Declare):
+            txn = txns.declare(link)
+            log.debug("amqp1: %s declared %r", conn.container_id, txn.txn_id)
+            state = Declared(txn_id=txn.txn_id)
+        elif isinstance(value, Discharge):
+            txn_id = bytes(value.txn_id)
+            found = txns.open.pop(txn_id, None)
+            if found is None:
+                state = Rejected(error=Error(condition=UNKNOWN_ID, description=f"no transaction {txn_id!r}"))
+            elif value.fail:
+                self._rollback(found)
+                state = Accepted()
+            else:
+                self._commit(conn, event, found)
+                conn.refill(inlink)
+                return  # answered once it is committed
+        else:
+            error = Error(condition=DECODE_ERROR, description="the coordinator takes declare and discharge")
+            state = Rejected(error=error)
+        if not event.settled:
+            conn.machine.settle(link, did, state)
+        conn.refill(inlink)
+
+    def _in_transaction(
+        self, conn: Amqp1Conn, event: MessageReceived, address: Address, message: Message
+    ) -> bool:
+        """A transfer with a delivery state: kept in its transaction (True), refused when the
+        transaction is unknown (True), or an ordinary transfer (False)."""
+        state = event.state
+        if not isinstance(state, TransactionalState):
+            return False
+        txns = self.transactions.get(conn)
+        txn = txns.open.get(bytes(state.txn_id)) if txns is not None else None
+        if txn is None:
+            self._refuse_message(conn, event, UNKNOWN_ID, f"no transaction {bytes(state.txn_id)!r}")
+            return True
+        txn.publishes.append((address, message))
+        if not event.settled:
+            conn.machine.settle(
+                event.link, event.delivery_id, TransactionalState(txn_id=txn.txn_id, outcome=Accepted())
+            )
+        return True
+
+    def _settle_in_transaction(
+        self, conn: Amqp1Conn, event: DispositionReceived, state: TransactionalState
+    ) -> None:
+        """A receiver's outcome inside a transaction: the queue deliveries stay held by their
+        consumers until the discharge says what becomes of them."""
+        txns = self.transactions.get(conn)
+        txn = txns.open.get(bytes(state.txn_id)) if txns is not None else None
+        if txn is None:
+            error = Error(condition=UNKNOWN_ID, description=f"no transaction {bytes(state.txn_id)!r}")
+            for link in {link for link, _did, _tag in event.deliveries}:
+                if link.is_open:
+                    conn.machine.detach_link(link, error)
+                    self._detached(conn, LinkDetached(link, True, error, False))
+            return
+        if state.outcome is None:
+            return  # no outcome yet
+        for link, delivery_id, _tag in event.deliveries:
+            out = conn.outlinks.get(link)
+            if isinstance(out, QueueOut) and out.handle is not None:
+                offset = out.offsets.pop(delivery_id, None)
+                if offset is not None:
+                    txn.settles.append((out, offset, disposition_outcome(state.outcome, out.id)))
+        if not event.settled and event.deliveries:
+            conn.machine.settle_range(event.session, ROLE_SENDER, event.first, event.last, state)
+
+    def _commit(self, conn: Amqp1Conn, event: MessageReceived, txn: Transaction) -> None:
+        """Publishes and settlements to the queues as one commit, then the topic messages; the
+        discharge is answered once it is in (``amqp:transaction:rollback`` when it cannot be)."""
+        link, did = event.link, event.delivery_id
+
+        def done(error: QueueError | None) -> None:
+            if error is None:
+                for address, message in txn.publishes:
+                    if not address.is_queue:
+                        self.broker.publish(message)
+                state: Any = Accepted()
+            else:
+                log.info("amqp1: %s: transaction %r rolled back: %s", conn.container_id, txn.txn_id, error)
+                self._rollback(txn)
+                state = Rejected(error=Error(condition=ROLLBACK, description=f"rolled back: {error}"))
+            if not event.settled and link.is_open and not conn.machine.closed:
+                conn.machine.settle(link, did, state)
+                conn.io.wake()
+
+        if txn.doomed is not None:
+            done(QueueError("released", txn.doomed))
+            return
+        publishes = [(a.name, m, a.key) for a, m in txn.publishes if a.is_queue]
+        settles = [
+            (out.handle, offset, outcome) for out, offset, outcome in txn.settles if out.handle is not None
+        ]
+        if not publishes and not settles:
+            done(None)
+            return
+        assert self.queues is not None
+        try:
+            self.queues.transact(publishes, settles, done)
+        except QueueError as exc:
+            done(exc)
+
+    def _rollback(self, txn: Transaction) -> None:
+        """Drop the publishes; the deliveries go back to their queues at once, not as failures."""
+        txn.publishes.clear()
+        for out, offset, _outcome in txn.settles:
+            handle = out.handle
+            if handle is not None and not handle.closed:
+                handle.settle_nowait(offset, RELEASED)
+        txn.settles.clear()
+
     # -- dispositions -----------------------------------------------------------------------------
 
     def _disposition(self, conn: Amqp1Conn, event: DispositionReceived) -> None:
         if event.role is not ROLE_RECEIVER:
             return  # the sender settling deliveries we received: nothing to do in rcv-settle-mode first
+        state = event.state
+        if state is not None and state.__class__ is TransactionalState:
+            self._settle_in_transaction(conn, event, state)
+            return
         for link, delivery_id, _tag in event.deliveries:
             out = conn.outlinks.get(link)
             if out is not None:

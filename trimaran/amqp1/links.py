@@ -228,14 +228,16 @@ class SelectedTopicOut(TopicOut):
 
 
 class InLink:
-    """Our receiver link (the peer sends). ``address`` None: an anonymous relay (per-message ``to``)."""
+    """Our receiver link (the peer sends). ``address`` None: an anonymous relay (per-message ``to``),
+    or the transaction coordinator (``coordinator``)."""
 
-    __slots__ = ("address", "inflight", "link")
+    __slots__ = ("address", "coordinator", "inflight", "link")
 
-    def __init__(self, link: Link, address: Address | None) -> None:
+    def __init__(self, link: Link, address: Address | None, coordinator: bool = False) -> None:
         self.link = link
         self.address = address
         self.inflight = 0  # queue publishes not yet committed
+        self.coordinator = coordinator  # its messages declare and discharge transactions
 
 
 def disposition_outcome(state: Any, link: str) -> Outcome:

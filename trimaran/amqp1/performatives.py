@@ -581,9 +581,40 @@ class Target(Composite):
 
 @composite(0x30, "amqp:coordinator:list", "target")
 class Coordinator(Composite):
-    """Transaction coordinator target (decoded so that it can be refused cleanly)."""
+    """The transaction coordinator target (part 4): a sender link to it declares and discharges."""
 
     capabilities: list[str] | None = fld("symbol", default=None, multiple=True)
+
+
+@composite(0x31, "amqp:declare:list")
+class Declare(Composite):
+    """The body of a message to the coordinator: start a transaction (no global ids here)."""
+
+    global_id: Any = fld("*", default=None)
+
+
+@composite(0x32, "amqp:discharge:list")
+class Discharge(Composite):
+    """End transaction ``txn_id``: commit, or roll back when ``fail``."""
+
+    txn_id: bytes = fld("binary")
+    fail: bool = fld("boolean", default=False)
+
+
+@composite(0x33, "amqp:declared:list", "delivery-state", "outcome")
+class Declared(Composite):
+    """The coordinator's outcome for a declare: the new transaction's id."""
+
+    txn_id: bytes = fld("binary")
+
+
+@composite(0x34, "amqp:transactional-state:list", "delivery-state")
+class TransactionalState(Composite):
+    """A transfer's or disposition's state inside transaction ``txn_id`` (the outcome takes
+    effect when it commits)."""
+
+    txn_id: bytes = fld("binary")
+    outcome: Any = fld("*", default=None)
 
 
 @composite(0x2B, "amqp:delete-on-close:list", "lifetime-policy")

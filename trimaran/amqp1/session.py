@@ -58,6 +58,7 @@ class PartialDelivery:
     message_format: int
     chunks: list[Any] = field(default_factory=list)
     size: int = 0
+    state: Any = None  # the transfer's delivery state (a transactional-state names the transaction)
 
 
 @dataclass(eq=False, slots=True)

@@ -582,6 +582,100 @@ class QueueManager:
             raise QueueError("storage", str(exc)) from exc
         return receipt
 
+    def transact(
+        self,
+        publishes: list[tuple[str, Message, str]],
+        settles: list[tuple[ConsumerHandle, int, Outcome]],
+        done: Callable[[QueueError | None], None],
+    ) -> None:
+        """A local transaction's work (AMQP 1.0 part 4): its publishes ``(queue, message, routing
+        key)`` and its settlements ``(handle, offset, outcome)`` as one change, so the durable
+        queues' rows commit in one SQL transaction or not at all. ``done(error)`` runs once it is
+        committed. Raises :class:`QueueError` before anything is changed when a publish is refused
+        (full, deleted, a shared node's queue) or a settled delivery is no longer its handle's (it
+        went back to the queue when its link or connection ended): the transaction cannot commit."""
+        accepted: list[tuple[QueueState, Message, str]] = []
+        for queue, message, routing_key in publishes:
+            state, message, own = self._accept(queue, message)
+            if self.shared_offsets(state):
+                raise QueueError("unsupported", f"queue {queue}: a shared node's queue takes no transactions")
+            if own is not None and not own.empty():
+                self.journal.submit(own)  # drops for max-length go ahead, as a lone publish's do
+            accepted.append((state, message, routing_key))
+        for handle, offset, _outcome in settles:
+            group = handle.group
+            entry = group.entries.get(offset) if isinstance(group, WorkGroup) else None
+            if handle.closed or (
+                isinstance(group, WorkGroup) and (entry is None or entry.holder is not handle)
+            ):
+                raise QueueError("released", f"{handle.queue_name}:{offset} went back to the queue")
+        ch = Changes()
+        now = now_ms()
+        early: list[tuple[QueueState, StoredMessage]] = []
+        late: list[tuple[QueueState, StoredMessage]] = []
+        in_memory = False
+        for state, message, routing_key in accepted:
+            offset = state.next_offset
+            state.next_offset = offset + 1
+            stored = StoredMessage(
+                offset, message, routing_key, now, expiry_ms(state.policy, now, message.expires_at_ms),
+                len(message.payload),
+            )  # fmt: skip
+            state.stats["published"] += 1
+            if not state.durable:
+                self._published(state, stored)
+                in_memory = True
+                continue
+            self.journal.appended(ch, state, stored)
+            self.journal.event(ch, state, now, "published", offset=offset, consumer=message.publisher_id)
+            (early if self.early(state) else late).append((state, stored))
+        if in_memory:
+            self._flush_dirty()
+        again: dict[Group, QueueState] = {}
+        for handle, offset, outcome in settles:
+            if handle.group.settle(offset, outcome, handle, None, now, ch):
+                if self.shared:
+                    self.claims.finished.add(handle.queue.name)
+                if outcome.__class__ is Retry:
+                    again[handle.group] = handle.queue
+        after = ch.after or []
+        for state, stored in early:
+            self._deliverable(state, stored)  # as an early queue's lone publish: before the commit
+        for state, _stored in late:
+            state.inflight += 1
+
+        def committed_now() -> None:
+            for f in after:
+                f()
+            for state, stored in late:
+                self._published(state, stored)
+            for state, stored in early:
+                self._announce(state, stored)
+
+        def finished(_results: list[Any]) -> None:
+            error = receipt.error
+            for state, _stored in late:
+                state.inflight -= 1
+            if error is not None:
+                for state, stored in early:
+                    self._withdraw(state, stored.offset)
+            done(None if error is None else QueueError("storage", str(error)))
+
+        if ch.empty():  # in-memory queues only: done already
+            committed_now()
+            done(None)
+        else:
+            try:
+                receipt = self.journal.send(ch, on_commit=committed_now, on_results=finished)
+            except WriterError as exc:
+                for state, _stored in late:
+                    state.inflight -= 1
+                for state, stored in early:
+                    self._withdraw(state, stored.offset)
+                done(QueueError("storage", str(exc)))
+        for group, state in again.items():
+            self._dispatch(state, group)
+
     def _block_offset(self, state: QueueState) -> int | None:
         """The next offset of this node's reserved block (taking the block reserved ahead when the
         current one is spent), or None; reserves the next block once half of one is used."""
