@@ -19,7 +19,7 @@ from typing import Any, Final, cast
 
 import anyio
 
-from trimaran.amqp1.addresses import QUEUE, Address, AddressError, resolve
+from trimaran.amqp1.addresses import QUEUE, TOPIC, Address, AddressError, resolve
 from trimaran.amqp1.conn import Amqp1Conn, PendingSettle
 from trimaran.amqp1.connection import ServerConnection
 from trimaran.amqp1.events import (
@@ -72,6 +72,14 @@ from trimaran.amqp1.performatives import (
 )
 from trimaran.amqp1.selection import find_selector, parse_selector, selecting
 from trimaran.amqp1.session import Link, LinkState
+from trimaran.amqp1.subscriptions import (
+    EXPIRY_NEVER,
+    GLOBAL,
+    SHARED,
+    Subscription,
+    subscription_queue,
+    unsubscribe_candidates,
+)
 from trimaran.amqp1.transactions import LOCAL_TRANSACTIONS, ROLLBACK, UNKNOWN_ID, Transaction, Transactions
 from trimaran.amqp1.types import DecodeError, Described, Symbol, Timestamp
 from trimaran.broker.clients import ClientInfo
@@ -120,6 +128,8 @@ class Amqp1FrontEnd:
         self.outbox_size = self.config.outbox_size
         self.connections: set[Amqp1Conn] = set()
         self.transactions: dict[Amqp1Conn, Transactions] = {}  # connections that declared one
+        self.subscriptions: dict[str, Subscription] = {}  # durable and shared, by queue key
+        self._ending: dict[str, anyio.Event] = {}  # subscriptions whose queue is being deleted
         self._drained: anyio.Event | None = None
         self._encoded: tuple[Message | None, bytes] = (None, b"")
 
@@ -178,6 +188,10 @@ class Amqp1FrontEnd:
             with anyio.CancelScope(shield=True):
                 for out in list(conn.outlinks.values()):
                     await self.release(out)
+                    if isinstance(out, QueueOut) and out.subscription is not None:
+                        ending = self._leave_subscription(out, False)  # a non-durable one may end
+                        if ending is not None:
+                            await self._end_subscription(out.subscription, ending)
         finally:
             conn.outlinks.clear()
             conn.inlinks.clear()
@@ -449,6 +463,8 @@ class Amqp1FrontEnd:
             raise AddressError(NOT_FOUND, f"queue {address.name} does not exist")
 
     def _attach_outlink(self, conn: Amqp1Conn, link: Link, source: Any) -> Awaitable[None] | None:
+        if source is None or (isinstance(source, Source) and source.address is None and not source.dynamic):
+            return self._attach_existing(conn, link)
         if not isinstance(source, Source):
             self._refuse(conn, link, INVALID_FIELD, "attach without a source")
             return None
@@ -485,6 +501,11 @@ class Amqp1FrontEnd:
             except SelectorError as exc:
                 self._refuse(conn, link, INVALID_FIELD, f"{exc} in {selector[1].value!r}")
                 return None
+        caps = {str(c) for c in source.capabilities or ()}
+        durable = source.durable in (1, 2) and source.expiry_policy == EXPIRY_NEVER
+        if not address.is_queue and (durable or SHARED in caps) and self.queues is not None:
+            # Later frames wait until its queue exists and the attach is answered.
+            return self._attach_subscription(conn, link, source, address, settled, selector, selects)
         out: OutLink
         mode = source.distribution_mode
         if address.is_queue and mode == COPY:
@@ -529,6 +550,8 @@ class Amqp1FrontEnd:
         if not address.is_queue and mode != COPY:
             mode = None  # a topic link copies; another mode asked of it is not ours to claim
         source = replace(source, capabilities=[Symbol(address.kind)], filter=applied, distribution_mode=mode)
+        if not address.is_queue and source.durable:  # a topic link lasts as long as the link
+            source = replace(source, durable=0, expiry_policy=Symbol("link-detach"))
         conn.machine.accept_link(link, source=source, rcv_settle_mode=RCV_FIRST)
         out.on_flow(link.drain)  # a flow may have come before our attach
         return None
@@ -590,6 +613,132 @@ class Amqp1FrontEnd:
         conn.machine.accept_link(link, source=source, rcv_settle_mode=RCV_FIRST)
         out.on_flow(link.drain)
 
+    # -- durable and shared topic subscriptions (trimaran/amqp1/subscriptions.py) ---------------
+
+    async def _attach_subscription(
+        self,
+        conn: Amqp1Conn,
+        link: Link,
+        source: Source,
+        address: Address,
+        settled: bool,
+        selector: tuple[Any, Described] | None,
+        selects: Selects | None,
+    ) -> None:
+        """A receiver of a durable or shared subscription: a consumer of the subscription's queue,
+        which the router feeds whether or not a receiver is attached."""
+        assert self.queues is not None
+        caps = {str(c) for c in source.capabilities or ()}
+        durable = source.durable in (1, 2) and source.expiry_policy == EXPIRY_NEVER
+        shared = SHARED in caps
+        queue = subscription_queue(conn.container_id, link.name, caps, conn.vhost_prefix)
+        text = None if selector is None else str(selector[1].value)
+        ending = self._ending.get(queue)
+        if ending is not None:
+            await ending.wait()  # the one unsubscribed just now is gone first
+        sub = self.subscriptions.get(queue)
+        if sub is not None and (sub.topic != address.name or sub.selector != text):
+            if sub.links:
+                self._refuse(
+                    conn,
+                    link,
+                    RESOURCE_LOCKED,
+                    f"subscription {queue} is attached with another topic or selector",
+                )
+                return
+            await self._end_subscription(sub)  # JMS: another topic or selector is a new subscription
+            sub = self.subscriptions.get(queue)
+        if sub is None:
+            await self.queues.declare(queue, durable=durable)
+            sub = self.subscriptions.get(queue)  # another attach may have made it meanwhile
+            if sub is None:
+                sub = Subscription(
+                    self.queues,
+                    queue,
+                    address.name,
+                    durable=durable,
+                    shared=shared,
+                    selector=text,
+                    selects=selects,
+                    source=source,
+                )
+                self.subscriptions[queue] = sub
+                self.broker.router.subscribe(sub, address.name, SubscriptionOptions(qos=1))
+                self._subscription_event(
+                    SUBSCRIPTION_CREATED, conn, address.name, qos=1, link=link.name, queue=queue
+                )
+        if link.state is not LinkState.ATTACH_RECEIVED or conn.machine.closed:
+            return  # the peer gave up meanwhile (the subscription stays, as it would after a detach)
+        if sub.links and not sub.shared:
+            self._refuse(conn, link, RESOURCE_LOCKED, f"subscription {queue} has a receiver already")
+            return
+        out = QueueOut(conn, link, Address(QUEUE, queue, "", address.cut), settled)
+        out.subscription = sub
+        conn.outlinks[link] = out
+        try:
+            self._consume(out, link)  # the subscription selects what goes into its queue
+        except QueueError as exc:
+            conn.outlinks.pop(link, None)
+            self._refuse(conn, link, NOT_FOUND if exc.reason == "no-queue" else INVALID_FIELD, str(exc))
+            return
+        sub.links.add(out)
+        caps_back: list[str] = [Symbol(TOPIC), *(Symbol(c) for c in (SHARED, GLOBAL) if c in caps)]
+        applied = None if selector is None else {selector[0]: selector[1]}
+        answer = replace(source, capabilities=caps_back, filter=applied, distribution_mode=None)
+        conn.machine.accept_link(link, source=answer, rcv_settle_mode=RCV_FIRST)
+        out.on_flow(link.drain)
+
+    def _attach_existing(self, conn: Amqp1Conn, link: Link) -> Awaitable[None] | None:
+        """A receiver without a source names an existing subscription by its link name (Qpid JMS
+        attaches so to unsubscribe, then detaches with ``closed``): it attaches to it as it is."""
+        for queue in unsubscribe_candidates(conn.container_id, link.name, conn.vhost_prefix):
+            sub = self.subscriptions.get(queue)
+            if sub is not None:
+                return self._attach_outlink(conn, link, sub.source)
+        self._refuse(conn, link, NOT_FOUND, f"no subscription named {link.name!r}")
+        return None
+
+    def _drop_subscription(self, sub: Subscription) -> anyio.Event | None:
+        """Unsubscribe at once: no longer found, no longer fed. Its queue is deleted by
+        :meth:`_end_subscription` (an attach of the same name waits for that)."""
+        if self.subscriptions.get(sub.queue) is not sub:
+            return None
+        del self.subscriptions[sub.queue]
+        self.broker.router.unsubscribe_all(sub)
+        ending = self._ending[sub.queue] = anyio.Event()
+        return ending
+
+    async def _end_subscription(self, sub: Subscription, ending: anyio.Event | None = None) -> None:
+        """Unsubscribe and delete its queue."""
+        if ending is None:
+            ending = self._drop_subscription(sub)
+            if ending is None:
+                return
+        try:
+            assert self.queues is not None
+            await self.queues.delete(sub.queue)
+            log.debug("amqp1: subscription %s removed", sub.queue)
+        finally:
+            if self._ending.get(sub.queue) is ending:
+                del self._ending[sub.queue]
+            ending.set()
+
+    def _leave_subscription(self, out: QueueOut, unsubscribe: bool) -> anyio.Event | None:
+        """``out`` is gone: the subscription ends when it was the last receiver and the peer closed
+        the link (a durable one: JMS unsubscribe) or it was not durable."""
+        sub = out.subscription
+        if sub is None:
+            return None
+        sub.links.discard(out)
+        if not sub.links and (unsubscribe or not sub.durable):
+            return self._drop_subscription(sub)
+        return None
+
+    async def _release_and_end(self, conn: Amqp1Conn, out: QueueOut, ending: anyio.Event | None) -> None:
+        await self._release_detached(conn, out)  # its consumer first, then the queue
+        if ending is not None and out.subscription is not None:
+            await self._end_subscription(out.subscription, ending)
+
     def _detached(self, conn: Amqp1Conn, event: LinkDetached) -> None:
         link = event.link
         inlink = conn.inlinks.pop(link, None)
@@ -605,6 +754,11 @@ class Amqp1FrontEnd:
         if txns is not None:
             for txn in txns.open.values():
                 txn.link_ended(cast(QueueOut, out))
+        if isinstance(out, QueueOut) and out.subscription is not None:
+            # JMS unsubscribe is the peer's detach with closed, never our own detach
+            ending = self._leave_subscription(out, event.closed and event.by_peer)
+            conn.io.spawn(lambda: self._release_and_end(conn, out, ending))
+            return
         conn.io.spawn(lambda: self._release_detached(conn, out))
 
     def _unsubscribe(self, conn: Amqp1Conn, out: OutLink) -> None:

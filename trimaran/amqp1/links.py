@@ -32,6 +32,7 @@ from trimaran.queue.outcomes import ACK, RELEASED, RETRY_NOW, DeadLetter, Outcom
 
 if TYPE_CHECKING:
     from trimaran.amqp1.ports import LinkOwner
+    from trimaran.amqp1.subscriptions import Subscription
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +79,13 @@ class OutLink:
 
 
 class QueueOut(OutLink):
-    __slots__ = ("handle", "offsets")
+    __slots__ = ("handle", "offsets", "subscription")
 
     def __init__(self, conn: LinkOwner, link: Link, address: Address, settled: bool) -> None:
         super().__init__(conn, link, address, settled)
         self.handle: ConsumerHandle | None = None
         self.offsets: dict[int, int] = {}  # delivery id -> queue offset, until the outcome
+        self.subscription: Subscription | None = None  # the topic subscription whose queue it reads
 
     def deliver(self, delivery: QueueDelivery) -> None:
         """Called by the queue manager (only while this link has credit)."""
