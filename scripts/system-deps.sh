@@ -13,12 +13,15 @@
 #   libqpid-proton11-dev, libqpid-proton11-dev-examples, pkg-config
 #                     the Qpid Proton C broker example, compiled by the tests, for the AMQP 1.0 side
 #                     by side runs; mosquitto also gives mosquitto_passwd for the password-file test
+#   libqpid-proton-cpp12-dev, g++
+#                     the proton C++ examples (colour_send, selected_recv, queue_browser), compiled by
+#                     the AMQP 1.0 selector and browser tests from the -examples package's sources
 # Installs what is missing when we are root (or have sudo); otherwise says what to install.
 set -euo pipefail
 
 packages=(gcc libssl-dev postgresql default-jre-headless libxerial-sqlite-jdbc-java libpostgresql-jdbc-java
           chromium chromium-driver rabbitmq-server mosquitto haproxy
-          libqpid-proton11-dev libqpid-proton11-dev-examples pkg-config)
+          libqpid-proton11-dev libqpid-proton11-dev-examples pkg-config libqpid-proton-cpp12-dev g++)
 missing=()
 for package in "${packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
