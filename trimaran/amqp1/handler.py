@@ -951,6 +951,9 @@ class Amqp1FrontEnd:
         if txn is None:
             self._refuse_message(conn, event, UNKNOWN_ID, f"no transaction {bytes(state.txn_id)!r}")
             return True
+        if txn.full():
+            self._refuse_message(conn, event, RESOURCE_LIMIT_EXCEEDED, txn.doomed or "transaction full")
+            return True
         txn.publishes.append((address, message))
         if not event.settled:
             conn.machine.settle(

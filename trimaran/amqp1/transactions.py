@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 LOCAL_TRANSACTIONS: Final = Symbol("amqp:local-transactions")
 UNKNOWN_ID: Final = Symbol("amqp:transaction:unknown-id")
 ROLLBACK: Final = Symbol("amqp:transaction:rollback")
+#: Publishes and settlements one transaction may hold in memory until its discharge; past it the
+#: transfer is rejected (``amqp:resource-limit-exceeded``) and the transaction can only roll back.
+MAX_WORK: Final = 10_000
 
 
 class Transaction:
@@ -39,6 +42,13 @@ class Transaction:
         self.publishes: list[tuple[Address, Message]] = []
         self.settles: list[tuple[QueueOut, int, Outcome]] = []  # (link, queue offset, outcome)
         self.doomed: str | None = None  # why it can no longer commit
+
+    def full(self) -> bool:
+        """No room for more work: the transaction is doomed (said once)."""
+        if len(self.publishes) + len(self.settles) < MAX_WORK:
+            return False
+        self.doomed = f"more than {MAX_WORK} messages in one transaction"
+        return True
 
     def link_ended(self, out: QueueOut) -> None:
         """``out`` ended: the deliveries it settled in this transaction went back to their queue
