@@ -193,6 +193,7 @@ class App:
                 root.start_soon(self.telemetry.history.run, self, name="history")
                 await root.start(self.mqtt.run, name="mqtt sessions")
                 await root.start(self.amqp091.run, name="amqp091")
+                await self.amqp1.restore()  # durable topic subscriptions fed again
                 async with anyio.create_task_group() as listening:
                     for listener in self.listeners:
                         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -22,6 +23,7 @@ from proton import Data, Message, symbol  # noqa: E402
 from proton.reactor import Container, DurableSubscription, LinkOption, Selector  # noqa: E402
 from proton.utils import BlockingConnection, BlockingReceiver, LinkDetached  # noqa: E402
 
+from tests.interop.conftest import AMQP1_ENV, amqp1_server_args  # noqa: E402
 from tests.support.amqp1 import body_bytes, body_str  # noqa: E402
 from tests.support.paho import V5, Endpoints, connect  # noqa: E402
 from tests.support.server import RunningServer  # noqa: E402
@@ -237,3 +239,37 @@ def test_mqtt_and_amqp091_publishers_feed_a_durable_subscription(
         amqp091.close()
     rx = durable(conn, f"topic://{root}/+", "cross")
     assert sorted(drain(rx)) == ["from-amqp091", "from-mqtt"]
+
+
+def test_a_durable_subscription_is_fed_again_after_a_restart(tmp_path: Path) -> None:
+    """Kept in the database: a restarted server feeds the subscription before its receiver comes
+    back, and what was in its queue is still there."""
+    env = dict(AMQP1_ENV)
+    topic = f"topic://{unique('restart')}"
+    client = unique("client")
+    first = RunningServer(amqp1_server_args(), cwd=tmp_path, env=env).start()
+    try:
+        url = f"127.0.0.1:{first.ports['amqp']}"
+        conns = Connections(url)
+        conn = conns.open(client)
+        rx = durable(conn, topic, "kept", Selector("n > 0"))
+        detach(conn, rx)
+        publish(conn, topic, ["before1"])
+        conn.close()
+    finally:
+        assert first.stop() == 0, first.output()
+    second = RunningServer(amqp1_server_args(), cwd=tmp_path, env=env).start()
+    try:
+        url = f"127.0.0.1:{second.ports['amqp']}"
+        conns = Connections(url)
+        publisher = conns.open()
+        publish(publisher, topic, ["after0", "after2"])  # before the receiver is back
+        conn = conns.open(client)
+        rx = durable(conn, topic, "kept", Selector("n > 0"))
+        assert drain(rx) == ["before1", "after2"]
+        close_link(rx)  # unsubscribe: not restored by the next start
+        conn.close()
+        publisher.close()
+    finally:
+        assert second.stop() == 0, second.output()
+    assert "restored 1 durable subscriptions" in second.output()

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any, Final, cast
 
 import anyio
+import anyio.to_thread
 
 from trimaran.amqp1.addresses import QUEUE, TOPIC, Address, AddressError, resolve
 from trimaran.amqp1.conn import Amqp1Conn, PendingSettle
@@ -75,8 +76,11 @@ from trimaran.amqp1.session import Link, LinkState
 from trimaran.amqp1.subscriptions import (
     EXPIRY_NEVER,
     GLOBAL,
+    META_KEY,
     SHARED,
     Subscription,
+    loaded,
+    saved,
     subscription_queue,
     unsubscribe_candidates,
 )
@@ -307,7 +311,11 @@ class Amqp1FrontEnd:
         log.debug("amqp1: %r connected from %s", conn.container_id, conn.peer)
 
     def forget_vhost(self, vhost_prefix: str) -> None:
-        """A vhost is deleted: its connections close (amqp:connection:forced), as RabbitMQ does."""
+        """A vhost is deleted: its connections close (amqp:connection:forced), as RabbitMQ does, and
+        its subscriptions stop (their queues go with the vhost's)."""
+        for sub in [s for q, s in self.subscriptions.items() if vhost_prefix and q.startswith(vhost_prefix)]:
+            self._drop_subscription(sub)
+            self._ending.pop(sub.queue, None)
         for conn in list(self.connections):
             if vhost_prefix and conn.vhost_prefix == vhost_prefix and not conn.machine.closed:
                 conn.close(Error(condition=Symbol("amqp:connection:forced"), description="vhost deleted"))
@@ -664,6 +672,8 @@ class Amqp1FrontEnd:
                 )
                 self.subscriptions[queue] = sub
                 self.broker.router.subscribe(sub, address.name, SubscriptionOptions(qos=1))
+                if durable:
+                    await self._save_subscriptions()
                 self._subscription_event(
                     SUBSCRIPTION_CREATED, conn, address.name, qos=1, link=link.name, queue=queue
                 )
@@ -687,6 +697,40 @@ class Amqp1FrontEnd:
         answer = replace(source, capabilities=caps_back, filter=applied, distribution_mode=None)
         conn.machine.accept_link(link, source=answer, rcv_settle_mode=RCV_FIRST)
         out.on_flow(link.drain)
+
+    async def _save_subscriptions(self) -> None:
+        """Write the durable subscriptions to the meta table (a restart subscribes them again)."""
+        assert self.queues is not None
+        text = saved(list(self.subscriptions.values()))
+        try:
+            await anyio.to_thread.run_sync(self.queues.storage.set_meta, META_KEY, text)
+        except Exception as exc:  # the subscription works; only a restart would forget it
+            log.warning("amqp1: could not save the durable subscriptions: %s", exc)
+
+    async def restore(self) -> None:
+        """At start: the durable subscriptions whose queues the manager loaded are fed again, so
+        what is published before their receivers come back is kept."""
+        if self.queues is None:
+            return
+        text = await anyio.to_thread.run_sync(self.queues.storage.get_meta, META_KEY)
+        for queue, (source, topic, shared, selector) in loaded(text).items():
+            if queue in self.subscriptions or not self.queues.exists(queue):
+                continue
+            selects = None if selector is None else selecting(parse_selector(selector))
+            sub = Subscription(
+                self.queues,
+                queue,
+                topic,
+                durable=True,
+                shared=shared,
+                selector=selector,
+                selects=selects,
+                source=source,
+            )
+            self.subscriptions[queue] = sub
+            self.broker.router.subscribe(sub, topic, SubscriptionOptions(qos=1))
+        if self.subscriptions:
+            log.info("amqp1: restored %d durable subscriptions", len(self.subscriptions))
 
     def _attach_existing(self, conn: Amqp1Conn, link: Link) -> Awaitable[None] | None:
         """A receiver without a source names an existing subscription by its link name (Qpid JMS
@@ -717,6 +761,8 @@ class Amqp1FrontEnd:
         try:
             assert self.queues is not None
             await self.queues.delete(sub.queue)
+            if sub.durable:
+                await self._save_subscriptions()
             log.debug("amqp1: subscription %s removed", sub.queue)
         finally:
             if self._ending.get(sub.queue) is ending:

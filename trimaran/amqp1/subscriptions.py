@@ -23,10 +23,13 @@ another receiver is attached to it.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import TYPE_CHECKING, Any, Final
 
-from trimaran.amqp1.types import Symbol
+from trimaran.amqp1.performatives import Source
+from trimaran.amqp1.selection import SELECTOR_FILTER, find_selector
+from trimaran.amqp1.types import Described, Symbol
 from trimaran.queue.policy import QueueError
 
 if TYPE_CHECKING:
@@ -41,6 +44,9 @@ SHARED: Final = Symbol("shared")
 GLOBAL: Final = Symbol("global")
 EXPIRY_NEVER: Final = Symbol("never")
 PREFIX: Final = "jms:"
+#: The durable subscriptions, kept in the database's meta table (one small JSON map, written when
+#: one is made or removed) so that a restart subscribes their queues to their topics again.
+META_KEY: Final = "amqp1.durable-subscriptions"
 
 
 def _clean(text: str) -> str:
@@ -68,6 +74,45 @@ def unsubscribe_candidates(container_id: str, link_name: str, vhost_prefix: str 
         subscription_queue(container_id, link_name, (SHARED, GLOBAL), vhost_prefix),
     ]
     return list(dict.fromkeys(names))
+
+
+def saved(subscriptions: list[Subscription]) -> str:
+    """The durable ones as the meta table keeps them: queue -> what the attach asked for."""
+    rows: dict[str, Any] = {}
+    for sub in subscriptions:
+        if not sub.durable:
+            continue
+        source = sub.source
+        selector = find_selector(source.filter)
+        rows[sub.queue] = {
+            "address": source.address,
+            "topic": sub.topic,
+            "durable": int(source.durable),
+            "capabilities": [str(c) for c in source.capabilities or ()],
+            "shared": sub.shared,
+            "selector": None if selector is None else [str(selector[0]), str(selector[1].value)],
+        }
+    return json.dumps(rows, sort_keys=True)
+
+
+def loaded(text: str | None) -> dict[str, tuple[Source, str, bool, str | None]]:
+    """:func:`saved`'s map read back: queue -> (its source, topic, shared, selector text)."""
+    if not text:
+        return {}
+    out: dict[str, tuple[Source, str, bool, str | None]] = {}
+    for queue, row in json.loads(text).items():
+        selector = row.get("selector")
+        source = Source(
+            address=row["address"],
+            durable=int(row["durable"]),
+            expiry_policy=EXPIRY_NEVER,
+            capabilities=[Symbol(c) for c in row["capabilities"]],
+            filter=None
+            if selector is None
+            else {Symbol(selector[0]): Described(SELECTOR_FILTER, selector[1])},
+        )
+        out[queue] = (source, row["topic"], bool(row["shared"]), None if selector is None else selector[1])
+    return out
 
 
 class Subscription:
