@@ -94,3 +94,22 @@ def test_mqtt_user_properties_are_text() -> None:
     assert fields["JMSPriority"] == 4 and fields["JMSDeliveryMode"] == "NON_PERSISTENT"
     assert fields["JMSTimestamp"] == 3 and fields["JMSExpiration"] == 10 and fields["JMSMessageID"] is None
     assert selecting(parse_selector("weight > 10"))(message)
+
+
+def test_a_queue_consumer_remembers_its_verdicts() -> None:
+    calls: list[object] = []
+    selector = parse_selector("weight > 10")
+
+    def counting(fields: object) -> bool:
+        calls.append(fields)
+        return selector(fields)  # type: ignore[arg-type]
+
+    selects = selecting(counting, remember=2)  # type: ignore[arg-type]
+    a, b, c = (
+        Message("t", b"", user_properties=[("weight", str(w))], protocol=PROTOCOL_MQTT) for w in (5, 20, 30)
+    )
+    assert [selects(a), selects(b), selects(a), selects(b)] == [False, True, False, True]
+    assert len(calls) == 2  # each decided once
+    selects(c)  # the oldest verdict (a's) is forgotten
+    selects(a)
+    assert len(calls) == 4

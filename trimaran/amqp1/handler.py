@@ -111,6 +111,7 @@ log = logging.getLogger(__name__)
 START_PROPERTIES: Final = ("stream-offset", "stream-start")
 RESOURCE_LOCKED: Final = Symbol("amqp:resource-locked")  # another connection's exclusive queue
 COPY: Final = Symbol("copy")
+SELECTOR_MEMORY: Final = 10_000  # verdicts a queue consumer's selector keeps (a take scans as many)
 MOVE: Final = Symbol("move")
 
 
@@ -505,7 +506,8 @@ class Amqp1FrontEnd:
         selects: Selects | None = None
         if selector is not None:
             try:
-                selects = selecting(parse_selector(selector[1].value))
+                queue_side = address.is_queue and source.distribution_mode != COPY
+                selects = selecting(parse_selector(selector[1].value), SELECTOR_MEMORY if queue_side else 0)
             except SelectorError as exc:
                 self._refuse(conn, link, INVALID_FIELD, f"{exc} in {selector[1].value!r}")
                 return None

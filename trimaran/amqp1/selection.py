@@ -62,13 +62,29 @@ def find_selector(filters: dict[Any, Any] | None) -> tuple[Any, Described] | Non
     return None
 
 
-def selecting(selector: Selector) -> Callable[[Message], bool]:
-    """The predicate a queue consumer or a topic link checks each message with."""
+def selecting(selector: Selector, remember: int = 0) -> Callable[[Message], bool]:
+    """The predicate a queue consumer or a topic link checks each message with. ``remember``: how
+    many verdicts to keep (a queue consumer meets the messages it left behind again at each take;
+    a topic link sees each message once and keeps none)."""
+    if not remember:
 
-    def selects(message: Message) -> bool:
-        return selector(message_fields(message))
+        def selects(message: Message) -> bool:
+            return selector(message_fields(message))
 
-    return selects
+        return selects
+    verdicts: dict[int, tuple[Message, bool]] = {}  # id -> (the message, kept alive so ids stay its)
+
+    def selects_once(message: Message) -> bool:
+        seen = verdicts.get(id(message))
+        if seen is not None and seen[0] is message:
+            return seen[1]
+        verdict = selector(message_fields(message))
+        if len(verdicts) >= remember:
+            del verdicts[next(iter(verdicts))]  # the oldest
+        verdicts[id(message)] = (message, verdict)
+        return verdict
+
+    return selects_once
 
 
 def _plain(value: Any) -> Any:
