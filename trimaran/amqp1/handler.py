@@ -712,8 +712,8 @@ class Amqp1FrontEnd:
     async def restore(self) -> None:
         """At start: the durable subscriptions whose queues the manager loaded are fed again, so
         what is published before their receivers come back is kept."""
-        if self.queues is None:
-            return
+        if self.queues is None or self.queues.shared:
+            return  # several nodes: each would feed the queue from every publish (see docs/amqp1.md)
         text = await anyio.to_thread.run_sync(self.queues.storage.get_meta, META_KEY)
         for queue, (source, topic, shared, selector) in loaded(text).items():
             if queue in self.subscriptions or not self.queues.exists(queue):
