@@ -680,7 +680,10 @@ class Amqp1FrontEnd:
                     SUBSCRIPTION_CREATED, conn, address.name, qos=1, link=link.name, queue=queue
                 )
         if link.state is not LinkState.ATTACH_RECEIVED or conn.machine.closed:
-            return  # the peer gave up meanwhile (the subscription stays, as it would after a detach)
+            # The peer gave up meanwhile: a durable subscription stays, as after a detach.
+            if not sub.links and not sub.durable:
+                await self._end_subscription(sub)
+            return
         if sub.links and not sub.shared:
             self._refuse(conn, link, RESOURCE_LOCKED, f"subscription {queue} has a receiver already")
             return
@@ -715,10 +718,19 @@ class Amqp1FrontEnd:
         if self.queues is None or self.queues.shared:
             return  # several nodes: each would feed the queue from every publish (see docs/amqp1.md)
         text = await anyio.to_thread.run_sync(self.queues.storage.get_meta, META_KEY)
-        for queue, (source, topic, shared, selector) in loaded(text).items():
+        try:
+            kept = loaded(text)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("amqp1: the saved durable subscriptions cannot be read, none restored: %s", exc)
+            return
+        for queue, (source, topic, shared, selector) in kept.items():
             if queue in self.subscriptions or not self.queues.exists(queue):
                 continue
-            selects = None if selector is None else selecting(parse_selector(selector))
+            try:
+                selects = None if selector is None else selecting(parse_selector(selector))
+            except SelectorError as exc:
+                log.warning("amqp1: subscription %s not restored: %s", queue, exc)
+                continue
             sub = Subscription(
                 self.queues,
                 queue,
