@@ -18,10 +18,10 @@ import pytest
 
 proton = pytest.importorskip("proton")
 
-from proton import Message  # noqa: E402
+from proton import Delivery, Described, Message, Terminus, symbol  # noqa: E402
 from proton.handlers import MessagingHandler, TransactionHandler  # noqa: E402
-from proton.reactor import ApplicationEvent, Container, EventInjector  # noqa: E402
-from proton.utils import BlockingConnection  # noqa: E402
+from proton.reactor import ApplicationEvent, Container, EventInjector, LinkOption  # noqa: E402
+from proton.utils import BlockingConnection, SendException  # noqa: E402
 
 from tests.support.amqp1 import body_str  # noqa: E402
 
@@ -307,3 +307,24 @@ def test_a_commit_whose_delivery_went_back_rolls_back(driver: Driver, plain: Blo
     assert condition == "amqp:transaction:rollback" and "went back to the queue" in description
     assert take_all(plain, target) == []
     assert [body for body, _ in take_all(plain, source)] == ["x"]
+
+
+class ToCoordinator(LinkOption):  # type: ignore[misc]
+    """A plain sender link to the transaction coordinator (no proton transaction object)."""
+
+    def apply(self, link: Any) -> None:
+        link.target.type = Terminus.COORDINATOR
+        link.target.capabilities.put_object(symbol("amqp:local-transactions"))
+
+
+def test_the_coordinator_refuses_what_is_not_declare_or_discharge(plain: BlockingConnection) -> None:
+    sender = plain.create_sender(None, name="coordinator", options=ToCoordinator())
+    assert sender.link.remote_target.type == Terminus.COORDINATOR
+    with pytest.raises(SendException) as caught:
+        sender.send(Message(body="not a declare"))
+    assert caught.value.state == Delivery.REJECTED
+    with pytest.raises(SendException):  # a discharge of a transaction never declared
+        sender.send(Message(body=Described(symbol("amqp:discharge:list"), [b"nope", False])))
+    declared = sender.send(Message(body=Described(symbol("amqp:declare:list"), [None])))
+    assert declared.remote_state == 0x33  # declared
+    close_link(sender)

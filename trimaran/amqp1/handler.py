@@ -6,6 +6,10 @@ routed before the detach, end or close read behind it). Queue publishes are hand
 commit without a task or an await per message; their dispositions leave in arrival order after
 the commit (see :mod:`trimaran.amqp1.conn`). The link credit of a sending peer is bounded by the
 publishes still waiting, and no new credit is granted while memory is above the high-water mark.
+
+The JMS side: a receiver's selector (:mod:`trimaran.amqp1.selection`), local transactions through
+the coordinator link (:mod:`trimaran.amqp1.transactions`, committed by ``QueueManager.transact``)
+and durable and shared topic subscriptions backed by queues (:mod:`trimaran.amqp1.subscriptions`).
 """
 
 from __future__ import annotations
