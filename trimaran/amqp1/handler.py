@@ -8,8 +8,9 @@ the commit (see :mod:`trimaran.amqp1.conn`). The link credit of a sending peer i
 publishes still waiting, and no new credit is granted while memory is above the high-water mark.
 
 The JMS side: a receiver's selector (:mod:`trimaran.amqp1.selection`), local transactions through
-the coordinator link (:mod:`trimaran.amqp1.transactions`, committed by ``QueueManager.transact``)
-and durable and shared topic subscriptions backed by queues (:mod:`trimaran.amqp1.subscriptions`).
+the coordinator link (:mod:`trimaran.amqp1.coordinator`, committed by ``QueueManager.transact``)
+and durable and shared topic subscriptions backed by queues (:mod:`trimaran.amqp1.subscribers`):
+the front end owns one of each and calls them from its attach, transfer and disposition plumbing.
 """
 
 from __future__ import annotations
@@ -19,14 +20,15 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import anyio
 import anyio.to_thread
 
-from trimaran.amqp1.addresses import QUEUE, TOPIC, Address, AddressError, resolve
+from trimaran.amqp1.addresses import QUEUE, Address, AddressError, resolve
 from trimaran.amqp1.conn import Amqp1Conn, PendingSettle
 from trimaran.amqp1.connection import ServerConnection
+from trimaran.amqp1.coordinator import TransactionCoordinator
 from trimaran.amqp1.events import (
     ConnectionClosed,
     ConnectionOpened,
@@ -46,10 +48,9 @@ from trimaran.amqp1.links import (
     QueueOut,
     SelectedTopicOut,
     TopicOut,
-    disposition_outcome,
 )
 from trimaran.amqp1.mapping import from_amqp1, to_amqp1
-from trimaran.amqp1.messages import AmqpValue, decode_message
+from trimaran.amqp1.messages import decode_message
 from trimaran.amqp1.performatives import (
     CONNECTION_FORCED,
     DECODE_ERROR,
@@ -59,37 +60,27 @@ from trimaran.amqp1.performatives import (
     NOT_IMPLEMENTED,
     RCV_FIRST,
     RESOURCE_LIMIT_EXCEEDED,
+    RESOURCE_LOCKED,
     ROLE_RECEIVER,
     ROLE_SENDER,
     SND_SETTLED,
     UNAUTHORIZED_ACCESS,
     Accepted,
     Coordinator,
-    Declare,
-    Declared,
-    Discharge,
     Error,
     Rejected,
     Source,
     Target,
     TransactionalState,
-    from_described,
 )
 from trimaran.amqp1.selection import find_selector, parse_selector, selecting
 from trimaran.amqp1.session import Link, LinkState
+from trimaran.amqp1.subscribers import Subscribers
 from trimaran.amqp1.subscriptions import (
     EXPIRY_NEVER,
-    GLOBAL,
-    META_KEY,
     SHARED,
-    Subscription,
-    loaded,
-    saved,
-    subscription_queue,
-    unsubscribe_candidates,
 )
-from trimaran.amqp1.transactions import LOCAL_TRANSACTIONS, ROLLBACK, UNKNOWN_ID, Transaction, Transactions
-from trimaran.amqp1.types import DecodeError, Described, Symbol, Timestamp
+from trimaran.amqp1.types import DecodeError, Symbol, Timestamp
 from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker
 from trimaran.broker.events import (
@@ -103,7 +94,6 @@ from trimaran.broker.router import SubscriptionOptions
 from trimaran.config import Settings
 from trimaran.queue.groups import Selects
 from trimaran.queue.manager import PublishResult, QueueManager
-from trimaran.queue.outcomes import RELEASED
 from trimaran.queue.policy import QueueError
 from trimaran.runtime.transport import Conn
 from trimaran.security.guard import READ, WRITE, Login, Security, on_login
@@ -113,7 +103,6 @@ from trimaran.vhosts import DEFAULT_VHOST, prefix
 log = logging.getLogger(__name__)
 
 START_PROPERTIES: Final = ("stream-offset", "stream-start")
-RESOURCE_LOCKED: Final = Symbol("amqp:resource-locked")  # another connection's exclusive queue
 COPY: Final = Symbol("copy")
 SELECTOR_MEMORY: Final = 10_000  # verdicts a queue consumer's selector keeps (a take scans as many)
 MOVE: Final = Symbol("move")
@@ -136,9 +125,8 @@ class Amqp1FrontEnd:
         self.container_id = self.config.container_id or settings.node_name
         self.outbox_size = self.config.outbox_size
         self.connections: set[Amqp1Conn] = set()
-        self.transactions: dict[Amqp1Conn, Transactions] = {}  # connections that declared one
-        self.subscriptions: dict[str, Subscription] = {}  # durable and shared, by queue key
-        self._ending: dict[str, anyio.Event] = {}  # subscriptions whose queue is being deleted
+        self.coordinator = TransactionCoordinator(self, self.config.link_credit)
+        self.subscribers = Subscribers(self)  # durable and shared topic subscriptions
         self._drained: anyio.Event | None = None
         self._encoded: tuple[Message | None, bytes] = (None, b"")
 
@@ -188,19 +176,15 @@ class Amqp1FrontEnd:
         """The connection is gone: unsubscribe, hand unsettled queue deliveries back, delete its
         temporary queues."""
         self._forget(conn)
-        txns = self.transactions.pop(conn, None)
-        if txns is not None:  # the connection ended: its open transactions roll back
-            for txn in list(txns.open.values()):
-                self._rollback(txn)
-            txns.open.clear()
+        self.coordinator.finished(conn)
         try:
             with anyio.CancelScope(shield=True):
                 for out in list(conn.outlinks.values()):
                     await self.release(out)
                     if isinstance(out, QueueOut) and out.subscription is not None:
-                        ending = self._leave_subscription(out, False)  # a non-durable one may end
+                        ending = self.subscribers.leave(out, False)  # a non-durable one may end
                         if ending is not None:
-                            await self._end_subscription(out.subscription, ending)
+                            await self.subscribers.end(out.subscription, ending)
         finally:
             conn.outlinks.clear()
             conn.inlinks.clear()
@@ -233,7 +217,7 @@ class Amqp1FrontEnd:
         elif isinstance(event, LinkAttached):
             return self._attach(conn, event.link)
         elif isinstance(event, LinkDetached):
-            self._detached(conn, event)
+            self.detached(conn, event)
         elif isinstance(event, TransferAborted):
             log.debug("amqp1: %s aborted delivery %d", conn.container_id, event.delivery_id)
         elif isinstance(event, SaslAuthRequested):
@@ -318,9 +302,7 @@ class Amqp1FrontEnd:
     def forget_vhost(self, vhost_prefix: str) -> None:
         """A vhost is deleted: its connections close (amqp:connection:forced), as RabbitMQ does, and
         its subscriptions stop (their queues go with the vhost's)."""
-        for sub in [s for q, s in self.subscriptions.items() if vhost_prefix and q.startswith(vhost_prefix)]:
-            self._drop_subscription(sub)
-            self._ending.pop(sub.queue, None)
+        self.subscribers.forget_vhost(vhost_prefix)
         for conn in list(self.connections):
             if vhost_prefix and conn.vhost_prefix == vhost_prefix and not conn.machine.closed:
                 conn.close(Error(condition=Symbol("amqp:connection:forced"), description="vhost deleted"))
@@ -363,7 +345,7 @@ class Amqp1FrontEnd:
 
     # -- attach / detach --------------------------------------------------------------------------
 
-    def _refuse(self, conn: Amqp1Conn, link: Link, condition: str, description: str) -> None:
+    def refuse(self, conn: Amqp1Conn, link: Link, condition: str, description: str) -> None:
         if conn.vhost_prefix:
             description = description.replace(conn.vhost_prefix, "")  # the names its client knows
         log.info("amqp1: %s: link %r refused: %s %s", conn.container_id, link.name, condition, description)
@@ -374,17 +356,17 @@ class Amqp1FrontEnd:
         if link.is_receiver:
             self._attach_inlink(conn, link, attach.target)
             return None
-        return self._attach_outlink(conn, link, attach.source)
+        return self.attach_outlink(conn, link, attach.source)
 
     def _attach_inlink(self, conn: Amqp1Conn, link: Link, target: Any) -> None:
         if isinstance(target, Coordinator):
-            self._attach_coordinator(conn, link, target)
+            self.coordinator.attach(conn, link, target)
             return
         if not isinstance(target, Target):
-            self._refuse(conn, link, INVALID_FIELD, "attach without a target")
+            self.refuse(conn, link, INVALID_FIELD, "attach without a target")
             return
         if target.dynamic:
-            self._refuse(conn, link, NOT_IMPLEMENTED, "dynamic targets are not supported")
+            self.refuse(conn, link, NOT_IMPLEMENTED, "dynamic targets are not supported")
             return
         address: Address | None = None
         if target.address is not None:
@@ -399,29 +381,13 @@ class Amqp1FrontEnd:
                 self._check_queue(address)
                 self._check_access(conn, WRITE, address.own_topic)
             except AddressError as exc:
-                self._refuse(conn, link, exc.condition, exc.description)
+                self.refuse(conn, link, exc.condition, exc.description)
                 return
             target = replace(target, capabilities=[Symbol(address.kind)])
         inlink = InLink(link, address)
         conn.inlinks[link] = inlink
         credit = 0 if conn.publishing_blocked else self.config.link_credit
         conn.machine.accept_link(link, target=target, rcv_settle_mode=RCV_FIRST, initial_credit=credit)
-
-    def _attach_coordinator(self, conn: Amqp1Conn, link: Link, target: Coordinator) -> None:
-        """A sender to the transaction coordinator: local transactions, whatever else it asks for
-        (our answer's capabilities say what it got)."""
-        if self.queues is None:
-            self._refuse(conn, link, NOT_IMPLEMENTED, "transactions need the durable queues")
-            return
-        inlink = InLink(link, None, coordinator=True)
-        conn.inlinks[link] = inlink
-        self.transactions.setdefault(conn, Transactions())
-        conn.machine.accept_link(
-            link,
-            target=Coordinator(capabilities=[LOCAL_TRANSACTIONS]),
-            rcv_settle_mode=RCV_FIRST,
-            initial_credit=0 if conn.publishing_blocked else self.config.link_credit,
-        )
 
     def _check_access(self, conn: Amqp1Conn, access: str, topic: str) -> None:
         """The rules' word on ``topic``: ``amqp:unauthorized-access`` when they refuse."""
@@ -464,7 +430,7 @@ class Amqp1FrontEnd:
                     continue
                 error = Error(condition=UNAUTHORIZED_ACCESS, description="read access revoked")
                 conn.machine.detach_link(out.link, error)
-                self._detached(conn, LinkDetached(out.link, True, error, False))
+                self.detached(conn, LinkDetached(out.link, True, error, False))
             conn.io.wake()
 
     def _check_queue(self, address: Address) -> None:
@@ -475,16 +441,16 @@ class Amqp1FrontEnd:
         if not self.settings.queues.auto_create and not self.queues.exists(address.name):
             raise AddressError(NOT_FOUND, f"queue {address.name} does not exist")
 
-    def _attach_outlink(self, conn: Amqp1Conn, link: Link, source: Any) -> Awaitable[None] | None:
+    def attach_outlink(self, conn: Amqp1Conn, link: Link, source: Any) -> Awaitable[None] | None:
         if source is None or (isinstance(source, Source) and source.address is None and not source.dynamic):
-            return self._attach_existing(conn, link)
+            return self.subscribers.attach_existing(conn, link)
         if not isinstance(source, Source):
-            self._refuse(conn, link, INVALID_FIELD, "attach without a source")
+            self.refuse(conn, link, INVALID_FIELD, "attach without a source")
             return None
         settled = link.remote_attach.snd_settle_mode == SND_SETTLED
         if source.dynamic:
             if self.queues is None:
-                self._refuse(conn, link, NOT_IMPLEMENTED, "durable queues are off")
+                self.refuse(conn, link, NOT_IMPLEMENTED, "durable queues are off")
                 return None
             # Later frames wait until the node exists and the attach is answered.
             return self._attach_dynamic(conn, link, source, settled)
@@ -503,7 +469,7 @@ class Amqp1FrontEnd:
             else:
                 reads = self._topic_grant(conn, address.own_topic)
         except AddressError as exc:
-            self._refuse(conn, link, exc.condition, exc.description)
+            self.refuse(conn, link, exc.condition, exc.description)
             return None
         # A JMS selector is parsed once, here; one that does not parse ends the link.
         selector = find_selector(source.filter)
@@ -513,13 +479,13 @@ class Amqp1FrontEnd:
                 queue_side = address.is_queue and source.distribution_mode != COPY
                 selects = selecting(parse_selector(selector[1].value), SELECTOR_MEMORY if queue_side else 0)
             except SelectorError as exc:
-                self._refuse(conn, link, INVALID_FIELD, f"{exc} in {selector[1].value!r}")
+                self.refuse(conn, link, INVALID_FIELD, f"{exc} in {selector[1].value!r}")
                 return None
         caps = {str(c) for c in source.capabilities or ()}
         durable = source.durable in (1, 2) and source.expiry_policy == EXPIRY_NEVER
         if not address.is_queue and (durable or SHARED in caps) and self.queues is not None:
             # Later frames wait until its queue exists and the attach is answered.
-            return self._attach_subscription(conn, link, source, address, settled, selector, selects)
+            return self.subscribers.attach(conn, link, source, address, settled, selector, selects)
         out: OutLink
         mode = source.distribution_mode
         if address.is_queue and mode == COPY:
@@ -531,21 +497,21 @@ class Amqp1FrontEnd:
                 condition = NOT_FOUND if exc.reason == "no-queue" else NOT_IMPLEMENTED
                 if exc.reason == "locked":
                     condition = RESOURCE_LOCKED
-                self._refuse(conn, link, condition, str(exc))
+                self.refuse(conn, link, condition, str(exc))
                 return None
             out = browse
         elif address.is_queue:
             mode = MOVE  # what a queue does for any other mode asked: the peer is told so
             out = QueueOut(conn, link, address, settled)
             try:
-                self._consume(out, link, selects)
+                self.consume(out, link, selects)
             except QueueError as exc:
                 condition = NOT_FOUND if exc.reason == "no-queue" else INVALID_FIELD
                 if exc.reason == "locked":
                     condition = RESOURCE_LOCKED
                 elif exc.reason == "queue-limit":
                     condition = RESOURCE_LIMIT_EXCEEDED  # the vhost's queue limit
-                self._refuse(conn, link, condition, str(exc))
+                self.refuse(conn, link, condition, str(exc))
                 return None
         else:
             if selects is None:
@@ -554,7 +520,7 @@ class Amqp1FrontEnd:
                 out = SelectedTopicOut(conn, link, address, settled, selects)
             qos = 0 if settled else 1
             self.broker.router.subscribe(out, address.name, SubscriptionOptions(qos=qos, reads=reads))
-            self._subscription_event(SUBSCRIPTION_CREATED, conn, address.name, qos=qos, link=link.name)
+            self.subscription_event(SUBSCRIPTION_CREATED, conn, address.name, qos=qos, link=link.name)
         conn.outlinks[link] = out
         # The filters we apply go back in our source: the selector (not for a queue browser), and
         # no other (beyond the address' own wildcards), which tells the peer so, as the spec asks.
@@ -570,7 +536,7 @@ class Amqp1FrontEnd:
         out.on_flow(link.drain)  # a flow may have come before our attach
         return None
 
-    def _consume(self, out: QueueOut, link: Link, selects: Selects | None = None) -> None:
+    def consume(self, out: QueueOut, link: Link, selects: Selects | None = None) -> None:
         assert self.queues is not None
         props = link.remote_attach.properties or {}
         group = props.get("consumer-group")
@@ -612,10 +578,10 @@ class Amqp1FrontEnd:
         out.temp_queue = name
         conn.outlinks[link] = out  # from here on, the link's end deletes the queue
         try:
-            self._consume(out, link)
+            self.consume(out, link)
         except QueueError as exc:
             limit = exc.reason == "queue-limit"  # a dynamic queue past the vhost's queue limit
-            self._refuse(conn, link, RESOURCE_LIMIT_EXCEEDED if limit else INVALID_FIELD, str(exc))
+            self.refuse(conn, link, RESOURCE_LIMIT_EXCEEDED if limit else INVALID_FIELD, str(exc))
             return
         source = replace(
             source,
@@ -627,203 +593,23 @@ class Amqp1FrontEnd:
         conn.machine.accept_link(link, source=source, rcv_settle_mode=RCV_FIRST)
         out.on_flow(link.drain)
 
-    # -- durable and shared topic subscriptions (trimaran/amqp1/subscriptions.py) ---------------
-
-    async def _attach_subscription(
-        self,
-        conn: Amqp1Conn,
-        link: Link,
-        source: Source,
-        address: Address,
-        settled: bool,
-        selector: tuple[Any, Described] | None,
-        selects: Selects | None,
-    ) -> None:
-        """A receiver of a durable or shared subscription: a consumer of the subscription's queue,
-        which the router feeds whether or not a receiver is attached."""
-        assert self.queues is not None
-        caps = {str(c) for c in source.capabilities or ()}
-        durable = source.durable in (1, 2) and source.expiry_policy == EXPIRY_NEVER
-        shared = SHARED in caps
-        queue = subscription_queue(conn.container_id, link.name, caps, conn.vhost_prefix)
-        text = None if selector is None else str(selector[1].value)
-        ending = self._ending.get(queue)
-        if ending is not None:
-            await ending.wait()  # the one unsubscribed just now is gone first
-        sub = self.subscriptions.get(queue)
-        if sub is not None and (sub.topic != address.name or sub.selector != text):
-            if sub.links:
-                self._refuse(
-                    conn,
-                    link,
-                    RESOURCE_LOCKED,
-                    f"subscription {queue} is attached with another topic or selector",
-                )
-                return
-            await self._end_subscription(sub)  # JMS: another topic or selector is a new subscription
-            sub = self.subscriptions.get(queue)
-        if sub is None:
-            await self.queues.declare(queue, durable=durable)
-            sub = self.subscriptions.get(queue)  # another attach may have made it meanwhile
-            if sub is None:
-                sub = Subscription(
-                    self.queues,
-                    queue,
-                    address.name,
-                    durable=durable,
-                    shared=shared,
-                    selector=text,
-                    selects=selects,
-                    source=source,
-                )
-                self.subscriptions[queue] = sub
-                self.broker.router.subscribe(sub, address.name, SubscriptionOptions(qos=1))
-                if durable:
-                    await self._save_subscriptions()
-                self._subscription_event(
-                    SUBSCRIPTION_CREATED, conn, address.name, qos=1, link=link.name, queue=queue
-                )
-        if link.state is not LinkState.ATTACH_RECEIVED or conn.machine.closed:
-            # The peer gave up meanwhile: a durable subscription stays, as after a detach.
-            if not sub.links and not sub.durable:
-                await self._end_subscription(sub)
-            return
-        if sub.links and not sub.shared:
-            self._refuse(conn, link, RESOURCE_LOCKED, f"subscription {queue} has a receiver already")
-            return
-        out = QueueOut(conn, link, Address(QUEUE, queue, "", address.cut), settled)
-        out.subscription = sub
-        conn.outlinks[link] = out
-        try:
-            self._consume(out, link)  # the subscription selects what goes into its queue
-        except QueueError as exc:
-            conn.outlinks.pop(link, None)
-            self._refuse(conn, link, NOT_FOUND if exc.reason == "no-queue" else INVALID_FIELD, str(exc))
-            return
-        sub.links.add(out)
-        caps_back: list[str] = [Symbol(TOPIC), *(Symbol(c) for c in (SHARED, GLOBAL) if c in caps)]
-        applied = None if selector is None else {selector[0]: selector[1]}
-        answer = replace(source, capabilities=caps_back, filter=applied, distribution_mode=None)
-        conn.machine.accept_link(link, source=answer, rcv_settle_mode=RCV_FIRST)
-        out.on_flow(link.drain)
-
-    async def _save_subscriptions(self) -> None:
-        """Write the durable subscriptions to the meta table (a restart subscribes them again)."""
-        assert self.queues is not None
-        text = saved(list(self.subscriptions.values()))
-        try:
-            await anyio.to_thread.run_sync(self.queues.storage.set_meta, META_KEY, text)
-        except Exception as exc:  # the subscription works; only a restart would forget it
-            log.warning("amqp1: could not save the durable subscriptions: %s", exc)
-
-    async def restore(self) -> None:
-        """At start: the durable subscriptions whose queues the manager loaded are fed again, so
-        what is published before their receivers come back is kept."""
-        if self.queues is None or self.queues.shared:
-            return  # several nodes: each would feed the queue from every publish (see docs/amqp1.md)
-        text = await anyio.to_thread.run_sync(self.queues.storage.get_meta, META_KEY)
-        try:
-            kept = loaded(text)
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning("amqp1: the saved durable subscriptions cannot be read, none restored: %s", exc)
-            return
-        for queue, (source, topic, shared, selector) in kept.items():
-            if queue in self.subscriptions or not self.queues.exists(queue):
-                continue
-            try:
-                selects = None if selector is None else selecting(parse_selector(selector))
-            except SelectorError as exc:
-                log.warning("amqp1: subscription %s not restored: %s", queue, exc)
-                continue
-            sub = Subscription(
-                self.queues,
-                queue,
-                topic,
-                durable=True,
-                shared=shared,
-                selector=selector,
-                selects=selects,
-                source=source,
-            )
-            self.subscriptions[queue] = sub
-            self.broker.router.subscribe(sub, topic, SubscriptionOptions(qos=1))
-        if self.subscriptions:
-            log.info("amqp1: restored %d durable subscriptions", len(self.subscriptions))
-
-    def _attach_existing(self, conn: Amqp1Conn, link: Link) -> Awaitable[None] | None:
-        """A receiver without a source names an existing subscription by its link name (Qpid JMS
-        attaches so to unsubscribe, then detaches with ``closed``): it attaches to it as it is."""
-        for queue in unsubscribe_candidates(conn.container_id, link.name, conn.vhost_prefix):
-            sub = self.subscriptions.get(queue)
-            if sub is not None:
-                return self._attach_outlink(conn, link, sub.source)
-        self._refuse(conn, link, NOT_FOUND, f"no subscription named {link.name!r}")
-        return None
-
-    def _drop_subscription(self, sub: Subscription) -> anyio.Event | None:
-        """Unsubscribe at once: no longer found, no longer fed. Its queue is deleted by
-        :meth:`_end_subscription` (an attach of the same name waits for that)."""
-        if self.subscriptions.get(sub.queue) is not sub:
-            return None
-        del self.subscriptions[sub.queue]
-        self.broker.router.unsubscribe_all(sub)
-        ending = self._ending[sub.queue] = anyio.Event()
-        return ending
-
-    async def _end_subscription(self, sub: Subscription, ending: anyio.Event | None = None) -> None:
-        """Unsubscribe and delete its queue."""
-        if ending is None:
-            ending = self._drop_subscription(sub)
-            if ending is None:
-                return
-        try:
-            assert self.queues is not None
-            await self.queues.delete(sub.queue)
-            if sub.durable:
-                await self._save_subscriptions()
-            log.debug("amqp1: subscription %s removed", sub.queue)
-        finally:
-            if self._ending.get(sub.queue) is ending:
-                del self._ending[sub.queue]
-            ending.set()
-
-    def _leave_subscription(self, out: QueueOut, unsubscribe: bool) -> anyio.Event | None:
-        """``out`` is gone: the subscription ends when it was the last receiver and the peer closed
-        the link (a durable one: JMS unsubscribe) or it was not durable."""
-        sub = out.subscription
-        if sub is None:
-            return None
-        sub.links.discard(out)
-        if not sub.links and (unsubscribe or not sub.durable):
-            return self._drop_subscription(sub)
-        return None
-
-    async def _release_and_end(self, conn: Amqp1Conn, out: QueueOut, ending: anyio.Event | None) -> None:
-        await self._release_detached(conn, out)  # its consumer first, then the queue
-        if ending is not None and out.subscription is not None:
-            await self._end_subscription(out.subscription, ending)
-
-    def _detached(self, conn: Amqp1Conn, event: LinkDetached) -> None:
+    def detached(self, conn: Amqp1Conn, event: LinkDetached) -> None:
         link = event.link
         inlink = conn.inlinks.pop(link, None)
         if inlink is not None and inlink.coordinator:
-            txns = self.transactions.get(conn)
-            for txn in txns.of_link(link) if txns is not None else ():
-                self._rollback(txn)  # its coordinator is gone: what it declared rolls back
+            self.coordinator.coordinator_ended(conn, link)
         out = conn.outlinks.get(link)
         if out is None:
             return
         self._unsubscribe(conn, out)
-        txns = self.transactions.get(conn) if isinstance(out, QueueOut) else None
-        if txns is not None:
-            for txn in txns.open.values():
-                txn.link_ended(cast(QueueOut, out))
+        if isinstance(out, QueueOut):
+            self.coordinator.link_ended(conn, out)
         if isinstance(out, QueueOut) and out.subscription is not None:
             # JMS unsubscribe is the peer's detach with closed, never our own detach
-            ending = self._leave_subscription(out, event.closed and event.by_peer)
-            conn.io.spawn(lambda: self._release_and_end(conn, out, ending))
+            ending = self.subscribers.leave(out, event.closed and event.by_peer)
+            conn.io.spawn(lambda: self.subscribers.release_and_end(conn, out, ending))
             return
-        conn.io.spawn(lambda: self._release_detached(conn, out))
+        conn.io.spawn(lambda: self.release_detached(conn, out))
 
     def _unsubscribe(self, conn: Amqp1Conn, out: OutLink) -> None:
         """Stop sending on ``out`` at once; a topic link leaves the router."""
@@ -832,9 +618,9 @@ class Amqp1FrontEnd:
         out.stop()
         if isinstance(out, TopicOut):
             self.broker.router.unsubscribe_all(out)
-            self._subscription_event(SUBSCRIPTION_REMOVED, conn, out.address.name, link=out.link.name)
+            self.subscription_event(SUBSCRIPTION_REMOVED, conn, out.address.name, link=out.link.name)
 
-    def _subscription_event(self, event_type: str, conn: Amqp1Conn, topic_filter: str, **extra: Any) -> None:
+    def subscription_event(self, event_type: str, conn: Amqp1Conn, topic_filter: str, **extra: Any) -> None:
         events = self.broker.events
         if events.wants(event_type) and conn.client is not None:
             events.client_info(event_type, conn.client, topic_filter=topic_filter, **extra)
@@ -846,7 +632,11 @@ class Amqp1FrontEnd:
         if events.wants(MESSAGE_DROPPED):
             events.message(MESSAGE_DROPPED, message, subscriber=subscriber, reason=reason)
 
-    async def _release_detached(self, conn: Amqp1Conn, out: OutLink) -> None:
+    async def restore(self) -> None:
+        """At start: the durable subscriptions are fed again (:meth:`Subscribers.restore`)."""
+        await self.subscribers.restore()
+
+    async def release_detached(self, conn: Amqp1Conn, out: OutLink) -> None:
         await self.release(out)
         conn.outlinks.pop(out.link, None)
 
@@ -872,7 +662,7 @@ class Amqp1FrontEnd:
         if inlink is None or not link.is_open:
             return
         if inlink.coordinator:
-            self._control(conn, event, inlink)
+            self.coordinator.control(conn, event, inlink)
             return
         conn.io.publisher = True  # the memory watermark pauses the connections that publish
         conn.io.messages_in += 1
@@ -880,7 +670,7 @@ class Amqp1FrontEnd:
         try:
             decoded = decode_message(event.payload)
         except DecodeError as exc:
-            self._refuse_message(conn, event, DECODE_ERROR, f"malformed message: {exc}")
+            self.refuse_message(conn, event, DECODE_ERROR, f"malformed message: {exc}")
             return
         address = inlink.address
         if address is None:
@@ -891,11 +681,11 @@ class Amqp1FrontEnd:
                 )
                 self._check_queue(address)
             except AddressError as exc:
-                self._refuse_message(conn, event, exc.condition, f"properties.to: {exc.description}")
+                self.refuse_message(conn, event, exc.condition, f"properties.to: {exc.description}")
                 return
         principal = conn.principal
         if principal is not None and not self.security.authorize(principal, WRITE, address.own_topic):
-            self._refuse_message(
+            self.refuse_message(
                 conn, event, UNAUTHORIZED_ACCESS, f"write access to {address.own_topic!r} refused"
             )
             conn.refill(inlink)
@@ -903,7 +693,7 @@ class Amqp1FrontEnd:
         message = from_amqp1(
             decoded, address.topic, conn.container_id, settled=event.settled, raw=event.payload
         )
-        if event.state is not None and self._in_transaction(conn, event, address, message):
+        if event.state is not None and self.coordinator.in_transaction(conn, event, address, message):
             conn.refill(inlink)
             return
         if address.is_queue:
@@ -914,7 +704,7 @@ class Amqp1FrontEnd:
                 conn.machine.settle(link, event.delivery_id, Accepted())
         conn.refill(inlink)
 
-    def _refuse_message(
+    def refuse_message(
         self, conn: Amqp1Conn, event: MessageReceived, condition: str, description: str
     ) -> None:
         if conn.vhost_prefix:
@@ -924,7 +714,7 @@ class Amqp1FrontEnd:
         if event.settled:
             if condition == DECODE_ERROR:  # nobody hears a disposition: end the link instead
                 conn.machine.detach_link(event.link, error)
-                self._detached(conn, LinkDetached(event.link, True, error, False))
+                self.detached(conn, LinkDetached(event.link, True, error, False))
             return
         conn.machine.settle(event.link, event.delivery_id, Rejected(error=error))
 
@@ -963,137 +753,6 @@ class Amqp1FrontEnd:
         log.info("amqp1: %s: queue publish to %s refused: %s", conn.container_id, address.name, exc)
         pending.error = Error(condition=refusal_condition(exc), description=str(exc))
 
-    # -- transactions ---------------------------------------------------------------------------
-
-    def _control(self, conn: Amqp1Conn, event: MessageReceived, inlink: InLink) -> None:
-        """A message to the coordinator: declare or discharge."""
-        link, did = event.link, event.delivery_id
-        txns = self.transactions.setdefault(conn, Transactions())
-        try:
-            body = decode_message(event.payload).body
-            value = body[0].value if len(body) == 1 and isinstance(body[0], AmqpValue) else None
-            if isinstance(value, Described):
-                value = from_described(value)
-        except DecodeError as exc:
-            self._refuse_message(conn, event, DECODE_ERROR, f"malformed coordinator message: {exc}")
-            conn.refill(inlink)
-            return
-        state: Any
-        if isinstance(value, Declare):
-            txn = txns.declare(link)
-            log.debug("amqp1: %s declared %r", conn.container_id, txn.txn_id)
-            state = Declared(txn_id=txn.txn_id)
-        elif isinstance(value, Discharge):
-            txn_id = bytes(value.txn_id)
-            found = txns.open.pop(txn_id, None)
-            if found is None:
-                state = Rejected(error=Error(condition=UNKNOWN_ID, description=f"no transaction {txn_id!r}"))
-            elif value.fail:
-                self._rollback(found)
-                state = Accepted()
-            else:
-                self._commit(conn, event, found)
-                conn.refill(inlink)
-                return  # answered once it is committed
-        else:
-            error = Error(condition=DECODE_ERROR, description="the coordinator takes declare and discharge")
-            state = Rejected(error=error)
-        if not event.settled:
-            conn.machine.settle(link, did, state)
-        conn.refill(inlink)
-
-    def _in_transaction(
-        self, conn: Amqp1Conn, event: MessageReceived, address: Address, message: Message
-    ) -> bool:
-        """A transfer with a delivery state: kept in its transaction (True), refused when the
-        transaction is unknown (True), or an ordinary transfer (False)."""
-        state = event.state
-        if not isinstance(state, TransactionalState):
-            return False
-        txns = self.transactions.get(conn)
-        txn = txns.open.get(bytes(state.txn_id)) if txns is not None else None
-        if txn is None:
-            self._refuse_message(conn, event, UNKNOWN_ID, f"no transaction {bytes(state.txn_id)!r}")
-            return True
-        if txn.full():
-            self._refuse_message(conn, event, RESOURCE_LIMIT_EXCEEDED, txn.doomed or "transaction full")
-            return True
-        txn.publishes.append((address, message))
-        if not event.settled:
-            conn.machine.settle(
-                event.link, event.delivery_id, TransactionalState(txn_id=txn.txn_id, outcome=Accepted())
-            )
-        return True
-
-    def _settle_in_transaction(
-        self, conn: Amqp1Conn, event: DispositionReceived, state: TransactionalState
-    ) -> None:
-        """A receiver's outcome inside a transaction: the queue deliveries stay held by their
-        consumers until the discharge says what becomes of them."""
-        txns = self.transactions.get(conn)
-        txn = txns.open.get(bytes(state.txn_id)) if txns is not None else None
-        if txn is None:
-            error = Error(condition=UNKNOWN_ID, description=f"no transaction {bytes(state.txn_id)!r}")
-            for link in {link for link, _did, _tag in event.deliveries}:
-                if link.is_open:
-                    conn.machine.detach_link(link, error)
-                    self._detached(conn, LinkDetached(link, True, error, False))
-            return
-        if state.outcome is None:
-            return  # no outcome yet
-        for link, delivery_id, _tag in event.deliveries:
-            out = conn.outlinks.get(link)
-            if isinstance(out, QueueOut) and out.handle is not None:
-                offset = out.offsets.pop(delivery_id, None)
-                if offset is not None:
-                    txn.settles.append((out, offset, disposition_outcome(state.outcome, out.id)))
-        if not event.settled and event.deliveries:
-            conn.machine.settle_range(event.session, ROLE_SENDER, event.first, event.last, state)
-
-    def _commit(self, conn: Amqp1Conn, event: MessageReceived, txn: Transaction) -> None:
-        """Publishes and settlements to the queues as one commit, then the topic messages; the
-        discharge is answered once it is in (``amqp:transaction:rollback`` when it cannot be)."""
-        link, did = event.link, event.delivery_id
-
-        def done(error: QueueError | None) -> None:
-            if error is None:
-                for address, message in txn.publishes:
-                    if not address.is_queue:
-                        self.broker.publish(message)
-                state: Any = Accepted()
-            else:
-                log.info("amqp1: %s: transaction %r rolled back: %s", conn.container_id, txn.txn_id, error)
-                self._rollback(txn)
-                state = Rejected(error=Error(condition=ROLLBACK, description=f"rolled back: {error}"))
-            if not event.settled and link.is_open and not conn.machine.closed:
-                conn.machine.settle(link, did, state)
-                conn.io.wake()
-
-        if txn.doomed is not None:
-            done(QueueError("released", txn.doomed))
-            return
-        publishes = [(a.name, m, a.key) for a, m in txn.publishes if a.is_queue]
-        settles = [
-            (out.handle, offset, outcome) for out, offset, outcome in txn.settles if out.handle is not None
-        ]
-        if not publishes and not settles:
-            done(None)
-            return
-        assert self.queues is not None
-        try:
-            self.queues.transact(publishes, settles, done)
-        except QueueError as exc:
-            done(exc)
-
-    def _rollback(self, txn: Transaction) -> None:
-        """Drop the publishes; the deliveries go back to their queues at once, not as failures."""
-        txn.publishes.clear()
-        for out, offset, _outcome in txn.settles:
-            handle = out.handle
-            if handle is not None and not handle.closed:
-                handle.settle_nowait(offset, RELEASED)
-        txn.settles.clear()
-
     # -- dispositions -----------------------------------------------------------------------------
 
     def _disposition(self, conn: Amqp1Conn, event: DispositionReceived) -> None:
@@ -1101,7 +760,7 @@ class Amqp1FrontEnd:
             return  # the sender settling deliveries we received: nothing to do in rcv-settle-mode first
         state = event.state
         if state is not None and state.__class__ is TransactionalState:
-            self._settle_in_transaction(conn, event, state)
+            self.coordinator.settle(conn, event, state)
             return
         for link, delivery_id, _tag in event.deliveries:
             out = conn.outlinks.get(link)

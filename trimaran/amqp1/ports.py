@@ -4,7 +4,8 @@ down only). ``handler.Amqp1FrontEnd`` and ``conn.Amqp1Conn`` implement them.
 
 The package's floors, bottom up: the sans-IO codec and machine (``types``, ``codec``,
 ``performatives``, ``messages``, ``frames``, ``sasl``, ``session``, ``connection``, ``events``),
-``addresses``, ``mapping``, this module, ``links``, ``conn`` and ``handler`` on top.
+``addresses``, ``mapping``, this module, ``links``, ``conn``, ``subscribers`` and ``coordinator``,
+and ``handler`` on top.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from trimaran.amqp1.connection import ServerConnection
+    from trimaran.amqp1.session import Link
     from trimaran.broker.core import Broker
     from trimaran.broker.message import Message
+    from trimaran.queue.groups import Selects
+    from trimaran.queue.manager import QueueManager
     from trimaran.runtime.transport import Conn
 
 
@@ -52,3 +56,29 @@ class LinkOwner(Protocol):
 
     @property
     def container_id(self) -> str: ...
+
+
+class Desk(Protocol):
+    """The front end as the helpers it owns (``subscribers.Subscribers``,
+    ``coordinator.TransactionCoordinator``) call back into its attach, detach and transfer
+    plumbing. Connections, links and events are typed ``Any``: their classes live above."""
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def queues(self) -> QueueManager | None: ...
+
+    def refuse(self, conn: Any, link: Link, condition: str, description: str) -> None: ...
+
+    def refuse_message(self, conn: Any, event: Any, condition: str, description: str) -> None: ...
+
+    def detached(self, conn: Any, event: Any) -> None: ...
+
+    def attach_outlink(self, conn: Any, link: Link, source: Any) -> Awaitable[None] | None: ...
+
+    def consume(self, out: Any, link: Link, selects: Selects | None = None) -> None: ...
+
+    def subscription_event(self, event_type: str, conn: Any, topic_filter: str, **extra: Any) -> None: ...
+
+    async def release_detached(self, conn: Any, out: Any) -> None: ...
