@@ -7,7 +7,9 @@ The real App runs in-process (tests/support/budget.py's ``InProcessServer``); ``
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import urllib.request
 import uuid
 from collections.abc import Coroutine
 from pathlib import Path
@@ -30,7 +32,10 @@ def _on_loop(server: InProcessServer, coro: Coroutine[Any, Any, T]) -> T:
 
 def test_a_vhost_added_at_run_time_is_used_and_deleted_with_everything_in_it(tmp_path: Path) -> None:
     pika = pytest.importorskip("pika")
-    server = InProcessServer(tmp_path, auth={"allow_anonymous": True}).start()
+    token = "vhost-test-token"
+    server = InProcessServer(
+        tmp_path, auth={"allow_anonymous": True}, http={"bind": "127.0.0.1:0", "tokens": [token]}
+    ).start()
     try:
         vhosts = server.app.broker.vhosts  # type: ignore[union-attr]
         endpoints = Endpoints("127.0.0.1", server.port("mqtt"))
@@ -56,6 +61,18 @@ def test_a_vhost_added_at_run_time_is_used_and_deleted_with_everything_in_it(tmp
         assert {key + "work", key + "late-q"} <= set(app.queues.queues)
         assert any(m.topic == key + topic for m in app.broker.retained.messages())  # type: ignore[union-attr]
         assert key + "keeper" in app.mqtt.endpoints
+        # The admin API says which vhost each client, session and queue is in (the management page's
+        # vhost selector filters by it).
+        listed = {
+            what: _api(server.port("http"), token, f"/api/v1/{what}")["items"]
+            for what in ("clients", "sessions", "queues")
+        }
+        assert {c["protocol"] for c in listed["clients"] if c["vhost"] == "late"} == {"mqtt", "amqp091"}
+        assert [s["vhost"] for s in listed["sessions"] if s["client_id"].endswith("keeper")] == ["late"]
+        assert {q["name"]: q["vhost"] for q in listed["queues"] if q["name"].startswith(key)} == {
+            key + "work": "late",
+            key + "late-q": "late",
+        }
 
         assert _on_loop(server, vhosts.delete("late"))
 
@@ -72,6 +89,14 @@ def test_a_vhost_added_at_run_time_is_used_and_deleted_with_everything_in_it(tmp
         again.drop()
     finally:
         server.stop()
+
+
+def _api(port: int, token: str, path: str) -> Any:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return json.load(answer)
 
 
 def _last_values(client: Any, wait: float = 1.0) -> dict[str, str]:

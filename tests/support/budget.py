@@ -107,10 +107,10 @@ class _Server(App):
 class InProcessServer:
     def __init__(self, data_dir: Path, **overrides: Any) -> None:
         local = Endpoint("127.0.0.1", 0)
+        overrides.setdefault("http", {"bind": None})
         settings = Settings(
             listeners={"mqtt": local, "mqtt_ws": None, "amqp": local},
             storage={"data_dir": data_dir},
-            http={"bind": None},
             **overrides,
         )
         self.app = _Server(settings)

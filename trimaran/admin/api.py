@@ -47,7 +47,7 @@ from trimaran.config import (
 from trimaran.queue.policy import QueueError, parse_queue_topic
 from trimaran.tenant_limits import TenantLimits, UserLimits, VhostLimits
 from trimaran.topics import TopicError, validate_topic_name
-from trimaran.vhosts import Permission, VHostError
+from trimaran.vhosts import Permission, VHostError, vhost_of
 
 if TYPE_CHECKING:
     from trimaran.broker.clients import ClientInfo, ClientRegistry
@@ -131,6 +131,9 @@ class ClientOut(Model):
     address: str
     user: str | None
     connected_at_ms: int
+    vhost: str = Field(
+        description="the vhost it belongs to (the vhost selector of the management page filters by it)"
+    )
 
 
 class SessionSubscription(Model):
@@ -144,6 +147,9 @@ class SessionSubscription(Model):
 
 class SessionOut(Model):
     client_id: str
+    vhost: str = Field(
+        description="the vhost it belongs to (the vhost selector of the management page filters by it)"
+    )
     connected: bool
     protocol_level: int
     expiry_interval_s: int
@@ -180,6 +186,9 @@ class GroupOut(Model):
 
 class QueueOut(Model):
     name: str
+    vhost: str = Field(
+        description="the vhost it belongs to (the vhost selector of the management page filters by it)"
+    )
     mode: str
     durable: bool
     depth: int
@@ -1214,6 +1223,7 @@ def _permission_out(permission: Permission) -> PermissionOut:
 def _session_out(session: SessionInfo) -> SessionOut:
     return SessionOut(
         client_id=session.client_id,
+        vhost=vhost_of(session.client_id),
         connected=session.connected,
         protocol_level=session.protocol_level,
         expiry_interval_s=session.expiry_interval_s,
@@ -1252,6 +1262,7 @@ def _queue_detail(info: QueueInfo) -> QueueDetail:
 def _queue_fields(info: QueueInfo) -> dict[str, Any]:
     return {
         "name": info.name,
+        "vhost": vhost_of(info.name),
         "mode": info.mode,
         "durable": info.durable,
         "depth": info.depth,

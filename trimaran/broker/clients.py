@@ -30,6 +30,7 @@ class ClientInfo:
             "address": self.peer,
             "user": self.user,
             "connected_at_ms": self.since_ms,
+            "vhost": self.vhost,
         }
 
 
