@@ -17,6 +17,7 @@ import anyio
 
 from trimaran.broker.message import Message
 from trimaran.config import QueuePolicySettings
+from trimaran.vhosts import vhost_of
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -334,6 +335,10 @@ class QueueState:
     block_ahead: tuple[int, int] | None = None  # the next block, reserved before this one is spent
     awaiting_block: deque[WaitingPublish] = field(default_factory=deque)  # shared: for the next block
     reserving: anyio.Event | None = None
+    vhost: str = field(init=False)  # the vhost its key names (trimaran/vhosts.py), read once
+
+    def __post_init__(self) -> None:
+        self.vhost = vhost_of(self.name)
 
     @property
     def mode(self) -> str:

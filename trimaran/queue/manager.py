@@ -87,7 +87,7 @@ from trimaran.storage.engine import sqlite_file
 from trimaran.storage.store import Storage
 from trimaran.storage.writer import GroupCommitWriter, WriteBatch, WriterError
 from trimaran.tenant_limits import TenantLimits
-from trimaran.vhosts import describe, split_key, vhost_of
+from trimaran.vhosts import describe, split_key
 
 __all__ = [
     "BrowseHandle",
@@ -825,7 +825,7 @@ class QueueManager:
         limits = self.limits.of_vhost(vhost)
         if limits is None or not limits.max_queues or is_dead_letter_queue(key):
             return  # a dead-letter queue is made when a letter needs it: refusing it would lose it
-        count = sum(1 for other in self.queues if vhost_of(other) == vhost)
+        count = sum([1 for queue in self.queues.values() if queue.vhost == vhost])
         refusal = self.limits.may_declare_queue(vhost, count, name)
         if refusal is not None:
             raise QueueError("queue-limit", refusal)
@@ -833,12 +833,13 @@ class QueueManager:
     def _check_quota(self, state: QueueState, size: int) -> None:
         """The vhost's stored-bytes quota: a publish beyond it is refused ("full": each hull's
         refusal, PUBACK 0x97, basic.nack, rejected with amqp:resource-limit-exceeded)."""
-        vhost = vhost_of(state.name)
+        vhost = state.vhost
         limits = self.limits.of_vhost(vhost)
         if limits is None or not limits.max_stored_bytes:
             return
-        # Summed when asked, and only with a quota: no second count of every queue's bytes to drift.
-        stored = sum(queue.bytes for key, queue in self.queues.items() if vhost_of(key) == vhost)
+        # Summed when asked, and only with a quota: no second count of every queue's bytes to drift;
+        # each queue knows its vhost, so the sum is one pass with no call a queue.
+        stored = sum([queue.bytes for queue in self.queues.values() if queue.vhost == vhost])
         refusal = self.limits.may_store(vhost, stored, size)
         if refusal is not None:
             state.stats["refused"] += 1
