@@ -9,9 +9,6 @@ itself) is refused by Trimaran (SUBACK 0x80 / 0x87, as the paho interop suite's
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,8 +17,9 @@ from typing import Any
 
 import pytest
 
+from tests.support.mosquitto import running_mosquitto
 from tests.support.paho import V5, V311, Endpoints, Received, close_all, connect
-from tests.support.server import RunningServer, serving, unused_port
+from tests.support.server import RunningServer, serving
 
 RULES = "topic deny test/nosubscribe\ntopic readwrite #\n"
 
@@ -38,34 +36,11 @@ def trimaran_acl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
 
 @pytest.fixture(scope="module")
 def mosquitto_acl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    if shutil.which("mosquitto") is None:
-        pytest.skip("Mosquitto is not installed (apt-get install mosquitto; scripts/system-deps.sh)")
     directory: Path = tmp_path_factory.mktemp("mosquitto-acl")
     (directory / "acl").write_text(RULES)
-    port = unused_port()
-    conf = directory / "mosquitto.conf"
     # As root Mosquitto would switch to its own user, who cannot read pytest's private directory.
-    conf.write_text(
-        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nuser root\n"
-        f"acl_file {directory / 'acl'}\n"
-    )
-    process = subprocess.Popen(
-        ["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    pytest.skip("Mosquitto did not start")
-                time.sleep(0.1)
+    with running_mosquitto(directory, f"user root\nacl_file {directory / 'acl'}\n") as port:
         yield port
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 @pytest.fixture(params=["trimaran", "mosquitto"])

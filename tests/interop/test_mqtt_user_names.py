@@ -7,20 +7,16 @@ wrong password or an unknown user is still refused (0x86 / return code 4-5).
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
 import threading
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from tests.support.server import RunningServer, serving, unused_port
+from tests.support.mosquitto import running_mosquitto
+from tests.support.server import RunningServer, serving
 
 
 @pytest.fixture(scope="module")
@@ -35,28 +31,8 @@ def open_trimaran(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
 @pytest.fixture(scope="module")
 def open_mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     """Mosquitto with allow_anonymous and no password file, on a free port."""
-    if shutil.which("mosquitto") is None:
-        pytest.skip("Mosquitto is not installed (apt-get install mosquitto)")
-    port = unused_port()
-    conf: Path = tmp_path_factory.mktemp("mosquitto") / "mosquitto.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
-    process = subprocess.Popen(
-        ["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    pytest.skip("Mosquitto did not start")
-                time.sleep(0.1)
+    with running_mosquitto(tmp_path_factory.mktemp("mosquitto")) as port:
         yield port
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 @pytest.fixture(params=["trimaran", "mosquitto"])
