@@ -7,7 +7,6 @@ from __future__ import annotations
 import socket
 import struct
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
@@ -17,13 +16,10 @@ from pamqp import commands, frame
 from pamqp.base import Frame
 from pika.adapters.blocking_connection import BlockingChannel
 
+from tests.support.names import unique
 from tests.support.server import RunningServer
 
 F = TypeVar("F", bound=Frame)
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture

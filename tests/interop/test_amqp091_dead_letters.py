@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,11 +24,8 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 from pika.adapters.blocking_connection import BlockingChannel
 
+from tests.support.names import unique
 from tests.support.server import RunningServer
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ basic.get's ``message_count`` as RabbitMQ counts it."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,11 +14,8 @@ kombu = pytest.importorskip("kombu")
 
 from kombu import Connection, Consumer, Exchange, Producer, Queue  # noqa: E402
 
+from tests.support.names import unique  # noqa: E402
 from tests.support.server import RunningServer  # noqa: E402
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 def connect(port: int) -> Connection:

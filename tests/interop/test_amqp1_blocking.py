@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -20,10 +19,11 @@ from proton.utils import (  # noqa: E402
     SyncRequestResponse,
 )
 
-from tests.support.amqp1 import body_bytes, body_str  # noqa: E402
+from tests.support.amqp1 import body_bytes, body_str, close_link  # noqa: E402
+from tests.support.names import unique  # noqa: E402
 
 if TYPE_CHECKING:
-    from proton._utils import BlockingLink, Fetcher  # not re-exported by proton.utils
+    from proton._utils import Fetcher  # not re-exported by proton.utils
 
 
 class Properties(LinkOption):
@@ -34,10 +34,6 @@ class Properties(LinkOption):
 
     def apply(self, link: Any) -> None:
         link.properties = self.props
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture
@@ -66,11 +62,6 @@ def fetcher(receiver: BlockingReceiver) -> Fetcher:
     """The receiver's prefetch buffer (present whenever no handler was given to create_receiver)."""
     assert receiver.fetcher is not None
     return receiver.fetcher
-
-
-def close_link(link: BlockingLink) -> None:
-    """BlockingLink.close, which proton leaves unannotated."""
-    cast(Callable[[], None], link.close)()
 
 
 def expect_nothing(receiver: BlockingReceiver, wait: float = 0.3) -> None:

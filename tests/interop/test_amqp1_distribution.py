@@ -10,9 +10,7 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Iterator
-from typing import Any, cast
+from collections.abc import Iterator
 
 import pytest
 
@@ -22,11 +20,11 @@ from proton import Delivery, Message, Terminus  # noqa: E402
 from proton.reactor import Copy, LinkOption, Move  # noqa: E402
 from proton.utils import BlockingConnection, BlockingReceiver  # noqa: E402
 
-from tests.support.amqp1 import body_str  # noqa: E402
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+from tests.support.amqp1 import (  # noqa: E402
+    body_str,
+    close_link,
+)
+from tests.support.names import unique  # noqa: E402
 
 
 @pytest.fixture
@@ -36,11 +34,6 @@ def conn(amqp1_url: str) -> Iterator[BlockingConnection]:
         yield c
     finally:
         c.close()
-
-
-def close_link(link: Any) -> None:
-    """BlockingLink.close, which proton leaves unannotated."""
-    cast(Callable[[], None], link.close)()
 
 
 def send(conn: BlockingConnection, address: str, bodies: list[str]) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import cast
@@ -21,6 +20,7 @@ from proton import Message  # noqa: E402
 from proton.utils import BlockingConnection  # noqa: E402
 
 from tests.support.amqp1 import body_str  # noqa: E402
+from tests.support.names import unique  # noqa: E402
 from tests.support.server import RunningServer  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parent.parent / "support" / "rhea_client.js"
@@ -59,10 +59,6 @@ def rhea(home: Path, *args: str) -> list[str]:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout.splitlines()
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 def test_rhea_selector_on_a_topic_and_a_queue(

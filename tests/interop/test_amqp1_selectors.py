@@ -6,9 +6,8 @@ its descriptor under any key and echoed; a selector that does not parse ends the
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Iterator
-from typing import Any, cast
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -19,15 +18,12 @@ from proton import Described, Message, symbol, ulong  # noqa: E402
 from proton.reactor import LinkOption, Selector  # noqa: E402
 from proton.utils import BlockingConnection, BlockingReceiver, LinkDetached  # noqa: E402
 
-from tests.support.amqp1 import body_bytes, body_str  # noqa: E402
+from tests.support.amqp1 import body_bytes, body_str, close_link  # noqa: E402
+from tests.support.names import unique  # noqa: E402
 from tests.support.paho import V5, V311, Endpoints, PacketTypes, connect, props  # noqa: E402
 from tests.support.server import RunningServer  # noqa: E402
 
 SELECTOR_FILTER = "apache.org:selector-filter:string"
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture
@@ -37,10 +33,6 @@ def conn(amqp1_url: str) -> Iterator[BlockingConnection]:
         yield c
     finally:
         c.close()
-
-
-def close_link(link: Any) -> None:
-    cast(Callable[[], None], link.close)()
 
 
 class FilterUnder(LinkOption):

@@ -9,10 +9,9 @@ feed it too."""
 from __future__ import annotations
 
 import contextlib
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -24,13 +23,10 @@ from proton.reactor import Container, DurableSubscription, LinkOption, Selector 
 from proton.utils import BlockingConnection, BlockingReceiver, LinkDetached  # noqa: E402
 
 from tests.interop.conftest import AMQP1_ENV, amqp1_server_args  # noqa: E402
-from tests.support.amqp1 import body_bytes, body_str  # noqa: E402
+from tests.support.amqp1 import body_bytes, body_str, close_link  # noqa: E402
+from tests.support.names import unique  # noqa: E402
 from tests.support.paho import V5, Endpoints, connect  # noqa: E402
 from tests.support.server import RunningServer  # noqa: E402
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 class Capabilities(LinkOption):
@@ -76,10 +72,6 @@ def connections(amqp1_url: str) -> Iterator[Connections]:
     finally:
         for conn in list(c.opened):
             conn.close()
-
-
-def close_link(link: Any) -> None:
-    cast(Callable[[], None], link.close)()
 
 
 def detach(conn: BlockingConnection, receiver: BlockingReceiver) -> None:

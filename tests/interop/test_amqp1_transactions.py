@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, cast
 
 import pytest
@@ -23,11 +22,11 @@ from proton.handlers import MessagingHandler, TransactionHandler  # noqa: E402
 from proton.reactor import ApplicationEvent, Container, EventInjector, LinkOption  # noqa: E402
 from proton.utils import BlockingConnection, SendException  # noqa: E402
 
-from tests.support.amqp1 import body_str  # noqa: E402
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+from tests.support.amqp1 import (  # noqa: E402
+    body_str,
+    close_link,
+)
+from tests.support.names import unique  # noqa: E402
 
 
 class Client(MessagingHandler, TransactionHandler):  # type: ignore[misc]
@@ -177,10 +176,6 @@ def plain(amqp1_url: str) -> Iterator[BlockingConnection]:
         yield c
     finally:
         c.close()
-
-
-def close_link(link: Any) -> None:
-    cast(Callable[[], None], link.close)()
 
 
 def take_all(conn: BlockingConnection, address: str, wait: float = 0.5) -> list[tuple[str, int]]:

@@ -1,4 +1,4 @@
-"""Typed access to python-qpid-proton message bodies for AMQP 1.0 interop tests.
+"""Typed access to python-qpid-proton message bodies and links for AMQP 1.0 interop tests.
 
 proton annotates ``Message.body`` as a wide union (and leaves out ``memoryview``, which is what it
 actually returns for a binary body, valid only while the Message lives). These helpers check the
@@ -8,7 +8,8 @@ proton is only imported for type checking: tests that use it still skip cleanly 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from proton import Message
@@ -26,3 +27,8 @@ def body_str(message: Message) -> str:
     body: object = message.body
     assert isinstance(body, str), f"expected a text body, got {body!r}"
     return body
+
+
+def close_link(link: Any) -> None:
+    """BlockingLink.close, which proton leaves unannotated."""
+    cast(Callable[[], None], link.close)()
