@@ -88,7 +88,7 @@ PATHS = [
     Path_(
         "amqp091 transient",
         lambda s: Amqp091Load(s.port("amqp"), durable=False, batch=100),
-        Budget(loop=(127.5, 149.0), others=(0.5, 0.5)),
+        Budget(loop=(87.5, 121.0), others=(0.5, 0.5)),
     ),
     Path_(
         "amqp091 durable",
@@ -98,7 +98,7 @@ PATHS = [
     Path_(
         "amqp1 transfer-deliver-accept",
         lambda s: Amqp1Load(s.port("amqp"), batch=100),
-        Budget(loop=(194.5, 146.0)),
+        Budget(loop=(164.0, 137.5)),
     ),
 ]
 

@@ -43,6 +43,26 @@ DEAD_LETTER_EXCHANGE: Final = "x-dead-letter-exchange"
 ACCESS_REFUSED: Final = spec.ACCESS_REFUSED
 
 
+#: The methods that name a queue, an exchange or a binding the rules may guard. The others (acks,
+#: qos, channel and confirm methods; basic.publish is checked where it is routed) need no rule, and
+#: the front end does not ask for them: an ack costs no permission check.
+GUARDED: Final[frozenset[type[spec.Method]]] = frozenset(
+    {
+        spec.QueueDeclare,
+        spec.QueueBind,
+        spec.QueueUnbind,
+        spec.QueuePurge,
+        spec.QueueDelete,
+        spec.BasicConsume,
+        spec.BasicGet,
+        spec.ExchangeDeclare,
+        spec.ExchangeDelete,
+        spec.ExchangeBind,
+        spec.ExchangeUnbind,
+    }
+)
+
+
 class Owner(Protocol):
     """A connection (``conn.Amqp091Conn``): who logged in, its vhost's key prefix and the queues
     (keys) it declared exclusive."""
@@ -166,7 +186,7 @@ def check_method(
 ) -> spec.ProtocolError | None:
     """``403 ACCESS_REFUSED`` for the first thing the rules refuse; None when all is allowed."""
     principal = conn.principal
-    if principal is None:
+    if principal is None or type(method) not in GUARDED:
         return None
     if isinstance(method, spec.QueueDeclare) and method.passive:
         # A passive declare only asks whether the queue exists: any access to it will do.

@@ -25,7 +25,7 @@ from typing import Any, Final
 import anyio
 
 from trimaran.amqp091 import spec
-from trimaran.amqp091.access import check_method, check_queue_publish, publish_targets
+from trimaran.amqp091.access import GUARDED, check_method, check_queue_publish, publish_targets
 from trimaran.amqp091.channels import ChannelState, Consumer
 from trimaran.amqp091.conn import Amqp091Conn, Pending
 from trimaran.amqp091.connection import ServerConnection
@@ -309,9 +309,10 @@ class Amqp091FrontEnd:
         kind = type(method)
         tenant: Tenant = conn.tenant
         ops = tenant.ops
-        refusal = check_method(self.security, tenant.exchanges, conn, channel, method)
-        if refusal is not None:
-            return self.refuse(conn, event.channel, refusal)
+        if kind in GUARDED:  # the rest (acks, qos, ...) name nothing the rules guard
+            refusal = check_method(self.security, tenant.exchanges, conn, channel, method)
+            if refusal is not None:
+                return self.refuse(conn, event.channel, refusal)
         at_once = ops.at_once.get(kind)
         if at_once is not None:
             try:

@@ -17,7 +17,8 @@ own, below it: ``groups.py`` (a queue's state in memory), ``work.py`` and ``stre
 does: take, settle, retry, commit, retention), ``outcomes.py`` (how a delivery is settled),
 ``changes.py`` and ``journal.py`` (a unit of changes; its rows and events, the loop turn's publishes,
 the commit's :class:`Receipt`: the only room that talks to storage on a publish's way),
-``letters.py`` (expiry, drops, dead letters), ``shared.py`` (claims and leases on a shared
+``letters.py`` (expiry, drops, dead letters), ``transient.py`` (an in-memory queue's publish,
+hand-over and ack, which never reach the journal), ``shared.py`` (claims and leases on a shared
 PostgreSQL), ``admin.py`` (purge, peek, redrive, info), ``handles.py`` (what ``consume`` and
 ``browse`` return), ``ports.py`` (what those rooms see of this one) and ``policy.py`` (the
 arithmetic); above it, ``control.py`` (settling by message id). A publish enters this module once:
@@ -47,7 +48,7 @@ from anyio.abc import TaskGroup
 from trimaran.broker.events import MESSAGE_PUBLISHED, EventBus
 from trimaran.broker.message import Message, now_ms
 from trimaran.config import QueuePolicySettings, QueueSettings, StorageSettings
-from trimaran.queue import admin
+from trimaran.queue import admin, transient
 from trimaran.queue.admin import GroupInfo, QueueInfo
 from trimaran.queue.changes import Changes
 from trimaran.queue.groups import (
@@ -68,7 +69,7 @@ from trimaran.queue.groups import (
 from trimaran.queue.handles import BrowseHandle, ConsumerHandle, settle_many_nowait
 from trimaran.queue.journal import Journal, Receipt, StagedPublish, Turn, committed
 from trimaran.queue.letters import Letters
-from trimaran.queue.outcomes import Outcome, Retry
+from trimaran.queue.outcomes import Ack, Outcome, Retry
 from trimaran.queue.policy import (
     DEFAULT_GROUP,
     DLQ_PROPERTIES,
@@ -479,6 +480,8 @@ class QueueManager:
     async def publish(self, queue: str, message: Message, routing_key: str = "") -> PublishResult:
         """Append a message; returns once it is committed. Raises :class:`QueueError` when refused."""
         state, message, ch = self._accept(queue, message)
+        if not state.durable:
+            return PublishResult(state.name, self._publish_transient(state, message, routing_key))
         if ch is None:
             offset = state.next_offset
             await committed(self._publish_early(state, message, routing_key, None))
@@ -511,6 +514,11 @@ class QueueManager:
         block of offsets is spent (reason ``shared``: use ``publish``).
         """
         state, message, ch = self._accept(queue, message)
+        if not state.durable:
+            appended = self._publish_transient(state, message, routing_key)
+            if done is not None:
+                done(PublishResult(state.name, appended), None)
+            return None
         if ch is None:
             return self._publish_early(state, message, routing_key, done)
         if self.shared_offsets(state):
@@ -731,6 +739,20 @@ class QueueManager:
             else:
                 receipt.then(partial(_settle_as, publish.ticket, receipt))
 
+    def _publish_transient(self, state: QueueState, message: Message, routing_key: str) -> int:
+        """An in-memory queue's publish (``transient.py``): stored, announced and handed to the
+        consumers with credit at once; nothing for the journal. Returns its offset."""
+        now = now_ms()
+        stored = transient.append(state, message, routing_key, now)
+        if self.events.publishing:
+            self._announce(state, stored)
+        for browser in list(state.browsers):
+            self._browse(browser)
+        for group in state.groups.values():
+            if group.consumers:
+                self._dispatch(state, group, now)
+        return stored.offset
+
     def _publish_early(
         self,
         state: QueueState,
@@ -783,8 +805,8 @@ class QueueManager:
         limited = policy.max_length is not None or policy.max_length_bytes is not None
         # A turn's publishes to early queues share the journal's turn (Journal.stage); a limited
         # queue's publish keeps its own change, whose drops must follow their dead letters
-        # (_check_limits).
-        ch = None if not limited and self.early(state) else Changes()
+        # (_check_limits); an in-memory queue's needs none (_publish_transient).
+        ch = None if not limited and (not state.durable or self.early(state)) else Changes()
         # shared: this node does not see the whole queue
         if ch is not None and limited and not self.is_shared(state):
             try:
@@ -1051,12 +1073,14 @@ class QueueManager:
 
     # -- dispatch ---------------------------------------------------------------------------------
 
-    def _dispatch(self, state: QueueState, group: Group) -> None:
+    def _dispatch(self, state: QueueState, group: Group, now: int | None = None) -> None:
         if group.busy:
             group.again = True
             return
         if not group.consumers or state.deleted or not self._started:
             return
+        if not state.durable and type(group) is WorkGroup and transient.dispatch(self, state, group, now):
+            return  # else the general way goes on from where the transient one stopped
         group.busy = True
         ch = Changes()
         now = now_ms()
@@ -1188,6 +1212,16 @@ class QueueManager:
         wait: bool,
     ) -> tuple[int, Receipt | None]:
         """Settle each offset with one outcome, all in one change and one submission."""
+        if (
+            not state.durable
+            and outcome.__class__ is Ack
+            and holder is not None
+            and consumer_id is None
+            and type(group) is WorkGroup
+        ):
+            acked = transient.ack(self, state, group, offsets, holder)
+            if acked is not None:
+                return acked, None
         ch = Changes()
         now = now_ms()
         settled = group.settle_all(offsets, outcome, holder, consumer_id, now, ch)

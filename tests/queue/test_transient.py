@@ -1,0 +1,146 @@
+"""Transient queues' own path (trimaran/queue/transient.py): in memory, never through the journal."""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+import anyio
+import pytest
+
+from tests.queue.conftest import Collector, Factory
+from trimaran.broker.message import Message, now_ms
+from trimaran.config import QueuePolicySettings
+from trimaran.queue import QueueManager
+from trimaran.queue.outcomes import ACK, RETRY_NOW
+
+pytestmark = pytest.mark.anyio
+
+
+def msg(payload: bytes, **kw: Any) -> Message:
+    return Message(topic="$queue/t", payload=payload, qos=1, **kw)
+
+
+def no_journal(manager: QueueManager) -> None:
+    """Any row, event or submission for the journal fails the test."""
+
+    def refuse(*_args: object, **_kw: object) -> NoReturn:
+        raise AssertionError("a transient queue's message went through the journal")
+
+    for name in ("submit", "send", "publish", "stage", "event", "pending", "pending_gone", "cursor"):
+        setattr(manager.journal, name, refuse)
+
+
+async def declare(manager: QueueManager, **policy: Any) -> None:
+    await manager.declare("t", QueuePolicySettings(**policy), durable=False)
+
+
+async def test_publish_hands_over_at_once_round_robin_and_ack_removes(make_manager: Factory) -> None:
+    manager = make_manager()
+    async with manager.running():
+        await declare(manager)
+        a, b = Collector("a"), Collector("b")
+        ha, hb = manager.consume("t", a), manager.consume("t", b)
+        ha.add_credit(10)
+        hb.add_credit(10)
+        no_journal(manager)
+        for i in range(6):
+            assert manager.publish_nowait("t", msg(b"%d" % i)) is None
+        # delivered within publish_nowait: no commit, no end of the loop's turn to wait for
+        assert [d.offset for d in a.deliveries] == [0, 2, 4]
+        assert [d.offset for d in b.deliveries] == [1, 3, 5]
+        first = a.deliveries[0]
+        assert (first.queue, first.group, first.attempt, first.redelivered) == ("t", "$default", 1, False)
+        assert (ha.credit, hb.credit) == (7, 7)
+        assert ha.settle_all_nowait([0, 2], ACK) == 2
+        assert not ha.ack_nowait(1)  # b's, not a's
+        assert hb.settle_all_nowait([1, 3, 5], ACK) == 3
+        info = manager.info("t")
+        assert (info.depth, info.pending) == (1, 1)  # offset 4, held by a
+        state = manager.queues["t"]
+        assert state.stats["published"] == 6 and state.stats["delivered"] == 6 and state.stats["acked"] == 5
+        assert state.bytes == 1
+
+
+async def test_without_credit_messages_wait_then_go_in_order(make_manager: Factory) -> None:
+    manager = make_manager()
+    async with manager.running():
+        await declare(manager)
+        c = Collector("c")
+        handle = manager.consume("t", c)
+        no_journal(manager)
+        for i in range(5):
+            manager.publish_nowait("t", msg(b"%d" % i))
+        assert c.deliveries == []
+        handle.add_credit(3)
+        assert c.payloads == [b"0", b"1", b"2"]
+        handle.add_credit(5)
+        assert c.payloads == [b"0", b"1", b"2", b"3", b"4"]
+
+
+async def test_requeue_redelivers_flagged_and_cancel_gives_back(make_manager: Factory) -> None:
+    manager = make_manager()
+    async with manager.running():
+        await declare(manager)
+        a = Collector("a")
+        ha = manager.consume("t", a)
+        ha.add_credit(1)
+        manager.publish_nowait("t", msg(b"x"))
+        assert ha.settle_nowait(0, RETRY_NOW)
+        ha.add_credit(1)  # as a hull gives back the credit a settled delivery held
+        assert [(d.offset, d.attempt, d.redelivered) for d in a.deliveries] == [(0, 1, False), (0, 2, True)]
+        b = Collector("b")
+        hb = manager.consume("t", b)
+        await ha.cancel()  # what a held goes back, a failed attempt
+        hb.add_credit(1)
+        assert [(d.offset, d.attempt, d.redelivered) for d in b.deliveries] == [(0, 3, True)]
+
+
+async def test_filters_expiry_and_auto_ack_keep_their_meaning(make_manager: Factory) -> None:
+    manager = make_manager()
+    async with manager.running():
+        await declare(manager, ttl_s=0.05)
+        filtered = Collector("f")
+        manager.consume("t", filtered, routing_filter="a/+").add_credit(10)
+        manager.publish_nowait("t", msg(b"skip"), routing_key="b/1")
+        manager.publish_nowait("t", msg(b"take"), routing_key="a/1")
+        assert filtered.payloads == [b"take"]
+        await anyio.sleep(0.1)  # "skip" expired meanwhile: nobody gets it
+        auto = Collector("auto")
+        manager.consume("t", auto, auto_ack=True).add_credit(10)
+        assert auto.payloads == []
+        manager.publish_nowait("t", msg(b"now"), routing_key="b/2")
+        assert auto.payloads == [b"now"]
+        state = manager.queues["t"]
+        assert [s.message.payload for s in state.messages.values()] == [b"take"]  # held by f
+
+
+async def test_a_message_expiring_on_its_own_is_never_delivered_late(make_manager: Factory) -> None:
+    manager = make_manager()
+    async with manager.running():
+        await declare(manager)
+        c = Collector("c")
+        handle = manager.consume("t", c)
+        manager.publish_nowait("t", msg(b"old", expires_at_ms=now_ms() - 1))
+        manager.publish_nowait("t", msg(b"new"))
+        handle.add_credit(5)
+        assert c.payloads == [b"new"]
+        assert manager.queues["t"].stats["expired"] == 1
+
+
+async def test_two_groups_each_get_everything_and_an_ack_keeps_it_for_the_other(
+    make_manager: Factory,
+) -> None:
+    manager = make_manager()
+    async with manager.running():
+        await declare(manager)
+        g1, g2 = Collector("g1"), Collector("g2")
+        h1 = manager.consume("t", g1, group="one")
+        h2 = manager.consume("t", g2, group="two")
+        h1.add_credit(5)
+        h2.add_credit(5)
+        manager.publish_nowait("t", msg(b"m"))
+        assert g1.payloads == [b"m"] and g2.payloads == [b"m"]
+        assert h1.ack_nowait(0)
+        assert manager.info("t").depth == 1  # group two holds it still
+        assert h2.ack_nowait(0)
+        assert manager.info("t").depth == 0
