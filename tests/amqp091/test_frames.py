@@ -336,6 +336,9 @@ def test_encode_errors_leave_nothing_behind() -> None:
     body=st.binary(max_size=9000),
     frame_max=st.sampled_from([0, 4096, 131072]),
     encoded=st.booleans(),
+    header=st.sampled_from(
+        [0, 4040, 4055, 4070, 5000]
+    ),  # a header frame just in, or past, a frame_max of 4096
 )
 def test_write_delivery_writes_what_write_content_writes(
     consumer_tag: str,
@@ -346,9 +349,12 @@ def test_write_delivery_writes_what_write_content_writes(
     body: bytes,
     frame_max: int,
     encoded: bool,
+    header: int,
 ) -> None:
     """The basic.deliver fast path: the same bytes, and the same refusal (a key past 255 bytes)."""
-    props = BasicProperties(content_type="text/plain", delivery_mode=2)
+    props = BasicProperties(
+        content_type="text/plain", delivery_mode=2, headers={"h": "v" * header} if header else None
+    )
     properties: BasicProperties | bytes = props
     if encoded:
         raw = bytearray()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.queue.conftest import Collector, Factory, wait_until
-from trimaran.amqp091.channels import basic_outcome
+from trimaran.amqp091.channels import BASIC_OUTCOMES
 from trimaran.amqp1.links import disposition_outcome
 from trimaran.amqp1.performatives import Accepted, Error, Modified, Rejected, Released
 from trimaran.amqp1.types import Symbol
@@ -26,9 +26,9 @@ def test_mqtt_reason_codes() -> None:
 
 
 def test_amqp091_settlements() -> None:
-    assert basic_outcome("ack") == ACK
-    assert basic_outcome("requeue") == RETRY_NOW == Retry(0.0)
-    assert basic_outcome("reject") == DeadLetter("rejected by the AMQP 0.9.1 consumer")
+    assert BASIC_OUTCOMES["ack"] == ACK
+    assert BASIC_OUTCOMES["requeue"] == RETRY_NOW == Retry(0.0)
+    assert BASIC_OUTCOMES["reject"] == DeadLetter("rejected by the AMQP 0.9.1 consumer")
 
 
 def test_amqp1_delivery_states() -> None:

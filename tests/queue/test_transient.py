@@ -144,3 +144,22 @@ async def test_two_groups_each_get_everything_and_an_ack_keeps_it_for_the_other(
         assert manager.info("t").depth == 1  # group two holds it still
         assert h2.ack_nowait(0)
         assert manager.info("t").depth == 0
+
+
+async def test_settled_deliveries_leave_no_time_outs_behind(make_manager: Factory) -> None:
+    manager = make_manager()
+    async with manager.running():
+        await declare(manager)
+        c = Collector("c")
+        handle = manager.consume("t", c)
+        handle.add_credit(5000)
+        for i in range(3000):
+            manager.publish_nowait("t", msg(b"%d" % i))
+        assert handle.ack_nowait(0) and handle.ack_nowait(1)
+        timeouts = manager.queues["t"].groups["$default"].timeouts
+        assert len(timeouts) == 2998  # the first two went with their acks
+        for offset in range(3, 3000):  # 2 is held on: the time-outs behind it are compacted
+            assert handle.ack_nowait(offset)
+        assert len(timeouts) <= 1025
+        info = manager.info("t")
+        assert (info.depth, info.pending) == (1, 1)

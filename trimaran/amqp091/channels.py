@@ -6,20 +6,21 @@ limit (``global`` qos) caps the sum over the channel's consumers. A consumer wit
 count has no limit, as in RabbitMQ: memory is bounded by the runtime's byte accounting and flow
 control (publishers pause above the memory watermark), not by a hidden window.
 
-basic.ack / nack / reject map onto the manager's ack / nack / reject; requeue is an immediate nack,
-``requeue=false`` a reject (dead-lettered when the queue has a dead-letter target, else dropped).
+basic.ack / nack / reject become typed outcomes where they are read (:data:`BASIC_OUTCOMES`),
+settled through each consumer's handle: requeue comes back at once (an attempt), ``requeue=false``
+dead-letters (when the queue has a dead-letter target, else the message is dropped).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from trimaran.amqp091.mapping import delivery_address, delivery_properties
 from trimaran.amqp091.properties import BasicProperties
 from trimaran.amqp091.spec import PRECONDITION_FAILED, BasicGetOk, BasicPublish, ProtocolError
-from trimaran.queue.manager import ConsumerHandle, QueueDelivery, settle_many_nowait
+from trimaran.queue.manager import ConsumerHandle, QueueDelivery
 from trimaran.queue.outcomes import ACK, RETRY_NOW, UNSENT, DeadLetter, Outcome
 
 if TYPE_CHECKING:
@@ -240,8 +241,9 @@ class ChannelState:
                     if t > delivery_tag:
                         break
                     tags.append(t)
+            taken = [unacked.pop(t) for t in tags]
         elif delivery_tag in unacked:
-            tags = [delivery_tag]
+            taken = [unacked.pop(delivery_tag)]
         else:
             raise ProtocolError(
                 PRECONDITION_FAILED,
@@ -250,7 +252,6 @@ class ChannelState:
                 class_id=60,
                 method_id={"ack": 80, "reject": 90, "nack": 120}[what],
             )
-        taken = [unacked.pop(t) for t in tags]
         for consumer, _offset in taken:
             consumer.unacked -= 1
         return taken
@@ -258,26 +259,30 @@ class ChannelState:
     def settle(self, delivery_tag: int, multiple: bool, action: str, requeue: bool = False) -> None:
         """basic.ack (action "ack"), basic.nack ("nack") or basic.reject ("reject")."""
         taken = self._take(delivery_tag, multiple, action)
-        self.settle_taken(taken, "ack" if action == "ack" else "requeue" if requeue else "reject")
+        self.settle_taken(
+            taken, BASIC_OUTCOMES["ack" if action == "ack" else "requeue" if requeue else "reject"]
+        )
 
-    def settle_taken(self, taken: list[tuple[Consumer, int]], settlement: str) -> None:
-        touched: dict[int, Consumer] = {}
-        outcome = basic_outcome(settlement)
-        settlements: list[tuple[ConsumerHandle, int, Outcome]] = []
+    def settle_taken(self, taken: list[tuple[Consumer, int]], outcome: Outcome) -> None:
+        touched: dict[Consumer, list[int]] = {}
         for consumer, offset in taken:
             handle = consumer.handle
             if handle is None or handle.closed:
                 continue
-            settlements.append((handle, offset, outcome))
-            touched[id(consumer)] = consumer
-        settle_many_nowait(settlements)  # an ack of 100 with multiple is one change per consumer
-        for consumer in touched.values():
+            offsets = touched.get(consumer)
+            if offsets is None:
+                touched[consumer] = [offset]
+            else:
+                offsets.append(offset)
+        for consumer, offsets in touched.items():  # an ack of 100 with multiple: one settle a consumer
+            consumer.handle.settle_all_nowait(offsets, outcome)  # type: ignore[union-attr]
+        for consumer in touched:
             if consumer.cancelled and not consumer.unacked:
                 self.conn.release(consumer)
         if self.global_prefetch:
             self.refill_all()
         else:
-            for consumer in touched.values():
+            for consumer in touched:
                 if not isinstance(consumer, Getter):
                     self.refill(consumer)
 
@@ -287,7 +292,7 @@ class ChannelState:
         self.unacked.clear()
         for consumer, _ in taken:
             consumer.unacked -= 1
-        self.settle_taken(taken, "requeue")
+        self.settle_taken(taken, RETRY_NOW)
 
     def handles(self) -> list[ConsumerHandle]:
         """Every manager consumer of this channel (to cancel when it closes)."""
@@ -299,13 +304,7 @@ class ChannelState:
 
 _REJECTED = DeadLetter("rejected by the AMQP 0.9.1 consumer")
 
-
-def basic_outcome(settlement: str) -> Outcome:
-    """AMQP 0.9.1's settlement as a typed outcome: basic.ack ("ack") acknowledges; basic.nack or
-    basic.reject with requeue ("requeue") comes back at once, an attempt; without requeue
-    ("reject") dead-letters (to the queue's dead-letter exchange, if any), as RabbitMQ does."""
-    if settlement == "ack":
-        return ACK
-    if settlement == "requeue":
-        return RETRY_NOW
-    return _REJECTED
+#: AMQP 0.9.1's settlements as typed outcomes: basic.ack ("ack") acknowledges; basic.nack or
+#: basic.reject with requeue ("requeue") comes back at once, an attempt; without requeue ("reject")
+#: dead-letters (to the queue's dead-letter exchange, if any), as RabbitMQ does.
+BASIC_OUTCOMES: Final[dict[str, Outcome]] = {"ack": ACK, "requeue": RETRY_NOW, "reject": _REJECTED}

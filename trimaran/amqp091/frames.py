@@ -375,6 +375,8 @@ def _write_header_and_body(
 
 
 _DELIVER_INDEX = BasicDeliver.INDEX
+_BASIC_CLASS = BasicDeliver.CLASS_ID
+_HEADER_FRAME = _HEADER_HEAD.size + 1  # a content header frame without its properties
 _DELIVER_FIXED = 4 + 1 + 8 + 1 + 1 + 1  # method index, three shortstr lengths, delivery tag, bits
 _TAG_AND_BITS = struct.Struct(">QB")
 
@@ -413,7 +415,20 @@ def write_delivery(
     out.append(len(key))
     out += key
     out.append(FRAME_END)
-    _write_header_and_body(out, start, channel, BasicDeliver.CLASS_ID, properties, body, frame_max)
+    size = len(body)
+    if type(properties) is bytes and (
+        not frame_max or (size + FRAME_OVERHEAD <= frame_max and _HEADER_FRAME + len(properties) <= frame_max)
+    ):
+        # The usual case, written here: the publisher's own property bytes, the body in one frame.
+        out += _HEADER_HEAD.pack(FRAME_HEADER, channel, 12 + len(properties), _BASIC_CLASS, 0, size)
+        out += properties
+        out.append(FRAME_END)
+        if size:
+            out += _FRAME_HEAD.pack(FRAME_BODY, channel, size)
+            out += body
+            out.append(FRAME_END)
+        return
+    _write_header_and_body(out, start, channel, _BASIC_CLASS, properties, body, frame_max)
 
 
 def encode_method(channel: int, method: Method) -> bytes:

@@ -49,9 +49,16 @@ class Consuming(Protocol):
         wait: bool,
     ) -> tuple[bool, Receipt | None]: ...
 
-    def _settle_all_now(
-        self, state: QueueState, group: Group, offsets: list[int], outcome: Outcome, holder: ConsumerHandle
-    ) -> int: ...
+    def _settle_offsets(
+        self,
+        state: QueueState,
+        group: Group,
+        offsets: Iterable[int],
+        outcome: Outcome,
+        holder: ConsumerHandle | None,
+        consumer_id: str | None,
+        wait: bool,
+    ) -> tuple[int, Receipt | None]: ...
 
     async def _cancel(self, handle: ConsumerHandle) -> None: ...
 
@@ -114,7 +121,7 @@ class ConsumerHandle:
     def settle_all_nowait(self, offsets: list[int], outcome: Outcome) -> int:
         """``settle_nowait`` for several deliveries with one outcome (basic.ack with ``multiple``,
         a disposition range): one change and one submission for all. Returns how many it settled."""
-        return self.manager._settle_all_now(self.queue, self.group, offsets, outcome, self)
+        return self.manager._settle_offsets(self.queue, self.group, offsets, outcome, self, None, False)[0]
 
     async def ack(self, offset: int) -> bool:
         return await self.settle(offset, ACK)

@@ -1079,8 +1079,11 @@ class QueueManager:
             return
         if not group.consumers or state.deleted or not self._started:
             return
-        if not state.durable and type(group) is WorkGroup and transient.dispatch(self, state, group, now):
-            return  # else the general way goes on from where the transient one stopped
+        if not state.durable and type(group) is WorkGroup:
+            if group.cursor >= state.high and not group.ready:
+                return  # nothing to hand out (a consumer's credit came back, the queue is empty)
+            if transient.dispatch(self, state, group, now):
+                return  # else the general way goes on from where the transient one stopped
         group.busy = True
         ch = Changes()
         now = now_ms()
@@ -1195,11 +1198,6 @@ class QueueManager:
         """Apply a settlement in memory (the group's) and hand its rows to the writer (no await)."""
         settled, receipt = self._settle_offsets(state, group, (offset,), outcome, holder, consumer_id, wait)
         return settled == 1, receipt
-
-    def _settle_all_now(
-        self, state: QueueState, group: Group, offsets: list[int], outcome: Outcome, holder: ConsumerHandle
-    ) -> int:
-        return self._settle_offsets(state, group, offsets, outcome, holder, None, False)[0]
 
     def _settle_offsets(
         self,

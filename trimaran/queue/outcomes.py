@@ -14,7 +14,7 @@ RabbitMQ's queue types settle ``complete | requeue | discard | modify``; these a
 
 Each hull turns its protocol's settlement into one of these in one function (MQTT
 ``mqtt.queues.puback_outcome``, and ``mqtt.queues.control_outcome`` for its ``$ack``/``$nack``/
-``$reject``/``$commit`` topics; AMQP 0.9.1 ``amqp091.channels.basic_outcome``; AMQP 1.0
+``$reject``/``$commit`` topics; AMQP 0.9.1 ``amqp091.channels.BASIC_OUTCOMES``; AMQP 1.0
 ``amqp1.links.disposition_outcome``) and hands it to ``ConsumerHandle.settle_nowait``. The groups
 (``work.py``, ``stream.py``) settle with nothing else.
 """

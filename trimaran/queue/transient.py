@@ -63,6 +63,7 @@ def dispatch(host: Host, state: QueueState, group: WorkGroup, now: int | None = 
     entries = group.entries
     alone = len(state.groups) == 1
     timeout_ms = int(state.policy.visibility_timeout_s * 1000)
+    timeouts = group.timeouts
     stats = state.stats
     name, group_name = state.name, group.name
     rr = group.rr
@@ -101,29 +102,25 @@ def dispatch(host: Host, state: QueueState, group: WorkGroup, now: int | None = 
             else:
                 cid = handle.consumer.id
                 entries[offset] = Entry(HELD, 1, handle, cid, now, token=1, stored=False)
-                _time_out(host, state, group, now + timeout_ms, offset)
+                # its visibility time-out (RabbitMQ's consumer_timeout), as WorkGroup.deliver times it
+                deadline = now + timeout_ms
+                timeouts.push(deadline, offset, 1)
+                if not group.timed or deadline < host.wake_at:
+                    host.due(state, group, deadline)
             handle.credit -= 1
             # attempt 1 and never redelivered: a transient queue does not outlive its process
             out.append((handle, QueueDelivery(stored.message, name, offset, group_name, 1, False)))
     finally:
         group.rr = rr
         group.busy = False
+    if not alone and len(timeouts.fifo) > 2 * len(entries) + 1024:  # settled the general way
+        timeouts.compact(group._holds)
     for taker, delivery in out:
         try:
             taker.consumer.deliver(delivery)
         except Exception:
             log.exception("consumer %s failed to take a delivery", taker.consumer.id)
     return plain
-
-
-def _time_out(host: Host, state: QueueState, group: WorkGroup, deadline: int, offset: int) -> None:
-    """A held delivery's visibility time-out (RabbitMQ's consumer_timeout), as ``WorkGroup.deliver``."""
-    timeouts = group.timeouts
-    timeouts.push(deadline, offset, 1)
-    if len(timeouts.fifo) + len(timeouts.heap) > 2 * len(group.entries) + 1024:  # mostly settled deliveries
-        timeouts.compact(group._holds)
-    if not group.timed or deadline < host.wake_at:
-        host.due(state, group, deadline)
 
 
 def ack(host: Host, state: QueueState, group: WorkGroup, offsets: Iterable[int], holder: Taker) -> int | None:
@@ -153,4 +150,15 @@ def ack(host: Host, state: QueueState, group: WorkGroup, offsets: Iterable[int],
                 ahead = Changes()
             group.finish(offset, entry, ahead)
     state.stats["acked"] += n
+    # Acks come in delivery order: the time-outs of what they settled leave the front of the queue
+    # of deadlines now, rather than wait there half an hour (or for a compaction) for nothing.
+    fifo = group.timeouts.fifo
+    while fifo:
+        _deadline, offset, token = fifo[0]
+        entry = entries.get(offset)
+        if entry is not None and entry.state == HELD and entry.token == token:
+            break
+        fifo.popleft()
+    if len(fifo) > 2 * len(entries) + 1024:  # behind a delivery held long: mostly settled ones
+        group.timeouts.compact(group._holds)
     return n
