@@ -10,6 +10,7 @@ from trimaran.amqp091.fields import FieldValue, Float32, Int8, Timestamp
 from trimaran.amqp091.mapping import (
     MappingError,
     delivery_address,
+    delivery_form,
     delivery_properties,
     message_from_content,
     properties_from_message,
@@ -129,3 +130,17 @@ def test_a_consumer_gets_the_publishers_property_bytes_until_the_message_changes
     mqtt = Message("t", b"x", qos=1)
     mqtt.encoded_properties = b"\x00\x00"  # not ours: never sent as AMQP 0.9.1 properties
     assert delivery_properties(mqtt) == properties_from_message(mqtt)
+
+
+def test_delivery_form_is_the_address_and_the_properties_in_one_call() -> None:
+    props = BasicProperties(content_type="text/plain", headers={"n": 1})
+    own = message_from_content(props, b"x", "$queue/q", exchange="ex", routing_key="k", publisher_id="p")
+    encoded = bytearray()
+    encode_properties(props, encoded)
+    own.encoded_properties = bytes(encoded)
+    dead = own.copy_with(topic="$queue/$dlq/q")
+    dead.extra = {**dead.extra, "deaths": [{"queue": "q"}], "exchange": "dlx", "routing_key": "dk"}
+    mqtt = Message("$queue/jobs/a", b"x", qos=1, protocol=PROTOCOL_MQTT)
+    for message in (own, dead, mqtt, own.copy_with(topic="$queue/other")):
+        assert delivery_form(message) == (*delivery_address(message), delivery_properties(message))
+    assert delivery_form(own) == ("ex", "k", bytes(encoded))

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
-from trimaran.amqp091.mapping import delivery_address, delivery_properties
+from trimaran.amqp091.mapping import delivery_form
 from trimaran.amqp091.properties import BasicProperties
 from trimaran.amqp091.spec import PRECONDITION_FAILED, BasicGetOk, BasicPublish, ProtocolError
 from trimaran.queue.manager import ConsumerHandle, QueueDelivery
@@ -141,13 +141,12 @@ class ChannelState:
         if self.closed:
             self._give_back(consumer, delivery)
             return
-        exchange, key = delivery_address(message)
+        exchange, key, properties = delivery_form(message)
         tag = self.next_tag
         self.next_tag = tag + 1
         sent = conn.machine.send_delivery(
-            self.number, consumer.tag, tag, delivery.redelivered, exchange, key, delivery_properties(message),
-            message.payload,
-        )  # fmt: skip
+            self.number, consumer.tag, tag, delivery.redelivered, exchange, key, properties, message.payload
+        )
         if not sent:
             self._give_back(consumer, delivery)
             return
@@ -183,11 +182,9 @@ class ChannelState:
             return False
         tag = self.next_tag
         self.next_tag = tag + 1
-        exchange, key = delivery_address(delivery.message)
+        exchange, key, properties = delivery_form(delivery.message)
         method = BasicGetOk(tag, delivery.redelivered, exchange, key, message_count())
-        self.conn.machine.send_content(
-            self.number, method, delivery_properties(delivery.message), delivery.message.payload
-        )
+        self.conn.machine.send_content(self.number, method, properties, delivery.message.payload)
         self.conn.front.broker.stats.messages_sent += 1
         self.conn.io.messages_out += 1
         if not getter.no_ack:
@@ -258,7 +255,12 @@ class ChannelState:
 
     def settle(self, delivery_tag: int, multiple: bool, action: str, requeue: bool = False) -> None:
         """basic.ack (action "ack"), basic.nack ("nack") or basic.reject ("reject")."""
-        taken = self._take(delivery_tag, multiple, action)
+        held = None if multiple else self.unacked.pop(delivery_tag, None)
+        if held is not None:  # one tag, the usual case
+            held[0].unacked -= 1
+            taken = [held]
+        else:
+            taken = self._take(delivery_tag, multiple, action)
         self.settle_taken(
             taken, BASIC_OUTCOMES["ack" if action == "ack" else "requeue" if requeue else "reject"]
         )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Collection, Coroutine
 from dataclasses import replace
 from typing import Any, Final
 
@@ -51,7 +51,7 @@ from trimaran.amqp091.tenants import Tenant
 from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker
 from trimaran.broker.events import CLIENT_AUTH_FAILED
-from trimaran.broker.message import PROTOCOL_AMQP091, Message
+from trimaran.broker.message import PROTOCOL_AMQP091, Message, now_ms
 from trimaran.config import Settings
 from trimaran.queue.manager import QueueManager
 from trimaran.queue.policy import QUEUE_PREFIX, QueueError, parse_queue_topic, queue_topic
@@ -555,29 +555,38 @@ class Amqp091FrontEnd:
             self._publish_cross(conn, channel, method, props, body, entry, encoded)
             return
         tenant: Tenant = conn.tenant
-        exchanges = tenant.exchanges
-        try:
-            exchanges.check_publish(exchange)
-            # The default exchange routes the key to the queue of that name: its key in the vhost
-            # (a /-client naming another vhost's key routes nowhere).
-            if exchange or key[:1] != "$" or not is_reserved(key):
-                result = exchanges.route(exchange, key if exchange else tenant.prefix + key, props.headers)
-            else:
-                result = exchanges.route(exchange, "", props.headers)
-        except ExchangeError as exc:
-            raise spec.ProtocolError(exc.reply_code, exc.reason, class_id=60, method_id=40) from None
-        queues = result.queues
+        if not exchange:
+            # The default exchange (always there, never internal: no lookup) routes the key to the
+            # queue of that name, its key in the vhost (a /-client naming another vhost's key routes
+            # nowhere); a $queue/ key took the cross-protocol way above.
+            queues: Collection[str] = () if key[:1] == "$" and is_reserved(key) else (tenant.prefix + key,)
+            to_router = False
+        else:
+            exchanges = tenant.exchanges
+            try:
+                exchanges.check_publish(exchange)
+                result = exchanges.route(exchange, key, props.headers)
+            except ExchangeError as exc:
+                raise spec.ProtocolError(exc.reply_code, exc.reason, class_id=60, method_id=40) from None
+            queues, to_router = result.queues, result.to_router
         if conn.principal is not None:
             queues = publish_targets(
-                self.security, conn.principal, conn, exchange, key, result.to_router, queues, method
+                self.security, conn.principal, conn, exchange, key, to_router, queues, method
             )
         # One queue and no router (the default exchange, the usual case): build the message with
         # its queue topic at once rather than copy it per queue below.
-        single = next(iter(queues)) if len(queues) == 1 and not result.to_router else None
+        single = next(iter(queues)) if len(queues) == 1 and not to_router else None
         first_topic = "" if single is None else queue_topic(single)
-        message = _content_message(props, body, first_topic, exchange, key, conn.name, encoded)
+        now = now_ms()  # the message's, and its queue's, time of publication
+        try:
+            message = message_from_content(
+                props, body, first_topic, exchange=exchange, routing_key=key, publisher_id=conn.name, now=now
+            )
+        except MappingError as exc:
+            raise spec.ProtocolError(spec.PRECONDITION_FAILED, str(exc), class_id=60, method_id=40) from None
+        message.encoded_properties = encoded
         routed = 0
-        if result.to_router:
+        if to_router:
             try:
                 topic = routing_key_to_topic(key)
             except TopicError:
@@ -594,7 +603,7 @@ class Amqp091FrontEnd:
                 continue
             routed += 1
             queued = message if single is not None else message.copy_with(topic=queue_topic(queue))
-            if not self._to_queue(channel, queue, queued, entry) and entry is not None:
+            if not self._to_queue(channel, queue, queued, entry, now=now) and entry is not None:
                 entry.failed = True
         if not routed and method.mandatory:
             conn.machine.send_content(
@@ -655,20 +664,27 @@ class Amqp091FrontEnd:
         return True
 
     def _to_queue(
-        self, channel: ChannelState | None, queue: str, message: Message, entry: Pending | None, key: str = ""
+        self,
+        channel: ChannelState | None,
+        queue: str,
+        message: Message,
+        entry: Pending | None,
+        key: str = "",
+        now: int | None = None,
     ) -> bool:
         """Append to a queue; ``entry`` (if any) waits for the commit. False: the queue refused it.
-        A durable append is remembered on the channel: its own later basic.get waits for it."""
+        A durable append is remembered on the channel: its own later basic.get waits for it.
+        ``now``: the time of the publish (epoch ms), when the caller read it already."""
         if entry is None:
             try:
-                ticket = self.manager.publish_nowait(queue, message, key)
+                ticket = self.manager.publish_nowait(queue, message, key, now=now)
             except QueueError as exc:
                 log.debug("amqp091: publish to %s refused: %s", describe(queue), exc)
                 return False
         else:
             entry.expect()
             try:
-                ticket = self.manager.publish_nowait(queue, message, key, done=entry.committed)
+                ticket = self.manager.publish_nowait(queue, message, key, done=entry.committed, now=now)
             except QueueError as exc:
                 log.debug("amqp091: publish to %s refused: %s", describe(queue), exc)
                 entry.waiting -= 1  # never committed; the seal still holds the entry

@@ -211,6 +211,19 @@ def delivery_properties(message: Message) -> BasicProperties | bytes:
     return properties_from_message(message)
 
 
+def delivery_form(message: Message) -> tuple[str, str, BasicProperties | bytes]:
+    """(exchange, routing key, properties) for a basic.deliver or get-ok of ``message``: an AMQP
+    0.9.1 publish's own address and property bytes in one call (the usual case), else what
+    :func:`delivery_address` and :func:`delivery_properties` make of it."""
+    if message.protocol == PROTOCOL_AMQP091:
+        extra = message.extra
+        exchange, key, encoded = extra.get("exchange"), extra.get("routing_key"), message.encoded_properties
+        if encoded is not None and isinstance(exchange, str) and isinstance(key, str):
+            return exchange, key, encoded
+    exchange, key = delivery_address(message)
+    return exchange, key, delivery_properties(message)
+
+
 def delivery_address(message: Message) -> tuple[str, str]:
     """(exchange, routing key) for basic.deliver: the AMQP publish's own, or one derived from the
     topic for a message that came from MQTT or AMQP 1.0."""

@@ -642,7 +642,10 @@ class Operations:
             self._reply(conn, channel, spec.BasicGetEmpty())
 
     def basic_ack(self, conn: Amqp091Conn, channel: ChannelState, m: spec.BasicAck) -> None:
-        self._settle(channel, m.delivery_tag, m.multiple, "ack", False)
+        if channel.tx:
+            self._settle(channel, m.delivery_tag, m.multiple, "ack", False)
+        else:
+            channel.settle(m.delivery_tag, m.multiple, "ack")
 
     def basic_nack(self, conn: Amqp091Conn, channel: ChannelState, m: spec.BasicNack) -> None:
         self._settle(channel, m.delivery_tag, m.multiple, "nack", m.requeue)

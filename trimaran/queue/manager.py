@@ -501,8 +501,10 @@ class QueueManager:
         message: Message,
         routing_key: str = "",
         done: Callable[[PublishResult, QueueError | None], None] | None = None,
+        now: int | None = None,
     ) -> Receipt | None:
         """``publish`` without a task per message, for front ends that must not stall per publish.
+        ``now``: the time of the publish (epoch ms) when the front end has read it already.
 
         ``done(result, error)`` runs on the loop once the message is committed (``error``: the write
         failed); without ``done``, the returned receipt can be awaited instead (with it, the receipt
@@ -515,7 +517,7 @@ class QueueManager:
         """
         state, message, ch = self._accept(queue, message)
         if not state.durable:
-            appended = self._publish_transient(state, message, routing_key)
+            appended = self._publish_transient(state, message, routing_key, now)
             if done is not None:
                 done(PublishResult(state.name, appended), None)
             return None
@@ -739,10 +741,13 @@ class QueueManager:
             else:
                 receipt.then(partial(_settle_as, publish.ticket, receipt))
 
-    def _publish_transient(self, state: QueueState, message: Message, routing_key: str) -> int:
+    def _publish_transient(
+        self, state: QueueState, message: Message, routing_key: str, now: int | None = None
+    ) -> int:
         """An in-memory queue's publish (``transient.py``): stored, announced and handed to the
         consumers with credit at once; nothing for the journal. Returns its offset."""
-        now = now_ms()
+        if now is None:
+            now = now_ms()
         stored = transient.append(state, message, routing_key, now)
         if self.events.publishing:
             self._announce(state, stored)
