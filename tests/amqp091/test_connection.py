@@ -826,3 +826,14 @@ def test_every_client_method_reaches_the_handler(cls: type[spec.Method]) -> None
     method = cls()
     assert c.method(7, method) == [MethodReceived(7, method)]
     assert c.frames() == []
+
+
+def test_an_ack_is_read_as_any_method_wherever_it_comes() -> None:
+    """basic.ack has a path of its own through the decoder (FrameDecoder.next_ack): the same
+    event on an open channel, the same errors elsewhere."""
+    c = opened(1)
+    assert c.send(encode_method(1, spec.BasicAck(9, True))) == [MethodReceived(1, spec.BasicAck(9, True))]
+    c = opened(1)
+    assert_connection_closing(c, c.send(encode_method(3, spec.BasicAck(1))), spec.CHANNEL_ERROR)
+    c = opened(1)
+    assert_connection_closing(c, c.send(encode_method(0, spec.BasicAck(1))), spec.COMMAND_INVALID)

@@ -563,3 +563,33 @@ def test_anything_but_a_whole_plain_publish_is_left_to_next_frame(why: str) -> N
     if decoder.publish_channel():
         assert decoder.next_publish(max_body) is None
     assert decoder.buffered == len(data)  # nothing consumed
+
+
+def test_next_ack_reads_what_next_frame_reads() -> None:
+    for method in (spec.BasicAck(7, False), spec.BasicAck((1 << 64) - 1, True)):
+        data = encode_method(3, method) + encode_method(3, spec.BasicQos(prefetch_count=1))
+        decoder = FrameDecoder(4096)
+        decoder.feed(data)
+        assert decoder.next_ack() == (3, method)
+        assert decoder.next_ack() is None  # the qos after it is left to next_frame
+        assert decoder.next_frame() == MethodFrame(3, spec.BasicQos(prefetch_count=1))
+        assert decoder.buffered == 0
+
+
+@pytest.mark.parametrize("why", ["cut", "bad end", "long", "a nack", "a body"])
+def test_anything_but_a_whole_plain_ack_is_left_to_next_frame(why: str) -> None:
+    data = encode_method(1, spec.BasicAck(5, True))
+    if why == "cut":
+        data = data[:-1]
+    elif why == "bad end":
+        data = data[:-1] + b"\x00"
+    elif why == "long":  # a size that is not an ack's: next_frame says what is wrong with it
+        data = data[:3] + struct.pack(">I", 14) + data[7:-1] + b"\x00" + FRAME_END
+    elif why == "a nack":
+        data = encode_method(1, spec.BasicNack(5, True, True))
+    else:
+        data = frame(3, 1, b"x")
+    decoder = FrameDecoder(4096)
+    decoder.feed(data)
+    assert decoder.next_ack() is None
+    assert decoder.buffered == len(data)  # nothing consumed

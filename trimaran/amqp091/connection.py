@@ -353,16 +353,33 @@ class ServerConnection:
         if self._decoder_broken:
             return False
         decoder = self._decoder
-        if self.state is ConnectionState.OPEN and (number := decoder.publish_channel()):
-            # The hot path: a whole publish (method, header, body) for a channel waiting for one.
-            ch = self._channels.get(number)
-            if (
-                ch is not None
-                and ch.state is ChannelState.OPEN
-                and ch.content_state is ContentState.AWAIT_METHOD
-                and (content := decoder.next_publish(ch.max_body_size)) is not None
-            ):
-                events.append(ContentReceived(number, *content))
+        if self.state is ConnectionState.OPEN:
+            if number := decoder.publish_channel():
+                # The hot path: a whole publish (method, header, body) for a channel waiting for one.
+                ch = self._channels.get(number)
+                if (
+                    ch is not None
+                    and ch.state is ChannelState.OPEN
+                    and ch.content_state is ContentState.AWAIT_METHOD
+                    and (content := decoder.next_publish(ch.max_body_size)) is not None
+                ):
+                    events.append(ContentReceived(number, *content))
+                    return True
+            elif (ack := decoder.next_ack()) is not None:
+                # The other half of it: a consumer's basic.ack, with no frame object on the way.
+                number, method = ack
+                ch = self._channels.get(number)
+                if (
+                    ch is not None
+                    and ch.state is ChannelState.OPEN
+                    and ch.content_state is ContentState.AWAIT_METHOD
+                ):
+                    events.append(MethodReceived(number, method))
+                    return True
+                try:  # whatever is wrong with it, as the frame would have been told
+                    self._handle_frame(MethodFrame(number, method), events)
+                except ProtocolError as exc:
+                    self._on_error(exc, events)
                 return True
         try:
             frame = decoder.next_frame()

@@ -31,6 +31,7 @@ from trimaran.amqp091.spec import (
     FRAME_MIN_SIZE,
     FRAME_OVERHEAD,
     PROTOCOL_HEADER,
+    BasicAck,
     BasicDeliver,
     EncodeError,
     Method,
@@ -123,7 +124,10 @@ _HEADER_HEAD = struct.Struct(">BHIHHQ")
 _HEADER_FIELDS = struct.Struct(">HHQ")  # class id, weight, body size
 _PROPERTIES_KEPT = 64  # distinct property encodings remembered per connection
 _SIZE = struct.Struct(">I")
+_TAG_AND_BITS = struct.Struct(">QB")  # basic.deliver's and basic.ack's delivery tag and bits
 _PUBLISH_INDEX = (60 << 16) | 40  # basic.publish
+_ACK_INDEX = BasicAck.INDEX
+_ACK_SIZE = 4 + 8 + 1  # method index, delivery tag, bits
 _BASIC = 60
 
 
@@ -164,6 +168,26 @@ class FrameDecoder:
             return 0
         _, channel, _, index = _METHOD_HEAD.unpack_from(buf, pos)
         return channel if index == _PUBLISH_INDEX else 0
+
+    def next_ack(self) -> tuple[int, BasicAck] | None:
+        """The basic.ack method frame at the head of the buffer, whole and well-formed, consumed
+        and decoded in one step: (channel, method), what a consumer sends for every message. None
+        consumes nothing: :meth:`next_frame` reads whatever is there, and says what is wrong."""
+        buf = self._buf
+        pos = self._pos
+        end = pos + 7 + _ACK_SIZE
+        if len(buf) <= end or buf[pos] != FRAME_METHOD:
+            return None
+        _, channel, size, index = _METHOD_HEAD.unpack_from(buf, pos)
+        if index != _ACK_INDEX or size != _ACK_SIZE or buf[end] != FRAME_END:
+            return None
+        delivery_tag, bits = _TAG_AND_BITS.unpack_from(buf, pos + 11)
+        if end + 1 == len(buf):
+            self._buf = bytearray()  # everything consumed, as next_frame drops it
+            self._pos = 0
+        else:
+            self._pos = end + 1
+        return channel, BasicAck(delivery_tag, bool(bits & 1))
 
     def next_publish(self, max_body_size: int) -> tuple[Method, BasicProperties, bytes, bytes] | None:
         """A basic.publish with its content header and its one body frame, decoded in one step
@@ -378,7 +402,6 @@ _DELIVER_INDEX = BasicDeliver.INDEX
 _BASIC_CLASS = BasicDeliver.CLASS_ID
 _HEADER_FRAME = _HEADER_HEAD.size + 1  # a content header frame without its properties
 _DELIVER_FIXED = 4 + 1 + 8 + 1 + 1 + 1  # method index, three shortstr lengths, delivery tag, bits
-_TAG_AND_BITS = struct.Struct(">QB")
 
 
 def write_delivery(
