@@ -124,7 +124,7 @@ _HEADER_HEAD = struct.Struct(">BHIHHQ")
 _HEADER_FIELDS = struct.Struct(">HHQ")  # class id, weight, body size
 _PROPERTIES_KEPT = 64  # distinct property encodings remembered per connection
 _SIZE = struct.Struct(">I")
-_TAG_AND_BITS = struct.Struct(">QB")  # basic.deliver's and basic.ack's delivery tag and bits
+_TAG_AND_BITS = struct.Struct(">QB")  # basic.ack's delivery tag and bits
 _PUBLISH_INDEX = (60 << 16) | 40  # basic.publish
 _ACK_INDEX = BasicAck.INDEX
 _ACK_SIZE = 4 + 8 + 1  # method index, delivery tag, bits
@@ -402,6 +402,10 @@ _DELIVER_INDEX = BasicDeliver.INDEX
 _BASIC_CLASS = BasicDeliver.CLASS_ID
 _HEADER_FRAME = _HEADER_HEAD.size + 1  # a content header frame without its properties
 _DELIVER_FIXED = 4 + 1 + 8 + 1 + 1 + 1  # method index, three shortstr lengths, delivery tag, bits
+_DELIVER_HEAD = struct.Struct(">BHIIB")  # frame type, channel, size, method index, tag length
+_DELIVER_MIDDLE = struct.Struct(">QBB")  # delivery tag, bits, exchange length
+_END_AND_HEADER = struct.Struct(">BBHIHHQ")  # the frame end before a content header's head
+_END_AND_BODY = struct.Struct(">BBHI")  # the frame end before a body frame's head
 
 
 def write_delivery(
@@ -419,38 +423,39 @@ def write_delivery(
     """``write_content`` of a basic.deliver, its arguments packed here rather than through a
     method object and the generic encoder: the frame every consumed message costs."""
     ctag = consumer_tag.encode("utf-8", "surrogateescape")
-    ex = exchange.encode("utf-8", "surrogateescape")
+    ex = exchange.encode("utf-8", "surrogateescape") if exchange else b""
     key = routing_key.encode("utf-8", "surrogateescape")
-    if len(ctag) > 255 or len(ex) > 255 or len(key) > 255 or not 0 <= delivery_tag < 1 << 64:
+    n_tag, n_ex, n_key = len(ctag), len(ex), len(key)
+    if n_tag > 255 or n_ex > 255 or n_key > 255 or not 0 <= delivery_tag < 1 << 64:
         # Not a shortstr (a long MQTT topic as the key): the generic path says so as it always has.
         method = BasicDeliver(consumer_tag, delivery_tag, redelivered, exchange, routing_key)
         write_content(out, channel, method, properties, body, frame_max)
         return
+    # Each fixed run of fields in one pack: the method frame's head and the tag's length, then the
+    # delivery tag, bits and the exchange's length.
     start = len(out)
-    out += _METHOD_HEAD.pack(
-        FRAME_METHOD, channel, _DELIVER_FIXED + len(ctag) + len(ex) + len(key), _DELIVER_INDEX
+    out += _DELIVER_HEAD.pack(
+        FRAME_METHOD, channel, _DELIVER_FIXED + n_tag + n_ex + n_key, _DELIVER_INDEX, n_tag
     )
-    out.append(len(ctag))
     out += ctag
-    out += _TAG_AND_BITS.pack(delivery_tag, 1 if redelivered else 0)
-    out.append(len(ex))
+    out += _DELIVER_MIDDLE.pack(delivery_tag, 1 if redelivered else 0, n_ex)
     out += ex
-    out.append(len(key))
+    out.append(n_key)
     out += key
-    out.append(FRAME_END)
     size = len(body)
-    if type(properties) is bytes and (
-        not frame_max or (size + FRAME_OVERHEAD <= frame_max and _HEADER_FRAME + len(properties) <= frame_max)
-    ):
-        # The usual case, written here: the publisher's own property bytes, the body in one frame.
-        out += _HEADER_HEAD.pack(FRAME_HEADER, channel, 12 + len(properties), _BASIC_CLASS, 0, size)
-        out += properties
-        out.append(FRAME_END)
-        if size:
-            out += _FRAME_HEAD.pack(FRAME_BODY, channel, size)
-            out += body
+    if type(properties) is bytes:
+        n_props = len(properties)
+        if not frame_max or (size + FRAME_OVERHEAD <= frame_max and _HEADER_FRAME + n_props <= frame_max):
+            # The usual case: the publisher's own property bytes, the body in one frame (or none);
+            # each frame end goes out with the head of the frame after it.
+            out += _END_AND_HEADER.pack(FRAME_END, FRAME_HEADER, channel, 12 + n_props, _BASIC_CLASS, 0, size)
+            out += properties
+            if size:
+                out += _END_AND_BODY.pack(FRAME_END, FRAME_BODY, channel, size)
+                out += body
             out.append(FRAME_END)
-        return
+            return
+    out.append(FRAME_END)
     _write_header_and_body(out, start, channel, _BASIC_CLASS, properties, body, frame_max)
 
 
