@@ -751,8 +751,9 @@ class QueueManager:
         stored = transient.append(state, message, routing_key, now)
         if self.events.publishing:
             self._announce(state, stored)
-        for browser in list(state.browsers):
-            self._browse(browser)
+        if state.browsers:
+            for browser in list(state.browsers):
+                self._browse(browser)
         for group in state.groups.values():
             if group.consumers:
                 self._dispatch(state, group, now)
