@@ -43,6 +43,7 @@ SANS_IO = [
     "amqp1/connection.py",
     "amqp1/events.py",
     "amqp1/session.py",
+    "amqp1/transfers.py",
 ]
 # The package root holds only ``__version__``.
 PURE_MODULES = {"trimaran"} | {"trimaran." + path.removesuffix(".py").replace("/", ".") for path in SANS_IO}

@@ -105,6 +105,7 @@ from .performatives import (
     UNATTACHED_HANDLE,
     UNAUTHORIZED_ACCESS,
     WINDOW_VIOLATION,
+    Accepted,
     Attach,
     Begin,
     Close,
@@ -121,7 +122,8 @@ from .performatives import (
     Transfer,
 )
 from .sasl import Credentials, SaslCode, SaslParseError, parse_initial_response
-from .session import Link, LinkState, PartialDelivery, Session, SessionState
+from .session import SERIAL_MASK, Link, LinkState, PartialDelivery, Session, SessionState
+from .transfers import ACCEPTED, read_disposition, read_transfer, write_disposition, write_transfer
 from .types import DecodeError, Symbol
 
 # The open's properties when the caller gives none: who the peer is talking to (as AMQP 0.9.1's
@@ -146,6 +148,11 @@ class AMQPStateError(RuntimeError):
 
 # Descriptor codes of detach, end and close (as ``0x00 0x53 code`` at the start of a frame body).
 _ENDING_CODES = frozenset((0x16, 0x17, 0x18))
+# How a transfer's and a disposition's body begin in the usual encoding (read by .transfers).
+_TRANSFER_HEAD = b"\x00\x53\x14"
+_DISPOSITION_HEAD = b"\x00\x53\x15"
+# Accepted has no fields: every accepted disposition read can share one.
+_ACCEPTED = Accepted()
 
 
 def _ends_something(frame: Frame) -> bool:
@@ -450,10 +457,17 @@ class ServerConnection:
         link, split into frames of the peer's max-frame-size. Needs ``link.credit > 0``.
         ``settled`` defaults from the link's snd-settle-mode (mixed: unsettled). Returns the
         delivery id; the outcome comes as ``DispositionReceived``."""
-        self._check_link(link, ROLE_SENDER)
+        session = link.session
+        if (
+            link.role is not ROLE_SENDER
+            or link.state is not LinkState.ATTACHED
+            or session.state is not SessionState.MAPPED
+            or self.state is not ConnState.OPENED
+        ):
+            self._check_link(link, ROLE_SENDER)  # says which
         if link.link_credit <= 0:
             raise AMQPStateError(f"link {link.name!r} has no credit")
-        if not isinstance(payload, bytes):
+        if payload.__class__ is not bytes:
             payload = bytes(payload)  # frames may wait for the window: never keep a mutable buffer
         size = len(payload)
         if link.max_message_size and size > link.max_message_size:
@@ -462,15 +476,32 @@ class ServerConnection:
             settled = True
         elif link.snd_settle_mode == SND_UNSETTLED or settled is None:
             settled = False
-        session = link.session
-        delivery_id = session.new_delivery_id()
+        delivery_id = session.next_delivery_id
+        session.next_delivery_id = (delivery_id + 1) & SERIAL_MASK
         if tag is None:
-            tag = link.new_tag()
-        link.consume_credit_as_sender()
+            tag = (link.next_tag & SERIAL_MASK).to_bytes(4, "big")
+            link.next_tag += 1
+        # The link's credit (section 2.6.7): one delivery sent.
+        link.delivery_count = (link.delivery_count + 1) & SERIAL_MASK
+        link.link_credit -= 1
         if link.drain and link.link_credit == 0:
             link.drain = False
         if not settled:
             session.unsettled_out[delivery_id] = (link, tag)
+        limit = self.remote_max_frame_size - 8
+        if (
+            not session.pending
+            and session.remote_incoming_window > 0
+            and size + len(tag) + TRANSFER_OVERHEAD_MAX <= limit
+            and len(tag) <= 32
+        ):
+            # One frame, and the peer's session window is open: written now, without a Transfer.
+            write_transfer(
+                self._out, session.channel, link.handle, delivery_id, tag, message_format, settled, payload
+            )
+            session.next_outgoing_id = (session.next_outgoing_id + 1) & SERIAL_MASK
+            session.remote_incoming_window -= 1
+            return delivery_id
         first = Transfer(
             handle=link.handle,
             delivery_id=delivery_id,
@@ -478,7 +509,6 @@ class ServerConnection:
             message_format=message_format,
             settled=settled,
         )
-        limit = self.remote_max_frame_size - 8
         # A first transfer encodes in at most 38 bytes plus its tag (descriptor 3, list32 header 9,
         # four uints 5 each, a bool 1, binary header 5): a message well inside one frame needs no
         # trial encoding of the performative to know it fits.
@@ -518,16 +548,22 @@ class ServerConnection:
         """Disposition over ``first..last``; ``role`` is ours (ROLE_RECEIVER for received messages)."""
         if session.state is not SessionState.MAPPED or self.state is not ConnState.OPENED:
             raise AMQPStateError("session is not open")
-        self._send(
+        write_disposition(
+            self._out,
             session.channel,
-            Disposition(
-                role=role, first=first, last=None if last == first else last, settled=settled, state=state
-            ),
+            role,
+            first,
+            last,
+            settled,
+            ACCEPTED if state.__class__ is Accepted else state,
         )
         if settled:
             table = session.unsettled_in if role is ROLE_RECEIVER else session.unsettled_out
-            for i in session.ids_in_range(table, first, last):
-                del table[i]
+            if first == last:
+                table.pop(first, None)
+            else:
+                for i in session.ids_in_range(table, first, last):
+                    del table[i]
 
     # ---- internals: output -------------------------------------------------------------
 
@@ -807,10 +843,30 @@ class ServerConnection:
         if frame.type != FRAME_AMQP:
             self._fail(FRAMING_ERROR, f"unexpected frame type {frame.type}")
             return
-        if frame.is_empty:
+        body = frame.body
+        if not body:
             return  # heartbeat
-        perf, payload = frame.performative()
         state = self.state
+        if state is ConnState.OPENED and frame.channel <= self.channel_max:
+            # The frames that carry messages, read without the generic codec when they can be.
+            head = body[:3]
+            if head == _TRANSFER_HEAD:
+                session = self.sessions.get(frame.channel)
+                fields = read_transfer(body)
+                if fields is not None and session is not None and session.state is SessionState.MAPPED:
+                    handle, did, tag, fmt, settled, more, aborted, start = fields
+                    self._on_transfer(
+                        session, handle, did, tag, fmt, settled, more, None, aborted, body[start:]
+                    )
+                    return
+            elif head == _DISPOSITION_HEAD:
+                session = self.sessions.get(frame.channel)
+                d = read_disposition(body)
+                if d is not None and session is not None and session.state is SessionState.MAPPED:
+                    role, first, last, settled, accepted = d
+                    self._on_disposition(session, role, first, last, settled, _ACCEPTED if accepted else None)
+                    return
+        perf, payload = frame.performative()
         if state is ConnState.CLOSE_SENT:
             if isinstance(perf, Close):
                 self.state = ConnState.CLOSED
@@ -851,11 +907,22 @@ class ServerConnection:
         if session.state is not SessionState.MAPPED:
             return  # we ended it; wait for the peer's end
         if isinstance(perf, Transfer):
-            self._on_transfer(session, perf, payload)
+            self._on_transfer(
+                session,
+                perf.handle,
+                perf.delivery_id,
+                perf.delivery_tag,
+                perf.message_format,
+                perf.settled,
+                perf.more,
+                perf.state,
+                perf.aborted,
+                payload,
+            )
         elif isinstance(perf, Flow):
             self._on_flow(session, perf)
         elif isinstance(perf, Disposition):
-            self._on_disposition(session, perf)
+            self._on_disposition(session, perf.role, perf.first, perf.last, perf.settled, perf.state)
         elif isinstance(perf, Attach):
             self._on_attach(session, perf)
         elif isinstance(perf, Detach):
@@ -996,43 +1063,82 @@ class ServerConnection:
             self._send_flow(session)
         self._flush(session)
 
-    def _on_transfer(self, session: Session, t: Transfer, payload: memoryview) -> None:
-        if not session.take_incoming_frame():
+    def _on_transfer(
+        self,
+        session: Session,
+        handle: int,
+        delivery_id: int | None,
+        tag: bytes | None,
+        message_format: int | None,
+        settled: bool | None,
+        more: bool,
+        state: Any,
+        aborted: bool,
+        payload: bytes | memoryview,
+    ) -> None:
+        # The session window (section 2.5.6), counted here rather than in a call per frame.
+        if session.incoming_window <= 0:
             self._session_error(session, WINDOW_VIOLATION, "transfer beyond the incoming window")
             return
-        link = self._link_for(session, t.handle)
+        session.incoming_window -= 1
+        session.next_incoming_id = (session.next_incoming_id + 1) & SERIAL_MASK
+        if session.remote_outgoing_window > 0:
+            session.remote_outgoing_window -= 1
+        link = session.links_by_remote_handle.get(handle)
         if link is None:
+            self._session_error(session, UNATTACHED_HANDLE, f"handle {handle} is not attached")
             return
-        if session.incoming_window_low():
+        if session.incoming_window <= session.incoming_window_size // 2:
             self._window_due.add(session)
-        if link.state is LinkState.ATTACH_RECEIVED:
-            self._link_error(link, TRANSFER_LIMIT_EXCEEDED, "transfer before the link was granted credit")
-            return
         if link.state is not LinkState.ATTACHED:
+            if link.state is LinkState.ATTACH_RECEIVED:
+                self._link_error(link, TRANSFER_LIMIT_EXCEEDED, "transfer before the link was granted credit")
             return
-        if link.is_sender:
+        if link.role is ROLE_SENDER:
             self._link_error(link, NOT_ALLOWED, "transfer sent to the sending end of the link")
             return
         partial = link.partial
         if partial is None:
-            if t.delivery_id is None or t.delivery_tag is None:
+            if delivery_id is None or tag is None:
                 self._link_error(
                     link, INVALID_FIELD, "first transfer of a delivery needs delivery-id and tag"
                 )
                 return
-            if not link.consume_credit_as_receiver():
+            # The link's credit (section 2.6.7): one delivery taken.
+            if link.link_credit <= 0:
                 self._link_error(link, TRANSFER_LIMIT_EXCEEDED, "transfer without link credit")
                 return
-            partial = PartialDelivery(t.delivery_id, t.delivery_tag, bool(t.settled), t.message_format or 0)
+            link.link_credit -= 1
+            link.delivery_count = (link.delivery_count + 1) & SERIAL_MASK
+            if not more and not aborted:
+                # A delivery in one frame (the common case): no reassembly.
+                if link.max_message_size and len(payload) > link.max_message_size:
+                    self._link_error(
+                        link,
+                        MESSAGE_SIZE_EXCEEDED,
+                        f"message exceeds max-message-size {link.max_message_size}",
+                    )
+                    return
+                if not settled:
+                    session.unsettled_in[delivery_id] = (link, tag)
+                if payload.__class__ is not bytes:
+                    payload = bytes(payload)
+                self._events.append(
+                    MessageReceived(
+                        link, delivery_id, tag, bool(settled), payload, message_format or 0, state
+                    )
+                )
+                return
+            partial = PartialDelivery(delivery_id, tag, bool(settled), message_format or 0)
             link.partial = partial
-        elif t.delivery_id is not None and t.delivery_id != partial.delivery_id:
+        elif delivery_id is not None and delivery_id != partial.delivery_id:
             self._link_error(link, INVALID_FIELD, "delivery-id changed inside a multi-frame delivery")
             return
-        if t.settled:
+        if settled:
             partial.settled = True
-        if t.state is not None:
-            partial.state = t.state
-        if t.aborted:
+        if state is not None:
+            partial.state = state
+        if aborted:
             link.partial = None
             self._events.append(TransferAborted(link, partial.delivery_id, partial.tag))
             return
@@ -1045,7 +1151,7 @@ class ServerConnection:
                 link, MESSAGE_SIZE_EXCEEDED, f"message exceeds max-message-size {link.max_message_size}"
             )
             return
-        if t.more:
+        if more:
             return
         link.partial = None
         chunks = partial.chunks
@@ -1064,14 +1170,15 @@ class ServerConnection:
             )
         )
 
-    def _on_disposition(self, session: Session, d: Disposition) -> None:
-        last = d.first if d.last is None else d.last
-        table = session.unsettled_out if d.role is ROLE_RECEIVER else session.unsettled_in
-        ids = session.ids_in_range(table, d.first, last)
+    def _on_disposition(
+        self, session: Session, role: bool, first: int, last: int | None, settled: bool, state: Any
+    ) -> None:
+        if last is None:
+            last = first
+        table = session.unsettled_out if role is ROLE_RECEIVER else session.unsettled_in
+        ids = session.ids_in_range(table, first, last)
         deliveries = [(table[i][0], i, table[i][1]) for i in ids]
-        if d.settled:
+        if settled:
             for i in ids:
                 del table[i]
-        self._events.append(
-            DispositionReceived(session, d.role, d.first, last, d.settled, d.state, deliveries)
-        )
+        self._events.append(DispositionReceived(session, role, first, last, settled, state, deliveries))

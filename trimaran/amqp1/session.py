@@ -16,7 +16,9 @@ credit; when the peer attaches as a sender we are the receiver and grant credit.
 Flow-control arithmetic follows section 2.6.7: the receiver's credit limit is
 ``delivery_count + link_credit``; the sender recomputes its credit from every flow as
 ``flow.delivery_count + flow.link_credit - delivery_count``. Counts are RFC 1982 serial
-numbers modulo 2**32.
+numbers modulo 2**32. The per-message steps (a transfer in or out takes one frame of the
+session window and one delivery of the link credit) are done inline in
+:mod:`.connection`'s transfer paths, not by a call here per message.
 """
 
 from __future__ import annotations
@@ -125,10 +127,6 @@ class Link:
         self.link_credit = max(credit, 0)
         self.drain = drain
 
-    def consume_credit_as_sender(self) -> None:
-        self.delivery_count = serial_add(self.delivery_count, 1)
-        self.link_credit -= 1
-
     def drain_credit(self) -> None:
         """Use up all credit without sending (the sender's answer to drain)."""
         self.delivery_count = serial_add(self.delivery_count, self.link_credit)
@@ -143,19 +141,6 @@ class Link:
             self.link_credit = max(serial_diff(limit, delivery_count), 0)
         if available is not None:
             self.available = available
-
-    def consume_credit_as_receiver(self) -> bool:
-        """Account one incoming delivery; False when the sender had no credit for it."""
-        if self.link_credit <= 0:
-            return False
-        self.link_credit -= 1
-        self.delivery_count = serial_add(self.delivery_count, 1)
-        return True
-
-    def new_tag(self) -> bytes:
-        tag = self.next_tag.to_bytes(8, "big").lstrip(b"\x00") or b"\x00"
-        self.next_tag += 1
-        return tag
 
 
 class SessionState(enum.Enum):
@@ -215,26 +200,9 @@ class Session:
         )
         self.remote_outgoing_window = outgoing_window
 
-    def take_incoming_frame(self) -> bool:
-        """Account one incoming transfer frame; False when it violates our window."""
-        if self.incoming_window <= 0:
-            return False
-        self.incoming_window -= 1
-        self.next_incoming_id = serial_add(self.next_incoming_id, 1)
-        self.remote_outgoing_window = max(self.remote_outgoing_window - 1, 0)
-        return True
-
-    def incoming_window_low(self) -> bool:
-        return self.incoming_window <= self.incoming_window_size // 2
-
     def take_outgoing_frame(self) -> None:
         self.next_outgoing_id = serial_add(self.next_outgoing_id, 1)
         self.remote_incoming_window -= 1
-
-    def new_delivery_id(self) -> int:
-        d = self.next_delivery_id
-        self.next_delivery_id = serial_add(d, 1)
-        return d
 
     def ids_in_range(self, table: dict[int, Any], first: int, last: int) -> list[int]:
         """Keys of ``table`` within the serial range first..last inclusive."""
@@ -242,5 +210,8 @@ class Session:
         if span < 0:
             return []
         if span < len(table):
-            return [i for i in (serial_add(first, k) for k in range(span + 1)) if i in table]
+            end = first + span + 1
+            if end <= SERIAL_MASK + 1:
+                return [i for i in range(first, end) if i in table]
+            return [i & SERIAL_MASK for i in range(first, end) if i & SERIAL_MASK in table]
         return [i for i in table if 0 <= serial_diff(i, first) <= span]
