@@ -19,7 +19,7 @@ Pure functions, no I/O: :func:`resolve` raises :class:`AddressError` with the AM
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from trimaran.amqp1.performatives import INVALID_FIELD, UNAUTHORIZED_ACCESS
@@ -52,20 +52,19 @@ class Address:
     name: str  # queue key, or topic name / filter key (behind the vhost prefix)
     key: str = ""  # queue only: routing key (publish) or key filter (consume)
     cut: int = 0  # the vhost prefix's length: what the client's own names lack
+    # Worked out once: a sending link's messages all ask for them.
+    is_queue: bool = field(init=False, repr=False, compare=False)
+    # The router topic, or the ``$queue/`` topic other protocols use for this queue.
+    topic: str = field(init=False, repr=False, compare=False)
+    # ``topic`` as the client names it (without the vhost prefix).
+    own_topic: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def is_queue(self) -> bool:
-        return self.kind == QUEUE
-
-    @property
-    def topic(self) -> str:
-        """The router topic, or the ``$queue/`` topic other protocols use for this queue."""
-        return self.name if self.kind == TOPIC else queue_topic(self.name, self.key)
-
-    @property
-    def own_topic(self) -> str:
-        """:attr:`topic` as the client names it (without the vhost prefix)."""
-        return self.topic[self.cut :]
+    def __post_init__(self) -> None:
+        is_queue = self.kind == QUEUE
+        topic = queue_topic(self.name, self.key) if is_queue else self.name
+        object.__setattr__(self, "is_queue", is_queue)
+        object.__setattr__(self, "topic", topic)
+        object.__setattr__(self, "own_topic", topic[self.cut :])
 
 
 def _capabilities(caps: Any) -> set[str]:

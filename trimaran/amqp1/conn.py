@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING
 
 from trimaran.amqp1.connection import ServerConnection
 from trimaran.amqp1.performatives import CONNECTION_FORCED, ROLE_RECEIVER, Accepted, Error, Rejected
-from trimaran.amqp1.session import Link
+from trimaran.amqp1.session import Link, LinkState
 from trimaran.runtime.confirms import InOrder
+
+ATTACHED = LinkState.ATTACHED
 
 if TYPE_CHECKING:
     from trimaran.amqp1.links import InLink, OutLink
@@ -52,13 +54,13 @@ class Amqp1Conn:
 
     __slots__ = (
         "_ack_scheduled",
-        "_machine",
         "client",
         "container_id",
         "front",
         "inlinks",
         "io",
         "link_credit",
+        "machine",
         "outlinks",
         "peer",
         "pending",
@@ -71,7 +73,7 @@ class Amqp1Conn:
     def __init__(self, front: FrontEnd, io: Conn, machine: ServerConnection, link_credit: int) -> None:
         self.front = front
         self.io = io
-        self._machine = machine
+        self.machine = machine  # the runtime's Hull asks for it; a plain slot, read per message
         self.peer = io.peer
         self.link_credit = link_credit  # the window of publishes a sending link may have open
         self.container_id = "?"
@@ -87,10 +89,6 @@ class Amqp1Conn:
 
     # -- the runtime's Hull ---------------------------------------------------------------------
 
-    @property
-    def machine(self) -> ServerConnection:
-        return self._machine
-
     def handle(self, event: object) -> Awaitable[None] | None:
         return self.front.dispatch(self, event)
 
@@ -101,7 +99,7 @@ class Amqp1Conn:
         """Nothing to do after a write: bytes are counted by the runtime."""
 
     def shutdown(self) -> None:
-        self._machine.close(Error(condition=CONNECTION_FORCED, description="server shutting down"))
+        self.machine.close(Error(condition=CONNECTION_FORCED, description="server shutting down"))
 
     def blocked(self, on: bool) -> None:
         self.publishing_blocked = on
@@ -116,7 +114,7 @@ class Amqp1Conn:
 
     def close(self, error: Error) -> None:
         """Server-initiated close (a kick): close frame after what is queued, then the socket."""
-        self._machine.close(error)
+        self.machine.close(error)
         self.io.pump()
 
     # -- publishes waiting for their commit ---------------------------------------------------
@@ -126,7 +124,7 @@ class Amqp1Conn:
         inlink.inflight += 1
         self.pending.add(pending)
         # A detach, end or close read behind this publish waits for its disposition.
-        self._machine.hold_closing = True
+        self.machine.hold_closing = True
         return pending
 
     def committed(self, pending: PendingSettle) -> None:
@@ -147,14 +145,14 @@ class Amqp1Conn:
         if self.pending:
             self.io.wake()
         else:
-            self._machine.hold_closing = False
+            self.machine.hold_closing = False
             self.io.pump()  # a detach, end or close that waited for these dispositions
 
     def acknowledge_in_order(self) -> None:
         """Dispositions for the committed publishes at the head, in arrival order: a run of
         consecutive accepted deliveries of one link goes as one ranged disposition."""
         pending = self.pending
-        amqp = self._machine
+        amqp = self.machine
         run_link: Link | None = None
         run_first = run_last = 0
         refill: dict[InLink, None] = {}
@@ -162,7 +160,7 @@ class Amqp1Conn:
             inlink = item.inlink
             inlink.inflight -= 1
             link = inlink.link
-            if not link.is_open or amqp.closed:
+            if link.state is not ATTACHED or amqp.closed:
                 continue
             refill[inlink] = None
             if item.settled:
@@ -172,15 +170,15 @@ class Amqp1Conn:
                 if run_link is link and did == run_last + 1:
                     run_last = did
                     continue
-                if run_link is not None and run_link.is_open:
+                if run_link is not None and run_link.state is ATTACHED:
                     amqp.settle_range(run_link.session, ROLE_RECEIVER, run_first, run_last, Accepted())
                 run_link, run_first, run_last = link, did, did
             else:
-                if run_link is not None and run_link.is_open:
+                if run_link is not None and run_link.state is ATTACHED:
                     amqp.settle_range(run_link.session, ROLE_RECEIVER, run_first, run_last, Accepted())
                 run_link = None
                 amqp.settle(link, did, Rejected(error=item.error))
-        if run_link is not None and run_link.is_open and not amqp.closed:
+        if run_link is not None and run_link.state is ATTACHED and not amqp.closed:
             amqp.settle_range(run_link.session, ROLE_RECEIVER, run_first, run_last, Accepted())
         if amqp.closed:
             return
@@ -191,10 +189,11 @@ class Amqp1Conn:
         """Top the sending peer's credit up to the window less the publishes still in flight,
         in steps of half the window; none while memory is above the high-water mark."""
         link = inlink.link
-        if not link.is_open or self.publishing_blocked:
+        if link.state is not ATTACHED or self.publishing_blocked:
             return
         window = self.link_credit
         room = window - inlink.inflight
-        if room > 0 and (room - link.credit >= window // 2 or link.credit == 0):
-            self._machine.grant_credit(link, room)
+        credit = link.link_credit
+        if room > 0 and (room - credit >= window // 2 or credit == 0):
+            self.machine.grant_credit(link, room)
             self.io.wake()

@@ -85,6 +85,7 @@ from .frames import (
     Frame,
     FrameDecoder,
     FramingError,
+    _NeedData,
     encode_frame,
     performative_size,
 )
@@ -760,16 +761,19 @@ class ServerConnection:
                     if self.hold_closing:
                         return False
                     self._held = None
-                    frame: Frame | object = held
+                    frame = held
                 else:
-                    frame = decoder.next_frame()
-                    if frame is NEED_DATA:
+                    got = decoder.next_frame()
+                    if type(got) is _NeedData:
                         return False
-                    assert isinstance(frame, Frame)
-                    if self.hold_closing and _ends_something(frame):
+                    frame = got  # type: ignore[assignment]  # not NEED_DATA: a Frame
+                    if (
+                        self.hold_closing
+                        and frame.body[:3] != _TRANSFER_HEAD  # the usual frame: not an ending
+                        and _ends_something(frame)
+                    ):
                         self._held = frame
                         return False
-                assert isinstance(frame, Frame)
                 if state is ConnState.SASL_AWAIT_INIT:
                     self._on_sasl_frame(frame)
                 else:

@@ -121,7 +121,8 @@ class FrameDecoder:
     def next_frame(self) -> Frame | _NeedData:
         buf = self._buf
         pos = self._pos
-        if len(buf) - pos < HEADER_SIZE:
+        have = len(buf) - pos
+        if have < HEADER_SIZE:
             self._compact_all()
             return NEED_DATA
         size, doff, ftype, channel = _HDR.unpack_from(buf, pos)
@@ -131,12 +132,15 @@ class FrameDecoder:
             raise FramingError(f"frame size {size} exceeds max-frame-size {self.max_frame_size}")
         if doff < 2 or doff * 4 > size:
             raise FramingError(f"invalid data offset {doff}")
-        if len(buf) - pos < size:
+        if have < size:
             self._compact_all()
             return NEED_DATA
         body = bytes(buf[pos + doff * 4 : pos + size])
-        self._pos = pos + size
-        self._compact()
+        pos += size
+        if pos > 65536 or size == have:  # as _compact, without a call per frame
+            del buf[:pos]
+            pos = 0
+        self._pos = pos
         return Frame(ftype, channel, body)
 
     def frames(self) -> list[Frame]:

@@ -659,7 +659,7 @@ class Amqp1FrontEnd:
     def _message(self, conn: Amqp1Conn, event: MessageReceived) -> None:
         link = event.link
         inlink = conn.inlinks.get(link)
-        if inlink is None or not link.is_open:
+        if inlink is None or link.state is not LinkState.ATTACHED:
             return
         if inlink.coordinator:
             self.coordinator.control(conn, event, inlink)
@@ -697,11 +697,13 @@ class Amqp1FrontEnd:
             conn.refill(inlink)
             return
         if address.is_queue:
+            # One unit of the link's window moves from credit to in flight: refill's verdict
+            # changes only when the credit runs out, and then this publish's commit refills.
             self._append(conn, address, message, conn.waiting(inlink, event.delivery_id, event.settled))
-        else:
-            self.broker.publish(message)
-            if not event.settled:
-                conn.machine.settle(link, event.delivery_id, Accepted())
+            return
+        self.broker.publish(message)
+        if not event.settled:
+            conn.machine.settle(link, event.delivery_id, Accepted())
         conn.refill(inlink)
 
     def refuse_message(
@@ -762,10 +764,20 @@ class Amqp1FrontEnd:
         if state is not None and state.__class__ is TransactionalState:
             self.coordinator.settle(conn, event, state)
             return
-        for link, delivery_id, _tag in event.deliveries:
-            out = conn.outlinks.get(link)
-            if out is not None:
-                out.on_outcome(delivery_id, event.state, event.settled)
+        deliveries = event.deliveries
+        if deliveries:
+            # Usually all of one link: its outcomes go in one step.
+            link = deliveries[0][0]
+            ids = [did for lk, did, _tag in deliveries if lk is link]
+            if len(ids) == len(deliveries):
+                out = conn.outlinks.get(link)
+                if out is not None:
+                    out.on_outcomes(ids, state, event.settled)
+            else:
+                for link, delivery_id, _tag in deliveries:
+                    out = conn.outlinks.get(link)
+                    if out is not None:
+                        out.on_outcome(delivery_id, state, event.settled)
         if not event.settled and event.state is not None and event.deliveries:
             # The receiver waits for us to settle (it asked for rcv-settle-mode second anyway).
             conn.machine.settle_range(event.session, ROLE_SENDER, event.first, event.last, event.state)

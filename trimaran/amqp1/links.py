@@ -23,7 +23,7 @@ from trimaran.amqp1.addresses import Address
 from trimaran.amqp1.connection import AMQPStateError
 from trimaran.amqp1.mapping import to_amqp1
 from trimaran.amqp1.performatives import Accepted, Modified, Rejected, Released
-from trimaran.amqp1.session import Link
+from trimaran.amqp1.session import Link, LinkState
 from trimaran.broker.message import Message
 from trimaran.broker.router import Delivery
 from trimaran.queue.groups import Selects
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from trimaran.amqp1.subscriptions import Subscription
 
 log = logging.getLogger(__name__)
+ATTACHED = LinkState.ATTACHED
 
 
 class OutLink:
@@ -57,7 +58,7 @@ class OutLink:
 
     def _send(self, payload: bytes) -> int | None:
         link = self.link
-        if not link.is_open or link.credit <= 0:
+        if link.state is not ATTACHED or link.link_credit <= 0:
             return None
         try:
             did = self.conn.machine.send(link, payload, settled=self.settled)
@@ -72,6 +73,11 @@ class OutLink:
 
     def on_outcome(self, delivery_id: int, state: Any, settled: bool) -> None:
         """The peer's disposition for one of our deliveries."""
+
+    def on_outcomes(self, delivery_ids: list[int], state: Any, settled: bool) -> None:
+        """The peer's disposition for several of our deliveries (one range, one state)."""
+        for delivery_id in delivery_ids:
+            self.on_outcome(delivery_id, state, settled)
 
     def stop(self) -> None:
         """Stop sending at once (the link is gone); the async part is ``Amqp1FrontEnd.release``."""
@@ -126,6 +132,20 @@ class QueueOut(OutLink):
             return  # no outcome yet
         del self.offsets[delivery_id]
         handle.settle_nowait(offset, disposition_outcome(state, self.id))
+
+    def on_outcomes(self, delivery_ids: list[int], state: Any, settled: bool) -> None:
+        """A range settles in one step: one outcome, one change for the queue."""
+        handle = self.handle
+        if handle is None or handle.closed or (state is None and not settled):
+            return
+        offsets = self.offsets
+        ours = [d for d in delivery_ids if d in offsets]
+        if not ours:
+            return
+        taken = [offsets[d] for d in ours]
+        for d in ours:
+            del offsets[d]
+        handle.settle_all_nowait(taken, disposition_outcome(state, self.id))
 
     def stop(self) -> None:
         super().stop()

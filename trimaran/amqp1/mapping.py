@@ -56,6 +56,8 @@ def _payload(msg: A1Message) -> tuple[bytes, int | None]:
     body = msg.body
     if not body:
         return b"", None
+    if len(body) == 1 and body[0].__class__ is Data:
+        return body[0].value, None
     data = msg.data
     if data is not None:
         return data, None
@@ -107,11 +109,10 @@ def from_amqp1(
         correlation = _correlation_bytes(props.correlation_id)
         if props.reply_to is not None:
             reply_to = address_to_topic(property_text(props.reply_to))
-    user_properties = [
-        (property_text(k), property_text(v))
-        for k, v in (msg.application_properties or {}).items()
-        if v is not None
-    ]
+    app = msg.application_properties
+    user_properties = (
+        [(property_text(k), property_text(v)) for k, v in app.items() if v is not None] if app else []
+    )
     if raw is not None and msg.delivery_annotations is None:
         wire = bytes(raw)  # nothing to drop: forward the transfer payload as it came
     else:

@@ -173,7 +173,7 @@ def _section_code(descriptor: Any) -> int:
 
 def decode_message(data: bytes | bytearray | memoryview) -> Message:
     """Parse a message payload into its sections; raises ``DecodeError`` if malformed."""
-    buf = memoryview(data)
+    buf: bytes | memoryview = data if data.__class__ is bytes else memoryview(data)
     msg = Message()
     pos = 0
     last_code = 0
@@ -182,6 +182,31 @@ def decode_message(data: bytes | bytearray | memoryview) -> Message:
     end = len(buf)
     while pos < end:
         start = pos
+        if buf[pos] == 0x00 and pos + 4 < end and buf[pos + 1] == 0x53 and buf[pos + 2] == 0x75:
+            # A data section whose descriptor is the small code (nearly every message's body):
+            # its bytes are sliced out rather than decoded as a described value.
+            c = buf[pos + 3]
+            if c == 0xA0:
+                first = pos + 5
+                pos = first + buf[pos + 4]
+            elif c == 0xB0 and pos + 8 <= end:
+                first = pos + 8
+                pos = first + (
+                    (buf[pos + 4] << 24) | (buf[pos + 5] << 16) | (buf[pos + 6] << 8) | buf[pos + 7]
+                )
+            else:
+                raise DecodeError("section amqp:data:binary has a value of the wrong type")
+            if pos > end:
+                raise DecodeError("truncated value")
+            if last_code > 0x75:
+                raise DecodeError("message sections out of order or repeated")
+            last_code = 0x75
+            if bare_start < 0:
+                bare_start = start
+            bare_end = pos
+            value = buf[first:pos]
+            msg.body.append(Data(value if value.__class__ is bytes else bytes(value)))
+            continue
         v, pos = decode_value(buf, pos)
         if not isinstance(v, Described):
             raise DecodeError("message section is not a described value")
@@ -206,7 +231,8 @@ def decode_message(data: bytes | bytearray | memoryview) -> Message:
         else:
             msg.body.append(target(v.value))
     if bare_start >= 0:
-        msg.bare = bytes(buf[bare_start:bare_end])
+        bare = buf if bare_start == 0 and bare_end == end else buf[bare_start:bare_end]
+        msg.bare = bare if bare.__class__ is bytes else bytes(bare)
     return msg
 
 
