@@ -5,8 +5,16 @@ from __future__ import annotations
 import pytest
 
 from trimaran.amqp1.addresses import Address, AddressError, resolve
-from trimaran.amqp1.mapping import EXTRA_KEY, address_to_topic, from_amqp1, to_amqp1
-from trimaran.amqp1.messages import AmqpSequence, Data, Header, Properties, decode_message, encode_message
+from trimaran.amqp1.mapping import EXTRA_KEY, address_to_topic, from_amqp1, from_data, to_amqp1
+from trimaran.amqp1.messages import (
+    AmqpSequence,
+    Data,
+    Header,
+    Properties,
+    data_only,
+    decode_message,
+    encode_message,
+)
 from trimaran.amqp1.messages import Message as A1Message
 from trimaran.amqp1.types import Long, Symbol, UInt
 from trimaran.broker.message import PROTOCOL_AMQP1, PROTOCOL_MQTT, Message
@@ -183,3 +191,28 @@ def test_raw_payload_is_kept_unless_delivery_annotations_must_go() -> None:
     annotated = encode_message(A1Message(delivery_annotations={Symbol("a"): 1}, body=[Data(b"x")]))
     m = from_amqp1(decode_message(annotated), "t", None, settled=True, raw=annotated)
     assert decode_message(raw_extra(m)).delivery_annotations is None
+
+
+@pytest.mark.parametrize("size", [0, 3, 300])
+@pytest.mark.parametrize("settled", [False, True])
+def test_from_data_maps_a_lone_data_section_as_from_amqp1_does(size: int, settled: bool) -> None:
+    raw = encode_message(A1Message(body=[Data(b"p" * size)]))
+    body = data_only(raw)
+    assert body == b"p" * size
+    fast = from_data(body, raw, "$queue/q", "c1", settled=settled, now=1000)
+    slow = from_amqp1(decode_message(raw), "$queue/q", "c1", settled=settled, now=1000, raw=raw)
+    assert fast == slow and raw_extra(fast) is raw
+    assert to_amqp1(fast) == raw
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        A1Message(header=Header(ttl=5), body=[Data(b"a")]),
+        A1Message(properties=Properties(to="q"), body=[Data(b"a")]),
+        A1Message(body=[Data(b"a"), Data(b"b")]),
+        A1Message(body=[AmqpSequence([1])]),
+    ],
+)
+def test_data_only_is_none_for_anything_more(msg: A1Message) -> None:
+    assert data_only(encode_message(msg)) is None

@@ -778,7 +778,8 @@ class ServerConnection:
                     self._on_sasl_frame(frame)
                 else:
                     self._on_frame(frame)
-            self._teardown_if_closing()
+            if self.state is not ConnState.OPENED:
+                self._teardown_if_closing()
         except FramingError as exc:
             # The byte stream cannot be trusted any more: say why and stop reading.
             self._fail(FRAMING_ERROR, str(exc))

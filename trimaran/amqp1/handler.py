@@ -49,8 +49,9 @@ from trimaran.amqp1.links import (
     SelectedTopicOut,
     TopicOut,
 )
-from trimaran.amqp1.mapping import from_amqp1, to_amqp1
-from trimaran.amqp1.messages import decode_message
+from trimaran.amqp1.mapping import from_amqp1, from_data, to_amqp1
+from trimaran.amqp1.messages import Message as A1Message
+from trimaran.amqp1.messages import data_only, decode_message
 from trimaran.amqp1.performatives import (
     CONNECTION_FORCED,
     DECODE_ERROR,
@@ -667,13 +668,19 @@ class Amqp1FrontEnd:
         conn.io.publisher = True  # the memory watermark pauses the connections that publish
         conn.io.messages_in += 1
         self.broker.stats.messages_received += 1
-        try:
-            decoded = decode_message(event.payload)
-        except DecodeError as exc:
-            self.refuse_message(conn, event, DECODE_ERROR, f"malformed message: {exc}")
-            return
+        payload = event.payload
         address = inlink.address
+        # A message that is one data section (the usual) is handed on without being decoded.
+        body = data_only(payload) if address is not None else None
+        decoded: A1Message | None = None
+        if body is None:
+            try:
+                decoded = decode_message(payload)
+            except DecodeError as exc:
+                self.refuse_message(conn, event, DECODE_ERROR, f"malformed message: {exc}")
+                return
         if address is None:
+            assert decoded is not None
             to = decoded.properties.to if decoded.properties is not None else None
             try:
                 address = resolve(
@@ -690,9 +697,13 @@ class Amqp1FrontEnd:
             )
             conn.refill(inlink)
             return
-        message = from_amqp1(
-            decoded, address.topic, conn.container_id, settled=event.settled, raw=event.payload
-        )
+        if decoded is None:
+            assert body is not None
+            message = from_data(body, payload, address.topic, conn.container_id, settled=event.settled)
+        else:
+            message = from_amqp1(
+                decoded, address.topic, conn.container_id, settled=event.settled, raw=payload
+            )
         if event.state is not None and self.coordinator.in_transaction(conn, event, address, message):
             conn.refill(inlink)
             return

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from trimaran.amqp1.addresses import Address
 from trimaran.amqp1.connection import AMQPStateError
-from trimaran.amqp1.mapping import to_amqp1
+from trimaran.amqp1.mapping import EXTRA_KEY, to_amqp1
 from trimaran.amqp1.performatives import Accepted, Modified, Rejected, Released
 from trimaran.amqp1.session import Link, LinkState
 from trimaran.broker.message import Message
@@ -96,7 +96,11 @@ class QueueOut(OutLink):
     def deliver(self, delivery: QueueDelivery) -> None:
         """Called by the queue manager (only while this link has credit)."""
         handle = self.handle
-        payload = to_amqp1(delivery.message, delivery_count=delivery.failed, cut=self.address.cut)
+        message = delivery.message
+        # What an AMQP 1.0 peer sent goes out as it came, unless a redelivery changes its header.
+        payload = message.extra.get(EXTRA_KEY) if message.extra and not delivery.failed else None
+        if payload.__class__ is not bytes:
+            payload = to_amqp1(message, delivery_count=delivery.failed, cut=self.address.cut)
         max_size = self.link.max_message_size
         if max_size and len(payload) > max_size:
             if handle is not None:

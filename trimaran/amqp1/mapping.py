@@ -143,6 +143,24 @@ def from_amqp1(
     )
 
 
+def from_data(
+    body: bytes, raw: bytes, topic: str, publisher_id: str | None, *, settled: bool, now: int | None = None
+) -> Message:
+    """:func:`from_amqp1` for a message that is one data section and nothing else (``raw``, its
+    transfer payload, from which :func:`~trimaran.amqp1.messages.data_only` took ``body``):
+    no header, properties or application-properties to map, the payload kept as it came."""
+    return Message(
+        topic=topic,
+        payload=body,
+        qos=0 if settled else 1,
+        user_properties=[],
+        publisher_id=publisher_id,
+        protocol=PROTOCOL_AMQP1,
+        created_at_ms=now_ms() if now is None else now,
+        extra={EXTRA_KEY: raw},
+    )
+
+
 def _correlation_id(data: bytes) -> Any:
     try:
         return data.decode("utf-8")
@@ -195,6 +213,7 @@ __all__ = [
     "EXTRA_KEY",
     "address_to_topic",
     "from_amqp1",
+    "from_data",
     "to_amqp1",
     "topic_to_address",
 ]

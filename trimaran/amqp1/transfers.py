@@ -120,9 +120,13 @@ def read_transfer(
             else:
                 return None
         if count > 3:
-            message_format, i = _uint(body, i)
-            if i < 0:
-                return None
+            if body[i] == 0x43:  # message-format 0, the usual, as the codec writes it
+                message_format = 0
+                i += 1
+            else:
+                message_format, i = _uint(body, i)
+                if i < 0:
+                    return None
         # settled, more, rcv-settle-mode, state, resume, aborted, batchable: null or a boolean,
         # but rcv-settle-mode (a ubyte) and state (the generic codec reads any but null)
         flags: list[bool | None] = [None, None, None, None, None, None, None]
