@@ -10,7 +10,6 @@ from trimaran.amqp1.messages import (
     Data,
     Message,
     Properties,
-    data_only,
     decode_message,
     encode_message,
 )
@@ -61,24 +60,3 @@ def test_malformed_data_sections(wire: bytes) -> None:
 def test_other_sections_still_decode() -> None:
     msg = Message(properties=Properties(subject="s"), body=[AmqpValue("v")])
     assert decode_message(encode_message(msg)) == msg
-
-
-@pytest.mark.parametrize(
-    "wire",
-    [
-        b"",
-        b"\x00\x53\x75",
-        b"\x00\x53\x75\xa0",
-        b"\x00\x53\x75\xa0\x02a",
-        b"\x00\x53\x75\xb0\x00\x00\x00",
-        b"\x00\x53\x75\xa1\x01a",
-    ],
-)
-def test_data_only_refuses_what_is_not_one_whole_data_section(wire: bytes) -> None:
-    assert data_only(wire) is None
-
-
-def test_data_only_takes_both_widths() -> None:
-    assert data_only(b"\x00\x53\x75\xa0\x02ab") == b"ab"
-    assert data_only(b"\x00\x53\x75\xb0\x00\x00\x00\x02ab") == b"ab"
-    assert data_only(b"\x00\x53\x75\xb0\x00\x00\x00\x00") == b""

@@ -41,7 +41,7 @@ from .types import (
     UShort,
 )
 
-__all__ = ["decode", "decode_value", "encode", "encode_into", "encoder_for", "register_encoder"]
+__all__ = ["decode", "decode_value", "encode", "encode_into", "encoder_for", "register_encoder", "value_end"]
 
 Buffer = bytes | bytearray | memoryview
 
@@ -884,3 +884,40 @@ def decode(data: Buffer) -> Any:
     if pos != len(data):
         raise DecodeError("trailing bytes after value")
     return value
+
+
+# Bytes a value's constructor is followed by, by the constructor's high nibble (part 1, 1.2:
+# the subcategory of a primitive type's format code says how its width is found); a negative
+# entry is the width of the size that precedes a variable-width, compound or array value.
+_WIDTH_BY_NIBBLE = (None, None, None, None, 0, 1, 2, 4, 8, 16, -1, -4, -1, -4, -1, -4)
+
+
+def value_end(buf: Buffer, pos: int) -> int:
+    """Where the value at ``pos`` ends, found from its constructor and size alone: nothing in it
+    is decoded (what a message section the broker does not read needs). Raises ``DecodeError``
+    for an unknown constructor or a value that runs past the buffer."""
+    n = len(buf)
+    while True:  # a described value: its descriptor, then the value it describes
+        if pos >= n:
+            raise DecodeError("truncated value")
+        code = buf[pos]
+        if code != 0x00:
+            break
+        pos = value_end(buf, pos + 1)
+    if code not in _READERS:
+        raise DecodeError(f"invalid format code 0x{code:02x}")
+    width = _WIDTH_BY_NIBBLE[code >> 4]
+    assert width is not None  # every known code but 0x00 has one
+    if width >= 0:
+        end = pos + 1 + width
+    elif width == -1:
+        if pos + 1 >= n:
+            raise DecodeError("truncated value")
+        end = pos + 2 + buf[pos + 1]
+    else:
+        if pos + 5 > n:
+            raise DecodeError("truncated value")
+        end = pos + 5 + ((buf[pos + 1] << 24) | (buf[pos + 2] << 16) | (buf[pos + 3] << 8) | buf[pos + 4])
+    if end > n:
+        raise DecodeError("truncated value")
+    return end

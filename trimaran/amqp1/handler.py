@@ -49,9 +49,9 @@ from trimaran.amqp1.links import (
     SelectedTopicOut,
     TopicOut,
 )
-from trimaran.amqp1.mapping import from_amqp1, from_data, to_amqp1
+from trimaran.amqp1.mapping import from_amqp1, from_wire, to_amqp1
 from trimaran.amqp1.messages import Message as A1Message
-from trimaran.amqp1.messages import data_only, decode_message
+from trimaran.amqp1.messages import decode_message
 from trimaran.amqp1.performatives import (
     CONNECTION_FORCED,
     DECODE_ERROR,
@@ -670,10 +670,12 @@ class Amqp1FrontEnd:
         self.broker.stats.messages_received += 1
         payload = event.payload
         address = inlink.address
-        # A message that is one data section (the usual) is handed on without being decoded.
-        body = data_only(payload) if address is not None else None
+        # The broker's message straight from the bytes: only what it maps is decoded.
+        message = None
+        if address is not None:
+            message = from_wire(payload, address.topic, conn.container_id, settled=event.settled)
         decoded: A1Message | None = None
-        if body is None:
+        if message is None:
             try:
                 decoded = decode_message(payload)
             except DecodeError as exc:
@@ -697,10 +699,8 @@ class Amqp1FrontEnd:
             )
             conn.refill(inlink)
             return
-        if decoded is None:
-            assert body is not None
-            message = from_data(body, payload, address.topic, conn.container_id, settled=event.settled)
-        else:
+        if message is None:
+            assert decoded is not None
             message = from_amqp1(
                 decoded, address.topic, conn.container_id, settled=event.settled, raw=payload
             )

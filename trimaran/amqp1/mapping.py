@@ -26,9 +26,10 @@ import uuid
 from typing import Any, Final
 
 from trimaran.amqp1.addresses import QUEUE_SCHEME, TOPIC_SCHEME
+from trimaran.amqp1.codec import decode_value, value_end
 from trimaran.amqp1.messages import AmqpValue, Data, Header, Properties, encode_message, split_header
 from trimaran.amqp1.messages import Message as A1Message
-from trimaran.amqp1.types import Timestamp
+from trimaran.amqp1.types import DecodeError, Timestamp
 from trimaran.broker.mapping import property_text
 from trimaran.broker.message import PROTOCOL_AMQP1, Message, now_ms
 from trimaran.queue.policy import QUEUE_PREFIX
@@ -143,20 +144,163 @@ def from_amqp1(
     )
 
 
-def from_data(
-    body: bytes, raw: bytes, topic: str, publisher_id: str | None, *, settled: bool, now: int | None = None
-) -> Message:
-    """:func:`from_amqp1` for a message that is one data section and nothing else (``raw``, its
-    transfer payload, from which :func:`~trimaran.amqp1.messages.data_only` took ``body``):
-    no header, properties or application-properties to map, the payload kept as it came."""
+def _list_start(buf: bytes, pos: int) -> tuple[int, int, int]:
+    """A list at ``pos``: its count, where its first item starts and where it ends."""
+    c = buf[pos]
+    if c == 0xC0:
+        return buf[pos + 2], pos + 3, pos + 2 + buf[pos + 1]
+    if c == 0xD0:
+        size = (buf[pos + 1] << 24) | (buf[pos + 2] << 16) | (buf[pos + 3] << 8) | buf[pos + 4]
+        count = (buf[pos + 5] << 24) | (buf[pos + 6] << 16) | (buf[pos + 7] << 8) | buf[pos + 8]
+        return count, pos + 9, pos + 5 + size
+    if c == 0x45:
+        return 0, pos + 1, pos + 1
+    raise DecodeError("section is not a list")
+
+
+def from_wire(
+    raw: bytes, topic: str, publisher_id: str | None, *, settled: bool, now: int | None = None
+) -> Message | None:
+    """:func:`from_amqp1` straight from a transfer payload, decoding only what the broker reads
+    (the header's ttl; to, reply-to, correlation-id, content-type and absolute-expiry-time of the
+    properties; the application-properties; a body that is data, a string or binary) and
+    stepping over the rest by its size. The message is kept as it came, as ``raw``. None when it
+    is not that simple (delivery annotations to drop, a descriptor spelled long, sections out of
+    order, a field of an unexpected type, bytes that do not add up): then
+    :func:`~trimaran.amqp1.messages.decode_message` and :func:`from_amqp1` decide, and say what
+    is wrong."""
+    try:
+        n = len(raw)
+        pos = 0
+        last = 0
+        ttl: int | None = None
+        reply_to: Any = None
+        correlation: Any = None
+        content_type: Any = None
+        absolute_expiry: Any = None
+        app: Any = None
+        parts: list[bytes] | None = None
+        payload = b""
+        payload_format: int | None = None
+        body_start = -1
+        while pos < n:
+            if raw[pos] != 0x00 or raw[pos + 1] != 0x53:
+                return None
+            code = raw[pos + 2]
+            if code < last or (code == last and code != 0x75 and code != 0x76):
+                return None
+            if 0x75 <= last <= 0x77 and 0x75 <= code <= 0x77 and code != last:
+                return None  # body kinds mixed
+            last = code
+            p = pos + 3
+            if code == 0x75:  # data
+                c = raw[p]
+                if c == 0xA0:
+                    first = p + 2
+                    pos = first + raw[p + 1]
+                elif c == 0xB0:
+                    first = p + 5
+                    pos = first + ((raw[p + 1] << 24) | (raw[p + 2] << 16) | (raw[p + 3] << 8) | raw[p + 4])
+                else:
+                    return None
+                if pos > n:
+                    return None
+                if parts is None:
+                    parts = [raw[first:pos]]
+                else:
+                    parts.append(raw[first:pos])
+                continue
+            if code == 0x70:  # header: its ttl only
+                count, p, pos = _list_start(raw, p)
+                for i in range(count if count < 3 else 3):
+                    c = raw[p]
+                    if i == 2:
+                        if c == 0x70:
+                            ttl = (raw[p + 1] << 24) | (raw[p + 2] << 16) | (raw[p + 3] << 8) | raw[p + 4]
+                        elif c == 0x52:
+                            ttl = raw[p + 1]
+                        elif c != 0x43 and c != 0x40:
+                            return None
+                    elif c != 0x40:
+                        p = value_end(raw, p)
+                        continue
+                    p += 1
+            elif code == 0x73:  # properties: what the broker maps
+                count, p, pos = _list_start(raw, p)
+                for i in range(count if count < 9 else 9):
+                    c = raw[p]
+                    if c == 0x40:
+                        p += 1
+                        continue
+                    if c == 0x00 and (i == 4 or i == 5):
+                        return None  # a described id: the composite decoder knows what it is
+                    if i == 4:
+                        reply_to, p = decode_value(raw, p)
+                    elif i == 5:
+                        correlation, p = decode_value(raw, p)
+                    elif i == 6:
+                        if c != 0xA3 and c != 0xB3:
+                            return None
+                        content_type, p = decode_value(raw, p)
+                    elif i == 8:
+                        if c != 0x83:
+                            return None
+                        absolute_expiry, p = decode_value(raw, p)
+                    else:
+                        p = value_end(raw, p)
+            elif code == 0x74:  # application-properties
+                app, pos = decode_value(raw, p)
+                if app.__class__ is not dict:
+                    return None
+            elif code == 0x77:  # amqp-value: a string or binary is the payload, the rest as encoded
+                body_start = pos
+                pos = value_end(raw, p)
+                c = raw[p]
+                if c == 0xA1 or c == 0xB1:
+                    payload = raw[p + (2 if c == 0xA1 else 5) : pos]
+                    payload.decode("utf-8")  # as the codec would: a string must be UTF-8
+                    payload_format = 1
+                elif c == 0xA0:
+                    payload = raw[p + 2 : pos]
+                elif c == 0xB0:
+                    payload = raw[p + 5 : pos]
+                elif c != 0x40:
+                    payload = raw[body_start:pos]
+            elif code == 0x76:  # amqp-sequence: the body as encoded
+                if body_start < 0:
+                    body_start = pos
+                pos = value_end(raw, p)
+                payload = raw[body_start:pos]
+            elif code == 0x72 or code == 0x78:  # message annotations, footer: kept in the bytes
+                pos = value_end(raw, p)
+            else:
+                return None  # delivery annotations (dropped: decode_message) or not a section
+        if pos != n:
+            return None
+    except (DecodeError, IndexError, UnicodeDecodeError):
+        return None
+    if parts is not None:
+        payload = parts[0] if len(parts) == 1 else b"".join(parts)
+    now = now_ms() if now is None else now
+    expires = now + ttl if ttl else None
+    if absolute_expiry:
+        at = int(absolute_expiry)
+        expires = at if expires is None else min(expires, at)
     return Message(
         topic=topic,
-        payload=body,
+        payload=payload,
         qos=0 if settled else 1,
-        user_properties=[],
+        content_type=None if content_type is None else str(content_type),
+        correlation_data=_correlation_bytes(correlation),
+        response_topic=None if reply_to is None else address_to_topic(property_text(reply_to)),
+        payload_format=payload_format,
+        expires_at_ms=expires,
+        user_properties=[(property_text(k), property_text(v)) for k, v in app.items() if v is not None]
+        if app
+        else [],
         publisher_id=publisher_id,
         protocol=PROTOCOL_AMQP1,
-        created_at_ms=now_ms() if now is None else now,
+        created_at_ms=now,
         extra={EXTRA_KEY: raw},
     )
 
@@ -213,7 +357,7 @@ __all__ = [
     "EXTRA_KEY",
     "address_to_topic",
     "from_amqp1",
-    "from_data",
+    "from_wire",
     "to_amqp1",
     "topic_to_address",
 ]

@@ -29,7 +29,6 @@ __all__ = [
     "Header",
     "Message",
     "Properties",
-    "data_only",
     "decode_message",
     "encode_message",
     "split_header",
@@ -235,26 +234,6 @@ def decode_message(data: bytes | bytearray | memoryview) -> Message:
         bare = buf if bare_start == 0 and bare_end == end else buf[bare_start:bare_end]
         msg.bare = bare if bare.__class__ is bytes else bytes(bare)
     return msg
-
-
-def data_only(data: bytes) -> bytes | None:
-    """The body of a message that is one ``data`` section and nothing else (under the small
-    descriptor), or None: such a message needs no decoding to be handed on."""
-    n = len(data)
-    if n < 5 or data[:3] != b"\x00\x53\x75":
-        return None
-    c = data[3]
-    if c == 0xA0:
-        first = 5
-        size = data[4]
-    elif c == 0xB0 and n >= 8:
-        first = 8
-        size = (data[4] << 24) | (data[5] << 16) | (data[6] << 8) | data[7]
-    else:
-        return None
-    if n != first + size:
-        return None
-    return data[first:]
 
 
 def split_header(data: bytes | bytearray | memoryview) -> tuple[Header | None, int]:
