@@ -27,6 +27,7 @@ from trimaran.amqp1.session import Link, LinkState
 from trimaran.runtime.confirms import InOrder
 
 ATTACHED = LinkState.ATTACHED
+ACCEPTED = Accepted()  # it has no fields: one serves every disposition
 
 if TYPE_CHECKING:
     from trimaran.amqp1.links import InLink, OutLink
@@ -156,11 +157,12 @@ class Amqp1Conn:
         run_link: Link | None = None
         run_first = run_last = 0
         refill: dict[InLink, None] = {}
+        closed = amqp.closed  # settling does not close: asked once, not per publish
         for item in pending.ready():
             inlink = item.inlink
             inlink.inflight -= 1
             link = inlink.link
-            if link.state is not ATTACHED or amqp.closed:
+            if closed or link.state is not ATTACHED:
                 continue
             refill[inlink] = None
             if item.settled:
@@ -171,16 +173,16 @@ class Amqp1Conn:
                     run_last = did
                     continue
                 if run_link is not None and run_link.state is ATTACHED:
-                    amqp.settle_range(run_link.session, ROLE_RECEIVER, run_first, run_last, Accepted())
+                    amqp.settle_range(run_link.session, ROLE_RECEIVER, run_first, run_last, ACCEPTED)
                 run_link, run_first, run_last = link, did, did
             else:
                 if run_link is not None and run_link.state is ATTACHED:
-                    amqp.settle_range(run_link.session, ROLE_RECEIVER, run_first, run_last, Accepted())
+                    amqp.settle_range(run_link.session, ROLE_RECEIVER, run_first, run_last, ACCEPTED)
                 run_link = None
                 amqp.settle(link, did, Rejected(error=item.error))
-        if run_link is not None and run_link.state is ATTACHED and not amqp.closed:
-            amqp.settle_range(run_link.session, ROLE_RECEIVER, run_first, run_last, Accepted())
-        if amqp.closed:
+        if run_link is not None and run_link.state is ATTACHED and not closed:
+            amqp.settle_range(run_link.session, ROLE_RECEIVER, run_first, run_last, ACCEPTED)
+        if closed:
             return
         for inlink in refill:
             self.refill(inlink)

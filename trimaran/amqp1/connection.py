@@ -490,11 +490,12 @@ class ServerConnection:
         if not settled:
             session.unsettled_out[delivery_id] = (link, tag)
         limit = self.remote_max_frame_size - 8
+        tag_size = len(tag)
         if (
             not session.pending
             and session.remote_incoming_window > 0
-            and size + len(tag) + TRANSFER_OVERHEAD_MAX <= limit
-            and len(tag) <= 32
+            and size + tag_size + TRANSFER_OVERHEAD_MAX <= limit
+            and tag_size <= 32
         ):
             # One frame, and the peer's session window is open: written now, without a Transfer.
             write_transfer(
@@ -513,7 +514,7 @@ class ServerConnection:
         # A first transfer encodes in at most 38 bytes plus its tag (descriptor 3, list32 header 9,
         # four uints 5 each, a bool 1, binary header 5): a message well inside one frame needs no
         # trial encoding of the performative to know it fits.
-        if size + len(tag) + TRANSFER_OVERHEAD_MAX <= limit or performative_size(first) + size <= limit:
+        if size + tag_size + TRANSFER_OVERHEAD_MAX <= limit or performative_size(first) + size <= limit:
             session.pending.append((first, payload))
         else:
             view = memoryview(payload).cast("B")

@@ -172,10 +172,12 @@ def write_transfer(
     """Append the first (and only) transfer frame of a delivery (``tag`` at most 32 bytes, as the
     spec bounds it; a list8 holds the rest)."""
     n = len(tag)
-    tail = _FORMAT_ZERO_SETTLED[settled] if message_format == 0 else None
-    if tail is None:
+    if message_format == 0:
+        tail = _FORMAT_ZERO_SETTLED[settled]
+        listsize = 1 + _BEFORE_TAG + n + 2
+    else:
         tail = b"\x70" + _U32.pack(message_format) + (b"\x41" if settled else b"\x42")
-    listsize = 1 + _BEFORE_TAG + n + len(tail)
+        listsize = 1 + _BEFORE_TAG + n + 6
     out += _TRANSFER_HEAD.pack(
         8 + 3 + 2 + listsize + len(payload),
         2,
