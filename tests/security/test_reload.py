@@ -178,3 +178,28 @@ def test_a_stored_wildcard_keeps_its_owners_rules_across_a_restart(
             alice.expect_none()
         finally:
             close_all(bob, *([alice] if alice is not None else []))
+
+
+def test_an_amqp1_sender_follows_the_reloaded_rules(server: RunningServer, tmp_path: Path) -> None:
+    """A sending link's messages are checked against the rules in force: what was allowed before a
+    reload is refused after it (the link stays, each message is rejected)."""
+    proton = pytest.importorskip("proton")
+    from proton.utils import BlockingConnection, SendException
+
+    from tests.security.conftest import PASSWORDS
+
+    url = f"amqp://alice:{PASSWORDS['alice']}@127.0.0.1:{server.ports['amqp']}"
+    connection = BlockingConnection(url, timeout=10, allowed_mechs="PLAIN")
+    try:
+        sender = connection.create_sender("topic://alice/notes")
+        sender.send(proton.Message(body="before"))
+        sender.send(proton.Message(body="again"))
+        (tmp_path / "acl").write_text(AFTER.replace("topic readwrite alice/#", "topic read alice/#"))
+        assert server.process is not None
+        server.process.send_signal(signal.SIGHUP)
+        wait_for(lambda: "auth: reloaded" in server.output())
+        with pytest.raises(SendException) as caught:
+            sender.send(proton.Message(body="after"))
+        assert caught.value.state == proton.Delivery.REJECTED
+    finally:
+        connection.close()
