@@ -1179,12 +1179,17 @@ class ServerConnection:
     def _on_disposition(
         self, session: Session, role: bool, first: int, last: int | None, settled: bool, state: Any
     ) -> None:
-        if last is None:
-            last = first
         table = session.unsettled_out if role is ROLE_RECEIVER else session.unsettled_in
-        ids = session.ids_in_range(table, first, last)
-        deliveries = [(table[i][0], i, table[i][1]) for i in ids]
-        if settled:
-            for i in ids:
-                del table[i]
+        if last is None or last == first:  # one delivery (as a receiver settling each one says)
+            last = first
+            entry = table.get(first)
+            deliveries = [] if entry is None else [(entry[0], first, entry[1])]
+            if settled and entry is not None:
+                del table[first]
+        else:
+            ids = session.ids_in_range(table, first, last)
+            deliveries = [(table[i][0], i, table[i][1]) for i in ids]
+            if settled:
+                for i in ids:
+                    del table[i]
         self._events.append(DispositionReceived(session, role, first, last, settled, state, deliveries))

@@ -784,7 +784,12 @@ class Amqp1FrontEnd:
             self.coordinator.settle(conn, event, state)
             return
         deliveries = event.deliveries
-        if deliveries:
+        if len(deliveries) == 1:
+            link, delivery_id, _tag = deliveries[0]
+            out = conn.outlinks.get(link)
+            if out is not None:
+                out.on_outcome(delivery_id, state, event.settled)
+        elif deliveries:
             # Usually all of one link: its outcomes go in one step.
             link = deliveries[0][0]
             ids = [did for lk, did, _tag in deliveries if lk is link]

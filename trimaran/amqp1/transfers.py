@@ -223,15 +223,28 @@ def read_disposition(body: bytes) -> tuple[bool, int, int | None, bool, bool] | 
             role = False
         else:
             return None
-        first, i = _uint(body, i + 1)
-        if i < 0 or first is None:
+        i += 1
+        c = body[i]
+        if c == 0x70:
+            first = (body[i + 1] << 24) | (body[i + 2] << 16) | (body[i + 3] << 8) | body[i + 4]
+            i += 5
+        elif c == 0x52:
+            first = body[i + 1]
+            i += 2
+        elif c == 0x43:
+            first = 0
+            i += 1
+        else:
             return None
         last: int | None = None
         settled = accepted = False
         if count > 2:
-            last, i = _uint(body, i)
-            if i < 0:
-                return None
+            if body[i] == 0x40:  # one delivery: the usual
+                i += 1
+            else:
+                last, i = _uint(body, i)
+                if i < 0:
+                    return None
         if count > 3:
             c = body[i]
             if c == 0x41:
