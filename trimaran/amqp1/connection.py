@@ -18,6 +18,11 @@ Deadlines: the handshake (protocol header, SASL and open) must be done within
 ``handshake_timeout`` seconds of the connection's start, the peer may stay silent at most
 ``idle_timeout`` once open, and after our close the peer has ``close_timeout`` to answer.
 
+The frames that carry messages, ``transfer`` and ``disposition``, are read and written by
+:mod:`.transfers` in their usual encodings, without the generic codec; any other encoding, and
+every other frame, by :mod:`.performatives`. The session window and link credit of a message are
+counted inline in the transfer paths.
+
 Peer errors never raise: a protocol violation sends close / end / detach with the standard
 error condition and surfaces as a ``ConnectionClosed`` / ``SessionEnded`` / ``LinkDetached``
 event with ``by_peer=False``. Misuse of the API by the caller (sending on a link without

@@ -15,6 +15,10 @@ header.ttl / absolute-expiry-time      expires_at_ms (the earlier of the two)
 unsettled / pre-settled transfer       qos 1 / qos 0
 =====================================  ==========================================
 
+:func:`from_wire` maps a transfer payload without decoding what the table does not read (the
+message id, the body of a structured amqp-value ...), stepping over it by its size; what it does
+not expect it leaves to :func:`from_amqp1` over a decoded message, which maps the same way.
+
 A message that came from an AMQP 1.0 peer keeps its header, message annotations, bare message and
 footer as bytes in ``extra["amqp1"]``, so another AMQP 1.0 peer gets it byte for byte (only the
 header's delivery-count changes on a redelivery). Delivery annotations are per hop and dropped.
