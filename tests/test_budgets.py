@@ -98,7 +98,7 @@ PATHS = [
     Path_(
         "amqp1 transfer-deliver-accept",
         lambda s: Amqp1Load(s.port("amqp"), batch=100),
-        Budget(loop=(77.0, 51.0)),
+        Budget(loop=(46.5, 37.5)),
     ),
 ]
 
