@@ -210,6 +210,7 @@ class ServerConnection:
         "session_expiry_interval",
         "state",
         "stats",
+        "uses_topic_aliases",
     )
 
     def __init__(
@@ -239,6 +240,10 @@ class ServerConnection:
         self.client_receive_maximum = 65535
         self.client_max_packet_size = MAX_PACKET_SIZE
         self.client_topic_alias_maximum = 0
+        # Whether PUBLISHes to this client carry outbound topic aliases, so that each is encoded for
+        # this connection alone (`publish` does that; `publish_encoded` would send the full topic).
+        # Known at CONNECT; a field, as every delivery asks.
+        self.uses_topic_aliases = False
         self.request_problem_information = True
         self._inbound_unacked: dict[int, int] = {}  # client packet id -> QoS, not yet acked by the handler
         self._held_resends: set[int] | None = None  # see settle_resend
@@ -444,16 +449,6 @@ class ServerConnection:
             return False
         return True
 
-    @property
-    def uses_topic_aliases(self) -> bool:
-        """Whether PUBLISHes to this client carry outbound topic aliases, so that each is encoded for
-        this connection alone (`publish` does that; `publish_encoded` would send the full topic)."""
-        return (
-            self._level == MQTT_5
-            and self.client_topic_alias_maximum > 0
-            and self.limits.outbound_topic_aliases
-        )
-
     def publish_encoded(self, data: bytes) -> bool:
         """Send a QoS 0 PUBLISH already encoded for this protocol level, the same bytes for every
         subscriber (fan-out encodes once). The caller keeps to `publish` for a message with an expiry
@@ -461,11 +456,12 @@ class ServerConnection:
         False if not connected or larger than the client's Maximum Packet Size (counted)."""
         if self.state != State.CONNECTED:
             return False
-        if len(data) > self.client_max_packet_size:
+        size = len(data)
+        if size > self.client_max_packet_size:
             self.stats.dropped_too_large += 1
             return False
         self._out.append(data)
-        self.pending_out += len(data)
+        self.pending_out += size
         self.stats.packets_sent += 1
         return True
 
@@ -636,6 +632,7 @@ class ServerConnection:
             self.client_receive_maximum = props.receive_maximum or 65535
             self.client_max_packet_size = props.maximum_packet_size or MAX_PACKET_SIZE
             self.client_topic_alias_maximum = props.topic_alias_maximum or 0
+            self.uses_topic_aliases = self.client_topic_alias_maximum > 0 and limits.outbound_topic_aliases
             self.request_problem_information = props.request_problem_information != 0
             if props.authentication_method is not None and (
                 props.authentication_method not in limits.authentication_methods

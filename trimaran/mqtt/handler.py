@@ -51,7 +51,6 @@ from trimaran.mqtt.connection import (
 from trimaran.mqtt.mapping import (
     SHARE_TAG,
     FanOutEncoder,
-    delivered_retain,
     message_from_outbound,
     message_from_publish,
     outbound,
@@ -146,7 +145,9 @@ class MqttEndpoint:
     def deliver(self, message: Message, delivery: Delivery[Any], retained: bool = False) -> None:
         front = self.front
         conn = self.conn
-        qos = min(message.qos, delivery.qos)
+        qos = message.qos
+        if delivery.qos < qos:
+            qos = delivery.qos
         if conn is None:
             if qos > 0:
                 # Offline persistent session: keep QoS 1/2 (bounded by the session's queue).
@@ -168,17 +169,21 @@ class MqttEndpoint:
                     return
                 io.push_back()  # behind: its publishers wait for it instead of losing messages
             if message.expires_at_ms is None and not machine.uses_topic_aliases:
-                retain = delivered_retain(message, delivery, retained)
+                # The bytes every subscriber of this level, retain flag and identifiers gets, encoded
+                # once; delivered_retain() written out.
+                retain = message.retain and (retained or delivery.retain_as_published)
                 ids = delivery.subscription_identifiers
                 sent = machine.publish_encoded(
-                    front.fan_out.qos0_publish(message, machine.protocol_level, retain, ids, self.cut)
+                    front.fan_out.qos0_publish(message, self.protocol_level, retain, ids, self.cut)
                 )
             else:
                 sent = machine.publish(outbound(message, delivery, self.cut, retained=retained))
         if sent:
             front.broker.stats.messages_sent += 1
-            conn.io.messages_out += 1
-            conn.io.wake()
+            io = conn.io
+            io.messages_out += 1
+            if not io.dirty:  # already in this iteration's flush: most deliveries of a batch
+                io.wake()
         else:
             front.dropped(
                 message, self.client_id, "refused by the connection: too large, expired or queue full"
@@ -694,17 +699,20 @@ class MqttFrontEnd:
         self.broker.stats.messages_received += 1
         principal = conn.principal
         security = self.security
-        # Without rules only a write to $SYS or $vhost/ is refused (Security.allowed): skip the rest.
-        # With rules, a topic allowed last time under the same rules is allowed again.
-        if principal is not None and (security.rules is not None or is_guarded(publish.topic)):
+        # A topic allowed last time under the same rules is allowed again (a publisher mostly
+        # repeats its topic: no call then). Without rules only a write to $SYS or $vhost/ is
+        # refused (Security.allowed): the rest need not ask.
+        if principal is not None and (
+            publish.topic != principal.last_write or principal.last_write_generation != security.generation
+        ):
             topic = publish.topic
-            if topic != principal.last_write or principal.last_write_generation != security.generation:
+            if security.rules is not None or is_guarded(topic):
                 access, target = publish_access(topic)
                 if not security.authorize(principal, access, target):
                     self._publish_refused(conn, publish.packet_id if publish.qos else None)
                     return
-                principal.last_write = topic
-                principal.last_write_generation = security.generation
+            principal.last_write = topic
+            principal.last_write_generation = security.generation
         message = message_from_publish(publish, endpoint.client_id, None, endpoint.vhost_prefix)
         if publish.wire is not None:
             self.fan_out.received(message, publish.wire, endpoint.protocol_level)

@@ -138,7 +138,6 @@ class Conn(asyncio.Protocol):
         "_stuck",
         "_throttle_timer",
         "_waiting",
-        "_writable",
         "bytes_in",
         "bytes_out",
         "dirty",
@@ -158,6 +157,7 @@ class Conn(asyncio.Protocol):
         "transport",
         "user",
         "vhost",
+        "writable",
         "write_buffered",
     )
 
@@ -184,7 +184,9 @@ class Conn(asyncio.Protocol):
         self.user: str | None = None
         self._first = b""  # bytes read before the hull was chosen
         self._waiting = False  # a hull step is in flight; later frames wait
-        self._writable = True
+        # False while the socket's buffer is above its high-water mark. A field, not a property:
+        # every QoS 0 delivery reads it.
+        self.writable = True
         self._reading_paused = False  # the hull asked
         self._read_paused = False  # the transport is paused (hull, a step in flight, or memory)
         self._peer_eof = False
@@ -287,10 +289,10 @@ class Conn(asyncio.Protocol):
         self.transport = None
 
     def pause_writing(self) -> None:
-        self._writable = False
+        self.writable = False
 
     def resume_writing(self) -> None:
-        self._writable = True
+        self.writable = True
         self._stuck = False
         self.runner.memory_changed(self)
         self._release_held()
@@ -337,11 +339,6 @@ class Conn(asyncio.Protocol):
     def spawn(self, job: Callable[[], Coroutine[Any, Any, object]]) -> None:
         """Run a coroutine for this connection in the runtime's task group (errors close it)."""
         self.runner.spawn(job, self)
-
-    @property
-    def writable(self) -> bool:
-        """False while the socket's buffer is above its high-water mark."""
-        return self._writable
 
     def backlog(self) -> int:
         """Bytes queued for the peer and not yet on the wire (the transport's buffer)."""
@@ -535,7 +532,7 @@ class Conn(asyncio.Protocol):
             self.runner.traffic.bytes_sent += len(data)
             transport.write(data)  # calls pause_writing at once when the buffer passes its mark
             self.runner.memory_changed(self)
-        if self._holding is not None and self._writable:
+        if self._holding is not None and self.writable:
             self._release_held()  # written without filling the socket: the held publishers go on
         try:
             hull.written()
