@@ -717,9 +717,9 @@ class Decoder:
         except ProtocolError as exc:
             self._failed = exc
             raise
-        if flags == 0 and ptype == PacketType.PUBLISH and packet.properties is NO_PROPERTIES:  # type: ignore[union-attr]
-            # QoS 0, no retain, no DUP, no properties: these bytes are what a subscriber of the
-            # same protocol family gets.
+        if ptype == PacketType.PUBLISH and not flags & 0x09 and packet.properties is NO_PROPERTIES:  # type: ignore[union-attr]
+            # No retain, no DUP, no properties: these bytes (another packet id put in at QoS 1/2)
+            # are what a subscriber of the same protocol family and QoS gets.
             packet.wire = bytes(mv[base:total])  # type: ignore[union-attr]
         if total == size:  # all decoded: an idle connection keeps no buffer
             mv.release()
@@ -829,6 +829,17 @@ def encode_plain_publish(
     size = len(variable) + len(payload)
     header = bytes((first, size)) if size < 128 else bytes((first,)) + encode_varint(size)
     return b"".join((header, variable, payload))
+
+
+def around_packet_id(data: bytes) -> tuple[bytes, bytes]:
+    """A QoS 1/2 PUBLISH's bytes cut around its packet identifier: what comes before it (fixed
+    header, topic) and after it (properties, payload). Any id joined between them makes the same
+    packet with that id, so a fan-out encodes once and each subscriber's id is put in."""
+    pos = 1
+    while data[pos] & 0x80:  # the Remaining Length's continuation bytes
+        pos += 1
+    pos += 3 + ((data[pos + 1] << 8) | data[pos + 2])  # its last byte, the topic's length, the topic
+    return data[:pos], data[pos + 2 :]
 
 
 def _ack_encoder(first: int, ptype: int) -> Callable[[PubAck | PubRec | PubRel | PubComp, int], bytes]:

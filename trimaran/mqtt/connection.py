@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import secrets
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -96,6 +97,7 @@ __all__ = [
 ]
 
 NO_EXPIRY: Final = 0xFFFFFFFF
+_PACKET_ID: Final = struct.Struct("!H").pack
 
 
 @dataclass(slots=True)
@@ -435,15 +437,25 @@ class ServerConnection:
         session = self.session
         if self.state == State.CONNECTED and len(session.inflight) < self.client_receive_maximum:
             if not session.queue:
-                # Room in the window and nothing waiting before it: straight to inflight.
-                self._send_inflight(session.start_inflight(message), self._ready)
+                # Room in the window and nothing waiting before it: straight to inflight
+                # (_send_inflight written out for a new entry).
+                entry = session.start_inflight(message)
+                reason = self._send_publish(message, message.qos, entry.packet_id, False)
+                message.wire = None  # its one use: a resend carries DUP, encoded anew
+                if reason is None:
+                    entry.sent = True
+                else:
+                    session.drop_inflight(entry.packet_id)
+                    self._ready.append(MessageDropped(message, reason))
                 return True
+            message.wire = None  # queued: encoded at its turn, perhaps for another connection
             if not session.enqueue(message):
                 self.stats.dropped_queue_full += 1
                 return False
             self._pump(self._ready)
             return True
         # Offline, or the window is full: it waits its turn (a PUBACK pumps the queue).
+        message.wire = None
         if not session.enqueue(message):
             self.stats.dropped_queue_full += 1
             return False
@@ -564,7 +576,13 @@ class ServerConnection:
     def _step(self, events: Events) -> bool:
         """Decode and act on one packet; False when no whole packet is buffered or it failed."""
         decoder = self._decoder
-        if self.state == State.CONNECTED and (packet_id := decoder.next_puback()):
+        # Only a connection with deliveries in flight expects PUBACKs (a publisher's reads skip the
+        # look); a stray one is read by next_packet and ignored the same way.
+        if (
+            self.state == State.CONNECTED
+            and self.session.inflight  # type: ignore[union-attr]
+            and (packet_id := decoder.next_puback())
+        ):
             self._plain_pubacks(packet_id, events)
             return True
         try:
@@ -1033,7 +1051,11 @@ class ServerConnection:
         flag = dup or (message.redelivered and qos > 0)  # never DUP at QoS 0 (MQTT-3.3.1-2)
         alias = 0
         new_alias = False
-        if message.expires_at is None and (
+        wire = message.wire
+        if wire is not None and not flag and not self.uses_topic_aliases:
+            # Encoded once for every subscriber (the handler's fan-out): only the id is this one's.
+            data = b"".join((wire[0], _PACKET_ID(packet_id), wire[1]))
+        elif message.expires_at is None and (
             level != MQTT_5 or (props is NO_PROPERTIES and not self.uses_topic_aliases)
         ):
             # The common delivery: no properties to send, nothing that depends on the time.

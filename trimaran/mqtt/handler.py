@@ -158,7 +158,18 @@ class MqttEndpoint:
             return
         machine = conn.mqtt
         if qos > 0:
-            sent = machine.publish(outbound(message, delivery, self.cut, retained=retained))
+            wire = None
+            if message.expires_at_ms is None and not machine.uses_topic_aliases:
+                # Encoded once for every subscriber of this level, QoS, retain flag and identifiers;
+                # the connection puts in the packet id.
+                retain = message.retain and (retained or delivery.retain_as_published)
+                ids = delivery.subscription_identifiers
+                wire = front.fan_out.publish_around_id(
+                    message, self.protocol_level, qos, retain, ids, self.cut
+                )
+            sent = machine.publish(
+                outbound(message, delivery, self.cut, retained=retained, qos=qos, wire=wire)
+            )
         else:
             # A slow reader's QoS 0 backlog is bounded: past the outbox size it is dropped and
             # counted, so it never grows the server's memory or slows the publisher.

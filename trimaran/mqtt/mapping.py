@@ -6,7 +6,7 @@ from typing import Any
 
 from trimaran.broker.message import PROTOCOL_MQTT, Message, now_ms
 from trimaran.broker.router import Delivery
-from trimaran.mqtt.codec import NO_PROPERTIES, encode
+from trimaran.mqtt.codec import NO_PROPERTIES, around_packet_id, encode
 from trimaran.mqtt.packets import MQTT_5, Publish, Will
 from trimaran.mqtt.properties import Properties
 from trimaran.mqtt.session import OutboundMessage
@@ -55,21 +55,6 @@ def publish_properties(message: Message, subscription_ids: tuple[int, ...] = ())
     )
 
 
-def _delivered_properties(message: Message, subscription_ids: tuple[int, ...]) -> Properties:
-    """Like ``publish_properties``, but the shared empty instance for a message that has none (most
-    do): the connection copies properties before it changes them."""
-    if (
-        subscription_ids
-        or message.user_properties
-        or message.content_type is not None
-        or message.response_topic is not None
-        or message.correlation_data is not None
-        or message.payload_format is not None
-    ):
-        return publish_properties(message, subscription_ids)
-    return NO_PROPERTIES
-
-
 SHARE_TAG = "share:"  # OutboundMessage.tag of a $share delivery: "share:<group>\x00<filter>"
 
 
@@ -107,44 +92,82 @@ def delivered_retain(message: Message, delivery: Delivery[Any], retained: bool) 
 
 
 def outbound(
-    message: Message, delivery: Delivery[Any], cut: int = 0, *, retained: bool = False
+    message: Message,
+    delivery: Delivery[Any],
+    cut: int = 0,
+    *,
+    retained: bool = False,
+    qos: int | None = None,
+    wire: tuple[bytes, bytes] | None = None,
 ) -> OutboundMessage:
     """The message as this subscriber gets it: its own topic (the key without its vhost prefix,
-    ``cut`` characters), QoS capped by its subscription, the retain flag as `delivered_retain` says,
-    its subscription identifiers."""
+    ``cut`` characters), QoS capped by its subscription (``qos`` when the caller has it), the retain
+    flag as `delivered_retain` says, its subscription identifiers; ``wire``: its bytes for this
+    subscriber's connection (`FanOutEncoder.publish_around_id`)."""
     # Positional, and the one-line helpers written out: this runs once per QoS 1/2 delivery.
+    ids = delivery.subscription_identifiers
+    if (
+        ids
+        or message.user_properties
+        or message.content_type is not None
+        or message.response_topic is not None
+        or message.correlation_data is not None
+        or message.payload_format is not None
+    ):
+        props = publish_properties(message, ids)
+    else:
+        props = NO_PROPERTIES  # most messages: the connection copies it before any change
     return OutboundMessage(
         message.topic[cut:],
         message.payload,
-        min(message.qos, delivery.qos),
+        min(message.qos, delivery.qos) if qos is None else qos,
         message.retain and (retained or delivery.retain_as_published),  # delivered_retain
-        _delivered_properties(message, delivery.subscription_identifiers),
+        props,
         None if delivery.share_group is None else share_tag(delivery),
         None if message.expires_at_ms is None else message.expires_at_ms / 1000,
+        False,
+        wire,
     )
 
 
 class FanOutEncoder:
-    """QoS 0 PUBLISH bytes of the message being fanned out, encoded once per protocol level, retain
+    """PUBLISH bytes of the message being fanned out, encoded once per protocol family, QoS, retain
     flag and (5.0) subscription identifiers, and shared by every subscriber for which those are the
-    same (DESIGN.md: encode a fan-out message once). Only for messages without an expiry, whose
-    bytes do not depend on when they are sent; the last message is kept until the next one."""
+    same (DESIGN.md: encode a fan-out message once); at QoS 1/2 cut around the packet identifier,
+    which each subscriber's connection puts in. Only for messages without an expiry, whose bytes do
+    not depend on when they are sent; the last message is kept until the next one."""
 
-    __slots__ = ("_encoded", "_message", "_wire", "_wire_v5")
+    __slots__ = ("_around", "_encoded", "_message", "_wire", "_wire_v5")
 
     def __init__(self) -> None:
         self._message: Message | None = None
         self._encoded: dict[tuple[int, bool, tuple[int, ...]], bytes] = {}
+        # (5.0?, QoS, retain, subscription identifiers) -> the bytes before and after the id
+        self._around: dict[tuple[bool, int, bool, tuple[int, ...]], tuple[bytes, bytes]] = {}
         self._wire: bytes | None = None
         self._wire_v5 = False
 
-    def received(self, message: Message, wire: bytes, level: int) -> None:
-        """``message`` came in as ``wire`` (a QoS 0 PUBLISH without retain or properties, at
-        ``level``): subscribers of the same family get those bytes as they are."""
+    def _start(self, message: Message) -> None:
         self._message = message
         self._encoded = {}
-        self._wire = wire
-        self._wire_v5 = level == MQTT_5
+        self._around = {}
+        self._wire = None
+
+    def received(self, message: Message, wire: bytes, level: int) -> None:
+        """``message`` came in as ``wire`` (a PUBLISH without retain, DUP or properties, at
+        ``level``): subscribers of the same family and QoS get those bytes as they are (at QoS 1/2
+        with their own packet id)."""
+        self._message = message  # _start() written out: once per message
+        self._encoded = {}
+        self._around = {}
+        v5 = level == MQTT_5
+        qos = (wire[0] >> 1) & 0x03
+        if qos:
+            self._wire = None
+            self._around[(v5, qos, False, ())] = around_packet_id(wire)
+        else:
+            self._wire = wire
+            self._wire_v5 = v5
 
     def qos0_publish(
         self, message: Message, level: int, retain: bool, subscription_ids: tuple[int, ...], cut: int = 0
@@ -152,9 +175,7 @@ class FanOutEncoder:
         """The PUBLISH bytes; ``cut``: the length of the vhost prefix the subscribers' topic loses
         (the same for every subscriber of one message: they share its vhost)."""
         if message is not self._message:
-            self._message = message
-            self._encoded = {}
-            self._wire = None
+            self._start(message)
         elif (
             self._wire is not None
             and not retain
@@ -171,3 +192,26 @@ class FanOutEncoder:
             publish = Publish(message.topic[cut:], message.payload, 0, retain, False, None, props)
             data = self._encoded[key] = encode(publish, level)
         return data
+
+    def publish_around_id(
+        self,
+        message: Message,
+        level: int,
+        qos: int,
+        retain: bool,
+        subscription_ids: tuple[int, ...],
+        cut: int = 0,
+    ) -> tuple[bytes, bytes]:
+        """A QoS 1/2 PUBLISH's bytes cut around its packet identifier (``OutboundMessage.wire``)."""
+        if message is not self._message:
+            self._start(message)
+        v5 = level == MQTT_5
+        if not v5:
+            subscription_ids = ()  # properties exist only in 5.0
+        key = (v5, qos, retain, subscription_ids)
+        around = self._around.get(key)
+        if around is None:
+            props = publish_properties(message, subscription_ids)
+            publish = Publish(message.topic[cut:], message.payload, qos, retain, False, 1, props)
+            around = self._around[key] = around_packet_id(encode(publish, level))
+        return around

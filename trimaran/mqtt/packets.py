@@ -78,7 +78,8 @@ class Publish:
     packet_id: int | None = None  # present iff qos > 0
     properties: Properties = field(default_factory=Properties)
     # The packet as received, when those very bytes are what a subscriber of the same protocol
-    # family gets (QoS 0, no retain, no properties): fan-in then forwards them without encoding.
+    # family and QoS gets (no retain, no DUP, no properties; at QoS 1/2 with its own packet id):
+    # fan-in then forwards them without encoding.
     wire: bytes | None = field(default=None, compare=False, repr=False)
 
 

@@ -69,6 +69,13 @@ class OutboundMessage:
     # PUBLISH carries DUP, MQTT's only redelivery flag (3.1.1 has no user properties), as RabbitMQ's
     # MQTT plugin sets DUP from the queue's redelivered flag.
     redelivered: bool = False
+    # The PUBLISH as this connection's level encodes it with this QoS, retain flag and properties,
+    # cut around its packet identifier (shared by every subscriber it fits: the fan-out's bytes,
+    # encoded once); the connection puts the id between the two. Only for a message without an
+    # expiry, handed to `ServerConnection.publish`, which uses it for a send at once and forgets it
+    # (a queued message may go out on the session's next connection, of another level); never
+    # stored, never compared.
+    wire: tuple[bytes, bytes] | None = field(default=None, compare=False, repr=False)
 
 
 def weight(message: OutboundMessage) -> int:
@@ -254,9 +261,15 @@ class Session:
     def start_inflight(self, message: OutboundMessage) -> InflightEntry:
         """Give a QoS 1/2 message a packet id in the inflight window (the caller checked for room
         and for an empty queue, which goes first)."""
-        pid = self.allocate_packet_id()
+        inflight = self.inflight
+        if len(inflight) >= 0xFFFF:
+            raise RuntimeError("all 65535 packet identifiers are in use")
+        pid = self._next_packet_id  # allocate_packet_id() written out: once per delivery
+        while pid in inflight:
+            pid = pid % 0xFFFF + 1
+        self._next_packet_id = pid % 0xFFFF + 1
         entry = InflightEntry(pid, message, AWAITING_PUBACK if message.qos == 1 else AWAITING_PUBREC)
-        self.inflight[pid] = entry
+        inflight[pid] = entry
         return entry
 
     def on_puback(self, packet_id: int) -> InflightEntry | None:
