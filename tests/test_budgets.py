@@ -63,27 +63,27 @@ PATHS = [
     Path_(
         "mqtt qos0 fan-in 4->1",
         _mqtt(publishers=4, subscribers=1, qos=0, topic="bench/t", batch=50),
-        Budget(loop=(21.0, 12.5)),
+        Budget(loop=(20.0, 10.5)),
     ),
     Path_(
         "mqtt qos0 fan-out 1->4",
         _mqtt(publishers=1, subscribers=4, qos=0, topic="bench/t", batch=50),
-        Budget(loop=(31.0, 19.0)),
+        Budget(loop=(30.0, 17.0)),
     ),
     Path_(
         "mqtt qos1 fan-in 4->1",
         _mqtt(publishers=4, subscribers=1, qos=1, topic="bench/t", batch=50),
-        Budget(loop=(31.5, 28.0)),
+        Budget(loop=(30.5, 26.0)),
     ),
     Path_(
         "mqtt qos1 fan-out 1->4",
         _mqtt(publishers=1, subscribers=4, qos=1, topic="bench/t", batch=50),
-        Budget(loop=(67.5, 65.0)),
+        Budget(loop=(66.5, 63.0)),
     ),
     Path_(
         "mqtt $queue/ qos1",
         _mqtt(publishers=1, subscribers=1, qos=1, topic="$queue/budget", batch=100),
-        Budget(loop=(116.5, 151.5), others=(4.5, 2.0)),
+        Budget(loop=(115.5, 150.5), others=(4.5, 2.0)),
     ),
     Path_(
         "amqp091 transient",

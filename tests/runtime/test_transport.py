@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -61,6 +62,28 @@ async def test_writes_are_batched_per_read_and_per_loop_iteration() -> None:
     assert writes == [b"A\nB\n"]
     await settle()
     assert writes == [b"A\nB\n", b"X\nY\n"]
+
+
+async def test_a_read_leaves_nothing_for_the_next_turn_of_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read's writes leave at its end, so it schedules no flush: a lone message at a low rate is
+    written in the turn it arrived and costs no extra wake-up. A wake outside a read still does."""
+    hulls = Hulls()
+    wire = Wire(Runner(), hulls)
+    await settle()
+    scheduled: list[object] = []
+    loop = asyncio.get_running_loop()
+    original = loop.call_soon
+    monkeypatch.setattr(
+        loop, "call_soon", lambda cb, *args, **kw: scheduled.append(cb) or original(cb, *args, **kw)
+    )
+    wire.conn.data_received(b"a\n")
+    assert wire.transport.take() == b"A\n"
+    assert scheduled == []
+    hulls.made[0].machine.out.append(b"X\n")
+    wire.conn.wake()
+    assert len(scheduled) == 1
+    await settle()
+    assert wire.transport.take() == b"X\n"
 
 
 async def test_a_bug_in_the_hull_closes_only_its_connection(caplog: pytest.LogCaptureFixture) -> None:

@@ -717,17 +717,17 @@ class MqttFrontEnd:
             publish.topic != principal.last_write or principal.last_write_generation != security.generation
         ):
             topic = publish.topic
-            if security.rules is not None or is_guarded(topic):
+            if security.rules is not None or (topic[0] == "$" and is_guarded(topic)):
                 access, target = publish_access(topic)
                 if not security.authorize(principal, access, target):
                     self._publish_refused(conn, publish.packet_id if publish.qos else None)
                     return
             principal.last_write = topic
             principal.last_write_generation = security.generation
-        message = message_from_publish(publish, endpoint.client_id, None, endpoint.vhost_prefix)
+        message = message_from_publish(publish, endpoint.client_id, conn.io.read_at_ms, endpoint.vhost_prefix)
         if publish.wire is not None:
             self.fan_out.received(message, publish.wire, endpoint.protocol_level)
-        if publish.topic.startswith("$queue/"):
+        if publish.topic[0] == "$" and publish.topic.startswith("$queue/"):  # (never empty)
             if self.queues is not None:
                 self.queues.publish(conn, message, publish.packet_id if publish.qos else None)
                 return

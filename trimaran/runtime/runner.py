@@ -56,6 +56,9 @@ class Runner:
         self._buckets: dict[str, _Bucket] = {}
         self._dirty: list[Conn] = []
         self._flush_scheduled = False
+        # A read is being acted on (Conn.data_received), which ends with flush_now: what it makes
+        # dirty needs no flush scheduled, and a lone message costs no extra turn of the loop.
+        self.reading = False
         self._heap: list[tuple[float, int, Conn]] = []
         self._heap_dead = 0  # entries of connections closed since the heap was last compacted
         self._timer: asyncio.TimerHandle | None = None
@@ -275,7 +278,7 @@ class Runner:
             return
         conn.dirty = True
         self._dirty.append(conn)
-        if not self._flush_scheduled:
+        if not self._flush_scheduled and not self.reading:
             self._flush_scheduled = True
             loop = self._loop or asyncio.get_running_loop()
             loop.call_soon(self._scheduled_flush)

@@ -32,6 +32,7 @@ from trimaran.tenant_limits import Rate
 from trimaran.vhosts import DEFAULT_VHOST
 
 log = logging.getLogger(__name__)
+_time_ns = time.time_ns
 
 # Reading while closing: at most this long after the machine closed, then the socket goes.
 LINGER_S = 2.0
@@ -86,6 +87,7 @@ class Runner(Protocol):
     traffic: Traffic
     memory: Memory
     current: Conn | None  # the connection whose events are being acted on
+    reading: bool  # a read is being acted on: flush_now follows it, no flush need be scheduled
 
     def admit(self, conn: Conn) -> str | None: ...
 
@@ -151,6 +153,7 @@ class Conn(asyncio.Protocol):
         "peer_host",
         "publisher",
         "rate",
+        "read_at_ms",
         "runner",
         "scheduled",
         "state",
@@ -178,6 +181,9 @@ class Conn(asyncio.Protocol):
         # broker's totals: a tenant's $SYS figures are summed from them (broker/tenants.py).
         self.messages_in = 0
         self.messages_out = 0
+        # Wall-clock epoch ms of the last read: when the messages it carried arrived (a hull's
+        # message creation time, without a clock call per message).
+        self.read_at_ms = _time_ns() // 1_000_000
         self.write_buffered = 0  # the transport's write buffer at the last look (memory accounting)
         # Who the hull let in, and into which vhost (set at login; runtime limits key on them).
         self.vhost = DEFAULT_VHOST
@@ -241,17 +247,21 @@ class Conn(asyncio.Protocol):
         if self.hull is None:
             self._open_hull(data)
             return
+        runner = self.runner
+        self.read_at_ms = _time_ns() // 1_000_000
+        runner.reading = True
         try:
             self.hull.machine.receive_data(data, time.monotonic())
+            self.pump()
+            if self.rate is not None:
+                self._charge(0, len(data))
         except Exception as exc:
             self.crash(exc)
-            return
-        self.pump()
-        if self.rate is not None:
-            self._charge(0, len(data))
-        # What this read caused (its replies, its deliveries) is written now rather than after one
-        # more turn of the loop: a read is a batch already, and the extra turn cost latency.
-        self.runner.flush_now()
+        finally:
+            # What this read caused (its replies, its deliveries) is written now rather than after
+            # one more turn of the loop: a read is a batch already, and the extra turn cost latency.
+            runner.reading = False
+            runner.flush_now()
 
     def eof_received(self) -> bool:
         self._peer_eof = True
