@@ -73,17 +73,17 @@ PATHS = [
     Path_(
         "mqtt qos1 fan-in 4->1",
         _mqtt(publishers=4, subscribers=1, qos=1, topic="bench/t", batch=50),
-        Budget(loop=(30.5, 26.0)),
+        Budget(loop=(27.5, 23.0)),
     ),
     Path_(
         "mqtt qos1 fan-out 1->4",
         _mqtt(publishers=1, subscribers=4, qos=1, topic="bench/t", batch=50),
-        Budget(loop=(66.5, 63.0)),
+        Budget(loop=(54.0, 50.5)),
     ),
     Path_(
         "mqtt $queue/ qos1",
         _mqtt(publishers=1, subscribers=1, qos=1, topic="$queue/budget", batch=100),
-        Budget(loop=(115.5, 150.5), others=(4.5, 2.0)),
+        Budget(loop=(112.5, 147.5), others=(4.5, 2.0)),
     ),
     Path_(
         "amqp091 transient",

@@ -216,19 +216,23 @@ def test_plain_publish_refuses_what_encode_refuses() -> None:
         encode_plain_publish("t", b"", 1, False, False, None, 4)
 
 
-def test_a_plain_puback_is_read_without_a_packet_object() -> None:
+def test_a_run_of_plain_pubacks_is_read_without_packet_objects() -> None:
     decoder = Decoder(protocol_level=5)
     decoder.feed(bytes((0x40, 2, 1, 2)) + bytes((0x40, 2, 0, 7)) + bytes((0x40, 3, 0, 8, 0x80)))
-    assert decoder.next_puback() == 0x0102
-    assert decoder.next_puback() == 7
-    assert decoder.next_puback() == 0  # a reason code: left to next_packet
+    assert decoder.next_pubacks() == [0x0102, 7]
+    assert decoder.next_pubacks() == []  # a reason code: left to next_packet
     assert decoder.next_packet() == PubAck(8, 0x80)
+    assert decoder.buffered == 0
+    decoder.feed(bytes((0x40, 2, 0, 9, 0x40)))
+    assert decoder.next_pubacks() == [9]  # a run ends where the buffer does
+    decoder.feed(bytes((2, 0, 10)))
+    assert decoder.next_pubacks() == [10]
     assert decoder.buffered == 0
 
 
-def test_what_next_puback_leaves_is_decoded_as_before() -> None:
+def test_what_next_pubacks_leaves_is_decoded_as_before() -> None:
     for data in (bytes((0x40, 2, 0)), bytes((0x40, 2, 0, 0)), bytes((0x50, 2, 0, 1))):
         decoder = Decoder(protocol_level=5)
         decoder.feed(data)
-        assert decoder.next_puback() == 0
+        assert decoder.next_pubacks() == []
         assert decoder.buffered == len(data)

@@ -16,6 +16,7 @@ from trimaran.mqtt.session import (
     AWAITING_PUBACK,
     AWAITING_PUBCOMP,
     AWAITING_PUBREC,
+    Backlog,
     OutboundMessage,
     Session,
     Subscription,
@@ -187,3 +188,17 @@ def test_qos2_ack_after_connection_loss_is_remembered() -> None:
     client2 = Client(server2)
     client2.received()
     assert client2.send(Publish("x", b"", 2, dup=True, packet_id=4)) == []
+
+
+@given(st.lists(st.sampled_from(["append", "popleft", "clear"]), max_size=300))
+def test_a_backlogs_list_is_empty_exactly_when_the_backlog_is(steps: list[str]) -> None:
+    """The connection looks at ``Backlog.items`` for "anything waiting?" without a call."""
+    backlog = Backlog()
+    for step in steps:
+        if step == "append":
+            backlog.append(OutboundMessage("t", b"p", 1))
+        elif step == "popleft" and len(backlog):
+            backlog.popleft()
+        elif step == "clear":
+            backlog.clear()
+        assert (not backlog.items) == (len(backlog) == 0)

@@ -637,27 +637,35 @@ class Decoder:
         """Number of bytes received but not yet decoded."""
         return len(self._buf) - self._pos
 
-    def next_puback(self) -> int:
-        """The packet identifier of a plain PUBACK (success, no properties: the four bytes
-        ``40 02 id id``, the same at every level) at the head of the buffer, consumed: a subscriber
-        acknowledging QoS 1 sends little else, and no packet object is needed for it. 0 when the
-        next packet is anything else; it is left to :meth:`next_packet`."""
+    def next_pubacks(self) -> list[int]:
+        """The packet identifiers of the run of plain PUBACKs (success, no properties: the four
+        bytes ``40 02 id id``, the same at every level) at the head of the buffer, consumed: a
+        subscriber acknowledging QoS 1 sends little else, and neither a packet object nor a call is
+        needed for each. Empty when the next packet is anything else; it is left to
+        :meth:`next_packet`."""
+        ids: list[int] = []
+        if self._failed is not None:
+            return ids
         buf = self._buf
         pos = self._pos
-        if len(buf) - pos < 4 or buf[pos] != 0x40 or buf[pos + 1] != 2 or self._failed is not None:
-            return 0
-        packet_id = buf[pos + 2] << 8 | buf[pos + 3]
-        if not packet_id:
-            return 0  # malformed: next_packet says so
-        if pos + 4 == len(buf):
+        size = len(buf)
+        while size - pos >= 4 and buf[pos] == 0x40 and buf[pos + 1] == 2:
+            packet_id = buf[pos + 2] << 8 | buf[pos + 3]
+            if not packet_id:
+                break  # malformed: next_packet says so
+            ids.append(packet_id)
+            pos += 4
+        if not ids:
+            return ids
+        if pos == size:
             if self._mv is not None:
                 self._mv.release()
                 self._mv = None
             buf.clear()
             self._pos = 0
         else:
-            self._pos = pos + 4
-        return packet_id
+            self._pos = pos
+        return ids
 
     def next_packet(self) -> Packet | Literal[NeedData.NEED_DATA]:
         if self._failed is not None:

@@ -72,6 +72,7 @@ from trimaran.mqtt.packets import (
 from trimaran.mqtt.properties import Properties
 from trimaran.mqtt.reason_codes import ReasonCode
 from trimaran.mqtt.session import (
+    AWAITING_PUBACK,
     AWAITING_PUBCOMP,
     InflightEntry,
     OutboundMessage,
@@ -436,7 +437,7 @@ class ServerConnection:
             return False
         session = self.session
         if self.state == State.CONNECTED and len(session.inflight) < self.client_receive_maximum:
-            if not session.queue:
+            if not session.queue.items:
                 # Room in the window and nothing waiting before it: straight to inflight
                 # (_send_inflight written out for a new entry).
                 entry = session.start_inflight(message)
@@ -581,9 +582,9 @@ class ServerConnection:
         if (
             self.state == State.CONNECTED
             and self.session.inflight  # type: ignore[union-attr]
-            and (packet_id := decoder.next_puback())
+            and (packet_ids := decoder.next_pubacks())
         ):
-            self._plain_pubacks(packet_id, events)
+            self._plain_pubacks(packet_ids, events)
             return True
         try:
             packet = decoder.next_packet()
@@ -840,27 +841,27 @@ class ServerConnection:
             if session.queue:
                 self._pump(events)
 
-    def _plain_pubacks(self, packet_id: int, events: Events) -> None:
-        """The plain PUBACKs at the head of the buffer, ``packet_id`` the first: one MessagesAcked for
-        the deliveries they finish (no packet object, no event per PUBACK), then the session's queue
-        moves into the window they freed."""
+    def _plain_pubacks(self, packet_ids: list[int], events: Events) -> None:
+        """A run of plain PUBACKs at the head of the buffer: one MessagesAcked for the deliveries
+        they finish (no packet object, no event per PUBACK), then the session's queue moves into
+        the window they freed."""
         session = self.session
         assert session is not None
-        decoder = self._decoder
         report = self.report_plain_acks
         finished: list[OutboundMessage] | None = None
-        count = 0
-        while packet_id:
-            count += 1
-            entry = session.on_puback(packet_id)
-            if entry is not None and (report or entry.message.tag is not None):
+        inflight = session.inflight
+        for packet_id in packet_ids:
+            entry = inflight.get(packet_id)  # session.on_puback() written out: once per delivery
+            if entry is None or entry.state != AWAITING_PUBACK:
+                continue
+            del inflight[packet_id]
+            if report or entry.message.tag is not None:
                 if finished is None:
                     finished = []
                     events.append(MessagesAcked(finished))
                 finished.append(entry.message)
-            packet_id = decoder.next_puback()
-        self.stats.packets_received += count
-        if session.queue:
+        self.stats.packets_received += len(packet_ids)
+        if session.queue.items:
             self._pump(events)
 
     def _acked(self, entry: InflightEntry, reason_code: int, events: Events) -> None:
@@ -1091,13 +1092,14 @@ class ServerConnection:
                 publish.properties = props
                 alias = 0
                 data = encode(publish, level)
-        if len(data) > self.client_max_packet_size:
+        size = len(data)
+        if size > self.client_max_packet_size:
             self.stats.dropped_too_large += 1
             return "larger than the client's maximum packet size"
         if alias and new_alias:
             self._commit_alias(message.topic, alias)
         self._out.append(data)
-        self.pending_out += len(data)
+        self.pending_out += size
         self.stats.packets_sent += 1
         return None
 

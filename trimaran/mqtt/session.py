@@ -90,12 +90,14 @@ class Backlog:
     A list read from a head index, compacted as it is consumed: an idle session's empty backlog is a
     small object, where a deque would be 600 bytes per session."""
 
-    __slots__ = ("_head", "_items", "bytes", "first_seq")
+    __slots__ = ("_head", "bytes", "first_seq", "items")
 
     def __init__(self, items: Iterable[OutboundMessage] = (), first_seq: int = 0) -> None:
-        self._items: list[OutboundMessage] = list(items)
+        # The messages, read from _head on; a list consumed to its end is cleared, so it is empty
+        # exactly when the backlog is (a connection's per-delivery look, without __len__).
+        self.items: list[OutboundMessage] = list(items)
         self._head = 0
-        self.bytes = sum(map(weight, self._items))  # payloads and topics queued
+        self.bytes = sum(map(weight, self.items))  # payloads and topics queued
         # Each message has a sequence number: first_seq for the head, then one more each. Storage
         # writes a message once, by its number, and deletes the numbers below first_seq.
         self.first_seq = first_seq
@@ -103,16 +105,16 @@ class Backlog:
     @property
     def next_seq(self) -> int:
         """The number the next appended message gets."""
-        return self.first_seq + len(self._items) - self._head
+        return self.first_seq + len(self.items) - self._head
 
     def since(self, seq: int) -> list[tuple[int, OutboundMessage]]:
         """The messages numbered ``seq`` and after, with their numbers."""
         start = max(seq, self.first_seq)
         skip = self._head + start - self.first_seq
-        return list(enumerate(itertools.islice(self._items, skip, None), start))
+        return list(enumerate(itertools.islice(self.items, skip, None), start))
 
     def append(self, message: OutboundMessage) -> None:
-        self._items.append(message)
+        self.items.append(message)
         self.bytes += len(message.payload) + len(message.topic)  # weight()
 
     def extend(self, messages: Iterable[OutboundMessage]) -> None:
@@ -120,7 +122,7 @@ class Backlog:
             self.append(message)
 
     def popleft(self) -> OutboundMessage:
-        items, head = self._items, self._head
+        items, head = self.items, self._head
         if head >= len(items):
             raise IndexError("pop from an empty backlog")
         message = items[head]
@@ -138,15 +140,15 @@ class Backlog:
 
     def clear(self) -> None:
         self.first_seq = self.next_seq  # the numbers are never reused: the cleared rows go
-        self._items.clear()
+        self.items.clear()
         self._head = 0
         self.bytes = 0
 
     def __len__(self) -> int:
-        return len(self._items) - self._head
+        return len(self.items) - self._head
 
     def __iter__(self) -> Iterator[OutboundMessage]:
-        return itertools.islice(self._items, self._head, None)
+        return itertools.islice(self.items, self._head, None)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Backlog) and list(self) == list(other)
