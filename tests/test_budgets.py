@@ -63,27 +63,27 @@ PATHS = [
     Path_(
         "mqtt qos0 fan-in 4->1",
         _mqtt(publishers=4, subscribers=1, qos=0, topic="bench/t", batch=50),
-        Budget(loop=(20.0, 10.5)),
+        Budget(loop=(18.0, 9.5)),
     ),
     Path_(
         "mqtt qos0 fan-out 1->4",
         _mqtt(publishers=1, subscribers=4, qos=0, topic="bench/t", batch=50),
-        Budget(loop=(30.0, 17.0)),
+        Budget(loop=(28.0, 16.0)),
     ),
     Path_(
         "mqtt qos1 fan-in 4->1",
         _mqtt(publishers=4, subscribers=1, qos=1, topic="bench/t", batch=50),
-        Budget(loop=(27.5, 23.0)),
+        Budget(loop=(25.5, 21.0)),
     ),
     Path_(
         "mqtt qos1 fan-out 1->4",
         _mqtt(publishers=1, subscribers=4, qos=1, topic="bench/t", batch=50),
-        Budget(loop=(54.0, 50.5)),
+        Budget(loop=(52.0, 49.0)),
     ),
     Path_(
         "mqtt $queue/ qos1",
         _mqtt(publishers=1, subscribers=1, qos=1, topic="$queue/budget", batch=100),
-        Budget(loop=(112.5, 147.5), others=(4.5, 2.0)),
+        Budget(loop=(110.5, 145.5), others=(4.5, 2.0)),
     ),
     Path_(
         "amqp091 transient",

@@ -399,12 +399,24 @@ def _decode_publish(flags: int, mv: memoryview, pos: int, end: int, level: int) 
     dup = bool(flags & 0x08)
     if dup and not qos:
         raise _malformed("DUP flag set on a QoS 0 PUBLISH")
-    topic, pos = _read_str(mv, pos, end)
+    # _read_str() written out: once per message.
+    if pos + 2 > end:
+        raise _malformed("truncated string length")
+    stop = pos + 2 + (mv[pos] << 8 | mv[pos + 1])
+    if stop > end:
+        raise _malformed("string runs past the end of the packet")
+    try:
+        topic = str(mv[pos + 2 : stop], "utf-8")
+    except UnicodeDecodeError:
+        raise _malformed("string is not well-formed UTF-8") from None
+    if "\x00" in topic:
+        raise _malformed("string contains U+0000")
+    pos = stop
     packet_id = None
     if qos:
         if pos + 2 > end:
             raise _malformed("truncated two byte integer")
-        packet_id = _u16_from(mv, pos)[0]
+        packet_id = mv[pos] << 8 | mv[pos + 1]
         pos += 2
         if not packet_id:
             raise _malformed("packet identifier 0")

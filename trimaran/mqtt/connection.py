@@ -309,8 +309,38 @@ class ServerConnection:
             if at:
                 ready.clear()
                 at = 0
-            while not ready and self.state in _READING and self._step(ready):
-                pass
+            decoder = self._decoder
+            # Decode and act on one packet at a time until one makes an event; stop when no whole
+            # packet is buffered or one failed. Written out here: this runs once per packet.
+            while not ready and self.state in _READING:
+                # Only a connection with deliveries in flight expects PUBACKs (a publisher's reads
+                # skip the look); a stray one is read by next_packet and ignored the same way.
+                if (
+                    self.state == State.CONNECTED
+                    and self.session.inflight  # type: ignore[union-attr]
+                    and (packet_ids := decoder.next_pubacks())
+                ):
+                    self._plain_pubacks(packet_ids, ready)
+                    continue
+                try:
+                    packet = decoder.next_packet()
+                except ProtocolError as exc:
+                    self._fail(ready, exc.reason_code, exc.message)
+                    break
+                if packet is NEED_DATA:
+                    break
+                self.stats.packets_received += 1
+                try:
+                    if type(packet) is Publish:  # most packets: one dispatch shorter
+                        self._on_publish(packet, ready)  # the decoder refuses one before CONNECT
+                    elif self.state == State.AWAIT_CONNECT:
+                        assert isinstance(packet, Connect)  # the decoder refuses anything else first
+                        self._on_connect(packet, ready)
+                    else:
+                        self._on_packet(packet, ready)
+                except _Fail as exc:
+                    self._fail(ready, exc.reason_code, exc.message)
+                    break
             if not ready:
                 self._ready_at = 0
                 return None
@@ -573,39 +603,6 @@ class ServerConnection:
         events.append(ConnectionClosed(reason_code, reason_string or "closed by server", False, True))
 
     # ------------------------------------------------------------------------------------ receive
-
-    def _step(self, events: Events) -> bool:
-        """Decode and act on one packet; False when no whole packet is buffered or it failed."""
-        decoder = self._decoder
-        # Only a connection with deliveries in flight expects PUBACKs (a publisher's reads skip the
-        # look); a stray one is read by next_packet and ignored the same way.
-        if (
-            self.state == State.CONNECTED
-            and self.session.inflight  # type: ignore[union-attr]
-            and (packet_ids := decoder.next_pubacks())
-        ):
-            self._plain_pubacks(packet_ids, events)
-            return True
-        try:
-            packet = decoder.next_packet()
-        except ProtocolError as exc:
-            self._fail(events, exc.reason_code, exc.message)
-            return False
-        if packet is NEED_DATA:
-            return False
-        self.stats.packets_received += 1
-        try:
-            if type(packet) is Publish:  # most packets: one dispatch shorter
-                self._on_publish(packet, events)  # the decoder refuses one before CONNECT
-            elif self.state == State.AWAIT_CONNECT:
-                assert isinstance(packet, Connect)  # the decoder refuses anything else first
-                self._on_connect(packet, events)
-            else:
-                self._on_packet(packet, events)
-        except _Fail as exc:
-            self._fail(events, exc.reason_code, exc.message)
-            return False
-        return True
 
     def _on_packet(self, packet: Packet, events: Events) -> None:
         if isinstance(packet, Publish):
