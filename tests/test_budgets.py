@@ -63,12 +63,12 @@ PATHS = [
     Path_(
         "mqtt qos0 fan-in 4->1",
         _mqtt(publishers=4, subscribers=1, qos=0, topic="bench/t", batch=50),
-        Budget(loop=(18.0, 9.5)),
+        Budget(loop=(17.0, 9.5)),
     ),
     Path_(
         "mqtt qos0 fan-out 1->4",
         _mqtt(publishers=1, subscribers=4, qos=0, topic="bench/t", batch=50),
-        Budget(loop=(28.0, 16.0)),
+        Budget(loop=(27.0, 16.0)),
     ),
     Path_(
         "mqtt qos1 fan-in 4->1",
@@ -83,7 +83,7 @@ PATHS = [
     Path_(
         "mqtt $queue/ qos1",
         _mqtt(publishers=1, subscribers=1, qos=1, topic="$queue/budget", batch=100),
-        Budget(loop=(110.5, 145.5), others=(4.5, 2.0)),
+        Budget(loop=(108.5, 145.5), others=(4.5, 2.0)),
     ),
     Path_(
         "amqp091 transient",

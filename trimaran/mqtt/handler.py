@@ -55,6 +55,7 @@ from trimaran.mqtt.mapping import (
     message_from_publish,
     outbound,
 )
+from trimaran.mqtt.packets import MQTT_5
 from trimaran.mqtt.queues import MqttQueues, is_queue_filter
 from trimaran.mqtt.reason_codes import ReasonCode
 from trimaran.mqtt.session import AWAITING_PUBCOMP, OutboundMessage, Session, Subscription, queued_to_json
@@ -725,8 +726,11 @@ class MqttFrontEnd:
             principal.last_write = topic
             principal.last_write_generation = security.generation
         message = message_from_publish(publish, endpoint.client_id, conn.io.read_at_ms, endpoint.vhost_prefix)
-        if publish.wire is not None:
-            self.fan_out.received(message, publish.wire, endpoint.protocol_level)
+        if publish.wire is not None:  # fan_out.received() written out: once per message
+            fan_out = self.fan_out
+            fan_out.arrived = message
+            fan_out.arrived_wire = publish.wire
+            fan_out.arrived_v5 = endpoint.protocol_level == MQTT_5
         if publish.topic[0] == "$" and publish.topic.startswith("$queue/"):  # (never empty)
             if self.queues is not None:
                 self.queues.publish(conn, message, publish.packet_id if publish.qos else None)

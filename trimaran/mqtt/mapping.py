@@ -137,52 +137,60 @@ class FanOutEncoder:
     which each subscriber's connection puts in. Only for messages without an expiry, whose bytes do
     not depend on when they are sent; the last message is kept until the next one."""
 
-    __slots__ = ("_around", "_encoded", "_message", "_wire", "_wire_v5")
+    __slots__ = (
+        "_around",
+        "_encoded",
+        "_message",
+        "arrived",
+        "arrived_v5",
+        "arrived_wire",
+    )
 
     def __init__(self) -> None:
         self._message: Message | None = None
         self._encoded: dict[tuple[int, bool, tuple[int, ...]], bytes] = {}
         # (5.0?, QoS, retain, subscription identifiers) -> the bytes before and after the id
         self._around: dict[tuple[bool, int, bool, tuple[int, ...]], tuple[bytes, bytes]] = {}
-        self._wire: bytes | None = None
-        self._wire_v5 = False
-
-    def _start(self, message: Message) -> None:
-        self._message = message
-        self._encoded = {}
-        self._around = {}
-        self._wire = None
+        # The message last read with bytes subscribers may get as they are (`received`; the
+        # handler writes the three fields itself, a call per message saved), read at its first
+        # delivery.
+        self.arrived: Message | None = None
+        self.arrived_wire = b""
+        self.arrived_v5 = False
 
     def received(self, message: Message, wire: bytes, level: int) -> None:
         """``message`` came in as ``wire`` (a PUBLISH without retain, DUP or properties, at
         ``level``): subscribers of the same family and QoS get those bytes as they are (at QoS 1/2
         with their own packet id)."""
-        self._message = message  # _start() written out: once per message
+        self.arrived = message
+        self.arrived_wire = wire
+        self.arrived_v5 = level == MQTT_5
+
+    def _start(self, message: Message) -> None:
+        self._message = message
         self._encoded = {}
         self._around = {}
-        v5 = level == MQTT_5
-        qos = (wire[0] >> 1) & 0x03
-        if qos:
-            self._wire = None
-            self._around[(v5, qos, False, ())] = around_packet_id(wire)
-        else:
-            self._wire = wire
-            self._wire_v5 = v5
+        if message is self.arrived:
+            wire = self.arrived_wire
+            qos = (wire[0] >> 1) & 0x03
+            if qos:
+                self._around[(self.arrived_v5, qos, False, ())] = around_packet_id(wire)
 
     def qos0_publish(
         self, message: Message, level: int, retain: bool, subscription_ids: tuple[int, ...], cut: int = 0
     ) -> bytes:
         """The PUBLISH bytes; ``cut``: the length of the vhost prefix the subscribers' topic loses
         (the same for every subscriber of one message: they share its vhost)."""
-        if message is not self._message:
-            self._start(message)
-        elif (
-            self._wire is not None
+        if (
+            message is self.arrived
             and not retain
-            and (level == MQTT_5) is self._wire_v5
+            and not self.arrived_wire[0] & 0x06  # it came at QoS 0
+            and (level == MQTT_5) is self.arrived_v5
             and not (subscription_ids and level == MQTT_5)
         ):
-            return self._wire  # 3.1 and 3.1.1 PUBLISHes are the same bytes
+            return self.arrived_wire  # 3.1 and 3.1.1 PUBLISHes are the same bytes
+        if message is not self._message:
+            self._start(message)
         if level != MQTT_5:
             subscription_ids = ()  # properties exist only in 5.0
         key = (level, retain, subscription_ids)
