@@ -173,6 +173,9 @@ def test_properties_are_dropped_below_level_5() -> None:
 def test_encode_refuses_what_cannot_be_sent() -> None:
     with pytest.raises(ValueError):
         encode(Publish("a\x00b"), 4)
+    for pair in [("k\x00", "v"), ("k", "\x00"), ("k" * 0x10000, "v"), ("k", "v" * 0x10000), ("\ud800", "v")]:
+        with pytest.raises(ValueError):
+            encode(Publish("t", properties=Properties(user_properties=[("a", "b"), pair])), 5)
     with pytest.raises(ValueError):
         encode(Publish("\ud800"), 4)
     with pytest.raises(ValueError):

@@ -298,9 +298,17 @@ def encode_properties(props: Properties, packet_type: int) -> bytes:
                 out.append(ident)
                 if dtype is DataType.VARINT:
                     out += encode_varint(item)
-                else:  # UTF8_PAIR
-                    out += _str(item[0])
-                    out += _str(item[1])
+                else:  # UTF8_PAIR: _str() written out, as a queue delivery carries several
+                    name = item[0].encode("utf-8")
+                    text = item[1].encode("utf-8")
+                    if len(name) > 0xFFFF or len(text) > 0xFFFF:
+                        raise ValueError("MQTT string longer than 65535 bytes")
+                    if b"\x00" in name or b"\x00" in text:
+                        raise ValueError("MQTT strings must not contain U+0000")
+                    out += _U16.pack(len(name))
+                    out += name
+                    out += _U16.pack(len(text))
+                    out += text
             continue
         out.append(ident)
         if dtype is DataType.BYTE:
