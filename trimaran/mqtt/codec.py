@@ -301,13 +301,15 @@ def encode_properties(props: Properties, packet_type: int) -> bytes:
                 else:  # UTF8_PAIR: _str() written out, as a queue delivery carries several
                     name = item[0].encode("utf-8")
                     text = item[1].encode("utf-8")
-                    if len(name) > 0xFFFF or len(text) > 0xFFFF:
+                    name_size = len(name)
+                    text_size = len(text)
+                    if name_size > 0xFFFF or text_size > 0xFFFF:
                         raise ValueError("MQTT string longer than 65535 bytes")
                     if b"\x00" in name or b"\x00" in text:
                         raise ValueError("MQTT strings must not contain U+0000")
-                    out += _U16.pack(len(name))
+                    out += _U16.pack(name_size)
                     out += name
-                    out += _U16.pack(len(text))
+                    out += _U16.pack(text_size)
                     out += text
             continue
         out.append(ident)

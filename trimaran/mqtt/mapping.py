@@ -211,8 +211,14 @@ class FanOutEncoder:
         cut: int = 0,
     ) -> tuple[bytes, bytes]:
         """A QoS 1/2 PUBLISH's bytes cut around its packet identifier (``OutboundMessage.wire``)."""
-        if message is not self._message:
-            self._start(message)
+        if message is not self._message:  # _start() written out: once per message
+            self._message = message
+            self._encoded = {}
+            self._around = {}
+            if message is self.arrived:
+                wire = self.arrived_wire
+                if wire[0] & 0x06:
+                    self._around[(self.arrived_v5, (wire[0] >> 1) & 0x03, False, ())] = around_packet_id(wire)
         v5 = level == MQTT_5
         if not v5:
             subscription_ids = ()  # properties exist only in 5.0
