@@ -83,7 +83,7 @@ PATHS = [
     Path_(
         "mqtt $queue/ qos1",
         _mqtt(publishers=1, subscribers=1, qos=1, topic="$queue/budget", batch=100),
-        Budget(loop=(94.5, 131.5), others=(4.5, 2.0)),
+        Budget(loop=(91.5, 131.5), others=(4.5, 2.0)),
     ),
     Path_(
         "amqp091 transient",

@@ -192,7 +192,6 @@ class ServerConnection:
         "_in_aliases",
         "_inbound_unacked",
         "_last_rx",
-        "_level",
         "_out",
         "_out_alias_next",
         "_out_aliases",
@@ -207,6 +206,7 @@ class ServerConnection:
         "keep_alive",
         "limits",
         "pending_out",
+        "protocol_level",
         "report_plain_acks",
         "request_problem_information",
         "session",
@@ -232,7 +232,7 @@ class ServerConnection:
         self._decoder = Decoder(min(self.limits.max_packet_size, self.limits.max_packet_size_unauthenticated))
         self._out: list[bytes] = []
         self.pending_out = 0  # bytes of PUBLISHes in _out: a subscriber's backlog not yet written
-        self._level = 0
+        self.protocol_level = 0  # 3, 4 or 5 once a CONNECT was read (a field: deliveries ask)
         self._connect: Connect | None = None
         self._deadline: float | None = now + self.limits.connect_timeout
         self._last_rx = now
@@ -263,11 +263,6 @@ class ServerConnection:
         self.stats = ConnectionStats()
 
     # ------------------------------------------------------------------------------------- public
-
-    @property
-    def protocol_level(self) -> int:
-        """3, 4 or 5 once a CONNECT was read; 0 before."""
-        return self._level
 
     @property
     def connect_packet(self) -> Connect | None:
@@ -406,7 +401,7 @@ class ServerConnection:
         if self.state != State.CONNECTING or self._connect is None:
             raise RuntimeError(f"accept() in state {self.state}")
         connect = self._connect
-        level = self._level
+        level = self.protocol_level
         if session is None or connect.clean_start:
             session_present = False
         if session is None:
@@ -530,7 +525,7 @@ class ServerConnection:
             self._send(PubAck(packet_id, reason_code, properties or Properties()))
         else:
             self._send(PubRec(packet_id, reason_code, properties or Properties()))
-        if qos == 2 and (reason_code < 0x80 or self._level < MQTT_5):
+        if qos == 2 and (reason_code < 0x80 or self.protocol_level < MQTT_5):
             self.session.inbound_qos2[packet_id] = None
 
     def settle_resend(
@@ -543,7 +538,7 @@ class ServerConnection:
         held = self._held_resends
         if held is None or packet_id not in held:
             return False
-        if reason_code >= 0x80 and self._level < MQTT_5:
+        if reason_code >= 0x80 and self.protocol_level < MQTT_5:
             del self._inbound_unacked[packet_id]
             self._settled_qos2(packet_id)
         else:
@@ -578,7 +573,7 @@ class ServerConnection:
                 self.session.add_subscription(
                     Subscription(topic_filter, granted, sub_id[0] if sub_id else None)
                 )
-            elif self._level < MQTT_5:
+            elif self.protocol_level < MQTT_5:
                 code = rc.SUBACK_FAILURE_V311
             codes.append(code)
         self._send(SubAck(packet_id, codes, properties or Properties()))
@@ -597,7 +592,7 @@ class ServerConnection:
             self._refuse(events, reason_code, reason_string or "refused")
             return
         props = Properties(reason_string=reason_string, server_reference=server_reference)
-        if self.state == State.CONNECTED and self._level == MQTT_5:
+        if self.state == State.CONNECTED and self.protocol_level == MQTT_5:
             self._send(Disconnect(_disconnect_code(reason_code), props))
         self.state = State.CLOSED
         events.append(ConnectionClosed(reason_code, reason_string or "closed by server", False, True))
@@ -636,7 +631,7 @@ class ServerConnection:
     def _on_connect(self, connect: Connect, events: Events) -> None:
         limits = self.limits
         level = connect.protocol_level
-        self._level = level
+        self.protocol_level = level
         self._connect = connect
         props = connect.properties
         if level not in limits.supported_levels:
@@ -731,7 +726,7 @@ class ServerConnection:
             props.session_expiry_interval = self.session_expiry_interval
 
     def _on_publish(self, publish: Publish, events: Events) -> None:
-        level = self._level
+        level = self.protocol_level
         limits = self.limits
         if level == MQTT_5:
             props = publish.properties
@@ -885,7 +880,7 @@ class ServerConnection:
 
     def _preset_codes(self, packet: Subscribe) -> list[int | None]:
         limits = self.limits
-        v5 = self._level == MQTT_5
+        v5 = self.protocol_level == MQTT_5
         out: list[int | None] = []
         assert self.session is not None
         held = self.session.subscriptions
@@ -923,7 +918,7 @@ class ServerConnection:
             raise _Fail(
                 ReasonCode.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED, "subscription identifiers not supported"
             )
-        if self._level == MQTT_5:
+        if self.protocol_level == MQTT_5:
             for topic_filter, options in packet.subscriptions:
                 if options.no_local and topic_filter.startswith(SHARE_PREFIX):
                     raise _Fail(ReasonCode.PROTOCOL_ERROR, "No Local on a shared subscription")
@@ -945,7 +940,9 @@ class ServerConnection:
         assert self.session is not None
         existed = [self.session.remove_subscription(f) for f in packet.topic_filters]
         codes = [ReasonCode.SUCCESS if e else ReasonCode.NO_SUBSCRIPTION_EXISTED for e in existed]
-        self._send(UnsubAck(packet.packet_id, [int(c) for c in codes] if self._level == MQTT_5 else []))
+        self._send(
+            UnsubAck(packet.packet_id, [int(c) for c in codes] if self.protocol_level == MQTT_5 else [])
+        )
         events.append(UnsubscribeReceived(packet.packet_id, packet.topic_filters, existed))
 
     def _on_disconnect(self, packet: Disconnect, events: Events) -> None:
@@ -982,7 +979,7 @@ class ServerConnection:
         self._close(events, reason_code, message, True)
 
     def _close(self, events: Events, reason_code: int, message: str, publish_will: bool) -> None:
-        if self.state == State.CONNECTED and self._level == MQTT_5:
+        if self.state == State.CONNECTED and self.protocol_level == MQTT_5:
             self._send(Disconnect(_disconnect_code(reason_code), Properties(reason_string=message)))
         self.state = State.CLOSED
         self._deadline = None
@@ -990,7 +987,7 @@ class ServerConnection:
 
     def _refuse(self, events: Events, reason_code: int, message: str) -> None:
         """Refuse a CONNECT with a CONNACK (5.0 reason code, or its 3.1.1 return code) and close."""
-        if self._level == MQTT_5:
+        if self.protocol_level == MQTT_5:
             if reason_code not in rc.CONNACK_CODES or reason_code < 0x80:
                 reason_code = ReasonCode.UNSPECIFIED_ERROR
             self._send(ConnAck(False, reason_code, Properties(reason_string=message)))
@@ -1004,7 +1001,7 @@ class ServerConnection:
 
     def _send(self, packet: Packet) -> bool:
         """Encode for the client and queue; honours Maximum Packet Size and Request Problem Information."""
-        level = self._level or 4
+        level = self.protocol_level or 4
         if (
             level == MQTT_5
             and isinstance(packet, _PROBLEM_INFO_PACKETS)
@@ -1037,14 +1034,14 @@ class ServerConnection:
             return True
         publish = Publish(message.topic, message.payload, message.qos, message.retain, False,
                           1 if message.qos else None, message.properties)  # fmt: skip
-        return len(encode(publish, self._level)) <= self.client_max_packet_size
+        return len(encode(publish, self.protocol_level)) <= self.client_max_packet_size
 
     def _send_publish(
         self, message: OutboundMessage, qos: int, packet_id: int | None, dup: bool
     ) -> str | None:
         """Encode and queue one PUBLISH, with an outbound topic alias when the client allows them and
         the Message Expiry Interval set to the time left. Returns why it was dropped, or None."""
-        level = self._level
+        level = self.protocol_level
         props = message.properties
         flag = dup or (message.redelivered and qos > 0)  # never DUP at QoS 0 (MQTT-3.3.1-2)
         alias = 0

@@ -128,11 +128,12 @@ class PendingAck:
     """One PUBLISH waiting for its commit (or refused), acknowledged in arrival order: its own
     ``committed`` is the manager's ``done`` callback, so a publish makes no closure."""
 
-    __slots__ = ("client", "conn", "done", "packet_id", "reason", "reason_code", "topic")
+    __slots__ = ("bindings", "client", "conn", "done", "packet_id", "reason", "reason_code", "topic")
 
     def __init__(
         self,
         conn: QueueConn,
+        bindings: ConnQueues,
         packet_id: int | None,
         topic: str,
         client: str,
@@ -140,6 +141,7 @@ class PendingAck:
         reason: str | None = None,
     ) -> None:
         self.conn = conn
+        self.bindings = bindings  # conn's, which it keeps for life: no property call per settle
         self.packet_id = packet_id
         self.topic = topic
         self.client = client  # for the log line of a refusal
@@ -166,7 +168,7 @@ class PendingAck:
         sent at once: no write follows, and a QoS 2 packet id must then be known as a duplicate."""
         self.done = True
         conn = self.conn
-        bindings = conn.queue_bindings
+        bindings = self.bindings
         if conn.mqtt.closed:
             send_acks(conn)
         elif not bindings.acks_due:
@@ -187,13 +189,14 @@ class Delivery:
 class QueueSubscription:
     """A consumer of one queue for one MQTT subscription (the queue manager's QueueConsumer)."""
 
-    __slots__ = ("_topics", "conn", "cut", "handle", "held", "id", "qos", "topic_filter")
+    __slots__ = ("_topics", "bindings", "conn", "cut", "handle", "held", "id", "qos", "topic_filter")
 
     def __init__(self, conn: QueueConn, topic_filter: str, qos: int) -> None:
         assert conn.endpoint is not None
         self.id = conn.endpoint.client_id
         self.cut = conn.endpoint.cut  # the vhost prefix its deliveries lose (trimaran/vhosts.py)
         self.conn = conn
+        self.bindings = conn.queue_bindings  # which the connection keeps for life
         self.topic_filter = topic_filter
         self.qos = qos
         self.handle: ConsumerHandle | None = None
@@ -211,7 +214,7 @@ class QueueSubscription:
             props.user_properties = [*message.user_properties, *delivery.headers(self.cut)]
         else:  # 3.1.1 sends no properties (the connection copies them before it changes them)
             props = NO_PROPERTIES
-        bindings = conn.queue_bindings
+        bindings = self.bindings
         qos = self.qos
         offset = delivery.offset
         tag: int | None = None
@@ -294,8 +297,9 @@ class MqttQueues:
         connection is read; only the wait for its commit runs in a task.
         """
         endpoint = conn.endpoint
-        ticket = conn.queue_bindings.pending_ack(
-            PendingAck(conn, packet_id, message.topic, endpoint.client_id if endpoint else "?")
+        bindings = conn.queue_bindings
+        ticket = bindings.pending_ack(
+            PendingAck(conn, bindings, packet_id, message.topic, endpoint.client_id if endpoint else "?")
         )
         parsed = parse_queue_topic(message.topic)
         try:
@@ -341,8 +345,9 @@ class MqttQueues:
         publishes before it, in arrival order."""
         endpoint = conn.endpoint
         client = endpoint.client_id if endpoint else "?"
-        ticket = PendingAck(conn, packet_id, "", client, code, reason if code else None)
-        conn.queue_bindings.pending_ack(ticket).settle()
+        bindings = conn.queue_bindings
+        ticket = PendingAck(conn, bindings, packet_id, "", client, code, reason if code else None)
+        bindings.pending_ack(ticket).settle()
 
     def _check_holder(self, conn: QueueConn, control: str, message_id: str, group: str | None) -> None:
         """Settlement belongs to its holder: a work-queue delivery only by the session it was delivered
