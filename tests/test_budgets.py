@@ -100,6 +100,11 @@ PATHS = [
         lambda s: Amqp1Load(s.port("amqp"), batch=100),
         Budget(loop=(46.5, 37.5)),
     ),
+    Path_(
+        "amqp1 proton-c send/receive",
+        lambda s: Amqp1Load(s.port("amqp"), batch=100, like_proton_c=True),
+        Budget(loop=(67.5, 55.5)),
+    ),
 ]
 
 

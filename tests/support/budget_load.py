@@ -19,7 +19,7 @@ from trimaran.amqp091.frames import encode_method as amqp091_method
 from trimaran.amqp091.properties import BasicProperties
 from trimaran.amqp1.frames import AMQP_HEADER, FRAME_AMQP, FRAME_SASL, SASL_HEADER, Frame, encode_frame
 from trimaran.amqp1.frames import FrameDecoder as Amqp1Decoder
-from trimaran.amqp1.messages import Data, Message, encode_message
+from trimaran.amqp1.messages import AmqpValue, Data, Header, Message, Properties, encode_message
 from trimaran.amqp1.performatives import (
     Accepted,
     Attach,
@@ -294,10 +294,12 @@ class Amqp1Load:
     """One sender -> a transient queue (declared over AMQP 0.9.1 first) -> one receiver, both
     unsettled: the server accepts each transfer, the receiver accepts each delivery."""
 
-    def __init__(self, port: int, *, batch: int) -> None:
+    def __init__(self, port: int, *, batch: int, like_proton_c: bool = False) -> None:
         self.batch = batch
+        self.like_proton_c = like_proton_c
+        queue = "budget-amqp1-c" if like_proton_c else "budget-amqp1"
         declare = Amqp091Client(port)
-        declare.call(spec.QueueDeclare(queue="budget-amqp1"), spec.QueueDeclareOk)
+        declare.call(spec.QueueDeclare(queue=queue), spec.QueueDeclareOk)
         declare.sock.close()
         self.sender = Amqp1Client(port, "budget-sender")
         self.sender.send(
@@ -306,20 +308,32 @@ class Amqp1Load:
                 handle=0,
                 role=False,
                 source=Source(),
-                target=Target(address="budget-amqp1"),
+                target=Target(address=queue),
                 initial_delivery_count=0,
             )
         )
-        self.sender.until(Flow)
+        self.sender_credit = self._credit(self.sender.until(Flow))  # type: ignore[arg-type]
         self.receiver = Amqp1Client(port, "budget-receiver")
         self.receiver.send(
-            Attach(name="r", handle=0, role=True, source=Source(address="budget-amqp1"), target=Target())
+            Attach(name="r", handle=0, role=True, source=Source(address=queue), target=Target())
         )
         self.receiver.until(Attach)
         self.credit = 0
         self.delivery_id = 0
         self.body = encode_message(Message(body=[Data(PAYLOAD)]))
         self.accepted = 0
+        if like_proton_c:
+            # receive.c grants the whole count's credit once and never again
+            self.receiver.send(
+                Flow(
+                    incoming_window=0x7FFFFFFF,
+                    next_outgoing_id=0,
+                    outgoing_window=0x7FFFFFFF,
+                    handle=0,
+                    delivery_count=0,
+                    link_credit=1_000_000,
+                )
+            )
 
     def messages_per_round(self) -> int:
         return self.batch
@@ -337,7 +351,15 @@ class Amqp1Load:
             )
         )
 
+    @staticmethod
+    def _credit(flow: Flow) -> int:
+        """The delivery id up to which the server lets the sender transfer."""
+        return (flow.delivery_count or 0) + (flow.link_credit or 0)
+
     def round(self) -> None:
+        if self.like_proton_c:
+            self._round_like_proton_c()
+            return
         first = self.delivery_id
         wire = bytearray()
         for i in range(self.batch):
@@ -367,6 +389,56 @@ class Amqp1Load:
                     self.accepted = max(
                         self.accepted, (perf.last if perf.last is not None else perf.first) + 1
                     )
+
+    def _round_like_proton_c(self) -> None:
+        """proton's C send.c / receive.c: send.c transfers unsettled as far as the server's credit goes
+        and counts the server's accepted outcomes; receive.c accepts and settles each delivery on its
+        own (one disposition each, first only; the proton engine puts a read's worth in one write)."""
+        first = self.delivery_id
+        end = first + self.batch
+        while self.delivery_id < end:
+            while self.sender_credit <= self.delivery_id:
+                self._sender_read()
+            upto = min(end, self.sender_credit)
+            wire = bytearray()
+            for i in range(self.delivery_id, upto):
+                message = encode_message(
+                    Message(
+                        header=Header(),
+                        properties=Properties(message_id=i),
+                        body=[AmqpValue({"sequence": i})],
+                    )
+                )
+                wire += encode_frame(
+                    FRAME_AMQP,
+                    0,
+                    Transfer(handle=0, delivery_id=i, delivery_tag=i.to_bytes(4, "little"), message_format=0),
+                    message,
+                )
+            self.delivery_id = upto
+            self.sender.sock.sendall(bytes(wire))
+        received = 0
+        while received < self.batch:
+            wire = bytearray()
+            for perf in self.receiver.read():
+                if isinstance(perf, Transfer):
+                    received += 1
+                    wire += encode_frame(
+                        FRAME_AMQP,
+                        0,
+                        Disposition(role=True, first=perf.delivery_id, settled=True, state=Accepted()),
+                    )
+            if wire:
+                self.receiver.sock.sendall(bytes(wire))
+        while self.accepted < self.delivery_id:
+            self._sender_read()
+
+    def _sender_read(self) -> None:
+        for perf in self.sender.read():
+            if isinstance(perf, Disposition):
+                self.accepted = max(self.accepted, (perf.last if perf.last is not None else perf.first) + 1)
+            elif isinstance(perf, Flow) and perf.handle is not None:
+                self.sender_credit = self._credit(perf)
 
     def close(self) -> None:
         self.sender.sock.close()
