@@ -23,7 +23,15 @@ from trimaran.amqp1.events import (
     SessionEnded,
     TransferAborted,
 )
-from trimaran.amqp1.frames import AMQP_HEADER, EMPTY_FRAME, FRAME_SASL, SASL_HEADER, Frame, encode_frame
+from trimaran.amqp1.frames import (
+    AMQP_HEADER,
+    EMPTY_FRAME,
+    FRAME_AMQP,
+    FRAME_SASL,
+    SASL_HEADER,
+    Frame,
+    encode_frame,
+)
 from trimaran.amqp1.messages import Data, Message, decode_message, encode_message
 from trimaran.amqp1.performatives import (
     ROLE_RECEIVER,
@@ -477,6 +485,37 @@ def test_disposition_from_receiver() -> None:
         Disposition(role=ROLE_RECEIVER, first=0, last=3, settled=True, state=Modified(delivery_failed=True))
     )
     assert ev[0].deliveries == []
+
+
+def test_runs_of_single_accepted_dispositions_settle_as_ranges() -> None:
+    """A receiver settling each delivery with its own disposition (proton's C receive): the buffered
+    run of consecutive ones is one range; a gap, another outcome or an unsettled one ends the run."""
+    conn, c = connected()
+    link = sender_link(conn, c)
+    c.flow(handle=0, link_credit=20, delivery_count=0)
+    for i in range(12):
+        conn.send(link, b"m%d" % i)
+    c.frames()
+
+    def one(first: int, **kw: object) -> bytes:
+        kw.setdefault("settled", True)
+        kw.setdefault("state", Accepted())
+        return bytes(encode_frame(FRAME_AMQP, 0, Disposition(role=ROLE_RECEIVER, first=first, **kw)))
+
+    wire = b"".join(one(i) for i in (0, 1, 2, 4, 5))  # a gap after 2
+    wire += one(6, state=Rejected(error=None)) + one(7) + one(8, settled=False) + one(9) + one(10)
+    ev = c.feed(wire)
+    assert [(d.first, d.last, d.settled, type(d.state).__name__) for d in ev] == [
+        (0, 2, True, "Accepted"),
+        (4, 5, True, "Accepted"),
+        (6, 6, True, "Rejected"),
+        (7, 7, True, "Accepted"),
+        (8, 8, False, "Accepted"),
+        (9, 10, True, "Accepted"),
+    ]
+    assert [i for d in ev for _, i, _ in d.deliveries] == [0, 1, 2, 4, 5, 6, 7, 8, 9, 10]
+    # the deliveries settled by the peer are gone; 3 (skipped), 8 (left unsettled) and 11 are not
+    assert [i for _, i, _ in c.feed(one(0, last=11))[0].deliveries] == [3, 8, 11]
 
 
 def test_settled_mode_sends_settled() -> None:

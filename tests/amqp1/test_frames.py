@@ -22,7 +22,7 @@ from trimaran.amqp1.frames import (
     encode_frame,
     performative_size,
 )
-from trimaran.amqp1.performatives import Close, Open, SaslInit, Transfer
+from trimaran.amqp1.performatives import Close, Disposition, Open, SaslInit, Transfer
 
 # size 0x11, doff 2, type 0, channel 1, then open(container-id "c") and nothing else
 OPEN_FRAME = bytes.fromhex("0000001102000001005310c00401a10163")
@@ -149,3 +149,18 @@ def test_first_transfer_fits_the_overhead_bound_send_relies_on() -> None:
                 settled=settled,
             )
             assert performative_size(transfer) <= len(tag) + TRANSFER_OVERHEAD_MAX
+
+
+def test_next_body_if_takes_only_a_whole_matching_frame() -> None:
+    d = FrameDecoder()
+    wanted = bytes(encode_frame(FRAME_AMQP, 1, Disposition(role=True, first=7, settled=True)))
+    d.feed(wanted[:-1])
+    assert d.next_body_if(FRAME_AMQP, 1, b"\x00\x53\x15") is None  # not whole yet
+    d.feed(wanted[-1:])
+    assert d.next_body_if(FRAME_AMQP, 0, b"\x00\x53\x15") is None  # another channel
+    assert d.next_body_if(FRAME_AMQP, 1, b"\x00\x53\x14") is None  # another performative
+    body = d.next_body_if(FRAME_AMQP, 1, b"\x00\x53\x15")
+    assert body == wanted[8:] and d.buffered == 0
+    d.feed(wanted)
+    frame = d.next_frame()  # nothing was consumed by the misses
+    assert isinstance(frame, Frame) and frame.channel == 1 and frame.body == body

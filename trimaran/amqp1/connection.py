@@ -874,8 +874,13 @@ class ServerConnection:
                 session = self.sessions.get(frame.channel)
                 d = read_disposition(body)
                 if d is not None and session is not None and session.state is SessionState.MAPPED:
-                    role, first, last, settled, accepted = d
-                    self._on_disposition(session, role, first, last, settled, _ACCEPTED if accepted else None)
+                    if d[2] is None and d[3] and d[4]:
+                        self._on_accepted_run(session, frame.channel, d[0], d[1])
+                    else:
+                        role, first, last, settled, accepted = d
+                        self._on_disposition(
+                            session, role, first, last, settled, _ACCEPTED if accepted else None
+                        )
                     return
         perf, payload = frame.performative()
         if state is ConnState.CLOSE_SENT:
@@ -940,6 +945,33 @@ class ServerConnection:
             self._on_detach(session, perf)
         else:
             self._fail(FRAMING_ERROR, f"{perf.NAME} is not a frame body")
+
+    def _on_accepted_run(self, session: Session, channel: int, role: bool, first: int) -> None:
+        """A receiver that accepts and settles each delivery with its own disposition (proton's C
+        receive, Qpid JMS) sends runs of them for consecutive deliveries: the buffered ones that
+        follow are read here and settled as one range, which the spec makes the same outcome
+        (2.7.6). The first frame that does not continue the run is handled on its own."""
+        last = first
+        decoder = self._decoder
+        while True:
+            body = decoder.next_body_if(FRAME_AMQP, channel, _DISPOSITION_HEAD)
+            d = None if body is None else read_disposition(body)
+            if d is not None and d[2] is None and d[3] and d[4] and d[0] is role and d[1] == last + 1:
+                last += 1
+                continue
+            self._on_disposition(session, role, first, last, True, _ACCEPTED)
+            if body is None:
+                return
+            if d is None:  # not readable here: the generic codec's turn
+                self._on_frame(Frame(FRAME_AMQP, channel, body))
+                return
+            if d[2] is None and d[3] and d[4]:  # the start of another run
+                role = d[0]
+                first = last = d[1]
+                continue
+            role, first, d_last, settled, accepted = d
+            self._on_disposition(session, role, first, d_last, settled, _ACCEPTED if accepted else None)
+            return
 
     def _on_open(self, o: Open) -> None:
         if o.max_frame_size < MIN_MAX_FRAME_SIZE:

@@ -143,6 +143,36 @@ class FrameDecoder:
         self._pos = pos
         return Frame(ftype, channel, body)
 
+    def next_body_if(self, ftype: int, channel: int, head: bytes) -> bytes | None:
+        """The next frame's body when the whole frame is buffered, is of ``ftype`` on ``channel`` and
+        its body starts with ``head``; else None and nothing is consumed (next_frame then reads it,
+        and says what is wrong with it)."""
+        buf = self._buf
+        pos = self._pos
+        have = len(buf) - pos
+        if have < HEADER_SIZE:
+            return None
+        size, doff, got_type, got_channel = _HDR.unpack_from(buf, pos)
+        if (
+            got_type != ftype
+            or got_channel != channel
+            or size > have
+            or size > self.max_frame_size
+            or doff < 2
+            or doff * 4 + len(head) > size
+        ):
+            return None
+        start = pos + doff * 4
+        if buf[start : start + len(head)] != head:
+            return None
+        body = bytes(buf[start : pos + size])
+        pos += size
+        if pos > 65536 or size == have:
+            del buf[:pos]
+            pos = 0
+        self._pos = pos
+        return body
+
     def frames(self) -> list[Frame]:
         """Every whole frame currently buffered."""
         out: list[Frame] = []
