@@ -103,7 +103,7 @@ PATHS = [
     Path_(
         "amqp1 proton-c send/receive",
         lambda s: Amqp1Load(s.port("amqp"), batch=100, like_proton_c=True),
-        Budget(loop=(51.5, 42.5)),
+        Budget(loop=(49.5, 39.5)),
     ),
 ]
 

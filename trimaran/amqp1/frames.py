@@ -145,8 +145,8 @@ class FrameDecoder:
 
     def next_body_if(self, ftype: int, channel: int, head: bytes) -> bytes | None:
         """The next frame's body when the whole frame is buffered, is of ``ftype`` on ``channel`` and
-        its body starts with ``head``; else None and nothing is consumed (next_frame then reads it,
-        and says what is wrong with it)."""
+        its body starts with ``head`` (a performative's three descriptor bytes); else None and
+        nothing is consumed (next_frame then reads it, and says what is wrong with it)."""
         buf = self._buf
         pos = self._pos
         have = len(buf) - pos
@@ -159,11 +159,11 @@ class FrameDecoder:
             or size > have
             or size > self.max_frame_size
             or doff < 2
-            or doff * 4 + len(head) > size
+            or doff * 4 + 3 > size
         ):
             return None
         start = pos + doff * 4
-        if buf[start : start + len(head)] != head:
+        if buf[start : start + 3] != head:
             return None
         body = bytes(buf[start : pos + size])
         pos += size

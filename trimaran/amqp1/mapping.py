@@ -215,6 +215,9 @@ def from_wire(
                     parts.append(raw[first:pos])
                 continue
             if code == 0x70:  # header: its ttl only
+                if raw[p] == 0x45:  # empty (proton's default header)
+                    pos = p + 1
+                    continue
                 count, p, pos = _list_start(raw, p)
                 for i in range(count if count < 3 else 3):
                     c = raw[p]
@@ -250,6 +253,8 @@ def from_wire(
                         if c != 0x83:
                             return None
                         absolute_expiry, p = decode_value(raw, p)
+                    elif c == 0x53:  # the usual message-id: a small ulong, stepped over in place
+                        p += 2
                     else:
                         p = value_end(raw, p)
             elif code == 0x74:  # application-properties
@@ -258,8 +263,8 @@ def from_wire(
                     return None
             elif code == 0x77:  # amqp-value: a string or binary is the payload, the rest as encoded
                 body_start = pos
-                pos = value_end(raw, p)
                 c = raw[p]
+                pos = p + 2 + raw[p + 1] if c == 0xC1 else value_end(raw, p)  # a small map in place
                 if c == 0xA1 or c == 0xB1:
                     payload = raw[p + (2 if c == 0xA1 else 5) : pos]
                     payload.decode("utf-8")  # as the codec would: a string must be UTF-8
