@@ -35,6 +35,7 @@ from trimaran.amqp1.performatives import (
     Target,
     Transfer,
 )
+from trimaran.amqp1.types import Int, ULong
 from trimaran.mqtt.codec import NEED_DATA, Decoder, encode, encode_plain_publish
 from trimaran.mqtt.packets import (
     MQTT_5,
@@ -405,8 +406,8 @@ class Amqp1Load:
                 message = encode_message(
                     Message(
                         header=Header(),
-                        properties=Properties(message_id=i),
-                        body=[AmqpValue({"sequence": i})],
+                        properties=Properties(message_id=ULong(i)),  # as send.c: a ulong id
+                        body=[AmqpValue({"sequence": Int(i)})],
                     )
                 )
                 wire += encode_frame(

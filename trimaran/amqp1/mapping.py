@@ -233,7 +233,12 @@ def from_wire(
                         continue
                     p += 1
             elif code == 0x73:  # properties: what the broker maps
-                count, p, pos = _list_start(raw, p)
+                if raw[p] == 0xC0:  # list8, the usual: read in place
+                    count = raw[p + 2]
+                    pos = p + 2 + raw[p + 1]
+                    p += 3
+                else:
+                    count, p, pos = _list_start(raw, p)
                 for i in range(count if count < 9 else 9):
                     c = raw[p]
                     if c == 0x40:
@@ -253,8 +258,10 @@ def from_wire(
                         if c != 0x83:
                             return None
                         absolute_expiry, p = decode_value(raw, p)
-                    elif c == 0x53:  # the usual message-id: a small ulong, stepped over in place
+                    elif c == 0x53:  # proton's message-id, a ulong, stepped over in place
                         p += 2
+                    elif c == 0x80:
+                        p += 9
                     else:
                         p = value_end(raw, p)
             elif code == 0x74:  # application-properties
@@ -264,7 +271,12 @@ def from_wire(
             elif code == 0x77:  # amqp-value: a string or binary is the payload, the rest as encoded
                 body_start = pos
                 c = raw[p]
-                pos = p + 2 + raw[p + 1] if c == 0xC1 else value_end(raw, p)  # a small map in place
+                if c == 0xC1:  # a map (proton's usual body), stepped over in place
+                    pos = p + 2 + raw[p + 1]
+                elif c == 0xD1:
+                    pos = p + 5 + ((raw[p + 1] << 24) | (raw[p + 2] << 16) | (raw[p + 3] << 8) | raw[p + 4])
+                else:
+                    pos = value_end(raw, p)
                 if c == 0xA1 or c == 0xB1:
                     payload = raw[p + (2 if c == 0xA1 else 5) : pos]
                     payload.decode("utf-8")  # as the codec would: a string must be UTF-8
@@ -300,7 +312,7 @@ def from_wire(
         payload=payload,
         qos=0 if settled else 1,
         content_type=None if content_type is None else str(content_type),
-        correlation_data=_correlation_bytes(correlation),
+        correlation_data=None if correlation is None else _correlation_bytes(correlation),
         response_topic=None if reply_to is None else address_to_topic(property_text(reply_to)),
         payload_format=payload_format,
         expires_at_ms=expires,
