@@ -98,12 +98,12 @@ PATHS = [
     Path_(
         "amqp1 transfer-deliver-accept",
         lambda s: Amqp1Load(s.port("amqp"), batch=100),
-        Budget(loop=(45.5, 37.5)),
+        Budget(loop=(42.0, 36.5)),
     ),
     Path_(
         "amqp1 proton-c send/receive",
         lambda s: Amqp1Load(s.port("amqp"), batch=100, like_proton_c=True),
-        Budget(loop=(46.5, 39.0)),
+        Budget(loop=(43.5, 37.5)),
     ),
 ]
 

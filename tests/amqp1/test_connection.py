@@ -57,6 +57,8 @@ from trimaran.amqp1.performatives import (
     Target,
     Transfer,
 )
+from trimaran.amqp1.session import LinkState
+from trimaran.amqp1.types import Symbol
 from trimaran.runtime.machine import drain
 
 
@@ -667,6 +669,41 @@ def test_transfer_without_credit() -> None:
     assert isinstance(ev[0], LinkDetached) and not ev[0].by_peer
     d = c.one(Detach)
     assert d.closed and d.error.condition == "amqp:link:transfer-limit-exceeded"
+
+
+def test_transfers_read_in_one_step_keep_their_order_and_limits() -> None:
+    """Transfers buffered together are read in one step: their events in order, the one beyond the
+    credit ends the link and what follows it on the detached link is not delivered."""
+    conn, c = connected()
+    link = receiver_link(conn, c, credit=2)
+    wire = b"".join(
+        bytes(encode_frame(FRAME_AMQP, 0, Transfer(handle=0, delivery_id=i, delivery_tag=b"t"), b"m%d" % i))
+        for i in range(4)
+    )
+    conn.receive_data(wire, 0.0)
+    first = conn.next_event()
+    assert isinstance(first, MessageReceived) and first.payload == b"m0"
+    rest = drain(conn)
+    assert [type(e).__name__ for e in rest] == ["MessageReceived", "LinkDetached"]
+    assert rest[1].link is link and link.state is not LinkState.ATTACHED
+    assert c.one(Detach).error.condition == "amqp:link:transfer-limit-exceeded"
+
+
+def test_transfers_parsed_ahead_of_a_close_are_of_detached_links() -> None:
+    """The front end drops a message whose link is not attached: those read in the same step as
+    one whose handling closed the connection are."""
+    conn, c = connected()
+    link = receiver_link(conn, c)
+    wire = b"".join(
+        bytes(encode_frame(FRAME_AMQP, 0, Transfer(handle=0, delivery_id=i, delivery_tag=b"t%d" % i), b"m"))
+        for i in range(3)
+    )
+    conn.receive_data(wire, 0.0)
+    assert isinstance(conn.next_event(), MessageReceived)
+    conn.close(Error(condition=Symbol("amqp:internal-error")))
+    later = drain(conn)
+    assert later and all(isinstance(e, MessageReceived) and e.link is link for e in later)
+    assert link.state is LinkState.DETACHED
 
 
 def test_message_size_exceeded() -> None:

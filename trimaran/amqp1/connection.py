@@ -862,14 +862,29 @@ class ServerConnection:
             # The frames that carry messages, read without the generic codec when they can be.
             head = body[:3]
             if head == _TRANSFER_HEAD:
-                session = self.sessions.get(frame.channel)
+                channel = frame.channel
+                session = self.sessions.get(channel)
                 fields = read_transfer(body)
                 if fields is not None and session is not None and session.state is SessionState.MAPPED:
-                    handle, did, tag, fmt, settled, more, aborted, start = fields
-                    self._on_transfer(
-                        session, handle, did, tag, fmt, settled, more, None, aborted, body[start:]
-                    )
-                    return
+                    # The transfers buffered behind this one on its channel are read in the same
+                    # step: their events queue in order, and the front end drops those of a link
+                    # that one of them ended (it asks every message's link whether it is attached).
+                    decoder = self._decoder
+                    while True:
+                        handle, did, tag, fmt, settled, more, aborted, start = fields
+                        self._on_transfer(
+                            session, handle, did, tag, fmt, settled, more, None, aborted, body[start:]
+                        )
+                        if self.state is not ConnState.OPENED or session.state is not SessionState.MAPPED:
+                            return
+                        got = decoder.next_body_if(FRAME_AMQP, channel, _TRANSFER_HEAD)
+                        if got is None:
+                            return
+                        body = got
+                        fields = read_transfer(body)
+                        if fields is None:  # not readable here: the generic codec's turn
+                            self._on_frame(Frame(FRAME_AMQP, channel, body))
+                            return
             elif head == _DISPOSITION_HEAD:
                 session = self.sessions.get(frame.channel)
                 d = read_disposition(body)
