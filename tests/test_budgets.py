@@ -98,12 +98,12 @@ PATHS = [
     Path_(
         "amqp1 transfer-deliver-accept",
         lambda s: Amqp1Load(s.port("amqp"), batch=100),
-        Budget(loop=(42.0, 36.5)),
+        Budget(loop=(38.5, 37.0)),
     ),
     Path_(
         "amqp1 proton-c send/receive",
         lambda s: Amqp1Load(s.port("amqp"), batch=100, like_proton_c=True),
-        Budget(loop=(43.5, 37.5)),
+        Budget(loop=(39.5, 38.0)),
     ),
 ]
 

@@ -19,7 +19,7 @@ from trimaran.amqp1.handler import Amqp1FrontEnd
 from trimaran.amqp1.performatives import ROLE_SENDER, Attach, Begin, Close, Composite, Flow, Open, Target
 from trimaran.broker.core import Broker
 from trimaran.broker.message import PROTOCOL_AMQP1
-from trimaran.config import QueueSettings, Settings, StorageSettings
+from trimaran.config import QueuePolicySettings, QueueSettings, Settings, StorageSettings
 from trimaran.queue.manager import QueueManager
 from trimaran.runtime.runner import Runner
 from trimaran.runtime.transport import Conn
@@ -280,4 +280,36 @@ async def test_proton_blocking_client_sends_ten_presettled_and_closes(
             while not (queues.exists("ten") and len(queues.peek("ten")) == 10):
                 await anyio.sleep(0.01)
         assert len(queues.peek("ten")) == 10
+        tg.cancel_scope.cancel()
+
+
+async def test_a_full_queue_rejects_the_publish_and_accepts_the_one_before(tmp_path: Path) -> None:
+    """The queue's refusal is the publish's disposition (rejected, with the queue's reason); the
+    publishes around it keep their own outcomes and their order."""
+    proton = pytest.importorskip("proton")
+    from proton.utils import BlockingConnection, SendException
+
+    async with with_queues(tmp_path) as (front, queues), anyio.create_task_group() as tg:
+        await queues.declare("full", QueuePolicySettings(max_length=1, overflow="reject"), durable=False)
+        port = await port_of(front, tg)
+
+        def send_two() -> list[object]:
+            conn = BlockingConnection(f"127.0.0.1:{port}", timeout=5)
+            outcomes: list[object] = []
+            try:
+                sender = conn.create_sender("queue://full")
+                for body in ("first", "second"):
+                    try:
+                        sender.send(proton.Message(body=body))
+                        outcomes.append(proton.Disposition.ACCEPTED)
+                    except SendException as exc:
+                        outcomes.append(exc.state)
+            finally:
+                conn.close()
+            return outcomes
+
+        with anyio.fail_after(15):
+            outcomes = await anyio.to_thread.run_sync(send_two)
+        assert outcomes == [proton.Disposition.ACCEPTED, proton.Disposition.REJECTED]
+        assert [s.message.payload for s in queues.peek("full")] == [b"first"]
         tg.cancel_scope.cancel()

@@ -33,21 +33,41 @@ if TYPE_CHECKING:
     from trimaran.amqp1.links import InLink, OutLink
     from trimaran.amqp1.ports import FrontEnd
     from trimaran.broker.clients import ClientInfo
+    from trimaran.queue.policy import QueueError
     from trimaran.runtime.transport import Conn
     from trimaran.security.guard import Principal
 
 
 class PendingSettle:
-    """One queue publish waiting for its commit; its disposition leaves in arrival order."""
+    """One queue publish waiting for its commit; its disposition leaves in arrival order. Made as
+    the publish is handed on, and the queue's commit callback for it (called with the publish's
+    result and its error, on the loop)."""
 
-    __slots__ = ("delivery_id", "done", "error", "inlink", "settled")
+    __slots__ = ("conn", "delivery_id", "done", "error", "inlink", "queue", "settled")
 
-    def __init__(self, inlink: InLink, delivery_id: int, settled: bool) -> None:
+    def __init__(self, conn: Amqp1Conn, inlink: InLink, delivery_id: int, settled: bool, queue: str) -> None:
+        self.conn = conn
         self.inlink = inlink
         self.delivery_id = delivery_id
         self.settled = settled  # pre-settled: no disposition, but the credit comes back
+        self.queue = queue
         self.done = False
         self.error: Error | None = None
+        inlink.inflight += 1
+        conn.pending.add(self)
+        # A detach, end or close read behind this publish waits for its disposition.
+        conn.machine.hold_closing = True
+
+    def __call__(self, _result: object, error: QueueError | None) -> None:
+        """The publish is committed, or failed with ``error``. Commit callbacks of one batch run
+        back to back: the dispositions go once, after the last of them."""
+        conn = self.conn
+        if error is not None:
+            conn.front.publish_failed(conn, self, error)
+        self.done = True
+        if not conn._ack_scheduled and conn.pending.head_done():
+            conn._ack_scheduled = True
+            asyncio.get_running_loop().call_soon(conn._acknowledge)
 
 
 class Amqp1Conn:
@@ -119,22 +139,6 @@ class Amqp1Conn:
         self.io.pump()
 
     # -- publishes waiting for their commit ---------------------------------------------------
-
-    def waiting(self, inlink: InLink, delivery_id: int, settled: bool) -> PendingSettle:
-        pending = PendingSettle(inlink, delivery_id, settled)
-        inlink.inflight += 1
-        self.pending.add(pending)
-        # A detach, end or close read behind this publish waits for its disposition.
-        self.machine.hold_closing = True
-        return pending
-
-    def committed(self, pending: PendingSettle) -> None:
-        """The publish is committed (or failed, ``pending.error``). Commit callbacks of one batch
-        run back to back: the dispositions go once, after the last of them."""
-        pending.done = True
-        if self.pending.head_done() and not self._ack_scheduled:
-            self._ack_scheduled = True
-            asyncio.get_running_loop().call_soon(self._acknowledge)
 
     def _acknowledge(self) -> None:
         self._ack_scheduled = False

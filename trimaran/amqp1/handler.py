@@ -94,7 +94,7 @@ from trimaran.broker.message import PROTOCOL_AMQP1, Message
 from trimaran.broker.router import SubscriptionOptions
 from trimaran.config import Settings
 from trimaran.queue.groups import Selects
-from trimaran.queue.manager import PublishResult, QueueManager
+from trimaran.queue.manager import QueueManager
 from trimaran.queue.policy import QueueError
 from trimaran.runtime.transport import Conn
 from trimaran.security.guard import READ, WRITE, Login, Security, on_login
@@ -718,7 +718,15 @@ class Amqp1FrontEnd:
         if address.is_queue:
             # One unit of the link's window moves from credit to in flight: refill's verdict
             # changes only when the credit runs out, and then this publish's commit refills.
-            self._append(conn, address, message, conn.waiting(inlink, event.delivery_id, event.settled))
+            pending = PendingSettle(conn, inlink, event.delivery_id, event.settled, address.name)
+            assert self.queues is not None
+            try:
+                self.queues.publish_nowait(address.name, message, address.key, pending)
+            except QueueError as exc:
+                if exc.reason == "shared":  # a shared node reserves offsets with an await
+                    conn.io.spawn(lambda: self._append_async(address, message, pending))
+                    return
+                pending(None, exc)
             return
         self.broker.publish(message)
         if not event.settled:
@@ -739,39 +747,18 @@ class Amqp1FrontEnd:
             return
         conn.machine.settle(event.link, event.delivery_id, Rejected(error=error))
 
-    def _append(self, conn: Amqp1Conn, address: Address, message: Message, pending: PendingSettle) -> None:
-        """Hand the message to the group commit; ``pending`` is done once it is committed."""
-        assert self.queues is not None
-
-        def done(_result: PublishResult, error: QueueError | None) -> None:
-            # On the loop after the commit (at once for an in-memory queue), or with the write's error.
-            if error is not None:
-                self._publish_failed(conn, address, pending, error)
-            conn.committed(pending)
-
-        try:
-            self.queues.publish_nowait(address.name, message, address.key, done)
-        except QueueError as exc:
-            if exc.reason == "shared":  # a shared node reserves offsets with an await
-                conn.io.spawn(lambda: self._append_async(conn, address, message, pending))
-                return
-            self._publish_failed(conn, address, pending, exc)
-            conn.committed(pending)
-
-    async def _append_async(
-        self, conn: Amqp1Conn, address: Address, message: Message, pending: PendingSettle
-    ) -> None:
+    async def _append_async(self, address: Address, message: Message, pending: PendingSettle) -> None:
         assert self.queues is not None
         try:
             await self.queues.publish(address.name, message, address.key)
         except QueueError as exc:
-            self._publish_failed(conn, address, pending, exc)
-        conn.committed(pending)
+            pending(None, exc)
+            return
+        pending(None, None)
 
-    def _publish_failed(
-        self, conn: Amqp1Conn, address: Address, pending: PendingSettle, exc: QueueError
-    ) -> None:
-        log.info("amqp1: %s: queue publish to %s refused: %s", conn.container_id, address.name, exc)
+    def publish_failed(self, conn: Amqp1Conn, pending: PendingSettle, exc: QueueError) -> None:
+        """A queue publish refused or not written: its disposition says why."""
+        log.info("amqp1: %s: queue publish to %s refused: %s", conn.container_id, pending.queue, exc)
         pending.error = Error(condition=refusal_condition(exc), description=str(exc))
 
     # -- dispositions -----------------------------------------------------------------------------

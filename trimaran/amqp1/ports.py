@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from trimaran.broker.message import Message
     from trimaran.queue.groups import Selects
     from trimaran.queue.manager import QueueManager
+    from trimaran.queue.policy import QueueError
     from trimaran.runtime.transport import Conn
 
 
@@ -40,6 +41,8 @@ class FrontEnd(Protocol):
     def encode_once(self, message: Message, cut: int = 0) -> bytes: ...
 
     def dropped(self, message: Message, subscriber: str, reason: str) -> None: ...
+
+    def publish_failed(self, conn: Any, pending: Any, exc: QueueError) -> None: ...
 
 
 class LinkOwner(Protocol):
