@@ -10,11 +10,15 @@ from pydantic import ValidationError
 
 from trimaran.broker.core import Broker
 from trimaran.config import Settings
+from trimaran.mqtt.conn import MqttConn
+from trimaran.mqtt.connection import ServerConnection
 from trimaran.mqtt.handler import MqttFrontEnd
 
 
-def _conn(listener: str) -> Any:
-    return SimpleNamespace(io=SimpleNamespace(listener=listener))
+def _conn(front: MqttFrontEnd, listener: str) -> Any:
+    """A real MqttConn (a compiled handler checks its type) on a stand-in for the socket's Conn."""
+    io: Any = SimpleNamespace(listener=listener)
+    return MqttConn(front, ServerConnection(), io)
 
 
 def test_the_user_mapping_wins_over_the_listener_and_the_listener_over_the_default() -> None:
@@ -23,10 +27,10 @@ def test_the_user_mapping_wins_over_the_listener_and_the_listener_over_the_defau
         auth={"vhost_map": {"bob": "bobs", "CN=dev1": "devices"}},
     )
     front = MqttFrontEnd(Broker(), settings)
-    assert front._vhost_for(_conn("mqtt-tls"), None) == "secure"
-    assert front._vhost_for(_conn("mqtt-tls"), "bob") == "bobs"
-    assert front._vhost_for(_conn("mqtt"), "CN=dev1") == "devices"
-    assert front._vhost_for(_conn("mqtt"), "alice") == "/"
+    assert front._vhost_for(_conn(front, "mqtt-tls"), None) == "secure"
+    assert front._vhost_for(_conn(front, "mqtt-tls"), "bob") == "bobs"
+    assert front._vhost_for(_conn(front, "mqtt"), "CN=dev1") == "devices"
+    assert front._vhost_for(_conn(front, "mqtt"), "alice") == "/"
 
 
 def test_a_listener_mapping_must_name_a_listener() -> None:

@@ -333,8 +333,8 @@ class ServerConnection:
                         self._on_connect(packet, ready)
                     else:
                         self._on_packet(packet, ready)
-                except _Fail as exc:
-                    self._fail(ready, exc.reason_code, exc.message)
+                except _Fail as fail:  # (its own name: mypyc gives one name one type in a function)
+                    self._fail(ready, fail.reason_code, fail.message)
                     break
             if not ready:
                 self._ready_at = 0
