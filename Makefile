@@ -4,13 +4,30 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test test-all release-check docs docs-build lint typecheck check system-deps bench clean
+.PHONY: run test test-all test-compiled compile clean-compiled release-check docs docs-build lint typecheck check system-deps bench clean
 
 run: $(VENV)/.installed-run
 	$(BIN)/trimaran serve $(ARGS)
 
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest $(ARGS)
+
+# The hot modules (trimaran/compiled.py) built with mypyc, in place beside their sources (gcc and the
+# Python headers; a few minutes). `make run` and `make test` then use them; TRIMARAN_INTERPRETED=1 or
+# `make clean-compiled` goes back to the source. Never needed: the source is the fallback.
+compile: $(VENV)/.installed-dev
+	$(BIN)/python scripts/compile.py
+
+clean-compiled:
+	find trimaran -name '*.so' -delete
+	rm -rf build/mypyc
+
+# CI's second run: compile, then the compiled modules' own tests and the protocol suites over them.
+COMPILED_TESTS ?= tests/test_compiled.py tests/test_topics.py tests/broker tests/mqtt tests/amqp091 \
+	tests/amqp1 tests/runtime/test_frame_order_mqtt.py tests/runtime/test_frame_order_amqp091.py \
+	tests/runtime/test_frame_order_amqp1.py
+test-compiled: compile
+	TRIMARAN_REQUIRE_COMPILED=1 $(BIN)/python -m pytest $(COMPILED_TESTS) $(ARGS)
 
 # Slow suites too (crash tests, soak).
 test-all: $(VENV)/.installed-dev
@@ -62,5 +79,5 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev,postgres,analytics]'
 	touch $@ $(VENV)/.installed-run
 
-clean:
+clean: clean-compiled
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
-from trimaran import __version__
+from trimaran import __version__, compiled
 from trimaran.admin import ui as management_page
 from trimaran.admin.api import AdminApi
 from trimaran.admin.http import HttpServer
@@ -129,6 +129,7 @@ class App:
         )
         self.storage = storage
         log.info("trimaran %s starting, storage %s", __version__, describe(storage.engine))
+        log.info("protocol machines: %s", compiled.describe())
         await anyio.to_thread.run_sync(storage.check)  # a damaged or locked file: one line, no wait
         await anyio.to_thread.run_sync(storage.migrate)
         store = MqttStore(storage.engine)

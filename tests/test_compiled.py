@@ -1,0 +1,83 @@
+"""trimaran/compiled.py: which build of the hot modules runs, the source as the fallback, and the
+start log line that says which. CI runs these twice: interpreted (``make test``) and compiled
+(``make test-compiled``, which sets TRIMARAN_REQUIRE_COMPILED)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.server import ALL_OFF, RunningServer, serving
+from trimaran import compiled
+from trimaran.compiled import ENV, MODULES
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBE = (
+    "import json, sys; from trimaran import compiled; "
+    "print(json.dumps([compiled.describe(), [sys.modules[n].__file__ for n in compiled.MODULES]]))"
+)
+
+
+def source_of(name: str) -> Path:
+    return ROOT.joinpath(*name.split(".")).with_suffix(".py")
+
+
+def built(name: str) -> bool:
+    source = source_of(name)
+    return any(source.parent.glob(source.stem + ".*.so"))
+
+
+def probe(interpreted: str | None) -> tuple[str, list[str]]:
+    env = {k: v for k, v in os.environ.items() if k != ENV}
+    if interpreted is not None:
+        env[ENV] = interpreted
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True, timeout=60
+    )
+    described, files = json.loads(done.stdout)
+    return described, files
+
+
+def test_every_listed_module_is_a_source_file_of_the_package() -> None:
+    assert len(set(MODULES)) == len(MODULES)
+    for name in MODULES:
+        assert source_of(name).is_file(), name
+
+
+def test_the_variable_runs_the_source_even_where_the_modules_are_built() -> None:
+    described, files = probe("1")
+    assert described == f"interpreted ({ENV} set)"
+    assert files == [str(source_of(name)) for name in MODULES]
+
+
+def test_without_the_variable_the_build_in_place_runs_if_there_is_one() -> None:
+    for interpreted in (None, "0", ""):
+        described, files = probe(interpreted)
+        for name, file in zip(MODULES, files, strict=True):
+            assert file.endswith(".so") == built(name), (name, file)
+        if all(built(name) for name in MODULES):
+            assert described == "compiled (mypyc)"
+        elif not any(built(name) for name in MODULES):
+            assert described == "interpreted"
+        else:
+            assert described.startswith("compiled (mypyc) but for ") and "make compile" in described
+
+
+def test_the_compiled_run_runs_compiled() -> None:
+    """So that ``make test-compiled`` cannot pass on the source without saying so."""
+    if not os.environ.get("TRIMARAN_REQUIRE_COMPILED"):
+        pytest.skip("TRIMARAN_REQUIRE_COMPILED unset: the interpreted run")
+    assert compiled.compiled_modules() == list(MODULES)
+    assert compiled.describe() == "compiled (mypyc)"
+
+
+def test_the_start_log_says_which_build_runs(tmp_path: Path) -> None:
+    server = RunningServer(ALL_OFF, cwd=tmp_path, env={ENV: "1"})
+    with serving(server.start()) as running:
+        assert f"protocol machines: interpreted ({ENV} set)" in running.output()

@@ -1,0 +1,108 @@
+"""Which build of the hot modules runs: compiled by mypyc, or interpreted from their source.
+
+The modules in :data:`MODULES` are plain typed Python and always run as such. ``make compile`` builds
+each into a C extension with mypyc (scripts/compile.py), beside its ``.py`` file, and Python's import
+system then loads the extension first. Nothing else changes: the same code, the same tests, and the
+source stays the fallback on a machine without a compiler (``make run`` never compiles).
+
+Setting ``TRIMARAN_INTERPRETED=1`` loads these modules from their source even where extensions are
+built: to compare the two, or to count the interpreter's calls (tests/test_budgets.py). It is read
+once, when the package is first imported. The start log says which build runs (:func:`describe`).
+
+The ground floor: imports nothing of the package.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from importlib.machinery import ExtensionFileLoader, ModuleSpec
+from types import ModuleType
+
+ENV = "TRIMARAN_INTERPRETED"
+
+# What mypyc accepts and the profile names, compiled together so that calls between them are native.
+# Left out: amqp091/spec.py and amqp1/performatives.py (their tables are built by class decorators,
+# which mypyc cannot apply to its native classes) and amqp1/connection.py (it subclasses
+# RuntimeError, which mypyc cannot compile), broker/router.py (generic dataclasses, which mypyc
+# cannot build: mypyc issue 827).
+MODULES = (
+    "trimaran.topics",
+    "trimaran.broker.message",
+    "trimaran.broker.core",
+    "trimaran.security.guard",
+    "trimaran.mqtt.reason_codes",
+    "trimaran.mqtt.properties",
+    "trimaran.mqtt.packets",
+    "trimaran.mqtt.events",
+    "trimaran.mqtt.codec",
+    "trimaran.mqtt.connection",
+    "trimaran.mqtt.mapping",
+    "trimaran.mqtt.conn",
+    "trimaran.mqtt.handler",
+    "trimaran.amqp091.events",
+    "trimaran.amqp091.properties",
+    "trimaran.amqp091.frames",
+    "trimaran.amqp091.connection",
+    "trimaran.amqp091.mapping",
+    "trimaran.amqp091.conn",
+    "trimaran.amqp091.handler",
+    "trimaran.amqp1.events",
+    "trimaran.amqp1.frames",
+    "trimaran.amqp1.codec",
+    "trimaran.amqp1.messages",
+    "trimaran.amqp1.session",
+    "trimaran.amqp1.mapping",
+    "trimaran.amqp1.conn",
+    "trimaran.amqp1.links",
+    "trimaran.amqp1.handler",
+)
+
+
+class _SourceFirst:
+    """A meta path finder that loads :data:`MODULES` from their ``.py`` files, ahead of the
+    extensions Python's own path finder would prefer."""
+
+    @staticmethod
+    def find_spec(name: str, path: Sequence[str] | None = None, target: object = None) -> ModuleSpec | None:
+        if name not in MODULES or not path:
+            return None
+        leaf = name.rpartition(".")[2]
+        for entry in path:
+            source = os.path.join(entry, leaf + ".py")
+            if os.path.isfile(source):
+                return importlib.util.spec_from_file_location(name, source)
+        return None
+
+
+def forced_interpreted() -> bool:
+    return os.environ.get(ENV, "") not in ("", "0")
+
+
+def honour_environment() -> None:
+    """Called by the package's ``__init__``, before any of :data:`MODULES` is imported."""
+    if forced_interpreted() and _SourceFirst not in sys.meta_path:
+        sys.meta_path.insert(0, _SourceFirst)
+
+
+def is_compiled(module: ModuleType) -> bool:
+    return isinstance(getattr(module.__spec__, "loader", None), ExtensionFileLoader)
+
+
+def compiled_modules() -> list[str]:
+    """Those of :data:`MODULES` that run compiled in this process (importing them if need be)."""
+    return [name for name in MODULES if is_compiled(importlib.import_module(name))]
+
+
+def describe() -> str:
+    """One phrase for the start log."""
+    compiled = compiled_modules()
+    if not compiled:
+        return f"interpreted ({ENV} set)" if forced_interpreted() else "interpreted"
+    if len(compiled) == len(MODULES):
+        return "compiled (mypyc)"
+    interpreted = sorted(set(MODULES) - set(compiled))
+    return f"compiled (mypyc) but for {', '.join(interpreted)} (stale build? run make compile)"
