@@ -104,6 +104,8 @@ def main() -> None:
     for i in range(args.rounds):
         for interpreted in (True, False) if i % 2 == 0 else (False, True):
             got = run_variant(interpreted, args.messages)
+            if not interpreted and got["build"] != "compiled (mypyc)":
+                sys.exit(f"the build does not run: {got['build']}")
             runs[interpreted].append(got)
             print(f"round {i + 1} {got.pop('build')}: " + ", ".join(f"{k} {v:.1f}" for k, v in got.items()))
     print(f"\nserver CPU µs a message, median of {args.rounds} (interpreted / compiled / saving):")

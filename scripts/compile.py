@@ -18,10 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def main() -> None:
     sys.path.insert(0, str(ROOT))
-    from trimaran.compiled import MODULES
+    from trimaran.compiled import GROUP, MODULES
 
     sources = [str(Path(*name.split(".")).with_suffix(".py")) for name in MODULES]
-    extensions = mypycify(sources, opt_level="3", group_name="trimaran._mypyc", target_dir="build/mypyc")
+    extensions = mypycify(sources, opt_level="3", group_name=GROUP, target_dir="build/mypyc")
     build = Distribution({"name": "trimaran-compiled", "ext_modules": extensions})
     build.script_args = ["build_ext", "--inplace", "--build-temp", "build/mypyc/objects"]
     build.parse_command_line()

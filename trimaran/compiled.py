@@ -6,7 +6,8 @@ system then loads the extension first. Nothing else changes: the same code, the 
 source stays the fallback on a machine without a compiler (``make run`` never compiles).
 
 Setting ``TRIMARAN_INTERPRETED=1`` loads these modules from their source even where extensions are
-built: to compare the two, or to count the interpreter's calls (tests/test_budgets.py). It is read
+built: to compare the two, or to count the interpreter's calls (tests/test_budgets.py). So does a
+build that lacks a module or is older than a source (:func:`why_interpreted`). Both are decided
 once, when the package is first imported. The start log says which build runs (:func:`describe`).
 
 The ground floor: imports nothing of the package.
@@ -19,10 +20,12 @@ import importlib.util
 import os
 import sys
 from collections.abc import Sequence
-from importlib.machinery import ExtensionFileLoader, ModuleSpec
+from importlib.machinery import EXTENSION_SUFFIXES, ExtensionFileLoader, ModuleSpec
 from types import ModuleType
 
 ENV = "TRIMARAN_INTERPRETED"
+# The library the compiled modules share (scripts/compile.py): trimaran/_mypyc__mypyc*.so.
+GROUP = "trimaran._mypyc"
 
 # The modules on the hot paths (the profile of tests/test_budgets.py's loads) that mypyc accepts and
 # whose tests pass compiled, built together so that calls between them are native. Left out:
@@ -87,9 +90,48 @@ def forced_interpreted() -> bool:
     return os.environ.get(ENV, "") not in ("", "0")
 
 
+def _source(name: str) -> str:
+    return os.path.join(os.path.dirname(__file__), *name.split(".")[1:]) + ".py"
+
+
+def _built(source: str) -> str | None:
+    """The extension built from ``source`` (or from the group: :data:`GROUP`), if there is one."""
+    for suffix in EXTENSION_SUFFIXES:
+        extension = source[: -len(".py")] + suffix
+        if os.path.isfile(extension):
+            return extension
+    return None
+
+
+def why_interpreted() -> str | None:
+    """Why the source runs, or None when the build runs: all of :data:`MODULES` or none. A build
+    with one module missing or older than its source would mix two versions of the same classes
+    (a compiled ``except`` does not catch the interpreted exception), and an edited or pulled
+    source must not be shadowed by yesterday's build."""
+    if forced_interpreted():
+        return f"{ENV} set"
+    # Each module's own extension only loads the group's library, which holds the code.
+    library = _built(_source(GROUP + "__mypyc"))
+    if library is None:
+        return "no build"
+    built_at = os.path.getmtime(library)
+    package = os.path.dirname(os.path.dirname(__file__))
+    for source in map(_source, MODULES):
+        if _built(source) is None:
+            return f"the build lacks {os.path.relpath(source, package)}: make compile"
+        if built_at < os.path.getmtime(source):
+            return f"the build is older than {os.path.relpath(source, package)}: make compile"
+    return None
+
+
+_WHY: str | None = None
+
+
 def honour_environment() -> None:
     """Called by the package's ``__init__``, before any of :data:`MODULES` is imported."""
-    if forced_interpreted() and _SourceFirst not in sys.meta_path:
+    global _WHY
+    _WHY = why_interpreted()
+    if _WHY is not None and _WHY != "no build" and _SourceFirst not in sys.meta_path:
         sys.meta_path.insert(0, _SourceFirst)
 
 
@@ -104,10 +146,6 @@ def compiled_modules() -> list[str]:
 
 def describe() -> str:
     """One phrase for the start log."""
-    compiled = compiled_modules()
-    if not compiled:
-        return f"interpreted ({ENV} set)" if forced_interpreted() else "interpreted"
-    if len(compiled) == len(MODULES):
+    if compiled_modules():
         return "compiled (mypyc)"
-    interpreted = sorted(set(MODULES) - set(compiled))
-    return f"compiled (mypyc) but for {', '.join(interpreted)} (stale build? run make compile)"
+    return "interpreted" if _WHY in (None, "no build") else f"interpreted ({_WHY})"
