@@ -16,6 +16,7 @@ SANS_IO = [
     "broker/router.py",
     "broker/retained.py",
     "topics.py",
+    "compiled.py",
     "vhosts.py",
     "selector.py",
     "mqtt/codec.py",
@@ -40,12 +41,13 @@ SANS_IO = [
     "amqp1/messages.py",
     "amqp1/frames.py",
     "amqp1/sasl.py",
+    "amqp1/errors.py",
     "amqp1/connection.py",
     "amqp1/events.py",
     "amqp1/session.py",
     "amqp1/transfers.py",
 ]
-# The package root holds only ``__version__``.
+# The package root holds ``__version__`` and picks the build of the hot modules (compiled.py).
 PURE_MODULES = {"trimaran"} | {"trimaran." + path.removesuffix(".py").replace("/", ".") for path in SANS_IO}
 
 

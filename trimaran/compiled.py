@@ -31,8 +31,8 @@ GROUP = "trimaran._mypyc"
 # whose tests pass compiled, built together so that calls between them are native. Left out:
 # - amqp091/spec.py, amqp1/performatives.py: their tables are built by class decorators, which
 #   mypyc cannot apply to its native classes;
-# - amqp1/connection.py, amqp091/fields.py, amqp1/types.py: they subclass builtin types
-#   (RuntimeError, int, str ...), which mypyc does not compile;
+# - amqp091/fields.py, amqp1/types.py: they subclass builtin types (int, str ...), which mypyc
+#   does not compile;
 # - broker/router.py: generic dataclasses, which mypyc cannot build (mypyc issue 827);
 # - amqp091/channels.py: a narrowing after a call that mypyc's checker rejects;
 # - runtime/transport.py, runtime/runner.py: compiled, they fail where an annotation says less than
@@ -63,6 +63,7 @@ MODULES = (
     "trimaran.amqp1.codec",
     "trimaran.amqp1.messages",
     "trimaran.amqp1.session",
+    "trimaran.amqp1.connection",
     "trimaran.amqp1.mapping",
     "trimaran.amqp1.conn",
     "trimaran.amqp1.links",

@@ -65,6 +65,7 @@ from typing import Any
 
 from trimaran import __version__
 
+from .errors import AMQPStateError
 from .events import (
     ConnectionClosed,
     ConnectionOpened,
@@ -143,10 +144,6 @@ log = logging.getLogger(__name__)
 TRANSFER_OVERHEAD_MAX = 38
 
 
-class AMQPStateError(RuntimeError):
-    """The caller used the connection in a way its state does not allow."""
-
-
 # --------------------------------------------------------------------------------------
 # The connection
 # --------------------------------------------------------------------------------------
@@ -195,6 +192,7 @@ class ServerConnection:
         self,
         container_id: str,
         *,
+        now: float,  # (first: mypyc cannot write a signature with it after the defaults)
         sasl_mechanisms: Sequence[str] = ("PLAIN", "ANONYMOUS"),
         require_sasl: bool = True,
         max_frame_size: int = 65536,
@@ -207,7 +205,6 @@ class ServerConnection:
         offered_capabilities: Sequence[str] | None = None,
         handshake_timeout: float | None = 10.0,
         close_timeout: float = 5.0,
-        now: float,
     ) -> None:
         """``idle_timeout`` (seconds) is how long the peer may stay silent after open; we
         advertise half of it as our idle-time-out, as the spec recommends. ``max_message_size``
@@ -791,12 +788,12 @@ class ServerConnection:
             self._fail(FRAMING_ERROR, str(exc))
             self.state = ConnState.CLOSED
             self._teardown_if_closing()
-        except DecodeError as exc:
-            self._fail(Symbol(exc.condition), str(exc))
+        except DecodeError as bad:  # (a name per type: mypyc gives one name one type in a function)
+            self._fail(Symbol(bad.condition), str(bad))
             self._teardown_if_closing()
-        except Exception as exc:  # a bug of ours must not escape into the I/O loop
+        except Exception as bug:  # a bug of ours must not escape into the I/O loop
             log.exception("AMQP 1.0 connection failed")
-            self._fail(INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+            self._fail(INTERNAL_ERROR, f"{type(bug).__name__}: {bug}")
             self._teardown_if_closing()
         return True
 
