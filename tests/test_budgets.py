@@ -101,7 +101,7 @@ PATHS = [
     Path_(
         "amqp091 durable",
         lambda s: Amqp091Load(s.port("amqp"), durable=True, batch=100),
-        Budget(loop=(117.0, 121.5), others=(5.5, 10.0)),
+        Budget(loop=(104.5, 117.5), others=(5.5, 10.0)),
     ),
     Path_(
         "amqp1 transfer-deliver-accept",

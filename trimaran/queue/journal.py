@@ -32,14 +32,10 @@ if TYPE_CHECKING:
 __all__ = ["Journal", "MemoryJournal", "Receipt", "StagedPublish", "Turn", "committed"]
 
 
-@dataclass(slots=True)
-class StagedPublish:
-    """A publish whose rows are in the turn's changes (:meth:`Journal.stage`): what its publisher
-    is told once they are committed (``done(result, error)``, the manager's ``publish_nowait``)."""
-
-    state: QueueState
-    stored: StoredMessage
-    done: Callable[..., None] | None
+#: A publish whose rows are in the turn's changes (:meth:`Journal.stage`): its queue, its message,
+#: and what its publisher is told once they are committed (``done(result, error)``, the manager's
+#: ``publish_nowait``). A tuple: one is made a message, and a class would cost its ``__init__``.
+StagedPublish = tuple[QueueState, StoredMessage, "Callable[..., None] | None"]
 
 
 @dataclass(slots=True)
@@ -209,21 +205,20 @@ class Journal:
             ch.queue_next[name] = stored.offset + 1
         return self.send(ch, wait=wait, on_results=on_results)
 
-    def stage(self, publish: StagedPublish) -> Receipt:
+    def stage(self, state: QueueState, stored: StoredMessage, done: Callable[..., None] | None) -> Receipt:
         """A durable early queue's publish (a finished row): into this turn's one change, submitted at
         the end of the turn (:meth:`send_turn`). Returns the turn's receipt, done once it is committed."""
         turn = self.turn
         if turn is None:
             turn = self.turn = Turn(Changes(), Receipt.standing_in())
-        stored = publish.stored
-        name = publish.state.name
+        name = state.name
         changes = turn.changes
         queue_store.add_published(
             changes.messages, changes.events, name, stored.offset, stored.message, stored.routing_key,
             stored.published_at, stored.expires_at, self.node,
         )  # fmt: skip
         changes.queue_next[name] = stored.offset + 1
-        turn.publishes.append(publish)
+        turn.publishes.append((state, stored, done))
         return turn.ticket
 
     def send_turn(self) -> None:

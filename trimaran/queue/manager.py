@@ -67,7 +67,7 @@ from trimaran.queue.groups import (
     message_id,
 )
 from trimaran.queue.handles import BrowseHandle, ConsumerHandle, settle_many_nowait
-from trimaran.queue.journal import Journal, Receipt, StagedPublish, Turn, committed
+from trimaran.queue.journal import Journal, Receipt, Turn, committed
 from trimaran.queue.letters import Letters
 from trimaran.queue.outcomes import Ack, Outcome, Retry
 from trimaran.queue.policy import (
@@ -522,7 +522,7 @@ class QueueManager:
                 done(PublishResult(state.name, appended), None)
             return None
         if ch is None:
-            return self._publish_early(state, message, routing_key, done)
+            return self._publish_early(state, message, routing_key, done, now)
         if self.shared_offsets(state):
             offset = None if state.awaiting_block else self._block_offset(state)
             if offset is None:
@@ -765,20 +765,23 @@ class QueueManager:
         message: Message,
         routing_key: str,
         done: Callable[[PublishResult, QueueError | None], None] | None,
+        now: int | None = None,
     ) -> Receipt:
         """A durable early queue's publish (see :meth:`early`): its row, finished here (offset,
         expiry), goes into the journal's turn, committed with the turn's other publishes and confirmed
         (or withdrawn) with them; consumers get it at the end of the turn, after the turn's rows were
-        submitted. Returns the turn's receipt."""
+        submitted. Returns the turn's receipt. ``now``: the publish's time, when the front end read it."""
         offset = state.next_offset
         state.next_offset = offset + 1
-        now = now_ms()
-        stored = StoredMessage(
-            offset, message, routing_key, now, expiry_ms(state.policy, now, message.expires_at_ms),
-            len(message.payload),
-        )  # fmt: skip
+        if now is None:
+            now = now_ms()
+        # Without a queue TTL, the message's own expiry (what expiry_ms says, without the call).
+        policy, expires = state.policy, message.expires_at_ms
+        if policy.ttl_s is not None:
+            expires = expiry_ms(policy, now, expires)
+        stored = StoredMessage(offset, message, routing_key, now, expires, len(message.payload))
         state.stats["published"] += 1
-        ticket = self.journal.stage(StagedPublish(state, stored, done))
+        ticket = self.journal.stage(state, stored, done)
         self._deliverable(state, stored)  # without a loop (trio), this submits the turn at once
         return ticket
 
@@ -935,14 +938,15 @@ class QueueManager:
         """A turn's publishes committed (or failed: its receipt's error): say so to each, in order."""
         error = turn.ticket.error
         failed = None if error is None else QueueError("storage", str(error))
-        for publish in turn.publishes:
-            state, stored = publish.state, publish.stored
+        publishing = self.events.publishing  # asked once a turn, not through _announce a message
+        for state, stored, done in turn.publishes:
             if failed is None:
-                self._announce(state, stored)
+                if publishing:
+                    self._announce(state, stored)
             else:
                 self._withdraw(state, stored.offset)
-            if publish.done is not None:
-                publish.done(PublishResult(state.name, stored.offset), failed)
+            if done is not None:
+                done(PublishResult(state.name, stored.offset), failed)
 
     def _withdraw(self, state: QueueState, offset: int) -> None:
         """An early message whose write failed: the publisher is told, and consumers do not get it
@@ -955,7 +959,7 @@ class QueueManager:
         queue): make it deliverable."""
         if state.deleted:
             return
-        if not self.is_shared(state):  # shared: the message comes back by a claim
+        if not self.shared or not self.is_shared(state):  # shared: the message comes back by a claim
             state.add(stored)
         # Deliveries once per committed batch, not per message: the writer calls _flush_dirty.
         dirty = self._dirty
@@ -974,7 +978,7 @@ class QueueManager:
                 self._browse(browser)
             for group in state.groups.values():
                 if group.consumers:
-                    if self.is_shared(state):
+                    if self.shared and self.is_shared(state):
                         self.claims.claim(state, group)
                     else:
                         self._dispatch(state, group)
@@ -1092,7 +1096,8 @@ class QueueManager:
                 return  # else the general way goes on from where the transient one stopped
         group.busy = True
         ch = Changes()
-        now = now_ms()
+        if now is None:
+            now = now_ms()
         work = group if isinstance(group, WorkGroup) else None
         stream = group if isinstance(group, StreamGroup) else None
         # Handed to the consumers only after the changes are submitted: a consumer that settles from
@@ -1112,6 +1117,8 @@ class QueueManager:
                     if handle.credit <= 0 or handle.closed:
                         continue
                     if work is not None:
+                        if not work.ready and work.cursor >= state.high:
+                            break  # what take would find: nothing for anyone (the common second round)
                         taken = work.take(handle.routing_filter, now, ch, handle.selects)
                         if taken is None:
                             continue
@@ -1132,14 +1139,14 @@ class QueueManager:
             group.busy = False
             if ch.after:
                 self.journal.submit(ch)
-            elif state.durable and not ch.empty():
+            elif state.durable and (out or not ch.empty()):  # a durable delivery has its event
                 self.journal.send(ch)
             for consumer_handle, delivery in out:
                 try:
                     consumer_handle.consumer.deliver(delivery)
                 except Exception:
                     log.exception("consumer %s failed to take a delivery", consumer_handle.consumer.id)
-        if self.is_shared(state) and self.claims.low(group):
+        if self.shared and self.is_shared(state) and self.claims.low(group):
             self.claims.claim(state, group)
 
     # -- the groups' Host: what reaches past one group ---------------------------------------------

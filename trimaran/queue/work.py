@@ -106,7 +106,8 @@ class WorkGroup(Group):
                     self.advance(offset + 1, ch)
                 offset += 1
                 continue
-            if expired(stored, now):
+            expires_at = stored.expires_at  # groups.expired, inline: asked of every message taken
+            if expires_at is not None and now >= expires_at:
                 self.host.expire(state, offset, now, ch)
                 continue
             if (routing_filter is None or filter_matches(routing_filter, stored.routing_key)) and (
@@ -127,10 +128,13 @@ class WorkGroup(Group):
         what was acked out of order)."""
         old = self.cursor
         self.cursor = to
+        entries = self.entries
+        # Only offsets with an entry can be retired: asked first, a taken message's step costs no call.
         for offset in range(old, to):
-            self._retire(offset, ch)
+            if offset in entries:
+                self._retire(offset, ch)
         high = self.state.high
-        while self.cursor < high and self._retire(self.cursor, ch):
+        while self.cursor < high and self.cursor in entries and self._retire(self.cursor, ch):
             self.cursor += 1
         self.journal.cursor(ch, self.state, self)
 

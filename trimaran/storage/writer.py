@@ -186,7 +186,9 @@ class GroupCommitWriter:
         self.engine = engine
         self.interval_s = commit_interval_ms / 1000.0
         self.batch_max = commit_batch_max
-        self._cond = threading.Condition(threading.Lock())
+        # Submits take the lock itself (C), not the condition (a Python __enter__/__exit__ each).
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._items: list[Receipt] = []
         self._rows = 0
         self._idle = False  # the thread waits for work: a submit must notify it
@@ -251,7 +253,7 @@ class GroupCommitWriter:
             receipt.on_results = on_results
         if self._thread is None:
             raise WriterError("the writer is not running")
-        with self._cond:
+        with self._lock:
             self._items.append(receipt)
             self._rows += receipt.rows
             if self._rows >= self.batch_max:
