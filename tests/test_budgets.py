@@ -96,12 +96,12 @@ PATHS = [
     Path_(
         "amqp091 transient",
         lambda s: Amqp091Load(s.port("amqp"), durable=False, batch=100),
-        Budget(loop=(61.5, 90.5), others=(0.5, 0.5)),
+        Budget(loop=(57.5, 90.5), others=(0.5, 0.5)),
     ),
     Path_(
         "amqp091 durable",
         lambda s: Amqp091Load(s.port("amqp"), durable=True, batch=100),
-        Budget(loop=(104.5, 117.5), others=(5.5, 10.0)),
+        Budget(loop=(99.5, 117.5), others=(5.5, 10.0)),
     ),
     Path_(
         "amqp1 transfer-deliver-accept",

@@ -67,7 +67,32 @@ class Consumer:
         self.cancelled = False
 
     def deliver(self, delivery: QueueDelivery) -> None:
-        self.channel.deliver(self, delivery)
+        """A delivery from the queue: written on the channel (one call a message, not a hop to the
+        channel's own method), or given back when the channel has closed or cannot send."""
+        channel = self.channel
+        conn = channel.conn
+        message = delivery.message
+        if channel.closed:
+            channel.give_back(self, delivery)
+            return
+        exchange, key, properties = delivery_form(message)
+        tag = channel.next_tag
+        channel.next_tag = tag + 1
+        sent = conn.machine.send_delivery(
+            channel.number, self.tag, tag, delivery.redelivered, exchange, key, properties, message.payload
+        )
+        if not sent:
+            channel.give_back(self, delivery)
+            return
+        conn.front.broker.stats.messages_sent += 1
+        conn.io.messages_out += 1
+        if self.no_ack:
+            self.outstanding += 1
+            conn.written_hooks.add(channel)
+        else:
+            channel.unacked[tag] = (self, delivery.offset)
+            self.unacked += 1
+        conn.io.wake()  # the runtime's, straight: the hull's wake only forwards
 
 
 class Getter(Consumer):
@@ -135,32 +160,7 @@ class ChannelState:
 
     # -- delivering -------------------------------------------------------------------------------
 
-    def deliver(self, consumer: Consumer, delivery: QueueDelivery) -> None:
-        conn = self.conn
-        message = delivery.message
-        if self.closed:
-            self._give_back(consumer, delivery)
-            return
-        exchange, key, properties = delivery_form(message)
-        tag = self.next_tag
-        self.next_tag = tag + 1
-        sent = conn.machine.send_delivery(
-            self.number, consumer.tag, tag, delivery.redelivered, exchange, key, properties, message.payload
-        )
-        if not sent:
-            self._give_back(consumer, delivery)
-            return
-        conn.front.broker.stats.messages_sent += 1
-        conn.io.messages_out += 1
-        if consumer.no_ack:
-            consumer.outstanding += 1
-            conn.written_hooks.add(self)
-        else:
-            self.unacked[tag] = (consumer, delivery.offset)
-            consumer.unacked += 1
-        conn.wake()
-
-    def _give_back(self, consumer: Consumer, delivery: QueueDelivery) -> None:
+    def give_back(self, consumer: Consumer, delivery: QueueDelivery) -> None:
         """A delivery handed over as the channel closed, never sent: back to the queue, and not
         as a redelivery (it was not delivered)."""
         handle = consumer.handle

@@ -65,8 +65,10 @@ class Pending:
             self.conn.confirm_due()
 
     def sealed(self) -> None:
-        """Routing is over: nothing more will be expected."""
-        self.committed(None, None)
+        """Routing is over: nothing more will be expected (``committed`` with no error, inline)."""
+        self.waiting -= 1
+        if not self.waiting:
+            self.conn.confirm_due()
 
     @property
     def done(self) -> bool:

@@ -598,8 +598,9 @@ class Amqp091FrontEnd:
                     routed += self.broker.publish(message)
                 finally:
                     self._collecting = None
+        known = self.manager.queues  # asked once a queue, not through a call each
         for queue in queues:
-            if not self.manager.exists(queue):
+            if queue not in known:
                 continue
             routed += 1
             queued = message if single is not None else message.copy_with(topic=queue_topic(queue))
@@ -682,7 +683,7 @@ class Amqp091FrontEnd:
                 log.debug("amqp091: publish to %s refused: %s", describe(queue), exc)
                 return False
         else:
-            entry.expect()
+            entry.waiting += 1  # Pending.expect, inline: one more commit to wait for
             try:
                 ticket = self.manager.publish_nowait(queue, message, key, done=entry.committed, now=now)
             except QueueError as exc:

@@ -34,9 +34,12 @@ class FrontEnd(Protocol):
 
 
 class Counters(Protocol):
-    """The runtime's per-connection counters a delivery bumps (``runtime.transport.Conn``)."""
+    """The runtime's side of a connection as a delivery sees it (``runtime.transport.Conn``): the
+    counter it bumps, and the wake that has its bytes written in this loop iteration's flush."""
 
     messages_out: int
+
+    def wake(self) -> None: ...
 
 
 class ChannelOwner(Protocol):
