@@ -1089,10 +1089,12 @@ class QueueManager:
             return
         if not group.consumers or state.deleted or not self._started:
             return
-        if not state.durable and type(group) is WorkGroup:
-            if group.cursor >= state.high and not group.ready:
-                return  # nothing to hand out (a consumer's credit came back, the queue is empty)
-            if transient.dispatch(self, state, group, now):
+        if type(group) is WorkGroup:
+            # Nothing to hand out (a consumer's credit came back, the queue is drained): what take
+            # would say, asked before a change is made. A shared node's groups go on to their claims.
+            if group.cursor >= state.high and not group.ready and not (self.shared and state.durable):
+                return
+            if not state.durable and transient.dispatch(self, state, group, now):
                 return  # else the general way goes on from where the transient one stopped
         group.busy = True
         ch = Changes()
