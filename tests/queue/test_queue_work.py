@@ -417,7 +417,7 @@ async def test_an_early_message_whose_write_fails_is_withdrawn(
 
 async def test_settle_all_nowait_is_one_submission_for_many(make_manager: Factory) -> None:
     """basic.ack with multiple: every delivery the handle holds is settled in one change; one it does
-    not hold is skipped and not counted."""
+    not hold is skipped and not counted. The change is the turn's, submitted at the turn's end."""
     manager = make_manager()
     async with manager.running():
         c, other = Collector("c"), Collector("other")
@@ -429,6 +429,8 @@ async def test_settle_all_nowait_is_one_submission_for_many(make_manager: Factor
         manager.consume("q", other)
         before = manager.writer.submissions
         assert handle.settle_all_nowait([0, 1, 2, 3, 99], ACK) == 4
+        assert manager.writer.submissions == before  # not yet: at the end of the loop's turn
+        await wait_until(lambda: manager.writer.submissions > before)
         assert manager.writer.submissions == before + 1
         await wait_until(lambda: manager.info("q").depth == 1)
         assert handle.settle_all_nowait([0], ACK) == 0  # settled already

@@ -205,6 +205,16 @@ class Journal:
             ch.queue_next[name] = stored.offset + 1
         return self.send(ch, wait=wait, on_results=on_results)
 
+    def turn_changes(self) -> Changes:
+        """This turn's one change, for rows that need nothing run after their commit and may wait
+        for the end of the turn (a holder's acks: a read's acks are one submission). Whatever is
+        submitted later sends the turn first (:meth:`send`, :meth:`submit`), so nothing overtakes
+        these rows; the manager sends it at the end of the turn."""
+        turn = self.turn
+        if turn is None:
+            turn = self.turn = Turn(Changes(), Receipt.standing_in())
+        return turn.changes
+
     def stage(self, state: QueueState, stored: StoredMessage, done: Callable[..., None] | None) -> Receipt:
         """A durable early queue's publish (a finished row): into this turn's one change, submitted at
         the end of the turn (:meth:`send_turn`). Returns the turn's receipt, done once it is committed."""
@@ -229,6 +239,9 @@ class Journal:
             return
         self.turn = None
         assert self.writer is not None and self.turn_done is not None
+        if not turn.publishes and turn.changes.empty():  # acks that settled nothing
+            turn.ticket.settle(None)
+            return
         try:
             self.writer.submit(turn.changes, on_results=partial(self.turn_done, turn), receipt=turn.ticket)
         except WriterError as exc:

@@ -921,6 +921,11 @@ class QueueManager:
         """An early message (see :meth:`early`) in memory now; its queue's consumers get it at the end
         of the loop's turn, with whatever else this turn publishes (one dispatch, not one each)."""
         self.appended(state, stored)
+        self._end_turn_soon()
+
+    def _end_turn_soon(self) -> None:
+        """At the end of the loop's turn: submit the journal's turn, then deliver what it made
+        deliverable (without a loop, trio: at once)."""
         if not self._flush_soon:
             self._flush_soon = True
             loop = self._loop
@@ -1235,6 +1240,21 @@ class QueueManager:
             acked = transient.ack(self, state, group, offsets, holder)
             if acked is not None:
                 return acked, None
+        if (
+            not wait
+            and outcome.__class__ is Ack
+            and holder is not None
+            and consumer_id is None
+            and type(group) is WorkGroup
+            and not self.shared
+        ):
+            # A holder's ack writes rows and runs nothing after its commit: its rows join the
+            # turn's one change (journal.turn_changes), so the acks of a read are one submission,
+            # sent at the end of the turn or before anything submitted after them.
+            turn = self.journal.turn_changes()
+            settled = group.settle_all(offsets, outcome, holder, None, now_ms(), turn)
+            self._end_turn_soon()
+            return settled, None
         ch = Changes()
         now = now_ms()
         settled = group.settle_all(offsets, outcome, holder, consumer_id, now, ch)
