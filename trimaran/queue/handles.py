@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
-from trimaran.queue.outcomes import ACK, RELEASED, UNSENT, Commit, DeadLetter, Outcome, Retry
+from trimaran.queue.outcomes import ACK, RELEASED, UNSENT, Ack, Commit, DeadLetter, Outcome, Retry
 
 if TYPE_CHECKING:
     from trimaran.queue.groups import Group, QueueConsumer, QueueState, Selects
@@ -205,13 +205,15 @@ class BrowseHandle:
 
 def settle_many_nowait(settlements: Iterable[tuple[ConsumerHandle, int, Outcome]]) -> None:
     """Settle deliveries of several handles and outcomes (a read's PUBACKs, basic.ack with
-    ``multiple``) with one change and one submission per handle and outcome, not one per delivery."""
-    batches: dict[tuple[int, Outcome], tuple[ConsumerHandle, list[int]]] = {}
+    ``multiple``) with one settle per handle and outcome, not one per delivery. Every ``Ack`` is
+    alike, so an ack is keyed by its handle alone: hashing the frozen dataclass is a Python call."""
+    batches: dict[tuple[int, Outcome | None], tuple[ConsumerHandle, list[int], Outcome]] = {}
     for handle, offset, outcome in settlements:
-        batch = batches.get((id(handle), outcome))
+        key = (id(handle), None if outcome.__class__ is Ack else outcome)
+        batch = batches.get(key)
         if batch is None:
-            batches[(id(handle), outcome)] = (handle, [offset])
+            batches[key] = (handle, [offset], outcome)
         else:
             batch[1].append(offset)
-    for (_, outcome), (handle, offsets) in batches.items():
+    for handle, offsets, outcome in batches.values():
         handle.settle_all_nowait(offsets, outcome)

@@ -1253,7 +1253,8 @@ class QueueManager:
             # sent at the end of the turn or before anything submitted after them.
             turn = self.journal.turn_changes()
             settled = group.settle_all(offsets, outcome, holder, None, now_ms(), turn)
-            self._end_turn_soon()
+            if not self._flush_soon:
+                self._end_turn_soon()
             return settled, None
         ch = Changes()
         now = now_ms()
