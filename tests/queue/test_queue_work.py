@@ -640,6 +640,30 @@ async def test_a_submission_later_in_the_turn_follows_the_turns_publishes(make_m
     assert queue_store.stored_offsets(manager.storage.engine, "p") == []
 
 
+async def test_acks_wait_for_the_turns_end_and_a_stop_still_writes_them(make_manager: Factory) -> None:
+    """A holder's acks go into the turn's change: nothing reaches the writer while the turn runs,
+    and a stop in the same turn still commits them, so the next start delivers only what was not
+    acked."""
+    first = make_manager()
+    async with first.running():
+        c = Collector("c")
+        handle = first.consume("q", c)
+        handle.add_credit(3)
+        for i in range(3):
+            await first.publish("q", msg(b"%d" % i))
+        await wait_until(lambda: len(c.deliveries) == 3)
+        before = first.writer.submissions
+        assert handle.settle_all_nowait([0, 1], ACK) == 2
+        assert first.writer.submissions == before
+        # no await between the acks and the stop: the turn is still open when the stop comes
+    second = make_manager()
+    async with second.running():
+        again = Collector("again")
+        second.consume("q", again).add_credit(5)
+        await wait_until(lambda: len(again.deliveries) == 1)
+        assert [d.offset for d in again.deliveries] == [2]
+
+
 async def test_a_turns_publishes_fail_together_and_are_withdrawn(
     make_manager: Factory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
