@@ -101,7 +101,7 @@ PATHS = [
     Path_(
         "amqp091 durable",
         lambda s: Amqp091Load(s.port("amqp"), durable=True, batch=100),
-        Budget(loop=(92.0, 103.5), others=(5.0, 4.0)),
+        Budget(loop=(90.0, 102.5), others=(5.0, 4.0)),
     ),
     Path_(
         "amqp1 transfer-deliver-accept",

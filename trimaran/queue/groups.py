@@ -286,11 +286,17 @@ class Deadlines:
             due.append((offset, token))
         return due
 
-    def compact(self, live: Callable[[int, int], bool]) -> None:
-        """Keep only the items ``live(offset, token)`` says are still held."""
-        self.fifo = deque(item for item in self.fifo if live(item[1], item[2]))
-        self.heap = [item for item in self.heap if live(item[1], item[2])]
-        heapq.heapify(self.heap)
+    def compact(self, entries: dict[int, Entry]) -> None:
+        """Keep only the items that still stand for a held delivery of ``entries`` (its state held,
+        its token the item's). Comprehensions, not a predicate: no call per item (a compaction
+        walks every stale item of the last time-out)."""
+        get = entries.get
+        self.fifo = deque(
+            [i for i in self.fifo if (e := get(i[1])) is not None and e.state == HELD and e.token == i[2]]
+        )
+        heap = [i for i in self.heap if (e := get(i[1])) is not None and e.state == HELD and e.token == i[2]]
+        heapq.heapify(heap)
+        self.heap = heap
 
     def clear(self) -> None:
         self.fifo.clear()

@@ -114,7 +114,7 @@ def dispatch(host: Host, state: QueueState, group: WorkGroup, now: int | None = 
         group.rr = rr
         group.busy = False
     if not alone and len(timeouts.fifo) > 2 * len(entries) + 1024:  # settled the general way
-        timeouts.compact(group._holds)
+        timeouts.compact(entries)
     for taker, delivery in out:
         try:
             taker.consumer.deliver(delivery)
@@ -160,5 +160,5 @@ def ack(host: Host, state: QueueState, group: WorkGroup, offsets: Iterable[int],
             break
         fifo.popleft()
     if len(fifo) > 2 * len(entries) + 1024:  # behind a delivery held long: mostly settled ones
-        group.timeouts.compact(group._holds)
+        group.timeouts.compact(entries)
     return n

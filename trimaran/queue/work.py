@@ -190,8 +190,8 @@ class WorkGroup(Group):
             deadline = now + int(state.policy.visibility_timeout_s * 1000)
             timeouts = self.timeouts
             timeouts.push(deadline, offset, entry.token)
-            if len(timeouts) > 2 * len(self.entries) + 1024:  # mostly settled deliveries
-                timeouts.compact(self._holds)
+            if len(timeouts.fifo) + len(timeouts.heap) > 2 * len(self.entries) + 1024:  # mostly settled
+                timeouts.compact(self.entries)
             host = self.host
             if not self.timed or deadline < host.wake_at:
                 host.due(state, self, deadline)
