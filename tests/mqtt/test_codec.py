@@ -240,3 +240,35 @@ def test_what_next_pubacks_leaves_is_decoded_as_before() -> None:
         decoder.feed(data)
         assert decoder.next_pubacks() == []
         assert decoder.buffered == len(data)
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_a_repeated_topic_is_decoded_once(level: int) -> None:
+    sent = [
+        Publish("a/b", b"1"),
+        Publish("a/b", b"2", qos=1, packet_id=7),
+        Publish("a/c", b"3"),
+        Publish("a/b"),
+    ]
+    decoder = Decoder(protocol_level=level)
+    decoder.feed(b"".join(encode(p, level) for p in sent))
+    got = decode_all(decoder)
+    assert got == sent
+    assert all(isinstance(p, Publish) for p in got)
+    first, second, _, last = (p for p in got if isinstance(p, Publish))
+    assert second.topic is first.topic and last.topic is not first.topic  # "a/c" came between
+    assert first.wire == encode(sent[0], level) and first.payload == b"1"
+
+
+def test_a_topic_is_checked_whenever_its_bytes_differ() -> None:
+    decoder = Decoder(protocol_level=4)
+    decoder.feed(encode(Publish("ab", b"x"), 4))
+    assert decode_all(decoder) == [Publish("ab", b"x")]
+    decoder.feed(b"\x30\x05\x00\x02a\xff" + b"x")  # as long as "ab", not UTF-8
+    with pytest.raises(ProtocolError, match="UTF-8"):
+        decoder.next_packet()
+    decoder = Decoder(protocol_level=4)
+    decoder.feed(encode(Publish("ab", b"x"), 4) + b"\x30\x05\x00\x02a\x00" + b"x")
+    assert isinstance(decoder.next_packet(), Publish)
+    with pytest.raises(ProtocolError, match="U\\+0000"):
+        decoder.next_packet()
