@@ -160,9 +160,15 @@ class MqttEndpoint:
         machine = conn.mqtt
         if qos > 0:
             wire = None
-            if message.expires_at_ms is None and not machine.uses_topic_aliases:
+            if (
+                message.expires_at_ms is None
+                and not machine.uses_topic_aliases
+                and not self.session.queue.items
+            ):
                 # Encoded once for every subscriber of this level, QoS, retain flag and identifiers;
-                # the connection puts in the packet id.
+                # the connection puts in the packet id. Not for one that queues behind others (a
+                # reader slower than its publishers): it is encoded at its turn, and bytes cut for
+                # it now would be thrown away.
                 retain = message.retain and (retained or delivery.retain_as_published)
                 ids = delivery.subscription_identifiers
                 wire = front.fan_out.publish_around_id(
