@@ -123,16 +123,17 @@ class Backlog:
 
     def popleft(self) -> OutboundMessage:
         items, head = self.items, self._head
-        if head >= len(items):
+        size = len(items)
+        if head >= size:
             raise IndexError("pop from an empty backlog")
         message = items[head]
         head += 1
         self.first_seq += 1
         self.bytes -= len(message.payload) + len(message.topic)  # weight()
-        if head == len(items):
+        if head == size:
             items.clear()
             head = 0
-        elif head > 64 and head * 2 > len(items):
+        elif head > 64 and head * 2 > size:
             del items[:head]
             head = 0
         self._head = head
@@ -244,14 +245,17 @@ class Session:
         many messages as ``max_queued``, or as many bytes as ``max_queued_bytes``."""
         if message.qos == 0:
             raise ValueError("only QoS 1 and 2 messages are queued in the session")
+        # len(queue) and queue.append() written out: once per message queued behind the window.
         queue = self.queue
-        if len(queue) >= self.max_queued or (
-            self.max_queued_bytes
-            and queue.bytes + len(message.payload) + len(message.topic) > self.max_queued_bytes
+        items = queue.items
+        size = len(message.payload) + len(message.topic)  # weight()
+        if len(items) - queue._head >= self.max_queued or (
+            self.max_queued_bytes and queue.bytes + size > self.max_queued_bytes
         ):
             self.dropped += 1
             return False
-        self.queue.append(message)
+        items.append(message)
+        queue.bytes += size
         return True
 
     def next_to_send(self, window: int) -> InflightEntry | None:
