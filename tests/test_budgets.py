@@ -84,6 +84,13 @@ PATHS = [
         Budget(loop=(24.5, 20.0)),
     ),
     Path_(
+        # The fan-in generator's case: a subscriber slower than its publishers, most deliveries
+        # queued behind its window.
+        "mqtt qos1 fan-in 4->1, window 10",
+        _mqtt(publishers=4, subscribers=1, qos=1, topic="bench/t", batch=50, receive_maximum=10),
+        Budget(loop=(29.0, 33.5)),
+    ),
+    Path_(
         "mqtt qos1 fan-out 1->4",
         _mqtt(publishers=1, subscribers=4, qos=1, topic="bench/t", batch=50),
         Budget(loop=(51.0, 48.0)),

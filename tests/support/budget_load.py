@@ -47,6 +47,7 @@ from trimaran.mqtt.packets import (
     Subscribe,
     SubscriptionOptions,
 )
+from trimaran.mqtt.properties import Properties as MqttProperties
 
 PAYLOAD = b"x" * 32
 
@@ -62,11 +63,21 @@ def _recv(sock: socket.socket) -> bytes:
 
 
 class MqttClient:
-    def __init__(self, port: int, client_id: str, level: int = MQTT_5, username: str | None = None) -> None:
+    def __init__(
+        self,
+        port: int,
+        client_id: str,
+        level: int = MQTT_5,
+        username: str | None = None,
+        receive_maximum: int | None = None,
+    ) -> None:
         self.level = level
         self.sock = connect(port)
         self.decoder = Decoder(protocol_level=level)
-        connect_packet = Connect(protocol_level=level, client_id=client_id, username=username)
+        props = MqttProperties(receive_maximum=receive_maximum)
+        connect_packet = Connect(
+            protocol_level=level, client_id=client_id, username=username, properties=props
+        )
         self.sock.sendall(encode(connect_packet, level))
         connack = self.expect()
         assert isinstance(connack, ConnAck) and connack.reason_code == 0, connack
@@ -104,10 +115,15 @@ class MqttLoad:
         batch: int,
         topic_filter: str | None = None,
         username: str | None = None,
+        receive_maximum: int | None = None,
     ) -> None:
         self.qos = qos
         self.batch = batch
-        self.subs = [MqttClient(port, f"sub{i}", username=username) for i in range(subscribers)]
+        # receive_maximum: the subscribers' window; a small one keeps most deliveries queued
+        self.subs = [
+            MqttClient(port, f"sub{i}", username=username, receive_maximum=receive_maximum)
+            for i in range(subscribers)
+        ]
         for sub in self.subs:
             sub.subscribe(topic_filter or topic, qos)
         self.pubs = [MqttClient(port, f"pub{i}", username=username) for i in range(publishers)]
