@@ -71,34 +71,34 @@ PATHS = [
     Path_(
         "mqtt qos0 fan-in 4->1",
         _mqtt(publishers=4, subscribers=1, qos=0, topic="bench/t", batch=50),
-        Budget(loop=(17.0, 8.5)),
+        Budget(loop=(16.0, 8.5)),
     ),
     Path_(
         "mqtt qos0 fan-out 1->4",
         _mqtt(publishers=1, subscribers=4, qos=0, topic="bench/t", batch=50),
-        Budget(loop=(27.0, 15.0)),
+        Budget(loop=(26.0, 15.0)),
     ),
     Path_(
         "mqtt qos1 fan-in 4->1",
         _mqtt(publishers=4, subscribers=1, qos=1, topic="bench/t", batch=50),
-        Budget(loop=(24.5, 20.0)),
+        Budget(loop=(23.5, 20.0)),
     ),
     Path_(
         # The fan-in generator's case: a subscriber slower than its publishers, most deliveries
         # queued behind its window.
         "mqtt qos1 fan-in 4->1, window 10",
         _mqtt(publishers=4, subscribers=1, qos=1, topic="bench/t", batch=50, receive_maximum=10),
-        Budget(loop=(29.0, 33.5)),
+        Budget(loop=(28.0, 33.5)),
     ),
     Path_(
         "mqtt qos1 fan-out 1->4",
         _mqtt(publishers=1, subscribers=4, qos=1, topic="bench/t", batch=50),
-        Budget(loop=(51.0, 48.0)),
+        Budget(loop=(50.0, 48.0)),
     ),
     Path_(
         "mqtt $queue/ qos1",
         _mqtt(publishers=1, subscribers=1, qos=1, topic="$queue/budget", batch=100),
-        Budget(loop=(91.5, 130.5), others=(4.5, 2.0)),
+        Budget(loop=(90.5, 130.5), others=(4.5, 2.0)),
     ),
     Path_(
         "amqp091 transient",

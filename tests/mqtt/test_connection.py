@@ -14,7 +14,6 @@ from trimaran.mqtt.connection import (
     MessageAcked,
     MessageDropped,
     MessagesAcked,
-    PublishReceived,
     ServerConnection,
     ServerLimits,
     State,
@@ -177,7 +176,7 @@ def test_packets_sent_before_connack_are_read_after_accept() -> None:
         server,
         server.accept,
     )
-    assert events == [PublishReceived(Publish("a", b"1"))]
+    assert events == [Publish("a", b"1")]
     assert [type(p) for p in client.received()] == [ConnAck, PingResp]
 
 
@@ -278,7 +277,7 @@ def test_a_connect_larger_than_the_unauthenticated_limit_is_refused() -> None:
     # After the login the full limit applies.
     server, client, _ = connected(ServerLimits(max_packet_size_unauthenticated=128), level=5)
     (event,) = client.send(Publish("a/b", b"x" * 1000))
-    assert isinstance(event, PublishReceived)
+    assert isinstance(event, Publish)
 
 
 def test_topic_length_levels_and_subscriptions_are_bounded() -> None:
@@ -298,7 +297,7 @@ def test_topic_length_levels_and_subscriptions_are_bounded() -> None:
 def test_qos1_publish_is_acked_by_the_handler() -> None:
     server, client, _ = connected()
     (event,) = client.send(Publish("a/b", b"x", 1, packet_id=5))
-    assert event == PublishReceived(Publish("a/b", b"x", 1, packet_id=5))
+    assert event == Publish("a/b", b"x", 1, packet_id=5)
     assert client.received() == []  # not before the handler says so
     server.ack_publish(5)
     assert client.received() == [PubAck(5)]
@@ -326,7 +325,7 @@ def test_request_problem_information_0_strips_reason_strings() -> None:
 def test_qos2_exactly_once() -> None:
     server, client, _ = connected()
     publish = Publish("a", b"x", 2, packet_id=7)
-    assert client.send(publish) == [PublishReceived(publish)]
+    assert client.send(publish) == [publish]
     # A resend before the handler acked: not a new message.
     assert client.send(Publish("a", b"x", 2, dup=True, packet_id=7)) == []
     server.ack_publish(7)
@@ -337,7 +336,7 @@ def test_qos2_exactly_once() -> None:
     assert client.send(PubRel(7)) == []
     assert client.received() == [PubComp(7)]
     # The id is free again: the next PUBLISH with it is a new message.
-    assert client.send(publish) == [PublishReceived(publish)]
+    assert client.send(publish) == [publish]
 
 
 def test_qos2_state_survives_reconnect() -> None:
@@ -370,7 +369,7 @@ def test_a_qos2_resend_on_the_next_connection_waits_for_the_first_copy() -> None
     session = Session("c1", expiry_interval=60)
     first, client1, _ = connected(session=session)
     (event,) = client1.send(Publish("t", b"x", 2, packet_id=7))
-    assert isinstance(event, PublishReceived)
+    assert isinstance(event, Publish)
     assert [type(e) for e in eof(first)] == [ConnectionClosed]
     second, client2, _ = connected(session=session, session_present=True)
     assert client2.send(Publish("t", b"x", 2, dup=True, packet_id=7)) == []  # held, not received again
@@ -398,7 +397,7 @@ def test_a_held_qos2_resend_whose_first_copy_is_refused_in_3_1_1_is_forgotten() 
     assert second.settle_resend(7, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
     assert client2.received() == [] and not session.inbound_pending and not session.inbound_qos2
     (again,) = client2.send(Publish("t", b"x", 2, dup=True, packet_id=7))
-    assert isinstance(again, PublishReceived)
+    assert isinstance(again, Publish)
 
 
 def test_a_qos2_publish_is_pending_in_the_session_until_acknowledged() -> None:
@@ -442,9 +441,7 @@ def test_maximum_qos_enforced_in_5_only() -> None:
     _, client, _ = connected(ServerLimits(maximum_qos=1))
     assert closed(client.send(Publish("a", b"", 2, packet_id=1))).reason_code == 0x9B
     _, client, _ = connected(ServerLimits(maximum_qos=1), level=4)
-    assert client.send(Publish("a", b"", 2, packet_id=1)) == [
-        PublishReceived(Publish("a", b"", 2, packet_id=1))
-    ]
+    assert client.send(Publish("a", b"", 2, packet_id=1)) == [Publish("a", b"", 2, packet_id=1)]
 
 
 def test_retain_not_available() -> None:
@@ -471,13 +468,13 @@ def test_subscription_identifier_from_client_is_a_protocol_error() -> None:
 def test_inbound_topic_aliases() -> None:
     _, client, _ = connected(ServerLimits(topic_alias_maximum=2))
     (first,) = client.send(Publish("a/b", b"1", properties=props(topic_alias=1)))
-    assert isinstance(first, PublishReceived)
-    assert first.publish.topic == "a/b" and first.publish.properties.topic_alias is None
+    assert isinstance(first, Publish)
+    assert first.topic == "a/b" and first.properties.topic_alias is None
     (second,) = client.send(Publish("", b"2", properties=props(topic_alias=1)))
-    assert isinstance(second, PublishReceived) and second.publish.topic == "a/b"
+    assert isinstance(second, Publish) and second.topic == "a/b"
     client.send(Publish("c", b"3", properties=props(topic_alias=1)))  # remap
     (third,) = client.send(Publish("", b"4", properties=props(topic_alias=1)))
-    assert isinstance(third, PublishReceived) and third.publish.topic == "c"
+    assert isinstance(third, Publish) and third.topic == "c"
     assert closed(client.send(Publish("", b"", properties=props(topic_alias=2)))).reason_code == 0x82
 
 

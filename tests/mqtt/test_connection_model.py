@@ -20,7 +20,6 @@ from trimaran.mqtt.codec import NEED_DATA, Decoder, encode
 from trimaran.mqtt.connection import (
     ConnectionClosed,
     ConnectRequest,
-    PublishReceived,
     ServerConnection,
     ServerLimits,
     SubscribeRequest,
@@ -196,9 +195,9 @@ def test_random_conversations(data: st.DataObject) -> None:
             new = tick(server, now)
         for ev in new:
             assert not closed, "events after the connection closed"
-            if isinstance(ev, PublishReceived) and ev.publish.qos:
-                assert ev.publish.packet_id is not None
-                received.append(ev.publish.packet_id)
+            if isinstance(ev, Publish) and ev.qos:
+                assert ev.packet_id is not None
+                received.append(ev.packet_id)
             elif isinstance(ev, SubscribeRequest):
                 pending_subs.append(ev.packet_id)
                 subscribe_requests[ev.packet_id] = ev

@@ -45,7 +45,6 @@ from trimaran.mqtt.events import (
     MessageAcked,
     MessageDropped,
     MessagesAcked,
-    PublishReceived,
     SubscribeRequest,
     UnsubscribeReceived,
 )
@@ -89,7 +88,6 @@ __all__ = [
     "MessageAcked",
     "MessageDropped",
     "MessagesAcked",
-    "PublishReceived",
     "ServerConnection",
     "ServerLimits",
     "State",
@@ -504,7 +502,7 @@ class ServerConnection:
         return True
 
     def ack_publish(self, packet_id: int, reason_code: int = 0, properties: Properties | None = None) -> None:
-        """Acknowledge a QoS 1/2 PublishReceived: PUBACK (QoS 1) or PUBREC (QoS 2). Call it once the
+        """Acknowledge a QoS 1/2 PUBLISH event: PUBACK (QoS 1) or PUBREC (QoS 2). Call it once the
         message is safe (committed); a reason code >= 0x80 refuses it (5.0)."""
         qos = self._inbound_unacked.pop(packet_id, None)
         if qos is None or self.session is None:
@@ -765,7 +763,7 @@ class ServerConnection:
             self._valid_topic = topic
         qos = publish.qos
         if qos == 0:
-            events.append(PublishReceived(publish))
+            events.append(publish)
             return
         assert publish.packet_id is not None and self.session is not None
         pid = publish.packet_id
@@ -788,7 +786,7 @@ class ServerConnection:
                 held.add(pid)
                 return
         elif pid in unacked:
-            events.append(PublishReceived(publish))  # QoS 1 resend: at least once
+            events.append(publish)  # QoS 1 resend: at least once
             return
         if level == MQTT_5 and len(unacked) + len(self.session.inbound_qos2) >= limits.receive_maximum:
             raise _Fail(
@@ -801,7 +799,7 @@ class ServerConnection:
             if session.inbound_pending is None:
                 session.inbound_pending = {}
             session.inbound_pending[pid] = None
-        events.append(PublishReceived(publish))
+        events.append(publish)
 
     def _settled_qos2(self, packet_id: int) -> None:
         """A QoS 2 PUBLISH is acknowledged: no longer pending in the session, nor held here."""

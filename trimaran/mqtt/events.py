@@ -1,5 +1,7 @@
 """What the MQTT machine hands the hull, one packet at a time (``ServerConnection.next_event()``),
-except a run of plain PUBACKs, which is one event."""
+except a run of plain PUBACKs, which is one event. A PUBLISH from the client is handed out as the
+``Publish`` itself, its topic alias resolved (for QoS 1/2 call `ack_publish(packet_id)`): most
+packets are one, and a wrapper would cost an object and a call each."""
 
 from __future__ import annotations
 
@@ -18,13 +20,6 @@ class ConnectRequest:
     client_id_assigned: bool
     keep_alive: int  # effective keep alive (after Server Keep Alive)
     session_expiry_interval: int  # requested, seconds (capped; 0xFFFFFFFF = never)
-
-
-@dataclass(slots=True)
-class PublishReceived:
-    """A PUBLISH from the client, topic alias resolved. For QoS 1/2 call `ack_publish(packet_id)`."""
-
-    publish: Publish
 
 
 @dataclass(slots=True)
@@ -89,7 +84,7 @@ class ConnectionClosed:
 
 Event = (
     ConnectRequest
-    | PublishReceived
+    | Publish
     | SubscribeRequest
     | UnsubscribeReceived
     | MessageAcked

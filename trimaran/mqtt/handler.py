@@ -42,7 +42,6 @@ from trimaran.mqtt.connection import (
     MessageAcked,
     MessageDropped,
     MessagesAcked,
-    PublishReceived,
     ServerConnection,
     ServerLimits,
     SubscribeRequest,
@@ -55,7 +54,7 @@ from trimaran.mqtt.mapping import (
     message_from_publish,
     outbound,
 )
-from trimaran.mqtt.packets import MQTT_5
+from trimaran.mqtt.packets import MQTT_5, Publish
 from trimaran.mqtt.queues import MqttQueues, is_queue_filter
 from trimaran.mqtt.reason_codes import ReasonCode
 from trimaran.mqtt.session import AWAITING_PUBCOMP, OutboundMessage, Session, Subscription, queued_to_json
@@ -364,7 +363,7 @@ class MqttFrontEnd:
     def handle(self, conn: MqttConn[MqttEndpoint], event: object) -> Awaitable[None] | None:
         """Act on one event of ``conn``'s machine (the runtime hands them out one packet at a time);
         a login that must check a hash returns an awaitable (the connection reads nothing meanwhile)."""
-        if isinstance(event, PublishReceived):
+        if isinstance(event, Publish):
             self.publish_received(conn, event)
         elif isinstance(event, MessagesAcked):
             if self.queues is not None:
@@ -708,8 +707,7 @@ class MqttFrontEnd:
         self.broker.stats.messages_received += 1
         self.broker.publish(will)
 
-    def publish_received(self, conn: MqttConn[MqttEndpoint], event: PublishReceived) -> None:
-        publish = event.publish
+    def publish_received(self, conn: MqttConn[MqttEndpoint], publish: Publish) -> None:
         endpoint = conn.endpoint
         assert endpoint is not None
         conn.io.publisher = True  # the memory watermark pauses the connections that publish
