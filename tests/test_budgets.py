@@ -98,7 +98,7 @@ PATHS = [
     Path_(
         "mqtt $queue/ qos1",
         _mqtt(publishers=1, subscribers=1, qos=1, topic="$queue/budget", batch=100),
-        Budget(loop=(90.5, 130.5), others=(4.5, 2.0)),
+        Budget(loop=(82.5, 128.0), others=(4.5, 2.0)),
     ),
     Path_(
         "amqp091 transient",
