@@ -69,6 +69,7 @@ class Build:
     commit: str
     src: Path
     index: int  # 0 or 1: the port block (29893/29692/29890, then 100 higher)
+    interpreted: bool = False  # run the source even where the tree has a mypyc build (compiled.py)
 
     @property
     def mqtt_port(self) -> int:
@@ -85,7 +86,37 @@ class Build:
             "TRIMARAN_MQTT_PORT": str(self.mqtt_port),
             "TRIMARAN_AMQP_PORT": str(self.amqp_port),
             "TRIMARAN_HTTP_PORT": str(29890 + 100 * self.index),
+            "TRIMARAN_INTERPRETED": "1" if self.interpreted else "0",
         }
+
+    def prepare(self, python: str, log: Path) -> str:
+        """Build the tree's hot modules with mypyc where it can (scripts/compile.py, from the commit
+        that added it on) unless this build is the interpreted one; returns the start log's phrase
+        for what runs (trimaran/compiled.py), or "interpreted" for a tree from before the build."""
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(self.src),
+            "TRIMARAN_INTERPRETED": self.env(python)["TRIMARAN_INTERPRETED"],
+        }
+        if not (self.src / "scripts" / "compile.py").exists():
+            return "interpreted"
+        if not self.interpreted:
+            print(f"bench: compiling {self.name} with mypyc (log: {log})", flush=True)
+            with log.open("w") as out:
+                subprocess.run(
+                    [python, "scripts/compile.py"], cwd=self.src, env=env, stdout=out, stderr=out, check=True
+                )
+        mode = subprocess.run(
+            [python, "-c", "import trimaran.compiled as c; print(c.describe())"],
+            cwd=self.src,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        if not self.interpreted and not mode.startswith("compiled"):
+            sys.exit(f"bench: {self.name} was compiled but runs {mode}")
+        return mode
 
 
 # --------------------------------------------------------------------------- what the sitting needs
@@ -106,7 +137,8 @@ def missing(python: str) -> tuple[list[str], list[str]]:
             apt.append(package)
     if not shutil.which("ss"):
         apt.append("iproute2")
-    pip = [] if _run_ok([python, "-c", "import uvloop"]) else ["uvloop"]
+    # uvloop runs Trimaran as `make run` does; mypy brings mypyc, which builds the hot modules.
+    pip = [package for package in ("uvloop", "mypy") if not _run_ok([python, "-c", f"import {package}"])]
     return apt, pip
 
 
@@ -189,20 +221,26 @@ def head_commit() -> str:
 
 
 @contextlib.contextmanager
-def builds_for(ab: list[str] | None, python: str) -> Iterator[list[Build]]:
-    """This checkout, or each A/B commit checked out into a temporary worktree (removed afterwards)."""
+def builds_for(ab: list[str] | None, python: str, interpreted: bool = False) -> Iterator[list[Build]]:
+    """This checkout, or each A/B commit checked out into a temporary worktree (removed afterwards).
+    An A/B ref ending in ``:interpreted`` runs its source even where it can be compiled, so
+    ``HEAD:interpreted HEAD`` measures what the mypyc build is worth."""
     if not ab:
-        yield [Build("trimaran", head_commit(), REPO, 0)]
+        yield [Build("trimaran", head_commit(), REPO, 0, interpreted)]
         return
     made: list[Path] = []
     try:
         builds = []
-        for i, ref in enumerate(ab):
+        for i, spec in enumerate(ab):
+            ref, _, how = spec.partition(":")
+            if how not in ("", "interpreted"):
+                sys.exit(f"bench: {spec}: a ref, or a ref followed by :interpreted")
             sha = git("rev-parse", "--short", f"{ref}^{{commit}}")
             tree = Path(tempfile.mkdtemp(prefix=f"bench-{sha}-"))
             git("worktree", "add", "--detach", str(tree), sha)
             made.append(tree)
-            builds.append(Build(f"trimaran@{sha}", sha, tree, i))
+            name = f"trimaran@{sha}" + ("-interpreted" if how else "")
+            builds.append(Build(name, sha + ("-interpreted" if how else ""), tree, i, bool(how)))
         for b in builds:
             env = {**os.environ, "PYTHONPATH": str(b.src)}
             where = subprocess.run(
@@ -491,7 +529,12 @@ def main(argv: list[str] | None = None) -> None:
         "--table", nargs="+", metavar="JSONL", help="print the table of recorded sittings and exit"
     )
     ap.add_argument("--install", action="store_true", help="apt-get / pip install what is missing")
-    ap.add_argument("--ab", nargs=2, metavar=("A", "B"), help="compare two commits in one sitting")
+    ap.add_argument(
+        "--ab", nargs=2, metavar=("A", "B"), help="two commits in one sitting (REF, REF:interpreted)"
+    )
+    ap.add_argument(
+        "--interpreted", action="store_true", help="run this checkout's source, not its mypyc build"
+    )
     ap.add_argument(
         "--rows", type=lambda v: v.split(","), help=f"only these rows: {','.join(table.ROW_BY_KEY)}"
     )
@@ -540,12 +583,16 @@ def main(argv: list[str] | None = None) -> None:
     python_version = subprocess.run(
         [a.python, "-c", "import platform; print(platform.python_version())"], capture_output=True, text=True
     ).stdout.strip()
-    with builds_for(a.ab, a.python) as builds:
+    with builds_for(a.ab, a.python, a.interpreted) as builds:
+        run_dir = Path(a.run_dir).resolve()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        modes = {b.name: b.prepare(a.python, run_dir / f"compile-{b.index}.log") for b in builds}
         meta = {
             "meta": True,
             "ts": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "commit": head_commit(),
             "builds": [b.name for b in builds],
+            "modes": modes,
             "ab": {b.name: b.commit for b in builds} if a.ab else {},
             "cpu_model": cpu_model(),
             "cpus": os.cpu_count(),

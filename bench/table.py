@@ -284,6 +284,12 @@ def format_table(records: Sequence[dict], meta: dict) -> str:
         f"Host: {m['cpu_model']}, {m['cpus']} CPUs; broker on CPU {meta.get('broker_cpu', 0)}, generator on "
         f"CPU {meta.get('gen_cpu', 1)}; Python {m['python']} (uvloop {m['uvloop']})",
         "Peers: " + ", ".join(f"{k} {v}" for k, v in meta.get("versions", {}).items()),
+        "Trimaran's protocol machines: "
+        + (
+            ", ".join(f"{b} {how}" for b, how in meta["modes"].items())
+            if meta.get("modes")
+            else "interpreted"
+        ),
         f"{m['rounds']} alternating rounds, {m['runs']} clean run(s) per contender per round, servers "
         f"restarted {restart}, {m['warmup']} s warm-up + {m['duration']} s window, runs with more than "
         f"{m['max_foreign_pct']}% of a core used by other processes discarded and retried ({discarded} "
