@@ -33,6 +33,7 @@ from trimaran.amqp1.subscriptions import (
 from trimaran.amqp1.types import Described, Symbol
 from trimaran.broker.events import SUBSCRIPTION_CREATED
 from trimaran.broker.router import SubscriptionOptions
+from trimaran.queue.groups import Selects
 from trimaran.queue.policy import QueueError
 from trimaran.selector import SelectorError
 
@@ -98,18 +99,7 @@ class Subscribers:
             await self.queues.declare(queue, durable=durable)
             sub = self.subscriptions.get(queue)  # another attach may have made it meanwhile
             if sub is None:
-                sub = Subscription(
-                    self.queues,
-                    queue,
-                    address.name,
-                    durable=durable,
-                    shared=shared,
-                    selector=text,
-                    selects=selects,
-                    source=source,
-                )
-                self.subscriptions[queue] = sub
-                self.broker.router.subscribe(sub, address.name, SubscriptionOptions(qos=1))
+                sub = self._start(queue, address.name, durable, shared, text, selects, source)
                 if durable:
                     await self._save()
                 self.front.subscription_event(
@@ -139,6 +129,32 @@ class Subscribers:
         conn.machine.accept_link(link, source=answer, rcv_settle_mode=RCV_FIRST)
         out.on_flow(link.drain)
 
+    def _start(
+        self,
+        queue: str,
+        topic: str,
+        durable: bool,
+        shared: bool,
+        selector: str | None,
+        selects: Selects | None,
+        source: Any,
+    ) -> Subscription:
+        """A subscription made (at attach) or restored (at start): kept, and fed by the topic."""
+        assert self.queues is not None
+        sub = Subscription(
+            self.queues,
+            queue,
+            topic,
+            durable=durable,
+            shared=shared,
+            selector=selector,
+            selects=selects,
+            source=source,
+        )
+        self.subscriptions[queue] = sub
+        self.broker.router.subscribe(sub, topic, SubscriptionOptions(qos=1))
+        return sub
+
     async def _save(self) -> None:
         """Write the durable subscriptions to the meta table (a restart subscribes them again)."""
         assert self.queues is not None
@@ -167,18 +183,7 @@ class Subscribers:
             except SelectorError as exc:
                 log.warning("amqp1: subscription %s not restored: %s", queue, exc)
                 continue
-            sub = Subscription(
-                self.queues,
-                queue,
-                topic,
-                durable=True,
-                shared=shared,
-                selector=selector,
-                selects=selects,
-                source=source,
-            )
-            self.subscriptions[queue] = sub
-            self.broker.router.subscribe(sub, topic, SubscriptionOptions(qos=1))
+            self._start(queue, topic, True, shared, selector, selects, source)
         if self.subscriptions:
             log.info("amqp1: restored %d durable subscriptions", len(self.subscriptions))
 
