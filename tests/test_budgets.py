@@ -106,6 +106,12 @@ PATHS = [
         Budget(loop=(57.5, 90.5), others=(0.5, 0.5)),
     ),
     Path_(
+        # The benchmark's transient row: a no-ack consumer without a prefetch limit.
+        "amqp091 transient no-ack",
+        lambda s: Amqp091Load(s.port("amqp"), durable=False, batch=100, no_ack=True),
+        Budget(loop=(34.5, 64.5), others=(0.5, 0.5)),
+    ),
+    Path_(
         "amqp091 durable",
         lambda s: Amqp091Load(s.port("amqp"), durable=True, batch=100),
         Budget(loop=(90.0, 102.5), others=(5.0, 4.0)),

@@ -218,19 +218,25 @@ class Amqp091Client:
 
 class Amqp091Load:
     """One publisher -> queue -> one consumer acking each delivery; durable: persistent messages
-    with publisher confirms on a durable queue."""
+    with publisher confirms on a durable queue. ``no_ack``: the consumer takes deliveries in no-ack
+    mode without a prefetch limit, as the benchmark's transient row does."""
 
-    def __init__(self, port: int, *, durable: bool, batch: int, vhost: str = "/") -> None:
+    def __init__(
+        self, port: int, *, durable: bool, batch: int, vhost: str = "/", no_ack: bool = False
+    ) -> None:
         self.batch = batch
         self.durable = durable
+        self.no_ack = no_ack
         self.queue = "budget-durable" if durable else "budget-transient"
         self.pub = Amqp091Client(port, vhost)
         self.pub.call(spec.QueueDeclare(queue=self.queue, durable=durable), spec.QueueDeclareOk)
         if durable:
             self.pub.call(spec.ConfirmSelect(), spec.ConfirmSelectOk)
         self.sub = Amqp091Client(port, vhost)
-        self.sub.call(spec.BasicQos(prefetch_count=batch * 2), spec.BasicQosOk)
-        self.sub.call(spec.BasicConsume(queue=self.queue, consumer_tag="c"), spec.BasicConsumeOk)
+        if not no_ack:
+            self.sub.call(spec.BasicQos(prefetch_count=batch * 2), spec.BasicQosOk)
+        consume = spec.BasicConsume(queue=self.queue, consumer_tag="c", no_ack=no_ack)
+        self.sub.call(consume, spec.BasicConsumeOk)
         props = BasicProperties(delivery_mode=2 if durable else None)
         publish = spec.BasicPublish(routing_key=self.queue)
         self.wire = b"".join(encode_content(1, publish, props, PAYLOAD, 131072) for _ in range(batch))
@@ -247,10 +253,12 @@ class Amqp091Load:
             for frame in self.sub.read():
                 if isinstance(frame, MethodFrame) and isinstance(frame.method, spec.BasicDeliver):
                     delivered += 1
-                    acks += amqp091_method(1, spec.BasicAck(frame.method.delivery_tag))
+                    if not self.no_ack:
+                        acks += amqp091_method(1, spec.BasicAck(frame.method.delivery_tag))
                 else:
                     assert isinstance(frame, HeaderFrame | BodyFrame), frame
-        self.sub.sock.sendall(acks)
+        if acks:
+            self.sub.sock.sendall(acks)
         if self.durable:
             target = self.confirmed + self.batch
             while self.confirmed < target:
