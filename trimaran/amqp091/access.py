@@ -228,6 +228,24 @@ def own_topic_binding(
         return None
 
 
+def check_default_publish(
+    security: Security, principal: Principal, conn: Owner, key: str, method: spec.Method
+) -> None:
+    """A basic.publish to the default exchange, which names its queue: ``403 ACCESS_REFUSED`` unless
+    the rules let the publisher write it."""
+    # A queue published to last time under the same rules may be published to again.
+    if (
+        key
+        and conn.vhost_prefix + key not in conn.exclusive_queues  # keys: no call on this path
+        and (key != principal.last_write or principal.last_write_generation != security.generation)
+    ):
+        topic = queue_topic(key)
+        if not security.authorize(principal, WRITE, topic):
+            raise _refusal(conn, WRITE, topic, method)
+        principal.last_write = key
+        principal.last_write_generation = security.generation
+
+
 def publish_targets(
     security: Security,
     principal: Principal,
@@ -243,17 +261,7 @@ def publish_targets(
     publisher may not know: those it may not write are left out."""
     targets = set(queues)
     if not exchange:
-        # A queue published to last time under the same rules may be published to again.
-        if (
-            key
-            and conn.vhost_prefix + key not in conn.exclusive_queues  # keys: no call on this path
-            and (key != principal.last_write or principal.last_write_generation != security.generation)
-        ):
-            topic = queue_topic(key)
-            if not security.authorize(principal, WRITE, topic):
-                raise _refusal(conn, WRITE, topic, method)
-            principal.last_write = key
-            principal.last_write_generation = security.generation
+        check_default_publish(security, principal, conn, key, method)
         return targets
     if to_router:
         try:

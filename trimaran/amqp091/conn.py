@@ -18,6 +18,7 @@ import anyio
 from trimaran.amqp091 import spec
 from trimaran.amqp091.channels import ChannelState, Consumer
 from trimaran.amqp091.connection import ConnectionState, ServerConnection
+from trimaran.amqp091.events import ContentReceived
 from trimaran.broker.clients import ClientInfo
 from trimaran.queue.manager import PublishResult
 from trimaran.queue.policy import QueueError
@@ -107,6 +108,9 @@ class Amqp091Conn:
     # -- the runtime's Hull -----------------------------------------------------------------------
 
     def handle(self, event: object) -> Awaitable[None] | None:
+        if type(event) is ContentReceived:  # a publish, most events: without a hop through on_event
+            self.front.content(self, event)
+            return None
         return self.front.on_event(self, event)
 
     def before_write(self) -> None:

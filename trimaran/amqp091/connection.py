@@ -327,16 +327,44 @@ class ServerConnection:
                 self._peer_closes = True
                 return None
             state = self.state
-            if state is ConnectionState.CLOSED:
+            if state is ConnectionState.OPEN and not self._decoder_broken:
+                # The hot paths, handed out as they are read rather than through the queue: a whole
+                # publish (method, header, body) and a consumer's basic.ack, each without a frame
+                # object, on a channel waiting for a method.
+                decoder = self._decoder
+                if number := decoder.publish_channel():
+                    ch = self._channels.get(number)
+                    if (
+                        ch is not None
+                        and ch.state is ChannelState.OPEN
+                        and ch.content_state is ContentState.AWAIT_METHOD
+                        and (content := decoder.next_publish(ch.max_body_size)) is not None
+                    ):
+                        return ContentReceived(number, *content)
+                elif (ack := decoder.next_ack()) is not None:
+                    number, method = ack
+                    ch = self._channels.get(number)
+                    if (
+                        ch is not None
+                        and ch.state is ChannelState.OPEN
+                        and ch.content_state is ContentState.AWAIT_METHOD
+                    ):
+                        return MethodReceived(number, method)
+                    try:  # whatever is wrong with it, as the frame would have been told
+                        self._handle_frame(MethodFrame(number, method), events)
+                    except ProtocolError as exc:
+                        self._on_error(exc, events)
+                    continue
+            elif state is ConnectionState.CLOSED:
                 return None
-            if state is ConnectionState.AWAIT_HEADER:
+            elif state is ConnectionState.AWAIT_HEADER:
                 if not self._receive_header(events) and not events:
                     if self._eof:
                         self._finish(events, 0, "connection lost (end of stream)", by_peer=True)
                         continue
                     return None
                 continue
-            if state is ConnectionState.AUTHENTICATING:
+            elif state is ConnectionState.AUTHENTICATING:
                 if not self._eof:
                     return None  # the caller decides first; the frames behind wait
                 self._finish(events, 0, "connection lost (end of stream)", by_peer=True)
@@ -352,37 +380,8 @@ class ServerConnection:
         """Parse and act on one frame; False if no whole frame is buffered."""
         if self._decoder_broken:
             return False
-        decoder = self._decoder
-        if self.state is ConnectionState.OPEN:
-            if number := decoder.publish_channel():
-                # The hot path: a whole publish (method, header, body) for a channel waiting for one.
-                ch = self._channels.get(number)
-                if (
-                    ch is not None
-                    and ch.state is ChannelState.OPEN
-                    and ch.content_state is ContentState.AWAIT_METHOD
-                    and (content := decoder.next_publish(ch.max_body_size)) is not None
-                ):
-                    events.append(ContentReceived(number, *content))
-                    return True
-            elif (ack := decoder.next_ack()) is not None:
-                # The other half of it: a consumer's basic.ack, with no frame object on the way.
-                number, method = ack
-                ch = self._channels.get(number)
-                if (
-                    ch is not None
-                    and ch.state is ChannelState.OPEN
-                    and ch.content_state is ContentState.AWAIT_METHOD
-                ):
-                    events.append(MethodReceived(number, method))
-                    return True
-                try:  # whatever is wrong with it, as the frame would have been told
-                    self._handle_frame(MethodFrame(number, method), events)
-                except ProtocolError as exc:
-                    self._on_error(exc, events)
-                return True
         try:
-            frame = decoder.next_frame()
+            frame = self._decoder.next_frame()
         except ProtocolError as exc:
             if exc.reply_code == FRAME_ERROR:
                 # The frame boundary is lost: nothing after this can be trusted.

@@ -123,6 +123,7 @@ _METHOD_HEAD = struct.Struct(">BHII")
 _HEADER_HEAD = struct.Struct(">BHIHHQ")
 _HEADER_FIELDS = struct.Struct(">HHQ")  # class id, weight, body size
 _PROPERTIES_KEPT = 64  # distinct property encodings remembered per connection
+_PUBLISHES_KEPT = 64  # distinct basic.publish argument lists remembered per connection
 _SIZE = struct.Struct(">I")
 _TAG_AND_BITS = struct.Struct(">QB")  # basic.ack's delivery tag and bits
 _PUBLISH_INDEX = (60 << 16) | 40  # basic.publish
@@ -134,7 +135,7 @@ _BASIC = 60
 class FrameDecoder:
     """Incremental frame decoder with its own buffer."""
 
-    __slots__ = ("_buf", "_pos", "_properties", "frame_max")
+    __slots__ = ("_buf", "_pos", "_properties", "_publishes", "frame_max")
 
     def __init__(self, frame_max: int = FRAME_MIN_SIZE) -> None:
         self._buf = bytearray()
@@ -142,6 +143,9 @@ class FrameDecoder:
         # A publisher sends the same property bytes again and again: each is decoded once. The
         # objects are shared between messages; nothing changes a BasicProperties once decoded.
         self._properties: dict[bytes, BasicProperties] = {}
+        # And the same basic.publish arguments (exchange, routing key, flags): decoded once too,
+        # the method objects shared as the properties are (nothing changes a method once decoded).
+        self._publishes: dict[bytes, Method] = {}
         #: Largest frame accepted, overhead included; 0 means unlimited. May be changed any time.
         self.frame_max = frame_max
 
@@ -231,8 +235,14 @@ class FrameDecoder:
                 with memoryview(buf) as view:
                     body = bytes(view[start + 7 : end])
         encoded = bytes(buf[head + 7 + _HEADER_FIELDS.size : head_end])
+        arguments = bytes(buf[pos + 7 : method_end])
         try:
-            method = decode_method(bytes(buf[pos + 7 : method_end]), channel)
+            method = self._publishes.get(arguments)
+            if method is None:
+                method = decode_method(arguments, channel)
+                if len(self._publishes) >= _PUBLISHES_KEPT:
+                    self._publishes.clear()
+                self._publishes[arguments] = method
             properties = self._properties.get(encoded)
             if properties is None:
                 properties, off = decode_properties(encoded, 0)

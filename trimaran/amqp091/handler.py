@@ -25,7 +25,13 @@ from typing import Any, Final
 import anyio
 
 from trimaran.amqp091 import spec
-from trimaran.amqp091.access import GUARDED, check_method, check_queue_publish, publish_targets
+from trimaran.amqp091.access import (
+    GUARDED,
+    check_default_publish,
+    check_method,
+    check_queue_publish,
+    publish_targets,
+)
 from trimaran.amqp091.channels import ChannelState, Consumer
 from trimaran.amqp091.conn import Amqp091Conn, Pending
 from trimaran.amqp091.connection import ServerConnection
@@ -270,7 +276,7 @@ class Amqp091FrontEnd:
     def on_event(self, conn: Amqp091Conn, event: Event) -> Awaitable[None] | None:
         """Act on one event; an awaitable holds the connection's later frames until it is done."""
         if type(event) is ContentReceived:
-            self._content(conn, event)
+            self.content(conn, event)
             return None
         if type(event) is MethodReceived:
             return self._method(conn, event)
@@ -494,7 +500,8 @@ class Amqp091FrontEnd:
 
     # -- publishing -------------------------------------------------------------------------------
 
-    def _content(self, conn: Amqp091Conn, event: ContentReceived) -> None:
+    def content(self, conn: Amqp091Conn, event: ContentReceived) -> None:
+        """A basic.publish with its content (the hull hands it here straight, see ``Amqp091Conn``)."""
         channel = conn.channels.get(event.channel)
         method = event.method
         if channel is None or not isinstance(method, spec.BasicPublish):
@@ -556,10 +563,20 @@ class Amqp091FrontEnd:
             return
         tenant: Tenant = conn.tenant
         if not exchange:
+            if conn.principal is not None:
+                check_default_publish(self.security, conn.principal, conn, key, method)
             # The default exchange (always there, never internal: no lookup) routes the key to the
             # queue of that name, its key in the vhost (a /-client naming another vhost's key routes
-            # nowhere); a $queue/ key took the cross-protocol way above.
-            queues: Collection[str] = () if key[:1] == "$" and is_reserved(key) else (tenant.prefix + key,)
+            # nowhere); a $queue/ key took the cross-protocol way above. The message is built with
+            # that queue's topic at once.
+            if key[:1] == "$" and is_reserved(key):
+                single = None
+                queues: Collection[str] = ()
+                first_topic = ""
+            else:
+                single = tenant.prefix + key
+                queues = (single,)
+                first_topic = tenant.prefix + QUEUE_PREFIX + key  # queue_topic(single), no call
             to_router = False
         else:
             exchanges = tenant.exchanges
@@ -569,14 +586,14 @@ class Amqp091FrontEnd:
             except ExchangeError as exc:
                 raise spec.ProtocolError(exc.reply_code, exc.reason, class_id=60, method_id=40) from None
             queues, to_router = result.queues, result.to_router
-        if conn.principal is not None:
-            queues = publish_targets(
-                self.security, conn.principal, conn, exchange, key, to_router, queues, method
-            )
-        # One queue and no router (the default exchange, the usual case): build the message with
-        # its queue topic at once rather than copy it per queue below.
-        single = next(iter(queues)) if len(queues) == 1 and not to_router else None
-        first_topic = "" if single is None else queue_topic(single)
+            if conn.principal is not None:
+                queues = publish_targets(
+                    self.security, conn.principal, conn, exchange, key, to_router, queues, method
+                )
+            # One queue and no router: build the message with its queue topic at once rather
+            # than copy it per queue below.
+            single = next(iter(queues)) if len(queues) == 1 and not to_router else None
+            first_topic = "" if single is None else queue_topic(single)
         now = now_ms()  # the message's, and its queue's, time of publication
         try:
             message = message_from_content(

@@ -58,6 +58,8 @@ class Front(Protocol):
 
     def on_event(self, conn: Any, event: Any) -> Awaitable[None] | None: ...
 
+    def content(self, conn: Any, event: Any) -> None: ...
+
     async def finish(self, conn: Any) -> None: ...
 
     def publish(
@@ -118,6 +120,9 @@ class Tenant:
 
     def on_event(self, conn: Any, event: Any) -> Awaitable[None] | None:
         return self.front.on_event(conn, event)
+
+    def content(self, conn: Any, event: Any) -> None:
+        self.front.content(conn, event)
 
     async def finish(self, conn: Any) -> None:
         await self.front.finish(conn)
