@@ -90,10 +90,21 @@ def message_from_content(
         if any(not isinstance(v, str) for v in headers.values()):
             extra["headers"] = _json_safe(headers)
             extra["header_table"] = table_bytes(headers)
-    for name in EXTRA_PROPERTIES:
-        value = getattr(props, name)
-        if value is not None:
-            extra[name] = value
+    # EXTRA_PROPERTIES, each read by name rather than through getattr in a loop (once a message).
+    if props.priority is not None:
+        extra["priority"] = props.priority
+    if props.message_id is not None:
+        extra["message_id"] = props.message_id
+    if props.timestamp is not None:
+        extra["timestamp"] = props.timestamp
+    if props.type is not None:
+        extra["type"] = props.type
+    if props.app_id is not None:
+        extra["app_id"] = props.app_id
+    if props.user_id is not None:
+        extra["user_id"] = props.user_id
+    if props.content_encoding is not None:
+        extra["content_encoding"] = props.content_encoding
     if props.delivery_mode is not None:
         extra["delivery_mode"] = props.delivery_mode
     expires = None
