@@ -414,8 +414,22 @@ _HEADER_FRAME = _HEADER_HEAD.size + 1  # a content header frame without its prop
 _DELIVER_FIXED = 4 + 1 + 8 + 1 + 1 + 1  # method index, three shortstr lengths, delivery tag, bits
 _DELIVER_HEAD = struct.Struct(">BHIIB")  # frame type, channel, size, method index, tag length
 _DELIVER_MIDDLE = struct.Struct(">QBB")  # delivery tag, bits, exchange length
-_END_AND_HEADER = struct.Struct(">BBHIHHQ")  # the frame end before a content header's head
-_END_AND_BODY = struct.Struct(">BBHI")  # the frame end before a body frame's head
+_FRAME_END = bytes([FRAME_END])
+# The Struct of a delivery's three frames but the body, by the lengths of its consumer tag,
+# exchange, routing key and properties: a consumer's deliveries have few shapes.
+_DELIVERY_SHAPES: dict[tuple[int, int, int, int], struct.Struct] = {}
+_SHAPES_KEPT = 256
+
+
+def _delivery_shape(n_tag: int, n_ex: int, n_key: int, n_props: int) -> struct.Struct:
+    """basic.deliver's method frame (the frame head, the method index, the consumer tag, the
+    delivery tag, the bits, the exchange, the routing key, the frame end), the content header
+    frame with the publisher's property bytes, and the head of the body frame."""
+    shape = struct.Struct(f">BHIIB{n_tag}sQBB{n_ex}sB{n_key}sBBHIHHQ{n_props}sBBHI")
+    if len(_DELIVERY_SHAPES) >= _SHAPES_KEPT:
+        _DELIVERY_SHAPES.clear()
+    _DELIVERY_SHAPES[n_tag, n_ex, n_key, n_props] = shape
+    return shape
 
 
 def write_delivery(
@@ -435,36 +449,39 @@ def write_delivery(
     ctag = consumer_tag.encode("utf-8", "surrogateescape")
     ex = exchange.encode("utf-8", "surrogateescape") if exchange else b""
     key = routing_key.encode("utf-8", "surrogateescape")
-    n_tag, n_ex, n_key = len(ctag), len(ex), len(key)
+    n_tag, n_ex, n_key, size = len(ctag), len(ex), len(key), len(body)
     if n_tag > 255 or n_ex > 255 or n_key > 255 or not 0 <= delivery_tag < 1 << 64:
         # Not a shortstr (a long MQTT topic as the key): the generic path says so as it always has.
         method = BasicDeliver(consumer_tag, delivery_tag, redelivered, exchange, routing_key)
         write_content(out, channel, method, properties, body, frame_max)
         return
+    method_size = _DELIVER_FIXED + n_tag + n_ex + n_key
+    if type(properties) is bytes and size:
+        n_props = len(properties)
+        if not frame_max or (size + FRAME_OVERHEAD <= frame_max and _HEADER_FRAME + n_props <= frame_max):
+            # The usual case: the publisher's own property bytes and the body in one frame, all but
+            # the body in one pack.
+            shape = _DELIVERY_SHAPES.get((n_tag, n_ex, n_key, n_props))
+            if shape is None:
+                shape = _delivery_shape(n_tag, n_ex, n_key, n_props)
+            out += shape.pack(
+                FRAME_METHOD, channel, method_size, _DELIVER_INDEX, n_tag, ctag,
+                delivery_tag, 1 if redelivered else 0, n_ex, ex, n_key, key, FRAME_END,
+                FRAME_HEADER, channel, 12 + n_props, _BASIC_CLASS, 0, size, properties, FRAME_END,
+                FRAME_BODY, channel, size,
+            )  # fmt: skip
+            out += body
+            out += _FRAME_END
+            return
     # Each fixed run of fields in one pack: the method frame's head and the tag's length, then the
     # delivery tag, bits and the exchange's length.
     start = len(out)
-    out += _DELIVER_HEAD.pack(
-        FRAME_METHOD, channel, _DELIVER_FIXED + n_tag + n_ex + n_key, _DELIVER_INDEX, n_tag
-    )
+    out += _DELIVER_HEAD.pack(FRAME_METHOD, channel, method_size, _DELIVER_INDEX, n_tag)
     out += ctag
     out += _DELIVER_MIDDLE.pack(delivery_tag, 1 if redelivered else 0, n_ex)
     out += ex
     out.append(n_key)
     out += key
-    size = len(body)
-    if type(properties) is bytes:
-        n_props = len(properties)
-        if not frame_max or (size + FRAME_OVERHEAD <= frame_max and _HEADER_FRAME + n_props <= frame_max):
-            # The usual case: the publisher's own property bytes, the body in one frame (or none);
-            # each frame end goes out with the head of the frame after it.
-            out += _END_AND_HEADER.pack(FRAME_END, FRAME_HEADER, channel, 12 + n_props, _BASIC_CLASS, 0, size)
-            out += properties
-            if size:
-                out += _END_AND_BODY.pack(FRAME_END, FRAME_BODY, channel, size)
-                out += body
-            out.append(FRAME_END)
-            return
     out.append(FRAME_END)
     _write_header_and_body(out, start, channel, _BASIC_CLASS, properties, body, frame_max)
 
