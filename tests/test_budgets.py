@@ -117,6 +117,12 @@ PATHS = [
         Budget(loop=(81.5, 72.5), others=(5.0, 4.0)),
     ),
     Path_(
+        # The benchmark's durable row: the consumer acks a hundred deliveries at a time.
+        "amqp091 durable, ack multiple",
+        lambda s: Amqp091Load(s.port("amqp"), durable=True, batch=100, ack_every=100),
+        Budget(loop=(62.5, 61.5), others=(5.0, 4.0)),
+    ),
+    Path_(
         "amqp1 transfer-deliver-accept",
         lambda s: Amqp1Load(s.port("amqp"), batch=100),
         Budget(loop=(38.5, 37.0)),

@@ -219,14 +219,23 @@ class Amqp091Client:
 class Amqp091Load:
     """One publisher -> queue -> one consumer acking each delivery; durable: persistent messages
     with publisher confirms on a durable queue. ``no_ack``: the consumer takes deliveries in no-ack
-    mode without a prefetch limit, as the benchmark's transient row does."""
+    mode without a prefetch limit, as the benchmark's transient row does; ``ack_every``: the
+    consumer acks every so many deliveries with one ``multiple`` ack, as its durable row does."""
 
     def __init__(
-        self, port: int, *, durable: bool, batch: int, vhost: str = "/", no_ack: bool = False
+        self,
+        port: int,
+        *,
+        durable: bool,
+        batch: int,
+        vhost: str = "/",
+        no_ack: bool = False,
+        ack_every: int = 1,
     ) -> None:
         self.batch = batch
         self.durable = durable
         self.no_ack = no_ack
+        self.ack_every = ack_every
         self.queue = "budget-durable" if durable else "budget-transient"
         self.pub = Amqp091Client(port, vhost)
         self.pub.call(spec.QueueDeclare(queue=self.queue, durable=durable), spec.QueueDeclareOk)
@@ -253,8 +262,9 @@ class Amqp091Load:
             for frame in self.sub.read():
                 if isinstance(frame, MethodFrame) and isinstance(frame.method, spec.BasicDeliver):
                     delivered += 1
-                    if not self.no_ack:
-                        acks += amqp091_method(1, spec.BasicAck(frame.method.delivery_tag))
+                    tag = frame.method.delivery_tag
+                    if not self.no_ack and not tag % self.ack_every:
+                        acks += amqp091_method(1, spec.BasicAck(tag, self.ack_every > 1))
                 else:
                     assert isinstance(frame, HeaderFrame | BodyFrame), frame
         if acks:
