@@ -114,13 +114,13 @@ PATHS = [
     Path_(
         "amqp091 durable",
         lambda s: Amqp091Load(s.port("amqp"), durable=True, batch=100),
-        Budget(loop=(81.5, 72.5), others=(5.0, 4.0)),
+        Budget(loop=(79.5, 72.5), others=(5.0, 4.0)),
     ),
     Path_(
         # The benchmark's durable row: the consumer acks a hundred deliveries at a time.
         "amqp091 durable, ack multiple",
         lambda s: Amqp091Load(s.port("amqp"), durable=True, batch=100, ack_every=100),
-        Budget(loop=(62.5, 61.5), others=(5.0, 4.0)),
+        Budget(loop=(60.5, 61.5), others=(5.0, 4.0)),
     ),
     Path_(
         "amqp1 transfer-deliver-accept",

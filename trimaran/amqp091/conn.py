@@ -40,10 +40,10 @@ class Pending:
     """A publish waiting for its commits before its confirm, or a tx.commit before its commit-ok.
 
     ``waiting`` counts the commits still to come, plus one while the publish is still being routed
-    (so a commit that completes during routing cannot confirm it early).
+    (so a commit that completes during routing cannot confirm it early); ``done`` once it is 0.
     """
 
-    __slots__ = ("channel", "conn", "failed", "reply", "seq", "waiting")
+    __slots__ = ("channel", "conn", "done", "failed", "reply", "seq", "waiting")
 
     def __init__(self, conn: Amqp091Conn, channel: ChannelState, seq: int, reply: spec.Method | None) -> None:
         self.conn = conn
@@ -52,6 +52,7 @@ class Pending:
         self.reply = reply
         self.failed = False
         self.waiting = 1
+        self.done = False  # read once a confirm by InOrder.ready: an attribute, not a property
 
     def expect(self) -> None:
         """One more commit to wait for."""
@@ -63,17 +64,17 @@ class Pending:
             self.failed = True
         self.waiting -= 1
         if not self.waiting:
-            self.conn.confirm_due()
+            self.done = True
+            conn = self.conn
+            if not conn.confirm_is_due:  # once a turn: the first confirm done asks for the write
+                conn.confirm_due()
 
     def sealed(self) -> None:
         """Routing is over: nothing more will be expected (``committed`` with no error, inline)."""
         self.waiting -= 1
         if not self.waiting:
+            self.done = True
             self.conn.confirm_due()
-
-    @property
-    def done(self) -> bool:
-        return not self.waiting
 
 
 class Amqp091Conn:
@@ -98,7 +99,7 @@ class Amqp091Conn:
         self.vhost_prefix = ""  # its tenant's key prefix (trimaran/vhosts.py), set with ``tenant``
         self._blocked_sent = False
         self._confirmed: anyio.Event | None = None  # set when the last pending confirm is sent
-        self._confirm_due = False  # a confirm is done: send what is ready before the next write
+        self.confirm_is_due = False  # a confirm is done: send what is ready before the next write
 
     @property
     def virtual_host(self) -> str | None:
@@ -114,8 +115,8 @@ class Amqp091Conn:
         return self.front.on_event(self, event)
 
     def before_write(self) -> None:
-        if self._confirm_due:
-            self._confirm_due = False
+        if self.confirm_is_due:
+            self.confirm_is_due = False
             self.confirm_ready()
 
     def written(self) -> None:
@@ -180,8 +181,8 @@ class Amqp091Conn:
         """An entry is done. Its confirm goes out before the connection's next write, with every
         other one done by then: a commit of a thousand publishes is one ``multiple`` ack, not a
         thousand acks."""
-        if not self._confirm_due:
-            self._confirm_due = True
+        if not self.confirm_is_due:
+            self.confirm_is_due = True
             self.io.wake()
 
     def confirm_ready(self) -> None:
