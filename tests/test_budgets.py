@@ -103,24 +103,24 @@ PATHS = [
     Path_(
         "amqp091 transient",
         lambda s: Amqp091Load(s.port("amqp"), durable=False, batch=100),
-        Budget(loop=(49.5, 61.0), others=(0.5, 0.5)),
+        Budget(loop=(48.5, 61.0), others=(0.5, 0.5)),
     ),
     Path_(
         # The benchmark's transient row: a no-ack consumer without a prefetch limit.
         "amqp091 transient no-ack",
         lambda s: Amqp091Load(s.port("amqp"), durable=False, batch=100, no_ack=True),
-        Budget(loop=(29.0, 38.5), others=(0.5, 0.5)),
+        Budget(loop=(28.0, 38.5), others=(0.5, 0.5)),
     ),
     Path_(
         "amqp091 durable",
         lambda s: Amqp091Load(s.port("amqp"), durable=True, batch=100),
-        Budget(loop=(79.5, 72.5), others=(5.0, 4.0)),
+        Budget(loop=(78.5, 72.5), others=(5.0, 4.0)),
     ),
     Path_(
         # The benchmark's durable row: the consumer acks a hundred deliveries at a time.
         "amqp091 durable, ack multiple",
         lambda s: Amqp091Load(s.port("amqp"), durable=True, batch=100, ack_every=100),
-        Budget(loop=(60.5, 61.5), others=(5.0, 4.0)),
+        Budget(loop=(59.5, 61.5), others=(5.0, 4.0)),
     ),
     Path_(
         "amqp1 transfer-deliver-accept",

@@ -563,8 +563,11 @@ class Amqp091FrontEnd:
             return
         tenant: Tenant = conn.tenant
         if not exchange:
-            if conn.principal is not None:
-                check_default_publish(self.security, conn.principal, conn, key, method)
+            principal = conn.principal
+            if principal is not None and (
+                key != principal.last_write or principal.last_write_generation != self.security.generation
+            ):  # not the queue it may write, as it did last time under the same rules: ask
+                check_default_publish(self.security, principal, conn, key, method)
             # The default exchange (always there, never internal: no lookup) routes the key to the
             # queue of that name, its key in the vhost (a /-client naming another vhost's key routes
             # nowhere); a $queue/ key took the cross-protocol way above. The message is built with
