@@ -128,6 +128,11 @@ PATHS = [
         Budget(loop=(38.5, 37.0)),
     ),
     Path_(
+        "amqp1 durable",
+        lambda s: Amqp1Load(s.port("amqp"), batch=100, durable=True),
+        Budget(loop=(61.5, 49.5), others=(8.5, 5.5)),
+    ),
+    Path_(
         "amqp1 proton-c send/receive",
         lambda s: Amqp1Load(s.port("amqp"), batch=100, like_proton_c=True),
         Budget(loop=(39.5, 38.0)),

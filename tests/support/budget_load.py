@@ -327,14 +327,16 @@ class Amqp1Client:
 
 class Amqp1Load:
     """One sender -> a transient queue (declared over AMQP 0.9.1 first) -> one receiver, both
-    unsettled: the server accepts each transfer, the receiver accepts each delivery."""
+    unsettled: the server accepts each transfer, the receiver accepts each delivery. Durable: a
+    durable queue and messages whose header says durable, accepted only after the commit (the
+    bench's amqp1-durable row)."""
 
-    def __init__(self, port: int, *, batch: int, like_proton_c: bool = False) -> None:
+    def __init__(self, port: int, *, batch: int, like_proton_c: bool = False, durable: bool = False) -> None:
         self.batch = batch
         self.like_proton_c = like_proton_c
-        queue = "budget-amqp1-c" if like_proton_c else "budget-amqp1"
+        queue = "budget-amqp1-c" if like_proton_c else "budget-amqp1-d" if durable else "budget-amqp1"
         declare = Amqp091Client(port)
-        declare.call(spec.QueueDeclare(queue=queue), spec.QueueDeclareOk)
+        declare.call(spec.QueueDeclare(queue=queue, durable=durable), spec.QueueDeclareOk)
         declare.sock.close()
         self.sender = Amqp1Client(port, "budget-sender")
         self.sender.send(
@@ -355,7 +357,8 @@ class Amqp1Load:
         self.receiver.until(Attach)
         self.credit = 0
         self.delivery_id = 0
-        self.body = encode_message(Message(body=[Data(PAYLOAD)]))
+        header = Header(durable=True) if durable else None
+        self.body = encode_message(Message(header=header, body=[Data(PAYLOAD)]))
         self.accepted = 0
         if like_proton_c:
             # receive.c grants the whole count's credit once and never again
