@@ -18,9 +18,10 @@ What it does (run as root on a machine with at least 2 CPUs, as quiet as you can
 - writes every run as a JSON line (first line: the host, versions and commits) to
   `bench/results/<date>-<commit>.jsonl` and prints the table (`table.format_table`).
 
-The generators are `mqtt_load.py` and `amqp091_load.py` (raw sockets, not the bottleneck: see README.md);
-the AMQP 1.0 row times proton's C `send` and `receive` examples through a transient queue (declared first
-over AMQP 0.9.1; the proton C broker makes its queues on demand).
+The generators are `mqtt_load.py`, `amqp091_load.py` and `amqp1_load.py` (raw sockets, not the bottleneck:
+see README.md); the AMQP 1.0 transient row times proton's C `send` and `receive` examples through a
+transient queue (declared first over AMQP 0.9.1; the proton C broker makes its queues on demand), and the
+durable row runs `amqp1_load.py unsettled --durable` (proton's C `send` does not mark messages durable).
 """
 
 from __future__ import annotations
@@ -58,7 +59,10 @@ PEER_PORTS = {
 }
 PROTON_EXAMPLES = Path("/usr/share/proton/examples/c")
 RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
-GENERATORS = {"mqtt": "mqtt_load.py", "amqp091": "amqp091_load.py"}
+GENERATORS = {"mqtt": "mqtt_load.py", "amqp091": "amqp091_load.py", "amqp1-load": "amqp1_load.py"}
+# What a generator needs to know of a peer: amqp1_load.py declares RabbitMQ's queues over AMQP 0.9.1
+# and addresses them as the 3.x plugin does, and logs in with PLAIN.
+SERVER_ARGS = {("amqp1-load", "rabbitmq"): ("--broker", "rabbitmq")}
 
 
 @dataclass(frozen=True)
@@ -319,6 +323,7 @@ def run_generator(row: table.Row, server: str, port: int, s: Settings) -> list[d
         s.python,
         str(HERE / GENERATORS[row.tool]),
         *row.args,
+        *SERVER_ARGS.get((row.tool, server), ()),
         "--port",
         str(port),
         "--label",

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 class Row:
     key: str
     title: str
-    tool: str  # the generator: "mqtt" (mqtt_load.py), "amqp091" (amqp091_load.py), "amqp1" (proton C)
+    # the generator: "mqtt" (mqtt_load.py), "amqp091" (amqp091_load.py), "amqp1" (proton C),
+    # "amqp1-load" (amqp1_load.py)
+    tool: str
     args: tuple[str, ...]  # the generator's scenario arguments
     peers: tuple[str, ...]
     latency: bool = False
@@ -28,6 +30,8 @@ class Row:
     ref_row: str | None = None  # no peer: the ratio is against Trimaran's own figure on that row
     # issue 32's bar for the ratio against every peer: at least this, or for latency at most this
     target: float | None = None
+    # issue 34's CPU bar: Trimaran's broker CPU per message here no more than its own on that row
+    cpu_row: str | None = None
 
 
 ROWS: tuple[Row, ...] = (
@@ -95,6 +99,16 @@ ROWS: tuple[Row, ...] = (
         "amqp1",
         (),
         ("rabbitmq", "proton-broker"),
+        cpu_row="amqp091-transient",
+    ),
+    Row(
+        "amqp1-durable",
+        "AMQP 1.0 durable queue, durable messages, accepted after the commit + range settles, closed loop",
+        "amqp1-load",
+        ("unsettled", "--durable", "--e2e-window", "5000"),
+        ("rabbitmq",),
+        target=2.0,
+        cpu_row="amqp091-durable",
     ),
     Row(
         "mqtt-queue",
@@ -221,16 +235,26 @@ def _meets(a: Figure | None, b: Figure | None, target: float) -> bool | None:
     return None if a.rate is None or not b.rate else a.rate / b.rate >= target
 
 
+def _said(each: Sequence[bool | None]) -> str:
+    return "-" if None in each or not each else "met" if all(each) else "**missed**"
+
+
 def _verdict(row: Row, pairs: Sequence[tuple[Figure | None, Sequence[Figure | None]]]) -> str:
     """Issue 32's bar for each build (with what it is compared to): met when every ratio meets it."""
     if row.target is None:
         return "reported"
     bar = f"<= {row.target:g} (p50 and p99)" if row.latency else f">= {row.target:g}"
-    said = []
-    for m, theirs in pairs:
-        each = [_meets(m, t, row.target) for t in theirs]
-        said.append("-" if None in each or not each else "met" if all(each) else "**missed**")
+    said = [_said([_meets(m, t, row.target) for t in theirs]) for m, theirs in pairs]
     return f"{bar}: {' / '.join(said)}"
+
+
+def _cpu_verdict(row: Row, pairs: Sequence[tuple[Figure | None, Figure | None]]) -> str:
+    """Issue 34's CPU bar for each build: its µs per message here no more than on row.cpu_row."""
+    each = [
+        _said([None if m is None or r is None or m.us is None or r.us is None else m.us <= r.us])
+        for m, r in pairs
+    ]
+    return f"CPU <= {row.cpu_row}: {' / '.join(each)}"
 
 
 def format_table(records: Sequence[dict], meta: dict) -> str:
@@ -267,6 +291,13 @@ def format_table(records: Sequence[dict], meta: dict) -> str:
         us = " / ".join(_num(f.us, 2) if f else "-" for f in mine)
         if not row.ref_row:
             us = " / ".join([us, *(_num(f.us, 2) if f else "-" for _, f in peers)])
+        if row.cpu_row:
+            own = [figure(runs, row.cpu_row, b, False) for b in builds]
+            us += "; " + "; ".join(
+                f"{b}'s {row.cpu_row} {_num(f.us, 2) if f else '-'}" for b, f in zip(builds, own, strict=True)
+            )
+            cpu = _cpu_verdict(row, list(zip(mine, own, strict=True)))
+            verdict = cpu if verdict == "reported" else f"{verdict}; {cpu}"
         cells = [row.title, *(_value(f) for f in mine)]
         if ab:
             cells.append(_ratios(mine[1], mine[0]))

@@ -147,3 +147,41 @@ def test_bench_stands_alone() -> None:
     ]
     for f in files:
         assert not re.search(r"\.\./shared\b", f.read_text()), f.name
+
+
+def test_amqp1_rows_set_trimaran_cpu_against_its_own_amqp091_rows() -> None:
+    records = [
+        rec("amqp1-durable", "trimaran", 1, 40_000, cpu=80.0),  # 20 µs a message
+        rec("amqp1-durable", "rabbitmq", 1, 10_000, cpu=90.0),
+        rec("amqp091-durable", "trimaran", 1, 20_000, cpu=50.0),  # 25 µs
+        rec("amqp1-transient", "trimaran", 1, 20_000, cpu=100.0),  # 50 µs
+        rec("amqp1-transient", "rabbitmq", 1, 15_000, cpu=100.0),
+        rec("amqp091-transient", "trimaran", 1, 50_000, cpu=100.0),  # 20 µs
+    ]
+    text = table.format_table(records, {"meta": True, "builds": ["trimaran"]})
+    durable = cells(text, table.ROW_BY_KEY["amqp1-durable"].title)
+    assert durable[1:4] == ["40,000", "RabbitMQ 10,000", "4.00"]
+    assert durable[4] == ">= 2: met; CPU <= amqp091-durable: met"
+    assert durable[5] == "20.00 / 90.00; trimaran's amqp091-durable 25.00"
+    transient = cells(text, table.ROW_BY_KEY["amqp1-transient"].title)
+    assert transient[4] == "CPU <= amqp091-transient: **missed**"
+    assert transient[5].endswith("; trimaran's amqp091-transient 20.00")
+
+
+def test_amqp1_load_is_told_which_server_it_talks_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RabbitMQ's queues are declared over AMQP 0.9.1 and addressed as its plugin does; Trimaran's not."""
+    cmds: list[list[str]] = []
+
+    def fake_run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        cmds.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, stdout='{"msgs_per_s_received": 1.0}\n', stderr="")
+
+    monkeypatch.setattr(run.subprocess, "run", fake_run)
+    s = run.Settings("python", 1, 0.5, 1.0, 0.0, 1.0, 0.0, 1, 1, 500)
+    row = table.ROW_BY_KEY["amqp1-durable"]
+    for server, port in (("trimaran", 29692), ("rabbitmq", 29672)):
+        assert run.run_generator(row, server, port, s) == [{"msgs_per_s_received": 1.0}]
+    trimaran, rabbitmq = cmds
+    assert trimaran[4:8] == [str(BENCH / "amqp1_load.py"), "unsettled", "--durable", "--e2e-window"]
+    assert "--broker" not in trimaran
+    assert rabbitmq[rabbitmq.index("--broker") + 1] == "rabbitmq"
