@@ -250,6 +250,10 @@ def test_from_wire_of_what_proton_sends() -> None:
         encode_message(A1Message(body=[AmqpValue(None)])),
         encode_message(A1Message(body=[Data(b"a"), Data(b"b")])),
         encode_message(A1Message(body=[])),
+        # headers as clients spell them: durable as 0x56 0x01 or true, a priority, a ttl (list8, list32)
+        b"\x00\x53\x70\xc0\x0a\x03\x56\x01\x50\x07\x70\x00\x00\x01\xf4\x00\x53\x75\xa0\x01a",
+        b"\x00\x53\x70\xc0\x04\x03\x41\x40\x43\x00\x53\x75\xa0\x01a",
+        b"\x00\x53\x70\xd0\x00\x00\x00\x09\x00\x00\x00\x03\x42\x50\x04\x52\x09\x00\x53\x75\xa0\x01a",
     ],
 )
 def test_from_wire_payloads(raw: bytes) -> None:

@@ -218,7 +218,12 @@ def from_wire(
                 if raw[p] == 0x45:  # empty (proton's default header)
                     pos = p + 1
                     continue
-                count, p, pos = _list_start(raw, p)
+                if raw[p] == 0xC0:  # list8, the usual: read in place
+                    count = raw[p + 2]
+                    pos = p + 2 + raw[p + 1]
+                    p += 3
+                else:
+                    count, p, pos = _list_start(raw, p)
                 for i in range(count if count < 3 else 3):
                     c = raw[p]
                     if i == 2:
@@ -228,7 +233,10 @@ def from_wire(
                             ttl = raw[p + 1]
                         elif c != 0x43 and c != 0x40:
                             return None
-                    elif c != 0x40:
+                    elif c == 0x56 or c == 0x50:  # durable as a boolean byte, priority as a ubyte
+                        p += 2
+                        continue
+                    elif c != 0x40 and c != 0x41 and c != 0x42:
                         p = value_end(raw, p)
                         continue
                     p += 1
