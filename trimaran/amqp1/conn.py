@@ -22,6 +22,7 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from trimaran.amqp1.connection import ServerConnection
+from trimaran.amqp1.events import MessageReceived
 from trimaran.amqp1.performatives import CONNECTION_FORCED, ROLE_RECEIVER, Accepted, Error, Rejected
 from trimaran.amqp1.session import Link, LinkState
 from trimaran.runtime.confirms import InOrder
@@ -111,6 +112,9 @@ class Amqp1Conn:
     # -- the runtime's Hull ---------------------------------------------------------------------
 
     def handle(self, event: object) -> Awaitable[None] | None:
+        if event.__class__ is MessageReceived:  # most events are: one call less each
+            self.front.message(self, event)
+            return None
         return self.front.dispatch(self, event)
 
     def before_write(self) -> None:

@@ -208,7 +208,7 @@ class Amqp1FrontEnd:
     def dispatch(self, conn: Amqp1Conn, event: Event) -> Awaitable[None] | None:
         """Act on one event (a bug here closes this connection only: the runtime's concern)."""
         if isinstance(event, MessageReceived):
-            self._message(conn, event)
+            self.message(conn, event)
         elif isinstance(event, FlowReceived):
             out = conn.outlinks.get(event.link)
             if out is not None:
@@ -657,7 +657,8 @@ class Amqp1FrontEnd:
 
     # -- transfers --------------------------------------------------------------------------------
 
-    def _message(self, conn: Amqp1Conn, event: MessageReceived) -> None:
+    def message(self, conn: Amqp1Conn, event: MessageReceived) -> None:
+        """A transfer's message (the connection hands it here without ``dispatch``)."""
         link = event.link
         inlink = conn.inlinks.get(link)
         if inlink is None or link.state is not LinkState.ATTACHED:

@@ -65,7 +65,9 @@ class OutLink:
         except AMQPStateError as exc:
             log.info("amqp1: cannot send on %s: %s", self.id, exc)
             return None
-        self.conn.io.wake()
+        io = self.conn.io
+        if not io.dirty:  # once per loop iteration, not per message
+            io.wake()
         return did
 
     def on_flow(self, drain: bool) -> None:
@@ -101,19 +103,30 @@ class QueueOut(OutLink):
         payload = message.extra.get(EXTRA_KEY) if message.extra and not delivery.failed else None
         if payload.__class__ is not bytes:
             payload = to_amqp1(message, delivery_count=delivery.failed, cut=self.address.cut)
-        max_size = self.link.max_message_size
+        link = self.link
+        max_size = link.max_message_size
         if max_size and len(payload) > max_size:
             if handle is not None:
                 too_large = DeadLetter(f"larger than {self.id}'s max-message-size {max_size}")
                 handle.settle_nowait(delivery.offset, too_large)
             return
-        did = self._send(payload)
+        # _send written out: a call less for every message a queue delivers
+        conn = self.conn
+        did: int | None = None
+        if link.state is ATTACHED and link.link_credit > 0:
+            try:
+                did = conn.machine.send(link, payload, settled=self.settled)
+            except AMQPStateError as exc:
+                log.info("amqp1: cannot send on %s: %s", self.id, exc)
         if did is None:
             if handle is not None and not self.settled:
                 handle.settle_nowait(delivery.offset, RETRY_NOW)
             return
-        self.conn.front.broker.stats.messages_sent += 1
-        self.conn.io.messages_out += 1
+        io = conn.io
+        if not io.dirty:
+            io.wake()
+        conn.front.broker.stats.messages_sent += 1
+        io.messages_out += 1
         if not self.settled:
             self.offsets[did] = delivery.offset
 
