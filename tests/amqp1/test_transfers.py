@@ -88,7 +88,7 @@ def test_read_transfer_leaves_a_state_and_odd_encodings_to_the_codec() -> None:
 @pytest.mark.parametrize("message_format", [0, 0x80013700])
 def test_write_transfer_decodes_with_the_codec(settled: bool, message_format: int) -> None:
     out = bytearray()
-    write_transfer(out, 5, 2, 0xFFFF_FFFE, b"tag-1", message_format, settled, b"the message")
+    write_transfer(out, 5, 2, 0xFFFF_FFFE, b"tag-1", message_format, settled, b"the message", 5, 11)
     decoder = FrameDecoder()
     decoder.feed(out)
     frame = decoder.next_frame()

@@ -501,7 +501,16 @@ class ServerConnection:
         ):
             # One frame, and the peer's session window is open: written now, without a Transfer.
             write_transfer(
-                self._out, session.channel, link.handle, delivery_id, tag, message_format, settled, payload
+                self._out,
+                session.channel,
+                link.handle,
+                delivery_id,
+                tag,
+                message_format,
+                settled,
+                payload,
+                tag_size,
+                size,
             )
             session.next_outgoing_id = (session.next_outgoing_id + 1) & SERIAL_MASK
             session.remote_incoming_window -= 1

@@ -183,6 +183,7 @@ def from_wire(
         content_type: Any = None
         absolute_expiry: Any = None
         app: Any = None
+        data: bytes | None = None  # the first data section; parts from the second on
         parts: list[bytes] | None = None
         payload = b""
         payload_format: int | None = None
@@ -209,8 +210,10 @@ def from_wire(
                     return None
                 if pos > n:
                     return None
-                if parts is None:
-                    parts = [raw[first:pos]]
+                if data is None:
+                    data = raw[first:pos]
+                elif parts is None:
+                    parts = [data, raw[first:pos]]
                 else:
                     parts.append(raw[first:pos])
                 continue
@@ -309,7 +312,9 @@ def from_wire(
     except (DecodeError, IndexError, UnicodeDecodeError):
         return None
     if parts is not None:
-        payload = parts[0] if len(parts) == 1 else b"".join(parts)
+        payload = b"".join(parts)
+    elif data is not None:
+        payload = data
     now = now_ms() if now is None else now
     expires = now + ttl if ttl else None
     if absolute_expiry:

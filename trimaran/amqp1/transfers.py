@@ -168,10 +168,12 @@ def write_transfer(
     message_format: int,
     settled: bool,
     payload: bytes,
+    n: int,
+    size: int,
 ) -> None:
     """Append the first (and only) transfer frame of a delivery (``tag`` at most 32 bytes, as the
-    spec bounds it; a list8 holds the rest)."""
-    n = len(tag)
+    spec bounds it; a list8 holds the rest). ``n`` and ``size`` are the tag's and the payload's
+    lengths, which the caller has measured already."""
     if message_format == 0:
         tail = _FORMAT_ZERO_SETTLED[settled]
         listsize = 1 + _BEFORE_TAG + n + 2
@@ -179,7 +181,7 @@ def write_transfer(
         tail = b"\x70" + _U32.pack(message_format) + (b"\x41" if settled else b"\x42")
         listsize = 1 + _BEFORE_TAG + n + 6
     out += _TRANSFER_HEAD.pack(
-        8 + 3 + 2 + listsize + len(payload),
+        8 + 3 + 2 + listsize + size,
         2,
         0,
         channel,
