@@ -876,11 +876,45 @@ class ServerConnection:
                     # step: their events queue in order, and the front end drops those of a link
                     # that one of them ended (it asks every message's link whether it is attached).
                     decoder = self._decoder
+                    events = self._events
                     while True:
                         handle, did, tag, fmt, settled, more, aborted, start = fields
-                        self._on_transfer(
-                            session, handle, did, tag, fmt, settled, more, None, aborted, body[start:]
-                        )
+                        chunk = body[start:]
+                        link = session.links_by_remote_handle.get(handle)
+                        limit = 0 if link is None else link.max_message_size
+                        if (
+                            link is not None
+                            and not more
+                            and not aborted
+                            and did is not None
+                            and tag is not None
+                            and link.partial is None
+                            and link.state is LinkState.ATTACHED
+                            and link.role is ROLE_RECEIVER
+                            and link.link_credit > 0
+                            and (not limit or len(chunk) <= limit)
+                            and session.incoming_window > 0
+                        ):
+                            # _on_transfer's delivery in one frame, the usual one, written out: no
+                            # call per message. Anything else goes the long way, which says what
+                            # is wrong.
+                            session.incoming_window -= 1
+                            session.next_incoming_id = (session.next_incoming_id + 1) & SERIAL_MASK
+                            if session.remote_outgoing_window > 0:
+                                session.remote_outgoing_window -= 1
+                            if session.incoming_window <= session.incoming_window_size // 2:
+                                self._window_due.add(session)
+                            link.link_credit -= 1
+                            link.delivery_count = (link.delivery_count + 1) & SERIAL_MASK
+                            if not settled:
+                                session.unsettled_in[did] = (link, tag)
+                            events.append(
+                                MessageReceived(link, did, tag, bool(settled), chunk, fmt or 0, None)
+                            )
+                        else:
+                            self._on_transfer(
+                                session, handle, did, tag, fmt, settled, more, None, aborted, chunk
+                            )
                         if self.state is not ConnState.OPENED or session.state is not SessionState.MAPPED:
                             return
                         got = decoder.next_body_if(FRAME_AMQP, channel, _TRANSFER_HEAD)
