@@ -130,7 +130,7 @@ PATHS = [
     Path_(
         "amqp1 durable",
         lambda s: Amqp1Load(s.port("amqp"), batch=100, durable=True),
-        Budget(loop=(55.5, 44.5), others=(8.5, 5.5)),
+        Budget(loop=(55.5, 44.5), others=(7.0, 4.5)),
     ),
     Path_(
         "amqp1 proton-c send/receive",
