@@ -125,17 +125,17 @@ PATHS = [
     Path_(
         "amqp1 transfer-deliver-accept",
         lambda s: Amqp1Load(s.port("amqp"), batch=100),
-        Budget(loop=(33.5, 31.5)),
+        Budget(loop=(33.5, 30.5)),
     ),
     Path_(
         "amqp1 durable",
         lambda s: Amqp1Load(s.port("amqp"), batch=100, durable=True),
-        Budget(loop=(55.5, 44.5), others=(7.0, 4.5)),
+        Budget(loop=(55.5, 43.5), others=(7.0, 4.5)),
     ),
     Path_(
         "amqp1 proton-c send/receive",
         lambda s: Amqp1Load(s.port("amqp"), batch=100, like_proton_c=True),
-        Budget(loop=(35.0, 34.0)),
+        Budget(loop=(35.0, 33.0)),
     ),
 ]
 

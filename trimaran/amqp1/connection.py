@@ -484,6 +484,9 @@ class ServerConnection:
         if tag is None:
             tag = (link.next_tag & SERIAL_MASK).to_bytes(4, "big")
             link.next_tag += 1
+            tag_size = 4
+        else:
+            tag_size = len(tag)
         # The link's credit (section 2.6.7): one delivery sent.
         link.delivery_count = (link.delivery_count + 1) & SERIAL_MASK
         link.link_credit -= 1
@@ -492,7 +495,6 @@ class ServerConnection:
         if not settled:
             session.unsettled_out[delivery_id] = (link, tag)
         limit = self.remote_max_frame_size - 8
-        tag_size = len(tag)
         if (
             not session.pending
             and session.remote_incoming_window > 0
