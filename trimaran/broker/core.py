@@ -195,6 +195,30 @@ class Broker:
             self.events.message(MESSAGE_PUBLISHED, message, subscribers=len(deliveries))
         return len(deliveries) + nodes
 
+    def route_run(self, topic: str, publisher_id: str, count: int) -> list[Delivery[Any]] | None:
+        """Where ``count`` messages to ``topic`` from one publisher go, matched once (a hull's run
+        of plain messages: not retained, no expiry, no properties), counted as routed. None when each
+        must take :meth:`publish` on its own: other nodes are told of each, or the event bus
+        listens for each. Deliveries of a share group are this match's pick, for the run's first
+        message: :meth:`deliver_each` picks again for the others."""
+        if self.forwarder is not None or self.events.publishing:
+            return None
+        self.stats.publish_routed += count
+        return self.router.match(topic, publisher_id)
+
+    def deliver_each(self, messages: list[Message], deliveries: list[Delivery[Any]]) -> None:
+        """A routed run's messages (:meth:`route_run`) to the ``deliveries`` that did not take it
+        whole, one message at a time as :meth:`publish` would: a share group's member is picked
+        again for each message after the first."""
+        plain = [d for d in deliveries if d.share_group is None]
+        shared = len(plain) < len(deliveries)
+        for i, message in enumerate(messages):
+            if i and shared:
+                picked = self.router.match(message.topic, message.publisher_id)
+                deliveries = plain + [d for d in picked if d.share_group is not None]
+            for delivery in deliveries:
+                delivery.subscriber.deliver(message, delivery)
+
     def deliver_forwarded(self, message: Message, shares: frozenset[tuple[str, str]]) -> int:
         """A publish another node forwarded: delivered to this node's subscribers only (never
         forwarded again, never retained here: the publishing node wrote it), and to this node's

@@ -29,6 +29,7 @@ from trimaran.mqtt.packets import (
     PubAck,
     PubComp,
     Publish,
+    PublishRun,
     PubRec,
     PubRel,
     SubAck,
@@ -60,7 +61,9 @@ __all__ = [
     "decode_varint",
     "encode",
     "encode_properties",
+    "encode_run",
     "encode_varint",
+    "run_packets",
 ]
 
 MAX_VARINT: Final = 268_435_455
@@ -603,6 +606,7 @@ class Decoder:
         "_topic_raw",
         "max_packet_size",
         "protocol_level",
+        "runs",
     )
 
     def __init__(self, max_packet_size: int = MAX_PACKET_SIZE, protocol_level: int | None = None) -> None:
@@ -619,6 +623,9 @@ class Decoder:
         self._topic = ""
         self.max_packet_size = max_packet_size
         self.protocol_level = protocol_level
+        # Hand out consecutive plain QoS 0 PUBLISHes to one topic as one PublishRun (a server that
+        # routes them once turns this on); off, every PUBLISH is its own packet.
+        self.runs = False
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         if self._mv is not None:
@@ -664,7 +671,7 @@ class Decoder:
             self._pos = pos
         return ids
 
-    def next_packet(self) -> Packet | Literal[NeedData.NEED_DATA]:
+    def next_packet(self) -> Packet | PublishRun | Literal[NeedData.NEED_DATA]:
         if self._failed is not None:
             raise self._failed
         buf = self._buf
@@ -711,7 +718,11 @@ class Decoder:
         flags = first & 0x0F
         if ptype == _PUBLISH:  # most packets: read from the buffer, no view, no lookup
             try:
-                packet: Packet = self._publish(flags, base, start, total, level or 0)
+                packet: Packet | PublishRun
+                if not flags and self.runs:  # QoS 0, no retain, no DUP
+                    packet, total = self._run(base, start, total, level or 0)
+                else:
+                    packet = self._publish(flags, base, start, total, level or 0)
             except ProtocolError as exc:
                 self._failed = exc
                 raise
@@ -797,6 +808,75 @@ class Decoder:
             wire = bytes(buf[base:end])
             return Publish(topic, wire[pos - base :], qos, False, False, packet_id, props, wire)
         return Publish(topic, bytes(buf[pos:end]), qos, bool(flags & 0x01), dup, packet_id, props)
+
+    def _run(self, base: int, pos: int, end: int, level: int) -> tuple[Publish | PublishRun, int]:
+        """The QoS 0 PUBLISH without retain or DUP at ``base`` (body ``pos``..``end``) and every
+        whole packet after it with the same fixed header type, topic and (5.0) no properties, as one
+        PublishRun, and where it ends. A packet unlike them ends the run and is read on its own
+        (by :meth:`next_packet`, which refuses it if it is bad); so does a first packet with
+        properties or no topic, which is returned as a Publish."""
+        buf = self._buf
+        if pos + 2 > end:
+            return self._publish(0, base, pos, end, level), end  # (raises: malformed)
+        stop = pos + 2 + (buf[pos] << 8 | buf[pos + 1])
+        head = stop + 1 if level == MQTT_5 else stop  # at 5.0 the empty properties' one byte
+        if stop == pos + 2 or head > end or (head > stop and buf[stop]):
+            return self._publish(0, base, pos, end, level), end
+        raw = buf[pos + 2 : stop]
+        if raw == self._topic_raw:
+            topic = self._topic
+        else:
+            try:
+                topic = str(raw, "utf-8")
+            except UnicodeDecodeError:
+                raise _malformed("string is not well-formed UTF-8") from None
+            if "\x00" in topic:
+                raise _malformed("string contains U+0000")
+            self._topic_raw = raw
+            self._topic = topic
+        field = buf[pos:head]
+        width = head - pos
+        largest = end - base
+        limit = self.max_packet_size
+        size = len(buf)
+        count = 1
+        # Each next packet: 0x30, its remaining length, then the same topic field. Read in place
+        # (no packet object, no call), as many as the buffer holds whole.
+        while end + 2 <= size and buf[end] == 0x30:
+            byte = buf[end + 1]
+            start = end + 2
+            if byte < 0x80:
+                remaining = byte
+            else:
+                remaining = byte & 0x7F
+                shift = 7
+                while True:
+                    if start >= size or start - end > 4:
+                        remaining = -1
+                        break
+                    byte = buf[start]
+                    start += 1
+                    remaining |= (byte & 0x7F) << shift
+                    if byte < 0x80:
+                        if byte == 0:
+                            remaining = -1  # not in its shortest form: next_packet refuses it
+                        break
+                    shift += 7
+                if remaining < 0:
+                    break
+            total = start + remaining
+            if (
+                total > size
+                or total - end > limit
+                or remaining < width
+                or buf[start : start + width] != field
+            ):
+                break
+            if total - end > largest:
+                largest = total - end
+            end = total
+            count += 1
+        return PublishRun(topic, bytes(buf[base:end]), count, largest, width, level == MQTT_5), end
 
     def _fail(self, exc: ProtocolError) -> ProtocolError:
         self._failed = exc
@@ -895,6 +975,53 @@ def encode_plain_publish(
     size = len(variable) + len(payload)
     header = bytes((first, size)) if size < 128 else bytes((first,)) + encode_varint(size)
     return b"".join((header, variable, payload))
+
+
+def run_packets(run: PublishRun) -> list[tuple[bytes, bytes]]:
+    """Each PUBLISH of a run: (its bytes, its payload)."""
+    wire = run.wire
+    head = run.head
+    out: list[tuple[bytes, bytes]] = []
+    pos = 0
+    size = len(wire)
+    while pos < size:
+        start = pos + 1
+        remaining = 0
+        shift = 0
+        while True:  # the decoder checked the remaining length's form
+            byte = wire[start]
+            start += 1
+            remaining |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                break
+            shift += 7
+        end = start + remaining
+        out.append((wire[pos:end], wire[start + head : end]))
+        pos = end
+    return out
+
+
+def encode_run(run: PublishRun, v5: bool, subscription_ids: tuple[int, ...]) -> tuple[bytes, int]:
+    """A run's PUBLISHes as a subscriber of the other protocol family (``v5``), or one at 5.0 with
+    subscription identifiers, gets them: back to back, and the size of the largest."""
+    name = run.topic.encode("utf-8")
+    field = _U16.pack(len(name)) + name
+    if v5:
+        field += encode_properties(
+            Properties(subscription_identifiers=list(subscription_ids)), PacketType.PUBLISH
+        )
+    width = len(field)
+    parts: list[bytes] = []
+    largest = 0
+    for _, payload in run_packets(run):
+        size = width + len(payload)
+        header = bytes((0x30, size)) if size < 128 else b"\x30" + encode_varint(size)
+        parts.append(header)
+        parts.append(field)
+        parts.append(payload)
+        if len(header) + size > largest:
+            largest = len(header) + size
+    return b"".join(parts), largest
 
 
 def around_packet_id(data: bytes) -> tuple[bytes, bytes]:

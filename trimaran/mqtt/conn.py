@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from trimaran.mqtt.connection import ServerConnection
-from trimaran.mqtt.packets import Publish
+from trimaran.mqtt.packets import Publish, PublishRun
 from trimaran.mqtt.queues import ConnQueues, MqttQueues, QueueEndpoint, send_acks
 from trimaran.mqtt.reason_codes import ReasonCode
 from trimaran.runtime.machine import Machine
@@ -31,6 +31,8 @@ class FrontEnd(Protocol):
     def endpoints(self) -> Mapping[str, Any]: ...
 
     def publish_received(self, conn: MqttConn[Any], publish: Publish) -> None: ...
+
+    def run_received(self, conn: MqttConn[Any], run: PublishRun) -> None: ...
 
     def handle(self, conn: MqttConn[Any], event: object) -> Awaitable[None] | None: ...
 
@@ -82,7 +84,10 @@ class MqttConn(Generic[E]):
     # -- the runtime's Hull --------------------------------------------------------------------------
 
     def handle(self, event: object) -> Awaitable[None] | None:
-        if type(event) is Publish:  # the hot paths, one call shorter
+        if type(event) is PublishRun:  # the hot paths, one call shorter
+            self.front.run_received(self, event)
+            return None
+        if type(event) is Publish:
             self.front.publish_received(self, event)
             return None
         return self.front.handle(self, event)

@@ -60,6 +60,7 @@ from trimaran.mqtt.packets import (
     PubAck,
     PubComp,
     Publish,
+    PublishRun,
     PubRec,
     PubRel,
     SubAck,
@@ -127,6 +128,9 @@ class ServerLimits:
     max_topic_levels: int = 128  # levels of a topic name or filter
     max_subscriptions: int = 0  # per session; 0 = no limit
     max_early_data: int = 1 << 20  # bytes buffered while accept()/reject() is pending
+    # Hand consecutive plain QoS 0 PUBLISHes to one topic out as one PublishRun event (the server's
+    # hull routes a run once); off, each PUBLISH is its own event.
+    publish_runs: bool = False
 
 
 @dataclass(slots=True)
@@ -228,6 +232,7 @@ class ServerConnection:
         self.state: str = State.AWAIT_CONNECT
         # Until the login is decided, a packet may be no larger than the unauthenticated limit.
         self._decoder = Decoder(min(self.limits.max_packet_size, self.limits.max_packet_size_unauthenticated))
+        self._decoder.runs = self.limits.publish_runs
         self._out: list[bytes] = []
         self.pending_out = 0  # bytes of PUBLISHes in _out: a subscriber's backlog not yet written
         self.protocol_level = 0  # 3, 4 or 5 once a CONNECT was read (a field: deliveries ask)
@@ -326,10 +331,13 @@ class ServerConnection:
                 try:
                     if type(packet) is Publish:  # most packets: one dispatch shorter
                         self._on_publish(packet, ready)  # the decoder refuses one before CONNECT
+                    elif type(packet) is PublishRun:
+                        self._on_run(packet, ready)
                     elif self.state == State.AWAIT_CONNECT:
                         assert isinstance(packet, Connect)  # the decoder refuses anything else first
                         self._on_connect(packet, ready)
                     else:
+                        assert not isinstance(packet, PublishRun)  # (for mypy: handled above)
                         self._on_packet(packet, ready)
                 except _Fail as fail:  # (its own name: mypyc gives one name one type in a function)
                     self._fail(ready, fail.reason_code, fail.message)
@@ -499,6 +507,18 @@ class ServerConnection:
         self._out.append(data)
         self.pending_out += size
         self.stats.packets_sent += 1
+        return True
+
+    def publish_run(self, data: bytes, count: int, largest: int) -> bool:
+        """Send ``count`` QoS 0 PUBLISHes encoded back to back for this protocol level (a
+        PublishRun, or `codec.encode_run`), ``largest`` the size of the largest: `publish_encoded` for
+        each, at once. False, and nothing sent, if not connected or one is larger than the client's
+        Maximum Packet Size: the caller then sends them one by one."""
+        if self.state != State.CONNECTED or largest > self.client_max_packet_size:
+            return False
+        self._out.append(data)
+        self.pending_out += len(data)
+        self.stats.packets_sent += count
         return True
 
     def ack_publish(self, packet_id: int, reason_code: int = 0, properties: Properties | None = None) -> None:
@@ -723,6 +743,26 @@ class ServerConnection:
         if props.session_expiry_interval is None and self.session_expiry_interval != requested:
             props.session_expiry_interval = self.session_expiry_interval
 
+    def _on_run(self, run: PublishRun, events: Events) -> None:
+        """What `_on_publish` does for each of a run's PUBLISHes, once: they are QoS 0 without
+        retain or properties (so no alias) to one non-empty topic, whose name alone needs checking."""
+        self.stats.packets_received += run.count - 1
+        if run.topic != self._valid_topic:
+            self._check_topic(run.topic)
+        events.append(run)
+
+    def _check_topic(self, topic: str) -> None:
+        """A topic name a client published to that is not the last one it used."""
+        limits = self.limits
+        if not is_valid_topic_name(topic):
+            raise _Fail(ReasonCode.TOPIC_NAME_INVALID, "invalid topic name")
+        if len(topic) > limits.max_topic_length or topic.count("/") >= limits.max_topic_levels:
+            raise _Fail(
+                ReasonCode.TOPIC_NAME_INVALID,
+                f"topic over {limits.max_topic_length} characters or {limits.max_topic_levels} levels",
+            )
+        self._valid_topic = topic
+
     def _on_publish(self, publish: Publish, events: Events) -> None:
         level = self.protocol_level
         limits = self.limits
@@ -751,16 +791,8 @@ class ServerConnection:
                 props.topic_alias = None
             elif not publish.topic:
                 raise _Fail(ReasonCode.PROTOCOL_ERROR, "empty topic name without a topic alias")
-        topic = publish.topic
-        if topic != self._valid_topic:
-            if not is_valid_topic_name(topic):
-                raise _Fail(ReasonCode.TOPIC_NAME_INVALID, "invalid topic name")
-            if len(topic) > limits.max_topic_length or topic.count("/") >= limits.max_topic_levels:
-                raise _Fail(
-                    ReasonCode.TOPIC_NAME_INVALID,
-                    f"topic over {limits.max_topic_length} characters or {limits.max_topic_levels} levels",
-                )
-            self._valid_topic = topic
+        if publish.topic != self._valid_topic:
+            self._check_topic(publish.topic)
         qos = publish.qos
         if qos == 0:
             events.append(publish)

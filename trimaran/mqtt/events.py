@@ -1,13 +1,14 @@
 """What the MQTT machine hands the hull, one packet at a time (``ServerConnection.next_event()``),
 except a run of plain PUBACKs, which is one event. A PUBLISH from the client is handed out as the
 ``Publish`` itself, its topic alias resolved (for QoS 1/2 call `ack_publish(packet_id)`): most
-packets are one, and a wrapper would cost an object and a call each."""
+packets are one, and a wrapper would cost an object and a call each. With ``ServerLimits.publish_runs``
+consecutive plain QoS 0 PUBLISHes to one topic are one ``PublishRun``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trimaran.mqtt.packets import Connect, Publish, SubscriptionOptions
+from trimaran.mqtt.packets import Connect, Publish, PublishRun, SubscriptionOptions
 from trimaran.mqtt.session import OutboundMessage
 
 
@@ -85,6 +86,7 @@ class ConnectionClosed:
 Event = (
     ConnectRequest
     | Publish
+    | PublishRun
     | SubscribeRequest
     | UnsubscribeReceived
     | MessageAcked

@@ -34,6 +34,7 @@ from trimaran.broker.message import PROTOCOL_MQTT, Message
 from trimaran.broker.router import Delivery, SubscriptionOptions
 from trimaran.broker.sessions import SessionInfo, SessionSubscriptionInfo
 from trimaran.config import Settings
+from trimaran.mqtt.codec import NO_PROPERTIES, encode_run, run_packets
 from trimaran.mqtt.conn import MqttConn
 from trimaran.mqtt.connection import (
     NO_EXPIRY,
@@ -54,7 +55,7 @@ from trimaran.mqtt.mapping import (
     message_from_publish,
     outbound,
 )
-from trimaran.mqtt.packets import MQTT_5, Publish
+from trimaran.mqtt.packets import MQTT_5, Publish, PublishRun
 from trimaran.mqtt.queues import MqttQueues, is_queue_filter
 from trimaran.mqtt.reason_codes import ReasonCode
 from trimaran.mqtt.session import AWAITING_PUBCOMP, OutboundMessage, Session, Subscription, queued_to_json
@@ -106,6 +107,7 @@ def server_limits(settings: Settings) -> ServerLimits:
         max_topic_length=limits.max_topic_length,
         max_topic_levels=limits.max_topic_levels,
         max_subscriptions=limits.max_subscriptions_per_client,
+        publish_runs=True,  # MqttFrontEnd.run_received
     )
 
 
@@ -205,6 +207,45 @@ class MqttEndpoint:
             front.dropped(
                 message, self.client_id, "refused by the connection: too large, expired or queue full"
             )
+
+    def deliver_run(self, run: PublishRun, delivery: Delivery[Any]) -> bool:
+        """A run of plain QoS 0 messages (MqttFrontEnd.run_received) as :meth:`deliver` would
+        deliver each, in one call: the bytes as they came, or as this kind of client gets them,
+        encoded once per run. False, with nothing done, where each must take :meth:`deliver`: a
+        client with outbound topic aliases or not connected, one whose Maximum Packet Size a
+        message exceeds, or one that is behind (its socket full, or the run would take its
+        outbox past the push-back mark, where deliver holds publishers and drops)."""
+        conn = self.conn
+        if conn is None:
+            return True  # QoS 0 to an offline session: nothing is kept (as deliver)
+        machine = conn.mqtt
+        io = conn.io
+        if machine.uses_topic_aliases or not io.writable:
+            return False
+        v5 = self.protocol_level == MQTT_5
+        ids = delivery.subscription_identifiers if v5 else ()
+        if v5 == run.v5 and not ids:
+            data = run.wire  # the relay's case: the bytes as they came
+            largest = run.largest
+        else:
+            encoded = run.encoded
+            if encoded is None:
+                encoded = run.encoded = {}
+            key = (v5, ids)
+            got = encoded.get(key)
+            if got is None:
+                got = encoded[key] = encode_run(run, v5, ids)
+            data, largest = got
+        if machine.pending_out + len(data) > PUSH_BACK_BYTES or not machine.publish_run(
+            data, run.count, largest
+        ):
+            return False
+        count = run.count
+        self.front.broker.stats.messages_sent += count
+        io.messages_out += count
+        if not io.dirty:
+            io.wake()
+        return True
 
 
 class MqttFrontEnd:
@@ -744,6 +785,77 @@ class MqttFrontEnd:
         self.broker.publish(message)
         if publish.qos and publish.packet_id is not None:
             conn.mqtt.ack_publish(publish.packet_id)
+
+    def run_received(self, conn: MqttConn[MqttEndpoint], run: PublishRun) -> None:
+        """A run of plain QoS 0 PUBLISHes to one topic (PublishRun): counted, authorized and
+        routed once, and taken whole by each subscriber that can (MqttEndpoint.deliver_run); the
+        others get each message as :meth:`publish_received` gives it. A ``$`` topic ($queue/,
+        refusals) and a broker that must see each publish take publish_received's path for each."""
+        endpoint = conn.endpoint
+        assert endpoint is not None
+        topic = run.topic
+        if topic[0] == "$":
+            machine = conn.mqtt
+            for wire, payload in run_packets(run):
+                if machine.closed:
+                    break  # as a closed machine reads no further packet
+                self.publish_received(
+                    conn, Publish(topic, payload, 0, False, False, None, NO_PROPERTIES, wire)
+                )
+            return
+        count = run.count
+        io = conn.io
+        io.publisher = True
+        io.messages_in += count
+        broker = self.broker
+        broker.stats.messages_received += count
+        principal = conn.principal
+        security = self.security
+        if principal is not None and (
+            topic != principal.last_write or principal.last_write_generation != security.generation
+        ):
+            if security.rules is not None:
+                access, target = publish_access(topic)
+                if not security.authorize(principal, access, target):
+                    return  # QoS 0 has no refusal: dropped (publish_received's check, once a run)
+            principal.last_write = topic
+            principal.last_write_generation = security.generation
+        key = endpoint.vhost_prefix + topic
+        publisher_id = endpoint.client_id
+        deliveries = broker.route_run(key, publisher_id, count)
+        if deliveries is None:
+            fan_out = self.fan_out
+            for wire, payload in run_packets(run):
+                message = Message(
+                    key, payload, 0, False, None, None, None, None, None, [], publisher_id,
+                    PROTOCOL_MQTT, io.read_at_ms,
+                )  # fmt: skip
+                fan_out.arrived = message
+                fan_out.arrived_wire = wire
+                fan_out.arrived_v5 = run.v5
+                broker.publish(message)
+            return
+        rest: list[Delivery[Any]] | None = None
+        for delivery in deliveries:
+            subscriber = delivery.subscriber
+            if (
+                type(subscriber) is MqttEndpoint
+                and delivery.share_group is None
+                and subscriber.deliver_run(run, delivery)
+            ):
+                continue
+            if rest is None:
+                rest = []
+            rest.append(delivery)
+        if rest is not None:
+            now = io.read_at_ms
+            messages = [
+                Message(
+                    key, payload, 0, False, None, None, None, None, None, [], publisher_id, PROTOCOL_MQTT, now
+                )
+                for _, payload in run_packets(run)
+            ]
+            broker.deliver_each(messages, rest)
 
     def _publish_refused(self, conn: MqttConn[MqttEndpoint], packet_id: int | None) -> None:
         """A publish the rules refuse: 5.0 PUBACK/PUBREC 0x87; 3.1.1 has no refusal, the message is

@@ -25,6 +25,7 @@ __all__ = [
     "PubRec",
     "PubRel",
     "Publish",
+    "PublishRun",
     "SubAck",
     "Subscribe",
     "SubscriptionOptions",
@@ -81,6 +82,26 @@ class Publish:
     # family and QoS gets (no retain, no DUP, no properties; at QoS 1/2 with its own packet id):
     # fan-in then forwards them without encoding.
     wire: bytes | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(slots=True)
+class PublishRun:
+    """Consecutive QoS 0 PUBLISHes read together from one client, all to ``topic``, none with
+    retain, DUP or properties: the decoder hands them out as one (``Decoder.runs``), so that the
+    server routes them once and forwards their bytes as they came where a subscriber takes them so.
+    ``wire``: the packets as received, back to back; ``head``: the bytes of each between its
+    remaining length and its payload (topic, and at 5.0 the empty properties); ``largest``: the
+    size of the largest packet (a client's Maximum Packet Size is per packet)."""
+
+    topic: str
+    wire: bytes
+    count: int
+    largest: int
+    head: int
+    v5: bool
+    # The run's bytes as other kinds of subscriber get them (codec.encode_run), made at the first
+    # such subscriber: (5.0?, subscription identifiers) -> (bytes, largest packet).
+    encoded: dict[tuple[bool, tuple[int, ...]], tuple[bytes, int]] | None = None
 
 
 @dataclass(slots=True)
