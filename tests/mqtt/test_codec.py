@@ -19,9 +19,11 @@ from trimaran.mqtt.codec import (
     decode_varint,
     encode,
     encode_plain_publish,
+    encode_run,
     encode_varint,
+    run_packets,
 )
-from trimaran.mqtt.packets import Packet, PingReq, PubAck, Publish
+from trimaran.mqtt.packets import Packet, PingReq, PubAck, Publish, PublishRun
 from trimaran.mqtt.properties import (
     PROPERTY_TABLE,
     WILL,
@@ -272,3 +274,99 @@ def test_a_topic_is_checked_whenever_its_bytes_differ() -> None:
     assert isinstance(decoder.next_packet(), Publish)
     with pytest.raises(ProtocolError, match="U\\+0000"):
         decoder.next_packet()
+
+
+# -- runs of plain QoS 0 PUBLISHes (Decoder.runs) ------------------------------------------------
+
+
+def _decode_all(data: bytes, level: int, runs: bool, cut: int = 0) -> list[Packet | PublishRun]:
+    decoder = Decoder(protocol_level=level)
+    decoder.runs = runs
+    out: list[Packet | PublishRun] = []
+    for chunk in (data[:cut], data[cut:]) if cut else (data,):
+        decoder.feed(chunk)
+        while (packet := decoder.next_packet()) is not NEED_DATA:
+            out.append(packet)
+    return out
+
+
+def _each(packets: list[Packet | PublishRun]) -> list[tuple[Packet, bytes | None]]:
+    """Every PUBLISH of the runs on its own, as the decoder gives it without runs."""
+    out: list[tuple[Packet, bytes | None]] = []
+    for packet in packets:
+        if isinstance(packet, PublishRun):
+            for wire, payload in run_packets(packet):
+                out.append((Publish(packet.topic, payload, 0, False, False, None, NO_PROPERTIES), wire))
+        else:
+            out.append((packet, packet.wire if isinstance(packet, Publish) else None))
+    return out
+
+
+@st.composite
+def _streams(draw: st.DrawFn) -> tuple[int, list[Publish]]:
+    """PUBLISHes to few topics, mostly plain QoS 0, some retained, QoS 1 or with properties."""
+    level = draw(levels)
+    topic = st.sampled_from(["a/b", "a/c", "", "é/x"])
+    plain = st.builds(Publish, topic, st.binary(max_size=300))
+    other = publishes(level).map(lambda p: dataclasses.replace(p, topic=p.topic[:3] or "a/b"))
+    return level, draw(st.lists(st.one_of(plain, plain, plain, other), min_size=1, max_size=30))
+
+
+@given(_streams(), st.integers(min_value=0, max_value=2000))
+@SETTINGS
+def test_runs_hold_the_publishes_read_one_by_one(stream: tuple[int, list[Publish]], cut: int) -> None:
+    level, publishes_ = stream
+    data = b"".join(encode(p, level) for p in publishes_)
+    cut = min(cut, len(data) - 1)
+    one_by_one = _decode_all(data, level, runs=False, cut=cut)
+    in_runs = _decode_all(data, level, runs=True, cut=cut)
+    assert _each(in_runs) == [(p, p.wire if isinstance(p, Publish) else None) for p in one_by_one]
+    for packet in in_runs:
+        if isinstance(packet, PublishRun):
+            sizes = [len(wire) for wire, _ in run_packets(packet)]
+            assert packet.largest == max(sizes) and packet.count == len(sizes) and packet.topic
+            assert packet.v5 == (level == 5)
+
+
+def test_a_run_ends_at_a_packet_unlike_it() -> None:
+    plain = [encode(Publish("a/b", b"%d" % i), 4) for i in range(3)]
+    data = b"".join(
+        [*plain, encode(Publish("a/b", b"r", retain=True), 4), *plain, encode(Publish("a/c", b"c"), 4)]
+    )
+    got = _decode_all(data, 4, runs=True)
+    assert [type(p).__name__ for p in got] == ["PublishRun", "Publish", "PublishRun", "PublishRun"]
+    first = got[0]
+    assert isinstance(first, PublishRun) and first.count == 3 and first.wire == b"".join(plain)
+    last = got[3]
+    assert isinstance(last, PublishRun) and last.count == 1 and last.topic == "a/c"
+
+
+def test_a_run_holds_only_whole_packets_under_the_maximum_size() -> None:
+    small = encode(Publish("a/b", b"x"), 4)
+    large = encode(Publish("a/b", b"y" * 100), 4)
+    decoder = Decoder(50, protocol_level=4)
+    decoder.runs = True
+    decoder.feed(small + small + small[:4])
+    run = decoder.next_packet()
+    assert isinstance(run, PublishRun) and run.count == 2
+    assert decoder.next_packet() is NEED_DATA
+    decoder.feed(small[4:] + small + large[:10])
+    run = decoder.next_packet()
+    assert isinstance(run, PublishRun) and run.count == 2 and run.wire == small + small
+    with pytest.raises(ProtocolError):
+        decoder.next_packet()  # too large: refused on its own, after the run was handed out
+
+
+@pytest.mark.parametrize("level", [3, 4, 5])
+@pytest.mark.parametrize(("v5", "ids"), [(False, ()), (True, ()), (True, (7,)), (True, (1, 300))])
+def test_a_run_encoded_for_another_subscriber_is_each_publish_encoded(
+    level: int, v5: bool, ids: tuple[int, ...]
+) -> None:
+    publishes_ = [Publish("a/b", b"p" * n) for n in (0, 1, 120, 130, 20000)]
+    got = _decode_all(b"".join(encode(p, level) for p in publishes_), level, runs=True)
+    assert len(got) == 1 and isinstance(got[0], PublishRun)
+    data, largest = encode_run(got[0], v5, ids)
+    props = Properties(subscription_identifiers=list(ids))
+    each = [encode(Publish(p.topic, p.payload, properties=props), 5 if v5 else 4) for p in publishes_]
+    assert data == b"".join(each)
+    assert largest == max(map(len, each))

@@ -30,6 +30,7 @@ from trimaran.mqtt.packets import (
     PubAck,
     PubComp,
     Publish,
+    PublishRun,
     PubRec,
     PubRel,
     SubAck,
@@ -292,6 +293,26 @@ def test_topic_length_levels_and_subscriptions_are_bounded() -> None:
 
 
 # ------------------------------------------------------------------------------------- inbound publish
+
+
+def test_plain_qos0_publishes_to_one_topic_are_one_run_when_asked() -> None:
+    _, client, _ = connected(ServerLimits(publish_runs=True), level=5)
+    run = [Publish("a/b", b"%d" % i) for i in range(5)]
+    events = client.send(*run, Publish("a/b", b"q", qos=1, packet_id=1), *run[:2])
+    assert [type(e) for e in events] == [PublishRun, Publish, PublishRun]
+    first, _, last = events
+    assert isinstance(first, PublishRun) and isinstance(last, PublishRun)
+    assert (first.topic, first.count, last.count) == ("a/b", 5, 2)
+    assert client.server.stats.packets_received == 8 + 1  # and the CONNECT
+
+
+@pytest.mark.parametrize("topic", ["a/+", "a/b/c/d"])
+def test_a_run_to_a_bad_topic_closes_at_its_first_publish(topic: str) -> None:
+    _, client, _ = connected(ServerLimits(publish_runs=True, max_topic_levels=3), level=5)
+    events = client.send(*[Publish(topic, b"x")] * 3, PingReq())
+    assert closed(events).reason_code == ReasonCode.TOPIC_NAME_INVALID
+    assert len(events) == 1  # no PUBLISH of it was handed out, nor anything after it
+    assert not any(isinstance(p, PingResp) for p in client.received())
 
 
 def test_qos1_publish_is_acked_by_the_handler() -> None:

@@ -1,0 +1,211 @@
+"""A read's run of plain QoS 0 PUBLISHes to one topic is routed once and delivered whole
+(MqttFrontEnd.run_received): every subscriber, MQTT or not, gets exactly what it got when each
+PUBLISH was its own event, and the broker counts the same. Each test builds the same world twice,
+once with runs and once without, feeds both the same bytes, and compares everything observable."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.mqtt.mqtt_client import connected
+from tests.support.runtime import Wire
+from trimaran.broker.core import Broker
+from trimaran.broker.events import MESSAGE_PUBLISHED
+from trimaran.broker.message import Message
+from trimaran.broker.router import Delivery, SubscriptionOptions
+from trimaran.config import Settings
+from trimaran.mqtt.codec import encode
+from trimaran.mqtt.conn import MqttConn
+from trimaran.mqtt.connection import ServerConnection, ServerLimits
+from trimaran.mqtt.handler import PUSH_BACK_BYTES, MqttEndpoint, MqttFrontEnd
+from trimaran.mqtt.packets import Publish, PublishRun
+from trimaran.mqtt.properties import Properties
+from trimaran.mqtt.session import Session
+from trimaran.runtime.runner import Runner
+from trimaran.vhosts import prefix
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class Foreign:
+    """Another hull's subscriber (an AMQP queue binding): it takes broker messages."""
+
+    id = "amqp-binding"
+
+    def __init__(self) -> None:
+        self.got: list[tuple[str, bytes, int, bool, str | None]] = []
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def deliver(self, message: Message, delivery: Delivery[Any]) -> None:
+        self.got.append((message.topic, message.payload, message.qos, message.retain, message.publisher_id))
+
+
+class World:
+    def __init__(self, runs: bool, publisher_level: int, vhost: str = "/") -> None:
+        self.broker = Broker(sys_interval=0)
+        self.front = MqttFrontEnd(self.broker, Settings())
+        self.runner = Runner()
+        self.key = prefix(vhost)
+        self.clients: dict[str, Any] = {}
+        self.servers: dict[str, ServerConnection] = {}
+        self.wires: dict[str, Wire] = {}
+        self.foreign = Foreign()
+        self.runs_seen = 0
+        limits = ServerLimits(publish_runs=runs, topic_alias_maximum=8)
+        self.pub_server, _, _ = connected(limits, level=publisher_level, client_id="pub")
+        self.pub = self._attach("pub", self.pub_server, publisher_level)
+
+    def _attach(self, name: str, server: ServerConnection, level: int) -> MqttConn[MqttEndpoint]:
+        wire = Wire(self.runner, lambda io, first: None)  # the runtime's side, never read
+        conn = MqttConn(self.front, server, wire.conn)
+        endpoint = MqttEndpoint(self.front, Session(self.key + name), level)
+        endpoint.conn, conn.endpoint = conn, endpoint
+        self.servers[name] = server
+        self.wires[name] = wire
+        return conn
+
+    def subscriber(
+        self, name: str, level: int, topic_filter: str, *, offline: bool = False, **options: Any
+    ) -> MqttEndpoint:
+        connect = {k: options.pop(k) for k in list(options) if k == "properties"}
+        if name == "pub":
+            endpoint = self.pub.endpoint
+            assert endpoint is not None
+        elif offline:
+            endpoint = MqttEndpoint(self.front, Session(self.key + name), level)
+        else:
+            server, client, _ = connected(level=level, client_id=name, **connect)
+            self.clients[name] = client
+            endpoint = self._attach(name, server, level).endpoint
+            assert endpoint is not None
+        self.broker.router.subscribe(endpoint, self.key + topic_filter, SubscriptionOptions(qos=0, **options))
+        return endpoint
+
+    def feed(self, data: bytes) -> None:
+        """One read of the publisher's socket, acted on as the runtime does."""
+        self.pub_server.receive_data(data, 0.0)
+        while (event := self.pub_server.next_event()) is not None:
+            if type(event) is PublishRun:
+                self.runs_seen += 1
+            self.pub.handle(event)
+
+    def observed(self) -> dict[str, Any]:
+        stats = self.broker.stats
+        return {
+            "received": {name: client.received() for name, client in self.clients.items()},
+            "foreign": list(self.foreign.got),
+            "stats": {name: getattr(stats, name) for name in type(stats).__slots__},
+            "machines": {name: (s.stats.packets_received, s.stats.packets_sent, s.stats.dropped_too_large)
+                         for name, s in self.servers.items()},
+            "io": {name: (w.conn.messages_in, w.conn.messages_out) for name, w in self.wires.items()},
+        }  # fmt: skip
+
+
+def populate(world: World, publisher_level: int) -> None:
+    world.subscriber("v311", 4, "a/#")
+    world.subscriber("v31", 3, "a/b")
+    world.subscriber("v5", 5, "a/+")
+    world.subscriber("v5-id", 5, "a/#", subscription_identifier=7)
+    world.subscriber("v5-aliases", 5, "a/b", properties=Properties(topic_alias_maximum=4))
+    world.subscriber("v5-small", 5, "a/#", properties=Properties(maximum_packet_size=60))
+    world.subscriber("share-1", 4, "a/b", share_group="g")
+    world.subscriber("share-2", 5, "a/b", share_group="g")
+    world.subscriber("offline", 4, "a/#", offline=True)
+    world.subscriber("pub", publisher_level, "a/#", no_local=True)
+    world.broker.router.subscribe(world.foreign, world.key + "a/b", SubscriptionOptions(qos=1))
+    # Behind: its socket is full, and its outbox has room for a few messages only.
+    world.subscriber("slow", 4, "a/#")
+    world.wires["slow"].conn.writable = False
+    world.wires["slow"].transport.buffered = world.front.outbox_bytes - 200
+    # Near the push-back mark: a run would pass it, each message decides alone.
+    world.subscriber("near", 5, "a/b")
+    world.servers["near"].pending_out = PUSH_BACK_BYTES - 120
+
+
+def stream(level: int) -> bytes:
+    """Runs cut by a retained PUBLISH, another topic, QoS 1, properties, an alias and a $ topic."""
+    packets: list[Publish] = []
+    packets += [Publish("a/b", b"m%d" % i + b"." * (i * 37)) for i in range(6)]  # to 2-byte lengths
+    packets.append(Publish("a/b", b"retained", retain=True))
+    packets += [Publish("a/b", b"after retained %d" % i) for i in range(3)]
+    packets += [Publish("a/c", b"other topic %d" % i) for i in range(2)]
+    packets.append(Publish("a/b", b"qos1", qos=1, packet_id=1))
+    packets += [Publish("a/b", b"after qos1 %d" % i) for i in range(2)]
+    if level == 5:
+        packets.append(Publish("a/b", b"props", properties=Properties(user_properties=[("k", "v")])))
+        packets.append(Publish("a/b", b"alias set", properties=Properties(topic_alias=1)))
+        packets.append(Publish("", b"alias used", properties=Properties(topic_alias=1)))
+    packets += [Publish("$x/y", b"dollar %d" % i) for i in range(2)]
+    packets += [Publish("a/b", b"last %d" % i) for i in range(4)]
+    return b"".join(encode(p, level) for p in packets)
+
+
+def both(publisher_level: int, vhost: str = "/") -> tuple[World, World]:
+    on, off = World(True, publisher_level, vhost), World(False, publisher_level, vhost)
+    for world in (on, off):
+        populate(world, publisher_level)
+    return on, off
+
+
+@pytest.mark.parametrize("level", [3, 4, 5])
+async def test_a_run_is_delivered_as_each_publish_was(level: int) -> None:
+    on, off = both(level)
+    data = stream(level)
+    on.feed(data)
+    off.feed(data)
+    assert on.runs_seen >= 4 and off.runs_seen == 0
+    got = on.observed()
+    assert got == off.observed()
+    assert len(got["received"]["v311"]) >= 19  # (the comparison compared something)
+    assert got["received"]["slow"] and len(got["received"]["slow"]) < len(got["received"]["v311"])
+    assert got["stats"]["messages_dropped"] > 0
+
+
+@pytest.mark.parametrize("level", [4, 5])
+async def test_a_run_in_a_tenant_stays_in_it(level: int) -> None:
+    on, off = both(level, vhost="t1")
+    outsider = on.broker.router
+    stranger = Foreign()
+    outsider.subscribe(stranger, "a/#", SubscriptionOptions(qos=0))  # the same filter in /
+    data = stream(level)
+    on.feed(data)
+    off.feed(data)
+    assert on.observed() == off.observed()
+    assert stranger.got == []
+    assert all(topic.startswith("$vhost/") for topic, *_ in on.foreign.got)
+
+
+async def test_a_run_split_at_every_packet_gives_the_same() -> None:
+    whole, split = World(True, 4), World(True, 4)
+    for world in (whole, split):
+        populate(world, 4)
+    data = stream(4)
+    whole.feed(data)
+    for i in range(0, len(data), 7):  # cut anywhere: runs form only from what a read holds
+        split.feed(data[i : i + 7])
+    assert whole.observed() == split.observed()
+
+
+async def test_a_broker_that_reports_each_publish_takes_each() -> None:
+    on, off = both(4)
+    seen: dict[str, list[tuple[str | None, bytes | None, int]]] = {"on": [], "off": []}
+    for name, world in (("on", on), ("off", off)):
+        found = seen[name]
+        world.broker.events.subscribe(
+            lambda event, found=found: found.append((event.topic, event.payload, event.data["subscribers"])),
+            {MESSAGE_PUBLISHED},
+        )
+    data = stream(4)
+    on.feed(data)
+    off.feed(data)
+    assert on.observed() == off.observed()
+    assert seen["on"] == seen["off"] and len(seen["on"]) > 10
