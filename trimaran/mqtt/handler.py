@@ -54,6 +54,7 @@ from trimaran.mqtt.mapping import (
     message_from_outbound,
     message_from_publish,
     outbound,
+    run_messages,
 )
 from trimaran.mqtt.packets import MQTT_5, Publish, PublishRun
 from trimaran.mqtt.queues import MqttQueues, is_queue_filter
@@ -825,12 +826,8 @@ class MqttFrontEnd:
         deliveries = broker.route_run(key, publisher_id, count)
         if deliveries is None:
             fan_out = self.fan_out
-            for wire, payload in run_packets(run):
-                message = Message(
-                    key, payload, 0, False, None, None, None, None, None, [], publisher_id,
-                    PROTOCOL_MQTT, io.read_at_ms,
-                )  # fmt: skip
-                fan_out.arrived = message
+            for message, wire in run_messages(run, key, publisher_id, io.read_at_ms):
+                fan_out.arrived = message  # fan_out.received() written out, as publish_received
                 fan_out.arrived_wire = wire
                 fan_out.arrived_v5 = run.v5
                 broker.publish(message)
@@ -848,13 +845,7 @@ class MqttFrontEnd:
                 rest = []
             rest.append(delivery)
         if rest is not None:
-            now = io.read_at_ms
-            messages = [
-                Message(
-                    key, payload, 0, False, None, None, None, None, None, [], publisher_id, PROTOCOL_MQTT, now
-                )
-                for _, payload in run_packets(run)
-            ]
+            messages = [m for m, _ in run_messages(run, key, publisher_id, io.read_at_ms)]
             broker.deliver_each(messages, rest)
 
     def _publish_refused(self, conn: MqttConn[MqttEndpoint], packet_id: int | None) -> None:

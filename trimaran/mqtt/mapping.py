@@ -6,8 +6,8 @@ from typing import Any
 
 from trimaran.broker.message import PROTOCOL_MQTT, Message, now_ms
 from trimaran.broker.router import Delivery
-from trimaran.mqtt.codec import NO_PROPERTIES, around_packet_id, encode
-from trimaran.mqtt.packets import MQTT_5, Publish, Will
+from trimaran.mqtt.codec import NO_PROPERTIES, around_packet_id, encode, run_packets
+from trimaran.mqtt.packets import MQTT_5, Publish, PublishRun, Will
 from trimaran.mqtt.properties import Properties
 from trimaran.mqtt.session import OutboundMessage
 
@@ -41,6 +41,20 @@ def message_from_publish(
         protocol=PROTOCOL_MQTT,
         created_at_ms=now,
     )
+
+
+def run_messages(run: PublishRun, key: str, publisher_id: str, now: int) -> list[tuple[Message, bytes]]:
+    """The broker's message for each PUBLISH of a run (to the topic ``key``, behind its vhost's
+    prefix), with the PUBLISH's bytes: what `message_from_publish` makes of each."""
+    return [
+        (
+            Message(
+                key, payload, 0, False, None, None, None, None, None, [], publisher_id, PROTOCOL_MQTT, now
+            ),
+            wire,
+        )
+        for wire, payload in run_packets(run)
+    ]
 
 
 def publish_properties(message: Message, subscription_ids: tuple[int, ...] = ()) -> Properties:
