@@ -116,8 +116,14 @@ class MqttLoad:
         topic_filter: str | None = None,
         username: str | None = None,
         receive_maximum: int | None = None,
+        topics: int = 1,
     ) -> None:
         self.qos = qos
+        # topics > 1: each message to the next of topic/0 .. topic/<topics-1>, so that no two
+        # PUBLISHes in a row share a topic and none is read as part of a run (mqtt/codec.py)
+        self.topics = [topic] if topics == 1 else [f"{topic}/{i}" for i in range(topics)]
+        if topics > 1 and topic_filter is None:
+            topic_filter = f"{topic}/+"
         self.batch = batch
         # receive_maximum: the subscribers' window; a small one keeps most deliveries queued
         self.subs = [
@@ -139,7 +145,8 @@ class MqttLoad:
             wire = bytearray()
             for i in range(self.batch):
                 packet_id = (i % 65000) + 1 if self.qos else None
-                wire += encode_plain_publish(self.topic, PAYLOAD, self.qos, False, False, packet_id, MQTT_5)
+                topic = self.topics[i % len(self.topics)]
+                wire += encode_plain_publish(topic, PAYLOAD, self.qos, False, False, packet_id, MQTT_5)
             batches.append(bytes(wire))
         for pub, batch in zip(self.pubs, batches, strict=True):
             pub.sock.sendall(batch)
