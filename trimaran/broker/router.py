@@ -21,7 +21,8 @@ wildcards drops that one topic's entry; a change to a wildcard filter clears the
 holds the aggregated deliveries for an anonymous publisher plus the matched share groups; per call,
 only two cheap steps remain: No Local (a lookup in a small set of subscriber ids, with the filtered
 result memoised per publisher in the entry) and the round-robin pick of each share group (a
-precomputed Delivery per member). A cache hit therefore allocates only the returned list.
+precomputed Delivery per member). A cache hit without share groups allocates nothing: it returns
+the entry's tuple.
 
 Topics passed to :meth:`Router.match` must be valid topic names (the front end validates publishes);
 an invalid one raises :class:`~trimaran.topics.TopicError` on a cache miss.
@@ -30,7 +31,7 @@ an invalid one raises :class:`~trimaran.topics.TopicError` on a cache miss.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, Protocol, TypeVar, cast
 
@@ -86,20 +87,30 @@ class SubscriptionOptions:
     subscription_identifier: int | None = None
     share_group: str | None = None
     retain_handling: int = 0
-    tag: object = None
+    tag: Any = None  # opaque (Any, not object: a compiled dataclass cannot name ``object``)
     reads: Callable[[str], bool] | None = None
 
 
-@dataclass(frozen=True, slots=True, eq=False)
 class Subscription(Generic[S]):
-    """One subscription: who, to what, with which options (compared by identity)."""
+    """One subscription: who, to what, with which options (compared by identity; not to be changed).
 
-    subscriber: S
-    topic_filter: str
-    options: SubscriptionOptions
+    A plain class, not a dataclass: mypyc cannot build generic dataclasses (its issue 827).
+    """
+
+    __slots__ = ("options", "subscriber", "topic_filter")
+
+    def __init__(self, subscriber: S, topic_filter: str, options: SubscriptionOptions) -> None:
+        self.subscriber: Final = subscriber
+        self.topic_filter: Final = topic_filter
+        self.options: Final = options
+
+    def __repr__(self) -> str:
+        return (
+            f"Subscription(subscriber={self.subscriber!r}, topic_filter={self.topic_filter!r}, "
+            f"options={self.options!r})"
+        )
 
 
-@dataclass(frozen=True, slots=True, eq=False)
 class Delivery(Generic[S]):
     """Where one message goes: one subscriber, once.
 
@@ -108,15 +119,42 @@ class Delivery(Generic[S]):
     the matching subscriptions in match order; ``retain_as_published`` is true if any matching
     subscription asked for it; ``share_group`` is set for a delivery to a share group member.
 
-    Deliveries are shared between calls and must not be mutated.
+    Deliveries are shared between calls and must not be mutated (compared by identity; a plain
+    class for mypyc, as :class:`Subscription`).
     """
 
-    subscriber: S
-    qos: int
-    subscription_identifiers: tuple[int, ...]
-    retain_as_published: bool
-    subscriptions: tuple[Subscription[S], ...]
-    share_group: str | None = None
+    __slots__ = (
+        "qos",
+        "retain_as_published",
+        "share_group",
+        "subscriber",
+        "subscription_identifiers",
+        "subscriptions",
+    )
+
+    def __init__(
+        self,
+        subscriber: S,
+        qos: int,
+        subscription_identifiers: tuple[int, ...],
+        retain_as_published: bool,
+        subscriptions: tuple[Subscription[S], ...],
+        share_group: str | None = None,
+    ) -> None:
+        self.subscriber: Final = subscriber
+        self.qos: Final = qos
+        self.subscription_identifiers: Final = subscription_identifiers
+        self.retain_as_published: Final = retain_as_published
+        self.subscriptions: Final = subscriptions
+        self.share_group: Final = share_group
+
+    def __repr__(self) -> str:
+        return (
+            f"Delivery(subscriber={self.subscriber!r}, qos={self.qos!r}, "
+            f"subscription_identifiers={self.subscription_identifiers!r}, "
+            f"retain_as_published={self.retain_as_published!r}, subscriptions={self.subscriptions!r}, "
+            f"share_group={self.share_group!r})"
+        )
 
 
 def _single(sub: Subscription[S]) -> Delivery[S]:
@@ -409,8 +447,11 @@ class Router(Generic[S]):
 
     # --- matching ----------------------------------------------------------------------------------
 
-    def match(self, topic: str, publisher_id: str | None = None) -> list[Delivery[S]]:
-        """Deliveries for a message published to ``topic`` by ``publisher_id`` (for No Local)."""
+    def match(self, topic: str, publisher_id: str | None = None) -> Sequence[Delivery[S]]:
+        """Deliveries for a message published to ``topic`` by ``publisher_id`` (for No Local).
+
+        Without share groups this is the cached tuple itself, not a copy: callers must not change it.
+        """
         entry = self._cache.get(topic)
         if entry is None:
             self.cache_misses += 1
@@ -419,7 +460,7 @@ class Router(Generic[S]):
         if publisher_id is not None and publisher_id in entry.no_local_ids:
             deliveries = entry.for_publisher(publisher_id)
         if not entry.groups:
-            return list(deliveries)
+            return deliveries
         out = list(deliveries)
         for share in entry.groups:
             out.append(share.pick())
