@@ -40,8 +40,21 @@ from __future__ import annotations
 import enum
 import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+_C = TypeVar("_C")
+
+try:
+    # mypyc compiles this module, and builds the wrappers below as ordinary Python classes: it
+    # cannot make native classes of builtin types' subclasses. mypy brings mypy_extensions.
+    from mypy_extensions import mypyc_attr
+except ImportError:  # no mypy here, so no build: the source runs, and the mark means nothing
+
+    def mypyc_attr(*attrs: str, **kwattrs: object) -> Callable[[_C], _C]:
+        return lambda cls: cls
+
 
 __all__ = [
     "Array",
@@ -79,6 +92,7 @@ class EncodeError(ValueError):
     """A value that cannot be represented in AMQP 1.0 (out of range, unknown Python type)."""
 
 
+@mypyc_attr(native_class=False)
 class _RangedInt(int):
     _lo = 0
     _hi = 0
@@ -94,56 +108,75 @@ class _RangedInt(int):
         return f"{type(self).__name__}({int(self)})"
 
 
+@mypyc_attr(native_class=False)
 class UByte(_RangedInt):
-    _lo, _hi = 0, 0xFF
+    _lo = 0
+    _hi = 0xFF
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class UShort(_RangedInt):
-    _lo, _hi = 0, 0xFFFF
+    _lo = 0
+    _hi = 0xFFFF
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class UInt(_RangedInt):
-    _lo, _hi = 0, 0xFFFF_FFFF
+    _lo = 0
+    _hi = 0xFFFF_FFFF
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class ULong(_RangedInt):
-    _lo, _hi = 0, 0xFFFF_FFFF_FFFF_FFFF
+    _lo = 0
+    _hi = 0xFFFF_FFFF_FFFF_FFFF
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class Byte(_RangedInt):
-    _lo, _hi = -0x80, 0x7F
+    _lo = -0x80
+    _hi = 0x7F
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class Short(_RangedInt):
-    _lo, _hi = -0x8000, 0x7FFF
+    _lo = -0x8000
+    _hi = 0x7FFF
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class Int(_RangedInt):
-    _lo, _hi = -0x8000_0000, 0x7FFF_FFFF
+    _lo = -0x8000_0000
+    _hi = 0x7FFF_FFFF
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class Long(_RangedInt):
-    _lo, _hi = -0x8000_0000_0000_0000, 0x7FFF_FFFF_FFFF_FFFF
+    _lo = -0x8000_0000_0000_0000
+    _hi = 0x7FFF_FFFF_FFFF_FFFF
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class Timestamp(_RangedInt):
     """Milliseconds since the Unix epoch (signed 64-bit)."""
 
-    _lo, _hi = -0x8000_0000_0000_0000, 0x7FFF_FFFF_FFFF_FFFF
+    _lo = -0x8000_0000_0000_0000
+    _hi = 0x7FFF_FFFF_FFFF_FFFF
     __slots__ = ()
 
 
 _F32 = struct.Struct(">f")
 
 
+@mypyc_attr(native_class=False)
 class Float(float):
     """An IEEE 754 single-precision value. The value is rounded to 32 bits on creation."""
 
@@ -159,6 +192,7 @@ class Float(float):
         return f"Float({float(self)!r})"
 
 
+@mypyc_attr(native_class=False)
 class Symbol(str):
     """An AMQP symbol: an ASCII name such as ``amqp:decode-error``."""
 
@@ -168,6 +202,7 @@ class Symbol(str):
         return f"Symbol({str(self)!r})"
 
 
+@mypyc_attr(native_class=False)
 class Char(str):
     """A single Unicode code point (AMQP char, UTF-32)."""
 
@@ -182,6 +217,7 @@ class Char(str):
         return f"Char({str(self)!r})"
 
 
+@mypyc_attr(native_class=False)
 class _Opaque(bytes):
     _size = 0
     __slots__ = ()
@@ -196,6 +232,7 @@ class _Opaque(bytes):
         return f"{type(self).__name__}({bytes(self)!r})"
 
 
+@mypyc_attr(native_class=False)
 class Decimal32(_Opaque):
     """IEEE 754-2008 decimal32 kept as its 4 raw bytes (big-endian)."""
 
@@ -203,6 +240,7 @@ class Decimal32(_Opaque):
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class Decimal64(_Opaque):
     """IEEE 754-2008 decimal64 kept as its 8 raw bytes (big-endian)."""
 
@@ -210,6 +248,7 @@ class Decimal64(_Opaque):
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class Decimal128(_Opaque):
     """IEEE 754-2008 decimal128 kept as its 16 raw bytes (big-endian)."""
 
