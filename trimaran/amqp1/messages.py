@@ -19,7 +19,7 @@ import dataclasses
 from typing import Any
 
 from .codec import decode_value, encode_into
-from .performatives import Composite, composite, decode_composite, fld, from_described
+from .performatives import Composite, composite, decode_composite, from_described
 from .types import DecodeError, Described, EncodeError, ULong
 
 __all__ = [
@@ -37,30 +37,68 @@ __all__ = [
 MESSAGE_FORMAT = 0
 
 
-@composite(0x70, "amqp:header:list", "section")
+@dataclasses.dataclass(kw_only=True, slots=True)
 class Header(Composite):
-    durable: bool = fld("boolean", default=False)
-    priority: int = fld("ubyte", default=4)
-    ttl: int | None = fld("uint", default=None)
-    first_acquirer: bool = fld("boolean", default=False)
-    delivery_count: int = fld("uint", default=0)
+    durable: bool = False
+    priority: int = 4
+    ttl: int | None = None
+    first_acquirer: bool = False
+    delivery_count: int = 0
 
 
-@composite(0x73, "amqp:properties:list", "section")
+composite(
+    Header,
+    0x70,
+    "amqp:header:list",
+    ("section",),
+    {
+        "durable": "boolean",
+        "priority": "ubyte",
+        "ttl": "uint",
+        "first_acquirer": "boolean",
+        "delivery_count": "uint",
+    },
+)
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
 class Properties(Composite):
-    message_id: Any = fld("*", default=None)
-    user_id: bytes | None = fld("binary", default=None)
-    to: Any = fld("*", default=None)
-    subject: str | None = fld("string", default=None)
-    reply_to: Any = fld("*", default=None)
-    correlation_id: Any = fld("*", default=None)
-    content_type: str | None = fld("symbol", default=None)
-    content_encoding: str | None = fld("symbol", default=None)
-    absolute_expiry_time: int | None = fld("timestamp", default=None)
-    creation_time: int | None = fld("timestamp", default=None)
-    group_id: str | None = fld("string", default=None)
-    group_sequence: int | None = fld("uint", default=None)
-    reply_to_group_id: str | None = fld("string", default=None)
+    message_id: Any = None
+    user_id: bytes | None = None
+    to: Any = None
+    subject: str | None = None
+    reply_to: Any = None
+    correlation_id: Any = None
+    content_type: str | None = None
+    content_encoding: str | None = None
+    absolute_expiry_time: int | None = None
+    creation_time: int | None = None
+    group_id: str | None = None
+    group_sequence: int | None = None
+    reply_to_group_id: str | None = None
+
+
+composite(
+    Properties,
+    0x73,
+    "amqp:properties:list",
+    ("section",),
+    {
+        "message_id": "*",
+        "user_id": "binary",
+        "to": "*",
+        "subject": "string",
+        "reply_to": "*",
+        "correlation_id": "*",
+        "content_type": "symbol",
+        "content_encoding": "symbol",
+        "absolute_expiry_time": "timestamp",
+        "creation_time": "timestamp",
+        "group_id": "string",
+        "group_sequence": "uint",
+        "reply_to_group_id": "string",
+    },
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

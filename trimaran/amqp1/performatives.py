@@ -1,11 +1,13 @@
 """AMQP 1.0 composite types, declared once as tables of fields.
 
-Each composite is a keyword-only dataclass whose fields carry their AMQP definition
-(``fld(type, default=..., multiple=...)``); the :func:`composite` decorator turns the class
-into a row of the registry (descriptor code and symbol plus its field table), compiles one
-writer and one reader per field from it, and one generic encoder (registered with the codec,
-so ``codec.encode(Open(...))`` works) and decoder (:func:`from_described`) run over the table.
-Nothing is hand-written per type.
+Each composite is a keyword-only dataclass (its fields and their defaults, which are the spec's),
+followed by one :func:`composite` call giving its descriptor code and symbol, the groups it belongs
+to, and each field's AMQP type in order (``"symbol[]"`` for a ``multiple`` field). That call turns
+the class into a row of the registry, compiles one writer and one reader per field, and registers
+the one generic encoder with the codec (so ``codec.encode(Open(...))`` works) and the one generic
+decoder (:func:`from_described`), both running over the table. Nothing is hand-written per type.
+A call after the class, not a class decorator: mypyc compiles these classes as native ones, which
+a decorator of our own would prevent.
 
 Encoding rules: a field equal to its default is sent as null, trailing nulls are omitted,
 ``multiple`` fields are sent as arrays. Decoding rules: null or missing fields take their
@@ -19,7 +21,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar, cast, dataclass_transform
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from .codec import decode, decode_value, encode, encode_into, encoder_for, register_encoder
 from .types import (
@@ -40,10 +43,9 @@ from .types import (
     UShort,
 )
 
-_REQUIRED: Any = dataclasses.MISSING
-
-# Field type names: AMQP primitive names, "*" (any value), or a composite group / name.
-_INT_TYPES: dict[str, type[int]] = {
+# Field type names: AMQP primitive names, "*" (any value), or a composite group / name. Typed Any,
+# not type[int]: compiled, a call through type[int] would give a plain int, not the wrapper.
+_INT_TYPES: dict[str, Any] = {
     "ubyte": UByte,
     "ushort": UShort,
     "uint": UInt,
@@ -62,7 +64,11 @@ _ARRAY_TYPES: dict[str, T] = {
 }
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+def _identity(v: Any) -> Any:
+    return v
+
+
+@dataclass(frozen=True, slots=True)
 class FieldSpec:
     attr: str
     type: str
@@ -73,15 +79,7 @@ class FieldSpec:
     write: Callable[[bytearray, Any], None] = dataclasses.field(
         default=encode_into, compare=False, repr=False
     )
-    read: Callable[[Any], Any] = dataclasses.field(default=lambda v: v, compare=False, repr=False)
-
-
-def fld(type_: str, *, default: Any = _REQUIRED, multiple: bool = False) -> Any:
-    """Declare a composite field. No ``default`` means the field is mandatory."""
-    md = {"amqp_type": type_, "multiple": multiple}
-    if default is _REQUIRED:
-        return dataclasses.field(metadata=md)
-    return dataclasses.field(default=default, metadata=md)
+    read: Callable[[Any], Any] = dataclasses.field(default=_identity, compare=False, repr=False)
 
 
 class Composite:
@@ -102,41 +100,46 @@ _BY_CODE: dict[int, type[Composite]] = {}
 _BY_NAME: dict[str, type[Composite]] = {}
 _BY_GROUP: dict[str, set[type[Composite]]] = {}
 
-C = TypeVar("C", bound=type[Composite])
 
-
-@dataclass_transform(kw_only_default=True, field_specifiers=(fld,))
-def composite(code: int, name: str, *groups: str) -> Callable[[C], C]:
-    """Register a composite type: ``code`` is the descriptor's ulong (domain 0x00000000)."""
-
-    def wrap(cls: C) -> C:
-        dc: Any = dataclasses.dataclass(kw_only=True, slots=True)(cls)
-        specs = []
-        for f in dataclasses.fields(dc):
-            default = None if f.default is dataclasses.MISSING else f.default
-            spec = FieldSpec(
+def composite(
+    cls: type[Composite], code: int, name: str, groups: tuple[str, ...], types: dict[str, str]
+) -> None:
+    """Register the dataclass ``cls`` as a composite type: ``code`` is the descriptor's ulong
+    (domain 0x00000000), ``types`` each field's AMQP type, in the fields' order."""
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    if [f.name for f in fields] != list(types):
+        raise TypeError(f"{cls.__name__}: the AMQP types name {list(types)}, not its fields")
+    specs = []
+    for f in fields:
+        mandatory = f.default is dataclasses.MISSING
+        t = types[f.name]
+        multiple = t.endswith("[]")
+        if multiple:
+            t = t[:-2]
+        default = None if mandatory else f.default
+        specs.append(
+            FieldSpec(
                 f.name,
-                f.metadata["amqp_type"],
-                f.default is dataclasses.MISSING,
-                f.metadata["multiple"],
+                t,
+                mandatory,
+                multiple,
                 default,
+                _field_writer(f.name, t, multiple),
+                _field_reader(f.name, t),
             )
-            specs.append(dataclasses.replace(spec, write=_field_writer(spec), read=_field_reader(spec)))
-        dc.CODE = code
-        dc.NAME = Symbol(name)
-        dc.GROUPS = groups
-        dc.FIELDS = tuple(specs)
-        dc.MIN_FIELDS = max((i + 1 for i, sp in enumerate(specs) if sp.mandatory), default=0)
-        dc.PREFIX = b"\x00\x53" + bytes([code]) if code < 0x100 else encode(ULong(code))
-        register_encoder(dc, _write_composite)
-        _BY_CODE[code] = dc
-        _BY_NAME[name] = dc
-        for g in (dc.__name__, *groups):
-            _BY_GROUP.setdefault(g, set()).add(dc)
-        _BY_GROUP.setdefault(_kebab(dc.__name__), set()).add(dc)
-        return cast(C, dc)
-
-    return wrap
+        )
+    cls.CODE = code
+    cls.NAME = Symbol(name)
+    cls.GROUPS = groups
+    cls.FIELDS = tuple(specs)
+    cls.MIN_FIELDS = max((i + 1 for i, sp in enumerate(specs) if sp.mandatory), default=0)
+    cls.PREFIX = b"\x00\x53" + bytes([code]) if code < 0x100 else encode(ULong(code))
+    register_encoder(cls, _write_composite)
+    _BY_CODE[code] = cls
+    _BY_NAME[name] = cls
+    for g in (cls.__name__, *groups):
+        _BY_GROUP.setdefault(g, set()).add(cls)
+    _BY_GROUP.setdefault(_kebab(cls.__name__), set()).add(cls)
 
 
 def _kebab(name: str) -> str:
@@ -148,15 +151,14 @@ def _kebab(name: str) -> str:
 # --------------------------------------------------------------------------------------
 
 
-def _invalid(spec: FieldSpec, what: str) -> DecodeError:
-    return DecodeError(f"field {spec.attr} must be {what}", "amqp:invalid-field")
+def _invalid(attr: str, what: str) -> DecodeError:
+    return DecodeError(f"field {attr} must be {what}", "amqp:invalid-field")
 
 
-def _field_writer(spec: FieldSpec) -> Callable[[bytearray, Any], None]:
+def _field_writer(attr: str, t: str, multiple: bool) -> Callable[[bytearray, Any], None]:
     """A writer for one non-null field value, coercing plain Python values to the field type."""
-    t = spec.type
-    if spec.multiple:
-        item = _field_writer(dataclasses.replace(spec, multiple=False))
+    if multiple:
+        item = _field_writer(attr, t, False)
         array_type = _ARRAY_TYPES.get(t, T.SYMBOL)
 
         def write_multiple(out: bytearray, v: Any) -> None:
@@ -169,12 +171,13 @@ def _field_writer(spec: FieldSpec) -> Callable[[bytearray, Any], None]:
         return write_multiple
     wrap = _INT_TYPES.get(t)
     if wrap is not None:
-        lo, hi = wrap._lo, wrap._hi  # type: ignore[attr-defined]
+        lo: int = wrap._lo
+        hi: int = wrap._hi
         raw = encoder_for(wrap)
 
         def write_int(out: bytearray, v: Any) -> None:
             if v.__class__ is bool or not isinstance(v, int) or not lo <= v <= hi:
-                raise EncodeError(f"field {spec.attr} needs a {t}, got {v!r}")
+                raise EncodeError(f"field {attr} needs a {t}, got {v!r}")
             raw(out, v)
 
         return write_int
@@ -183,7 +186,7 @@ def _field_writer(spec: FieldSpec) -> Callable[[bytearray, Any], None]:
 
         def write_str(out: bytearray, v: Any) -> None:
             if not isinstance(v, str):
-                raise EncodeError(f"field {spec.attr} needs a {t}, got {v!r}")
+                raise EncodeError(f"field {attr} needs a {t}, got {v!r}")
             raw_str(out, v)
 
         return write_str
@@ -253,18 +256,18 @@ def to_described(obj: Composite) -> Described:
     return value
 
 
-def _field_reader(spec: FieldSpec) -> Callable[[Any], Any]:
+def _field_reader(attr: str, t: str) -> Callable[[Any], Any]:
     """A checker/converter for one decoded non-null field value."""
-    t = spec.type
     wrap = _INT_TYPES.get(t)
     if wrap is not None:
-        lo, hi = wrap._lo, wrap._hi  # type: ignore[attr-defined]
+        lo: int = wrap._lo
+        hi: int = wrap._hi
 
         def read_int(v: Any) -> Any:
             if v.__class__ is bool or not isinstance(v, int):
-                raise _invalid(spec, f"a {t}")
+                raise _invalid(attr, f"a {t}")
             if not lo <= v <= hi:
-                raise _invalid(spec, f"in range for {t}")
+                raise _invalid(attr, f"in range for {t}")
             return int(v)
 
         return read_int
@@ -280,7 +283,7 @@ def _field_reader(spec: FieldSpec) -> Callable[[Any], Any]:
 
         def read_simple(v: Any) -> Any:
             if not isinstance(v, kind):
-                raise _invalid(spec, what)
+                raise _invalid(attr, what)
             return v
 
         return read_simple
@@ -288,7 +291,7 @@ def _field_reader(spec: FieldSpec) -> Callable[[Any], Any]:
 
         def read_symbol(v: Any) -> Any:
             if not isinstance(v, str):
-                raise _invalid(spec, "a symbol")
+                raise _invalid(attr, "a symbol")
             return v if v.__class__ is Symbol else Symbol(v)
 
         return read_symbol
@@ -296,7 +299,7 @@ def _field_reader(spec: FieldSpec) -> Callable[[Any], Any]:
 
         def read_timestamp(v: Any) -> Any:
             if v.__class__ is bool or not isinstance(v, int):
-                raise _invalid(spec, "a timestamp")
+                raise _invalid(attr, "a timestamp")
             return Timestamp(v)
 
         return read_timestamp
@@ -313,10 +316,10 @@ def _field_reader(spec: FieldSpec) -> Callable[[Any], Any]:
         # A composite group or type name: resolved at decode time (the group may grow).
         allowed = _BY_GROUP.get(t)
         if allowed is None or not isinstance(v, Described):
-            raise _invalid(spec, f"a described {t}")
+            raise _invalid(attr, f"a described {t}")
         obj = from_described(v)
         if type(obj) not in allowed:
-            raise _invalid(spec, f"{t}, not {type(obj).__name__}")
+            raise _invalid(attr, f"{t}, not {type(obj).__name__}")
         return obj
 
     return read_composite
@@ -412,261 +415,522 @@ LINK_STOLEN = Symbol("amqp:link:stolen")
 # --------------------------------------------------------------------------------------
 
 
-@composite(0x1D, "amqp:error:list")
+@dataclass(kw_only=True, slots=True)
 class Error(Composite):
-    condition: str = fld("symbol")
-    description: str | None = fld("string", default=None)
-    info: dict[Any, Any] | None = fld("fields", default=None)
+    condition: str
+    description: str | None = None
+    info: dict[Any, Any] | None = None
 
 
-@composite(0x10, "amqp:open:list", "frame")
+composite(
+    Error, 0x1D, "amqp:error:list", (), {"condition": "symbol", "description": "string", "info": "fields"}
+)
+
+
+@dataclass(kw_only=True, slots=True)
 class Open(Composite):
-    container_id: str = fld("string")
-    hostname: str | None = fld("string", default=None)
-    max_frame_size: int = fld("uint", default=MAX_UINT)
-    channel_max: int = fld("ushort", default=0xFFFF)
-    idle_time_out: int | None = fld("uint", default=None)
-    outgoing_locales: list[str] | None = fld("symbol", default=None, multiple=True)
-    incoming_locales: list[str] | None = fld("symbol", default=None, multiple=True)
-    offered_capabilities: list[str] | None = fld("symbol", default=None, multiple=True)
-    desired_capabilities: list[str] | None = fld("symbol", default=None, multiple=True)
-    properties: dict[Any, Any] | None = fld("fields", default=None)
+    container_id: str
+    hostname: str | None = None
+    max_frame_size: int = MAX_UINT
+    channel_max: int = 0xFFFF
+    idle_time_out: int | None = None
+    outgoing_locales: list[str] | None = None
+    incoming_locales: list[str] | None = None
+    offered_capabilities: list[str] | None = None
+    desired_capabilities: list[str] | None = None
+    properties: dict[Any, Any] | None = None
 
 
-@composite(0x11, "amqp:begin:list", "frame")
+composite(
+    Open,
+    0x10,
+    "amqp:open:list",
+    ("frame",),
+    {
+        "container_id": "string",
+        "hostname": "string",
+        "max_frame_size": "uint",
+        "channel_max": "ushort",
+        "idle_time_out": "uint",
+        "outgoing_locales": "symbol[]",
+        "incoming_locales": "symbol[]",
+        "offered_capabilities": "symbol[]",
+        "desired_capabilities": "symbol[]",
+        "properties": "fields",
+    },
+)
+
+
+@dataclass(kw_only=True, slots=True)
 class Begin(Composite):
-    remote_channel: int | None = fld("ushort", default=None)
-    next_outgoing_id: int = fld("uint")
-    incoming_window: int = fld("uint")
-    outgoing_window: int = fld("uint")
-    handle_max: int = fld("uint", default=MAX_UINT)
-    offered_capabilities: list[str] | None = fld("symbol", default=None, multiple=True)
-    desired_capabilities: list[str] | None = fld("symbol", default=None, multiple=True)
-    properties: dict[Any, Any] | None = fld("fields", default=None)
+    remote_channel: int | None = None
+    next_outgoing_id: int
+    incoming_window: int
+    outgoing_window: int
+    handle_max: int = MAX_UINT
+    offered_capabilities: list[str] | None = None
+    desired_capabilities: list[str] | None = None
+    properties: dict[Any, Any] | None = None
 
 
-@composite(0x12, "amqp:attach:list", "frame")
+composite(
+    Begin,
+    0x11,
+    "amqp:begin:list",
+    ("frame",),
+    {
+        "remote_channel": "ushort",
+        "next_outgoing_id": "uint",
+        "incoming_window": "uint",
+        "outgoing_window": "uint",
+        "handle_max": "uint",
+        "offered_capabilities": "symbol[]",
+        "desired_capabilities": "symbol[]",
+        "properties": "fields",
+    },
+)
+
+
+@dataclass(kw_only=True, slots=True)
 class Attach(Composite):
-    name: str = fld("string")
-    handle: int = fld("uint")
-    role: bool = fld("boolean")
-    snd_settle_mode: int = fld("ubyte", default=SND_MIXED)
-    rcv_settle_mode: int = fld("ubyte", default=RCV_FIRST)
-    source: Any = fld("*", default=None)
-    target: Any = fld("*", default=None)
-    unsettled: dict[Any, Any] | None = fld("map", default=None)
-    incomplete_unsettled: bool = fld("boolean", default=False)
-    initial_delivery_count: int | None = fld("uint", default=None)
-    max_message_size: int | None = fld("ulong", default=None)
-    offered_capabilities: list[str] | None = fld("symbol", default=None, multiple=True)
-    desired_capabilities: list[str] | None = fld("symbol", default=None, multiple=True)
-    properties: dict[Any, Any] | None = fld("fields", default=None)
+    name: str
+    handle: int
+    role: bool
+    snd_settle_mode: int = SND_MIXED
+    rcv_settle_mode: int = RCV_FIRST
+    source: Any = None
+    target: Any = None
+    unsettled: dict[Any, Any] | None = None
+    incomplete_unsettled: bool = False
+    initial_delivery_count: int | None = None
+    max_message_size: int | None = None
+    offered_capabilities: list[str] | None = None
+    desired_capabilities: list[str] | None = None
+    properties: dict[Any, Any] | None = None
 
 
-@composite(0x13, "amqp:flow:list", "frame")
+composite(
+    Attach,
+    0x12,
+    "amqp:attach:list",
+    ("frame",),
+    {
+        "name": "string",
+        "handle": "uint",
+        "role": "boolean",
+        "snd_settle_mode": "ubyte",
+        "rcv_settle_mode": "ubyte",
+        "source": "*",
+        "target": "*",
+        "unsettled": "map",
+        "incomplete_unsettled": "boolean",
+        "initial_delivery_count": "uint",
+        "max_message_size": "ulong",
+        "offered_capabilities": "symbol[]",
+        "desired_capabilities": "symbol[]",
+        "properties": "fields",
+    },
+)
+
+
+@dataclass(kw_only=True, slots=True)
 class Flow(Composite):
-    next_incoming_id: int | None = fld("uint", default=None)
-    incoming_window: int = fld("uint")
-    next_outgoing_id: int = fld("uint")
-    outgoing_window: int = fld("uint")
-    handle: int | None = fld("uint", default=None)
-    delivery_count: int | None = fld("uint", default=None)
-    link_credit: int | None = fld("uint", default=None)
-    available: int | None = fld("uint", default=None)
-    drain: bool = fld("boolean", default=False)
-    echo: bool = fld("boolean", default=False)
-    properties: dict[Any, Any] | None = fld("fields", default=None)
+    next_incoming_id: int | None = None
+    incoming_window: int
+    next_outgoing_id: int
+    outgoing_window: int
+    handle: int | None = None
+    delivery_count: int | None = None
+    link_credit: int | None = None
+    available: int | None = None
+    drain: bool = False
+    echo: bool = False
+    properties: dict[Any, Any] | None = None
 
 
-@composite(0x14, "amqp:transfer:list", "frame")
+composite(
+    Flow,
+    0x13,
+    "amqp:flow:list",
+    ("frame",),
+    {
+        "next_incoming_id": "uint",
+        "incoming_window": "uint",
+        "next_outgoing_id": "uint",
+        "outgoing_window": "uint",
+        "handle": "uint",
+        "delivery_count": "uint",
+        "link_credit": "uint",
+        "available": "uint",
+        "drain": "boolean",
+        "echo": "boolean",
+        "properties": "fields",
+    },
+)
+
+
+@dataclass(kw_only=True, slots=True)
 class Transfer(Composite):
-    handle: int = fld("uint")
-    delivery_id: int | None = fld("uint", default=None)
-    delivery_tag: bytes | None = fld("binary", default=None)
-    message_format: int | None = fld("uint", default=None)
-    settled: bool | None = fld("boolean", default=None)
-    more: bool = fld("boolean", default=False)
-    rcv_settle_mode: int | None = fld("ubyte", default=None)
-    state: Any = fld("delivery-state", default=None)
-    resume: bool = fld("boolean", default=False)
-    aborted: bool = fld("boolean", default=False)
-    batchable: bool = fld("boolean", default=False)
+    handle: int
+    delivery_id: int | None = None
+    delivery_tag: bytes | None = None
+    message_format: int | None = None
+    settled: bool | None = None
+    more: bool = False
+    rcv_settle_mode: int | None = None
+    state: Any = None
+    resume: bool = False
+    aborted: bool = False
+    batchable: bool = False
 
 
-@composite(0x15, "amqp:disposition:list", "frame")
+composite(
+    Transfer,
+    0x14,
+    "amqp:transfer:list",
+    ("frame",),
+    {
+        "handle": "uint",
+        "delivery_id": "uint",
+        "delivery_tag": "binary",
+        "message_format": "uint",
+        "settled": "boolean",
+        "more": "boolean",
+        "rcv_settle_mode": "ubyte",
+        "state": "delivery-state",
+        "resume": "boolean",
+        "aborted": "boolean",
+        "batchable": "boolean",
+    },
+)
+
+
+@dataclass(kw_only=True, slots=True)
 class Disposition(Composite):
-    role: bool = fld("boolean")
-    first: int = fld("uint")
-    last: int | None = fld("uint", default=None)
-    settled: bool = fld("boolean", default=False)
-    state: Any = fld("delivery-state", default=None)
-    batchable: bool = fld("boolean", default=False)
+    role: bool
+    first: int
+    last: int | None = None
+    settled: bool = False
+    state: Any = None
+    batchable: bool = False
 
 
-@composite(0x16, "amqp:detach:list", "frame")
+composite(
+    Disposition,
+    0x15,
+    "amqp:disposition:list",
+    ("frame",),
+    {
+        "role": "boolean",
+        "first": "uint",
+        "last": "uint",
+        "settled": "boolean",
+        "state": "delivery-state",
+        "batchable": "boolean",
+    },
+)
+
+
+@dataclass(kw_only=True, slots=True)
 class Detach(Composite):
-    handle: int = fld("uint")
-    closed: bool = fld("boolean", default=False)
-    error: Error | None = fld("error", default=None)
+    handle: int
+    closed: bool = False
+    error: Error | None = None
 
 
-@composite(0x17, "amqp:end:list", "frame")
+composite(
+    Detach, 0x16, "amqp:detach:list", ("frame",), {"handle": "uint", "closed": "boolean", "error": "error"}
+)
+
+
+@dataclass(kw_only=True, slots=True)
 class End(Composite):
-    error: Error | None = fld("error", default=None)
+    error: Error | None = None
 
 
-@composite(0x18, "amqp:close:list", "frame")
+composite(End, 0x17, "amqp:end:list", ("frame",), {"error": "error"})
+
+
+@dataclass(kw_only=True, slots=True)
 class Close(Composite):
-    error: Error | None = fld("error", default=None)
+    error: Error | None = None
+
+
+composite(Close, 0x18, "amqp:close:list", ("frame",), {"error": "error"})
 
 
 # Delivery states and outcomes.
 
 
-@composite(0x23, "amqp:received:list", "delivery-state")
+@dataclass(kw_only=True, slots=True)
 class Received(Composite):
-    section_number: int = fld("uint")
-    section_offset: int = fld("ulong")
+    section_number: int
+    section_offset: int
 
 
-@composite(0x24, "amqp:accepted:list", "delivery-state", "outcome")
+composite(
+    Received,
+    0x23,
+    "amqp:received:list",
+    ("delivery-state",),
+    {"section_number": "uint", "section_offset": "ulong"},
+)
+
+
+@dataclass(kw_only=True, slots=True)
 class Accepted(Composite):
     pass
 
 
-@composite(0x25, "amqp:rejected:list", "delivery-state", "outcome")
+composite(Accepted, 0x24, "amqp:accepted:list", ("delivery-state", "outcome"), {})
+
+
+@dataclass(kw_only=True, slots=True)
 class Rejected(Composite):
-    error: Error | None = fld("error", default=None)
+    error: Error | None = None
 
 
-@composite(0x26, "amqp:released:list", "delivery-state", "outcome")
+composite(Rejected, 0x25, "amqp:rejected:list", ("delivery-state", "outcome"), {"error": "error"})
+
+
+@dataclass(kw_only=True, slots=True)
 class Released(Composite):
     pass
 
 
-@composite(0x27, "amqp:modified:list", "delivery-state", "outcome")
+composite(Released, 0x26, "amqp:released:list", ("delivery-state", "outcome"), {})
+
+
+@dataclass(kw_only=True, slots=True)
 class Modified(Composite):
-    delivery_failed: bool | None = fld("boolean", default=None)
-    undeliverable_here: bool | None = fld("boolean", default=None)
-    message_annotations: dict[Any, Any] | None = fld("fields", default=None)
+    delivery_failed: bool | None = None
+    undeliverable_here: bool | None = None
+    message_annotations: dict[Any, Any] | None = None
+
+
+composite(
+    Modified,
+    0x27,
+    "amqp:modified:list",
+    ("delivery-state", "outcome"),
+    {"delivery_failed": "boolean", "undeliverable_here": "boolean", "message_annotations": "fields"},
+)
 
 
 # Terminus types.
 
 
-@composite(0x28, "amqp:source:list", "source")
+@dataclass(kw_only=True, slots=True)
 class Source(Composite):
-    address: Any = fld("*", default=None)
-    durable: int = fld("uint", default=0)
-    expiry_policy: str = fld("symbol", default=Symbol("session-end"))
-    timeout: int = fld("uint", default=0)
-    dynamic: bool = fld("boolean", default=False)
-    dynamic_node_properties: dict[Any, Any] | None = fld("fields", default=None)
-    distribution_mode: str | None = fld("symbol", default=None)
-    filter: dict[Any, Any] | None = fld("map", default=None)
-    default_outcome: Any = fld("*", default=None)
-    outcomes: list[str] | None = fld("symbol", default=None, multiple=True)
-    capabilities: list[str] | None = fld("symbol", default=None, multiple=True)
+    address: Any = None
+    durable: int = 0
+    expiry_policy: str = Symbol("session-end")
+    timeout: int = 0
+    dynamic: bool = False
+    dynamic_node_properties: dict[Any, Any] | None = None
+    distribution_mode: str | None = None
+    filter: dict[Any, Any] | None = None
+    default_outcome: Any = None
+    outcomes: list[str] | None = None
+    capabilities: list[str] | None = None
 
 
-@composite(0x29, "amqp:target:list", "target")
+composite(
+    Source,
+    0x28,
+    "amqp:source:list",
+    ("source",),
+    {
+        "address": "*",
+        "durable": "uint",
+        "expiry_policy": "symbol",
+        "timeout": "uint",
+        "dynamic": "boolean",
+        "dynamic_node_properties": "fields",
+        "distribution_mode": "symbol",
+        "filter": "map",
+        "default_outcome": "*",
+        "outcomes": "symbol[]",
+        "capabilities": "symbol[]",
+    },
+)
+
+
+@dataclass(kw_only=True, slots=True)
 class Target(Composite):
-    address: Any = fld("*", default=None)
-    durable: int = fld("uint", default=0)
-    expiry_policy: str = fld("symbol", default=Symbol("session-end"))
-    timeout: int = fld("uint", default=0)
-    dynamic: bool = fld("boolean", default=False)
-    dynamic_node_properties: dict[Any, Any] | None = fld("fields", default=None)
-    capabilities: list[str] | None = fld("symbol", default=None, multiple=True)
+    address: Any = None
+    durable: int = 0
+    expiry_policy: str = Symbol("session-end")
+    timeout: int = 0
+    dynamic: bool = False
+    dynamic_node_properties: dict[Any, Any] | None = None
+    capabilities: list[str] | None = None
 
 
-@composite(0x30, "amqp:coordinator:list", "target")
+composite(
+    Target,
+    0x29,
+    "amqp:target:list",
+    ("target",),
+    {
+        "address": "*",
+        "durable": "uint",
+        "expiry_policy": "symbol",
+        "timeout": "uint",
+        "dynamic": "boolean",
+        "dynamic_node_properties": "fields",
+        "capabilities": "symbol[]",
+    },
+)
+
+
+@dataclass(kw_only=True, slots=True)
 class Coordinator(Composite):
     """The transaction coordinator target (part 4): a sender link to it declares and discharges."""
 
-    capabilities: list[str] | None = fld("symbol", default=None, multiple=True)
+    capabilities: list[str] | None = None
 
 
-@composite(0x31, "amqp:declare:list")
+composite(Coordinator, 0x30, "amqp:coordinator:list", ("target",), {"capabilities": "symbol[]"})
+
+
+@dataclass(kw_only=True, slots=True)
 class Declare(Composite):
     """The body of a message to the coordinator: start a transaction (no global ids here)."""
 
-    global_id: Any = fld("*", default=None)
+    global_id: Any = None
 
 
-@composite(0x32, "amqp:discharge:list")
+composite(Declare, 0x31, "amqp:declare:list", (), {"global_id": "*"})
+
+
+@dataclass(kw_only=True, slots=True)
 class Discharge(Composite):
     """End transaction ``txn_id``: commit, or roll back when ``fail``."""
 
-    txn_id: bytes = fld("binary")
-    fail: bool = fld("boolean", default=False)
+    txn_id: bytes
+    fail: bool = False
 
 
-@composite(0x33, "amqp:declared:list", "delivery-state", "outcome")
+composite(Discharge, 0x32, "amqp:discharge:list", (), {"txn_id": "binary", "fail": "boolean"})
+
+
+@dataclass(kw_only=True, slots=True)
 class Declared(Composite):
     """The coordinator's outcome for a declare: the new transaction's id."""
 
-    txn_id: bytes = fld("binary")
+    txn_id: bytes
 
 
-@composite(0x34, "amqp:transactional-state:list", "delivery-state")
+composite(Declared, 0x33, "amqp:declared:list", ("delivery-state", "outcome"), {"txn_id": "binary"})
+
+
+@dataclass(kw_only=True, slots=True)
 class TransactionalState(Composite):
     """A transfer's or disposition's state inside transaction ``txn_id`` (the outcome takes
     effect when it commits)."""
 
-    txn_id: bytes = fld("binary")
-    outcome: Any = fld("*", default=None)
+    txn_id: bytes
+    outcome: Any = None
 
 
-@composite(0x2B, "amqp:delete-on-close:list", "lifetime-policy")
+composite(
+    TransactionalState,
+    0x34,
+    "amqp:transactional-state:list",
+    ("delivery-state",),
+    {"txn_id": "binary", "outcome": "*"},
+)
+
+
+@dataclass(kw_only=True, slots=True)
 class DeleteOnClose(Composite):
     pass
 
 
-@composite(0x2C, "amqp:delete-on-no-links:list", "lifetime-policy")
+composite(DeleteOnClose, 0x2B, "amqp:delete-on-close:list", ("lifetime-policy",), {})
+
+
+@dataclass(kw_only=True, slots=True)
 class DeleteOnNoLinks(Composite):
     pass
 
 
-@composite(0x2D, "amqp:delete-on-no-messages:list", "lifetime-policy")
+composite(DeleteOnNoLinks, 0x2C, "amqp:delete-on-no-links:list", ("lifetime-policy",), {})
+
+
+@dataclass(kw_only=True, slots=True)
 class DeleteOnNoMessages(Composite):
     pass
 
 
-@composite(0x2E, "amqp:delete-on-no-links-or-messages:list", "lifetime-policy")
+composite(DeleteOnNoMessages, 0x2D, "amqp:delete-on-no-messages:list", ("lifetime-policy",), {})
+
+
+@dataclass(kw_only=True, slots=True)
 class DeleteOnNoLinksOrMessages(Composite):
     pass
+
+
+composite(
+    DeleteOnNoLinksOrMessages, 0x2E, "amqp:delete-on-no-links-or-messages:list", ("lifetime-policy",), {}
+)
 
 
 # SASL frames (frame type 1).
 
 
-@composite(0x40, "amqp:sasl-mechanisms:list", "sasl")
+@dataclass(kw_only=True, slots=True)
 class SaslMechanisms(Composite):
-    sasl_server_mechanisms: list[str] = fld("symbol", multiple=True)
+    sasl_server_mechanisms: list[str]
 
 
-@composite(0x41, "amqp:sasl-init:list", "sasl")
+composite(
+    SaslMechanisms, 0x40, "amqp:sasl-mechanisms:list", ("sasl",), {"sasl_server_mechanisms": "symbol[]"}
+)
+
+
+@dataclass(kw_only=True, slots=True)
 class SaslInit(Composite):
-    mechanism: str = fld("symbol")
-    initial_response: bytes | None = fld("binary", default=None)
-    hostname: str | None = fld("string", default=None)
+    mechanism: str
+    initial_response: bytes | None = None
+    hostname: str | None = None
 
 
-@composite(0x42, "amqp:sasl-challenge:list", "sasl")
+composite(
+    SaslInit,
+    0x41,
+    "amqp:sasl-init:list",
+    ("sasl",),
+    {"mechanism": "symbol", "initial_response": "binary", "hostname": "string"},
+)
+
+
+@dataclass(kw_only=True, slots=True)
 class SaslChallenge(Composite):
-    challenge: bytes = fld("binary")
+    challenge: bytes
 
 
-@composite(0x43, "amqp:sasl-response:list", "sasl")
+composite(SaslChallenge, 0x42, "amqp:sasl-challenge:list", ("sasl",), {"challenge": "binary"})
+
+
+@dataclass(kw_only=True, slots=True)
 class SaslResponse(Composite):
-    response: bytes = fld("binary")
+    response: bytes
 
 
-@composite(0x44, "amqp:sasl-outcome:list", "sasl")
+composite(SaslResponse, 0x43, "amqp:sasl-response:list", ("sasl",), {"response": "binary"})
+
+
+@dataclass(kw_only=True, slots=True)
 class SaslOutcome(Composite):
-    code: int = fld("ubyte")
-    additional_data: bytes | None = fld("binary", default=None)
+    code: int
+    additional_data: bytes | None = None
+
+
+composite(
+    SaslOutcome, 0x44, "amqp:sasl-outcome:list", ("sasl",), {"code": "ubyte", "additional_data": "binary"}
+)
 
 
 FRAME_TYPES: tuple[type[Composite], ...] = (
