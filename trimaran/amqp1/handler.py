@@ -679,8 +679,8 @@ class Amqp1FrontEnd:
         if message is None:
             try:
                 decoded = decode_message(payload)
-            except DecodeError as exc:
-                self.refuse_message(conn, event, DECODE_ERROR, f"malformed message: {exc}")
+            except DecodeError as bad:  # not ``exc``: compiled, one name has one type in a function
+                self.refuse_message(conn, event, DECODE_ERROR, f"malformed message: {bad}")
                 return
         if address is None:
             assert decoded is not None
