@@ -28,17 +28,18 @@ ENV = "TRIMARAN_INTERPRETED"
 GROUP = "trimaran._mypyc"
 
 # The modules on the hot paths (the profile of tests/test_budgets.py's loads) that mypyc accepts and
-# whose tests pass compiled, built together so that calls between them are native. Left out:
-# - amqp091/spec.py, amqp1/performatives.py: their tables are built by class decorators, which
-#   mypyc cannot apply to its native classes;
-# - amqp091/fields.py, amqp1/types.py: they subclass builtin types (int, str ...), which mypyc
-#   does not compile;
-# - broker/router.py: generic dataclasses, which mypyc cannot build (mypyc issue 827);
+# whose tests pass compiled, built together so that calls between them are native. amqp1/types.py's
+# wrappers of builtin types (UByte(int), Symbol(str) ...) are built as ordinary Python classes
+# (mypyc_attr(native_class=False)): mypyc cannot make native subclasses of int or str. Left out:
+# - amqp091/spec.py: its tables are built by class decorators, which mypyc cannot apply to its
+#   native classes;
+# - amqp091/fields.py: it subclasses builtin types (int, str ...);
 # - amqp091/channels.py: a narrowing after a call that mypyc's checker rejects;
 # - runtime/transport.py, runtime/runner.py: compiled, they fail where an annotation says less than
 #   what is passed (a list for a tuple, the tests' stand-ins for a Conn).
 MODULES = (
     "trimaran.topics",
+    "trimaran.broker.router",
     "trimaran.broker.message",
     "trimaran.broker.core",
     "trimaran.security.guard",
@@ -58,6 +59,8 @@ MODULES = (
     "trimaran.amqp091.mapping",
     "trimaran.amqp091.conn",
     "trimaran.amqp091.handler",
+    "trimaran.amqp1.types",
+    "trimaran.amqp1.performatives",
     "trimaran.amqp1.events",
     "trimaran.amqp1.frames",
     "trimaran.amqp1.codec",
