@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any
 
 import pytest
@@ -36,6 +37,7 @@ from trimaran.amqp1.performatives import (
     Source,
     Target,
     Transfer,
+    composite,
     decode_composite,
     from_described,
 )
@@ -127,6 +129,18 @@ def test_plain_values_are_coerced_on_encode() -> None:
     wire = encode(Error(condition="amqp:not-found", info={"k": 1}))
     assert decode(wire) == Described(ULong(0x1D), [Symbol("amqp:not-found"), None, {Symbol("k"): 1}])
     assert type(decode(wire).value[0]) is Symbol
+
+
+def test_a_composites_types_name_its_fields_in_order() -> None:
+    @dataclasses.dataclass(kw_only=True, slots=True)
+    class Probe(Composite):
+        a: int
+        b: str | None = None
+
+    with pytest.raises(TypeError, match="Probe"):
+        composite(Probe, 0x7FFF_0001, "test:probe:list", (), {"b": "string", "a": "uint"})
+    with pytest.raises(DecodeError, match="unknown descriptor"):  # and nothing was registered
+        from_described(Described(ULong(0x7FFF_0001), []))
 
 
 # ---- hypothesis over every composite --------------------------------------------------

@@ -83,7 +83,7 @@ class FieldSpec:
 
 
 class Composite:
-    """Base of every described list type. Subclasses are made by :func:`composite`."""
+    """Base of every described list type: a dataclass subclass registered by :func:`composite`."""
 
     CODE: ClassVar[int]
     NAME: ClassVar[Symbol]
