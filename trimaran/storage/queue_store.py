@@ -98,6 +98,7 @@ def event_row(
         "kind": kind,
         "attempt": attempt,
         "reason": reason,
+        "span": 1,  # always there: widening a run reads it without a dict.get
     }
 
 
@@ -127,7 +128,7 @@ def add_event(
     if events and offset is not None:
         last = events[-1]
         first = last["offset"]
-        span = last.get("span", 1)
+        span = last["span"]
         if (
             first is not None
             and first + span == offset
