@@ -106,7 +106,7 @@ PATHS = [
     Path_(
         "mqtt $queue/ qos1",
         _mqtt(publishers=1, subscribers=1, qos=1, topic="$queue/budget", batch=100),
-        Budget(loop=(82.5, 125.0), others=(4.5, 2.0)),
+        Budget(loop=(80.5, 125.0), others=(4.5, 2.0)),
     ),
     Path_(
         "amqp091 transient",
@@ -122,13 +122,13 @@ PATHS = [
     Path_(
         "amqp091 durable",
         lambda s: Amqp091Load(s.port("amqp"), durable=True, batch=100),
-        Budget(loop=(78.5, 70.0), others=(5.0, 4.0)),
+        Budget(loop=(76.5, 70.0), others=(5.0, 4.0)),
     ),
     Path_(
         # The benchmark's durable row: the consumer acks a hundred deliveries at a time.
         "amqp091 durable, ack multiple",
         lambda s: Amqp091Load(s.port("amqp"), durable=True, batch=100, ack_every=100),
-        Budget(loop=(59.5, 59.0), others=(5.0, 4.0)),
+        Budget(loop=(57.5, 59.0), others=(5.0, 4.0)),
     ),
     Path_(
         "amqp1 transfer-deliver-accept",
@@ -138,7 +138,7 @@ PATHS = [
     Path_(
         "amqp1 durable",
         lambda s: Amqp1Load(s.port("amqp"), batch=100, durable=True),
-        Budget(loop=(55.5, 40.5), others=(7.0, 4.5)),
+        Budget(loop=(53.5, 40.5), others=(7.0, 4.5)),
     ),
     Path_(
         "amqp1 proton-c send/receive",

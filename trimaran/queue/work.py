@@ -113,8 +113,12 @@ class WorkGroup(Group):
             if (routing_filter is None or filter_matches(routing_filter, stored.routing_key)) and (
                 selects is None or selects(stored.message)
             ):
-                if offset == self.cursor:
-                    self.advance(offset + 1, ch)
+                if offset == self.cursor:  # advance, inline for the usual step: no entry to retire
+                    self.cursor = offset + 1
+                    if offset + 1 in entries:
+                        self.advance(offset + 1, ch)
+                    else:
+                        self.journal.cursor(ch, state, self)
                 return stored, None
             offset += 1
             scanned += 1
@@ -195,7 +199,7 @@ class WorkGroup(Group):
             host = self.host
             if not self.timed or deadline < host.wake_at:
                 host.due(state, self, deadline)
-            if first and self.alone():
+            if first and not self.shared and len(state.groups) == 1:  # self.alone(), inline
                 # No row: the 'delivered' event says as much, and after a crash the load reads a
                 # message below the cursor with no row as this (manager._load, held_at_start).
                 entry.stored = False
