@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trimaran.amqp091.fields import (
+    MAX_NESTING,
     Float32,
     Int8,
     Int16,
@@ -161,6 +162,31 @@ def test_deep_nesting_is_a_syntax_error_not_a_crash() -> None:
     data = struct.pack(">I", len(data)) + data
     with pytest.raises(ProtocolError):
         decode_table(data, 0)
+
+
+def _nested(levels: int, tag: bytes) -> bytes:
+    """A table whose key "k" holds ``levels`` nested tables (tag F) or arrays (tag A)."""
+    inner = b""
+    for _ in range(levels - 1):
+        inner = (b"\x01kF" if tag == b"F" else b"A") + struct.pack(">I", len(inner)) + inner
+    pairs = b"\x01k" + tag + struct.pack(">I", len(inner)) + inner
+    return struct.pack(">I", len(pairs)) + pairs
+
+
+@pytest.mark.parametrize("tag", [b"F", b"A"])
+def test_nesting_is_bounded_the_same_interpreted_and_compiled(tag: bytes) -> None:
+    # Compiled, Python's recursion limit no longer stops the decoder: MAX_NESTING does.
+    data = _nested(MAX_NESTING, tag)
+    table, end = decode_table(data, 0)
+    assert end == len(data)
+    depth, value = 0, table
+    while value:
+        value = value["k"] if isinstance(value, dict) else value[0]
+        depth += 1
+    assert depth == MAX_NESTING
+    with pytest.raises(ProtocolError) as refused:
+        decode_table(_nested(MAX_NESTING + 1, tag), 0)
+    assert refused.value.reply_code == SYNTAX_ERROR
 
 
 # --------------------------------------------------------------------------------------------

@@ -42,66 +42,16 @@ from typing import Any, NoReturn, TypeAlias
 
 from trimaran.amqp091.errors import SYNTAX_ERROR, EncodeError, ProtocolError
 
+# The typed values live in their own module, which mypyc leaves interpreted: it cannot compile a
+# subclass of int or float. fields re-exports them all, as the rest of the code imports them from here.
+from trimaran.amqp091.field_types import *  # noqa: F403
+from trimaran.amqp091.field_types import Float32, Int8, Int16, Int64, Timestamp, UInt8, UInt16, UInt32, UInt64
+
 FieldValue: TypeAlias = (
     bool | int | float | Decimal | str | bytes | list["FieldValue"] | dict[str, "FieldValue"] | None
 )
 FieldTable = dict[str, FieldValue]
 FieldArray = list[FieldValue]
-
-
-class Int8(int):
-    """A table integer sent with tag 'b'."""
-
-    __slots__ = ()
-
-
-class UInt8(int):
-    """A table integer sent with tag 'B'."""
-
-    __slots__ = ()
-
-
-class Int16(int):
-    """A table integer sent with tag 's'."""
-
-    __slots__ = ()
-
-
-class UInt16(int):
-    """A table integer sent with tag 'u'."""
-
-    __slots__ = ()
-
-
-class UInt32(int):
-    """A table integer sent with tag 'i'."""
-
-    __slots__ = ()
-
-
-class Int64(int):
-    """A table integer sent with tag 'l'."""
-
-    __slots__ = ()
-
-
-class UInt64(int):
-    """A table integer sent with tag 'L' (unsigned 64-bit: py-amqp, under kombu and Celery, writes
-    large integers so, and RabbitMQ reads them)."""
-
-    __slots__ = ()
-
-
-class Timestamp(int):
-    """Seconds since the epoch, sent with tag 'T' (unsigned 64-bit)."""
-
-    __slots__ = ()
-
-
-class Float32(float):
-    """A table float sent with tag 'f'."""
-
-    __slots__ = ()
 
 
 _U8 = struct.Struct(">B")
@@ -146,8 +96,17 @@ def _encode_error(text: str) -> NoReturn:
 # Decoding
 
 
-def decode_table(buf: bytes, off: int) -> tuple[FieldTable, int]:
-    """Decode a length-prefixed table at ``buf[off:]``; return it and the offset after it."""
+#: How deep tables and arrays may nest. Compiled, the decoder's recursion is not bounded by
+#: Python's recursion limit (which stopped the interpreted one at a few hundred levels), and a
+#: frame of nested tables would otherwise run the C stack out.
+MAX_NESTING = 100
+
+
+def decode_table(buf: bytes, off: int, depth: int = 0) -> tuple[FieldTable, int]:
+    """Decode a length-prefixed table at ``buf[off:]``; return it and the offset after it.
+    ``depth``: how many tables and arrays enclose it."""
+    if depth > MAX_NESTING:
+        _syntax(f"field tables nested deeper than {MAX_NESTING}")
     try:
         (size,) = _U32.unpack_from(buf, off)
     except struct.error:
@@ -156,16 +115,16 @@ def decode_table(buf: bytes, off: int) -> tuple[FieldTable, int]:
     end = off + size
     if end > len(buf):
         _syntax("field table longer than its frame")
-    table = _decode_pairs(buf, off, end)
+    table = _decode_pairs(buf, off, end, depth)
     return table, end
 
 
 def decode_table_contents(buf: bytes) -> FieldTable:
     """Decode a table without its length prefix (as AMQPLAIN's SASL response is sent)."""
-    return _decode_pairs(buf, 0, len(buf))
+    return _decode_pairs(buf, 0, len(buf), 0)
 
 
-def _decode_pairs(buf: bytes, off: int, end: int) -> FieldTable:
+def _decode_pairs(buf: bytes, off: int, end: int, depth: int) -> FieldTable:
     table: FieldTable = {}
     try:
         while off < end:
@@ -173,7 +132,7 @@ def _decode_pairs(buf: bytes, off: int, end: int) -> FieldTable:
             off += 1
             key = buf[off : off + n].decode("utf-8", "surrogateescape")
             off += n
-            table[key], off = _decode_value(buf, off)
+            table[key], off = _decode_value(buf, off, depth)
     except (IndexError, struct.error, RecursionError):
         _syntax("field table truncated")
     if off != end:
@@ -184,7 +143,7 @@ def _decode_pairs(buf: bytes, off: int, end: int) -> FieldTable:
 def decode_array(buf: bytes, off: int) -> tuple[FieldArray, int]:
     """Decode a length-prefixed field array at ``buf[off:]``; return it and the offset after it."""
     try:
-        return _decode_array(buf, off)
+        return _decode_array(buf, off, 0)
     except (IndexError, struct.error, RecursionError):
         _syntax("field array truncated")
 
@@ -198,7 +157,9 @@ def encode_array(items: FieldArray | tuple[FieldValue, ...], out: bytearray) -> 
     _U32.pack_into(out, start, len(out) - start - 4)
 
 
-def _decode_array(buf: bytes, off: int) -> tuple[FieldArray, int]:
+def _decode_array(buf: bytes, off: int, depth: int) -> tuple[FieldArray, int]:
+    if depth > MAX_NESTING:
+        _syntax(f"field arrays nested deeper than {MAX_NESTING}")
     (size,) = _U32.unpack_from(buf, off)
     off += 4
     end = off + size
@@ -206,14 +167,14 @@ def _decode_array(buf: bytes, off: int) -> tuple[FieldArray, int]:
         _syntax("field array longer than its frame")
     items: FieldArray = []
     while off < end:
-        value, off = _decode_value(buf, off)
+        value, off = _decode_value(buf, off, depth)
         items.append(value)
     if off != end:
         _syntax("field array entry overruns the array")
     return items, end
 
 
-def _decode_value(buf: bytes, off: int) -> tuple[FieldValue, int]:
+def _decode_value(buf: bytes, off: int, depth: int) -> tuple[FieldValue, int]:
     tag = buf[off]
     off += 1
     if tag == 0x53:  # S
@@ -230,9 +191,9 @@ def _decode_value(buf: bytes, off: int) -> tuple[FieldValue, int]:
         value = st.unpack_from(buf, off)[0]
         return (value if typ is int or typ is float else typ(value)), off + st.size
     if tag == 0x46:  # F
-        return decode_table(buf, off)
+        return decode_table(buf, off, depth + 1)
     if tag == 0x41:  # A
-        return _decode_array(buf, off)
+        return _decode_array(buf, off, depth + 1)
     if tag == 0x78:  # x
         (n,) = _U32.unpack_from(buf, off)
         off += 4
