@@ -107,6 +107,13 @@ class Getter(Consumer):
     def deliver(self, delivery: QueueDelivery) -> None:
         self.got = delivery
 
+    def take(self) -> QueueDelivery | None:
+        """What the queue handed over since :meth:`ChannelState.get` gave credit, if anything: read
+        through a call, since a type checker narrows ``got`` to None after the reset."""
+        got = self.got
+        self.got = None
+        return got
+
 
 class ChannelState:
     __slots__ = (
@@ -176,7 +183,7 @@ class ChannelState:
         assert handle is not None
         getter.got = None
         handle.add_credit(1)
-        delivery = getter.got
+        delivery = getter.take()
         if delivery is None:
             handle.set_credit(0)
             return False
