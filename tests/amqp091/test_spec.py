@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from trimaran.amqp091 import spec
@@ -72,6 +74,23 @@ def test_dataclass_defaults_and_slots() -> None:
     assert not hasattr(m, "__dict__")
     a, b = spec.QueueDeclare(), spec.QueueDeclare()
     assert a.arguments is not b.arguments
+
+
+_SAMPLE = {"octet": 7, "short": 300, "long": 70000, "longlong": 1 << 40, "timestamp": 1 << 33}
+_SAMPLE.update({"shortstr": "s", "longstr": b"l", "bit": True, "table": {"k": 1}})
+
+
+@pytest.mark.parametrize("cls", list(spec.METHODS.values()), ids=lambda c: c.NAME)
+def test_arguments_in_wire_order_and_defaults(cls: type[spec.Method]) -> None:
+    # The methods whose __init__ is written out (and every other) take their fields in wire order.
+    values = [_SAMPLE[domain] for _attr, _wire, domain in cls.FIELDS]
+    method = cls(*values)
+    assert [getattr(method, attr) for attr, _wire, _domain in cls.FIELDS] == values
+    assert spec.decode_method(cls.INDEX.to_bytes(4, "big") + method.encode_arguments()) == method
+    defaults = cls()
+    for f in dataclasses.fields(defaults):  # type: ignore[arg-type]
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+        assert getattr(defaults, f.name) == default
 
 
 def test_bits_packed_in_one_octet() -> None:

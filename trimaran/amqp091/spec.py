@@ -461,13 +461,29 @@ class BasicCancelOk(Method):
     consumer_tag: str = ""
 
 
-@dataclass(slots=True)
+# A message's three methods write their __init__ out: compiled, the one dataclasses writes runs
+# interpreted (mypyc compiles only the methods in the source), and these are built per message.
+@dataclass(slots=True, init=False)
 class BasicPublish(Method):
     reserved_1: int = 0
     exchange: str = ""
     routing_key: str = ""
     mandatory: bool = False
     immediate: bool = False
+
+    def __init__(
+        self,
+        reserved_1: int = 0,
+        exchange: str = "",
+        routing_key: str = "",
+        mandatory: bool = False,
+        immediate: bool = False,
+    ) -> None:
+        self.reserved_1 = reserved_1
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.mandatory = mandatory
+        self.immediate = immediate
 
 
 @dataclass(slots=True)
@@ -478,13 +494,27 @@ class BasicReturn(Method):
     routing_key: str = ""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class BasicDeliver(Method):
     consumer_tag: str = ""
     delivery_tag: int = 0
     redelivered: bool = False
     exchange: str = ""
     routing_key: str = ""
+
+    def __init__(
+        self,
+        consumer_tag: str = "",
+        delivery_tag: int = 0,
+        redelivered: bool = False,
+        exchange: str = "",
+        routing_key: str = "",
+    ) -> None:
+        self.consumer_tag = consumer_tag
+        self.delivery_tag = delivery_tag
+        self.redelivered = redelivered
+        self.exchange = exchange
+        self.routing_key = routing_key
 
 
 @dataclass(slots=True)
@@ -508,10 +538,14 @@ class BasicGetEmpty(Method):
     reserved_1: str = ""  # cluster-id
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class BasicAck(Method):
     delivery_tag: int = 0
     multiple: bool = False
+
+    def __init__(self, delivery_tag: int = 0, multiple: bool = False) -> None:
+        self.delivery_tag = delivery_tag
+        self.multiple = multiple
 
 
 @dataclass(slots=True)
