@@ -44,6 +44,8 @@ from trimaran.amqp091.errors import SYNTAX_ERROR, EncodeError, ProtocolError
 
 # The typed values live in their own module, which mypyc leaves interpreted: it cannot compile a
 # subclass of int or float. fields re-exports them all, as the rest of the code imports them from here.
+# (The star import re-exports them for type checkers; compiled, it binds no names at run time, and
+# the named import does.)
 from trimaran.amqp091.field_types import *  # noqa: F403
 from trimaran.amqp091.field_types import Float32, Int8, Int16, Int64, Timestamp, UInt8, UInt16, UInt32, UInt64
 
@@ -234,7 +236,9 @@ def table_bytes(table: FieldTable | None) -> bytes:
     return bytes(out)
 
 
-def _encode_pairs(table: FieldTable, out: bytearray) -> None:
+def _encode_pairs(table: dict[Any, Any], out: bytearray) -> None:
+    # Any, not FieldTable: a caller's keys may not be what its type says, and compiled, a str-typed
+    # key would raise TypeError before the check below could refuse it with an EncodeError.
     for key, value in table.items():
         if not isinstance(key, str):
             _encode_error(f"field table key {key!r} is not a str")

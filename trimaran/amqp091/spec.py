@@ -35,9 +35,14 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, get_origin
 
 # The reply codes and errors live in errors.py (which fields.py raises too); spec re-exports them all.
+from trimaran.amqp091 import errors
 from trimaran.amqp091.errors import *  # noqa: F403
 from trimaran.amqp091.errors import COMMAND_INVALID, FRAME_ERROR, SYNTAX_ERROR, EncodeError, ProtocolError
 from trimaran.amqp091.fields import FieldTable, decode_table, encode_table
+
+# Compiled, a star import binds no names in the module (mypyc resolves them where it compiles them):
+# bind them, so that spec.ProtocolError and the rest are there for the interpreted modules too.
+globals().update({name: getattr(errors, name) for name in errors.__all__})
 
 # --------------------------------------------------------------------------------------------
 # Constants
