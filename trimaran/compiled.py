@@ -31,10 +31,9 @@ GROUP = "trimaran._mypyc"
 # whose tests pass compiled, built together so that calls between them are native. amqp1/types.py's
 # wrappers of builtin types (UByte(int), Symbol(str) ...) are built as ordinary Python classes
 # (mypyc_attr(native_class=False)): mypyc cannot make native subclasses of int or str. Left out:
-# - amqp091/spec.py: its tables are built by class decorators, which mypyc cannot apply to its
-#   native classes;
-# - amqp091/fields.py: it subclasses builtin types (int, str ...);
-# - amqp091/channels.py: a narrowing after a call that mypyc's checker rejects;
+# - amqp091/field_types.py: it subclasses builtin types (int, float), which mypyc does not compile
+#   (amqp091/fields.py, compiled, imports its typed values from it);
+# - amqp091/exchanges.py, durable.py: not on a message's path, only on declares and at start;
 # - runtime/transport.py, runtime/runner.py: compiled, they fail where an annotation says less than
 #   what is passed (a list for a tuple, the tests' stand-ins for a Conn).
 MODULES = (
@@ -52,6 +51,8 @@ MODULES = (
     "trimaran.mqtt.mapping",
     "trimaran.mqtt.conn",
     "trimaran.mqtt.handler",
+    "trimaran.amqp091.fields",
+    "trimaran.amqp091.spec",
     "trimaran.amqp091.events",
     "trimaran.amqp091.properties",
     "trimaran.amqp091.frames",
@@ -59,6 +60,9 @@ MODULES = (
     "trimaran.amqp091.mapping",
     "trimaran.amqp091.conn",
     "trimaran.amqp091.handler",
+    "trimaran.amqp091.access",
+    "trimaran.amqp091.channels",
+    "trimaran.amqp091.operations",
     "trimaran.amqp1.types",
     "trimaran.amqp1.performatives",
     "trimaran.amqp1.events",
