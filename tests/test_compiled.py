@@ -4,6 +4,7 @@ start log line that says which. CI runs these twice: interpreted (``make test``)
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -119,3 +120,21 @@ def test_a_partial_or_stale_build_runs_the_source(tmp_path: Path) -> None:
     later = library.stat().st_mtime + 10
     os.utime(copy / "amqp1" / "handler.py", (later, later))
     assert why_in(tmp_path) == "the build is older than trimaran/amqp1/handler.py: make compile"
+
+
+def test_no_compiled_function_binds_one_exception_name_to_two_types() -> None:
+    """Compiled, a local has one type: ``except A as exc`` then ``except B as exc`` in one function
+    makes the second a TypeError at run time (when A is a native class), which would turn a refusal
+    into a dropped connection. The source must give each its own name."""
+    clashes = []
+    for name in MODULES:
+        tree = ast.parse(source_of(name).read_text())
+        for function in ast.walk(tree):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            bound: dict[str, set[str]] = {}
+            for node in ast.walk(function):
+                if isinstance(node, ast.ExceptHandler) and node.name and node.type is not None:
+                    bound.setdefault(node.name, set()).add(ast.unparse(node.type))
+            clashes += [f"{name}.{function.name}: {n} {sorted(t)}" for n, t in bound.items() if len(t) > 1]
+    assert clashes == []

@@ -325,8 +325,8 @@ class Amqp091FrontEnd:
                 later = at_once(conn, channel, method)
             except spec.ProtocolError as exc:
                 return self.refuse(conn, event.channel, exc)
-            except ExchangeError as exc:
-                return self.refuse(conn, event.channel, _error(exc.reply_code, exc.reason, method))
+            except ExchangeError as bad:
+                return self.refuse(conn, event.channel, _error(bad.reply_code, bad.reason, method))
             if later is None:
                 return None
             # It must wait after all (basic.get behind the channel's own publishes): so do later frames.
@@ -343,8 +343,8 @@ class Amqp091FrontEnd:
                 await waiting(conn, channel, method)
             except spec.ProtocolError as exc:
                 release = self.refuse(conn, event.channel, exc)
-            except ExchangeError as exc:
-                release = self.refuse(conn, event.channel, _error(exc.reply_code, exc.reason, method))
+            except ExchangeError as bad:
+                release = self.refuse(conn, event.channel, _error(bad.reply_code, bad.reason, method))
             else:
                 return
             if release is not None:
@@ -359,8 +359,8 @@ class Amqp091FrontEnd:
             await later
         except spec.ProtocolError as exc:
             release = self.refuse(conn, number, exc)
-        except ExchangeError as exc:
-            release = self.refuse(conn, number, _error(exc.reply_code, exc.reason, method))
+        except ExchangeError as bad:
+            release = self.refuse(conn, number, _error(bad.reply_code, bad.reason, method))
         else:
             return
         if release is not None:
@@ -586,8 +586,8 @@ class Amqp091FrontEnd:
             try:
                 exchanges.check_publish(exchange)
                 result = exchanges.route(exchange, key, props.headers)
-            except ExchangeError as exc:
-                raise spec.ProtocolError(exc.reply_code, exc.reason, class_id=60, method_id=40) from None
+            except ExchangeError as bad:
+                raise spec.ProtocolError(bad.reply_code, bad.reason, class_id=60, method_id=40) from None
             queues, to_router = result.queues, result.to_router
             if conn.principal is not None:
                 queues = publish_targets(

@@ -469,8 +469,8 @@ class Amqp1FrontEnd:
                 self._check_access(conn, READ, address.own_topic)
             else:
                 reads = self._topic_grant(conn, address.own_topic)
-        except AddressError as exc:
-            self.refuse(conn, link, exc.condition, exc.description)
+        except AddressError as wrong:
+            self.refuse(conn, link, wrong.condition, wrong.description)
             return None
         # A JMS selector is parsed once, here; one that does not parse ends the link.
         selector = find_selector(source.filter)
@@ -479,8 +479,8 @@ class Amqp1FrontEnd:
             try:
                 queue_side = address.is_queue and source.distribution_mode != COPY
                 selects = selecting(parse_selector(selector[1].value), SELECTOR_MEMORY if queue_side else 0)
-            except SelectorError as exc:
-                self.refuse(conn, link, INVALID_FIELD, f"{exc} in {selector[1].value!r}")
+            except SelectorError as unparsed:
+                self.refuse(conn, link, INVALID_FIELD, f"{unparsed} in {selector[1].value!r}")
                 return None
         caps = {str(c) for c in source.capabilities or ()}
         durable = source.durable in (1, 2) and source.expiry_policy == EXPIRY_NEVER
@@ -690,8 +690,8 @@ class Amqp1FrontEnd:
                     to, None, bare=self.config.bare_address, for_receive=False, vhost_prefix=conn.vhost_prefix
                 )
                 self._check_queue(address)
-            except AddressError as exc:
-                self.refuse_message(conn, event, exc.condition, f"properties.to: {exc.description}")
+            except AddressError as wrong:
+                self.refuse_message(conn, event, wrong.condition, f"properties.to: {wrong.description}")
                 return
         principal = conn.principal
         if principal is not None:
