@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import anyio
@@ -195,7 +195,7 @@ class Broker:
             self.events.message(MESSAGE_PUBLISHED, message, subscribers=len(deliveries))
         return len(deliveries) + nodes
 
-    def route_run(self, topic: str, publisher_id: str, count: int) -> list[Delivery[Any]] | None:
+    def route_run(self, topic: str, publisher_id: str, count: int) -> Sequence[Delivery[Any]] | None:
         """Where ``count`` messages to ``topic`` from one publisher go, matched once (a hull's run
         of plain messages: not retained, no expiry, no properties), counted as routed. None when each
         must take :meth:`publish` on its own: other nodes are told of each, or the event bus
