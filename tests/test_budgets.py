@@ -89,14 +89,14 @@ PATHS = [
     Path_(
         "mqtt qos1 fan-in 4->1",
         _mqtt(publishers=4, subscribers=1, qos=1, topic="bench/t", batch=50),
-        Budget(loop=(23.5, 20.0)),
+        Budget(loop=(22.5, 20.0)),
     ),
     Path_(
         # The fan-in generator's case: a subscriber slower than its publishers, most deliveries
         # queued behind its window.
         "mqtt qos1 fan-in 4->1, window 10",
         _mqtt(publishers=4, subscribers=1, qos=1, topic="bench/t", batch=50, receive_maximum=10),
-        Budget(loop=(28.0, 33.5)),
+        Budget(loop=(27.0, 33.5)),
     ),
     Path_(
         "mqtt qos1 fan-out 1->4",

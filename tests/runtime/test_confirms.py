@@ -34,12 +34,21 @@ def test_a_removed_entry_no_longer_holds_anything_back() -> None:
     assert [e.name for e in acks.ready()] == ["next"]
 
 
-def test_entries_added_while_handing_out_are_handed_out_in_turn() -> None:
+def test_entries_added_while_acting_on_a_batch_are_the_next_batch() -> None:
     acks: InOrder[Entry] = InOrder()
     acks.add(Entry("a", done=True))
-    out = []
-    for entry in acks.ready():
-        out.append(entry.name)
-        if entry.name == "a":
+    batches = []
+    while batch := acks.ready():
+        batches.append([e.name for e in batch])
+        if len(batches) == 1:
             acks.add(Entry("b", done=True))  # a hull acting on an ack can queue another
-    assert out == ["a", "b"]
+    assert batches == [["a"], ["b"]]
+
+
+def test_a_batch_is_a_list_taken_at_once() -> None:
+    acks: InOrder[Entry] = InOrder()
+    entries = [acks.add(Entry(str(n), done=n != 3)) for n in range(5)]
+    assert acks.ready() == entries[:3]  # the head's done run, the rest wait behind "3"
+    assert len(acks) == 2
+    entries[3].done = True
+    assert acks.ready() == entries[3:] and not acks

@@ -722,7 +722,7 @@ class Amqp1FrontEnd:
             pending = PendingSettle(conn, inlink, event.delivery_id, event.settled, address.name)
             assert self.queues is not None
             try:
-                self.queues.publish_nowait(address.name, message, address.key, pending)
+                self.queues.publish_nowait(address.name, message, address.key, pending, message.created_at_ms)
             except QueueError as exc:
                 if exc.reason == "shared":  # a shared node reserves offsets with an await
                     conn.io.spawn(lambda: self._append_async(address, message, pending))

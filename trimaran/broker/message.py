@@ -7,6 +7,10 @@ use :meth:`Message.copy_with` to make a changed copy (for example a retain flag 
 subscriber), because the same object is shared by all deliveries.
 
 Times are integers in epoch milliseconds, like everywhere else in Trimaran.
+
+A QoS is 0, 1 or 2, checked where it comes from outside rather than on every construction (a call
+per message on every hull): the MQTT codec refuses QoS 3 as malformed, the admin API's schema
+refuses it, the AMQP mappings only make 0 or 1, and :meth:`Message.copy_with` checks a changed one.
 """
 
 from __future__ import annotations
@@ -79,12 +83,6 @@ class Message:
     #: copy without it, so a changed message is always encoded afresh.
     encoded_properties: bytes | None = field(default=None, init=False, compare=False, repr=False)
 
-    def __post_init__(self) -> None:
-        # One comparison chain: cheap enough for the per-message path, and it stops a bad QoS from
-        # reaching an encoder that would write it into a fixed header.
-        if not 0 <= self.qos <= 2:
-            raise ValueError(f"qos must be 0, 1 or 2, not {self.qos!r}")
-
     def is_expired(self, now_ms: int) -> bool:
         """True when the message has an expiry and ``now_ms`` is at or past it."""
         expires = self.expires_at_ms
@@ -113,4 +111,7 @@ class Message:
 
     def copy_with(self, **changes: Any) -> Message:
         """A shallow copy with some fields changed (``user_properties`` and ``extra`` are shared)."""
+        qos = changes.get("qos", 0)
+        if not 0 <= qos <= 2:
+            raise ValueError(f"qos must be 0, 1 or 2, not {qos!r}")
         return dataclasses.replace(self, **changes)

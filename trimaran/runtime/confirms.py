@@ -5,14 +5,13 @@ A publisher's acknowledgement of a durable publish (MQTT PUBACK/PUBREC, AMQP 0.9
 reads an acknowledgement as "this one and, in the order I sent them, the ones before" (0.9.1's
 ``multiple``, 1.0's ranges, MQTT's in-order PUBACK rule). Commits can finish out of order (a
 publish to an in-memory queue is done at once, one to a durable queue after the group commit), so
-each hull queues its entries here and, after a commit, sends what :meth:`InOrder.ready` yields. What
+each hull queues its entries here and, after a commit, sends what :meth:`InOrder.ready` returns. What
 an entry carries and how it is sent is the hull's; the ordering is this module's, once.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
 from typing import Generic, Protocol, TypeVar
 
 
@@ -27,7 +26,7 @@ E = TypeVar("E", bound=Settling)
 
 
 class InOrder(Generic[E]):
-    """Entries in arrival order; :meth:`ready` hands out the done ones at the head."""
+    """Entries in arrival order; :meth:`ready` takes the done ones at the head, all at once."""
 
     __slots__ = ("_entries",)
 
@@ -48,12 +47,22 @@ class InOrder(Generic[E]):
         entries = self._entries
         return bool(entries) and entries[0].done
 
-    def ready(self) -> Iterator[E]:
+    def ready(self) -> list[E]:
         """Take the done entries at the head, oldest first; an entry not yet done holds back every
-        one behind it."""
+        one behind it. One call a batch: entries a caller adds while acting on these (already done)
+        are the next call's, which the hull's own "acks due" flag brings about."""
         entries = self._entries
-        while entries and entries[0].done:
-            yield entries.popleft()
+        count = 0
+        for entry in entries:
+            if not entry.done:
+                break
+            count += 1
+        if count == len(entries):  # all done, the common case: no call per entry
+            taken = list(entries)
+            entries.clear()
+            return taken
+        popleft = entries.popleft
+        return [popleft() for _ in range(count)]
 
     def __len__(self) -> int:
         return len(self._entries)
