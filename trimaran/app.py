@@ -156,6 +156,7 @@ class App:
             events=self.broker.events,
         )
         self.queues.limits = self.runner.tenants  # one registry: the runtime's and the queues' limits
+        self.queues.at_turn_end = self.runner.after_read  # deliveries leave in their publish's turn
         self.webhooks = Webhooks(settings.webhooks, self.broker.events, settings.node_name)
         self.mqtt = MqttFrontEnd(self.broker, settings, store, self.queues, security)
         if clustered:

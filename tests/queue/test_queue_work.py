@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import threading
+from collections.abc import Callable
 
 import anyio
 import pytest
@@ -626,6 +627,31 @@ async def test_a_turns_publishes_are_one_submission_confirmed_in_order(make_mana
     # one row for each millisecond the five publishes took (they rarely cross one)
     assert len(rows) == len({time for time, _, _ in rows})
     assert [o for _, first, span in rows for o in range(first, first + span)] == list(range(5))
+
+
+async def test_a_turn_ends_with_the_read_when_the_runtime_says_when(make_manager: Factory) -> None:
+    """With ``at_turn_end`` (the runtime's end of a read), an early queue's turn is handed there
+    once, not scheduled on the loop: its rows are submitted and its consumers get the messages when
+    the read ends, before the read's writes leave."""
+    manager = make_manager()
+    async with manager.running():
+        await manager.declare("t")
+        c = Collector("c")
+        manager.consume("t", c).add_credit(10)
+        ends: list[Callable[[], None]] = []
+        manager.at_turn_end = ends.append
+        before = manager.writer.submissions
+        tickets = [manager.publish_nowait("t", msg(b"%d" % i, topic="$queue/t"), "", None) for i in range(3)]
+        assert len(ends) == 1 and c.payloads == [] and manager.writer.submissions == before
+        ends.pop()()  # the read ends
+        assert c.payloads == [b"0", b"1", b"2"] and manager.writer.submissions > before
+        ticket = tickets[0]
+        assert ticket is not None
+        await ticket.wait()
+        manager.publish_nowait("t", msg(b"3", topic="$queue/t"), "", None)
+        assert len(ends) == 1  # the next turn asks again
+        ends.pop()()
+        assert c.payloads[-1] == b"3"
 
 
 async def test_a_submission_later_in_the_turn_follows_the_turns_publishes(make_manager: Factory) -> None:

@@ -1,8 +1,11 @@
-"""The runner's deadline heap keeps nothing of a connection that is gone."""
+"""The runner: its deadline heap keeps nothing of a connection that is gone; work at the end of a
+read leaves in that read's flush."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -45,3 +48,71 @@ async def test_closed_connections_leave_the_deadline_heap_before_their_deadline(
             wire.transport.close()
         await settle()
         assert runner._heap == [] and not runner.conns
+
+
+class Relaying(LineHull):
+    """Each line read is also handed to ``to`` at the end of the read (as the queues deliver an
+    early message once the read's publishes are submitted)."""
+
+    def __init__(self, io: Conn, runner: Runner, to: list[LineHull]) -> None:
+        super().__init__(io)
+        self.runner, self.to = runner, to
+
+    def handle(self, event: object) -> None:
+        super().handle(event)
+        assert isinstance(event, bytes)
+        self.runner.after_read(lambda: self.relay(event))
+
+    def relay(self, line: bytes) -> None:
+        if line == b"fail":
+            raise RuntimeError("a bug in the work")
+        for hull in self.to:
+            hull.machine.out.append(b"got " + line + b"\n")
+            hull.io.wake()
+
+
+def watch_call_soon(monkeypatch: pytest.MonkeyPatch) -> list[Callable[..., object]]:
+    scheduled: list[Callable[..., object]] = []
+    loop = asyncio.get_running_loop()
+    original = loop.call_soon
+    monkeypatch.setattr(
+        loop, "call_soon", lambda cb, *args, **kw: scheduled.append(cb) or original(cb, *args, **kw)
+    )
+    return scheduled
+
+
+async def test_work_after_a_read_leaves_in_that_reads_flush(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a read asks for at its end (the queues' turn: submit, then deliver) runs before the
+    read's flush: a delivery leaves in the turn of the loop its publish arrived in, with no wake-up
+    scheduled for it. Outside a read the work waits for the end of the loop's turn."""
+    runner = Runner()
+    subscribers: list[LineHull] = []
+    subscriber = Wire(runner, lambda io, first: subscribers.append(LineHull(io)) or subscribers[-1])
+    publisher = Wire(runner, lambda io, first: Relaying(io, runner, subscribers))
+    await settle()
+    scheduled = watch_call_soon(monkeypatch)
+    publisher.conn.data_received(b"a\nb\n")
+    assert subscriber.transport.take() == b"got a\ngot b\n"
+    assert publisher.transport.take() == b"A\nB\n"
+    assert scheduled == []
+    ran: list[str] = []
+    runner.after_read(lambda: ran.append("outside a read"))
+    assert ran == [] and len(scheduled) == 1
+    await settle()
+    assert ran == ["outside a read"]
+
+
+async def test_failed_work_after_a_read_is_logged_and_the_read_still_flushed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    runner = Runner()
+    subscribers: list[LineHull] = []
+    subscriber = Wire(runner, lambda io, first: subscribers.append(LineHull(io)) or subscribers[-1])
+    publisher = Wire(runner, lambda io, first: Relaying(io, runner, subscribers))
+    await settle()
+    publisher.conn.data_received(b"fail\nc\n")
+    assert publisher.transport.take() == b"FAIL\nC\n" and not publisher.transport.closed
+    assert subscriber.transport.take() == b"got c\n"
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        "work at the end of a read failed"
+    ]

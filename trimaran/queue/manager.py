@@ -190,6 +190,10 @@ class QueueManager:
         self._dirty: set[QueueState] = set()
         self._flush_soon = False  # a _flush_now is scheduled for the end of the loop's turn
         self._loop: asyncio.AbstractEventLoop | None = None  # None under trio: flush at once
+        #: Runs the end of a turn once the read being acted on is done (the runtime's
+        #: ``Runner.after_read``, set by the app), so a delivery leaves in the publish's own turn of
+        #: the loop; None: at the end of the loop's turn.
+        self.at_turn_end: Callable[[Callable[[], None]], None] | None = None
         self._scope: anyio.CancelScope | None = None
         self._alarm: anyio.Event | None = None
         self.wake_at = 0  # when the timers wake next (epoch ms)
@@ -919,17 +923,21 @@ class QueueManager:
 
     def _deliverable(self, state: QueueState, stored: StoredMessage) -> None:
         """An early message (see :meth:`early`) in memory now; its queue's consumers get it at the end
-        of the loop's turn, with whatever else this turn publishes (one dispatch, not one each)."""
+        of the turn (the read's, see :attr:`at_turn_end`, else the loop's), with whatever else the
+        turn publishes (one dispatch, not one each)."""
         self.appended(state, stored)
         self._end_turn_soon()
 
     def _end_turn_soon(self) -> None:
-        """At the end of the loop's turn: submit the journal's turn, then deliver what it made
-        deliverable (without a loop, trio: at once)."""
+        """At the end of the turn (the read's or the loop's): submit the journal's turn, then deliver
+        what it made deliverable (without a loop, trio: at once)."""
         if not self._flush_soon:
             self._flush_soon = True
+            at_turn_end = self.at_turn_end
             loop = self._loop
-            if loop is None:
+            if at_turn_end is not None and loop is not None:
+                at_turn_end(self._flush_now)
+            elif loop is None:
                 self._flush_now()
             else:
                 loop.call_soon(self._flush_now)
@@ -1370,3 +1378,4 @@ def _refuse_waiting(publish: WaitingPublish, result: PublishResult, error: Queue
 def _settle_as(ticket: Receipt, receipt: Receipt) -> None:
     """A publish that waited for its offset is committed (or failed): so is its ticket."""
     ticket.settle(receipt.error)
+

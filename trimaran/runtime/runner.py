@@ -56,9 +56,10 @@ class Runner:
         self._buckets: dict[str, _Bucket] = {}
         self._dirty: list[Conn] = []
         self._flush_scheduled = False
-        # A read is being acted on (Conn.data_received), which ends with flush_now: what it makes
+        # A read is being acted on (Conn.data_received), which ends with read_done: what it makes
         # dirty needs no flush scheduled, and a lone message costs no extra turn of the loop.
         self.reading = False
+        self._after_read: list[Callable[[], None]] = []  # run by read_done, before its flush
         self._heap: list[tuple[float, int, Conn]] = []
         self._heap_dead = 0  # entries of connections closed since the heap was last compacted
         self._timer: asyncio.TimerHandle | None = None
@@ -287,10 +288,31 @@ class Runner:
         self._flush_scheduled = False
         self._flush()
 
-    def flush_now(self) -> None:
-        """Write every dirty connection at once (the scheduled flush then finds nothing to do)."""
-        if self._dirty:
-            self._flush()
+    def after_read(self, work: Callable[[], None]) -> None:
+        """Run ``work`` once the read being acted on is done, before that read's flush, so what it
+        delivers goes out in the same turn of the loop as the read (the queues' end of a turn: the
+        journal's submission and the deliveries it made due). Outside a read, at the end of this
+        turn of the loop."""
+        if self.reading:
+            self._after_read.append(work)
+        else:
+            self.loop().call_soon(work)
+
+    def read_done(self) -> None:
+        """The read being acted on is done: run what waited for its end, then write every dirty
+        connection at once (the scheduled flush then finds nothing to do)."""
+        try:
+            while self._after_read:  # work that asks for more runs in the same end
+                jobs, self._after_read = self._after_read, []
+                for job in jobs:
+                    try:
+                        job()
+                    except Exception:  # not the reading connection's fault: it stays open
+                        log.exception("work at the end of a read failed")
+        finally:
+            self.reading = False
+            if self._dirty:
+                self._flush()
 
     def _flush(self) -> None:
         # A flush can make other connections dirty (a hull acting on late events); they are

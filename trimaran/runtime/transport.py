@@ -87,7 +87,7 @@ class Runner(Protocol):
     traffic: Traffic
     memory: Memory
     current: Conn | None  # the connection whose events are being acted on
-    reading: bool  # a read is being acted on: flush_now follows it, no flush need be scheduled
+    reading: bool  # a read is being acted on: read_done follows it, no flush need be scheduled
 
     def admit(self, conn: Conn) -> str | None: ...
 
@@ -99,7 +99,7 @@ class Runner(Protocol):
 
     def mark_dirty(self, conn: Conn) -> None: ...
 
-    def flush_now(self) -> None: ...
+    def read_done(self) -> None: ...
 
     def watch_deadline(self, conn: Conn) -> None: ...
 
@@ -260,8 +260,7 @@ class Conn(asyncio.Protocol):
         finally:
             # What this read caused (its replies, its deliveries) is written now rather than after
             # one more turn of the loop: a read is a batch already, and the extra turn cost latency.
-            runner.reading = False
-            runner.flush_now()
+            runner.read_done()
 
     def eof_received(self) -> bool:
         self._peer_eof = True
