@@ -33,9 +33,11 @@ GROUP = "trimaran._mypyc"
 # (mypyc_attr(native_class=False)): mypyc cannot make native subclasses of int or str. Left out:
 # - amqp091/field_types.py: it subclasses builtin types (int, float), which mypyc does not compile
 #   (amqp091/fields.py, compiled, imports its typed values from it);
-# - amqp091/exchanges.py, durable.py: not on a message's path, only on declares and at start;
-# - runtime/transport.py, runtime/runner.py: compiled, they fail where an annotation says less than
-#   what is passed (a list for a tuple, the tests' stand-ins for a Conn).
+# - amqp091/exchanges.py, durable.py: not on a message's path, only on declares and at start.
+# The runtime and the queue rooms on the hot path are in (queue/work.py and queue/stream.py with
+# groups.py, whose Group they subclass: an interpreted class cannot subclass a compiled one). Where
+# an annotation said less than what is passed, it was made true: uvloop's Server.sockets is a list
+# (runner.serve reads it untyped), a test's stand-in Transport.write returns None.
 MODULES = (
     "trimaran.topics",
     "trimaran.broker.router",
@@ -75,6 +77,16 @@ MODULES = (
     "trimaran.amqp1.conn",
     "trimaran.amqp1.links",
     "trimaran.amqp1.handler",
+    "trimaran.broker.events",
+    "trimaran.runtime.confirms",
+    "trimaran.runtime.transport",
+    "trimaran.runtime.runner",
+    "trimaran.queue.transient",
+    "trimaran.queue.groups",
+    "trimaran.queue.work",
+    "trimaran.queue.stream",
+    "trimaran.queue.handles",
+    "trimaran.queue.manager",
 )
 
 

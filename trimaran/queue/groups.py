@@ -17,14 +17,17 @@ import anyio
 
 from trimaran.broker.message import Message
 from trimaran.config import QueuePolicySettings
+
+# Changes and Receipt at run time, not only for the type checker: compiled by mypyc, the module
+# builds WaitingPublish's annotations when it loads.
+from trimaran.queue.changes import Changes
+from trimaran.storage.writer import Receipt
 from trimaran.vhosts import vhost_of
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from trimaran.queue.changes import Changes
     from trimaran.queue.outcomes import Outcome
-    from trimaran.storage.writer import Receipt
 
 HELD = "held"  # delivered to a consumer, not settled
 WAIT = "wait"  # to be (re)delivered at available_at

@@ -34,10 +34,10 @@ import os
 import secrets
 import socket
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
+from types import TracebackType
 from typing import Any
 
 import anyio
@@ -199,7 +199,7 @@ class QueueManager:
         self.wake_at = 0  # when the timers wake next (epoch ms)
         self._last_tick = 0
         self._started = False
-        self._last_sweep = 0.0
+        self._last_sweep = 0  # epoch ms
         #: Routes dead letters of queues with a dead_letter_exchange (set by the AMQP 0.9.1 front end).
         self.dead_letter_router: DeadLetterRouter | None = None
         self._restarted: list[tuple[WorkGroup, int, Entry]] = []
@@ -209,15 +209,9 @@ class QueueManager:
 
     # -- lifecycle --------------------------------------------------------------------------------
 
-    @asynccontextmanager
-    async def running(self) -> AsyncIterator[QueueManager]:
-        async with anyio.create_task_group() as tg:
-            await self.start(tg)
-            try:
-                yield self
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await self.stop()
+    def running(self) -> Running:
+        """``async with manager.running():`` started in a task group of its own, stopped on the way out."""
+        return Running(self)
 
     async def start(self, task_group: TaskGroup) -> None:
         if self._started:
@@ -1379,3 +1373,36 @@ def _settle_as(ticket: Receipt, receipt: Receipt) -> None:
     """A publish that waited for its offset is committed (or failed): so is its ticket."""
     ticket.settle(receipt.error)
 
+
+class Running:
+    """What :meth:`QueueManager.running` returns: a class, not an ``asynccontextmanager``, because
+    mypyc compiles no async generator."""
+
+    __slots__ = ("manager", "tasks")
+
+    def __init__(self, manager: QueueManager) -> None:
+        self.manager = manager
+        self.tasks: TaskGroup | None = None
+
+    async def __aenter__(self) -> QueueManager:
+        tasks = self.tasks = anyio.create_task_group()
+        await tasks.__aenter__()
+        try:
+            await self.manager.start(tasks)
+        except BaseException as error:
+            await tasks.__aexit__(type(error), error, error.__traceback__)
+            raise
+        return self.manager
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> bool | None:
+        tasks = self.tasks
+        assert tasks is not None
+        try:
+            with anyio.CancelScope(shield=True):
+                await self.manager.stop()
+        except BaseException as failed:
+            await tasks.__aexit__(type(failed), failed, failed.__traceback__)
+            raise
+        return await tasks.__aexit__(kind, error, trace)

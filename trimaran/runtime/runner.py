@@ -12,10 +12,11 @@ import asyncio
 import heapq
 import logging
 import math
+import socket
 import ssl
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -122,7 +123,10 @@ class Runner:
         )
         self._servers.append(server)
         bound: list[tuple[str, int]] = []
-        for sock in server.sockets:
+        # uvloop's Server.sockets is a list, asyncio's (and typeshed's) a tuple: read untyped, or
+        # the compiled module would insist on the tuple.
+        sockets: list[socket.socket] = list(cast(Any, server).sockets)
+        for sock in sockets:
             address = sock.getsockname()
             bound.append((str(address[0]), int(address[1])))
         return bound
