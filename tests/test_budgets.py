@@ -106,44 +106,44 @@ PATHS = [
     Path_(
         "mqtt $queue/ qos1",
         _mqtt(publishers=1, subscribers=1, qos=1, topic="$queue/budget", batch=100),
-        Budget(loop=(80.5, 125.0), others=(4.5, 2.0)),
+        Budget(loop=(78.0, 123.5), others=(4.5, 2.0)),
     ),
     Path_(
         "amqp091 transient",
         lambda s: Amqp091Load(s.port("amqp"), durable=False, batch=100),
-        Budget(loop=(48.5, 61.0), others=(0.5, 0.5)),
+        Budget(loop=(48.0, 61.0), others=(0.5, 0.5)),
     ),
     Path_(
         # The benchmark's transient row: a no-ack consumer without a prefetch limit.
         "amqp091 transient no-ack",
         lambda s: Amqp091Load(s.port("amqp"), durable=False, batch=100, no_ack=True),
-        Budget(loop=(28.0, 38.5), others=(0.5, 0.5)),
+        Budget(loop=(27.0, 38.5), others=(0.5, 0.5)),
     ),
     Path_(
         "amqp091 durable",
         lambda s: Amqp091Load(s.port("amqp"), durable=True, batch=100),
-        Budget(loop=(76.5, 70.0), others=(5.0, 4.0)),
+        Budget(loop=(75.0, 69.5), others=(5.0, 4.0)),
     ),
     Path_(
         # The benchmark's durable row: the consumer acks a hundred deliveries at a time.
         "amqp091 durable, ack multiple",
         lambda s: Amqp091Load(s.port("amqp"), durable=True, batch=100, ack_every=100),
-        Budget(loop=(57.5, 59.0), others=(5.0, 4.0)),
+        Budget(loop=(56.0, 58.5), others=(5.0, 4.0)),
     ),
     Path_(
         "amqp1 transfer-deliver-accept",
         lambda s: Amqp1Load(s.port("amqp"), batch=100),
-        Budget(loop=(33.5, 30.5)),
+        Budget(loop=(30.5, 29.0)),
     ),
     Path_(
         "amqp1 durable",
         lambda s: Amqp1Load(s.port("amqp"), batch=100, durable=True),
-        Budget(loop=(53.5, 40.5), others=(7.0, 4.5)),
+        Budget(loop=(51.0, 39.5), others=(7.0, 4.5)),
     ),
     Path_(
         "amqp1 proton-c send/receive",
         lambda s: Amqp1Load(s.port("amqp"), batch=100, like_proton_c=True),
-        Budget(loop=(35.0, 33.0)),
+        Budget(loop=(32.5, 31.5)),
     ),
 ]
 
