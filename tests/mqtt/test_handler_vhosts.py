@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,11 +12,13 @@ from trimaran.config import Settings
 from trimaran.mqtt.conn import MqttConn
 from trimaran.mqtt.connection import ServerConnection
 from trimaran.mqtt.handler import MqttFrontEnd
+from trimaran.runtime.runner import Runner
+from trimaran.runtime.transport import Conn
 
 
 def _conn(front: MqttFrontEnd, listener: str) -> Any:
-    """A real MqttConn (a compiled handler checks its type) on a stand-in for the socket's Conn."""
-    io: Any = SimpleNamespace(listener=listener)
+    """A real MqttConn on a real, unconnected runtime Conn: compiled, both check their types."""
+    io = Conn(Runner(), listener, factory=None)  # type: ignore[arg-type]  # never made a hull
     return MqttConn(front, ServerConnection(), io)
 
 
