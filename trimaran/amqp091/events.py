@@ -99,7 +99,7 @@ class MethodReceived:
     method: Method
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class ContentReceived:
     """A content-carrying method (basic.publish) with its properties and assembled body."""
 
@@ -109,6 +109,21 @@ class ContentReceived:
     body: bytes
     #: ``properties`` as the frame carried them (flag word and list), when read in one step
     encoded_properties: bytes | None = field(default=None, compare=False)
+
+    # Written out, as one per message: mypyc compiles it, the generated one runs interpreted.
+    def __init__(
+        self,
+        channel: int,
+        method: Method,
+        properties: BasicProperties,
+        body: bytes,
+        encoded_properties: bytes | None = None,
+    ) -> None:
+        self.channel = channel
+        self.method = method
+        self.properties = properties
+        self.body = body
+        self.encoded_properties = encoded_properties
 
 
 @dataclass(slots=True)

@@ -98,7 +98,9 @@ class FlowReceived(Event):
     flow: Flow
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, unlike the others: its __init__ is written out, as it is built per message (mypyc
+# compiles it, the generated one runs interpreted), and a frozen class refuses the assignments.
+@dataclass(slots=True, init=False)
 class MessageReceived(Event):
     """A whole delivery on one of our receiver links (frames already reassembled)."""
 
@@ -109,6 +111,24 @@ class MessageReceived(Event):
     payload: bytes
     message_format: int
     state: Any = None  # the transfer's state: a TransactionalState for a transactional transfer
+
+    def __init__(
+        self,
+        link: Link,
+        delivery_id: int,
+        tag: bytes,
+        settled: bool,
+        payload: bytes,
+        message_format: int,
+        state: Any = None,
+    ) -> None:
+        self.link = link
+        self.delivery_id = delivery_id
+        self.tag = tag
+        self.settled = settled
+        self.payload = payload
+        self.message_format = message_format
+        self.state = state
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,7 +69,7 @@ class ConnAck:
     properties: Properties = field(default_factory=Properties)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Publish:
     topic: str
     payload: bytes = b""
@@ -83,8 +83,30 @@ class Publish:
     # fan-in then forwards them without encoding.
     wire: bytes | None = field(default=None, compare=False, repr=False)
 
+    # Written out, as one per message: mypyc compiles it, the generated one runs interpreted.
+    # ``properties`` None stands for the default, a new empty Properties.
+    def __init__(
+        self,
+        topic: str,
+        payload: bytes = b"",
+        qos: int = 0,
+        retain: bool = False,
+        dup: bool = False,
+        packet_id: int | None = None,
+        properties: Properties | None = None,
+        wire: bytes | None = None,
+    ) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.dup = dup
+        self.packet_id = packet_id
+        self.properties = Properties() if properties is None else properties
+        self.wire = wire
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class PublishRun:
     """Consecutive QoS 0 PUBLISHes read together from one client, all to ``topic``, none with
     retain, DUP or properties: the decoder hands them out as one (``Decoder.runs``), so that the
@@ -102,6 +124,25 @@ class PublishRun:
     # The run's bytes as other kinds of subscriber get them (codec.encode_run), made at the first
     # such subscriber: (5.0?, subscription identifiers) -> (bytes, largest packet).
     encoded: dict[tuple[bool, tuple[int, ...]], tuple[bytes, int]] | None = None
+
+    # Written out, as one per run: mypyc compiles it, the generated one runs interpreted.
+    def __init__(
+        self,
+        topic: str,
+        wire: bytes,
+        count: int,
+        largest: int,
+        head: int,
+        v5: bool,
+        encoded: dict[tuple[bool, tuple[int, ...]], tuple[bytes, int]] | None = None,
+    ) -> None:
+        self.topic = topic
+        self.wire = wire
+        self.count = count
+        self.largest = largest
+        self.head = head
+        self.v5 = v5
+        self.encoded = encoded
 
 
 @dataclass(slots=True)
