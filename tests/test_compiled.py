@@ -5,6 +5,7 @@ start log line that says which. CI runs these twice: interpreted (``make test``)
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import shutil
@@ -138,3 +139,46 @@ def test_no_compiled_function_binds_one_exception_name_to_two_types() -> None:
                     bound.setdefault(node.name, set()).add(ast.unparse(node.type))
             clashes += [f"{name}.{function.name}: {n} {sorted(t)}" for n, t in bound.items() if len(t) > 1]
     assert clashes == []
+
+
+def _written_out_samples() -> list[tuple[type, tuple[object, ...]]]:
+    """A value for every field, in field order, of the dataclasses that write their __init__ out
+    (so that mypyc compiles it) but are not tested so elsewhere."""
+    from trimaran.amqp091.events import ContentReceived
+    from trimaran.amqp091.properties import BasicProperties
+    from trimaran.amqp091.spec import BasicPublish
+    from trimaran.mqtt.packets import Publish, PublishRun
+    from trimaran.mqtt.properties import PROPERTY_TABLE, DataType, Properties
+
+    # A value of its type for each property (compiled, a field's type reads as type: the table
+    # says it), told apart by its position.
+    kinds = {p.name: p.data_type for p in PROPERTY_TABLE}
+    lists: dict[str, object] = {"subscription_identifiers": [7], "user_properties": [("k", "v")]}
+    props = tuple(
+        lists.get(f.name, {DataType.UTF8: f"s{i}", DataType.BINARY: bytes([i])}.get(kinds[f.name], i))
+        for i, f in enumerate(dataclasses.fields(Properties))
+    )
+    return [
+        (ContentReceived, (3, BasicPublish(routing_key="rk"), BasicProperties(), b"body", b"\x00")),
+        (Publish, ("t", b"p", 1, True, True, 9, Properties(topic_alias=2), b"wire")),
+        (PublishRun, ("t", b"wire", 2, 5, 3, True, {(True, ()): (b"x", 1)})),
+        (Properties, props),
+    ]
+
+
+@pytest.mark.parametrize(("cls", "values"), _written_out_samples(), ids=lambda v: getattr(v, "__name__", ""))
+def test_a_written_out_init_takes_the_fields_in_order_with_their_defaults(
+    cls: type, values: tuple[object, ...]
+) -> None:
+    fields = dataclasses.fields(cls)
+    built = cls(*values)
+    assert [getattr(built, f.name) for f in fields] == list(values)
+    assert built == cls(**{f.name: v for f, v in zip(fields, values, strict=True)})
+    missing = dataclasses.MISSING
+    required = [v for f, v in zip(fields, values, strict=True) if f.default is f.default_factory is missing]
+    a, b = cls(*required), cls(*required)
+    for f in fields[len(required) :]:
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        assert getattr(a, f.name) == default
+        if f.default is dataclasses.MISSING:  # a new value each time, as default_factory makes
+            assert getattr(a, f.name) is not getattr(b, f.name)
