@@ -144,9 +144,9 @@ def test_no_compiled_function_binds_one_exception_name_to_two_types() -> None:
 def _written_out_samples() -> list[tuple[type, tuple[object, ...]]]:
     """A value for every field, in field order, of the dataclasses that write their __init__ out
     (so that mypyc compiles it) but are not tested so elsewhere."""
-    from trimaran.amqp091.events import ContentReceived
+    from trimaran.amqp091.events import ContentReceived, MethodReceived
     from trimaran.amqp091.properties import BasicProperties
-    from trimaran.amqp091.spec import BasicPublish
+    from trimaran.amqp091.spec import BasicAck, BasicPublish
     from trimaran.mqtt.packets import Publish, PublishRun
     from trimaran.mqtt.properties import PROPERTY_TABLE, DataType, Properties
 
@@ -160,6 +160,7 @@ def _written_out_samples() -> list[tuple[type, tuple[object, ...]]]:
     )
     return [
         (ContentReceived, (3, BasicPublish(routing_key="rk"), BasicProperties(), b"body", b"\x00")),
+        (MethodReceived, (3, BasicAck(5, True))),
         (Publish, ("t", b"p", 1, True, True, 9, Properties(topic_alias=2), b"wire")),
         (PublishRun, ("t", b"wire", 2, 5, 3, True, {(True, ()): (b"x", 1)})),
         (Properties, props),

@@ -90,13 +90,18 @@ class ChannelFlowChanged:
     active: bool
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class MethodReceived:
     """A method for the caller: exchange.*, queue.*, basic.* (but publish), confirm.*, tx.*,
     channel.flow-ok, connection.update-secret."""
 
     channel: int
     method: Method
+
+    # Written out, as one per basic.ack: mypyc compiles it, the generated one runs interpreted.
+    def __init__(self, channel: int, method: Method) -> None:
+        self.channel = channel
+        self.method = method
 
 
 @dataclass(slots=True, init=False)
