@@ -13,11 +13,13 @@ import subprocess
 import sys
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.support.server import ALL_OFF, RunningServer, serving
 from trimaran import compiled
+from trimaran.broker.message import Message
 from trimaran.compiled import ENV, MODULES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -149,6 +151,7 @@ def _written_out_samples() -> list[tuple[type, tuple[object, ...]]]:
     from trimaran.amqp091.spec import BasicAck, BasicPublish
     from trimaran.mqtt.packets import Publish, PublishRun
     from trimaran.mqtt.properties import PROPERTY_TABLE, DataType, Properties
+    from trimaran.queue.groups import Entry, QueueDelivery, StoredMessage
 
     # A value of its type for each property (compiled, a field's type reads as type: the table
     # says it), told apart by its position.
@@ -158,7 +161,11 @@ def _written_out_samples() -> list[tuple[type, tuple[object, ...]]]:
         lists.get(f.name, {DataType.UTF8: f"s{i}", DataType.BINARY: bytes([i])}.get(kinds[f.name], i))
         for i, f in enumerate(dataclasses.fields(Properties))
     )
+    message = Message("t", b"p")
     return [
+        (StoredMessage, (4, message, "rk", 1000, None, 1)),
+        (Entry, ("delivered", 2, None, "c1", 10, 20, "nack", 3, 1, 1, False)),
+        (QueueDelivery, (message, "q", 4, "g", 2, True, 1)),
         (ContentReceived, (3, BasicPublish(routing_key="rk"), BasicProperties(), b"body", b"\x00")),
         (MethodReceived, (3, BasicAck(5, True))),
         (Publish, ("t", b"p", 1, True, True, 9, Properties(topic_alias=2), b"wire")),
@@ -179,7 +186,8 @@ def test_a_written_out_init_takes_the_fields_in_order_with_their_defaults(
     required = [v for f, v in zip(fields, values, strict=True) if f.default is f.default_factory is missing]
     a, b = cls(*required), cls(*required)
     for f in fields[len(required) :]:
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        factory: Any = f.default_factory
+        default = factory() if f.default is dataclasses.MISSING else f.default
         assert getattr(a, f.name) == default
         if f.default is dataclasses.MISSING:  # a new value each time, as default_factory makes
             assert getattr(a, f.name) is not getattr(b, f.name)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from trimaran.broker.message import PROTOCOLS, Message, now_ms
@@ -22,6 +24,16 @@ def test_created_at_is_now() -> None:
     before = now_ms()
     m = Message("t", b"")
     assert before <= m.created_at_ms <= now_ms()
+
+
+def test_every_field_in_order_by_position_and_by_name() -> None:
+    # The __init__ is written out (mypyc compiles it): it must take what the dataclass declares.
+    values = ("t", b"p", 1, True, "text/plain", b"c", "r", 1, 99, [("k", "v")], "pub", "mqtt", 5, {"x": 1})
+    names = [f.name for f in dataclasses.fields(Message) if f.init]
+    by_position = Message(*values)  # type: ignore[arg-type]
+    assert [getattr(by_position, n) for n in names] == list(values)
+    assert by_position == Message(**dict(zip(names, values, strict=True)))  # type: ignore[arg-type]
+    assert by_position.encoded_properties is None
 
 
 def test_slots() -> None:

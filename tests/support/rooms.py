@@ -2,7 +2,8 @@
 
 A room is entered when a Python function of one module of ``trimaran/`` is called from anywhere
 but that module: from another room, or from outside the package (the event loop running a
-callback, the test itself). Code a dataclass generated (its ``__init__``) counts as its caller's.
+callback, the test itself). Building a value is not entering its room: an ``__init__``, generated
+by a dataclass or written out (so that mypyc compiles it), counts as its caller's.
 Calls inside a room, and calls into the standard library or third parties, are not entries. An
 entry from outside the package starts a new *leg*: one publish has a leg for the call itself, one
 for the end of the loop's turn, one for the commit's callback.
@@ -63,12 +64,15 @@ class RoomTrace:
     def _profile(self, frame: types.FrameType, event: str, arg: object) -> None:
         if event != "call":
             return
-        room = self._room(frame.f_code)
-        if room is None:
+        code = frame.f_code
+        room = self._room(code)
+        if room is None or code.co_name == "__init__":
             return
         caller = frame.f_back
-        while caller is not None and caller.f_code.co_filename.startswith("<"):
-            caller = caller.f_back  # code a dataclass generated (``<string>``) is its caller's
+        while caller is not None and (
+            caller.f_code.co_filename.startswith("<") or caller.f_code.co_name == "__init__"
+        ):
+            caller = caller.f_back  # an __init__ (a dataclass's is ``<string>``) is its caller's
         came_from = None if caller is None else self._room(caller.f_code)
         if came_from != room:
             self.entries.append(Entry(room, frame.f_code.co_name, came_from))

@@ -44,7 +44,7 @@ def now_ms() -> int:
     return _time_ns() // 1_000_000
 
 
-@dataclass(slots=True, eq=True)
+@dataclass(slots=True, eq=True, init=False)
 class Message:
     """A published message, independent of the protocol that carried it.
 
@@ -82,6 +82,41 @@ class Message:
     #: (``storage.serialize``). Never copied: ``copy_with`` (a dead letter, another topic) leaves a
     #: copy without it, so a changed message is always encoded afresh.
     encoded_properties: bytes | None = field(default=None, init=False, compare=False, repr=False)
+
+    # Written out, as one is built per message: mypyc compiles it, the generated one runs
+    # interpreted. None for user_properties, created_at_ms or extra: a fresh list, now, a fresh dict.
+    def __init__(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int = 0,
+        retain: bool = False,
+        content_type: str | None = None,
+        correlation_data: bytes | None = None,
+        response_topic: str | None = None,
+        payload_format: int | None = None,
+        expires_at_ms: int | None = None,
+        user_properties: list[tuple[str, str]] | None = None,
+        publisher_id: str | None = None,
+        protocol: str = PROTOCOL_INTERNAL,
+        created_at_ms: int | None = None,
+        extra: dict[str, object] | None = None,
+    ) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.content_type = content_type
+        self.correlation_data = correlation_data
+        self.response_topic = response_topic
+        self.payload_format = payload_format
+        self.expires_at_ms = expires_at_ms
+        self.user_properties = [] if user_properties is None else user_properties
+        self.publisher_id = publisher_id
+        self.protocol = protocol
+        self.created_at_ms = now_ms() if created_at_ms is None else created_at_ms
+        self.extra = {} if extra is None else extra
+        self.encoded_properties = None
 
     def is_expired(self, now_ms: int) -> bool:
         """True when the message has an expiry and ``now_ms`` is at or past it."""

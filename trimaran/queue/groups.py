@@ -46,7 +46,7 @@ class WaitingPublish:
     ticket: Receipt
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class StoredMessage:
     offset: int
     message: Message
@@ -55,8 +55,25 @@ class StoredMessage:
     expires_at: int | None
     size: int
 
+    # Written out, as one is built per message: mypyc compiles it, the generated one runs interpreted.
+    def __init__(
+        self,
+        offset: int,
+        message: Message,
+        routing_key: str,
+        published_at: int,
+        expires_at: int | None,
+        size: int,
+    ) -> None:
+        self.offset = offset
+        self.message = message
+        self.routing_key = routing_key
+        self.published_at = published_at
+        self.expires_at = expires_at
+        self.size = size
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class Entry:
     """A work-mode pending entry of one group."""
 
@@ -73,6 +90,33 @@ class Entry:
     # False for a first delivery the journal left without a row (WorkGroup.deliver): there is no
     # row to delete when it is settled
     stored: bool = True
+
+    # Written out, as one is built per message: mypyc compiles it, the generated one runs interpreted.
+    def __init__(
+        self,
+        state: str,
+        attempts: int = 0,
+        holder: Taker | None = None,
+        consumer_id: str | None = None,
+        delivered_at: int | None = None,
+        available_at: int | None = None,
+        reason: str = "first",
+        token: int = 0,
+        unsent: int = 0,
+        returned: int = 0,
+        stored: bool = True,
+    ) -> None:
+        self.state = state
+        self.attempts = attempts
+        self.holder = holder
+        self.consumer_id = consumer_id
+        self.delivered_at = delivered_at
+        self.available_at = available_at
+        self.reason = reason
+        self.token = token
+        self.unsent = unsent
+        self.returned = returned
+        self.stored = stored
 
     def failed(self) -> int:
         """Attempts that count towards ``max_attempts``: deliveries not given back unsent or
@@ -105,7 +149,7 @@ class Taker(Protocol):
     closed: bool
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class QueueDelivery:
     """One delivery. These fields come from the manager; the publisher's properties cannot change them."""
 
@@ -116,6 +160,25 @@ class QueueDelivery:
     attempt: int
     redelivered: bool
     failed: int = 0  # earlier deliveries that failed (not released unprocessed): AMQP 1.0 delivery-count
+
+    # Written out, as one is built per message: mypyc compiles it, the generated one runs interpreted.
+    def __init__(
+        self,
+        message: Message,
+        queue: str,
+        offset: int,
+        group: str,
+        attempt: int,
+        redelivered: bool,
+        failed: int = 0,
+    ) -> None:
+        self.message = message
+        self.queue = queue
+        self.offset = offset
+        self.group = group
+        self.attempt = attempt
+        self.redelivered = redelivered
+        self.failed = failed
 
     @property
     def message_id(self) -> str:
