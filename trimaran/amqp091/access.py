@@ -9,7 +9,8 @@ exchange (``$exchange/amq.default`` for the default one) and read on itself, as 
 A queue this connection declared exclusive needs no rule: it is its own.
 The rules see names as the client spells them, in its vhost; the connection's exclusive queues and a
 channel's last queue are keys (``$vhost/<v>/`` in front, trimaran/vhosts.py), compared as keys.
-Publishing is checked where it is routed (:func:`publish_targets`, :func:`check_queue_publish`).
+Publishing is checked where it is routed (:func:`check_default_publish`, :func:`publish_targets`,
+:func:`check_queue_publish`).
 
 The connection and channel are read through two small protocols (four fields in all), so that the
 mapping sits below the connection and the front end, and ``security/`` knows no protocol.
@@ -232,13 +233,9 @@ def check_default_publish(
     security: Security, principal: Principal, conn: Owner, key: str, method: spec.Method
 ) -> None:
     """A basic.publish to the default exchange, which names its queue: ``403 ACCESS_REFUSED`` unless
-    the rules let the publisher write it."""
-    # A queue published to last time under the same rules may be published to again.
-    if (
-        key
-        and conn.vhost_prefix + key not in conn.exclusive_queues  # keys: no call on this path
-        and (key != principal.last_write or principal.last_write_generation != security.generation)
-    ):
+    the rules let the publisher write it. The handler asks only for a key other than the one this
+    principal wrote last under the same rules (``principal.last_write``), which this remembers."""
+    if key and conn.vhost_prefix + key not in conn.exclusive_queues:  # keys: no call on this path
         topic = queue_topic(key)
         if not security.authorize(principal, WRITE, topic):
             raise _refusal(conn, WRITE, topic, method)
@@ -256,13 +253,11 @@ def publish_targets(
     queues: Iterable[str],
     method: spec.Method,
 ) -> set[str]:
-    """The queues a basic.publish may go to. The default exchange names its queue and ``amq.topic``
-    its topic: a refusal there is ``403 ACCESS_REFUSED``. Any other exchange routes to queues the
-    publisher may not know: those it may not write are left out."""
+    """The queues a basic.publish through a named exchange may go to (the default exchange is
+    :func:`check_default_publish`'s). ``amq.topic`` names its topic: a refusal there is ``403
+    ACCESS_REFUSED``. Other routes reach queues the publisher may not know: those it may not write
+    are left out."""
     targets = set(queues)
-    if not exchange:
-        check_default_publish(security, principal, conn, key, method)
-        return targets
     if to_router:
         try:
             topic = routing_key_to_topic(key)
