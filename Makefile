@@ -59,8 +59,8 @@ system-deps:
 	scripts/system-deps.sh
 
 # The README's performance table in one sitting (bench/README.md; about 35 min, as root, quiet machine):
-# installs the peers if missing, prints the table, raw lines in bench/results/. AB="<commit> <commit>"
-# measures two builds against the same peers (REF:interpreted: its source, not its mypyc build, which is built
+# installs the peers if missing, prints the table, raw lines in bench/results/. AB="<commit> <commit> ..."
+# measures two or more builds against the same peers (REF:interpreted: its source, not its mypyc build, which is built
 # and measured otherwise); BENCH_ARGS passes options (--rounds, --rows, --duration, --interpreted ...).
 AB ?=
 BENCH_ARGS ?=

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`make bench`: every row of the README's performance table in one sitting, from this repository alone.
 
-    python bench/run.py [--install] [--rounds 3] [--rows mqtt-qos0-fanin,...] [--ab C1 C2]
+    python bench/run.py [--install] [--rounds 3] [--rows mqtt-qos0-fanin,...] [--ab C1 C2 [C3 ...]]
     python bench/run.py --table bench/results/<file>.jsonl        # print a recorded sitting again
 
 What it does (run as root on a machine with at least 2 CPUs, as quiet as you can make it):
@@ -72,7 +72,7 @@ class Build:
     name: str
     commit: str
     src: Path
-    index: int  # 0 or 1: the port block (29893/29692/29890, then 100 higher)
+    index: int  # its port block: 29893/29692/29890, 100 higher for each build after the first
     interpreted: bool = False  # run the source even where the tree has a mypyc build (compiled.py)
 
     @property
@@ -520,8 +520,8 @@ def print_recorded(paths: list[str]) -> None:
 
 def results_path(results: Path, builds: list[Build]) -> Path:
     name = f"{time.strftime('%Y-%m-%d')}-{'-'.join(b.commit for b in builds)}"
-    if len(builds) == 2:
-        name = f"{time.strftime('%Y-%m-%d')}-ab-{builds[0].commit}-{builds[1].commit}"
+    if len(builds) > 1:
+        name = f"{time.strftime('%Y-%m-%d')}-ab-{'-'.join(b.commit for b in builds)}"
     path, n = results / f"{name}.jsonl", 2
     while path.exists():
         path, n = results / f"{name}-{n}.jsonl", n + 1
@@ -535,7 +535,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--install", action="store_true", help="apt-get / pip install what is missing")
     ap.add_argument(
-        "--ab", nargs=2, metavar=("A", "B"), help="two commits in one sitting (REF, REF:interpreted)"
+        "--ab",
+        nargs="+",
+        metavar="REF",
+        help="two or more commits in one sitting, each against the first (REF, REF:interpreted)",
     )
     ap.add_argument(
         "--interpreted", action="store_true", help="run this checkout's source, not its mypyc build"
@@ -575,6 +578,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--results", default=str(HERE / "results"), help="where the JSONL goes")
     a = ap.parse_args(argv)
+    if a.ab is not None and len(a.ab) < 2:
+        ap.error("--ab takes two or more refs")
     if a.table:
         print_recorded(a.table)
         return

@@ -262,10 +262,9 @@ def format_table(records: Sequence[dict], meta: dict) -> str:
     runs = clean(records)
     attempted = {r.get("row") for r in records}
     builds: list[str] = meta.get("builds") or ["trimaran"]
-    ab = len(builds) == 2
+    ab = len(builds) > 1  # each build after the first against the first
     head = ["msg/s delivered (latency: p50 / p99 µs)", *builds]
-    if ab:
-        head.append(f"{builds[1]} / {builds[0]}")
+    head += [f"{b} / {builds[0]}" for b in builds[1:]]
     head += ["peer", *(f"{b} / peer" for b in builds), "target (issue 32)", "broker CPU µs per message"]
     head.append("ratio per round")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -299,9 +298,8 @@ def format_table(records: Sequence[dict], meta: dict) -> str:
             cpu = _cpu_verdict(row, list(zip(mine, own, strict=True)))
             verdict = cpu if verdict == "reported" else f"{verdict}; {cpu}"
         cells = [row.title, *(_value(f) for f in mine)]
-        if ab:
-            cells.append(_ratios(mine[1], mine[0]))
-        rounds = _per_round(mine[1], mine[0]) if ab else _per_round(mine[0], first)
+        cells += [_ratios(m, mine[0]) for m in mine[1:]]
+        rounds = _per_round(mine[-1], mine[0]) if ab else _per_round(mine[0], first)
         cells += [peer, *ratios, verdict, us, rounds]
         lines.append("| " + " | ".join(cells) + " |")
     discarded = sum(1 for r in records if r.get("contaminated"))

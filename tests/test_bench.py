@@ -130,6 +130,36 @@ def test_ab_table_has_both_builds_and_their_ratio(tmp_path: Path, capsys: pytest
     assert row[-1] == "0.80, 0.75"
 
 
+def test_three_builds_are_each_against_the_first() -> None:
+    """`AB="168878f HEAD:interpreted HEAD"`: an old commit, the source and the build in one sitting."""
+    a, b, c = "trimaran@aaaaaaa", "trimaran@bbbbbbb-interpreted", "trimaran@bbbbbbb"
+    meta = {"meta": True, "builds": [a, b, c], "ab": {a: "aaaaaaa", b: "bbbbbbb-interpreted", c: "bbbbbbb"}}
+    records = []
+    for rnd, (ra, rb, rc) in enumerate([(40_000, 50_000, 80_000), (40_000, 60_000, 100_000)], start=1):
+        records += [rec("mqtt-qos1-fanin", a, rnd, ra), rec("mqtt-qos1-fanin", b, rnd, rb)]
+        records += [rec("mqtt-qos1-fanin", c, rnd, rc), rec("mqtt-qos1-fanin", "mosquitto", rnd, 50_000)]
+    text = table.format_table(records, meta)
+    assert f"| {a} | {b} | {c} | {b} / {a} | {c} / {a} | peer |" in text
+    row = cells(text, table.ROW_BY_KEY["mqtt-qos1-fanin"].title)
+    # medians 40,000, 55,000 and 90,000; per round, the last build against the first: 2.00, 2.50
+    assert row[1:10] == [
+        "40,000",
+        "55,000",
+        "90,000",
+        "1.38",
+        "2.25",
+        "Mosquitto 50,000",
+        "0.80",
+        "1.10",
+        "1.80",
+    ]
+    assert row[10] == ">= 1.5: **missed** / **missed** / met"
+    assert row[-1] == "2.00, 2.50"
+    assert run.results_path(
+        Path("/nonexistent"), [run.Build(n, n[9:], Path("."), i) for i, n in enumerate((a, b, c))]
+    ).name.endswith("-ab-aaaaaaa-bbbbbbb-interpreted-bbbbbbb.jsonl")
+
+
 @pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.sh")))
 def test_bench_scripts_parse(script: str) -> None:
     subprocess.run(["bash", "-n", str(BENCH / script)], check=True)
