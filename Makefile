@@ -6,15 +6,18 @@ ARGS ?=
 
 .PHONY: run test test-all test-compiled compile clean-compiled release-check docs docs-build lint typecheck check system-deps bench clean
 
+# The hot modules are built with mypyc first where gcc and the Python headers are (once, and again after
+# their source changes); elsewhere, or with TRIMARAN_INTERPRETED=1, the source runs.
 run: $(VENV)/.installed-run
+	$(BIN)/python scripts/compile.py --if-possible
 	$(BIN)/trimaran serve $(ARGS)
 
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest $(ARGS)
 
 # The hot modules (trimaran/compiled.py) built with mypyc, in place beside their sources (gcc and the
-# Python headers; a few minutes). `make run` and `make test` then use them; TRIMARAN_INTERPRETED=1 or
-# `make clean-compiled` goes back to the source. Never needed: the source is the fallback.
+# Python headers; a few minutes). `make run` does it on its own; `make test` then uses them too.
+# TRIMARAN_INTERPRETED=1 or `make clean-compiled` goes back to the source, which is the fallback.
 compile: $(VENV)/.installed-dev
 	$(BIN)/python scripts/compile.py
 
@@ -72,12 +75,12 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 $(VENV)/.installed-run: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e .
+	$(BIN)/pip install --quiet -e '.[compile]'
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	scripts/system-deps.sh
-	$(BIN)/pip install --quiet -e '.[dev,postgres,analytics]'
+	$(BIN)/pip install --quiet -e '.[dev,postgres,analytics,compile]'
 	touch $@ $(VENV)/.installed-run
 
 clean: clean-compiled

@@ -57,7 +57,14 @@ def served(tmp_path: Path) -> dict[str, int]:
     args = f"--mqtt 127.0.0.1:0 --mqtt-ws off --amqp 127.0.0.1:0 --http 127.0.0.1:0 --data-dir {tmp_path}"
     # `make test` installed the venv this test runs from: -o keeps `make run` from installing it again.
     command = [*run, "-o", ".venv/.installed-run", f"ARGS={args}"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRIMARAN_LIMITS__SYS_INTERVAL": "0"}
+    # The source, as the rest of `make test` runs it: `make run` would otherwise build the hot modules
+    # first (minutes; tests/test_compile.py covers that step) and leave the build to the tests after.
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "TRIMARAN_LIMITS__SYS_INTERVAL": "0",
+        "TRIMARAN_INTERPRETED": "1",
+    }
     process = subprocess.Popen(
         command,
         cwd=ROOT,
