@@ -6,6 +6,8 @@
 #     and PYTHONPATH=$TRIMARAN_SRC (default: this checkout), or the command $TRIMARAN_BIN when set; MQTT / AMQP
 #     (0.9.1 + 1.0) / HTTP on $TRIMARAN_MQTT_PORT (29893) / $TRIMARAN_AMQP_PORT (29692) / $TRIMARAN_HTTP_PORT
 #     (29890); SQLite in $BENCH_RUN/<name>-data, wiped at every start.  Extra settings: TRIMARAN_* variables.
+#     TRIMARAN_CPU_SHARE=0.5 gives it half of its core (a CPU cgroup, 5 ms of every 10): a host where Python
+#     runs at half speed while the peers do not.
 #   mosquitto, mosquitto-nodelay: Debian's mosquitto with conf/<name>.conf (29883, 29888).
 #   rabbitmq (alias rabbitmq-amqp1): Debian's rabbitmq-server, a private node (rabbitmq_env.sh: node name,
 #     ports, HOME, mnesia and logs under $RMQ_BASE, default /tmp/bench-rmq) with the rabbitmq_amqp1_0 plugin;
@@ -48,6 +50,19 @@ wait_port() {  # port timeout_s
   echo "port $1 did not open" >&2; return 1
 }
 
+cpu_share() {  # name share pid: the process (and the threads it starts) gets share of a CPU, 10 ms periods
+  local quota; quota=$(awk -v s="$2" 'BEGIN { printf "%d", s * 10000 }')
+  if [ -f /sys/fs/cgroup/cgroup.controllers ]; then  # cgroup v2
+    local cg=/sys/fs/cgroup/bench-$1
+    mkdir -p "$cg" && echo "$quota 10000" >"$cg/cpu.max" && echo "$3" >"$cg/cgroup.procs" && return 0
+  elif [ -d /sys/fs/cgroup/cpu ]; then  # v1
+    local cg=/sys/fs/cgroup/cpu/bench-$1
+    mkdir -p "$cg" && echo 10000 >"$cg/cpu.cfs_period_us" && echo "$quota" >"$cg/cpu.cfs_quota_us" \
+      && echo "$3" >"$cg/cgroup.procs" && return 0
+  fi
+  echo "no CPU cgroup to limit $1 to $2 of a CPU (root and a cpu controller are needed)" >&2; return 1
+}
+
 start() {
   local b=$1 port; port=$(port_of "$b")
   if [ -f "$RUN/$b.pid" ] && kill -0 "$(cat "$RUN/$b.pid")" 2>/dev/null; then echo "$b already running"; return 0; fi
@@ -57,7 +72,8 @@ start() {
       local cmd=("$TRIMARAN_PY" -m trimaran)
       [ -n "$TRIMARAN_BIN" ] && cmd=("$TRIMARAN_BIN")
       # from the tree itself: `python -m` puts the working directory first on sys.path
-      ( cd "$TRIMARAN_SRC" && PYTHONPATH="$TRIMARAN_SRC" exec taskset -c "$BROKER_CPU" "${cmd[@]}" serve \
+      ( if [ -n "${TRIMARAN_CPU_SHARE:-}" ]; then cpu_share "$b" "$TRIMARAN_CPU_SHARE" $BASHPID || exit 1; fi
+        cd "$TRIMARAN_SRC" && PYTHONPATH="$TRIMARAN_SRC" exec taskset -c "$BROKER_CPU" "${cmd[@]}" serve \
           --mqtt "127.0.0.1:$T_MQTT" --mqtt-ws off --amqp "127.0.0.1:$T_AMQP" --http "127.0.0.1:$T_HTTP" \
           --data-dir "$RUN/$b-data" >"$RUN/$b.log" 2>&1 ) &
       echo $! >"$RUN/$b.pid"
@@ -99,6 +115,7 @@ stop() {
     kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
   fi
   rm -f "$RUN/$b.pid"
+  rmdir "/sys/fs/cgroup/bench-$b" "/sys/fs/cgroup/cpu/bench-$b" 2>/dev/null  # cpu_share's, when empty
   if [[ $b == rabbitmq* ]] && [ -f "$RUN/epmd.pid" ]; then
     kill "$(cat "$RUN/epmd.pid")" 2>/dev/null; rm -f "$RUN/epmd.pid"
   fi

@@ -74,6 +74,9 @@ class Build:
     src: Path
     index: int  # its port block: 29893/29692/29890, 100 higher for each build after the first
     interpreted: bool = False  # run the source even where the tree has a mypyc build (compiled.py)
+    cpu_share: float = (
+        1.0  # of its core (brokers.sh's CPU cgroup): 0.5 is a host where Python runs at half speed
+    )
 
     @property
     def mqtt_port(self) -> int:
@@ -91,6 +94,7 @@ class Build:
             "TRIMARAN_AMQP_PORT": str(self.amqp_port),
             "TRIMARAN_HTTP_PORT": str(29890 + 100 * self.index),
             "TRIMARAN_INTERPRETED": "1" if self.interpreted else "0",
+            "TRIMARAN_CPU_SHARE": "" if self.cpu_share == 1.0 else f"{self.cpu_share:g}",
         }
 
     def prepare(self, python: str, log: Path) -> str:
@@ -104,7 +108,8 @@ class Build:
         }
         if not (self.src / "scripts" / "compile.py").exists():
             return "interpreted"
-        if not self.interpreted:
+        if not self.interpreted and self.src not in _COMPILED:
+            _COMPILED.add(self.src)
             print(f"bench: compiling {self.name} with mypyc (log: {log})", flush=True)
             with log.open("w") as out:
                 subprocess.run(
@@ -120,7 +125,11 @@ class Build:
         ).stdout.strip()
         if not self.interpreted and not mode.startswith("compiled"):
             sys.exit(f"bench: {self.name} was compiled but runs {mode}")
-        return mode
+        return mode if self.cpu_share == 1.0 else f"{mode} on {self.cpu_share:g} of its core"
+
+
+_COMPILED: set[Path] = set()  # trees built in this sitting (builds of one commit share a tree)
+FLAGS = {"interpreted": "its source, not its mypyc build", "half": "half of its core: Python at half speed"}
 
 
 # --------------------------------------------------------------------------- what the sitting needs
@@ -226,25 +235,35 @@ def head_commit() -> str:
 
 @contextlib.contextmanager
 def builds_for(ab: list[str] | None, python: str, interpreted: bool = False) -> Iterator[list[Build]]:
-    """This checkout, or each A/B commit checked out into a temporary worktree (removed afterwards).
-    An A/B ref ending in ``:interpreted`` runs its source even where it can be compiled, so
-    ``HEAD:interpreted HEAD`` measures what the mypyc build is worth."""
+    """This checkout, or each A/B commit checked out into a temporary worktree (removed afterwards;
+    one per commit). A ref's flags (FLAGS) follow it after colons: ``HEAD:interpreted HEAD`` measures
+    what the mypyc build is worth, ``HEAD HEAD:half`` what a host where Python runs at half speed
+    would show against the same peers."""
     if not ab:
         yield [Build("trimaran", head_commit(), REPO, 0, interpreted)]
         return
-    made: list[Path] = []
+    trees: dict[str, Path] = {}
     try:
         builds = []
         for i, spec in enumerate(ab):
-            ref, _, how = spec.partition(":")
-            if how not in ("", "interpreted"):
-                sys.exit(f"bench: {spec}: a ref, or a ref followed by :interpreted")
+            ref, *flags = spec.split(":")
+            if any(f not in FLAGS for f in flags):
+                sys.exit(f"bench: {spec}: a ref, then any of :{' :'.join(FLAGS)}")
             sha = git("rev-parse", "--short", f"{ref}^{{commit}}")
-            tree = Path(tempfile.mkdtemp(prefix=f"bench-{sha}-"))
-            git("worktree", "add", "--detach", str(tree), sha)
-            made.append(tree)
-            name = f"trimaran@{sha}" + ("-interpreted" if how else "")
-            builds.append(Build(name, sha + ("-interpreted" if how else ""), tree, i, bool(how)))
+            if sha not in trees:
+                trees[sha] = Path(tempfile.mkdtemp(prefix=f"bench-{sha}-"))
+                git("worktree", "add", "--detach", str(trees[sha]), sha)
+            commit = "-".join([sha, *flags])
+            builds.append(
+                Build(
+                    f"trimaran@{commit}",
+                    commit,
+                    trees[sha],
+                    i,
+                    "interpreted" in flags,
+                    0.5 if "half" in flags else 1.0,
+                )
+            )
         for b in builds:
             env = {**os.environ, "PYTHONPATH": str(b.src)}
             where = subprocess.run(
@@ -259,7 +278,7 @@ def builds_for(ab: list[str] | None, python: str, interpreted: bool = False) -> 
                 sys.exit(f"bench: {b.name} imports trimaran from {where}, not from {b.src}")
         yield builds
     finally:
-        for tree in made:
+        for tree in trees.values():
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, capture_output=True)
 
 
@@ -538,7 +557,7 @@ def main(argv: list[str] | None = None) -> None:
         "--ab",
         nargs="+",
         metavar="REF",
-        help="two or more commits in one sitting, each against the first (REF, REF:interpreted)",
+        help="two or more commits in one sitting, each against the first (REF, REF:interpreted, REF:half)",
     )
     ap.add_argument(
         "--interpreted", action="store_true", help="run this checkout's source, not its mypyc build"

@@ -160,6 +160,45 @@ def test_three_builds_are_each_against_the_first() -> None:
     ).name.endswith("-ab-aaaaaaa-bbbbbbb-interpreted-bbbbbbb.jsonl")
 
 
+def test_a_build_on_half_a_core_is_held_to_the_slow_host_bar() -> None:
+    """Issue 32: a host where Python runs at half speed still shows every ratio at or above 1.0."""
+    a, b = "trimaran@bbbbbbb", "trimaran@bbbbbbb-half"
+    meta = {"meta": True, "builds": [a, b], "ab": {a: "bbbbbbb", b: "bbbbbbb-half"}}
+    records = [
+        rec("amqp091-durable", a, 1, 30_000),
+        rec("amqp091-durable", b, 1, 18_000),
+        rec("amqp091-durable", "rabbitmq", 1, 15_000),
+        rec("mqtt-qos0-fanin", a, 1, 200_000),
+        rec("mqtt-qos0-fanin", b, 1, 140_000),
+        rec("relay", "relay", 1, 400_000),
+    ]
+    text = table.format_table(records, meta)
+    durable = cells(text, table.ROW_BY_KEY["amqp091-durable"].title)
+    assert durable[5:8] == ["2.00", "1.20", ">= 1.5 (half a core: >= 1): met / met"]
+    # the relay is Python too: its row keeps its own bar for both
+    relay = cells(text, table.ROW_BY_KEY["relay"].title)
+    assert relay[5:8] == ["0.50", "0.35", ">= 0.5: met / **missed**"]
+
+
+def test_builds_of_one_commit_share_a_worktree_and_keep_their_flags() -> None:
+    with run.builds_for(["HEAD:interpreted", "HEAD", "HEAD:half"], sys.executable) as builds:
+        assert len({b.src for b in builds}) == 1
+        assert [(b.interpreted, b.cpu_share, b.index) for b in builds] == [
+            (True, 1.0, 0),
+            (False, 1.0, 1),
+            (False, 0.5, 2),
+        ]
+        assert (
+            builds[2].name.endswith("-half") and builds[2].env(sys.executable)["TRIMARAN_CPU_SHARE"] == "0.5"
+        )
+        assert builds[1].env(sys.executable)["TRIMARAN_CPU_SHARE"] == ""
+        tree = builds[0].src
+    assert not tree.exists()
+    with pytest.raises(SystemExit):
+        with run.builds_for(["HEAD:fast", "HEAD"], sys.executable):
+            pass
+
+
 @pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.sh")))
 def test_bench_scripts_parse(script: str) -> None:
     subprocess.run(["bash", "-n", str(BENCH / script)], check=True)
