@@ -28,7 +28,8 @@ from trimaran.admin.telemetry import FRONT_ENDS, Telemetry
 from trimaran.admin.view import NotReady, PermissionOps, QueueOps, Readiness, ServerCounts
 from trimaran.admin.webhooks import Webhooks
 from trimaran.amqp091.handler import Amqp091FrontEnd
-from trimaran.amqp1.handler import Amqp1FrontEnd
+from trimaran.amqp1.handler import SELECTOR_MEMORY, Amqp1FrontEnd
+from trimaran.amqp1.selection import parse_selector, selecting
 from trimaran.broker.clients import ClientRegistry
 from trimaran.broker.core import Broker
 from trimaran.broker.message import Message
@@ -40,6 +41,7 @@ from trimaran.mqtt.handler import MqttFrontEnd
 from trimaran.net.listeners import Listener, ProtocolListener, amqp_port
 from trimaran.net.tls import server_tls_context
 from trimaran.net.websocket import WebSocketMachine
+from trimaran.queue.groups import Selects
 from trimaran.queue.manager import PublishResult, QueueManager
 from trimaran.runtime.limits import RuntimeLimits
 from trimaran.runtime.machine import Machine
@@ -62,6 +64,12 @@ if TYPE_CHECKING:
     from trimaran.cluster.node import ClusterNode
 
 log = logging.getLogger(__name__)
+
+
+def queue_selector(text: str) -> Selects:
+    """An AMQP 0.9.1 consumer's ``x-selector``: a JMS selector read as an AMQP 1.0 queue receiver's
+    is (amqp1/selection.py: the same fields of every protocol's messages)."""
+    return selecting(parse_selector(text), SELECTOR_MEMORY)
 
 
 class App:
@@ -174,7 +182,9 @@ class App:
             self.mqtt.holders = self.cluster  # a persistent session is held by one node at a time
             self.cluster.serve(self.mqtt.hand_over)
         amqp_store = AmqpStore(storage.engine)
-        self.amqp091 = Amqp091FrontEnd(self.broker, settings, self.queues, amqp_store, security)
+        self.amqp091 = Amqp091FrontEnd(
+            self.broker, settings, self.queues, amqp_store, security, selecting=queue_selector
+        )
         self.amqp1 = Amqp1FrontEnd(self.broker, settings, self.queues, security)
         vhosts.on_delete(self._empty_vhost)
         security.on_permission_cleared(self._permission_cleared)

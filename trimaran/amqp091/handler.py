@@ -59,6 +59,7 @@ from trimaran.broker.core import Broker
 from trimaran.broker.events import CLIENT_AUTH_FAILED
 from trimaran.broker.message import PROTOCOL_AMQP091, Message, now_ms
 from trimaran.config import Settings
+from trimaran.queue.groups import Selects
 from trimaran.queue.manager import QueueManager
 from trimaran.queue.policy import QUEUE_PREFIX, QueueError, parse_queue_topic, queue_topic
 from trimaran.runtime.transport import Conn
@@ -80,8 +81,12 @@ class Amqp091FrontEnd:
         queues: QueueManager,
         store: AmqpStore | None = None,
         security: Security | None = None,
+        selecting: Callable[[str], Selects] | None = None,
     ) -> None:
         self.broker = broker
+        #: a consumer's ``x-selector`` text -> its predicate (SelectorError when it does not parse);
+        #: given by the app, as the fields a selector reads are every protocol's (amqp1/selection.py)
+        self.selecting = selecting
         self.amqp_store = store
         self.settings = settings
         self.config = settings.amqp091

@@ -33,6 +33,7 @@ from trimaran.amqp091.queues import (
 )
 from trimaran.broker.router import SubscriptionOptions
 from trimaran.queue.policy import QueueError
+from trimaran.selector import SelectorError
 from trimaran.topics import TopicError, binding_key_to_filter
 from trimaran.vhosts import describe, is_reserved, split_key
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from trimaran.amqp091.conn import Amqp091Conn, Pending
     from trimaran.amqp091.durable import DurableExchanges
     from trimaran.amqp091.properties import BasicProperties
+    from trimaran.queue.groups import Selects
     from trimaran.queue.journal import Receipt
     from trimaran.queue.manager import QueueManager
     from trimaran.security.guard import Security
@@ -112,6 +114,9 @@ class Host(FrontEnd, Protocol):
 
     @property
     def reply_to(self) -> dict[str, ChannelState]: ...
+
+    @property
+    def selecting(self) -> Callable[[str], Selects] | None: ...
 
     def publish(
         self,
@@ -550,6 +555,7 @@ class Operations:
         group = m.arguments.get("x-consumer-group")
         if isinstance(group, bytes):
             group = group.decode("utf-8", "replace")
+        selects = self._selects(m)
         consumer = Consumer(
             channel, tag, name, no_ack=m.no_ack, prefetch=channel.prefetch, exclusive=m.exclusive
         )
@@ -561,6 +567,7 @@ class Operations:
                 start=stream_start(m.arguments.get("x-stream-offset")),
                 auto_ack=m.no_ack,
                 owner=conn,
+                selects=selects,
             )
         except QueueError as exc:
             raise _error(spec.PRECONDITION_FAILED, f"cannot consume from {_rs(name)}: {exc}", m) from None
@@ -569,6 +576,25 @@ class Operations:
         meta.had_consumer = True
         self._reply(conn, channel, spec.BasicConsumeOk(tag), m.no_wait)
         channel.refill(consumer)  # deliveries start after consume-ok
+
+    def _selects(self, m: spec.BasicConsume) -> Selects | None:
+        """The consume argument ``x-selector``: a JMS message selector (as on AMQP 1.0 receivers),
+        parsed once here. The consumer gets only the messages it selects; the others stay on the
+        queue for its other consumers."""
+        text = m.arguments.get("x-selector")
+        if text is None:
+            return None
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "replace")
+        if not isinstance(text, str):
+            raise _error(spec.PRECONDITION_FAILED, f"invalid arg 'x-selector' for consumer: {text!r}", m)
+        if self.front.selecting is None:
+            raise _error(spec.NOT_IMPLEMENTED, "x-selector is not available on this server", m)
+        try:
+            return self.front.selecting(text)
+        except SelectorError as unparsed:
+            wrong = f"invalid arg 'x-selector': {unparsed} in {text!r}"
+            raise _error(spec.PRECONDITION_FAILED, wrong, m) from None
 
     def _reply_consumer(self, conn: Amqp091Conn, channel: ChannelState, m: spec.BasicConsume) -> None:
         """basic.consume on the direct reply-to pseudo-queue: replies to this channel's requests are

@@ -10,7 +10,7 @@ their own. A connection's tenant is chosen at ``connection.open``; ``/`` is the 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from trimaran.amqp091.durable import DurableExchanges
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from trimaran.amqp091.queues import QueueMeta
     from trimaran.broker.core import Broker
     from trimaran.broker.message import Message
+    from trimaran.queue.groups import Selects
     from trimaran.queue.manager import QueueManager
     from trimaran.security.guard import Security
     from trimaran.storage.amqp_store import AmqpStore
@@ -55,6 +56,9 @@ class Front(Protocol):
 
     @property
     def security(self) -> Security: ...
+
+    @property
+    def selecting(self) -> Callable[[str], Selects] | None: ...
 
     def on_event(self, conn: Any, event: Any) -> Awaitable[None] | None: ...
 
@@ -117,6 +121,10 @@ class Tenant:
     @property
     def security(self) -> Security:
         return self.front.security
+
+    @property
+    def selecting(self) -> Callable[[str], Selects] | None:
+        return self.front.selecting
 
     def on_event(self, conn: Any, event: Any) -> Awaitable[None] | None:
         return self.front.on_event(conn, event)
