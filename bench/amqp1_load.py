@@ -18,10 +18,12 @@ Receivers grant --credit link credit and top it up when half is used. Transfers 
 batch of --batch frames is encoded once, and per write only the delivery-id and delivery-tag of each
 frame are patched with strided slice assignments (C speed, no per-message Python).
 
-Addresses (--broker): trimaran `queue://bench-<hex>-<i>` (created on attach, durable in SQL);
-rabbitmq `/amq/queue/bench-<hex>-<i>` (the 3.x rabbitmq_amqp1_0 plugin), declared and deleted by the
-coordinator over a tiny AMQP 0.9.1 exchange (durable with --durable, else transient). `--address` overrides
-the format ({q} is the queue name). --durable also sets the message header's durable flag.
+Addresses (--broker): trimaran `queue://bench-<hex>-<i>`; rabbitmq `/amq/queue/bench-<hex>-<i>` (the
+3.x rabbitmq_amqp1_0 plugin). On both the coordinator declares the queues first and deletes them after,
+over a tiny AMQP 0.9.1 exchange on the same port: durable with --durable, else transient (Trimaran's
+in-memory queue, RabbitMQ's classic transient one), so both servers hold the same kind of queue.
+`--address` overrides the format ({q} is the queue name) and declares nothing. --durable also sets the
+message header's durable flag.
 
 One JSON line per run, then a summary line (median/min/max over --runs).
 """
@@ -843,7 +845,8 @@ def _method(ch: int, cls: int, mth: int, args: bytes = b"") -> bytes:
 
 
 def rabbitmq_queues(host, port, user, password, vhost, names, op, durable=False, timeout=10.0):
-    """Declare (op='declare') or delete (op='delete') queues with a minimal AMQP 0.9.1 client."""
+    """Declare (op='declare') or delete (op='delete') queues with a minimal AMQP 0.9.1 client (RabbitMQ
+    and Trimaran alike)."""
     with socket.create_connection((host, port), timeout=timeout) as s:
         f = s.makefile("rb")
 
@@ -912,7 +915,7 @@ def run_once(a, run_idx, broker_pid):
         drain_max=a.drain_max,
         idle=a.idle,
     )
-    declare = a.broker == "rabbitmq" and not a.address
+    declare = not a.address
     if declare:
         rabbitmq_queues(a.host, a.port, a.user, a.password, a.vhost, queues, "declare", durable=a.durable)
     rgroups = spread(list(range(a.receivers)), a.sub_procs)
@@ -1006,7 +1009,7 @@ def main(argv=None):
         "--broker",
         choices=["trimaran", "rabbitmq"],
         default="trimaran",
-        help="address format, queue declaration and default SASL mechanism",
+        help="address format and default SASL mechanism",
     )
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=5672)

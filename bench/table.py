@@ -102,6 +102,15 @@ ROWS: tuple[Row, ...] = (
         cpu_row="amqp091-transient",
     ),
     Row(
+        "amqp1-settled",
+        "AMQP 1.0 transient queue, pre-settled both ways (0.9.1 transient's twin), closed loop",
+        "amqp1-load",
+        ("settled", "--e2e-window", "5000"),
+        ("rabbitmq",),
+        target=2.0,
+        cpu_row="amqp091-transient",
+    ),
+    Row(
         "amqp1-durable",
         "AMQP 1.0 durable queue, durable messages, accepted after the commit + range settles, closed loop",
         "amqp1-load",
