@@ -136,6 +136,12 @@ PATHS = [
         Budget(loop=(30.5, 29.0)),
     ),
     Path_(
+        # The benchmark's amqp1-settled row: pre-settled both ways, as "amqp091 transient no-ack".
+        "amqp1 settled",
+        lambda s: Amqp1Load(s.port("amqp"), batch=100, settled=True),
+        Budget(loop=(27.0, 23.5)),
+    ),
+    Path_(
         "amqp1 durable",
         lambda s: Amqp1Load(s.port("amqp"), batch=100, durable=True),
         Budget(loop=(51.0, 39.5), others=(7.0, 4.5)),

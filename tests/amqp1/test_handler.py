@@ -3,6 +3,7 @@ shutdown, and no new link credit while memory is above the high-water mark."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -16,10 +17,23 @@ from anyio.abc import ByteStream
 from trimaran.amqp1.conn import Amqp1Conn
 from trimaran.amqp1.frames import AMQP_HEADER, FRAME_AMQP, Frame, FrameDecoder, encode_frame
 from trimaran.amqp1.handler import Amqp1FrontEnd
-from trimaran.amqp1.performatives import ROLE_SENDER, Attach, Begin, Close, Composite, Flow, Open, Target
+from trimaran.amqp1.messages import Data, Message, encode_message
+from trimaran.amqp1.performatives import (
+    ROLE_SENDER,
+    SND_SETTLED,
+    Attach,
+    Begin,
+    Close,
+    Composite,
+    Flow,
+    Open,
+    Source,
+    Target,
+    Transfer,
+)
 from trimaran.broker.core import Broker
 from trimaran.broker.message import PROTOCOL_AMQP1
-from trimaran.config import QueuePolicySettings, QueueSettings, Settings, StorageSettings
+from trimaran.config import Amqp1Settings, QueuePolicySettings, QueueSettings, Settings, StorageSettings
 from trimaran.queue.manager import QueueManager
 from trimaran.runtime.runner import Runner
 from trimaran.runtime.transport import Conn
@@ -166,13 +180,15 @@ async def test_no_new_link_credit_while_memory_is_above_the_high_water_mark() ->
 
 
 @asynccontextmanager
-async def with_queues(tmp_path: Path) -> AsyncIterator[tuple[Amqp1FrontEnd, QueueManager]]:
+async def with_queues(
+    tmp_path: Path, settings: Settings | None = None
+) -> AsyncIterator[tuple[Amqp1FrontEnd, QueueManager]]:
     storage = Storage.from_url(f"sqlite:///{tmp_path / 'amqp1.db'}", sqlite_synchronous="normal")
     storage.migrate()
     queues = QueueManager(storage, QueueSettings(auto_create=True), StorageSettings(commit_interval_ms=1.0))
     try:
         async with queues.running():
-            yield Amqp1FrontEnd(Broker(None, sys_interval=0), Settings(), queues), queues
+            yield Amqp1FrontEnd(Broker(None, sys_interval=0), settings or Settings(), queues), queues
     finally:
         storage.close()
 
@@ -312,4 +328,61 @@ async def test_a_full_queue_rejects_the_publish_and_accepts_the_one_before(tmp_p
             outcomes = await anyio.to_thread.run_sync(send_two)
         assert outcomes == [proton.Disposition.ACCEPTED, proton.Disposition.REJECTED]
         assert [s.message.payload for s in queues.peek("full")] == [b"first"]
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("durable", [False, True])
+async def test_presettled_queue_publishes_give_their_credit_back_refused_or_not(
+    tmp_path: Path, durable: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nobody hears a pre-settled transfer's outcome: no disposition answers it, and its queue
+    publish gives its unit of the link's window back once committed (at once for an in-memory
+    queue), refused or not; each refusal is one log line."""
+    caplog.set_level(logging.INFO, logger="trimaran.amqp1.handler")
+    window, rounds, room = 10, 4, 5
+    settings = Settings(amqp1=Amqp1Settings(link_credit=window))
+    async with with_queues(tmp_path, settings) as (front, queues), anyio.create_task_group() as tg:
+        await queues.declare("few", QueuePolicySettings(max_length=room, overflow="reject"), durable=durable)
+        port = await port_of(front, tg)
+        client = Client(await anyio.connect_tcp("127.0.0.1", port))
+        await client.connect()
+        await client.send(Begin(next_outgoing_id=0, incoming_window=100_000, outgoing_window=100_000))
+        assert isinstance(await client.perf(), Begin)
+        target = Target(address="queue://few")
+        await client.send(
+            Attach(
+                name="s",
+                handle=0,
+                role=ROLE_SENDER,
+                snd_settle_mode=SND_SETTLED,
+                source=Source(),
+                target=target,
+                initial_delivery_count=0,
+            )
+        )
+        assert isinstance(await client.perf(), Attach)
+        body = encode_message(Message(body=[Data(b"m")]))
+        sent = 0
+        while sent < window * rounds:
+            flow = await client.perf()  # never a disposition: only the link's credit
+            assert isinstance(flow, Flow), flow
+            upto = (flow.delivery_count or 0) + (flow.link_credit or 0)
+            assert upto > sent
+            wire = bytearray()
+            for did in range(sent, upto):
+                transfer = Transfer(
+                    handle=0, delivery_id=did, delivery_tag=did.to_bytes(4, "big"), settled=True
+                )
+                wire += encode_frame(FRAME_AMQP, 0, transfer, body)
+            await client.stream.send(bytes(wire))
+            sent = upto
+        with anyio.fail_after(5):
+            while len(queues.peek("few")) < room:
+                await anyio.sleep(0.01)
+        flow = await client.perf()  # the last window's credit came back too
+        assert isinstance(flow, Flow) and (flow.delivery_count or 0) + (flow.link_credit or 0) > sent
+        assert len(queues.peek("few")) == room
+        refused = [r for r in caplog.records if "queue publish to few refused" in r.getMessage()]
+        assert len(refused) == sent - room
+        await client.stream.aclose()
         tg.cancel_scope.cancel()

@@ -21,6 +21,8 @@ from trimaran.amqp1.frames import AMQP_HEADER, FRAME_AMQP, FRAME_SASL, SASL_HEAD
 from trimaran.amqp1.frames import FrameDecoder as Amqp1Decoder
 from trimaran.amqp1.messages import AmqpValue, Data, Header, Message, Properties, encode_message
 from trimaran.amqp1.performatives import (
+    SND_MIXED,
+    SND_SETTLED,
     Accepted,
     Attach,
     Begin,
@@ -336,12 +338,31 @@ class Amqp1Load:
     """One sender -> a transient queue (declared over AMQP 0.9.1 first) -> one receiver, both
     unsettled: the server accepts each transfer, the receiver accepts each delivery. Durable: a
     durable queue and messages whose header says durable, accepted only after the commit (the
-    bench's amqp1-durable row)."""
+    bench's amqp1-durable row). Settled: pre-settled transfers both ways, no disposition either way
+    (the bench's amqp1-settled row, AMQP 0.9.1 no-ack without confirms' twin)."""
 
-    def __init__(self, port: int, *, batch: int, like_proton_c: bool = False, durable: bool = False) -> None:
+    def __init__(
+        self,
+        port: int,
+        *,
+        batch: int,
+        like_proton_c: bool = False,
+        durable: bool = False,
+        settled: bool = False,
+    ) -> None:
         self.batch = batch
         self.like_proton_c = like_proton_c
-        queue = "budget-amqp1-c" if like_proton_c else "budget-amqp1-d" if durable else "budget-amqp1"
+        self.settled = settled
+        queue = (
+            "budget-amqp1-c"
+            if like_proton_c
+            else "budget-amqp1-d"
+            if durable
+            else "budget-amqp1-s"
+            if settled
+            else "budget-amqp1"
+        )
+        snd_settle_mode = SND_SETTLED if settled else SND_MIXED
         declare = Amqp091Client(port)
         declare.call(spec.QueueDeclare(queue=queue, durable=durable), spec.QueueDeclareOk)
         declare.sock.close()
@@ -351,6 +372,7 @@ class Amqp1Load:
                 name="s",
                 handle=0,
                 role=False,
+                snd_settle_mode=snd_settle_mode,
                 source=Source(),
                 target=Target(address=queue),
                 initial_delivery_count=0,
@@ -359,7 +381,14 @@ class Amqp1Load:
         self.sender_credit = self._credit(self.sender.until(Flow))  # type: ignore[arg-type]
         self.receiver = Amqp1Client(port, "budget-receiver")
         self.receiver.send(
-            Attach(name="r", handle=0, role=True, source=Source(address=queue), target=Target())
+            Attach(
+                name="r",
+                handle=0,
+                role=True,
+                snd_settle_mode=snd_settle_mode,
+                source=Source(address=queue),
+                target=Target(),
+            )
         )
         self.receiver.until(Attach)
         self.credit = 0
@@ -406,13 +435,22 @@ class Amqp1Load:
             self._round_like_proton_c()
             return
         first = self.delivery_id
+        if self.settled:
+            while self.sender_credit < first + self.batch:
+                self._sender_read()
         wire = bytearray()
         for i in range(self.batch):
             tag = (first + i).to_bytes(8, "big")
             wire += encode_frame(
                 FRAME_AMQP,
                 0,
-                Transfer(handle=0, delivery_id=first + i, delivery_tag=tag, message_format=0),
+                Transfer(
+                    handle=0,
+                    delivery_id=first + i,
+                    delivery_tag=tag,
+                    message_format=0,
+                    settled=self.settled or None,
+                ),
                 self.body,
             )
         self.delivery_id += self.batch
@@ -423,11 +461,13 @@ class Amqp1Load:
         while len(received) < self.batch:
             ids = [p.delivery_id or 0 for p in self.receiver.read() if isinstance(p, Transfer)]
             received += ids
-            if ids:
+            if ids and not self.settled:
                 self.receiver.send(
                     Disposition(role=True, first=ids[0], last=ids[-1], settled=True, state=Accepted())
                 )
         self._grant(self.delivery_id)
+        if self.settled:
+            return  # nothing comes back to the sender but credit, read before the next round
         while self.accepted < self.delivery_id:
             for perf in self.sender.read():
                 if isinstance(perf, Disposition):

@@ -9,7 +9,9 @@ outside an event (a delivery from a queue or the router, a commit completing, a 
 
 Dispositions of queue publishes leave in arrival order after the commit: each publish is a
 :class:`PendingSettle`; the commit callback marks it done and, once per batch of callbacks, the
-done ones at the head are settled (consecutive accepted deliveries of a link as one range).
+done ones at the head are settled (consecutive accepted deliveries of a link as one range). A
+pre-settled publish has no disposition to wait for its turn: its link's one
+:class:`SettledPublishes` callback only gives its unit of credit back.
 While publishes wait, the machine holds back a detach, end or close read behind them, so their
 dispositions reach the peer before the link, session or connection goes, however the bytes were
 cut.
@@ -64,11 +66,33 @@ class PendingSettle:
         back to back: the dispositions go once, after the last of them."""
         conn = self.conn
         if error is not None:
-            conn.front.publish_failed(conn, self, error)
+            self.error = conn.front.publish_failed(conn, self.queue, error)
         self.done = True
         if not conn._ack_scheduled and conn.pending.head_done():
             conn._ack_scheduled = True
             asyncio.get_running_loop().call_soon(conn._acknowledge)
+
+
+class SettledPublishes:
+    """The commit callback of one sending link's pre-settled queue publishes (made at attach, one
+    for all of them). Nobody hears their outcome, so nothing waits for them in arrival order and
+    nothing holds a detach back for them: a publish only holds a unit of the link's window until
+    it is committed (at once for an in-memory queue), and a failed one is logged."""
+
+    __slots__ = ("conn", "inlink", "queue")
+
+    def __init__(self, conn: Amqp1Conn, inlink: InLink, queue: str) -> None:
+        self.conn = conn
+        self.inlink = inlink
+        self.queue = queue
+
+    def __call__(self, _result: object, error: QueueError | None) -> None:
+        conn = self.conn
+        inlink = self.inlink
+        inlink.inflight -= 1
+        if error is not None:
+            conn.front.publish_failed(conn, self.queue, error)
+        conn.refill(inlink)
 
 
 class Amqp1Conn:

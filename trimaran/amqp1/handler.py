@@ -26,7 +26,7 @@ import anyio
 import anyio.to_thread
 
 from trimaran.amqp1.addresses import QUEUE, Address, AddressError, resolve
-from trimaran.amqp1.conn import Amqp1Conn, PendingSettle
+from trimaran.amqp1.conn import Amqp1Conn, PendingSettle, SettledPublishes
 from trimaran.amqp1.connection import ServerConnection
 from trimaran.amqp1.coordinator import TransactionCoordinator
 from trimaran.amqp1.events import (
@@ -386,6 +386,8 @@ class Amqp1FrontEnd:
                 return
             target = replace(target, capabilities=[Symbol(address.kind)])
         inlink = InLink(link, address)
+        if address is not None and address.is_queue:
+            inlink.presettled = SettledPublishes(conn, inlink, address.name)
         conn.inlinks[link] = inlink
         credit = 0 if conn.publishing_blocked else self.config.link_credit
         conn.machine.accept_link(link, target=target, rcv_settle_mode=RCV_FIRST, initial_credit=credit)
@@ -719,7 +721,11 @@ class Amqp1FrontEnd:
         if address.is_queue:
             # One unit of the link's window moves from credit to in flight: refill's verdict
             # changes only when the credit runs out, and then this publish's commit refills.
-            pending = PendingSettle(conn, inlink, event.delivery_id, event.settled, address.name)
+            pending: Callable[[object, QueueError | None], None] | None = inlink.presettled
+            if pending is not None and event.settled:
+                inlink.inflight += 1  # its link's callback: no disposition waits its turn
+            else:
+                pending = PendingSettle(conn, inlink, event.delivery_id, event.settled, address.name)
             assert self.queues is not None
             try:
                 self.queues.publish_nowait(address.name, message, address.key, pending, message.created_at_ms)
@@ -748,7 +754,9 @@ class Amqp1FrontEnd:
             return
         conn.machine.settle(event.link, event.delivery_id, Rejected(error=error))
 
-    async def _append_async(self, address: Address, message: Message, pending: PendingSettle) -> None:
+    async def _append_async(
+        self, address: Address, message: Message, pending: Callable[[object, QueueError | None], None]
+    ) -> None:
         assert self.queues is not None
         try:
             await self.queues.publish(address.name, message, address.key)
@@ -757,10 +765,10 @@ class Amqp1FrontEnd:
             return
         pending(None, None)
 
-    def publish_failed(self, conn: Amqp1Conn, pending: PendingSettle, exc: QueueError) -> None:
-        """A queue publish refused or not written: its disposition says why."""
-        log.info("amqp1: %s: queue publish to %s refused: %s", conn.container_id, pending.queue, exc)
-        pending.error = Error(condition=refusal_condition(exc), description=str(exc))
+    def publish_failed(self, conn: Amqp1Conn, queue: str, exc: QueueError) -> Error:
+        """A queue publish refused or not written: logged, and the error its disposition says."""
+        log.info("amqp1: %s: queue publish to %s refused: %s", conn.container_id, queue, exc)
+        return Error(condition=refusal_condition(exc), description=str(exc))
 
     # -- dispositions -----------------------------------------------------------------------------
 

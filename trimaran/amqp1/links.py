@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trimaran.amqp1.addresses import Address
@@ -33,6 +34,7 @@ from trimaran.queue.outcomes import ACK, RELEASED, RETRY_NOW, DeadLetter, Outcom
 if TYPE_CHECKING:
     from trimaran.amqp1.ports import LinkOwner
     from trimaran.amqp1.subscriptions import Subscription
+    from trimaran.queue.policy import QueueError
 
 log = logging.getLogger(__name__)
 ATTACHED = LinkState.ATTACHED
@@ -270,13 +272,15 @@ class InLink:
     """Our receiver link (the peer sends). ``address`` None: an anonymous relay (per-message ``to``),
     or the transaction coordinator (``coordinator``)."""
 
-    __slots__ = ("address", "coordinator", "inflight", "link")
+    __slots__ = ("address", "coordinator", "inflight", "link", "presettled")
 
     def __init__(self, link: Link, address: Address | None, coordinator: bool = False) -> None:
         self.link = link
         self.address = address
         self.inflight = 0  # queue publishes not yet committed
         self.coordinator = coordinator  # its messages declare and discharge transactions
+        # A queue address's: the commit callback of its pre-settled publishes (conn.SettledPublishes)
+        self.presettled: Callable[[object, QueueError | None], None] | None = None
 
 
 def disposition_outcome(state: Any, link: str) -> Outcome:
