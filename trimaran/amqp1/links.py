@@ -11,6 +11,9 @@
 
 Everything here is synchronous and never blocks. Deliveries arrive outside the connection's
 events, so each send ends with ``io.wake()``: the runtime writes it in this loop iteration's flush.
+A link keeps its connection's machine, I/O state and the broker's counters itself: the connection
+is typed by a protocol here (``ports.LinkOwner``), and compiled, each attribute read through one
+is a lookup by name, where the link's own is a field.
 """
 
 from __future__ import annotations
@@ -32,9 +35,12 @@ from trimaran.queue.manager import BrowseHandle, ConsumerHandle, QueueDelivery
 from trimaran.queue.outcomes import ACK, RELEASED, RETRY_NOW, DeadLetter, Outcome, Retry
 
 if TYPE_CHECKING:
+    from trimaran.amqp1.connection import ServerConnection
     from trimaran.amqp1.ports import LinkOwner
     from trimaran.amqp1.subscriptions import Subscription
+    from trimaran.broker.stats import Stats
     from trimaran.queue.policy import QueueError
+    from trimaran.runtime.transport import Conn
 
 log = logging.getLogger(__name__)
 ATTACHED = LinkState.ATTACHED
@@ -43,10 +49,25 @@ ATTACHED = LinkState.ATTACHED
 class OutLink:
     """Our sender link (the peer is the receiver)."""
 
-    __slots__ = ("address", "conn", "id", "link", "released", "settled", "stopped", "temp_queue")
+    __slots__ = (
+        "address",
+        "conn",
+        "id",
+        "io",
+        "link",
+        "machine",
+        "released",
+        "settled",
+        "stats",
+        "stopped",
+        "temp_queue",
+    )
 
     def __init__(self, conn: LinkOwner, link: Link, address: Address, settled: bool) -> None:
         self.conn = conn
+        self.machine: ServerConnection = conn.machine
+        self.io: Conn = conn.io
+        self.stats: Stats = conn.front.broker.stats
         self.link = link
         self.address = address
         self.settled = settled  # pre-settled sends (snd-settle-mode settled): at most once
@@ -63,11 +84,11 @@ class OutLink:
         if link.state is not ATTACHED or link.link_credit <= 0:
             return None
         try:
-            did = self.conn.machine.send(link, payload, settled=self.settled)
+            did = self.machine.send(link, payload, settled=self.settled)
         except AMQPStateError as exc:
             log.info("amqp1: cannot send on %s: %s", self.id, exc)
             return None
-        io = self.conn.io
+        io = self.io
         if not io.dirty:  # once per loop iteration, not per message
             io.wake()
         return did
@@ -113,21 +134,20 @@ class QueueOut(OutLink):
                 handle.settle_nowait(delivery.offset, too_large)
             return
         # _send written out: a call less for every message a queue delivers
-        conn = self.conn
         did: int | None = None
         if link.state is ATTACHED and link.link_credit > 0:
             try:
-                did = conn.machine.send(link, payload, settled=self.settled)
+                did = self.machine.send(link, payload, settled=self.settled)
             except AMQPStateError as exc:
                 log.info("amqp1: cannot send on %s: %s", self.id, exc)
         if did is None:
             if handle is not None and not self.settled:
                 handle.settle_nowait(delivery.offset, RETRY_NOW)
             return
-        io = conn.io
+        io = self.io
         if not io.dirty:
             io.wake()
-        conn.front.broker.stats.messages_sent += 1
+        self.stats.messages_sent += 1
         io.messages_out += 1
         if not self.settled:
             self.offsets[did] = delivery.offset
@@ -138,9 +158,9 @@ class QueueOut(OutLink):
             return
         handle.set_credit(self.link.credit)  # delivers synchronously what the credit allows
         if drain and self.link.is_open and self.link.credit > 0:
-            self.conn.machine.complete_drain(self.link)
+            self.machine.complete_drain(self.link)
             handle.set_credit(0)
-            self.conn.io.wake()
+            self.io.wake()
 
     def on_outcome(self, delivery_id: int, state: Any, settled: bool) -> None:
         offset = self.offsets.get(delivery_id)
@@ -188,8 +208,8 @@ class QueueBrowse(OutLink):
         if max_size and len(payload) > max_size:
             return  # a copy: nothing to give back
         if self._send(payload) is not None:
-            self.conn.front.broker.stats.messages_sent += 1
-            self.conn.io.messages_out += 1
+            self.stats.messages_sent += 1
+            self.io.messages_out += 1
 
     def on_flow(self, drain: bool) -> None:
         handle = self.handle
@@ -197,9 +217,9 @@ class QueueBrowse(OutLink):
             return
         handle.set_credit(self.link.credit)
         if drain and self.link.is_open and self.link.credit > 0:
-            self.conn.machine.complete_drain(self.link)
+            self.machine.complete_drain(self.link)
             handle.set_credit(0)
-            self.conn.io.wake()
+            self.io.wake()
 
     def stop(self) -> None:
         super().stop()
@@ -220,7 +240,7 @@ class TopicOut(OutLink):
         """Called by the router: send now, or keep in the bounded backlog until credit comes."""
         if self.stopped:
             return
-        stats = self.conn.front.broker.stats
+        stats = self.stats
         payload = self.conn.front.encode_once(message, self.address.cut)
         max_size = self.link.max_message_size
         if max_size and len(payload) > max_size:
@@ -228,7 +248,7 @@ class TopicOut(OutLink):
             return
         if not self.backlog and self._send(payload) is not None:
             stats.messages_sent += 1
-            self.conn.io.messages_out += 1
+            self.io.messages_out += 1
             return
         if len(self.backlog) >= self.conn.front.outbox_size:
             self.conn.front.dropped(message, self.id, "receiver without credit and its backlog is full")
@@ -237,14 +257,14 @@ class TopicOut(OutLink):
 
     def on_flow(self, drain: bool) -> None:
         backlog = self.backlog
-        stats = self.conn.front.broker.stats
+        stats = self.stats
         while backlog and self.link.is_open and self.link.credit > 0:
             if self._send(backlog.popleft()) is not None:
                 stats.messages_sent += 1
-                self.conn.io.messages_out += 1
+                self.io.messages_out += 1
         if drain and self.link.is_open and self.link.credit > 0:
-            self.conn.machine.complete_drain(self.link)
-            self.conn.io.wake()
+            self.machine.complete_drain(self.link)
+            self.io.wake()
 
     def stop(self) -> None:
         super().stop()
