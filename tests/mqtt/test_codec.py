@@ -21,6 +21,7 @@ from trimaran.mqtt.codec import (
     encode_plain_publish,
     encode_run,
     encode_varint,
+    run_acks,
     run_packets,
 )
 from trimaran.mqtt.packets import Packet, PingReq, PubAck, Publish, PublishRun
@@ -296,7 +297,12 @@ def _each(packets: list[Packet | PublishRun]) -> list[tuple[Packet, bytes | None
     for packet in packets:
         if isinstance(packet, PublishRun):
             for wire, payload in run_packets(packet):
-                out.append((Publish(packet.topic, payload, 0, False, False, None, NO_PROPERTIES), wire))
+                packet_id = None
+                if packet.qos:  # before the payload (and the 5.0 properties' byte)
+                    at = len(wire) - len(payload) - (3 if packet.v5 else 2)
+                    packet_id = wire[at] << 8 | wire[at + 1]
+                publish = Publish(packet.topic, payload, packet.qos, False, False, packet_id, NO_PROPERTIES)
+                out.append((publish, wire))
         else:
             out.append((packet, packet.wire if isinstance(packet, Publish) else None))
     return out
@@ -304,12 +310,15 @@ def _each(packets: list[Packet | PublishRun]) -> list[tuple[Packet, bytes | None
 
 @st.composite
 def _streams(draw: st.DrawFn) -> tuple[int, list[Publish]]:
-    """PUBLISHes to few topics, mostly plain QoS 0, some retained, QoS 1 or with properties."""
+    """PUBLISHes to few topics, mostly plain QoS 0 or 1, some retained, QoS 2 or with properties."""
     level = draw(levels)
     topic = st.sampled_from(["a/b", "a/c", "", "é/x"])
     plain = st.builds(Publish, topic, st.binary(max_size=300))
+    packet_id = st.integers(min_value=1, max_value=0xFFFF)
+    plain_qos1 = st.builds(Publish, topic, st.binary(max_size=300), st.just(1), packet_id=packet_id)
     other = publishes(level).map(lambda p: dataclasses.replace(p, topic=p.topic[:3] or "a/b"))
-    return level, draw(st.lists(st.one_of(plain, plain, plain, other), min_size=1, max_size=30))
+    kinds = st.one_of(plain, plain, plain_qos1, plain_qos1, other)
+    return level, draw(st.lists(kinds, min_size=1, max_size=30))
 
 
 @given(_streams(), st.integers(min_value=0, max_value=2000))
@@ -325,7 +334,7 @@ def test_runs_hold_the_publishes_read_one_by_one(stream: tuple[int, list[Publish
         if isinstance(packet, PublishRun):
             sizes = [len(wire) for wire, _ in run_packets(packet)]
             assert packet.largest == max(sizes) and packet.count == len(sizes) and packet.topic
-            assert packet.v5 == (level == 5)
+            assert packet.v5 == (level == 5) and packet.qos in (0, 1)
 
 
 def test_a_run_ends_at_a_packet_unlike_it() -> None:
@@ -339,6 +348,27 @@ def test_a_run_ends_at_a_packet_unlike_it() -> None:
     assert isinstance(first, PublishRun) and first.count == 3 and first.wire == b"".join(plain)
     last = got[3]
     assert isinstance(last, PublishRun) and last.count == 1 and last.topic == "a/c"
+
+
+@pytest.mark.parametrize("level", [3, 4, 5])
+def test_a_qos1_run_ends_at_another_qos_or_a_packet_id_0(level: int) -> None:
+    qos1 = [encode(Publish("a/b", b"%d" % i, 1, packet_id=i + 1), level) for i in range(3)]
+    bad = qos1[0].replace(b"a/b\x00\x01", b"a/b\x00\x00")  # packet identifier 0
+    data = b"".join([*qos1, encode(Publish("a/b", b"q0"), level), *qos1, bad])
+    decoder = Decoder(protocol_level=level)
+    decoder.runs = True
+    decoder.feed(data)
+    got = [decoder.next_packet() for _ in range(3)]
+    assert [(type(p).__name__, getattr(p, "count", 1), getattr(p, "qos", 0)) for p in got] == [
+        ("PublishRun", 3, 1),
+        ("PublishRun", 1, 0),
+        ("PublishRun", 3, 1),
+    ]
+    with pytest.raises(ProtocolError, match="packet identifier 0"):
+        decoder.next_packet()  # refused on its own, after the runs before it
+    run = got[0]
+    assert isinstance(run, PublishRun) and run.wire == b"".join(qos1)
+    assert run_acks(run) == b"".join(encode(PubAck(i + 1), level) for i in range(3))
 
 
 def test_a_run_holds_only_whole_packets_under_the_maximum_size() -> None:

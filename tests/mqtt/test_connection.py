@@ -298,12 +298,49 @@ def test_topic_length_levels_and_subscriptions_are_bounded() -> None:
 def test_plain_qos0_publishes_to_one_topic_are_one_run_when_asked() -> None:
     _, client, _ = connected(ServerLimits(publish_runs=True), level=5)
     run = [Publish("a/b", b"%d" % i) for i in range(5)]
-    events = client.send(*run, Publish("a/b", b"q", qos=1, packet_id=1), *run[:2])
-    assert [type(e) for e in events] == [PublishRun, Publish, PublishRun]
-    first, _, last = events
-    assert isinstance(first, PublishRun) and isinstance(last, PublishRun)
-    assert (first.topic, first.count, last.count) == ("a/b", 5, 2)
-    assert client.server.stats.packets_received == 8 + 1  # and the CONNECT
+    qos2 = Publish("a/b", b"q", qos=2, packet_id=1)
+    events = client.send(*run, Publish("a/b", b"q", qos=1, packet_id=1), qos2, *run[:2])
+    assert [type(e) for e in events] == [PublishRun, PublishRun, Publish, PublishRun]
+    first, qos1, _, last = events
+    assert isinstance(first, PublishRun) and isinstance(last, PublishRun) and isinstance(qos1, PublishRun)
+    assert (first.topic, first.count, last.count, qos1.count, qos1.qos) == ("a/b", 5, 2, 1, 1)
+    assert client.server.stats.packets_received == 9 + 1  # and the CONNECT
+
+
+def test_a_qos1_run_is_acked_whole_once_the_hull_says_so() -> None:
+    server, client, _ = connected(ServerLimits(publish_runs=True), level=4)
+    (run,) = client.send(*[Publish("a/b", b"%d" % i, 1, packet_id=i + 7) for i in range(4)])
+    assert isinstance(run, PublishRun) and (run.count, run.qos) == (4, 1)
+    assert client.received() == []  # not before the hull routed them
+    server.ack_run(run)
+    assert client.received() == [PubAck(i + 7) for i in range(4)]
+
+
+def test_a_walked_qos1_run_is_each_publish_on_its_own() -> None:
+    server, client, _ = connected(ServerLimits(publish_runs=True), level=5)
+    each = [Publish("$queue/q", b"%d" % i, 1, packet_id=i + 1) for i in range(3)]
+    (run,) = client.send(*each)
+    assert isinstance(run, PublishRun)
+    server.walk_run(run)
+    got = []
+    while (event := server.next_event()) is not None:
+        got.append(event)
+        server.ack_publish(event.packet_id)  # type: ignore[attr-defined]
+    assert got == each
+    assert client.received() == [PubAck(1), PubAck(2), PubAck(3)]
+
+
+def test_a_qos1_run_behind_unacknowledged_publishes_is_walked() -> None:
+    """A resend of a PUBLISH still unacknowledged is delivered again (at least once), not held
+    for the run's PUBACK: the run's PUBLISHes come one by one, as read alone."""
+    server, client, _ = connected(ServerLimits(publish_runs=True), level=4)
+    (first,) = client.send(Publish("$queue/q", b"a", 1, packet_id=1))
+    assert isinstance(first, PublishRun)
+    server.walk_run(first)
+    assert server.next_event() == Publish("$queue/q", b"a", 1, packet_id=1)  # held: its commit runs
+    assert server.next_event() is None
+    events = client.send(*[Publish("a/b", b"%d" % i, 1, packet_id=i + 1) for i in range(2)])
+    assert events == [Publish("a/b", b"0", 1, packet_id=1), Publish("a/b", b"1", 1, packet_id=2)]
 
 
 @pytest.mark.parametrize("topic", ["a/+", "a/b/c/d"])

@@ -191,7 +191,7 @@ async def test_each_qos1_subscriber_gets_its_own_packet_id() -> None:
         io = Wire(Runner(), lambda io, first: None).conn  # the runtime's side, never read
         conn = MqttConn(front, server, io)
         session = Session(name)
-        session._next_packet_id = first_id
+        session.next_packet_id = first_id
         server.session = session
         endpoint = MqttEndpoint(front, session, level)
         endpoint.conn, conn.endpoint = conn, endpoint

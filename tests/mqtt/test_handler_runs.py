@@ -1,6 +1,7 @@
-"""A read's run of plain QoS 0 PUBLISHes to one topic is routed once and delivered whole
+"""A read's run of plain QoS 0 or QoS 1 PUBLISHes to one topic is routed once and delivered whole
 (MqttFrontEnd.run_received): every subscriber, MQTT or not, gets exactly what it got when each
-PUBLISH was its own event, and the broker counts the same. Each test builds the same world twice,
+PUBLISH was its own event (at QoS 1 the same packet ids, the same window and session queue), the
+publisher the same PUBACKs, and the broker counts the same. Each test builds the same world twice,
 once with runs and once without, feeds both the same bytes, and compares everything observable."""
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from trimaran.mqtt.codec import encode
 from trimaran.mqtt.conn import MqttConn
 from trimaran.mqtt.connection import ServerConnection, ServerLimits
 from trimaran.mqtt.handler import PUSH_BACK_BYTES, MqttEndpoint, MqttFrontEnd
-from trimaran.mqtt.packets import Publish, PublishRun
+from trimaran.mqtt.packets import PubAck, Publish, PublishRun
+from trimaran.mqtt.packets import SubscriptionOptions as PacketOptions
 from trimaran.mqtt.properties import Properties
 from trimaran.mqtt.session import Session
+from trimaran.mqtt.session import Subscription as SessionSubscription
 from trimaran.runtime.runner import Runner
 from trimaran.vhosts import prefix
 
@@ -59,15 +62,21 @@ class World:
         self.servers: dict[str, ServerConnection] = {}
         self.wires: dict[str, Wire] = {}
         self.foreign = Foreign()
+        self.offline: dict[str, MqttEndpoint] = {}
         self.runs_seen = 0
         limits = ServerLimits(publish_runs=runs, topic_alias_maximum=8)
-        self.pub_server, _, _ = connected(limits, level=publisher_level, client_id="pub")
-        self.pub = self._attach("pub", self.pub_server, publisher_level)
+        session = Session(self.key + "pub")
+        self.pub_server, self.pub_client, _ = connected(
+            limits, level=publisher_level, client_id="pub", session=session
+        )
+        self.pub = self._attach("pub", self.pub_server, publisher_level, session)
 
-    def _attach(self, name: str, server: ServerConnection, level: int) -> MqttConn[MqttEndpoint]:
+    def _attach(
+        self, name: str, server: ServerConnection, level: int, session: Session
+    ) -> MqttConn[MqttEndpoint]:
         wire = Wire(self.runner, lambda io, first: None)  # the runtime's side, never read
         conn = MqttConn(self.front, server, wire.conn)
-        endpoint = MqttEndpoint(self.front, Session(self.key + name), level)
+        endpoint = MqttEndpoint(self.front, session, level)
         endpoint.conn, conn.endpoint = conn, endpoint
         self.servers[name] = server
         self.wires[name] = wire
@@ -77,18 +86,32 @@ class World:
         self, name: str, level: int, topic_filter: str, *, offline: bool = False, **options: Any
     ) -> MqttEndpoint:
         connect = {k: options.pop(k) for k in list(options) if k == "properties"}
+        session = Session(self.key + name, max_queued=options.pop("max_queued", 1000))
         if name == "pub":
             endpoint = self.pub.endpoint
             assert endpoint is not None
+            kept = PacketOptions(qos=options.get("qos", 0), no_local=options.get("no_local", False))
+            subscribed = SessionSubscription(topic_filter, kept)
+            endpoint.session.add_subscription(subscribed)  # as MqttFrontEnd._subscribe records it
         elif offline:
-            endpoint = MqttEndpoint(self.front, Session(self.key + name), level)
+            endpoint = MqttEndpoint(self.front, session, level)
+            self.offline[name] = endpoint
         else:
-            server, client, _ = connected(level=level, client_id=name, **connect)
+            server, client, _ = connected(level=level, client_id=name, session=session, **connect)
             self.clients[name] = client
-            endpoint = self._attach(name, server, level).endpoint
+            endpoint = self._attach(name, server, level, session).endpoint
             assert endpoint is not None
-        self.broker.router.subscribe(endpoint, self.key + topic_filter, SubscriptionOptions(qos=0, **options))
+        options = {"qos": 0, **options}
+        self.broker.router.subscribe(endpoint, self.key + topic_filter, SubscriptionOptions(**options))
         return endpoint
+
+    def ack_all(self) -> None:
+        """Each connected subscriber acknowledges what it got at QoS 1; its window then moves on."""
+        for client in self.clients.values():
+            ids = [p.packet_id for p in getattr(client, "got", []) if isinstance(p, Publish) and p.qos == 1]
+            client.got = []
+            if ids:
+                client.send(*[PubAck(packet_id) for packet_id in ids])
 
     def feed(self, data: bytes) -> None:
         """One read of the publisher's socket, acted on as the runtime does."""
@@ -100,8 +123,27 @@ class World:
 
     def observed(self) -> dict[str, Any]:
         stats = self.broker.stats
+        received = {}
+        for name, client in self.clients.items():
+            got = client.received()
+            client.got = [*getattr(client, "got", []), *got]
+            received[name] = got
+        sessions = {
+            name: (
+                [(e.packet_id, e.message.payload, e.sent) for e in s.session.inflight.values()],  # type: ignore[union-attr]
+                [(m.topic, m.payload, m.qos) for m in s.session.queue],  # type: ignore[union-attr]
+                s.session.next_packet_id,  # type: ignore[union-attr]
+            )
+            for name, s in self.servers.items()
+        }
+        sessions.update(
+            (name, ([], [(m.topic, m.payload, m.qos) for m in e.session.queue], e.session.next_packet_id))
+            for name, e in self.offline.items()
+        )
         return {
-            "received": {name: client.received() for name, client in self.clients.items()},
+            "received": received,
+            "publisher": self.pub_client.received(),
+            "sessions": sessions,
             "foreign": list(self.foreign.got),
             "stats": {name: getattr(stats, name) for name in type(stats).__slots__},
             "machines": {name: (s.stats.packets_received, s.stats.packets_sent, s.stats.dropped_too_large)
@@ -149,11 +191,52 @@ def stream(level: int) -> bytes:
     return b"".join(encode(p, level) for p in packets)
 
 
-def both(publisher_level: int, vhost: str = "/") -> tuple[World, World]:
+def both(publisher_level: int, vhost: str = "/", fill: Any = None) -> tuple[World, World]:
     on, off = World(True, publisher_level, vhost), World(False, publisher_level, vhost)
     for world in (on, off):
-        populate(world, publisher_level)
+        (fill or populate)(world, publisher_level)
     return on, off
+
+
+def populate_qos1(world: World, publisher_level: int) -> None:
+    """QoS 1 subscribers of every kind, and QoS 0 ones of a QoS 1 run."""
+    world.subscriber("v311", 4, "a/#", qos=1)
+    world.subscriber("v31", 3, "a/b", qos=1)
+    world.subscriber("v5", 5, "a/+", qos=1)
+    world.subscriber("v5-id", 5, "a/#", qos=1, subscription_identifier=7)
+    world.subscriber("v5-aliases", 5, "a/b", qos=1, properties=Properties(topic_alias_maximum=4))
+    world.subscriber("v5-small", 5, "a/#", qos=1, properties=Properties(maximum_packet_size=60))
+    # A window of 3: most deliveries wait in the session's queue, pumped by its PUBACKs.
+    world.subscriber("v5-window", 5, "a/b", qos=1, properties=Properties(receive_maximum=3))
+    world.subscriber("v311-full", 4, "a/b", qos=1, max_queued=4)  # its queue overflows
+    world.subscriber("v311-q0", 4, "a/b", qos=0)
+    world.subscriber("v5-q0", 5, "a/b", qos=0)
+    world.subscriber("share-1", 4, "a/b", qos=1, share_group="g")
+    world.subscriber("share-2", 5, "a/b", qos=1, share_group="g")
+    world.subscriber("offline", 4, "a/#", qos=1, offline=True)
+    world.subscriber("pub", publisher_level, "a/#", qos=1, no_local=True)
+    world.broker.router.subscribe(world.foreign, world.key + "a/b", SubscriptionOptions(qos=1))
+    world.servers["v311-full"].client_receive_maximum = 2  # (3.1.1 has no Receive Maximum)
+
+
+def stream_qos1(level: int) -> bytes:
+    """QoS 1 runs cut by QoS 0, a retained one, QoS 2, another topic, properties and a $ topic; a
+    packet id used again after its PUBACK; payloads to 2-byte remaining lengths."""
+    packets: list[Publish] = []
+    packets += [Publish("a/b", b"m%d" % i + b"." * (i * 37), 1, packet_id=i + 1) for i in range(6)]
+    packets.append(Publish("a/b", b"qos0"))
+    packets += [Publish("a/b", b"after qos0 %d" % i, 1, packet_id=10 + i) for i in range(3)]
+    packets.append(Publish("a/b", b"retained", 1, retain=True, packet_id=20))
+    packets.append(Publish("a/b", b"qos2", 2, packet_id=21))
+    packets += [Publish("a/c", b"other topic %d" % i, 1, packet_id=30 + i) for i in range(2)]
+    packets += [Publish("a/b", b"again %d" % i, 1, packet_id=1) for i in range(2)]
+    if level == 5:
+        packets.append(
+            Publish("a/b", b"props", 1, packet_id=40, properties=Properties(user_properties=[("k", "v")]))
+        )
+    packets += [Publish("$x/y", b"dollar %d" % i, 1, packet_id=50 + i) for i in range(2)]
+    packets += [Publish("a/b", b"last %d" % i, 1, packet_id=60 + i) for i in range(8)]
+    return b"".join(encode(p, level) for p in packets)
 
 
 @pytest.mark.parametrize("level", [3, 4, 5])
@@ -209,3 +292,60 @@ async def test_a_broker_that_reports_each_publish_takes_each() -> None:
     off.feed(data)
     assert on.observed() == off.observed()
     assert seen["on"] == seen["off"] and len(seen["on"]) > 10
+
+
+@pytest.mark.parametrize("level", [3, 4, 5])
+async def test_a_qos1_run_is_delivered_and_acked_as_each_publish_was(level: int) -> None:
+    on, off = both(level, fill=populate_qos1)
+    data = stream_qos1(level)
+    on.feed(data)
+    off.feed(data)
+    assert on.runs_seen >= 4 and off.runs_seen == 0
+    got = on.observed()
+    assert got == off.observed()
+    # a PUBACK or PUBREC to each PUBLISH but the QoS 0 one, the two to $x/y too
+    assert len(got["publisher"]) == data.count(b"a/") - 1 + 2
+    assert len(got["received"]["v311"]) >= 19 and len(got["sessions"]["v5-window"][1]) > 10
+    assert got["stats"]["messages_dropped"] > 0  # v311-full's queue
+    for _ in range(8):  # the windows move on as the subscribers acknowledge
+        on.ack_all()
+        off.ack_all()
+        assert on.observed() == off.observed()
+    assert not got["sessions"]["v311"][1] and not on.observed()["sessions"]["v5-window"][1]
+
+
+async def test_a_qos1_run_split_anywhere_gives_the_same() -> None:
+    whole, split = World(True, 4), World(True, 4)
+    for world in (whole, split):
+        populate_qos1(world, 4)
+    data = stream_qos1(4)
+    whole.feed(data)
+    for i in range(0, len(data), 11):
+        split.feed(data[i : i + 11])
+    assert whole.observed() == split.observed()
+
+
+async def test_a_qos1_run_to_a_broker_that_reports_each_publish_is_walked() -> None:
+    on, off = both(5, fill=populate_qos1)
+    for world in (on, off):
+        world.broker.events.subscribe(lambda event: None, {MESSAGE_PUBLISHED})
+    data = stream_qos1(5)
+    on.feed(data)
+    off.feed(data)
+    assert on.observed() == off.observed()
+
+
+@pytest.mark.parametrize("level", [4, 5])
+async def test_a_qos1_publisher_subscribed_to_itself_gets_each_before_its_puback(level: int) -> None:
+    def fill(world: World, publisher_level: int) -> None:
+        populate_qos1(world, publisher_level)
+        world.subscriber("pub", publisher_level, "a/b", qos=1)  # its own messages, before each PUBACK
+
+    on, off = both(level, fill=fill)
+    data = stream_qos1(level)
+    on.feed(data)
+    off.feed(data)
+    got = on.observed()
+    assert got == off.observed()
+    kinds = [type(p).__name__ for p in got["publisher"]]
+    assert kinds[:4] == ["Publish", "PubAck", "Publish", "PubAck"]

@@ -26,7 +26,7 @@ from trimaran.mqtt.session import (
 def test_packet_ids_skip_ids_in_use_and_wrap() -> None:
     session = Session("c")
     assert [session.allocate_packet_id() for _ in range(3)] == [1, 2, 3]
-    session._next_packet_id = 0xFFFF
+    session.next_packet_id = 0xFFFF
     session.enqueue(OutboundMessage("t", b"", 1))
     entry = session.next_to_send(10)
     assert entry is not None and entry.packet_id == 0xFFFF

@@ -63,6 +63,7 @@ __all__ = [
     "encode_properties",
     "encode_run",
     "encode_varint",
+    "run_acks",
     "run_packets",
 ]
 
@@ -719,8 +720,8 @@ class Decoder:
         if ptype == _PUBLISH:  # most packets: read from the buffer, no view, no lookup
             try:
                 packet: Packet | PublishRun
-                if not flags and self.runs:  # QoS 0, no retain, no DUP
-                    packet, total = self._run(base, start, total, level or 0)
+                if (flags == 0 or flags == 2) and self.runs:  # QoS 0 or 1, no retain, no DUP
+                    packet, total = self._run(flags, base, start, total, level or 0)
                 else:
                     packet = self._publish(flags, base, start, total, level or 0)
             except ProtocolError as exc:
@@ -809,19 +810,28 @@ class Decoder:
             return Publish(topic, wire[pos - base :], qos, False, False, packet_id, props, wire)
         return Publish(topic, bytes(buf[pos:end]), qos, bool(flags & 0x01), dup, packet_id, props)
 
-    def _run(self, base: int, pos: int, end: int, level: int) -> tuple[Publish | PublishRun, int]:
-        """The QoS 0 PUBLISH without retain or DUP at ``base`` (body ``pos``..``end``) and every
-        whole packet after it with the same fixed header type, topic and (5.0) no properties, as one
-        PublishRun, and where it ends. A packet unlike them ends the run and is read on its own
-        (by :meth:`next_packet`, which refuses it if it is bad); so does a first packet with
-        properties or no topic, which is returned as a Publish."""
+    def _run(self, flags: int, base: int, pos: int, end: int, level: int) -> tuple[Publish | PublishRun, int]:
+        """The PUBLISH at ``base`` (body ``pos``..``end``), QoS 0 or 1 (``flags``) without retain
+        or DUP, and every whole packet after it with the same fixed header, topic and (5.0) no
+        properties, as one PublishRun, and where it ends. A packet unlike them (at QoS 1 one with
+        packet identifier 0 too) ends the run and is read on its own (by :meth:`next_packet`, which
+        refuses it if it is bad); so does a first packet with properties, no topic or a bad packet
+        identifier, which is returned as a Publish (or refused)."""
         buf = self._buf
         if pos + 2 > end:
-            return self._publish(0, base, pos, end, level), end  # (raises: malformed)
+            return self._publish(flags, base, pos, end, level), end  # (raises: malformed)
         stop = pos + 2 + (buf[pos] << 8 | buf[pos + 1])
-        head = stop + 1 if level == MQTT_5 else stop  # at 5.0 the empty properties' one byte
-        if stop == pos + 2 or head > end or (head > stop and buf[stop]):
-            return self._publish(0, base, pos, end, level), end
+        # The topic field, then at QoS 1 the packet id, then at 5.0 the empty properties' one byte.
+        qos = flags >> 1
+        at = stop + 2 if qos else stop
+        head = at + 1 if level == MQTT_5 else at
+        if (
+            stop == pos + 2
+            or head > end
+            or (head > at and buf[at])
+            or (qos and not (buf[stop] or buf[stop + 1]))
+        ):
+            return self._publish(flags, base, pos, end, level), end
         raw = buf[pos + 2 : stop]
         if raw == self._topic_raw:
             topic = self._topic
@@ -834,15 +844,20 @@ class Decoder:
                 raise _malformed("string contains U+0000")
             self._topic_raw = raw
             self._topic = topic
-        field = buf[pos:head]
+        # What every packet of the run repeats: at QoS 0 all of ``head``, at QoS 1 the topic field
+        # (its packet id and 5.0 properties byte are checked apart).
+        field = buf[pos:stop] if qos else buf[pos:head]
+        size_of_field = len(field)
         width = head - pos
         largest = end - base
         limit = self.max_packet_size
         size = len(buf)
+        first = buf[base]
+        v5 = level == MQTT_5
         count = 1
-        # Each next packet: 0x30, its remaining length, then the same topic field. Read in place
-        # (no packet object, no call), as many as the buffer holds whole.
-        while end + 2 <= size and buf[end] == 0x30:
+        # Each next packet: the same first byte, its remaining length, then the same topic field.
+        # Read in place (no packet object, no call), as many as the buffer holds whole.
+        while end + 2 <= size and buf[end] == first:
             byte = buf[end + 1]
             start = end + 2
             if byte < 0x80:
@@ -869,14 +884,18 @@ class Decoder:
                 total > size
                 or total - end > limit
                 or remaining < width
-                or buf[start : start + width] != field
+                or buf[start : start + size_of_field] != field
             ):
                 break
+            if qos:
+                at = start + size_of_field
+                if not (buf[at] or buf[at + 1]) or (v5 and buf[at + 2]):
+                    break  # packet id 0 (next_packet refuses it), or properties
             if total - end > largest:
                 largest = total - end
             end = total
             count += 1
-        return PublishRun(topic, bytes(buf[base:end]), count, largest, width, level == MQTT_5), end
+        return PublishRun(topic, bytes(buf[base:end]), count, largest, width, v5, qos), end
 
     def _fail(self, exc: ProtocolError) -> ProtocolError:
         self._failed = exc
@@ -1001,9 +1020,34 @@ def run_packets(run: PublishRun) -> list[tuple[bytes, bytes]]:
     return out
 
 
+def run_acks(run: PublishRun) -> bytes:
+    """The plain PUBACK of each PUBLISH of a QoS 1 run, back to back."""
+    wire = run.wire
+    at = run.head - (3 if run.v5 else 2)  # the packet id, from the end of the remaining length
+    acks = bytearray()
+    pos = 0
+    size = len(wire)
+    while pos < size:
+        start = pos + 1
+        remaining = 0
+        shift = 0
+        while True:  # the decoder checked the remaining length's form
+            byte = wire[start]
+            start += 1
+            remaining |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                break
+            shift += 7
+        acks += b"\x40\x02"
+        acks += wire[start + at : start + at + 2]
+        pos = start + remaining
+    return bytes(acks)
+
+
 def encode_run(run: PublishRun, v5: bool, subscription_ids: tuple[int, ...]) -> tuple[bytes, int]:
-    """A run's PUBLISHes as a subscriber of the other protocol family (``v5``), or one at 5.0 with
-    subscription identifiers, gets them: back to back, and the size of the largest."""
+    """A run's PUBLISHes as a QoS 0 subscriber of the other protocol family (``v5``), or of a QoS 1
+    run, or one at 5.0 with subscription identifiers, gets them: back to back, and the size of the
+    largest."""
     name = run.topic.encode("utf-8")
     field = _U16.pack(len(name)) + name
     if v5:

@@ -36,6 +36,8 @@ from trimaran.mqtt.codec import (
     ProtocolError,
     encode,
     encode_plain_publish,
+    run_acks,
+    run_packets,
 )
 from trimaran.mqtt.events import (
     ConnectionClosed,
@@ -128,8 +130,9 @@ class ServerLimits:
     max_topic_levels: int = 128  # levels of a topic name or filter
     max_subscriptions: int = 0  # per session; 0 = no limit
     max_early_data: int = 1 << 20  # bytes buffered while accept()/reject() is pending
-    # Hand consecutive plain QoS 0 PUBLISHes to one topic out as one PublishRun event (the server's
-    # hull routes a run once); off, each PUBLISH is its own event.
+    # Hand consecutive plain QoS 0 (or QoS 1) PUBLISHes to one topic out as one PublishRun event
+    # (the server's hull routes a run once, and acknowledges a QoS 1 run with `ack_run` or has it
+    # read one PUBLISH at a time with `walk_run`); off, each PUBLISH is its own event.
     publish_runs: bool = False
 
 
@@ -201,6 +204,9 @@ class ServerConnection:
         "_ready",
         "_ready_at",
         "_valid_topic",
+        "_walk",
+        "_walk_at",
+        "_walk_run",
         "client_id",
         "client_max_packet_size",
         "client_receive_maximum",
@@ -260,6 +266,10 @@ class ServerConnection:
         self._ready: Events = []  # what next_event() hands out, in order, from _ready_at
         self._ready_at = 0
         self._valid_topic: str | None = None  # the last topic name checked: publishers repeat theirs
+        # A run being read one PUBLISH at a time (walk_run): its packets, and the next one's index.
+        self._walk: list[tuple[bytes, bytes]] | None = None
+        self._walk_at = 0
+        self._walk_run: PublishRun | None = None
         # MessageAcked for every finished delivery; False: only for tagged ones (a hull that has
         # nothing to do when a plain pub/sub delivery is acknowledged saves an event per message).
         self.report_plain_acks = True
@@ -311,6 +321,13 @@ class ServerConnection:
             # Decode and act on one packet at a time until one makes an event; stop when no whole
             # packet is buffered or one failed. Written out here: this runs once per packet.
             while not ready and self.state in _READING:
+                if self._walk is not None:  # a run's PUBLISHes, each its own event, before the rest
+                    try:
+                        self._on_publish(self._walked(), ready)
+                    except _Fail as failed:  # (its own name: mypyc gives one name one type)
+                        self._fail(ready, failed.reason_code, failed.message)
+                        break
+                    continue
                 # Only a connection with deliveries in flight expects PUBACKs (a publisher's reads
                 # skip the look); a stray one is read by next_packet and ignored the same way.
                 if (
@@ -520,6 +537,82 @@ class ServerConnection:
         self.pending_out += len(data)
         self.stats.packets_sent += count
         return True
+
+    def publish_qos1_run(self, run: PublishRun, topic: str) -> bool:
+        """Send each PUBLISH of a QoS 1 run (a PublishRun of this protocol family: the caller
+        checks) to ``topic`` at QoS 1, as `publish` would one by one: with this session's packet ids
+        into the inflight window while it has room and nothing waits before them, the rest queued
+        in the session (a PUBACK pumps them). False, and nothing done, where each must take
+        `publish`: not connected, outbound topic aliases, a message larger than the client's
+        Maximum Packet Size, or more than the session's queue holds."""
+        session = self.session
+        if (
+            self.state != State.CONNECTED
+            or session is None
+            or self.uses_topic_aliases
+            or run.largest > self.client_max_packet_size
+        ):
+            return False
+        packets = run_packets(run)
+        count = len(packets)
+        inflight = session.inflight
+        queue = session.queue
+        items = queue.items
+        room = 0 if items else self.client_receive_maximum - len(inflight)
+        if room < count:
+            waiting = count - max(room, 0)
+            if len(queue) + waiting > session.max_queued:
+                return False
+            if (
+                session.max_queued_bytes
+                and queue.bytes + sum(len(payload) + len(topic) for _, payload in packets[count - waiting :])
+                > session.max_queued_bytes
+            ):
+                return False
+        back = 3 if self.protocol_level == MQTT_5 else 2  # the packet id's place, before the payload
+        parts: list[bytes] = []
+        sent = 0
+        for wire, payload in packets:
+            message = OutboundMessage(topic, payload, 1, False, NO_PROPERTIES, None, None, False, None)
+            if sent < room:
+                # session.start_inflight() written out: once per message
+                if len(inflight) >= 0xFFFF:
+                    raise RuntimeError("all 65535 packet identifiers are in use")
+                pid = session.next_packet_id
+                while pid in inflight:
+                    pid = pid % 0xFFFF + 1
+                session.next_packet_id = pid % 0xFFFF + 1
+                inflight[pid] = InflightEntry(pid, message, AWAITING_PUBACK, True)
+                at = len(wire) - len(payload) - back
+                parts += (wire[:at], _PACKET_ID(pid), wire[at + 2 :])
+                sent += 1
+            else:
+                items.append(message)  # session.enqueue() written out, its bounds checked above
+                queue.bytes += len(payload) + len(topic)
+        if sent:
+            data = b"".join(parts)
+            self._out.append(data)
+            self.pending_out += len(data)
+            self.stats.packets_sent += sent
+        if items and len(inflight) < self.client_receive_maximum:
+            self._pump(self._ready)  # room, but the queue was not empty: its head goes first
+        return True
+
+    def walk_run(self, run: PublishRun) -> None:
+        """Hand out the PUBLISHes of ``run`` (its event, just handed out) one at a time, each as if
+        it had been read alone, before anything read after them: for the runs the hull cannot take
+        whole (refused, a ``$`` topic, a broker that must see each publish)."""
+        self._walk = run_packets(run)
+        self._walk_at = 0
+        self._walk_run = run
+
+    def ack_run(self, run: PublishRun) -> None:
+        """Acknowledge each PUBLISH of a QoS 1 run (its event, taken whole): plain PUBACKs, in
+        order, once the hull has routed them."""
+        if self.state != State.CONNECTED:
+            return  # too late to answer; a QoS 1 message keeps nothing here
+        self._out.append(run_acks(run))
+        self.stats.packets_sent += run.count
 
     def ack_publish(self, packet_id: int, reason_code: int = 0, properties: Properties | None = None) -> None:
         """Acknowledge a QoS 1/2 PUBLISH event: PUBACK (QoS 1) or PUBREC (QoS 2). Call it once the
@@ -744,12 +837,49 @@ class ServerConnection:
             props.session_expiry_interval = self.session_expiry_interval
 
     def _on_run(self, run: PublishRun, events: Events) -> None:
-        """What `_on_publish` does for each of a run's PUBLISHes, once: they are QoS 0 without
-        retain or properties (so no alias) to one non-empty topic, whose name alone needs checking."""
+        """What `_on_publish` does for each of a run's PUBLISHes, once: they are QoS 0 or 1 without
+        retain or properties (so no alias) to one non-empty topic, whose name alone needs checking.
+        At QoS 1 the hull acknowledges the run whole, before the next packet is read: so none of its
+        packet ids is unacknowledged or a resend of one, and each finds the same room under Receive
+        Maximum as the first. Where that is not so (PUBLISHes still unacknowledged, no room, QoS 1
+        not allowed), its PUBLISHes are walked, one event each."""
         self.stats.packets_received += run.count - 1
         if run.topic != self._valid_topic:
             self._check_topic(run.topic)
+        if run.qos and (
+            self._inbound_unacked
+            or (
+                self.protocol_level == MQTT_5
+                and (
+                    self.limits.maximum_qos < 1
+                    or len(self.session.inbound_qos2) >= self.limits.receive_maximum  # type: ignore[union-attr]
+                )
+            )
+        ):
+            self.walk_run(run)
+            return
         events.append(run)
+
+    def _walked(self) -> Publish:
+        """The next PUBLISH of the run being walked, as the decoder would have read it alone."""
+        walk = self._walk
+        run = self._walk_run
+        assert walk is not None and run is not None
+        at = self._walk_at
+        wire, payload = walk[at]
+        at += 1
+        if at == run.count:
+            self._walk = self._walk_run = None
+            at = 0
+        self._walk_at = at
+        packet_id = None
+        if run.qos:
+            pos = 1
+            while wire[pos] & 0x80:  # the remaining length's continuation bytes
+                pos += 1
+            pos += 1 + run.head - (3 if run.v5 else 2)  # then the topic field: the packet id
+            packet_id = wire[pos] << 8 | wire[pos + 1]
+        return Publish(run.topic, payload, run.qos, False, False, packet_id, NO_PROPERTIES, wire)
 
     def _check_topic(self, topic: str) -> None:
         """A topic name a client published to that is not the last one it used."""

@@ -34,7 +34,7 @@ from trimaran.broker.message import PROTOCOL_MQTT, Message
 from trimaran.broker.router import Delivery, SubscriptionOptions
 from trimaran.broker.sessions import SessionInfo, SessionSubscriptionInfo
 from trimaran.config import Settings
-from trimaran.mqtt.codec import NO_PROPERTIES, encode_run, run_packets
+from trimaran.mqtt.codec import encode_run
 from trimaran.mqtt.conn import MqttConn
 from trimaran.mqtt.connection import (
     NO_EXPIRY,
@@ -75,7 +75,7 @@ from trimaran.security.guard import (
     subscription_filter,
 )
 from trimaran.storage.mqtt_store import MqttStore, StoredSession
-from trimaran.topics import TopicError, split_shared
+from trimaran.topics import SHARE_PREFIX, TopicError, split_shared, topic_matches
 from trimaran.vhosts import DEFAULT_VHOST, describe, is_reserved, prefix, split_user, vhost_of
 
 log = logging.getLogger(__name__)
@@ -210,22 +210,39 @@ class MqttEndpoint:
             )
 
     def deliver_run(self, run: PublishRun, delivery: Delivery[Any]) -> bool:
-        """A run of plain QoS 0 messages (MqttFrontEnd.run_received) as :meth:`deliver` would
-        deliver each, in one call: the bytes as they came, or as this kind of client gets them,
-        encoded once per run. False, with nothing done, where each must take :meth:`deliver`: a
-        client with outbound topic aliases or not connected, one whose Maximum Packet Size a
-        message exceeds, or one that is behind (its socket full, or the run would take its
-        outbox past the push-back mark, where deliver holds publishers and drops)."""
+        """A run of plain messages (MqttFrontEnd.run_received) as :meth:`deliver` would deliver
+        each, in one call. At QoS 0: the bytes as they came, or as this kind of client gets them,
+        encoded once per run. At QoS 1 (a QoS 1 run to a QoS 1 subscription): the bytes as they
+        came with this session's packet ids (ServerConnection.publish_qos1_run). False, with
+        nothing done, where each must take :meth:`deliver`: a client not connected (at QoS 1),
+        with outbound topic aliases, of the other protocol family or with subscription identifiers
+        (at QoS 1), one whose Maximum Packet Size a message exceeds, whose session queue a QoS 1
+        run would overfill, or one that is behind at QoS 0 (its socket full, or the run would take
+        its outbox past the push-back mark, where deliver holds publishers and drops)."""
         conn = self.conn
+        qos1 = run.qos and delivery.qos
         if conn is None:
-            return True  # QoS 0 to an offline session: nothing is kept (as deliver)
+            return not qos1  # QoS 0 to an offline session: nothing is kept (as deliver)
         machine = conn.mqtt
         io = conn.io
+        v5 = self.protocol_level == MQTT_5
+        if qos1:
+            if (
+                v5 != run.v5
+                or (v5 and delivery.subscription_identifiers)
+                or not machine.publish_qos1_run(run, run.topic)  # (the key less this vhost's prefix)
+            ):
+                return False
+            count = run.count
+            self.front.broker.stats.messages_sent += count
+            io.messages_out += count
+            if not io.dirty:
+                io.wake()
+            return True
         if machine.uses_topic_aliases or not io.writable:
             return False
-        v5 = self.protocol_level == MQTT_5
         ids = delivery.subscription_identifiers if v5 else ()
-        if v5 == run.v5 and not ids:
+        if v5 == run.v5 and not ids and not run.qos:
             data = run.wire  # the relay's case: the bytes as they came
             largest = run.largest
         else:
@@ -788,28 +805,18 @@ class MqttFrontEnd:
             conn.mqtt.ack_publish(publish.packet_id)
 
     def run_received(self, conn: MqttConn[MqttEndpoint], run: PublishRun) -> None:
-        """A run of plain QoS 0 PUBLISHes to one topic (PublishRun): counted, authorized and
-        routed once, and taken whole by each subscriber that can (MqttEndpoint.deliver_run); the
-        others get each message as :meth:`publish_received` gives it. A ``$`` topic ($queue/,
-        refusals) and a broker that must see each publish take publish_received's path for each."""
+        """A run of plain QoS 0 or QoS 1 PUBLISHes to one topic (PublishRun): counted, authorized
+        and routed once, taken whole by each subscriber that can (MqttEndpoint.deliver_run), the
+        others getting each message as :meth:`publish_received` gives it; then, at QoS 1, one
+        PUBACK each. A ``$`` topic ($queue/, refusals), a refused one, a broker that must see each
+        publish and a QoS 1 run its own publisher subscribes to have the machine walk the run: each
+        PUBLISH its own event, publish_received's."""
         endpoint = conn.endpoint
         assert endpoint is not None
         topic = run.topic
-        if topic[0] == "$":
-            machine = conn.mqtt
-            for wire, payload in run_packets(run):
-                if machine.closed:
-                    break  # as a closed machine reads no further packet
-                self.publish_received(
-                    conn, Publish(topic, payload, 0, False, False, None, NO_PROPERTIES, wire)
-                )
+        if topic[0] == "$" or (run.qos and endpoint.session.subscriptions and _hears_itself(endpoint, topic)):
+            conn.mqtt.walk_run(run)
             return
-        count = run.count
-        io = conn.io
-        io.publisher = True
-        io.messages_in += count
-        broker = self.broker
-        broker.stats.messages_received += count
         principal = conn.principal
         security = self.security
         if principal is not None and (
@@ -818,20 +825,22 @@ class MqttFrontEnd:
             if security.rules is not None:
                 access, target = publish_access(topic)
                 if not security.authorize(principal, access, target):
-                    return  # QoS 0 has no refusal: dropped (publish_received's check, once a run)
+                    conn.mqtt.walk_run(run)  # each refused as publish_received refuses it
+                    return
             principal.last_write = topic
             principal.last_write_generation = security.generation
         key = endpoint.vhost_prefix + topic
         publisher_id = endpoint.client_id
+        broker = self.broker
+        count = run.count
         deliveries = broker.route_run(key, publisher_id, count)
         if deliveries is None:
-            fan_out = self.fan_out
-            for message, wire in run_messages(run, key, publisher_id, io.read_at_ms):
-                fan_out.arrived = message  # fan_out.received() written out, as publish_received
-                fan_out.arrived_wire = wire
-                fan_out.arrived_v5 = run.v5
-                broker.publish(message)
+            conn.mqtt.walk_run(run)
             return
+        io = conn.io
+        io.publisher = True
+        io.messages_in += count
+        broker.stats.messages_received += count
         rest: list[Delivery[Any]] | None = None
         for delivery in deliveries:
             subscriber = delivery.subscriber
@@ -847,6 +856,8 @@ class MqttFrontEnd:
         if rest is not None:
             messages = [m for m, _ in run_messages(run, key, publisher_id, io.read_at_ms)]
             broker.deliver_each(messages, rest)
+        if run.qos:
+            conn.mqtt.ack_run(run)  # routed: now acknowledged
 
     def _publish_refused(self, conn: MqttConn[MqttEndpoint], packet_id: int | None) -> None:
         """A publish the rules refuse: 5.0 PUBACK/PUBREC 0x87; 3.1.1 has no refusal, the message is
@@ -1026,6 +1037,20 @@ def _forget_queue_deliveries(session: Session) -> None:
     if len(kept) != len(session.queue):
         session.queue.clear()
         session.queue.extend(kept)
+
+
+def _hears_itself(endpoint: MqttEndpoint, topic: str) -> bool:
+    """Whether a client's own subscriptions may match what it publishes to ``topic``: at QoS 1 it
+    then gets each of its messages before that message's PUBACK, as when each was read alone."""
+    for subscription in endpoint.session.subscriptions.values():
+        if subscription.options.no_local:
+            continue
+        topic_filter = subscription.topic_filter
+        if topic_filter.startswith(SHARE_PREFIX):
+            topic_filter = split_shared(topic_filter)[1]
+        if topic_matches(topic_filter, topic):
+            return True
+    return False
 
 
 def _is_queue_tag(tag: object) -> bool:

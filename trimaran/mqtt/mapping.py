@@ -46,10 +46,11 @@ def message_from_publish(
 def run_messages(run: PublishRun, key: str, publisher_id: str, now: int) -> list[tuple[Message, bytes]]:
     """The broker's message for each PUBLISH of a run (to the topic ``key``, behind its vhost's
     prefix), with the PUBLISH's bytes: what `message_from_publish` makes of each."""
+    qos = run.qos
     return [
         (
             Message(
-                key, payload, 0, False, None, None, None, None, None, [], publisher_id, PROTOCOL_MQTT, now
+                key, payload, qos, False, None, None, None, None, None, [], publisher_id, PROTOCOL_MQTT, now
             ),
             wire,
         )

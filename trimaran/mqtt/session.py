@@ -189,7 +189,6 @@ class Session:
     """Per-client state that survives reconnects."""
 
     __slots__ = (
-        "_next_packet_id",
         "client_id",
         "dropped",
         "expiry_interval",
@@ -198,6 +197,7 @@ class Session:
         "inflight",
         "max_queued",
         "max_queued_bytes",
+        "next_packet_id",
         "owner",
         "queue",
         "saved_seq",
@@ -219,7 +219,7 @@ class Session:
         self.inbound_qos2: dict[int, None] = {}
         self.inbound_pending: dict[int, None] | None = None  # made by the first QoS 2 PUBLISH
         self.dropped = 0  # messages refused because the queue was full
-        self._next_packet_id = 1
+        self.next_packet_id = 1  # the id the next delivery tries first (a connection's run too)
         # (user,) whose session this is (None inside: anonymous); None: not known (a session saved
         # before owners were). Kept with the session, so a restart still knows whose rules its
         # subscriptions read by and who may take its client id over.
@@ -234,10 +234,10 @@ class Session:
         """A packet identifier not used by any outbound inflight message."""
         if len(self.inflight) >= 0xFFFF:
             raise RuntimeError("all 65535 packet identifiers are in use")
-        pid = self._next_packet_id
+        pid = self.next_packet_id
         while pid in self.inflight:
             pid = pid % 0xFFFF + 1
-        self._next_packet_id = pid % 0xFFFF + 1
+        self.next_packet_id = pid % 0xFFFF + 1
         return pid
 
     def enqueue(self, message: OutboundMessage) -> bool:
@@ -270,10 +270,10 @@ class Session:
         inflight = self.inflight
         if len(inflight) >= 0xFFFF:
             raise RuntimeError("all 65535 packet identifiers are in use")
-        pid = self._next_packet_id  # allocate_packet_id() written out: once per delivery
+        pid = self.next_packet_id  # allocate_packet_id() written out: once per delivery
         while pid in inflight:
             pid = pid % 0xFFFF + 1
-        self._next_packet_id = pid % 0xFFFF + 1
+        self.next_packet_id = pid % 0xFFFF + 1
         entry = InflightEntry(pid, message, AWAITING_PUBACK if message.qos == 1 else AWAITING_PUBREC)
         inflight[pid] = entry
         return entry
@@ -334,7 +334,7 @@ class Session:
             "expiry_interval": self.expiry_interval,
             "max_queued": self.max_queued,
             "max_queued_bytes": self.max_queued_bytes,
-            "next_packet_id": self._next_packet_id,
+            "next_packet_id": self.next_packet_id,
             "dropped": self.dropped,
             "owner": None if self.owner is None else list(self.owner),
             "subscriptions": [
@@ -372,7 +372,7 @@ class Session:
             max_queued=data["max_queued"],
             max_queued_bytes=data.get("max_queued_bytes", 0),  # sessions saved before the bound: none
         )
-        session._next_packet_id = data["next_packet_id"]
+        session.next_packet_id = data["next_packet_id"]
         session.dropped = data["dropped"]
         owner = data.get("owner")
         session.owner = None if owner is None else (owner[0],)
