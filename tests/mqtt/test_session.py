@@ -202,3 +202,26 @@ def test_a_backlogs_list_is_empty_exactly_when_the_backlog_is(steps: list[str]) 
         elif step == "clear":
             backlog.clear()
         assert (not backlog.items) == (len(backlog) == 0)
+
+
+@given(st.lists(st.one_of(st.just(-1), st.integers(min_value=-2, max_value=80)), max_size=60))
+def test_a_backlog_taken_several_at_once_is_each_popleft(steps: list[int]) -> None:
+    """``take(n)``: what ``n`` calls of ``popleft`` give (fewer if fewer wait), the same count,
+    bytes and sequence numbers after; -1 appends a message of its own."""
+    one, many = Backlog(), Backlog()
+    made = 0
+    for step in steps:
+        if step == -1:
+            for backlog in (one, many):
+                backlog.append(OutboundMessage(f"t/{made}", b"p" * made, 1))
+            made += 1
+            continue
+        each = [one.popleft() for _ in range(min(step, len(one)))]
+        assert many.take(step) == each
+        assert (list(many), many.bytes, many.first_seq, many.next_seq) == (
+            list(one),
+            one.bytes,
+            one.first_seq,
+            one.next_seq,
+        )
+        assert (not many.items) == (len(many) == 0)

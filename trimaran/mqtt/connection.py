@@ -563,10 +563,13 @@ class ServerConnection:
             waiting = count - max(room, 0)
             if len(queue) + waiting > session.max_queued:
                 return False
+            bound = session.max_queued_bytes
+            # The run's bytes bound its payloads': each is counted only near the bound.
             if (
-                session.max_queued_bytes
+                bound
+                and queue.bytes + len(run.wire) + waiting * len(topic) > bound
                 and queue.bytes + sum(len(payload) + len(topic) for _, payload in packets[count - waiting :])
-                > session.max_queued_bytes
+                > bound
             ):
                 return False
         back = 3 if self.protocol_level == MQTT_5 else 2  # the packet id's place, before the payload
@@ -1287,6 +1290,13 @@ class ServerConnection:
         session = self.session
         if session is None or self.state != State.CONNECTED:
             return
-        queue, inflight = session.queue, session.inflight
-        for _ in range(min(len(queue), self.client_receive_maximum - len(inflight))):
-            self._send_inflight(session.start_inflight(queue.popleft()), events)
+        for message in session.queue.take(self.client_receive_maximum - len(session.inflight)):
+            # _send_inflight() written out for a new entry: never sent, never awaiting PUBCOMP
+            entry = session.start_inflight(message)
+            reason = self._send_publish(message, message.qos, entry.packet_id, False)
+            if reason is None:
+                entry.sent = True
+            else:
+                # Expired, or too large for this client: as if it was delivered (MQTT-3.1.2-25).
+                session.drop_inflight(entry.packet_id)
+                events.append(MessageDropped(message, reason))

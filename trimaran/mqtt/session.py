@@ -139,6 +139,28 @@ class Backlog:
         self._head = head
         return message
 
+    def take(self, count: int) -> list[OutboundMessage]:
+        """The first ``count`` messages (at most as many as there are), removed: `popleft` for each,
+        in one call (a window that opens takes several)."""
+        items, head = self.items, self._head
+        size = len(items)
+        if count <= 0 or head == size:
+            return []
+        stop = min(head + count, size)
+        taken = items[head:stop]
+        for message in taken:
+            self.bytes -= len(message.payload) + len(message.topic)  # weight()
+        self.first_seq += stop - head
+        head = stop
+        if head == size:
+            items.clear()
+            head = 0
+        elif head > 64 and head * 2 > size:
+            del items[:head]
+            head = 0
+        self._head = head
+        return taken
+
     def clear(self) -> None:
         self.first_seq = self.next_seq  # the numbers are never reused: the cleared rows go
         self.items.clear()
