@@ -34,6 +34,8 @@ GROUP = "trimaran._mypyc"
 # - amqp091/field_types.py: it subclasses builtin types (int, float), which mypyc does not compile
 #   (amqp091/fields.py, compiled, imports its typed values from it);
 # - amqp091/exchanges.py, durable.py: not on a message's path, only on declares and at start.
+# - storage/writer.py and queue/changes.py (its Changes is the writer's WriteBatch): the writer's
+#   per-row work is storage/rows.py's, which is in, with the journal that builds the rows.
 # The runtime and the queue rooms on the hot path are in (queue/work.py and queue/stream.py with
 # groups.py, whose Group they subclass: an interpreted class cannot subclass a compiled one). Where
 # an annotation said less than what is passed, it was made true: uvloop's Server.sockets is a list
@@ -80,6 +82,7 @@ MODULES = (
     "trimaran.amqp1.links",
     "trimaran.amqp1.handler",
     "trimaran.broker.events",
+    "trimaran.storage.rows",
     "trimaran.runtime.confirms",
     "trimaran.runtime.transport",
     "trimaran.runtime.runner",
@@ -88,6 +91,7 @@ MODULES = (
     "trimaran.queue.work",
     "trimaran.queue.stream",
     "trimaran.queue.handles",
+    "trimaran.queue.journal",
     "trimaran.queue.manager",
 )
 

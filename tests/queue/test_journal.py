@@ -11,7 +11,7 @@ from trimaran.queue.groups import HELD, Entry
 from trimaran.queue.journal import Journal, MemoryJournal
 from trimaran.queue.outcomes import ACK, Retry
 from trimaran.queue.work import WorkGroup
-from trimaran.storage import queue_store
+from trimaran.storage import queue_store, rows
 from trimaran.storage.store import Storage
 from trimaran.storage.writer import GroupCommitWriter, WriteBatch
 
@@ -33,7 +33,7 @@ def test_rows_of_a_delivery() -> None:
         "queue": "q", "group": "g", "offset": 0, "state": HELD, "consumer": "c", "node": "local",
         "delivered_at": 5, "attempts": 1, "available_at": None, "lease_until": None, "reason": None,
     }  # fmt: skip
-    row = queue_store.event_row(
+    row = rows.event_row(
         5, "q", "delivered", group="g", offset=0, consumer="c", node="local", attempt=1, reason="first"
     )
     assert row["span"] == 1

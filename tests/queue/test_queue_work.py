@@ -16,6 +16,7 @@ from trimaran.config import QueuePolicySettings
 from trimaran.queue import QueueError, ack_by_id
 from trimaran.queue.outcomes import ACK
 from trimaran.storage import queue_store
+from trimaran.storage import writer as writer_module
 from trimaran.storage.schema import queue_events, queue_pending
 from trimaran.storage.writer import Receipt, WriteBatch
 
@@ -400,8 +401,10 @@ async def test_an_early_message_whose_write_fails_is_withdrawn(
     manager = make_manager()
     async with manager.running():
         await manager.declare("w")
-        real = queue_store.MessageRow.values
-        monkeypatch.setattr(queue_store.MessageRow, "values", lambda m: (m.queue, None, *real(m)[2:]))
+        real = writer_module._message_tuples  # a row without its offset: the insert fails
+        monkeypatch.setattr(
+            writer_module, "_message_tuples", lambda b: [(q, None, *r) for q, _, *r in real(b)]
+        )
         errors: list[QueueError | None] = []
         manager.publish_nowait("w", msg(b"lost", topic="$queue/w"), "", lambda _r, e: errors.append(e))
         await wait_until(lambda: bool(errors))
@@ -698,8 +701,10 @@ async def test_a_turns_publishes_fail_together_and_are_withdrawn(
     manager = make_manager()
     async with manager.running():
         await manager.declare("f")
-        real = queue_store.MessageRow.values
-        monkeypatch.setattr(queue_store.MessageRow, "values", lambda m: (m.queue, None, *real(m)[2:]))
+        real = writer_module._message_tuples  # a row without its offset: the insert fails
+        monkeypatch.setattr(
+            writer_module, "_message_tuples", lambda b: [(q, None, *r) for q, _, *r in real(b)]
+        )
         errors: list[QueueError | None] = []
         for i in range(3):
             manager.publish_nowait("f", msg(b"%d" % i, topic="$queue/f"), "", lambda _r, e: errors.append(e))

@@ -9,6 +9,7 @@ import pytest
 
 from tests.queue.conftest import Collector, Factory
 from trimaran.broker.message import Message, now_ms
+from trimaran.compiled import compiled_modules
 from trimaran.config import QueuePolicySettings
 from trimaran.queue import QueueManager
 from trimaran.queue.outcomes import ACK, RETRY_NOW
@@ -21,7 +22,11 @@ def msg(payload: bytes, **kw: Any) -> Message:
 
 
 def no_journal(manager: QueueManager) -> None:
-    """Any row, event or submission for the journal fails the test."""
+    """Any row, event or submission for the journal fails the test. Compiled by mypyc, the journal's
+    methods cannot be replaced (and compiled callers would not look them up): the interpreted run
+    (TRIMARAN_INTERPRETED=1) checks this; the compiled one checks the rest."""
+    if "trimaran.queue.journal" in compiled_modules():
+        return
 
     def refuse(*_args: object, **_kw: object) -> NoReturn:
         raise AssertionError("a transient queue's message went through the journal")

@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import Connection, select
 
 from trimaran.broker.message import Message
-from trimaran.storage import queue_store
+from trimaran.storage import queue_store, rows
 from trimaran.storage import writer as writer_module
-from trimaran.storage.schema import SPAN_MAX, queue_events
+from trimaran.storage.schema import queue_events
 from trimaran.storage.store import Storage
 from trimaran.storage.writer import GroupCommitWriter, Receipt, WriteBatch
 
@@ -22,7 +22,7 @@ from trimaran.storage.writer import GroupCommitWriter, Receipt, WriteBatch
 def _rows(queue: str, offset: int) -> WriteBatch:
     """What a publish and its delivery write: the message, its pending row, the group row."""
     batch = WriteBatch()
-    batch.messages.append(queue_store.MessageRow(queue, offset, Message("t", b"x", qos=1), "", 1, None))
+    batch.messages.append(rows.MessageRow(queue, offset, Message("t", b"x", qos=1), "", 1, None))
     batch.pending[(queue, "$default", offset)] = {
         "queue": queue, "group": "$default", "offset": offset, "state": "held", "consumer": "c1",
         "node": "n", "delivered_at": 1, "attempts": 1, "available_at": None, "lease_until": None,
@@ -135,12 +135,12 @@ def _settled_in_one_batch() -> WriteBatch:
     """Offsets 1 and 2 appended; 1 (new) and 0 (from an earlier commit) deleted, with their events."""
     batch = WriteBatch()
     for offset in (1, 2):
-        batch.messages.append(queue_store.MessageRow("short", offset, Message("t", b"x", qos=1), "", 1, None))
-        batch.events.append(queue_store.event_row(1, "short", "published", offset=offset))
+        batch.messages.append(rows.MessageRow("short", offset, Message("t", b"x", qos=1), "", 1, None))
+        batch.events.append(rows.event_row(1, "short", "published", offset=offset))
     batch.message_deletes += [("short", 0), ("short", 1)]
     batch.pending[("short", "$default", 0)] = None
     batch.pending[("short", "$default", 1)] = None  # delivered and acked within this batch too
-    batch.events.append(queue_store.event_row(1, "short", "acked", offset=1))
+    batch.events.append(rows.event_row(1, "short", "acked", offset=1))
     return batch
 
 
@@ -174,12 +174,12 @@ def test_message_appended_and_deleted_in_one_transaction_writes_no_row(storage_u
             ("published", 1), ("published", 2), ("acked", 1),
         ]  # fmt: skip
         with storage.engine.connect() as connection:
-            rows = connection.execute(
+            written = connection.execute(
                 select(queue_events.c.kind, queue_events.c.offset, queue_events.c.span)
                 .where(queue_events.c.queue == "short")
                 .order_by(queue_events.c.id)
             ).all()
-        assert [tuple(r) for r in rows] == [("published", 1, 2), ("acked", 1, 1)]  # neighbours joined
+        assert [tuple(r) for r in written] == [("published", 1, 2), ("acked", 1, 1)]  # neighbours joined
     finally:
         storage.close()
 
@@ -199,7 +199,7 @@ def test_batches_larger_than_one_statement_write_every_row(storage_url: str) -> 
             batch = WriteBatch.joined([_rows("big", offset) for offset in offsets])
             for offset in offsets:
                 for kind in ("published", "delivered", "acked"):
-                    batch.events.append(queue_store.event_row(1, "big", kind, offset=offset))
+                    batch.events.append(rows.event_row(1, "big", kind, offset=offset))
             return batch
 
         def deleted(which: range) -> WriteBatch:
@@ -235,32 +235,7 @@ def test_batches_larger_than_one_statement_write_every_row(storage_url: str) -> 
 
 
 def _event(offset: int | None, kind: str = "delivered", *, time: int = 5, consumer: str = "c1") -> dict:
-    return queue_store.event_row(time, "q", kind, group="g", offset=offset, consumer=consumer, attempt=1)
-
-
-def test_adjacent_events_on_consecutive_offsets_become_one_row() -> None:
-    """Only neighbours that differ in nothing but the next offset join, so the expanded rows are
-    the events in their order; a span stops at SPAN_MAX, and an event without an offset stands alone."""
-    events = [
-        *(_event(o) for o in range(10, 14)),  # one run
-        _event(15),  # a gap
-        _event(16, "acked"),  # another kind
-        _event(17, "acked", time=6),  # another moment
-        _event(18, "acked", time=6, consumer="c2"),  # another consumer
-        _event(None, "declared"),
-        _event(19, "acked", time=6, consumer="c2"),  # not joined across the offset-less event
-        _event(20, "acked", time=6, consumer="c2"),
-    ]
-    rows = writer_module._event_rows(events)
-    offset_span = [(r[3], r[6], r[9]) for r in rows]
-    assert offset_span == [
-        (10, "delivered", 4), (15, "delivered", 1), (16, "acked", 1), (17, "acked", 1), (18, "acked", 1),
-        (None, "declared", 1), (19, "acked", 2),
-    ]  # fmt: skip
-    expanded = [(r[3] + i if r[3] is not None else None, r[6]) for r in rows for i in range(r[9])]
-    assert expanded == [(e["offset"], e["kind"]) for e in events]
-    long = writer_module._event_rows([_event(o) for o in range(SPAN_MAX + 5)])
-    assert [(r[3], r[9]) for r in long] == [(0, SPAN_MAX), (SPAN_MAX, 5)]
+    return rows.event_row(time, "q", kind, group="g", offset=offset, consumer=consumer, attempt=1)
 
 
 def test_spanning_rows_read_back_one_event_per_offset(storage_url: str) -> None:
@@ -291,26 +266,21 @@ def test_spanning_rows_read_back_one_event_per_offset(storage_url: str) -> None:
         storage.close()
 
 
-def test_a_transient_message_row_is_never_built(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_transient_message_row_is_never_built() -> None:
     """The message row (its properties JSON above all) is built by the writer, and only for a
-    message that is written: not on the event loop, and not for one settled within its commit."""
-    built: list[str | None] = []
-    real = queue_store.properties_json
-
-    def counting(message: Message) -> str:
-        built.append(message.topic)
-        return real(message)
-
-    monkeypatch.setattr(queue_store, "properties_json", counting)
+    message that is written: not on the event loop, and not for one settled within its commit.
+    The settled one's properties cannot be written as JSON: building its row would raise."""
     batch = _settled_in_one_batch()
+    batch.messages[0].message = Message("settled", b"x", qos=1, extra={"unwritable": object()})
     batch.messages[1].message = Message("kept", b"x", qos=1)
-    assert built == []  # staged, not built
+    with pytest.raises(TypeError):
+        batch.messages[0].values()
     applied = writer_module._merged([Receipt(batch, None, None)])
-    rows = writer_module._message_tuples(applied)
-    assert built == ["kept"]
-    assert [dict(zip(queue_store.MESSAGE_COLUMNS, row, strict=True)) for row in rows] == [
+    tuples = writer_module._message_tuples(applied)
+    assert [dict(zip(rows.MESSAGE_COLUMNS, row, strict=True)) for row in tuples] == [
         applied.messages[0].row()
     ]
+    assert tuples[0][2] == "kept"
 
 
 @pytest.mark.skipif(

@@ -24,6 +24,7 @@ from trimaran.queue.changes import Changes
 from trimaran.queue.groups import HELD, WAIT, Entry, Group, QueueState, StoredMessage, policy_dict
 from trimaran.queue.policy import QueueError
 from trimaran.storage import queue_store
+from trimaran.storage.rows import MessageRow, add_event, add_published
 from trimaran.storage.writer import Receipt, WriteBatch, WriterError
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ class Journal:
         next offset of the change's last event, alike in all else (a dispatch's deliveries, a
         multiple ack), widens that event's span instead (``schema.queue_events``)."""
         if state.durable:
-            queue_store.add_event(
+            add_event(
                 ch.events, now, state.name, kind, None if group is None else group.name, offset, consumer,
                 self.node, attempt, reason,
             )  # fmt: skip
@@ -171,7 +172,7 @@ class Journal:
             return
         name = state.name
         ch.messages.append(
-            queue_store.MessageRow(
+            MessageRow(
                 name,
                 stored.offset,
                 stored.message,
@@ -197,7 +198,7 @@ class Journal:
         message row and ``published`` event join ``ch``, which goes to the writer. ``next_offset``:
         the queue row's next offset moves past it (not for offsets reserved in blocks)."""
         name = state.name
-        queue_store.add_published(
+        add_published(
             ch.messages, ch.events, name, stored.offset, stored.message, stored.routing_key,
             stored.published_at, stored.expires_at, self.node,
         )  # fmt: skip
@@ -223,7 +224,7 @@ class Journal:
             turn = self.turn = Turn(Changes(), Receipt.standing_in())
         name = state.name
         changes = turn.changes
-        queue_store.add_published(
+        add_published(
             changes.messages, changes.events, name, stored.offset, stored.message, stored.routing_key,
             stored.published_at, stored.expires_at, self.node,
         )  # fmt: skip

@@ -25,7 +25,7 @@ from trimaran.queue.policy import (
     expiry_ms,
     with_death,
 )
-from trimaran.storage import queue_store
+from trimaran.storage import queue_store, rows
 from trimaran.vhosts import describe, split_key
 
 if TYPE_CHECKING:
@@ -212,8 +212,8 @@ class Letters:
             if dlq is None:
                 dlq = manager.declare_now(target, None, state.durable, ch)
             if manager.shared_offsets(dlq):
-                row = queue_store.MessageRow(target, 0, copy, stored.routing_key, now, None).row()
-                published = queue_store.event_row(
+                row = rows.MessageRow(target, 0, copy, stored.routing_key, now, None).row()
+                published = rows.event_row(
                     now,
                     target,
                     "published",

@@ -129,10 +129,15 @@ RESERVED_PROPERTIES = frozenset(
 OFFSET_BLOCK = 1000
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, init=False)
 class PublishResult:
     queue: str
     offset: int  # -1: refused before it had one
+
+    # Written out, as one is built per publish: mypyc compiles it, the generated one runs interpreted.
+    def __init__(self, queue: str, offset: int) -> None:
+        self.queue = queue
+        self.offset = offset
 
     @property
     def message_id(self) -> str:

@@ -8,158 +8,34 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, delete, func, insert, select, text, update
 
 from trimaran.broker.message import Message
+from trimaran.storage import schema
+from trimaran.storage.rows import MESSAGE_COLUMNS, RUN_COLUMNS, SPAN_MAX
 from trimaran.storage.schema import (
-    SPAN_MAX,
     queue_events,
     queue_groups,
     queue_messages,
     queue_pending,
     queues,
 )
-from trimaran.storage.serialize import message_from, properties_json
+from trimaran.storage.serialize import message_from
 from trimaran.vhosts import vhost_of
 
 Call = Callable[[Connection], Any]
 
 
-# A message row's columns, in the table's order: MessageRow.values() gives them so.
-MESSAGE_COLUMNS = (
-    "queue", "offset", "topic", "routing_key", "payload", "qos", "properties", "published_at",
-    "expires_at", "publisher", "protocol",
-)  # fmt: skip
+# The hot rows are rows.py's (compiled with the hot modules); the tables' column orders they follow:
 assert tuple(c.name for c in queue_messages.columns) == MESSAGE_COLUMNS
-
-
-class MessageRow:
-    """A message's row, built when the writer writes it. A message published and settled within one
-    commit is never written (``writer._without_transients``), so its row, the properties JSON above
-    all, is never built either, and the event loop never builds any: the writer thread does."""
-
-    __slots__ = ("expires_at", "message", "offset", "published_at", "queue", "routing_key")
-
-    def __init__(
-        self,
-        queue: str,
-        offset: int,
-        message: Message,
-        routing_key: str,
-        published_at: int,
-        expires_at: int | None,
-    ) -> None:
-        self.queue = queue
-        self.offset = offset
-        self.message = message  # never changed once published (copies are made with copy_with)
-        self.routing_key = routing_key
-        self.published_at = published_at
-        self.expires_at = expires_at
-
-    def values(self) -> tuple[Any, ...]:
-        """The row in ``MESSAGE_COLUMNS`` order, for the writer's statements."""
-        message = self.message
-        return (
-            self.queue, self.offset, message.topic, self.routing_key, message.payload, message.qos,
-            properties_json(message), self.published_at, self.expires_at, message.publisher_id,
-            message.protocol,
-        )  # fmt: skip
-
-    def row(self) -> dict[str, Any]:
-        return dict(zip(MESSAGE_COLUMNS, self.values(), strict=True))
+assert tuple(c.name for c in queue_events.columns if c.name not in ("id", "offset", "span")) == RUN_COLUMNS
+assert SPAN_MAX == schema.SPAN_MAX
 
 
 def row_message(row: Any) -> Message:
     return message_from(row.topic, row.payload, row.qos, False, row.properties)
-
-
-def event_row(
-    time_ms: int,
-    queue: str,
-    kind: str,
-    *,
-    group: str | None = None,
-    offset: int | None = None,
-    consumer: str | None = None,
-    node: str | None = None,
-    attempt: int | None = None,
-    reason: str | None = None,
-) -> dict[str, Any]:
-    return {
-        "time": time_ms,
-        "queue": queue,
-        "group": group,
-        "offset": offset,
-        "consumer": consumer,
-        "node": node,
-        "kind": kind,
-        "attempt": attempt,
-        "reason": reason,
-        "span": 1,  # always there: widening a run reads it without a dict.get
-    }
-
-
-# Events on consecutive offsets are one run, one row, when every other column (``span`` aside) is
-# alike: these, in the table's order. The journal widens a change's last event by this key
-# (add_event) and the writer joins a batch's neighbours by it (writer._event_rows).
-RUN_COLUMNS = ("time", "queue", "group", "consumer", "node", "kind", "attempt", "reason")
-assert tuple(c.name for c in queue_events.columns if c.name not in ("id", "offset", "span")) == RUN_COLUMNS
-run_key = itemgetter(*RUN_COLUMNS)
-
-
-def add_event(
-    events: list[dict[str, Any]],
-    time_ms: int,
-    queue: str,
-    kind: str,
-    group: str | None,
-    offset: int | None,
-    consumer: str | None,
-    node: str | None,
-    attempt: int | None,
-    reason: str | None,
-) -> None:
-    """Append an event to a change's ``events``, or widen the last one's span when this is the
-    next offset of its run (a dispatch's deliveries, a multiple ack): no dict for it. Positional:
-    once per event of every message."""
-    if events and offset is not None:
-        last = events[-1]
-        first = last["offset"]
-        span = last["span"]
-        if (
-            first is not None
-            and first + span == offset
-            and span < SPAN_MAX
-            and run_key(last) == (time_ms, queue, group, consumer, node, kind, attempt, reason)
-        ):
-            last["span"] = span + 1
-            return
-    events.append(
-        event_row(
-            time_ms, queue, kind, group=group, offset=offset, consumer=consumer, node=node,
-            attempt=attempt, reason=reason,
-        )
-    )  # fmt: skip
-
-
-def add_published(
-    messages: list[MessageRow],
-    events: list[dict[str, Any]],
-    queue: str,
-    offset: int,
-    message: Message,
-    routing_key: str,
-    published_at: int,
-    expires_at: int | None,
-    node: str | None,
-) -> None:
-    """A publish's rows in a change: its message row and its ``published`` event (widening the
-    last one's span when it follows it). One call for both: the hot path of every durable publish."""
-    messages.append(MessageRow(queue, offset, message, routing_key, published_at, expires_at))
-    add_event(events, published_at, queue, "published", None, offset, message.publisher_id, node, None, None)
 
 
 # -- calls run by the writer ----------------------------------------------------------------------

@@ -42,8 +42,8 @@ import anyio.from_thread
 import anyio.lowlevel
 from sqlalchemy import Connection, Engine
 
-from trimaran.storage.queue_store import MESSAGE_COLUMNS, RUN_COLUMNS, MessageRow, run_key
-from trimaran.storage.schema import SPAN_MAX, queue_events, queue_groups, queue_messages, queue_pending
+from trimaran.storage.rows import MESSAGE_COLUMNS, RUN_COLUMNS, MessageRow, event_rows, message_tuples
+from trimaran.storage.schema import queue_events, queue_groups, queue_messages, queue_pending
 
 log = logging.getLogger(__name__)
 
@@ -644,7 +644,7 @@ def _apply_pg_statements(cursor: Any, sql: _PgSql, batch: WriteBatch) -> None:
             [(v, n, v) for n, v in batch.queue_next.items()],
         )
     if batch.events:
-        sql.insert(cursor, "queue_events", _event_rows(batch.events))
+        sql.insert(cursor, "queue_events", event_rows(batch.events))
 
 
 def _tuples(rows: list[dict[str, Any]], names: list[str]) -> list[tuple[Any, ...]]:
@@ -653,33 +653,7 @@ def _tuples(rows: list[dict[str, Any]], names: list[str]) -> list[tuple[Any, ...
 
 
 def _message_tuples(batch: WriteBatch) -> list[tuple[Any, ...]]:
-    return [m.values() for m in batch.messages]
-
-
-def _event_rows(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    """The events as rows in column order, adjacent events that differ only in a consecutive offset
-    made one row spanning them (at most ``SPAN_MAX``). Lossless: readers expand a span, and since
-    only neighbours join, the expanded rows are the events in their order."""
-    rows: list[tuple[Any, ...]] = []
-    key: tuple[Any, ...] | None = None  # the open run: its other columns, first offset, span
-    first = span = 0
-    for event in events:
-        offset = event["offset"]
-        width = event["span"]  # the journal joins a change's own neighbours already
-        this = run_key(event)
-        if offset is not None and offset == first + span and span + width <= SPAN_MAX and this == key:
-            span += width
-            continue
-        if key is not None:
-            rows.append((*key[:3], first, *key[3:], span))
-        if offset is None:
-            rows.append((*this[:3], None, *this[3:], 1))
-            key = None
-        else:
-            key, first, span = this, offset, width
-    if key is not None:
-        rows.append((*key[:3], first, *key[3:], span))
-    return rows
+    return message_tuples(batch.messages)
 
 
 def _write_groups(cursor: Any, marker: str, batch: WriteBatch) -> None:
@@ -729,7 +703,7 @@ def apply(connection: Connection, batch: WriteBatch) -> list[Any]:
         if batch.queue_next:
             cursor.executemany(sql.queue_next, [(v, n, v) for n, v in batch.queue_next.items()])
         if batch.events:
-            sql.events_in.run(cursor, _event_rows(batch.events))
+            sql.events_in.run(cursor, event_rows(batch.events))
     finally:
         cursor.close()
     return results
