@@ -33,6 +33,8 @@ PATHS = (
     "mqtt qos1 fan-in 4->1",
     "amqp091 transient",
     "amqp1 transfer-deliver-accept",
+    "amqp091 durable, ack multiple",
+    "mqtt $queue/ qos1",
 )
 WARM_UP_ROUNDS = 5
 
