@@ -34,8 +34,8 @@ GROUP = "trimaran._mypyc"
 # - amqp091/field_types.py: it subclasses builtin types (int, float), which mypyc does not compile
 #   (amqp091/fields.py, compiled, imports its typed values from it);
 # - amqp091/exchanges.py, durable.py: not on a message's path, only on declares and at start.
-# - storage/writer.py and queue/changes.py (its Changes is the writer's WriteBatch): the writer's
-#   per-row work is storage/rows.py's, which is in, with the journal that builds the rows.
+# - storage/writer.py (its thread, locks and statements): the batch it writes and the per-row work
+#   are storage/rows.py's, which is in, with queue/changes.py (a WriteBatch) and the journal.
 # The runtime and the queue rooms on the hot path are in (queue/work.py and queue/stream.py with
 # groups.py, whose Group they subclass: an interpreted class cannot subclass a compiled one). Where
 # an annotation said less than what is passed, it was made true: uvloop's Server.sockets is a list
@@ -86,6 +86,7 @@ MODULES = (
     "trimaran.runtime.confirms",
     "trimaran.runtime.transport",
     "trimaran.runtime.runner",
+    "trimaran.queue.changes",
     "trimaran.queue.transient",
     "trimaran.queue.groups",
     "trimaran.queue.work",

@@ -12,8 +12,9 @@ from trimaran.queue.journal import Journal, MemoryJournal
 from trimaran.queue.outcomes import ACK, Retry
 from trimaran.queue.work import WorkGroup
 from trimaran.storage import queue_store, rows
+from trimaran.storage.rows import WriteBatch
 from trimaran.storage.store import Storage
-from trimaran.storage.writer import GroupCommitWriter, WriteBatch
+from trimaran.storage.writer import GroupCommitWriter
 
 pytestmark = pytest.mark.anyio
 

@@ -18,7 +18,7 @@ from trimaran.queue.control import settle_by_id_now
 from trimaran.queue.manager import ConsumerHandle
 from trimaran.queue.outcomes import DeadLetter
 from trimaran.storage import queue_store
-from trimaran.storage.writer import WriteBatch
+from trimaran.storage.rows import WriteBatch
 
 pytestmark = pytest.mark.anyio
 

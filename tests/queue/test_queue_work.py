@@ -17,8 +17,9 @@ from trimaran.queue import QueueError, ack_by_id
 from trimaran.queue.outcomes import ACK
 from trimaran.storage import queue_store
 from trimaran.storage import writer as writer_module
+from trimaran.storage.rows import WriteBatch
 from trimaran.storage.schema import queue_events, queue_pending
-from trimaran.storage.writer import Receipt, WriteBatch
+from trimaran.storage.writer import Receipt
 
 pytestmark = pytest.mark.anyio
 

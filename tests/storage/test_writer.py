@@ -14,9 +14,10 @@ from sqlalchemy import Connection, select
 from trimaran.broker.message import Message
 from trimaran.storage import queue_store, rows
 from trimaran.storage import writer as writer_module
+from trimaran.storage.rows import WriteBatch
 from trimaran.storage.schema import queue_events
 from trimaran.storage.store import Storage
-from trimaran.storage.writer import GroupCommitWriter, Receipt, WriteBatch
+from trimaran.storage.writer import GroupCommitWriter, Receipt
 
 
 def _rows(queue: str, offset: int) -> WriteBatch:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trimaran.storage.writer import WriteBatch
+from trimaran.storage.rows import WriteBatch
 
 
 @dataclass(slots=True)

@@ -24,8 +24,8 @@ from trimaran.queue.changes import Changes
 from trimaran.queue.groups import HELD, WAIT, Entry, Group, QueueState, StoredMessage, policy_dict
 from trimaran.queue.policy import QueueError
 from trimaran.storage import queue_store
-from trimaran.storage.rows import MessageRow, add_event, add_published
-from trimaran.storage.writer import Receipt, WriteBatch, WriterError
+from trimaran.storage.rows import MessageRow, WriteBatch, add_event, add_published
+from trimaran.storage.writer import Receipt, WriterError
 
 if TYPE_CHECKING:
     from trimaran.storage.writer import GroupCommitWriter

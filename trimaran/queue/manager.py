@@ -85,8 +85,9 @@ from trimaran.queue.work import WorkGroup
 from trimaran.storage import queue_store
 from trimaran.storage.disk import DiskWatch
 from trimaran.storage.engine import sqlite_file
+from trimaran.storage.rows import WriteBatch
 from trimaran.storage.store import Storage
-from trimaran.storage.writer import GroupCommitWriter, WriteBatch, WriterError
+from trimaran.storage.writer import GroupCommitWriter, WriterError
 from trimaran.tenant_limits import TenantLimits
 from trimaran.vhosts import describe, split_key
 

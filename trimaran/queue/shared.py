@@ -19,7 +19,7 @@ from trimaran.broker.message import now_ms
 from trimaran.queue.groups import WAIT, Entry, Group, QueueState, StoredMessage
 from trimaran.queue.journal import Journal
 from trimaran.storage import queue_store
-from trimaran.storage.writer import WriteBatch
+from trimaran.storage.rows import WriteBatch
 
 if TYPE_CHECKING:
     pass

@@ -1,15 +1,20 @@
-"""A durable queue's hot rows: message rows and events, as the journal adds them to a change and
-the writer turns them into statement parameters.
+"""A durable queue's hot rows: the batch that commits together (message rows, pending entries,
+cursors, events), as the journal fills it and the writer turns it into statement parameters.
 
-Once or more per durable message on the loop (the journal) and on the writer thread, so the module
-is compiled with the hot modules (``trimaran/compiled.py``): it imports no SQLAlchemy, and the
-tables' column orders these follow are checked against the schema in ``queue_store.py``.
+Touched once or more per durable message on the loop (the journal) and on the writer thread, so the
+module is compiled with the hot modules (``trimaran/compiled.py``); the writer's thread, locks and
+statements stay in ``writer.py``. The tables' column orders these rows follow are checked against
+the schema in ``queue_store.py``.
 """
 
 from __future__ import annotations
 
-from operator import itemgetter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
 from typing import Any, Final
+
+from sqlalchemy import Connection
 
 from trimaran.broker.message import Message
 from trimaran.storage.serialize import properties_json
@@ -30,10 +35,13 @@ MESSAGE_COLUMNS: Final = (
 RUN_COLUMNS: Final = ("time", "queue", "group", "consumer", "node", "kind", "attempt", "reason")
 run_key = itemgetter(*RUN_COLUMNS)
 
+PendingKey = tuple[str, str, int]
+GroupKey = tuple[str, str]
+
 
 class MessageRow:
     """A message's row, built when the writer writes it. A message published and settled within one
-    commit is never written (``writer._without_transients``), so its row, the properties JSON above
+    commit is never written (:func:`without_transients`), so its row, the properties JSON above
     all, is never built either, and the event loop never builds any: the writer thread does."""
 
     __slots__ = ("expires_at", "message", "offset", "published_at", "queue", "routing_key")
@@ -143,6 +151,87 @@ def add_published(
     last one's span when it follows it). One call for both: the hot path of every durable publish."""
     messages.append(MessageRow(queue, offset, message, routing_key, published_at, expires_at))
     add_event(events, published_at, queue, "published", None, offset, message.publisher_id, node, None, None)
+
+
+@dataclass(slots=True)
+class WriteBatch:
+    """Changes that commit together. Rows are plain dicts keyed by column name; a message's row is
+    built by the writer (:class:`MessageRow`), only if it is written."""
+
+    messages: list[MessageRow] = field(default_factory=list)
+    message_deletes: list[tuple[str, int]] = field(default_factory=list)
+    pending: dict[PendingKey, dict[str, Any] | None] = field(default_factory=dict)
+    groups: dict[GroupKey, dict[str, Any] | None] = field(default_factory=dict)
+    queue_next: dict[str, int] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    # Anything else, run first in the same transaction (declare, delete, purge, claims); results are
+    # returned in order in Receipt.results.
+    calls: list[Callable[[Connection], Any]] = field(default_factory=list)
+
+    def empty(self) -> bool:
+        return not (
+            self.messages
+            or self.message_deletes
+            or self.pending
+            or self.groups
+            or self.queue_next
+            or self.events
+            or self.calls
+        )
+
+    @classmethod
+    def joined(cls, batches: list[WriteBatch]) -> WriteBatch:
+        """The batches as one, in order (a later state of a key wins): one pass per kind of row."""
+        joined = cls(
+            messages=[m for b in batches for m in b.messages],
+            message_deletes=[key for b in batches for key in b.message_deletes],
+            pending={key: row for b in batches for key, row in b.pending.items()},
+            groups={key: row for b in batches for key, row in b.groups.items()},
+            events=[event for b in batches for event in b.events],
+            calls=[call for b in batches for call in b.calls],
+        )
+        queue_next = joined.queue_next
+        for b in batches:
+            for name, value in b.queue_next.items():
+                if value > queue_next.get(name, -1):
+                    queue_next[name] = value
+        return joined
+
+
+_second = itemgetter(1)
+_offset_of = attrgetter("offset")
+
+
+def without_transients(batch: WriteBatch) -> WriteBatch:
+    """Drop the messages appended and deleted in the same transaction (published, delivered and
+    settled within one commit): their insert and delete would cancel out. A delete of a message
+    written by an earlier transaction stays. So does the delete of its pending entries: a delivery's
+    rows are submitted after its message's, so a message first written here has no pending row
+    before this transaction, and a pending entry it ends with none needs no statement. Calls run
+    before rows, so none can see the dropped rows; the events of those messages are kept, for the
+    audit."""
+    if not (batch.messages and batch.message_deletes):
+        return batch
+    # map with C getters: no Python frame per message (a generator's is one per item)
+    if max(map(_second, batch.message_deletes)) < min(map(_offset_of, batch.messages)):
+        return batch  # every delete is older than every append (the usual batch): none is transient
+    deleted = set(batch.message_deletes)
+    transient = {key for m in batch.messages if (key := (m.queue, m.offset)) in deleted}
+    if not transient:
+        return batch
+    return WriteBatch(
+        messages=[m for m in batch.messages if (m.queue, m.offset) not in transient],
+        message_deletes=[key for key in batch.message_deletes if key not in transient],
+        pending={
+            key: row
+            for key, row in batch.pending.items()
+            if row is not None or (key[0], key[2]) not in transient
+        },
+        groups=batch.groups,
+        queue_next=batch.queue_next,
+        events=batch.events,
+        calls=batch.calls,
+    )
 
 
 def message_tuples(messages: list[MessageRow]) -> list[tuple[Any, ...]]:

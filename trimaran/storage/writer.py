@@ -32,9 +32,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from itertools import chain, islice
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 from typing import Any
 
 import anyio
@@ -42,72 +41,33 @@ import anyio.from_thread
 import anyio.lowlevel
 from sqlalchemy import Connection, Engine
 
-from trimaran.storage.rows import MESSAGE_COLUMNS, RUN_COLUMNS, MessageRow, event_rows, message_tuples
+from trimaran.storage.rows import (
+    MESSAGE_COLUMNS,
+    RUN_COLUMNS,
+    WriteBatch,
+    event_rows,
+    message_tuples,
+    without_transients,
+)
 from trimaran.storage.schema import queue_events, queue_groups, queue_messages, queue_pending
 
 log = logging.getLogger(__name__)
 
-PendingKey = tuple[str, str, int]
-GroupKey = tuple[str, str]
-
-
-@dataclass(slots=True)
-class WriteBatch:
-    """Changes that commit together. Rows are plain dicts keyed by column name; a message's row is
-    built by the writer (:class:`MessageRow`), only if it is written."""
-
-    messages: list[MessageRow] = field(default_factory=list)
-    message_deletes: list[tuple[str, int]] = field(default_factory=list)
-    pending: dict[PendingKey, dict[str, Any] | None] = field(default_factory=dict)
-    groups: dict[GroupKey, dict[str, Any] | None] = field(default_factory=dict)
-    queue_next: dict[str, int] = field(default_factory=dict)
-    events: list[dict[str, Any]] = field(default_factory=list)
-    # Anything else, run first in the same transaction (declare, delete, purge, claims); results are
-    # returned in order in Receipt.results.
-    calls: list[Callable[[Connection], Any]] = field(default_factory=list)
-
-    def rows(self) -> int:
-        return (
-            len(self.messages)
-            + len(self.message_deletes)
-            + len(self.pending)
-            + len(self.groups)
-            + len(self.events)
-            + len(self.calls)
-        )
-
-    def empty(self) -> bool:
-        return not (
-            self.messages
-            or self.message_deletes
-            or self.pending
-            or self.groups
-            or self.queue_next
-            or self.events
-            or self.calls
-        )
-
-    @classmethod
-    def joined(cls, batches: list[WriteBatch]) -> WriteBatch:
-        """The batches as one, in order (a later state of a key wins): one pass per kind of row."""
-        joined = cls(
-            messages=[m for b in batches for m in b.messages],
-            message_deletes=[key for b in batches for key in b.message_deletes],
-            pending={key: row for b in batches for key, row in b.pending.items()},
-            groups={key: row for b in batches for key, row in b.groups.items()},
-            events=[event for b in batches for event in b.events],
-            calls=[call for b in batches for call in b.calls],
-        )
-        queue_next = joined.queue_next
-        for b in batches:
-            for name, value in b.queue_next.items():
-                if value > queue_next.get(name, -1):
-                    queue_next[name] = value
-        return joined
-
 
 class WriterError(Exception):
     """The transaction holding a submission failed."""
+
+
+def _rows_in(batch: WriteBatch) -> int:
+    """What a batch weighs in the writer's gathering (``commit_batch_max``)."""
+    return (
+        len(batch.messages)
+        + len(batch.message_deletes)
+        + len(batch.pending)
+        + len(batch.groups)
+        + len(batch.events)
+        + len(batch.calls)
+    )
 
 
 class Receipt:
@@ -124,7 +84,7 @@ class Receipt:
         on_results: Callable[[list[Any]], None] | None = None,
     ):
         self.batch = batch
-        self.rows = batch.rows()  # counted once: the submit, the gathering and the statistics use it
+        self.rows = _rows_in(batch)  # counted once: the submit, the gathering and the statistics use it
         self.event = event
         self.on_commit = on_commit
         self.on_results = on_results
@@ -248,7 +208,7 @@ class GroupCommitWriter:
             receipt = Receipt(batch, anyio.Event() if wait else None, on_commit, on_results)
         else:
             receipt.batch = batch
-            receipt.rows = batch.rows()
+            receipt.rows = _rows_in(batch)
             receipt.on_commit = on_commit
             receipt.on_results = on_results
         if self._thread is None:
@@ -392,43 +352,7 @@ def _runs(receipts: list[Receipt]) -> list[list[Receipt]]:
 
 def _merged(run: list[Receipt]) -> WriteBatch:
     batch = run[0].batch if len(run) == 1 else WriteBatch.joined([receipt.batch for receipt in run])
-    return _without_transients(batch)
-
-
-_second = itemgetter(1)
-_offset_of = attrgetter("offset")
-
-
-def _without_transients(batch: WriteBatch) -> WriteBatch:
-    """Drop the messages appended and deleted in the same transaction (published, delivered and
-    settled within one commit): their insert and delete would cancel out. A delete of a message
-    written by an earlier transaction stays. So does the delete of its pending entries: a delivery's
-    rows are submitted after its message's, so a message first written here has no pending row
-    before this transaction, and a pending entry it ends with none needs no statement. Calls run
-    before rows, so none can see the dropped rows; the events of those messages are kept, for the
-    audit."""
-    if not (batch.messages and batch.message_deletes):
-        return batch
-    # map with C getters: no Python frame per message (a generator's is one per item)
-    if max(map(_second, batch.message_deletes)) < min(map(_offset_of, batch.messages)):
-        return batch  # every delete is older than every append (the usual batch): none is transient
-    deleted = set(batch.message_deletes)
-    transient = {key for m in batch.messages if (key := (m.queue, m.offset)) in deleted}
-    if not transient:
-        return batch
-    return WriteBatch(
-        messages=[m for m in batch.messages if (m.queue, m.offset) not in transient],
-        message_deletes=[key for key in batch.message_deletes if key not in transient],
-        pending={
-            key: row
-            for key, row in batch.pending.items()
-            if row is not None or (key[0], key[2]) not in transient
-        },
-        groups=batch.groups,
-        queue_next=batch.queue_next,
-        events=batch.events,
-        calls=batch.calls,
-    )
+    return without_transients(batch)
 
 
 def _complete(receipts: list[Receipt]) -> None:
