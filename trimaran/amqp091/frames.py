@@ -13,7 +13,7 @@ malformed arguments, 503 COMMAND_INVALID for unknown methods).
 import enum
 import struct
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 from trimaran.amqp091.properties import (
     BasicProperties,
@@ -118,18 +118,18 @@ def classify_protocol_header(data: bytes) -> ProtocolHeader | Literal[NeedData.N
 # --------------------------------------------------------------------------------------------
 # Decoding
 
-_FRAME_HEAD = struct.Struct(">BHI")
-_METHOD_HEAD = struct.Struct(">BHII")
-_HEADER_HEAD = struct.Struct(">BHIHHQ")
-_HEADER_FIELDS = struct.Struct(">HHQ")  # class id, weight, body size
-_PROPERTIES_KEPT = 64  # distinct property encodings remembered per connection
-_PUBLISHES_KEPT = 64  # distinct basic.publish argument lists remembered per connection
-_SIZE = struct.Struct(">I")
-_TAG_AND_BITS = struct.Struct(">QB")  # basic.ack's delivery tag and bits
-_PUBLISH_INDEX = (60 << 16) | 40  # basic.publish
-_ACK_INDEX = BasicAck.INDEX
-_ACK_SIZE = 4 + 8 + 1  # method index, delivery tag, bits
-_BASIC = 60
+_FRAME_HEAD: Final = struct.Struct(">BHI")
+_METHOD_HEAD: Final = struct.Struct(">BHII")
+_HEADER_HEAD: Final = struct.Struct(">BHIHHQ")
+_HEADER_FIELDS: Final = struct.Struct(">HHQ")  # class id, weight, body size
+_PROPERTIES_KEPT: Final = 64  # distinct property encodings remembered per connection
+_PUBLISHES_KEPT: Final = 64  # distinct basic.publish argument lists remembered per connection
+_SIZE: Final = struct.Struct(">I")
+_TAG_AND_BITS: Final = struct.Struct(">QB")  # basic.ack's delivery tag and bits
+_PUBLISH_INDEX: Final = (60 << 16) | 40  # basic.publish
+_ACK_INDEX: Final = BasicAck.INDEX
+_ACK_SIZE: Final = 4 + 8 + 1  # method index, delivery tag, bits
+_BASIC: Final = 60
 
 
 class FrameDecoder:
@@ -310,7 +310,7 @@ class FrameDecoder:
 # --------------------------------------------------------------------------------------------
 # Encoding
 
-HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
+HEARTBEAT_FRAME: Final = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 
 
 def write_method(out: bytearray, channel: int, method: Method) -> None:
@@ -408,17 +408,17 @@ def _write_header_and_body(
         raise
 
 
-_DELIVER_INDEX = BasicDeliver.INDEX
-_BASIC_CLASS = BasicDeliver.CLASS_ID
-_HEADER_FRAME = _HEADER_HEAD.size + 1  # a content header frame without its properties
-_DELIVER_FIXED = 4 + 1 + 8 + 1 + 1 + 1  # method index, three shortstr lengths, delivery tag, bits
-_DELIVER_HEAD = struct.Struct(">BHIIB")  # frame type, channel, size, method index, tag length
-_DELIVER_MIDDLE = struct.Struct(">QBB")  # delivery tag, bits, exchange length
-_FRAME_END = bytes([FRAME_END])
+_DELIVER_INDEX: Final = BasicDeliver.INDEX
+_BASIC_CLASS: Final = BasicDeliver.CLASS_ID
+_HEADER_FRAME: Final = _HEADER_HEAD.size + 1  # a content header frame without its properties
+_DELIVER_FIXED: Final = 4 + 1 + 8 + 1 + 1 + 1  # method index, three shortstr lengths, delivery tag, bits
+_DELIVER_HEAD: Final = struct.Struct(">BHIIB")  # frame type, channel, size, method index, tag length
+_DELIVER_MIDDLE: Final = struct.Struct(">QBB")  # delivery tag, bits, exchange length
+_FRAME_END: Final = bytes([FRAME_END])
 # The Struct of a delivery's three frames but the body, by the lengths of its consumer tag,
 # exchange, routing key and properties: a consumer's deliveries have few shapes.
-_DELIVERY_SHAPES: dict[tuple[int, int, int, int], struct.Struct] = {}
-_SHAPES_KEPT = 256
+_DELIVERY_SHAPES: Final[dict[tuple[int, int, int, int], struct.Struct]] = {}
+_SHAPES_KEPT: Final = 256
 
 
 def _delivery_shape(n_tag: int, n_ex: int, n_key: int, n_props: int) -> struct.Struct:

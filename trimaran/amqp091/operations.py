@@ -15,7 +15,7 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import anyio
 import anyio.to_thread
@@ -50,8 +50,8 @@ log = logging.getLogger(__name__)
 
 #: Direct reply-to: consume here, publish with reply_to set to it; replies go to
 #: ``REPLY_TO + "." + token`` on the default exchange.
-REPLY_TO = "amq.rabbitmq.reply-to"
-REPLY_PREFIX = REPLY_TO + "."
+REPLY_TO: Final = "amq.rabbitmq.reply-to"
+REPLY_PREFIX: Final = REPLY_TO + "."
 
 
 def _error(code: int, text: str, method: spec.Method) -> spec.ProtocolError:

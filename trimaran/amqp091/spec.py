@@ -32,7 +32,7 @@ import dataclasses
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, get_origin
+from typing import Any, ClassVar, Final, get_origin
 
 # The reply codes and errors live in errors.py (which fields.py raises too); spec re-exports them all.
 from trimaran.amqp091 import errors
@@ -47,18 +47,18 @@ globals().update({name: getattr(errors, name) for name in errors.__all__})
 # --------------------------------------------------------------------------------------------
 # Constants
 
-PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
-VERSION_MAJOR = 0
-VERSION_MINOR = 9
+PROTOCOL_HEADER: Final = b"AMQP\x00\x00\x09\x01"
+VERSION_MAJOR: Final = 0
+VERSION_MINOR: Final = 9
 
-FRAME_METHOD = 1
-FRAME_HEADER = 2
-FRAME_BODY = 3
-FRAME_HEARTBEAT = 8
-FRAME_MIN_SIZE = 4096
-FRAME_END = 0xCE
+FRAME_METHOD: Final = 1
+FRAME_HEADER: Final = 2
+FRAME_BODY: Final = 3
+FRAME_HEARTBEAT: Final = 8
+FRAME_MIN_SIZE: Final = 4096
+FRAME_END: Final = 0xCE
 #: type octet + channel short + size long before the payload, frame-end octet after it.
-FRAME_OVERHEAD = 8
+FRAME_OVERHEAD: Final = 8
 
 
 # --------------------------------------------------------------------------------------------
