@@ -340,7 +340,8 @@ class ServerConnection:
                         and ch.content_state is ContentState.AWAIT_METHOD
                         and (content := decoder.next_publish(ch.max_body_size)) is not None
                     ):
-                        return ContentReceived(number, *content)
+                        method, properties, body, encoded = content  # a native call, not *args
+                        return ContentReceived(number, method, properties, body, encoded)
                 elif (ack := decoder.next_ack()) is not None:
                     number, method = ack
                     ch = self._channels.get(number)
