@@ -113,13 +113,13 @@ PATHS = [
     Path_(
         "amqp091 transient",
         lambda s: Amqp091Load(s.port("amqp"), durable=False, batch=100),
-        Budget(loop=(48.0, 61.0), others=(0.5, 0.5)),
+        Budget(loop=(46.5, 61.0), others=(0.5, 0.5)),
     ),
     Path_(
         # The benchmark's transient row: a no-ack consumer without a prefetch limit.
         "amqp091 transient no-ack",
         lambda s: Amqp091Load(s.port("amqp"), durable=False, batch=100, no_ack=True),
-        Budget(loop=(27.0, 38.5), others=(0.5, 0.5)),
+        Budget(loop=(26.0, 38.5), others=(0.5, 0.5)),
     ),
     Path_(
         "amqp091 durable",

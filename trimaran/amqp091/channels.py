@@ -24,8 +24,11 @@ from trimaran.queue.manager import ConsumerHandle, QueueDelivery
 from trimaran.queue.outcomes import ACK, RETRY_NOW, UNSENT, DeadLetter, Outcome
 
 if TYPE_CHECKING:
+    from trimaran.amqp091.connection import ServerConnection
     from trimaran.amqp091.ports import ChannelOwner
+    from trimaran.broker.stats import Stats
     from trimaran.queue.journal import Receipt
+    from trimaran.runtime.transport import Conn
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +73,6 @@ class Consumer:
         """A delivery from the queue: written on the channel (one call a message, not a hop to the
         channel's own method), or given back when the channel has closed or cannot send."""
         channel = self.channel
-        conn = channel.conn
         message = delivery.message
         if channel.closed:
             channel.give_back(self, delivery)
@@ -78,21 +80,23 @@ class Consumer:
         exchange, key, properties = delivery_form(message)
         tag = channel.next_tag
         channel.next_tag = tag + 1
-        sent = conn.machine.send_delivery(
+        sent = channel.machine.send_delivery(
             channel.number, self.tag, tag, delivery.redelivered, exchange, key, properties, message.payload
         )
         if not sent:
             channel.give_back(self, delivery)
             return
-        conn.front.broker.stats.messages_sent += 1
-        conn.io.messages_out += 1
+        channel.stats.messages_sent += 1
+        io = channel.io
+        io.messages_out += 1
         if self.no_ack:
             self.outstanding += 1
-            conn.written_hooks.add(channel)
+            channel.conn.written_hooks.add(channel)
         else:
             channel.unacked[tag] = (self, delivery.offset)
             self.unacked += 1
-        conn.io.wake()  # the runtime's, straight: the hull's wake only forwards
+        if not io.dirty:  # once a flush, not once a delivery: the runtime's wake, straight
+            io.wake()
 
 
 class Getter(Consumer):
@@ -125,14 +129,17 @@ class ChannelState:
         "flow_active",
         "getters",
         "global_prefetch",
+        "io",
         "last_queue",
         "last_write",
+        "machine",
         "next_tag",
         "number",
         "prefetch",
         "publish_seq",
         "reply_tag",
         "reply_token",
+        "stats",
         "tx",
         "tx_acks",
         "tx_publishes",
@@ -141,6 +148,11 @@ class ChannelState:
 
     def __init__(self, conn: ChannelOwner, number: int, window: int = NO_LIMIT) -> None:
         self.conn = conn
+        # What a delivery writes to and counts on, held typed rather than reached through the
+        # connection's protocol on every message: the connection's for its whole life.
+        self.machine: ServerConnection = conn.machine
+        self.io: Conn = conn.io
+        self.stats: Stats = conn.front.broker.stats
         self.number = number
         self.consumers: dict[str, Consumer] = {}
         self.getters: dict[tuple[str, bool], Getter] = {}
@@ -191,9 +203,9 @@ class ChannelState:
         self.next_tag = tag + 1
         exchange, key, properties = delivery_form(delivery.message)
         method = BasicGetOk(tag, delivery.redelivered, exchange, key, message_count())
-        self.conn.machine.send_content(self.number, method, properties, delivery.message.payload)
-        self.conn.front.broker.stats.messages_sent += 1
-        self.conn.io.messages_out += 1
+        self.machine.send_content(self.number, method, properties, delivery.message.payload)
+        self.stats.messages_sent += 1
+        self.io.messages_out += 1
         if not getter.no_ack:
             self.unacked[tag] = (getter, delivery.offset)
             getter.unacked += 1

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from trimaran.amqp091.connection import ServerConnection
     from trimaran.broker.core import Broker
     from trimaran.broker.message import Message
+    from trimaran.runtime.transport import Conn
 
 
 class FrontEnd(Protocol):
@@ -35,20 +36,11 @@ class FrontEnd(Protocol):
     def deliver_from_router(self, binding: Any, message: Message) -> None: ...
 
 
-class Counters(Protocol):
-    """The runtime's side of a connection as a delivery sees it (``runtime.transport.Conn``): the
-    counter it bumps, and the wake that has its bytes written in this loop iteration's flush."""
-
-    messages_out: int
-
-    def wake(self) -> None: ...
-
-
 class ChannelOwner(Protocol):
     """A connection as its channels see it (``conn.Amqp091Conn``)."""
 
     @property
-    def io(self) -> Counters: ...
+    def io(self) -> Conn: ...
 
     @property
     def name(self) -> str: ...
