@@ -119,7 +119,7 @@ PATHS = [
         # The benchmark's transient row: a no-ack consumer without a prefetch limit.
         "amqp091 transient no-ack",
         lambda s: Amqp091Load(s.port("amqp"), durable=False, batch=100, no_ack=True),
-        Budget(loop=(26.0, 38.5), others=(0.5, 0.5)),
+        Budget(loop=(21.0, 35.0), others=(0.5, 0.5)),
     ),
     Path_(
         "amqp091 durable",
@@ -141,7 +141,7 @@ PATHS = [
         # The benchmark's amqp1-settled row: pre-settled both ways, as "amqp091 transient no-ack".
         "amqp1 settled",
         lambda s: Amqp1Load(s.port("amqp"), batch=100, settled=True),
-        Budget(loop=(27.0, 23.5)),
+        Budget(loop=(22.0, 19.5)),
     ),
     Path_(
         "amqp1 durable",

@@ -119,6 +119,45 @@ async def test_filters_expiry_and_auto_ack_keep_their_meaning(make_manager: Fact
         assert [s.message.payload for s in state.messages.values()] == [b"take"]  # held by f
 
 
+async def test_an_idle_auto_ack_consumer_takes_a_publish_straight_and_nothing_is_stored(
+    make_manager: Factory,
+) -> None:
+    manager = make_manager()
+    async with manager.running():
+        await declare(manager)
+        a, b = Collector("a"), Collector("b")
+        ha = manager.consume("t", a, auto_ack=True)
+        hb = manager.consume("t", b, auto_ack=True)
+        no_journal(manager)
+        manager.publish_nowait("t", msg(b"0"))  # no credit yet: it waits, stored
+        state = manager.queues["t"]
+        assert list(state.messages) == [0]
+        ha.add_credit(3)
+        hb.add_credit(3)
+        for i in range(1, 5):
+            manager.publish_nowait("t", msg(b"%d" % i))
+        # round robin goes on from where the dispatch of offset 0 left it, handed over in order
+        assert [d.offset for d in a.deliveries] == [0, 2, 4]
+        assert [d.offset for d in b.deliveries] == [1, 3]
+        assert (a.deliveries[1].attempt, a.deliveries[1].redelivered, a.deliveries[1].group) == (
+            1,
+            False,
+            "$default",
+        )
+        assert (ha.credit, hb.credit) == (0, 1)
+        assert state.messages == {} and state.bytes == 0
+        assert (state.next_offset, state.high) == (5, 5)
+        assert (state.stats["published"], state.stats["delivered"], state.stats["acked"]) == (5, 5, 5)
+        info = manager.info("t")
+        assert (info.depth, info.pending) == (0, 0)
+        manager.publish_nowait("t", msg(b"5"))  # b's turn, b has credit
+        manager.publish_nowait("t", msg(b"6"))  # nobody has credit: stored, waits
+        assert b.payloads == [b"1", b"3", b"5"] and list(state.messages) == [6]
+        manager.publish_nowait("t", msg(b"7", expires_at_ms=now_ms() + 60_000))
+        ha.add_credit(2)
+        assert a.payloads == [b"0", b"2", b"4", b"6", b"7"] and state.messages == {}
+
+
 async def test_a_message_expiring_on_its_own_is_never_delivered_late(make_manager: Factory) -> None:
     manager = make_manager()
     async with manager.running():

@@ -750,6 +750,10 @@ class QueueManager:
     ) -> int:
         """An in-memory queue's publish (``transient.py``): stored, announced and handed to the
         consumers with credit at once; nothing for the journal. Returns its offset."""
+        if not self.events.publishing and not state.browsers:
+            offset = transient.hand_over(state, message)  # straight to an idle auto-ack consumer
+            if offset >= 0:
+                return offset
         if now is None:
             now = now_ms()
         stored = transient.append(state, message, routing_key, now)

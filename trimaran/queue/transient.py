@@ -7,6 +7,8 @@ it as they see any queue. What it never needs is what only makes a durable queue
 :class:`~trimaran.queue.changes.Changes`, no journal rows or events, no writer, no receipt. This
 room is the path a transient message takes on the way through, one call each way:
 
+- :func:`hand_over`: the plainest publish, whole: an empty queue's one auto-ack consumer takes the
+  message at once, and it is never stored.
 - :func:`append`: the message stored at the next offset (its expiry worked out once).
 - :func:`dispatch`: the messages past the group's cursor handed to the consumers with credit, in
   round robin, each recorded as a held delivery (or done at once for an auto-ack consumer).
@@ -45,6 +47,44 @@ def append(state: QueueState, message: Message, routing_key: str, now: int) -> S
     state.stats["published"] += 1
     state.add(stored)
     return stored
+
+
+def hand_over(state: QueueState, message: Message) -> int:
+    """The plainest publish of all, done whole: the queue has nothing waiting, its one group's next
+    consumer in turn takes everything (auto-ack, no filter, no selector) and has credit, and the
+    message never expires. The message goes straight to that consumer, at the next offset, never
+    stored (``append`` + ``dispatch`` would store it and drop it again at once). Its offset, or -1
+    when the case is not this one (nothing done: the caller appends and dispatches)."""
+    offset = state.next_offset
+    if state.high != offset or message.expires_at_ms is not None or state.policy.ttl_s is not None:
+        return -1
+    groups = state.groups
+    for group in groups.values():
+        if type(group) is not WorkGroup or group.busy or group.ready or group.cursor != offset:
+            return -1
+        consumers = group.consumers
+        n = len(consumers)
+        rr = group.rr
+        for i in range(n):
+            handle = consumers[(rr + i) % n]
+            if handle.credit > 0 and not handle.closed:
+                if not handle.auto_ack or handle.routing_filter is not None or handle.selects is not None:
+                    return -1
+                if len(groups) != 1:  # another group would still want the message
+                    return -1
+                state.next_offset = state.high = group.cursor = offset + 1
+                group.rr = rr + i + 1
+                handle.credit -= 1
+                stats = state.stats
+                stats["published"] += 1
+                stats["delivered"] += 1
+                stats["acked"] += 1
+                try:
+                    handle.consumer.deliver(QueueDelivery(message, state.name, offset, group.name, 1, False))
+                except Exception:
+                    log.exception("consumer %s failed to take a delivery", handle.consumer.id)
+                return offset
+    return -1
 
 
 def dispatch(host: Host, state: QueueState, group: WorkGroup, now: int | None = None) -> bool:
