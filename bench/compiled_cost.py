@@ -32,6 +32,7 @@ PATHS = (
     "mqtt qos0 fan-in 4->1",
     "mqtt qos1 fan-in 4->1",
     "amqp091 transient",
+    "amqp091 transient no-ack",
     "amqp1 transfer-deliver-accept",
     "amqp091 durable, ack multiple",
     "mqtt $queue/ qos1",
