@@ -36,6 +36,7 @@ import enum
 import platform
 from collections import deque
 from collections.abc import Callable, Collection, Mapping
+from typing import Final
 
 from trimaran import __version__
 from trimaran.amqp091.channel import DEFAULT_MAX_BODY_SIZE, Channel, ChannelState, ContentState
@@ -143,6 +144,10 @@ def default_server_properties() -> FieldTable:
 
 # Shared by every connection built without overrides: idle connections should not each hold one.
 _DEFAULT_SERVER_PROPERTIES = default_server_properties()
+#: The channel states every publish and delivery asks about: compiled, a Final is read from a C
+#: static rather than looked up in the module and then on the enum class each time.
+_OPEN: Final = ChannelState.OPEN
+_AWAIT_METHOD: Final = ContentState.AWAIT_METHOD
 
 
 def _parse_plain(response: bytes) -> tuple[str, str] | None:
@@ -336,8 +341,8 @@ class ServerConnection:
                     ch = self._channels.get(number)
                     if (
                         ch is not None
-                        and ch.state is ChannelState.OPEN
-                        and ch.content_state is ContentState.AWAIT_METHOD
+                        and ch.state is _OPEN
+                        and ch.content_state is _AWAIT_METHOD
                         and (content := decoder.next_publish(ch.max_body_size)) is not None
                     ):
                         method, properties, body, encoded = content  # a native call, not *args
@@ -345,11 +350,7 @@ class ServerConnection:
                 elif (ack := decoder.next_ack()) is not None:
                     number, method = ack
                     ch = self._channels.get(number)
-                    if (
-                        ch is not None
-                        and ch.state is ChannelState.OPEN
-                        and ch.content_state is ContentState.AWAIT_METHOD
-                    ):
+                    if ch is not None and ch.state is _OPEN and ch.content_state is _AWAIT_METHOD:
                         return MethodReceived(number, method)
                     try:  # whatever is wrong with it, as the frame would have been told
                         self._handle_frame(MethodFrame(number, method), events)
@@ -841,7 +842,7 @@ class ServerConnection:
         ch = self._channels.get(channel) if channel else None
         if ch is None:
             raise LocalProtocolError(f"channel {channel} is not open")
-        if ch.state is not ChannelState.OPEN:
+        if ch.state is not _OPEN:
             return False
         write_delivery(
             self._out, channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key, properties,

@@ -122,6 +122,7 @@ _FRAME_HEAD: Final = struct.Struct(">BHI")
 _METHOD_HEAD: Final = struct.Struct(">BHII")
 _HEADER_HEAD: Final = struct.Struct(">BHIHHQ")
 _HEADER_FIELDS: Final = struct.Struct(">HHQ")  # class id, weight, body size
+_HEADER_FIELDS_SIZE: Final = 12
 _PROPERTIES_KEPT: Final = 64  # distinct property encodings remembered per connection
 _PUBLISHES_KEPT: Final = 64  # distinct basic.publish argument lists remembered per connection
 _SIZE: Final = struct.Struct(">I")
@@ -205,6 +206,14 @@ class FrameDecoder:
         have = len(buf)
         fmax = self.frame_max
         largest = fmax - FRAME_OVERHEAD if fmax else 0xFFFFFFFF
+        # The unpacked fields typed: compiled, the sums below are then machine ints, not objects.
+        channel: int
+        size: int
+        ftype: int
+        head_channel: int
+        class_id: int
+        body_size: int
+        body_channel: int
         _, channel, size, _ = _METHOD_HEAD.unpack_from(buf, pos)
         method_end = pos + 7 + size
         head = method_end + 1
@@ -234,7 +243,7 @@ class FrameDecoder:
             else:
                 with memoryview(buf) as view:
                     body = bytes(view[start + 7 : end])
-        encoded = bytes(buf[head + 7 + _HEADER_FIELDS.size : head_end])
+        encoded = bytes(buf[head + 7 + _HEADER_FIELDS_SIZE : head_end])
         arguments = bytes(buf[pos + 7 : method_end])
         try:
             method = self._publishes.get(arguments)
