@@ -582,9 +582,10 @@ class Amqp091FrontEnd:
                 queues: Collection[str] = ()
                 first_topic = ""
             else:
-                single = tenant.prefix + key
+                prefix = conn.vhost_prefix  # tenant.prefix, held on the connection (typed, compiled)
+                single = prefix + key
                 queues = (single,)
-                first_topic = tenant.prefix + QUEUE_PREFIX + key  # queue_topic(single), no call
+                first_topic = prefix + QUEUE_PREFIX + key  # queue_topic(single), no call
             to_router = False
         else:
             exchanges = tenant.exchanges

@@ -29,6 +29,7 @@ from trimaran.broker.events import QUEUE_ACKED
 from trimaran.broker.message import Message, now_ms
 from trimaran.queue.changes import Changes
 from trimaran.queue.groups import HELD, Entry, QueueDelivery, QueueState, StoredMessage, Taker
+from trimaran.queue.handles import ConsumerHandle
 from trimaran.queue.policy import expiry_ms
 from trimaran.queue.ports import Host
 from trimaran.queue.work import WorkGroup
@@ -67,6 +68,8 @@ def hand_over(state: QueueState, message: Message) -> int:
         rr = group.rr
         for i in range(n):
             handle = consumers[(rr + i) % n]
+            if type(handle) is not ConsumerHandle:  # the manager's own, read as such: no protocol lookups
+                return -1
             if handle.credit > 0 and not handle.closed:
                 if not handle.auto_ack or handle.routing_filter is not None or handle.selects is not None:
                     return -1
