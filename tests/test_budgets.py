@@ -113,7 +113,7 @@ PATHS = [
     Path_(
         "amqp091 transient",
         lambda s: Amqp091Load(s.port("amqp"), durable=False, batch=100),
-        Budget(loop=(46.5, 61.0), others=(0.5, 0.5)),
+        Budget(loop=(44.5, 58.5), others=(0.5, 0.5)),
     ),
     Path_(
         # The benchmark's transient row: a no-ack consumer without a prefetch limit.

@@ -751,7 +751,7 @@ class QueueManager:
         """An in-memory queue's publish (``transient.py``): stored, announced and handed to the
         consumers with credit at once; nothing for the journal. Returns its offset."""
         if not self.events.publishing and not state.browsers:
-            offset = transient.hand_over(state, message)  # straight to an idle auto-ack consumer
+            offset = transient.hand_over(self, state, message, routing_key, now)  # straight to a consumer
             if offset >= 0:
                 return offset
         if now is None:

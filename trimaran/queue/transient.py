@@ -7,8 +7,8 @@ it as they see any queue. What it never needs is what only makes a durable queue
 :class:`~trimaran.queue.changes.Changes`, no journal rows or events, no writer, no receipt. This
 room is the path a transient message takes on the way through, one call each way:
 
-- :func:`hand_over`: the plainest publish, whole: an empty queue's one auto-ack consumer takes the
-  message at once, and it is never stored.
+- :func:`hand_over`: the plain publish, whole: an empty queue's next consumer takes the message at
+  once (an auto-ack consumer's is never stored).
 - :func:`append`: the message stored at the next offset (its expiry worked out once).
 - :func:`dispatch`: the messages past the group's cursor handed to the consumers with credit, in
   round robin, each recorded as a held delivery (or done at once for an auto-ack consumer).
@@ -50,12 +50,13 @@ def append(state: QueueState, message: Message, routing_key: str, now: int) -> S
     return stored
 
 
-def hand_over(state: QueueState, message: Message) -> int:
-    """The plainest publish of all, done whole: the queue has nothing waiting, its one group's next
-    consumer in turn takes everything (auto-ack, no filter, no selector) and has credit, and the
-    message never expires. The message goes straight to that consumer, at the next offset, never
-    stored (``append`` + ``dispatch`` would store it and drop it again at once). Its offset, or -1
-    when the case is not this one (nothing done: the caller appends and dispatches)."""
+def hand_over(host: Host, state: QueueState, message: Message, routing_key: str, now: int | None) -> int:
+    """The plain publish done whole: the queue has nothing waiting, its one group's next consumer
+    in turn has credit and no filter or selector, and the message never expires. The message goes
+    straight to that consumer at the next offset; an auto-ack consumer's is never stored at all
+    (``append`` + ``dispatch`` would store it and drop it again at once), another's is stored and
+    held as ``dispatch`` holds it. Its offset, or -1 when the case is not this one (nothing done:
+    the caller appends and dispatches)."""
     offset = state.next_offset
     if state.high != offset or message.expires_at_ms is not None or state.policy.ttl_s is not None:
         return -1
@@ -71,17 +72,31 @@ def hand_over(state: QueueState, message: Message) -> int:
             if type(handle) is not ConsumerHandle:  # the manager's own, read as such: no protocol lookups
                 return -1
             if handle.credit > 0 and not handle.closed:
-                if not handle.auto_ack or handle.routing_filter is not None or handle.selects is not None:
+                if handle.routing_filter is not None or handle.selects is not None or len(groups) != 1:
+                    return -1  # (another group would still want the message)
+                entries = group.entries
+                if offset in entries:
                     return -1
-                if len(groups) != 1:  # another group would still want the message
-                    return -1
-                state.next_offset = state.high = group.cursor = offset + 1
-                group.rr = rr + i + 1
-                handle.credit -= 1
                 stats = state.stats
                 stats["published"] += 1
                 stats["delivered"] += 1
-                stats["acked"] += 1
+                if handle.auto_ack:
+                    state.next_offset = state.high = offset + 1
+                    stats["acked"] += 1
+                else:
+                    if now is None:
+                        now = now_ms()
+                    state.next_offset = offset + 1
+                    state.add(StoredMessage(offset, message, routing_key, now, None, len(message.payload)))
+                    entries[offset] = Entry(HELD, 1, handle, handle.consumer.id, now, token=1, stored=False)
+                    # its visibility time-out, as dispatch times it
+                    deadline = now + int(state.policy.visibility_timeout_s * 1000)
+                    group.timeouts.push(deadline, offset, 1)
+                    if not group.timed or deadline < host.wake_at:
+                        host.due(state, group, deadline)
+                group.cursor = offset + 1
+                group.rr = rr + i + 1
+                handle.credit -= 1
                 try:
                     handle.consumer.deliver(QueueDelivery(message, state.name, offset, group.name, 1, False))
                 except Exception:
