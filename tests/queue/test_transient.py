@@ -7,7 +7,7 @@ from typing import Any, NoReturn
 import anyio
 import pytest
 
-from tests.queue.conftest import Collector, Factory
+from tests.queue.conftest import Collector, Factory, wait_until
 from trimaran.broker.message import Message, now_ms
 from trimaran.compiled import compiled_modules
 from trimaran.config import QueuePolicySettings
@@ -156,6 +156,23 @@ async def test_an_idle_auto_ack_consumer_takes_a_publish_straight_and_nothing_is
         manager.publish_nowait("t", msg(b"7", expires_at_ms=now_ms() + 60_000))
         ha.add_credit(2)
         assert a.payloads == [b"0", b"2", b"4", b"6", b"7"] and state.messages == {}
+
+
+async def test_a_delivery_handed_over_at_once_is_held_and_times_out_as_any(make_manager: Factory) -> None:
+    manager = make_manager()
+    async with manager.running():
+        await declare(manager, visibility_timeout_s=0.1)
+        c = Collector("c")
+        handle = manager.consume("t", c)
+        handle.add_credit(5)
+        manager.publish_nowait("t", msg(b"x"))  # an empty queue, a consumer with credit: at once
+        assert c.payloads == [b"x"]
+        state = manager.queues["t"]
+        assert list(state.messages) == [0] and manager.info("t").pending == 1
+        await wait_until(lambda: len(c.deliveries) == 2)  # not acked in time: back, attempt 2
+        assert (c.deliveries[1].offset, c.deliveries[1].attempt, c.deliveries[1].redelivered) == (0, 2, True)
+        assert handle.ack_nowait(0)
+        assert manager.info("t").depth == 0 and state.stats["published"] == 1
 
 
 async def test_a_message_expiring_on_its_own_is_never_delivered_late(make_manager: Factory) -> None:
