@@ -233,31 +233,26 @@ class MqttEndpoint:
                 or not machine.publish_qos1_run(run, run.topic)  # (the key less this vhost's prefix)
             ):
                 return False
-            count = run.count
-            self.front.broker.stats.messages_sent += count
-            io.messages_out += count
-            if not io.dirty:
-                io.wake()
-            return True
-        if machine.uses_topic_aliases or not io.writable:
-            return False
-        ids = delivery.subscription_identifiers if v5 else ()
-        if v5 == run.v5 and not ids and not run.qos:
-            data = run.wire  # the relay's case: the bytes as they came
-            largest = run.largest
         else:
-            encoded = run.encoded
-            if encoded is None:
-                encoded = run.encoded = {}
-            key = (v5, ids)
-            got = encoded.get(key)
-            if got is None:
-                got = encoded[key] = encode_run(run, v5, ids)
-            data, largest = got
-        if machine.pending_out + len(data) > PUSH_BACK_BYTES or not machine.publish_run(
-            data, run.count, largest
-        ):
-            return False
+            if machine.uses_topic_aliases or not io.writable:
+                return False
+            ids = delivery.subscription_identifiers if v5 else ()
+            if v5 == run.v5 and not ids and not run.qos:
+                data = run.wire  # the relay's case: the bytes as they came
+                largest = run.largest
+            else:
+                encoded = run.encoded
+                if encoded is None:
+                    encoded = run.encoded = {}
+                key = (v5, ids)
+                got = encoded.get(key)
+                if got is None:
+                    got = encoded[key] = encode_run(run, v5, ids)
+                data, largest = got
+            if machine.pending_out + len(data) > PUSH_BACK_BYTES or not machine.publish_run(
+                data, run.count, largest
+            ):
+                return False
         count = run.count
         self.front.broker.stats.messages_sent += count
         io.messages_out += count
