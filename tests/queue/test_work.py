@@ -7,7 +7,7 @@ from typing import Any
 
 from tests.queue.conftest import Rooms, Taker
 from trimaran.queue.changes import Changes
-from trimaran.queue.groups import DONE, HELD, WAIT, Deadlines
+from trimaran.queue.groups import DONE, HELD, WAIT, Deadlines, Entry
 from trimaran.queue.outcomes import ACK, RELEASED, UNSENT, Commit, DeadLetter, Retry
 from trimaran.queue.work import WorkGroup
 
@@ -208,6 +208,8 @@ def test_cancel_hands_back_what_the_consumer_held() -> None:
 
 def test_ack_out_of_order_ahead_of_the_cursor_keeps_a_done_marker() -> None:
     rooms, group, c = setup(3)
+    state = group.state
+    state.groups["other"] = WorkGroup(state, "other", rooms)  # still owes offset 1: it stays
     take(group, c)
     take(group, c)
     settle(group, 1, Retry(0.0), c)  # offset 1 waits; the cursor is past it
@@ -220,11 +222,25 @@ def test_ack_out_of_order_ahead_of_the_cursor_keeps_a_done_marker() -> None:
     group.advance(2, ch)  # the cursor passes it: retired
     group.journal.submit(ch)
     assert 1 not in group.entries and ("q", "g", 1) not in rooms.journal.pending_rows
+    assert 1 in state.messages
+
+
+def test_a_message_acked_ahead_of_the_cursor_by_its_last_group_goes_at_once() -> None:
+    rooms, group, c = setup(3)
+    take(group, c)
+    take(group, c)
+    settle(group, 1, Retry(0.0), c)
+    group.cursor = 1  # as after a restart that loaded the group row short of it
+    take(group, c)
+    assert settle(group, 1, ACK, c)
+    assert 1 not in group.state.messages and 1 not in group.entries  # no marker left behind
+    assert ("q", 1) not in rooms.journal.messages and ("q", "g", 1) not in rooms.journal.pending_rows
+    assert take(group, c).offset == 2  # the cursor steps over the gap
 
 
 def test_acks_behind_a_message_nobody_took_leave_nothing_stored() -> None:
-    # Issue 42: a filtered consumer acks offsets 1 and 2 ahead of the cursor; when offset 0 is
-    # taken, the cursor passes their 'done' markers and each message, done by every group, goes.
+    # Issue 42: a filtered consumer acks offsets 1 and 2 ahead of the cursor, the group's last: each
+    # message goes at once; then offset 0 is taken and acked, and the cursor steps over the gap.
     rooms, group, _c = setup(0)
     state = group.state
     rooms.append(state, b"grasshopper", key="green")
@@ -233,13 +249,60 @@ def test_acks_behind_a_message_nobody_took_leave_nothing_stored() -> None:
     red, plain = Taker("red", routing_filter="red"), Taker("plain")
     assert [take(group, red).offset, take(group, red).offset] == [1, 2]
     assert settle(group, 1, ACK, red) and settle(group, 2, ACK, red)
-    assert group.cursor == 0 and group.entries[1].state == DONE
+    assert group.cursor == 0 and sorted(state.messages) == [0]  # gone at once, no marker left
+    assert not rooms.journal.pending_rows
     assert take(group, plain).offset == 0
-    assert group.cursor == 3 and sorted(state.messages) == [0]
+    assert group.cursor == 1 and sorted(state.messages) == [0]  # the gap is stepped over when met
     assert settle(group, 0, ACK, plain)
     assert not state.messages and not group.entries
     assert not rooms.journal.messages and not rooms.journal.pending_rows
-    assert rooms.journal.group_rows[("q", "g")]["cursor"] == 3
+    assert rooms.journal.group_rows[("q", "g")]["cursor"] == 1
+
+
+def test_the_cursor_passing_done_markers_drops_what_every_group_finished() -> None:
+    # The other half of issue 42: markers of one group that the other group finished meanwhile
+    # (here: its messages left to it, then taken by it and acked) go when the cursor passes them.
+    rooms, group, _c = setup(0)
+    state = group.state
+    other = state.groups["other"] = WorkGroup(state, "other", rooms)
+    for key in ("green", "red", "red"):
+        rooms.append(state, key.encode(), key=key)
+    red, plain = Taker("red", routing_filter="red"), Taker("plain")
+    for offset in (1, 2):
+        assert take(group, red).offset == offset and settle(group, offset, ACK, red)
+    assert group.entries[1].state == DONE  # 'other' still owes them
+    mover = Taker("mover")
+    for offset in range(3):
+        assert take(other, mover).offset == offset and settle(other, offset, ACK, mover)
+    assert sorted(state.messages) == [0]  # 1 and 2 finished by both: gone with their markers
+    assert take(group, plain).offset == 0 and settle(group, 0, ACK, plain)
+    assert not state.messages and not group.entries and not other.entries
+    assert not rooms.journal.messages and not rooms.journal.pending_rows
+
+
+def test_a_take_does_not_hand_out_a_done_marker_the_cursor_just_retired() -> None:
+    # Found by the model (issue 42): the cursor stands on a gap (an expired message), the next
+    # offset was auto-acked ahead of it and another group still owes it. Stepping over the gap
+    # retired that marker; the scan went on at the marker's offset and delivered it a second time.
+    rooms, group, _c = setup(3)
+    state = group.state
+    state.groups["other"] = WorkGroup(state, "other", rooms)
+    state.remove(0)  # expired: a gap at the cursor
+    group.entries[1] = Entry(DONE, attempts=1)
+    assert take(group, Taker("c")).offset == 2
+    assert group.cursor == 3 and 1 not in group.entries
+
+
+def test_a_first_delivery_ahead_of_the_cursor_keeps_its_row() -> None:
+    # Found by the model (issue 42): a group alone writes no row for a first delivery, as the load
+    # reads a message below the cursor with none as held. Ahead of the cursor (a filter passed
+    # over offset 0) it would read as never delivered, and come back unflagged after a restart.
+    rooms, group, _c = setup(0)
+    state = group.state
+    rooms.append(state, b"green", key="green")
+    rooms.append(state, b"red", key="red")
+    assert take(group, Taker("red", routing_filter="red")).offset == 1
+    assert group.cursor == 0 and rooms.journal.pending_rows[("q", "g", 1)]["state"] == HELD
 
 
 def test_auto_ack_is_done_when_delivered() -> None:

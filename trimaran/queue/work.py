@@ -6,7 +6,7 @@ each delivery as a held pending entry with a visibility time-out, and settles it
 
 - :class:`~trimaran.queue.outcomes.Ack`: done. Below the cursor the entry goes; at or past it the
   entry stays as ``done`` until the cursor passes (acks out of order). A message every group is done
-  with leaves the queue.
+  with leaves the queue at once, its ``done`` markers with it.
 - :class:`~trimaran.queue.outcomes.Retry`: a failed attempt comes back after the consumer's delay or
   the queue's backoff, or is dead-lettered once ``max_attempts`` failed attempts are reached
   (:func:`~trimaran.queue.policy.retry_after_ms`); an unprocessed or unsent one comes back at once.
@@ -104,7 +104,9 @@ class WorkGroup(Group):
             if stored is None or offset in entries:
                 if offset == self.cursor:
                     self.advance(offset + 1, ch)
-                offset += 1
+                    offset = self.cursor  # past the run of 'done' markers it retired, too
+                else:
+                    offset += 1
                 continue
             expires_at = stored.expires_at  # groups.expired, inline: asked of every message taken
             if expires_at is not None and now >= expires_at:
@@ -201,9 +203,11 @@ class WorkGroup(Group):
             host = self.host
             if not self.timed or deadline < host.wake_at:
                 host.due(state, self, deadline)
-            if first and not self.shared and len(state.groups) == 1:  # self.alone(), inline
-                # No row: the 'delivered' event says as much, and after a crash the load reads a
-                # message below the cursor with no row as this (manager._load, held_at_start).
+            if first and offset < self.cursor and not self.shared and len(state.groups) == 1:
+                # No row (the group alone, the cursor past it): the 'delivered' event says as much,
+                # and the load reads a message below the cursor with no row as this (manager._load,
+                # held_at_start). One taken ahead of the cursor (a selector, a filter) needs its
+                # row: at the load it would pass for never delivered.
                 entry.stored = False
             else:
                 journal.pending(ch, state, self, offset, entry)
@@ -337,7 +341,7 @@ class WorkGroup(Group):
         else:
             del self.entries[offset]
             self.journal.pending_gone(ch, state, self, offset, entry)
-            self.drop_if_finished(offset, ch)
+        self.drop_if_finished(offset, ch)
 
     def alone(self) -> bool:
         """The queue's only group, on one node: its first deliveries need no pending row, since a
@@ -453,12 +457,19 @@ class WorkGroup(Group):
         return changed
 
     def drop_if_finished(self, offset: int, ch: Changes) -> None:
-        """Drop a message every group of the queue has finished."""
+        """Drop a message every group of the queue has finished, at once, wherever the cursors
+        stand: a message acked ahead of a cursor is not left for a browser or a restart. Its
+        'done' markers go with it (a cursor skips a missing message as it skips a marker)."""
         state = self.state
         if offset not in state.messages:
             return
-        for group in state.groups.values():
+        groups = state.groups.values()
+        for group in groups:
             if not group.is_done(offset):
                 return
         state.remove(offset)
         self.journal.removed(ch, state, offset)
+        for group in groups:
+            entry = group.entries.pop(offset, None)
+            if entry is not None:
+                self.journal.pending_gone(ch, state, group, offset, entry)
