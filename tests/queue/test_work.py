@@ -222,6 +222,26 @@ def test_ack_out_of_order_ahead_of_the_cursor_keeps_a_done_marker() -> None:
     assert 1 not in group.entries and ("q", "g", 1) not in rooms.journal.pending_rows
 
 
+def test_acks_behind_a_message_nobody_took_leave_nothing_stored() -> None:
+    # Issue 42: a filtered consumer acks offsets 1 and 2 ahead of the cursor; when offset 0 is
+    # taken, the cursor passes their 'done' markers and each message, done by every group, goes.
+    rooms, group, _c = setup(0)
+    state = group.state
+    rooms.append(state, b"grasshopper", key="green")
+    rooms.append(state, b"panda", key="red")
+    rooms.append(state, b"squirrel", key="red")
+    red, plain = Taker("red", routing_filter="red"), Taker("plain")
+    assert [take(group, red).offset, take(group, red).offset] == [1, 2]
+    assert settle(group, 1, ACK, red) and settle(group, 2, ACK, red)
+    assert group.cursor == 0 and group.entries[1].state == DONE
+    assert take(group, plain).offset == 0
+    assert group.cursor == 3 and sorted(state.messages) == [0]
+    assert settle(group, 0, ACK, plain)
+    assert not state.messages and not group.entries
+    assert not rooms.journal.messages and not rooms.journal.pending_rows
+    assert rooms.journal.group_rows[("q", "g")]["cursor"] == 3
+
+
 def test_auto_ack_is_done_when_delivered() -> None:
     rooms, group, _c = setup(1)
     auto = Taker("a", auto_ack=True)

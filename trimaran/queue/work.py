@@ -138,19 +138,21 @@ class WorkGroup(Group):
             if offset in entries:
                 self._retire(offset, ch)
         high = self.state.high
-        while self.cursor < high and self.cursor in entries and self._retire(self.cursor, ch):
+        while self.cursor < high and (entry := entries.get(self.cursor)) is not None and entry.state == DONE:
             self.cursor += 1
+            self._retire(self.cursor - 1, ch)
         self.journal.cursor(ch, self.state, self)
 
-    def _retire(self, offset: int, ch: Changes) -> bool:
-        """Drop a 'done' entry the cursor has reached; False when ``offset`` has none."""
+    def _retire(self, offset: int, ch: Changes) -> None:
+        """Drop the 'done' entry of ``offset``, which the cursor has passed, and the message if every
+        group is done with it. The cursor moves first: at or past it, only an entry says done, and
+        the one that did is gone."""
         entry = self.entries.get(offset)
         if entry is None or entry.state != DONE:
-            return False
+            return
         del self.entries[offset]
         self.journal.pending_gone(ch, self.state, self, offset, entry)
         self.drop_if_finished(offset, ch)
-        return True
 
     def deliver(
         self, handle: Taker, stored: StoredMessage, entry: Entry | None, now: int, ch: Changes
