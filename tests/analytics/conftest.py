@@ -265,7 +265,20 @@ def inject_faults(tables: dict[str, Any]) -> dict[str, set[str]]:
     s = story("jobs", acked)
     ack = s[s["kind"] == "acked"].iloc[0]
     after(ack, kind="delivered", attempt=2, reason="nack", time=int(ack["time"]) + 5, consumer="$default-c9")
-    expected["final"] = {f"jobs:{s['offset'].iloc[0]}"}
+    expected["acked_stays_acked"] = {f"jobs:{s['offset'].iloc[0]}"}
+    # A delivery after the dead letter.
+    s = story("emails", ["delivered", "rejected", "dead_lettered"])
+    dead = s[s["kind"] == "dead_lettered"].iloc[0]
+    after(dead, kind="delivered", attempt=2, reason="nack", time=int(dead["time"]) + 5,
+          consumer="$default-c8")  # fmt: skip
+    expected["final"] = {f"emails:{s['offset'].iloc[0]}"}
+    # An acked message still stored (issue 42): its queue_messages row back.
+    s = story("jobs", acked)
+    offset = int(s["offset"].iloc[0])
+    rows = tables["queue_messages"]
+    kept = rows[rows["queue"] == "jobs"].iloc[[0]].assign(offset=offset, published_at=int(s["time"].min()))
+    tables["queue_messages"] = pd.concat([rows, kept], ignore_index=True)
+    expected["finished_removed"] = {f"jobs:{offset}"}
     # Attempt counters that skip: the second delivery (and its ack) numbered 3.
     s = story("emails", ["delivered", "nacked", "delivered", "acked"])
     ev.loc[s.index[-2:], "attempt"] = 3

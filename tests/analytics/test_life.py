@@ -250,12 +250,31 @@ def test_a_dead_letter_with_no_reject_below_max_attempts() -> None:
 
 
 def test_a_delivery_after_the_ack() -> None:
-    """Only ``final``: the stray delivery neither counts as a redelivery nor reopens the message."""
+    """Only ``acked_stays_acked``: the stray delivery neither counts as a redelivery nor reopens
+    the message."""
     records = replay(_acked().event("delivered", attempt=2, reason="nack", time=130, consumer="c2"))
-    assert flagged(records) == [("final", "q:7")]
-    assert broken(records)[0][1] == "attempt 2 delivered to c2 after acked"
+    assert flagged(records) == [("acked_stays_acked", "q:7")]
+    assert broken(records)[0][1] == "attempt 2 delivered to c2 after its ack (event 3)"
     (life,) = [r for r in records if r["record"] == "life"]
     assert (life["status"], life["deliveries"]) == ("finished", 1)
+
+
+def test_a_delivery_after_the_ack_with_a_restart_between() -> None:
+    """Issue 42 after a restart: the ack, a release at the restart, the delivery again and a second
+    ack. The release in between hides nothing; the second ack is its own fault (acked twice), and
+    settling the stray delivery is no settlement without a delivery."""
+    slot = _acked().event("released", attempt=1, reason="restart", time=200)
+    slot.event("delivered", attempt=2, reason="restart", time=210).event("acked", attempt=2, time=220)
+    records = replay(slot)
+    assert flagged_in(records) == [
+        ("acked_stays_acked", "g", "attempt 2 delivered to c1 after its ack (event 3)"),
+        ("acked_once", "g", "acked 2 times"),
+    ]
+    # A delivery after a dead letter is still ``final``'s.
+    dead = Slot(offset=7).published(time=100).event("delivered", attempt=1, reason="first", time=110)
+    dead.event("rejected", attempt=1, reason="bad", time=120)
+    dead.event("dead_lettered", reason="bad -> $dlq/q:0", time=121)
+    assert flagged(replay(dead.event("delivered", attempt=2, reason="nack", time=130))) == [("final", "q:7")]
 
 
 def test_attempt_counters_that_skip() -> None:
@@ -268,12 +287,36 @@ def test_attempt_counters_that_skip() -> None:
 def test_a_live_row_the_events_say_was_acked() -> None:
     pending = _acked().live().pending("g", "held", 1)
     records = replay(pending)
-    assert flagged(records) == [("live_state", "q:7"), ("live_state", "q:7")]
+    assert flagged(records) == [("finished_removed", "q:7"), ("live_state", "q:7")]
     assert {detail for _, detail in broken(records)} == {
-        "still in queue_messages though every group finished it",
+        "still in queue_messages though every group finished it (g acked)",
         "pending row held but replay: finished",
     }
-    assert flagged(replay(_acked(offset=0).live())) == [("live_state", "q:0")]
+    assert flagged(replay(_acked(offset=0).live())) == [("finished_removed", "q:0")]
+
+
+def test_a_message_every_group_finished_is_no_longer_stored() -> None:
+    """Issue 42 before a restart: acked by the only group (out of order, its 'done' entry retired),
+    the message still stored. Not flagged: a group still owing it, one that began after it, a
+    stream, or every group's 'done' marker waiting for shared mode's compaction."""
+    two = dataclasses.replace(CTX, groups={"q": {"g": 8, "h": 8}})
+    both = _acked().event("delivered", group="h", attempt=1, reason="first", time=130)
+    both.event("rejected", group="h", attempt=1, reason="bad", time=140)
+    both.event("dead_lettered", group="h", reason="bad -> $dlq/q:0", time=141)
+    assert flagged_in(replay(both.live(), two)) == [
+        ("finished_removed", None, "still in queue_messages though every group finished it "
+                                   "(g acked, h dead_lettered)"),
+    ]  # fmt: skip
+    unread = dataclasses.replace(CTX, groups={"q": {"g": 8, "h": 0}})
+    assert broken(replay(_acked().live(), unread)) == []  # h has yet to read it
+    # h began after it was published, at offset 9 (a work group's start past it: no line of its own)
+    later = dataclasses.replace(CTX, groups={"q": {"g": 8, "h": 9}}, firsts={"q": {"h": (50, 9)}})
+    assert flagged(replay(_acked().live(), later)) == [("finished_removed", "q:7")]
+    stream = dataclasses.replace(CTX, modes={"q": "stream"}, committed={"q": {"g": 8}})
+    assert broken(replay(Slot(offset=7).published(time=100).live(), stream)) == []
+    shared = _acked().live().pending("g", "done", 1)
+    assert broken(replay(shared)) == []  # the compaction's marker: deleted at its next pass
+    assert flagged(replay(both.live().pending("g", "done", 1), two)) == [("finished_removed", "q:7")]
 
 
 def test_an_event_stamped_before_the_one_logged_ahead_of_it() -> None:

@@ -7,6 +7,7 @@ import io
 import json
 import math
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pandas as pd
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
+from trimaran.analytics import export
 from trimaran.analytics.replay import INVARIANTS, AuditResult, Progress, _commits_beyond, replay, run_audit
 from trimaran.analytics.source import Selection, read_tables, replayed_columns
 
@@ -66,6 +68,52 @@ def test_progress_says_each_phase_with_its_own_seconds() -> None:
         "audit: read   1,204 events of 3 queues (0.1 s)",
         "audit: replay 1 message (1 lives in consumer groups), 1 violation (7.4 s)",
     ]
+
+
+# -- issue 42, as the server at bb9c970 recorded it (tests/analytics/q42/README.md) ------------------
+
+Q42 = Path(__file__).parent / "q42"
+
+
+@pytest.mark.parametrize("source", ["jdbc", "parquet"])
+@pytest.mark.parametrize(
+    ("recorded", "rules"),
+    [
+        # zoo:1 and zoo:2 acked behind grasshopper, left stored when the cursor passed them
+        ("before-restart.db", {"finished_removed"}),
+        # ... then released at the restart, delivered again and acked a second time
+        ("after-restart.db", {"acked_stays_acked", "acked_once"}),
+    ],
+    ids=["before-restart", "after-restart"],
+)
+def test_issue_42_as_recorded_at_bb9c970_fails_the_audit(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str], recorded: str,
+    rules: set[str], source: str,
+) -> None:  # fmt: skip
+    """Exit status 1, each rule naming the queue and both offsets; the same from the database over
+    JDBC and from its Parquet export."""
+    database = tmp_path / recorded
+    shutil.copy(Q42 / recorded, database)  # the audit only reads, but the fixture stays untouched
+    url = f"sqlite:///{database}"
+    parquet = None
+    if source == "parquet":
+        parquet = str(tmp_path / "export")
+        export.export(url, Path(parquet))
+    args = argparse.Namespace(
+        parquet=parquet, since=None, until=None, queues=None, output=str(tmp_path / "report"),
+        master="local[2]", jars=None, no_charts=True,
+    )  # fmt: skip
+    code = run_audit(args, url, spark=spark)
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    failed = {name: outcome for name, outcome in summary["invariants"].items() if not outcome["ok"]}
+    assert set(failed) == rules, {name: outcome["examples"] for name, outcome in failed.items()}
+    for name in rules:
+        assert failed[name]["message_ids"] == ["zoo:1", "zoo:2"]
+        assert sorted((e["queue"], e["offset"]) for e in failed[name]["examples"]) == [("zoo", 1), ("zoo", 2)]
+    assert code == 1
+    out = capsys.readouterr().out
+    for name in rules:
+        assert f"FAIL {name}: 2 violation(s) e.g. zoo:1, zoo:2" in out
 
 
 # -- faults injected into copies of the broker's tables ---------------------------------------------
@@ -194,7 +242,7 @@ def test_each_fault_flags_exactly_its_invariant(
 def test_generated_faults_flag_exactly_their_invariant_and_message(
     faulty_audit: tuple[AuditResult, Path, dict[str, set[str]]],
 ) -> None:
-    """Twenty faults in one copy of generated tables (``conftest.inject_faults``), each in its own
+    """Twenty-two faults in one copy of generated tables (``conftest.inject_faults``), each in its own
     message, ten of them removing, altering or duplicating the evidence of a message's fate: each
     invariant flags exactly the messages its faults broke, once each; the other few hundred
     messages stay clean. The same faults, through the plain-Python half, in test_life.py."""
@@ -207,7 +255,7 @@ def test_generated_faults_flag_exactly_their_invariant_and_message(
     assert flagged == {name: (len(ids), ids) for name, ids in expected.items()}, {
         n: result.invariants[n]["examples"] for n in flagged
     }
-    assert len(expected) == 12 and not result.ok
+    assert len(expected) == 14 and not result.ok
 
 
 def test_stream_commits_are_bounded_by_what_was_published() -> None:

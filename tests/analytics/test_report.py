@@ -159,7 +159,7 @@ def test_the_summary_is_words_not_reprs(faulty_audit: tuple[AuditResult, Path, d
     for leftover in ("{'", "None", "group_message_pairs", "since_ms", "first_event_at", "events_by_kind"):
         assert leftover not in text
     assert re.search(r"from \d{1,2} \w{3} 20\d\d \d\d:\d\d:\d\d UTC to ", text)
-    assert "12 rules of 14 broken, by 21 violations" in " ".join(text.split())
+    assert "14 rules of 16 broken, by 23 violations" in " ".join(text.split())
 
 
 # -- in a real browser ------------------------------------------------------------------------------
@@ -202,7 +202,7 @@ def test_the_report_in_a_browser(
     _, directory, expected = faulty_audit
     browser.get((directory / "index.html").as_uri())
     assert browser.title == "Trimaran queue audit"
-    assert "12 rules of 14 broken" in browser.find_element(By.CSS_SELECTOR, "p.summary").text
+    assert "14 rules of 16 broken" in browser.find_element(By.CSS_SELECTOR, "p.summary").text
 
     # The per-queue and per-group table.
     table = browser.find_element(By.ID, "outcomes")
@@ -220,11 +220,11 @@ def test_the_report_in_a_browser(
     ]
 
     # A violation with its message's events inline, the offending event marked.
-    (stray,) = expected["final"]
+    (stray,) = expected["acked_stays_acked"]
     box = next(
         b for b in browser.find_elements(By.CSS_SELECTOR, "div.violation") if b.text.startswith(stray + " ")
     )
-    assert "after acked" in box.text
+    assert "after its ack" in box.text
     marked = box.find_elements(By.CSS_SELECTOR, "table.timeline tr.bad")
     assert len(marked) == 1 and "delivered" in marked[0].text and "$default-c9" in marked[0].text
     images = browser.execute_script(
@@ -247,7 +247,7 @@ def test_the_report_in_a_browser(
     events = browser.find_element(By.CSS_SELECTOR, "table.timeline").find_elements(By.TAG_NAME, "tr")
     kinds = [tr.find_elements(By.TAG_NAME, "td")[4].text for tr in events[1:]]
     assert kinds == ["published", "delivered", "acked", "delivered"]
-    assert "final in group $default" in browser.find_element(By.TAG_NAME, "ul").text
+    assert "acked_stays_acked in group $default" in browser.find_element(By.TAG_NAME, "ul").text
     _screenshot(browser, tmp_path / "audit-message.png", 900)
 
     # A message whose fate in one group went missing: that group's ledger line says so.

@@ -7,6 +7,7 @@ publishers' messages are selectable by their user and application properties."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,10 +19,11 @@ from pika.exceptions import ChannelClosedByBroker  # noqa: E402
 from proton import Message  # noqa: E402
 from proton.utils import BlockingConnection  # noqa: E402
 
+from tests.interop.conftest import amqp_server_args  # noqa: E402
 from tests.support.amqp1 import close_link  # noqa: E402
 from tests.support.names import unique  # noqa: E402
 from tests.support.paho import V5, Endpoints, PacketTypes, connect, props  # noqa: E402
-from tests.support.server import RunningServer  # noqa: E402
+from tests.support.server import ALICE, RunningServer  # noqa: E402
 
 
 @pytest.fixture
@@ -128,3 +130,56 @@ def test_mqtt_and_amqp1_publishers_feed_a_selecting_consumer(
     # MQTT user properties are text, compared with a number as one; an AMQP 1.0 text body is its text
     assert consume(channel, queue, "colour = 'red' AND weight > 10") == [b"m-red12", b"a-red30"]
     assert left(channel, queue) == [b"m-red3", b"m-blue20", b"a-green30"]
+
+
+def taken(
+    channel: Any, queue: str, arguments: dict[str, Any] | None = None, wait: float = 0.5
+) -> list[bytes]:
+    """What a consumer (acking each delivery) gets until the queue has nothing more for it."""
+    got = []
+    for method, _, body in channel.consume(queue, arguments=arguments, inactivity_timeout=wait):
+        if method is None:
+            break
+        got.append(body)
+        channel.basic_ack(method.delivery_tag)
+    channel.cancel()
+    return got
+
+
+def test_acks_behind_an_untaken_message_leave_the_queue_empty(tmp_path: Path) -> None:
+    """Issue 42: an ``x-selector`` consumer takes and acks the two messages behind one nobody has
+    taken yet; a plain consumer then takes that one and acks it. The queue is empty (depth 0 in
+    a passive declare, basic.get-empty), live and after a clean restart on the same data, when
+    nothing is delivered again."""
+    queue = unique("zoo")
+    env = {"TRIMARAN_AUTH__USERS": ALICE}
+    server = RunningServer(amqp_server_args(), cwd=tmp_path, env=env).start()
+    try:
+        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", server.ports["amqp"]))
+        try:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            channel.queue_declare(queue, durable=True)
+            for body, colour in ((b"grasshopper", "green"), (b"panda", "red"), (b"squirrel", "red")):
+                properties = pika.BasicProperties(headers={"colour": colour}, delivery_mode=2)
+                channel.basic_publish("", queue, body, properties)
+            assert taken(channel, queue, {"x-selector": "colour = 'red'"}) == [b"panda", b"squirrel"]
+            assert taken(channel, queue) == [b"grasshopper"]
+            assert channel.queue_declare(queue, passive=True).method.message_count == 0
+            assert channel.basic_get(queue)[0] is None
+        finally:
+            connection.close()
+    finally:
+        assert server.stop() == 0, server.output()
+    server = RunningServer(amqp_server_args(), cwd=tmp_path, env=env).start()
+    try:
+        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", server.ports["amqp"]))
+        try:
+            channel = connection.channel()
+            assert channel.queue_declare(queue, passive=True).method.message_count == 0
+            assert channel.basic_get(queue)[0] is None
+            assert taken(channel, queue, wait=1.0) == []
+        finally:
+            connection.close()
+    finally:
+        assert server.stop() == 0, server.output()

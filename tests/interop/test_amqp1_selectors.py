@@ -7,6 +7,7 @@ its descriptor under any key and echoed; a selector that does not parse ends the
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,9 +16,10 @@ proton = pytest.importorskip("proton")
 pika = pytest.importorskip("pika")
 
 from proton import Described, Message, symbol, ulong  # noqa: E402
-from proton.reactor import LinkOption, Selector  # noqa: E402
+from proton.reactor import Copy, LinkOption, Selector  # noqa: E402
 from proton.utils import BlockingConnection, BlockingReceiver, LinkDetached  # noqa: E402
 
+from tests.interop.conftest import AMQP1_ENV, amqp1_server_args  # noqa: E402
 from tests.support.amqp1 import body_bytes, body_str, close_link  # noqa: E402
 from tests.support.names import unique  # noqa: E402
 from tests.support.paho import V5, V311, Endpoints, PacketTypes, connect, props  # noqa: E402
@@ -174,6 +176,47 @@ def test_a_selector_that_does_not_parse_ends_the_link(
     send(conn, queue, [coloured("red", 1, "r")])
     rx = conn.create_receiver(queue, credit=10, options=Selector("colour = 'red'"))
     assert drain(rx) == ["r"]
+
+
+def test_acks_behind_an_untaken_message_leave_the_queue_empty(tmp_path: Path) -> None:
+    """Issue 42: a receiver with a selector takes and accepts the two messages behind one nobody
+    has taken yet; a plain receiver then takes that one and accepts it. A browser (distribution
+    mode copy) sees nothing, live and after a clean restart on the same data, when a plain receiver
+    is given nothing again either."""
+    address = f"$queue/{unique('zoo')}"
+    server = RunningServer(amqp1_server_args(), cwd=tmp_path, env=AMQP1_ENV).start()
+    try:
+        conn = BlockingConnection(f"127.0.0.1:{server.ports['amqp']}", timeout=10)
+        try:
+            animals = [("grasshopper", "green"), ("panda", "red"), ("squirrel", "red")]
+            send(conn, address, [Message(body=body, properties={"colour": c}) for body, c in animals])
+            red = conn.create_receiver(address, credit=10, options=Selector("colour = 'red'"))
+            assert drain(red) == ["panda", "squirrel"]  # each accepted
+            close_link(red)
+            plain = conn.create_receiver(address, credit=10)
+            assert drain(plain) == ["grasshopper"]
+            close_link(plain)
+            browser = conn.create_receiver(address, credit=10, options=Copy())
+            assert drain(browser) == []
+            close_link(browser)
+        finally:
+            conn.close()
+    finally:
+        assert server.stop() == 0, server.output()
+    server = RunningServer(amqp1_server_args(), cwd=tmp_path, env=AMQP1_ENV).start()
+    try:
+        conn = BlockingConnection(f"127.0.0.1:{server.ports['amqp']}", timeout=10)
+        try:
+            browser = conn.create_receiver(address, credit=10, options=Copy())
+            assert drain(browser) == []
+            close_link(browser)
+            plain = conn.create_receiver(address, credit=10)
+            assert drain(plain, 1.0) == []
+            close_link(plain)
+        finally:
+            conn.close()
+    finally:
+        assert server.stop() == 0, server.output()
 
 
 @pytest.fixture

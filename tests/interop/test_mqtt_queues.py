@@ -7,10 +7,13 @@ and crash tests run their own server on their own working directory.
 from __future__ import annotations
 
 import contextlib
+import http.client
+import json
 import queue
 import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ import pytest
 from paho.mqtt.client import topic_matches_sub
 
 from tests.interop.conftest import endpoints_of, start_server
+from tests.support.names import unique
 from tests.support.paho import (
     V5,
     V311,
@@ -447,6 +451,70 @@ def test_qos0_subscription_consumes_at_most_once(qmqtt: Endpoints, version: int)
 
 
 # -- restart and crash ----------------------------------------------------------------------------
+
+
+def queue_depth(server: RunningServer, name: str, token: str) -> int:
+    """What the admin API says the queue holds (``depth``: its stored messages)."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.ports["http"], timeout=10)
+    try:
+        path = "/api/v1/queues/" + urllib.parse.quote(name, safe="")
+        conn.request("GET", path, headers={"Authorization": f"Bearer {token}"})
+        response = conn.getresponse()
+        body = response.read()
+        assert response.status == 200, body
+        return int(json.loads(body)["depth"])
+    finally:
+        conn.close()
+
+
+def test_acks_behind_an_untaken_message_leave_the_queue_empty(
+    tmp_path: Path, tls_files: dict[str, str]
+) -> None:
+    """Issue 42: a filtered consumer (``$queue/<q>/red``) takes and acks the two messages behind
+    one nobody has taken yet; a plain consumer then takes that one and acks it. Nothing is left
+    stored, live, and after a clean restart on the same data nothing is delivered again."""
+    name = unique("zoo")
+    q = f"$queue/{name}"
+    token = "q42"
+    env = {**QUEUE_ENV, "TRIMARAN_HTTP__TOKENS": json.dumps([token])}
+    server = start_server(tmp_path, tls_files, env)
+    try:
+        mqtt = endpoints_of(server, tls_files)
+        pub = connect(mqtt, version=V5)
+        for payload, key in ((b"grasshopper", "green"), (b"panda", "red"), (b"squirrel", "red")):
+            pub.publish(f"{q}/{key}", payload, qos=1)
+        pub.disconnect()
+        red = connect(mqtt, version=V5)
+        try:
+            red.subscribe(f"{q}/red", qos=1)
+            assert [m.payload for m in red.drain(2)] == [b"panda", b"squirrel"]  # PUBACKed by paho
+            red.expect_none(0.3)
+        finally:
+            red.disconnect()
+        plain = connect(mqtt, version=V5)
+        try:
+            plain.subscribe(q, qos=1)
+            assert plain.expect().payload == b"grasshopper"
+            plain.expect_none(0.3)
+        finally:
+            plain.disconnect()
+        deadline = time.monotonic() + 5
+        while (depth := queue_depth(server, name, token)) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the last PUBACK's commit
+        assert depth == 0
+    finally:
+        assert server.stop() == 0, server.output()
+    server = start_server(tmp_path, tls_files, env)
+    try:
+        assert queue_depth(server, name, token) == 0
+        again = connect(endpoints_of(server, tls_files), version=V5)
+        try:
+            again.subscribe(q, qos=1)
+            again.expect_none(1.0)
+        finally:
+            again.disconnect()
+    finally:
+        assert server.stop() == 0, server.output()
 
 
 def test_restart_loses_nothing(tmp_path: Path, tls_files: dict[str, str]) -> None:

@@ -182,6 +182,7 @@ class Life:
     """One group's history of one message, and what the replay checks as it walks it."""
 
     __slots__ = (
+        "ack_id",
         "acked_at",
         "acks",
         "again_id",
@@ -214,6 +215,7 @@ class Life:
         self.deliveries = 0
         self.acks = 0
         self.again_id: int | None = None  # the second ack, if any
+        self.ack_id: int | None = None  # the first ack: the group is done with it for good
         self.first_delivered_at: int | None = None
         self.acked_at: int | None = None
         self.dead_lettered_at: int | None = None
@@ -245,11 +247,17 @@ class Life:
         """Apply one event; returns the (invariant, detail) pairs it breaks."""
         kind, attempt, reason, time = row[KIND], row[ATTEMPT], row[REASON], row[TIME]
         prev_kind, prev_attempt, prev_reason = self.last_kind, self.prev_attempt, self.prev_reason
-        if kind == "delivered" and prev_kind in FINAL:
-            # The group was done with it: reported, and the life stays finished (the delivery is
-            # not counted, so it breaks this rule alone).
+        if kind == "delivered" and self.fate is not None:
+            # The group was done with it, whatever came between (a restart's release): reported,
+            # and the life stays finished (the delivery is not counted, so it breaks this rule
+            # alone). Its attempt is remembered: settling it is no settlement without a delivery.
             shown = "?" if attempt is None else attempt
-            return [("final", f"attempt {shown} delivered to {row[CONSUMER] or 'nobody'} after {prev_kind}")]
+            to = row[CONSUMER] or "nobody"
+            self.last_attempt = attempt
+            if self.ack_id is not None:
+                why = f"attempt {shown} delivered to {to} after its ack (event {self.ack_id})"
+                return [("acked_stays_acked", why)]
+            return [("final", f"attempt {shown} delivered to {to} after {self.fate} (event {self.fate_id})")]
         broken: list[tuple[str, str]] = []
         if kind in SETTLES:
             last = self.last_attempt
@@ -305,7 +313,9 @@ class Life:
             if time is not None and (self.first_delivered_at is None or time < self.first_delivered_at):
                 self.first_delivered_at = time
         elif kind == "acked":
-            if self.acks == 1:
+            if self.acks == 0:
+                self.ack_id = row[ID]
+            elif self.acks == 1:
                 self.again_id = row[ID]
             self.acks += 1
             self.acked_at = _max(self.acked_at, time)
@@ -557,7 +567,9 @@ def replay_slot(ctx: Context, rows: list[tuple[Any, ...]], out: Output) -> None:
     for group, (fate, copied) in lines.items():
         if group not in lives:
             out.ledger(queue, group, offset, pub_time, fate, copied)
-    _check_message(ctx, queue, offset, mode, publishes, again_id, live, removed, removed_by, lines, out)
+    _check_message(
+        ctx, queue, offset, mode, publishes, again_id, live, removed, removed_by, lines, pending, out
+    )
     _outcomes(queue, offset, live, removed_by, lost, lines, lives, out)
     _check_pending(ctx, queue, offset, lives, pending, live, removed, out)
 
@@ -663,17 +675,13 @@ def _ledger(
 
 def _check_message(
     ctx: Context, queue: str, offset: int, mode: str, publishes: int, again_id: int | None, live: bool,
-    removed: bool, removed_by: str | None, lines: dict[str | None, tuple[str, str | None]], out: Output,
+    removed: bool, removed_by: str | None, lines: dict[str | None, tuple[str, str | None]],
+    pending: dict[str, tuple[Any, ...]], out: Output,
 ) -> None:  # fmt: skip
     """The live incarnation's message: published once, and in queue_messages exactly while needed
     (a work queue's message until every group's line is final: those with none began after it)."""
-    groups = ctx.groups.get(queue, {})
-    all_done = (
-        mode == "work"
-        and not removed
-        and bool(groups)
-        and all(lines[group][0] in FINAL for group in groups if group in lines)
-    )
+    if live and not removed and mode == "work":
+        _check_finished(queue, offset, lines, pending, out)
     if publishes > 1:
         out.violation(
             "published_once",
@@ -684,12 +692,8 @@ def _check_message(
             again_id,
             f"published {publishes} times under one offset",
         )
-    if live and (removed or (mode == "work" and all_done)):
-        why = (
-            f"still in queue_messages after {removed_by or 'a purge'}"
-            if removed
-            else "still in queue_messages though every group finished it"
-        )
+    if live and removed:
+        why = f"still in queue_messages after {removed_by or 'a purge'}"
         out.violation("live_state", queue, None, offset, 0, None, why)
     next_offset = ctx.next_offset.get(queue)
     if next_offset is not None and offset >= next_offset:
@@ -702,6 +706,29 @@ def _check_message(
             None,
             f"offset at or past the queue's next_offset {next_offset}",
         )
+
+
+def _check_finished(
+    queue: str, offset: int, lines: dict[str | None, tuple[str, str | None]],
+    pending: dict[str, tuple[Any, ...]], out: Output,
+) -> None:  # fmt: skip
+    """A work queue's message still stored (live, not removed) must still be owed to a group that
+    existed while it was live: one that finished it (acked, dead-lettered, dropped) needs it no
+    more, and a group that began after it has no line. A stream keeps its messages by retention,
+    and is not asked. In shared mode the compaction deletes a message once every group's 'done'
+    marker is in queue_pending; until its next pass the message is stored with them, so a message
+    whose every group left its marker is not flagged (a single node drops it with its last ack, and
+    leaves no such markers; nor is it flagged when it does)."""
+    fates = {group: fate for group, (fate, _copy) in lines.items() if group is not None}
+    if not fates or not all(fate in FINAL for fate in fates.values()):
+        return
+    if all(group in pending and pending[group][STATE] == "done" for group in fates):
+        return  # awaiting the compaction
+    done = ", ".join(f"{group} {fate}" for group, fate in sorted(fates.items()))
+    out.violation(
+        "finished_removed", queue, None, offset, 0, None,
+        f"still in queue_messages though every group finished it ({done})",
+    )  # fmt: skip
 
 
 def _outcomes(

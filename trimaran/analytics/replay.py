@@ -71,11 +71,16 @@ INVARIANTS: dict[str, str] = {
     "dead_letter_explained": "every dead letter follows a reject, or a nack or release at max attempts",
     "redelivery_explained": "every redelivery follows a nack, a visibility timeout, a disconnect "
     "or a restart",
-    "final": "nothing is delivered to a group after it acked, dead-lettered or dropped the message",
+    "acked_stays_acked": "nothing is delivered to a group after its ack of the message was committed, "
+    "whatever came between (a restart, a release)",
+    "final": "nothing is delivered to a group after it dead-lettered or dropped the message",
     "time_ordered": "a message's events are stamped in the order they were logged "
     f"(clocks may differ by up to {CLOCK_SLACK_MS} ms)",
     "commits_monotonic": "a stream group's commits never go backwards",
     "commits_published": "a stream group commits only offsets that were published",
+    "finished_removed": "a work queue's message every group finished (acked, dead-lettered or dropped) "
+    "is no longer stored; groups that began after it do not count, and shared mode's compaction "
+    "may keep it while every group's 'done' marker is there",
     "live_state": "the replayed state equals the live tables (messages, pending entries, cursors)",
 }
 
