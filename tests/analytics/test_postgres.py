@@ -74,6 +74,7 @@ def _shared_node(root: Path, name: str, url: str) -> RunningServer:
     return RunningServer([*ALL_OFF, "--mqtt", "127.0.0.1:0"], cwd=workdir, env=env).start()
 
 
+@pytest.mark.slow  # two servers and a Spark run: about a minute
 def test_shared_queues_audit_clean(
     spark: SparkSession, postgres_cluster: PostgresCluster, tmp_path: Path
 ) -> None:
