@@ -145,7 +145,7 @@ class App:
         vhost_rows = VHostRows(storage.engine)
         vhosts = VHosts(settings.declared_vhosts(), vhost_rows)
         await vhosts.load()
-        await anyio.to_thread.run_sync(security.use_permissions, vhost_rows)
+        await anyio.to_thread.run_sync(security.use_permissions, vhost_rows, vhosts.names())
         await anyio.to_thread.run_sync(self.runner.tenants.use_store, LimitRows(storage.engine))
         self.broker = Broker(
             store,

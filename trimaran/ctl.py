@@ -22,6 +22,7 @@ import os
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -117,22 +118,44 @@ def _add_vhost_commands(commands: Any, command: AddCommand, parents: list[argpar
     vhosts = command(commands, "vhosts", "virtual hosts of a running server")
     sub = vhosts.add_subparsers(dest="action", required=True)
     command(sub, "list", "each vhost, whether the settings declare it, its connections", parents=parents)
-    command(sub, "add", "create a vhost", parents=parents).add_argument("vhost")
+    add = command(
+        sub,
+        "add",
+        "create a vhost; it grants nothing (trimaran permissions set -p VHOST USER)",
+        parents=parents,
+    )
+    add.add_argument("vhost")
+    add.add_argument("--user", help="the user it is made for: gets .* .* .* on it (RabbitMQ's management)")
     delete = command(sub, "delete", "delete a vhost and everything in it", parents=parents)
     delete.add_argument("vhost")
 
-    permissions = command(commands, "permissions", "who may enter which vhost")
+    permissions = command(
+        commands, "permissions", "who may enter which vhost and configure, write, read what there"
+    )
     sub = permissions.add_subparsers(dest="action", required=True)
     listing = command(sub, "list", "permissions, of every vhost or of one", parents=parents)
     listing.add_argument("-p", "--vhost", help="only this vhost")
     grant = command(
-        sub, "set", "let a user enter a vhost (rabbitmqctl set_permissions -p VHOST USER CONF WRITE READ)",
+        sub, "set",
+        "let a user enter a vhost and configure (declare, delete), write (publish to, bind to) and read "
+        "(consume, get, purge, bind from) the queues and exchanges each regular expression matches "
+        "(rabbitmqctl set_permissions -p VHOST USER CONF WRITE READ; '' matches nothing, the default "
+        "exchange is amq.default; no permission, no entry)",
         parents=parents,
     )  # fmt: skip
     grant.add_argument("-p", "--vhost", default="/", help="the vhost (default /)")
-    grant.add_argument("user")
-    for pattern in ("configure", "write", "read"):
-        grant.add_argument(pattern, nargs="?", default=".*", help=f"{pattern} pattern (default .*)")
+    grant.add_argument(
+        "user", help="a user of the password file or auth.users, or guest (also anonymous clients)"
+    )
+    for pattern, what in (
+        ("configure", "queues and exchanges it may declare and delete"),
+        ("write", "exchanges it may publish to, queues and exchanges it may bind to"),
+        ("read", "queues it may consume, get, purge; exchanges it may bind from"),
+    ):
+        grant.add_argument(pattern, nargs="?", default=".*", help=f"{what} (default .*)")
+    grant.add_argument(
+        "--force", action="store_true", help="accept a user no file names (a certificate identity)"
+    )
     clear = command(sub, "clear", "take a user's permission for a vhost away", parents=parents)
     clear.add_argument("-p", "--vhost", default="/", help="the vhost (default /)")
     clear.add_argument("user")
@@ -338,6 +361,8 @@ def _dispatch(client: AdminClient, args: argparse.Namespace) -> int:
             return _show_list(client.pages("/api/v1/vhosts"), as_json, VHOST_COLUMNS)
         path = f"/api/v1/vhosts/{_segment(args.vhost)}"
         if action == "add":
+            if args.user:
+                path += "?" + urllib.parse.urlencode({"user": args.user})
             return _show_count(client.call("PUT", path), as_json, f"vhost {args.vhost!r} ready")
         return _show_done(client.call("DELETE", path), as_json)
     if command == "permissions":
@@ -347,7 +372,7 @@ def _dispatch(client: AdminClient, args: argparse.Namespace) -> int:
         path = f"/api/v1/permissions/{_segment(args.vhost)}/{_segment(args.user)}"
         if action == "set":
             body = {"configure": args.configure, "write": args.write, "read": args.read}
-            answer = client.call("PUT", path, body)
+            answer = client.call("PUT", path + ("?force=true" if args.force else ""), body)
             return _show_count(answer, as_json, f"user {args.user!r} may enter vhost {args.vhost!r}")
         return _show_done(client.call("DELETE", path), as_json)
     raise AssertionError(command)

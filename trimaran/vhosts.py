@@ -183,8 +183,9 @@ def split_user(username: str | None) -> tuple[str | None, str | None]:
 
 @dataclass(frozen=True, slots=True)
 class Permission:
-    """RabbitMQ's set_permissions: ``user`` may enter ``vhost``. The three patterns are kept as RabbitMQ
-    takes them (configure, write, read regular expressions); entering needs only the row."""
+    """RabbitMQ's set_permissions: ``user`` may enter ``vhost`` (no row: no entry), and its configure,
+    write and read regular expressions say which queues and exchanges it may declare or delete, publish
+    to or bind, consume or bind from (trimaran/security/permissions.py enforces them)."""
 
     user: str
     vhost: str
@@ -197,6 +198,10 @@ class PermissionStore(Protocol):
     """Where permissions are kept (``trimaran.storage.vhost_store`` implements it)."""
 
     def load_permissions(self) -> list[Permission]: ...
+
+    def take_upgrade_marker(self) -> str | None: ...
+
+    def save_permissions_now(self, permissions: list[Permission]) -> None: ...
 
     async def save_permission(self, permission: Permission) -> None: ...
 

@@ -51,7 +51,10 @@ def test_vhosts_and_permissions_persist(storage_url: str) -> None:
         await vhosts.add("prod/eu")
         security = Security(AuthSettings())
         security.use_permissions(rows)
-        assert security.may_enter("alice", "team a") and security.may_enter(None, "prod/eu")
+        # A fresh database: guest (and so anonymous clients) on / and nothing else, new vhosts closed.
+        assert security.permissions() == [Permission("guest", "/")]
+        assert not security.may_enter("alice", "team a") and not security.may_enter(None, "prod/eu")
+        assert not security.may_enter("alice", "/") and security.may_enter(None, "/")
         await security.set_permission(Permission("alice", "team a", "^$", ".*", ".*"))
         await security.set_permission(Permission("bob", "prod/eu"))
         again = VHosts(["/"], rows)
@@ -69,7 +72,7 @@ def test_vhosts_and_permissions_persist(storage_url: str) -> None:
         await again.delete("team a")
         with storage.engine.connect() as connection:
             left = connection.execute(select(vhost_permissions.c.user, vhost_permissions.c.vhost)).all()
-        assert left == []
+        assert left == [("guest", "/")]
         assert again.names() == ["/", "prod/eu"]
 
     try:

@@ -262,11 +262,13 @@ class VhostOut(Model):
 
 
 class PermissionIn(Model):
-    """RabbitMQ's set_permissions patterns (regular expressions), kept as given; entering needs the row."""
+    """RabbitMQ's set_permissions: the row lets the user enter the vhost (no row, no entry); each
+    pattern is a regular expression searched for in a queue's or exchange's name (``^alice-`` anchors
+    it; an empty pattern matches nothing; the default exchange is ``amq.default``)."""
 
-    configure: str = ".*"
-    write: str = ".*"
-    read: str = ".*"
+    configure: str = Field(".*", description="queues and exchanges it may declare (not passive) and delete")
+    write: str = Field(".*", description="exchanges it may publish to; queues and exchanges it may bind to")
+    read: str = Field(".*", description="queues it may consume, get and purge; exchanges it may bind from")
 
 
 class PermissionOut(PermissionIn):
@@ -955,20 +957,29 @@ class AdminApi:
                 tags=tags,
             ),
             ApiRoute(
-                "PUT", f"{p}/vhosts/{{vhost}}", "Create a vhost (200 if it exists; the default vhost is %2F)",
-                self.add_vhost, {200: VhostOut, 201: VhostOut, 400: ErrorBody}, tags=tags,
+                "PUT", f"{p}/vhosts/{{vhost}}",
+                "Create a vhost (200 if it exists; the default vhost is %2F); it grants nothing, but to "
+                "the user named by ?user= (.* .* .*, as RabbitMQ's management grants its creator)",
+                self.add_vhost, {200: VhostOut, 201: VhostOut, 400: ErrorBody, 404: ErrorBody},
+                query=(Param("user", {"type": "string"}, "the user it is made for: gets .* .* .* on it"),),
+                tags=tags,
             ),
             ApiRoute(
                 "DELETE", f"{p}/vhosts/{{vhost}}", "Delete a vhost and what it holds (not a declared one)",
                 self.delete_vhost, {200: Done, 409: ErrorBody}, tags=tags,
             ),
             ApiRoute(
-                "GET", f"{p}/permissions", "Who may enter which vhost", self.list_permissions,
-                {200: PermissionPage}, query=(*PAGED, *vhost_query), tags=tags,
+                "GET", f"{p}/permissions", "Who may enter which vhost, and configure, write, read what there",
+                self.list_permissions, {200: PermissionPage}, query=(*PAGED, *vhost_query), tags=tags,
             ),
             ApiRoute(
-                "PUT", f"{p}/permissions/{{vhost}}/{{user}}", "Let a user enter a vhost (set_permissions)",
-                self.set_permission, {200: PermissionOut}, body=PermissionIn, body_required=False, tags=tags,
+                "PUT", f"{p}/permissions/{{vhost}}/{{user}}",
+                "Let a user enter a vhost and configure, write, read the queues and exchanges its patterns "
+                "match (set_permissions; 404 no_such_user for a user the password file, auth.users and "
+                "guest do not name, unless ?force=true, for certificate identities)",
+                self.set_permission, {200: PermissionOut, 400: ErrorBody, 404: ErrorBody}, body=PermissionIn,
+                body_required=False,
+                query=(Param("force", {"type": "boolean"}, "accept a user no file names"),), tags=tags,
             ),
             ApiRoute(
                 "DELETE", f"{p}/permissions/{{vhost}}/{{user}}", "Take a user's permission for a vhost away",
@@ -989,12 +1000,20 @@ class AdminApi:
     async def add_vhost(self, request: Request) -> Response:
         name = request.params["vhost"]
         vhosts = self.view.vhost_registry()
+        creator = request.arg("user") or None
+        if creator is not None and not self.view.permission_ops().user_exists(creator):
+            raise HttpError(404, "no_such_user", f"no user {creator!r}")
         try:
             added = await vhosts.add(name)
         except VHostError as exc:
             raise HttpError(400, "bad_vhost", str(exc)) from None
         if added:
             log.info("vhosts: %r added through the admin API", name)
+            if creator is not None:
+                await self.view.permission_ops().set_permission(Permission(creator, name))
+                log.info(
+                    "vhosts: user %r, who %r was made for, may configure, write and read it", creator, name
+                )
         connections = self._limits().connections.get(name, 0)
         out = VhostOut(name=name, declared=name in vhosts.declared, connections=connections)
         return _ok(out, 201 if added else 200)
@@ -1019,6 +1038,11 @@ class AdminApi:
         vhost, user = request.params["vhost"], request.params["user"]
         if not self.view.vhost_registry().exists(vhost):
             raise HttpError(404, "not_found", f"no vhost {vhost!r}")
+        ops = self.view.permission_ops()
+        if not ops.user_exists(user) and not _bool_arg(request, "force"):
+            raise HttpError(
+                404, "no_such_user", f"no user {user!r} (not in the password file, auth.users, nor guest)"
+            )
         body = _body(request, PermissionIn, required=False)
         for name, pattern in body.model_dump().items():
             try:
@@ -1026,8 +1050,11 @@ class AdminApi:
             except re.error as exc:
                 raise HttpError(400, "bad_pattern", f"{name} pattern {pattern!r}: {exc}") from None
         permission = Permission(user, vhost, body.configure, body.write, body.read)
-        await self.view.permission_ops().set_permission(permission)
-        log.info("vhosts: user %r may enter %r (set through the admin API)", user, vhost)
+        await ops.set_permission(permission)
+        log.info(
+            "vhosts: user %r may enter %r, configure %r, write %r, read %r (set through the admin API)",
+            user, vhost, permission.configure, permission.write, permission.read,
+        )  # fmt: skip
         return _ok(_permission_out(permission))
 
     async def clear_permission(self, request: Request) -> Response:

@@ -77,9 +77,12 @@ class QueueOps(Protocol):
 
 
 class PermissionOps(Protocol):
-    """Who may enter which vhost (RabbitMQ's set_permissions; the security module keeps them)."""
+    """RabbitMQ's set_permissions: who may enter which vhost and do what there (no row, no entry;
+    the security module keeps them and enforces their patterns)."""
 
     def permissions(self, vhost: str | None = None) -> list[Permission]: ...
+
+    def user_exists(self, name: str) -> bool: ...
 
     async def set_permission(self, permission: Permission) -> None: ...
 

@@ -153,6 +153,8 @@ class Amqp091FrontEnd:
             return f"vhost {vhost} not found"
         if not self.security.may_enter(conn.user, vhost):
             return f"access to vhost '{vhost}' refused for user '{conn.user or 'guest'}'"
+        if conn.principal is not None:
+            conn.principal.vhost = vhost  # whose permission patterns apply
         return conn.io.enter(conn.user, vhost)  # the vhost's and the user's connection limits
 
     # -- connections ------------------------------------------------------------------------------

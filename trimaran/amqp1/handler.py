@@ -287,6 +287,7 @@ class Amqp1FrontEnd:
         conn.io.vhost = vhost
         conn.io.user = conn.user
         conn.principal.rename(conn.container_id)  # %c in the rules: the container id
+        conn.principal.vhost = vhost  # whose permission patterns apply
         over = conn.io.enter(conn.user, vhost)
         if over is not None:
             # The spec's way to refuse a connection: our open, then a close with the error.

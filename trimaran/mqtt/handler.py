@@ -531,6 +531,7 @@ class MqttFrontEnd:
         connect = request.connect
         endpoint = self.endpoints.get(client_id)
         principal = self.security.principal("mqtt", login.user, request.client_id, conn.io.peer_host)
+        principal.vhost = vhost  # whose permission patterns apply
         reason = login.reason
         refusal: int | None = None
         if login.ok and not self.broker.vhosts.exists(vhost):

@@ -11,10 +11,13 @@ import anyio.to_thread
 from sqlalchemy import Connection, Engine, delete, insert, select
 
 from trimaran.storage.engine import now_ms
-from trimaran.storage.schema import vhost_permissions, vhosts
+from trimaran.storage.schema import broker_meta, vhost_permissions, vhosts
 from trimaran.vhosts import Permission
 
-__all__ = ["VHostRows"]
+__all__ = ["UPGRADE_MARKER", "VHostRows"]
+
+#: The broker_meta key migration 0011 leaves for the next start (0011_permissions_enforced.py).
+UPGRADE_MARKER = "permissions_upgrade"
 
 
 class VHostRows:
@@ -56,6 +59,23 @@ class VHostRows:
             )
             return [Permission(r.user, r.vhost, r.configure, r.write, r.read) for r in rows]
 
+    def take_upgrade_marker(self) -> str | None:
+        """What migration 0011 left for the first start after it (``open``: nobody had a permission,
+        so everyone entered everywhere; ``guest``: guest's ``/`` was added), taken away (blocking)."""
+        with self.engine.begin() as connection:
+            where = broker_meta.c.key == UPGRADE_MARKER
+            row = connection.execute(select(broker_meta.c.value).where(where)).first()
+            if row is None:
+                return None
+            connection.execute(delete(broker_meta).where(where))
+            return str(row.value)
+
+    def save_permissions_now(self, permissions: list[Permission]) -> None:
+        """Several rows in one transaction (blocking: the upgrade's grants, at start)."""
+        with self.engine.begin() as connection:
+            for p in permissions:
+                self._insert_permission(connection, p)
+
     async def save_permission(self, permission: Permission) -> None:
         await anyio.to_thread.run_sync(self._save_permission, permission)
 
@@ -64,17 +84,21 @@ class VHostRows:
 
     def _save_permission(self, p: Permission) -> None:
         with self.engine.begin() as connection:
-            self._delete_permission_in(connection, p.user, p.vhost)
-            connection.execute(
-                insert(vhost_permissions).values(
-                    user=p.user,
-                    vhost=p.vhost,
-                    configure=p.configure,
-                    write=p.write,
-                    read=p.read,
-                    updated_at=now_ms(),
-                )
+            self._insert_permission(connection, p)
+
+    @classmethod
+    def _insert_permission(cls, connection: Connection, p: Permission) -> None:
+        cls._delete_permission_in(connection, p.user, p.vhost)
+        connection.execute(
+            insert(vhost_permissions).values(
+                user=p.user,
+                vhost=p.vhost,
+                configure=p.configure,
+                write=p.write,
+                read=p.read,
+                updated_at=now_ms(),
             )
+        )
 
     def _delete_permission(self, user: str, vhost: str) -> None:
         with self.engine.begin() as connection:
