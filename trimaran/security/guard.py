@@ -115,6 +115,8 @@ class Principal:
         "_rules",
         "client_id",
         "host",
+        "last_exchange",
+        "last_exchange_generation",
         "last_write",
         "last_write_generation",
         "own_queues",
@@ -143,6 +145,9 @@ class Principal:
         # same name again need not ask (a publisher mostly repeats it; asking is four calls).
         self.last_write: str | None = None
         self.last_write_generation = -1
+        # The same for the exchange an AMQP 0.9.1 connection last published through (patterns).
+        self.last_exchange: str | None = None
+        self.last_exchange_generation = -1
 
     def own(self, queue: str) -> None:
         """``queue`` was made by this connection (server-named or temporary): it may use it."""

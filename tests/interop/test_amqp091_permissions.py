@@ -1,0 +1,180 @@
+"""RabbitMQ's configure / write / read patterns over AMQP 0.9.1 (pika), next to RabbitMQ 3.10.
+
+One vhost ``perms`` where alice may configure, write and read only names matching ``^alice-`` and bob
+everything; bob makes ``bob-q`` and ``bob-x``. Each operation RabbitMQ's access-control page lists is
+tried by alice on hers and on bob's: allowed, or closed with 403 ACCESS_REFUSED in RabbitMQ's words.
+A vhost alice has no permission for (``perms-closed``) refuses her at connection.open, 530.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.interop.conftest import amqp_server_args
+from tests.support import rabbitmq
+from tests.support.server import RunningServer, serving
+
+pika = pytest.importorskip("pika")
+from pika.exceptions import ChannelClosedByBroker, ProbableAccessDeniedError  # noqa: E402
+
+VHOST, CLOSED = "perms", "perms-closed"
+MINE = "^alice-"
+USERS = [{"name": "alice", "password": "wonderland"}, {"name": "bob", "password": "b"}]
+GRANTS = [
+    {"user": "alice", "vhost": VHOST, "configure": MINE, "write": MINE, "read": MINE},
+    {"user": "bob", "vhost": VHOST},
+]
+
+
+@pytest.fixture(scope="module")
+def trimaran_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    directory: Path = tmp_path_factory.mktemp("permissions")
+    env = {
+        "TRIMARAN_AUTH__USERS": json.dumps(USERS),
+        "TRIMARAN_AUTH__PERMISSIONS": json.dumps(GRANTS),
+        "TRIMARAN_VHOSTS": json.dumps(["/", VHOST, CLOSED]),
+    }
+    with serving(RunningServer(amqp_server_args(), cwd=directory, env=env).start()) as server:
+        yield server.ports["amqp"]
+        assert "Traceback" not in server.output()
+
+
+@pytest.fixture(scope="module")
+def rabbitmq_perms(rabbitmq_port: int) -> int:
+    """The private RabbitMQ node with the same users, vhosts and permissions."""
+    for user in USERS:
+        rabbitmq.ensure_user(rabbitmq_port, user["name"], user["password"])
+    existing = rabbitmq.rabbitmqctl(rabbitmq_port, "list_vhosts", "--quiet").split()
+    for vhost in (VHOST, CLOSED):
+        if vhost not in existing:
+            rabbitmq.rabbitmqctl(rabbitmq_port, "add_vhost", vhost)
+    rabbitmq.rabbitmqctl(rabbitmq_port, "set_permissions", "-p", VHOST, "alice", MINE, MINE, MINE)
+    rabbitmq.rabbitmqctl(rabbitmq_port, "set_permissions", "-p", VHOST, "bob", ".*", ".*", ".*")
+    return rabbitmq_port
+
+
+@pytest.fixture(scope="module", params=["trimaran", "rabbitmq"])
+def port(request: pytest.FixtureRequest) -> Iterator[int]:
+    """Trimaran's AMQP port, then RabbitMQ's, with bob's queue and exchange made in ``perms``."""
+    name = "trimaran_port" if request.param == "trimaran" else "rabbitmq_perms"
+    amqp = int(request.getfixturevalue(name))
+    bob = _connect(amqp, "bob", "b")
+    channel = bob.channel()
+    channel.queue_declare("bob-q")
+    channel.exchange_declare("bob-x", "direct")
+    channel.exchange_declare("alice-x", "direct")
+    yield amqp
+    channel.queue_delete("bob-q")
+    channel.exchange_delete("bob-x")
+    channel.exchange_delete("alice-x")
+    bob.close()
+
+
+def _connect(port: int, user: str, password: str, vhost: str = VHOST) -> Any:
+    credentials = pika.PlainCredentials(user, password)
+    params = pika.ConnectionParameters("127.0.0.1", port, vhost, credentials, connection_attempts=1)
+    return pika.BlockingConnection(params)
+
+
+@pytest.fixture
+def alice(port: int) -> Iterator[Any]:
+    connection = _connect(port, "alice", "wonderland")
+    yield connection
+    if connection.is_open:
+        connection.close()
+
+
+def refusal(connection: Any, call: Callable[[Any], object]) -> str:
+    """The reply text of the channel error ``call`` ends in (403 asserted)."""
+    channel = connection.channel()
+    channel.confirm_delivery()  # a refused publish closes the channel before its confirm
+    with pytest.raises(ChannelClosedByBroker) as caught:
+        call(channel)
+    assert caught.value.reply_code == 403, caught.value.reply_text
+    return str(caught.value.reply_text)
+
+
+def refused(what: str) -> str:
+    return f"ACCESS_REFUSED - access to {what} in vhost '{VHOST}' refused for user 'alice'"
+
+
+def test_configure_declares_and_deletes_queues_and_exchanges(alice: Any) -> None:
+    assert refusal(alice, lambda ch: ch.queue_declare("bob-q2")) == refused("queue 'bob-q2'")
+    assert refusal(alice, lambda ch: ch.queue_delete("bob-q")) == refused("queue 'bob-q'")
+    assert refusal(alice, lambda ch: ch.exchange_declare("bob-x2", "fanout")) == refused("exchange 'bob-x2'")
+    assert refusal(alice, lambda ch: ch.exchange_delete("bob-x")) == refused("exchange 'bob-x'")
+    # A dead-letter exchange is written by the queue's messages; the queue is read for them.
+    dlx = {"x-dead-letter-exchange": "bob-x"}
+    text = refusal(alice, lambda ch: ch.queue_declare("alice-dl", arguments=dlx))
+    assert text == refused("exchange 'bob-x'")
+    # A server-named queue is checked by its made name, which ^alice- does not match.
+    text = refusal(alice, lambda ch: ch.queue_declare("", exclusive=True))
+    assert re.fullmatch(
+        refused("queue 'amq.gen-TOKEN'").replace("TOKEN", "[^']+").replace(".", r"\."), text
+    ), text
+    channel = alice.channel()
+    channel.queue_declare("alice-q", auto_delete=False)
+    channel.queue_declare("bob-q", passive=True)  # passive: only whether it exists, no permission
+    channel.exchange_declare("bob-x", passive=True)
+    channel.exchange_declare("alice-x2", "fanout")
+    channel.exchange_delete("alice-x2")
+    channel.queue_delete("alice-q")
+
+
+def test_write_publishes_to_an_exchange_and_binds_to_a_queue(alice: Any) -> None:
+    channel = alice.channel()
+    channel.queue_declare("alice-w")
+    try:
+        assert refusal(alice, lambda ch: ch.basic_publish("amq.topic", "a.b", b"x")) == refused(
+            "exchange 'amq.topic'"
+        )
+        assert refusal(alice, lambda ch: ch.basic_publish("", "alice-w", b"x")) == refused(
+            "exchange 'amq.default'"
+        )
+        # queue.bind writes the queue and reads the exchange; exchange.bind writes the destination.
+        assert refusal(alice, lambda ch: ch.queue_bind("bob-q", "alice-x", "k")) == refused("queue 'bob-q'")
+        assert refusal(alice, lambda ch: ch.queue_bind("alice-w", "bob-x", "k")) == refused(
+            "exchange 'bob-x'"
+        )
+        assert refusal(alice, lambda ch: ch.exchange_bind("bob-x", "alice-x", "k")) == refused(
+            "exchange 'bob-x'"
+        )
+        assert refusal(alice, lambda ch: ch.exchange_bind("alice-x", "bob-x", "k")) == refused(
+            "exchange 'bob-x'"
+        )
+        channel = alice.channel()
+        channel.confirm_delivery()
+        channel.queue_bind("alice-w", "alice-x", "k")
+        channel.basic_publish("alice-x", "k", b"mine")  # confirmed
+        method, _, body = channel.basic_get("alice-w", auto_ack=True)
+        assert method is not None and body == b"mine"
+        channel.queue_unbind("alice-w", "alice-x", "k")
+    finally:
+        alice.channel().queue_delete("alice-w")
+
+
+def test_read_consumes_gets_and_purges_a_queue(alice: Any) -> None:
+    assert refusal(alice, lambda ch: ch.basic_consume("bob-q", lambda *a: None)) == refused("queue 'bob-q'")
+    assert refusal(alice, lambda ch: ch.basic_get("bob-q")) == refused("queue 'bob-q'")
+    assert refusal(alice, lambda ch: ch.queue_purge("bob-q")) == refused("queue 'bob-q'")
+    channel = alice.channel()
+    channel.queue_declare("alice-r")
+    try:
+        assert channel.basic_get("alice-r")[0] is None
+        channel.queue_purge("alice-r")
+        tag = channel.basic_consume("alice-r", lambda *a: None)
+        channel.basic_cancel(tag)
+    finally:
+        channel.queue_delete("alice-r")
+
+
+def test_no_permission_no_entry(port: int) -> None:
+    with pytest.raises(ProbableAccessDeniedError) as caught:
+        _connect(port, "alice", "wonderland", CLOSED)
+    assert f"NOT_ALLOWED - access to vhost '{CLOSED}' refused for user 'alice'" in str(caught.value)
