@@ -42,6 +42,7 @@ from trimaran.security import acl, passwords
 from trimaran.security.acl import CONFIGURE, READ, WRITE, RuleSet
 from trimaran.security.passwords import PasswordHash
 from trimaran.security.permissions import (
+    AMQ_TOPIC,
     ANONYMOUS,
     DEFAULT_EXCHANGE,
     EXCHANGE,
@@ -55,7 +56,19 @@ from trimaran.vhosts import DEFAULT_VHOST, TENANT, Permission, PermissionStore
 
 log = logging.getLogger("trimaran.security")
 
-__all__ = ["CONFIGURE", "EXCHANGE", "QUEUE", "READ", "WRITE", "Login", "Principal", "Security", "is_loopback"]
+__all__ = [
+    "AMQ_TOPIC",
+    "CONFIGURE",
+    "EXCHANGE",
+    "QUEUE",
+    "READ",
+    "WRITE",
+    "Login",
+    "Principal",
+    "Security",
+    "is_loopback",
+    "publish_resource",
+]
 
 THROTTLE_FORGET_S: Final = 60.0  # an address with no failure for this long starts afresh
 THROTTLE_MAX_ADDRESSES: Final = 10_000
@@ -643,6 +656,19 @@ def publish_access(topic: str) -> tuple[str, str]:
             if queue is not None:
                 return READ, QUEUE_TOPIC + queue
     return WRITE, topic
+
+
+def publish_resource(topic: str) -> tuple[str, str, str]:
+    """What publishing to an MQTT or AMQP 1.0 topic needs of RabbitMQ's patterns, as its plugins
+    map it: ``(access, kind, name)``. A topic is published through ``amq.topic`` (write it); a
+    ``$queue/<q>`` name through the default exchange (write ``amq.default``), as an AMQP 0.9.1
+    publish to queue ``q`` goes; settling by topic (``$queue/<q>/$ack`` ...) reads queue ``q``."""
+    access, target = publish_access(topic)
+    if access == READ:
+        return READ, QUEUE, queue_of(target) or ""
+    if topic.startswith(QUEUE_TOPIC):
+        return WRITE, EXCHANGE, ""
+    return WRITE, EXCHANGE, AMQ_TOPIC
 
 
 def subscription_filter(topic_filter: str) -> str:

@@ -38,6 +38,7 @@ from typing import Final
 from trimaran.vhosts import DEFAULT_VHOST, Permission
 
 __all__ = [
+    "AMQ_TOPIC",
     "ANONYMOUS",
     "DEFAULT_EXCHANGE",
     "EXCHANGE",
@@ -54,6 +55,8 @@ __all__ = [
 ANONYMOUS: Final = "guest"
 #: The nameless exchange in permissions, as RabbitMQ names it.
 DEFAULT_EXCHANGE: Final = "amq.default"
+#: The exchange MQTT and AMQP 1.0 topics go through, as in RabbitMQ's plugins.
+AMQ_TOPIC: Final = "amq.topic"
 QUEUE: Final = "queue"
 EXCHANGE: Final = "exchange"
 TOPIC: Final = "topic"
