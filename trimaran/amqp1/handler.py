@@ -340,7 +340,7 @@ class Amqp1FrontEnd:
         if not self.broker.vhosts.exists(vhost):
             return Error(condition=NOT_FOUND, description=f"vhost '{vhost}' not found")
         if not self.security.may_enter(conn.user, vhost):
-            text = f"access to vhost '{vhost}' refused for user '{conn.user or ''}'"
+            text = f"access to vhost '{vhost}' refused for user '{conn.user or 'guest'}'"
             return Error(condition=UNAUTHORIZED_ACCESS, description=text)
         return None
 
