@@ -302,6 +302,22 @@ def test_vhosts_and_permissions(ctl: Callable[..., subprocess.CompletedProcess[s
     missing = ctl("permissions", "clear", "-p", "team-a", "bob")
     assert missing.returncode == 1 and "has no permission" in missing.stderr
     assert ctl("permissions", "set", "-p", "nowhere", "alice").returncode == 1
+    # RabbitMQ's set_topic_permissions / list_topic_permissions / clear_topic_permissions.
+    assert (
+        ctl(
+            "permissions", "set-topic", "-p", "team-a", "alice", "amq.topic", "^{username}\\.", "^a"
+        ).returncode
+        == 0
+    )
+    rows = [line.split() for line in ctl("permissions", "list-topic", "-p", "team-a").stdout.splitlines()]
+    assert rows == [
+        ["VHOST", "USER", "EXCHANGE", "WRITE", "READ"],
+        ["team-a", "alice", "amq.topic", "^{username}\\.", "^a"],
+    ]
+    assert ctl("permissions", "clear-topic", "-p", "team-a", "alice").returncode == 0
+    assert ctl("permissions", "list-topic", "--json").stdout.strip() == "[]"
+    gone = ctl("permissions", "clear-topic", "-p", "team-a", "alice")
+    assert gone.returncode == 1 and "no topic permission" in gone.stderr
     nobody = ctl("permissions", "set", "-p", "team-a", "nobody")
     assert nobody.returncode == 1 and "no user 'nobody'" in nobody.stderr
     assert ctl("permissions", "set", "-p", "team-a", "CN=dev1", "--force").returncode == 0

@@ -52,6 +52,7 @@ __all__ = [
     "TENANT_LEVELS",
     "Permission",
     "PermissionStore",
+    "TopicPermission",
     "VHostError",
     "VHostStore",
     "VHosts",
@@ -194,6 +195,19 @@ class Permission:
     read: str = ".*"
 
 
+@dataclass(frozen=True, slots=True)
+class TopicPermission:
+    """RabbitMQ's set_topic_permissions: which routing keys ``user`` may publish with (``write``) and
+    bind with (``read``) through the topic exchange ``exchange`` of ``vhost``; regular expressions in
+    which ``{username}``, ``{vhost}`` and ``{client_id}`` stand for the client's."""
+
+    user: str
+    vhost: str
+    exchange: str
+    write: str = ".*"
+    read: str = ".*"
+
+
 class PermissionStore(Protocol):
     """Where permissions are kept (``trimaran.storage.vhost_store`` implements it)."""
 
@@ -206,6 +220,12 @@ class PermissionStore(Protocol):
     async def save_permission(self, permission: Permission) -> None: ...
 
     async def delete_permission(self, user: str, vhost: str) -> None: ...
+
+    def load_topic_permissions(self) -> list[TopicPermission]: ...
+
+    async def save_topic_permission(self, permission: TopicPermission) -> None: ...
+
+    async def delete_topic_permission(self, user: str, vhost: str, exchange: str) -> None: ...
 
 
 # -- the registry ------------------------------------------------------------------------------------

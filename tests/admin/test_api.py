@@ -519,6 +519,19 @@ def test_vhosts_and_permissions_round_trip(api: Api) -> None:
     assert api.call("DELETE", "/api/v1/permissions/staging/bob")[0] == 200
     assert api.call("DELETE", "/api/v1/permissions/staging/bob")[0] == 404
 
+    # RabbitMQ's set_topic_permissions: keys per user, vhost and exchange.
+    body = {"write": r"^{username}\.", "read": ".*"}
+    status, topic, _ = api.call("PUT", "/api/v1/topic-permissions/staging/alice/amq.topic", body)
+    assert status == 200
+    assert topic == {"user": "alice", "vhost": "staging", "exchange": "amq.topic", **body}
+    assert api.call("PUT", "/api/v1/topic-permissions/staging/alice/amq.topic", {"read": "("})[0] == 400
+    assert api.call("PUT", "/api/v1/topic-permissions/staging/nobody/amq.topic")[0] == 404
+    assert api.call("PUT", "/api/v1/topic-permissions/nowhere/alice/amq.topic")[0] == 404
+    listed = api.call("GET", "/api/v1/topic-permissions?vhost=staging")[1]["items"]
+    assert listed == [topic]
+    assert api.call("DELETE", "/api/v1/topic-permissions/staging/alice/amq.topic")[0] == 200
+    assert api.call("DELETE", "/api/v1/topic-permissions/staging/alice/amq.topic")[0] == 404
+
     assert api.call("DELETE", f"/api/v1/vhosts/{q('/')}")[0] == 409  # declared
     assert api.call("DELETE", "/api/v1/vhosts/staging")[0] == 200
     assert api.call("DELETE", "/api/v1/vhosts/staging")[0] == 404

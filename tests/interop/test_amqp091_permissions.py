@@ -4,6 +4,8 @@ One vhost ``perms`` where alice may configure, write and read only names matchin
 everything; bob makes ``bob-q`` and ``bob-x``. Each operation RabbitMQ's access-control page lists is
 tried by alice on hers and on bob's: allowed, or closed with 403 ACCESS_REFUSED in RabbitMQ's words.
 A vhost alice has no permission for (``perms-closed``) refuses her at connection.open, 530.
+carol may do everything, but her topic permission on ``amq.topic`` (``^{username}\\.``, RabbitMQ's
+set_topic_permissions) limits the routing keys she publishes and binds with to ``carol.``.
 """
 
 from __future__ import annotations
@@ -18,24 +20,35 @@ import pytest
 
 from tests.interop.conftest import amqp_server_args
 from tests.support import rabbitmq
+from tests.support.permissions import store_topic_permission
 from tests.support.server import RunningServer, serving
+from trimaran.vhosts import TopicPermission
 
 pika = pytest.importorskip("pika")
 from pika.exceptions import ChannelClosedByBroker, ProbableAccessDeniedError  # noqa: E402
 
 VHOST, CLOSED = "perms", "perms-closed"
 MINE = "^alice-"
-USERS = [{"name": "alice", "password": "wonderland"}, {"name": "bob", "password": "b"}]
+USERS = [
+    {"name": "alice", "password": "wonderland"},
+    {"name": "bob", "password": "b"},
+    {"name": "carol", "password": "c"},
+]
 GRANTS = [
     {"user": "alice", "vhost": VHOST, "configure": MINE, "write": MINE, "read": MINE},
     {"user": "bob", "vhost": VHOST},
+    {"user": "carol", "vhost": VHOST},
 ]
+OWN_KEYS = r"^{username}\."  # carol's topic permission on amq.topic, write and read
 
 
 @pytest.fixture(scope="module")
 def trimaran_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     directory: Path = tmp_path_factory.mktemp("permissions")
+    url = f"sqlite:///{directory / 'trimaran.db'}"
+    store_topic_permission(url, TopicPermission("carol", VHOST, "amq.topic", OWN_KEYS, OWN_KEYS))
     env = {
+        "TRIMARAN_STORAGE__URL": url,
         "TRIMARAN_AUTH__USERS": json.dumps(USERS),
         "TRIMARAN_AUTH__PERMISSIONS": json.dumps(GRANTS),
         "TRIMARAN_VHOSTS": json.dumps(["/", VHOST, CLOSED]),
@@ -56,6 +69,10 @@ def rabbitmq_perms(rabbitmq_port: int) -> int:
             rabbitmq.rabbitmqctl(rabbitmq_port, "add_vhost", vhost)
     rabbitmq.rabbitmqctl(rabbitmq_port, "set_permissions", "-p", VHOST, "alice", MINE, MINE, MINE)
     rabbitmq.rabbitmqctl(rabbitmq_port, "set_permissions", "-p", VHOST, "bob", ".*", ".*", ".*")
+    rabbitmq.rabbitmqctl(rabbitmq_port, "set_permissions", "-p", VHOST, "carol", ".*", ".*", ".*")
+    rabbitmq.rabbitmqctl(
+        rabbitmq_port, "set_topic_permissions", "-p", VHOST, "carol", "amq.topic", OWN_KEYS, OWN_KEYS
+    )
     return rabbitmq_port
 
 
@@ -178,3 +195,31 @@ def test_no_permission_no_entry(port: int) -> None:
     with pytest.raises(ProbableAccessDeniedError) as caught:
         _connect(port, "alice", "wonderland", CLOSED)
     assert f"NOT_ALLOWED - access to vhost '{CLOSED}' refused for user 'alice'" in str(caught.value)
+
+
+def test_topic_permissions_limit_the_routing_keys(port: int) -> None:
+    carol = _connect(port, "carol", "c")
+    try:
+
+        def topic_refused(key: str) -> str:
+            where = f"in exchange 'amq.topic' in vhost '{VHOST}'"
+            return f"ACCESS_REFUSED - access to topic '{key}' {where} refused for user 'carol'"
+
+        assert refusal(carol, lambda ch: ch.basic_publish("amq.topic", "bob.x", b"x")) == topic_refused(
+            "bob.x"
+        )
+        queue = carol.channel().queue_declare("", exclusive=True).method.queue
+        assert refusal(carol, lambda ch: ch.queue_bind(queue, "amq.topic", "bob.#")) == topic_refused("bob.#")
+        assert refusal(carol, lambda ch: ch.queue_bind(queue, "amq.topic", "#")) == topic_refused("#")
+        channel = carol.channel()
+        channel.confirm_delivery()
+        channel.queue_bind(queue, "amq.topic", "carol.#")
+        channel.basic_publish("amq.topic", "carol.news", b"mine")
+        method, _, body = channel.basic_get(queue, auto_ack=True)
+        assert method is not None and body == b"mine"
+        # Only topic exchanges: a direct exchange takes any key.
+        channel.exchange_declare("carol-direct", "direct")
+        channel.basic_publish("carol-direct", "bob.x", b"x")
+        channel.exchange_delete("carol-direct")
+    finally:
+        carol.close()

@@ -7,6 +7,10 @@ AMQP 0.9.1 (tests/interop/test_amqp091_permissions.py), mapped as RabbitMQ's plu
 - consuming ``$queue/<q>`` (MQTT) or ``queue://q`` (AMQP 1.0) reads queue ``q``; a queue the attach
   creates (``queues.auto_create``, a dynamic node) is configured.
 
+Topic permissions (RabbitMQ's set_topic_permissions on ``amq.topic``) limit the routing keys: an MQTT
+or AMQP 1.0 topic ``a/b`` is the key ``a.b``, a filter ``a/+/#`` the binding key ``a.*.#``; carol's
+``^{username}\\.`` and ``^{client_id}\\.`` stand for her name and her MQTT client id.
+
 Refusals: MQTT 3.1.1 SUBACK 0x80, 5.0 SUBACK 0x87 and PUBACK 0x87 (3.1.1 has no publish refusal:
 the message is dropped), CONNACK 5 / 0x87 for a vhost without a permission; AMQP 1.0
 ``amqp:unauthorized-access`` on the attach.
@@ -25,7 +29,9 @@ from paho.mqtt.enums import MQTTProtocolVersion as Version
 
 from tests.interop.conftest import amqp_server_args
 from tests.support.paho import V5, V311, Endpoints, connect, watch_pubacks
+from tests.support.permissions import store_topic_permission
 from tests.support.server import RunningServer, serving
+from trimaran.vhosts import TopicPermission
 
 proton = pytest.importorskip("proton")
 from proton.utils import BlockingConnection, LinkDetached  # noqa: E402
@@ -38,7 +44,10 @@ PATTERNS = {
     "nowrite": (".*", "^mqtt-subscription-", ".*"),
     "noread": (".*", ".*", "^(mqtt-subscription-|mine-)"),
     "noconf": ("", ".*", ".*"),
+    "carol": (".*", ".*", ".*"),
 }
+# carol publishes under her name, subscribes under her client id's.
+CAROL_WRITE, CAROL_READ = r"^{username}\.", r"^{client_id}\."
 USERS = [{"name": name, "password": "pw"} for name in [*PATTERNS, "norow"]]
 GRANTS = [
     {"user": user, "vhost": VHOST, "configure": c, "write": w, "read": r}
@@ -49,7 +58,10 @@ GRANTS = [
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     directory: Path = tmp_path_factory.mktemp("protocol-permissions")
+    url = f"sqlite:///{directory / 'trimaran.db'}"
+    store_topic_permission(url, TopicPermission("carol", VHOST, "amq.topic", CAROL_WRITE, CAROL_READ))
     env = {
+        "TRIMARAN_STORAGE__URL": url,
         "TRIMARAN_AUTH__USERS": json.dumps(USERS),
         "TRIMARAN_AUTH__PERMISSIONS": json.dumps(GRANTS),
         "TRIMARAN_AUTH__LOGIN_DELAY_INITIAL_S": "0",
@@ -185,3 +197,36 @@ def test_amqp1_no_permission_no_entry(server: RunningServer) -> None:
     with pytest.raises(proton.ConnectionException) as caught:
         _proton(server, "norow").create_receiver("topic://news/#")
     assert "access to vhost 'perms' refused for user 'norow'" in str(caught.value)
+
+
+@pytest.mark.parametrize("version", [V311, V5])
+def test_mqtt_topic_permissions_limit_keys_with_the_clients_name_and_id(
+    mqtt: Endpoints, version: Version
+) -> None:
+    carol = connect(mqtt, "dev7", version=version, username=f"{VHOST}:carol", password="pw")
+    watcher = _mqtt(mqtt, "boss", V5)
+    try:
+        refused = _refused_code(version)
+        assert _codes(carol, "carol/#") == [refused]  # the read pattern names her client id
+        assert _codes(carol, "#") == [refused]
+        assert _codes(carol, "dev7/+/x") == [1]
+        assert _codes(watcher, "#") == [1]
+        acks = watch_pubacks(carol)
+        info = carol.publish("dev7/a/x", b"refused", qos=1)  # the write pattern names her user
+        assert acks[info.mid] == (0x87 if version == V5 else 0)
+        watcher.expect_none()
+        carol.publish("carol/a", b"allowed", qos=1)
+        assert watcher.expect().payload == b"allowed"
+    finally:
+        carol.disconnect()
+        watcher.disconnect()
+
+
+def test_amqp1_topic_permissions_limit_keys(server: RunningServer) -> None:
+    carol = _proton(server, "carol")
+    try:
+        assert _refusal(lambda: carol.create_sender("topic://bob/x")) == UNAUTHORIZED
+        assert _refusal(lambda: carol.create_receiver("topic://#")) == UNAUTHORIZED  # its id is no name
+        carol.create_sender("topic://carol/x").close()
+    finally:
+        carol.close()

@@ -15,7 +15,7 @@ from trimaran.security.permissions import (
     check_pattern,
     default_rows,
 )
-from trimaran.vhosts import Permission
+from trimaran.vhosts import Permission, TopicPermission
 
 
 def test_no_row_no_entry_whatever_else_the_table_holds() -> None:
@@ -87,3 +87,25 @@ def test_a_pattern_must_be_a_regular_expression() -> None:
     assert check_pattern("^alice-.*") == "^alice-.*"
     with pytest.raises(PatternError, match="not a regular expression"):
         check_pattern("(")
+
+
+def test_topic_permissions_limit_keys_only_where_they_exist() -> None:
+    table = Permissions([Permission("alice", "/")])
+    assert table.allows_key("alice", "/", "write", "amq.topic", "any.key")  # none: any key
+    table.set_topic(TopicPermission("alice", "/", "amq.topic", r"^{username}\.", r"^{vhost}\.{client_id}$"))
+    assert table.topic_users == {("alice", "/")}
+    assert table.allows_key("alice", "/", "write", "amq.topic", "alice.x")
+    assert not table.allows_key("alice", "/", "write", "amq.topic", "bob.x")
+    assert table.allows_key("alice", "/", "write", "other", "bob.x")  # another exchange: none there
+    # Values stand for themselves: the vhost "/" and the id "a.b" are escaped, not patterns.
+    assert table.allows_key("alice", "/", "read", "amq.topic", "/.a.b", client_id="a.b")
+    assert not table.allows_key("alice", "/", "read", "amq.topic", "/.aXb", client_id="a.b")
+    assert table.clear_topic("alice", "/") == 1 and table.topic_users == set()
+    assert table.allows_key("alice", "/", "write", "amq.topic", "bob.x")
+
+
+def test_anonymous_clients_have_guests_topic_permissions() -> None:
+    table = Permissions(default_rows())
+    table.set_topic(TopicPermission("guest", "/", "amq.topic", "^public\\.", ""))
+    assert table.allows_key(None, "/", "write", "amq.topic", "public.x")
+    assert not table.allows_key(None, "/", "read", "amq.topic", "public.x")  # "" matches nothing

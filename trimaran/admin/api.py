@@ -45,9 +45,10 @@ from trimaran.config import (
     VhostLimitSettings,
 )
 from trimaran.queue.policy import QueueError, parse_queue_topic
+from trimaran.security.permissions import PatternError
 from trimaran.tenant_limits import TenantLimits, UserLimits, VhostLimits
 from trimaran.topics import TopicError, validate_topic_name
-from trimaran.vhosts import Permission, VHostError, vhost_of
+from trimaran.vhosts import Permission, TopicPermission, VHostError, vhost_of
 
 if TYPE_CHECKING:
     from trimaran.broker.clients import ClientInfo, ClientRegistry
@@ -276,6 +277,22 @@ class PermissionOut(PermissionIn):
     vhost: str
 
 
+class TopicPermissionIn(Model):
+    """RabbitMQ's set_topic_permissions: regular expressions on the routing keys the user publishes
+    with (write) and binds with (read) through a topic exchange; ``{username}``, ``{vhost}`` and
+    ``{client_id}`` stand for the client's. MQTT and AMQP 1.0 topics go through ``amq.topic`` (``a/b``
+    is the key ``a.b``). With no topic permission for an exchange, any key will do."""
+
+    write: str = Field(".*", description="routing keys it may publish with")
+    read: str = Field(".*", description="binding keys it may bind (subscribe) with")
+
+
+class TopicPermissionOut(TopicPermissionIn):
+    user: str
+    vhost: str
+    exchange: str
+
+
 class PublishProperties(Model):
     content_type: str | None = None
     response_topic: str | None = None
@@ -368,6 +385,7 @@ MessagePage = page_model(MessageOut)
 WebhookPage = page_model(WebhookOut)
 VhostPage = page_model(VhostOut)
 PermissionPage = page_model(PermissionOut)
+TopicPermissionPage = page_model(TopicPermissionOut)
 
 
 # -- the route table --------------------------------------------------------------------------------
@@ -985,6 +1003,24 @@ class AdminApi:
                 "DELETE", f"{p}/permissions/{{vhost}}/{{user}}", "Take a user's permission for a vhost away",
                 self.clear_permission, {200: Done}, tags=tags,
             ),
+            ApiRoute(
+                "GET", f"{p}/topic-permissions", "Which routing keys users may publish and bind with",
+                self.list_topic_permissions, {200: TopicPermissionPage}, query=(*PAGED, *vhost_query),
+                tags=tags,
+            ),
+            ApiRoute(
+                "PUT", f"{p}/topic-permissions/{{vhost}}/{{user}}/{{exchange}}",
+                "Limit the routing keys a user publishes and binds with through a topic exchange "
+                "(set_topic_permissions; MQTT and AMQP 1.0 topics: amq.topic)",
+                self.set_topic_permission, {200: TopicPermissionOut, 400: ErrorBody, 404: ErrorBody},
+                body=TopicPermissionIn, body_required=False,
+                query=(Param("force", {"type": "boolean"}, "accept a user no file names"),), tags=tags,
+            ),
+            ApiRoute(
+                "DELETE", f"{p}/topic-permissions/{{vhost}}/{{user}}/{{exchange}}",
+                "Take a user's topic permission for an exchange away (clear_topic_permissions)",
+                self.clear_topic_permission, {200: Done}, tags=tags,
+            ),
         ]  # fmt: skip
 
     async def list_vhosts(self, request: Request) -> Response:
@@ -1063,6 +1099,43 @@ class AdminApi:
             raise HttpError(404, "not_found", f"user {user!r} has no permission for vhost {vhost!r}")
         log.info("vhosts: user %r may no longer enter %r (cleared through the admin API)", user, vhost)
         return _ok(Done(ok=True, detail=f"permission of user {user!r} for vhost {vhost!r} cleared"))
+
+    async def list_topic_permissions(self, request: Request) -> Response:
+        rows = self.view.permission_ops().topic_permissions(request.arg("vhost") or None)
+        keys = [(t.vhost, t.user, t.exchange) for t in rows]
+        return _page(request, TopicPermissionPage, rows, keys, _topic_permission_out)
+
+    async def set_topic_permission(self, request: Request) -> Response:
+        vhost, user, exchange = request.params["vhost"], request.params["user"], request.params["exchange"]
+        if not self.view.vhost_registry().exists(vhost):
+            raise HttpError(404, "not_found", f"no vhost {vhost!r}")
+        ops = self.view.permission_ops()
+        if not ops.user_exists(user) and not _bool_arg(request, "force"):
+            raise HttpError(
+                404, "no_such_user", f"no user {user!r} (not in the password file, auth.users, nor guest)"
+            )
+        body = _body(request, TopicPermissionIn, required=False)
+        permission = TopicPermission(user, vhost, exchange, body.write, body.read)
+        try:
+            await ops.set_topic_permission(permission)
+        except PatternError as exc:
+            raise HttpError(400, "bad_pattern", str(exc)) from None
+        log.info(
+            "vhosts: user %r publishes with keys %r and binds with %r through %r in %r (admin API)",
+            user, body.write, body.read, exchange, vhost,
+        )  # fmt: skip
+        return _ok(_topic_permission_out(permission))
+
+    async def clear_topic_permission(self, request: Request) -> Response:
+        vhost, user, exchange = request.params["vhost"], request.params["user"], request.params["exchange"]
+        if not await self.view.permission_ops().clear_topic_permission(user, vhost, exchange):
+            raise HttpError(
+                404, "not_found", f"user {user!r} has no topic permission for {exchange!r} in {vhost!r}"
+            )
+        log.info("vhosts: topic permission of %r for %r in %r cleared (admin API)", user, exchange, vhost)
+        return _ok(
+            Done(ok=True, detail=f"topic permission of user {user!r} for {exchange!r} in {vhost!r} cleared")
+        )
 
     # -- limits per vhost and per user (trimaran/tenant_limits.py) -------------------------------------------
 
@@ -1240,6 +1313,10 @@ def _page(
     cursor = _encode_cursor(keys[start + limit - 1]) if more else None
     body = page(items=[render(i) for i in chosen], next_cursor=cursor, next=_next_link(request, cursor))
     return _ok(body)
+
+
+def _topic_permission_out(t: TopicPermission) -> TopicPermissionOut:
+    return TopicPermissionOut(user=t.user, vhost=t.vhost, exchange=t.exchange, write=t.write, read=t.read)
 
 
 def _permission_out(permission: Permission) -> PermissionOut:

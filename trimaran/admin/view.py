@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from trimaran.queue.groups import StoredMessage
     from trimaran.queue.manager import PublishResult, QueueInfo
     from trimaran.tenant_limits import TenantLimits
-    from trimaran.vhosts import Permission, VHosts
+    from trimaran.vhosts import Permission, TopicPermission, VHosts
 
 
 class NotReady(Exception):
@@ -83,6 +83,12 @@ class PermissionOps(Protocol):
     def permissions(self, vhost: str | None = None) -> list[Permission]: ...
 
     def user_exists(self, name: str) -> bool: ...
+
+    def topic_permissions(self, vhost: str | None = None) -> list[TopicPermission]: ...
+
+    async def set_topic_permission(self, permission: TopicPermission) -> None: ...
+
+    async def clear_topic_permission(self, user: str, vhost: str, exchange: str | None = None) -> int: ...
 
     async def set_permission(self, permission: Permission) -> None: ...
 

@@ -88,6 +88,10 @@ GUARDED: Final[frozenset[type[spec.Method]]] = frozenset(
 )
 
 
+#: The methods whose binding key RabbitMQ's topic permissions read (through a topic exchange).
+BINDS: Final = (spec.QueueBind, spec.QueueUnbind, spec.ExchangeBind, spec.ExchangeUnbind)
+
+
 class Owner(Protocol):
     """A connection (``conn.Amqp091Conn``): who logged in, its vhost's key prefix and the queues
     (keys) it declared exclusive."""
@@ -219,6 +223,25 @@ def check_exchange_publish(
         raise _refused(security, principal, WRITE, EXCHANGE, exchange, method)
     principal.last_exchange = exchange
     principal.last_exchange_generation = security.generation
+    principal.keyed = security.has_topic_permissions(principal)
+
+
+def check_topic_key(
+    security: Security,
+    principal: Principal,
+    exchanges: ExchangeRegistry,
+    access: str,
+    exchange: str,
+    key: str,
+    method: spec.Method,
+) -> spec.ProtocolError | None:
+    """RabbitMQ's topic permissions: a publish (write) or a binding (read) through a topic
+    exchange needs its key to match; 403 ACCESS_REFUSED in RabbitMQ's words when it does not."""
+    found = exchanges.get(exchange)
+    if found is None or found.type != "topic" or security.permits_key(principal, access, exchange, key):
+        return None
+    text = security.topic_text(principal, exchange, key)
+    return spec.ProtocolError(ACCESS_REFUSED, text, class_id=method.CLASS_ID, method_id=method.METHOD_ID)
 
 
 def method_needs(
@@ -289,6 +312,11 @@ def check_method(
     for access, kind, name in resource_needs(conn, channel, method):
         if not security.permits(principal, access, kind, name):
             return _refused(security, principal, access, kind, name, method)
+    if isinstance(method, BINDS) and security.has_topic_permissions(principal):
+        source = method.exchange if isinstance(method, spec.QueueBind | spec.QueueUnbind) else method.source
+        refused = check_topic_key(security, principal, exchanges, READ, source, method.routing_key, method)
+        if refused is not None:
+            return refused
     if isinstance(method, spec.QueueDeclare) and method.passive:
         # A passive declare only asks whether the queue exists: any access to it will do.
         name = _queue(conn, channel, method.queue)
@@ -349,6 +377,7 @@ def publish_targets(
     security: Security,
     principal: Principal,
     conn: Owner,
+    exchanges: ExchangeRegistry,
     exchange: str,
     key: str,
     to_router: bool,
@@ -361,6 +390,10 @@ def publish_targets(
     are left out."""
     if exchange != principal.last_exchange or principal.last_exchange_generation != security.generation:
         check_exchange_publish(security, principal, exchange, method)
+    if principal.keyed:  # topic permissions name this user: the key of each publish is checked
+        refused = check_topic_key(security, principal, exchanges, WRITE, exchange, key, method)
+        if refused is not None:
+            raise refused
     targets = set(queues)
     if to_router:
         try:

@@ -599,7 +599,7 @@ class Amqp091FrontEnd:
             queues, to_router = result.queues, result.to_router
             if conn.principal is not None:
                 queues = publish_targets(
-                    self.security, conn.principal, conn, exchange, key, to_router, queues, method
+                    self.security, conn.principal, conn, exchanges, exchange, key, to_router, queues, method
                 )
             # One queue and no router: build the message with its queue topic at once rather
             # than copy it per queue below.

@@ -112,6 +112,7 @@ from trimaran.security.guard import (
 )
 from trimaran.security.guard import QUEUE as QUEUE_RESOURCE
 from trimaran.selector import SelectorError
+from trimaran.topics import TopicError, filter_to_binding_key, topic_to_routing_key
 from trimaran.vhosts import DEFAULT_VHOST, prefix
 
 log = logging.getLogger(__name__)
@@ -423,14 +424,25 @@ class Amqp1FrontEnd:
         RabbitMQ's patterns, as its plugin maps them: a sender writes ``amq.topic`` for a topic and
         ``amq.default`` for a queue (publish_resource); a receiver reads its queue, or ``amq.topic``
         for a topic. None when they allow it, else RabbitMQ's text (logged and counted)."""
+        security = self.security
         if access == WRITE:
             access, kind, name = publish_resource(topic)
         else:
             queue = queue_of(topic)
             kind, name = (QUEUE_RESOURCE, queue) if queue is not None else (EXCHANGE, AMQ_TOPIC)
-        if self.security.permits(principal, access, kind, name):
+        if not security.permits(principal, access, kind, name):
+            return security.refuse_resource(principal, access, kind, name)
+        if name != AMQ_TOPIC or not security.has_topic_permissions(principal):
             return None
-        return self.security.refuse_resource(principal, access, kind, name)
+        # RabbitMQ's topic permissions on amq.topic: the routing key a sender publishes with, the
+        # binding key a receiver reads with (a/b is a.b, a/+/# is a.*.#).
+        try:
+            key = topic_to_routing_key(topic) if access == WRITE else filter_to_binding_key(topic)
+        except TopicError:
+            return None  # a bad filter is refused on its own
+        if security.permits_key(principal, access, AMQ_TOPIC, key):
+            return None
+        return security.topic_text(principal, AMQ_TOPIC, key)
 
     def _check_configure(self, conn: Amqp1Conn, queue: str) -> None:
         """A queue made by this attach (``queues.auto_create``, a dynamic node) is configured: the

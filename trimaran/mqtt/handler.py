@@ -81,7 +81,14 @@ from trimaran.security.guard import (
     subscription_filter,
 )
 from trimaran.storage.mqtt_store import MqttStore, StoredSession
-from trimaran.topics import SHARE_PREFIX, TopicError, split_shared, topic_matches
+from trimaran.topics import (
+    SHARE_PREFIX,
+    TopicError,
+    filter_to_binding_key,
+    split_shared,
+    topic_matches,
+    topic_to_routing_key,
+)
 from trimaran.vhosts import DEFAULT_VHOST, describe, is_reserved, prefix, split_user, vhost_of
 
 log = logging.getLogger(__name__)
@@ -794,8 +801,9 @@ class MqttFrontEnd:
                     return
             # RabbitMQ's patterns: a topic writes amq.topic, allowed once per permissions' generation.
             if (
-                principal.last_exchange_generation != security.generation or topic[0] == "$"
-            ) and not self._permits_publish(principal, topic):
+                (principal.last_exchange_generation != security.generation or topic[0] == "$")
+                and not self._permits_publish(principal, topic)
+            ) or (principal.keyed and not self._permits_key(principal, WRITE, topic)):
                 self._publish_refused(conn, publish.packet_id if publish.qos else None)
                 return
             principal.last_write = topic
@@ -839,9 +847,10 @@ class MqttFrontEnd:
                 if not security.authorize(principal, access, target):
                     conn.mqtt.walk_run(run)  # each refused as publish_received refuses it
                     return
-            if principal.last_exchange_generation != security.generation and not self._permits_publish(
-                principal, topic
-            ):
+            if (
+                principal.last_exchange_generation != security.generation
+                and not self._permits_publish(principal, topic)
+            ) or (principal.keyed and not self._permits_key(principal, WRITE, topic)):
                 conn.mqtt.walk_run(run)  # each refused as publish_received refuses it
                 return
             principal.last_write = topic
@@ -899,7 +908,20 @@ class MqttFrontEnd:
         if name == AMQ_TOPIC:
             principal.last_exchange = name
             principal.last_exchange_generation = security.generation
+            principal.keyed = security.has_topic_permissions(principal)
         return True
+
+    def _permits_key(self, principal: Principal, access: str, topic: str) -> bool:
+        """RabbitMQ's topic permissions on ``amq.topic``, as its MQTT plugin asks them: a publish's
+        routing key (``a/b`` is ``a.b``) against the write pattern, a subscription's binding key
+        (``a/+/#`` is ``a.*.#``) against the read pattern. ``$queue/`` names are not topics."""
+        if topic.startswith("$queue/"):
+            return True
+        try:
+            key = topic_to_routing_key(topic) if access == WRITE else filter_to_binding_key(topic)
+        except TopicError:
+            return True  # a bad filter: the subscription refuses it on its own
+        return self.security.permits_key(principal, access, AMQ_TOPIC, key)
 
     def _permits_subscription(
         self, principal: Principal, endpoint: MqttEndpoint, topic_filter: str, qos: int
@@ -924,6 +946,8 @@ class MqttFrontEnd:
             if not security.permits(principal, access, kind, name):
                 security.refuse_resource(principal, access, kind, name)
                 return False
+        if queue is None and security.has_topic_permissions(principal):
+            return self._permits_key(principal, READ, subscription_filter(topic_filter))
         return True
 
     def _grant(

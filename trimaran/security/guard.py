@@ -50,9 +50,10 @@ from trimaran.security.permissions import (
     Permissions,
     check_pattern,
     default_rows,
+    expand,
     pattern_user,
 )
-from trimaran.vhosts import DEFAULT_VHOST, TENANT, Permission, PermissionStore
+from trimaran.vhosts import DEFAULT_VHOST, TENANT, Permission, PermissionStore, TopicPermission
 
 log = logging.getLogger("trimaran.security")
 
@@ -128,6 +129,7 @@ class Principal:
         "_rules",
         "client_id",
         "host",
+        "keyed",
         "last_exchange",
         "last_exchange_generation",
         "last_write",
@@ -161,6 +163,9 @@ class Principal:
         # The same for the exchange an AMQP 0.9.1 connection last published through (patterns).
         self.last_exchange: str | None = None
         self.last_exchange_generation = -1
+        # Whether topic permissions name this user in its vhost (known with last_exchange): only
+        # then is a routing key checked on the way of each publish.
+        self.keyed = False
 
     def own(self, queue: str) -> None:
         """``queue`` was made by this connection (server-named or temporary): it may use it."""
@@ -492,6 +497,8 @@ class Security:
                 "keep vhost '/' with .* .* .*; every other row is now enforced (trimaran permissions list)"
             )
         self._load_rows(rows)
+        self.permission_table.replace_topics(store.load_topic_permissions())
+        self.generation += 1
 
     def _load_rows(self, rows: Iterable[Permission]) -> None:
         """The stored rows, the settings' ``auth.permissions`` over them."""
@@ -545,6 +552,53 @@ class Security:
         """A deleted vhost's permissions go with it (the store deletes its rows with the vhost)."""
         self.permission_table.forget_vhost(vhost)
         self.generation += 1
+
+    def topic_permissions(self, vhost: str | None = None) -> list[TopicPermission]:
+        """Every topic permission (of ``vhost``), by vhost, user and exchange."""
+        return self.permission_table.topic_rows(vhost)
+
+    async def set_topic_permission(self, permission: TopicPermission) -> None:
+        """RabbitMQ's set_topic_permissions, persisted; PatternError for a bad pattern (checked with
+        its variables standing for a plain name)."""
+        for pattern in (permission.write, permission.read):
+            check_pattern(expand(pattern, "u", "v", "c"))
+        if self._permission_store is not None:
+            await self._permission_store.save_topic_permission(permission)
+        self.permission_table.set_topic(permission)
+        self.generation += 1
+
+    async def clear_topic_permission(self, user: str, vhost: str, exchange: str | None = None) -> int:
+        """RabbitMQ's clear_topic_permissions (one exchange's, or all of ``user``'s in ``vhost``);
+        how many went."""
+        rows = [
+            t for t in self.permission_table.topic_rows(vhost)
+            if t.user == user and (exchange is None or t.exchange == exchange)
+        ]  # fmt: skip
+        if self._permission_store is not None:
+            for row in rows:
+                await self._permission_store.delete_topic_permission(user, vhost, row.exchange)
+        self.permission_table.clear_topic(user, vhost, exchange)
+        self.generation += 1
+        return len(rows)
+
+    def permits_key(self, who: Principal, access: str, exchange: str, key: str) -> bool:
+        """RabbitMQ's topic permissions: may ``who`` publish (write) or bind (read) with routing or
+        binding key ``key`` through the topic exchange ``exchange``? Refusals logged and counted."""
+        table = self.permission_table
+        if table.allows_key(who.user, who.vhost, access, exchange, key, who.client_id):
+            return True
+        self.refused(who, access, f"topic {key} in {exchange}", self.topic_text(who, exchange, key))
+        return False
+
+    def topic_text(self, who: Principal, exchange: str, key: str) -> str:
+        """RabbitMQ's words for a refused topic permission."""
+        return (
+            f"access to topic '{key}' in exchange '{exchange}' in vhost '{who.vhost}' refused for user "
+            f"'{pattern_user(who.user)}'"
+        )
+
+    def has_topic_permissions(self, who: Principal) -> bool:
+        return (pattern_user(who.user), who.vhost) in self.permission_table.topic_users
 
     def permits(self, who: Principal, access: str, kind: str, name: str) -> bool:
         """May ``who`` ``access`` (configure, write, read) the ``kind`` (queue, exchange) ``name`` of

@@ -21,6 +21,12 @@ Each protocol maps its operations onto these (``amqp091/access.py``, ``mqtt/hand
   matches no resource (RabbitMQ's rule).
 - The default exchange (``""``) is named ``amq.default`` for the check.
 
+Topic permissions (RabbitMQ's ``set_topic_permissions``): per user, vhost and topic exchange, a write
+and a read pattern on routing keys, ``{username}``, ``{vhost}`` and ``{client_id}`` replaced by the
+client's (escaped, so that a name stands for itself). A publish through a topic exchange needs its
+routing key to match the write pattern, a binding from one its binding key to match the read
+pattern; with no topic permission for the exchange, any key will do (RabbitMQ's rule).
+
 Verdicts are kept per ``(user, vhost, access, kind, name)`` and forgotten whenever a permission
 changes, so a name is matched against a regular expression once; the hulls keep the last name a
 connection published to besides, so that a publish on the hot path asks nothing.
@@ -35,7 +41,7 @@ import re
 from collections.abc import Iterable
 from typing import Final
 
-from trimaran.vhosts import DEFAULT_VHOST, Permission
+from trimaran.vhosts import DEFAULT_VHOST, Permission, TopicPermission
 
 __all__ = [
     "AMQ_TOPIC",
@@ -94,9 +100,13 @@ class Permissions:
     verdicts given so far. ``generation`` grows with every change (the hulls' caches compare it)."""
 
     def __init__(self, rows: Iterable[Permission] = ()) -> None:
+        self._topics: dict[tuple[str, str, str], TopicPermission] = {}
+        #: (user, vhost) with a topic permission: the hulls ask about keys only for these
+        self.topic_users: set[tuple[str, str]] = set()
         self._rows: dict[tuple[str, str], Permission] = {}
         self._patterns: dict[tuple[str, str], dict[str, re.Pattern[str]]] = {}
         self._verdicts: dict[tuple[str, str, str, str, str], bool] = {}
+        self._key_verdicts: dict[tuple[str, str, str, str, str, str], bool] = {}
         self.generation = 0
         self.replace(rows)
 
@@ -125,7 +135,57 @@ class Permissions:
         for key in [k for k in self._rows if k[1] == vhost]:
             del self._rows[key]
             del self._patterns[key]
+        for topic_key in [k for k in self._topics if k[1] == vhost]:
+            del self._topics[topic_key]
+        self._topics_changed()
+
+    # -- topic permissions --------------------------------------------------------------------------
+
+    def replace_topics(self, rows: Iterable[TopicPermission]) -> None:
+        self._topics = {(t.user, t.vhost, t.exchange): t for t in rows}
+        self._topics_changed()
+
+    def set_topic(self, row: TopicPermission) -> None:
+        self._topics[(row.user, row.vhost, row.exchange)] = row
+        self._topics_changed()
+
+    def clear_topic(self, user: str, vhost: str, exchange: str | None = None) -> int:
+        """Take ``user``'s topic permissions for ``exchange`` (every exchange: None) of ``vhost``
+        away; how many there were."""
+        gone = [k for k in self._topics if k[:2] == (user, vhost) and (exchange is None or k[2] == exchange)]
+        for key in gone:
+            del self._topics[key]
+        self._topics_changed()
+        return len(gone)
+
+    def topic_rows(self, vhost: str | None = None) -> list[TopicPermission]:
+        picked = [t for t in self._topics.values() if vhost is None or t.vhost == vhost]
+        return sorted(picked, key=lambda t: (t.vhost, t.user, t.exchange))
+
+    def _topics_changed(self) -> None:
+        self.topic_users = {(t.user, t.vhost) for t in self._topics.values()}
         self._changed()
+
+    def allows_key(
+        self, user: str | None, vhost: str, access: str, exchange: str, key: str, client_id: str = ""
+    ) -> bool:
+        """May ``user`` publish (write) or bind (read) with routing key ``key`` through the topic
+        exchange ``exchange``? Yes when no topic permission names that exchange for the user."""
+        who = pattern_user(user)
+        verdict_key = (who, vhost, access, exchange, client_id, key)
+        verdict = self._key_verdicts.get(verdict_key)
+        if verdict is None:
+            row = self._topics.get((who, vhost, exchange))
+            if row is None:
+                verdict = True
+            else:
+                pattern = row.write if access == WRITE else row.read
+                expanded = expand(pattern, who, vhost, client_id)
+                verdict = re.search(expanded or "^$", key) is not None
+            if len(self._key_verdicts) >= VERDICTS:
+                self._key_verdicts = {}
+            self._key_verdicts[verdict_key] = verdict
+        return verdict
 
     def get(self, user: str, vhost: str) -> Permission | None:
         return self._rows.get((user, vhost))
@@ -148,6 +208,7 @@ class Permissions:
 
     def _changed(self) -> None:
         self._verdicts = {}
+        self._key_verdicts = {}
         self.generation += 1
 
     # -- the questions ------------------------------------------------------------------------------
@@ -171,6 +232,15 @@ class Permissions:
                 self._verdicts = {}
             self._verdicts[key] = verdict
         return verdict
+
+
+def expand(pattern: str, user: str, vhost: str, client_id: str) -> str:
+    """A topic permission's pattern with RabbitMQ's variables replaced, each value escaped."""
+    if "{" not in pattern:
+        return pattern
+    for name, value in (("{username}", user), ("{vhost}", vhost), ("{client_id}", client_id)):
+        pattern = pattern.replace(name, re.escape(value))
+    return pattern
 
 
 def default_rows() -> list[Permission]:

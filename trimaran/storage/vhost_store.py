@@ -11,8 +11,8 @@ import anyio.to_thread
 from sqlalchemy import Connection, Engine, delete, insert, select
 
 from trimaran.storage.engine import now_ms
-from trimaran.storage.schema import broker_meta, vhost_permissions, vhosts
-from trimaran.vhosts import Permission
+from trimaran.storage.schema import broker_meta, topic_permissions, vhost_permissions, vhosts
+from trimaran.vhosts import Permission, TopicPermission
 
 __all__ = ["UPGRADE_MARKER", "VHostRows"]
 
@@ -47,6 +47,7 @@ class VHostRows:
     def _delete_vhost(self, name: str) -> None:
         with self.engine.begin() as connection:
             connection.execute(delete(vhost_permissions).where(vhost_permissions.c.vhost == name))
+            connection.execute(delete(topic_permissions).where(topic_permissions.c.vhost == name))
             connection.execute(delete(vhosts).where(vhosts.c.name == name))
 
     # -- permissions --------------------------------------------------------------------------------
@@ -111,3 +112,41 @@ class VHostRows:
                 vhost_permissions.c.user == user, vhost_permissions.c.vhost == vhost
             )
         )
+
+    # -- topic permissions (RabbitMQ's set_topic_permissions) -------------------------------------
+
+    def load_topic_permissions(self) -> list[TopicPermission]:
+        """Every topic permission row (blocking: at start)."""
+        t = topic_permissions
+        with self.engine.connect() as connection:
+            rows = connection.execute(select(t).order_by(t.c.vhost, t.c.user, t.c.exchange))
+            return [TopicPermission(r.user, r.vhost, r.exchange, r.write, r.read) for r in rows]
+
+    async def save_topic_permission(self, permission: TopicPermission) -> None:
+        await anyio.to_thread.run_sync(self._save_topic_permission, permission)
+
+    async def delete_topic_permission(self, user: str, vhost: str, exchange: str) -> None:
+        await anyio.to_thread.run_sync(self._delete_topic_permission, user, vhost, exchange)
+
+    def _save_topic_permission(self, p: TopicPermission) -> None:
+        with self.engine.begin() as connection:
+            self._delete_topic_in(connection, p.user, p.vhost, p.exchange)
+            connection.execute(
+                insert(topic_permissions).values(
+                    user=p.user,
+                    vhost=p.vhost,
+                    exchange=p.exchange,
+                    write=p.write,
+                    read=p.read,
+                    updated_at=now_ms(),
+                )
+            )
+
+    def _delete_topic_permission(self, user: str, vhost: str, exchange: str) -> None:
+        with self.engine.begin() as connection:
+            self._delete_topic_in(connection, user, vhost, exchange)
+
+    @staticmethod
+    def _delete_topic_in(connection: Connection, user: str, vhost: str, exchange: str) -> None:
+        t = topic_permissions
+        connection.execute(delete(t).where(t.c.user == user, t.c.vhost == vhost, t.c.exchange == exchange))
