@@ -10,6 +10,7 @@ set_topic_permissions) limits the routing keys she publishes and binds with to `
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -223,3 +224,31 @@ def test_topic_permissions_limit_the_routing_keys(port: int) -> None:
         channel.exchange_delete("carol-direct")
     finally:
         carol.close()
+
+
+def test_aio_pika_and_kombu_get_the_same_refusals(port: int) -> None:
+    aio_pika = pytest.importorskip("aio_pika")
+    kombu = pytest.importorskip("kombu")
+    amqp_exceptions = pytest.importorskip("amqp.exceptions")
+    aiormq_exceptions = pytest.importorskip("aiormq.exceptions")
+    url = f"amqp://alice:wonderland@127.0.0.1:{port}/{VHOST}"
+
+    async def with_aio_pika() -> None:
+        connection = await aio_pika.connect(url)
+        async with connection:
+            channel = await connection.channel()
+            with pytest.raises(aiormq_exceptions.ChannelAccessRefused) as caught:
+                await channel.declare_queue("bob-aio")
+            assert refused("queue 'bob-aio'") in str(caught.value)
+            channel = await connection.channel()
+            queue = await channel.declare_queue("alice-aio", auto_delete=True)
+            await queue.delete()
+
+    asyncio.run(with_aio_pika())
+    with kombu.Connection(url) as connection:
+        with pytest.raises(amqp_exceptions.AccessRefused) as caught:
+            kombu.Queue("bob-kombu", channel=connection.channel()).declare()
+        assert caught.value.reply_text == refused("queue 'bob-kombu'")
+        mine = kombu.Queue("alice-kombu", channel=connection.channel(), auto_delete=True)
+        mine.declare()
+        mine.delete()
