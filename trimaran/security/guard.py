@@ -12,6 +12,12 @@
   AMQP's ``guest``/``guest``, RabbitMQ's default login, is the anonymous login unless a real user
   ``guest`` is configured (:meth:`Security.is_default_guest`).
 - Certificates: a verified client certificate's subject field (``auth.identity_field``) as username.
+- RabbitMQ's vhost and topic permissions (:mod:`trimaran.security.permissions`): :meth:`Security.may_enter`
+  at login (no row, no entry; anonymous clients have ``guest``'s rows), :meth:`Security.permits` for
+  the queue or exchange an operation configures, writes or reads (each hull maps its operations:
+  amqp091/access.py, mqtt/handler.py, amqp1/handler.py), :meth:`Security.permits_key` for a routing
+  key through a topic exchange; kept in storage (:meth:`use_permissions`), their changes bump
+  ``generation`` as a reload does, so that every cached verdict is asked again.
 - Permissions (:mod:`trimaran.security.acl`): each connection holds a :class:`Principal`; hulls ask
   :meth:`Security.authorize` before a publish, a subscription, a settle or a queue change. Without a
   rule file everything is allowed except writing ``$SYS``. A refusal is logged at WARNING once per
