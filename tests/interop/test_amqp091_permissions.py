@@ -127,6 +127,12 @@ def test_configure_declares_and_deletes_queues_and_exchanges(alice: Any) -> None
     assert refusal(alice, lambda ch: ch.queue_delete("bob-q")) == refused("queue 'bob-q'")
     assert refusal(alice, lambda ch: ch.exchange_declare("bob-x2", "fanout")) == refused("exchange 'bob-x2'")
     assert refusal(alice, lambda ch: ch.exchange_delete("bob-x")) == refused("exchange 'bob-x'")
+    # The default exchange and amq.* queue names are refused for what they are, before permissions.
+    default = "ACCESS_REFUSED - operation not permitted on the default exchange"
+    assert refusal(alice, lambda ch: ch.exchange_declare("", "direct")) == default
+    assert refusal(alice, lambda ch: ch.queue_declare("amq.q")) == (
+        "ACCESS_REFUSED - queue name 'amq.q' contains reserved prefix 'amq.*'"
+    )
     # A dead-letter exchange is written by the queue's messages; the queue is read for them.
     dlx = {"x-dead-letter-exchange": "bob-x"}
     text = refusal(alice, lambda ch: ch.queue_declare("alice-dl", arguments=dlx))

@@ -185,6 +185,8 @@ def resource_needs(conn: Owner, channel: Channel, method: spec.Method) -> list[t
         return [(CONFIGURE, QUEUE, _queue(conn, channel, method.queue))]
     if isinstance(method, spec.BasicConsume):
         return [] if method.queue == REPLY_TO else [(READ, QUEUE, _queue(conn, channel, method.queue))]
+    if isinstance(method, spec.ExchangeDeclare | spec.ExchangeDelete) and not method.exchange:
+        return []  # refused as the default exchange first, as RabbitMQ refuses it
     if isinstance(method, spec.ExchangeDeclare):
         if method.passive:
             return []
