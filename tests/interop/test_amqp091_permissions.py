@@ -34,11 +34,13 @@ USERS = [
     {"name": "alice", "password": "wonderland"},
     {"name": "bob", "password": "b"},
     {"name": "carol", "password": "c"},
+    {"name": "dave", "password": "d"},
 ]
 GRANTS = [
     {"user": "alice", "vhost": VHOST, "configure": MINE, "write": MINE, "read": MINE},
     {"user": "bob", "vhost": VHOST},
     {"user": "carol", "vhost": VHOST},
+    {"user": "dave", "vhost": VHOST, "configure": "alice", "write": "", "read": ""},
 ]
 OWN_KEYS = r"^{username}\."  # carol's topic permission on amq.topic, write and read
 
@@ -62,7 +64,7 @@ def trimaran_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
 @pytest.fixture(scope="module")
 def rabbitmq_perms(rabbitmq_port: int) -> int:
     """The private RabbitMQ node with the same users, vhosts and permissions."""
-    for user in USERS:
+    for user in USERS:  # (dave's empty write and read patterns: rabbitmqctl takes "")
         rabbitmq.ensure_user(rabbitmq_port, user["name"], user["password"])
     existing = rabbitmq.rabbitmqctl(rabbitmq_port, "list_vhosts", "--quiet").split()
     for vhost in (VHOST, CLOSED):
@@ -71,6 +73,7 @@ def rabbitmq_perms(rabbitmq_port: int) -> int:
     rabbitmq.rabbitmqctl(rabbitmq_port, "set_permissions", "-p", VHOST, "alice", MINE, MINE, MINE)
     rabbitmq.rabbitmqctl(rabbitmq_port, "set_permissions", "-p", VHOST, "bob", ".*", ".*", ".*")
     rabbitmq.rabbitmqctl(rabbitmq_port, "set_permissions", "-p", VHOST, "carol", ".*", ".*", ".*")
+    rabbitmq.rabbitmqctl(rabbitmq_port, "set_permissions", "-p", VHOST, "dave", "alice", "", "")
     rabbitmq.rabbitmqctl(
         rabbitmq_port, "set_topic_permissions", "-p", VHOST, "carol", "amq.topic", OWN_KEYS, OWN_KEYS
     )
@@ -118,8 +121,8 @@ def refusal(connection: Any, call: Callable[[Any], object]) -> str:
     return str(caught.value.reply_text)
 
 
-def refused(what: str) -> str:
-    return f"ACCESS_REFUSED - access to {what} in vhost '{VHOST}' refused for user 'alice'"
+def refused(what: str, user: str = "alice") -> str:
+    return f"ACCESS_REFUSED - access to {what} in vhost '{VHOST}' refused for user '{user}'"
 
 
 def test_configure_declares_and_deletes_queues_and_exchanges(alice: Any) -> None:
@@ -181,6 +184,35 @@ def test_write_publishes_to_an_exchange_and_binds_to_a_queue(alice: Any) -> None
         channel.queue_unbind("alice-w", "alice-x", "k")
     finally:
         alice.channel().queue_delete("alice-w")
+
+
+def test_the_other_methods_rabbitmq_lists(alice: Any) -> None:
+    assert refusal(alice, lambda ch: ch.basic_publish("bob-x", "k", b"x")) == refused("exchange 'bob-x'")
+    assert refusal(alice, lambda ch: ch.queue_unbind("bob-q", "alice-x", "k")) == refused("queue 'bob-q'")
+    assert refusal(alice, lambda ch: ch.exchange_unbind("bob-x", "alice-x", "k")) == refused(
+        "exchange 'bob-x'"
+    )
+    # An alternate exchange is written by the messages the exchange cannot route; it is read for them.
+    ae = {"alternate-exchange": "bob-x"}
+    text = refusal(alice, lambda ch: ch.exchange_declare("alice-ae", "direct", arguments=ae))
+    assert text == refused("exchange 'bob-x'")
+
+
+def test_patterns_are_searched_for_and_an_empty_one_matches_nothing(port: int) -> None:
+    """dave: configure 'alice' (no anchor: anywhere in the name), write '' and read '' (nothing)."""
+    dave = _connect(port, "dave", "d")
+    try:
+        channel = dave.channel()
+        channel.queue_declare("bob-alice-q")  # 'alice' is found inside the name
+        text = refusal(dave, lambda ch: ch.queue_declare("bob-q3"))
+        assert text == refused("queue 'bob-q3'", "dave")
+        text = refusal(dave, lambda ch: ch.basic_get("bob-alice-q"))
+        assert text == refused("queue 'bob-alice-q'", "dave")
+        text = refusal(dave, lambda ch: ch.basic_publish("", "bob-alice-q", b"x"))
+        assert text == refused("exchange 'amq.default'", "dave")
+        dave.channel().queue_delete("bob-alice-q")
+    finally:
+        dave.close()
 
 
 def test_read_consumes_gets_and_purges_a_queue(alice: Any) -> None:
