@@ -142,6 +142,19 @@ def test_mqtt_subscriptions_need_read_and_their_queue(mqtt: Endpoints, version: 
 
 
 @pytest.mark.parametrize("version", [V311, V5])
+def test_mqtt_a_will_needs_write_on_the_exchange(mqtt: Endpoints, version: Version) -> None:
+    will = ("news/last-words", b"bye", 1, False)
+    refused = connect(
+        mqtt, version=version, username=f"{VHOST}:nowrite", password="pw", will=will, expect_success=False
+    )
+    try:
+        assert refused.connack.get(timeout=5)[1].value == 0x87  # not authorized
+    finally:
+        refused.drop()
+    connect(mqtt, version=version, username=f"{VHOST}:noread", password="pw", will=will).disconnect()
+
+
+@pytest.mark.parametrize("version", [V311, V5])
 def test_mqtt_no_permission_no_entry(mqtt: Endpoints, version: Version) -> None:
     client = connect(mqtt, version=version, username=f"{VHOST}:norow", password="pw", expect_success=False)
     try:

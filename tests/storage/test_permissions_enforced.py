@@ -146,3 +146,19 @@ def test_the_upgrade_runs_once_per_database(storage_url: str) -> None:
     _old_database(storage_url, [], started=False)
     security = _start(storage_url, ["/", "t1"])
     assert security.permissions() == [Permission("guest", "/")]  # nobody used it: a fresh install's
+
+
+def test_the_settings_permissions_apply_over_the_stored_ones_at_every_start(storage_url: str) -> None:
+    storage = Storage.from_url(storage_url)
+    try:
+        storage.migrate()
+        declared = [{"user": "alice", "vhost": "t1", "read": "^alice-"}]
+        security = Security(AuthSettings(users=USERS, permissions=declared))  # type: ignore[arg-type]
+        security.use_permissions(VHostRows(storage.engine), ["/", "t1"])
+        assert security.permissions() == [
+            Permission("guest", "/"),
+            Permission("alice", "t1", ".*", ".*", "^alice-"),
+        ]
+        assert security.may_enter("alice", "t1") and not security.may_enter("bob", "t1")
+    finally:
+        storage.close()
