@@ -136,6 +136,10 @@ def test_mqtt_subscriptions_need_read_and_their_queue(mqtt: Endpoints, version: 
         assert _codes(noread, "$queue/mine-jobs") == [1]
         assert _codes(noconf, "news/#") == [refused]  # its subscription queue cannot be configured
         assert _codes(noconf, "$queue/other-jobs") == [1]  # consuming reads, configures nothing
+        assert _codes(noconf, f"$queue/new-{uuid.uuid4().hex[:6]}") == [refused]  # it would create it
+        acks = watch_pubacks(noconf)
+        info = noconf.publish(f"$queue/new-{uuid.uuid4().hex[:6]}", b"x", qos=1)
+        assert acks[info.mid] == (0x87 if version == V5 else 0)
     finally:
         noread.disconnect()
         noconf.disconnect()
@@ -243,3 +247,25 @@ def test_amqp1_topic_permissions_limit_keys(server: RunningServer) -> None:
         carol.create_sender("topic://carol/x").close()
     finally:
         carol.close()
+
+
+def test_amqp091_a_queue_publish_that_creates_the_queue_configures_it(server: RunningServer) -> None:
+    pika = pytest.importorskip("pika")
+    from pika.exceptions import ChannelClosedByBroker
+
+    credentials = pika.PlainCredentials("noconf", "pw")
+    params = pika.ConnectionParameters("127.0.0.1", server.ports["amqp"], VHOST, credentials)
+    connection = pika.BlockingConnection(params)
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.basic_publish("", "$queue/other-jobs", b"existing")  # exists: only written
+        new = f"new-{uuid.uuid4().hex[:6]}"
+        with pytest.raises(ChannelClosedByBroker) as caught:
+            channel.basic_publish("", f"$queue/{new}", b"would create")
+        assert caught.value.reply_code == 403
+        assert caught.value.reply_text == (
+            f"ACCESS_REFUSED - access to queue '{new}' in vhost '{VHOST}' refused for user 'noconf'"
+        )
+    finally:
+        connection.close()

@@ -416,13 +416,24 @@ def publish_targets(
 
 
 def check_queue_publish(
-    security: Security, principal: Principal, conn: Owner, name: str, topic: str, method: spec.Method
+    security: Security,
+    principal: Principal,
+    conn: Owner,
+    name: str,
+    topic: str,
+    method: spec.Method,
+    creates: bool = False,
 ) -> None:
     """A basic.publish through the default exchange to ``$queue/<name>[/<key>]`` (the cross-protocol
     name) writes that topic, as an MQTT publish to it does: ``403 ACCESS_REFUSED`` when the rules say
     no (a queue this connection declared exclusive is its own). It goes through the default
-    exchange: the patterns must let it write ``amq.default``."""
+    exchange: the patterns must let it write ``amq.default``, and configure the queue when the
+    publish ``creates`` it (``queues.auto_create``)."""
     if not security.permits(principal, WRITE, EXCHANGE, ""):
         raise _refused(security, principal, WRITE, EXCHANGE, "", method)
+    if creates:
+        own = name[len(conn.vhost_prefix) :]
+        if not security.permits(principal, CONFIGURE, QUEUE, own):
+            raise _refused(security, principal, CONFIGURE, QUEUE, own, method)
     if name not in conn.exclusive_queues and not security.authorize(principal, WRITE, topic):
         raise _refusal(conn, WRITE, topic, method)

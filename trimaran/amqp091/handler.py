@@ -663,7 +663,8 @@ class Amqp091FrontEnd:
             topic = queue_topic(name, sub_key)
             if conn.principal is not None:
                 own = topic[len(vhost_prefix) :]  # the rules see the client's names
-                check_queue_publish(self.security, conn.principal, conn, name, own, method)
+                creates = name not in self.manager.queues and self.manager.settings.auto_create
+                check_queue_publish(self.security, conn.principal, conn, name, own, method, creates)
             message = _content_message(props, body, topic, "", key, conn.name, encoded)
             sent = self._to_queue(channel, name, message, entry, sub_key)
         if sent:

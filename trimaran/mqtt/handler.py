@@ -905,6 +905,8 @@ class MqttFrontEnd:
         if not security.permits(principal, access, kind, name):
             security.refuse_resource(principal, access, kind, name)
             return False
+        if kind == EXCHANGE and not name and not self._permits_creation(principal, queue_of(topic)):
+            return False
         if name == AMQ_TOPIC:
             principal.last_exchange = name
             principal.last_exchange_generation = security.generation
@@ -923,6 +925,18 @@ class MqttFrontEnd:
             return True  # a bad filter: the subscription refuses it on its own
         return self.security.permits_key(principal, access, AMQ_TOPIC, key)
 
+    def _permits_creation(self, principal: Principal, queue: str | None) -> bool:
+        """A ``$queue/<q>`` that this operation will create (``queues.auto_create``) is configured:
+        the patterns must allow configure on ``q``."""
+        if queue is None or self.queues is None or not self.settings.queues.auto_create:
+            return True
+        if prefix(principal.vhost) + queue in self.queues.manager.queues:
+            return True
+        if self.security.permits(principal, CONFIGURE, QUEUE, queue):
+            return True
+        self.security.refuse_resource(principal, CONFIGURE, QUEUE, queue)
+        return False
+
     def _permits_subscription(
         self, principal: Principal, endpoint: MqttEndpoint, topic_filter: str, qos: int
     ) -> bool:
@@ -933,6 +947,8 @@ class MqttFrontEnd:
         security = self.security
         queue = queue_of(subscription_filter(topic_filter))
         if queue is not None:
+            if not self._permits_creation(principal, queue):
+                return False
             needs = [(READ, QUEUE, queue)]
         else:
             own = f"mqtt-subscription-{endpoint.client_id[endpoint.cut :]}qos{min(qos, 1)}"
