@@ -27,9 +27,10 @@ client's (escaped, so that a name stands for itself). A publish through a topic 
 routing key to match the write pattern, a binding from one its binding key to match the read
 pattern; with no topic permission for the exchange, any key will do (RabbitMQ's rule).
 
-Verdicts are kept per ``(user, vhost, access, kind, name)`` and forgotten whenever a permission
-changes, so a name is matched against a regular expression once; the hulls keep the last name a
-connection published to besides, so that a publish on the hot path asks nothing.
+Verdicts are kept per ``(user, vhost, access, kind, name)`` (and per key for topic permissions) and
+forgotten whenever a permission changes, so a name is matched against a regular expression once; the
+hulls keep the last name a connection published to besides, so that a publish on the hot path asks
+nothing.
 
 This module is the standard library and the ground floor only: ``guard.Security`` holds one
 :class:`Permissions` and persists through :class:`trimaran.vhosts.PermissionStore`.
@@ -54,6 +55,7 @@ __all__ = [
     "Permissions",
     "check_pattern",
     "default_rows",
+    "expand",
     "pattern_user",
 ]
 
