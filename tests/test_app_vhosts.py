@@ -43,6 +43,13 @@ def test_a_vhost_added_at_run_time_is_used_and_deleted_with_everything_in_it(tmp
         assert refused.connack.get(timeout=5)[1].is_failure
         refused.drop()
         assert _on_loop(server, vhosts.add("late"))
+        # A new vhost grants nothing, to anonymous clients (guest's permissions) neither, until granted.
+        closed = connect(endpoints, version=V5, username="late:someone", expect_success=False)
+        assert closed.connack.get(timeout=5)[1].value == 0x87  # not authorized
+        closed.drop()
+        security = server.app.security
+        assert security is not None
+        _on_loop(server, security.set_permission(Permission("guest", "late")))
         topic = f"news/{uuid.uuid4().hex[:6]}"
         client = connect(
             endpoints, "keeper", version=V5, username="late:someone", clean=False, properties=None
@@ -111,7 +118,11 @@ def _last_values(client: Any, wait: float = 1.0) -> dict[str, str]:
 
 def test_each_tenant_sees_its_own_sys_statistics_and_slash_the_whole_broker(tmp_path: Path) -> None:
     settings: dict[str, Any] = {"vhosts": ["/", "t1", "t2/eu"], "limits": {"sys_interval": 0.2}}
-    server = InProcessServer(tmp_path, auth={"allow_anonymous": True}, **settings).start()
+    # Anonymous clients have guest's permissions: / from the first start, the tenants from the settings.
+    grants = [{"user": "guest", "vhost": v} for v in ("t1", "t2/eu")]
+    server = InProcessServer(
+        tmp_path, auth={"allow_anonymous": True, "permissions": grants}, **settings
+    ).start()
     watchers = []
     try:
         endpoints = Endpoints("127.0.0.1", server.port("mqtt"))

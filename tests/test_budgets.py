@@ -216,6 +216,8 @@ topic deny bench/secret
 topic readwrite bench/#
 topic all $queue/budget-transient
 """
+# Anonymous clients have guest's permissions: / from the first start, t1 granted here.
+TENANT_GRANTS = [{"user": "guest", "vhost": "t1"}]
 TENANT_COST = 0.05  # issue 33: rules and a non-default vhost cost at most 5% of a message's work
 TENANT_PATHS = [
     (
@@ -239,7 +241,9 @@ def tenant_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProces
     data = tmp_path_factory.mktemp("budget-tenant")
     rules = data / "acl"
     rules.write_text(TENANT_RULES)
-    running = InProcessServer(data, vhosts=["/", "t1"], auth={"acl_file": rules}).start()
+    running = InProcessServer(
+        data, vhosts=["/", "t1"], auth={"acl_file": rules, "permissions": TENANT_GRANTS}
+    ).start()
     yield running
     running.stop()
 
@@ -276,7 +280,9 @@ def main() -> None:
             server.stop()
         rules = Path(tmp) / "acl"
         rules.write_text(TENANT_RULES)
-        tenant = InProcessServer(Path(tmp) / "tenant", vhosts=["/", "t1"], auth={"acl_file": rules}).start()
+        tenant = InProcessServer(
+            Path(tmp) / "tenant", vhosts=["/", "t1"], auth={"acl_file": rules, "permissions": TENANT_GRANTS}
+        ).start()
         try:
             for name, load in TENANT_PATHS:
                 got = measure(tenant, Path_(name, load, Budget(loop=(0, 0))))

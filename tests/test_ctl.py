@@ -34,6 +34,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         "TRIMARAN_LIMITS__SYS_INTERVAL": "0",
         "TRIMARAN_WEBHOOKS__ENDPOINTS": json.dumps([{"url": WEBHOOK_URL, "events": ["client.connected"]}]),
         "TRIMARAN_WEBHOOKS__FLUSH_TIMEOUT_S": "0.2",
+        # Users a permission may name (RabbitMQ refuses one for a user that exists nowhere).
+        "TRIMARAN_AUTH__USERS": json.dumps([{"name": n, "password": n} for n in ("alice", "bob")]),
     }
     running = RunningServer(ARGS, cwd=tmp_path_factory.mktemp("ctl"), env=env).start()
     try:
@@ -295,16 +297,41 @@ def test_vhosts_and_permissions(ctl: Callable[..., subprocess.CompletedProcess[s
         ["team-a", "alice", ".*", "^out", "^in"],
         ["team-a", "bob", ".*", ".*", ".*"],
     ]
-    assert json.loads(ctl("permissions", "list", "--json").stdout)[1]["user"] == "bob"
+    assert json.loads(ctl("permissions", "list", "--json").stdout)[2]["user"] == "bob"  # after guest on /
     assert ctl("permissions", "clear", "-p", "team-a", "bob").returncode == 0
     missing = ctl("permissions", "clear", "-p", "team-a", "bob")
     assert missing.returncode == 1 and "has no permission" in missing.stderr
     assert ctl("permissions", "set", "-p", "nowhere", "alice").returncode == 1
+    # RabbitMQ's set_topic_permissions / list_topic_permissions / clear_topic_permissions.
+    assert (
+        ctl(
+            "permissions", "set-topic", "-p", "team-a", "alice", "amq.topic", "^{username}\\.", "^a"
+        ).returncode
+        == 0
+    )
+    rows = [line.split() for line in ctl("permissions", "list-topic", "-p", "team-a").stdout.splitlines()]
+    assert rows == [
+        ["VHOST", "USER", "EXCHANGE", "WRITE", "READ"],
+        ["team-a", "alice", "amq.topic", "^{username}\\.", "^a"],
+    ]
+    assert ctl("permissions", "clear-topic", "-p", "team-a", "alice").returncode == 0
+    assert ctl("permissions", "list-topic", "--json").stdout.strip() == "[]"
+    gone = ctl("permissions", "clear-topic", "-p", "team-a", "alice")
+    assert gone.returncode == 1 and "no topic permission" in gone.stderr
+    nobody = ctl("permissions", "set", "-p", "team-a", "nobody")
+    assert nobody.returncode == 1 and "no user 'nobody'" in nobody.stderr
+    assert ctl("permissions", "set", "-p", "team-a", "CN=dev1", "--force").returncode == 0
+    assert ctl("permissions", "clear", "-p", "team-a", "CN=dev1").returncode == 0
 
     declared = ctl("vhosts", "delete", "/")
     assert declared.returncode == 1 and "cannot be deleted" in declared.stderr
     assert ctl("vhosts", "delete", "team-a").stdout.strip() == "vhost 'team-a' deleted"
-    assert ctl("permissions", "list", "--json").stdout.strip() == "[]"
+    left = json.loads(ctl("permissions", "list", "--json").stdout)
+    assert [(p["vhost"], p["user"]) for p in left] == [("/", "guest")]  # a fresh install's
+    assert ctl("vhosts", "add", "team-b", "--user", "alice").returncode == 0
+    rows = [line.split() for line in ctl("permissions", "list", "-p", "team-b").stdout.splitlines()]
+    assert rows[1:] == [["team-b", "alice", ".*", ".*", ".*"]]  # made for alice: hers, nobody else's
+    assert ctl("vhosts", "delete", "team-b").returncode == 0
 
 
 def test_webhooks_list(ctl: Callable[..., subprocess.CompletedProcess[str]], mqtt: Endpoints) -> None:

@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 from tests.support.paho import V5, Endpoints, connect
-from tests.support.server import ALICE, RunningServer
+from tests.support.server import ALICE, ALICE_PERMISSIONS, RunningServer
 from trimaran.logs import JsonFormatter
 
 
@@ -35,7 +35,11 @@ def test_json_line_survives_values_json_cannot_say() -> None:
 
 def test_failed_mqtt_login_is_a_warning_with_fields(tmp_path: Path) -> None:
     args = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "off", "--http", "off"]
-    env = {"TRIMARAN_AUTH__USERS": ALICE, "TRIMARAN_AUTH__ALLOW_ANONYMOUS": "false"}
+    env = {
+        "TRIMARAN_AUTH__USERS": ALICE,
+        "TRIMARAN_AUTH__PERMISSIONS": ALICE_PERMISSIONS,
+        "TRIMARAN_AUTH__ALLOW_ANONYMOUS": "false",
+    }
     server = RunningServer([*args, "--log-format", "json"], cwd=tmp_path, env=env).start()
     try:
         port = next(p for name, p in server.ports.items() if name.strip('"') == "mqtt")

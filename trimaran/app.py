@@ -50,6 +50,7 @@ from trimaran.runtime.transport import Conn, Hull, HullFactory
 from trimaran.security.acl import AclError
 from trimaran.security.guard import Security
 from trimaran.security.passwords import PasswordFileError
+from trimaran.security.permissions import pattern_user
 from trimaran.storage.amqp_store import AmqpStore
 from trimaran.storage.engine import describe, sqlite_file
 from trimaran.storage.limit_store import LimitRows
@@ -145,7 +146,7 @@ class App:
         vhost_rows = VHostRows(storage.engine)
         vhosts = VHosts(settings.declared_vhosts(), vhost_rows)
         await vhosts.load()
-        await anyio.to_thread.run_sync(security.use_permissions, vhost_rows)
+        await anyio.to_thread.run_sync(security.use_permissions, vhost_rows, vhosts.names())
         await anyio.to_thread.run_sync(self.runner.tenants.use_store, LimitRows(storage.engine))
         self.broker = Broker(
             store,
@@ -264,7 +265,8 @@ class App:
         """``user`` may no longer enter ``vhost``: its connections there close, as RabbitMQ closes
         them (AMQP 0.9.1 320 CONNECTION_FORCED, MQTT 5 DISCONNECT 0x98, AMQP 1.0 connection-forced)."""
         assert self.broker is not None
-        doomed = [c for c in self.broker.clients if c.user == user and c.vhost == vhost]
+        # Anonymous clients have guest's permissions (security/permissions.py): they go with guest's.
+        doomed = [c for c in self.broker.clients if pattern_user(c.user) == user and c.vhost == vhost]
         for client in doomed:
             client.kick()
         if doomed:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextvars
 import difflib
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple, get_args
 from urllib.parse import urlsplit
@@ -447,6 +448,31 @@ class UserSettings(Section):
     password: SecretStr = Field(description="the password, in plain text")
 
 
+class PermissionSettings(Section):
+    """RabbitMQ's set_permissions in the settings: applied over the stored ones at every start."""
+
+    user: str = Field(min_length=1, description="the user (guest: also anonymous clients)")
+    vhost: str = Field("/", description="the vhost it may enter")
+    configure: str = Field(".*", description="queues and exchanges it may declare and delete (regex)")
+    write: str = Field(".*", description="exchanges it may publish to, queues it may bind (regex)")
+    read: str = Field(".*", description="queues it may consume, get and purge, exchanges it may bind from")
+
+    @field_validator("vhost")
+    @classmethod
+    def _vhost_name(cls, value: str) -> str:
+        _valid_vhosts([value])
+        return value
+
+    @field_validator("configure", "write", "read")
+    @classmethod
+    def _regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"{value!r} is not a regular expression: {exc}") from None
+        return value
+
+
 class AuthSettings(Section):
     allow_anonymous: bool | None = Field(
         None, description="anonymous clients; unset = from loopback addresses only"
@@ -470,6 +496,11 @@ class AuthSettings(Section):
     login_cache_s: float = Field(300.0, ge=0, description="a verified password is remembered this long")
     vhost_map: dict[str, str] = Field(
         {}, description="user name or certificate identity -> the vhost it enters unless it names one"
+    )
+    permissions: list[PermissionSettings] = Field(
+        [],
+        description="permissions (user, vhost, configure, write, read) applied at every start over those "
+        "set through the CLI or API; no permission, no entry",
     )
 
     @field_validator("vhost_map")

@@ -22,6 +22,7 @@ import os
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -117,25 +118,75 @@ def _add_vhost_commands(commands: Any, command: AddCommand, parents: list[argpar
     vhosts = command(commands, "vhosts", "virtual hosts of a running server")
     sub = vhosts.add_subparsers(dest="action", required=True)
     command(sub, "list", "each vhost, whether the settings declare it, its connections", parents=parents)
-    command(sub, "add", "create a vhost", parents=parents).add_argument("vhost")
+    add = command(
+        sub,
+        "add",
+        "create a vhost; it grants nothing (trimaran permissions set -p VHOST USER)",
+        parents=parents,
+    )
+    add.add_argument("vhost")
+    add.add_argument("--user", help="the user it is made for: gets .* .* .* on it (RabbitMQ's management)")
     delete = command(sub, "delete", "delete a vhost and everything in it", parents=parents)
     delete.add_argument("vhost")
 
-    permissions = command(commands, "permissions", "who may enter which vhost")
+    permissions = command(
+        commands, "permissions", "who may enter which vhost and configure, write, read what there"
+    )
     sub = permissions.add_subparsers(dest="action", required=True)
     listing = command(sub, "list", "permissions, of every vhost or of one", parents=parents)
     listing.add_argument("-p", "--vhost", help="only this vhost")
     grant = command(
-        sub, "set", "let a user enter a vhost (rabbitmqctl set_permissions -p VHOST USER CONF WRITE READ)",
+        sub, "set",
+        "let a user enter a vhost and configure (declare, delete), write (publish to, bind to) and read "
+        "(consume, get, purge, bind from) the queues and exchanges each regular expression matches "
+        "(rabbitmqctl set_permissions -p VHOST USER CONF WRITE READ; '' matches nothing, the default "
+        "exchange is amq.default; no permission, no entry)",
         parents=parents,
     )  # fmt: skip
     grant.add_argument("-p", "--vhost", default="/", help="the vhost (default /)")
-    grant.add_argument("user")
-    for pattern in ("configure", "write", "read"):
-        grant.add_argument(pattern, nargs="?", default=".*", help=f"{pattern} pattern (default .*)")
+    grant.add_argument(
+        "user", help="a user of the password file or auth.users, or guest (also anonymous clients)"
+    )
+    for pattern, what in (
+        ("configure", "queues and exchanges it may declare and delete"),
+        ("write", "exchanges it may publish to, queues and exchanges it may bind to"),
+        ("read", "queues it may consume, get, purge; exchanges it may bind from"),
+    ):
+        grant.add_argument(pattern, nargs="?", default=".*", help=f"{what} (default .*)")
+    grant.add_argument(
+        "--force", action="store_true", help="accept a user no file names (a certificate identity)"
+    )
     clear = command(sub, "clear", "take a user's permission for a vhost away", parents=parents)
     clear.add_argument("-p", "--vhost", default="/", help="the vhost (default /)")
     clear.add_argument("user")
+    topics = command(
+        sub, "list-topic", "topic permissions, of every vhost or of one (rabbitmqctl list_topic_permissions)",
+        parents=parents,
+    )  # fmt: skip
+    topics.add_argument("-p", "--vhost", help="only this vhost")
+    set_topic = command(
+        sub, "set-topic",
+        "limit the routing keys a user publishes (WRITE) and binds or subscribes (READ) with through a "
+        "topic exchange: regular expressions, {username} {vhost} {client_id} stand for the client's; "
+        "MQTT and AMQP 1.0 topics go through amq.topic, a/b as the key a.b "
+        "(rabbitmqctl set_topic_permissions -p VHOST USER EXCHANGE WRITE READ)",
+        parents=parents,
+    )  # fmt: skip
+    set_topic.add_argument("-p", "--vhost", default="/", help="the vhost (default /)")
+    set_topic.add_argument("user")
+    set_topic.add_argument("exchange", help="a topic exchange (amq.topic for MQTT and AMQP 1.0 topics)")
+    set_topic.add_argument(
+        "write", nargs="?", default=".*", help="routing keys it may publish with (default .*)"
+    )
+    set_topic.add_argument("read", nargs="?", default=".*", help="binding keys it may bind with (default .*)")
+    set_topic.add_argument("--force", action="store_true", help="accept a user no file names")
+    clear_topic = command(
+        sub, "clear-topic", "take a user's topic permissions away (of one exchange, or all in the vhost)",
+        parents=parents,
+    )  # fmt: skip
+    clear_topic.add_argument("-p", "--vhost", default="/", help="the vhost (default /)")
+    clear_topic.add_argument("user")
+    clear_topic.add_argument("exchange", nargs="?", help="only this exchange's")
 
 
 def _add_limits_command(commands: Any, command: AddCommand, parents: list[argparse.ArgumentParser]) -> None:
@@ -338,19 +389,46 @@ def _dispatch(client: AdminClient, args: argparse.Namespace) -> int:
             return _show_list(client.pages("/api/v1/vhosts"), as_json, VHOST_COLUMNS)
         path = f"/api/v1/vhosts/{_segment(args.vhost)}"
         if action == "add":
+            if args.user:
+                path += "?" + urllib.parse.urlencode({"user": args.user})
             return _show_count(client.call("PUT", path), as_json, f"vhost {args.vhost!r} ready")
         return _show_done(client.call("DELETE", path), as_json)
     if command == "permissions":
         if action == "list":
             query = {"vhost": args.vhost} if args.vhost else None
             return _show_list(client.pages("/api/v1/permissions", query), as_json, PERMISSION_COLUMNS)
+        if action in ("list-topic", "set-topic", "clear-topic"):
+            return _topic_permissions(client, args, action, as_json)
         path = f"/api/v1/permissions/{_segment(args.vhost)}/{_segment(args.user)}"
         if action == "set":
             body = {"configure": args.configure, "write": args.write, "read": args.read}
-            answer = client.call("PUT", path, body)
+            answer = client.call("PUT", path + ("?force=true" if args.force else ""), body)
             return _show_count(answer, as_json, f"user {args.user!r} may enter vhost {args.vhost!r}")
         return _show_done(client.call("DELETE", path), as_json)
     raise AssertionError(command)
+
+
+def _topic_permissions(client: AdminClient, args: argparse.Namespace, action: str, as_json: bool) -> int:
+    """``permissions list-topic|set-topic|clear-topic``: rabbitmqctl's *_topic_permissions."""
+    base = "/api/v1/topic-permissions"
+    if action == "list-topic":
+        query = {"vhost": args.vhost} if args.vhost else None
+        return _show_list(client.pages(base, query), as_json, TOPIC_PERMISSION_COLUMNS)
+    user = f"{_segment(args.vhost)}/{_segment(args.user)}"
+    if action == "set-topic":
+        path = f"{base}/{user}/{_segment(args.exchange)}" + ("?force=true" if args.force else "")
+        answer = client.call("PUT", path, {"write": args.write, "read": args.read})
+        return _show_count(answer, as_json, f"user {args.user!r}'s keys through {args.exchange!r} limited")
+    exchanges = [args.exchange] if args.exchange else [
+        row["exchange"] for row in client.pages(base, {"vhost": args.vhost}) if row["user"] == args.user
+    ]  # fmt: skip
+    if not exchanges:
+        missing = f"user {args.user!r} has no topic permission in vhost {args.vhost!r}"
+        raise CtlError(missing, EXIT_ANSWERED_ERROR)
+    answer = {}
+    for exchange in exchanges:
+        answer = client.call("DELETE", f"{base}/{user}/{_segment(exchange)}")
+    return _show_done(answer, as_json)
 
 
 def _limits(client: AdminClient, args: argparse.Namespace, action: str | None, as_json: bool) -> int:
@@ -481,6 +559,13 @@ PERMISSION_COLUMNS: list[Column] = [
     ("VHOST", _field("vhost")),
     ("USER", _field("user")),
     ("CONFIGURE", _field("configure")),
+    ("WRITE", _field("write")),
+    ("READ", _field("read")),
+]
+TOPIC_PERMISSION_COLUMNS: list[Column] = [
+    ("VHOST", _field("vhost")),
+    ("USER", _field("user")),
+    ("EXCHANGE", _field("exchange")),
     ("WRITE", _field("write")),
     ("READ", _field("read")),
 ]

@@ -52,6 +52,7 @@ __all__ = [
     "TENANT_LEVELS",
     "Permission",
     "PermissionStore",
+    "TopicPermission",
     "VHostError",
     "VHostStore",
     "VHosts",
@@ -183,12 +184,26 @@ def split_user(username: str | None) -> tuple[str | None, str | None]:
 
 @dataclass(frozen=True, slots=True)
 class Permission:
-    """RabbitMQ's set_permissions: ``user`` may enter ``vhost``. The three patterns are kept as RabbitMQ
-    takes them (configure, write, read regular expressions); entering needs only the row."""
+    """RabbitMQ's set_permissions: ``user`` may enter ``vhost`` (no row: no entry), and its configure,
+    write and read regular expressions say which queues and exchanges it may declare or delete, publish
+    to or bind, consume or bind from (trimaran/security/permissions.py enforces them)."""
 
     user: str
     vhost: str
     configure: str = ".*"
+    write: str = ".*"
+    read: str = ".*"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPermission:
+    """RabbitMQ's set_topic_permissions: which routing keys ``user`` may publish with (``write``) and
+    bind with (``read``) through the topic exchange ``exchange`` of ``vhost``; regular expressions in
+    which ``{username}``, ``{vhost}`` and ``{client_id}`` stand for the client's."""
+
+    user: str
+    vhost: str
+    exchange: str
     write: str = ".*"
     read: str = ".*"
 
@@ -198,9 +213,19 @@ class PermissionStore(Protocol):
 
     def load_permissions(self) -> list[Permission]: ...
 
+    def take_upgrade_marker(self) -> str | None: ...
+
+    def save_permissions_now(self, permissions: list[Permission]) -> None: ...
+
     async def save_permission(self, permission: Permission) -> None: ...
 
     async def delete_permission(self, user: str, vhost: str) -> None: ...
+
+    def load_topic_permissions(self) -> list[TopicPermission]: ...
+
+    async def save_topic_permission(self, permission: TopicPermission) -> None: ...
+
+    async def delete_topic_permission(self, user: str, vhost: str, exchange: str) -> None: ...
 
 
 # -- the registry ------------------------------------------------------------------------------------

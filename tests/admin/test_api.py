@@ -30,6 +30,8 @@ SERVER_ENV = {
     "TRIMARAN_HTTP__MAX_BODY_BYTES": "4096",
     "TRIMARAN_LIMITS__SYS_INTERVAL": "0",
     "TRIMARAN_TELEMETRY__PER_OBJECT_METRICS": "true",  # the queue series below are per queue
+    # Users a permission may name (RabbitMQ refuses one for a user that exists nowhere).
+    "TRIMARAN_AUTH__USERS": json.dumps([{"name": n, "password": n} for n in ("alice", "bob", "carol")]),
 }
 ARGS = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "off", "--http", "127.0.0.1:0"]
 
@@ -490,6 +492,15 @@ def test_vhosts_and_permissions_round_trip(api: Api) -> None:
     assert api.call("PUT", f"/api/v1/vhosts/{q('bad' + chr(1))}")[0] == 400
     names = [v["name"] for v in api.call("GET", "/api/v1/vhosts")[1]["items"]]
     assert names == ["/", "staging"]
+    # A new vhost grants nothing: only guest's / (a fresh install's) is there.
+    assert [(p["vhost"], p["user"]) for p in api.call("GET", "/api/v1/permissions")[1]["items"]] == [
+        ("/", "guest")
+    ]
+    # RabbitMQ's no_such_user; a certificate identity no file names goes with ?force=true.
+    status, refused, _ = api.call("PUT", "/api/v1/permissions/staging/nobody")
+    assert status == 404 and refused["error"]["code"] == "no_such_user"
+    assert api.call("PUT", "/api/v1/permissions/staging/CN=dev1?force=true")[0] == 200
+    assert api.call("DELETE", "/api/v1/permissions/staging/CN=dev1")[0] == 200
 
     status, permission, _ = api.call("PUT", "/api/v1/permissions/staging/alice", {"read": "^orders"})
     assert status == 200
@@ -508,10 +519,33 @@ def test_vhosts_and_permissions_round_trip(api: Api) -> None:
     assert api.call("DELETE", "/api/v1/permissions/staging/bob")[0] == 200
     assert api.call("DELETE", "/api/v1/permissions/staging/bob")[0] == 404
 
+    # RabbitMQ's set_topic_permissions: keys per user, vhost and exchange.
+    body = {"write": r"^{username}\.", "read": ".*"}
+    status, topic, _ = api.call("PUT", "/api/v1/topic-permissions/staging/alice/amq.topic", body)
+    assert status == 200
+    assert topic == {"user": "alice", "vhost": "staging", "exchange": "amq.topic", **body}
+    assert api.call("PUT", "/api/v1/topic-permissions/staging/alice/amq.topic", {"read": "("})[0] == 400
+    assert api.call("PUT", "/api/v1/topic-permissions/staging/nobody/amq.topic")[0] == 404
+    assert api.call("PUT", "/api/v1/topic-permissions/nowhere/alice/amq.topic")[0] == 404
+    listed = api.call("GET", "/api/v1/topic-permissions?vhost=staging")[1]["items"]
+    assert listed == [topic]
+    assert api.call("DELETE", "/api/v1/topic-permissions/staging/alice/amq.topic")[0] == 200
+    assert api.call("DELETE", "/api/v1/topic-permissions/staging/alice/amq.topic")[0] == 404
+
     assert api.call("DELETE", f"/api/v1/vhosts/{q('/')}")[0] == 409  # declared
     assert api.call("DELETE", "/api/v1/vhosts/staging")[0] == 200
     assert api.call("DELETE", "/api/v1/vhosts/staging")[0] == 404
-    assert api.call("GET", "/api/v1/permissions")[1]["items"] == []  # alice's went with the vhost
+    left = api.call("GET", "/api/v1/permissions")[1]["items"]
+    assert [(p["vhost"], p["user"]) for p in left] == [("/", "guest")]  # alice's went with the vhost
+
+    # A vhost made for a user grants that user .* .* .* on it (RabbitMQ's management), nobody else.
+    assert api.call("PUT", "/api/v1/vhosts/made-for-bob?user=nobody")[0] == 404
+    assert api.call("PUT", "/api/v1/vhosts/made-for-bob?user=bob")[0] == 201
+    listed = api.call("GET", "/api/v1/permissions?vhost=made-for-bob")[1]["items"]
+    assert listed == [
+        {"user": "bob", "vhost": "made-for-bob", "configure": ".*", "write": ".*", "read": ".*"}
+    ]
+    assert api.call("DELETE", "/api/v1/vhosts/made-for-bob")[0] == 200
 
 
 def test_every_response_was_checked_against_the_document(api: Api) -> None:

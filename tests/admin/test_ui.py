@@ -38,6 +38,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         "TRIMARAN_WEBHOOKS__ENDPOINTS": json.dumps([{"url": WEBHOOK_URL, "events": ["client.*"]}]),
         "TRIMARAN_WEBHOOKS__FLUSH_TIMEOUT_S": "0.2",
         "TRIMARAN_TELEMETRY__HISTORY_INTERVAL_S": "0.5",  # the charts' samples, quicker than the default 5 s
+        # alice, whom the Vhosts page grants a permission (RabbitMQ refuses a user that exists nowhere)
+        "TRIMARAN_AUTH__USERS": json.dumps([{"name": "alice", "password": "a"}]),
     }
     running = RunningServer(ARGS, cwd=tmp_path_factory.mktemp("page"), env=env).start()
     try:

@@ -20,7 +20,7 @@ from pika.exceptions import ChannelClosedByBroker  # noqa: E402
 @pytest.fixture(scope="module")
 def tenant_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     directory = tmp_path_factory.mktemp("access")
-    env = secure_env(directory, TRIMARAN_VHOSTS='["/", "t1"]')
+    env = secure_env(directory, grants=(("alice", "t1"),), TRIMARAN_VHOSTS='["/", "t1"]')
     with serving(RunningServer(SERVER_ARGS, cwd=directory, env=env).start()) as server:
         yield server
 

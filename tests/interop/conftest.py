@@ -10,7 +10,7 @@ import trustme
 
 from tests.support import rabbitmq
 from tests.support.paho import Endpoints
-from tests.support.server import ALICE, RunningServer, serving
+from tests.support.server import ALICE, ALICE_PERMISSIONS, RunningServer, serving
 
 
 @pytest.fixture(scope="session")
@@ -53,6 +53,7 @@ def start_server(
         "TRIMARAN_LISTENERS__TLS__KEY_FILE": tls_files["key"],
         "TRIMARAN_LIMITS__SYS_INTERVAL": "1",
         "TRIMARAN_AUTH__USERS": ALICE,
+        "TRIMARAN_AUTH__PERMISSIONS": ALICE_PERMISSIONS,
         **(extra_env or {}),
     }
     return RunningServer(args or mqtt_server_args(), cwd=workdir, env=env).start()
@@ -89,7 +90,7 @@ def amqp_server_args() -> list[str]:
 @pytest.fixture(scope="module")
 def amqp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """A server with MQTT and AMQP on port 0 (AMQP 0.9.1 tests use ``ports["amqp"]``)."""
-    env = {"TRIMARAN_AUTH__USERS": ALICE}
+    env = {"TRIMARAN_AUTH__USERS": ALICE, "TRIMARAN_AUTH__PERMISSIONS": ALICE_PERMISSIONS}
     with serving(
         RunningServer(amqp_server_args(), cwd=tmp_path_factory.mktemp("amqp"), env=env).start()
     ) as server:
@@ -102,6 +103,7 @@ def amqp1_server_args() -> list[str]:
 
 AMQP1_ENV = {
     "TRIMARAN_AUTH__USERS": ALICE,
+    "TRIMARAN_AUTH__PERMISSIONS": ALICE_PERMISSIONS,
     "TRIMARAN_LIMITS__SYS_INTERVAL": "0",
     # Small numbers so that the tests see limits and retries quickly.
     "TRIMARAN_AMQP1__MAX_FRAME_SIZE": "4096",

@@ -32,6 +32,7 @@ def trimaran_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     (directory / "acl").write_text(RULES)
     env = {
         "TRIMARAN_AUTH__USERS": '[{"name": "alice", "password": "wonderland"}]',
+        "TRIMARAN_AUTH__PERMISSIONS": '[{"user": "alice"}]',
         "TRIMARAN_AUTH__ACL_FILE": str(directory / "acl"),
     }
     with serving(RunningServer(amqp_server_args(), cwd=directory, env=env).start()) as server:

@@ -17,7 +17,7 @@ from proton import ConnectionException, Message  # noqa: E402
 from proton.utils import BlockingConnection  # noqa: E402
 
 from tests.interop.conftest import amqp1_server_args  # noqa: E402
-from tests.support.server import ALICE, RunningServer, serving  # noqa: E402
+from tests.support.server import ALICE, ALICE_PERMISSIONS, RunningServer, serving  # noqa: E402
 from trimaran.amqp1.frames import (  # noqa: E402
     AMQP_HEADER,
     FRAME_AMQP,
@@ -58,6 +58,7 @@ def strict_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningS
     env = {
         "TRIMARAN_AUTH__ALLOW_ANONYMOUS": "false",
         "TRIMARAN_AUTH__USERS": ALICE,
+        "TRIMARAN_AUTH__PERMISSIONS": ALICE_PERMISSIONS,
         "TRIMARAN_LIMITS__SYS_INTERVAL": "0",
         "TRIMARAN_AMQP1__IDLE_TIMEOUT_S": str(IDLE_S),
     }

@@ -11,7 +11,7 @@ import pika
 import pytest
 
 from tests.support.paho import V5, Endpoints, PacketTypes, connect, props
-from tests.support.server import ALICE, RunningServer
+from tests.support.server import ALICE, ALICE_PERMISSIONS, RunningServer
 from tests.support.webhook_receiver import Receiver, verify
 
 SECRET = "topsecret"
@@ -19,11 +19,12 @@ SECRET = "topsecret"
 
 def serve(workdir: Path, webhooks: dict[str, Any], endpoint: dict[str, Any], **extra: str) -> RunningServer:
     env = {
-        **extra,
         "TRIMARAN_AUTH__USERS": ALICE,
+        "TRIMARAN_AUTH__PERMISSIONS": ALICE_PERMISSIONS,
         "TRIMARAN_LIMITS__SYS_INTERVAL": "0",
         "TRIMARAN_WEBHOOKS__ENDPOINTS": json.dumps([endpoint]),
         **{f"TRIMARAN_WEBHOOKS__{key.upper()}": str(value) for key, value in webhooks.items()},
+        **extra,
     }
     args = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "off", "--http", "off"]
     return RunningServer(args, cwd=workdir, env=env).start()
@@ -123,7 +124,13 @@ def test_a_tenants_events_name_what_its_clients_named_and_its_vhost(tmp_path: Pa
     with Receiver() as receiver:
         types = ["client.connected", "message.*", "queue.*"]
         endpoint = {"url": receiver.url, "events": types, "topics": ["#", "$queue/#"]}
-        server = serve(tmp_path, {"batch_wait_ms": 20}, endpoint, TRIMARAN_VHOSTS='["/", "t1"]')
+        server = serve(
+            tmp_path,
+            {"batch_wait_ms": 20},
+            endpoint,
+            TRIMARAN_VHOSTS='["/", "t1"]',
+            TRIMARAN_AUTH__PERMISSIONS='[{"user": "alice", "vhost": "t1"}]',
+        )
         try:
             mqtt = Endpoints("127.0.0.1", server.ports["mqtt"])
             client = connect(mqtt, "dev", version=V5, username="t1:alice", password="wonderland")
@@ -190,6 +197,7 @@ def test_amqp091_client_events(tmp_path: Path) -> None:
         endpoint = {"url": receiver.url, "events": ["client.*"]}
         env = {
             "TRIMARAN_AUTH__USERS": ALICE,
+            "TRIMARAN_AUTH__PERMISSIONS": ALICE_PERMISSIONS,
             "TRIMARAN_WEBHOOKS__ENDPOINTS": json.dumps([endpoint]),
             "TRIMARAN_WEBHOOKS__BATCH_WAIT_MS": "20",
         }

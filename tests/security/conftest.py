@@ -3,6 +3,7 @@ anonymous access off; certificates made with trustme."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -55,7 +56,10 @@ def write_passwords(path: Path, users: dict[str, str]) -> None:
         subprocess.run(args, check=True, capture_output=True)
 
 
-def secure_env(directory: Path, rules: str = RULES, **extra: str) -> dict[str, str]:
+def secure_env(
+    directory: Path, rules: str = RULES, grants: tuple[tuple[str, str], ...] = (), **extra: str
+) -> dict[str, str]:
+    """``grants``: (user, vhost) permissions (.* .* .*) besides each password user's on /."""
     passwords = directory / "passwords"
     acl = directory / "acl"
     write_passwords(passwords, PASSWORDS)
@@ -64,6 +68,10 @@ def secure_env(directory: Path, rules: str = RULES, **extra: str) -> dict[str, s
         "TRIMARAN_AUTH__ALLOW_ANONYMOUS": "false",
         "TRIMARAN_AUTH__PASSWORD_FILE": str(passwords),
         "TRIMARAN_AUTH__ACL_FILE": str(acl),
+        # No permission, no entry: the users of the password file may enter / (the rules decide inside).
+        "TRIMARAN_AUTH__PERMISSIONS": json.dumps(
+            [{"user": user} for user in PASSWORDS] + [{"user": u, "vhost": v} for u, v in grants]
+        ),
         "TRIMARAN_AUTH__LOGIN_DELAY_INITIAL_S": "0",
         "TRIMARAN_LIMITS__SYS_INTERVAL": "1",
         "TRIMARAN_QUEUES__DECLARE": '[{"name": "events", "mode": "stream"}]',

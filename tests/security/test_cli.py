@@ -45,7 +45,8 @@ def users_command(cwd: Path, env: dict[str, str]) -> Users:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     directory = tmp_path_factory.mktemp("users")
-    env = secure_env(directory, TRIMARAN_HTTP__TOKENS=json.dumps([TOKEN]))
+    # erin, added at run time, needs a permission to enter (no permission, no entry).
+    env = secure_env(directory, grants=(("erin", "/"),), TRIMARAN_HTTP__TOKENS=json.dumps([TOKEN]))
     with serving(RunningServer(SERVER_ARGS, cwd=directory, env=env).start()) as running:
         yield running
 

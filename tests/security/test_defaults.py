@@ -12,7 +12,7 @@ import pytest
 
 from tests.security.test_guard import NOT_AUTHORIZED, connack
 from tests.support.paho import V5, Endpoints
-from tests.support.server import ALICE, RunningServer, serving
+from tests.support.server import ALICE, ALICE_PERMISSIONS, RunningServer, serving
 
 ARGS = ["--mqtt", "0.0.0.0:0", "--mqtt-ws", "off", "--amqp", "0.0.0.0:0", "--http", "off"]
 
@@ -31,7 +31,11 @@ def outside_address() -> str | None:
 @pytest.fixture(scope="module")
 def open_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     directory: Path = tmp_path_factory.mktemp("defaults")
-    server = RunningServer(ARGS, cwd=directory, env={"TRIMARAN_AUTH__USERS": ALICE})
+    server = RunningServer(
+        ARGS,
+        cwd=directory,
+        env={"TRIMARAN_AUTH__USERS": ALICE, "TRIMARAN_AUTH__PERMISSIONS": ALICE_PERMISSIONS},
+    )
     with serving(server.start()) as running:
         yield running
 

@@ -41,6 +41,7 @@ def server(tmp_path: Path) -> Iterator[RunningServer]:
     env = secure_env(
         tmp_path,
         BEFORE,
+        grants=(("dave", "/"),),  # added to the password file later; no permission, no entry
         TRIMARAN_AUTH__LOGIN_DELAY_INITIAL_S="0.2",
         TRIMARAN_AUTH__LOGIN_DELAY_MAX_S="5",
         TRIMARAN_HTTP__TOKENS=json.dumps([TOKEN]),

@@ -8,10 +8,10 @@ from sqlalchemy import insert, inspect, select
 from trimaran.config import AuthSettings
 from trimaran.security.guard import Security
 from trimaran.storage import migrate
-from trimaran.storage.schema import queues, vhost_permissions
+from trimaran.storage.schema import queues, topic_permissions, vhost_permissions
 from trimaran.storage.store import Storage
 from trimaran.storage.vhost_store import VHostRows
-from trimaran.vhosts import Permission, VHosts, prefix
+from trimaran.vhosts import Permission, TopicPermission, VHosts, prefix
 
 
 def test_an_old_database_upgrades_with_its_queues_in_the_default_vhost(storage_url: str) -> None:
@@ -51,7 +51,10 @@ def test_vhosts_and_permissions_persist(storage_url: str) -> None:
         await vhosts.add("prod/eu")
         security = Security(AuthSettings())
         security.use_permissions(rows)
-        assert security.may_enter("alice", "team a") and security.may_enter(None, "prod/eu")
+        # A fresh database: guest (and so anonymous clients) on / and nothing else, new vhosts closed.
+        assert security.permissions() == [Permission("guest", "/")]
+        assert not security.may_enter("alice", "team a") and not security.may_enter(None, "prod/eu")
+        assert not security.may_enter("alice", "/") and security.may_enter(None, "/")
         await security.set_permission(Permission("alice", "team a", "^$", ".*", ".*"))
         await security.set_permission(Permission("bob", "prod/eu"))
         again = VHosts(["/"], rows)
@@ -66,10 +69,23 @@ def test_vhosts_and_permissions_persist(storage_url: str) -> None:
         assert not other.may_enter("guest", "team a") and not other.may_enter(None, "team a")
         assert await other.clear_permission("bob", "prod/eu") and not other.may_enter("bob", "prod/eu")
         assert not await other.clear_permission("bob", "prod/eu")
+        await other.set_topic_permission(
+            TopicPermission("alice", "team a", "amq.topic", r"^{username}\.", ".*")
+        )
+        third = Security(AuthSettings())
+        third.use_permissions(rows)
+        assert third.topic_permissions() == [
+            TopicPermission("alice", "team a", "amq.topic", r"^{username}\.", ".*")
+        ]
+        assert await third.clear_topic_permission("alice", "team a") == 1
+        assert await third.clear_topic_permission("alice", "team a") == 0
+        await other.set_topic_permission(TopicPermission("alice", "team a", "amq.topic"))
         await again.delete("team a")
         with storage.engine.connect() as connection:
             left = connection.execute(select(vhost_permissions.c.user, vhost_permissions.c.vhost)).all()
-        assert left == []
+        assert left == [("guest", "/")]
+        with storage.engine.connect() as connection:
+            assert connection.execute(select(topic_permissions)).all() == []  # gone with the vhost
         assert again.names() == ["/", "prod/eu"]
 
     try:

@@ -24,8 +24,10 @@ def unused_port() -> int:
         return int(sock.getsockname()[1])
 
 
-# TRIMARAN_AUTH__USERS for the tests' one user, alice (password "wonderland").
+# TRIMARAN_AUTH__USERS for the tests' one user, alice (password "wonderland"), and
+# TRIMARAN_AUTH__PERMISSIONS letting her into / (no permission, no entry: guest has / from the start).
 ALICE = '[{"name": "alice", "password": "wonderland"}]'
+ALICE_PERMISSIONS = '[{"user": "alice", "vhost": "/"}]'
 
 ALL_OFF = ["--mqtt", "off", "--mqtt-ws", "off", "--amqp", "off", "--http", "off"]
 

@@ -45,9 +45,10 @@ from trimaran.config import (
     VhostLimitSettings,
 )
 from trimaran.queue.policy import QueueError, parse_queue_topic
+from trimaran.security.permissions import PatternError
 from trimaran.tenant_limits import TenantLimits, UserLimits, VhostLimits
 from trimaran.topics import TopicError, validate_topic_name
-from trimaran.vhosts import Permission, VHostError, vhost_of
+from trimaran.vhosts import Permission, TopicPermission, VHostError, vhost_of
 
 if TYPE_CHECKING:
     from trimaran.broker.clients import ClientInfo, ClientRegistry
@@ -262,16 +263,34 @@ class VhostOut(Model):
 
 
 class PermissionIn(Model):
-    """RabbitMQ's set_permissions patterns (regular expressions), kept as given; entering needs the row."""
+    """RabbitMQ's set_permissions: the row lets the user enter the vhost (no row, no entry); each
+    pattern is a regular expression searched for in a queue's or exchange's name (``^alice-`` anchors
+    it; an empty pattern matches nothing; the default exchange is ``amq.default``)."""
 
-    configure: str = ".*"
-    write: str = ".*"
-    read: str = ".*"
+    configure: str = Field(".*", description="queues and exchanges it may declare (not passive) and delete")
+    write: str = Field(".*", description="exchanges it may publish to; queues and exchanges it may bind to")
+    read: str = Field(".*", description="queues it may consume, get and purge; exchanges it may bind from")
 
 
 class PermissionOut(PermissionIn):
     user: str
     vhost: str
+
+
+class TopicPermissionIn(Model):
+    """RabbitMQ's set_topic_permissions: regular expressions on the routing keys the user publishes
+    with (write) and binds with (read) through a topic exchange; ``{username}``, ``{vhost}`` and
+    ``{client_id}`` stand for the client's. MQTT and AMQP 1.0 topics go through ``amq.topic`` (``a/b``
+    is the key ``a.b``). With no topic permission for an exchange, any key will do."""
+
+    write: str = Field(".*", description="routing keys it may publish with")
+    read: str = Field(".*", description="binding keys it may bind (subscribe) with")
+
+
+class TopicPermissionOut(TopicPermissionIn):
+    user: str
+    vhost: str
+    exchange: str
 
 
 class PublishProperties(Model):
@@ -366,6 +385,7 @@ MessagePage = page_model(MessageOut)
 WebhookPage = page_model(WebhookOut)
 VhostPage = page_model(VhostOut)
 PermissionPage = page_model(PermissionOut)
+TopicPermissionPage = page_model(TopicPermissionOut)
 
 
 # -- the route table --------------------------------------------------------------------------------
@@ -955,24 +975,51 @@ class AdminApi:
                 tags=tags,
             ),
             ApiRoute(
-                "PUT", f"{p}/vhosts/{{vhost}}", "Create a vhost (200 if it exists; the default vhost is %2F)",
-                self.add_vhost, {200: VhostOut, 201: VhostOut, 400: ErrorBody}, tags=tags,
+                "PUT", f"{p}/vhosts/{{vhost}}",
+                "Create a vhost (200 if it exists; the default vhost is %2F); it grants nothing, but to "
+                "the user named by ?user= (.* .* .*, as RabbitMQ's management grants its creator)",
+                self.add_vhost, {200: VhostOut, 201: VhostOut, 400: ErrorBody, 404: ErrorBody},
+                query=(Param("user", {"type": "string"}, "the user it is made for: gets .* .* .* on it"),),
+                tags=tags,
             ),
             ApiRoute(
                 "DELETE", f"{p}/vhosts/{{vhost}}", "Delete a vhost and what it holds (not a declared one)",
                 self.delete_vhost, {200: Done, 409: ErrorBody}, tags=tags,
             ),
             ApiRoute(
-                "GET", f"{p}/permissions", "Who may enter which vhost", self.list_permissions,
-                {200: PermissionPage}, query=(*PAGED, *vhost_query), tags=tags,
+                "GET", f"{p}/permissions", "Who may enter which vhost, and configure, write, read what there",
+                self.list_permissions, {200: PermissionPage}, query=(*PAGED, *vhost_query), tags=tags,
             ),
             ApiRoute(
-                "PUT", f"{p}/permissions/{{vhost}}/{{user}}", "Let a user enter a vhost (set_permissions)",
-                self.set_permission, {200: PermissionOut}, body=PermissionIn, body_required=False, tags=tags,
+                "PUT", f"{p}/permissions/{{vhost}}/{{user}}",
+                "Let a user enter a vhost and configure, write, read the queues and exchanges its patterns "
+                "match (set_permissions; 404 no_such_user for a user the password file, auth.users and "
+                "guest do not name, unless ?force=true, for certificate identities)",
+                self.set_permission, {200: PermissionOut, 400: ErrorBody, 404: ErrorBody}, body=PermissionIn,
+                body_required=False,
+                query=(Param("force", {"type": "boolean"}, "accept a user no file names"),), tags=tags,
             ),
             ApiRoute(
                 "DELETE", f"{p}/permissions/{{vhost}}/{{user}}", "Take a user's permission for a vhost away",
                 self.clear_permission, {200: Done}, tags=tags,
+            ),
+            ApiRoute(
+                "GET", f"{p}/topic-permissions", "Which routing keys users may publish and bind with",
+                self.list_topic_permissions, {200: TopicPermissionPage}, query=(*PAGED, *vhost_query),
+                tags=tags,
+            ),
+            ApiRoute(
+                "PUT", f"{p}/topic-permissions/{{vhost}}/{{user}}/{{exchange}}",
+                "Limit the routing keys a user publishes and binds with through a topic exchange "
+                "(set_topic_permissions; MQTT and AMQP 1.0 topics: amq.topic)",
+                self.set_topic_permission, {200: TopicPermissionOut, 400: ErrorBody, 404: ErrorBody},
+                body=TopicPermissionIn, body_required=False,
+                query=(Param("force", {"type": "boolean"}, "accept a user no file names"),), tags=tags,
+            ),
+            ApiRoute(
+                "DELETE", f"{p}/topic-permissions/{{vhost}}/{{user}}/{{exchange}}",
+                "Take a user's topic permission for an exchange away (clear_topic_permissions)",
+                self.clear_topic_permission, {200: Done}, tags=tags,
             ),
         ]  # fmt: skip
 
@@ -989,12 +1036,20 @@ class AdminApi:
     async def add_vhost(self, request: Request) -> Response:
         name = request.params["vhost"]
         vhosts = self.view.vhost_registry()
+        creator = request.arg("user") or None
+        if creator is not None and not self.view.permission_ops().user_exists(creator):
+            raise HttpError(404, "no_such_user", f"no user {creator!r}")
         try:
             added = await vhosts.add(name)
         except VHostError as exc:
             raise HttpError(400, "bad_vhost", str(exc)) from None
         if added:
             log.info("vhosts: %r added through the admin API", name)
+            if creator is not None:
+                await self.view.permission_ops().set_permission(Permission(creator, name))
+                log.info(
+                    "vhosts: user %r, who %r was made for, may configure, write and read it", creator, name
+                )
         connections = self._limits().connections.get(name, 0)
         out = VhostOut(name=name, declared=name in vhosts.declared, connections=connections)
         return _ok(out, 201 if added else 200)
@@ -1019,6 +1074,11 @@ class AdminApi:
         vhost, user = request.params["vhost"], request.params["user"]
         if not self.view.vhost_registry().exists(vhost):
             raise HttpError(404, "not_found", f"no vhost {vhost!r}")
+        ops = self.view.permission_ops()
+        if not ops.user_exists(user) and not _bool_arg(request, "force"):
+            raise HttpError(
+                404, "no_such_user", f"no user {user!r} (not in the password file, auth.users, nor guest)"
+            )
         body = _body(request, PermissionIn, required=False)
         for name, pattern in body.model_dump().items():
             try:
@@ -1026,8 +1086,11 @@ class AdminApi:
             except re.error as exc:
                 raise HttpError(400, "bad_pattern", f"{name} pattern {pattern!r}: {exc}") from None
         permission = Permission(user, vhost, body.configure, body.write, body.read)
-        await self.view.permission_ops().set_permission(permission)
-        log.info("vhosts: user %r may enter %r (set through the admin API)", user, vhost)
+        await ops.set_permission(permission)
+        log.info(
+            "vhosts: user %r may enter %r, configure %r, write %r, read %r (set through the admin API)",
+            user, vhost, permission.configure, permission.write, permission.read,
+        )  # fmt: skip
         return _ok(_permission_out(permission))
 
     async def clear_permission(self, request: Request) -> Response:
@@ -1036,6 +1099,43 @@ class AdminApi:
             raise HttpError(404, "not_found", f"user {user!r} has no permission for vhost {vhost!r}")
         log.info("vhosts: user %r may no longer enter %r (cleared through the admin API)", user, vhost)
         return _ok(Done(ok=True, detail=f"permission of user {user!r} for vhost {vhost!r} cleared"))
+
+    async def list_topic_permissions(self, request: Request) -> Response:
+        rows = self.view.permission_ops().topic_permissions(request.arg("vhost") or None)
+        keys = [(t.vhost, t.user, t.exchange) for t in rows]
+        return _page(request, TopicPermissionPage, rows, keys, _topic_permission_out)
+
+    async def set_topic_permission(self, request: Request) -> Response:
+        vhost, user, exchange = request.params["vhost"], request.params["user"], request.params["exchange"]
+        if not self.view.vhost_registry().exists(vhost):
+            raise HttpError(404, "not_found", f"no vhost {vhost!r}")
+        ops = self.view.permission_ops()
+        if not ops.user_exists(user) and not _bool_arg(request, "force"):
+            raise HttpError(
+                404, "no_such_user", f"no user {user!r} (not in the password file, auth.users, nor guest)"
+            )
+        body = _body(request, TopicPermissionIn, required=False)
+        permission = TopicPermission(user, vhost, exchange, body.write, body.read)
+        try:
+            await ops.set_topic_permission(permission)
+        except PatternError as exc:
+            raise HttpError(400, "bad_pattern", str(exc)) from None
+        log.info(
+            "vhosts: user %r publishes with keys %r and binds with %r through %r in %r (admin API)",
+            user, body.write, body.read, exchange, vhost,
+        )  # fmt: skip
+        return _ok(_topic_permission_out(permission))
+
+    async def clear_topic_permission(self, request: Request) -> Response:
+        vhost, user, exchange = request.params["vhost"], request.params["user"], request.params["exchange"]
+        if not await self.view.permission_ops().clear_topic_permission(user, vhost, exchange):
+            raise HttpError(
+                404, "not_found", f"user {user!r} has no topic permission for {exchange!r} in {vhost!r}"
+            )
+        log.info("vhosts: topic permission of %r for %r in %r cleared (admin API)", user, exchange, vhost)
+        return _ok(
+            Done(ok=True, detail=f"topic permission of user {user!r} for {exchange!r} in {vhost!r} cleared")
+        )
 
     # -- limits per vhost and per user (trimaran/tenant_limits.py) -------------------------------------------
 
@@ -1213,6 +1313,10 @@ def _page(
     cursor = _encode_cursor(keys[start + limit - 1]) if more else None
     body = page(items=[render(i) for i in chosen], next_cursor=cursor, next=_next_link(request, cursor))
     return _ok(body)
+
+
+def _topic_permission_out(t: TopicPermission) -> TopicPermissionOut:
+    return TopicPermissionOut(user=t.user, vhost=t.vhost, exchange=t.exchange, write=t.write, read=t.read)
 
 
 def _permission_out(permission: Permission) -> PermissionOut:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from trimaran.queue.groups import StoredMessage
     from trimaran.queue.manager import PublishResult, QueueInfo
     from trimaran.tenant_limits import TenantLimits
-    from trimaran.vhosts import Permission, VHosts
+    from trimaran.vhosts import Permission, TopicPermission, VHosts
 
 
 class NotReady(Exception):
@@ -77,9 +77,18 @@ class QueueOps(Protocol):
 
 
 class PermissionOps(Protocol):
-    """Who may enter which vhost (RabbitMQ's set_permissions; the security module keeps them)."""
+    """RabbitMQ's set_permissions: who may enter which vhost and do what there (no row, no entry;
+    the security module keeps them and enforces their patterns)."""
 
     def permissions(self, vhost: str | None = None) -> list[Permission]: ...
+
+    def user_exists(self, name: str) -> bool: ...
+
+    def topic_permissions(self, vhost: str | None = None) -> list[TopicPermission]: ...
+
+    async def set_topic_permission(self, permission: TopicPermission) -> None: ...
+
+    async def clear_topic_permission(self, user: str, vhost: str, exchange: str | None = None) -> int: ...
 
     async def set_permission(self, permission: Permission) -> None: ...
 

@@ -1,5 +1,18 @@
-"""AMQP 0.9.1 methods in the one permission model.
+"""AMQP 0.9.1 methods in the permission model: RabbitMQ's patterns, then the rule file.
 
+RabbitMQ's vhost permissions (trimaran/security/permissions.py) come first, checked exactly as
+RabbitMQ checks them (:func:`resource_needs`, in RabbitMQ's order): queue.declare (not passive)
+configures the queue, and with ``x-dead-letter-exchange`` reads it and writes that exchange;
+queue.delete configures it; queue.bind and queue.unbind write the queue and read the exchange;
+queue.purge, basic.get and basic.consume read the queue; exchange.declare (not passive) configures
+the exchange, and with ``alternate-exchange`` reads it and writes that one; exchange.delete
+configures it; exchange.bind and exchange.unbind write the destination and read the source;
+basic.publish writes the exchange (``amq.default`` for the nameless one). Passive declares need
+nothing. A refusal is 403 ACCESS_REFUSED, ``access to queue 'q' in vhost 'v' refused for user 'u'``.
+A server-named queue is checked where its name is made (:func:`check_server_named`), as RabbitMQ
+checks ``amq.gen-...``; a name with the reserved ``amq.`` prefix is refused for that reason first.
+
+The rule file (trimaran/security/acl.py) then decides too, both must allow:
 Queues are ``$queue/<name>``: queue.declare, bind, unbind, purge and delete need configure on it;
 basic.consume and basic.get need read. A binding from ``amq.topic`` also reads the topics its key
 names (``a.*`` reads ``a/+``), so it needs read on that filter too: otherwise a queue of one's own
@@ -20,11 +33,21 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from trimaran.amqp091 import spec
 from trimaran.queue.policy import queue_topic
-from trimaran.security.guard import CONFIGURE, GUEST, READ, WRITE, Principal, Security, queue_of
+from trimaran.security.guard import (
+    CONFIGURE,
+    EXCHANGE,
+    GUEST,
+    QUEUE,
+    READ,
+    WRITE,
+    Principal,
+    Security,
+    queue_of,
+)
 from trimaran.topics import (
     TopicError,
     binding_key_to_filter,
@@ -41,6 +64,7 @@ REPLY_TO: Final = "amq.rabbitmq.reply-to"
 EXCHANGE_PREFIX: Final = "$exchange/"
 DEFAULT_EXCHANGE: Final = "amq.default"  # the nameless exchange, as RabbitMQ names it in permissions
 DEAD_LETTER_EXCHANGE: Final = "x-dead-letter-exchange"
+ALTERNATE_EXCHANGE: Final = "alternate-exchange"
 ACCESS_REFUSED: Final = spec.ACCESS_REFUSED
 
 
@@ -62,6 +86,10 @@ GUARDED: Final[frozenset[type[spec.Method]]] = frozenset(
         spec.ExchangeUnbind,
     }
 )
+
+
+#: The methods whose binding key RabbitMQ's topic permissions read (through a topic exchange).
+BINDS: Final = (spec.QueueBind, spec.QueueUnbind, spec.ExchangeBind, spec.ExchangeUnbind)
 
 
 class Owner(Protocol):
@@ -122,6 +150,100 @@ def _queue(conn: Owner, channel: Channel, name: str) -> str:
 def _exclusive(conn: Owner, name: str) -> bool:
     """Did this connection declare the queue the client calls ``name`` exclusive?"""
     return conn.vhost_prefix + name in conn.exclusive_queues
+
+
+def _refused(
+    security: Security, principal: Principal, access: str, kind: str, name: str, method: spec.Method
+) -> spec.ProtocolError:
+    """403 ACCESS_REFUSED in RabbitMQ's words for a resource the patterns refuse (logged, counted)."""
+    text = security.refuse_resource(principal, access, kind, name)
+    return spec.ProtocolError(ACCESS_REFUSED, text, class_id=method.CLASS_ID, method_id=method.METHOD_ID)
+
+
+def declare_needs(name: str, arguments: dict[str, Any] | None) -> list[tuple[str, str, str]]:
+    """What RabbitMQ checks for a queue.declare (not passive) of ``name``, in its order."""
+    needs = [(CONFIGURE, QUEUE, name)]
+    dlx = (arguments or {}).get(DEAD_LETTER_EXCHANGE)
+    if isinstance(dlx, str):
+        needs += [(READ, QUEUE, name), (WRITE, EXCHANGE, dlx)]
+    return needs
+
+
+def resource_needs(conn: Owner, channel: Channel, method: spec.Method) -> list[tuple[str, str, str]]:
+    """``(access, kind, name)`` RabbitMQ's permissions need for ``method``, in the order RabbitMQ
+    checks them (empty: nothing to check)."""
+    if isinstance(method, spec.QueueDeclare):
+        name = method.queue
+        if method.passive or not name or name == REPLY_TO or name.startswith("amq."):
+            return []  # passive: nothing; server-named: check_server_named; amq.*: refused anyway
+        return declare_needs(name, method.arguments)
+    if isinstance(method, spec.QueueBind | spec.QueueUnbind):
+        return [(WRITE, QUEUE, _queue(conn, channel, method.queue)), (READ, EXCHANGE, method.exchange)]
+    if isinstance(method, spec.QueuePurge | spec.BasicGet):
+        return [(READ, QUEUE, _queue(conn, channel, method.queue))]
+    if isinstance(method, spec.QueueDelete):
+        return [(CONFIGURE, QUEUE, _queue(conn, channel, method.queue))]
+    if isinstance(method, spec.BasicConsume):
+        return [] if method.queue == REPLY_TO else [(READ, QUEUE, _queue(conn, channel, method.queue))]
+    if isinstance(method, spec.ExchangeDeclare | spec.ExchangeDelete) and not method.exchange:
+        return []  # refused as the default exchange first, as RabbitMQ refuses it
+    if isinstance(method, spec.ExchangeDeclare):
+        if method.passive:
+            return []
+        needs = [(CONFIGURE, EXCHANGE, method.exchange)]
+        ae = (method.arguments or {}).get(ALTERNATE_EXCHANGE)
+        if isinstance(ae, str):
+            needs += [(READ, EXCHANGE, method.exchange), (WRITE, EXCHANGE, ae)]
+        return needs
+    if isinstance(method, spec.ExchangeDelete):
+        return [(CONFIGURE, EXCHANGE, method.exchange)]
+    if isinstance(method, spec.ExchangeBind | spec.ExchangeUnbind):
+        return [(WRITE, EXCHANGE, method.destination), (READ, EXCHANGE, method.source)]
+    return []
+
+
+def check_server_named(
+    security: Security, conn: Owner, name: str, method: spec.QueueDeclare
+) -> spec.ProtocolError | None:
+    """A server-named queue's declare, checked by its made name (``amq.gen-...``) as RabbitMQ does."""
+    principal = conn.principal
+    if principal is None:
+        return None
+    for access, kind, resource in declare_needs(name, method.arguments):
+        if not security.permits(principal, access, kind, resource):
+            return _refused(security, principal, access, kind, resource, method)
+    return None
+
+
+def check_exchange_publish(
+    security: Security, principal: Principal, exchange: str, method: spec.Method
+) -> None:
+    """basic.publish writes its exchange: 403 ACCESS_REFUSED unless the patterns allow it. The
+    handler asks only for an exchange other than the one this principal wrote last under the same
+    permissions (``principal.last_exchange``), which this remembers."""
+    if not security.permits(principal, WRITE, EXCHANGE, exchange):
+        raise _refused(security, principal, WRITE, EXCHANGE, exchange, method)
+    principal.last_exchange = exchange
+    principal.last_exchange_generation = security.generation
+    principal.keyed = security.has_topic_permissions(principal)
+
+
+def check_topic_key(
+    security: Security,
+    principal: Principal,
+    exchanges: ExchangeRegistry,
+    access: str,
+    exchange: str,
+    key: str,
+    method: spec.Method,
+) -> spec.ProtocolError | None:
+    """RabbitMQ's topic permissions: a publish (write) or a binding (read) through a topic
+    exchange needs its key to match; 403 ACCESS_REFUSED in RabbitMQ's words when it does not."""
+    found = exchanges.get(exchange)
+    if found is None or found.type != "topic" or security.permits_key(principal, access, exchange, key):
+        return None
+    text = security.topic_text(principal, exchange, key)
+    return spec.ProtocolError(ACCESS_REFUSED, text, class_id=method.CLASS_ID, method_id=method.METHOD_ID)
 
 
 def method_needs(
@@ -189,6 +311,14 @@ def check_method(
     principal = conn.principal
     if principal is None or type(method) not in GUARDED:
         return None
+    for access, kind, name in resource_needs(conn, channel, method):
+        if not security.permits(principal, access, kind, name):
+            return _refused(security, principal, access, kind, name, method)
+    if isinstance(method, BINDS) and security.has_topic_permissions(principal):
+        source = method.exchange if isinstance(method, spec.QueueBind | spec.QueueUnbind) else method.source
+        refused = check_topic_key(security, principal, exchanges, READ, source, method.routing_key, method)
+        if refused is not None:
+            return refused
     if isinstance(method, spec.QueueDeclare) and method.passive:
         # A passive declare only asks whether the queue exists: any access to it will do.
         name = _queue(conn, channel, method.queue)
@@ -235,6 +365,8 @@ def check_default_publish(
     """A basic.publish to the default exchange, which names its queue: ``403 ACCESS_REFUSED`` unless
     the rules let the publisher write it. The handler asks only for a key other than the one this
     principal wrote last under the same rules (``principal.last_write``), which this remembers."""
+    if not security.permits(principal, WRITE, EXCHANGE, ""):
+        raise _refused(security, principal, WRITE, EXCHANGE, "", method)
     if key and conn.vhost_prefix + key not in conn.exclusive_queues:  # keys: no call on this path
         topic = queue_topic(key)
         if not security.authorize(principal, WRITE, topic):
@@ -247,6 +379,7 @@ def publish_targets(
     security: Security,
     principal: Principal,
     conn: Owner,
+    exchanges: ExchangeRegistry,
     exchange: str,
     key: str,
     to_router: bool,
@@ -257,6 +390,12 @@ def publish_targets(
     :func:`check_default_publish`'s). ``amq.topic`` names its topic: a refusal there is ``403
     ACCESS_REFUSED``. Other routes reach queues the publisher may not know: those it may not write
     are left out."""
+    if exchange != principal.last_exchange or principal.last_exchange_generation != security.generation:
+        check_exchange_publish(security, principal, exchange, method)
+    if principal.keyed:  # topic permissions name this user: the key of each publish is checked
+        refused = check_topic_key(security, principal, exchanges, WRITE, exchange, key, method)
+        if refused is not None:
+            raise refused
     targets = set(queues)
     if to_router:
         try:
@@ -277,10 +416,24 @@ def publish_targets(
 
 
 def check_queue_publish(
-    security: Security, principal: Principal, conn: Owner, name: str, topic: str, method: spec.Method
+    security: Security,
+    principal: Principal,
+    conn: Owner,
+    name: str,
+    topic: str,
+    method: spec.Method,
+    creates: bool = False,
 ) -> None:
     """A basic.publish through the default exchange to ``$queue/<name>[/<key>]`` (the cross-protocol
     name) writes that topic, as an MQTT publish to it does: ``403 ACCESS_REFUSED`` when the rules say
-    no (a queue this connection declared exclusive is its own)."""
+    no (a queue this connection declared exclusive is its own). It goes through the default
+    exchange: the patterns must let it write ``amq.default``, and configure the queue when the
+    publish ``creates`` it (``queues.auto_create``)."""
+    if not security.permits(principal, WRITE, EXCHANGE, ""):
+        raise _refused(security, principal, WRITE, EXCHANGE, "", method)
+    if creates:
+        own = name[len(conn.vhost_prefix) :]
+        if not security.permits(principal, CONFIGURE, QUEUE, own):
+            raise _refused(security, principal, CONFIGURE, QUEUE, own, method)
     if name not in conn.exclusive_queues and not security.authorize(principal, WRITE, topic):
         raise _refusal(conn, WRITE, topic, method)

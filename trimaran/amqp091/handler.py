@@ -153,6 +153,8 @@ class Amqp091FrontEnd:
             return f"vhost {vhost} not found"
         if not self.security.may_enter(conn.user, vhost):
             return f"access to vhost '{vhost}' refused for user '{conn.user or 'guest'}'"
+        if conn.principal is not None:
+            conn.principal.vhost = vhost  # whose permission patterns apply
         return conn.io.enter(conn.user, vhost)  # the vhost's and the user's connection limits
 
     # -- connections ------------------------------------------------------------------------------
@@ -597,7 +599,7 @@ class Amqp091FrontEnd:
             queues, to_router = result.queues, result.to_router
             if conn.principal is not None:
                 queues = publish_targets(
-                    self.security, conn.principal, conn, exchange, key, to_router, queues, method
+                    self.security, conn.principal, conn, exchanges, exchange, key, to_router, queues, method
                 )
             # One queue and no router: build the message with its queue topic at once rather
             # than copy it per queue below.
@@ -661,7 +663,8 @@ class Amqp091FrontEnd:
             topic = queue_topic(name, sub_key)
             if conn.principal is not None:
                 own = topic[len(vhost_prefix) :]  # the rules see the client's names
-                check_queue_publish(self.security, conn.principal, conn, name, own, method)
+                creates = name not in self.manager.queues and self.manager.settings.auto_create
+                check_queue_publish(self.security, conn.principal, conn, name, own, method, creates)
             message = _content_message(props, body, topic, "", key, conn.name, encoded)
             sent = self._to_queue(channel, name, message, entry, sub_key)
         if sent:

@@ -21,7 +21,7 @@ import anyio
 import anyio.to_thread
 
 from trimaran.amqp091 import spec
-from trimaran.amqp091.access import own_topic_binding
+from trimaran.amqp091.access import check_server_named, own_topic_binding
 from trimaran.amqp091.channels import ChannelState, Consumer, Getter
 from trimaran.amqp091.exchanges import Binding, ExchangeError, ExchangeRegistry
 from trimaran.amqp091.ports import FrontEnd
@@ -421,6 +421,10 @@ class Operations:
     async def queue_declare(self, conn: Amqp091Conn, channel: ChannelState, m: spec.QueueDeclare) -> None:
         front = self.front
         own = m.queue or f"amq.gen-{secrets.token_urlsafe(16)}"
+        if not m.queue and not m.passive:
+            refused = check_server_named(front.security, conn, own, m)  # by its made name, as RabbitMQ
+            if refused is not None:
+                raise refused
         if own == REPLY_TO and m.passive:  # the direct reply-to pseudo-queue exists, always empty
             self._reply(conn, channel, spec.QueueDeclareOk(own, 0, 0), m.no_wait)
             return

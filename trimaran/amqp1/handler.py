@@ -97,8 +97,22 @@ from trimaran.queue.groups import Selects
 from trimaran.queue.manager import QueueManager
 from trimaran.queue.policy import QueueError
 from trimaran.runtime.transport import Conn
-from trimaran.security.guard import READ, WRITE, Login, Security, on_login
+from trimaran.security.guard import (
+    AMQ_TOPIC,
+    CONFIGURE,
+    EXCHANGE,
+    READ,
+    WRITE,
+    Login,
+    Principal,
+    Security,
+    on_login,
+    publish_resource,
+    queue_of,
+)
+from trimaran.security.guard import QUEUE as QUEUE_RESOURCE
 from trimaran.selector import SelectorError
+from trimaran.topics import TopicError, filter_to_binding_key, topic_to_routing_key
 from trimaran.vhosts import DEFAULT_VHOST, prefix
 
 log = logging.getLogger(__name__)
@@ -287,6 +301,7 @@ class Amqp1FrontEnd:
         conn.io.vhost = vhost
         conn.io.user = conn.user
         conn.principal.rename(conn.container_id)  # %c in the rules: the container id
+        conn.principal.vhost = vhost  # whose permission patterns apply
         over = conn.io.enter(conn.user, vhost)
         if over is not None:
             # The spec's way to refuse a connection: our open, then a close with the error.
@@ -326,7 +341,7 @@ class Amqp1FrontEnd:
         if not self.broker.vhosts.exists(vhost):
             return Error(condition=NOT_FOUND, description=f"vhost '{vhost}' not found")
         if not self.security.may_enter(conn.user, vhost):
-            text = f"access to vhost '{vhost}' refused for user '{conn.user or ''}'"
+            text = f"access to vhost '{vhost}' refused for user '{conn.user or 'guest'}'"
             return Error(condition=UNAUTHORIZED_ACCESS, description=text)
         return None
 
@@ -379,7 +394,7 @@ class Amqp1FrontEnd:
                     for_receive=False,
                     vhost_prefix=conn.vhost_prefix,
                 )
-                self._check_queue(address)
+                self._check_queue(conn, address)
                 self._check_access(conn, WRITE, address.own_topic)
             except AddressError as exc:
                 self.refuse(conn, link, exc.condition, exc.description)
@@ -393,10 +408,49 @@ class Amqp1FrontEnd:
         conn.machine.accept_link(link, target=target, rcv_settle_mode=RCV_FIRST, initial_credit=credit)
 
     def _check_access(self, conn: Amqp1Conn, access: str, topic: str) -> None:
-        """The rules' word on ``topic``: ``amqp:unauthorized-access`` when they refuse."""
+        """RabbitMQ's patterns, then the rules' word on ``topic``: ``amqp:unauthorized-access``
+        when either refuses."""
         principal = conn.principal
-        if principal is not None and not self.security.authorize(principal, access, topic):
+        if principal is None:
+            return
+        refused = self._refused_by_patterns(principal, access, topic)
+        if refused is not None:
+            raise AddressError(UNAUTHORIZED_ACCESS, refused)
+        if not self.security.authorize(principal, access, topic):
             raise AddressError(UNAUTHORIZED_ACCESS, f"{access} access to {topic!r} refused")
+
+    def _refused_by_patterns(self, principal: Principal, access: str, topic: str) -> str | None:
+        """What an AMQP 1.0 link to ``topic`` (a client's name, ``$queue/<q>`` or a topic) needs of
+        RabbitMQ's patterns, as its plugin maps them: a sender writes ``amq.topic`` for a topic and
+        ``amq.default`` for a queue (publish_resource); a receiver reads its queue, or ``amq.topic``
+        for a topic. None when they allow it, else RabbitMQ's text (logged and counted)."""
+        security = self.security
+        if access == WRITE:
+            access, kind, name = publish_resource(topic)
+        else:
+            queue = queue_of(topic)
+            kind, name = (QUEUE_RESOURCE, queue) if queue is not None else (EXCHANGE, AMQ_TOPIC)
+        if not security.permits(principal, access, kind, name):
+            return security.refuse_resource(principal, access, kind, name)
+        if name != AMQ_TOPIC or not security.has_topic_permissions(principal):
+            return None
+        # RabbitMQ's topic permissions on amq.topic: the routing key a sender publishes with, the
+        # binding key a receiver reads with (a/b is a.b, a/+/# is a.*.#).
+        try:
+            key = topic_to_routing_key(topic) if access == WRITE else filter_to_binding_key(topic)
+        except TopicError:
+            return None  # a bad filter is refused on its own
+        if security.permits_key(principal, access, AMQ_TOPIC, key):
+            return None
+        return security.topic_text(principal, AMQ_TOPIC, key)
+
+    def _check_configure(self, conn: Amqp1Conn, queue: str) -> None:
+        """A queue made by this attach (``queues.auto_create``, a dynamic node) is configured: the
+        patterns must allow it (``queue`` as the client names it)."""
+        principal = conn.principal
+        if principal is not None and not self.security.permits(principal, CONFIGURE, QUEUE_RESOURCE, queue):
+            text = self.security.refuse_resource(principal, CONFIGURE, QUEUE_RESOURCE, queue)
+            raise AddressError(UNAUTHORIZED_ACCESS, text)
 
     def _topic_grant(self, conn: Amqp1Conn, topic_filter: str) -> Callable[[str], bool] | None:
         """A topic receiver is attached when some topic it can match may be read (Mosquitto's rule,
@@ -405,6 +459,9 @@ class Amqp1FrontEnd:
         principal = conn.principal
         if principal is None:
             return None
+        refused = self._refused_by_patterns(principal, READ, topic_filter)
+        if refused is not None:
+            raise AddressError(UNAUTHORIZED_ACCESS, refused)
         grant = self.security.reading(principal, topic_filter, len(conn.vhost_prefix))
         if grant is False:
             raise AddressError(UNAUTHORIZED_ACCESS, f"read access to {topic_filter!r} refused")
@@ -436,13 +493,15 @@ class Amqp1FrontEnd:
                 self.detached(conn, LinkDetached(out.link, True, error, False))
             conn.io.wake()
 
-    def _check_queue(self, address: Address) -> None:
+    def _check_queue(self, conn: Amqp1Conn, address: Address) -> None:
         if not address.is_queue:
             return
         if self.queues is None:
             raise AddressError(NOT_IMPLEMENTED, "durable queues are off")
-        if not self.settings.queues.auto_create and not self.queues.exists(address.name):
-            raise AddressError(NOT_FOUND, f"queue {address.name} does not exist")
+        if not self.queues.exists(address.name):
+            if not self.settings.queues.auto_create:
+                raise AddressError(NOT_FOUND, f"queue {address.name} does not exist")
+            self._check_configure(conn, address.name[len(conn.vhost_prefix) :])  # it will be made
 
     def attach_outlink(self, conn: Amqp1Conn, link: Link, source: Any) -> Awaitable[None] | None:
         if source is None or (isinstance(source, Source) and source.address is None and not source.dynamic):
@@ -465,7 +524,7 @@ class Amqp1FrontEnd:
                 for_receive=True,
                 vhost_prefix=conn.vhost_prefix,
             )
-            self._check_queue(address)
+            self._check_queue(conn, address)
             reads = None
             if address.is_queue:
                 self._check_access(conn, READ, address.own_topic)
@@ -569,6 +628,12 @@ class Amqp1FrontEnd:
         """A dynamic receiver gets a temporary in-memory queue; its address goes back in the attach."""
         assert self.queues is not None
         name = f"{conn.vhost_prefix}tmp-{uuid.uuid4().hex[:16]}"
+        try:  # RabbitMQ's patterns: the node is configured and read by its maker
+            self._check_configure(conn, name[len(conn.vhost_prefix) :])
+            self._check_access(conn, READ, "$queue/" + name[len(conn.vhost_prefix) :])
+        except AddressError as refused:
+            self.refuse(conn, link, refused.condition, refused.description)
+            return
         await self.queues.declare(name, durable=False)
         self.queues.owners[name] = conn  # a temporary queue: this connection's alone
         if conn.principal is not None:
@@ -691,7 +756,7 @@ class Amqp1FrontEnd:
                 address = resolve(
                     to, None, bare=self.config.bare_address, for_receive=False, vhost_prefix=conn.vhost_prefix
                 )
-                self._check_queue(address)
+                self._check_queue(conn, address)
             except AddressError as wrong:
                 self.refuse_message(conn, event, wrong.condition, f"properties.to: {wrong.description}")
                 return
@@ -702,10 +767,11 @@ class Amqp1FrontEnd:
             topic = address.own_topic
             security = self.security
             if topic != principal.last_write or principal.last_write_generation != security.generation:
-                if not security.authorize(principal, WRITE, topic):
-                    self.refuse_message(
-                        conn, event, UNAUTHORIZED_ACCESS, f"write access to {topic!r} refused"
-                    )
+                refused = self._refused_by_patterns(principal, WRITE, topic)
+                if refused is None and not security.authorize(principal, WRITE, topic):
+                    refused = f"write access to {topic!r} refused"
+                if refused is not None:
+                    self.refuse_message(conn, event, UNAUTHORIZED_ACCESS, refused)
                     conn.refill(inlink)
                     return
                 principal.last_write = topic

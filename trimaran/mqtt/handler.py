@@ -64,6 +64,10 @@ from trimaran.queue.manager import QueueManager
 from trimaran.runtime.machine import Machine
 from trimaran.runtime.transport import Conn
 from trimaran.security.guard import (
+    AMQ_TOPIC,
+    CONFIGURE,
+    EXCHANGE,
+    QUEUE,
     READ,
     WRITE,
     Login,
@@ -72,10 +76,19 @@ from trimaran.security.guard import (
     is_guarded,
     on_login,
     publish_access,
+    publish_resource,
+    queue_of,
     subscription_filter,
 )
 from trimaran.storage.mqtt_store import MqttStore, StoredSession
-from trimaran.topics import SHARE_PREFIX, TopicError, split_shared, topic_matches
+from trimaran.topics import (
+    SHARE_PREFIX,
+    TopicError,
+    filter_to_binding_key,
+    split_shared,
+    topic_matches,
+    topic_to_routing_key,
+)
 from trimaran.vhosts import DEFAULT_VHOST, describe, is_reserved, prefix, split_user, vhost_of
 
 log = logging.getLogger(__name__)
@@ -334,10 +347,11 @@ class MqttFrontEnd:
         if self.security.rules is not None and owner is not None:
             client_id = session.client_id[endpoint.cut :]  # %c: the id the client names
             principal = self.security.principal("mqtt", owner[0], client_id, "")
+            principal.vhost = vhost_of(session.client_id)  # whose permission patterns apply
         for topic_filter, subscription in list(session.subscriptions.items()):
             if is_queue_filter(topic_filter):
                 continue
-            grant = self._grant(principal, endpoint, topic_filter)
+            grant = self._grant(principal, endpoint, topic_filter, subscription.options.qos)
             if grant is False:
                 who = describe(session.client_id, "client")
                 log.warning("mqtt: stored subscription %r of %s dropped by the rules", topic_filter, who)
@@ -531,13 +545,14 @@ class MqttFrontEnd:
         connect = request.connect
         endpoint = self.endpoints.get(client_id)
         principal = self.security.principal("mqtt", login.user, request.client_id, conn.io.peer_host)
+        principal.vhost = vhost  # whose permission patterns apply
         reason = login.reason
         refusal: int | None = None
         if login.ok and not self.broker.vhosts.exists(vhost):
             # RabbitMQ's MQTT plugin answers a missing vhost as bad credentials
             reason, refusal = f"vhost {vhost} not found", ReasonCode.BAD_USER_NAME_OR_PASSWORD
         elif login.ok and not self.security.may_enter(login.user, vhost):
-            reason = f"access to vhost '{vhost}' refused for user '{login.user or ''}'"
+            reason = f"access to vhost '{vhost}' refused for user '{login.user or 'guest'}'"
             refusal = ReasonCode.NOT_AUTHORIZED
         elif login.ok and is_reserved(request.client_id):
             reason = "client id names another vhost's session"
@@ -552,7 +567,10 @@ class MqttFrontEnd:
         elif (
             login.ok
             and connect.will is not None
-            and not self.security.allowed(principal, WRITE, connect.will.topic)
+            and not (
+                self.security.allowed(principal, WRITE, connect.will.topic)
+                and self._permits_publish(principal, connect.will.topic)
+            )
         ):
             reason = f"will topic {connect.will.topic!r} not writable"
         over = conn.io.enter(login.user, vhost) if reason == "ok" else None
@@ -781,6 +799,13 @@ class MqttFrontEnd:
                 if not security.authorize(principal, access, target):
                     self._publish_refused(conn, publish.packet_id if publish.qos else None)
                     return
+            # RabbitMQ's patterns: a topic writes amq.topic, allowed once per permissions' generation.
+            if (
+                (principal.last_exchange_generation != security.generation or topic[0] == "$")
+                and not self._permits_publish(principal, topic)
+            ) or (principal.keyed and not self._permits_key(principal, WRITE, topic)):
+                self._publish_refused(conn, publish.packet_id if publish.qos else None)
+                return
             principal.last_write = topic
             principal.last_write_generation = security.generation
         message = message_from_publish(publish, endpoint.client_id, conn.io.read_at_ms, endpoint.vhost_prefix)
@@ -822,6 +847,12 @@ class MqttFrontEnd:
                 if not security.authorize(principal, access, target):
                     conn.mqtt.walk_run(run)  # each refused as publish_received refuses it
                     return
+            if (
+                principal.last_exchange_generation != security.generation
+                and not self._permits_publish(principal, topic)
+            ) or (principal.keyed and not self._permits_key(principal, WRITE, topic)):
+                conn.mqtt.walk_run(run)  # each refused as publish_received refuses it
+                return
             principal.last_write = topic
             principal.last_write_generation = security.generation
         key = endpoint.vhost_prefix + topic
@@ -865,13 +896,86 @@ class MqttFrontEnd:
         else:
             conn.mqtt.ack_publish(packet_id, code)
 
+    def _permits_publish(self, principal: Principal, topic: str) -> bool:
+        """RabbitMQ's patterns for an MQTT publish to ``topic`` (publish_resource: a topic writes
+        ``amq.topic``, a ``$queue/`` name ``amq.default``, a settle reads its queue); refused: logged
+        and counted. An allowed ``amq.topic`` is remembered on the principal for the generation."""
+        security = self.security
+        access, kind, name = publish_resource(topic)
+        if not security.permits(principal, access, kind, name):
+            security.refuse_resource(principal, access, kind, name)
+            return False
+        if kind == EXCHANGE and not name and not self._permits_creation(principal, queue_of(topic)):
+            return False
+        if name == AMQ_TOPIC:
+            principal.last_exchange = name
+            principal.last_exchange_generation = security.generation
+            principal.keyed = security.has_topic_permissions(principal)
+        return True
+
+    def _permits_key(self, principal: Principal, access: str, topic: str) -> bool:
+        """RabbitMQ's topic permissions on ``amq.topic``, as its MQTT plugin asks them: a publish's
+        routing key (``a/b`` is ``a.b``) against the write pattern, a subscription's binding key
+        (``a/+/#`` is ``a.*.#``) against the read pattern. ``$queue/`` names are not topics."""
+        if topic.startswith("$queue/"):
+            return True
+        try:
+            key = topic_to_routing_key(topic) if access == WRITE else filter_to_binding_key(topic)
+        except TopicError:
+            return True  # a bad filter: the subscription refuses it on its own
+        return self.security.permits_key(principal, access, AMQ_TOPIC, key)
+
+    def _permits_creation(self, principal: Principal, queue: str | None) -> bool:
+        """A ``$queue/<q>`` that this operation will create (``queues.auto_create``) is configured:
+        the patterns must allow configure on ``q``."""
+        if queue is None or self.queues is None or not self.settings.queues.auto_create:
+            return True
+        if prefix(principal.vhost) + queue in self.queues.manager.queues:
+            return True
+        if self.security.permits(principal, CONFIGURE, QUEUE, queue):
+            return True
+        self.security.refuse_resource(principal, CONFIGURE, QUEUE, queue)
+        return False
+
+    def _permits_subscription(
+        self, principal: Principal, endpoint: MqttEndpoint, topic_filter: str, qos: int
+    ) -> bool:
+        """RabbitMQ's patterns for a subscription, as its MQTT plugin needs them: a ``$queue/<q>``
+        filter (also in a share group) consumes, reading queue ``q``; a topic filter declares, binds
+        and consumes the client's subscription queue ``mqtt-subscription-<client id>qos<0|1>``
+        (configure, write and read on it) bound from ``amq.topic`` (read on that exchange)."""
+        security = self.security
+        queue = queue_of(subscription_filter(topic_filter))
+        if queue is not None:
+            if not self._permits_creation(principal, queue):
+                return False
+            needs = [(READ, QUEUE, queue)]
+        else:
+            own = f"mqtt-subscription-{endpoint.client_id[endpoint.cut :]}qos{min(qos, 1)}"
+            needs = [
+                (CONFIGURE, QUEUE, own),
+                (READ, QUEUE, own),
+                (WRITE, QUEUE, own),
+                (READ, EXCHANGE, AMQ_TOPIC),
+            ]
+        for access, kind, name in needs:
+            if not security.permits(principal, access, kind, name):
+                security.refuse_resource(principal, access, kind, name)
+                return False
+        if queue is None and security.has_topic_permissions(principal):
+            return self._permits_key(principal, READ, subscription_filter(topic_filter))
+        return True
+
     def _grant(
-        self, principal: Principal | None, endpoint: MqttEndpoint, topic_filter: str
+        self, principal: Principal | None, endpoint: MqttEndpoint, topic_filter: str, qos: int = 0
     ) -> bool | Callable[[str], bool]:
-        """May this client subscribe (:meth:`Security.reading`): True, False, or the check each
-        delivery's key goes through. Queues and share groups are read whole or not at all."""
+        """May this client subscribe (RabbitMQ's patterns, then :meth:`Security.reading`): True,
+        False, or the check each delivery's key goes through. Queues and share groups are read whole
+        or not at all."""
         if principal is None:
             return True
+        if not self._permits_subscription(principal, endpoint, topic_filter, qos):
+            return False
         if is_queue_filter(topic_filter) or topic_filter.startswith("$share/"):
             return self.security.authorize(principal, READ, subscription_filter(topic_filter))
         return self.security.reading(principal, topic_filter, endpoint.cut)
@@ -890,7 +994,7 @@ class MqttFrontEnd:
         routed = self.broker.router.subscriptions_of(endpoint)
         checked = {s.topic_filter[endpoint.cut :] for s in routed if s.options.reads}
         for topic_filter, subscription in list(endpoint.session.subscriptions.items()):
-            grant = self._grant(conn.principal, endpoint, topic_filter)
+            grant = self._grant(conn.principal, endpoint, topic_filter, subscription.options.qos)
             if grant is not False:
                 if grant is not True or topic_filter in checked:  # (re)bound to this login's rules
                     self._route(endpoint, subscription, None if grant is True else grant)
@@ -951,7 +1055,7 @@ class MqttFrontEnd:
                 codes.append(preset)
                 continue
             granted = min(options.qos, self.limits.maximum_qos)
-            grant = self._grant(conn.principal, endpoint, topic_filter)
+            grant = self._grant(conn.principal, endpoint, topic_filter, granted)
             if grant is False:
                 codes.append(ReasonCode.NOT_AUTHORIZED)  # 3.1.1: 0x80 (the machine maps it)
                 continue

@@ -12,6 +12,12 @@
   AMQP's ``guest``/``guest``, RabbitMQ's default login, is the anonymous login unless a real user
   ``guest`` is configured (:meth:`Security.is_default_guest`).
 - Certificates: a verified client certificate's subject field (``auth.identity_field``) as username.
+- RabbitMQ's vhost and topic permissions (:mod:`trimaran.security.permissions`): :meth:`Security.may_enter`
+  at login (no row, no entry; anonymous clients have ``guest``'s rows), :meth:`Security.permits` for
+  the queue or exchange an operation configures, writes or reads (each hull maps its operations:
+  amqp091/access.py, mqtt/handler.py, amqp1/handler.py), :meth:`Security.permits_key` for a routing
+  key through a topic exchange; kept in storage (:meth:`use_permissions`), their changes bump
+  ``generation`` as a reload does, so that every cached verdict is asked again.
 - Permissions (:mod:`trimaran.security.acl`): each connection holds a :class:`Principal`; hulls ask
   :meth:`Security.authorize` before a publish, a subscription, a settle or a queue change. Without a
   rule file everything is allowed except writing ``$SYS``. A refusal is logged at WARNING once per
@@ -30,7 +36,7 @@ import logging
 import secrets
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -41,11 +47,35 @@ from trimaran.config import AuthSettings
 from trimaran.security import acl, passwords
 from trimaran.security.acl import CONFIGURE, READ, WRITE, RuleSet
 from trimaran.security.passwords import PasswordHash
-from trimaran.vhosts import DEFAULT_VHOST, TENANT, Permission, PermissionStore
+from trimaran.security.permissions import (
+    AMQ_TOPIC,
+    ANONYMOUS,
+    DEFAULT_EXCHANGE,
+    EXCHANGE,
+    QUEUE,
+    Permissions,
+    check_pattern,
+    default_rows,
+    expand,
+    pattern_user,
+)
+from trimaran.vhosts import DEFAULT_VHOST, TENANT, Permission, PermissionStore, TopicPermission
 
 log = logging.getLogger("trimaran.security")
 
-__all__ = ["CONFIGURE", "READ", "WRITE", "Login", "Principal", "Security", "is_loopback"]
+__all__ = [
+    "AMQ_TOPIC",
+    "CONFIGURE",
+    "EXCHANGE",
+    "QUEUE",
+    "READ",
+    "WRITE",
+    "Login",
+    "Principal",
+    "Security",
+    "is_loopback",
+    "publish_resource",
+]
 
 THROTTLE_FORGET_S: Final = 60.0  # an address with no failure for this long starts afresh
 THROTTLE_MAX_ADDRESSES: Final = 10_000
@@ -105,11 +135,15 @@ class Principal:
         "_rules",
         "client_id",
         "host",
+        "keyed",
+        "last_exchange",
+        "last_exchange_generation",
         "last_write",
         "last_write_generation",
         "own_queues",
         "protocol",
         "user",
+        "vhost",
         "warned",
     )
 
@@ -118,6 +152,7 @@ class Principal:
         self.user = user
         self.client_id = client_id
         self.host = host
+        self.vhost: str = DEFAULT_VHOST  # the vhost it entered: the hull sets it at the login
         # Dicts as sets: an empty dict is a quarter of an empty set, and most connections own no
         # queue and are never refused.
         # Server-named and temporary queues this connection made; made with the first one.
@@ -131,6 +166,12 @@ class Principal:
         # same name again need not ask (a publisher mostly repeats it; asking is four calls).
         self.last_write: str | None = None
         self.last_write_generation = -1
+        # The same for the exchange an AMQP 0.9.1 connection last published through (patterns).
+        self.last_exchange: str | None = None
+        self.last_exchange_generation = -1
+        # Whether topic permissions name this user in its vhost (known with last_exchange): only
+        # then is a routing key checked on the way of each publish.
+        self.keyed = False
 
     def own(self, queue: str) -> None:
         """``queue`` was made by this connection (server-named or temporary): it may use it."""
@@ -195,11 +236,13 @@ class Security:
         self._limiter = anyio.CapacityLimiter(2)
         self._dummy = passwords.parse_hash(passwords.make_hash("", iterations=1000))
         self._listeners: list[Callable[[], Any]] = []
-        # Who may enter which vhost (RabbitMQ's set_permissions), kept in storage: use_permissions.
-        self._permissions: dict[tuple[str, str], Permission] = {}
+        # RabbitMQ's set_permissions, kept in storage (use_permissions); until then, and with no
+        # storage, a fresh install's: guest (and anonymous clients) on / and the settings' rows.
+        self.permission_table = Permissions()
         self._permission_store: PermissionStore | None = None
         self._on_cleared: list[Callable[[str, str], Any]] = []
         self.load()
+        self._load_rows(default_rows())
 
     # -- users and rules --------------------------------------------------------------------------
 
@@ -431,47 +474,78 @@ class Security:
                     return value
         return None
 
-    # -- vhosts -----------------------------------------------------------------------------------
+    # -- vhosts and RabbitMQ's permissions (trimaran/security/permissions.py) -------------------
 
-    def use_permissions(self, store: PermissionStore) -> None:
-        """Read the vhost permissions from ``store`` and keep changes there (blocking: at start)."""
+    def use_permissions(self, store: PermissionStore, vhosts: Iterable[str] = (DEFAULT_VHOST,)) -> None:
+        """Read the permissions from ``store`` and keep changes there (blocking: at start, before the
+        listeners open). ``vhosts``: every vhost that exists, for the grants of an upgrade from a
+        server where everyone entered everywhere (migration 0011), made here once and logged."""
         self._permission_store = store
-        self._permissions = {(p.user, p.vhost): p for p in store.load_permissions()}
+        rows = store.load_permissions()
+        upgrade = store.take_upgrade_marker()
+        if upgrade == "open":
+            users = sorted({ANONYMOUS, *self.hashed, *self.plain})
+            names = sorted(set(vhosts))
+            granted = [Permission(user, vhost) for vhost in names for user in users]
+            have = {(p.user, p.vhost) for p in rows}
+            granted = [p for p in granted if (p.user, p.vhost) not in have]
+            store.save_permissions_now(granted)
+            rows = [*rows, *granted]
+            log.warning(
+                "permissions: upgraded from a server where everyone entered every vhost: granted "
+                ".* .* .* on %d vhost(s) (%s) to %d user(s) (%s; anonymous clients have guest's); "
+                "vhosts are now closed until granted (trimaran permissions list)",
+                len(names), ", ".join(names), len(users), ", ".join(users),
+            )  # fmt: skip
+        elif upgrade == "guest":
+            log.warning(
+                "permissions: upgraded: guest (and anonymous clients, who have guest's permissions) "
+                "keep vhost '/' with .* .* .*; every other row is now enforced (trimaran permissions list)"
+            )
+        self._load_rows(rows)
+        self.permission_table.replace_topics(store.load_topic_permissions())
+        self.generation += 1
+
+    def _load_rows(self, rows: Iterable[Permission]) -> None:
+        """The stored rows, the settings' ``auth.permissions`` over them."""
+        declared = [
+            Permission(p.user, p.vhost, p.configure, p.write, p.read) for p in self.settings.permissions
+        ]
+        self.permission_table.replace([*rows, *declared])
+        self.generation += 1
 
     def may_enter(self, user: str | None, vhost: str) -> bool:
-        """May ``user`` (None: anonymous) enter ``vhost``? (Whether it exists is the caller's question.)
+        """May ``user`` (None: anonymous, checked as ``guest``) enter ``vhost``? Only with a row for
+        it, whatever else the table holds (whether the vhost exists is the caller's question)."""
+        return self.permission_table.may_enter(user, vhost)
 
-        With no permission ever set, everyone may enter every vhost (before vhost permissions,
-        everyone could). Once one is set, a user needs a permission for the vhost, as in RabbitMQ,
-        where ``guest`` has one for ``/`` from the start; anonymous clients (whom ``auth`` already
-        admits or refuses) keep ``/``.
-        """
-        permissions = self._permissions
-        if not permissions:
-            return True
-        if user is None or user == "guest":
-            return vhost == DEFAULT_VHOST or (user or "", vhost) in permissions
-        return (user, vhost) in permissions
+    def user_exists(self, name: str) -> bool:
+        """A user a permission may name: the password file's, ``auth.users``', or ``guest``."""
+        return name == ANONYMOUS or self.known_user(name)
 
     def permissions(self, vhost: str | None = None) -> list[Permission]:
         """Every permission (of ``vhost``), by vhost and user."""
-        rows = [p for p in self._permissions.values() if vhost is None or p.vhost == vhost]
-        return sorted(rows, key=lambda p: (p.vhost, p.user))
+        return self.permission_table.rows(vhost)
 
     async def set_permission(self, permission: Permission) -> None:
-        """Let ``permission.user`` enter ``permission.vhost`` (replacing its patterns), persisted."""
+        """Let ``permission.user`` enter ``permission.vhost`` with its patterns, persisted; raises
+        PatternError for a pattern that is not a regular expression."""
+        for pattern in (permission.configure, permission.write, permission.read):
+            check_pattern(pattern)
         if self._permission_store is not None:
             await self._permission_store.save_permission(permission)
-        self._permissions[(permission.user, permission.vhost)] = permission
+        self.permission_table.set(permission)
+        self.generation += 1
 
     async def clear_permission(self, user: str, vhost: str) -> bool:
         """Take ``user``'s permission for ``vhost`` away; False if it had none. The connections it has
         open in ``vhost`` are then closed, as RabbitMQ does (:meth:`on_permission_cleared`)."""
-        if (user, vhost) not in self._permissions:
+        if self.permission_table.get(user, vhost) is None:
             return False
         if self._permission_store is not None:
             await self._permission_store.delete_permission(user, vhost)
-        del self._permissions[(user, vhost)]
+        self.permission_table.clear(user, vhost)
+        self.generation += 1
         for callback in self._on_cleared:
             callback(user, vhost)
         return True
@@ -482,8 +556,70 @@ class Security:
 
     def forget_vhost(self, vhost: str) -> None:
         """A deleted vhost's permissions go with it (the store deletes its rows with the vhost)."""
-        for key in [k for k in self._permissions if k[1] == vhost]:
-            del self._permissions[key]
+        self.permission_table.forget_vhost(vhost)
+        self.generation += 1
+
+    def topic_permissions(self, vhost: str | None = None) -> list[TopicPermission]:
+        """Every topic permission (of ``vhost``), by vhost, user and exchange."""
+        return self.permission_table.topic_rows(vhost)
+
+    async def set_topic_permission(self, permission: TopicPermission) -> None:
+        """RabbitMQ's set_topic_permissions, persisted; PatternError for a bad pattern (checked with
+        its variables standing for a plain name)."""
+        for pattern in (permission.write, permission.read):
+            check_pattern(expand(pattern, "u", "v", "c"))
+        if self._permission_store is not None:
+            await self._permission_store.save_topic_permission(permission)
+        self.permission_table.set_topic(permission)
+        self.generation += 1
+
+    async def clear_topic_permission(self, user: str, vhost: str, exchange: str | None = None) -> int:
+        """RabbitMQ's clear_topic_permissions (one exchange's, or all of ``user``'s in ``vhost``);
+        how many went."""
+        rows = [
+            t for t in self.permission_table.topic_rows(vhost)
+            if t.user == user and (exchange is None or t.exchange == exchange)
+        ]  # fmt: skip
+        if self._permission_store is not None:
+            for row in rows:
+                await self._permission_store.delete_topic_permission(user, vhost, row.exchange)
+        self.permission_table.clear_topic(user, vhost, exchange)
+        self.generation += 1
+        return len(rows)
+
+    def permits_key(self, who: Principal, access: str, exchange: str, key: str) -> bool:
+        """RabbitMQ's topic permissions: may ``who`` publish (write) or bind (read) with routing or
+        binding key ``key`` through the topic exchange ``exchange``? Refusals logged and counted."""
+        table = self.permission_table
+        if table.allows_key(who.user, who.vhost, access, exchange, key, who.client_id):
+            return True
+        self.refused(who, access, f"topic {key} in {exchange}", self.topic_text(who, exchange, key))
+        return False
+
+    def topic_text(self, who: Principal, exchange: str, key: str) -> str:
+        """RabbitMQ's words for a refused topic permission."""
+        return (
+            f"access to topic '{key}' in exchange '{exchange}' in vhost '{who.vhost}' refused for user "
+            f"'{pattern_user(who.user)}'"
+        )
+
+    def has_topic_permissions(self, who: Principal) -> bool:
+        return (pattern_user(who.user), who.vhost) in self.permission_table.topic_users
+
+    def permits(self, who: Principal, access: str, kind: str, name: str) -> bool:
+        """May ``who`` ``access`` (configure, write, read) the ``kind`` (queue, exchange) ``name`` of
+        its vhost, by its row's patterns? Each verdict is remembered until a permission changes."""
+        return self.permission_table.allows(who.user, who.vhost, access, kind, name)
+
+    def refuse_resource(self, who: Principal, access: str, kind: str, name: str) -> str:
+        """Count and log (once per connection and name) a refusal by the patterns; RabbitMQ's text:
+        ``access to queue 'q' in vhost 'v' refused for user 'u'``."""
+        shown = (name or DEFAULT_EXCHANGE) if kind == EXCHANGE else name
+        text = (
+            f"access to {kind} '{shown}' in vhost '{who.vhost}' refused for user '{pattern_user(who.user)}'"
+        )
+        self.refused(who, access, f"{kind} {shown}", text)
+        return text
 
     # -- permissions ------------------------------------------------------------------------------
 
@@ -580,6 +716,19 @@ def publish_access(topic: str) -> tuple[str, str]:
             if queue is not None:
                 return READ, QUEUE_TOPIC + queue
     return WRITE, topic
+
+
+def publish_resource(topic: str) -> tuple[str, str, str]:
+    """What publishing to an MQTT or AMQP 1.0 topic needs of RabbitMQ's patterns, as its plugins
+    map it: ``(access, kind, name)``. A topic is published through ``amq.topic`` (write it); a
+    ``$queue/<q>`` name through the default exchange (write ``amq.default``), as an AMQP 0.9.1
+    publish to queue ``q`` goes; settling by topic (``$queue/<q>/$ack`` ...) reads queue ``q``."""
+    access, target = publish_access(topic)
+    if access == READ:
+        return READ, QUEUE, queue_of(target) or ""
+    if topic.startswith(QUEUE_TOPIC):
+        return WRITE, EXCHANGE, ""
+    return WRITE, EXCHANGE, AMQ_TOPIC
 
 
 def subscription_filter(topic_filter: str) -> str:

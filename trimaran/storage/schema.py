@@ -274,8 +274,8 @@ vhosts = Table(
     PrimaryKeyConstraint("name"),
 )
 
-# RabbitMQ's set_permissions: a row lets ``user`` enter ``vhost``; the three patterns are kept as
-# RabbitMQ takes them (configure, write, read regular expressions).
+# RabbitMQ's set_permissions: a row lets ``user`` enter ``vhost``, and its configure, write and read
+# regular expressions say which queues and exchanges it may do what with (no row: no entry).
 vhost_permissions = Table(
     "vhost_permissions",
     metadata,
@@ -286,6 +286,20 @@ vhost_permissions = Table(
     Column("read", Text, nullable=False),
     Column("updated_at", BigInteger, nullable=False),
     PrimaryKeyConstraint("user", "vhost"),
+)
+
+# RabbitMQ's set_topic_permissions (migration 0011): write and read patterns on the routing keys a
+# user may publish with and bind with through ``exchange`` (a topic exchange) in ``vhost``.
+topic_permissions = Table(
+    "topic_permissions",
+    metadata,
+    Column("user", String(255), nullable=False),
+    Column("vhost", String(255), nullable=False),
+    Column("exchange", String(255), nullable=False),
+    Column("write", Text, nullable=False),
+    Column("read", Text, nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
+    PrimaryKeyConstraint("user", "vhost", "exchange"),
 )
 
 

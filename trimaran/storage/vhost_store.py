@@ -11,10 +11,13 @@ import anyio.to_thread
 from sqlalchemy import Connection, Engine, delete, insert, select
 
 from trimaran.storage.engine import now_ms
-from trimaran.storage.schema import vhost_permissions, vhosts
-from trimaran.vhosts import Permission
+from trimaran.storage.schema import broker_meta, topic_permissions, vhost_permissions, vhosts
+from trimaran.vhosts import Permission, TopicPermission
 
-__all__ = ["VHostRows"]
+__all__ = ["UPGRADE_MARKER", "VHostRows"]
+
+#: The broker_meta key migration 0011 leaves for the next start (0011_permissions_enforced.py).
+UPGRADE_MARKER = "permissions_upgrade"
 
 
 class VHostRows:
@@ -44,6 +47,7 @@ class VHostRows:
     def _delete_vhost(self, name: str) -> None:
         with self.engine.begin() as connection:
             connection.execute(delete(vhost_permissions).where(vhost_permissions.c.vhost == name))
+            connection.execute(delete(topic_permissions).where(topic_permissions.c.vhost == name))
             connection.execute(delete(vhosts).where(vhosts.c.name == name))
 
     # -- permissions --------------------------------------------------------------------------------
@@ -56,6 +60,23 @@ class VHostRows:
             )
             return [Permission(r.user, r.vhost, r.configure, r.write, r.read) for r in rows]
 
+    def take_upgrade_marker(self) -> str | None:
+        """What migration 0011 left for the first start after it (``open``: nobody had a permission,
+        so everyone entered everywhere; ``guest``: guest's ``/`` was added), taken away (blocking)."""
+        with self.engine.begin() as connection:
+            where = broker_meta.c.key == UPGRADE_MARKER
+            row = connection.execute(select(broker_meta.c.value).where(where)).first()
+            if row is None:
+                return None
+            connection.execute(delete(broker_meta).where(where))
+            return str(row.value)
+
+    def save_permissions_now(self, permissions: list[Permission]) -> None:
+        """Several rows in one transaction (blocking: the upgrade's grants, at start)."""
+        with self.engine.begin() as connection:
+            for p in permissions:
+                self._insert_permission(connection, p)
+
     async def save_permission(self, permission: Permission) -> None:
         await anyio.to_thread.run_sync(self._save_permission, permission)
 
@@ -64,17 +85,21 @@ class VHostRows:
 
     def _save_permission(self, p: Permission) -> None:
         with self.engine.begin() as connection:
-            self._delete_permission_in(connection, p.user, p.vhost)
-            connection.execute(
-                insert(vhost_permissions).values(
-                    user=p.user,
-                    vhost=p.vhost,
-                    configure=p.configure,
-                    write=p.write,
-                    read=p.read,
-                    updated_at=now_ms(),
-                )
+            self._insert_permission(connection, p)
+
+    @classmethod
+    def _insert_permission(cls, connection: Connection, p: Permission) -> None:
+        cls._delete_permission_in(connection, p.user, p.vhost)
+        connection.execute(
+            insert(vhost_permissions).values(
+                user=p.user,
+                vhost=p.vhost,
+                configure=p.configure,
+                write=p.write,
+                read=p.read,
+                updated_at=now_ms(),
             )
+        )
 
     def _delete_permission(self, user: str, vhost: str) -> None:
         with self.engine.begin() as connection:
@@ -87,3 +112,41 @@ class VHostRows:
                 vhost_permissions.c.user == user, vhost_permissions.c.vhost == vhost
             )
         )
+
+    # -- topic permissions (RabbitMQ's set_topic_permissions) -------------------------------------
+
+    def load_topic_permissions(self) -> list[TopicPermission]:
+        """Every topic permission row (blocking: at start)."""
+        t = topic_permissions
+        with self.engine.connect() as connection:
+            rows = connection.execute(select(t).order_by(t.c.vhost, t.c.user, t.c.exchange))
+            return [TopicPermission(r.user, r.vhost, r.exchange, r.write, r.read) for r in rows]
+
+    async def save_topic_permission(self, permission: TopicPermission) -> None:
+        await anyio.to_thread.run_sync(self._save_topic_permission, permission)
+
+    async def delete_topic_permission(self, user: str, vhost: str, exchange: str) -> None:
+        await anyio.to_thread.run_sync(self._delete_topic_permission, user, vhost, exchange)
+
+    def _save_topic_permission(self, p: TopicPermission) -> None:
+        with self.engine.begin() as connection:
+            self._delete_topic_in(connection, p.user, p.vhost, p.exchange)
+            connection.execute(
+                insert(topic_permissions).values(
+                    user=p.user,
+                    vhost=p.vhost,
+                    exchange=p.exchange,
+                    write=p.write,
+                    read=p.read,
+                    updated_at=now_ms(),
+                )
+            )
+
+    def _delete_topic_permission(self, user: str, vhost: str, exchange: str) -> None:
+        with self.engine.begin() as connection:
+            self._delete_topic_in(connection, user, vhost, exchange)
+
+    @staticmethod
+    def _delete_topic_in(connection: Connection, user: str, vhost: str, exchange: str) -> None:
+        t = topic_permissions
+        connection.execute(delete(t).where(t.c.user == user, t.c.vhost == vhost, t.c.exchange == exchange))
