@@ -465,8 +465,19 @@ class AuthSettings(Section):
         False, description="a verified client certificate's subject field is the username (MQTT)"
     )
     identity_field: str = Field("commonName", description="certificate subject field used as the username")
-    login_delay_initial_s: float = Field(0.2, ge=0, description="after a failed login from an address")
-    login_delay_max_s: float = Field(10.0, ge=0, description="the growing delay's ceiling")
+    login_delay_initial_s: float = Field(
+        0.2,
+        ge=0,
+        description="seconds a wrong password's refusal waits after the first failure of that user from "
+        "that address, twice as long after each further one; a correct password never waits, and "
+        "succeeds resets the count (a quiet minute too); 0 = off",
+    )
+    login_delay_max_s: float = Field(
+        1.0,
+        ge=0,
+        description="the longest wait before a refusal (and at most a quarter of the shortest handshake "
+        "deadline, so that every refusal is the protocol's answer, never a dropped socket)",
+    )
     login_cache_s: float = Field(300.0, ge=0, description="a verified password is remembered this long")
     vhost_map: dict[str, str] = Field(
         {}, description="user name or certificate identity -> the vhost it enters unless it names one"
