@@ -440,6 +440,12 @@ class Amqp1Settings(Section):
     max_message_size: int = Field(16 * 1024 * 1024, ge=512, description="largest message accepted")
     link_credit: int = Field(500, ge=1, le=100_000, description="credit granted to each sending peer")
     outbox_size: int = Field(1000, ge=1, description="topic messages held per receiving link without credit")
+    hostname_vhost: bool = Field(
+        False,
+        description="a plain open.hostname that names a vhost selects it (the mapping before 0.2); off: "
+        "only vhost:NAME selects one, as RabbitMQ 3.10 reads it, and any other host name is the "
+        "listener's default vhost",
+    )
 
 
 class UserSettings(Section):

@@ -8,9 +8,11 @@ that does not exist, or one the user has no permission for, is refused the proto
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -40,8 +42,8 @@ VHOST_ENV = {
 PERMISSIONS = [("alice", "/"), ("alice", "t1"), ("alice", "t2/eu"), ("bob", "t1")]
 
 
-def _grant(url: str) -> None:
-    """Write the permissions into a database before the server starts (the CLI is another issue's)."""
+def _grant(url: str, permissions: list[tuple[str, str]] = PERMISSIONS) -> None:
+    """Write the permissions into a database before the server starts."""
     storage = Storage.from_url(url)
     try:
         storage.migrate()
@@ -49,7 +51,7 @@ def _grant(url: str) -> None:
         async def grant() -> None:
             security = Security(AuthSettings())
             security.use_permissions(VHostRows(storage.engine))
-            for user, vhost in PERMISSIONS:
+            for user, vhost in permissions:
                 await security.set_permission(Permission(user, vhost))
 
         anyio.run(grant)
@@ -261,7 +263,7 @@ def test_amqp1_tenants_share_queue_and_topic_names_unseen(vhost_server: RunningS
 
     queue, topic = _unique("orders"), _unique("prices/")
     one = _proton(vhost_server, "vhost:t1")
-    two = _proton(vhost_server, "t2/eu")  # a plain host name that names a vhost
+    two = _proton(vhost_server, "vhost:t2/eu")
     default = _proton(vhost_server, None)
     try:
         receivers = {c: c.create_receiver(f"topic://{topic}/#", credit=10) for c in (one, two, default)}
@@ -333,6 +335,80 @@ def test_refusals_name_a_tenants_queues_as_its_clients_do(
         proton.close()
         mqtt.disconnect()
         owner.close()
+
+
+# Vhosts named like the hosts clients dial: RabbitMQ 3.10 reads only ``vhost:NAME`` from
+# open.hostname, so the clients of the default vhost stay there whatever vhosts exist.
+HOST_VHOSTS = ["/", "127.0.0.1", "localhost", "t1"]
+
+
+def _host_vhost_server(workdir: Path, **env: str) -> RunningServer:
+    url = f"sqlite:///{workdir / 'vhosts.db'}"
+    _grant(url, [("alice", vhost) for vhost in HOST_VHOSTS])  # she may enter each of them
+    env = {**VHOST_ENV, "TRIMARAN_STORAGE__URL": url, "TRIMARAN_VHOSTS": json.dumps(HOST_VHOSTS), **env}
+    return RunningServer(amqp_server_args(), cwd=workdir, env=env).start()
+
+
+@pytest.fixture(scope="module")
+def host_vhost_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    with serving(_host_vhost_server(tmp_path_factory.mktemp("host-vhosts"))) as server:
+        yield server
+
+
+def _landed_in(server: RunningServer, address: str, hostname: str | None) -> str:
+    """The vhost a proton client dialling ``address`` (``open.hostname`` from ``hostname``, else
+    the dialled host) lands in: it sends to a queue, and the one vhost that holds it says."""
+    import proton
+    from proton.utils import BlockingConnection
+
+    from tests.support.amqp1 import body_bytes
+
+    queue, port = _unique("landed-"), server.ports["amqp"]
+    kwargs: dict[str, Any] = {"user": "alice", "password": "a", "allow_insecure_mechs": True}
+    if hostname is not None:
+        kwargs["virtual_host"] = hostname
+    client = BlockingConnection(f"{address}:{port}", timeout=10, **kwargs)
+    try:
+        sender = client.create_sender(f"$queue/{queue}")
+        sender.send(proton.Message(body=b"where am I"))
+        sender.close()
+    finally:
+        client.close()
+    found = []
+    for vhost in HOST_VHOSTS:
+        reader = _proton(server, f"vhost:{vhost}")
+        try:
+            receiver = reader.create_receiver(f"$queue/{queue}", credit=1)
+            try:
+                got = receiver.receive(timeout=0.5)
+            except proton.Timeout:
+                continue
+            receiver.accept()
+            assert body_bytes(got) == b"where am I"
+            found.append(vhost)
+        finally:
+            reader.close()
+    assert len(found) == 1, found
+    return found[0]
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "localhost"])
+def test_amqp1_a_vhost_named_like_the_dialled_host_does_not_capture_its_clients(
+    host_vhost_server: RunningServer, address: str
+) -> None:
+    pytest.importorskip("proton")
+    assert _landed_in(host_vhost_server, address, None) == "/"
+    assert _landed_in(host_vhost_server, address, "vhost:t1") == "t1"
+    assert _landed_in(host_vhost_server, address, f"vhost:{address}") == address
+
+
+def test_amqp1_hostname_vhost_keeps_the_older_mapping(tmp_path: Path) -> None:
+    pytest.importorskip("proton")
+    with serving(_host_vhost_server(tmp_path, TRIMARAN_AMQP1__HOSTNAME_VHOST="true")) as server:
+        assert _landed_in(server, "127.0.0.1", None) == "127.0.0.1"
+        assert _landed_in(server, "127.0.0.1", "t1") == "t1"
+        assert _landed_in(server, "127.0.0.1", "vhost:/") == "/"
+        assert _landed_in(server, "127.0.0.1", "nowhere.example") == "/"  # names no vhost
 
 
 def test_amqp1_a_vhost_that_does_not_exist_closes_with_not_found(vhost_server: RunningServer) -> None:
