@@ -432,6 +432,33 @@ def _pika(port: int, vhost: str, user: str = "alice", password: str = "a") -> An
     return pika.BlockingConnection(params)
 
 
+def test_amqp091_a_default_exchange_publish_to_another_vhosts_key_names_what_the_client_named(
+    vhost_server: RunningServer,
+) -> None:
+    """A client of '/' spelling a tenant's internal key as a routing key is refused as RabbitMQ
+    words a refusal, naming the queue as the client named it and the vhost the client is in (not a
+    topic of amq.topic it never named). Trimaran's own: RabbitMQ has no such keys."""
+    import pika.exceptions
+
+    for key in ("$vhost/t1/orders", "$vhost/t1/$queue/orders"):
+        connection = _pika(vhost_server.ports["amqp"], "/")
+        try:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+                channel.basic_publish("", key, b"forged")
+            assert refused.value.reply_code == 403
+            assert refused.value.reply_text == (
+                f"ACCESS_REFUSED - access to queue '{key}' in vhost '/' refused for user 'alice'"
+            )
+        finally:
+            connection.close()
+    logged = [
+        line for line in vhost_server.lines if "amqp091 client" in line and "names another vhost" in line
+    ]
+    assert logged and all("$queue/$vhost/t1/" in line for line in logged), logged  # the name it used
+
+
 def test_amqp091_tenants_share_queue_exchange_and_binding_names_unseen(amqp091_port: int) -> None:
     pika = pytest.importorskip("pika")
     queue, exchange = _unique("jobs-"), _unique("work-")

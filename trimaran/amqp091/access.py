@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 from trimaran.amqp091 import spec
 from trimaran.queue.policy import queue_topic
-from trimaran.security.guard import CONFIGURE, GUEST, READ, WRITE, Principal, Security, queue_of
+from trimaran.security.guard import CONFIGURE, GUEST, QUEUE_TOPIC, READ, WRITE, Principal, Security, queue_of
 from trimaran.topics import (
     TopicError,
     binding_key_to_filter,
@@ -32,7 +32,7 @@ from trimaran.topics import (
     routing_key_to_topic,
     topic_to_routing_key,
 )
-from trimaran.vhosts import key_prefix
+from trimaran.vhosts import is_reserved, key_prefix
 
 if TYPE_CHECKING:
     from trimaran.amqp091.exchanges import ExchangeRegistry
@@ -236,6 +236,17 @@ def check_default_publish(
     the rules let the publisher write it. The handler asks only for a key other than the one this
     principal wrote last under the same rules (``principal.last_write``), which this remembers."""
     if key and conn.vhost_prefix + key not in conn.exclusive_queues:  # keys: no call on this path
+        if key[:1] == "$" and is_reserved(key):
+            # Another vhost's key, spelt by a client of '/': refused as the queue it named, in the
+            # vhost it is in (never as a topic of amq.topic, which it did not name).
+            security.refused(principal, WRITE, QUEUE_TOPIC + key, "names another vhost's queue")
+            user = principal.user or GUEST[0]
+            raise spec.ProtocolError(
+                ACCESS_REFUSED,
+                f"access to queue '{key}' in vhost '{conn.virtual_host or '/'}' refused for user '{user}'",
+                class_id=method.CLASS_ID,
+                method_id=method.METHOD_ID,
+            )
         topic = queue_topic(key)
         if not security.authorize(principal, WRITE, topic):
             raise _refusal(conn, WRITE, topic, method)

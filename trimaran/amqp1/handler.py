@@ -99,7 +99,7 @@ from trimaran.queue.policy import QueueError
 from trimaran.runtime.transport import Conn
 from trimaran.security.guard import READ, WRITE, Login, Security, on_login
 from trimaran.selector import SelectorError
-from trimaran.vhosts import DEFAULT_VHOST, prefix
+from trimaran.vhosts import DEFAULT_VHOST, describe, prefix
 
 log = logging.getLogger(__name__)
 
@@ -768,7 +768,7 @@ class Amqp1FrontEnd:
 
     def publish_failed(self, conn: Amqp1Conn, queue: str, exc: QueueError) -> Error:
         """A queue publish refused or not written: logged, and the error its disposition says."""
-        log.info("amqp1: %s: queue publish to %s refused: %s", conn.container_id, queue, exc)
+        log.info("amqp1: %s: publish to %s refused: %s", conn.container_id, describe(queue), exc)
         return Error(condition=refusal_condition(exc), description=str(exc))
 
     # -- dispositions -----------------------------------------------------------------------------
