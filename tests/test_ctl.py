@@ -237,6 +237,42 @@ def test_wrong_token_and_unreachable_server(
     assert result.stderr.startswith("trimaran: cannot reach the admin API at http://127.0.0.1:1: ")
 
 
+def test_a_fresh_install_is_locked_until_a_token_is_set(tmp_path: Path) -> None:
+    """docs/getting-started.md's admin section, from a fresh install: no http.tokens, every admin
+    command exits 2 saying how to set one; with one in ./trimaran.toml, no flag is needed."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIMARAN_")}
+    port = unused_port()
+    args = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "off"]
+
+    def admin(*command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "trimaran", *command],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=60,
+        )
+
+    (tmp_path / "trimaran.toml").write_text(f'[http]\nbind = "127.0.0.1:{port}"\n')
+    locked = RunningServer(args, cwd=tmp_path, env=env).start()
+    try:
+        refused = admin("status")
+        assert refused.returncode == 2
+        assert refused.stderr.startswith("trimaran: the admin API is locked: the server has no http.tokens")
+        assert "TRIMARAN_HTTP__TOKENS" in refused.stderr and "Traceback" not in refused.stderr
+    finally:
+        assert locked.stop() == 0
+    (tmp_path / "trimaran.toml").write_text(f'[http]\nbind = "127.0.0.1:{port}"\ntokens = ["s3cret"]\n')
+    opened = RunningServer(args, cwd=tmp_path, env=env).start()
+    try:
+        status = admin("status")
+        assert status.returncode == 0, status.stderr
+        assert admin("queues", "list").returncode == 0
+    finally:
+        assert opened.stop() == 0
+
+
 def test_auth_reload(ctl: Callable[..., subprocess.CompletedProcess[str]], server: RunningServer) -> None:
     result = ctl("auth", "reload")
     assert result.returncode == 0, result.stderr

@@ -442,7 +442,7 @@ class Amqp1Settings(Section):
     outbox_size: int = Field(1000, ge=1, description="topic messages held per receiving link without credit")
     hostname_vhost: bool = Field(
         False,
-        description="a plain open.hostname that names a vhost selects it (the mapping before 0.2); off: "
+        description="a plain open.hostname that names a vhost selects it (the older mapping); off: "
         "only vhost:NAME selects one, as RabbitMQ 3.10 reads it, and any other host name is the "
         "listener's default vhost",
     )
@@ -475,8 +475,8 @@ class AuthSettings(Section):
         0.2,
         ge=0,
         description="seconds a wrong password's refusal waits after the first failure of that user from "
-        "that address, twice as long after each further one; a correct password never waits, and "
-        "succeeds resets the count (a quiet minute too); 0 = off",
+        "that address, twice as long after each further one; a correct password never waits and resets "
+        "the count (a quiet minute does too); 0 = off",
     )
     login_delay_max_s: float = Field(
         1.0,

@@ -284,9 +284,16 @@ class AdminClient:
 
 def _answered(error: urllib.error.HTTPError) -> CtlError:
     try:
-        detail = json.loads(error.read())["error"]["message"]
+        body = json.loads(error.read())["error"]
+        detail, code = body["message"], body.get("code")
     except (ValueError, KeyError, TypeError):
-        detail = error.reason
+        detail, code = error.reason, None
+    if error.code == 401 and code == "locked":
+        return CtlError(
+            "the admin API is locked: the server has no http.tokens; give it one ([http] tokens = "
+            '["..."] in trimaran.toml, or TRIMARAN_HTTP__TOKENS=\'["..."]\') and start it again',
+            EXIT_UNREACHABLE,
+        )
     if error.code == 401:
         return CtlError(f"the admin API refused the token: {detail} (pass --token)", EXIT_UNREACHABLE)
     return CtlError(f"{detail} ({error.code})", EXIT_ANSWERED_ERROR)
