@@ -261,7 +261,10 @@ def admin_api_page(document: dict[str, Any]) -> str:
         "",
         'Lists take `limit` (1-1000, default 100) and `cursor`, and answer `{"items", "next_cursor", '
         '"next"}`. Names with a `/` (a dead-letter queue, a client id) are percent-encoded in paths: '
-        "`/api/v1/queues/%24dlq%2Forders`. A running server serves this document at "
+        "`/api/v1/queues/%24dlq%2Forders`. A queue, session or client is named as its clients name it, "
+        "with `?vhost=` for its vhost (default `/`: `/api/v1/queues/orders?vhost=t1`); the lists show "
+        "every vhost, with a `vhost` field beside each name, or one with `?vhost=`. "
+        "A running server serves this document at "
         "`/api/v1/openapi.json`; this page is made from the same route table "
         f"([the document itself](openapi.json), OpenAPI {document['openapi']}).",
         "",
