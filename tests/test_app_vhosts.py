@@ -34,7 +34,10 @@ def test_a_vhost_added_at_run_time_is_used_and_deleted_with_everything_in_it(tmp
     pika = pytest.importorskip("pika")
     token = "vhost-test-token"
     server = InProcessServer(
-        tmp_path, auth={"allow_anonymous": True}, http={"bind": "127.0.0.1:0", "tokens": [token]}
+        tmp_path,
+        auth={"allow_anonymous": True},
+        http={"bind": "127.0.0.1:0", "tokens": [token]},
+        telemetry={"history_interval_s": 0.2},
     ).start()
     try:
         vhosts = server.app.broker.vhosts  # type: ignore[union-attr]
@@ -74,6 +77,15 @@ def test_a_vhost_added_at_run_time_is_used_and_deleted_with_everything_in_it(tmp
             "late-q": "late",
         }
         assert "$vhost" not in json.dumps(listed)
+        # The charts' legends too: a tenant's queue by its name and its vhost.
+        deadline = time.monotonic() + 5
+        while True:
+            samples = _api(server.port("http"), token, "/api/v1/history")["samples"]
+            if samples and "work (vhost late)" in samples[-1]["queues"]:
+                break
+            assert time.monotonic() < deadline, samples[-1:] if samples else "no sample"
+            time.sleep(0.1)
+        assert "$vhost" not in json.dumps(samples)
 
         assert _on_loop(server, vhosts.delete("late"))
 

@@ -356,7 +356,10 @@ class SampleOut(Model):
     messages_out_per_s: float | None = Field(description="deliveries sent per second, every protocol")
     dropped_per_s: float | None
     connections: dict[str, int] = Field(description="open connections per protocol")
-    queues: dict[str, QueueSampleOut] = Field(description=f"the {MAX_QUEUES} deepest queues")
+    queues: dict[str, QueueSampleOut] = Field(
+        description=f"the {MAX_QUEUES} deepest queues, by the name their clients use (a queue of another "
+        'vhost than "/" as "<name> (vhost <vhost>)")'
+    )
 
 
 class HistoryOut(Model):
@@ -728,7 +731,7 @@ class AdminApi:
                 dropped_per_s=sample.dropped,
                 connections=sample.connections,
                 queues={
-                    name: QueueSampleOut(
+                    _label(name): QueueSampleOut(
                         depth=queue.depth,
                         published_per_s=queue.rates["published"],
                         delivered_per_s=queue.rates["delivered"],
@@ -1323,6 +1326,12 @@ def _page(
     cursor = _encode_cursor(keys[start + limit - 1]) if more else None
     body = page(items=[render(i) for i in chosen], next_cursor=cursor, next=_next_link(request, cursor))
     return _ok(body)
+
+
+def _label(key: str) -> str:
+    """A queue as a chart's legend shows it: its name, and its vhost unless it is ``/``."""
+    vhost, name = split_key(key)
+    return name if vhost == DEFAULT_VHOST else f"{name} (vhost {vhost})"
 
 
 def _own_id(client: ClientInfo) -> str:
