@@ -37,7 +37,7 @@ def test_a_vhost_added_at_run_time_is_used_and_deleted_with_everything_in_it(tmp
         tmp_path,
         auth={"allow_anonymous": True},
         http={"bind": "127.0.0.1:0", "tokens": [token]},
-        telemetry={"history_interval_s": 0.2},
+        telemetry={"history_interval_s": 0.2, "per_object_metrics": True},
     ).start()
     try:
         vhosts = server.app.broker.vhosts  # type: ignore[union-attr]
@@ -86,6 +86,11 @@ def test_a_vhost_added_at_run_time_is_used_and_deleted_with_everything_in_it(tmp
             assert time.monotonic() < deadline, samples[-1:] if samples else "no sample"
             time.sleep(0.1)
         assert "$vhost" not in json.dumps(samples)
+        # And /metrics labels a queue with its name and its vhost, as RabbitMQ's per-object metrics.
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port('http')}/metrics", timeout=10) as answer:
+            metrics = answer.read().decode()
+        assert 'trimaran_queue_depth{queue="work",vhost="late"} 1.0' in metrics
+        assert "$vhost" not in metrics
 
         assert _on_loop(server, vhosts.delete("late"))
 
