@@ -8,6 +8,11 @@ and nobody else.
   forgets its key's failures (:meth:`Throttle.succeeded`); a wrong one is answered after
   :meth:`Throttle.failed`'s delay: ``initial_s`` after the first failure, twice as long after each
   further one, up to ``max_s``.
+- What it does not do: since a correct password is answered at once, a guesser who gives up on an
+  answer that does not come at once learns the same as from the refusal; nor does it slow guesses
+  spread over many connections at once or over many user names. It spaces out a client that waits
+  for its answers (most clients, and every library's retry loop); password strength and
+  ``limits.accept_rate_per_address`` / ``max_connections_per_address`` do the rest.
 - Every refusal is the protocol's refusal: ``max_s`` is at most :data:`HANDSHAKE_SHARE` of the
   shortest handshake deadline (:func:`ceiling`), so the answer leaves long before the connection's
   handshake timer could drop the socket unanswered.
