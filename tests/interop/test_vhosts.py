@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import pytest
 from paho.mqtt.enums import MQTTProtocolVersion as Version
 
 from tests.interop.conftest import amqp_server_args
+from tests.support import rabbitmq
 from tests.support.paho import V5, V311, Client, Endpoints, PacketTypes, Received, connect, props, user_props
 from tests.support.rabbitmq import ensure_user, rabbitmqctl
 from tests.support.server import RunningServer, serving
@@ -392,14 +393,88 @@ def _landed_in(server: RunningServer, address: str, hostname: str | None) -> str
     return found[0]
 
 
+Landing = Callable[[str, "str | None"], str]
+
+
+def _rabbitmq_landing(port: int) -> Landing:
+    """Where a proton client lands on RabbitMQ 3.10's AMQP 1.0 plugin: it sends to a queue of the
+    same name declared in every vhost (``/amq/queue/<name>``), and the one vhost whose queue holds
+    the message says."""
+    import pika
+    import proton
+    from proton.utils import BlockingConnection
+
+    credentials = pika.PlainCredentials("alice", "a")
+    queue = _unique("landed-")
+    for vhost in HOST_VHOSTS:
+        declaring = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, vhost, credentials))
+        declaring.channel().queue_declare(queue)
+        declaring.close()
+
+    def landed_in(address: str, hostname: str | None) -> str:
+        kwargs: dict[str, Any] = {"user": "alice", "password": "a", "allowed_mechs": "PLAIN"}
+        if hostname is not None:
+            kwargs["virtual_host"] = hostname
+        client = BlockingConnection(f"{address}:{port}", timeout=10, allow_insecure_mechs=True, **kwargs)
+        try:
+            sender = client.create_sender(f"/amq/queue/{queue}")
+            sender.send(proton.Message(body=b"where am I"))
+        finally:
+            client.close()
+        found = []
+        for vhost in HOST_VHOSTS:
+            reader = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, vhost, credentials))
+            try:
+                channel = reader.channel()
+                if channel.queue_declare(queue, passive=True).method.message_count:
+                    found.append(vhost)
+                    channel.queue_purge(queue)
+            finally:
+                reader.close()
+        assert len(found) == 1, found
+        return found[0]
+
+    return landed_in
+
+
+@pytest.fixture(scope="module")
+def rabbitmq_amqp1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """A private RabbitMQ 3.10 node with its AMQP 1.0 plugin, alice in every vhost of HOST_VHOSTS."""
+    why = rabbitmq.available()
+    if why is not None:
+        pytest.skip(why)
+    try:
+        with rabbitmq.rabbitmq_node(tmp_path_factory.mktemp("rabbitmq-amqp1"), ("rabbitmq_amqp1_0",)) as port:
+            ensure_user(port, "alice", "a")
+            for vhost in HOST_VHOSTS:
+                if vhost != "/":
+                    rabbitmqctl(port, "add_vhost", vhost)
+                rabbitmqctl(port, "set_permissions", "-p", vhost, "alice", ".*", ".*", ".*")
+            yield port
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(params=["trimaran", "rabbitmq"])
+def landing(request: pytest.FixtureRequest) -> Landing:
+    """Where a proton client lands (its vhost), on Trimaran, then on RabbitMQ 3.10."""
+    if request.param == "rabbitmq":
+        return _rabbitmq_landing(int(request.getfixturevalue("rabbitmq_amqp1")))
+    server: RunningServer = request.getfixturevalue("host_vhost_server")
+    return lambda address, hostname: _landed_in(server, address, hostname)
+
+
 @pytest.mark.parametrize("address", ["127.0.0.1", "localhost"])
 def test_amqp1_a_vhost_named_like_the_dialled_host_does_not_capture_its_clients(
-    host_vhost_server: RunningServer, address: str
+    landing: Landing, address: str
 ) -> None:
+    """RabbitMQ 3.10 reads only ``vhost:NAME`` from open.hostname: the host the client dialled, or
+    any plain name, even one a vhost has, is the default vhost."""
     pytest.importorskip("proton")
-    assert _landed_in(host_vhost_server, address, None) == "/"
-    assert _landed_in(host_vhost_server, address, "vhost:t1") == "t1"
-    assert _landed_in(host_vhost_server, address, f"vhost:{address}") == address
+    assert landing(address, None) == "/"
+    assert landing(address, "t1") == "/"
+    assert landing(address, "vhost:t1") == "t1"
+    assert landing(address, f"vhost:{address}") == address
 
 
 def test_amqp1_hostname_vhost_keeps_the_older_mapping(tmp_path: Path) -> None:
