@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test test-all test-compiled compile clean-compiled release-check docs docs-build lint typecheck check system-deps bench clean
+.PHONY: run test test-all test-compiled compile clean-compiled release-check docs docs-build manual lint typecheck check system-deps bench clean
 
 # The hot modules are built with mypyc first where gcc and the Python headers are (once, and again after
 # their source changes); elsewhere, or with TRIMARAN_INTERPRETED=1, the source runs.
@@ -44,6 +44,11 @@ release-check: $(VENV)/.installed-dev
 # The manual (docs/, mkdocs.yml) on http://127.0.0.1:8000, rebuilt as pages change; ARGS for mkdocs.
 docs: $(VENV)/.installed-dev
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve $(ARGS)
+
+# The manual's generated pages (configuration, admin API, openapi.json, changelog) written again under
+# docs/ from the code and CHANGELOG.md: the build and tests/test_manual.py fail while they are stale.
+manual: $(VENV)/.installed-dev
+	$(BIN)/python scripts/manual_pages.py
 
 # The manual as static files in site/, failing on a broken link or a page missing from the nav.
 docs-build: $(VENV)/.installed-dev

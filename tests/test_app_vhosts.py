@@ -34,7 +34,10 @@ def test_a_vhost_added_at_run_time_is_used_and_deleted_with_everything_in_it(tmp
     pika = pytest.importorskip("pika")
     token = "vhost-test-token"
     server = InProcessServer(
-        tmp_path, auth={"allow_anonymous": True}, http={"bind": "127.0.0.1:0", "tokens": [token]}
+        tmp_path,
+        auth={"allow_anonymous": True},
+        http={"bind": "127.0.0.1:0", "tokens": [token]},
+        telemetry={"history_interval_s": 0.2, "per_object_metrics": True},
     ).start()
     try:
         vhosts = server.app.broker.vhosts  # type: ignore[union-attr]
@@ -69,17 +72,32 @@ def test_a_vhost_added_at_run_time_is_used_and_deleted_with_everything_in_it(tmp
         assert any(m.topic == key + topic for m in app.broker.retained.messages())  # type: ignore[union-attr]
         assert key + "keeper" in app.mqtt.endpoints
         # The admin API says which vhost each client, session and queue is in (the management page's
-        # vhost selector filters by it).
+        # vhost selector filters by it), beside the name its clients use, never the internal key.
         listed = {
             what: _api(server.port("http"), token, f"/api/v1/{what}")["items"]
             for what in ("clients", "sessions", "queues")
         }
         assert {c["protocol"] for c in listed["clients"] if c["vhost"] == "late"} == {"mqtt", "amqp091"}
-        assert [s["vhost"] for s in listed["sessions"] if s["client_id"].endswith("keeper")] == ["late"]
-        assert {q["name"]: q["vhost"] for q in listed["queues"] if q["name"].startswith(key)} == {
-            key + "work": "late",
-            key + "late-q": "late",
+        assert [s["vhost"] for s in listed["sessions"] if s["client_id"] == "keeper"] == ["late"]
+        assert {q["name"]: q["vhost"] for q in listed["queues"] if q["vhost"] == "late"} == {
+            "work": "late",
+            "late-q": "late",
         }
+        assert "$vhost" not in json.dumps(listed)
+        # The charts' legends too: a tenant's queue by its name and its vhost.
+        deadline = time.monotonic() + 5
+        while True:
+            samples = _api(server.port("http"), token, "/api/v1/history")["samples"]
+            if samples and "work (vhost late)" in samples[-1]["queues"]:
+                break
+            assert time.monotonic() < deadline, samples[-1:] if samples else "no sample"
+            time.sleep(0.1)
+        assert "$vhost" not in json.dumps(samples)
+        # And /metrics labels a queue with its name and its vhost, as RabbitMQ's per-object metrics.
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port('http')}/metrics", timeout=10) as answer:
+            metrics = answer.read().decode()
+        assert 'trimaran_queue_depth{queue="work",vhost="late"} 1.0' in metrics
+        assert "$vhost" not in metrics
 
         assert _on_loop(server, vhosts.delete("late"))
 

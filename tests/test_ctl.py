@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -34,8 +35,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         "TRIMARAN_LIMITS__SYS_INTERVAL": "0",
         "TRIMARAN_WEBHOOKS__ENDPOINTS": json.dumps([{"url": WEBHOOK_URL, "events": ["client.connected"]}]),
         "TRIMARAN_WEBHOOKS__FLUSH_TIMEOUT_S": "0.2",
-        # Users a permission may name (RabbitMQ refuses one for a user that exists nowhere).
-        "TRIMARAN_AUTH__USERS": json.dumps([{"name": n, "password": n} for n in ("alice", "bob")]),
+        # Users a permission may name (RabbitMQ refuses one for a user that exists nowhere); alice
+        # also logs a tenant's MQTT clients in (vhost:user).
+        "TRIMARAN_AUTH__USERS": json.dumps(
+            [{"name": "alice", "password": "wonderland"}, {"name": "bob", "password": "bob"}]
+        ),
     }
     running = RunningServer(ARGS, cwd=tmp_path_factory.mktemp("ctl"), env=env).start()
     try:
@@ -116,7 +120,7 @@ def test_kick_by_client_id_and_by_connection_id(server: RunningServer, mqtt: End
     by_key = connect(mqtt, "kick-by-key", version=V5)
     try:
         status, _, body = request(server, "DELETE", "/api/v1/clients/kick%2Fby%20name")
-        assert status == 200 and body["detail"] == "client kick/by name disconnected"
+        assert status == 200 and body["detail"] == "client 'kick/by name' in vhost '/' disconnected"
         assert by_name.disconnects.get(timeout=5)[0].value == 0x98
         clients = request(server, "GET", "/api/v1/clients")[2]["items"]
         key = next(c["id"] for c in clients if c["client_id"] == "kick-by-key")
@@ -150,15 +154,15 @@ def test_clients_list_and_kick(ctl: Callable[..., subprocess.CompletedProcess[st
         assert result.returncode == 0, result.stderr
         header, *rows = result.stdout.splitlines()
         assert header.split()[:3] == ["ID", "CLIENT", "ID"]
-        assert any(row.split()[1] == "shell-kick" for row in rows)
+        assert any(row.split()[1:3] == ["shell-kick", "/"] for row in rows)
         listed = json.loads(ctl("clients", "list", "--json").stdout)
         assert "shell-kick" in [c["client_id"] for c in listed]
         result = ctl("clients", "kick", "shell-kick")
-        assert result.returncode == 0 and result.stdout == "client shell-kick disconnected\n"
+        assert result.returncode == 0 and result.stdout == "client 'shell-kick' in vhost '/' disconnected\n"
         assert client.disconnects.get(timeout=5)[0].value == 0x98
         result = ctl("clients", "kick", "shell-kick")
         assert result.returncode == 1
-        assert result.stderr == "trimaran: no connected client shell-kick (404)\n"
+        assert result.stderr == "trimaran: no connected client 'shell-kick' in vhost '/' (404)\n"
     finally:
         client.client.loop_stop()
 
@@ -179,10 +183,10 @@ def test_sessions_list_show_delete(
     keeper.disconnect()
     wait_for(lambda: '"connected": false' in ctl("sessions", "show", "shell-keeper", "--json").stdout)
     offline = ctl("sessions", "list", "--offline")
-    assert any(row.split()[:2] == ["shell-keeper", "no"] for row in offline.stdout.splitlines()[1:])
+    assert any(row.split()[:3] == ["shell-keeper", "/", "no"] for row in offline.stdout.splitlines()[1:])
     shown = ctl("sessions", "show", "shell-keeper")
     assert "plant/+/temp" in shown.stdout and "expiry_interval_s" in shown.stdout
-    assert ctl("sessions", "delete", "shell-keeper").stdout == "session shell-keeper deleted\n"
+    assert ctl("sessions", "delete", "shell-keeper").stdout == "session 'shell-keeper' in vhost '/' deleted\n"
     assert ctl("sessions", "show", "shell-keeper").returncode == 1
 
 
@@ -195,17 +199,18 @@ def test_queues_list_show_peek_purge_delete(
         request(server, "POST", "/api/v1/publish", {"topic": f"$queue/{name}", "payload": f"job {n}"})
     listing = ctl("queues", "list")
     row = next(line.split() for line in listing.stdout.splitlines() if line.startswith(name))
-    assert row[:3] == [name, "work", "4"]
+    assert row[:4] == [name, "/", "work", "4"]
     shown = ctl("queues", "show", name)
     assert shown.returncode == 0 and "policy" in shown.stdout
     peek = ctl("queues", "peek", name, "--limit", "2")
     assert [line.split()[0] for line in peek.stdout.splitlines()] == ["OFFSET", "0", "1"]
     assert "job 0" in peek.stdout
-    assert ctl("queues", "purge", name).stdout == f"purged 4 messages from {name}\n"
+    assert ctl("queues", "purge", name).stdout == f"purged 4 messages from queue '{name}' in vhost '/'\n"
     assert json.loads(ctl("queues", "show", name, "--json").stdout)["depth"] == 0
     assert ctl("queues", "delete", name).returncode == 0
     missing = ctl("queues", "show", name)
-    assert missing.returncode == 1 and missing.stderr.startswith(f"trimaran: queue {name} does not exist")
+    assert missing.returncode == 1
+    assert missing.stderr.startswith(f"trimaran: queue '{name}' in vhost '/' does not exist")
 
 
 def test_wrong_token_and_unreachable_server(
@@ -234,6 +239,42 @@ def test_wrong_token_and_unreachable_server(
     )
     assert result.returncode == 2
     assert result.stderr.startswith("trimaran: cannot reach the admin API at http://127.0.0.1:1: ")
+
+
+def test_a_fresh_install_is_locked_until_a_token_is_set(tmp_path: Path) -> None:
+    """docs/getting-started.md's admin section, from a fresh install: no http.tokens, every admin
+    command exits 2 saying how to set one; with one in ./trimaran.toml, no flag is needed."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIMARAN_")}
+    port = unused_port()
+    args = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "off"]
+
+    def admin(*command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "trimaran", *command],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=60,
+        )
+
+    (tmp_path / "trimaran.toml").write_text(f'[http]\nbind = "127.0.0.1:{port}"\n')
+    locked = RunningServer(args, cwd=tmp_path, env=env).start()
+    try:
+        refused = admin("status")
+        assert refused.returncode == 2
+        assert refused.stderr.startswith("trimaran: the admin API is locked: the server has no http.tokens")
+        assert "TRIMARAN_HTTP__TOKENS" in refused.stderr and "Traceback" not in refused.stderr
+    finally:
+        assert locked.stop() == 0
+    (tmp_path / "trimaran.toml").write_text(f'[http]\nbind = "127.0.0.1:{port}"\ntokens = ["s3cret"]\n')
+    opened = RunningServer(args, cwd=tmp_path, env=env).start()
+    try:
+        status = admin("status")
+        assert status.returncode == 0, status.stderr
+        assert admin("queues", "list").returncode == 0
+    finally:
+        assert opened.stop() == 0
 
 
 def test_auth_reload(ctl: Callable[..., subprocess.CompletedProcess[str]], server: RunningServer) -> None:
@@ -353,6 +394,99 @@ def test_webhooks_list(ctl: Callable[..., subprocess.CompletedProcess[str]], mqt
     header, row = result.stdout.splitlines()
     assert header.split()[:4] == ["NAME", "URL", "STATE", "BREAKER"]
     assert row.startswith("webhook-0") and "failing (" in row and "cannot connect" in row and "never" in row
+
+
+# -- a tenant's queues, sessions and clients, as its clients name them (-p VHOST) -----------------------
+
+
+def rows_of(result: subprocess.CompletedProcess[str]) -> list[list[str]]:
+    assert result.returncode == 0, result.stderr
+    assert "$vhost" not in result.stdout  # the internal spelling never shows
+    return [line.split() for line in result.stdout.splitlines()[1:]]
+
+
+def test_queues_in_a_vhost(
+    ctl: Callable[..., subprocess.CompletedProcess[str]], server: RunningServer
+) -> None:
+    assert ctl("vhosts", "add", "t-ops").returncode == 0
+    try:
+        for vhost, count in (("t-ops", 2), ("/", 1)):
+            query = f"?vhost={quote(vhost, safe='')}"
+            status, _, body = request(server, "POST", f"/api/v1/queues{query}", {"name": "orders"})
+            assert status == 201 and (body["name"], body["vhost"]) == ("orders", vhost)
+            for n in range(count):
+                status, _, body = request(
+                    server, "POST", f"/api/v1/publish{query}", {"topic": "$queue/orders", "payload": f"{n}"}
+                )
+                assert status == 200 and (body["queue"], body["message_id"]) == ("orders", f"orders:{n}")
+        listed = [row[:4] for row in rows_of(ctl("queues", "list")) if row[0] == "orders"]
+        assert sorted(listed) == [["orders", "/", "work", "1"], ["orders", "t-ops", "work", "2"]]
+        assert [row[:2] for row in rows_of(ctl("queues", "list", "-p", "t-ops"))] == [["orders", "t-ops"]]
+        shown = json.loads(ctl("queues", "show", "orders", "-p", "t-ops", "--json").stdout)
+        assert (shown["name"], shown["vhost"], shown["depth"]) == ("orders", "t-ops", 2)
+        assert shown["dlq"] == "$dlq/orders"  # its dead letters, named as its clients name them
+        peek = ctl("queues", "peek", "orders", "--vhost", "t-ops")
+        assert [row[:2] for row in rows_of(peek)] == [["0", "$queue/orders"], ["1", "$queue/orders"]]
+        purged = ctl("queues", "purge", "orders", "-p", "t-ops")
+        assert purged.stdout == "purged 2 messages from queue 'orders' in vhost 't-ops'\n"
+        assert json.loads(ctl("queues", "show", "orders", "--json").stdout)["depth"] == 1  # '/' untouched
+        missing = ctl("queues", "show", "orders", "-p", "t-nowhere")
+        assert missing.returncode == 1
+        assert missing.stderr == "trimaran: queue 'orders' in vhost 't-nowhere' does not exist (404)\n"
+        # The internal spelling is not a way in: the vhost is a parameter of its own.
+        status, _, body = request(server, "GET", "/api/v1/queues/%24vhost%2Ft-ops%2Forders")
+        assert status == 400 and body["error"]["code"] == "bad_name"
+        assert ctl("queues", "delete", "orders", "-p", "t-ops").returncode == 0
+        assert [row for row in rows_of(ctl("queues", "list", "-p", "t-ops"))] == []
+        assert ctl("queues", "delete", "orders").returncode == 0
+    finally:
+        ctl("vhosts", "delete", "t-ops")
+
+
+def test_sessions_and_clients_in_a_vhost(
+    ctl: Callable[..., subprocess.CompletedProcess[str]], server: RunningServer, mqtt: Endpoints
+) -> None:
+    from tests.support.paho import PacketTypes, props
+
+    assert ctl("vhosts", "add", "t-ops").returncode == 0
+    assert ctl("permissions", "set", "-p", "t-ops", "alice").returncode == 0
+    keep = props(PacketTypes.CONNECT, SessionExpiryInterval=300)
+    tenant = {"username": "t-ops:alice", "password": "wonderland"}
+    mine = connect(mqtt, "ops-keeper", version=V5, clean=False, properties=keep)  # the same id in '/'
+    theirs = connect(mqtt, "ops-keeper", version=V5, clean=False, properties=keep, **tenant)
+    live = connect(mqtt, "ops-live", version=V5, **tenant)
+    try:
+        theirs.subscribe("plant/#", qos=1)
+        theirs.disconnect()
+        wait_for(lambda: ["ops-keeper", "t-ops", "no"] in [r[:3] for r in rows_of(ctl("sessions", "list"))])
+        listed = [row[:3] for row in rows_of(ctl("sessions", "list")) if row[0] == "ops-keeper"]
+        assert sorted(listed) == [["ops-keeper", "/", "yes"], ["ops-keeper", "t-ops", "no"]]
+        in_tenant = sorted(row[:2] for row in rows_of(ctl("sessions", "list", "-p", "t-ops")))
+        assert in_tenant == [["ops-keeper", "t-ops"], ["ops-live", "t-ops"]]
+        shown = json.loads(ctl("sessions", "show", "ops-keeper", "-p", "t-ops", "--json").stdout)
+        assert (shown["client_id"], shown["vhost"], shown["connected"]) == ("ops-keeper", "t-ops", False)
+        assert [s["topic_filter"] for s in shown["subscriptions"]] == ["plant/#"]
+        _, _, body = request(server, "GET", "/api/v1/subscriptions?vhost=t-ops")
+        assert [(s["client_id"], s["vhost"], s["topic_filter"]) for s in body["items"]] == [
+            ("ops-keeper", "t-ops", "plant/#")
+        ]
+        clients = rows_of(ctl("clients", "list", "-p", "t-ops"))
+        assert [row[1:3] for row in clients] == [["ops-live", "t-ops"]]
+        refused = ctl("clients", "kick", "ops-live")  # no such client in '/'
+        assert refused.returncode == 1
+        assert refused.stderr == "trimaran: no connected client 'ops-live' in vhost '/' (404)\n"
+        kicked = ctl("clients", "kick", "ops-live", "-p", "t-ops")
+        assert kicked.stdout == "client 'ops-live' in vhost 't-ops' disconnected\n"
+        assert live.disconnects.get(timeout=5)[0].value == 0x98
+        deleted = ctl("sessions", "delete", "ops-keeper", "-p", "t-ops")
+        assert deleted.stdout == "session 'ops-keeper' in vhost 't-ops' deleted\n"
+        assert ctl("sessions", "show", "ops-keeper", "-p", "t-ops").returncode == 1
+        assert json.loads(ctl("sessions", "show", "ops-keeper", "--json").stdout)["connected"] is True
+    finally:
+        mine.disconnect()
+        live.client.loop_stop()
+        ctl("sessions", "delete", "ops-keeper")
+        ctl("vhosts", "delete", "t-ops")
 
 
 def test_table_aligns_columns() -> None:

@@ -73,6 +73,13 @@ def queue_selector(text: str) -> Selects:
     return selecting(parse_selector(text), SELECTOR_MEMORY)
 
 
+def handshake_deadline(settings: Settings) -> float:
+    """The shortest time a client has for its login, whichever protocol it speaks (MQTT's CONNECT,
+    AMQP 0.9.1's start to open, AMQP 1.0's SASL and open): the login throttle answers within it."""
+    limits = settings.limits
+    return min(limits.connect_timeout, limits.handshake_timeout, settings.amqp091.handshake_timeout)
+
+
 class App:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -110,7 +117,7 @@ class App:
         check_settings(settings)
         self._tls = self._tls_context()  # a missing certificate is said before any database is created
         try:
-            self.security = security = Security(settings.auth)
+            self.security = security = Security(settings.auth, handshake_s=handshake_deadline(settings))
         except (PasswordFileError, AclError) as exc:  # a bad password or rule file stops the start
             raise ConfigError(str(exc)) from None
         security.describe_start()

@@ -441,6 +441,12 @@ class Amqp1Settings(Section):
     max_message_size: int = Field(16 * 1024 * 1024, ge=512, description="largest message accepted")
     link_credit: int = Field(500, ge=1, le=100_000, description="credit granted to each sending peer")
     outbox_size: int = Field(1000, ge=1, description="topic messages held per receiving link without credit")
+    hostname_vhost: bool = Field(
+        False,
+        description="a plain open.hostname that names a vhost selects it (the older mapping); off: "
+        "only vhost:NAME selects one, as RabbitMQ 3.10 reads it, and any other host name is the "
+        "listener's default vhost",
+    )
 
 
 class UserSettings(Section):
@@ -491,8 +497,19 @@ class AuthSettings(Section):
         False, description="a verified client certificate's subject field is the username (MQTT)"
     )
     identity_field: str = Field("commonName", description="certificate subject field used as the username")
-    login_delay_initial_s: float = Field(0.2, ge=0, description="after a failed login from an address")
-    login_delay_max_s: float = Field(10.0, ge=0, description="the growing delay's ceiling")
+    login_delay_initial_s: float = Field(
+        0.2,
+        ge=0,
+        description="seconds a wrong password's refusal waits after the first failure of that user from "
+        "that address, twice as long after each further one; a correct password never waits and resets "
+        "the count (a quiet minute does too); 0 = off",
+    )
+    login_delay_max_s: float = Field(
+        1.0,
+        ge=0,
+        description="the longest wait before a refusal (and at most a quarter of the shortest handshake "
+        "deadline, so that every refusal is the protocol's answer, never a dropped socket)",
+    )
     login_cache_s: float = Field(300.0, ge=0, description="a verified password is remembered this long")
     vhost_map: dict[str, str] = Field(
         {}, description="user name or certificate identity -> the vhost it enters unless it names one"

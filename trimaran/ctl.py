@@ -10,6 +10,10 @@ the first of ``http.tokens``), so on the server's own machine ``trimaran clients
 ``--url`` and ``--token`` (or ``TRIMARAN_ADMIN_TOKEN``) reach another one. Output is a table for a
 person, or the API's JSON with ``--json``.
 
+Queues, sessions and clients are named as their clients name them, with ``-p VHOST`` (default
+``/``) for the vhost, as ``rabbitmqctl`` does; the lists show every vhost in a column of its own,
+or only one with ``-p``. The internal spelling (``$vhost/...``, trimaran/vhosts.py) never shows.
+
 Exit status: 0 done; 1 the server answered with an error (no such client, queue, ...); 2 the server
 cannot be reached, or the token is refused.
 """
@@ -58,42 +62,58 @@ def admin_options() -> argparse.ArgumentParser:
     return admin
 
 
+def in_vhost() -> argparse.ArgumentParser:
+    """-p VHOST of a command that names one queue, session or client (default /)."""
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("-p", "--vhost", default="/", help="the vhost it belongs to (default /)")
+    return options
+
+
+def vhost_filter() -> argparse.ArgumentParser:
+    """-p VHOST of a list: only that vhost (default: every vhost)."""
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("-p", "--vhost", help="only this vhost (default: every vhost)")
+    return options
+
+
 def add_commands(commands: Any, common: argparse.ArgumentParser, command: AddCommand) -> None:
     parents = [common, admin_options()]
+    one = [*parents, in_vhost()]  # a command that names one queue, session or client
+    many = [*parents, vhost_filter()]  # a list
 
     command(commands, "status", "a running server's version, uptime, readiness and counts", parents=parents)
 
     clients = command(commands, "clients", "connected clients of every protocol")
     sub = clients.add_subparsers(dest="action", required=True)
-    listing = command(sub, "list", "list connected clients", parents=parents)
+    listing = command(sub, "list", "list connected clients", parents=many)
     listing.add_argument("--protocol", choices=["mqtt", "amqp091", "amqp1"], help="only this protocol")
-    command(sub, "show", "one client", parents=parents).add_argument("id", help="client id or connection id")
-    kick = command(sub, "kick", "disconnect a client (MQTT 5: reason 0x98)", parents=parents)
+    command(sub, "show", "one client", parents=one).add_argument("id", help="client id or connection id")
+    kick = command(sub, "kick", "disconnect a client (MQTT 5: reason 0x98)", parents=one)
     kick.add_argument("id", help="client id (MQTT client id, AMQP container id) or connection id (mqtt-12)")
 
     sessions = command(commands, "sessions", "MQTT sessions, connected or not")
     sub = sessions.add_subparsers(dest="action", required=True)
-    listing = command(sub, "list", "list MQTT sessions", parents=parents)
+    listing = command(sub, "list", "list MQTT sessions", parents=many)
     state = listing.add_mutually_exclusive_group()
     state.add_argument("--connected", action="store_true", help="only sessions with a connected client")
     state.add_argument("--offline", action="store_true", help="only sessions without one")
-    command(sub, "show", "one session and its subscriptions", parents=parents).add_argument("client_id")
-    command(sub, "delete", "end a session (its client is disconnected)", parents=parents).add_argument(
+    command(sub, "show", "one session and its subscriptions", parents=one).add_argument("client_id")
+    command(sub, "delete", "end a session (its client is disconnected)", parents=one).add_argument(
         "client_id"
     )
 
     queues = command(commands, "queues", "durable queues")
     sub = queues.add_subparsers(dest="action", required=True)
-    command(sub, "list", "list queues with depth, pending, lag and consumers", parents=parents)
-    command(sub, "show", "one queue: policy, groups, counters", parents=parents).add_argument("name")
-    peek = command(sub, "peek", "look at messages without consuming them", parents=parents)
+    command(sub, "list", "list queues with depth, pending, lag and consumers", parents=many)
+    command(sub, "show", "one queue: policy, groups, counters", parents=one).add_argument("name")
+    peek = command(sub, "peek", "look at messages without consuming them", parents=one)
     peek.add_argument("name")
     peek.add_argument("--limit", type=int, default=20, help="how many (default 20)")
-    command(sub, "purge", "remove every message of a queue", parents=parents).add_argument("name")
-    redrive = command(sub, "redrive", "move dead letters from $dlq/<name> back to <name>", parents=parents)
+    command(sub, "purge", "remove every message of a queue", parents=one).add_argument("name")
+    redrive = command(sub, "redrive", "move dead letters from $dlq/<name> back to <name>", parents=one)
     redrive.add_argument("name")
     redrive.add_argument("--limit", type=int, help="move at most this many (default: all)")
-    command(sub, "delete", "delete a queue and its messages", parents=parents).add_argument("name")
+    command(sub, "delete", "delete a queue and its messages", parents=one).add_argument("name")
 
     webhooks = command(commands, "webhooks", "webhook endpoints of a running server")
     sub = webhooks.add_subparsers(dest="action", required=True)
@@ -315,9 +335,16 @@ class AdminClient:
 
 def _answered(error: urllib.error.HTTPError) -> CtlError:
     try:
-        detail = json.loads(error.read())["error"]["message"]
+        body = json.loads(error.read())["error"]
+        detail, code = body["message"], body.get("code")
     except (ValueError, KeyError, TypeError):
-        detail = error.reason
+        detail, code = error.reason, None
+    if error.code == 401 and code == "locked":
+        return CtlError(
+            "the admin API is locked: the server has no http.tokens; give it one ([http] tokens = "
+            '["..."] in trimaran.toml, or TRIMARAN_HTTP__TOKENS=\'["..."]\') and start it again',
+            EXIT_UNREACHABLE,
+        )
     if error.code == 401:
         return CtlError(f"the admin API refused the token: {detail} (pass --token)", EXIT_UNREACHABLE)
     return CtlError(f"{detail} ({error.code})", EXIT_ANSWERED_ERROR)
@@ -344,40 +371,43 @@ def _dispatch(client: AdminClient, args: argparse.Namespace) -> int:
         return 0
     if command == "clients":
         if action == "list":
-            query = {"protocol": args.protocol} if args.protocol else None
+            query = _in(args, {"protocol": args.protocol} if args.protocol else {})
             return _show_list(client.pages("/api/v1/clients", query), as_json, CLIENT_COLUMNS)
-        path = f"/api/v1/clients/{_segment(args.id)}"
+        path = f"/api/v1/clients/{_segment(args.id)}{_of(args)}"
         if action == "show":
             return _show_record(client.call("GET", path), as_json)
         return _show_done(client.call("DELETE", path), as_json)
     if command == "sessions":
         if action == "list":
-            query = (
-                {"connected": "true"} if args.connected else {"connected": "false"} if args.offline else None
+            query = _in(
+                args,
+                {"connected": "true"} if args.connected else {"connected": "false"} if args.offline else {},
             )
             return _show_list(client.pages("/api/v1/sessions", query), as_json, SESSION_COLUMNS)
         path = f"/api/v1/sessions/{_segment(args.client_id)}"
         if action == "show":
             return _show_record(
-                client.call("GET", path), as_json, nested=("subscriptions", SUBSCRIPTION_COLUMNS)
+                client.call("GET", path + _of(args)), as_json, nested=("subscriptions", SUBSCRIPTION_COLUMNS)
             )
-        return _show_done(client.call("DELETE", path), as_json)
+        return _show_done(client.call("DELETE", path + _of(args)), as_json)
     if command == "queues":
         if action == "list":
-            return _show_list(client.pages("/api/v1/queues"), as_json, QUEUE_COLUMNS)
-        path = f"/api/v1/queues/{_segment(args.name)}"
+            return _show_list(client.pages("/api/v1/queues", _in(args, {})), as_json, QUEUE_COLUMNS)
+        path, of = f"/api/v1/queues/{_segment(args.name)}", _of(args)
+        named = _named(args.name, args.vhost)
         if action == "show":
-            return _show_record(client.call("GET", path), as_json, nested=("groups", GROUP_COLUMNS))
+            return _show_record(client.call("GET", path + of), as_json, nested=("groups", GROUP_COLUMNS))
         if action == "peek":
-            page = client.call("GET", f"{path}/messages?{urlencode({'limit': max(1, args.limit)})}")
+            limit = urlencode({"limit": max(1, args.limit), "vhost": args.vhost})
+            page = client.call("GET", f"{path}/messages?{limit}")
             return _show_list(page["items"], as_json, MESSAGE_COLUMNS)
         if action == "purge":
-            answer = client.call("POST", f"{path}/purge")
-            return _show_count(answer, as_json, f"purged {answer['count']} messages from {args.name}")
+            answer = client.call("POST", f"{path}/purge{of}")
+            return _show_count(answer, as_json, f"purged {answer['count']} messages from {named}")
         if action == "redrive":
-            answer = client.call("POST", f"{path}/redrive", {"limit": args.limit})
-            return _show_count(answer, as_json, f"moved {answer['count']} messages back to {args.name}")
-        return _show_done(client.call("DELETE", path), as_json)
+            answer = client.call("POST", f"{path}/redrive{of}", {"limit": args.limit})
+            return _show_count(answer, as_json, f"moved {answer['count']} messages back to {named}")
+        return _show_done(client.call("DELETE", path + of), as_json)
     if command == "webhooks":
         return _show_list(client.pages("/api/v1/webhooks"), as_json, WEBHOOK_COLUMNS)
     if command == "auth":
@@ -429,6 +459,22 @@ def _topic_permissions(client: AdminClient, args: argparse.Namespace, action: st
     for exchange in exchanges:
         answer = client.call("DELETE", f"{base}/{user}/{_segment(exchange)}")
     return _show_done(answer, as_json)
+
+
+def _in(args: argparse.Namespace, query: dict[str, str]) -> dict[str, str] | None:
+    """A list's query with its ``-p`` filter, if one was given."""
+    if args.vhost:
+        query = {**query, "vhost": args.vhost}
+    return query or None
+
+
+def _of(args: argparse.Namespace) -> str:
+    """The query naming the vhost of the one queue, session or client a command names."""
+    return f"?{urlencode({'vhost': args.vhost})}"
+
+
+def _named(name: str, vhost: str) -> str:
+    return f"queue '{name}' in vhost '{vhost}'"
 
 
 def _limits(client: AdminClient, args: argparse.Namespace, action: str | None, as_json: bool) -> int:
@@ -498,6 +544,7 @@ def _since(epoch_ms: int) -> str:
 CLIENT_COLUMNS: list[Column] = [
     ("ID", _field("id")),
     ("CLIENT ID", _field("client_id")),
+    ("VHOST", _field("vhost")),
     ("PROTOCOL", _field("protocol")),
     ("ADDRESS", _field("address")),
     ("USER", _field("user")),
@@ -505,6 +552,7 @@ CLIENT_COLUMNS: list[Column] = [
 ]
 SESSION_COLUMNS: list[Column] = [
     ("CLIENT ID", _field("client_id")),
+    ("VHOST", _field("vhost")),
     ("CONNECTED", lambda s: "yes" if s["connected"] else "no"),
     ("MQTT", lambda s: {3: "3.1", 4: "3.1.1", 5: "5.0"}.get(s["protocol_level"], s["protocol_level"])),
     ("SUBSCRIPTIONS", _field("subscription_count")),
@@ -521,6 +569,7 @@ SUBSCRIPTION_COLUMNS: list[Column] = [
 ]
 QUEUE_COLUMNS: list[Column] = [
     ("NAME", _field("name")),
+    ("VHOST", _field("vhost")),
     ("MODE", _field("mode")),
     ("DEPTH", _field("depth")),
     ("BYTES", _field("bytes")),

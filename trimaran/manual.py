@@ -1,9 +1,12 @@
 """The manual's generated pages: the configuration from the settings model, the admin API from its
 OpenAPI document, and the changelog as written.
 
-MkDocs calls :func:`generated_pages` through ``scripts/mkdocs_hooks.py`` at every build, so these
-pages are made from the code they describe and cannot drift from it. :func:`undescribed_keys` is what
-``tests/test_manual.py`` holds at zero: a setting without a description fails the tests.
+The pages are committed under ``docs/`` so that a reader of the repository finds them;
+:func:`generated_pages` makes them from the code they describe, ``scripts/manual_pages.py`` (``make
+manual``) writes them, and both ``tests/test_manual.py`` and the MkDocs hook
+(``scripts/mkdocs_hooks.py``) fail while a committed page differs from what the code makes.
+:func:`undescribed_keys` is what ``tests/test_manual.py`` holds at zero: a setting without a
+description fails the tests.
 """
 
 from __future__ import annotations
@@ -180,7 +183,12 @@ def _annotation_text(annotation: Any) -> str:
         (item,) = get_args(annotation)
         return f"list of {_annotation_text(item)}" if section_type(item) is None else "table, repeated"
     if origin is dict:
-        return "table of strings"
+        value = get_args(annotation)[1]
+        if isinstance(value, type) and issubclass(value, BaseModel):
+            # A table of tables, one per name: each with the model's keys (limits.vhosts.t1).
+            fields = ", ".join(f"`{name}`" for name in value.model_fields)
+            return f"table of tables, one per name, each with {fields}"
+        return f"table of {_plural(_annotation_text(value))}"
     names: dict[Any, str] = {
         bool: "boolean",
         int: "integer",
@@ -190,6 +198,12 @@ def _annotation_text(annotation: Any) -> str:
         SecretStr: "secret string",
     }
     return names.get(annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+def _plural(text: str) -> str:
+    return {"string": "strings", "integer": "integers", "number": "numbers", "boolean": "booleans"}.get(
+        text, text
+    )
 
 
 def _members(annotation: Any) -> list[Any]:
@@ -247,7 +261,10 @@ def admin_api_page(document: dict[str, Any]) -> str:
         "",
         'Lists take `limit` (1-1000, default 100) and `cursor`, and answer `{"items", "next_cursor", '
         '"next"}`. Names with a `/` (a dead-letter queue, a client id) are percent-encoded in paths: '
-        "`/api/v1/queues/%24dlq%2Forders`. A running server serves this document at "
+        "`/api/v1/queues/%24dlq%2Forders`. A queue, session or client is named as its clients name it, "
+        "with `?vhost=` for its vhost (default `/`: `/api/v1/queues/orders?vhost=t1`); the lists show "
+        "every vhost, with a `vhost` field beside each name, or one with `?vhost=`. "
+        "A running server serves this document at "
         "`/api/v1/openapi.json`; this page is made from the same route table "
         f"([the document itself](openapi.json), OpenAPI {document['openapi']}).",
         "",
@@ -339,6 +356,25 @@ def _schema_text(schema: dict[str, Any]) -> str:
 
 
 # -- all pages ----------------------------------------------------------------------------------------
+
+
+def stale_pages(root: Path) -> list[str]:
+    """The generated pages whose committed copy under ``root / "docs"`` is missing or differs."""
+    docs = root / "docs"
+    return sorted(
+        path
+        for path, text in generated_pages(root).items()
+        if not (docs / path).is_file() or (docs / path).read_text(encoding="utf-8") != text
+    )
+
+
+def write_pages(root: Path) -> list[str]:
+    """Write the generated pages under ``root / "docs"``; the paths that changed."""
+    changed = stale_pages(root)
+    for path, text in generated_pages(root).items():
+        if path in changed:
+            (root / "docs" / path).write_text(text, encoding="utf-8")
+    return changed
 
 
 def generated_pages(root: Path) -> dict[str, str]:

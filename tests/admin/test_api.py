@@ -437,15 +437,15 @@ def test_metrics_after_traffic(api: Api, mqtt: Endpoints) -> None:
     assert samples["trimaran_messages_sent_total"] >= 1
     assert samples["trimaran_received_bytes_total"] > 100
     assert samples['trimaran_connections{protocol="mqtt"}'] >= 1
-    assert samples['trimaran_queue_messages_total{event="published",queue="metered"}'] == 1
-    assert samples['trimaran_queue_depth{queue="metered"}'] == 1
+    assert samples['trimaran_queue_messages_total{event="published",queue="metered",vhost="/"}'] == 1
+    assert samples['trimaran_queue_depth{queue="metered",vhost="/"}'] == 1
     assert samples["trimaran_storage_commit_seconds_count"] >= 1
     assert samples['trimaran_storage_commit_seconds_bucket{le="+Inf"}'] >= 1
     assert samples["trimaran_storage_commit_rows_sum"] >= 1
-    assert samples['trimaran_queue_messages_total{event="delivered",queue="metered"}'] == 1
-    assert samples['trimaran_queue_pending{group="$default",queue="metered"}'] == 1
-    assert samples['trimaran_queue_lag{group="$default",queue="metered"}'] == 1
-    assert samples['trimaran_queue_consumers{group="$default",queue="metered"}'] == 1
+    assert samples['trimaran_queue_messages_total{event="delivered",queue="metered",vhost="/"}'] == 1
+    assert samples['trimaran_queue_pending{group="$default",queue="metered",vhost="/"}'] == 1
+    assert samples['trimaran_queue_lag{group="$default",queue="metered",vhost="/"}'] == 1
+    assert samples['trimaran_queue_consumers{group="$default",queue="metered",vhost="/"}'] == 1
 
 
 def test_webhooks_without_endpoints_is_an_empty_list(api: Api) -> None:

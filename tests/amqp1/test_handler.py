@@ -382,7 +382,9 @@ async def test_presettled_queue_publishes_give_their_credit_back_refused_or_not(
         flow = await client.perf()  # the last window's credit came back too
         assert isinstance(flow, Flow) and (flow.delivery_count or 0) + (flow.link_credit or 0) > sent
         assert len(queues.peek("few")) == room
-        refused = [r for r in caplog.records if "queue publish to few refused" in r.getMessage()]
+        refused = [
+            r for r in caplog.records if "publish to queue 'few' in vhost '/' refused" in r.getMessage()
+        ]
         assert len(refused) == sent - room
         await client.stream.aclose()
         tg.cancel_scope.cancel()

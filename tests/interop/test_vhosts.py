@@ -8,9 +8,11 @@ that does not exist, or one the user has no permission for, is refused the proto
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -18,6 +20,7 @@ import pytest
 from paho.mqtt.enums import MQTTProtocolVersion as Version
 
 from tests.interop.conftest import amqp_server_args
+from tests.support import rabbitmq
 from tests.support.paho import V5, V311, Client, Endpoints, PacketTypes, Received, connect, props, user_props
 from tests.support.rabbitmq import ensure_user, rabbitmqctl
 from tests.support.server import RunningServer, serving
@@ -40,8 +43,8 @@ VHOST_ENV = {
 PERMISSIONS = [("alice", "/"), ("alice", "t1"), ("alice", "t2/eu"), ("bob", "t1")]
 
 
-def _grant(url: str) -> None:
-    """Write the permissions into a database before the server starts (the CLI is another issue's)."""
+def _grant(url: str, permissions: list[tuple[str, str]] = PERMISSIONS) -> None:
+    """Write the permissions into a database before the server starts."""
     storage = Storage.from_url(url)
     try:
         storage.migrate()
@@ -49,7 +52,7 @@ def _grant(url: str) -> None:
         async def grant() -> None:
             security = Security(AuthSettings())
             security.use_permissions(VHostRows(storage.engine))
-            for user, vhost in PERMISSIONS:
+            for user, vhost in permissions:
                 await security.set_permission(Permission(user, vhost))
 
         anyio.run(grant)
@@ -261,7 +264,7 @@ def test_amqp1_tenants_share_queue_and_topic_names_unseen(vhost_server: RunningS
 
     queue, topic = _unique("orders"), _unique("prices/")
     one = _proton(vhost_server, "vhost:t1")
-    two = _proton(vhost_server, "t2/eu")  # a plain host name that names a vhost
+    two = _proton(vhost_server, "vhost:t2/eu")
     default = _proton(vhost_server, None)
     try:
         receivers = {c: c.create_receiver(f"topic://{topic}/#", credit=10) for c in (one, two, default)}
@@ -335,6 +338,154 @@ def test_refusals_name_a_tenants_queues_as_its_clients_do(
         owner.close()
 
 
+# Vhosts named like the hosts clients dial: RabbitMQ 3.10 reads only ``vhost:NAME`` from
+# open.hostname, so the clients of the default vhost stay there whatever vhosts exist.
+HOST_VHOSTS = ["/", "127.0.0.1", "localhost", "t1"]
+
+
+def _host_vhost_server(workdir: Path, **env: str) -> RunningServer:
+    url = f"sqlite:///{workdir / 'vhosts.db'}"
+    _grant(url, [("alice", vhost) for vhost in HOST_VHOSTS])  # she may enter each of them
+    env = {**VHOST_ENV, "TRIMARAN_STORAGE__URL": url, "TRIMARAN_VHOSTS": json.dumps(HOST_VHOSTS), **env}
+    return RunningServer(amqp_server_args(), cwd=workdir, env=env).start()
+
+
+@pytest.fixture(scope="module")
+def host_vhost_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    with serving(_host_vhost_server(tmp_path_factory.mktemp("host-vhosts"))) as server:
+        yield server
+
+
+def _landed_in(server: RunningServer, address: str, hostname: str | None) -> str:
+    """The vhost a proton client dialling ``address`` (``open.hostname`` from ``hostname``, else
+    the dialled host) lands in: it sends to a queue, and the one vhost that holds it says."""
+    import proton
+    from proton.utils import BlockingConnection
+
+    from tests.support.amqp1 import body_bytes
+
+    queue, port = _unique("landed-"), server.ports["amqp"]
+    kwargs: dict[str, Any] = {"user": "alice", "password": "a", "allow_insecure_mechs": True}
+    if hostname is not None:
+        kwargs["virtual_host"] = hostname
+    client = BlockingConnection(f"{address}:{port}", timeout=10, **kwargs)
+    try:
+        sender = client.create_sender(f"$queue/{queue}")
+        sender.send(proton.Message(body=b"where am I"))
+        sender.close()
+    finally:
+        client.close()
+    found = []
+    for vhost in HOST_VHOSTS:
+        reader = _proton(server, f"vhost:{vhost}")
+        try:
+            receiver = reader.create_receiver(f"$queue/{queue}", credit=1)
+            try:
+                got = receiver.receive(timeout=0.5)
+            except proton.Timeout:
+                continue
+            receiver.accept()
+            assert body_bytes(got) == b"where am I"
+            found.append(vhost)
+        finally:
+            reader.close()
+    assert len(found) == 1, found
+    return found[0]
+
+
+Landing = Callable[[str, "str | None"], str]
+
+
+def _rabbitmq_landing(port: int) -> Landing:
+    """Where a proton client lands on RabbitMQ 3.10's AMQP 1.0 plugin: it sends to a queue of the
+    same name declared in every vhost (``/amq/queue/<name>``), and the one vhost whose queue holds
+    the message says."""
+    import pika
+    import proton
+    from proton.utils import BlockingConnection
+
+    credentials = pika.PlainCredentials("alice", "a")
+    queue = _unique("landed-")
+    for vhost in HOST_VHOSTS:
+        declaring = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, vhost, credentials))
+        declaring.channel().queue_declare(queue)
+        declaring.close()
+
+    def landed_in(address: str, hostname: str | None) -> str:
+        kwargs: dict[str, Any] = {"user": "alice", "password": "a", "allowed_mechs": "PLAIN"}
+        if hostname is not None:
+            kwargs["virtual_host"] = hostname
+        client = BlockingConnection(f"{address}:{port}", timeout=10, allow_insecure_mechs=True, **kwargs)
+        try:
+            sender = client.create_sender(f"/amq/queue/{queue}")
+            sender.send(proton.Message(body=b"where am I"))
+        finally:
+            client.close()
+        found = []
+        for vhost in HOST_VHOSTS:
+            reader = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, vhost, credentials))
+            try:
+                channel = reader.channel()
+                if channel.queue_declare(queue, passive=True).method.message_count:
+                    found.append(vhost)
+                    channel.queue_purge(queue)
+            finally:
+                reader.close()
+        assert len(found) == 1, found
+        return found[0]
+
+    return landed_in
+
+
+@pytest.fixture(scope="module")
+def rabbitmq_amqp1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """A private RabbitMQ 3.10 node with its AMQP 1.0 plugin, alice in every vhost of HOST_VHOSTS."""
+    why = rabbitmq.available()
+    if why is not None:
+        pytest.skip(why)
+    try:
+        with rabbitmq.rabbitmq_node(tmp_path_factory.mktemp("rabbitmq-amqp1"), ("rabbitmq_amqp1_0",)) as port:
+            ensure_user(port, "alice", "a")
+            for vhost in HOST_VHOSTS:
+                if vhost != "/":
+                    rabbitmqctl(port, "add_vhost", vhost)
+                rabbitmqctl(port, "set_permissions", "-p", vhost, "alice", ".*", ".*", ".*")
+            yield port
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(params=["trimaran", "rabbitmq"])
+def landing(request: pytest.FixtureRequest) -> Landing:
+    """Where a proton client lands (its vhost), on Trimaran, then on RabbitMQ 3.10."""
+    if request.param == "rabbitmq":
+        return _rabbitmq_landing(int(request.getfixturevalue("rabbitmq_amqp1")))
+    server: RunningServer = request.getfixturevalue("host_vhost_server")
+    return lambda address, hostname: _landed_in(server, address, hostname)
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "localhost"])
+def test_amqp1_a_vhost_named_like_the_dialled_host_does_not_capture_its_clients(
+    landing: Landing, address: str
+) -> None:
+    """RabbitMQ 3.10 reads only ``vhost:NAME`` from open.hostname: the host the client dialled, or
+    any plain name, even one a vhost has, is the default vhost."""
+    pytest.importorskip("proton")
+    assert landing(address, None) == "/"
+    assert landing(address, "t1") == "/"
+    assert landing(address, "vhost:t1") == "t1"
+    assert landing(address, f"vhost:{address}") == address
+
+
+def test_amqp1_hostname_vhost_keeps_the_older_mapping(tmp_path: Path) -> None:
+    pytest.importorskip("proton")
+    with serving(_host_vhost_server(tmp_path, TRIMARAN_AMQP1__HOSTNAME_VHOST="true")) as server:
+        assert _landed_in(server, "127.0.0.1", None) == "127.0.0.1"
+        assert _landed_in(server, "127.0.0.1", "t1") == "t1"
+        assert _landed_in(server, "127.0.0.1", "vhost:/") == "/"
+        assert _landed_in(server, "127.0.0.1", "nowhere.example") == "/"  # names no vhost
+
+
 def test_amqp1_a_vhost_that_does_not_exist_closes_with_not_found(vhost_server: RunningServer) -> None:
     pytest.importorskip("proton")
     from proton import ConnectionException
@@ -354,6 +505,33 @@ def _pika(port: int, vhost: str, user: str = "alice", password: str = "a") -> An
         "127.0.0.1", port, vhost, pika.PlainCredentials(user, password), connection_attempts=1
     )
     return pika.BlockingConnection(params)
+
+
+def test_amqp091_a_default_exchange_publish_to_another_vhosts_key_names_what_the_client_named(
+    vhost_server: RunningServer,
+) -> None:
+    """A client of '/' spelling a tenant's internal key as a routing key is refused as RabbitMQ
+    words a refusal, naming the queue as the client named it and the vhost the client is in (not a
+    topic of amq.topic it never named). Trimaran's own: RabbitMQ has no such keys."""
+    import pika.exceptions
+
+    for key in ("$vhost/t1/orders", "$vhost/t1/$queue/orders"):
+        connection = _pika(vhost_server.ports["amqp"], "/")
+        try:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+                channel.basic_publish("", key, b"forged")
+            assert refused.value.reply_code == 403
+            assert refused.value.reply_text == (
+                f"ACCESS_REFUSED - access to queue '{key}' in vhost '/' refused for user 'alice'"
+            )
+        finally:
+            connection.close()
+    logged = [
+        line for line in vhost_server.lines if "amqp091 client" in line and "names another vhost" in line
+    ]
+    assert logged and all("$queue/$vhost/t1/" in line for line in logged), logged  # the name it used
 
 
 def test_amqp091_tenants_share_queue_exchange_and_binding_names_unseen(amqp091_port: int) -> None:

@@ -714,7 +714,7 @@ def reclaim(server: RunningServer, tmp: Path, control: Control) -> dict[str, Any
 
 def fuzz(tmp: Path, count: int, seed: int) -> None:
     env = {
-        # Fuzzed CONNECTs with user names are failed logins: without this, the per-address login
+        # Fuzzed CONNECTs with user names are failed logins: without this, the per-user-and-address login
         # delay (tested in tests/security) would make each one wait up to auth.login_delay_max_s.
         "TRIMARAN_AUTH__LOGIN_DELAY_INITIAL_S": "0",
         "TRIMARAN_LIMITS__MAX_SESSION_EXPIRY": str(FUZZ_SESSION_EXPIRY_S),

@@ -81,15 +81,16 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def rabbitmq_node(base: Path) -> Iterator[int]:
-    """Start a node with its state under ``base``; yields its AMQP port."""
+def rabbitmq_node(base: Path, plugins: tuple[str, ...] = ()) -> Iterator[int]:
+    """Start a node with its state under ``base`` and ``plugins`` enabled (e.g.
+    ``rabbitmq_amqp1_0``, which serves AMQP 1.0 on the same port); yields its AMQP port."""
     why = available()
     if why is not None:
         raise RuntimeError(why)
     amqp, dist, epmd_port = unused_port(), unused_port(), unused_port()
     for sub in ("home", "mnesia", "log"):
         (base / sub).mkdir(parents=True, exist_ok=True)
-    (base / "enabled_plugins").write_text("[].\n")
+    (base / "enabled_plugins").write_text(f"[{','.join(plugins)}].\n")
     (base / "rabbitmq.conf").write_text(
         f"listeners.tcp.default = 127.0.0.1:{amqp}\nlog.console = false\nlog.file.level = warning\n"
     )

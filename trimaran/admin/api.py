@@ -9,6 +9,10 @@ Auth: ``Authorization: Bearer <token>`` against ``http.tokens`` (constant-time c
 token configured every authenticated route answers 401: the API is locked, never open by default.
 ``/healthz``, ``/readyz`` and ``/metrics`` need no token.
 
+Names are the tenant's own: a queue, an MQTT session or a client of a vhost is named as its clients
+name it, with a ``vhost`` field beside the name, never by the internal key (trimaran/vhosts.py). The
+routes for one of them take ``?vhost=`` (default ``/``); the lists take it as a filter.
+
 Lists are paginated by an opaque ``cursor`` (the key of the last item of the previous page, so a page
 does not shift when items are added or removed before it) and ``limit``.
 """
@@ -48,7 +52,19 @@ from trimaran.queue.policy import QueueError, parse_queue_topic
 from trimaran.security.permissions import PatternError
 from trimaran.tenant_limits import TenantLimits, UserLimits, VhostLimits
 from trimaran.topics import TopicError, validate_topic_name
-from trimaran.vhosts import Permission, TopicPermission, VHostError, vhost_of
+from trimaran.vhosts import (
+    DEFAULT_VHOST,
+    Permission,
+    TopicPermission,
+    VHostError,
+    describe,
+    is_reserved,
+    prefix,
+    split_key,
+    strip,
+    validate_name,
+    vhost_of,
+)
 
 if TYPE_CHECKING:
     from trimaran.broker.clients import ClientInfo, ClientRegistry
@@ -167,6 +183,7 @@ class SessionDetail(SessionOut):
 
 class SubscriptionOut(Model):
     client_id: str
+    vhost: str = Field(description="the vhost of the subscriber and of its filter")
     topic_filter: str
     share_group: str | None
     qos: int
@@ -359,7 +376,10 @@ class SampleOut(Model):
     messages_out_per_s: float | None = Field(description="deliveries sent per second, every protocol")
     dropped_per_s: float | None
     connections: dict[str, int] = Field(description="open connections per protocol")
-    queues: dict[str, QueueSampleOut] = Field(description=f"the {MAX_QUEUES} deepest queues")
+    queues: dict[str, QueueSampleOut] = Field(
+        description=f"the {MAX_QUEUES} deepest queues, by the name their clients use (a queue of another "
+        'vhost than "/" as "<name> (vhost <vhost>)")'
+    )
 
 
 class HistoryOut(Model):
@@ -401,6 +421,12 @@ class Param:
 LIMIT = Param("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, "page size (default 100)")
 CURSOR = Param("cursor", {"type": "string"}, "next_cursor of the previous page")
 PAGED = (LIMIT, CURSOR)
+#: a list's filter: only what belongs to this vhost (default: every vhost)
+IN_VHOST = Param("vhost", {"type": "string"}, "only this vhost (default: every vhost)")
+#: the vhost of the one queue, session or client a route names
+OF_VHOST = (
+    Param("vhost", {"type": "string", "default": DEFAULT_VHOST}, "the vhost it belongs to (default /)"),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -540,21 +566,24 @@ class AdminApi:
                 "Connected clients, every protocol",
                 self.list_clients,
                 {200: ClientPage},
-                query=(*PAGED, Param("protocol", {"type": "string"}, "only this protocol")),
+                query=(*PAGED, Param("protocol", {"type": "string"}, "only this protocol"), IN_VHOST),
             ),
             ApiRoute(
                 "GET",
                 f"{p}/clients/{{id}}",
-                "One connected client, by client id or connection id",
+                "One connected client, by connection id or by its client id in the vhost",
                 self.show_client,
                 {200: ClientOut, 409: ErrorBody},
+                query=OF_VHOST,
             ),
             ApiRoute(
                 "DELETE",
                 f"{p}/clients/{{id}}",
-                "Disconnect a client, by client id or connection id (MQTT 5: reason 0x98)",
+                "Disconnect a client, by connection id or by its client id in the vhost (MQTT 5: reason "
+                "0x98)",
                 self.kick_client,
                 {200: Done, 409: ErrorBody},
+                query=OF_VHOST,
             ),
             ApiRoute(
                 "GET",
@@ -562,7 +591,11 @@ class AdminApi:
                 "MQTT sessions",
                 self.list_sessions,
                 {200: SessionPage},
-                query=(*PAGED, Param("connected", {"type": "boolean"}, "only connected (true) or offline")),
+                query=(
+                    *PAGED,
+                    Param("connected", {"type": "boolean"}, "only connected (true) or offline"),
+                    IN_VHOST,
+                ),
             ),
             ApiRoute(
                 "GET",
@@ -570,6 +603,7 @@ class AdminApi:
                 "One MQTT session with its subscriptions",
                 self.show_session,
                 {200: SessionDetail},
+                query=OF_VHOST,
             ),
             ApiRoute(
                 "DELETE",
@@ -577,6 +611,7 @@ class AdminApi:
                 "End a session (disconnects its client)",
                 self.delete_session,
                 {200: Done},
+                query=OF_VHOST,
             ),
             ApiRoute(
                 "GET",
@@ -588,16 +623,25 @@ class AdminApi:
                     *PAGED,
                     Param("filter", {"type": "string"}, "only this topic filter (exact)"),
                     Param("client", {"type": "string"}, "only this client id"),
+                    IN_VHOST,
                 ),
             ),
-            ApiRoute("GET", f"{p}/queues", "Durable queues", self.list_queues, {200: QueuePage}, query=PAGED),
+            ApiRoute(
+                "GET",
+                f"{p}/queues",
+                "Durable queues",
+                self.list_queues,
+                {200: QueuePage},
+                query=(*PAGED, IN_VHOST),
+            ),
             ApiRoute(
                 "POST",
                 f"{p}/queues",
-                "Create a queue, or change its policy",
+                "Create a queue in the vhost, or change its policy",
                 self.create_queue,
                 {200: QueueDetail, 201: QueueDetail, 409: ErrorBody},
                 body=DeclaredQueue,
+                query=OF_VHOST,
             ),
             ApiRoute(
                 "GET",
@@ -605,10 +649,23 @@ class AdminApi:
                 "One queue (a DLQ is $dlq%2F<name>)",
                 self.show_queue,
                 {200: QueueDetail},
+                query=OF_VHOST,
             ),
-            ApiRoute("DELETE", f"{p}/queues/{{name}}", "Delete a queue", self.delete_queue, {200: Done}),
             ApiRoute(
-                "POST", f"{p}/queues/{{name}}/purge", "Remove every message", self.purge_queue, {200: Count}
+                "DELETE",
+                f"{p}/queues/{{name}}",
+                "Delete a queue",
+                self.delete_queue,
+                {200: Done},
+                query=OF_VHOST,
+            ),
+            ApiRoute(
+                "POST",
+                f"{p}/queues/{{name}}/purge",
+                "Remove every message",
+                self.purge_queue,
+                {200: Count},
+                query=OF_VHOST,
             ),
             ApiRoute(
                 "GET",
@@ -621,6 +678,7 @@ class AdminApi:
                     Param(
                         "encoding", {"enum": ["auto", "text", "base64"]}, "payload encoding (default auto)"
                     ),
+                    *OF_VHOST,
                 ),
             ),
             ApiRoute(
@@ -631,6 +689,7 @@ class AdminApi:
                 {200: Count},
                 body=RedriveIn,
                 body_required=False,
+                query=OF_VHOST,
             ),
             ApiRoute(
                 "GET",
@@ -658,6 +717,7 @@ class AdminApi:
                 self.publish,
                 {200: PublishOut, 409: ErrorBody},
                 body=PublishIn,
+                query=OF_VHOST,
             ),
         ]
 
@@ -692,7 +752,7 @@ class AdminApi:
                 dropped_per_s=sample.dropped,
                 connections=sample.connections,
                 queues={
-                    name: QueueSampleOut(
+                    _label(name): QueueSampleOut(
                         depth=queue.depth,
                         published_per_s=queue.rates["published"],
                         delivered_per_s=queue.rates["delivered"],
@@ -733,32 +793,38 @@ class AdminApi:
         )
 
     async def list_clients(self, request: Request) -> Response:
-        protocol = request.arg("protocol")
+        protocol, vhost = request.arg("protocol"), _vhost_filter(request)
         clients = sorted(
-            (c for c in self.view.clients() if protocol is None or c.protocol == protocol),
+            (
+                c
+                for c in self.view.clients()
+                if (protocol is None or c.protocol == protocol) and (vhost is None or c.vhost == vhost)
+            ),
             key=lambda c: (c.since_ms, c.key),
         )
         items = [(c.since_ms, c.key) for c in clients]
-        return _page(request, ClientPage, clients, items, lambda c: ClientOut(**c.to_json()))
+        return _page(request, ClientPage, clients, items, _client_out)
 
     async def show_client(self, request: Request) -> Response:
-        client = self._client(request.params["id"])
-        return _ok(ClientOut(**client.to_json()))
+        client = self._client(request.params["id"], _vhost_arg(request))
+        return _ok(_client_out(client))
 
     async def kick_client(self, request: Request) -> Response:
-        client = self._client(request.params["id"])
+        client = self._client(request.params["id"], _vhost_arg(request))
         client.kick()
-        return _ok(Done(ok=True, detail=f"client {client.client_id} disconnected"))
+        named = f"client '{_own_id(client)}' in vhost '{client.vhost}'"
+        return _ok(Done(ok=True, detail=f"{named} disconnected"))
 
-    def _client(self, key: str) -> ClientInfo:
-        """A client by its connection id (``mqtt-12``) or by its client id, as people know it."""
+    def _client(self, key: str, vhost: str) -> ClientInfo:
+        """A client by its connection id (``mqtt-12``), or by its client id in ``vhost``, as people
+        know it."""
         clients: ClientRegistry = self.view.clients()
         client = clients.get(key)
         if client is not None:
             return client
-        named = [c for c in clients if c.client_id == key]
+        named = [c for c in clients if c.vhost == vhost and _own_id(c) == key]
         if not named:
-            raise HttpError(404, "no_client", f"no connected client {key}")
+            raise HttpError(404, "no_client", f"no connected client '{key}' in vhost '{vhost}'")
         if len(named) > 1:  # AMQP connection names need not be unique
             ids = ", ".join(sorted(c.key for c in named))
             raise HttpError(409, "ambiguous", f"{len(named)} connections are named {key}: {ids}; use one id")
@@ -767,20 +833,27 @@ class AdminApi:
     # -- sessions and subscriptions -------------------------------------------------------------------
 
     async def list_sessions(self, request: Request) -> Response:
-        connected = _bool_arg(request, "connected")
+        connected, vhost = _bool_arg(request, "connected"), _vhost_filter(request)
         sessions = sorted(
-            (s for s in self._sessions().sessions() if connected is None or s.connected == connected),
+            (
+                s
+                for s in self._sessions().sessions()
+                if (connected is None or s.connected == connected)
+                and (vhost is None or vhost_of(s.client_id) == vhost)
+            ),
             key=lambda s: s.client_id,
         )
         return _page(request, SessionPage, sessions, [s.client_id for s in sessions], _session_out)
 
     async def show_session(self, request: Request) -> Response:
-        session = self._sessions().session(request.params["client_id"])
+        key = _key(request, request.params["client_id"])
+        session = self._sessions().session(key)
         if session is None:
-            raise HttpError(404, "no_session", f"no session for client {request.params['client_id']}")
+            raise HttpError(404, "no_session", f"no {describe(key, 'session')}")
+        cut = prefix(vhost_of(key))
         subscriptions = [
             SessionSubscription(
-                topic_filter=s.topic_filter,
+                topic_filter=strip(s.topic_filter, cut),
                 qos=s.qos,
                 no_local=s.no_local,
                 retain_as_published=s.retain_as_published,
@@ -793,18 +866,22 @@ class AdminApi:
         return _ok(SessionDetail(**out.model_dump(), subscriptions=subscriptions))
 
     async def delete_session(self, request: Request) -> Response:
-        client_id = request.params["client_id"]
-        if not self._sessions().delete_session(client_id):
-            raise HttpError(404, "no_session", f"no session for client {client_id}")
-        return _ok(Done(ok=True, detail=f"session {client_id} deleted"))
+        key = _key(request, request.params["client_id"])
+        if not self._sessions().delete_session(key):
+            raise HttpError(404, "no_session", f"no {describe(key, 'session')}")
+        return _ok(Done(ok=True, detail=f"{describe(key, 'session')} deleted"))
 
     async def list_subscriptions(self, request: Request) -> Response:
         wanted_filter = request.arg("filter")
         wanted_client = request.arg("client")
+        wanted_vhost = _vhost_filter(request)
         rows = []
         for sub in self.view.subscriptions():
-            client_id = str(sub.subscriber.id)
-            if wanted_filter is not None and sub.topic_filter != wanted_filter:
+            vhost, topic_filter = split_key(sub.topic_filter)
+            client_id = strip(str(sub.subscriber.id), prefix(vhost))
+            if wanted_vhost is not None and vhost != wanted_vhost:
+                continue
+            if wanted_filter is not None and topic_filter != wanted_filter:
                 continue
             if wanted_client is not None and client_id != wanted_client:
                 continue
@@ -812,7 +889,8 @@ class AdminApi:
             rows.append(
                 SubscriptionOut(
                     client_id=client_id,
-                    topic_filter=sub.topic_filter,
+                    vhost=vhost,
+                    topic_filter=topic_filter,
                     share_group=o.share_group,
                     qos=o.qos,
                     no_local=o.no_local,
@@ -820,39 +898,40 @@ class AdminApi:
                     subscription_identifier=o.subscription_identifier,
                 )
             )
-        rows.sort(key=lambda s: (s.client_id, s.topic_filter, s.share_group or ""))
-        keys = [[s.client_id, s.topic_filter, s.share_group or ""] for s in rows]
+        rows.sort(key=lambda s: (s.vhost, s.client_id, s.topic_filter, s.share_group or ""))
+        keys = [[s.vhost, s.client_id, s.topic_filter, s.share_group or ""] for s in rows]
         return _page(request, SubscriptionPage, rows, keys, lambda s: s)
 
     # -- queues -------------------------------------------------------------------------------------
 
     async def list_queues(self, request: Request) -> Response:
-        queues = self._queues()
-        names = sorted(queues.queues)
+        queues, vhost = self._queues(), _vhost_filter(request)
+        names = sorted(n for n in queues.queues if vhost is None or vhost_of(n) == vhost)
         return _page(request, QueuePage, names, names, lambda n: _queue_out(queues.info(n)))
 
     async def create_queue(self, request: Request) -> Response:
         declared = _body(request, DeclaredQueue)
+        key = _key(request, declared.name)
         queues = self._queues()
-        existed = queues.exists(declared.name)
+        existed = queues.exists(key)
         policy = QueuePolicySettings(**declared.model_dump(exclude={"name"}))
         try:
-            info = await queues.declare(declared.name, policy)
+            info = await queues.declare(key, policy)
         except QueueError as exc:
             raise _queue_error(exc) from None
         return _ok(_queue_detail(info), 200 if existed else 201)
 
     async def show_queue(self, request: Request) -> Response:
-        return _ok(_queue_detail(self._queue_info(request.params["name"])))
+        return _ok(_queue_detail(self._queue_info(_key(request, request.params["name"]))))
 
     async def delete_queue(self, request: Request) -> Response:
-        name = request.params["name"]
+        name = _key(request, request.params["name"])
         self._queue_info(name)
         await self._queues().delete(name)
-        return _ok(Done(ok=True, detail=f"queue {name} deleted"))
+        return _ok(Done(ok=True, detail=f"{describe(name)} deleted"))
 
     async def purge_queue(self, request: Request) -> Response:
-        name = request.params["name"]
+        name = _key(request, request.params["name"])
         self._queue_info(name)
         try:
             count = await self._queues().purge(name)
@@ -861,7 +940,7 @@ class AdminApi:
         return _ok(Count(count=count))
 
     async def peek_queue(self, request: Request) -> Response:
-        name = request.params["name"]
+        name = _key(request, request.params["name"])
         self._queue_info(name)
         limit = _limit(request)
         after = _decode_cursor(request.arg("cursor"))
@@ -883,7 +962,7 @@ class AdminApi:
         return _ok(MessagePage(items=items, next_cursor=next_cursor, next=_next_link(request, next_cursor)))
 
     async def redrive_queue(self, request: Request) -> Response:
-        name = request.params["name"]
+        name = _key(request, request.params["name"])
         self._queue_info(name)
         body = _body(request, RedriveIn, required=False)
         try:
@@ -896,12 +975,16 @@ class AdminApi:
         try:
             return self._queues().info(name)
         except QueueError:
-            raise HttpError(404, "no_queue", f"queue {name} does not exist") from None
+            raise HttpError(404, "no_queue", f"{describe(name)} does not exist") from None
 
     # -- publish ------------------------------------------------------------------------------------
 
     async def publish(self, request: Request) -> Response:
+        """To a topic or a queue of ``?vhost=`` (default ``/``), named as its clients name it."""
         body = _body(request, PublishIn)
+        cut = prefix(_vhost_arg(request))
+        if is_reserved(body.topic):
+            raise HttpError(400, "bad_topic", "name the vhost with ?vhost= and the topic as its clients do")
         if body.encoding == "base64":
             try:
                 payload = base64.b64decode(body.payload, validate=True)
@@ -911,8 +994,9 @@ class AdminApi:
             payload = body.payload.encode()
         props = body.properties
         now = now_ms()
+        queued = body.topic.startswith("$queue/")
         message = Message(
-            topic=body.topic,
+            topic=cut + body.topic,  # behind the vhost's prefix, as the hulls store it (vhosts.py)
             payload=payload,
             qos=body.qos,
             retain=body.retain,
@@ -923,7 +1007,7 @@ class AdminApi:
             user_properties=[(k, v) for k, v in props.user_properties],
             created_at_ms=now,
         )
-        if body.topic.startswith("$queue/"):
+        if queued:
             parsed = parse_queue_topic(body.topic)
             if parsed is None or parsed[2] is not None:
                 raise HttpError(400, "bad_topic", f"{body.topic!r} is not a queue topic one can publish to")
@@ -931,12 +1015,16 @@ class AdminApi:
                 raise HttpError(400, "bad_request", "a queue message cannot be retained")
             queue, routing_key, _ = parsed
             try:
-                result = await self.view.publish_to_queue(queue, message, routing_key)
+                result = await self.view.publish_to_queue(cut + queue, message, routing_key)
             except QueueError as exc:
                 raise _queue_error(exc) from None
+            shown = split_key(result.queue)[1]
             return _ok(
                 PublishOut(
-                    topic=body.topic, queue=result.queue, offset=result.offset, message_id=result.message_id
+                    topic=body.topic,
+                    queue=shown,
+                    offset=result.offset,
+                    message_id=f"{shown}:{result.offset}" if cut else result.message_id,
                 )
             )
         try:
@@ -1247,6 +1335,32 @@ def _body(request: Request, model: type[M], required: bool = True) -> M:
         raise HttpError(400, "bad_body", problems) from None
 
 
+def _vhost_arg(request: Request) -> str:
+    """The ``vhost`` a route's one queue, session or client belongs to (default ``/``)."""
+    vhost = request.arg("vhost") or DEFAULT_VHOST
+    try:
+        return validate_name(vhost)
+    except VHostError as exc:
+        raise HttpError(400, "bad_vhost", str(exc)) from None
+
+
+def _vhost_filter(request: Request) -> str | None:
+    """A list's ``vhost`` filter (None: every vhost)."""
+    return _vhost_arg(request) if request.arg("vhost") else None
+
+
+def _key(request: Request, name: str) -> str:
+    """The internal key of ``name`` in the request's vhost. A name in the internal spelling is
+    refused: the vhost is a parameter of its own."""
+    if is_reserved(name):
+        raise HttpError(
+            400,
+            "bad_name",
+            f"{name!r}: name the vhost with ?vhost= and the queue or client as its clients do",
+        )
+    return prefix(_vhost_arg(request)) + name
+
+
 def _bool_arg(request: Request, name: str) -> bool | None:
     value = request.arg(name)
     if value is None:
@@ -1319,15 +1433,31 @@ def _topic_permission_out(t: TopicPermission) -> TopicPermissionOut:
     return TopicPermissionOut(user=t.user, vhost=t.vhost, exchange=t.exchange, write=t.write, read=t.read)
 
 
+def _label(key: str) -> str:
+    """A queue as a chart's legend shows it: its name, and its vhost unless it is ``/``."""
+    vhost, name = split_key(key)
+    return name if vhost == DEFAULT_VHOST else f"{name} (vhost {vhost})"
+
+
+def _own_id(client: ClientInfo) -> str:
+    """The client id as the client sent it (an MQTT client's is kept behind its vhost's prefix)."""
+    return strip(client.client_id, prefix(client.vhost))
+
+
+def _client_out(client: ClientInfo) -> ClientOut:
+    return ClientOut(**client.to_json() | {"client_id": _own_id(client)})
+
+
 def _permission_out(permission: Permission) -> PermissionOut:
     p = permission
     return PermissionOut(user=p.user, vhost=p.vhost, configure=p.configure, write=p.write, read=p.read)
 
 
 def _session_out(session: SessionInfo) -> SessionOut:
+    vhost, client_id = split_key(session.client_id)
     return SessionOut(
-        client_id=session.client_id,
-        vhost=vhost_of(session.client_id),
+        client_id=client_id,
+        vhost=vhost,
         connected=session.connected,
         protocol_level=session.protocol_level,
         expiry_interval_s=session.expiry_interval_s,
@@ -1364,9 +1494,10 @@ def _queue_detail(info: QueueInfo) -> QueueDetail:
 
 
 def _queue_fields(info: QueueInfo) -> dict[str, Any]:
+    vhost, name = split_key(info.name)
     return {
-        "name": info.name,
-        "vhost": vhost_of(info.name),
+        "name": name,
+        "vhost": vhost,
         "mode": info.mode,
         "durable": info.durable,
         "depth": info.depth,
@@ -1385,12 +1516,14 @@ def _queue_fields(info: QueueInfo) -> dict[str, Any]:
             )
             for g in info.groups.values()
         ],
-        "dlq": info.dlq,
+        "dlq": None if info.dlq is None else split_key(info.dlq)[1],
         "dlq_depth": info.dlq_depth,
     }
 
 
-def _message_out(queue: str, stored: StoredMessage, encoding: str) -> MessageOut:
+def _message_out(key: str, stored: StoredMessage, encoding: str) -> MessageOut:
+    """A stored message as the queue's clients see it: the queue's and the topic's own names."""
+    vhost, queue = split_key(key)
     message = stored.message
     text: str | None = None
     if encoding != "base64":
@@ -1402,7 +1535,7 @@ def _message_out(queue: str, stored: StoredMessage, encoding: str) -> MessageOut
     return MessageOut(
         offset=stored.offset,
         message_id=f"{queue}:{stored.offset}",
-        topic=message.topic,
+        topic=strip(message.topic, prefix(vhost)),
         routing_key=stored.routing_key,
         payload=text if text is not None else base64.b64encode(message.payload).decode(),
         encoding="text" if text is not None else "base64",

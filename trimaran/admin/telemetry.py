@@ -40,6 +40,7 @@ from trimaran.admin.exposition import prometheus_name as prometheus_name
 from trimaran.admin.history import History
 from trimaran.broker.message import PROTOCOL_AMQP091, PROTOCOL_AMQP1, PROTOCOL_MQTT
 from trimaran.config import TelemetrySettings
+from trimaran.vhosts import split_key
 
 if TYPE_CHECKING:
     from trimaran.admin.webhooks import Webhooks
@@ -73,7 +74,7 @@ QUEUE_EVENTS = (
 )
 
 
-PER_OBJECT_LABELS = frozenset({"queue", "group", "endpoint"})
+PER_OBJECT_LABELS = frozenset({"queue", "vhost", "group", "endpoint"})
 
 
 def _origin(url: str) -> str:
@@ -465,21 +466,23 @@ class Telemetry:
         out = []
         for state in self._each_queue():
             for event in QUEUE_EVENTS:
-                out.append(Observation(state.stats.get(event, 0), {"queue": state.name, "event": event}))
+                out.append(
+                    Observation(state.stats.get(event, 0), {**_queue_labels(state.name), "event": event})
+                )
         return out
 
     def _queue_depth(self, _options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(len(s.messages), {"queue": s.name}) for s in self._each_queue()]
+        return [Observation(len(s.messages), _queue_labels(s.name)) for s in self._each_queue()]
 
     def _queue_bytes(self, _options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(s.bytes, {"queue": s.name}) for s in self._each_queue()]
+        return [Observation(s.bytes, _queue_labels(s.name)) for s in self._each_queue()]
 
     def _per_group(self, measure: Callable[[Group], int]) -> Callback:
         """One of each consumer group's numbers, labelled with its queue and group."""
 
         def observe(_options: CallbackOptions) -> Iterable[Observation]:
             return [
-                Observation(measure(group), {"queue": state.name, "group": group.name})
+                Observation(measure(group), {**_queue_labels(state.name), "group": group.name})
                 for state in self._each_queue()
                 for group in list(state.groups.values())
             ]
@@ -497,8 +500,15 @@ class Telemetry:
             except Exception:  # deleted meanwhile, or changed under another thread
                 continue
             for group in info.groups.values():
-                out.append(Observation(group.lag, {"queue": state.name, "group": group.name}))
+                out.append(Observation(group.lag, {**_queue_labels(state.name), "group": group.name}))
         return out
+
+
+def _queue_labels(key: str) -> dict[str, str]:
+    """A queue's labels as RabbitMQ's per-object metrics have them: its name and its vhost (never
+    the internal key, trimaran/vhosts.py)."""
+    vhost, name = split_key(key)
+    return {"queue": name, "vhost": vhost}
 
 
 def _build_info(_options: CallbackOptions) -> Iterable[Observation]:

@@ -42,6 +42,7 @@ from trimaran.security.guard import (
     EXCHANGE,
     GUEST,
     QUEUE,
+    QUEUE_TOPIC,
     READ,
     WRITE,
     Principal,
@@ -55,7 +56,7 @@ from trimaran.topics import (
     routing_key_to_topic,
     topic_to_routing_key,
 )
-from trimaran.vhosts import key_prefix
+from trimaran.vhosts import is_reserved, key_prefix
 
 if TYPE_CHECKING:
     from trimaran.amqp091.exchanges import ExchangeRegistry
@@ -368,6 +369,17 @@ def check_default_publish(
     if not security.permits(principal, WRITE, EXCHANGE, ""):
         raise _refused(security, principal, WRITE, EXCHANGE, "", method)
     if key and conn.vhost_prefix + key not in conn.exclusive_queues:  # keys: no call on this path
+        if key[:1] == "$" and is_reserved(key):
+            # Another vhost's key, spelt by a client of '/': refused as the queue it named, in the
+            # vhost it is in (never as a topic of amq.topic, which it did not name).
+            security.refused(principal, WRITE, QUEUE_TOPIC + key, "names another vhost's queue")
+            user = principal.user or GUEST[0]
+            raise spec.ProtocolError(
+                ACCESS_REFUSED,
+                f"access to queue '{key}' in vhost '{conn.virtual_host or '/'}' refused for user '{user}'",
+                class_id=method.CLASS_ID,
+                method_id=method.METHOD_ID,
+            )
         topic = queue_topic(key)
         if not security.authorize(principal, WRITE, topic):
             raise _refusal(conn, WRITE, topic, method)

@@ -113,7 +113,7 @@ from trimaran.security.guard import (
 from trimaran.security.guard import QUEUE as QUEUE_RESOURCE
 from trimaran.selector import SelectorError
 from trimaran.topics import TopicError, filter_to_binding_key, topic_to_routing_key
-from trimaran.vhosts import DEFAULT_VHOST, prefix
+from trimaran.vhosts import DEFAULT_VHOST, describe, prefix
 
 log = logging.getLogger(__name__)
 
@@ -324,12 +324,13 @@ class Amqp1FrontEnd:
                 conn.close(Error(condition=Symbol("amqp:connection:forced"), description="vhost deleted"))
 
     def _vhost_for(self, conn: Amqp1Conn, hostname: str | None) -> str:
-        """``open.hostname`` as RabbitMQ reads it: ``vhost:NAME`` names a vhost; a plain host name
-        (clients send the host they dialled) is the vhost only if one of that name exists; else the
-        user's mapping (``auth.vhost_map``), the listener's (``listeners.vhosts``) or ``/``."""
+        """``open.hostname`` as RabbitMQ 3.10 reads it: ``vhost:NAME`` names a vhost; any other host
+        name (clients send the host they dialled) names none, and the client goes to its user's
+        mapping (``auth.vhost_map``), its listener's (``listeners.vhosts``) or ``/``. Only with
+        ``amqp1.hostname_vhost`` does a plain host name that names a vhost select it."""
         if hostname is not None and hostname.startswith("vhost:"):
             return hostname[len("vhost:") :]
-        if hostname and self.broker.vhosts.exists(hostname):
+        if hostname and self.config.hostname_vhost and self.broker.vhosts.exists(hostname):
             return hostname
         settings = self.settings
         mapped = settings.auth.vhost_map.get(conn.user) if conn.user is not None else None
@@ -833,7 +834,7 @@ class Amqp1FrontEnd:
 
     def publish_failed(self, conn: Amqp1Conn, queue: str, exc: QueueError) -> Error:
         """A queue publish refused or not written: logged, and the error its disposition says."""
-        log.info("amqp1: %s: queue publish to %s refused: %s", conn.container_id, queue, exc)
+        log.info("amqp1: %s: publish to %s refused: %s", conn.container_id, describe(queue), exc)
         return Error(condition=refusal_condition(exc), description=str(exc))
 
     # -- dispositions -----------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from trimaran.broker.router import SubscriptionOptions
 from trimaran.queue.groups import Selects
 from trimaran.queue.policy import QueueError
 from trimaran.selector import SelectorError
+from trimaran.vhosts import describe
 
 if TYPE_CHECKING:
     from trimaran.amqp1.conn import Amqp1Conn
@@ -181,7 +182,7 @@ class Subscribers:
             try:
                 selects = None if selector is None else selecting(parse_selector(selector))
             except SelectorError as exc:
-                log.warning("amqp1: subscription %s not restored: %s", queue, exc)
+                log.warning("amqp1: the subscription %s not restored: %s", describe(queue), exc)
                 continue
             self._start(queue, topic, True, shared, selector, selects, source)
         if self.subscriptions:
@@ -218,7 +219,7 @@ class Subscribers:
             await self.queues.delete(sub.queue)
             if sub.durable:
                 await self._save()
-            log.debug("amqp1: subscription %s removed", sub.queue)
+            log.debug("amqp1: the subscription %s removed", describe(sub.queue))
         finally:
             if self._ending.get(sub.queue) is ending:
                 del self._ending[sub.queue]

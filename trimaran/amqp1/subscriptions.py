@@ -31,6 +31,7 @@ from trimaran.amqp1.performatives import Source
 from trimaran.amqp1.selection import SELECTOR_FILTER, find_selector
 from trimaran.amqp1.types import Described, Symbol
 from trimaran.queue.policy import QueueError
+from trimaran.vhosts import describe, split_key
 
 if TYPE_CHECKING:
     from trimaran.broker.message import Message
@@ -157,4 +158,10 @@ class Subscription:
         try:
             self.manager.publish_nowait(self.queue, message)
         except QueueError as exc:
-            log.info("amqp1: subscription %s dropped a message of %s: %s", self.queue, message.topic, exc)
+            topic = split_key(message.topic)[1]
+            log.info(
+                "amqp1: the subscription %s dropped a message of topic %r: %s",
+                describe(self.queue),
+                topic,
+                exc,
+            )

@@ -448,7 +448,8 @@ class MqttQueues:
                 owner=conn,
             )
         except QueueError as exc:
-            log.info("mqtt: queue subscription %r refused: %s", topic_filter, exc)
+            who = describe(conn.endpoint.client_id, "client")
+            log.info("mqtt: subscription %r of %s to %s refused: %s", topic_filter, who, describe(queue), exc)
             if exc.reason == "queue-limit":
                 return ReasonCode.QUOTA_EXCEEDED  # the vhost's queue limit (3.1.1: 0x80)
             refused = exc.reason in ("no-queue", "locked")

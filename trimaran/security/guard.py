@@ -3,8 +3,9 @@
 - Logins: users from ``auth.password_file`` (hashed) and ``[[auth.users]]`` (plaintext, a WARNING at
   start). Hashes are checked on a worker thread, and a verified password is remembered for
   ``auth.login_cache_s`` (as an HMAC under a key of this process, never in clear). A failed login is
-  logged at WARNING, counted, and slows the next logins from the same address (a delay doubling per
-  failure up to ``auth.login_delay_max_s``; forgotten after a success or a quiet minute).
+  logged at WARNING and counted. A wrong password is refused after a wait that grows with the
+  failures of the same user from the same address (:mod:`trimaran.security.throttle`); a correct
+  one is never delayed.
 - Anonymous clients: ``auth.allow_anonymous``; unset, only from loopback addresses. Users named in
   ``auth.loopback_users`` (``guest``) only from loopback, as RabbitMQ's ``loopback_users``.
 - A user name that names nobody, or a wrong password, is refused, also with no users configured
@@ -59,6 +60,7 @@ from trimaran.security.permissions import (
     expand,
     pattern_user,
 )
+from trimaran.security.throttle import Throttle, ceiling
 from trimaran.vhosts import DEFAULT_VHOST, TENANT, Permission, PermissionStore, TopicPermission
 
 log = logging.getLogger("trimaran.security")
@@ -77,8 +79,6 @@ __all__ = [
     "publish_resource",
 ]
 
-THROTTLE_FORGET_S: Final = 60.0  # an address with no failure for this long starts afresh
-THROTTLE_MAX_ADDRESSES: Final = 10_000
 DECISION_CACHE: Final = 512  # per connection
 CACHE_MAX_USERS: Final = 10_000
 QUEUE_TOPIC: Final = "$queue/"
@@ -190,41 +190,16 @@ class Principal:
         return f"{self.protocol} client {self.client_id!r} ({who} from {self.host or '?'})"
 
 
-class Throttle:
-    """Failed logins per source address: each failure doubles the wait before the next answer."""
-
-    def __init__(self, initial_s: float, max_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.initial_s = initial_s
-        self.max_s = max_s
-        self.clock = clock
-        self._failures: OrderedDict[str, tuple[int, float]] = OrderedDict()
-
-    def delay(self, host: str) -> float:
-        entry = self._failures.get(host)
-        if entry is None or not self.initial_s:
-            return 0.0
-        count, last = entry
-        if self.clock() - last > THROTTLE_FORGET_S + self.max_s:
-            del self._failures[host]
-            return 0.0
-        return float(min(self.initial_s * 2 ** min(count - 1, 32), self.max_s))
-
-    def failed(self, host: str) -> None:
-        count = self._failures.pop(host, (0, 0.0))[0]
-        self._failures[host] = (count + 1, self.clock())
-        while len(self._failures) > THROTTLE_MAX_ADDRESSES:
-            self._failures.popitem(last=False)
-
-    def succeeded(self, host: str) -> None:
-        self._failures.pop(host, None)
-
-
 class Security:
-    def __init__(self, settings: AuthSettings) -> None:
+    def __init__(self, settings: AuthSettings, *, handshake_s: float | None = None) -> None:
+        """``handshake_s``: the shortest handshake deadline of the protocols served, which a refusal
+        must beat (the login throttle's longest wait is a share of it)."""
         self.settings = settings
         self.allow_anonymous = settings.allow_anonymous
         self.loopback_users = frozenset(settings.loopback_users)
-        self.throttle = Throttle(settings.login_delay_initial_s, settings.login_delay_max_s)
+        self.throttle = Throttle(
+            settings.login_delay_initial_s, ceiling(settings.login_delay_max_s, handshake_s)
+        )
         self.stats: Counter[str] = Counter()  # failed logins, refusals by protocol
         self.refusals: Counter[str] = Counter()
         self.hashed: dict[str, PasswordHash] = {}
@@ -368,22 +343,23 @@ class Security:
         if anonymous_without_users and not (self.hashed or self.plain) and self.anonymous_allowed(host):
             return Login(True, None)  # Mosquitto: a name of nobody, where anyone may connect
         raw = password.encode() if isinstance(password, str) else password
-        if not self.throttle.delay(host) and raw is not None:
-            known = self._known_password(username, raw)
-            if known:
-                return Login(True, username)
+        if raw is not None and self._known_password(username, raw):
+            self.throttle.succeeded(username, host)
+            return Login(True, username)
         return self._slow_login(username, raw, host, protocol, who)
 
     async def _slow_login(
         self, username: str, password: bytes | None, host: str, protocol: str, who: tuple[str | None, str]
     ) -> Login:
-        wait = self.throttle.delay(host)
+        """The password checked first, so that a correct one is never delayed; a wrong one is
+        refused after the throttle's wait for this user and address."""
+        if password is not None and await self._check_password(username, password):
+            self.throttle.succeeded(username, host)
+            return Login(True, username)
+        wait = self.throttle.failed(username, host)
         if wait:
             await anyio.sleep(wait)
-        if password is not None and await self._check_password(username, password):
-            self.throttle.succeeded(host)
-            return Login(True, username)
-        return self.failed_login(protocol, username, host, "bad user name or password", False, who)
+        return self._refused(protocol, username, host, "bad user name or password", who, False)
 
     def _known_password(self, user: str, password: bytes) -> bool:
         """A plaintext user's password, or a hash verified recently (no hashing here)."""
@@ -427,11 +403,10 @@ class Security:
         not_authorized: bool,
         who: tuple[str | None, str] | None = None,
     ) -> Login:
-        """Count, log, and make the next logins from this address wait longer. ``who``: the client id
-        (if the protocol has one yet) and the peer address, for the log line."""
-        refusal = self._refused(protocol, user, host, reason, who, not_authorized)
-        self.throttle.failed(host)
-        return refusal
+        """A login refused for who it is, not for a guessed password (no identity, anonymous, a
+        loopback-only user from elsewhere): counted and logged, at once. ``who``: the client id (if
+        the protocol has one yet) and the peer address, for the log line."""
+        return self._refused(protocol, user, host, reason, who, not_authorized)
 
     def _refused(
         self,

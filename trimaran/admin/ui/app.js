@@ -219,7 +219,8 @@ async function connections() {
   const clients = await all("/api/v1/clients");
   fill($("connection-rows"), clients, (row, c) => {
     row.dataset.clientId = c.client_id;
-    cell(row, c.id); cell(row, c.client_id); cell(row, c.protocol); cell(row, c.address); cell(row, c.user);
+    cell(row, c.id); cell(row, c.client_id); cell(row, c.vhost); cell(row, c.protocol); cell(row, c.address);
+    cell(row, c.user);
     cell(row, duration(Date.now() / 1000 - c.connected_at_ms / 1000));
     button(actions(row), "Kick", async () => {
       if (confirm(`Disconnect ${c.client_id}?`)) await api("DELETE", `/api/v1/clients/${seg(c.id)}`);
@@ -227,31 +228,36 @@ async function connections() {
   });
 }
 
+// The vhost of one queue or session, for the routes that name it (trimaran/admin/api.py).
+const inV = (item) => `?vhost=${encodeURIComponent(item.vhost)}`;
+
 async function sessions() {
   const items = await all("/api/v1/sessions");
   fill($("session-rows"), items, (row, s) => {
     row.dataset.clientId = s.client_id;
-    cell(row, s.client_id); cell(row, s.connected ? "yes" : "no");
+    cell(row, s.client_id); cell(row, s.vhost); cell(row, s.connected ? "yes" : "no");
     cell(row, { 3: "3.1", 4: "3.1.1", 5: "5.0" }[s.protocol_level] || s.protocol_level);
     cell(row, s.subscription_count); cell(row, s.inflight); cell(row, s.queued); cell(row, s.dropped);
     button(actions(row), "Delete", async () => {
-      if (confirm(`End the session of ${s.client_id}?`)) await api("DELETE", `/api/v1/sessions/${seg(s.client_id)}`);
+      if (confirm(`End the session of ${s.client_id}?`)) await api("DELETE", `/api/v1/sessions/${seg(s.client_id)}${inV(s)}`);
     }, true);
   });
 }
 
 async function queues() {
   const listed = await all("/api/v1/queues");
-  const details = await Promise.all(listed.map((q) => api("GET", `/api/v1/queues/${seg(q.name)}`)));
+  const details = await Promise.all(listed.map((q) => api("GET", `/api/v1/queues/${seg(q.name)}${inV(q)}`)));
   const at = Date.now() / 1000;
   const previous = state.lastQueues;
   state.lastQueues = {};
   fill($("queue-rows"), details, (row, q) => {
-    const before = previous[q.name] || {};
+    const known = `${q.vhost} ${q.name}`;
+    const before = previous[known] || {};
     const seconds = at - (before.at || at);
-    state.lastQueues[q.name] = { at, published: q.stats.published || 0, acked: q.stats.acked || 0 };
+    state.lastQueues[known] = { at, published: q.stats.published || 0, acked: q.stats.acked || 0 };
     row.dataset.queue = q.name;
-    cell(row, q.name); cell(row, q.mode); cell(row, q.depth).dataset.field = "depth"; cell(row, q.bytes);
+    row.dataset.vhost = q.vhost;
+    cell(row, q.name); cell(row, q.vhost); cell(row, q.mode); cell(row, q.depth).dataset.field = "depth"; cell(row, q.bytes);
     cell(row, q.pending);
     cell(row, q.groups.map((g) => `${g.name}: ${g.lag}`).join(", ") || q.lag);
     cell(row, q.groups.reduce((n, g) => n + g.consumers, 0));
@@ -260,18 +266,19 @@ async function queues() {
     cell(row, q.dlq ? `${q.dlq} (${q.dlq_depth})` : "-");
     const td = actions(row);
     const act = (label, fn, danger) => button(td, label, fn, danger);
-    act("Peek", () => peek(q.name));
+    act("Peek", () => peek(q));
     act("Purge", async () => {
-      if (confirm(`Remove every message of ${q.name}?`)) await api("POST", `/api/v1/queues/${seg(q.name)}/purge`);
+      if (confirm(`Remove every message of ${q.name}?`)) await api("POST", `/api/v1/queues/${seg(q.name)}/purge${inV(q)}`);
     }, true);
-    if (q.dlq_depth > 0) act("Redrive", () => api("POST", `/api/v1/queues/${seg(q.name)}/redrive`, {}));
+    if (q.dlq_depth > 0) act("Redrive", () => api("POST", `/api/v1/queues/${seg(q.name)}/redrive${inV(q)}`, {}));
   });
   await queueCharts();
 }
 
-async function peek(name) {
-  const page = await api("GET", `/api/v1/queues/${seg(name)}/messages?limit=50`);
-  $("peek-title").textContent = `${name}: first ${page.items.length} messages`;
+async function peek(q) {
+  const page = await api("GET", `/api/v1/queues/${seg(q.name)}/messages?limit=50&vhost=${encodeURIComponent(q.vhost)}`);
+  const where = q.vhost === "/" ? "" : ` (vhost ${q.vhost})`;
+  $("peek-title").textContent = `${q.name}${where}: first ${page.items.length} messages`;
   fill($("peek-rows"), page.items, (row, m) => {
     cell(row, m.offset); cell(row, m.topic); cell(row, m.size);
     cell(row, m.encoding === "text" ? m.payload : `base64:${m.payload}`).className = "payload";
