@@ -8,6 +8,7 @@ password: ``ProbableAuthenticationError``) repeated eight times in a row, here a
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -40,7 +41,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     directory = tmp_path_factory.mktemp("throttle")
     passwords = directory / "passwords"
     write_lines(passwords, [(user, make_hash(word, iterations=1000)) for user, word in USERS.items()])
-    env = {"TRIMARAN_AUTH__PASSWORD_FILE": str(passwords), "TRIMARAN_AUTH__ALLOW_ANONYMOUS": "false"}
+    env = {
+        "TRIMARAN_AUTH__PASSWORD_FILE": str(passwords),
+        "TRIMARAN_AUTH__ALLOW_ANONYMOUS": "false",
+        "TRIMARAN_AUTH__PERMISSIONS": json.dumps([{"user": user} for user in USERS]),  # '/': all of it
+    }
     with serving(RunningServer(amqp_server_args(), cwd=directory, env=env).start()) as running:
         yield running
         assert not [line for line in running.lines if "Traceback" in line], "a traceback in the server log"
