@@ -15,6 +15,14 @@ available (from a time on), held by one consumer, or done (acked or dead-lettere
 - after a restart (the manager stopped and a new one opened on the same tables) all of this still
   holds: what was held comes back, what was finished stays finished.
 
+Streams (:class:`StreamMachine`) have a model of their own: a retained log read by groups at their
+own offsets, each consumer getting the next message it selects from its group's cursor, commits
+moving forward only, retention dropping the oldest at the sweep, and a group that comes back (a new
+consumer, a restart) reading on from what it committed.
+
+Not modelled yet: shared mode (several managers claiming from one PostgreSQL), dead letters routed
+through an exchange, and max-length overflow.
+
 Expiry is the one place the model is lenient: an expired message may linger until the sweep (or a
 take that meets it) removes it, and may be removed under a consumer that holds it.
 
@@ -51,6 +59,7 @@ import trimaran.queue.admin
 import trimaran.queue.journal
 import trimaran.queue.manager
 import trimaran.queue.shared
+from tests.queue.conftest import Collector
 from trimaran.broker.message import Message
 from trimaran.config import QueuePolicySettings, QueueSettings, StorageSettings
 from trimaran.queue import QueueDelivery, QueueManager
@@ -148,23 +157,16 @@ class Model:
             slots.pop(offset, None)
 
 
-class Collector:
-    def __init__(self, id: str) -> None:
-        self.id = id
-        self.deliveries: list[QueueDelivery] = []
-
-    def deliver(self, delivery: QueueDelivery) -> None:
-        self.deliveries.append(delivery)
-
-
 # -- the machine ----------------------------------------------------------------------------------
 
 
-class QueueMachine(RuleBasedStateMachine):
-    """One history against one fresh database (the tables emptied, not migrated again)."""
+class ManagerMachine(RuleBasedStateMachine):
+    """One history against one fresh database (the tables emptied, not migrated again), a manager
+    opened on it in the portal's event loop, and the fake clock set while it runs."""
 
     storage: Storage
     portal: BlockingPortal
+    policy: QueuePolicySettings
 
     def __init__(self) -> None:
         super().__init__()
@@ -172,26 +174,13 @@ class QueueMachine(RuleBasedStateMachine):
         self.clock = Clock()
         self._clock = fake_clock(self.clock)
         self._clock.__enter__()
-        self.model = Model()
-        self.consumers: dict[str, Consumer] = {}
         self.names = 0
         self.running: AbstractContextManager[QueueManager] | None = None
         self.manager = self.open()
 
-    # -- the real side --------------------------------------------------------------------------
-
     def open(self) -> QueueManager:
-        policy = QueuePolicySettings(
-            visibility_timeout_s=VISIBILITY_MS / 1000,
-            max_attempts=1000,  # exhaustion is the unit tests'; here a nack is always a retry
-            backoff_initial_s=RETRY_MS / 1000,
-            backoff_max_s=RETRY_MS / 1000,
-        )
-        manager = QueueManager(
-            self.storage,
-            QueueSettings(auto_create=True, defaults=policy),
-            StorageSettings(commit_interval_ms=1.0),
-        )
+        settings = QueueSettings(auto_create=True, defaults=self.policy)
+        manager = QueueManager(self.storage, settings, StorageSettings(commit_interval_ms=1.0))
         self.running = self.portal.wrap_async_context_manager(manager.running())
         self.running.__enter__()
         return manager
@@ -209,6 +198,20 @@ class QueueMachine(RuleBasedStateMachine):
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return self.portal.call(fn, *args)
+
+
+class QueueMachine(ManagerMachine):
+    policy = QueuePolicySettings(
+        visibility_timeout_s=VISIBILITY_MS / 1000,
+        max_attempts=1000,  # exhaustion is the unit tests'; here a nack is always a retry
+        backoff_initial_s=RETRY_MS / 1000,
+        backoff_max_s=RETRY_MS / 1000,
+    )
+
+    def __init__(self) -> None:
+        self.model = Model()
+        self.consumers: dict[str, Consumer] = {}
+        super().__init__()
 
     def settle_down(self) -> None:
         """Let every submission commit and every delivery it makes possible reach its consumer."""
@@ -499,6 +502,191 @@ def empty_tables(storage: Storage) -> None:
             connection.execute(table.delete())
 
 
+# -- streams --------------------------------------------------------------------------------------
+
+STREAM = "s"
+KEEP = 5  # retention_count: the sweep drops the oldest past it
+
+
+@dataclass
+class Reader:
+    """A stream group's one consumer (several share a group's read cursor: which reads past which
+    is round robin's, not the model's)."""
+
+    name: str
+    group: str
+    kind: str
+    handle: ConsumerHandle
+    got: list[QueueDelivery]
+    credit: int = 0
+    seen: int = 0
+
+    def wants(self, msg: Msg) -> bool:
+        return {"red": msg.red, "key-a": msg.key == "a"}.get(self.kind, True)
+
+
+class StreamMachine(ManagerMachine):
+    """A stream with retention, read by groups at their own offsets: each group sees the messages
+    it selects in order from its cursor, commits move forward only, and a group that comes back
+    (a new consumer, a restart) reads on from what it committed."""
+
+    policy = QueuePolicySettings(mode="stream", retention_count=KEEP)
+
+    def __init__(self) -> None:
+        self.messages: dict[int, Msg] = {}
+        self.high = 0  # the next offset
+        self.cursor: dict[str, int] = {}  # each group's read position
+        self.committed: dict[str, int] = {}
+        self.readers: dict[str, Reader] = {}  # at most one per group
+        super().__init__()
+
+    @rule(red=st.booleans(), key=st.sampled_from(["a", "b"]))
+    def publish(self, red: bool, key: str) -> None:
+        message = Message(topic=f"$queue/{STREAM}", payload=b"red" if red else b"green", qos=1)
+        result = self.call(self.manager.publish, STREAM, message, key)
+        assert result.offset == self.high
+        self.messages[self.high] = Msg(self.high, red, key, None)
+        self.high += 1
+        self.check()
+
+    @rule(
+        group=st.sampled_from(["g1", "g2", "g3"]),
+        kind=st.sampled_from(["plain", "red", "key-a", "auto"]),
+        credit=st.integers(1, 4),
+        start=st.sampled_from([None, None, "first", "last"]),
+    )
+    def consume(self, group: str, kind: str, credit: int, start: str | None) -> None:
+        if any(r.group == group for r in self.readers.values()):
+            return
+        self.names += 1
+        name = f"r{self.names}"
+        collector = Collector(name)
+
+        def attach() -> ConsumerHandle:
+            return self.manager.consume(
+                STREAM,
+                collector,
+                group=group,
+                routing_filter="a" if kind == "key-a" else None,
+                selects=(lambda m: m.payload == b"red") if kind == "red" else None,
+                auto_ack=kind == "auto",
+                start=start,
+            )
+
+        handle = self.call(attach)
+        first = min(self.messages, default=self.high)
+        at = {"first": first, "last": max(first, self.high - 1), None: self.high}[start]
+        if group not in self.committed:  # a new group starts there (by default at the next message)
+            self.cursor[group] = self.committed[group] = at
+        else:  # one coming back reads on from what it committed, unless told where
+            self.cursor[group] = at if start is not None else self.committed[group]
+        reader = self.readers[name] = Reader(name, group, kind, handle, collector.deliveries)
+        reader.credit += credit
+        self.call(handle.add_credit, credit)
+        self.check()
+
+    @precondition(lambda self: self.readers)
+    @rule(data=st.data(), credit=st.integers(1, 4))
+    def add_credit(self, data: st.DataObject, credit: int) -> None:
+        reader = self.readers[data.draw(st.sampled_from(sorted(self.readers)))]
+        reader.credit += credit
+        self.call(reader.handle.add_credit, credit)
+        self.check()
+
+    @precondition(lambda self: any(r.got for r in self.readers.values()))
+    @rule(data=st.data(), outcome=st.sampled_from(["ack", "ack", "release", "nack"]))
+    def settle(self, data: st.DataObject, outcome: str) -> None:
+        reader = self.readers[data.draw(st.sampled_from(sorted(n for n, r in self.readers.items() if r.got)))]
+        offset = data.draw(st.sampled_from([d.offset for d in reader.got]))
+        handle = reader.handle
+        settle: Callable[[], Any] = {
+            "ack": lambda: handle.ack(offset),
+            "release": lambda: handle.return_nowait(offset),
+            "nack": lambda: handle.nack(offset),
+        }[outcome]
+        ok = self.call(settle)
+        group = reader.group
+        if outcome == "nack":
+            assert not ok, "a stream takes no failed attempt back"
+        elif outcome == "ack":
+            assert ok
+            self.committed[group] = max(self.committed[group], offset + 1)
+        else:  # read again from there (never before what is committed)
+            assert ok
+            if offset < self.cursor[group]:
+                self.cursor[group] = max(offset, self.committed[group])
+        self.check()
+
+    @precondition(lambda self: self.readers)
+    @rule(data=st.data())
+    def leave(self, data: st.DataObject) -> None:
+        reader = self.readers.pop(data.draw(st.sampled_from(sorted(self.readers))))
+        self.call(quiesce, self.manager, [reader])
+        self.take(reader)
+        self.call(reader.handle.cancel)
+        self.check()
+
+    @rule()
+    def sweep(self) -> None:
+        """The timers' sweep: retention drops the oldest past ``KEEP``."""
+        self.call(quiesce, self.manager, list(self.readers.values()))
+        self.call(self.manager._sweep, self.clock.now)
+        for offset in sorted(self.messages)[:-KEEP]:
+            del self.messages[offset]
+        self.check()
+
+    @rule()
+    def restart(self) -> None:
+        self.call(quiesce, self.manager, list(self.readers.values()))
+        for reader in self.readers.values():
+            self.take(reader)
+        self.close()
+        self.readers.clear()
+        self.manager = self.open()
+        self.check()
+
+    # -- checks ---------------------------------------------------------------------------------
+
+    def take(self, reader: Reader) -> None:
+        """Each new delivery: the next message the reader selects at or past its group's cursor."""
+        group = reader.group
+        while reader.seen < len(reader.got):
+            d = reader.got[reader.seen]
+            reader.seen += 1
+            where = f"{reader.name} ({reader.kind}, {group}) got {d.offset}"
+            assert reader.credit > 0, f"{where} without credit"
+            wanted = [
+                o for o, m in sorted(self.messages.items()) if o >= self.cursor[group] and reader.wants(m)
+            ]
+            assert wanted and d.offset == wanted[0], (
+                f"{where}, the next it selects from {self.cursor[group]}: {wanted[:1]}"
+            )
+            assert not d.redelivered and d.group == group, where
+            reader.credit -= 1
+            self.cursor[group] = d.offset + 1
+            if reader.kind == "auto":
+                self.committed[group] = max(self.committed[group], d.offset + 1)
+
+    def check(self) -> None:
+        self.call(quiesce, self.manager, list(self.readers.values()))
+        for reader in self.readers.values():
+            self.take(reader)
+            if reader.credit > 0:  # it read to the end: nothing left it selects
+                left = [
+                    o for o, m in self.messages.items() if o >= self.cursor[reader.group] and reader.wants(m)
+                ]
+                assert not left, f"{reader.name} has credit and {left} to read"
+                self.cursor[reader.group] = self.high
+            assert reader.handle.credit == reader.credit
+        state = self.manager.get(STREAM) if self.manager.exists(STREAM) else None
+        memory = set(state.messages) if state is not None else set()
+        assert memory == set(self.messages), f"in memory {sorted(memory)}, model {sorted(self.messages)}"
+        assert stored_offsets(self.storage, STREAM) == memory
+        if state is not None:
+            for name, group in state.groups.items():
+                assert group.committed == self.committed[name], f"{name} committed {group.committed}"
+
+
 # -- the runs -------------------------------------------------------------------------------------
 
 
@@ -510,10 +698,10 @@ def machine_storage(storage_url: str) -> Iterator[Storage]:
     storage.close()
 
 
-def run_model(storage: Storage, examples: int) -> None:
+def run_model(storage: Storage, examples: int, kind: type[RuleBasedStateMachine] = QueueMachine) -> None:
     with start_blocking_portal("asyncio") as portal:
 
-        class Machine(QueueMachine):
+        class Machine(kind):  # type: ignore[valid-type,misc]
             pass
 
         Machine.storage = storage
@@ -535,10 +723,20 @@ def test_the_queue_follows_its_model(machine_storage: Storage) -> None:
     run_model(machine_storage, MODEL_EXAMPLES)
 
 
+def test_the_stream_follows_its_model(machine_storage: Storage) -> None:
+    run_model(machine_storage, MODEL_EXAMPLES, StreamMachine)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(0)
 def test_the_queue_follows_its_model_at_length(machine_storage: Storage) -> None:
     run_model(machine_storage, MODEL_EXAMPLES_SLOW)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(0)
+def test_the_stream_follows_its_model_at_length(machine_storage: Storage) -> None:
+    run_model(machine_storage, MODEL_EXAMPLES_SLOW, StreamMachine)
 
 
 def test_the_model_catches_what_issue_42_left_stored(machine_storage: Storage) -> None:
