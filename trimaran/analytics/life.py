@@ -768,7 +768,7 @@ def _check_pending(
 ) -> None:  # fmt: skip
     """Replayed open entries against queue_pending, per group (live: None when never published)."""
     cursors = ctx.groups.get(queue, {})
-    # The broker keeps no row for a first delivery of a queue's only group (WorkGroup.alone)
+    # The broker keeps no row for a first delivery of a queue's only group (WorkGroup.deliver, held_at_start)
     alone = len(cursors.keys() | lives.keys()) <= 1
     for group in sorted(lives.keys() | pending.keys()):
         life = lives.get(group)

@@ -335,20 +335,17 @@ class WorkGroup(Group):
             state.forget(offset)
             return
         if offset >= self.cursor:
+            # A 'done' marker, written only if it outlives the message: when this group is the
+            # last to finish, drop_if_finished takes the message and the entry's row at once.
             entry.state = DONE
             entry.holder = None
-            self.journal.pending(ch, state, self, offset, entry)
+            self.drop_if_finished(offset, ch)
+            if offset in self.entries:
+                self.journal.pending(ch, state, self, offset, entry)
         else:
             del self.entries[offset]
             self.journal.pending_gone(ch, state, self, offset, entry)
-        self.drop_if_finished(offset, ch)
-
-    def alone(self) -> bool:
-        """The queue's only group, on one node: its first deliveries need no pending row, since a
-        message below its cursor with none can only be one it holds (every other way out of the
-        group removes the message). With two groups a message stays for the other, so rows are
-        written again (:meth:`store_held` writes those left out)."""
-        return not self.shared and len(self.state.groups) == 1
+            self.drop_if_finished(offset, ch)
 
     def store_held(self, ch: Changes) -> None:
         """Rows for the held first deliveries written without one, now that the queue is no longer
