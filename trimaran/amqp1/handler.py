@@ -112,7 +112,6 @@ from trimaran.security.guard import (
 )
 from trimaran.security.guard import QUEUE as QUEUE_RESOURCE
 from trimaran.selector import SelectorError
-from trimaran.topics import TopicError, filter_to_binding_key, topic_to_routing_key
 from trimaran.vhosts import DEFAULT_VHOST, describe, prefix
 
 log = logging.getLogger(__name__)
@@ -435,15 +434,7 @@ class Amqp1FrontEnd:
             return security.refuse_resource(principal, access, kind, name)
         if name != AMQ_TOPIC or not security.has_topic_permissions(principal):
             return None
-        # RabbitMQ's topic permissions on amq.topic: the routing key a sender publishes with, the
-        # binding key a receiver reads with (a/b is a.b, a/+/# is a.*.#).
-        try:
-            key = topic_to_routing_key(topic) if access == WRITE else filter_to_binding_key(topic)
-        except TopicError:
-            return None  # a bad filter is refused on its own
-        if security.permits_key(principal, access, AMQ_TOPIC, key):
-            return None
-        return security.topic_text(principal, AMQ_TOPIC, key)
+        return security.topic_refusal(principal, access, topic)  # the topic's key on amq.topic
 
     def _check_configure(self, conn: Amqp1Conn, queue: str) -> None:
         """A queue made by this attach (``queues.auto_create``, a dynamic node) is configured: the

@@ -84,10 +84,8 @@ from trimaran.storage.mqtt_store import MqttStore, StoredSession
 from trimaran.topics import (
     SHARE_PREFIX,
     TopicError,
-    filter_to_binding_key,
     split_shared,
     topic_matches,
-    topic_to_routing_key,
 )
 from trimaran.vhosts import DEFAULT_VHOST, describe, is_reserved, prefix, split_user, vhost_of
 
@@ -914,16 +912,9 @@ class MqttFrontEnd:
         return True
 
     def _permits_key(self, principal: Principal, access: str, topic: str) -> bool:
-        """RabbitMQ's topic permissions on ``amq.topic``, as its MQTT plugin asks them: a publish's
-        routing key (``a/b`` is ``a.b``) against the write pattern, a subscription's binding key
-        (``a/+/#`` is ``a.*.#``) against the read pattern. ``$queue/`` names are not topics."""
-        if topic.startswith("$queue/"):
-            return True
-        try:
-            key = topic_to_routing_key(topic) if access == WRITE else filter_to_binding_key(topic)
-        except TopicError:
-            return True  # a bad filter: the subscription refuses it on its own
-        return self.security.permits_key(principal, access, AMQ_TOPIC, key)
+        """RabbitMQ's topic permissions on ``amq.topic`` for a publish (write) or a subscription
+        (read) to ``topic`` (:meth:`Security.topic_refusal`)."""
+        return self.security.topic_refusal(principal, access, topic) is None
 
     def _permits_creation(self, principal: Principal, queue: str | None) -> bool:
         """A ``$queue/<q>`` that this operation will create (``queues.auto_create``) is configured:

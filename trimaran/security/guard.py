@@ -61,6 +61,7 @@ from trimaran.security.permissions import (
     pattern_user,
 )
 from trimaran.security.throttle import Throttle, ceiling
+from trimaran.topics import TopicError, filter_to_binding_key, topic_to_routing_key
 from trimaran.vhosts import DEFAULT_VHOST, TENANT, Permission, PermissionStore, TopicPermission
 
 log = logging.getLogger("trimaran.security")
@@ -570,6 +571,22 @@ class Security:
             return True
         self.refused(who, access, f"topic {key} in {exchange}", self.topic_text(who, exchange, key))
         return False
+
+    def topic_refusal(self, who: Principal, access: str, topic: str) -> str | None:
+        """RabbitMQ's topic permissions on ``amq.topic`` for an MQTT or AMQP 1.0 topic, as their
+        plugins ask them: a publish's routing key (``a/b`` is ``a.b``) against the write pattern, a
+        subscription's binding key (``a/+/#`` is ``a.*.#``) against the read pattern. None when
+        allowed (``$queue/`` names are not topics; a bad filter is refused on its own), else
+        RabbitMQ's text, logged and counted."""
+        if topic.startswith(QUEUE_TOPIC):
+            return None
+        try:
+            key = topic_to_routing_key(topic) if access == WRITE else filter_to_binding_key(topic)
+        except TopicError:
+            return None
+        if self.permits_key(who, access, AMQ_TOPIC, key):
+            return None
+        return self.topic_text(who, AMQ_TOPIC, key)
 
     def topic_text(self, who: Principal, exchange: str, key: str) -> str:
         """RabbitMQ's words for a refused topic permission."""
