@@ -38,7 +38,7 @@ from trimaran import __version__
 from trimaran.admin.history import MAX_QUEUES
 from trimaran.admin.http import HttpError, HttpServer, Request, Response
 from trimaran.admin.telemetry import PROMETHEUS_CONTENT_TYPE, Telemetry
-from trimaran.admin.view import AdminView, NotReady, QueueOps
+from trimaran.admin.view import AdminView, NotReady, PermissionOps, QueueOps
 from trimaran.broker.message import Message, now_ms
 from trimaran.broker.sessions import SessionDirectory, SessionInfo
 from trimaran.config import (
@@ -1153,13 +1153,9 @@ class AdminApi:
         log.info("vhosts: %r deleted through the admin API", name)
         return _ok(Done(ok=True, detail=f"vhost {name!r} deleted"))
 
-    async def list_permissions(self, request: Request) -> Response:
-        rows = self.view.permission_ops().permissions(request.arg("vhost") or None)
-        keys = [(p.vhost, p.user) for p in rows]
-        return _page(request, PermissionPage, rows, keys, _permission_out)
-
-    async def set_permission(self, request: Request) -> Response:
-        vhost, user = request.params["vhost"], request.params["user"]
+    def _grantee_ops(self, request: Request, vhost: str, user: str) -> PermissionOps:
+        """The permission operations, once the vhost exists and so does the user (RabbitMQ's
+        ``no_such_user``; ``?force=true`` for a certificate identity no file names)."""
         if not self.view.vhost_registry().exists(vhost):
             raise HttpError(404, "not_found", f"no vhost {vhost!r}")
         ops = self.view.permission_ops()
@@ -1167,6 +1163,16 @@ class AdminApi:
             raise HttpError(
                 404, "no_such_user", f"no user {user!r} (not in the password file, auth.users, nor guest)"
             )
+        return ops
+
+    async def list_permissions(self, request: Request) -> Response:
+        rows = self.view.permission_ops().permissions(request.arg("vhost") or None)
+        keys = [(p.vhost, p.user) for p in rows]
+        return _page(request, PermissionPage, rows, keys, _permission_out)
+
+    async def set_permission(self, request: Request) -> Response:
+        vhost, user = request.params["vhost"], request.params["user"]
+        ops = self._grantee_ops(request, vhost, user)
         body = _body(request, PermissionIn, required=False)
         for name, pattern in body.model_dump().items():
             try:
@@ -1195,13 +1201,7 @@ class AdminApi:
 
     async def set_topic_permission(self, request: Request) -> Response:
         vhost, user, exchange = request.params["vhost"], request.params["user"], request.params["exchange"]
-        if not self.view.vhost_registry().exists(vhost):
-            raise HttpError(404, "not_found", f"no vhost {vhost!r}")
-        ops = self.view.permission_ops()
-        if not ops.user_exists(user) and not _bool_arg(request, "force"):
-            raise HttpError(
-                404, "no_such_user", f"no user {user!r} (not in the password file, auth.users, nor guest)"
-            )
+        ops = self._grantee_ops(request, vhost, user)
         body = _body(request, TopicPermissionIn, required=False)
         permission = TopicPermission(user, vhost, exchange, body.write, body.read)
         try:

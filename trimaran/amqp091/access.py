@@ -49,6 +49,7 @@ from trimaran.security.guard import (
     Security,
     queue_of,
 )
+from trimaran.security.permissions import DEFAULT_EXCHANGE  # amq.default, as RabbitMQ names it
 from trimaran.topics import (
     TopicError,
     binding_key_to_filter,
@@ -63,7 +64,6 @@ if TYPE_CHECKING:
 
 REPLY_TO: Final = "amq.rabbitmq.reply-to"
 EXCHANGE_PREFIX: Final = "$exchange/"
-DEFAULT_EXCHANGE: Final = "amq.default"  # the nameless exchange, as RabbitMQ names it in permissions
 DEAD_LETTER_EXCHANGE: Final = "x-dead-letter-exchange"
 ALTERNATE_EXCHANGE: Final = "alternate-exchange"
 ACCESS_REFUSED: Final = spec.ACCESS_REFUSED
