@@ -521,6 +521,7 @@ def runtime_limits(settings: Settings) -> RuntimeLimits:
         memory_high_watermark=limits.memory_high_watermark,
         memory_low_watermark=limits.memory_low_watermark,
         hold_publishers_s=limits.hold_publishers_s,
+        stalled_consumer_timeout_s=limits.stalled_consumer_timeout_s,
     )
 
 

@@ -257,11 +257,37 @@ class LimitSettings(Section):
     )
     memory_low_watermark: int = Field(128 * 1024 * 1024, ge=0, description="publishers resume below this")
     hold_publishers_s: float = Field(
-        1.0, gt=0, description="longest a subscriber that is behind holds its publishers; then it drops"
+        1.0,
+        gt=0,
+        description="longest a QoS 0 subscriber whose socket is full holds its publishers; then QoS 0 "
+        "past its outbox is dropped",
     )
-    session_queue_size: int = Field(10_000, ge=0, description="QoS 1/2 queued per session")
+    backpressure_messages: int = Field(
+        1000,
+        ge=1,
+        description="QoS 1/2 messages waiting for one online MQTT subscriber beyond its window above which "
+        "the publishers feeding it are not read; they are again below half",
+    )
+    backpressure_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=1024,
+        description="the same in bytes (payloads and topics): whichever is reached first holds them",
+    )
+    stalled_consumer_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="a consumer that holds publishers and takes nothing for this long is disconnected; "
+        "its messages stay with its session or queue",
+    )
+    session_queue_size: int = Field(
+        10_000,
+        ge=0,
+        description="QoS 1/2 kept per offline session (online, publishers are slowed instead)",
+    )
     session_queue_bytes: int = Field(
-        64 * 1024 * 1024, ge=0, description="bytes (payloads and topics) queued per session; 0 = no bound"
+        64 * 1024 * 1024,
+        ge=0,
+        description="bytes (payloads and topics) kept per offline session; 0 = no bound",
     )
     max_keep_alive: int = Field(
         3600, ge=0, le=65535, description="seconds; a client asking for more (or 0) gets this; 0 = client's"

@@ -744,13 +744,17 @@ def test_no_outbound_aliases_for_clients_without_them() -> None:
     assert client.received() == [Publish("a", b""), Publish("a", b"")]
 
 
-def test_session_queue_bound() -> None:
+def test_a_connected_session_queues_past_its_bound() -> None:
+    """Connected, the session takes every QoS 1/2 message past its offline bound: the hull holds the
+    publishers instead (handler.MqttEndpoint.deliver); only an offline session drops."""
     server, _client, _ = start(properties=props(receive_maximum=1))
     answer(server, server.accept, Session("c1", max_queued=2))
     results = [server.publish(OutboundMessage("t", b"", 1)) for _ in range(5)]
-    assert results == [True, True, True, False, False]  # 1 inflight + 2 queued
-    assert server.stats.dropped_queue_full == 2
-    assert server.session is not None and server.session.dropped == 2
+    assert results == [True] * 5  # 1 inflight + 4 queued
+    assert server.stats.dropped_queue_full == 0
+    assert server.session is not None and len(server.session.queue) == 4 and server.session.dropped == 0
+    assert not server.session.enqueue(OutboundMessage("t", b"", 1))  # what an offline session does
+    assert server.session.dropped == 1
 
 
 # -------------------------------------------------------------------------------------- subscriptions

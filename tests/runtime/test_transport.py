@@ -294,6 +294,57 @@ async def test_a_reader_that_holds_its_publishers_too_long_is_stuck_and_holds_no
         assert not publisher.transport.reading
 
 
+async def test_a_reader_behind_on_its_queue_holds_its_publishers_until_below_the_low_mark() -> None:
+    """Its socket drains, but its hull's queue (an MQTT session's) is still above the low-water mark
+    (``Hull.behind``): the publishers wait until a flush finds it below."""
+    hulls = Hulls()
+    limits = RuntimeLimits(hold_publishers_s=0.02, stalled_consumer_timeout_s=60)
+    async with running(Runner(limits)) as runner:
+        subscriber = Wire(runner, hulls, peer=("127.0.0.2", 1))
+        publisher = Wire(runner, hulls)
+        reader = hulls.made[0]
+
+        def handle(event: object) -> None:
+            subscriber.conn.push_back()
+
+        hulls.made[1].handle = handle  # type: ignore[method-assign]
+        reader.backlog_mark = 0
+        await publisher.feed([b"one\n"])
+        assert not publisher.transport.reading
+        for mark in range(1, 6):  # it takes a message now and then: behind, never stalled
+            reader.backlog_mark = mark
+            subscriber.conn.wake()
+            await settle()
+            assert not publisher.transport.reading
+        assert reader.stalls == []
+        reader.backlog_mark = None  # below the low mark: the next flush lets them go
+        subscriber.conn.wake()
+        await settle()
+        assert publisher.transport.reading
+
+
+async def test_a_reader_behind_that_takes_nothing_is_closed_and_its_publishers_go_on() -> None:
+    hulls = Hulls()
+    limits = RuntimeLimits(hold_publishers_s=0.01, stalled_consumer_timeout_s=0.05)
+    async with running(Runner(limits)) as runner:
+        subscriber = Wire(runner, hulls, peer=("127.0.0.2", 1))
+        publisher = Wire(runner, hulls)
+        reader = hulls.made[0]
+
+        def handle(event: object) -> None:
+            subscriber.conn.push_back()
+
+        hulls.made[1].handle = handle  # type: ignore[method-assign]
+        reader.backlog_mark = 7  # and it never moves
+        await publisher.feed([b"one\n"])
+        assert not publisher.transport.reading
+        with anyio.fail_after(10):
+            while not reader.stalls:
+                await anyio.sleep(0.005)
+        assert reader.stalls[0] >= 0.05 and len(reader.stalls) == 1
+        assert publisher.transport.reading
+
+
 class CountingHull(LineHull):
     """Each line is a published message, counted where the hulls count theirs."""
 

@@ -178,6 +178,8 @@ class LineHull:
         self.finished = False
         self.shut_down = False
         self.blocks: list[bool] = []
+        self.backlog_mark: int | None = None  # what behind() says: set by a test
+        self.stalls: list[float] = []
 
     def handle(self, event: object) -> None:
         assert isinstance(event, bytes)
@@ -198,6 +200,12 @@ class LineHull:
 
     def blocked(self, on: bool) -> None:
         self.blocks.append(on)
+
+    def behind(self) -> int | None:
+        return self.backlog_mark
+
+    def stalled(self, idle_s: float) -> None:
+        self.stalls.append(idle_s)
 
     async def finish(self) -> None:
         self.finished = True

@@ -128,6 +128,13 @@ class Amqp091Conn:
     def shutdown(self) -> None:
         self.machine.close(spec.CONNECTION_FORCED, FORCED)
 
+    def behind(self) -> int | None:
+        """Nothing waits for the peer beyond its socket: a queue's backlog is the queue's."""
+        return None
+
+    def stalled(self, idle_s: float) -> None:
+        """Never asked: ``behind`` is always None."""
+
     def blocked(self, on: bool) -> None:
         """connection.blocked / unblocked, to a client that announced the capability."""
         machine = self.machine

@@ -150,6 +150,13 @@ class Amqp1Conn:
     def shutdown(self) -> None:
         self.machine.close(Error(condition=CONNECTION_FORCED, description="server shutting down"))
 
+    def behind(self) -> int | None:
+        """Nothing waits for the peer beyond its socket: a queue's backlog is the queue's."""
+        return None
+
+    def stalled(self, idle_s: float) -> None:
+        """Never asked: ``behind`` is always None."""
+
     def blocked(self, on: bool) -> None:
         self.publishing_blocked = on
         if not on:

@@ -3,6 +3,7 @@ session endpoint and queue bindings it serves while connected."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -17,6 +18,8 @@ if TYPE_CHECKING:
     from trimaran.broker.clients import ClientInfo
     from trimaran.security.guard import Principal
 
+log = logging.getLogger(__name__)
+
 #: The session endpoint a connection serves: ``handler.MqttEndpoint``, above this module.
 E = TypeVar("E", bound=QueueEndpoint)
 
@@ -29,6 +32,11 @@ class FrontEnd(Protocol):
 
     @property
     def endpoints(self) -> Mapping[str, Any]: ...
+
+    # QoS 1/2 messages (bytes) queued for one connected subscriber above which its publishers are
+    # held (handler.MqttEndpoint.deliver); they go on below half of each.
+    backpressure_messages: int
+    backpressure_bytes: int
 
     def publish_received(self, conn: MqttConn[Any], publish: Publish) -> None: ...
 
@@ -110,6 +118,35 @@ class MqttConn(Generic[E]):
 
     def blocked(self, on: bool) -> None:
         """MQTT has no way to say so: the runtime simply stops reading the socket."""
+
+    def behind(self) -> int | None:
+        """The session's queue above half its high-water mark: the count of messages it has taken
+        from the queue so far (its progress), else None."""
+        session = self.mqtt.session
+        if session is None:
+            return None
+        queue = session.queue
+        front = self.front
+        if len(queue.items) - queue._head > front.backpressure_messages >> 1 or (
+            queue.bytes > front.backpressure_bytes >> 1
+        ):
+            return queue.first_seq
+        return None
+
+    def stalled(self, idle_s: float) -> None:
+        """It took nothing while its publishers waited: it goes (a persistent session keeps what it
+        had queued, up to its offline bound from then on), and they go on."""
+        session = self.mqtt.session
+        queued = 0 if session is None else len(session.queue)
+        log.warning(
+            "mqtt: %s (%s) took no message for %.0f s with %d queued for it; disconnected so that its "
+            "publishers go on (limits.stalled_consumer_timeout_s)",
+            self.mqtt.client_id,
+            self.peer,
+            idle_s,
+            queued,
+        )
+        self.close(ReasonCode.QUOTA_EXCEEDED, "took no message while its publishers waited")
 
     async def finish(self) -> None:
         front = self.front

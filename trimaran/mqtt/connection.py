@@ -467,8 +467,10 @@ class ServerConnection:
 
         False if it was dropped: too large for the client (counted; a QoS 1/2 message then counts as
         delivered), expired (`message.expires_at`), QoS 0 while not connected, or the session queue is
-        full. A QoS 1/2 message that expires or no longer fits while queued is reported later as a
-        MessageDropped event (from ``next_event()``).
+        full while not connected. Connected, the queue takes every QoS 1/2 message: the caller holds
+        the publishers feeding a queue above its high-water mark (what was acknowledged to them is
+        never dropped). A QoS 1/2 message that expires or no longer fits while queued is reported
+        later as a MessageDropped event (from ``next_event()``).
         """
         if message.qos == 0:
             if self.state != State.CONNECTED:
@@ -498,13 +500,14 @@ class ServerConnection:
                     self._ready.append(MessageDropped(message, reason))
                 return True
             message.wire = None  # queued: encoded at its turn, perhaps for another connection
-            if not session.enqueue(message):
-                self.stats.dropped_queue_full += 1
-                return False
+            session.queue.append(message)
             self._pump(self._ready)
             return True
-        # Offline, or the window is full: it waits its turn (a PUBACK pumps the queue).
+        # The window is full, or offline: it waits its turn (a PUBACK pumps the queue).
         message.wire = None
+        if self.state == State.CONNECTED:
+            session.queue.append(message)  # unbounded here: the hull holds the publishers
+            return True
         if not session.enqueue(message):
             self.stats.dropped_queue_full += 1
             return False
@@ -542,9 +545,9 @@ class ServerConnection:
         """Send each PUBLISH of a QoS 1 run (a PublishRun of this protocol family: the caller
         checks) to ``topic`` at QoS 1, as `publish` would one by one: with this session's packet ids
         into the inflight window while it has room and nothing waits before them, the rest queued
-        in the session (a PUBACK pumps them). False, and nothing done, where each must take
-        `publish`: not connected, outbound topic aliases, a message larger than the client's
-        Maximum Packet Size, or more than the session's queue holds."""
+        in the session (a PUBACK pumps them; the caller holds the publishers of a queue above its
+        high-water mark). False, and nothing done, where each must take `publish`: not connected,
+        outbound topic aliases, or a message larger than the client's Maximum Packet Size."""
         session = self.session
         if (
             self.state != State.CONNECTED
@@ -554,24 +557,10 @@ class ServerConnection:
         ):
             return False
         packets = run_packets(run)
-        count = len(packets)
         inflight = session.inflight
         queue = session.queue
         items = queue.items
         room = 0 if items else self.client_receive_maximum - len(inflight)
-        if room < count:
-            waiting = count - max(room, 0)
-            if len(queue) + waiting > session.max_queued:
-                return False
-            bound = session.max_queued_bytes
-            # The run's bytes bound its payloads': each is counted only near the bound.
-            if (
-                bound
-                and queue.bytes + len(run.wire) + waiting * len(topic) > bound
-                and queue.bytes + sum(len(payload) + len(topic) for _, payload in packets[count - waiting :])
-                > bound
-            ):
-                return False
         back = 3 if self.protocol_level == MQTT_5 else 2  # the packet id's place, before the payload
         parts: list[bytes] = []
         sent = 0
@@ -590,7 +579,7 @@ class ServerConnection:
                 parts += (wire[:at], _PACKET_ID(pid), wire[at + 2 :])
                 sent += 1
             else:
-                items.append(message)  # session.enqueue() written out, its bounds checked above
+                items.append(message)  # session.queue.append() written out
                 queue.bytes += len(payload) + len(topic)
         if sent:
             data = b"".join(parts)

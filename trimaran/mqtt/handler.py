@@ -190,6 +190,12 @@ class MqttEndpoint:
             sent = machine.publish(
                 outbound(message, delivery, self.cut, retained=retained, qos=qos, wire=wire)
             )
+            queue = self.session.queue
+            if queue.items and (
+                len(queue.items) - queue._head > front.backpressure_messages
+                or queue.bytes > front.backpressure_bytes
+            ):
+                conn.io.push_back()  # behind on what it must be given: its publishers wait for it
         else:
             # A slow reader's QoS 0 backlog is bounded: past the outbox size it is dropped and
             # counted, so it never grows the server's memory or slows the publisher.
@@ -227,9 +233,10 @@ class MqttEndpoint:
         came with this session's packet ids (ServerConnection.publish_qos1_run). False, with
         nothing done, where each must take :meth:`deliver`: a client not connected (at QoS 1),
         with outbound topic aliases, of the other protocol family or with subscription identifiers
-        (at QoS 1), one whose Maximum Packet Size a message exceeds, whose session queue a QoS 1
-        run would overfill, or one that is behind at QoS 0 (its socket full, or the run would take
-        its outbox past the push-back mark, where deliver holds publishers and drops)."""
+        (at QoS 1), one whose Maximum Packet Size a message exceeds, or one that is behind at QoS 0
+        (its socket full, or the run would take its outbox past the push-back mark, where deliver
+        holds publishers and drops). A QoS 1 run that leaves the session's queue above its
+        high-water mark holds the publisher, as deliver does."""
         conn = self.conn
         qos1 = run.qos and delivery.qos
         if conn is None:
@@ -244,6 +251,13 @@ class MqttEndpoint:
                 or not machine.publish_qos1_run(run, run.topic)  # (the key less this vhost's prefix)
             ):
                 return False
+            queue = self.session.queue
+            front = self.front
+            if queue.items and (
+                len(queue.items) - queue._head > front.backpressure_messages
+                or queue.bytes > front.backpressure_bytes
+            ):
+                io.push_back()  # as deliver
         else:
             if machine.uses_topic_aliases or not io.writable:
                 return False
@@ -287,6 +301,8 @@ class MqttFrontEnd:
         self.store = store
         self.limits = server_limits(settings)
         self.outbox_bytes = settings.limits.outbox_bytes
+        self.backpressure_messages = settings.limits.backpressure_messages
+        self.backpressure_bytes = settings.limits.backpressure_bytes
         self.fan_out = FanOutEncoder()
         self.endpoints: dict[str, MqttEndpoint] = {}
         self.conns: set[MqttConn[MqttEndpoint]] = set()

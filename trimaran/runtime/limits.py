@@ -17,7 +17,8 @@ class RuntimeLimits:
     tcp_nodelay: bool = True
     memory_high_watermark: int = 0  # bytes waiting for slow readers; 0: off
     memory_low_watermark: int = 0
-    hold_publishers_s: float = 1.0  # longest a reader that is behind holds its publishers
+    hold_publishers_s: float = 1.0  # longest a QoS 0 reader whose socket is full holds its publishers
+    stalled_consumer_timeout_s: float = 30.0  # a consumer that is behind and takes nothing is closed
 
 
 class Traffic(Protocol):

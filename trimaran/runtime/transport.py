@@ -25,6 +25,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol, cast
 
+from trimaran.runtime.flow import Gate
 from trimaran.runtime.limits import RuntimeLimits, RuntimeStats, Traffic
 from trimaran.runtime.machine import Machine
 from trimaran.runtime.memory import Memory
@@ -66,6 +67,17 @@ class Hull(Protocol):
     def blocked(self, on: bool) -> None:
         """Memory is above the high-water mark (``on``) or back below the low one; the runtime stops
         reading the socket either way, the hull tells its peer where the protocol can."""
+        ...
+
+    def behind(self) -> int | None:
+        """None unless what waits for this peer beyond the socket (an MQTT session's queue) is above
+        its low-water mark; then a count that grows as the peer takes messages (its progress). The
+        publishers it holds (``Conn.push_back``) wait until it is None."""
+        ...
+
+    def stalled(self, idle_s: float) -> None:
+        """The peer took nothing for ``idle_s`` seconds while ``behind`` and holding publishers: close
+        it the protocol's way, leaving its messages with its session (they then go on)."""
         ...
 
     async def finish(self) -> None:
@@ -128,16 +140,14 @@ class Conn(asyncio.Protocol):
 
     __slots__ = (
         "_first",
+        "_gate",
         "_held_by",
         "_hello_until",
-        "_hold_timer",
-        "_holding",
         "_linger_until",
         "_peer_closes",
         "_peer_eof",
         "_read_paused",
         "_reading_paused",
-        "_stuck",
         "_throttle_timer",
         "_waiting",
         "bytes_in",
@@ -198,9 +208,7 @@ class Conn(asyncio.Protocol):
         self._peer_eof = False
         self._peer_closes = False  # closing: the protocol left the end of the connection to the peer
         self._held_by = 0  # slow readers this connection's publishes wait for (push_back)
-        self._holding: set[Conn] | None = None  # the publishers waiting for this one to drain
-        self._hold_timer: asyncio.TimerHandle | None = None
-        self._stuck = False  # held publishers for too long: deliveries no longer hold anyone
+        self._gate: Gate | None = None  # the publishers waiting for this one (made at the first hold)
         self._hello_until = 0.0  # until then the first bytes must name a protocol
         self._linger_until = 0.0  # closing: until then the peer's last bytes are read and dropped
         self.scheduled: float | None = None  # the deadline the runner's heap holds for us
@@ -302,29 +310,50 @@ class Conn(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.writable = True
-        self._stuck = False
         self.runner.memory_changed(self)
-        self._release_held()
+        gate = self._gate
+        if gate is not None:
+            gate.stuck = False
+            gate.moved()
+            if gate.holding and (self.hull is None or self.hull.behind() is None):
+                gate.release()
         if self.hull is not None:
             self.runner.mark_dirty(self)
 
-    def _stop_holding(self) -> None:
-        """Held publishers waited long enough: this reader is stuck, not behind. They go on, and
-        until it drains its QoS 0 deliveries queue up to the outbox and are then dropped."""
-        self._hold_timer = None
-        if self._holding is not None:
-            log.info("%s: %s is not reading; its publishers are no longer held", self.listener, self.peer)
-            self._stuck = True
-            self._release_held()
+    def _stalled(self, idle_s: float) -> bool:
+        """The gate has held publishers ``idle_s`` seconds without progress (``flow.Stalled``)."""
+        gate = self._gate
+        assert gate is not None
+        hull = self.hull
+        mark = None if hull is None else hull.behind()
+        if hull is not None and mark is not None:
+            # Messages it must be given (QoS 1/2) wait in its session: a reader that is behind
+            # holds its publishers as long as it moves; one that takes nothing is closed.
+            gate.saw(mark)
+            idle_s = gate.idle_s()
+            if idle_s < self.runner.limits.stalled_consumer_timeout_s:
+                return True
+            gate.release()
+            try:
+                hull.stalled(idle_s)
+            except Exception as exc:
+                self.crash(exc)
+            return False
+        # Only its socket is full: a QoS 0 reader that is stuck, not behind. Its publishers go on,
+        # and until it drains its QoS 0 deliveries queue up to the outbox and are then dropped.
+        log.info("%s: %s is not reading; its publishers are no longer held", self.listener, self.peer)
+        gate.stuck = True
+        gate.release()
+        return False
 
     def _release_held(self) -> None:
-        if self._hold_timer is not None:
-            self._hold_timer.cancel()
-            self._hold_timer = None
-        held, self._holding = self._holding, None
-        for source in held or ():
-            source._held_by -= 1
-            source._sync_reading()
+        if self._gate is not None:
+            self._gate.release()
+
+    def held(self, on: bool) -> None:
+        """A gate holds this connection (``on``: a consumer it fed is behind), or lets it go."""
+        self._held_by += 1 if on else -1
+        self._sync_reading()
 
     # -- what hulls call ----------------------------------------------------------------------------
 
@@ -366,25 +395,25 @@ class Conn(asyncio.Protocol):
         return self.runner.enter(self, user, vhost)
 
     def push_back(self) -> None:
-        """This connection's socket is full (not ``writable``) and a delivery is coming to it: the
-        connection whose frames are being acted on (the publisher) is not read again until this one
-        drains, is written without filling its socket, or goes. So a subscriber that is merely behind
-        slows its publishers instead of losing their QoS 0 messages. One that holds them longer than
-        ``hold_publishers_s`` is stuck, not behind: they go on, and its deliveries fill its outbox and
-        are then dropped (the hull's bound) until it drains again."""
-        source = self.runner.current
-        if source is None or source.state != OPEN or self._stuck:
-            return
-        holding = self._holding
-        if holding is None:
-            holding = self._holding = set()
-            loop = self.runner.loop()
-            self._hold_timer = loop.call_later(self.runner.limits.hold_publishers_s, self._stop_holding)
-        elif source in holding:
-            return
-        holding.add(source)
-        source._held_by += 1
-        source._sync_reading()
+        """This connection is behind and a delivery is coming to it: its socket is full (not
+        ``writable``), or the hull's queue for it is above its high-water mark (``Hull.behind``
+        stays true until it is below the low one). The connection whose frames are being acted on
+        (the publisher) is not read again until this one drains, or goes. So a subscriber that is
+        merely behind slows its publishers instead of losing their messages.
+
+        One whose socket alone is full and that holds them longer than ``hold_publishers_s`` is stuck,
+        not behind: they go on, and its QoS 0 deliveries fill its outbox and are then dropped (the
+        hull's bound) until it drains again. One that is ``behind`` holds them as long as it takes
+        something; after ``stalled_consumer_timeout_s`` without, it is closed (``Hull.stalled``)
+        and they go on."""
+        gate = self._gate
+        if gate is None:
+            if self.state != OPEN:
+                return
+            gate = self._gate = Gate(self.runner, self.runner.limits.hold_publishers_s, self._stalled)
+        elif gate.stuck and self.hull is not None and self.hull.behind() is not None:
+            gate.stuck = False  # stuck on QoS 0, now behind on messages it must be given: held again
+        gate.hold()
 
     def pause_reading(self) -> None:
         self._reading_paused = True
@@ -541,8 +570,13 @@ class Conn(asyncio.Protocol):
             self.runner.traffic.bytes_sent += len(data)
             transport.write(data)  # calls pause_writing at once when the buffer passes its mark
             self.runner.memory_changed(self)
-        if self._holding is not None and self.writable:
-            self._release_held()  # written without filling the socket: the held publishers go on
+        gate = self._gate
+        if gate is not None and gate.holding and self.writable:
+            mark = hull.behind()
+            if mark is None:
+                gate.release()  # drained, and written without filling the socket: the publishers go on
+            else:
+                gate.saw(mark)
         try:
             hull.written()
         except Exception as exc:

@@ -1,0 +1,110 @@
+"""Backpressure: a place publishers feed that has fallen behind holds the connections that fed it.
+
+A ``Gate`` stands for one such place: a subscriber's socket and session queue (``transport.Conn``),
+a queue's backlog read by an online consumer. The hull that puts a message into it calls ``hold``
+while it is above its high-water mark, and the connection whose frames are being acted on (the
+publisher) is not read again until the gate is released, which the owner does once it is back below
+its low-water mark or goes away. So a publisher goes at the pace of the slowest consumer it feeds,
+and none that feeds only fast ones waits. What was read before the hold still arrives: nothing
+acknowledged is dropped.
+
+A gate that makes no progress (``moved`` not called) for a while asks its owner what to do
+(``stalled``): a QoS 0 reader is declared stuck (its publishers go on, its QoS 0 deliveries are
+dropped past its outbox); a consumer that takes nothing for ``stalled_consumer_timeout_s`` is
+disconnected, its messages left with its session or queue, and its publishers go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Protocol
+
+
+class Held(Protocol):
+    """A connection as a gate holds it (``transport.Conn``)."""
+
+    def held(self, on: bool) -> None:
+        """One more gate holds this connection (``on``), or one fewer."""
+        ...
+
+
+class Current(Protocol):
+    """The runner as a gate sees it: whose frames are being acted on, and its loop."""
+
+    @property
+    def current(self) -> Held | None: ...
+
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+
+# ``stalled(idle_s)``: the gate has held publishers for ``patience`` and seen no progress for
+# ``idle_s`` seconds (the owner may find some and look again at ``idle_s()``). It returns True to
+# keep holding (it is asked again a ``patience`` later), False when it released them.
+Stalled = Callable[[float], bool]
+
+
+class Gate:
+    __slots__ = ("_held", "_mark", "_moved_at", "_patience", "_runner", "_stalled", "_timer", "stuck")
+
+    def __init__(self, runner: Current, patience: float, stalled: Stalled) -> None:
+        self._runner = runner
+        self._patience = patience
+        self._stalled = stalled
+        self._held: set[Held] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._moved_at = 0.0  # loop time of the last progress, or of the first hold
+        self._mark = 0  # the owner's progress mark at the last look (``saw``)
+        self.stuck = False  # the owner gave up holding anyone until it drains
+
+    @property
+    def holding(self) -> bool:
+        return self._held is not None
+
+    def hold(self) -> None:
+        """Hold the connection being acted on (if any), until ``release``."""
+        source = self._runner.current
+        if source is None or self.stuck:
+            return
+        held = self._held
+        if held is None:
+            held = self._held = set()
+            loop = self._runner.loop()
+            self._moved_at = loop.time()
+            self._timer = loop.call_later(self._patience, self._check)
+        elif source in held:
+            return
+        held.add(source)
+        source.held(True)
+
+    def moved(self) -> None:
+        """The consumer took something (a drained socket): it is behind, not stuck."""
+        if self._held is not None:
+            self._moved_at = self._runner.loop().time()
+
+    def saw(self, mark: int) -> None:
+        """The owner's progress mark (a count that grows as its consumer takes messages): a new one
+        is progress."""
+        if mark != self._mark:
+            self._mark = mark
+            self.moved()
+
+    def release(self) -> None:
+        """The consumer drained, or went: the held connections are read again."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        held, self._held = self._held, None
+        for source in held or ():
+            source.held(False)
+
+    def idle_s(self) -> float:
+        """Seconds since the last progress (or the first hold)."""
+        return self._runner.loop().time() - self._moved_at
+
+    def _check(self) -> None:
+        self._timer = None
+        if self._held is None:
+            return
+        if self._stalled(self.idle_s()) and self._held is not None:
+            self._timer = self._runner.loop().call_later(self._patience, self._check)
