@@ -44,6 +44,23 @@ def test_counters_are_read_from_the_broker_at_scrape_time() -> None:
     assert samples(telemetry.prometheus_text())["trimaran_messages_received_total"] == 9
 
 
+def test_drops_are_counted_by_reason_and_vhost() -> None:
+    from trimaran.broker.drops import OFFLINE_QUEUE_FULL, OUTBOX_FULL
+
+    telemetry = Telemetry(TelemetrySettings())
+    broker = Broker(None, sys_interval=0)
+    telemetry.bind(broker)
+    broker.stats.drops.drop(OUTBOX_FULL, "/", "slow", 3)
+    broker.stats.drops.drop(OFFLINE_QUEUE_FULL, "t1", "away")
+    got = samples(telemetry.prometheus_text())
+    assert got['trimaran_messages_dropped_total{reason="outbox_full",vhost="/"}'] == 3
+    assert got['trimaran_messages_dropped_total{reason="offline_queue_full",vhost="t1"}'] == 1
+    assert broker.stats.messages_dropped == 4
+    sys = broker.sys_values()
+    assert sys["$SYS/broker/messages/dropped"] == "4"
+    assert sys["$SYS/broker/messages/dropped/outbox_full"] == "3"
+
+
 class FakeWebhooks:
     """What Telemetry reads of trimaran.admin.webhooks.Webhooks: each endpoint's stats()."""
 

@@ -974,7 +974,7 @@ def test_expired_messages_are_not_sent() -> None:
     acked, dropped = client.send(PubAck(first.packet_id))
     assert isinstance(acked, MessagesAcked)
     assert isinstance(dropped, MessageDropped) and dropped.message.tag == "late"
-    assert dropped.reason == "message expired"
+    assert dropped.reason == "expired"
     assert client.received() == []
     assert server.stats.dropped_expired == 2
 

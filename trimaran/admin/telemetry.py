@@ -127,7 +127,12 @@ class Telemetry:
         gauge("trimaran.build.info", [_build_info], "1", "always 1; the version label is the running release")
         counter("trimaran.messages.received", [self._stat("messages_received")], "1", "messages published in")
         counter("trimaran.messages.sent", [self._stat("messages_sent")], "1", "messages delivered out")
-        counter("trimaran.messages.dropped", [self._stat("messages_dropped")], "1", "messages dropped")
+        counter(
+            "trimaran.messages.dropped",
+            [self._dropped],
+            "1",
+            "subscribers' copies dropped where the protocol and a bound allow it, per reason and vhost",
+        )
         counter("trimaran.messages.routed", [self._stat("publish_routed")], "1", "pub/sub messages routed")
         counter("trimaran.received.bytes", [self._stat("bytes_received")], "By", "bytes read from clients")
         counter("trimaran.sent.bytes", [self._stat("bytes_sent")], "By", "bytes written to clients")
@@ -340,6 +345,12 @@ class Telemetry:
             return [Observation(value, dict(labels)) for labels, value in totals.items()]
 
         return aggregated
+
+    def _dropped(self, _options: CallbackOptions) -> Iterable[Observation]:
+        if self.broker is None:
+            return []
+        counts = list(self.broker.stats.drops.counts.items())
+        return [Observation(n, {"reason": reason, "vhost": vhost}) for (reason, vhost), n in counts]
 
     def _refused(self, _options: CallbackOptions) -> Iterable[Observation]:
         if self.runner is None:

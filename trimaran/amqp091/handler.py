@@ -56,6 +56,7 @@ from trimaran.amqp091.queues import QueueMeta, RouterBinding
 from trimaran.amqp091.tenants import Tenant
 from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker
+from trimaran.broker.drops import QUEUE_OVERFLOW
 from trimaran.broker.events import CLIENT_AUTH_FAILED
 from trimaran.broker.message import PROTOCOL_AMQP091, Message, now_ms
 from trimaran.config import Settings
@@ -66,7 +67,7 @@ from trimaran.runtime.transport import Conn
 from trimaran.security.guard import READ, Login, Security, on_login
 from trimaran.storage.amqp_store import AmqpStore
 from trimaran.topics import TopicError, routing_key_to_topic, topic_to_routing_key
-from trimaran.vhosts import DEFAULT_VHOST, describe, is_reserved, vhost_of
+from trimaran.vhosts import DEFAULT_VHOST, describe, is_reserved, split_key, vhost_of
 
 log = logging.getLogger(__name__)
 
@@ -764,7 +765,10 @@ class Amqp091FrontEnd:
             if not self.manager.exists(queue):
                 continue
             if not self._to_queue(None, queue, message, entry):
-                self.broker.stats.messages_dropped += 1  # a router copy: dropped, not a failed publish
+                # A router copy (an MQTT or AMQP 1.0 publish bound to this queue): dropped, not a
+                # failed publish.
+                vhost, name = split_key(queue)
+                self.broker.stats.drops.drop(QUEUE_OVERFLOW, vhost, name)
 
 
 def _content_message(

@@ -685,9 +685,10 @@ class Amqp1FrontEnd:
         if events.wants(event_type) and conn.client is not None:
             events.client_info(event_type, conn.client, topic_filter=topic_filter, **extra)
 
-    def dropped(self, message: Message, subscriber: str, reason: str) -> None:
-        """A receiver's copy of a topic message was not delivered: count it, tell the event bus."""
-        self.broker.stats.messages_dropped += 1
+    def dropped(self, message: Message, subscriber: str, reason: str, vhost: str) -> None:
+        """A receiver's copy of a topic message was not delivered (``reason``: one of
+        broker/drops.py's): count it, tell the event bus."""
+        self.broker.stats.drops.drop(reason, vhost, subscriber)
         events = self.broker.events
         if events.wants(MESSAGE_DROPPED):
             events.message(MESSAGE_DROPPED, message, subscriber=subscriber, reason=reason)

@@ -28,6 +28,7 @@ from trimaran.amqp1.connection import AMQPStateError
 from trimaran.amqp1.mapping import EXTRA_KEY, to_amqp1
 from trimaran.amqp1.performatives import Accepted, Modified, Rejected, Released
 from trimaran.amqp1.session import Link, LinkState
+from trimaran.broker.drops import RECEIVER_BACKLOG_FULL, TOO_LARGE
 from trimaran.broker.message import Message
 from trimaran.broker.router import Delivery
 from trimaran.queue.groups import Selects
@@ -244,14 +245,14 @@ class TopicOut(OutLink):
         payload = self.conn.front.encode_once(message, self.address.cut)
         max_size = self.link.max_message_size
         if max_size and len(payload) > max_size:
-            self.conn.front.dropped(message, self.id, "larger than the receiver's max-message-size")
+            self.conn.front.dropped(message, self.id, TOO_LARGE, self.io.vhost)
             return
         if not self.backlog and self._send(payload) is not None:
             stats.messages_sent += 1
             self.io.messages_out += 1
             return
         if len(self.backlog) >= self.conn.front.outbox_size:
-            self.conn.front.dropped(message, self.id, "receiver without credit and its backlog is full")
+            self.conn.front.dropped(message, self.id, RECEIVER_BACKLOG_FULL, self.io.vhost)
             return
         self.backlog.append(payload)
 

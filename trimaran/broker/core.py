@@ -246,6 +246,10 @@ class Broker:
     def sys_values(self) -> dict[str, str]:
         stats = self.stats
         node = {} if self.node_name is None else {"$SYS/broker/node": self.node_name}
+        by_reason: dict[str, int] = {}
+        for (reason, _vhost), n in stats.drops.counts.items():
+            by_reason[reason] = by_reason.get(reason, 0) + n
+        dropped = {f"$SYS/broker/messages/dropped/{why}": str(n) for why, n in sorted(by_reason.items())}
         return {
             **node,
             "$SYS/broker/version": f"trimaran {__version__}",
@@ -256,6 +260,7 @@ class Broker:
             "$SYS/broker/messages/received": str(stats.messages_received),
             "$SYS/broker/messages/sent": str(stats.messages_sent),
             "$SYS/broker/messages/dropped": str(stats.messages_dropped),
+            **dropped,
             "$SYS/broker/bytes/received": str(stats.bytes_received),
             "$SYS/broker/bytes/sent": str(stats.bytes_sent),
             "$SYS/broker/subscriptions/count": str(self.router.count()),

@@ -3,6 +3,8 @@ $SYS read and bump."""
 
 from __future__ import annotations
 
+from trimaran.broker.drops import Drops
+
 
 class Stats:
     """Counters for $SYS and metrics; plain attributes because they change per message."""
@@ -13,7 +15,7 @@ class Stats:
         "clients_connected",
         "clients_maximum",
         "clients_total",
-        "messages_dropped",
+        "drops",
         "messages_received",
         "messages_sent",
         "publish_routed",
@@ -22,13 +24,17 @@ class Stats:
     def __init__(self) -> None:
         self.messages_received = 0
         self.messages_sent = 0
-        self.messages_dropped = 0
+        self.drops = Drops()  # messages dropped, by reason and vhost
         self.bytes_received = 0
         self.bytes_sent = 0
         self.clients_connected = 0
         self.clients_maximum = 0
         self.clients_total = 0
         self.publish_routed = 0
+
+    @property
+    def messages_dropped(self) -> int:
+        return self.drops.total
 
     def client_connected(self) -> None:
         self.clients_connected += 1

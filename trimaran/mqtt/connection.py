@@ -40,6 +40,10 @@ from trimaran.mqtt.codec import (
     run_packets,
 )
 from trimaran.mqtt.events import (
+    DROP_EXPIRED,
+    DROP_NOT_CONNECTED,
+    DROP_OFFLINE_QUEUE_FULL,
+    DROP_TOO_LARGE,
     ConnectionClosed,
     ConnectRequest,
     Event,
@@ -211,6 +215,7 @@ class ServerConnection:
         "client_max_packet_size",
         "client_receive_maximum",
         "client_topic_alias_maximum",
+        "dropped_why",
         "keep_alive",
         "limits",
         "pending_out",
@@ -241,6 +246,7 @@ class ServerConnection:
         self._decoder.runs = self.limits.publish_runs
         self._out: list[bytes] = []
         self.pending_out = 0  # bytes of PUBLISHes in _out: a subscriber's backlog not yet written
+        self.dropped_why = ""  # why `publish` or `publish_encoded` last returned False (a DROP_ name)
         self.protocol_level = 0  # 3, 4 or 5 once a CONNECT was read (a field: deliveries ask)
         self._connect: Connect | None = None
         self._deadline: float | None = now + self.limits.connect_timeout
@@ -474,9 +480,15 @@ class ServerConnection:
         """
         if message.qos == 0:
             if self.state != State.CONNECTED:
+                self.dropped_why = DROP_NOT_CONNECTED
                 return False
-            return self._send_publish(message, 0, None, False) is None
+            why = self._send_publish(message, 0, None, False)
+            if why is None:
+                return True
+            self.dropped_why = why
+            return False
         if self.session is None:
+            self.dropped_why = DROP_NOT_CONNECTED
             return False
         if (
             self.state == State.CONNECTED
@@ -484,6 +496,7 @@ class ServerConnection:
             and not self._fits(message)
         ):
             self.stats.dropped_too_large += 1
+            self.dropped_why = DROP_TOO_LARGE
             return False
         session = self.session
         if self.state == State.CONNECTED and len(session.inflight) < self.client_receive_maximum:
@@ -510,6 +523,7 @@ class ServerConnection:
             return True
         if not session.enqueue(message):
             self.stats.dropped_queue_full += 1
+            self.dropped_why = DROP_OFFLINE_QUEUE_FULL
             return False
         return True
 
@@ -519,10 +533,12 @@ class ServerConnection:
         (its interval counts down per send) and for a client that `uses_topic_aliases`.
         False if not connected or larger than the client's Maximum Packet Size (counted)."""
         if self.state != State.CONNECTED:
+            self.dropped_why = DROP_NOT_CONNECTED
             return False
         size = len(data)
         if size > self.client_max_packet_size:
             self.stats.dropped_too_large += 1
+            self.dropped_why = DROP_TOO_LARGE
             return False
         self._out.append(data)
         self.pending_out += size
@@ -1214,7 +1230,7 @@ class ServerConnection:
                 remaining = message.expires_at - self._clock()
                 if remaining <= 0 and not dup:  # a resend is already on its way: finish it
                     self.stats.dropped_expired += 1
-                    return "message expired"
+                    return DROP_EXPIRED
                 if remaining > 0 and level == MQTT_5:
                     props = props.copy()
                     props.message_expiry_interval = math.ceil(remaining)
@@ -1241,7 +1257,7 @@ class ServerConnection:
         size = len(data)
         if size > self.client_max_packet_size:
             self.stats.dropped_too_large += 1
-            return "larger than the client's maximum packet size"
+            return DROP_TOO_LARGE
         if alias and new_alias:
             self._commit_alias(message.topic, alias)
         self._out.append(data)

@@ -8,6 +8,7 @@ consecutive plain PUBLISHes of one QoS (0 or 1) to one topic are one ``PublishRu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from trimaran.mqtt.packets import Connect, Publish, PublishRun, SubscriptionOptions
 from trimaran.mqtt.session import OutboundMessage
@@ -65,10 +66,18 @@ class MessagesAcked:
     messages: list[OutboundMessage]
 
 
+# Why the machine dropped an outbound message (MessageDropped.reason, ServerConnection.dropped_why):
+# the deck's drop reasons by the same names (broker/drops.py), which this module may not import.
+DROP_TOO_LARGE: Final = "too_large"
+DROP_EXPIRED: Final = "expired"
+DROP_OFFLINE_QUEUE_FULL: Final = "offline_queue_full"
+DROP_NOT_CONNECTED: Final = "not_connected"
+
+
 @dataclass(slots=True)
 class MessageDropped:
-    """An outbound message was not sent: larger than the client's Maximum Packet Size, or queue full.
-    Per spec a too large QoS 1/2 message counts as delivered."""
+    """An outbound message was not sent: larger than the client's Maximum Packet Size, or expired
+    (``reason``: one of the DROP_ names). Per spec a too large QoS 1/2 message counts as delivered."""
 
     message: OutboundMessage
     reason: str

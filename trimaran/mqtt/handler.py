@@ -20,6 +20,7 @@ import anyio.to_thread
 
 from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker
+from trimaran.broker.drops import NO_SHARE_MEMBER, OFFLINE_QUEUE_FULL, OUTBOX_FULL
 from trimaran.broker.events import (
     CLIENT_AUTH_FAILED,
     MESSAGE_DROPPED,
@@ -87,7 +88,7 @@ from trimaran.topics import (
     split_shared,
     topic_matches,
 )
-from trimaran.vhosts import DEFAULT_VHOST, describe, is_reserved, prefix, split_user, vhost_of
+from trimaran.vhosts import DEFAULT_VHOST, describe, is_reserved, prefix, split_key, split_user, vhost_of
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +169,7 @@ class MqttEndpoint:
                 if self.session.enqueue(outbound(message, delivery, self.cut, retained=retained)):
                     front.mark_dirty(self)
                 else:
-                    front.dropped(message, self.client_id, "session queue full")
+                    front.dropped(message, self.client_id, OFFLINE_QUEUE_FULL)
             return
         machine = conn.mqtt
         if qos > 0:
@@ -202,7 +203,7 @@ class MqttEndpoint:
             io = conn.io
             if not io.writable or machine.pending_out > PUSH_BACK_BYTES:
                 if io.backlog() + machine.pending_out >= front.outbox_bytes:
-                    front.dropped(message, self.client_id, "outbox full")
+                    front.dropped(message, self.client_id, OUTBOX_FULL)
                     return
                 io.push_back()  # behind: its publishers wait for it instead of losing messages
             if message.expires_at_ms is None and not machine.uses_topic_aliases:
@@ -222,9 +223,7 @@ class MqttEndpoint:
             if not io.dirty:  # already in this iteration's flush: most deliveries of a batch
                 io.wake()
         else:
-            front.dropped(
-                message, self.client_id, "refused by the connection: too large, expired or queue full"
-            )
+            front.dropped(message, self.client_id, machine.dropped_why)
 
     def deliver_run(self, run: PublishRun, delivery: Delivery[Any]) -> bool:
         """A run of plain messages (MqttFrontEnd.run_received) as :meth:`deliver` would deliver
@@ -648,9 +647,11 @@ class MqttFrontEnd:
     # -- broker events (webhooks): built only when someone listens --------------------------------
 
     def dropped(self, message: Message | OutboundMessage, subscriber: str, reason: str) -> None:
-        """A subscriber's copy of a message was not delivered: count it and tell the event bus (a
-        session's copy is turned back into a broker message only when someone listens)."""
-        self.broker.stats.messages_dropped += 1
+        """A subscriber's copy of a message was not delivered (``reason``: one of broker/drops.py's):
+        count it and tell the event bus (a session's copy is turned back into a broker message only
+        when someone listens). ``subscriber`` is the session's key, its vhost's prefix and all."""
+        vhost, client_id = split_key(subscriber)
+        self.broker.stats.drops.drop(reason, vhost, client_id)
         events = self.broker.events
         if events.wants(MESSAGE_DROPPED):
             if isinstance(message, OutboundMessage):
@@ -777,7 +778,7 @@ class MqttFrontEnd:
             group, _, topic_filter = tag[len(SHARE_TAG) :].partition("\x00")
             members = self.broker.router.share_members(group, topic_filter)
             if not members:
-                self.dropped(out, session.client_id, "no share member left")
+                self.dropped(out, session.client_id, NO_SHARE_MEMBER)
                 continue
             live = [m for m in members if getattr(m.subscriber, "conn", None) is not None] or members
             member = live[0]
