@@ -329,18 +329,26 @@ class Pub(MqttConn):
         self.e2e_timer = None
         self.pump()
 
-    def configure(self, topic, payload_size, qos, batch, window, writes_per_turn):
+    def configure(self, topic, payload_size, qos, batch, window, writes_per_turn, topics=1):
+        """`topics` > 1: consecutive messages go to `topic`/000, /001, ... in turn (a fleet's shape:
+        no two in a row to one topic), every topic the same length."""
         self.loop = asyncio.get_running_loop()
         self.qos = qos
         self.K = writes_per_turn
+
+        def topic_of(i):
+            return topic if topics <= 1 else f"{topic}/{i % topics:03d}"
+
         pay = bytes(random.randrange(65, 91) for _ in range(payload_size))  # 'A'..'Z'
         if qos == 0:
             self.B = batch
-            self.batch = publish_pkt(topic, pay, 0) * batch
+            self.batch = b"".join(publish_pkt(topic_of(i), pay, 0) for i in range(batch))
         else:
             self.window = window
             self.R = min(65535, max(8 * window, 4096))
-            pkts = [publish_pkt(topic, pay, qos, pid) for pid in range(1, self.R + 1)]
+            if topics > 1:
+                self.R -= self.R % topics  # the ring wraps onto the same topic order
+            pkts = [publish_pkt(topic_of(pid - 1), pay, qos, pid) for pid in range(1, self.R + 1)]
             self.Lp = len(pkts[0])
             self.ring = memoryview(b"".join(pkts))
             self.min_chunk = max(1, window // 16)
@@ -542,7 +550,13 @@ async def role_pub(wid, cfg, sync: bl.Sync):
             p.configure_paced(topic, cfg["payload"], cfg["qos"], cfg["rate"] / cfg["total_pubs"], cfg["tick"])
         else:
             p.configure(
-                topic, cfg["payload"], cfg["qos"], cfg["batch"], cfg["window"], cfg["writes_per_turn"]
+                topic,
+                cfg["payload"],
+                cfg["qos"],
+                cfg["batch"],
+                cfg["window"],
+                cfg["writes_per_turn"],
+                cfg["topics_each"],
             )
             if cfg["e2e"]:
                 p.e2e(sync.progress, cfg["index"], cfg["total_subs"], cfg["e2e"])
@@ -656,7 +670,7 @@ def scenario_defaults(a):
         return
     if sc == "fanout":
         a.topics = [f"{prefix}/t"] * a.publishers
-        a.filter = a.filter or a.topics[0]
+        a.filter = a.filter or (a.topics[0] if a.topics_each <= 1 else f"{a.topics[0]}/+")
     else:
         a.topics = [f"{prefix}/p{i:04d}" for i in range(a.publishers)]
         a.filter = a.filter or f"{prefix}/#"
@@ -675,7 +689,7 @@ def run_pubsub(a, run_idx, broker_pid):
     latency = a.scenario == "latency"
     payload = max(a.payload, TS.size) if latency else a.payload
     base["payload"] = payload
-    tl = len(a.topics[0].encode())
+    tl = len(a.topics[0].encode()) + (4 if a.topics_each > 1 else 0)  # (/000)
     coord = bl.Coordinator(broker_pid)
     coord.shared[bl.EXPECT] = -1
     try:
@@ -716,6 +730,7 @@ def run_pubsub(a, run_idx, broker_pid):
                     batch=a.batch,
                     window=a.window,
                     writes_per_turn=a.writes_per_turn,
+                    topics_each=a.topics_each,
                     index=i,
                     e2e=0 if latency else a.e2e_window,
                     total_subs=a.subscribers,
@@ -852,6 +867,14 @@ def main(argv=None):
     ap.add_argument("--payload", type=int, default=64, help="payload bytes (latency: min 16)")
     ap.add_argument("--topic-prefix", default="bench")
     ap.add_argument(
+        "--topics",
+        dest="topics_each",
+        type=int,
+        default=1,
+        help="fanin/fanout: each publisher sends to this many topics in turn (<its topic>/000, /001, ...), "
+        "consecutive messages to different ones, as a fleet of devices does (at most 1000)",
+    )
+    ap.add_argument(
         "--filter", default="", help="subscription filter (default <prefix>/<scenario>/# ; fanout: the topic)"
     )
     ap.add_argument(
@@ -926,6 +949,7 @@ def main(argv=None):
                 "subscribers",
                 "payload",
                 "topics",
+                "topics_each",
                 "filter",
                 "warmup",
                 "drain_max",

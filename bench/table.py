@@ -32,6 +32,8 @@ class Row:
     target: float | None = None
     # issue 34's CPU bar: Trimaran's broker CPU per message here no more than its own on that row
     cpu_row: str | None = None
+    # issue 44's bar: an open-loop row where what was acknowledged must all arrive (loss 0)
+    lossless: bool = False
 
 
 ROWS: tuple[Row, ...] = (
@@ -50,6 +52,24 @@ ROWS: tuple[Row, ...] = (
         ("fanin", "--qos", "1", "--e2e-window", "5000"),
         ("mosquitto",),
         target=1.5,
+    ),
+    Row(
+        "mqtt-qos1-fanin-open",
+        "MQTT QoS 1 fan-in 8 -> 1, window 100, open loop (loss must be 0)",
+        "mqtt",
+        ("fanin", "--qos", "1"),
+        ("mosquitto",),
+        target=1.5,
+        lossless=True,
+    ),
+    Row(
+        "mqtt-qos1-fanin-open-topics",
+        "MQTT QoS 1 fan-in 8 -> 1, window 100, open loop, 16 topics per publisher in turn (loss must be 0)",
+        "mqtt",
+        ("fanin", "--qos", "1", "--topics", "16"),
+        ("mosquitto",),
+        target=1.5,
+        lossless=True,
     ),
     Row(
         "mqtt-qos0-fanout",
@@ -180,6 +200,7 @@ class Figure:
     p50: float | None
     p99: float | None
     us: float | None
+    loss: float | None  # the largest of its runs (1 - received / acknowledged after the drain)
     runs: int
     per_round: dict[int, float]  # round -> median rate (latency rows: p50)
 
@@ -198,6 +219,7 @@ def figure(records: Sequence[dict], row: str, server: str, latency: bool) -> Fig
         p50=_median(r.get("lat_p50_us") for r in mine) if latency else None,
         p99=_median(r.get("lat_p99_us") for r in mine) if latency else None,
         us=_median(us_per_message(r) for r in mine),
+        loss=max((r["loss"] for r in mine if isinstance(r.get("loss"), int | float)), default=None),
         runs=len(mine),
         per_round={n: statistics.median(v) for n, v in sorted(rounds.items())},
     )
@@ -212,7 +234,8 @@ def _value(f: Figure | None) -> str:
         return "-"
     if f.rate is None:
         return f"{_num(f.p50, 1)} / {_num(f.p99, 1)}"
-    return _num(f.rate)
+    lost = f" (lost {f.loss:.1%})" if f.loss else ""
+    return _num(f.rate) + lost
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -265,7 +288,8 @@ def _verdict(
     for (m, theirs), slow in zip(pairs, half, strict=True):
         slowed = slow and not row.latency and "relay" not in row.peers  # the relay is Python too
         target = SLOW_HOST_TARGET if slowed else row.target
-        said.append(_said([_meets(m, t, target) for t in theirs]))
+        lost = row.lossless and m is not None and bool(m.loss)
+        said.append(_said([False if lost else _meets(m, t, target) for t in theirs]))
     if any(half) and not row.latency and "relay" not in row.peers:
         bar += f" (half a core: >= {SLOW_HOST_TARGET:g})"
     return f"{bar}: {' / '.join(said)}"
