@@ -84,6 +84,7 @@ MODULES = (
     "trimaran.broker.events",
     "trimaran.storage.rows",
     "trimaran.runtime.confirms",
+    "trimaran.runtime.flow",
     "trimaran.runtime.transport",
     "trimaran.runtime.runner",
     "trimaran.queue.changes",
