@@ -294,20 +294,25 @@ async def test_a_reader_that_holds_its_publishers_too_long_is_stuck_and_holds_no
         assert not publisher.transport.reading
 
 
+def reader_fed_by_a_publisher(runner: Runner, hulls: Hulls) -> tuple[Wire, Wire, LineHull]:
+    """A subscriber and a publisher whose every line is delivered to it (and pushes back)."""
+    subscriber = Wire(runner, hulls, peer=("127.0.0.2", 1))
+    publisher = Wire(runner, hulls)
+
+    def handle(event: object) -> None:
+        subscriber.conn.push_back()
+
+    hulls.made[1].handle = handle  # type: ignore[method-assign]
+    return subscriber, publisher, hulls.made[0]
+
+
 async def test_a_reader_behind_on_its_queue_holds_its_publishers_until_below_the_low_mark() -> None:
     """Its socket drains, but its hull's queue (an MQTT session's) is still above the low-water mark
     (``Hull.behind``): the publishers wait until a flush finds it below."""
     hulls = Hulls()
     limits = RuntimeLimits(hold_publishers_s=0.02, stalled_consumer_timeout_s=60)
     async with running(Runner(limits)) as runner:
-        subscriber = Wire(runner, hulls, peer=("127.0.0.2", 1))
-        publisher = Wire(runner, hulls)
-        reader = hulls.made[0]
-
-        def handle(event: object) -> None:
-            subscriber.conn.push_back()
-
-        hulls.made[1].handle = handle  # type: ignore[method-assign]
+        subscriber, publisher, reader = reader_fed_by_a_publisher(runner, hulls)
         reader.backlog_mark = 0
         await publisher.feed([b"one\n"])
         assert not publisher.transport.reading
@@ -327,14 +332,7 @@ async def test_a_reader_behind_that_takes_nothing_is_closed_and_its_publishers_g
     hulls = Hulls()
     limits = RuntimeLimits(hold_publishers_s=0.01, stalled_consumer_timeout_s=0.05)
     async with running(Runner(limits)) as runner:
-        subscriber = Wire(runner, hulls, peer=("127.0.0.2", 1))
-        publisher = Wire(runner, hulls)
-        reader = hulls.made[0]
-
-        def handle(event: object) -> None:
-            subscriber.conn.push_back()
-
-        hulls.made[1].handle = handle  # type: ignore[method-assign]
+        _subscriber, publisher, reader = reader_fed_by_a_publisher(runner, hulls)
         reader.backlog_mark = 7  # and it never moves
         await publisher.feed([b"one\n"])
         assert not publisher.transport.reading
