@@ -477,7 +477,17 @@ async def role_sub(wid, cfg, sync: bl.Sync):
         p.start_keepalive(cfg["keepalive"])
         subs.append(p)
     sync.ready(n=len(subs))
-    _t0, tws, twe, tstop = await sync.wait_go()
+    t0, tws, twe, tstop = await sync.wait_go()
+    # --stall: the first of them stop reading at the start (a consumer whose application hangs);
+    # rates, the drain and the loss count the others
+    stalled, subs = subs[: cfg["stall"]], subs[cfg["stall"] :]
+
+    def stall():
+        for p in stalled:
+            if not p.lost:
+                p.transport.pause_reading()
+
+    bl.at(loop, t0, stall)
     lat = [] if cfg["latency"] else None
     for p in subs:
         if lat is not None:
@@ -521,7 +531,12 @@ async def role_sub(wid, cfg, sync: bl.Sync):
             break
     drain_s = time.monotonic() - tstop
     per_sub = [p.count for p in subs]
-    for p in subs:
+    if stalled:  # read again, to see whether the broker closed them
+        for p in stalled:
+            if not p.lost:
+                p.transport.resume_reading()
+        await asyncio.sleep(0.5)
+    for p in subs + stalled:
         if not p.lost:
             p.transport.write(DISCONNECT)
             p.transport.close()
@@ -532,6 +547,7 @@ async def role_sub(wid, cfg, sync: bl.Sync):
         drain_s=round(drain_s, 3),
         end=end_reason,
         lost=sum(p.lost for p in subs),
+        stalled_closed=sum(p.lost for p in stalled),
         **win.export(),
     )
     if lat is not None:
@@ -710,6 +726,7 @@ def run_pubsub(a, run_idx, broker_pid):
                     index=i,
                     e2e=a.e2e_window,
                     rx_batch_ms=0 if latency else a.rx_batch_ms_eff,
+                    stall=sum(1 for j in g if j < a.stall),
                 )
                 for i, g in enumerate(sub_groups)
             ],
@@ -747,7 +764,7 @@ def run_pubsub(a, run_idx, broker_pid):
     finally:
         coord.close()
     received = sum(r["received"] for r in sres.values() if r)
-    expected = sent * a.subscribers
+    expected = sent * (a.subscribers - a.stall)
     rate_rx = sum(r["win_count"] / r["win_s"] for r in sres.values() if r and r["win_s"])
     rate_tx = sum(r["win_count"] / r["win_s"] for r in pres.values() if r and r["win_s"])
     sub_cpu = sum(r["win_cpu_s"] for r in sres.values() if r)
@@ -770,6 +787,7 @@ def run_pubsub(a, run_idx, broker_pid):
         drain_s=max((r["drain_s"] for r in sres.values() if r), default=None),
         drain_end=sorted({r["end"] for r in sres.values() if r}),
         conn_lost=sum(r["lost"] for r in list(sres.values()) + list(pres.values()) if r),
+        stalled_closed=sum(r["stalled_closed"] for r in sres.values() if r),
         broker_rss_kb=samples.get("broker_rss_kb"),
     )
     out.update({k: v for k, v in samples.items() if k.startswith("cpu") or k.startswith("other_")})
@@ -867,6 +885,14 @@ def main(argv=None):
     ap.add_argument("--payload", type=int, default=64, help="payload bytes (latency: min 16)")
     ap.add_argument("--topic-prefix", default="bench")
     ap.add_argument(
+        "--stall",
+        type=int,
+        default=0,
+        help="fanin/fanout: this many subscribers stop reading at the start of the warm-up, for good "
+        "(an application that hangs); rates and loss count the others, stalled_closed the ones the "
+        "broker closed",
+    )
+    ap.add_argument(
         "--topics",
         dest="topics_each",
         type=int,
@@ -950,6 +976,7 @@ def main(argv=None):
                 "payload",
                 "topics",
                 "topics_each",
+                "stall",
                 "filter",
                 "warmup",
                 "drain_max",

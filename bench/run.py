@@ -335,6 +335,7 @@ class Settings:
 
 def run_generator(row: table.Row, server: str, port: int, s: Settings) -> list[dict]:
     """The row's generator against one server: its run lines (the summary line left out)."""
+    warmup = max(s.warmup, row.warmup or 0.0)
     cmd = [
         "taskset",
         "-c",
@@ -347,11 +348,11 @@ def run_generator(row: table.Row, server: str, port: int, s: Settings) -> list[d
         str(port),
         "--label",
         server,
-        *("--runs", str(s.runs), "--warmup", str(s.warmup), "--duration", str(s.duration)),
+        *("--runs", str(s.runs), "--warmup", str(warmup), "--duration", str(s.duration)),
         *("--quiet-pct", str(s.quiet_pct), "--quiet-wait", str(s.quiet_wait)),
         *("--max-foreign-pct", str(s.max_foreign_pct), "--max-attempts", str(s.max_attempts)),
     ]
-    budget = (s.warmup + s.duration + 60 + s.quiet_wait) * s.max_attempts + 60
+    budget = (warmup + s.duration + 60 + s.quiet_wait) * s.max_attempts + 60
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=budget)
     except subprocess.TimeoutExpired:

@@ -28,12 +28,14 @@ class Row:
     latency: bool = False
     trimaran_from: str | None = None  # Trimaran's figure is that row's (the scenario is the same)
     ref_row: str | None = None  # no peer: the ratio is against Trimaran's own figure on that row
+    ref_name: str = "AMQP 0.9.1 durable"  # how the table names ref_row's figure
     # issue 32's bar for the ratio against every peer: at least this, or for latency at most this
     target: float | None = None
     # issue 34's CPU bar: Trimaran's broker CPU per message here no more than its own on that row
     cpu_row: str | None = None
     # issue 44's bar: an open-loop row where what was acknowledged must all arrive (loss 0)
     lossless: bool = False
+    warmup: float | None = None  # this row's warm-up, when longer than the sitting's
 
 
 ROWS: tuple[Row, ...] = (
@@ -69,6 +71,26 @@ ROWS: tuple[Row, ...] = (
         ("fanin", "--qos", "1", "--topics", "16"),
         ("mosquitto",),
         target=1.5,
+        lossless=True,
+    ),
+    Row(
+        "mqtt-qos1-fanout-open",
+        "MQTT QoS 1 fan-out 1 -> 16, open loop",
+        "mqtt",
+        ("fanout", "--qos", "1"),
+        ("mosquitto",),
+    ),
+    Row(
+        "mqtt-qos1-fanout-stalled",
+        "MQTT QoS 1 fan-out 1 -> 16, one subscriber stops reading; the 15 others after the stalled-consumer "
+        "timeout (30 s), against all 16 reading",
+        "mqtt",
+        ("fanout", "--qos", "1", "--stall", "1"),
+        (),
+        warmup=35.0,  # the window starts after the stalled one was closed
+        ref_row="mqtt-qos1-fanout-open",
+        ref_name="QoS 1 fan-out, all reading,",
+        target=0.9 * 15 / 16,  # each of the 15 keeps 90% of its rate
         lossless=True,
     ),
     Row(
@@ -323,9 +345,7 @@ def format_table(records: Sequence[dict], meta: dict) -> str:
             continue  # not in this sitting; a row whose every run was discarded shows "-"
         if row.ref_row:
             theirs = [figure(runs, row.ref_row, b, False) for b in builds]
-            peer = "; ".join(
-                f"{b}'s AMQP 0.9.1 durable {_value(f)}" for b, f in zip(builds, theirs, strict=True)
-            )
+            peer = "; ".join(f"{b}'s {row.ref_name} {_value(f)}" for b, f in zip(builds, theirs, strict=True))
             ratios = [_ratios(m, t) for m, t in zip(mine, theirs, strict=True)]
             first = theirs[0]
             verdict = _verdict(row, [(m, [t]) for m, t in zip(mine, theirs, strict=True)], half)
