@@ -38,9 +38,10 @@ from trimaran import __version__
 from trimaran.admin import exposition
 from trimaran.admin.exposition import prometheus_name as prometheus_name
 from trimaran.admin.history import History
+from trimaran.broker.drops import REASONS
 from trimaran.broker.message import PROTOCOL_AMQP091, PROTOCOL_AMQP1, PROTOCOL_MQTT
 from trimaran.config import TelemetrySettings
-from trimaran.vhosts import split_key
+from trimaran.vhosts import DEFAULT_VHOST, split_key
 
 if TYPE_CHECKING:
     from trimaran.admin.webhooks import Webhooks
@@ -349,8 +350,11 @@ class Telemetry:
     def _dropped(self, _options: CallbackOptions) -> Iterable[Observation]:
         if self.broker is None:
             return []
-        counts = list(self.broker.stats.drops.counts.items())
-        return [Observation(n, {"reason": reason, "vhost": vhost}) for (reason, vhost), n in counts]
+        # Every reason has a series in / from the start (zero until it happens): dashboards and
+        # alerts find the metric before the first drop.
+        counts = dict.fromkeys(((reason, DEFAULT_VHOST) for reason in REASONS), 0)
+        counts.update(self.broker.stats.drops.counts)
+        return [Observation(n, {"reason": reason, "vhost": vhost}) for (reason, vhost), n in counts.items()]
 
     def _refused(self, _options: CallbackOptions) -> Iterable[Observation]:
         if self.runner is None:
