@@ -329,6 +329,7 @@ def test_a_quiet_audit_prints_its_progress_and_keeps_sparks_output_in_a_log(
     assert "0 messages, 0 events replayed in" in done.stdout
 
 
+@pytest.mark.slow  # a JVM's start for one flag: the quiet audit above runs by default
 def test_a_verbose_audit_shows_sparks_own_output(empty_db: str, tmp_path: Path) -> None:
     options = ["--master", "local[1]", "--no-charts", "-o", "report", "--verbose"]
     done = audit("--storage", empty_db, *options, cwd=tmp_path)
@@ -494,6 +495,7 @@ def test_no_executor_is_one_line_and_exit_2(
     assert time.monotonic() - started < 60
 
 
+@pytest.mark.slow  # a venv and an executor's start: test_spark_errors_are_one_line covers the path
 def test_executors_that_cannot_import_pyarrow_are_one_line_and_exit_2(
     standalone: Standalone, tmp_path: Path
 ) -> None:
