@@ -3,7 +3,9 @@ fixes they rely on: kick by client id, ``next`` links under names with '/', reas
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import io
 import json
 import os
 import subprocess
@@ -18,6 +20,7 @@ import pytest
 
 from tests.support.paho import V5, Endpoints, connect
 from tests.support.server import RunningServer, unused_port
+from trimaran import cli, logs
 from trimaran.ctl import table
 
 TOKEN = "ctl-token"
@@ -54,20 +57,27 @@ def mqtt(server: RunningServer) -> Endpoints:
 
 
 @pytest.fixture
-def ctl(server: RunningServer, tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+def ctl(
+    server: RunningServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """The command line, run in this process (a new interpreter's start for each of a hundred
+    commands cost the default run a minute); test_wrong_token_and_unreachable_server runs the
+    installed command itself."""
     url = f"http://127.0.0.1:{server.ports['http']}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIMARAN_")}
+    for key in [k for k in os.environ if k.startswith("TRIMARAN_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(logs, "configure", lambda *_: None)  # pytest's log capture stays as it is
 
     def run(*args: str, token: str | None = TOKEN) -> subprocess.CompletedProcess[str]:
-        extra = ["--url", url] + (["--token", token] if token is not None else [])
-        return subprocess.run(
-            [sys.executable, "-m", "trimaran", *args, *extra],
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            env=env,
-            timeout=60,
-        )
+        command = [*args, "--url", url] + (["--token", token] if token is not None else [])
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli.main(command)
+            except SystemExit as exc:  # argparse's refusals
+                code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
+        return subprocess.CompletedProcess(["trimaran", *command], code, out.getvalue(), err.getvalue())
 
     return run
 
