@@ -50,6 +50,7 @@ MODULES = (
     "trimaran.mqtt.reason_codes",
     "trimaran.mqtt.properties",
     "trimaran.mqtt.packets",
+    "trimaran.mqtt.session",
     "trimaran.mqtt.events",
     "trimaran.mqtt.codec",
     "trimaran.mqtt.connection",

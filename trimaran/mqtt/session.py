@@ -52,7 +52,7 @@ AWAITING_PUBCOMP: Final = "awaiting_pubcomp"  # QoS 2 PUBREC received, PUBREL se
 Tag = str | int | None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class OutboundMessage:
     """A message for the client. `tag` is the handler's own reference (e.g. a queue delivery id)."""
 
@@ -76,6 +76,30 @@ class OutboundMessage:
     # (a queued message may go out on the session's next connection, of another level); never
     # stored, never compared.
     wire: tuple[bytes, bytes] | None = field(default=None, compare=False, repr=False)
+
+    # Written out, as one per delivery: mypyc compiles it, the generated one runs interpreted.
+    # ``properties`` None stands for the default, a new empty Properties.
+    def __init__(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int = 0,
+        retain: bool = False,
+        properties: Properties | None = None,
+        tag: Tag = None,
+        expires_at: float | None = None,
+        redelivered: bool = False,
+        wire: tuple[bytes, bytes] | None = None,
+    ) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.properties = Properties() if properties is None else properties
+        self.tag = tag
+        self.expires_at = expires_at
+        self.redelivered = redelivered
+        self.wire = wire
 
 
 def weight(message: OutboundMessage) -> int:
@@ -179,12 +203,18 @@ class Backlog:
     __hash__ = None  # type: ignore[assignment]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class InflightEntry:
     packet_id: int
     message: OutboundMessage
     state: str  # AWAITING_PUBACK | AWAITING_PUBREC | AWAITING_PUBCOMP
-    sent: bool = False  # sent at least once, so a resend carries DUP
+    sent: bool  # sent at least once, so a resend carries DUP
+
+    def __init__(self, packet_id: int, message: OutboundMessage, state: str, sent: bool = False) -> None:
+        self.packet_id = packet_id  # written out, as OutboundMessage's
+        self.message = message
+        self.state = state
+        self.sent = sent
 
 
 @dataclass(slots=True)
