@@ -22,10 +22,11 @@ from typing import Protocol
 
 
 class Held(Protocol):
-    """A connection as a gate holds it (``transport.Conn``)."""
+    """A publisher as a gate holds it: a connection (``transport.Conn``: its socket is not read), or
+    an AMQP 1.0 sending link (``amqp1.links.InLink``: no new credit)."""
 
     def held(self, on: bool) -> None:
-        """One more gate holds this connection (``on``), or one fewer."""
+        """One more gate holds this publisher (``on``), or one fewer."""
         ...
 
 
@@ -61,9 +62,12 @@ class Gate:
     def holding(self) -> bool:
         return self._held is not None
 
-    def hold(self) -> None:
-        """Hold the connection being acted on (if any), until ``release``."""
-        source = self._runner.current
+    def hold(self, source: Held | None = None) -> None:
+        """Hold ``source``, by default the connection being acted on (if any), until ``release``.
+        A hull whose protocol can slow one sender without pausing its connection (an AMQP 1.0 link,
+        by its credit) names that sender instead."""
+        if source is None:
+            source = self._runner.current
         if source is None or self.stuck:
             return
         held = self._held
