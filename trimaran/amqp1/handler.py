@@ -823,6 +823,33 @@ class Amqp1FrontEnd:
             return
         pending(None, None)
 
+    def stalled(self, conn: Amqp1Conn, out: QueueOut, idle_s: float) -> None:
+        """``out``'s queue held its publishers and nothing was settled for ``idle_s`` seconds
+        (queue/flow.py): the link is closed with ``amqp:resource-limit-exceeded``, its unsettled
+        deliveries go back to the queue, and the publishers go on. The link, not the connection:
+        it is the consumer (as AMQP 0.9.1's channel is), and the connection's other links are not
+        to blame; proton's blocking receiver raises LinkDetached with the condition, its reactor
+        calls on_link_error."""
+        link = out.link
+        if out.stopped or link.state is not LinkState.ATTACHED or conn.machine.closed:
+            return
+        log.warning(
+            "amqp1: %s: receiver %r of %s settled nothing for %.0f s (%d unsettled) while the queue "
+            "held its publishers; link detached so that they go on (limits.stalled_consumer_timeout_s)",
+            conn.container_id,
+            link.name,
+            describe(out.address.name),
+            idle_s,
+            len(out.offsets),
+        )
+        error = Error(
+            condition=RESOURCE_LIMIT_EXCEEDED,
+            description=f"nothing settled for {idle_s:.0f} s while the queue held its publishers",
+        )
+        conn.machine.detach_link(link, error)
+        self.detached(conn, LinkDetached(link, True, error, False))
+        conn.io.pump()
+
     def publish_failed(self, conn: Amqp1Conn, queue: str, exc: QueueError) -> Error:
         """A queue publish refused or not written: logged, and the error its disposition says."""
         log.info("amqp1: %s: publish to %s refused: %s", conn.container_id, describe(queue), exc)

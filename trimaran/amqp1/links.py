@@ -152,6 +152,11 @@ class QueueOut(OutLink):
         if not self.settled:
             self.offsets[did] = delivery.offset
 
+    def stalled(self, idle_s: float) -> None:
+        """Its queue held publishers and nothing was settled for ``idle_s`` seconds: the link is
+        detached with an error, its unsettled deliveries go back to the queue."""
+        self.conn.front.stalled(self.conn, self, idle_s)
+
     def on_flow(self, drain: bool) -> None:
         handle = self.handle
         if handle is None or handle.closed:
@@ -210,6 +215,9 @@ class QueueBrowse(OutLink):
         if self._send(payload) is not None:
             self.stats.messages_sent += 1
             self.io.messages_out += 1
+
+    def stalled(self, idle_s: float) -> None:
+        """Never asked: a browser holds nothing and is no consumer of a group."""
 
     def on_flow(self, drain: bool) -> None:
         handle = self.handle

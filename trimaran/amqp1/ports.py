@@ -46,6 +46,8 @@ class FrontEnd(Protocol):
 
     def publish_failed(self, conn: Any, queue: str, exc: QueueError) -> Any: ...
 
+    def stalled(self, conn: Any, out: Any, idle_s: float) -> None: ...
+
 
 class LinkOwner(Protocol):
     """A connection as its outgoing links see it (``conn.Amqp1Conn``)."""
