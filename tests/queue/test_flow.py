@@ -104,10 +104,10 @@ async def test_a_consumer_behind_holds_its_publishers_until_below_half(make_mana
         publisher, bystander = Publisher(), Publisher()
         publish(manager, publisher, 2 + HIGH)  # two delivered, ten waiting: at the mark, not past it
         assert not manager.queues["t"].behind and publisher.holds == 0
-        publish(manager, publisher, 1)  # past it: the queue is behind from here on
-        assert manager.queues["t"].behind
+        publish(manager, publisher, 1)  # past it: the queue is behind, its publisher held from here on
+        assert manager.queues["t"].behind and publisher.holds == 1
         publish(manager, publisher, 1)
-        assert publisher.holds == 1  # held by the queue's gate (once, however many it publishes)
+        assert publisher.holds == 1  # held by the queue's gate once, however many it publishes
         publish(manager, publisher, 3)
         assert publisher.holds == 1 and manager.info("t").depth == 2 + HIGH + 5  # nothing refused
         manager.publish_nowait("other", msg(queue="other"), held=bystander)  # another queue: not held

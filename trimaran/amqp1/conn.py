@@ -228,9 +228,10 @@ class Amqp1Conn:
 
     def refill(self, inlink: InLink) -> None:
         """Top the sending peer's credit up to the window less the publishes still in flight,
-        in steps of half the window; none while memory is above the high-water mark."""
+        in steps of half the window; none while memory is above the high-water mark, or while a
+        queue the link feeds is behind (``InLink.held``)."""
         link = inlink.link
-        if link.state is not ATTACHED or self.publishing_blocked:
+        if link.state is not ATTACHED or self.publishing_blocked or inlink.holds:
             return
         window = self.link_credit
         room = window - inlink.inflight

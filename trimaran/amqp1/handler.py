@@ -400,7 +400,7 @@ class Amqp1FrontEnd:
                 self.refuse(conn, link, exc.condition, exc.description)
                 return
             target = replace(target, capabilities=[Symbol(address.kind)])
-        inlink = InLink(link, address)
+        inlink = InLink(link, address, owner=conn)
         if address is not None and address.is_queue:
             inlink.presettled = SettledPublishes(conn, inlink, address.name)
         conn.inlinks[link] = inlink
@@ -786,7 +786,9 @@ class Amqp1FrontEnd:
                 pending = PendingSettle(conn, inlink, event.delivery_id, event.settled, address.name)
             assert self.queues is not None
             try:
-                self.queues.publish_nowait(address.name, message, address.key, pending, message.created_at_ms)
+                self.queues.publish_nowait(
+                    address.name, message, address.key, pending, message.created_at_ms, inlink
+                )
             except QueueError as exc:
                 if exc.reason == "shared":  # a shared node reserves offsets with an await
                     conn.io.spawn(lambda: self._append_async(address, message, pending))

@@ -50,7 +50,7 @@ class FrontEnd(Protocol):
 
 
 class LinkOwner(Protocol):
-    """A connection as its outgoing links see it (``conn.Amqp1Conn``)."""
+    """A connection as its links see it (``conn.Amqp1Conn``)."""
 
     @property
     def front(self) -> FrontEnd: ...
@@ -63,6 +63,8 @@ class LinkOwner(Protocol):
 
     @property
     def container_id(self) -> str: ...
+
+    def refill(self, inlink: Any) -> None: ...
 
 
 class Desk(Protocol):

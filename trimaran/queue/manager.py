@@ -534,6 +534,8 @@ class QueueManager:
         state, message, ch = self._accept(queue, message, held)
         if not state.durable:
             appended = self._publish_transient(state, message, routing_key, now)
+            if state.behind:  # this very publish left it behind: held before its credit comes back
+                self.flow.hold(state, held)
             if done is not None:
                 done(PublishResult(state.name, appended), None)
             return None
