@@ -137,6 +137,7 @@ class LineMachine:
         self.eof = False
         self.deadline = deadline
         self.ticks: list[float] = []
+        self.pauses: list[float] = []  # Machine.paused: the runtime had not been reading us until then
         self.peer_close_s = 0.0  # a test may leave the end of the connection to the peer
 
     def receive_data(self, data: bytes, now: float) -> None:
@@ -162,6 +163,9 @@ class LineMachine:
 
     def next_deadline(self) -> float | None:
         return None if self.closed else self.deadline
+
+    def paused(self, now: float) -> None:
+        self.pauses.append(now)
 
     def tick(self, now: float) -> None:
         self.ticks.append(now)

@@ -451,6 +451,15 @@ class Conn(asyncio.Protocol):
                 transport.pause_reading()
             else:
                 transport.resume_reading()
+                hull = self.hull
+                if hull is not None and self.state == OPEN:
+                    # What it sent meanwhile waits in the socket: its time-outs start from now, or a
+                    # deadline could fire before the read that brings its heartbeat.
+                    hull.machine.paused(time.monotonic())
+
+    def _flow_paused(self) -> bool:
+        """Not read for flow control: a gate holds it, its user is over its rate, or an alarm."""
+        return self._held_by > 0 or self._throttle_timer is not None or self.runner.memory.blocking(self)
 
     def _charge(self, messages: int, size: int) -> None:
         """What was read and published counts against the user's rate (per read, not per message);
@@ -609,7 +618,10 @@ class Conn(asyncio.Protocol):
             self.abort()
             return
         try:
-            self.hull.machine.tick(now)
+            machine = self.hull.machine
+            if self._read_paused and self._flow_paused():
+                machine.paused(now)  # its silence is ours: only what we must send is due
+            machine.tick(now)
         except Exception as exc:
             self.crash(exc)
             return
