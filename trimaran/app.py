@@ -47,6 +47,7 @@ from trimaran.queue.manager import PublishResult, QueueManager
 from trimaran.runtime.flow import Gate
 from trimaran.runtime.limits import RuntimeLimits
 from trimaran.runtime.machine import Machine
+from trimaran.runtime.memory import DISK
 from trimaran.runtime.runner import Runner
 from trimaran.runtime.transport import Conn, Hull, HullFactory
 from trimaran.security.acl import AclError
@@ -176,6 +177,9 @@ class App:
         self.queues.limits = self.runner.tenants  # one registry: the runtime's and the queues' limits
         self.queues.at_turn_end = self.runner.after_read  # deliveries leave in their publish's turn
         self.queues.flow = queue_flow(settings, self.runner, shared=self._shared_queues)
+        # Below storage.min_free_bytes, publishers are paused (connection.blocked) as at the memory
+        # watermark: the disk alarm, RabbitMQ's too.
+        self.queues.disk.on_change = lambda low: self.runner.alarm(DISK, low)
         self.webhooks = Webhooks(settings.webhooks, self.broker.events, settings.node_name)
         self.mqtt = MqttFrontEnd(self.broker, settings, store, self.queues, security)
         if clustered:

@@ -163,7 +163,7 @@ async def test_no_new_link_credit_while_memory_is_above_the_high_water_mark() ->
         await client.send(Begin(next_outgoing_id=0, incoming_window=10, outgoing_window=10))
         assert isinstance(await client.perf(), Begin)
         [conn] = front.connections
-        conn.blocked(True)
+        conn.blocked(True, "low on memory")
         await client.send(
             Attach(
                 name="s",
@@ -177,7 +177,7 @@ async def test_no_new_link_credit_while_memory_is_above_the_high_water_mark() ->
         with anyio.move_on_after(0.2):
             got = await client.perf()
             raise AssertionError(f"credit granted while blocked: {got}")
-        conn.blocked(False)
+        conn.blocked(False, "low on memory")
         conn.io.wake()
         flow = await client.perf()
         assert isinstance(flow, Flow) and flow.link_credit == front.config.link_credit

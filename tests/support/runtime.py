@@ -182,6 +182,7 @@ class LineHull:
         self.finished = False
         self.shut_down = False
         self.blocks: list[bool] = []
+        self.whys: list[str] = []
         self.backlog_mark: int | None = None  # what behind() says: set by a test
         self.stalls: list[float] = []
 
@@ -202,8 +203,9 @@ class LineHull:
         self.machine.out.append(b"SHUTDOWN\n")
         self.machine.closed = True
 
-    def blocked(self, on: bool) -> None:
+    def blocked(self, on: bool, why: str) -> None:
         self.blocks.append(on)
+        self.whys.append(why)
 
     def behind(self) -> int | None:
         return self.backlog_mark

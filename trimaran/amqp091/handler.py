@@ -514,8 +514,10 @@ class Amqp091FrontEnd:
         if channel is None or not isinstance(method, spec.BasicPublish):
             return
         self.broker.stats.messages_received += 1
-        conn.io.messages_in += 1
-        conn.io.publisher = True  # the memory watermark pauses the connections that publish
+        io = conn.io
+        io.messages_in += 1
+        if not io.publisher:
+            io.publishing()  # the alarms pause the connections that publish
         if channel.tx:
             channel.tx_publishes.append((method, event.properties, event.body))
             return

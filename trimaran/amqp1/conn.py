@@ -157,7 +157,8 @@ class Amqp1Conn:
     def stalled(self, idle_s: float) -> None:
         """Never asked: ``behind`` is always None."""
 
-    def blocked(self, on: bool) -> None:
+    def blocked(self, on: bool, why: str) -> None:
+        """No new link credit while an alarm is raised (what the peer was granted still comes)."""
         self.publishing_blocked = on
         if not on:
             for inlink in list(self.inlinks.values()):

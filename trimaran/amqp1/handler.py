@@ -725,8 +725,10 @@ class Amqp1FrontEnd:
         if inlink.coordinator:
             self.coordinator.control(conn, event, inlink)
             return
-        conn.io.publisher = True  # the memory watermark pauses the connections that publish
-        conn.io.messages_in += 1
+        io = conn.io
+        if not io.publisher:
+            io.publishing()  # the alarms pause the connections that publish
+        io.messages_in += 1
         self.broker.stats.messages_received += 1
         payload = event.payload
         address = inlink.address
