@@ -278,8 +278,8 @@ class LimitSettings(Section):
         ge=1,
         description="messages a queue read by an online consumer holds not yet delivered above which "
         "the connections publishing into it are not read (AMQP 1.0 links: no new credit); they are "
-        "again below half, or once it has no consumer. A queue nobody reads is bounded by its "
-        "max-length and the memory watermark instead",
+        "again below half, or once it has no consumer. A queue nobody reads, or with a max-length, "
+        "is bounded by its max-length only",
     )
     queue_backpressure_bytes: int = Field(
         32 * 1024 * 1024,

@@ -10,9 +10,10 @@ deleted. While it is behind, every publish into it holds its publisher through t
 an AMQP 1.0 sending link gets no new credit. So a publisher goes at the pace of the queues it feeds,
 and one feeding only queues that keep up is never slowed by a slow one elsewhere.
 
-Left out, each bounded otherwise: queues nobody reads and queues with a max-length (their policy
-and the memory watermark), streams (retention, and the disk watermark: reading one frees nothing),
-and a shared node's work queues (their memory holds only claims).
+Left out: queues nobody reads (holding publishers would wait for nobody: what bounds them is their
+max-length, and for a durable one the disk watermark), queues with a max-length (their policy says
+what happens past it), streams (retention: reading one frees nothing) and a shared node's work
+queues (their memory holds only claims).
 
 A queue that holds publishers and sees no settlement (ack, nack, reject) for
 ``limits.stalled_consumer_timeout_s`` has consumers that take nothing: each is closed its protocol's
