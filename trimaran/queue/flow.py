@@ -160,6 +160,13 @@ class QueueFlow:
         if first and gate.holding:
             gate.saw(progress(state))  # the settlements so far: the first look compares with these
 
+    def joined(self, state: QueueState) -> None:
+        """A consumer attached to a queue that is behind: if its earlier consumers were closed for
+        taking nothing, the publishers are held again, for it to catch up (or to stall in turn)."""
+        gate = self._gates.get(state)
+        if gate is not None:
+            gate.stuck = False
+
     def forget(self, state: QueueState) -> None:
         """The queue is deleted: its publishers go on, its gate goes."""
         if state.behind:

@@ -1065,6 +1065,8 @@ class QueueManager:
             grp.resume(start)
         handle = ConsumerHandle(self, state, grp, consumer, routing_filter, auto_ack, selects)
         grp.consumers.append(handle)
+        if state.behind:
+            self.flow.joined(state)
         if state.durable and not ch.empty():
             self.journal.send(ch)
         return handle
