@@ -41,10 +41,13 @@ from trimaran.mqtt.handler import MqttFrontEnd
 from trimaran.net.listeners import Listener, ProtocolListener, amqp_port
 from trimaran.net.tls import server_tls_context
 from trimaran.net.websocket import WebSocketMachine
+from trimaran.queue.flow import QueueFlow, Stalled
 from trimaran.queue.groups import Selects
 from trimaran.queue.manager import PublishResult, QueueManager
+from trimaran.runtime.flow import Gate
 from trimaran.runtime.limits import RuntimeLimits
 from trimaran.runtime.machine import Machine
+from trimaran.runtime.memory import DISK
 from trimaran.runtime.runner import Runner
 from trimaran.runtime.transport import Conn, Hull, HullFactory
 from trimaran.security.acl import AclError
@@ -173,6 +176,10 @@ class App:
         )
         self.queues.limits = self.runner.tenants  # one registry: the runtime's and the queues' limits
         self.queues.at_turn_end = self.runner.after_read  # deliveries leave in their publish's turn
+        self.queues.flow = queue_flow(settings, self.runner, shared=self._shared_queues)
+        # Below storage.min_free_bytes, publishers are paused (connection.blocked) as at the memory
+        # watermark: the disk alarm, RabbitMQ's too.
+        self.queues.disk.on_change = lambda low: self.runner.alarm(DISK, low)
         self.webhooks = Webhooks(settings.webhooks, self.broker.events, settings.node_name)
         self.mqtt = MqttFrontEnd(self.broker, settings, store, self.queues, security)
         if clustered:
@@ -507,6 +514,25 @@ def tenant_limits(settings: Settings) -> TenantLimits:
         {name: VhostLimits(**v.model_dump()) for name, v in limits.vhosts.items()},
         {name: UserLimits(**u.model_dump()) for name, u in limits.users.items()},
         UserLimits(**limits.default_user.model_dump()),
+    )
+
+
+def queue_flow(settings: Settings, runner: Runner, *, shared: bool) -> QueueFlow:
+    """The queues' backpressure (queue/flow.py) holding publishers with the runtime's gates: each
+    asks about progress a few times per stalled-consumer timeout (at most once a second)."""
+    limits = settings.limits
+    timeout = limits.stalled_consumer_timeout_s
+    patience = min(1.0, timeout / 4)
+
+    def make_gate(stalled: Stalled) -> Gate:
+        return Gate(runner, patience, stalled)
+
+    return QueueFlow(
+        make_gate,
+        high_messages=limits.queue_backpressure_messages,
+        high_bytes=limits.queue_backpressure_bytes,
+        timeout_s=timeout,
+        shared=shared,
     )
 
 

@@ -273,11 +273,25 @@ class LimitSettings(Section):
         ge=1024,
         description="the same in bytes (payloads and topics): whichever is reached first holds them",
     )
+    queue_backpressure_messages: int = Field(
+        100_000,
+        ge=1,
+        description="messages a queue read by an online consumer holds not yet delivered above which "
+        "the connections publishing into it are not read (AMQP 1.0 links: no new credit); they are "
+        "again below half, or once it has no consumer. A queue nobody reads, or with a max-length, "
+        "is bounded by its max-length only",
+    )
+    queue_backpressure_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=1024,
+        description="the same in payload bytes: whichever is reached first holds them (a queue keeps "
+        "about 450 bytes of its own per message besides the payload)",
+    )
     stalled_consumer_timeout_s: float = Field(
         30.0,
         gt=0,
-        description="a consumer that holds publishers and takes nothing for this long is disconnected; "
-        "its messages stay with its session or queue",
+        description="a consumer that holds publishers and takes nothing for this long is disconnected "
+        "(AMQP: its channel closed 406, its link detached); its messages stay with its session or queue",
     )
     session_queue_size: int = Field(
         10_000,

@@ -17,6 +17,7 @@ from trimaran.amqp091.mapping import message_from_content
 from trimaran.amqp091.properties import BasicProperties
 from trimaran.broker.message import Message
 from trimaran.config import Amqp091Settings, AuthSettings, Settings
+from trimaran.runtime.memory import DISK, MEMORY
 from trimaran.storage.writer import WriteBatch
 
 pytestmark = pytest.mark.anyio
@@ -62,16 +63,44 @@ async def test_blocked_and_unblocked_go_to_clients_that_announce_the_capability(
         able.transport.take()
         unable.transport.take()
         for wire in (able, unable):
-            wire.conn.block(True)
+            wire.conn.block(True, MEMORY)
         await settle()
         assert methods(able.transport.take()) == [(0, spec.ConnectionBlocked("low on memory"))]
         for wire in (able, unable):
-            wire.conn.block(False)
+            wire.conn.block(False, MEMORY)
         await settle()
         assert methods(able.transport.take()) == [(0, spec.ConnectionUnblocked())]
         assert unable.transport.take() == b""
         await able.eof()
         await unable.eof()
+
+
+async def test_a_connection_that_publishes_during_the_disk_alarm_is_told_and_no_longer_read(
+    tmp_path: Path,
+) -> None:
+    """The disk alarm pauses publishers as the memory one does, saying why; a connection that had
+    not published is told at its first publish (what it sent with it is still taken)."""
+    async with running(tmp_path) as deck:
+        wire = Wire(deck.runner, deck.open)
+        await wire.feed([hello({"connection.blocked": True})])
+        wire.transport.take()
+        deck.runner.alarm(DISK, True)
+        deck.runner.alarm(MEMORY, True)
+        await settle()
+        assert wire.transport.take() == b"" and wire.transport.reading  # no publisher yet
+        publish = spec.BasicPublish(routing_key="q")
+        declare = encode_method(1, spec.QueueDeclare(queue="q"))
+        await wire.feed([declare + encode_content(1, publish, BasicProperties(), b"x", 131072)])
+        assert (0, spec.ConnectionBlocked("low on disk")) in methods(wire.transport.take())
+        assert not wire.transport.reading and deck.contents("q") == [b"x"]
+        deck.runner.alarm(DISK, False)
+        await settle()
+        assert wire.transport.take() == b"" and not wire.transport.reading  # the memory alarm holds
+        deck.runner.alarm(MEMORY, False)
+        await settle()
+        assert methods(wire.transport.take()) == [(0, spec.ConnectionUnblocked())]
+        assert wire.transport.reading
+        await wire.eof()
 
 
 async def test_shutdown_closes_with_320_and_waits_for_close_ok(tmp_path: Path) -> None:

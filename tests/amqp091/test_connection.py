@@ -721,6 +721,21 @@ def test_heartbeats_both_ways() -> None:
     assert server.next_deadline() is None
 
 
+def test_a_pause_of_the_runtimes_restarts_the_missed_heartbeats_clock() -> None:
+    """The runtime did not read the client (flow control): its heartbeats wait in the socket, so
+    the clock starts again where the pause is said (``paused``); ours go out as before."""
+    c = Client()
+    c.handshake(heartbeat=10)
+    t0 = c.now
+    server = c.server
+    server.paused(t0 + 19)
+    assert c.tick(t0 + 25) == []  # 20 s after the last bytes, 6 s after the pause
+    assert server.data_to_send(t0 + 25) == HEARTBEAT_FRAME
+    server.paused(t0 + 1)  # an older time changes nothing
+    events = c.tick(t0 + 39)
+    assert isinstance(events[0], HeartbeatTimeout) and events[0].silent_for == 20
+
+
 def test_has_data_to_send() -> None:
     c = Client()
     c.handshake()

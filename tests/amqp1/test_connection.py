@@ -305,6 +305,19 @@ def test_heartbeats_and_idle_timeout() -> None:
     assert closed_error(c).condition == "amqp:resource-limit-exceeded"  # type: ignore[union-attr]
 
 
+def test_a_pause_of_the_runtimes_restarts_the_idle_timeout() -> None:
+    """The runtime did not read the peer (flow control) until ``paused``: our idle time-out on it
+    starts again there."""
+    conn = server(idle_timeout=10.0)
+    c = Client(conn)
+    c.connect(idle_time_out=4000)
+    conn.paused(9.0)
+    conn.tick(12.0)
+    assert drain(conn) == []
+    conn.tick(19.0)
+    assert isinstance(drain(conn)[0], ConnectionClosed)
+
+
 def test_no_idle_timeout() -> None:
     conn, _c = connected(idle_timeout=None)
     assert conn.next_deadline() is None

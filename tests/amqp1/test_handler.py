@@ -34,7 +34,11 @@ from trimaran.amqp1.performatives import (
 from trimaran.broker.core import Broker
 from trimaran.broker.message import PROTOCOL_AMQP1
 from trimaran.config import Amqp1Settings, QueuePolicySettings, QueueSettings, Settings, StorageSettings
+from trimaran.queue.flow import QueueFlow
+from trimaran.queue.groups import QueueDelivery
 from trimaran.queue.manager import QueueManager
+from trimaran.queue.outcomes import ACK
+from trimaran.runtime.flow import Gate
 from trimaran.runtime.runner import Runner
 from trimaran.runtime.transport import Conn
 from trimaran.storage.store import Storage
@@ -159,7 +163,7 @@ async def test_no_new_link_credit_while_memory_is_above_the_high_water_mark() ->
         await client.send(Begin(next_outgoing_id=0, incoming_window=10, outgoing_window=10))
         assert isinstance(await client.perf(), Begin)
         [conn] = front.connections
-        conn.blocked(True)
+        conn.blocked(True, "low on memory")
         await client.send(
             Attach(
                 name="s",
@@ -173,7 +177,7 @@ async def test_no_new_link_credit_while_memory_is_above_the_high_water_mark() ->
         with anyio.move_on_after(0.2):
             got = await client.perf()
             raise AssertionError(f"credit granted while blocked: {got}")
-        conn.blocked(False)
+        conn.blocked(False, "low on memory")
         conn.io.wake()
         flow = await client.perf()
         assert isinstance(flow, Flow) and flow.link_credit == front.config.link_credit
@@ -394,5 +398,98 @@ async def test_presettled_queue_publishes_give_their_credit_back_refused_or_not(
                 await anyio.sleep(0.01)
         await anyio.sleep(0.05)  # (and nothing more than one line each comes after)
         assert refused() == sent - room
+        await client.stream.aclose()
+        tg.cancel_scope.cancel()
+
+
+class Reader:
+    """A queue consumer in the test's hands (the manager's QueueConsumer)."""
+
+    def __init__(self) -> None:
+        self.id = "reader"
+        self.offsets: list[int] = []
+
+    def deliver(self, delivery: QueueDelivery) -> None:
+        self.offsets.append(delivery.offset)
+
+    def stalled(self, idle_s: float) -> None:
+        raise AssertionError("not stalled: it was never given anything to settle")
+
+
+async def test_a_sending_link_into_a_queue_behind_gets_no_new_credit_until_it_catches_up(
+    tmp_path: Path,
+) -> None:
+    """The queue's gate holds the link, not the connection (queue/flow.py): the peer's credit runs
+    out and is not topped up while the queue is behind, the connection's other links go on, and
+    the credit comes back once the consumer has taken the backlog."""
+    window = 10
+    settings = Settings(amqp1=Amqp1Settings(link_credit=window))
+    async with with_queues(tmp_path, settings) as (front, queues), anyio.create_task_group() as tg:
+        runner = Runner()
+        await tg.start(runner.run)
+
+        def factory(io: Conn, first: bytes) -> Amqp1Conn | None:
+            return front.open(io) if first else None
+
+        [(_host, port), *_] = await runner.serve("amqp1", "127.0.0.1", 0, factory)
+        queues.flow = QueueFlow(
+            lambda stalled: Gate(runner, 60.0, stalled), high_messages=window, timeout_s=60.0
+        )
+        await queues.declare("slow", durable=False)
+        reader = Reader()
+        handle = queues.consume("slow", reader)  # online, and taking nothing for now
+        client = Client(await anyio.connect_tcp("127.0.0.1", port))
+        await client.connect()
+        await client.send(Begin(next_outgoing_id=0, incoming_window=100_000, outgoing_window=100_000))
+        assert isinstance(await client.perf(), Begin)
+
+        async def attach(handle_no: int, address: str) -> Flow:
+            await client.send(
+                Attach(
+                    name=f"s{handle_no}",
+                    handle=handle_no,
+                    role=ROLE_SENDER,
+                    snd_settle_mode=SND_SETTLED,
+                    source=Source(),
+                    target=Target(address=address),
+                    initial_delivery_count=0,
+                )
+            )
+            assert isinstance(await client.perf(), Attach)
+            flow = await client.perf()
+            assert isinstance(flow, Flow) and flow.link_credit == window
+            return flow
+
+        async def send(first: int, count: int) -> None:
+            body = encode_message(Message(body=[Data(b"m")]))
+            wire = bytearray()
+            for did in range(first, first + count):
+                transfer = Transfer(
+                    handle=0, delivery_id=did, delivery_tag=did.to_bytes(4, "big"), settled=True
+                )
+                wire += encode_frame(FRAME_AMQP, 0, transfer, body)
+            await client.stream.send(bytes(wire))
+
+        await attach(0, "queue://slow")
+        await send(0, window)  # the queue holds 10: at its mark; the credit is topped up
+        flow = await client.perf()
+        assert isinstance(flow, Flow) and (flow.delivery_count or 0) + (flow.link_credit or 0) == 2 * window
+        await send(window, window)  # past the mark: behind, and the link is held
+        with anyio.fail_after(5):
+            while queues.info("slow").depth < 2 * window:
+                await anyio.sleep(0.01)
+        [conn] = front.connections
+        [inlink] = conn.inlinks.values()
+        assert queues.queues["slow"].behind and inlink.holds == 1
+        assert inlink.link.link_credit == 0  # each publish's credit came back to nobody
+        # The connection is read all the same: another link gets its credit at once.
+        await attach(1, "queue://elsewhere")
+        # The consumer takes everything: below half, the link's credit comes back.
+        handle.add_credit(2 * window)
+        handle.settle_all_nowait(list(reader.offsets), ACK)
+        handle.add_credit(2 * window)
+        flow = await client.perf()
+        assert isinstance(flow, Flow) and flow.handle == 0 and flow.link_credit == window
+        assert inlink.holds == 0 and not queues.queues["slow"].behind
         await client.stream.aclose()
         tg.cancel_scope.cancel()

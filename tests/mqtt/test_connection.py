@@ -239,6 +239,16 @@ def test_keep_alive_deadline_is_one_and_a_half_times() -> None:
     assert server.next_deadline() is None
 
 
+def test_a_pause_of_the_runtimes_restarts_the_keep_alive() -> None:
+    """The runtime did not read the client (flow control) until ``paused``: its PINGREQ may be
+    waiting in the socket, so its keep alive starts again there."""
+    server, _client, _ = connected(keep_alive=10)
+    server.paused(14.0)
+    assert server.next_deadline() == 29.0
+    assert tick(server, 28.9) == []
+    assert closed(tick(server, 29.0)).reason_code == 0x8D
+
+
 def test_keep_alive_zero_has_no_deadline() -> None:
     server, _, _ = connected(keep_alive=0)
     assert server.next_deadline() is None

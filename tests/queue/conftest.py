@@ -27,9 +27,13 @@ class Collector:
     def __init__(self, id: str) -> None:
         self.id = id
         self.deliveries: list[QueueDelivery] = []
+        self.stalls: list[float] = []  # queue/flow.py closed it for taking nothing, after so long
 
     def deliver(self, delivery: QueueDelivery) -> None:
         self.deliveries.append(delivery)
+
+    def stalled(self, idle_s: float) -> None:
+        self.stalls.append(idle_s)
 
     @property
     def payloads(self) -> list[bytes]:

@@ -75,3 +75,18 @@ def test_poll_measures_once_an_interval(tmp_path: object) -> None:
     watch.poll(now=101.1)
     assert len(calls) == 2
     assert not DiskWatch(None, 100).enabled
+
+
+def test_crossing_the_watermark_either_way_is_told_once(tmp_path: object) -> None:
+    """``on_change`` (the app raises and clears the runtime's disk alarm with it) hears each crossing,
+    not each measurement."""
+    free = [10]
+    watch = DiskWatch(tmp_path, 100, measure=lambda _path: free[0])  # type: ignore[arg-type]
+    told: list[bool] = []
+    watch.on_change = told.append
+    watch.check()
+    watch.check()
+    free[0] = 1000
+    watch.check()
+    watch.check()
+    assert told == [True, False]

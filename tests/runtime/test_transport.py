@@ -10,6 +10,7 @@ import anyio
 import pytest
 
 from tests.support.runtime import LineHull, LineMachine, Wire, cuts, running, settle
+from trimaran.runtime.flow import Gate
 from trimaran.runtime.limits import RuntimeLimits
 from trimaran.runtime.runner import Runner
 from trimaran.runtime.transport import Conn, Hull
@@ -169,6 +170,46 @@ async def test_machine_deadline_ticks() -> None:
         if machine.closed:
             break
     assert machine.ticks and wire.transport.take() == b"TIMEOUT\n"
+
+
+class SilenceMachine(LineMachine):
+    """Times its peer out after ``window`` seconds without bytes, as a keep-alive or heartbeat does."""
+
+    def __init__(self, window: float) -> None:
+        super().__init__(deadline=time.monotonic() + window)
+        self.window = window
+
+    def receive_data(self, data: bytes, now: float) -> None:
+        super().receive_data(data, now)
+        self.deadline = now + self.window
+
+    def paused(self, now: float) -> None:
+        super().paused(now)
+        self.deadline = now + self.window
+
+
+async def test_a_connection_held_for_flow_control_is_not_timed_out_for_the_silence_it_did_not_make() -> None:
+    """While a gate holds a connection (its socket is not read), its machine is told before each of
+    its deadlines that the silence is the runtime's (``Machine.paused``), and again when it is read
+    again: a publisher held for longer than its keep-alive keeps its connection."""
+    machine = SilenceMachine(window=0.05)
+    async with running(Runner()) as runner:
+        wire = Wire(runner, lambda io, first: LineHull(io, machine))
+        await wire.feed([b"hello\n"])
+        gate = Gate(runner, 60.0, lambda _idle: True)
+        gate.hold(wire.conn)
+        assert not wire.transport.reading
+        with anyio.fail_after(10):
+            while len(machine.pauses) < 3:  # three of its time-outs came and went
+                await anyio.sleep(0.01)
+        assert not machine.closed and machine.ticks
+        paused = len(machine.pauses)
+        gate.release()
+        assert wire.transport.reading and len(machine.pauses) == paused + 1
+        # Read again, and silent for real: now it times out.
+        with anyio.fail_after(10):
+            while not machine.closed:
+                await anyio.sleep(0.01)
 
 
 async def test_a_silent_connection_is_dropped_at_the_handshake_deadline() -> None:

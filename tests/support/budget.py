@@ -110,7 +110,7 @@ class InProcessServer:
         overrides.setdefault("http", {"bind": None})
         settings = Settings(
             listeners={"mqtt": local, "mqtt_ws": None, "amqp": local},
-            storage={"data_dir": data_dir},
+            storage={"data_dir": data_dir, **overrides.pop("storage", {})},
             **overrides,
         )
         self.app = _Server(settings)

@@ -81,9 +81,10 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def rabbitmq_node(base: Path, plugins: tuple[str, ...] = ()) -> Iterator[int]:
+def rabbitmq_node(base: Path, plugins: tuple[str, ...] = (), config: str = "") -> Iterator[int]:
     """Start a node with its state under ``base`` and ``plugins`` enabled (e.g.
-    ``rabbitmq_amqp1_0``, which serves AMQP 1.0 on the same port); yields its AMQP port."""
+    ``rabbitmq_amqp1_0``, which serves AMQP 1.0 on the same port) and ``config``'s lines added to
+    its rabbitmq.conf (e.g. ``consumer_timeout = 2000``); yields its AMQP port."""
     why = available()
     if why is not None:
         raise RuntimeError(why)
@@ -92,7 +93,7 @@ def rabbitmq_node(base: Path, plugins: tuple[str, ...] = ()) -> Iterator[int]:
         (base / sub).mkdir(parents=True, exist_ok=True)
     (base / "enabled_plugins").write_text(f"[{','.join(plugins)}].\n")
     (base / "rabbitmq.conf").write_text(
-        f"listeners.tcp.default = 127.0.0.1:{amqp}\nlog.console = false\nlog.file.level = warning\n"
+        f"listeners.tcp.default = 127.0.0.1:{amqp}\nlog.console = false\nlog.file.level = warning\n{config}"
     )
     env = {
         **os.environ,

@@ -137,6 +137,7 @@ class LineMachine:
         self.eof = False
         self.deadline = deadline
         self.ticks: list[float] = []
+        self.pauses: list[float] = []  # Machine.paused: the runtime had not been reading us until then
         self.peer_close_s = 0.0  # a test may leave the end of the connection to the peer
 
     def receive_data(self, data: bytes, now: float) -> None:
@@ -163,6 +164,9 @@ class LineMachine:
     def next_deadline(self) -> float | None:
         return None if self.closed else self.deadline
 
+    def paused(self, now: float) -> None:
+        self.pauses.append(now)
+
     def tick(self, now: float) -> None:
         self.ticks.append(now)
         if self.deadline is not None and now >= self.deadline:
@@ -178,6 +182,7 @@ class LineHull:
         self.finished = False
         self.shut_down = False
         self.blocks: list[bool] = []
+        self.whys: list[str] = []
         self.backlog_mark: int | None = None  # what behind() says: set by a test
         self.stalls: list[float] = []
 
@@ -198,8 +203,9 @@ class LineHull:
         self.machine.out.append(b"SHUTDOWN\n")
         self.machine.closed = True
 
-    def blocked(self, on: bool) -> None:
+    def blocked(self, on: bool, why: str) -> None:
         self.blocks.append(on)
+        self.whys.append(why)
 
     def behind(self) -> int | None:
         return self.backlog_mark

@@ -98,6 +98,12 @@ class Consumer:
         if not io.dirty:  # once a flush, not once a delivery: the runtime's wake, straight
             io.wake()
 
+    def stalled(self, idle_s: float) -> None:
+        """Its queue held publishers and nothing was settled for ``idle_s`` seconds: the channel
+        closes with 406, as RabbitMQ's consumer_timeout closes it, and its deliveries go back."""
+        conn = self.channel.conn
+        conn.front.stalled(conn, self, idle_s)
+
 
 class Getter(Consumer):
     """basic.get: a consumer with no credit except while a get runs."""

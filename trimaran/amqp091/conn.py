@@ -135,15 +135,16 @@ class Amqp091Conn:
     def stalled(self, idle_s: float) -> None:
         """Never asked: ``behind`` is always None."""
 
-    def blocked(self, on: bool) -> None:
-        """connection.blocked / unblocked, to a client that announced the capability."""
+    def blocked(self, on: bool, why: str) -> None:
+        """connection.blocked (saying ``why``: low on memory, low on disk) / unblocked, to a client
+        that announced the capability."""
         machine = self.machine
         if machine.state is not ConnectionState.OPEN:
             return
         if machine.client_capabilities.get("connection.blocked") is not True:
             return
         if on and not self._blocked_sent:
-            machine.send_method(0, spec.ConnectionBlocked("low on memory"))
+            machine.send_method(0, spec.ConnectionBlocked(why))
             self._blocked_sent = True
         elif not on and self._blocked_sent:
             machine.send_method(0, spec.ConnectionUnblocked())

@@ -951,6 +951,13 @@ class ServerConnection:
         beat = min(self._last_sent + hb / 2, self._last_received + 2 * hb)
         return beat if handshake is None else min(beat, handshake)
 
+    def paused(self, now: float) -> None:
+        """The runtime did not read the peer until ``now`` (``Machine.paused``): its heartbeats wait
+        unread in the socket, so the missed-heartbeats clock starts again (RabbitMQ pauses its
+        heartbeat monitor while it blocks a connection)."""
+        if now > self._last_received:
+            self._last_received = now
+
     def tick(self, now: float) -> None:
         """Heartbeats and timeouts. Queues a heartbeat frame after ``heartbeat / 2`` seconds of not
         sending; ends the connection after ``2 * heartbeat`` seconds of not receiving, after

@@ -515,8 +515,10 @@ class Amqp091FrontEnd:
         if channel is None or not isinstance(method, spec.BasicPublish):
             return
         self.broker.stats.messages_received += 1
-        conn.io.messages_in += 1
-        conn.io.publisher = True  # the memory watermark pauses the connections that publish
+        io = conn.io
+        io.messages_in += 1
+        if not io.publisher:
+            io.publishing()  # the alarms pause the connections that publish
         if channel.tx:
             channel.tx_publishes.append((method, event.properties, event.body))
             return
@@ -742,6 +744,34 @@ class Amqp091FrontEnd:
             if topic:  # amq.topic is the shared router: its subscribers get the letter too
                 self.broker.publish(message.copy_with(topic=tenant.prefix + topic))
         return sorted(q for q in result.queues if self.manager.exists(q))
+
+    def stalled(self, conn: Amqp091Conn, consumer: Consumer, idle_s: float) -> None:
+        """``consumer``'s queue held its publishers and nothing was settled for ``idle_s`` seconds
+        (queue/flow.py): its channel closes with 406 PRECONDITION_FAILED, as RabbitMQ's
+        consumer_timeout closes it; its unacknowledged deliveries go back to the queue (the
+        channel's release) and the publishers go on."""
+        channel = consumer.channel
+        number = channel.number
+        if channel.closed or conn.channels.get(number) is not channel:
+            return
+        log.warning(
+            "amqp091: %s channel %d: consumer %r of %s settled nothing for %.0f s (%d unacknowledged) "
+            "while the queue held its publishers; channel closed so that they go on "
+            "(limits.stalled_consumer_timeout_s)",
+            conn.name,
+            number,
+            consumer.tag,
+            describe(consumer.queue),
+            idle_s,
+            len(channel.unacked),
+        )
+        text = (
+            f"PRECONDITION_FAILED - delivery acknowledgement on channel {number} timed out: nothing "
+            f"settled for {idle_s:.0f} s while the queue held its publishers"
+        )
+        conn.machine.close_channel(number, spec.PRECONDITION_FAILED, text)
+        _later(conn, self._drop_channels(conn, [number]))
+        conn.wake()
 
     def deliver_from_router(
         self, binding: RouterBinding, message: Message, tenant: Tenant | None = None

@@ -35,6 +35,8 @@ class FrontEnd(Protocol):
 
     def deliver_from_router(self, binding: Any, message: Message) -> None: ...
 
+    def stalled(self, conn: Any, consumer: Any, idle_s: float) -> None: ...
+
 
 class ChannelOwner(Protocol):
     """A connection as its channels see it (``conn.Amqp091Conn``)."""

@@ -83,6 +83,8 @@ class Front(Protocol):
 
     def deliver_from_router(self, binding: Any, message: Message, tenant: Any = None) -> None: ...
 
+    def stalled(self, conn: Any, consumer: Any, idle_s: float) -> None: ...
+
 
 class Tenant:
     """One vhost: ``exchanges``, ``router_bindings`` and ``store`` of its own, the rest the front
@@ -156,3 +158,6 @@ class Tenant:
     def deliver_from_router(self, binding: Any, message: Message) -> None:
         """A router match for one of this vhost's ``amq.topic`` bindings."""
         self.front.deliver_from_router(binding, message, self)
+
+    def stalled(self, conn: Any, consumer: Any, idle_s: float) -> None:
+        self.front.stalled(conn, consumer, idle_s)

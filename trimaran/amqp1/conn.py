@@ -157,7 +157,8 @@ class Amqp1Conn:
     def stalled(self, idle_s: float) -> None:
         """Never asked: ``behind`` is always None."""
 
-    def blocked(self, on: bool) -> None:
+    def blocked(self, on: bool, why: str) -> None:
+        """No new link credit while an alarm is raised (what the peer was granted still comes)."""
         self.publishing_blocked = on
         if not on:
             for inlink in list(self.inlinks.values()):
@@ -228,9 +229,10 @@ class Amqp1Conn:
 
     def refill(self, inlink: InLink) -> None:
         """Top the sending peer's credit up to the window less the publishes still in flight,
-        in steps of half the window; none while memory is above the high-water mark."""
+        in steps of half the window; none while memory is above the high-water mark, or while a
+        queue the link feeds is behind (``InLink.held``)."""
         link = inlink.link
-        if link.state is not ATTACHED or self.publishing_blocked:
+        if link.state is not ATTACHED or self.publishing_blocked or inlink.holds:
             return
         window = self.link_credit
         room = window - inlink.inflight

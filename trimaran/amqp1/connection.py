@@ -296,6 +296,12 @@ class ServerConnection:
         self._out.clear()
         return out
 
+    def paused(self, now: float) -> None:
+        """The runtime did not read the peer until ``now`` (``Machine.paused``): our idle time-out
+        on it starts again."""
+        if now > self._last_recv:
+            self._last_recv = now
+
     def tick(self, now: float) -> None:
         """Deadlines: the handshake, the peer's close after ours, idle time-out and heartbeats."""
         self._now = now

@@ -400,7 +400,7 @@ class Amqp1FrontEnd:
                 self.refuse(conn, link, exc.condition, exc.description)
                 return
             target = replace(target, capabilities=[Symbol(address.kind)])
-        inlink = InLink(link, address)
+        inlink = InLink(link, address, owner=conn)
         if address is not None and address.is_queue:
             inlink.presettled = SettledPublishes(conn, inlink, address.name)
         conn.inlinks[link] = inlink
@@ -726,8 +726,10 @@ class Amqp1FrontEnd:
         if inlink.coordinator:
             self.coordinator.control(conn, event, inlink)
             return
-        conn.io.publisher = True  # the memory watermark pauses the connections that publish
-        conn.io.messages_in += 1
+        io = conn.io
+        if not io.publisher:
+            io.publishing()  # the alarms pause the connections that publish
+        io.messages_in += 1
         self.broker.stats.messages_received += 1
         payload = event.payload
         address = inlink.address
@@ -787,7 +789,9 @@ class Amqp1FrontEnd:
                 pending = PendingSettle(conn, inlink, event.delivery_id, event.settled, address.name)
             assert self.queues is not None
             try:
-                self.queues.publish_nowait(address.name, message, address.key, pending, message.created_at_ms)
+                self.queues.publish_nowait(
+                    address.name, message, address.key, pending, message.created_at_ms, inlink
+                )
             except QueueError as exc:
                 if exc.reason == "shared":  # a shared node reserves offsets with an await
                     conn.io.spawn(lambda: self._append_async(address, message, pending))
@@ -823,6 +827,33 @@ class Amqp1FrontEnd:
             pending(None, exc)
             return
         pending(None, None)
+
+    def stalled(self, conn: Amqp1Conn, out: QueueOut, idle_s: float) -> None:
+        """``out``'s queue held its publishers and nothing was settled for ``idle_s`` seconds
+        (queue/flow.py): the link is closed with ``amqp:resource-limit-exceeded``, its unsettled
+        deliveries go back to the queue, and the publishers go on. The link, not the connection:
+        it is the consumer (as AMQP 0.9.1's channel is), and the connection's other links are not
+        to blame; proton's blocking receiver raises LinkDetached with the condition, its reactor
+        calls on_link_error."""
+        link = out.link
+        if out.stopped or link.state is not LinkState.ATTACHED or conn.machine.closed:
+            return
+        log.warning(
+            "amqp1: %s: receiver %r of %s settled nothing for %.0f s (%d unsettled) while the queue "
+            "held its publishers; link detached so that they go on (limits.stalled_consumer_timeout_s)",
+            conn.container_id,
+            link.name,
+            describe(out.address.name),
+            idle_s,
+            len(out.offsets),
+        )
+        error = Error(
+            condition=RESOURCE_LIMIT_EXCEEDED,
+            description=f"nothing settled for {idle_s:.0f} s while the queue held its publishers",
+        )
+        conn.machine.detach_link(link, error)
+        self.detached(conn, LinkDetached(link, True, error, False))
+        conn.io.pump()
 
     def publish_failed(self, conn: Amqp1Conn, queue: str, exc: QueueError) -> Error:
         """A queue publish refused or not written: logged, and the error its disposition says."""

@@ -153,6 +153,11 @@ class QueueOut(OutLink):
         if not self.settled:
             self.offsets[did] = delivery.offset
 
+    def stalled(self, idle_s: float) -> None:
+        """Its queue held publishers and nothing was settled for ``idle_s`` seconds: the link is
+        detached with an error, its unsettled deliveries go back to the queue."""
+        self.conn.front.stalled(self.conn, self, idle_s)
+
     def on_flow(self, drain: bool) -> None:
         handle = self.handle
         if handle is None or handle.closed:
@@ -211,6 +216,9 @@ class QueueBrowse(OutLink):
         if self._send(payload) is not None:
             self.stats.messages_sent += 1
             self.io.messages_out += 1
+
+    def stalled(self, idle_s: float) -> None:
+        """Never asked: a browser holds nothing and is no consumer of a group."""
 
     def on_flow(self, drain: bool) -> None:
         handle = self.handle
@@ -291,17 +299,30 @@ class SelectedTopicOut(TopicOut):
 
 class InLink:
     """Our receiver link (the peer sends). ``address`` None: an anonymous relay (per-message ``to``),
-    or the transaction coordinator (``coordinator``)."""
+    or the transaction coordinator (``coordinator``).
 
-    __slots__ = ("address", "coordinator", "inflight", "link", "presettled")
+    A queue that is behind holds the link, not its connection (``held``): the peer gets no new
+    credit until the queue catches up, and the connection's other links go on."""
 
-    def __init__(self, link: Link, address: Address | None, coordinator: bool = False) -> None:
+    __slots__ = ("address", "coordinator", "holds", "inflight", "link", "owner", "presettled")
+
+    def __init__(
+        self, link: Link, address: Address | None, coordinator: bool = False, owner: LinkOwner | None = None
+    ) -> None:
         self.link = link
         self.address = address
         self.inflight = 0  # queue publishes not yet committed
         self.coordinator = coordinator  # its messages declare and discharge transactions
         # A queue address's: the commit callback of its pre-settled publishes (conn.SettledPublishes)
         self.presettled: Callable[[object, QueueError | None], None] | None = None
+        self.owner = owner  # its connection, which refills its credit
+        self.holds = 0  # queues behind that this link feeds (queue/flow.py): no new credit while > 0
+
+    def held(self, on: bool) -> None:
+        """A queue it feeds is behind (``on``), or caught up: no new credit while any is."""
+        self.holds += 1 if on else -1
+        if not self.holds and self.owner is not None:
+            self.owner.refill(self)
 
 
 def disposition_outcome(state: Any, link: str) -> Outcome:

@@ -46,9 +46,11 @@ class FrontEnd(Protocol):
 
     def publish_failed(self, conn: Any, queue: str, exc: QueueError) -> Any: ...
 
+    def stalled(self, conn: Any, out: Any, idle_s: float) -> None: ...
+
 
 class LinkOwner(Protocol):
-    """A connection as its outgoing links see it (``conn.Amqp1Conn``)."""
+    """A connection as its links see it (``conn.Amqp1Conn``)."""
 
     @property
     def front(self) -> FrontEnd: ...
@@ -61,6 +63,8 @@ class LinkOwner(Protocol):
 
     @property
     def container_id(self) -> str: ...
+
+    def refill(self, inlink: Any) -> None: ...
 
 
 class Desk(Protocol):

@@ -116,7 +116,7 @@ class MqttConn(Generic[E]):
         self.shutting_down = True
         self.mqtt.disconnect(ReasonCode.SERVER_SHUTTING_DOWN, "server shutting down")
 
-    def blocked(self, on: bool) -> None:
+    def blocked(self, on: bool, why: str) -> None:
         """MQTT has no way to say so: the runtime simply stops reading the socket."""
 
     def behind(self) -> int | None:

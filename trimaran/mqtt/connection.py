@@ -391,6 +391,13 @@ class ServerConnection:
         """Monotonic time at which `check_timeouts` must be called, or None."""
         return None if self.state == State.CLOSED else self._deadline
 
+    def paused(self, now: float) -> None:
+        """The runtime did not read the client until ``now`` (``Machine.paused``): its keep alive
+        starts again, as if its PINGREQ, unread in the socket, had come now."""
+        if self.state == State.CONNECTED and self.keep_alive and now > self._last_rx:
+            self._last_rx = now
+            self._deadline = now + self.keep_alive * 1.5
+
     def tick(self, now: float) -> None:
         """Close a connection whose CONNECT or keep alive is overdue."""
         events = self._ready

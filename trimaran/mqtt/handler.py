@@ -797,8 +797,10 @@ class MqttFrontEnd:
     def publish_received(self, conn: MqttConn[MqttEndpoint], publish: Publish) -> None:
         endpoint = conn.endpoint
         assert endpoint is not None
-        conn.io.publisher = True  # the memory watermark pauses the connections that publish
-        conn.io.messages_in += 1
+        io = conn.io
+        if not io.publisher:
+            io.publishing()  # the alarms pause the connections that publish
+        io.messages_in += 1
         self.broker.stats.messages_received += 1
         principal = conn.principal
         security = self.security
@@ -879,7 +881,8 @@ class MqttFrontEnd:
             conn.mqtt.walk_run(run)
             return
         io = conn.io
-        io.publisher = True
+        if not io.publisher:
+            io.publishing()
         io.messages_in += count
         broker.stats.messages_received += count
         rest: list[Delivery[Any]] | None = None

@@ -251,6 +251,23 @@ class QueueSubscription:
             if self.handle is not None:
                 self.handle.settle_nowait(offset, RETRY_NOW)
 
+    def stalled(self, idle_s: float) -> None:
+        """Its queue held publishers and nothing was settled for ``idle_s`` seconds: the client is
+        disconnected (0x97 on 5.0), as a subscriber that takes nothing is (``MqttConn.stalled``);
+        what it held goes back to the queue."""
+        conn = self.conn
+        if conn.mqtt.closed:
+            return
+        log.warning(
+            "mqtt: %s took no message of %s for %.0f s (%d unacknowledged) while the queue held its "
+            "publishers; disconnected so that they go on (limits.stalled_consumer_timeout_s)",
+            self.id,
+            describe(self.handle.queue_name if self.handle is not None else self.topic_filter),
+            idle_s,
+            len(self.held),
+        )
+        conn.close(ReasonCode.QUOTA_EXCEEDED, "took no message while its queue held publishers")
+
 
 def delivered_topic(delivery: QueueDelivery) -> str:
     """The topic a queue delivery carries: the queue it came from (MQTT 5 4.7: the topic sent matches

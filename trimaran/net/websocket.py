@@ -158,6 +158,10 @@ class WebSocketMachine:
     def next_deadline(self) -> float | None:
         return self._handshake_until if not self.upgraded else self.inner.next_deadline()
 
+    def paused(self, now: float) -> None:
+        if self.upgraded:
+            self.inner.paused(now)
+
     def tick(self, now: float) -> None:
         if self.upgraded:
             self.inner.tick(now)

@@ -132,6 +132,10 @@ class QueueConsumer(Protocol):
     def deliver(self, delivery: QueueDelivery) -> None:
         """Synchronous and non-blocking: put the delivery in the outbox."""
 
+    def stalled(self, idle_s: float) -> None:
+        """Its queue held publishers and nothing was settled for ``idle_s`` seconds: close it the
+        protocol's way (what it holds goes back to the queue), with one log line (``queue/flow.py``)."""
+
 
 #: A consumer's message selector (a JMS selector compiled by its hull): True takes the message;
 #: the ones it leaves stay for the group's other consumers.
@@ -407,6 +411,8 @@ class QueueState:
     block_ahead: tuple[int, int] | None = None  # the next block, reserved before this one is spent
     awaiting_block: deque[WaitingPublish] = field(default_factory=deque)  # shared: for the next block
     reserving: anyio.Event | None = None
+    # A consumer is behind on it: each publish holds its publisher (queue/flow.py sets and clears it)
+    behind: bool = False
     vhost: str = field(init=False)  # the vhost its key names (trimaran/vhosts.py), read once
 
     def __post_init__(self) -> None:

@@ -51,6 +51,7 @@ from trimaran.config import QueuePolicySettings, QueueSettings, StorageSettings
 from trimaran.queue import admin, transient
 from trimaran.queue.admin import GroupInfo, QueueInfo
 from trimaran.queue.changes import Changes
+from trimaran.queue.flow import Held, QueueFlow
 from trimaran.queue.groups import (
     HELD,
     WAIT,
@@ -212,6 +213,9 @@ class QueueManager:
         self.journal.turn_done = self._turn_done
         #: The vhosts' queue counts and stored-bytes quotas (the app passes the runtime's registry).
         self.limits = TenantLimits()
+        #: Backpressure to publishers from queues whose consumers are behind (the app gives it the
+        #: runtime's gates; without them no queue holds anyone).
+        self.flow = QueueFlow(shared=shared)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -430,6 +434,7 @@ class QueueManager:
         if state is None:
             return
         state.deleted = True
+        self.flow.forget(state)
         for browser in state.browsers:
             browser.closed = True
         state.browsers.clear()
@@ -474,7 +479,11 @@ class QueueManager:
         return admin.peek(self, name, after, limit)
 
     async def purge(self, name: str) -> int:
-        return await admin.purge(self, name)
+        count = await admin.purge(self, name)
+        state = self.queues.get(name)
+        if state is not None and state.behind:
+            self.flow.look(state)
+        return count
 
     async def redrive(self, name: str, limit: int | None = None) -> int:
         return await admin.redrive(self, name, limit)
@@ -506,9 +515,12 @@ class QueueManager:
         routing_key: str = "",
         done: Callable[[PublishResult, QueueError | None], None] | None = None,
         now: int | None = None,
+        held: Held | None = None,
     ) -> Receipt | None:
         """``publish`` without a task per message, for front ends that must not stall per publish.
         ``now``: the time of the publish (epoch ms) when the front end has read it already.
+        ``held``: what waits while the queue is behind (``queue/flow.py``) when not the connection
+        whose frames are being acted on (an AMQP 1.0 link, slowed by its credit alone).
 
         ``done(result, error)`` runs on the loop once the message is committed (``error``: the write
         failed); without ``done``, the returned receipt can be awaited instead (with it, the receipt
@@ -519,9 +531,11 @@ class QueueManager:
         round). Refusals raise :class:`QueueError` at once; so does a shared node's stream when its
         block of offsets is spent (reason ``shared``: use ``publish``).
         """
-        state, message, ch = self._accept(queue, message)
+        state, message, ch = self._accept(queue, message, held)
         if not state.durable:
             appended = self._publish_transient(state, message, routing_key, now)
+            if state.behind:  # this very publish left it behind: held before its credit comes back
+                self.flow.hold(state, held)
             if done is not None:
                 done(PublishResult(state.name, appended), None)
             return None
@@ -793,9 +807,12 @@ class QueueManager:
         self._deliverable(state, stored)  # without a loop (trio), this submits the turn at once
         return ticket
 
-    def _accept(self, queue: str, message: Message) -> tuple[QueueState, Message, Changes | None]:
+    def _accept(
+        self, queue: str, message: Message, held: Held | None = None
+    ) -> tuple[QueueState, Message, Changes | None]:
         """A publish's checks (and overflow drops): the queue, the message to store, the changes so
-        far (None: an early queue's publish, whose row goes into the journal's turn)."""
+        far (None: an early queue's publish, whose row goes into the journal's turn). A queue that
+        is behind holds the publisher (``held``, else the connection being acted on) first."""
         if not self._started:
             raise QueueError("stopped", "the queue manager is not running")
         if message.retain:
@@ -838,6 +855,8 @@ class QueueManager:
             message = message.copy_with(
                 user_properties=[(k, v) for k, v in message.user_properties if k not in RESERVED_PROPERTIES]
             )
+        if state.behind:  # taken all the same: what was read before the hold still arrives
+            self.flow.hold(state, held)
         return state, message, ch
 
     def _stage(
@@ -1046,6 +1065,8 @@ class QueueManager:
             grp.resume(start)
         handle = ConsumerHandle(self, state, grp, consumer, routing_filter, auto_ack, selects)
         grp.consumers.append(handle)
+        if state.behind:
+            self.flow.joined(state)
         if state.durable and not ch.empty():
             self.journal.send(ch)
         return handle
@@ -1105,13 +1126,26 @@ class QueueManager:
             group.again = True
             return
         if not group.consumers or state.deleted or not self._started:
+            if state.behind:  # its last consumer went: its publishers go on
+                self.flow.look(state)
             return
         if type(group) is WorkGroup:
             # Nothing to hand out (a consumer's credit came back, the queue is drained): what take
             # would say, asked before a change is made. A shared node's groups go on to their claims.
             if group.cursor >= state.high and not group.ready and not (self.shared and state.durable):
+                if state.behind:
+                    self.flow.look(state)
                 return
             if not state.durable and transient.dispatch(self, state, group, now):
+                # What the consumers had no credit for may be past the marks (queue/flow.py):
+                # comparisons here, the call only near or past them.
+                flow = self.flow
+                if (
+                    state.behind
+                    or state.high - group.cursor > flow.high_messages
+                    or state.bytes > flow.high_bytes
+                ):
+                    flow.look(state)
                 return  # else the general way goes on from where the transient one stopped
         group.busy = True
         ch = Changes()
@@ -1165,6 +1199,10 @@ class QueueManager:
                     consumer_handle.consumer.deliver(delivery)
                 except Exception:
                     log.exception("consumer %s failed to take a delivery", consumer_handle.consumer.id)
+        if work is not None:
+            flow = self.flow
+            if state.behind or state.high - work.cursor > flow.high_messages or state.bytes > flow.high_bytes:
+                flow.look(state)
         if self.shared and self.is_shared(state) and self.claims.low(group):
             self.claims.claim(state, group)
 
@@ -1370,6 +1408,8 @@ class QueueManager:
                 self.journal.submit(ch)
             elif state.durable and not ch.empty():
                 self.journal.send(ch)
+            if state.behind:  # what expired is no longer waiting
+                self.flow.look(state)
 
 
 def _refuse_waiting(publish: WaitingPublish, result: PublishResult, error: QueueError) -> None:

@@ -1,17 +1,19 @@
 """Backpressure: a place publishers feed that has fallen behind holds the connections that fed it.
 
 A ``Gate`` stands for one such place: a subscriber's socket and session queue (``transport.Conn``),
-a queue's backlog read by an online consumer. The hull that puts a message into it calls ``hold``
-while it is above its high-water mark, and the connection whose frames are being acted on (the
-publisher) is not read again until the gate is released, which the owner does once it is back below
-its low-water mark or goes away. So a publisher goes at the pace of the slowest consumer it feeds,
+a queue's backlog read by an online consumer (``queue/flow.py``, given its gates by the app). What
+puts a message into it calls ``hold`` while it is above its high-water mark, and the connection
+whose frames are being acted on (the publisher; or the sender named instead, an AMQP 1.0 link held
+by its credit) is not read again until the gate is released, which the owner does once it is back
+below its low-water mark or goes away. So a publisher goes at the pace of the slowest consumer it feeds,
 and none that feeds only fast ones waits. What was read before the hold still arrives: nothing
 acknowledged is dropped.
 
 A gate that makes no progress (``moved`` not called) for a while asks its owner what to do
 (``stalled``): a QoS 0 reader is declared stuck (its publishers go on, its QoS 0 deliveries are
 dropped past its outbox); a consumer that takes nothing for ``stalled_consumer_timeout_s`` is
-disconnected, its messages left with its session or queue, and its publishers go on.
+disconnected (a queue's: its channel or link closed), its messages left with its session or queue,
+and its publishers go on.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from typing import Protocol
 
 
 class Held(Protocol):
-    """A connection as a gate holds it (``transport.Conn``)."""
+    """A publisher as a gate holds it: a connection (``transport.Conn``: its socket is not read), or
+    an AMQP 1.0 sending link (``amqp1.links.InLink``: no new credit)."""
 
     def held(self, on: bool) -> None:
-        """One more gate holds this connection (``on``), or one fewer."""
+        """One more gate holds this publisher (``on``), or one fewer."""
         ...
 
 
@@ -61,9 +64,12 @@ class Gate:
     def holding(self) -> bool:
         return self._held is not None
 
-    def hold(self) -> None:
-        """Hold the connection being acted on (if any), until ``release``."""
-        source = self._runner.current
+    def hold(self, source: Held | None = None) -> None:
+        """Hold ``source``, by default the connection being acted on (if any), until ``release``.
+        A hull whose protocol can slow one sender without pausing its connection (an AMQP 1.0 link,
+        by its credit) names that sender instead."""
+        if source is None:
+            source = self._runner.current
         if source is None or self.stuck:
             return
         held = self._held

@@ -55,6 +55,13 @@ class Machine(Protocol):
         """Handle the deadlines that are due (handshake, keep-alive, close waits)."""
         ...
 
+    def paused(self, now: float) -> None:
+        """The runtime has not been reading the peer (flow control: a queue or subscriber it feeds
+        is behind, an alarm, a rate limit) until ``now``: the peer's silence so far is not its own,
+        so its time-outs on what it sends (heartbeats, keep-alive, idle) start again from ``now``.
+        Timers of what the machine sends go on as before."""
+        ...
+
 
 def drain(machine: Machine) -> list[object]:
     """Every event the machine has ready, in order (for tests and simple callers; the runtime acts

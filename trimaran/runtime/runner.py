@@ -399,6 +399,11 @@ class Runner:
     def memory_changed(self, conn: Conn) -> None:
         self.memory.changed(conn, conn.backlog())
 
+    def alarm(self, why: str, on: bool) -> None:
+        """An alarm from outside the runtime (``memory.DISK``) is raised or cleared: publishers are
+        paused while it lasts, as at the memory watermark."""
+        self.memory.alarm(why, on)
+
     def _publishers(self) -> list[Conn]:
         return [conn for conn in self.conns if conn.publisher]
 

@@ -64,9 +64,10 @@ class Hull(Protocol):
         """The server stops: close the protocol's way (the runtime then flushes and closes)."""
         ...
 
-    def blocked(self, on: bool) -> None:
-        """Memory is above the high-water mark (``on``) or back below the low one; the runtime stops
-        reading the socket either way, the hull tells its peer where the protocol can."""
+    def blocked(self, on: bool, why: str) -> None:
+        """An alarm is raised (``on``: memory above the high-water mark, the disk below its
+        watermark; ``why`` says which) or the last one cleared; the runtime stops reading the socket
+        either way, the hull tells its peer where the protocol can."""
         ...
 
     def behind(self) -> int | None:
@@ -184,7 +185,7 @@ class Conn(asyncio.Protocol):
         self.peer_host = ""
         self.state = OPEN
         self.dirty = False  # queued in the runner's flush for this loop iteration
-        self.publisher = False  # has published: paused while memory is above the high-water mark
+        self.publisher = False  # has published (``publishing``): paused while an alarm is raised
         self.bytes_in = 0
         self.bytes_out = 0
         # Messages this connection published and was delivered, bumped by its hull beside the
@@ -415,6 +416,15 @@ class Conn(asyncio.Protocol):
             gate.stuck = False  # stuck on QoS 0, now behind on messages it must be given: held again
         gate.hold()
 
+    def publishing(self) -> None:
+        """The hull's first publish on this connection: from now on the alarms pause it, at once
+        while one is raised (its peer is told then, as RabbitMQ tells a connection that publishes
+        during an alarm)."""
+        self.publisher = True
+        memory = self.runner.memory
+        if memory.blocked:
+            self.block(True, memory.alarms[0])
+
     def pause_reading(self) -> None:
         self._reading_paused = True
         self._sync_reading()
@@ -423,11 +433,12 @@ class Conn(asyncio.Protocol):
         self._reading_paused = False
         self._sync_reading()
 
-    def block(self, on: bool) -> None:
-        """The memory watermark was crossed: a publisher stops (or starts) being read."""
+    def block(self, on: bool, why: str) -> None:
+        """An alarm was raised (``why``) or the last one cleared: a publisher stops (or starts)
+        being read."""
         if self.hull is not None and self.state == OPEN:
             try:
-                self.hull.blocked(on)
+                self.hull.blocked(on, why)
             except Exception as exc:
                 self.crash(exc)
                 return
@@ -451,6 +462,15 @@ class Conn(asyncio.Protocol):
                 transport.pause_reading()
             else:
                 transport.resume_reading()
+                hull = self.hull
+                if hull is not None and self.state == OPEN:
+                    # What it sent meanwhile waits in the socket: its time-outs start from now, or a
+                    # deadline could fire before the read that brings its heartbeat.
+                    hull.machine.paused(time.monotonic())
+
+    def _flow_paused(self) -> bool:
+        """Not read for flow control: a gate holds it, its user is over its rate, or an alarm."""
+        return self._held_by > 0 or self._throttle_timer is not None or self.runner.memory.blocking(self)
 
     def _charge(self, messages: int, size: int) -> None:
         """What was read and published counts against the user's rate (per read, not per message);
@@ -609,7 +629,10 @@ class Conn(asyncio.Protocol):
             self.abort()
             return
         try:
-            self.hull.machine.tick(now)
+            machine = self.hull.machine
+            if self._read_paused and self._flow_paused():
+                machine.paused(now)  # its silence is ours: only what we must send is due
+            machine.tick(now)
         except Exception as exc:
             self.crash(exc)
             return

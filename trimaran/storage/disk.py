@@ -3,7 +3,10 @@
 A full disk fails a commit after the publisher was accepted into the batch, and may leave SQLite unable
 to write even the deletes that would free space. Below ``storage.min_free_bytes`` new durable
 publishes are refused with each protocol's "quota" error instead; settling, dead-lettering and reading
-go on, so consumers can drain the queues. Measured once a second (``statvfs``), never per message.
+go on, so consumers can drain the queues. The app also raises the runtime's disk alarm meanwhile
+(``on_change``): publishers are not read (AMQP 0.9.1 hears connection.blocked), as at RabbitMQ's disk
+alarm, and the refusal is for what they had sent already. Measured once a second (``statvfs``), never
+per message.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ class DiskWatch:
         self.measure = measure
         self.interval_s = interval_s
         self.low = False  # below the watermark: durable publishes are refused
+        # Told when ``low`` changes (the app pauses publishers while it is low: the disk alarm).
+        self.on_change: Callable[[bool], None] | None = None
         self.free: int | None = None
         self.refused = 0  # durable publishes refused for the watermark
         self._next = 0.0
@@ -80,5 +85,8 @@ class DiskWatch:
                 self.directory,
                 self.refused,
             )
+        changed = low != self.low
         self.low = low
+        if changed and self.on_change is not None:
+            self.on_change(low)
         return low
