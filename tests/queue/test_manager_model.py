@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +67,7 @@ from trimaran.queue import QueueDelivery, QueueManager
 from trimaran.queue.changes import Changes
 from trimaran.queue.handles import BrowseHandle, ConsumerHandle
 from trimaran.queue.outcomes import ACK
+from trimaran.queue.policy import QueueError
 from trimaran.storage.schema import metadata, queue_messages
 from trimaran.storage.store import Storage
 
@@ -134,6 +135,7 @@ class Consumer:
     got: list[QueueDelivery]
     credit: int = 0
     seen: int = 0  # deliveries of ``got`` already checked
+    node: int = 0  # the manager it is attached to (shared mode: one of several)
 
     def wants(self, msg: Msg) -> bool:
         if self.kind == "red":
@@ -163,11 +165,14 @@ class Model:
 
 class ManagerMachine(RuleBasedStateMachine):
     """One history against one fresh database (the tables emptied, not migrated again), a manager
-    opened on it in the portal's event loop, and the fake clock set while it runs."""
+    opened on it in the portal's event loop, and the fake clock set while it runs. ``nodes`` > 1:
+    that many managers share the database (``queues.shared``, PostgreSQL only)."""
 
     storage: Storage
     portal: BlockingPortal
     policy: QueuePolicySettings
+    nodes = 1
+    claim_batches: tuple[int, ...] = (100,)  # each node's claim batch (shared mode)
 
     def __init__(self) -> None:
         super().__init__()
@@ -176,29 +181,62 @@ class ManagerMachine(RuleBasedStateMachine):
         self._clock = fake_clock(self.clock)
         self._clock.__enter__()
         self.names = 0
-        self.running: AbstractContextManager[QueueManager] | None = None
-        self.manager = self.open()
+        self.opened = 0  # managers opened so far: a shared node's name is new at each start
+        self.running: list[AbstractContextManager[QueueManager] | None] = [None] * self.nodes
+        self.managers: list[QueueManager] = []
+        for node in range(self.nodes):
+            self.managers.append(self.open(node))
 
-    def open(self) -> QueueManager:
+    @property
+    def shared(self) -> bool:
+        return self.nodes > 1
+
+    @property
+    def manager(self) -> QueueManager:
+        """The first node (the only one, unless shared)."""
+        return self.managers[0]
+
+    def open(self, node: int = 0) -> QueueManager:
         settings = QueueSettings(auto_create=True, defaults=self.policy)
-        manager = QueueManager(self.storage, settings, StorageSettings(commit_interval_ms=1.0))
-        self.running = self.portal.wrap_async_context_manager(manager.running())
-        self.running.__enter__()
+        self.opened += 1
+        manager = QueueManager(
+            self.storage,
+            settings,
+            StorageSettings(commit_interval_ms=1.0),
+            node=f"n{node}.{self.opened}" if self.shared else None,
+            shared=self.shared,
+            claim_batch=self.claim_batches[node],
+        )
+        running = self.running[node] = self.portal.wrap_async_context_manager(manager.running())
+        running.__enter__()
         return manager
 
-    def close(self) -> None:
-        if self.running is not None:
-            self.running.__exit__(None, None, None)
-            self.running = None
+    def close(self, node: int = 0) -> None:
+        running, self.running[node] = self.running[node], None
+        if running is not None:
+            running.__exit__(None, None, None)
+
+    def reopen(self, node: int = 0) -> None:
+        """A clean stop of one node, and a new manager in its place on the same tables."""
+        self.close(node)
+        self.managers[node] = self.open(node)
 
     def teardown(self) -> None:
-        try:
-            self.close()
-        finally:
-            self._clock.__exit__(None, None, None)
+        with ExitStack() as stack:  # every node is closed, and the clock put back, whatever fails
+            stack.callback(self._clock.__exit__, None, None, None)
+            for node in range(self.nodes):
+                stack.callback(self.close, node)
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return self.portal.call(fn, *args)
+
+
+REDS = st.booleans()
+KEYS = st.sampled_from(["a", "b"])
+TTLS = st.sampled_from([None, None, 500, 5_000])
+GROUPS = st.sampled_from(["g1", "g1", "g2"])
+KINDS = st.sampled_from(["plain", "red", "red", "key-a", "key-a", "auto"])  # the filtered: the hard cases
+CREDITS = st.integers(1, 3)
 
 
 class QueueMachine(ManagerMachine):
@@ -220,20 +258,21 @@ class QueueMachine(ManagerMachine):
 
     # -- rules ----------------------------------------------------------------------------------
 
-    @initialize(backlog=st.lists(st.tuples(st.booleans(), st.sampled_from(["a", "b"])), max_size=6))
+    @initialize(backlog=st.lists(st.tuples(REDS, KEYS), max_size=6))
     def fill(self, backlog: list[tuple[bool, str]]) -> None:
         """A backlog of mixed messages first: consumers that join find messages they refuse at the
-        front, and take past them (the out-of-order cases)."""
-        for red, key in backlog:
-            self.publish(red, key, None)
+        front, and take past them (the out-of-order cases). Shared: published through each node in
+        turn."""
+        for i, (red, key) in enumerate(backlog):
+            self.publish(red, key, None, node=i % self.nodes)
 
-    @rule(red=st.booleans(), key=st.sampled_from(["a", "b"]), ttl=st.sampled_from([None, None, 500, 5_000]))
-    def publish(self, red: bool, key: str, ttl: int | None) -> None:
+    @rule(red=REDS, key=KEYS, ttl=TTLS)
+    def publish(self, red: bool, key: str, ttl: int | None, node: int = 0) -> None:
         expires_at = None if ttl is None else self.clock.now + ttl
         message = Message(
             topic=f"$queue/{QUEUE}", payload=b"red" if red else b"green", qos=1, expires_at_ms=expires_at
         )
-        result = self.call(self.manager.publish, QUEUE, message, key)
+        result = self.call(self.managers[node].publish, QUEUE, message, key)
         msg = Msg(result.offset, red, key, expires_at)
         assert msg.offset not in self.model.messages
         self.model.messages[msg.offset] = msg
@@ -242,20 +281,15 @@ class QueueMachine(ManagerMachine):
         self.check()
 
     @precondition(lambda self: len(self.consumers) < 4)
-    @rule(
-        group=st.sampled_from(["g1", "g1", "g2"]),
-        kind=st.sampled_from(
-            ["plain", "red", "red", "key-a", "key-a", "auto"]
-        ),  # the filtered: the hard cases
-        credit=st.integers(1, 3),
-    )
-    def consume(self, group: str, kind: str, credit: int) -> None:
+    @rule(group=GROUPS, kind=KINDS, credit=CREDITS)
+    def consume(self, group: str, kind: str, credit: int, node: int = 0) -> None:
         self.names += 1
         name = f"c{self.names}"
         collector = Collector(name)
+        manager = self.managers[node]
 
         def attach() -> ConsumerHandle:
-            return self.manager.consume(
+            return manager.consume(
                 QUEUE,
                 collector,
                 group=group,
@@ -267,13 +301,13 @@ class QueueMachine(ManagerMachine):
         handle = self.call(attach)
         if group not in self.model.groups:  # a new group starts at the oldest message held
             self.model.groups[group] = {o: Slot(at=self.clock.now) for o in self.model.messages}
-        consumer = self.consumers[name] = Consumer(name, group, kind, handle, collector.deliveries)
+        consumer = self.consumers[name] = Consumer(name, group, kind, handle, collector.deliveries, node=node)
         consumer.credit += credit
         self.call(handle.add_credit, credit)
         self.check()
 
     @precondition(lambda self: self.consumers)
-    @rule(data=st.data(), credit=st.integers(1, 3))
+    @rule(data=st.data(), credit=CREDITS)
     def add_credit(self, data: st.DataObject, credit: int) -> None:
         consumer = self.consumers[data.draw(st.sampled_from(sorted(self.consumers)))]
         consumer.credit += credit
@@ -297,7 +331,7 @@ class QueueMachine(ManagerMachine):
         ok = self.call(settle)
         slot = self.model.groups[consumer.group][offset]
         if not ok and self.expired(offset):  # removed under its holder by a take that met it expired
-            assert offset not in self.manager.get(QUEUE).messages
+            assert offset not in self.managers[consumer.node].get(QUEUE).messages
             self.model.drop(offset)
             self.check()
             return
@@ -315,22 +349,29 @@ class QueueMachine(ManagerMachine):
     @precondition(lambda self: any(self.held_by(c) for c in self.consumers.values()))
     @rule(data=st.data(), publish=st.booleans())
     def transact(self, data: st.DataObject, publish: bool) -> None:
-        """AMQP 1.0's transactional acceptance: several acks (and a publish) in one commit."""
+        """AMQP 1.0's transactional acceptance: several acks (and a publish) in one commit. A shared
+        node takes a transaction's acks, and refuses one that publishes to its queue."""
         holders = sorted(name for name, c in self.consumers.items() if self.held_by(c))
         consumer = self.consumers[data.draw(st.sampled_from(holders))]
         held = self.held_by(consumer)
         offsets = data.draw(st.lists(st.sampled_from(held), min_size=1, max_size=len(held), unique=True))
         if any(self.expired(o) for o in offsets):
             return  # an expired one may be gone, and the transaction would (rightly) fail
+        manager = self.managers[consumer.node]
         outcome: list[Any] = []
         publishes = (
             [(QUEUE, Message(topic=f"$queue/{QUEUE}", payload=b"green", qos=1), "b")] if publish else []
         )
-        high = self.manager.get(QUEUE).next_offset
+        high = manager.get(QUEUE).next_offset
 
         def run() -> None:
-            self.manager.transact(publishes, [(consumer.handle, o, ACK) for o in offsets], outcome.append)
+            manager.transact(publishes, [(consumer.handle, o, ACK) for o in offsets], outcome.append)
 
+        if publish and self.shared:
+            with pytest.raises(QueueError, match="no transactions"):
+                self.call(run)
+            self.check()  # refused before anything changed
+            return
         self.call(run)
         self.settle_down()
         assert outcome == [None]
@@ -353,9 +394,7 @@ class QueueMachine(ManagerMachine):
         self.settle_down()
         self.take_deliveries(consumer)
         self.call(consumer.handle.cancel)
-        for slot in self.model.groups[consumer.group].values():
-            if slot.holder == consumer.name:
-                slot.state, slot.holder, slot.at = AVAILABLE, None, self.clock.now
+        self.release_held(lambda name: name == consumer.name)
         self.check()
 
     @rule(ms=st.sampled_from([10, 600, RETRY_MS, SWEEP_MS, VISIBILITY_MS + 1]))
@@ -367,26 +406,45 @@ class QueueMachine(ManagerMachine):
         now = self.clock.now = self.clock.now + ms
         self.call(self.manager._tick)
         self.call(self.manager._sweep, now)
-        for slots in self.model.groups.values():
-            for slot in slots.values():
-                if slot.state == HELD and slot.at + VISIBILITY_MS <= now:
-                    slot.state, slot.holder, slot.at = AVAILABLE, None, now
+        self.time_out(now)
         self.check(swept=True)
 
     @rule()
     def restart(self) -> None:
         """A clean stop, and a new manager on the same tables."""
+        self.restart_nodes([0])
+
+    def restart_nodes(self, nodes: list[int]) -> None:
+        """Stop ``nodes`` cleanly and start new managers in their place: what their consumers held
+        comes back."""
         self.settle_down()
         for consumer in self.consumers.values():
             self.take_deliveries(consumer)
-        self.close()
-        self.consumers.clear()
+        gone = {name for name, c in self.consumers.items() if c.node in nodes}
+        for node in nodes:
+            self.close(node)
+        for name in gone:
+            del self.consumers[name]
+        self.release_held(lambda name: name in gone)
+        for node in nodes:
+            self.managers[node] = self.open(node)
+        self.check()
+
+    # -- the model's moves ----------------------------------------------------------------------
+
+    def release_held(self, gone: Callable[[str], bool]) -> None:
+        """What the consumers named ``gone`` held is available again, now."""
         for slots in self.model.groups.values():
             for slot in slots.values():
-                if slot.state == HELD:
+                if slot.state == HELD and slot.holder is not None and gone(slot.holder):
                     slot.state, slot.holder, slot.at = AVAILABLE, None, self.clock.now
-        self.manager = self.open()
-        self.check()
+
+    def time_out(self, now: int) -> None:
+        """Held deliveries past their visibility time-out are available again."""
+        for slots in self.model.groups.values():
+            for slot in slots.values():
+                if slot.state == HELD and slot.at + VISIBILITY_MS <= now:
+                    slot.state, slot.holder, slot.at = AVAILABLE, None, now
 
     # -- checks ---------------------------------------------------------------------------------
 
@@ -430,41 +488,64 @@ class QueueMachine(ManagerMachine):
 
     def check(self, swept: bool = False) -> None:
         self.settle_down()
-        model, now = self.model, self.clock.now
         for consumer in self.consumers.values():
             self.take_deliveries(consumer)
-        state = self.manager.get(QUEUE) if self.manager.exists(QUEUE) else None
-        memory = set(state.messages) if state is not None else set()
-        # An expired message may be gone before the model lets it go: follow the manager there.
-        for offset in [o for o in model.messages if self.expired(o) and o not in memory]:
-            model.drop(offset)
-        if swept:  # the sweep removes every expired message nobody holds
-            for offset in list(model.messages):
-                slots = [g[offset] for g in model.groups.values()]
-                if self.expired(offset) and not any(s.state == HELD for s in slots):
-                    raise AssertionError(f"{offset} expired and held by no one, yet not swept")
-        expected = set(model.messages)
+        self.follow_expiry()
+        if swept:
+            self.check_swept()
+        self.check_held()
+        for consumer in self.consumers.values():
+            assert consumer.handle.credit == consumer.credit, consumer.name
+            if consumer.credit > 0:
+                for offset in self.left_behind(consumer):
+                    raise AssertionError(f"{consumer.name} has credit, {offset} is available to it")
+
+    def memory(self) -> set[int]:
+        """The messages the manager holds in memory (every node's claims, shared)."""
+        held: set[int] = set()
+        for manager in self.managers:
+            if manager.exists(QUEUE):
+                held |= set(manager.get(QUEUE).messages)
+        return held
+
+    def follow_expiry(self) -> None:
+        """An expired message may be gone before the model lets it go: follow the manager there."""
+        gone = self.memory() if not self.shared else stored_offsets(self.storage, QUEUE)
+        for offset in [o for o in self.model.messages if self.expired(o) and o not in gone]:
+            self.model.drop(offset)
+
+    def check_swept(self) -> None:
+        """The sweep removes every expired message nobody holds."""
+        for offset in list(self.model.messages):
+            slots = [g[offset] for g in self.model.groups.values()]
+            if self.expired(offset) and not any(s.state == HELD for s in slots):
+                raise AssertionError(f"{offset} expired and held by no one, yet not swept")
+
+    def check_held(self) -> None:
+        """Memory, the stored rows and a browser hold what some group has not finished (an expired
+        message may linger), and the dead-letter queue the rejected ones."""
+        expected = set(self.model.messages)
         lenient = {o for o in expected if self.expired(o)}
+        memory = self.memory()
         assert memory - lenient == expected - lenient, f"in memory {sorted(memory)}, model {sorted(expected)}"
         stored = stored_offsets(self.storage, QUEUE)
         assert stored == memory, f"stored {sorted(stored)}, in memory {sorted(memory)}"
-        assert len(stored_offsets(self.storage, DLQ)) == model.dead_letters
-        browsed = self.call(browse_all, self.manager) if state is not None else []
+        assert len(stored_offsets(self.storage, DLQ)) == self.model.dead_letters
+        browsed = self.call(browse_all, self.manager) if self.manager.exists(QUEUE) else []
         assert set(browsed) - lenient == expected - lenient, f"a browser saw {browsed}"
-        for consumer in self.consumers.values():  # nothing it could take is left behind
-            assert consumer.handle.credit == consumer.credit, consumer.name
-            if consumer.credit <= 0:
-                continue
-            slots = model.groups[consumer.group]
-            for offset, msg in model.messages.items():
-                slot = slots[offset]
-                if (
-                    slot.state == AVAILABLE
-                    and slot.at <= now
-                    and consumer.wants(msg)
-                    and not self.expired(offset)
-                ):
-                    raise AssertionError(f"{consumer.name} has credit, {offset} is available to it")
+
+    def left_behind(self, consumer: Consumer) -> list[int]:
+        """What ``consumer`` could take and was not given: available in its group, due, wanted by
+        it and not expired."""
+        slots, now = self.model.groups[consumer.group], self.clock.now
+        return [
+            offset
+            for offset, msg in self.model.messages.items()
+            if slots[offset].state == AVAILABLE
+            and slots[offset].at <= now
+            and consumer.wants(msg)
+            and not self.expired(offset)
+        ]
 
 
 async def quiesce(manager: QueueManager, consumers: list[Consumer]) -> None:
@@ -641,9 +722,8 @@ class StreamMachine(ManagerMachine):
         self.call(quiesce, self.manager, list(self.readers.values()))
         for reader in self.readers.values():
             self.take(reader)
-        self.close()
         self.readers.clear()
-        self.manager = self.open()
+        self.reopen()
         self.check()
 
     # -- checks ---------------------------------------------------------------------------------
@@ -761,9 +841,9 @@ def test_the_model_catches_what_issue_42_left_stored(machine_storage: Storage) -
             machine.consume(group="g1", kind="red", credit=2)
             red = machine.consumers["c1"]
             for offset in (1, 2):
-                machine.settle(FixedData([red.name, offset]), "ack")  # type: ignore[arg-type]
+                machine.settle(FixedData([red.name, offset]), "ack")
             machine.consume(group="g1", kind="plain", credit=1)
-            machine.settle(FixedData(["c2", 0]), "ack")  # type: ignore[arg-type]
+            machine.settle(FixedData(["c2", 0]), "ack")
             assert not machine.model.messages
             machine.restart()
             machine.consume(group="g1", kind="plain", credit=3)
