@@ -217,3 +217,30 @@ async def test_a_publish_waiting_for_its_offsets_has_a_ticket_done_after_its_com
             await committed(ticket)
         assert committed_first == [True, True, True]  # the commit came first, then the ticket
         assert len(queue_store.stored_offsets(a.storage.engine, "ticket")) == 3
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_an_auto_ack_on_a_shared_node_leaves_a_done_marker(make_manager: Factory) -> None:
+    """An auto-ack below the group's cursor (a shared node's new group starts at the first message
+    that node holds, not at the queue's) left no 'done' row: the next claim delivered the acked
+    message again. Found by the model (issue 42)."""
+    a = make_manager(shared=True, node="a")
+    b = make_manager(shared=True, node="b")
+    async with a.running(), b.running():
+        await a.declare("auto")
+        for i in range(2):
+            await a.publish("auto", Message(topic="$queue/auto", payload=b"%d" % i, qos=1))
+        c1 = Collector("c1")
+        h1 = b.consume("auto", c1, group="g1")
+        h1.add_credit(1)
+        await wait_until(lambda: len(c1.deliveries) == 1)
+        assert await h1.ack(c1.deliveries[0].offset)  # b now holds only offset 1 (claimed ahead)
+        c2 = Collector("c2")
+        b.consume("auto", c2, group="g2", auto_ack=True).add_credit(10)
+        await wait_until(lambda: len(c2.deliveries) >= 2)
+        await anyio.sleep(0.3)  # the polls that would claim it again
+        assert sorted(d.offset for d in c2.deliveries) == [0, 1]
+        # 0 both groups finished (compacted); 1 waits for g1, with g2's marker
+        assert queue_store.stored_offsets(a.storage.engine, "auto") == [1]
+        rows = queue_store.pending_rows(a.storage.engine, "auto")
+        assert {(r["group"], r["offset"], r["state"]) for r in rows} >= {("g2", 1, "done")}

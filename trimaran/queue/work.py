@@ -174,7 +174,12 @@ class WorkGroup(Group):
                       reason=entry.reason if entry is not None else "first")  # fmt: skip
         if handle.auto_ack:
             stats["acked"] += 1
-            if offset >= self.cursor:
+            if self.shared:
+                # A 'done' marker, as a shared node's ack writes (finish): its cursor and its groups
+                # see only this node's claims, so neither may say the message is finished.
+                done = self.entries[offset] = Entry(DONE, attempts=attempt)
+                self.finish(offset, done, ch)
+            elif offset >= self.cursor:
                 done = self.entries[offset] = Entry(DONE, attempts=attempt)
                 journal.pending(ch, state, self, offset, done)
             elif entry is not None:
@@ -182,7 +187,8 @@ class WorkGroup(Group):
                 journal.pending_gone(ch, state, self, offset, entry)
             journal.event(ch, state, now, "acked", group=self, offset=offset, consumer=cid, attempt=attempt,
                           reason="auto")  # fmt: skip
-            self.drop_if_finished(offset, ch)
+            if not self.shared:
+                self.drop_if_finished(offset, ch)
         else:
             first = entry is None
             if entry is None:
