@@ -10,7 +10,7 @@ import pytest
 
 from tests.queue.conftest import Collector, Factory, wait_until
 from trimaran.broker.message import Message
-from trimaran.queue import ConsumerHandle, QueueDelivery
+from trimaran.queue import ConsumerHandle, QueueDelivery, QueueManager
 from trimaran.queue.journal import committed
 from trimaran.storage import queue_store
 
@@ -244,3 +244,71 @@ async def test_an_auto_ack_on_a_shared_node_leaves_a_done_marker(make_manager: F
         assert queue_store.stored_offsets(a.storage.engine, "auto") == [1]
         rows = queue_store.pending_rows(a.storage.engine, "auto")
         assert {(r["group"], r["offset"], r["state"]) for r in rows} >= {("g2", 1, "done")}
+
+
+def red(message: Message) -> bool:
+    return message.payload.startswith(b"red")
+
+
+async def publish_all(manager: QueueManager, queue: str, payloads: list[bytes]) -> None:
+    for payload in payloads:
+        await manager.publish(queue, Message(topic=f"$queue/{queue}", payload=payload, qos=1))
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_a_selective_node_claims_only_what_its_consumers_select(make_manager: Factory) -> None:
+    """A node whose only consumer has a selector claimed a whole batch: the messages it could not
+    deliver were held from a plain consumer on the other node for as long as it stayed. Found by
+    the model (issue 42)."""
+    a = make_manager(shared=True, node="a")
+    b = make_manager(shared=True, node="b")
+    async with a.running(), b.running():
+        await a.declare("sel")
+        await publish_all(a, "sel", [b"green0", b"green1", b"red", b"green2"])
+        ca = Collector("ca")
+        a.consume("sel", ca, selects=red).add_credit(5)
+        await wait_until(lambda: len(ca.deliveries) == 1)
+        cb = Collector("cb")
+        b.consume("sel", cb).add_credit(10)
+        await wait_until(lambda: len(cb.deliveries) == 3, timeout=2)
+        assert sorted(cb.payloads) == [b"green0", b"green1", b"green2"] and ca.payloads == [b"red"]
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_a_selective_consumer_finds_its_messages_past_a_batch_it_does_not_select(
+    make_manager: Factory,
+) -> None:
+    """A selective consumer's node claimed the first batch, none of it selected, and claimed no
+    more while that batch lay unused: the consumer waited for ever. Found by the model (issue 42)."""
+    a = make_manager(shared=True, node="a", claim_batch=2)
+    async with a.running():
+        await a.declare("past")
+        await publish_all(a, "past", [b"green0", b"green1", b"green2", b"red"])
+        ca = Collector("ca")
+        a.consume("past", ca, routing_filter="#", selects=red).add_credit(1)
+        await wait_until(lambda: len(ca.deliveries) == 1, timeout=2)
+        assert ca.payloads == [b"red"]
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_what_a_node_claimed_for_a_consumer_that_left_goes_back_unless_another_takes_it(
+    make_manager: Factory,
+) -> None:
+    """A node hands back what it claimed ahead when a consumer leaves and none of the ones left
+    selects it, not only when its last consumer leaves."""
+    a = make_manager(shared=True, node="a")
+    b = make_manager(shared=True, node="b")
+    async with a.running(), b.running():
+        await a.declare("left")
+        await publish_all(a, "left", [b"green0", b"green1", b"green2"])
+        plain, selective = Collector("plain"), Collector("selective")
+        hp = a.consume("left", plain)
+        a.consume("left", selective, selects=red).add_credit(5)
+        hp.add_credit(1)
+        await wait_until(lambda: len(plain.deliveries) == 1)
+        await wait_until(lambda: len(a.queues["left"].groups["$default"].ready) == 2)  # claimed ahead
+        await hp.cancel()
+        cb = Collector("cb")
+        b.consume("left", cb).add_credit(10)
+        await wait_until(lambda: len(cb.deliveries) == 3, timeout=2)  # green0 redelivered, too
+        assert sorted(cb.payloads) == [b"green0", b"green1", b"green2"]

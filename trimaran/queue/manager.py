@@ -79,7 +79,7 @@ from trimaran.queue.policy import (
     validate_queue_name,
 )
 from trimaran.queue.ports import DeadLetterRouter
-from trimaran.queue.shared import Claims, stored_row
+from trimaran.queue.shared import Claims, stored_row, taken_by, takes_all
 from trimaran.queue.stream import StreamGroup, position, retention
 from trimaran.queue.work import WorkGroup
 from trimaran.storage import queue_store
@@ -1165,7 +1165,7 @@ class QueueManager:
                     consumer_handle.consumer.deliver(delivery)
                 except Exception:
                     log.exception("consumer %s failed to take a delivery", consumer_handle.consumer.id)
-        if self.shared and self.is_shared(state) and self.claims.low(group):
+        if self.shared and self.is_shared(state) and self.claims.due(group):
             self.claims.claim(state, group)
 
     # -- the groups' Host: what reaches past one group ---------------------------------------------
@@ -1292,8 +1292,9 @@ class QueueManager:
         ch = Changes()
         now = now_ms()
         group.cancel(handle, now, ch)
-        if self.is_shared(state) and not group.consumers:
-            group.hand_back_claimed(now, ch)  # not held here without a consumer
+        if self.is_shared(state) and not takes_all(group.consumers):
+            # what it claimed ahead that no consumer left here selects is not held here
+            group.hand_back_claimed(now, ch, taken_by(group.consumers))
         await committed(self.journal.submit(ch, wait=True))
         self._dispatch(state, group)
 

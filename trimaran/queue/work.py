@@ -23,9 +23,10 @@ database by whichever node is free.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from trimaran.broker.events import QUEUE_ACKED, QUEUE_NACKED, QUEUE_REJECTED
+from trimaran.broker.message import Message
 from trimaran.queue.changes import Changes
 from trimaran.queue.groups import (
     DONE,
@@ -421,12 +422,20 @@ class WorkGroup(Group):
         self.journal.event(ch, self.state, now, "released", group=self, offset=offset,
                            consumer=entry.consumer_id, attempt=entry.attempts, reason=reason)  # fmt: skip
 
-    def hand_back_claimed(self, now: int, ch: Changes) -> None:
-        """Shared mode: what this node claimed ahead and has not handed out goes back to every node."""
+    def hand_back_claimed(
+        self, now: int, ch: Changes, keep: Callable[[str, Message], bool] | None = None
+    ) -> None:
+        """Shared mode: what this node claimed ahead and has not handed out goes back to every node,
+        but what ``keep`` says (by routing key and message) a consumer here still takes."""
+        messages = self.state.messages
         for offset in list(self.ready):
             entry = self.entries.get(offset)
-            if entry is not None and entry.state == WAIT:
-                self.make_available(offset, entry, entry.reason or "first", now, now, ch)
+            if entry is None or entry.state != WAIT:
+                continue
+            stored = messages.get(offset)
+            if keep is not None and stored is not None and keep(stored.routing_key, stored.message):
+                continue
+            self.make_available(offset, entry, entry.reason or "first", now, now, ch)
 
     def cancel(self, handle: Taker, now: int, ch: Changes) -> None:
         """``handle`` is gone: what it held comes back (or dies, attempts exhausted)."""
