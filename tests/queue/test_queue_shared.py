@@ -312,3 +312,18 @@ async def test_what_a_node_claimed_for_a_consumer_that_left_goes_back_unless_ano
         b.consume("left", cb).add_credit(10)
         await wait_until(lambda: len(cb.deliveries) == 3, timeout=2)  # green0 redelivered, too
         assert sorted(cb.payloads) == [b"green0", b"green1", b"green2"]
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_auto_acked_messages_are_compacted_at_the_next_poll(make_manager: Factory) -> None:
+    """As acked ones are: an auto-ack's 'done' markers waited for the lease renewal (10 s), and a
+    claim's scan walked past every one of them meanwhile. Found by the model (issue 42)."""
+    a = make_manager(shared=True, node="a")
+    async with a.running():
+        await a.declare("autoc")
+        c = Collector("c")
+        a.consume("autoc", c, auto_ack=True).add_credit(100)
+        await publish_all(a, "autoc", [b"%d" % i for i in range(5)])
+        await wait_until(lambda: len(c.deliveries) == 5)
+        await wait_until(lambda: queue_store.stored_offsets(a.storage.engine, "autoc") == [], timeout=2)
+        assert queue_store.pending_rows(a.storage.engine, "autoc") == []

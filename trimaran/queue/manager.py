@@ -1165,8 +1165,11 @@ class QueueManager:
                     consumer_handle.consumer.deliver(delivery)
                 except Exception:
                     log.exception("consumer %s failed to take a delivery", consumer_handle.consumer.id)
-        if self.shared and self.is_shared(state) and self.claims.due(group):
-            self.claims.claim(state, group)
+        if self.shared and self.is_shared(state):
+            if any(handle.auto_ack for handle, _ in out):  # their 'done' markers: compacted at the poll
+                self.claims.finished.add(state.name)
+            if self.claims.due(group):
+                self.claims.claim(state, group)
 
     # -- the groups' Host: what reaches past one group ---------------------------------------------
 
