@@ -327,3 +327,27 @@ async def test_auto_acked_messages_are_compacted_at_the_next_poll(make_manager: 
         await wait_until(lambda: len(c.deliveries) == 5)
         await wait_until(lambda: queue_store.stored_offsets(a.storage.engine, "autoc") == [], timeout=2)
         assert queue_store.pending_rows(a.storage.engine, "autoc") == []
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_a_redelivery_on_a_shared_node_keeps_its_own_visibility_timeout(make_manager: Factory) -> None:
+    """A message nacked and claimed again by the same node got a new entry whose token started
+    over, so the time-out of its first delivery matched the second and took it back early (to be
+    delivered a third time while the second was still being worked on). Found by the model
+    (issue 42)."""
+    a = make_manager(shared=True, node="a", visibility_timeout_s=1.0)
+    async with a.running():
+        await a.declare("vis")
+        await publish_all(a, "vis", [b"m"])
+        c = Collector("c")
+        handle = a.consume("vis", c)
+        handle.add_credit(1)
+        await wait_until(lambda: len(c.deliveries) == 1)
+        await anyio.sleep(0.5)
+        assert await handle.nack(c.deliveries[0].offset, 0.0)
+        handle.add_credit(1)
+        await wait_until(lambda: len(c.deliveries) == 2)
+        await anyio.sleep(0.8)  # past the first delivery's time-out, not the second's
+        assert len(c.deliveries) == 2
+        events = queue_store.events_for(a.storage.engine, "vis")
+        assert [e["reason"] for e in events if e["kind"] == "released"] == []

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from trimaran.broker.message import Message, now_ms
-from trimaran.queue.groups import WAIT, Entry, Group, QueueState, StoredMessage, Taker
+from trimaran.queue.groups import Group, QueueState, StoredMessage, Taker
 from trimaran.queue.journal import Journal
 from trimaran.queue.policy import filter_matches
+from trimaran.queue.work import WorkGroup
 from trimaran.storage import queue_store
 from trimaran.storage.queue_store import Wants
 from trimaran.storage.rows import WriteBatch
@@ -104,14 +105,15 @@ class Claims:
     def _claimed(self, state: QueueState, group: Group, results: list[Any]) -> None:
         self.claiming.discard(group)
         rows = results[0] if results else []
+        if not isinstance(group, WorkGroup):  # claims are a shared work queue's
+            return
         for row, attempts, reason in rows:
             offset = int(row.offset)
             if offset in group.entries:
                 continue
             if offset not in state.messages:
                 state.add(stored_row(row))
-            group.entries[offset] = Entry(WAIT, attempts=attempts, reason=reason)
-            group.make_ready(offset)
+            group.claimed(offset, attempts, reason)
         if rows:
             self.dispatch(state, group)
 

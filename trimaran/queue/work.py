@@ -65,6 +65,9 @@ class WorkGroup(Group):
         self.host = host
         self.journal = host.journal
         self.shared = shared
+        # Shared: the highest token of an entry this node forgot (handed back, finished). One claimed
+        # again starts past it, so the time-out of an earlier delivery never matches a later one.
+        self.forgotten_token = 0
 
     # -- taking -----------------------------------------------------------------------------------
 
@@ -338,8 +341,7 @@ class WorkGroup(Group):
             entry.state = DONE
             entry.holder = None
             self.journal.pending(ch, state, self, offset, entry)
-            del self.entries[offset]
-            state.forget(offset)
+            self._forget(offset, entry)
             return
         if offset >= self.cursor:
             # A 'done' marker, written only if it outlives the message: when this group is the
@@ -385,9 +387,7 @@ class WorkGroup(Group):
         entry.token += 1
         if self.shared:  # released to every node: claimed again when available
             self.journal.pending(ch, state, self, offset, entry)
-            del self.entries[offset]
-            self.unready(offset)
-            state.forget(offset)
+            self._forget(offset, entry)
             return
         if at <= now:
             self.make_ready(offset)
@@ -396,6 +396,19 @@ class WorkGroup(Group):
             if not self.timed or at < self.host.wake_at:
                 self.host.due(state, self, at)
         self.journal.pending(ch, state, self, offset, entry)
+
+    def claimed(self, offset: int, attempts: int, reason: str) -> None:
+        """Shared: ``offset`` claimed for this group by this node, ready to hand out."""
+        self.entries[offset] = Entry(WAIT, attempts=attempts, reason=reason, token=self.forgotten_token)
+        self.make_ready(offset)
+
+    def _forget(self, offset: int, entry: Entry) -> None:
+        """Shared: the database holds ``offset``'s state now, not this node."""
+        if entry.token > self.forgotten_token:
+            self.forgotten_token = entry.token
+        del self.entries[offset]
+        self.unready(offset)
+        self.state.forget(offset)
 
     def dead_letter(self, offset: int, entry: Entry, reason: str, now: int, ch: Changes) -> None:
         """Done here; the letter goes wherever the queue's policy sends it."""
