@@ -1,10 +1,11 @@
 """Shared mode: several server processes serve the same work queues from one PostgreSQL database.
 
 No node holds a shared work queue whole. Each claims batches of available messages for its
-consumers (``FOR UPDATE SKIP LOCKED``: two nodes never claim the same row) and holds them under a
-lease it renews; what it is done with is marked done (a compaction deletes what every group
-finished), what it hands back is released to every node, and a node that dies hands its claims back
-when their leases run out. Offsets of a shared node's durable queues come from blocks reserved in the
+consumers with credit, only what they select (``FOR UPDATE SKIP LOCKED``: two nodes never claim the
+same row), and holds them under a lease it renews; what it is done with is marked done (a compaction
+deletes what every group finished), what it hands back is released to every node (what it claimed
+ahead, when no consumer left there selects it), and a node that dies hands its claims back when
+their leases run out. Offsets of a shared node's durable queues come from blocks reserved in the
 queue row, one UPDATE per block, so appends from several nodes never collide.
 """
 
