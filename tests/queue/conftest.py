@@ -54,14 +54,24 @@ def make_manager(storage_url: str) -> Iterator[Factory]:
     storages: list[Storage] = []
 
     def build(
-        *, auto_create: bool = True, node: str = "local", shared: bool = False, **defaults: Any
+        *,
+        auto_create: bool = True,
+        node: str = "local",
+        shared: bool = False,
+        claim_batch: int = 100,
+        **defaults: Any,
     ) -> QueueManager:
         storage = Storage.from_url(storage_url, sqlite_synchronous="normal")
         storage.migrate()
         storages.append(storage)
         settings = QueueSettings(auto_create=auto_create, defaults=QueuePolicySettings(**defaults))
         return QueueManager(
-            storage, settings, StorageSettings(commit_interval_ms=1.0), node=node, shared=shared
+            storage,
+            settings,
+            StorageSettings(commit_interval_ms=1.0),
+            node=node,
+            shared=shared,
+            claim_batch=claim_batch,
         )
 
     yield build

@@ -20,15 +20,24 @@ own offsets, each consumer getting the next message it selects from its group's 
 moving forward only, retention dropping the oldest at the sweep, and a group that comes back (a new
 consumer, a restart) reading on from what it committed.
 
-Not modelled yet: shared mode (several managers claiming from one PostgreSQL), dead letters routed
-through an exchange, and max-length overflow.
+Shared mode (:class:`SharedMachine`, PostgreSQL only) holds two managers on one database with
+``queues.shared`` on to the same work-queue model: publishes and consumers on either node, acks,
+nacks, rejects, releases, transactional acks, consumers leaving, time passing, one node or both
+restarting, and a node dying with its claims left under leases nobody renews. A shared node keeps
+only its claims in memory and has no browser, so the stored rows stand in for both, and each
+group's pending row must say what the model says: held by the node and the consumer holding it,
+done, waiting, or claimed ahead by one node, never by two. Where it must be more lenient than one
+node, and why, is in its docstring.
 
-Expiry is the one place the model is lenient: an expired message may linger until the sweep (or a
-take that meets it) removes it, and may be removed under a consumer that holds it.
+Not modelled yet: dead letters routed through an exchange, and max-length overflow.
+
+Expiry is the one place the single-node model is lenient: an expired message may linger until the
+sweep (or a take that meets it) removes it, and may be removed under a consumer that holds it.
 
 Time is a fake clock the test moves (the manager's ``now_ms`` replaced), so retries, visibility
 time-outs and expiry are deterministic; the manager's timers are run by the test (``advance``).
-The default run is a small budget per storage (``MODEL_EXAMPLES``); ``-m slow`` runs the long one
+The default run is a small budget per storage (``MODEL_EXAMPLES``; ``MODEL_EXAMPLES_SHARED`` for
+the shared machine, which costs more an example); ``-m slow`` runs the long ones
 (``MODEL_EXAMPLES_SLOW``, 10,000 by default). A failure prints hypothesis's seed and the shortest
 history, which ``@reproduce_failure`` or ``--hypothesis-seed`` replays.
 """
@@ -37,7 +46,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,8 +74,12 @@ from trimaran.compiled import is_compiled
 from trimaran.config import QueuePolicySettings, QueueSettings, StorageSettings
 from trimaran.queue import QueueDelivery, QueueManager
 from trimaran.queue.changes import Changes
+from trimaran.queue.groups import Entry
 from trimaran.queue.handles import BrowseHandle, ConsumerHandle
 from trimaran.queue.outcomes import ACK
+from trimaran.queue.policy import QueueError
+from trimaran.queue.shared import POLL_MS
+from trimaran.storage import queue_store
 from trimaran.storage.schema import metadata, queue_messages
 from trimaran.storage.store import Storage
 
@@ -78,6 +91,7 @@ SWEEP_MS = int(trimaran.queue.manager.SWEEP_S * 1000)
 START = 1_900_000_000_000
 MODEL_EXAMPLES = int(os.environ.get("MODEL_EXAMPLES", "40"))
 MODEL_EXAMPLES_SLOW = int(os.environ.get("MODEL_EXAMPLES_SLOW", "10000"))
+MODEL_EXAMPLES_SHARED = int(os.environ.get("MODEL_EXAMPLES_SHARED", "10"))
 #: the modules of the queue package that read the clock
 CLOCKED = (trimaran.queue.manager, trimaran.queue.journal, trimaran.queue.shared, trimaran.queue.admin)
 
@@ -123,6 +137,7 @@ class Slot:
     at: int = 0  # available from
     holder: str | None = None
     seen: bool = False  # delivered to this group before
+    lease: int | None = None  # held by a node that died (``holder``): claimable once this has passed
 
 
 @dataclass
@@ -134,6 +149,7 @@ class Consumer:
     got: list[QueueDelivery]
     credit: int = 0
     seen: int = 0  # deliveries of ``got`` already checked
+    node: int = 0  # the manager it is attached to (shared mode: one of several)
 
     def wants(self, msg: Msg) -> bool:
         if self.kind == "red":
@@ -163,11 +179,14 @@ class Model:
 
 class ManagerMachine(RuleBasedStateMachine):
     """One history against one fresh database (the tables emptied, not migrated again), a manager
-    opened on it in the portal's event loop, and the fake clock set while it runs."""
+    opened on it in the portal's event loop, and the fake clock set while it runs. ``nodes`` > 1:
+    that many managers share the database (``queues.shared``, PostgreSQL only)."""
 
     storage: Storage
     portal: BlockingPortal
     policy: QueuePolicySettings
+    nodes = 1
+    claim_batches: tuple[int, ...] = (100,)  # each node's claim batch (shared mode)
 
     def __init__(self) -> None:
         super().__init__()
@@ -176,29 +195,66 @@ class ManagerMachine(RuleBasedStateMachine):
         self._clock = fake_clock(self.clock)
         self._clock.__enter__()
         self.names = 0
-        self.running: AbstractContextManager[QueueManager] | None = None
-        self.manager = self.open()
+        self.opened = 0  # managers opened so far: a shared node's name is new at each start
+        self.running: list[AbstractContextManager[QueueManager] | None] = [None] * self.nodes
+        self.managers: list[QueueManager] = []
+        for node in range(self.nodes):
+            self.managers.append(self.open(node))
 
-    def open(self) -> QueueManager:
+    @property
+    def shared(self) -> bool:
+        return self.nodes > 1
+
+    @property
+    def manager(self) -> QueueManager:
+        """The first node (the only one, unless shared)."""
+        return self.managers[0]
+
+    def open(self, node: int = 0) -> QueueManager:
         settings = QueueSettings(auto_create=True, defaults=self.policy)
-        manager = QueueManager(self.storage, settings, StorageSettings(commit_interval_ms=1.0))
-        self.running = self.portal.wrap_async_context_manager(manager.running())
-        self.running.__enter__()
+        self.opened += 1
+        manager = QueueManager(
+            self.storage,
+            settings,
+            StorageSettings(commit_interval_ms=1.0),
+            node=f"n{node}.{self.opened}" if self.shared else None,
+            shared=self.shared,
+            claim_batch=self.claim_batches[node],
+        )
+        running = self.running[node] = self.portal.wrap_async_context_manager(manager.running())
+        running.__enter__()
+        if self.shared:
+            # Only the test runs the timers: two nodes' own, waking at real times, would claim in an
+            # order no replay repeats (hypothesis needs the same history to draw the same choices).
+            self.call(stop_timers, manager)
         return manager
 
-    def close(self) -> None:
-        if self.running is not None:
-            self.running.__exit__(None, None, None)
-            self.running = None
+    def close(self, node: int = 0) -> None:
+        running, self.running[node] = self.running[node], None
+        if running is not None:
+            running.__exit__(None, None, None)
+
+    def reopen(self, node: int = 0) -> None:
+        """A clean stop of one node, and a new manager in its place on the same tables."""
+        self.close(node)
+        self.managers[node] = self.open(node)
 
     def teardown(self) -> None:
-        try:
-            self.close()
-        finally:
-            self._clock.__exit__(None, None, None)
+        with ExitStack() as stack:  # every node is closed, and the clock put back, whatever fails
+            stack.callback(self._clock.__exit__, None, None, None)
+            for node in range(self.nodes):
+                stack.callback(self.close, node)
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return self.portal.call(fn, *args)
+
+
+REDS = st.booleans()
+KEYS = st.sampled_from(["a", "b"])
+TTLS = st.sampled_from([None, None, 500, 5_000])
+GROUPS = st.sampled_from(["g1", "g1", "g2"])
+KINDS = st.sampled_from(["plain", "red", "red", "key-a", "key-a", "auto"])  # the filtered: the hard cases
+CREDITS = st.integers(1, 3)
 
 
 class QueueMachine(ManagerMachine):
@@ -212,6 +268,7 @@ class QueueMachine(ManagerMachine):
     def __init__(self) -> None:
         self.model = Model()
         self.consumers: dict[str, Consumer] = {}
+        self.expiries: dict[int, int] = {}  # every message published with a time to live
         super().__init__()
 
     def settle_down(self) -> None:
@@ -220,42 +277,40 @@ class QueueMachine(ManagerMachine):
 
     # -- rules ----------------------------------------------------------------------------------
 
-    @initialize(backlog=st.lists(st.tuples(st.booleans(), st.sampled_from(["a", "b"])), max_size=6))
+    @initialize(backlog=st.lists(st.tuples(REDS, KEYS), max_size=6))
     def fill(self, backlog: list[tuple[bool, str]]) -> None:
         """A backlog of mixed messages first: consumers that join find messages they refuse at the
-        front, and take past them (the out-of-order cases)."""
-        for red, key in backlog:
-            self.publish(red, key, None)
+        front, and take past them (the out-of-order cases). Shared: published through each node in
+        turn."""
+        for i, (red, key) in enumerate(backlog):
+            self.publish(red, key, None, node=i % self.nodes)
 
-    @rule(red=st.booleans(), key=st.sampled_from(["a", "b"]), ttl=st.sampled_from([None, None, 500, 5_000]))
-    def publish(self, red: bool, key: str, ttl: int | None) -> None:
+    @rule(red=REDS, key=KEYS, ttl=TTLS)
+    def publish(self, red: bool, key: str, ttl: int | None, node: int = 0) -> None:
         expires_at = None if ttl is None else self.clock.now + ttl
         message = Message(
             topic=f"$queue/{QUEUE}", payload=b"red" if red else b"green", qos=1, expires_at_ms=expires_at
         )
-        result = self.call(self.manager.publish, QUEUE, message, key)
+        result = self.call(self.managers[node].publish, QUEUE, message, key)
         msg = Msg(result.offset, red, key, expires_at)
         assert msg.offset not in self.model.messages
+        if expires_at is not None:
+            self.expiries[msg.offset] = expires_at
         self.model.messages[msg.offset] = msg
         for slots in self.model.groups.values():
             slots[msg.offset] = Slot(at=self.clock.now)
         self.check()
 
     @precondition(lambda self: len(self.consumers) < 4)
-    @rule(
-        group=st.sampled_from(["g1", "g1", "g2"]),
-        kind=st.sampled_from(
-            ["plain", "red", "red", "key-a", "key-a", "auto"]
-        ),  # the filtered: the hard cases
-        credit=st.integers(1, 3),
-    )
-    def consume(self, group: str, kind: str, credit: int) -> None:
+    @rule(group=GROUPS, kind=KINDS, credit=CREDITS)
+    def consume(self, group: str, kind: str, credit: int, node: int = 0) -> None:
         self.names += 1
         name = f"c{self.names}"
         collector = Collector(name)
+        manager = self.managers[node]
 
         def attach() -> ConsumerHandle:
-            return self.manager.consume(
+            return manager.consume(
                 QUEUE,
                 collector,
                 group=group,
@@ -267,13 +322,13 @@ class QueueMachine(ManagerMachine):
         handle = self.call(attach)
         if group not in self.model.groups:  # a new group starts at the oldest message held
             self.model.groups[group] = {o: Slot(at=self.clock.now) for o in self.model.messages}
-        consumer = self.consumers[name] = Consumer(name, group, kind, handle, collector.deliveries)
+        consumer = self.consumers[name] = Consumer(name, group, kind, handle, collector.deliveries, node=node)
         consumer.credit += credit
         self.call(handle.add_credit, credit)
         self.check()
 
     @precondition(lambda self: self.consumers)
-    @rule(data=st.data(), credit=st.integers(1, 3))
+    @rule(data=st.data(), credit=CREDITS)
     def add_credit(self, data: st.DataObject, credit: int) -> None:
         consumer = self.consumers[data.draw(st.sampled_from(sorted(self.consumers)))]
         consumer.credit += credit
@@ -297,7 +352,7 @@ class QueueMachine(ManagerMachine):
         ok = self.call(settle)
         slot = self.model.groups[consumer.group][offset]
         if not ok and self.expired(offset):  # removed under its holder by a take that met it expired
-            assert offset not in self.manager.get(QUEUE).messages
+            assert offset not in self.managers[consumer.node].get(QUEUE).messages
             self.model.drop(offset)
             self.check()
             return
@@ -315,22 +370,29 @@ class QueueMachine(ManagerMachine):
     @precondition(lambda self: any(self.held_by(c) for c in self.consumers.values()))
     @rule(data=st.data(), publish=st.booleans())
     def transact(self, data: st.DataObject, publish: bool) -> None:
-        """AMQP 1.0's transactional acceptance: several acks (and a publish) in one commit."""
+        """AMQP 1.0's transactional acceptance: several acks (and a publish) in one commit. A shared
+        node takes a transaction's acks, and refuses one that publishes to its queue."""
         holders = sorted(name for name, c in self.consumers.items() if self.held_by(c))
         consumer = self.consumers[data.draw(st.sampled_from(holders))]
         held = self.held_by(consumer)
         offsets = data.draw(st.lists(st.sampled_from(held), min_size=1, max_size=len(held), unique=True))
         if any(self.expired(o) for o in offsets):
             return  # an expired one may be gone, and the transaction would (rightly) fail
+        manager = self.managers[consumer.node]
         outcome: list[Any] = []
         publishes = (
             [(QUEUE, Message(topic=f"$queue/{QUEUE}", payload=b"green", qos=1), "b")] if publish else []
         )
-        high = self.manager.get(QUEUE).next_offset
+        high = manager.get(QUEUE).next_offset
 
         def run() -> None:
-            self.manager.transact(publishes, [(consumer.handle, o, ACK) for o in offsets], outcome.append)
+            manager.transact(publishes, [(consumer.handle, o, ACK) for o in offsets], outcome.append)
 
+        if publish and self.shared:
+            with pytest.raises(QueueError, match="no transactions"):
+                self.call(run)
+            self.check()  # refused before anything changed
+            return
         self.call(run)
         self.settle_down()
         assert outcome == [None]
@@ -353,9 +415,7 @@ class QueueMachine(ManagerMachine):
         self.settle_down()
         self.take_deliveries(consumer)
         self.call(consumer.handle.cancel)
-        for slot in self.model.groups[consumer.group].values():
-            if slot.holder == consumer.name:
-                slot.state, slot.holder, slot.at = AVAILABLE, None, self.clock.now
+        self.release_held(lambda name: name == consumer.name)
         self.check()
 
     @rule(ms=st.sampled_from([10, 600, RETRY_MS, SWEEP_MS, VISIBILITY_MS + 1]))
@@ -367,26 +427,49 @@ class QueueMachine(ManagerMachine):
         now = self.clock.now = self.clock.now + ms
         self.call(self.manager._tick)
         self.call(self.manager._sweep, now)
-        for slots in self.model.groups.values():
-            for slot in slots.values():
-                if slot.state == HELD and slot.at + VISIBILITY_MS <= now:
-                    slot.state, slot.holder, slot.at = AVAILABLE, None, now
+        self.time_out(now)
         self.check(swept=True)
 
     @rule()
     def restart(self) -> None:
         """A clean stop, and a new manager on the same tables."""
+        self.restart_nodes([0])
+
+    def restart_nodes(self, nodes: list[int]) -> None:
+        """Stop ``nodes`` cleanly and start new managers in their place: what their consumers held
+        comes back."""
         self.settle_down()
         for consumer in self.consumers.values():
             self.take_deliveries(consumer)
-        self.close()
-        self.consumers.clear()
+        gone = {name for name, c in self.consumers.items() if c.node in nodes}
+        for node in nodes:
+            self.close(node)
+        for name in gone:
+            del self.consumers[name]
+        self.release_held(lambda name: name in gone)
+        for node in nodes:
+            self.managers[node] = self.open(node)
+        self.check()
+
+    # -- the model's moves ----------------------------------------------------------------------
+
+    def release_held(self, gone: Callable[[str], bool]) -> None:
+        """What the consumers named ``gone`` held is available again, now."""
         for slots in self.model.groups.values():
             for slot in slots.values():
-                if slot.state == HELD:
+                if slot.state == HELD and slot.holder is not None and gone(slot.holder):
                     slot.state, slot.holder, slot.at = AVAILABLE, None, self.clock.now
-        self.manager = self.open()
-        self.check()
+
+    def time_out(self, now: int) -> None:
+        """Held deliveries past their visibility time-out are available again, and what a dead
+        node held once its lease has run out."""
+        for slots in self.model.groups.values():
+            for slot in slots.values():
+                if slot.state != HELD:
+                    continue
+                back = slot.lease < now if slot.lease is not None else slot.at + VISIBILITY_MS <= now
+                if back:
+                    slot.state, slot.holder, slot.at, slot.lease = AVAILABLE, None, now, None
 
     # -- checks ---------------------------------------------------------------------------------
 
@@ -430,41 +513,64 @@ class QueueMachine(ManagerMachine):
 
     def check(self, swept: bool = False) -> None:
         self.settle_down()
-        model, now = self.model, self.clock.now
         for consumer in self.consumers.values():
             self.take_deliveries(consumer)
-        state = self.manager.get(QUEUE) if self.manager.exists(QUEUE) else None
-        memory = set(state.messages) if state is not None else set()
-        # An expired message may be gone before the model lets it go: follow the manager there.
-        for offset in [o for o in model.messages if self.expired(o) and o not in memory]:
-            model.drop(offset)
-        if swept:  # the sweep removes every expired message nobody holds
-            for offset in list(model.messages):
-                slots = [g[offset] for g in model.groups.values()]
-                if self.expired(offset) and not any(s.state == HELD for s in slots):
-                    raise AssertionError(f"{offset} expired and held by no one, yet not swept")
-        expected = set(model.messages)
+        self.follow_expiry()
+        if swept:
+            self.check_swept()
+        self.check_held()
+        for consumer in self.consumers.values():
+            assert consumer.handle.credit == consumer.credit, consumer.name
+            if consumer.credit > 0:
+                for offset in self.left_behind(consumer):
+                    raise AssertionError(f"{consumer.name} has credit, {offset} is available to it")
+
+    def memory(self) -> set[int]:
+        """The messages the manager holds in memory (every node's claims, shared)."""
+        held: set[int] = set()
+        for manager in self.managers:
+            if manager.exists(QUEUE):
+                held |= set(manager.get(QUEUE).messages)
+        return held
+
+    def follow_expiry(self) -> None:
+        """An expired message may be gone before the model lets it go: follow the manager there."""
+        gone = self.memory() if not self.shared else stored_offsets(self.storage, QUEUE)
+        for offset in [o for o in self.model.messages if self.expired(o) and o not in gone]:
+            self.model.drop(offset)
+
+    def check_swept(self) -> None:
+        """The sweep removes every expired message nobody holds."""
+        for offset in list(self.model.messages):
+            slots = [g[offset] for g in self.model.groups.values()]
+            if self.expired(offset) and not any(s.state == HELD for s in slots):
+                raise AssertionError(f"{offset} expired and held by no one, yet not swept")
+
+    def check_held(self) -> None:
+        """Memory, the stored rows and a browser hold what some group has not finished (an expired
+        message may linger), and the dead-letter queue the rejected ones."""
+        expected = set(self.model.messages)
         lenient = {o for o in expected if self.expired(o)}
+        memory = self.memory()
         assert memory - lenient == expected - lenient, f"in memory {sorted(memory)}, model {sorted(expected)}"
         stored = stored_offsets(self.storage, QUEUE)
         assert stored == memory, f"stored {sorted(stored)}, in memory {sorted(memory)}"
-        assert len(stored_offsets(self.storage, DLQ)) == model.dead_letters
-        browsed = self.call(browse_all, self.manager) if state is not None else []
+        assert len(stored_offsets(self.storage, DLQ)) == self.model.dead_letters
+        browsed = self.call(browse_all, self.manager) if self.manager.exists(QUEUE) else []
         assert set(browsed) - lenient == expected - lenient, f"a browser saw {browsed}"
-        for consumer in self.consumers.values():  # nothing it could take is left behind
-            assert consumer.handle.credit == consumer.credit, consumer.name
-            if consumer.credit <= 0:
-                continue
-            slots = model.groups[consumer.group]
-            for offset, msg in model.messages.items():
-                slot = slots[offset]
-                if (
-                    slot.state == AVAILABLE
-                    and slot.at <= now
-                    and consumer.wants(msg)
-                    and not self.expired(offset)
-                ):
-                    raise AssertionError(f"{consumer.name} has credit, {offset} is available to it")
+
+    def left_behind(self, consumer: Consumer) -> list[int]:
+        """What ``consumer`` could take and was not given: available in its group, due, wanted by
+        it and not expired."""
+        slots, now = self.model.groups[consumer.group], self.clock.now
+        return [
+            offset
+            for offset, msg in self.model.messages.items()
+            if slots[offset].state == AVAILABLE
+            and slots[offset].at <= now
+            and consumer.wants(msg)
+            and not self.expired(offset)
+        ]
 
 
 async def quiesce(manager: QueueManager, consumers: list[Consumer]) -> None:
@@ -472,15 +578,20 @@ async def quiesce(manager: QueueManager, consumers: list[Consumer]) -> None:
     stable = 0
     while stable < 2:
         before = sum(len(c.got) for c in consumers)
-        for _ in range(3):
-            await anyio.sleep(0)
-        manager.journal.send_turn()
-        barrier = Changes()
-        barrier.calls.append(lambda connection: None)
-        await manager.journal.write(barrier)  # the writer commits in order: all before it are in
-        for _ in range(3):
-            await anyio.sleep(0)
+        await commit(manager)
         stable = stable + 1 if sum(len(c.got) for c in consumers) == before else 0
+
+
+async def commit(manager: QueueManager) -> None:
+    """Commit what is submitted, and let what runs after those commits run."""
+    for _ in range(3):
+        await anyio.sleep(0)
+    manager.journal.send_turn()
+    barrier = Changes()
+    barrier.calls.append(lambda connection: None)
+    await manager.journal.write(barrier)  # the writer commits in order: all before it are in
+    for _ in range(3):
+        await anyio.sleep(0)
 
 
 def browse_all(manager: QueueManager) -> list[int]:
@@ -501,6 +612,275 @@ def empty_tables(storage: Storage) -> None:
     with storage.engine.begin() as connection:
         for table in reversed(metadata.sorted_tables):
             connection.execute(table.delete())
+
+
+# -- shared mode ----------------------------------------------------------------------------------
+
+NODES = st.sampled_from([0, 1])
+LEASE_MS = 30_000  # QueueManager's default lease_s, which the app uses
+#: Time moves on in steps no longer than a live node's lease renewal period (Claims.tick): one jump
+#: past a whole lease would let one node take the other's claims as if it were dead.
+STEP_MS = LEASE_MS // 3
+
+
+class SharedMachine(QueueMachine):
+    """Two managers on one PostgreSQL database with ``queues.shared`` on, held to one model: it does
+    not care which node a message is published through or delivered by. The second node claims 4
+    messages at a time (the app claims 100), standing in for a backlog longer than a claim.
+
+    Where shared mode differs from one node, the model is lenient in exactly these places:
+
+    - **A claim waits for the poll.** A node learns what the other published, released or made due
+      at its next poll (``POLL_MS``, 100 ms), and compacts what was finished there. The check runs
+      both nodes' polls, without moving the clock, until a round changes nothing
+      (:func:`quiesce_shared`), and only then asks that nothing is left behind and nothing finished
+      is stored.
+    - **A claim is a batch.** A node claims up to a batch ahead for its consumers with credit; what
+      it has not handed out waits there for a consumer of the group that selects it, though a
+      consumer on the other node has credit for it (claiming the credit of the moment cost a claim
+      per few messages). A message claimed ahead that no consumer there selects is not excused.
+    - **A node sweeps only what it claimed.** An expired message no node claimed stays stored until
+      a claim meets it (and expires it).
+    - **Expiry crosses nodes.** One node may remove an expired message the other's consumer holds
+      (on one node, a take that meets it does as much); the holder keeps it in memory until it is
+      settled or times out.
+    - **Order is the claims'.** Offsets come from each node's reserved block, so the order of
+      publishes across nodes is not the offsets'; the model never asked for order.
+    - **Time moves in steps** no longer than the lease renewal period (``STEP_MS``), both nodes'
+      timers running at each: a live node's leases never run out (a jump past a lease is a node
+      that stopped, which ``crash`` models).
+
+    The nodes act one at a time (:func:`quiesce_shared`; the test runs their timers), so a history
+    always ends the same way: two claims racing inside PostgreSQL are not the model's (SKIP LOCKED
+    and the pending row's key settle them; ``test_two_managers_never_hold_the_same_message`` runs
+    them concurrently). A shared node refuses a transaction that publishes to its queues
+    ("unsupported") and takes one that only acks; it refuses to browse its work queue, so the stored
+    rows are asked instead.
+    """
+
+    nodes = 2
+    claim_batches = (100, 4)
+
+    @rule(red=REDS, key=KEYS, ttl=TTLS, node=NODES)
+    def publish(self, red: bool, key: str, ttl: int | None, node: int = 0) -> None:
+        super().publish(red, key, ttl, node)
+
+    @precondition(lambda self: len(self.consumers) < 4)
+    @rule(group=GROUPS, kind=KINDS, credit=CREDITS, node=NODES)
+    def consume(self, group: str, kind: str, credit: int, node: int = 0) -> None:
+        super().consume(group, kind, credit, node)
+
+    @rule(ms=st.sampled_from([10, 600, RETRY_MS, SWEEP_MS, VISIBILITY_MS + 1]))
+    def advance(self, ms: int) -> None:
+        """Time passes in steps, both nodes' timers running at each (time-outs, retries, polls,
+        lease renewal, the sweep); what a step makes deliverable is delivered at its time."""
+        self.settle_down()
+        for consumer in self.consumers.values():
+            self.take_deliveries(consumer)
+        end = self.clock.now + ms
+        while self.clock.now < end:
+            now = self.clock.now = min(end, self.clock.now + STEP_MS)
+            for manager in self.managers:  # one node at a time: see quiesce_shared
+                self.call(manager._tick)
+                self.call(idle, manager)
+            self.time_out(now)
+            self.settle_down()
+            for consumer in self.consumers.values():
+                self.take_deliveries(consumer)
+        for manager in self.managers:
+            self.call(manager._sweep, self.clock.now)
+            self.call(idle, manager)
+        self.check(swept=True)
+
+    @rule(nodes=st.sampled_from([[0], [1], [0, 1]]))
+    def restart(self, nodes: list[int]) -> None:
+        """One node stops cleanly (or both) and starts again: what it held goes back to the
+        database, for either node to claim."""
+        self.restart_nodes(nodes)
+
+    @rule(node=NODES)
+    def crash(self, node: int) -> None:
+        """A node dies (once what it sent is committed) and a new process takes its place: what
+        the dead one claimed stays held under leases nobody renews, until they run out and either
+        node claims it again."""
+        self.settle_down()
+        for consumer in self.consumers.values():
+            self.take_deliveries(consumer)
+        dead = self.managers[node].node
+        rows = [r for r in queue_store.pending_rows(self.storage.engine, QUEUE) if r["node"] == dead]
+        self.call(abandon, self.managers[node])
+        self.close(node)
+        gone = [n for n, c in self.consumers.items() if c.node == node]
+        for name in gone:
+            del self.consumers[name]
+        for row in rows:
+            slot = self.model.groups[row["group"]].get(row["offset"])
+            if slot is not None and row["state"] == "held":
+                slot.state, slot.holder, slot.lease = HELD, dead, row["lease_until"]
+        for group, slots in self.model.groups.items():
+            for offset, slot in slots.items():  # all its consumers held is under its leases
+                assert slot.holder not in gone, f"{group}:{offset} held by {slot.holder}, no row of {dead}"
+        self.managers[node] = self.open(node)
+        self.check()
+
+    def settle_down(self) -> None:
+        self.call(quiesce_shared, self.managers, list(self.consumers.values()), self.clock.now)
+
+    # -- checks ---------------------------------------------------------------------------------
+
+    def claimed_by(self, group: str, offset: int) -> int | None:
+        """The node that claimed ``offset`` for ``group`` ahead of its consumers (not handed out)."""
+        for node, manager in enumerate(self.managers):
+            state = manager.queues.get(QUEUE)
+            grp = state.groups.get(group) if state is not None else None
+            if grp is not None and offset in grp.ready:
+                return node
+        return None
+
+    def check_swept(self) -> None:
+        """Lenient: a node sweeps only what it claimed; an expired message no node claimed stays
+        stored until a claim meets it (and expires it)."""
+
+    def check_held(self) -> None:
+        """The stored rows hold what some group has not finished (finished ones compacted by the
+        poll) and each node's memory some of it; each group's pending row says what the model says:
+        held by the node and consumer holding it, done, or waiting (or claimed ahead by a node)."""
+        model = self.model
+        expected = set(model.messages)
+        # Expired, here or already let go: one node may still hold what another removed.
+        lenient = {o for o, at in self.expiries.items() if self.clock.now >= at}
+        stored = stored_offsets(self.storage, QUEUE)
+        assert stored - lenient == expected - lenient, f"stored {sorted(stored)}, model {sorted(expected)}"
+        assert len(stored_offsets(self.storage, DLQ)) == model.dead_letters
+        rows = {(r["group"], r["offset"]): r for r in queue_store.pending_rows(self.storage.engine, QUEUE)}
+        claims = self.claims(lenient)
+        for name, slots in model.groups.items():
+            for offset, slot in slots.items():
+                if offset not in lenient:
+                    self.check_slot(name, offset, slot, rows.get((name, offset)), claims.get((name, offset)))
+
+    def claims(self, lenient: set[int]) -> dict[tuple[str, int], tuple[int, Entry]]:
+        """Each node's entries (what it claimed) by group and offset: no two nodes share one."""
+        claims: dict[tuple[str, int], tuple[int, Entry]] = {}
+        for node, manager in enumerate(self.managers):
+            state = manager.queues.get(QUEUE)
+            if state is None:
+                continue
+            memory = set(state.messages) - lenient
+            assert memory <= set(self.model.messages), f"n{node} holds {sorted(memory)}, some finished"
+            for name, group in state.groups.items():
+                for offset, entry in group.entries.items():
+                    assert (name, offset) not in claims, f"{name}:{offset} claimed by both nodes"
+                    claims[name, offset] = (node, entry)
+        return claims
+
+    def check_slot(
+        self, group: str, offset: int, slot: Slot, row: dict[str, Any] | None, claim: tuple[int, Entry] | None
+    ) -> None:
+        """One message of one group: the model's state, the pending row and the claiming node agree."""
+        where = f"{group}:{offset} {slot.state} {slot.holder or ''}: row {row}, claim {claim}"
+        if slot.lease is not None:  # a dead node's, under its lease
+            assert claim is None and row is not None and row["state"] == "held", where
+            assert (row["node"], row["lease_until"]) == (slot.holder, slot.lease), where
+        elif slot.state == HELD:
+            holder = self.consumers[slot.holder or ""]
+            assert claim is not None and claim[0] == holder.node and claim[1].holder is holder.handle, where
+            assert row is not None and row["state"] == "held", where
+            assert (row["node"], row["consumer"]) == (self.managers[holder.node].node, holder.name), where
+        elif slot.state == DONE:  # its marker: no node may claim it again
+            assert row is not None and row["state"] == "done", where
+        elif claim is not None:  # claimed ahead of its consumers
+            node = claim[0]
+            assert offset in self.managers[node].get(QUEUE).groups[group].ready, where
+            assert row is not None and row["state"] == "held" and row["consumer"] is None, where
+            assert row["node"] == self.managers[node].node, where
+        elif row is not None and row["state"] == "held":  # a dead node's, its lease run out
+            assert row["node"] not in {m.node for m in self.managers}, where
+            assert row["lease_until"] < self.clock.now, where
+        else:  # never claimed, or back in the database
+            assert row is None or row["state"] == "wait", where
+
+    def left_behind(self, consumer: Consumer) -> list[int]:
+        """Lenient: a message another node claimed ahead for a consumer of the group there that
+        wants it waits for that consumer's credit (a claim is a batch, not the credit of the moment)."""
+        missed = []
+        for offset in super().left_behind(consumer):
+            node = self.claimed_by(consumer.group, offset)
+            msg = self.model.messages[offset]
+            if (
+                node is not None
+                and node != consumer.node
+                and any(
+                    c.node == node and c.group == consumer.group and c.wants(msg)
+                    for c in self.consumers.values()
+                )
+            ):
+                continue
+            missed.append(offset)
+        return missed
+
+
+def abandon(manager: QueueManager) -> None:
+    """What a killed node leaves behind: its claims in the database, held under its leases. Its
+    memory and its consumers' connections die with it, so its stop hands nothing back."""
+    for state in manager.queues.values():
+        for group in state.groups.values():
+            for handle in group.consumers:
+                handle.closed = True
+            group.consumers.clear()
+            group.entries.clear()
+            group.ready.clear()
+
+
+def poll(manager: QueueManager, now: int) -> None:
+    """A shared node's poll (``Claims.tick``), run now: what the other node published, released or
+    finished is claimed (or compacted) as it would be within ``POLL_MS``, without the clock moving."""
+    manager.claims.last_poll = now - POLL_MS
+    manager.claims.tick(now, [s for s in manager.queues.values() if manager.is_shared(s)])
+
+
+def claimed(managers: list[QueueManager]) -> list[tuple[str, tuple[int, ...], int]]:
+    """What each node has claimed, to see a round of polls change nothing."""
+    return [
+        (group.name, tuple(group.ready), len(group.entries))
+        for manager in managers
+        for state in manager.queues.values()
+        for group in state.groups.values()
+    ]
+
+
+async def quiesce_shared(managers: list[QueueManager], consumers: list[Consumer], now: int) -> None:
+    """``quiesce`` for nodes sharing a database: what the step set going is finished one node at a
+    time, then each node polls and finishes in turn, until a round makes no delivery and no claim.
+    One node at a time, so two nodes' claims never race for a row: the same history always ends the
+    same way (which hypothesis needs to replay it), and a race is the claims' SKIP LOCKED business,
+    not the model's."""
+    for manager in managers:
+        await idle(manager)
+    for _ in range(40):
+        before = (sum(len(c.got) for c in consumers), claimed(managers))
+        for manager in managers:
+            poll(manager, now)
+            await idle(manager)
+        if (sum(len(c.got) for c in consumers), claimed(managers)) == before:
+            return
+    raise AssertionError("the nodes never settle: claims go round")
+
+
+async def idle(manager: QueueManager) -> None:
+    """Commit until a round submits nothing but its own barrier: nothing of ``manager``'s is in
+    flight, and what its commits set going (claims, deliveries, their rows) is done."""
+    while True:
+        before = manager.writer.submissions
+        await commit(manager)
+        if manager.writer.submissions == before + 1:
+            return
+
+
+def stop_timers(manager: QueueManager) -> None:
+    """End the manager's timer task; ``advance`` runs its ticks."""
+    assert manager._scope is not None
+    manager._scope.cancel()
 
 
 # -- streams --------------------------------------------------------------------------------------
@@ -641,9 +1021,8 @@ class StreamMachine(ManagerMachine):
         self.call(quiesce, self.manager, list(self.readers.values()))
         for reader in self.readers.values():
             self.take(reader)
-        self.close()
         self.readers.clear()
-        self.manager = self.open()
+        self.reopen()
         self.check()
 
     # -- checks ---------------------------------------------------------------------------------
@@ -702,7 +1081,9 @@ def machine_storage(storage_url: str) -> Iterator[Storage]:
     storage.close()
 
 
-def run_model(storage: Storage, examples: int, kind: type[RuleBasedStateMachine] = QueueMachine) -> None:
+def run_model(
+    storage: Storage, examples: int, kind: type[RuleBasedStateMachine] = QueueMachine, steps: int = 50
+) -> None:
     with start_blocking_portal("asyncio") as portal:
 
         class Machine(kind):  # type: ignore[valid-type,misc]
@@ -714,7 +1095,7 @@ def run_model(storage: Storage, examples: int, kind: type[RuleBasedStateMachine]
             Machine,
             settings=settings(
                 max_examples=examples,
-                stateful_step_count=50,
+                stateful_step_count=steps,
                 deadline=None,
                 database=None,
                 suppress_health_check=list(HealthCheck),
@@ -743,6 +1124,22 @@ def test_the_stream_follows_its_model_at_length(machine_storage: Storage) -> Non
     run_model(machine_storage, MODEL_EXAMPLES_SLOW, StreamMachine)
 
 
+def shared_storage(storage: Storage) -> Storage:
+    if storage.dialect != "postgresql":
+        pytest.skip("shared mode needs PostgreSQL (queues.shared refuses SQLite)")
+    return storage
+
+
+def test_shared_nodes_follow_the_model(machine_storage: Storage) -> None:
+    run_model(shared_storage(machine_storage), MODEL_EXAMPLES_SHARED, SharedMachine)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(0)
+def test_shared_nodes_follow_the_model_at_length(machine_storage: Storage) -> None:
+    run_model(shared_storage(machine_storage), MODEL_EXAMPLES_SLOW, SharedMachine)
+
+
 def test_the_model_catches_what_issue_42_left_stored(machine_storage: Storage) -> None:
     """The history of issue 42 replayed by hand through the machine: a selector consumer acks two
     messages behind one nobody took, then a plain consumer takes and acks that one."""
@@ -761,9 +1158,9 @@ def test_the_model_catches_what_issue_42_left_stored(machine_storage: Storage) -
             machine.consume(group="g1", kind="red", credit=2)
             red = machine.consumers["c1"]
             for offset in (1, 2):
-                machine.settle(FixedData([red.name, offset]), "ack")  # type: ignore[arg-type]
+                machine.settle(FixedData([red.name, offset]), "ack")
             machine.consume(group="g1", kind="plain", credit=1)
-            machine.settle(FixedData(["c2", 0]), "ack")  # type: ignore[arg-type]
+            machine.settle(FixedData(["c2", 0]), "ack")
             assert not machine.model.messages
             machine.restart()
             machine.consume(group="g1", kind="plain", credit=3)

@@ -10,7 +10,7 @@ import pytest
 
 from tests.queue.conftest import Collector, Factory, wait_until
 from trimaran.broker.message import Message
-from trimaran.queue import ConsumerHandle, QueueDelivery
+from trimaran.queue import ConsumerHandle, QueueDelivery, QueueManager
 from trimaran.queue.journal import committed
 from trimaran.storage import queue_store
 
@@ -217,3 +217,137 @@ async def test_a_publish_waiting_for_its_offsets_has_a_ticket_done_after_its_com
             await committed(ticket)
         assert committed_first == [True, True, True]  # the commit came first, then the ticket
         assert len(queue_store.stored_offsets(a.storage.engine, "ticket")) == 3
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_an_auto_ack_on_a_shared_node_leaves_a_done_marker(make_manager: Factory) -> None:
+    """An auto-ack below the group's cursor (a shared node's new group starts at the first message
+    that node holds, not at the queue's) left no 'done' row: the next claim delivered the acked
+    message again. Found by the model (issue 42)."""
+    a = make_manager(shared=True, node="a")
+    b = make_manager(shared=True, node="b")
+    async with a.running(), b.running():
+        await a.declare("auto")
+        for i in range(2):
+            await a.publish("auto", Message(topic="$queue/auto", payload=b"%d" % i, qos=1))
+        c1 = Collector("c1")
+        h1 = b.consume("auto", c1, group="g1")
+        h1.add_credit(1)
+        await wait_until(lambda: len(c1.deliveries) == 1)
+        assert await h1.ack(c1.deliveries[0].offset)  # b now holds only offset 1 (claimed ahead)
+        c2 = Collector("c2")
+        b.consume("auto", c2, group="g2", auto_ack=True).add_credit(10)
+        await wait_until(lambda: len(c2.deliveries) >= 2)
+        await anyio.sleep(0.3)  # the polls that would claim it again
+        assert sorted(d.offset for d in c2.deliveries) == [0, 1]
+        # 0 both groups finished (compacted); 1 waits for g1, with g2's marker
+        assert queue_store.stored_offsets(a.storage.engine, "auto") == [1]
+        rows = queue_store.pending_rows(a.storage.engine, "auto")
+        assert {(r["group"], r["offset"], r["state"]) for r in rows} >= {("g2", 1, "done")}
+
+
+def red(message: Message) -> bool:
+    return message.payload.startswith(b"red")
+
+
+async def publish_all(manager: QueueManager, queue: str, payloads: list[bytes]) -> None:
+    for payload in payloads:
+        await manager.publish(queue, Message(topic=f"$queue/{queue}", payload=payload, qos=1))
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_a_selective_node_claims_only_what_its_consumers_select(make_manager: Factory) -> None:
+    """A node whose only consumer has a selector claimed a whole batch: the messages it could not
+    deliver were held from a plain consumer on the other node for as long as it stayed. Found by
+    the model (issue 42)."""
+    a = make_manager(shared=True, node="a")
+    b = make_manager(shared=True, node="b")
+    async with a.running(), b.running():
+        await a.declare("sel")
+        await publish_all(a, "sel", [b"green0", b"green1", b"red", b"green2"])
+        ca = Collector("ca")
+        a.consume("sel", ca, selects=red).add_credit(5)
+        await wait_until(lambda: len(ca.deliveries) == 1)
+        cb = Collector("cb")
+        b.consume("sel", cb).add_credit(10)
+        await wait_until(lambda: len(cb.deliveries) == 3, timeout=2)
+        assert sorted(cb.payloads) == [b"green0", b"green1", b"green2"] and ca.payloads == [b"red"]
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_a_selective_consumer_finds_its_messages_past_a_batch_it_does_not_select(
+    make_manager: Factory,
+) -> None:
+    """A selective consumer's node claimed the first batch, none of it selected, and claimed no
+    more while that batch lay unused: the consumer waited for ever. Found by the model (issue 42)."""
+    a = make_manager(shared=True, node="a", claim_batch=2)
+    async with a.running():
+        await a.declare("past")
+        await publish_all(a, "past", [b"green0", b"green1", b"green2", b"red"])
+        ca = Collector("ca")
+        a.consume("past", ca, routing_filter="#", selects=red).add_credit(1)
+        await wait_until(lambda: len(ca.deliveries) == 1, timeout=2)
+        assert ca.payloads == [b"red"]
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_what_a_node_claimed_for_a_consumer_that_left_goes_back_unless_another_takes_it(
+    make_manager: Factory,
+) -> None:
+    """A node hands back what it claimed ahead when a consumer leaves and none of the ones left
+    selects it, not only when its last consumer leaves."""
+    a = make_manager(shared=True, node="a")
+    b = make_manager(shared=True, node="b")
+    async with a.running(), b.running():
+        await a.declare("left")
+        await publish_all(a, "left", [b"green0", b"green1", b"green2"])
+        plain, selective = Collector("plain"), Collector("selective")
+        hp = a.consume("left", plain)
+        a.consume("left", selective, selects=red).add_credit(5)
+        hp.add_credit(1)
+        await wait_until(lambda: len(plain.deliveries) == 1)
+        await wait_until(lambda: len(a.queues["left"].groups["$default"].ready) == 2)  # claimed ahead
+        await hp.cancel()
+        cb = Collector("cb")
+        b.consume("left", cb).add_credit(10)
+        await wait_until(lambda: len(cb.deliveries) == 3, timeout=2)  # green0 redelivered, too
+        assert sorted(cb.payloads) == [b"green0", b"green1", b"green2"]
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_auto_acked_messages_are_compacted_at_the_next_poll(make_manager: Factory) -> None:
+    """As acked ones are: an auto-ack's 'done' markers waited for the lease renewal (10 s), and a
+    claim's scan walked past every one of them meanwhile. Found by the model (issue 42)."""
+    a = make_manager(shared=True, node="a")
+    async with a.running():
+        await a.declare("autoc")
+        c = Collector("c")
+        a.consume("autoc", c, auto_ack=True).add_credit(100)
+        await publish_all(a, "autoc", [b"%d" % i for i in range(5)])
+        await wait_until(lambda: len(c.deliveries) == 5)
+        await wait_until(lambda: queue_store.stored_offsets(a.storage.engine, "autoc") == [], timeout=2)
+        assert queue_store.pending_rows(a.storage.engine, "autoc") == []
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_a_redelivery_on_a_shared_node_keeps_its_own_visibility_timeout(make_manager: Factory) -> None:
+    """A message nacked and claimed again by the same node got a new entry whose token started
+    over, so the time-out of its first delivery matched the second and took it back early (to be
+    delivered a third time while the second was still being worked on). Found by the model
+    (issue 42)."""
+    a = make_manager(shared=True, node="a", visibility_timeout_s=1.0)
+    async with a.running():
+        await a.declare("vis")
+        await publish_all(a, "vis", [b"m"])
+        c = Collector("c")
+        handle = a.consume("vis", c)
+        handle.add_credit(1)
+        await wait_until(lambda: len(c.deliveries) == 1)
+        await anyio.sleep(0.5)
+        assert await handle.nack(c.deliveries[0].offset, 0.0)
+        handle.add_credit(1)
+        await wait_until(lambda: len(c.deliveries) == 2)
+        await anyio.sleep(0.8)  # past the first delivery's time-out, not the second's
+        assert len(c.deliveries) == 2
+        events = queue_store.events_for(a.storage.engine, "vis")
+        assert [e["reason"] for e in events if e["kind"] == "released"] == []

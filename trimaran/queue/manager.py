@@ -80,7 +80,7 @@ from trimaran.queue.policy import (
     validate_queue_name,
 )
 from trimaran.queue.ports import DeadLetterRouter
-from trimaran.queue.shared import Claims, stored_row
+from trimaran.queue.shared import Claims, stored_row, taken_by, takes_all
 from trimaran.queue.stream import StreamGroup, position, retention
 from trimaran.queue.work import WorkGroup
 from trimaran.storage import queue_store
@@ -1203,8 +1203,11 @@ class QueueManager:
             flow = self.flow
             if state.behind or state.high - work.cursor > flow.high_messages or state.bytes > flow.high_bytes:
                 flow.look(state)
-        if self.shared and self.is_shared(state) and self.claims.low(group):
-            self.claims.claim(state, group)
+        if self.shared and self.is_shared(state):
+            if any(handle.auto_ack for handle, _ in out):  # their 'done' markers: compacted at the poll
+                self.claims.finished.add(state.name)
+            if self.claims.due(group):
+                self.claims.claim(state, group)
 
     # -- the groups' Host: what reaches past one group ---------------------------------------------
 
@@ -1330,8 +1333,9 @@ class QueueManager:
         ch = Changes()
         now = now_ms()
         group.cancel(handle, now, ch)
-        if self.is_shared(state) and not group.consumers:
-            group.hand_back_claimed(now, ch)  # not held here without a consumer
+        if self.is_shared(state) and not takes_all(group.consumers):
+            # what it claimed ahead that no consumer left here selects is not held here
+            group.hand_back_claimed(now, ch, taken_by(group.consumers))
         await committed(self.journal.submit(ch, wait=True))
         self._dispatch(state, group)
 

@@ -1,24 +1,28 @@
 """Shared mode: several server processes serve the same work queues from one PostgreSQL database.
 
 No node holds a shared work queue whole. Each claims batches of available messages for its
-consumers (``FOR UPDATE SKIP LOCKED``: two nodes never claim the same row) and holds them under a
-lease it renews; what it is done with is marked done (a compaction deletes what every group
-finished), what it hands back is released to every node, and a node that dies hands its claims back
-when their leases run out. Offsets of a shared node's durable queues come from blocks reserved in the
+consumers with credit, only what they select (``FOR UPDATE SKIP LOCKED``: two nodes never claim the
+same row), and holds them under a lease it renews; what it is done with is marked done (a compaction
+deletes what every group finished), what it hands back is released to every node (what it claimed
+ahead, when no consumer left there selects it), and a node that dies hands its claims back when
+their leases run out. Offsets of a shared node's durable queues come from blocks reserved in the
 queue row, one UPDATE per block, so appends from several nodes never collide.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from trimaran.broker.message import now_ms
-from trimaran.queue.groups import WAIT, Entry, Group, QueueState, StoredMessage
+from trimaran.broker.message import Message, now_ms
+from trimaran.queue.groups import Group, QueueState, StoredMessage, Taker
 from trimaran.queue.journal import Journal
+from trimaran.queue.policy import filter_matches
+from trimaran.queue.work import WorkGroup
 from trimaran.storage import queue_store
+from trimaran.storage.queue_store import Wants
 from trimaran.storage.rows import WriteBatch
 
 if TYPE_CHECKING:
@@ -26,6 +30,22 @@ if TYPE_CHECKING:
 
 
 POLL_MS = 100  # how often idle consumers look for messages other nodes published or released
+
+
+def takes_all(takers: Iterable[Taker]) -> bool:
+    """One of ``takers`` takes every message (no routing filter, no selector)."""
+    return any(t.routing_filter is None and t.selects is None for t in takers)
+
+
+def taken_by(takers: Iterable[Taker]) -> Wants:
+    """Whether one of ``takers`` takes a message (its routing filter and its selector), asked of a
+    claim's messages in the writer's thread: the filters are read now, on the loop."""
+    tests = [(t.routing_filter, t.selects) for t in takers]
+
+    def takes(routing_key: str, message: Message) -> bool:
+        return any(filter_matches(f, routing_key) and (s is None or s(message)) for f, s in tests)
+
+    return takes
 
 
 def stored_row(row: Any) -> StoredMessage:
@@ -55,24 +75,30 @@ class Claims:
         # compacted at the next poll, so a claim's scan never walks far past finished messages.
         self.finished: set[str] = set()
 
-    def low(self, group: Group) -> bool:
-        """Few claimed messages left to hand out: time to claim the next batch."""
-        return len(group.ready) < self.batch // 4
+    def due(self, group: Group) -> bool:
+        """Time to claim, after a dispatch: few claimed messages left to hand out, or a consumer
+        still has credit (none of those left is one it selects)."""
+        return len(group.ready) < self.batch // 4 or any(h.credit > 0 for h in group.consumers)
 
     def claim(self, state: QueueState, group: Group) -> None:
-        """Claim a batch for this node, in one statement, while its consumers have credit: up to
-        ``batch`` messages ready here. Claiming only the credit of the moment (a few messages after
-        each PUBACK) made every claim pay the scan and the commit for a handful, ~250 msg/s."""
+        """Claim a batch for this node, in one statement, for its consumers with credit: up to
+        ``batch`` messages ready here, and only what those consumers select between them (what
+        they refuse is left to the other nodes). Claiming only the credit of the moment (a few
+        messages after each PUBACK) made every claim pay the scan and the commit for a handful,
+        ~250 msg/s."""
         if group in self.claiming or not self.open or state.deleted:
             return
-        if not any(h.credit > 0 for h in group.consumers):
+        takers = [h for h in group.consumers if h.credit > 0 and not h.closed]
+        if not takers:
             return
-        want = self.batch - len(group.ready)
-        if want <= 0:
-            return
+        # What is claimed ahead may be what they do not select: then at least their credit more.
+        want = max(self.batch - len(group.ready), min(self.batch, sum(h.credit for h in takers)))
         self.claiming.add(group)
         now = now_ms()
-        call = queue_store.claim(state.name, group.name, self.journal.node, want, now, now + self.lease_ms)
+        wants = None if takes_all(takers) else taken_by(takers)
+        call = queue_store.claim(
+            state.name, group.name, self.journal.node, want, now, now + self.lease_ms, wants
+        )
         self.journal.send(
             WriteBatch(calls=[call]), on_results=lambda results: self._claimed(state, group, results)
         )
@@ -80,14 +106,15 @@ class Claims:
     def _claimed(self, state: QueueState, group: Group, results: list[Any]) -> None:
         self.claiming.discard(group)
         rows = results[0] if results else []
+        if not isinstance(group, WorkGroup):  # claims are a shared work queue's
+            return
         for row, attempts, reason in rows:
             offset = int(row.offset)
             if offset in group.entries:
                 continue
             if offset not in state.messages:
                 state.add(stored_row(row))
-            group.entries[offset] = Entry(WAIT, attempts=attempts, reason=reason)
-            group.make_ready(offset)
+            group.claimed(offset, attempts, reason)
         if rows:
             self.dispatch(state, group)
 
@@ -123,7 +150,7 @@ class Claims:
                 self.journal.send(WriteBatch(calls=[queue_store.compact_shared(n) for n in sorted(names)]))
             for state in queues:
                 for group in state.groups.values():
-                    if not group.ready and group.consumers:
+                    if group.consumers:  # claims only for consumers with credit
                         self.claim(state, group)
         if now - self.last_renew >= self.lease_ms // 3:
             self.last_renew = now

@@ -23,9 +23,10 @@ database by whichever node is free.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from trimaran.broker.events import QUEUE_ACKED, QUEUE_NACKED, QUEUE_REJECTED
+from trimaran.broker.message import Message
 from trimaran.queue.changes import Changes
 from trimaran.queue.groups import (
     DONE,
@@ -64,6 +65,9 @@ class WorkGroup(Group):
         self.host = host
         self.journal = host.journal
         self.shared = shared
+        # Shared: the highest token of an entry this node forgot (handed back, finished). One claimed
+        # again starts past it, so the time-out of an earlier delivery never matches a later one.
+        self.forgotten_token = 0
 
     # -- taking -----------------------------------------------------------------------------------
 
@@ -174,7 +178,12 @@ class WorkGroup(Group):
                       reason=entry.reason if entry is not None else "first")  # fmt: skip
         if handle.auto_ack:
             stats["acked"] += 1
-            if offset >= self.cursor:
+            if self.shared:
+                # A 'done' marker, as a shared node's ack writes (finish): its cursor and its groups
+                # see only this node's claims, so neither may say the message is finished.
+                done = self.entries[offset] = Entry(DONE, attempts=attempt)
+                self.finish(offset, done, ch)
+            elif offset >= self.cursor:
                 done = self.entries[offset] = Entry(DONE, attempts=attempt)
                 journal.pending(ch, state, self, offset, done)
             elif entry is not None:
@@ -182,7 +191,8 @@ class WorkGroup(Group):
                 journal.pending_gone(ch, state, self, offset, entry)
             journal.event(ch, state, now, "acked", group=self, offset=offset, consumer=cid, attempt=attempt,
                           reason="auto")  # fmt: skip
-            self.drop_if_finished(offset, ch)
+            if not self.shared:
+                self.drop_if_finished(offset, ch)
         else:
             first = entry is None
             if entry is None:
@@ -331,8 +341,7 @@ class WorkGroup(Group):
             entry.state = DONE
             entry.holder = None
             self.journal.pending(ch, state, self, offset, entry)
-            del self.entries[offset]
-            state.forget(offset)
+            self._forget(offset, entry)
             return
         if offset >= self.cursor:
             # A 'done' marker, written only if it outlives the message: when this group is the
@@ -378,9 +387,7 @@ class WorkGroup(Group):
         entry.token += 1
         if self.shared:  # released to every node: claimed again when available
             self.journal.pending(ch, state, self, offset, entry)
-            del self.entries[offset]
-            self.unready(offset)
-            state.forget(offset)
+            self._forget(offset, entry)
             return
         if at <= now:
             self.make_ready(offset)
@@ -389,6 +396,19 @@ class WorkGroup(Group):
             if not self.timed or at < self.host.wake_at:
                 self.host.due(state, self, at)
         self.journal.pending(ch, state, self, offset, entry)
+
+    def claimed(self, offset: int, attempts: int, reason: str) -> None:
+        """Shared: ``offset`` claimed for this group by this node, ready to hand out."""
+        self.entries[offset] = Entry(WAIT, attempts=attempts, reason=reason, token=self.forgotten_token)
+        self.make_ready(offset)
+
+    def _forget(self, offset: int, entry: Entry) -> None:
+        """Shared: the database holds ``offset``'s state now, not this node."""
+        if entry.token > self.forgotten_token:
+            self.forgotten_token = entry.token
+        del self.entries[offset]
+        self.unready(offset)
+        self.state.forget(offset)
 
     def dead_letter(self, offset: int, entry: Entry, reason: str, now: int, ch: Changes) -> None:
         """Done here; the letter goes wherever the queue's policy sends it."""
@@ -415,12 +435,20 @@ class WorkGroup(Group):
         self.journal.event(ch, self.state, now, "released", group=self, offset=offset,
                            consumer=entry.consumer_id, attempt=entry.attempts, reason=reason)  # fmt: skip
 
-    def hand_back_claimed(self, now: int, ch: Changes) -> None:
-        """Shared mode: what this node claimed ahead and has not handed out goes back to every node."""
+    def hand_back_claimed(
+        self, now: int, ch: Changes, keep: Callable[[str, Message], bool] | None = None
+    ) -> None:
+        """Shared mode: what this node claimed ahead and has not handed out goes back to every node,
+        but what ``keep`` says (by routing key and message) a consumer here still takes."""
+        messages = self.state.messages
         for offset in list(self.ready):
             entry = self.entries.get(offset)
-            if entry is not None and entry.state == WAIT:
-                self.make_available(offset, entry, entry.reason or "first", now, now, ch)
+            if entry is None or entry.state != WAIT:
+                continue
+            stored = messages.get(offset)
+            if keep is not None and stored is not None and keep(stored.routing_key, stored.message):
+                continue
+            self.make_available(offset, entry, entry.reason or "first", now, now, ch)
 
     def cancel(self, handle: Taker, now: int, ch: Changes) -> None:
         """``handle`` is gone: what it held comes back (or dies, attempts exhausted)."""

@@ -10,7 +10,8 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, delete, func, insert, select, text, update
+from sqlalchemy import Connection, Engine, and_, delete, func, insert, or_, select, text, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from trimaran.broker.message import Message
 from trimaran.storage import schema
@@ -269,8 +270,18 @@ _ENSURE_GROUP = text(
 )
 
 
-def claim(queue: str, group: str, node: str, limit: int, now: int, lease_until: int) -> Call:
-    """Claim up to ``limit`` messages for a group; returns [(row, attempts, reason)] in offset order."""
+#: Whether a claiming node's consumers take a message, by its routing key and the message.
+Wants = Callable[[str, Message], bool]
+CLAIM_SCAN = 10_000  # most messages a filtered claim walks past (work.SCAN_LIMIT, a take's)
+_CLAIM_PAGE = 500  # messages a filtered claim reads at once
+
+
+def claim(
+    queue: str, group: str, node: str, limit: int, now: int, lease_until: int, wants: Wants | None = None
+) -> Call:
+    """Claim up to ``limit`` messages for a group; returns [(row, attempts, reason)] in offset order.
+    ``wants``: only the messages it takes (the claiming node's consumers' filters and selectors),
+    walking past the others (left to other nodes), as a take walks past what its consumer refuses."""
 
     def call(connection: Connection) -> list[tuple[Any, int, str]]:
         params = {"q": queue, "g": group, "node": node, "n": limit, "now": now, "lease": lease_until}
@@ -279,6 +290,10 @@ def claim(queue: str, group: str, node: str, limit: int, now: int, lease_until: 
         # planner sorted (or bitmap-scanned) every message of the queue for each claim instead, O(backlog):
         # 30 ms a claim at 40,000 queued, the commit waiting behind it.
         connection.execute(_WALK_IN_ORDER)
+        if wants is not None:
+            wanted = _claim_wanted(connection, params, wants)
+            connection.execute(_PLAN_AS_USUAL)
+            return wanted
         claimed: dict[int, tuple[int, str]] = {}
         for row in connection.execute(_CLAIM_AGAIN, params):
             why = "lease_expired" if row.old_state == "held" else (row.reason or "released")
@@ -306,6 +321,102 @@ def claim(queue: str, group: str, node: str, limit: int, now: int, lease_until: 
         return [(r, *claimed[int(r.offset)]) for r in rows]
 
     return call
+
+
+def _claim_wanted(connection: Connection, params: dict[str, Any], wants: Wants) -> list[tuple[Any, int, str]]:
+    """A filtered claim: the waiting (or lease-expired) rows and then the messages the group has no
+    row for are read with their messages a page at a time, without a lock, and only those ``wants``
+    takes are claimed, each locked (SKIP LOCKED) and checked again as it is: what the claim walks
+    past is never locked, so the other nodes' claims take it meanwhile. A row whose message is gone
+    is passed over (an unfiltered claim drops it)."""
+    p, m = queue_pending, queue_messages
+    queue, group, limit = params["q"], params["g"], params["n"]
+    again = (
+        select(m)
+        .join_from(p, m, and_(m.c.queue == p.c.queue, m.c.offset == p.c.offset))
+        .where(p.c.queue == queue, p.c.group == group, _claimable(params["now"]))
+    )
+    unclaimed = select(m).where(m.c.queue == queue, ~_has_row(queue, group).exists())
+    claimed: list[tuple[Any, int, str]] = []
+    scanned = 0
+    for stmt, key, claim_page in ((again, p.c.offset, _claim_again), (unclaimed, m.c.offset, _claim_new)):
+        after = -1
+        while len(claimed) < limit and scanned < CLAIM_SCAN:
+            page = connection.execute(stmt.where(key > after).order_by(key).limit(_CLAIM_PAGE)).all()
+            if not page:
+                break
+            scanned += len(page)
+            after = int(page[-1].offset)
+            chosen = {int(r.offset): r for r in page if wants(r.routing_key, row_message(r))}
+            offsets = sorted(chosen)[: limit - len(claimed)]
+            if offsets:
+                claimed += [
+                    (chosen[o], attempts, why) for o, attempts, why in claim_page(connection, params, offsets)
+                ]
+    claimed.sort(key=lambda c: int(c[0].offset))
+    return claimed
+
+
+def _claimable(now: int) -> Any:
+    """A group's row another claim may take: waiting and due, or held under a lease run out."""
+    p = queue_pending
+    return or_(
+        and_(p.c.state == "wait", p.c.available_at <= now), and_(p.c.state == "held", p.c.lease_until < now)
+    )
+
+
+def _has_row(queue: str, group: str) -> Any:
+    """The group's row of the message of the enclosing query."""
+    p = queue_pending
+    return select(p.c.offset).where(
+        p.c.queue == queue, p.c.group == group, p.c.offset == queue_messages.c.offset
+    )
+
+
+def _claim_again(
+    connection: Connection, params: dict[str, Any], offsets: list[int]
+) -> list[tuple[int, int, str]]:
+    """Of ``offsets``, the group's rows still claimable and not locked by another claim, held now;
+    returns [(offset, attempts, reason)]."""
+    p = queue_pending
+    queue, group = params["q"], params["g"]
+    locked = select(p.c.offset, p.c.state, p.c.attempts, p.c.reason).where(
+        p.c.queue == queue, p.c.group == group, p.c.offset.in_(offsets), _claimable(params["now"])
+    )
+    rows = connection.execute(locked.with_for_update(skip_locked=True)).all()
+    if rows:
+        connection.execute(
+            update(p)
+            .where(p.c.queue == queue, p.c.group == group, p.c.offset.in_([int(r.offset) for r in rows]))
+            .values(state="held", node=params["node"], consumer=None, lease_until=params["lease"])
+        )
+    return [
+        (int(r.offset), int(r.attempts), "lease_expired" if r.state == "held" else (r.reason or "released"))
+        for r in rows
+    ]
+
+
+def _claim_new(
+    connection: Connection, params: dict[str, Any], offsets: list[int]
+) -> list[tuple[int, int, str]]:
+    """Of ``offsets``, the messages the group still has no row for and no other claim has locked:
+    their rows, held now (a row another node inserted first wins)."""
+    m, p = queue_messages, queue_pending
+    queue, group = params["q"], params["g"]
+    free = select(m.c.offset).where(
+        m.c.queue == queue, m.c.offset.in_(offsets), ~_has_row(queue, group).exists()
+    )
+    ours = [int(o) for (o,) in connection.execute(free.with_for_update(of=m, skip_locked=True))]
+    if not ours:
+        return []
+    rows = [
+        {"queue": queue, "group": group, "offset": o, "state": "held", "consumer": None,
+         "node": params["node"], "delivered_at": None, "attempts": 0, "available_at": None,
+         "lease_until": params["lease"], "reason": "first"}
+        for o in ours
+    ]  # fmt: skip
+    inserted = pg_insert(p).values(rows).on_conflict_do_nothing().returning(p.c.offset)
+    return [(int(o), 0, "first") for (o,) in connection.execute(inserted)]
 
 
 def _claimed_rows(connection: Connection, queue: str, offsets: list[int]) -> list[Any]:
