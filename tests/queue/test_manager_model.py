@@ -36,10 +36,11 @@ sweep (or a take that meets it) removes it, and may be removed under a consumer 
 
 Time is a fake clock the test moves (the manager's ``now_ms`` replaced), so retries, visibility
 time-outs and expiry are deterministic; the manager's timers are run by the test (``advance``).
-The default run is a small budget per storage (``MODEL_EXAMPLES``; ``MODEL_EXAMPLES_SHARED`` for
-the shared machine, which costs more an example); ``-m slow`` runs the long ones
-(``MODEL_EXAMPLES_SLOW``, 10,000 by default). A failure prints hypothesis's seed and the shortest
-history, which ``@reproduce_failure`` or ``--hypothesis-seed`` replays.
+The default run is a small budget per storage (``MODEL_EXAMPLES`` on SQLite,
+``MODEL_EXAMPLES_POSTGRES`` on PostgreSQL, ``MODEL_EXAMPLES_SHARED`` for the shared machine, which
+costs more an example); ``-m slow`` runs the long ones (``MODEL_EXAMPLES_SLOW``, 10,000 by
+default). A failure prints hypothesis's seed and the shortest history, which
+``@reproduce_failure`` or ``--hypothesis-seed`` replays.
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ RETRY_MS = 1_000  # the backoff of a nack without a delay of its own (initial = 
 SWEEP_MS = int(trimaran.queue.manager.SWEEP_S * 1000)
 START = 1_900_000_000_000
 MODEL_EXAMPLES = int(os.environ.get("MODEL_EXAMPLES", "40"))
+# PostgreSQL's examples cost twice SQLite's, and run the same machine: fewer of them by default.
+MODEL_EXAMPLES_POSTGRES = int(os.environ.get("MODEL_EXAMPLES_POSTGRES", "15"))
 MODEL_EXAMPLES_SLOW = int(os.environ.get("MODEL_EXAMPLES_SLOW", "10000"))
 MODEL_EXAMPLES_SHARED = int(os.environ.get("MODEL_EXAMPLES_SHARED", "10"))
 #: the modules of the queue package that read the clock
@@ -1104,12 +1107,16 @@ def run_model(
         )
 
 
+def default_examples(storage: Storage) -> int:
+    return MODEL_EXAMPLES if storage.dialect == "sqlite" else MODEL_EXAMPLES_POSTGRES
+
+
 def test_the_queue_follows_its_model(machine_storage: Storage) -> None:
-    run_model(machine_storage, MODEL_EXAMPLES)
+    run_model(machine_storage, default_examples(machine_storage))
 
 
 def test_the_stream_follows_its_model(machine_storage: Storage) -> None:
-    run_model(machine_storage, MODEL_EXAMPLES, StreamMachine)
+    run_model(machine_storage, default_examples(machine_storage), StreamMachine)
 
 
 @pytest.mark.slow
