@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ import pytest
 from tests.interop.conftest import amqp1_server_args
 from tests.support.names import unique
 from tests.support.server import RunningServer, serving
+from tests.support.waiting import plateau, wait_until
 
 proton = pytest.importorskip("proton")
 
@@ -63,26 +64,6 @@ def flow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
 def stall_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     with serving(start(tmp_path_factory.mktemp("stall1"), STALL_S)) as server:
         yield server
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
-def plateau(value: Callable[[], int], settle_s: float = 0.5, limit_s: float = 30.0) -> int:
-    deadline = time.monotonic() + limit_s
-    last, since = value(), time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(0.02)
-        now = value()
-        if now != last:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since >= settle_s:
-            break
-    return last
 
 
 class Depth(threading.Thread):

@@ -11,7 +11,6 @@ everything acknowledged, which a slower host makes more certain, not less.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import pytest
 from tests.interop.conftest import endpoints_of, mqtt_server_args, start_server
 from tests.support.paho import V311, Client, Endpoints, connect
 from tests.support.server import RunningServer, serving
+from tests.support.waiting import plateau, wait_until
 
 HIGH = 100  # limits.backpressure_messages here: the session queue past which publishers are held
 COUNT = 3000  # far more than the window (64), the high-water mark and the publisher's window (20)
@@ -76,26 +76,6 @@ def publish_all(client: Client, topic: str) -> None:
         client.client.publish(topic, f"{i:08d}".encode() + b"x" * (PAYLOAD - 8), qos=1)
 
 
-def plateau(counter: list[int], settle_s: float = 0.5, limit_s: float = 30.0) -> int:
-    """The counter's value once it has not moved for ``settle_s`` (or ``limit_s`` passed)."""
-    deadline = time.monotonic() + limit_s
-    last, since = counter[0], time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-        if counter[0] != last:
-            last, since = counter[0], time.monotonic()
-        elif time.monotonic() - since >= settle_s:
-            break
-    return last
-
-
-def wait_until(condition: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
 def test_a_subscriber_that_stops_reading_holds_its_publisher_and_loses_nothing(
     server: RunningServer, tls_files: dict[str, str]
 ) -> None:
@@ -109,7 +89,7 @@ def test_a_subscriber_that_stops_reading_holds_its_publisher_and_loses_nothing(
         assert slow.first.wait(10)
         # Held: what the broker took is what it can give (the window, the queue to its mark, what
         # was read before the hold), far from everything.
-        held_at = plateau(acked)
+        held_at = plateau(lambda: acked[0])
         assert held_at < COUNT // 2, held_at
         slow.go.set()  # it reads again: everything arrives, once, in order; the publisher goes on
         wait_until(lambda: len(slow.got) >= COUNT and acked[0] == COUNT)
