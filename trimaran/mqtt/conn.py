@@ -127,9 +127,7 @@ class MqttConn(Generic[E]):
             return None
         queue = session.queue
         front = self.front
-        if len(queue.items) - queue._head > front.backpressure_messages >> 1 or (
-            queue.bytes > front.backpressure_bytes >> 1
-        ):
+        if queue.over(front.backpressure_messages >> 1, front.backpressure_bytes >> 1):
             return queue.first_seq
         return None
 

@@ -192,10 +192,7 @@ class MqttEndpoint:
                 outbound(message, delivery, self.cut, retained=retained, qos=qos, wire=wire)
             )
             queue = self.session.queue
-            if queue.items and (
-                len(queue.items) - queue._head > front.backpressure_messages
-                or queue.bytes > front.backpressure_bytes
-            ):
+            if queue.items and queue.over(front.backpressure_messages, front.backpressure_bytes):
                 conn.io.push_back()  # behind on what it must be given: its publishers wait for it
         else:
             # A slow reader's QoS 0 backlog is bounded: past the outbox size it is dropped and
@@ -252,10 +249,7 @@ class MqttEndpoint:
                 return False
             queue = self.session.queue
             front = self.front
-            if queue.items and (
-                len(queue.items) - queue._head > front.backpressure_messages
-                or queue.bytes > front.backpressure_bytes
-            ):
+            if queue.items and queue.over(front.backpressure_messages, front.backpressure_bytes):
                 io.push_back()  # as deliver
         else:
             if machine.uses_topic_aliases or not io.writable:

@@ -163,6 +163,11 @@ class Backlog:
         self._head = head
         return message
 
+    def over(self, messages: int, size: int) -> bool:
+        """More than ``messages`` queued, or more than ``size`` bytes (payloads and topics): past a
+        flow-control mark (the handler's high one, the hull's low one)."""
+        return len(self.items) - self._head > messages or self.bytes > size
+
     def take(self, count: int) -> list[OutboundMessage]:
         """The first ``count`` messages (at most as many as there are), removed: `popleft` for each,
         in one call (a window that opens takes several)."""

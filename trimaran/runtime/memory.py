@@ -36,7 +36,7 @@ DISK = "low on disk"
 
 
 class Memory:
-    __slots__ = ("_publishers", "alarms", "blocked", "high", "low", "over", "times_blocked", "total")
+    __slots__ = ("_publishers", "alarms", "high", "low", "over", "times_blocked", "total")
 
     def __init__(self, high: int, low: int, publishers: Callable[[], Iterable[Buffered]]) -> None:
         if low > high:
@@ -46,7 +46,6 @@ class Memory:
         self.total = 0
         self.over = False  # above the high-water mark, until below the low one
         self.alarms: list[str] = []  # raised, first first: why publishers are paused (MEMORY, DISK)
-        self.blocked = False  # an alarm is raised: publishers are not read
         self.times_blocked = 0
         self._publishers = publishers
 
@@ -86,9 +85,13 @@ class Memory:
             alarms.remove(why)
             if alarms:
                 return  # another alarm still holds them
-        self.blocked = on
         for publisher in self._publishers():
             publisher.block(on, why)
+
+    @property
+    def blocked(self) -> bool:
+        """An alarm is raised: publishers are not read."""
+        return bool(self.alarms)
 
     def blocking(self, conn: Buffered) -> bool:
         """Whether ``conn`` must not be read now."""
