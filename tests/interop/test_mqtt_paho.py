@@ -35,6 +35,43 @@ def test_publish_subscribe(mqtt: Endpoints, transport: str, version: int, qos: i
         pub.disconnect()
 
 
+@pytest.mark.parametrize("version", [V311, V5])
+@pytest.mark.parametrize("qos", [0, 1])
+def test_a_fleets_readings_to_changing_topics_arrive_once_in_order(
+    mqtt: Endpoints, version: int, qos: int
+) -> None:
+    """A device reporting several readings: consecutive PUBLISHes to different topics, read by the
+    server as runs that change topic (mqtt/codec.py), routed once a topic."""
+    names = [f"fleet/{version}/{qos}/dev/{reading}" for reading in ("temp", "hum", "volt", "rssi")]
+    everything = connect(mqtt, version=version)
+    only_temp = connect(mqtt, version=V311 if version == V5 else V5)  # the other protocol family
+    workers = [connect(mqtt, version=V5) for _ in range(2)]
+    pub = connect(mqtt, version=version)
+    try:
+        everything.subscribe(f"fleet/{version}/{qos}/#", qos=1)
+        only_temp.subscribe(names[0], qos=1)
+        for worker in workers:
+            worker.subscribe(f"$share/w/fleet/{version}/{qos}/dev/+", qos=1)
+        sent = [(names[i % 4], b"%d" % i) for i in range(400)]
+        infos = [pub.publish(topic, payload, qos=qos, wait=False) for topic, payload in sent]
+        for info in infos:
+            if qos:
+                info.wait_for_publish(10)
+        assert [(m.topic, m.payload) for m in everything.drain(400)] == sent
+        assert [m.payload for m in only_temp.drain(100)] == [p for t, p in sent if t == names[0]]
+        shared: list[tuple[str, bytes]] = []
+        deadline = time.monotonic() + 10
+        while len(shared) < len(sent) and time.monotonic() < deadline:
+            for worker in workers:
+                shared += [(m.topic, m.payload) for m in worker.drain(worker.messages.qsize())]
+            time.sleep(0.01)
+        assert sorted(shared) == sorted(sent)  # each once, to one member or the other
+        everything.expect_none(0.2)
+    finally:
+        for c in (everything, only_temp, *workers, pub):
+            c.disconnect()
+
+
 def test_large_message_over_websocket(mqtt: Endpoints) -> None:
     sub = connect(mqtt, transport="ws")
     pub = connect(mqtt, transport="tcp")

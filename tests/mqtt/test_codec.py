@@ -23,6 +23,7 @@ from trimaran.mqtt.codec import (
     encode_varint,
     run_acks,
     run_packets,
+    run_stretches,
 )
 from trimaran.mqtt.packets import Packet, PingReq, PubAck, Publish, PublishRun
 from trimaran.mqtt.properties import (
@@ -296,12 +297,13 @@ def _each(packets: list[Packet | PublishRun]) -> list[tuple[Packet, bytes | None
     out: list[tuple[Packet, bytes | None]] = []
     for packet in packets:
         if isinstance(packet, PublishRun):
-            for wire, payload in run_packets(packet):
+            topics = packet.topics or [packet.topic] * packet.count
+            for (wire, payload), topic in zip(run_packets(packet), topics, strict=True):
                 packet_id = None
                 if packet.qos:  # before the payload (and the 5.0 properties' byte)
                     at = len(wire) - len(payload) - (3 if packet.v5 else 2)
                     packet_id = wire[at] << 8 | wire[at + 1]
-                publish = Publish(packet.topic, payload, packet.qos, False, False, packet_id, NO_PROPERTIES)
+                publish = Publish(topic, payload, packet.qos, False, False, packet_id, NO_PROPERTIES)
                 out.append((publish, wire))
         else:
             out.append((packet, packet.wire if isinstance(packet, Publish) else None))
@@ -343,11 +345,57 @@ def test_a_run_ends_at_a_packet_unlike_it() -> None:
         [*plain, encode(Publish("a/b", b"r", retain=True), 4), *plain, encode(Publish("a/c", b"c"), 4)]
     )
     got = _decode_all(data, 4, runs=True)
-    assert [type(p).__name__ for p in got] == ["PublishRun", "Publish", "PublishRun", "PublishRun"]
+    assert [type(p).__name__ for p in got] == ["PublishRun", "Publish", "PublishRun"]
     first = got[0]
     assert isinstance(first, PublishRun) and first.count == 3 and first.wire == b"".join(plain)
-    last = got[3]
-    assert isinstance(last, PublishRun) and last.count == 1 and last.topic == "a/c"
+    assert first.topics is None  # one topic: none listed
+    last = got[2]  # another topic goes on with the run, each packet's topic listed
+    assert isinstance(last, PublishRun) and last.count == 4 and last.topic == "a/b"
+    assert last.topics == ["a/b", "a/b", "a/b", "a/c"]
+
+
+@pytest.mark.parametrize("level", [3, 4, 5])
+@pytest.mark.parametrize("qos", [0, 1])
+def test_a_run_that_changes_topic_is_read_split_and_acknowledged_per_packet(level: int, qos: int) -> None:
+    names = ["fleet/1/temp", "fleet/1/hum", "fleet/22/temp", "fleet/1/temp", "é/x"]
+    publishes_ = [
+        Publish(name, b"%d" % i, qos, packet_id=i + 1 if qos else None) for i, name in enumerate(names)
+    ]
+    wires = [encode(p, level) for p in publishes_]
+    (run,) = _decode_all(b"".join(wires), level, runs=True)
+    assert isinstance(run, PublishRun) and run.count == 5 and run.topics == names
+    assert [wire for wire, _ in run_packets(run)] == wires
+    assert [payload for _, payload in run_packets(run)] == [p.payload for p in publishes_]
+    if qos:
+        assert run_acks(run) == b"".join(encode(PubAck(i + 1), level) for i in range(5))
+    stretches = run_stretches(run)
+    assert [(s.topic, s.count, s.topics) for s in stretches] == [(name, 1, None) for name in names]
+    assert [s.wire for s in stretches] == wires
+    for stretch in stretches:  # each as the decoder reads it alone
+        (alone,) = _decode_all(stretch.wire, level, runs=True)
+        assert isinstance(alone, PublishRun) and alone.head == stretch.head
+    data, largest = encode_run(run, level == 5, ())
+    assert largest == max(len(w) for w in wires) or qos or level == 5
+    assert [p.topic for p in _decode_all(data, level, runs=False)] == names  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("bad", [b"\xff\xfe", b"a\x00b", b"a/#"])
+def test_a_run_ends_before_a_topic_the_codec_refuses(bad: bytes) -> None:
+    good = encode(Publish("a/b", b"1"), 4)
+    other = encode(Publish("a/c", b"2"), 4)
+    wrong = other.replace(b"\x00\x03a/c", len(bad).to_bytes(2, "big") + bad)
+    wrong = bytes((wrong[0], len(wrong) - 2)) + wrong[2:]
+    decoder = Decoder(protocol_level=4)
+    decoder.runs = True
+    decoder.feed(good + other + wrong)
+    run = decoder.next_packet()
+    assert isinstance(run, PublishRun)
+    if bad == b"a/#":  # a name the codec reads: wildcards are the machine's to refuse
+        assert run.topics == ["a/b", "a/c", "a/#"]
+    else:
+        assert run.topics == ["a/b", "a/c"]
+        with pytest.raises(ProtocolError):
+            decoder.next_packet()
 
 
 @pytest.mark.parametrize("level", [3, 4, 5])

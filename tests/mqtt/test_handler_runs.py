@@ -372,3 +372,84 @@ async def test_a_qos1_publisher_subscribed_to_itself_gets_each_before_its_puback
     assert got == off.observed()
     kinds = [type(p).__name__ for p in got["publisher"]]
     assert kinds[:4] == ["Publish", "PubAck", "Publish", "PubAck"]
+
+
+def fleet(level: int, qos: int, topics: int = 8, count: int = 40) -> bytes:
+    """A device's readings: each PUBLISH to the next of ``topics`` topics, one not under a/."""
+    names = [f"a/dev/{i}" for i in range(topics - 1)] + ["b/dev/x"]
+    return b"".join(
+        encode(Publish(names[i % topics], b"r%d" % i, qos, packet_id=i + 1 if qos else None), level)
+        for i in range(count)
+    )
+
+
+def populate_fleet(world: World, publisher_level: int) -> None:
+    """Subscribers that take every topic of a fleet alike: a run that changes topic is one run."""
+    world.subscriber("v311", 4, "#", qos=1)
+    world.subscriber("v5", 5, "+/dev/#", qos=1)
+    world.subscriber("v5-q0", 5, "#", qos=0)
+    world.subscriber("v5-window", 5, "#", qos=1, properties=Properties(receive_maximum=3))
+
+
+@pytest.mark.parametrize("level", [4, 5])
+@pytest.mark.parametrize("qos", [0, 1])
+async def test_a_run_that_changes_topic_is_delivered_whole_as_each_publish_was(level: int, qos: int) -> None:
+    on, off = both(level, fill=populate_fleet)
+    data = fleet(level, qos)
+    on.feed(data)
+    off.feed(data)
+    assert on.runs_seen == 1
+    got = on.observed()
+    assert got == off.observed()
+    assert len(got["received"]["v5-q0"]) == 40
+    assert len(got["received"]["v311"]) + len(got["sessions"]["v311"][1]) == 40  # sent, or queued
+    assert len(got["publisher"]) == (40 if qos else 0)
+    for _ in range(15):
+        on.ack_all()
+        off.ack_all()
+        assert on.observed() == off.observed()
+
+
+@pytest.mark.parametrize("level", [3, 4, 5])
+@pytest.mark.parametrize("qos", [0, 1])
+async def test_a_run_whose_topics_route_apart_is_taken_in_stretches_as_each_publish_was(
+    level: int, qos: int
+) -> None:
+    def fill(world: World, publisher_level: int) -> None:  # a/b, a/c and b/x each their own readers
+        (populate_qos1 if qos else populate)(world, publisher_level)
+        world.subscriber("only-c", 4, "a/c", qos=qos)
+        world.subscriber("b-share", 5, "b/#", qos=qos, share_group="h")
+
+    names = ["a/b", "a/c", "a/b", "a/b", "b/x", "a/c", "b/x", "b/x", "a/b"]
+    data = b"".join(
+        encode(Publish(name, b"%d" % i, qos, packet_id=i + 1 if qos else None), level)
+        for i, name in enumerate(names * 3)
+    )
+    on, off = both(level, fill=fill)
+    for world in (on, off):  # one more member, so the group's picks show
+        world.subscriber("b-share-2", 4, "b/#", qos=qos, share_group="h")
+    on.feed(data)
+    off.feed(data)
+    assert on.runs_seen == 1
+    got = on.observed()
+    assert got == off.observed()
+    assert got["received"]["only-c"] and got["received"]["b-share"] and got["received"]["b-share-2"]
+    for _ in range(8):
+        on.ack_all()
+        off.ack_all()
+        assert on.observed() == off.observed()
+
+
+async def test_a_run_that_changes_to_a_topic_walked_is_walked_whole() -> None:
+    def fill(world: World, publisher_level: int) -> None:
+        populate_fleet(world, publisher_level)
+        world.subscriber("pub", publisher_level, "b/#", qos=1)  # it hears one of its topics
+
+    on, off = both(4, fill=fill)
+    data = fleet(4, 1)
+    on.feed(data)
+    off.feed(data)
+    got = on.observed()
+    assert got == off.observed()
+    kinds = [type(p).__name__ for p in got["publisher"]]
+    assert kinds.count("PubAck") == 40 and kinds.count("Publish") == 5

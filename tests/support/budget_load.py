@@ -52,6 +52,7 @@ from trimaran.mqtt.packets import (
 from trimaran.mqtt.properties import Properties as MqttProperties
 
 PAYLOAD = b"x" * 32
+ALONE = MqttProperties(payload_format_indicator=0)  # a property: the PUBLISH is no run's
 
 
 def _recv(sock: socket.socket) -> bytes:
@@ -119,10 +120,13 @@ class MqttLoad:
         username: str | None = None,
         receive_maximum: int | None = None,
         topics: int = 1,
+        alone: bool = False,
     ) -> None:
         self.qos = qos
+        # alone: each PUBLISH with a property, which no run takes (a message at a time)
+        self.alone = alone
         # topics > 1: each message to the next of topic/0 .. topic/<topics-1>, so that no two
-        # PUBLISHes in a row share a topic and none is read as part of a run (mqtt/codec.py)
+        # PUBLISHes in a row share a topic (a fleet's shape: the runs change topic, mqtt/codec.py)
         self.topics = [topic] if topics == 1 else [f"{topic}/{i}" for i in range(topics)]
         if topics > 1 and topic_filter is None:
             topic_filter = f"{topic}/+"
@@ -148,7 +152,11 @@ class MqttLoad:
             for i in range(self.batch):
                 packet_id = (i % 65000) + 1 if self.qos else None
                 topic = self.topics[i % len(self.topics)]
-                wire += encode_plain_publish(topic, PAYLOAD, self.qos, False, False, packet_id, MQTT_5)
+                if self.alone:
+                    publish = Publish(topic, PAYLOAD, self.qos, packet_id=packet_id, properties=ALONE)
+                    wire += encode(publish, MQTT_5)
+                else:
+                    wire += encode_plain_publish(topic, PAYLOAD, self.qos, False, False, packet_id, MQTT_5)
             batches.append(bytes(wire))
         for pub, batch in zip(self.pubs, batches, strict=True):
             pub.sock.sendall(batch)

@@ -65,11 +65,13 @@ __all__ = [
     "encode_varint",
     "run_acks",
     "run_packets",
+    "run_stretches",
 ]
 
 MAX_VARINT: Final = 268_435_455
 # Largest possible packet: 1 byte header, 4 bytes remaining length, MAX_VARINT body.
 MAX_PACKET_SIZE: Final = 1 + 4 + MAX_VARINT
+TOPIC_NAMES: Final = 256  # a decoder's cache of the topics its runs change to, past which it starts again
 
 MALFORMED: Final = rc.ReasonCode.MALFORMED_PACKET
 PROTOCOL: Final = rc.ReasonCode.PROTOCOL_ERROR
@@ -605,6 +607,7 @@ class Decoder:
         "_pos",
         "_topic",
         "_topic_raw",
+        "_topics",
         "max_packet_size",
         "protocol_level",
         "runs",
@@ -622,6 +625,9 @@ class Decoder:
         # The last PUBLISH's topic, as received and decoded: a publisher mostly repeats its topic.
         self._topic_raw = bytearray()
         self._topic = ""
+        # The other topics of runs that change topic, as received -> decoded (bounded; made on
+        # first use: a connection that keeps to one topic holds none).
+        self._topics: dict[bytes, str] | None = None
         self.max_packet_size = max_packet_size
         self.protocol_level = protocol_level
         # Hand out consecutive plain QoS 0 PUBLISHes to one topic as one PublishRun (a server that
@@ -855,7 +861,9 @@ class Decoder:
         first = buf[base]
         v5 = level == MQTT_5
         count = 1
-        # Each next packet: the same first byte, its remaining length, then the same topic field.
+        topics: list[str] | None = None  # each packet's, once one differs from the first's
+        # Each next packet: the same first byte, its remaining length, then (mostly) the same topic
+        # field.
         # Read in place (no packet object, no call), as many as the buffer holds whole.
         while end + 2 <= size and buf[end] == first:
             byte = buf[end + 1]
@@ -880,22 +888,52 @@ class Decoder:
                 if remaining < 0:
                     break
             total = start + remaining
-            if (
-                total > size
-                or total - end > limit
-                or remaining < width
-                or buf[start : start + size_of_field] != field
-            ):
+            if total > size or total - end > limit:
                 break
-            if qos:
-                at = start + size_of_field
-                if not (buf[at] or buf[at + 1]) or (v5 and buf[at + 2]):
-                    break  # packet id 0 (next_packet refuses it), or properties
+            if remaining >= width and buf[start : start + size_of_field] == field:
+                if qos:
+                    at = start + size_of_field
+                    if not (buf[at] or buf[at + 1]) or (v5 and buf[at + 2]):
+                        break  # packet id 0 (next_packet refuses it), or properties
+                if topics is not None:
+                    topics.append(topic)
+            else:
+                # Another topic (a fleet's devices report several readings): the run goes on, each
+                # packet's topic kept, as long as the packet is as plain as the first.
+                if remaining < 3:
+                    break  # no room for a topic: read alone, refused there
+                stop = start + 2 + (buf[start] << 8 | buf[start + 1])
+                at = stop + 2 if qos else stop
+                if (
+                    stop == start + 2
+                    or (at + 1 if v5 else at) > total
+                    or (v5 and buf[at])
+                    or (qos and not (buf[stop] or buf[stop + 1]))
+                ):
+                    break  # no topic, properties or packet id 0: read alone, refused there if bad
+                name = bytes(buf[start + 2 : stop])
+                names = self._topics
+                if names is None:
+                    names = self._topics = {}
+                other = names.get(name)
+                if other is None:
+                    try:
+                        other = str(name, "utf-8")
+                    except UnicodeDecodeError:
+                        break
+                    if "\x00" in other:
+                        break
+                    if len(names) >= TOPIC_NAMES:
+                        names.clear()
+                    names[name] = other
+                if topics is None:
+                    topics = [topic] * count
+                topics.append(other)
             if total - end > largest:
                 largest = total - end
             end = total
             count += 1
-        return PublishRun(topic, bytes(buf[base:end]), count, largest, width, v5, qos), end
+        return PublishRun(topic, bytes(buf[base:end]), count, largest, width, v5, qos, topics), end
 
     def _fail(self, exc: ProtocolError) -> ProtocolError:
         self._failed = exc
@@ -1000,6 +1038,8 @@ def run_packets(run: PublishRun) -> list[tuple[bytes, bytes]]:
     """Each PUBLISH of a run: (its bytes, its payload)."""
     wire = run.wire
     head = run.head
+    # A run that changes topic: each packet's head is its own topic field and what follows it.
+    rest = -1 if run.topics is None else (2 if run.qos else 0) + (1 if run.v5 else 0)
     out: list[tuple[bytes, bytes]] = []
     pos = 0
     size = len(wire)
@@ -1015,8 +1055,35 @@ def run_packets(run: PublishRun) -> list[tuple[bytes, bytes]]:
                 break
             shift += 7
         end = start + remaining
+        if rest >= 0:
+            head = 2 + (wire[start] << 8 | wire[start + 1]) + rest
         out.append((wire[pos:end], wire[start + head : end]))
         pos = end
+    return out
+
+
+def run_stretches(run: PublishRun) -> list[PublishRun]:
+    """A run that changes topic (``topics``) as runs of one topic each, in order."""
+    topics = run.topics
+    if topics is None:
+        return [run]
+    rest = (2 if run.qos else 0) + (1 if run.v5 else 0)  # the packet id, the empty properties
+    out: list[PublishRun] = []
+    parts: list[bytes] = []
+    largest = 0
+    topic = run.topic
+    for i, (wire, _) in enumerate(run_packets(run)):
+        if topics[i] != topic:
+            head = 2 + len(topic.encode("utf-8")) + rest
+            out.append(PublishRun(topic, b"".join(parts), len(parts), largest, head, run.v5, run.qos))
+            parts = []
+            largest = 0
+            topic = topics[i]
+        parts.append(wire)
+        if len(wire) > largest:
+            largest = len(wire)
+    head = 2 + len(topic.encode("utf-8")) + rest
+    out.append(PublishRun(topic, b"".join(parts), len(parts), largest, head, run.v5, run.qos))
     return out
 
 
@@ -1024,6 +1091,7 @@ def run_acks(run: PublishRun) -> bytes:
     """The plain PUBACK of each PUBLISH of a QoS 1 run, back to back."""
     wire = run.wire
     at = run.head - (3 if run.v5 else 2)  # the packet id, from the end of the remaining length
+    mixed = run.topics is not None  # a run that changes topic: the id follows each one's topic
     acks = bytearray()
     pos = 0
     size = len(wire)
@@ -1038,6 +1106,8 @@ def run_acks(run: PublishRun) -> bytes:
             if byte < 0x80:
                 break
             shift += 7
+        if mixed:
+            at = 2 + (wire[start] << 8 | wire[start + 1])
         acks += b"\x40\x02"
         acks += wire[start + at : start + at + 2]
         pos = start + remaining
@@ -1048,17 +1118,22 @@ def encode_run(run: PublishRun, v5: bool, subscription_ids: tuple[int, ...]) -> 
     """A run's PUBLISHes as a QoS 0 subscriber of the other protocol family (``v5``), or of a QoS 1
     run, or one at 5.0 with subscription identifiers, gets them: back to back, and the size of the
     largest."""
-    name = run.topic.encode("utf-8")
-    field = _U16.pack(len(name)) + name
-    if v5:
-        field += encode_properties(
-            Properties(subscription_identifiers=list(subscription_ids)), PacketType.PUBLISH
-        )
-    width = len(field)
+    props = (
+        encode_properties(Properties(subscription_identifiers=list(subscription_ids)), PacketType.PUBLISH)
+        if v5
+        else b""
+    )
+    topics = run.topics
+    fields: dict[str, bytes] = {}  # each topic's field, made once
     parts: list[bytes] = []
     largest = 0
-    for _, payload in run_packets(run):
-        size = width + len(payload)
+    for i, (_, payload) in enumerate(run_packets(run)):
+        topic = run.topic if topics is None else topics[i]
+        field = fields.get(topic)
+        if field is None:
+            name = topic.encode("utf-8")
+            field = fields[topic] = _U16.pack(len(name)) + name + props
+        size = len(field) + len(payload)
         header = bytes((0x30, size)) if size < 128 else b"\x30" + encode_varint(size)
         parts.append(header)
         parts.append(field)

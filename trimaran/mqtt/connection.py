@@ -564,9 +564,9 @@ class ServerConnection:
         self.stats.packets_sent += count
         return True
 
-    def publish_qos1_run(self, run: PublishRun, topic: str) -> bool:
+    def publish_qos1_run(self, run: PublishRun) -> bool:
         """Send each PUBLISH of a QoS 1 run (a PublishRun of this protocol family: the caller
-        checks) to ``topic`` at QoS 1, as `publish` would one by one: with this session's packet ids
+        checks) to its topic at QoS 1, as `publish` would one by one: with this session's packet ids
         into the inflight window while it has room and nothing waits before them, the rest queued
         in the session (a PUBACK pumps them; the caller holds the publishers of a queue above its
         high-water mark). False, and nothing done, where each must take `publish`: not connected,
@@ -587,7 +587,11 @@ class ServerConnection:
         back = 3 if self.protocol_level == MQTT_5 else 2  # the packet id's place, before the payload
         parts: list[bytes] = []
         sent = 0
-        for wire, payload in packets:
+        topic = run.topic
+        topics = run.topics
+        for i, (wire, payload) in enumerate(packets):
+            if topics is not None:
+                topic = topics[i]
             message = OutboundMessage(topic, payload, 1, False, NO_PROPERTIES, None, None, False, None)
             if sent < room:
                 # session.start_inflight() written out: once per message
@@ -859,7 +863,11 @@ class ServerConnection:
         Maximum as the first. Where that is not so (PUBLISHes still unacknowledged, no room, QoS 1
         not allowed), its PUBLISHes are walked, one event each."""
         self.stats.packets_received += run.count - 1
-        if run.topic != self._valid_topic:
+        if run.topics is not None:
+            for topic in dict.fromkeys(run.topics):  # each once, in order
+                if topic != self._valid_topic:
+                    self._check_topic(topic)
+        elif run.topic != self._valid_topic:
             self._check_topic(run.topic)
         if run.qos and (
             self._inbound_unacked
@@ -882,6 +890,7 @@ class ServerConnection:
         assert walk is not None and run is not None
         at = self._walk_at
         wire, payload = walk[at]
+        topic = run.topic if run.topics is None else run.topics[at]
         at += 1
         if at == run.count:
             self._walk = self._walk_run = None
@@ -892,9 +901,9 @@ class ServerConnection:
             pos = 1
             while wire[pos] & 0x80:  # the remaining length's continuation bytes
                 pos += 1
-            pos += 1 + run.head - (3 if run.v5 else 2)  # then the topic field: the packet id
+            pos += 3 + (wire[pos + 1] << 8 | wire[pos + 2])  # then the topic field: the packet id
             packet_id = wire[pos] << 8 | wire[pos + 1]
-        return Publish(run.topic, payload, run.qos, False, False, packet_id, NO_PROPERTIES, wire)
+        return Publish(topic, payload, run.qos, False, False, packet_id, NO_PROPERTIES, wire)
 
     def _check_topic(self, topic: str) -> None:
         """A topic name a client published to that is not the last one it used."""

@@ -2,8 +2,9 @@
 except a run of plain PUBACKs, which is one event. A PUBLISH from the client is handed out as the
 ``Publish`` itself, its topic alias resolved (for QoS 1/2 call `ack_publish(packet_id)`): most
 packets are one, and a wrapper would cost an object and a call each. With ``ServerLimits.publish_runs``
-consecutive plain PUBLISHes of one QoS (0 or 1) to one topic are one ``PublishRun`` (for QoS 1 call
-`ack_run(run)` once it is routed, or `walk_run(run)` to have its PUBLISHes handed out one by one)."""
+consecutive plain PUBLISHes of one QoS (0 or 1) are one ``PublishRun``, whatever their topics (for
+QoS 1 call `ack_run(run)` once it is routed, or `walk_run(run)` to have its PUBLISHes handed out one
+by one)."""
 
 from __future__ import annotations
 

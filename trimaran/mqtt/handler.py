@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any, Final
@@ -35,7 +36,7 @@ from trimaran.broker.message import PROTOCOL_MQTT, Message
 from trimaran.broker.router import Delivery, SubscriptionOptions
 from trimaran.broker.sessions import SessionInfo, SessionSubscriptionInfo
 from trimaran.config import Settings
-from trimaran.mqtt.codec import encode_run
+from trimaran.mqtt.codec import encode_run, run_stretches
 from trimaran.mqtt.conn import MqttConn
 from trimaran.mqtt.connection import (
     NO_EXPIRY,
@@ -244,7 +245,7 @@ class MqttEndpoint:
             if (
                 v5 != run.v5
                 or (v5 and delivery.subscription_identifiers)
-                or not machine.publish_qos1_run(run, run.topic)  # (the key less this vhost's prefix)
+                or not machine.publish_qos1_run(run)
             ):
                 return False
             queue = self.session.queue
@@ -836,18 +837,63 @@ class MqttFrontEnd:
             conn.mqtt.ack_publish(publish.packet_id)
 
     def run_received(self, conn: MqttConn[MqttEndpoint], run: PublishRun) -> None:
-        """A run of plain QoS 0 or QoS 1 PUBLISHes to one topic (PublishRun): counted, authorized
-        and routed once, taken whole by each subscriber that can (MqttEndpoint.deliver_run), the
+        """A run of plain QoS 0 or QoS 1 PUBLISHes (PublishRun): counted, authorized and routed
+        once a topic, taken whole by each subscriber that can (MqttEndpoint.deliver_run), the
         others getting each message as :meth:`publish_received` gives it; then, at QoS 1, one
         PUBACK each. A ``$`` topic ($queue/, refusals), a refused one, a broker that must see each
         publish and a QoS 1 run its own publisher subscribes to have the machine walk the run: each
-        PUBLISH its own event, publish_received's."""
+        PUBLISH its own event, publish_received's. A run whose topics route to different
+        subscribers (or share groups) is taken in stretches of one topic."""
         endpoint = conn.endpoint
         assert endpoint is not None
-        topic = run.topic
-        if topic[0] == "$" or (run.qos and endpoint.session.subscriptions and _hears_itself(endpoint, topic)):
-            conn.mqtt.walk_run(run)
-            return
+        topics = run.topics
+        broker = self.broker
+        prefix = endpoint.vhost_prefix
+        publisher_id = endpoint.client_id
+        if topics is None:
+            deliveries = None
+            if self._takes_run(conn, endpoint, run.topic, run.qos):
+                deliveries = broker.route_run(prefix + run.topic, publisher_id, run.count)
+            if deliveries is None:
+                conn.mqtt.walk_run(run)
+                return
+            self._take_run(conn, run, deliveries)
+        else:
+            counts = Counter(topics)
+            for topic in counts:
+                if not self._takes_run(conn, endpoint, topic, run.qos):
+                    conn.mqtt.walk_run(run)
+                    return
+            routes: dict[str, Sequence[Delivery[Any]]] = {}
+            first = None
+            alike = True  # every topic to the same deliveries, no share group among them
+            for topic, count in counts.items():
+                deliveries = broker.route_run(prefix + topic, publisher_id, count)
+                if deliveries is None:  # (for every topic, or none)
+                    conn.mqtt.walk_run(run)
+                    return
+                routes[topic] = deliveries
+                if first is None:
+                    first = deliveries
+                    alike = type(first) is tuple
+                elif alike and deliveries != first:
+                    alike = False
+            if alike and first is not None:
+                self._take_run(conn, run, first)  # a fleet's topics to one wildcard: the usual case
+            else:
+                for stretch in run_stretches(run):
+                    deliveries = routes.pop(stretch.topic, None)
+                    if deliveries is None:  # the topic again: its share groups pick again
+                        deliveries = broker.router.match(prefix + stretch.topic, publisher_id)
+                    self._take_run(conn, stretch, deliveries)
+        if run.qos:
+            conn.mqtt.ack_run(run)  # routed: now acknowledged
+
+    def _takes_run(self, conn: MqttConn[MqttEndpoint], endpoint: MqttEndpoint, topic: str, qos: int) -> bool:
+        """Whether a run's messages to ``topic`` may be routed together; not where each must be
+        walked: a ``$`` topic, a QoS 1 run its publisher hears, a refused topic."""
+        if topic[0] == "$" or (qos and endpoint.session.subscriptions and _hears_itself(endpoint, topic)):
+            return False
         principal = conn.principal
         security = self.security
         if principal is not None and (
@@ -856,28 +902,27 @@ class MqttFrontEnd:
             if security.rules is not None:
                 access, target = publish_access(topic)
                 if not security.authorize(principal, access, target):
-                    conn.mqtt.walk_run(run)  # each refused as publish_received refuses it
-                    return
+                    return False  # each refused as publish_received refuses it
             if (
                 principal.last_exchange_generation != security.generation
                 and not self._permits_publish(principal, topic)
             ) or (principal.keyed and not self._permits_key(principal, WRITE, topic)):
-                conn.mqtt.walk_run(run)  # each refused as publish_received refuses it
-                return
+                return False  # each refused as publish_received refuses it
             principal.last_write = topic
             principal.last_write_generation = security.generation
-        key = endpoint.vhost_prefix + topic
-        publisher_id = endpoint.client_id
-        broker = self.broker
-        count = run.count
-        deliveries = broker.route_run(key, publisher_id, count)
-        if deliveries is None:
-            conn.mqtt.walk_run(run)
-            return
+        return True
+
+    def _take_run(
+        self, conn: MqttConn[MqttEndpoint], run: PublishRun, deliveries: Sequence[Delivery[Any]]
+    ) -> None:
+        """A routed run to its ``deliveries``: whole to each subscriber that takes it so, one
+        message at a time to the others."""
         io = conn.io
         if not io.publisher:
             io.publishing()
+        count = run.count
         io.messages_in += count
+        broker = self.broker
         broker.stats.messages_received += count
         rest: list[Delivery[Any]] | None = None
         for delivery in deliveries:
@@ -892,10 +937,10 @@ class MqttFrontEnd:
                 rest = []
             rest.append(delivery)
         if rest is not None:
-            messages = [m for m, _ in run_messages(run, key, publisher_id, io.read_at_ms)]
-            broker.deliver_each(messages, rest)
-        if run.qos:
-            conn.mqtt.ack_run(run)  # routed: now acknowledged
+            endpoint = conn.endpoint
+            assert endpoint is not None
+            messages = run_messages(run, endpoint.vhost_prefix, endpoint.client_id, io.read_at_ms)
+            broker.deliver_each([m for m, _ in messages], rest)
 
     def _publish_refused(self, conn: MqttConn[MqttEndpoint], packet_id: int | None) -> None:
         """A publish the rules refuse: 5.0 PUBACK/PUBREC 0x87; 3.1.1 has no refusal, the message is

@@ -43,19 +43,21 @@ def message_from_publish(
     )
 
 
-def run_messages(run: PublishRun, key: str, publisher_id: str, now: int) -> list[tuple[Message, bytes]]:
-    """The broker's message for each PUBLISH of a run (to the topic ``key``, behind its vhost's
-    prefix), with the PUBLISH's bytes: what `message_from_publish` makes of each."""
+def run_messages(run: PublishRun, prefix: str, publisher_id: str, now: int) -> list[tuple[Message, bytes]]:
+    """The broker's message for each PUBLISH of a run (its topic behind the vhost's ``prefix``),
+    with the PUBLISH's bytes: what `message_from_publish` makes of each."""
     qos = run.qos
-    return [
-        (
-            Message(
-                key, payload, qos, False, None, None, None, None, None, [], publisher_id, PROTOCOL_MQTT, now
-            ),
-            wire,
+    topics = run.topics
+    key = prefix + run.topic
+    out: list[tuple[Message, bytes]] = []
+    for i, (wire, payload) in enumerate(run_packets(run)):
+        if topics is not None:
+            key = prefix + topics[i]
+        message = Message(
+            key, payload, qos, False, None, None, None, None, None, [], publisher_id, PROTOCOL_MQTT, now
         )
-        for wire, payload in run_packets(run)
-    ]
+        out.append((message, wire))
+    return out
 
 
 def publish_properties(message: Message, subscription_ids: tuple[int, ...] = ()) -> Properties:

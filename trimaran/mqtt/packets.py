@@ -108,13 +108,13 @@ class Publish:
 
 @dataclass(slots=True, init=False)
 class PublishRun:
-    """Consecutive PUBLISHes of one QoS (``qos``, 0 or 1) read together from one client, all to
-    ``topic``, none with retain, DUP or properties: the decoder hands them out as one
-    (``Decoder.runs``), so that the server routes them once and forwards their bytes as they came
-    where a subscriber takes them so. ``wire``: the packets as received, back to back; ``head``:
-    the bytes of each between its remaining length and its payload (topic, at QoS 1 the packet
-    id, and at 5.0 the empty properties); ``largest``: the size of the largest packet (a client's
-    Maximum Packet Size is per packet)."""
+    """Consecutive PUBLISHes of one QoS (``qos``, 0 or 1) read together from one client, none with
+    retain, DUP or properties, to ``topic`` (or each to its own of ``topics``): the decoder hands
+    them out as one (``Decoder.runs``), so that the server routes them once (once a topic) and
+    forwards their bytes as they came where a subscriber takes them so. ``wire``: the packets as
+    received, back to back; ``head``: the bytes of each between its remaining length and its
+    payload (topic, at QoS 1 the packet id, and at 5.0 the empty properties); ``largest``: the
+    size of the largest packet (a client's Maximum Packet Size is per packet)."""
 
     topic: str
     wire: bytes
@@ -123,6 +123,9 @@ class PublishRun:
     head: int
     v5: bool
     qos: int = 0
+    # Each packet's topic, when they are not all ``topic`` (its first packet's; ``head`` is then
+    # the first packet's too, and each packet's is read from its own topic field).
+    topics: list[str] | None = None
     # The run's bytes as other kinds of subscriber get them (codec.encode_run), made at the first
     # such subscriber: (5.0?, subscription identifiers) -> (bytes, largest packet).
     encoded: dict[tuple[bool, tuple[int, ...]], tuple[bytes, int]] | None = None
@@ -137,6 +140,7 @@ class PublishRun:
         head: int,
         v5: bool,
         qos: int = 0,
+        topics: list[str] | None = None,
         encoded: dict[tuple[bool, tuple[int, ...]], tuple[bytes, int]] | None = None,
     ) -> None:
         self.topic = topic
@@ -146,6 +150,7 @@ class PublishRun:
         self.head = head
         self.v5 = v5
         self.qos = qos
+        self.topics = topics
         self.encoded = encoded
 
 
