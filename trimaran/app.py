@@ -14,7 +14,7 @@ import signal
 import ssl
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -193,6 +193,8 @@ class App:
                 broker=self.broker,
                 claims_as=self.queues.node,
                 statement_timeout_s=settings.storage.statement_timeout_s,
+                make_gate=flow_gates(settings, self.runner),
+                stalled_timeout_s=settings.limits.stalled_consumer_timeout_s,
             )
             self.mqtt.holders = self.cluster  # a persistent session is held by one node at a time
             self.cluster.serve(self.mqtt.hand_over)
@@ -517,21 +519,26 @@ def tenant_limits(settings: Settings) -> TenantLimits:
     )
 
 
-def queue_flow(settings: Settings, runner: Runner, *, shared: bool) -> QueueFlow:
-    """The queues' backpressure (queue/flow.py) holding publishers with the runtime's gates: each
-    asks about progress a few times per stalled-consumer timeout (at most once a second)."""
-    limits = settings.limits
-    timeout = limits.stalled_consumer_timeout_s
-    patience = min(1.0, timeout / 4)
+def flow_gates(settings: Settings, runner: Runner) -> Callable[[Stalled], Gate]:
+    """Makes the runtime's gates for a place that holds publishers (a queue, the cluster's
+    forwards): each asks about progress a few times per stalled-consumer timeout (at most once a
+    second)."""
+    patience = min(1.0, settings.limits.stalled_consumer_timeout_s / 4)
 
     def make_gate(stalled: Stalled) -> Gate:
         return Gate(runner, patience, stalled)
 
+    return make_gate
+
+
+def queue_flow(settings: Settings, runner: Runner, *, shared: bool) -> QueueFlow:
+    """The queues' backpressure (queue/flow.py) holding publishers with the runtime's gates."""
+    limits = settings.limits
     return QueueFlow(
-        make_gate,
+        flow_gates(settings, runner),
         high_messages=limits.queue_backpressure_messages,
         high_bytes=limits.queue_backpressure_bytes,
-        timeout_s=timeout,
+        timeout_s=limits.stalled_consumer_timeout_s,
         shared=shared,
     )
 
