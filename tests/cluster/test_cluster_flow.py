@@ -261,6 +261,20 @@ def cluster_api(server: Any) -> dict[str, Any]:
     return body
 
 
+def metrics_of(server: Any) -> dict[str, float]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{server.ports['http']}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        text = reply.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
+
+
 @pytest.mark.postgres
 def test_a_qos1_publisher_outrunning_the_forwards_loses_nothing_it_was_acknowledged(nodes: Nodes) -> None:
     a = nodes.start("a", http=True, settings={"TRIMARAN_CLUSTER__FORWARD_BACKPRESSURE_MESSAGES": str(HIGH)})
@@ -291,6 +305,9 @@ def test_a_qos1_publisher_outrunning_the_forwards_loses_nothing_it_was_acknowled
         state = cluster_api(a)
         assert state["dropped"] == 0
         wait_until(lambda: cluster_api(a)["waiting"] == 0, what="the forwards sent")
+        metrics = metrics_of(a)
+        assert metrics['trimaran_flow_holds_total{place="cluster"}'] >= 1  # the publisher was held
+        assert metrics['trimaran_messages_dropped_total{reason="cluster_forward",vhost="/"}'] == 0
     finally:
         subscriber.disconnect()
         publisher.disconnect()
