@@ -14,7 +14,7 @@ import signal
 import ssl
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -44,7 +44,7 @@ from trimaran.net.websocket import WebSocketMachine
 from trimaran.queue.flow import QueueFlow, Stalled
 from trimaran.queue.groups import Selects
 from trimaran.queue.manager import PublishResult, QueueManager
-from trimaran.runtime.flow import Gate
+from trimaran.runtime.flow import CLUSTER, PLACES, QUEUE, SESSION, Gate
 from trimaran.runtime.limits import RuntimeLimits
 from trimaran.runtime.machine import Machine
 from trimaran.runtime.memory import DISK
@@ -166,6 +166,7 @@ class App:
         )
         self.runner.traffic = self.broker.stats  # every protocol's bytes, counted once by the runtime
         self.broker.tenant_figures = self._tenant_figures
+        self.broker.sys_figures = self._flow_figures
         self.queues = QueueManager(
             storage,
             settings.queues,
@@ -193,6 +194,8 @@ class App:
                 broker=self.broker,
                 claims_as=self.queues.node,
                 statement_timeout_s=settings.storage.statement_timeout_s,
+                make_gate=flow_gates(settings, self.runner, CLUSTER),
+                stalled_timeout_s=settings.limits.stalled_consumer_timeout_s,
             )
             self.mqtt.holders = self.cluster  # a persistent session is held by one node at a time
             self.cluster.serve(self.mqtt.hand_over)
@@ -285,6 +288,19 @@ class App:
             client.kick()
         if doomed:
             log.info("user '%s' lost vhost '%s': %d connections closed", user, vhost, len(doomed))
+
+    def _flow_figures(self) -> dict[str, int]:
+        """Flow control in $SYS, as in /metrics: holds begun per place, consumers closed for taking
+        nothing per place, connections held now."""
+        stats = self.runner.stats
+        stalls = dict.fromkeys((SESSION, QUEUE), 0) | stats.stalls
+        if self.queues is not None:
+            stalls[QUEUE] += self.queues.flow.closed
+        return {
+            **{f"$SYS/broker/flow/holds/{place}": stats.holds.get(place, 0) for place in PLACES},
+            **{f"$SYS/broker/flow/stalled/{place}": n for place, n in stalls.items()},
+            "$SYS/broker/flow/held": stats.held,
+        }
 
     def _tenant_figures(self) -> dict[str, dict[str, int]]:
         """A tenant's $SYS figures the deck does not hold: its connections' traffic (the runtime's
@@ -517,21 +533,27 @@ def tenant_limits(settings: Settings) -> TenantLimits:
     )
 
 
-def queue_flow(settings: Settings, runner: Runner, *, shared: bool) -> QueueFlow:
-    """The queues' backpressure (queue/flow.py) holding publishers with the runtime's gates: each
-    asks about progress a few times per stalled-consumer timeout (at most once a second)."""
-    limits = settings.limits
-    timeout = limits.stalled_consumer_timeout_s
-    patience = min(1.0, timeout / 4)
+def flow_gates(settings: Settings, runner: Runner, place: str) -> Callable[[Stalled], Gate]:
+    """Makes the runtime's gates for a place that holds publishers (a queue, the cluster's
+    forwards): each asks about progress a few times per stalled-consumer timeout (at most once a
+    second) and is counted by the runtime, per place, when it begins holding."""
+    patience = min(1.0, settings.limits.stalled_consumer_timeout_s / 4)
+    stats = runner.stats
 
     def make_gate(stalled: Stalled) -> Gate:
-        return Gate(runner, patience, stalled)
+        return Gate(runner, patience, stalled, lambda: stats.began(place))
 
+    return make_gate
+
+
+def queue_flow(settings: Settings, runner: Runner, *, shared: bool) -> QueueFlow:
+    """The queues' backpressure (queue/flow.py) holding publishers with the runtime's gates."""
+    limits = settings.limits
     return QueueFlow(
-        make_gate,
+        flow_gates(settings, runner, QUEUE),
         high_messages=limits.queue_backpressure_messages,
         high_bytes=limits.queue_backpressure_bytes,
-        timeout_s=timeout,
+        timeout_s=limits.stalled_consumer_timeout_s,
         shared=shared,
     )
 

@@ -433,6 +433,19 @@ class ClusterSettings(Section):
     address: str = Field(
         "", description="how operators reach this node (shown in /api/v1/cluster); default: host name"
     )
+    forward_backpressure_messages: int = Field(
+        10_000,
+        ge=1,
+        le=50_000,
+        description="messages queued for the other nodes and not yet sent (their NOTIFYs not committed) "
+        "above which the connections publishing them are not read; they are again below half, after a "
+        "send. Past 100,000 (a last-resort bound) new forwards are dropped, counted as cluster_forward",
+    )
+    forward_backpressure_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        description="the same in encoded bytes: whichever is reached first holds them",
+    )
 
 
 def _valid_vhosts(names: list[str]) -> list[str]:

@@ -162,3 +162,53 @@ def test_limit_bites_and_vhost_connections_carry_the_vhost_label() -> None:
     assert got['trimaran_vhost_connections{vhost="/"}'] == 1
     assert got['trimaran_vhost_limit{limit="max_queues",vhost="/"}'] == 3
     assert got['trimaran_vhost_limit{limit="max_stored_bytes",vhost="/"}'] == 0
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_flow_holds_are_counted_when_a_gate_begins_holding_and_held_connections_gauged() -> None:
+    from tests.support.runtime import LineHull, LineMachine, Wire, running
+    from trimaran.app import flow_gates
+    from trimaran.config import Settings
+    from trimaran.runtime.flow import CLUSTER, QUEUE, SESSION
+    from trimaran.runtime.runner import Runner
+
+    telemetry = Telemetry(TelemetrySettings())
+    async with running(Runner()) as runner:
+        telemetry.bind(runner=runner)
+        got = samples(telemetry.prometheus_text())
+        for place in ("session", "queue", "cluster"):  # a series per place from the start
+            assert got[f'trimaran_flow_holds_total{{place="{place}"}}'] == 0
+        assert got['trimaran_flow_stalled_consumers_total{place="session"}'] == 0
+        assert got["trimaran_flow_held_connections"] == 0
+        wire = Wire(runner, lambda io, _first: LineHull(io, LineMachine()))
+        await wire.feed([b"hello\n"])
+        forwards = flow_gates(Settings(), runner, CLUSTER)(lambda _idle: True)
+        queue = flow_gates(Settings(), runner, QUEUE)(lambda _idle: True)
+        for _ in range(3):  # a hold per message: counted once, when the gate begins holding
+            forwards.hold(wire.conn)
+        queue.hold(wire.conn)  # a second gate on the same connection: one more hold, one connection
+        got = samples(telemetry.prometheus_text())
+        assert got['trimaran_flow_holds_total{place="cluster"}'] == 1
+        assert got['trimaran_flow_holds_total{place="queue"}'] == 1
+        assert got["trimaran_flow_held_connections"] == 1
+        forwards.release()
+        assert samples(telemetry.prometheus_text())["trimaran_flow_held_connections"] == 1
+        queue.release()
+        forwards.hold(wire.conn)  # behind again: a second hold begun
+        forwards.release()
+        runner.stats.stalled(SESSION)
+        got = samples(telemetry.prometheus_text())
+        assert got['trimaran_flow_holds_total{place="cluster"}'] == 2
+        assert got["trimaran_flow_held_connections"] == 0
+        assert got['trimaran_flow_stalled_consumers_total{place="session"}'] == 1
+
+
+def test_the_broker_publishes_the_figures_given_to_it_in_sys() -> None:
+    broker = Broker(None, sys_interval=0)
+    broker.sys_figures = lambda: {"$SYS/broker/flow/held": 2}
+    assert broker.sys_values()["$SYS/broker/flow/held"] == "2"

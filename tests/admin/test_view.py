@@ -228,6 +228,8 @@ def test_the_cluster_lists_its_nodes_and_a_node_alone_answers_404() -> None:
     view.nodes = {
         "node": "a",
         "forwarded": 5,
+        "waiting": 0,
+        "holding": False,
         "received": 6,
         "dropped": 0,
         "takeovers": 1,

@@ -26,7 +26,9 @@ class Nodes:
         self.root = root
         self.started: list[RunningServer] = []
 
-    def start(self, name: str, *, check: bool = True, http: bool = False) -> RunningServer:
+    def start(
+        self, name: str, *, check: bool = True, http: bool = False, settings: dict[str, str] | None = None
+    ) -> RunningServer:
         workdir = self.root / name
         workdir.mkdir(exist_ok=True)
         env = {
@@ -43,6 +45,7 @@ class Nodes:
         args += ["--http", "127.0.0.1:0"] if http else ["--http", "off"]
         if http:
             env["TRIMARAN_HTTP__TOKENS"] = f'["{TOKEN}"]'
+        env.update(settings or {})  # TRIMARAN_... variables of this node
 
         server = RunningServer(args, cwd=workdir, env=env)
         if check:

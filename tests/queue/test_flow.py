@@ -228,7 +228,7 @@ async def test_consumers_settling_nothing_are_closed_and_the_publishers_go_on(ma
         assert publisher.holds == 0 and gate.stuck
         publish(manager, publisher, 1)  # the consumers are closing: nobody is held meanwhile
         assert publisher.holds == 0
-        assert manager.flow.stalls == 1
+        assert manager.flow.stalls == 1 and manager.flow.closed == 2  # one queue, its two consumers
         # A consumer that comes while the queue is still behind gets its chance: held again for it.
         manager.consume("t", Collector("newcomer"))
         publish(manager, publisher, 1)

@@ -382,6 +382,8 @@ async def test_a_reader_behind_that_takes_nothing_is_closed_and_its_publishers_g
                 await anyio.sleep(0.005)
         assert reader.stalls[0] >= 0.05 and len(reader.stalls) == 1
         assert publisher.transport.reading
+        assert runner.stats.stalls == {"session": 1} and runner.stats.holds == {"session": 1}
+        assert runner.stats.held == 0  # the metrics' gauge of connections held
 
 
 class CountingHull(LineHull):

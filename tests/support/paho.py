@@ -132,6 +132,7 @@ def connect(
     keepalive: int = 30,
     manual_ack: bool = False,
     expect_success: bool = True,
+    max_inflight: int = 20,
 ) -> Client:
     kwargs: dict[str, Any] = {}
     if version != V5:
@@ -146,6 +147,7 @@ def connect(
         **kwargs,
     )
     client = Client(paho, version)
+    paho.max_inflight_messages_set(max_inflight)  # QoS 1/2 publishes unacknowledged at once
     port = endpoints.tcp
     if transport in ("tls", "wss"):
         context = ssl.create_default_context(cafile=endpoints.ca_file)

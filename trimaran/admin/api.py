@@ -122,7 +122,14 @@ class ClusterOut(Model):
     node: str
     forwarded: int = Field(description="publishes this node forwarded to others")
     received: int = Field(description="publishes other nodes forwarded to this one")
-    dropped: int = Field(description="forwards lost (PostgreSQL unreachable, or too many queued)")
+    waiting: int = Field(description="forwards queued or in flight, not yet committed to PostgreSQL")
+    holding: bool = Field(
+        description="true while the forwards waiting are above cluster.forward_backpressure_messages or "
+        "_bytes and their publishers are held"
+    )
+    dropped: int = Field(
+        description="forwards dropped: past the last-resort bound of 100,000 waiting, or not encodable"
+    )
     takeovers: int = Field(description="sessions this node took over from another")
     nodes: list[ClusterNodeOut]
 

@@ -41,6 +41,7 @@ from trimaran.admin.history import History
 from trimaran.broker.drops import REASONS
 from trimaran.broker.message import PROTOCOL_AMQP091, PROTOCOL_AMQP1, PROTOCOL_MQTT
 from trimaran.config import TelemetrySettings
+from trimaran.runtime.flow import PLACES, QUEUE, SESSION
 from trimaran.vhosts import DEFAULT_VHOST, split_key
 
 if TYPE_CHECKING:
@@ -155,6 +156,25 @@ class Telemetry:
             "trimaran.memory.buffered.bytes", [self._memory("total")], "By", "bytes waiting for slow readers"
         )
         gauge("trimaran.memory.blocked", [self._memory("blocked")], "1", "1 while publishers are paused")
+        counter(
+            "trimaran.flow.holds",
+            [self._flow_holds],
+            "1",
+            "times a place that fell behind began holding the publishers feeding it, per place "
+            "(session: a subscriber's queue or socket; queue; cluster: the forwards to other nodes)",
+        )
+        counter(
+            "trimaran.flow.stalled.consumers",
+            [self._flow_stalls],
+            "1",
+            "consumers closed for taking nothing while they held publishers, per place",
+        )
+        gauge(
+            "trimaran.flow.held.connections",
+            [self._runtime("held")],
+            "1",
+            "connections not read now because flow control holds them",
+        )
         gauge("trimaran.subscriptions", [self._subscriptions], "1", "pub/sub subscriptions")
         gauge("trimaran.retained", [self._retained], "1", "retained messages")
         gauge(
@@ -360,6 +380,22 @@ class Telemetry:
         if self.runner is None:
             return []
         return [Observation(n, {"reason": reason}) for reason, n in list(self.runner.stats.refused.items())]
+
+    def _flow_holds(self, _options: CallbackOptions) -> Iterable[Observation]:
+        if self.runner is None:
+            return []
+        counts = dict.fromkeys(PLACES, 0)  # a series per place from the start, as the drops have
+        counts.update(self.runner.stats.holds)
+        return [Observation(n, {"place": place}) for place, n in counts.items()]
+
+    def _flow_stalls(self, _options: CallbackOptions) -> Iterable[Observation]:
+        if self.runner is None:
+            return []
+        counts = dict.fromkeys((SESSION, QUEUE), 0)
+        counts.update(self.runner.stats.stalls)
+        if self.queues is not None:
+            counts[QUEUE] += self.queues.flow.closed
+        return [Observation(n, {"place": place}) for place, n in counts.items()]
 
     def _runtime(self, name: str) -> Callback:
         def observe(_options: CallbackOptions) -> Iterable[Observation]:

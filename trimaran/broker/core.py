@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import anyio
@@ -108,6 +108,9 @@ class Broker:
         self.retained_write_error: str | None = None  # the last failure, until a write succeeds
         self.forwarder: Forwarder | None = None  # set when this node is one of several
         self.tenant_figures: TenantFigures | None = None  # a tenant's traffic and queues, for its $SYS
+        # More of the broker's own $SYS topics, from below the deck (the runtime's flow control),
+        # read at publish time: topic -> value.
+        self.sys_figures: Callable[[], dict[str, int]] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -265,6 +268,7 @@ class Broker:
             "$SYS/broker/bytes/sent": str(stats.bytes_sent),
             "$SYS/broker/subscriptions/count": str(self.router.count()),
             "$SYS/broker/retained messages/count": str(self.retained.count() - self._tenant_retained()[1]),
+            **({t: str(n) for t, n in self.sys_figures().items()} if self.sys_figures is not None else {}),
         }
 
     def tenant_sys_values(self) -> dict[str, dict[str, str]]:

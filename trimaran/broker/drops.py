@@ -21,6 +21,7 @@ EXPIRED: Final = "expired"
 NO_SHARE_MEMBER: Final = "no_share_member"
 QUEUE_OVERFLOW: Final = "queue_overflow"
 RECEIVER_BACKLOG_FULL: Final = "receiver_backlog_full"
+CLUSTER_FORWARD: Final = "cluster_forward"
 
 #: The label of ``trimaran_messages_dropped_total`` and what its log line says.
 REASONS: Final = {
@@ -31,6 +32,8 @@ REASONS: Final = {
     NO_SHARE_MEMBER: "its shared subscription has no member left",
     QUEUE_OVERFLOW: "a queue's max-length refused the router's copy (x-overflow)",
     RECEIVER_BACKLOG_FULL: "a topic receiver (AMQP 1.0) without credit, its backlog full (amqp1.outbox_size)",
+    CLUSTER_FORWARD: "not forwarded to the other nodes: past the forward buffer's last-resort bound "
+    "(100,000; publishers are held from cluster.forward_backpressure_messages), or not encodable",
 }
 
 LOG_EVERY_S: Final = 60.0

@@ -10,6 +10,15 @@
   and sent at the next flush: all forwards gathered during one loop iteration (and while the
   previous flush was in flight) leave in one transaction of NOTIFYs on the node's own channel.
   A node delivers what it receives to its own subscribers only.
+- Backpressure on forwards: while the forwards queued and in flight (not yet committed) are above
+  ``cluster.forward_backpressure_messages`` or ``_bytes``, each forward holds its publisher through
+  the node's gate (the runtime's ``flow.Gate``, made by the ``MakeGate`` the app wires in): its
+  connection is not read. A successful send that leaves them below half releases it. A failed send
+  keeps its forwards for the retry after the reconnect; while PostgreSQL does not answer the
+  publishers stay held (told once in the log after ``limits.stalled_consumer_timeout_s``), since
+  what they were acknowledged for must still be sent. Past ``MAX_PENDING`` (reached only by what
+  held connections had already read, or by publishes no connection made) new forwards are dropped,
+  counted as ``cluster_forward`` among the broker's drops.
 - Retained messages: the publishing node writes them (the broker's write-behind); after the commit
   the changed topics are announced and the other nodes reload them from the table.
 - Sessions: the :class:`~trimaran.broker.holders.SessionHolders` port, ``cluster_sessions`` says
@@ -27,7 +36,8 @@ import logging
 import secrets
 import socket
 import time
-from typing import Any, Final
+from collections.abc import Callable
+from typing import Any, Final, Protocol
 
 import anyio
 import anyio.to_thread
@@ -35,6 +45,7 @@ import psycopg
 from anyio.abc import TaskGroup, TaskStatus
 
 from trimaran.broker.core import Broker
+from trimaran.broker.drops import CLUSTER_FORWARD
 from trimaran.broker.holders import HandOver
 from trimaran.broker.message import Message
 from trimaran.cluster.routes import RouteTable
@@ -59,13 +70,39 @@ from trimaran.errors import first_line
 from trimaran.storage import cluster_store
 from trimaran.storage.notify import Flush, Sender, connect, conninfo, listen, received
 from trimaran.storage.store import Storage
+from trimaran.vhosts import vhost_of
 
 log = logging.getLogger(__name__)
 
 BROADCAST: Final = "trimaran_cluster"
-MAX_PENDING: Final = 100_000  # forwards queued while PostgreSQL does not answer, past which they drop
+# Forwards queued and in flight past which new ones are dropped: a last resort, the publishers are
+# held from cluster.forward_backpressure_messages (at most 50,000) on.
+MAX_PENDING: Final = 100_000
+OFF: Final = 1 << 62  # the marks without a gate (no runtime to hold anyone): never behind
+OTHER_NODES: Final = "the other nodes"  # whom a dropped forward was for, in the drops' log line
 RECONNECT_S: Final = 1.0
 _NOTHING: Final[tuple[int, frozenset[tuple[str, str]]]] = (0, frozenset())
+
+
+class Gate(Protocol):
+    """What holds the publishers of forwards (the runtime's ``flow.Gate``)."""
+
+    @property
+    def holding(self) -> bool: ...
+
+    def hold(self) -> None: ...
+
+    def saw(self, mark: int) -> None: ...
+
+    def idle_s(self) -> float: ...
+
+    def release(self) -> None: ...
+
+
+#: ``stalled(idle_s)`` as the gate asks it (``flow.Stalled``): True to keep holding.
+Stalled = Callable[[float], bool]
+#: Makes the node's gate, given what it asks when it sees no progress (the app's: the runtime's Gate).
+MakeGate = Callable[[Stalled], Gate]
 
 
 def channel(node: str) -> str:
@@ -83,6 +120,8 @@ class ClusterNode:
         broker: Broker,
         claims_as: str,
         statement_timeout_s: float,
+        make_gate: MakeGate | None = None,
+        stalled_timeout_s: float = 30.0,
     ) -> None:
         self.settings = settings
         self.name = name
@@ -95,9 +134,21 @@ class ClusterNode:
         self.table = RouteTable(name)
         self.channel = channel(name)
         self.timeout_ms = int(settings.node_timeout_s * 1000)
-        # What the next flush sends.
+        # What the next flush sends: forward records per node, counted and in bytes.
         self._forwards: dict[str, list[bytes]] = {}
         self._queued = 0
+        self._queued_bytes = 0
+        # The forwards of the flush in flight: kept until it commits, put back in front if it fails.
+        self._sending: dict[str, list[bytes]] = {}
+        self._sending_count = 0
+        self._sending_bytes = 0
+        # Backpressure: above the high marks (queued and in flight) each forward holds its publisher.
+        self._gate = make_gate(self._stalled) if make_gate is not None else None
+        self.high_messages = settings.forward_backpressure_messages if make_gate is not None else OFF
+        self.high_bytes = settings.forward_backpressure_bytes if make_gate is not None else OFF
+        self.stalled_timeout_s = stalled_timeout_s
+        self.behind = False
+        self._stall_told = False
         self._route_changes: dict[str, bool] = {}
         self._released: set[str] = set()
         self._control: list[tuple[str, str, str]] = []  # (channel, kind, body)
@@ -109,6 +160,7 @@ class ClusterNode:
         self._group: TaskGroup | None = None
         # Counters for the admin API and metrics.
         self.forwarded = 0
+        self.sent = 0  # forward records committed (the gate's progress mark)
         self.received = 0
         self.dropped = 0
         self.takeovers = 0
@@ -171,6 +223,7 @@ class ClusterNode:
             )
             if self._sender is not None:
                 await self._sender.notify(BROADCAST, notice_text(LEFT, self._next(), self.name))
+        self._let_go()
         log.info("cluster: node %s left", self.name)
 
     # -- the deck's Forwarder port --------------------------------------------------------------
@@ -179,8 +232,8 @@ class ClusterNode:
         targets = self.table.targets(message.topic)
         if not targets.nodes or message.topic.startswith("$SYS/"):
             return _NOTHING
-        if self._queued >= MAX_PENDING:
-            self.dropped += 1
+        if self._queued + self._sending_count >= MAX_PENDING:
+            self._drop(message)
             return _NOTHING
         try:
             plain: bytes | None = None
@@ -197,13 +250,63 @@ class ClusterNode:
                 else:
                     pending.append(record)
                 self._queued += 1
+                self._queued_bytes += len(record)
         except (TypeError, ValueError) as exc:  # a property no JSON can hold
-            self.dropped += 1
+            self._drop(message)
             log.warning("cluster: a message to %r cannot be forwarded: %s", message.topic, first_line(exc))
             return _NOTHING
         self.forwarded += 1
+        if (
+            self.behind
+            or self._queued + self._sending_count > self.high_messages
+            or self._queued_bytes + self._sending_bytes > self.high_bytes
+        ):
+            self._hold()
         self._wake.set()
         return len(targets.nodes), targets.elsewhere
+
+    def _drop(self, message: Message) -> None:
+        self.dropped += 1
+        self.broker.stats.drops.drop(CLUSTER_FORWARD, vhost_of(message.topic), OTHER_NODES)
+
+    def _hold(self) -> None:
+        """The forwards not yet sent are above a high mark: the publisher acted on waits for them."""
+        gate = self._gate
+        if gate is None:
+            return
+        if not self.behind:
+            self.behind = True
+            log.debug(
+                "cluster: %d forwards (%d bytes) not yet sent to the other nodes: their publishers are held",
+                self._queued + self._sending_count,
+                self._queued_bytes + self._sending_bytes,
+            )
+        gate.hold()
+
+    def _let_go(self) -> None:
+        self.behind = False
+        self._stall_told = False
+        if self._gate is not None:
+            self._gate.release()
+
+    def _stalled(self, idle_s: float) -> bool:
+        """The gate has held publishers a while (``flow.Stalled``): a send that commits is progress.
+        Without one for ``stalled_timeout_s`` PostgreSQL does not answer (the sender reconnects every
+        second): say so once, and keep holding. Letting the publishers go would only fill the buffer
+        to its last-resort bound and drop what they were acknowledged for."""
+        gate = self._gate
+        assert gate is not None
+        gate.saw(self.sent)
+        idle_s = gate.idle_s()
+        if idle_s >= self.stalled_timeout_s and not self._stall_told:
+            self._stall_told = True
+            log.warning(
+                "cluster: no forward was sent to the other nodes for %.0f s (%d waiting); their "
+                "publishers stay held until PostgreSQL takes them",
+                idle_s,
+                self._queued + self._sending_count,
+            )
+        return True
 
     def retained_written(self, topics: list[str]) -> None:
         if topics:
@@ -295,7 +398,9 @@ class ClusterNode:
         self._control.clear()
         if self._forwards:
             forwards, self._forwards = self._forwards, {}
-            self._queued = 0
+            self._sending = forwards
+            self._sending_count, self._sending_bytes = self._queued, self._queued_bytes
+            self._queued = self._queued_bytes = 0
             for node, records in forwards.items():
                 target = channel(node)
                 for notice in pack(records):
@@ -308,26 +413,56 @@ class ClusterNode:
         return flush
 
     async def _flush(self) -> None:
+        if self._sender is None:
+            return
         flush = self._take()
-        if not flush or self._sender is None:
+        if not flush:
             return
         try:
             await self._sender.send(flush, lambda row: notice_text(SPILLED, self._next(), str(row)))
         except (psycopg.Error, OSError) as exc:
-            lost = sum(1 for _, text in flush.notices if text is None or text[0] == FORWARD)
-            self.dropped += lost
+            kept = self._sending_count
+            self._requeue()
             # Route changes and releases are states: keep them for the next flush (newer ones win).
             for key in flush.routes_added:
                 self._route_changes.setdefault(key, True)
             for key in flush.routes_removed:
                 self._route_changes.setdefault(key, False)
             self._released.update(flush.sessions_released)
+            states = (FORWARD, ROUTES)  # kept above; the other notices (control) are lost
+            lost = sum(1 for _, text in flush.notices if text is not None and text[0] not in states)
             log.error(
-                "cluster: sending to the other nodes failed (%d forward notices lost): %s",
+                "cluster: sending to the other nodes failed (%d forwards kept for the retry, %d other "
+                "notices lost): %s",
+                kept,
                 lost,
                 first_line(exc),
             )
             await self._reconnect_sender()
+            self._wake.set()  # the retry, at once
+            return
+        self._sent()
+
+    def _sent(self) -> None:
+        """The flush committed: its forwards are on their way; below half of both marks (what was
+        queued meanwhile), the publishers held for them are read again."""
+        self.sent += self._sending_count
+        self._sending = {}
+        self._sending_count = self._sending_bytes = 0
+        if self.behind and (
+            self._queued <= self.high_messages >> 1 and self._queued_bytes <= self.high_bytes >> 1
+        ):
+            self._let_go()
+
+    def _requeue(self) -> None:
+        """The flush failed: its forwards go back in front of those queued since, in order per node."""
+        for node, records in self._sending.items():
+            later = self._forwards.get(node)
+            self._forwards[node] = records + later if later else records
+        self._queued += self._sending_count
+        self._queued_bytes += self._sending_bytes
+        self._sending = {}
+        self._sending_count = self._sending_bytes = 0
 
     async def _reconnect_sender(self) -> None:
         assert self._sender is not None
@@ -507,6 +642,8 @@ class ClusterNode:
         return {
             "node": self.name,
             "forwarded": self.forwarded,
+            "waiting": self._queued + self._sending_count,
+            "holding": self.behind,
             "received": self.received,
             "dropped": self.dropped,
             "takeovers": self.takeovers,

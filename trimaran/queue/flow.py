@@ -73,6 +73,7 @@ OFF = 1 << 62
 class QueueFlow:
     __slots__ = (
         "_gates",
+        "closed",
         "high_bytes",
         "high_messages",
         "make_gate",
@@ -100,6 +101,7 @@ class QueueFlow:
         self._gates: dict[QueueState, Gate] = {}
         self.times_held = 0  # queues that began holding their publishers (counted, for the metrics)
         self.stalls = 0  # queues whose consumers were closed for taking nothing
+        self.closed = 0  # consumers closed for taking nothing (the metrics' stalled consumers)
 
     # -- what the manager calls ----------------------------------------------------------------------
 
@@ -203,6 +205,7 @@ class QueueFlow:
             for handle in list(group.consumers):
                 if handle.closed:
                     continue
+                self.closed += 1
                 try:
                     handle.consumer.stalled(idle_s)
                 except Exception:

@@ -9,6 +9,9 @@ below its low-water mark or goes away. So a publisher goes at the pace of the sl
 and none that feeds only fast ones waits. What was read before the hold still arrives: nothing
 acknowledged is dropped.
 
+Each gate is counted when it begins holding (``began``, its owner's: the runtime's counters by
+place, ``RuntimeStats.holds``), not at each ``hold``: nothing is added per message.
+
 A gate that makes no progress (``moved`` not called) for a while asks its owner what to do
 (``stalled``): a QoS 0 reader is declared stuck (its publishers go on, its QoS 0 deliveries are
 dropped past its outbox); a consumer that takes nothing for ``stalled_consumer_timeout_s`` is
@@ -20,7 +23,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Protocol
+
+#: The places a gate stands for, as the metrics label them (``trimaran_flow_holds_total{place}``):
+#: a subscriber's session queue and socket (``transport.Conn``), a queue's backlog
+#: (``queue/flow.py``), this node's forwards to the others (``cluster/node.py``).
+SESSION: Final = "session"
+QUEUE: Final = "queue"
+CLUSTER: Final = "cluster"
+PLACES: Final = (SESSION, QUEUE, CLUSTER)
 
 
 class Held(Protocol):
@@ -48,10 +59,23 @@ Stalled = Callable[[float], bool]
 
 
 class Gate:
-    __slots__ = ("_held", "_mark", "_moved_at", "_patience", "_runner", "_stalled", "_timer", "stuck")
+    __slots__ = (
+        "_began",
+        "_held",
+        "_mark",
+        "_moved_at",
+        "_patience",
+        "_runner",
+        "_stalled",
+        "_timer",
+        "stuck",
+    )
 
-    def __init__(self, runner: Current, patience: float, stalled: Stalled) -> None:
+    def __init__(
+        self, runner: Current, patience: float, stalled: Stalled, began: Callable[[], None] | None = None
+    ) -> None:
         self._runner = runner
+        self._began = began  # called each time the gate begins holding (its owner counts it)
         self._patience = patience
         self._stalled = stalled
         self._held: set[Held] | None = None
@@ -78,6 +102,8 @@ class Gate:
             loop = self._runner.loop()
             self._moved_at = loop.time()
             self._timer = loop.call_later(self._patience, self._check)
+            if self._began is not None:
+                self._began()
         elif source in held:
             return
         held.add(source)

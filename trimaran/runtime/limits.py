@@ -37,6 +37,21 @@ class RuntimeStats:
     messages_received: int = 0
     refused: dict[str, int] = field(default_factory=dict)  # reason -> count
     crashes: int = 0
+    # Flow control (runtime/flow.py), counted when a gate begins holding and when a consumer is
+    # closed, never per message: place -> times a gate began holding publishers; place -> consumers
+    # closed for taking nothing (the queues count theirs, ``QueueFlow.closed``); connections not read
+    # now because some gate holds them.
+    holds: dict[str, int] = field(default_factory=dict)
+    stalls: dict[str, int] = field(default_factory=dict)
+    held: int = 0
 
     def refuse(self, reason: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1
+
+    def began(self, place: str) -> None:
+        """A gate at ``place`` began holding publishers."""
+        self.holds[place] = self.holds.get(place, 0) + 1
+
+    def stalled(self, place: str) -> None:
+        """A consumer at ``place`` was closed for taking nothing while it held publishers."""
+        self.stalls[place] = self.stalls.get(place, 0) + 1

@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol, cast
 
-from trimaran.runtime.flow import Gate
+from trimaran.runtime.flow import SESSION, Gate
 from trimaran.runtime.limits import RuntimeLimits, RuntimeStats, Traffic
 from trimaran.runtime.machine import Machine
 from trimaran.runtime.memory import Memory
@@ -288,6 +288,8 @@ class Conn(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         was = self.state
         self.state = GONE
+        if self._held_by > 0 and was != GONE:
+            self.runner.stats.held -= 1  # gone: no longer held, whenever its gates let go
         hull = self.hull
         if was == OPEN and hull is not None and not hull.machine.closed:
             try:
@@ -335,6 +337,7 @@ class Conn(asyncio.Protocol):
             if idle_s < self.runner.limits.stalled_consumer_timeout_s:
                 return True
             gate.release()
+            self.runner.stats.stalled(SESSION)
             try:
                 hull.stalled(idle_s)
             except Exception as exc:
@@ -353,7 +356,10 @@ class Conn(asyncio.Protocol):
 
     def held(self, on: bool) -> None:
         """A gate holds this connection (``on``: a consumer it fed is behind), or lets it go."""
-        self._held_by += 1 if on else -1
+        before = self._held_by
+        self._held_by = after = before + (1 if on else -1)
+        if (before == 0) != (after == 0) and self.state != GONE:
+            self.runner.stats.held += 1 if on else -1  # connections held now (the gauge)
         self._sync_reading()
 
     # -- what hulls call ----------------------------------------------------------------------------
@@ -411,7 +417,10 @@ class Conn(asyncio.Protocol):
         if gate is None:
             if self.state != OPEN:
                 return
-            gate = self._gate = Gate(self.runner, self.runner.limits.hold_publishers_s, self._stalled)
+            runner = self.runner
+            gate = self._gate = Gate(
+                runner, runner.limits.hold_publishers_s, self._stalled, lambda: runner.stats.began(SESSION)
+            )
         elif gate.stuck and self.hull is not None and self.hull.behind() is not None:
             gate.stuck = False  # stuck on QoS 0, now behind on messages it must be given: held again
         gate.hold()
