@@ -247,6 +247,66 @@ def test_eight_publishers_into_a_stopped_consumer_are_held_and_lose_nothing(
         consumer.join(10)
 
 
+class Deaf(threading.Thread):
+    """basic.consume with no ack, then nothing read until ``go`` is set: its socket fills."""
+
+    def __init__(self, port: int, queue: str) -> None:
+        super().__init__(daemon=True)
+        self.port, self.queue = port, queue
+        self.go = threading.Event()
+        self.done = threading.Event()
+        self.consuming = threading.Event()
+        self.got: list[tuple[bytes, bool]] = []
+
+    def run(self) -> None:
+        conn = pika.BlockingConnection(params(self.port))
+        channel = conn.channel()
+        channel.basic_consume(
+            self.queue,
+            lambda _ch, method, _props, data: self.got.append((data, bool(method.redelivered))),
+            True,
+        )
+        self.consuming.set()
+        self.go.wait()
+        while not self.done.is_set():
+            conn.process_data_events(0.05)
+        conn.close()
+
+
+def test_a_no_ack_consumer_whose_socket_is_full_holds_its_publishers(flow_server: RunningServer) -> None:
+    """Without flow control a no-ack consumer takes everything its queue has into the server's
+    buffers for its socket; here its queue keeps what its socket cannot, up to the mark, and its
+    publishers wait."""
+    port = flow_server.ports["amqp"]
+    queue = unique("deaf")
+    declare(port, queue)
+    consumer = Deaf(port, queue)
+    consumer.start()
+    assert consumer.consuming.wait(10)
+    depth = Depth(port, queue)
+    depth.start()
+    count = 6000  # 8 x 6,000 x 512 bytes: far past what the sockets' buffers hold
+    publishers = [Publisher(port, queue, who, count) for who in range(PUBLISHERS)]
+    try:
+        for publisher in publishers:
+            publisher.start()
+        wait_until(lambda: depth.last >= HIGH, timeout=60)
+        held_at = plateau(lambda: depth.last)
+        assert HIGH <= held_at <= BOUND, held_at
+        assert any(p.is_alive() for p in publishers)
+        consumer.go.set()
+        wait_until(lambda: len(consumer.got) >= PUBLISHERS * count, timeout=300)
+        for publisher in publishers:
+            publisher.join(30)
+            assert not publisher.is_alive()
+        check_everything_once_in_order(consumer.got, PUBLISHERS, count)
+    finally:
+        consumer.go.set()
+        consumer.done.set()
+        depth.done.set()
+        consumer.join(10)
+
+
 class Timed(threading.Thread):
     """Publishes without confirms, as fast as pika goes, until ``stop`` is set; ``sent`` counts what
     pika wrote (all of it reaches the broker: the connection is closed in order after it)."""

@@ -3,8 +3,11 @@
 A consumer (basic.consume) is a queue-manager consumer. Prefetch is credit: a consumer holds at most
 ``prefetch_count`` unacknowledged deliveries (RabbitMQ's per-consumer qos), and a channel-wide
 limit (``global`` qos) caps the sum over the channel's consumers. A consumer without a prefetch
-count has no limit, as in RabbitMQ: memory is bounded by the runtime's byte accounting and flow
-control (publishers pause above the memory watermark), not by a hidden window.
+count has no limit on what it leaves unacknowledged, as in RabbitMQ; what it has been handed but its
+socket has not yet taken is bounded (``UNWRITTEN``, given back as the runtime writes, not while the
+socket is full), as is a no-ack consumer's under its prefetch: so a consumer that reads slowly
+leaves its messages in its queue, whose backlog holds the publishers (queue/flow.py), rather than
+in the server's buffers for its socket.
 
 basic.ack / nack / reject become typed outcomes where they are read (:data:`BASIC_OUTCOMES`),
 settled through each consumer's handle: requeue comes back at once (an attempt), ``requeue=false``
@@ -33,8 +36,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-#: The credit of a consumer without a prefetch count.
-NO_LIMIT = 1 << 30
+#: The deliveries a consumer without a prefetch count may have that its socket has not yet taken.
+UNWRITTEN: Final = 1000
 
 
 class Consumer:
@@ -66,7 +69,7 @@ class Consumer:
         self.id = f"{channel.conn.name}/{channel.number}/{tag}"
         self.handle: ConsumerHandle | None = None
         self.unacked = 0  # delivered, waiting for basic.ack
-        self.outstanding = 0  # no-ack deliveries queued but not yet written
+        self.outstanding = 0  # deliveries queued but not yet written (no-ack, or no prefetch)
         self.cancelled = False
 
     def deliver(self, delivery: QueueDelivery) -> None:
@@ -89,12 +92,12 @@ class Consumer:
         channel.stats.messages_sent += 1
         io = channel.io
         io.messages_out += 1
-        if self.no_ack:
-            self.outstanding += 1
-            channel.conn.written_hooks.add(channel)
-        else:
+        if not self.no_ack:
             channel.unacked[tag] = (self, delivery.offset)
             self.unacked += 1
+        if self.no_ack or not self.prefetch:  # its credit comes back once its socket takes it
+            self.outstanding += 1
+            channel.conn.written_hooks.add(channel)
         if not io.dirty:  # once a flush, not once a delivery: the runtime's wake, straight
             io.wake()
 
@@ -127,7 +130,6 @@ class Getter(Consumer):
 
 class ChannelState:
     __slots__ = (
-        "_window",
         "closed",
         "confirm",
         "conn",
@@ -152,7 +154,7 @@ class ChannelState:
         "unacked",
     )
 
-    def __init__(self, conn: ChannelOwner, number: int, window: int = NO_LIMIT) -> None:
+    def __init__(self, conn: ChannelOwner, number: int) -> None:
         self.conn = conn
         # What a delivery writes to and counts on, held typed rather than reached through the
         # connection's protocol on every message: the connection's for its whole life.
@@ -181,7 +183,6 @@ class ChannelState:
         #: Direct reply-to: the consumer tag on amq.rabbitmq.reply-to and the channel's token.
         self.reply_tag = ""
         self.reply_token: str | None = None
-        self._window = window
 
     # -- delivering -------------------------------------------------------------------------------
 
@@ -219,7 +220,7 @@ class ChannelState:
         return True
 
     def after_write(self) -> None:
-        """No-ack deliveries were written: their credit comes back."""
+        """Deliveries counted until written were written: their credit comes back."""
         for consumer in self.consumers.values():
             if consumer.outstanding:
                 consumer.outstanding = 0
@@ -231,11 +232,15 @@ class ChannelState:
         handle = consumer.handle
         if handle is None or handle.closed or consumer.cancelled or not self.flow_active:
             return
-        limit = consumer.prefetch or self._window
-        want = limit - consumer.unacked - consumer.outstanding - handle.credit
+        if consumer.prefetch:
+            want = consumer.prefetch - consumer.unacked - consumer.outstanding - handle.credit
+        else:
+            want = UNWRITTEN - consumer.outstanding - handle.credit
         if self.global_prefetch:
             held = len(self.unacked) + sum(
-                c.handle.credit + c.outstanding for c in self.consumers.values() if c.handle is not None
+                c.handle.credit + (c.outstanding if c.no_ack else 0)  # (the others' are in unacked)
+                for c in self.consumers.values()
+                if c.handle is not None
             )
             want = min(want, self.global_prefetch - held)
         if want > 0:

@@ -120,7 +120,11 @@ class Amqp091Conn:
             self.confirm_ready()
 
     def written(self) -> None:
-        if self.written_hooks:
+        # A no-ack consumer's credit comes back once its deliveries are written; not while its
+        # socket is full (they would pile up in the transport, unbounded): its queue's backlog
+        # grows instead and holds the publishers (queue/flow.py), and the runtime calls this again
+        # once the socket drains.
+        if self.written_hooks and self.io.writable:
             hooks, self.written_hooks = self.written_hooks, set()
             for channel in hooks:
                 channel.after_write()
