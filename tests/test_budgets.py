@@ -109,7 +109,7 @@ PATHS = [
         # queued behind its window.
         "mqtt qos1 fan-in 4->1, window 10",
         _mqtt(publishers=4, subscribers=1, qos=1, topic="bench/t", batch=50, receive_maximum=10),
-        Budget(loop=(10.0, 23.0)),
+        Budget(loop=(10.0, 24.0)),
     ),
     Path_(
         "mqtt qos1 fan-out 1->4",

@@ -440,7 +440,10 @@ class ServerConnection:
         level = self.protocol_level
         if session is None or connect.clean_start:
             session_present = False
-        if session is None:
+        if session is not None:
+            for message in session.queue.items:
+                message.wire = None  # cut for the connection that queued it (publish_qos1_run)
+        else:
             session = Session(
                 self.client_id,
                 max_queued=self.limits.max_queued_messages,
@@ -592,8 +595,9 @@ class ServerConnection:
         for i, (wire, payload) in enumerate(packets):
             if topics is not None:
                 topic = topics[i]
-            message = OutboundMessage(topic, payload, 1, False, NO_PROPERTIES, None, None, False, None)
+            at = len(wire) - len(payload) - back
             if sent < room:
+                message = OutboundMessage(topic, payload, 1, False, NO_PROPERTIES, None, None, False, None)
                 # session.start_inflight() written out: once per message
                 if len(inflight) >= 0xFFFF:
                     raise RuntimeError("all 65535 packet identifiers are in use")
@@ -602,10 +606,18 @@ class ServerConnection:
                     pid = pid % 0xFFFF + 1
                 session.next_packet_id = pid % 0xFFFF + 1
                 inflight[pid] = InflightEntry(pid, message, AWAITING_PUBACK, True)
-                at = len(wire) - len(payload) - back
                 parts += (wire[:at], _PACKET_ID(pid), wire[at + 2 :])
                 sent += 1
             else:
+                cut = None
+                if back == 2:
+                    # Before 5.0 what follows the packet id is the payload itself: queued cut
+                    # around its id, the PUBACK that makes room sends it without encoding it again
+                    # (`_send_publish`), for no more memory than its head. (accept() forgets the
+                    # cuts: the session's next connection may be of another level.)
+                    payload = wire[at + 2 :]
+                    cut = (wire[:at], payload)
+                message = OutboundMessage(topic, payload, 1, False, NO_PROPERTIES, None, None, False, cut)
                 items.append(message)  # session.queue.append() written out
                 queue.bytes += len(payload) + len(topic)
         if sent:
@@ -1315,6 +1327,7 @@ class ServerConnection:
             # _send_inflight() written out for a new entry: never sent, never awaiting PUBCOMP
             entry = session.start_inflight(message)
             reason = self._send_publish(message, message.qos, entry.packet_id, False)
+            message.wire = None  # its one use (a resend carries DUP, encoded anew)
             if reason is None:
                 entry.sent = True
             else:
