@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 from tests.cluster.conftest import TOKEN, Nodes, wait_route, wait_until
+from tests.support.gates import FakeGate, Publisher
 from tests.support.paho import V311, Endpoints, connect
 from trimaran.broker.core import Broker
 from trimaran.broker.drops import CLUSTER_FORWARD
@@ -36,62 +37,9 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-class Publisher:
-    """A connection as a gate holds it."""
-
-    def __init__(self) -> None:
-        self.holds = 0
-
-    def held(self, on: bool) -> None:
-        self.holds += 1 if on else -1
-
-
 class Runner:
     def __init__(self) -> None:
         self.current: Publisher | None = None
-
-
-class Gate:
-    """The runtime's flow.Gate without a loop: it holds the connection acted on; the test says how
-    long it has seen no progress and asks the owner as the gate's timer would (``check``)."""
-
-    def __init__(self, runner: Runner, stalled: Stalled) -> None:
-        self.runner = runner
-        self.stalled = stalled
-        self.held: set[Publisher] = set()
-        self.began = 0
-        self.mark = 0
-        self.idle = 0.0
-
-    @property
-    def holding(self) -> bool:
-        return bool(self.held)
-
-    def hold(self) -> None:
-        source = self.runner.current
-        if source is None or source in self.held:
-            return
-        if not self.held:
-            self.began += 1
-        self.held.add(source)
-        source.held(True)
-
-    def saw(self, mark: int) -> None:
-        if mark != self.mark:
-            self.mark = mark
-            self.idle = 0.0
-
-    def idle_s(self) -> float:
-        return self.idle
-
-    def release(self) -> None:
-        held, self.held = self.held, set()
-        for source in held:
-            source.held(False)
-
-    def check(self, idle: float) -> bool:
-        self.idle += idle
-        return self.stalled(self.idle)
 
 
 class Sender:
@@ -125,7 +73,7 @@ class Rig:
         self.runner = Runner()
         self.publisher = Publisher()
         self.runner.current = self.publisher
-        self.gates: list[Gate] = []
+        self.gates: list[FakeGate] = []
         self.broker = Broker()
         settings = ClusterSettings(forward_backpressure_messages=HIGH, forward_backpressure_bytes=high_bytes)
         self.node = ClusterNode(
@@ -142,12 +90,12 @@ class Rig:
         self.sender = Sender()
         self.node._sender = self.sender  # type: ignore[assignment]
 
-    def _make(self, stalled: Stalled) -> Gate:
-        self.gates.append(Gate(self.runner, stalled))
+    def _make(self, stalled: Stalled) -> FakeGate:
+        self.gates.append(FakeGate(stalled, self.runner))
         return self.gates[-1]
 
     @property
-    def gate(self) -> Gate:
+    def gate(self) -> FakeGate:
         return self.gates[0]
 
     def forward(self, first: int, count: int, size: int = 1) -> None:

@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from tests.queue.conftest import Collector, Factory, wait_until
+from tests.support.gates import FakeGate, Publisher
 from trimaran.broker.message import Message
 from trimaran.config import QueuePolicySettings
 from trimaran.queue import QueueManager
-from trimaran.queue.flow import Held, QueueFlow, Stalled
+from trimaran.queue.flow import QueueFlow, Stalled
 from trimaran.queue.outcomes import ACK
 
 pytestmark = pytest.mark.anyio
@@ -19,61 +20,11 @@ pytestmark = pytest.mark.anyio
 HIGH = 10  # messages not yet delivered above which publishers are held (below 5: they go on)
 
 
-class Publisher:
-    """A connection or link as a gate holds it."""
+def gated(manager: QueueManager, *, high_bytes: int = 1 << 30, timeout_s: float = 5.0) -> list[FakeGate]:
+    gates: list[FakeGate] = []
 
-    def __init__(self) -> None:
-        self.holds = 0
-
-    def held(self, on: bool) -> None:
-        self.holds += 1 if on else -1
-
-
-class Gate:
-    """The runtime's flow.Gate without a runner: it holds the source it is given; the test says how
-    long it has seen no progress (``idle``) and asks the owner as the gate's timer would."""
-
-    def __init__(self, stalled: Stalled) -> None:
-        self.stalled = stalled
-        self.stuck = False
-        self.held: set[Held] = set()
-        self.mark = 0
-        self.idle = 0.0
-
-    @property
-    def holding(self) -> bool:
-        return bool(self.held)
-
-    def hold(self, source: Held | None = None) -> None:
-        if source is None or self.stuck or source in self.held:
-            return
-        self.held.add(source)
-        source.held(True)
-
-    def saw(self, mark: int) -> None:
-        if mark != self.mark:
-            self.mark = mark
-            self.idle = 0.0
-
-    def idle_s(self) -> float:
-        return self.idle
-
-    def release(self) -> None:
-        held, self.held = self.held, set()
-        for source in held:
-            source.held(False)
-
-    def check(self, idle: float) -> bool:
-        """The gate's timer: ``idle`` more seconds without progress; what the owner answers."""
-        self.idle += idle
-        return self.stalled(self.idle)
-
-
-def gated(manager: QueueManager, *, high_bytes: int = 1 << 30, timeout_s: float = 5.0) -> list[Gate]:
-    gates: list[Gate] = []
-
-    def make(stalled: Stalled) -> Gate:
-        gates.append(Gate(stalled))
+    def make(stalled: Stalled) -> FakeGate:
+        gates.append(FakeGate(stalled))
         return gates[-1]
 
     manager.flow = QueueFlow(make, high_messages=HIGH, high_bytes=high_bytes, timeout_s=timeout_s)

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from tests.support.gates import Publisher
 from trimaran.runtime.flow import Gate
 
 pytestmark = pytest.mark.anyio
@@ -16,17 +17,9 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-class Source:
-    def __init__(self) -> None:
-        self.holds = 0
-
-    def held(self, on: bool) -> None:
-        self.holds += 1 if on else -1
-
-
 class Runner:
     def __init__(self) -> None:
-        self.current: Source | None = None
+        self.current: Publisher | None = None
 
     def loop(self) -> asyncio.AbstractEventLoop:
         return asyncio.get_running_loop()
@@ -37,7 +30,7 @@ async def test_it_holds_the_connection_acted_on_or_the_source_named() -> None:
     gate = Gate(runner, 60.0, lambda _idle: True)
     gate.hold()  # nobody is being acted on: nobody is held
     assert not gate.holding
-    connection, link = Source(), Source()
+    connection, link = Publisher(), Publisher()
     runner.current = connection
     gate.hold(link)  # a hull that slows one sender alone names it
     gate.hold(link)
@@ -65,7 +58,7 @@ async def test_without_progress_it_asks_its_owner_until_told_to_stop() -> None:
         return False
 
     gate = Gate(runner, 0.01, stalled)
-    source = Source()
+    source = Publisher()
     gate.hold(source)
     await asyncio.wait_for(done.wait(), 10)
     assert len(asked) == 3 and asked == sorted(asked) and source.holds == 0
