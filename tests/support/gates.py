@@ -18,10 +18,17 @@ class Publisher:
         self.holds += 1 if on else -1
 
 
+class Held(Protocol):
+    """What a gate holds (``flow.Held``)."""
+
+    def held(self, on: bool) -> None: ...
+
+
 class Acted(Protocol):
     """The runner as a gate sees it: the publisher whose frames are being acted on."""
 
-    current: Publisher | None
+    @property
+    def current(self) -> Held | None: ...
 
 
 class FakeGate:
@@ -32,7 +39,7 @@ class FakeGate:
         self.stalled = stalled
         self.runner = runner
         self.stuck = False
-        self.held: set[Publisher] = set()
+        self.held: set[Held] = set()
         self.began = 0  # times it began holding
         self.mark = 0
         self.idle = 0.0
@@ -41,7 +48,7 @@ class FakeGate:
     def holding(self) -> bool:
         return bool(self.held)
 
-    def hold(self, source: Publisher | None = None) -> None:
+    def hold(self, source: Held | None = None) -> None:
         if source is None and self.runner is not None:
             source = self.runner.current
         if source is None or self.stuck or source in self.held:
