@@ -5,9 +5,9 @@ A consumer (basic.consume) is a queue-manager consumer. Prefetch is credit: a co
 limit (``global`` qos) caps the sum over the channel's consumers. A consumer without a prefetch
 count has no limit on what it leaves unacknowledged, as in RabbitMQ; what it has been handed but its
 socket has not yet taken is bounded (``UNWRITTEN``, given back as the runtime writes, not while the
-socket is full), as is a no-ack consumer's under its prefetch: so a consumer that reads slowly
-leaves its messages in its queue, whose backlog holds the publishers (queue/flow.py), rather than
-in the server's buffers for its socket.
+socket is more than ``UNWRITTEN_BYTES`` behind), as is a no-ack consumer's under its prefetch: so
+a consumer that reads slowly leaves its messages in its queue, whose backlog holds the publishers
+(queue/flow.py), rather than in the server's buffers for its socket.
 
 basic.ack / nack / reject become typed outcomes where they are read (:data:`BASIC_OUTCOMES`),
 settled through each consumer's handle: requeue comes back at once (an attempt), ``requeue=false``
@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 #: The deliveries a consumer without a prefetch count may have that its socket has not yet taken.
 UNWRITTEN: Final = 1000
+#: Bytes behind on a connection's socket past which its consumers' credit waits for it to drain.
+UNWRITTEN_BYTES: Final = 1 << 20
 
 
 class Consumer:

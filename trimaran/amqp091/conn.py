@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from trimaran.amqp091 import spec
-from trimaran.amqp091.channels import ChannelState, Consumer
+from trimaran.amqp091.channels import UNWRITTEN_BYTES, ChannelState, Consumer
 from trimaran.amqp091.connection import ConnectionState, ServerConnection
 from trimaran.amqp091.events import ContentReceived
 from trimaran.broker.clients import ClientInfo
@@ -120,11 +120,11 @@ class Amqp091Conn:
             self.confirm_ready()
 
     def written(self) -> None:
-        # A no-ack consumer's credit comes back once its deliveries are written; not while its
-        # socket is full (they would pile up in the transport, unbounded): its queue's backlog
-        # grows instead and holds the publishers (queue/flow.py), and the runtime calls this again
-        # once the socket drains.
-        if self.written_hooks and self.io.writable:
+        # A consumer's credit for what it was handed comes back once that is written; not while
+        # the socket is behind by more than UNWRITTEN_BYTES (what comes would pile up in the
+        # transport, unbounded): its queue's backlog grows instead and holds the publishers
+        # (queue/flow.py), and the runtime calls this again once the socket drains.
+        if self.written_hooks and self.io.backlog() <= UNWRITTEN_BYTES:
             hooks, self.written_hooks = self.written_hooks, set()
             for channel in hooks:
                 channel.after_write()
