@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 
 #: The deliveries a consumer without a prefetch count may have that its socket has not yet taken.
-UNWRITTEN: Final = 1000
+UNWRITTEN: Final = 10_000
 #: Bytes behind on a connection's socket past which its consumers' credit waits for it to drain.
 UNWRITTEN_BYTES: Final = 1 << 20
 
