@@ -2,7 +2,8 @@
 
 Each extension lands beside its ``.py`` file, with the one shared library they call each other
 through (trimaran/_mypyc__mypyc*.so); the generated C and the objects go to build/mypyc/. The
-package's pyproject.toml is not read: this is a build of the checkout, not of a distribution.
+build is scripts/mypyc_build.py's, the one the wheel's setup.py runs too; here it is a build of the
+checkout, not of a distribution.
 
 ``--if-possible`` is ``make run``'s step: it builds only when no current build is there, and where
 there is no C compiler, no Python headers, no mypyc or the build fails, it says so in one line and
@@ -12,52 +13,17 @@ leaves the source to run (the fallback), exiting 0. TRIMARAN_INTERPRETED=1 skips
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
-import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
+
+# The build shared with setup.py, beside this file (also when this file is loaded by its path).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mypyc_build import build_in_place, cannot_build
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG = ROOT / "build" / "mypyc" / "compile.log"
-
-
-def build() -> None:
-    from mypyc.build import mypycify
-    from setuptools import Distribution
-
-    from trimaran.compiled import GROUP, MODULES
-
-    sources = [str(Path(*name.split(".")).with_suffix(".py")) for name in MODULES]
-    extensions = mypycify(sources, opt_level="3", group_name=GROUP, target_dir="build/mypyc")
-    dist = Distribution({"name": "trimaran-compiled", "ext_modules": extensions})
-    dist.script_args = [
-        "build_ext",
-        "--inplace",
-        "--build-temp",
-        "build/mypyc/objects",
-        "--build-lib",
-        "build/mypyc/lib",
-    ]
-    dist.parse_command_line()
-    dist.run_commands()
-
-
-def cannot_build(cc: str | None = None, include: str | None = None) -> str | None:
-    """What this machine lacks to build (with this C compiler and these headers: Python's own by
-    default), or None."""
-    compiler = (cc or sysconfig.get_config_var("CC") or "cc").split()[0]
-    if shutil.which(compiler) is None:
-        return f"no C compiler ({compiler})"
-    headers = Path(include or sysconfig.get_paths()["include"]) / "Python.h"
-    if not headers.exists():
-        return f"no Python headers ({headers}; Debian: python3-dev)"
-    for module in ("mypyc", "setuptools"):
-        if importlib.util.find_spec(module) is None:
-            return f"no {module} in this Python (pip install -e '.[compile]')"
-    return None
 
 
 def if_possible() -> int:
@@ -98,7 +64,7 @@ def main() -> None:
     os.chdir(ROOT)
     if a.if_possible:
         sys.exit(if_possible())
-    build()
+    build_in_place(ROOT)
 
 
 if __name__ == "__main__":

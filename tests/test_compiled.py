@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+import trimaran
 from tests.support.server import ALL_OFF, RunningServer, serving
 from trimaran import compiled
 from trimaran.broker.message import Message
@@ -88,6 +89,25 @@ def test_the_start_log_says_which_build_runs(tmp_path: Path) -> None:
         assert f"protocol machines: interpreted ({ENV} set)" in running.output()
 
 
+def test_the_version_command_says_which_build_runs() -> None:
+    env = {k: v for k, v in os.environ.items() if k != ENV}
+    for variable, build in (
+        ({}, "compiled" if compiled.why_interpreted() is None else "source"),
+        ({ENV: "1"}, "source"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "trimaran", "version"],
+            env={**env, **variable},
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
+        release, said = done.stdout.splitlines()
+        assert release == f"trimaran {trimaran.__version__}"
+        assert said.startswith(f"build: {build}, protocol machines "), said
+
+
 def why_in(package_root: Path) -> str:
     done = subprocess.run(
         [sys.executable, "-c", "from trimaran import compiled; print(compiled.why_interpreted())"],
@@ -123,6 +143,11 @@ def test_a_partial_or_stale_build_runs_the_source(tmp_path: Path) -> None:
     later = library.stat().st_mtime + 10
     os.utime(copy / "amqp1" / "handler.py", (later, later))
     assert why_in(tmp_path) == "the build is older than trimaran/amqp1/handler.py: make compile"
+
+    # Installed from a wheel (its dist-info beside the package), the installer wrote every file in
+    # the wheel's order: a source written after the library is not an edit.
+    (tmp_path / "trimaran-0.1.0.dist-info").mkdir()
+    assert why_in(tmp_path) == "None"
 
 
 def test_no_compiled_function_binds_one_exception_name_to_two_types() -> None:

@@ -114,6 +114,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     # PYTHONPATH stays (it may be how this interpreter finds build); bytecode settings do not, as
     # distutils warns when it cannot byte-compile.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    # The pure wheel: compiling is minutes of CPU, tests/test_wheel.py's slow test builds that one.
+    env["TRIMARAN_BUILD"] = "pure"
     log = run(
         [sys.executable, "-m", "build", "--outdir", str(out), str(source)], cwd=work, env=env, timeout=300
     )
@@ -139,6 +141,15 @@ def test_a_build_warning_is_caught(line: str) -> None:
 def test_build_is_warning_free(built: Built) -> None:
     assert built.log.strip(), "the build printed nothing: its log is not being captured"
     assert build_warnings(built.log) == [], built.log
+
+
+def test_the_pure_wheel_says_so_in_one_line(built: Built) -> None:
+    assert built.wheel.name == f"trimaran-{trimaran.__version__}-py3-none-any.whl"
+    said = [line for line in built.log.splitlines() if line.startswith("trimaran: ")]
+    assert said == [
+        "trimaran: a pure py3-none-any wheel, the hot modules not compiled: TRIMARAN_BUILD=pure "
+        "(docs/performance.md; TRIMARAN_BUILD=compiled makes this an error)"
+    ], built.log
 
 
 def test_metadata_passes_twine_check(built: Built) -> None:

@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     export = _command(commands, "export", "copy the queue tables to Parquet for the audit", parents=[common])
     analytics_export.add_arguments(export)
 
-    _command(commands, "version", "print the version")
+    _command(commands, "version", "print the version and the build that runs (compiled or source)")
     ctl.add_commands(commands, common, _command)
 
     from trimaran.security.cli import add_users_command
@@ -198,7 +198,10 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "version":
-        print(f"trimaran {__version__}")
+        from trimaran import compiled
+
+        # The release, then which build of it runs (trimaran/compiled.py).
+        print(f"trimaran {__version__}\nbuild: {compiled.build()}, protocol machines {compiled.describe()}")
         return 0
     if args.command == "passwd":
         from trimaran.security.cli import run_passwd

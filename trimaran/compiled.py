@@ -1,7 +1,7 @@
 """Which build of the hot modules runs: compiled by mypyc, or interpreted from their source.
 
 The modules in :data:`MODULES` are plain typed Python and always run as such. ``make compile`` builds
-each into a C extension with mypyc (scripts/compile.py), beside its ``.py`` file, and Python's import
+each into a C extension with mypyc (scripts/mypyc_build.py), beside its ``.py`` file, and Python's import
 system then loads the extension first. Nothing else changes: the same code, the same tests, and the
 source stays the fallback on a machine without a compiler (``make run`` never compiles).
 
@@ -24,7 +24,7 @@ from importlib.machinery import EXTENSION_SUFFIXES, ExtensionFileLoader, ModuleS
 from types import ModuleType
 
 ENV = "TRIMARAN_INTERPRETED"
-# The library the compiled modules share (scripts/compile.py): trimaran/_mypyc__mypyc*.so.
+# The library the compiled modules share (scripts/mypyc_build.py): trimaran/_mypyc__mypyc*.so.
 GROUP = "trimaran._mypyc"
 
 # The modules on the hot paths (the profile of tests/test_budgets.py's loads) that mypyc accepts and
@@ -132,6 +132,16 @@ def _built(source: str) -> str | None:
     return None
 
 
+def installed() -> bool:
+    """Whether this package was installed from a wheel (its ``*.dist-info`` is beside it), rather
+    than run from a checkout or an editable install, where sources are edited and pulled."""
+    site = os.path.dirname(os.path.dirname(__file__))
+    try:
+        return any(name.startswith("trimaran-") and name.endswith(".dist-info") for name in os.listdir(site))
+    except OSError:
+        return False
+
+
 def why_interpreted() -> str | None:
     """Why the source runs, or None when the build runs: all of :data:`MODULES` or none. A build
     with one module missing or older than its source would mix two versions of the same classes
@@ -145,10 +155,13 @@ def why_interpreted() -> str | None:
         return "no build"
     built_at = os.path.getmtime(library)
     package = os.path.dirname(os.path.dirname(__file__))
+    # An installed wheel's files were all written by its installer, in the wheel's order: a source
+    # written after the library is not newer than the build (installed(), tests/test_wheel.py).
+    check_age = not installed()
     for source in map(_source, MODULES):
         if _built(source) is None:
             return f"the build lacks {os.path.relpath(source, package)}: make compile"
-        if built_at < os.path.getmtime(source):
+        if check_age and built_at < os.path.getmtime(source):
             return f"the build is older than {os.path.relpath(source, package)}: make compile"
     return None
 
@@ -173,8 +186,20 @@ def compiled_modules() -> list[str]:
     return [name for name in MODULES if is_compiled(importlib.import_module(name))]
 
 
+_BUILD: str | None = None
+
+
+def build() -> str:
+    """``compiled`` when the hot modules run compiled in this process, else ``source``: the name
+    ``trimaran version``, the status API and ``trimaran_build_info{build=...}`` give the build."""
+    global _BUILD
+    if _BUILD is None:
+        _BUILD = "compiled" if compiled_modules() else "source"
+    return _BUILD
+
+
 def describe() -> str:
-    """One phrase for the start log."""
-    if compiled_modules():
+    """One phrase for the start log and ``trimaran version``."""
+    if build() == "compiled":
         return "compiled (mypyc)"
     return "interpreted" if _WHY in (None, "no build") else f"interpreted ({_WHY})"

@@ -21,6 +21,7 @@ import pytest
 
 from tests.support.paho import V5, Endpoints, PacketTypes, connect, props
 from tests.support.server import RunningServer
+from trimaran import compiled
 from trimaran.app import App
 from trimaran.config import Settings
 
@@ -138,6 +139,13 @@ def wait_for(predicate: Any, timeout: float = 5.0) -> None:
 
 
 # -- auth -------------------------------------------------------------------------------------------
+
+
+def test_the_status_says_which_build_runs(api: Api) -> None:
+    """The server runs this checkout in this environment: compiled where a whole current build is."""
+    build = "compiled" if compiled.why_interpreted() is None else "source"
+    assert api.call("GET", "/api/v1/overview")[1]["build"] == build
+    assert api.call("GET", "/healthz", token=None)[1]["build"] == build
 
 
 def test_auth_refused_without_or_with_a_wrong_token(api: Api, server: RunningServer) -> None:

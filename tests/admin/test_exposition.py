@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
-from trimaran import __version__
+from trimaran import __version__, compiled
 from trimaran.admin.telemetry import Telemetry
 from trimaran.config import TelemetrySettings
 from trimaran.runtime.runner import Runner
@@ -36,6 +36,7 @@ def test_process_gc_platform_and_build_info() -> None:
     assert next(iter(got["process_resident_memory_bytes"].values())) > 1_000_000
     ((labels, value),) = got["trimaran_build_info"].items()
     assert dict(labels)["version"] == __version__ and value == 1
+    assert dict(labels)["build"] == compiled.build() in ("compiled", "source")
 
 
 def test_runtime_counters_come_from_runner_stats() -> None:

@@ -111,6 +111,9 @@ def test_login_queue_purge_and_kick(server: RunningServer, browser: Any) -> None
     browser.find_element(By.CSS_SELECTOR, "#login button").click()
     version = wait(lambda: browser.find_element(By.CSS_SELECTOR, '#facts dd[data-fact="version"]').text)
     assert version.startswith("0.")
+    build = browser.find_element(By.CSS_SELECTOR, '#facts dd[data-fact="build"]').text
+    assert build in ("compiled", "source")
+    assert browser.find_element(By.ID, "server").text.endswith(f" · {build}")
     wait(lambda: browser.find_element(By.CSS_SELECTOR, "#rates td").text != "-", timeout=6)
     snap(browser, "overview")
 

@@ -34,7 +34,7 @@ from urllib.parse import urlencode, urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.json_schema import models_json_schema
 
-from trimaran import __version__
+from trimaran import __version__, compiled
 from trimaran.admin.history import MAX_QUEUES
 from trimaran.admin.http import HttpError, HttpServer, Request, Response
 from trimaran.admin.telemetry import PROMETHEUS_CONTENT_TYPE, Telemetry
@@ -97,9 +97,13 @@ class ErrorBody(Model):
     error: ErrorDetail
 
 
+BUILD = "compiled: the hot modules run compiled by mypyc (the release's build); source: interpreted"
+
+
 class Health(Model):
     status: str
     version: str
+    build: Literal["compiled", "source"] = Field(description=BUILD)
     uptime_s: float
 
 
@@ -136,6 +140,7 @@ class ClusterOut(Model):
 
 class Overview(Model):
     version: str
+    build: Literal["compiled", "source"] = Field(description=BUILD)
     node: str
     uptime_s: float
     started_at_ms: int
@@ -550,7 +555,11 @@ class AdminApi:
             ),
             ApiRoute("GET", f"{p}/openapi.json", "This document", self.openapi, {200: "application/json"}),
             ApiRoute(
-                "GET", f"{p}/overview", "Version, node, uptime and counts", self.overview, {200: Overview}
+                "GET",
+                f"{p}/overview",
+                "Version, build, node, uptime and counts",
+                self.overview,
+                {200: Overview},
             ),
             ApiRoute(
                 "GET",
@@ -732,7 +741,7 @@ class AdminApi:
 
     async def healthz(self, _request: Request) -> Response:
         uptime = round(time.time() - self.view.started_at, 3)
-        return _ok(Health(status="ok", version=__version__, uptime_s=uptime))
+        return _ok(Health(status="ok", version=__version__, build=_build(), uptime_s=uptime))
 
     async def readyz(self, _request: Request) -> Response:
         ready = await self.view.readiness()
@@ -786,6 +795,7 @@ class AdminApi:
         return _ok(
             Overview(
                 version=__version__,
+                build=_build(),
                 node=view.node,
                 uptime_s=round(time.time() - view.started_at, 3),
                 started_at_ms=int(view.started_at * 1000),
@@ -1315,6 +1325,10 @@ class AdminApi:
 
 
 # -- helpers ----------------------------------------------------------------------------------------
+
+
+def _build() -> Literal["compiled", "source"]:
+    return "compiled" if compiled.build() == "compiled" else "source"
 
 
 def _ok(model: BaseModel, status: int = 200) -> Response:

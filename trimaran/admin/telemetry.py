@@ -34,7 +34,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 
-from trimaran import __version__
+from trimaran import __version__, compiled
 from trimaran.admin import exposition
 from trimaran.admin.exposition import prometheus_name as prometheus_name
 from trimaran.admin.history import History
@@ -126,7 +126,12 @@ class Telemetry:
         )
         meter = self.provider.get_meter("trimaran")
         counter, gauge = meter.create_observable_counter, meter.create_observable_gauge
-        gauge("trimaran.build.info", [_build_info], "1", "always 1; the version label is the running release")
+        gauge(
+            "trimaran.build.info",
+            [_build_info],
+            "1",
+            "always 1; the version label is the running release, build is compiled or source",
+        )
         counter("trimaran.messages.received", [self._stat("messages_received")], "1", "messages published in")
         counter("trimaran.messages.sent", [self._stat("messages_sent")], "1", "messages delivered out")
         counter(
@@ -563,7 +568,7 @@ def _queue_labels(key: str) -> dict[str, str]:
 
 
 def _build_info(_options: CallbackOptions) -> Iterable[Observation]:
-    labels = {"version": __version__, "python": platform.python_version()}
+    labels = {"version": __version__, "python": platform.python_version(), "build": compiled.build()}
     return [Observation(1, labels)]
 
 

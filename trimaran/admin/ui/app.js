@@ -192,7 +192,7 @@ async function queueCharts() {
 async function overview() {
   const o = await api("GET", "/api/v1/overview");
   const facts = [
-    ["version", o.version], ["node", o.node], ["uptime", duration(o.uptime_s)],
+    ["version", o.version], ["build", o.build], ["node", o.node], ["uptime", duration(o.uptime_s)],
     ["connections", Object.entries(o.connections).map(([k, v]) => `${k} ${v}`).join(", ")],
     ["sessions", o.sessions], ["subscriptions", o.subscriptions], ["retained", o.retained], ["queues", o.queues],
     ["messages", Object.entries(o.messages).map(([k, v]) => `${k} ${v}`).join(", ")],
@@ -211,7 +211,7 @@ async function overview() {
   const cells = $("rates").children;
   ["received", "sent", "dropped", "bytesIn", "bytesOut"].forEach((key, i) => { cells[i].textContent = rate(now[key], before[key], seconds); });
   state.last = now;
-  $("server").textContent = `${o.node} · ${o.version}`;
+  $("server").textContent = `${o.node} · ${o.version} · ${o.build}`;
   await overviewCharts();
 }
 
