@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from tests.cluster.conftest import TOKEN, Nodes, wait_route, wait_until
-from tests.support.gates import FakeGate, Publisher
+from tests.support.gates import FakeGate, Publisher, Runner
 from tests.support.paho import V311, Endpoints, connect
 from trimaran.broker.core import Broker
 from trimaran.broker.drops import CLUSTER_FORWARD
@@ -35,11 +35,6 @@ TIMEOUT_S = 30.0
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-class Runner:
-    def __init__(self) -> None:
-        self.current: Publisher | None = None
 
 
 class Sender:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from tests.support.gates import Publisher
+from tests.support.gates import Publisher, Runner
 from trimaran.runtime.flow import Gate
 
 pytestmark = pytest.mark.anyio
@@ -15,14 +15,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-class Runner:
-    def __init__(self) -> None:
-        self.current: Publisher | None = None
-
-    def loop(self) -> asyncio.AbstractEventLoop:
-        return asyncio.get_running_loop()
 
 
 async def test_it_holds_the_connection_acted_on_or_the_source_named() -> None:

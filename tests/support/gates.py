@@ -4,6 +4,7 @@ this one, and say themselves how long it has seen no progress."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
@@ -16,6 +17,16 @@ class Publisher:
 
     def held(self, on: bool) -> None:
         self.holds += 1 if on else -1
+
+
+class Runner:
+    """The runtime's runner as a gate sees it: the publisher acted on (the test sets it), its loop."""
+
+    def __init__(self) -> None:
+        self.current: Publisher | None = None
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
 
 
 class Held(Protocol):
