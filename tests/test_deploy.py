@@ -141,6 +141,64 @@ def test_image_stages_and_what_they_copy() -> None:
             assert f"!{source.rstrip('/')}" in {line.rstrip("/") for line in ignore}, f"{source} is ignored"
 
 
+def test_image_compiles_in_its_build_stage_and_ships_no_compiler() -> None:
+    """The build stage has gcc, forces the compiled wheel and checks the installed build says so; the
+    runtime stages take only the venv from it and install no compiler of their own."""
+    env = " ".join(stage_args("build", "ENV"))
+    assert "TRIMARAN_BUILD=compiled" in shlex.split(env)
+    installs = " ".join(stage_args("build", "RUN"))
+    assert re.search(r"apt-get install .*\bgcc\b", installs)
+    assert re.search(r"trimaran version \| grep -q \"\^build: compiled,\"", installs)
+    # What setup.py needs to compile (MANIFEST.in ships the same into the sdist).
+    copied = {source for args in stage_args("build", "COPY") for source in args.split()[:-1]}
+    assert {"setup.py", "scripts/mypyc_build.py"} <= copied
+    for stage in ("runtime", "analytics"):
+        assert not any(
+            re.search(r"\b(gcc|cc|clang|build-essential|python3-dev)\b", a) for a in stage_args(stage, "RUN")
+        )
+        for args in stage_args(stage, "COPY"):
+            assert args.startswith("--from=build") and args.endswith("/opt/trimaran /opt/trimaran"), args
+
+
+def docker_engine() -> str | None:
+    """Why no image can be built here, or None where a container engine answers."""
+    try:
+        done = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"no docker ({error})"
+    return None if done.returncode == 0 else f"no container engine: {done.stderr.strip()[-120:]}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_the_image_builds_and_starts_compiled(tmp_path: Path) -> None:
+    lacking = docker_engine()
+    if lacking is not None:
+        pytest.skip(lacking)
+    tag = f"trimaran-test:{os.getpid()}"
+    build = ["docker", "build", "-f", str(DOCKERFILE), "-t", tag, str(ROOT)]
+    subprocess.run(build, check=True, timeout=3300)
+    try:
+        version = subprocess.run(
+            ["docker", "run", "--rm", tag, "version"], capture_output=True, text=True, timeout=120
+        )
+        assert "build: compiled" in version.stdout, version
+        name = f"trimaran-test-{os.getpid()}"
+        subprocess.run(["docker", "run", "-d", "--name", name, tag], check=True, timeout=120)
+        try:
+            deadline = time.monotonic() + 60
+            logs = ""
+            while time.monotonic() < deadline and "compiled" not in logs:
+                time.sleep(1)
+                done = subprocess.run(["docker", "logs", name], capture_output=True, text=True, timeout=30)
+                logs = done.stdout + done.stderr
+            assert "compiled (mypyc)" in logs, logs
+        finally:
+            subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60)
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=120)
+
+
 def test_image_runs_as_an_unprivileged_user_with_volumes_and_a_health_check() -> None:
     (user,) = stage_args("runtime", "USER")
     assert not user.startswith(("0", "root"))
