@@ -591,6 +591,23 @@ _DECODERS: Final[dict[int, _Decode]] = {
 }
 
 
+def _long_remaining(buf: bytearray, end: int, size: int) -> tuple[int, int]:
+    """A run's next packet's remaining length of two bytes or more (the packet at ``end``) and
+    where its body starts; -1 where it is not whole in ``buf`` or not in its shortest form (which
+    next_packet then refuses)."""
+    remaining = buf[end + 1] & 0x7F
+    start = end + 2
+    shift = 7
+    while start < size and start - end <= 4:
+        byte = buf[start]
+        start += 1
+        remaining |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return (remaining, start) if byte else (-1, 0)
+        shift += 7
+    return -1, 0
+
+
 class Decoder:
     """Incremental packet decoder over its own buffer.
 
@@ -861,9 +878,7 @@ class Decoder:
         first = buf[base]
         v5 = level == MQTT_5
         count = 1
-        topics: list[str] | None = None  # each packet's, once one differs from the first's
-        # Each next packet: the same first byte, its remaining length, then (mostly) the same topic
-        # field.
+        # Each next packet: the same first byte, its remaining length, then the same topic field.
         # Read in place (no packet object, no call), as many as the buffer holds whole.
         while end + 2 <= size and buf[end] == first:
             byte = buf[end + 1]
@@ -871,64 +886,74 @@ class Decoder:
             if byte < 0x80:
                 remaining = byte
             else:
-                remaining = byte & 0x7F
-                shift = 7
-                while True:
-                    if start >= size or start - end > 4:
-                        remaining = -1
-                        break
-                    byte = buf[start]
-                    start += 1
-                    remaining |= (byte & 0x7F) << shift
-                    if byte < 0x80:
-                        if byte == 0:
-                            remaining = -1  # not in its shortest form: next_packet refuses it
-                        break
-                    shift += 7
+                remaining, start = _long_remaining(buf, end, size)
                 if remaining < 0:
                     break
             total = start + remaining
             if total > size or total - end > limit:
                 break
-            if remaining >= width and buf[start : start + size_of_field] == field:
-                if qos:
-                    at = start + size_of_field
-                    if not (buf[at] or buf[at + 1]) or (v5 and buf[at + 2]):
-                        break  # packet id 0 (next_packet refuses it), or properties
-                if topics is not None:
-                    topics.append(topic)
+            if remaining < width or buf[start : start + size_of_field] != field:
+                # Another topic (a fleet's devices report several readings): read on below.
+                return self._fleet_run(topic, base, end, count, largest, width, v5, qos)
+            if qos:
+                at = start + size_of_field
+                if not (buf[at] or buf[at + 1]) or (v5 and buf[at + 2]):
+                    break  # packet id 0 (next_packet refuses it), or properties
+            if total - end > largest:
+                largest = total - end
+            end = total
+            count += 1
+        return PublishRun(topic, bytes(buf[base:end]), count, largest, width, v5, qos, None), end
+
+    def _fleet_run(
+        self, topic: str, base: int, end: int, count: int, largest: int, width: int, v5: bool, qos: int
+    ) -> tuple[PublishRun, int]:
+        """The rest of a run from ``end``, where a packet's topic differs from the run's first
+        (``topic``, ``count`` packets so far): each packet's topic read and kept, as long as the
+        packet is as plain as the first."""
+        buf = self._buf
+        size = len(buf)
+        limit = self.max_packet_size
+        first = buf[base]
+        names = self._topics
+        if names is None:
+            names = self._topics = {}
+        topics = [topic] * count
+        append = topics.append
+        while end + 2 <= size and buf[end] == first:
+            byte = buf[end + 1]
+            start = end + 2
+            if byte < 0x80:
+                remaining = byte
             else:
-                # Another topic (a fleet's devices report several readings): the run goes on, each
-                # packet's topic kept, as long as the packet is as plain as the first.
-                if remaining < 3:
-                    break  # no room for a topic: read alone, refused there
-                stop = start + 2 + (buf[start] << 8 | buf[start + 1])
-                at = stop + 2 if qos else stop
-                if (
-                    stop == start + 2
-                    or (at + 1 if v5 else at) > total
-                    or (v5 and buf[at])
-                    or (qos and not (buf[stop] or buf[stop + 1]))
-                ):
-                    break  # no topic, properties or packet id 0: read alone, refused there if bad
-                name = bytes(buf[start + 2 : stop])
-                names = self._topics
-                if names is None:
-                    names = self._topics = {}
-                other = names.get(name)
-                if other is None:
-                    try:
-                        other = str(name, "utf-8")
-                    except UnicodeDecodeError:
-                        break
-                    if "\x00" in other:
-                        break
-                    if len(names) >= TOPIC_NAMES:
-                        names.clear()
-                    names[name] = other
-                if topics is None:
-                    topics = [topic] * count
-                topics.append(other)
+                remaining, start = _long_remaining(buf, end, size)
+                if remaining < 0:
+                    break
+            total = start + remaining
+            if total > size or total - end > limit or remaining < 3:
+                break  # (no room for a topic: read alone, refused there)
+            stop = start + 2 + (buf[start] << 8 | buf[start + 1])
+            at = stop + 2 if qos else stop
+            if (
+                stop == start + 2
+                or (at + 1 if v5 else at) > total
+                or (v5 and buf[at])
+                or (qos and not (buf[stop] or buf[stop + 1]))
+            ):
+                break  # no topic, properties or packet id 0: read alone, refused there if bad
+            name = bytes(buf[start + 2 : stop])
+            other = names.get(name)
+            if other is None:
+                try:
+                    other = str(name, "utf-8")
+                except UnicodeDecodeError:
+                    break
+                if "\x00" in other:
+                    break
+                if len(names) >= TOPIC_NAMES:
+                    names.clear()
+                names[name] = other
+            append(other)
             if total - end > largest:
                 largest = total - end
             end = total
