@@ -11,8 +11,9 @@ Scenarios
   latency    fixed offered --rate msg/s (paced in --tick-ms ticks), CLOCK_MONOTONIC send time
              in the body; p50/p99/p99.9 one-way latency.  Add --durable for the durable path.
 
-Publishes go to the default exchange with routing key = queue name.  Frames are
-pre-encoded (method + content header + body per message, --batch messages per write).
+Publishes go to the default exchange with routing key = queue name; with --keys N, to the topic
+exchange `bench.topic` with N routing keys in turn (<queue>.k0000 ...), the queue bound with
+<queue>.#.  Frames are pre-encoded (method + content header + body per message, --batch messages per write).
 One JSON line per run, then a summary line (median/min/max over --runs).
 """
 
@@ -234,6 +235,32 @@ async def declare(p, queue, durable, purge=False):
         await p.rpc(method(1, 50, 30, b"\x00\x00" + shortstr(queue) + b"\x00"), 50, 31)
 
 
+TOPIC_EXCHANGE = "bench.topic"
+
+
+async def bind_topics(p, queue):
+    """The topic exchange --keys publishes to, and the queue bound to every key of its own."""
+    args = b"\x00\x00" + shortstr(TOPIC_EXCHANGE) + shortstr("topic") + b"\x00" + table({})
+    await p.rpc(method(1, 40, 10, args), 40, 11)
+    args = (
+        b"\x00\x00"
+        + shortstr(queue)
+        + shortstr(TOPIC_EXCHANGE)
+        + shortstr(queue + ".#")
+        + b"\x00"
+        + table({})
+    )
+    await p.rpc(method(1, 50, 20, args), 50, 21)
+
+
+def keyed(queue, keys, count, body, persistent):
+    """count messages to the topic exchange, the routing key changing message to message (keys of
+    one width, so that every message has the same length)."""
+    return b"".join(
+        publish_msg(1, f"{queue}.k{i % keys:04d}", body, persistent, TOPIC_EXCHANGE) for i in range(count)
+    )
+
+
 class Consumer(AmqpConn):
     def __init__(self):
         super().__init__()
@@ -319,18 +346,21 @@ class Publisher(AmqpConn):
     def confirmed(self):
         return self.conf_upto + len(self.conf_single)
 
-    def configure(self, queue, payload, persistent, batch, writes_per_turn, confirm_window):
+    def configure(self, queue, payload, persistent, batch, writes_per_turn, confirm_window, keys=0):
         self.loop = asyncio.get_running_loop()
         body = bytes((65 + i % 26) for i in range(payload))
         self.one = publish_msg(1, queue, body, persistent)
+        if keys:
+            self.one = keyed(queue, keys, 1, body, persistent)
         self.B = batch
-        self.batch = self.one * batch
+        self.batch = keyed(queue, keys, batch, body, persistent) if keys else self.one * batch
         self.K = writes_per_turn
         self.window = confirm_window
         if confirm_window:
             self.confirm = True
             self.min_chunk = max(1, confirm_window // 16)
-            self.ring = memoryview(self.one * confirm_window)
+            ring = keyed(queue, keys, confirm_window, body, persistent) if keys else self.one * confirm_window
+            self.ring = memoryview(ring)
 
     def e2e(self, progress, slot, n_cons, window):
         self.progress, self.slot, self.n_cons, self.e2e_window = progress, slot, n_cons, window
@@ -539,6 +569,8 @@ async def role_publisher(wid, cfg, sync: bl.Sync):
         cls = PacedPublisher if cfg["rate"] else Publisher
         p = await amqp_open(cls, cfg["host"], cfg["port"], cfg["vhost"], cfg["user"], cfg["password"])
         await declare(p, q, cfg["durable"])
+        if cfg["keys"]:
+            await bind_topics(p, q)
         if cfg["confirm"]:
             await p.rpc(method(1, 85, 10, b"\x00"), 85, 11)
         if cfg["rate"]:
@@ -558,6 +590,7 @@ async def role_publisher(wid, cfg, sync: bl.Sync):
                 cfg["batch"],
                 cfg["writes_per_turn"],
                 cfg["confirm_window"] if cfg["confirm"] else 0,
+                cfg["keys"],
             )
             if cfg["e2e"]:
                 p.e2e(sync.progress, cfg["index"], 1, cfg["e2e"])
@@ -666,6 +699,7 @@ def run_once(a, run_idx, broker_pid):
                     writes_per_turn=a.writes_per_turn,
                     rate=a.rate if latency else 0,
                     total_pubs=a.publishers,
+                    keys=a.keys,
                     tick=a.tick_ms / 1000.0,
                     index=i,
                     e2e=0 if latency else a.e2e_window,
@@ -733,6 +767,12 @@ def main(argv=None):
     ap.add_argument("--consumers", "-C", type=int, default=1)
     ap.add_argument("--queues", "-Q", type=int, default=1)
     ap.add_argument("--queue-prefix", default="bench")
+    ap.add_argument(
+        "--keys",
+        type=int,
+        default=0,
+        help="transient/durable: publish to a topic exchange with this many routing keys in turn",
+    )
     ap.add_argument("--payload", type=int, default=64)
     ap.add_argument(
         "--durable",
@@ -806,6 +846,8 @@ def main(argv=None):
         keys += ["rate", "tick_ms", "durable"]
     else:
         keys += ["batch", "writes_per_turn", "e2e_window", "rx_batch_ms"]
+    if a.keys:
+        keys.append("keys")
     params = {k: getattr(a, k) for k in keys}
     durable = a.scenario == "durable" or (a.scenario == "latency" and a.durable)
     params["confirm"] = durable if a.confirm is None else a.confirm

@@ -74,6 +74,32 @@ ROWS: tuple[Row, ...] = (
         lossless=True,
     ),
     Row(
+        "mqtt-qos0-fanin-topics",
+        "MQTT QoS 0 fan-in 8 -> 1, closed loop, 16 topics per publisher in turn (a fleet's traffic)",
+        "mqtt",
+        ("fanin", "--qos", "0", "--topics", "16", "--e2e-window", "5000"),
+        ("mosquitto",),
+        target=1.5,  # issue 45: 1.5x from the source, 3x compiled
+    ),
+    Row(
+        "mqtt-paced-2000",
+        "MQTT 2,000 publishers at 10 msg/s each -> 1 wildcard subscriber (p50 / p99 µs)",
+        "mqtt",
+        ("latency", "--publishers", "2000", "--rate", "20000", "--pub-procs", "2"),
+        ("mosquitto",),
+        latency=True,
+        target=1.0,
+    ),
+    Row(
+        "mqtt-paced-10000",
+        "MQTT 10,000 publishers at 10 msg/s each -> 1 wildcard subscriber (p50 / p99 µs)",
+        "mqtt",
+        ("latency", "--publishers", "10000", "--rate", "100000", "--pub-procs", "4"),
+        ("mosquitto",),
+        latency=True,
+        target=1.0,
+    ),
+    Row(
         "mqtt-qos1-fanout-open",
         "MQTT QoS 1 fan-out 1 -> 16, open loop",
         "mqtt",
@@ -117,6 +143,14 @@ ROWS: tuple[Row, ...] = (
         ("transient", "--e2e-window", "5000"),
         ("rabbitmq",),
         target=1.0,
+    ),
+    Row(
+        "amqp091-transient-keys",
+        "AMQP 0.9.1 transient queue through a topic exchange, 16 routing keys in turn, closed loop",
+        "amqp091",
+        ("transient", "--keys", "16", "--e2e-window", "5000"),
+        ("rabbitmq",),
+        target=1.5,
     ),
     Row(
         "amqp091-durable",
@@ -178,6 +212,15 @@ ROWS: tuple[Row, ...] = (
         ("relay",),
         trimaran_from="mqtt-qos0-fanin",
         target=0.5,
+    ),
+    Row(
+        "relay-topics",
+        "Host speed on a fleet's traffic: MQTT QoS 0 fan-in 8 -> 1, 16 topics each, against the relay",
+        "mqtt",
+        ("fanin", "--qos", "0", "--topics", "16", "--e2e-window", "5000"),
+        ("relay",),
+        trimaran_from="mqtt-qos0-fanin-topics",
+        target=1.0,  # issue 45: compiled
     ),
 )
 ROW_BY_KEY = {r.key: r for r in ROWS}
