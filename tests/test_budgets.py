@@ -133,6 +133,13 @@ PATHS = [
         Budget(loop=(21.0, 35.0), others=(0.5, 0.5)),
     ),
     Path_(
+        # The benchmark's amqp091-transient-keys row: through a topic exchange, 16 routing keys in turn.
+        "amqp091 transient no-ack, 16 routing keys",
+        # Each connection keeps its routes by key: the exchange and the rules are asked once a key.
+        lambda s: Amqp091Load(s.port("amqp"), durable=False, batch=100, no_ack=True, keys=16),
+        Budget(loop=(21.0, 35.0), others=(0.5, 0.5)),
+    ),
+    Path_(
         "amqp091 durable",
         lambda s: Amqp091Load(s.port("amqp"), durable=True, batch=100),
         Budget(loop=(75.0, 69.5), others=(5.0, 4.0)),

@@ -71,6 +71,42 @@ def test_a_second_connection_sees_what_the_first_published(port: int) -> None:
         channel.basic_ack(method.delivery_tag)
 
 
+def test_a_publishers_kept_routes_follow_binds_unbinds_and_deletes(port: int) -> None:
+    """A connection keeps where its keys went (Amqp091Conn.routes); another connection's binds,
+    unbinds and exchange delete take effect on its very next publish."""
+    with connect(port) as admin, connect(port) as publisher:
+        setup = admin.channel()
+        setup.exchange_declare("fleet", "topic")
+        for queue in ("q1", "q2"):
+            setup.queue_declare(queue)
+        setup.queue_bind("q1", "fleet", "k.*")
+        out = publisher.channel()
+        out.confirm_delivery()
+
+        def publish_and_count(body: bytes) -> tuple[int, int]:
+            out.basic_publish("fleet", "k.1", body)
+            return tuple(setup.queue_declare(q, passive=True).method.message_count for q in ("q1", "q2"))  # type: ignore[return-value]
+
+        assert publish_and_count(b"1") == (1, 0)
+        setup.queue_bind("q2", "fleet", "k.#")
+        assert publish_and_count(b"2") == (2, 1)
+        setup.queue_unbind("q1", "fleet", "k.*")
+        assert publish_and_count(b"3") == (2, 2)
+        setup.queue_delete("q2")
+        setup.queue_declare("q2")  # the same name again, not bound
+        assert publish_and_count(b"4") == (2, 0)
+        # A headers exchange routes by the headers: the same key goes where each message's say.
+        setup.exchange_declare("by-headers", "headers")
+        setup.queue_bind("q2", "by-headers", "", arguments={"x-match": "all", "to": "q2"})
+        for headers in ({"to": "q2"}, {"to": "elsewhere"}, None, {"to": "q2"}):
+            out.basic_publish("by-headers", "k.1", b"h", pika.BasicProperties(headers=headers))
+        assert setup.queue_declare("q2", passive=True).method.message_count == 2
+        setup.exchange_delete("fleet")
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+            out.basic_publish("fleet", "k.1", b"5")
+        assert caught.value.reply_code == 404
+
+
 # -- RabbitMQ's rules (issue 22) ------------------------------------------------------------------
 
 

@@ -24,7 +24,7 @@ from tests.support.server import RunningServer, serving
 
 pika = pytest.importorskip("pika")
 proton = pytest.importorskip("proton")
-from pika.exceptions import ConnectionClosedByBroker, ProbableAccessDeniedError  # noqa: E402
+from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker, ProbableAccessDeniedError  # noqa: E402
 from proton.utils import BlockingConnection  # noqa: E402
 
 TOKEN = "fail-closed-token"
@@ -41,11 +41,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         assert "Traceback" not in running.output()
 
 
-def _api(server: RunningServer, method: str, path: str) -> int:
+def _api(server: RunningServer, method: str, path: str, body: dict[str, str] | None = None) -> int:
     request = urllib.request.Request(
         f"http://127.0.0.1:{server.ports['http']}/api/v1{path}",
         method=method,
-        headers={"Authorization": f"Bearer {TOKEN}"},
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+        data=None if body is None else json.dumps(body).encode(),
     )
     try:
         with urllib.request.urlopen(request, timeout=10) as answer:
@@ -130,6 +131,29 @@ def test_guest_and_anonymous_clients_are_granted_revoked_and_shut_out_by_an_empt
     assert _api(server, "PUT", f"/permissions/{quote('/', safe='')}/guest") == 200
     assert _enters(server, "/") == [True] * 4
     assert _enters(server, NEW) == [False] * 4
+
+
+def test_a_publisher_through_an_exchange_follows_a_changed_write_permission(server: RunningServer) -> None:
+    """The routes a connection keeps by routing key hold only under the rules they were asked under."""
+    vhost = "t9-write"
+    assert _api(server, "PUT", f"/vhosts/{vhost}") == 201
+    assert _api(server, "PUT", f"/permissions/{vhost}/guest") == 200
+    params = pika.ConnectionParameters("127.0.0.1", server.ports["amqp"], vhost)
+    with pika.BlockingConnection(params) as connection:
+        channel = connection.channel()
+        channel.exchange_declare("readings", "topic")
+        channel.queue_declare("meters")
+        channel.queue_bind("meters", "readings", "m.#")
+        channel.confirm_delivery()
+        for _ in range(3):
+            channel.basic_publish("readings", "m.1", b"kept")
+        assert channel.queue_declare("meters", passive=True).method.message_count == 3
+        rules = {"configure": ".*", "write": "^meters$", "read": ".*"}  # no longer the exchange
+        assert _api(server, "PUT", f"/permissions/{vhost}/guest", rules) == 200
+        with pytest.raises(ChannelClosedByBroker) as refused:
+            channel.basic_publish("readings", "m.1", b"refused")
+        assert refused.value.reply_code == 403
+    assert _api(server, "DELETE", f"/vhosts/{vhost}") in (200, 204)
 
 
 def test_rabbitmq_refuses_the_same_way(rabbitmq_port: int) -> None:

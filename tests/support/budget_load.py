@@ -237,7 +237,9 @@ class Amqp091Load:
     """One publisher -> queue -> one consumer acking each delivery; durable: persistent messages
     with publisher confirms on a durable queue. ``no_ack``: the consumer takes deliveries in no-ack
     mode without a prefetch limit, as the benchmark's transient row does; ``ack_every``: the
-    consumer acks every so many deliveries with one ``multiple`` ack, as its durable row does."""
+    consumer acks every so many deliveries with one ``multiple`` ack, as its durable row does.
+    ``keys``: published through a topic exchange, the routing key changing message to message, as
+    the benchmark's amqp091-transient-keys row does."""
 
     def __init__(
         self,
@@ -248,6 +250,7 @@ class Amqp091Load:
         vhost: str = "/",
         no_ack: bool = False,
         ack_every: int = 1,
+        keys: int = 0,
     ) -> None:
         self.batch = batch
         self.durable = durable
@@ -256,6 +259,12 @@ class Amqp091Load:
         self.queue = "budget-durable" if durable else "budget-transient"
         self.pub = Amqp091Client(port, vhost)
         self.pub.call(spec.QueueDeclare(queue=self.queue, durable=durable), spec.QueueDeclareOk)
+        exchange = ""
+        if keys:
+            exchange = "budget.topic"
+            self.pub.call(spec.ExchangeDeclare(exchange=exchange, type="topic"), spec.ExchangeDeclareOk)
+            bind = spec.QueueBind(queue=self.queue, exchange=exchange, routing_key=self.queue + ".#")
+            self.pub.call(bind, spec.QueueBindOk)
         if durable:
             self.pub.call(spec.ConfirmSelect(), spec.ConfirmSelectOk)
         self.sub = Amqp091Client(port, vhost)
@@ -264,8 +273,13 @@ class Amqp091Load:
         consume = spec.BasicConsume(queue=self.queue, consumer_tag="c", no_ack=no_ack)
         self.sub.call(consume, spec.BasicConsumeOk)
         props = BasicProperties(delivery_mode=2 if durable else None)
-        publish = spec.BasicPublish(routing_key=self.queue)
-        self.wire = b"".join(encode_content(1, publish, props, PAYLOAD, 131072) for _ in range(batch))
+        publishes = [
+            spec.BasicPublish(
+                exchange=exchange, routing_key=f"{self.queue}.k{i % keys}" if keys else self.queue
+            )
+            for i in range(batch)
+        ]
+        self.wire = b"".join(encode_content(1, publish, props, PAYLOAD, 131072) for publish in publishes)
         self.confirmed = 0
 
     def messages_per_round(self) -> int:

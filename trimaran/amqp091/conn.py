@@ -25,6 +25,10 @@ from trimaran.queue.policy import QueueError
 from trimaran.runtime.confirms import InOrder
 from trimaran.runtime.transport import Conn
 
+#: A publish's route through a named exchange, as kept in Amqp091Conn.routes: the queues it reaches
+#: (all of them allowed), whether the router takes it too, and with one queue its name and topic.
+Route = tuple[tuple[str, ...], bool, "str | None", str]
+
 if TYPE_CHECKING:
     from trimaran.amqp091.ports import FrontEnd
     from trimaran.security.guard import Principal
@@ -93,6 +97,12 @@ class Amqp091Conn:
         self.written_hooks: set[ChannelState] = set()
         self.pending: InOrder[Pending] = InOrder()  # confirms and tx.commit-oks, in arrival order
         self.exclusive_queues: set[str] = set()
+        # Where its publishes through named exchanges went, allowed, by (exchange, routing key):
+        # while neither the vhost's bindings nor the rules have changed since (the two generations),
+        # a publish to the same key takes its route from here, not from the exchange and the rules.
+        self.routes: dict[tuple[str, str], Route] = {}
+        self.routes_bindings = -1
+        self.routes_rules = -1
         # The vhost it works in (``tenants.Tenant``, a floor above: typed Any here, read back as a
         # Tenant by the handler): set by the front end at open, again at connection.open.
         self.tenant: Any

@@ -570,6 +570,9 @@ class ExchangeRegistry:
         self.last_removed_bindings: list[Binding] = []
         #: Every exchange the last delete / unbind / remove_queue call auto-deleted.
         self.last_auto_deleted: list[Exchange] = []
+        #: Moves with every change of exchanges or bindings: what a connection keeps of its routes
+        #: (Amqp091Conn.routes) holds while it has not moved.
+        self.generation = 0
         self._entries[DEFAULT_EXCHANGE] = _Entry(Exchange(DEFAULT_EXCHANGE, "direct", durable=True))
         for name, type_ in BUILTIN_EXCHANGES.items():
             self._entries[name] = _Entry(Exchange(name, type_, durable=True))
@@ -657,6 +660,7 @@ class ExchangeRegistry:
                 )
             exchange = Exchange(name, type, durable, auto_delete, internal, args)
             self._entries[name] = _Entry(exchange)
+            self.generation += 1
             return exchange, True
         current = entry.exchange
         for key, received, existing in (
@@ -713,6 +717,7 @@ class ExchangeRegistry:
     def _drop_exchange(self, entry: _Entry) -> None:
         name = entry.exchange.name
         del self._entries[name]
+        self.generation += 1
         removed = list(entry.bindings)
         removed.extend(self._by_destination.get(("exchange", name), ()))
         self._remove_bindings(removed)
@@ -777,6 +782,7 @@ class ExchangeRegistry:
         )
 
     def _add_binding(self, binding: Binding, entry: _Entry) -> None:
+        self.generation += 1
         self._bindings[binding] = binding
         entry.bindings[binding] = None
         entry.matcher.add(binding)
@@ -815,6 +821,7 @@ class ExchangeRegistry:
 
     def _remove_bindings(self, bindings: list[Binding]) -> None:
         """Remove ``bindings``, then auto-delete the sources they left without bindings, recursively."""
+        self.generation += 1
         pending = bindings
         while pending:
             sources: dict[str, None] = {}
@@ -846,6 +853,7 @@ class ExchangeRegistry:
     def restore(self, exchanges: Iterable[Exchange], bindings: Iterable[Binding]) -> list[Binding]:
         """Load saved state at start: exchanges first, then bindings (no auto-delete runs). Returns the
         bindings skipped because a source or destination exchange is missing or the binding is invalid."""
+        self.generation += 1
         for exchange in exchanges:
             if exchange.name == DEFAULT_EXCHANGE or exchange.type not in EXCHANGE_TYPES:
                 continue

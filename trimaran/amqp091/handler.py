@@ -33,7 +33,7 @@ from trimaran.amqp091.access import (
     publish_targets,
 )
 from trimaran.amqp091.channels import ChannelState, Consumer
-from trimaran.amqp091.conn import Amqp091Conn, Pending
+from trimaran.amqp091.conn import Amqp091Conn, Pending, Route
 from trimaran.amqp091.connection import ServerConnection
 from trimaran.amqp091.events import (
     AuthenticationRequested,
@@ -72,6 +72,9 @@ from trimaran.vhosts import DEFAULT_VHOST, describe, is_reserved, split_key, vho
 log = logging.getLogger(__name__)
 
 HOUSEKEEPING_INTERVAL: Final = 1.0
+#: Routes a connection keeps (Amqp091Conn.routes), past which it starts again: a publisher's keys
+#: are mostly few; one that sends each message to a key of its own pays the lookup it paid anyway.
+ROUTES_KEPT: Final = 256
 
 
 class Amqp091FrontEnd:
@@ -594,20 +597,16 @@ class Amqp091FrontEnd:
             to_router = False
         else:
             exchanges = tenant.exchanges
-            try:
-                exchanges.check_publish(exchange)
-                result = exchanges.route(exchange, key, props.headers)
-            except ExchangeError as bad:
-                raise spec.ProtocolError(bad.reply_code, bad.reason, class_id=60, method_id=40) from None
-            queues, to_router = result.queues, result.to_router
-            if conn.principal is not None:
-                queues = publish_targets(
-                    self.security, conn.principal, conn, exchanges, exchange, key, to_router, queues, method
-                )
-            # One queue and no router: build the message with its queue topic at once rather
-            # than copy it per queue below.
-            single = next(iter(queues)) if len(queues) == 1 and not to_router else None
-            first_topic = "" if single is None else queue_topic(single)
+            routes = conn.routes
+            if conn.routes_bindings != exchanges.generation or conn.routes_rules != self.security.generation:
+                routes.clear()
+                conn.routes_bindings = exchanges.generation
+                conn.routes_rules = self.security.generation
+            # (A headers exchange routes by the headers too: only a publish without any is kept.)
+            route = routes.get((exchange, key)) if props.headers is None else None
+            if route is None:
+                route = self._route(conn, exchange, key, props, method)
+            queues, to_router, single, first_topic = route
         now = now_ms()  # the message's, and its queue's, time of publication
         try:
             message = message_from_content(
@@ -642,6 +641,33 @@ class Amqp091FrontEnd:
                 channel.number, spec.BasicReturn(spec.NO_ROUTE, "NO_ROUTE", exchange, key), props, body
             )
             conn.wake()
+
+    def _route(
+        self, conn: Amqp091Conn, exchange: str, key: str, props: BasicProperties, method: spec.BasicPublish
+    ) -> Route:
+        """Where a publish through a named exchange goes, asked of the exchange and the rules, and
+        kept on the connection (bounded) when the rules let it reach every queue it routes to."""
+        exchanges = conn.tenant.exchanges
+        try:
+            exchanges.check_publish(exchange)
+            result = exchanges.route(exchange, key, props.headers)
+        except ExchangeError as bad:
+            raise spec.ProtocolError(bad.reply_code, bad.reason, class_id=60, method_id=40) from None
+        queues, to_router = result.queues, result.to_router
+        if conn.principal is not None:
+            queues = publish_targets(
+                self.security, conn.principal, conn, exchanges, exchange, key, to_router, queues, method
+            )
+        # One queue and no router: the message is built with its queue topic at once rather than
+        # copied per queue.
+        single = next(iter(queues)) if len(queues) == 1 and not to_router else None
+        route = (tuple(queues), to_router, single, "" if single is None else queue_topic(single))
+        if props.headers is None and len(queues) == len(result.queues):  # none left out (logged each time)
+            routes = conn.routes
+            if len(routes) >= ROUTES_KEPT:
+                routes.clear()
+            routes[(exchange, key)] = route
+        return route
 
     def _publish_cross(
         self,
