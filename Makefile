@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test test-all test-compiled compile clean-compiled release-check docs docs-build manual lint typecheck check system-deps bench clean
+.PHONY: run test test-all test-compiled test-wheel compile clean-compiled release-check docs docs-build manual lint typecheck check system-deps bench clean
 
 # The hot modules are built with mypyc first where gcc and the Python headers are (once, and again after
 # their source changes); elsewhere, or with TRIMARAN_INTERPRETED=1, the source runs.
@@ -31,6 +31,11 @@ COMPILED_TESTS ?= tests/test_compiled.py tests/test_topics.py tests/broker tests
 	tests/runtime/test_frame_order_amqp1.py tests/interop
 test-compiled: compile
 	TRIMARAN_REQUIRE_COMPILED=1 $(BIN)/python -m pytest $(COMPILED_TESTS) $(ARGS)
+
+# The release check of the compiled wheel: built by python -m build, installed alone in a fresh venv,
+# the same suites run against the installed package (scripts/wheel_suites.py; WHEEL=path checks one).
+test-wheel: $(VENV)/.installed-dev
+	$(BIN)/python scripts/wheel_suites.py $(if $(WHEEL),--wheel $(WHEEL)) $(COMPILED_TESTS) -- $(ARGS)
 
 # Slow suites too (crash tests, soak).
 test-all: $(VENV)/.installed-dev

@@ -23,7 +23,8 @@ from trimaran import compiled
 from trimaran.broker.message import Message
 from trimaran.compiled import ENV, MODULES
 
-ROOT = Path(__file__).resolve().parent.parent
+# The package under test: the checkout, or an installed wheel (scripts/wheel_suites.py).
+ROOT = Path(trimaran.__file__).resolve().parent.parent
 PROBE = (
     "import json, sys; from trimaran import compiled; "
     "print(json.dumps([compiled.describe(), [sys.modules[n].__file__ for n in compiled.MODULES]]))"
