@@ -484,20 +484,21 @@ class App:
         mqtt, amqp091, amqp1 = self.mqtt, self.amqp091, self.amqp1
         assert mqtt is not None and amqp091 is not None and amqp1 is not None
 
-        def websocket(mqtt_machine: Machine) -> Machine:
+        def websocket(mqtt_machine: Machine, peer: str) -> Machine:
             return WebSocketMachine(
                 mqtt_machine,
                 paths=bind.mqtt_ws_paths,
                 origins=bind.mqtt_ws_origins,
                 now=time.monotonic(),
                 max_message_size=settings.limits.max_packet_size + 5,
+                peer=peer,  # for its refusals' log lines
             )
 
         def plain(io: Conn, _first: bytes) -> Hull:
             return mqtt.open(io)
 
         def over_websocket(io: Conn, _first: bytes) -> Hull:
-            return mqtt.open(io, websocket)
+            return mqtt.open(io, lambda machine: websocket(machine, io.peer))
 
         plan: list[tuple[str, Endpoint | None, HullFactory, bool]] = [
             ("mqtt", bind.mqtt, plain, False),

@@ -10,6 +10,7 @@ from trimaran.security.permissions import (
     ANONYMOUS,
     EXCHANGE,
     QUEUE,
+    VERDICT_ENTRY_BYTES,
     PatternError,
     Permissions,
     check_pattern,
@@ -51,6 +52,21 @@ def test_the_default_exchange_is_amq_default() -> None:
     assert table.allows("alice", "/", "write", EXCHANGE, "")
     assert not table.allows("alice", "/", "write", EXCHANGE, "amq.topic")
     assert not table.allows("alice", "/", "write", QUEUE, "")  # only the exchange has that name
+
+
+def test_verdicts_are_bounded_in_bytes() -> None:
+    """Each connection's own queue name is asked once and never again: the cache forgets everything
+    past its bound rather than growing with every connection."""
+    table = Permissions([Permission("alice", "/", ".*", ".*", ".*")])
+    table.verdict_bytes = 4096
+    sizes = []
+    for n in range(1000):
+        assert table.allows("alice", "/", "configure", QUEUE, f"amq.gen-{n:030d}")
+        assert table.allows_key("alice", "/", "write", "amq.topic", f"device.{n:030d}", f"client-{n}")
+        sizes.append(len(table._verdicts) + len(table._key_verdicts))
+        assert table._verdicts_size <= 4096 and table._key_verdicts_size <= 4096
+    assert max(sizes) <= 2 * 4096 // (VERDICT_ENTRY_BYTES + 37)
+    assert table.allows("alice", "/", "configure", QUEUE, "amq.gen-0")  # asked again after forgetting
 
 
 def test_verdicts_are_kept_until_a_permission_changes() -> None:

@@ -109,7 +109,7 @@ class InProcessServer:
         local = Endpoint("127.0.0.1", 0)
         overrides.setdefault("http", {"bind": None})
         settings = Settings(
-            listeners={"mqtt": local, "mqtt_ws": None, "amqp": local},
+            listeners={"mqtt": local, "mqtt_ws": None, "amqp": local, **overrides.pop("listeners", {})},
             storage={"data_dir": data_dir, **overrides.pop("storage", {})},
             **overrides,
         )

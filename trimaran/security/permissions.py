@@ -71,7 +71,14 @@ TOPIC: Final = "topic"
 CONFIGURE: Final = "configure"
 WRITE: Final = "write"
 READ: Final = "read"
-VERDICTS: Final = 65_536  # remembered verdicts before they are all forgotten (names are few)
+# Each cache of verdicts (by name, by routing key) forgets them all once it passes 256 KiB: some
+# 1,300 names of 40 characters. Exchanges and a fleet's keys come back; a connection's own queue names
+# (amq.gen-..., mqtt-subscription-<client id>) never do, and by count (65,536) they held some 15 MB
+# that grew with every connection (issue 47).
+VERDICT_BYTES: Final = 256 * 1024
+# A verdict's key tuple and dict slot (110 B, measured with tracemalloc) and its name's string header
+# (49 B); the name's characters come on top.
+VERDICT_ENTRY_BYTES: Final = 160
 
 
 class PatternError(ValueError):
@@ -109,6 +116,8 @@ class Permissions:
         self._patterns: dict[tuple[str, str], dict[str, re.Pattern[str]]] = {}
         self._verdicts: dict[tuple[str, str, str, str, str], bool] = {}
         self._key_verdicts: dict[tuple[str, str, str, str, str, str], bool] = {}
+        self._verdicts_size = self._key_verdicts_size = 0  # bytes, as VERDICT_ENTRY_BYTES counts them
+        self.verdict_bytes = VERDICT_BYTES  # each cache's bound (tests make it small)
         self.generation = 0
         self.replace(rows)
 
@@ -184,8 +193,11 @@ class Permissions:
                 pattern = row.write if access == WRITE else row.read
                 expanded = expand(pattern, who, vhost, client_id)
                 verdict = re.search(expanded or "^$", key) is not None
-            if len(self._key_verdicts) >= VERDICTS:
+            size = self._key_verdicts_size + VERDICT_ENTRY_BYTES + len(key) + len(client_id)
+            if size > self.verdict_bytes:
                 self._key_verdicts = {}
+                size = VERDICT_ENTRY_BYTES + len(key) + len(client_id)
+            self._key_verdicts_size = size
             self._key_verdicts[verdict_key] = verdict
         return verdict
 
@@ -211,6 +223,7 @@ class Permissions:
     def _changed(self) -> None:
         self._verdicts = {}
         self._key_verdicts = {}
+        self._verdicts_size = self._key_verdicts_size = 0
         self.generation += 1
 
     # -- the questions ------------------------------------------------------------------------------
@@ -230,8 +243,11 @@ class Permissions:
             if kind == EXCHANGE and not name:
                 name = DEFAULT_EXCHANGE
             verdict = patterns is not None and patterns[access].search(name) is not None
-            if len(self._verdicts) >= VERDICTS:
+            size = self._verdicts_size + VERDICT_ENTRY_BYTES + len(name)
+            if size > self.verdict_bytes:
                 self._verdicts = {}
+                size = VERDICT_ENTRY_BYTES + len(name)
+            self._verdicts_size = size
             self._verdicts[key] = verdict
         return verdict
 
