@@ -1071,6 +1071,17 @@ class QueueManager:
             self.journal.send(ch)
         return handle
 
+    def after_claim(self, handle: ConsumerHandle, done: Callable[[], None]) -> bool:
+        """A shared node's work queue: run ``done`` once a claim made for ``handle``'s credit has
+        landed and what it claimed is handed out (basic.get waits for it: what the queue holds is
+        in the database, not here). False where the queue is in memory: nothing to wait for, and
+        ``done`` is not run."""
+        state = handle.queue
+        if handle.closed or not self.is_shared(state):
+            return False
+        self.claims.then(state, handle.group, handle, done)
+        return True
+
     def _check_owner(self, queue: str, owner: object) -> None:
         held_by = self.owners.get(queue)
         if held_by is not None and held_by is not owner:

@@ -12,7 +12,7 @@ queue row, one UPDATE per block, so appends from several nodes never collide.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 
@@ -24,10 +24,6 @@ from trimaran.queue.work import WorkGroup
 from trimaran.storage import queue_store
 from trimaran.storage.queue_store import Wants
 from trimaran.storage.rows import WriteBatch
-
-if TYPE_CHECKING:
-    pass
-
 
 POLL_MS = 100  # how often idle consumers look for messages other nodes published or released
 
@@ -67,7 +63,11 @@ class Claims:
         self.lease_ms = lease_ms
         self.batch = batch
         self.dispatch = dispatch
-        self.claiming: set[Group] = set()  # one claim in flight per group
+        # One claim in flight per group, and the consumers it claims for (their credit then).
+        self.claiming: dict[Group, list[Taker]] = {}
+        # What waits for a claim (Claims.then): for the one in flight, and for the next one.
+        self.waiting: dict[Group, list[Callable[[], None]]] = {}
+        self.later: dict[Group, list[tuple[Taker, Callable[[], None]]]] = {}
         self.last_renew = 0
         self.last_poll = 0
         self.open = False  # claims are made only while the manager runs
@@ -93,7 +93,7 @@ class Claims:
             return
         # What is claimed ahead may be what they do not select: then at least their credit more.
         want = max(self.batch - len(group.ready), min(self.batch, sum(h.credit for h in takers)))
-        self.claiming.add(group)
+        self.claiming[group] = takers
         now = now_ms()
         wants = None if takes_all(takers) else taken_by(takers)
         call = queue_store.claim(
@@ -103,20 +103,38 @@ class Claims:
             WriteBatch(calls=[call]), on_results=lambda results: self._claimed(state, group, results)
         )
 
+    def then(self, state: QueueState, group: Group, taker: Taker, done: Callable[[], None]) -> None:
+        """Run ``done`` once a claim made for ``taker``'s credit has landed and what it claimed is
+        handed out: the claim in flight if it was made for ``taker``, else the next one (started
+        now if none is in flight). At once when there is nothing to claim for (no credit, stopped)."""
+        if taker in self.claiming.get(group, ()):
+            self.waiting.setdefault(group, []).append(done)
+        elif group in self.claiming:
+            self.later.setdefault(group, []).append((taker, done))
+        else:
+            self.claim(state, group)
+            if taker in self.claiming.get(group, ()):
+                self.waiting.setdefault(group, []).append(done)
+            else:
+                done()
+
     def _claimed(self, state: QueueState, group: Group, results: list[Any]) -> None:
-        self.claiming.discard(group)
+        self.claiming.pop(group, None)
         rows = results[0] if results else []
-        if not isinstance(group, WorkGroup):  # claims are a shared work queue's
-            return
-        for row, attempts, reason in rows:
-            offset = int(row.offset)
-            if offset in group.entries:
-                continue
-            if offset not in state.messages:
-                state.add(stored_row(row))
-            group.claimed(offset, attempts, reason)
-        if rows:
-            self.dispatch(state, group)
+        if isinstance(group, WorkGroup):  # claims are a shared work queue's
+            for row, attempts, reason in rows:
+                offset = int(row.offset)
+                if offset in group.entries:
+                    continue
+                if offset not in state.messages:
+                    state.add(stored_row(row))
+                group.claimed(offset, attempts, reason)
+            if rows:
+                self.dispatch(state, group)
+        for done in self.waiting.pop(group, ()):
+            done()
+        for taker, done in self.later.pop(group, ()):
+            self.then(state, group, taker, done)
 
     async def reserve(self, state: QueueState) -> int:
         """The next offset of ``state`` from this node's block (reserving a new block when spent)."""
