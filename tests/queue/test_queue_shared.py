@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from tests.queue.conftest import Collector, Factory, wait_until
-from trimaran.broker.message import Message
+from trimaran.broker.message import Message, now_ms
 from trimaran.queue import ConsumerHandle, QueueDelivery, QueueManager
 from trimaran.queue.journal import committed
 from trimaran.storage import queue_store
@@ -420,3 +420,48 @@ async def test_a_consumer_that_leaves_hands_its_deliveries_back_at_once(make_man
         await wait_until(lambda: len(other.deliveries) == 2)
         assert sorted(other.payloads) == [b"m1", b"m2"]
         assert [d.redelivered for d in other.deliveries if d.message.payload == b"m1"] == [True]
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_a_browser_on_a_shared_node_reads_what_is_stored_and_claims_nothing(
+    make_manager: Factory,
+) -> None:
+    """A copy-mode reader of a shared work queue was refused (the node holds only its claims):
+    it reads the stored rows instead, in offset order, what some group has not finished (an acked
+    message whose marker waits for the compaction is not shown), then what arrives."""
+    a = make_manager(shared=True, node="a")
+    b = make_manager(shared=True, node="b")
+    async with a.running(), b.running():
+        without_timers(a)
+        without_timers(b)
+        await a.declare("look")
+        await b.declare("look")
+        await publish_all(a, "look", [b"m0", b"m1", b"m2"])
+        worker = Collector("worker")
+        hw = a.consume("look", worker)
+        hw.add_credit(2)
+        await wait_until(lambda: len(worker.deliveries) == 2)
+        assert await hw.ack(worker.deliveries[0].offset)  # m0 finished, its marker not compacted
+        browser = Collector("browser")
+        hb = b.browse("look", browser)
+        hb.add_credit(10)
+        await wait_until(lambda: not hb.reading)
+        assert browser.payloads == [b"m1", b"m2"]  # m1 held by the worker, m2 claimed ahead: shown
+        assert all(d.group == "$browse" and not d.redelivered for d in browser.deliveries)
+        await publish_all(a, "look", [b"m3"])  # the other node's: at this node's next poll
+        b.claims.last_poll = 0
+        b.claims.tick(now_ms(), [b.queues["look"]])
+        await wait_until(lambda: browser.payloads[-1:] == [b"m3"])
+        # This node's own publish: read at once (from a block of its own, past the other's).
+        await publish_all(b, "look", [b"m4"])
+        await wait_until(lambda: browser.payloads[-1:] == [b"m4"])
+        drained: list[bool] = []
+        hb.set_credit(5)
+        hb.when_read(lambda: drained.append(True))  # a drain answers once the read is in
+        await wait_until(lambda: drained == [True])
+        assert len(browser.deliveries) == 4 and hb.credit == 5
+        hb.cancel_nowait()
+        other = Collector("other")
+        b.consume("look", other).add_credit(10)  # the browser claimed nothing: m3 and m4 are b's
+        await wait_until(lambda: len(other.deliveries) == 2)
+        assert sorted(other.payloads) == [b"m3", b"m4"]

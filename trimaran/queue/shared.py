@@ -11,13 +11,15 @@ queue row, one UPDATE per block, so appends from several nodes never collide.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import anyio
 
 from trimaran.broker.message import Message, now_ms
-from trimaran.queue.groups import Group, QueueState, StoredMessage, Taker
+from trimaran.queue.groups import Group, QueueDelivery, QueueState, StoredMessage, Taker
+from trimaran.queue.handles import BrowseHandle
 from trimaran.queue.journal import Journal
 from trimaran.queue.policy import filter_matches
 from trimaran.queue.work import WorkGroup
@@ -25,7 +27,10 @@ from trimaran.storage import queue_store
 from trimaran.storage.queue_store import Wants
 from trimaran.storage.rows import WriteBatch
 
+log = logging.getLogger(__name__)
+
 POLL_MS = 100  # how often idle consumers look for messages other nodes published or released
+BROWSE_PAGE = 100  # most stored rows a browser reads at once
 
 
 def takes_all(takers: Iterable[Taker]) -> bool:
@@ -136,6 +141,48 @@ class Claims:
         for taker, done in self.later.pop(group, ()):
             self.then(state, group, taker, done)
 
+    def browse(self, handle: BrowseHandle) -> None:
+        """Read a browser the stored rows from its cursor on, as its credit allows: what some group
+        has not finished, in offset order, claimed by no one (``queue_store.browse``). Through the
+        writer, so it follows this node's own writes; what arrives later is read at the next local
+        publish or poll. Offsets come from each node's blocks, so a message another node publishes
+        later under an offset the browser has passed is not seen."""
+        if handle.reading or handle.closed or handle.credit <= 0 or not self.open:
+            return
+        handle.reading = True
+        want = min(handle.credit, BROWSE_PAGE)
+        call = queue_store.browse(handle.queue.name, handle.cursor, want)
+        self.journal.send(
+            WriteBatch(calls=[call]), on_results=lambda results: self._browsed(handle, want, results)
+        )
+
+    def _browsed(self, handle: BrowseHandle, want: int, results: list[Any]) -> None:
+        handle.reading = False
+        rows = results[0] if results else []
+        if handle.closed:
+            return
+        now = now_ms()
+        name = handle.queue.name
+        out: list[QueueDelivery] = []
+        for row in rows:
+            if handle.credit <= 0:
+                break
+            handle.cursor = int(row.offset) + 1
+            if row.expires_at is not None and now >= row.expires_at:
+                continue
+            handle.credit -= 1
+            message = queue_store.row_message(row)
+            out.append(QueueDelivery(message, name, int(row.offset), "$browse", 1, False))
+        for delivery in out:
+            try:
+                handle.consumer.deliver(delivery)
+            except Exception:
+                log.exception("browser %s failed to take a delivery", handle.consumer.id)
+        if len(rows) == want and handle.credit > 0:
+            self.browse(handle)  # a whole page: more is stored
+        else:
+            handle.was_read()
+
     async def reserve(self, state: QueueState) -> int:
         """The next offset of ``state`` from this node's block (reserving a new block when spent)."""
         while state.block_next >= state.block_end:
@@ -170,6 +217,8 @@ class Claims:
                 for group in state.groups.values():
                     if group.consumers:  # claims only for consumers with credit
                         self.claim(state, group)
+                for browser in state.browsers:  # what the other nodes published since
+                    self.browse(browser)
         if now - self.last_renew >= self.lease_ms // 3:
             self.last_renew = now
             calls = [queue_store.renew_leases(self.journal.node, now + self.lease_ms)]
