@@ -6,7 +6,9 @@ same row), and holds them under a lease it renews; what it is done with is marke
 deletes what every group finished), what it hands back is released to every node (what it claimed
 ahead, when no consumer left there selects it), and a node that dies hands its claims back when
 their leases run out. Offsets of a shared node's durable queues come from blocks reserved in the
-queue row, one UPDATE per block, so appends from several nodes never collide.
+queue row, one UPDATE per block, so appends from several nodes never collide. What waits on the
+database instead of memory is here too: a get waits for a claim made for it (``Claims.then``), and
+a browser reads the stored rows (``Claims.browse``).
 """
 
 from __future__ import annotations
