@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +13,31 @@ import trustme
 from tests.support import rabbitmq
 from tests.support.paho import Endpoints
 from tests.support.server import ALICE, ALICE_PERMISSIONS, RunningServer, serving
+
+#: The interop servers' storage: "sqlite" (a file in the server's work directory) or "shared"
+#: (PostgreSQL with ``queues.shared`` on, a fresh database per server, as several nodes run).
+#: TRIMARAN_TEST_STORAGE=shared starts every server of the fixtures below that way;
+#: ``@BOTH_STORAGES`` runs a test on each.
+SHARED = pytest.param("shared", marks=pytest.mark.postgres, id="shared")
+BOTH_STORAGES = pytest.mark.parametrize("server_storage", ["sqlite", SHARED], indirect=True, scope="module")
+_databases = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def server_storage(request: pytest.FixtureRequest) -> str:
+    storage: str = getattr(request, "param", os.environ.get("TRIMARAN_TEST_STORAGE", "sqlite"))
+    if storage not in ("sqlite", "shared"):
+        raise ValueError(f"TRIMARAN_TEST_STORAGE={storage!r}: sqlite or shared")
+    return storage
+
+
+def storage_env(request: pytest.FixtureRequest, storage: str) -> dict[str, str]:
+    """The environment that puts a server on ``storage`` (see :data:`SHARED`)."""
+    if storage == "sqlite":
+        return {}
+    cluster = request.getfixturevalue("postgres_cluster")
+    url = cluster.create_database(f"interop{os.getpid()}_{next(_databases)}")
+    return {"TRIMARAN_STORAGE__URL": url, "TRIMARAN_QUEUES__SHARED": "true"}
 
 
 @pytest.fixture(scope="session")
@@ -72,9 +99,13 @@ def endpoints_of(server: RunningServer, tls_files: dict[str, str]) -> Endpoints:
 
 @pytest.fixture(scope="module")
 def mqtt_server(
-    tmp_path_factory: pytest.TempPathFactory, tls_files: dict[str, str]
+    tmp_path_factory: pytest.TempPathFactory,
+    tls_files: dict[str, str],
+    request: pytest.FixtureRequest,
+    server_storage: str,
 ) -> Iterator[RunningServer]:
-    with serving(start_server(tmp_path_factory.mktemp("server"), tls_files)) as server:
+    env = storage_env(request, server_storage)
+    with serving(start_server(tmp_path_factory.mktemp("server"), tls_files, env)) as server:
         yield server
 
 
@@ -88,9 +119,15 @@ def amqp_server_args() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def amqp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def amqp_server(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, server_storage: str
+) -> Iterator[RunningServer]:
     """A server with MQTT and AMQP on port 0 (AMQP 0.9.1 tests use ``ports["amqp"]``)."""
-    env = {"TRIMARAN_AUTH__USERS": ALICE, "TRIMARAN_AUTH__PERMISSIONS": ALICE_PERMISSIONS}
+    env = {
+        "TRIMARAN_AUTH__USERS": ALICE,
+        "TRIMARAN_AUTH__PERMISSIONS": ALICE_PERMISSIONS,
+        **storage_env(request, server_storage),
+    }
     with serving(
         RunningServer(amqp_server_args(), cwd=tmp_path_factory.mktemp("amqp"), env=env).start()
     ) as server:
@@ -115,11 +152,14 @@ AMQP1_ENV = {
 
 
 @pytest.fixture(scope="module")
-def amqp1_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def amqp1_server(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, server_storage: str
+) -> Iterator[RunningServer]:
     """Trimaran with AMQP (0.9.1 and 1.0) and MQTT on port 0; anonymous clients allowed; small
     frame and message size limits, quick retries and a stream queue ``events`` for AMQP 1.0 tests."""
     workdir = tmp_path_factory.mktemp("amqp1")
-    with serving(RunningServer(amqp1_server_args(), cwd=workdir, env=AMQP1_ENV).start()) as server:
+    env = {**AMQP1_ENV, **storage_env(request, server_storage)}
+    with serving(RunningServer(amqp1_server_args(), cwd=workdir, env=env).start()) as server:
         yield server
 
 

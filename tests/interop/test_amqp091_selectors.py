@@ -19,7 +19,7 @@ from pika.exceptions import ChannelClosedByBroker  # noqa: E402
 from proton import Message  # noqa: E402
 from proton.utils import BlockingConnection  # noqa: E402
 
-from tests.interop.conftest import amqp_server_args  # noqa: E402
+from tests.interop.conftest import BOTH_STORAGES, amqp_server_args  # noqa: E402
 from tests.support.amqp1 import close_link  # noqa: E402
 from tests.support.names import unique  # noqa: E402
 from tests.support.paho import V5, Endpoints, PacketTypes, connect, props  # noqa: E402
@@ -58,6 +58,7 @@ def left(channel: Any, queue: str) -> list[bytes]:
         bodies.append(body)
 
 
+@BOTH_STORAGES
 @pytest.mark.parametrize("durable", [False, True], ids=["transient", "durable"])
 def test_a_consumer_gets_what_it_selects_and_the_rest_stay(connection: Any, durable: bool) -> None:
     channel = connection.channel()

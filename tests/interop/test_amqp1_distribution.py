@@ -20,11 +20,14 @@ from proton import Delivery, Message, Terminus  # noqa: E402
 from proton.reactor import Copy, LinkOption, Move  # noqa: E402
 from proton.utils import BlockingConnection, BlockingReceiver  # noqa: E402
 
+from tests.interop.conftest import BOTH_STORAGES  # noqa: E402
 from tests.support.amqp1 import (  # noqa: E402
     body_str,
     close_link,
 )
 from tests.support.names import unique  # noqa: E402
+
+pytestmark = BOTH_STORAGES  # a shared node's browser reads the database (issue 46)
 
 
 @pytest.fixture
@@ -91,7 +94,13 @@ def fail(receiver: BlockingReceiver) -> None:
     delivery.settle()
 
 
-def test_released_is_not_a_failed_attempt(conn: BlockingConnection) -> None:
+def test_released_is_not_a_failed_attempt(
+    conn: BlockingConnection, server_storage: str, request: pytest.FixtureRequest
+) -> None:
+    if server_storage == "shared":
+        # A shared node forgets what it hands back: a claim reads the attempts from the pending
+        # row, which does not say how many were released, so six releases count as failures.
+        request.applymarker(pytest.mark.xfail(strict=True, reason="released attempts are not stored"))
     address = f"$queue/{unique('released')}"
     send(conn, address, ["work"])
     receiver = conn.create_receiver(address, credit=1)

@@ -19,7 +19,7 @@ from proton import Described, Message, symbol, ulong  # noqa: E402
 from proton.reactor import Copy, LinkOption, Selector  # noqa: E402
 from proton.utils import BlockingConnection, BlockingReceiver, LinkDetached  # noqa: E402
 
-from tests.interop.conftest import AMQP1_ENV, amqp1_server_args  # noqa: E402
+from tests.interop.conftest import AMQP1_ENV, BOTH_STORAGES, amqp1_server_args  # noqa: E402
 from tests.support.amqp1 import body_bytes, body_str, close_link  # noqa: E402
 from tests.support.names import unique  # noqa: E402
 from tests.support.paho import V5, V311, Endpoints, PacketTypes, connect, props  # noqa: E402
@@ -98,6 +98,7 @@ def test_topic_receiver_gets_only_what_its_selector_selects(conn: BlockingConnec
     assert drain(everything) == ["r12", "r5", "b20", "none"]
 
 
+@BOTH_STORAGES
 def test_queue_receiver_with_a_selector_leaves_the_others_for_others(conn: BlockingConnection) -> None:
     queue = f"$queue/{unique('selq')}"
     send(

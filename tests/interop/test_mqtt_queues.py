@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from paho.mqtt.client import topic_matches_sub
 
-from tests.interop.conftest import endpoints_of, start_server
+from tests.interop.conftest import BOTH_STORAGES, endpoints_of, start_server, storage_env
 from tests.support.names import unique
 from tests.support.paho import (
     V5,
@@ -62,8 +62,14 @@ QUEUE_ENV = {
 
 
 @pytest.fixture(scope="module")
-def qserver(tmp_path_factory: pytest.TempPathFactory, tls_files: dict[str, str]) -> Iterator[RunningServer]:
-    with serving(start_server(tmp_path_factory.mktemp("queues"), tls_files, QUEUE_ENV)) as server:
+def qserver(
+    tmp_path_factory: pytest.TempPathFactory,
+    tls_files: dict[str, str],
+    request: pytest.FixtureRequest,
+    server_storage: str,
+) -> Iterator[RunningServer]:
+    env = {**QUEUE_ENV, **storage_env(request, server_storage)}
+    with serving(start_server(tmp_path_factory.mktemp("queues"), tls_files, env)) as server:
         yield server
 
 
@@ -97,6 +103,7 @@ def control(client: Client, topic: str, message_id: str, **extra: str) -> None:
 # -- publish and consume ------------------------------------------------------------------------
 
 
+@BOTH_STORAGES
 @pytest.mark.parametrize("version", [V311, V5])
 def test_publish_acked_and_consumed(qmqtt: Endpoints, version: int) -> None:
     q = f"$queue/basic-{version}"
@@ -122,6 +129,7 @@ def test_publish_acked_and_consumed(qmqtt: Endpoints, version: int) -> None:
         close_all(pub, sub)
 
 
+@BOTH_STORAGES
 @pytest.mark.parametrize("version", [V311, V5])
 def test_competing_consumers_split_without_duplicates(qmqtt: Endpoints, version: int) -> None:
     q = f"$queue/compete-{version}"
@@ -143,6 +151,7 @@ def test_competing_consumers_split_without_duplicates(qmqtt: Endpoints, version:
         close_all(a, b, pub)
 
 
+@BOTH_STORAGES
 def test_named_groups_each_receive_everything(qmqtt: Endpoints) -> None:
     q = "$queue/groups"
     g1 = connect(qmqtt, version=V5)
@@ -162,6 +171,30 @@ def test_named_groups_each_receive_everything(qmqtt: Endpoints) -> None:
         assert {user_props(m)["x-queue-group"] for m in got2} == {"g2"}
     finally:
         close_all(g1, g2, pub)
+
+
+@BOTH_STORAGES
+def test_a_filtered_consumer_gets_its_keys_and_leaves_the_rest(qmqtt: Endpoints) -> None:
+    """``$queue/<q>/<filter>``: a consumer of one routing-key filter gets only what matches it, in
+    order; what it passes over stays for a plain consumer of the same group."""
+    q = "$queue/keyed"
+    pub = connect(qmqtt, version=V5)
+    europe = connect(qmqtt, version=V5)
+    plain = connect(qmqtt, version=V5)
+    try:
+        europe.subscribe(f"{q}/eu/#", qos=1)
+        keys = ["eu/paris", "us/nyc", "eu/rome", "us/sf", "eu/oslo"]
+        for key in keys:
+            pub.publish(f"{q}/{key}", key.encode(), qos=1).wait_for_publish(5)
+        got = europe.drain(3)
+        assert [m.payload for m in got] == [b"eu/paris", b"eu/rome", b"eu/oslo"]
+        assert all(m.topic.startswith(f"{q}/eu/") for m in got)  # it matches the filter it came for
+        plain.subscribe(q, qos=1)
+        assert sorted(m.payload for m in plain.drain(2)) == [b"us/nyc", b"us/sf"]
+        europe.expect_none(0.2)
+        plain.expect_none(0.2)
+    finally:
+        close_all(pub, europe, plain)
 
 
 # -- settling: PUBACK, nack, reject ---------------------------------------------------------------
@@ -188,6 +221,7 @@ def test_puback_acks_no_redelivery_after_reconnect(qmqtt: Endpoints, version: in
         close_all(pub, sub)
 
 
+@BOTH_STORAGES
 def test_nack_redelivers_v5(qmqtt: Endpoints) -> None:
     # paho 2.x cannot put a reason code on a PUBACK (Client.ack(mid, qos) sends plain success), so
     # the nack goes through the control topic, naming the delivery by x-queue-message-id.
@@ -317,6 +351,7 @@ def test_control_ack_by_payload_v311(qmqtt: Endpoints) -> None:
         close_all(pub, settler)
 
 
+@BOTH_STORAGES
 def test_reject_goes_to_dead_letter_queue(qmqtt: Endpoints) -> None:
     q = "$queue/rejected"
     pub = connect(qmqtt, version=V5)
@@ -347,6 +382,7 @@ def test_reject_goes_to_dead_letter_queue(qmqtt: Endpoints) -> None:
         close_all(pub, sub, dlq)
 
 
+@BOTH_STORAGES
 def test_disconnect_redelivers_to_another_consumer(qmqtt: Endpoints) -> None:
     q = "$queue/dropped"
     pub = connect(qmqtt, version=V5)

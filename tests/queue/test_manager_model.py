@@ -22,12 +22,13 @@ consumer, a restart) reading on from what it committed.
 
 Shared mode (:class:`SharedMachine`, PostgreSQL only) holds two managers on one database with
 ``queues.shared`` on to the same work-queue model: publishes and consumers on either node, acks,
-nacks, rejects, releases, transactional acks, consumers leaving, time passing, one node or both
-restarting, and a node dying with its claims left under leases nobody renews. A shared node keeps
-only its claims in memory and has no browser, so the stored rows stand in for both, and each
-group's pending row must say what the model says: held by the node and the consumer holding it,
-done, waiting, or claimed ahead by one node, never by two. Where it must be more lenient than one
-node, and why, is in its docstring.
+nacks, rejects, releases, transactional acks, consumers leaving (what they held is their node's
+consumers' at once, before any poll), time passing, one node or both restarting, and a node dying
+with its claims left under leases nobody renews. A shared node keeps only its claims in memory, so
+the stored rows stand in for it, a browser on each node reads them (what some group has not
+finished, in order), and each group's pending row must say what the model says: held by the node
+and the consumer holding it, done, waiting, or claimed ahead by one node, never by two. Where it
+must be more lenient than one node, and why, is in its docstring.
 
 Not modelled yet: dead letters routed through an exchange, and max-length overflow.
 
@@ -658,8 +659,8 @@ class SharedMachine(QueueMachine):
     always ends the same way: two claims racing inside PostgreSQL are not the model's (SKIP LOCKED
     and the pending row's key settle them; ``test_two_managers_never_hold_the_same_message`` runs
     them concurrently). A shared node refuses a transaction that publishes to its queues
-    ("unsupported") and takes one that only acks; it refuses to browse its work queue, so the stored
-    rows are asked instead.
+    ("unsupported") and takes one that only acks; its browser reads the stored rows, which are also
+    asked directly.
     """
 
     nodes = 2
@@ -727,6 +728,29 @@ class SharedMachine(QueueMachine):
         self.managers[node] = self.open(node)
         self.check()
 
+    @precondition(lambda self: self.consumers)
+    @rule(data=st.data())
+    def leave(self, data: st.DataObject) -> None:
+        """A consumer goes: what it held is back at once, for its node's consumers with credit
+        that select it before any poll (the claim its cancel makes), and for the other node's at
+        their next claim (the check's polls), never after a lease."""
+        consumer = self.consumers.pop(data.draw(st.sampled_from(sorted(self.consumers))))
+        self.settle_down()
+        self.take_deliveries(consumer)
+        held = self.held_by(consumer)
+        manager = self.managers[consumer.node]
+        self.call(consumer.handle.cancel)
+        self.release_held(lambda name: name == consumer.name)
+        self.call(idle, manager)  # this node's commits and claims, and no poll of either node
+        stayed = [c for c in self.consumers.values() if c.node == consumer.node and c.group == consumer.group]
+        for other in stayed:
+            self.take_deliveries(other)
+        for other in stayed:
+            if other.credit > 0:
+                missed = [o for o in held if o in self.left_behind(other)]
+                assert not missed, f"{other.name} has credit, {missed} came back from {consumer.name}"
+        self.check()
+
     def settle_down(self) -> None:
         self.call(quiesce_shared, self.managers, list(self.consumers.values()), self.clock.now)
 
@@ -756,6 +780,11 @@ class SharedMachine(QueueMachine):
         stored = stored_offsets(self.storage, QUEUE)
         assert stored - lenient == expected - lenient, f"stored {sorted(stored)}, model {sorted(expected)}"
         assert len(stored_offsets(self.storage, DLQ)) == model.dead_letters
+        for node, manager in enumerate(self.managers):  # a browser on either node sees the same
+            if manager.exists(QUEUE):
+                browsed = self.call(browse_stored, manager)
+                assert sorted(browsed) == browsed, f"n{node}'s browser out of order: {browsed}"
+                assert set(browsed) - lenient == expected - lenient, f"n{node}'s browser saw {browsed}"
         rows = {(r["group"], r["offset"]): r for r in queue_store.pending_rows(self.storage.engine, QUEUE)}
         claims = self.claims(lenient)
         for name, slots in model.groups.items():
@@ -822,6 +851,18 @@ class SharedMachine(QueueMachine):
                 continue
             missed.append(offset)
         return missed
+
+
+async def browse_stored(manager: QueueManager) -> list[int]:
+    """A shared node's browser: what it reads of the stored rows, once the reads are in."""
+    collector = Collector("browser")
+    handle: BrowseHandle = manager.browse(QUEUE, collector)
+    read = anyio.Event()
+    handle.add_credit(10_000)
+    handle.when_read(read.set)
+    await read.wait()
+    handle.cancel_nowait()
+    return [d.offset for d in collector.deliveries]
 
 
 def abandon(manager: QueueManager) -> None:

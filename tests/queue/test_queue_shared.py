@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from tests.queue.conftest import Collector, Factory, wait_until
-from trimaran.broker.message import Message
+from trimaran.broker.message import Message, now_ms
 from trimaran.queue import ConsumerHandle, QueueDelivery, QueueManager
 from trimaran.queue.journal import committed
 from trimaran.storage import queue_store
@@ -351,3 +351,117 @@ async def test_a_redelivery_on_a_shared_node_keeps_its_own_visibility_timeout(ma
         assert len(c.deliveries) == 2
         events = queue_store.events_for(a.storage.engine, "vis")
         assert [e["reason"] for e in events if e["kind"] == "released"] == []
+
+
+def without_timers(manager: QueueManager) -> QueueManager:
+    """No poll and no lease renewal from here on: what happens, happens without them."""
+    assert manager._scope is not None
+    manager._scope.cancel()
+    return manager
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_a_get_on_a_shared_node_waits_for_a_claim_made_for_its_credit(make_manager: Factory) -> None:
+    """basic.get on a shared node found only what the node had claimed already: the first get of a
+    queue full of messages came back empty (pika's acceptance suite, issue 46). ``after_claim``
+    says when a claim made for the getter's credit has been handed out."""
+    a = make_manager(shared=True, node="a")
+    async with a.running():
+        without_timers(a)
+        await a.declare("get")
+        await publish_all(a, "get", [b"m0", b"m1"])
+        getter = Collector("getter")
+        handle = a.consume("get", getter)
+        got: list[bytes] = []
+        waited = []
+        for _ in range(2):
+            handle.add_credit(1)
+            waited.append(len(getter.deliveries) == len(got))  # nothing claimed here yet
+            claimed = anyio.Event()
+            assert a.after_claim(handle, claimed.set)
+            with anyio.fail_after(5):
+                await claimed.wait()
+            got.append(getter.deliveries[-1].message.payload)
+            assert await handle.ack(getter.deliveries[-1].offset)
+            handle.set_credit(0)
+        assert got == [b"m0", b"m1"]
+        assert waited == [True, False]  # the first claim took both: the second get finds m1 here
+        done = anyio.Event()
+        handle.add_credit(1)  # nothing left: the claim lands empty, and says so
+        assert a.after_claim(handle, done.set)
+        with anyio.fail_after(5):
+            await done.wait()
+        assert len(getter.deliveries) == 2
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_a_consumer_that_leaves_hands_its_deliveries_back_at_once(make_manager: Factory) -> None:
+    """What a consumer held when it left is at once the next consumer's on its node, and the other
+    node's at its next claim: neither waits for a poll or a lease (the timers are stopped here)."""
+    a = make_manager(shared=True, node="a")
+    b = make_manager(shared=True, node="b")
+    async with a.running(), b.running():
+        without_timers(a)
+        without_timers(b)
+        await a.declare("leave")
+        await b.declare("leave")
+        await publish_all(a, "leave", [b"m0", b"m1", b"m2"])
+        first = Collector("first")
+        h1 = a.consume("leave", first)
+        h1.add_credit(2)
+        await wait_until(lambda: len(first.deliveries) == 2)
+        await h1.cancel()
+        second = Collector("second")
+        a.consume("leave", second, routing_filter="#", selects=lambda m: m.payload == b"m0").add_credit(5)
+        await wait_until(lambda: len(second.deliveries) == 1)
+        assert second.payloads == [b"m0"] and second.deliveries[0].redelivered
+        other = Collector("other")
+        b.consume("leave", other).add_credit(5)
+        await wait_until(lambda: len(other.deliveries) == 2)
+        assert sorted(other.payloads) == [b"m1", b"m2"]
+        assert [d.redelivered for d in other.deliveries if d.message.payload == b"m1"] == [True]
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_a_browser_on_a_shared_node_reads_what_is_stored_and_claims_nothing(
+    make_manager: Factory,
+) -> None:
+    """A copy-mode reader of a shared work queue was refused (the node holds only its claims):
+    it reads the stored rows instead, in offset order, what some group has not finished (an acked
+    message whose marker waits for the compaction is not shown), then what arrives."""
+    a = make_manager(shared=True, node="a")
+    b = make_manager(shared=True, node="b")
+    async with a.running(), b.running():
+        without_timers(a)
+        without_timers(b)
+        await a.declare("look")
+        await b.declare("look")
+        await publish_all(a, "look", [b"m0", b"m1", b"m2"])
+        worker = Collector("worker")
+        hw = a.consume("look", worker)
+        hw.add_credit(2)
+        await wait_until(lambda: len(worker.deliveries) == 2)
+        assert await hw.ack(worker.deliveries[0].offset)  # m0 finished, its marker not compacted
+        browser = Collector("browser")
+        hb = b.browse("look", browser)
+        hb.add_credit(10)
+        await wait_until(lambda: not hb.reading)
+        assert browser.payloads == [b"m1", b"m2"]  # m1 held by the worker, m2 claimed ahead: shown
+        assert all(d.group == "$browse" and not d.redelivered for d in browser.deliveries)
+        await publish_all(a, "look", [b"m3"])  # the other node's: at this node's next poll
+        b.claims.last_poll = 0
+        b.claims.tick(now_ms(), [b.queues["look"]])
+        await wait_until(lambda: browser.payloads[-1:] == [b"m3"])
+        # This node's own publish: read at once (from a block of its own, past the other's).
+        await publish_all(b, "look", [b"m4"])
+        await wait_until(lambda: browser.payloads[-1:] == [b"m4"])
+        drained: list[bool] = []
+        hb.set_credit(5)
+        hb.when_read(lambda: drained.append(True))  # a drain answers once the read is in
+        await wait_until(lambda: drained == [True])
+        assert len(browser.deliveries) == 4 and hb.credit == 5
+        hb.cancel_nowait()
+        other = Collector("other")
+        b.consume("look", other).add_credit(10)  # the browser claimed nothing: m3 and m4 are b's
+        await wait_until(lambda: len(other.deliveries) == 2)
+        assert sorted(other.payloads) == [b"m3", b"m4"]

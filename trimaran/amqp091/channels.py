@@ -200,10 +200,20 @@ class ChannelState:
 
     def get(self, getter: Getter, message_count: Callable[[], int]) -> bool:
         """basic.get: one delivery if the queue has one ready (get-ok sent), else False."""
+        self.offer(getter)
+        return self.answer(getter, message_count)
+
+    def offer(self, getter: Getter) -> None:
+        """basic.get's credit: what the queue has ready is handed over now (``getter.got``)."""
         handle = getter.handle
         assert handle is not None
         getter.got = None
         handle.add_credit(1)
+
+    def answer(self, getter: Getter, message_count: Callable[[], int]) -> bool:
+        """What the getter was handed since :meth:`offer`, as get-ok (True); else its credit ends."""
+        handle = getter.handle
+        assert handle is not None
         delivery = getter.take()
         if delivery is None:
             handle.set_credit(0)

@@ -642,8 +642,7 @@ class Operations:
             if not pending.done:
                 return self._get_after(conn, channel, m, pending)
             channel.last_write = None
-        self._get(conn, channel, m)
-        return None
+        return self._get(conn, channel, m)
 
     async def _get_after(
         self, conn: Amqp091Conn, channel: ChannelState, m: spec.BasicGet, pending: Receipt
@@ -654,9 +653,11 @@ class Operations:
         if channel.last_write is pending:
             channel.last_write = None
         if not channel.closed and not conn.machine.closed:
-            self._get(conn, channel, m)
+            claiming = self._get(conn, channel, m)
+            if claiming is not None:
+                await claiming
 
-    def _get(self, conn: Amqp091Conn, channel: ChannelState, m: spec.BasicGet) -> None:
+    def _get(self, conn: Amqp091Conn, channel: ChannelState, m: spec.BasicGet) -> Awaitable[None] | None:
         name = self._queue_name(channel, m.queue, m)
         meta = self._existing(conn, name, m)
         meta.unused_since = time.monotonic()
@@ -668,7 +669,26 @@ class Operations:
             except QueueError as exc:
                 raise _error(spec.PRECONDITION_FAILED, f"cannot get from {_rs(name)}: {exc}", m) from None
             channel.getters[(name, m.no_ack)] = getter
-        if not channel.get(getter, lambda: self._counts(name)[0]):
+        channel.offer(getter)
+        handle = getter.handle
+        if getter.got is None and handle is not None:
+            # A shared node holds only what it claimed: the get waits for a claim made for it,
+            # as RabbitMQ's get sees the whole queue (the connection's later frames wait too).
+            claimed = anyio.Event()
+            if self.manager.after_claim(handle, claimed.set):
+                return self._get_claimed(conn, channel, getter, name, claimed)
+        self._answer_get(conn, channel, getter, name)
+        return None
+
+    async def _get_claimed(
+        self, conn: Amqp091Conn, channel: ChannelState, getter: Getter, name: str, claimed: anyio.Event
+    ) -> None:
+        await claimed.wait()
+        if not channel.closed and not conn.machine.closed:
+            self._answer_get(conn, channel, getter, name)
+
+    def _answer_get(self, conn: Amqp091Conn, channel: ChannelState, getter: Getter, name: str) -> None:
+        if not channel.answer(getter, lambda: self._counts(name)[0]):
             self._reply(conn, channel, spec.BasicGetEmpty())
 
     def basic_ack(self, conn: Amqp091Conn, channel: ChannelState, m: spec.BasicAck) -> None:

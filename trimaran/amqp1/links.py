@@ -225,7 +225,12 @@ class QueueBrowse(OutLink):
         if handle is None or handle.closed:
             return
         handle.set_credit(self.link.credit)
-        if drain and self.link.is_open and self.link.credit > 0:
+        if drain:  # once what the credit asked for is read (a shared queue's rows: a read away)
+            handle.when_read(self._drained)
+
+    def _drained(self) -> None:
+        handle = self.handle
+        if handle is not None and self.link.is_open and self.link.credit > 0:
             self.machine.complete_drain(self.link)
             handle.set_credit(0)
             self.io.wake()

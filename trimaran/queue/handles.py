@@ -7,7 +7,7 @@ Below the manager: a handle reaches the manager through :class:`Consuming`, whic
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from trimaran.queue.outcomes import ACK, RELEASED, UNSENT, Ack, Commit, DeadLetter, Outcome, Retry
@@ -165,16 +165,19 @@ class BrowseHandle:
     """What ``browse`` returns: a copy-mode reader (an AMQP 1.0 ``distribution-mode copy`` link).
 
     It sees what the queue holds, in offset order, then what arrives; it removes nothing, holds
-    nothing, and settles nothing: other consumers get every message as if it were not there.
+    nothing, and settles nothing: other consumers get every message as if it were not there. A
+    shared node's work queue is read from the database (``shared.py``), a page at a time.
     """
 
-    def __init__(self, manager: Consuming, queue: QueueState, consumer: QueueConsumer) -> None:
+    def __init__(self, manager: Consuming, queue: QueueState, consumer: QueueConsumer, cursor: int) -> None:
         self.manager = manager
         self.queue = queue
         self.consumer = consumer
-        self.cursor = queue.first_offset()
+        self.cursor = cursor
         self.credit = 0
         self.closed = False
+        self.reading = False  # shared: a read of the stored rows is in flight
+        self.read: list[Callable[[], None]] = []  # what waits for it (when_read)
 
     @property
     def queue_name(self) -> str:
@@ -191,6 +194,20 @@ class BrowseHandle:
             self.credit += n
             self.manager._browse(self)
 
+    def when_read(self, done: Callable[[], None]) -> None:
+        """Run ``done`` once what the credit asks for is read (at once unless a read of the stored
+        rows is in flight): an AMQP 1.0 drain answers after it."""
+        if self.reading:
+            self.read.append(done)
+        else:
+            done()
+
+    def was_read(self) -> None:
+        """The reads are over (the credit is spent, the stored rows read to the end, or closed)."""
+        waiting, self.read = self.read, []
+        for done in waiting:
+            done()
+
     async def cancel(self) -> None:
         self.cancel_nowait()
 
@@ -198,6 +215,7 @@ class BrowseHandle:
         if self.closed:
             return
         self.closed = True
+        self.was_read()
         browsers = self.queue.browsers
         if self in browsers:
             browsers.remove(self)

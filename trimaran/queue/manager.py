@@ -1071,6 +1071,17 @@ class QueueManager:
             self.journal.send(ch)
         return handle
 
+    def after_claim(self, handle: ConsumerHandle, done: Callable[[], None]) -> bool:
+        """A shared node's work queue: run ``done`` once a claim made for ``handle``'s credit has
+        landed and what it claimed is handed out (basic.get waits for it: what the queue holds is
+        in the database, not here). False where the queue is in memory: nothing to wait for, and
+        ``done`` is not run."""
+        state = handle.queue
+        if handle.closed or not self.is_shared(state):
+            return False
+        self.claims.then(state, handle.group, handle, done)
+        return True
+
     def _check_owner(self, queue: str, owner: object) -> None:
         held_by = self.owners.get(queue)
         if held_by is not None and held_by is not owner:
@@ -1078,8 +1089,8 @@ class QueueManager:
 
     def browse(self, queue: str, consumer: QueueConsumer, *, owner: object = None) -> BrowseHandle:
         """Attach a browser: it receives copies of what the queue holds (from the oldest) and of
-        what arrives, as credit allows, and changes nothing. Not for a shared node's work queues
-        (this node holds only its claims). ``owner``: as for :meth:`consume`, an exclusive or
+        what arrives, as credit allows, and changes nothing (a shared node's work queue: what is
+        stored, read from the database). ``owner``: as for :meth:`consume`, an exclusive or
         temporary queue is read only by the connection that owns it."""
         if not self._started:
             raise QueueError("stopped", "the queue manager is not running")
@@ -1088,9 +1099,8 @@ class QueueManager:
         state = self._get_or_create(queue, ch)
         if state.durable and not ch.empty():
             self.journal.send(ch)
-        if self.is_shared(state):
-            raise QueueError("unsupported", "a shared work queue holds only its claims in memory")
-        handle = BrowseHandle(self, state, consumer)
+        # A shared node holds only its claims: its browsers read the stored rows from the first.
+        handle = BrowseHandle(self, state, consumer, 0 if self.is_shared(state) else state.first_offset())
         state.browsers.append(handle)
         return handle
 
@@ -1099,6 +1109,9 @@ class QueueManager:
         state = handle.queue
         if state.deleted:
             handle.closed = True
+            return
+        if self.is_shared(state):
+            self.claims.browse(handle)
             return
         messages = state.messages
         now = now_ms()

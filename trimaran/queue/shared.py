@@ -6,18 +6,22 @@ same row), and holds them under a lease it renews; what it is done with is marke
 deletes what every group finished), what it hands back is released to every node (what it claimed
 ahead, when no consumer left there selects it), and a node that dies hands its claims back when
 their leases run out. Offsets of a shared node's durable queues come from blocks reserved in the
-queue row, one UPDATE per block, so appends from several nodes never collide.
+queue row, one UPDATE per block, so appends from several nodes never collide. What waits on the
+database instead of memory is here too: a get waits for a claim made for it (``Claims.then``), and
+a browser reads the stored rows (``Claims.browse``).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 
 from trimaran.broker.message import Message, now_ms
-from trimaran.queue.groups import Group, QueueState, StoredMessage, Taker
+from trimaran.queue.groups import Group, QueueDelivery, QueueState, StoredMessage, Taker
+from trimaran.queue.handles import BrowseHandle
 from trimaran.queue.journal import Journal
 from trimaran.queue.policy import filter_matches
 from trimaran.queue.work import WorkGroup
@@ -25,11 +29,10 @@ from trimaran.storage import queue_store
 from trimaran.storage.queue_store import Wants
 from trimaran.storage.rows import WriteBatch
 
-if TYPE_CHECKING:
-    pass
-
+log = logging.getLogger(__name__)
 
 POLL_MS = 100  # how often idle consumers look for messages other nodes published or released
+BROWSE_PAGE = 100  # most stored rows a browser reads at once
 
 
 def takes_all(takers: Iterable[Taker]) -> bool:
@@ -67,7 +70,11 @@ class Claims:
         self.lease_ms = lease_ms
         self.batch = batch
         self.dispatch = dispatch
-        self.claiming: set[Group] = set()  # one claim in flight per group
+        # One claim in flight per group, and the consumers it claims for (their credit then).
+        self.claiming: dict[Group, list[Taker]] = {}
+        # What waits for a claim (Claims.then): for the one in flight, and for the next one.
+        self.waiting: dict[Group, list[Callable[[], None]]] = {}
+        self.later: dict[Group, list[tuple[Taker, Callable[[], None]]]] = {}
         self.last_renew = 0
         self.last_poll = 0
         self.open = False  # claims are made only while the manager runs
@@ -93,7 +100,7 @@ class Claims:
             return
         # What is claimed ahead may be what they do not select: then at least their credit more.
         want = max(self.batch - len(group.ready), min(self.batch, sum(h.credit for h in takers)))
-        self.claiming.add(group)
+        self.claiming[group] = takers
         now = now_ms()
         wants = None if takes_all(takers) else taken_by(takers)
         call = queue_store.claim(
@@ -103,20 +110,80 @@ class Claims:
             WriteBatch(calls=[call]), on_results=lambda results: self._claimed(state, group, results)
         )
 
+    def then(self, state: QueueState, group: Group, taker: Taker, done: Callable[[], None]) -> None:
+        """Run ``done`` once a claim made for ``taker``'s credit has landed and what it claimed is
+        handed out: the claim in flight if it was made for ``taker``, else the next one (started
+        now if none is in flight). At once when there is nothing to claim for (no credit, stopped)."""
+        if taker in self.claiming.get(group, ()):
+            self.waiting.setdefault(group, []).append(done)
+        elif group in self.claiming:
+            self.later.setdefault(group, []).append((taker, done))
+        else:
+            self.claim(state, group)
+            if taker in self.claiming.get(group, ()):
+                self.waiting.setdefault(group, []).append(done)
+            else:
+                done()
+
     def _claimed(self, state: QueueState, group: Group, results: list[Any]) -> None:
-        self.claiming.discard(group)
+        self.claiming.pop(group, None)
         rows = results[0] if results else []
-        if not isinstance(group, WorkGroup):  # claims are a shared work queue's
+        if isinstance(group, WorkGroup):  # claims are a shared work queue's
+            for row, attempts, reason in rows:
+                offset = int(row.offset)
+                if offset in group.entries:
+                    continue
+                if offset not in state.messages:
+                    state.add(stored_row(row))
+                group.claimed(offset, attempts, reason)
+            if rows:
+                self.dispatch(state, group)
+        for done in self.waiting.pop(group, ()):
+            done()
+        for taker, done in self.later.pop(group, ()):
+            self.then(state, group, taker, done)
+
+    def browse(self, handle: BrowseHandle) -> None:
+        """Read a browser the stored rows from its cursor on, as its credit allows: what some group
+        has not finished, in offset order, claimed by no one (``queue_store.browse``). Through the
+        writer, so it follows this node's own writes; what arrives later is read at the next local
+        publish or poll. Offsets come from each node's blocks, so a message another node publishes
+        later under an offset the browser has passed is not seen."""
+        if handle.reading or handle.closed or handle.credit <= 0 or not self.open:
             return
-        for row, attempts, reason in rows:
-            offset = int(row.offset)
-            if offset in group.entries:
+        handle.reading = True
+        want = min(handle.credit, BROWSE_PAGE)
+        call = queue_store.browse(handle.queue.name, handle.cursor, want)
+        self.journal.send(
+            WriteBatch(calls=[call]), on_results=lambda results: self._browsed(handle, want, results)
+        )
+
+    def _browsed(self, handle: BrowseHandle, want: int, results: list[Any]) -> None:
+        handle.reading = False
+        rows = results[0] if results else []
+        if handle.closed:
+            return
+        now = now_ms()
+        name = handle.queue.name
+        out: list[QueueDelivery] = []
+        for row in rows:
+            if handle.credit <= 0:
+                break
+            handle.cursor = int(row.offset) + 1
+            if row.expires_at is not None and now >= row.expires_at:
                 continue
-            if offset not in state.messages:
-                state.add(stored_row(row))
-            group.claimed(offset, attempts, reason)
-        if rows:
-            self.dispatch(state, group)
+            handle.credit -= 1
+            message = queue_store.row_message(row)
+            out.append(QueueDelivery(message, name, int(row.offset), "$browse", 1, False))
+        for delivery in out:
+            try:
+                handle.consumer.deliver(delivery)
+            except Exception:
+                log.exception("browser %s failed to take a delivery", handle.consumer.id)
+        if len(rows) == want and handle.credit > 0:
+            self.browse(handle)  # a whole page: more is stored
+        else:
+            handle.was_read()
 
     async def reserve(self, state: QueueState) -> int:
         """The next offset of ``state`` from this node's block (reserving a new block when spent)."""
@@ -152,6 +219,8 @@ class Claims:
                 for group in state.groups.values():
                     if group.consumers:  # claims only for consumers with credit
                         self.claim(state, group)
+                for browser in state.browsers:  # what the other nodes published since
+                    self.browse(browser)
         if now - self.last_renew >= self.lease_ms // 3:
             self.last_renew = now
             calls = [queue_store.renew_leases(self.journal.node, now + self.lease_ms)]

@@ -429,6 +429,29 @@ def _claimed_rows(connection: Connection, queue: str, offsets: list[int]) -> lis
     return sorted(connection.execute(stmt).all(), key=lambda r: int(r.offset))
 
 
+def browse(queue: str, first: int, limit: int) -> Call:
+    """Shared mode: up to ``limit`` stored messages of a queue from offset ``first`` on, in offset
+    order, but for those every group has finished (their 'done' markers wait for the compaction):
+    what a queue browser sees. Nothing is claimed or locked."""
+
+    def call(connection: Connection) -> list[Any]:
+        m, p, g = queue_messages, queue_pending, queue_groups
+        count = select(func.count()).select_from(g).where(g.c.queue == queue)
+        groups = connection.execute(count).scalar_one()
+        stmt = select(m).where(m.c.queue == queue, m.c.offset >= first)
+        if groups:  # a queue with no group yet keeps everything, as the compaction does
+            done = (
+                select(func.count())
+                .select_from(p)
+                .where(p.c.queue == queue, p.c.offset == m.c.offset, p.c.state == "done")
+                .scalar_subquery()
+            )
+            stmt = stmt.where(done < groups)
+        return list(connection.execute(stmt.order_by(m.c.offset).limit(limit)).all())
+
+    return call
+
+
 def renew_leases(node: str, lease_until: int) -> Call:
     def call(connection: Connection) -> int:
         stmt = (
