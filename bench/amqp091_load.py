@@ -349,9 +349,9 @@ class Publisher(AmqpConn):
     def configure(self, queue, payload, persistent, batch, writes_per_turn, confirm_window, keys=0):
         self.loop = asyncio.get_running_loop()
         body = bytes((65 + i % 26) for i in range(payload))
-        self.one = publish_msg(1, queue, body, persistent)
-        if keys:
-            self.one = keyed(queue, keys, 1, body, persistent)
+        self.one = (
+            keyed(queue, keys, 1, body, persistent) if keys else publish_msg(1, queue, body, persistent)
+        )
         self.B = batch
         self.batch = keyed(queue, keys, batch, body, persistent) if keys else self.one * batch
         self.K = writes_per_turn

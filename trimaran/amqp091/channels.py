@@ -198,13 +198,9 @@ class ChannelState:
         if not consumer.no_ack:
             handle.settle_nowait(delivery.offset, UNSENT)
 
-    def get(self, getter: Getter, message_count: Callable[[], int]) -> bool:
-        """basic.get: one delivery if the queue has one ready (get-ok sent), else False."""
-        self.offer(getter)
-        return self.answer(getter, message_count)
-
     def offer(self, getter: Getter) -> None:
-        """basic.get's credit: what the queue has ready is handed over now (``getter.got``)."""
+        """basic.get's credit: what the queue has ready is handed over now (``getter.got``); then
+        :meth:`answer` (a shared queue's get waits for a claim in between)."""
         handle = getter.handle
         assert handle is not None
         getter.got = None

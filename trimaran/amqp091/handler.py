@@ -48,7 +48,7 @@ from trimaran.amqp091.events import (
     MethodReceived,
     SecureOkReceived,
 )
-from trimaran.amqp091.exchanges import ExchangeError
+from trimaran.amqp091.exchanges import ExchangeError, ExchangeRegistry
 from trimaran.amqp091.mapping import MappingError, message_from_content, message_headers
 from trimaran.amqp091.operations import REPLY_PREFIX, REPLY_TO, _error
 from trimaran.amqp091.properties import BasicProperties
@@ -605,7 +605,7 @@ class Amqp091FrontEnd:
             # (A headers exchange routes by the headers too: only a publish without any is kept.)
             route = routes.get((exchange, key)) if props.headers is None else None
             if route is None:
-                route = self._route(conn, exchange, key, props, method)
+                route = self._route(conn, exchanges, exchange, key, props, method)
             queues, to_router, single, first_topic = route
         now = now_ms()  # the message's, and its queue's, time of publication
         try:
@@ -643,11 +643,16 @@ class Amqp091FrontEnd:
             conn.wake()
 
     def _route(
-        self, conn: Amqp091Conn, exchange: str, key: str, props: BasicProperties, method: spec.BasicPublish
+        self,
+        conn: Amqp091Conn,
+        exchanges: ExchangeRegistry,
+        exchange: str,
+        key: str,
+        props: BasicProperties,
+        method: spec.BasicPublish,
     ) -> Route:
         """Where a publish through a named exchange goes, asked of the exchange and the rules, and
         kept on the connection (bounded) when the rules let it reach every queue it routes to."""
-        exchanges = conn.tenant.exchanges
         try:
             exchanges.check_publish(exchange)
             result = exchanges.route(exchange, key, props.headers)
