@@ -5,7 +5,8 @@ RabbitMQ requeues a closed channel's or connection's unacknowledged deliveries, 
 consumer's once its channel closes, before it answers anything else; pika's acceptance suite
 (``TestCloseConnectionFromBasicConsumeCallback``, ``TestCloseChannelFromBasicConsumeCallback``)
 closes from inside the consume callback and gets both messages back in order. A shared node holds
-only what it claimed, so its get waits for a claim (it found nothing before).
+only what it claimed, so its get waits for a claim (it found nothing before). Each case runs against
+RabbitMQ 3.10 too.
 """
 
 from __future__ import annotations
@@ -21,17 +22,20 @@ from tests.interop.conftest import BOTH_STORAGES  # noqa: E402
 from tests.support.names import unique  # noqa: E402
 from tests.support.server import RunningServer  # noqa: E402
 
-pytestmark = BOTH_STORAGES
+CLOSES: dict[str, Callable[[Any, Any], None]] = {
+    "connection": lambda connection, channel: connection.close(),
+    "channel": lambda connection, channel: channel.close(),
+}
 
 
-def connect(server: RunningServer) -> Any:
-    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", server.ports["amqp"]))
+def connect(port: int) -> Any:
+    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
 
 
-def two_held(server: RunningServer, durable: bool, close: Callable[[Any, Any], None]) -> str:
+def two_held(port: int, durable: bool, close: Callable[[Any, Any], None]) -> str:
     """A queue with two messages, consumed with acks by a consumer that ``close(connection,
     channel)`` from its callback at the first delivery, leaving both unacknowledged."""
-    connection = connect(server)
+    connection = connect(port)
     channel = connection.channel()
     channel.confirm_delivery()  # each publish confirmed before the next: both are in
     queue = unique("requeue")
@@ -50,8 +54,8 @@ def two_held(server: RunningServer, durable: bool, close: Callable[[Any, Any], N
     return queue
 
 
-def gets(server: RunningServer, queue: str, n: int = 3) -> list[tuple[bytes, bool] | None]:
-    connection = connect(server)
+def gets(port: int, queue: str, n: int = 3) -> list[tuple[bytes, bool] | None]:
+    connection = connect(port)
     try:
         channel = connection.channel()
         got: list[tuple[bytes, bool] | None] = []
@@ -64,28 +68,15 @@ def gets(server: RunningServer, queue: str, n: int = 3) -> list[tuple[bytes, boo
         connection.close()
 
 
-@pytest.mark.parametrize("durable", [False, True], ids=["transient", "durable"])
-def test_closing_the_connection_from_the_consume_callback_requeues_at_once(
-    amqp_server: RunningServer, durable: bool
-) -> None:
-    queue = two_held(amqp_server, durable, lambda connection, channel: connection.close())
-    assert gets(amqp_server, queue) == [(b"first", True), (b"second", True), None]
+def closing_from_the_callback_requeues_at_once(port: int, durable: bool, closed: str) -> None:
+    queue = two_held(port, durable, CLOSES[closed])
+    assert gets(port, queue) == [(b"first", True), (b"second", True), None]
 
 
-@pytest.mark.parametrize("durable", [False, True], ids=["transient", "durable"])
-def test_closing_the_channel_from_the_consume_callback_requeues_at_once(
-    amqp_server: RunningServer, durable: bool
-) -> None:
-    queue = two_held(amqp_server, durable, lambda connection, channel: channel.close())
-    assert gets(amqp_server, queue) == [(b"first", True), (b"second", True), None]
-
-
-def test_a_cancelled_consumer_hands_back_what_it_held_when_its_channel_closes(
-    amqp_server: RunningServer,
-) -> None:
+def a_cancelled_consumer_hands_back_what_it_held_when_its_channel_closes(port: int) -> None:
     """basic.cancel leaves the deliveries with the channel, to be acked still (RabbitMQ's rule);
     closing the channel requeues them, and another channel's get sees them at once."""
-    connection = connect(amqp_server)
+    connection = connect(port)
     try:
         channel = connection.channel()
         queue = unique("cancelled")
@@ -100,5 +91,36 @@ def test_a_cancelled_consumer_hands_back_what_it_held_when_its_channel_closes(
         channel.close()
         method, _, body = other.basic_get(queue, auto_ack=True)
         assert (body, method.redelivered) == (b"held", True)
+        other.queue_delete(queue)
     finally:
         connection.close()
+
+
+DURABLE = pytest.mark.parametrize("durable", [False, True], ids=["transient", "durable"])
+CLOSED = pytest.mark.parametrize("closed", list(CLOSES))
+
+
+@BOTH_STORAGES
+@DURABLE
+@CLOSED
+def test_closing_from_the_consume_callback_requeues_at_once(
+    amqp_server: RunningServer, durable: bool, closed: str
+) -> None:
+    closing_from_the_callback_requeues_at_once(amqp_server.ports["amqp"], durable, closed)
+
+
+@BOTH_STORAGES
+def test_a_cancelled_consumer_hands_back_what_it_held_when_its_channel_closes(
+    amqp_server: RunningServer,
+) -> None:
+    a_cancelled_consumer_hands_back_what_it_held_when_its_channel_closes(amqp_server.ports["amqp"])
+
+
+@DURABLE
+@CLOSED
+def test_rabbitmq_requeues_at_once_too(rabbitmq_port: int, durable: bool, closed: str) -> None:
+    closing_from_the_callback_requeues_at_once(rabbitmq_port, durable, closed)
+
+
+def test_rabbitmq_hands_back_a_cancelled_consumers_deliveries_the_same_way(rabbitmq_port: int) -> None:
+    a_cancelled_consumer_hands_back_what_it_held_when_its_channel_closes(rabbitmq_port)
