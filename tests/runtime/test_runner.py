@@ -61,7 +61,7 @@ class Relaying(LineHull):
     def handle(self, event: object) -> None:
         super().handle(event)
         assert isinstance(event, bytes)
-        self.runner.after_read(lambda: self.relay(event))
+        self.runner.at_turn_end(lambda: self.relay(event))
 
     def relay(self, line: bytes) -> None:
         if line == b"fail":
@@ -81,28 +81,31 @@ def watch_call_soon(monkeypatch: pytest.MonkeyPatch) -> list[Callable[..., objec
     return scheduled
 
 
-async def test_work_after_a_read_leaves_in_that_reads_flush(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What a read asks for at its end (the queues' turn: submit, then deliver) runs before the
-    read's flush: a delivery leaves in the turn of the loop its publish arrived in, with no wake-up
-    scheduled for it. Outside a read the work waits for the end of the loop's turn."""
+async def test_work_at_the_end_of_a_turn_leaves_in_that_turns_flush(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the reads of a turn ask for at its end (the queues' turn: submit, then deliver) runs
+    before the turn's flush: a delivery leaves in the turn of the loop its publish arrived in, and
+    the reads of one turn share one callback and one write to each connection they fed."""
     runner = Runner()
     subscribers: list[LineHull] = []
     subscriber = Wire(runner, lambda io, first: subscribers.append(LineHull(io)) or subscribers[-1])
-    publisher = Wire(runner, lambda io, first: Relaying(io, runner, subscribers))
+    publishers = [Wire(runner, lambda io, first: Relaying(io, runner, subscribers)) for _ in range(2)]
     await settle()
     scheduled = watch_call_soon(monkeypatch)
-    publisher.conn.data_received(b"a\nb\n")
-    assert subscriber.transport.take() == b"got a\ngot b\n"
-    assert publisher.transport.take() == b"A\nB\n"
-    assert scheduled == []
-    ran: list[str] = []
-    runner.after_read(lambda: ran.append("outside a read"))
-    assert ran == [] and len(scheduled) == 1
+    writes: list[bytes] = []
+    original = subscriber.transport.write
+    # None, as Transport.write returns (the compiled runtime checks what it is given).
+    subscriber.transport.write = lambda data: writes.append(bytes(data)) or original(data)  # type: ignore[method-assign]
+    publishers[0].conn.data_received(b"a\nb\n")
+    publishers[1].conn.data_received(b"c\n")
+    assert writes == [] and len(scheduled) == 1
     await settle()
-    assert ran == ["outside a read"]
+    assert writes == [b"got a\ngot b\ngot c\n"]
+    assert publishers[0].transport.take() == b"A\nB\n"
+    assert publishers[1].transport.take() == b"C\n"
+    assert scheduled.count(runner._end_turn) == 1
 
 
-async def test_failed_work_after_a_read_is_logged_and_the_read_still_flushed(
+async def test_failed_work_at_the_end_of_a_turn_is_logged_and_the_turn_still_flushed(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     runner = Runner()
@@ -111,8 +114,9 @@ async def test_failed_work_after_a_read_is_logged_and_the_read_still_flushed(
     publisher = Wire(runner, lambda io, first: Relaying(io, runner, subscribers))
     await settle()
     publisher.conn.data_received(b"fail\nc\n")
+    await settle()
     assert publisher.transport.take() == b"FAIL\nC\n" and not publisher.transport.closed
     assert subscriber.transport.take() == b"got c\n"
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
-        "work at the end of a read failed"
+        "work at the end of a turn failed"
     ]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 
@@ -45,9 +44,9 @@ async def test_same_events_and_output_however_the_bytes_are_cut() -> None:
     assert outcomes == {((b"one", b"two", b"close"), b"ONE\nTWO\nBYE\nCLOSE\n")}
 
 
-async def test_writes_are_batched_per_read_and_per_loop_iteration() -> None:
-    """What one read causes leaves in one write, at the end of the read; what is queued outside a
-    read (a delivery from elsewhere, a commit) leaves once per loop iteration."""
+async def test_writes_are_batched_per_loop_iteration() -> None:
+    """What a turn of the loop causes (its reads' replies, a delivery from elsewhere, a commit)
+    leaves in one write per connection, at the end of the turn."""
     hulls = Hulls()
     wire = Wire(Runner(), hulls)
     writes: list[bytes] = []
@@ -55,37 +54,17 @@ async def test_writes_are_batched_per_read_and_per_loop_iteration() -> None:
     # None, as Transport.write returns (the compiled runtime checks what it is given).
     wire.transport.write = lambda data: writes.append(bytes(data)) or original(data)  # type: ignore[method-assign]
     wire.conn.data_received(b"a\nb\n")
-    assert writes == [b"A\nB\n"]
     machine = hulls.made[0].machine
     machine.out.append(b"X\n")
     wire.conn.wake()
+    wire.conn.data_received(b"c\n")
+    assert writes == []
+    await settle()
+    assert writes == [b"A\nB\nX\nC\n"]
     machine.out.append(b"Y\n")
     wire.conn.wake()
-    assert writes == [b"A\nB\n"]
     await settle()
-    assert writes == [b"A\nB\n", b"X\nY\n"]
-
-
-async def test_a_read_leaves_nothing_for_the_next_turn_of_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A read's writes leave at its end, so it schedules no flush: a lone message at a low rate is
-    written in the turn it arrived and costs no extra wake-up. A wake outside a read still does."""
-    hulls = Hulls()
-    wire = Wire(Runner(), hulls)
-    await settle()
-    scheduled: list[object] = []
-    loop = asyncio.get_running_loop()
-    original = loop.call_soon
-    monkeypatch.setattr(
-        loop, "call_soon", lambda cb, *args, **kw: scheduled.append(cb) or original(cb, *args, **kw)
-    )
-    wire.conn.data_received(b"a\n")
-    assert wire.transport.take() == b"A\n"
-    assert scheduled == []
-    hulls.made[0].machine.out.append(b"X\n")
-    wire.conn.wake()
-    assert len(scheduled) == 1
-    await settle()
-    assert wire.transport.take() == b"X\n"
+    assert writes == [b"A\nB\nX\nC\n", b"Y\n"]
 
 
 async def test_a_bug_in_the_hull_closes_only_its_connection(caplog: pytest.LogCaptureFixture) -> None:

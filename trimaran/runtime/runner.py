@@ -56,11 +56,8 @@ class Runner:
         self._gone_traffic: dict[str, list[int]] = {}
         self._buckets: dict[str, _Bucket] = {}
         self._dirty: list[Conn] = []
-        self._flush_scheduled = False
-        # A read is being acted on (Conn.data_received), which ends with read_done: what it makes
-        # dirty needs no flush scheduled, and a lone message costs no extra turn of the loop.
-        self.reading = False
-        self._after_read: list[Callable[[], None]] = []  # run by read_done, before its flush
+        self._turn_end_scheduled = False
+        self._at_turn_end: list[Callable[[], None]] = []  # run by _end_turn, before its flush
         self._heap: list[tuple[float, int, Conn]] = []
         self._heap_dead = 0  # entries of connections closed since the heap was last compacted
         self._timer: asyncio.TimerHandle | None = None
@@ -283,44 +280,38 @@ class Runner:
             return
         conn.dirty = True
         self._dirty.append(conn)
-        if not self._flush_scheduled and not self.reading:
-            self._flush_scheduled = True
-            loop = self._loop or asyncio.get_running_loop()
-            loop.call_soon(self._scheduled_flush)
+        if not self._turn_end_scheduled:
+            self._schedule_turn_end()
 
-    def _scheduled_flush(self) -> None:
-        self._flush_scheduled = False
-        self._flush()
+    def at_turn_end(self, work: Callable[[], None]) -> None:
+        """Run ``work`` at the end of this turn of the loop, before its flush, so what it delivers
+        leaves in the same write as what the turn's reads caused (the queues' end of a turn: the
+        journal's submission and the deliveries it made due)."""
+        self._at_turn_end.append(work)
+        if not self._turn_end_scheduled:
+            self._schedule_turn_end()
 
-    def after_read(self, work: Callable[[], None]) -> None:
-        """Run ``work`` once the read being acted on is done, before that read's flush, so what it
-        delivers goes out in the same turn of the loop as the read (the queues' end of a turn: the
-        journal's submission and the deliveries it made due). Outside a read, at the end of this
-        turn of the loop."""
-        if self.reading:
-            self._after_read.append(work)
-        else:
-            self.loop().call_soon(work)
+    def _schedule_turn_end(self) -> None:
+        # One callback per turn, scheduled by the first read or wake of the turn. Under uvloop it
+        # runs once every ready socket has been read, before the loop polls again (no extra poll):
+        # the reads of a turn share one write to each connection they fed.
+        self._turn_end_scheduled = True
+        loop = self._loop or asyncio.get_running_loop()
+        loop.call_soon(self._end_turn)
 
-    def read_done(self) -> None:
-        """The read being acted on is done: run what waited for its end, then write every dirty
-        connection at once (the scheduled flush then finds nothing to do)."""
-        try:
-            while self._after_read:  # work that asks for more runs in the same end
-                jobs, self._after_read = self._after_read, []
-                for job in jobs:
-                    try:
-                        job()
-                    except Exception:  # not the reading connection's fault: it stays open
-                        log.exception("work at the end of a read failed")
-        finally:
-            self.reading = False
-            if self._dirty:
-                self._flush()
-
-    def _flush(self) -> None:
+    def _end_turn(self) -> None:
+        """The turn's reads are done: run what waited for its end, then write every dirty
+        connection once."""
+        while self._at_turn_end:  # work that asks for more runs in the same end
+            jobs, self._at_turn_end = self._at_turn_end, []
+            for job in jobs:
+                try:
+                    job()
+                except Exception:  # not a connection's fault: they all stay open
+                    log.exception("work at the end of a turn failed")
         # A flush can make other connections dirty (a hull acting on late events); they are
-        # written in the next iteration, not this one.
+        # written at the end of the next turn, not this one.
+        self._turn_end_scheduled = False
         dirty, self._dirty = self._dirty, []
         for conn in dirty:
             conn.flush()

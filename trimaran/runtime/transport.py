@@ -100,7 +100,6 @@ class Runner(Protocol):
     traffic: Traffic
     memory: Memory
     current: Conn | None  # the connection whose events are being acted on
-    reading: bool  # a read is being acted on: read_done follows it, no flush need be scheduled
 
     def admit(self, conn: Conn) -> str | None: ...
 
@@ -111,8 +110,6 @@ class Runner(Protocol):
     def loop(self) -> asyncio.AbstractEventLoop: ...
 
     def mark_dirty(self, conn: Conn) -> None: ...
-
-    def read_done(self) -> None: ...
 
     def watch_deadline(self, conn: Conn) -> None: ...
 
@@ -256,20 +253,14 @@ class Conn(asyncio.Protocol):
         if self.hull is None:
             self._open_hull(data)
             return
-        runner = self.runner
         self.read_at_ms = _time_ns() // 1_000_000
-        runner.reading = True
         try:
             self.hull.machine.receive_data(data, time.monotonic())
-            self.pump()
+            self.pump()  # what the read caused is written at the end of the loop's turn
             if self.rate is not None:
                 self._charge(0, len(data))
         except Exception as exc:
             self.crash(exc)
-        finally:
-            # What this read caused (its replies, its deliveries) is written now rather than after
-            # one more turn of the loop: a read is a batch already, and the extra turn cost latency.
-            runner.read_done()
 
     def eof_received(self) -> bool:
         self._peer_eof = True
