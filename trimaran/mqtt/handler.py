@@ -98,8 +98,10 @@ READ_CHUNK: Final = 65536
 # Will delays, session expiry, session persistence, and the connect and keep-alive timeouts of every
 # connection: one sweep is far cheaper than a timer per read per connection.
 HOUSEKEEPING_INTERVAL: Final = 0.5
-# QoS 0 bytes queued for one subscriber within one loop iteration past which its publishers are held
-# until it has been written (libuv reads a publisher in several gulps per iteration).
+# QoS 0 bytes queued for one subscriber within one turn of the loop past which they are written at
+# once rather than at the turn's end: a turn can read thousands of paced publishers.
+WRITE_MARK: Final = 64 * 1024
+# Past this, a run is delivered a message at a time (where the outbox's bound is checked).
 PUSH_BACK_BYTES: Final = 256 * 1024
 
 
@@ -199,7 +201,9 @@ class MqttEndpoint:
             # A slow reader's QoS 0 backlog is bounded: past the outbox size it is dropped and
             # counted, so it never grows the server's memory or slows the publisher.
             io = conn.io
-            if not io.writable or machine.pending_out > PUSH_BACK_BYTES:
+            if machine.pending_out > WRITE_MARK and io.writable:
+                io.send_now()
+            if not io.writable:
                 if io.backlog() + machine.pending_out >= front.outbox_bytes:
                     front.dropped(message, self.client_id, OUTBOX_FULL)
                     return
@@ -268,6 +272,8 @@ class MqttEndpoint:
                 if got is None:
                     got = encoded[key] = encode_run(run, v5, ids)
                 data, largest = got
+            if machine.pending_out + len(data) > WRITE_MARK:
+                io.send_now()
             if machine.pending_out + len(data) > PUSH_BACK_BYTES or not machine.publish_run(
                 data, run.count, largest
             ):
