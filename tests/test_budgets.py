@@ -88,6 +88,16 @@ PATHS = [
         Budget(loop=(30.0, 41.0)),
     ),
     Path_(
+        # Paced publishers (a fleet's devices, a few messages a second each): every PUBLISH alone
+        # in its turn of the loop, so the turn's fixed work (the machine, the flush of publisher and
+        # subscriber, the deadlines) is the message's. Where a turn reads several, they share it.
+        "mqtt qos0 fan-in 50->1, a message a turn",
+        _mqtt(
+            publishers=50, subscribers=1, qos=0, topic="bench/t", batch=1, topic_filter="bench/#", paced=True
+        ),
+        Budget(loop=(47.0, 27.0)),
+    ),
+    Path_(
         "mqtt qos0 fan-out 1->4",
         _mqtt(publishers=1, subscribers=4, qos=0, topic="bench/t", batch=50),
         Budget(loop=(2.1, 1.1)),

@@ -121,8 +121,12 @@ class MqttLoad:
         receive_maximum: int | None = None,
         topics: int = 1,
         alone: bool = False,
+        paced: bool = False,
     ) -> None:
         self.qos = qos
+        # paced: each publisher's batch delivered before the next publisher sends (devices a few
+        # messages a second each): every read alone in its turn of the loop, whatever the host
+        self.paced = paced
         # alone: each PUBLISH with a property, which no run takes (a message at a time)
         self.alone = alone
         # topics > 1: each message to the next of topic/0 .. topic/<topics-1>, so that no two
@@ -158,11 +162,23 @@ class MqttLoad:
                 else:
                     wire += encode_plain_publish(topic, PAYLOAD, self.qos, False, False, packet_id, MQTT_5)
             batches.append(bytes(wire))
-        for pub, batch in zip(self.pubs, batches, strict=True):
-            pub.sock.sendall(batch)
-        queue = self.topic.startswith("$queue/")
-        # A queue message goes to one subscriber; a topic message to each of them.
-        expected = self.messages_per_round() * (1 if queue else len(self.subs))
+        if self.paced:
+            for pub, batch in zip(self.pubs, batches, strict=True):
+                pub.sock.sendall(batch)
+                self._receive(self.batch * len(self.subs))
+        else:
+            for pub, batch in zip(self.pubs, batches, strict=True):
+                pub.sock.sendall(batch)
+            queue = self.topic.startswith("$queue/")
+            # A queue message goes to one subscriber; a topic message to each of them.
+            self._receive(self.messages_per_round() * (1 if queue else len(self.subs)))
+        if self.qos:
+            for pub in self.pubs:
+                acked = 0
+                while acked < self.batch:
+                    acked += sum(isinstance(p, PubAck) for p in pub.packets())
+
+    def _receive(self, expected: int) -> None:
         received = 0
         while received < expected:
             for sub in self.subs:
@@ -182,11 +198,6 @@ class MqttLoad:
                         acks += encode(PubAck(packet.packet_id), MQTT_5)
                 if acks:
                     sub.sock.sendall(acks)
-        if self.qos:
-            for pub in self.pubs:
-                acked = 0
-                while acked < self.batch:
-                    acked += sum(isinstance(p, PubAck) for p in pub.packets())
 
     def close(self) -> None:
         for client in [*self.pubs, *self.subs]:

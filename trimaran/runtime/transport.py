@@ -602,9 +602,12 @@ class Conn(asyncio.Protocol):
             return
         if data:
             self.bytes_out += len(data)
-            self.runner.traffic.bytes_sent += len(data)
+            runner = self.runner
+            runner.traffic.bytes_sent += len(data)
             transport.write(data)  # calls pause_writing at once when the buffer passes its mark
-            self.runner.memory_changed(self)
+            buffered = transport.get_write_buffer_size()
+            if buffered or self.write_buffered:  # mostly the socket took it all, as before
+                runner.memory.changed(self, buffered)
         gate = self._gate
         if gate is not None and gate.holding and self.writable:
             mark = hull.behind()
