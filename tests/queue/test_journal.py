@@ -33,6 +33,7 @@ def test_rows_of_a_delivery() -> None:
     assert journal.pending_rows[("q", "g", 0)] == {
         "queue": "q", "group": "g", "offset": 0, "state": HELD, "consumer": "c", "node": "local",
         "delivered_at": 5, "attempts": 1, "available_at": None, "lease_until": None, "reason": None,
+        "unsent": 0, "returned": 0,
     }  # fmt: skip
     row = rows.event_row(
         5, "q", "delivered", group="g", offset=0, consumer="c", node="local", attempt=1, reason="first"

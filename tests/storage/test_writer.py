@@ -27,7 +27,7 @@ def _rows(queue: str, offset: int) -> WriteBatch:
     batch.pending[(queue, "$default", offset)] = {
         "queue": queue, "group": "$default", "offset": offset, "state": "held", "consumer": "c1",
         "node": "n", "delivered_at": 1, "attempts": 1, "available_at": None, "lease_until": None,
-        "reason": None,
+        "reason": None, "unsent": 0, "returned": 0,
     }  # fmt: skip
     batch.groups[(queue, "$default")] = {
         "queue": queue, "group": "$default", "cursor": offset + 1, "committed": 0, "updated_at": 1,

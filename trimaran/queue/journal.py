@@ -136,6 +136,8 @@ class Journal:
             "available_at": entry.available_at,
             "lease_until": now_ms() + self.lease_ms if self.shared and held else None,
             "reason": entry.reason if entry.state == WAIT else None,
+            "unsent": entry.unsent,
+            "returned": entry.returned,
         }
 
     def pending_gone(

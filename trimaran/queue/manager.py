@@ -343,7 +343,13 @@ class QueueManager:
                 group = state.groups.get(p.group)
                 if group is None:
                     group = state.groups[p.group] = self._new_group(state, p.group)
-                entry = Entry(p.state, attempts=int(p.attempts), delivered_at=p.delivered_at)
+                entry = Entry(
+                    p.state,
+                    attempts=int(p.attempts),
+                    delivered_at=p.delivered_at,
+                    unsent=int(p.unsent),
+                    returned=int(p.returned),
+                )
                 if p.state == HELD:  # its consumer was on the previous process
                     entry.state = WAIT
                     entry.reason = "restart"

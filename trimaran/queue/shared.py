@@ -129,13 +129,13 @@ class Claims:
         self.claiming.pop(group, None)
         rows = results[0] if results else []
         if isinstance(group, WorkGroup):  # claims are a shared work queue's
-            for row, attempts, reason in rows:
+            for row, got in rows:
                 offset = int(row.offset)
                 if offset in group.entries:
                     continue
                 if offset not in state.messages:
                     state.add(stored_row(row))
-                group.claimed(offset, attempts, reason)
+                group.claimed(offset, got)
             if rows:
                 self.dispatch(state, group)
         for done in self.waiting.pop(group, ()):

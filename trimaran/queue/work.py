@@ -44,6 +44,7 @@ from trimaran.queue.groups import (
 from trimaran.queue.outcomes import Ack, Commit, DeadLetter, Outcome, Retry
 from trimaran.queue.policy import exhausted, filter_matches, retry_after_ms
 from trimaran.queue.ports import Host
+from trimaran.storage.rows import Claimed
 
 SCAN_LIMIT = 10_000  # most messages a filtered consumer scans per take
 
@@ -397,9 +398,16 @@ class WorkGroup(Group):
                 self.host.due(state, self, at)
         self.journal.pending(ch, state, self, offset, entry)
 
-    def claimed(self, offset: int, attempts: int, reason: str) -> None:
+    def claimed(self, offset: int, got: Claimed) -> None:
         """Shared: ``offset`` claimed for this group by this node, ready to hand out."""
-        self.entries[offset] = Entry(WAIT, attempts=attempts, reason=reason, token=self.forgotten_token)
+        self.entries[offset] = Entry(
+            WAIT,
+            attempts=got.attempts,
+            unsent=got.unsent,
+            returned=got.returned,
+            reason=got.reason,
+            token=self.forgotten_token,
+        )
         self.make_ready(offset)
 
     def _forget(self, offset: int, entry: Entry) -> None:

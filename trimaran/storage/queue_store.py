@@ -15,7 +15,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from trimaran.broker.message import Message
 from trimaran.storage import schema
-from trimaran.storage.rows import MESSAGE_COLUMNS, RUN_COLUMNS, SPAN_MAX
+from trimaran.storage.rows import FIRST, MESSAGE_COLUMNS, RUN_COLUMNS, SPAN_MAX, Claimed
 from trimaran.storage.schema import (
     queue_events,
     queue_groups,
@@ -233,7 +233,7 @@ _CLAIM_AGAIN = text(
     SET state = 'held', node = :node, consumer = NULL, lease_until = :lease
     FROM c
     WHERE p.queue = :q AND p."group" = :g AND p."offset" = c."offset"
-    RETURNING p."offset", p.attempts, c.old_state, p.reason
+    RETURNING p."offset", p.attempts, p.unsent, p.returned, c.old_state, p.reason
     """
 )
 
@@ -251,8 +251,8 @@ _CLAIM_NEW = text(
     )
     INSERT INTO queue_pending
         (queue, "group", "offset", state, consumer, node, delivered_at, attempts, available_at,
-         lease_until, reason)
-    SELECT :q, :g, c."offset", 'held', NULL, :node, NULL, 0, NULL, :lease, 'first' FROM c
+         lease_until, reason, unsent, returned)
+    SELECT :q, :g, c."offset", 'held', NULL, :node, NULL, 0, NULL, :lease, 'first', 0, 0 FROM c
     ON CONFLICT DO NOTHING
     RETURNING "offset"
     """
@@ -270,6 +270,12 @@ _ENSURE_GROUP = text(
 )
 
 
+def _again(r: Any) -> Claimed:
+    """A claimable row claimed again: lease run out (its node went), or waiting for its turn."""
+    why = "lease_expired" if r.old_state == "held" else (r.reason or "released")
+    return Claimed(int(r.attempts), int(r.unsent), int(r.returned), why)
+
+
 #: Whether a claiming node's consumers take a message, by its routing key and the message.
 Wants = Callable[[str, Message], bool]
 CLAIM_SCAN = 10_000  # most messages a filtered claim walks past (work.SCAN_LIMIT, a take's)
@@ -279,11 +285,11 @@ _CLAIM_PAGE = 500  # messages a filtered claim reads at once
 def claim(
     queue: str, group: str, node: str, limit: int, now: int, lease_until: int, wants: Wants | None = None
 ) -> Call:
-    """Claim up to ``limit`` messages for a group; returns [(row, attempts, reason)] in offset order.
+    """Claim up to ``limit`` messages for a group; returns [(row, Claimed)] in offset order.
     ``wants``: only the messages it takes (the claiming node's consumers' filters and selectors),
     walking past the others (left to other nodes), as a take walks past what its consumer refuses."""
 
-    def call(connection: Connection) -> list[tuple[Any, int, str]]:
+    def call(connection: Connection) -> list[tuple[Any, Claimed]]:
         params = {"q": queue, "g": group, "node": node, "n": limit, "now": now, "lease": lease_until}
         connection.execute(_ENSURE_GROUP, params)
         # Walk the messages by their key and stop at the limit: with a young table's statistics the
@@ -294,14 +300,13 @@ def claim(
             wanted = _claim_wanted(connection, params, wants)
             connection.execute(_PLAN_AS_USUAL)
             return wanted
-        claimed: dict[int, tuple[int, str]] = {}
+        claimed: dict[int, Claimed] = {}
         for row in connection.execute(_CLAIM_AGAIN, params):
-            why = "lease_expired" if row.old_state == "held" else (row.reason or "released")
-            claimed[int(row.offset)] = (int(row.attempts), why)
+            claimed[int(row.offset)] = _again(row)
         if len(claimed) < limit:
             params["n"] = limit - len(claimed)
             for row in connection.execute(_CLAIM_NEW, params):
-                claimed[int(row.offset)] = (0, "first")
+                claimed[int(row.offset)] = FIRST
         rows = _claimed_rows(connection, queue, list(claimed)) if claimed else []
         connection.execute(_PLAN_AS_USUAL)
         if not claimed:
@@ -318,12 +323,12 @@ def claim(
                     )
                 )
             )
-        return [(r, *claimed[int(r.offset)]) for r in rows]
+        return [(r, claimed[int(r.offset)]) for r in rows]
 
     return call
 
 
-def _claim_wanted(connection: Connection, params: dict[str, Any], wants: Wants) -> list[tuple[Any, int, str]]:
+def _claim_wanted(connection: Connection, params: dict[str, Any], wants: Wants) -> list[tuple[Any, Claimed]]:
     """A filtered claim: the waiting (or lease-expired) rows and then the messages the group has no
     row for are read with their messages a page at a time, without a lock, and only those ``wants``
     takes are claimed, each locked (SKIP LOCKED) and checked again as it is: what the claim walks
@@ -337,7 +342,7 @@ def _claim_wanted(connection: Connection, params: dict[str, Any], wants: Wants) 
         .where(p.c.queue == queue, p.c.group == group, _claimable(params["now"]))
     )
     unclaimed = select(m).where(m.c.queue == queue, ~_has_row(queue, group).exists())
-    claimed: list[tuple[Any, int, str]] = []
+    claimed: list[tuple[Any, Claimed]] = []
     scanned = 0
     for stmt, key, claim_page in ((again, p.c.offset, _claim_again), (unclaimed, m.c.offset, _claim_new)):
         after = -1
@@ -350,9 +355,7 @@ def _claim_wanted(connection: Connection, params: dict[str, Any], wants: Wants) 
             chosen = {int(r.offset): r for r in page if wants(r.routing_key, row_message(r))}
             offsets = sorted(chosen)[: limit - len(claimed)]
             if offsets:
-                claimed += [
-                    (chosen[o], attempts, why) for o, attempts, why in claim_page(connection, params, offsets)
-                ]
+                claimed += [(chosen[o], got) for o, got in claim_page(connection, params, offsets)]
     claimed.sort(key=lambda c: int(c[0].offset))
     return claimed
 
@@ -375,14 +378,13 @@ def _has_row(queue: str, group: str) -> Any:
 
 def _claim_again(
     connection: Connection, params: dict[str, Any], offsets: list[int]
-) -> list[tuple[int, int, str]]:
-    """Of ``offsets``, the group's rows still claimable and not locked by another claim, held now;
-    returns [(offset, attempts, reason)]."""
+) -> list[tuple[int, Claimed]]:
+    """Of ``offsets``, the group's rows still claimable and not locked by another claim, held now."""
     p = queue_pending
     queue, group = params["q"], params["g"]
-    locked = select(p.c.offset, p.c.state, p.c.attempts, p.c.reason).where(
-        p.c.queue == queue, p.c.group == group, p.c.offset.in_(offsets), _claimable(params["now"])
-    )
+    locked = select(
+        p.c.offset, p.c.state.label("old_state"), p.c.attempts, p.c.unsent, p.c.returned, p.c.reason
+    ).where(p.c.queue == queue, p.c.group == group, p.c.offset.in_(offsets), _claimable(params["now"]))
     rows = connection.execute(locked.with_for_update(skip_locked=True)).all()
     if rows:
         connection.execute(
@@ -390,15 +392,12 @@ def _claim_again(
             .where(p.c.queue == queue, p.c.group == group, p.c.offset.in_([int(r.offset) for r in rows]))
             .values(state="held", node=params["node"], consumer=None, lease_until=params["lease"])
         )
-    return [
-        (int(r.offset), int(r.attempts), "lease_expired" if r.state == "held" else (r.reason or "released"))
-        for r in rows
-    ]
+    return [(int(r.offset), _again(r)) for r in rows]
 
 
 def _claim_new(
     connection: Connection, params: dict[str, Any], offsets: list[int]
-) -> list[tuple[int, int, str]]:
+) -> list[tuple[int, Claimed]]:
     """Of ``offsets``, the messages the group still has no row for and no other claim has locked:
     their rows, held now (a row another node inserted first wins)."""
     m, p = queue_messages, queue_pending
@@ -412,11 +411,11 @@ def _claim_new(
     rows = [
         {"queue": queue, "group": group, "offset": o, "state": "held", "consumer": None,
          "node": params["node"], "delivered_at": None, "attempts": 0, "available_at": None,
-         "lease_until": params["lease"], "reason": "first"}
+         "lease_until": params["lease"], "reason": "first", "unsent": 0, "returned": 0}
         for o in ours
     ]  # fmt: skip
     inserted = pg_insert(p).values(rows).on_conflict_do_nothing().returning(p.c.offset)
-    return [(int(o), 0, "first") for (o,) in connection.execute(inserted)]
+    return [(int(o), FIRST) for (o,) in connection.execute(inserted)]
 
 
 def _claimed_rows(connection: Connection, queue: str, offsets: list[int]) -> list[Any]:

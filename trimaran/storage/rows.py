@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from sqlalchemy import Connection
 
@@ -263,3 +263,16 @@ def event_rows(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     if key is not None:
         rows.append((*key[:3], first, *key[3:], span))
     return rows
+
+
+class Claimed(NamedTuple):
+    """A message a claim took for its group: its attempts so far, of them the ones that were not
+    failures (``unsent``, ``returned``: see ``queue_pending``), and why it is delivered again."""
+
+    attempts: int
+    unsent: int
+    returned: int
+    reason: str
+
+
+FIRST = Claimed(0, 0, 0, "first")

@@ -142,6 +142,10 @@ queue_pending = Table(
     Column("available_at", BigInteger, nullable=True),
     Column("lease_until", BigInteger, nullable=True),
     Column("reason", String(16), nullable=True),  # why it waits: nack, timeout, disconnect, restart
+    # Of the attempts, those that were not failures (migration 0012): handed back unsent, and
+    # returned unprocessed (AMQP 1.0 released); max_attempts counts the rest.
+    Column("unsent", Integer, nullable=False, server_default="0"),
+    Column("returned", Integer, nullable=False, server_default="0"),
     PrimaryKeyConstraint("queue", "group", "offset"),
     sqlite_with_rowid=False,  # one b-tree, its key's, besides the claim index (migration 0008)
 )
