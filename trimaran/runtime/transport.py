@@ -100,6 +100,7 @@ class Runner(Protocol):
     traffic: Traffic
     memory: Memory
     current: Conn | None  # the connection whose events are being acted on
+    turn_work: list[Callable[[], None]]  # queued by at_turn_end: run at the end of a read
 
     def admit(self, conn: Conn) -> str | None: ...
 
@@ -110,6 +111,8 @@ class Runner(Protocol):
     def loop(self) -> asyncio.AbstractEventLoop: ...
 
     def mark_dirty(self, conn: Conn) -> None: ...
+
+    def run_turn_work(self) -> None: ...
 
     def watch_deadline(self, conn: Conn) -> None: ...
 
@@ -254,6 +257,7 @@ class Conn(asyncio.Protocol):
             self._open_hull(data)
             return
         self.read_at_ms = _time_ns() // 1_000_000
+        runner = self.runner
         try:
             self.hull.machine.receive_data(data, time.monotonic())
             self.pump()  # what the read caused is written at the end of the loop's turn
@@ -261,6 +265,9 @@ class Conn(asyncio.Protocol):
                 self._charge(0, len(data))
         except Exception as exc:
             self.crash(exc)
+        finally:
+            if runner.turn_work:  # the queues' end of the read (Runner.at_turn_end)
+                runner.run_turn_work()
 
     def eof_received(self) -> bool:
         self._peer_eof = True
