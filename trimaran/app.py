@@ -176,7 +176,7 @@ class App:
             events=self.broker.events,
         )
         self.queues.limits = self.runner.tenants  # one registry: the runtime's and the queues' limits
-        self.queues.at_turn_end = self.runner.at_turn_end  # deliveries leave in their publish's turn
+        self.queues.at_turn_end = self.runner.after_read  # deliveries leave in their publish's turn
         self.queues.flow = queue_flow(settings, self.runner, shared=self._shared_queues)
         # Below storage.min_free_bytes, publishers are paused (connection.blocked) as at the memory
         # watermark: the disk alarm, RabbitMQ's too.

@@ -61,7 +61,7 @@ class Relaying(LineHull):
     def handle(self, event: object) -> None:
         super().handle(event)
         assert isinstance(event, bytes)
-        self.runner.at_turn_end(lambda: self.relay(event))
+        self.runner.after_read(lambda: self.relay(event))
 
     def relay(self, line: bytes) -> None:
         if line == b"fail":

@@ -197,9 +197,9 @@ class QueueManager:
         self._dirty: set[QueueState] = set()
         self._flush_soon = False  # a _flush_now is scheduled for the end of the loop's turn
         self._loop: asyncio.AbstractEventLoop | None = None  # None under trio: flush at once
-        #: Runs the end of a turn before the runtime's flush of that turn (``Runner.at_turn_end``,
-        #: set by the app), so a delivery leaves in its publish's turn of the loop; None: a turn of
-        #: the loop of its own.
+        #: Runs the end of a turn once the read being acted on is done (the runtime's
+        #: ``Runner.after_read``, set by the app), before the loop's flush, so a delivery leaves in
+        #: its publish's turn of the loop; None: at the end of the loop's turn.
         self.at_turn_end: Callable[[Callable[[], None]], None] | None = None
         self._scope: anyio.CancelScope | None = None
         self._alarm: anyio.Event | None = None
@@ -952,14 +952,14 @@ class QueueManager:
 
     def _deliverable(self, state: QueueState, stored: StoredMessage) -> None:
         """An early message (see :meth:`early`) in memory now; its queue's consumers get it at the end
-        of the turn (see :attr:`at_turn_end`), with whatever else the turn publishes (one dispatch,
-        not one each)."""
+        of the turn (the read's, see :attr:`at_turn_end`, else the loop's), with whatever else the
+        turn publishes (one dispatch, not one each)."""
         self.appended(state, stored)
         self._end_turn_soon()
 
     def _end_turn_soon(self) -> None:
-        """At the end of the loop's turn: submit the journal's turn, then deliver what it made
-        deliverable (without a loop, trio: at once)."""
+        """At the end of the turn (the read's or the loop's): submit the journal's turn, then deliver
+        what it made deliverable (without a loop, trio: at once)."""
         if not self._flush_soon:
             self._flush_soon = True
             at_turn_end = self.at_turn_end

@@ -57,8 +57,7 @@ class Runner:
         self._buckets: dict[str, _Bucket] = {}
         self._dirty: list[Conn] = []
         self._turn_end_scheduled = False
-        # Work for the end of the read being acted on, else of the turn (at_turn_end).
-        self.turn_work: list[Callable[[], None]] = []
+        self.read_work: list[Callable[[], None]] = []  # see after_read
         self._heap: list[tuple[float, int, Conn]] = []
         self._heap_dead = 0  # entries of connections closed since the heap was last compacted
         self._timer: asyncio.TimerHandle | None = None
@@ -284,19 +283,19 @@ class Runner:
         if not self._turn_end_scheduled:
             self._schedule_turn_end()
 
-    def at_turn_end(self, work: Callable[[], None]) -> None:
+    def after_read(self, work: Callable[[], None]) -> None:
         """Run ``work`` at the end of the read being acted on (``Conn.data_received`` calls
-        :meth:`run_turn_work`), else at the end of this turn of the loop; before the turn's flush
+        :meth:`run_read_work`), else at the end of this turn of the loop; before the turn's flush
         either way, so what it delivers leaves in the turn's writes. The queues' end of a turn (the
         journal's submission, the deliveries it made due, the flow control's look at the backlog)
         so comes after each read: a queue past its mark holds its publishers from the next read on."""
-        self.turn_work.append(work)
+        self.read_work.append(work)
         if not self._turn_end_scheduled:
             self._schedule_turn_end()
 
-    def run_turn_work(self) -> None:
-        while self.turn_work:  # work that asks for more runs in the same end
-            jobs, self.turn_work = self.turn_work, []
+    def run_read_work(self) -> None:
+        while self.read_work:  # work that asks for more runs in the same end
+            jobs, self.read_work = self.read_work, []
             for job in jobs:
                 try:
                     job()
@@ -314,7 +313,7 @@ class Runner:
     def _end_turn(self) -> None:
         """The turn's reads are done: run what waited for its end, then write every dirty
         connection once."""
-        self.run_turn_work()
+        self.run_read_work()
         # A flush can make other connections dirty (a hull acting on late events); they are
         # written at the end of the next turn, not this one.
         self._turn_end_scheduled = False

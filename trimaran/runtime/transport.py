@@ -100,7 +100,7 @@ class Runner(Protocol):
     traffic: Traffic
     memory: Memory
     current: Conn | None  # the connection whose events are being acted on
-    turn_work: list[Callable[[], None]]  # queued by at_turn_end: run at the end of a read
+    read_work: list[Callable[[], None]]  # queued by after_read: run at the end of a read
 
     def admit(self, conn: Conn) -> str | None: ...
 
@@ -112,7 +112,7 @@ class Runner(Protocol):
 
     def mark_dirty(self, conn: Conn) -> None: ...
 
-    def run_turn_work(self) -> None: ...
+    def run_read_work(self) -> None: ...
 
     def watch_deadline(self, conn: Conn) -> None: ...
 
@@ -266,8 +266,8 @@ class Conn(asyncio.Protocol):
         except Exception as exc:
             self.crash(exc)
         finally:
-            if runner.turn_work:  # the queues' end of the read (Runner.at_turn_end)
-                runner.run_turn_work()
+            if runner.read_work:  # the queues' end of the read (Runner.after_read)
+                runner.run_read_work()
 
     def eof_received(self) -> bool:
         self._peer_eof = True
@@ -389,10 +389,7 @@ class Conn(asyncio.Protocol):
             return
         data = hull.machine.data_to_send()
         if data:
-            self.bytes_out += len(data)
-            self.runner.traffic.bytes_sent += len(data)
-            transport.write(data)  # calls pause_writing at once when the buffer passes its mark
-            self.runner.memory_changed(self)
+            self._write(transport, data)
 
     def spawn(self, job: Callable[[], Coroutine[Any, Any, object]]) -> None:
         """Run a coroutine for this connection in the runtime's task group (errors close it)."""
@@ -608,13 +605,7 @@ class Conn(asyncio.Protocol):
             self.crash(exc)
             return
         if data:
-            self.bytes_out += len(data)
-            runner = self.runner
-            runner.traffic.bytes_sent += len(data)
-            transport.write(data)  # calls pause_writing at once when the buffer passes its mark
-            buffered = transport.get_write_buffer_size()
-            if buffered or self.write_buffered:  # mostly the socket took it all, as before
-                runner.memory.changed(self, buffered)
+            self._write(transport, data)
         gate = self._gate
         if gate is not None and gate.holding and self.writable:
             mark = hull.behind()
@@ -630,6 +621,15 @@ class Conn(asyncio.Protocol):
         if self.state == OPEN and (hull.machine.closed or self._peer_eof):
             self._begin_close()
         self.runner.watch_deadline(self)
+
+    def _write(self, transport: asyncio.Transport, data: bytes) -> None:
+        self.bytes_out += len(data)
+        runner = self.runner
+        runner.traffic.bytes_sent += len(data)
+        transport.write(data)  # calls pause_writing at once when the buffer passes its mark
+        buffered = transport.get_write_buffer_size()
+        if buffered or self.write_buffered:  # mostly the socket took it all, as before
+            runner.memory.changed(self, buffered)
 
     def next_deadline(self) -> float | None:
         if self.state == CLOSING:
