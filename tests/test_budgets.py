@@ -95,7 +95,7 @@ PATHS = [
         _mqtt(
             publishers=50, subscribers=1, qos=0, topic="bench/t", batch=1, topic_filter="bench/#", paced=True
         ),
-        Budget(loop=(47.0, 27.0)),
+        Budget(loop=(48.0, 27.0)),
     ),
     Path_(
         "mqtt qos0 fan-out 1->4",

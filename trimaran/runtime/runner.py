@@ -313,7 +313,8 @@ class Runner:
     def _end_turn(self) -> None:
         """The turn's reads are done: run what waited for its end, then write every dirty
         connection once."""
-        self.run_read_work()
+        if self.read_work:
+            self.run_read_work()
         # A flush can make other connections dirty (a hull acting on late events); they are
         # written at the end of the next turn, not this one.
         self._turn_end_scheduled = False
