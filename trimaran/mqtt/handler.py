@@ -101,7 +101,8 @@ HOUSEKEEPING_INTERVAL: Final = 0.5
 # QoS 0 bytes queued for one subscriber within one turn of the loop past which they are written at
 # once rather than at the turn's end: a turn can read thousands of paced publishers.
 WRITE_MARK: Final = 64 * 1024
-# Past this, a run is delivered a message at a time (where the outbox's bound is checked).
+# Past this (bytes WRITE_MARK could not write: a connection closing), its publishers are held, and a
+# run is delivered a message at a time (where the outbox's bound is checked).
 PUSH_BACK_BYTES: Final = 256 * 1024
 
 
@@ -203,7 +204,7 @@ class MqttEndpoint:
             io = conn.io
             if machine.pending_out > WRITE_MARK and io.writable:
                 io.send_now()
-            if not io.writable:
+            if not io.writable or machine.pending_out > PUSH_BACK_BYTES:
                 if io.backlog() + machine.pending_out >= front.outbox_bytes:
                     front.dropped(message, self.client_id, OUTBOX_FULL)
                     return
