@@ -3,7 +3,7 @@
 In process (the queue manager alone, no network, no protocol): N publishers and M consumers.
 
     python bench/queue_bench.py                                  # SQLite file in a temp dir
-    python bench/queue_bench.py postgresql://user@host/db -n 50000 -p 8 -c 4
+    python bench/queue_bench.py postgresql://user@host/db -n 50000 -p 8 -c 4 [--shared]
 
 Against RabbitMQ in the same session (``--compare``): each broker is started on free loopback ports
 and driven by the same raw MQTT client (``mqtt_bench.py --durable``: 4 QoS 1 publishers, each with 100
@@ -65,7 +65,7 @@ async def run(args: argparse.Namespace) -> None:
     storage = Storage.from_url(url, sqlite_synchronous=args.synchronous)
     storage.migrate()
     settings = StorageSettings(commit_interval_ms=args.interval_ms, commit_batch_max=args.batch_max)
-    manager = QueueManager(storage, QueueSettings(), settings)
+    manager = QueueManager(storage, QueueSettings(), settings, shared=args.shared)
     payload = b"x" * args.size
     latencies: list[float] = []
     queue = f"bench{int(time.time())}"
@@ -261,6 +261,9 @@ def main() -> None:
     parser.add_argument("--batch-max", type=int, default=2000)
     parser.add_argument("--synchronous", default="full", choices=["off", "normal", "full"])
     parser.add_argument("--uvloop", action="store_true")
+    parser.add_argument(
+        "--shared", action="store_true", help="queues.shared (PostgreSQL): the claim path of several nodes"
+    )
     parser.add_argument(
         "--switch-interval",
         type=float,

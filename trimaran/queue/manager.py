@@ -261,7 +261,7 @@ class QueueManager:
         if self._scope is not None:
             self._scope.cancel()
         with anyio.move_on_after(5):  # claims in flight: let them land, then release them too
-            while self.claims.claiming:
+            while self.claims.claiming or self.claims.publishing:
                 await anyio.sleep(0.002)
         release = Changes()
         now = now_ms()
@@ -579,6 +579,8 @@ class QueueManager:
         early = self.early(state)
         if not early:
             state.inflight += 1
+        # A shared node's own consumers get what it publishes without a claim (Claims.at_publish).
+        mine = self.claims.at_publish(state, stored, ch) if self.is_shared(state) else None
 
         def finished(_results: list[Any]) -> None:
             error = receipt.error
@@ -588,6 +590,11 @@ class QueueManager:
                 else:
                     self._withdraw(state, offset)
             else:
+                if mine:
+                    if error is None:
+                        self.claims.published(state, stored, mine)
+                    else:
+                        self.claims.unpublished(mine)
                 if error is None:
                     self._published(state, stored)
                 state.inflight -= 1  # on failure too, or max-length accounting would drift
@@ -613,6 +620,8 @@ class QueueManager:
                 self._withdraw(state, offset)
             else:
                 state.inflight -= 1
+            if mine:
+                self.claims.unpublished(mine)
             raise QueueError("storage", str(exc)) from exc
         return receipt
 
@@ -1019,11 +1028,8 @@ class QueueManager:
             for browser in list(state.browsers):
                 self._browse(browser)
             for group in state.groups.values():
-                if group.consumers:
-                    if self.shared and self.is_shared(state):
-                        self.claims.claim(state, group)
-                    else:
-                        self._dispatch(state, group)
+                if group.consumers:  # a shared node's dispatch claims when its group runs short
+                    self._dispatch(state, group)
 
     # -- consume ----------------------------------------------------------------------------------
 

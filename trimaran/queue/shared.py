@@ -1,8 +1,10 @@
 """Shared mode: several server processes serve the same work queues from one PostgreSQL database.
 
-No node holds a shared work queue whole. Each claims batches of available messages for its
-consumers with credit, only what they select (``FOR UPDATE SKIP LOCKED``: two nodes never claim the
-same row), and holds them under a lease it renews; what it is done with is marked done (a compaction
+No node holds a shared work queue whole. A node claims what it publishes for its own consumers as it
+publishes it (the pending row joins the message's commit), while they have room; it claims batches
+of what is left available (published by other nodes, released, or past its room) for its consumers
+with credit, only what they select (``FOR UPDATE SKIP LOCKED``: two nodes never claim the same row),
+and holds them under a lease it renews; what it is done with is marked done (a compaction
 deletes what every group finished), what it hands back is released to every node (what it claimed
 ahead, when no consumer left there selects it), and a node that dies hands its claims back when
 their leases run out. Offsets of a shared node's durable queues come from blocks reserved in the
@@ -14,20 +16,22 @@ a browser reads the stored rows (``Claims.browse``).
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import anyio
 
 from trimaran.broker.message import Message, now_ms
-from trimaran.queue.groups import Group, QueueDelivery, QueueState, StoredMessage, Taker
+from trimaran.queue.changes import Changes
+from trimaran.queue.groups import HELD, Entry, Group, QueueDelivery, QueueState, StoredMessage, Taker
 from trimaran.queue.handles import BrowseHandle
 from trimaran.queue.journal import Journal
 from trimaran.queue.policy import filter_matches
 from trimaran.queue.work import WorkGroup
 from trimaran.storage import queue_store
 from trimaran.storage.queue_store import Wants
-from trimaran.storage.rows import WriteBatch
+from trimaran.storage.rows import FIRST, WriteBatch
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +76,7 @@ class Claims:
         self.dispatch = dispatch
         # One claim in flight per group, and the consumers it claims for (their credit then).
         self.claiming: dict[Group, list[Taker]] = {}
+        self.wanted: dict[Group, int] = {}  # how many the claim in flight asked for
         # What waits for a claim (Claims.then): for the one in flight, and for the next one.
         self.waiting: dict[Group, list[Callable[[], None]]] = {}
         self.later: dict[Group, list[tuple[Taker, Callable[[], None]]]] = {}
@@ -81,11 +86,74 @@ class Claims:
         # Queues this node settled something of since the last poll: their 'done' markers are
         # compacted at the next poll, so a claim's scan never walks far past finished messages.
         self.finished: set[str] = set()
+        # Groups whose last claim found less than it wanted: they claim again at the next poll, or
+        # when this node makes a message claimable (a release, a publish it did not claim itself),
+        # not after every dispatch (each claim walks past the messages held or finished here).
+        # The value is the group's ``handed_back`` then: a release since makes it claim again.
+        self.dry: weakref.WeakKeyDictionary[Group, int] = weakref.WeakKeyDictionary()
+        # Groups with a row in queue_groups (made by their first claim): only they claim at publish,
+        # so that the compaction counts every group that has rows.
+        self.known: weakref.WeakSet[Group] = weakref.WeakSet()
+        # Publishes claimed for a group here, not yet committed: room they take.
+        self.publishing: dict[Group, int] = {}
 
     def due(self, group: Group) -> bool:
         """Time to claim, after a dispatch: few claimed messages left to hand out, or a consumer
-        still has credit (none of those left is one it selects)."""
+        still has credit (none of those left is one it selects); not while the last claim found
+        the queue drained of what this node may claim (``dry``)."""
+        if self.dry.get(group) == group.handed_back:
+            return False
         return len(group.ready) < self.batch // 4 or any(h.credit > 0 for h in group.consumers)
+
+    def room(self, group: Group) -> int:
+        """How many messages this node claims ahead for ``group``: a batch, or its consumers' credit
+        when that is more (prefetch windows larger than a batch are kept full)."""
+        credit = sum([h.credit for h in group.consumers if not h.closed])
+        return max(self.batch, credit)
+
+    def at_publish(self, state: QueueState, stored: StoredMessage, ch: WriteBatch) -> list[Group]:
+        """The groups this node claims a message for as it publishes it: those whose consumers here
+        take it and have room (claimed and not handed out, below :meth:`room`). Their pending rows,
+        held here under a lease, join the message's commit, so the message reaches them without a
+        claim's round trip; what no group here claims waits for any node's claim. Returns the
+        groups, for :meth:`published` (or :meth:`unpublished`) once the commit is done."""
+        if not self.open:
+            return []
+        mine: list[Group] = []
+        for group in state.groups.values():
+            consumers = group.consumers
+            if not consumers or group not in self.known:
+                continue
+            if not takes_all(consumers) and not taken_by(consumers)(stored.routing_key, stored.message):
+                continue  # the others' to claim
+            publishing = self.publishing.get(group, 0)
+            if len(group.ready) + publishing >= self.room(group):
+                self.dry.pop(group, None)  # it waits in the database: claimed once there is room
+                continue
+            self.publishing[group] = publishing + 1
+            self.journal.pending(ch, state, group, stored.offset, Entry(HELD))
+            mine.append(group)
+        return mine
+
+    def published(self, state: QueueState, stored: StoredMessage, groups: list[Group]) -> None:
+        """The publish :meth:`at_publish` claimed for ``groups`` is committed: theirs to hand out."""
+        self.unpublished(groups)
+        if state.deleted:
+            return
+        state.add(stored)
+        for group in groups:
+            if isinstance(group, WorkGroup) and stored.offset not in group.entries:
+                group.claimed(stored.offset, FIRST)
+
+    def unpublished(self, groups: list[Group]) -> None:
+        """The publish claimed for ``groups`` was committed, or failed: it no longer takes room."""
+        publishing = self.publishing
+        for group in groups:
+            left = publishing[group] - 1
+            if left:
+                publishing[group] = left
+            else:
+                del publishing[group]
 
     def claim(self, state: QueueState, group: Group) -> None:
         """Claim a batch for this node, in one statement, for its consumers with credit: up to
@@ -99,8 +167,10 @@ class Claims:
         if not takers:
             return
         # What is claimed ahead may be what they do not select: then at least their credit more.
-        want = max(self.batch - len(group.ready), min(self.batch, sum(h.credit for h in takers)))
+        credit = sum([h.credit for h in takers])
+        want = max(max(self.batch, credit) - len(group.ready), min(self.batch, credit))
         self.claiming[group] = takers
+        self.wanted[group] = want
         now = now_ms()
         wants = None if takes_all(takers) else taken_by(takers)
         call = queue_store.claim(
@@ -127,7 +197,14 @@ class Claims:
 
     def _claimed(self, state: QueueState, group: Group, results: list[Any]) -> None:
         self.claiming.pop(group, None)
+        want = self.wanted.pop(group, 0)
+        if results:  # committed: the group has its row
+            self.known.add(group)
         rows = results[0] if results else []
+        if len(rows) < want:
+            self.dry[group] = group.handed_back
+        else:
+            self.dry.pop(group, None)
         if isinstance(group, WorkGroup):  # claims are a shared work queue's
             for row, got in rows:
                 offset = int(row.offset)
@@ -136,7 +213,13 @@ class Claims:
                 if offset not in state.messages:
                     state.add(stored_row(row))
                 group.claimed(offset, got)
-            if rows:
+            if rows and not any(not h.closed for h in group.consumers):
+                # Every consumer it was made for left while it ran (a channel closing gives back
+                # what it had not sent, which claimed again for it): back to every node, in order.
+                ch = Changes()
+                group.hand_back_claimed(now_ms(), ch)
+                self.journal.submit(ch)
+            elif rows:
                 self.dispatch(state, group)
         for done in self.waiting.pop(group, ()):
             done()
@@ -212,6 +295,7 @@ class Claims:
         """Poll for what other nodes published or released; renew leases and compact."""
         if now - self.last_poll >= POLL_MS:
             self.last_poll = now
+            self.dry.clear()  # what other nodes published or released since
             if self.finished:
                 names, self.finished = self.finished, set()
                 self.journal.send(WriteBatch(calls=[queue_store.compact_shared(n) for n in sorted(names)]))
@@ -224,5 +308,5 @@ class Claims:
         if now - self.last_renew >= self.lease_ms // 3:
             self.last_renew = now
             calls = [queue_store.renew_leases(self.journal.node, now + self.lease_ms)]
-            calls += [queue_store.compact_shared(s.name) for s in queues]
+            calls += [queue_store.compact_shared(s.name, orphans=True) for s in queues]
             self.journal.send(WriteBatch(calls=calls))

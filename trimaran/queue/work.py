@@ -389,6 +389,7 @@ class WorkGroup(Group):
         if self.shared:  # released to every node: claimed again when available
             self.journal.pending(ch, state, self, offset, entry)
             self._forget(offset, entry)
+            self.handed_back += 1
             return
         if at <= now:
             self.make_ready(offset)
