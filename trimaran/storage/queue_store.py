@@ -463,41 +463,50 @@ def renew_leases(node: str, lease_until: int) -> Call:
     return call
 
 
-def compact_shared(queue: str) -> Call:
-    """Delete messages every group has finished, then their 'done' markers. A queue with no group
-    yet (a dead-letter queue nobody consumes) keeps everything: its first group starts there."""
+def compact_shared(queue: str, *, orphans: bool = False) -> Call:
+    """Delete the messages every group has finished, and their 'done' markers, in one statement
+    driven by the markers (``ix_queue_pending_done``): its cost follows what was finished since the
+    last compaction, not the backlog, so it runs at every poll. A queue with no group yet (a
+    dead-letter queue nobody consumes) keeps everything: its first group starts there.
+    ``orphans``: also the markers whose message went another way (expired, purged, dead-lettered by
+    a node that had not finished it), a walk over every marker of the queue, at each lease renewal.
+    Returns how many markers went with their messages."""
 
     def call(connection: Connection) -> int:
         params = {"q": queue}
-        # Driven by the 'done' markers, not by the messages: the cost follows what was finished
-        # since the last compaction, not the backlog, so it can run at every poll.
         deleted = connection.execute(
             text(
                 """
-                DELETE FROM queue_messages m
-                USING (
+                WITH groups AS (SELECT count(*) AS n FROM queue_groups g WHERE g.queue = :q),
+                finished AS (
                     SELECT p."offset" FROM queue_pending p
                     WHERE p.queue = :q AND p.state = 'done'
                     GROUP BY p."offset"
-                    HAVING count(*) >= (SELECT count(*) FROM queue_groups g WHERE g.queue = :q)
-                ) d
-                WHERE m.queue = :q AND m."offset" = d."offset"
-                  AND EXISTS (SELECT 1 FROM queue_groups g WHERE g.queue = :q)
+                    HAVING count(*) >= (SELECT n FROM groups) AND (SELECT n FROM groups) > 0
+                ),
+                gone AS (
+                    DELETE FROM queue_messages m USING finished f
+                    WHERE m.queue = :q AND m."offset" = f."offset"
+                    RETURNING m."offset"
+                )
+                DELETE FROM queue_pending p USING gone
+                WHERE p.queue = :q AND p.state = 'done' AND p."offset" = gone."offset"
                 """
             ),
             params,
         ).rowcount
-        connection.execute(
-            text(
-                """
-                DELETE FROM queue_pending p
-                WHERE p.queue = :q AND p.state = 'done'
-                  AND NOT EXISTS (SELECT 1 FROM queue_messages m
-                                  WHERE m.queue = :q AND m."offset" = p."offset")
-                """
-            ),
-            params,
-        )
+        if orphans:
+            connection.execute(
+                text(
+                    """
+                    DELETE FROM queue_pending p
+                    WHERE p.queue = :q AND p.state = 'done'
+                      AND NOT EXISTS (SELECT 1 FROM queue_messages m
+                                      WHERE m.queue = :q AND m."offset" = p."offset")
+                    """
+                ),
+                params,
+            )
         return int(deleted or 0)
 
     return call

@@ -15,6 +15,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    text,
 )
 
 metadata = MetaData(
@@ -174,6 +175,14 @@ queue_events = Table(
 SPAN_MAX = 1024
 Index("ix_queue_events_queue_offset", queue_events.c.queue, queue_events.c.offset)
 Index("ix_queue_pending_claim", queue_pending.c.queue, queue_pending.c.group, queue_pending.c.available_at)
+# The 'done' markers alone (migration 0013): the shared mode's compaction reads them at every poll.
+Index(
+    "ix_queue_pending_done",
+    queue_pending.c.queue,
+    queue_pending.c.offset,
+    postgresql_where=text("state = 'done'"),
+    sqlite_where=text("state = 'done'"),
+)
 
 # -- AMQP 0.9.1 (migration 0004) --------------------------------------------------------------------
 
