@@ -20,7 +20,7 @@ import jsonschema
 import pytest
 
 from tests.support.paho import V5, Endpoints, PacketTypes, connect, props
-from tests.support.server import RunningServer
+from tests.support.server import RunningServer, serving
 from trimaran import compiled
 from trimaran.app import App
 from trimaran.config import Settings
@@ -418,6 +418,46 @@ def test_queue_peek_dead_letter_and_redrive(api: Api, mqtt: Endpoints) -> None:
     assert api.call("GET", "/api/v1/queues/jobs")[1]["depth"] == 0
     assert api.call("DELETE", "/api/v1/queues/jobs")[0] == 200
     assert api.call("GET", "/api/v1/queues/jobs")[0] == 404
+
+
+@pytest.mark.postgres
+def test_queue_peek_reads_a_shared_work_queue(tmp_path: Path, postgres_url: str) -> None:
+    """With ``queues.shared`` a node holds only its claims: the peek reads the stored rows, in
+    offset order, paged, without what a consumer acked, claiming and delivering nothing."""
+    env = {**SERVER_ENV, "TRIMARAN_STORAGE__URL": postgres_url, "TRIMARAN_QUEUES__SHARED": "true"}
+    with serving(RunningServer(ARGS, cwd=tmp_path, env=env).start()) as server:
+        api = Api(server.ports["http"])
+        assert api.call("POST", "/api/v1/queues", {"name": "jobs"})[0] == 201
+        for i in range(3):
+            api.call("POST", "/api/v1/publish", {"topic": "$queue/jobs", "payload": f"job{i}"})
+
+        def peek(path: str = "/api/v1/queues/jobs/messages") -> tuple[list[str], str | None]:
+            status, page, _ = api.call("GET", path)
+            assert status == 200, page
+            return [m["payload"] for m in page["items"]], page["next"]
+
+        first, more = peek("/api/v1/queues/jobs/messages?limit=2")
+        assert first == ["job0", "job1"] and more is not None
+        assert peek(more) == (["job2"], None)
+        assert peek() == (["job0", "job1", "job2"], None)  # peeking took nothing
+
+        worker = connect(Endpoints("127.0.0.1", server.ports["mqtt"]), "worker", version=V5, manual_ack=True)
+        try:
+            worker.subscribe("$queue/jobs", qos=1)
+            got = worker.drain(3)
+            assert [m.payload for m in got] == [b"job0", b"job1", b"job2"]
+            assert not any(m.dup for m in got)  # first deliveries: the peeks delivered nothing
+            assert peek()[0] == ["job0", "job1", "job2"]  # held, not finished
+            message_id = dict(got[0].properties.UserProperty)["x-queue-message-id"]
+            worker.publish(
+                "$queue/jobs/$ack",
+                b"",
+                qos=1,
+                properties=props(PacketTypes.PUBLISH, UserProperty=[("message-id", message_id)]),
+            )
+            wait_for(lambda: peek()[0] == ["job1", "job2"])
+        finally:
+            worker.disconnect()
 
 
 def test_metrics_after_traffic(api: Api, mqtt: Endpoints) -> None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
 from tests.queue.conftest import Collector, Factory, wait_until
-from trimaran.broker.message import Message
+from trimaran.broker.message import Message, now_ms
 from trimaran.config import QueuePolicySettings
 from trimaran.queue import QueueError
 from trimaran.queue.policy import queue_topic
@@ -36,6 +37,65 @@ async def test_peek_pages_without_consuming(make_manager: Factory) -> None:
         assert all(d.attempt == 1 for d in consumer.deliveries)
         with pytest.raises(QueueError):
             manager.peek("nope")
+
+
+async def test_peek_reads_a_shared_work_queues_stored_rows(make_manager: Factory, storage_url: str) -> None:
+    """A shared node holds only its claims: peek reads the stored rows instead, what some group has
+    not finished, in offset order, whichever node published it, claiming and delivering nothing."""
+    if not storage_url.startswith("postgresql"):
+        pytest.skip("shared mode needs PostgreSQL")
+    a = make_manager(shared=True, node="a")
+    b = make_manager(shared=True, node="b")
+    async with a.running(), b.running():
+        await a.declare("q")
+        await b.declare("q")
+        for i in range(4):
+            await a.publish("q", msg(b"a%d" % i))
+        await b.publish("q", msg(b"b0"))  # an offset from b's block, past a's
+        await a.publish("q", msg(b"gone", expires_at_ms=now_ms() + 50))
+        with pytest.raises(QueueError):
+            a.peek("q")  # memory: only the claims
+        await anyio.sleep(0.1)
+        first = await a.peek_stored("q", limit=2)
+        assert [s.message.payload for s in first] == [b"a0", b"a1"]
+        rest = await a.peek_stored("q", after=first[-1].offset, limit=10)
+        assert [s.message.payload for s in rest] == [b"a2", b"a3", b"b0"]  # not the expired one
+        assert await a.peek_stored("q", after=rest[-1].offset) == []
+        assert await b.peek_stored("q") == first + rest
+        engine = a.storage.engine
+        assert queue_store.load_pending(engine, "q") == []  # nothing claimed
+        assert a.info("q").stats["delivered"] == b.info("q").stats["delivered"] == 0
+
+        consumer = Collector("c")
+        handle = a.consume("q", consumer)
+        handle.add_credit(2)
+        await wait_until(lambda: len(consumer.deliveries) == 2)
+        assert [(d.offset, d.attempt, d.redelivered) for d in consumer.deliveries] == [
+            (0, 1, False),
+            (1, 1, False),
+        ]
+        shown = [s.message.payload for s in await b.peek_stored("q")]
+        assert shown == [b"a0", b"a1", b"a2", b"a3", b"b0"]  # held is not finished
+        assert handle.ack_nowait(0)  # peek reads after this node's own writes
+        assert [s.message.payload for s in await a.peek_stored("q")] == [b"a1", b"a2", b"a3", b"b0"]
+        assert await handle.reject(1, "bad")
+        assert [s.message.payload for s in await a.peek_stored("q", limit=1)] == [b"a2"]
+        # A dead-letter queue nobody consumes keeps everything: its letters are shown.
+        letters = await a.peek_stored("$dlq/q")  # b has not learnt of it (docs/cluster.md, Limits)
+        assert [s.message.payload for s in letters] == [b"a1"]
+        assert dict(letters[0].message.user_properties)["x-dead-letter-reason"] == "bad"
+        assert consumer.deliveries[2:] == []  # peeking delivered nothing more
+        with pytest.raises(QueueError):
+            await a.peek_stored("nope")
+
+
+async def test_peek_stored_of_a_queue_on_one_node_is_peek(make_manager: Factory) -> None:
+    manager = make_manager()
+    async with manager.running():
+        for i in range(3):
+            await manager.publish("q", msg(b"m%d" % i))
+        assert await manager.peek_stored("q", after=0, limit=1) == manager.peek("q", after=0, limit=1)
+        assert [s.offset for s in await manager.peek_stored("q")] == [0, 1, 2]
 
 
 async def test_redrive_moves_dead_letters_back_and_counts(make_manager: Factory) -> None:

@@ -13,8 +13,8 @@ from sqlalchemy import select
 from tests.queue.conftest import Collector, Factory, wait_until
 from trimaran.broker.message import Message
 from trimaran.config import QueuePolicySettings
-from trimaran.queue import QueueError, ack_by_id
-from trimaran.queue.outcomes import ACK
+from trimaran.queue import QueueDelivery, QueueError, ack_by_id
+from trimaran.queue.outcomes import ACK, RELEASED, UNSENT, Outcome, Retry
 from trimaran.storage import queue_store
 from trimaran.storage import writer as writer_module
 from trimaran.storage.rows import WriteBatch
@@ -512,7 +512,7 @@ async def test_publish_nowait_calls_back_after_the_commit_in_order(make_manager:
 async def test_ack_inside_deliver_is_not_overwritten_by_the_delivery_rows(make_manager: Factory) -> None:
     """A consumer that acks from within deliver() (in-process, or a front end settling at once):
     the delivery's pending row must not reach the database after the ack that removed it."""
-    from trimaran.queue import ConsumerHandle, QueueDelivery
+    from trimaran.queue import ConsumerHandle
 
     class AckAtOnce:
         id = "quick"
@@ -725,3 +725,70 @@ async def test_without_an_asyncio_loop_a_publish_is_submitted_at_once(make_manag
         assert ticket is not None
         await ticket.wait()
         assert manager.info("t").depth == 1
+
+
+async def test_a_restart_keeps_the_deliveries_that_were_not_failed_attempts(make_manager: Factory) -> None:
+    """A pending row keeps, beside its attempts, the deliveries handed back released (AMQP 1.0) or
+    unsent (migration 0012): after a restart the message comes back with the failed-attempt count
+    and the redelivered flag it had before, and only its failed attempts count towards
+    ``max_attempts``."""
+    policy = QueuePolicySettings(max_attempts=3, backoff_initial_s=0)
+    first = make_manager()
+    async with first.running():
+        await first.declare("q", policy)
+        await first.declare("u", policy)
+        c = Collector("c")
+        h = first.consume("q", c)
+        await first.publish("q", msg(b"x"))
+
+        async def again(outcome: Outcome) -> QueueDelivery:
+            """Settle the last delivery with ``outcome`` and take the next one."""
+            count = len(c.deliveries)
+            assert await h.settle(c.deliveries[-1].offset, outcome)
+            h.add_credit(1)
+            await wait_until(lambda: len(c.deliveries) == count + 1)
+            return c.deliveries[-1]
+
+        h.add_credit(1)
+        await wait_until(lambda: len(c.deliveries) == 1)
+        await again(Retry(0.0))  # one failed attempt
+        await again(RELEASED)
+        await again(RELEASED)
+        last = await again(UNSENT)
+        assert (last.attempt, last.failed, last.redelivered) == (5, 1, True)
+        assert await h.settle(last.offset, RELEASED)  # no credit: it waits in the queue
+
+        # One delivered once and given back unsent: never seen, so not a redelivery.
+        u = Collector("u")
+        hu = first.consume("u", u)
+        hu.add_credit(1)
+        await first.publish("u", msg(b"y", topic="$queue/u"))
+        await wait_until(lambda: len(u.deliveries) == 1)
+        hu.set_credit(0)
+        assert await hu.settle(u.deliveries[0].offset, UNSENT)
+
+    second = make_manager()
+    async with second.running():
+        c2 = Collector("c2")
+        h2 = second.consume("q", c2)
+        h2.add_credit(1)
+        await wait_until(lambda: len(c2.deliveries) == 1)
+        back = c2.deliveries[0]
+        assert back.message.payload == b"x"
+        assert (back.attempt, back.failed, back.redelivered) == (6, 1, True)
+        assert second.info("q").dlq_depth == 0
+        # Two more failures make the three max_attempts allows: the released ones never counted.
+        assert await h2.nack(back.offset)
+        h2.add_credit(1)
+        await wait_until(lambda: len(c2.deliveries) == 2)
+        assert (c2.deliveries[1].attempt, c2.deliveries[1].failed) == (7, 2)
+        assert await h2.nack(back.offset)
+        await wait_until(lambda: second.info("q").dlq_depth == 1)
+        letter = second.peek("$dlq/q")[0].message
+        assert dict(letter.user_properties)["x-dead-letter-reason"] == "max_attempts"
+
+        u2 = Collector("u2")
+        second.consume("u", u2).add_credit(1)
+        await wait_until(lambda: len(u2.deliveries) == 1)
+        fresh = u2.deliveries[0]
+        assert (fresh.attempt, fresh.failed, fresh.redelivered) == (2, 0, False)

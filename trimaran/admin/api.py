@@ -969,7 +969,7 @@ class AdminApi:
         if encoding not in ("auto", "text", "base64"):
             raise HttpError(400, "bad_parameter", "encoding must be auto, text or base64")
         try:
-            stored = self._queues().peek(name, after, limit + 1)
+            stored = await self._queues().peek_stored(name, after, limit + 1)
         except QueueError as exc:
             raise _queue_error(exc) from None
         more = len(stored) > limit

@@ -15,7 +15,9 @@ from trimaran.config import QueuePolicySettings
 from trimaran.queue.changes import Changes
 from trimaran.queue.groups import WAIT, StoredMessage
 from trimaran.queue.policy import DEFAULT_GROUP, DLQ_PROPERTIES, QueueError, dead_letter_target, expiry_ms
+from trimaran.queue.shared import stored_row
 from trimaran.storage import queue_store
+from trimaran.storage.rows import WriteBatch
 from trimaran.vhosts import describe, split_key
 
 if TYPE_CHECKING:
@@ -111,7 +113,8 @@ def ready_count(manager: Queues, name: str, group: str = DEFAULT_GROUP) -> int:
 
 def peek(manager: Queues, name: str, after: int = -1, limit: int = 100) -> list[StoredMessage]:
     """Up to ``limit`` messages the queue holds past offset ``after``, in offset order, without
-    delivering or changing anything."""
+    delivering or changing anything. From memory: a shared work queue, whose node holds only its
+    claims, is refused (``peek_stored`` reads its rows)."""
     state = manager.get(name)
     if manager.is_shared(state):
         raise QueueError("unsupported", "a shared work queue holds only its claims in memory")
@@ -122,6 +125,22 @@ def peek(manager: Queues, name: str, after: int = -1, limit: int = 100) -> list[
             if len(out) >= limit:
                 break
     return out
+
+
+async def peek_stored(manager: Queues, name: str, after: int = -1, limit: int = 100) -> list[StoredMessage]:
+    """``peek`` for every queue. A shared work queue (each node holds only its claims) is read from
+    its stored rows: what some group has not finished and has not expired, in offset order, claimed
+    by no one (``queue_store.peek_stored``). The read goes through the writer, as a browser's does
+    (``Claims.browse``): it follows this node's own writes (an ack settled before is not shown) and
+    the event loop does not wait on the database. Offsets come from each node's blocks, so a page
+    shows what is stored when it is read: a later publish of another node may take an offset below
+    the cursor of a page already read. Any other queue: ``peek``, from memory."""
+    state = manager.get(name)
+    if not manager.is_shared(state):
+        return peek(manager, name, after, limit)
+    call = queue_store.peek_stored(name, after, limit, now_ms())
+    results = await manager.journal.write(WriteBatch(calls=[call]))
+    return [stored_row(row) for row in results[0]] if results else []
 
 
 async def purge(manager: Queues, name: str) -> int:

@@ -484,6 +484,9 @@ class QueueManager:
     def peek(self, name: str, after: int = -1, limit: int = 100) -> list[StoredMessage]:
         return admin.peek(self, name, after, limit)
 
+    async def peek_stored(self, name: str, after: int = -1, limit: int = 100) -> list[StoredMessage]:
+        return await admin.peek_stored(self, name, after, limit)
+
     async def purge(self, name: str) -> int:
         count = await admin.purge(self, name)
         state = self.queues.get(name)

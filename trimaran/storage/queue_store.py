@@ -522,3 +522,29 @@ def append_reserving(row: dict[str, Any], event: dict[str, Any]) -> Call:
         return offset
 
     return call
+
+
+def peek_stored(queue: str, after: int, limit: int, now: int) -> Call:
+    """Shared mode: the admin API's peek of a work queue. Up to ``limit`` stored messages past
+    offset ``after``, in offset order: what ``browse`` reads (every group's 'done' aside), without
+    those expired by ``now`` (one node's sweep removes them within a second; here they wait for a
+    claim). Nothing is claimed or locked."""
+
+    def call(connection: Connection) -> list[Any]:
+        m, p, g = queue_messages, queue_pending, queue_groups
+        count = select(func.count()).select_from(g).where(g.c.queue == queue)
+        groups = connection.execute(count).scalar_one()
+        stmt = select(m).where(
+            m.c.queue == queue, m.c.offset > after, or_(m.c.expires_at.is_(None), m.c.expires_at > now)
+        )
+        if groups:  # a queue with no group yet keeps everything, as the compaction does
+            done = (
+                select(func.count())
+                .select_from(p)
+                .where(p.c.queue == queue, p.c.offset == m.c.offset, p.c.state == "done")
+                .scalar_subquery()
+            )
+            stmt = stmt.where(done < groups)
+        return list(connection.execute(stmt.order_by(m.c.offset).limit(limit)).all())
+
+    return call
