@@ -218,9 +218,17 @@ class Journal:
             turn = self.turn = Turn(Changes(), Receipt.standing_in())
         return turn.changes
 
-    def stage(self, state: QueueState, stored: StoredMessage, done: Callable[..., None] | None) -> Receipt:
+    def stage(
+        self,
+        state: QueueState,
+        stored: StoredMessage,
+        done: Callable[..., None] | None,
+        *,
+        next_offset: bool = True,
+    ) -> Receipt:
         """A durable early queue's publish (a finished row): into this turn's one change, submitted at
-        the end of the turn (:meth:`send_turn`). Returns the turn's receipt, done once it is committed."""
+        the end of the turn (:meth:`send_turn`). Returns the turn's receipt, done once it is committed.
+        ``next_offset``: the queue row's next offset moves past it (not for offsets reserved in blocks)."""
         turn = self.turn
         if turn is None:
             turn = self.turn = Turn(Changes(), Receipt.standing_in())
@@ -230,7 +238,8 @@ class Journal:
             changes.messages, changes.events, name, stored.offset, stored.message, stored.routing_key,
             stored.published_at, stored.expires_at, self.node,
         )  # fmt: skip
-        changes.queue_next[name] = stored.offset + 1
+        if next_offset:
+            changes.queue_next[name] = stored.offset + 1
         turn.publishes.append((state, stored, done))
         return turn.ticket
 

@@ -261,7 +261,7 @@ class QueueManager:
         if self._scope is not None:
             self._scope.cancel()
         with anyio.move_on_after(5):  # claims in flight: let them land, then release them too
-            while self.claims.claiming or self.claims.publishing:
+            while self.claims.claiming:
                 await anyio.sleep(0.002)
         release = Changes()
         now = now_ms()
@@ -574,6 +574,12 @@ class QueueManager:
         ch: Changes,
         done: Callable[[PublishResult, QueueError | None], None] | None,
     ) -> Receipt | None:
+        if self.is_shared(state):
+            claimers = self.claims.claimers(state, routing_key, message)
+            if claimers:  # its own consumers here: delivered before the commit, as on one node
+                return self._publish_early(
+                    state, message, routing_key, done, offset=offset, claimers=claimers
+                )
         stored, result = self._stage(state, message, routing_key, offset, ch)
         if not state.durable:
             if done is not None:
@@ -582,8 +588,6 @@ class QueueManager:
         early = self.early(state)
         if not early:
             state.inflight += 1
-        # A shared node's own consumers get what it publishes without a claim (Claims.at_publish).
-        mine = self.claims.at_publish(state, stored, ch) if self.is_shared(state) else None
 
         def finished(_results: list[Any]) -> None:
             error = receipt.error
@@ -593,11 +597,6 @@ class QueueManager:
                 else:
                     self._withdraw(state, offset)
             else:
-                if mine:
-                    if error is None:
-                        self.claims.published(state, stored, mine)
-                    else:
-                        self.claims.unpublished(mine)
                 if error is None:
                     self._published(state, stored)
                 state.inflight -= 1  # on failure too, or max-length accounting would drift
@@ -623,8 +622,6 @@ class QueueManager:
                 self._withdraw(state, offset)
             else:
                 state.inflight -= 1
-            if mine:
-                self.claims.unpublished(mine)
             raise QueueError("storage", str(exc)) from exc
         return receipt
 
@@ -806,13 +803,19 @@ class QueueManager:
         routing_key: str,
         done: Callable[[PublishResult, QueueError | None], None] | None,
         now: int | None = None,
+        *,
+        offset: int | None = None,
+        claimers: list[WorkGroup] | None = None,
     ) -> Receipt:
         """A durable early queue's publish (see :meth:`early`): its row, finished here (offset,
         expiry), goes into the journal's turn, committed with the turn's other publishes and confirmed
         (or withdrawn) with them; consumers get it at the end of the turn, after the turn's rows were
-        submitted. Returns the turn's receipt. ``now``: the publish's time, when the front end read it."""
-        offset = state.next_offset
-        state.next_offset = offset + 1
+        submitted. Returns the turn's receipt. ``now``: the publish's time, when the front end read it.
+        A shared node's publish comes with its ``offset`` (from the node's block) and the groups that
+        claim it here (``Claims.claimers``): their pending rows join the turn."""
+        if offset is None:
+            offset = state.next_offset
+            state.next_offset = offset + 1
         if now is None:
             now = now_ms()
         # Without a queue TTL, the message's own expiry (what expiry_ms says, without the call).
@@ -821,7 +824,11 @@ class QueueManager:
             expires = expiry_ms(policy, now, expires)
         stored = StoredMessage(offset, message, routing_key, now, expires, len(message.payload))
         state.stats["published"] += 1
-        ticket = self.journal.stage(state, stored, done)
+        ticket = self.journal.stage(state, stored, done, next_offset=claimers is None)
+        if claimers is not None:
+            turn = self.journal.turn
+            assert turn is not None
+            self.claims.claim_published(state, stored, claimers, turn.changes)
         self._deliverable(state, stored)  # without a loop (trio), this submits the turn at once
         return ticket
 
@@ -1004,7 +1011,14 @@ class QueueManager:
 
     def _withdraw(self, state: QueueState, offset: int) -> None:
         """An early message whose write failed: the publisher is told, and consumers do not get it
-        unless one already has (at least once: it may be published again)."""
+        unless one already has (at least once: it may be published again). A shared node's groups
+        drop what they claimed of it and had not handed out."""
+        if self.is_shared(state):
+            for group in state.groups.values():
+                entry = group.entries.get(offset)
+                if entry is not None and entry.state == WAIT:
+                    del group.entries[offset]
+                    group.unready(offset)
         if not any(offset in group.entries for group in state.groups.values()):
             state.remove(offset)
 
@@ -1327,13 +1341,14 @@ class QueueManager:
             and holder is not None
             and consumer_id is None
             and type(group) is WorkGroup
-            and not self.shared
         ):
             # A holder's ack writes rows and runs nothing after its commit: its rows join the
             # turn's one change (journal.turn_changes), so the acks of a read are one submission,
             # sent at the end of the turn or before anything submitted after them.
             turn = self.journal.turn_changes()
             settled = group.settle_all(offsets, outcome, holder, None, now_ms(), turn)
+            if self.shared and settled:
+                self.claims.finished.add(state.name)  # 'done' markers, if any: compacted at the poll
             if not self._flush_soon:
                 self._end_turn_soon()
             return settled, None

@@ -94,8 +94,6 @@ class Claims:
         # Groups with a row in queue_groups (made by their first claim): only they claim at publish,
         # so that the compaction counts every group that has rows.
         self.known: weakref.WeakSet[Group] = weakref.WeakSet()
-        # Publishes claimed for a group here, not yet committed: room they take.
-        self.publishing: dict[Group, int] = {}
 
     def due(self, group: Group) -> bool:
         """Time to claim, after a dispatch: few claimed messages left to hand out, or a consumer
@@ -111,49 +109,37 @@ class Claims:
         credit = sum([h.credit for h in group.consumers if not h.closed])
         return max(self.batch, credit)
 
-    def at_publish(self, state: QueueState, stored: StoredMessage, ch: WriteBatch) -> list[Group]:
+    def claimers(self, state: QueueState, routing_key: str, message: Message) -> list[WorkGroup]:
         """The groups this node claims a message for as it publishes it: those whose consumers here
-        take it and have room (claimed and not handed out, below :meth:`room`). Their pending rows,
-        held here under a lease, join the message's commit, so the message reaches them without a
-        claim's round trip; what no group here claims waits for any node's claim. Returns the
-        groups, for :meth:`published` (or :meth:`unpublished`) once the commit is done."""
+        take it and have room (claimed and not handed out, below :meth:`room`). What no group here
+        claims is left to any node's claim."""
         if not self.open:
             return []
-        mine: list[Group] = []
+        mine: list[WorkGroup] = []
         for group in state.groups.values():
             consumers = group.consumers
-            if not consumers or group not in self.known:
+            if not consumers or group not in self.known or not isinstance(group, WorkGroup):
                 continue
-            if not takes_all(consumers) and not taken_by(consumers)(stored.routing_key, stored.message):
+            if not takes_all(consumers) and not taken_by(consumers)(routing_key, message):
                 continue  # the others' to claim
-            publishing = self.publishing.get(group, 0)
-            if len(group.ready) + publishing >= self.room(group):
+            if len(group.ready) >= self.room(group):
                 self.dry.pop(group, None)  # it waits in the database: claimed once there is room
                 continue
-            self.publishing[group] = publishing + 1
-            self.journal.pending(ch, state, group, stored.offset, Entry(HELD))
             mine.append(group)
         return mine
 
-    def published(self, state: QueueState, stored: StoredMessage, groups: list[Group]) -> None:
-        """The publish :meth:`at_publish` claimed for ``groups`` is committed: theirs to hand out."""
-        self.unpublished(groups)
-        if state.deleted:
-            return
+    def claim_published(
+        self, state: QueueState, stored: StoredMessage, groups: list[WorkGroup], ch: WriteBatch
+    ) -> None:
+        """Claim a message being published for ``groups`` (:meth:`claimers`): its pending rows, held
+        here under a lease, join its commit, and it is theirs to hand out now, before the commit, as
+        one node's work queue does (``QueueManager.early``): no other node can claim what it never
+        saw, and a consumer's ack that lands in the same commit writes no row for either."""
         state.add(stored)
+        offset = stored.offset
         for group in groups:
-            if isinstance(group, WorkGroup) and stored.offset not in group.entries:
-                group.claimed(stored.offset, FIRST)
-
-    def unpublished(self, groups: list[Group]) -> None:
-        """The publish claimed for ``groups`` was committed, or failed: it no longer takes room."""
-        publishing = self.publishing
-        for group in groups:
-            left = publishing[group] - 1
-            if left:
-                publishing[group] = left
-            else:
-                del publishing[group]
+            self.journal.pending(ch, state, group, offset, Entry(HELD))
+            group.claimed(offset, FIRST)
 
     def claim(self, state: QueueState, group: Group) -> None:
         """Claim a batch for this node, in one statement, for its consumers with credit: up to
@@ -176,8 +162,9 @@ class Claims:
         call = queue_store.claim(
             state.name, group.name, self.journal.node, want, now, now + self.lease_ms, wants
         )
+        calls = [call, queue_store.count_groups(state.name)]
         self.journal.send(
-            WriteBatch(calls=[call]), on_results=lambda results: self._claimed(state, group, results)
+            WriteBatch(calls=calls), on_results=lambda results: self._claimed(state, group, results)
         )
 
     def then(self, state: QueueState, group: Group, taker: Taker, done: Callable[[], None]) -> None:
@@ -200,6 +187,8 @@ class Claims:
         want = self.wanted.pop(group, 0)
         if results:  # committed: the group has its row
             self.known.add(group)
+            if isinstance(group, WorkGroup):  # the queue's one group anywhere: its acks delete
+                group.alone = results[1] == 1
         rows = results[0] if results else []
         if len(rows) < want:
             self.dry[group] = group.handed_back

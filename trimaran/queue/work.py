@@ -69,6 +69,9 @@ class WorkGroup(Group):
         # Shared: the highest token of an entry this node forgot (handed back, finished). One claimed
         # again starts past it, so the time-out of an earlier delivery never matches a later one.
         self.forgotten_token = 0
+        # Shared: the queue's one group on every node (``Claims``, at each claim). Its acks delete
+        # the message and its row at once instead of leaving a 'done' marker for the compaction.
+        self.alone = False
 
     # -- taking -----------------------------------------------------------------------------------
 
@@ -341,6 +344,13 @@ class WorkGroup(Group):
         if self.shared:  # a 'done' marker; the compaction deletes finished messages
             entry.state = DONE
             entry.holder = None
+            if self.alone and len(state.groups) == 1:
+                # No group anywhere else to finish it: the message and its row go now (in the
+                # commit that wrote them, neither is written: rows.without_transients).
+                self.journal.pending_gone(ch, state, self, offset, entry)
+                self._forget(offset, entry)
+                self.journal.removed(ch, state, offset)
+                return
             self.journal.pending(ch, state, self, offset, entry)
             self._forget(offset, entry)
             return
