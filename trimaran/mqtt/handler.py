@@ -13,7 +13,6 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
-from functools import partial
 from typing import Any, Final
 
 import anyio
@@ -632,7 +631,7 @@ class MqttFrontEnd:
         endpoint.expires_at = None
         conn.endpoint = endpoint
         conn.client = self.broker.presence.arrived(
-            ClientInfo(client_id, PROTOCOL_MQTT, conn.peer, login.user, partial(self._kick, conn), vhost),
+            ClientInfo(client_id, PROTOCOL_MQTT, conn.peer, login.user, _kick, conn, vhost),
             protocol_version=connect.protocol_level,
             session_present=present,
         )
@@ -674,13 +673,6 @@ class MqttFrontEnd:
         if events.wants(event_type) and conn.client is not None:
             events.client_info(event_type, conn.client, topic_filter=topic_filter, **extra)
 
-    def _kick(self, conn: MqttConn[MqttEndpoint]) -> None:
-        """An operator closes the connection (admin API): DISCONNECT 0x98 where the protocol has it."""
-        log.info(
-            "mqtt: client %r disconnected by an administrator", conn.endpoint and conn.endpoint.client_id
-        )
-        conn.close(ReasonCode.ADMINISTRATIVE_ACTION, "disconnected by an administrator")
-
     # -- the session directory (trimaran.broker.sessions.SessionDirectory) ---------------------------
 
     def session_count(self) -> int:
@@ -701,7 +693,7 @@ class MqttFrontEnd:
             return False
         endpoint.session.expiry_interval = 0
         if endpoint.conn is not None:
-            self._kick(endpoint.conn)  # closing drops the session: its expiry is now 0
+            _kick(endpoint.conn)  # closing drops the session: its expiry is now 0
         if self.endpoints.get(client_id) is endpoint:
             self._drop_session(endpoint)
         log.info("mqtt: %s deleted by an administrator", describe(client_id, "session"))
@@ -1179,6 +1171,12 @@ class MqttFrontEnd:
                 if code < 0x80:
                     bound = conn.queue_bindings.subscriptions[subscription.topic_filter]
                     self.queues.grant_initial_credit(conn, bound)
+
+
+def _kick(conn: MqttConn[MqttEndpoint]) -> None:
+    """An operator closes the connection (admin API): DISCONNECT 0x98 where the protocol has it."""
+    log.info("mqtt: client %r disconnected by an administrator", conn.endpoint and conn.endpoint.client_id)
+    conn.close(ReasonCode.ADMINISTRATIVE_ACTION, "disconnected by an administrator")
 
 
 def _forget_queue_deliveries(session: Session) -> None:
