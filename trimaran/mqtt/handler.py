@@ -305,7 +305,6 @@ class MqttFrontEnd:
         self.backpressure_bytes = settings.limits.backpressure_bytes
         self.fan_out = FanOutEncoder()
         self.endpoints: dict[str, MqttEndpoint] = {}
-        self.conns: set[MqttConn[MqttEndpoint]] = set()
         self._wills: dict[str, tuple[float, Message]] = {}  # client id -> (due, will) for delayed wills
         self._dirty: set[str] = set()
         self._deleted: set[str] = set()
@@ -432,13 +431,7 @@ class MqttFrontEnd:
         machine around the MQTT machine (WebSocket)."""
         mqtt = ServerConnection(self.limits, now=time.monotonic())
         mqtt.report_plain_acks = False  # only queue and $share deliveries (tagged) need settling
-        conn: MqttConn[MqttEndpoint] = MqttConn(self, mqtt, io, None if wrap is None else wrap(mqtt))
-        self.conns.add(conn)
-        return conn
-
-    def closed(self, conn: MqttConn[MqttEndpoint]) -> None:
-        """The runtime is done with ``conn``: the machine has closed and its socket is gone."""
-        self.conns.discard(conn)
+        return MqttConn(self, mqtt, io, None if wrap is None else wrap(mqtt))
 
     # -- events -----------------------------------------------------------------------------------
 
