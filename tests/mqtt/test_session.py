@@ -108,7 +108,7 @@ def _populated() -> Session:
     assert a is not None and b is not None
     a.sent = True
     session.on_pubrec(b.packet_id)
-    session.inbound_qos2.update(dict.fromkeys((5, 77)))
+    session.inbound_qos2 = dict.fromkeys((5, 77))
     return session
 
 

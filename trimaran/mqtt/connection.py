@@ -263,7 +263,8 @@ class ServerConnection:
         # Known at CONNECT; a field, as every delivery asks.
         self.uses_topic_aliases = False
         self.request_problem_information = True
-        self._inbound_unacked: dict[int, int] = {}  # client packet id -> QoS, not yet acked by the handler
+        # Client packet id -> QoS, not yet acked by the handler; made by the first QoS 1/2 PUBLISH.
+        self._inbound_unacked: dict[int, int] | None = None
         self._held_resends: set[int] | None = None  # see settle_resend
         self._in_aliases: dict[int, str] | None = None
         self._out_aliases: dict[str, int] | None = None
@@ -648,7 +649,8 @@ class ServerConnection:
     def ack_publish(self, packet_id: int, reason_code: int = 0, properties: Properties | None = None) -> None:
         """Acknowledge a QoS 1/2 PUBLISH event: PUBACK (QoS 1) or PUBREC (QoS 2). Call it once the
         message is safe (committed); a reason code >= 0x80 refuses it (5.0)."""
-        qos = self._inbound_unacked.pop(packet_id, None)
+        unacked = self._inbound_unacked
+        qos = None if unacked is None else unacked.pop(packet_id, None)
         if qos is None or self.session is None:
             return
         if qos == 2:
@@ -657,6 +659,8 @@ class ServerConnection:
             # Too late to answer, but the message is ours now: when the client resends it on its next
             # connection it must be recognised as a duplicate (and answered with PUBREC).
             if qos == 2 and reason_code < 0x80:
+                if self.session.inbound_qos2 is None:
+                    self.session.inbound_qos2 = {}
                 self.session.inbound_qos2[packet_id] = None
             return
         if reason_code == 0 and properties is None:
@@ -668,6 +672,9 @@ class ServerConnection:
         else:
             self._send(PubRec(packet_id, reason_code, properties or Properties()))
         if qos == 2 and (reason_code < 0x80 or self.protocol_level < MQTT_5):
+            # PUBREC sent: a resend is recognised until the PUBREL (made by the session's first).
+            if self.session.inbound_qos2 is None:
+                self.session.inbound_qos2 = {}
             self.session.inbound_qos2[packet_id] = None
 
     def settle_resend(
@@ -681,6 +688,7 @@ class ServerConnection:
         if held is None or packet_id not in held:
             return False
         if reason_code >= 0x80 and self.protocol_level < MQTT_5:
+            assert self._inbound_unacked is not None  # held: it came in as unacknowledged
             del self._inbound_unacked[packet_id]
             self._settled_qos2(packet_id)
         else:
@@ -887,7 +895,7 @@ class ServerConnection:
                 self.protocol_level == MQTT_5
                 and (
                     self.limits.maximum_qos < 1
-                    or len(self.session.inbound_qos2) >= self.limits.receive_maximum  # type: ignore[union-attr]
+                    or len(self.session.inbound_qos2 or ()) >= self.limits.receive_maximum  # type: ignore[union-attr]
                 )
             )
         ):
@@ -966,8 +974,11 @@ class ServerConnection:
         assert publish.packet_id is not None and self.session is not None
         pid = publish.packet_id
         unacked = self._inbound_unacked
+        if unacked is None:
+            unacked = self._inbound_unacked = {}
+        received = self.session.inbound_qos2
         if qos == 2:
-            if pid in self.session.inbound_qos2:
+            if received is not None and pid in received:
                 # Resent before our PUBREC arrived: answer again, do not deliver twice.
                 self._send(PubRec(pid))
                 return
@@ -986,7 +997,10 @@ class ServerConnection:
         elif pid in unacked:
             events.append(publish)  # QoS 1 resend: at least once
             return
-        if level == MQTT_5 and len(unacked) + len(self.session.inbound_qos2) >= limits.receive_maximum:
+        if (
+            level == MQTT_5
+            and len(unacked) + (0 if received is None else len(received)) >= limits.receive_maximum
+        ):
             raise _Fail(
                 ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
                 "more unacknowledged QoS 1/2 PUBLISH than Receive Maximum",
@@ -1011,8 +1025,9 @@ class ServerConnection:
     def _on_pubrel(self, packet: PubRel) -> None:
         assert self.session is not None
         pid = packet.packet_id
-        if pid in self.session.inbound_qos2:
-            del self.session.inbound_qos2[pid]
+        received = self.session.inbound_qos2
+        if received is not None and pid in received:
+            del received[pid]  # kept when empty: a QoS 2 publisher sends the next soon
             self._send(PubComp(pid))
         else:
             self._send(PubComp(pid, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))

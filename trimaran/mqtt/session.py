@@ -26,8 +26,9 @@ from __future__ import annotations
 import base64
 import itertools
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Final
 
 from trimaran.mqtt.codec import decode_properties, encode_properties
@@ -50,6 +51,10 @@ AWAITING_PUBREC: Final = "awaiting_pubrec"  # QoS 2 PUBLISH sent
 AWAITING_PUBCOMP: Final = "awaiting_pubcomp"  # QoS 2 PUBREC received, PUBREL sent
 
 Tag = str | int | None
+
+# An idle session's subscriptions: one empty, read-only mapping shared by every session until its
+# first subscription gives it a dict of its own (an empty dict is 64 bytes a session; issue #47).
+NO_SUBSCRIPTIONS: Final[Mapping[str, Subscription]] = MappingProxyType({})
 
 
 @dataclass(slots=True, init=False)
@@ -268,13 +273,15 @@ class Session:
         self.expiry_interval = expiry_interval  # seconds; 0xFFFFFFFF means never
         self.max_queued = max_queued
         self.max_queued_bytes = max_queued_bytes  # payloads and topics; 0 = no bound
-        self.subscriptions: dict[str, Subscription] = {}
+        # Written only here (add_subscription, remove_subscription, from_dict); NO_SUBSCRIPTIONS
+        # while there are none.
+        self.subscriptions: Mapping[str, Subscription] = NO_SUBSCRIPTIONS
         self.inflight: dict[int, InflightEntry] = {}  # in send order
         self.queue: Backlog = Backlog()
-        # Packet ids as dict keys: an empty dict is a quarter of an empty set, and most sessions
-        # never see QoS 2.
-        self.inbound_qos2: dict[int, None] = {}
-        self.inbound_pending: dict[int, None] | None = None  # made by the first QoS 2 PUBLISH
+        # Packet ids as dict keys: an empty dict is a quarter of an empty set. Most sessions never
+        # see QoS 2: both are made by the first QoS 2 PUBLISH.
+        self.inbound_qos2: dict[int, None] | None = None
+        self.inbound_pending: dict[int, None] | None = None
         self.dropped = 0  # messages refused because the queue was full
         self.next_packet_id = 1  # the id the next delivery tries first (a connection's run too)
         # (user,) whose session this is (None inside: anonymous); None: not known (a session saved
@@ -373,12 +380,20 @@ class Session:
 
     def add_subscription(self, subscription: Subscription) -> bool:
         """Add or replace; True if the filter was new."""
-        new = subscription.topic_filter not in self.subscriptions
-        self.subscriptions[subscription.topic_filter] = subscription
+        subscriptions = self.subscriptions
+        if not isinstance(subscriptions, dict):  # NO_SUBSCRIPTIONS: the session's first
+            subscriptions = self.subscriptions = {}
+        new = subscription.topic_filter not in subscriptions
+        subscriptions[subscription.topic_filter] = subscription
         return new
 
     def remove_subscription(self, topic_filter: str) -> bool:
-        return self.subscriptions.pop(topic_filter, None) is not None
+        subscriptions = self.subscriptions
+        if not isinstance(subscriptions, dict) or subscriptions.pop(topic_filter, None) is None:
+            return False
+        if not subscriptions:
+            self.subscriptions = NO_SUBSCRIPTIONS  # its last: the dict goes
+        return True
 
     # ------------------------------------------------------------------------------- serialization
 
@@ -416,7 +431,7 @@ class Session:
             ],
             "queue": [_message_to_dict(m) for m in self.queue] if with_queue else [],
             "queue_first_seq": self.queue.first_seq,
-            "inbound_qos2": sorted(self.inbound_qos2),
+            "inbound_qos2": sorted(self.inbound_qos2 or ()),
         }
 
     @classmethod
@@ -437,16 +452,15 @@ class Session:
             options = SubscriptionOptions(
                 s["qos"], s["no_local"], s["retain_as_published"], s["retain_handling"]
             )
-            session.subscriptions[s["topic_filter"]] = Subscription(
-                s["topic_filter"], options, s["subscription_identifier"]
-            )
+            session.add_subscription(Subscription(s["topic_filter"], options, s["subscription_identifier"]))
         for e in data["inflight"]:
             session.inflight[e["packet_id"]] = InflightEntry(
                 e["packet_id"], _message_from_dict(e["message"]), e["state"], e["sent"]
             )
         session.queue.first_seq = data.get("queue_first_seq", 0)
         session.queue.extend(_message_from_dict(m) for m in data["queue"])
-        session.inbound_qos2.update(dict.fromkeys(data["inbound_qos2"]))
+        if data["inbound_qos2"]:
+            session.inbound_qos2 = dict.fromkeys(data["inbound_qos2"])
         return session
 
     def to_json(self, *, with_queue: bool = True) -> bytes:
