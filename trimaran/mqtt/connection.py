@@ -215,9 +215,14 @@ class ServerConnection:
         "client_max_packet_size",
         "client_receive_maximum",
         "client_topic_alias_maximum",
+        "dropped_expired",
+        "dropped_queue_full",
+        "dropped_too_large",
         "dropped_why",
         "keep_alive",
         "limits",
+        "packets_received",
+        "packets_sent",
         "pending_out",
         "protocol_level",
         "report_plain_acks",
@@ -225,7 +230,6 @@ class ServerConnection:
         "session",
         "session_expiry_interval",
         "state",
-        "stats",
         "uses_topic_aliases",
     )
 
@@ -280,7 +284,13 @@ class ServerConnection:
         # MessageAcked for every finished delivery; False: only for tagged ones (a hull that has
         # nothing to do when a plain pub/sub delivery is acknowledged saves an event per message).
         self.report_plain_acks = True
-        self.stats = ConnectionStats()
+        # ConnectionStats' counters, as fields: counted per packet, and an object of their own would be
+        # 72 bytes of every connection (issue #47).
+        self.dropped_too_large = 0
+        self.dropped_queue_full = 0
+        self.dropped_expired = 0
+        self.packets_received = 0
+        self.packets_sent = 0
 
     # ------------------------------------------------------------------------------------- public
 
@@ -292,6 +302,17 @@ class ServerConnection:
     @property
     def closed(self) -> bool:
         return self.state == State.CLOSED
+
+    @property
+    def stats(self) -> ConnectionStats:
+        """The counters, as they stand."""
+        return ConnectionStats(
+            self.dropped_too_large,
+            self.dropped_queue_full,
+            self.dropped_expired,
+            self.packets_received,
+            self.packets_sent,
+        )
 
     peer_close_s = 0.0  # the server ends the connection (after a DISCONNECT too, as Mosquitto)
 
@@ -351,7 +372,7 @@ class ServerConnection:
                     break
                 if packet is NEED_DATA:
                     break
-                self.stats.packets_received += 1
+                self.packets_received += 1
                 try:
                     if type(packet) is Publish:  # most packets: one dispatch shorter
                         self._on_publish(packet, ready)  # the decoder refuses one before CONNECT
@@ -506,7 +527,7 @@ class ServerConnection:
             and self.client_max_packet_size < MAX_PACKET_SIZE  # _fits's shortcut, without the call
             and not self._fits(message)
         ):
-            self.stats.dropped_too_large += 1
+            self.dropped_too_large += 1
             self.dropped_why = DROP_TOO_LARGE
             return False
         session = self.session
@@ -533,7 +554,7 @@ class ServerConnection:
             session.queue.append(message)  # unbounded here: the hull holds the publishers
             return True
         if not session.enqueue(message):
-            self.stats.dropped_queue_full += 1
+            self.dropped_queue_full += 1
             self.dropped_why = DROP_OFFLINE_QUEUE_FULL
             return False
         return True
@@ -548,12 +569,12 @@ class ServerConnection:
             return False
         size = len(data)
         if size > self.client_max_packet_size:
-            self.stats.dropped_too_large += 1
+            self.dropped_too_large += 1
             self.dropped_why = DROP_TOO_LARGE
             return False
         self._out.append(data)
         self.pending_out += size
-        self.stats.packets_sent += 1
+        self.packets_sent += 1
         return True
 
     def publish_run(self, data: bytes, count: int, largest: int) -> bool:
@@ -565,7 +586,7 @@ class ServerConnection:
             return False
         self._out.append(data)
         self.pending_out += len(data)
-        self.stats.packets_sent += count
+        self.packets_sent += count
         return True
 
     def publish_qos1_run(self, run: PublishRun) -> bool:
@@ -625,7 +646,7 @@ class ServerConnection:
             data = b"".join(parts)
             self._out.append(data)
             self.pending_out += len(data)
-            self.stats.packets_sent += sent
+            self.packets_sent += sent
         if items and len(inflight) < self.client_receive_maximum:
             self._pump(self._ready)  # room, but the queue was not empty: its head goes first
         return True
@@ -644,7 +665,7 @@ class ServerConnection:
         if self.state != State.CONNECTED:
             return  # too late to answer; a QoS 1 message keeps nothing here
         self._out.append(run_acks(run))
-        self.stats.packets_sent += run.count
+        self.packets_sent += run.count
 
     def ack_publish(self, packet_id: int, reason_code: int = 0, properties: Properties | None = None) -> None:
         """Acknowledge a QoS 1/2 PUBLISH event: PUBACK (QoS 1) or PUBREC (QoS 2). Call it once the
@@ -666,7 +687,7 @@ class ServerConnection:
         if reason_code == 0 and properties is None:
             # Hot path: a plain success ack is always 4 bytes, the same at every level.
             self._out.append(bytes((0x40 if qos == 1 else 0x50, 2, packet_id >> 8, packet_id & 0xFF)))
-            self.stats.packets_sent += 1
+            self.packets_sent += 1
         elif qos == 1:
             self._send(PubAck(packet_id, reason_code, properties or Properties()))
         else:
@@ -882,7 +903,7 @@ class ServerConnection:
         packet ids is unacknowledged or a resend of one, and each finds the same room under Receive
         Maximum as the first. Where that is not so (PUBLISHes still unacknowledged, no room, QoS 1
         not allowed), its PUBLISHes are walked, one event each."""
-        self.stats.packets_received += run.count - 1
+        self.packets_received += run.count - 1
         if run.topics is not None:
             for topic in dict.fromkeys(run.topics):  # each once, in order
                 if topic != self._valid_topic:
@@ -1063,7 +1084,7 @@ class ServerConnection:
                     finished = []
                     events.append(MessagesAcked(finished))
                 finished.append(entry.message)
-        self.stats.packets_received += len(packet_ids)
+        self.packets_received += len(packet_ids)
         if session.queue.items:
             self._pump(events)
 
@@ -1234,10 +1255,10 @@ class ServerConnection:
                 packet.properties = slim  # type: ignore[union-attr]
                 data = encode(packet, level)
         if len(data) > self.client_max_packet_size:
-            self.stats.dropped_too_large += 1
+            self.dropped_too_large += 1
             return False
         self._out.append(data)
-        self.stats.packets_sent += 1
+        self.packets_sent += 1
         return True
 
     def _fits(self, message: OutboundMessage) -> bool:
@@ -1272,7 +1293,7 @@ class ServerConnection:
             if message.expires_at is not None:
                 remaining = message.expires_at - self._clock()
                 if remaining <= 0 and not dup:  # a resend is already on its way: finish it
-                    self.stats.dropped_expired += 1
+                    self.dropped_expired += 1
                     return DROP_EXPIRED
                 if remaining > 0 and level == MQTT_5:
                     props = props.copy()
@@ -1299,13 +1320,13 @@ class ServerConnection:
                 data = encode(publish, level)
         size = len(data)
         if size > self.client_max_packet_size:
-            self.stats.dropped_too_large += 1
+            self.dropped_too_large += 1
             return DROP_TOO_LARGE
         if alias and new_alias:
             self._commit_alias(message.topic, alias)
         self._out.append(data)
         self.pending_out += size
-        self.stats.packets_sent += 1
+        self.packets_sent += 1
         return None
 
     def _commit_alias(self, topic: str, alias: int) -> None:
