@@ -70,3 +70,17 @@ def test_idle_mqtt_connection_memory(server: InProcessServer) -> None:
     finally:
         for sock in warm + clients:
             sock.close()
+
+
+def test_the_event_loop_sets_tcp_nodelay(server: InProcessServer) -> None:
+    """Conn._admit leaves TCP_NODELAY to the event loop (asking uvloop for the socket would keep a
+    socket object on every transport): the broker's side of a connection has it all the same."""
+    sock = _connect(server.port("mqtt"), "nodelay")
+    try:
+        local = sock.getsockname()
+        conns = [c for c in list(server.app.runner.conns) if c.peer == f"{local[0]}:{local[1]}"]
+        assert len(conns) == 1 and conns[0].transport is not None
+        theirs = conns[0].transport.get_extra_info("socket")
+        assert theirs.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    finally:
+        sock.close()
