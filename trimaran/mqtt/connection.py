@@ -248,7 +248,9 @@ class ServerConnection:
         # Until the login is decided, a packet may be no larger than the unauthenticated limit.
         self._decoder = Decoder(min(self.limits.max_packet_size, self.limits.max_packet_size_unauthenticated))
         self._decoder.runs = self.limits.publish_runs
-        self._out: list[bytes] = []
+        # Bytes for the client until data_to_send(); None when there are none (an idle connection
+        # holds no list: 56 bytes, issue #47).
+        self._out: list[bytes] | None = None
         self.pending_out = 0  # bytes of PUBLISHes in _out: a subscriber's backlog not yet written
         self.dropped_why = ""  # why `publish` or `publish_encoded` last returned False (a DROP_ name)
         self.protocol_level = 0  # 3, 4 or 5 once a CONNECT was read (a field: deliveries ask)
@@ -318,10 +320,11 @@ class ServerConnection:
 
     def data_to_send(self) -> bytes:
         """All bytes queued for the client since the last call (b"" if none)."""
-        if not self._out:
+        out = self._out
+        if out is None:
             return b""
-        data = b"".join(self._out)
-        self._out = []
+        data = b"".join(out)
+        self._out = None
         self.pending_out = 0
         return data
 
@@ -572,7 +575,11 @@ class ServerConnection:
             self.dropped_too_large += 1
             self.dropped_why = DROP_TOO_LARGE
             return False
-        self._out.append(data)
+        out = self._out
+        if out is None:
+            self._out = [data]
+        else:
+            out.append(data)
         self.pending_out += size
         self.packets_sent += 1
         return True
@@ -584,7 +591,11 @@ class ServerConnection:
         Maximum Packet Size: the caller then sends them one by one."""
         if self.state != State.CONNECTED or largest > self.client_max_packet_size:
             return False
-        self._out.append(data)
+        out = self._out
+        if out is None:
+            self._out = [data]
+        else:
+            out.append(data)
         self.pending_out += len(data)
         self.packets_sent += count
         return True
@@ -644,7 +655,11 @@ class ServerConnection:
                 queue.bytes += len(payload) + len(topic)
         if sent:
             data = b"".join(parts)
-            self._out.append(data)
+            out = self._out
+            if out is None:
+                self._out = [data]
+            else:
+                out.append(data)
             self.pending_out += len(data)
             self.packets_sent += sent
         if items and len(inflight) < self.client_receive_maximum:
@@ -664,7 +679,12 @@ class ServerConnection:
         order, once the hull has routed them."""
         if self.state != State.CONNECTED:
             return  # too late to answer; a QoS 1 message keeps nothing here
-        self._out.append(run_acks(run))
+        data = run_acks(run)
+        out = self._out
+        if out is None:
+            self._out = [data]
+        else:
+            out.append(data)
         self.packets_sent += run.count
 
     def ack_publish(self, packet_id: int, reason_code: int = 0, properties: Properties | None = None) -> None:
@@ -686,7 +706,12 @@ class ServerConnection:
             return
         if reason_code == 0 and properties is None:
             # Hot path: a plain success ack is always 4 bytes, the same at every level.
-            self._out.append(bytes((0x40 if qos == 1 else 0x50, 2, packet_id >> 8, packet_id & 0xFF)))
+            data = bytes((0x40 if qos == 1 else 0x50, 2, packet_id >> 8, packet_id & 0xFF))
+            out = self._out
+            if out is None:
+                self._out = [data]
+            else:
+                out.append(data)
             self.packets_sent += 1
         elif qos == 1:
             self._send(PubAck(packet_id, reason_code, properties or Properties()))
@@ -1203,9 +1228,8 @@ class ServerConnection:
         if self.state in (State.AWAIT_CONNECT, State.CONNECTING):
             if reason_code == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
                 # The CONNECT could not even be read: answer in 3.1.1 form, which every client reads.
-                self._out.append(
-                    encode(ConnAck(False, rc.ConnAckReturnCode.UNACCEPTABLE_PROTOCOL_VERSION), 4)
-                )
+                refusal = encode(ConnAck(False, rc.ConnAckReturnCode.UNACCEPTABLE_PROTOCOL_VERSION), 4)
+                self._out = [*(self._out or ()), refusal]
             self._close(events, reason_code, message, False)
             return
         self._close(events, reason_code, message, True)
@@ -1257,7 +1281,11 @@ class ServerConnection:
         if len(data) > self.client_max_packet_size:
             self.dropped_too_large += 1
             return False
-        self._out.append(data)
+        out = self._out
+        if out is None:
+            self._out = [data]
+        else:
+            out.append(data)
         self.packets_sent += 1
         return True
 
@@ -1324,7 +1352,11 @@ class ServerConnection:
             return DROP_TOO_LARGE
         if alias and new_alias:
             self._commit_alias(message.topic, alias)
-        self._out.append(data)
+        out = self._out
+        if out is None:
+            self._out = [data]
+        else:
+            out.append(data)
         self.pending_out += size
         self.packets_sent += 1
         return None
