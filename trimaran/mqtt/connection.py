@@ -275,7 +275,8 @@ class ServerConnection:
         self._in_aliases: dict[int, str] | None = None
         self._out_aliases: dict[str, int] | None = None
         self._out_alias_next = 1
-        self._pending_subscribes: dict[int, Subscribe] | None = None  # made by the first SUBSCRIBE
+        # SUBSCRIBEs the hull has not answered: made by one, dropped when all are answered.
+        self._pending_subscribes: dict[int, Subscribe] | None = None
         self._ready: Events = []  # what next_event() hands out, in order, from _ready_at
         self._ready_at = 0
         self._valid_topic: str | None = None  # the last topic name checked: publishers repeat theirs
@@ -749,6 +750,8 @@ class ServerConnection:
         in the session."""
         pending = self._pending_subscribes
         request = None if pending is None else pending.pop(packet_id, None)
+        if pending is not None and not pending:
+            self._pending_subscribes = None  # answered: an emptied dict keeps its table (~220 bytes)
         if request is None or self.state != State.CONNECTED or self.session is None:
             return
         if len(reason_codes) != len(request.subscriptions):
