@@ -105,6 +105,10 @@ WRITE_MARK: Final = 64 * 1024
 PUSH_BACK_BYTES: Final = 256 * 1024
 
 
+# The owner of every anonymous client's session (Session.owner): one tuple, not one per session.
+ANONYMOUS: Final = (None,)
+
+
 def server_limits(settings: Settings) -> ServerLimits:
     limits = settings.limits
     return ServerLimits(
@@ -619,7 +623,7 @@ class MqttFrontEnd:
             endpoint = self.endpoints[client_id] = MqttEndpoint(self, session, connect.protocol_level)
             self._client_event(SESSION_CREATED, conn, client_id, connect.username)
         endpoint.protocol_level = connect.protocol_level
-        endpoint.session.owner = (login.user,)
+        endpoint.session.owner = ANONYMOUS if login.user is None else (login.user,)
         endpoint.conn = conn
         endpoint.expires_at = None
         conn.endpoint = endpoint
