@@ -535,7 +535,10 @@ class ServerConnection:
             self.dropped_why = DROP_TOO_LARGE
             return False
         session = self.session
-        if self.state == State.CONNECTED and len(session.inflight) < self.client_receive_maximum:
+        inflight = session.inflight
+        if self.state == State.CONNECTED and (
+            inflight is None or len(inflight) < self.client_receive_maximum
+        ):
             if not session.queue.items:
                 # Room in the window and nothing waiting before it: straight to inflight
                 # (_send_inflight written out for a new entry).
@@ -618,6 +621,8 @@ class ServerConnection:
             return False
         packets = run_packets(run)
         inflight = session.inflight
+        if inflight is None:
+            inflight = session.inflight = {}
         queue = session.queue
         items = queue.items
         room = 0 if items else self.client_receive_maximum - len(inflight)
@@ -1102,6 +1107,7 @@ class ServerConnection:
         report = self.report_plain_acks
         finished: list[OutboundMessage] | None = None
         inflight = session.inflight
+        assert inflight is not None  # next_event reads plain PUBACKs only while some are inflight
         for packet_id in packet_ids:
             entry = inflight.get(packet_id)  # session.on_puback() written out: once per delivery
             if entry is None or entry.state != AWAITING_PUBACK:
@@ -1125,7 +1131,7 @@ class ServerConnection:
         entry = self.session.on_pubrec(packet.packet_id, packet.reason_code)
         if entry is None:
             self._send(PubRel(packet.packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
-        elif entry.state == AWAITING_PUBCOMP and packet.packet_id in self.session.inflight:
+        elif entry.state == AWAITING_PUBCOMP and packet.packet_id in (self.session.inflight or ()):
             self._send(PubRel(entry.packet_id))
         else:  # refused with an error code: the flow ends here
             self._acked(entry, packet.reason_code, events)
@@ -1394,7 +1400,10 @@ class ServerConnection:
         session = self.session
         if session is None or self.state != State.CONNECTED:
             return
-        for message in session.queue.take(self.client_receive_maximum - len(session.inflight)):
+        inflight = session.inflight
+        for message in session.queue.take(
+            self.client_receive_maximum - (0 if inflight is None else len(inflight))
+        ):
             # _send_inflight() written out for a new entry: never sent, never awaiting PUBCOMP
             entry = session.start_inflight(message)
             reason = self._send_publish(message, message.qos, entry.packet_id, False)

@@ -759,7 +759,7 @@ class MqttFrontEnd:
     def _hand_over_shared(self, session: Session) -> None:
         """A share member's session ended: its unacknowledged shared messages go to another member."""
         unfinished: list[OutboundMessage] = [
-            entry.message for entry in session.inflight.values() if entry.state != AWAITING_PUBCOMP
+            entry.message for entry in session.inflight_entries() if entry.state != AWAITING_PUBCOMP
         ]
         unfinished.extend(session.queue)
         for out in unfinished:
@@ -1179,11 +1179,13 @@ def _kick(conn: MqttConn[MqttEndpoint]) -> None:
 def _forget_queue_deliveries(session: Session) -> None:
     """Queue deliveries of an earlier connection were handed back to their queue when it closed;
     the queue redelivers them, so the session must not resend them."""
-    if not session.inflight and not session.queue:
+    inflight = session.inflight
+    if not inflight and not session.queue:
         return  # a new or drained session, most of them
-    for packet_id, entry in list(session.inflight.items()):
-        if _is_queue_tag(entry.message.tag):
-            del session.inflight[packet_id]
+    if inflight:
+        for packet_id, entry in list(inflight.items()):
+            if _is_queue_tag(entry.message.tag):
+                del inflight[packet_id]
     kept = [m for m in session.queue if not _is_queue_tag(m.tag)]
     if len(kept) != len(session.queue):
         session.queue.clear()
@@ -1251,7 +1253,7 @@ def _session_info(endpoint: MqttEndpoint, with_subscriptions: bool) -> SessionIn
         expiry_interval_s=session.expiry_interval,
         expires_in_s=expires_in,
         subscription_count=len(session.subscriptions),
-        inflight=len(session.inflight),
+        inflight=len(session.inflight or ()),
         queued=len(session.queue),
         dropped=session.dropped,
         subscriptions=subscriptions,

@@ -276,7 +276,9 @@ class Session:
         # Written only here (add_subscription, remove_subscription, from_dict); NO_SUBSCRIPTIONS
         # while there are none.
         self.subscriptions: Mapping[str, Subscription] = NO_SUBSCRIPTIONS
-        self.inflight: dict[int, InflightEntry] = {}  # in send order
+        # In send order; made by the first QoS 1/2 delivery (an idle session holds none) and kept
+        # when drained, or a subscriber would make one a message.
+        self.inflight: dict[int, InflightEntry] | None = None
         self.queue: Backlog = Backlog()
         # Packet ids as dict keys: an empty dict is a quarter of an empty set. Most sessions never
         # see QoS 2: both are made by the first QoS 2 PUBLISH.
@@ -296,11 +298,13 @@ class Session:
 
     def allocate_packet_id(self) -> int:
         """A packet identifier not used by any outbound inflight message."""
-        if len(self.inflight) >= 0xFFFF:
-            raise RuntimeError("all 65535 packet identifiers are in use")
+        inflight = self.inflight
         pid = self.next_packet_id
-        while pid in self.inflight:
-            pid = pid % 0xFFFF + 1
+        if inflight is not None:
+            if len(inflight) >= 0xFFFF:
+                raise RuntimeError("all 65535 packet identifiers are in use")
+            while pid in inflight:
+                pid = pid % 0xFFFF + 1
         self.next_packet_id = pid % 0xFFFF + 1
         return pid
 
@@ -324,7 +328,7 @@ class Session:
 
     def next_to_send(self, window: int) -> InflightEntry | None:
         """Move the head of the queue into the inflight window if there is room."""
-        if not self.queue or len(self.inflight) >= window:
+        if not self.queue or (self.inflight is not None and len(self.inflight) >= window):
             return None
         return self.start_inflight(self.queue.popleft())
 
@@ -332,7 +336,9 @@ class Session:
         """Give a QoS 1/2 message a packet id in the inflight window (the caller checked for room
         and for an empty queue, which goes first)."""
         inflight = self.inflight
-        if len(inflight) >= 0xFFFF:
+        if inflight is None:
+            inflight = self.inflight = {}
+        elif len(inflight) >= 0xFFFF:
             raise RuntimeError("all 65535 packet identifiers are in use")
         pid = self.next_packet_id  # allocate_packet_id() written out: once per delivery
         while pid in inflight:
@@ -344,37 +350,46 @@ class Session:
 
     def on_puback(self, packet_id: int) -> InflightEntry | None:
         """PUBACK received: the finished entry, or None if the id is not awaiting a PUBACK."""
-        entry = self.inflight.get(packet_id)
+        inflight = self.inflight
+        if inflight is None:
+            return None
+        entry = inflight.get(packet_id)
         if entry is None or entry.state != AWAITING_PUBACK:
             return None
-        del self.inflight[packet_id]
+        del inflight[packet_id]
         return entry
 
     def on_pubrec(self, packet_id: int, reason_code: int = 0) -> InflightEntry | None:
         """PUBREC received. The entry moves to AWAITING_PUBCOMP (send PUBREL), or is removed when the
         reason code is an error (>= 0x80; the flow ends there). None if the id is unknown or QoS 1."""
-        entry = self.inflight.get(packet_id)
+        inflight = self.inflight
+        if inflight is None:
+            return None
+        entry = inflight.get(packet_id)
         if entry is None or entry.state == AWAITING_PUBACK:
             return None
         if reason_code >= 0x80:
-            del self.inflight[packet_id]
+            del inflight[packet_id]
         else:
             entry.state = AWAITING_PUBCOMP
         return entry
 
     def on_pubcomp(self, packet_id: int) -> InflightEntry | None:
-        entry = self.inflight.get(packet_id)
+        inflight = self.inflight
+        if inflight is None:
+            return None
+        entry = inflight.get(packet_id)
         if entry is None or entry.state != AWAITING_PUBCOMP:
             return None
-        del self.inflight[packet_id]
+        del inflight[packet_id]
         return entry
 
     def drop_inflight(self, packet_id: int) -> InflightEntry | None:
-        return self.inflight.pop(packet_id, None)
+        return None if self.inflight is None else self.inflight.pop(packet_id, None)
 
     def inflight_entries(self) -> list[InflightEntry]:
         """Everything to resend on reconnect, oldest first."""
-        return list(self.inflight.values())
+        return [] if self.inflight is None else list(self.inflight.values())
 
     # ------------------------------------------------------------------------------- subscriptions
 
@@ -427,7 +442,7 @@ class Session:
                     "sent": e.sent,
                     "message": _message_to_dict(e.message),
                 }
-                for e in self.inflight.values()
+                for e in self.inflight_entries()
             ],
             "queue": [_message_to_dict(m) for m in self.queue] if with_queue else [],
             "queue_first_seq": self.queue.first_seq,
@@ -453,10 +468,13 @@ class Session:
                 s["qos"], s["no_local"], s["retain_as_published"], s["retain_handling"]
             )
             session.add_subscription(Subscription(s["topic_filter"], options, s["subscription_identifier"]))
-        for e in data["inflight"]:
-            session.inflight[e["packet_id"]] = InflightEntry(
-                e["packet_id"], _message_from_dict(e["message"]), e["state"], e["sent"]
-            )
+        if data["inflight"]:
+            session.inflight = {
+                e["packet_id"]: InflightEntry(
+                    e["packet_id"], _message_from_dict(e["message"]), e["state"], e["sent"]
+                )
+                for e in data["inflight"]
+            }
         session.queue.first_seq = data.get("queue_first_seq", 0)
         session.queue.extend(_message_from_dict(m) for m in data["queue"])
         if data["inbound_qos2"]:
