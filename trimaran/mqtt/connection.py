@@ -467,7 +467,7 @@ class ServerConnection:
         if session is None or connect.clean_start:
             session_present = False
         if session is not None:
-            for message in session.queue.items:
+            for message in session.queue.items or ():
                 message.wire = None  # cut for the connection that queued it (publish_qos1_run)
         else:
             session = Session(
@@ -625,6 +625,8 @@ class ServerConnection:
             inflight = session.inflight = {}
         queue = session.queue
         items = queue.items
+        if items is None:
+            items = queue.items = []
         room = 0 if items else self.client_receive_maximum - len(inflight)
         back = 3 if self.protocol_level == MQTT_5 else 2  # the packet id's place, before the payload
         parts: list[bytes] = []

@@ -117,16 +117,18 @@ class Backlog:
     """A session's queue of messages waiting for the inflight window: first in, first out.
 
     A list read from a head index, compacted as it is consumed: an idle session's empty backlog is a
-    small object, where a deque would be 600 bytes per session."""
+    small object and no list, where a deque would be 600 bytes per session."""
 
     __slots__ = ("_head", "bytes", "first_seq", "items")
 
     def __init__(self, items: Iterable[OutboundMessage] = (), first_seq: int = 0) -> None:
-        # The messages, read from _head on; a list consumed to its end is cleared, so it is empty
-        # exactly when the backlog is (a connection's per-delivery look, without __len__).
-        self.items: list[OutboundMessage] = list(items)
+        # The messages, read from _head on; None until the first (an idle session's backlog holds
+        # no list: 56 bytes). A list consumed to its end is cleared and kept (a backlog that fills
+        # and drains would make one a message), so it is falsy exactly when the backlog is empty (a
+        # connection's per-delivery look, without __len__).
+        self.items: list[OutboundMessage] | None = list(items) or None
         self._head = 0
-        self.bytes = sum(map(weight, self.items))  # payloads and topics queued
+        self.bytes = sum(map(weight, self.items or ()))  # payloads and topics queued
         # Each message has a sequence number: first_seq for the head, then one more each. Storage
         # writes a message once, by its number, and deletes the numbers below first_seq.
         self.first_seq = first_seq
@@ -134,16 +136,20 @@ class Backlog:
     @property
     def next_seq(self) -> int:
         """The number the next appended message gets."""
-        return self.first_seq + len(self.items) - self._head
+        items = self.items
+        return self.first_seq + (0 if items is None else len(items) - self._head)
 
     def since(self, seq: int) -> list[tuple[int, OutboundMessage]]:
         """The messages numbered ``seq`` and after, with their numbers."""
         start = max(seq, self.first_seq)
         skip = self._head + start - self.first_seq
-        return list(enumerate(itertools.islice(self.items, skip, None), start))
+        return list(enumerate(itertools.islice(self.items or (), skip, None), start))
 
     def append(self, message: OutboundMessage) -> None:
-        self.items.append(message)
+        if self.items is None:
+            self.items = [message]
+        else:
+            self.items.append(message)
         self.bytes += len(message.payload) + len(message.topic)  # weight()
 
     def extend(self, messages: Iterable[OutboundMessage]) -> None:
@@ -152,9 +158,9 @@ class Backlog:
 
     def popleft(self) -> OutboundMessage:
         items, head = self.items, self._head
-        size = len(items)
-        if head >= size:
+        if not items:
             raise IndexError("pop from an empty backlog")
+        size = len(items)
         message = items[head]
         head += 1
         self.first_seq += 1
@@ -171,15 +177,16 @@ class Backlog:
     def over(self, messages: int, size: int) -> bool:
         """More than ``messages`` queued, or more than ``size`` bytes (payloads and topics): past a
         flow-control mark (the handler's high one, the hull's low one)."""
-        return len(self.items) - self._head > messages or self.bytes > size
+        items = self.items
+        return (items is not None and len(items) - self._head > messages) or self.bytes > size
 
     def take(self, count: int) -> list[OutboundMessage]:
         """The first ``count`` messages (at most as many as there are), removed: `popleft` for each,
         in one call (a window that opens takes several)."""
         items, head = self.items, self._head
-        size = len(items)
-        if count <= 0 or head == size:
+        if count <= 0 or not items:
             return []
+        size = len(items)
         stop = min(head + count, size)
         taken = items[head:stop]
         for message in taken:
@@ -197,15 +204,17 @@ class Backlog:
 
     def clear(self) -> None:
         self.first_seq = self.next_seq  # the numbers are never reused: the cleared rows go
-        self.items.clear()
+        if self.items is not None:
+            self.items.clear()
         self._head = 0
         self.bytes = 0
 
     def __len__(self) -> int:
-        return len(self.items) - self._head
+        items = self.items
+        return 0 if items is None else len(items) - self._head
 
     def __iter__(self) -> Iterator[OutboundMessage]:
-        return itertools.islice(self.items, self._head, None)
+        return itertools.islice(self.items or (), self._head, None)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Backlog) and list(self) == list(other)
@@ -317,12 +326,15 @@ class Session:
         queue = self.queue
         items = queue.items
         size = len(message.payload) + len(message.topic)  # weight()
-        if len(items) - queue._head >= self.max_queued or (
+        if (items is not None and len(items) - queue._head >= self.max_queued) or (
             self.max_queued_bytes and queue.bytes + size > self.max_queued_bytes
         ):
             self.dropped += 1
             return False
-        items.append(message)
+        if items is None:
+            queue.items = [message]
+        else:
+            items.append(message)
         queue.bytes += size
         return True
 
