@@ -23,10 +23,10 @@ from trimaran.mqtt.codec import encode
 from trimaran.mqtt.packets import MQTT_3_1_1, Connect, Subscribe, SubscriptionOptions
 
 CONNECTIONS = 500
-BOUND = 3_800  # bytes per idle connection; measured 3,498 B (2026-12-02; 4,276 B before issue #47's cuts)
+BOUND = 3_650  # bytes per idle connection; measured 3,378 B (2026-12-02; 4,276 B before issue #47's cuts)
 # The same with one QoS 1 subscription to a filter of its own (devices/<id>/+: two trie levels of the
-# router each); measured 5,323 B (2026-12-02; 6,261 B before).
-BOUND_SUBSCRIBED = 5_750
+# router each); measured 4,952 B (2026-12-02; 6,261 B before).
+BOUND_SUBSCRIBED = 5_350
 
 
 @pytest.fixture
