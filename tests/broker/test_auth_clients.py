@@ -105,8 +105,8 @@ def test_a_failed_login_is_one_warning_with_fields(caplog: pytest.LogCaptureFixt
 def test_client_registry() -> None:
     kicked: list[str] = []
     registry = ClientRegistry()
-    a = registry.add(ClientInfo("dev-1", "mqtt", "1.2.3.4:5", None, lambda: kicked.append("a")))
-    b = registry.add(ClientInfo("app", "amqp091", "1.2.3.4:6", "alice", lambda: kicked.append("b")))
+    a = registry.add(ClientInfo("dev-1", "mqtt", "1.2.3.4:5", None, lambda _: kicked.append("a"), None))
+    b = registry.add(ClientInfo("app", "amqp091", "1.2.3.4:6", "alice", lambda _: kicked.append("b"), None))
     assert a.key != b.key and len(registry) == 2
     assert registry.count_by_protocol() == {"mqtt": 1, "amqp091": 1}
     found = registry.get(b.key)

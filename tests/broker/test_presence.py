@@ -12,9 +12,11 @@ def test_arrived_and_left_keep_registry_counters_and_events_in_step() -> None:
     events: list[BusEvent] = []
     broker.events.subscribe(events.append, [CLIENT_CONNECTED, CLIENT_DISCONNECTED])
     one = broker.presence.arrived(
-        ClientInfo("c1", "mqtt", "1.2.3.4:5", "alice", lambda: None), session_present=False
+        ClientInfo("c1", "mqtt", "1.2.3.4:5", "alice", lambda _: None, None), session_present=False
     )
-    two = broker.presence.arrived(ClientInfo("c1", "mqtt", "1.2.3.4:6", "alice", lambda: None))  # a takeover
+    two = broker.presence.arrived(
+        ClientInfo("c1", "mqtt", "1.2.3.4:6", "alice", lambda _: None, None)
+    )  # a takeover
     assert (
         len(broker.clients) == 2 and broker.stats.clients_connected == 2 and broker.stats.clients_maximum == 2
     )

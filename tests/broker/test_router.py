@@ -209,7 +209,7 @@ def test_unsubscribe() -> None:
     assert r.unsubscribe(A, "a/b") is False
     assert not r.match("a/b")
     assert r.count() == 0
-    assert r._root.children == {}  # pruned
+    assert not r._root.children  # pruned
 
 
 def test_unsubscribe_all_and_introspection() -> None:

@@ -37,8 +37,7 @@ def test_packet_ids_skip_ids_in_use_and_wrap() -> None:
 
 def test_all_ids_in_use() -> None:
     session = Session("c")
-    for pid in range(1, 0x10000):
-        session.inflight[pid] = None  # type: ignore[assignment]
+    session.inflight = dict.fromkeys(range(1, 0x10000))  # type: ignore[assignment]
     with pytest.raises(RuntimeError):
         session.allocate_packet_id()
 
@@ -108,7 +107,7 @@ def _populated() -> Session:
     assert a is not None and b is not None
     a.sent = True
     session.on_pubrec(b.packet_id)
-    session.inbound_qos2.update(dict.fromkeys((5, 77)))
+    session.inbound_qos2 = dict.fromkeys((5, 77))
     return session
 
 

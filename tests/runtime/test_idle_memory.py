@@ -2,8 +2,9 @@
 
 Measured with tracemalloc over a live in-process server: blocks allocated while N clients connect
 and stay silent, minus the test's own client sockets. The uvloop transport's share (~1.1 KB) is
-counted too. The bound sits a little above today's figure so a regression fails; issue #47's bar
-is 1.0 KB, and this bound comes down as the per-connection objects shrink.
+counted too. The bounds sit a little above today's figures so a regression fails; issue #47's bars
+are 1.0 KB idle and 1.5 KB with one subscription, and these bounds come down as the per-connection
+objects shrink.
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ import pytest
 
 from tests.support.budget import InProcessServer
 from trimaran.mqtt.codec import encode
-from trimaran.mqtt.packets import MQTT_3_1_1, Connect
+from trimaran.mqtt.packets import MQTT_3_1_1, Connect, Subscribe, SubscriptionOptions
 
 CONNECTIONS = 500
-BOUND = 4_800  # bytes per idle connection; measured 4.3 KB (2026-12-02)
+BOUND = 3_650  # bytes per idle connection; measured 3,378 B (2026-12-02; 4,276 B before issue #47's cuts)
+# The same with one QoS 1 subscription to a filter of its own (devices/<id>/+: two trie levels of the
+# router each); measured 4,952 B (2026-12-02; 6,261 B before).
+BOUND_SUBSCRIBED = 5_350
 
 
 @pytest.fixture
@@ -34,10 +38,14 @@ def server(tmp_path: Path) -> Iterator[InProcessServer]:
         running.stop()
 
 
-def _connect(port: int, client_id: str) -> socket.socket:
+def _connect(port: int, client_id: str, subscribe: bool = False) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port))
     sock.sendall(encode(Connect(keep_alive=600, client_id=client_id), MQTT_3_1_1))
     assert sock.recv(16)[:1] == b"\x20"  # CONNACK
+    if subscribe:
+        wanted = [(f"devices/{client_id}/+", SubscriptionOptions(qos=1))]
+        sock.sendall(encode(Subscribe(packet_id=1, subscriptions=wanted), MQTT_3_1_1))
+        assert sock.recv(16)[:1] == b"\x90"  # SUBACK
     return sock
 
 
@@ -48,9 +56,10 @@ def _server_side(snapshot: tracemalloc.Snapshot) -> tracemalloc.Snapshot:
     )
 
 
-def test_idle_mqtt_connection_memory(server: InProcessServer) -> None:
+@pytest.mark.parametrize(("subscribe", "bound"), [(False, BOUND), (True, BOUND_SUBSCRIBED)])
+def test_idle_mqtt_connection_memory(server: InProcessServer, subscribe: bool, bound: int) -> None:
     port = server.port("mqtt")
-    warm = [_connect(port, f"warm-{n}") for n in range(50)]  # caches and first-time allocations
+    warm = [_connect(port, f"warm-{n}", subscribe) for n in range(50)]  # caches and first-time allocations
     clients: list[socket.socket] = []
     try:
         time.sleep(0.2)
@@ -58,7 +67,7 @@ def test_idle_mqtt_connection_memory(server: InProcessServer) -> None:
         tracemalloc.start()
         try:
             before = _server_side(tracemalloc.take_snapshot())
-            clients = [_connect(port, f"idle-{n}") for n in range(CONNECTIONS)]
+            clients = [_connect(port, f"idle-{n}", subscribe) for n in range(CONNECTIONS)]
             time.sleep(0.3)
             gc.collect()
             after = _server_side(tracemalloc.take_snapshot())
@@ -66,7 +75,22 @@ def test_idle_mqtt_connection_memory(server: InProcessServer) -> None:
             tracemalloc.stop()
         grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
         per_connection = grown / CONNECTIONS
-        assert per_connection < BOUND, f"{per_connection:.0f} B per idle MQTT connection"
+        what = "subscribed" if subscribe else "idle"
+        assert per_connection < bound, f"{per_connection:.0f} B per {what} MQTT connection"
     finally:
         for sock in warm + clients:
             sock.close()
+
+
+def test_the_event_loop_sets_tcp_nodelay(server: InProcessServer) -> None:
+    """Conn._admit leaves TCP_NODELAY to the event loop (asking uvloop for the socket would keep a
+    socket object on every transport): the broker's side of a connection has it all the same."""
+    sock = _connect(server.port("mqtt"), "nodelay")
+    try:
+        local = sock.getsockname()
+        conns = [c for c in list(server.app.runner.conns) if c.peer == f"{local[0]}:{local[1]}"]
+        assert len(conns) == 1 and conns[0].transport is not None
+        theirs = conns[0].transport.get_extra_info("socket")
+        assert theirs.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    finally:
+        sock.close()

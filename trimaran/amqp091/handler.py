@@ -492,7 +492,8 @@ class Amqp091FrontEnd:
                 PROTOCOL_AMQP091,
                 conn.peer,
                 conn.user,
-                lambda: conn.kick(spec.CONNECTION_FORCED, "CONNECTION_FORCED - Closed by an administrator"),
+                _kick,
+                conn,
                 vhost=event.virtual_host,
             ),
             vhost=event.virtual_host,
@@ -851,6 +852,11 @@ def _content_message(
         raise spec.ProtocolError(spec.PRECONDITION_FAILED, str(exc), class_id=60, method_id=40) from None
     message.encoded_properties = encoded
     return message
+
+
+def _kick(conn: Amqp091Conn) -> None:
+    """An operator closes the connection (admin API)."""
+    conn.kick(spec.CONNECTION_FORCED, "CONNECTION_FORCED - Closed by an administrator")
 
 
 def _later(conn: Amqp091Conn, step: Awaitable[None] | None) -> None:

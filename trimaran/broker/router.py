@@ -202,14 +202,18 @@ class _ShareGroup(Generic[S]):
 
 
 class _Node(Generic[S]):
-    """One trie level. ``subs`` holds each non-shared subscription as its ready-made Delivery."""
+    """One trie level. ``subs`` holds each non-shared subscription as its ready-made Delivery.
+
+    Each dict is made by its first entry: a level mostly has children or subscribers, not both,
+    and seldom a share group. An empty dict is 64 bytes, and a client subscribed to a filter of its
+    own (``devices/<id>/+``) has a level or two of its own (issue #47)."""
 
     __slots__ = ("children", "groups", "no_local", "subs")
 
     def __init__(self) -> None:
-        self.children: dict[str, _Node[S]] = {}
-        self.subs: dict[S, Delivery[S]] = {}
-        self.groups: dict[str, _ShareGroup[S]] = {}
+        self.children: dict[str, _Node[S]] | None = None
+        self.subs: dict[S, Delivery[S]] | None = None
+        self.groups: dict[str, _ShareGroup[S]] | None = None  # dropped again with its last group
         self.no_local = 0  # how many of ``subs`` have No Local
 
 
@@ -319,28 +323,37 @@ class Router(Generic[S]):
 
         node = self._root
         for level in topic_filter.split("/"):
-            child = node.children.get(level)
+            children = node.children
+            if children is None:
+                children = node.children = {}
+            child = children.get(level)
             if child is None:
-                child = node.children[level] = _Node()
+                child = children[level] = _Node()
             node = child
 
         sub = Subscription(subscriber, topic_filter, options)
         if options.reads is not None:
             self._checked += 1
         if group is None:
-            old = node.subs.get(subscriber)
+            subs = node.subs
+            if subs is None:
+                subs = node.subs = {}
+            old = subs.get(subscriber)
             is_new = old is None
             if old is not None and old.subscriptions[0].options.no_local:
                 node.no_local -= 1
             if old is not None and old.subscriptions[0].options.reads is not None:
                 self._checked -= 1
-            node.subs[subscriber] = _single(sub)
+            subs[subscriber] = _single(sub)
             if options.no_local:
                 node.no_local += 1
         else:
-            share = node.groups.get(group)
+            groups = node.groups
+            if groups is None:
+                groups = node.groups = {}
+            share = groups.get(group)
             if share is None:
-                share = node.groups[group] = _ShareGroup(group)
+                share = groups[group] = _ShareGroup(group)
             is_new = subscriber not in share.members
             share.members[subscriber] = sub  # a replaced member keeps its place in the rotation
             share.rebuild()
@@ -420,30 +433,38 @@ class Router(Generic[S]):
                 self._cached_bytes -= _weight(topic_filter, entry)
 
     def _remove_from_trie(self, subscriber: S, topic_filter: str, group: str | None) -> None:
-        path: list[tuple[_Node[S], str]] = []
+        # The subscription is there (its subscriber's index says so): so is each dict on its way.
+        path: list[tuple[dict[str, _Node[S]], str]] = []
         node = self._root
         for level in topic_filter.split("/"):
-            path.append((node, level))
-            node = node.children[level]
+            children = node.children
+            assert children is not None
+            path.append((children, level))
+            node = children[level]
         if group is None:
+            assert node.subs is not None
             options = node.subs.pop(subscriber).subscriptions[0].options
             if options.no_local:
                 node.no_local -= 1
         else:
-            share = node.groups[group]
+            groups = node.groups
+            assert groups is not None
+            share = groups[group]
             options = share.members.pop(subscriber).options
             if share.members:
                 share.rebuild()
             else:
-                del node.groups[group]
+                del groups[group]
+                if not groups:
+                    node.groups = None
         if options.reads is not None:
             self._checked -= 1
         # Prune the branch bottom-up while nodes are empty.
-        for parent, level in reversed(path):
-            child = parent.children[level]
+        for children, level in reversed(path):
+            child = children[level]
             if child.subs or child.groups or child.children:
                 break
-            del parent.children[level]
+            del children[level]
 
     # --- matching ----------------------------------------------------------------------------------
 
@@ -475,20 +496,25 @@ class Router(Generic[S]):
         groups: list[_ShareGroup[S]] = []
         no_local: set[str] = set()
         for node in nodes:
-            if node.no_local:
+            if node.no_local and node.subs:
                 for d in node.subs.values():
                     if d.subscriptions[0].options.no_local:
                         no_local.add(d.subscriber.id)
             if node.groups:
                 groups.extend(node.groups.values())
         if len(nodes) == 1:
-            deliveries = list(nodes[0].subs.values())
+            subs = nodes[0].subs
+            if subs:
+                deliveries = list(subs.values())
         else:
             # One Delivery per subscriber: merge the subscribers that several matching filters share.
             per_subscriber: dict[S, Delivery[S] | list[Subscription[S]]] = {}
             merged = False
             for node in nodes:
-                for subscriber, d in node.subs.items():
+                subs = node.subs
+                if subs is None:
+                    continue
+                for subscriber, d in subs.items():
                     found = per_subscriber.setdefault(subscriber, d)
                     if found is d:
                         continue
@@ -553,7 +579,8 @@ class Router(Generic[S]):
         for node in frontier:
             found.append(node)
             # 'sport/#' also matches 'sport' itself.
-            wild = node.children.get("#")
+            children = node.children
+            wild = None if children is None else children.get("#")
             if wild is not None:
                 found.append(wild)
         return found
@@ -582,11 +609,11 @@ class Router(Generic[S]):
         """Members of ``$share/<group>/<topic_filter>`` in rotation order (empty if none)."""
         node = self._root
         for level in topic_filter.split("/"):
-            child = node.children.get(level)
+            child = None if node.children is None else node.children.get(level)
             if child is None:
                 return []
             node = child
-        share = node.groups.get(group)
+        share = None if node.groups is None else node.groups.get(group)
         return [] if share is None else list(share.members.values())
 
     def cache_len(self) -> int:

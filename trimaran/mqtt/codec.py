@@ -640,7 +640,8 @@ class Decoder:
         self._mv: memoryview | None = None
         self._failed: ProtocolError | None = None
         # The last PUBLISH's topic, as received and decoded: a publisher mostly repeats its topic.
-        self._topic_raw = bytearray()
+        # b"" (shared) until the first: an empty bytearray would be 56 bytes a connection.
+        self._topic_raw: bytes | bytearray = b""
         self._topic = ""
         # The other topics of runs that change topic, as received -> decoded (bounded; made on
         # first use: a connection that keeps to one topic holds none).

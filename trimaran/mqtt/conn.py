@@ -44,8 +44,6 @@ class FrontEnd(Protocol):
 
     def handle(self, conn: MqttConn[Any], event: object) -> Awaitable[None] | None: ...
 
-    def closed(self, conn: MqttConn[Any]) -> None: ...
-
 
 class MqttConn(Generic[E]):
     __slots__ = (
@@ -148,7 +146,6 @@ class MqttConn(Generic[E]):
 
     async def finish(self) -> None:
         front = self.front
-        front.closed(self)
         if front.queues is not None and self._queue_bindings is not None:
             await front.queues.detach(self)
 

@@ -215,9 +215,14 @@ class ServerConnection:
         "client_max_packet_size",
         "client_receive_maximum",
         "client_topic_alias_maximum",
+        "dropped_expired",
+        "dropped_queue_full",
+        "dropped_too_large",
         "dropped_why",
         "keep_alive",
         "limits",
+        "packets_received",
+        "packets_sent",
         "pending_out",
         "protocol_level",
         "report_plain_acks",
@@ -225,7 +230,6 @@ class ServerConnection:
         "session",
         "session_expiry_interval",
         "state",
-        "stats",
         "uses_topic_aliases",
     )
 
@@ -244,7 +248,9 @@ class ServerConnection:
         # Until the login is decided, a packet may be no larger than the unauthenticated limit.
         self._decoder = Decoder(min(self.limits.max_packet_size, self.limits.max_packet_size_unauthenticated))
         self._decoder.runs = self.limits.publish_runs
-        self._out: list[bytes] = []
+        # Bytes for the client until data_to_send(); None when there are none (an idle connection
+        # holds no list: 56 bytes, issue #47).
+        self._out: list[bytes] | None = None
         self.pending_out = 0  # bytes of PUBLISHes in _out: a subscriber's backlog not yet written
         self.dropped_why = ""  # why `publish` or `publish_encoded` last returned False (a DROP_ name)
         self.protocol_level = 0  # 3, 4 or 5 once a CONNECT was read (a field: deliveries ask)
@@ -263,12 +269,14 @@ class ServerConnection:
         # Known at CONNECT; a field, as every delivery asks.
         self.uses_topic_aliases = False
         self.request_problem_information = True
-        self._inbound_unacked: dict[int, int] = {}  # client packet id -> QoS, not yet acked by the handler
+        # Client packet id -> QoS, not yet acked by the handler; made by the first QoS 1/2 PUBLISH.
+        self._inbound_unacked: dict[int, int] | None = None
         self._held_resends: set[int] | None = None  # see settle_resend
         self._in_aliases: dict[int, str] | None = None
         self._out_aliases: dict[str, int] | None = None
         self._out_alias_next = 1
-        self._pending_subscribes: dict[int, Subscribe] | None = None  # made by the first SUBSCRIBE
+        # SUBSCRIBEs the hull has not answered: made by one, dropped when all are answered.
+        self._pending_subscribes: dict[int, Subscribe] | None = None
         self._ready: Events = []  # what next_event() hands out, in order, from _ready_at
         self._ready_at = 0
         self._valid_topic: str | None = None  # the last topic name checked: publishers repeat theirs
@@ -279,7 +287,13 @@ class ServerConnection:
         # MessageAcked for every finished delivery; False: only for tagged ones (a hull that has
         # nothing to do when a plain pub/sub delivery is acknowledged saves an event per message).
         self.report_plain_acks = True
-        self.stats = ConnectionStats()
+        # ConnectionStats' counters, as fields: counted per packet, and an object of their own would be
+        # 72 bytes of every connection (issue #47).
+        self.dropped_too_large = 0
+        self.dropped_queue_full = 0
+        self.dropped_expired = 0
+        self.packets_received = 0
+        self.packets_sent = 0
 
     # ------------------------------------------------------------------------------------- public
 
@@ -292,14 +306,26 @@ class ServerConnection:
     def closed(self) -> bool:
         return self.state == State.CLOSED
 
+    @property
+    def stats(self) -> ConnectionStats:
+        """The counters, as they stand."""
+        return ConnectionStats(
+            self.dropped_too_large,
+            self.dropped_queue_full,
+            self.dropped_expired,
+            self.packets_received,
+            self.packets_sent,
+        )
+
     peer_close_s = 0.0  # the server ends the connection (after a DISCONNECT too, as Mosquitto)
 
     def data_to_send(self) -> bytes:
         """All bytes queued for the client since the last call (b"" if none)."""
-        if not self._out:
+        out = self._out
+        if out is None:
             return b""
-        data = b"".join(self._out)
-        self._out = []
+        data = b"".join(out)
+        self._out = None
         self.pending_out = 0
         return data
 
@@ -350,7 +376,7 @@ class ServerConnection:
                     break
                 if packet is NEED_DATA:
                     break
-                self.stats.packets_received += 1
+                self.packets_received += 1
                 try:
                     if type(packet) is Publish:  # most packets: one dispatch shorter
                         self._on_publish(packet, ready)  # the decoder refuses one before CONNECT
@@ -441,7 +467,7 @@ class ServerConnection:
         if session is None or connect.clean_start:
             session_present = False
         if session is not None:
-            for message in session.queue.items:
+            for message in session.queue.items or ():
                 message.wire = None  # cut for the connection that queued it (publish_qos1_run)
         else:
             session = Session(
@@ -505,11 +531,14 @@ class ServerConnection:
             and self.client_max_packet_size < MAX_PACKET_SIZE  # _fits's shortcut, without the call
             and not self._fits(message)
         ):
-            self.stats.dropped_too_large += 1
+            self.dropped_too_large += 1
             self.dropped_why = DROP_TOO_LARGE
             return False
         session = self.session
-        if self.state == State.CONNECTED and len(session.inflight) < self.client_receive_maximum:
+        inflight = session.inflight
+        if self.state == State.CONNECTED and (
+            inflight is None or len(inflight) < self.client_receive_maximum
+        ):
             if not session.queue.items:
                 # Room in the window and nothing waiting before it: straight to inflight
                 # (_send_inflight written out for a new entry).
@@ -532,7 +561,7 @@ class ServerConnection:
             session.queue.append(message)  # unbounded here: the hull holds the publishers
             return True
         if not session.enqueue(message):
-            self.stats.dropped_queue_full += 1
+            self.dropped_queue_full += 1
             self.dropped_why = DROP_OFFLINE_QUEUE_FULL
             return False
         return True
@@ -547,12 +576,16 @@ class ServerConnection:
             return False
         size = len(data)
         if size > self.client_max_packet_size:
-            self.stats.dropped_too_large += 1
+            self.dropped_too_large += 1
             self.dropped_why = DROP_TOO_LARGE
             return False
-        self._out.append(data)
+        out = self._out
+        if out is None:
+            self._out = [data]
+        else:
+            out.append(data)
         self.pending_out += size
-        self.stats.packets_sent += 1
+        self.packets_sent += 1
         return True
 
     def publish_run(self, data: bytes, count: int, largest: int) -> bool:
@@ -562,9 +595,13 @@ class ServerConnection:
         Maximum Packet Size: the caller then sends them one by one."""
         if self.state != State.CONNECTED or largest > self.client_max_packet_size:
             return False
-        self._out.append(data)
+        out = self._out
+        if out is None:
+            self._out = [data]
+        else:
+            out.append(data)
         self.pending_out += len(data)
-        self.stats.packets_sent += count
+        self.packets_sent += count
         return True
 
     def publish_qos1_run(self, run: PublishRun) -> bool:
@@ -584,8 +621,12 @@ class ServerConnection:
             return False
         packets = run_packets(run)
         inflight = session.inflight
+        if inflight is None:
+            inflight = session.inflight = {}
         queue = session.queue
         items = queue.items
+        if items is None:
+            items = queue.items = []
         room = 0 if items else self.client_receive_maximum - len(inflight)
         back = 3 if self.protocol_level == MQTT_5 else 2  # the packet id's place, before the payload
         parts: list[bytes] = []
@@ -622,9 +663,13 @@ class ServerConnection:
                 queue.bytes += len(payload) + len(topic)
         if sent:
             data = b"".join(parts)
-            self._out.append(data)
+            out = self._out
+            if out is None:
+                self._out = [data]
+            else:
+                out.append(data)
             self.pending_out += len(data)
-            self.stats.packets_sent += sent
+            self.packets_sent += sent
         if items and len(inflight) < self.client_receive_maximum:
             self._pump(self._ready)  # room, but the queue was not empty: its head goes first
         return True
@@ -642,13 +687,19 @@ class ServerConnection:
         order, once the hull has routed them."""
         if self.state != State.CONNECTED:
             return  # too late to answer; a QoS 1 message keeps nothing here
-        self._out.append(run_acks(run))
-        self.stats.packets_sent += run.count
+        data = run_acks(run)
+        out = self._out
+        if out is None:
+            self._out = [data]
+        else:
+            out.append(data)
+        self.packets_sent += run.count
 
     def ack_publish(self, packet_id: int, reason_code: int = 0, properties: Properties | None = None) -> None:
         """Acknowledge a QoS 1/2 PUBLISH event: PUBACK (QoS 1) or PUBREC (QoS 2). Call it once the
         message is safe (committed); a reason code >= 0x80 refuses it (5.0)."""
-        qos = self._inbound_unacked.pop(packet_id, None)
+        unacked = self._inbound_unacked
+        qos = None if unacked is None else unacked.pop(packet_id, None)
         if qos is None or self.session is None:
             return
         if qos == 2:
@@ -657,17 +708,27 @@ class ServerConnection:
             # Too late to answer, but the message is ours now: when the client resends it on its next
             # connection it must be recognised as a duplicate (and answered with PUBREC).
             if qos == 2 and reason_code < 0x80:
+                if self.session.inbound_qos2 is None:
+                    self.session.inbound_qos2 = {}
                 self.session.inbound_qos2[packet_id] = None
             return
         if reason_code == 0 and properties is None:
             # Hot path: a plain success ack is always 4 bytes, the same at every level.
-            self._out.append(bytes((0x40 if qos == 1 else 0x50, 2, packet_id >> 8, packet_id & 0xFF)))
-            self.stats.packets_sent += 1
+            data = bytes((0x40 if qos == 1 else 0x50, 2, packet_id >> 8, packet_id & 0xFF))
+            out = self._out
+            if out is None:
+                self._out = [data]
+            else:
+                out.append(data)
+            self.packets_sent += 1
         elif qos == 1:
             self._send(PubAck(packet_id, reason_code, properties or Properties()))
         else:
             self._send(PubRec(packet_id, reason_code, properties or Properties()))
         if qos == 2 and (reason_code < 0x80 or self.protocol_level < MQTT_5):
+            # PUBREC sent: a resend is recognised until the PUBREL (made by the session's first).
+            if self.session.inbound_qos2 is None:
+                self.session.inbound_qos2 = {}
             self.session.inbound_qos2[packet_id] = None
 
     def settle_resend(
@@ -681,6 +742,7 @@ class ServerConnection:
         if held is None or packet_id not in held:
             return False
         if reason_code >= 0x80 and self.protocol_level < MQTT_5:
+            assert self._inbound_unacked is not None  # held: it came in as unacknowledged
             del self._inbound_unacked[packet_id]
             self._settled_qos2(packet_id)
         else:
@@ -695,6 +757,8 @@ class ServerConnection:
         in the session."""
         pending = self._pending_subscribes
         request = None if pending is None else pending.pop(packet_id, None)
+        if pending is not None and not pending:
+            self._pending_subscribes = None  # answered: an emptied dict keeps its table (~220 bytes)
         if request is None or self.state != State.CONNECTED or self.session is None:
             return
         if len(reason_codes) != len(request.subscriptions):
@@ -874,7 +938,7 @@ class ServerConnection:
         packet ids is unacknowledged or a resend of one, and each finds the same room under Receive
         Maximum as the first. Where that is not so (PUBLISHes still unacknowledged, no room, QoS 1
         not allowed), its PUBLISHes are walked, one event each."""
-        self.stats.packets_received += run.count - 1
+        self.packets_received += run.count - 1
         if run.topics is not None:
             for topic in dict.fromkeys(run.topics):  # each once, in order
                 if topic != self._valid_topic:
@@ -887,7 +951,7 @@ class ServerConnection:
                 self.protocol_level == MQTT_5
                 and (
                     self.limits.maximum_qos < 1
-                    or len(self.session.inbound_qos2) >= self.limits.receive_maximum  # type: ignore[union-attr]
+                    or len(self.session.inbound_qos2 or ()) >= self.limits.receive_maximum  # type: ignore[union-attr]
                 )
             )
         ):
@@ -966,8 +1030,11 @@ class ServerConnection:
         assert publish.packet_id is not None and self.session is not None
         pid = publish.packet_id
         unacked = self._inbound_unacked
+        if unacked is None:
+            unacked = self._inbound_unacked = {}
+        received = self.session.inbound_qos2
         if qos == 2:
-            if pid in self.session.inbound_qos2:
+            if received is not None and pid in received:
                 # Resent before our PUBREC arrived: answer again, do not deliver twice.
                 self._send(PubRec(pid))
                 return
@@ -986,7 +1053,10 @@ class ServerConnection:
         elif pid in unacked:
             events.append(publish)  # QoS 1 resend: at least once
             return
-        if level == MQTT_5 and len(unacked) + len(self.session.inbound_qos2) >= limits.receive_maximum:
+        if (
+            level == MQTT_5
+            and len(unacked) + (0 if received is None else len(received)) >= limits.receive_maximum
+        ):
             raise _Fail(
                 ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
                 "more unacknowledged QoS 1/2 PUBLISH than Receive Maximum",
@@ -1011,8 +1081,9 @@ class ServerConnection:
     def _on_pubrel(self, packet: PubRel) -> None:
         assert self.session is not None
         pid = packet.packet_id
-        if pid in self.session.inbound_qos2:
-            del self.session.inbound_qos2[pid]
+        received = self.session.inbound_qos2
+        if received is not None and pid in received:
+            del received[pid]  # kept when empty: a QoS 2 publisher sends the next soon
             self._send(PubComp(pid))
         else:
             self._send(PubComp(pid, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
@@ -1038,6 +1109,7 @@ class ServerConnection:
         report = self.report_plain_acks
         finished: list[OutboundMessage] | None = None
         inflight = session.inflight
+        assert inflight is not None  # next_event reads plain PUBACKs only while some are inflight
         for packet_id in packet_ids:
             entry = inflight.get(packet_id)  # session.on_puback() written out: once per delivery
             if entry is None or entry.state != AWAITING_PUBACK:
@@ -1048,7 +1120,7 @@ class ServerConnection:
                     finished = []
                     events.append(MessagesAcked(finished))
                 finished.append(entry.message)
-        self.stats.packets_received += len(packet_ids)
+        self.packets_received += len(packet_ids)
         if session.queue.items:
             self._pump(events)
 
@@ -1061,7 +1133,7 @@ class ServerConnection:
         entry = self.session.on_pubrec(packet.packet_id, packet.reason_code)
         if entry is None:
             self._send(PubRel(packet.packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
-        elif entry.state == AWAITING_PUBCOMP and packet.packet_id in self.session.inflight:
+        elif entry.state == AWAITING_PUBCOMP and packet.packet_id in (self.session.inflight or ()):
             self._send(PubRel(entry.packet_id))
         else:  # refused with an error code: the flow ends here
             self._acked(entry, packet.reason_code, events)
@@ -1167,9 +1239,8 @@ class ServerConnection:
         if self.state in (State.AWAIT_CONNECT, State.CONNECTING):
             if reason_code == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
                 # The CONNECT could not even be read: answer in 3.1.1 form, which every client reads.
-                self._out.append(
-                    encode(ConnAck(False, rc.ConnAckReturnCode.UNACCEPTABLE_PROTOCOL_VERSION), 4)
-                )
+                refusal = encode(ConnAck(False, rc.ConnAckReturnCode.UNACCEPTABLE_PROTOCOL_VERSION), 4)
+                self._out = [*(self._out or ()), refusal]
             self._close(events, reason_code, message, False)
             return
         self._close(events, reason_code, message, True)
@@ -1219,10 +1290,14 @@ class ServerConnection:
                 packet.properties = slim  # type: ignore[union-attr]
                 data = encode(packet, level)
         if len(data) > self.client_max_packet_size:
-            self.stats.dropped_too_large += 1
+            self.dropped_too_large += 1
             return False
-        self._out.append(data)
-        self.stats.packets_sent += 1
+        out = self._out
+        if out is None:
+            self._out = [data]
+        else:
+            out.append(data)
+        self.packets_sent += 1
         return True
 
     def _fits(self, message: OutboundMessage) -> bool:
@@ -1257,7 +1332,7 @@ class ServerConnection:
             if message.expires_at is not None:
                 remaining = message.expires_at - self._clock()
                 if remaining <= 0 and not dup:  # a resend is already on its way: finish it
-                    self.stats.dropped_expired += 1
+                    self.dropped_expired += 1
                     return DROP_EXPIRED
                 if remaining > 0 and level == MQTT_5:
                     props = props.copy()
@@ -1284,13 +1359,17 @@ class ServerConnection:
                 data = encode(publish, level)
         size = len(data)
         if size > self.client_max_packet_size:
-            self.stats.dropped_too_large += 1
+            self.dropped_too_large += 1
             return DROP_TOO_LARGE
         if alias and new_alias:
             self._commit_alias(message.topic, alias)
-        self._out.append(data)
+        out = self._out
+        if out is None:
+            self._out = [data]
+        else:
+            out.append(data)
         self.pending_out += size
-        self.stats.packets_sent += 1
+        self.packets_sent += 1
         return None
 
     def _commit_alias(self, topic: str, alias: int) -> None:
@@ -1323,7 +1402,10 @@ class ServerConnection:
         session = self.session
         if session is None or self.state != State.CONNECTED:
             return
-        for message in session.queue.take(self.client_receive_maximum - len(session.inflight)):
+        inflight = session.inflight
+        for message in session.queue.take(
+            self.client_receive_maximum - (0 if inflight is None else len(inflight))
+        ):
             # _send_inflight() written out for a new entry: never sent, never awaiting PUBCOMP
             entry = session.start_inflight(message)
             reason = self._send_publish(message, message.qos, entry.packet_id, False)

@@ -13,7 +13,6 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
-from functools import partial
 from typing import Any, Final
 
 import anyio
@@ -104,6 +103,10 @@ WRITE_MARK: Final = 64 * 1024
 # Past this (bytes WRITE_MARK could not write: a connection closing), its publishers are held, and a
 # run is delivered a message at a time (where the outbox's bound is checked).
 PUSH_BACK_BYTES: Final = 256 * 1024
+
+
+# The owner of every anonymous client's session (Session.owner): one tuple, not one per session.
+ANONYMOUS: Final = (None,)
 
 
 def server_limits(settings: Settings) -> ServerLimits:
@@ -306,7 +309,6 @@ class MqttFrontEnd:
         self.backpressure_bytes = settings.limits.backpressure_bytes
         self.fan_out = FanOutEncoder()
         self.endpoints: dict[str, MqttEndpoint] = {}
-        self.conns: set[MqttConn[MqttEndpoint]] = set()
         self._wills: dict[str, tuple[float, Message]] = {}  # client id -> (due, will) for delayed wills
         self._dirty: set[str] = set()
         self._deleted: set[str] = set()
@@ -433,13 +435,7 @@ class MqttFrontEnd:
         machine around the MQTT machine (WebSocket)."""
         mqtt = ServerConnection(self.limits, now=time.monotonic())
         mqtt.report_plain_acks = False  # only queue and $share deliveries (tagged) need settling
-        conn: MqttConn[MqttEndpoint] = MqttConn(self, mqtt, io, None if wrap is None else wrap(mqtt))
-        self.conns.add(conn)
-        return conn
-
-    def closed(self, conn: MqttConn[MqttEndpoint]) -> None:
-        """The runtime is done with ``conn``: the machine has closed and its socket is gone."""
-        self.conns.discard(conn)
+        return MqttConn(self, mqtt, io, None if wrap is None else wrap(mqtt))
 
     # -- events -----------------------------------------------------------------------------------
 
@@ -627,12 +623,12 @@ class MqttFrontEnd:
             endpoint = self.endpoints[client_id] = MqttEndpoint(self, session, connect.protocol_level)
             self._client_event(SESSION_CREATED, conn, client_id, connect.username)
         endpoint.protocol_level = connect.protocol_level
-        endpoint.session.owner = (login.user,)
+        endpoint.session.owner = ANONYMOUS if login.user is None else (login.user,)
         endpoint.conn = conn
         endpoint.expires_at = None
         conn.endpoint = endpoint
         conn.client = self.broker.presence.arrived(
-            ClientInfo(client_id, PROTOCOL_MQTT, conn.peer, login.user, partial(self._kick, conn), vhost),
+            ClientInfo(client_id, PROTOCOL_MQTT, conn.peer, login.user, _kick, conn, vhost),
             protocol_version=connect.protocol_level,
             session_present=present,
         )
@@ -674,13 +670,6 @@ class MqttFrontEnd:
         if events.wants(event_type) and conn.client is not None:
             events.client_info(event_type, conn.client, topic_filter=topic_filter, **extra)
 
-    def _kick(self, conn: MqttConn[MqttEndpoint]) -> None:
-        """An operator closes the connection (admin API): DISCONNECT 0x98 where the protocol has it."""
-        log.info(
-            "mqtt: client %r disconnected by an administrator", conn.endpoint and conn.endpoint.client_id
-        )
-        conn.close(ReasonCode.ADMINISTRATIVE_ACTION, "disconnected by an administrator")
-
     # -- the session directory (trimaran.broker.sessions.SessionDirectory) ---------------------------
 
     def session_count(self) -> int:
@@ -701,7 +690,7 @@ class MqttFrontEnd:
             return False
         endpoint.session.expiry_interval = 0
         if endpoint.conn is not None:
-            self._kick(endpoint.conn)  # closing drops the session: its expiry is now 0
+            _kick(endpoint.conn)  # closing drops the session: its expiry is now 0
         if self.endpoints.get(client_id) is endpoint:
             self._drop_session(endpoint)
         log.info("mqtt: %s deleted by an administrator", describe(client_id, "session"))
@@ -770,7 +759,7 @@ class MqttFrontEnd:
     def _hand_over_shared(self, session: Session) -> None:
         """A share member's session ended: its unacknowledged shared messages go to another member."""
         unfinished: list[OutboundMessage] = [
-            entry.message for entry in session.inflight.values() if entry.state != AWAITING_PUBCOMP
+            entry.message for entry in session.inflight_entries() if entry.state != AWAITING_PUBCOMP
         ]
         unfinished.extend(session.queue)
         for out in unfinished:
@@ -1181,14 +1170,22 @@ class MqttFrontEnd:
                     self.queues.grant_initial_credit(conn, bound)
 
 
+def _kick(conn: MqttConn[MqttEndpoint]) -> None:
+    """An operator closes the connection (admin API): DISCONNECT 0x98 where the protocol has it."""
+    log.info("mqtt: client %r disconnected by an administrator", conn.endpoint and conn.endpoint.client_id)
+    conn.close(ReasonCode.ADMINISTRATIVE_ACTION, "disconnected by an administrator")
+
+
 def _forget_queue_deliveries(session: Session) -> None:
     """Queue deliveries of an earlier connection were handed back to their queue when it closed;
     the queue redelivers them, so the session must not resend them."""
-    if not session.inflight and not session.queue:
+    inflight = session.inflight
+    if not inflight and not session.queue:
         return  # a new or drained session, most of them
-    for packet_id, entry in list(session.inflight.items()):
-        if _is_queue_tag(entry.message.tag):
-            del session.inflight[packet_id]
+    if inflight:
+        for packet_id, entry in list(inflight.items()):
+            if _is_queue_tag(entry.message.tag):
+                del inflight[packet_id]
     kept = [m for m in session.queue if not _is_queue_tag(m.tag)]
     if len(kept) != len(session.queue):
         session.queue.clear()
@@ -1256,7 +1253,7 @@ def _session_info(endpoint: MqttEndpoint, with_subscriptions: bool) -> SessionIn
         expiry_interval_s=session.expiry_interval,
         expires_in_s=expires_in,
         subscription_count=len(session.subscriptions),
-        inflight=len(session.inflight),
+        inflight=len(session.inflight or ()),
         queued=len(session.queue),
         dropped=session.dropped,
         subscriptions=subscriptions,

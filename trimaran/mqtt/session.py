@@ -26,8 +26,9 @@ from __future__ import annotations
 import base64
 import itertools
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Final
 
 from trimaran.mqtt.codec import decode_properties, encode_properties
@@ -50,6 +51,10 @@ AWAITING_PUBREC: Final = "awaiting_pubrec"  # QoS 2 PUBLISH sent
 AWAITING_PUBCOMP: Final = "awaiting_pubcomp"  # QoS 2 PUBREC received, PUBREL sent
 
 Tag = str | int | None
+
+# An idle session's subscriptions: one empty, read-only mapping shared by every session until its
+# first subscription gives it a dict of its own (an empty dict is 64 bytes a session; issue #47).
+NO_SUBSCRIPTIONS: Final[Mapping[str, Subscription]] = MappingProxyType({})
 
 
 @dataclass(slots=True, init=False)
@@ -112,16 +117,18 @@ class Backlog:
     """A session's queue of messages waiting for the inflight window: first in, first out.
 
     A list read from a head index, compacted as it is consumed: an idle session's empty backlog is a
-    small object, where a deque would be 600 bytes per session."""
+    small object and no list, where a deque would be 600 bytes per session."""
 
     __slots__ = ("_head", "bytes", "first_seq", "items")
 
     def __init__(self, items: Iterable[OutboundMessage] = (), first_seq: int = 0) -> None:
-        # The messages, read from _head on; a list consumed to its end is cleared, so it is empty
-        # exactly when the backlog is (a connection's per-delivery look, without __len__).
-        self.items: list[OutboundMessage] = list(items)
+        # The messages, read from _head on; None until the first (an idle session's backlog holds
+        # no list: 56 bytes). A list consumed to its end is cleared and kept (a backlog that fills
+        # and drains would make one a message), so it is falsy exactly when the backlog is empty (a
+        # connection's per-delivery look, without __len__).
+        self.items: list[OutboundMessage] | None = list(items) or None
         self._head = 0
-        self.bytes = sum(map(weight, self.items))  # payloads and topics queued
+        self.bytes = sum(map(weight, self.items or ()))  # payloads and topics queued
         # Each message has a sequence number: first_seq for the head, then one more each. Storage
         # writes a message once, by its number, and deletes the numbers below first_seq.
         self.first_seq = first_seq
@@ -129,16 +136,20 @@ class Backlog:
     @property
     def next_seq(self) -> int:
         """The number the next appended message gets."""
-        return self.first_seq + len(self.items) - self._head
+        items = self.items
+        return self.first_seq + (0 if items is None else len(items) - self._head)
 
     def since(self, seq: int) -> list[tuple[int, OutboundMessage]]:
         """The messages numbered ``seq`` and after, with their numbers."""
         start = max(seq, self.first_seq)
         skip = self._head + start - self.first_seq
-        return list(enumerate(itertools.islice(self.items, skip, None), start))
+        return list(enumerate(itertools.islice(self.items or (), skip, None), start))
 
     def append(self, message: OutboundMessage) -> None:
-        self.items.append(message)
+        if self.items is None:
+            self.items = [message]
+        else:
+            self.items.append(message)
         self.bytes += len(message.payload) + len(message.topic)  # weight()
 
     def extend(self, messages: Iterable[OutboundMessage]) -> None:
@@ -147,9 +158,9 @@ class Backlog:
 
     def popleft(self) -> OutboundMessage:
         items, head = self.items, self._head
-        size = len(items)
-        if head >= size:
+        if not items:
             raise IndexError("pop from an empty backlog")
+        size = len(items)
         message = items[head]
         head += 1
         self.first_seq += 1
@@ -166,15 +177,16 @@ class Backlog:
     def over(self, messages: int, size: int) -> bool:
         """More than ``messages`` queued, or more than ``size`` bytes (payloads and topics): past a
         flow-control mark (the handler's high one, the hull's low one)."""
-        return len(self.items) - self._head > messages or self.bytes > size
+        items = self.items
+        return (items is not None and len(items) - self._head > messages) or self.bytes > size
 
     def take(self, count: int) -> list[OutboundMessage]:
         """The first ``count`` messages (at most as many as there are), removed: `popleft` for each,
         in one call (a window that opens takes several)."""
         items, head = self.items, self._head
-        size = len(items)
-        if count <= 0 or head == size:
+        if count <= 0 or not items:
             return []
+        size = len(items)
         stop = min(head + count, size)
         taken = items[head:stop]
         for message in taken:
@@ -192,15 +204,17 @@ class Backlog:
 
     def clear(self) -> None:
         self.first_seq = self.next_seq  # the numbers are never reused: the cleared rows go
-        self.items.clear()
+        if self.items is not None:
+            self.items.clear()
         self._head = 0
         self.bytes = 0
 
     def __len__(self) -> int:
-        return len(self.items) - self._head
+        items = self.items
+        return 0 if items is None else len(items) - self._head
 
     def __iter__(self) -> Iterator[OutboundMessage]:
-        return itertools.islice(self.items, self._head, None)
+        return itertools.islice(self.items or (), self._head, None)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Backlog) and list(self) == list(other)
@@ -268,13 +282,17 @@ class Session:
         self.expiry_interval = expiry_interval  # seconds; 0xFFFFFFFF means never
         self.max_queued = max_queued
         self.max_queued_bytes = max_queued_bytes  # payloads and topics; 0 = no bound
-        self.subscriptions: dict[str, Subscription] = {}
-        self.inflight: dict[int, InflightEntry] = {}  # in send order
+        # Written only here (add_subscription, remove_subscription, from_dict); NO_SUBSCRIPTIONS
+        # while there are none.
+        self.subscriptions: Mapping[str, Subscription] = NO_SUBSCRIPTIONS
+        # In send order; made by the first QoS 1/2 delivery (an idle session holds none) and kept
+        # when drained, or a subscriber would make one a message.
+        self.inflight: dict[int, InflightEntry] | None = None
         self.queue: Backlog = Backlog()
-        # Packet ids as dict keys: an empty dict is a quarter of an empty set, and most sessions
-        # never see QoS 2.
-        self.inbound_qos2: dict[int, None] = {}
-        self.inbound_pending: dict[int, None] | None = None  # made by the first QoS 2 PUBLISH
+        # Packet ids as dict keys: an empty dict is a quarter of an empty set. Most sessions never
+        # see QoS 2: both are made by the first QoS 2 PUBLISH.
+        self.inbound_qos2: dict[int, None] | None = None
+        self.inbound_pending: dict[int, None] | None = None
         self.dropped = 0  # messages refused because the queue was full
         self.next_packet_id = 1  # the id the next delivery tries first (a connection's run too)
         # (user,) whose session this is (None inside: anonymous); None: not known (a session saved
@@ -289,11 +307,13 @@ class Session:
 
     def allocate_packet_id(self) -> int:
         """A packet identifier not used by any outbound inflight message."""
-        if len(self.inflight) >= 0xFFFF:
-            raise RuntimeError("all 65535 packet identifiers are in use")
+        inflight = self.inflight
         pid = self.next_packet_id
-        while pid in self.inflight:
-            pid = pid % 0xFFFF + 1
+        if inflight is not None:
+            if len(inflight) >= 0xFFFF:
+                raise RuntimeError("all 65535 packet identifiers are in use")
+            while pid in inflight:
+                pid = pid % 0xFFFF + 1
         self.next_packet_id = pid % 0xFFFF + 1
         return pid
 
@@ -306,18 +326,21 @@ class Session:
         queue = self.queue
         items = queue.items
         size = len(message.payload) + len(message.topic)  # weight()
-        if len(items) - queue._head >= self.max_queued or (
+        if (items is not None and len(items) - queue._head >= self.max_queued) or (
             self.max_queued_bytes and queue.bytes + size > self.max_queued_bytes
         ):
             self.dropped += 1
             return False
-        items.append(message)
+        if items is None:
+            queue.items = [message]
+        else:
+            items.append(message)
         queue.bytes += size
         return True
 
     def next_to_send(self, window: int) -> InflightEntry | None:
         """Move the head of the queue into the inflight window if there is room."""
-        if not self.queue or len(self.inflight) >= window:
+        if not self.queue or (self.inflight is not None and len(self.inflight) >= window):
             return None
         return self.start_inflight(self.queue.popleft())
 
@@ -325,7 +348,9 @@ class Session:
         """Give a QoS 1/2 message a packet id in the inflight window (the caller checked for room
         and for an empty queue, which goes first)."""
         inflight = self.inflight
-        if len(inflight) >= 0xFFFF:
+        if inflight is None:
+            inflight = self.inflight = {}
+        elif len(inflight) >= 0xFFFF:
             raise RuntimeError("all 65535 packet identifiers are in use")
         pid = self.next_packet_id  # allocate_packet_id() written out: once per delivery
         while pid in inflight:
@@ -337,48 +362,65 @@ class Session:
 
     def on_puback(self, packet_id: int) -> InflightEntry | None:
         """PUBACK received: the finished entry, or None if the id is not awaiting a PUBACK."""
-        entry = self.inflight.get(packet_id)
+        inflight = self.inflight
+        if inflight is None:
+            return None
+        entry = inflight.get(packet_id)
         if entry is None or entry.state != AWAITING_PUBACK:
             return None
-        del self.inflight[packet_id]
+        del inflight[packet_id]
         return entry
 
     def on_pubrec(self, packet_id: int, reason_code: int = 0) -> InflightEntry | None:
         """PUBREC received. The entry moves to AWAITING_PUBCOMP (send PUBREL), or is removed when the
         reason code is an error (>= 0x80; the flow ends there). None if the id is unknown or QoS 1."""
-        entry = self.inflight.get(packet_id)
+        inflight = self.inflight
+        if inflight is None:
+            return None
+        entry = inflight.get(packet_id)
         if entry is None or entry.state == AWAITING_PUBACK:
             return None
         if reason_code >= 0x80:
-            del self.inflight[packet_id]
+            del inflight[packet_id]
         else:
             entry.state = AWAITING_PUBCOMP
         return entry
 
     def on_pubcomp(self, packet_id: int) -> InflightEntry | None:
-        entry = self.inflight.get(packet_id)
+        inflight = self.inflight
+        if inflight is None:
+            return None
+        entry = inflight.get(packet_id)
         if entry is None or entry.state != AWAITING_PUBCOMP:
             return None
-        del self.inflight[packet_id]
+        del inflight[packet_id]
         return entry
 
     def drop_inflight(self, packet_id: int) -> InflightEntry | None:
-        return self.inflight.pop(packet_id, None)
+        return None if self.inflight is None else self.inflight.pop(packet_id, None)
 
     def inflight_entries(self) -> list[InflightEntry]:
         """Everything to resend on reconnect, oldest first."""
-        return list(self.inflight.values())
+        return [] if self.inflight is None else list(self.inflight.values())
 
     # ------------------------------------------------------------------------------- subscriptions
 
     def add_subscription(self, subscription: Subscription) -> bool:
         """Add or replace; True if the filter was new."""
-        new = subscription.topic_filter not in self.subscriptions
-        self.subscriptions[subscription.topic_filter] = subscription
+        subscriptions = self.subscriptions
+        if not isinstance(subscriptions, dict):  # NO_SUBSCRIPTIONS: the session's first
+            subscriptions = self.subscriptions = {}
+        new = subscription.topic_filter not in subscriptions
+        subscriptions[subscription.topic_filter] = subscription
         return new
 
     def remove_subscription(self, topic_filter: str) -> bool:
-        return self.subscriptions.pop(topic_filter, None) is not None
+        subscriptions = self.subscriptions
+        if not isinstance(subscriptions, dict) or subscriptions.pop(topic_filter, None) is None:
+            return False
+        if not subscriptions:
+            self.subscriptions = NO_SUBSCRIPTIONS  # its last: the dict goes
+        return True
 
     # ------------------------------------------------------------------------------- serialization
 
@@ -412,11 +454,11 @@ class Session:
                     "sent": e.sent,
                     "message": _message_to_dict(e.message),
                 }
-                for e in self.inflight.values()
+                for e in self.inflight_entries()
             ],
             "queue": [_message_to_dict(m) for m in self.queue] if with_queue else [],
             "queue_first_seq": self.queue.first_seq,
-            "inbound_qos2": sorted(self.inbound_qos2),
+            "inbound_qos2": sorted(self.inbound_qos2 or ()),
         }
 
     @classmethod
@@ -437,16 +479,18 @@ class Session:
             options = SubscriptionOptions(
                 s["qos"], s["no_local"], s["retain_as_published"], s["retain_handling"]
             )
-            session.subscriptions[s["topic_filter"]] = Subscription(
-                s["topic_filter"], options, s["subscription_identifier"]
-            )
-        for e in data["inflight"]:
-            session.inflight[e["packet_id"]] = InflightEntry(
-                e["packet_id"], _message_from_dict(e["message"]), e["state"], e["sent"]
-            )
+            session.add_subscription(Subscription(s["topic_filter"], options, s["subscription_identifier"]))
+        if data["inflight"]:
+            session.inflight = {
+                e["packet_id"]: InflightEntry(
+                    e["packet_id"], _message_from_dict(e["message"]), e["state"], e["sent"]
+                )
+                for e in data["inflight"]
+            }
         session.queue.first_seq = data.get("queue_first_seq", 0)
         session.queue.extend(_message_from_dict(m) for m in data["queue"])
-        session.inbound_qos2.update(dict.fromkeys(data["inbound_qos2"]))
+        if data["inbound_qos2"]:
+            session.inbound_qos2 = dict.fromkeys(data["inbound_qos2"])
         return session
 
     def to_json(self, *, with_queue: bool = True) -> bytes:

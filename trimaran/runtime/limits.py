@@ -14,7 +14,7 @@ class RuntimeLimits:
     accept_rate_per_address: float = 0.0  # new connections per second and source address; 0: no limit
     accept_burst_per_address: int = 50
     handshake_timeout_s: float = 10.0  # until the protocol picks its own deadline
-    tcp_nodelay: bool = True
+    tcp_nodelay: bool = True  # what the event loops set on every TCP transport (Conn._admit)
     memory_high_watermark: int = 0  # bytes waiting for slow readers; 0: off
     memory_low_watermark: int = 0
     hold_publishers_s: float = 1.0  # longest a QoS 0 reader whose socket is full holds its publishers
