@@ -19,8 +19,12 @@ from proton.utils import (  # noqa: E402
     SyncRequestResponse,
 )
 
+from tests.interop.conftest import BOTH_STORAGES  # noqa: E402
 from tests.support.amqp1 import body_bytes, body_str, close_link  # noqa: E402
 from tests.support.names import unique  # noqa: E402
+
+# A shared node's queue is in the database: a drain waits for a claim made for its credit (issue 46).
+pytestmark = BOTH_STORAGES
 
 if TYPE_CHECKING:
     from proton._utils import Fetcher  # not re-exported by proton.utils

@@ -164,6 +164,11 @@ class QueueOut(OutLink):
             return
         handle.set_credit(self.link.credit)  # delivers synchronously what the credit allows
         if drain and self.link.is_open and self.link.credit > 0:
+            handle.when_claimed(self._drained)  # a shared queue's messages: a claim away
+
+    def _drained(self) -> None:
+        handle = self.handle
+        if handle is not None and not handle.closed and self.link.is_open and self.link.credit > 0:
             self.machine.complete_drain(self.link)
             handle.set_credit(0)
             self.io.wake()

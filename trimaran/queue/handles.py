@@ -62,6 +62,8 @@ class Consuming(Protocol):
 
     async def _cancel(self, handle: ConsumerHandle) -> None: ...
 
+    def after_claim(self, handle: ConsumerHandle, done: Callable[[], None]) -> bool: ...
+
 
 class ConsumerHandle:
     """What ``consume`` returns: credit, settlement and cancel for one consumer."""
@@ -110,6 +112,13 @@ class ConsumerHandle:
     async def settle(self, offset: int, outcome: Outcome) -> bool:
         """Settle a delivery this handle holds and wait until the change is committed."""
         return await self.manager._settle(self.queue, self.group, offset, outcome, holder=self)
+
+    def when_claimed(self, done: Callable[[], None]) -> None:
+        """Run ``done`` once what the credit asks for is handed out: on a shared node's work queue,
+        once a claim made for the credit has landed (what the queue holds is in the database: an
+        AMQP 1.0 drain answers after it), elsewhere at once."""
+        if not self.manager.after_claim(self, done):
+            done()
 
     def settle_nowait(self, offset: int, outcome: Outcome) -> bool:
         """Settle a delivery this handle holds with a typed outcome, without waiting for the commit
