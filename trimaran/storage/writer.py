@@ -310,12 +310,16 @@ class GroupCommitWriter:
             self.availability.succeeded()
             return
         except Exception as exc:
-            if len(receipts) == 1:
+            unavailable = is_unavailable(self.engine, exc)
+            if len(receipts) == 1 and not unavailable:
                 self._failed(receipts[0], exc)
                 return
-            # The database away (a restart, a killed backend): one by one, on a new connection, and
-            # said once by _failed if that fails too.
-            say = log.debug if is_unavailable(self.engine, exc) else log.warning
+            # The connection lost (a killed backend, a restart): once more, one by one, on a new
+            # connection, and said once by _failed if the database is still away. A lone submission
+            # too: failed at once, an early queue's message was refused while its delivery and ack,
+            # submitted behind it, committed on the next connection (an ack of a message whose
+            # publish the table never saw).
+            say = log.debug if unavailable else log.warning
             say("a batch of %d submissions failed; retrying one by one", len(receipts), exc_info=True)
         away: BaseException | None = None
         for receipt in receipts:
