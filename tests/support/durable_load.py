@@ -49,6 +49,8 @@ class Ledger:
     lock: threading.Lock = field(default_factory=threading.Lock)
     sent_at: dict[str, float] = field(default_factory=dict)  # payload -> when it was published
     acknowledged: set[str] = field(default_factory=set)  # PUBACK success, confirm, accepted
+    # protocol -> when its publisher was acknowledged, in order
+    acks: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     refused: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # protocol -> count
     receipts: dict[str, list[Receipt]] = field(default_factory=lambda: defaultdict(list))
     # protocol -> (receipt time, payload's publish time, payload), in receipt order
@@ -60,8 +62,17 @@ class Ledger:
             self.sent_at[payload] = time.monotonic()
 
     def acknowledge(self, payload: str) -> None:
+        now = time.monotonic()
         with self.lock:
             self.acknowledged.add(payload)
+            self.acks[payload.split("/", 1)[0]].append(now)
+
+    def first_ack(self, protocol: str, since: float) -> float | None:
+        """When ``protocol``'s publisher was first acknowledged after ``since``."""
+        with self.lock:
+            rows = self.acks[protocol]
+            i = bisect.bisect_left(rows, since)
+            return rows[i] if i < len(rows) else None
 
     def refuse(self, protocol: str) -> None:
         with self.lock:
@@ -194,9 +205,12 @@ def _mqtt_connect(client: mqtt.Client, host: str, port: int) -> None:
 class MqttPublisher(Worker):
     protocol, role = "mqtt", "publisher"
 
-    def __init__(self, ledger: Ledger, host: str, port: int, queue: str, window: int = 16) -> None:
+    def __init__(
+        self, ledger: Ledger, host: str, port: int, queue: str, window: int = 16, rate: float | None = None
+    ) -> None:
         super().__init__(ledger, host, port, queue)
         self.window = window
+        self.rate = rate  # messages a second at most (None: as fast as the PUBACKs come)
 
     def run(self, life: int) -> None:
         client = _paho(f"dbf-pub-{life}")
@@ -226,8 +240,12 @@ class MqttPublisher(Worker):
         _mqtt_connect(client, self.host, self.port)
         self.ledger.connected(self.name)
         n = 0
+        next_at = time.monotonic()
         try:
             while not self.stopping.is_set() and client.is_connected():
+                if self.rate is not None:
+                    next_at += 1 / self.rate
+                    time.sleep(max(0.0, next_at - time.monotonic()))
                 if not free.acquire(timeout=0.1):
                     continue
                 payload = f"mqtt/{life}/{n}"
@@ -398,11 +416,17 @@ class Amqp1Consumer(Worker):
 
 
 def load(
-    ledger: Ledger, publish_to: dict[str, int], consume_from: dict[str, int], queues: dict[str, str]
+    ledger: Ledger,
+    publish_to: dict[str, int],
+    consume_from: dict[str, int],
+    queues: dict[str, str],
+    *,
+    mqtt_rate: float | None = None,
 ) -> list[Worker]:
     """Publishers and consumers of the three protocols, consumers first. ``publish_to`` and
     ``consume_from``: the ports (``mqtt``, and ``amqp`` which AMQP 0.9.1 and 1.0 share) the two sides
-    use, on one node or two; ``queues``: protocol -> queue name."""
+    use, on one node or two; ``queues``: protocol -> queue name; ``mqtt_rate``: the MQTT publisher's
+    pace (its window of PUBACKs can outrun a consumer, and a backlog delays what follows it)."""
     host = "127.0.0.1"
     pub_mqtt, pub_amqp = publish_to["mqtt"], publish_to["amqp"]
     sub_mqtt, sub_amqp = consume_from["mqtt"], consume_from["amqp"]
@@ -410,7 +434,7 @@ def load(
         MqttConsumer(ledger, host, sub_mqtt, queues["mqtt"]),
         AmqpConsumer(ledger, host, sub_amqp, queues["amqp091"]),
         Amqp1Consumer(ledger, host, sub_amqp, queues["amqp1"]),
-        MqttPublisher(ledger, host, pub_mqtt, queues["mqtt"]),
+        MqttPublisher(ledger, host, pub_mqtt, queues["mqtt"], rate=mqtt_rate),
         AmqpPublisher(ledger, host, pub_amqp, queues["amqp091"]),
         Amqp1Publisher(ledger, host, pub_amqp, queues["amqp1"]),
     ]
