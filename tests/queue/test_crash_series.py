@@ -17,12 +17,8 @@ invariant must hold. ``TRIMARAN_CRASH_SEED`` repeats a series; the seed is in ev
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import shutil
-import subprocess
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -30,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.audit import audit as run_audit
+from tests.support.audit import cannot_audit
 from tests.support.crash import (
     AmqpConsumer,
     AmqpPublisher,
@@ -168,31 +166,6 @@ def _life(series: Series, life: int, rng: random.Random, *, kill: bool) -> None:
         server.kill()
 
 
-def _cannot_audit() -> str | None:
-    """Why ``trimaran audit`` cannot run here, or None."""
-    try:
-        from trimaran.analytics.source import DEBIAN_JARS
-    except ImportError:
-        return "the audit needs PySpark (the analytics extra)"
-    if shutil.which("java") is None:
-        return "the audit needs a JRE (scripts/system-deps.sh installs one)"
-    missing = [j for j in DEBIAN_JARS if not Path(j).exists()]
-    return f"JDBC drivers missing for the audit: {missing}" if missing else None
-
-
-def _audit(series: Series, output: Path) -> None:
-    """``trimaran audit`` over the tables the series left: every invariant must hold."""
-    command = [sys.executable, "-m", "trimaran", "audit", "--storage", series.url, "--output", str(output)]
-    command += ["--no-charts", "--master", "local[2]"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ})
-    summary_file = output / "summary.json"
-    assert summary_file.exists(), f"the audit did not run {series.where(-1)}:\n{done.stdout}{done.stderr}"
-    summary = json.loads(summary_file.read_text())
-    failed = {k: v["examples"] for k, v in summary["invariants"].items() if not v["ok"]}
-    assert failed == {}, f"audit {series.where(-1)}: {failed}\n{done.stdout}"
-    assert done.returncode == 0, done.stdout + done.stderr
-
-
 def run_series(url: str, workdir: Path, runs: int, *, audit: bool = True) -> Series:
     """``runs`` lives killed under load, one drained and stopped, then (``audit``) the audit; when
     the audit cannot run here the test is skipped after the kill checks passed, saying both."""
@@ -207,9 +180,9 @@ def run_series(url: str, workdir: Path, runs: int, *, audit: bool = True) -> Ser
     assert series.kills == runs
     assert counts["confirmed"] > 0 and counts["redelivered"] > 0, counts
     audit_started = time.monotonic()
-    why_not = _cannot_audit() if audit else None
+    why_not = cannot_audit() if audit else None
     if audit and why_not is None:
-        _audit(series, workdir / "audit")
+        run_audit(series.url, workdir / "audit", series.where(-1))
     audited = (
         "no audit" if not audit or why_not else f"audit clean in {time.monotonic() - audit_started:.1f} s"
     )

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.support.server import unused_port
@@ -33,6 +34,7 @@ class PostgresCluster:
         self.datadir = self.root / "data"
         self.port = unused_port()
         self.as_root = os.geteuid() == 0
+        self.options = ""
 
     def _run(self, *args: str) -> None:
         command = [str(self.bindir / args[0]), *args[1:]]
@@ -48,10 +50,43 @@ class PostgresCluster:
         )
         options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1"
         options += " -c fsync=on -c synchronous_commit=on" if self.fsync else " -c fsync=off"
-        self._run(
-            "pg_ctl", "-D", str(self.datadir), "-o", options, "-w", "-l", str(self.root / "log"), "start"
-        )
+        self.options = options
+        self._start()
         return self
+
+    def _start(self) -> None:
+        self._run(
+            "pg_ctl", "-D", str(self.datadir), "-o", self.options, "-w", "-l", str(self.root / "log"), "start"
+        )
+
+    def restart(self, mode: str = "immediate", *, while_down: Callable[[], None] | None = None) -> None:
+        """Stop the server (``mode``: ``immediate`` is a crash: no checkpoint, every connection cut,
+        crash recovery at the start) and start it again; returns once it accepts connections.
+        ``while_down`` runs between the stop and the start (``pg_ctl restart`` without it)."""
+        if while_down is None:
+            self._run(
+                "pg_ctl", "-D", str(self.datadir), "-m", mode, "-o", self.options, "-w",
+                "-l", str(self.root / "log"), "restart",
+            )  # fmt: skip
+            return
+        self._run("pg_ctl", "-D", str(self.datadir), "-m", mode, "-w", "stop")
+        try:
+            while_down()
+        finally:
+            self._start()
+
+    def terminate_backends(self, database: str) -> int:
+        """``pg_terminate_backend`` every connection to ``database`` (but the one asking): a
+        database that cuts its clients off, as an operator or a fail-over does. How many it ended."""
+        import psycopg
+
+        with psycopg.connect(self.url(), autocommit=True) as connection:
+            rows = connection.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> pg_backend_pid()",
+                (database,),
+            ).fetchall()
+        return sum(1 for (ended,) in rows if ended)
 
     def create_database(self, name: str) -> str:
         self._run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", name)

@@ -855,7 +855,9 @@ class Amqp1FrontEnd:
 
     def publish_failed(self, conn: Amqp1Conn, queue: str, exc: QueueError) -> Error:
         """A queue publish refused or not written: logged, and the error its disposition says."""
-        log.info("amqp1: %s: publish to %s refused: %s", conn.container_id, describe(queue), exc)
+        # The storage's outage is logged once by the storage, not once per publish it refuses.
+        say = log.debug if exc.reason == "storage" else log.info
+        say("amqp1: %s: publish to %s refused: %s", conn.container_id, describe(queue), exc)
         return Error(condition=refusal_condition(exc), description=str(exc))
 
     # -- dispositions -----------------------------------------------------------------------------

@@ -157,7 +157,9 @@ class PendingAck:
 
     def refuse(self, exc: QueueError) -> None:
         who, where = describe(self.client, "client"), split_key(self.topic)[1]
-        log.info("mqtt: queue publish from %s to %r refused: %s", who, where, exc)
+        # The storage's outage is logged once by the storage, not once per publish it refuses.
+        say = log.debug if exc.reason == "storage" else log.info
+        say("mqtt: queue publish from %s to %r refused: %s", who, where, exc)
         self.reason_code = _refusal_code(exc)
         vhost_prefix = prefix(split_key(self.topic)[0])
         self.reason = str(exc).replace(vhost_prefix, "") if vhost_prefix else str(exc)  # the client's names

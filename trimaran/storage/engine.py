@@ -6,12 +6,16 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.engine import URL
+
+from trimaran.errors import first_line
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +72,92 @@ def postgres_connect_args(statement_timeout_s: float) -> dict[str, Any]:
     if statement_timeout_s > 0:
         args["options"] = f"-c statement_timeout={timeout_ms}"
     return args
+
+
+#: Driver errors that mean "the database does not answer" rather than "this statement is wrong":
+#: a refused or lost connection, a server shutting down or starting up, a statement time-out.
+_UNAVAILABLE = ("OperationalError", "InterfaceError")
+
+
+def is_unavailable(engine: Engine, exc: BaseException) -> bool:
+    """Whether ``exc`` (SQLAlchemy's wrapper or psycopg's own, from a raw cursor) says that the
+    PostgreSQL server is away. SQLite's OperationalErrors (a locked file, a missing table) are the
+    file's or the code's, reported each time."""
+    if engine.dialect.name != "postgresql":
+        return False
+    seen: BaseException | None = exc
+    for _ in range(4):  # the exception and what it was raised from
+        if seen is None:
+            break
+        if getattr(seen, "connection_invalidated", False):
+            return True
+        if any(cls.__name__ in _UNAVAILABLE for cls in type(seen).__mro__):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+class Availability:
+    """Whether the database answers, as the server's own statements found it. The first failure of
+    an outage is logged (one WARNING line with the driver's reason), the failures after it only
+    counted, and the first success after it is logged (one INFO line with the outage's length):
+    a database that is away for a minute under load is two lines, not one traceback per write."""
+
+    def __init__(self, described: str) -> None:
+        self.described = described
+        self._lock = threading.Lock()
+        self.since: float | None = None  # time.monotonic() of the outage's first failure
+        self.reason = ""
+        self.failures = 0  # in this outage
+        self.outages = 0
+
+    def failed(self, exc: BaseException, what: str) -> str:
+        """Note a failure that :func:`is_unavailable`; returns its one-line reason."""
+        reason = first_line(getattr(exc, "orig", None) or exc)  # the driver's, without SQLAlchemy's
+        with self._lock:
+            self.failures += 1
+            if self.since is not None:
+                return reason
+            self.since = time.monotonic()
+            self.reason = reason
+            self.outages += 1
+        log.warning(
+            "storage %s is unavailable (%s: %s); durable queue writes fail and /readyz answers 503 "
+            "until it answers again",
+            self.described,
+            what,
+            reason,
+        )
+        return reason
+
+    def succeeded(self) -> None:
+        if self.since is None:  # the common case, without the lock
+            return
+        with self._lock:
+            since, failures = self.since, self.failures
+            if since is None:
+                return
+            self.since = None
+            self.failures = 0
+        log.info(
+            "storage %s answers again after %.1f s (%d failed operations meanwhile)",
+            self.described,
+            time.monotonic() - since,
+            failures,
+        )
+
+
+_availability: weakref.WeakKeyDictionary[Engine, Availability] = weakref.WeakKeyDictionary()
+_availability_lock = threading.Lock()
+
+
+def availability(engine: Engine) -> Availability:
+    """The one :class:`Availability` of ``engine``, shared by its writer and its readiness check."""
+    with _availability_lock:
+        found = _availability.get(engine)
+        if found is None:
+            found = _availability[engine] = Availability(describe(engine))
+        return found
 
 
 def _sqlite_engine(url: URL, synchronous: str) -> Engine:

@@ -15,7 +15,7 @@ from sqlalchemy.exc import DBAPIError
 
 from trimaran.errors import StorageUnavailable, first_line
 from trimaran.storage import migrate
-from trimaran.storage.engine import build_engine, describe, now_ms, sqlite_file
+from trimaran.storage.engine import availability, build_engine, describe, is_unavailable, now_ms, sqlite_file
 from trimaran.storage.schema import broker_meta
 
 log = logging.getLogger(__name__)
@@ -117,9 +117,13 @@ class Storage:
         try:
             with self.engine.connect() as connection:
                 connection.execute(text("SELECT 1"))
-        except Exception:
-            log.warning("storage %s is not reachable", describe(self.engine), exc_info=True)
+        except Exception as exc:
+            if is_unavailable(self.engine, exc):  # said once per outage, not at every probe
+                availability(self.engine).failed(exc, "readiness check")
+            else:
+                log.warning("storage %s is not reachable", describe(self.engine), exc_info=True)
             return False
+        availability(self.engine).succeeded()
         return True
 
     async def aping(self, timeout_s: float | None = None) -> bool:

@@ -41,6 +41,7 @@ import anyio.from_thread
 import anyio.lowlevel
 from sqlalchemy import Connection, Engine
 
+from trimaran.storage.engine import availability, is_unavailable
 from trimaran.storage.rows import (
     MESSAGE_COLUMNS,
     RUN_COLUMNS,
@@ -164,6 +165,8 @@ class GroupCommitWriter:
         # In the writer thread, after each batch of transactions: (seconds spent, rows written).
         self.on_transaction: Callable[[float, int], None] | None = None
         self.busy_s = 0.0  # time spent writing (the rest of the thread's life it waits for work)
+        # PostgreSQL away: logged once per outage (shared with the readiness check), not per write.
+        self.availability = availability(engine)
 
     # -- lifecycle (on the event loop) -----------------------------------------------------------
 
@@ -304,21 +307,49 @@ class GroupCommitWriter:
                 n = len(receipt.batch.calls)
                 receipt.results = results[i : i + n]
                 i += n
+            self.availability.succeeded()
             return
         except Exception as exc:
-            if len(receipts) == 1:
-                log.exception("queue write failed")
-                receipts[0].error = exc
+            unavailable = is_unavailable(self.engine, exc)
+            if len(receipts) == 1 and not unavailable:
+                self._failed(receipts[0], exc)
                 return
-            log.warning("a batch of %d submissions failed; retrying one by one", len(receipts), exc_info=True)
+            # The connection lost (a killed backend, a restart): once more, one by one, on a new
+            # connection, and said once by _failed if the database is still away. A lone submission
+            # too: failed at once, an early queue's message was refused while its delivery and ack,
+            # submitted behind it, committed on the next connection (an ack of a message whose
+            # publish the table never saw).
+            say = log.debug if unavailable else log.warning
+            say("a batch of %d submissions failed; retrying one by one", len(receipts), exc_info=True)
+        away: BaseException | None = None
         for receipt in receipts:
+            if away is not None:
+                # The database is away: the others would only wait for their own connection
+                # attempts (each up to its time-out) to fail the same way.
+                receipt.error = away
+                continue
             try:
                 with connection.begin():
                     receipt.results = apply(connection, receipt.batch)
                 self.transactions += 1
+                self.availability.succeeded()
             except Exception as exc:
-                log.exception("queue write failed")
-                receipt.error = exc
+                self._failed(receipt, exc)
+                if is_unavailable(self.engine, exc):
+                    away = receipt.error
+
+    def _failed(self, receipt: Receipt, exc: Exception) -> None:
+        """A submission's transaction failed: ``receipt.error`` says why in one line when the database
+        is away (its refusals go to clients and log lines), and the log says so once per outage."""
+        if is_unavailable(self.engine, exc):
+            reason = self.availability.failed(exc, "queue write")
+            log.debug("queue write failed", exc_info=True)
+            error = WriterError(f"database unavailable: {reason}")
+            error.__cause__ = exc
+            receipt.error = error
+        else:
+            log.exception("queue write failed")
+            receipt.error = exc
 
     def _release(self, receipts: list[Receipt]) -> None:
         if self._loop is not None:
