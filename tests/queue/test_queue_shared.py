@@ -13,6 +13,7 @@ from trimaran.broker.message import Message, now_ms
 from trimaran.queue import ConsumerHandle, QueueDelivery, QueueManager
 from trimaran.queue.journal import committed
 from trimaran.queue.policy import DEFAULT_GROUP
+from trimaran.queue.work import WorkGroup
 from trimaran.storage import queue_store
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
@@ -474,7 +475,7 @@ async def test_a_browser_on_a_shared_node_reads_what_is_stored_and_claims_nothin
 
 async def _known(manager: QueueManager, queue: str, handle: ConsumerHandle) -> None:
     """Once the group's first claim landed: its row is in queue_groups, so it claims at publish."""
-    await wait_until(lambda: handle.group in manager.claims.known)
+    await wait_until(lambda: isinstance(handle.group, WorkGroup) and handle.group.in_database)
 
 
 @pytest.mark.usefixtures("postgres_only")

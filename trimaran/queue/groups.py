@@ -234,9 +234,6 @@ class Group:
         self.busy = False
         self.again = False
         self.timed = False  # the manager's timers watch this group (``Host.due`` was called)
-        # Shared work mode: messages this node made claimable again (``WorkGroup.make_available``),
-        # so that a claim that found none (``Claims.dry``) is made again.
-        self.handed_back = 0
 
     @property
     def queue(self) -> str:

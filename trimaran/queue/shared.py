@@ -16,7 +16,6 @@ a browser reads the stored rows (``Claims.browse``).
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -86,20 +85,12 @@ class Claims:
         # Queues this node settled something of since the last poll: their 'done' markers are
         # compacted at the next poll, so a claim's scan never walks far past finished messages.
         self.finished: set[str] = set()
-        # Groups whose last claim found less than it wanted: they claim again at the next poll, or
-        # when this node makes a message claimable (a release, a publish it did not claim itself),
-        # not after every dispatch (each claim walks past the messages held or finished here).
-        # The value is the group's ``handed_back`` then: a release since makes it claim again.
-        self.dry: weakref.WeakKeyDictionary[Group, int] = weakref.WeakKeyDictionary()
-        # Groups with a row in queue_groups (made by their first claim): only they claim at publish,
-        # so that the compaction counts every group that has rows.
-        self.known: weakref.WeakSet[Group] = weakref.WeakSet()
 
     def due(self, group: Group) -> bool:
         """Time to claim, after a dispatch: few claimed messages left to hand out, or a consumer
         still has credit (none of those left is one it selects); not while the last claim found
-        the queue drained of what this node may claim (``dry``)."""
-        if self.dry.get(group) == group.handed_back:
+        the queue drained of what this node may claim (``WorkGroup.dry_at``)."""
+        if isinstance(group, WorkGroup) and group.dry_at == group.handed_back:
             return False
         return len(group.ready) < self.batch // 4 or any(h.credit > 0 for h in group.consumers)
 
@@ -118,12 +109,12 @@ class Claims:
         mine: list[WorkGroup] = []
         for group in state.groups.values():
             consumers = group.consumers
-            if not consumers or group not in self.known or not isinstance(group, WorkGroup):
+            if not consumers or not isinstance(group, WorkGroup) or not group.in_database:
                 continue
             if not takes_all(consumers) and not taken_by(consumers)(routing_key, message):
                 continue  # the others' to claim
             if len(group.ready) >= self.room(group):
-                self.dry.pop(group, None)  # it waits in the database: claimed once there is room
+                group.dry_at = None  # it waits in the database: claimed once there is room
                 continue
             mine.append(group)
         return mine
@@ -185,16 +176,12 @@ class Claims:
     def _claimed(self, state: QueueState, group: Group, results: list[Any]) -> None:
         self.claiming.pop(group, None)
         want = self.wanted.pop(group, 0)
-        if results:  # committed: the group has its row
-            self.known.add(group)
-            if isinstance(group, WorkGroup):  # the queue's one group anywhere: its acks delete
-                group.alone = results[1] == 1
         rows = results[0] if results else []
-        if len(rows) < want:
-            self.dry[group] = group.handed_back
-        else:
-            self.dry.pop(group, None)
         if isinstance(group, WorkGroup):  # claims are a shared work queue's
+            if results:  # committed: the group has its row; the queue's one group deletes on ack
+                group.in_database = True
+                group.alone = results[1] == 1
+            group.dry_at = group.handed_back if len(rows) < want else None
             for row, got in rows:
                 offset = int(row.offset)
                 if offset in group.entries:
@@ -284,7 +271,10 @@ class Claims:
         """Poll for what other nodes published or released; renew leases and compact."""
         if now - self.last_poll >= POLL_MS:
             self.last_poll = now
-            self.dry.clear()  # what other nodes published or released since
+            for state in queues:  # what other nodes published or released since: claim again
+                for group in state.groups.values():
+                    if isinstance(group, WorkGroup):
+                        group.dry_at = None
             if self.finished:
                 names, self.finished = self.finished, set()
                 self.journal.send(WriteBatch(calls=[queue_store.compact_shared(n) for n in sorted(names)]))

@@ -72,6 +72,14 @@ class WorkGroup(Group):
         # Shared: the queue's one group on every node (``Claims``, at each claim). Its acks delete
         # the message and its row at once instead of leaving a 'done' marker for the compaction.
         self.alone = False
+        # Shared: its row is in queue_groups (its first claim landed), so it claims at publish and
+        # the compaction counts it.
+        self.in_database = False
+        # Shared: messages this node made claimable again (make_available), and their count when
+        # the last claim found less than it asked for (None: it did not). While the two are equal
+        # the group claims only at the poll: each claim walks past what is held or finished here.
+        self.handed_back = 0
+        self.dry_at: int | None = None
 
     # -- taking -----------------------------------------------------------------------------------
 
