@@ -819,7 +819,11 @@ class SharedMachine(QueueMachine):
             holder = self.consumers[slot.holder or ""]
             assert claim is not None and claim[0] == holder.node and claim[1].holder is holder.handle, where
             assert row is not None and row["state"] == "held", where
-            assert (row["node"], row["consumer"]) == (self.managers[holder.node].node, holder.name), where
+            node = self.managers[holder.node].node
+            if claim[1].attempts == 1:  # a first delivery keeps the claim's row (queue_store._again)
+                assert row["node"] == node and row["consumer"] in (None, holder.name), where
+            else:
+                assert (row["node"], row["consumer"]) == (node, holder.name), where
         elif slot.state == DONE:  # its marker: no node may claim it again
             assert row is not None and row["state"] == "done", where
         elif claim is not None:  # claimed ahead of its consumers

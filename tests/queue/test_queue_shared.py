@@ -567,3 +567,31 @@ async def test_a_claimed_publish_whose_write_fails_is_withdrawn(
         await wait_until(lambda: len(c.deliveries) == 2)
         await anyio.sleep(0.05)
         assert c.payloads == [b"first", b"kept"]
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_what_a_dead_nodes_lease_held_comes_back_flagged_redelivered(make_manager: Factory) -> None:
+    """A first delivery writes nothing past the claim's row (held here, no consumer named): when the
+    node's lease runs out, the claim that takes the row counts the delivery it may have made, so
+    the message comes flagged redelivered, as a message a vanished consumer held does in RabbitMQ."""
+    a = make_manager(shared=True, node="a")
+    b = make_manager(shared=True, node="b")
+    async with a.running(), b.running():
+        without_timers(a)
+        await a.declare("dead")
+        await b.declare("dead")
+        c = Collector("c")
+        handle = a.consume("dead", c)
+        handle.add_credit(1)
+        await _known(a, "dead", handle)
+        await publish_all(a, "dead", [b"m0", b"m1"])  # m0 handed to c, m1 claimed ahead
+        await wait_until(lambda: len(c.deliveries) == 1)
+        with a.storage.engine.begin() as connection:  # a "dies": its leases run out
+            connection.exec_driver_sql("UPDATE queue_pending SET lease_until = 0")
+        other = Collector("other")
+        b.consume("dead", other).add_credit(10)
+        await wait_until(lambda: len(other.deliveries) == 2)
+        assert [(d.message.payload, d.redelivered) for d in other.deliveries] == [
+            (b"m0", True),
+            (b"m1", True),
+        ]

@@ -231,7 +231,10 @@ class WorkGroup(Group):
                 # held_at_start). One taken ahead of the cursor (a selector, a filter) needs its
                 # row: at the load it would pass for never delivered.
                 entry.stored = False
-            else:
+            elif not (self.shared and attempt == 1):
+                # Shared: a first delivery's row is the claim's, held here under a lease: a node
+                # that dies leaves it to a claim that counts the delivery it may have made
+                # (queue_store._again), so the delivery writes nothing more.
                 journal.pending(ch, state, self, offset, entry)
         handle.credit -= 1
         unsent = entry.unsent if entry is not None else 0

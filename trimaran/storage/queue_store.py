@@ -271,9 +271,13 @@ _ENSURE_GROUP = text(
 
 
 def _again(r: Any) -> Claimed:
-    """A claimable row claimed again: lease run out (its node went), or waiting for its turn."""
-    why = "lease_expired" if r.old_state == "held" else (r.reason or "released")
-    return Claimed(int(r.attempts), int(r.unsent), int(r.returned), why)
+    """A claimable row claimed again: lease run out (its node went), or waiting for its turn. A
+    node writes no row for a first delivery of what it claimed (``WorkGroup.deliver``): a held row
+    whose lease ran out counts that delivery, which may have been made (redelivered, as RabbitMQ
+    marks what a consumer that went may have seen)."""
+    if r.old_state == "held":
+        return Claimed(max(int(r.attempts), 1), int(r.unsent), int(r.returned), "lease_expired")
+    return Claimed(int(r.attempts), int(r.unsent), int(r.returned), r.reason or "released")
 
 
 #: Whether a claiming node's consumers take a message, by its routing key and the message.
