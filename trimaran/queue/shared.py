@@ -113,7 +113,8 @@ class Claims:
                 continue
             if not takes_all(consumers) and not taken_by(consumers)(routing_key, message):
                 continue  # the others' to claim
-            if len(group.ready) >= self.room(group):
+            ready = len(group.ready)
+            if ready >= self.batch and ready >= self.room(group):  # room: a sum over consumers
                 group.dry_at = None  # it waits in the database: claimed once there is room
                 continue
             mine.append(group)
