@@ -94,3 +94,20 @@ def test_the_event_loop_sets_tcp_nodelay(server: InProcessServer) -> None:
         assert theirs.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
     finally:
         sock.close()
+
+
+def test_tcp_nodelay_false_turns_it_off(tmp_path: Path) -> None:
+    """listeners.tcp_nodelay = false did nothing: the event loops set it and nothing cleared it."""
+    running = InProcessServer(tmp_path, listeners={"tcp_nodelay": False}).start()
+    try:
+        sock = _connect(running.port("mqtt"), "nagle")
+        try:
+            local = sock.getsockname()
+            conns = [c for c in list(running.app.runner.conns) if c.peer == f"{local[0]}:{local[1]}"]
+            assert len(conns) == 1 and conns[0].transport is not None
+            theirs = conns[0].transport.get_extra_info("socket")
+            assert not theirs.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        finally:
+            sock.close()
+    finally:
+        running.stop()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol, cast
@@ -238,8 +239,12 @@ class Conn(asyncio.Protocol):
             return
         # TCP_NODELAY (limits.tcp_nodelay; the runtime batches writes itself, so Nagle only adds
         # latency): both event loops set it on every TCP transport they make (asyncio since 3.6,
-        # uvloop always), so the socket is not asked for here. Asking uvloop for it would keep a
-        # socket object on each transport: 72 bytes of every idle connection (issue #47).
+        # uvloop always), so the socket is asked for only to turn it off. Asking uvloop for it
+        # keeps a socket object on the transport: 72 bytes of every idle connection (issue #47).
+        if not self.runner.limits.tcp_nodelay:
+            sock = transport.get_extra_info("socket")
+            if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0)
         self._hello_until = time.monotonic() + self.runner.limits.handshake_timeout_s
         self.runner.opened(self)
         self._open_hull(b"")
