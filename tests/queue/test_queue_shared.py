@@ -595,3 +595,22 @@ async def test_what_a_dead_nodes_lease_held_comes_back_flagged_redelivered(make_
             (b"m0", True),
             (b"m1", True),
         ]
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_a_publish_left_unclaimed_is_not_overtaken_by_the_next(make_manager: Factory) -> None:
+    """A publish made while the group's first claim was in flight went to the database unclaimed;
+    the next one, claimed as it was published, reached the consumer first (MQTT `$queue/` interop,
+    shared): later publishes wait for a claim that has taken it."""
+    a = make_manager(shared=True, node="a")
+    async with a.running():
+        await a.declare("order")
+        await publish_all(a, "order", [b"m0", b"m1", b"m2"])
+        c = Collector("c")
+        handle = a.consume("order", c)
+        handle.add_credit(10)  # its first claim is in flight
+        a.publish_nowait("order", Message(topic="$queue/order", payload=b"m3", qos=1))
+        await _known(a, "order", handle)
+        await publish_all(a, "order", [b"m4", b"m5"])
+        await wait_until(lambda: len(c.deliveries) == 6)
+        assert c.payloads == [b"m0", b"m1", b"m2", b"m3", b"m4", b"m5"]

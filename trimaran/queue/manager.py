@@ -574,12 +574,14 @@ class QueueManager:
         ch: Changes,
         done: Callable[[PublishResult, QueueError | None], None] | None,
     ) -> Receipt | None:
+        left: list[WorkGroup] | None = None
         if self.is_shared(state):
             claimers = self.claims.claimers(state, routing_key, message)
             if claimers:  # its own consumers here: delivered before the commit, as on one node
                 return self._publish_early(
                     state, message, routing_key, done, offset=offset, claimers=claimers
                 )
+            left = self.claims.left_unclaimed(state)
         stored, result = self._stage(state, message, routing_key, offset, ch)
         if not state.durable:
             if done is not None:
@@ -597,6 +599,8 @@ class QueueManager:
                 else:
                     self._withdraw(state, offset)
             else:
+                if left:
+                    self.claims.committed_unclaimed(left)
                 if error is None:
                     self._published(state, stored)
                 state.inflight -= 1  # on failure too, or max-length accounting would drift
@@ -622,6 +626,8 @@ class QueueManager:
                 self._withdraw(state, offset)
             else:
                 state.inflight -= 1
+            if left:
+                self.claims.committed_unclaimed(left)
             raise QueueError("storage", str(exc)) from exc
         return receipt
 

@@ -75,7 +75,9 @@ class Claims:
         self.dispatch = dispatch
         # One claim in flight per group, and the consumers it claims for (their credit then).
         self.claiming: dict[Group, list[Taker]] = {}
-        self.wanted: dict[Group, int] = {}  # how many the claim in flight asked for
+        # How many the claim in flight asked for, and how many of this node's unclaimed publishes it
+        # sees (``WorkGroup.behind_count`` when it was made, -1 while some were uncommitted).
+        self.wanted: dict[Group, tuple[int, int]] = {}
         # What waits for a claim (Claims.then): for the one in flight, and for the next one.
         self.waiting: dict[Group, list[Callable[[], None]]] = {}
         self.later: dict[Group, list[tuple[Taker, Callable[[], None]]]] = {}
@@ -101,24 +103,45 @@ class Claims:
         return max(self.batch, credit)
 
     def claimers(self, state: QueueState, routing_key: str, message: Message) -> list[WorkGroup]:
-        """The groups this node claims a message for as it publishes it: those whose consumers here
-        take it and have room (claimed and not handed out, below :meth:`room`). What no group here
-        claims is left to any node's claim."""
+        """The groups this node claims a message for as it publishes it: every group whose consumers
+        here take it, if each has room (claimed and not handed out, below :meth:`room`) and none
+        has a publish of this node left unclaimed behind it (``WorkGroup.behind``): claimed ahead
+        of those, it would overtake them. Else none: the message is written unclaimed, and the
+        groups claim it in offset order (:meth:`left_unclaimed`)."""
         if not self.open:
             return []
         mine: list[WorkGroup] = []
         for group in state.groups.values():
             consumers = group.consumers
-            if not consumers or not isinstance(group, WorkGroup) or not group.in_database:
+            if not consumers or not isinstance(group, WorkGroup):
                 continue
             if not takes_all(consumers) and not taken_by(consumers)(routing_key, message):
                 continue  # the others' to claim
             ready = len(group.ready)
-            if ready >= self.batch and ready >= self.room(group):  # room: a sum over consumers
-                group.dry_at = None  # it waits in the database: claimed once there is room
-                continue
+            if (
+                not group.in_database
+                or group.behind
+                or (ready >= self.batch and ready >= self.room(group))  # room: a sum over consumers
+            ):
+                return []
             mine.append(group)
         return mine
+
+    def left_unclaimed(self, state: QueueState) -> list[WorkGroup]:
+        """A publish of this node goes to the database unclaimed: the groups with consumers here
+        claim what follows it only after a claim has taken it (:meth:`_claimed`). Returns them, for
+        :meth:`committed_unclaimed` once its commit is done."""
+        groups = [g for g in state.groups.values() if isinstance(g, WorkGroup) and g.consumers]
+        for group in groups:
+            group.behind = True
+            group.behind_count += 1
+            group.behind_inflight += 1
+            group.dry_at = None  # claim it
+        return groups
+
+    def committed_unclaimed(self, groups: list[WorkGroup]) -> None:
+        for group in groups:
+            group.behind_inflight -= 1
 
     def claim_published(
         self, state: QueueState, stored: StoredMessage, groups: list[WorkGroup], ch: WriteBatch
@@ -148,7 +171,12 @@ class Claims:
         credit = sum([h.credit for h in takers])
         want = max(max(self.batch, credit) - len(group.ready), min(self.batch, credit))
         self.claiming[group] = takers
-        self.wanted[group] = want
+        # Which of this node's unclaimed publishes it sees: all made so far, when none is uncommitted
+        # (-1: some is; a later one is past it too).
+        seen = -1
+        if isinstance(group, WorkGroup) and group.behind_inflight == 0:
+            seen = group.behind_count
+        self.wanted[group] = (want, seen)
         now = now_ms()
         wants = None if takes_all(takers) else taken_by(takers)
         call = queue_store.claim(
@@ -176,13 +204,15 @@ class Claims:
 
     def _claimed(self, state: QueueState, group: Group, results: list[Any]) -> None:
         self.claiming.pop(group, None)
-        want = self.wanted.pop(group, 0)
+        want, seen = self.wanted.pop(group, (0, -1))
         rows = results[0] if results else []
         if isinstance(group, WorkGroup):  # claims are a shared work queue's
             if results:  # committed: the group has its row; the queue's one group deletes on ack
                 group.in_database = True
                 group.alone = results[1] == 1
             group.dry_at = group.handed_back if len(rows) < want else None
+            if results and len(rows) < want and seen == group.behind_count:
+                group.behind = False  # what this node left unclaimed is claimed (here or elsewhere)
             for row, got in rows:
                 offset = int(row.offset)
                 if offset in group.entries:

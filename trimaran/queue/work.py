@@ -80,6 +80,13 @@ class WorkGroup(Group):
         # the group claims only at the poll: each claim walks past what is held or finished here.
         self.handed_back = 0
         self.dry_at: int | None = None
+        # Shared: a publish of this node went to the database unclaimed and no claim made after its
+        # commit has come back short yet: later publishes are not claimed as they are published
+        # (they would overtake it). ``behind_count``: such publishes so far; ``behind_inflight``:
+        # those not committed yet.
+        self.behind = False
+        self.behind_count = 0
+        self.behind_inflight = 0
 
     # -- taking -----------------------------------------------------------------------------------
 
