@@ -436,31 +436,42 @@ def count_groups(queue: str) -> Call:
     """How many groups the queue has, on every node (their rows)."""
 
     def call(connection: Connection) -> int:
-        count = select(func.count()).select_from(queue_groups).where(queue_groups.c.queue == queue)
-        return int(connection.execute(count).scalar_one())
+        return int(connection.execute(_groups(queue)).scalar_one())
 
     return call
 
 
+def _groups(queue: str) -> Any:
+    """How many groups ``queue`` has, on every node (their rows)."""
+    return select(func.count()).select_from(queue_groups).where(queue_groups.c.queue == queue)
+
+
+def _unfinished(connection: Connection, queue: str, *where: Any) -> Any:
+    """The stored messages of ``queue`` (and ``where``) that some group has not finished, in
+    offset order: every group's 'done' markers wait for the compaction. A queue with no group yet
+    keeps everything, as the compaction does."""
+    m, p = queue_messages, queue_pending
+    stmt = select(m).where(m.c.queue == queue, *where)
+    groups = connection.execute(_groups(queue)).scalar_one()
+    if groups:
+        done = (
+            select(func.count())
+            .select_from(p)
+            .where(p.c.queue == queue, p.c.offset == m.c.offset, p.c.state == "done")
+            .scalar_subquery()
+        )
+        stmt = stmt.where(done < groups)
+    return stmt.order_by(m.c.offset)
+
+
 def browse(queue: str, first: int, limit: int) -> Call:
-    """Shared mode: up to ``limit`` stored messages of a queue from offset ``first`` on, in offset
-    order, but for those every group has finished (their 'done' markers wait for the compaction):
-    what a queue browser sees. Nothing is claimed or locked."""
+    """Shared mode: up to ``limit`` stored messages of a queue from offset ``first`` on that some
+    group has not finished (:func:`_unfinished`): what a queue browser sees. Nothing is claimed or
+    locked."""
 
     def call(connection: Connection) -> list[Any]:
-        m, p, g = queue_messages, queue_pending, queue_groups
-        count = select(func.count()).select_from(g).where(g.c.queue == queue)
-        groups = connection.execute(count).scalar_one()
-        stmt = select(m).where(m.c.queue == queue, m.c.offset >= first)
-        if groups:  # a queue with no group yet keeps everything, as the compaction does
-            done = (
-                select(func.count())
-                .select_from(p)
-                .where(p.c.queue == queue, p.c.offset == m.c.offset, p.c.state == "done")
-                .scalar_subquery()
-            )
-            stmt = stmt.where(done < groups)
-        return list(connection.execute(stmt.order_by(m.c.offset).limit(limit)).all())
+        stmt = _unfinished(connection, queue, queue_messages.c.offset >= first)
+        return list(connection.execute(stmt.limit(limit)).all())
 
     return call
 
@@ -543,20 +554,9 @@ def peek_stored(queue: str, after: int, limit: int, now: int) -> Call:
     claim). Nothing is claimed or locked."""
 
     def call(connection: Connection) -> list[Any]:
-        m, p, g = queue_messages, queue_pending, queue_groups
-        count = select(func.count()).select_from(g).where(g.c.queue == queue)
-        groups = connection.execute(count).scalar_one()
-        stmt = select(m).where(
-            m.c.queue == queue, m.c.offset > after, or_(m.c.expires_at.is_(None), m.c.expires_at > now)
-        )
-        if groups:  # a queue with no group yet keeps everything, as the compaction does
-            done = (
-                select(func.count())
-                .select_from(p)
-                .where(p.c.queue == queue, p.c.offset == m.c.offset, p.c.state == "done")
-                .scalar_subquery()
-            )
-            stmt = stmt.where(done < groups)
-        return list(connection.execute(stmt.order_by(m.c.offset).limit(limit)).all())
+        m = queue_messages
+        unexpired = or_(m.c.expires_at.is_(None), m.c.expires_at > now)
+        stmt = _unfinished(connection, queue, m.c.offset > after, unexpired)
+        return list(connection.execute(stmt.limit(limit)).all())
 
     return call
