@@ -82,16 +82,21 @@ def test_idle_mqtt_connection_memory(server: InProcessServer, subscribe: bool, b
             sock.close()
 
 
+def _broker_side(server: InProcessServer, sock: socket.socket) -> socket.socket:
+    """The broker's socket of the connection ``sock`` is the client end of."""
+    local = sock.getsockname()
+    conns = [c for c in list(server.app.runner.conns) if c.peer == f"{local[0]}:{local[1]}"]
+    assert len(conns) == 1 and conns[0].transport is not None
+    theirs: socket.socket = conns[0].transport.get_extra_info("socket")
+    return theirs
+
+
 def test_the_event_loop_sets_tcp_nodelay(server: InProcessServer) -> None:
     """Conn._admit leaves TCP_NODELAY to the event loop (asking uvloop for the socket would keep a
     socket object on every transport): the broker's side of a connection has it all the same."""
     sock = _connect(server.port("mqtt"), "nodelay")
     try:
-        local = sock.getsockname()
-        conns = [c for c in list(server.app.runner.conns) if c.peer == f"{local[0]}:{local[1]}"]
-        assert len(conns) == 1 and conns[0].transport is not None
-        theirs = conns[0].transport.get_extra_info("socket")
-        assert theirs.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        assert _broker_side(server, sock).getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
     finally:
         sock.close()
 
@@ -102,11 +107,7 @@ def test_tcp_nodelay_false_turns_it_off(tmp_path: Path) -> None:
     try:
         sock = _connect(running.port("mqtt"), "nagle")
         try:
-            local = sock.getsockname()
-            conns = [c for c in list(running.app.runner.conns) if c.peer == f"{local[0]}:{local[1]}"]
-            assert len(conns) == 1 and conns[0].transport is not None
-            theirs = conns[0].transport.get_extra_info("socket")
-            assert not theirs.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            assert not _broker_side(running, sock).getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
         finally:
             sock.close()
     finally:

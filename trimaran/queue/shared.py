@@ -140,6 +140,8 @@ class Claims:
         return groups
 
     def committed_unclaimed(self, groups: list[WorkGroup]) -> None:
+        """The unclaimed publish :meth:`left_unclaimed` counted is committed (or failed): a claim
+        made from now on sees it."""
         for group in groups:
             group.behind_inflight -= 1
 
