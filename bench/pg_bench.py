@@ -46,18 +46,58 @@ BROKER_CPU, GEN_CPU = 0, 1
 class Database:
     """A throwaway PostgreSQL cluster with fsync on (tests/support/postgres.py), one database per run."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, statements: bool = False) -> None:
         from tests.support.postgres import PostgresCluster, find_bindir
 
         bindir = find_bindir()
         if bindir is None:
             raise brokers.BrokerUnavailable("PostgreSQL is not installed (apt-get install postgresql)")
-        self.cluster = PostgresCluster(bindir, fsync=True).start()
+        settings = {"shared_preload_libraries": "pg_stat_statements"} if statements else {}
+        self.cluster = PostgresCluster(bindir, fsync=True, settings=settings).start()
+        self.statements = statements
         self.count = 0
 
     def new(self) -> str:
         self.count += 1
-        return self.cluster.create_database(f"bench{self.count}")
+        url = self.cluster.create_database(f"bench{self.count}")
+        if self.statements:
+            self._execute(url, "CREATE EXTENSION pg_stat_statements")
+        return url
+
+    @staticmethod
+    def _execute(url: str, sql: str) -> list[tuple[Any, ...]]:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as connection:
+            cursor = connection.execute(sql)
+            return cursor.fetchall() if cursor.description else []
+
+    def reset_statements(self, url: str) -> None:
+        if self.statements:
+            self._execute(url, "SELECT pg_stat_statements_reset()")
+
+    def top_statements(self, url: str, received: int, limit: int = 12) -> list[dict[str, Any]]:
+        """The statements that took PostgreSQL's time in this run, the most first, per message received."""
+        if not self.statements or not received:
+            return []
+        rows = self._execute(
+            url,
+            "SELECT total_exec_time, calls, rows, shared_blks_hit + shared_blks_read, query "
+            "FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = "
+            "current_database()) ORDER BY total_exec_time DESC LIMIT " + str(limit),
+        )
+        return [
+            {"us_per_msg": round(ms * 1e3 / received, 2), "calls": calls, "rows": n,
+             "blocks_per_call": round(blocks / calls, 1) if calls else 0, "query": " ".join(q.split())[:240]}
+            for ms, calls, n, blocks, q in rows
+        ]  # fmt: skip
+
+    def table_rows(self, url: str) -> dict[str, list[int]]:
+        """Rows inserted, updated and deleted so far, per table."""
+        rows = self._execute(
+            url, "SELECT relname, n_tup_ins, n_tup_upd, n_tup_del FROM pg_stat_user_tables ORDER BY relname"
+        )
+        return {name: [ins, upd, dele] for name, ins, upd, dele in rows if ins or upd or dele}
 
     def postmaster(self) -> int:
         return int((self.cluster.datadir / "postmaster.pid").read_text().split()[0])
@@ -118,12 +158,17 @@ def measure(name: str, db: Database | None, a: argparse.Namespace) -> dict[str, 
         assert running.amqp is not None
         pg = db.postmaster() if url is not None and db is not None else None
         rows0, wal0 = db.stats(url) if url is not None and db is not None else (0, 0)
+        if url is not None and db is not None:
+            db.reset_statements(url)
         pg0 = bl.proc_cpu_seconds(pg) if pg else 0.0
         t0 = time.monotonic()
         rec = generator(running.amqp[1], running.pid, a)
         elapsed = time.monotonic() - t0
         pg_s = bl.proc_cpu_seconds(pg) - pg0 if pg else 0.0
         rows1, wal1 = db.stats(url) if url is not None and db is not None else (0, 0)
+        if url is not None and db is not None and db.statements:
+            rec["statements"] = db.top_statements(url, int(rec.get("received") or 0))
+            rec["table_rows"] = db.table_rows(url)
     rec["target"] = name
     rate, received = rec.get("msgs_per_s_received"), rec.get("received")
     if rate and rec.get("broker_cpu_pct") is not None:
@@ -178,6 +223,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--out", help="append every run as a JSON line here")
+    parser.add_argument(
+        "--statements", action="store_true",
+        help="record pg_stat_statements' top statements and the rows per table in each Trimaran run",
+    )  # fmt: skip
     parser.add_argument("--table", metavar="JSONL", help="print the table of a recorded --out file")
     a = parser.parse_args()
     if a.table:
@@ -185,7 +234,7 @@ def main() -> None:
         return
     os.sched_setaffinity(0, {BROKER_CPU})  # the brokers and PostgreSQL inherit it
     names = [n.strip() for n in a.targets.split(",") if n.strip()]
-    db = Database() if any(n.startswith("trimaran") for n in names) else None
+    db = Database(statements=a.statements) if any(n.startswith("trimaran") for n in names) else None
     runs: list[dict[str, Any]] = []
     try:
         for round_ in range(1, a.runs + 1):

@@ -235,6 +235,37 @@ def test_batches_larger_than_one_statement_write_every_row(storage_url: str) -> 
         storage.close()
 
 
+def test_deletes_of_runs_and_scattered_offsets_remove_exactly_those(storage_url: str) -> None:
+    """PostgreSQL deletes a run of consecutive offsets by its bounds and the rest by arrays in
+    chunks: a long run, a run one short of the threshold, one at it, 70 scattered offsets (two
+    chunks) and a repeated key remove exactly those messages and pending rows, on either database."""
+    storage = Storage.from_url(storage_url)
+    storage.migrate()
+    gone = [*range(0, 50), *range(50, 260, 3), *range(260, 267), *range(270, 278), 5, 290]
+    try:
+        writer = GroupCommitWriter(storage.engine)
+
+        async def scenario() -> None:
+            writer.start()
+            try:
+                await writer.write(WriteBatch(calls=[queue_store.upsert_queue("mixed", "work", {}, 1)]))
+                await writer.write(WriteBatch.joined([_rows("mixed", offset) for offset in range(300)]))
+                batch = WriteBatch()
+                for offset in gone:
+                    batch.message_deletes.append(("mixed", offset))
+                    batch.pending[("mixed", "$default", offset)] = None
+                await writer.write(batch)
+            finally:
+                await writer.stop()
+
+        asyncio.run(scenario())
+        kept = sorted(set(range(300)) - set(gone))
+        assert queue_store.stored_offsets(storage.engine, "mixed") == kept
+        assert [row["offset"] for row in queue_store.pending_rows(storage.engine, "mixed")] == kept
+    finally:
+        storage.close()
+
+
 def _event(offset: int | None, kind: str = "delivered", *, time: int = 5, consumer: str = "c1") -> dict:
     return rows.event_row(time, "q", kind, group="g", offset=offset, consumer=consumer, attempt=1)
 

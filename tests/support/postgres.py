@@ -26,10 +26,12 @@ def find_bindir() -> Path | None:
 
 
 class PostgresCluster:
-    def __init__(self, bindir: Path, *, fsync: bool = False) -> None:
-        """``fsync=False`` (tests) trades durability for speed; benchmarks turn it on."""
+    def __init__(self, bindir: Path, *, fsync: bool = False, settings: dict[str, str] | None = None) -> None:
+        """``fsync=False`` (tests) trades durability for speed; benchmarks turn it on. ``settings``
+        are further server settings (``-c name=value``)."""
         self.bindir = bindir
         self.fsync = fsync
+        self.settings = dict(settings or {})
         self.root = Path(tempfile.mkdtemp(prefix="trimaran-pg-"))
         self.datadir = self.root / "data"
         self.port = unused_port()
@@ -50,6 +52,7 @@ class PostgresCluster:
         )
         options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1"
         options += " -c fsync=on -c synchronous_commit=on" if self.fsync else " -c fsync=off"
+        options += "".join(f" -c {name}={value}" for name, value in self.settings.items())
         self.options = options
         self._start()
         return self
