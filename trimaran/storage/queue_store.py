@@ -242,10 +242,10 @@ _CLAIM_NEW = text(
     WITH c AS (
         SELECT m."offset" FROM queue_messages m
         WHERE m.queue = :q
-          AND NOT EXISTS (
+          AND (
               SELECT 1 FROM queue_pending p
               WHERE p.queue = m.queue AND p."group" = :g AND p."offset" = m."offset"
-          )
+          ) IS NULL
         ORDER BY m."offset" LIMIT :n
         FOR UPDATE OF m SKIP LOCKED
     )
@@ -345,7 +345,7 @@ def _claim_wanted(connection: Connection, params: dict[str, Any], wants: Wants) 
         .join_from(p, m, and_(m.c.queue == p.c.queue, m.c.offset == p.c.offset))
         .where(p.c.queue == queue, p.c.group == group, _claimable(params["now"]))
     )
-    unclaimed = select(m).where(m.c.queue == queue, ~_has_row(queue, group).exists())
+    unclaimed = select(m).where(m.c.queue == queue, _no_row(queue, group))
     claimed: list[tuple[Any, Claimed]] = []
     scanned = 0
     for stmt, key, claim_page in ((again, p.c.offset, _claim_again), (unclaimed, m.c.offset, _claim_new)):
@@ -372,12 +372,16 @@ def _claimable(now: int) -> Any:
     )
 
 
-def _has_row(queue: str, group: str) -> Any:
-    """The group's row of the message of the enclosing query."""
+def _no_row(queue: str, group: str) -> Any:
+    """The message of the enclosing query has no row of the group: one probe of the primary key per
+    message. Written as NOT EXISTS, PostgreSQL made it an anti-join that, with a young table's
+    statistics, read every row of the group once and compared each message with all of them: 19 ms
+    a claim over 542 messages in flight. A scalar subquery is never made a join."""
     p = queue_pending
-    return select(p.c.offset).where(
+    row = select(p.c.offset).where(
         p.c.queue == queue, p.c.group == group, p.c.offset == queue_messages.c.offset
     )
+    return row.scalar_subquery().is_(None)
 
 
 def _claim_again(
@@ -406,9 +410,7 @@ def _claim_new(
     their rows, held now (a row another node inserted first wins)."""
     m, p = queue_messages, queue_pending
     queue, group = params["q"], params["g"]
-    free = select(m.c.offset).where(
-        m.c.queue == queue, m.c.offset.in_(offsets), ~_has_row(queue, group).exists()
-    )
+    free = select(m.c.offset).where(m.c.queue == queue, m.c.offset.in_(offsets), _no_row(queue, group))
     ours = [int(o) for (o,) in connection.execute(free.with_for_update(of=m, skip_locked=True))]
     if not ours:
         return []

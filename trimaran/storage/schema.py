@@ -174,7 +174,8 @@ queue_events = Table(
 # The longest span a row may have: a lookup by offset reads the index from ``offset - SPAN_MAX``.
 SPAN_MAX = 1024
 Index("ix_queue_events_queue_offset", queue_events.c.queue, queue_events.c.offset)
-Index("ix_queue_pending_claim", queue_pending.c.queue, queue_pending.c.group, queue_pending.c.available_at)
+# (ix_queue_pending_claim, on queue, group, available_at, was dropped by migration 0014: claims walk
+# the primary key in offset order, and the planner took that index for key lookups.)
 # The 'done' markers alone (migration 0013): the shared mode's compaction reads them at every poll.
 Index(
     "ix_queue_pending_done",
