@@ -1230,3 +1230,31 @@ class FixedData:
 
     def draw(self, strategy: Any, label: Any = None) -> Any:
         return self.values.pop(0)
+
+
+def test_a_group_made_on_another_node_keeps_what_the_first_group_acks(machine_storage: Storage) -> None:
+    """Found by the shared model: g1 consumes on node 1 (its claim counts one group), then g2 on
+    node 0 claims the same message; g1's ack, made believing it was alone, must leave the message
+    to g2 (a 'done' marker), not delete it."""
+    shared_storage(machine_storage)
+    with start_blocking_portal("asyncio") as portal:
+
+        class Machine(SharedMachine):
+            pass
+
+        Machine.storage = machine_storage
+        Machine.portal = portal
+        machine = Machine()
+        try:
+            machine.fill([(False, "a")])
+            machine.advance(10)
+            machine.consume(group="g1", kind="plain", credit=1, node=1)
+            machine.consume(group="g2", kind="plain", credit=1, node=0)
+            machine.settle(FixedData(["c1", 0]), "ack")
+            machine.settle_down()
+            machine.check_held()
+            machine.settle(FixedData(["c2", 0]), "ack")
+            machine.advance(600)
+            machine.check_held()
+        finally:
+            machine.teardown()

@@ -266,6 +266,45 @@ def test_deletes_of_runs_and_scattered_offsets_remove_exactly_those(storage_url:
         storage.close()
 
 
+def test_what_a_group_alone_finished_goes_unless_another_group_exists(storage_url: str) -> None:
+    """Shared mode: a group that believed itself the queue's only one finishes messages. With no
+    other group in the database the messages and their rows go; once another node made a group,
+    the same commit keeps the messages and marks the rows 'done' for the compaction."""
+    storage = Storage.from_url(storage_url)
+    storage.migrate()
+    try:
+        writer = GroupCommitWriter(storage.engine)
+
+        def group_row(queue: str, group: str) -> dict:
+            return {"queue": queue, "group": group, "cursor": 0, "committed": 0, "updated_at": 1}
+
+        async def scenario() -> None:
+            writer.start()
+            try:
+                for queue in ("one", "two"):
+                    await writer.write(WriteBatch(calls=[queue_store.upsert_queue(queue, "work", {}, 1)]))
+                    await writer.write(WriteBatch.joined([_rows(queue, offset) for offset in range(20)]))
+                other = WriteBatch()
+                other.groups[("two", "elsewhere")] = group_row("two", "elsewhere")
+                await writer.write(other)
+                finished = WriteBatch()
+                for queue in ("one", "two"):
+                    finished.finished_alone[(queue, "$default")] = [*range(0, 12), 15]
+                await writer.write(finished)
+            finally:
+                await writer.stop()
+
+        asyncio.run(scenario())
+        kept = [*range(12, 15), *range(16, 20)]
+        assert queue_store.stored_offsets(storage.engine, "one") == kept
+        assert [row["offset"] for row in queue_store.pending_rows(storage.engine, "one")] == kept
+        assert queue_store.stored_offsets(storage.engine, "two") == list(range(20))
+        states = {row["offset"]: row["state"] for row in queue_store.pending_rows(storage.engine, "two")}
+        assert {o for o, state in states.items() if state == "done"} == {*range(0, 12), 15}
+    finally:
+        storage.close()
+
+
 def _event(offset: int | None, kind: str = "delivered", *, time: int = 5, consumer: str = "c1") -> dict:
     return rows.event_row(time, "q", kind, group="g", offset=offset, consumer=consumer, attempt=1)
 

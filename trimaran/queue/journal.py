@@ -24,7 +24,7 @@ from trimaran.queue.changes import Changes
 from trimaran.queue.groups import HELD, WAIT, Entry, Group, QueueState, StoredMessage, policy_dict
 from trimaran.queue.policy import QueueError
 from trimaran.storage import queue_store
-from trimaran.storage.rows import MessageRow, WriteBatch, add_event, add_published
+from trimaran.storage.rows import HeldHere, MessageRow, WriteBatch, add_event, add_published, pending_row
 from trimaran.storage.writer import Receipt, WriterError
 
 if TYPE_CHECKING:
@@ -93,6 +93,7 @@ class Journal:
         #: On the loop once a turn's change is committed or failed (its ticket's ``error`` says
         #: which): the manager tells each publish. Called with the turn and the commit's results.
         self.turn_done: Callable[[Turn, list[Any]], None] | None = None
+        self._held: HeldHere | None = None  # the last one made (held_here)
 
     # -- state changes ----------------------------------------------------------------------------
 
@@ -139,6 +140,18 @@ class Journal:
             "unsent": entry.unsent,
             "returned": entry.returned,
         }
+
+    def held_here(self, ch: WriteBatch, state: QueueState, group: Group, offset: int, at: int) -> None:
+        """The row of a message this shared node claims as it publishes it at ``at`` (epoch ms):
+        held here under a lease from then, handed to no consumer yet (``rows.HeldHere``)."""
+        # The lease runs from the start of a tenth of it (at most a second), so that the publishes
+        # of a commit share a mark, and PostgreSQL gets one array of offsets for them.
+        step = max(1, min(1000, self.lease_ms // 10))
+        until = at - at % step + self.lease_ms
+        mark = self._held
+        if mark is None or mark.lease_until != until:
+            mark = self._held = HeldHere(self.node, until)
+        ch.pending[(state.name, group.name, offset)] = mark
 
     def pending_gone(
         self, ch: WriteBatch, state: QueueState, group: Group, offset: int, entry: Entry
@@ -259,6 +272,12 @@ class Journal:
         except WriterError as exc:
             turn.ticket.settle(exc)  # runs turn_done: every publish of the turn hears it failed
 
+    def finished_alone(self, ch: WriteBatch, state: QueueState, group: Group, offset: int) -> None:
+        """A shared group that was the queue's only one at its last claim is done with ``offset``:
+        the message and its row go, unless the commit finds another group (``WriteBatch``)."""
+        if state.durable:
+            ch.finished_alone.setdefault((state.name, group.name), []).append(offset)
+
     def removed(self, ch: WriteBatch, state: QueueState, offset: int) -> None:
         if state.durable:
             ch.message_deletes.append((state.name, offset))
@@ -351,10 +370,18 @@ class MemoryJournal(Journal):
             if prow is None:
                 self.pending_rows.pop(pkey, None)
             else:
-                self.pending_rows[pkey] = prow
+                self.pending_rows[pkey] = pending_row(pkey, prow)
         for gkey, grow in batch.groups.items():
             if grow is not None:
                 self.group_rows[gkey] = grow
+        for (queue, group), offsets in batch.finished_alone.items():
+            others = any(q == queue and g != group for q, g in self.group_rows)
+            for offset in offsets:
+                if others:
+                    self.pending_rows.setdefault((queue, group, offset), {"state": "done"})["state"] = "done"
+                else:
+                    self.messages.pop((queue, offset), None)
+                    self.pending_rows.pop((queue, group, offset), None)
         for event in batch.events:
             self.events.extend(queue_store.expand_event(event))
         receipt = Receipt(batch, None, None)

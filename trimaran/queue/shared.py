@@ -23,7 +23,7 @@ import anyio
 
 from trimaran.broker.message import Message, now_ms
 from trimaran.queue.changes import Changes
-from trimaran.queue.groups import HELD, Entry, Group, QueueDelivery, QueueState, StoredMessage, Taker
+from trimaran.queue.groups import Group, QueueDelivery, QueueState, StoredMessage, Taker
 from trimaran.queue.handles import BrowseHandle
 from trimaran.queue.journal import Journal
 from trimaran.queue.policy import filter_matches
@@ -39,8 +39,11 @@ BROWSE_PAGE = 100  # most stored rows a browser reads at once
 
 
 def takes_all(takers: Iterable[Taker]) -> bool:
-    """One of ``takers`` takes every message (no routing filter, no selector)."""
-    return any(t.routing_filter is None and t.selects is None for t in takers)
+    """One of ``takers`` takes every message (no routing filter, no selector). Asked per publish."""
+    for t in takers:  # noqa: SIM110 (no generator frame per publish)
+        if t.routing_filter is None and t.selects is None:
+            return True
+    return False
 
 
 def taken_by(takers: Iterable[Taker]) -> Wants:
@@ -117,12 +120,10 @@ class Claims:
                 continue
             if not takes_all(consumers) and not taken_by(consumers)(routing_key, message):
                 continue  # the others' to claim
+            if not group.in_database or group.behind:
+                return []
             ready = len(group.ready)
-            if (
-                not group.in_database
-                or group.behind
-                or (ready >= self.batch and ready >= self.room(group))  # room: a sum over consumers
-            ):
+            if ready >= self.batch and ready >= self.room(group):  # room: a sum over consumers
                 return []
             mine.append(group)
         return mine
@@ -155,7 +156,7 @@ class Claims:
         state.add(stored)
         offset = stored.offset
         for group in groups:
-            self.journal.pending(ch, state, group, offset, Entry(HELD))
+            self.journal.held_here(ch, state, group, offset, stored.published_at)
             group.claimed(offset, FIRST)
 
     def claim(self, state: QueueState, group: Group) -> None:

@@ -98,24 +98,29 @@ class WorkGroup(Group):
         messages met on the way are expired; the ones passed over stay for other consumers."""
         state = self.state
         messages = state.messages
-        if self.ready:
-            for offset in list(self.ready):
-                stored = messages.get(offset)
-                if stored is None:
-                    self.unready(offset)
-                    gone = self.entries.pop(offset, None)
-                    if gone is not None:
-                        self.journal.pending_gone(ch, state, self, offset, gone)
-                    continue
-                if expired(stored, now):
-                    self.host.expire(state, offset, now, ch)
-                    continue
-                if routing_filter is not None and not filter_matches(routing_filter, stored.routing_key):
-                    continue
-                if selects is not None and not selects(stored.message):
-                    continue
-                self.unready(offset)
-                return stored, self.entries.get(offset)
+        ready = self.ready
+        i = 0  # walked in place: a copy per take cost O(ready), up to a claim batch, per message
+        while i < len(ready):
+            offset = ready[i]
+            stored = messages.get(offset)
+            if stored is None:
+                del ready[i]
+                gone = self.entries.pop(offset, None)
+                if gone is not None:
+                    self.journal.pending_gone(ch, state, self, offset, gone)
+                continue
+            if expired(stored, now):
+                self.host.expire(state, offset, now, ch)
+                if i < len(ready) and ready[i] == offset:
+                    i += 1  # still ready (expiry left it): passed over, as before
+                continue
+            if (routing_filter is not None and not filter_matches(routing_filter, stored.routing_key)) or (
+                selects is not None and not selects(stored.message)
+            ):
+                i += 1
+                continue
+            del ready[i]
+            return stored, self.entries.get(offset)
         if self.shared:
             return None  # only claimed messages
         offset = self.cursor
@@ -363,11 +368,10 @@ class WorkGroup(Group):
             entry.state = DONE
             entry.holder = None
             if self.alone and len(state.groups) == 1:
-                # No group anywhere else to finish it: the message and its row go now (in the
-                # commit that wrote them, neither is written: rows.without_transients).
-                self.journal.pending_gone(ch, state, self, offset, entry)
+                # No group anywhere else at the last claim: the message and its row go now, unless
+                # the commit finds that a node made another group since (Journal.finished_alone).
+                self.journal.finished_alone(ch, state, self, offset)
                 self._forget(offset, entry)
-                self.journal.removed(ch, state, offset)
                 return
             self.journal.pending(ch, state, self, offset, entry)
             self._forget(offset, entry)

@@ -268,6 +268,11 @@ _ENSURE_GROUP = text(
     VALUES (:q, :g, 0, 0, :now) ON CONFLICT DO NOTHING
     """
 )
+_HAS_GROUP = text('SELECT 1 FROM queue_groups WHERE queue = :q AND "group" = :g')
+# A node making a group holds the queue row until its commit: a commit of what a group that
+# believed itself alone finished (writer._finish_alone_pg) takes it shared, and so either deletes
+# before this claim looks or sees this group and leaves 'done' markers instead.
+_LOCK_QUEUE = text("SELECT 1 FROM queues WHERE name = :q FOR UPDATE")
 
 
 def _again(r: Any) -> Claimed:
@@ -295,7 +300,9 @@ def claim(
 
     def call(connection: Connection) -> list[tuple[Any, Claimed]]:
         params = {"q": queue, "g": group, "node": node, "n": limit, "now": now, "lease": lease_until}
-        connection.execute(_ENSURE_GROUP, params)
+        if connection.execute(_HAS_GROUP, params).first() is None:
+            connection.execute(_LOCK_QUEUE, params)
+            connection.execute(_ENSURE_GROUP, params)
         # Walk the messages by their key and stop at the limit: with a young table's statistics the
         # planner sorted (or bitmap-scanned) every message of the queue for each claim instead, O(backlog):
         # 30 ms a claim at 40,000 queued, the commit waiting behind it.

@@ -39,6 +39,32 @@ PendingKey = tuple[str, str, int]
 GroupKey = tuple[str, str]
 
 
+class HeldHere(NamedTuple):
+    """The pending row of a message a shared node claims as it publishes it (``Claims.claim_published``):
+    held by ``node`` until ``lease_until``, not yet handed to a consumer. One value stands for the rows
+    of the messages claimed with the same lease; PostgreSQL gets their offsets as one array
+    instead of thirteen columns a row (:func:`pending_row` spells a row out)."""
+
+    node: str
+    lease_until: int
+
+
+#: A key's new pending row, or None: it goes.
+PendingRow = dict[str, Any] | HeldHere | None
+
+
+def pending_row(key: PendingKey, row: dict[str, Any] | HeldHere) -> dict[str, Any]:
+    """A pending row as its columns."""
+    if not isinstance(row, HeldHere):
+        return row
+    queue, group, offset = key
+    return {
+        "queue": queue, "group": group, "offset": offset, "state": "held", "consumer": None,
+        "node": row.node, "delivered_at": None, "attempts": 0, "available_at": None,
+        "lease_until": row.lease_until, "reason": None, "unsent": 0, "returned": 0,
+    }  # fmt: skip
+
+
 class MessageRow:
     """A message's row, built when the writer writes it. A message published and settled within one
     commit is never written (:func:`without_transients`), so its row, the properties JSON above
@@ -160,7 +186,11 @@ class WriteBatch:
 
     messages: list[MessageRow] = field(default_factory=list)
     message_deletes: list[tuple[str, int]] = field(default_factory=list)
-    pending: dict[PendingKey, dict[str, Any] | None] = field(default_factory=dict)
+    pending: dict[PendingKey, PendingRow] = field(default_factory=dict)
+    # Shared mode: what a group that believed itself the queue's only one finished. In the commit,
+    # under a share lock on the queue row (a node making a group takes it for update), each message
+    # and its row go if no other group exists, else the row says 'done' for the compaction.
+    finished_alone: dict[GroupKey, list[int]] = field(default_factory=dict)
     groups: dict[GroupKey, dict[str, Any] | None] = field(default_factory=dict)
     queue_next: dict[str, int] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
@@ -173,6 +203,7 @@ class WriteBatch:
             self.messages
             or self.message_deletes
             or self.pending
+            or self.finished_alone
             or self.groups
             or self.queue_next
             or self.events
@@ -186,6 +217,7 @@ class WriteBatch:
             messages=[m for b in batches for m in b.messages],
             message_deletes=[key for b in batches for key in b.message_deletes],
             pending={key: row for b in batches for key, row in b.pending.items()},
+            finished_alone=_lists_joined([b.finished_alone for b in batches]),
             groups={key: row for b in batches for key, row in b.groups.items()},
             events=[event for b in batches for event in b.events],
             calls=[call for b in batches for call in b.calls],
@@ -196,6 +228,14 @@ class WriteBatch:
                 if value > queue_next.get(name, -1):
                     queue_next[name] = value
         return joined
+
+
+def _lists_joined(parts: list[dict[GroupKey, list[int]]]) -> dict[GroupKey, list[int]]:
+    joined: dict[GroupKey, list[int]] = {}
+    for part in parts:
+        for key, items in part.items():
+            joined.setdefault(key, []).extend(items)
+    return joined
 
 
 _second = itemgetter(1)
@@ -227,6 +267,7 @@ def without_transients(batch: WriteBatch) -> WriteBatch:
             for key, row in batch.pending.items()
             if row is not None or (key[0], key[2]) not in transient
         },
+        finished_alone=batch.finished_alone,
         groups=batch.groups,
         queue_next=batch.queue_next,
         events=batch.events,

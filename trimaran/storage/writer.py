@@ -45,9 +45,14 @@ from trimaran.storage.engine import availability, is_unavailable
 from trimaran.storage.rows import (
     MESSAGE_COLUMNS,
     RUN_COLUMNS,
+    GroupKey,
+    HeldHere,
+    PendingKey,
+    PendingRow,
     WriteBatch,
     event_rows,
     message_tuples,
+    pending_row,
     without_transients,
 )
 from trimaran.storage.schema import queue_events, queue_groups, queue_messages, queue_pending
@@ -65,6 +70,7 @@ def _rows_in(batch: WriteBatch) -> int:
         len(batch.messages)
         + len(batch.message_deletes)
         + len(batch.pending)
+        + sum(map(len, batch.finished_alone.values()))
         + len(batch.groups)
         + len(batch.events)
         + len(batch.calls)
@@ -554,6 +560,10 @@ class _PgSql:
         self.deletes_listed = {
             table: f'{sql} AND "offset" = ANY(%b::bigint[])' for table, sql in self.deletes.items()
         }
+        # The same, only while the queue has no group but the one given (its two parameters last).
+        alone = ' AND NOT EXISTS (SELECT 1 FROM queue_groups WHERE queue = %s AND "group" <> %s)'
+        self.deletes_alone = {table: sql + alone for table, sql in self.deletes.items()}
+        self.deletes_listed_alone = {table: sql + alone for table, sql in self.deletes_listed.items()}
 
     def insert(self, cursor: Any, table: str, rows: list[tuple[Any, ...]]) -> None:
         """``rows``: tuples in the table's column order (``id`` left out)."""
@@ -562,7 +572,10 @@ class _PgSql:
     def columns(self, table: str) -> list[str]:
         return self.inserts[table][1]
 
-    def delete(self, cursor: Any, table: str, keys: list[tuple[Any, ...]]) -> None:
+    def delete(
+        self, cursor: Any, table: str, keys: list[tuple[Any, ...]], alone: tuple[str, str] | None = None
+    ) -> None:
+        """Delete the rows of ``keys`` (``alone``: only while the queue has no group but that one)."""
         by_prefix: dict[tuple[Any, ...], list[int]] = {}
         for key in keys:
             by_prefix.setdefault(key[:-1], []).append(key[-1])
@@ -583,10 +596,14 @@ class _PgSql:
             for at in range(0, len(scattered), _LISTED):
                 chunk = scattered[at : at + _LISTED]
                 listed.append((*prefix, chunk[0], chunk[-1], chunk))
+        if alone is not None:
+            runs = [(*params, *alone) for params in runs]
+            listed = [(*params, *alone) for params in listed]
         if runs:
-            cursor.executemany(self.deletes[table], runs)
+            cursor.executemany((self.deletes if alone is None else self.deletes_alone)[table], runs)
         if listed:
-            cursor.executemany(self.deletes_listed[table], listed)
+            statement = (self.deletes_listed if alone is None else self.deletes_listed_alone)[table]
+            cursor.executemany(statement, listed)
 
 
 # A run of consecutive offsets this long is deleted by its bounds; the rest in arrays of at most
@@ -615,10 +632,9 @@ def _apply_pg_statements(cursor: Any, sql: _PgSql, batch: WriteBatch) -> None:
     if batch.message_deletes:
         sql.delete(cursor, "queue_messages", batch.message_deletes)
     if batch.pending:
-        sql.delete(cursor, "queue_pending", list(batch.pending))
-        rows = [row for row in batch.pending.values() if row is not None]
-        if rows:
-            sql.insert(cursor, "queue_pending", _tuples(rows, sql.columns("queue_pending")))
+        _write_pending_pg(cursor, sql, batch.pending)
+    if batch.finished_alone:
+        _finish_alone_pg(cursor, sql, batch.finished_alone)
     if batch.groups:
         _write_groups(cursor, "%s", batch)
     if batch.queue_next:
@@ -628,6 +644,74 @@ def _apply_pg_statements(cursor: Any, sql: _PgSql, batch: WriteBatch) -> None:
         )
     if batch.events:
         sql.insert(cursor, "queue_events", event_rows(batch.events))
+
+
+def _write_pending_pg(cursor: Any, sql: _PgSql, pending: dict[PendingKey, PendingRow]) -> None:
+    """Pending rows replace what a key had (deleted, then inserted); a row held here from the
+    message's publish is its key's first (no delete), and those of one queue, group and lease go as
+    one array of offsets."""
+    replaced: list[PendingKey] = []
+    rows: list[dict[str, Any]] = []
+    held: dict[tuple[str, str, HeldHere], list[int]] = {}
+    for key, row in pending.items():
+        if isinstance(row, HeldHere):
+            held.setdefault((key[0], key[1], row), []).append(key[2])
+            continue
+        replaced.append(key)
+        if row is not None:
+            rows.append(row)
+    if replaced:
+        sql.delete(cursor, "queue_pending", replaced)
+    if rows:
+        sql.insert(cursor, "queue_pending", _tuples(rows, sql.columns("queue_pending")))
+    if held:
+        params = [(q, g, mark.node, mark.lease_until, offsets) for (q, g, mark), offsets in held.items()]
+        cursor.executemany(_HELD_HERE, params)
+
+
+_HELD_HERE = (
+    'INSERT INTO queue_pending (queue, "group", "offset", state, node, attempts, lease_until, unsent, '
+    "returned) SELECT %s, %s, o, 'held', %s, 0, %s, 0, 0 FROM unnest(%b::bigint[]) o"
+)
+
+
+def _finish_alone_pg(cursor: Any, sql: _PgSql, finished: dict[GroupKey, list[int]]) -> None:
+    """What groups that believed themselves alone finished (``WriteBatch.finished_alone``). The share
+    lock on the queue row waits for a node making a group (``queue_store.claim``), so the statements
+    after it see that group: without it, a group made meanwhile on another node could have
+    claimed a message this commit deletes."""
+    cursor.executemany(_QUEUE_SHARED, [(queue,) for queue in sorted({queue for queue, _ in finished})])
+    for (queue, group), offsets in finished.items():
+        sql.delete(cursor, "queue_messages", [(queue, o) for o in offsets], alone=(queue, group))
+        sql.delete(cursor, "queue_pending", [(queue, group, o) for o in offsets], alone=(queue, group))
+        cursor.execute(_DONE_UNLESS_ALONE, (queue, group, offsets, queue, group))
+
+
+def _finish_alone_sqlite(cursor: Any, sql: _Sql, finished: dict[GroupKey, list[int]]) -> None:
+    """As :func:`_finish_alone_pg` (shared mode runs on PostgreSQL; SQLite's one writer needs no lock)."""
+    for (queue, group), offsets in finished.items():
+        others = cursor.execute(
+            'SELECT 1 FROM queue_groups WHERE queue = ? AND "group" <> ? LIMIT 1', (queue, group)
+        ).fetchone()
+        if others is None:
+            sql.messages_out.run(cursor, [(queue, o) for o in offsets])
+            sql.pending_out.run(cursor, [(queue, group, o) for o in offsets])
+            continue
+        cursor.executemany(
+            'INSERT INTO queue_pending (queue, "group", "offset", state, attempts, unsent, returned) '
+            'VALUES (?, ?, ?, \'done\', 0, 0, 0) ON CONFLICT (queue, "group", "offset") '
+            "DO UPDATE SET state = 'done', consumer = NULL",
+            [(queue, group, o) for o in offsets],
+        )
+
+
+_QUEUE_SHARED = "SELECT 1 FROM queues WHERE name = %s FOR SHARE"
+_DONE_UNLESS_ALONE = (
+    'INSERT INTO queue_pending (queue, "group", "offset", state, attempts, unsent, returned) '
+    "SELECT %s, %s, o, 'done', 0, 0, 0 FROM unnest(%b::bigint[]) o "
+    'WHERE EXISTS (SELECT 1 FROM queue_groups WHERE queue = %s AND "group" <> %s) '
+    'ON CONFLICT (queue, "group", "offset") DO UPDATE SET state = \'done\', consumer = NULL'
+)
 
 
 def _tuples(rows: list[dict[str, Any]], names: list[str]) -> list[tuple[Any, ...]]:
@@ -678,9 +762,11 @@ def apply(connection: Connection, batch: WriteBatch) -> list[Any]:
             gone = [key for key, row in batch.pending.items() if row is None]
             if gone:
                 sql.pending_out.run(cursor, gone)
-            rows = [row for row in batch.pending.values() if row is not None]
+            rows = [pending_row(key, row) for key, row in batch.pending.items() if row is not None]
             if rows:
                 sql.pending_in.run(cursor, _tuples(rows, sql.pending_cols))
+        if batch.finished_alone:
+            _finish_alone_sqlite(cursor, sql, batch.finished_alone)
         if batch.groups:
             _write_groups(cursor, "?", batch)
         if batch.queue_next:
