@@ -289,7 +289,9 @@ def test_what_a_group_alone_finished_goes_unless_another_group_exists(storage_ur
                 await writer.write(other)
                 finished = WriteBatch()
                 for queue in ("one", "two"):
-                    finished.finished_alone[(queue, "$default")] = [*range(0, 12), 15]
+                    finished.finished_alone[(queue, "$default")] = [*range(0, 12), 15, 20]
+                # written and finished in the same commit: written only where another group is
+                finished = WriteBatch.joined([_rows("one", 20), _rows("two", 20), finished])
                 await writer.write(finished)
             finally:
                 await writer.stop()
@@ -298,9 +300,9 @@ def test_what_a_group_alone_finished_goes_unless_another_group_exists(storage_ur
         kept = [*range(12, 15), *range(16, 20)]
         assert queue_store.stored_offsets(storage.engine, "one") == kept
         assert [row["offset"] for row in queue_store.pending_rows(storage.engine, "one")] == kept
-        assert queue_store.stored_offsets(storage.engine, "two") == list(range(20))
+        assert queue_store.stored_offsets(storage.engine, "two") == list(range(21))
         states = {row["offset"]: row["state"] for row in queue_store.pending_rows(storage.engine, "two")}
-        assert {o for o, state in states.items() if state == "done"} == {*range(0, 12), 15}
+        assert {o for o, state in states.items() if state == "done"} == {*range(0, 12), 15, 20}
     finally:
         storage.close()
 

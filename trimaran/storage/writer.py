@@ -47,6 +47,7 @@ from trimaran.storage.rows import (
     RUN_COLUMNS,
     GroupKey,
     HeldHere,
+    MessageRow,
     PendingKey,
     PendingRow,
     WriteBatch,
@@ -565,9 +566,17 @@ class _PgSql:
         self.deletes_alone = {table: sql + alone for table, sql in self.deletes.items()}
         self.deletes_listed_alone = {table: sql + alone for table, sql in self.deletes_listed.items()}
 
-    def insert(self, cursor: Any, table: str, rows: list[tuple[Any, ...]]) -> None:
-        """``rows``: tuples in the table's column order (``id`` left out)."""
-        cursor.execute(self.inserts[table][0], [list(column) for column in zip(*rows, strict=True)])
+    def insert(
+        self, cursor: Any, table: str, rows: list[tuple[Any, ...]], unless_alone: GroupKey | None = None
+    ) -> None:
+        """``rows``: tuples in the table's column order (``id`` left out). ``unless_alone``: only if
+        the queue has a group but the one given."""
+        columns = [list(column) for column in zip(*rows, strict=True)]
+        if unless_alone is None:
+            cursor.execute(self.inserts[table][0], columns)
+            return
+        guard = ' WHERE EXISTS (SELECT 1 FROM queue_groups WHERE queue = %s AND "group" <> %s)'
+        cursor.execute(self.inserts[table][0] + guard, [*columns, *unless_alone])
 
     def columns(self, table: str) -> list[str]:
         return self.inserts[table][1]
@@ -627,14 +636,23 @@ def _apply_pg(connection: Connection, batch: WriteBatch) -> None:
 
 
 def _apply_pg_statements(cursor: Any, sql: _PgSql, batch: WriteBatch) -> None:
+    finished = batch.finished_alone
+    written: dict[str, tuple[str, set[int]]] = {}
+    if finished:
+        # First: the statements after it see a group another node made (_finish_alone_pg).
+        cursor.executemany(_QUEUE_SHARED, [(queue,) for queue in sorted({queue for queue, _ in finished})])
+        written = _written_and_finished(batch)
     if batch.messages:
-        sql.insert(cursor, "queue_messages", _message_tuples(batch))
+        if written:
+            _insert_messages_unless_alone(cursor, sql, batch.messages, written)
+        else:
+            sql.insert(cursor, "queue_messages", _message_tuples(batch))
     if batch.message_deletes:
         sql.delete(cursor, "queue_messages", batch.message_deletes)
     if batch.pending:
-        _write_pending_pg(cursor, sql, batch.pending)
-    if batch.finished_alone:
-        _finish_alone_pg(cursor, sql, batch.finished_alone)
+        _write_pending_pg(cursor, sql, batch.pending, written)
+    if finished:
+        _finish_alone_pg(cursor, sql, finished, written)
     if batch.groups:
         _write_groups(cursor, "%s", batch)
     if batch.queue_next:
@@ -646,14 +664,55 @@ def _apply_pg_statements(cursor: Any, sql: _PgSql, batch: WriteBatch) -> None:
         sql.insert(cursor, "queue_events", event_rows(batch.events))
 
 
-def _write_pending_pg(cursor: Any, sql: _PgSql, pending: dict[PendingKey, PendingRow]) -> None:
+def _written_and_finished(batch: WriteBatch) -> dict[str, tuple[str, set[int]]]:
+    """Per queue, the messages this batch writes that the queue's one group (as its node believed)
+    finishes in it too: written only if the commit finds another group (:func:`_finish_alone_pg`)."""
+    groups: dict[str, list[str]] = {}
+    for queue, group in batch.finished_alone:
+        groups.setdefault(queue, []).append(group)
+    written: dict[str, set[int]] = {}
+    for m in batch.messages:
+        if m.queue in groups:
+            written.setdefault(m.queue, set()).add(m.offset)
+    both: dict[str, tuple[str, set[int]]] = {}
+    for queue, offsets in written.items():
+        if len(groups[queue]) == 1:
+            group = groups[queue][0]
+            if finished := offsets.intersection(batch.finished_alone[(queue, group)]):
+                both[queue] = (group, finished)
+    return both
+
+
+def _insert_messages_unless_alone(
+    cursor: Any, sql: _PgSql, messages: list[MessageRow], written: dict[str, tuple[str, set[int]]]
+) -> None:
+    plain: list[MessageRow] = []
+    kept: dict[str, list[MessageRow]] = {}
+    for m in messages:
+        entry = written.get(m.queue)
+        if entry is not None and m.offset in entry[1]:
+            kept.setdefault(m.queue, []).append(m)
+        else:
+            plain.append(m)
+    if plain:
+        sql.insert(cursor, "queue_messages", message_tuples(plain))
+    for queue, rows in kept.items():
+        sql.insert(cursor, "queue_messages", message_tuples(rows), unless_alone=(queue, written[queue][0]))
+
+
+def _write_pending_pg(
+    cursor: Any, sql: _PgSql, pending: dict[PendingKey, PendingRow], written: dict[str, tuple[str, set[int]]]
+) -> None:
     """Pending rows replace what a key had (deleted, then inserted); a row held here from the
     message's publish is its key's first (no delete), and those of one queue, group and lease go as
-    one array of offsets."""
+    one array of offsets. The rows of messages written and finished alone here are left to
+    :func:`_finish_alone_pg`."""
     replaced: list[PendingKey] = []
     rows: list[dict[str, Any]] = []
     held: dict[tuple[str, str, HeldHere], list[int]] = {}
     for key, row in pending.items():
+        if written and (entry := written.get(key[0])) is not None and key[2] in entry[1]:
+            continue
         if isinstance(row, HeldHere):
             held.setdefault((key[0], key[1], row), []).append(key[2])
             continue
@@ -675,15 +734,23 @@ _HELD_HERE = (
 )
 
 
-def _finish_alone_pg(cursor: Any, sql: _PgSql, finished: dict[GroupKey, list[int]]) -> None:
-    """What groups that believed themselves alone finished (``WriteBatch.finished_alone``). The share
-    lock on the queue row waits for a node making a group (``queue_store.claim``), so the statements
-    after it see that group: without it, a group made meanwhile on another node could have
-    claimed a message this commit deletes."""
-    cursor.executemany(_QUEUE_SHARED, [(queue,) for queue in sorted({queue for queue, _ in finished})])
+def _finish_alone_pg(
+    cursor: Any, sql: _PgSql, finished: dict[GroupKey, list[int]], written: dict[str, tuple[str, set[int]]]
+) -> None:
+    """What groups that believed themselves alone finished (``WriteBatch.finished_alone``): the
+    messages and their rows go while the queue has no other group, else the rows say 'done'. The
+    share lock taken first on the queue row waits for a node making a group (``queue_store.claim``),
+    so these statements see that group: without it, a group made meanwhile on another node could
+    have claimed a message this commit deletes. What this batch writes and finishes alone is
+    written only if there is another group (:func:`_insert_messages_unless_alone`), so here it
+    needs no delete."""
     for (queue, group), offsets in finished.items():
-        sql.delete(cursor, "queue_messages", [(queue, o) for o in offsets], alone=(queue, group))
-        sql.delete(cursor, "queue_pending", [(queue, group, o) for o in offsets], alone=(queue, group))
+        stored = offsets
+        if (entry := written.get(queue)) is not None and entry[0] == group:
+            stored = [o for o in offsets if o not in entry[1]]
+        if stored:
+            sql.delete(cursor, "queue_messages", [(queue, o) for o in stored], alone=(queue, group))
+            sql.delete(cursor, "queue_pending", [(queue, group, o) for o in stored], alone=(queue, group))
         cursor.execute(_DONE_UNLESS_ALONE, (queue, group, offsets, queue, group))
 
 
