@@ -1193,33 +1193,40 @@ def test_shared_nodes_follow_the_model_at_length(machine_storage: Storage) -> No
     run_model(shared_storage(machine_storage), MODEL_EXAMPLES_SLOW, SharedMachine)
 
 
-def test_the_model_catches_what_issue_42_left_stored(machine_storage: Storage) -> None:
-    """The history of issue 42 replayed by hand through the machine: a selector consumer acks two
-    messages behind one nobody took, then a plain consumer takes and acks that one."""
+@contextmanager
+def replayed(kind: type[QueueMachine], storage: Storage) -> Iterator[QueueMachine]:
+    """A machine of ``kind`` to drive by hand (a history replayed step by step), torn down after."""
     with start_blocking_portal("asyncio") as portal:
 
-        class Machine(QueueMachine):
+        class Machine(kind):  # type: ignore[valid-type,misc]
             pass
 
-        Machine.storage = machine_storage
+        Machine.storage = storage
         Machine.portal = portal
         machine = Machine()
         try:
-            machine.publish(red=False, key="b", ttl=None)
-            machine.publish(red=True, key="b", ttl=None)
-            machine.publish(red=True, key="b", ttl=None)
-            machine.consume(group="g1", kind="red", credit=2)
-            red = machine.consumers["c1"]
-            for offset in (1, 2):
-                machine.settle(FixedData([red.name, offset]), "ack")
-            machine.consume(group="g1", kind="plain", credit=1)
-            machine.settle(FixedData(["c2", 0]), "ack")
-            assert not machine.model.messages
-            machine.restart()
-            machine.consume(group="g1", kind="plain", credit=3)
-            assert machine.consumers["c3"].got == []
+            yield machine
         finally:
             machine.teardown()
+
+
+def test_the_model_catches_what_issue_42_left_stored(machine_storage: Storage) -> None:
+    """The history of issue 42 replayed by hand through the machine: a selector consumer acks two
+    messages behind one nobody took, then a plain consumer takes and acks that one."""
+    with replayed(QueueMachine, machine_storage) as machine:
+        machine.publish(red=False, key="b", ttl=None)
+        machine.publish(red=True, key="b", ttl=None)
+        machine.publish(red=True, key="b", ttl=None)
+        machine.consume(group="g1", kind="red", credit=2)
+        red = machine.consumers["c1"]
+        for offset in (1, 2):
+            machine.settle(FixedData([red.name, offset]), "ack")
+        machine.consume(group="g1", kind="plain", credit=1)
+        machine.settle(FixedData(["c2", 0]), "ack")
+        assert not machine.model.messages
+        machine.restart()
+        machine.consume(group="g1", kind="plain", credit=3)
+        assert machine.consumers["c3"].got == []
 
 
 class FixedData:
@@ -1236,25 +1243,14 @@ def test_a_group_made_on_another_node_keeps_what_the_first_group_acks(machine_st
     """Found by the shared model: g1 consumes on node 1 (its claim counts one group), then g2 on
     node 0 claims the same message; g1's ack, made believing it was alone, must leave the message
     to g2 (a 'done' marker), not delete it."""
-    shared_storage(machine_storage)
-    with start_blocking_portal("asyncio") as portal:
-
-        class Machine(SharedMachine):
-            pass
-
-        Machine.storage = machine_storage
-        Machine.portal = portal
-        machine = Machine()
-        try:
-            machine.fill([(False, "a")])
-            machine.advance(10)
-            machine.consume(group="g1", kind="plain", credit=1, node=1)
-            machine.consume(group="g2", kind="plain", credit=1, node=0)
-            machine.settle(FixedData(["c1", 0]), "ack")
-            machine.settle_down()
-            machine.check_held()
-            machine.settle(FixedData(["c2", 0]), "ack")
-            machine.advance(600)
-            machine.check_held()
-        finally:
-            machine.teardown()
+    with replayed(SharedMachine, shared_storage(machine_storage)) as machine:
+        machine.fill([(False, "a")])
+        machine.advance(10)
+        machine.consume(group="g1", kind="plain", credit=1, node=1)
+        machine.consume(group="g2", kind="plain", credit=1, node=0)
+        machine.settle(FixedData(["c1", 0]), "ack")
+        machine.settle_down()
+        machine.check_held()
+        machine.settle(FixedData(["c2", 0]), "ack")
+        machine.advance(600)
+        machine.check_held()
