@@ -157,18 +157,11 @@ def test_message_appended_and_deleted_in_one_transaction_writes_no_row(storage_u
     storage = Storage.from_url(storage_url)
     storage.migrate()
     try:
-        writer = GroupCommitWriter(storage.engine)
-
-        async def scenario() -> None:
-            writer.start()
-            try:
-                await writer.write(WriteBatch(calls=[queue_store.upsert_queue("short", "work", {}, 1)]))
-                await writer.write(_rows("short", 0))
-                await writer.write(_settled_in_one_batch())
-            finally:
-                await writer.stop()
-
-        asyncio.run(scenario())
+        _written(storage, [
+            WriteBatch(calls=[queue_store.upsert_queue("short", "work", {}, 1)]),
+            _rows("short", 0),
+            _settled_in_one_batch(),
+        ])  # fmt: skip
         assert queue_store.stored_offsets(storage.engine, "short") == [2]
         events = queue_store.events_for(storage.engine, "short")
         assert [(e["kind"], e["offset"]) for e in events] == [
@@ -183,6 +176,21 @@ def test_message_appended_and_deleted_in_one_transaction_writes_no_row(storage_u
         assert [tuple(r) for r in written] == [("published", 1, 2), ("acked", 1, 1)]  # neighbours joined
     finally:
         storage.close()
+
+
+def _written(storage: Storage, batches: list[WriteBatch]) -> None:
+    """Each batch committed in turn, by a writer started before and stopped after them."""
+    writer = GroupCommitWriter(storage.engine)
+
+    async def scenario() -> None:
+        writer.start()
+        try:
+            for batch in batches:
+                await writer.write(batch)
+        finally:
+            await writer.stop()
+
+    asyncio.run(scenario())
 
 
 def test_batches_larger_than_one_statement_write_every_row(storage_url: str) -> None:
@@ -243,22 +251,15 @@ def test_deletes_of_runs_and_scattered_offsets_remove_exactly_those(storage_url:
     storage.migrate()
     gone = [*range(0, 50), *range(50, 260, 3), *range(260, 267), *range(270, 278), 5, 290]
     try:
-        writer = GroupCommitWriter(storage.engine)
-
-        async def scenario() -> None:
-            writer.start()
-            try:
-                await writer.write(WriteBatch(calls=[queue_store.upsert_queue("mixed", "work", {}, 1)]))
-                await writer.write(WriteBatch.joined([_rows("mixed", offset) for offset in range(300)]))
-                batch = WriteBatch()
-                for offset in gone:
-                    batch.message_deletes.append(("mixed", offset))
-                    batch.pending[("mixed", "$default", offset)] = None
-                await writer.write(batch)
-            finally:
-                await writer.stop()
-
-        asyncio.run(scenario())
+        batch = WriteBatch()
+        for offset in gone:
+            batch.message_deletes.append(("mixed", offset))
+            batch.pending[("mixed", "$default", offset)] = None
+        _written(storage, [
+            WriteBatch(calls=[queue_store.upsert_queue("mixed", "work", {}, 1)]),
+            WriteBatch.joined([_rows("mixed", offset) for offset in range(300)]),
+            batch,
+        ])  # fmt: skip
         kept = sorted(set(range(300)) - set(gone))
         assert queue_store.stored_offsets(storage.engine, "mixed") == kept
         assert [row["offset"] for row in queue_store.pending_rows(storage.engine, "mixed")] == kept
@@ -273,30 +274,20 @@ def test_what_a_group_alone_finished_goes_unless_another_group_exists(storage_ur
     storage = Storage.from_url(storage_url)
     storage.migrate()
     try:
-        writer = GroupCommitWriter(storage.engine)
-
-        def group_row(queue: str, group: str) -> dict:
-            return {"queue": queue, "group": group, "cursor": 0, "committed": 0, "updated_at": 1}
-
-        async def scenario() -> None:
-            writer.start()
-            try:
-                for queue in ("one", "two"):
-                    await writer.write(WriteBatch(calls=[queue_store.upsert_queue(queue, "work", {}, 1)]))
-                    await writer.write(WriteBatch.joined([_rows(queue, offset) for offset in range(20)]))
-                other = WriteBatch()
-                other.groups[("two", "elsewhere")] = group_row("two", "elsewhere")
-                await writer.write(other)
-                finished = WriteBatch()
-                for queue in ("one", "two"):
-                    finished.finished_alone[(queue, "$default")] = [*range(0, 12), 15, 20]
-                # written and finished in the same commit: written only where another group is
-                finished = WriteBatch.joined([_rows("one", 20), _rows("two", 20), finished])
-                await writer.write(finished)
-            finally:
-                await writer.stop()
-
-        asyncio.run(scenario())
+        batches = []
+        for queue in ("one", "two"):
+            batches.append(WriteBatch(calls=[queue_store.upsert_queue(queue, "work", {}, 1)]))
+            batches.append(WriteBatch.joined([_rows(queue, offset) for offset in range(20)]))
+        other = WriteBatch()
+        other.groups[("two", "elsewhere")] = {
+            "queue": "two", "group": "elsewhere", "cursor": 0, "committed": 0, "updated_at": 1,
+        }  # fmt: skip
+        finished = WriteBatch()
+        for queue in ("one", "two"):
+            finished.finished_alone[(queue, "$default")] = [*range(0, 12), 15, 20]
+        # written and finished in the same commit: written only where another group is
+        finished = WriteBatch.joined([_rows("one", 20), _rows("two", 20), finished])
+        _written(storage, [*batches, other, finished])
         kept = [*range(12, 15), *range(16, 20)]
         assert queue_store.stored_offsets(storage.engine, "one") == kept
         assert [row["offset"] for row in queue_store.pending_rows(storage.engine, "one")] == kept

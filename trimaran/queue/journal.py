@@ -94,6 +94,9 @@ class Journal:
         #: which): the manager tells each publish. Called with the turn and the commit's results.
         self.turn_done: Callable[[Turn, list[Any]], None] | None = None
         self._held: HeldHere | None = None  # the last one made (held_here)
+        # held_here's leases run from the start of a tenth of one (at most a second), so that the
+        # publishes of a commit share a mark, and PostgreSQL gets one array of offsets for them.
+        self._held_step = max(1, min(1000, lease_ms // 10))
 
     # -- state changes ----------------------------------------------------------------------------
 
@@ -144,10 +147,7 @@ class Journal:
     def held_here(self, ch: WriteBatch, state: QueueState, group: Group, offset: int, at: int) -> None:
         """The row of a message this shared node claims as it publishes it at ``at`` (epoch ms):
         held here under a lease from then, handed to no consumer yet (``rows.HeldHere``)."""
-        # The lease runs from the start of a tenth of it (at most a second), so that the publishes
-        # of a commit share a mark, and PostgreSQL gets one array of offsets for them.
-        step = max(1, min(1000, self.lease_ms // 10))
-        until = at - at % step + self.lease_ms
+        until = at - at % self._held_step + self.lease_ms
         mark = self._held
         if mark is None or mark.lease_until != until:
             mark = self._held = HeldHere(self.node, until)

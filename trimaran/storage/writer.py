@@ -525,6 +525,10 @@ def _pg_type(column: Any) -> str:
     return "text"
 
 
+# Shared mode: the queue has a group besides the given one (parameters: queue, group).
+_OTHER_GROUP = 'EXISTS (SELECT 1 FROM queue_groups WHERE queue = %s AND "group" <> %s)'
+
+
 class _PgSql:
     """PostgreSQL: one statement per table and batch, rows passed as arrays through unnest().
 
@@ -562,7 +566,7 @@ class _PgSql:
             table: f'{sql} AND "offset" = ANY(%b::bigint[])' for table, sql in self.deletes.items()
         }
         # The same, only while the queue has no group but the one given (its two parameters last).
-        alone = ' AND NOT EXISTS (SELECT 1 FROM queue_groups WHERE queue = %s AND "group" <> %s)'
+        alone = f" AND NOT {_OTHER_GROUP}"
         self.deletes_alone = {table: sql + alone for table, sql in self.deletes.items()}
         self.deletes_listed_alone = {table: sql + alone for table, sql in self.deletes_listed.items()}
 
@@ -575,14 +579,13 @@ class _PgSql:
         if unless_alone is None:
             cursor.execute(self.inserts[table][0], columns)
             return
-        guard = ' WHERE EXISTS (SELECT 1 FROM queue_groups WHERE queue = %s AND "group" <> %s)'
-        cursor.execute(self.inserts[table][0] + guard, [*columns, *unless_alone])
+        cursor.execute(f"{self.inserts[table][0]} WHERE {_OTHER_GROUP}", [*columns, *unless_alone])
 
     def columns(self, table: str) -> list[str]:
         return self.inserts[table][1]
 
     def delete(
-        self, cursor: Any, table: str, keys: list[tuple[Any, ...]], alone: tuple[str, str] | None = None
+        self, cursor: Any, table: str, keys: list[tuple[Any, ...]], alone: GroupKey | None = None
     ) -> None:
         """Delete the rows of ``keys`` (``alone``: only while the queue has no group but that one)."""
         by_prefix: dict[tuple[Any, ...], list[int]] = {}
@@ -776,7 +779,7 @@ _QUEUE_SHARED = "SELECT 1 FROM queues WHERE name = %s FOR SHARE"
 _DONE_UNLESS_ALONE = (
     'INSERT INTO queue_pending (queue, "group", "offset", state, attempts, unsent, returned) '
     "SELECT %s, %s, o, 'done', 0, 0, 0 FROM unnest(%b::bigint[]) o "
-    'WHERE EXISTS (SELECT 1 FROM queue_groups WHERE queue = %s AND "group" <> %s) '
+    f"WHERE {_OTHER_GROUP} "
     'ON CONFLICT (queue, "group", "offset") DO UPDATE SET state = \'done\', consumer = NULL'
 )
 
