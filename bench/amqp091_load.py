@@ -273,6 +273,7 @@ class Consumer(AmqpConn):
         self.last_rx = time.monotonic()
         self.rx_interval = 0.0
         self.consuming = False
+        self.gaps: bl.GapMeter | None = None  # set at the start: the longest gap between deliveries
 
     def data_received(self, data):
         AmqpConn.data_received(self, data)
@@ -318,7 +319,9 @@ class Consumer(AmqpConn):
         if cnt:
             self.count += cnt
             self.last_tag = tag
-            self.last_rx = time.monotonic()
+            self.last_rx = t = time.monotonic()  # one clock read a read, not a message
+            if self.gaps is not None:
+                self.gaps.mark(t)
             if self.ack_every and tag - self.acked_tag >= self.ack_every:
                 self.ack()
         return i
@@ -498,6 +501,7 @@ async def role_consumer(wid, cfg, sync: bl.Sync):
     _t0, tws, twe, tstop = await sync.wait_go()
     lat = [] if cfg["latency"] else None
     for p in cons:
+        p.gaps = bl.GapMeter(tws, tstop)
         if lat is not None:
             p.lat = lat
             p.win_lo_ns, p.win_hi_ns = int(tws * 1e9), int(twe * 1e9)
@@ -546,6 +550,7 @@ async def role_consumer(wid, cfg, sync: bl.Sync):
     out = dict(
         received=sum(p.count for p in cons),
         drain_s=round(drain_s, 3),
+        gap_max_s=max(p.gaps.finish() for p in cons if p.gaps is not None),
         end=end_reason,
         lost=sum(p.lost for p in cons),
         **win.export(),
@@ -664,7 +669,7 @@ def run_once(a, run_idx, broker_pid):
     pub_q = [queues[i % len(queues)] for i in range(a.publishers)]
     pgroups = spread(list(range(a.publishers)), a.pub_procs)
     pwids = [f"pub{i}" for i in range(len(pgroups))]
-    coord = bl.Coordinator(broker_pid)
+    coord = bl.Coordinator(broker_pid, storage_pid=a.storage_pid)
     coord.shared[bl.EXPECT] = -1
     try:
         coord.spawn(
@@ -737,6 +742,8 @@ def run_once(a, run_idx, broker_pid):
         gen_cpu_pub_pct=round(100.0 * p_cpu / dt, 1),
         gen_cpu_sub_pct=round(100.0 * c_cpu / dt, 1),
         drain_s=max((r["drain_s"] for r in cres.values() if r), default=None),
+        # the longest stretch any consumer went without a delivery in the window (at read granularity)
+        gap_max_ms=max((round(r["gap_max_s"] * 1e3, 1) for r in cres.values() if r), default=None),
         drain_end=sorted({r["end"] for r in cres.values() if r}),
         conn_lost=sum(r["lost"] for r in list(cres.values()) + list(pres.values()) if r),
         broker_rss_kb=samples.get("broker_rss_kb"),
@@ -744,7 +751,7 @@ def run_once(a, run_idx, broker_pid):
     closed = [c for r in pres.values() if r for c in r["closed"]]
     if closed:
         out["server_closed"] = closed
-    out.update({k: v for k, v in samples.items() if k.startswith("cpu") or k.startswith("other_")})
+    out.update({k: v for k, v in samples.items() if k.startswith(("cpu", "other_", "storage_"))})
     if latency:
         out.update(bl.percentiles_us([x for r in cres.values() if r for x in r.get("lat", [])]))
         out["max_send_burst"] = max((r["max_behind"] for r in pres.values() if r), default=0)

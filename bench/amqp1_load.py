@@ -922,7 +922,7 @@ def run_once(a, run_idx, broker_pid):
     rwids = [f"rcv{i}" for i in range(len(rgroups))]
     sgroups = spread(list(range(a.senders)), a.pub_procs)
     swids = [f"snd{i}" for i in range(len(sgroups))]
-    coord = bl.Coordinator(broker_pid)
+    coord = bl.Coordinator(broker_pid, storage_pid=a.storage_pid)
     coord.shared[bl.EXPECT] = -1
     try:
         coord.spawn(
@@ -996,7 +996,7 @@ def run_once(a, run_idx, broker_pid):
     closed = [c for r in list(sres.values()) + list(rres.values()) if r for c in r["closed"]]
     if closed:
         out["server_closed"] = closed
-    out.update({k: v for k, v in samples.items() if k.startswith("cpu") or k.startswith("other_")})
+    out.update({k: v for k, v in samples.items() if k.startswith(("cpu", "other_", "storage_"))})
     if coord.errors:
         out["error"] = coord.errors
     return out

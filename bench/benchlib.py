@@ -308,6 +308,44 @@ def at(loop, t_mono: float, fn, *args):
     return loop.call_later(max(0.0, t_mono - time.monotonic()), fn, *args)
 
 
+class GapMeter:
+    """The longest stretch without a delivery inside the window [lo, hi] at one receiver.
+
+    Receivers call mark(now) once per read that delivered anything (not once per message: one
+    monotonic read per read batch is what the hot path can afford), so a gap is measured at the
+    granularity of the reads; a batch of messages is one instant.  A stretch that starts before lo
+    or ends after hi counts only its part inside the window; the window's start counts as a
+    delivery (a receiver that gets nothing from lo on has a gap from lo), and finish() counts the
+    stretch from the last delivery to hi."""
+
+    __slots__ = ("gap", "hi", "lo", "prev")
+
+    def __init__(self, lo: float, hi: float):
+        self.lo, self.hi = lo, hi
+        self.prev = lo
+        self.gap = 0.0
+
+    def mark(self, now: float) -> None:
+        start = self.prev if self.prev > self.lo else self.lo
+        end = now if now < self.hi else self.hi
+        if end - start > self.gap:
+            self.gap = end - start
+        self.prev = now
+
+    def finish(self) -> float:
+        """The longest gap in seconds, once the window is over."""
+        self.mark(self.hi)
+        return self.gap
+
+
+def max_gap(times, lo: float, hi: float) -> float:
+    """GapMeter over a sequence of delivery times: the longest gap (s) inside [lo, hi]."""
+    meter = GapMeter(lo, hi)
+    for t in times:
+        meter.mark(t)
+    return meter.finish()
+
+
 class Window:
     """Snapshots a counter function and own CPU at TWS and TWE."""
 
@@ -357,9 +395,14 @@ def _worker_entry(fn, wid, cfg, shared, go, resq, progress):
 
 class Coordinator:
     """Starts worker processes in groups, hands them a common timeline and
-    samples broker CPU / per-core busy% over the measurement window."""
+    samples broker CPU / per-core busy% over the measurement window.
 
-    def __init__(self, broker_pid: int | None, ready_timeout=120.0):
+    ``storage_pid``: a server the broker stores in (PostgreSQL's postmaster; its backends are its
+    children), on the broker's core.  Its CPU over the window is ``storage_cpu_pct``; it is the
+    broker's cost, not another tenant's, so it is left out of ``other_procs`` / ``other_cpu_pct``
+    and ``annotate_foreign`` takes it out of ``foreign_cpu_pct`` before the contamination rule."""
+
+    def __init__(self, broker_pid: int | None, ready_timeout=120.0, storage_pid: int | None = None):
         self.ctx = mp.get_context("fork")
         self.shared = self.ctx.Array("d", NSHARED, lock=False)
         self.go = self.ctx.Event()
@@ -367,6 +410,7 @@ class Coordinator:
         self.progress = self.ctx.RawArray("q", 64)
         self.procs = []
         self.broker_pid = broker_pid
+        self.storage_pid = storage_pid or None
         self.ready_timeout = ready_timeout
         self.ready_info: dict[str, dict] = {}
         self.results: dict[str, dict] = {}
@@ -426,24 +470,28 @@ class Coordinator:
         time.sleep(max(0.0, tws - time.monotonic()))
         a_t = time.monotonic()
         a_b = proc_cpu_seconds(self.broker_pid) if self.broker_pid else None
+        a_st = proc_cpu_seconds(self.storage_pid) if self.storage_pid else None
         a_s = cpu_times_all()
         a_me = self_cpu()
         a_all = all_proc_cpu()
         time.sleep(max(0.0, twe - time.monotonic()))
         b_t = time.monotonic()
         b_b = proc_cpu_seconds(self.broker_pid) if self.broker_pid else None
+        b_st = proc_cpu_seconds(self.storage_pid) if self.storage_pid else None
         b_s = cpu_times_all()
         b_me = self_cpu()
         b_all = all_proc_cpu()
         dt = b_t - a_t
         out = {"window_s": round(dt, 3), "coord_cpu_s": b_me - a_me}
-        mine = descendants(b_all, [os.getpid(), self.broker_pid])
+        mine = descendants(b_all, [os.getpid(), self.broker_pid, self.storage_pid])
         out["other_procs"] = top_other(a_all, b_all, mine, dt)
         out["other_cpu_pct"] = round(
             sum(r[2] for r in top_other(a_all, b_all, mine, dt, min_pct=0.5, n=1000)), 1
         )
         if a_b is not None and b_b is not None:
             out["broker_cpu_pct"] = round(100.0 * (b_b - a_b) / dt, 1)
+        if a_st is not None and b_st is not None:
+            out["storage_cpu_pct"] = round(100.0 * (b_st - a_st) / dt, 1)
         out.update(cpu_busy_pct(a_s, b_s))
         if self.broker_pid:
             out["broker_rss_kb"] = tree_rss_kb(self.broker_pid)
@@ -506,17 +554,21 @@ SUMMARY_KEYS = (
     "other_cpu_pct",
     "foreign_cpu_pct",
     "drain_s",
+    "gap_max_ms",
+    "storage_cpu_pct",
 )
 
 
 def annotate_foreign(rec: dict, max_foreign_pct: float) -> dict:
-    """foreign_cpu_pct = CPU time of both cores during the window that was neither the broker, the
-    generator nor irq/softirq: other tenants, including short-lived processes that a /proc
-    snapshot misses.  Runs above max_foreign_pct (if > 0) are marked contaminated."""
+    """foreign_cpu_pct = CPU time of both cores during the window that was neither the broker, its
+    storage server (``storage_cpu_pct``: PostgreSQL, see Coordinator), the generator nor irq/softirq:
+    other tenants, including short-lived processes that a /proc snapshot misses.  Runs above
+    max_foreign_pct (if > 0) are marked contaminated."""
     busy = sum(v for k, v in rec.items() if k.startswith("cpu") and k.endswith("_busy_pct"))
     irq = sum(v for k, v in rec.items() if k.startswith("cpu") and k.endswith("_irq_pct"))
     if busy:
         f = busy - irq - (rec.get("broker_cpu_pct") or 0) - (rec.get("gen_cpu_pct") or 0)
+        f -= rec.get("storage_cpu_pct") or 0
         rec["foreign_cpu_pct"] = round(max(0.0, f), 1)
         if max_foreign_pct and f > max_foreign_pct:
             rec["contaminated"] = True
@@ -543,6 +595,13 @@ def run_series(a, one_run):
 
 def add_series_args(ap):
     ap.add_argument("--runs", type=int, default=3, help="clean runs wanted (median reported)")
+    ap.add_argument(
+        "--storage-pid",
+        type=int,
+        default=0,
+        help="the server the broker stores in (PostgreSQL's postmaster): its CPU (and its children's) "
+        "in the window is reported as storage_cpu_pct and not counted as foreign",
+    )
     ap.add_argument(
         "--max-foreign-pct",
         type=float,

@@ -215,6 +215,7 @@ class Sub(MqttConn):
         self.lat = None
         self.win_lo_ns = self.win_hi_ns = 0
         self.rx_interval = 0.0
+        self.gaps: bl.GapMeter | None = None  # set at the start: the longest gap between deliveries
 
     def batch_reads(self, interval: float):
         """After each read stop reading for `interval` s so the kernel accumulates data
@@ -250,7 +251,9 @@ class Sub(MqttConn):
                     break
             if ok:  # k complete, identically framed PUBLISH packets
                 self.count += k
-                self.last_rx = time.monotonic()
+                self.last_rx = t = time.monotonic()  # one clock read a read, not a message
+                if self.gaps is not None:
+                    self.gaps.mark(t)
                 if self.qos:
                     o = self.pid_off
                     out = bytearray(4 * k)
@@ -271,6 +274,7 @@ class Sub(MqttConn):
                 return kl
         # slow path: mixed packets (PINGRESP, DUP flag, other topic lengths...)
         pkts, used = split_packets(data, n)
+        before = self.count
         acks = []
         now = time.monotonic_ns()
         for h, s, e in pkts:
@@ -289,7 +293,9 @@ class Sub(MqttConn):
             else:
                 self.on_packet(h, data, s, e)
         if pkts:
-            self.last_rx = time.monotonic()
+            self.last_rx = t = time.monotonic()
+            if self.gaps is not None and self.count != before:  # a PUBLISH among them
+                self.gaps.mark(t)
         if acks:
             self.acks += len(acks)
             self.transport.write(b"".join(acks))
@@ -490,6 +496,7 @@ async def role_sub(wid, cfg, sync: bl.Sync):
     bl.at(loop, t0, stall)
     lat = [] if cfg["latency"] else None
     for p in subs:
+        p.gaps = bl.GapMeter(tws, tstop)
         if lat is not None:
             p.measure_latency(lat, (tws, twe))
         elif cfg["rx_batch_ms"]:
@@ -545,6 +552,7 @@ async def role_sub(wid, cfg, sync: bl.Sync):
         per_sub=per_sub,
         acks_sent=sum(p.acks for p in subs),
         drain_s=round(drain_s, 3),
+        gap_max_s=max((p.gaps.finish() for p in subs if p.gaps is not None), default=0.0),
         end=end_reason,
         lost=sum(p.lost for p in subs),
         stalled_closed=sum(p.lost for p in stalled),
@@ -706,7 +714,7 @@ def run_pubsub(a, run_idx, broker_pid):
     payload = max(a.payload, TS.size) if latency else a.payload
     base["payload"] = payload
     tl = len(a.topics[0].encode()) + (4 if a.topics_each > 1 else 0)  # (/000)
-    coord = bl.Coordinator(broker_pid)
+    coord = bl.Coordinator(broker_pid, storage_pid=a.storage_pid)
     coord.shared[bl.EXPECT] = -1
     try:
         sub_ids = list(range(a.subscribers))
@@ -785,12 +793,14 @@ def run_pubsub(a, run_idx, broker_pid):
         pub_acked=sum(r["acked"] for r in pres.values() if r),
         sub_acks_sent=sum(r["acks_sent"] for r in sres.values() if r),
         drain_s=max((r["drain_s"] for r in sres.values() if r), default=None),
+        # the longest stretch any subscriber went without a delivery in the window (at read granularity)
+        gap_max_ms=max((round(r["gap_max_s"] * 1e3, 1) for r in sres.values() if r), default=None),
         drain_end=sorted({r["end"] for r in sres.values() if r}),
         conn_lost=sum(r["lost"] for r in list(sres.values()) + list(pres.values()) if r),
         stalled_closed=sum(r["stalled_closed"] for r in sres.values() if r),
         broker_rss_kb=samples.get("broker_rss_kb"),
     )
-    out.update({k: v for k, v in samples.items() if k.startswith("cpu") or k.startswith("other_")})
+    out.update({k: v for k, v in samples.items() if k.startswith(("cpu", "other_", "storage_"))})
     if latency:
         lat = [x for r in sres.values() if r for x in r.get("lat", [])]
         out.update(bl.percentiles_us(lat))
@@ -807,7 +817,7 @@ def run_conns(a, run_idx, broker_pid):
     ids = list(range(a.conns))
     groups = spread(ids, a.pub_procs)
     wids = [f"idle{i}" for i in range(len(groups))]
-    coord = bl.Coordinator(broker_pid, ready_timeout=900)
+    coord = bl.Coordinator(broker_pid, ready_timeout=900, storage_pid=a.storage_pid)
     try:
         t = time.monotonic()
         coord.spawn(
@@ -859,7 +869,7 @@ def run_conns(a, run_idx, broker_pid):
         broker_cpu_pct=samples.get("broker_cpu_pct"),
         gen_cpu_pct=round(100.0 * gen_cpu / samples["window_s"], 1),
     )
-    out.update({k: v for k, v in samples.items() if k.startswith("cpu") or k.startswith("other_")})
+    out.update({k: v for k, v in samples.items() if k.startswith(("cpu", "other_", "storage_"))})
     if errs:
         out["first_error"] = errs[0]
     if coord.errors:
