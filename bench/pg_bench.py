@@ -7,15 +7,19 @@ and consumer acks (``amqp091_load.py durable``, the README's durable row: one pu
 fresh database on a throwaway cluster.
 
 Besides each broker's rate and CPU a message, what predicts how many nodes one PostgreSQL carries
-(docs/cluster.md, "Scaling"): PostgreSQL's CPU a message (the postmaster and its backends), the rows
-it wrote (inserted + updated + deleted, from ``pg_stat_user_tables``) and the WAL bytes a message
-(``pg_current_wal_lsn``), all over the generator's whole run divided by the messages it received.
+(docs/cluster.md, "Scaling"): PostgreSQL's CPU a message (the postmaster and its backends, over the
+generator's window like the broker's), the rows it wrote (inserted + updated + deleted, from
+``pg_stat_user_tables``) and the WAL bytes a message (``pg_current_wal_lsn``), over the generator's
+whole run divided by the messages it received (``pgdb.py``, which ``make bench``'s PostgreSQL rows
+use too; before, the CPU was also over the whole run).
 
     python bench/pg_bench.py [--targets trimaran,trimaran-shared,rabbitmq] [--runs 3] [--out FILE]
 
-The generator's own contamination check counts PostgreSQL as foreign CPU, so it is told to keep every
-run; this script subtracts PostgreSQL's share and reports what is left (``other_cpu_pct``): read it
-before trusting a run (two cores, nothing else should be running).
+The quick tool for one shape; ``make bench`` has the same rows in its table (``amqp091-durable-pg``,
+``amqp091-durable-pg-shared``, bench/README.md). The generator is told PostgreSQL's postmaster
+(``--storage-pid``), so its ``foreign_cpu_pct`` leaves PostgreSQL out; it keeps every run, and this
+script reports that figure as ``other_cpu_pct``: read it before trusting a run (two cores, nothing
+else should be running).
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,87 +39,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-import benchlib as bl  # noqa: E402
 import brokers  # noqa: E402
+import pgdb  # noqa: E402
+from pgdb import Database  # noqa: E402
 
 TARGETS = ("trimaran", "trimaran-shared", "rabbitmq")
 BROKER_CPU, GEN_CPU = 0, 1
-
-
-class Database:
-    """A throwaway PostgreSQL cluster with fsync on (tests/support/postgres.py), one database per run."""
-
-    def __init__(self, *, statements: bool = False) -> None:
-        from tests.support.postgres import PostgresCluster, find_bindir
-
-        bindir = find_bindir()
-        if bindir is None:
-            raise brokers.BrokerUnavailable("PostgreSQL is not installed (apt-get install postgresql)")
-        settings = {"shared_preload_libraries": "pg_stat_statements"} if statements else {}
-        self.cluster = PostgresCluster(bindir, fsync=True, settings=settings).start()
-        self.statements = statements
-        self.count = 0
-
-    def new(self) -> str:
-        self.count += 1
-        url = self.cluster.create_database(f"bench{self.count}")
-        if self.statements:
-            self._execute(url, "CREATE EXTENSION pg_stat_statements")
-        return url
-
-    @staticmethod
-    def _execute(url: str, sql: str) -> list[tuple[Any, ...]]:
-        import psycopg
-
-        with psycopg.connect(url, autocommit=True) as connection:
-            cursor = connection.execute(sql)
-            return cursor.fetchall() if cursor.description else []
-
-    def reset_statements(self, url: str) -> None:
-        if self.statements:
-            self._execute(url, "SELECT pg_stat_statements_reset()")
-
-    def top_statements(self, url: str, received: int, limit: int = 12) -> list[dict[str, Any]]:
-        """The statements that took PostgreSQL's time in this run, the most first, per message received."""
-        if not self.statements or not received:
-            return []
-        rows = self._execute(
-            url,
-            "SELECT total_exec_time, calls, rows, shared_blks_hit + shared_blks_read, query "
-            "FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = "
-            "current_database()) ORDER BY total_exec_time DESC LIMIT " + str(limit),
-        )
-        return [
-            {"us_per_msg": round(ms * 1e3 / received, 2), "calls": calls, "rows": n,
-             "blocks_per_call": round(blocks / calls, 1) if calls else 0, "query": " ".join(q.split())[:240]}
-            for ms, calls, n, blocks, q in rows
-        ]  # fmt: skip
-
-    def table_rows(self, url: str) -> dict[str, list[int]]:
-        """Rows inserted, updated and deleted so far, per table."""
-        rows = self._execute(
-            url, "SELECT relname, n_tup_ins, n_tup_upd, n_tup_del FROM pg_stat_user_tables ORDER BY relname"
-        )
-        return {name: [ins, upd, dele] for name, ins, upd, dele in rows if ins or upd or dele}
-
-    def postmaster(self) -> int:
-        return int((self.cluster.datadir / "postmaster.pid").read_text().split()[0])
-
-    def stats(self, url: str) -> tuple[int, int]:
-        """Rows written so far in ``url``'s database, and the cluster's WAL position (bytes)."""
-        import psycopg
-
-        with psycopg.connect(url, autocommit=True) as connection:
-            connection.execute("SELECT pg_stat_force_next_flush()")
-            rows = connection.execute(
-                "SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables"
-            ).fetchone()
-            wal = connection.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
-        assert rows is not None and wal is not None
-        return int(rows[0]), int(wal[0])
-
-    def stop(self) -> None:
-        self.cluster.stop()
 
 
 @contextlib.contextmanager
@@ -139,9 +67,10 @@ def started(name: str, db: Database | None) -> Iterator[tuple[brokers.Running, s
         os.environ.pop("TRIMARAN_QUEUES__SHARED", None)
 
 
-def generator(port: int, broker_pid: int, a: argparse.Namespace) -> dict[str, Any]:
+def generator(port: int, broker_pid: int, storage_pid: int | None, a: argparse.Namespace) -> dict[str, Any]:
     cmd = ["taskset", "-c", str(GEN_CPU), sys.executable, str(HERE / "amqp091_load.py"), "durable"]
     cmd += ["--port", str(port), "--broker-pid", str(broker_pid), "--runs", "1", "--max-attempts", "1"]
+    cmd += ["--storage-pid", str(storage_pid or 0)]
     cmd += ["--warmup", str(a.warmup), "--duration", str(a.duration), "--max-foreign-pct", "1000"]
     cmd += ["--quiet-pct", "1000"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=a.warmup + a.duration + 240)
@@ -156,30 +85,23 @@ def generator(port: int, broker_pid: int, a: argparse.Namespace) -> dict[str, An
 def measure(name: str, db: Database | None, a: argparse.Namespace) -> dict[str, Any]:
     with started(name, db) as (running, url):
         assert running.amqp is not None
-        pg = db.postmaster() if url is not None and db is not None else None
-        rows0, wal0 = db.stats(url) if url is not None and db is not None else (0, 0)
-        if url is not None and db is not None:
+        if url is None or db is None:
+            rec = generator(running.amqp[1], running.pid, None, a)
+        else:
+            rows0, wal0 = db.stats(url)
             db.reset_statements(url)
-        pg0 = bl.proc_cpu_seconds(pg) if pg else 0.0
-        t0 = time.monotonic()
-        rec = generator(running.amqp[1], running.pid, a)
-        elapsed = time.monotonic() - t0
-        pg_s = bl.proc_cpu_seconds(pg) - pg0 if pg else 0.0
-        rows1, wal1 = db.stats(url) if url is not None and db is not None else (0, 0)
-        if url is not None and db is not None and db.statements:
-            rec["statements"] = db.top_statements(url, int(rec.get("received") or 0))
-            rec["table_rows"] = db.table_rows(url)
+            rec = generator(running.amqp[1], running.pid, db.postmaster(), a)
+            rows1, wal1 = db.stats(url)
+            pgdb.annotate([rec], rows1 - rows0, wal1 - wal0)
+            if db.statements:
+                rec["statements"] = db.top_statements(url, int(rec.get("received") or 0))
+                rec["table_rows"] = db.table_rows(url)
     rec["target"] = name
-    rate, received = rec.get("msgs_per_s_received"), rec.get("received")
+    # what the generator saw of other tenants, PostgreSQL left out (the column of recorded sittings)
+    rec["other_cpu_pct"] = rec.get("foreign_cpu_pct")
+    rate = rec.get("msgs_per_s_received")
     if rate and rec.get("broker_cpu_pct") is not None:
         rec["broker_us_per_msg"] = round(rec["broker_cpu_pct"] * 1e4 / rate, 1)
-    if pg and received:
-        rec["pg_us_per_msg"] = round(pg_s * 1e6 / received, 1)
-        rec["pg_cpu_pct_avg"] = round(100 * pg_s / elapsed, 1)
-        rec["rows_per_msg"] = round((rows1 - rows0) / received, 2)
-        rec["wal_bytes_per_msg"] = round((wal1 - wal0) / received)
-    if rec.get("foreign_cpu_pct") is not None:  # PostgreSQL counted as foreign by the generator
-        rec["other_cpu_pct"] = round(max(0.0, rec["foreign_cpu_pct"] - rec.get("pg_cpu_pct_avg", 0.0)), 1)
     return rec
 
 
@@ -191,14 +113,14 @@ def table(runs: list[dict[str, Any]]) -> str:
     base = med("rabbitmq", "msgs_per_s_received")
     lines = [
         "| target | delivered msg/s (median) | vs RabbitMQ | broker µs/msg | PostgreSQL µs/msg | rows/msg "
-        "| WAL B/msg | drain s | other CPU % |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| WAL B/msg | drain s | gap ms | other CPU % |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in dict.fromkeys(r["target"] for r in runs):
         rate = med(name, "msgs_per_s_received")
         if rate is None:
             errors = [r.get("error", "?") for r in runs if r.get("target") == name]
-            lines.append(f"| {name} | not measured: {errors[-1][:80]!r} | | | | | | | |")
+            lines.append(f"| {name} | not measured: {errors[-1][:80]!r} | | | | | | | | |")
             continue
         ratio = f"{rate / base:.2f}x" if base else "-"
 
@@ -209,7 +131,7 @@ def table(runs: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {name} | {rate:,.0f} | {ratio} | {cell('broker_us_per_msg')} | {cell('pg_us_per_msg')} "
             f"| {cell('rows_per_msg', '{:.2f}')} | {cell('wal_bytes_per_msg', '{:,.0f}')} "
-            f"| {cell('drain_s', '{:.2f}')} | {cell('other_cpu_pct')} |"
+            f"| {cell('drain_s', '{:.2f}')} | {cell('gap_max_ms')} | {cell('other_cpu_pct')} |"
         )
     return "\n".join(lines)
 
