@@ -16,6 +16,7 @@ is part of what one core carries, as in issue 46's sitting.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Iterable
@@ -30,11 +31,13 @@ INSTALL_HINT = "apt-get install postgresql"
 
 
 def unavailable() -> str | None:
-    """Why a PostgreSQL cluster cannot be started here, or None when it can."""
+    """Why a PostgreSQL cluster cannot be started and read here, or None when it can."""
     from tests.support.postgres import find_bindir
 
     if find_bindir() is None:
         return f"PostgreSQL is not installed ({INSTALL_HINT})"
+    if importlib.util.find_spec("psycopg") is None:  # the stats a message are read with it
+        return f"psycopg is not installed in {sys.executable} (pip install 'psycopg[binary]')"
     return None
 
 
@@ -103,6 +106,9 @@ class Database:
             url, "SELECT relname, n_tup_ins, n_tup_upd, n_tup_del FROM pg_stat_user_tables ORDER BY relname"
         )
         return {name: [ins, upd, dele] for name, ins, upd, dele in rows if ins or upd or dele}
+
+    def version(self) -> str:
+        return str(self._execute(self.cluster.url(), "SHOW server_version")[0][0])
 
     def postmaster(self) -> int:
         """The postmaster's PID: the generator's --storage-pid (its backends are its children)."""

@@ -48,6 +48,7 @@ sys.path.insert(0, str(HERE))
 
 import amqp1_load  # noqa: E402
 import benchlib as bl  # noqa: E402
+import pgdb  # noqa: E402
 import table  # noqa: E402
 
 PEER_PORTS = {
@@ -133,8 +134,10 @@ FLAGS = {"interpreted": "its source, not its mypyc build", "half": "half of its 
 
 
 # --------------------------------------------------------------------------- what the sitting needs
-def missing(python: str) -> tuple[list[str], list[str]]:
-    """(Debian packages, pip packages) that are not there yet."""
+def missing(python: str, postgres: bool = False) -> tuple[list[str], list[str]]:
+    """(Debian packages, pip packages) that are not there yet. PostgreSQL itself is not among them:
+    its package starts a system cluster of its own, so rows that need it are skipped where it is
+    not installed (pgdb.unavailable) rather than installed for; ``postgres``: Trimaran's driver is."""
     apt = []
     if not shutil.which("mosquitto", path=os.environ.get("PATH", "") + ":/usr/sbin"):
         apt.append("mosquitto")
@@ -152,6 +155,8 @@ def missing(python: str) -> tuple[list[str], list[str]]:
         apt.append("iproute2")
     # uvloop runs Trimaran as `make run` does; mypy brings mypyc, which builds the hot modules.
     pip = [package for package in ("uvloop", "mypy") if not _run_ok([python, "-c", f"import {package}"])]
+    if postgres and not _run_ok([python, "-c", "import psycopg"]):
+        pip.append("psycopg[binary]")  # pyproject's `postgres` extra: Trimaran's PostgreSQL driver
     return apt, pip
 
 
@@ -162,8 +167,8 @@ def _run_ok(cmd: list[str]) -> bool:
         return False
 
 
-def ensure_deps(python: str, install: bool) -> None:
-    apt, pip = missing(python)
+def ensure_deps(python: str, install: bool, postgres: bool = False) -> None:
+    apt, pip = missing(python, postgres)
     if (apt or pip) and install:
         if apt:
             if os.geteuid() != 0:
@@ -172,7 +177,7 @@ def ensure_deps(python: str, install: bool) -> None:
             subprocess.run(["apt-get", "install", "-y", *apt], check=True)
         if pip:
             subprocess.run([python, "-m", "pip", "install", "--quiet", *pip], check=True)
-        apt, pip = missing(python)
+        apt, pip = missing(python, postgres)
     if apt or pip:
         lines = ["bench: missing, install them or run `make bench` (it passes --install):"]
         if apt:
@@ -296,6 +301,7 @@ class Servers:
         }
         self.python = python
         self.builds = {b.name: b for b in builds}
+        self.settings: dict[str, dict[str, str]] = {}  # each server's TRIMARAN_* settings as it runs
 
     def _sh(self, *args: str, extra: dict[str, str] | None = None) -> None:
         out = subprocess.run(
@@ -307,10 +313,13 @@ class Servers:
         if out.returncode:
             raise RuntimeError(f"brokers.sh {' '.join(args)}: {out.stdout.strip()} {out.stderr.strip()}")
 
-    def restart(self, name: str) -> None:
+    def restart(self, name: str, settings: dict[str, str] | None = None) -> None:
+        """Start ``name`` again; a Trimaran build with ``settings`` (TRIMARAN_* variables, which
+        brokers.sh passes on: the storage URL and queues.shared of the PostgreSQL rows)."""
         if name in self.builds:
             b = self.builds[name]
-            self._sh("restart", f"trimaran-{b.index}", extra=b.env(self.python))
+            self._sh("restart", f"trimaran-{b.index}", extra={**b.env(self.python), **(settings or {})})
+            self.settings[name] = dict(settings or {})
         else:
             self._sh("restart", name)
 
@@ -333,8 +342,11 @@ class Settings:
     amqp1_count: int
 
 
-def run_generator(row: table.Row, server: str, port: int, s: Settings) -> list[dict]:
-    """The row's generator against one server: its run lines (the summary line left out)."""
+def run_generator(
+    row: table.Row, server: str, port: int, s: Settings, storage_pid: int | None = None
+) -> list[dict]:
+    """The row's generator against one server: its run lines (the summary line left out).
+    ``storage_pid``: the PostgreSQL the server stores in, whose CPU the generator measures apart."""
     warmup = max(s.warmup, row.warmup or 0.0)
     cmd = [
         "taskset",
@@ -351,6 +363,7 @@ def run_generator(row: table.Row, server: str, port: int, s: Settings) -> list[d
         *("--runs", str(s.runs), "--warmup", str(warmup), "--duration", str(s.duration)),
         *("--quiet-pct", str(s.quiet_pct), "--quiet-wait", str(s.quiet_wait)),
         *("--max-foreign-pct", str(s.max_foreign_pct), "--max-attempts", str(s.max_attempts)),
+        *(("--storage-pid", str(storage_pid)) if storage_pid else ()),
     ]
     budget = (warmup + s.duration + 60 + s.quiet_wait) * s.max_attempts + 60
     try:
@@ -443,9 +456,38 @@ def run_amqp1(server: str, port: int, s: Settings, proton: Path) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- the sitting
-def contenders(row: table.Row, builds: list[Build]) -> list[str]:
-    mine = [] if row.trimaran_from else [b.name for b in builds]
-    return [*mine, *row.peers]
+def contenders(row: table.Row, builds: list[Build], peers_only: bool = False) -> list[str]:
+    """Who runs this row: the builds (unless the row takes their figure from another, or is in the
+    sitting only for its peers) and its peers (unless they are measured on row.peers_from)."""
+    mine = [] if row.trimaran_from or peers_only else [b.name for b in builds]
+    return [*mine, *([] if row.peers_from else row.peers)]
+
+
+def plan(keys: list[str] | None) -> tuple[list[table.Row], set[str], str | None]:
+    """The sitting's rows, the keys of those in it only for their peers (a selected row's
+    peers_from), and why the PostgreSQL rows were left out (None when they were not)."""
+    rows = [table.ROW_BY_KEY[k] for k in keys] if keys else list(table.ROWS)
+    skipped = None
+    if any(r.postgres for r in rows):
+        skipped = pgdb.unavailable()
+        if skipped:
+            print(f"bench: skipping {', '.join(r.key for r in rows if r.postgres)}: {skipped}", flush=True)
+            rows = [r for r in rows if not r.postgres]
+    keys = [r.key for r in rows]
+    extra = [k for k in dict.fromkeys(r.peers_from for r in rows if r.peers_from) if k not in keys]
+    return [*(table.ROW_BY_KEY[k] for k in extra), *rows], set(extra), skipped
+
+
+def measure_pg(
+    db: pgdb.Database, url: str, row: table.Row, server: str, port: int, s: Settings
+) -> list[dict]:
+    """The generator against a Trimaran storing in ``url``: its CPU in the window apart from the
+    broker's (--storage-pid), and the rows and WAL it wrote over the call a message (pgdb)."""
+    rows0, wal0 = db.stats(url)
+    lines = run_generator(row, server, port, s, storage_pid=db.postmaster())
+    rows1, wal1 = db.stats(url)
+    pgdb.annotate(lines, rows1 - rows0, wal1 - wal0)
+    return lines
 
 
 def port_for(row: table.Row, server: str, builds: dict[str, Build]) -> int:
@@ -455,9 +497,9 @@ def port_for(row: table.Row, server: str, builds: dict[str, Build]) -> int:
 
 
 def sitting(a: argparse.Namespace, builds: list[Build], out: Path, meta: dict) -> list[dict]:
-    rows = [table.ROW_BY_KEY[k] for k in a.rows] if a.rows else list(table.ROWS)
+    rows, peers_only, pg_skipped = plan(a.rows)
     by_name = {b.name: b for b in builds}
-    needed = list(dict.fromkeys(c for row in rows for c in contenders(row, builds)))
+    needed = list(dict.fromkeys(c for row in rows for c in contenders(row, builds, row.key in peers_only)))
     run_dir = Path(a.run_dir).resolve()
     proton = run_dir / "proton-c"
     if any(r.tool == "amqp1" for r in rows) or "proton-broker" in needed:
@@ -476,36 +518,56 @@ def sitting(a: argparse.Namespace, builds: list[Build], out: Path, meta: dict) -
     )
     servers = Servers(run_dir, a.python, builds, a.broker_cpu)
     meta["run_dir"] = str(run_dir)
+    if pg_skipped:
+        meta["postgres"] = f"rows skipped: {pg_skipped}"
     records: list[dict] = []
-    with out.open("a") as f:
-        f.write(json.dumps(meta) + "\n")
-        try:
-            for rnd in range(1, a.rounds + 1):
-                print(f"=== round {rnd}/{a.rounds} {time.strftime('%H:%M:%S')}", flush=True)
-                if a.restart == "round":
-                    for name in needed:
-                        servers.restart(name)
-                for row in rows:
-                    for server in contenders(row, builds):
-                        if a.restart == "row":
-                            servers.restart(server)
-                        port = port_for(row, server, by_name)
-                        if row.tool == "amqp1":
-                            lines = run_amqp1(server, port, s, proton)
-                        else:
-                            lines = run_generator(row, server, port, s)
-                        for rec in lines:
-                            rec.update(row=row.key, server=server, round=rnd)
-                            if server in by_name:
-                                rec["commit"] = by_name[server].commit
-                            f.write(json.dumps(rec) + "\n")
-                            f.flush()
-                            records.append(rec)
-                        print(
-                            f"--- {time.strftime('%H:%M:%S')} {row.key} {server}: {brief(lines)}", flush=True
-                        )
-        finally:
-            servers.stop_all()
+    # One cluster for the sitting (fsync on, on the broker's core), a fresh database per Trimaran run
+    db = pgdb.Database(cpu=a.broker_cpu) if any(r.postgres for r in rows) else None
+    try:
+        if db is not None:
+            meta["postgres"] = (
+                f"PostgreSQL {db.version()}, fsync on, on CPU {a.broker_cpu} with the broker, a fresh "
+                "database for each Trimaran run; its CPU is not counted as foreign"
+            )
+        with out.open("a") as f:
+            f.write(json.dumps(meta) + "\n")
+            try:
+                for rnd in range(1, a.rounds + 1):
+                    print(f"=== round {rnd}/{a.rounds} {time.strftime('%H:%M:%S')}", flush=True)
+                    if a.restart == "round":
+                        for name in needed:
+                            servers.restart(name)
+                    for row in rows:
+                        for server in contenders(row, builds, row.key in peers_only):
+                            settings = dict(row.settings) if server in by_name else {}
+                            url = None
+                            if row.postgres and server in by_name and db is not None:
+                                url = db.new()  # every Trimaran run starts on empty tables
+                                settings["TRIMARAN_STORAGE__URL"] = url
+                            # a fresh database needs a fresh start, and so does leaving one for SQLite
+                            if a.restart == "row" or url or servers.settings.get(server, {}) != settings:
+                                servers.restart(server, settings)
+                            port = port_for(row, server, by_name)
+                            if row.tool == "amqp1":
+                                lines = run_amqp1(server, port, s, proton)
+                            elif url is not None and db is not None:
+                                lines = measure_pg(db, url, row, server, port, s)
+                            else:
+                                lines = run_generator(row, server, port, s)
+                            for rec in lines:
+                                rec.update(row=row.key, server=server, round=rnd)
+                                if server in by_name:
+                                    rec["commit"] = by_name[server].commit
+                                f.write(json.dumps(rec) + "\n")
+                                f.flush()
+                                records.append(rec)
+                            when = time.strftime("%H:%M:%S")
+                            print(f"--- {when} {row.key} {server}: {brief(lines)}", flush=True)
+            finally:
+                servers.stop_all()
+    finally:
+        if db is not None:
+            db.stop()  # after stop_all: no Trimaran is connected to it any more
     return records
 
 
@@ -518,6 +580,11 @@ def brief(lines: list[dict]) -> str:
         v = r.get("lat_p50_us") and f"p50 {r['lat_p50_us']:.0f} p99 {r.get('lat_p99_us', 0):.0f} µs"
         v = v or f"{r.get('msgs_per_s_received', 0):,.0f} msg/s"
         parts.append(f"{v}, broker {r.get('broker_cpu_pct')}%, foreign {r.get('foreign_cpu_pct')}%")
+        if "storage_cpu_pct" in r:
+            parts[-1] += (
+                f", PostgreSQL {r['storage_cpu_pct']}% ({r.get('pg_us_per_msg')} µs/msg), "
+                f"drain {r.get('drain_s')} s, gap {r.get('gap_max_ms')} ms"
+            )
         if r.get("contaminated"):
             parts[-1] += " (contaminated, retried)"
     return "; ".join(parts)
@@ -606,7 +673,9 @@ def main(argv: list[str] | None = None) -> None:
     for k in a.rows or ():
         if k not in table.ROW_BY_KEY:
             ap.error(f"unknown row {k}; rows: {', '.join(table.ROW_BY_KEY)}")
-    ensure_deps(a.python, a.install)
+    ensure_deps(
+        a.python, a.install, postgres=any(table.ROW_BY_KEY[k].postgres for k in a.rows or table.ROW_BY_KEY)
+    )
     uvloop_version = subprocess.run(
         [a.python, "-c", "import uvloop; print(uvloop.__version__)"], capture_output=True, text=True
     ).stdout.strip()

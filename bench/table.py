@@ -36,6 +36,15 @@ class Row:
     # issue 44's bar: an open-loop row where what was acknowledged must all arrive (loss 0)
     lossless: bool = False
     warmup: float | None = None  # this row's warm-up, when longer than the sitting's
+    # Trimaran stores in a fresh database of the sitting's PostgreSQL (fsync on, on the broker's core)
+    postgres: bool = False
+    settings: tuple[tuple[str, str], ...] = ()  # Trimaran's settings on this row (TRIMARAN_* variables)
+    peers_from: str | None = None  # the peers' figures are that row's (the same generator and arguments)
+    ref_target: float | None = None  # with peers as well as ref_row: the bar against ref_row's figure
+    # issue 46's bars: every confirmed message delivered within drain_max_s of the publishers stopping
+    # (drain_s, with lossless), no receiver without a delivery for longer than gap_max_ms in the window
+    drain_max_s: float | None = None
+    gap_max_ms: float | None = None
 
 
 ROWS: tuple[Row, ...] = (
@@ -204,6 +213,51 @@ ROWS: tuple[Row, ...] = (
         ref_row="amqp091-durable",
         target=1.0,
     ),
+    # Issue 46: durable queues on PostgreSQL with fsync on, RabbitMQ's figure from amqp091-durable (the
+    # same generator and arguments, in the same round); PostgreSQL's CPU a message beside the broker's.
+    Row(
+        "amqp091-durable-pg",
+        "AMQP 0.9.1 durable queue on PostgreSQL (fsync on), queues.shared off, against RabbitMQ durable",
+        "amqp091",
+        ("durable",),
+        ("rabbitmq",),
+        target=2.0,
+        postgres=True,
+        peers_from="amqp091-durable",
+    ),
+    Row(
+        "amqp091-durable-pg-shared",
+        "AMQP 0.9.1 durable queue on PostgreSQL (fsync on), queues.shared on, against RabbitMQ durable "
+        "and the same node with queues.shared off",
+        "amqp091",
+        ("durable",),
+        ("rabbitmq",),
+        target=1.5,
+        postgres=True,
+        settings=(("TRIMARAN_QUEUES__SHARED", "true"),),
+        peers_from="amqp091-durable",
+        ref_row="amqp091-durable-pg",
+        ref_name="queues.shared off",
+        ref_target=0.8,
+        lossless=True,
+        drain_max_s=2.0,
+        gap_max_ms=200.0,
+    ),
+    Row(
+        "mqtt-queue-pg-shared",
+        "MQTT `$queue/` QoS 1 fan-in 8 -> 1, window 100, open loop, on PostgreSQL (fsync on), "
+        "queues.shared on, against RabbitMQ's AMQP 0.9.1 durable",
+        "mqtt",
+        ("fanin", "--qos", "1", "--queue"),
+        ("rabbitmq",),
+        target=1.5,
+        postgres=True,
+        settings=(("TRIMARAN_QUEUES__SHARED", "true"),),
+        peers_from="amqp091-durable",
+        lossless=True,
+        drain_max_s=2.0,
+        gap_max_ms=200.0,
+    ),
     Row(
         "relay",
         "Host speed: MQTT QoS 0 fan-in 8 -> 1 against the uvloop relay",
@@ -268,6 +322,9 @@ class Figure:
     loss: float | None  # the largest of its runs (1 - received / acknowledged after the drain)
     runs: int
     per_round: dict[int, float]  # round -> median rate (latency rows: p50)
+    pg_us: float | None = None  # PostgreSQL's CPU µs a delivered message (median)
+    drain: float | None = None  # the longest drain_s of its runs
+    gap: float | None = None  # the longest gap_max_ms of its runs
 
 
 def figure(records: Sequence[dict], row: str, server: str, latency: bool) -> Figure | None:
@@ -287,7 +344,15 @@ def figure(records: Sequence[dict], row: str, server: str, latency: bool) -> Fig
         loss=max((r["loss"] for r in mine if isinstance(r.get("loss"), int | float)), default=None),
         runs=len(mine),
         per_round={n: statistics.median(v) for n, v in sorted(rounds.items())},
+        pg_us=_median(r.get("pg_us_per_msg") for r in mine),
+        drain=_largest(r.get("drain_s") for r in mine),
+        gap=_largest(r.get("gap_max_ms") for r in mine),
     )
+
+
+def _largest(values: Iterable[object]) -> float | None:
+    """The worst of the runs: issue 46's drain and gap bars hold for every run, not for the median."""
+    return max((v for v in values if isinstance(v, int | float)), default=None)
 
 
 def _num(v: float | None, nd: int = 0) -> str:
@@ -301,6 +366,10 @@ def _value(f: Figure | None) -> str:
         return f"{_num(f.p50, 1)} / {_num(f.p99, 1)}"
     lost = f" (lost {f.loss:.1%})" if f.loss else ""
     return _num(f.rate) + lost
+
+
+def _drain_gap(f: Figure | None) -> str:
+    return "-" if f is None else f"{_num(f.drain, 2)} s, {_num(f.gap)} ms"
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -342,22 +411,43 @@ SLOW_HOST_TARGET = 1.0
 
 
 def _verdict(
-    row: Row, pairs: Sequence[tuple[Figure | None, Sequence[Figure | None]]], half: Sequence[bool] = ()
+    row: Row,
+    pairs: Sequence[tuple[Figure | None, Sequence[Figure | None]]],
+    half: Sequence[bool] = (),
+    bar_of: tuple[float, str] | None = None,
 ) -> str:
-    """Issue 32's bar for each build (with what it is compared to): met when every ratio meets it."""
-    if row.target is None:
+    """Issue 32's bar for each build (with what it is compared to): met when every ratio meets it.
+    ``bar_of``: (target, what) for a second comparison of the row (against its own ref_row), which
+    holds on half a core too: it compares two runs of the same build."""
+    own = row.target if bar_of is None else bar_of[0]
+    if own is None:
         return "reported"
-    bar = f"<= {row.target:g} (p50 and p99)" if row.latency else f">= {row.target:g}"
-    half = list(half) or [False] * len(pairs)
+    bar = f"<= {own:g} (p50 and p99)" if row.latency else f">= {own:g}"
+    if bar_of is not None:
+        bar += f" x {bar_of[1]}"
+    half = [False] * len(pairs) if bar_of is not None or not half else list(half)
     said = []
     for (m, theirs), slow in zip(pairs, half, strict=True):
         slowed = slow and not row.latency and "relay" not in row.peers  # the relay is Python too
-        target = SLOW_HOST_TARGET if slowed else row.target
+        target = SLOW_HOST_TARGET if slowed else own
         lost = row.lossless and m is not None and bool(m.loss)
         said.append(_said([False if lost else _meets(m, t, target) for t in theirs]))
     if any(half) and not row.latency and "relay" not in row.peers:
         bar += f" (half a core: >= {SLOW_HOST_TARGET:g})"
     return f"{bar}: {' / '.join(said)}"
+
+
+def _drain_verdict(row: Row, mine: Sequence[Figure | None]) -> str:
+    """Issue 46's bars for each build: its longest drain, and its longest gap, at or under the row's."""
+    said = []
+    for name, bar, unit, values in (
+        ("drain", row.drain_max_s, "s", [None if f is None else f.drain for f in mine]),
+        ("gap", row.gap_max_ms, "ms", [None if f is None else f.gap for f in mine]),
+    ):
+        if bar is not None:
+            each = [_said([None if v is None else v <= bar]) for v in values]
+            said.append(f"{name} <= {bar:g} {unit}: {' / '.join(each)}")
+    return "; ".join(said)
 
 
 def _cpu_verdict(row: Row, pairs: Sequence[tuple[Figure | None, Figure | None]]) -> str:
@@ -379,6 +469,10 @@ def format_table(records: Sequence[dict], meta: dict) -> str:
     head = ["msg/s delivered (latency: p50 / p99 µs)", *builds]
     head += [f"{b} / {builds[0]}" for b in builds[1:]]
     head += ["peer", *(f"{b} / peer" for b in builds), "target (issue 32)", "broker CPU µs per message"]
+    # the PostgreSQL rows' own columns, only in a sitting that has them (the table of others is unchanged)
+    pg = any(ROW_BY_KEY[k].postgres for k in attempted if k in ROW_BY_KEY)
+    if pg:
+        head += ["PostgreSQL CPU µs per message", "drain s, gap ms (the longest)"]
     head.append("ratio per round")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in ROWS:
@@ -386,20 +480,34 @@ def format_table(records: Sequence[dict], meta: dict) -> str:
         mine = [figure(runs, source, b, row.latency) for b in builds]
         if row.key not in attempted:
             continue  # not in this sitting; a row whose every run was discarded shows "-"
+        compared: list[str] = []
+        ratios: list[list[str]] = [[] for _ in builds]  # each build's, against the peers and ref_row
+        verdicts: list[str] = []
+        peers = [(p, figure(runs, row.peers_from or row.key, p, row.latency)) for p in row.peers]
+        first = peers[0][1] if peers else None
+        if peers or not row.ref_row:
+            via = f" ({row.peers_from})" if row.peers_from else ""
+            compared.append("; ".join(f"{PEER_NAMES.get(p, p)}{via} {_value(f)}" for p, f in peers))
+            for mine_ratios, m in zip(ratios, mine, strict=True):
+                mine_ratios.append("; ".join(_ratios(m, f) for _, f in peers))
+            verdicts.append(_verdict(row, [(m, [f for _, f in peers]) for m in mine], half))
         if row.ref_row:
             theirs = [figure(runs, row.ref_row, b, False) for b in builds]
-            peer = "; ".join(f"{b}'s {row.ref_name} {_value(f)}" for b, f in zip(builds, theirs, strict=True))
-            ratios = [_ratios(m, t) for m, t in zip(mine, theirs, strict=True)]
-            first = theirs[0]
-            verdict = _verdict(row, [(m, [t]) for m, t in zip(mine, theirs, strict=True)], half)
-        else:
-            peers = [(p, figure(runs, row.key, p, row.latency)) for p in row.peers]
-            peer = "; ".join(f"{PEER_NAMES.get(p, p)} {_value(f)}" for p, f in peers)
-            ratios = ["; ".join(_ratios(m, f) for _, f in peers) for m in mine]
-            first = peers[0][1] if peers else None
-            verdict = _verdict(row, [(m, [f for _, f in peers]) for m in mine], half)
+            compared.append(
+                "; ".join(f"{b}'s {row.ref_name} {_value(f)}" for b, f in zip(builds, theirs, strict=True))
+            )
+            for mine_ratios, m, t in zip(ratios, mine, theirs, strict=True):
+                mine_ratios.append(_ratios(m, t))
+            first = first or theirs[0]
+            pairs = [(m, [t]) for m, t in zip(mine, theirs, strict=True)]
+            bar_of = (row.ref_target, row.ref_name) if peers and row.ref_target is not None else None
+            verdicts.append(_verdict(row, pairs, half, bar_of))
+        peer = "; ".join(compared)
+        verdict = "; ".join(verdicts)
+        if row.drain_max_s is not None or row.gap_max_ms is not None:
+            verdict += "; " + _drain_verdict(row, mine)
         us = " / ".join(_num(f.us, 2) if f else "-" for f in mine)
-        if not row.ref_row:
+        if peers:
             us = " / ".join([us, *(_num(f.us, 2) if f else "-" for _, f in peers)])
         if row.cpu_row:
             own = [figure(runs, row.cpu_row, b, False) for b in builds]
@@ -411,7 +519,11 @@ def format_table(records: Sequence[dict], meta: dict) -> str:
         cells = [row.title, *(_value(f) for f in mine)]
         cells += [_ratios(m, mine[0]) for m in mine[1:]]
         rounds = _per_round(mine[-1], mine[0]) if ab else _per_round(mine[0], first)
-        cells += [peer, *ratios, verdict, us, rounds]
+        cells += [peer, *("; ".join(r) for r in ratios), verdict, us]
+        if pg:
+            cells.append(" / ".join(_num(f.pg_us, 2) if f and row.postgres else "-" for f in mine))
+            cells.append(" / ".join(_drain_gap(f) for f in mine) if row.postgres else "")
+        cells.append(rounds)
         lines.append("| " + " | ".join(cells) + " |")
     discarded = sum(1 for r in records if r.get("contaminated"))
     errors = [r for r in records if r.get("error")]
@@ -435,6 +547,8 @@ def format_table(records: Sequence[dict], meta: dict) -> str:
         f"{m['max_foreign_pct']}% of a core used by other processes discarded and retried ({discarded} "
         f"discarded, {len(errors)} failed); medians of the rounds.",
     ]
+    if meta.get("postgres"):
+        about.append(f"PostgreSQL: {meta['postgres']}")
     if meta.get("max_foreign_pct") == 0:
         about.append("**Contamination check off (--max-foreign-pct 0): a smoke run, not a measurement.**")
     for r in errors[:5]:
