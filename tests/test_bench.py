@@ -15,12 +15,25 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 
+import benchlib  # noqa: E402
+import pgdb  # noqa: E402
 import run  # noqa: E402
 import table  # noqa: E402
 
 
 @pytest.mark.parametrize(
-    "module", ["benchlib", "mqtt_load", "amqp091_load", "amqp1_load", "relay_ceiling", "table", "run"]
+    "module",
+    [
+        "benchlib",
+        "mqtt_load",
+        "amqp091_load",
+        "amqp1_load",
+        "relay_ceiling",
+        "table",
+        "run",
+        "pgdb",
+        "pg_bench",
+    ],
 )
 def test_bench_modules_import(module: str) -> None:
     assert importlib.import_module(module).__doc__
@@ -31,8 +44,11 @@ def test_every_peer_has_a_port_and_a_name() -> None:
         for peer in row.peers:
             assert peer in run.PEER_PORTS, row.key
             assert peer in table.PEER_NAMES, row.key
-        for other in (row.trimaran_from, row.ref_row):
+        for other in (row.trimaran_from, row.ref_row, row.peers_from):
             assert other is None or other in table.ROW_BY_KEY
+        if row.peers_from:  # the peers' figures are that row's: the same generator, arguments and peers
+            source = table.ROW_BY_KEY[row.peers_from]
+            assert row.peers == source.peers and not source.peers_from, row.key
         assert row.tool in ("amqp1", *run.GENERATORS)
 
 
@@ -253,3 +269,143 @@ def test_amqp1_load_is_told_which_server_it_talks_to(monkeypatch: pytest.MonkeyP
     assert trimaran[4:8] == [str(BENCH / "amqp1_load.py"), "unsettled", "--durable", "--e2e-window"]
     assert "--broker" not in trimaran
     assert rabbitmq[rabbitmq.index("--broker") + 1] == "rabbitmq"
+
+
+def test_gap_is_the_longest_stretch_without_a_delivery_inside_the_window() -> None:
+    """Issue 46's consumer gap, from the times of the reads that delivered (benchlib.GapMeter)."""
+    # the stretch 1.5 -> 2.5 is cut at the window's end (2.0); the one before the window does not count
+    assert benchlib.max_gap([0.0, 0.9, 1.0, 1.1, 1.5, 2.5], 1.0, 2.0) == pytest.approx(0.5)
+    assert benchlib.max_gap([0.5, 1.05, 1.1, 1.9, 2.0], 1.0, 2.0) == pytest.approx(0.8)
+    # a receiver that gets nothing from the window's start on has a gap from there
+    assert benchlib.max_gap([1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9, 2.0], 1.0, 2.0) == pytest.approx(0.3)
+    # and one that stops before the end has a gap to the end; nothing at all is the whole window
+    assert benchlib.max_gap([1.0, 1.1, 1.2], 1.0, 2.0) == pytest.approx(0.8)
+    assert benchlib.max_gap([], 1.0, 2.0) == pytest.approx(1.0)
+    assert benchlib.max_gap([0.1, 2.5], 1.0, 2.0) == pytest.approx(1.0)
+    # steady reads every 10 ms: 10 ms
+    assert benchlib.max_gap([1.0 + i / 100 for i in range(101)], 1.0, 2.0) == pytest.approx(0.01)
+
+
+def test_storage_cpu_is_not_foreign() -> None:
+    """PostgreSQL on the broker's core is the broker's cost: the contamination rule sees the rest."""
+    run_line = {"cpu0_busy_pct": 100.0, "cpu1_busy_pct": 60.0, "broker_cpu_pct": 70.0, "gen_cpu_pct": 55.0}
+    assert benchlib.annotate_foreign(dict(run_line), 8.0)["contaminated"]  # 35% foreign
+    clean = benchlib.annotate_foreign({**run_line, "storage_cpu_pct": 29.0}, 8.0)
+    assert clean["foreign_cpu_pct"] == 6.0 and "contaminated" not in clean
+
+
+def test_postgres_cost_a_message_over_the_call() -> None:
+    lines = [
+        {"received": 300_000, "msgs_per_s_received": 25_000.0, "storage_cpu_pct": 25.0},
+        {"received": 100_000, "msgs_per_s_received": 20_000.0, "storage_cpu_pct": 30.0, "contaminated": True},
+    ]
+    pgdb.annotate(lines, rows=600_000, wal_bytes=200_000_000)
+    assert [r["pg_us_per_msg"] for r in lines] == [10.0, 15.0]  # the window's CPU over the delivered rate
+    assert {r["rows_per_msg"] for r in lines} == {1.5}  # every attempt wrote its messages
+    assert {r["wal_bytes_per_msg"] for r in lines} == {500}
+
+
+PG_ROWS = ["amqp091-durable-pg", "amqp091-durable-pg-shared", "mqtt-queue-pg-shared"]
+
+
+def pg_sitting() -> list[dict]:
+    """Recorded lines of a sitting of the PostgreSQL rows: RabbitMQ from amqp091-durable."""
+    lines = []
+    for rnd, (rabbit, unshared, shared, mqtt) in enumerate(
+        [(20_000, 44_000, 32_000, 31_000), (24_000, 46_000, 36_000, 29_000)], start=1
+    ):
+        pg = {"storage_cpu_pct": 20.0, "rows_per_msg": 1.5, "wal_bytes_per_msg": 400}
+        lines += [
+            rec("amqp091-durable", "rabbitmq", rnd, rabbit, cpu=90.0, drain_s=0.1, gap_max_ms=5.0),
+            rec(PG_ROWS[0], "trimaran", rnd, unshared, drain_s=0.05, gap_max_ms=9.0, pg_us_per_msg=5.0, **pg),
+            rec(
+                PG_ROWS[1],
+                "trimaran",
+                rnd,
+                shared,
+                drain_s=0.2 * rnd,
+                gap_max_ms=30.0 * rnd,
+                pg_us_per_msg=10.0,
+            ),
+            rec(
+                PG_ROWS[2], "trimaran", rnd, mqtt, drain_s=2.5, gap_max_ms=150.0, pg_us_per_msg=12.0, loss=0.0
+            ),
+        ]
+    return lines
+
+
+def test_postgres_rows_show_postgres_cpu_drain_and_gap_beside_the_broker() -> None:
+    meta = {"meta": True, "builds": ["trimaran"], "postgres": "PostgreSQL 15.18, fsync on"}
+    text = table.format_table(pg_sitting(), meta)
+    assert "PostgreSQL: PostgreSQL 15.18, fsync on" in text
+    head = "| target (issue 32) | broker CPU µs per message | PostgreSQL CPU µs per message | drain s, gap ms"
+    assert head in text
+    # RabbitMQ's median 22,000 from amqp091-durable; the unshared node's 45,000 is 2.05x
+    unshared = cells(text, table.ROW_BY_KEY[PG_ROWS[0]].title)
+    assert unshared[1:5] == ["45,000", "RabbitMQ (amqp091-durable) 22,000", "2.05", ">= 2: met"]
+    assert unshared[6:9] == ["5.00", "0.05 s, 9 ms", "2.20, 1.92"]
+    # shared: 34,000 is 1.55x RabbitMQ and 0.76x the unshared node; the longest drain and gap count
+    shared = cells(text, table.ROW_BY_KEY[PG_ROWS[1]].title)
+    assert shared[1:3] == ["34,000", "RabbitMQ (amqp091-durable) 22,000; trimaran's queues.shared off 45,000"]
+    assert shared[3] == "1.55; 0.76"
+    assert shared[4] == (
+        ">= 1.5: met; >= 0.8 x queues.shared off: **missed**; drain <= 2 s: met; gap <= 200 ms: met"
+    )
+    assert shared[6:8] == ["10.00", "0.40 s, 60 ms"]
+    # the MQTT $queue/ row against RabbitMQ's AMQP 0.9.1 durable, held to the same drain and gap
+    mqtt = cells(text, table.ROW_BY_KEY[PG_ROWS[2]].title)
+    assert mqtt[1:5] == [
+        "30,000",
+        "RabbitMQ (amqp091-durable) 22,000",
+        "1.36",
+        ">= 1.5: **missed**; drain <= 2 s: **missed**; gap <= 200 ms: met",
+    ]
+    assert mqtt[7] == "2.50 s, 150 ms"
+    # amqp091-durable ran for RabbitMQ only: its row has no PostgreSQL figures
+    durable = cells(text, table.ROW_BY_KEY["amqp091-durable"].title)
+    assert durable[1] == "-" and durable[6:8] == ["-", ""]
+
+
+def test_a_lost_confirmed_message_misses_the_shared_rows_bar() -> None:
+    lines = [*pg_sitting(), rec(PG_ROWS[1], "trimaran", 3, 40_000, loss=0.001, drain_s=0.1, gap_max_ms=1.0)]
+    shared = cells(table.format_table(lines, {"builds": ["trimaran"]}), table.ROW_BY_KEY[PG_ROWS[1]].title)
+    assert shared[1] == "36,000 (lost 0.1%)"
+    assert shared[4].startswith(">= 1.5: **missed**; >= 0.8 x queues.shared off: **missed**")
+
+
+def test_postgres_rows_take_rabbitmq_from_the_durable_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(run.pgdb, "unavailable", lambda: None)
+    rows, peers_only, skipped = run.plan(PG_ROWS)
+    assert [r.key for r in rows] == ["amqp091-durable", *PG_ROWS] and peers_only == {"amqp091-durable"}
+    builds = [run.Build("trimaran", "abc", Path("."), 0)]
+    assert run.contenders(rows[0], builds, peers_only=True) == ["rabbitmq"]
+    assert [run.contenders(r, builds) for r in rows[1:]] == [["trimaran"]] * 3
+    # with the durable row in the sitting, RabbitMQ runs there once, and Trimaran too
+    rows, peers_only, _ = run.plan(["amqp091-durable", PG_ROWS[1]])
+    assert [r.key for r in rows] == ["amqp091-durable", PG_ROWS[1]] and not peers_only
+    # without PostgreSQL the rows are left out, and the sitting says why
+    monkeypatch.setattr(
+        run.pgdb, "unavailable", lambda: "PostgreSQL is not installed (apt-get install postgresql)"
+    )
+    rows, peers_only, skipped = run.plan(["mqtt-qos0-fanin", *PG_ROWS])
+    assert [r.key for r in rows] == ["mqtt-qos0-fanin"] and not peers_only
+    assert skipped is not None and "apt-get install postgresql" in skipped
+    text = table.format_table(
+        [rec("mqtt-qos0-fanin", "trimaran", 1, 1.0)], {"postgres": f"rows skipped: {skipped}"}
+    )
+    assert "PostgreSQL: rows skipped: PostgreSQL is not installed" in text
+    assert "PostgreSQL CPU" not in text  # no PostgreSQL row, no PostgreSQL columns
+
+
+def test_generator_is_told_the_postmaster(monkeypatch: pytest.MonkeyPatch) -> None:
+    cmds: list[list[str]] = []
+
+    def fake_run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        cmds.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, stdout='{"received": 10}\n', stderr="")
+
+    monkeypatch.setattr(run.subprocess, "run", fake_run)
+    s = run.Settings("python", 1, 0.5, 1.0, 0.0, 1.0, 0.0, 1, 1, 500)
+    run.run_generator(table.ROW_BY_KEY[PG_ROWS[1]], "trimaran", 29692, s, storage_pid=4321)
+    run.run_generator(table.ROW_BY_KEY["amqp091-durable"], "rabbitmq", 29672, s)
+    assert cmds[0][cmds[0].index("--storage-pid") + 1] == "4321" and "--storage-pid" not in cmds[1]
