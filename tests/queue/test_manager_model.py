@@ -100,6 +100,22 @@ MODEL_EXAMPLES_SHARED = int(os.environ.get("MODEL_EXAMPLES_SHARED", "10"))
 CLOCKED = (trimaran.queue.manager, trimaran.queue.journal, trimaran.queue.shared, trimaran.queue.admin)
 
 
+def claim_rows(engine: sa.Engine) -> list[dict[str, Any]]:
+    """The queue's pending rows, and as a 'held' row (no consumer, no attempt) each stored message
+    a span holds that has no row of its group: what a node claimed as it published it."""
+    rows = queue_store.pending_rows(engine, QUEUE)
+    keyed = {(r["group"], r["offset"]) for r in rows}
+    stored = set(queue_store.stored_offsets(engine, QUEUE))
+    for span in queue_store.span_rows(engine, QUEUE):
+        for offset in range(span["first_offset"], span["last_offset"] + 1):
+            if offset in stored and (span["group"], offset) not in keyed:
+                rows.append({
+                    "group": span["group"], "offset": offset, "state": "held", "consumer": None,
+                    "node": span["node"], "lease_until": span["lease_until"], "attempts": 0,
+                })  # fmt: skip
+    return rows
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = START
@@ -712,7 +728,7 @@ class SharedMachine(QueueMachine):
         for consumer in self.consumers.values():
             self.take_deliveries(consumer)
         dead = self.managers[node].node
-        rows = [r for r in queue_store.pending_rows(self.storage.engine, QUEUE) if r["node"] == dead]
+        rows = [r for r in claim_rows(self.storage.engine) if r["node"] == dead]
         self.call(abandon, self.managers[node])
         self.close(node)
         gone = [n for n, c in self.consumers.items() if c.node == node]
@@ -785,7 +801,7 @@ class SharedMachine(QueueMachine):
                 browsed = self.call(browse_stored, manager)
                 assert sorted(browsed) == browsed, f"n{node}'s browser out of order: {browsed}"
                 assert set(browsed) - lenient == expected - lenient, f"n{node}'s browser saw {browsed}"
-        rows = {(r["group"], r["offset"]): r for r in queue_store.pending_rows(self.storage.engine, QUEUE)}
+        rows = {(r["group"], r["offset"]): r for r in claim_rows(self.storage.engine)}
         claims = self.claims(lenient)
         for name, slots in model.groups.items():
             for offset, slot in slots.items():

@@ -285,6 +285,8 @@ def test_what_a_group_alone_finished_goes_unless_another_group_exists(storage_ur
         finished = WriteBatch()
         for queue in ("one", "two"):
             finished.finished_alone[(queue, "$default")] = [*range(0, 12), 15, 20]
+            for offset in finished.finished_alone[(queue, "$default")]:  # their rows go (pending_gone)
+                finished.pending[(queue, "$default", offset)] = None
         # written and finished in the same commit: written only where another group is
         finished = WriteBatch.joined([_rows("one", 20), _rows("two", 20), finished])
         _written(storage, [*batches, other, finished])
@@ -294,6 +296,36 @@ def test_what_a_group_alone_finished_goes_unless_another_group_exists(storage_ur
         assert queue_store.stored_offsets(storage.engine, "two") == list(range(21))
         states = {row["offset"]: row["state"] for row in queue_store.pending_rows(storage.engine, "two")}
         assert {o for o, state in states.items() if state == "done"} == {*range(0, 12), 15, 20}
+    finally:
+        storage.close()
+
+
+def test_offsets_held_as_published_are_stored_as_spans(storage_url: str) -> None:
+    """Shared mode: the offsets a node claims as it publishes them go as one span a run of
+    consecutive offsets and lease, and none for a run whose messages the same commit writes and
+    finishes alone (never stored)."""
+    storage = Storage.from_url(storage_url)
+    storage.migrate()
+    try:
+        setup = WriteBatch(calls=[queue_store.upsert_queue("q", "work", {}, 1)])
+        held = WriteBatch()
+        held.held[("q", "g", "n", 100)] = [7, 3, 4, 5, 9, 10]
+        held.held[("q", "g", "n", 200)] = [11]
+        for offset in (3, 4, 5, 7, 9, 10, 11, 20, 21):
+            held.messages.append(rows.MessageRow("q", offset, Message("t", b"x", qos=1), "", 1, None))
+        alone = WriteBatch()
+        alone.held[("q", "g", "n", 200)] = [20, 21]
+        alone.finished_alone[("q", "g")] = [20, 21]
+        _written(storage, [setup, WriteBatch.joined([held, alone])])
+        spans = [
+            (r["first_offset"], r["last_offset"], r["lease_until"])
+            for r in queue_store.span_rows(storage.engine, "q")
+        ]
+        expected = [(3, 5, 100), (7, 7, 100), (9, 10, 100), (11, 11, 200)]
+        if storage.engine.dialect.name == "sqlite":  # writes and deletes them: their span waits for
+            expected.append((20, 21, 200))  # the renewal (shared mode runs on PostgreSQL only)
+        assert spans == expected
+        assert queue_store.stored_offsets(storage.engine, "q") == [3, 4, 5, 7, 9, 10, 11]
     finally:
         storage.close()
 

@@ -24,7 +24,7 @@ from trimaran.queue.changes import Changes
 from trimaran.queue.groups import HELD, WAIT, Entry, Group, QueueState, StoredMessage, policy_dict
 from trimaran.queue.policy import QueueError
 from trimaran.storage import queue_store
-from trimaran.storage.rows import HeldHere, MessageRow, WriteBatch, add_event, add_published, pending_row
+from trimaran.storage.rows import HeldKey, MessageRow, WriteBatch, add_event, add_published
 from trimaran.storage.writer import Receipt, WriterError
 
 if TYPE_CHECKING:
@@ -93,9 +93,8 @@ class Journal:
         #: On the loop once a turn's change is committed or failed (its ticket's ``error`` says
         #: which): the manager tells each publish. Called with the turn and the commit's results.
         self.turn_done: Callable[[Turn, list[Any]], None] | None = None
-        self._held: HeldHere | None = None  # the last one made (held_here)
         # held_here's leases run from the start of a tenth of one (at most a second), so that the
-        # publishes of a commit share a mark, and PostgreSQL gets one array of offsets for them.
+        # publishes of a commit share a lease and their offsets make one span.
         self._held_step = max(1, min(1000, lease_ms // 10))
 
     # -- state changes ----------------------------------------------------------------------------
@@ -145,13 +144,14 @@ class Journal:
         }
 
     def held_here(self, ch: WriteBatch, state: QueueState, group: Group, offset: int, at: int) -> None:
-        """The row of a message this shared node claims as it publishes it at ``at`` (epoch ms):
-        held here under a lease from then, handed to no consumer yet (``rows.HeldHere``)."""
-        until = at - at % self._held_step + self.lease_ms
-        mark = self._held
-        if mark is None or mark.lease_until != until:
-            mark = self._held = HeldHere(self.node, until)
-        ch.pending[(state.name, group.name, offset)] = mark
+        """A message this shared node claims as it publishes it at ``at`` (epoch ms): held here under
+        a lease from then, handed to no consumer yet, and no pending row (``schema.queue_spans``)."""
+        key = (state.name, group.name, self.node, at - at % self._held_step + self.lease_ms)
+        offsets = ch.held.get(key)
+        if offsets is None:
+            ch.held[key] = [offset]
+        else:
+            offsets.append(offset)
 
     def pending_gone(
         self, ch: WriteBatch, state: QueueState, group: Group, offset: int, entry: Entry
@@ -349,6 +349,7 @@ class MemoryJournal(Journal):
         super().__init__(None, node, shared=shared)
         self.events: list[dict[str, Any]] = []
         self.pending_rows: dict[tuple[str, str, int], dict[str, Any]] = {}
+        self.held: dict[HeldKey, list[int]] = {}
         self.group_rows: dict[tuple[str, str], dict[str, Any]] = {}
         self.messages: dict[tuple[str, int], dict[str, Any]] = {}
         self.commits = 0
@@ -370,7 +371,9 @@ class MemoryJournal(Journal):
             if prow is None:
                 self.pending_rows.pop(pkey, None)
             else:
-                self.pending_rows[pkey] = pending_row(pkey, prow)
+                self.pending_rows[pkey] = prow
+        for hkey, offsets in batch.held.items():
+            self.held.setdefault(hkey, []).extend(offsets)
         for gkey, grow in batch.groups.items():
             if grow is not None:
                 self.group_rows[gkey] = grow

@@ -277,6 +277,8 @@ class QueueManager:
                         if entry.state == HELD:
                             group.released_event(offset, entry, reason, now, release)
                         group.make_available(offset, entry, reason, now, now, release)
+        if self.shared:  # what its spans held is all handed back (or finished): they go with it
+            release.calls.append(queue_store.drop_spans(self.node))
         if not release.empty():
             await self.journal.write(release)
         self.journal.send_turn()

@@ -149,15 +149,16 @@ class Claims:
     def claim_published(
         self, state: QueueState, stored: StoredMessage, groups: list[WorkGroup], ch: WriteBatch
     ) -> None:
-        """Claim a message being published for ``groups`` (:meth:`claimers`): its pending rows, held
-        here under a lease, join its commit, and it is theirs to hand out now, before the commit, as
-        one node's work queue does (``QueueManager.early``): no other node can claim what it never
-        saw, and a consumer's ack that lands in the same commit writes no row for either."""
+        """Claim a message being published for ``groups`` (:meth:`claimers`): held here under a
+        lease in a span of its commit's offsets (``schema.queue_spans``), it is theirs to hand out
+        now, before the commit, as one node's work queue does (``QueueManager.early``): no other
+        node can claim what it never saw, and a consumer's ack that lands in the same commit writes
+        no row for either."""
         state.add(stored)
         offset = stored.offset
         for group in groups:
             self.journal.held_here(ch, state, group, offset, stored.published_at)
-            group.claimed(offset, FIRST)
+            group.claimed(offset, FIRST, stored=False)
 
     def claim(self, state: QueueState, group: Group) -> None:
         """Claim a batch for this node, in one statement, for its consumers with credit: up to

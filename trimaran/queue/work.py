@@ -369,7 +369,9 @@ class WorkGroup(Group):
             entry.holder = None
             if self.alone and len(state.groups) == 1:
                 # No group anywhere else at the last claim: the message and its row go now, unless
-                # the commit finds that a node made another group since (Journal.finished_alone).
+                # the commit finds that a node made another group since (Journal.finished_alone),
+                # which then writes a 'done' row. A claim made as it was published has no row.
+                self.journal.pending_gone(ch, state, self, offset, entry)
                 self.journal.finished_alone(ch, state, self, offset)
                 self._forget(offset, entry)
                 return
@@ -431,8 +433,9 @@ class WorkGroup(Group):
                 self.host.due(state, self, at)
         self.journal.pending(ch, state, self, offset, entry)
 
-    def claimed(self, offset: int, got: Claimed) -> None:
-        """Shared: ``offset`` claimed for this group by this node, ready to hand out."""
+    def claimed(self, offset: int, got: Claimed, stored: bool = True) -> None:
+        """Shared: ``offset`` claimed for this group by this node, ready to hand out. ``stored``:
+        False for a claim made as it was published, a span's with no pending row."""
         self.entries[offset] = Entry(
             WAIT,
             attempts=got.attempts,
@@ -440,6 +443,7 @@ class WorkGroup(Group):
             returned=got.returned,
             reason=got.reason,
             token=self.forgotten_token,
+            stored=stored,
         )
         self.make_ready(offset)
 

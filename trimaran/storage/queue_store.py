@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, delete, func, insert, or_, select, text, update
+from sqlalchemy import Connection, Engine, and_, delete, func, insert, not_, or_, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from trimaran.broker.message import Message
@@ -21,6 +21,7 @@ from trimaran.storage.schema import (
     queue_groups,
     queue_messages,
     queue_pending,
+    queue_spans,
     queues,
 )
 from trimaran.storage.serialize import message_from
@@ -68,7 +69,7 @@ def upsert_queue(name: str, mode: str, policy: dict[str, Any], created_at: int) 
 
 def delete_queue(name: str) -> Call:
     def call(connection: Connection) -> None:
-        for table in (queue_messages, queue_groups, queue_pending):
+        for table in (queue_messages, queue_groups, queue_pending, queue_spans):
             connection.execute(delete(table).where(table.c.queue == name))
         connection.execute(delete(queues).where(queues.c.name == name))
 
@@ -81,6 +82,7 @@ def purge_queue(name: str) -> Call:
     def call(connection: Connection) -> int:
         count = connection.execute(delete(queue_messages).where(queue_messages.c.queue == name)).rowcount
         connection.execute(delete(queue_pending).where(queue_pending.c.queue == name))
+        connection.execute(delete(queue_spans).where(queue_spans.c.queue == name))
         return int(count or 0)
 
     return call
@@ -210,10 +212,19 @@ def pending_rows(engine: Engine, queue: str) -> list[dict[str, Any]]:
         return [dict(row._mapping) for row in connection.execute(stmt).all()]
 
 
+def span_rows(engine: Engine, queue: str) -> list[dict[str, Any]]:
+    """Shared mode: the queue's spans (``schema.queue_spans``), in offset order."""
+    with engine.connect() as connection:
+        stmt = select(queue_spans).where(queue_spans.c.queue == queue).order_by(queue_spans.c.first_offset)
+        return [dict(row._mapping) for row in connection.execute(stmt).all()]
+
+
 # -- shared mode: several nodes on one PostgreSQL database -----------------------------------------
 #
 # A node delivers only messages it has claimed: a claim turns a queue_pending row into state 'held'
-# with this node's name and a lease. New messages are claimed by INSERTing their pending row; the
+# with this node's name and a lease; what a node claims as it publishes it is held by a span of
+# offsets instead (schema.queue_spans), and a claim of new messages passes over what a span holds.
+# New messages are claimed by INSERTing their pending row; the
 # primary key (queue, group, offset) makes a second node's insert a no-op (ON CONFLICT DO NOTHING),
 # so two nodes can never hold the same message even when their snapshots overlap; FOR UPDATE SKIP
 # LOCKED only keeps them from queueing behind each other. Claims are taken in batches, so the cost
@@ -246,6 +257,11 @@ _CLAIM_NEW = text(
               SELECT 1 FROM queue_pending p
               WHERE p.queue = m.queue AND p."group" = :g AND p."offset" = m."offset"
           ) IS NULL
+          AND NOT coalesce((
+              SELECT s.last_offset >= m."offset" FROM queue_spans s
+              WHERE s.queue = :q AND s."group" = :g AND s.first_offset <= m."offset"
+              ORDER BY s.first_offset DESC LIMIT 1
+          ), false)
         ORDER BY m."offset" LIMIT :n
         FOR UPDATE OF m SKIP LOCKED
     )
@@ -255,6 +271,27 @@ _CLAIM_NEW = text(
     SELECT :q, :g, c."offset", 'held', NULL, :node, NULL, 0, NULL, :lease, 'first', 0, 0 FROM c
     ON CONFLICT DO NOTHING
     RETURNING "offset"
+    """
+)
+
+# A span whose lease ran out (its node went): 'wait' rows for the messages it held with none of
+# their own, counting the delivery its node may have made (as queue_store._again does for a held
+# row's), and the span goes. Spans do not overlap (each is one node's claim of new offsets), so
+# a message has at most one.
+_ADOPT_SPANS = text(
+    """
+    WITH gone AS (
+        DELETE FROM queue_spans
+        WHERE queue = :q AND "group" = :g AND lease_until < :now
+        RETURNING first_offset, last_offset
+    )
+    INSERT INTO queue_pending
+        (queue, "group", "offset", state, consumer, node, delivered_at, attempts, available_at,
+         lease_until, reason, unsent, returned)
+    SELECT :q, :g, m."offset", 'wait', NULL, NULL, NULL, 1, :now, NULL, 'lease_expired', 0, 0
+    FROM gone JOIN queue_messages m
+        ON m.queue = :q AND m."offset" BETWEEN gone.first_offset AND gone.last_offset
+    ON CONFLICT DO NOTHING
     """
 )
 
@@ -303,6 +340,7 @@ def claim(
         if connection.execute(_HAS_GROUP, params).first() is None:
             connection.execute(_LOCK_QUEUE, params)
             connection.execute(_ENSURE_GROUP, params)
+        connection.execute(_ADOPT_SPANS, params)
         # Walk the messages by their key and stop at the limit: with a young table's statistics the
         # planner sorted (or bitmap-scanned) every message of the queue for each claim instead, O(backlog):
         # 30 ms a claim at 40,000 queued, the commit waiting behind it.
@@ -352,7 +390,7 @@ def _claim_wanted(connection: Connection, params: dict[str, Any], wants: Wants) 
         .join_from(p, m, and_(m.c.queue == p.c.queue, m.c.offset == p.c.offset))
         .where(p.c.queue == queue, p.c.group == group, _claimable(params["now"]))
     )
-    unclaimed = select(m).where(m.c.queue == queue, _no_row(queue, group))
+    unclaimed = select(m).where(m.c.queue == queue, _no_row(queue, group), _no_span(queue, group))
     claimed: list[tuple[Any, Claimed]] = []
     scanned = 0
     for stmt, key, claim_page in ((again, p.c.offset, _claim_again), (unclaimed, m.c.offset, _claim_new)):
@@ -391,6 +429,20 @@ def _no_row(queue: str, group: str) -> Any:
     return row.scalar_subquery().is_(None)
 
 
+def _no_span(queue: str, group: str) -> Any:
+    """The message of the enclosing query is held by no span of the group: the one span that
+    starts at or before it (spans do not overlap) ends before it. One probe of the span key."""
+    s, offset = queue_spans, queue_messages.c.offset
+    covers = (
+        select(s.c.last_offset >= offset)
+        .where(s.c.queue == queue, s.c.group == group, s.c.first_offset <= offset)
+        .order_by(s.c.first_offset.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    return not_(func.coalesce(covers, False))
+
+
 def _claim_again(
     connection: Connection, params: dict[str, Any], offsets: list[int]
 ) -> list[tuple[int, Claimed]]:
@@ -417,7 +469,9 @@ def _claim_new(
     their rows, held now (a row another node inserted first wins)."""
     m, p = queue_messages, queue_pending
     queue, group = params["q"], params["g"]
-    free = select(m.c.offset).where(m.c.queue == queue, m.c.offset.in_(offsets), _no_row(queue, group))
+    free = select(m.c.offset).where(
+        m.c.queue == queue, m.c.offset.in_(offsets), _no_row(queue, group), _no_span(queue, group)
+    )
     ours = [int(o) for (o,) in connection.execute(free.with_for_update(of=m, skip_locked=True))]
     if not ours:
         return []
@@ -485,14 +539,47 @@ def browse(queue: str, first: int, limit: int) -> Call:
     return call
 
 
+# A node's spans none of whose messages is left to it: every one finished (deleted, or 'done'),
+# handed back ('wait') or gone. One walk over each of its spans' offsets, at each renewal.
+_SPANS_DONE = text(
+    """
+    DELETE FROM queue_spans s
+    WHERE s.node = :node AND NOT EXISTS (
+        SELECT 1 FROM queue_messages m
+        WHERE m.queue = s.queue AND m."offset" BETWEEN s.first_offset AND s.last_offset
+          AND (
+              SELECT 1 FROM queue_pending p
+              WHERE p.queue = m.queue AND p."group" = s."group" AND p."offset" = m."offset"
+          ) IS NULL
+    )
+    """
+)
+
+
 def renew_leases(node: str, lease_until: int) -> Call:
+    """Renew what ``node`` holds (its held rows and its spans), and delete its spans it holds
+    nothing of any more. Returns how many held rows were renewed."""
+
     def call(connection: Connection) -> int:
         stmt = (
             update(queue_pending)
             .where(and_(queue_pending.c.node == node, queue_pending.c.state == "held"))
             .values(lease_until=lease_until)
         )
-        return int(connection.execute(stmt).rowcount or 0)
+        renewed = int(connection.execute(stmt).rowcount or 0)
+        connection.execute(_SPANS_DONE, {"node": node})
+        spans = queue_spans
+        connection.execute(update(spans).where(spans.c.node == node).values(lease_until=lease_until))
+        return renewed
+
+    return call
+
+
+def drop_spans(node: str) -> Call:
+    """``node`` stops, having handed back everything it held: its spans go."""
+
+    def call(connection: Connection) -> None:
+        connection.execute(delete(queue_spans).where(queue_spans.c.node == node))
 
     return call
 

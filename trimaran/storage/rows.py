@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, TypeVar
 
 from sqlalchemy import Connection
 
@@ -39,30 +39,36 @@ PendingKey = tuple[str, str, int]
 GroupKey = tuple[str, str]
 
 
-class HeldHere(NamedTuple):
-    """The pending row of a message a shared node claims as it publishes it (``Claims.claim_published``):
-    held by ``node`` until ``lease_until``, not yet handed to a consumer. One value stands for the rows
-    of the messages claimed with the same lease; PostgreSQL gets their offsets as one array
-    instead of thirteen columns a row (:func:`pending_row` spells a row out)."""
-
-    node: str
-    lease_until: int
-
+#: Shared mode: a group's messages a node claimed as it published them, held under one lease:
+#: (queue, group, node, lease_until). The writer stores their runs of consecutive offsets as spans.
+HeldKey = tuple[str, str, str, int]
+K = TypeVar("K", GroupKey, HeldKey)
 
 #: A key's new pending row, or None: it goes.
-PendingRow = dict[str, Any] | HeldHere | None
+PendingRow = dict[str, Any] | None
 
 
-def pending_row(key: PendingKey, row: dict[str, Any] | HeldHere) -> dict[str, Any]:
-    """A pending row as its columns."""
-    if not isinstance(row, HeldHere):
-        return row
-    queue, group, offset = key
-    return {
-        "queue": queue, "group": group, "offset": offset, "state": "held", "consumer": None,
-        "node": row.node, "delivered_at": None, "attempts": 0, "available_at": None,
-        "lease_until": row.lease_until, "reason": None, "unsent": 0, "returned": 0,
-    }  # fmt: skip
+def held_spans(held: dict[HeldKey, list[int]], skip: dict[GroupKey, set[int]]) -> list[tuple[Any, ...]]:
+    """``queue_spans`` rows for ``held``, in column order: one per run of consecutive offsets, but
+    none for a run whose every message ``skip`` names (written and finished in the same commit:
+    never stored). A span over such a message among others is harmless: it has no row to claim."""
+    rows: list[tuple[Any, ...]] = []
+    for (queue, group, node, lease_until), offsets in held.items():
+        gone = skip.get((queue, group), _NOTHING)
+        offsets.sort()
+        first = offsets[0]
+        for at in range(1, len(offsets) + 1):
+            if at < len(offsets) and offsets[at] == offsets[at - 1] + 1:
+                continue
+            last = offsets[at - 1]
+            if not gone or any(o not in gone for o in range(first, last + 1)):
+                rows.append((queue, group, first, last, node, lease_until))
+            if at < len(offsets):
+                first = offsets[at]
+    return rows
+
+
+_NOTHING: Final[set[int]] = set()
 
 
 class MessageRow:
@@ -191,6 +197,8 @@ class WriteBatch:
     # under a share lock on the queue row (a node making a group takes it for update), each message
     # and its row go if no other group exists, else the row says 'done' for the compaction.
     finished_alone: dict[GroupKey, list[int]] = field(default_factory=dict)
+    # Shared mode: offsets claimed as they were published, per group and lease (``queue_spans``).
+    held: dict[HeldKey, list[int]] = field(default_factory=dict)
     groups: dict[GroupKey, dict[str, Any] | None] = field(default_factory=dict)
     queue_next: dict[str, int] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
@@ -204,6 +212,7 @@ class WriteBatch:
             or self.message_deletes
             or self.pending
             or self.finished_alone
+            or self.held
             or self.groups
             or self.queue_next
             or self.events
@@ -218,6 +227,7 @@ class WriteBatch:
             message_deletes=[key for b in batches for key in b.message_deletes],
             pending={key: row for b in batches for key, row in b.pending.items()},
             finished_alone=_lists_joined([b.finished_alone for b in batches]),
+            held=_lists_joined([b.held for b in batches]),
             groups={key: row for b in batches for key, row in b.groups.items()},
             events=[event for b in batches for event in b.events],
             calls=[call for b in batches for call in b.calls],
@@ -230,8 +240,8 @@ class WriteBatch:
         return joined
 
 
-def _lists_joined(parts: list[dict[GroupKey, list[int]]]) -> dict[GroupKey, list[int]]:
-    joined: dict[GroupKey, list[int]] = {}
+def _lists_joined(parts: list[dict[K, list[int]]]) -> dict[K, list[int]]:
+    joined: dict[K, list[int]] = {}
     for part in parts:
         for key, items in part.items():
             joined.setdefault(key, []).extend(items)
@@ -268,6 +278,7 @@ def without_transients(batch: WriteBatch) -> WriteBatch:
             if row is not None or (key[0], key[2]) not in transient
         },
         finished_alone=batch.finished_alone,
+        held=batch.held,
         groups=batch.groups,
         queue_next=batch.queue_next,
         events=batch.events,

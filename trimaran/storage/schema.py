@@ -151,6 +151,24 @@ queue_pending = Table(
     sqlite_with_rowid=False,  # one b-tree, its key's, besides the claim index (migration 0008)
 )
 
+# Shared mode: runs of consecutive offsets a node claimed for a group as it published them, held
+# there under a lease (``Claims.claim_published``): one row a commit where a pending row a message
+# cost an insert and a delete. A message of a span with no pending row of its group is the span's
+# node's; one with a row ('wait' after a nack, 'done' with several groups) is the row's. A span whose
+# lease ran out is turned into 'wait' rows by the next claim of its group; its node deletes it once
+# none of its messages is left to it (``queue_store.renew_leases``).
+queue_spans = Table(
+    "queue_spans",
+    metadata,
+    Column("queue", String(255), nullable=False),
+    Column("group", String(255), nullable=False),
+    Column("first_offset", BigInteger, nullable=False),
+    Column("last_offset", BigInteger, nullable=False),
+    Column("node", String(255), nullable=False),
+    Column("lease_until", BigInteger, nullable=False),
+    PrimaryKeyConstraint("queue", "group", "first_offset"),
+)
+
 # Append-only history of every state change: what the Spark audit replays. ``reason`` explains a
 # delivery (first, timeout, nack, disconnect, restart), a rejection, a dead-lettering or a drop. A
 # row stands for ``span`` events (migration 0007): the same kind, moment, queue, group, consumer,

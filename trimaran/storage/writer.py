@@ -46,14 +46,13 @@ from trimaran.storage.rows import (
     MESSAGE_COLUMNS,
     RUN_COLUMNS,
     GroupKey,
-    HeldHere,
     MessageRow,
     PendingKey,
     PendingRow,
     WriteBatch,
     event_rows,
+    held_spans,
     message_tuples,
-    pending_row,
     without_transients,
 )
 from trimaran.storage.schema import queue_events, queue_groups, queue_messages, queue_pending
@@ -72,6 +71,7 @@ def _rows_in(batch: WriteBatch) -> int:
         + len(batch.message_deletes)
         + len(batch.pending)
         + sum(map(len, batch.finished_alone.values()))
+        + sum(map(len, batch.held.values()))
         + len(batch.groups)
         + len(batch.events)
         + len(batch.calls)
@@ -654,6 +654,8 @@ def _apply_pg_statements(cursor: Any, sql: _PgSql, batch: WriteBatch) -> None:
         sql.delete(cursor, "queue_messages", batch.message_deletes)
     if batch.pending:
         _write_pending_pg(cursor, sql, batch.pending, written)
+    if batch.held and (spans := _spans(batch, written)):
+        cursor.executemany(_SPAN_IN, spans)
     if finished:
         _finish_alone_pg(cursor, sql, finished, written)
     if batch.groups:
@@ -706,18 +708,12 @@ def _insert_messages_unless_alone(
 def _write_pending_pg(
     cursor: Any, sql: _PgSql, pending: dict[PendingKey, PendingRow], written: dict[str, tuple[str, set[int]]]
 ) -> None:
-    """Pending rows replace what a key had (deleted, then inserted); a row held here from the
-    message's publish is its key's first (no delete), and those of one queue, group and lease go as
-    one array of offsets. The rows of messages written and finished alone here are left to
-    :func:`_finish_alone_pg`."""
+    """Pending rows replace what a key had (deleted, then inserted). The rows of messages written
+    and finished alone here are left to :func:`_finish_alone_pg`."""
     replaced: list[PendingKey] = []
     rows: list[dict[str, Any]] = []
-    held: dict[tuple[str, str, HeldHere], list[int]] = {}
     for key, row in pending.items():
         if written and (entry := written.get(key[0])) is not None and key[2] in entry[1]:
-            continue
-        if isinstance(row, HeldHere):
-            held.setdefault((key[0], key[1], row), []).append(key[2])
             continue
         replaced.append(key)
         if row is not None:
@@ -726,14 +722,17 @@ def _write_pending_pg(
         sql.delete(cursor, "queue_pending", replaced)
     if rows:
         sql.insert(cursor, "queue_pending", _tuples(rows, sql.columns("queue_pending")))
-    if held:
-        params = [(q, g, mark.node, mark.lease_until, offsets) for (q, g, mark), offsets in held.items()]
-        cursor.executemany(_HELD_HERE, params)
 
 
-_HELD_HERE = (
-    'INSERT INTO queue_pending (queue, "group", "offset", state, node, attempts, lease_until, unsent, '
-    "returned) SELECT %s, %s, o, 'held', %s, 0, %s, 0, 0 FROM unnest(%b::bigint[]) o"
+def _spans(batch: WriteBatch, written: dict[str, tuple[str, set[int]]]) -> list[tuple[Any, ...]]:
+    """The batch's ``queue_spans`` rows (:func:`rows.held_spans`)."""
+    skip = {(queue, group): offsets for queue, (group, offsets) in written.items()}
+    return held_spans(batch.held, skip)
+
+
+_SPAN_IN = (
+    'INSERT INTO queue_spans (queue, "group", first_offset, last_offset, node, lease_until) '
+    "VALUES (%s, %s, %s, %s, %s, %s)"
 )
 
 
@@ -741,7 +740,8 @@ def _finish_alone_pg(
     cursor: Any, sql: _PgSql, finished: dict[GroupKey, list[int]], written: dict[str, tuple[str, set[int]]]
 ) -> None:
     """What groups that believed themselves alone finished (``WriteBatch.finished_alone``): the
-    messages and their rows go while the queue has no other group, else the rows say 'done'. The
+    messages go while the queue has no other group, else 'done' rows are written for them (their
+    own rows, if any, were deleted by the batch's pending changes, :func:`_write_pending_pg`). The
     share lock taken first on the queue row waits for a node making a group (``queue_store.claim``),
     so these statements see that group: without it, a group made meanwhile on another node could
     have claimed a message this commit deletes. What this batch writes and finishes alone is
@@ -753,7 +753,6 @@ def _finish_alone_pg(
             stored = [o for o in offsets if o not in entry[1]]
         if stored:
             sql.delete(cursor, "queue_messages", [(queue, o) for o in stored], alone=(queue, group))
-            sql.delete(cursor, "queue_pending", [(queue, group, o) for o in stored], alone=(queue, group))
         cursor.execute(_DONE_UNLESS_ALONE, (queue, group, offsets, queue, group))
 
 
@@ -832,9 +831,11 @@ def apply(connection: Connection, batch: WriteBatch) -> list[Any]:
             gone = [key for key, row in batch.pending.items() if row is None]
             if gone:
                 sql.pending_out.run(cursor, gone)
-            rows = [pending_row(key, row) for key, row in batch.pending.items() if row is not None]
+            rows = [row for row in batch.pending.values() if row is not None]
             if rows:
                 sql.pending_in.run(cursor, _tuples(rows, sql.pending_cols))
+        if batch.held and (spans := _spans(batch, {})):
+            cursor.executemany(_SPAN_IN.replace("%s", "?"), spans)
         if batch.finished_alone:
             _finish_alone_sqlite(cursor, sql, batch.finished_alone)
         if batch.groups:
