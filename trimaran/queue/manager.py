@@ -277,7 +277,7 @@ class QueueManager:
                         if entry.state == HELD:
                             group.released_event(offset, entry, reason, now, release)
                         group.make_available(offset, entry, reason, now, now, release)
-        if self.shared:  # what its spans held is all handed back (or finished): they go with it
+        if self.shared:  # its spans of which nothing is left to it (all handed back, or finished)
             release.calls.append(queue_store.drop_spans(self.node))
         if not release.empty():
             await self.journal.write(release)

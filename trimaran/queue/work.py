@@ -393,7 +393,10 @@ class WorkGroup(Group):
 
     def store_held(self, ch: Changes) -> None:
         """Rows for the held first deliveries written without one, now that the queue is no longer
-        this group's alone."""
+        this group's alone. Shared: none needed, what a node claimed is held by the claim's row or
+        span whatever the groups."""
+        if self.shared:
+            return
         for offset, entry in self.entries.items():
             if not entry.stored:
                 self.journal.pending(ch, self.state, self, offset, entry)

@@ -576,10 +576,11 @@ def renew_leases(node: str, lease_until: int) -> Call:
 
 
 def drop_spans(node: str) -> Call:
-    """``node`` stops, having handed back everything it held: its spans go."""
+    """``node`` stops, having handed back what it held: its spans of which nothing is left to it
+    go (those of a node that could not hand back, its memory lost, stay under their leases)."""
 
     def call(connection: Connection) -> None:
-        connection.execute(delete(queue_spans).where(queue_spans.c.node == node))
+        connection.execute(_SPANS_DONE, {"node": node})
 
     return call
 
