@@ -46,7 +46,6 @@ from trimaran.storage.rows import (
     MESSAGE_COLUMNS,
     RUN_COLUMNS,
     GroupKey,
-    MessageRow,
     PendingKey,
     PendingRow,
     WriteBatch,
@@ -526,9 +525,6 @@ def _pg_type(column: Any) -> str:
 
 
 # Shared mode: the queue has a group besides the given one (parameters: queue, group).
-_OTHER_GROUP = 'EXISTS (SELECT 1 FROM queue_groups WHERE queue = %s AND "group" <> %s)'
-
-
 class _PgSql:
     """PostgreSQL: one statement per table and batch, rows passed as arrays through unnest().
 
@@ -565,29 +561,16 @@ class _PgSql:
         self.deletes_listed = {
             table: f'{sql} AND "offset" = ANY(%b::bigint[])' for table, sql in self.deletes.items()
         }
-        # The same, only while the queue has no group but the one given (its two parameters last).
-        alone = f" AND NOT {_OTHER_GROUP}"
-        self.deletes_alone = {table: sql + alone for table, sql in self.deletes.items()}
-        self.deletes_listed_alone = {table: sql + alone for table, sql in self.deletes_listed.items()}
 
-    def insert(
-        self, cursor: Any, table: str, rows: list[tuple[Any, ...]], unless_alone: GroupKey | None = None
-    ) -> None:
-        """``rows``: tuples in the table's column order (``id`` left out). ``unless_alone``: only if
-        the queue has a group but the one given."""
-        columns = [list(column) for column in zip(*rows, strict=True)]
-        if unless_alone is None:
-            cursor.execute(self.inserts[table][0], columns)
-            return
-        cursor.execute(f"{self.inserts[table][0]} WHERE {_OTHER_GROUP}", [*columns, *unless_alone])
+    def insert(self, cursor: Any, table: str, rows: list[tuple[Any, ...]]) -> None:
+        """``rows``: tuples in the table's column order (``id`` left out)."""
+        cursor.execute(self.inserts[table][0], [list(column) for column in zip(*rows, strict=True)])
 
     def columns(self, table: str) -> list[str]:
         return self.inserts[table][1]
 
-    def delete(
-        self, cursor: Any, table: str, keys: list[tuple[Any, ...]], alone: GroupKey | None = None
-    ) -> None:
-        """Delete the rows of ``keys`` (``alone``: only while the queue has no group but that one)."""
+    def delete(self, cursor: Any, table: str, keys: list[tuple[Any, ...]]) -> None:
+        """Delete the rows of ``keys``."""
         by_prefix: dict[tuple[Any, ...], list[int]] = {}
         for key in keys:
             by_prefix.setdefault(key[:-1], []).append(key[-1])
@@ -608,14 +591,10 @@ class _PgSql:
             for at in range(0, len(scattered), _LISTED):
                 chunk = scattered[at : at + _LISTED]
                 listed.append((*prefix, chunk[0], chunk[-1], chunk))
-        if alone is not None:
-            runs = [(*params, *alone) for params in runs]
-            listed = [(*params, *alone) for params in listed]
         if runs:
-            cursor.executemany((self.deletes if alone is None else self.deletes_alone)[table], runs)
+            cursor.executemany(self.deletes[table], runs)
         if listed:
-            statement = (self.deletes_listed if alone is None else self.deletes_listed_alone)[table]
-            cursor.executemany(statement, listed)
+            cursor.executemany(self.deletes_listed[table], listed)
 
 
 # A run of consecutive offsets this long is deleted by its bounds; the rest in arrays of at most
@@ -640,14 +619,17 @@ def _apply_pg(connection: Connection, batch: WriteBatch) -> None:
 
 def _apply_pg_statements(cursor: Any, sql: _PgSql, batch: WriteBatch) -> None:
     finished = batch.finished_alone
+    alone: set[GroupKey] = set()
     written: dict[str, tuple[str, set[int]]] = {}
     if finished:
-        # First: the statements after it see a group another node made (_finish_alone_pg).
-        cursor.executemany(_QUEUE_SHARED, [(queue,) for queue in sorted({queue for queue, _ in finished})])
-        written = _written_and_finished(batch)
+        # First: what follows knows which groups are still alone (_finish_alone_pg).
+        alone = _alone_now(cursor, finished)
+        written = _written_and_finished(batch, alone)
     if batch.messages:
         if written:
-            _insert_messages_unless_alone(cursor, sql, batch.messages, written)
+            rows = [m.values() for m in batch.messages if not _finished_here(written, m.queue, m.offset)]
+            if rows:
+                sql.insert(cursor, "queue_messages", rows)
         else:
             sql.insert(cursor, "queue_messages", _message_tuples(batch))
     if batch.message_deletes:
@@ -657,7 +639,7 @@ def _apply_pg_statements(cursor: Any, sql: _PgSql, batch: WriteBatch) -> None:
     if batch.held and (spans := _spans(batch, written)):
         cursor.executemany(_SPAN_IN, spans)
     if finished:
-        _finish_alone_pg(cursor, sql, finished, written)
+        _finish_alone_pg(cursor, sql, finished, alone, written)
     if batch.groups:
         _write_groups(cursor, "%s", batch)
     if batch.queue_next:
@@ -669,40 +651,38 @@ def _apply_pg_statements(cursor: Any, sql: _PgSql, batch: WriteBatch) -> None:
         sql.insert(cursor, "queue_events", event_rows(batch.events))
 
 
-def _written_and_finished(batch: WriteBatch) -> dict[str, tuple[str, set[int]]]:
-    """Per queue, the messages this batch writes that the queue's one group (as its node believed)
-    finishes in it too: written only if the commit finds another group (:func:`_finish_alone_pg`)."""
-    groups: dict[str, list[str]] = {}
-    for queue, group in batch.finished_alone:
-        groups.setdefault(queue, []).append(group)
-    written: dict[str, set[int]] = {}
-    for m in batch.messages:
-        if m.queue in groups:
-            written.setdefault(m.queue, set()).add(m.offset)
-    both: dict[str, tuple[str, set[int]]] = {}
-    for queue, offsets in written.items():
-        if len(groups[queue]) == 1:
-            group = groups[queue][0]
-            if finished := offsets.intersection(batch.finished_alone[(queue, group)]):
-                both[queue] = (group, finished)
-    return both
+def _alone_now(cursor: Any, finished: dict[GroupKey, list[int]]) -> set[GroupKey]:
+    """Of the groups in ``finished_alone``, those their queue still has alone. The queue rows are
+    taken shared first (in name order), and a node making a group takes its queue's row for update
+    (``queue_store.claim``): the answer holds until this transaction ends. One round trip."""
+    keys = sorted(finished)
+    cursor.execute(_QUEUES_SHARED, (sorted({queue for queue, _ in keys}),))
+    cursor.execute(_ALONE, ([queue for queue, _ in keys], [group for _, group in keys]))
+    return {(queue, group) for queue, group in cursor.fetchall()}
 
 
-def _insert_messages_unless_alone(
-    cursor: Any, sql: _PgSql, messages: list[MessageRow], written: dict[str, tuple[str, set[int]]]
-) -> None:
-    plain: list[MessageRow] = []
-    kept: dict[str, list[MessageRow]] = {}
-    for m in messages:
-        entry = written.get(m.queue)
-        if entry is not None and m.offset in entry[1]:
-            kept.setdefault(m.queue, []).append(m)
-        else:
-            plain.append(m)
-    if plain:
-        sql.insert(cursor, "queue_messages", message_tuples(plain))
-    for queue, rows in kept.items():
-        sql.insert(cursor, "queue_messages", message_tuples(rows), unless_alone=(queue, written[queue][0]))
+_QUEUES_SHARED = "SELECT 1 FROM queues WHERE name = ANY(%s) ORDER BY name FOR SHARE"
+_ALONE = (
+    "SELECT f.q, f.g FROM unnest(%s::text[], %s::text[]) AS f(q, g) "
+    'WHERE NOT EXISTS (SELECT 1 FROM queue_groups WHERE queue = f.q AND "group" <> f.g)'
+)
+
+
+def _written_and_finished(batch: WriteBatch, alone: set[GroupKey]) -> dict[str, tuple[str, set[int]]]:
+    """Per queue, the messages this batch writes that the queue's one group, still alone, finishes
+    in it too: neither they nor their rows are written."""
+    written: dict[str, tuple[str, set[int]]] = {}
+    for queue, group in alone:
+        finished = set(batch.finished_alone[(queue, group)])
+        offsets = {m.offset for m in batch.messages if m.queue == queue and m.offset in finished}
+        if offsets:
+            written[queue] = (group, offsets)
+    return written
+
+
+def _finished_here(written: dict[str, tuple[str, set[int]]], queue: str, offset: int) -> bool:
+    entry = written.get(queue)
+    return entry is not None and offset in entry[1]
 
 
 def _write_pending_pg(
@@ -737,23 +717,26 @@ _SPAN_IN = (
 
 
 def _finish_alone_pg(
-    cursor: Any, sql: _PgSql, finished: dict[GroupKey, list[int]], written: dict[str, tuple[str, set[int]]]
+    cursor: Any,
+    sql: _PgSql,
+    finished: dict[GroupKey, list[int]],
+    alone: set[GroupKey],
+    written: dict[str, tuple[str, set[int]]],
 ) -> None:
     """What groups that believed themselves alone finished (``WriteBatch.finished_alone``): the
-    messages go while the queue has no other group, else 'done' rows are written for them (their
-    own rows, if any, were deleted by the batch's pending changes, :func:`_write_pending_pg`). The
-    share lock taken first on the queue row waits for a node making a group (``queue_store.claim``),
-    so these statements see that group: without it, a group made meanwhile on another node could
-    have claimed a message this commit deletes. What this batch writes and finishes alone is
-    written only if there is another group (:func:`_insert_messages_unless_alone`), so here it
-    needs no delete."""
+    messages go where the group is still alone (:func:`_alone_now`), else 'done' rows are written
+    for them (their own rows, if any, were deleted by the batch's pending changes). Without the
+    check a group made meanwhile on another node could have claimed a message this commit deletes.
+    What this batch writes and finishes alone was never written (:func:`_written_and_finished`)."""
     for (queue, group), offsets in finished.items():
+        if (queue, group) not in alone:
+            cursor.execute(_DONE, (queue, group, offsets))
+            continue
         stored = offsets
-        if (entry := written.get(queue)) is not None and entry[0] == group:
+        if (entry := written.get(queue)) is not None:
             stored = [o for o in offsets if o not in entry[1]]
         if stored:
-            sql.delete(cursor, "queue_messages", [(queue, o) for o in stored], alone=(queue, group))
-        cursor.execute(_DONE_UNLESS_ALONE, (queue, group, offsets, queue, group))
+            sql.delete(cursor, "queue_messages", [(queue, o) for o in stored])
 
 
 def _finish_alone_sqlite(cursor: Any, sql: _Sql, finished: dict[GroupKey, list[int]]) -> None:
@@ -774,11 +757,9 @@ def _finish_alone_sqlite(cursor: Any, sql: _Sql, finished: dict[GroupKey, list[i
         )
 
 
-_QUEUE_SHARED = "SELECT 1 FROM queues WHERE name = %s FOR SHARE"
-_DONE_UNLESS_ALONE = (
+_DONE = (
     'INSERT INTO queue_pending (queue, "group", "offset", state, attempts, unsent, returned) '
     "SELECT %s, %s, o, 'done', 0, 0, 0 FROM unnest(%b::bigint[]) o "
-    f"WHERE {_OTHER_GROUP} "
     'ON CONFLICT (queue, "group", "offset") DO UPDATE SET state = \'done\', consumer = NULL'
 )
 
