@@ -41,7 +41,7 @@ class WaitingPublish:
 
     message: Message
     routing_key: str
-    changes: Changes
+    changes: Changes | None  # None: made when it is published unclaimed (QueueManager._publish_at)
     done: Callable[..., None] | None  # publish_nowait's: (PublishResult, QueueError | None)
     ticket: Receipt
 

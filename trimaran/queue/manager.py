@@ -506,7 +506,7 @@ class QueueManager:
         state, message, ch = self._accept(queue, message)
         if not state.durable:
             return PublishResult(state.name, self._publish_transient(state, message, routing_key))
-        if ch is None:
+        if ch is None and not self.is_shared(state):
             offset = state.next_offset
             await committed(self._publish_early(state, message, routing_key, None))
             return PublishResult(state.name, offset)
@@ -550,7 +550,7 @@ class QueueManager:
             if done is not None:
                 done(PublishResult(state.name, appended), None)
             return None
-        if ch is None:
+        if ch is None and not self.is_shared(state):
             return self._publish_early(state, message, routing_key, done, now)
         if self.shared_offsets(state):
             offset = None if state.awaiting_block else self._block_offset(state)
@@ -573,9 +573,10 @@ class QueueManager:
         message: Message,
         routing_key: str,
         offset: int,
-        ch: Changes,
+        ch: Changes | None,
         done: Callable[[PublishResult, QueueError | None], None] | None,
     ) -> Receipt | None:
+        """``ch``: None for a shared work queue's publish that has none yet (``_accept``)."""
         left: list[WorkGroup] | None = None
         if self.is_shared(state):
             claimers = self.claims.claimers(state, routing_key, message)
@@ -584,6 +585,8 @@ class QueueManager:
                     state, message, routing_key, done, offset=offset, claimers=claimers
                 )
             left = self.claims.left_unclaimed(state)
+        if ch is None:
+            ch = Changes()
         stored, result = self._stage(state, message, routing_key, offset, ch)
         if not state.durable:
             if done is not None:
@@ -873,7 +876,10 @@ class QueueManager:
         # A turn's publishes to early queues share the journal's turn (Journal.stage); a limited
         # queue's publish keeps its own change, whose drops must follow their dead letters
         # (_check_limits); an in-memory queue's needs none (_publish_transient).
-        ch = None if not limited and (not state.durable or self.early(state)) else Changes()
+        # A shared work queue's publish makes its change only if it is not claimed as it is
+        # published (_publish_at): a claimed one joins the turn too.
+        plain = not state.durable or self.early(state) or self.is_shared(state)
+        ch = None if not limited and plain else Changes()
         # shared: this node does not see the whole queue
         if ch is not None and limited and not self.is_shared(state):
             try:
