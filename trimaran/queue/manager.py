@@ -584,7 +584,7 @@ class QueueManager:
                 return self._publish_early(
                     state, message, routing_key, done, offset=offset, claimers=claimers
                 )
-            left = self.claims.left_unclaimed(state)
+            left = self.claims.left_unclaimed(state, offset)
         if ch is None:
             ch = Changes()
         stored, result = self._stage(state, message, routing_key, offset, ch)
@@ -605,7 +605,7 @@ class QueueManager:
                     self._withdraw(state, offset)
             else:
                 if left:
-                    self.claims.committed_unclaimed(left)
+                    self.claims.committed_unclaimed(left, offset)
                 if error is None:
                     self._published(state, stored)
                 state.inflight -= 1  # on failure too, or max-length accounting would drift
@@ -632,7 +632,7 @@ class QueueManager:
             else:
                 state.inflight -= 1
             if left:
-                self.claims.committed_unclaimed(left)
+                self.claims.committed_unclaimed(left, offset)
             raise QueueError("storage", str(exc)) from exc
         return receipt
 

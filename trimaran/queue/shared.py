@@ -34,6 +34,8 @@ from trimaran.storage.rows import FIRST, WriteBatch
 
 log = logging.getLogger(__name__)
 
+_NO_CAP = 2**63 - 1  # no unclaimed publish of this node uncommitted: a claim's start is not capped
+CLAIM_GROWTH = 16  # a group's claims grow to this many batches while each comes back full
 POLL_MS = 100  # how often idle consumers look for messages other nodes published or released
 BROWSE_PAGE = 100  # most stored rows a browser reads at once
 
@@ -78,9 +80,10 @@ class Claims:
         self.dispatch = dispatch
         # One claim in flight per group, and the consumers it claims for (their credit then).
         self.claiming: dict[Group, list[Taker]] = {}
-        # How many the claim in flight asked for, and how many of this node's unclaimed publishes it
-        # sees (``WorkGroup.behind_count`` when it was made, -1 while some were uncommitted).
-        self.wanted: dict[Group, tuple[int, int]] = {}
+        # How many the claim in flight asked for, how many of this node's unclaimed publishes it
+        # sees (``WorkGroup.behind_count`` when it was made, -1 while some were uncommitted), and
+        # the highest offset the next claim may start past (``WorkGroup.claim_after``).
+        self.wanted: dict[Group, tuple[int, int, int]] = {}
         # What waits for a claim (Claims.then): for the one in flight, and for the next one.
         self.waiting: dict[Group, list[Callable[[], None]]] = {}
         self.later: dict[Group, list[tuple[Taker, Callable[[], None]]]] = {}
@@ -128,7 +131,7 @@ class Claims:
             mine.append(group)
         return mine
 
-    def left_unclaimed(self, state: QueueState) -> list[WorkGroup]:
+    def left_unclaimed(self, state: QueueState, offset: int) -> list[WorkGroup]:
         """A publish of this node goes to the database unclaimed: the groups with consumers here
         claim what follows it only after a claim has taken it (:meth:`_claimed`). Returns them, for
         :meth:`committed_unclaimed` once its commit is done."""
@@ -136,15 +139,15 @@ class Claims:
         for group in groups:
             group.behind = True
             group.behind_count += 1
-            group.behind_inflight += 1
+            group.behind_inflight.add(offset)
             group.dry_at = None  # claim it
         return groups
 
-    def committed_unclaimed(self, groups: list[WorkGroup]) -> None:
+    def committed_unclaimed(self, groups: list[WorkGroup], offset: int) -> None:
         """The unclaimed publish :meth:`left_unclaimed` counted is committed (or failed): a claim
         made from now on sees it."""
         for group in groups:
-            group.behind_inflight -= 1
+            group.behind_inflight.discard(offset)
 
     def claim_published(
         self, state: QueueState, stored: StoredMessage, groups: list[WorkGroup], ch: WriteBatch
@@ -173,18 +176,25 @@ class Claims:
             return
         # What is claimed ahead may be what they do not select: then at least their credit more.
         credit = sum([h.credit for h in takers])
-        want = max(max(self.batch, credit) - len(group.ready), min(self.batch, credit))
+        size = max(group.claim_size, self.batch) if isinstance(group, WorkGroup) else self.batch
+        want = max(max(size, credit) - len(group.ready), min(self.batch, credit))
         self.claiming[group] = takers
         # Which of this node's unclaimed publishes it sees: all made so far, when none is uncommitted
-        # (-1: some is; a later one is past it too).
-        seen = -1
-        if isinstance(group, WorkGroup) and group.behind_inflight == 0:
-            seen = group.behind_count
-        self.wanted[group] = (want, seen)
+        # (-1: some is; a later one is past it too). New messages from past the last full claim's,
+        # but not past an uncommitted one of this node's (it would be passed over once committed).
+        seen = after = cap = -1
+        if isinstance(group, WorkGroup):
+            after = cap = group.claim_after
+            if not group.behind_inflight:
+                seen, cap = group.behind_count, _NO_CAP
+            else:
+                cap = min(group.behind_inflight) - 1
+                after = min(after, cap)
+        self.wanted[group] = (want, seen, cap)
         now = now_ms()
         wants = None if takes_all(takers) else taken_by(takers)
         call = queue_store.claim(
-            state.name, group.name, self.journal.node, want, now, now + self.lease_ms, wants
+            state.name, group.name, self.journal.node, want, now, now + self.lease_ms, wants, after=after
         )
         calls = [call, queue_store.count_groups(state.name)]
         self.journal.send(
@@ -208,7 +218,7 @@ class Claims:
 
     def _claimed(self, state: QueueState, group: Group, results: list[Any]) -> None:
         self.claiming.pop(group, None)
-        want, seen = self.wanted.pop(group, (0, -1))
+        want, seen, cap = self.wanted.pop(group, (0, -1, -1))
         rows = results[0] if results else []
         if isinstance(group, WorkGroup):  # claims are a shared work queue's
             if results:  # committed: the group has its row; the queue's one group deletes on ack
@@ -217,6 +227,19 @@ class Claims:
             group.dry_at = group.handed_back if len(rows) < want else None
             if results and len(rows) < want and seen == group.behind_count:
                 group.behind = False  # what this node left unclaimed is claimed (here or elsewhere)
+            # A full claim took every new message up to its last one but what another claim held
+            # locked: the next starts there (below what of this node's was uncommitted when it
+            # was made). One that came back short leaves the next to start from the beginning.
+            group.claim_after = -1
+            if results and len(rows) == want:
+                last = max([int(row.offset) for row, got in rows if got is FIRST], default=-1)
+                group.claim_after = min(last, cap)
+            # A backlog in the database: each full claim asks for twice as many as the last (one
+            # claim in flight a group, one a commit: at 100 a claim the backlog outgrew what the
+            # claims took, MQTT `$queue/` open loop); one that comes back short, a batch again.
+            size = max(group.claim_size, self.batch)
+            full = bool(results) and len(rows) == want and want >= size
+            group.claim_size = min(size * 2, self.batch * CLAIM_GROWTH) if full else 0
             for row, got in rows:
                 offset = int(row.offset)
                 if offset in group.entries:
@@ -306,10 +329,11 @@ class Claims:
         """Poll for what other nodes published or released; renew leases and compact."""
         if now - self.last_poll >= POLL_MS:
             self.last_poll = now
-            for state in queues:  # what other nodes published or released since: claim again
-                for group in state.groups.values():
+            for state in queues:  # what other nodes published or released since: claim again,
+                for group in state.groups.values():  # new messages from the beginning
                     if isinstance(group, WorkGroup):
                         group.dry_at = None
+                        group.claim_after = -1
             if self.finished:
                 names, self.finished = self.finished, set()
                 self.journal.send(WriteBatch(calls=[queue_store.compact_shared(n) for n in sorted(names)]))

@@ -83,10 +83,17 @@ class WorkGroup(Group):
         # Shared: a publish of this node went to the database unclaimed and no claim made after its
         # commit has come back short yet: later publishes are not claimed as they are published
         # (they would overtake it). ``behind_count``: such publishes so far; ``behind_inflight``:
-        # those not committed yet.
+        # the offsets of those not committed yet.
         self.behind = False
         self.behind_count = 0
-        self.behind_inflight = 0
+        self.behind_inflight: set[int] = set()
+        # Shared: the last new message the group's last full claim took (below this node's
+        # unclaimed publishes then uncommitted): the next claim of new messages starts past it
+        # instead of walking again what is held or acked (-1: from the start; each poll resets it).
+        self.claim_after = -1
+        # Shared: how many its next claim asks for at least, past a batch (Claims: while claims
+        # come back full; 0: a batch).
+        self.claim_size = 0
 
     # -- taking -----------------------------------------------------------------------------------
 

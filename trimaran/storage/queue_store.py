@@ -255,6 +255,7 @@ _CLAIM_NEW = text(
               SELECT 1 FROM queue_pending p
               WHERE p.queue = m.queue AND p."group" = :g AND p."offset" = m."offset"
           ) IS NULL
+          AND m."offset" > :after
           AND NOT coalesce((
               SELECT s.last_offset >= m."offset" FROM queue_spans s
               WHERE s.queue = :q AND s."group" = :g AND s.first_offset <= m."offset"
@@ -327,14 +328,24 @@ _CLAIM_PAGE = 500  # messages a filtered claim reads at once
 
 
 def claim(
-    queue: str, group: str, node: str, limit: int, now: int, lease_until: int, wants: Wants | None = None
+    queue: str,
+    group: str,
+    node: str,
+    limit: int,
+    now: int,
+    lease_until: int,
+    wants: Wants | None = None,
+    *,
+    after: int = -1,
 ) -> Call:
     """Claim up to ``limit`` messages for a group; returns [(row, Claimed)] in offset order.
     ``wants``: only the messages it takes (the claiming node's consumers' filters and selectors),
-    walking past the others (left to other nodes), as a take walks past what its consumer refuses."""
+    walking past the others (left to other nodes), as a take walks past what its consumer refuses.
+    ``after``: new messages (never claimed) only past this offset (the filtered walk ignores it)."""
 
     def call(connection: Connection) -> list[tuple[Any, Claimed]]:
         params = {"q": queue, "g": group, "node": node, "n": limit, "now": now, "lease": lease_until}
+        params["after"] = after
         if connection.execute(_HAS_GROUP, params).first() is None:
             connection.execute(_LOCK_QUEUE, params)
             connection.execute(_ENSURE_GROUP, params)

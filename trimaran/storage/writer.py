@@ -524,7 +524,6 @@ def _pg_type(column: Any) -> str:
     return "text"
 
 
-# Shared mode: the queue has a group besides the given one (parameters: queue, group).
 class _PgSql:
     """PostgreSQL: one statement per table and batch, rows passed as arrays through unnest().
 
