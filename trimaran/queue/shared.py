@@ -104,9 +104,11 @@ class Claims:
 
     def room(self, group: Group) -> int:
         """How many messages this node claims ahead for ``group``: a batch, or its consumers' credit
-        when that is more (prefetch windows larger than a batch are kept full)."""
+        when that is more (prefetch windows larger than a batch are kept full), or what its claims
+        grew to while a backlog lasted (``WorkGroup.claim_size``)."""
         credit = sum([h.credit for h in group.consumers if not h.closed])
-        return max(self.batch, credit)
+        grown = group.claim_size if isinstance(group, WorkGroup) else 0
+        return max(self.batch, credit, grown)
 
     def claimers(self, state: QueueState, routing_key: str, message: Message) -> list[WorkGroup]:
         """The groups this node claims a message for as it publishes it: every group whose consumers
@@ -236,10 +238,14 @@ class Claims:
                 group.claim_after = min(last, cap)
             # A backlog in the database: each full claim asks for twice as many as the last (one
             # claim in flight a group, one a commit: at 100 a claim the backlog outgrew what the
-            # claims took, MQTT `$queue/` open loop); one that comes back short, a batch again.
+            # claims took, MQTT `$queue/` open loop); one that comes back short, half as many.
+            # The room to claim at publish follows, so that a burst that passed a batch does not
+            # send every publish after it through claims.
             size = max(group.claim_size, self.batch)
-            full = bool(results) and len(rows) == want and want >= size
-            group.claim_size = min(size * 2, self.batch * CLAIM_GROWTH) if full else 0
+            if results and len(rows) == want and want >= size:
+                group.claim_size = min(size * 2, self.batch * CLAIM_GROWTH)
+            elif results and len(rows) < want:
+                group.claim_size = group.claim_size // 2 if group.claim_size > self.batch else 0
             for row, got in rows:
                 offset = int(row.offset)
                 if offset in group.entries:
