@@ -655,3 +655,25 @@ async def test_a_backlog_is_claimed_in_growing_claims_each_past_the_last(
         sizes = [n for n, _ in asked]
         assert max(sizes) >= 4 * a.claims.batch, sizes
         assert any(after > 0 for _, after in asked), asked
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_a_transaction_publishes_to_a_shared_queue_from_the_nodes_block(make_manager: Factory) -> None:
+    """AMQP 1.0 transactions were refused on shared queues (proton's tx_send then waited for ever):
+    a transaction's publishes take their offsets from the node's block, waiting for the first block
+    when there is none, and are written unclaimed; a consumer gets them through a claim."""
+    a = make_manager(shared=True, node="a")
+    async with a.running():
+        without_timers(a)
+        await a.declare("tx")
+        outcomes: list[object] = []
+        batch = [("tx", Message(topic="$queue/tx", payload=b"t%d" % i, qos=1), "") for i in range(5)]
+        a.transact(batch, [], outcomes.append)
+        await wait_until(lambda: outcomes == [None])
+        a.transact(batch[:2], [], outcomes.append)
+        await wait_until(lambda: outcomes == [None, None])
+        c = Collector("c")
+        a.consume("tx", c).add_credit(10)
+        await wait_until(lambda: len(c.deliveries) == 7)
+        assert c.payloads == [b"t0", b"t1", b"t2", b"t3", b"t4", b"t0", b"t1"]
+        assert len({d.offset for d in c.deliveries}) == 7

@@ -641,21 +641,44 @@ class QueueManager:
         publishes: list[tuple[str, Message, str]],
         settles: list[tuple[ConsumerHandle, int, Outcome]],
         done: Callable[[QueueError | None], None],
+        *,
+        retry: bool = True,
     ) -> None:
         """A local transaction's work (AMQP 1.0 part 4): its publishes ``(queue, message, routing
         key)`` and its settlements ``(handle, offset, outcome)`` as one change, so the durable
         queues' rows commit in one SQL transaction or not at all. ``done(error)`` runs once it is
         committed. Raises :class:`QueueError` before anything is changed when a publish is refused
-        (full, deleted, a shared node's queue) or a settled delivery is no longer its handle's (it
-        went back to the queue when its link or connection ended): the transaction cannot commit."""
+        (full, deleted, a shared node's stream) or a settled delivery is no longer its handle's (it
+        went back to the queue when its link or connection ended): the transaction cannot commit.
+
+        A shared node's work queue takes the publishes' offsets from the node's block; when the
+        block has too few left, the transaction waits for the next one (``_reserve_ahead``) and is
+        made then. Its publishes are written unclaimed, for any node's claims."""
         accepted: list[tuple[QueueState, Message, str]] = []
+        need: dict[QueueState, int] = {}
         for queue, message, routing_key in publishes:
             state, message, own = self._accept(queue, message)
             if self.shared_offsets(state):
-                raise QueueError("unsupported", f"queue {queue}: a shared node's queue takes no transactions")
+                if not self.is_shared(state):
+                    raise QueueError(
+                        "unsupported", f"queue {queue}: a shared node's stream takes no transactions"
+                    )
+                need[state] = need.get(state, 0) + 1
+                if need[state] > OFFSET_BLOCK:
+                    raise QueueError(
+                        "unsupported",
+                        f"queue {queue}: a transaction publishes at most {OFFSET_BLOCK} messages "
+                        "to a shared node's queue",
+                    )
             if own is not None and not own.empty():
                 self.journal.submit(own)  # drops for max-length go ahead, as a lone publish's do
             accepted.append((state, message, routing_key))
+        short = [state for state, n in need.items() if _offsets_left(state) < n]
+        if short:
+            if not retry:
+                raise QueueError("storage", "no offsets reserved for the transaction's publishes")
+            self._after_blocks(short, lambda: self._transact_again(publishes, settles, done))
+            return
         for handle, offset, _outcome in settles:
             group = handle.group
             entry = group.entries.get(offset) if isinstance(group, WorkGroup) else None
@@ -668,9 +691,16 @@ class QueueManager:
         early: list[tuple[QueueState, StoredMessage]] = []
         late: list[tuple[QueueState, StoredMessage]] = []
         in_memory = False
+        unclaimed: list[tuple[list[WorkGroup], int]] = []
         for state, message, routing_key in accepted:
-            offset = state.next_offset
-            state.next_offset = offset + 1
+            if state in need:
+                from_block = self._block_offset(state)
+                assert from_block is not None  # counted above
+                offset = from_block
+                unclaimed.append((self.claims.left_unclaimed(state, offset), offset))
+            else:
+                offset = state.next_offset
+                state.next_offset = offset + 1
             stored = StoredMessage(
                 offset, message, routing_key, now, expiry_ms(state.policy, now, message.expires_at_ms),
                 len(message.payload),
@@ -708,6 +738,8 @@ class QueueManager:
 
         def finished(_results: list[Any]) -> None:
             error = receipt.error
+            for groups, offset in unclaimed:
+                self.claims.committed_unclaimed(groups, offset)
             for state, _stored in late:
                 state.inflight -= 1
             if error is not None:
@@ -722,6 +754,8 @@ class QueueManager:
             try:
                 receipt = self.journal.send(ch, on_commit=committed_now, on_results=finished)
             except WriterError as exc:
+                for groups, offset in unclaimed:
+                    self.claims.committed_unclaimed(groups, offset)
                 for state, _stored in late:
                     state.inflight -= 1
                 for state, stored in early:
@@ -729,6 +763,32 @@ class QueueManager:
                 done(QueueError("storage", str(exc)))
         for group, state in again.items():
             self._dispatch(state, group)
+
+    def _transact_again(
+        self,
+        publishes: list[tuple[str, Message, str]],
+        settles: list[tuple[ConsumerHandle, int, Outcome]],
+        done: Callable[[QueueError | None], None],
+    ) -> None:
+        """A transaction that waited for blocks of offsets, made now (once: no second wait)."""
+        try:
+            self.transact(publishes, settles, done, retry=False)
+        except QueueError as exc:
+            done(exc)
+
+    def _after_blocks(self, states: list[QueueState], then: Callable[[], None]) -> None:
+        """Reserve the next block of offsets of each of ``states`` and run ``then`` once every
+        reservation is in (or failed)."""
+        left = [len(states)]
+
+        def one_in() -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                then()
+
+        for state in states:
+            state.after_block.append(one_in)
+            self._reserve_ahead(state)  # none ahead (else the block and the next would do)
 
     def _block_offset(self, state: QueueState) -> int | None:
         """The next offset of this node's reserved block (taking the block reserved ahead when the
@@ -752,21 +812,30 @@ class QueueManager:
         def reserved(results: list[Any]) -> None:
             state.reserving = None
             event.set()
-            if results:
-                first = int(results[0])
-                if state.block_next >= state.block_end:
-                    state.block_next, state.block_end = first, first + OFFSET_BLOCK
-                else:
-                    state.block_ahead = (first, first + OFFSET_BLOCK)
-                self._publish_awaiting(state)
-            else:  # the reservation failed: so do the publishes that waited for it
-                waiting, state.awaiting_block = state.awaiting_block, deque()
-                failed = QueueError("storage", "no offsets reserved")
-                for publish in waiting:
-                    _refuse_waiting(publish, PublishResult(state.name, -1), failed)
+            waiting_tx, state.after_block = state.after_block, []
+            try:
+                self._reserved(state, results)
+            finally:
+                for then in waiting_tx:  # transactions waiting for it (_after_blocks)
+                    then()
 
         batch = WriteBatch(calls=[queue_store.reserve_offsets(state.name, OFFSET_BLOCK)])
         self.journal.send(batch, on_results=reserved)
+
+    def _reserved(self, state: QueueState, results: list[Any]) -> None:
+        """A block of offsets came in (``results``), or its reservation failed (none)."""
+        if results:
+            first = int(results[0])
+            if state.block_next >= state.block_end:
+                state.block_next, state.block_end = first, first + OFFSET_BLOCK
+            else:
+                state.block_ahead = (first, first + OFFSET_BLOCK)
+            self._publish_awaiting(state)
+        else:  # the reservation failed: so do the publishes that waited for it
+            waiting, state.awaiting_block = state.awaiting_block, deque()
+            failed = QueueError("storage", "no offsets reserved")
+            for publish in waiting:
+                _refuse_waiting(publish, PublishResult(state.name, -1), failed)
 
     def _publish_awaiting(self, state: QueueState) -> None:
         """Publishes that waited for a block of offsets, in arrival order, while the block lasts."""
@@ -1471,6 +1540,12 @@ class QueueManager:
                 self.journal.send(ch)
             if state.behind:  # what expired is no longer waiting
                 self.flow.look(state)
+
+
+def _offsets_left(state: QueueState) -> int:
+    """Offsets left to a shared node in its block of ``state`` and the one reserved ahead."""
+    ahead = state.block_ahead
+    return max(0, state.block_end - state.block_next) + (0 if ahead is None else ahead[1] - ahead[0])
 
 
 def _refuse_waiting(publish: WaitingPublish, result: PublishResult, error: QueueError) -> None:

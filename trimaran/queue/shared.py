@@ -321,6 +321,9 @@ class Claims:
                 finally:
                     state.reserving = None
                     done.set()
+                    waiting, state.after_block = state.after_block, []
+                    for then in waiting:  # transactions waiting for a block (QueueManager._after_blocks)
+                        then()
             else:
                 await state.reserving.wait()
         offset = state.block_next
