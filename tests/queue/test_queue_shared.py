@@ -677,3 +677,56 @@ async def test_a_transaction_publishes_to_a_shared_queue_from_the_nodes_block(ma
         await wait_until(lambda: len(c.deliveries) == 7)
         assert c.payloads == [b"t0", b"t1", b"t2", b"t3", b"t4", b"t0", b"t1"]
         assert len({d.offset for d in c.deliveries}) == 7
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_a_claim_holds_new_messages_by_spans_of_consecutive_offsets(make_manager: Factory) -> None:
+    """A claim of new messages inserted a 'held' row a message that its ack deleted again (four
+    rows a message through claims, the MQTT `$queue/` row): it writes one span a run of
+    consecutive offsets instead. Its second statement, whose snapshot follows its locks, drops
+    what a claim that committed after the first statement's snapshot took: an offset another
+    node's span holds, one with a row of the group."""
+    a = make_manager(shared=True, node="a")
+    async with a.running():
+        without_timers(a)
+        await a.declare("runs")
+        await publish_all(a, "runs", [b"m%d" % i for i in range(8)])  # no consumer: unclaimed
+        engine = a.storage.engine
+        offsets = queue_store.stored_offsets(engine, "runs")
+        later = now_ms() + 60_000
+        with engine.begin() as connection:  # what "b" claimed after a's first statement looked
+            connection.exec_driver_sql(
+                f"INSERT INTO queue_spans VALUES ('runs', '{DEFAULT_GROUP}', {offsets[2]}, {offsets[2]}, "
+                f"'b', {later})"
+            )
+            connection.exec_driver_sql(
+                'INSERT INTO queue_pending (queue, "group", "offset", state, node, attempts, '
+                "lease_until, reason, unsent, returned) "
+                f"VALUES ('runs', '{DEFAULT_GROUP}', {offsets[5]}, 'held', 'b', 0, {later}, 'first', 0, 0)"
+            )
+            params = {"q": "runs", "g": DEFAULT_GROUP, "node": "a", "lease": later, "offsets": offsets}
+            kept = [int(o) for (o,) in connection.execute(queue_store._SPAN_NEW, params)]
+        assert kept == [o for i, o in enumerate(offsets) if i not in (2, 5)]
+        runs = [
+            (s["first_offset"], s["last_offset"])
+            for s in queue_store.span_rows(engine, "runs")
+            if s["node"] == "a"
+        ]
+        assert runs == [(offsets[0], offsets[1]), (offsets[3], offsets[4]), (offsets[6], offsets[7])]
+
+        with engine.begin() as connection:  # b's claims go: a's consumer claims the rest by spans
+            connection.exec_driver_sql("DELETE FROM queue_spans")
+            connection.exec_driver_sql("DELETE FROM queue_pending")
+        c = Collector("c")
+        handle = a.consume("runs", c)
+        handle.add_credit(10)
+        await wait_until(lambda: len(c.deliveries) == 8)
+        assert c.payloads == [b"m%d" % i for i in range(8)]
+        assert queue_store.pending_rows(engine, "runs") == []
+        spans = queue_store.span_rows(engine, "runs")
+        assert [(s["first_offset"], s["last_offset"], s["node"]) for s in spans] == [
+            (offsets[0], offsets[-1], "a")
+        ]
+        for delivery in c.deliveries:
+            assert await handle.ack(delivery.offset)
+        assert queue_store.stored_offsets(engine, "runs") == []

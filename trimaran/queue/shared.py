@@ -30,10 +30,11 @@ from trimaran.queue.policy import filter_matches
 from trimaran.queue.work import WorkGroup
 from trimaran.storage import queue_store
 from trimaran.storage.queue_store import Wants
-from trimaran.storage.rows import FIRST, WriteBatch
+from trimaran.storage.rows import FIRST, SPANNED, WriteBatch
 
 log = logging.getLogger(__name__)
 
+_NEW = (FIRST, SPANNED)  # how a claim took a message never claimed before
 _NO_CAP = 2**63 - 1  # no unclaimed publish of this node uncommitted: a claim's start is not capped
 CLAIM_GROWTH = 16  # a group's claims grow to this many batches while each comes back full
 POLL_MS = 100  # how often idle consumers look for messages other nodes published or released
@@ -163,7 +164,7 @@ class Claims:
         offset = stored.offset
         for group in groups:
             self.journal.held_here(ch, state, group, offset, stored.published_at)
-            group.claimed(offset, FIRST, stored=False)
+            group.claimed(offset, SPANNED)
 
     def claim(self, state: QueueState, group: Group) -> None:
         """Claim a batch for this node, in one statement, for its consumers with credit: up to
@@ -234,7 +235,9 @@ class Claims:
             # was made). One that came back short leaves the next to start from the beginning.
             group.claim_after = -1
             if results and len(rows) == want:
-                last = max([int(row.offset) for row, got in rows if got is FIRST], default=-1)
+                last = max(
+                    [int(row.offset) for row, got in rows if got is FIRST or got is SPANNED], default=-1
+                )
                 group.claim_after = min(last, cap)
             # A backlog in the database: each full claim asks for twice as many as the last (one
             # claim in flight a group, one a commit: at 100 a claim the backlog outgrew what the

@@ -443,9 +443,8 @@ class WorkGroup(Group):
                 self.host.due(state, self, at)
         self.journal.pending(ch, state, self, offset, entry)
 
-    def claimed(self, offset: int, got: Claimed, stored: bool = True) -> None:
-        """Shared: ``offset`` claimed for this group by this node, ready to hand out. ``stored``:
-        False for a claim made as it was published, a span's with no pending row."""
+    def claimed(self, offset: int, got: Claimed) -> None:
+        """Shared: ``offset`` claimed for this group by this node, ready to hand out."""
         self.entries[offset] = Entry(
             WAIT,
             attempts=got.attempts,
@@ -453,7 +452,7 @@ class WorkGroup(Group):
             returned=got.returned,
             reason=got.reason,
             token=self.forgotten_token,
-            stored=stored,
+            stored=got.stored,
         )
         self.make_ready(offset)
 

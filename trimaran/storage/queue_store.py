@@ -15,7 +15,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from trimaran.broker.message import Message
 from trimaran.storage import schema
-from trimaran.storage.rows import FIRST, MESSAGE_COLUMNS, RUN_COLUMNS, SPAN_MAX, Claimed
+from trimaran.storage.rows import FIRST, MESSAGE_COLUMNS, RUN_COLUMNS, SPAN_MAX, SPANNED, Claimed
 from trimaran.storage.schema import (
     queue_events,
     queue_groups,
@@ -219,15 +219,14 @@ def span_rows(engine: Engine, queue: str) -> list[dict[str, Any]]:
 
 # -- shared mode: several nodes on one PostgreSQL database -----------------------------------------
 #
-# A node delivers only messages it has claimed: a claim turns a queue_pending row into state 'held'
-# with this node's name and a lease; what a node claims as it publishes it is held by a span of
-# offsets instead (schema.queue_spans), and a claim of new messages passes over what a span holds.
-# New messages are claimed by INSERTing their pending row; the
-# primary key (queue, group, offset) makes a second node's insert a no-op (ON CONFLICT DO NOTHING),
-# so two nodes can never hold the same message even when their snapshots overlap; FOR UPDATE SKIP
-# LOCKED only keeps them from queueing behind each other. Claims are taken in batches, so the cost
-# is per batch, not per message. A node that dies stops renewing its leases and its messages are
-# claimed again by the others once lease_until has passed.
+# A node delivers only messages it has claimed: a claim of a message delivered before turns its
+# queue_pending row into state 'held' with this node's name and a lease; a new message (one the group
+# has no row for) is held by a span of offsets under a lease instead (schema.queue_spans), whether the
+# node claims it as it publishes it or later from the table (_NEW, _SPAN_NEW), and a claim of new
+# messages passes over what a span holds. A filtered claim inserts 'held' rows for what it picks,
+# whose primary key makes a second node's insert a no-op. Claims are taken in batches, so the cost is
+# per batch, not per message. A node that dies stops renewing its leases and what it held is claimed
+# again by the others once lease_until has passed (_ADOPT_SPANS turns its spans into rows).
 
 _CLAIM_AGAIN = text(
     """
@@ -246,30 +245,49 @@ _CLAIM_AGAIN = text(
     """
 )
 
-_CLAIM_NEW = text(
+# New messages are claimed in two statements. The first locks them (SKIP LOCKED: what another
+# claim is taking is passed over); the second, whose snapshot is taken once every lock is held,
+# drops what a claim that committed meanwhile took (its lock released, the first statement's older
+# snapshot did not see its span or row) and holds the rest by spans, one per run of consecutive
+# offsets: a span's offsets are all claimed, so no message committed later can fall inside one.
+# One span row a run, where a pending row a message was inserted and deleted again.
+_NEW = text(
+    """
+    SELECT m."offset" FROM queue_messages m
+    WHERE m.queue = :q
+      AND (
+          SELECT 1 FROM queue_pending p
+          WHERE p.queue = m.queue AND p."group" = :g AND p."offset" = m."offset"
+      ) IS NULL
+      AND m."offset" > :after
+      AND NOT coalesce((
+          SELECT s.last_offset >= m."offset" FROM queue_spans s
+          WHERE s.queue = :q AND s."group" = :g AND s.first_offset <= m."offset"
+          ORDER BY s.first_offset DESC LIMIT 1
+      ), false)
+    ORDER BY m."offset" LIMIT :n
+    FOR UPDATE OF m SKIP LOCKED
+    """
+)
+_SPAN_NEW = text(
     """
     WITH c AS (
-        SELECT m."offset" FROM queue_messages m
-        WHERE m.queue = :q
-          AND (
-              SELECT 1 FROM queue_pending p
-              WHERE p.queue = m.queue AND p."group" = :g AND p."offset" = m."offset"
-          ) IS NULL
-          AND m."offset" > :after
+        SELECT o FROM unnest(CAST(:offsets AS bigint[])) AS o
+        WHERE (
+            SELECT 1 FROM queue_pending p WHERE p.queue = :q AND p."group" = :g AND p."offset" = o
+        ) IS NULL
           AND NOT coalesce((
-              SELECT s.last_offset >= m."offset" FROM queue_spans s
-              WHERE s.queue = :q AND s."group" = :g AND s.first_offset <= m."offset"
+              SELECT s.last_offset >= o FROM queue_spans s
+              WHERE s.queue = :q AND s."group" = :g AND s.first_offset <= o
               ORDER BY s.first_offset DESC LIMIT 1
           ), false)
-        ORDER BY m."offset" LIMIT :n
-        FOR UPDATE OF m SKIP LOCKED
+    ), runs AS (
+        INSERT INTO queue_spans (queue, "group", first_offset, last_offset, node, lease_until)
+        SELECT :q, :g, min(o), max(o), :node, :lease
+        FROM (SELECT o, o - row_number() OVER (ORDER BY o) AS run FROM c) AS numbered
+        GROUP BY run
     )
-    INSERT INTO queue_pending
-        (queue, "group", "offset", state, consumer, node, delivered_at, attempts, available_at,
-         lease_until, reason, unsent, returned)
-    SELECT :q, :g, c."offset", 'held', NULL, :node, NULL, 0, NULL, :lease, 'first', 0, 0 FROM c
-    ON CONFLICT DO NOTHING
-    RETURNING "offset"
+    SELECT o FROM c ORDER BY o
     """
 )
 
@@ -363,8 +381,11 @@ def claim(
             claimed[int(row.offset)] = _again(row)
         if len(claimed) < limit:
             params["n"] = limit - len(claimed)
-            for row in connection.execute(_CLAIM_NEW, params):
-                claimed[int(row.offset)] = FIRST
+            locked = [int(o) for (o,) in connection.execute(_NEW, params)]
+            if locked:
+                params["offsets"] = locked
+                for (o,) in connection.execute(_SPAN_NEW, params):
+                    claimed[int(o)] = SPANNED
         rows = _claimed_rows(connection, queue, list(claimed)) if claimed else []
         connection.execute(_PLAN_AS_USUAL)
         if not claimed:

@@ -319,12 +319,15 @@ def event_rows(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
 
 class Claimed(NamedTuple):
     """A message a claim took for its group: its attempts so far, of them the ones that were not
-    failures (``unsent``, ``returned``: see ``queue_pending``), and why it is delivered again."""
+    failures (``unsent``, ``returned``: see ``queue_pending``), and why it is delivered again.
+    ``stored``: held by a pending row, not by a span (``queue_spans``)."""
 
     attempts: int
     unsent: int
     returned: int
     reason: str
+    stored: bool = True
 
 
-FIRST = Claimed(0, 0, 0, "first")
+FIRST = Claimed(0, 0, 0, "first")  # a new message, held by a 'held' row (a filtered claim's)
+SPANNED = FIRST._replace(stored=False)  # a new message, held by a span
