@@ -680,6 +680,34 @@ async def test_a_transaction_publishes_to_a_shared_queue_from_the_nodes_block(ma
 
 
 @pytest.mark.usefixtures("postgres_only")
+async def test_publish_and_a_transaction_wait_for_the_same_block_of_offsets(make_manager: Factory) -> None:
+    """``publish`` reserved blocks of a claim batch (100) on a path of its own: a transaction of
+    more that waited for such a block found too few offsets and was rolled back. One path reserves
+    now (``QueueManager._reserve_ahead``), and both wait for its block."""
+    a = make_manager(shared=True, node="a")
+    async with a.running():
+        without_timers(a)
+        await a.declare("one")
+        outcomes: list[object] = []
+        batch = [("one", Message(topic="$queue/one", payload=b"t%d" % i, qos=1), "") for i in range(300)]
+
+        async def publish() -> None:
+            await a.publish("one", Message(topic="$queue/one", payload=b"p", qos=1))
+
+        state = a.queues["one"]
+        await wait_until(lambda: state.reserving is None)
+        state.block_next, state.block_ahead = state.block_end, None  # the node's block spent
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(publish)
+            await anyio.sleep(0)  # the publishes run up to the reservation they started
+            assert state.reserving is not None
+            a.transact(batch, [], outcomes.append)
+        await wait_until(lambda: outcomes == [None])
+        assert len(queue_store.stored_offsets(a.storage.engine, "one")) == 303
+
+
+@pytest.mark.usefixtures("postgres_only")
 async def test_a_claim_holds_new_messages_by_spans_of_consecutive_offsets(make_manager: Factory) -> None:
     """A claim of new messages inserted a 'held' row a message that its ack deleted again (four
     rows a message through claims, the MQTT `$queue/` row): it writes one span a run of

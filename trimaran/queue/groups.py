@@ -411,6 +411,7 @@ class QueueState:
     block_ahead: tuple[int, int] | None = None  # the next block, reserved before this one is spent
     awaiting_block: deque[WaitingPublish] = field(default_factory=deque)  # shared: for the next block
     reserving: anyio.Event | None = None
+    reserve_failures: int = 0  # reservations that failed (a publish awaiting one stops at the first)
     # shared: what runs once the reservation in flight is in or failed (transactions waiting)
     after_block: list[Callable[[], None]] = field(default_factory=list)
     # A consumer is behind on it: each publish holds its publisher (queue/flow.py sets and clears it)

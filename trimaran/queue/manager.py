@@ -511,8 +511,7 @@ class QueueManager:
             await committed(self._publish_early(state, message, routing_key, None))
             return PublishResult(state.name, offset)
         if self.shared_offsets(state):
-            offset = await self.claims.reserve(state)
-            self._publish_awaiting(state)  # a block this reservation brought serves them too
+            offset = await self._reserved_offset(state)
         else:
             offset = state.next_offset
             state.next_offset += 1
@@ -802,9 +801,25 @@ class QueueManager:
         state.block_next += 1
         return state.block_next - 1
 
+    async def _reserved_offset(self, state: QueueState) -> int:
+        """The next offset of this node's block for ``publish``, in order behind the publishes
+        waiting for one (``publish_nowait``), waiting for the next reservation while none is left.
+        Raises when a reservation it waited for failed."""
+        while True:
+            self._publish_awaiting(state)  # they were first
+            if not state.awaiting_block and (offset := self._block_offset(state)) is not None:
+                return offset
+            # A spent block has its next reservation in flight (_block_offset started it).
+            failures, reserving = state.reserve_failures, state.reserving
+            if reserving is None:
+                raise QueueError("storage", "no offsets reserved")
+            await reserving.wait()
+            if state.reserve_failures != failures:
+                raise QueueError("storage", "no offsets reserved")
+
     def _reserve_ahead(self, state: QueueState) -> None:
-        """Reserve this node's next block of offsets without awaiting it (``Claims.reserve`` waits
-        on the same ``reserving`` event); publishes waiting for it go on once it is in."""
+        """Reserve this node's next block of offsets without awaiting it (the one path that does);
+        publishes and transactions waiting for it go on once it is in."""
         if state.reserving is not None or state.block_ahead is not None:
             return
         event = state.reserving = anyio.Event()
@@ -832,6 +847,7 @@ class QueueManager:
                 state.block_ahead = (first, first + OFFSET_BLOCK)
             self._publish_awaiting(state)
         else:  # the reservation failed: so do the publishes that waited for it
+            state.reserve_failures += 1
             waiting, state.awaiting_block = state.awaiting_block, deque()
             failed = QueueError("storage", "no offsets reserved")
             for publish in waiting:

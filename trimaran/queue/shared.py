@@ -19,8 +19,6 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import anyio
-
 from trimaran.broker.message import Message, now_ms
 from trimaran.queue.changes import Changes
 from trimaran.queue.groups import Group, QueueDelivery, QueueState, StoredMessage, Taker
@@ -310,28 +308,6 @@ class Claims:
             self.browse(handle)  # a whole page: more is stored
         else:
             handle.was_read()
-
-    async def reserve(self, state: QueueState) -> int:
-        """The next offset of ``state`` from this node's block (reserving a new block when spent)."""
-        while state.block_next >= state.block_end:
-            if state.reserving is None:
-                state.reserving = anyio.Event()
-                done = state.reserving
-                try:
-                    batch = WriteBatch(calls=[queue_store.reserve_offsets(state.name, self.batch)])
-                    first = int((await self.journal.write(batch))[0])
-                    state.block_next, state.block_end = first, first + self.batch
-                finally:
-                    state.reserving = None
-                    done.set()
-                    waiting, state.after_block = state.after_block, []
-                    for then in waiting:  # transactions waiting for a block (QueueManager._after_blocks)
-                        then()
-            else:
-                await state.reserving.wait()
-        offset = state.block_next
-        state.block_next += 1
-        return offset
 
     def next_due(self) -> int:
         """When :meth:`tick` has work next (epoch ms)."""
