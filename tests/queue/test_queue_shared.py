@@ -711,8 +711,8 @@ async def test_publish_and_a_transaction_wait_for_the_same_block_of_offsets(make
 async def test_a_claim_holds_new_messages_by_spans_of_consecutive_offsets(make_manager: Factory) -> None:
     """A claim of new messages inserted a 'held' row a message that its ack deleted again (four
     rows a message through claims, the MQTT `$queue/` row): it writes one span a run of
-    consecutive offsets instead. Its second statement, whose snapshot follows its locks, drops
-    what a claim that committed after the first statement's snapshot took: an offset another
+    consecutive offsets instead. Its second step, whose snapshot follows its locks, drops
+    what a claim that committed after the first statement's snapshot took: offsets another
     node's span holds, one with a row of the group."""
     a = make_manager(shared=True, node="a")
     async with a.running():
@@ -724,7 +724,7 @@ async def test_a_claim_holds_new_messages_by_spans_of_consecutive_offsets(make_m
         later = now_ms() + 60_000
         with engine.begin() as connection:  # what "b" claimed after a's first statement looked
             connection.exec_driver_sql(
-                f"INSERT INTO queue_spans VALUES ('runs', '{DEFAULT_GROUP}', {offsets[2]}, {offsets[2]}, "
+                f"INSERT INTO queue_spans VALUES ('runs', '{DEFAULT_GROUP}', {offsets[2]}, {offsets[3]}, "
                 f"'b', {later})"
             )
             connection.exec_driver_sql(
@@ -732,15 +732,15 @@ async def test_a_claim_holds_new_messages_by_spans_of_consecutive_offsets(make_m
                 "lease_until, reason, unsent, returned) "
                 f"VALUES ('runs', '{DEFAULT_GROUP}', {offsets[5]}, 'held', 'b', 0, {later}, 'first', 0, 0)"
             )
-            params = {"q": "runs", "g": DEFAULT_GROUP, "node": "a", "lease": later, "offsets": offsets}
-            kept = [int(o) for (o,) in connection.execute(queue_store._SPAN_NEW, params)]
-        assert kept == [o for i, o in enumerate(offsets) if i not in (2, 5)]
+            params = {"q": "runs", "g": DEFAULT_GROUP, "node": "a", "lease": later}
+            kept = queue_store._hold_by_spans(connection, params, offsets)
+        assert kept == [o for i, o in enumerate(offsets) if i not in (2, 3, 5)]
         runs = [
             (s["first_offset"], s["last_offset"])
             for s in queue_store.span_rows(engine, "runs")
             if s["node"] == "a"
         ]
-        assert runs == [(offsets[0], offsets[1]), (offsets[3], offsets[4]), (offsets[6], offsets[7])]
+        assert runs == [(offsets[0], offsets[1]), (offsets[4], offsets[4]), (offsets[6], offsets[7])]
 
         with engine.begin() as connection:  # b's claims go: a's consumer claims the rest by spans
             connection.exec_driver_sql("DELETE FROM queue_spans")
@@ -758,3 +758,39 @@ async def test_a_claim_holds_new_messages_by_spans_of_consecutive_offsets(make_m
         for delivery in c.deliveries:
             assert await handle.ack(delivery.offset)
         assert queue_store.stored_offsets(engine, "runs") == []
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_a_node_claims_its_own_unclaimed_publishes_without_reading_them_back(
+    make_manager: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a node publishes past its consumers' room goes to the database unclaimed and comes back
+    by a claim; reading and decoding those rows was half of what such a message cost the node
+    (MQTT `$queue/`, a window of 64). The node keeps them (bounded), and its claim of them reads
+    only the offsets; all in order."""
+    a = make_manager(shared=True, node="a")
+    read: list[int] = []
+    real = queue_store._claimed_rows
+
+    def claimed_rows(connection: Any, queue: str, offsets: list[int]) -> list[Any]:
+        read.extend(offsets)
+        return real(connection, queue, offsets)
+
+    monkeypatch.setattr(queue_store, "_claimed_rows", claimed_rows)
+    async with a.running():
+        without_timers(a)
+        await a.declare("kept")
+        c = Collector("c")
+        handle = a.consume("kept", c)
+        handle.add_credit(1)
+        await publish_all(a, "kept", [b"first"])
+        await wait_until(lambda: len(c.deliveries) == 1)
+        await _known(a, "kept", handle)
+        payloads = [b"m%d" % i for i in range(3 * a.claims.batch)]
+        await publish_all(a, "kept", payloads)  # a batch claimed as published, the rest left
+        state = a.queues["kept"]
+        assert len(state.unclaimed) == 2 * a.claims.batch
+        handle.add_credit(len(payloads))
+        await wait_until(lambda: len(c.deliveries) == 1 + len(payloads))
+        assert c.payloads == [b"first", *payloads]
+        assert read == [] and state.unclaimed == {} and state.unclaimed_bytes == 0

@@ -411,6 +411,10 @@ class QueueState:
     block_ahead: tuple[int, int] | None = None  # the next block, reserved before this one is spent
     awaiting_block: deque[WaitingPublish] = field(default_factory=deque)  # shared: for the next block
     reserving: anyio.Event | None = None
+    # shared: this node's committed publishes left unclaimed, kept (bounded, Claims.keep) so that
+    # its own claim of them reads no row back
+    unclaimed: dict[int, StoredMessage] = field(default_factory=dict)
+    unclaimed_bytes: int = 0
     reserve_failures: int = 0  # reservations that failed (a publish awaiting one stops at the first)
     # shared: what runs once the reservation in flight is in or failed (transactions waiting)
     after_block: list[Callable[[], None]] = field(default_factory=list)

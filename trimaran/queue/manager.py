@@ -605,6 +605,8 @@ class QueueManager:
             else:
                 if left:
                     self.claims.committed_unclaimed(left, offset)
+                    if error is None:
+                        self.claims.keep(state, stored)
                 if error is None:
                     self._published(state, stored)
                 state.inflight -= 1  # on failure too, or max-length accounting would drift

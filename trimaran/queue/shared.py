@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 _NEW = (FIRST, SPANNED)  # how a claim took a message never claimed before
 _NO_CAP = 2**63 - 1  # no unclaimed publish of this node uncommitted: a claim's start is not capped
 CLAIM_GROWTH = 16  # a group's claims grow to this many batches while each comes back full
+KEPT_BYTES = 4 << 20  # of a queue's publishes left unclaimed, the payload bytes kept (Claims.keep)
 POLL_MS = 100  # how often idle consumers look for messages other nodes published or released
 BROWSE_PAGE = 100  # most stored rows a browser reads at once
 
@@ -82,7 +83,8 @@ class Claims:
         # How many the claim in flight asked for, how many of this node's unclaimed publishes it
         # sees (``WorkGroup.behind_count`` when it was made, -1 while some were uncommitted), and
         # the highest offset the next claim may start past (``WorkGroup.claim_after``).
-        self.wanted: dict[Group, tuple[int, int, int]] = {}
+        # And a copy of the queue's kept unclaimed publishes (QueueState.unclaimed) when it was made.
+        self.wanted: dict[Group, tuple[int, int, int, dict[int, StoredMessage]]] = {}
         # What waits for a claim (Claims.then): for the one in flight, and for the next one.
         self.waiting: dict[Group, list[Callable[[], None]]] = {}
         self.later: dict[Group, list[tuple[Taker, Callable[[], None]]]] = {}
@@ -150,6 +152,24 @@ class Claims:
         for group in groups:
             group.behind_inflight.discard(offset)
 
+    def keep(self, state: QueueState, stored: StoredMessage) -> None:
+        """Keep a committed publish left unclaimed while this node's groups are behind, up to
+        ``KEPT_BYTES`` of payload and what two of the largest claims take (the oldest go first):
+        claimed here, it needs no row read back and decoded (half of what a message claimed back
+        cost the node, MQTT ``$queue/`` at a consumer window of 64)."""
+        kept = state.unclaimed
+        kept[stored.offset] = stored
+        state.unclaimed_bytes += stored.size
+        while len(kept) > 2 * CLAIM_GROWTH * self.batch or state.unclaimed_bytes > KEPT_BYTES:
+            state.unclaimed_bytes -= kept.pop(next(iter(kept))).size
+
+    def _let_go(self, state: QueueState, upto: int) -> None:
+        """Kept publishes up to ``upto`` (a claim's newest new message) are claimed, here or by
+        another node, or passed over: no longer kept."""
+        kept = state.unclaimed
+        while kept and (first := next(iter(kept))) <= upto:
+            state.unclaimed_bytes -= kept.pop(first).size
+
     def claim_published(
         self, state: QueueState, stored: StoredMessage, groups: list[WorkGroup], ch: WriteBatch
     ) -> None:
@@ -191,11 +211,20 @@ class Claims:
             else:
                 cap = min(group.behind_inflight) - 1
                 after = min(after, cap)
-        self.wanted[group] = (want, seen, cap)
-        now = now_ms()
         wants = None if takes_all(takers) else taken_by(takers)
+        known = dict(state.unclaimed) if wants is None and state.unclaimed else {}
+        self.wanted[group] = (want, seen, cap, known)
+        now = now_ms()
         call = queue_store.claim(
-            state.name, group.name, self.journal.node, want, now, now + self.lease_ms, wants, after=after
+            state.name,
+            group.name,
+            self.journal.node,
+            want,
+            now,
+            now + self.lease_ms,
+            wants,
+            after=after,
+            known=known.keys(),
         )
         calls = [call, queue_store.count_groups(state.name)]
         self.journal.send(
@@ -219,7 +248,7 @@ class Claims:
 
     def _claimed(self, state: QueueState, group: Group, results: list[Any]) -> None:
         self.claiming.pop(group, None)
-        want, seen, cap = self.wanted.pop(group, (0, -1, -1))
+        want, seen, cap, known = self.wanted.pop(group, (0, -1, -1, {}))
         rows = results[0] if results else []
         if isinstance(group, WorkGroup):  # claims are a shared work queue's
             if results:  # committed: the group has its row; the queue's one group deletes on ack
@@ -232,11 +261,9 @@ class Claims:
             # locked: the next starts there (below what of this node's was uncommitted when it
             # was made). One that came back short leaves the next to start from the beginning.
             group.claim_after = -1
+            newest = max([int(row.offset) for row, got in rows if got in _NEW], default=-1)
             if results and len(rows) == want:
-                last = max(
-                    [int(row.offset) for row, got in rows if got is FIRST or got is SPANNED], default=-1
-                )
-                group.claim_after = min(last, cap)
+                group.claim_after = min(newest, cap)
             # A backlog in the database: each full claim asks for twice as many as the last (one
             # claim in flight a group, one a commit: at 100 a claim the backlog outgrew what the
             # claims took, MQTT `$queue/` open loop); one that comes back short, half as many.
@@ -247,13 +274,17 @@ class Claims:
                 group.claim_size = min(size * 2, self.batch * CLAIM_GROWTH)
             elif results and len(rows) < want:
                 group.claim_size = group.claim_size // 2 if group.claim_size > self.batch else 0
+            unclaimed = state.unclaimed
             for row, got in rows:
                 offset = int(row.offset)
                 if offset in group.entries:
                     continue
                 if offset not in state.messages:
-                    state.add(stored_row(row))
+                    # Kept when the claim was made (no row read), or since (its row read, not decoded)
+                    kept = known[offset] if isinstance(row, queue_store.Known) else unclaimed.get(offset)
+                    state.add(kept if kept is not None else stored_row(row))
                 group.claimed(offset, got)
+            self._let_go(state, newest)
             if rows and not any(not h.closed for h in group.consumers):
                 # Every consumer it was made for left while it ran (a channel closing gives back
                 # what it had not sent, which claimed again for it): back to every node, in order.

@@ -7,15 +7,15 @@ callables built here to the writer (``WriteBatch.calls``) for anything beyond th
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Container, Iterator
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Engine, and_, delete, func, insert, not_, or_, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from trimaran.broker.message import Message
 from trimaran.storage import schema
-from trimaran.storage.rows import FIRST, MESSAGE_COLUMNS, RUN_COLUMNS, SPAN_MAX, SPANNED, Claimed
+from trimaran.storage.rows import FIRST, MESSAGE_COLUMNS, RUN_COLUMNS, SPAN_MAX, SPANNED, Claimed, held_spans
 from trimaran.storage.schema import (
     queue_events,
     queue_groups,
@@ -222,7 +222,7 @@ def span_rows(engine: Engine, queue: str) -> list[dict[str, Any]]:
 # A node delivers only messages it has claimed: a claim of a message delivered before turns its
 # queue_pending row into state 'held' with this node's name and a lease; a new message (one the group
 # has no row for) is held by a span of offsets under a lease instead (schema.queue_spans), whether the
-# node claims it as it publishes it or later from the table (_NEW, _SPAN_NEW), and a claim of new
+# node claims it as it publishes it or later from the table (_NEW, _TAKEN), and a claim of new
 # messages passes over what a span holds. A filtered claim inserts 'held' rows for what it picks,
 # whose primary key makes a second node's insert a no-op. Claims are taken in batches, so the cost is
 # per batch, not per message. A node that dies stops renewing its leases and what it held is claimed
@@ -245,12 +245,12 @@ _CLAIM_AGAIN = text(
     """
 )
 
-# New messages are claimed in two statements. The first locks them (SKIP LOCKED: what another
-# claim is taking is passed over); the second, whose snapshot is taken once every lock is held,
-# drops what a claim that committed meanwhile took (its lock released, the first statement's older
-# snapshot did not see its span or row) and holds the rest by spans, one per run of consecutive
-# offsets: a span's offsets are all claimed, so no message committed later can fall inside one.
-# One span row a run, where a pending row a message was inserted and deleted again.
+# New messages are claimed in two steps. _NEW locks them (SKIP LOCKED: what another claim is
+# taking is passed over); then _TAKEN, whose snapshot is taken once every lock is held, reads what
+# holds their range now, and what a claim that committed meanwhile took (its lock released, _NEW's
+# older snapshot did not see its span or row) is dropped; the rest is held by spans, one per run of
+# consecutive offsets: a span's offsets are all claimed, so no message committed later can fall
+# inside one. One span row a run, where a pending row a message was inserted and deleted again.
 _NEW = text(
     """
     SELECT m."offset" FROM queue_messages m
@@ -269,27 +269,40 @@ _NEW = text(
     FOR UPDATE OF m SKIP LOCKED
     """
 )
-_SPAN_NEW = text(
+# The group's spans and rows over [lo, hi]: spans do not overlap, so those that reach into it are
+# the last one starting at or before lo and those starting inside. Two range scans and a probe,
+# where a probe of each offset cost as much as _NEW itself.
+_TAKEN = text(
     """
-    WITH c AS (
-        SELECT o FROM unnest(CAST(:offsets AS bigint[])) AS o
-        WHERE (
-            SELECT 1 FROM queue_pending p WHERE p.queue = :q AND p."group" = :g AND p."offset" = o
-        ) IS NULL
-          AND NOT coalesce((
-              SELECT s.last_offset >= o FROM queue_spans s
-              WHERE s.queue = :q AND s."group" = :g AND s.first_offset <= o
-              ORDER BY s.first_offset DESC LIMIT 1
-          ), false)
-    ), runs AS (
-        INSERT INTO queue_spans (queue, "group", first_offset, last_offset, node, lease_until)
-        SELECT :q, :g, min(o), max(o), :node, :lease
-        FROM (SELECT o, o - row_number() OVER (ORDER BY o) AS run FROM c) AS numbered
-        GROUP BY run
+    SELECT first_offset, last_offset FROM queue_spans
+    WHERE queue = :q AND "group" = :g AND first_offset > :lo AND first_offset <= :hi
+    UNION ALL (
+        SELECT first_offset, last_offset FROM queue_spans
+        WHERE queue = :q AND "group" = :g AND first_offset <= :lo
+        ORDER BY first_offset DESC LIMIT 1
     )
-    SELECT o FROM c ORDER BY o
+    UNION ALL
+    SELECT "offset", "offset" FROM queue_pending
+    WHERE queue = :q AND "group" = :g AND "offset" BETWEEN :lo AND :hi
     """
 )
+
+
+def _hold_by_spans(connection: Connection, params: dict[str, Any], locked: list[int]) -> list[int]:
+    """Of the new messages _NEW locked (in offset order), those no claim took since its snapshot,
+    held now by spans of this node; returns them."""
+    taken = connection.execute(_TAKEN, {**params, "lo": locked[0], "hi": locked[-1]}).all()
+    if taken:
+        points = {int(first) for first, last in taken if first == last}
+        ranges = [(int(first), int(last)) for first, last in taken if first != last]
+        locked = [o for o in locked if o not in points and not any(f <= o <= last for f, last in ranges)]
+    if locked:
+        held = {(params["q"], params["g"], params["node"], params["lease"]): locked}
+        columns = ("queue", "group", "first_offset", "last_offset", "node", "lease_until")
+        spans = [dict(zip(columns, row, strict=True)) for row in held_spans(held, {})]
+        connection.execute(insert(queue_spans), spans)
+    return locked
+
 
 # A span whose lease ran out (its node went): 'wait' rows for the messages it held with none of
 # their own, counting the delivery its node may have made (as queue_store._again does for a held
@@ -312,8 +325,8 @@ _ADOPT_SPANS = text(
     """
 )
 
-# jit too: the disabled plans' costs (1e10) pass jit_above_cost, and _SPAN_NEW's small sort was
-# compiled for 190 ms each claim.
+# jit too: the disabled plans' costs (1e10) pass jit_above_cost, and a claim's sort of a few
+# hundred offsets was JIT-compiled for 190 ms each claim.
 _PLANNER = ("enable_sort", "enable_mergejoin", "enable_hashjoin", "enable_bitmapscan", "jit")
 _WALK_IN_ORDER = text("; ".join(f"SET LOCAL {p} = off" for p in _PLANNER))
 _PLAN_AS_USUAL = text("; ".join(f"SET LOCAL {p} TO DEFAULT" for p in _PLANNER))
@@ -357,8 +370,11 @@ def claim(
     wants: Wants | None = None,
     *,
     after: int = -1,
+    known: Container[int] = (),
 ) -> Call:
     """Claim up to ``limit`` messages for a group; returns [(row, Claimed)] in offset order.
+    ``known``: messages the claiming node holds (its own publishes left unclaimed): a new one of
+    those claimed comes back as a :class:`Known`, its row not read.
     ``wants``: only the messages it takes (the claiming node's consumers' filters and selectors),
     walking past the others (left to other nodes), as a take walks past what its consumer refuses.
     ``after``: new messages (never claimed) only past this offset (the filtered walk ignores it)."""
@@ -384,17 +400,17 @@ def claim(
         if len(claimed) < limit:
             params["n"] = limit - len(claimed)
             locked = [int(o) for (o,) in connection.execute(_NEW, params)]
-            if locked:
-                params["offsets"] = locked
-                for (o,) in connection.execute(_SPAN_NEW, params):
-                    claimed[int(o)] = SPANNED
-        rows = _claimed_rows(connection, queue, list(claimed)) if claimed else []
+            for offset in _hold_by_spans(connection, params, locked) if locked else ():
+                claimed[offset] = SPANNED
+        have = {o for o, got in claimed.items() if got is SPANNED and o in known} if known else set()
+        read = [o for o in claimed if o not in have] if have else list(claimed)
+        rows: list[Any] = _claimed_rows(connection, queue, read) if read else []
         connection.execute(_PLAN_AS_USUAL)
         if not claimed:
             return []
-        found = {int(r.offset) for r in rows}
-        missing = [o for o in claimed if o not in found]
-        if missing:  # deleted meanwhile (purge, expiry elsewhere): drop the claims
+        if len(rows) < len(read):  # deleted meanwhile (purge, expiry elsewhere): drop the claims
+            found = {int(r.offset) for r in rows}
+            missing = [o for o in read if o not in found]
             connection.execute(
                 delete(queue_pending).where(
                     and_(
@@ -404,6 +420,8 @@ def claim(
                     )
                 )
             )
+        if have:  # locked by the claim: there (read or not)
+            rows = sorted([*rows, *map(Known, have)], key=lambda r: int(r.offset))
         return [(r, claimed[int(r.offset)]) for r in rows]
 
     return call
@@ -517,14 +535,27 @@ def _claim_new(
     return [(int(o), FIRST) for (o,) in connection.execute(inserted)]
 
 
+_ROWS = text(
+    """
+    SELECT * FROM queue_messages
+    WHERE queue = :q AND "offset" BETWEEN :lo AND :hi AND "offset" = ANY(CAST(:offsets AS bigint[]))
+    ORDER BY "offset"
+    """
+)
+
+
 def _claimed_rows(connection: Connection, queue: str, offsets: list[int]) -> list[Any]:
     """The claimed messages in offset order; the bounds put the key's range in the index condition
-    instead of a filter over the whole queue."""
-    column = queue_messages.c.offset
-    stmt = select(queue_messages).where(
-        and_(queue_messages.c.queue == queue, column.between(min(offsets), max(offsets)), column.in_(offsets))
-    )
-    return sorted(connection.execute(stmt).all(), key=lambda r: int(r.offset))
+    instead of a filter over the whole queue. One array parameter: a list of a thousand bound
+    values was compiled, and parsed by the driver, again for each claim."""
+    params = {"q": queue, "lo": min(offsets), "hi": max(offsets), "offsets": offsets}
+    return list(connection.execute(_ROWS, params).all())
+
+
+class Known(NamedTuple):
+    """A message :func:`claim` took that the claiming node holds already: no row read."""
+
+    offset: int
 
 
 def count_groups(queue: str) -> Call:
