@@ -23,6 +23,7 @@ from trimaran.storage.schema import (
     cluster_sessions,
     cluster_spill,
     queue_pending,
+    queue_spans,
     retained_messages,
 )
 from trimaran.storage.serialize import message_from
@@ -104,8 +105,9 @@ def reap(engine: Engine, timeout_ms: int) -> list[str]:
 
 
 def _release(connection: Connection, name: str, claims_as: str) -> None:
-    """A dead node's routes and session holds go; its shared-queue leases expire now, so the other
-    nodes claim its unacknowledged messages again at once instead of after the lease."""
+    """A dead node's routes and session holds go; its shared-queue leases (held rows and spans)
+    expire now, so the other nodes claim its unacknowledged messages again at once instead of
+    after the lease."""
     connection.execute(delete(cluster_routes).where(cluster_routes.c.node == name))
     connection.execute(delete(cluster_sessions).where(cluster_sessions.c.node == name))
     connection.execute(delete(cluster_spill).where(cluster_spill.c.node == name))
@@ -114,6 +116,7 @@ def _release(connection: Connection, name: str, claims_as: str) -> None:
         .where(and_(queue_pending.c.node == claims_as, queue_pending.c.state == "held"))
         .values(lease_until=0)
     )
+    connection.execute(update(queue_spans).where(queue_spans.c.node == claims_as).values(lease_until=0))
 
 
 def leave(engine: Engine, name: str, incarnation: str) -> None:
