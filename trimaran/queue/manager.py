@@ -692,13 +692,14 @@ class QueueManager:
         early: list[tuple[QueueState, StoredMessage]] = []
         late: list[tuple[QueueState, StoredMessage]] = []
         in_memory = False
-        unclaimed: list[tuple[list[WorkGroup], int]] = []
+        unclaimed: list[tuple[QueueState, list[WorkGroup], StoredMessage]] = []
+        left: list[WorkGroup] = []
         for state, message, routing_key in accepted:
             if state in need:
                 from_block = self._block_offset(state)
                 assert from_block is not None  # counted above
                 offset = from_block
-                unclaimed.append((self.claims.left_unclaimed(state, offset), offset))
+                left = self.claims.left_unclaimed(state, offset)
             else:
                 offset = state.next_offset
                 state.next_offset = offset + 1
@@ -707,6 +708,8 @@ class QueueManager:
                 len(message.payload),
             )  # fmt: skip
             state.stats["published"] += 1
+            if state in need:
+                unclaimed.append((state, left, stored))
             if not state.durable:
                 self._published(state, stored)
                 in_memory = True
@@ -739,8 +742,10 @@ class QueueManager:
 
         def finished(_results: list[Any]) -> None:
             error = receipt.error
-            for groups, offset in unclaimed:
-                self.claims.committed_unclaimed(groups, offset)
+            for state, groups, stored in unclaimed:
+                self.claims.committed_unclaimed(groups, stored.offset)
+                if error is None and groups:
+                    self.claims.keep(state, stored)  # as a lone publish left unclaimed is
             for state, _stored in late:
                 state.inflight -= 1
             if error is not None:
@@ -755,8 +760,8 @@ class QueueManager:
             try:
                 receipt = self.journal.send(ch, on_commit=committed_now, on_results=finished)
             except WriterError as exc:
-                for groups, offset in unclaimed:
-                    self.claims.committed_unclaimed(groups, offset)
+                for _state, groups, stored in unclaimed:
+                    self.claims.committed_unclaimed(groups, stored.offset)
                 for state, _stored in late:
                     state.inflight -= 1
                 for state, stored in early:

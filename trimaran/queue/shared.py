@@ -280,9 +280,9 @@ class Claims:
             if results:  # committed: the group has its row; the queue's one group deletes on ack
                 group.in_database = True
                 group.alone = results[1] == 1
-            # Short: nothing more to claim until the poll, or this node makes something claimable.
-            # A claim by offsets says nothing of the others' messages: the next one walks.
-            group.dry_at = group.handed_back if len(rows) < want and not by_offsets else None
+            # Short: nothing more to claim until the poll (what other nodes published waits for it),
+            # or until this node makes something claimable.
+            group.dry_at = group.handed_back if len(rows) < want else None
             caught_up = len(rows) < want or (by_offsets and len(known) <= want - _again_count(rows))
             if results and caught_up and seen == group.behind_count:
                 group.behind = False  # what this node left unclaimed is claimed (here or elsewhere)
