@@ -165,6 +165,9 @@ def generate(total_events: int, seed: int = 7) -> dict[str, pd.DataFrame]:
         "queue_messages": pd.concat(messages, ignore_index=True),
         "queue_groups": pd.DataFrame(groups),
         "queue_pending": pending_frame,
+        "queue_spans": pd.DataFrame(
+            columns=["queue", "group", "first_offset", "last_offset", "node", "lease_until"]
+        ),
         "queue_events": events.drop(columns=["seq", "dlq_key"]),
     }
 

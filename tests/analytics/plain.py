@@ -45,7 +45,10 @@ def audit(
             "min_offset": _value(rows["offset"].min()),
             "purge_id": _value(purge.max()) if len(purge) else None,
         })  # fmt: skip
-    facts = facts_of(summary, _records(tables["queues"]), _records(tables["queue_groups"]), Selection())
+    spans = _records(tables["queue_spans"]) if "queue_spans" in tables else []
+    facts = facts_of(
+        summary, _records(tables["queues"]), _records(tables["queue_groups"]), Selection(), spans
+    )
     rows: list[tuple[Any, ...]] = []
     for e in _records(events[events["offset"].notna()]):
         rows.append(tuple({**e, "src": "e", "state": None}.get(name) for name in INPUT))

@@ -121,6 +121,21 @@ def test_dead_letter_needs_a_reject_or_max_attempts() -> None:
     ]
 
 
+def test_a_first_delivery_a_shared_nodes_span_holds_needs_no_pending_row() -> None:
+    """A shared node holds what it claimed for the first time by a span of offsets, with no pending
+    row, whatever the groups (``schema.queue_spans``); another group's span, or a second delivery,
+    is no excuse."""
+    held = Slot(offset=7).live().published().event("delivered", attempt=1, reason="first")
+    spans = {"q": {"g": [(0, 3), (5, 9)], "h": [(7, 7)]}}
+    two_groups = dataclasses.replace(CTX, groups={"q": {"g": 1, "h": 0}}, spans=spans)
+    assert broken(replay(held, two_groups)) == []
+    elsewhere = dataclasses.replace(two_groups, spans={"q": {"g": [(0, 6), (8, 9)], "h": [(7, 7)]}})
+    assert broken(replay(held, elsewhere)) == [("live_state", "replay: held attempt 1; no pending row")]
+    again = Slot(offset=7).live().published().event("delivered", attempt=1, reason="first")
+    again.event("nacked", attempt=1).event("delivered", attempt=2, reason="nack")
+    assert broken(replay(again, two_groups)) == [("live_state", "replay: held attempt 2; no pending row")]
+
+
 def test_attempts_count_deliveries() -> None:
     slot = Slot().published().event("delivered", attempt=1, reason="first").event("nacked", attempt=1)
     records = replay(slot.event("delivered", attempt=3, reason="nack").event("acked", attempt=3))

@@ -1,7 +1,7 @@
 """``trimaran export``: copy the queue tables to Parquet, so the audit can run without the database.
 
 One directory per table (``queues``, ``queue_messages``, ``queue_groups``, ``queue_pending``,
-``queue_events``), each holding ``part-0.parquet`` with the columns the audit reads (no payloads),
+``queue_spans``, ``queue_events``), each holding ``part-0.parquet`` with the columns the audit reads (no payloads),
 typed as the audit reads them (``source.TABLES``). The rows stream from SQL in chunks straight into
 pyarrow: no JVM, and memory bounded by one chunk. ``trimaran audit --parquet DIR`` reads it back.
 """

@@ -21,6 +21,7 @@ tested without Spark; ``replay.py`` does the Arrow plumbing.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -148,6 +149,9 @@ class Context:
     # live, whatever its cursor says.
     firsts: dict[str, dict[str, tuple[int, int | None]]] = field(default_factory=dict)
     purge_ids: dict[str, int] = field(default_factory=dict)  # the newest purge, per queue
+    # Per queue and group, a shared node's spans (first, last offset), in offset order: the messages
+    # it claimed for the first time, held with no pending row (schema.queue_spans).
+    spans: dict[str, dict[str, list[tuple[int, int]]]] = field(default_factory=dict)
     since_ms: int | None = None
     until_ms: int | None = None
 
@@ -762,14 +766,27 @@ def _outcomes(
             break
 
 
+def _spanned(spans: list[tuple[int, int]] | None, offset: int) -> bool:
+    """Whether one of a group's spans (offset order, not overlapping) holds ``offset``."""
+    if not spans:
+        return False
+    at = bisect.bisect_right(spans, (offset, _LAST)) - 1
+    return at >= 0 and spans[at][1] >= offset
+
+
+_LAST = 2**63 - 1
+
+
 def _check_pending(
     ctx: Context, queue: str, offset: int, lives: dict[str, Life], pending: dict[str, tuple[Any, ...]],
     live: bool | None, removed: bool | None, out: Output,
 ) -> None:  # fmt: skip
     """Replayed open entries against queue_pending, per group (live: None when never published)."""
     cursors = ctx.groups.get(queue, {})
-    # The broker keeps no row for a first delivery of a queue's only group (WorkGroup.deliver, held_at_start)
+    # The broker keeps no row for a first delivery of a queue's only group (WorkGroup.deliver,
+    # held_at_start), nor for one a shared node holds by a span
     alone = len(cursors.keys() | lives.keys()) <= 1
+    spans = ctx.spans.get(queue, {})
     for group in sorted(lives.keys() | pending.keys()):
         life = lives.get(group)
         row = pending.get(group)
@@ -782,7 +799,8 @@ def _check_pending(
         replayed = status or "never delivered"
         cursor = cursors.get(group)
         problem: str | None = None
-        if is_open and live_state is None and live and not (alone and status == "held" and attempts == 1):
+        first_held = status == "held" and attempts == 1 and (alone or _spanned(spans.get(group), offset))
+        if is_open and live_state is None and live and not first_held:
             problem = f"replay: {status} attempt {_text(attempts)}; no pending row"
         elif live_open and not is_open:
             problem = f"pending row {live_state} but replay: {replayed}"

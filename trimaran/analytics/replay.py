@@ -28,7 +28,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -172,13 +172,16 @@ def gather_facts(events: DataFrame, tables: dict[str, DataFrame], selection: Sel
     )
     queues = tables["queues"].select("name", "mode", "policy", "next_offset").collect()
     live = tables["queue_groups"].select("queue", "group", "cursor", "committed").collect()
-    return facts_of(summary, queues, live, selection)
+    spans = tables["queue_spans"].select("queue", "group", "first_offset", "last_offset").collect()
+    return facts_of(summary, queues, live, selection, spans)
 
 
-def facts_of(summary: list[Any], queues: list[Any], live: list[Any], selection: Selection) -> Facts:
+def facts_of(
+    summary: list[Any], queues: list[Any], live: list[Any], selection: Selection, spans: Sequence[Any] = ()
+) -> Facts:
     """The facts from the events' summary per (queue, epoch, group, kind) (n, first, last,
-    max_offset, first_id, min_offset, purge_id), the ``queues`` rows and the ``queue_groups`` rows;
-    plain Python."""
+    max_offset, first_id, min_offset, purge_id), the ``queues`` rows, the ``queue_groups`` rows and
+    the ``queue_spans`` rows; plain Python."""
     modes: dict[str, str] = {}
     max_attempts: dict[str, int | None] = {}
     visibility_ms: dict[str, int | None] = {}
@@ -231,8 +234,16 @@ def facts_of(summary: list[Any], queues: list[Any], live: list[Any], selection: 
     # against them in _group_violations); a group with none keeps its row's.
     for (queue, group), high in commit_high.items():
         committed.setdefault(queue, {})[group] = high
+    held: dict[str, dict[str, list[tuple[int, int]]]] = {}
+    for s in spans:
+        held.setdefault(s["queue"], {}).setdefault(s["group"], []).append(
+            (int(s["first_offset"]), int(s["last_offset"]))
+        )
+    for by_group in held.values():
+        for runs in by_group.values():
+            runs.sort()
     context = dataclasses.replace(
-        context, groups=groups, committed=committed, purge_ids=purge_ids, firsts=starts
+        context, groups=groups, committed=committed, purge_ids=purge_ids, firsts=starts, spans=held
     )
     incarnations = {(r["queue"], r["epoch"]) for r in summary}
     firsts = [r["first"] for r in summary if r["first"] is not None]
