@@ -766,9 +766,8 @@ async def test_a_node_claims_its_own_unclaimed_publishes_without_reading_them_ba
 ) -> None:
     """What a node publishes past its consumers' room goes to the database unclaimed and comes back
     by a claim; reading and decoding those rows was half of what such a message cost the node
-    (MQTT `$queue/`, a window of 64), and each claim walked the table past what the node held.
-    The node keeps them (bounded), and its claim takes them by their offsets, no row read back;
-    all in order."""
+    (MQTT `$queue/`, a window of 64). The node keeps them (bounded), and its claim of them reads
+    only the offsets; all in order."""
     a = make_manager(shared=True, node="a")
     read: list[int] = []
     real = queue_store._claimed_rows
@@ -778,14 +777,6 @@ async def test_a_node_claims_its_own_unclaimed_publishes_without_reading_them_ba
         return real(connection, queue, offsets)
 
     monkeypatch.setattr(queue_store, "_claimed_rows", claimed_rows)
-    by_offsets: list[list[int] | None] = []
-    real_claim = queue_store.claim
-
-    def claim(*args: Any, mine: list[int] | None = None, **kwargs: Any) -> Any:
-        by_offsets.append(mine)
-        return real_claim(*args, mine=mine, **kwargs)
-
-    monkeypatch.setattr(trimaran.queue.shared.queue_store, "claim", claim)
     async with a.running():
         without_timers(a)
         await a.declare("kept")
@@ -803,33 +794,3 @@ async def test_a_node_claims_its_own_unclaimed_publishes_without_reading_them_ba
         await wait_until(lambda: len(c.deliveries) == 1 + len(payloads))
         assert c.payloads == [b"first", *payloads]
         assert read == [] and state.unclaimed == {} and state.unclaimed_bytes == 0
-        # taken by their offsets, not by walks of the table; and the group is behind no more
-        assert [len(m) for m in by_offsets if m is not None] == [2 * a.claims.batch]
-        group = handle.group
-        assert isinstance(group, WorkGroup) and not group.behind
-
-
-@pytest.mark.usefixtures("postgres_only")
-async def test_a_node_that_let_go_of_kept_publishes_walks_for_them_in_order(
-    make_manager: Factory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Past its bound, a node lets go of the oldest publishes it kept: a claim by offsets would then
-    overtake them, so its claims walk the table (and read the rows back) until it has caught up."""
-    monkeypatch.setattr(trimaran.queue.shared, "KEPT_BYTES", 40)
-    a = make_manager(shared=True, node="a")
-    async with a.running():
-        without_timers(a)
-        await a.declare("lost")
-        c = Collector("c")
-        handle = a.consume("lost", c)
-        handle.add_credit(1)
-        await publish_all(a, "lost", [b"first"])
-        await wait_until(lambda: len(c.deliveries) == 1)
-        await _known(a, "lost", handle)
-        payloads = [b"m%d" % i for i in range(2 * a.claims.batch)]
-        await publish_all(a, "lost", payloads)
-        state = a.queues["lost"]
-        assert state.unclaimed_lost > 0 and state.unclaimed_bytes <= 40
-        handle.add_credit(len(payloads))
-        await wait_until(lambda: len(c.deliveries) == 1 + len(payloads))
-        assert c.payloads == [b"first", *payloads]

@@ -8,6 +8,7 @@ is audited.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import sys
@@ -17,6 +18,8 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from trimaran.vhosts import DEFAULT_VHOST, TENANT, prefix
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -65,6 +68,9 @@ TABLES: dict[str, dict[str, str]] = {
         "span": "int",  # the row stands for this many consecutive offsets (expand_spans)
     },
 }
+# Tables younger than the first schema, with the migration that made them: read as empty from a
+# database or an export older than it.
+SINCE = {"queue_spans": "0015"}
 # Numeric column each large table is sliced on for parallel JDBC reads.
 SLICE_COLUMN = {"queue_events": "id", "queue_messages": "offset", "queue_pending": "offset"}
 ROWS_PER_SLICE = 200_000  # at most (about): one slice is one query, fetched by one task
@@ -225,9 +231,8 @@ def read_parquet(spark: SparkSession, directory: str, table: str, selection: Sel
     from pyspark.sql import functions as F
 
     path = Path(directory) / table
-    if table == "queue_spans" and not path.exists():  # an export made before migration 0015
-        schema = ", ".join(f"`{c}` {t}" for c, t in TABLES[table].items())
-        return spark.createDataFrame([], schema)
+    if table in SINCE and not path.exists():  # an export made before the table was
+        return _empty(spark, table)
     frame = _typed(spark.read.parquet(str(path)), table)
     if selection.queues is not None:
         column = "name" if table == "queues" else "queue"
@@ -243,6 +248,23 @@ def read_parquet(spark: SparkSession, directory: str, table: str, selection: Sel
     return frame
 
 
+def _empty(spark: SparkSession, table: str) -> DataFrame:
+    schema = ", ".join(f"`{c}` {t}" for c, t in TABLES[table].items())
+    return spark.createDataFrame([], schema)
+
+
+def _read_jdbc_since(spark: SparkSession, storage_url: str, table: str, selection: Selection) -> DataFrame:
+    """A table newer than some databases the audit may be pointed at (not migrated since): empty
+    where it is missing."""
+    try:
+        return read_jdbc(spark, storage_url, table, selection)
+    except Exception as exc:  # the driver's "no such table" comes through py4j as any error
+        if table not in str(exc):
+            raise
+        log.info("no %s table (a schema from before migration %s): read as empty", table, SINCE[table])
+        return _empty(spark, table)
+
+
 def read_tables(
     spark: SparkSession,
     selection: Selection,
@@ -256,7 +278,10 @@ def read_tables(
         tables = {t: read_parquet(spark, parquet, t, selection) for t in TABLES}
     else:
         assert storage_url is not None
-        tables = {t: read_jdbc(spark, storage_url, t, selection) for t in TABLES}
+        tables = {
+            t: (_read_jdbc_since if t in SINCE else read_jdbc)(spark, storage_url, t, selection)
+            for t in TABLES
+        }
     tables["queue_events"] = expand_spans(tables["queue_events"])
     return tables
 

@@ -415,7 +415,6 @@ class QueueState:
     # its own claim of them reads no row back
     unclaimed: dict[int, StoredMessage] = field(default_factory=dict)
     unclaimed_bytes: int = 0
-    unclaimed_lost: int = 0  # of them, how many were let go unclaimed by the bounds
     reserve_failures: int = 0  # reservations that failed (a publish awaiting one stops at the first)
     # shared: what runs once the reservation in flight is in or failed (transactions waiting)
     after_block: list[Callable[[], None]] = field(default_factory=list)

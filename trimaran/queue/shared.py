@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from itertools import islice
 from typing import Any
 
 from trimaran.broker.message import Message, now_ms
@@ -28,7 +29,7 @@ from trimaran.queue.policy import filter_matches
 from trimaran.queue.work import WorkGroup
 from trimaran.storage import queue_store
 from trimaran.storage.queue_store import Wants
-from trimaran.storage.rows import FIRST, SPANNED, Claimed, WriteBatch
+from trimaran.storage.rows import FIRST, SPANNED, WriteBatch
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +60,6 @@ def taken_by(takers: Iterable[Taker]) -> Wants:
     return takes
 
 
-def _again_count(rows: list[tuple[Any, Claimed]]) -> int:
-    """Of a claim's rows, those claimed again (delivered before)."""
-    return sum([1 for _, got in rows if got not in _NEW])
-
-
 def stored_row(row: Any) -> StoredMessage:
     """A ``queue_messages`` row as the manager holds it."""
     message = queue_store.row_message(row)
@@ -88,9 +84,8 @@ class Claims:
         # How many the claim in flight asked for, how many of this node's unclaimed publishes it
         # sees (``WorkGroup.behind_count`` when it was made, -1 while some were uncommitted), and
         # the highest offset the next claim may start past (``WorkGroup.claim_after``).
-        # And a copy of the queue's kept unclaimed publishes (QueueState.unclaimed) when it was made,
-        # and whether it claims those by their offsets instead of walking (_mine).
-        self.wanted: dict[Group, tuple[int, int, int, dict[int, StoredMessage], bool]] = {}
+        # And a copy of the queue's kept unclaimed publishes (QueueState.unclaimed) when it was made.
+        self.wanted: dict[Group, tuple[int, int, int, dict[int, StoredMessage]]] = {}
         # What waits for a claim (Claims.then): for the one in flight, and for the next one.
         self.waiting: dict[Group, list[Callable[[], None]]] = {}
         self.later: dict[Group, list[tuple[Taker, Callable[[], None]]]] = {}
@@ -146,8 +141,7 @@ class Claims:
         :meth:`committed_unclaimed` once its commit is done."""
         groups = [g for g in state.groups.values() if isinstance(g, WorkGroup) and g.consumers]
         for group in groups:
-            if not group.behind:
-                group.behind, group.behind_lost = True, state.unclaimed_lost
+            group.behind = True
             group.behind_count += 1
             group.behind_inflight.add(offset)
             group.dry_at = None  # claim it
@@ -169,23 +163,6 @@ class Claims:
         state.unclaimed_bytes += stored.size
         while len(kept) > 2 * CLAIM_GROWTH * self.batch or state.unclaimed_bytes > KEPT_BYTES:
             state.unclaimed_bytes -= kept.pop(next(iter(kept))).size
-            state.unclaimed_lost += 1
-
-    def _mine(self, state: QueueState, group: Group) -> list[int] | None:
-        """What ``group``'s claim takes by offset instead of walking the table: every committed
-        publish of this node it is behind on, when all of them are kept (and the queue has no other
-        group here, whose claims let kept ones go). A walk passes each message's pending and span
-        keys; the node's own backlog (MQTT ``$queue/`` open loop) went through it, claim after
-        claim, while the group stayed behind. None: walk."""
-        if (
-            not isinstance(group, WorkGroup)
-            or not group.behind
-            or len(state.groups) != 1
-            or group.behind_lost != state.unclaimed_lost
-            or not state.unclaimed
-        ):
-            return None
-        return list(state.unclaimed)
 
     def _let_go(self, state: QueueState, upto: int) -> None:
         """Kept publishes up to ``upto`` (a claim's newest new message) are claimed, here or by
@@ -236,9 +213,11 @@ class Claims:
                 cap = min(group.behind_inflight) - 1
                 after = min(after, cap)
         wants = None if takes_all(takers) else taken_by(takers)
-        known = dict(state.unclaimed) if wants is None and state.unclaimed else {}
-        mine = self._mine(state, group) if wants is None else None
-        self.wanted[group] = (want, seen, cap, known, mine is not None)
+        # The kept publishes the claim may take, copied for the writer: the first ``want`` past
+        # where it starts (all of them, up to 3,200, copied for each claim, cost more than it saved).
+        kept = state.unclaimed
+        known = dict(islice(((o, m) for o, m in kept.items() if o > after), want)) if wants is None else {}
+        self.wanted[group] = (want, seen, cap, known)
         now = now_ms()
         call = queue_store.claim(
             state.name,
@@ -250,7 +229,6 @@ class Claims:
             wants,
             after=after,
             known=known.keys(),
-            mine=mine,
         )
         calls = [call, queue_store.count_groups(state.name)]
         self.journal.send(
@@ -274,25 +252,21 @@ class Claims:
 
     def _claimed(self, state: QueueState, group: Group, results: list[Any]) -> None:
         self.claiming.pop(group, None)
-        want, seen, cap, known, by_offsets = self.wanted.pop(group, (0, -1, -1, {}, False))
+        want, seen, cap, known = self.wanted.pop(group, (0, -1, -1, {}))
         rows = results[0] if results else []
         if isinstance(group, WorkGroup):  # claims are a shared work queue's
             if results:  # committed: the group has its row; the queue's one group deletes on ack
                 group.in_database = True
                 group.alone = results[1] == 1
-            # Short: nothing more to claim until the poll (what other nodes published waits for it),
-            # or until this node makes something claimable.
             group.dry_at = group.handed_back if len(rows) < want else None
-            caught_up = len(rows) < want or (by_offsets and len(known) <= want - _again_count(rows))
-            if results and caught_up and seen == group.behind_count:
+            if results and len(rows) < want and seen == group.behind_count:
                 group.behind = False  # what this node left unclaimed is claimed (here or elsewhere)
             # A full claim took every new message up to its last one but what another claim held
             # locked: the next starts there (below what of this node's was uncommitted when it
-            # was made); so does one by offsets, whose walk the poll makes. One that came back
-            # short leaves the next to start from the beginning.
+            # was made). One that came back short leaves the next to start from the beginning.
             group.claim_after = -1
             newest = max([int(row.offset) for row, got in rows if got in _NEW], default=-1)
-            if results and (len(rows) == want or by_offsets):
+            if results and len(rows) == want:
                 group.claim_after = min(newest, cap)
             # A backlog in the database: each full claim asks for twice as many as the last (one
             # claim in flight a group, one a commit: at 100 a claim the backlog outgrew what the

@@ -87,9 +87,6 @@ class WorkGroup(Group):
         self.behind = False
         self.behind_count = 0
         self.behind_inflight: set[int] = set()
-        # ``QueueState.unclaimed_lost`` when it fell behind: while it is the same, every publish it
-        # is behind on is kept, and its claim takes those by their offsets (Claims.claim).
-        self.behind_lost = 0
         # Shared: the last new message the group's last full claim took (below this node's
         # unclaimed publishes then uncommitted): the next claim of new messages starts past it
         # instead of walking again what is held or acked (-1: from the start; each poll resets it).

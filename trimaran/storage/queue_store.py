@@ -269,15 +269,6 @@ _NEW = text(
     FOR UPDATE OF m SKIP LOCKED
     """
 )
-# New messages by their offsets (queue_store.claim's ``mine``): locked as _NEW locks, and checked
-# after by _TAKEN the same way (what _NEW's snapshot checked first, _TAKEN sees too).
-_MINE = text(
-    """
-    SELECT "offset" FROM queue_messages
-    WHERE queue = :q AND "offset" = ANY(CAST(:offsets AS bigint[]))
-    FOR UPDATE SKIP LOCKED
-    """
-)
 # The group's spans and rows over [lo, hi]: spans do not overlap, so those that reach into it are
 # the last one starting at or before lo and those starting inside. Two range scans and a probe,
 # where a probe of each offset cost as much as _NEW itself.
@@ -380,12 +371,10 @@ def claim(
     *,
     after: int = -1,
     known: Container[int] = (),
-    mine: list[int] | None = None,
 ) -> Call:
     """Claim up to ``limit`` messages for a group; returns [(row, Claimed)] in offset order.
     ``known``: messages the claiming node holds (its own publishes left unclaimed): a new one of
-    those claimed comes back as a :class:`Known`, its row not read. ``mine``: new messages taken by
-    these offsets (in order, the node's own left unclaimed) instead of a walk of the table.
+    those claimed comes back as a :class:`Known`, its row not read.
     ``wants``: only the messages it takes (the claiming node's consumers' filters and selectors),
     walking past the others (left to other nodes), as a take walks past what its consumer refuses.
     ``after``: new messages (never claimed) only past this offset (the filtered walk ignores it)."""
@@ -410,11 +399,7 @@ def claim(
             claimed[int(row.offset)] = _again(row)
         if len(claimed) < limit:
             params["n"] = limit - len(claimed)
-            if mine is None:
-                locked = [int(o) for (o,) in connection.execute(_NEW, params)]
-            else:
-                offsets = {**params, "offsets": mine[: limit - len(claimed)]}
-                locked = sorted([int(o) for (o,) in connection.execute(_MINE, offsets)])
+            locked = [int(o) for (o,) in connection.execute(_NEW, params)]
             for offset in _hold_by_spans(connection, params, locked) if locked else ():
                 claimed[offset] = SPANNED
         have = {o for o, got in claimed.items() if got is SPANNED and o in known} if known else set()
