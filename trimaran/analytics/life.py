@@ -766,15 +766,15 @@ def _outcomes(
             break
 
 
+_LAST = 2**63 - 1  # past every offset: bisect's key for "spans starting at or before"
+
+
 def _spanned(spans: list[tuple[int, int]] | None, offset: int) -> bool:
     """Whether one of a group's spans (offset order, not overlapping) holds ``offset``."""
     if not spans:
         return False
     at = bisect.bisect_right(spans, (offset, _LAST)) - 1
     return at >= 0 and spans[at][1] >= offset
-
-
-_LAST = 2**63 - 1
 
 
 def _check_pending(

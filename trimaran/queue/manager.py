@@ -693,8 +693,8 @@ class QueueManager:
         late: list[tuple[QueueState, StoredMessage]] = []
         in_memory = False
         unclaimed: list[tuple[QueueState, list[WorkGroup], StoredMessage]] = []
-        left: list[WorkGroup] = []
         for state, message, routing_key in accepted:
+            left: list[WorkGroup] = []  # the groups this publish leaves unclaimed (shared)
             if state in need:
                 from_block = self._block_offset(state)
                 assert from_block is not None  # counted above
