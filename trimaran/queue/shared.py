@@ -81,11 +81,12 @@ class Claims:
         self.dispatch = dispatch
         # One claim in flight per group, and the consumers it claims for (their credit then).
         self.claiming: dict[Group, list[Taker]] = {}
-        # How many the claim in flight asked for, how many of this node's unclaimed publishes it
-        # sees (``WorkGroup.behind_count`` when it was made, -1 while some were uncommitted), and
-        # the highest offset the next claim may start past (``WorkGroup.claim_after``).
-        # And a copy of the queue's kept unclaimed publishes (QueueState.unclaimed) when it was made.
-        self.wanted: dict[Group, tuple[int, int, int, dict[int, StoredMessage]]] = {}
+        # How many the claim in flight asked for; which of this node's publishes left unclaimed
+        # it can see (up to the last left when it was made, and below every one then uncommitted:
+        # the highest offset the next claim may start past, ``WorkGroup.claim_after``); whether
+        # it takes every message (no selector); and a copy of the queue's kept unclaimed
+        # publishes (QueueState.unclaimed) when it was made.
+        self.wanted: dict[Group, tuple[int, int, int, bool, dict[int, StoredMessage]]] = {}
         # What waits for a claim (Claims.then): for the one in flight, and for the next one.
         self.waiting: dict[Group, list[Callable[[], None]]] = {}
         self.later: dict[Group, list[tuple[Taker, Callable[[], None]]]] = {}
@@ -114,10 +115,12 @@ class Claims:
 
     def claimers(self, state: QueueState, routing_key: str, message: Message) -> list[WorkGroup]:
         """The groups this node claims a message for as it publishes it: every group whose consumers
-        here take it, if each has room (claimed and not handed out, below :meth:`room`) and none
-        has a publish of this node left unclaimed behind it (``WorkGroup.behind``): claimed ahead
-        of those, it would overtake them. Else none: the message is written unclaimed, and the
-        groups claim it in offset order (:meth:`left_unclaimed`)."""
+        here take it, if each has room (claimed and not handed out, below :meth:`room`). Else
+        none: the message is written unclaimed, and the groups claim it in offset order
+        (:meth:`left_unclaimed`). Claimed past a publish left unclaimed before, it waits for a
+        claim to take that one (``WorkGroup.barrier``); but not for consumers with selectors,
+        whose claims pass over what they do not select (it would wait for a claim that comes back
+        short)."""
         if not self.open:
             return []
         mine: list[WorkGroup] = []
@@ -127,7 +130,7 @@ class Claims:
                 continue
             if not takes_all(consumers) and not taken_by(consumers)(routing_key, message):
                 continue  # the others' to claim
-            if not group.in_database or group.behind:
+            if not group.in_database or (group.left and not takes_all(consumers)):
                 return []
             ready = len(group.ready)
             if ready >= self.batch and ready >= self.room(group):  # room: a sum over consumers
@@ -141,17 +144,14 @@ class Claims:
         :meth:`committed_unclaimed` once its commit is done."""
         groups = [g for g in state.groups.values() if isinstance(g, WorkGroup) and g.consumers]
         for group in groups:
-            group.behind = True
-            group.behind_count += 1
-            group.behind_inflight.add(offset)
-            group.dry_at = None  # claim it
+            group.left_unclaimed(offset)
         return groups
 
     def committed_unclaimed(self, groups: list[WorkGroup], offset: int) -> None:
         """The unclaimed publish :meth:`left_unclaimed` counted is committed (or failed): a claim
         made from now on sees it."""
         for group in groups:
-            group.behind_inflight.discard(offset)
+            group.left_inflight.discard(offset)
 
     def keep(self, state: QueueState, stored: StoredMessage) -> None:
         """Keep a committed publish left unclaimed while this node's groups are behind, up to
@@ -201,23 +201,23 @@ class Claims:
         size = max(group.claim_size, self.batch) if isinstance(group, WorkGroup) else self.batch
         want = max(max(size, credit) - len(group.ready), min(self.batch, credit))
         self.claiming[group] = takers
-        # Which of this node's unclaimed publishes it sees: all made so far, when none is uncommitted
-        # (-1: some is; a later one is past it too). New messages from past the last full claim's,
-        # but not past an uncommitted one of this node's (it would be passed over once committed).
-        seen = after = cap = -1
+        # New messages from past the last full claim's, but not past an uncommitted unclaimed
+        # publish of this node's (it would be passed over once committed).
+        after = cap = seen = -1
         if isinstance(group, WorkGroup):
-            after = cap = group.claim_after
-            if not group.behind_inflight:
-                seen, cap = group.behind_count, _NO_CAP
-            else:
-                cap = min(group.behind_inflight) - 1
+            seen = group.left[-1] if group.left else -1
+            after = group.claim_after
+            if group.left_inflight:
+                cap = min(group.left_inflight) - 1
                 after = min(after, cap)
+            else:
+                cap = _NO_CAP
         wants = None if takes_all(takers) else taken_by(takers)
         # The kept publishes the claim may take, copied for the writer: the first ``want`` past
         # where it starts (all of them, up to 3,200, copied for each claim, cost more than it saved).
         kept = state.unclaimed
         known = dict(islice(((o, m) for o, m in kept.items() if o > after), want)) if wants is None else {}
-        self.wanted[group] = (want, seen, cap, known)
+        self.wanted[group] = (want, seen, cap, wants is None, known)
         now = now_ms()
         call = queue_store.claim(
             state.name,
@@ -252,20 +252,28 @@ class Claims:
 
     def _claimed(self, state: QueueState, group: Group, results: list[Any]) -> None:
         self.claiming.pop(group, None)
-        want, seen, cap, known = self.wanted.pop(group, (0, -1, -1, {}))
+        want, seen, cap, plain, known = self.wanted.pop(group, (0, -1, -1, True, {}))
         rows = results[0] if results else []
+        moved = False
         if isinstance(group, WorkGroup):  # claims are a shared work queue's
+            newest = max([int(row.offset) for row, got in rows if got in _NEW], default=-1)
             if results:  # committed: the group has its row; the queue's one group deletes on ack
                 group.in_database = True
                 group.alone = results[1] == 1
-            group.dry_at = group.handed_back if len(rows) < want else None
-            if results and len(rows) < want and seen == group.behind_count:
-                group.behind = False  # what this node left unclaimed is claimed (here or elsewhere)
+                if group.left:
+                    # A claim takes new messages in offset order, but what another claim holds
+                    # locked: this node's unclaimed publishes it could see (``seen``, ``cap``) are
+                    # taken, up to its newest, or all when it came back short; and those it got.
+                    # A claim with a selector passes over some: only a short one says.
+                    upto = min(seen, cap)
+                    if len(rows) == want:
+                        upto = min(upto, newest) if plain else -1
+                    moved = group.passed(upto, {int(row.offset) for row, _got in rows})
+            group.dry_at = group.handed_back if len(rows) < want and not group.left else None
             # A full claim took every new message up to its last one but what another claim held
             # locked: the next starts there (below what of this node's was uncommitted when it
             # was made). One that came back short leaves the next to start from the beginning.
             group.claim_after = -1
-            newest = max([int(row.offset) for row, got in rows if got in _NEW], default=-1)
             if results and len(rows) == want:
                 group.claim_after = min(newest, cap)
             # A backlog in the database: each full claim asks for twice as many as the last (one
@@ -295,7 +303,7 @@ class Claims:
                 ch = Changes()
                 group.hand_back_claimed(now_ms(), ch)
                 self.journal.submit(ch)
-            elif rows:
+            elif rows or moved:
                 self.dispatch(state, group)
         for done in self.waiting.pop(group, ()):
             done()

@@ -23,7 +23,8 @@ database by whichever node is free.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Container, Iterable
 
 from trimaran.broker.events import QUEUE_ACKED, QUEUE_NACKED, QUEUE_REJECTED
 from trimaran.broker.message import Message
@@ -47,6 +48,7 @@ from trimaran.queue.ports import Host
 from trimaran.storage.rows import Claimed
 
 SCAN_LIMIT = 10_000  # most messages a filtered consumer scans per take
+NO_BARRIER = 2**63 - 1  # no publish of this node left unclaimed: everything claimed goes out
 
 
 class WorkGroup(Group):
@@ -80,13 +82,13 @@ class WorkGroup(Group):
         # the group claims only at the poll: each claim walks past what is held or finished here.
         self.handed_back = 0
         self.dry_at: int | None = None
-        # Shared: a publish of this node went to the database unclaimed and no claim made after its
-        # commit has come back short yet: later publishes are not claimed as they are published
-        # (they would overtake it). ``behind_count``: such publishes so far; ``behind_inflight``:
-        # the offsets of those not committed yet.
-        self.behind = False
-        self.behind_count = 0
-        self.behind_inflight: set[int] = set()
+        # Shared: this node's publishes that went to the database unclaimed and that no claim is
+        # known to have taken yet, oldest first (``left``), and those of them not committed yet.
+        # What this node holds past the oldest (claimed as it was published, or by a claim) is not
+        # handed out before a claim has taken it (``barrier``): it would overtake it.
+        self.left: deque[int] = deque()
+        self.left_inflight: set[int] = set()
+        self.barrier = NO_BARRIER
         # Shared: the last new message the group's last full claim took (below this node's
         # unclaimed publishes then uncommitted): the next claim of new messages starts past it
         # instead of walking again what is held or acked (-1: from the start; each poll resets it).
@@ -106,9 +108,12 @@ class WorkGroup(Group):
         state = self.state
         messages = state.messages
         ready = self.ready
+        barrier = self.barrier
         i = 0  # walked in place: a copy per take cost O(ready), up to a claim batch, per message
         while i < len(ready):
             offset = ready[i]
+            if offset > barrier:
+                break  # shared: past a publish of this node that no claim has taken yet
             stored = messages.get(offset)
             if stored is None:
                 del ready[i]
@@ -455,6 +460,26 @@ class WorkGroup(Group):
             stored=got.stored,
         )
         self.make_ready(offset)
+
+    def left_unclaimed(self, offset: int) -> None:
+        """Shared: a publish of this node goes to the database unclaimed, past those left before."""
+        left = self.left
+        if not left:
+            self.barrier = offset
+        left.append(offset)
+        self.left_inflight.add(offset)
+        self.dry_at = None  # claim it
+
+    def passed(self, upto: int, taken: Container[int]) -> bool:
+        """Shared: a claim has taken (here, or another node's claim had it locked) this node's
+        unclaimed publishes up to ``upto``, and ``taken``: what waited behind them may go out.
+        True when the barrier moved."""
+        left = self.left
+        before = self.barrier
+        while left and (left[0] <= upto or left[0] in taken):
+            left.popleft()
+        self.barrier = left[0] if left else NO_BARRIER
+        return self.barrier != before
 
     def _forget(self, offset: int, entry: Entry) -> None:
         """Shared: the database holds ``offset``'s state now, not this node."""
