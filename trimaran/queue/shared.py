@@ -101,9 +101,12 @@ class Claims:
         """Time to claim, after a dispatch: few claimed messages left to hand out, or a consumer
         still has credit (none of those left is one it selects); not while the last claim found
         the queue drained of what this node may claim (``WorkGroup.dry_at``)."""
-        if isinstance(group, WorkGroup) and group.dry_at == group.handed_back:
-            return False
-        return len(group.ready) < self.batch // 4 or any(h.credit > 0 for h in group.consumers)
+        ready = len(group.ready)
+        if isinstance(group, WorkGroup):
+            if group.dry_at == group.handed_back:
+                return False
+            ready = group.ready_now()
+        return ready < self.batch // 4 or any(h.credit > 0 for h in group.consumers)
 
     def room(self, group: Group) -> int:
         """How many messages this node claims ahead for ``group``: a batch, or its consumers' credit
@@ -198,8 +201,13 @@ class Claims:
             return
         # What is claimed ahead may be what they do not select: then at least their credit more.
         credit = sum([h.credit for h in takers])
-        size = max(group.claim_size, self.batch) if isinstance(group, WorkGroup) else self.batch
-        want = max(max(size, credit) - len(group.ready), min(self.batch, credit))
+        # What waits behind a publish left unclaimed (``WorkGroup.barrier``) is not counted: the
+        # claims that take that one would shrink to nothing (36 messages a claim, MQTT `$queue/`).
+        if isinstance(group, WorkGroup):
+            size, ready = max(group.claim_size, self.batch), group.ready_now()
+        else:
+            size, ready = self.batch, len(group.ready)
+        want = max(max(size, credit) - ready, min(self.batch, credit))
         self.claiming[group] = takers
         # New messages from past the last full claim's, but not past an uncommitted unclaimed
         # publish of this node's (it would be passed over once committed).

@@ -22,6 +22,7 @@ database by whichever node is free.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections import deque
 from collections.abc import Callable, Container, Iterable
@@ -469,6 +470,11 @@ class WorkGroup(Group):
         left.append(offset)
         self.left_inflight.add(offset)
         self.dry_at = None  # claim it
+
+    def ready_now(self) -> int:
+        """Shared: how many claimed messages it could hand out now (not held back by ``barrier``)."""
+        ready = self.ready
+        return bisect.bisect_right(ready, self.barrier) if self.left else len(ready)
 
     def passed(self, upto: int, taken: Container[int]) -> bool:
         """Shared: a claim has taken (here, or another node's claim had it locked) this node's
