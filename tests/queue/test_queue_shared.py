@@ -15,6 +15,7 @@ from trimaran.broker.message import Message, now_ms
 from trimaran.queue import ConsumerHandle, QueueDelivery, QueueManager
 from trimaran.queue.journal import committed
 from trimaran.queue.policy import DEFAULT_GROUP
+from trimaran.queue.shared import HOLD_MS, POLL_MS
 from trimaran.queue.work import WorkGroup
 from trimaran.storage import queue_store
 
@@ -631,6 +632,37 @@ async def test_a_publish_left_unclaimed_is_not_overtaken_by_the_next(
         await wait_until(lambda: len(c.deliveries) == 6)
         assert c.payloads == [b"m0", b"m1", b"m2", b"m3", b"m4", b"m5"]
         assert not {d.offset for d in c.deliveries[4:]} & set(by_claims), by_claims
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_a_node_claims_ahead_at_publish_what_its_consumers_hand_out_in_hold_ms(
+    make_manager: Factory,
+) -> None:
+    """A node claimed at publish only a batch ahead of a consumer window smaller than what its
+    publishers wrote between two commits: the rest of every burst went unclaimed and was claimed
+    back (MQTT `$queue/`, window 100: 45% of the traffic through claims). Now it claims ahead what
+    its consumers handed out in ``HOLD_MS`` at the last poll's pace, and still a batch when idle."""
+    a = make_manager(shared=True, node="a")
+    async with a.running():
+        without_timers(a)
+        groups = {}
+        for name in ("idle", "busy"):
+            await a.declare(name)
+            handle = a.consume(name, Collector(name))
+            handle.add_credit(10)
+            await _known(a, name, handle)
+            assert isinstance(handle.group, WorkGroup)
+            groups[name] = handle.group
+        groups["busy"].handed = 600  # in the last poll's interval
+        claims = a.claims
+        claims.last_poll = now_ms() - POLL_MS
+        claims.tick(claims.last_poll + POLL_MS, [a.queues["idle"], a.queues["busy"]])
+        assert groups["busy"].pace == 600 * HOLD_MS // POLL_MS and groups["idle"].pace == 0
+        for name, group in groups.items():
+            await publish_all(a, name, [b"m%d" % i for i in range(1000)])
+            await wait_until(lambda: not group.left_inflight)  # noqa: B023
+        assert not groups["busy"].left and len(groups["busy"].ready) == 990
+        assert len(groups["idle"].left) >= 1000 - 2 * claims.batch
 
 
 @pytest.mark.usefixtures("postgres_only")

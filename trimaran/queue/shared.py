@@ -38,6 +38,9 @@ _NO_CAP = 2**63 - 1  # no unclaimed publish of this node uncommitted: a claim's 
 CLAIM_GROWTH = 16  # a group's claims grow to this many batches while each comes back full
 KEPT_BYTES = 4 << 20  # of a queue's publishes left unclaimed, the payload bytes kept (Claims.keep)
 POLL_MS = 100  # how often idle consumers look for messages other nodes published or released
+# A node claims at publish, for its own consumers, at most what they hand out in this long (or a
+# batch, or their credit): what other nodes' consumers could take waits here no longer.
+HOLD_MS = 250
 BROWSE_PAGE = 100  # most stored rows a browser reads at once
 
 
@@ -111,10 +114,15 @@ class Claims:
     def room(self, group: Group) -> int:
         """How many messages this node claims ahead for ``group``: a batch, or its consumers' credit
         when that is more (prefetch windows larger than a batch are kept full), or what its claims
-        grew to while a backlog lasted (``WorkGroup.claim_size``)."""
+        grew to while a backlog lasted (``WorkGroup.claim_size``), or what its consumers hand out
+        in ``HOLD_MS`` (``WorkGroup.pace``). Less, and a consumer window smaller than what the
+        publishers write between two commits left part of every burst unclaimed, to be claimed
+        back by a claim that filled the room again (MQTT `$queue/`, window 100: 45% of the
+        traffic through claims)."""
         credit = sum([h.credit for h in group.consumers if not h.closed])
-        grown = group.claim_size if isinstance(group, WorkGroup) else 0
-        return max(self.batch, credit, grown)
+        if isinstance(group, WorkGroup):
+            return max(self.batch, credit, group.claim_size, group.pace)
+        return max(self.batch, credit)
 
     def claimers(self, state: QueueState, routing_key: str, message: Message) -> list[WorkGroup]:
         """The groups this node claims a message for as it publishes it: every group whose consumers
@@ -367,12 +375,15 @@ class Claims:
     def tick(self, now: int, queues: list[QueueState]) -> None:
         """Poll for what other nodes published or released; renew leases and compact."""
         if now - self.last_poll >= POLL_MS:
+            elapsed = now - self.last_poll
             self.last_poll = now
             for state in queues:  # what other nodes published or released since: claim again,
                 for group in state.groups.values():  # new messages from the beginning
                     if isinstance(group, WorkGroup):
                         group.dry_at = None
                         group.claim_after = -1
+                        group.pace = group.handed * HOLD_MS // max(elapsed, POLL_MS)
+                        group.handed = 0
             if self.finished:
                 names, self.finished = self.finished, set()
                 self.journal.send(WriteBatch(calls=[queue_store.compact_shared(n) for n in sorted(names)]))

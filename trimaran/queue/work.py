@@ -97,6 +97,10 @@ class WorkGroup(Group):
         # Shared: how many its next claim asks for at least, past a batch (Claims: while claims
         # come back full; 0: a batch).
         self.claim_size = 0
+        # Shared: deliveries since the last poll, and how many it hands out in ``HOLD_MS`` at the
+        # pace of the last poll's interval (Claims.tick): how far it claims ahead at publish.
+        self.handed = 0
+        self.pace = 0
 
     # -- taking -----------------------------------------------------------------------------------
 
@@ -209,6 +213,7 @@ class WorkGroup(Group):
         cid = handle.consumer.id
         stats = state.stats
         stats["delivered"] += 1
+        self.handed += 1
         if attempt > 1:
             stats["redelivered"] += 1
         journal.event(ch, state, now, "delivered", group=self, offset=offset, consumer=cid, attempt=attempt,
