@@ -9,7 +9,7 @@ from tests.queue.conftest import Rooms, Taker
 from trimaran.queue.changes import Changes
 from trimaran.queue.groups import DONE, HELD, WAIT, Deadlines, Entry
 from trimaran.queue.outcomes import ACK, RELEASED, UNSENT, Commit, DeadLetter, Retry
-from trimaran.queue.work import WorkGroup
+from trimaran.queue.work import LEFT_MAX, WorkGroup
 
 
 def setup(n: int = 3, **policy: Any) -> tuple[Rooms, WorkGroup, Taker]:
@@ -337,3 +337,23 @@ def test_in_memory_queue_journals_nothing() -> None:
     take(group, c)
     settle(group, 0, ACK, c)
     assert rooms.journal.events == [] and rooms.journal.pending_rows == {}
+
+
+def test_unclaimed_publishes_past_left_max_are_kept_as_one_range() -> None:
+    """Shared: a group whose consumer takes nothing while publishes flow leaves every publish
+    unclaimed. Past ``LEFT_MAX`` it keeps only the first and last of the rest, and what it claimed
+    past them still waits until a claim has seen past the last one."""
+    _rooms, group, _c = setup(0)
+    n = LEFT_MAX + 1000
+    for offset in range(n):
+        group.left_unclaimed(offset)
+    assert len(group.left) == LEFT_MAX and group.left_beyond == (LEFT_MAX, n - 1)
+    assert group.barrier == 0 and group.last_left() == n - 1
+    assert group.passed(LEFT_MAX + 10, set())  # a claim saw into the range: what it took goes
+    assert not group.left and group.left_beyond == (LEFT_MAX + 11, n - 1)
+    assert group.barrier == LEFT_MAX + 11 and group.holding_back
+    assert not group.passed(LEFT_MAX + 5, {n - 1})  # one taken inside the range says nothing
+    assert group.passed(n - 1, set())
+    assert not group.holding_back and group.last_left() == -1 and group.left_beyond is None
+    group.left_unclaimed(n)  # one by one again
+    assert list(group.left) == [n] and group.barrier == n

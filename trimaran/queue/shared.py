@@ -141,7 +141,7 @@ class Claims:
                 continue
             if not takes_all(consumers) and not taken_by(consumers)(routing_key, message):
                 continue  # the others' to claim
-            if not group.in_database or (group.left and not takes_all(consumers)):
+            if not group.in_database or (group.holding_back and not takes_all(consumers)):
                 return []
             ready = len(group.ready)
             if ready >= self.batch and ready >= self.room(group):  # room: a sum over consumers
@@ -221,7 +221,7 @@ class Claims:
         # publish of this node's (it would be passed over once committed).
         after = cap = seen = -1
         if isinstance(group, WorkGroup):
-            seen = group.left[-1] if group.left else -1
+            seen = group.last_left()
             after = group.claim_after
             if group.left_inflight:
                 cap = min(group.left_inflight) - 1
@@ -276,7 +276,7 @@ class Claims:
             if results:  # committed: the group has its row; the queue's one group deletes on ack
                 group.in_database = True
                 group.alone = results[1] == 1
-                if group.left:
+                if group.holding_back:
                     # A claim takes new messages in offset order, but what another claim holds
                     # locked: this node's unclaimed publishes it could see (``seen``, ``cap``) are
                     # taken, up to its newest, or all when it came back short; and those it got.
@@ -285,7 +285,7 @@ class Claims:
                     if len(rows) == want:
                         upto = min(upto, newest) if plain else -1
                     moved = group.passed(upto, {int(row.offset) for row, _got in rows})
-            group.dry_at = group.handed_back if len(rows) < want and not group.left else None
+            group.dry_at = group.handed_back if len(rows) < want and not group.holding_back else None
             # A full claim took every new message up to its last one but what another claim held
             # locked: the next starts there (below what of this node's was uncommitted when it
             # was made). One that came back short leaves the next to start from the beginning.

@@ -50,6 +50,7 @@ from trimaran.storage.rows import Claimed
 
 SCAN_LIMIT = 10_000  # most messages a filtered consumer scans per take
 NO_BARRIER = 2**63 - 1  # no publish of this node left unclaimed: everything claimed goes out
+LEFT_MAX = 4096  # of a group's unclaimed publishes, how many it tracks one by one (WorkGroup.left)
 
 
 class WorkGroup(Group):
@@ -84,10 +85,13 @@ class WorkGroup(Group):
         self.handed_back = 0
         self.dry_at: int | None = None
         # Shared: this node's publishes that went to the database unclaimed and that no claim is
-        # known to have taken yet, oldest first (``left``), and those of them not committed yet.
-        # What this node holds past the oldest (claimed as it was published, or by a claim) is not
-        # handed out before a claim has taken it (``barrier``): it would overtake it.
+        # known to have taken yet, oldest first (``left``, up to ``LEFT_MAX``; past it, the first
+        # and last of the rest, ``left_beyond``: a consumer that takes nothing while publishes
+        # flow would grow it with the backlog), and those of them not committed yet. What this
+        # node holds past the oldest (claimed as it was published, or by a claim) is not handed
+        # out before a claim has taken it (``barrier``): it would overtake it.
         self.left: deque[int] = deque()
+        self.left_beyond: tuple[int, int] | None = None
         self.left_inflight: set[int] = set()
         self.barrier = NO_BARRIER
         # Shared: the last new message the group's last full claim took (below this node's
@@ -470,16 +474,32 @@ class WorkGroup(Group):
     def left_unclaimed(self, offset: int) -> None:
         """Shared: a publish of this node goes to the database unclaimed, past those left before."""
         left = self.left
-        if not left:
-            self.barrier = offset
-        left.append(offset)
+        if self.left_beyond is not None:
+            self.left_beyond = (self.left_beyond[0], offset)
+        elif len(left) >= LEFT_MAX:
+            self.left_beyond = (offset, offset)
+        else:
+            if not left:
+                self.barrier = offset
+            left.append(offset)
         self.left_inflight.add(offset)
         self.dry_at = None  # claim it
+
+    @property
+    def holding_back(self) -> bool:
+        """Shared: a publish of this node left unclaimed holds back what was claimed past it."""
+        return self.barrier != NO_BARRIER
+
+    def last_left(self) -> int:
+        """Shared: the newest publish of this node left unclaimed and not known taken (-1: none)."""
+        if self.left_beyond is not None:
+            return self.left_beyond[1]
+        return self.left[-1] if self.left else -1
 
     def ready_now(self) -> int:
         """Shared: how many claimed messages it could hand out now (not held back by ``barrier``)."""
         ready = self.ready
-        return bisect.bisect_right(ready, self.barrier) if self.left else len(ready)
+        return bisect.bisect_right(ready, self.barrier) if self.holding_back else len(ready)
 
     def passed(self, upto: int, taken: Container[int]) -> bool:
         """Shared: a claim has taken (here, or another node's claim had it locked) this node's
@@ -489,7 +509,16 @@ class WorkGroup(Group):
         before = self.barrier
         while left and (left[0] <= upto or left[0] in taken):
             left.popleft()
-        self.barrier = left[0] if left else NO_BARRIER
+        beyond = self.left_beyond
+        if beyond is not None and not left:
+            # Not tracked one by one: the range goes once a claim has seen past its last, and
+            # until then its first not known taken is no later than just past ``upto``.
+            first, last = beyond
+            self.left_beyond = None if last <= upto else (max(first, upto + 1), last)
+        if left:
+            self.barrier = left[0]
+        else:
+            self.barrier = self.left_beyond[0] if self.left_beyond is not None else NO_BARRIER
         return self.barrier != before
 
     def _forget(self, offset: int, entry: Entry) -> None:
