@@ -36,6 +36,9 @@ GROUP = "trimaran._mypyc"
 # - amqp091/exchanges.py, durable.py: not on a message's path, only on declares and at start.
 # - storage/writer.py (its thread, locks and statements): the batch it writes and the per-row work
 #   are storage/rows.py's, which is in, with queue/changes.py (a WriteBatch) and the journal.
+# mqtt/queues.py (an MQTT `$queue/` message's way in and out) and queue/shared.py (a shared node's
+# claims, asked at every publish) came in last: left out, they were most of the interpreted work
+# left on the MQTT `$queue/` shared path.
 # The runtime and the queue rooms on the hot path are in (queue/work.py and queue/stream.py with
 # groups.py, whose Group they subclass: an interpreted class cannot subclass a compiled one). Where
 # an annotation said less than what is passed, it was made true: uvloop's Server.sockets is a list
@@ -56,6 +59,7 @@ MODULES = (
     "trimaran.mqtt.connection",
     "trimaran.mqtt.mapping",
     "trimaran.mqtt.conn",
+    "trimaran.mqtt.queues",
     "trimaran.mqtt.handler",
     "trimaran.amqp091.fields",
     "trimaran.amqp091.spec",
@@ -95,6 +99,7 @@ MODULES = (
     "trimaran.queue.stream",
     "trimaran.queue.handles",
     "trimaran.queue.journal",
+    "trimaran.queue.shared",
     "trimaran.queue.manager",
 )
 
