@@ -178,14 +178,20 @@ class PendingAck:
             conn.wake()
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, init=False)
 class Delivery:
     """One QoS 1/2 delivery awaiting its PUBACK/PUBCOMP."""
 
     subscription: QueueSubscription
     offset: int
-    live: bool = True  # still this delivery's to settle (not settled by a control topic, not superseded)
-    credited: bool = False  # its credit went back already
+    live: bool  # still this delivery's to settle (not settled by a control topic, not superseded)
+    credited: bool  # its credit went back already
+
+    def __init__(self, subscription: QueueSubscription, offset: int) -> None:  # compiled: one a delivery
+        self.subscription = subscription
+        self.offset = offset
+        self.live = True
+        self.credited = False
 
 
 class QueueSubscription:
