@@ -31,6 +31,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from itertools import chain, islice
 from operator import itemgetter
@@ -42,6 +43,8 @@ import anyio.lowlevel
 from sqlalchemy import Connection, Engine
 
 from trimaran.storage.engine import availability, is_unavailable
+from trimaran.storage.pg_arrays import packed
+from trimaran.storage.pg_arrays import register as register_arrays
 from trimaran.storage.rows import (
     MESSAGE_COLUMNS,
     RUN_COLUMNS,
@@ -531,6 +534,7 @@ class _PgSql:
 
     def __init__(self) -> None:
         self.inserts: dict[str, tuple[str, list[str]]] = {}
+        self.types: dict[str, list[str]] = {}  # each column's, packed by pg_arrays
         self.deletes: dict[str, str] = {}
         skip: tuple[str, ...]
         for table, skip in (
@@ -547,6 +551,7 @@ class _PgSql:
                 f"INSERT INTO {table.name} ({quoted}) SELECT * FROM unnest({arrays})",
                 names,
             )
+            self.types[table.name] = [_pg_type(c) for c in cols]
         # Deletes per queue (and group): a run of consecutive offsets by its bounds; the offsets
         # between runs by "offset" = ANY(array) in chunks, with BETWEEN bounds that make the primary
         # key the plan even before the table has statistics (without them the planner chose a bitmap
@@ -563,7 +568,9 @@ class _PgSql:
 
     def insert(self, cursor: Any, table: str, rows: list[tuple[Any, ...]]) -> None:
         """``rows``: tuples in the table's column order (``id`` left out)."""
-        cursor.execute(self.inserts[table][0], [list(column) for column in zip(*rows, strict=True)])
+        columns = zip(*rows, strict=True)
+        arrays = [packed(c, t) for c, t in zip(columns, self.types[table], strict=True)]
+        cursor.execute(self.inserts[table][0], arrays)
 
     def columns(self, table: str) -> list[str]:
         return self.inserts[table][1]
@@ -601,12 +608,16 @@ class _PgSql:
 _RUN, _LISTED = 8, 64
 
 _pg_sql: _PgSql | None = None
+_arrays_known: weakref.WeakSet[Any] = weakref.WeakSet()  # connections whose adapters pass PgArray
 
 
 def _apply_pg(connection: Connection, batch: WriteBatch) -> None:
     global _pg_sql
     sql = _pg_sql = _pg_sql or _PgSql()
     raw: Any = connection.connection.dbapi_connection
+    if raw not in _arrays_known:  # each connection's adapters are its own (a reconnect: new ones)
+        register_arrays(raw.adapters)
+        _arrays_known.add(raw)
     cursor = raw.cursor()
     # Pipeline mode: every statement of the batch goes out in one flush, one round trip in all.
     with contextlib.ExitStack() as stack:
