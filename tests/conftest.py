@@ -43,6 +43,40 @@ def storage_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return url
 
 
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local SparkSession for every test that audits in this process (tests/analytics, and the
+    crash series' audit in tests/queue): a JVM's start once per run, not once per audit."""
+    pytest.importorskip("pyspark")
+    from trimaran.analytics.source import DEBIAN_JARS, spark_session
+
+    missing = [j for j in DEBIAN_JARS if not Path(j).exists()]
+    if missing:
+        pytest.skip(f"JDBC drivers missing: {missing} (scripts/system-deps.sh installs them)")
+    session = spark_session(
+        "local[2]",
+        list(DEBIAN_JARS),
+        app_name="trimaran-audit-tests",
+        shuffle_partitions=1,  # tables of a few hundred rows: one task per stage is fastest
+        extra={
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.sql.adaptive.enabled": "false",
+            "spark.default.parallelism": "1",
+            # Compiling generated code for every stage costs more than running it on tables of a
+            # few hundred rows: interpreted evaluation (what Spark's own test suites also run) makes
+            # each replay about a third faster here. The benchmark still runs with code generation.
+            "spark.sql.codegen.wholeStage": "false",
+            "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+            # A JDBC table's size is unknown to Spark, which then assumes it huge and shuffles it for
+            # every join; taking it as 1 MB lets these few-row tables be broadcast instead.
+            "spark.sql.defaultSizeInBytes": str(1 << 20),
+        },
+    )
+    yield session
+    session.stop()
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """A real headless Chromium (tests/support/browser.py); mark the test ``needs_browser``."""

@@ -1,10 +1,10 @@
-"""Queue tables made by the real broker (paho over real sockets), and one SparkSession for every test."""
+"""Queue tables made by the real broker (paho over real sockets); the one SparkSession every test
+shares is the ``spark`` fixture of tests/conftest.py."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +19,6 @@ pyspark = pytest.importorskip("pyspark")
 from paho.mqtt.packettypes import PacketTypes  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
-from trimaran.analytics.source import DEBIAN_JARS, spark_session  # noqa: E402
-
 __all__ = ["tls_files"]  # the interop suite's certificates fixture, shared
 
 BROKER_ENV = {
@@ -30,35 +28,6 @@ BROKER_ENV = {
     "TRIMARAN_QUEUES__DEFAULTS__VISIBILITY_TIMEOUT_S": "0.6",
     "TRIMARAN_QUEUES__DECLARE": json.dumps([{"name": "ticks", "mode": "stream"}]),
 }
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    missing = [j for j in DEBIAN_JARS if not Path(j).exists()]
-    if missing:
-        pytest.skip(f"JDBC drivers missing: {missing} (scripts/system-deps.sh installs them)")
-    session = spark_session(
-        "local[2]",
-        list(DEBIAN_JARS),
-        app_name="trimaran-audit-tests",
-        shuffle_partitions=1,  # tables of a few hundred rows: one task per stage is fastest
-        extra={
-            "spark.ui.enabled": "false",
-            "spark.ui.showConsoleProgress": "false",
-            "spark.sql.adaptive.enabled": "false",
-            "spark.default.parallelism": "1",
-            # Compiling generated code for every stage costs more than running it on tables of a
-            # few hundred rows: interpreted evaluation (what Spark's own test suites also run) makes
-            # each replay about a third faster here. The benchmark still runs with code generation.
-            "spark.sql.codegen.wholeStage": "false",
-            "spark.sql.codegen.factoryMode": "NO_CODEGEN",
-            # A JDBC table's size is unknown to Spark, which then assumes it huge and shuffles it for
-            # every join; taking it as 1 MB lets these few-row tables be broadcast instead.
-            "spark.sql.defaultSizeInBytes": str(1 << 20),
-        },
-    )
-    yield session
-    session.stop()
 
 
 def _headers(message: Any) -> dict[str, str]:

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.audit import audit as run_audit
-from tests.support.audit import cannot_audit
+from tests.support.audit import audit_in, cannot_audit
 from tests.support.crash import (
     AmqpConsumer,
     AmqpPublisher,
@@ -166,9 +166,13 @@ def _life(series: Series, life: int, rng: random.Random, *, kill: bool) -> None:
         server.kill()
 
 
-def run_series(url: str, workdir: Path, runs: int, *, audit: bool = True) -> Series:
+def run_series(
+    url: str, workdir: Path, runs: int, *, audit: bool = True, request: pytest.FixtureRequest | None = None
+) -> Series:
     """``runs`` lives killed under load, one drained and stopped, then (``audit``) the audit; when
-    the audit cannot run here the test is skipped after the kill checks passed, saying both."""
+    the audit cannot run here the test is skipped after the kill checks passed, saying both. With
+    ``request`` (the test's), the audit runs in this process on the session's ``spark``
+    fixture, else as ``trimaran audit`` in a subprocess of its own."""
     seed = int(os.environ.get("TRIMARAN_CRASH_SEED") or random.randrange(1 << 32))
     rng = random.Random(seed)
     series = Series(seed, url, workdir)
@@ -181,7 +185,9 @@ def run_series(url: str, workdir: Path, runs: int, *, audit: bool = True) -> Ser
     assert counts["confirmed"] > 0 and counts["redelivered"] > 0, counts
     audit_started = time.monotonic()
     why_not = cannot_audit() if audit else None
-    if audit and why_not is None:
+    if audit and why_not is None and request is not None:
+        audit_in(request.getfixturevalue("spark"), series.url, workdir / "audit", series.where(-1))
+    elif audit and why_not is None:
         run_audit(series.url, workdir / "audit", series.where(-1))
     audited = (
         "no audit" if not audit or why_not else f"audit clean in {time.monotonic() - audit_started:.1f} s"
@@ -194,10 +200,11 @@ def run_series(url: str, workdir: Path, runs: int, *, audit: bool = True) -> Ser
     return series
 
 
-def test_two_kills_lose_nothing(storage_url: str, tmp_path: Path) -> None:
-    # The audit (about 20 s, mostly the JVM's start) on SQLite only, to stay near 30 s together;
-    # the slow series audits both.
-    run_series(storage_url, tmp_path, runs=2, audit=storage_url.startswith("sqlite"))
+def test_two_kills_lose_nothing(storage_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    # The audit on SQLite only, in this process on the tests' Spark session (tests/conftest.py;
+    # tests/analytics started it already): a subprocess's audit costs about 20 s, mostly the JVM's
+    # start. The slow series audits both, each as `trimaran audit` in a subprocess.
+    run_series(storage_url, tmp_path, runs=2, audit=storage_url.startswith("sqlite"), request=request)
 
 
 @pytest.mark.slow

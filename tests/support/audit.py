@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def cannot_audit() -> str | None:
@@ -36,4 +38,24 @@ def audit(url: str, output: Path, where: str = "") -> dict[str, object]:
     failed = {k: v["examples"] for k, v in invariants.items() if not v["ok"]}
     assert failed == {}, f"audit {where}: {failed}\n{done.stdout}"
     assert done.returncode == 0, done.stdout + done.stderr
+    return summary
+
+
+def audit_in(spark: Any, url: str, output: Path, where: str = "") -> dict[str, object]:
+    """:func:`audit` in this process, with the tests' ``spark`` session (tests/conftest.py): the
+    same replay and invariants without a JVM's start; asserts that every invariant holds."""
+    from trimaran.analytics.replay import add_arguments, run_audit
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, master_default="local[2]")
+    args = parser.parse_args(["--output", str(output), "--no-charts"])
+    code = run_audit(args, url, spark=spark)
+    summary_file = output / "summary.json"
+    assert summary_file.exists(), f"the audit did not run {where} (exit {code})"
+    summary: dict[str, object] = json.loads(summary_file.read_text())
+    invariants = summary["invariants"]
+    assert isinstance(invariants, dict)
+    failed = {k: v["examples"] for k, v in invariants.items() if not v["ok"]}
+    assert failed == {}, f"audit {where}: {failed}"
+    assert code == 0, f"audit {where}: exit {code}"
     return summary
