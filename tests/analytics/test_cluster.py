@@ -9,9 +9,9 @@ JDBC, PostgreSQL over JDBC as a read-only role) is audited clean (exit 0), then 
 deleted (exit 1). The ways the audit cannot run are one line on stderr and exit 2.
 
 Each audit on the cluster starts two JVMs (the driver's and an executor's) and takes 15-20 s on the
-2-CPU test host, so the default suite runs the SQLite pair and the failed executor import (about a
-minute with the cluster's start); Parquet, PostgreSQL and the executor that never starts are
-``slow`` (``make test-all``).
+2-CPU test host, so the default suite runs one audit there, SQLite's clean one (about half a minute
+with the cluster's start); SQLite's fault, Parquet, PostgreSQL, the executor that never starts and
+the executors that cannot import pyarrow are ``slow`` (``make test-all``).
 """
 
 from __future__ import annotations
@@ -432,6 +432,16 @@ def test_sqlite_on_the_cluster(
     url = f"sqlite:///{database}"
     assert_clean(*on_cluster(standalone, executor_python, tmp_path / "report-clean", "--storage", url))
 
+
+# A second audit on the cluster (about 20 s) for the verdict on a fault: the same replay finds the
+# same fault in local mode by default (test_replay.py, test_lifecycle.py).
+@pytest.mark.slow
+def test_a_fault_in_sqlite_fails_on_the_cluster(
+    standalone: Standalone, executor_python: Path, broker_db: str, tmp_path: Path
+) -> None:
+    database = tmp_path / "trimaran.db"
+    shutil.copy(broker_db.removeprefix("sqlite:///"), database)
+    url = f"sqlite:///{database}"
     with closing(sqlite3.connect(database)) as db:
         message = delete_first_ack(db)
     done, summary = on_cluster(standalone, executor_python, tmp_path / "report-faulty", "--storage", url)
