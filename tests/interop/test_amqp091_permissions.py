@@ -64,18 +64,17 @@ def trimaran_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
 @pytest.fixture(scope="module")
 def rabbitmq_perms(rabbitmq_port: int) -> int:
     """The private RabbitMQ node with the same users, vhosts and permissions."""
-    for user in USERS:  # (dave's empty write and read patterns: rabbitmqctl takes "")
-        rabbitmq.ensure_user(rabbitmq_port, user["name"], user["password"])
-    existing = rabbitmq.rabbitmqctl(rabbitmq_port, "list_vhosts", "--quiet").split()
-    for vhost in (VHOST, CLOSED):
-        if vhost not in existing:
-            rabbitmq.rabbitmqctl(rabbitmq_port, "add_vhost", vhost)
-    rabbitmq.rabbitmqctl(rabbitmq_port, "set_permissions", "-p", VHOST, "alice", MINE, MINE, MINE)
-    rabbitmq.rabbitmqctl(rabbitmq_port, "set_permissions", "-p", VHOST, "bob", ".*", ".*", ".*")
-    rabbitmq.rabbitmqctl(rabbitmq_port, "set_permissions", "-p", VHOST, "carol", ".*", ".*", ".*")
-    rabbitmq.rabbitmqctl(rabbitmq_port, "set_permissions", "-p", VHOST, "dave", "alice", "", "")
-    rabbitmq.rabbitmqctl(
-        rabbitmq_port, "set_topic_permissions", "-p", VHOST, "carol", "amq.topic", OWN_KEYS, OWN_KEYS
+    rabbitmq.define(  # (dave's empty write and read patterns: RabbitMQ takes "")
+        rabbitmq_port,
+        {user["name"]: user["password"] for user in USERS},
+        vhosts=(VHOST, CLOSED),
+        permissions=[
+            ("alice", VHOST, MINE, MINE, MINE),
+            ("bob", VHOST, ".*", ".*", ".*"),
+            ("carol", VHOST, ".*", ".*", ".*"),
+            ("dave", VHOST, "alice", "", ""),
+        ],
+        topic_permissions=[("carol", VHOST, "amq.topic", OWN_KEYS, OWN_KEYS)],
     )
     return rabbitmq_port
 

@@ -44,10 +44,13 @@ def port(request: pytest.FixtureRequest) -> int:
     if request.param == "trimaran":
         return int(request.getfixturevalue("trimaran_port"))
     amqp = int(request.getfixturevalue("rabbitmq_port"))
-    rabbitmq.ensure_user(amqp, "alice", "wonderland")  # another module's alice may have another one
     own = r"^(alice-q|amq\.gen-.*|amq\.topic)$"
-    rabbitmq.rabbitmqctl(amqp, "set_permissions", "alice", own, own, own)
-    rabbitmq.rabbitmqctl(amqp, "set_topic_permissions", "alice", "amq.topic", r"^alice\.", r"^alice\.")
+    rabbitmq.define(  # another module's alice may have another password
+        amqp,
+        {"alice": "wonderland"},
+        permissions=[("alice", "/", own, own, own)],
+        topic_permissions=[("alice", "/", "amq.topic", r"^alice\.", r"^alice\.")],
+    )
     return amqp
 
 

@@ -22,7 +22,7 @@ from paho.mqtt.enums import MQTTProtocolVersion as Version
 from tests.interop.conftest import amqp_server_args
 from tests.support import rabbitmq
 from tests.support.paho import V5, V311, Client, Endpoints, PacketTypes, Received, connect, props, user_props
-from tests.support.rabbitmq import ensure_user, rabbitmqctl
+from tests.support.rabbitmq import define, rabbitmqctl
 from tests.support.server import RunningServer, serving
 from trimaran.config import AuthSettings
 from trimaran.security.guard import Security
@@ -73,12 +73,12 @@ def vhost_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSe
 @pytest.fixture(scope="module")
 def rabbitmq_vhosts(rabbitmq_port: int) -> int:
     """The private RabbitMQ node with the same users, vhosts and permissions."""
-    for user, password in (("alice", "a"), ("bob", "b")):
-        ensure_user(rabbitmq_port, user, password)
-    for vhost in ("t1", "t2/eu"):
-        rabbitmqctl(rabbitmq_port, "add_vhost", vhost)
-    for user, vhost in PERMISSIONS:
-        rabbitmqctl(rabbitmq_port, "set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+    define(
+        rabbitmq_port,
+        {"alice": "a", "bob": "b"},
+        vhosts=("t1", "t2/eu"),
+        permissions=[(user, vhost, ".*", ".*", ".*") for user, vhost in PERMISSIONS],
+    )
     return rabbitmq_port
 
 
@@ -452,11 +452,8 @@ def rabbitmq_amqp1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
         pytest.skip(why)
     try:
         with rabbitmq.rabbitmq_node(tmp_path_factory.mktemp("rabbitmq-amqp1"), ("rabbitmq_amqp1_0",)) as port:
-            ensure_user(port, "alice", "a")
-            for vhost in HOST_VHOSTS:
-                if vhost != "/":
-                    rabbitmqctl(port, "add_vhost", vhost)
-                rabbitmqctl(port, "set_permissions", "-p", vhost, "alice", ".*", ".*", ".*")
+            permissions = [("alice", vhost, ".*", ".*", ".*") for vhost in HOST_VHOSTS]
+            define(port, {"alice": "a"}, vhosts=HOST_VHOSTS, permissions=permissions)
             yield port
     except RuntimeError as exc:
         pytest.skip(str(exc))
@@ -719,9 +716,7 @@ def test_rabbitmq_keeps_a_connection_whose_permission_is_cleared(rabbitmq_vhosts
     instead: the one way the permission is taken away at once (docs/security.md)."""
     import pika
 
-    ensure_user(rabbitmq_vhosts, "carol", "c")
-    for vhost in ("/", "t1"):
-        rabbitmqctl(rabbitmq_vhosts, "set_permissions", "-p", vhost, "carol", ".*", ".*", ".*")
+    define(rabbitmq_vhosts, {"carol": "c"}, permissions=[("carol", v, ".*", ".*", ".*") for v in ("/", "t1")])
     in_t1 = _pika(rabbitmq_vhosts, "t1", "carol", "c")
     channel = in_t1.channel()
     rabbitmqctl(rabbitmq_vhosts, "clear_permissions", "-p", "t1", "carol")
