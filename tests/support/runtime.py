@@ -113,7 +113,7 @@ async def settle(rounds: int = 20) -> None:
     """Let the loop run flushes, timers at zero and hull steps until nothing moves."""
     for _ in range(rounds):
         await anyio.sleep(0)
-    await anyio.sleep(0.01)
+    await anyio.sleep(0.002)
     for _ in range(rounds):
         await anyio.sleep(0)
 
