@@ -9,9 +9,10 @@ JDBC, PostgreSQL over JDBC as a read-only role) is audited clean (exit 0), then 
 deleted (exit 1). The ways the audit cannot run are one line on stderr and exit 2.
 
 Each audit on the cluster starts two JVMs (the driver's and an executor's) and takes 15-20 s on the
-2-CPU test host, so the default suite runs one audit there, SQLite's clean one (about half a minute
-with the cluster's start); SQLite's fault, Parquet, PostgreSQL, the executor that never starts and
-the executors that cannot import pyarrow are ``slow`` (``make test-all``).
+2-CPU test host, so every test on the cluster is ``slow`` (``make test-all``): SQLite's clean audit
+and its fault, Parquet, PostgreSQL, the executor that never starts and the executors that cannot
+import pyarrow. The default suite runs what needs no cluster: the shipped bundle imported by the
+executors' Python, the quiet audit's progress lines, and the ways the audit cannot run.
 """
 
 from __future__ import annotations
@@ -424,6 +425,11 @@ def test_parquet_on_the_cluster(
     assert_fault(done, summary, message)
 
 
+# The cluster's start and an audit on it (about 37 s). By default, the pieces: the bundle the audit
+# ships imports the replay in an executor's Python without Trimaran (test_bundle_is_importable_...),
+# and the same audit of SQLite over JDBC runs in local mode, in process (test_replay.py,
+# test_lifecycle.py, the crash series) and as `trimaran audit` (test_a_quiet_audit_...).
+@pytest.mark.slow
 def test_sqlite_on_the_cluster(
     standalone: Standalone, executor_python: Path, broker_db: str, tmp_path: Path
 ) -> None:
