@@ -407,8 +407,7 @@ def test_spark_errors_are_one_line_and_exit_2(
 def test_parquet_on_the_cluster(
     standalone: Standalone, executor_python: Path, broker_db: str, tmp_path: Path
 ) -> None:
-    database = tmp_path / "trimaran.db"
-    shutil.copy(broker_db.removeprefix("sqlite:///"), database)
+    database, _ = _copied(broker_db, tmp_path)
     sqlite_to_parquet(database, tmp_path / "clean")
     assert_clean(
         *on_cluster(
@@ -433,10 +432,15 @@ def test_parquet_on_the_cluster(
 def test_sqlite_on_the_cluster(
     standalone: Standalone, executor_python: Path, broker_db: str, tmp_path: Path
 ) -> None:
+    _, url = _copied(broker_db, tmp_path)
+    assert_clean(*on_cluster(standalone, executor_python, tmp_path / "report-clean", "--storage", url))
+
+
+def _copied(broker_db: str, tmp_path: Path) -> tuple[Path, str]:
+    """A copy of the broker's SQLite database to audit (or to break), and its URL."""
     database = tmp_path / "trimaran.db"
     shutil.copy(broker_db.removeprefix("sqlite:///"), database)
-    url = f"sqlite:///{database}"
-    assert_clean(*on_cluster(standalone, executor_python, tmp_path / "report-clean", "--storage", url))
+    return database, f"sqlite:///{database}"
 
 
 # A second audit on the cluster (about 20 s) for the verdict on a fault: the same replay finds the
@@ -445,9 +449,7 @@ def test_sqlite_on_the_cluster(
 def test_a_fault_in_sqlite_fails_on_the_cluster(
     standalone: Standalone, executor_python: Path, broker_db: str, tmp_path: Path
 ) -> None:
-    database = tmp_path / "trimaran.db"
-    shutil.copy(broker_db.removeprefix("sqlite:///"), database)
-    url = f"sqlite:///{database}"
+    database, url = _copied(broker_db, tmp_path)
     with closing(sqlite3.connect(database)) as db:
         message = delete_first_ack(db)
     done, summary = on_cluster(standalone, executor_python, tmp_path / "report-faulty", "--storage", url)
