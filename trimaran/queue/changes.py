@@ -18,7 +18,7 @@ class Changes(WriteBatch):
     (``after``: dead letters becoming deliverable). It is the writer's batch itself, so a change
     allocates nothing more than a bare batch did (``after`` only when there is something to run)."""
 
-    after: list[Callable[[], None]] | None = None
+    after: list[Callable[[], None]] | None
 
     def __init__(self) -> None:  # compiled, as WriteBatch's
         # Not super(): slots=True makes a new class, which the zero-argument form does not know.

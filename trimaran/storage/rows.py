@@ -10,7 +10,7 @@ the schema in ``queue_store.py``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from operator import attrgetter, itemgetter
 from typing import Any, Final, NamedTuple, TypeVar
 
@@ -190,24 +190,24 @@ class WriteBatch:
     """Changes that commit together. Rows are plain dicts keyed by column name; a message's row is
     built by the writer (:class:`MessageRow`), only if it is written."""
 
-    messages: list[MessageRow] = field(default_factory=list)
-    message_deletes: list[tuple[str, int]] = field(default_factory=list)
-    pending: dict[PendingKey, PendingRow] = field(default_factory=dict)
+    messages: list[MessageRow]
+    message_deletes: list[tuple[str, int]]
+    pending: dict[PendingKey, PendingRow]
     # Shared mode: what a group that believed itself the queue's only one finished. In the commit,
     # under a share lock on the queue row (a node making a group takes it for update), each message
     # and its row go if no other group exists, else the row says 'done' for the compaction.
-    finished_alone: dict[GroupKey, list[int]] = field(default_factory=dict)
+    finished_alone: dict[GroupKey, list[int]]
     # Shared mode: offsets claimed as they were published, per group and lease (``queue_spans``).
-    held: dict[HeldKey, list[int]] = field(default_factory=dict)
-    groups: dict[GroupKey, dict[str, Any] | None] = field(default_factory=dict)
-    queue_next: dict[str, int] = field(default_factory=dict)
-    events: list[dict[str, Any]] = field(default_factory=list)
+    held: dict[HeldKey, list[int]]
+    groups: dict[GroupKey, dict[str, Any] | None]
+    queue_next: dict[str, int]
+    events: list[dict[str, Any]]
     # Anything else, run first in the same transaction (declare, delete, purge, claims); results are
     # returned in order in Receipt.results.
-    calls: list[Callable[[Connection], Any]] = field(default_factory=list)
+    calls: list[Callable[[Connection], Any]]
 
-    # Written out, as one is built for each publish and dispatch: mypyc compiles it, the generated
-    # one runs interpreted (an MQTT `$queue/` shared profile: 6% of the event loop's time).
+    # Written out (each field's empty default is here), as one is built for each publish and
+    # dispatch: mypyc compiles it, where the dataclass's generated one runs interpreted.
     def __init__(
         self,
         messages: list[MessageRow] | None = None,

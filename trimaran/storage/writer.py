@@ -545,13 +545,13 @@ class _PgSql:
         ):
             cols = [c for c in table.columns if c.name not in skip]
             names = [c.name for c in cols]
+            types = self.types[table.name] = [_pg_type(c) for c in cols]
             quoted = ", ".join(f'"{n}"' for n in names)
-            arrays = ", ".join(f"%b::{_pg_type(c)}[]" for c in cols)
+            arrays = ", ".join(f"%b::{t}[]" for t in types)
             self.inserts[table.name] = (
                 f"INSERT INTO {table.name} ({quoted}) SELECT * FROM unnest({arrays})",
                 names,
             )
-            self.types[table.name] = [_pg_type(c) for c in cols]
         # Deletes per queue (and group): a run of consecutive offsets by its bounds; the offsets
         # between runs by "offset" = ANY(array) in chunks, with BETWEEN bounds that make the primary
         # key the plan even before the table has statistics (without them the planner chose a bitmap
