@@ -19,7 +19,7 @@ from urllib.parse import quote
 import pytest
 
 from tests.support.paho import V5, Endpoints, connect
-from tests.support.server import RunningServer, unused_port
+from tests.support.server import RunningServer, refused_port, unused_port
 from trimaran import cli, logs
 from trimaran.ctl import table
 
@@ -28,7 +28,7 @@ ARGS = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "off", "--http", 
 
 
 # Nobody listens here: the endpoint fails from the first client.connected event.
-WEBHOOK_URL = f"http://127.0.0.1:{unused_port()}/hook"
+WEBHOOK_URL = f"http://127.0.0.1:{refused_port()}/hook"
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.browser import needs_browser, snap, wait
 from tests.support.paho import V5, Endpoints, connect
-from tests.support.server import RunningServer, unused_port
+from tests.support.server import RunningServer, refused_port
 from trimaran.admin.ui import FILES, asset
 
 TOKEN = "page-token"
@@ -27,7 +27,7 @@ ARGS = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "off", "--http", 
 
 
 # An endpoint nobody listens on: the first client.connected event makes it fail.
-WEBHOOK_URL = f"http://127.0.0.1:{unused_port()}/hooks/secret-path"
+WEBHOOK_URL = f"http://127.0.0.1:{refused_port()}/hooks/secret-path"
 
 
 @pytest.fixture(scope="module")

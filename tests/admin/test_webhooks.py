@@ -15,7 +15,7 @@ import anyio
 import pytest
 import trustme
 
-from tests.support.server import unused_port
+from tests.support.server import refused_port
 from tests.support.webhook_receiver import Receiver, verify
 from trimaran.admin.webhooks import CLOSED, OPEN, CircuitBreaker, Webhooks
 from trimaran.broker.events import CLIENT_CONNECTED, MESSAGE_PUBLISHED, QUEUE_DEAD_LETTERED, EventBus
@@ -237,7 +237,7 @@ async def test_breaker_opens_after_repeated_failures_and_recovers(receiver: Rece
 
 
 async def test_drops_counted_when_receiver_is_down_and_queue_full() -> None:
-    url = f"http://127.0.0.1:{unused_port()}/hooks"
+    url = f"http://127.0.0.1:{refused_port()}/hooks"
     config = settings(url, queue_size=5, batch_max=5, max_retries=1, breaker_threshold=100)
     async with running(config) as (bus, hooks):
         dispatcher = hooks.dispatchers[0]

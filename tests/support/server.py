@@ -24,6 +24,22 @@ def unused_port() -> int:
         return int(sock.getsockname()[1])
 
 
+_held_refusing: list[socket.socket] = []
+
+
+def refused_port() -> int:
+    """A loopback port that refuses connections for the whole test session.
+
+    The socket stays bound and never listens, so a connect gets ECONNREFUSED and no server
+    started later (port 0) is given the port: an unused_port() taken at import time could
+    be someone's listener by the time a late test connects to it.
+    """
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    _held_refusing.append(sock)
+    return int(sock.getsockname()[1])
+
+
 # TRIMARAN_AUTH__USERS for the tests' one user, alice (password "wonderland"), and
 # TRIMARAN_AUTH__PERMISSIONS letting her into / (no permission, no entry: guest has / from the start).
 ALICE = '[{"name": "alice", "password": "wonderland"}]'
