@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.queue.conftest import Rooms, Taker
+from tests.queue.conftest import Collector, Factory, Rooms, Taker, wait_until
+from trimaran.broker.message import Message
 from trimaran.queue import QueueError, Receipt, committed
 from trimaran.queue.changes import Changes
 from trimaran.queue.groups import HELD, Entry
@@ -149,3 +150,38 @@ async def test_a_work_group_over_the_real_journal(storage_url: str) -> None:
     finally:
         await writer.stop()
         storage.close()
+
+
+async def test_a_turn_refused_while_the_database_is_away_still_writes_its_acks(make_manager: Factory) -> None:
+    """While the database is away a turn's publishes are refused at once (each publisher hears
+    it, no consumer gets them, none of their rows is written), and the holders' acks the same turn
+    carried are written all the same: the consumer's ack was taken, and the table must say so."""
+    manager = make_manager()
+    async with manager.running():
+        c = Collector("c")
+        handle = manager.consume("q", c)
+        handle.add_credit(10)
+        await manager.publish("q", Message(topic="$queue/q", payload=b"a", qos=1))
+        await wait_until(lambda: len(c.deliveries) == 1)
+        writer = manager.writer
+        heard: list[QueueError | None] = []
+        writer.availability.reason, writer.away = "connection refused", True  # as failed writes find it
+        try:
+            assert handle.settle_all_nowait([0], ACK) == 1  # a holder's ack: into the turn
+            manager.publish_nowait("q", Message(topic="$queue/q", payload=b"b", qos=1),
+                                   done=lambda _result, error: heard.append(error))  # fmt: skip
+            await wait_until(lambda: bool(heard))
+        finally:
+            writer.away = False
+        assert heard[0] is not None and heard[0].reason == "storage" and "connection refused" in str(heard[0])
+        await manager.publish("q", Message(topic="$queue/q", payload=b"c", qos=1))
+        await wait_until(lambda: len(c.deliveries) == 2)
+        assert [d.message.payload for d in c.deliveries] == [b"a", b"c"]
+        engine = manager.storage.engine
+        assert [e["kind"] for e in queue_store.events_for(engine, "q", 0)] == [
+            "published",
+            "delivered",
+            "acked",
+        ]
+        assert queue_store.events_for(engine, "q", 1) == []
+        assert queue_store.stored_offsets(engine, "q") == [2]

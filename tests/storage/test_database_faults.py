@@ -20,6 +20,7 @@ DUP, AMQP 0.9.1 ``redelivered``, AMQP 1.0 ``delivery-count``). The numbers are p
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from tests.support.audit import audit as run_audit
 from tests.support.audit import cannot_audit
@@ -343,16 +345,10 @@ def test_the_audit_is_clean_after_backend_kills(pg: PostgresCluster, tmp_path: P
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="an early queue (single node, work mode: delivered before its commit) hands a consumer "
-    "messages whose write then fails while PostgreSQL is down, and keeps them since one holds them "
-    "(QueueManager._withdraw); the consumer's ack of such a message, submitted behind it, commits once "
-    "PostgreSQL is back, so queue_events has 'acked' for offsets with no 'published' (audit: "
-    "accounted, settled_after_delivery). Nothing acknowledged is lost; trimaran/queue/manager.py is "
-    "being changed elsewhere",
-)
 def test_the_audit_is_clean_after_restarts(pg: PostgresCluster, tmp_path: Path) -> None:
+    """An early queue hands a consumer its messages before their commit; the writer holds what it
+    took while PostgreSQL is away (message, delivery and ack rows in order) and refuses the
+    publishes that come meanwhile, so the tables never record an ack of a message they lack."""
     fault_series(pg, tmp_path, restarts=3, kills=0, load_s=1.5, audit=True)
 
 
@@ -363,12 +359,14 @@ def test_shared_queues_on_two_nodes_lose_nothing_acknowledged(pg: PostgresCluste
     fault_series(pg, tmp_path, restarts=5, kills=5, load_s=2.0, shared=True)
 
 
-def test_the_writer_says_once_that_the_database_is_away_and_writes_again_after(
+def test_the_writer_holds_what_it_took_and_refuses_publishes_while_the_database_is_away(
     pg: PostgresCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """While PostgreSQL is down every queue write fails at once with a one-line reason (what the
-    publisher's refusal carries) and the log says so in one line, not a traceback per write; once it
-    is back the next write commits on a new connection and the log says that too."""
+    """PostgreSQL down: a write the writer had taken waits and commits once it is back (the loop has
+    moved on from it: nothing taken is failed for an outage); while it is known away a refusable
+    write (a publish) is refused at once with a one-line reason (what the publisher's refusal
+    carries), and any other is taken and waits too. The log says so in one line, not a traceback
+    per write, and says when it answers again."""
     storage = Storage.from_url(pg.create_database("writer"))
     storage.migrate()
     writer = GroupCommitWriter(storage.engine)
@@ -377,20 +375,30 @@ def test_the_writer_says_once_that_the_database_is_away_and_writes_again_after(
     def one_write(name: str) -> WriteBatch:
         return WriteBatch(calls=[queue_store.upsert_queue(name, "work", {}, 1)])
 
+    async def refused(name: str) -> None:
+        writer.submit(one_write(name), wait=True, refusable=True)
+
     async def scenario() -> None:
         writer.start()
         try:
             await writer.write(one_write("before"))
             loop = asyncio.get_running_loop()
+            waiting: list[concurrent.futures.Future[list[object]]] = []
 
             def while_down() -> None:
+                waiting.append(asyncio.run_coroutine_threadsafe(writer.write(one_write("taken")), loop))
+                wait_for(lambda: writer.away, 10, "the writer to find it away")
                 for i in range(5):
-                    future = asyncio.run_coroutine_threadsafe(writer.write(one_write(f"down{i}")), loop)
                     with pytest.raises(WriterError) as failed:
-                        future.result(30)
+                        asyncio.run_coroutine_threadsafe(refused(f"down{i}"), loop).result(10)
                     errors.append(str(failed.value))
+                waiting.append(asyncio.run_coroutine_threadsafe(writer.write(one_write("settle")), loop))
+                time.sleep(0.3)
+                assert not any(future.done() for future in waiting)
 
             await asyncio.to_thread(pg.restart, "immediate", while_down=while_down)
+            for future in waiting:
+                await asyncio.wait_for(asyncio.wrap_future(future), 30)
             await writer.write(one_write("after"))
         finally:
             await writer.stop()
@@ -398,8 +406,11 @@ def test_the_writer_says_once_that_the_database_is_away_and_writes_again_after(
     try:
         with caplog.at_level(logging.INFO, logger="trimaran"):
             asyncio.run(scenario())
+        with storage.engine.connect() as connection:
+            names = {row[0] for row in connection.execute(text("SELECT name FROM queues"))}
     finally:
         storage.close()
+    assert names == {"before", "taken", "settle", "after"}, names
     assert len(errors) == 5
     assert all(e.startswith("database unavailable: ") and "\n" not in e for e in errors), errors
     said = [r for r in caplog.records if r.name.startswith("trimaran") and r.levelno >= logging.INFO]

@@ -420,6 +420,10 @@ class QueueState:
     after_block: list[Callable[[], None]] = field(default_factory=list)
     # A consumer is behind on it: each publish holds its publisher (queue/flow.py sets and clears it)
     behind: bool = False
+    # Early messages whose write failed while a consumer held them (QueueManager._withdraw): kept
+    # for that consumer, but no row of theirs is written, as the table never had the message. An
+    # offset stays past its removal (the settle that removes it journals after), until the sweep.
+    unwritten: set[int] = field(default_factory=set)
     vhost: str = field(init=False)  # the vhost its key names (trimaran/vhosts.py), read once
 
     def __post_init__(self) -> None:

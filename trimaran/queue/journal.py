@@ -14,6 +14,7 @@ that drive the groups in-process.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -115,7 +116,8 @@ class Journal:
         """An audit row in ``queue_events`` for a durable queue (in-memory queues keep none). The
         next offset of the change's last event, alike in all else (a dispatch's deliveries, a
         multiple ack), widens that event's span instead (``schema.queue_events``)."""
-        if state.durable:
+        # An unwritten early message writes no row (QueueState.unwritten); no call, as per event.
+        if state.durable and (offset is None or not state.unwritten or offset not in state.unwritten):
             add_event(
                 ch.events, now, state.name, kind, None if group is None else group.name, offset, consumer,
                 self.node, attempt, reason,
@@ -123,6 +125,8 @@ class Journal:
 
     def pending(self, ch: WriteBatch, state: QueueState, group: Group, offset: int, entry: Entry) -> None:
         """A pending entry's new state (only the last state of a key in a commit is written)."""
+        if state.unwritten and offset in state.unwritten:
+            return
         entry.stored = True
         if not state.durable:
             return
@@ -211,7 +215,9 @@ class Journal:
     ) -> Receipt:
         """A durable queue's publish, committed on its own (not an early queue's, :meth:`stage`): its
         message row and ``published`` event join ``ch``, which goes to the writer. ``next_offset``:
-        the queue row's next offset moves past it (not for offsets reserved in blocks)."""
+        the queue row's next offset moves past it (not for offsets reserved in blocks). Refused
+        with :class:`WriterError` while the database is away; the rest of ``ch`` (drops the publish
+        made room with) is written all the same."""
         name = state.name
         add_published(
             ch.messages, ch.events, name, stored.offset, stored.message, stored.routing_key,
@@ -219,7 +225,11 @@ class Journal:
         )  # fmt: skip
         if next_offset:
             ch.queue_next[name] = stored.offset + 1
-        return self.send(ch, wait=wait, on_results=on_results)
+        try:
+            return self.send(ch, wait=wait, on_results=on_results, refusable=True)
+        except WriterError:
+            self._write_the_rest(ch, {name: {stored.offset}})
+            raise
 
     def turn_changes(self) -> Changes:
         """This turn's one change, for rows that need nothing run after their commit and may wait
@@ -268,18 +278,38 @@ class Journal:
             turn.ticket.settle(None)
             return
         try:
-            self.writer.submit(turn.changes, on_results=partial(self.turn_done, turn), receipt=turn.ticket)
+            self.writer.submit(
+                turn.changes,
+                on_results=partial(self.turn_done, turn),
+                receipt=turn.ticket,
+                refusable=bool(turn.publishes),
+            )
         except WriterError as exc:
+            refused: dict[str, set[int]] = {}
+            for state, stored, _done in turn.publishes:
+                refused.setdefault(state.name, set()).add(stored.offset)
+            self._write_the_rest(turn.changes, refused)  # the holders' acks
             turn.ticket.settle(exc)  # runs turn_done: every publish of the turn hears it failed
+
+    def _write_the_rest(self, batch: WriteBatch, refused: dict[str, set[int]]) -> None:
+        """A refused submission's rows that are not about its refused publishes: the loop has
+        moved on from them (an ack taken, a message dropped), so the writer holds them until the
+        database is back."""
+        rest = batch.without(refused)
+        after = batch.after if isinstance(batch, Changes) else None
+        if not rest.empty() or after:
+            assert self.writer is not None
+            with contextlib.suppress(WriterError):  # not running: nothing is written any more
+                self.writer.submit(rest, on_commit=_run_all(after) if after else None)
 
     def finished_alone(self, ch: WriteBatch, state: QueueState, group: Group, offset: int) -> None:
         """A shared group that was the queue's only one at its last claim is done with ``offset``:
         the message and its row go, unless the commit finds another group (``WriteBatch``)."""
-        if state.durable:
+        if state.durable and not (state.unwritten and offset in state.unwritten):
             ch.finished_alone.setdefault((state.name, group.name), []).append(offset)
 
     def removed(self, ch: WriteBatch, state: QueueState, offset: int) -> None:
-        if state.durable:
+        if state.durable and not (state.unwritten and offset in state.unwritten):
             ch.message_deletes.append((state.name, offset))
 
     def declared(self, ch: WriteBatch, state: QueueState) -> None:
@@ -319,12 +349,16 @@ class Journal:
         wait: bool = False,
         on_commit: Callable[[], None] | None = None,
         on_results: Callable[[list[Any]], None] | None = None,
+        refusable: bool = False,
     ) -> Receipt:
-        """A batch straight to the writer (claims, reservations, a publish's rows)."""
+        """A batch straight to the writer (claims, reservations, a publish's rows); ``refusable``:
+        see :meth:`GroupCommitWriter.submit`."""
         assert self.writer is not None
         if self.turn is not None:
             self.send_turn()
-        return self.writer.submit(batch, wait=wait, on_commit=on_commit, on_results=on_results)
+        return self.writer.submit(
+            batch, wait=wait, on_commit=on_commit, on_results=on_results, refusable=refusable
+        )
 
     async def write(self, batch: WriteBatch, on_commit: Callable[[], Any] | None = None) -> list[Any]:
         """Submit and wait for the commit; returns the results of ``batch.calls``."""
@@ -361,6 +395,7 @@ class MemoryJournal(Journal):
         wait: bool = False,
         on_commit: Callable[[], None] | None = None,
         on_results: Callable[[list[Any]], None] | None = None,
+        refusable: bool = False,
     ) -> Receipt:
         self.commits += 1
         for m in batch.messages:

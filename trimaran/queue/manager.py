@@ -1118,7 +1118,9 @@ class QueueManager:
     def _withdraw(self, state: QueueState, offset: int) -> None:
         """An early message whose write failed: the publisher is told, and consumers do not get it
         unless one already has (at least once: it may be published again). A shared node's groups
-        drop what they claimed of it and had not handed out."""
+        drop what they claimed of it and had not handed out. One kept for its consumer is unwritten
+        from now on: its delivery, settlement and removal write no row (an ack committed once the
+        database is back would name a message the table never had)."""
         if self.is_shared(state):
             for group in state.groups.values():
                 entry = group.entries.get(offset)
@@ -1127,6 +1129,8 @@ class QueueManager:
                     group.unready(offset)
         if not any(offset in group.entries for group in state.groups.values()):
             state.remove(offset)
+        elif offset in state.messages:
+            state.unwritten.add(offset)
 
     def appended(self, state: QueueState, stored: StoredMessage) -> None:
         """On the loop, in offset order, once the message is committed (or submitted, for an early
@@ -1546,8 +1550,10 @@ class QueueManager:
             self._sweep(now)
 
     def _sweep(self, now: int) -> None:
-        """TTL expiry and stream retention."""
+        """TTL expiry and stream retention; unwritten offsets of messages gone are let go."""
         for state in list(self.queues.values()):
+            if state.unwritten:
+                state.unwritten = {offset for offset in state.unwritten if offset in state.messages}
             ch = Changes()
             if state.expiring:
                 for offset, stored in list(state.messages.items()):

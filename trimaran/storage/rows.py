@@ -243,6 +243,37 @@ class WriteBatch:
             or self.calls
         )
 
+    def without(self, refused: dict[str, set[int]]) -> WriteBatch:
+        """A copy without the rows about the ``refused`` messages (queue -> offsets): what else a
+        refused publish's submission carried (a turn's acks, the drops it made) still has to be
+        written. The queues' next offsets stay: an offset handed out is never handed out again."""
+
+        def kept(queue: str, offset: int | None) -> bool:
+            gone = refused.get(queue)
+            return gone is None or offset is None or offset not in gone
+
+        def kept_event(event: dict[str, Any]) -> bool:
+            gone, first = refused.get(event["queue"]), event["offset"]
+            if gone is None or first is None:
+                return True
+            return not any(o in gone for o in range(first, first + event["span"]))
+
+        def lists(rows: dict[K, list[int]]) -> dict[K, list[int]]:
+            out = {key: [o for o in offsets if kept(key[0], o)] for key, offsets in rows.items()}
+            return {key: offsets for key, offsets in out.items() if offsets}
+
+        return WriteBatch(
+            messages=[m for m in self.messages if kept(m.queue, m.offset)],
+            message_deletes=[key for key in self.message_deletes if kept(*key)],
+            pending={key: row for key, row in self.pending.items() if kept(key[0], key[2])},
+            finished_alone=lists(self.finished_alone),
+            held=lists(self.held),
+            groups=dict(self.groups),
+            queue_next=dict(self.queue_next),
+            events=[event for event in self.events if kept_event(event)],
+            calls=list(self.calls),
+        )
+
     @classmethod
     def joined(cls, batches: list[WriteBatch]) -> WriteBatch:
         """The batches as one, in order (a later state of a key wins): one pass per kind of row."""

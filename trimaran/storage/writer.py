@@ -14,6 +14,16 @@ after idleness.
 A submission is atomic: it never straddles two transactions. If a merged transaction fails, each
 submission is retried alone so that one bad submission cannot fail its neighbours.
 
+A submission taken is never failed for the database being away (PostgreSQL restarting, a killed
+connection): it waits, with those behind it, and is written again, in order, once the database
+answers (backing off up to ``RETRY_MAX_S``). The event loop has moved on from what it submitted (a
+delivery handed out, an ack taken), so failing those rows would leave the tables behind it, and an
+early queue's message row is submitted before its delivery's and ack's. What may be refused is
+refused at the door instead: while the database is away (a write failed twice running, the second
+time on a new connection) a ``refusable`` submission (a publish, whose publisher hears of it) raises
+:class:`WriterError` in :meth:`~GroupCommitWriter.submit`, so what waits is only what consumers
+settle, bounded by what they hold. Closing while the database is away fails what waits.
+
 Pending entries and group cursors are written as final states: within one transaction only the last
 state of a key counts (a delivery acknowledged in the same batch writes nothing but the delete), and a
 message appended and deleted in the same transaction is written not at all, nor is its row built, nor
@@ -132,6 +142,11 @@ class Receipt:
         return self.results
 
 
+#: The longest pause between two tries while the database is away (the first try is at once): a
+#: refused connection costs little, and what waits is written this soon after it answers.
+RETRY_MAX_S = 0.25
+RETRY_MIN_S = 0.05
+
 #: How much nicer the writer thread is than the event loop (Linux).
 WRITER_NICE = 10
 
@@ -176,6 +191,10 @@ class GroupCommitWriter:
         self.busy_s = 0.0  # time spent writing (the rest of the thread's life it waits for work)
         # PostgreSQL away: logged once per outage (shared with the readiness check), not per write.
         self.availability = availability(engine)
+        self._retry_s = 0.0  # the pause before the next try while the database is away
+        # A write failed for the database twice running, the second on a new connection: it is
+        # away (a killed connection alone is replaced at once, and refuses nothing).
+        self.away = False
 
     # -- lifecycle (on the event loop) -----------------------------------------------------------
 
@@ -212,10 +231,12 @@ class GroupCommitWriter:
         on_commit: Callable[[], None] | None = None,
         on_results: Callable[[list[Any]], None] | None = None,
         receipt: Receipt | None = None,
+        refusable: bool = False,
     ) -> Receipt:
         """Queue a batch. ``on_commit`` / ``on_results`` run on the loop after the commit.
         ``receipt``: a standing-in receipt handed out before the batch was complete (a turn's
-        publishes): it becomes this submission's receipt, so nothing has to settle it after."""
+        publishes): it becomes this submission's receipt, so nothing has to settle it after.
+        ``refusable``: raise :class:`WriterError` now while the database is away (a publish)."""
         if receipt is None:
             receipt = Receipt(batch, anyio.Event() if wait else None, on_commit, on_results)
         else:
@@ -225,6 +246,8 @@ class GroupCommitWriter:
             receipt.on_results = on_results
         if self._thread is None:
             raise WriterError("the writer is not running")
+        if refusable and self.away:
+            raise WriterError(f"database unavailable: {self.availability.reason}")
         with self._lock:
             self._items.append(receipt)
             self._rows += receipt.rows
@@ -290,9 +313,14 @@ class GroupCommitWriter:
                 if receipts is None:
                     break
                 started = time.perf_counter()
-                self._write(connection, receipts)
+                waiting = self._write(connection, receipts)
                 spent = time.perf_counter() - started
                 self.busy_s += spent
+                if waiting:
+                    receipts = receipts[: len(receipts) - len(waiting)]
+                    self._wait_for_the_database(waiting)
+                    if not receipts:
+                        continue
                 observe = self.on_transaction
                 if observe is not None:
                     try:
@@ -306,7 +334,9 @@ class GroupCommitWriter:
         finally:
             connection.close()
 
-    def _write(self, connection: Connection, receipts: list[Receipt]) -> None:
+    def _write(self, connection: Connection, receipts: list[Receipt]) -> list[Receipt]:
+        """Write ``receipts``, each committed or failed, but for those the database being away
+        stopped: returned (the last ones, in order) to be written again once it answers."""
         try:
             with connection.begin():
                 results = [r for run in _runs(receipts) for r in apply(connection, _merged(run))]
@@ -316,49 +346,63 @@ class GroupCommitWriter:
                 n = len(receipt.batch.calls)
                 receipt.results = results[i : i + n]
                 i += n
-            self.availability.succeeded()
-            return
+            self._answered()
+            return []
         except Exception as exc:
-            unavailable = is_unavailable(self.engine, exc)
-            if len(receipts) == 1 and not unavailable:
+            if is_unavailable(self.engine, exc):
+                return self._away(receipts, exc)
+            if len(receipts) == 1:
                 self._failed(receipts[0], exc)
-                return
-            # The connection lost (a killed backend, a restart): once more, one by one, on a new
-            # connection, and said once by _failed if the database is still away. A lone submission
-            # too: failed at once, an early queue's message was refused while its delivery and ack,
-            # submitted behind it, committed on the next connection (an ack of a message whose
-            # publish the table never saw).
-            say = log.debug if unavailable else log.warning
-            say("a batch of %d submissions failed; retrying one by one", len(receipts), exc_info=True)
-        away: BaseException | None = None
-        for receipt in receipts:
-            if away is not None:
-                # The database is away: the others would only wait for their own connection
-                # attempts (each up to its time-out) to fail the same way.
-                receipt.error = away
-                continue
+                return []
+            log.warning("a batch of %d submissions failed; retrying one by one", len(receipts), exc_info=True)
+        for i, receipt in enumerate(receipts):
             try:
                 with connection.begin():
                     receipt.results = apply(connection, receipt.batch)
                 self.transactions += 1
-                self.availability.succeeded()
+                self._answered()
             except Exception as exc:
-                self._failed(receipt, exc)
                 if is_unavailable(self.engine, exc):
-                    away = receipt.error
+                    return self._away(receipts[i:], exc)
+                self._failed(receipt, exc)
+        return []
 
-    def _failed(self, receipt: Receipt, exc: Exception) -> None:
-        """A submission's transaction failed: ``receipt.error`` says why in one line when the database
-        is away (its refusals go to clients and log lines), and the log says so once per outage."""
-        if is_unavailable(self.engine, exc):
-            reason = self.availability.failed(exc, "queue write")
-            log.debug("queue write failed", exc_info=True)
+    def _answered(self) -> None:
+        self._retry_s = 0.0
+        self.away = False
+        self.availability.succeeded()
+
+    def _away(self, receipts: list[Receipt], exc: Exception) -> list[Receipt]:
+        """The database is away (said once per outage): ``receipts`` wait for it, unless the writer
+        is closing, when they fail with a one-line reason."""
+        reason = self.availability.failed(exc, "queue write")
+        log.debug("queue write failed", exc_info=True)
+        if self._retry_s > 0:  # the try before failed too
+            self.away = True
+        if not self._closing:
+            return receipts
+        for receipt in receipts:
             error = WriterError(f"database unavailable: {reason}")
             error.__cause__ = exc
             receipt.error = error
-        else:
-            log.exception("queue write failed")
-            receipt.error = exc
+        return []
+
+    def _wait_for_the_database(self, receipts: list[Receipt]) -> None:
+        """Put ``receipts`` back ahead of everything submitted since, and pause before the next try
+        (at once the first time: a killed connection is replaced at once), or until closing."""
+        with self._cond:
+            self._items[:0] = receipts
+            self._rows += sum(receipt.rows for receipt in receipts)
+            pause = self._retry_s
+            self._retry_s = min(RETRY_MAX_S, max(RETRY_MIN_S, pause * 2))
+            deadline = time.monotonic() + pause
+            while not self._closing and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)  # submissions notify too: the deadline holds
+
+    def _failed(self, receipt: Receipt, exc: Exception) -> None:
+        """A submission's transaction failed, the database answering (a constraint, a bug)."""
+        log.exception("queue write failed")
+        receipt.error = exc
 
     def _release(self, receipts: list[Receipt]) -> None:
         if self._loop is not None:
