@@ -14,9 +14,10 @@ from tests.queue.conftest import Collector, Factory, wait_until
 from trimaran.broker.message import Message, now_ms
 from trimaran.queue import ConsumerHandle, QueueDelivery, QueueManager
 from trimaran.queue.journal import committed
+from trimaran.queue.outcomes import ACK
 from trimaran.queue.policy import DEFAULT_GROUP
 from trimaran.queue.shared import HOLD_MS, POLL_MS
-from trimaran.queue.work import WorkGroup
+from trimaran.queue.work import LEFT_MAX, WorkGroup
 from trimaran.storage import queue_store
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
@@ -853,3 +854,43 @@ async def test_a_node_claims_its_own_unclaimed_publishes_without_reading_them_ba
         await wait_until(lambda: len(c.deliveries) == 1 + len(payloads))
         assert c.payloads == [b"first", *payloads]
         assert read == [] and state.unclaimed == {} and state.unclaimed_bytes == 0
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_more_unclaimed_publishes_than_left_max_come_in_order_once_across_a_restart(
+    make_manager: Factory,
+) -> None:
+    """A consumer that takes nothing while publishes flow (no credit) leaves the node's publishes
+    unclaimed past ``LEFT_MAX``, the rest kept as one range (``WorkGroup.left_beyond``). Given
+    credit it gets each in publish order; after a restart a new consumer gets the rest, and no
+    message comes twice."""
+    total = LEFT_MAX + 1_000
+    first = total // 2
+    payloads = [b"%05d" % i for i in range(total)]
+    a = make_manager(shared=True, node="a")
+    async with a.running():
+        await a.declare("many")
+        c = Collector("c")
+        handle = a.consume("many", c)
+        handle.add_credit(1)
+        await _known(a, "many", handle)
+        await wait_until(lambda: handle.credit == 1)  # the first claim came back empty
+        receipts = [
+            a.publish_nowait("many", Message(topic="$queue/many", payload=p, qos=1)) for p in payloads
+        ]
+        await committed(receipts[-1])  # commits in order: every publish is in
+        group = handle.group
+        assert isinstance(group, WorkGroup) and group.left_beyond is not None, "not past LEFT_MAX"
+        handle.add_credit(first - 1)
+        await wait_until(lambda: len(c.deliveries) == first, timeout=30)
+        assert c.payloads == payloads[:first]
+        offsets = [d.offset for d in c.deliveries]
+        assert handle.settle_all_nowait(offsets[:-1], ACK) == first - 1
+        assert await handle.ack(offsets[-1])  # committed after the others
+    b = make_manager(shared=True, node="a")
+    async with b.running():
+        rest = Collector("rest")
+        b.consume("many", rest).add_credit(total)
+        await wait_until(lambda: len(rest.deliveries) >= total - first, timeout=30)
+        await anyio.sleep(0.3)  # nothing more comes
+        assert rest.payloads == payloads[first:]
