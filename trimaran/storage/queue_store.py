@@ -251,15 +251,37 @@ _CLAIM_AGAIN = text(
 # older snapshot did not see its span or row) is dropped; the rest is held by spans, one per run of
 # consecutive offsets: a span's offsets are all claimed, so no message committed later can fall
 # inside one. One span row a run, where a pending row a message was inserted and deleted again.
+#
+# The walk starts past the run of spans that follows ``after`` (_SPANS_FROM): a poll's claim starts
+# at the beginning, where this node's own spans hold everything it has in flight, and walked each
+# of those messages (about 4 ms an empty claim at 10,000 in flight, ten polls a second).
+_SPANS_FROM = """
+    WITH RECURSIVE chain(o) AS (
+        SELECT CAST(:after AS bigint)
+      UNION ALL
+        SELECT s.last_offset FROM chain c
+        CROSS JOIN LATERAL (
+            SELECT m."offset" FROM queue_messages m
+            WHERE m.queue = :q AND m."offset" > c.o
+            ORDER BY m."offset" LIMIT 1
+        ) nx
+        JOIN LATERAL (
+            SELECT s.last_offset FROM queue_spans s
+            WHERE s.queue = :q AND s."group" = :g AND s.first_offset <= nx."offset"
+            ORDER BY s.first_offset DESC LIMIT 1
+        ) s ON s.last_offset >= nx."offset"
+    )
+    SELECT max(o) FROM chain
+"""
 _NEW = text(
-    """
+    f"""
     SELECT m."offset" FROM queue_messages m
     WHERE m.queue = :q
       AND (
           SELECT 1 FROM queue_pending p
           WHERE p.queue = m.queue AND p."group" = :g AND p."offset" = m."offset"
       ) IS NULL
-      AND m."offset" > :after
+      AND m."offset" > ({_SPANS_FROM})
       AND NOT coalesce((
           SELECT s.last_offset >= m."offset" FROM queue_spans s
           WHERE s.queue = :q AND s."group" = :g AND s.first_offset <= m."offset"
