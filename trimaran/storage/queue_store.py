@@ -251,14 +251,15 @@ _CLAIM_AGAIN = text(
 # older snapshot did not see its span or row) is dropped; the rest is held by spans, one per run of
 # consecutive offsets: a span's offsets are all claimed, so no message committed later can fall
 # inside one. One span row a run, where a pending row a message was inserted and deleted again.
-_NEW_SQL = """
+_NEW = text(
+    """
     SELECT m."offset" FROM queue_messages m
     WHERE m.queue = :q
       AND (
           SELECT 1 FROM queue_pending p
           WHERE p.queue = m.queue AND p."group" = :g AND p."offset" = m."offset"
       ) IS NULL
-      AND m."offset" > {after}
+      AND m."offset" > :after
       AND NOT coalesce((
           SELECT s.last_offset >= m."offset" FROM queue_spans s
           WHERE s.queue = :q AND s."group" = :g AND s.first_offset <= m."offset"
@@ -266,35 +267,7 @@ _NEW_SQL = """
       ), false)
     ORDER BY m."offset" LIMIT :n
     FOR UPDATE OF m SKIP LOCKED
-"""
-_NEW = text(_NEW_SQL.format(after=":after"))
-# A claim from the beginning (a poll's: other nodes publish into lower blocks) starts past the run
-# of spans there, jumping from span to span (the next message, the span holding it, its last
-# offset): this node's own spans hold everything it has in flight, and _NEW walked each of those
-# messages to find nothing (4 ms of PostgreSQL an empty claim at a few thousand in flight, ten
-# polls a second). What it skips _NEW passes over anyway. Not for a claim past the last one's end,
-# which starts at the tail: there the recursion cost more than it saved (AMQP shared, source).
-_NEW_FROM_START = text(
-    _NEW_SQL.format(
-        after="""(
-        WITH RECURSIVE chain(o) AS (
-            SELECT CAST(:after AS bigint)
-          UNION ALL
-            SELECT s.last_offset FROM chain c
-            CROSS JOIN LATERAL (
-                SELECT m."offset" FROM queue_messages m
-                WHERE m.queue = :q AND m."offset" > c.o
-                ORDER BY m."offset" LIMIT 1
-            ) nx
-            JOIN LATERAL (
-                SELECT s.last_offset FROM queue_spans s
-                WHERE s.queue = :q AND s."group" = :g AND s.first_offset <= nx."offset"
-                ORDER BY s.first_offset DESC LIMIT 1
-            ) s ON s.last_offset >= nx."offset"
-        )
-        SELECT max(o) FROM chain
-    )"""
-    )
+    """
 )
 # The group's spans and rows over [lo, hi]: spans do not overlap, so those that reach into it are
 # the last one starting at or before lo and those starting inside. Two range scans and a probe,
@@ -426,8 +399,7 @@ def claim(
             claimed[int(row.offset)] = _again(row)
         if len(claimed) < limit:
             params["n"] = limit - len(claimed)
-            walk = _NEW_FROM_START if after < 0 else _NEW
-            locked = [int(o) for (o,) in connection.execute(walk, params)]
+            locked = [int(o) for (o,) in connection.execute(_NEW, params)]
             for offset in _hold_by_spans(connection, params, locked) if locked else ():
                 claimed[offset] = SPANNED
         have = {o for o, got in claimed.items() if got is SPANNED and o in known} if known else set()
