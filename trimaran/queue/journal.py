@@ -116,8 +116,8 @@ class Journal:
         """An audit row in ``queue_events`` for a durable queue (in-memory queues keep none). The
         next offset of the change's last event, alike in all else (a dispatch's deliveries, a
         multiple ack), widens that event's span instead (``schema.queue_events``)."""
-        # An unwritten early message writes no row (QueueState.unwritten); no call, as per event.
-        if state.durable and (offset is None or not state.unwritten or offset not in state.unwritten):
+        # An unwritten early message writes no row (QueueState.unwritten): a set lookup, no call.
+        if state.durable and offset not in state.unwritten:
             add_event(
                 ch.events, now, state.name, kind, None if group is None else group.name, offset, consumer,
                 self.node, attempt, reason,
@@ -125,7 +125,7 @@ class Journal:
 
     def pending(self, ch: WriteBatch, state: QueueState, group: Group, offset: int, entry: Entry) -> None:
         """A pending entry's new state (only the last state of a key in a commit is written)."""
-        if state.unwritten and offset in state.unwritten:
+        if offset in state.unwritten:
             return
         entry.stored = True
         if not state.durable:
@@ -305,11 +305,11 @@ class Journal:
     def finished_alone(self, ch: WriteBatch, state: QueueState, group: Group, offset: int) -> None:
         """A shared group that was the queue's only one at its last claim is done with ``offset``:
         the message and its row go, unless the commit finds another group (``WriteBatch``)."""
-        if state.durable and not (state.unwritten and offset in state.unwritten):
+        if state.durable and offset not in state.unwritten:
             ch.finished_alone.setdefault((state.name, group.name), []).append(offset)
 
     def removed(self, ch: WriteBatch, state: QueueState, offset: int) -> None:
-        if state.durable and not (state.unwritten and offset in state.unwritten):
+        if state.durable and offset not in state.unwritten:
             ch.message_deletes.append((state.name, offset))
 
     def declared(self, ch: WriteBatch, state: QueueState) -> None:

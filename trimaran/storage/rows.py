@@ -248,15 +248,13 @@ class WriteBatch:
         refused publish's submission carried (a turn's acks, the drops it made) still has to be
         written. The queues' next offsets stay: an offset handed out is never handed out again."""
 
-        def kept(queue: str, offset: int | None) -> bool:
+        def kept(queue: str, offset: int) -> bool:
             gone = refused.get(queue)
-            return gone is None or offset is None or offset not in gone
+            return gone is None or offset not in gone
 
         def kept_event(event: dict[str, Any]) -> bool:
-            gone, first = refused.get(event["queue"]), event["offset"]
-            if gone is None or first is None:
-                return True
-            return not any(o in gone for o in range(first, first + event["span"]))
+            first = event["offset"]
+            return first is None or all(kept(event["queue"], o) for o in range(first, first + event["span"]))
 
         def lists(rows: dict[K, list[int]]) -> dict[K, list[int]]:
             out = {key: [o for o in offsets if kept(key[0], o)] for key, offsets in rows.items()}
