@@ -178,6 +178,32 @@ def test_message_appended_and_deleted_in_one_transaction_writes_no_row(storage_u
         storage.close()
 
 
+def test_a_batch_submitted_ahead_does_not_keep_a_publish_from_its_ack() -> None:
+    """A batch whose calls may run ahead of earlier rows (an offset reservation) joins the run of
+    the submissions around it, so a message published before it and deleted after it is never
+    written; a batch with other calls still starts a run of its own, ahead or behind nothing."""
+
+    def receipt(batch: WriteBatch, *, ahead: bool = False) -> Receipt:
+        made = Receipt(batch, None, None)
+        made.ahead = ahead
+        return made
+
+    published = _rows("q", 0)
+    acked = WriteBatch(message_deletes=[("q", 0)], pending={("q", "$default", 0): None})
+    reserve = receipt(WriteBatch(calls=[queue_store.reserve_offsets("q", 100)]), ahead=True)
+    purge = receipt(WriteBatch(calls=[queue_store.purge_queue("q")]))
+    later = receipt(_rows("q", 1))
+    receipts = [receipt(published), reserve, receipt(acked), purge, later]
+    runs = writer_module._runs(receipts)
+    assert runs == [receipts[:3], receipts[3:]]
+    merged = writer_module._merged(runs[0])
+    assert merged.messages == [] and merged.message_deletes == []
+    assert len(merged.calls) == 1  # the reservation, run first
+    # without ``ahead`` the same reservation splits them, and both rows are written
+    reserve.ahead = False
+    assert [len(run) for run in writer_module._runs(receipts)] == [1, 2, 2]
+
+
 def _written(storage: Storage, batches: list[WriteBatch]) -> None:
     """Each batch committed in turn, by a writer started before and stopped after them."""
     writer = GroupCommitWriter(storage.engine)

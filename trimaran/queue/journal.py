@@ -350,14 +350,16 @@ class Journal:
         on_commit: Callable[[], None] | None = None,
         on_results: Callable[[list[Any]], None] | None = None,
         refusable: bool = False,
+        ahead: bool = False,
     ) -> Receipt:
-        """A batch straight to the writer (claims, reservations, a publish's rows); ``refusable``:
-        see :meth:`GroupCommitWriter.submit`."""
+        """A batch straight to the writer (claims, reservations, a publish's rows); ``refusable``
+        and ``ahead``: see :meth:`GroupCommitWriter.submit` (a batch sent ahead does not send this
+        turn's rows first: it does not need to follow them)."""
         assert self.writer is not None
-        if self.turn is not None:
+        if self.turn is not None and not ahead:
             self.send_turn()
         return self.writer.submit(
-            batch, wait=wait, on_commit=on_commit, on_results=on_results, refusable=refusable
+            batch, wait=wait, on_commit=on_commit, on_results=on_results, refusable=refusable, ahead=ahead
         )
 
     async def write(self, batch: WriteBatch, on_commit: Callable[[], Any] | None = None) -> list[Any]:
@@ -396,6 +398,7 @@ class MemoryJournal(Journal):
         on_commit: Callable[[], None] | None = None,
         on_results: Callable[[list[Any]], None] | None = None,
         refusable: bool = False,
+        ahead: bool = False,
     ) -> Receipt:
         self.commits += 1
         for m in batch.messages:

@@ -842,7 +842,7 @@ class QueueManager:
                     then()
 
         batch = WriteBatch(calls=[queue_store.reserve_offsets(state.name, OFFSET_BLOCK)])
-        self.journal.send(batch, on_results=reserved)
+        self.journal.send(batch, on_results=reserved, ahead=True)
 
     def _reserved(self, state: QueueState, results: list[Any]) -> None:
         """A block of offsets came in (``results``), or its reservation failed (none)."""

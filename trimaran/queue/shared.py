@@ -386,7 +386,8 @@ class Claims:
                         group.handed = 0
             if self.finished:
                 names, self.finished = self.finished, set()
-                self.journal.send(WriteBatch(calls=[queue_store.compact_shared(n) for n in sorted(names)]))
+                calls = [queue_store.compact_shared(n) for n in sorted(names)]
+                self.journal.send(WriteBatch(calls=calls), ahead=True)
             for state in queues:
                 for group in state.groups.values():
                     if group.consumers:  # claims only for consumers with credit
@@ -397,4 +398,4 @@ class Claims:
             self.last_renew = now
             calls = [queue_store.renew_leases(self.journal.node, now + self.lease_ms)]
             calls += [queue_store.compact_shared(s.name, orphans=True) for s in queues]
-            self.journal.send(WriteBatch(calls=calls))
+            self.journal.send(WriteBatch(calls=calls), ahead=True)

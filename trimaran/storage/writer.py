@@ -94,7 +94,9 @@ class Receipt:
     """One submission's fate, the "committed" future. ``event`` is set on the loop once committed (or
     failed)."""
 
-    __slots__ = ("batch", "done", "error", "event", "followers", "on_commit", "on_results", "results", "rows")
+    __slots__ = (
+        "ahead", "batch", "done", "error", "event", "followers", "on_commit", "on_results", "results", "rows",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -112,6 +114,7 @@ class Receipt:
         self.results: list[Any] = []
         self.done = False  # committed or failed, its callbacks run
         self.followers: list[Callable[[], None]] | None = None
+        self.ahead = False  # its calls may run ahead of earlier submissions' rows (GroupCommitWriter.submit)
 
     def then(self, follower: Callable[[], None]) -> None:
         """Run ``follower`` on the loop once this submission is done (at once if it is). Submissions
@@ -232,11 +235,14 @@ class GroupCommitWriter:
         on_results: Callable[[list[Any]], None] | None = None,
         receipt: Receipt | None = None,
         refusable: bool = False,
+        ahead: bool = False,
     ) -> Receipt:
         """Queue a batch. ``on_commit`` / ``on_results`` run on the loop after the commit.
         ``receipt``: a standing-in receipt handed out before the batch was complete (a turn's
         publishes): it becomes this submission's receipt, so nothing has to settle it after.
-        ``refusable``: raise :class:`WriterError` now while the database is away (a publish)."""
+        ``refusable``: raise :class:`WriterError` now while the database is away (a publish).
+        ``ahead``: the batch's calls touch no row an earlier submission writes (an offset
+        reservation, a compaction): merged with the submissions around it (:func:`_runs`)."""
         if receipt is None:
             receipt = Receipt(batch, anyio.Event() if wait else None, on_commit, on_results)
         else:
@@ -244,6 +250,7 @@ class GroupCommitWriter:
             receipt.rows = _rows_in(batch)
             receipt.on_commit = on_commit
             receipt.on_results = on_results
+        receipt.ahead = ahead
         if self._thread is None:
             raise WriterError("the writer is not running")
         if refusable and self.away:
@@ -424,10 +431,12 @@ def _runs(receipts: list[Receipt]) -> list[list[Receipt]]:
     """Split submissions into runs that merge without reordering: a batch's calls run before its
     rows, so a batch with calls starts a new run. Merged behind earlier submissions, a queue delete or
     purge would run before their rows and leave them behind (a delivery's pending row outliving its
-    deleted queue, a message row its purge)."""
+    deleted queue, a message row its purge). A batch submitted ``ahead`` does not: a shared node's
+    offset reservation, in nearly every commit, kept a publish and its ack in different runs, each
+    written (a message in five was dropped unwritten where one node without it dropped two in five)."""
     runs: list[list[Receipt]] = []
     for receipt in receipts:
-        if not runs or receipt.batch.calls:
+        if not runs or (receipt.batch.calls and not receipt.ahead):
             runs.append([receipt])
         else:
             runs[-1].append(receipt)
