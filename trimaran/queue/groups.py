@@ -409,6 +409,10 @@ class QueueState:
     block_next: int = 0  # shared mode: offsets reserved for this node
     block_end: int = 0
     block_ahead: tuple[int, int] | None = None  # the next block, reserved before this one is spent
+    # shared: where this node's run of blocks starts, no other reservation between them (None: no
+    # block yet), and where it ends: every offset in [own_from, own_end) was this node's to use
+    own_from: int | None = None
+    own_end: int = 0
     awaiting_block: deque[WaitingPublish] = field(default_factory=deque)  # shared: for the next block
     reserving: anyio.Event | None = None
     # shared: this node's committed publishes left unclaimed, kept (bounded, Claims.keep) so that

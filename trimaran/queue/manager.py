@@ -578,6 +578,7 @@ class QueueManager:
         """``ch``: None for a shared work queue's publish that has none yet (``_accept``)."""
         left: list[WorkGroup] | None = None
         if self.is_shared(state):
+            self.claims.track(state, offset)
             claimers = self.claims.claimers(state, routing_key, message)
             if claimers:  # its own consumers here: delivered before the commit, as on one node
                 return self._publish_early(
@@ -699,6 +700,7 @@ class QueueManager:
                 from_block = self._block_offset(state)
                 assert from_block is not None  # counted above
                 offset = from_block
+                self.claims.track(state, offset)
                 left = self.claims.left_unclaimed(state, offset)
             else:
                 offset = state.next_offset
@@ -848,6 +850,9 @@ class QueueManager:
         """A block of offsets came in (``results``), or its reservation failed (none)."""
         if results:
             first = int(results[0])
+            if state.own_from is None or first != state.own_end:  # another reservation between
+                state.own_from = first
+            state.own_end = first + OFFSET_BLOCK
             if state.block_next >= state.block_end:
                 state.block_next, state.block_end = first, first + OFFSET_BLOCK
             else:

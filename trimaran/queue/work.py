@@ -98,6 +98,9 @@ class WorkGroup(Group):
         # unclaimed publishes then uncommitted): the next claim of new messages starts past it
         # instead of walking again what is held or acked (-1: from the start; each poll resets it).
         self.claim_after = -1
+        # Shared: from which offset every publish of this node was claimed as it was published or
+        # left unclaimed in ``left`` for this group (None: not so, or no publish yet; Claims.track).
+        self.tracked_from: int | None = None
         # Shared: how many its next claim asks for at least, past a batch (Claims: while claims
         # come back full; 0: a batch).
         self.claim_size = 0

@@ -259,7 +259,7 @@ _NEW = text(
           SELECT 1 FROM queue_pending p
           WHERE p.queue = m.queue AND p."group" = :g AND p."offset" = m."offset"
       ) IS NULL
-      AND m."offset" > :after
+      AND m."offset" > :after AND m."offset" < :below
       AND NOT coalesce((
           SELECT s.last_offset >= m."offset" FROM queue_spans s
           WHERE s.queue = :q AND s."group" = :g AND s.first_offset <= m."offset"
@@ -356,6 +356,7 @@ def _again(r: Any) -> Claimed:
 
 #: Whether a claiming node's consumers take a message, by its routing key and the message.
 Wants = Callable[[str, Message], bool]
+ALL_OFFSETS = 2**63 - 1  # no bound above: a claim walks to the end
 CLAIM_SCAN = 10_000  # most messages a filtered claim walks past (work.SCAN_LIMIT, a take's)
 _CLAIM_PAGE = 500  # messages a filtered claim reads at once
 
@@ -370,6 +371,8 @@ def claim(
     wants: Wants | None = None,
     *,
     after: int = -1,
+    below: int = ALL_OFFSETS,
+    resume: int = -1,
     known: Container[int] = (),
 ) -> Call:
     """Claim up to ``limit`` messages for a group; returns [(row, Claimed)] in offset order.
@@ -377,11 +380,11 @@ def claim(
     those claimed comes back as a :class:`Known`, its row not read.
     ``wants``: only the messages it takes (the claiming node's consumers' filters and selectors),
     walking past the others (left to other nodes), as a take walks past what its consumer refuses.
-    ``after``: new messages (never claimed) only past this offset (the filtered walk ignores it)."""
+    ``after``: new messages (never claimed) only past this offset (the filtered walk ignores it);
+    with ``below``, only those below it and those past ``resume`` (``Claims.walk``)."""
 
     def call(connection: Connection) -> list[tuple[Any, Claimed]]:
         params = {"q": queue, "g": group, "node": node, "n": limit, "now": now, "lease": lease_until}
-        params["after"] = after
         if connection.execute(_HAS_GROUP, params).first() is None:
             connection.execute(_LOCK_QUEUE, params)
             connection.execute(_ENSURE_GROUP, params)
@@ -397,11 +400,17 @@ def claim(
         claimed: dict[int, Claimed] = {}
         for row in connection.execute(_CLAIM_AGAIN, params):
             claimed[int(row.offset)] = _again(row)
-        if len(claimed) < limit:
-            params["n"] = limit - len(claimed)
-            locked = [int(o) for (o,) in connection.execute(_NEW, params)]
-            for offset in _hold_by_spans(connection, params, locked) if locked else ():
-                claimed[offset] = SPANNED
+        walks = [(after, below)] if after < below - 1 else []
+        if below != ALL_OFFSETS:
+            walks.append((resume, ALL_OFFSETS))
+        locked: list[int] = []
+        for start, end in walks:
+            if len(claimed) + len(locked) >= limit:
+                break
+            params.update(after=start, below=end, n=limit - len(claimed) - len(locked))
+            locked += [int(o) for (o,) in connection.execute(_NEW, params)]
+        for offset in _hold_by_spans(connection, params, locked) if locked else ():
+            claimed[offset] = SPANNED
         have = {o for o, got in claimed.items() if got is SPANNED and o in known} if known else set()
         read = [o for o in claimed if o not in have] if have else list(claimed)
         rows: list[Any] = _claimed_rows(connection, queue, read) if read else []
