@@ -78,6 +78,9 @@ class Build:
     cpu_share: float = (
         1.0  # of its core (brokers.sh's CPU cgroup): 0.5 is a host where Python runs at half speed
     )
+    # A fresh venv holding the tree's wheel, built as pip builds it (the "wheel" flag): what a user
+    # who installs Trimaran runs, started from there with no checkout on its path.
+    venv: Path | None = None
 
     @property
     def mqtt_port(self) -> int:
@@ -96,12 +99,19 @@ class Build:
             "TRIMARAN_HTTP_PORT": str(29890 + 100 * self.index),
             "TRIMARAN_INTERPRETED": "1" if self.interpreted else "0",
             "TRIMARAN_CPU_SHARE": "" if self.cpu_share == 1.0 else f"{self.cpu_share:g}",
-        }
+        } | (
+            {}
+            if self.venv is None
+            # brokers.sh runs it from TRIMARAN_SRC, on its PYTHONPATH: the venv's top holds no package
+            else {"TRIMARAN_BIN": str(self.venv / "bin" / "trimaran"), "TRIMARAN_SRC": str(self.venv)}
+        )
 
     def prepare(self, python: str, log: Path) -> str:
         """Build the tree's hot modules with mypyc where it can (scripts/compile.py, from the commit
         that added it on) unless this build is the interpreted one; returns the start log's phrase
         for what runs (trimaran/compiled.py), or "interpreted" for a tree from before the build."""
+        if self.venv is not None:
+            return installed_mode(self.venv)
         env = {
             **os.environ,
             "PYTHONPATH": str(self.src),
@@ -137,7 +147,50 @@ class Build:
 
 
 _COMPILED: set[Path] = set()  # trees built in this sitting (builds of one commit share a tree)
-FLAGS = {"interpreted": "its source, not its mypyc build", "half": "half of its core: Python at half speed"}
+FLAGS = {
+    "interpreted": "its source, not its mypyc build",
+    "half": "half of its core: Python at half speed",
+    "wheel": "its wheel as python -m build makes it, installed alone in a fresh venv",
+}
+# What must not reach a fresh venv's processes from this one (scripts/wheel_suites.py's list).
+_LEAKS = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in _LEAKS and not k.startswith("TRIMARAN_")}
+
+
+def install_wheel(tree: Path, python: str, into: Path) -> Path:
+    """The tree's wheel as a user's pip builds it (``python -m build``: the sdist, then the wheel
+    from it, compiled: ``TRIMARAN_BUILD=compiled`` makes a failed compile fail), installed alone in a
+    fresh venv under ``into``; returns the venv."""
+    dist, venv = into / "dist", into / "venv"
+    print(f"bench: building the wheel of {tree} (python -m build: minutes)", flush=True)
+    env = _clean_env() | {"TRIMARAN_BUILD": "compiled"}
+    with (into / "build.log").open("w") as log:
+        subprocess.run(
+            [python, "-m", "build", "--outdir", str(dist), str(tree)],
+            env=env,
+            stdout=log,
+            stderr=log,
+            check=True,
+        )
+    (wheel,) = dist.glob("*.whl")
+    subprocess.run([python, "-m", "venv", str(venv)], env=_clean_env(), check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, str(wheel)], env=_clean_env(), check=True)
+    return venv
+
+
+def installed_mode(venv: Path) -> str:
+    """What the venv's Trimaran runs, checked to be its own package and compiled."""
+    probe = "import trimaran, trimaran.compiled as c; print(trimaran.__file__); print(c.describe())"
+    python = str(venv / "bin" / "python")
+    out = subprocess.run([python, "-c", probe], cwd=venv, env=_clean_env(), capture_output=True, text=True)
+    where, mode = [*out.stdout.splitlines(), "?", "?"][:2]
+    if not Path(where).resolve().is_relative_to(venv.resolve()) or not mode.startswith("compiled"):
+        sys.exit(f"bench: the installed wheel in {venv} imports {where} and runs {mode}: {out.stderr[-300:]}")
+    return f"{mode}, installed from its wheel"
 
 
 # --------------------------------------------------------------------------- what the sitting needs
@@ -255,6 +308,7 @@ def builds_for(ab: list[str] | None, python: str, interpreted: bool = False) -> 
         yield [Build("trimaran", head_commit(), REPO, 0, interpreted)]
         return
     trees: dict[str, Path] = {}
+    venvs: dict[str, Path] = {}  # a commit's installed wheel, for its "wheel" builds
     try:
         builds = []
         for i, spec in enumerate(ab):
@@ -266,6 +320,10 @@ def builds_for(ab: list[str] | None, python: str, interpreted: bool = False) -> 
                 trees[sha] = Path(tempfile.mkdtemp(prefix=f"bench-{sha}-"))
                 git("worktree", "add", "--detach", str(trees[sha]), sha)
             commit = "-".join([sha, *flags])
+            if "wheel" in flags and sha not in venvs:
+                venvs[sha] = install_wheel(
+                    trees[sha], python, Path(tempfile.mkdtemp(prefix=f"bench-wheel-{sha}-"))
+                )
             builds.append(
                 Build(
                     f"trimaran@{commit}",
@@ -274,9 +332,12 @@ def builds_for(ab: list[str] | None, python: str, interpreted: bool = False) -> 
                     i,
                     "interpreted" in flags,
                     0.5 if "half" in flags else 1.0,
+                    venvs[sha] if "wheel" in flags else None,
                 )
             )
         for b in builds:
+            if b.venv is not None:
+                continue  # installed_mode checks what it imports
             env = {**os.environ, "PYTHONPATH": str(b.src)}
             where = subprocess.run(
                 [python, "-c", "import trimaran; print(trimaran.__file__)"],
@@ -292,6 +353,8 @@ def builds_for(ab: list[str] | None, python: str, interpreted: bool = False) -> 
     finally:
         for tree in trees.values():
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, capture_output=True)
+        for venv in venvs.values():
+            shutil.rmtree(venv.parent, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- servers

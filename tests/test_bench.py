@@ -214,6 +214,32 @@ def test_builds_of_one_commit_share_a_worktree_and_keep_their_flags() -> None:
         pass
 
 
+def test_a_wheel_build_runs_the_installed_package_from_its_venv(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``REF:wheel`` measures what a user installs (issue #45: within 5% of the ``make run`` build):
+    the commit's wheel installed alone in a fresh venv, started from there with no checkout on its
+    path; the venv goes with the sitting."""
+    built: list[Path] = []
+
+    def install_wheel(tree: Path, python: str, into: Path) -> Path:
+        built.append(tree)
+        venv = into / "venv"
+        venv.mkdir()
+        return venv
+
+    monkeypatch.setattr(run, "install_wheel", install_wheel)
+    with run.builds_for(["HEAD", "HEAD:wheel"], sys.executable) as builds:
+        plain, wheel = builds
+        assert built == [plain.src] and plain.venv is None and wheel.venv is not None
+        assert "TRIMARAN_BIN" not in plain.env(sys.executable)
+        env = wheel.env(sys.executable)
+        assert env["TRIMARAN_BIN"] == str(wheel.venv / "bin" / "trimaran")
+        assert env["TRIMARAN_SRC"] == str(wheel.venv) and wheel.name.endswith("-wheel")
+        venv = wheel.venv
+    assert not venv.exists()
+
+
 @pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.sh")))
 def test_bench_scripts_parse(script: str) -> None:
     subprocess.run(["bash", "-n", str(BENCH / script)], check=True)
