@@ -82,18 +82,18 @@ def packed(values: Sequence[Any], pg_type: str) -> PgArray | list[Any]:
     return kind(_HEADER(1, has_null, kind.element_oid, len(values), 1) + body)
 
 
+def _dump(self: Any, obj: PgArray) -> bytes:
+    return obj.data
+
+
 def register(adapters: Any) -> None:
     """Teach psycopg's ``adapters`` (a connection's, or ``psycopg.adapters``) to pass the arrays."""
     from psycopg.adapt import Dumper
     from psycopg.pq import Format
 
     for kind in KINDS.values():
-
-        class _Dumper(Dumper):
-            format = Format.BINARY
-            oid = kind.array_oid
-
-            def dump(self, obj: Any) -> bytes:
-                return obj.data  # type: ignore[no-any-return]
-
-        adapters.register_dumper(kind, _Dumper)
+        # Made by type(), not a class statement: where this module is type-checked without psycopg
+        # (the isolated build of a wheel, which compiles the writer's imports), Dumper is Any, and
+        # strict mypy refuses a class that subclasses Any, failing the compiled build.
+        dumper = type("_Dumper", (Dumper,), {"format": Format.BINARY, "oid": kind.array_oid, "dump": _dump})
+        adapters.register_dumper(kind, dumper)
