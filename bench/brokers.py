@@ -67,6 +67,7 @@ class Running:
     mqtt: tuple[str, int] | None = None
     amqp: tuple[str, int] | None = None
     notes: list[str] = field(default_factory=list)
+    tls: tuple[str, int] | None = None  # MQTT over TLS, where asked for (tls_bench.py)
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -188,11 +189,14 @@ def rss_kib(roots: list[int]) -> int:
 
 
 @contextlib.contextmanager
-def mosquitto(nodelay: bool = False, tuned: bool = False, timeout: float = 15.0) -> Iterator[Running]:
+def mosquitto(
+    nodelay: bool = False, tuned: bool = False, timeout: float = 15.0, tls: tuple[str, str] | None = None
+) -> Iterator[Running]:
     """Debian's Mosquitto with its default limits, on a free port.
 
     `nodelay=True` adds `set_tcp_nodelay true` (Mosquitto's default is Nagle on). `tuned=True` raises
     the per-client QoS 1/2 limits (20 in flight, 1000 queued, then dropped) to 100 and 100000.
+    `tls=(certfile, keyfile)` adds an MQTT over TLS listener on another free port (``Running.tls``).
     """
     if not os.access(MOSQUITTO_BIN, os.X_OK):
         raise BrokerUnavailable(f"{MOSQUITTO_BIN} not installed (apt-get install mosquitto)")
@@ -212,6 +216,9 @@ def mosquitto(nodelay: bool = False, tuned: bool = False, timeout: float = 15.0)
             lines.append("set_tcp_nodelay true")
         if tuned:
             lines += ["max_inflight_messages 100", "max_queued_messages 100000"]
+        tls_port = free_port() if tls else None
+        if tls:
+            lines += [f"listener {tls_port} {HOST}", f"certfile {tls[0]}", f"keyfile {tls[1]}"]
         conf.write_text("\n".join(lines) + "\n")
         log = Path(tmp, "mosquitto.log")
         with log.open("wb") as out:
@@ -224,7 +231,7 @@ def mosquitto(nodelay: bool = False, tuned: bool = False, timeout: float = 15.0)
             )
         try:
             try:
-                _wait_ports(proc, [port], timeout, "mosquitto")
+                _wait_ports(proc, [port] if tls_port is None else [port, tls_port], timeout, "mosquitto")
             except BrokerUnavailable as exc:
                 raise BrokerUnavailable(f"{exc}\n{_tail(log)}") from None
             notes = (
@@ -239,6 +246,7 @@ def mosquitto(nodelay: bool = False, tuned: bool = False, timeout: float = 15.0)
                 proc.pid,
                 mqtt=(HOST, port),
                 notes=notes,
+                tls=None if tls_port is None else (HOST, tls_port),
             )
         finally:
             _stop(proc)
@@ -405,7 +413,15 @@ def trimaran(
                 notes.append("no MQTT listener reported (front end not merged yet?)")
             if amqp is None:
                 notes.append("no AMQP listener reported (front end not merged yet?)")
-            yield Running("trimaran", version, proc.pid, mqtt=mqtt, amqp=amqp, notes=notes)
+            yield Running(
+                "trimaran",
+                version,
+                proc.pid,
+                mqtt=mqtt,
+                amqp=amqp,
+                notes=notes,
+                tls=listeners.get("mqtt-tls"),
+            )
         finally:
             _stop(proc)
             reader.join(5)

@@ -33,6 +33,7 @@ import table  # noqa: E402
         "run",
         "pgdb",
         "pg_bench",
+        "tls_bench",
     ],
 )
 def test_bench_modules_import(module: str) -> None:

@@ -1,0 +1,220 @@
+"""MQTT over TLS: handshakes a second, full and resumed, and memory per idle TLS connection (issue 47).
+
+Each broker (`--brokers trimaran,mosquitto`) gets the same certificate and key (made here with
+trustme: an ECDSA P-256 key under a throwaway CA) and negotiates what its OpenSSL and the client
+prefer (TLS 1.3, TLS_AES_256_GCM_SHA384 here; each run records what it got). The broker is pinned
+to CPU 0, and the generator's `--procs` processes to CPU 1, each opening connections one after
+another: TCP connect, TLS handshake, MQTT 3.1.1 CONNECT and CONNACK, DISCONNECT, close.
+
+- `full`: a new TLS session every time (what a device that restarted does).
+- `resumed`: each process offers the session ticket of its last connection (TLS 1.3 resumption).
+- `idle`: `--idle` connections held open over plain TCP, then over TLS, each on a freshly started
+  broker; the broker's RSS growth per connection of each, once it settles.
+
+The broker's CPU per handshake comes from /proc (its process tree), over the handshakes' window;
+`gen_cpu_pct` says how busy the generator's core was (near 100: the generator is the limit).
+
+    python bench/tls_bench.py [--brokers trimaran,mosquitto] [--handshakes 3000] [--procs 3] [--idle 2000]
+
+Prints one JSON object per broker and kind of run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing
+import os
+import socket
+import ssl
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import brokers  # noqa: E402
+from idle_bench import connect_packet, settle_rss  # noqa: E402
+
+BROKER_CPU, GEN_CPU = 0, 1
+DISCONNECT = b"\xe0\x00"
+
+
+def _read_exactly(sock: socket.socket | ssl.SSLSocket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("broker closed the connection")
+        data += chunk
+    return data
+
+
+def _mqtt_connect(sock: socket.socket | ssl.SSLSocket, client_id: str) -> None:
+    sock.sendall(connect_packet(client_id, keep_alive=60))
+    connack = _read_exactly(sock, 4)
+    if connack[0] != 0x20 or connack[3] != 0:
+        raise ConnectionError(f"CONNACK refused: {connack!r}")
+
+
+def _handshakes(address: tuple[str, int], ca: str, count: int, resume: bool, worker: int) -> dict[str, Any]:
+    """One generator process: ``count`` connections in a row."""
+    os.sched_setaffinity(0, {GEN_CPU})
+    context = ssl.create_default_context(cafile=ca)
+    session: ssl.SSLSession | None = None
+    reused = 0
+    started = time.perf_counter()
+    for i in range(count):
+        raw = socket.create_connection(address, timeout=30)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with context.wrap_socket(raw, server_hostname=address[0], session=session) as sock:
+            _mqtt_connect(sock, f"tls-{worker}-{i}")
+            reused += sock.session_reused
+            if resume:
+                session = sock.session  # read after CONNACK: the TLS 1.3 ticket came before it
+            sock.sendall(DISCONNECT)
+    return {"elapsed_s": time.perf_counter() - started, "reused": reused}
+
+
+def _cipher(address: tuple[str, int], ca: str) -> str:
+    context = ssl.create_default_context(cafile=ca)
+    with context.wrap_socket(
+        socket.create_connection(address, timeout=30), server_hostname=address[0]
+    ) as sock:
+        _mqtt_connect(sock, "tls-probe")
+        name, version, _bits = sock.cipher() or ("?", "?", 0)
+        sock.sendall(DISCONNECT)
+        return f"{version} {name}"
+
+
+def rate(running: brokers.Running, ca: str, a: argparse.Namespace, resume: bool) -> dict[str, Any]:
+    assert running.tls is not None
+    per = a.handshakes // a.procs
+    cpu0, gen0, wall0 = brokers.cpu_seconds([running.pid]), _core_busy(GEN_CPU), time.monotonic()
+    with multiprocessing.get_context("spawn").Pool(a.procs) as pool:
+        jobs = [(running.tls, ca, per, resume, w) for w in range(a.procs)]
+        results = pool.starmap(_handshakes, jobs)
+    wall = time.monotonic() - wall0
+    cpu, gen = brokers.cpu_seconds([running.pid]) - cpu0, _core_busy(GEN_CPU) - gen0
+    total = per * a.procs
+    return {
+        "broker": running.name,
+        "version": running.version,
+        "kind": "resumed" if resume else "full",
+        "handshakes": total,
+        "per_s": round(total / wall),
+        "broker_cpu_us_per_handshake": round(cpu * 1e6 / total, 1),
+        "broker_cpu_pct": round(100 * cpu / wall, 1),
+        "gen_cpu_pct": round(100 * gen / wall, 1),
+        "reused": sum(r["reused"] for r in results),
+        "cipher": _cipher(running.tls, ca),
+    }
+
+
+def idle(running: brokers.Running, ca: str, count: int, wrap: bool) -> float:
+    """The broker's RSS growth per connection held open over TLS (``wrap``) or plain TCP, measured
+    on a broker that held no connection before (freed memory would be reused and hide the cost)."""
+    address = running.tls if wrap else running.mqtt
+    assert address is not None
+    context = ssl.create_default_context(cafile=ca)
+    before = settle_rss(running.pid, 5)
+    held: list[socket.socket] = []
+    try:
+        for i in range(count):
+            sock = socket.create_connection(address, timeout=30)
+            if wrap:
+                sock = context.wrap_socket(sock, server_hostname=address[0])
+            _mqtt_connect(sock, f"idle-{i}")
+            held.append(sock)
+        after = settle_rss(running.pid, 10)
+    finally:
+        for sock in held:
+            with contextlib.suppress(OSError):
+                sock.close()
+    return round((after - before) / count, 2)
+
+
+def _core_busy(cpu: int) -> float:
+    """Seconds core ``cpu`` has been busy (/proc/stat)."""
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith(f"cpu{cpu} "):
+                user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in line.split()[1:9])
+                return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    return 0.0
+
+
+@contextlib.contextmanager
+def started(name: str, cert: str, key: str) -> Iterator[brokers.Running]:
+    if name == "mosquitto":
+        # TCP_NODELAY: with Nagle on (its default) every handshake waits out delayed ACKs, 67 a second
+        with brokers.mosquitto(nodelay=True, tls=(cert, key)) as running:
+            yield running
+        return
+    os.environ["TRIMARAN_LISTENERS__TLS__CERT_FILE"] = cert
+    os.environ["TRIMARAN_LISTENERS__TLS__KEY_FILE"] = key
+    python = str(HERE.parent / ".venv" / "bin" / "python")
+    with brokers.trimaran(
+        python=python if Path(python).exists() else sys.executable, extra_args=["--mqtt-tls", "127.0.0.1:0"]
+    ) as running:
+        yield running
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--brokers", default="trimaran,mosquitto")
+    parser.add_argument("--handshakes", type=int, default=3000)
+    parser.add_argument("--procs", type=int, default=3, help="generator processes, all on CPU 1")
+    parser.add_argument(
+        "--idle", type=int, default=2000, help="connections held for the memory run (0: none)"
+    )
+    parser.add_argument("--out", help="append every result as a JSON line here")
+    a = parser.parse_args()
+    import trustme
+
+    os.sched_setaffinity(0, {BROKER_CPU})  # the brokers inherit it; the generator moves to CPU 1
+    with tempfile.TemporaryDirectory(prefix="bench-tls-") as tmp:
+        authority = trustme.CA()
+        issued = authority.issue_cert("127.0.0.1", "localhost")
+        ca, cert, key = (str(Path(tmp, n)) for n in ("ca.pem", "cert.pem", "key.pem"))
+        authority.cert_pem.write_to_path(ca)
+        issued.cert_chain_pems[0].write_to_path(cert)
+        issued.private_key_pem.write_to_path(key)
+        # Mosquitto started as root drops to its own user, which must read them (a throwaway key)
+        os.chmod(tmp, 0o755)
+        for path in (ca, cert, key):
+            os.chmod(path, 0o644)
+        for name in (n.strip() for n in a.brokers.split(",") if n.strip()):
+            with started(name, cert, key) as running:
+                if running.tls is None:
+                    print(json.dumps({"broker": name, "error": "no TLS listener"}), flush=True)
+                    continue
+                results = [rate(running, ca, a, resume=False), rate(running, ca, a, resume=True)]
+            if a.idle:
+                memory: dict[str, Any] = {"broker": name, "kind": "idle", "connections": a.idle}
+                for over, wrap in (("plain", False), ("tls", True)):  # a fresh broker for each
+                    with started(name, cert, key) as running:
+                        memory["version"] = running.version
+                        memory[f"{over}_kib_per_connection"] = idle(running, ca, a.idle, wrap)
+                plain = memory["plain_kib_per_connection"]
+                memory["tls_over_plain"] = (
+                    round(memory["tls_kib_per_connection"] / plain, 2) if plain > 0 else None
+                )
+                results.append(memory)
+            for result in results:
+                print(json.dumps(result), flush=True)
+                if a.out:
+                    with open(a.out, "a") as f:
+                        f.write(json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    main()
