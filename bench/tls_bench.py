@@ -8,6 +8,7 @@ another: TCP connect, TLS handshake, MQTT 3.1.1 CONNECT and CONNACK, DISCONNECT,
 
 - `full`: a new TLS session every time (what a device that restarted does).
 - `resumed`: each process offers the session ticket of its last connection (TLS 1.3 resumption).
+- `plain`: the same over plain TCP, for what a connection costs without TLS.
 - `idle`: `--idle` connections held open over plain TCP, then over TLS, each on a freshly started
   broker; the broker's RSS growth per connection of each, once it settles.
 
@@ -63,16 +64,22 @@ def _mqtt_connect(sock: socket.socket | ssl.SSLSocket, client_id: str) -> None:
         raise ConnectionError(f"CONNACK refused: {connack!r}")
 
 
-def _handshakes(address: tuple[str, int], ca: str, count: int, resume: bool, worker: int) -> dict[str, Any]:
-    """One generator process: ``count`` connections in a row."""
+def _handshakes(address: tuple[str, int], ca: str, count: int, kind: str, worker: int) -> dict[str, Any]:
+    """One generator process: ``count`` connections in a row (``kind``: full, resumed or plain)."""
     os.sched_setaffinity(0, {GEN_CPU})
     context = ssl.create_default_context(cafile=ca)
     session: ssl.SSLSession | None = None
+    resume = kind == "resumed"
     reused = 0
     started = time.perf_counter()
     for i in range(count):
         raw = socket.create_connection(address, timeout=30)
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if kind == "plain":
+            with raw:
+                _mqtt_connect(raw, f"plain-{worker}-{i}")
+                raw.sendall(DISCONNECT)
+            continue
         with context.wrap_socket(raw, server_hostname=address[0], session=session) as sock:
             _mqtt_connect(sock, f"tls-{worker}-{i}")
             reused += sock.session_reused
@@ -93,12 +100,13 @@ def _cipher(address: tuple[str, int], ca: str) -> str:
         return f"{version} {name}"
 
 
-def rate(running: brokers.Running, ca: str, a: argparse.Namespace, resume: bool) -> dict[str, Any]:
-    assert running.tls is not None
+def rate(running: brokers.Running, ca: str, a: argparse.Namespace, kind: str) -> dict[str, Any]:
+    assert running.tls is not None and running.mqtt is not None
     per = a.handshakes // a.procs
+    address = running.mqtt if kind == "plain" else running.tls
     cpu0, gen0, wall0 = brokers.cpu_seconds([running.pid]), _core_busy(GEN_CPU), time.monotonic()
     with multiprocessing.get_context("spawn").Pool(a.procs) as pool:
-        jobs = [(running.tls, ca, per, resume, w) for w in range(a.procs)]
+        jobs = [(address, ca, per, kind, w) for w in range(a.procs)]
         results = pool.starmap(_handshakes, jobs)
     wall = time.monotonic() - wall0
     cpu, gen = brokers.cpu_seconds([running.pid]) - cpu0, _core_busy(GEN_CPU) - gen0
@@ -106,14 +114,14 @@ def rate(running: brokers.Running, ca: str, a: argparse.Namespace, resume: bool)
     return {
         "broker": running.name,
         "version": running.version,
-        "kind": "resumed" if resume else "full",
+        "kind": kind,
         "handshakes": total,
         "per_s": round(total / wall),
         "broker_cpu_us_per_handshake": round(cpu * 1e6 / total, 1),
         "broker_cpu_pct": round(100 * cpu / wall, 1),
         "gen_cpu_pct": round(100 * gen / wall, 1),
         "reused": sum(r["reused"] for r in results),
-        "cipher": _cipher(running.tls, ca),
+        "cipher": "none" if kind == "plain" else _cipher(running.tls, ca),
     }
 
 
@@ -197,7 +205,7 @@ def main() -> None:
                 if running.tls is None:
                     print(json.dumps({"broker": name, "error": "no TLS listener"}), flush=True)
                     continue
-                results = [rate(running, ca, a, resume=False), rate(running, ca, a, resume=True)]
+                results = [rate(running, ca, a, kind) for kind in ("plain", "full", "resumed")]
             if a.idle:
                 memory: dict[str, Any] = {"broker": name, "kind": "idle", "connections": a.idle}
                 for over, wrap in (("plain", False), ("tls", True)):  # a fresh broker for each

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import anyio
 import pytest
@@ -93,6 +94,40 @@ async def test_close_half_closes_then_lingers_until_the_peer_closes() -> None:
         assert not wire.transport.closed and hulls.made[0].seen == [b"close"]
         await wire.eof()
         assert wire.transport.closed and hulls.made[0].finished
+
+
+async def test_a_hull_with_nothing_to_give_back_starts_no_task_when_it_goes() -> None:
+    """A task for every closed connection, to run a clean-up with nothing to do, was a quarter of an
+    MQTT connect's cost (from the source, connect + CONNECT + DISCONNECT 145 -> 105 us): a hull's
+    ``finish`` says whether there is one, and only that one runs in the task group."""
+    gave_back: list[LineHull] = []
+
+    class Holding(LineHull):
+        def finish(self) -> Callable[[], Coroutine[Any, Any, None]] | None:  # type: ignore[override]
+            super().finish()
+
+            async def give_back() -> None:
+                gave_back.append(self)
+
+            return give_back if self.seen else None  # held something once it saw a line
+
+    made: list[LineHull] = []
+
+    def holding(io: Conn, first: bytes) -> Hull:
+        made.append(Holding(io))
+        return made[-1]
+
+    async with running() as runner:
+        quiet, busy = Wire(runner, holding), Wire(runner, holding, peer=("127.0.0.2", 1))
+        await busy.feed([b"take\n"])
+        quiet.transport.close()
+        quiet.conn.connection_lost(None)
+        assert runner._jobs == [] and made[0].finished  # nothing to run: no task
+        busy.transport.close()
+        busy.conn.connection_lost(None)
+        assert len(runner._jobs) == 1
+        await settle()
+    assert gave_back == [made[1]]
 
 
 def peer_closes(seconds: float) -> tuple[LineMachine, Callable[[Conn, bytes], Hull]]:

@@ -218,7 +218,7 @@ class LineHull:
     def stalled(self, idle_s: float) -> None:
         self.stalls.append(idle_s)
 
-    async def finish(self) -> None:
+    def finish(self) -> None:
         self.finished = True
 
 

@@ -10,7 +10,8 @@ commit callbacks, and background work runs through ``io.spawn``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Coroutine
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -165,8 +166,8 @@ class Amqp091Conn:
             self._blocked_sent = False
         self.io.wake()
 
-    async def finish(self) -> None:
-        await self.front.finish(self)
+    def finish(self) -> Callable[[], Coroutine[Any, Any, None]]:
+        return partial(self.front.finish, self)
 
     # -- what the front end and the channels call -------------------------------------------------
 

@@ -20,8 +20,9 @@ cut.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Coroutine
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from trimaran.amqp1.connection import ServerConnection
 from trimaran.amqp1.events import MessageReceived
@@ -164,8 +165,8 @@ class Amqp1Conn:
             for inlink in list(self.inlinks.values()):
                 self.refill(inlink)
 
-    async def finish(self) -> None:
-        await self.front.finished(self)
+    def finish(self) -> Callable[[], Coroutine[Any, Any, None]]:
+        return partial(self.front.finished, self)
 
     # -- calls from outside an event ----------------------------------------------------------
 

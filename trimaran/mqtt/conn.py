@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from trimaran.mqtt.connection import ServerConnection
@@ -144,10 +145,11 @@ class MqttConn(Generic[E]):
         )
         self.close(ReasonCode.QUOTA_EXCEEDED, "took no message while its publishers waited")
 
-    async def finish(self) -> None:
-        front = self.front
-        if front.queues is not None and self._queue_bindings is not None:
-            await front.queues.detach(self)
+    def finish(self) -> Callable[[], Coroutine[Any, Any, None]] | None:
+        queues = self.front.queues
+        if queues is not None and self._queue_bindings is not None:
+            return partial(queues.detach, self)
+        return None  # a connection that never consumed from a queue holds nothing to give back
 
     # -- what the front end and the queues call ------------------------------------------------------
 

@@ -80,8 +80,10 @@ class Hull(Protocol):
         it the protocol's way, leaving its messages with its session (they then go on)."""
         ...
 
-    async def finish(self) -> None:
-        """The connection is gone: give back what it held (deliveries, exclusive queues)."""
+    def finish(self) -> Callable[[], Coroutine[Any, Any, None]] | None:
+        """The connection is gone: the clean-up that gives back what it held (deliveries, exclusive
+        queues), run in the runner's task group; None when it held nothing that needs one (a task
+        per connection was a third of an MQTT connect's cost)."""
         ...
 
 
@@ -301,8 +303,8 @@ class Conn(asyncio.Protocol):
             self._throttle_timer.cancel()
             self._throttle_timer = None
         self.runner.closed(self)
-        if hull is not None:
-            self.runner.spawn(hull.finish, self)
+        if hull is not None and (finish := hull.finish()) is not None:
+            self.runner.spawn(finish, self)
         # The runner's deadline heap may hold this object until its deadline passes: keep it small.
         self.hull = None
         self.transport = None
