@@ -41,20 +41,10 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import brokers  # noqa: E402
-from idle_bench import connect_packet, settle_rss  # noqa: E402
+from idle_bench import _read_exactly, connect_packet, settle_rss  # noqa: E402
 
 BROKER_CPU, GEN_CPU = 0, 1
 DISCONNECT = b"\xe0\x00"
-
-
-def _read_exactly(sock: socket.socket | ssl.SSLSocket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("broker closed the connection")
-        data += chunk
-    return data
 
 
 def _mqtt_connect(sock: socket.socket | ssl.SSLSocket, client_id: str) -> None:
