@@ -45,11 +45,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO / "scripts"))
 
 import amqp1_load  # noqa: E402
 import benchlib as bl  # noqa: E402
 import pgdb  # noqa: E402
 import table  # noqa: E402
+import wheel_suites  # noqa: E402
 
 PEER_PORTS = {
     "mosquitto": 29883,
@@ -152,45 +154,19 @@ FLAGS = {
     "half": "half of its core: Python at half speed",
     "wheel": "its wheel as python -m build makes it, installed alone in a fresh venv",
 }
-# What must not reach a fresh venv's processes from this one (scripts/wheel_suites.py's list).
-_LEAKS = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")
 
 
-def _clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in _LEAKS and not k.startswith("TRIMARAN_")}
-
-
-def install_wheel(tree: Path, python: str, into: Path) -> Path:
-    """The tree's wheel as a user's pip builds it (``python -m build``: the sdist, then the wheel
-    from it, compiled: ``TRIMARAN_BUILD=compiled`` makes a failed compile fail), installed alone in a
-    fresh venv under ``into``; returns the venv."""
-    dist, venv = into / "dist", into / "venv"
-    print(f"bench: building the wheel of {tree} (python -m build: minutes)", flush=True)
-    env = _clean_env() | {"TRIMARAN_BUILD": "compiled"}
-    with (into / "build.log").open("w") as log:
-        subprocess.run(
-            [python, "-m", "build", "--outdir", str(dist), str(tree)],
-            env=env,
-            stdout=log,
-            stderr=log,
-            check=True,
-        )
-    (wheel,) = dist.glob("*.whl")
-    subprocess.run([python, "-m", "venv", str(venv)], env=_clean_env(), check=True)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    subprocess.run([*pip, str(wheel)], env=_clean_env(), check=True)
-    return venv
+def install_wheel(tree: Path, into: Path) -> Path:
+    """The tree's wheel as a user's pip builds it, installed alone in a fresh venv under ``into``
+    (scripts/wheel_suites.py, without the test extras); returns the venv."""
+    wheel = wheel_suites.build(into / "dist", tree, log=into / "build.log")
+    wheel_suites.install(wheel, into / "venv", extras="")
+    return into / "venv"
 
 
 def installed_mode(venv: Path) -> str:
     """What the venv's Trimaran runs, checked to be its own package and compiled."""
-    probe = "import trimaran, trimaran.compiled as c; print(trimaran.__file__); print(c.describe())"
-    python = str(venv / "bin" / "python")
-    out = subprocess.run([python, "-c", probe], cwd=venv, env=_clean_env(), capture_output=True, text=True)
-    where, mode = [*out.stdout.splitlines(), "?", "?"][:2]
-    if not Path(where).resolve().is_relative_to(venv.resolve()) or not mode.startswith("compiled"):
-        sys.exit(f"bench: the installed wheel in {venv} imports {where} and runs {mode}: {out.stderr[-300:]}")
-    return f"{mode}, installed from its wheel"
+    return f"{wheel_suites.installed(venv / 'bin' / 'python', venv, venv)}, installed from its wheel"
 
 
 # --------------------------------------------------------------------------- what the sitting needs
@@ -321,9 +297,7 @@ def builds_for(ab: list[str] | None, python: str, interpreted: bool = False) -> 
                 git("worktree", "add", "--detach", str(trees[sha]), sha)
             commit = "-".join([sha, *flags])
             if "wheel" in flags and sha not in venvs:
-                venvs[sha] = install_wheel(
-                    trees[sha], python, Path(tempfile.mkdtemp(prefix=f"bench-wheel-{sha}-"))
-                )
+                venvs[sha] = install_wheel(trees[sha], Path(tempfile.mkdtemp(prefix=f"bench-wheel-{sha}-")))
             builds.append(
                 Build(
                     f"trimaran@{commit}",

@@ -13,6 +13,7 @@ Usage: python scripts/wheel_suites.py [--wheel PATH] [--keep DIR] TESTS... [-- P
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
@@ -35,20 +36,26 @@ def say(line: str) -> None:
     print(f"wheel-suites: {line}", flush=True)
 
 
-def build(out: Path) -> Path:
+def build(out: Path, tree: Path = ROOT, log: Path | None = None) -> Path:
+    """The compiled wheel of ``tree`` (``TRIMARAN_BUILD=compiled``: a failed compile fails), into
+    ``out``; the build's output to ``log`` when given."""
     env = clean_env() | {"TRIMARAN_BUILD": "compiled"}
-    say(f"building the compiled wheel into {out} (python -m build: minutes of CPU)")
-    subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], env=env, check=True)
+    say(f"building the compiled wheel of {tree} into {out} (python -m build: minutes of CPU)")
+    command = [sys.executable, "-m", "build", "--outdir", str(out), str(tree)]
+    with contextlib.ExitStack() as stack:
+        output = stack.enter_context(log.open("w")) if log is not None else None
+        subprocess.run(command, env=env, stdout=output, stderr=output, check=True)
     (wheel,) = out.glob("*.whl")
     return wheel
 
 
-def install(wheel: Path, venv: Path) -> Path:
+def install(wheel: Path, venv: Path, extras: str = "[dev,postgres]") -> Path:
+    """``wheel`` (with ``extras``) installed alone in a fresh venv; returns its python."""
     subprocess.run([sys.executable, "-m", "venv", str(venv)], env=clean_env(), check=True)
     python = venv / "bin" / "python"
-    say(f"installing {wheel.name}[dev,postgres] alone in {venv}")
+    say(f"installing {wheel.name}{extras} alone in {venv}")
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    subprocess.run([*pip, f"{wheel}[dev,postgres]"], env=clean_env(), check=True)
+    subprocess.run([*pip, f"{wheel}{extras}"], env=clean_env(), check=True)
     return python
 
 

@@ -223,7 +223,7 @@ def test_a_wheel_build_runs_the_installed_package_from_its_venv(
     path; the venv goes with the sitting."""
     built: list[Path] = []
 
-    def install_wheel(tree: Path, python: str, into: Path) -> Path:
+    def install_wheel(tree: Path, into: Path) -> Path:
         built.append(tree)
         venv = into / "venv"
         venv.mkdir()

@@ -169,7 +169,7 @@ class Claims:
 
     def walk(self, state: QueueState, group: WorkGroup, after: int) -> tuple[int, int]:
         """Where a claim of new messages for ``group`` walks past ``after``: below the first
-        returned, then past the second (``(_NO_CAP, -1)``: past ``after`` alone). Of the offsets in
+        returned, then past the second (``(ALL_OFFSETS, -1)``: past ``after`` alone). Of the offsets in
         this node's run of blocks since it tracks the group (:meth:`track`), only its publishes
         left unclaimed can be new: from the oldest on (``barrier``), else from its next offset. The
         rest is claimed or acked, and acked messages leave index entries that PostgreSQL keeps
@@ -178,12 +178,12 @@ class Claims:
         walks as before; every ``WHOLE_WALK_MS`` a poll's claims walk it all (:meth:`tick`)."""
         own_from, tracked = state.own_from, group.tracked_from
         if own_from is None or tracked is None:
-            return _NO_CAP, -1
+            return queue_store.ALL_OFFSETS, -1
         known = max(own_from, tracked)
         first_new = group.barrier if group.holding_back else state.block_next
         resume = max(after, known - 1, first_new - 1)
         if resume == known - 1 and after < resume:
-            return _NO_CAP, -1  # the two walks would meet: one
+            return queue_store.ALL_OFFSETS, -1  # the two walks would meet: one
         return known, resume
 
     def left_unclaimed(self, state: QueueState, offset: int) -> list[WorkGroup]:
@@ -266,7 +266,7 @@ class Claims:
             else:
                 cap = _NO_CAP
         wants = None if takes_all(takers) else taken_by(takers)
-        below, resume = _NO_CAP, -1
+        below, resume = queue_store.ALL_OFFSETS, -1
         if group in self.walk_whole:
             self.walk_whole.discard(group)
         elif isinstance(group, WorkGroup) and wants is None:
