@@ -32,7 +32,10 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import anyio
+import psycopg
 import pytest
 from sqlalchemy import text
 
@@ -42,6 +45,7 @@ from tests.support.durable_load import PROTOCOLS, Ledger, Worker, load
 from tests.support.postgres import PostgresCluster, find_bindir
 from tests.support.server import RunningServer
 from trimaran.storage import queue_store
+from trimaran.storage import writer as writer_module
 from trimaran.storage.rows import WriteBatch
 from trimaran.storage.store import Storage
 from trimaran.storage.writer import GroupCommitWriter, WriterError
@@ -440,5 +444,42 @@ def test_a_lone_write_on_a_killed_connection_commits_on_a_new_one(
 
     try:
         asyncio.run(scenario())
+    finally:
+        storage.close()
+
+
+def test_a_connection_lost_unseen_by_sqlalchemy_is_replaced(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backend killed in the middle of a pipeline once left psycopg's connection answering
+    "another command is already in progress" to every statement, SQLAlchemy not counting it lost:
+    the writer retried on that connection for ever (a full run's time-out). The writer now drops a
+    connection that failed as the database went away."""
+    storage = Storage.from_url(postgres_url)
+    storage.migrate()
+    writer = GroupCommitWriter(storage.engine)
+    real = writer_module.apply
+    poisoned: list[object] = []
+
+    def apply(connection: Any, batch: WriteBatch) -> list[Any]:
+        raw = connection.connection.dbapi_connection
+        if not poisoned:
+            poisoned.append(raw)
+        if raw is poisoned[0]:
+            raise psycopg.OperationalError("another command is already in progress")
+        return real(connection, batch)
+
+    async def scenario() -> None:
+        writer.start()
+        try:
+            with anyio.fail_after(10):
+                await writer.write(WriteBatch(calls=[queue_store.upsert_queue("after", "work", {}, 1)]))
+        finally:
+            await writer.stop()
+
+    monkeypatch.setattr(writer_module, "apply", apply)
+    try:
+        asyncio.run(scenario())
+        assert [q["name"] for q in queue_store.load_queues(storage.engine)] == ["after"]
     finally:
         storage.close()

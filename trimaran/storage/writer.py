@@ -357,6 +357,7 @@ class GroupCommitWriter:
             return []
         except Exception as exc:
             if is_unavailable(self.engine, exc):
+                _discard(connection)
                 return self._away(receipts, exc)
             if len(receipts) == 1:
                 self._failed(receipts[0], exc)
@@ -370,6 +371,7 @@ class GroupCommitWriter:
                 self._answered()
             except Exception as exc:
                 if is_unavailable(self.engine, exc):
+                    _discard(connection)
                     return self._away(receipts[i:], exc)
                 self._failed(receipt, exc)
         return []
@@ -425,6 +427,14 @@ class GroupCommitWriter:
                 self.batch_done()
             except Exception:
                 log.exception("batch_done callback failed")
+
+
+def _discard(connection: Connection) -> None:
+    """The next try gets a new driver connection: SQLAlchemy does not see every loss as one (a
+    backend killed in the middle of a pipeline left psycopg answering "another command is already
+    in progress" to every later statement, and the writer retried on it for ever)."""
+    with contextlib.suppress(Exception):
+        connection.invalidate()
 
 
 def _runs(receipts: list[Receipt]) -> list[list[Receipt]]:
