@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -86,3 +88,53 @@ def test_port_in_use_fails_cleanly(tmp_path: Path) -> None:
         assert "Traceback" not in second.output()
     finally:
         first.stop()
+
+
+def _limited(soft: int, hard: int) -> list[str]:
+    """``python -m trimaran`` in a process whose open files are limited to (soft, hard)."""
+    start = (
+        "import resource, runpy, sys; "
+        f"resource.setrlimit(resource.RLIMIT_NOFILE, ({soft}, {hard})); "
+        "sys.argv = ['trimaran', *sys.argv[1:]]; runpy.run_module('trimaran', run_name='__main__')"
+    )
+    return [sys.executable, "-c", start]
+
+
+def test_serve_raises_its_open_files_limit_for_max_connections(tmp_path: Path) -> None:
+    env = {"TRIMARAN_LIMITS__MAX_CONNECTIONS": "1000"}
+    server = RunningServer(ALL_OFF, cwd=tmp_path, env=env, command=_limited(300, 5000)).start()
+    server.stop()
+    assert "open files: soft limit raised from 300 to 1256 for 1000 connections" in server.output()
+
+
+def test_connections_past_the_open_files_limit_are_refused_in_the_log(tmp_path: Path) -> None:
+    """libuv resets a connection it cannot take a descriptor for, unseen; the runtime keeps below
+    the hard limit and refuses the rest itself, each in a log line."""
+    env = {"TRIMARAN_LIMITS__MAX_CONNECTIONS": "1000"}
+    args = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "off", "--http", "off"]
+    server = RunningServer(args, cwd=tmp_path, env=env, command=_limited(300, 400)).start()
+    room = 400 - 256
+    clients: list[socket.socket] = []
+    try:
+        assert f"open files limited to 400 (the hard limit): at most {room} connections, not 1000" in server.output()
+        answered = 0
+        for i in range(room + 10):
+            sock = socket.create_connection(("127.0.0.1", server.ports["mqtt"]), timeout=5)
+            clients.append(sock)
+            # CONNECT, MQTT 3.1.1, clean session, keep-alive 60, client id "c<i>"
+            client_id = f"c{i}".encode()
+            body = b"\x00\x04MQTT\x04\x02\x00\x3c" + len(client_id).to_bytes(2, "big") + client_id
+            sock.sendall(bytes([0x10, len(body)]) + body)
+            try:
+                answered += sock.recv(4)[:1] == b"\x20"
+            except ConnectionResetError:
+                pass
+        assert answered == room
+        deadline = time.monotonic() + 5
+        while server.output().count(": max_connections") < 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.output().count("refused connection from 127.0.0.1:") == 10
+    finally:
+        for sock in clients:
+            sock.close()
+        server.stop()

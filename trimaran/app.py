@@ -45,7 +45,7 @@ from trimaran.queue.flow import QueueFlow, Stalled
 from trimaran.queue.groups import Selects
 from trimaran.queue.manager import PublishResult, QueueManager
 from trimaran.runtime.flow import CLUSTER, PLACES, QUEUE, SESSION, Gate
-from trimaran.runtime.limits import RuntimeLimits
+from trimaran.runtime.limits import RESERVED_FILES, RuntimeLimits, raise_open_files
 from trimaran.runtime.machine import Machine
 from trimaran.runtime.memory import DISK
 from trimaran.runtime.runner import Runner
@@ -118,6 +118,7 @@ class App:
     async def run(self) -> None:
         settings = self.settings
         check_settings(settings)
+        self._open_files()
         self._tls = self._tls_context()  # a missing certificate is said before any database is created
         try:
             self.security = security = Security(settings.auth, handshake_s=handshake_deadline(settings))
@@ -134,6 +135,28 @@ class App:
         finally:
             if lock is not None:
                 lock.release()
+
+    def _open_files(self) -> None:
+        """Take the open files max_connections needs, and hold connections to what there is: one
+        past the limit would be reset by the event loop unseen, where the runtime refuses it in a
+        log line."""
+        limits = self.runner.limits
+        wanted = limits.max_connections
+        before, now = raise_open_files(wanted + RESERVED_FILES)
+        room = max(now - RESERVED_FILES, 1)
+        if room < wanted:
+            limits.max_connections = room
+            # The default (100,000) means "as many as the host allows"; a number set is a promise.
+            report = log.warning if "max_connections" in self.settings.limits.model_fields_set else log.info
+            report(
+                "open files limited to %d (the hard limit): at most %d connections, not %d; "
+                "raise the hard limit (ulimit -Hn, systemd LimitNOFILE=) to hold more",
+                now,
+                room,
+                wanted,
+            )
+        elif now > before:
+            log.info("open files: soft limit raised from %d to %d for %d connections", before, now, wanted)
 
     async def _run(self, url: str) -> None:
         settings = self.settings

@@ -6,6 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+# Descriptors a server keeps besides its connections: listeners, the database's files and sockets,
+# the event loop's own, webhook clients, log files.
+RESERVED_FILES = 256
+
 
 @dataclass(slots=True)
 class RuntimeLimits:
@@ -55,3 +59,27 @@ class RuntimeStats:
     def stalled(self, place: str) -> None:
         """A consumer at ``place`` was closed for taking nothing while it held publishers."""
         self.stalls[place] = self.stalls.get(place, 0) + 1
+
+
+def raise_open_files(wanted: int) -> tuple[int, int]:
+    """Raise this process's soft limit on open files towards ``wanted``, as far as the hard limit
+    lets it: (the soft limit before, the soft limit now).
+
+    Each connection is a descriptor. Past the soft limit, libuv accepts a connection and closes it at
+    once (its answer to EMFILE), which the server never sees; shells and systemd start processes at
+    1,024 by default, with a far higher hard limit a process may take for itself."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system: nothing to ask
+        return wanted, wanted
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return soft, soft
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if target <= soft:
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):  # above the kernel's nr_open: keep what there is
+        return soft, soft
+    return soft, target
