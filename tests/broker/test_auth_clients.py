@@ -117,6 +117,7 @@ def test_client_registry() -> None:
     registry.remove(a)
     registry.remove(a)  # twice is harmless
     assert [c.client_id for c in registry] == ["app"]
+    assert registry.count_by_protocol() == {"amqp091": 1}  # kept as they come and go, never below 0
 
 
 def test_a_subscription_read_in_part_checks_each_key_of_its_vhost(tmp_path: Path) -> None:

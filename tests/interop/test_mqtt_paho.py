@@ -281,6 +281,27 @@ def test_persistent_session_queues_while_offline(mqtt: Endpoints) -> None:
     fresh.disconnect()
 
 
+def test_a_session_expires_by_its_last_disconnect_not_an_earlier_one(mqtt: Endpoints) -> None:
+    """MQTT 5 Session Expiry Interval (3.1.2.11.2): the interval counts from the last disconnect. A
+    session that came back and went again outlives its first expiry, then goes at its second."""
+    expiry = props(PacketTypes.CONNECT, SessionExpiryInterval=2)
+
+    def session_present(clean: bool) -> bool:
+        client = connect(mqtt, "expires-twice", version=V5, clean=clean, properties=expiry)
+        flags, _, _ = client.connack.get_nowait()
+        client.disconnect()
+        return bool(flags.session_present)
+
+    started = time.monotonic()
+    assert not session_present(clean=True)  # offline from here: expires at +2 s
+    time.sleep(max(0.0, started + 1.2 - time.monotonic()))
+    assert session_present(clean=False)  # offline again: expires at about +3.2 s
+    time.sleep(max(0.0, started + 2.7 - time.monotonic()))  # the first expiry (+2 s) has passed
+    assert session_present(clean=False)  # offline again: expires at about +4.7 s
+    time.sleep(max(0.0, started + 6.0 - time.monotonic()))
+    assert not session_present(clean=False)
+
+
 def test_message_expiry_while_queued(mqtt: Endpoints) -> None:
     connect_props = props(PacketTypes.CONNECT, SessionExpiryInterval=60)
     sub = connect(mqtt, "expiry-5", version=V5, properties=connect_props)

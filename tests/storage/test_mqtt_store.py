@@ -46,3 +46,28 @@ def test_sessions_replace_and_delete(storage_url: str) -> None:
         assert [s.client_id for s in store.load_sessions()] == ["c2"]
     finally:
         storage.close()
+
+
+def test_incremental_saves_of_many_sessions_in_one_batch(storage_url: str) -> None:
+    """Sessions saved together, some with new queued rows and some without, each keep only theirs:
+    one delete statement serves them all, with row numbers far apart as parameters."""
+    storage, store = open_store(storage_url)
+    try:
+        first = [(1, "m1"), (2, "m2"), (3, "m3")]
+        store.save_sessions([StoredSession(c, 4, 60, None, "{}", list(first)) for c in ("a", "b", "c")])
+        store.save_sessions(
+            [
+                StoredSession("a", 4, 60, None, "{}", [(4, "m4")], first_seq=2, replace=False),  # 1 sent
+                StoredSession("b", 4, 60, None, "{}", [], first_seq=3, replace=False),  # 1, 2 sent
+                # A concurrent save wrote row 3 already: it is written again, not doubled.
+                StoredSession("c", 4, 60, None, "{}", [(3, "m3'")], first_seq=1, replace=False),
+            ]
+        )
+        loaded = {s.client_id: s.queued for s in store.load_sessions()}
+        assert loaded == {
+            "a": [(2, "m2"), (3, "m3"), (4, "m4")],
+            "b": [(3, "m3")],
+            "c": [(1, "m1"), (2, "m2"), (3, "m3'")],
+        }
+    finally:
+        storage.close()

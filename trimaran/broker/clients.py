@@ -45,17 +45,20 @@ class ClientRegistry:
     def __init__(self) -> None:
         self._clients: dict[str, ClientInfo] = {}
         self._serial = 0
+        self._by_protocol: dict[str, int] = {}  # kept as clients come and go: read every few seconds
 
     def add(self, client: ClientInfo) -> ClientInfo:
         self._serial += 1
         client.key = f"{client.protocol}-{self._serial}"
         self._clients[client.key] = client
+        self._by_protocol[client.protocol] = self._by_protocol.get(client.protocol, 0) + 1
         return client
 
     def remove(self, client: ClientInfo) -> bool:
         """False if ``client`` was not registered (never, or removed already)."""
         if self._clients.get(client.key) is client:
             del self._clients[client.key]
+            self._by_protocol[client.protocol] -= 1
             return True
         return False
 
@@ -69,7 +72,4 @@ class ClientRegistry:
         return len(self._clients)
 
     def count_by_protocol(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for client in self._clients.values():
-            counts[client.protocol] = counts.get(client.protocol, 0) + 1
-        return counts
+        return {protocol: n for protocol, n in self._by_protocol.items() if n}

@@ -8,6 +8,7 @@ connections when their expiry says so; persistent ones are kept in SQL.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time
 from collections import Counter
@@ -310,6 +311,9 @@ class MqttFrontEnd:
         self.fan_out = FanOutEncoder()
         self.endpoints: dict[str, MqttEndpoint] = {}
         self._wills: dict[str, tuple[float, Message]] = {}  # client id -> (due, will) for delayed wills
+        # (expires_at, client id) of offline sessions with an expiry: the housekeeping looks at the due
+        # ones, not at every session twice a second. An entry whose session came back is skipped.
+        self._expiring: list[tuple[float, str]] = []
         self._dirty: set[str] = set()
         self._deleted: set[str] = set()
         self.security = security if security is not None else Security(settings.auth)
@@ -347,7 +351,7 @@ class MqttFrontEnd:
             endpoint = MqttEndpoint(self, session, row.protocol_level)
             if row.expiry_interval_s != NO_EXPIRY:
                 offline_for = max(0.0, (now_wall - (row.disconnected_at or now_wall)) / 1000)
-                endpoint.expires_at = now + row.expiry_interval_s - offline_for
+                self._expire_at(endpoint, now + row.expiry_interval_s - offline_for)
             self.endpoints[session.client_id] = endpoint
             self._route_restored(endpoint)
             count += 1
@@ -421,12 +425,28 @@ class MqttFrontEnd:
             if due <= now:
                 del self._wills[client_id]
                 self._publish_will(will)
-        for endpoint in list(self.endpoints.values()):
-            if endpoint.conn is None and endpoint.expires_at is not None and endpoint.expires_at <= now:
-                log.info("mqtt: %s expired", describe(endpoint.client_id, "session"))
-                if self.broker.events.wants(SESSION_EXPIRED):
-                    self.broker.events.client(SESSION_EXPIRED, endpoint.client_id, PROTOCOL_MQTT, None, None)
-                self._drop_session(endpoint)
+        expiring = self._expiring
+        while expiring and expiring[0][0] <= now:
+            at, client_id = heapq.heappop(expiring)
+            endpoint = self.endpoints.get(client_id)
+            if endpoint is None or endpoint.conn is not None or endpoint.expires_at != at:
+                continue  # gone, back, or offline again with a later expiry
+            log.info("mqtt: %s expired", describe(endpoint.client_id, "session"))
+            if self.broker.events.wants(SESSION_EXPIRED):
+                self.broker.events.client(SESSION_EXPIRED, endpoint.client_id, PROTOCOL_MQTT, None, None)
+            self._drop_session(endpoint)
+
+    def _expire_at(self, endpoint: MqttEndpoint, at: float) -> None:
+        endpoint.expires_at = at
+        expiring = self._expiring
+        if len(expiring) > 2 * len(self.endpoints) + 1024:  # mostly sessions that came back
+            expiring[:] = [
+                (e.expires_at, cid)
+                for cid, e in self.endpoints.items()
+                if e.conn is None and e.expires_at is not None and e is not endpoint
+            ]
+            heapq.heapify(expiring)
+        heapq.heappush(expiring, (at, endpoint.client_id))
 
     # -- connections ------------------------------------------------------------------------------
 
@@ -740,7 +760,7 @@ class MqttFrontEnd:
             self._drop_session(endpoint)
             return
         if session.expiry_interval != NO_EXPIRY:
-            endpoint.expires_at = time.monotonic() + session.expiry_interval
+            self._expire_at(endpoint, time.monotonic() + session.expiry_interval)
         self.mark_dirty(endpoint)
 
     def _drop_session(self, endpoint: MqttEndpoint) -> None:
