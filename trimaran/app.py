@@ -39,7 +39,7 @@ from trimaran.config import ConfigError, Endpoint, Settings, check_settings
 from trimaran.errors import bind_failure
 from trimaran.mqtt.handler import MqttFrontEnd
 from trimaran.net.listeners import Listener, ProtocolListener, amqp_port
-from trimaran.net.tls import server_tls_context
+from trimaran.net.tls import keep_large_blocks_mapped, server_tls_context
 from trimaran.net.websocket import WebSocketMachine
 from trimaran.queue.flow import QueueFlow, Stalled
 from trimaran.queue.groups import Selects
@@ -120,6 +120,8 @@ class App:
         check_settings(settings)
         self._open_files()
         self._tls = self._tls_context()  # a missing certificate is said before any database is created
+        if self._tls is not None:
+            keep_large_blocks_mapped()  # each TLS connection's read buffer resident only as used
         try:
             self.security = security = Security(settings.auth, handshake_s=handshake_deadline(settings))
         except (PasswordFileError, AclError) as exc:  # a bad password or rule file stops the start
