@@ -226,3 +226,36 @@ def test_reply_to_without_a_reply_consumer_is_refused(port: int) -> None:
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
             channel.queue_declare("rpc2", passive=True)
         assert caught.value.reply_code == 406
+
+
+def test_an_in_memory_queue_that_goes_writes_nothing_and_a_durable_one_forgets_its_bindings(
+    port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only bindings between durable ends are stored, so only theirs are deleted from SQL: a client's
+    exclusive reply queue costs no transaction when its connection closes."""
+    from trimaran.storage.amqp_store import AmqpStore
+
+    forgotten: list[list[str]] = []
+    real = AmqpStore.forget
+
+    def spy(self: AmqpStore, bindings: Any = (), exchanges: Any = (), *, vhost: str = "/") -> None:
+        bindings = list(bindings)
+        forgotten.append([b.destination for b in bindings])
+        real(self, bindings, exchanges, vhost=vhost)
+
+    monkeypatch.setattr(AmqpStore, "forget", spy)
+    with connect(port) as connection:
+        channel = connection.channel()
+        channel.exchange_declare("logs", "fanout", durable=True)
+        reply = channel.queue_declare("", exclusive=True).method.queue
+        channel.queue_bind(reply, "logs")
+        channel.queue_declare("kept", durable=True)
+        channel.queue_bind("kept", "logs")
+    with connect(port) as connection:  # the exclusive queue went with the first connection
+        channel = connection.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker):
+            channel.queue_declare(reply, passive=True)
+    assert forgotten == []
+    with connect(port) as connection:
+        connection.channel().queue_delete("kept")
+    assert forgotten == [["kept"]]

@@ -196,7 +196,8 @@ class Operations:
             endpoint = front.router_bindings.pop(("exchange", name), None)
             if endpoint is not None:
                 router.unsubscribe_all(endpoint)
-        removed = list(self.exchanges.last_removed_bindings)
+        # A binding is stored when both its ends are durable: an in-memory queue's never were.
+        removed = [b for b in self.exchanges.last_removed_bindings if not self._in_memory_queue(b)]
         store = front.store
         if store is not None and (removed or gone):
             await self._store(lambda: store.forget(removed, gone))
@@ -207,6 +208,13 @@ class Operations:
             b.routing_key == removed.routing_key and self.exchanges.is_router_backed(b.source)
             for b in self.exchanges.bindings_for_destination(removed.destination, removed.destination_kind)
         )
+
+    def _in_memory_queue(self, binding: Binding) -> bool:
+        """Whether ``binding`` leads to a queue known (still) to be in memory only."""
+        if binding.destination_kind != "queue":
+            return False
+        state = self.manager.queues.get(binding.destination)
+        return state is not None and not state.durable
 
     def _durable_end(self, kind: str, name: str) -> bool:
         if kind == "queue":

@@ -412,7 +412,10 @@ class QueueManager:
         self.queues[name] = state
         if ch is not None:
             self.journal.declared(ch, state)
-        log.info("%s declared (%s, %s)", describe(name), pol.mode, "durable" if durable else "in memory")
+        # A durable queue is configuration, said once; an in-memory one is often a client's reply
+        # queue, one a connection: a fleet of RPC clients would fill the log with them.
+        report = log.info if durable else log.debug
+        report("%s declared (%s, %s)", describe(name), pol.mode, "durable" if durable else "in memory")
         return state
 
     def _regroup(self, state: QueueState) -> None:
