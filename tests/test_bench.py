@@ -34,10 +34,24 @@ import table  # noqa: E402
         "pgdb",
         "pg_bench",
         "tls_bench",
+        "storm_bench",
+        "churn_bench",
     ],
 )
 def test_bench_modules_import(module: str) -> None:
     assert importlib.import_module(module).__doc__
+
+
+def test_the_storm_and_churn_generators_read_mqtt_packets_split_anywhere() -> None:
+    import storm_bench
+
+    stream = storm_bench._connect("c", 60) + b"\xd0\x00" + storm_bench._subscribe("t/" + "x" * 200)
+    buffer, got = bytearray(), []
+    for i in range(len(stream)):  # a byte at a time: every split of the stream
+        buffer += stream[i : i + 1]
+        got += storm_bench._packets(buffer)
+    assert [first for first, _ in got] == [0x10, 0xD0, 0x82] and not buffer
+    assert len(got[2][1]) == 2 + 2 + 202 + 1  # packet id, topic, options: a two-byte length
 
 
 def test_every_peer_has_a_port_and_a_name() -> None:
