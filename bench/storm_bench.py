@@ -12,7 +12,9 @@ subscribes to its own topic at QoS 1. The phases:
   evenly) and reads its PINGRESP; the broker's CPU over that window, and pings unanswered.
 - `drop`: every client's socket is reset at once (SO_LINGER 0: a network that went away); then one
   publisher sends a QoS 1 message to every client's topic and has each acknowledged, so every session
-  holds one queued message.
+  holds one queued message. With `--half-open` the sockets are left open and silent instead (a
+  network that went away without the broker seeing it): the message goes to the old connection,
+  unacknowledged, and the storm's connections take each session over from it.
 - `storm`: every client connects again at once (the network is back), with the same client id and
   clean session off; the time until all have their CONNACK with the session present and their queued
   message, and how many did not.
@@ -228,17 +230,22 @@ def _ping(clients: list[_Client], keep_alive: int, seconds: float) -> dict[str, 
     return {"pings": sent, "answered": answered}
 
 
-def _drop(clients: list[_Client]) -> None:
+def _drop(clients: list[_Client], stale: list[socket.socket] | None = None) -> None:
+    """Reset every client's socket, or with ``stale`` leave it open and silent there."""
     for client in clients:
         if client.sock is not None:
-            client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            client.sock.close()  # RST
+            if stale is not None:
+                stale.append(client.sock)
+            else:
+                client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                client.sock.close()  # RST
             client.sock = None
 
 
 def _worker(pipe: Connection, indexes: range, address: tuple[str, int], a: dict[str, Any]) -> None:
     os.sched_setaffinity(0, {GEN_CPU})
     clients = [_Client(i) for i in indexes]
+    stale: list[socket.socket] = []  # --half-open: the sockets the broker still thinks are there
     while True:
         command = pipe.recv()
         if command == "connect" or command == "storm":
@@ -248,10 +255,12 @@ def _worker(pipe: Connection, indexes: range, address: tuple[str, int], a: dict[
         elif command == "idle":
             result = _ping(clients, a["keep_alive"], a["idle"])
         elif command == "drop":
-            _drop(clients)
+            _drop(clients, stale if a["half_open"] else None)
             result = {}
         else:
             _drop(clients)
+            for sock in stale:
+                sock.close()
             return
         pipe.send(result)
 
@@ -328,6 +337,7 @@ def measure(name: str, a: argparse.Namespace) -> dict[str, Any]:
             "broker": name,
             "version": running.version,
             "connections": a.connections,
+            "drop": "half-open" if a.half_open else "reset",
             "connected": _sum(connected, "done"),
             "connect_s": round(max(r["seconds"] for r in connected), 2),
             "kib_per_connection": round((rss_after - rss_before) / a.connections, 2),
@@ -356,6 +366,7 @@ def main() -> None:
     parser.add_argument("--inflight", type=int, default=1000, help="handshakes open at once per process")
     parser.add_argument("--keep-alive", type=int, default=60)
     parser.add_argument("--idle", type=float, default=120.0, help="seconds of keep-alive pings")
+    parser.add_argument("--half-open", action="store_true", help="leave the dropped sockets open, silent")
     a = parser.parse_args()
     for name in a.brokers.split(","):
         try:
