@@ -26,7 +26,6 @@ import asyncio
 import json
 import multiprocessing
 import os
-import struct
 import sys
 import time
 from multiprocessing.connection import Connection
@@ -39,7 +38,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import amqp091_load as amqp  # noqa: E402
 import brokers  # noqa: E402
-from storm_bench import _packet, _packets, _string  # noqa: E402
+from storm_bench import _connect, _packets, _publish, _subscribe  # noqa: E402
 
 BROKER_CPU, GEN_CPU = 0, 1
 BATCH = 1000  # cycles a generator process runs between two reports
@@ -54,9 +53,7 @@ def _name(worker: int, loop: int, i: int) -> str:
 async def _mqtt_cycle(address: tuple[str, int], name: str) -> None:
     reader, writer = await asyncio.open_connection(*address)
     topic = f"churn/{name}"
-    hello = _packet(0x10, _string("MQTT") + bytes([4, 2]) + struct.pack("!H", 60) + _string(name))
-    hello += _packet(0x82, struct.pack("!H", 1) + _string(topic) + b"\x00")
-    writer.write(hello)
+    writer.write(_connect(name, 60, clean=True) + _subscribe(topic, qos=0))
     buffer = bytearray()
     published = False
     while True:
@@ -66,7 +63,7 @@ async def _mqtt_cycle(address: tuple[str, int], name: str) -> None:
         buffer += data
         for first, _ in _packets(buffer):
             if first == 0x90 and not published:  # SUBACK: publish to ourselves
-                writer.write(_packet(0x30, _string(topic) + b"churn"))
+                writer.write(_publish(topic, b"churn"))
                 published = True
             elif first >> 4 == 3:  # our message: done
                 writer.write(b"\xe0\x00")
@@ -145,6 +142,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
             workers.append(worker)
         readings: list[tuple[int, int]] = [(0, brokers.rss_kib([running.pid]))]
         done = failed = 0
+        paused = 0.0
         started = time.monotonic()
         cpu0 = brokers.cpu_seconds([running.pid])
         batch = -(-a.first // a.procs)  # the first reading after the first cycles, then every --every
@@ -156,7 +154,8 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
                 failed = sum(pipe.recv() for pipe in pipes)
                 done += batch * a.procs
                 if len(readings) == 1 or done >= next_reading or done >= a.cycles:
-                    time.sleep(1.0)  # the last closes settle
+                    time.sleep(1.0)  # the last closes settle (not counted in the rate)
+                    paused += 1.0
                     readings.append((done, brokers.rss_kib([running.pid])))
                     print(
                         json.dumps({"cycles": done, "rss_kib": readings[-1][1]}), file=sys.stderr, flush=True
@@ -169,7 +168,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
                 pipe.send(0)
             for worker in workers:
                 worker.join(30)
-        elapsed = time.monotonic() - started
+        elapsed = time.monotonic() - started - paused
         cpu = brokers.cpu_seconds([running.pid]) - cpu0
         first = readings[1][1]
         return {

@@ -49,32 +49,26 @@ sys.path.insert(0, str(HERE.parent))
 import brokers  # noqa: E402
 from idle_bench import _read_exactly, settle_rss  # noqa: E402
 
+from trimaran.mqtt.codec import encode  # noqa: E402
+from trimaran.mqtt.packets import MQTT_3_1_1, Connect, Publish, Subscribe, SubscriptionOptions  # noqa: E402
+
 BROKER_CPU, GEN_CPU = 0, 1
 PINGREQ = b"\xc0\x00"
 TOPIC = "storm/{}"
 
 
-def _string(text: str) -> bytes:
-    data = text.encode()
-    return struct.pack("!H", len(data)) + data
+def _connect(client_id: str, keep_alive: int, clean: bool = False) -> bytes:
+    """MQTT 3.1.1 CONNECT (clean session off unless ``clean``), from Trimaran's own codec."""
+    return encode(Connect(clean_start=clean, keep_alive=keep_alive, client_id=client_id), MQTT_3_1_1)
 
 
-def _packet(first: int, body: bytes) -> bytes:
-    length, size = bytearray(), len(body)
-    while True:
-        size, digit = divmod(size, 128)
-        length.append(digit | (0x80 if size else 0))
-        if not size:
-            return bytes([first]) + bytes(length) + body
+def _subscribe(topic: str, qos: int = 1) -> bytes:
+    return encode(Subscribe(1, [(topic, SubscriptionOptions(qos))]), MQTT_3_1_1)
 
 
-def _connect(client_id: str, keep_alive: int) -> bytes:
-    """MQTT 3.1.1 CONNECT with clean session off."""
-    return _packet(0x10, _string("MQTT") + bytes([4, 0]) + struct.pack("!H", keep_alive) + _string(client_id))
-
-
-def _subscribe(topic: str) -> bytes:
-    return _packet(0x82, struct.pack("!H", 1) + _string(topic) + b"\x01")
+def _publish(topic: str, payload: bytes, packet_id: int | None = None) -> bytes:
+    """QoS 1 with a packet id, else QoS 0."""
+    return encode(Publish(topic, payload, qos=0 if packet_id is None else 1, packet_id=packet_id), MQTT_3_1_1)
 
 
 def _packets(buffer: bytearray) -> list[tuple[int, bytes]]:
@@ -269,15 +263,13 @@ def _queue_one_each(address: tuple[str, int], count: int) -> float:
     """One QoS 1 message to every client's topic, each acknowledged: seconds taken."""
     started = time.monotonic()
     sock = socket.create_connection(address, timeout=60)
-    sock.sendall(
-        _packet(0x10, _string("MQTT") + bytes([4, 2]) + struct.pack("!H", 60) + _string("storm-pub"))
-    )
+    sock.sendall(_connect("storm-pub", 60, clean=True))
     _read_exactly(sock, 4)
     pending = bytearray()
     acked = 0
     for start in range(0, count, 500):
         batch = b"".join(
-            _packet(0x32, _string(TOPIC.format(i)) + struct.pack("!H", i % 65535 + 1) + b"queued")
+            _publish(TOPIC.format(i), b"queued", packet_id=i % 65535 + 1)
             for i in range(start, min(start + 500, count))
         )
         sock.sendall(batch)
