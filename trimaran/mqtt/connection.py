@@ -71,9 +71,9 @@ from trimaran.mqtt.packets import (
     PubRel,
     SubAck,
     Subscribe,
-    SubscriptionOptions,
     UnsubAck,
     Unsubscribe,
+    granted_options,
 )
 from trimaran.mqtt.properties import Properties
 from trimaran.mqtt.reason_codes import ReasonCode
@@ -773,7 +773,7 @@ class ServerConnection:
                 code = fixed
             if code < 0x80:
                 code = min(code, options.qos, self.limits.maximum_qos)
-                granted = SubscriptionOptions(
+                granted = granted_options(
                     code, options.no_local, options.retain_as_published, options.retain_handling
                 )
                 self.session.add_subscription(

@@ -58,7 +58,8 @@ from trimaran.mqtt.mapping import (
     outbound,
     run_messages,
 )
-from trimaran.mqtt.packets import MQTT_5, Publish, PublishRun
+from trimaran.mqtt.packets import MQTT_5, Publish, PublishRun, granted_options
+from trimaran.mqtt.packets import SubscriptionOptions as PacketOptions
 from trimaran.mqtt.queues import MqttQueues, is_queue_filter
 from trimaran.mqtt.reason_codes import ReasonCode
 from trimaran.mqtt.session import AWAITING_PUBCOMP, OutboundMessage, Session, Subscription, queued_to_json
@@ -1092,15 +1093,7 @@ class MqttFrontEnd:
             self.broker.router.subscribe(
                 endpoint,
                 endpoint.vhost_prefix + topic_filter,
-                SubscriptionOptions(
-                    qos=options.qos,
-                    no_local=options.no_local,
-                    retain_as_published=options.retain_as_published,
-                    subscription_identifier=subscription.subscription_identifier,
-                    share_group=group,
-                    retain_handling=options.retain_handling,
-                    reads=reads,
-                ),
+                _route_options(options, subscription.subscription_identifier, group, reads),
             )
         except TopicError:
             return ReasonCode.TOPIC_FILTER_INVALID
@@ -1137,8 +1130,10 @@ class MqttFrontEnd:
                     queue_filters.append(topic_filter)
                     self._subscription_event(SUBSCRIPTION_CREATED, conn, topic_filter, qos=code)
                 continue
-            granted_options = replace(options, qos=granted)
-            subscription = Subscription(topic_filter, granted_options, request.subscription_identifier)
+            granted_as = granted_options(
+                granted, options.no_local, options.retain_as_published, options.retain_handling
+            )
+            subscription = Subscription(topic_filter, granted_as, request.subscription_identifier)
             code = self._route(endpoint, subscription, reads)
             codes.append(code)
             if code < 0x80:
@@ -1228,6 +1223,34 @@ def _hears_itself(endpoint: MqttEndpoint, topic: str) -> bool:
 
 def _is_queue_tag(tag: object) -> bool:
     return tag is not None and not (isinstance(tag, str) and tag.startswith(SHARE_TAG))
+
+
+def _route_options(
+    options: PacketOptions, identifier: int | None, group: str | None, reads: Callable[[str], bool] | None
+) -> SubscriptionOptions:
+    """The router's options of a subscription: shared by every subscription alike (96 bytes each
+    otherwise, issue 47), up to a bound, since identifiers and share groups are the clients' own."""
+    made = SubscriptionOptions(
+        qos=options.qos,
+        no_local=options.no_local,
+        retain_as_published=options.retain_as_published,
+        subscription_identifier=identifier,
+        share_group=group,
+        retain_handling=options.retain_handling,
+        reads=reads,
+    )
+    if reads is not None:  # a connection's own permission check
+        return made
+    kept = _ROUTE_OPTIONS.get(made)
+    if kept is None:
+        if len(_ROUTE_OPTIONS) >= ROUTE_OPTIONS_KEPT:
+            return made
+        kept = _ROUTE_OPTIONS[made] = made
+    return kept
+
+
+ROUTE_OPTIONS_KEPT: Final = 4096
+_ROUTE_OPTIONS: dict[SubscriptionOptions, SubscriptionOptions] = {}
 
 
 def session_row(session: Session, protocol_level: int, offline: bool, now_wall: int) -> StoredSession:

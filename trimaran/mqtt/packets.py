@@ -190,6 +190,24 @@ class SubscriptionOptions:
     retain_handling: int = 0  # 5.0 only: 0 send, 1 send if new subscription, 2 do not send
 
 
+def granted_options(
+    qos: int, no_local: bool = False, retain_as_published: bool = False, retain_handling: int = 0
+) -> SubscriptionOptions:
+    """The one object for these options, for a session's subscriptions: never changed once
+    granted, and a fleet uses a few sets (a copy each was 120 bytes of every subscription, issue
+    47). The valid sets are 36; anything else is made, not kept."""
+    key = (qos, no_local, retain_as_published, retain_handling)
+    options = _GRANTED.get(key)
+    if options is None:
+        options = SubscriptionOptions(qos, no_local, retain_as_published, retain_handling)
+        if qos in (0, 1, 2) and retain_handling in (0, 1, 2):
+            _GRANTED[key] = options
+    return options
+
+
+_GRANTED: dict[tuple[int, bool, bool, int], SubscriptionOptions] = {}
+
+
 @dataclass(slots=True)
 class Subscribe:
     packet_id: int

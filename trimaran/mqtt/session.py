@@ -32,7 +32,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from trimaran.mqtt.codec import decode_properties, encode_properties
-from trimaran.mqtt.packets import SubscriptionOptions
+from trimaran.mqtt.packets import SubscriptionOptions, granted_options
 from trimaran.mqtt.properties import PacketType, Properties
 
 __all__ = [
@@ -476,9 +476,7 @@ class Session:
         owner = data.get("owner")
         session.owner = None if owner is None else (owner[0],)
         for s in data["subscriptions"]:
-            options = SubscriptionOptions(
-                s["qos"], s["no_local"], s["retain_as_published"], s["retain_handling"]
-            )
+            options = granted_options(s["qos"], s["no_local"], s["retain_as_published"], s["retain_handling"])
             session.add_subscription(Subscription(s["topic_filter"], options, s["subscription_identifier"]))
         if data["inflight"]:
             session.inflight = {
