@@ -38,9 +38,8 @@ sys.path.insert(0, str(HERE.parent))
 
 import amqp091_load as amqp  # noqa: E402
 import brokers  # noqa: E402
-from storm_bench import _connect, _packets, _publish, _subscribe  # noqa: E402
+from storm_bench import BROKER_CPU, GEN_CPU, _connect, _packets, _publish, _subscribe  # noqa: E402
 
-BROKER_CPU, GEN_CPU = 0, 1
 BATCH = 1000  # cycles a generator process runs between two reports
 
 

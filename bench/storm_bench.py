@@ -48,11 +48,11 @@ sys.path.insert(0, str(HERE.parent))
 
 import brokers  # noqa: E402
 from idle_bench import _read_exactly, settle_rss  # noqa: E402
+from tls_bench import BROKER_CPU, GEN_CPU  # noqa: E402
 
 from trimaran.mqtt.codec import encode  # noqa: E402
 from trimaran.mqtt.packets import MQTT_3_1_1, Connect, Publish, Subscribe, SubscriptionOptions  # noqa: E402
 
-BROKER_CPU, GEN_CPU = 0, 1
 PINGREQ = b"\xc0\x00"
 TOPIC = "storm/{}"
 

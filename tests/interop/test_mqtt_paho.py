@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.interop.conftest import endpoints_of, start_server
+from tests.support.mosquitto import running_mosquitto
 from tests.support.paho import V5, V311, Endpoints, PacketTypes, connect, props
 from tests.support.server import RunningServer
 from trimaran.mqtt.codec import NEED_DATA, Decoder, encode
@@ -281,9 +283,20 @@ def test_persistent_session_queues_while_offline(mqtt: Endpoints) -> None:
     fresh.disconnect()
 
 
-def test_a_session_expires_by_its_last_disconnect_not_an_earlier_one(mqtt: Endpoints) -> None:
+@pytest.fixture(params=["trimaran", "mosquitto"])
+def mqtt_or_mosquitto(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Endpoints]:
+    """Trimaran's MQTT listener, or Mosquitto's (the reference broker) for the same test."""
+    if request.param == "trimaran":
+        yield request.getfixturevalue("mqtt")
+        return
+    with running_mosquitto(tmp_path) as port:
+        yield Endpoints("127.0.0.1", port)
+
+
+def test_a_session_expires_by_its_last_disconnect_not_an_earlier_one(mqtt_or_mosquitto: Endpoints) -> None:
     """MQTT 5 Session Expiry Interval (3.1.2.11.2): the interval counts from the last disconnect. A
     session that came back and went again outlives its first expiry, then goes at its second."""
+    mqtt = mqtt_or_mosquitto
     expiry = props(PacketTypes.CONNECT, SessionExpiryInterval=2)
 
     def session_present(clean: bool) -> bool:

@@ -9,6 +9,7 @@ statement at a time, about 0.4 KB for each client that connected with a clean se
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -156,10 +157,13 @@ def _save_queued(connection: Connection, batch: list[StoredSession]) -> None:
 def _delete_each(connection: Connection, table: Table, column: Column[str], keys: list[str]) -> None:
     """Delete ``table``'s rows whose ``column`` is one of ``keys``: one statement text whatever
     their number, executed for each (see the module's docstring)."""
-    statement = _DELETES.get((table.name, column.name))
-    if statement is None:
-        statement = _DELETES[(table.name, column.name)] = delete(table).where(column == bindparam("key_"))
-    _each(connection, statement, [{"key_": k} for k in keys])
+    _each(connection, _delete_by(table, column), [{"key_": k} for k in keys])
+
+
+@functools.cache
+def _delete_by(table: Table, column: Column[str]) -> ClauseElement:
+    """One statement object per table and key column, so that ``_each`` compiles it once."""
+    return delete(table).where(column == bindparam("key_"))
 
 
 def _each(connection: Connection, statement: ClauseElement, rows: list[dict[str, Any]]) -> None:
@@ -180,7 +184,6 @@ def _each(connection: Connection, statement: ClauseElement, rows: list[dict[str,
 
 
 _COMPILED: dict[tuple[ClauseElement, str], SQLCompiler] = {}
-_DELETES: dict[tuple[str, str], ClauseElement] = {}
 _INSERT_SESSION = mqtt_sessions.insert()
 _INSERT_MESSAGE = mqtt_session_messages.insert()
 _DELETE_STALE = delete(mqtt_session_messages).where(
