@@ -4,7 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from trimaran.config import ConfigError, Endpoint, load_settings, parse_endpoint
+from trimaran.config import (
+    BridgeTopic,
+    ConfigError,
+    Endpoint,
+    load_settings,
+    parse_bridge_topic,
+    parse_endpoint,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -113,3 +120,57 @@ def test_shared_queues_need_postgresql(tmp_path: Path) -> None:
         load_settings(config)
     settings = load_settings(config, {"storage": {"url": "postgresql://trimaran@db/trimaran"}})
     assert settings.queues.shared is True
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("sensors/#", BridgeTopic("sensors/#", "out", 0, "", "")),
+        ("cmd/+ in 1", BridgeTopic("cmd/+", "in", 1, "", "")),
+        ("# both 2 edge/ cloud/site-1/", BridgeTopic("#", "both", 2, "edge/", "cloud/site-1/")),
+        ('"" out 1 local/alarm remote/alarm', BridgeTopic("", "out", 1, "local/alarm", "remote/alarm")),
+        ('jobs/# in 1 $queue/ ""', BridgeTopic("jobs/#", "in", 1, "$queue/", "")),
+    ],
+)
+def test_bridge_topic_lines_read_as_mosquitto_reads_them(line: str, expected: BridgeTopic) -> None:
+    assert parse_bridge_topic(line) == expected
+
+
+@pytest.mark.parametrize(
+    ("line", "complaint"),
+    [
+        ("a/# sideways", "in, out or both"),
+        ("a/# out 3", "0, 1 or 2"),
+        ("a/# out 1 local/", "expected PATTERN"),
+        ("a/# out 1 lo+cal/ remote/", "wildcard"),
+        ('"" out 1 "" remote/', "both prefixes"),
+        ("a/#/b", "not a topic filter"),
+        ("# out 1 $queue/ jobs/", "in only"),
+    ],
+)
+def test_bad_bridge_topic_lines_say_what_is_wrong(line: str, complaint: str) -> None:
+    with pytest.raises(ValueError, match=complaint):
+        parse_bridge_topic(line)
+
+
+def test_bridges_are_checked_at_load(tmp_path: Path) -> None:
+    config = tmp_path / "trimaran.toml"
+    table = '[[bridges]]\nname = "{name}"\naddress = "{address}"\ntopic = ["#"]\n{extra}'
+    config.write_text(table.format(name="a", address="broker.example:1883", extra='restart_timeout = "2"'))
+    (bridge,) = load_settings(config).bridges
+    assert bridge.addresses() == [("broker.example", 1883)]
+    assert bridge.restart_times(bridge.restart_timeout) == (2.0, 2.0)
+    config.write_text(
+        table.format(name="a", address="h", extra="") + table.format(name="a", address="h", extra="")
+    )
+    with pytest.raises(ConfigError, match="two bridges are named a"):
+        load_settings(config)
+    config.write_text(table.format(name="a", address="h:port", extra=""))
+    with pytest.raises(ConfigError, match="not HOST"):
+        load_settings(config)
+    config.write_text(table.format(name="a", address="h", extra='restart_timeout = "30 5"'))
+    with pytest.raises(ConfigError, match="BASE <= CAP"):
+        load_settings(config)
+    config.write_text(table.format(name="a", address="h", extra='vhost = "prod"'))
+    with pytest.raises(ConfigError, match="'prod' is not declared"):
+        load_settings(config)

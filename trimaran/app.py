@@ -30,6 +30,7 @@ from trimaran.admin.webhooks import Webhooks
 from trimaran.amqp091.handler import Amqp091FrontEnd
 from trimaran.amqp1.handler import SELECTOR_MEMORY, Amqp1FrontEnd
 from trimaran.amqp1.selection import parse_selector, selecting
+from trimaran.bridges.mqtt import MqttBridge
 from trimaran.broker.clients import ClientRegistry
 from trimaran.broker.core import Broker
 from trimaran.broker.message import Message
@@ -44,7 +45,7 @@ from trimaran.net.websocket import WebSocketMachine
 from trimaran.queue.flow import QueueFlow, Stalled
 from trimaran.queue.groups import Selects
 from trimaran.queue.manager import PublishResult, QueueManager
-from trimaran.runtime.flow import CLUSTER, PLACES, QUEUE, SESSION, Gate
+from trimaran.runtime.flow import BRIDGE, CLUSTER, PLACES, QUEUE, SESSION, Gate
 from trimaran.runtime.limits import RESERVED_FILES, RuntimeLimits, raise_open_files
 from trimaran.runtime.machine import Machine
 from trimaran.runtime.memory import DISK
@@ -96,6 +97,7 @@ class App:
         self.webhooks: Webhooks | None = None
         self.security: Security | None = None
         self.cluster: ClusterNode | None = None
+        self.bridges: list[MqttBridge] = []
         self.runner = Runner(runtime_limits(settings), tenant_limits(settings))
         self.listeners: list[ProtocolListener | Listener] = []
         self.http = HttpServer(
@@ -229,6 +231,18 @@ class App:
             self.broker, settings, self.queues, amqp_store, security, selecting=queue_selector
         )
         self.amqp1 = Amqp1FrontEnd(self.broker, settings, self.queues, security)
+        self.bridges = [
+            MqttBridge(
+                bridge,
+                self.broker,
+                node_name=settings.node_name,
+                runner=self.runner,
+                make_gate=flow_gates(settings, self.runner, BRIDGE),
+                queues=self.queues,
+                stalled_timeout_s=settings.limits.stalled_consumer_timeout_s,
+            )
+            for bridge in settings.bridges
+        ]
         vhosts.on_delete(self._empty_vhost)
         security.on_permission_cleared(self._permission_cleared)
         self.telemetry.bind(self.broker, self.queues, self.mqtt, self.webhooks, self.runner)
@@ -249,6 +263,8 @@ class App:
                 await root.start(self.mqtt.run, name="mqtt sessions")
                 await root.start(self.amqp091.run, name="amqp091")
                 await self.amqp1.restore()  # durable topic subscriptions fed again
+                for bridge in self.bridges:
+                    await root.start(bridge.run, name=f"bridge {bridge.name}")
                 async with anyio.create_task_group() as listening:
                     for listener in self.listeners:
                         try:
@@ -382,6 +398,8 @@ class App:
         """Let every connection close its protocol's way, then write what is still in memory."""
         assert self.broker is not None and self.mqtt is not None and self.queues is not None
         await self.runner.shutdown()
+        for bridge in self.bridges:  # what local publishers gave them goes out before they close
+            await bridge.stop()
         await self.mqtt.shutdown()
         await self.queues.stop()
         await self.broker.flush()

@@ -636,6 +636,180 @@ class WebhookSettings(Section):
     flush_timeout_s: float = Field(2.0, ge=0, description="at shutdown: longest wait to send what is queued")
 
 
+class BridgeTopic(NamedTuple):
+    """One ``topic`` line of a bridge, as Mosquitto reads it: ``PATTERN [in|out|both [QOS
+    [LOCAL-PREFIX REMOTE-PREFIX]]]``. A message to ``local_prefix + T`` here goes to
+    ``remote_prefix + T`` there (out), and back (in), for the topics ``T`` the pattern matches."""
+
+    pattern: str
+    direction: Literal["in", "out", "both"]
+    qos: int
+    local_prefix: str
+    remote_prefix: str
+
+    @property
+    def local_filter(self) -> str:
+        return self.local_prefix + self.pattern
+
+    @property
+    def remote_filter(self) -> str:
+        return self.remote_prefix + self.pattern
+
+
+def parse_bridge_topic(line: str) -> BridgeTopic:
+    """A ``topic`` line (``""`` stands for an empty pattern or prefix, as in mosquitto.conf); raises
+    ValueError saying what is wrong."""
+    words = [word[1:-1] if word.startswith('"') and word.endswith('"') and len(word) >= 2 else word
+             for word in line.split()]  # fmt: skip
+    if not words or len(words) == 4 or len(words) > 5:
+        raise ValueError(f"{line!r}: expected PATTERN [in|out|both [QOS [LOCAL-PREFIX REMOTE-PREFIX]]]")
+    pattern = words[0]
+    direction = words[1] if len(words) > 1 else "out"
+    if direction not in ("in", "out", "both"):
+        raise ValueError(f"{line!r}: the direction is in, out or both, not {direction!r}")
+    qos_word = words[2] if len(words) > 2 else "0"
+    if qos_word not in ("0", "1", "2"):
+        raise ValueError(f"{line!r}: the QoS is 0, 1 or 2, not {qos_word!r}")
+    local_prefix, remote_prefix = (words[3], words[4]) if len(words) == 5 else ("", "")
+    topic = BridgeTopic(pattern, direction, int(qos_word), local_prefix, remote_prefix)  # type: ignore[arg-type]
+    for side, prefix in (("local", local_prefix), ("remote", remote_prefix)):
+        if "+" in prefix or "#" in prefix:
+            raise ValueError(f"{line!r}: the {side} prefix {prefix!r} holds a wildcard")
+    if not pattern and not (local_prefix and remote_prefix):
+        raise ValueError(f"{line!r}: an empty pattern needs both prefixes (the topics themselves)")
+    for topic_filter in (topic.local_filter, topic.remote_filter):
+        try:
+            validate_topic_filter(topic_filter)
+        except ValueError as exc:
+            raise ValueError(f"{line!r}: {topic_filter!r} is not a topic filter: {exc}") from None
+    if topic.local_filter.startswith("$queue/") and direction != "in":
+        raise ValueError(f"{line!r}: a $queue/ topic is bridged in only (out of a queue: not yet)")
+    return topic
+
+
+class BridgeSettings(Section):
+    """A bridge to another MQTT broker, in the words of Mosquitto's bridge configuration."""
+
+    name: str = Field(
+        min_length=1,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="the bridge's name (Mosquitto's connection): in logs, metrics, the API",
+    )
+    address: str = Field(
+        description="the remote broker, HOST[:PORT] (1883, or 8883 with TLS); several, space-separated, "
+        "are tried in turn"
+    )
+    topic: list[str] = Field(
+        min_length=1,
+        description="topic lines: PATTERN [in|out|both [QOS [LOCAL-PREFIX REMOTE-PREFIX]]] (out, QoS 0 "
+        "unless said)",
+    )
+    bridge_protocol_version: Literal["mqttv311", "mqttv50"] = Field(
+        "mqttv311", description="the MQTT version spoken to the remote"
+    )
+    remote_clientid: str | None = Field(
+        None, description="client id at the remote; default NODE_NAME.NAME (the node's and the bridge's)"
+    )
+    remote_username: str | None = Field(None, description="user name at the remote")
+    remote_password: SecretStr | None = Field(None, description="password at the remote")
+    cleansession: bool = Field(
+        False,
+        description="start a new session at every connection; false keeps it, so the remote holds what "
+        "comes in for the bridge while it is away",
+    )
+    session_expiry_interval: int = Field(
+        3600, ge=0, description="MQTT 5: seconds the remote keeps the session in a gap (cleansession false)"
+    )
+    keepalive_interval: int = Field(60, ge=0, le=65535, description="seconds; 0 = no keep-alive")
+    try_private: bool = Field(
+        True,
+        description="MQTT 3.1.1: tell the remote this is a bridge (Mosquitto then sends it nothing it "
+        "published itself); turn off for a broker that refuses it",
+    )
+    restart_timeout: str = Field(
+        "5 30",
+        description="seconds between tries: BASE CAP backs off at random between them, one number waits "
+        "that long each time",
+    )
+    vhost: str = Field("/", description="the local vhost the bridge publishes into and subscribes in")
+    max_inflight_messages: int = Field(
+        64, ge=1, le=65535, description="outbound QoS 1/2 messages the remote has not acknowledged, at most"
+    )
+    queue_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1024,
+        description="bytes (payloads and topics) of outbound messages held while the remote is away or "
+        "behind; connected, publishers are slowed past it, away, newer QoS 1/2 messages are dropped and "
+        "counted",
+    )
+    notifications: bool = Field(
+        True,
+        description="publish 1 / 0 retained to $SYS/broker/connection/CLIENTID/state here as the bridge "
+        "comes and goes",
+    )
+    bridge_cafile: Path | None = Field(None, description="CA bundle that verifies the remote: TLS on")
+    bridge_certfile: Path | None = Field(None, description="client certificate for the remote (PEM)")
+    bridge_keyfile: Path | None = Field(None, description="its private key (PEM)")
+    bridge_insecure: bool = Field(
+        False, description="TLS without checking the remote's host name (tests only: anyone can pose as it)"
+    )
+
+    @field_validator("topic")
+    @classmethod
+    def _topics(cls, value: list[str]) -> list[str]:
+        for line in value:
+            parse_bridge_topic(line)
+        return value
+
+    @field_validator("vhost")
+    @classmethod
+    def _vhost_name(cls, value: str) -> str:
+        _valid_vhosts([value])
+        return value
+
+    @field_validator("address")
+    @classmethod
+    def _addresses(cls, value: str) -> str:
+        for word in value.split() or [""]:
+            host, _, port = word.rpartition(":") if ":" in word else (word, "", "")
+            if not host or (port and not port.isdigit()):
+                raise ValueError(f"{word!r} is not HOST[:PORT]")
+        return value
+
+    @field_validator("restart_timeout")
+    @classmethod
+    def _restart(cls, value: str) -> str:
+        cls.restart_times(value)
+        return value
+
+    @staticmethod
+    def restart_times(value: str) -> tuple[float, float]:
+        """``restart_timeout`` as (base, cap); one number is both."""
+        try:
+            numbers = [float(word) for word in value.split()]
+        except ValueError:
+            numbers = []
+        if len(numbers) not in (1, 2) or min(numbers) <= 0 or numbers[0] > numbers[-1]:
+            raise ValueError(f"{value!r} is not BASE [CAP], seconds, with 0 < BASE <= CAP")
+        return numbers[0], numbers[-1]
+
+    @property
+    def topics(self) -> list[BridgeTopic]:
+        return [parse_bridge_topic(line) for line in self.topic]
+
+    @property
+    def tls(self) -> bool:
+        return self.bridge_cafile is not None
+
+    def addresses(self) -> list[tuple[str, int]]:
+        default = 8883 if self.tls else 1883
+        out = []
+        for word in self.address.split():
+            host, _, port = word.rpartition(":") if ":" in word else (word, "", "")
+            out.append((host.strip("[]"), int(port) if port else default))
+        return out
+
+
 class TelemetrySettings(Section):
     metrics: bool = Field(True, description="serve /metrics (false: 404)")
     traces: bool = Field(False, description="reserved: the server exports no traces yet, whatever this says")
@@ -707,6 +881,7 @@ class Settings(BaseSettings):
     amqp1: Amqp1Settings = Amqp1Settings()
     auth: AuthSettings = AuthSettings()
     webhooks: WebhookSettings = WebhookSettings()
+    bridges: list[BridgeSettings] = Field([], description="bridges to other MQTT brokers, one table each")
     telemetry: TelemetrySettings = TelemetrySettings()
     http: HttpSettings = HttpSettings()
     log: LogSettings = LogSettings()
@@ -716,6 +891,15 @@ class Settings(BaseSettings):
     @classmethod
     def _vhost_names(cls, value: list[str]) -> list[str]:
         return _valid_vhosts(value)
+
+    @field_validator("bridges")
+    @classmethod
+    def _bridge_names(cls, value: list[BridgeSettings]) -> list[BridgeSettings]:
+        names = [bridge.name for bridge in value]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"two bridges are named {', '.join(twice)}")
+        return value
 
     def declared_vhosts(self) -> list[str]:
         """``/``, the top-level ``vhosts`` and the older ``amqp091.vhosts`` (an alias), in order."""
@@ -770,6 +954,12 @@ def check_settings(settings: Settings) -> None:
             f"(storage.url is {settings.storage.effective_url()!r}); set storage.url = postgresql://... "
             "or queues.shared = false"
         )
+    for bridge in settings.bridges:
+        if bridge.vhost not in settings.declared_vhosts():
+            raise ConfigError(
+                f"invalid setting bridges ({bridge.name}).vhost: {bridge.vhost!r} is not declared; add it "
+                "to vhosts"
+            )
     cluster = settings.cluster
     if cluster.enabled and not settings.storage.effective_url().startswith("postgres"):
         raise ConfigError(

@@ -41,6 +41,17 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "trimaran.runtime",
         "trimaran.net",
     ),
+    # A bridge is one more client of the deck and the queues, wired by app.py; the admin side sees it
+    # through view.py.
+    "bridges": (
+        "trimaran.app",
+        "trimaran.admin",
+        "trimaran.cli",
+        "trimaran.ctl",
+        "trimaran.storage",
+        "trimaran.net",
+        "trimaran.analytics",
+    ),
     "security": (
         *HULLS,
         "trimaran.app",

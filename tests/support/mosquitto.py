@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import shutil
 import socket
 import subprocess
@@ -16,14 +17,21 @@ from tests.support.server import unused_port
 
 
 @contextmanager
-def running_mosquitto(directory: Path, extra_conf: str = "") -> Iterator[int]:
-    """Mosquitto with anonymous access, no persistence and ``extra_conf`` (e.g. an ``acl_file`` line),
-    its config in ``directory``; yields its port. Skips the test when it is missing or does not start."""
+def running_mosquitto(
+    directory: Path, extra_conf: str = "", *, port: int | None = None, persistence: bool = False
+) -> Iterator[int]:
+    """Mosquitto with anonymous access and ``extra_conf`` (e.g. an ``acl_file`` line), its config in
+    ``directory``; yields its port (``port``: that one, to start it again where it was).
+    ``persistence``: its sessions and queued messages saved in ``directory`` when it stops, and
+    loaded when it starts there again. Skips the test when it is missing or does not start."""
     if shutil.which("mosquitto") is None:
         pytest.skip("Mosquitto is not installed (apt-get install mosquitto; scripts/system-deps.sh)")
-    port = unused_port()
+    port = port or unused_port()
     conf = directory / "mosquitto.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n{extra_conf}")
+    saving = "persistence false\n"
+    if persistence:  # run as root, Mosquitto would be the mosquitto user, who cannot write there
+        saving = f"persistence true\npersistence_location {directory}/\nuser {getpass.getuser()}\n"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n{saving}{extra_conf}")
     process = subprocess.Popen(
         ["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )

@@ -126,6 +126,15 @@ class RunningServer:
         if self._reader is not None:
             self._reader.join(5)
 
+    def wait_for_log_count(self, text: str, count: int, timeout: float = 10.0) -> bool:
+        """Whether ``text`` is in the log ``count`` times (or more) within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.output().count(text) >= count:
+                return True
+            time.sleep(0.02)
+        return False
+
     def wait_for_log(self, text: str, timeout: float = 10.0) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -27,11 +27,13 @@ from typing import Final, Protocol
 
 #: The places a gate stands for, as the metrics label them (``trimaran_flow_holds_total{place}``):
 #: a subscriber's session queue and socket (``transport.Conn``), a queue's backlog
-#: (``queue/flow.py``), this node's forwards to the others (``cluster/node.py``).
+#: (``queue/flow.py``), this node's forwards to the others (``cluster/node.py``), a bridge's queue
+#: for its remote (``bridges/mqtt.py``).
 SESSION: Final = "session"
 QUEUE: Final = "queue"
 CLUSTER: Final = "cluster"
-PLACES: Final = (SESSION, QUEUE, CLUSTER)
+BRIDGE: Final = "bridge"
+PLACES: Final = (SESSION, QUEUE, CLUSTER, BRIDGE)
 
 
 class Held(Protocol):

@@ -21,6 +21,7 @@ from typing import Any, cast
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from trimaran.runtime.flow import Held
 from trimaran.runtime.limits import RuntimeLimits, RuntimeStats, Traffic
 from trimaran.runtime.memory import Memory
 from trimaran.runtime.transport import GONE, Conn, HullFactory
@@ -69,7 +70,8 @@ class Runner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._empty: anyio.Event | None = None
         self._servers: list[asyncio.Server] = []
-        self.current: Conn | None = None  # the connection whose events are being acted on
+        # Whose frames are being acted on: a connection, or a bridge's remote (a gate holds it).
+        self.current: Held | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------
 

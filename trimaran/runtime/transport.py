@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol, cast
 
-from trimaran.runtime.flow import SESSION, Gate
+from trimaran.runtime.flow import SESSION, Gate, Held
 from trimaran.runtime.limits import RuntimeLimits, RuntimeStats, Traffic
 from trimaran.runtime.machine import Machine
 from trimaran.runtime.memory import Memory
@@ -100,7 +100,7 @@ class Runner(Protocol):
     stats: RuntimeStats
     traffic: Traffic
     memory: Memory
-    current: Conn | None  # the connection whose events are being acted on
+    current: Held | None  # whose events are being acted on (a connection, a bridge)
     read_work: list[Callable[[], None]]  # queued by after_read: run at the end of a read
 
     def admit(self, conn: Conn) -> str | None: ...

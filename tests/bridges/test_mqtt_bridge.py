@@ -1,0 +1,167 @@
+"""Bridges to a real Mosquitto (trimaran/bridges/mqtt.py): topics out, in and both ways, gaps."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.support.mosquitto import running_mosquitto
+from tests.support.paho import V5, V311, Client, Endpoints, connect
+from tests.support.server import RunningServer, serving
+
+VERSIONS = {"mqttv311": V311, "mqttv50": V5}
+
+
+@contextmanager
+def bridged(directory: Path, remote_port: int, topics: list[str], **settings: str) -> Iterator[RunningServer]:
+    """Trimaran with one bridge, ``cloud``, to the broker on ``remote_port``; yields it connected."""
+    directory.mkdir(exist_ok=True)
+    table = {
+        "name": "cloud",
+        "address": f"127.0.0.1:{remote_port}",
+        "restart_timeout": "0.2 0.5",
+        "topic": topics,
+        **settings,
+    }
+    config = directory / "trimaran.toml"  # JSON's strings and arrays are TOML's
+    config.write_text(
+        "[[bridges]]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in table.items())
+    )
+    args = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "off", "--http", "off"]
+    server = RunningServer([*args, "--config", str(config)], cwd=directory).start()
+    with serving(server):
+        assert server.wait_for_log("bridge cloud: connected"), server.output()
+        yield server
+
+
+def local_client(server: RunningServer, client_id: str, version: object = V311, **kwargs: object) -> Client:
+    return connect(Endpoints("127.0.0.1", server.ports["mqtt"]), client_id, version=version, **kwargs)  # type: ignore[arg-type]
+
+
+def remote_client(port: int, client_id: str, version: object = V311, **kwargs: object) -> Client:
+    return connect(Endpoints("127.0.0.1", port), client_id, version=version, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("protocol", list(VERSIONS))
+def test_topics_go_out_and_come_in_with_their_prefixes(tmp_path: Path, protocol: str) -> None:
+    topics = ["sensors/# out 1 edge/ cloud/", "cmd/# in 1 edge/ cloud/"]
+    with (
+        running_mosquitto(tmp_path) as port,
+        bridged(tmp_path / "t", port, topics, bridge_protocol_version=protocol) as server,
+    ):
+        version = VERSIONS[protocol]
+        local = local_client(server, "device-app", version)
+        remote = remote_client(port, "cloud-app", version)
+        local.subscribe("edge/cmd/#", 1)
+        remote.subscribe("cloud/sensors/#", 1)
+        local.publish("edge/sensors/t1", b"21.5", qos=1)
+        got = remote.expect()
+        assert (got.topic, got.payload, got.qos) == ("cloud/sensors/t1", b"21.5", 1)
+        remote.publish("cloud/cmd/reboot", b"now", qos=1)
+        got = local.expect()
+        assert (got.topic, got.payload, got.qos) == ("edge/cmd/reboot", b"now", 1)
+        # Only what the lines name crosses, and each way only.
+        local.publish("edge/other", b"x", qos=1)
+        local.publish("edge/cmd/local", b"x", qos=1)
+        remote.publish("cloud/sensors/from-cloud", b"x", qos=1)
+        assert local.expect().topic == "edge/cmd/local"
+        assert remote.expect().topic == "cloud/sensors/from-cloud"
+        local.expect_none(0.5)
+        remote.expect_none(0.1)
+        local.disconnect()
+        remote.disconnect()
+
+
+@pytest.mark.parametrize("protocol", list(VERSIONS))
+def test_both_ways_no_message_comes_back(tmp_path: Path, protocol: str) -> None:
+    with (
+        running_mosquitto(tmp_path) as port,
+        bridged(tmp_path / "t", port, ["chat/# both 1"], bridge_protocol_version=protocol) as server,
+    ):
+        local = local_client(server, "local")
+        remote = remote_client(port, "remote")
+        local.subscribe("chat/#", 1)
+        remote.subscribe("chat/#", 1)
+        local.publish("chat/a", b"from here", qos=1)
+        remote.publish("chat/b", b"from there", qos=1)
+        seen_here = sorted((m.topic, m.payload) for m in local.drain(2))
+        seen_there = sorted((m.topic, m.payload) for m in remote.drain(2))
+        expected = [("chat/a", b"from here"), ("chat/b", b"from there")]
+        assert seen_here == expected and seen_there == expected
+        local.expect_none(1.0)  # a loop would bring each back, again and again
+        remote.expect_none(0.1)
+        local.disconnect()
+        remote.disconnect()
+
+
+def test_retained_flags_cross_and_the_state_is_published_here(tmp_path: Path) -> None:
+    with running_mosquitto(tmp_path) as port, bridged(tmp_path / "t", port, ["status/# out 1"]) as server:
+        local = local_client(server, "local")
+        local.publish("status/pump", b"on", qos=1, retain=True)
+        time.sleep(0.3)
+        late = remote_client(port, "late")
+        late.subscribe("status/#", 1)
+        got = late.expect()
+        assert (got.topic, got.payload, got.retain) == ("status/pump", b"on", True)
+        # Mosquitto's notifications: 1 retained while connected.
+        local.subscribe("$SYS/broker/connection/#", 0)
+        got = local.expect()
+        assert (got.topic, got.payload, got.retain) == (
+            "$SYS/broker/connection/trimaran.cloud/state",
+            b"1",
+            True,
+        )
+        local.disconnect()
+        late.disconnect()
+
+
+def test_qos1_messages_published_in_a_gap_arrive_once_the_remote_is_back(tmp_path: Path) -> None:
+    remote_dir = tmp_path / "remote"
+    remote_dir.mkdir()
+    with running_mosquitto(remote_dir, persistence=True) as port:
+        # A subscriber with a session Mosquitto keeps (on disk) across its restart.
+        keeper = remote_client(port, "keeper", clean=False)
+        keeper.subscribe("cloud/#", 1)
+        keeper.disconnect()
+        server_cm = bridged(tmp_path / "t", port, ["# out 1 edge/ cloud/"])
+        server = server_cm.__enter__()
+    try:
+        assert server.wait_for_log("bridge cloud: the remote closed", 10) or server.wait_for_log(
+            "bridge cloud: cannot connect", 10
+        ), server.output()
+        local = local_client(server, "device")
+        for i in range(20):
+            local.publish(f"edge/r/{i}", str(i).encode(), qos=1)  # acknowledged here, held for there
+        local.disconnect()
+        with running_mosquitto(remote_dir, port=port, persistence=True):
+            assert server.wait_for_log_count("bridge cloud: connected", 2, 10), server.output()
+            keeper = remote_client(port, "keeper", clean=False)
+            got = keeper.drain(20)
+            assert [(m.topic, m.payload) for m in got] == [
+                (f"cloud/r/{i}", str(i).encode()) for i in range(20)
+            ]
+            keeper.expect_none(0.5)
+            keeper.disconnect()
+    finally:
+        server_cm.__exit__(None, None, None)
+
+
+def test_messages_from_the_remote_go_into_a_queue_and_are_acknowledged_once_stored(tmp_path: Path) -> None:
+    with (
+        running_mosquitto(tmp_path) as port,
+        bridged(tmp_path / "t", port, ['jobs/# in 1 $queue/ ""']) as server,
+    ):
+        remote = remote_client(port, "producer")
+        for i in range(5):
+            remote.publish(f"jobs/{i}", f"job {i}".encode(), qos=1)
+        worker = local_client(server, "worker", V5)
+        worker.subscribe("$queue/jobs", 1)
+        got = worker.drain(5)
+        assert sorted(m.payload for m in got) == [f"job {i}".encode() for i in range(5)]
+        worker.disconnect()
+        remote.disconnect()

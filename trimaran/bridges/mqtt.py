@@ -1,0 +1,644 @@
+"""A bridge to another MQTT broker, configured as Mosquitto's bridges are (``[[bridges]]``).
+
+Locally the bridge is one more subscriber of the router (its ``out`` topics) and one more publisher
+(its ``in`` topics, into the router or a ``$queue/``), in its vhost. Remotely it is an MQTT client
+(``mqtt/client.py``) on one connection it keeps up, reconnecting with backoff.
+
+Nothing acknowledged is let go early:
+
+- **Out.** A QoS 1/2 message waits in the bridge's queue until the remote acknowledges it (PUBACK,
+  PUBREC); a reconnect to a kept session sends again, with DUP, what was not. The queue is bounded in
+  bytes: while the remote is connected and behind, the publishers feeding the bridge are held (the
+  runtime's gate, as a slow subscriber holds them); while it is away, newer QoS 1/2 messages past the
+  bound are dropped and counted, as an offline session's are, and QoS 0 ones are not kept at all
+  (Mosquitto's bridge keeps none either). The queue lives in memory: a restart of this server loses
+  what it holds (logged with the count).
+- **In.** A message from the remote is acknowledged to it only once it is here: routed, or committed
+  to its ``$queue/``; the acknowledgements leave in the order the messages came (``InOrder``). While
+  a local subscriber it feeds is behind, the bridge's socket is not read (it is one more publisher
+  the gates hold).
+
+Loops: the bridge's local subscriptions are No Local (it never takes back what it published here);
+at the remote, MQTT 5 subscriptions are No Local too, and 3.1.1 announces a bridge (``try_private``),
+which Mosquitto answers by sending it nothing it published itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import ssl
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import anyio
+
+from trimaran.broker.core import Broker
+from trimaran.broker.message import Message, now_ms
+from trimaran.broker.router import Delivery, SubscriptionOptions
+from trimaran.config import BridgeSettings, BridgeTopic
+from trimaran.mqtt.client import (
+    Acknowledged,
+    ClientConnection,
+    ClientSession,
+    Closed,
+    Connected,
+    Received,
+    Subscribed,
+)
+from trimaran.mqtt.codec import NO_PROPERTIES
+from trimaran.mqtt.mapping import message_from_publish, publish_properties
+from trimaran.mqtt.packets import MQTT_3_1_1, MQTT_5, Connect, Publish
+from trimaran.mqtt.packets import SubscriptionOptions as RemoteOptions
+from trimaran.queue.manager import PublishResult, QueueManager
+from trimaran.queue.policy import QueueError, parse_queue_topic
+from trimaran.runtime.confirms import InOrder
+from trimaran.runtime.flow import Gate, Stalled
+from trimaran.runtime.runner import Runner
+from trimaran.topics import topic_matches
+from trimaran.vhosts import prefix
+
+log = logging.getLogger("trimaran.bridges")
+
+CONNECT_TIMEOUT_S = 10.0
+#: States, as the log, the API and the metrics name them.
+CONNECTING, CONNECTED, WAITING, STOPPED = "connecting", "connected", "waiting", "stopped"
+
+
+@dataclass(slots=True)
+class BridgeFigures:
+    """What an operator reads of one bridge (the API, metrics, ``trimaran bridges``)."""
+
+    state: str = CONNECTING
+    address: str = ""  # the remote's, of the current or last connection
+    last_error: str | None = None
+    connects: int = 0  # connections the remote accepted
+    sent: int = 0  # outbound messages handed to the remote (QoS 1/2: acknowledged by it)
+    received: int = 0  # inbound messages taken here
+    dropped: int = 0  # outbound messages not kept (QoS 0 while away, past queue_bytes while away)
+    refused: int = 0  # messages a side refused: the remote (5.0 reason codes) or a local queue
+    queued: int = 0  # outbound messages waiting or unacknowledged
+    queued_bytes: int = 0
+    since: float = 0.0  # loop time of the last state change
+
+
+@dataclass(slots=True)
+class _Inbound:
+    """A message from the remote, acknowledged to it once ``done`` (in arrival order)."""
+
+    publish: Publish
+    done: bool = False
+    refused: bool = False
+
+
+def _size(publish: Publish) -> int:
+    return len(publish.payload) + len(publish.topic)
+
+
+class MqttBridge:
+    """One ``[[bridges]]`` table: its local subscriptions, its queue, its remote connection.
+
+    ``runner``: whose frames are being acted on (a publisher the gate holds) and the loop;
+    ``make_gate``: the runtime's gates (app.flow_gates), one for the bridge's queue.
+    """
+
+    def __init__(
+        self,
+        settings: BridgeSettings,
+        broker: Broker,
+        *,
+        node_name: str,
+        runner: Runner,
+        make_gate: Callable[[Stalled], Gate],
+        queues: QueueManager | None = None,
+        stalled_timeout_s: float = 30.0,
+    ) -> None:
+        self.settings = settings
+        self.name = settings.name
+        self.broker = broker
+        self.queues = queues
+        self.runner = runner
+        self.topics = settings.topics
+        self.level = MQTT_5 if settings.bridge_protocol_version == "mqttv50" else MQTT_3_1_1
+        self.client_id = settings.remote_clientid or f"{node_name}.{settings.name}"
+        self.vhost_prefix = prefix(settings.vhost)
+        self.figures = BridgeFigures()
+        self.session = ClientSession()
+        self._id = f"$bridge/{settings.name}"
+        self._gate = make_gate(self._stalled)
+        self._stalled_timeout_s = stalled_timeout_s
+        self._waiting: deque[Publish] = deque()  # outbound, not yet sent
+        self._sizes: dict[int, int] = {}  # outbound sent and unacknowledged: packet id -> size
+        self._inbound: InOrder[_Inbound] = InOrder()
+        self._machine: ClientConnection | None = None
+        self._transport: asyncio.Transport | None = None
+        self._writable = True
+        self._held_by = 0
+        self._flush_due = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._gone: anyio.Event | None = None
+        self._dropped_in_gap = 0
+        self._sent_mark = 0
+        self._stopping = False
+
+    # -- the local side: a subscriber of the router ------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    def subscribe_locally(self) -> None:
+        for topic in self.topics:
+            if topic.direction != "in":
+                options = SubscriptionOptions(
+                    qos=topic.qos, no_local=True, retain_as_published=True, tag=topic
+                )
+                self.broker.router.subscribe(self, self.vhost_prefix + topic.local_filter, options)
+
+    def deliver(self, message: Message, delivery: Delivery[Any]) -> None:
+        options = delivery.subscriptions[0].options if delivery.subscriptions else None
+        topic: BridgeTopic | None = options.tag if options is not None else None
+        if topic is None:
+            return
+        local = message.topic[len(self.vhost_prefix) :]
+        if not local.startswith(topic.local_prefix):
+            return
+        qos = min(message.qos, delivery.qos)
+        machine = self._machine
+        figures = self.figures
+        if (machine is None or not machine.connected) and (
+            qos == 0 or figures.queued_bytes >= self.settings.queue_bytes
+        ):
+            figures.dropped += 1
+            self._dropped_in_gap += 1
+            return
+        properties = NO_PROPERTIES
+        if self.level == MQTT_5:
+            properties = publish_properties(message)
+            properties.message_expiry_interval = message.remaining_expiry_s(now_ms())
+        publish = Publish(
+            topic.remote_prefix + local[len(topic.local_prefix) :],
+            message.payload,
+            qos,
+            message.retain and delivery.retain_as_published,
+            properties=properties,
+        )
+        self._waiting.append(publish)
+        figures.queued += 1
+        figures.queued_bytes += _size(publish)
+        if machine is not None and machine.connected:
+            if figures.queued_bytes > self.settings.queue_bytes:
+                self._gate.hold()
+            self._flush_soon()
+
+    # -- the flow control's view: a publisher held, and a place that holds ---------------------------
+
+    def held(self, on: bool) -> None:
+        """A local subscriber the bridge feeds is behind (``on``): the remote is not read."""
+        self._held_by += 1 if on else -1
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            if self._held_by:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
+
+    def _stalled(self, idle_s: float) -> bool:
+        """The remote has taken nothing for ``idle_s`` while publishers wait: past the stalled
+        consumer time-out the connection is dropped (it is made again, and the queue sent again)."""
+        if idle_s < self._stalled_timeout_s:
+            return True
+        log.warning(
+            "bridge %s: the remote took nothing for %.0f s with %d messages queued; reconnecting",
+            self.name,
+            idle_s,
+            self.figures.queued,
+        )
+        self._gate.release()
+        if self._transport is not None:
+            self._transport.abort()
+        return False
+
+    # -- the connection ---------------------------------------------------------------------------
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Subscribe locally, then keep a connection to the remote until cancelled."""
+        self.subscribe_locally()
+        task_status.started()
+        base, cap = BridgeSettings.restart_times(self.settings.restart_timeout)
+        delay = base
+        addresses = self.settings.addresses()
+        turn = 0
+        try:
+            while True:
+                host, port = addresses[turn % len(addresses)]
+                turn += 1
+                self.figures.address = f"{host}:{port}"
+                self._set_state(CONNECTING, None)
+                connects = self.figures.connects
+                try:
+                    await self._connect_once(host, port)
+                except (OSError, TimeoutError, ssl.SSLError) as exc:
+                    self._set_state(WAITING, f"cannot connect to {host}:{port}: {exc}")
+                if self.figures.connects > connects:
+                    delay = base  # it was up: start the backoff again
+                else:
+                    delay = min(cap, random.uniform(base, delay * 3)) if cap > base else base
+                log.info("bridge %s: next try in %.1f s", self.name, delay)
+                await anyio.sleep(delay)
+        finally:
+            self.broker.router.unsubscribe_all(self)
+            self._set_state(STOPPED, None)
+
+    async def _connect_once(self, host: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        context = self._tls_context()
+        with anyio.fail_after(CONNECT_TIMEOUT_S):
+            transport, _wire = await loop.create_connection(
+                lambda: _Wire(self), host, port, ssl=context, server_hostname=host if context else None
+            )
+        self._made(transport)  # (uvloop may call connection_made after this returns: the same)
+        settings = self.settings
+        self._machine = ClientConnection(
+            self._connect_packet(),
+            self.session,
+            loop.time(),
+            connect_timeout=CONNECT_TIMEOUT_S,
+            max_inflight=settings.max_inflight_messages,
+            bridge=settings.try_private and self.level != MQTT_5,
+        )
+        gone = self._gone = anyio.Event()
+        self._flush()
+        try:
+            await gone.wait()
+        finally:
+            self._gate.release()
+            transport.abort()
+            self._transport = None
+            self._machine = None
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._notify(False)
+
+    def _connect_packet(self) -> Connect:
+        settings = self.settings
+        connect = Connect(
+            protocol_name="MQTT",
+            protocol_level=self.level,
+            clean_start=settings.cleansession,
+            keep_alive=settings.keepalive_interval,
+            client_id=self.client_id,
+            username=settings.remote_username,
+            password=(
+                settings.remote_password.get_secret_value().encode()
+                if settings.remote_password is not None
+                else None
+            ),
+        )
+        if self.level == MQTT_5 and not settings.cleansession:
+            connect.properties.session_expiry_interval = settings.session_expiry_interval
+        if connect.password is not None and connect.username is None:
+            connect.username = ""
+        return connect
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        settings = self.settings
+        if settings.bridge_cafile is None:
+            return None
+        context = ssl.create_default_context(cafile=str(settings.bridge_cafile))
+        if settings.bridge_certfile is not None:
+            context.load_cert_chain(
+                str(settings.bridge_certfile),
+                str(settings.bridge_keyfile) if settings.bridge_keyfile is not None else None,
+            )
+        if settings.bridge_insecure:
+            context.check_hostname = False
+        return context
+
+    async def stop(self) -> None:
+        """At shutdown: let the remote take what is queued (the app bounds the wait), then
+        DISCONNECT. What is still queued after that is lost, and the log says how much."""
+        self._stopping = True
+        while self._machine is not None and self._machine.connected and self.figures.queued:
+            await anyio.sleep(0.02)
+        machine = self._machine
+        if machine is not None and machine.connected and self._transport is not None:
+            machine.disconnect(self._loop_time())
+            self._transport.write(machine.data_to_send())
+        if self.figures.queued:
+            log.warning(
+                "bridge %s: %d outbound messages (%d bytes) not acknowledged by the remote at shutdown "
+                "are lost",
+                self.name,
+                self.figures.queued,
+                self.figures.queued_bytes,
+            )
+
+    # -- what the socket brings ---------------------------------------------------------------------
+
+    def _made(self, transport: asyncio.Transport) -> None:
+        if transport is self._transport:
+            return
+        self._transport = transport
+        self._writable = True
+        if self._held_by:
+            transport.pause_reading()
+
+    def _data(self, data: bytes) -> None:
+        machine = self._machine
+        if machine is None:
+            return
+        machine.receive_data(data, self._loop_time())
+        self._events(machine)
+
+    def _lost(self, exc: Exception | None) -> None:
+        machine = self._machine
+        if machine is not None and not machine.closed:
+            machine.receive_eof()
+            if exc is not None:
+                machine.close_reason = f"connection lost: {exc}"
+            self._events(machine)
+        if self._gone is not None:
+            self._gone.set()
+
+    def _events(self, machine: ClientConnection) -> None:
+        runner = self.runner
+        outer = runner.current
+        runner.current = self  # a publisher the gates can hold
+        try:
+            while (event := machine.next_event()) is not None:
+                if isinstance(event, Received):
+                    self._received(machine, event.publish)
+                elif isinstance(event, Acknowledged):
+                    self._acknowledged(event)
+                elif isinstance(event, Connected):
+                    self._connected(machine, event)
+                elif isinstance(event, Subscribed):
+                    self._subscribed(event)
+                elif isinstance(event, Closed):
+                    self._closed(event)
+        finally:
+            runner.current = outer
+        self._flush()
+
+    def _connected(self, machine: ClientConnection, event: Connected) -> None:
+        figures = self.figures
+        figures.connects += 1
+        if not event.session_present:
+            # The remote forgot what it sent before: nothing from then is acknowledged (its packet
+            # identifiers are new messages' now). What is in flight here still arrives.
+            self._inbound = InOrder()
+        self._set_state(CONNECTED, None)
+        if self._dropped_in_gap:
+            log.warning(
+                "bridge %s: %d outbound messages dropped while the remote was away (QoS 0, or past "
+                "queue_bytes)",
+                self.name,
+                self._dropped_in_gap,
+            )
+            self._dropped_in_gap = 0
+        remote = [
+            (
+                topic.remote_filter,
+                RemoteOptions(
+                    topic.qos,
+                    no_local=self.level == MQTT_5,
+                    retain_as_published=self.level == MQTT_5,
+                    retain_handling=1 if event.session_present else 0,
+                ),
+            )
+            for topic in self.topics
+            if topic.direction != "out"
+        ]
+        if remote:
+            machine.subscribe(remote, self._loop_time())
+        self._notify(True)
+
+    def _subscribed(self, event: Subscribed) -> None:
+        wanted = [topic for topic in self.topics if topic.direction != "out"]
+        for topic, code in zip(wanted, event.reason_codes, strict=False):
+            if code >= 0x80:
+                log.warning(
+                    "bridge %s: the remote refused the subscription to %r (0x%02X)",
+                    self.name,
+                    topic.remote_filter,
+                    code,
+                )
+
+    def _closed(self, event: Closed) -> None:
+        self._set_state(WAITING, event.reason)
+        transport = self._transport
+        machine = self._machine
+        if transport is not None:
+            if machine is not None:
+                transport.write(machine.data_to_send())
+            transport.close()
+        if self._gone is not None:
+            self._gone.set()
+
+    # -- in: from the remote --------------------------------------------------------------------------
+
+    def _received(self, machine: ClientConnection, publish: Publish) -> None:
+        topic = self._inbound_topic(publish.topic)
+        if topic is None:
+            log.warning("bridge %s: no in topic maps %r from the remote; dropped", self.name, publish.topic)
+            self._acknowledge(machine, publish)
+            return
+        local = topic.local_prefix + publish.topic[len(topic.remote_prefix) :]
+        publish.topic = local
+        message = message_from_publish(publish, self._id, None, self.vhost_prefix)
+        self.figures.received += 1
+        if local.startswith("$queue/") and self.queues is not None and publish.qos:
+            entry = self._inbound.add(_Inbound(publish))
+            self._to_queue(message, entry)
+            return
+        self.broker.publish(message)
+        if publish.qos:
+            self._inbound.add(_Inbound(publish, done=True))
+            self._acknowledge_ready()
+
+    def _inbound_topic(self, remote_topic: str) -> BridgeTopic | None:
+        for topic in self.topics:
+            if (
+                topic.direction != "out"
+                and remote_topic.startswith(topic.remote_prefix)
+                and topic_matches(topic.remote_filter, remote_topic)
+            ):
+                return topic
+        return None
+
+    def _to_queue(self, message: Message, entry: _Inbound) -> None:
+        assert self.queues is not None
+        parsed = parse_queue_topic(message.topic)
+
+        def done(_result: PublishResult | None, error: QueueError | None) -> None:
+            if error is not None:
+                # The write failed: not acknowledged, and the connection goes, so that the remote
+                # sends it (and what came after) again.
+                log.error("bridge %s: a message for %r was not stored: %s", self.name, message.topic, error)
+                if self._transport is not None:
+                    self._transport.abort()
+                return
+            entry.done = True
+            self._acknowledge_ready()
+            self._flush()
+
+        try:
+            if parsed is None or parsed[2] is not None:
+                raise QueueError("bad-topic", f"{message.topic!r} is not a queue to publish to")
+            queue, routing_key, _control = parsed
+            self.queues.publish_nowait(queue, message, routing_key, done, held=self)
+        except QueueError as exc:
+            log.warning("bridge %s: %s refused: %s", self.name, message.topic, exc)
+            self.figures.refused += 1
+            entry.done = entry.refused = True
+            self._acknowledge_ready()
+
+    def _acknowledge_ready(self) -> None:
+        machine = self._machine
+        for entry in self._inbound.ready():
+            if machine is not None:
+                self._acknowledge(machine, entry.publish)
+
+    def _acknowledge(self, machine: ClientConnection, publish: Publish) -> None:
+        machine.acknowledge(publish, self._loop_time())
+
+    # -- out: to the remote -----------------------------------------------------------------------------
+
+    def _acknowledged(self, event: Acknowledged) -> None:
+        size = self._sizes.pop(event.packet_id, 0)
+        figures = self.figures
+        figures.queued -= 1
+        figures.queued_bytes -= size
+        if event.reason_code >= 0x80:
+            figures.refused += 1
+            log.warning("bridge %s: the remote refused a message (0x%02X)", self.name, event.reason_code)
+        else:
+            figures.sent += 1
+        self._sent_mark += 1
+        self._gate.saw(self._sent_mark)
+        if self._gate.holding and figures.queued_bytes <= self.settings.queue_bytes // 2:
+            self._gate.release()
+
+    def _flush_soon(self) -> None:
+        if not self._flush_due:
+            self._flush_due = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Send what the window lets go, write what the machine has, and keep its deadline."""
+        self._flush_due = False
+        machine = self._machine
+        transport = self._transport
+        if machine is None or transport is None:
+            return
+        if machine.connected and self._writable:
+            self._send_waiting(machine)
+        data = machine.data_to_send()
+        if data:
+            transport.write(data)
+        self._arm(machine)
+
+    def _send_waiting(self, machine: ClientConnection) -> None:
+        waiting = self._waiting
+        figures = self.figures
+        now = self._loop_time()
+        while waiting:
+            publish = waiting[0]
+            if publish.qos and not machine.can_publish:
+                return
+            waiting.popleft()
+            if not machine.fits(publish):
+                log.warning(
+                    "bridge %s: a message to %r is too large for the remote", self.name, publish.topic
+                )
+                figures.dropped += 1
+                figures.queued -= 1
+                figures.queued_bytes -= _size(publish)
+                continue
+            packet_id = machine.publish(publish, now)
+            if packet_id is None:
+                figures.sent += 1
+                figures.queued -= 1
+                figures.queued_bytes -= _size(publish)
+            else:
+                self._sizes[packet_id] = _size(publish)
+
+    def _writing(self, on: bool) -> None:
+        self._writable = on
+        if on:
+            self._flush_soon()
+
+    def _arm(self, machine: ClientConnection) -> None:
+        deadline = machine.next_deadline()
+        if deadline is None:
+            return
+        if self._timer is not None and self._timer_at <= deadline:
+            return  # an earlier timer looks again when it fires
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = deadline
+        self._timer = asyncio.get_running_loop().call_at(deadline, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        machine = self._machine
+        if machine is not None:
+            machine.tick(self._loop_time())
+            self._events(machine)
+
+    # -- what is said about it ------------------------------------------------------------------------
+
+    def _set_state(self, state: str, error: str | None) -> None:
+        figures = self.figures
+        if error is not None:
+            figures.last_error = error
+        if state == figures.state and error is None:
+            return
+        figures.state = state
+        figures.since = self._loop_time()
+        if state == CONNECTED:
+            log.info("bridge %s: connected to %s as %s", self.name, figures.address, self.client_id)
+        elif state == WAITING:
+            log.warning("bridge %s: %s", self.name, error)
+        elif state == STOPPED:
+            log.info("bridge %s: stopped", self.name)
+
+    def _notify(self, up: bool) -> None:
+        """Mosquitto's notifications, here only: 1 or 0 retained to $SYS/broker/connection/ID/state."""
+        if self.settings.notifications:
+            topic = f"{self.vhost_prefix}$SYS/broker/connection/{self.client_id}/state"
+            self.broker.publish(Message(topic, b"1" if up else b"0", 0, True, publisher_id=self._id))
+
+    @staticmethod
+    def _loop_time() -> float:
+        return asyncio.get_running_loop().time()
+
+
+class _Wire(asyncio.Protocol):
+    """The socket's callbacks, handed to the bridge."""
+
+    __slots__ = ("_bridge",)
+
+    def __init__(self, bridge: MqttBridge) -> None:
+        self._bridge = bridge
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._bridge._made(cast(asyncio.Transport, transport))  # (uvloop's is not a subclass)
+
+    def data_received(self, data: bytes) -> None:
+        self._bridge._data(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._bridge._lost(exc)
+
+    def pause_writing(self) -> None:
+        self._bridge._writing(False)
+
+    def resume_writing(self) -> None:
+        self._bridge._writing(True)
