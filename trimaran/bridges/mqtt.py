@@ -6,13 +6,17 @@ Locally the bridge is one more subscriber of the router (its ``out`` topics) and
 
 Nothing acknowledged is let go early:
 
-- **Out.** A QoS 1/2 message waits in the bridge's queue until the remote acknowledges it (PUBACK,
-  PUBREC); a reconnect to a kept session sends again, with DUP, what was not. The queue is bounded in
-  bytes: while the remote is connected and behind, the publishers feeding the bridge are held (the
-  runtime's gate, as a slow subscriber holds them); while it is away, newer QoS 1/2 messages past the
-  bound are dropped and counted, as an offline session's are, and QoS 0 ones are not kept at all
-  (Mosquitto's bridge keeps none either). The queue lives in memory: a restart of this server loses
-  what it holds (logged with the count).
+- **Out.** A QoS 1/2 message goes into the bridge's own durable queue, ``$bridge.NAME`` in its
+  vhost (``queue/``: committed by the group-commit writer, kept across restarts, seen and peeked
+  like any queue). The bridge consumes it with credit as wide as its window to the remote, and
+  acknowledges a delivery there only once the remote has acknowledged the message (PUBACK,
+  PUBREC); one the remote refuses (5.0) is dead-lettered to ``$dlq/$bridge.NAME``. A reconnect to a
+  kept session sends again, with DUP, what was not acknowledged; after a restart of this server the
+  queue hands it out again. The queue is bounded (``queue_bytes`` of payload): while the remote is
+  connected and behind, the publishers feeding the bridge are held (the runtime's gate, as a slow
+  subscriber holds them); while it is away, newer messages past the bound are dropped and counted,
+  as an offline session's are. QoS 0 messages are sent while connected and not kept while away
+  (Mosquitto's bridge keeps none either).
 - **In.** A message from the remote is acknowledged to it only once it is here: routed, or committed
   to its ``$queue/``; the acknowledgements leave in the order the messages came (``InOrder``). While
   a local subscriber it feeds is behind, the bridge's socket is not read (it is one more publisher
@@ -39,7 +43,7 @@ import anyio
 from trimaran.broker.core import Broker
 from trimaran.broker.message import Message, now_ms
 from trimaran.broker.router import Delivery, SubscriptionOptions
-from trimaran.config import BridgeSettings, BridgeTopic
+from trimaran.config import BridgeSettings, BridgeTopic, QueuePolicySettings
 from trimaran.mqtt.client import (
     Acknowledged,
     ClientConnection,
@@ -53,6 +57,8 @@ from trimaran.mqtt.codec import NO_PROPERTIES
 from trimaran.mqtt.mapping import message_from_publish, publish_properties
 from trimaran.mqtt.packets import MQTT_3_1_1, MQTT_5, Connect, Publish
 from trimaran.mqtt.packets import SubscriptionOptions as RemoteOptions
+from trimaran.queue.groups import QueueDelivery
+from trimaran.queue.handles import ConsumerHandle
 from trimaran.queue.manager import PublishResult, QueueManager
 from trimaran.queue.policy import QueueError, parse_queue_topic
 from trimaran.runtime.confirms import InOrder
@@ -64,6 +70,11 @@ from trimaran.vhosts import prefix
 log = logging.getLogger("trimaran.bridges")
 
 CONNECT_TIMEOUT_S = 10.0
+#: A delivery the remote has not acknowledged stays the bridge's however long the remote is away (a
+#: reconnect sends it again itself); the queue must not hand it out again meanwhile.
+HELD_FOR_S = 10 * 365 * 24 * 3600.0
+#: The note (``Message.extra``) of a retained message in the bridge's queue, which keeps no flag.
+RETAINED = "bridge-retained"
 #: States, as the log, the API and the metrics name them.
 CONNECTING, CONNECTED, WAITING, STOPPED = "connecting", "connected", "waiting", "stopped"
 
@@ -80,8 +91,8 @@ class BridgeFigures:
     received: int = 0  # inbound messages taken here
     dropped: int = 0  # outbound messages not kept (QoS 0 while away, past queue_bytes while away)
     refused: int = 0  # messages a side refused: the remote (5.0 reason codes) or a local queue
-    queued: int = 0  # outbound messages waiting or unacknowledged
-    queued_bytes: int = 0
+    in_flight: int = 0  # outbound messages sent and not yet acknowledged by the remote
+    backlog_bytes: int = 0  # payload bytes of outbound QoS 1/2 messages queued or in flight
     since: float = 0.0  # loop time of the last state change
 
 
@@ -91,11 +102,6 @@ class _Inbound:
 
     publish: Publish
     done: bool = False
-    refused: bool = False
-
-
-def _size(publish: Publish) -> int:
-    return len(publish.payload) + len(publish.topic)
 
 
 class MqttBridge:
@@ -113,7 +119,7 @@ class MqttBridge:
         node_name: str,
         runner: Runner,
         make_gate: Callable[[Stalled], Gate],
-        queues: QueueManager | None = None,
+        queues: QueueManager,
         stalled_timeout_s: float = 30.0,
     ) -> None:
         self.settings = settings
@@ -128,10 +134,12 @@ class MqttBridge:
         self.figures = BridgeFigures()
         self.session = ClientSession()
         self._id = f"$bridge/{settings.name}"
+        self.queue = self.vhost_prefix + f"$bridge.{settings.name}"  # its outbound queue's key
+        self._handle: ConsumerHandle | None = None
         self._gate = make_gate(self._stalled)
         self._stalled_timeout_s = stalled_timeout_s
-        self._waiting: deque[Publish] = deque()  # outbound, not yet sent
-        self._sizes: dict[int, int] = {}  # outbound sent and unacknowledged: packet id -> size
+        self._waiting: deque[Publish] = deque()  # outbound QoS 0, not yet sent
+        self._offsets: dict[int, tuple[int, int]] = {}  # packet id -> its delivery's offset, size
         self._inbound: InOrder[_Inbound] = InOrder()
         self._machine: ClientConnection | None = None
         self._transport: asyncio.Transport | None = None
@@ -170,30 +178,53 @@ class MqttBridge:
         qos = min(message.qos, delivery.qos)
         machine = self._machine
         figures = self.figures
-        if (machine is None or not machine.connected) and (
-            qos == 0 or figures.queued_bytes >= self.settings.queue_bytes
-        ):
+        connected = machine is not None and machine.connected
+        if not qos:
+            if connected:
+                self._waiting.append(self._outbound(message, topic, 0))
+                self._flush_soon()
+            else:
+                figures.dropped += 1
+                self._dropped_in_gap += 1
+            return
+        if message.retain:  # a queue keeps no retain flag of its own: the bridge's note says it
+            message = message.copy_with(qos=qos, retain=False, extra={**message.extra, RETAINED: True})
+        elif message.qos != qos:
+            message = message.copy_with(qos=qos)  # the queue keeps it at the QoS it leaves with
+        try:
+            self.queues.publish_nowait(self.queue, message)
+        except QueueError as exc:  # past queue_bytes (reject), or the storage refuses writes
             figures.dropped += 1
             self._dropped_in_gap += 1
+            if exc.reason != "full":
+                log.warning("bridge %s: a message for the remote was not queued: %s", self.name, exc)
             return
+        figures.backlog_bytes += len(message.payload)
+        if connected and figures.backlog_bytes > self.settings.queue_bytes // 2:
+            self._gate.hold()  # the remote is behind: the publisher waits for it
+
+    def _outbound(self, message: Message, topic: BridgeTopic, qos: int) -> Publish:
+        """The PUBLISH for the remote: its topic behind the remote prefix, the retain flag as
+        published, 5.0 properties (with the expiry left)."""
+        local = message.topic[len(self.vhost_prefix) :]
         properties = NO_PROPERTIES
         if self.level == MQTT_5:
             properties = publish_properties(message)
             properties.message_expiry_interval = message.remaining_expiry_s(now_ms())
-        publish = Publish(
-            topic.remote_prefix + local[len(topic.local_prefix) :],
-            message.payload,
-            qos,
-            message.retain and delivery.retain_as_published,
-            properties=properties,
-        )
-        self._waiting.append(publish)
-        figures.queued += 1
-        figures.queued_bytes += _size(publish)
-        if machine is not None and machine.connected:
-            if figures.queued_bytes > self.settings.queue_bytes:
-                self._gate.hold()
-            self._flush_soon()
+        remote = topic.remote_prefix + local[len(topic.local_prefix) :]
+        retain = message.retain or RETAINED in message.extra
+        return Publish(remote, message.payload, qos, retain, properties=properties)
+
+    def _out_topic(self, local: str) -> BridgeTopic | None:
+        """The first out line whose local filter takes ``local`` (a topic without the vhost prefix)."""
+        for topic in self.topics:
+            if (
+                topic.direction != "in"
+                and local.startswith(topic.local_prefix)
+                and topic_matches(topic.local_filter, local)
+            ):
+                return topic
+        return None
 
     # -- the flow control's view: a publisher held, and a place that holds ---------------------------
 
@@ -213,10 +244,10 @@ class MqttBridge:
         if idle_s < self._stalled_timeout_s:
             return True
         log.warning(
-            "bridge %s: the remote took nothing for %.0f s with %d messages queued; reconnecting",
+            "bridge %s: the remote acknowledged nothing for %.0f s, %d messages in flight; reconnecting",
             self.name,
             idle_s,
-            self.figures.queued,
+            self.figures.in_flight,
         )
         self._gate.release()
         if self._transport is not None:
@@ -226,7 +257,9 @@ class MqttBridge:
     # -- the connection ---------------------------------------------------------------------------
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Subscribe locally, then keep a connection to the remote until cancelled."""
+        """Open the outbound queue, subscribe locally, then keep a connection to the remote until
+        cancelled."""
+        await self._open_queue()
         self.subscribe_locally()
         task_status.started()
         base, cap = BridgeSettings.restart_times(self.settings.restart_timeout)
@@ -252,7 +285,20 @@ class MqttBridge:
                 await anyio.sleep(delay)
         finally:
             self.broker.router.unsubscribe_all(self)
+            if self._handle is not None:
+                self._handle.closed = True  # what it holds is handed out again at the next start
             self._set_state(STOPPED, None)
+
+    async def _open_queue(self) -> None:
+        policy = QueuePolicySettings(
+            visibility_timeout_s=HELD_FOR_S,
+            max_attempts=1_000_000,
+            max_length_bytes=self.settings.queue_bytes,
+            overflow="reject",
+        )
+        info = await self.queues.declare(self.queue, policy)
+        self.figures.backlog_bytes = info.bytes
+        self._handle = self.queues.consume(self.queue, _Outlet(self), group="bridge")
 
     async def _connect_once(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
@@ -276,6 +322,8 @@ class MqttBridge:
         try:
             await gone.wait()
         finally:
+            if self._handle is not None:
+                self._handle.set_credit(0)
             self._gate.release()
             transport.abort()
             self._transport = None
@@ -321,23 +369,17 @@ class MqttBridge:
         return context
 
     async def stop(self) -> None:
-        """At shutdown: let the remote take what is queued (the app bounds the wait), then
-        DISCONNECT. What is still queued after that is lost, and the log says how much."""
-        self._stopping = True
-        while self._machine is not None and self._machine.connected and self.figures.queued:
+        """At shutdown: take nothing more from the queue, let the remote acknowledge what is in
+        flight (the app bounds the wait), then DISCONNECT. What it has not acknowledged stays in
+        the queue for the next start."""
+        if self._handle is not None:
+            self._handle.set_credit(0)
+        while self._machine is not None and self._machine.connected and self.figures.in_flight:
             await anyio.sleep(0.02)
         machine = self._machine
         if machine is not None and machine.connected and self._transport is not None:
             machine.disconnect(self._loop_time())
             self._transport.write(machine.data_to_send())
-        if self.figures.queued:
-            log.warning(
-                "bridge %s: %d outbound messages (%d bytes) not acknowledged by the remote at shutdown "
-                "are lost",
-                self.name,
-                self.figures.queued,
-                self.figures.queued_bytes,
-            )
 
     # -- what the socket brings ---------------------------------------------------------------------
 
@@ -418,6 +460,8 @@ class MqttBridge:
         if remote:
             machine.subscribe(remote, self._loop_time())
         self._notify(True)
+        if self._handle is not None:  # what the session resent counts against the window
+            self._handle.set_credit(max(0, machine.max_inflight - self.session.in_flight))
 
     def _subscribed(self, event: Subscribed) -> None:
         wanted = [topic for topic in self.topics if topic.direction != "out"]
@@ -453,9 +497,9 @@ class MqttBridge:
         publish.topic = local
         message = message_from_publish(publish, self._id, None, self.vhost_prefix)
         self.figures.received += 1
-        if local.startswith("$queue/") and self.queues is not None and publish.qos:
-            entry = self._inbound.add(_Inbound(publish))
-            self._to_queue(message, entry)
+        if local.startswith("$queue/"):
+            message.retain = False  # a queue's messages are not retained
+            self._to_queue(message, self._inbound.add(_Inbound(publish)) if publish.qos else None)
             return
         self.broker.publish(message)
         if publish.qos:
@@ -472,11 +516,13 @@ class MqttBridge:
                 return topic
         return None
 
-    def _to_queue(self, message: Message, entry: _Inbound) -> None:
-        assert self.queues is not None
+    def _to_queue(self, message: Message, entry: _Inbound | None) -> None:
+        """Into a local queue; ``entry``: the QoS 1/2 message's, acknowledged once committed."""
         parsed = parse_queue_topic(message.topic)
 
         def done(_result: PublishResult | None, error: QueueError | None) -> None:
+            if entry is None:
+                return
             if error is not None:
                 # The write failed: not acknowledged, and the connection goes, so that the remote
                 # sends it (and what came after) again.
@@ -496,8 +542,9 @@ class MqttBridge:
         except QueueError as exc:
             log.warning("bridge %s: %s refused: %s", self.name, message.topic, exc)
             self.figures.refused += 1
-            entry.done = entry.refused = True
-            self._acknowledge_ready()
+            if entry is not None:
+                entry.done = True  # refused here for good: the remote need not send it again
+                self._acknowledge_ready()
 
     def _acknowledge_ready(self) -> None:
         machine = self._machine
@@ -511,19 +558,56 @@ class MqttBridge:
     # -- out: to the remote -----------------------------------------------------------------------------
 
     def _acknowledged(self, event: Acknowledged) -> None:
-        size = self._sizes.pop(event.packet_id, 0)
+        held = self._offsets.pop(event.packet_id, None)
+        if held is None:
+            return
+        offset, size = held
         figures = self.figures
-        figures.queued -= 1
-        figures.queued_bytes -= size
+        figures.in_flight -= 1
+        figures.backlog_bytes -= size
+        handle = self._handle
+        assert handle is not None
         if event.reason_code >= 0x80:
             figures.refused += 1
-            log.warning("bridge %s: the remote refused a message (0x%02X)", self.name, event.reason_code)
+            code = event.reason_code
+            log.warning("bridge %s: the remote refused a message (0x%02X): dead-lettered", self.name, code)
+            handle.reject_nowait(offset, f"the remote refused it (0x{code:02X})")
         else:
             figures.sent += 1
+            handle.ack_nowait(offset)
+        handle.add_credit(1)
         self._sent_mark += 1
         self._gate.saw(self._sent_mark)
-        if self._gate.holding and figures.queued_bytes <= self.settings.queue_bytes // 2:
+        if self._gate.holding and figures.backlog_bytes <= self.settings.queue_bytes // 4:
             self._gate.release()
+
+    def _from_queue(self, delivery: QueueDelivery) -> None:
+        """A queued message, with the credit given: to the remote."""
+        handle = self._handle
+        machine = self._machine
+        assert handle is not None
+        message = delivery.message
+        if machine is None or not machine.can_publish:
+            handle.set_credit(0)  # (the connection went as this was handed over)
+            handle.release_nowait(delivery.offset)
+            return
+        topic = self._out_topic(message.topic[len(self.vhost_prefix) :])
+        if topic is None:  # a message put in the queue by hand, for no out line
+            handle.reject_nowait(delivery.offset, "no out topic of the bridge takes it")
+            handle.add_credit(1)
+            return
+        publish = self._outbound(message, topic, message.qos)
+        if not machine.fits(publish):
+            log.warning("bridge %s: a message to %r is too large for the remote", self.name, publish.topic)
+            self.figures.refused += 1
+            handle.reject_nowait(delivery.offset, "larger than the remote's maximum packet size")
+            handle.add_credit(1)
+            return
+        packet_id = machine.publish(publish, self._loop_time())
+        assert packet_id is not None
+        self._offsets[packet_id] = (delivery.offset, len(message.payload))
+        self.figures.in_flight += 1
+        self._flush_soon()
 
     def _flush_soon(self) -> None:
         if not self._flush_due:
@@ -537,7 +621,7 @@ class MqttBridge:
         transport = self._transport
         if machine is None or transport is None:
             return
-        if machine.connected and self._writable:
+        if machine.connected and self._writable and self._waiting:
             self._send_waiting(machine)
         data = machine.data_to_send()
         if data:
@@ -545,29 +629,16 @@ class MqttBridge:
         self._arm(machine)
 
     def _send_waiting(self, machine: ClientConnection) -> None:
-        waiting = self._waiting
+        """The QoS 0 messages of this loop turn."""
         figures = self.figures
         now = self._loop_time()
-        while waiting:
-            publish = waiting[0]
-            if publish.qos and not machine.can_publish:
-                return
-            waiting.popleft()
-            if not machine.fits(publish):
-                log.warning(
-                    "bridge %s: a message to %r is too large for the remote", self.name, publish.topic
-                )
-                figures.dropped += 1
-                figures.queued -= 1
-                figures.queued_bytes -= _size(publish)
-                continue
-            packet_id = machine.publish(publish, now)
-            if packet_id is None:
+        for publish in self._waiting:
+            if machine.fits(publish):
+                machine.publish(publish, now)
                 figures.sent += 1
-                figures.queued -= 1
-                figures.queued_bytes -= _size(publish)
             else:
-                self._sizes[packet_id] = _size(publish)
+                figures.dropped += 1
+        self._waiting.clear()
 
     def _writing(self, on: bool) -> None:
         self._writable = on
@@ -642,3 +713,19 @@ class _Wire(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._bridge._writing(True)
+
+
+class _Outlet:
+    """The bridge as its queue's consumer."""
+
+    __slots__ = ("_bridge", "id")
+
+    def __init__(self, bridge: MqttBridge) -> None:
+        self._bridge = bridge
+        self.id = bridge.id
+
+    def deliver(self, delivery: QueueDelivery) -> None:
+        self._bridge._from_queue(delivery)
+
+    def stalled(self, idle_s: float) -> None:
+        """Not asked: a queue with a max-length holds no publishers (the bridge's gate does)."""
