@@ -9,10 +9,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import trustme
 
 from tests.support.mosquitto import running_mosquitto
 from tests.support.paho import V5, V311, Client, Endpoints, connect
-from tests.support.server import RunningServer, serving
+from tests.support.server import RunningServer, serving, unused_port
 
 VERSIONS = {"mqttv311": V311, "mqttv50": V5}
 
@@ -169,3 +170,56 @@ def test_messages_from_the_remote_go_into_a_queue_and_are_acknowledged_once_stor
         assert sorted(m.payload for m in got) == [f"job {i}".encode() for i in range(5)]
         worker.disconnect()
         remote.disconnect()
+
+
+@pytest.mark.parametrize("client_certificate", [False, True])
+def test_over_tls_with_the_remote_verified(tmp_path: Path, client_certificate: bool) -> None:
+    ca = trustme.CA()
+    files = {name: tmp_path / f"{name}.pem" for name in ("ca", "cert", "key", "client", "client-key")}
+    ca.cert_pem.write_to_path(files["ca"])
+    server_cert = ca.issue_cert("localhost", "127.0.0.1")
+    server_cert.cert_chain_pems[0].write_to_path(files["cert"])
+    server_cert.private_key_pem.write_to_path(files["key"])
+    client_cert = ca.issue_cert("trimaran-bridge")
+    client_cert.cert_chain_pems[0].write_to_path(files["client"])
+    client_cert.private_key_pem.write_to_path(files["client-key"])
+    tls_port = unused_port()
+    tls = (
+        f"listener {tls_port} 127.0.0.1\ncafile {files['ca']}\ncertfile {files['cert']}\n"
+        f"keyfile {files['key']}\nrequire_certificate {'true' if client_certificate else 'false'}\n"
+    )
+    settings: dict[str, object] = {"bridge_cafile": str(files["ca"])}
+    if client_certificate:
+        settings |= {"bridge_certfile": str(files["client"]), "bridge_keyfile": str(files["client-key"])}
+    with (
+        running_mosquitto(tmp_path, tls) as port,
+        bridged(tmp_path / "t", tls_port, ["t/# both 1"], **settings) as server,
+    ):
+        assert f"connected to 127.0.0.1:{tls_port}" in server.output()
+        local = local_client(server, "local")
+        remote = remote_client(port, "remote")  # on Mosquitto's plain listener
+        remote.subscribe("t/#", 1)
+        local.publish("t/secret", b"over TLS", qos=1)
+        assert remote.expect().payload == b"over TLS"
+        local.disconnect()
+        remote.disconnect()
+
+
+def test_a_remote_whose_certificate_does_not_verify_is_refused(tmp_path: Path) -> None:
+    ca, other = trustme.CA(), trustme.CA()
+    files = {name: tmp_path / f"{name}.pem" for name in ("ca", "cert", "key", "other")}
+    ca.cert_pem.write_to_path(files["ca"])
+    other.cert_pem.write_to_path(files["other"])
+    server_cert = ca.issue_cert("localhost", "127.0.0.1")
+    server_cert.cert_chain_pems[0].write_to_path(files["cert"])
+    server_cert.private_key_pem.write_to_path(files["key"])
+    tls_port = unused_port()
+    tls = f"listener {tls_port} 127.0.0.1\ncertfile {files['cert']}\nkeyfile {files['key']}\n"
+    with (
+        running_mosquitto(tmp_path, tls),
+        bridged(
+            tmp_path / "t", tls_port, ["t/# out 1"], connected=False, bridge_cafile=str(files["other"])
+        ) as server,
+    ):
+        assert server.wait_for_log("CERTIFICATE_VERIFY_FAILED"), server.output()
+        assert "bridge cloud: connected" not in server.output()

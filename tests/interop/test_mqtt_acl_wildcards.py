@@ -38,8 +38,7 @@ def trimaran_acl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
 def mosquitto_acl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     directory: Path = tmp_path_factory.mktemp("mosquitto-acl")
     (directory / "acl").write_text(RULES)
-    # As root Mosquitto would switch to its own user, who cannot read pytest's private directory.
-    with running_mosquitto(directory, f"user root\nacl_file {directory / 'acl'}\n") as port:
+    with running_mosquitto(directory, f"acl_file {directory / 'acl'}\n") as port:
         yield port
 
 

@@ -28,10 +28,13 @@ def running_mosquitto(
         pytest.skip("Mosquitto is not installed (apt-get install mosquitto; scripts/system-deps.sh)")
     port = port or unused_port()
     conf = directory / "mosquitto.conf"
-    saving = "persistence false\n"
-    if persistence:  # run as root, Mosquitto would be the mosquitto user, who cannot write there
-        saving = f"persistence true\npersistence_location {directory}/\nuser {getpass.getuser()}\n"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n{saving}{extra_conf}")
+    saving = (
+        f"persistence true\npersistence_location {directory}/\n" if persistence else "persistence false\n"
+    )
+    # Run as root, Mosquitto becomes the mosquitto user, who can neither write its data nor read the
+    # tests' certificates in a test's directory.
+    user = f"user {getpass.getuser()}\n"
+    conf.write_text(f"{user}listener {port} 127.0.0.1\nallow_anonymous true\n{saving}{extra_conf}")
     process = subprocess.Popen(
         ["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
