@@ -151,7 +151,7 @@ class MqttBridge:
         self._gone: anyio.Event | None = None
         self._dropped_in_gap = 0
         self._sent_mark = 0
-        self._stopping = False
+        self._restart = anyio.Event()  # set: connect again now (the operator's restart)
 
     # -- the local side: a subscriber of the router ------------------------------------------------
 
@@ -282,7 +282,9 @@ class MqttBridge:
                 else:
                     delay = min(cap, random.uniform(base, delay * 3)) if cap > base else base
                 log.info("bridge %s: next try in %.1f s", self.name, delay)
-                await anyio.sleep(delay)
+                with anyio.move_on_after(delay):
+                    await self._restart.wait()  # (at once when a restart was asked meanwhile)
+                self._restart = anyio.Event()
         finally:
             self.broker.router.unsubscribe_all(self)
             if self._handle is not None:
@@ -367,6 +369,13 @@ class MqttBridge:
         if settings.bridge_insecure:
             context.check_hostname = False
         return context
+
+    def restart(self) -> None:
+        """The operator's restart: the connection (if any) is closed and made again at once."""
+        log.info("bridge %s: restart asked", self.name)
+        if self._transport is not None:
+            self._transport.abort()
+        self._restart.set()
 
     async def stop(self) -> None:
         """At shutdown: take nothing more from the queue, let the remote acknowledge what is in
@@ -475,7 +484,10 @@ class MqttBridge:
                 )
 
     def _closed(self, event: Closed) -> None:
-        self._set_state(WAITING, event.reason)
+        reason = event.reason
+        if event.unanswered and self.settings.try_private and self.level != MQTT_5:
+            reason += " (a broker other than Mosquitto may refuse the bridge flag: try_private = false)"
+        self._set_state(WAITING, reason)
         transport = self._transport
         machine = self._machine
         if transport is not None:

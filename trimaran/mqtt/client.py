@@ -101,6 +101,7 @@ class Closed:
 
     reason: str
     refused: bool = False  # the remote refused the CONNECT: retrying as is may well fail again
+    unanswered: bool = False  # the remote closed the connection before any CONNACK
 
 
 Event = Connected | Received | Acknowledged | Subscribed | Closed
@@ -199,7 +200,10 @@ class ClientConnection:
             self._ping_sent = None  # anything from the remote shows it alive
 
     def receive_eof(self) -> None:
-        self._close("the remote closed the connection")
+        if self._state == _CONNECTING:
+            self._close("the remote closed the connection without answering the CONNECT", unanswered=True)
+        else:
+            self._close("the remote closed the connection")
 
     def next_event(self) -> Event | None:
         while True:
@@ -418,8 +422,8 @@ class ClientConnection:
             self._send(Disconnect(reason_code), None)
         self._close(why)
 
-    def _close(self, why: str) -> None:
+    def _close(self, why: str, *, unanswered: bool = False) -> None:
         if self._state != _CLOSED:
             self._state = _CLOSED
             self.close_reason = why
-            self._pending.append(Closed(why))
+            self._pending.append(Closed(why, unanswered=unanswered))
