@@ -190,13 +190,18 @@ def rss_kib(roots: list[int]) -> int:
 
 @contextlib.contextmanager
 def mosquitto(
-    nodelay: bool = False, tuned: bool = False, timeout: float = 15.0, tls: tuple[str, str] | None = None
+    nodelay: bool = False,
+    tuned: bool = False,
+    timeout: float = 15.0,
+    tls: tuple[str, str] | None = None,
+    extra_conf: list[str] | None = None,
 ) -> Iterator[Running]:
     """Debian's Mosquitto with its default limits, on a free port.
 
     `nodelay=True` adds `set_tcp_nodelay true` (Mosquitto's default is Nagle on). `tuned=True` raises
     the per-client QoS 1/2 limits (20 in flight, 1000 queued, then dropped) to 100 and 100000.
     `tls=(certfile, keyfile)` adds an MQTT over TLS listener on another free port (``Running.tls``).
+    `extra_conf`: more lines at the end of mosquitto.conf (a bridge's, bridge_bench.py).
     """
     if not os.access(MOSQUITTO_BIN, os.X_OK):
         raise BrokerUnavailable(f"{MOSQUITTO_BIN} not installed (apt-get install mosquitto)")
@@ -219,6 +224,7 @@ def mosquitto(
         tls_port = free_port() if tls else None
         if tls:
             lines += [f"listener {tls_port} {HOST}", f"certfile {tls[0]}", f"keyfile {tls[1]}"]
+        lines += extra_conf or []
         conf.write_text("\n".join(lines) + "\n")
         log = Path(tmp, "mosquitto.log")
         with log.open("wb") as out:

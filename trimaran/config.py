@@ -738,9 +738,9 @@ class BridgeSettings(Section):
     queue_bytes: int = Field(
         64 * 1024 * 1024,
         ge=1024,
-        description="bytes (payloads and topics) of outbound messages held while the remote is away or "
-        "behind; connected, publishers are slowed past it, away, newer QoS 1/2 messages are dropped and "
-        "counted",
+        description="payload bytes of outbound QoS 1/2 messages held (in the bridge's queue) for the "
+        "remote: connected, publishers are slowed past half of it; away, newer ones are dropped past it "
+        "and counted",
     )
     notifications: bool = Field(
         True,

@@ -60,6 +60,7 @@ from trimaran.mqtt.packets import SubscriptionOptions as RemoteOptions
 from trimaran.queue.groups import QueueDelivery
 from trimaran.queue.handles import ConsumerHandle
 from trimaran.queue.manager import PublishResult, QueueManager
+from trimaran.queue.outcomes import ACK
 from trimaran.queue.policy import QueueError, parse_queue_topic
 from trimaran.runtime.confirms import InOrder
 from trimaran.runtime.flow import Gate, Stalled
@@ -140,6 +141,7 @@ class MqttBridge:
         self._stalled_timeout_s = stalled_timeout_s
         self._waiting: deque[Publish] = deque()  # outbound QoS 0, not yet sent
         self._offsets: dict[int, tuple[int, int]] = {}  # packet id -> its delivery's offset, size
+        self._acked: list[int] = []  # offsets the remote acknowledged in this read
         self._inbound: InOrder[_Inbound] = InOrder()
         self._machine: ClientConnection | None = None
         self._transport: asyncio.Transport | None = None
@@ -152,6 +154,7 @@ class MqttBridge:
         self._dropped_in_gap = 0
         self._sent_mark = 0
         self._restart = anyio.Event()  # set: connect again now (the operator's restart)
+        self._restarting = False  # the connection is being closed for a restart
 
     # -- the local side: a subscriber of the router ------------------------------------------------
 
@@ -191,15 +194,19 @@ class MqttBridge:
             message = message.copy_with(qos=qos, retain=False, extra={**message.extra, RETAINED: True})
         elif message.qos != qos:
             message = message.copy_with(qos=qos)  # the queue keeps it at the QoS it leaves with
+        size = len(message.payload)
+        if not connected and figures.backlog_bytes + size > self.settings.queue_bytes:
+            figures.dropped += 1  # the queue is full while the remote is away: as an offline session
+            self._dropped_in_gap += 1
+            return
         try:
             self.queues.publish_nowait(self.queue, message)
-        except QueueError as exc:  # past queue_bytes (reject), or the storage refuses writes
+        except QueueError as exc:  # the storage refuses writes (disk full, PostgreSQL away)
             figures.dropped += 1
             self._dropped_in_gap += 1
-            if exc.reason != "full":
-                log.warning("bridge %s: a message for the remote was not queued: %s", self.name, exc)
+            log.warning("bridge %s: a message for the remote was not queued: %s", self.name, exc)
             return
-        figures.backlog_bytes += len(message.payload)
+        figures.backlog_bytes += size
         if connected and figures.backlog_bytes > self.settings.queue_bytes // 2:
             self._gate.hold()  # the remote is behind: the publisher waits for it
 
@@ -261,6 +268,7 @@ class MqttBridge:
         cancelled."""
         await self._open_queue()
         self.subscribe_locally()
+        self.figures.since = self._loop_time()
         task_status.started()
         base, cap = BridgeSettings.restart_times(self.settings.restart_timeout)
         delay = base
@@ -292,12 +300,10 @@ class MqttBridge:
             self._set_state(STOPPED, None)
 
     async def _open_queue(self) -> None:
-        policy = QueuePolicySettings(
-            visibility_timeout_s=HELD_FOR_S,
-            max_attempts=1_000_000,
-            max_length_bytes=self.settings.queue_bytes,
-            overflow="reject",
-        )
+        # No max-length: the bridge bounds it (a limited queue's publishes each take their own
+        # commit; these join the loop turn's), and paces its publishers itself.
+        policy = QueuePolicySettings(visibility_timeout_s=HELD_FOR_S, max_attempts=1_000_000)
+        self.queues.flow.ungated.add(self.queue)
         info = await self.queues.declare(self.queue, policy)
         self.figures.backlog_bytes = info.bytes
         self._handle = self.queues.consume(self.queue, _Outlet(self), group="bridge")
@@ -374,6 +380,7 @@ class MqttBridge:
         """The operator's restart: the connection (if any) is closed and made again at once."""
         log.info("bridge %s: restart asked", self.name)
         if self._transport is not None:
+            self._restarting = True
             self._transport.abort()
         self._restart.set()
 
@@ -435,11 +442,15 @@ class MqttBridge:
                     self._closed(event)
         finally:
             runner.current = outer
+        if self._acked:
+            self._settle_acked()
         self._flush()
 
     def _connected(self, machine: ClientConnection, event: Connected) -> None:
         figures = self.figures
         figures.connects += 1
+        if self._restart.is_set():  # asked while this connection was being made: it is the new one
+            self._restart = anyio.Event()
         if not event.session_present:
             # The remote forgot what it sent before: nothing from then is acknowledged (its packet
             # identifiers are new messages' now). What is in flight here still arrives.
@@ -487,7 +498,11 @@ class MqttBridge:
         reason = event.reason
         if event.unanswered and self.settings.try_private and self.level != MQTT_5:
             reason += " (a broker other than Mosquitto may refuse the bridge flag: try_private = false)"
-        self._set_state(WAITING, reason)
+        if self._restarting:  # this side closed it: not the remote's failure
+            self._restarting = False
+            self._set_state(WAITING, None)
+        else:
+            self._set_state(WAITING, reason)
         transport = self._transport
         machine = self._machine
         if transport is not None:
@@ -577,21 +592,29 @@ class MqttBridge:
         figures = self.figures
         figures.in_flight -= 1
         figures.backlog_bytes -= size
-        handle = self._handle
-        assert handle is not None
         if event.reason_code >= 0x80:
             figures.refused += 1
             code = event.reason_code
             log.warning("bridge %s: the remote refused a message (0x%02X): dead-lettered", self.name, code)
+            handle = self._handle
+            assert handle is not None
             handle.reject_nowait(offset, f"the remote refused it (0x{code:02X})")
+            handle.add_credit(1)
         else:
             figures.sent += 1
-            handle.ack_nowait(offset)
-        handle.add_credit(1)
+            self._acked.append(offset)  # settled, and its credit given back, once for the read
         self._sent_mark += 1
         self._gate.saw(self._sent_mark)
         if self._gate.holding and figures.backlog_bytes <= self.settings.queue_bytes // 4:
             self._gate.release()
+
+    def _settle_acked(self) -> None:
+        """The deliveries the remote acknowledged in one read: one change and one dispatch."""
+        handle = self._handle
+        assert handle is not None
+        handle.settle_all_nowait(self._acked, ACK)
+        handle.add_credit(len(self._acked))
+        self._acked.clear()
 
     def _from_queue(self, delivery: QueueDelivery) -> None:
         """A queued message, with the credit given: to the remote."""
@@ -688,7 +711,10 @@ class MqttBridge:
         if state == CONNECTED:
             log.info("bridge %s: connected to %s as %s", self.name, figures.address, self.client_id)
         elif state == WAITING:
-            log.warning("bridge %s: %s", self.name, error)
+            if error is None:
+                log.info("bridge %s: disconnected for the restart", self.name)
+            else:
+                log.warning("bridge %s: %s", self.name, error)
         elif state == STOPPED:
             log.info("bridge %s: stopped", self.name)
 
@@ -698,9 +724,8 @@ class MqttBridge:
             topic = f"{self.vhost_prefix}$SYS/broker/connection/{self.client_id}/state"
             self.broker.publish(Message(topic, b"1" if up else b"0", 0, True, publisher_id=self._id))
 
-    @staticmethod
-    def _loop_time() -> float:
-        return asyncio.get_running_loop().time()
+    def _loop_time(self) -> float:
+        return self.runner.loop().time()
 
 
 class _Wire(asyncio.Protocol):
@@ -740,4 +765,4 @@ class _Outlet:
         self._bridge._from_queue(delivery)
 
     def stalled(self, idle_s: float) -> None:
-        """Not asked: a queue with a max-length holds no publishers (the bridge's gate does)."""
+        """Not asked: the queue's flow leaves the bridge's queue to the bridge's gate."""

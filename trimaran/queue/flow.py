@@ -81,6 +81,7 @@ class QueueFlow:
         "stalls",
         "timeout_s",
         "times_held",
+        "ungated",
     )
 
     def __init__(
@@ -99,6 +100,9 @@ class QueueFlow:
         self.timeout_s = timeout_s
         self.shared = shared  # durable work queues are claimed from the database: not gated here
         self._gates: dict[QueueState, Gate] = {}
+        # Queues whose reader paces their publishers itself (a bridge's, bridges/mqtt.py: it holds
+        # them while its remote is connected and behind, and keeps what comes while it is away).
+        self.ungated: set[str] = set()
         self.times_held = 0  # queues that began holding their publishers (counted, for the metrics)
         self.stalls = 0  # queues whose consumers were closed for taking nothing
         self.closed = 0  # consumers closed for taking nothing (the metrics' stalled consumers)
@@ -108,8 +112,10 @@ class QueueFlow:
     def backlog(self, state: QueueState) -> tuple[int, int] | None:
         """The messages and payload bytes not yet handed to the group furthest back of those read by
         a consumer that takes what comes; None when the queue is not gated (nobody reads it that
-        way, a max-length, a stream, a shared node's work queue, deleted)."""
+        way, a max-length, a stream, a shared node's work queue, one in ``ungated``, deleted)."""
         if state.deleted or state.policy.mode != "work" or (self.shared and state.durable):
+            return None
+        if state.name in self.ungated:
             return None
         policy = state.policy
         if policy.max_length is not None or policy.max_length_bytes is not None:
