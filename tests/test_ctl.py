@@ -1,4 +1,4 @@
-"""``trimaran status|clients|sessions|queues|webhooks|auth`` against a real server, and the admin API
+"""``trimaran status|clients|sessions|queues|webhooks|bridges|auth`` against a real server, and the admin API
 fixes they rely on: kick by client id, ``next`` links under names with '/', reason phrases."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from urllib.parse import quote
 
 import pytest
 
+from tests.support.bridges import bridged_with_admin
 from tests.support.paho import V5, Endpoints, connect
 from tests.support.server import RunningServer, refused_port, unused_port
 from trimaran import cli, logs
@@ -56,13 +57,13 @@ def mqtt(server: RunningServer) -> Endpoints:
     return Endpoints("127.0.0.1", server.ports["mqtt"])
 
 
-@pytest.fixture
-def ctl(
-    server: RunningServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """The command line, run in this process (a new interpreter's start for each of a hundred
-    commands cost the default run a minute); test_wrong_token_and_unreachable_server runs the
-    installed command itself."""
+Ctl = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def in_process(server: RunningServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ctl:
+    """The command line against ``server``, run in this process (a new interpreter's start for each
+    of a hundred commands cost the default run a minute); test_wrong_token_and_unreachable_server
+    runs the installed command itself."""
     url = f"http://127.0.0.1:{server.ports['http']}"
     for key in [k for k in os.environ if k.startswith("TRIMARAN_")]:
         monkeypatch.delenv(key)
@@ -80,6 +81,11 @@ def ctl(
         return subprocess.CompletedProcess(["trimaran", *command], code, out.getvalue(), err.getvalue())
 
     return run
+
+
+@pytest.fixture
+def ctl(server: RunningServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ctl:
+    return in_process(server, tmp_path, monkeypatch)
 
 
 def request(server: RunningServer, method: str, path: str, body: Any = None) -> tuple[int, str, Any]:
@@ -404,6 +410,37 @@ def test_webhooks_list(ctl: Callable[..., subprocess.CompletedProcess[str]], mqt
     header, row = result.stdout.splitlines()
     assert header.split()[:4] == ["NAME", "URL", "STATE", "BREAKER"]
     assert row.startswith("webhook-0") and "failing (" in row and "cannot connect" in row and "never" in row
+
+
+def test_bridges_list_show_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with bridged_with_admin(tmp_path, TOKEN, ["# out 1 edge/ cloud/"]) as (server, port):
+        ctl = in_process(server, tmp_path, monkeypatch)
+        listing = ctl("bridges")  # alone: the list
+        assert listing.returncode == 0, listing.stderr
+        header, row = listing.stdout.splitlines()
+        assert header.split() == ["NAME", "STATE", "ADDRESS", "SENT", "RECEIVED", "BACKLOG", "BYTES"]
+        name, state, _for, _seconds, address, sent, received, backlog = row.split()
+        assert (name, state, address) == ("cloud", "connected", f"127.0.0.1:{port}")
+        assert (sent, received, backlog) == ("0", "0", "0")
+        assert ctl("bridges", "list").stdout == listing.stdout
+        (listed,) = json.loads(ctl("bridges", "list", "--json").stdout)
+        assert listed["client_id"] == "trimaran.cloud" and listed["connects"] == 1
+
+        shown = ctl("bridges", "show", "cloud")
+        assert shown.returncode == 0, shown.stderr
+        lines = dict(line.split(None, 1) for line in shown.stdout.splitlines())
+        assert lines["state"] == "connected" and lines["queue"] == "$bridge.cloud"
+        assert lines["protocol_version"] == "mqttv311" and lines["last_error"] == "-"
+        assert json.loads(lines["topics"]) == ["# out 1 edge/ cloud/"]
+
+        restarted = ctl("bridges", "restart", "cloud")
+        assert (restarted.returncode, restarted.stdout) == (0, "bridge 'cloud' reconnecting\n")
+        assert server.wait_for_log_count("bridge cloud: connected", 2), server.output()
+
+        for action in ("show", "restart"):
+            missing = ctl("bridges", action, "nowhere")
+            assert (missing.returncode, missing.stderr) == (1, "trimaran: no bridge 'nowhere' (404)\n")
+        assert ctl("bridges", "show").returncode == 2  # no name: a usage error
 
 
 # -- a tenant's queues, sessions and clients, as its clients name them (-p VHOST) -----------------------

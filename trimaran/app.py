@@ -6,6 +6,7 @@ flush what was acknowledged, close storage.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import os
@@ -25,7 +26,14 @@ from trimaran.admin import ui as management_page
 from trimaran.admin.api import AdminApi
 from trimaran.admin.http import HttpServer
 from trimaran.admin.telemetry import FRONT_ENDS, Telemetry
-from trimaran.admin.view import NotReady, PermissionOps, QueueOps, Readiness, ServerCounts
+from trimaran.admin.view import (
+    BridgeStatus,
+    NotReady,
+    PermissionOps,
+    QueueOps,
+    Readiness,
+    ServerCounts,
+)
 from trimaran.admin.webhooks import Webhooks
 from trimaran.amqp091.handler import Amqp091FrontEnd
 from trimaran.amqp1.handler import SELECTOR_MEMORY, Amqp1FrontEnd
@@ -63,7 +71,7 @@ from trimaran.storage.mqtt_store import MqttStore
 from trimaran.storage.store import Storage
 from trimaran.storage.vhost_store import VHostRows
 from trimaran.tenant_limits import TenantLimits, UserLimits, VhostLimits
-from trimaran.vhosts import DEFAULT_VHOST, VHosts, prefix, vhost_of
+from trimaran.vhosts import DEFAULT_VHOST, VHosts, prefix, split_key, vhost_of
 
 if TYPE_CHECKING:
     from trimaran.cluster.node import ClusterNode
@@ -245,7 +253,9 @@ class App:
         ]
         vhosts.on_delete(self._empty_vhost)
         security.on_permission_cleared(self._permission_cleared)
-        self.telemetry.bind(self.broker, self.queues, self.mqtt, self.webhooks, self.runner)
+        self.telemetry.bind(
+            self.broker, self.queues, self.mqtt, self.webhooks, self.runner, bridges=self.bridge_statuses
+        )
         self.telemetry.security = security  # failed logins and refusals in /metrics
         self.listeners = self._build_listeners(tls)
         if settings.http.bind is not None and self.api.locked:
@@ -506,6 +516,43 @@ class App:
         if self.security is None:
             raise NotReady("security")
         return self.security.reload()
+
+    def bridge_statuses(self) -> list[BridgeStatus]:
+        try:
+            now = asyncio.get_running_loop().time()
+        except RuntimeError:  # OTLP's export thread: no loop there, but asyncio's and uvloop's clock
+            now = time.monotonic()  # is the monotonic one
+        statuses = []
+        for bridge in self.bridges:
+            figures, settings = bridge.figures, bridge.settings
+            statuses.append(
+                BridgeStatus(
+                    name=bridge.name,
+                    address=figures.address or settings.address,
+                    client_id=bridge.client_id,
+                    protocol_version=settings.bridge_protocol_version,
+                    vhost=settings.vhost,
+                    state=figures.state,
+                    state_for_s=max(0.0, now - figures.since),
+                    last_error=figures.last_error,
+                    connects=figures.connects,
+                    sent=figures.sent,
+                    received=figures.received,
+                    dropped=figures.dropped,
+                    refused=figures.refused,
+                    in_flight=figures.in_flight,
+                    backlog_bytes=figures.backlog_bytes,
+                    queue=split_key(bridge.queue)[1],
+                    topics=tuple(settings.topic),
+                )
+            )
+        return statuses
+
+    def restart_bridge(self, name: str) -> bool:
+        bridge = next((bridge for bridge in self.bridges if bridge.name == name), None)
+        if bridge is not None:
+            bridge.restart()
+        return bridge is not None
 
     def _deck(self) -> Broker:
         if self.broker is None:

@@ -1,6 +1,6 @@
 """Command line: ``trimaran serve | config show|example | db upgrade|current | audit | export |
 users list|add|delete|set-password | passwd add|remove|list | version`` and the admin API's client
-(``status``, ``clients``, ``sessions``, ``queues``, ``webhooks``, ``auth reload``, ``limits``,
+(``status``, ``clients``, ``sessions``, ``queues``, ``webhooks``, ``bridges``, ``auth reload``, ``limits``,
 ``vhosts``, ``permissions``: trimaran/ctl.py).
 
 Every failure a person can cause ends in one line on stderr and a non-zero status: 2 for settings,

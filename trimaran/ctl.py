@@ -1,6 +1,6 @@
 """The admin API from the shell, as ``rabbitmqctl`` and ``emqx ctl`` are: ``trimaran status``,
 ``clients list|show|kick``, ``sessions list|show|delete``, ``queues list|show|peek|purge|redrive|delete``,
-``webhooks list``, ``auth reload``,
+``webhooks list``, ``bridges [list]|show|restart``, ``auth reload``,
 ``limits list|set-vhost|clear-vhost|set-user|clear-user|set-default-user``, ``vhosts list|add|delete``,
 ``permissions list|set|clear``.
 
@@ -34,7 +34,18 @@ from urllib.parse import quote, urlencode, urljoin
 
 from trimaran.config import Settings
 
-COMMANDS = ("status", "clients", "sessions", "queues", "webhooks", "auth", "limits", "vhosts", "permissions")
+COMMANDS = (
+    "status",
+    "clients",
+    "sessions",
+    "queues",
+    "webhooks",
+    "bridges",
+    "auth",
+    "limits",
+    "vhosts",
+    "permissions",
+)
 TOKEN_ENV = "TRIMARAN_ADMIN_TOKEN"
 EXIT_ANSWERED_ERROR = 1
 EXIT_UNREACHABLE = 2
@@ -123,6 +134,19 @@ def add_commands(commands: Any, common: argparse.ArgumentParser, command: AddCom
         "each endpoint: healthy or failing, last error, last success, queued, sent, dropped",
         parents=parents,
     )
+
+    # `trimaran bridges` alone lists them, so the group takes the admin options as each action does.
+    # Given before an action they are lost (argparse lets the action's defaults win): they go after it.
+    bridges = command(
+        commands, "bridges", "bridges to other MQTT brokers of a running server (alone: list them)",
+        parents=parents,
+    )  # fmt: skip
+    sub = bridges.add_subparsers(dest="action")
+    bridges.set_defaults(action="list")  # after add_subparsers, whose own default is None
+    command(sub, "list", "each bridge: state, address, messages sent and received, backlog", parents=parents)
+    command(sub, "show", "one bridge: every figure and its topic lines", parents=parents).add_argument("name")
+    restart = command(sub, "restart", "drop a bridge's connection and connect again at once", parents=parents)
+    restart.add_argument("name")
 
     auth = command(commands, "auth", "users and access rules of a running server")
     sub = auth.add_subparsers(dest="action", required=True)
@@ -410,6 +434,13 @@ def _dispatch(client: AdminClient, args: argparse.Namespace) -> int:
         return _show_done(client.call("DELETE", path + of), as_json)
     if command == "webhooks":
         return _show_list(client.pages("/api/v1/webhooks"), as_json, WEBHOOK_COLUMNS)
+    if command == "bridges":
+        if action == "list":
+            return _show_list(client.pages("/api/v1/bridges"), as_json, BRIDGE_COLUMNS)
+        path = f"/api/v1/bridges/{_segment(args.name)}"
+        if action == "show":
+            return _show_record(client.call("GET", path), as_json)
+        return _show_done(client.call("POST", f"{path}/restart"), as_json)
     if command == "auth":
         return _show_done(client.call("POST", "/api/v1/auth/reload"), as_json)
     if command == "limits":
@@ -598,6 +629,14 @@ WEBHOOK_COLUMNS: list[Column] = [
     ("QUEUED", _field("queued")),
     ("SENT", _field("sent")),
     ("DROPPED", _field("dropped")),
+]
+BRIDGE_COLUMNS: list[Column] = [
+    ("NAME", _field("name")),
+    ("STATE", lambda b: f"{b['state']} for {_duration(b['state_for_s'])}"),
+    ("ADDRESS", _field("address")),
+    ("SENT", _field("sent")),
+    ("RECEIVED", _field("received")),
+    ("BACKLOG BYTES", _field("backlog_bytes")),
 ]
 VHOST_COLUMNS: list[Column] = [
     ("NAME", _field("name")),

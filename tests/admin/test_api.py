@@ -19,6 +19,8 @@ from urllib.parse import quote
 import jsonschema
 import pytest
 
+from tests.bridges.test_mqtt_bridge import remote_client
+from tests.support.bridges import bridged_with_admin
 from tests.support.paho import V5, Endpoints, PacketTypes, connect, props
 from tests.support.server import RunningServer, serving
 from trimaran import compiled
@@ -594,6 +596,73 @@ def test_vhosts_and_permissions_round_trip(api: Api) -> None:
         {"user": "bob", "vhost": "made-for-bob", "configure": ".*", "write": ".*", "read": ".*"}
     ]
     assert api.call("DELETE", "/api/v1/vhosts/made-for-bob")[0] == 200
+
+
+def test_bridges_listed_shown_metered_and_restarted(tmp_path: Path) -> None:
+    """A bridge to a real Mosquitto: its figures in the list, the record and /metrics; a restart drops
+    the connection and makes it again."""
+    with bridged_with_admin(tmp_path, TOKEN, ["# out 1 edge/ cloud/"], SERVER_ENV) as (server, port):
+        bridged = Api(server.ports["http"])
+
+        def shown() -> Any:
+            return bridged.call("GET", "/api/v1/bridges/cloud")[1]
+
+        watcher = remote_client(port, "watcher")
+        watcher.subscribe("cloud/#", 1)
+        sensor = connect(Endpoints("127.0.0.1", server.ports["mqtt"]), "sensor", version=V5)
+        try:
+            sensor.publish("edge/t1", b"21.5", qos=1)
+            assert watcher.expect().topic == "cloud/t1"
+            wait_for(lambda: shown()["sent"] == 1)
+            status, page, _ = bridged.call("GET", "/api/v1/bridges")
+            assert status == 200 and page["next"] is None
+            (cloud,) = page["items"]
+            expected = {
+                "name": "cloud",
+                "address": f"127.0.0.1:{port}",
+                "client_id": "trimaran.cloud",  # NODE_NAME.NAME
+                "protocol_version": "mqttv311",
+                "vhost": "/",
+                "state": "connected",
+                "last_error": None,
+                "connects": 1,
+                "received": 0,
+                "in_flight": 0,
+                "backlog_bytes": 0,
+                "queue": "$bridge.cloud",
+                "topics": ["# out 1 edge/ cloud/"],
+            }
+            assert {key: cloud[key] for key in expected} == expected and 0 <= cloud["state_for_s"] < 60
+            assert bridged.call("GET", "/api/v1/bridges?vhost=t1")[1]["items"] == []
+            # Its outbound queue is a queue like the others, named as the vhost's clients name it.
+            assert bridged.call("GET", f"/api/v1/queues/{q('$bridge.cloud')}")[1]["depth"] == 0
+            for method, path in [
+                ("GET", "/api/v1/bridges/nowhere"),
+                ("POST", "/api/v1/bridges/nowhere/restart"),
+            ]:
+                status, body, _ = bridged.call(method, path)
+                assert status == 404 and body["error"]["code"] == "no_bridge"
+
+            status, body, _ = bridged.call("POST", "/api/v1/bridges/cloud/restart")
+            assert status == 202 and body == {"ok": True, "detail": "bridge 'cloud' reconnecting"}
+            assert server.wait_for_log_count("bridge cloud: connected", 2), server.output()
+            wait_for(lambda: shown()["connects"] == 2)
+            assert shown()["state"] == "connected"
+            sensor.publish("edge/t2", b"22.0", qos=1)
+            assert watcher.expect().topic == "cloud/t2"  # over the new connection
+
+            wait_for(lambda: shown()["sent"] == 2)
+            text = bridged.call("GET", "/metrics", token=None)[1]
+            metrics = dict(
+                line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("trimaran_bridge")
+            )
+            assert float(metrics['trimaran_bridge_up{bridge="cloud"}']) == 1
+            assert float(metrics['trimaran_bridge_connects_total{bridge="cloud"}']) == 2
+            assert float(metrics['trimaran_bridge_messages_total{bridge="cloud",direction="out"}']) == 2
+            assert float(metrics['trimaran_bridge_backlog_bytes{bridge="cloud"}']) == 0
+        finally:
+            sensor.disconnect()
+            watcher.disconnect()
 
 
 def test_every_response_was_checked_against_the_document(api: Api) -> None:

@@ -19,7 +19,7 @@ HULLS = ("trimaran.mqtt", "trimaran.amqp091", "trimaran.amqp1")
 
 # room -> module prefixes it must not import
 FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "admin": (*HULLS, "trimaran.app", "trimaran.net", "trimaran.cli", "trimaran.ctl"),
+    "admin": (*HULLS, "trimaran.app", "trimaran.net", "trimaran.cli", "trimaran.ctl", "trimaran.bridges"),
     "broker": (
         *HULLS,
         "trimaran.app",

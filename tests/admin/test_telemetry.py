@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 
 from trimaran.admin.telemetry import Telemetry, prometheus_name
+from trimaran.admin.view import BridgeStatus
 from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker
 from trimaran.config import TelemetrySettings
@@ -93,6 +94,61 @@ def test_webhook_counters_and_commit_histogram() -> None:
     # Every sample line is "name{labels} value" and every family has HELP and TYPE.
     families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
     assert {"trimaran_webhook_requests_total", "trimaran_storage_commit_rows"} <= families
+
+
+def bridge(name: str, state: str, **figures: int) -> BridgeStatus:
+    counts = {"connects": 0, "sent": 0, "received": 0, "dropped": 0, "refused": 0, "in_flight": 0}
+    return BridgeStatus(
+        name=name,
+        address="127.0.0.1:1883",
+        client_id=f"trimaran.{name}",
+        protocol_version="mqttv311",
+        vhost="/",
+        state=state,
+        state_for_s=1.0,
+        last_error=None,
+        backlog_bytes=figures.pop("backlog_bytes", 0),
+        queue=f"$bridge.{name}",
+        topics=("# out 1",),
+        **counts | figures,
+    )
+
+
+def test_bridge_families_are_labelled_with_each_bridge_name() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    telemetry = Telemetry(TelemetrySettings())  # per bridge even without per_object_metrics
+    assert "trimaran_bridge_up" not in telemetry.prometheus_text()  # nothing bound: no family
+    bridges = [
+        bridge("cloud", "connected", connects=2, sent=7, received=3, in_flight=1, backlog_bytes=300),
+        bridge("backup", "waiting", dropped=4, refused=1),
+    ]
+    telemetry.bind(bridges=lambda: bridges)
+    text = telemetry.prometheus_text()
+    got = samples(text)
+    assert got['trimaran_bridge_up{bridge="cloud"}'] == 1 and got['trimaran_bridge_up{bridge="backup"}'] == 0
+    assert got['trimaran_bridge_connects_total{bridge="cloud"}'] == 2
+    assert got['trimaran_bridge_messages_total{bridge="cloud",direction="out"}'] == 7
+    assert got['trimaran_bridge_messages_total{bridge="cloud",direction="in"}'] == 3
+    assert got['trimaran_bridge_dropped_total{bridge="backup"}'] == 4
+    assert got['trimaran_bridge_refused_total{bridge="backup"}'] == 1
+    assert got['trimaran_bridge_in_flight{bridge="cloud"}'] == 1
+    assert got['trimaran_bridge_backlog_bytes{bridge="cloud"}'] == 300
+    kinds = {f.name: (f.type, f.documentation) for f in text_string_to_metric_families(text)}
+    for name, kind in [
+        ("trimaran_bridge_up", "gauge"),
+        ("trimaran_bridge_connects", "counter"),
+        ("trimaran_bridge_messages", "counter"),
+        ("trimaran_bridge_dropped", "counter"),
+        ("trimaran_bridge_refused", "counter"),
+        ("trimaran_bridge_in_flight", "gauge"),
+        ("trimaran_bridge_backlog_bytes", "gauge"),
+    ]:
+        assert kinds[name][0] == kind and kinds[name][1], name
+    bridges[0] = bridge("cloud", "connecting", connects=2, sent=9)  # read at each scrape
+    got = samples(telemetry.prometheus_text())
+    assert got['trimaran_bridge_up{bridge="cloud"}'] == 0
+    assert got['trimaran_bridge_messages_total{bridge="cloud",direction="out"}'] == 9
 
 
 def test_prometheus_names() -> None:

@@ -1,6 +1,7 @@
 """The management page at /ui in a real headless Chromium (selenium): log in with a token, see a
 queue appear after an MQTT publish, purge it, publish from the page, see the sessions, kick a client,
-see a failing webhook endpoint, watch the charts move under load; and the files it is served from.
+see a failing webhook endpoint, watch the charts move under load, see a bridge to a real Mosquitto and
+restart it; and the files it is served from.
 With TRIMARAN_SCREENSHOTS=DIR it takes the manual's screenshots of each page.
 
 Needs Debian's ``chromium`` and ``chromium-driver`` (scripts/system-deps.sh installs them) and
@@ -13,10 +14,12 @@ import http.client
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.bridges import bridged_with_admin
 from tests.support.browser import needs_browser, snap, wait
 from tests.support.paho import V5, Endpoints, connect
 from tests.support.server import RunningServer, refused_port
@@ -356,3 +359,38 @@ def test_vhosts_page_adds_a_vhost_sets_a_permission_and_filters_by_vhost(
     wait(lambda: not browser.find_elements(By.CSS_SELECTOR, row))
     assert not browser.find_elements(By.CSS_SELECTOR, permission)  # it went with the vhost
     wait(lambda: "team-b" not in [o.text for o in Select(browser.find_element(By.ID, "vhost")).options])
+
+
+@needs_browser
+def test_bridges_tab_shows_a_bridge_and_restarts_it(tmp_path: Path, browser: Any) -> None:
+    """A server of its own, with a bridge to a real Mosquitto (skipped without one)."""
+    from selenium.webdriver.common.by import By
+
+    with bridged_with_admin(tmp_path, TOKEN, ["# out 1 edge/ cloud/"]) as (server, port):
+        browser.get(f"http://127.0.0.1:{server.ports['http']}/ui")
+        if browser.find_element(By.ID, "login").is_displayed():
+            browser.find_element(By.ID, "token").send_keys(TOKEN)
+            browser.find_element(By.CSS_SELECTOR, "#login button").click()
+        browser.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="bridges"]').click()
+        row = '#bridge-rows tr[data-bridge="cloud"]'
+
+        def shown(field: str) -> str:
+            return str(browser.find_element(By.CSS_SELECTOR, f'{row} td[data-field="{field}"]').text)
+
+        assert wait(lambda: shown("state").startswith("connected for "))
+        assert shown("address") == f"127.0.0.1:{port} (MQTT 3.1.1)"
+        assert (shown("last-error"), shown("backlog")) == ("-", "0")
+        assert browser.find_element(By.ID, "bridges-none").is_displayed() is False
+
+        sensor = connect(Endpoints("127.0.0.1", server.ports["mqtt"]), "page-sensor", version=V5)
+        try:
+            for n in range(3):
+                sensor.publish(f"edge/t{n}", b"21.5", qos=1)
+        finally:
+            sensor.disconnect()
+        assert wait(lambda: shown("sent") == "3")  # the remote acknowledged each
+        snap(browser, "bridges")
+
+        click(browser, f"{row} button", "Restart")
+        assert server.wait_for_log_count("bridge cloud: connected", 2), server.output()
+        assert wait(lambda: shown("state").startswith("connected for "))

@@ -14,7 +14,15 @@ from pydantic import SecretStr
 from trimaran.admin.api import AdminApi, openapi_document
 from trimaran.admin.http import HttpServer, Request, Response
 from trimaran.admin.telemetry import Telemetry
-from trimaran.admin.view import AdminView, NotReady, PermissionOps, QueueOps, Readiness, ServerCounts
+from trimaran.admin.view import (
+    AdminView,
+    BridgeStatus,
+    NotReady,
+    PermissionOps,
+    QueueOps,
+    Readiness,
+    ServerCounts,
+)
 from trimaran.admin.webhooks import Webhooks
 from trimaran.broker.clients import ClientRegistry
 from trimaran.broker.events import EventBus
@@ -69,6 +77,8 @@ class View:
     def __init__(self, webhooks: Webhooks | None, directory: SessionDirectory | None) -> None:
         self._webhooks = webhooks
         self._directory = directory
+        self.bridges: list[BridgeStatus] = []
+        self.restarted: list[str] = []  # the bridges restart_bridge was asked for
 
     @property
     def node(self) -> str:
@@ -122,6 +132,15 @@ class View:
 
     async def cluster_nodes(self) -> dict[str, Any] | None:
         return self.nodes
+
+    def bridge_statuses(self) -> list[BridgeStatus]:
+        return self.bridges
+
+    def restart_bridge(self, name: str) -> bool:
+        if all(bridge.name != name for bridge in self.bridges):
+            return False
+        self.restarted.append(name)
+        return True
 
     nodes: dict[str, Any] | None = None
 
@@ -243,3 +262,46 @@ def test_the_cluster_lists_its_nodes_and_a_node_alone_answers_404() -> None:
         ("a", "alive"),
         ("b", "dead"),
     ]
+
+
+def bridge(name: str, vhost: str = "/", **figures: Any) -> BridgeStatus:
+    values: dict[str, Any] = {
+        "address": "cloud.example:8883",
+        "client_id": f"edge-1.{name}",
+        "protocol_version": "mqttv50",
+        "vhost": vhost,
+        "state": "waiting",
+        "state_for_s": 12.34567,
+        "last_error": "cannot connect to cloud.example:8883: refused",
+        "connects": 2,
+        "sent": 10,
+        "received": 4,
+        "dropped": 1,
+        "refused": 0,
+        "in_flight": 0,
+        "backlog_bytes": 512,
+        "queue": f"$bridge.{name}",
+        "topics": ("sensors/# out 1 edge/ cloud/",),
+    }
+    return BridgeStatus(name=name, **values | figures)
+
+
+def test_bridges_come_from_the_view_alone() -> None:
+    view = View(None, None)
+    view.bridges = [bridge("uplink", "t1", state="connected", last_error=None), bridge("cloud")]
+    server, doc = serve(view)
+    status, page = call(server, doc, "GET", "/api/v1/bridges")
+    assert status == 200 and [b["name"] for b in page["items"]] == ["cloud", "uplink"]  # by name
+    cloud = page["items"][0]
+    assert (cloud["state"], cloud["state_for_s"], cloud["backlog_bytes"]) == ("waiting", 12.346, 512)
+    assert cloud["topics"] == ["sensors/# out 1 edge/ cloud/"] and cloud["queue"] == "$bridge.cloud"
+    only = call(server, doc, "GET", "/api/v1/bridges?vhost=t1")[1]["items"]
+    assert [b["name"] for b in only] == ["uplink"]
+    status, one = call(server, doc, "GET", "/api/v1/bridges/uplink")
+    assert status == 200 and one["state"] == "connected" and one["last_error"] is None
+    status, body = call(server, doc, "GET", "/api/v1/bridges/nowhere")
+    assert (status, body["error"]["code"]) == (404, "no_bridge")
+    status, body = call(server, doc, "POST", "/api/v1/bridges/cloud/restart")
+    assert status == 202 and body["ok"] and view.restarted == ["cloud"]
+    status, body = call(server, doc, "POST", "/api/v1/bridges/nowhere/restart")
+    assert (status, body["error"]["code"]) == (404, "no_bridge") and view.restarted == ["cloud"]

@@ -38,7 +38,7 @@ from trimaran import __version__, compiled
 from trimaran.admin.history import MAX_QUEUES
 from trimaran.admin.http import HttpError, HttpServer, Request, Response
 from trimaran.admin.telemetry import PROMETHEUS_CONTENT_TYPE, Telemetry
-from trimaran.admin.view import AdminView, NotReady, PermissionOps, QueueOps
+from trimaran.admin.view import AdminView, BridgeStatus, NotReady, PermissionOps, QueueOps
 from trimaran.broker.message import Message, now_ms
 from trimaran.broker.sessions import SessionDirectory, SessionInfo
 from trimaran.config import (
@@ -373,6 +373,28 @@ class WebhookOut(Model):
     connections: int = Field(description="connections opened to the endpoint (kept alive and reused)")
 
 
+class BridgeOut(Model):
+    name: str = Field(description="the [[bridges]] table's name")
+    address: str = Field(description="the remote, HOST:PORT, of the current or last connection")
+    client_id: str = Field(description="the bridge's client id at the remote")
+    protocol_version: Literal["mqttv311", "mqttv50"] = Field(description="the MQTT spoken to the remote")
+    vhost: str = Field(description="the local vhost it publishes into and subscribes in")
+    state: Literal["connecting", "connected", "waiting", "stopped"] = Field(
+        description="waiting: for the next try, after a failed or lost connection"
+    )
+    state_for_s: float = Field(description="seconds since the state last changed")
+    last_error: str | None = Field(description="why the last connection failed or ended")
+    connects: int = Field(description="connections the remote accepted")
+    sent: int = Field(description="messages handed to the remote (QoS 1/2: once it acknowledged them)")
+    received: int = Field(description="messages taken from the remote")
+    dropped: int = Field(description="outbound messages not kept: QoS 0 while away, or past queue_bytes")
+    refused: int = Field(description="messages refused by the remote (MQTT 5) or by a local queue")
+    in_flight: int = Field(description="outbound messages sent and not yet acknowledged by the remote")
+    backlog_bytes: int = Field(description="payload bytes of outbound QoS 1/2 messages queued or in flight")
+    queue: str = Field(description="its outbound queue in its vhost (/api/v1/queues/{name}?vhost=)")
+    topics: list[str] = Field(description="the topic lines, as configured")
+
+
 class QueueSampleOut(Model):
     depth: int = Field(description="messages held when sampled")
     published_per_s: float | None = Field(description="per second since the sample before (null: none)")
@@ -415,6 +437,7 @@ SubscriptionPage = page_model(SubscriptionOut)
 QueuePage = page_model(QueueOut)
 MessagePage = page_model(MessageOut)
 WebhookPage = page_model(WebhookOut)
+BridgePage = page_model(BridgeOut)
 VhostPage = page_model(VhostOut)
 PermissionPage = page_model(PermissionOut)
 TopicPermissionPage = page_model(TopicPermissionOut)
@@ -716,6 +739,7 @@ class AdminApi:
                 query=PAGED,
                 tags=("webhooks",),
             ),
+            *self._bridge_routes(),
             ApiRoute(
                 "POST",
                 f"{p}/auth/reload",
@@ -1061,6 +1085,44 @@ class AdminApi:
             raise NotReady("webhooks")
         states = webhooks.stats()
         return _page(request, WebhookPage, states, list(range(len(states))), _webhook_out)
+
+    # -- bridges to other MQTT brokers ([[bridges]]) --------------------------------------------------
+
+    def _bridge_routes(self) -> list[ApiRoute]:
+        p, tags = f"{PREFIX}/bridges", ("bridges",)
+        return [
+            ApiRoute(
+                "GET", p, "Bridges to other MQTT brokers: state, remote, last error, counters, backlog",
+                self.list_bridges, {200: BridgePage}, query=(*PAGED, IN_VHOST), tags=tags,
+            ),
+            ApiRoute("GET", f"{p}/{{name}}", "One bridge", self.show_bridge, {200: BridgeOut}, tags=tags),
+            ApiRoute(
+                "POST", f"{p}/{{name}}/restart",
+                "Drop a bridge's connection and connect again at once (what is not acknowledged is sent "
+                "again); answered before it reconnects",
+                self.restart_bridge, {202: Done}, tags=tags,
+            ),
+        ]  # fmt: skip
+
+    async def list_bridges(self, request: Request) -> Response:
+        vhost = _vhost_filter(request)
+        bridges = [b for b in self.view.bridge_statuses() if vhost is None or b.vhost == vhost]
+        bridges.sort(key=lambda b: b.name)
+        return _page(request, BridgePage, bridges, [b.name for b in bridges], _bridge_out)
+
+    async def show_bridge(self, request: Request) -> Response:
+        name = request.params["name"]
+        bridge = next((b for b in self.view.bridge_statuses() if b.name == name), None)
+        if bridge is None:
+            raise HttpError(404, "no_bridge", f"no bridge {name!r}")
+        return _ok(_bridge_out(bridge))
+
+    async def restart_bridge(self, request: Request) -> Response:
+        name = request.params["name"]
+        if not self.view.restart_bridge(name):
+            raise HttpError(404, "no_bridge", f"no bridge {name!r}")
+        log.info("bridges: %r restarted through the admin API", name)
+        return _ok(Done(ok=True, detail=f"bridge {name!r} reconnecting"), 202)
 
     async def reload_auth(self, _request: Request) -> Response:
         if not self.view.reload_security():
@@ -1490,6 +1552,11 @@ def _session_out(session: SessionInfo) -> SessionOut:
     )
 
 
+def _bridge_out(bridge: BridgeStatus) -> BridgeOut:
+    fields = {name: getattr(bridge, name) for name in BridgeOut.model_fields}
+    return BridgeOut(**fields | {"state_for_s": round(bridge.state_for_s, 3), "topics": list(bridge.topics)})
+
+
 def _webhook_out(state: dict[str, Any]) -> WebhookOut:
     fields = {name: state[name] for name in WebhookOut.model_fields if name in state}
     return WebhookOut(
@@ -1682,6 +1749,7 @@ def _operation_name(path: str) -> str:
 _STATUS_TEXT = {
     200: "OK",
     201: "Created",
+    202: "Accepted, under way",
     400: "Bad request (body, parameter or cursor)",
     401: "No token, or a wrong one (WWW-Authenticate says which)",
     404: "Not found",

@@ -45,6 +45,7 @@ from trimaran.runtime.flow import PLACES, QUEUE, SESSION
 from trimaran.vhosts import DEFAULT_VHOST, split_key
 
 if TYPE_CHECKING:
+    from trimaran.admin.view import BridgeStatus
     from trimaran.admin.webhooks import Webhooks
     from trimaran.broker.core import Broker
     from trimaran.broker.sessions import SessionDirectory
@@ -103,6 +104,7 @@ class Telemetry:
         self.webhooks: Webhooks | None = None
         self.security: Security | None = None
         self.runner: Runner | None = None
+        self.bridges: Callable[[], list[BridgeStatus]] | None = None  # the view's bridge_statuses
         self.reader = InMemoryMetricReader()
         readers: list[MetricReader] = [self.reader]
         if settings.otlp_endpoint:
@@ -297,6 +299,7 @@ class Telemetry:
             "1 while a breaker is open or half-open",
         )
         self._limit_instruments(counter, gauge)
+        self._bridge_instruments(counter, gauge)
         self.registry = exposition.build_registry(self.metrics_data)
 
     def _limit_instruments(self, counter: Callable[..., Any], gauge: Callable[..., Any]) -> None:
@@ -310,6 +313,52 @@ class Telemetry:
         gauge("trimaran.vhost.connections", [self._vhost_connections], "1", "logged-in connections per vhost")
         gauge("trimaran.vhost.limit", [self._vhost_limits], "1", "each vhost's configured limits (0: none)")
 
+    def _bridge_instruments(self, counter: Callable[..., Any], gauge: Callable[..., Any]) -> None:
+        """Bridges to other MQTT brokers (trimaran/bridges/), labelled with the bridge's name: the
+        operator's own, so always per bridge."""
+        gauge(
+            "trimaran.bridge.up",
+            [self._bridge(lambda b: int(b.state == "connected"))],
+            "1",
+            "1 while the bridge is connected to its remote",
+        )
+        counter(
+            "trimaran.bridge.connects",
+            [self._bridge(lambda b: b.connects)],
+            "1",
+            "connections the remote accepted",
+        )
+        counter(
+            "trimaran.bridge.messages",
+            [self._bridge_messages],
+            "1",
+            "messages handed to the remote (out; QoS 1/2 once it acknowledged them) and taken from it (in)",
+        )
+        counter(
+            "trimaran.bridge.dropped",
+            [self._bridge(lambda b: b.dropped)],
+            "1",
+            "outbound messages not kept: QoS 0 while the remote is away, or past queue_bytes",
+        )
+        counter(
+            "trimaran.bridge.refused",
+            [self._bridge(lambda b: b.refused)],
+            "1",
+            "messages refused by the remote (MQTT 5 reason codes) or by a local queue",
+        )
+        gauge(
+            "trimaran.bridge.in_flight",
+            [self._bridge(lambda b: b.in_flight)],
+            "1",
+            "outbound messages sent and not yet acknowledged by the remote",
+        )
+        gauge(
+            "trimaran.bridge.backlog.bytes",
+            [self._bridge(lambda b: b.backlog_bytes)],
+            "By",
+            "payload bytes of outbound QoS 1/2 messages queued for the remote or in flight",
+        )
+
     # -- wiring -----------------------------------------------------------------------------------
 
     def bind(
@@ -319,9 +368,11 @@ class Telemetry:
         sessions: SessionDirectory | None = None,
         webhooks: Webhooks | None = None,
         runner: Runner | None = None,
+        *,
+        bridges: Callable[[], list[BridgeStatus]] | None = None,
     ) -> None:
         self.broker, self.queues, self.sessions, self.webhooks = broker, queues, sessions, webhooks
-        self.runner = runner
+        self.runner, self.bridges = runner, bridges
         if queues is not None:
             queues.writer.on_transaction = self.commit_observed
 
@@ -505,6 +556,25 @@ class Telemetry:
                 ("max_queues", limits.max_queues),
                 ("max_stored_bytes", limits.max_stored_bytes),
             )
+        ]
+
+    def _bridge(self, read: Callable[[BridgeStatus], int]) -> Callback:
+        """One of each bridge's figures, labelled with its name."""
+
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            if self.bridges is None:
+                return []
+            return [Observation(read(bridge), {"bridge": bridge.name}) for bridge in self.bridges()]
+
+        return observe
+
+    def _bridge_messages(self, _options: CallbackOptions) -> Iterable[Observation]:
+        if self.bridges is None:
+            return []
+        return [
+            Observation(count, {"bridge": bridge.name, "direction": direction})
+            for bridge in self.bridges()
+            for direction, count in (("out", bridge.sent), ("in", bridge.received))
         ]
 
     def _sessions(self, _options: CallbackOptions) -> Iterable[Observation]:

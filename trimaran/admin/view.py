@@ -51,6 +51,30 @@ class ServerCounts:
     bytes: dict[str, int]  # received, sent
 
 
+@dataclass(frozen=True, slots=True)
+class BridgeStatus:
+    """One bridge to another MQTT broker (a ``[[bridges]]`` table) as an operator reads it: the API,
+    ``/metrics``, ``trimaran bridges``, the management page."""
+
+    name: str
+    address: str  # HOST:PORT of the current or last connection (before the first, as configured)
+    client_id: str  # the bridge's client id at the remote
+    protocol_version: str  # mqttv311 or mqttv50, as configured
+    vhost: str  # the local vhost it publishes into and subscribes in
+    state: str  # connecting, connected, waiting (for the next try) or stopped
+    state_for_s: float  # seconds since the state last changed
+    last_error: str | None  # why the last connection failed or ended (kept once connected again)
+    connects: int  # connections the remote accepted
+    sent: int  # outbound messages handed to the remote (QoS 1/2: acknowledged by it)
+    received: int  # inbound messages taken here
+    dropped: int  # outbound messages not kept (QoS 0 while away, past queue_bytes while away)
+    refused: int  # messages refused by the remote (5.0 reason codes) or by a local queue
+    in_flight: int  # outbound messages sent and not yet acknowledged by the remote
+    backlog_bytes: int  # payload bytes of outbound QoS 1/2 messages queued or in flight
+    queue: str  # its outbound queue, as the vhost's clients name it ($bridge.NAME)
+    topics: tuple[str, ...]  # the topic lines, as configured
+
+
 class QueueOps(Protocol):
     """The durable queues' operations an operator uses (the queue manager has them)."""
 
@@ -157,4 +181,12 @@ class AdminView(Protocol):
 
     def reload_security(self) -> bool:
         """Read the password and rule files again; False (the old ones stay) when one cannot be read."""
+        ...
+
+    def bridge_statuses(self) -> list[BridgeStatus]:
+        """Each bridge, in the settings' order. Also called off the event loop (OTLP's export thread)."""
+        ...
+
+    def restart_bridge(self, name: str) -> bool:
+        """Drop the bridge's connection and connect again at once; False: no bridge of that name."""
         ...

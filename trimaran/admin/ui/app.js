@@ -3,7 +3,7 @@
 "use strict";
 
 const POLL_MS = 2000;
-const state = { token: sessionStorage.getItem("trimaran-token"), tab: "overview", last: null, lastQueues: {}, timer: null, vhost: "" };
+const state = { token: sessionStorage.getItem("trimaran-token"), tab: "overview", last: null, lastQueues: {}, lastBridges: {}, timer: null, vhost: "" };
 
 const $ = (id) => document.getElementById(id);
 
@@ -308,6 +308,34 @@ async function webhooks() {
   });
 }
 
+async function bridges() {
+  const items = await all("/api/v1/bridges");
+  $("bridges-none").hidden = items.length > 0;
+  const at = Date.now() / 1000;
+  const previous = state.lastBridges;
+  state.lastBridges = {};
+  fill($("bridge-rows"), items, (row, b) => {
+    const before = previous[b.name] || {};
+    const seconds = at - (before.at || at);
+    state.lastBridges[b.name] = { at, sent: b.sent, received: b.received };
+    row.dataset.bridge = b.name;
+    cell(row, b.name); cell(row, b.vhost);
+    const up = cell(row, `${b.state} for ${duration(b.state_for_s)}`);
+    up.dataset.field = "state";
+    up.className = { connected: "good", waiting: "bad", stopped: "bad" }[b.state] || "";
+    const remote = cell(row, `${b.address} (MQTT ${b.protocol_version === "mqttv50" ? "5.0" : "3.1.1"})`);
+    remote.dataset.field = "address";
+    remote.title = `as client ${b.client_id}`;
+    const error = cell(row, b.last_error);
+    error.dataset.field = "last-error";
+    error.className = "wrap";
+    cell(row, rate(b.sent, before.sent, seconds)); cell(row, rate(b.received, before.received, seconds));
+    cell(row, b.sent).dataset.field = "sent"; cell(row, b.received).dataset.field = "received";
+    cell(row, b.dropped); cell(row, b.backlog_bytes).dataset.field = "backlog";
+    button(actions(row), "Restart", () => api("POST", `/api/v1/bridges/${seg(b.name)}/restart`));
+  });
+}
+
 async function cluster() {
   let answer = null;
   try {
@@ -439,7 +467,7 @@ function limitForms() {
     }));
 }
 
-const TABS = { overview, connections, sessions, queues, webhooks, cluster, vhosts, limits, publish: async () => {} };
+const TABS = { overview, connections, sessions, queues, webhooks, bridges, cluster, vhosts, limits, publish: async () => {} };
 
 async function refresh() {
   if (!state.token) return;

@@ -1,0 +1,42 @@
+"""Trimaran with a bridge to a real Mosquitto and its admin API on: what the admin tests (the API,
+``trimaran bridges``, the management page) read and restart. tests/bridges/test_mqtt_bridge.py's
+``bridged`` runs without the admin API; the table written here is the same."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.support.mosquitto import running_mosquitto
+from tests.support.server import RunningServer, serving
+
+ARGS = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "off", "--http", "127.0.0.1:0"]
+
+
+@contextmanager
+def bridged_with_admin(
+    directory: Path, token: str, topics: list[str], env: dict[str, str] | None = None
+) -> Iterator[tuple[RunningServer, int]]:
+    """Mosquitto (the test is skipped without it) and Trimaran with one bridge, ``cloud``, to it,
+    yielded once connected, with the admin API on a free port taking ``token``; and Mosquitto's port."""
+    remote, local = directory / "remote", directory / "server"
+    remote.mkdir()
+    local.mkdir()
+    with running_mosquitto(remote) as port:
+        table = {
+            "name": "cloud",
+            "address": f"127.0.0.1:{port}",
+            "restart_timeout": "0.2 0.5",
+            "topic": topics,
+        }
+        config = local / "trimaran.toml"  # JSON's strings and arrays are TOML's
+        config.write_text(
+            "[[bridges]]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in table.items())
+        )
+        server_env = {"TRIMARAN_HTTP__TOKENS": json.dumps([token]), **(env or {})}
+        server = RunningServer([*ARGS, "--config", str(config)], cwd=local, env=server_env).start()
+        with serving(server):
+            assert server.wait_for_log("bridge cloud: connected"), server.output()
+            yield server, port
