@@ -5,7 +5,8 @@ A remote Mosquitto (the "cloud") runs beside the generator on core 1. The bridgi
 ``[[bridges]]`` table saying the same. The MQTT generator (``cluster_load.py``, i.e. mqtt_load.py
 with its subscribers on another port) publishes QoS 1 fan-in into the bridging broker, and its
 subscriber reads at the remote: the rate is what crossed the bridge, and the CPU is the bridging
-broker's (the generator finds it from ``--port``).
+broker's (the generator finds it from ``--port``; the remote's is ``storage_cpu_pct``). Closed loop
+by default: in open loop Mosquitto's bridge drops what passes its 1,000 queued messages.
 
     python bench/bridge_bench.py [--brokers trimaran,mosquitto] [--runs 3] [--out FILE]
 
@@ -82,6 +83,8 @@ def measure(name: str, a: argparse.Namespace) -> dict[str, object]:
                 "-S", "1",
                 "--port", str(local.mqtt[1]),
                 "--sub-ports", str(remote.mqtt[1]),
+                "--storage-pid", str(remote.pid),  # the remote's CPU: storage_cpu_pct, not foreign
+                "--e2e-window", str(a.e2e_window),
                 "--label", f"{name}-bridge",
                 "--runs", str(a.runs),
                 "--duration", str(a.duration),
@@ -108,6 +111,13 @@ def main() -> None:
     parser.add_argument("--publishers", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument(
+        "--e2e-window",
+        type=int,
+        default=2000,
+        help="closed loop: publishers hold back while this many messages are not yet at the remote "
+        "(Mosquitto's bridge drops past its 1,000 queued in open loop; 0 = open loop)",
+    )
     parser.add_argument("--out", default="", help="also append the generator's lines to this file")
     a = parser.parse_args()
     rates: dict[str, float] = {}
