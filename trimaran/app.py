@@ -38,13 +38,14 @@ from trimaran.admin.webhooks import Webhooks
 from trimaran.amqp091.handler import Amqp091FrontEnd
 from trimaran.amqp1.handler import SELECTOR_MEMORY, Amqp1FrontEnd
 from trimaran.amqp1.selection import parse_selector, selecting
+from trimaran.bridges.fleet import BridgeFleet
 from trimaran.bridges.mqtt import MqttBridge
 from trimaran.broker.clients import ClientRegistry
 from trimaran.broker.core import Broker
 from trimaran.broker.message import Message
 from trimaran.broker.router import Subscription
 from trimaran.broker.sessions import SessionDirectory
-from trimaran.config import ConfigError, Endpoint, Settings, check_settings
+from trimaran.config import BridgeSettings, ConfigError, Endpoint, Settings, check_settings
 from trimaran.errors import bind_failure
 from trimaran.mqtt.handler import MqttFrontEnd
 from trimaran.net.listeners import Listener, ProtocolListener, amqp_port
@@ -93,8 +94,12 @@ def handshake_deadline(settings: Settings) -> float:
 
 
 class App:
-    def __init__(self, settings: Settings) -> None:
+    """``reread``: the settings read again from where they came (the file, the environment, the
+    flags), for a reload of the parts that take new settings while running (the bridges)."""
+
+    def __init__(self, settings: Settings, reread: Callable[[], Settings] | None = None) -> None:
         self.settings = settings
+        self._reread = reread
         self.started_at = time.time()
         self.storage: Storage | None = None
         self.broker: Broker | None = None
@@ -105,7 +110,7 @@ class App:
         self.webhooks: Webhooks | None = None
         self.security: Security | None = None
         self.cluster: ClusterNode | None = None
-        self.bridges: list[MqttBridge] = []
+        self.bridge_fleet: BridgeFleet | None = None
         self.runner = Runner(runtime_limits(settings), tenant_limits(settings))
         self.listeners: list[ProtocolListener | Listener] = []
         self.http = HttpServer(
@@ -239,18 +244,20 @@ class App:
             self.broker, settings, self.queues, amqp_store, security, selecting=queue_selector
         )
         self.amqp1 = Amqp1FrontEnd(self.broker, settings, self.queues, security)
-        self.bridges = [
-            MqttBridge(
+        broker, queues = self.broker, self.queues
+
+        def make_bridge(bridge: BridgeSettings) -> MqttBridge:
+            return MqttBridge(
                 bridge,
-                self.broker,
+                broker,
                 node_name=settings.node_name,
                 runner=self.runner,
                 make_gate=flow_gates(settings, self.runner, BRIDGE),
-                queues=self.queues,
+                queues=queues,
                 stalled_timeout_s=settings.limits.stalled_consumer_timeout_s,
             )
-            for bridge in settings.bridges
-        ]
+
+        self.bridge_fleet = BridgeFleet(make_bridge)
         vhosts.on_delete(self._empty_vhost)
         security.on_permission_cleared(self._permission_cleared)
         self.telemetry.bind(
@@ -273,8 +280,7 @@ class App:
                 await root.start(self.mqtt.run, name="mqtt sessions")
                 await root.start(self.amqp091.run, name="amqp091")
                 await self.amqp1.restore()  # durable topic subscriptions fed again
-                for bridge in self.bridges:
-                    await root.start(bridge.run, name=f"bridge {bridge.name}")
+                await root.start(self.bridge_fleet.run, settings.bridges, name="bridges")
                 async with anyio.create_task_group() as listening:
                     for listener in self.listeners:
                         try:
@@ -408,8 +414,8 @@ class App:
         """Let every connection close its protocol's way, then write what is still in memory."""
         assert self.broker is not None and self.mqtt is not None and self.queues is not None
         await self.runner.shutdown()
-        for bridge in self.bridges:  # what local publishers gave them goes out before they close
-            await bridge.stop()
+        if self.bridge_fleet is not None:  # what local publishers gave them goes out before they close
+            await self.bridge_fleet.stop()
         await self.mqtt.shutdown()
         await self.queues.stop()
         await self.broker.flush()
@@ -421,8 +427,26 @@ class App:
                 if signum == signal.SIGHUP:
                     if self.security is not None:
                         self.security.reload()  # users and rules; no connection is dropped
+                    await self.reload_bridges()
                     continue
                 self.request_stop()
+
+    @property
+    def bridges(self) -> list[MqttBridge]:
+        return [] if self.bridge_fleet is None else list(self.bridge_fleet.bridges.values())
+
+    async def reload_bridges(self) -> dict[str, list[str]] | None:
+        """The bridges of the settings read again: None when they cannot be read (logged; the
+        running bridges go on) or the server was not started from settings it can read again."""
+        if self._reread is None or self.bridge_fleet is None:
+            return None
+        try:
+            settings = self._reread()
+        except ConfigError as exc:
+            log.error("bridges not reloaded, the settings cannot be read: %s", exc)
+            return None
+        done = await self.bridge_fleet.reload(settings.bridges)
+        return {"added": done.added, "removed": done.removed, "changed": done.changed}
 
     # -- what the admin API sees (trimaran.admin.view.AdminView) ---------------------------------
 
@@ -664,9 +688,9 @@ def runtime_limits(settings: Settings) -> RuntimeLimits:
     )
 
 
-def run(settings: Settings) -> None:
-    """Run the server until a signal stops it."""
-    app = App(settings)
+def run(settings: Settings, reread: Callable[[], Settings] | None = None) -> None:
+    """Run the server until a signal stops it; ``reread``: see :class:`App`."""
+    app = App(settings, reread)
     anyio.run(app.run, backend="asyncio", backend_options=_backend_options())
 
 

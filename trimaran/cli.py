@@ -17,7 +17,7 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -222,7 +222,7 @@ def _main(argv: list[str] | None) -> int:
 
     logs.configure(settings.log.level, settings.log.format)
     if args.command == "serve":
-        return _serve(settings)
+        return _serve(settings, lambda: load_settings(args.config, overrides_from(args)))
     if args.command == "config":
         print(json.dumps(masked(settings), indent=2))
         return 0
@@ -260,11 +260,11 @@ def _analytics_missing() -> str | None:
     return None
 
 
-def _serve(settings: Settings) -> int:
+def _serve(settings: Settings, reread: Callable[[], Settings]) -> int:
     from trimaran.app import run
 
     try:
-        run(settings)
+        run(settings, reread)
     except Exception as exc:  # a port in use, a missing file, a database down: one line, no traceback
         problem = startup_problem(exc)
         if problem is None:

@@ -1,6 +1,6 @@
 """The admin API from the shell, as ``rabbitmqctl`` and ``emqx ctl`` are: ``trimaran status``,
 ``clients list|show|kick``, ``sessions list|show|delete``, ``queues list|show|peek|purge|redrive|delete``,
-``webhooks list``, ``bridges [list]|show|restart``, ``auth reload``,
+``webhooks list``, ``bridges [list]|show|restart|reload``, ``auth reload``,
 ``limits list|set-vhost|clear-vhost|set-user|clear-user|set-default-user``, ``vhosts list|add|delete``,
 ``permissions list|set|clear``.
 
@@ -147,6 +147,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser, command: AddCom
     command(sub, "show", "one bridge: every figure and its topic lines", parents=parents).add_argument("name")
     restart = command(sub, "restart", "drop a bridge's connection and connect again at once", parents=parents)
     restart.add_argument("name")
+    command(sub, "reload", "read the [[bridges]] of the settings again, as SIGHUP does", parents=parents)
 
     auth = command(commands, "auth", "users and access rules of a running server")
     sub = auth.add_subparsers(dest="action", required=True)
@@ -437,6 +438,17 @@ def _dispatch(client: AdminClient, args: argparse.Namespace) -> int:
     if command == "bridges":
         if action == "list":
             return _show_list(client.pages("/api/v1/bridges"), as_json, BRIDGE_COLUMNS)
+        if action == "reload":
+            answer = client.call("POST", "/api/v1/bridges/reload")
+            if as_json:
+                return _show_record(answer, as_json)
+            changes = [
+                f"{what} {', '.join(answer[what])}"
+                for what in ("added", "removed", "changed")
+                if answer[what]
+            ]
+            print("bridges reloaded: " + ("; ".join(changes) or "nothing changed"))
+            return 0
         path = f"/api/v1/bridges/{_segment(args.name)}"
         if action == "show":
             return _show_record(client.call("GET", path), as_json)

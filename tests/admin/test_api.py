@@ -643,6 +643,8 @@ def test_bridges_listed_shown_metered_and_restarted(tmp_path: Path) -> None:
                 status, body, _ = bridged.call(method, path)
                 assert status == 404 and body["error"]["code"] == "no_bridge"
 
+            status, body, _ = bridged.call("POST", "/api/v1/bridges/reload")  # the same settings
+            assert status == 200 and body == {"added": [], "removed": [], "changed": []}
             status, body, _ = bridged.call("POST", "/api/v1/bridges/cloud/restart")
             assert status == 202 and body == {"ok": True, "detail": "bridge 'cloud' reconnecting"}
             assert server.wait_for_log_count("bridge cloud: connected", 2), server.output()

@@ -142,6 +142,9 @@ class View:
         self.restarted.append(name)
         return True
 
+    async def reload_bridges(self) -> dict[str, list[str]] | None:
+        return {"added": [], "removed": [], "changed": []}
+
     nodes: dict[str, Any] | None = None
 
 

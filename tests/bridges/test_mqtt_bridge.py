@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import trustme
 
+from tests.support.bridges import write_bridges
 from tests.support.mosquitto import running_mosquitto
 from tests.support.paho import V5, V311, Client, Endpoints, connect
 from tests.support.server import RunningServer, serving, unused_port
@@ -25,16 +26,9 @@ def bridged(
     """Trimaran with one bridge, ``cloud``, to the broker on ``remote_port``; yields it connected
     (``connected`` False: as soon as it is up). The same ``directory`` again: its data again."""
     directory.mkdir(exist_ok=True)
-    table = {
-        "name": "cloud",
-        "address": f"127.0.0.1:{remote_port}",
-        "restart_timeout": "0.2 0.5",
-        "topic": topics,
-        **settings,
-    }
-    config = directory / "trimaran.toml"  # JSON's strings and arrays are TOML's
-    config.write_text(
-        "[[bridges]]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in table.items())
+    config = directory / "trimaran.toml"
+    write_bridges(
+        config, {"name": "cloud", "address": f"127.0.0.1:{remote_port}", "topic": topics, **settings}
     )
     args = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "off", "--http", "off"]
     server = RunningServer([*args, "--config", str(config)], cwd=directory).start()
@@ -223,3 +217,39 @@ def test_a_remote_whose_certificate_does_not_verify_is_refused(tmp_path: Path) -
     ):
         assert server.wait_for_log("CERTIFICATE_VERIFY_FAILED"), server.output()
         assert "bridge cloud: connected" not in server.output()
+
+
+def test_a_reload_adds_changes_and_removes_bridges_and_leaves_the_others(tmp_path: Path) -> None:
+    with running_mosquitto(tmp_path) as port, bridged(tmp_path / "t", port, ["a/# out 1"]) as server:
+        config = tmp_path / "t" / "trimaran.toml"
+        remote = remote_client(port, "remote")
+        remote.subscribe("#", 1)
+        local = local_client(server, "local")
+        address = f"127.0.0.1:{port}"
+        write_bridges(
+            config,
+            {"name": "cloud", "address": address, "topic": ['a/# out 1 "" moved/']},
+            {"name": "second", "address": address, "topic": ["b/# out 1"]},
+        )
+        assert server.process is not None
+        server.process.send_signal(signal.SIGHUP)
+        assert server.wait_for_log("bridges reloaded: added second; changed cloud"), server.output()
+        assert server.wait_for_log("bridge second: connected"), server.output()
+        assert server.wait_for_log_count("bridge cloud: connected", 2), server.output()
+        local.publish("a/1", b"x", qos=1)
+        local.publish("b/1", b"y", qos=1)
+        assert sorted((m.topic, m.payload) for m in remote.drain(2)) == [("b/1", b"y"), ("moved/a/1", b"x")]
+        write_bridges(config, {"name": "second", "address": address, "topic": ["b/# out 1"]})
+        server.process.send_signal(signal.SIGHUP)
+        assert server.wait_for_log("bridges reloaded: removed cloud"), server.output()
+        local.publish("a/2", b"x", qos=1)  # nobody takes it out now
+        local.publish("b/2", b"y", qos=1)
+        assert remote.expect().topic == "b/2"
+        remote.expect_none(0.5)
+        config.write_text("[[bridges]]\nname = 1\n")  # broken: the running bridges go on
+        server.process.send_signal(signal.SIGHUP)
+        assert server.wait_for_log("bridges not reloaded, the settings cannot be read"), server.output()
+        local.publish("b/3", b"y", qos=1)
+        assert remote.expect().topic == "b/3"
+        local.disconnect()
+        remote.disconnect()

@@ -15,6 +15,16 @@ from tests.support.server import RunningServer, serving
 ARGS = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "off", "--http", "127.0.0.1:0"]
 
 
+def write_bridges(config: Path, *tables: dict[str, object]) -> None:
+    """``config``: a trimaran.toml of these ``[[bridges]]`` tables, each retrying quickly unless it
+    says otherwise (JSON's strings and arrays are TOML's)."""
+    text = ""
+    for table in tables:
+        table = {"restart_timeout": "0.2 0.5", **table}
+        text += "[[bridges]]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in table.items())
+    config.write_text(text)
+
+
 @contextmanager
 def bridged_with_admin(
     directory: Path, token: str, topics: list[str], env: dict[str, str] | None = None
@@ -25,16 +35,8 @@ def bridged_with_admin(
     remote.mkdir()
     local.mkdir()
     with running_mosquitto(remote) as port:
-        table = {
-            "name": "cloud",
-            "address": f"127.0.0.1:{port}",
-            "restart_timeout": "0.2 0.5",
-            "topic": topics,
-        }
-        config = local / "trimaran.toml"  # JSON's strings and arrays are TOML's
-        config.write_text(
-            "[[bridges]]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in table.items())
-        )
+        config = local / "trimaran.toml"
+        write_bridges(config, {"name": "cloud", "address": f"127.0.0.1:{port}", "topic": topics})
         server_env = {"TRIMARAN_HTTP__TOKENS": json.dumps([token]), **(env or {})}
         server = RunningServer([*ARGS, "--config", str(config)], cwd=local, env=server_env).start()
         with serving(server):

@@ -264,6 +264,12 @@ class Done(Model):
     detail: str
 
 
+class BridgesReloaded(Model):
+    added: list[str] = Field(description="bridges started")
+    removed: list[str] = Field(description="bridges stopped (their queues stay)")
+    changed: list[str] = Field(description="bridges started again with new settings")
+
+
 class VhostLimitsOut(VhostLimitSettings):
     connections: int = Field(description="connections logged in to the vhost now")
 
@@ -1097,6 +1103,12 @@ class AdminApi:
             ),
             ApiRoute("GET", f"{p}/{{name}}", "One bridge", self.show_bridge, {200: BridgeOut}, tags=tags),
             ApiRoute(
+                "POST", f"{p}/reload",
+                "Read the [[bridges]] of the settings again, as SIGHUP does: new ones start, removed ones "
+                "stop (their queues stay), changed ones start again; the others go on untouched",
+                self.reload_bridges, {200: BridgesReloaded}, tags=tags,
+            ),
+            ApiRoute(
                 "POST", f"{p}/{{name}}/restart",
                 "Drop a bridge's connection and connect again at once (what is not acknowledged is sent "
                 "again); answered before it reconnects",
@@ -1123,6 +1135,14 @@ class AdminApi:
             raise HttpError(404, "no_bridge", f"no bridge {name!r}")
         log.info("bridges: %r restarted through the admin API", name)
         return _ok(Done(ok=True, detail=f"bridge {name!r} reconnecting"), 202)
+
+    async def reload_bridges(self, _request: Request) -> Response:
+        done = await self.view.reload_bridges()
+        if done is None:
+            raise HttpError(
+                409, "reload-failed", "the settings could not be read again; the bridges go on (see log)"
+            )
+        return _ok(BridgesReloaded(**done))
 
     async def reload_auth(self, _request: Request) -> Response:
         if not self.view.reload_security():

@@ -190,3 +190,8 @@ class AdminView(Protocol):
     def restart_bridge(self, name: str) -> bool:
         """Drop the bridge's connection and connect again at once; False: no bridge of that name."""
         ...
+
+    async def reload_bridges(self) -> dict[str, list[str]] | None:
+        """The ``[[bridges]]`` read again from the settings, as SIGHUP does: the names ``added``,
+        ``removed`` and ``changed``. None: the settings could not be read (the bridges go on)."""
+        ...

@@ -294,9 +294,9 @@ class MqttBridge:
                     await self._restart.wait()  # (at once when a restart was asked meanwhile)
                 self._restart = anyio.Event()
         finally:
+            # What the queue handed it stays held: at the next start (or on release()) it is
+            # handed out again.
             self.broker.router.unsubscribe_all(self)
-            if self._handle is not None:
-                self._handle.closed = True  # what it holds is handed out again at the next start
             self._set_state(STOPPED, None)
 
     async def _open_queue(self) -> None:
@@ -383,6 +383,13 @@ class MqttBridge:
             self._restarting = True
             self._transport.abort()
         self._restart.set()
+
+    async def release(self) -> None:
+        """Gone for good (a reload removed or changed it): what the remote has not acknowledged
+        goes back to the queue, for the bridge that consumes it next."""
+        if self._handle is not None:
+            with anyio.CancelScope(shield=True):
+                await self._handle.cancel()
 
     async def stop(self) -> None:
         """At shutdown: take nothing more from the queue, let the remote acknowledge what is in
