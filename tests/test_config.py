@@ -130,6 +130,7 @@ def test_shared_queues_need_postgresql(tmp_path: Path) -> None:
         ("# both 2 edge/ cloud/site-1/", BridgeTopic("#", "both", 2, "edge/", "cloud/site-1/")),
         ('"" out 1 local/alarm remote/alarm', BridgeTopic("", "out", 1, "local/alarm", "remote/alarm")),
         ('jobs/# in 1 $queue/ ""', BridgeTopic("jobs/#", "in", 1, "$queue/", "")),
+        ("alerts/# out 1 $queue/ site-7/", BridgeTopic("alerts/#", "out", 1, "$queue/", "site-7/")),
     ],
 )
 def test_bridge_topic_lines_read_as_mosquitto_reads_them(line: str, expected: BridgeTopic) -> None:
@@ -145,7 +146,8 @@ def test_bridge_topic_lines_read_as_mosquitto_reads_them(line: str, expected: Br
         ("a/# out 1 lo+cal/ remote/", "wildcard"),
         ('"" out 1 "" remote/', "both prefixes"),
         ("a/#/b", "not a topic filter"),
-        ("# out 1 $queue/ jobs/", "in only"),
+        ("# out 1 $queue/ jobs/", "names no queue"),
+        ("jobs/# both 1 $queue/ jobs/", "in or out, not both"),
     ],
 )
 def test_bad_bridge_topic_lines_say_what_is_wrong(line: str, complaint: str) -> None:

@@ -682,8 +682,12 @@ def parse_bridge_topic(line: str) -> BridgeTopic:
             validate_topic_filter(topic_filter)
         except ValueError as exc:
             raise ValueError(f"{line!r}: {topic_filter!r} is not a topic filter: {exc}") from None
-    if topic.local_filter.startswith("$queue/") and direction != "in":
-        raise ValueError(f"{line!r}: a $queue/ topic is bridged in only (out of a queue: not yet)")
+    if topic.local_filter.startswith("$queue/"):
+        if direction == "both":
+            raise ValueError(f"{line!r}: a $queue/ topic is bridged in or out, not both")
+        name = topic.local_filter.removeprefix("$queue/").split("/")[0]
+        if not name or "+" in name or "#" in name:
+            raise ValueError(f"{line!r}: {topic.local_filter!r} names no queue ($queue/NAME[/KEYS])")
     return topic
 
 

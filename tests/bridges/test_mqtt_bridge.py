@@ -253,3 +253,27 @@ def test_a_reload_adds_changes_and_removes_bridges_and_leaves_the_others(tmp_pat
         assert remote.expect().topic == "b/3"
         local.disconnect()
         remote.disconnect()
+
+
+def test_a_queue_is_read_out_to_the_remote_beside_its_own_consumers(tmp_path: Path) -> None:
+    """An out line from $queue/: the bridge reads the queue in a group of its own, and settles each
+    message once the remote has it; the queue's workers get every message as before."""
+    with (
+        running_mosquitto(tmp_path) as port,
+        bridged(tmp_path / "t", port, ["alerts/# out 1 $queue/ site-7/"]) as server,
+    ):
+        remote = remote_client(port, "control-room")
+        remote.subscribe("site-7/#", 1)
+        worker = local_client(server, "worker", V5)
+        worker.subscribe("$queue/alerts", 1)
+        producer = local_client(server, "plc")
+        for i in range(5):
+            producer.publish(f"$queue/alerts/pump-{i}", f"alarm {i}".encode(), qos=1)
+        got = remote.drain(5)
+        assert sorted((m.topic, m.payload) for m in got) == [
+            (f"site-7/alerts/pump-{i}", f"alarm {i}".encode()) for i in range(5)
+        ]
+        assert sorted(m.payload for m in worker.drain(5)) == [f"alarm {i}".encode() for i in range(5)]
+        remote.expect_none(0.5)
+        for client in (remote, worker, producer):
+            client.disconnect()

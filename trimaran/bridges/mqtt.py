@@ -33,7 +33,7 @@ import asyncio
 import logging
 import random
 import ssl
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -136,12 +136,14 @@ class MqttBridge:
         self.session = ClientSession()
         self._id = f"$bridge/{settings.name}"
         self.queue = self.vhost_prefix + f"$bridge.{settings.name}"  # its outbound queue's key
-        self._handle: ConsumerHandle | None = None
+        self._handle: ConsumerHandle | None = None  # its own queue's
+        self._handles: list[ConsumerHandle] = []  # that one first, then each $queue/ out line's
         self._gate = make_gate(self._stalled)
         self._stalled_timeout_s = stalled_timeout_s
         self._waiting: deque[Publish] = deque()  # outbound QoS 0, not yet sent
-        self._offsets: dict[int, tuple[int, int]] = {}  # packet id -> its delivery's offset, size
-        self._acked: list[int] = []  # offsets the remote acknowledged in this read
+        # packet id -> the delivery's handle, offset and payload size (0: not the bridge's own queue)
+        self._offsets: dict[int, tuple[ConsumerHandle, int, int]] = {}
+        self._acked: dict[ConsumerHandle, list[int]] = {}  # what the remote acknowledged in this read
         self._inbound: InOrder[_Inbound] = InOrder()
         self._machine: ClientConnection | None = None
         self._transport: asyncio.Transport | None = None
@@ -164,7 +166,7 @@ class MqttBridge:
 
     def subscribe_locally(self) -> None:
         for topic in self.topics:
-            if topic.direction != "in":
+            if topic.direction != "in" and not topic.local_filter.startswith("$queue/"):
                 options = SubscriptionOptions(
                     qos=topic.qos, no_local=True, retain_as_published=True, tag=topic
                 )
@@ -306,7 +308,21 @@ class MqttBridge:
         self.queues.flow.ungated.add(self.queue)
         info = await self.queues.declare(self.queue, policy)
         self.figures.backlog_bytes = info.bytes
-        self._handle = self.queues.consume(self.queue, _Outlet(self), group="bridge")
+        own = _Outlet(self, None)
+        self._handle = own.handle = self.queues.consume(self.queue, own, group="bridge")
+        self._handles = [self._handle]
+        for line in self.topics:
+            if line.direction == "out" and line.local_filter.startswith("$queue/"):
+                # Read in a group of the bridge's own: the queue's other consumers go on as before.
+                parsed = parse_queue_topic(self.vhost_prefix + line.local_filter)
+                assert parsed is not None  # (the settings checked it)
+                queue, routing_filter, _control = parsed
+                outlet = _Outlet(self, line)
+                group = f"bridge.{self.name}"
+                outlet.handle = self.queues.consume(
+                    queue, outlet, group=group, routing_filter=routing_filter or None
+                )
+                self._handles.append(outlet.handle)
 
     async def _connect_once(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
@@ -330,8 +346,8 @@ class MqttBridge:
         try:
             await gone.wait()
         finally:
-            if self._handle is not None:
-                self._handle.set_credit(0)
+            for handle in self._handles:
+                handle.set_credit(0)
             self._gate.release()
             transport.abort()
             self._transport = None
@@ -387,16 +403,16 @@ class MqttBridge:
     async def release(self) -> None:
         """Gone for good (a reload removed or changed it): what the remote has not acknowledged
         goes back to the queue, for the bridge that consumes it next."""
-        if self._handle is not None:
-            with anyio.CancelScope(shield=True):
-                await self._handle.cancel()
+        with anyio.CancelScope(shield=True):
+            for handle in self._handles:
+                await handle.cancel()
 
     async def stop(self) -> None:
         """At shutdown: take nothing more from the queue, let the remote acknowledge what is in
         flight (the app bounds the wait), then DISCONNECT. What it has not acknowledged stays in
         the queue for the next start."""
-        if self._handle is not None:
-            self._handle.set_credit(0)
+        for handle in self._handles:
+            handle.set_credit(0)
         while self._machine is not None and self._machine.connected and self.figures.in_flight:
             await anyio.sleep(0.02)
         machine = self._machine
@@ -487,8 +503,7 @@ class MqttBridge:
         if remote:
             machine.subscribe(remote, self._loop_time())
         self._notify(True)
-        if self._handle is not None:  # what the session resent counts against the window
-            self._handle.set_credit(max(0, machine.max_inflight - self.session.in_flight))
+        self._give_credit(machine)
 
     def _subscribed(self, event: Subscribed) -> None:
         wanted = [topic for topic in self.topics if topic.direction != "out"]
@@ -591,11 +606,22 @@ class MqttBridge:
 
     # -- out: to the remote -----------------------------------------------------------------------------
 
+    def _give_credit(self, machine: ClientConnection) -> None:
+        """At a connection: the window to the remote, shared by the queues the bridge reads, less
+        what each has in flight (the session sent it again)."""
+        handles = self._handles
+        if not handles:
+            return
+        share = max(1, machine.max_inflight // len(handles))
+        held = Counter(handle for handle, _offset, _size in self._offsets.values())
+        for handle in handles:
+            handle.set_credit(max(0, share - held[handle]))
+
     def _acknowledged(self, event: Acknowledged) -> None:
         held = self._offsets.pop(event.packet_id, None)
         if held is None:
             return
-        offset, size = held
+        handle, offset, size = held
         figures = self.figures
         figures.in_flight -= 1
         figures.backlog_bytes -= size
@@ -603,51 +629,57 @@ class MqttBridge:
             figures.refused += 1
             code = event.reason_code
             log.warning("bridge %s: the remote refused a message (0x%02X): dead-lettered", self.name, code)
-            handle = self._handle
-            assert handle is not None
             handle.reject_nowait(offset, f"the remote refused it (0x{code:02X})")
             handle.add_credit(1)
         else:
             figures.sent += 1
-            self._acked.append(offset)  # settled, and its credit given back, once for the read
+            # Settled, and its credit given back, once for the read.
+            self._acked.setdefault(handle, []).append(offset)
         self._sent_mark += 1
         self._gate.saw(self._sent_mark)
         if self._gate.holding and figures.backlog_bytes <= self.settings.queue_bytes // 4:
             self._gate.release()
 
     def _settle_acked(self) -> None:
-        """The deliveries the remote acknowledged in one read: one change and one dispatch."""
-        handle = self._handle
-        assert handle is not None
-        handle.settle_all_nowait(self._acked, ACK)
-        handle.add_credit(len(self._acked))
+        """The deliveries the remote acknowledged in one read: one change and one dispatch a queue."""
+        for handle, offsets in self._acked.items():
+            handle.settle_all_nowait(offsets, ACK)
+            handle.add_credit(len(offsets))
         self._acked.clear()
 
-    def _from_queue(self, delivery: QueueDelivery) -> None:
-        """A queued message, with the credit given: to the remote."""
-        handle = self._handle
+    def _from_queue(self, delivery: QueueDelivery, handle: ConsumerHandle, line: BridgeTopic | None) -> None:
+        """A queued message, with the credit given: to the remote. ``line``: the out line of the
+        ``$queue/`` it comes from; None: the bridge's own queue."""
         machine = self._machine
-        assert handle is not None
         message = delivery.message
         if machine is None or not machine.can_publish:
             handle.set_credit(0)  # (the connection went as this was handed over)
             handle.release_nowait(delivery.offset)
             return
-        topic = self._out_topic(message.topic[len(self.vhost_prefix) :])
-        if topic is None:  # a message put in the queue by hand, for no out line
+        local = message.topic[len(self.vhost_prefix) :]
+        topic = self._out_topic(local) if line is None else line
+        if topic is None or not local.startswith(topic.local_prefix):  # put in the queue by hand
             handle.reject_nowait(delivery.offset, "no out topic of the bridge takes it")
             handle.add_credit(1)
             return
-        publish = self._outbound(message, topic, message.qos)
+        publish = self._outbound(message, topic, min(message.qos or topic.qos, topic.qos))
         if not machine.fits(publish):
             log.warning("bridge %s: a message to %r is too large for the remote", self.name, publish.topic)
             self.figures.refused += 1
             handle.reject_nowait(delivery.offset, "larger than the remote's maximum packet size")
             handle.add_credit(1)
             return
+        if not publish.qos:  # a queue's message at QoS 0: sent, and settled here
+            machine.publish(publish, self._loop_time())
+            self.figures.sent += 1
+            handle.ack_nowait(delivery.offset)
+            handle.add_credit(1)
+            self._flush_soon()
+            return
         packet_id = machine.publish(publish, self._loop_time())
         assert packet_id is not None
-        self._offsets[packet_id] = (delivery.offset, len(message.payload))
+        size = len(message.payload) if line is None else 0
+        self._offsets[packet_id] = (handle, delivery.offset, size)
         self.figures.in_flight += 1
         self._flush_soon()
 
@@ -760,16 +792,19 @@ class _Wire(asyncio.Protocol):
 
 
 class _Outlet:
-    """The bridge as its queue's consumer."""
+    """The bridge as a queue's consumer: its own queue's (``line`` None) or a ``$queue/`` out line's."""
 
-    __slots__ = ("_bridge", "id")
+    __slots__ = ("_bridge", "handle", "id", "line")
 
-    def __init__(self, bridge: MqttBridge) -> None:
+    def __init__(self, bridge: MqttBridge, line: BridgeTopic | None) -> None:
         self._bridge = bridge
         self.id = bridge.id
+        self.line = line
+        self.handle: ConsumerHandle | None = None  # set once consume() returns, before any credit
 
     def deliver(self, delivery: QueueDelivery) -> None:
-        self._bridge._from_queue(delivery)
+        assert self.handle is not None
+        self._bridge._from_queue(delivery, self.handle, self.line)
 
     def stalled(self, idle_s: float) -> None:
         """Not asked: the queue's flow leaves the bridge's queue to the bridge's gate."""
