@@ -124,3 +124,34 @@ def test_messages_queued_for_an_absent_remote_outlive_a_restart_here(tmp_path: P
         retained = late.expect()
         assert (retained.topic, retained.payload, retained.retain) == ("cloud/r/49", b"49", True)
         late.disconnect()
+
+
+def test_a_restart_here_mid_stream_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    """This server stopped (SIGTERM) while QoS 1 messages stream out: what it acknowledged before
+    arrives at the remote once it is back, whatever was in flight or queued at the stop."""
+    here = tmp_path / "t"
+    with running_mosquitto(tmp_path) as port:
+        collector = remote_client(port, "collector", clean=False)
+        collector.subscribe("up/#", 1)
+        acked: list[str] = []
+        with bridged(here, port, ["up/# out 1"]) as server:
+            sensor = local_client(server, "sensor")
+
+            def publish() -> None:
+                for i in range(COUNT):
+                    try:
+                        sensor.publish(f"up/{i}", str(i).encode(), qos=1)
+                    except (AssertionError, RuntimeError):  # the server went: not acknowledged
+                        return
+                    acked.append(str(i))
+
+            # (A daemon: the publish the stop cut waits out paho's own time-out, acknowledging nothing.)
+            threading.Thread(target=publish, daemon=True).start()
+            while len(acked) < COUNT // 2:
+                time.sleep(0.01)
+        done = set(acked)  # the server is gone: nothing more is acknowledged
+        assert COUNT // 2 <= len(done) < COUNT
+        with bridged(here, port, ["up/# out 1"]):
+            seen = _collect(collector, done, 30)
+        assert done - set(seen) == set(), "acknowledged here, never arrived there"
+        collector.disconnect()
