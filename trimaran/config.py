@@ -825,7 +825,8 @@ class TelemetrySettings(Section):
     history_interval_s: float = Field(
         5.0,
         gt=0,
-        description="how often the management page's charts are sampled (rates, connections, queues)",
+        description="how often the management page's charts are sampled (rates, connections, queues, "
+        "bridges)",
     )
     history_samples: int = Field(
         180, ge=2, le=10_000, description="samples the charts keep: 180 at 5 s is the last 15 minutes"

@@ -1,7 +1,7 @@
 """The management page at /ui in a real headless Chromium (selenium): log in with a token, see a
 queue appear after an MQTT publish, purge it, publish from the page, see the sessions, kick a client,
-see a failing webhook endpoint, watch the charts move under load, see a bridge to a real Mosquitto and
-restart it; and the files it is served from.
+see a failing webhook endpoint, watch the charts move under load, see a bridge to a real Mosquitto, its
+charts move, and restart it; and the files it is served from.
 With TRIMARAN_SCREENSHOTS=DIR it takes the manual's screenshots of each page.
 
 Needs Debian's ``chromium`` and ``chromium-driver`` (scripts/system-deps.sh installs them) and
@@ -363,10 +363,12 @@ def test_vhosts_page_adds_a_vhost_sets_a_permission_and_filters_by_vhost(
 
 @needs_browser
 def test_bridges_tab_shows_a_bridge_and_restarts_it(tmp_path: Path, browser: Any) -> None:
-    """A server of its own, with a bridge to a real Mosquitto (skipped without one)."""
+    """A server of its own, with a bridge to a real Mosquitto (skipped without one): its row, its
+    charts moving as messages cross, a restart."""
     from selenium.webdriver.common.by import By
 
-    with bridged_with_admin(tmp_path, TOKEN, ["# out 1 edge/ cloud/"]) as (server, port):
+    env = {"TRIMARAN_TELEMETRY__HISTORY_INTERVAL_S": "0.5"}  # the charts' samples, as the server above
+    with bridged_with_admin(tmp_path, TOKEN, ["# out 1 edge/ cloud/"], env) as (server, port):
         browser.get(f"http://127.0.0.1:{server.ports['http']}/ui")
         if browser.find_element(By.ID, "login").is_displayed():
             browser.find_element(By.ID, "token").send_keys(TOKEN)
@@ -386,9 +388,20 @@ def test_bridges_tab_shows_a_bridge_and_restarts_it(tmp_path: Path, browser: Any
         try:
             for n in range(3):
                 sensor.publish(f"edge/t{n}", b"21.5", qos=1)
+            assert wait(lambda: shown("sent") == "3")  # the remote acknowledged each
+
+            def sent_per_s() -> float:
+                sensor.publish("edge/more", b"21.5", qos=1)  # one more each look: every sample has some
+                _, (sent, _received) = _chart(browser, "chart-bridge-rates-cloud")
+                return sent or 0.0
+
+            # The bridge's charts: messages out per second above zero, the backlog drawn.
+            assert wait(sent_per_s, timeout=15) > 0
+            assert browser.find_elements(By.CSS_SELECTOR, "#chart-bridge-rates-cloud polyline")
+            samples, (backlog,) = _chart(browser, "chart-bridge-backlog-cloud")
+            assert samples >= 2 and backlog is not None
         finally:
             sensor.disconnect()
-        assert wait(lambda: shown("sent") == "3")  # the remote acknowledged each
         snap(browser, "bridges")
 
         click(browser, f"{row} button", "Restart")

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.json_schema import models_json_schema
 
 from trimaran import __version__, compiled
-from trimaran.admin.history import MAX_QUEUES
+from trimaran.admin.history import MAX_BRIDGES, MAX_QUEUES
 from trimaran.admin.http import HttpError, HttpServer, Request, Response
 from trimaran.admin.telemetry import PROMETHEUS_CONTENT_TYPE, Telemetry
 from trimaran.admin.view import AdminView, BridgeStatus, NotReady, PermissionOps, QueueOps
@@ -408,6 +408,14 @@ class QueueSampleOut(Model):
     acked_per_s: float | None
 
 
+class BridgeSampleOut(Model):
+    backlog_bytes: int = Field(description="payload bytes of outbound QoS 1/2 messages queued or in flight")
+    sent_per_s: float | None = Field(
+        description="messages handed to the remote per second since the sample before (null: none)"
+    )
+    received_per_s: float | None = Field(description="messages taken from the remote per second")
+
+
 class SampleOut(Model):
     at_ms: int = Field(description="when sampled, epoch milliseconds")
     messages_in_per_s: float | None = Field(
@@ -419,6 +427,10 @@ class SampleOut(Model):
     queues: dict[str, QueueSampleOut] = Field(
         description=f"the {MAX_QUEUES} deepest queues, by the name their clients use (a queue of another "
         'vhost than "/" as "<name> (vhost <vhost>)")'
+    )
+    bridges: dict[str, BridgeSampleOut] = Field(
+        description=f"bridges to other MQTT brokers by name (/api/v1/bridges), the {MAX_BRIDGES} with the "
+        "most backlog"
     )
 
 
@@ -593,8 +605,9 @@ class AdminApi:
             ApiRoute(
                 "GET",
                 f"{p}/history",
-                "The management page's charts: messages in and out per second, connections, and the "
-                "deepest queues' depth and rates, sampled every telemetry.history_interval_s",
+                "The management page's charts: messages in and out per second, connections, the "
+                "deepest queues' depth and rates, and the bridges' rates and backlog, sampled every "
+                "telemetry.history_interval_s",
                 self.history,
                 {200: HistoryOut},
             ),
@@ -805,6 +818,14 @@ class AdminApi:
                         acked_per_s=queue.rates["acked"],
                     )
                     for name, queue in sample.queues.items()
+                },
+                bridges={
+                    name: BridgeSampleOut(
+                        backlog_bytes=bridge.backlog_bytes,
+                        sent_per_s=bridge.rates["sent"],
+                        received_per_s=bridge.rates["received"],
+                    )
+                    for name, bridge in sample.bridges.items()
                 },
             )
             for sample in history.samples()

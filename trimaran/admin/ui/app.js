@@ -187,6 +187,40 @@ async function queueCharts() {
   drawChart($("chart-queue-acked"), times, line("acked_per_s"), span);
 }
 
+// Per bridge listed, a pair of small charts (messages per second; backlog bytes), kept across refreshes;
+// a bridge no longer listed takes its pair with it. The ids carry the name ([A-Za-z0-9_.-], config.py).
+function bridgeFigures(box, name) {
+  const found = [...box.children].find((pair) => pair.dataset.bridge === name);
+  if (found) return found;
+  const pair = document.createElement("div");
+  pair.className = "charts";
+  pair.dataset.bridge = name;
+  for (const [kind, caption] of [["rates", "messages per second"], ["backlog", "backlog bytes"]]) {
+    const figure = document.createElement("figure");
+    const title = document.createElement("figcaption");
+    title.textContent = `${name}: ${caption}`;
+    const legend = document.createElement("ul");
+    legend.className = "legend";
+    figure.append(title, svgElement("svg", { id: `chart-bridge-${kind}-${name}`, class: "chart" }), legend);
+    pair.appendChild(figure);
+  }
+  return pair;
+}
+
+async function bridgeCharts(items) {
+  const { samples, times, span } = await history();
+  const box = $("bridge-charts");
+  const charted = items.filter((b) => samples.some((s) => b.name in s.bridges));  // the server's bound
+  box.replaceChildren(...charted.map((b) => bridgeFigures(box, b.name)));
+  for (const b of charted) {
+    const line = (field) => samples.map((s) => (s.bridges[b.name] ? s.bridges[b.name][field] : null));
+    drawChart($(`chart-bridge-rates-${b.name}`), times, [
+      { name: "sent", values: line("sent_per_s") }, { name: "received", values: line("received_per_s") },
+    ], span);
+    drawChart($(`chart-bridge-backlog-${b.name}`), times, [{ name: "backlog", values: line("backlog_bytes") }], span);
+  }
+}
+
 // -- tabs ------------------------------------------------------------------------------------------
 
 async function overview() {
@@ -334,6 +368,7 @@ async function bridges() {
     cell(row, b.dropped); cell(row, b.backlog_bytes).dataset.field = "backlog";
     button(actions(row), "Restart", () => api("POST", `/api/v1/bridges/${seg(b.name)}/restart`));
   });
+  await bridgeCharts(items);
 }
 
 async function cluster() {
