@@ -9,6 +9,8 @@
 #     TRIMARAN_CPU_SHARE=0.5 gives it half of its core (a CPU cgroup, 5 ms of every 10): a host where Python
 #     runs at half speed while the peers do not.
 #   mosquitto, mosquitto-nodelay: Debian's mosquitto with conf/<name>.conf (29883, 29888).
+#   mosquitto-bridge: the same, with a bridge to mosquitto-remote (29886); mosquitto-remote: the bridge
+#     row's remote (29887), pinned to CPU $REMOTE_CPU (1), beside the generator.
 #   rabbitmq (alias rabbitmq-amqp1): Debian's rabbitmq-server, a private node (rabbitmq_env.sh: node name,
 #     ports, HOME, mnesia and logs under $RMQ_BASE, default /tmp/bench-rmq) with the rabbitmq_amqp1_0 plugin;
 #     AMQP 0.9.1 and 1.0 share $RABBITMQ_NODE_PORT (29672).
@@ -21,6 +23,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(dirname "$HERE")"
 RUN=${BENCH_RUN:-/tmp/bench-run}
 BROKER_CPU=${BROKER_CPU:-0}
+REMOTE_CPU=${REMOTE_CPU:-1}
 PY=${BENCH_PY:-$REPO/.venv/bin/python}
 TRIMARAN_PY=${TRIMARAN_PY:-$REPO/.venv/bin/python}
 TRIMARAN_SRC=${TRIMARAN_SRC:-$REPO}
@@ -36,6 +39,7 @@ port_of() {
   case $1 in
     trimaran|trimaran-*) echo "$T_AMQP" ;;
     mosquitto) echo 29883 ;; mosquitto-nodelay) echo 29888 ;; relay) echo 29885 ;; proton-broker) echo 29695 ;;
+    mosquitto-bridge) echo 29886 ;; mosquitto-remote) echo 29887 ;;
     rabbitmq|rabbitmq-amqp1) echo "${RABBITMQ_NODE_PORT:-29672}" ;;
     *) echo "unknown broker $1" >&2; exit 2 ;;
   esac
@@ -78,8 +82,11 @@ start() {
           --data-dir "$RUN/$b-data" >"$RUN/$b.log" 2>&1 ) &
       echo $! >"$RUN/$b.pid"
       wait_port "$T_MQTT" 60 || return 1 ;;
-    mosquitto|mosquitto-nodelay)
+    mosquitto|mosquitto-nodelay|mosquitto-bridge)
       taskset -c "$BROKER_CPU" mosquitto -c "$HERE/conf/$b.conf" >"$RUN/$b.log" 2>&1 &
+      echo $! >"$RUN/$b.pid" ;;
+    mosquitto-remote)
+      taskset -c "$REMOTE_CPU" mosquitto -c "$HERE/conf/$b.conf" >"$RUN/$b.log" 2>&1 &
       echo $! >"$RUN/$b.pid" ;;
     relay)
       taskset -c "$BROKER_CPU" "$PY" "$HERE/relay_ceiling.py" --port "$port" >"$RUN/$b.log" 2>&1 &

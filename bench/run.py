@@ -57,12 +57,19 @@ PEER_PORTS = {
     "mosquitto": 29883,
     "mosquitto-nodelay": 29888,
     "relay": 29885,
+    "mosquitto-bridge": 29886,
     "rabbitmq": 29672,
     "proton-broker": 29695,
 }
 PROTON_EXAMPLES = Path("/usr/share/proton/examples/c")
 RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
-GENERATORS = {"mqtt": "mqtt_load.py", "amqp091": "amqp091_load.py", "amqp1-load": "amqp1_load.py"}
+# "mqtt-bridge": mqtt_load.py with its subscribers on another port (the bridge row's remote)
+GENERATORS = {
+    "mqtt": "mqtt_load.py",
+    "mqtt-bridge": "cluster_load.py",
+    "amqp091": "amqp091_load.py",
+    "amqp1-load": "amqp1_load.py",
+}
 # What a generator needs to know of a peer: amqp1_load.py declares RabbitMQ's queues over AMQP 0.9.1
 # and addresses them as the 3.x plugin does, and logs in with PLAIN.
 SERVER_ARGS = {("amqp1-load", "rabbitmq"): ("--broker", "rabbitmq")}
@@ -367,6 +374,12 @@ class Servers:
         else:
             self._sh("restart", name)
 
+    def pid(self, name: str) -> int:
+        out = subprocess.run(
+            [str(HERE / "brokers.sh"), "pid", name], env=self.env, capture_output=True, text=True, check=True
+        )
+        return int(out.stdout)
+
     def stop_all(self) -> None:
         self._sh("stop-all")
 
@@ -536,7 +549,7 @@ def measure_pg(
 
 def port_for(row: table.Row, server: str, builds: dict[str, Build]) -> int:
     if server in builds:
-        return builds[server].mqtt_port if row.tool == "mqtt" else builds[server].amqp_port
+        return builds[server].mqtt_port if row.tool.startswith("mqtt") else builds[server].amqp_port
     return PEER_PORTS[server]
 
 
@@ -588,8 +601,17 @@ def sitting(a: argparse.Namespace, builds: list[Build], out: Path, meta: dict) -
                             if row.postgres and server in by_name and db is not None:
                                 url = db.new()  # every Trimaran run starts on empty tables
                                 settings["TRIMARAN_STORAGE__URL"] = url
+                            remote = None
+                            if row.remote:  # a fresh remote, then the bridging server connecting to it
+                                servers.restart("mosquitto-remote")
+                                remote = servers.pid("mosquitto-remote")
                             # a fresh database needs a fresh start, and so does leaving one for SQLite
-                            if a.restart == "row" or url or servers.settings.get(server, {}) != settings:
+                            if (
+                                a.restart == "row"
+                                or url
+                                or remote
+                                or servers.settings.get(server, {}) != settings
+                            ):
                                 servers.restart(server, settings)
                             port = port_for(row, server, by_name)
                             if row.tool == "amqp1":
@@ -597,7 +619,7 @@ def sitting(a: argparse.Namespace, builds: list[Build], out: Path, meta: dict) -
                             elif url is not None and db is not None:
                                 lines = measure_pg(db, url, row, server, port, s)
                             else:
-                                lines = run_generator(row, server, port, s)
+                                lines = run_generator(row, server, port, s, storage_pid=remote)
                             for rec in lines:
                                 rec.update(row=row.key, server=server, round=rnd)
                                 if server in by_name:

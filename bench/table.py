@@ -11,6 +11,7 @@ Trimaran's median over the peer's median from the same sitting.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -45,7 +46,18 @@ class Row:
     # (drain_s, with lossless), no receiver without a delivery for longer than gap_max_ms in the window
     drain_max_s: float | None = None
     gap_max_ms: float | None = None
+    # issue 48's row: the subscribers read at a remote Mosquitto (brokers.sh mosquitto-remote, started
+    # afresh before each server's runs), to which the server under test bridges what it is sent
+    remote: bool = False
 
+
+# Trimaran's side of the bridge row: the [[bridges]] table conf/mosquitto-bridge.conf's bridge says.
+BENCH_BRIDGE = {
+    "name": "cloud",
+    "address": "127.0.0.1:29887",
+    "topic": ["bench/# out 1"],
+    "restart_timeout": "1",
+}
 
 ROWS: tuple[Row, ...] = (
     Row(
@@ -259,6 +271,16 @@ ROWS: tuple[Row, ...] = (
         gap_max_ms=200.0,
     ),
     Row(
+        "mqtt-bridge-qos1",
+        "MQTT QoS 1 fan-in 8 -> 1 across a bridge to a remote Mosquitto, closed loop",
+        "mqtt-bridge",
+        ("fanin", "--qos", "1", "--e2e-window", "2000", "--sub-ports", "29887"),
+        ("mosquitto-bridge",),
+        target=0.8,  # issue 48: against Mosquitto's own bridge between the same two brokers
+        remote=True,
+        settings=(("TRIMARAN_BRIDGES", json.dumps([BENCH_BRIDGE])),),
+    ),
+    Row(
         "relay",
         "Host speed: MQTT QoS 0 fan-in 8 -> 1 against the uvloop relay",
         "mqtt",
@@ -283,6 +305,7 @@ RESTARTS = {"row": "before each row", "round": "at the start of each round"}
 
 PEER_NAMES = {
     "mosquitto": "Mosquitto",
+    "mosquitto-bridge": "Mosquitto's bridge",
     "mosquitto-nodelay": "Mosquitto TCP_NODELAY",
     "rabbitmq": "RabbitMQ",
     "proton-broker": "proton C broker",
