@@ -155,3 +155,47 @@ def test_a_restart_here_mid_stream_loses_nothing_acknowledged(tmp_path: Path) ->
             seen = _collect(collector, done, 30)
         assert done - set(seen) == set(), "acknowledged here, never arrived there"
         collector.disconnect()
+
+
+def test_the_remote_restarted_ten_times_loses_nothing_either_way(tmp_path: Path) -> None:
+    """Mosquitto (keeping its sessions on disk) stopped and started again ten times while QoS 1
+    messages go both ways: what one side acknowledged arrives on the other."""
+    remote_dir = tmp_path / "remote"
+    remote_dir.mkdir()
+    with running_mosquitto(remote_dir, persistence=True) as port:
+        collector = remote_client(port, "collector", clean=False)
+        collector.subscribe("up/#", 1)
+        collector.disconnect()
+        server_cm = bridged(tmp_path / "t", port, ["up/# out 1", "down/# in 1"])
+        server = server_cm.__enter__()
+    try:
+        device = local_client(server, "device", clean=False)
+        device.subscribe("down/#", 1)
+        sensor = local_client(server, "sensor")
+        acked_up: list[str] = []
+        acked_down: list[str] = []
+        for turn in range(10):
+            for i in range(20):  # the remote away: held here
+                sensor.publish(f"up/{turn}/{i}", f"up {turn} {i}".encode(), qos=1)
+                acked_up.append(f"up {turn} {i}")
+            with running_mosquitto(remote_dir, port=port, persistence=True):
+                commander = remote_client(port, f"commander-{turn}")
+                for i in range(20):
+                    commander.publish(f"down/{turn}/{i}", f"down {turn} {i}".encode(), qos=1)
+                    acked_down.append(f"down {turn} {i}")
+                    sensor.publish(f"up/{turn}/live-{i}", f"up {turn} live {i}".encode(), qos=1)
+                    acked_up.append(f"up {turn} live {i}")
+                commander.disconnect()
+                time.sleep(0.2)
+        with running_mosquitto(remote_dir, port=port, persistence=True):
+            collector = remote_client(port, "collector", clean=False)
+            up = _collect(collector, set(acked_up), 30)
+            down = _collect(device, set(acked_down), 30)
+            collector.disconnect()
+        assert set(acked_up) - set(up) == set(), "acknowledged here, never arrived there"
+        assert set(acked_down) - set(down) == set(), "acknowledged there, never arrived here"
+        assert server.output().count("bridge cloud: connected") >= 11
+        device.disconnect()
+        sensor.disconnect()
+    finally:
+        server_cm.__exit__(None, None, None)
