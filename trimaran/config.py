@@ -31,7 +31,7 @@ from pydantic_settings import (
 )
 
 from trimaran.broker.events import expand_patterns
-from trimaran.topics import validate_topic_filter
+from trimaran.topics import topic_matches, validate_topic_filter
 from trimaran.vhosts import DEFAULT_VHOST, VHostError, validate_name
 
 DEFAULT_CONFIG_FILE = Path("trimaran.toml")
@@ -654,6 +654,23 @@ class BridgeTopic(NamedTuple):
     @property
     def remote_filter(self) -> str:
         return self.remote_prefix + self.pattern
+
+    def outward(self, local: str) -> str | None:
+        """The remote topic of ``local`` (a topic here, without the vhost prefix) when this line
+        takes it out; else None."""
+        if self.direction == "in" or not local.startswith(self.local_prefix):
+            return None
+        if not topic_matches(self.local_filter, local):
+            return None
+        return self.remote_prefix + local[len(self.local_prefix) :]
+
+    def inward(self, remote: str) -> str | None:
+        """The topic here of ``remote`` when this line brings it in; else None."""
+        if self.direction == "out" or not remote.startswith(self.remote_prefix):
+            return None
+        if not topic_matches(self.remote_filter, remote):
+            return None
+        return self.local_prefix + remote[len(self.remote_prefix) :]
 
 
 def parse_bridge_topic(line: str) -> BridgeTopic:

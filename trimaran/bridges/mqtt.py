@@ -65,7 +65,6 @@ from trimaran.queue.policy import QueueError, parse_queue_topic
 from trimaran.runtime.confirms import InOrder
 from trimaran.runtime.flow import Gate, Stalled
 from trimaran.runtime.runner import Runner
-from trimaran.topics import topic_matches
 from trimaran.vhosts import prefix
 
 log = logging.getLogger("trimaran.bridges")
@@ -177,8 +176,8 @@ class MqttBridge:
         topic: BridgeTopic | None = options.tag if options is not None else None
         if topic is None:
             return
-        local = message.topic[len(self.vhost_prefix) :]
-        if not local.startswith(topic.local_prefix):
+        remote = topic.outward(message.topic[len(self.vhost_prefix) :])
+        if remote is None:
             return
         qos = min(message.qos, delivery.qos)
         machine = self._machine
@@ -186,7 +185,7 @@ class MqttBridge:
         connected = machine is not None and machine.connected
         if not qos:
             if connected:
-                self._waiting.append(self._outbound(message, topic, 0))
+                self._waiting.append(self._outbound(message, remote, 0))
                 self._flush_soon()
             else:
                 figures.dropped += 1
@@ -212,27 +211,22 @@ class MqttBridge:
         if connected and figures.backlog_bytes > self.settings.queue_bytes // 2:
             self._gate.hold()  # the remote is behind: the publisher waits for it
 
-    def _outbound(self, message: Message, topic: BridgeTopic, qos: int) -> Publish:
-        """The PUBLISH for the remote: its topic behind the remote prefix, the retain flag as
-        published, 5.0 properties (with the expiry left)."""
-        local = message.topic[len(self.vhost_prefix) :]
+    def _outbound(self, message: Message, remote: str, qos: int) -> Publish:
+        """The PUBLISH of ``message`` to ``remote``: the retain flag as published, 5.0 properties
+        (with the expiry left)."""
         properties = NO_PROPERTIES
         if self.level == MQTT_5:
             properties = publish_properties(message)
             properties.message_expiry_interval = message.remaining_expiry_s(now_ms())
-        remote = topic.remote_prefix + local[len(topic.local_prefix) :]
         retain = message.retain or RETAINED in message.extra
         return Publish(remote, message.payload, qos, retain, properties=properties)
 
-    def _out_topic(self, local: str) -> BridgeTopic | None:
-        """The first out line whose local filter takes ``local`` (a topic without the vhost prefix)."""
-        for topic in self.topics:
-            if (
-                topic.direction != "in"
-                and local.startswith(topic.local_prefix)
-                and topic_matches(topic.local_filter, local)
-            ):
-                return topic
+    def _outward(self, local: str) -> str | None:
+        """The remote topic of ``local`` by the first out line that takes it."""
+        for line in self.topics:
+            remote = line.outward(local)
+            if remote is not None:
+                return remote
         return None
 
     # -- the flow control's view: a publisher held, and a place that holds ---------------------------
@@ -537,12 +531,11 @@ class MqttBridge:
     # -- in: from the remote --------------------------------------------------------------------------
 
     def _received(self, machine: ClientConnection, publish: Publish) -> None:
-        topic = self._inbound_topic(publish.topic)
-        if topic is None:
+        local = next((t for line in self.topics if (t := line.inward(publish.topic)) is not None), None)
+        if local is None:
             log.warning("bridge %s: no in topic maps %r from the remote; dropped", self.name, publish.topic)
             self._acknowledge(machine, publish)
             return
-        local = topic.local_prefix + publish.topic[len(topic.remote_prefix) :]
         publish.topic = local
         message = message_from_publish(publish, self._id, None, self.vhost_prefix)
         self.figures.received += 1
@@ -554,16 +547,6 @@ class MqttBridge:
         if publish.qos:
             self._inbound.add(_Inbound(publish, done=True))
             self._acknowledge_ready()
-
-    def _inbound_topic(self, remote_topic: str) -> BridgeTopic | None:
-        for topic in self.topics:
-            if (
-                topic.direction != "out"
-                and remote_topic.startswith(topic.remote_prefix)
-                and topic_matches(topic.remote_filter, remote_topic)
-            ):
-                return topic
-        return None
 
     def _to_queue(self, message: Message, entry: _Inbound | None) -> None:
         """Into a local queue; ``entry``: the QoS 1/2 message's, acknowledged once committed."""
@@ -657,12 +640,13 @@ class MqttBridge:
             handle.release_nowait(delivery.offset)
             return
         local = message.topic[len(self.vhost_prefix) :]
-        topic = self._out_topic(local) if line is None else line
-        if topic is None or not local.startswith(topic.local_prefix):  # put in the queue by hand
+        remote = self._outward(local) if line is None else line.outward(local)
+        if remote is None:  # put in the queue by hand, to a topic no out line takes
             handle.reject_nowait(delivery.offset, "no out topic of the bridge takes it")
             handle.add_credit(1)
             return
-        publish = self._outbound(message, topic, min(message.qos or topic.qos, topic.qos))
+        qos = message.qos if line is None else min(message.qos or line.qos, line.qos)
+        publish = self._outbound(message, remote, qos)
         if not machine.fits(publish):
             log.warning("bridge %s: a message to %r is too large for the remote", self.name, publish.topic)
             self.figures.refused += 1
