@@ -166,7 +166,7 @@ def test_messages_from_the_remote_go_into_a_queue_and_are_acknowledged_once_stor
         remote.disconnect()
 
 
-@pytest.mark.parametrize("client_certificate", [False, True])
+@pytest.mark.parametrize("client_certificate", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_over_tls_with_the_remote_verified(tmp_path: Path, client_certificate: bool) -> None:
     ca = trustme.CA()
     files = {name: tmp_path / f"{name}.pem" for name in ("ca", "cert", "key", "client", "client-key")}

@@ -11,6 +11,8 @@ from tests.bridges.test_mqtt_bridge import bridged, local_client, remote_client
 from tests.support import rabbitmq
 from tests.support.server import unused_port
 
+pytestmark = pytest.mark.slow  # RabbitMQ takes about 10 s to start
+
 
 @pytest.fixture(scope="module")
 def rabbit_mqtt(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
