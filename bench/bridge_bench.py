@@ -12,7 +12,7 @@ by default: in open loop Mosquitto's bridge drops what passes its 1,000 queued m
 
 Each prints the generator's summary line with ``bridge`` set; the ratio is Trimaran's
 ``msgs_per_s_received`` over Mosquitto's. Both bridges run with their own defaults (Mosquitto:
-20 messages in flight, 1,000 queued; Trimaran: 64 in flight, a durable queue on SQLite).
+20 messages in flight, 1,000 queued; Trimaran: 1,024 in flight, a durable queue on SQLite).
 """
 
 from __future__ import annotations

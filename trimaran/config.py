@@ -754,7 +754,11 @@ class BridgeSettings(Section):
     )
     vhost: str = Field("/", description="the local vhost the bridge publishes into and subscribes in")
     max_inflight_messages: int = Field(
-        64, ge=1, le=65535, description="outbound QoS 1/2 messages the remote has not acknowledged, at most"
+        1024,
+        ge=1,
+        le=65535,
+        description="outbound QoS 1/2 messages the remote has not acknowledged, at most (and at most "
+        "its MQTT 5 Receive Maximum)",
     )
     queue_bytes: int = Field(
         64 * 1024 * 1024,

@@ -73,6 +73,10 @@ CONNECT_TIMEOUT_S = 10.0
 #: A delivery the remote has not acknowledged stays the bridge's however long the remote is away (a
 #: reconnect sends it again itself); the queue must not hand it out again meanwhile.
 HELD_FOR_S = 10 * 365 * 24 * 3600.0
+#: Local topics whose remote topic a bridge keeps (then it starts again): a few hundred KB at most.
+REMOTE_TOPICS_KEPT = 4096
+_UNMAPPED = "\x00"  # not yet looked up (no topic holds U+0000)
+
 #: The note (``Message.extra``) of a retained message in the bridge's queue, which keeps no flag.
 RETAINED = "bridge-retained"
 #: States, as the log, the API and the metrics name them.
@@ -142,6 +146,7 @@ class MqttBridge:
         self._waiting: deque[Publish] = deque()  # outbound QoS 0, not yet sent
         # packet id -> the delivery's handle, offset and payload size (0: not the bridge's own queue)
         self._offsets: dict[int, tuple[ConsumerHandle, int, int]] = {}
+        self._remote_of: dict[str, str | None] = {}  # local topic -> remote topic (_outward)
         self._acked: dict[ConsumerHandle, list[int]] = {}  # what the remote acknowledged in this read
         self._inbound: InOrder[_Inbound] = InOrder()
         self._machine: ClientConnection | None = None
@@ -176,7 +181,7 @@ class MqttBridge:
         topic: BridgeTopic | None = options.tag if options is not None else None
         if topic is None:
             return
-        remote = topic.outward(message.topic[len(self.vhost_prefix) :])
+        remote = self._outward(message.topic[len(self.vhost_prefix) :])
         if remote is None:
             return
         qos = min(message.qos, delivery.qos)
@@ -222,12 +227,15 @@ class MqttBridge:
         return Publish(remote, message.payload, qos, retain, properties=properties)
 
     def _outward(self, local: str) -> str | None:
-        """The remote topic of ``local`` by the first out line that takes it."""
-        for line in self.topics:
-            remote = line.outward(local)
-            if remote is not None:
-                return remote
-        return None
+        """The remote topic of ``local`` by the first out line that takes it (kept: a fleet's
+        topics repeat, and each message is mapped on its way in and again on its way out)."""
+        remote = self._remote_of.get(local, _UNMAPPED)
+        if remote is _UNMAPPED:
+            remote = next((r for line in self.topics if (r := line.outward(local)) is not None), None)
+            if len(self._remote_of) >= REMOTE_TOPICS_KEPT:
+                self._remote_of.clear()
+            self._remote_of[local] = remote
+        return remote
 
     # -- the flow control's view: a publisher held, and a place that holds ---------------------------
 
