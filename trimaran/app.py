@@ -565,7 +565,7 @@ class App:
                     dropped=figures.dropped,
                     refused=figures.refused,
                     in_flight=figures.in_flight,
-                    backlog_bytes=figures.backlog_bytes,
+                    backlog_bytes=bridge.backlog_bytes,
                     queue=split_key(bridge.queue)[1],
                     topics=tuple(settings.topic),
                 )

@@ -96,7 +96,6 @@ class BridgeFigures:
     dropped: int = 0  # outbound messages not kept (QoS 0 while away, past queue_bytes while away)
     refused: int = 0  # messages a side refused: the remote (5.0 reason codes) or a local queue
     in_flight: int = 0  # outbound messages sent and not yet acknowledged by the remote
-    backlog_bytes: int = 0  # payload bytes of outbound QoS 1/2 messages queued or in flight
     since: float = 0.0  # loop time of the last state change
 
 
@@ -144,8 +143,7 @@ class MqttBridge:
         self._gate = make_gate(self._stalled)
         self._stalled_timeout_s = stalled_timeout_s
         self._waiting: deque[Publish] = deque()  # outbound QoS 0, not yet sent
-        # packet id -> the delivery's handle, offset and payload size (0: not the bridge's own queue)
-        self._offsets: dict[int, tuple[ConsumerHandle, int, int]] = {}
+        self._offsets: dict[int, tuple[ConsumerHandle, int]] = {}  # packet id -> its delivery
         self._remote_of: dict[str, str | None] = {}  # local topic -> remote topic (_outward)
         self._acked: dict[ConsumerHandle, list[int]] = {}  # what the remote acknowledged in this read
         self._inbound: InOrder[_Inbound] = InOrder()
@@ -171,16 +169,10 @@ class MqttBridge:
     def subscribe_locally(self) -> None:
         for topic in self.topics:
             if topic.direction != "in" and not topic.local_filter.startswith("$queue/"):
-                options = SubscriptionOptions(
-                    qos=topic.qos, no_local=True, retain_as_published=True, tag=topic
-                )
+                options = SubscriptionOptions(qos=topic.qos, no_local=True, retain_as_published=True)
                 self.broker.router.subscribe(self, self.vhost_prefix + topic.local_filter, options)
 
     def deliver(self, message: Message, delivery: Delivery[Any]) -> None:
-        options = delivery.subscriptions[0].options if delivery.subscriptions else None
-        topic: BridgeTopic | None = options.tag if options is not None else None
-        if topic is None:
-            return
         remote = self._outward(message.topic[len(self.vhost_prefix) :])
         if remote is None:
             return
@@ -200,8 +192,8 @@ class MqttBridge:
             message = message.copy_with(qos=qos, retain=False, extra={**message.extra, RETAINED: True})
         elif message.qos != qos:
             message = message.copy_with(qos=qos)  # the queue keeps it at the QoS it leaves with
-        size = len(message.payload)
-        if not connected and figures.backlog_bytes + size > self.settings.queue_bytes:
+        backlog = self.backlog_bytes
+        if not connected and backlog + len(message.payload) > self.settings.queue_bytes:
             figures.dropped += 1  # the queue is full while the remote is away: as an offline session
             self._dropped_in_gap += 1
             return
@@ -212,9 +204,14 @@ class MqttBridge:
             self._dropped_in_gap += 1
             log.warning("bridge %s: a message for the remote was not queued: %s", self.name, exc)
             return
-        figures.backlog_bytes += size
-        if connected and figures.backlog_bytes > self.settings.queue_bytes // 2:
+        if connected and backlog > self.settings.queue_bytes // 2:
             self._gate.hold()  # the remote is behind: the publisher waits for it
+
+    @property
+    def backlog_bytes(self) -> int:
+        """Payload bytes of the outbound messages queued or in flight: the queue's own count."""
+        state = self.queues.queues.get(self.queue)
+        return 0 if state is None else state.bytes
 
     def _outbound(self, message: Message, remote: str, qos: int) -> Publish:
         """The PUBLISH of ``message`` to ``remote``: the retain flag as published, 5.0 properties
@@ -308,8 +305,7 @@ class MqttBridge:
         # commit; these join the loop turn's), and paces its publishers itself.
         policy = QueuePolicySettings(visibility_timeout_s=HELD_FOR_S, max_attempts=1_000_000)
         self.queues.flow.ungated.add(self.queue)
-        info = await self.queues.declare(self.queue, policy)
-        self.figures.backlog_bytes = info.bytes
+        await self.queues.declare(self.queue, policy)
         own = _Outlet(self, None)
         self._handle = own.handle = self.queues.consume(self.queue, own, group="bridge")
         self._handles = [self._handle]
@@ -442,9 +438,7 @@ class MqttBridge:
     def _lost(self, exc: Exception | None) -> None:
         machine = self._machine
         if machine is not None and not machine.closed:
-            machine.receive_eof()
-            if exc is not None:
-                machine.close_reason = f"connection lost: {exc}"
+            machine.receive_eof(None if exc is None else f"connection lost: {exc}")
             self._events(machine)
         if self._gone is not None:
             self._gone.set()
@@ -604,7 +598,7 @@ class MqttBridge:
         if not handles:
             return
         share = max(1, machine.max_inflight // len(handles))
-        held = Counter(handle for handle, _offset, _size in self._offsets.values())
+        held = Counter(handle for handle, _offset in self._offsets.values())
         for handle in handles:
             handle.set_credit(max(0, share - held[handle]))
 
@@ -612,10 +606,9 @@ class MqttBridge:
         held = self._offsets.pop(event.packet_id, None)
         if held is None:
             return
-        handle, offset, size = held
+        handle, offset = held
         figures = self.figures
         figures.in_flight -= 1
-        figures.backlog_bytes -= size
         if event.reason_code >= 0x80:
             figures.refused += 1
             code = event.reason_code
@@ -628,7 +621,7 @@ class MqttBridge:
             self._acked.setdefault(handle, []).append(offset)
         self._sent_mark += 1
         self._gate.saw(self._sent_mark)
-        if self._gate.holding and figures.backlog_bytes <= self.settings.queue_bytes // 4:
+        if self._gate.holding and self.backlog_bytes <= self.settings.queue_bytes // 4:
             self._gate.release()
 
     def _settle_acked(self) -> None:
@@ -670,15 +663,14 @@ class MqttBridge:
             return
         packet_id = machine.publish(publish, self._loop_time())
         assert packet_id is not None
-        size = len(message.payload) if line is None else 0
-        self._offsets[packet_id] = (handle, delivery.offset, size)
+        self._offsets[packet_id] = (handle, delivery.offset)
         self.figures.in_flight += 1
         self._flush_soon()
 
     def _flush_soon(self) -> None:
         if not self._flush_due:
             self._flush_due = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            self.runner.loop().call_soon(self._flush)
 
     def _flush(self) -> None:
         """Send what the window lets go, write what the machine has, and keep its deadline."""
@@ -720,7 +712,7 @@ class MqttBridge:
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at = deadline
-        self._timer = asyncio.get_running_loop().call_at(deadline, self._tick)
+        self._timer = self.runner.loop().call_at(deadline, self._tick)
 
     def _tick(self) -> None:
         self._timer = None

@@ -181,7 +181,6 @@ class ClientConnection:
         self._last_sent = now
         self._ping_sent: float | None = None
         self._pending: list[Event] = []
-        self.close_reason: str | None = None
 
     # -- the machine surface ----------------------------------------------------------------------
 
@@ -199,11 +198,14 @@ class ClientConnection:
             self._decoder.feed(data)
             self._ping_sent = None  # anything from the remote shows it alive
 
-    def receive_eof(self) -> None:
+    def receive_eof(self, why: str | None = None) -> None:
+        """The connection ended; ``why``: the socket's words for it, if it said more than EOF."""
         if self._state == _CONNECTING:
-            self._close("the remote closed the connection without answering the CONNECT", unanswered=True)
+            self._close(
+                why or "the remote closed the connection without answering the CONNECT", unanswered=True
+            )
         else:
-            self._close("the remote closed the connection")
+            self._close(why or "the remote closed the connection")
 
     def next_event(self) -> Event | None:
         while True:
@@ -360,7 +362,6 @@ class ClientConnection:
                 )
             )
             self._state = _CLOSED
-            self.close_reason = why
             return None
         props = ack.properties
         if self.level == MQTT_5:
@@ -425,5 +426,4 @@ class ClientConnection:
     def _close(self, why: str, *, unanswered: bool = False) -> None:
         if self._state != _CLOSED:
             self._state = _CLOSED
-            self.close_reason = why
             self._pending.append(Closed(why, unanswered=unanswered))
