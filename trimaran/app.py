@@ -441,7 +441,7 @@ class App:
         if self._reread is None or self.bridge_fleet is None:
             return None
         try:
-            settings = self._reread()
+            settings = await anyio.to_thread.run_sync(self._reread)  # a file read: off the loop
         except ConfigError as exc:
             log.error("bridges not reloaded, the settings cannot be read: %s", exc)
             return None

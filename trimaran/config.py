@@ -795,10 +795,7 @@ class BridgeSettings(Section):
     @field_validator("address")
     @classmethod
     def _addresses(cls, value: str) -> str:
-        for word in value.split() or [""]:
-            host, _, port = word.rpartition(":") if ":" in word else (word, "", "")
-            if not host or (port and not port.isdigit()):
-                raise ValueError(f"{word!r} is not HOST[:PORT]")
+        cls.split_addresses(value, 0)
         return value
 
     @field_validator("restart_timeout")
@@ -827,11 +824,17 @@ class BridgeSettings(Section):
         return self.bridge_cafile is not None
 
     def addresses(self) -> list[tuple[str, int]]:
-        default = 8883 if self.tls else 1883
+        return self.split_addresses(self.address, 8883 if self.tls else 1883)
+
+    @staticmethod
+    def split_addresses(value: str, default_port: int) -> list[tuple[str, int]]:
+        """``address`` as (host, port) pairs; raises ValueError naming a word that is not HOST[:PORT]."""
         out = []
-        for word in self.address.split():
+        for word in value.split() or [""]:
             host, _, port = word.rpartition(":") if ":" in word else (word, "", "")
-            out.append((host.strip("[]"), int(port) if port else default))
+            if not host or (port and not port.isdigit()):
+                raise ValueError(f"{word!r} is not HOST[:PORT]")
+            out.append((host.strip("[]"), int(port) if port else default_port))
         return out
 
 
