@@ -39,13 +39,15 @@ from trimaran.amqp091.handler import Amqp091FrontEnd
 from trimaran.amqp1.handler import SELECTOR_MEMORY, Amqp1FrontEnd
 from trimaran.amqp1.selection import parse_selector, selecting
 from trimaran.bridges.fleet import BridgeFleet
+from trimaran.bridges.link import Link
 from trimaran.bridges.mqtt import MqttBridge
+from trimaran.bridges.shovel import Shovel
 from trimaran.broker.clients import ClientRegistry
 from trimaran.broker.core import Broker
 from trimaran.broker.message import Message
 from trimaran.broker.router import Subscription
 from trimaran.broker.sessions import SessionDirectory
-from trimaran.config import BridgeSettings, ConfigError, Endpoint, Settings, check_settings
+from trimaran.config import BridgeSettings, ConfigError, Endpoint, Settings, ShovelSettings, check_settings
 from trimaran.errors import bind_failure
 from trimaran.mqtt.handler import MqttFrontEnd
 from trimaran.net.listeners import Listener, ProtocolListener, amqp_port
@@ -246,9 +248,10 @@ class App:
         self.amqp1 = Amqp1FrontEnd(self.broker, settings, self.queues, security)
         broker, queues = self.broker, self.queues
 
-        def make_bridge(bridge: BridgeSettings) -> MqttBridge:
-            return MqttBridge(
-                bridge,
+        def make_bridge(bridge: BridgeSettings | ShovelSettings) -> Link:
+            kind = MqttBridge if isinstance(bridge, BridgeSettings) else Shovel
+            return kind(
+                bridge,  # type: ignore[arg-type]  # (each kind takes its own table)
                 broker,
                 node_name=settings.node_name,
                 runner=self.runner,
@@ -280,7 +283,8 @@ class App:
                 await root.start(self.mqtt.run, name="mqtt sessions")
                 await root.start(self.amqp091.run, name="amqp091")
                 await self.amqp1.restore()  # durable topic subscriptions fed again
-                await root.start(self.bridge_fleet.run, settings.bridges, name="bridges")
+                links = [*settings.bridges, *settings.shovels]
+                await root.start(self.bridge_fleet.run, links, name="bridges")
                 async with anyio.create_task_group() as listening:
                     for listener in self.listeners:
                         try:
@@ -432,7 +436,7 @@ class App:
                 self.request_stop()
 
     @property
-    def bridges(self) -> list[MqttBridge]:
+    def bridges(self) -> list[Link]:
         return [] if self.bridge_fleet is None else list(self.bridge_fleet.bridges.values())
 
     async def reload_bridges(self) -> dict[str, list[str]] | None:
@@ -445,7 +449,7 @@ class App:
         except ConfigError as exc:
             log.error("bridges not reloaded, the settings cannot be read: %s", exc)
             return None
-        done = await self.bridge_fleet.reload(settings.bridges)
+        done = await self.bridge_fleet.reload([*settings.bridges, *settings.shovels])
         return {"added": done.added, "removed": done.removed, "changed": done.changed}
 
     # -- what the admin API sees (trimaran.admin.view.AdminView) ---------------------------------
@@ -548,14 +552,15 @@ class App:
             now = time.monotonic()  # is the monotonic one
         statuses = []
         for bridge in self.bridges:
-            figures, settings = bridge.figures, bridge.settings
+            figures = bridge.figures
             statuses.append(
                 BridgeStatus(
                     name=bridge.name,
-                    address=figures.address or settings.address,
+                    kind=bridge.kind,
+                    address=figures.address or bridge.configured_address,
                     client_id=bridge.client_id,
-                    protocol_version=settings.bridge_protocol_version,
-                    vhost=settings.vhost,
+                    protocol_version=bridge.protocol_version,
+                    vhost=bridge.vhost,
                     state=figures.state,
                     state_for_s=max(0.0, now - figures.since),
                     last_error=figures.last_error,
@@ -567,7 +572,7 @@ class App:
                     in_flight=figures.in_flight,
                     backlog_bytes=bridge.backlog_bytes,
                     queue=split_key(bridge.queue)[1],
-                    topics=tuple(settings.topic),
+                    topics=bridge.lines,
                 )
             )
         return statuses

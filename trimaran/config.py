@@ -11,7 +11,7 @@ import difflib
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple, get_args
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pydantic import (
     BaseModel,
@@ -21,7 +21,9 @@ from pydantic import (
     PlainSerializer,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import (
     BaseSettings,
@@ -31,7 +33,7 @@ from pydantic_settings import (
 )
 
 from trimaran.broker.events import expand_patterns
-from trimaran.topics import topic_matches, validate_topic_filter
+from trimaran.topics import binding_key_to_filter, topic_matches, validate_topic_filter
 from trimaran.vhosts import DEFAULT_VHOST, VHostError, validate_name
 
 DEFAULT_CONFIG_FILE = Path("trimaran.toml")
@@ -838,6 +840,180 @@ class BridgeSettings(Section):
         return out
 
 
+class ShovelUri(NamedTuple):
+    """A shovel's ``src_uri`` or ``dest_uri``, read: ``amqp://`` with no host is this broker."""
+
+    local: bool
+    tls: bool
+    host: str
+    port: int
+    username: str | None
+    password: str | None
+    vhost: str  # the remote's, or the local vhost
+    query: dict[str, str]  # cacertfile, certfile, keyfile, verify, server_name_indication, heartbeat
+
+    @property
+    def shown(self) -> str:
+        """The URI as logs and the API show it: no password."""
+        if self.local:
+            return "amqp://" if self.vhost == DEFAULT_VHOST else f"amqp:///{self.vhost}"
+        user = f"{self.username}@" if self.username else ""
+        scheme = "amqps" if self.tls else "amqp"
+        return f"{scheme}://{user}{self.host}:{self.port}"
+
+
+#: What a shovel URI's query may say (RabbitMQ's names).
+SHOVEL_URI_QUERY = frozenset(
+    {"cacertfile", "certfile", "keyfile", "verify", "server_name_indication", "heartbeat"}
+)
+
+
+def parse_shovel_uri(value: str) -> ShovelUri:
+    """``amqp[s]://[USER[:PASSWORD]@]HOST[:PORT][/VHOST][?KEY=VALUE...]``, or ``amqp://[/VHOST]``
+    for this broker; raises ValueError saying what is wrong."""
+    parts = urlsplit(value)
+    if parts.scheme not in ("amqp", "amqps"):
+        raise ValueError(f"{value!r}: the scheme is amqp or amqps")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"{value!r}: the port is not a number") from None
+    vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else DEFAULT_VHOST
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    unknown = sorted(set(query) - SHOVEL_URI_QUERY)
+    if unknown:
+        raise ValueError(f"{value!r}: unknown query keys {', '.join(unknown)}")
+    if query.get("verify", "verify_peer") not in ("verify_peer", "verify_none"):
+        raise ValueError(f"{value!r}: verify is verify_peer or verify_none")
+    if not parts.hostname:
+        if parts.scheme == "amqps" or parts.username or port or query:
+            raise ValueError(f"{value!r}: this broker's URI is amqp:// or amqp:///VHOST, with nothing else")
+        return ShovelUri(True, False, "", 0, None, None, vhost, {})
+    tls = parts.scheme == "amqps"
+    return ShovelUri(
+        False,
+        tls,
+        parts.hostname,
+        port or (5671 if tls else 5672),
+        unquote(parts.username) if parts.username is not None else None,
+        unquote(parts.password) if parts.password is not None else None,
+        vhost,
+        query,
+    )
+
+
+class ShovelSettings(Section):
+    """A shovel between this broker and another AMQP broker, in the words of RabbitMQ's Shovel
+    plugin (its ``src-uri`` is ``src_uri`` here). One side is this broker (``amqp://``)."""
+
+    name: str = Field(
+        min_length=1,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="the shovel's name: in logs, metrics, the API (one namespace with the bridges)",
+    )
+    src_protocol: Literal["amqp091", "amqp10"] = Field("amqp091", description="what the source speaks")
+    src_uri: str = Field(
+        description="the source: amqp[s]://USER:PASS@HOST[:PORT][/VHOST][?cacertfile=...] for a remote, "
+        "amqp:// or amqp:///VHOST for this broker; several, space-separated, are tried in turn"
+    )
+    src_queue: str | None = Field(None, description="AMQP 0.9.1: the queue to consume (declared if absent)")
+    src_exchange: str | None = Field(
+        None,
+        description="AMQP 0.9.1: consume what this exchange routes with src_exchange_key, through a queue of "
+        "the shovel's own (here: amq.topic, the topics)",
+    )
+    src_exchange_key: str = Field("#", description="the binding key of src_exchange")
+    src_address: str | None = Field(None, description="AMQP 1.0: the address the source link consumes")
+    src_prefetch_count: int = Field(
+        1000, ge=1, le=65535, description="messages taken from the source and not yet settled, at most"
+    )
+    dest_protocol: Literal["amqp091", "amqp10"] = Field("amqp091", description="what the destination speaks")
+    dest_uri: str = Field(description="the destination, as src_uri")
+    dest_queue: str | None = Field(None, description="AMQP 0.9.1: publish to this queue (declared if absent)")
+    dest_exchange: str | None = Field(
+        None, description="AMQP 0.9.1: publish to this exchange (here: amq.topic, the topics)"
+    )
+    dest_exchange_key: str | None = Field(
+        None, description="the routing key to publish with; default: the message's own"
+    )
+    dest_address: str | None = Field(None, description="AMQP 1.0: the address the destination link sends to")
+    ack_mode: Literal["on-confirm", "on-publish", "no-ack"] = Field(
+        "on-confirm",
+        description="on-confirm: the source's message is acknowledged once the destination has it "
+        "(confirmed, committed); on-publish: once sent; no-ack: at once (loses messages in a gap)",
+    )
+    reconnect_delay: float = Field(5.0, gt=0, description="seconds between tries to connect")
+    queue_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1024,
+        description="payload bytes the shovel's own queue holds for the destination (an amq.topic source): "
+        "connected, publishers are slowed past half of it; away, newer ones are dropped past it and counted",
+    )
+
+    @field_validator("src_uri", "dest_uri")
+    @classmethod
+    def _uris(cls, value: str) -> str:
+        if not value.split():
+            raise ValueError("no URI")
+        ends = [parse_shovel_uri(word) for word in value.split()]
+        if len(ends) > 1 and any(end.local for end in ends):
+            raise ValueError(f"{value!r}: this broker's amqp:// is one URI alone")
+        return value
+
+    @model_validator(mode="after")
+    def _ends(self) -> ShovelSettings:
+        src, dest = self.source, self.destination
+        if src.local == dest.local:
+            raise ValueError("one of src_uri and dest_uri is this broker (amqp://), the other a remote")
+        for side, end, protocol in (("src", src, self.src_protocol), ("dest", dest, self.dest_protocol)):
+            queue, exchange = getattr(self, f"{side}_queue"), getattr(self, f"{side}_exchange")
+            address = getattr(self, f"{side}_address")
+            if end.local and (protocol != "amqp091" or address is not None):
+                raise ValueError(
+                    f"this broker's side is named in AMQP 0.9.1 terms: {side}_queue or {side}_exchange"
+                )
+            if protocol == "amqp10" and (address is None or queue is not None or exchange is not None):
+                raise ValueError(f"an AMQP 1.0 {side} names {side}_address, not a queue or exchange")
+            if protocol == "amqp091" and address is not None:
+                raise ValueError(f"{side}_address is AMQP 1.0's: name {side}_queue or {side}_exchange")
+            if queue is not None and exchange is not None:
+                raise ValueError(f"{side}_queue or {side}_exchange, not both")
+            if end.local and exchange not in (None, "amq.topic"):
+                raise ValueError(
+                    f"{side}_exchange {exchange!r}: here a shovel reaches amq.topic (the topics) or a queue; "
+                    f"bind a queue to {exchange!r} and name it in {side}_queue"
+                )
+        if self.src_protocol == "amqp091" and self.src_queue is None and self.src_exchange is None:
+            raise ValueError("the source names src_queue or src_exchange")
+        if src.local:
+            if self.src_exchange is not None:
+                try:
+                    validate_topic_filter(binding_key_to_filter(self.src_exchange_key))
+                except ValueError as exc:
+                    raise ValueError(f"src_exchange_key {self.src_exchange_key!r}: {exc}") from None
+            _valid_vhosts([src.vhost])
+        if dest.local:
+            _valid_vhosts([dest.vhost])
+        return self
+
+    @property
+    def source(self) -> ShovelUri:
+        return parse_shovel_uri(self.src_uri.split()[0])
+
+    @property
+    def destination(self) -> ShovelUri:
+        return parse_shovel_uri(self.dest_uri.split()[0])
+
+    @property
+    def local(self) -> ShovelUri:
+        return self.source if self.source.local else self.destination
+
+    def remotes(self) -> list[ShovelUri]:
+        """The remote side's URIs, tried in turn."""
+        uris = self.dest_uri if self.source.local else self.src_uri
+        return [parse_shovel_uri(word) for word in uris.split()]
+
+
 class TelemetrySettings(Section):
     metrics: bool = Field(True, description="serve /metrics (false: 404)")
     traces: bool = Field(False, description="reserved: the server exports no traces yet, whatever this says")
@@ -911,6 +1087,9 @@ class Settings(BaseSettings):
     auth: AuthSettings = AuthSettings()
     webhooks: WebhookSettings = WebhookSettings()
     bridges: list[BridgeSettings] = Field([], description="bridges to other MQTT brokers, one table each")
+    shovels: list[ShovelSettings] = Field(
+        [], description="shovels to and from other AMQP brokers, one table each"
+    )
     telemetry: TelemetrySettings = TelemetrySettings()
     http: HttpSettings = HttpSettings()
     log: LogSettings = LogSettings()
@@ -928,6 +1107,15 @@ class Settings(BaseSettings):
         twice = sorted({name for name in names if names.count(name) > 1})
         if twice:
             raise ValueError(f"two bridges are named {', '.join(twice)}")
+        return value
+
+    @field_validator("shovels")
+    @classmethod
+    def _shovel_names(cls, value: list[ShovelSettings], info: ValidationInfo) -> list[ShovelSettings]:
+        names = [shovel.name for shovel in value] + [bridge.name for bridge in info.data.get("bridges", [])]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"two bridges or shovels are named {', '.join(twice)}")
         return value
 
     def declared_vhosts(self) -> list[str]:
@@ -988,6 +1176,12 @@ def check_settings(settings: Settings) -> None:
             raise ConfigError(
                 f"invalid setting bridges ({bridge.name}).vhost: {bridge.vhost!r} is not declared; add it "
                 "to vhosts"
+            )
+    for shovel in settings.shovels:
+        if shovel.local.vhost not in settings.declared_vhosts():
+            raise ConfigError(
+                f"invalid setting shovels ({shovel.name}): the vhost {shovel.local.vhost!r} of amqp:// is "
+                "not declared; add it to vhosts"
             )
     cluster = settings.cluster
     if cluster.enabled and not settings.storage.effective_url().startswith("postgres"):

@@ -100,6 +100,7 @@ def bridge(name: str, state: str, **figures: int) -> BridgeStatus:
     counts = {"connects": 0, "sent": 0, "received": 0, "dropped": 0, "refused": 0, "in_flight": 0}
     return BridgeStatus(
         name=name,
+        kind="bridge",
         address="127.0.0.1:1883",
         client_id=f"trimaran.{name}",
         protocol_version="mqttv311",

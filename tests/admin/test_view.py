@@ -269,6 +269,7 @@ def test_the_cluster_lists_its_nodes_and_a_node_alone_answers_404() -> None:
 
 def bridge(name: str, vhost: str = "/", **figures: Any) -> BridgeStatus:
     values: dict[str, Any] = {
+        "kind": "bridge",
         "address": "cloud.example:8883",
         "client_id": f"edge-1.{name}",
         "protocol_version": "mqttv50",

@@ -15,13 +15,18 @@ from tests.support.server import RunningServer, serving
 ARGS = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "off", "--http", "127.0.0.1:0"]
 
 
-def write_bridges(config: Path, *tables: dict[str, object]) -> None:
-    """``config``: a trimaran.toml of these ``[[bridges]]`` tables, each retrying quickly unless it
-    says otherwise (JSON's strings and arrays are TOML's)."""
+def write_bridges(
+    config: Path, *tables: dict[str, object], shovels: tuple[dict[str, object], ...] = ()
+) -> None:
+    """``config``: a trimaran.toml of these ``[[bridges]]`` tables and ``[[shovels]]`` tables, each
+    retrying quickly unless it says otherwise (JSON's strings and arrays are TOML's)."""
     text = ""
     for table in tables:
         table = {"restart_timeout": "0.2 0.5", **table}
         text += "[[bridges]]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in table.items())
+    for table in shovels:
+        table = {"reconnect_delay": 0.2, **table}
+        text += "[[shovels]]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in table.items())
     config.write_text(text)
 
 

@@ -380,10 +380,13 @@ class WebhookOut(Model):
 
 
 class BridgeOut(Model):
-    name: str = Field(description="the [[bridges]] table's name")
+    name: str = Field(description="the [[bridges]] or [[shovels]] table's name")
+    kind: Literal["bridge", "shovel"] = Field(description="bridge: to an MQTT broker; shovel: to an AMQP one")
     address: str = Field(description="the remote, HOST:PORT, of the current or last connection")
-    client_id: str = Field(description="the bridge's client id at the remote")
-    protocol_version: Literal["mqttv311", "mqttv50"] = Field(description="the MQTT spoken to the remote")
+    client_id: str = Field(description="the bridge's client id at the remote (a shovel's connection name)")
+    protocol_version: Literal["mqttv311", "mqttv50", "amqp091", "amqp10"] = Field(
+        description="the protocol spoken to the remote"
+    )
     vhost: str = Field(description="the local vhost it publishes into and subscribes in")
     state: Literal["connecting", "connected", "waiting", "stopped"] = Field(
         description="waiting: for the next try, after a failed or lost connection"
@@ -398,7 +401,7 @@ class BridgeOut(Model):
     in_flight: int = Field(description="outbound messages sent and not yet acknowledged by the remote")
     backlog_bytes: int = Field(description="payload bytes of outbound QoS 1/2 messages queued or in flight")
     queue: str = Field(description="its outbound queue in its vhost (/api/v1/queues/{name}?vhost=)")
-    topics: list[str] = Field(description="the topic lines, as configured")
+    topics: list[str] = Field(description="the topic lines, as configured; a shovel's: SOURCE -> DESTINATION")
 
 
 class QueueSampleOut(Model):

@@ -57,9 +57,10 @@ class BridgeStatus:
     ``/metrics``, ``trimaran bridges``, the management page."""
 
     name: str
+    kind: str  # bridge (MQTT, a [[bridges]] table) or shovel (AMQP, a [[shovels]] table)
     address: str  # HOST:PORT of the current or last connection (before the first, as configured)
-    client_id: str  # the bridge's client id at the remote
-    protocol_version: str  # mqttv311 or mqttv50, as configured
+    client_id: str  # the bridge's client id at the remote (a shovel's connection name)
+    protocol_version: str  # mqttv311, mqttv50, amqp091 or amqp10, as configured
     vhost: str  # the local vhost it publishes into and subscribes in
     state: str  # connecting, connected, waiting (for the next try) or stopped
     state_for_s: float  # seconds since the state last changed
@@ -72,7 +73,7 @@ class BridgeStatus:
     in_flight: int  # outbound messages sent and not yet acknowledged by the remote
     backlog_bytes: int  # payload bytes of outbound QoS 1/2 messages queued or in flight
     queue: str  # its outbound queue, as the vhost's clients name it ($bridge.NAME)
-    topics: tuple[str, ...]  # the topic lines, as configured
+    topics: tuple[str, ...]  # the topic lines, as configured (a shovel's: SOURCE -> DESTINATION)
 
 
 class QueueOps(Protocol):

@@ -47,6 +47,9 @@ CONNECT_TIMEOUT_S = 10.0
 #: A delivery the remote has not acknowledged stays the link's however long the remote is away (a
 #: reconnect sends it again itself); the queue must not hand it out again meanwhile.
 HELD_FOR_S = 10 * 365 * 24 * 3600.0
+#: The header (user property) that lists the shovels a message went through, NODE/NAME,
+#: comma-separated: a shovel sends out no message it sent before (a loop).
+SHOVELLED = "x-trimaran-shovelled"
 #: States, as the log, the API and the metrics name them.
 CONNECTING, CONNECTED, WAITING, STOPPED = "connecting", "connected", "waiting", "stopped"
 
@@ -123,7 +126,14 @@ class Link:
         self.runner = runner
         self.vhost_prefix = vhost_prefix
         self.queue_bytes = queue_bytes
-        self.client_id = ""  # the link's name at the remote (a client id, a connection name)
+        # What an operator reads of it (the kind sets them): its name at the remote (a client id,
+        # a connection name), the protocol spoken there, its vhost here, the remote's address as
+        # configured, and its lines (topic lines, a shovel's source and destination).
+        self.client_id = ""
+        self.protocol_version = ""
+        self.vhost = ""
+        self.configured_address = ""
+        self.lines: tuple[str, ...] = ()
         self.figures = BridgeFigures()
         self._id = f"${self.kind}/{name}"
         self.queue = vhost_prefix + f"${self.kind}.{name}"  # its outbound queue's key
@@ -229,10 +239,11 @@ class Link:
         await self.queues.declare(self.queue, policy)
         self._consume(self.queue, self.kind, None, None)
 
-    def _consume(self, queue: str, group: str, routing_filter: str | None, line: Any) -> ConsumerHandle:
-        """Read ``queue`` in ``group``; ``line``: what the link makes of its messages (the kind's)."""
+    def _consume(self, queue: str, group: str | None, keys: str | None, line: Any) -> ConsumerHandle:
+        """Read ``queue`` in ``group`` (None: the default one), the messages whose routing keys
+        ``keys`` takes (a filter; None: all); ``line``: what the link makes of its messages."""
         outlet = _Outlet(self, line)
-        outlet.handle = self.queues.consume(queue, outlet, group=group, routing_filter=routing_filter)
+        outlet.handle = self.queues.consume(queue, outlet, group=group, routing_filter=keys)
         self._handles.append(outlet.handle)
         return outlet.handle
 

@@ -116,6 +116,10 @@ class MqttBridge(Link):
         self.topics = settings.topics
         self.level = MQTT_5 if settings.bridge_protocol_version == "mqttv50" else MQTT_3_1_1
         self.client_id = settings.remote_clientid or f"{node_name}.{settings.name}"
+        self.protocol_version = settings.bridge_protocol_version
+        self.vhost = settings.vhost
+        self.configured_address = settings.address
+        self.lines = tuple(settings.topic)
         self.session = ClientSession()
         self._waiting: deque[Publish] = deque()  # outbound QoS 0, not yet sent
         self._offsets: dict[int, tuple[ConsumerHandle, int]] = {}  # packet id -> its delivery

@@ -1,0 +1,195 @@
+"""Shovels (trimaran/bridges/shovel.py) between two Trimaran servers, over AMQP 0.9.1 and AMQP 1.0:
+queues and amq.topic out, in, the marks that stop a loop. The same against RabbitMQ and the proton
+broker: test_shovel_peers.py; under faults: test_shovel_faults.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pika
+import pytest
+
+from tests.support.bridges import write_bridges
+from tests.support.paho import V311, connect
+from tests.support.paho import Endpoints as MqttEndpoints
+from tests.support.server import RunningServer, serving
+
+ARGS = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--http", "off"]
+
+
+@contextmanager
+def broker(directory: Path, *shovels: dict[str, object], connected: bool = True) -> Iterator[RunningServer]:
+    """A Trimaran with AMQP 0.9.1 and 1.0 on free ports and these ``[[shovels]]``; yields it once
+    each shovel is connected (``connected`` False: as soon as it is up)."""
+    directory.mkdir(exist_ok=True)
+    config = directory / "trimaran.toml"
+    write_bridges(config, shovels=shovels)
+    args = [*ARGS, "--amqp", "127.0.0.1:0", "--config", str(config)]
+    server = RunningServer(args, cwd=directory).start()
+    with serving(server):
+        if connected:
+            for shovel in shovels:
+                assert server.wait_for_log(f"shovel {shovel['name']}: connected"), server.output()
+        yield server
+
+
+def uri(server: RunningServer) -> str:
+    """The server's AMQP port, which speaks 0.9.1 and 1.0."""
+    return f"amqp://guest:guest@127.0.0.1:{server.ports['amqp']}"
+
+
+def channel(server: RunningServer) -> pika.adapters.blocking_connection.BlockingChannel:
+    params = pika.ConnectionParameters("127.0.0.1", server.ports["amqp"], connection_attempts=3)
+    return pika.BlockingConnection(params).channel()
+
+
+def publish(server: RunningServer, queue: str, bodies: list[bytes], exchange: str = "") -> None:
+    ch = channel(server)
+    ch.confirm_delivery()
+    if not exchange:
+        ch.queue_declare(queue, durable=True)
+    for body in bodies:
+        ch.basic_publish(exchange, queue, body, pika.BasicProperties(delivery_mode=2))
+    ch.connection.close()
+
+
+def drain(server: RunningServer, queue: str, count: int, timeout: float = 20.0) -> list[bytes]:
+    """``count`` messages of ``queue`` (declared if absent), acknowledged, in the order they came."""
+    ch = channel(server)
+    ch.queue_declare(queue, durable=True)
+    got: list[bytes] = []
+    for method, _props, body in ch.consume(queue, inactivity_timeout=timeout):
+        if body is None:
+            break
+        got.append(body)
+        ch.basic_ack(method.delivery_tag)
+        if len(got) == count:
+            break
+    ch.cancel()
+    ch.connection.close()
+    return got
+
+
+def depth(server: RunningServer, queue: str) -> int:
+    ch = channel(server)
+    count = ch.queue_declare(queue, durable=True).method.message_count
+    ch.connection.close()
+    return int(count)
+
+
+BODIES = [f"order {i}".encode() for i in range(300)]
+
+
+@pytest.mark.parametrize("protocol", ["amqp091", "amqp10"])
+def test_a_queue_here_is_shovelled_to_a_queue_there(tmp_path: Path, protocol: str) -> None:
+    with broker(tmp_path / "cloud") as cloud:
+        dest = (
+            {"dest_protocol": "amqp091", "dest_uri": uri(cloud), "dest_queue": "orders-in"}
+            if protocol == "amqp091"
+            else {
+                "dest_protocol": "amqp10",
+                "dest_uri": uri(cloud),
+                "dest_address": "$queue/orders-in",
+            }
+        )
+        shovel = {"name": "up", "src_uri": "amqp://", "src_queue": "orders", **dest}
+        with broker(tmp_path / "edge", shovel) as edge:
+            publish(edge, "orders", BODIES)
+            assert drain(cloud, "orders-in", len(BODIES)) == BODIES  # all, in order
+            assert depth(edge, "orders") == 0  # moved, not copied
+
+
+@pytest.mark.parametrize("protocol", ["amqp091", "amqp10"])
+def test_a_queue_there_is_shovelled_to_topics_here(tmp_path: Path, protocol: str) -> None:
+    with broker(tmp_path / "cloud") as cloud:
+        src = (
+            {"src_protocol": "amqp091", "src_uri": uri(cloud), "src_queue": "commands"}
+            if protocol == "amqp091"
+            else {"src_protocol": "amqp10", "src_uri": uri(cloud), "src_address": "$queue/commands"}
+        )
+        shovel = {
+            "name": "down",
+            **src,
+            "dest_uri": "amqp://",
+            "dest_exchange": "amq.topic",
+            "dest_exchange_key": "plant.commands",
+        }
+        with broker(tmp_path / "edge", shovel) as edge:
+            device = connect(MqttEndpoints("127.0.0.1", edge.ports["mqtt"]), "plc", version=V311)
+            device.subscribe("plant/commands", 1)
+            publish(cloud, "commands", BODIES[:50])
+            got = [device.expect(10).payload for _ in range(50)]
+            assert got == BODIES[:50]
+            device.disconnect()
+            assert depth(cloud, "commands") == 0  # acknowledged there once here
+
+
+def test_topics_here_go_to_an_exchange_there_with_their_keys(tmp_path: Path) -> None:
+    with broker(tmp_path / "cloud") as cloud:
+        ch = channel(cloud)
+        ch.queue_declare("telemetry", durable=True)
+        ch.queue_bind("telemetry", "amq.topic", "site-1.#")
+        ch.connection.close()
+        shovel = {
+            "name": "telemetry",
+            "src_uri": "amqp://",
+            "src_exchange": "amq.topic",
+            "src_exchange_key": "sensors.#",
+            "dest_uri": uri(cloud),
+            "dest_exchange": "amq.topic",
+            "dest_exchange_key": "site-1.sensors",
+        }
+        with broker(tmp_path / "edge", shovel) as edge:
+            device = connect(MqttEndpoints("127.0.0.1", edge.ports["mqtt"]), "meter", version=V311)
+            for i in range(20):
+                device.publish(f"sensors/line-{i % 3}", f"{i}".encode(), qos=1)
+            device.publish("other/topic", b"not shovelled", qos=1)
+            device.disconnect()
+            assert drain(cloud, "telemetry", 20) == [f"{i}".encode() for i in range(20)]
+            assert drain(cloud, "telemetry", 1, timeout=0.5) == []
+
+
+def test_a_message_that_went_round_is_not_shovelled_again(tmp_path: Path) -> None:
+    # Out from the topics here to a queue there, and from that queue back to the same topics:
+    # each message goes out once, comes back once, and stops.
+    with broker(tmp_path / "cloud") as cloud:
+        out = {
+            "name": "out",
+            "src_uri": "amqp://",
+            "src_exchange": "amq.topic",
+            "src_exchange_key": "loop.#",
+            "dest_uri": uri(cloud),
+            "dest_queue": "ring",
+        }
+        back = {
+            "name": "back",
+            "src_uri": uri(cloud),
+            "src_queue": "ring",
+            "dest_uri": "amqp://",
+            "dest_exchange": "amq.topic",
+            "dest_exchange_key": "loop.back",
+        }
+        with broker(tmp_path / "edge", out, back) as edge:
+            watcher = connect(MqttEndpoints("127.0.0.1", edge.ports["mqtt"]), "watch", version=V311)
+            watcher.subscribe("loop/#", 1)
+            watcher.publish("loop/start", b"once", qos=1)
+            topics = sorted(watcher.expect(10).topic for _ in range(2))
+            assert topics == ["loop/back", "loop/start"]
+            watcher.expect_none(1.5)  # it did not go round again
+            watcher.disconnect()
+            assert edge.wait_for_log("shovel out: a message it sent before came back", 1), edge.output()
+
+
+def test_the_settings_refuse_a_shovel_without_this_broker(tmp_path: Path) -> None:
+    config = tmp_path / "trimaran.toml"
+    write_bridges(
+        config,
+        shovels=(
+            {"name": "x", "src_uri": "amqp://a", "src_queue": "q", "dest_uri": "amqp://b", "dest_queue": "q"},
+        ),
+    )
+    server = RunningServer([*ARGS, "--amqp", "off", "--config", str(config)], cwd=tmp_path)
+    with pytest.raises(RuntimeError, match="one of src_uri and dest_uri is this broker"):
+        server.start()
