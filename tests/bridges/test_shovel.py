@@ -4,7 +4,7 @@ broker: test_shovel_peers.py; under faults: test_shovel_faults.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,16 +19,21 @@ from tests.support.server import RunningServer, serving
 ARGS = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--http", "off"]
 
 
-@contextmanager
-def broker(directory: Path, *shovels: dict[str, object], connected: bool = True) -> Iterator[RunningServer]:
-    """A Trimaran with AMQP 0.9.1 and 1.0 on free ports and these ``[[shovels]]``; yields it once
-    each shovel is connected (``connected`` False: as soon as it is up)."""
+def start(directory: Path, *shovels: Mapping[str, object], amqp: str = "127.0.0.1:0") -> RunningServer:
+    """A Trimaran with AMQP 0.9.1 and 1.0 on ``amqp`` and these ``[[shovels]]``, started."""
     directory.mkdir(exist_ok=True)
     config = directory / "trimaran.toml"
     write_bridges(config, shovels=shovels)
-    args = [*ARGS, "--amqp", "127.0.0.1:0", "--config", str(config)]
-    server = RunningServer(args, cwd=directory).start()
-    with serving(server):
+    return RunningServer([*ARGS, "--amqp", amqp, "--config", str(config)], cwd=directory).start()
+
+
+@contextmanager
+def broker(
+    directory: Path, *shovels: Mapping[str, object], connected: bool = True, amqp: str = "127.0.0.1:0"
+) -> Iterator[RunningServer]:
+    """:func:`start`'s server, yielded once each shovel is connected (``connected`` False: as soon
+    as it is up), and stopped cleanly after. The same ``directory`` again: its data again."""
+    with serving(start(directory, *shovels, amqp=amqp)) as server:
         if connected:
             for shovel in shovels:
                 assert server.wait_for_log(f"shovel {shovel['name']}: connected"), server.output()

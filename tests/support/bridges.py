@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -16,7 +16,7 @@ ARGS = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "off", "--http", 
 
 
 def write_bridges(
-    config: Path, *tables: dict[str, object], shovels: tuple[dict[str, object], ...] = ()
+    config: Path, *tables: dict[str, object], shovels: tuple[Mapping[str, object], ...] = ()
 ) -> None:
     """``config``: a trimaran.toml of these ``[[bridges]]`` tables and ``[[shovels]]`` tables, each
     retrying quickly unless it says otherwise (JSON's strings and arrays are TOML's)."""
@@ -24,9 +24,9 @@ def write_bridges(
     for table in tables:
         table = {"restart_timeout": "0.2 0.5", **table}
         text += "[[bridges]]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in table.items())
-    for table in shovels:
-        table = {"reconnect_delay": 0.2, **table}
-        text += "[[shovels]]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in table.items())
+    for shovel in shovels:
+        shovel = {"reconnect_delay": 0.2, **shovel}
+        text += "[[shovels]]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in shovel.items())
     config.write_text(text)
 
 
