@@ -8,9 +8,11 @@ from trimaran.config import (
     BridgeTopic,
     ConfigError,
     Endpoint,
+    ShovelSettings,
     load_settings,
     parse_bridge_topic,
     parse_endpoint,
+    parse_shovel_uri,
 )
 
 
@@ -175,4 +177,71 @@ def test_bridges_are_checked_at_load(tmp_path: Path) -> None:
         load_settings(config)
     config.write_text(table.format(name="a", address="h", extra='vhost = "prod"'))
     with pytest.raises(ConfigError, match="'prod' is not declared"):
+        load_settings(config)
+
+
+def test_shovel_uris_read_as_rabbitmq_writes_them() -> None:
+    remote = parse_shovel_uri(
+        "amqps://user:p%40ss@rabbit.example/prod%2Fa?cacertfile=/ca.pem&verify=verify_none"
+    )
+    assert (remote.local, remote.tls, remote.host, remote.port) == (False, True, "rabbit.example", 5671)
+    assert (remote.username, remote.password, remote.vhost) == ("user", "p@ss", "prod/a")
+    assert remote.query == {"cacertfile": "/ca.pem", "verify": "verify_none"}
+    assert remote.shown == "amqps://user@rabbit.example:5671"  # never the password
+    assert parse_shovel_uri("amqp://").local and parse_shovel_uri("amqp://").vhost == "/"
+    assert parse_shovel_uri("amqp:///edge").vhost == "edge"
+    assert parse_shovel_uri("amqp://h").port == 5672
+
+
+@pytest.mark.parametrize(
+    ("uri", "complaint"),
+    [
+        ("http://h", "the scheme is amqp or amqps"),
+        ("amqp://h:x", "the port is not a number"),
+        ("amqp://h?channel_max=1", "unknown query keys channel_max"),
+        ("amqp://h?verify=maybe", "verify_peer or verify_none"),
+        ("amqps://", "this broker's URI is amqp://"),
+    ],
+)
+def test_bad_shovel_uris_say_what_is_wrong(uri: str, complaint: str) -> None:
+    with pytest.raises(ValueError, match=complaint):
+        parse_shovel_uri(uri)
+
+
+SHOVEL = {"name": "s", "src_uri": "amqp://", "src_queue": "q", "dest_uri": "amqp://h", "dest_queue": "q"}
+
+
+@pytest.mark.parametrize(
+    ("changes", "complaint"),
+    [
+        ({"dest_uri": "amqp://"}, "one of src_uri and dest_uri is this broker"),
+        ({"src_uri": "amqp://a", "dest_uri": "amqp://b"}, "one of src_uri and dest_uri is this broker"),
+        ({"src_queue": None, "src_exchange": "amq.direct"}, "bind a queue to 'amq.direct'"),
+        ({"src_queue": None}, "the source names src_queue or src_exchange"),
+        ({"src_exchange": "amq.topic"}, "src_queue or src_exchange, not both"),
+        ({"dest_protocol": "amqp10"}, "an AMQP 1.0 dest names dest_address"),
+        ({"dest_queue": None, "dest_address": "x"}, "dest_address is AMQP 1.0's"),
+        ({"src_protocol": "amqp10", "src_queue": None, "src_address": "x"}, "named in AMQP 0.9.1 terms"),
+        ({"src_queue": None, "src_exchange": "amq.topic", "src_exchange_key": "a.#b"}, "src_exchange_key"),
+        ({"src_uri": "amqp:// amqp://h"}, "amqp:// is one URI alone"),
+    ],
+)
+def test_bad_shovels_say_what_is_wrong(changes: dict[str, object], complaint: str) -> None:
+    with pytest.raises(ValueError, match=complaint):
+        ShovelSettings(**{**SHOVEL, **changes})
+
+
+def test_shovels_are_checked_at_load(tmp_path: Path) -> None:
+    config = tmp_path / "trimaran.toml"
+    shovel = '[[shovels]]\nname = "{name}"\nsrc_uri = "{src}"\nsrc_queue = "q"\ndest_uri = "amqp://h amqp://g:5673"\n'
+    config.write_text(shovel.format(name="s", src="amqp://"))
+    (loaded,) = load_settings(config).shovels
+    assert [(uri.host, uri.port) for uri in loaded.remotes()] == [("h", 5672), ("g", 5673)]
+    assert loaded.source.local and loaded.local.vhost == "/"
+    config.write_text(shovel.format(name="s", src="amqp:///prod"))
+    with pytest.raises(ConfigError, match="the vhost 'prod' of amqp:// is not declared"):
+        load_settings(config)
+    bridge = '[[bridges]]\nname = "s"\naddress = "h"\ntopic = ["#"]\n'
+    config.write_text(bridge + shovel.format(name="s", src="amqp://"))
+    with pytest.raises(ConfigError, match="two bridges or shovels are named s"):
         load_settings(config)
