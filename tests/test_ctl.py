@@ -418,9 +418,9 @@ def test_bridges_list_show_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         listing = ctl("bridges")  # alone: the list
         assert listing.returncode == 0, listing.stderr
         header, row = listing.stdout.splitlines()
-        assert header.split() == ["NAME", "STATE", "ADDRESS", "SENT", "RECEIVED", "BACKLOG", "BYTES"]
-        name, state, _for, _seconds, address, sent, received, backlog = row.split()
-        assert (name, state, address) == ("cloud", "connected", f"127.0.0.1:{port}")
+        assert header.split() == ["NAME", "KIND", "STATE", "ADDRESS", "SENT", "RECEIVED", "BACKLOG", "BYTES"]
+        name, kind, state, _for, _seconds, address, sent, received, backlog = row.split()
+        assert (name, kind, state, address) == ("cloud", "bridge", "connected", f"127.0.0.1:{port}")
         assert (sent, received, backlog) == ("0", "0", "0")
         assert ctl("bridges", "list").stdout == listing.stdout
         (listed,) = json.loads(ctl("bridges", "list", "--json").stdout)

@@ -138,7 +138,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser, command: AddCom
     # `trimaran bridges` alone lists them, so the group takes the admin options as each action does.
     # Given before an action they are lost (argparse lets the action's defaults win): they go after it.
     bridges = command(
-        commands, "bridges", "bridges to other MQTT brokers of a running server (alone: list them)",
+        commands, "bridges", "bridges and shovels to other brokers of a running server (alone: list them)",
         parents=parents,
     )  # fmt: skip
     sub = bridges.add_subparsers(dest="action")
@@ -644,6 +644,7 @@ WEBHOOK_COLUMNS: list[Column] = [
 ]
 BRIDGE_COLUMNS: list[Column] = [
     ("NAME", _field("name")),
+    ("KIND", _field("kind")),
     ("STATE", lambda b: f"{b['state']} for {_duration(b['state_for_s'])}"),
     ("ADDRESS", _field("address")),
     ("SENT", _field("sent")),

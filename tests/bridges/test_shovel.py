@@ -7,10 +7,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pika
 import pytest
 
+from tests.admin.test_api import SERVER_ENV, Api, wait_for
 from tests.support.bridges import write_bridges
 from tests.support.paho import V311, connect
 from tests.support.paho import Endpoints as MqttEndpoints
@@ -198,3 +200,45 @@ def test_the_settings_refuse_a_shovel_without_this_broker(tmp_path: Path) -> Non
     server = RunningServer([*ARGS, "--amqp", "off", "--config", str(config)], cwd=tmp_path)
     with pytest.raises(RuntimeError, match="one of src_uri and dest_uri is this broker"):
         server.start()
+
+
+def test_a_shovel_is_listed_restarted_and_reloaded_with_the_bridges(tmp_path: Path) -> None:
+    with broker(tmp_path / "cloud") as cloud:
+        shovel = {"name": "up", "src_uri": "amqp://", "src_queue": "orders", "dest_uri": uri(cloud)}
+        shovel["dest_queue"] = "orders-in"
+        edge_dir = tmp_path / "edge"
+        edge_dir.mkdir()
+        config = edge_dir / "trimaran.toml"
+        write_bridges(config, shovels=(shovel,))
+        args = [*ARGS[:-2], "--http", "127.0.0.1:0", "--amqp", "127.0.0.1:0", "--config", str(config)]
+        edge = RunningServer(args, cwd=edge_dir, env=SERVER_ENV).start()
+        with serving(edge):
+            assert edge.wait_for_log("shovel up: connected"), edge.output()
+            api = Api(edge.ports["http"])
+
+            def shown() -> Any:
+                return api.call("GET", "/api/v1/bridges/up")[1]
+
+            publish(edge, "orders", BODIES[:5])
+            wait_for(lambda: shown()["sent"] == 5)
+            (listed,) = api.call("GET", "/api/v1/bridges")[1]["items"]
+            remote = f"amqp://guest@127.0.0.1:{cloud.ports['amqp']}"  # never the password
+            expected = {
+                "kind": "shovel",
+                "protocol_version": "amqp091",
+                "client_id": "trimaran.up",
+                "address": f"127.0.0.1:{cloud.ports['amqp']}",
+                "state": "connected",
+                "queue": "orders",
+                "in_flight": 0,
+                "topics": [f"amqp:// queue orders -> {remote} queue orders-in"],
+            }
+            assert {key: listed[key] for key in expected} == expected
+            status, body, _ = api.call("POST", "/api/v1/bridges/up/restart")
+            assert status == 202
+            assert edge.wait_for_log_count("shovel up: connected", 2), edge.output()
+            write_bridges(config)
+            status, body, _ = api.call("POST", "/api/v1/bridges/reload")
+            assert status == 200 and body == {"added": [], "removed": ["up"], "changed": []}
+            assert api.call("GET", "/api/v1/bridges")[1]["items"] == []
+        assert drain(cloud, "orders-in", 5) == BODIES[:5]

@@ -357,9 +357,10 @@ async function bridges() {
     const up = cell(row, `${b.state} for ${duration(b.state_for_s)}`);
     up.dataset.field = "state";
     up.className = { connected: "good", waiting: "bad", stopped: "bad" }[b.state] || "";
-    const remote = cell(row, `${b.address} (MQTT ${b.protocol_version === "mqttv50" ? "5.0" : "3.1.1"})`);
+    const spoken = { mqttv50: "MQTT 5.0", mqttv311: "MQTT 3.1.1", amqp091: "AMQP 0.9.1", amqp10: "AMQP 1.0" };
+    const remote = cell(row, `${b.address} (${spoken[b.protocol_version] || b.protocol_version})`);
     remote.dataset.field = "address";
-    remote.title = `as client ${b.client_id}`;
+    remote.title = `${b.kind === "shovel" ? "shovel" : "bridge"} as ${b.client_id}: ${b.topics.join("; ")}`;
     const error = cell(row, b.last_error);
     error.dataset.field = "last-error";
     error.className = "wrap";
