@@ -11,6 +11,7 @@ from typing import Any
 
 import pika
 import pytest
+import trustme
 
 from tests.admin.test_api import SERVER_ENV, Api, wait_for
 from tests.support.bridges import write_bridges
@@ -21,21 +22,36 @@ from tests.support.server import RunningServer, serving
 ARGS = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--http", "off"]
 
 
-def start(directory: Path, *shovels: Mapping[str, object], amqp: str = "127.0.0.1:0") -> RunningServer:
-    """A Trimaran with AMQP 0.9.1 and 1.0 on ``amqp`` and these ``[[shovels]]``, started."""
+def start(
+    directory: Path, *shovels: Mapping[str, object], amqp: str = "127.0.0.1:0", tls: Path | None = None
+) -> RunningServer:
+    """A Trimaran with AMQP 0.9.1 and 1.0 on ``amqp`` and these ``[[shovels]]``, started; ``tls``:
+    a directory of ``cert.pem`` and ``key.pem``, and AMQPS on a free port."""
     directory.mkdir(exist_ok=True)
     config = directory / "trimaran.toml"
     write_bridges(config, shovels=shovels)
-    return RunningServer([*ARGS, "--amqp", amqp, "--config", str(config)], cwd=directory).start()
+    args = [*ARGS, "--amqp", amqp, "--config", str(config)]
+    env: dict[str, str] = {}
+    if tls is not None:
+        args += ["--amqps", "127.0.0.1:0"]
+        env = {
+            "TRIMARAN_LISTENERS__TLS__CERT_FILE": str(tls / "cert.pem"),
+            "TRIMARAN_LISTENERS__TLS__KEY_FILE": str(tls / "key.pem"),
+        }
+    return RunningServer(args, cwd=directory, env=env).start()
 
 
 @contextmanager
 def broker(
-    directory: Path, *shovels: Mapping[str, object], connected: bool = True, amqp: str = "127.0.0.1:0"
+    directory: Path,
+    *shovels: Mapping[str, object],
+    connected: bool = True,
+    amqp: str = "127.0.0.1:0",
+    tls: Path | None = None,
 ) -> Iterator[RunningServer]:
     """:func:`start`'s server, yielded once each shovel is connected (``connected`` False: as soon
     as it is up), and stopped cleanly after. The same ``directory`` again: its data again."""
-    with serving(start(directory, *shovels, amqp=amqp)) as server:
+    with serving(start(directory, *shovels, amqp=amqp, tls=tls)) as server:
         if connected:
             for shovel in shovels:
                 assert server.wait_for_log(f"shovel {shovel['name']}: connected"), server.output()
@@ -187,6 +203,35 @@ def test_a_message_that_went_round_is_not_shovelled_again(tmp_path: Path) -> Non
             watcher.expect_none(1.5)  # it did not go round again
             watcher.disconnect()
             assert edge.wait_for_log("shovel out: a message it sent before came back", 1), edge.output()
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA's ``ca.pem``, and ``cert.pem`` / ``key.pem`` it issued for localhost."""
+    directory = tmp_path_factory.mktemp("pki")
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(directory / "ca.pem")
+    issued = ca.issue_cert("localhost")
+    issued.cert_chain_pems[0].write_to_path(directory / "cert.pem")
+    issued.private_key_pem.write_to_path(directory / "key.pem")
+    trustme.CA().cert_pem.write_to_path(directory / "other-ca.pem")
+    return directory
+
+
+@pytest.mark.parametrize("protocol", ["amqp091", "amqp10"])
+def test_a_shovel_speaks_tls_and_checks_the_remote(tmp_path: Path, pki: Path, protocol: str) -> None:
+    with broker(tmp_path / "cloud", tls=pki) as cloud:
+        remote = f"amqps://guest:guest@localhost:{cloud.ports['amqps']}?cacertfile={pki / 'ca.pem'}"
+        dest = {"dest_queue": "orders-in"} if protocol == "amqp091" else {"dest_address": "$queue/orders-in"}
+        shovel = {"name": "up", "src_uri": "amqp://", "src_queue": "orders", "dest_protocol": protocol}
+        with broker(tmp_path / "edge", {**shovel, "dest_uri": remote, **dest}) as edge:
+            publish(edge, "orders", BODIES[:20])
+            assert drain(cloud, "orders-in", 20) == BODIES[:20]
+        # A remote whose certificate another CA signed is refused, and the log says why.
+        stranger = remote.replace("ca.pem", "other-ca.pem")
+        with broker(tmp_path / "edge2", {**shovel, "dest_uri": stranger, **dest}, connected=False) as edge:
+            assert edge.wait_for_log("certificate verify failed"), edge.output()
+            assert "shovel up: connected" not in edge.output()
 
 
 def test_the_settings_refuse_a_shovel_without_this_broker(tmp_path: Path) -> None:
