@@ -190,6 +190,10 @@ def test_v5_connack_limits_are_kept() -> None:
     assert (client.remote_max_packet_size, client.remote_maximum_qos) == (30, 1)
     assert not client.remote_retain_available
     assert client.fits(Publish("t", b"x" * 10)) and not client.fits(Publish("t", b"x" * 30))
+    # A QoS 1 message before it has its packet identifier: its two bytes are counted.
+    publish = Publish("t", b"x" * 19, qos=1)  # 2 fixed + 3 topic + 2 id + 1 properties + 19 = 27 <= 30
+    assert client.fits(publish) and publish.packet_id is None
+    assert not client.fits(Publish("t", b"x" * 23, qos=1))  # 31 > 30
 
 
 @pytest.mark.parametrize("client_id", ["b", "b" * 200])  # remaining length in one byte, and two

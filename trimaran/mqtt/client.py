@@ -274,9 +274,18 @@ class ClientConnection:
         return publish.packet_id
 
     def fits(self, publish: Publish) -> bool:
-        """Whether the remote takes a packet this large (its 5.0 Maximum Packet Size)."""
+        """Whether the remote takes a packet this large (its 5.0 Maximum Packet Size), before
+        :meth:`publish` gives it its packet identifier (two bytes, counted here)."""
         limit = self.remote_max_packet_size
-        return limit is None or len(encode(publish, self.level)) <= limit
+        if limit is None:
+            return True
+        if publish.qos and not publish.packet_id:
+            publish.packet_id = 1  # (any: the size is the same)
+            try:
+                return len(encode(publish, self.level)) <= limit
+            finally:
+                publish.packet_id = None
+        return len(encode(publish, self.level)) <= limit
 
     def subscribe(self, subscriptions: list[tuple[str, SubscriptionOptions]], now: float) -> int:
         packet_id = self.session.next_id()
