@@ -277,3 +277,34 @@ def test_a_queue_is_read_out_to_the_remote_beside_its_own_consumers(tmp_path: Pa
         remote.expect_none(0.5)
         for client in (remote, worker, producer):
             client.disconnect()
+
+
+def test_two_brokers_bridged_to_each_other_stop_a_message_after_one_turn(tmp_path: Path) -> None:
+    """Each of two servers bridges ``ring/#`` out to the other at MQTT 5: a message goes round
+    once, and the header of the links it went out through stops it there."""
+    ports = {"first": unused_port(), "second": unused_port()}
+    servers = {}
+    for name, other, bridge in (("first", "second", "over"), ("second", "first", "back")):
+        directory = tmp_path / name
+        directory.mkdir()
+        address = f"127.0.0.1:{ports[other]}"
+        table = {
+            "name": bridge,
+            "address": address,
+            "topic": ["ring/# out 1"],
+            "bridge_protocol_version": "mqttv50",
+        }
+        write_bridges(directory / "trimaran.toml", table)
+        args = ["--mqtt", f"127.0.0.1:{ports[name]}", "--mqtt-ws", "off", "--amqp", "off", "--http", "off"]
+        servers[name] = RunningServer([*args, "--config", str(directory / "trimaran.toml")], cwd=directory)
+    with serving(servers["first"].start()) as one, serving(servers["second"].start()) as two:
+        assert one.wait_for_log("bridge over: connected", 15), one.output()
+        assert two.wait_for_log("bridge back: connected", 15), two.output()
+        watcher = local_client(one, "watcher", V5)
+        watcher.subscribe("ring/#", 1)
+        watcher.publish("ring/start", b"once", qos=1)
+        assert watcher.expect().payload == b"once"  # its own publish
+        assert watcher.expect(10).payload == b"once"  # back from the other server, once
+        watcher.expect_none(1.5)  # and no more
+        watcher.disconnect()
+        assert one.wait_for_log("bridge over: a message it sent before came back"), one.output()

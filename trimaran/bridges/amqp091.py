@@ -23,7 +23,7 @@ from trimaran.amqp091.client import (
 )
 from trimaran.amqp091.mapping import delivery_address, message_from_content, properties_from_message
 from trimaran.bridges.ends import Shoveller
-from trimaran.bridges.link import CONNECT_TIMEOUT_S, SHOVELLED
+from trimaran.bridges.link import CONNECT_TIMEOUT_S, VIA
 from trimaran.broker.message import Message
 from trimaran.config import ShovelUri
 
@@ -79,7 +79,7 @@ class Amqp091End:
 
     def send(self, message: Message, mark: str, now: float) -> int:
         properties = properties_from_message(message)
-        properties.headers = {**(properties.headers or {}), SHOVELLED: mark}
+        properties.headers = {**(properties.headers or {}), VIA: mark}
         settings = self.settings
         if settings.dest_queue is not None:
             exchange, key = "", settings.dest_queue

@@ -47,9 +47,10 @@ CONNECT_TIMEOUT_S = 10.0
 #: A delivery the remote has not acknowledged stays the link's however long the remote is away (a
 #: reconnect sends it again itself); the queue must not hand it out again meanwhile.
 HELD_FOR_S = 10 * 365 * 24 * 3600.0
-#: The header (user property) that lists the shovels a message went through, NODE/NAME,
-#: comma-separated: a shovel sends out no message it sent before (a loop).
-SHOVELLED = "x-trimaran-shovelled"
+#: The header that lists the links a message went out through, NODE/NAME, comma-separated (an MQTT
+#: 5 user property, an AMQP 0.9.1 header, an AMQP 1.0 application property): a link sends out no
+#: message it sent before, so that a loop of links through other brokers stops after one turn.
+VIA = "x-trimaran-via"
 #: States, as the log, the API and the metrics name them.
 CONNECTING, CONNECTED, WAITING, STOPPED = "connecting", "connected", "waiting", "stopped"
 
@@ -68,6 +69,14 @@ class BridgeFigures:
     refused: int = 0  # messages a side refused: the remote, or a local queue
     in_flight: int = 0  # outbound messages sent and not yet acknowledged by the remote
     since: float = 0.0  # loop time of the last state change
+
+
+def via(message: Message) -> str:
+    """The links ``message`` went out through, as its header says ("" when none)."""
+    properties = message.user_properties
+    if not properties:
+        return ""
+    return next((value for key, value in properties if key == VIA), "")
 
 
 class Pending(Protocol):
@@ -113,6 +122,7 @@ class Link:
         name: str,
         broker: Broker,
         *,
+        node_name: str,
         vhost_prefix: str,
         queue_bytes: int,
         runner: Runner,
@@ -136,6 +146,8 @@ class Link:
         self.lines: tuple[str, ...] = ()
         self.figures = BridgeFigures()
         self._id = f"${self.kind}/{name}"
+        self.mark = f"{node_name}/{name}"  # in VIA
+        self._loops = 0  # messages not sent again (a loop), since the last connection
         self.queue = vhost_prefix + f"${self.kind}.{name}"  # its outbound queue's key
         self._handles: list[ConsumerHandle] = []  # the queues it reads, its own first if it has one
         self._gate = make_gate(self._stalled)
@@ -230,6 +242,22 @@ class Link:
             return
         if connected and backlog > self.queue_bytes // 2:
             self._gate.hold()  # the remote is behind: the publisher waits for it
+
+    def _marked(self, message: Message) -> str | None:
+        """``message``'s VIA header with this link added, or None when this link sent it out before
+        (a loop: it is not sent again, and counted as dropped)."""
+        went = via(message)
+        if not went:
+            return self.mark
+        if self.mark not in went.split(","):
+            return f"{went},{self.mark}"
+        if not self._loops:  # (the count, at the next connection)
+            log.warning(
+                "%s %s: a message it sent before came back (a loop); not sent again", self.kind, self.name
+            )
+        self._loops += 1
+        self.figures.dropped += 1
+        return None
 
     async def _open_own_queue(self) -> None:
         # No max-length: the link bounds it (a limited queue's publishes each take their own
@@ -413,6 +441,9 @@ class Link:
                 self._dropped_in_gap,
             )
             self._dropped_in_gap = 0
+        if self._loops:
+            log.warning("%s %s: %d messages not sent again, in a loop", self.kind, self.name, self._loops)
+            self._loops = 0
 
     def _close_socket(self, reason: str, data: bytes) -> None:
         """The machine closed: write its last bytes and close the socket; the link waits."""

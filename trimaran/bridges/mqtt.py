@@ -24,7 +24,8 @@ Nothing acknowledged is let go early:
 
 Loops: the bridge's local subscriptions are No Local (it never takes back what it published here);
 at the remote, MQTT 5 subscriptions are No Local too, and 3.1.1 announces a bridge (``try_private``),
-which Mosquitto answers by sending it nothing it published itself.
+which Mosquitto answers by sending it nothing it published itself. At 5.0 a message also carries the
+links it went out through (``link.VIA``), so a loop through several brokers stops after one turn.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import Any
 
 import anyio
 
-from trimaran.bridges.link import CONNECT_TIMEOUT_S, Link, tls_context
+from trimaran.bridges.link import CONNECT_TIMEOUT_S, VIA, Link, tls_context
 from trimaran.broker.core import Broker
 from trimaran.broker.message import Message, now_ms
 from trimaran.broker.router import Delivery, SubscriptionOptions
@@ -105,6 +106,7 @@ class MqttBridge(Link):
         super().__init__(
             settings.name,
             broker,
+            node_name=node_name,
             vhost_prefix=prefix(settings.vhost),
             queue_bytes=settings.queue_bytes,
             runner=runner,
@@ -145,7 +147,9 @@ class MqttBridge(Link):
         connected = machine is not None and machine.connected
         if not qos:
             if connected:
-                self._waiting.append(self._outbound(message, remote, 0))
+                mark = self._marked(message)
+                if mark is not None:
+                    self._waiting.append(self._outbound(message, remote, 0, mark))
                 self._flush_soon()
             else:
                 figures.dropped += 1
@@ -157,13 +161,15 @@ class MqttBridge(Link):
             message = message.copy_with(qos=qos)  # the queue keeps it at the QoS it leaves with
         self._keep(message, connected)
 
-    def _outbound(self, message: Message, remote: str, qos: int) -> Publish:
+    def _outbound(self, message: Message, remote: str, qos: int, mark: str) -> Publish:
         """The PUBLISH of ``message`` to ``remote``: the retain flag as published, 5.0 properties
-        (with the expiry left)."""
+        (with the expiry left, and ``mark``, the links it went out through, in VIA)."""
         properties = NO_PROPERTIES
         if self.level == MQTT_5:
             properties = publish_properties(message)
             properties.message_expiry_interval = message.remaining_expiry_s(now_ms())
+            kept = [(key, value) for key, value in message.user_properties if key != VIA]
+            properties.user_properties = [*kept, (VIA, mark)]
         retain = message.retain or RETAINED in message.extra
         return Publish(remote, message.payload, qos, retain, properties=properties)
 
@@ -398,7 +404,12 @@ class MqttBridge(Link):
             handle.add_credit(1)
             return
         qos = message.qos if line is None else min(message.qos or line.qos, line.qos)
-        publish = self._outbound(message, remote, qos)
+        mark = self._marked(message)
+        if mark is None:  # it went out through this bridge before: a loop
+            handle.ack_nowait(delivery.offset)
+            handle.add_credit(1)
+            return
+        publish = self._outbound(message, remote, qos, mark)
         if not machine.fits(publish):
             log.warning("bridge %s: a message to %r is too large for the remote", self.name, publish.topic)
             self.figures.refused += 1

@@ -13,9 +13,9 @@ The local side is a :class:`~trimaran.bridges.link.Link`'s, and keeps its promis
   unacknowledged at most, and each message acknowledged to the remote once it is here (routed to
   ``amq.topic``, committed to a queue), in order.
 
-Loops: a message carries the shovels it went through here in a ``x-trimaran-shovelled`` header
-(``NODE/NAME``, comma-separated); a shovel does not send out again a message it sent before, so
-two shovels that feed each other through a remote stop at one turn.
+Loops: a message carries the links it went out through in a header (``link.VIA``); a shovel does
+not send out again a message it sent before, so two shovels that feed each other through a remote
+stop at one turn.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import anyio
 from trimaran.bridges.amqp091 import Amqp091End
 from trimaran.bridges.amqp1 import Amqp1End
 from trimaran.bridges.ends import RemoteEnd
-from trimaran.bridges.link import SHOVELLED, Link, tls_context
+from trimaran.bridges.link import Link, tls_context
 from trimaran.broker.core import Broker
 from trimaran.broker.message import Message
 from trimaran.broker.router import Delivery, SubscriptionOptions
@@ -47,11 +47,6 @@ from trimaran.topics import binding_key_to_filter, routing_key_to_topic
 from trimaran.vhosts import prefix
 
 log = logging.getLogger("trimaran.bridges")
-
-
-def marks(message: Message) -> str:
-    """The shovels ``message`` went through, as its header says ("" when none)."""
-    return next((value for key, value in message.user_properties if key == SHOVELLED), "")
 
 
 def _end_text(settings: ShovelSettings, side: str) -> str:
@@ -96,6 +91,7 @@ class Shovel(Link):
         super().__init__(
             settings.name,
             broker,
+            node_name=node_name,
             vhost_prefix=prefix(local.vhost),
             queue_bytes=settings.queue_bytes,
             runner=runner,
@@ -113,12 +109,10 @@ class Shovel(Link):
         self.lines = (f"{_end_text(settings, 'src')} -> {_end_text(settings, 'dest')}",)
         if self.outward and settings.src_queue is not None:
             self.queue = self.vhost_prefix + settings.src_queue  # the queue it empties toward the remote
-        self.mark = f"{node_name}/{settings.name}"
         self.confirming = settings.ack_mode == "on-confirm"
         self._end: RemoteEnd | None = None
         self._sent: dict[int, tuple[ConsumerHandle, int]] = {}  # the remote's tag -> its delivery
         self._inbound: InOrder[_Taken] = InOrder()
-        self._loops = 0
 
     # -- the local side ---------------------------------------------------------------------------
 
@@ -263,9 +257,6 @@ class Shovel(Link):
     def end_ready(self) -> None:
         """The remote end is set up (connected, declared, consuming or confirming)."""
         self._connected()
-        if self._loops:
-            log.warning("shovel %s: %d messages not sent again, in a loop", self.name, self._loops)
-            self._loops = 0
 
     def end_closed(self, reason: str) -> None:
         """The remote end closed (``reason`` says why)."""
@@ -325,18 +316,11 @@ class Shovel(Link):
             handle.set_credit(0)  # (the connection went, or the remote's credit ran out)
             handle.release_nowait(delivery.offset)
             return
-        went = marks(message)
-        if self.mark in went.split(","):
-            if not self._loops:  # (the count, at the next connection)
-                log.warning(
-                    "shovel %s: a message it sent before came back (a loop); not sent again", self.name
-                )
-            self._loops += 1
-            self.figures.dropped += 1
+        mark = self._marked(message)
+        if mark is None:
             handle.ack_nowait(delivery.offset)
             handle.add_credit(1)
             return
-        mark = f"{went},{self.mark}" if went else self.mark
         tag = end.send(message, mark, self._loop_time())
         if self.confirming:
             self._sent[tag] = (handle, delivery.offset)
