@@ -224,6 +224,11 @@ SHOVEL = {"name": "s", "src_uri": "amqp://", "src_queue": "q", "dest_uri": "amqp
         ({"src_protocol": "amqp10", "src_queue": None, "src_address": "x"}, "named in AMQP 0.9.1 terms"),
         ({"src_queue": None, "src_exchange": "amq.topic", "src_exchange_key": "a.#b"}, "src_exchange_key"),
         ({"src_uri": "amqp:// amqp://h"}, "amqp:// is one URI alone"),
+        (
+            {"src_protocol": "amqp10", "src_uri": "amqp://h", "src_queue": None, "src_address": "a"}
+            | {"dest_uri": "amqp://", "dest_queue": None, "dest_exchange": "amq.topic"},
+            "name dest_exchange_key",
+        ),
     ],
 )
 def test_bad_shovels_say_what_is_wrong(changes: dict[str, object], complaint: str) -> None:

@@ -985,6 +985,12 @@ class ShovelSettings(Section):
                 )
         if self.src_protocol == "amqp091" and self.src_queue is None and self.src_exchange is None:
             raise ValueError("the source names src_queue or src_exchange")
+        if (
+            self.src_protocol == "amqp10"
+            and self.dest_exchange is not None
+            and self.dest_exchange_key is None
+        ):
+            raise ValueError("an AMQP 1.0 source has no routing key: name dest_exchange_key")
         if src.local:
             if self.src_exchange is not None:
                 try:

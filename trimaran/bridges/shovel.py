@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -300,14 +299,13 @@ class Shovel(Link):
     # -- out: to the remote -------------------------------------------------------------------------
 
     def _refill(self, end: RemoteEnd) -> None:
-        """The queues' credit: the shovel's window, less what is in flight, within the remote's."""
+        """The queue's credit (a shovel reads one): its window less what is in flight, within
+        what the remote takes."""
         if not self.outward or not end.ready:
             return
-        handles = self._handles
         room = min(self.settings.src_prefetch_count - self.figures.in_flight, end.window())
-        held = Counter(handle for handle, _offset in self._sent.values())
-        for handle in handles:
-            handle.set_credit(max(0, room - held[handle]) if room > 0 else 0)
+        for handle in self._handles:
+            handle.set_credit(max(0, room))
 
     def _from_queue(self, delivery: QueueDelivery, handle: ConsumerHandle, line: Any) -> None:
         end = self._end
