@@ -915,6 +915,7 @@ def rabbitmq_amqp1_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[in
         pytest.skip(str(exc))
 
 
+@pytest.mark.slow  # RabbitMQ takes about 7 s to start
 def test_rabbitmq_round_trip(rabbitmq_amqp1_port: int) -> None:
     round_trip(
         rabbitmq_amqp1_port, params(username="alice", password="a"), "/queue/bridge-queue", presettled=False
