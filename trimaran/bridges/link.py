@@ -31,6 +31,7 @@ from typing import Any, Protocol, cast
 import anyio
 
 from trimaran.broker.core import Broker
+from trimaran.broker.drops import LINK_AWAY, LINK_LOOP, LINK_UNQUEUED
 from trimaran.broker.message import Message
 from trimaran.config import QueuePolicySettings
 from trimaran.queue.groups import QueueDelivery
@@ -147,7 +148,6 @@ class Link:
         self.figures = BridgeFigures()
         self._id = f"${self.kind}/{name}"
         self.mark = f"{node_name}/{name}"  # in VIA
-        self._loops = 0  # messages not sent again (a loop), since the last connection
         self.queue = vhost_prefix + f"${self.kind}.{name}"  # its outbound queue's key
         self._handles: list[ConsumerHandle] = []  # the queues it reads, its own first if it has one
         self._gate = make_gate(self._stalled)
@@ -227,17 +227,14 @@ class Link:
     def _keep(self, message: Message, connected: bool) -> None:
         """Into the link's own queue, for the remote: bounded while it is away, and holding the
         publisher while it is connected and behind."""
-        figures = self.figures
         backlog = self.backlog_bytes
         if not connected and backlog + len(message.payload) > self.queue_bytes:
-            figures.dropped += 1  # the queue is full while the remote is away: as an offline session
-            self._dropped_in_gap += 1
+            self._drop(LINK_AWAY)  # the queue is full while the remote is away: as an offline session
             return
         try:
             self.queues.publish_nowait(self.queue, message)
         except QueueError as exc:  # the storage refuses writes (disk full, PostgreSQL away)
-            figures.dropped += 1
-            self._dropped_in_gap += 1
+            self._drop(LINK_UNQUEUED)
             log.warning("%s %s: a message for the remote was not queued: %s", self.kind, self.name, exc)
             return
         if connected and backlog > self.queue_bytes // 2:
@@ -251,13 +248,16 @@ class Link:
             return self.mark
         if self.mark not in went.split(","):
             return f"{went},{self.mark}"
-        if not self._loops:  # (the count, at the next connection)
-            log.warning(
-                "%s %s: a message it sent before came back (a loop); not sent again", self.kind, self.name
-            )
-        self._loops += 1
-        self.figures.dropped += 1
+        self._drop(LINK_LOOP)
         return None
+
+    def _drop(self, reason: str) -> None:
+        """A message for the remote not kept: counted here and by the broker (drops.py), which logs
+        once a minute; those of a gap are told again when the remote is back."""
+        self.figures.dropped += 1
+        if reason != LINK_LOOP:
+            self._dropped_in_gap += 1
+        self.broker.stats.drops.drop(reason, self.vhost, self._id)
 
     async def _open_own_queue(self) -> None:
         # No max-length: the link bounds it (a limited queue's publishes each take their own
@@ -441,9 +441,6 @@ class Link:
                 self._dropped_in_gap,
             )
             self._dropped_in_gap = 0
-        if self._loops:
-            log.warning("%s %s: %d messages not sent again, in a loop", self.kind, self.name, self._loops)
-            self._loops = 0
 
     def _close_socket(self, reason: str, data: bytes) -> None:
         """The machine closed: write its last bytes and close the socket; the link waits."""

@@ -40,6 +40,7 @@ import anyio
 
 from trimaran.bridges.link import CONNECT_TIMEOUT_S, VIA, Link, tls_context
 from trimaran.broker.core import Broker
+from trimaran.broker.drops import LINK_AWAY, TOO_LARGE
 from trimaran.broker.message import Message, now_ms
 from trimaran.broker.router import Delivery, SubscriptionOptions
 from trimaran.config import BridgeSettings, BridgeTopic
@@ -143,7 +144,6 @@ class MqttBridge(Link):
             return
         qos = min(message.qos, delivery.qos)
         machine = self._machine
-        figures = self.figures
         connected = machine is not None and machine.connected
         if not qos:
             if connected:
@@ -152,8 +152,7 @@ class MqttBridge(Link):
                     self._waiting.append(self._outbound(message, remote, 0, mark))
                 self._flush_soon()
             else:
-                figures.dropped += 1
-                self._dropped_in_gap += 1
+                self._drop(LINK_AWAY)
             return
         if message.retain:  # a queue keeps no retain flag of its own: the bridge's note says it
             message = message.copy_with(qos=qos, retain=False, extra={**message.extra, RETAINED: True})
@@ -448,7 +447,7 @@ class MqttBridge(Link):
                 machine.publish(publish, now)
                 figures.sent += 1
             else:
-                figures.dropped += 1
+                self._drop(TOO_LARGE)
         self._waiting.clear()
 
     def _tick(self) -> None:

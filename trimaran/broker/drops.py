@@ -22,6 +22,9 @@ NO_SHARE_MEMBER: Final = "no_share_member"
 QUEUE_OVERFLOW: Final = "queue_overflow"
 RECEIVER_BACKLOG_FULL: Final = "receiver_backlog_full"
 CLUSTER_FORWARD: Final = "cluster_forward"
+LINK_AWAY: Final = "link_away"
+LINK_UNQUEUED: Final = "link_unqueued"
+LINK_LOOP: Final = "link_loop"
 
 #: The label of ``trimaran_messages_dropped_total`` and what its log line says.
 REASONS: Final = {
@@ -34,6 +37,9 @@ REASONS: Final = {
     RECEIVER_BACKLOG_FULL: "a topic receiver (AMQP 1.0) without credit, its backlog full (amqp1.outbox_size)",
     CLUSTER_FORWARD: "not forwarded to the other nodes: past the forward buffer's last-resort bound "
     "(100,000; publishers are held from cluster.forward_backpressure_messages), or not encodable",
+    LINK_AWAY: "for a bridge or shovel whose remote is away: QoS 0, or past its queue_bytes",
+    LINK_UNQUEUED: "not written to a bridge's or shovel's queue: the storage refused it",
+    LINK_LOOP: "a bridge or shovel sent it out before (x-trimaran-via): a loop",
 }
 
 LOG_EVERY_S: Final = 60.0
