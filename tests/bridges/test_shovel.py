@@ -290,3 +290,18 @@ def test_a_shovel_is_listed_restarted_and_reloaded_with_the_bridges(tmp_path: Pa
             assert status == 200 and body == {"added": [], "removed": ["up"], "changed": []}
             assert api.call("GET", "/api/v1/bridges")[1]["items"] == []
         assert drain(cloud, "orders-in", 5) == BODIES[:5]
+
+
+@pytest.mark.parametrize("ack_mode", ["on-publish", pytest.param("no-ack", marks=pytest.mark.slow)])
+def test_the_other_ack_modes_move_messages_both_ways(tmp_path: Path, ack_mode: str) -> None:
+    with broker(tmp_path / "cloud") as cloud:
+        remote = uri(cloud)
+        up = {"src_uri": "amqp://", "src_queue": "orders", "dest_uri": remote, "dest_queue": "orders-in"}
+        down = {"src_uri": remote, "src_queue": "commands", "dest_uri": "amqp://", "dest_queue": "commands"}
+        shovels = ({"name": "up", "ack_mode": ack_mode, **up}, {"name": "down", "ack_mode": ack_mode, **down})
+        with broker(tmp_path / "edge", *shovels) as edge:
+            publish(edge, "orders", BODIES[:100])
+            publish(cloud, "commands", BODIES[100:200])
+            assert drain(cloud, "orders-in", 100) == BODIES[:100]
+            assert drain(edge, "commands", 100) == BODIES[100:200]
+            assert depth(edge, "orders") == depth(cloud, "commands") == 0
