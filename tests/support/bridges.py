@@ -16,7 +16,7 @@ ARGS = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--amqp", "off", "--http", 
 
 
 def write_bridges(
-    config: Path, *tables: dict[str, object], shovels: tuple[Mapping[str, object], ...] = ()
+    config: Path, *tables: Mapping[str, object], shovels: tuple[Mapping[str, object], ...] = ()
 ) -> None:
     """``config``: a trimaran.toml of these ``[[bridges]]`` tables and ``[[shovels]]`` tables, each
     retrying quickly unless it says otherwise (JSON's strings and arrays are TOML's)."""
