@@ -22,7 +22,7 @@ from trimaran.amqp091.client import (
     QueueDeclared,
 )
 from trimaran.amqp091.mapping import delivery_address, message_from_content, properties_from_message
-from trimaran.bridges.ends import Shoveller
+from trimaran.bridges.ends import MachineEnd, Shoveller
 from trimaran.bridges.link import CONNECT_TIMEOUT_S, VIA
 from trimaran.broker.message import Message
 from trimaran.config import ShovelUri
@@ -33,8 +33,10 @@ log = logging.getLogger("trimaran.bridges")
 OPEN = 1 << 30
 
 
-class Amqp091End:
+class Amqp091End(MachineEnd):
     """One connection's worth of a shovel's AMQP 0.9.1 end."""
+
+    machine: ClientConnection
 
     def __init__(self, shovel: Shoveller, uri: ShovelUri, now: float) -> None:
         self.shovel = shovel
@@ -54,25 +56,6 @@ class Amqp091End:
         self.machine = ClientConnection(params, now)
 
     # -- the shovel's calls -------------------------------------------------------------------------
-
-    def receive(self, data: bytes, now: float) -> None:
-        self.machine.receive_data(data, now)
-        self._events()
-
-    def eof(self, why: str | None) -> None:
-        if not self.machine.closed:
-            self.machine.receive_eof(why)
-            self._events()
-
-    def tick(self, now: float) -> None:
-        self.machine.tick(now)
-        self._events()
-
-    def data_to_send(self) -> bytes:
-        return self.machine.data_to_send()
-
-    def next_deadline(self) -> float | None:
-        return self.machine.next_deadline()
 
     def window(self) -> int:
         return 0 if not self.ready or self.machine.blocked else OPEN

@@ -20,7 +20,7 @@ from trimaran.amqp1.client import (
 from trimaran.amqp1.mapping import EXTRA_KEY, from_amqp1, from_wire, to_amqp1
 from trimaran.amqp1.messages import decode_message
 from trimaran.amqp1.types import DecodeError
-from trimaran.bridges.ends import Shoveller
+from trimaran.bridges.ends import MachineEnd, Shoveller
 from trimaran.bridges.link import CONNECT_TIMEOUT_S, VIA
 from trimaran.broker.message import Message
 from trimaran.config import ShovelUri
@@ -29,8 +29,10 @@ from trimaran.vhosts import DEFAULT_VHOST
 log = logging.getLogger("trimaran.bridges")
 
 
-class Amqp1End:
+class Amqp1End(MachineEnd):
     """One connection's worth of a shovel's AMQP 1.0 end."""
+
+    machine: ClientConnection
 
     def __init__(self, shovel: Shoveller, uri: ShovelUri, now: float) -> None:
         self.shovel = shovel
@@ -52,25 +54,6 @@ class Amqp1End:
         self.machine = ClientConnection(params, now)
 
     # -- the shovel's calls -------------------------------------------------------------------------
-
-    def receive(self, data: bytes, now: float) -> None:
-        self.machine.receive_data(data, now)
-        self._events()
-
-    def eof(self, why: str | None) -> None:
-        if not self.machine.closed:
-            self.machine.receive_eof(why)
-            self._events()
-
-    def tick(self, now: float) -> None:
-        self.machine.tick(now)
-        self._events()
-
-    def data_to_send(self) -> bytes:
-        return self.machine.data_to_send()
-
-    def next_deadline(self) -> float | None:
-        return self.machine.next_deadline()
 
     def window(self) -> int:
         return self.machine.credit(self._handle) if self.ready else 0

@@ -46,6 +46,51 @@ class Shoveller(Protocol):
         ...
 
 
+class ClientMachine(Protocol):
+    """What the ends ask of their client machine (``amqp091/client.py``, ``amqp1/client.py``)."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def receive_data(self, data: bytes, now: float) -> None: ...
+
+    def receive_eof(self, why: str | None = None) -> None: ...
+
+    def tick(self, now: float) -> None: ...
+
+    def data_to_send(self) -> bytes: ...
+
+    def next_deadline(self) -> float | None: ...
+
+
+class MachineEnd:
+    """A remote end's feeding of its machine: each input, then the events it made (``_events``)."""
+
+    machine: ClientMachine
+
+    def receive(self, data: bytes, now: float) -> None:
+        self.machine.receive_data(data, now)
+        self._events()
+
+    def eof(self, why: str | None) -> None:
+        if not self.machine.closed:
+            self.machine.receive_eof(why)
+            self._events()
+
+    def tick(self, now: float) -> None:
+        self.machine.tick(now)
+        self._events()
+
+    def data_to_send(self) -> bytes:
+        return self.machine.data_to_send()
+
+    def next_deadline(self) -> float | None:
+        return self.machine.next_deadline()
+
+    def _events(self) -> None:
+        raise NotImplementedError
+
+
 class RemoteEnd(Protocol):
     """The remote half of a shovel over one connection: a client machine and the shovel's use of it."""
 
