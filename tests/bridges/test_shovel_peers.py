@@ -4,6 +4,8 @@ absent."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,11 +13,12 @@ import pika
 import pytest
 
 from tests.bridges.test_shovel import BODIES, broker, depth, drain, publish
+from tests.bridges.test_shovel_faults import COUNT, collect, publish_steadily, shovels
 from tests.support import rabbitmq
 from tests.support.paho import V311, connect
 from tests.support.paho import Endpoints as MqttEndpoints
 from tests.support.proton_broker import build, proton_c_broker
-from tests.support.server import RunningServer
+from tests.support.server import RunningServer, unused_port
 
 
 @pytest.fixture(scope="module")
@@ -160,3 +163,35 @@ def test_queues_cross_the_proton_broker_and_come_back(tmp_path: Path, proton: in
         publish(edge, "orders", BODIES)
         assert drain(edge, "returned", len(BODIES)) == BODIES
         assert depth(edge, "orders") == 0
+
+
+@pytest.mark.slow  # ten starts of RabbitMQ: about two minutes
+def test_rabbitmq_stopped_ten_times_loses_nothing_either_way(tmp_path: Path) -> None:
+    why = rabbitmq.available()
+    if why is not None:
+        pytest.skip(why)
+    port = unused_port()
+    base = tmp_path / "rabbitmq"
+    commands: list[str] = []
+    with rabbitmq.rabbitmq_node(base, port=port):  # confirmed there while it is up
+        publish_steadily(lambda: port, "commands", "down-", commands)
+    orders: list[str] = []
+    with broker(tmp_path / "edge", *shovels(port), connected=False) as edge:
+        edge_port = edge.ports["amqp"]
+        publisher = threading.Thread(
+            target=publish_steadily, args=(lambda: edge_port, "orders", "up-", orders)
+        )
+        publisher.start()  # confirmed here, steadily, while RabbitMQ comes and goes
+        for turn in range(10):
+            with rabbitmq.rabbitmq_node(base, port=port):
+                assert edge.wait_for_log_count("shovel down: connected", turn + 1, 30), edge.output()
+                time.sleep(0.5)  # the shovels move some
+        publisher.join(150)
+        with rabbitmq.rabbitmq_node(base, port=port):
+            arrived_up = collect(port, "orders-in", set(orders))
+            arrived_down = collect(edge_port, "commands-in", set(commands))
+    assert len(orders) == len(commands) == COUNT
+    assert set(orders) - set(arrived_up) == set(), "confirmed here, never arrived at RabbitMQ"
+    assert set(commands) - set(arrived_down) == set(), "confirmed at RabbitMQ, never arrived here"
+    duplicates = sum(arrived_up.values()) - len(arrived_up) + sum(arrived_down.values()) - len(arrived_down)
+    print(f"duplicates (at-least-once allows them): {duplicates}")

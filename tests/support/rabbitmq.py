@@ -129,14 +129,17 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def rabbitmq_node(base: Path, plugins: tuple[str, ...] = (), config: str = "") -> Iterator[int]:
+def rabbitmq_node(
+    base: Path, plugins: tuple[str, ...] = (), config: str = "", port: int | None = None
+) -> Iterator[int]:
     """Start a node with its state under ``base`` and ``plugins`` enabled (e.g.
     ``rabbitmq_amqp1_0``, which serves AMQP 1.0 on the same port) and ``config``'s lines added to
-    its rabbitmq.conf (e.g. ``consumer_timeout = 2000``); yields its AMQP port."""
+    its rabbitmq.conf (e.g. ``consumer_timeout = 2000``); yields its AMQP port. The same ``base``
+    and ``port`` again: the same node again, with its durable queues and messages."""
     why = available()
     if why is not None:
         raise RuntimeError(why)
-    amqp, dist, epmd_port = unused_port(), unused_port(), unused_port()
+    amqp, dist, epmd_port = port or unused_port(), unused_port(), unused_port()
     for sub in ("home", "mnesia", "log"):
         (base / sub).mkdir(parents=True, exist_ok=True)
     (base / "enabled_plugins").write_text(f"[{','.join(plugins)}].\n")
