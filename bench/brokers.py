@@ -68,6 +68,7 @@ class Running:
     amqp: tuple[str, int] | None = None
     notes: list[str] = field(default_factory=list)
     tls: tuple[str, int] | None = None  # MQTT over TLS, where asked for (tls_bench.py)
+    env: dict[str, str] | None = None  # what its own command-line tools need (rabbitmqctl)
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -262,10 +263,13 @@ def mosquitto(
 
 
 @contextlib.contextmanager
-def rabbitmq(mqtt: bool = True, timeout: float = 90.0, amqp1: bool = False) -> Iterator[Running]:
+def rabbitmq(
+    mqtt: bool = True, timeout: float = 90.0, amqp1: bool = False, shovel: bool = False
+) -> Iterator[Running]:
     """Debian's RabbitMQ as root from /usr/lib/rabbitmq/bin, with its own node name, epmd port,
     cookie and mnesia directory in a temporary directory, and the rabbitmq_mqtt plugin when `mqtt`.
-    `amqp1` enables the rabbitmq_amqp1_0 plugin (RabbitMQ 3.x; 4.x speaks AMQP 1.0 natively).
+    `amqp1` enables the rabbitmq_amqp1_0 plugin (RabbitMQ 3.x; 4.x speaks AMQP 1.0 natively),
+    `shovel` the rabbitmq_shovel plugin (shovel_bench.py).
     """
     server = Path(RABBITMQ_BIN, "rabbitmq-server")
     if not server.exists():
@@ -287,6 +291,8 @@ def rabbitmq(mqtt: bool = True, timeout: float = 90.0, amqp1: bool = False) -> I
             plugins.append("rabbitmq_mqtt")
         if amqp1:
             plugins.append("rabbitmq_amqp1_0")
+        if shovel:
+            plugins.append("rabbitmq_shovel")
         conf.write_text("\n".join(lines) + "\n")
         enabled = Path(tmp, "enabled_plugins")
         enabled.write_text(f"[{','.join(plugins)}].\n")
@@ -338,7 +344,9 @@ def rabbitmq(mqtt: bool = True, timeout: float = 90.0, amqp1: bool = False) -> I
                     "defaults",
                     "rabbitmq_mqtt plugin" if mqtt_port is not None else "no MQTT plugin",
                     *(["rabbitmq_amqp1_0 plugin"] if amqp1 else []),
+                    *(["rabbitmq_shovel plugin"] if shovel else []),
                 ],
+                env=env,
             )
         finally:
             _stop(proc, grace=30.0)
@@ -366,13 +374,17 @@ _READY = re.compile(r"\b(?P<name>[\w-]+) listener ready on \[?(?P<host>[^\s\]]+?
 
 @contextlib.contextmanager
 def trimaran(
-    python: str | None = None, extra_args: list[str] | None = None, timeout: float = 30.0
+    python: str | None = None,
+    extra_args: list[str] | None = None,
+    timeout: float = 30.0,
+    cwd: Path | None = None,
 ) -> Iterator[Running]:
     """`python -m trimaran serve` with MQTT and AMQP on port 0 and SQLite in a temporary directory.
 
     The listener ports are read from the `<name> listener ready on HOST:PORT` log lines, up to the
     `trimaran ready` line. A listener that never reports (e.g. the MQTT front end not merged yet) is
-    `None` in the result, with a note.
+    `None` in the result, with a note. ``cwd``: where it runs (the checkout by default, whose
+    source ``python -m`` then imports before an installed package).
     """
     if python is None:
         venv = REPO / ".venv" / "bin" / "python"
@@ -382,7 +394,7 @@ def trimaran(
         cmd += ["--amqp", f"{HOST}:0", "--http", "off", "--data-dir", tmp, *(extra_args or [])]
         proc = subprocess.Popen(
             cmd,
-            cwd=REPO,
+            cwd=cwd or REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

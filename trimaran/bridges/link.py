@@ -157,6 +157,7 @@ class Link:
         self._writable = True
         self._held_by = 0
         self._flush_due = False
+        self._acks_due = False  # inbound messages committed, their acknowledgements not yet sent
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._gone: anyio.Event | None = None
@@ -291,8 +292,9 @@ class Link:
                     self._transport.abort()
                 return
             entry.done = True
-            self._acknowledge_ready()
-            self._flush()
+            if not self._acks_due:  # once for the commit's messages: one ack (or one write)
+                self._acks_due = True
+                self.runner.loop().call_soon(self._acknowledge_committed)
 
         try:
             if parsed is None or parsed[2] is not None:
@@ -305,6 +307,11 @@ class Link:
             if entry is not None:
                 entry.done = True  # refused here for good: the remote need not send it again
                 self._acknowledge_ready()
+
+    def _acknowledge_committed(self) -> None:
+        self._acks_due = False
+        self._acknowledge_ready()
+        self._flush()
 
     def _settled_out(self, handle: ConsumerHandle, offset: int, refused: str | None) -> None:
         """The remote acknowledged (``refused`` None) or refused an outbound message: it leaves the
