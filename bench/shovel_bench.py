@@ -1,16 +1,17 @@
 """A shovel's rate against RabbitMQ's own shovel, moving the same messages between the same two
 brokers (issue 48).
 
-RabbitMQ 3.10 (on core 1, with its shovel plugin) holds a durable queue ``src`` of N persistent
-messages; Trimaran (on core 0) is the destination, queue ``dst``. Either RabbitMQ's shovel (a
-dynamic one: ``src-uri amqp://``, ``dest-uri`` Trimaran) or Trimaran's (a ``[[shovels]]`` table
-added by a reload: ``src_uri`` RabbitMQ, ``dest_uri amqp://``) moves them, both with ack-mode
-on-confirm and a prefetch of 1,000. The rate is what arrives in ``dst`` from its first message
+RabbitMQ 3.10 runs on core 1 with its shovel plugin, Trimaran on core 0. One of them holds a
+durable queue ``src`` of N persistent messages (``in``: RabbitMQ; ``out``: Trimaran) and the
+other is the destination, queue ``dst``. Either RabbitMQ's shovel (a dynamic one, set by
+rabbitmqctl) or Trimaran's (a ``[[shovels]]`` table added by a reload) moves them, both with
+ack-mode on-confirm and a prefetch of 1,000. The rate is what arrives in ``dst`` from its first message
 to its last (a shovel's start is not its rate); the CPU is both brokers' over that time (the
 shovel runs inside one of them), per message. The runs alternate between the two shovels, on the
 same two broker processes.
 
-    python bench/shovel_bench.py [--messages 50000] [--runs 3] [--python PATH] [--out FILE]
+    python bench/shovel_bench.py [--messages 100000] [--runs 3] [--directions in,out]
+                                 [--python PATH] [--out FILE]
 
 ``--python``: the interpreter whose ``trimaran`` runs (an installed compiled wheel's venv, say);
 by default the checkout's ``.venv``, from the source unless compiled in place.
@@ -62,43 +63,43 @@ def rabbitmqctl(rabbit: brokers.Running, *args: str) -> None:
     subprocess.run([str(ctl), *args], env=rabbit.env, check=True, capture_output=True, timeout=60)
 
 
-def trimaran_shovel(rabbit_port: int | None) -> str:
-    """The ``[[shovels]]`` table of Trimaran's shovel (none when ``rabbit_port`` is None)."""
-    if rabbit_port is None:
-        return ""
-    return (
-        "[[shovels]]\n"
-        'name = "bench"\n'
-        f'src_uri = "amqp://guest:guest@127.0.0.1:{rabbit_port}"\n'
-        'src_queue = "src"\n'
-        'dest_uri = "amqp://"\n'
-        'dest_queue = "dst"\n'
-        f"src_prefetch_count = {PREFETCH}\n"
-    )
+def uris(direction: str, other: int) -> tuple[str, str]:
+    """(source, destination) as a shovel names them, its own broker ``amqp://``; ``other``: the
+    other broker's port; ``direction`` in: the other broker is the source."""
+    remote = f"amqp://guest:guest@127.0.0.1:{other}"
+    return (remote, "amqp://") if direction == "in" else ("amqp://", remote)
 
 
 def one_run(
-    which: str, rabbit: brokers.Running, trim: brokers.Running, config: Path, count: int
+    which: str, direction: str, rabbit: brokers.Running, trim: brokers.Running, config: Path, count: int
 ) -> dict[str, object]:
+    """``count`` messages moved by ``which`` shovel, RabbitMQ to Trimaran (``direction`` in) or
+    back (out)."""
     assert rabbit.amqp is not None and trim.amqp is not None
     rabbit_port, trim_port = rabbit.amqp[1], trim.amqp[1]
-    watch = channel(trim_port)
+    source, destination = (rabbit_port, trim_port) if direction == "in" else (trim_port, rabbit_port)
+    watch = channel(destination)
     watch.queue_declare("dst", durable=True)
     watch.queue_purge("dst")
-    preload(rabbit_port, count)
+    preload(source, count)
     roots = [rabbit.pid, trim.pid]
-    if which == "rabbitmq":
+    if which == "rabbitmq":  # RabbitMQ's "in" is our "out"
+        src, dest = uris("out" if direction == "in" else "in", trim_port)
         definition = {
-            "src-uri": "amqp://",
+            "src-uri": src,
             "src-queue": "src",
-            "dest-uri": f"amqp://guest:guest@127.0.0.1:{trim_port}",
+            "dest-uri": dest,
             "dest-queue": "dst",
             "ack-mode": "on-confirm",
             "src-prefetch-count": PREFETCH,
         }
         rabbitmqctl(rabbit, "set_parameter", "shovel", "bench", json.dumps(definition))
     else:
-        config.write_text(trimaran_shovel(rabbit_port))
+        src, dest = uris(direction, rabbit_port)
+        config.write_text(
+            f'[[shovels]]\nname = "bench"\nsrc_uri = "{src}"\nsrc_queue = "src"\ndest_uri = "{dest}"\n'
+            f'dest_queue = "dst"\nsrc_prefetch_count = {PREFETCH}\n'
+        )
         os.kill(trim.pid, signal.SIGHUP)
     # The clock runs from the first message at the destination to the last: a shovel's start
     # (rabbitmqctl's own VM, a reload) is not its rate.
@@ -138,12 +139,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--messages", type=int, default=50_000)
+    parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--directions", default="in,out", help="in: RabbitMQ to Trimaran; out: back")
     parser.add_argument("--python", default=None, help="the interpreter that runs trimaran")
     parser.add_argument("--out", default="", help="also append the lines to this file")
     a = parser.parse_args()
-    results: dict[str, list[dict[str, object]]] = {"trimaran": [], "rabbitmq": []}
+    directions = a.directions.split(",")
+    results: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-shovel-") as tmp:
         config = Path(tmp, "trimaran.toml")
         config.write_text("")
@@ -154,32 +157,39 @@ def main() -> None:
             with brokers.trimaran(a.python, ["--config", str(config)], cwd=cwd) as trim:
                 os.sched_setaffinity(0, {GEN_CPU})
                 for turn in range(a.runs):
-                    for which in ("trimaran", "rabbitmq") if turn % 2 == 0 else ("rabbitmq", "trimaran"):
-                        line = {
-                            **one_run(which, rabbit, trim, config, a.messages),
-                            "trimaran": trim.version,
-                            "rabbitmq": rabbit.version,
-                        }
-                        results[which].append(line)
-                        print(json.dumps(line), flush=True)
-                        if a.out:
-                            with open(a.out, "a") as out:
-                                out.write(json.dumps(line) + "\n")
-    medians = {
-        which: statistics.median(float(str(line["msgs_per_s"])) for line in lines)
-        for which, lines in results.items()
-        if lines
-    }
-    if medians.get("rabbitmq"):
-        summary = {
-            "summary": True,
-            "median_msgs_per_s": medians,
-            "ratio_trimaran_to_rabbitmq_shovel": round(medians["trimaran"] / medians["rabbitmq"], 2),
-        }
-        print(json.dumps(summary))
-        if a.out:
-            with open(a.out, "a") as out:
-                out.write(json.dumps(summary) + "\n")
+                    for direction in directions:
+                        order = ("trimaran", "rabbitmq") if turn % 2 == 0 else ("rabbitmq", "trimaran")
+                        for which in order:
+                            line = {
+                                **one_run(which, direction, rabbit, trim, config, a.messages),
+                                "direction": direction,
+                                "trimaran": trim.version.replace("\n", "; "),
+                                "rabbitmq": rabbit.version,
+                            }
+                            results.setdefault((direction, which), []).append(float(str(line["msgs_per_s"])))
+                            emit(line, a.out)
+    for direction in directions:
+        ours, theirs = results.get((direction, "trimaran")), results.get((direction, "rabbitmq"))
+        if ours and theirs:
+            summary = {
+                "summary": True,
+                "direction": direction,
+                "median_msgs_per_s": {
+                    "trimaran": statistics.median(ours),
+                    "rabbitmq": statistics.median(theirs),
+                },
+                "ratio_trimaran_to_rabbitmq_shovel": round(
+                    statistics.median(ours) / statistics.median(theirs), 2
+                ),
+            }
+            emit(summary, a.out)
+
+
+def emit(line: dict[str, object], out: str) -> None:
+    print(json.dumps(line), flush=True)
+    if out:
+        with open(out, "a") as file:
+            file.write(json.dumps(line) + "\n")
 
 
 if __name__ == "__main__":
