@@ -11,7 +11,7 @@ shovel runs inside one of them), per message. The runs alternate between the two
 same two broker processes.
 
     python bench/shovel_bench.py [--messages 100000] [--runs 3] [--directions in,out]
-                                 [--python PATH] [--out FILE]
+                                 [--python PATH | --checkout DIR] [--out FILE]
 
 ``--python``: the interpreter whose ``trimaran`` runs (an installed compiled wheel's venv, say);
 by default the checkout's ``.venv``, from the source unless compiled in place.
@@ -143,6 +143,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--directions", default="in,out", help="in: RabbitMQ to Trimaran; out: back")
     parser.add_argument("--python", default=None, help="the interpreter that runs trimaran")
+    parser.add_argument(
+        "--checkout", default=None, help="run trimaran from this checkout (compiled in place)"
+    )
     parser.add_argument("--out", default="", help="also append the lines to this file")
     a = parser.parse_args()
     directions = a.directions.split(",")
@@ -153,7 +156,8 @@ def main() -> None:
         os.sched_setaffinity(0, {GEN_CPU})
         with brokers.rabbitmq(mqtt=False, shovel=True) as rabbit:
             os.sched_setaffinity(0, {BROKER_CPU})
-            cwd = Path(tmp) if a.python else None  # an installed build: not the checkout's source
+            # An installed build runs outside the checkout (python -m would import its source first).
+            cwd = Path(a.checkout) if a.checkout else Path(tmp) if a.python else None
             with brokers.trimaran(a.python, ["--config", str(config)], cwd=cwd) as trim:
                 os.sched_setaffinity(0, {GEN_CPU})
                 for turn in range(a.runs):
