@@ -423,7 +423,7 @@ def trimaran(
             if not ready.wait(timeout) or proc.poll() is not None:
                 tail = "\n".join(lines[-15:])
                 raise BrokerUnavailable(f"trimaran did not become ready (exit {proc.poll()})\n{tail}")
-            version = _trimaran_version(python)
+            version = _trimaran_version(python, cwd or REPO)
             notes = []
             mqtt = listeners.get("mqtt")
             amqp = listeners.get("amqp")
@@ -445,9 +445,10 @@ def trimaran(
             reader.join(5)
 
 
-def _trimaran_version(python: str) -> str:
+def _trimaran_version(python: str, cwd: Path = REPO) -> str:
+    """What ``trimaran version`` says where the server runs (its build: compiled or source)."""
     out = subprocess.run(
-        [python, "-m", "trimaran", "version"], cwd=REPO, capture_output=True, text=True, check=False
+        [python, "-m", "trimaran", "version"], cwd=cwd, capture_output=True, text=True, check=False
     )
     return out.stdout.strip().removeprefix("trimaran ") or "?"
 
