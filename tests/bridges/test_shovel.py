@@ -17,13 +17,18 @@ from tests.admin.test_api import SERVER_ENV, Api, wait_for
 from tests.support.bridges import write_bridges
 from tests.support.paho import V311, connect
 from tests.support.paho import Endpoints as MqttEndpoints
+from tests.support.permissions import store_permissions
 from tests.support.server import RunningServer, serving
 
 ARGS = ["--mqtt", "127.0.0.1:0", "--mqtt-ws", "off", "--http", "off"]
 
 
 def start(
-    directory: Path, *shovels: Mapping[str, object], amqp: str = "127.0.0.1:0", tls: Path | None = None
+    directory: Path,
+    *shovels: Mapping[str, object],
+    amqp: str = "127.0.0.1:0",
+    tls: Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> RunningServer:
     """A Trimaran with AMQP 0.9.1 and 1.0 on ``amqp`` and these ``[[shovels]]``, started; ``tls``:
     a directory of ``cert.pem`` and ``key.pem``, and AMQPS on a free port."""
@@ -31,14 +36,12 @@ def start(
     config = directory / "trimaran.toml"
     write_bridges(config, shovels=shovels)
     args = [*ARGS, "--amqp", amqp, "--config", str(config)]
-    env: dict[str, str] = {}
+    environment = dict(env or {})
     if tls is not None:
         args += ["--amqps", "127.0.0.1:0"]
-        env = {
-            "TRIMARAN_LISTENERS__TLS__CERT_FILE": str(tls / "cert.pem"),
-            "TRIMARAN_LISTENERS__TLS__KEY_FILE": str(tls / "key.pem"),
-        }
-    return RunningServer(args, cwd=directory, env=env).start()
+        environment["TRIMARAN_LISTENERS__TLS__CERT_FILE"] = str(tls / "cert.pem")
+        environment["TRIMARAN_LISTENERS__TLS__KEY_FILE"] = str(tls / "key.pem")
+    return RunningServer(args, cwd=directory, env=environment).start()
 
 
 @contextmanager
@@ -48,10 +51,11 @@ def broker(
     connected: bool = True,
     amqp: str = "127.0.0.1:0",
     tls: Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[RunningServer]:
     """:func:`start`'s server, yielded once each shovel is connected (``connected`` False: as soon
     as it is up), and stopped cleanly after. The same ``directory`` again: its data again."""
-    with serving(start(directory, *shovels, amqp=amqp, tls=tls)) as server:
+    with serving(start(directory, *shovels, amqp=amqp, tls=tls, env=env)) as server:
         if connected:
             for shovel in shovels:
                 assert server.wait_for_log(f"shovel {shovel['name']}: connected"), server.output()
@@ -63,13 +67,15 @@ def uri(server: RunningServer) -> str:
     return f"amqp://guest:guest@127.0.0.1:{server.ports['amqp']}"
 
 
-def channel(server: RunningServer) -> pika.adapters.blocking_connection.BlockingChannel:
-    params = pika.ConnectionParameters("127.0.0.1", server.ports["amqp"], connection_attempts=3)
+def channel(server: RunningServer, vhost: str = "/") -> pika.adapters.blocking_connection.BlockingChannel:
+    params = pika.ConnectionParameters("127.0.0.1", server.ports["amqp"], vhost, connection_attempts=3)
     return pika.BlockingConnection(params).channel()
 
 
-def publish(server: RunningServer, queue: str, bodies: list[bytes], exchange: str = "") -> None:
-    ch = channel(server)
+def publish(
+    server: RunningServer, queue: str, bodies: list[bytes], exchange: str = "", vhost: str = "/"
+) -> None:
+    ch = channel(server, vhost)
     ch.confirm_delivery()
     if not exchange:
         ch.queue_declare(queue, durable=True)
@@ -78,9 +84,11 @@ def publish(server: RunningServer, queue: str, bodies: list[bytes], exchange: st
     ch.connection.close()
 
 
-def drain(server: RunningServer, queue: str, count: int, timeout: float = 20.0) -> list[bytes]:
+def drain(
+    server: RunningServer, queue: str, count: int, timeout: float = 20.0, vhost: str = "/"
+) -> list[bytes]:
     """``count`` messages of ``queue`` (declared if absent), acknowledged, in the order they came."""
-    ch = channel(server)
+    ch = channel(server, vhost)
     ch.queue_declare(queue, durable=True)
     got: list[bytes] = []
     for method, _props, body in ch.consume(queue, inactivity_timeout=timeout):
@@ -305,3 +313,28 @@ def test_the_other_ack_modes_move_messages_both_ways(tmp_path: Path, ack_mode: s
             assert drain(cloud, "orders-in", 100) == BODIES[:100]
             assert drain(edge, "commands", 100) == BODIES[100:200]
             assert depth(edge, "orders") == depth(cloud, "commands") == 0
+
+
+def test_a_shovel_works_in_its_vhost_here_and_there(tmp_path: Path) -> None:
+    servers = {}
+    for name in ("cloud", "edge"):  # guest may enter / and plant on both
+        (tmp_path / name).mkdir()
+        url = f"sqlite:///{tmp_path / name / 'vhosts.db'}"
+        store_permissions(url, [("guest", "/"), ("guest", "plant")])
+        servers[name] = {"TRIMARAN_VHOSTS": '["/", "plant"]', "TRIMARAN_STORAGE__URL": url}
+    with broker(tmp_path / "cloud", env=servers["cloud"]) as cloud:
+        remote = f"amqp://guest:guest@127.0.0.1:{cloud.ports['amqp']}/plant"
+        up = {"name": "up", "src_uri": "amqp:///plant", "src_queue": "orders", "dest_uri": remote}
+        up["dest_queue"] = "orders"
+        down = {"name": "down", "src_uri": remote, "src_queue": "commands", "dest_uri": "amqp:///plant"}
+        down |= {"dest_exchange": "amq.topic", "dest_exchange_key": "cmd.all"}
+        with broker(tmp_path / "edge", up, down, env=servers["edge"]) as edge:
+            mqtt = MqttEndpoints("127.0.0.1", edge.ports["mqtt"])
+            device = connect(mqtt, "plc", version=V311, username="plant:guest", password="guest")
+            device.subscribe("cmd/all", 1)
+            publish(edge, "orders", BODIES[:10], vhost="plant")
+            assert drain(cloud, "orders", 10, vhost="plant") == BODIES[:10]
+            assert drain(cloud, "orders", 1, timeout=0.3) == []  # not in the default vhost there
+            publish(cloud, "commands", BODIES[10:20], vhost="plant")
+            assert [device.expect(10).payload for _ in range(10)] == BODIES[10:20]
+            device.disconnect()

@@ -15,20 +15,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 from paho.mqtt.enums import MQTTProtocolVersion as Version
 
 from tests.interop.conftest import amqp_server_args
 from tests.support import rabbitmq
 from tests.support.paho import V5, V311, Client, Endpoints, PacketTypes, Received, connect, props, user_props
+from tests.support.permissions import store_permissions
 from tests.support.rabbitmq import define, rabbitmqctl
 from tests.support.server import RunningServer, serving
-from trimaran.config import AuthSettings
-from trimaran.security.guard import Security
-from trimaran.storage.store import Storage
-from trimaran.storage.vhost_store import VHostRows
-from trimaran.vhosts import Permission
 
 USERS = '[{"name": "alice", "password": "a"}, {"name": "bob", "password": "b"}]'
 VHOST_ENV = {
@@ -44,20 +39,7 @@ PERMISSIONS = [("alice", "/"), ("alice", "t1"), ("alice", "t2/eu"), ("bob", "t1"
 
 
 def _grant(url: str, permissions: list[tuple[str, str]] = PERMISSIONS) -> None:
-    """Write the permissions into a database before the server starts."""
-    storage = Storage.from_url(url)
-    try:
-        storage.migrate()
-
-        async def grant() -> None:
-            security = Security(AuthSettings())
-            security.use_permissions(VHostRows(storage.engine))
-            for user, vhost in permissions:
-                await security.set_permission(Permission(user, vhost))
-
-        anyio.run(grant)
-    finally:
-        storage.close()
+    store_permissions(url, permissions)
 
 
 @pytest.fixture(scope="module")
