@@ -248,17 +248,17 @@ class App:
         self.amqp1 = Amqp1FrontEnd(self.broker, settings, self.queues, security)
         broker, queues = self.broker, self.queues
 
-        def make_bridge(bridge: BridgeSettings | ShovelSettings) -> Link:
-            kind = MqttBridge if isinstance(bridge, BridgeSettings) else Shovel
-            return kind(
-                bridge,  # type: ignore[arg-type]  # (each kind takes its own table)
-                broker,
-                node_name=settings.node_name,
-                runner=self.runner,
-                make_gate=flow_gates(settings, self.runner, BRIDGE),
-                queues=queues,
-                stalled_timeout_s=settings.limits.stalled_consumer_timeout_s,
-            )
+        def make_bridge(table: BridgeSettings | ShovelSettings) -> Link:
+            wiring: dict[str, Any] = {  # what every kind of link is wired to
+                "node_name": settings.node_name,
+                "runner": self.runner,
+                "make_gate": flow_gates(settings, self.runner, BRIDGE),
+                "queues": queues,
+                "stalled_timeout_s": settings.limits.stalled_consumer_timeout_s,
+            }
+            if isinstance(table, BridgeSettings):
+                return MqttBridge(table, broker, **wiring)
+            return Shovel(table, broker, **wiring)
 
         self.bridge_fleet = BridgeFleet(make_bridge)
         vhosts.on_delete(self._empty_vhost)

@@ -21,7 +21,7 @@ from trimaran.amqp1.mapping import EXTRA_KEY, from_amqp1, from_wire, to_amqp1
 from trimaran.amqp1.messages import decode_message
 from trimaran.amqp1.types import DecodeError
 from trimaran.bridges.ends import MachineEnd, Shoveller
-from trimaran.bridges.link import CONNECT_TIMEOUT_S, VIA
+from trimaran.bridges.link import CONNECT_TIMEOUT_S, VIA, via
 from trimaran.broker.message import Message
 from trimaran.config import ShovelUri
 from trimaran.vhosts import DEFAULT_VHOST
@@ -60,8 +60,12 @@ class Amqp1End(MachineEnd):
 
     def send(self, message: Message, mark: str, now: float) -> int:
         # The message as it came is not sent as is: its application-properties take the mark.
-        kept = [(key, value) for key, value in message.user_properties if key != VIA]
-        extra = {key: value for key, value in message.extra.items() if key != EXTRA_KEY}
+        kept = message.user_properties
+        if via(message):
+            kept = [(key, value) for key, value in kept if key != VIA]
+        extra = message.extra
+        if EXTRA_KEY in extra:
+            extra = {key: value for key, value in extra.items() if key != EXTRA_KEY}
         marked = message.copy_with(user_properties=[*kept, (VIA, mark)], extra=extra)
         payload = to_amqp1(marked, cut=len(self.shovel.vhost_prefix))
         return self.machine.send(self._handle, payload, settled=not self.shovel.confirming)

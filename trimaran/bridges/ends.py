@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from trimaran.bridges.link import Machine
 from trimaran.broker.message import Message
 from trimaran.config import ShovelSettings
 
@@ -46,7 +47,7 @@ class Shoveller(Protocol):
         ...
 
 
-class ClientMachine(Protocol):
+class ClientMachine(Machine, Protocol):
     """What the ends ask of their client machine (``amqp091/client.py``, ``amqp1/client.py``)."""
 
     @property
@@ -55,12 +56,6 @@ class ClientMachine(Protocol):
     def receive_data(self, data: bytes, now: float) -> None: ...
 
     def receive_eof(self, why: str | None = None) -> None: ...
-
-    def tick(self, now: float) -> None: ...
-
-    def data_to_send(self) -> bytes: ...
-
-    def next_deadline(self) -> float | None: ...
 
 
 class MachineEnd:

@@ -214,8 +214,37 @@ class Link:
     def _down(self) -> None:
         """The connection went (after the common clean-up)."""
 
+    def _is_up(self) -> bool:
+        """Connected, and the remote set up to take messages."""
+        raise NotImplementedError
+
+    def _farewell(self) -> bytes:
+        """The protocol's goodbye (DISCONNECT, close), b"" when there is nothing to say."""
+        raise NotImplementedError
+
     async def stop(self) -> None:
-        """At shutdown: let the remote acknowledge what is in flight, then close."""
+        """At shutdown: take nothing more from the queues, let the remote acknowledge what is in
+        flight (the app bounds the wait), then say goodbye. What it has not acknowledged stays
+        queued for the next start."""
+        for handle in self._handles:
+            handle.set_credit(0)
+        while self._is_up() and self.figures.in_flight:
+            await anyio.sleep(0.02)
+        if self._transport is not None:
+            goodbye = self._farewell()
+            if goodbye:
+                self._transport.write(goodbye)
+
+    def _as_publisher(self, act: Callable[[], None]) -> None:
+        """``act`` (what the remote sent, acted on) with the link the runner's current publisher,
+        whom the gates of the local subscribers and queues it feeds can hold."""
+        runner = self.runner
+        outer = runner.current
+        runner.current = self
+        try:
+            act()
+        finally:
+            runner.current = outer
 
     # -- the local side -----------------------------------------------------------------------------
 

@@ -36,8 +36,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
-
 from trimaran.bridges.link import CONNECT_TIMEOUT_S, VIA, Link, tls_context
 from trimaran.broker.core import Broker
 from trimaran.broker.drops import LINK_AWAY, TOO_LARGE
@@ -247,18 +245,15 @@ class MqttBridge(Link):
             connect.username = ""
         return connect
 
-    async def stop(self) -> None:
-        """At shutdown: take nothing more from the queue, let the remote acknowledge what is in
-        flight (the app bounds the wait), then DISCONNECT. What it has not acknowledged stays in
-        the queue for the next start."""
-        for handle in self._handles:
-            handle.set_credit(0)
-        while self._machine is not None and self._machine.connected and self.figures.in_flight:
-            await anyio.sleep(0.02)
+    def _is_up(self) -> bool:
+        return self._machine is not None and self._machine.connected
+
+    def _farewell(self) -> bytes:
         machine = self._machine
-        if machine is not None and machine.connected and self._transport is not None:
-            machine.disconnect(self._loop_time())
-            self._transport.write(machine.data_to_send())
+        if machine is None or not machine.connected:
+            return b""
+        machine.disconnect(self._loop_time())
+        return machine.data_to_send()
 
     def _data(self, data: bytes) -> None:
         machine = self._machine
@@ -276,26 +271,23 @@ class MqttBridge(Link):
             self._gone.set()
 
     def _events(self, machine: ClientConnection) -> None:
-        runner = self.runner
-        outer = runner.current
-        runner.current = self  # a publisher the gates can hold
-        try:
-            while (event := machine.next_event()) is not None:
-                if isinstance(event, Received):
-                    self._received(machine, event.publish)
-                elif isinstance(event, Acknowledged):
-                    self._acknowledged(event)
-                elif isinstance(event, Connected):
-                    self._up(machine, event)
-                elif isinstance(event, Subscribed):
-                    self._subscribed(event)
-                elif isinstance(event, Closed):
-                    self._closed(event)
-        finally:
-            runner.current = outer
+        self._as_publisher(lambda: self._act_on(machine))
         if self._acked:
             self._settle_acked()
         self._flush()
+
+    def _act_on(self, machine: ClientConnection) -> None:
+        while (event := machine.next_event()) is not None:
+            if isinstance(event, Received):
+                self._received(machine, event.publish)
+            elif isinstance(event, Acknowledged):
+                self._acknowledged(event)
+            elif isinstance(event, Connected):
+                self._up(machine, event)
+            elif isinstance(event, Subscribed):
+                self._subscribed(event)
+            elif isinstance(event, Closed):
+                self._closed(event)
 
     def _up(self, machine: ClientConnection, event: Connected) -> None:
         if not event.session_present:

@@ -26,8 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
-
 from trimaran.bridges.amqp091 import Amqp091End
 from trimaran.bridges.amqp1 import Amqp1End
 from trimaran.bridges.ends import RemoteEnd
@@ -104,7 +102,8 @@ class Shovel(Link):
         self.client_id = f"{node_name}.{settings.name}"
         self.protocol_version = self.protocol
         self.vhost = local.vhost
-        self.configured_address = " ".join(uri.shown for uri in settings.remotes())
+        self._remotes = settings.remotes()
+        self.configured_address = " ".join(uri.shown for uri in self._remotes)
         self.lines = (f"{_end_text(settings, 'src')} -> {_end_text(settings, 'dest')}",)
         if self.outward and settings.src_queue is not None:
             self.queue = self.vhost_prefix + settings.src_queue  # the queue it empties toward the remote
@@ -157,14 +156,14 @@ class Shovel(Link):
     # -- the connection ---------------------------------------------------------------------------
 
     def _targets(self) -> list[tuple[str, int]]:
-        return [(uri.host, uri.port) for uri in self.settings.remotes()]
+        return [(uri.host, uri.port) for uri in self._remotes]
 
     def _delays(self) -> tuple[float, float]:
         delay = self.settings.reconnect_delay
         return delay, delay
 
     async def _connect_once(self, host: str, port: int) -> None:
-        uri = next(uri for uri in self.settings.remotes() if (uri.host, uri.port) == (host, port))
+        uri = next(uri for uri in self._remotes if (uri.host, uri.port) == (host, port))
         context = None
         if uri.tls:
             query = uri.query
@@ -196,29 +195,22 @@ class Shovel(Link):
         self.figures.in_flight -= len(self._sent)
         self._sent.clear()
 
-    async def stop(self) -> None:
-        """At shutdown: take nothing more, let the remote confirm what is in flight (the app bounds
-        the wait), then close."""
-        for handle in self._handles:
-            handle.set_credit(0)
-        while self._end is not None and self._end.ready and self.figures.in_flight:
-            await anyio.sleep(0.02)
+    def _is_up(self) -> bool:
+        return self._end is not None and self._end.ready
+
+    def _farewell(self) -> bytes:
         end = self._end
-        if end is not None and self._transport is not None:
-            end.close(self._loop_time())
-            self._transport.write(end.data_to_send())
+        if end is None:
+            return b""
+        end.close(self._loop_time())
+        return end.data_to_send()
 
     def _data(self, data: bytes) -> None:
         end = self._end
         if end is None:
             return
-        runner = self.runner
-        outer = runner.current
-        runner.current = self  # a publisher the gates can hold
-        try:
-            end.receive(data, self._loop_time())
-        finally:
-            runner.current = outer
+        now = self._loop_time()
+        self._as_publisher(lambda: end.receive(data, now))
         self._after(end)
 
     def _lost(self, exc: Exception | None) -> None:
