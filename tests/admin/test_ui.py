@@ -201,7 +201,9 @@ def test_charts_move_under_load(server: RunningServer, browser: Any) -> None:
     if browser.find_element(By.ID, "login").is_displayed():
         browser.find_element(By.ID, "token").send_keys(TOKEN)
         browser.find_element(By.CSS_SELECTOR, "#login button").click()
-    browser.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="overview"]').click()
+    tab = browser.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="overview"]')
+    wait(tab.is_displayed)  # (the login's answer shows the tabs: under load, not at once)
+    tab.click()
     before, _ = wait(lambda: (c := _chart(browser, "chart-messages"))[0] >= 2 and c)
 
     mqtt = Endpoints("127.0.0.1", server.ports["mqtt"])
@@ -373,7 +375,9 @@ def test_bridges_tab_shows_a_bridge_and_restarts_it(tmp_path: Path, browser: Any
         if browser.find_element(By.ID, "login").is_displayed():
             browser.find_element(By.ID, "token").send_keys(TOKEN)
             browser.find_element(By.CSS_SELECTOR, "#login button").click()
-        browser.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="bridges"]').click()
+        tab = browser.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="bridges"]')
+        wait(tab.is_displayed)  # (the login's answer shows the tabs: under load, not at once)
+        tab.click()
         row = '#bridge-rows tr[data-bridge="cloud"]'
 
         def shown(field: str) -> str:
