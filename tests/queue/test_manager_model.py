@@ -408,12 +408,12 @@ class QueueMachine(ManagerMachine):
         def run() -> None:
             manager.transact(publishes, [(consumer.handle, o, ACK) for o in offsets], outcome.append)
 
-        before = set(queue_store.stored_offsets(self.storage.engine, QUEUE)) if self.shared else set()
+        before = self.offsets_seen() if self.shared else set()
         self.call(run)
         self.settle_down()
         assert outcome == [None]
         if publish and self.shared:  # its offset came from the node's block
-            (high,) = set(queue_store.stored_offsets(self.storage.engine, QUEUE)) - before
+            (high,) = self.offsets_seen() - before
         for offset in offsets:
             self.model.groups[consumer.group][offset].state = DONE
             self.model.groups[consumer.group][offset].holder = None
@@ -424,6 +424,12 @@ class QueueMachine(ManagerMachine):
         for offset in offsets:
             self.finished_check(offset)
         self.check()
+
+    def offsets_seen(self) -> set[int]:
+        """The offsets stored or delivered: a new one is stored, or was delivered to an auto-ack
+        consumer and compacted by the time the nodes settled down."""
+        delivered = {d.offset for c in self.consumers.values() for d in c.got}
+        return set(queue_store.stored_offsets(self.storage.engine, QUEUE)) | delivered
 
     @precondition(lambda self: self.consumers)
     @rule(data=st.data())
@@ -1267,3 +1273,15 @@ def test_a_group_made_on_another_node_keeps_what_the_first_group_acks(machine_st
         machine.settle(FixedData(["c2", 0]), "ack")
         machine.advance(600)
         machine.check_held()
+
+
+def test_a_selectors_claim_leaves_what_it_passed_over_to_the_others(machine_storage: Storage) -> None:
+    """Found by the shared model: a transaction's publish goes to the database unclaimed; a claim
+    for a consumer with a routing filter passes over it, which lifted the node's barrier as if it
+    were taken, and the plain consumer's next claim walked past it (``Claims.walk``)."""
+    with replayed(SharedMachine, shared_storage(machine_storage)) as machine:
+        machine.consume(group="g1", kind="plain", credit=1, node=1)
+        machine.publish(red=False, key="a", ttl=None, node=1)
+        machine.consume(group="g1", kind="key-a", credit=1, node=1)
+        machine.transact(FixedData(["c1", [0]]), publish=True)  # key "b": not c2's
+        machine.add_credit(FixedData(["c1"]), credit=1)  # the check: c1 gets it

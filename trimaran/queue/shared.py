@@ -267,10 +267,11 @@ class Claims:
                 cap = _NO_CAP
         wants = None if takes_all(takers) else taken_by(takers)
         below, resume = queue_store.ALL_OFFSETS, -1
-        if group in self.walk_whole:
-            self.walk_whole.discard(group)
-        elif isinstance(group, WorkGroup) and wants is None:
-            below, resume = self.walk(state, group, after)
+        if isinstance(group, WorkGroup) and wants is None:  # a selector's claim walks it all
+            if group in self.walk_whole:
+                self.walk_whole.discard(group)
+            else:
+                below, resume = self.walk(state, group, after)
         # The kept publishes the claim may take, copied for the writer: the first ``want`` past
         # where it starts (all of them, up to 3,200, copied for each claim, cost more than it saved).
         kept = state.unclaimed
@@ -329,6 +330,11 @@ class Claims:
                     if len(rows) == want:
                         upto = min(upto, newest) if plain else -1
                     moved = group.passed(upto, {int(row.offset) for row, _got in rows})
+                    if moved and not plain:
+                        # Passed over is not taken: what a selector refused may be there still for
+                        # the group's other consumers, which the walk past this node's run would
+                        # miss (``walk``): their next claim walks it all.
+                        self.walk_whole.add(group)
             group.dry_at = group.handed_back if len(rows) < want and not group.holding_back else None
             # A full claim took every new message up to its last one but what another claim held
             # locked: the next starts there (below what of this node's was uncommitted when it
