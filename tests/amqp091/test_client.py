@@ -41,7 +41,11 @@ from trimaran.amqp091.events import (
     AuthenticationRequested,
     ConnectionClosed,
     ContentReceived,
+    ContentRun,
     MethodReceived,
+)
+from trimaran.amqp091.events import (
+    Event as ServerEvent,
 )
 from trimaran.amqp091.fields import decode_table_contents
 from trimaran.amqp091.frames import (
@@ -103,17 +107,22 @@ class Paired:
 
     def _serve(self) -> None:
         server = self.server
-        while (event := server.next_event()) is not None:
-            self.server_events.append(event)
-            if isinstance(event, AuthenticationRequested):
-                if event.password == self.password:
-                    server.accept_authentication()
-                else:
-                    server.reject_authentication("bad password")
-            elif isinstance(event, ContentReceived):
-                self._published(event)
-            elif isinstance(event, MethodReceived):
-                self._method(event.method)
+        while (read := server.next_event()) is not None:
+            for event in read.each() if isinstance(read, ContentRun) else [read]:
+                self._serve_one(event)
+
+    def _serve_one(self, event: ServerEvent) -> None:
+        server = self.server
+        self.server_events.append(event)
+        if isinstance(event, AuthenticationRequested):
+            if event.password == self.password:
+                server.accept_authentication()
+            else:
+                server.reject_authentication("bad password")
+        elif isinstance(event, ContentReceived):
+            self._published(event)
+        elif isinstance(event, MethodReceived):
+            self._method(event.method)
 
     def _method(self, m: spec.Method) -> None:
         send = self.server.send_method

@@ -4,7 +4,7 @@ from hypothesis import strategies as st
 
 from tests.amqp091.amqp091_client import Client, amqplain
 from trimaran.amqp091 import spec
-from trimaran.amqp091.connection import ConnectionState, ServerConnection
+from trimaran.amqp091.connection import RUN_MAX, ConnectionState, ServerConnection
 from trimaran.amqp091.events import (
     AuthenticationRequested,
     ChannelClosed,
@@ -15,6 +15,7 @@ from trimaran.amqp091.events import (
     ConnectionOpened,
     ConnectionTuned,
     ContentReceived,
+    ContentRun,
     Event,
     HeartbeatTimeout,
     MethodReceived,
@@ -402,6 +403,41 @@ def test_large_frame_after_authentication_is_accepted() -> None:
     c.open_channel(1)
     events = c.publish(1, b"x" * 20000, frame_max=131072)
     assert isinstance(events[0], ContentReceived) and len(events[0].body) == 20000
+
+
+def test_publishes_read_together_with_one_method_are_one_run() -> None:
+    """Whole publishes of one channel with the same arguments, buffered together, are one event
+    (up to RUN_MAX), in order, each with its own properties; another key, another channel or a
+    publish not yet whole ends the run."""
+    c = Client()
+    c.handshake(frame_max=131072)
+    c.open_channel(1)
+    c.open_channel(2)
+    to_q = spec.BasicPublish(routing_key="q")
+    props = [BasicProperties(), BasicProperties(priority=1), BasicProperties()]
+
+    def content(
+        channel: int, body: bytes, method: spec.Method = to_q, p: BasicProperties | None = None
+    ) -> bytes:
+        return encode_content(channel, method, p or BasicProperties(), body, 131072)
+
+    data = b"".join(content(1, b"a%d" % i, p=p) for i, p in enumerate(props))
+    data += (
+        content(1, b"other", spec.BasicPublish(routing_key="r")) + content(2, b"two") + content(1, b"last")
+    )
+    events = c.send(data)
+    assert [type(e) for e in events] == [ContentRun, ContentReceived, ContentReceived, ContentReceived]
+    run = events[0]
+    assert isinstance(run, ContentRun) and run.channel == 1 and run.method == to_q
+    assert [(p, b) for p, b, _e in run.contents] == [(p, b"a%d" % i) for i, p in enumerate(props)]
+    assert [e.body for e in events[1:] if isinstance(e, ContentReceived)] == [b"other", b"two", b"last"]
+    assert [e.body for e in run.each()] == [b"a0", b"a1", b"a2"]
+
+    many = b"".join(content(1, b"%d" % i) for i in range(RUN_MAX + 1))
+    whole, cut = many + content(1, b"x"), content(1, b"y")
+    events = c.send(whole + cut[:-1])
+    assert [len(e.contents) if isinstance(e, ContentRun) else 1 for e in events] == [RUN_MAX, 2]
+    assert c.send(cut[-1:])[0] == ContentReceived(1, to_q, BasicProperties(), b"y")
 
 
 def test_handshake_deadline() -> None:

@@ -19,6 +19,7 @@ from trimaran.amqp091.events import (
     AuthenticationRequested,
     ConnectionClosed,
     ContentReceived,
+    ContentRun,
     Event,
     MethodReceived,
 )
@@ -41,32 +42,33 @@ def _serve(listener: socket.socket, events: list[Event], errors: list[BaseExcept
                     conn.receive_data(data, time.monotonic())
                 else:
                     conn.receive_eof()
-                while (ev := conn.next_event()) is not None:
-                    events.append(ev)
-                    if isinstance(ev, AuthenticationRequested):
-                        if ev.password == "pw":
-                            conn.accept_authentication()
-                        else:
-                            conn.reject_authentication("bad password")
-                    elif isinstance(ev, ContentReceived):
-                        stored.append((ev.properties, ev.body))
-                        published += 1
-                        conn.send_method(ev.channel, spec.BasicAck(published))
-                    elif isinstance(ev, MethodReceived):
-                        m, ch = ev.method, ev.channel
-                        if isinstance(m, spec.QueueDeclare):
-                            conn.send_method(ch, spec.QueueDeclareOk(m.queue, len(stored), 0))
-                        elif isinstance(m, spec.ConfirmSelect):
-                            conn.send_method(ch, spec.ConfirmSelectOk())
-                        elif isinstance(m, spec.BasicConsume):
-                            conn.send_method(ch, spec.BasicConsumeOk(m.consumer_tag))
-                            for tag, (props, body) in enumerate(stored, 1):
-                                deliver = spec.BasicDeliver(m.consumer_tag, tag, False, "", m.queue)
-                                conn.send_content(ch, deliver, props, body)
-                        elif isinstance(m, spec.BasicCancel):
-                            conn.send_method(ch, spec.BasicCancelOk(m.consumer_tag))
-                        elif isinstance(m, spec.QueueDelete):
-                            conn.close_channel(ch, spec.NOT_FOUND, "NOT_FOUND - no queue 'nope'", 50, 40)
+                while (read := conn.next_event()) is not None:
+                    for ev in read.each() if isinstance(read, ContentRun) else [read]:
+                        events.append(ev)
+                        if isinstance(ev, AuthenticationRequested):
+                            if ev.password == "pw":
+                                conn.accept_authentication()
+                            else:
+                                conn.reject_authentication("bad password")
+                        elif isinstance(ev, ContentReceived):
+                            stored.append((ev.properties, ev.body))
+                            published += 1
+                            conn.send_method(ev.channel, spec.BasicAck(published))
+                        elif isinstance(ev, MethodReceived):
+                            m, ch = ev.method, ev.channel
+                            if isinstance(m, spec.QueueDeclare):
+                                conn.send_method(ch, spec.QueueDeclareOk(m.queue, len(stored), 0))
+                            elif isinstance(m, spec.ConfirmSelect):
+                                conn.send_method(ch, spec.ConfirmSelectOk())
+                            elif isinstance(m, spec.BasicConsume):
+                                conn.send_method(ch, spec.BasicConsumeOk(m.consumer_tag))
+                                for tag, (props, body) in enumerate(stored, 1):
+                                    deliver = spec.BasicDeliver(m.consumer_tag, tag, False, "", m.queue)
+                                    conn.send_content(ch, deliver, props, body)
+                            elif isinstance(m, spec.BasicCancel):
+                                conn.send_method(ch, spec.BasicCancelOk(m.consumer_tag))
+                            elif isinstance(m, spec.QueueDelete):
+                                conn.close_channel(ch, spec.NOT_FOUND, "NOT_FOUND - no queue 'nope'", 50, 40)
                 sock.sendall(conn.data_to_send())
     except BaseException as exc:  # reported to the test thread
         errors.append(exc)

@@ -18,6 +18,8 @@ import pytest
 from tests.support.amqp091 import Deck, running
 from tests.support.runtime import Wire, settle
 from trimaran.amqp091 import spec
+from trimaran.amqp091.conn import Amqp091Conn
+from trimaran.amqp091.events import ContentRun
 from trimaran.amqp091.frames import (
     NEED_DATA,
     BodyFrame,
@@ -27,6 +29,7 @@ from trimaran.amqp091.frames import (
     encode_content,
     encode_method,
 )
+from trimaran.amqp091.handler import Amqp091FrontEnd
 from trimaran.amqp091.properties import BasicProperties
 
 pytestmark = pytest.mark.anyio
@@ -253,3 +256,69 @@ async def test_an_unsent_delivery_racing_a_channel_close_is_not_redelivered(tmp_
         assert got[0] == (1, spec.BasicGetOk(1, False, "", "r", 0))
         await consumer.eof()
         await publisher.eof()
+
+
+async def test_a_run_of_publishes_is_taken_as_each_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Publishes read together (``ContentRun``) do what each does alone, in order: to a consumed
+    in-memory queue, broken by another key and another channel, with other properties on one,
+    mandatory to no queue (returned, each), to a durable queue, and one whose expiration is not a
+    number (406: the ones before it are in, the channel closes)."""
+    mandatory = spec.BasicPublish(routing_key="nope", mandatory=True)
+    stream = [
+        *HANDSHAKE,
+        encode_method(2, spec.QueueDeclare(queue="r")),
+        encode_method(2, spec.QueueDeclare(queue="s")),
+        encode_method(2, spec.QueueDeclare(queue="d", durable=True)),
+        encode_method(2, spec.BasicConsume(queue="r", consumer_tag="t", no_ack=True)),
+        *publish(1, "r", b"r1"),
+        *publish(1, "r", b"r2", BasicProperties(content_type="text/plain", priority=3)),
+        *publish(1, "r", b"r3"),
+        *publish(1, "s", b"s1"),
+        *publish(1, "r", b"r4"),
+        *publish(2, "s", b"s2"),
+        *publish(1, "r", b"r5"),
+        encode_content(1, mandatory, BasicProperties(), b"n1", 131072),
+        encode_content(1, mandatory, BasicProperties(), b"n2", 131072),
+        *publish(1, "d", b"d1"),
+        *publish(1, "d", b"d2"),
+        *publish(1, "s", b"s3"),
+        *publish(1, "s", b"s4", BasicProperties(expiration="soon")),
+        *publish(1, "s", b"s5"),
+        encode_method(2, spec.QueueDeclare(queue="s", passive=True)),
+        *CLOSE,
+    ]
+    runs: list[int] = []
+    content_run = Amqp091FrontEnd.content_run
+
+    def counted(self: Amqp091FrontEnd, conn: Amqp091Conn, event: ContentRun) -> None:
+        runs.append(len(event.contents))
+        content_run(self, conn, event)
+
+    monkeypatch.setattr(Amqp091FrontEnd, "content_run", counted)
+    async with running(tmp_path) as deck:
+        first: list[tuple[int, object]] | None = None
+        for how, chunks in ways(stream):
+            runs.clear()
+            output, _wire = await session(deck, chunks)
+            if how == "whole":
+                assert runs == [3, 2, 2, 3], runs
+            assert deck.contents("d") == [b"d1", b"d2"], how
+            assert deck.contents("s") == [b"s1", b"s2", b"s3"], how
+            if first is None:
+                first = output
+                bodies = [f.payload for ch, f in output if isinstance(f, BodyFrame)]
+                assert bodies == [b"r1", b"r2", b"r3", b"r4", b"r5", b"n1", b"n2"]
+                delivered = [m for _, m in output if isinstance(m, spec.BasicDeliver)]
+                assert [d.delivery_tag for d in delivered] == [1, 2, 3, 4, 5]
+                returned = [m for _, m in output if isinstance(m, spec.BasicReturn)]
+                assert [(r.reply_code, r.routing_key) for r in returned] == [(312, "nope")] * 2
+                headers = [f for _, f in output if isinstance(f, HeaderFrame)]
+                assert headers[1].properties == BasicProperties(content_type="text/plain", priority=3)
+                closed = [m for _, m in output if isinstance(m, spec.ChannelClose)]
+                assert [c.reply_code for c in closed] == [406]
+                assert output[-2] == (2, spec.QueueDeclareOk("s", 3, 0))
+            assert output == first, how
+            for queue in ("r", "s", "d"):
+                await deck.front.ops.delete_queue(queue)

@@ -19,7 +19,7 @@ import anyio
 from trimaran.amqp091 import spec
 from trimaran.amqp091.channels import UNWRITTEN_BYTES, ChannelState, Consumer
 from trimaran.amqp091.connection import ConnectionState, ServerConnection
-from trimaran.amqp091.events import ContentReceived
+from trimaran.amqp091.events import ContentReceived, ContentRun
 from trimaran.broker.clients import ClientInfo
 from trimaran.queue.manager import PublishResult
 from trimaran.queue.policy import QueueError
@@ -122,6 +122,9 @@ class Amqp091Conn:
     def handle(self, event: object) -> Awaitable[None] | None:
         if type(event) is ContentReceived:  # a publish, most events: without a hop through on_event
             self.front.content(self, event)
+            return None
+        if type(event) is ContentRun:
+            self.front.content_run(self, event)
             return None
         return self.front.on_event(self, event)
 

@@ -131,6 +131,28 @@ class ContentReceived:
         self.encoded_properties = encoded_properties
 
 
+@dataclass(slots=True, init=False)
+class ContentRun:
+    """Consecutive basic.publish frames of one channel, buffered together, with the same arguments
+    (exchange, routing key, flags): routed once. Each content is its properties, its body and the
+    properties as the frame carried them."""
+
+    channel: int
+    method: Method
+    contents: list[tuple[BasicProperties, bytes, bytes]]
+
+    def __init__(
+        self, channel: int, method: Method, contents: list[tuple[BasicProperties, bytes, bytes]]
+    ) -> None:
+        self.channel = channel
+        self.method = method
+        self.contents = contents
+
+    def each(self) -> list[ContentReceived]:
+        """The run as one event a message, for whoever takes them one at a time."""
+        return [ContentReceived(self.channel, self.method, p, b, e) for p, b, e in self.contents]
+
+
 @dataclass(slots=True)
 class ConnectionClosing:
     """The machine raised a connection exception: connection.close is queued and only close-ok is
@@ -175,6 +197,7 @@ Event = (
     | ChannelFlowChanged
     | MethodReceived
     | ContentReceived
+    | ContentRun
     | ConnectionClosing
     | HeartbeatTimeout
     | ConnectionClosed

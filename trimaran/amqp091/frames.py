@@ -136,7 +136,7 @@ _BASIC: Final = 60
 class FrameDecoder:
     """Incremental frame decoder with its own buffer."""
 
-    __slots__ = ("_buf", "_pos", "_properties", "_publishes", "frame_max")
+    __slots__ = ("_buf", "_last_publish", "_pos", "_properties", "_publishes", "frame_max")
 
     def __init__(self, frame_max: int = FRAME_MIN_SIZE) -> None:
         self._buf = bytearray()
@@ -147,6 +147,7 @@ class FrameDecoder:
         # And the same basic.publish arguments (exchange, routing key, flags): decoded once too,
         # the method objects shared as the properties are (nothing changes a method once decoded).
         self._publishes: dict[bytes, Method] = {}
+        self._last_publish = bytearray()  # the method frame of the last one read whole (``repeats``)
         #: Largest frame accepted, overhead included; 0 means unlimited. May be changed any time.
         self.frame_max = frame_max
 
@@ -267,7 +268,15 @@ class FrameDecoder:
             self._pos = 0
         else:
             self._pos = end + 1
+        self._last_publish = buf[pos : method_end + 1]
         return method, properties, body, encoded
+
+    def repeats(self) -> bool:
+        """The frame at the head is the method frame of the last publish :meth:`next_publish`
+        read, byte for byte: a basic.publish on its channel with its exchange, key and flags."""
+        pos = self._pos
+        last = self._last_publish
+        return self._buf[pos : pos + len(last)] == last
 
     def next_frame(self) -> Frame | Literal[NeedData.NEED_DATA]:
         buf = self._buf

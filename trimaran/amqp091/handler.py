@@ -44,12 +44,13 @@ from trimaran.amqp091.events import (
     ConnectionClosing,
     ConnectionOpened,
     ContentReceived,
+    ContentRun,
     Event,
     MethodReceived,
     SecureOkReceived,
 )
 from trimaran.amqp091.exchanges import ExchangeError, ExchangeRegistry
-from trimaran.amqp091.mapping import MappingError, message_from_content, message_headers
+from trimaran.amqp091.mapping import MappingError, message_from_content, message_headers, messages_from_run
 from trimaran.amqp091.operations import REPLY_PREFIX, REPLY_TO, _error
 from trimaran.amqp091.properties import BasicProperties
 from trimaran.amqp091.queues import QueueMeta, RouterBinding
@@ -288,6 +289,9 @@ class Amqp091FrontEnd:
         """Act on one event; an awaitable holds the connection's later frames until it is done."""
         if type(event) is ContentReceived:
             self.content(conn, event)
+            return None
+        if type(event) is ContentRun:
+            self.content_run(conn, event)
             return None
         if type(event) is MethodReceived:
             return self._method(conn, event)
@@ -544,6 +548,74 @@ class Amqp091FrontEnd:
             return
         if entry is not None:
             entry.sealed()
+
+    def content_run(self, conn: Amqp091Conn, event: ContentRun) -> None:
+        """Publishes of one channel with the same arguments, read together (``ContentRun``): to a
+        queue here at once where :meth:`_run_messages` finds the way plain, else each as a publish
+        of its own (:meth:`content`)."""
+        channel = conn.channels.get(event.channel)
+        method = event.method
+        if channel is None or not isinstance(method, spec.BasicPublish):
+            return
+        messages = self._run_messages(conn, channel, method, event.contents)
+        if messages is None:
+            for each in event.each():
+                self.content(conn, each)
+            return
+        n = len(messages)
+        self.broker.stats.messages_received += n
+        io = conn.io
+        io.messages_in += n
+        if not io.publisher:
+            io.publishing()
+        queue = conn.vhost_prefix + method.routing_key
+        now = messages[0].created_at_ms
+        if not self.manager.publish_run(queue, messages, now):
+            for message in messages:
+                self._to_queue(channel, queue, message, None, now=now)
+
+    def _run_messages(
+        self,
+        conn: Amqp091Conn,
+        channel: ChannelState,
+        method: spec.BasicPublish,
+        contents: list[tuple[BasicProperties, bytes, bytes]],
+    ) -> list[Message] | None:
+        """A run's messages, when the way is plain: the default exchange, naming a queue here that
+        the publisher may write, with no confirm, transaction or direct reply, and every message
+        well-formed. None: each goes its own way (and is refused where it is, as it would be)."""
+        key = method.routing_key
+        if (
+            method.exchange
+            or not key
+            or key[:1] == "$"
+            or key.startswith(REPLY_PREFIX)
+            or channel.tx
+            or channel.confirm
+            or method.immediate
+            or conn.vhost_prefix + key not in self.manager.queues
+            or any([p.reply_to == REPLY_TO for p, _b, _e in contents])
+        ):
+            return None
+        principal = conn.principal
+        if principal is not None and (
+            key != principal.last_write or principal.last_write_generation != self.security.generation
+        ):
+            try:
+                check_default_publish(self.security, principal, conn, key, method)
+            except spec.ProtocolError:
+                return None
+        try:
+            return messages_from_run(
+                contents,
+                conn.vhost_prefix + QUEUE_PREFIX + key,  # queue_topic(queue), no call
+                exchange="",
+                routing_key=key,
+                publisher_id=conn.name,
+                now=now_ms(),
+            )
+        except MappingError:
+            return None
 
     def publish(
         self,

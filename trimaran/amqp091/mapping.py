@@ -82,6 +82,53 @@ def message_from_content(
     now: int | None = None,
 ) -> Message:
     now = now_ms() if now is None else now
+    qos, content_type, correlation, reply_to, expires, user_properties, extra = _content_form(
+        props, exchange, routing_key, now
+    )
+    return Message(
+        topic, body, qos, False, content_type, correlation, reply_to, None, expires, user_properties,
+        publisher_id, PROTOCOL_AMQP091, now, extra,
+    )  # fmt: skip
+
+
+def messages_from_run(
+    contents: list[tuple[BasicProperties, bytes, bytes]],
+    topic: str,
+    *,
+    exchange: str,
+    routing_key: str,
+    publisher_id: str | None,
+    now: int,
+) -> list[Message]:
+    """:func:`message_from_content` of each of a run's contents (properties, body, the properties'
+    bytes, kept on the message), the fields the properties give worked out once for each
+    properties object in a row (a publisher's run shares one: the decoder keeps them)."""
+    out: list[Message] = []
+    last = None
+    for props, body, encoded in contents:
+        if props is not last:
+            last = props
+            qos, content_type, correlation, reply_to, expires, user_properties, extra = _content_form(
+                props, exchange, routing_key, now
+            )
+            kept_properties, kept_extra = user_properties, extra
+        else:  # each message its own list and dict
+            user_properties = list(kept_properties) if kept_properties else []
+            extra = dict(kept_extra)
+        message = Message(
+            topic, body, qos, False, content_type, correlation, reply_to, None, expires, user_properties,
+            publisher_id, PROTOCOL_AMQP091, now, extra,
+        )  # fmt: skip
+        message.encoded_properties = encoded
+        out.append(message)
+    return out
+
+
+def _content_form(
+    props: BasicProperties, exchange: str, routing_key: str, now: int
+) -> tuple[int, str | None, bytes | None, str | None, int | None, list[tuple[str, str]], dict[str, object]]:
+    """What a message takes from a publish's properties: (qos, content type, correlation data,
+    reply to, expiry, user properties, extra)."""
     extra: dict[str, object] = {"exchange": exchange, "routing_key": routing_key}
     user_properties: list[tuple[str, str]] = []
     headers = props.headers
@@ -111,22 +158,10 @@ def message_from_content(
     if props.expiration is not None:
         expires = now + parse_expiration(props.expiration)
         extra["expiration"] = props.expiration
-    return Message(
-        topic=topic,
-        payload=body,
-        qos=1 if props.delivery_mode == 2 else 0,
-        content_type=props.content_type,
-        correlation_data=None
-        if props.correlation_id is None
-        else props.correlation_id.encode("utf-8", "surrogateescape"),
-        response_topic=props.reply_to,
-        expires_at_ms=expires,
-        user_properties=user_properties,
-        publisher_id=publisher_id,
-        protocol=PROTOCOL_AMQP091,
-        created_at_ms=now,
-        extra=extra,
-    )
+    correlation = props.correlation_id
+    data = None if correlation is None else correlation.encode("utf-8", "surrogateescape")
+    qos = 1 if props.delivery_mode == 2 else 0
+    return qos, props.content_type, data, props.reply_to, expires, user_properties, extra
 
 
 def message_headers(message: Message) -> FieldTable | None:

@@ -64,6 +64,8 @@ class Front(Protocol):
 
     def content(self, conn: Any, event: Any) -> None: ...
 
+    def content_run(self, conn: Any, event: Any) -> None: ...
+
     async def finish(self, conn: Any) -> None: ...
 
     def publish(
@@ -133,6 +135,9 @@ class Tenant:
 
     def content(self, conn: Any, event: Any) -> None:
         self.front.content(conn, event)
+
+    def content_run(self, conn: Any, event: Any) -> None:
+        self.front.content_run(conn, event)
 
     async def finish(self, conn: Any) -> None:
         await self.front.finish(conn)

@@ -521,6 +521,34 @@ class QueueManager:
         await committed(self._publish_at(state, message, routing_key, offset, ch, None))
         return PublishResult(state.name, offset)
 
+    def publish_run(self, queue: str, messages: list[Message], now: int) -> bool:
+        """``publish_nowait`` of several messages to one in-memory queue with no length limit or
+        vhost quota, the checks made once (a front end's run of publishes, read together). False,
+        with nothing done, where the queue is not such a queue: each goes its own way then."""
+        state = self.queues.get(queue)
+        if (
+            state is None
+            or state.durable
+            or state.deleted
+            or not self._started
+            or self.limits.vhosts
+            or state.policy.max_length is not None
+            or state.policy.max_length_bytes is not None
+        ):
+            return False
+        if state.behind:  # taken all the same: read before the hold
+            self.flow.hold(state, None)
+        if any([m.user_properties for m in messages]):
+            messages = [_without_reserved(m) if m.user_properties else m for m in messages]
+        handed = 0
+        if not self.events.publishing and not state.browsers:
+            handed = transient.hand_over(self, state, messages, "", now)  # straight to a consumer
+        for message in messages[handed:]:
+            self._publish_transient(state, message, "", now)
+        if state.behind:  # the run left it behind: held before its credit comes back
+            self.flow.hold(state, None)
+        return True
+
     def publish_nowait(
         self,
         queue: str,
@@ -891,8 +919,8 @@ class QueueManager:
         """An in-memory queue's publish (``transient.py``): stored, announced and handed to the
         consumers with credit at once; nothing for the journal. Returns its offset."""
         if not self.events.publishing and not state.browsers:
-            offset = transient.hand_over(self, state, message, routing_key, now)  # straight to a consumer
-            if offset >= 0:
+            offset = state.next_offset
+            if transient.hand_over(self, state, (message,), routing_key, now):  # straight to a consumer
                 return offset
         if now is None:
             now = now_ms()
@@ -990,10 +1018,8 @@ class QueueManager:
                     if self.letters.refused(state, message, now_ms(), letter):
                         self.journal.submit(letter)
                 raise
-        if message.user_properties and any(k in RESERVED_PROPERTIES for k, _ in message.user_properties):
-            message = message.copy_with(
-                user_properties=[(k, v) for k, v in message.user_properties if k not in RESERVED_PROPERTIES]
-            )
+        if message.user_properties:
+            message = _without_reserved(message)
         if state.behind:  # taken all the same: what was read before the hold still arrives
             self.flow.hold(state, held)
         return state, message, ch
@@ -1629,3 +1655,12 @@ class Running:
             await tasks.__aexit__(type(failed), failed, failed.__traceback__)
             raise
         return await tasks.__aexit__(kind, error, trace)
+
+
+def _without_reserved(message: Message) -> Message:
+    """``message`` without the user properties a queue keeps for itself (a publisher cannot set
+    them), itself when it has none of them."""
+    props = message.user_properties
+    if not any(k in RESERVED_PROPERTIES for k, _ in props):
+        return message
+    return message.copy_with(user_properties=[(k, v) for k, v in props if k not in RESERVED_PROPERTIES])

@@ -8,7 +8,7 @@ it as they see any queue. What it never needs is what only makes a durable queue
 room is the path a transient message takes on the way through, one call each way:
 
 - :func:`hand_over`: the plain publish, whole: an empty queue's next consumer takes the message at
-  once (an auto-ack consumer's is never stored).
+  once (an auto-ack consumer's is never stored); a run of publishes, each in turn.
 - :func:`append`: the message stored at the next offset (its expiry worked out once).
 - :func:`dispatch`: the messages past the group's cursor handed to the consumers with credit, in
   round robin, each recorded as a held delivery (or done at once for an auto-ack consumer).
@@ -23,7 +23,7 @@ queue either. Nothing here waits or imports the manager; it reaches it through `
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from trimaran.broker.events import QUEUE_ACKED
 from trimaran.broker.message import Message, now_ms
@@ -50,59 +50,76 @@ def append(state: QueueState, message: Message, routing_key: str, now: int) -> S
     return stored
 
 
-def hand_over(host: Host, state: QueueState, message: Message, routing_key: str, now: int | None) -> int:
-    """The plain publish done whole: the queue has nothing waiting, its one group's next consumer
-    in turn has credit and no filter or selector, and the message never expires. The message goes
-    straight to that consumer at the next offset; an auto-ack consumer's is never stored at all
-    (``append`` + ``dispatch`` would store it and drop it again at once), another's is stored and
-    held as ``dispatch`` holds it. Its offset, or -1 when the case is not this one (nothing done:
-    the caller appends and dispatches)."""
-    offset = state.next_offset
-    if state.high != offset or message.expires_at_ms is not None or state.policy.ttl_s is not None:
-        return -1
+def hand_over(
+    host: Host, state: QueueState, messages: Sequence[Message], routing_key: str, now: int | None
+) -> int:
+    """The plain publish done whole, for each of ``messages`` in turn while the case holds: the
+    queue has nothing waiting, its one group's next consumer in turn has credit and no filter or
+    selector, and the message never expires. Each goes straight to that consumer at the next
+    offset; an auto-ack consumer's is never stored at all (``append`` + ``dispatch`` would store
+    it and drop it again at once), another's is stored and held as ``dispatch`` holds it. Returns
+    how many went (the first ones): the caller appends and dispatches the rest. A front end's run
+    of publishes (read together) asks the queue's questions once."""
     groups = state.groups
-    for group in groups.values():
-        if type(group) is not WorkGroup or group.busy or group.ready or group.cursor != offset:
-            return -1
-        consumers = group.consumers
+    if state.policy.ttl_s is not None or len(groups) != 1:
+        return 0  # (another group would still want the message)
+    (group,) = groups.values()
+    if type(group) is not WorkGroup:
+        return 0
+    entries = group.entries
+    stats = state.stats
+    handed = 0
+    for message in messages:
+        consumers = group.consumers  # (a delivery may have closed a consumer)
+        offset = state.next_offset
+        if (
+            state.high != offset
+            or group.busy
+            or group.ready
+            or group.cursor != offset
+            or message.expires_at_ms is not None
+            or offset in entries
+        ):
+            break
         n = len(consumers)
         rr = group.rr
+        handle = None
         for i in range(n):
-            handle = consumers[(rr + i) % n]
-            if type(handle) is not ConsumerHandle:  # the manager's own, read as such: no protocol lookups
-                return -1
-            if handle.credit > 0 and not handle.closed:
-                if handle.routing_filter is not None or handle.selects is not None or len(groups) != 1:
-                    return -1  # (another group would still want the message)
-                entries = group.entries
-                if offset in entries:
-                    return -1
-                stats = state.stats
-                stats["published"] += 1
-                stats["delivered"] += 1
-                if handle.auto_ack:
-                    state.next_offset = state.high = offset + 1
-                    stats["acked"] += 1
-                else:
-                    if now is None:
-                        now = now_ms()
-                    state.next_offset = offset + 1
-                    state.add(StoredMessage(offset, message, routing_key, now, None, len(message.payload)))
-                    entries[offset] = Entry(HELD, 1, handle, handle.consumer.id, now, token=1, stored=False)
-                    # its visibility time-out, as dispatch times it
-                    deadline = now + int(state.policy.visibility_timeout_s * 1000)
-                    group.timeouts.push(deadline, offset, 1)
-                    if not group.timed or deadline < host.wake_at:
-                        host.due(state, group, deadline)
-                group.cursor = offset + 1
-                group.rr = rr + i + 1
-                handle.credit -= 1
-                try:
-                    handle.consumer.deliver(QueueDelivery(message, state.name, offset, group.name, 1, False))
-                except Exception:
-                    log.exception("consumer %s failed to take a delivery", handle.consumer.id)
-                return offset
-    return -1
+            candidate = consumers[(rr + i) % n]
+            if type(candidate) is not ConsumerHandle:  # the manager's own, read as such: no protocol lookups
+                break
+            if candidate.credit > 0 and not candidate.closed:
+                if candidate.routing_filter is None and candidate.selects is None:
+                    handle = candidate
+                    rr += i
+                break
+        if handle is None:
+            break
+        stats["published"] += 1
+        stats["delivered"] += 1
+        if handle.auto_ack:
+            state.next_offset = state.high = offset + 1
+            stats["acked"] += 1
+        else:
+            if now is None:
+                now = now_ms()
+            state.next_offset = offset + 1
+            state.add(StoredMessage(offset, message, routing_key, now, None, len(message.payload)))
+            entries[offset] = Entry(HELD, 1, handle, handle.consumer.id, now, token=1, stored=False)
+            # its visibility time-out, as dispatch times it
+            deadline = now + int(state.policy.visibility_timeout_s * 1000)
+            group.timeouts.push(deadline, offset, 1)
+            if not group.timed or deadline < host.wake_at:
+                host.due(state, group, deadline)
+        group.cursor = offset + 1
+        group.rr = rr + 1
+        handle.credit -= 1
+        handed += 1
+        try:
+            handle.consumer.deliver(QueueDelivery(message, state.name, offset, group.name, 1, False))
+        except Exception:
+            log.exception("consumer %s failed to take a delivery", handle.consumer.id)
+    return handed
 
 
 def dispatch(host: Host, state: QueueState, group: WorkGroup, now: int | None = None) -> bool:
