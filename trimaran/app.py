@@ -684,6 +684,8 @@ def runtime_limits(settings: Settings) -> RuntimeLimits:
         max_connections=limits.max_connections,
         max_connections_per_address=limits.max_connections_per_address,
         accept_rate_per_address=limits.accept_rate_per_address,
+        accept_rate=limits.accept_rate,
+        accept_burst=limits.accept_burst,
         handshake_timeout_s=limits.handshake_timeout,
         tcp_nodelay=settings.listeners.tcp_nodelay,
         memory_high_watermark=limits.memory_high_watermark,

@@ -231,6 +231,15 @@ class LimitSettings(Section):
     accept_rate_per_address: float = Field(
         0.0, ge=0, description="new connections a second per source address (burst 50); 0 = no limit"
     )
+    accept_rate: float = Field(
+        0.0,
+        ge=0,
+        description="new connections a second per listener; those beyond wait their turn, unread, "
+        "instead of being refused; 0 = no limit",
+    )
+    accept_burst: int = Field(
+        100, ge=1, description="new connections a listener takes at once under accept_rate"
+    )
     handshake_timeout: float = Field(
         10.0, gt=0, description="seconds for TLS and the protocol header before a connection is dropped"
     )

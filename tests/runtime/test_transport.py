@@ -445,3 +445,35 @@ async def test_a_throttled_connection_that_closes_leaves_no_timer_and_no_count()
         await settle()
     assert wire.conn._throttle_timer is None
     assert tenants.connections == {} and tenants.user_connections == {} and tenants.rates == {}
+
+
+async def test_accept_rate_makes_connections_wait_their_turn_in_order() -> None:
+    """limits.accept_rate: past the burst a listener's new connections are not reset but wait,
+    unread and not yet counted as open, and are let in at the rate in the order they came; one
+    that goes while it waits takes no turn."""
+    runner = Runner(RuntimeLimits(accept_rate=100.0, accept_burst=2))
+    hulls = Hulls()
+    wires = [Wire(runner, hulls, peer=("10.0.0.1", i)) for i in range(5)]
+    assert not any(w.transport.aborted for w in wires)
+    assert [w.transport.reading for w in wires] == [True, True, False, False, False]
+    assert len(runner.conns) == 2 and runner.stats.queued == 3
+    wires[3].conn.connection_lost(None)
+    started: list[int] = []
+    with anyio.fail_after(5):
+        while len(started) < 2:
+            await anyio.sleep(0.002)
+            started += [i for i in (2, 4) if wires[i].conn in runner.conns and i not in started]
+    assert started == [2, 4]
+    assert wires[2].transport.reading and wires[4].transport.reading
+    assert wires[3].conn not in runner.conns
+    await settle()
+
+
+async def test_waiting_connections_count_toward_max_connections() -> None:
+    runner = Runner(RuntimeLimits(accept_rate=1.0, accept_burst=1, max_connections=3))
+    hulls = Hulls()
+    wires = [Wire(runner, hulls, peer=("10.0.0.1", i)) for i in range(4)]
+    assert [w.transport.aborted for w in wires] == [False, False, False, True]
+    assert runner.stats.refused == {"max_connections": 1} and runner.stats.queued == 2
+    await runner.shutdown()
+    assert all(w.transport.aborted for w in wires[1:3])

@@ -154,6 +154,12 @@ class Telemetry:
             "connections the runtime refused, per reason (limits, accept rate, shutdown)",
         )
         counter(
+            "trimaran.connections.waited",
+            [self._runtime("queued")],
+            "1",
+            "connections that waited their turn under limits.accept_rate before they were read",
+        )
+        counter(
             "trimaran.connections.crashed",
             [self._runtime("crashes")],
             "1",

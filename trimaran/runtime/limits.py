@@ -17,6 +17,9 @@ class RuntimeLimits:
     max_connections_per_address: int = 0  # 0: no limit
     accept_rate_per_address: float = 0.0  # new connections per second and source address; 0: no limit
     accept_burst_per_address: int = 50
+    # New connections a second per listener; those beyond wait their turn unread (Runner.take_turn)
+    accept_rate: float = 0.0  # 0: no limit
+    accept_burst: int = 100
     handshake_timeout_s: float = 10.0  # until the protocol picks its own deadline
     tcp_nodelay: bool = True  # what the event loops set on every TCP transport (Conn._admit)
     memory_high_watermark: int = 0  # bytes waiting for slow readers; 0: off
@@ -48,6 +51,7 @@ class RuntimeStats:
     holds: dict[str, int] = field(default_factory=dict)
     stalls: dict[str, int] = field(default_factory=dict)
     held: int = 0
+    queued: int = 0  # connections that waited for their turn (limits.accept_rate)
 
     def refuse(self, reason: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1

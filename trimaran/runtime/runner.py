@@ -15,6 +15,7 @@ import math
 import socket
 import ssl
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
@@ -56,6 +57,11 @@ class Runner:
         # What the closed connections of each vhost but / moved: [messages in, out, bytes in, out].
         self._gone_traffic: dict[str, list[int]] = {}
         self._buckets: dict[str, _Bucket] = {}
+        # limits.accept_rate: each listener's bucket, and the connections waiting their turn there
+        self._turns: dict[str, _Bucket] = {}
+        self._waiting: dict[str, deque[Conn]] = {}
+        self._waiting_count = 0
+        self._release_timer: asyncio.TimerHandle | None = None
         self._dirty: list[Conn] = []
         self._turn_end_scheduled = False
         self.read_work: list[Callable[[], None]] = []  # see after_read
@@ -95,7 +101,7 @@ class Runner:
             self._tasks = None
             for server in self._servers:
                 server.close()
-            for conn in list(self.conns):
+            for conn in [*self.conns, *self._take_waiting()]:
                 conn.abort()
 
     async def serve(
@@ -137,6 +143,8 @@ class Runner:
     async def shutdown(self) -> None:
         """Ask every hull to close its protocol's way, and wait until every connection is gone."""
         self.stop_accepting()
+        for waiting in self._take_waiting():
+            waiting.abort()  # never started: nothing of its protocol to close
         for conn in list(self.conns):
             if conn.hull is None:
                 conn.abort()
@@ -159,7 +167,7 @@ class Runner:
         limits = self.limits
         host = conn.peer_host
         reason = None
-        if len(self.conns) >= limits.max_connections:
+        if len(self.conns) + self._waiting_count >= limits.max_connections:
             reason = "max_connections"
         elif limits.max_connections_per_address and (
             self._per_address.get(host, 0) >= limits.max_connections_per_address
@@ -179,15 +187,63 @@ class Runner:
             if len(self._buckets) > 10_000:
                 self._forget_full_buckets(now)
             bucket = self._buckets[host] = _Bucket(limits.accept_burst_per_address, now)
-        bucket.tokens = min(
-            limits.accept_burst_per_address,
-            bucket.tokens + (now - bucket.at) * limits.accept_rate_per_address,
-        )
-        bucket.at = now
-        if bucket.tokens < 1:
-            return False
-        bucket.tokens -= 1
-        return True
+        return _spend(bucket, now, limits.accept_rate_per_address, limits.accept_burst_per_address)
+
+    def take_turn(self, conn: Conn) -> bool:
+        """``limits.accept_rate``: True when ``conn`` may start now; False when it waits, unread,
+        behind the connections its listener took before it, until the rate lets it in
+        (:meth:`_release` then calls ``conn.admitted()``). A storm is taken at the rate, in order,
+        and none of it is reset for coming too fast (the per-address rate refuses)."""
+        limits = self.limits
+        if limits.accept_rate <= 0:
+            return True
+        name = conn.listener
+        bucket = self._turns.get(name)
+        if bucket is None:
+            bucket = self._turns[name] = _Bucket(limits.accept_burst, time.monotonic())
+        waiting = self._waiting.get(name)
+        if not waiting and _spend(bucket, time.monotonic(), limits.accept_rate, limits.accept_burst):
+            return True
+        if waiting is None:
+            waiting = self._waiting[name] = deque()
+        if not waiting:
+            log.info("%s: over %g new connections a second: they wait their turn", name, limits.accept_rate)
+        waiting.append(conn)
+        self._waiting_count += 1
+        self.stats.queued += 1
+        if self._release_timer is None:
+            self._release_timer = self.loop().call_later(1 / limits.accept_rate, self._release)
+        return False
+
+    def _release(self) -> None:
+        """Let in, in order, the waiting connections the listeners' rates allow now."""
+        self._release_timer = None
+        limits = self.limits
+        now = time.monotonic()
+        for name, waiting in self._waiting.items():
+            bucket = self._turns[name]
+            while waiting:
+                conn = waiting[0]
+                if conn.state != GONE and not _spend(bucket, now, limits.accept_rate, limits.accept_burst):
+                    break
+                waiting.popleft()
+                self._waiting_count -= 1
+                if conn.state != GONE:  # (one that went while it waited takes no turn)
+                    conn.admitted()
+            if not waiting:
+                log.info("%s: every waiting connection is in", name)
+        if self._waiting_count:
+            self._release_timer = self.loop().call_later(1 / limits.accept_rate, self._release)
+
+    def _take_waiting(self) -> list[Conn]:
+        """Every connection waiting its turn, no longer waiting (shutdown)."""
+        gone = [conn for waiting in self._waiting.values() for conn in waiting]
+        self._waiting.clear()
+        self._waiting_count = 0
+        if self._release_timer is not None:
+            self._release_timer.cancel()
+            self._release_timer = None
+        return gone
 
     def _forget_full_buckets(self, now: float) -> None:
         limits = self.limits
@@ -405,6 +461,16 @@ class Runner:
 
     def _publishers(self) -> list[Conn]:
         return [conn for conn in self.conns if conn.publisher]
+
+
+def _spend(bucket: _Bucket, now: float, rate: float, burst: int) -> bool:
+    """Take a token of ``bucket`` (``rate`` a second, at most ``burst`` kept) if it has one."""
+    bucket.tokens = min(burst, bucket.tokens + (now - bucket.at) * rate)
+    bucket.at = now
+    if bucket.tokens < 1:
+        return False
+    bucket.tokens -= 1
+    return True
 
 
 def _moved(conn: Conn) -> tuple[int, int, int, int]:

@@ -105,6 +105,8 @@ class Runner(Protocol):
 
     def admit(self, conn: Conn) -> str | None: ...
 
+    def take_turn(self, conn: Conn) -> bool: ...
+
     def opened(self, conn: Conn) -> None: ...
 
     def closed(self, conn: Conn) -> None: ...
@@ -135,6 +137,7 @@ class Refused(Exception):
 
 
 OPEN, CLOSING, GONE = 0, 1, 2
+WAITING = 3  # accepted, its turn not come yet (limits.accept_rate): not read, not opened
 
 
 class Conn(asyncio.Protocol):
@@ -239,6 +242,26 @@ class Conn(asyncio.Protocol):
             self.state = GONE
             transport.abort()
             return
+        if not self.runner.take_turn(self):
+            self.state = WAITING
+            transport.pause_reading()  # its bytes wait in the socket until its turn (admitted)
+            return
+        self._start(transport)
+
+    def admitted(self) -> None:
+        """Its turn came (``limits.accept_rate``): read from now on, its handshake time from now,
+        what it sent before its turn first."""
+        transport = self.transport
+        if transport is None or self.state != WAITING:
+            return
+        self.state = OPEN
+        try:
+            transport.resume_reading()
+            self._start(transport)
+        except Exception as exc:
+            self.crash(exc)
+
+    def _start(self, transport: asyncio.Transport) -> None:
         # TCP_NODELAY (limits.tcp_nodelay; the runtime batches writes itself, so Nagle only adds
         # latency): both event loops set it on every TCP transport they make (asyncio since 3.6,
         # uvloop always), so the socket is asked for only to turn it off. Asking uvloop for it
@@ -253,6 +276,11 @@ class Conn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.state != OPEN:
+            if self.state == WAITING:  # a read the event loop made before the pause took hold
+                self._first += data
+                self.bytes_in += len(data)
+                if self.transport is not None:
+                    self.transport.pause_reading()
             return  # closing: the peer's last bytes are read and dropped
         self.bytes_in += len(data)
         self.runner.traffic.bytes_received += len(data)
