@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from trimaran.amqp091 import spec
 from trimaran.amqp091.connection import ServerConnection
-from trimaran.amqp091.events import Event
+from trimaran.amqp091.events import ContentRun, Event
 from trimaran.amqp091.fields import FieldTable, encode_table_contents
 from trimaran.amqp091.frames import (
     NEED_DATA,
@@ -108,3 +108,9 @@ class Client:
 
 def amqplain(login: str, password: str) -> bytes:
     return encode_table_contents({"LOGIN": login, "PASSWORD": password})
+
+
+def one_by_one(event: Event) -> list[Event]:
+    """``event``, or a run of publishes as one event a publish: for test brokers that take
+    publishes one at a time."""
+    return list(event.each()) if isinstance(event, ContentRun) else [event]

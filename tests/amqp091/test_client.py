@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.amqp091.amqp091_client import one_by_one
 from tests.support import rabbitmq
 from tests.support.server import RunningServer, serving
 from trimaran.amqp091 import spec
@@ -41,7 +42,6 @@ from trimaran.amqp091.events import (
     AuthenticationRequested,
     ConnectionClosed,
     ContentReceived,
-    ContentRun,
     MethodReceived,
 )
 from trimaran.amqp091.events import (
@@ -108,7 +108,7 @@ class Paired:
     def _serve(self) -> None:
         server = self.server
         while (read := server.next_event()) is not None:
-            for event in read.each() if isinstance(read, ContentRun) else [read]:
+            for event in one_by_one(read):
                 self._serve_one(event)
 
     def _serve_one(self, event: ServerEvent) -> None:

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
+from tests.amqp091.amqp091_client import one_by_one
 from trimaran.amqp091 import spec
 from trimaran.amqp091.connection import ConnectionState, ServerConnection
 from trimaran.amqp091.events import (
     AuthenticationRequested,
     ConnectionClosed,
     ContentReceived,
-    ContentRun,
     Event,
     MethodReceived,
 )
@@ -34,7 +34,6 @@ def _serve(listener: socket.socket, events: list[Event], errors: list[BaseExcept
         sock.settimeout(10)
         conn = ServerConnection(now=time.monotonic())
         stored: list[tuple[BasicProperties, bytes]] = []
-        published = 0
         with sock:
             while conn.state is not ConnectionState.CLOSED:
                 data = sock.recv(65536)
@@ -43,35 +42,39 @@ def _serve(listener: socket.socket, events: list[Event], errors: list[BaseExcept
                 else:
                     conn.receive_eof()
                 while (read := conn.next_event()) is not None:
-                    for ev in read.each() if isinstance(read, ContentRun) else [read]:
+                    for ev in one_by_one(read):
                         events.append(ev)
-                        if isinstance(ev, AuthenticationRequested):
-                            if ev.password == "pw":
-                                conn.accept_authentication()
-                            else:
-                                conn.reject_authentication("bad password")
-                        elif isinstance(ev, ContentReceived):
-                            stored.append((ev.properties, ev.body))
-                            published += 1
-                            conn.send_method(ev.channel, spec.BasicAck(published))
-                        elif isinstance(ev, MethodReceived):
-                            m, ch = ev.method, ev.channel
-                            if isinstance(m, spec.QueueDeclare):
-                                conn.send_method(ch, spec.QueueDeclareOk(m.queue, len(stored), 0))
-                            elif isinstance(m, spec.ConfirmSelect):
-                                conn.send_method(ch, spec.ConfirmSelectOk())
-                            elif isinstance(m, spec.BasicConsume):
-                                conn.send_method(ch, spec.BasicConsumeOk(m.consumer_tag))
-                                for tag, (props, body) in enumerate(stored, 1):
-                                    deliver = spec.BasicDeliver(m.consumer_tag, tag, False, "", m.queue)
-                                    conn.send_content(ch, deliver, props, body)
-                            elif isinstance(m, spec.BasicCancel):
-                                conn.send_method(ch, spec.BasicCancelOk(m.consumer_tag))
-                            elif isinstance(m, spec.QueueDelete):
-                                conn.close_channel(ch, spec.NOT_FOUND, "NOT_FOUND - no queue 'nope'", 50, 40)
+                        _act(conn, ev, stored)
                 sock.sendall(conn.data_to_send())
     except BaseException as exc:  # reported to the test thread
         errors.append(exc)
+
+
+def _act(conn: ServerConnection, ev: Event, stored: list[tuple[BasicProperties, bytes]]) -> None:
+    """What a broker would do with ``ev``: publishes stored and confirmed, the rest answered."""
+    if isinstance(ev, AuthenticationRequested):
+        if ev.password == "pw":
+            conn.accept_authentication()
+        else:
+            conn.reject_authentication("bad password")
+    elif isinstance(ev, ContentReceived):
+        stored.append((ev.properties, ev.body))
+        conn.send_method(ev.channel, spec.BasicAck(len(stored)))
+    elif isinstance(ev, MethodReceived):
+        m, ch = ev.method, ev.channel
+        if isinstance(m, spec.QueueDeclare):
+            conn.send_method(ch, spec.QueueDeclareOk(m.queue, len(stored), 0))
+        elif isinstance(m, spec.ConfirmSelect):
+            conn.send_method(ch, spec.ConfirmSelectOk())
+        elif isinstance(m, spec.BasicConsume):
+            conn.send_method(ch, spec.BasicConsumeOk(m.consumer_tag))
+            for tag, (props, body) in enumerate(stored, 1):
+                deliver = spec.BasicDeliver(m.consumer_tag, tag, False, "", m.queue)
+                conn.send_content(ch, deliver, props, body)
+        elif isinstance(m, spec.BasicCancel):
+            conn.send_method(ch, spec.BasicCancelOk(m.consumer_tag))
+        elif isinstance(m, spec.QueueDelete):
+            conn.close_channel(ch, spec.NOT_FOUND, "NOT_FOUND - no queue 'nope'", 50, 40)
 
 
 @pytest.fixture

@@ -456,7 +456,7 @@ async def test_accept_rate_makes_connections_wait_their_turn_in_order() -> None:
     wires = [Wire(runner, hulls, peer=("10.0.0.1", i)) for i in range(5)]
     assert not any(w.transport.aborted for w in wires)
     assert [w.transport.reading for w in wires] == [True, True, False, False, False]
-    assert len(runner.conns) == 2 and runner.stats.queued == 3
+    assert len(runner.conns) == 2 and runner.stats.waited == 3
     wires[3].conn.connection_lost(None)
     started: list[int] = []
     with anyio.fail_after(5):
@@ -474,6 +474,6 @@ async def test_waiting_connections_count_toward_max_connections() -> None:
     hulls = Hulls()
     wires = [Wire(runner, hulls, peer=("10.0.0.1", i)) for i in range(4)]
     assert [w.transport.aborted for w in wires] == [False, False, False, True]
-    assert runner.stats.refused == {"max_connections": 1} and runner.stats.queued == 2
+    assert runner.stats.refused == {"max_connections": 1} and runner.stats.waited == 2
     await runner.shutdown()
     assert all(w.transport.aborted for w in wires[1:3])

@@ -155,7 +155,7 @@ class Telemetry:
         )
         counter(
             "trimaran.connections.waited",
-            [self._runtime("queued")],
+            [self._runtime("waited")],
             "1",
             "connections that waited their turn under limits.accept_rate before they were read",
         )

@@ -522,11 +522,11 @@ class Amqp091FrontEnd:
         method = event.method
         if channel is None or not isinstance(method, spec.BasicPublish):
             return
-        self.broker.stats.messages_received += 1
+        self.broker.stats.messages_received += 1  # _count_publishes written out: once a message
         io = conn.io
         io.messages_in += 1
         if not io.publisher:
-            io.publishing()  # the alarms pause the connections that publish
+            io.publishing()
         if channel.tx:
             channel.tx_publishes.append((method, event.properties, event.body))
             return
@@ -549,6 +549,24 @@ class Amqp091FrontEnd:
         if entry is not None:
             entry.sealed()
 
+    def _count_publishes(self, conn: Amqp091Conn, n: int) -> None:
+        """``n`` publishes read on ``conn``: counted, and the connection one the alarms pause."""
+        self.broker.stats.messages_received += n
+        io = conn.io
+        io.messages_in += n
+        if not io.publisher:
+            io.publishing()
+
+    def _check_default_write(self, conn: Amqp091Conn, key: str, method: spec.BasicPublish) -> None:
+        """A publish to the default exchange naming ``key``: ``403`` unless the rules let the
+        publisher write that queue. Asked only for a key other than the one it wrote last under
+        the same rules."""
+        principal = conn.principal
+        if principal is not None and (
+            key != principal.last_write or principal.last_write_generation != self.security.generation
+        ):
+            check_default_publish(self.security, principal, conn, key, method)
+
     def content_run(self, conn: Amqp091Conn, event: ContentRun) -> None:
         """Publishes of one channel with the same arguments, read together (``ContentRun``): to a
         queue here at once where :meth:`_run_messages` finds the way plain, else each as a publish
@@ -557,19 +575,14 @@ class Amqp091FrontEnd:
         method = event.method
         if channel is None or not isinstance(method, spec.BasicPublish):
             return
-        messages = self._run_messages(conn, channel, method, event.contents)
+        now = now_ms()
+        messages = self._run_messages(conn, channel, method, event.contents, now)
         if messages is None:
             for each in event.each():
                 self.content(conn, each)
             return
-        n = len(messages)
-        self.broker.stats.messages_received += n
-        io = conn.io
-        io.messages_in += n
-        if not io.publisher:
-            io.publishing()
+        self._count_publishes(conn, len(messages))
         queue = conn.vhost_prefix + method.routing_key
-        now = messages[0].created_at_ms
         if not self.manager.publish_run(queue, messages, now):
             for message in messages:
                 self._to_queue(channel, queue, message, None, now=now)
@@ -580,6 +593,7 @@ class Amqp091FrontEnd:
         channel: ChannelState,
         method: spec.BasicPublish,
         contents: list[tuple[BasicProperties, bytes, bytes]],
+        now: int,
     ) -> list[Message] | None:
         """A run's messages, when the way is plain: the default exchange, naming a queue here that
         the publisher may write, with no confirm, transaction or direct reply, and every message
@@ -597,14 +611,10 @@ class Amqp091FrontEnd:
             or any([p.reply_to == REPLY_TO for p, _b, _e in contents])
         ):
             return None
-        principal = conn.principal
-        if principal is not None and (
-            key != principal.last_write or principal.last_write_generation != self.security.generation
-        ):
-            try:
-                check_default_publish(self.security, principal, conn, key, method)
-            except spec.ProtocolError:
-                return None
+        try:
+            self._check_default_write(conn, key, method)
+        except spec.ProtocolError:
+            return None
         try:
             return messages_from_run(
                 contents,
@@ -612,7 +622,7 @@ class Amqp091FrontEnd:
                 exchange="",
                 routing_key=key,
                 publisher_id=conn.name,
-                now=now_ms(),
+                now=now,
             )
         except MappingError:
             return None
@@ -649,10 +659,10 @@ class Amqp091FrontEnd:
             return
         tenant: Tenant = conn.tenant
         if not exchange:
-            principal = conn.principal
+            principal = conn.principal  # _check_default_write written out: once a message
             if principal is not None and (
                 key != principal.last_write or principal.last_write_generation != self.security.generation
-            ):  # not the queue it may write, as it did last time under the same rules: ask
+            ):
                 check_default_publish(self.security, principal, conn, key, method)
             # The default exchange (always there, never internal: no lookup) routes the key to the
             # queue of that name, its key in the vhost (a /-client naming another vhost's key routes

@@ -536,8 +536,6 @@ class QueueManager:
             or state.policy.max_length_bytes is not None
         ):
             return False
-        if state.behind:  # taken all the same: read before the hold
-            self.flow.hold(state, None)
         if any([m.user_properties for m in messages]):
             messages = [_without_reserved(m) if m.user_properties else m for m in messages]
         handed = 0
@@ -545,7 +543,7 @@ class QueueManager:
             handed = transient.hand_over(self, state, messages, "", now)  # straight to a consumer
         for message in messages[handed:]:
             self._publish_transient(state, message, "", now)
-        if state.behind:  # the run left it behind: held before its credit comes back
+        if state.behind:  # behind before the run or left so by it: held (all of it read already)
             self.flow.hold(state, None)
         return True
 

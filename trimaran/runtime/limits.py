@@ -51,7 +51,7 @@ class RuntimeStats:
     holds: dict[str, int] = field(default_factory=dict)
     stalls: dict[str, int] = field(default_factory=dict)
     held: int = 0
-    queued: int = 0  # connections that waited for their turn (limits.accept_rate)
+    waited: int = 0  # connections that waited for their turn (limits.accept_rate)
 
     def refuse(self, reason: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1

@@ -210,7 +210,7 @@ class Runner:
             log.info("%s: over %g new connections a second: they wait their turn", name, limits.accept_rate)
         waiting.append(conn)
         self._waiting_count += 1
-        self.stats.queued += 1
+        self.stats.waited += 1
         if self._release_timer is None:
             self._release_timer = self.loop().call_later(1 / limits.accept_rate, self._release)
         return False
