@@ -91,6 +91,7 @@ MODULES = (
     "trimaran.runtime.confirms",
     "trimaran.runtime.flow",
     "trimaran.runtime.transport",
+    "trimaran.runtime.poller",
     "trimaran.runtime.runner",
     "trimaran.queue.changes",
     "trimaran.queue.transient",

@@ -1,14 +1,15 @@
 """Python memory an idle MQTT connection holds in the broker (issue #47).
 
 Measured with tracemalloc over a live in-process server: blocks allocated while N clients connect
-and stay silent, minus the test's own client sockets. The uvloop transport's share (~1.1 KB) is
-counted too. The bounds sit a little above today's figures so a regression fails; issue #47's bars
-are 1.0 KB idle and 1.5 KB with one subscription, and these bounds come down as the per-connection
-objects shrink.
+and stay silent, minus the test's own client sockets. The runtime's own share is counted too: the
+poller's transport and its entry (the event loop's transport was ~1.1 KB of it before). The bounds
+sit a little above today's figures so a regression fails; issue #47's bars are 1.0 KB idle and
+1.5 KB with one subscription, and these bounds come down as the per-connection objects shrink.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import socket
 import time
@@ -21,12 +22,15 @@ import pytest
 from tests.support.budget import InProcessServer
 from trimaran.mqtt.codec import encode
 from trimaran.mqtt.packets import MQTT_3_1_1, Connect, Subscribe, SubscriptionOptions
+from trimaran.runtime.poller import SocketTransport, _over
 
 CONNECTIONS = 500
-BOUND = 3_650  # bytes per idle connection; measured 3,378 B (2026-12-02; 4,276 B before issue #47's cuts)
+# Bytes per idle connection; measured 2,260 B (2026-12-05, the poller; 3,378 B on uvloop's transports,
+# 4,276 B before issue #47's cuts).
+BOUND = 2_450
 # The same with one QoS 1 subscription to a filter of its own (devices/<id>/+: two trie levels of the
-# router each); measured 4,952 B (2026-12-02; 6,261 B before).
-BOUND_SUBSCRIBED = 5_350
+# router each); measured 3,669 B (2026-12-05; 4,952 B on 2026-12-02, 6,261 B before).
+BOUND_SUBSCRIBED = 3_950
 
 
 @pytest.fixture
@@ -82,21 +86,23 @@ def test_idle_mqtt_connection_memory(server: InProcessServer, subscribe: bool, b
             sock.close()
 
 
-def _broker_side(server: InProcessServer, sock: socket.socket) -> socket.socket:
-    """The broker's socket of the connection ``sock`` is the client end of."""
+@contextlib.contextmanager
+def _broker_side(server: InProcessServer, sock: socket.socket) -> Iterator[socket.socket]:
+    """The broker's socket of the connection ``sock`` is the client end of (the poller keeps only
+    its descriptor)."""
     local = sock.getsockname()
     conns = [c for c in list(server.app.runner.conns) if c.peer == f"{local[0]}:{local[1]}"]
-    assert len(conns) == 1 and conns[0].transport is not None
-    theirs: socket.socket = conns[0].transport.get_extra_info("socket")
-    return theirs
+    assert len(conns) == 1 and isinstance(conns[0].transport, SocketTransport)
+    with _over(conns[0].transport._fd) as theirs:
+        yield theirs
 
 
-def test_the_event_loop_sets_tcp_nodelay(server: InProcessServer) -> None:
-    """Conn._admit leaves TCP_NODELAY to the event loop (asking uvloop for the socket would keep a
-    socket object on every transport): the broker's side of a connection has it all the same."""
+def test_the_runtime_sets_tcp_nodelay(server: InProcessServer) -> None:
+    """The poller sets TCP_NODELAY on what it accepts (the event loops, on their transports)."""
     sock = _connect(server.port("mqtt"), "nodelay")
     try:
-        assert _broker_side(server, sock).getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        with _broker_side(server, sock) as theirs:
+            assert theirs.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
     finally:
         sock.close()
 
@@ -107,7 +113,8 @@ def test_tcp_nodelay_false_turns_it_off(tmp_path: Path) -> None:
     try:
         sock = _connect(running.port("mqtt"), "nagle")
         try:
-            assert not _broker_side(running, sock).getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            with _broker_side(running, sock) as theirs:
+                assert not theirs.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
         finally:
             sock.close()
     finally:

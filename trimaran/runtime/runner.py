@@ -25,6 +25,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from trimaran.runtime.flow import Held
 from trimaran.runtime.limits import RuntimeLimits, RuntimeStats, Traffic
 from trimaran.runtime.memory import Memory
+from trimaran.runtime.poller import Poller, available
 from trimaran.runtime.transport import GONE, Conn, HullFactory
 from trimaran.tenant_limits import RATE, TenantLimits
 from trimaran.vhosts import DEFAULT_VHOST
@@ -75,7 +76,8 @@ class Runner:
         self._jobs_ready: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._empty: anyio.Event | None = None
-        self._servers: list[asyncio.Server] = []
+        self._servers: list[asyncio.Server] = []  # TLS listeners (and any, where there is no epoll)
+        self._poller: Poller | None = None  # plain TCP listeners and their connections
         # Whose frames are being acted on: a connection, or a bridge's remote (a gate holds it).
         self.current: Held | None = None
 
@@ -103,6 +105,9 @@ class Runner:
                 server.close()
             for conn in [*self.conns, *self._take_waiting()]:
                 conn.abort()
+            if self._poller is not None:
+                self._poller.close()
+                self._poller = None
 
     async def serve(
         self,
@@ -117,20 +122,26 @@ class Runner:
         """Listen on ``host:port`` (every address it resolves to); returns the bound addresses."""
         loop = asyncio.get_running_loop()
         self._loop = loop
-        server = await loop.create_server(
-            lambda: Conn(self, name, factory),
-            host=host,
-            port=port,
-            backlog=backlog,
-            ssl=tls,
-            ssl_handshake_timeout=self.limits.handshake_timeout_s if tls is not None else None,
-            reuse_address=True,
-        )
-        self._servers.append(server)
+        sockets: list[socket.socket]
+        if tls is None and available(loop):
+            if self._poller is None:
+                self._poller = Poller(loop, nodelay=self.limits.tcp_nodelay)
+            sockets = self._poller.listen(host, port, backlog, lambda: Conn(self, name, factory))
+        else:
+            server = await loop.create_server(
+                lambda: Conn(self, name, factory),
+                host=host,
+                port=port,
+                backlog=backlog,
+                ssl=tls,
+                ssl_handshake_timeout=self.limits.handshake_timeout_s if tls is not None else None,
+                reuse_address=True,
+            )
+            self._servers.append(server)
+            # uvloop's Server.sockets is a list, asyncio's (and typeshed's) a tuple: read untyped,
+            # or the compiled module would insist on the tuple.
+            sockets = list(cast(Any, server).sockets)
         bound: list[tuple[str, int]] = []
-        # uvloop's Server.sockets is a list, asyncio's (and typeshed's) a tuple: read untyped, or
-        # the compiled module would insist on the tuple.
-        sockets: list[socket.socket] = list(cast(Any, server).sockets)
         for sock in sockets:
             address = sock.getsockname()
             bound.append((str(address[0]), int(address[1])))
@@ -139,6 +150,8 @@ class Runner:
     def stop_accepting(self) -> None:
         for server in self._servers:
             server.close()
+        if self._poller is not None:
+            self._poller.stop_accepting()
 
     async def shutdown(self) -> None:
         """Ask every hull to close its protocol's way, and wait until every connection is gone."""

@@ -263,9 +263,9 @@ class Conn(asyncio.Protocol):
 
     def _start(self, transport: asyncio.Transport) -> None:
         # TCP_NODELAY (limits.tcp_nodelay; the runtime batches writes itself, so Nagle only adds
-        # latency): both event loops set it on every TCP transport they make (asyncio since 3.6,
-        # uvloop always), so the socket is asked for only to turn it off. Asking uvloop for it
-        # keeps a socket object on the transport: 72 bytes of every idle connection (issue #47).
+        # latency): the poller sets it as asked, and both event loops set it on every TCP transport
+        # they make (asyncio since 3.6, uvloop always), so theirs is asked for only to turn it off.
+        # Asking uvloop for it keeps a socket object on the transport: 72 bytes a connection.
         if not self.runner.limits.tcp_nodelay:
             sock = transport.get_extra_info("socket")
             if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):

@@ -1,0 +1,357 @@
+"""runtime/poller.py: plain TCP connections on one epoll, with an asyncio transport's semantics.
+
+Real sockets on port 0, on asyncio's loop and on uvloop; a recording stand-in for ``Conn``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, cast
+
+import pytest
+import uvloop
+
+from trimaran.runtime import poller as poller_module
+from trimaran.runtime.poller import HIGH_WATER, Poller, SocketTransport
+
+pytestmark = pytest.mark.skipif(not hasattr(__import__("select"), "epoll"), reason="epoll is Linux's")
+
+
+class Recorder(asyncio.Protocol):
+    """What a connection is told, in order; ``eof_keeps_open`` is eof_received's answer."""
+
+    peer = "the peer"
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.data = bytearray()
+        self.transport: SocketTransport | None = None
+        self.lost: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
+        self.eof = asyncio.Event()
+        self.got = asyncio.Event()
+        self.eof_keeps_open = True
+        self.in_write = False
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.calls.append("made")
+
+    def data_received(self, data: bytes) -> None:
+        assert type(data) is bytes
+        self.data += data
+        self.got.set()
+
+    def eof_received(self) -> bool:
+        self.calls.append("eof")
+        self.eof.set()
+        return self.eof_keeps_open
+
+    def pause_writing(self) -> None:
+        self.calls.append("pause_writing")
+
+    def resume_writing(self) -> None:
+        self.calls.append("resume_writing")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        assert not self.in_write, "connection_lost inside a write"
+        self.calls.append("lost")
+        self.lost.set_result(exc)
+
+
+Case = Callable[[Poller, Recorder, socket.socket], Awaitable[None]]
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run(request: pytest.FixtureRequest) -> Iterator[Callable[[Case], None]]:
+    def run_case(case: Case) -> None:
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            poller = Poller(loop)
+            conns: list[Recorder] = []
+
+            def make() -> Any:
+                conns.append(Recorder())
+                return conns[-1]
+
+            (listening,) = poller.listen("127.0.0.1", 0, 16, make)
+            client = socket.create_connection(listening.getsockname()[:2])
+            client.setblocking(False)
+            try:
+                while not conns or conns[0].transport is None:
+                    await asyncio.sleep(0.001)
+                await case(poller, conns[0], client)
+            finally:
+                client.close()
+                poller.close()
+
+        if request.param == "uvloop":
+            uvloop.run(main())
+        else:
+            asyncio.run(main())
+
+    yield run_case
+
+
+async def _until(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.002)
+
+
+async def _read_all(client: socket.socket, size: int) -> bytes:
+    loop = asyncio.get_running_loop()
+    got = bytearray()
+    while len(got) < size:
+        chunk = await loop.sock_recv(client, 1 << 20)
+        if not chunk:
+            break
+        got += chunk
+    return bytes(got)
+
+
+def test_bytes_flow_both_ways_and_the_peer_is_named(run: Callable[[Case], None]) -> None:
+    async def case(poller: Poller, conn: Recorder, client: socket.socket) -> None:
+        transport = cast(SocketTransport, conn.transport)
+        assert transport.get_extra_info("peername") is None  # read once, then let go
+        assert transport.get_extra_info("sockname")[0] == "127.0.0.1"
+        client.send(b"hello")
+        await _until(lambda: bytes(conn.data) == b"hello")
+        transport.write(b"world")
+        assert await _read_all(client, 5) == b"world"
+        with poller_module._over(transport._fd) as ours:
+            assert ours.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+    run(case)
+
+
+def test_what_the_socket_does_not_take_is_buffered_and_pauses_the_writer(run: Callable[[Case], None]) -> None:
+    async def case(poller: Poller, conn: Recorder, client: socket.socket) -> None:
+        transport = cast(SocketTransport, conn.transport)
+        payload = bytes(range(256)) * 40_000  # 10 MB: more than both socket buffers hold
+        conn.in_write = True
+        transport.write(payload)
+        conn.in_write = False
+        assert transport.get_write_buffer_size() > HIGH_WATER
+        assert conn.calls == ["made", "pause_writing"]
+        assert await _read_all(client, len(payload)) == payload
+        await _until(lambda: "resume_writing" in conn.calls)
+        assert transport.get_write_buffer_size() == 0
+
+    run(case)
+
+
+def test_close_writes_what_is_buffered_first_and_abort_does_not(run: Callable[[Case], None]) -> None:
+    async def case(poller: Poller, conn: Recorder, client: socket.socket) -> None:
+        transport = cast(SocketTransport, conn.transport)
+        payload = b"x" * 5_000_000
+        transport.write(payload)
+        transport.close()
+        transport.write(b"after close")  # dropped, as asyncio's transports do
+        assert await _read_all(client, len(payload) + 1) == payload  # then the end of stream
+        assert await conn.lost is None
+        assert conn.calls.count("lost") == 1
+
+    run(case)
+
+
+def test_abort_drops_what_waits_and_tells_the_connection_once(run: Callable[[Case], None]) -> None:
+    async def case(poller: Poller, conn: Recorder, client: socket.socket) -> None:
+        transport = cast(SocketTransport, conn.transport)
+        transport.write(b"x" * 5_000_000)
+        conn.in_write = True
+        transport.abort()
+        transport.abort()
+        conn.in_write = False
+        assert await conn.lost is None
+        await asyncio.sleep(0.01)
+        assert conn.calls.count("lost") == 1
+
+    run(case)
+
+
+def test_the_peers_end_of_stream_and_ours(run: Callable[[Case], None]) -> None:
+    async def case(poller: Poller, conn: Recorder, client: socket.socket) -> None:
+        transport = cast(SocketTransport, conn.transport)
+        client.send(b"last words")
+        client.shutdown(socket.SHUT_WR)
+        await conn.eof.wait()
+        assert bytes(conn.data) == b"last words"
+        assert not transport.is_reading()
+        transport.write(b"answer")
+        transport.write_eof()
+        assert await _read_all(client, 100) == b"answer"  # and the end: our side is shut
+        await asyncio.sleep(0.05)  # both sides shut: the hang-up must not spin or close by itself
+        assert conn.calls == ["made", "eof"]
+        transport.close()
+        assert await conn.lost is None
+
+    run(case)
+
+
+def test_an_end_of_stream_that_does_not_keep_open_closes(run: Callable[[Case], None]) -> None:
+    async def case(poller: Poller, conn: Recorder, client: socket.socket) -> None:
+        conn.eof_keeps_open = False
+        client.shutdown(socket.SHUT_WR)
+        assert await conn.lost is None
+        assert conn.calls == ["made", "eof", "lost"]
+
+    run(case)
+
+
+def test_nothing_is_read_while_paused(run: Callable[[Case], None]) -> None:
+    async def case(poller: Poller, conn: Recorder, client: socket.socket) -> None:
+        transport = cast(SocketTransport, conn.transport)
+        transport.pause_reading()
+        client.send(b"wait")
+        await asyncio.sleep(0.05)
+        assert not conn.data
+        transport.resume_reading()
+        await _until(lambda: bytes(conn.data) == b"wait")
+
+    run(case)
+
+
+def test_more_than_one_read_and_the_end_behind_it_are_all_read(run: Callable[[Case], None]) -> None:
+    """Edge-triggered: a read that fills the buffer, and bytes with the end right behind them, are
+    read on without a new edge."""
+
+    async def case(poller: Poller, conn: Recorder, client: socket.socket) -> None:
+        payload = bytes(range(256)) * 12_000  # 3 MB: a dozen full reads
+        client.setblocking(True)
+        client.sendall(payload)
+        client.shutdown(socket.SHUT_WR)
+        await conn.eof.wait()
+        assert bytes(conn.data) == payload
+
+    run(case)
+
+
+def test_what_came_while_paused_is_read_when_reading_resumes(run: Callable[[Case], None]) -> None:
+    async def case(poller: Poller, conn: Recorder, client: socket.socket) -> None:
+        transport = cast(SocketTransport, conn.transport)
+        transport.pause_reading()
+        client.send(b"one")
+        await asyncio.sleep(0.02)
+        client.send(b"two")
+        client.shutdown(socket.SHUT_WR)
+        await asyncio.sleep(0.05)
+        assert not conn.data and not conn.eof.is_set()
+        transport.resume_reading()
+        await conn.eof.wait()
+        assert bytes(conn.data) == b"onetwo"
+
+    run(case)
+
+
+def test_a_hang_up_while_paused_is_read_when_reading_resumes(
+    run: Callable[[Case], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def case(poller: Poller, conn: Recorder, client: socket.socket) -> None:
+        transport = cast(SocketTransport, conn.transport)
+        transport.pause_reading()
+        transport.write_eof()  # our side shut: the peer's close makes it a hang-up
+        client.send(b"bye")
+        client.shutdown(socket.SHUT_WR)
+        turns = 0
+        ready = poller._ready
+
+        def counted() -> None:
+            nonlocal turns
+            turns += 1
+            ready()
+
+        monkeypatch.setattr(poller, "_ready", counted)
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(poller._epoll.fileno())
+        loop.add_reader(poller._epoll.fileno(), counted)
+        await asyncio.sleep(0.1)
+        assert turns <= 2, f"{turns} turns for one hang-up: it spins"
+        assert not conn.data
+        transport.resume_reading()
+        await conn.eof.wait()
+        assert bytes(conn.data) == b"bye"
+
+    run(case)
+
+
+def test_a_reset_ends_the_connection_with_its_error(run: Callable[[Case], None]) -> None:
+    async def case(poller: Poller, conn: Recorder, client: socket.socket) -> None:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()  # linger 0: a reset
+        assert isinstance(await conn.lost, ConnectionResetError)
+
+    run(case)
+
+
+def test_a_reset_while_paused_ends_it_too(run: Callable[[Case], None]) -> None:
+    async def case(poller: Poller, conn: Recorder, client: socket.socket) -> None:
+        cast(SocketTransport, conn.transport).pause_reading()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()
+        assert isinstance(await conn.lost, ConnectionResetError)
+
+    run(case)
+
+
+def test_a_write_into_a_reset_socket_is_told_from_the_loop(run: Callable[[Case], None]) -> None:
+    async def case(poller: Poller, conn: Recorder, client: socket.socket) -> None:
+        transport = cast(SocketTransport, conn.transport)
+        transport.pause_reading()  # the reset is not seen by a read first
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()
+        await asyncio.sleep(0.02)
+        conn.in_write = True
+        transport.write(b"into the void")
+        conn.in_write = False
+        assert isinstance(await conn.lost, OSError)
+
+    run(case)
+
+
+def test_a_connection_that_raises_is_closed_and_the_others_go_on(
+    run: Callable[[Case], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    async def case(poller: Poller, conn: Recorder, client: socket.socket) -> None:
+        def broken(data: bytes) -> None:
+            raise RuntimeError("a bug")
+
+        conn.data_received = broken  # type: ignore[method-assign]
+        client.send(b"x")
+        assert isinstance(await conn.lost, RuntimeError)
+        assert "data_received from the peer failed: RuntimeError: a bug" in caplog.text
+
+    run(case)
+
+
+def test_accepting_pauses_when_out_of_descriptors(
+    run: Callable[[Case], None], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def case(poller: Poller, conn: Recorder, client: socket.socket) -> None:
+        listening = poller._listening[0]
+        real_accept = socket.socket.accept
+        failures = 0
+
+        def accept(self: socket.socket) -> tuple[socket.socket, Any]:
+            nonlocal failures
+            if self is listening and failures == 0:
+                failures += 1
+                raise OSError(24, "Too many open files")
+            return real_accept(self)
+
+        monkeypatch.setattr(socket.socket, "accept", accept)
+        monkeypatch.setattr(poller_module, "ACCEPT_RETRY_S", 0.05)
+        other = socket.create_connection(listening.getsockname()[:2])
+        try:
+            await _until(lambda: failures == 1)
+            assert "accept failed" in caplog.text
+            await asyncio.sleep(0.1)  # accepted after the pause
+            other.send(b"ping")
+            await asyncio.sleep(0.05)
+            assert len(poller._socks) == 2
+        finally:
+            other.close()
+
+    run(case)
