@@ -124,7 +124,10 @@ class Poller:
                 return
             except OSError as exc:
                 if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    raise
+                    # Linux hands a new connection's pending network error to accept: that one is
+                    # gone, the others wait.
+                    log.debug("accept failed: %s", exc)
+                    continue
                 # Out of descriptors or memory: the connection waits in the backlog; accepting
                 # pauses for a while rather than spin on the listening socket.
                 log.error("accept failed: %s; accepting again in %g s", exc, ACCEPT_RETRY_S)
