@@ -52,15 +52,10 @@ _INPUT = select.EPOLLIN | _ENDED | _ERR  # something to read: bytes, the end, an
 _EVERYTHING = select.EPOLLIN | select.EPOLLOUT | select.EPOLLRDHUP | select.EPOLLET
 
 
-def available(loop: asyncio.AbstractEventLoop) -> bool:
-    """Whether this platform and loop can run the poller (Linux's epoll, a loop with readers)."""
-    if not hasattr(select, "epoll"):
-        return False
-    try:
-        add_reader = loop.add_reader
-    except AttributeError:
-        return False
-    return callable(add_reader) and not isinstance(loop, getattr(asyncio, "ProactorEventLoop", ()))
+def available() -> bool:
+    """Whether this platform has epoll (Linux); where it has, the loops have readers too (only
+    Windows' proactor loop has none, and Windows has no epoll)."""
+    return hasattr(select, "epoll")
 
 
 class Poller:
@@ -131,8 +126,7 @@ class Poller:
                 # Out of descriptors or memory: the connection waits in the backlog; accepting
                 # pauses for a while rather than spin on the listening socket.
                 log.error("accept failed: %s; accepting again in %g s", exc, ACCEPT_RETRY_S)
-                fd = listening.fileno()
-                self._loop.remove_reader(fd)
+                self._loop.remove_reader(listening.fileno())
                 self._loop.call_later(ACCEPT_RETRY_S, self._accept_again, listening, make)
                 return
             try:
@@ -354,15 +348,14 @@ class SocketTransport:
             self._finish(exc)
             return
         del out[:sent]
-        if out:
-            return
-        self._out = None
-        if self._closing:
-            self._finish(None)
-            return
-        if self._shut_after:
-            self._shut_write()
-        if self._writing_paused:
+        if not out:
+            self._out = None
+            if self._closing:
+                self._finish(None)
+                return
+            if self._shut_after:
+                self._shut_write()
+        if self._writing_paused and len(out) <= LOW_WATER:
             self._writing_paused = False
             try:
                 self._conn.resume_writing()

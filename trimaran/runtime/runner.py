@@ -123,13 +123,17 @@ class Runner:
         loop = asyncio.get_running_loop()
         self._loop = loop
         sockets: list[socket.socket]
-        if tls is None and available(loop):
+
+        def make() -> Conn:
+            return Conn(self, name, factory)
+
+        if tls is None and available():
             if self._poller is None:
                 self._poller = Poller(loop, nodelay=self.limits.tcp_nodelay)
-            sockets = self._poller.listen(host, port, backlog, lambda: Conn(self, name, factory))
+            sockets = self._poller.listen(host, port, backlog, make)
         else:
             server = await loop.create_server(
-                lambda: Conn(self, name, factory),
+                make,
                 host=host,
                 port=port,
                 backlog=backlog,
