@@ -24,6 +24,7 @@ SANS_IO = [
     "mqtt/properties.py",
     "mqtt/reason_codes.py",
     "mqtt/connection.py",
+    "runtime/machine.py",
     "mqtt/client.py",
     "mqtt/events.py",
     "mqtt/session.py",

@@ -19,9 +19,23 @@ import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib.machinery import EXTENSION_SUFFIXES, ExtensionFileLoader, ModuleSpec
 from types import ModuleType
+from typing import TypeVar
+
+_C = TypeVar("_C")
+
+try:
+    # A mark for the mypyc build of :data:`MODULES` (native_class=False for a subclass of a builtin
+    # type, allow_interpreted_subclasses for a base the tests and the uncompiled modules subclass).
+    # mypy brings mypy_extensions; without it nothing is built, the source runs, and it means nothing.
+    from mypy_extensions import mypyc_attr as mypyc_attr
+except ImportError:
+
+    def mypyc_attr(*attrs: str, **kwattrs: object) -> Callable[[_C], _C]:
+        return lambda cls: cls
+
 
 ENV = "TRIMARAN_INTERPRETED"
 # The library the compiled modules share (scripts/mypyc_build.py): trimaran/_mypyc__mypyc*.so.
@@ -45,6 +59,7 @@ GROUP = "trimaran._mypyc"
 # (runner.serve reads it untyped), a test's stand-in Transport.write returns None.
 MODULES = (
     "trimaran.topics",
+    "trimaran.runtime.machine",
     "trimaran.broker.router",
     "trimaran.broker.message",
     "trimaran.broker.stats",

@@ -13,8 +13,9 @@ from typing import Any
 
 import anyio
 
+from trimaran.runtime.machine import Machine
 from trimaran.runtime.runner import Runner
-from trimaran.runtime.transport import OPEN, Conn, HullFactory
+from trimaran.runtime.transport import OPEN, Conn, Hull, HullFactory
 
 
 class FakeTransport(asyncio.Transport):
@@ -131,9 +132,13 @@ def cuts(data: bytes) -> Iterator[list[bytes]]:
         yield [data[:i], data[i:]]
 
 
-class LineMachine:
+class LineMachine(Machine):
     """A tiny machine for runtime tests: each ``\\n``-ended line is one event; ``close`` closes,
     ``boom`` makes the hull raise; every line is echoed back upper-cased by the hull."""
+
+    # Plain attributes where Machine has properties: a test sets them.
+    closed = False
+    peer_close_s = 0.0
 
     def __init__(self, deadline: float | None = None) -> None:
         self.buffer = b""
@@ -179,7 +184,9 @@ class LineMachine:
             self.closed = True
 
 
-class LineHull:
+class LineHull(Hull):
+    machine: LineMachine
+
     def __init__(self, io: Conn, machine: LineMachine | None = None) -> None:
         self.io = io
         self.machine = machine or LineMachine()

@@ -160,7 +160,7 @@ class ChannelState:
         self.conn = conn
         # What a delivery writes to and counts on, held typed rather than reached through the
         # connection's protocol on every message: the connection's for its whole life.
-        self.machine: ServerConnection = conn.machine
+        self.machine: ServerConnection = conn.amqp
         self.io: Conn = conn.io
         self.stats: Stats = conn.front.broker.stats
         self.number = number

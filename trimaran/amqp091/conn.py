@@ -24,7 +24,7 @@ from trimaran.broker.clients import ClientInfo
 from trimaran.queue.manager import PublishResult
 from trimaran.queue.policy import QueueError
 from trimaran.runtime.confirms import InOrder
-from trimaran.runtime.transport import Conn
+from trimaran.runtime.transport import Conn, Hull
 
 #: A publish's route through a named exchange, as kept in Amqp091Conn.routes: the queues it reaches
 #: (all of them allowed), whether the router takes it too, and with one queue its name and topic.
@@ -82,13 +82,14 @@ class Pending:
             self.conn.confirm_due()
 
 
-class Amqp091Conn:
+class Amqp091Conn(Hull):
     """The runtime's hull for one AMQP 0.9.1 connection."""
 
     def __init__(self, front: FrontEnd, io: Conn, machine: ServerConnection) -> None:
         self.front = front
         self.io = io
-        self.machine = machine
+        self.machine = machine  # the runtime drives it as a Machine; the front end, as itself:
+        self.amqp = machine
         self.peer = io.peer
         self.name = io.peer
         self.user: str | None = None
@@ -115,7 +116,7 @@ class Amqp091Conn:
     @property
     def virtual_host(self) -> str | None:
         """The vhost connection.open named (None before it)."""
-        return self.machine.virtual_host
+        return self.amqp.virtual_host
 
     # -- the runtime's Hull -----------------------------------------------------------------------
 
@@ -144,7 +145,7 @@ class Amqp091Conn:
                 channel.after_write()
 
     def shutdown(self) -> None:
-        self.machine.close(spec.CONNECTION_FORCED, FORCED)
+        self.amqp.close(spec.CONNECTION_FORCED, FORCED)
 
     def behind(self) -> int | None:
         """Nothing waits for the peer beyond its socket: a queue's backlog is the queue's."""
@@ -156,7 +157,7 @@ class Amqp091Conn:
     def blocked(self, on: bool, why: str) -> None:
         """connection.blocked (saying ``why``: low on memory, low on disk) / unblocked, to a client
         that announced the capability."""
-        machine = self.machine
+        machine = self.amqp
         if machine.state is not ConnectionState.OPEN:
             return
         if machine.client_capabilities.get("connection.blocked") is not True:
@@ -180,7 +181,7 @@ class Amqp091Conn:
 
     def kick(self, code: int, text: str) -> None:
         """Close from outside an event (an administrator, a shutdown)."""
-        self.machine.close(code, text)
+        self.amqp.close(code, text)
         self.io.pump()
 
     def release(self, consumer: Consumer) -> None:
@@ -215,7 +216,7 @@ class Amqp091Conn:
         """Send every confirm whose commits are done and that has none left before it. Acks on a
         channel in a row go as one ``multiple`` ack."""
         pending = self.pending
-        machine = self.machine
+        machine = self.amqp
         acks: dict[ChannelState, tuple[int, int]] = {}  # channel -> (last seq, how many)
         for entry in pending.ready():
             channel = entry.channel
@@ -245,4 +246,4 @@ class Amqp091Conn:
         got = acks.pop(channel, None)
         if got is not None:
             seq, count = got
-            self.machine.send_method(channel.number, spec.BasicAck(seq, count > 1))
+            self.amqp.send_method(channel.number, spec.BasicAck(seq, count > 1))

@@ -106,6 +106,7 @@ from trimaran.amqp091.spec import (
     ProtocolError,
     truncate_shortstr,
 )
+from trimaran.runtime.machine import Machine
 
 
 class ConnectionState(enum.Enum):
@@ -183,7 +184,7 @@ def _parse_amqplain(response: bytes) -> tuple[str, str] | None:
     return out[0], out[1]
 
 
-class ServerConnection:
+class ServerConnection(Machine):
     """Server side of one AMQP 0-9-1 connection. See the module docstring."""
 
     def __init__(

@@ -269,8 +269,8 @@ class Amqp091FrontEnd:
                         consumer.handle.set_credit(0)  # its unacked deliveries may still be acked
                         if not consumer.unacked:
                             conn.io.spawn(consumer.handle.cancel)
-                    if conn.machine.client_capabilities.get("consumer_cancel_notify") is True:
-                        conn.machine.send_method(channel.number, spec.BasicCancel(consumer.tag, True))
+                    if conn.amqp.client_capabilities.get("consumer_cancel_notify") is True:
+                        conn.amqp.send_method(channel.number, spec.BasicCancel(consumer.tag, True))
             conn.wake()
 
     def forget_consumer(self, consumer: Consumer) -> None:
@@ -298,7 +298,7 @@ class Amqp091FrontEnd:
         if isinstance(event, AuthenticationRequested):
             return self._authenticate(conn, event)
         elif isinstance(event, SecureOkReceived):
-            conn.machine.reject_authentication("unexpected secure-ok")
+            conn.amqp.reject_authentication("unexpected secure-ok")
         elif isinstance(event, ChannelOpened):
             conn.channels[event.channel] = ChannelState(conn, event.channel)
         elif isinstance(event, ChannelClosed):
@@ -386,7 +386,7 @@ class Amqp091FrontEnd:
         the new secret must still authenticate the connection's user; update-secret-ok, else the
         connection closes with 530 NOT_ALLOWED, as RabbitMQ closes it."""
         user = conn.user  # None: anonymous (guest/guest standing for nobody), nothing to check
-        if user is None or conn.machine.mechanism == "EXTERNAL":
+        if user is None or conn.amqp.mechanism == "EXTERNAL":
             return self._secret_updated(conn, m, Login(True, user))  # the certificate still holds
         verdict = self.security.login(
             user, m.new_secret, conn.io.peer_host, protocol="amqp091", peer=conn.peer
@@ -408,7 +408,7 @@ class Amqp091FrontEnd:
     ) -> Awaitable[None] | None:
         if login.ok:
             log.info("amqp091: %s updated its secret (%s)", conn.name, m.reason or "no reason given")
-            conn.machine.send_method(0, spec.ConnectionUpdateSecretOk())
+            conn.amqp.send_method(0, spec.ConnectionUpdateSecretOk())
             conn.wake()
             return None
         error = _error(spec.NOT_ALLOWED, f"Secret update was refused for user '{conn.user}'", m)
@@ -424,11 +424,11 @@ class Amqp091FrontEnd:
         error.channel = number
         conn.wake()
         if channel_only:
-            conn.machine.close_channel(
+            conn.amqp.close_channel(
                 number, error.reply_code, error.full_text, error.class_id, error.method_id
             )
             return self._drop_channels(conn, [number])
-        conn.machine.raise_error(error)
+        conn.amqp.raise_error(error)
         if error.connection_exception:
             return self._drop_channels(conn, list(conn.channels))
         return self._drop_channels(conn, [number])
@@ -463,7 +463,7 @@ class Amqp091FrontEnd:
         )
 
     def _logged_in(self, conn: Amqp091Conn, event: AuthenticationRequested, login: Login) -> None:
-        machine = conn.machine
+        machine = conn.amqp
         if login.ok:
             conn.user = login.user
             conn.principal = self.security.principal("amqp091", login.user, conn.peer, conn.io.peer_host)
@@ -486,7 +486,7 @@ class Amqp091FrontEnd:
         conn.vhost_prefix = conn.tenant.prefix
         conn.io.vhost = event.virtual_host
         conn.io.user = conn.user
-        name = conn.machine.client_properties.get("connection_name")
+        name = conn.amqp.client_properties.get("connection_name")
         conn.name = f"{conn.peer} ({name})" if isinstance(name, str) and name else conn.peer
         if conn.principal is not None and isinstance(name, str) and name:
             conn.principal.rename(name)  # %c in the rules: the client's connection_name
@@ -642,7 +642,7 @@ class Amqp091FrontEnd:
         exchange, key = method.exchange, method.routing_key
         if not exchange and key.startswith(REPLY_PREFIX):
             if not self._direct_reply(key, props, body) and method.mandatory:
-                conn.machine.send_content(
+                conn.amqp.send_content(
                     channel.number, spec.BasicReturn(spec.NO_ROUTE, "NO_ROUTE", exchange, key), props, body
                 )
                 conn.wake()
@@ -720,7 +720,7 @@ class Amqp091FrontEnd:
             if not self._to_queue(channel, queue, queued, entry, now=now) and entry is not None:
                 entry.failed = True
         if not routed and method.mandatory:
-            conn.machine.send_content(
+            conn.amqp.send_content(
                 channel.number, spec.BasicReturn(spec.NO_ROUTE, "NO_ROUTE", exchange, key), props, body
             )
             conn.wake()
@@ -789,7 +789,7 @@ class Amqp091FrontEnd:
         if entry is not None:
             entry.failed = True
         if method.mandatory:
-            conn.machine.send_content(
+            conn.amqp.send_content(
                 channel.number, spec.BasicReturn(spec.NO_ROUTE, "NO_ROUTE", "", key), props, body
             )
             conn.wake()
@@ -803,7 +803,7 @@ class Amqp091FrontEnd:
         tag = channel.next_tag
         channel.next_tag = tag + 1
         deliver = spec.BasicDeliver(channel.reply_tag, tag, False, "", key)
-        if not channel.conn.machine.send_content(channel.number, deliver, props, body):
+        if not channel.conn.amqp.send_content(channel.number, deliver, props, body):
             return False
         self.broker.stats.messages_sent += 1
         channel.conn.io.messages_out += 1
@@ -883,7 +883,7 @@ class Amqp091FrontEnd:
             f"PRECONDITION_FAILED - delivery acknowledgement on channel {number} timed out: nothing "
             f"settled for {idle_s:.0f} s while the queue held its publishers"
         )
-        conn.machine.close_channel(number, spec.PRECONDITION_FAILED, text)
+        conn.amqp.close_channel(number, spec.PRECONDITION_FAILED, text)
         _later(conn, self._drop_channels(conn, [number]))
         conn.wake()
 

@@ -226,7 +226,7 @@ class Operations:
     @staticmethod
     def _reply(conn: Amqp091Conn, channel: ChannelState, reply: spec.Method, no_wait: bool = False) -> None:
         if not no_wait:
-            conn.machine.send_method(channel.number, reply)
+            conn.amqp.send_method(channel.number, reply)
 
     # -- restore and housekeeping -------------------------------------------------------------------
 
@@ -279,9 +279,9 @@ class Operations:
             channel = consumer.channel
             if channel.consumers.get(consumer.tag) is consumer:
                 del channel.consumers[consumer.tag]
-                caps = channel.conn.machine.client_capabilities
+                caps = channel.conn.amqp.client_capabilities
                 if caps.get("consumer_cancel_notify") is True and not channel.closed:
-                    channel.conn.machine.send_method(channel.number, spec.BasicCancel(consumer.tag, True))
+                    channel.conn.amqp.send_method(channel.number, spec.BasicCancel(consumer.tag, True))
                     channel.conn.wake()
             for tag, (holder, _) in list(channel.unacked.items()):
                 if holder is consumer:

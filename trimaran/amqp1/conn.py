@@ -29,6 +29,7 @@ from trimaran.amqp1.events import MessageReceived
 from trimaran.amqp1.performatives import CONNECTION_FORCED, ROLE_RECEIVER, Accepted, Error, Rejected
 from trimaran.amqp1.session import Link, LinkState
 from trimaran.runtime.confirms import InOrder
+from trimaran.runtime.transport import Conn, Hull
 
 ATTACHED = LinkState.ATTACHED
 ACCEPTED = Accepted()  # it has no fields: one serves every disposition
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
     from trimaran.amqp1.ports import FrontEnd
     from trimaran.broker.clients import ClientInfo
     from trimaran.queue.policy import QueueError
-    from trimaran.runtime.transport import Conn
     from trimaran.security.guard import Principal
 
 
@@ -60,7 +60,7 @@ class PendingSettle:
         inlink.inflight += 1
         conn.pending.add(self)
         # A detach, end or close read behind this publish waits for its disposition.
-        conn.machine.hold_closing = True
+        conn.amqp.hold_closing = True
 
     def __call__(self, _result: object, error: QueueError | None) -> None:
         """The publish is committed, or failed with ``error``. Commit callbacks of one batch run
@@ -96,18 +96,18 @@ class SettledPublishes:
         conn.refill(inlink)
 
 
-class Amqp1Conn:
+class Amqp1Conn(Hull):
     """The per-connection state the front end acts on; implements the runtime's ``Hull``."""
 
     __slots__ = (
         "_ack_scheduled",
+        "amqp",
         "client",
         "container_id",
         "front",
         "inlinks",
         "io",
         "link_credit",
-        "machine",
         "outlinks",
         "peer",
         "pending",
@@ -120,7 +120,8 @@ class Amqp1Conn:
     def __init__(self, front: FrontEnd, io: Conn, machine: ServerConnection, link_credit: int) -> None:
         self.front = front
         self.io = io
-        self.machine = machine  # the runtime's Hull asks for it; a plain slot, read per message
+        self.machine = machine  # the runtime drives it as a Machine; the front end, as itself:
+        self.amqp = machine
         self.peer = io.peer
         self.link_credit = link_credit  # the window of publishes a sending link may have open
         self.container_id = "?"
@@ -149,7 +150,7 @@ class Amqp1Conn:
         """Nothing to do after a write: bytes are counted by the runtime."""
 
     def shutdown(self) -> None:
-        self.machine.close(Error(condition=CONNECTION_FORCED, description="server shutting down"))
+        self.amqp.close(Error(condition=CONNECTION_FORCED, description="server shutting down"))
 
     def behind(self) -> int | None:
         """Nothing waits for the peer beyond its socket: a queue's backlog is the queue's."""
@@ -172,7 +173,7 @@ class Amqp1Conn:
 
     def close(self, error: Error) -> None:
         """Server-initiated close (a kick): close frame after what is queued, then the socket."""
-        self.machine.close(error)
+        self.amqp.close(error)
         self.io.pump()
 
     # -- publishes waiting for their commit ---------------------------------------------------
@@ -187,14 +188,14 @@ class Amqp1Conn:
         if self.pending:
             self.io.wake()
         else:
-            self.machine.hold_closing = False
+            self.amqp.hold_closing = False
             self.io.pump()  # a detach, end or close that waited for these dispositions
 
     def acknowledge_in_order(self) -> None:
         """Dispositions for the committed publishes at the head, in arrival order: a run of
         consecutive accepted deliveries of one link goes as one ranged disposition."""
         pending = self.pending
-        amqp = self.machine
+        amqp = self.amqp
         run_link: Link | None = None
         run_first = run_last = 0
         refill: dict[InLink, None] = {}
@@ -239,5 +240,5 @@ class Amqp1Conn:
         room = window - inlink.inflight
         credit = link.link_credit
         if room > 0 and (room - credit >= window // 2 or credit == 0):
-            self.machine.grant_credit(link, room)
+            self.amqp.grant_credit(link, room)
             self.io.wake()

@@ -64,6 +64,7 @@ from dataclasses import replace
 from typing import Any
 
 from trimaran import __version__
+from trimaran.runtime.machine import Machine
 
 from .errors import AMQPStateError
 from .events import (
@@ -185,7 +186,7 @@ class ConnState(enum.Enum):
 _ECHO: Any = object()
 
 
-class ServerConnection:
+class ServerConnection(Machine):
     """Server side of one AMQP 1.0 connection."""
 
     def __init__(
@@ -255,10 +256,9 @@ class ServerConnection:
 
     @property
     def closed(self) -> bool:
-        """Nothing more will happen: write out ``data_to_send()`` and close the transport."""
+        """Nothing more will happen: write out ``data_to_send()`` and close the transport (after the
+        close performatives the server half-closes and lingers: peer_close_s stays 0)."""
         return self.state is ConnState.CLOSED
-
-    peer_close_s = 0.0  # after the close performatives the server half-closes (and lingers)
 
     def receive_data(self, data: bytes | bytearray | memoryview, now: float) -> None:
         """Buffer bytes from the transport; ``next_event()`` parses them."""

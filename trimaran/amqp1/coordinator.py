@@ -84,7 +84,7 @@ class TransactionCoordinator:
         inlink = InLink(link, None, coordinator=True)
         conn.inlinks[link] = inlink
         self.transactions.setdefault(conn, Transactions())
-        conn.machine.accept_link(
+        conn.amqp.accept_link(
             link,
             target=Coordinator(capabilities=[LOCAL_TRANSACTIONS]),
             rcv_settle_mode=RCV_FIRST,
@@ -125,7 +125,7 @@ class TransactionCoordinator:
             error = Error(condition=DECODE_ERROR, description="the coordinator takes declare and discharge")
             state = Rejected(error=error)
         if not event.settled:
-            conn.machine.settle(link, did, state)
+            conn.amqp.settle(link, did, state)
         conn.refill(inlink)
 
     def in_transaction(
@@ -146,7 +146,7 @@ class TransactionCoordinator:
             return True
         txn.publishes.append((address, message))
         if not event.settled:
-            conn.machine.settle(
+            conn.amqp.settle(
                 event.link, event.delivery_id, TransactionalState(txn_id=txn.txn_id, outcome=Accepted())
             )
         return True
@@ -160,7 +160,7 @@ class TransactionCoordinator:
             error = Error(condition=UNKNOWN_ID, description=f"no transaction {bytes(state.txn_id)!r}")
             for link in {link for link, _did, _tag in event.deliveries}:
                 if link.is_open:
-                    conn.machine.detach_link(link, error)
+                    conn.amqp.detach_link(link, error)
                     self.front.detached(conn, LinkDetached(link, True, error, False))
             return
         if state.outcome is None:
@@ -172,7 +172,7 @@ class TransactionCoordinator:
                 if offset is not None:
                     txn.settles.append((out, offset, disposition_outcome(state.outcome, out.id)))
         if not event.settled and event.deliveries:
-            conn.machine.settle_range(event.session, ROLE_SENDER, event.first, event.last, state)
+            conn.amqp.settle_range(event.session, ROLE_SENDER, event.first, event.last, state)
 
     def _commit(self, conn: Amqp1Conn, event: MessageReceived, txn: Transaction) -> None:
         """Publishes and settlements to the queues as one commit, then the topic messages; the
@@ -190,7 +190,7 @@ class TransactionCoordinator:
                 self.rollback(txn)
                 state = Rejected(error=Error(condition=ROLLBACK, description=f"rolled back: {error}"))
             if not event.settled and link.is_open and not conn.machine.closed:
-                conn.machine.settle(link, did, state)
+                conn.amqp.settle(link, did, state)
                 conn.io.wake()
 
         if txn.doomed is not None:

@@ -282,7 +282,7 @@ class Amqp1FrontEnd:
         else:
             conn.user = login.user
             conn.principal = self.security.principal("amqp1", login.user, "", conn.io.peer_host)
-        conn.machine.sasl_complete(login.ok)
+        conn.amqp.sasl_complete(login.ok)
         conn.io.wake()
 
     def _opened(self, conn: Amqp1Conn, event: ConnectionOpened) -> None:
@@ -293,7 +293,7 @@ class Amqp1FrontEnd:
         refusal = self._refuse_vhost(conn, vhost)
         if refusal is not None:
             log.warning("amqp1: %s (%s) refused: %s", conn.peer, conn.container_id, refusal.description)
-            conn.machine.close(refusal)
+            conn.amqp.close(refusal)
             conn.io.wake()
             return
         conn.vhost_prefix = prefix(vhost)
@@ -305,7 +305,7 @@ class Amqp1FrontEnd:
         if over is not None:
             # The spec's way to refuse a connection: our open, then a close with the error.
             log.info("amqp1: %s (%s): %s", conn.peer, conn.container_id, over)
-            conn.machine.close(Error(condition=RESOURCE_LIMIT_EXCEEDED, description=over))
+            conn.amqp.close(Error(condition=RESOURCE_LIMIT_EXCEEDED, description=over))
             return
         conn.client = self.broker.presence.arrived(
             ClientInfo(conn.container_id, PROTOCOL_AMQP1, conn.peer, conn.user, self._kick, conn, vhost=vhost)
@@ -363,7 +363,7 @@ class Amqp1FrontEnd:
         if conn.vhost_prefix:
             description = description.replace(conn.vhost_prefix, "")  # the names its client knows
         log.info("amqp1: %s: link %r refused: %s %s", conn.container_id, link.name, condition, description)
-        conn.machine.reject_link(link, Error(condition=Symbol(condition), description=description))
+        conn.amqp.reject_link(link, Error(condition=Symbol(condition), description=description))
 
     def _attach(self, conn: Amqp1Conn, link: Link) -> Awaitable[None] | None:
         attach = link.remote_attach
@@ -403,7 +403,7 @@ class Amqp1FrontEnd:
             inlink.presettled = SettledPublishes(conn, inlink, address.name)
         conn.inlinks[link] = inlink
         credit = 0 if conn.publishing_blocked else self.config.link_credit
-        conn.machine.accept_link(link, target=target, rcv_settle_mode=RCV_FIRST, initial_credit=credit)
+        conn.amqp.accept_link(link, target=target, rcv_settle_mode=RCV_FIRST, initial_credit=credit)
 
     def _check_access(self, conn: Amqp1Conn, access: str, topic: str) -> None:
         """RabbitMQ's patterns, then the rules' word on ``topic``: ``amqp:unauthorized-access``
@@ -479,7 +479,7 @@ class Amqp1FrontEnd:
                 elif self.security.authorize(principal, READ, out.address.own_topic):
                     continue
                 error = Error(condition=UNAUTHORIZED_ACCESS, description="read access revoked")
-                conn.machine.detach_link(out.link, error)
+                conn.amqp.detach_link(out.link, error)
                 self.detached(conn, LinkDetached(out.link, True, error, False))
             conn.io.wake()
 
@@ -584,7 +584,7 @@ class Amqp1FrontEnd:
         source = replace(source, capabilities=[Symbol(address.kind)], filter=applied, distribution_mode=mode)
         if not address.is_queue and source.durable:  # a topic link lasts as long as the link
             source = replace(source, durable=0, expiry_policy=Symbol("link-detach"))
-        conn.machine.accept_link(link, source=source, rcv_settle_mode=RCV_FIRST)
+        conn.amqp.accept_link(link, source=source, rcv_settle_mode=RCV_FIRST)
         out.on_flow(link.drain)  # a flow may have come before our attach
         return None
 
@@ -648,7 +648,7 @@ class Amqp1FrontEnd:
             filter=None,
             distribution_mode=MOVE,
         )
-        conn.machine.accept_link(link, source=source, rcv_settle_mode=RCV_FIRST)
+        conn.amqp.accept_link(link, source=source, rcv_settle_mode=RCV_FIRST)
         out.on_flow(link.drain)
 
     def detached(self, conn: Amqp1Conn, event: LinkDetached) -> None:
@@ -798,7 +798,7 @@ class Amqp1FrontEnd:
             return
         self.broker.publish(message)
         if not event.settled:
-            conn.machine.settle(link, event.delivery_id, Accepted())
+            conn.amqp.settle(link, event.delivery_id, Accepted())
         conn.refill(inlink)
 
     def refuse_message(
@@ -810,10 +810,10 @@ class Amqp1FrontEnd:
         error = Error(condition=Symbol(condition), description=description)
         if event.settled:
             if condition == DECODE_ERROR:  # nobody hears a disposition: end the link instead
-                conn.machine.detach_link(event.link, error)
+                conn.amqp.detach_link(event.link, error)
                 self.detached(conn, LinkDetached(event.link, True, error, False))
             return
-        conn.machine.settle(event.link, event.delivery_id, Rejected(error=error))
+        conn.amqp.settle(event.link, event.delivery_id, Rejected(error=error))
 
     async def _append_async(
         self, address: Address, message: Message, pending: Callable[[object, QueueError | None], None]
@@ -849,7 +849,7 @@ class Amqp1FrontEnd:
             condition=RESOURCE_LIMIT_EXCEEDED,
             description=f"nothing settled for {idle_s:.0f} s while the queue held its publishers",
         )
-        conn.machine.detach_link(link, error)
+        conn.amqp.detach_link(link, error)
         self.detached(conn, LinkDetached(link, True, error, False))
         conn.io.pump()
 
@@ -890,7 +890,7 @@ class Amqp1FrontEnd:
                         out.on_outcome(delivery_id, state, event.settled)
         if not event.settled and event.state is not None and event.deliveries:
             # The receiver waits for us to settle (it asked for rcv-settle-mode second anyway).
-            conn.machine.settle_range(event.session, ROLE_SENDER, event.first, event.last, event.state)
+            conn.amqp.settle_range(event.session, ROLE_SENDER, event.first, event.last, event.state)
 
 
 def refusal_condition(exc: QueueError) -> Symbol:

@@ -66,7 +66,7 @@ class OutLink:
 
     def __init__(self, conn: LinkOwner, link: Link, address: Address, settled: bool) -> None:
         self.conn = conn
-        self.machine: ServerConnection = conn.machine
+        self.machine: ServerConnection = conn.amqp
         self.io: Conn = conn.io
         self.stats: Stats = conn.front.broker.stats
         self.link = link

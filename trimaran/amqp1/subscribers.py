@@ -127,7 +127,7 @@ class Subscribers:
         caps_back: list[str] = [Symbol(TOPIC), *(Symbol(c) for c in (SHARED, GLOBAL) if c in caps)]
         applied = None if selector is None else {selector[0]: selector[1]}
         answer = replace(source, capabilities=caps_back, filter=applied, distribution_mode=None)
-        conn.machine.accept_link(link, source=answer, rcv_settle_mode=RCV_FIRST)
+        conn.amqp.accept_link(link, source=answer, rcv_settle_mode=RCV_FIRST)
         out.on_flow(link.drain)
 
     def _start(

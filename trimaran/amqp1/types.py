@@ -40,21 +40,12 @@ from __future__ import annotations
 import enum
 import math
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-_C = TypeVar("_C")
-
-try:
-    # mypyc compiles this module, and builds the wrappers below as ordinary Python classes: it
-    # cannot make native classes of builtin types' subclasses. mypy brings mypy_extensions.
-    from mypy_extensions import mypyc_attr
-except ImportError:  # no mypy here, so no build: the source runs, and the mark means nothing
-
-    def mypyc_attr(*attrs: str, **kwattrs: object) -> Callable[[_C], _C]:
-        return lambda cls: cls
-
+# mypyc compiles this module, and builds the wrappers below as ordinary Python classes: it cannot
+# make native classes of builtin types' subclasses.
+from trimaran.compiled import mypyc_attr
 
 __all__ = [
     "Array",

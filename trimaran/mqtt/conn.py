@@ -13,7 +13,7 @@ from trimaran.mqtt.packets import Publish, PublishRun
 from trimaran.mqtt.queues import ConnQueues, MqttQueues, QueueEndpoint, send_acks
 from trimaran.mqtt.reason_codes import ReasonCode
 from trimaran.runtime.machine import Machine
-from trimaran.runtime.transport import Conn
+from trimaran.runtime.transport import Conn, Hull
 
 if TYPE_CHECKING:
     from trimaran.broker.clients import ClientInfo
@@ -46,14 +46,13 @@ class FrontEnd(Protocol):
     def handle(self, conn: MqttConn[Any], event: object) -> Awaitable[None] | None: ...
 
 
-class MqttConn(Generic[E]):
+class MqttConn(Hull, Generic[E]):
     __slots__ = (
         "_queue_bindings",
         "client",
         "endpoint",
         "front",
         "io",
-        "machine",
         "mqtt",
         "principal",
         "shutting_down",
@@ -63,7 +62,7 @@ class MqttConn(Generic[E]):
         self.front = front
         self.mqtt = mqtt
         # What the runtime feeds: the MQTT machine itself, or a WebSocket machine around it.
-        self.machine: Machine = mqtt if machine is None else machine
+        self.machine = mqtt if machine is None else machine
         self.io = io
         self.endpoint: E | None = None
         self.client: ClientInfo | None = None  # in the broker's client registry while connected

@@ -85,6 +85,7 @@ from trimaran.mqtt.session import (
     Session,
     Subscription,
 )
+from trimaran.runtime.machine import Machine
 from trimaran.topics import SHARE_PREFIX, TopicError, is_valid_topic_name, split_shared
 
 __all__ = [
@@ -191,7 +192,7 @@ def _disconnect_code(code: int) -> int:
     return code if code in rc.DISCONNECT_CODES else ReasonCode.UNSPECIFIED_ERROR
 
 
-class ServerConnection:
+class ServerConnection(Machine):
     __slots__ = (
         "_clock",
         "_connect",
@@ -304,6 +305,7 @@ class ServerConnection:
 
     @property
     def closed(self) -> bool:
+        # peer_close_s stays 0: the server ends the connection (after a DISCONNECT too, as Mosquitto)
         return self.state == State.CLOSED
 
     @property
@@ -316,8 +318,6 @@ class ServerConnection:
             self.packets_received,
             self.packets_sent,
         )
-
-    peer_close_s = 0.0  # the server ends the connection (after a DISCONNECT too, as Mosquitto)
 
     def data_to_send(self) -> bytes:
         """All bytes queued for the client since the last call (b"" if none)."""

@@ -50,7 +50,7 @@ def _first_supported(
     return select
 
 
-class WebSocketMachine:
+class WebSocketMachine(Machine):
     """The runtime's machine for a WebSocket connection: the handshake, then the inner machine."""
 
     def __init__(
@@ -82,9 +82,8 @@ class WebSocketMachine:
 
     @property
     def closed(self) -> bool:
+        # peer_close_s stays 0: RFC 6455 7.1.1, the server closes the TCP connection first
         return self._refused or (self.upgraded and self.inner.closed)
-
-    peer_close_s = 0.0  # RFC 6455 7.1.1: the server closes the TCP connection first
 
     def receive_data(self, data: bytes, now: float) -> None:
         if self._ended:

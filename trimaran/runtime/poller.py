@@ -32,24 +32,24 @@ import select
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from trimaran.runtime.transport import Conn
 
 log = logging.getLogger(__name__)
 
-READ_SIZE = 256 * 1024  # one read's most, as uvloop's (a run of publishes is one read)
-HIGH_WATER = 64 * 1024  # the loops' write-buffer marks
-LOW_WATER = 16 * 1024
-ACCEPTS_PER_TURN = 128  # a listener's accepts in one turn of the loop (the others are read too)
-ACCEPT_RETRY_S = 0.5  # out of descriptors: accepting waits this long
+READ_SIZE: Final = 256 * 1024  # one read's most, as uvloop's (a run of publishes is one read)
+HIGH_WATER: Final = 64 * 1024  # the loops' write-buffer marks
+LOW_WATER: Final = 16 * 1024
+ACCEPTS_PER_TURN: Final = 128  # a listener's accepts in one turn of the loop (the others are read too)
+ACCEPT_RETRY_S: Final = 0.5  # out of descriptors: accepting waits this long
 
-_IN = select.EPOLLIN
-_OUT = select.EPOLLOUT
-_ERR = select.EPOLLERR
-_ENDED = select.EPOLLRDHUP | select.EPOLLHUP  # the peer has shut its side (or both are shut)
-_INPUT = select.EPOLLIN | _ENDED | _ERR  # something to read: bytes, the end, an error
-_EVERYTHING = select.EPOLLIN | select.EPOLLOUT | select.EPOLLRDHUP | select.EPOLLET
+_IN: Final = select.EPOLLIN
+_OUT: Final = select.EPOLLOUT
+_ERR: Final = select.EPOLLERR
+_ENDED: Final = select.EPOLLRDHUP | select.EPOLLHUP  # the peer has shut its side (or both are shut)
+_INPUT: Final = select.EPOLLIN | _ENDED | _ERR  # something to read: bytes, the end, an error
+_EVERYTHING: Final = select.EPOLLIN | select.EPOLLOUT | select.EPOLLRDHUP | select.EPOLLET
 
 
 def available() -> bool:

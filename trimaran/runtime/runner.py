@@ -22,6 +22,7 @@ from typing import Any, cast
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from trimaran.runtime import transport
 from trimaran.runtime.flow import Held
 from trimaran.runtime.limits import RuntimeLimits, RuntimeStats, Traffic
 from trimaran.runtime.memory import Memory
@@ -43,7 +44,7 @@ class _Bucket:
         self.at = at
 
 
-class Runner:
+class Runner(transport.Runner):
     def __init__(self, limits: RuntimeLimits | None = None, tenants: TenantLimits | None = None) -> None:
         self.limits = limits or RuntimeLimits()
         self.tenants = tenants or TenantLimits()

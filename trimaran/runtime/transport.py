@@ -22,8 +22,9 @@ import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Protocol, cast
+from typing import Any, Final, cast
 
+from trimaran.compiled import mypyc_attr
 from trimaran.runtime.flow import SESSION, Gate, Held
 from trimaran.runtime.limits import RuntimeLimits, RuntimeStats, Traffic
 from trimaran.runtime.machine import Machine
@@ -35,56 +36,59 @@ log = logging.getLogger(__name__)
 _time_ns = time.time_ns
 
 # Reading while closing: at most this long after the machine closed, then the socket goes.
-LINGER_S = 2.0
+LINGER_S: Final = 2.0
 
 
-class Hull(Protocol):
-    """A hull's per-connection state: the machine's events in, the deck's work out."""
+@mypyc_attr(allow_interpreted_subclasses=True)  # the tests' hulls
+class Hull:
+    """A hull's per-connection state: the machine's events in, the deck's work out. A base class
+    (as ``Machine`` is): the runtime calls it for every frame."""
 
-    @property
-    def machine(self) -> Machine: ...
+    __slots__ = ("machine",)
+
+    machine: Machine
 
     def handle(self, event: object) -> Awaitable[None] | None:
         """Act on one event. An awaitable holds back the connection's later frames until it is done;
         it runs in the runtime's task group."""
-        ...
+        raise NotImplementedError
 
     def before_write(self) -> None:
         """The runtime is about to take the machine's queued bytes: queue what gathered during the
         loop iteration (the confirms of a commit's publishes go as one)."""
-        ...
+        raise NotImplementedError
 
     def written(self) -> None:
         """The runtime has just handed this connection's queued bytes (if any) to the socket: once per
         loop iteration in which the connection read or was given something to send."""
-        ...
+        raise NotImplementedError
 
     def shutdown(self) -> None:
         """The server stops: close the protocol's way (the runtime then flushes and closes)."""
-        ...
+        raise NotImplementedError
 
     def blocked(self, on: bool, why: str) -> None:
         """An alarm is raised (``on``: memory above the high-water mark, the disk below its
         watermark; ``why`` says which) or the last one cleared; the runtime stops reading the socket
         either way, the hull tells its peer where the protocol can."""
-        ...
+        raise NotImplementedError
 
     def behind(self) -> int | None:
         """None unless what waits for this peer beyond the socket (an MQTT session's queue) is above
         its low-water mark; then a count that grows as the peer takes messages (its progress). The
         publishers it holds (``Conn.push_back``) wait until it is None."""
-        ...
+        raise NotImplementedError
 
     def stalled(self, idle_s: float) -> None:
         """The peer took nothing for ``idle_s`` seconds while ``behind`` and holding publishers: close
         it the protocol's way, leaving its messages with its session (they then go on)."""
-        ...
+        raise NotImplementedError
 
     def finish(self) -> Callable[[], Coroutine[Any, Any, None]] | None:
         """The connection is gone: the clean-up that gives back what it held (deliveries, exclusive
         queues), run in the runner's task group; None when it held nothing that needs one (a task
         per connection was a third of an MQTT connect's cost)."""
-        ...
+        raise NotImplementedError
 
 
 # Makes the hull for a new connection, given its first bytes (None: need more; the AMQP port picks
@@ -92,9 +96,11 @@ class Hull(Protocol):
 HullFactory = Callable[["Conn", bytes], "Hull | None"]
 
 
-class Runner(Protocol):
-    """The runner (``runner.Runner``) as its connections call it: admission, the flush of every
-    dirty connection once per loop iteration, deadlines, tasks, memory accounting and counters."""
+@mypyc_attr(allow_interpreted_subclasses=True)  # the tests' runners
+class Runner:
+    """The runner (``runner.Runner``, its only subclass outside the tests) as its connections call
+    it: admission, the flush of every dirty connection once per loop iteration, deadlines, tasks,
+    memory accounting and counters. A base class for the runner's sake as ``Hull`` is for hulls'."""
 
     limits: RuntimeLimits
     stats: RuntimeStats
@@ -103,29 +109,41 @@ class Runner(Protocol):
     current: Held | None  # whose events are being acted on (a connection, a bridge)
     read_work: list[Callable[[], None]]  # queued by after_read: run at the end of a read
 
-    def admit(self, conn: Conn) -> str | None: ...
+    def admit(self, conn: Conn) -> str | None:
+        raise NotImplementedError
 
-    def take_turn(self, conn: Conn) -> bool: ...
+    def take_turn(self, conn: Conn) -> bool:
+        raise NotImplementedError
 
-    def opened(self, conn: Conn) -> None: ...
+    def opened(self, conn: Conn) -> None:
+        raise NotImplementedError
 
-    def closed(self, conn: Conn) -> None: ...
+    def closed(self, conn: Conn) -> None:
+        raise NotImplementedError
 
-    def loop(self) -> asyncio.AbstractEventLoop: ...
+    def loop(self) -> asyncio.AbstractEventLoop:
+        raise NotImplementedError
 
-    def mark_dirty(self, conn: Conn) -> None: ...
+    def mark_dirty(self, conn: Conn) -> None:
+        raise NotImplementedError
 
-    def run_read_work(self) -> None: ...
+    def run_read_work(self) -> None:
+        raise NotImplementedError
 
-    def watch_deadline(self, conn: Conn) -> None: ...
+    def watch_deadline(self, conn: Conn) -> None:
+        raise NotImplementedError
 
-    def spawn(self, job: Callable[[], Coroutine[Any, Any, object]], conn: Conn) -> None: ...
+    def spawn(self, job: Callable[[], Coroutine[Any, Any, object]], conn: Conn) -> None:
+        raise NotImplementedError
 
-    def memory_changed(self, conn: Conn) -> None: ...
+    def memory_changed(self, conn: Conn) -> None:
+        raise NotImplementedError
 
-    def enter(self, conn: Conn, user: str | None, vhost: str) -> str | None: ...
+    def enter(self, conn: Conn, user: str | None, vhost: str) -> str | None:
+        raise NotImplementedError
 
-    def throttled(self, conn: Conn) -> None: ...
+    def throttled(self, conn: Conn) -> None:
+        raise NotImplementedError
 
 
 class Refused(Exception):
@@ -136,8 +154,10 @@ class Refused(Exception):
         self.reply = reply
 
 
-OPEN, CLOSING, GONE = 0, 1, 2
-WAITING = 3  # accepted, its turn not come yet (limits.accept_rate): not read, not opened
+OPEN: Final = 0
+CLOSING: Final = 1
+GONE: Final = 2
+WAITING: Final = 3  # accepted, its turn not come yet (limits.accept_rate): not read, not opened
 
 
 class Conn(asyncio.Protocol):
@@ -586,16 +606,15 @@ class Conn(asyncio.Protocol):
         assert hull is not None
         if self._waiting:
             return
-        next_event = hull.machine.next_event
-        handle = hull.handle
+        machine = hull.machine
         runner = self.runner
         outer, runner.current = runner.current, self  # whose frames are being acted on (push_back)
         rate = self.rate
         if rate is not None:
             before = runner.traffic.messages_received
         try:
-            while (event := next_event()) is not None:
-                step = handle(event)
+            while (event := machine.next_event()) is not None:
+                step = hull.handle(event)
                 if step is not None:
                     self._hold(step)
                     return
