@@ -157,6 +157,19 @@ class Delivery(Generic[S]):
         )
 
 
+def _deliveries(node: _Node[S]) -> list[Delivery[S]]:
+    """The Deliveries of a level's plain (not shared) subscriptions."""
+    subs = node.subs
+    if subs is None:
+        return []
+    return [subs] if isinstance(subs, Delivery) else list(subs.values())
+
+
+def _key(sub: Subscription[S]) -> tuple[str, str | None]:
+    """Where a subscriber's subscription is held among its others: its filter and share group."""
+    return sub.topic_filter, sub.options.share_group
+
+
 def _single(sub: Subscription[S]) -> Delivery[S]:
     o = sub.options
     ids = () if o.subscription_identifier is None else (o.subscription_identifier,)
@@ -212,7 +225,9 @@ class _Node(Generic[S]):
 
     def __init__(self) -> None:
         self.children: dict[str, _Node[S]] | None = None
-        self.subs: dict[S, Delivery[S]] | None = None
+        # A level's only subscriber is held as its Delivery alone (a device's own filter): its
+        # dict would be some 150 bytes more. The dict is made by the second.
+        self.subs: dict[S, Delivery[S]] | Delivery[S] | None = None
         self.groups: dict[str, _ShareGroup[S]] | None = None  # dropped again with its last group
         self.no_local = 0  # how many of ``subs`` have No Local
 
@@ -280,7 +295,9 @@ class Router(Generic[S]):
 
     def __init__(self, cache_size: int = DEFAULT_CACHE_SIZE, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self._root: _Node[S] = _Node()
-        self._by_subscriber: dict[S, dict[tuple[str, str | None], Subscription[S]]] = {}
+        # Each subscriber's subscriptions by (filter, share group); one alone is held as itself (a
+        # dict and its key would be some 300 bytes of every device subscribed to a filter of its own).
+        self._by_subscriber: dict[S, Subscription[S] | dict[tuple[str, str | None], Subscription[S]]] = {}
         self._count = 0
         self._checked = 0  # subscriptions with ``reads``: while none, matches ask nothing
         self._cache: OrderedDict[str, _Entry[S]] = OrderedDict()
@@ -336,15 +353,24 @@ class Router(Generic[S]):
             self._checked += 1
         if group is None:
             subs = node.subs
-            if subs is None:
-                subs = node.subs = {}
-            old = subs.get(subscriber)
+            if isinstance(subs, Delivery):
+                if subs.subscriber == subscriber:
+                    old: Delivery[S] | None = subs
+                    node.subs = subs = None
+                else:
+                    old = None
+                    node.subs = subs = {subs.subscriber: subs}
+            else:
+                old = None if subs is None else subs.get(subscriber)
             is_new = old is None
             if old is not None and old.subscriptions[0].options.no_local:
                 node.no_local -= 1
             if old is not None and old.subscriptions[0].options.reads is not None:
                 self._checked -= 1
-            subs[subscriber] = _single(sub)
+            if subs is None:
+                node.subs = _single(sub)
+            else:
+                subs[subscriber] = _single(sub)
             if options.no_local:
                 node.no_local += 1
         else:
@@ -359,9 +385,12 @@ class Router(Generic[S]):
             share.rebuild()
 
         mine = self._by_subscriber.get(subscriber)
-        if mine is None:
-            mine = self._by_subscriber[subscriber] = {}
-        mine[(topic_filter, group)] = sub
+        if mine is None or (isinstance(mine, Subscription) and _key(mine) == (topic_filter, group)):
+            self._by_subscriber[subscriber] = sub
+        elif isinstance(mine, Subscription):
+            self._by_subscriber[subscriber] = {_key(mine): mine, (topic_filter, group): sub}
+        else:
+            mine[(topic_filter, group)] = sub
         if is_new:
             self._count += 1
             self._route_up(topic_filter, group)
@@ -371,10 +400,18 @@ class Router(Generic[S]):
     def unsubscribe(self, subscriber: S, topic_filter: str, share_group: str | None = None) -> bool:
         """Remove one subscription; True if it existed."""
         mine = self._by_subscriber.get(subscriber)
-        if mine is None or mine.pop((topic_filter, share_group), None) is None:
+        key = (topic_filter, share_group)
+        if mine is None:
             return False
-        if not mine:
+        if isinstance(mine, Subscription):
+            if _key(mine) != key:
+                return False
             del self._by_subscriber[subscriber]
+        else:
+            if mine.pop(key, None) is None:
+                return False
+            if not mine:
+                del self._by_subscriber[subscriber]
         self._remove_from_trie(subscriber, topic_filter, share_group)
         self._count -= 1
         self._route_down(topic_filter, share_group)
@@ -386,12 +423,13 @@ class Router(Generic[S]):
         mine = self._by_subscriber.pop(subscriber, None)
         if not mine:
             return 0
-        for topic_filter, group in mine:
+        keys = [_key(mine)] if isinstance(mine, Subscription) else list(mine)
+        for topic_filter, group in keys:
             self._remove_from_trie(subscriber, topic_filter, group)
             self._route_down(topic_filter, group)
             self._invalidate(topic_filter)
-        self._count -= len(mine)
-        return len(mine)
+        self._count -= len(keys)
+        return len(keys)
 
     def _route_up(self, topic_filter: str, group: str | None) -> None:
         key = route_key(topic_filter, group)
@@ -442,8 +480,15 @@ class Router(Generic[S]):
             path.append((children, level))
             node = children[level]
         if group is None:
-            assert node.subs is not None
-            options = node.subs.pop(subscriber).subscriptions[0].options
+            subs = node.subs
+            assert subs is not None
+            if isinstance(subs, Delivery):
+                node.subs = None
+                options = subs.subscriptions[0].options
+            else:
+                options = subs.pop(subscriber).subscriptions[0].options
+                if not subs:
+                    node.subs = None
             if options.no_local:
                 node.no_local -= 1
         else:
@@ -497,30 +542,25 @@ class Router(Generic[S]):
         no_local: set[str] = set()
         for node in nodes:
             if node.no_local and node.subs:
-                for d in node.subs.values():
+                for d in _deliveries(node):
                     if d.subscriptions[0].options.no_local:
                         no_local.add(d.subscriber.id)
             if node.groups:
                 groups.extend(node.groups.values())
         if len(nodes) == 1:
-            subs = nodes[0].subs
-            if subs:
-                deliveries = list(subs.values())
+            deliveries = _deliveries(nodes[0])
         else:
             # One Delivery per subscriber: merge the subscribers that several matching filters share.
             per_subscriber: dict[S, Delivery[S] | list[Subscription[S]]] = {}
             merged = False
             for node in nodes:
-                subs = node.subs
-                if subs is None:
-                    continue
-                for subscriber, d in subs.items():
-                    found = per_subscriber.setdefault(subscriber, d)
+                for d in _deliveries(node):
+                    found = per_subscriber.setdefault(d.subscriber, d)
                     if found is d:
                         continue
                     merged = True
                     if isinstance(found, Delivery):
-                        per_subscriber[subscriber] = [*found.subscriptions, *d.subscriptions]
+                        per_subscriber[d.subscriber] = [*found.subscriptions, *d.subscriptions]
                     else:
                         found.extend(d.subscriptions)
             if merged:
@@ -598,12 +638,17 @@ class Router(Generic[S]):
     def subscriptions_of(self, subscriber: S) -> list[Subscription[S]]:
         """``subscriber``'s subscriptions, in subscription order."""
         mine = self._by_subscriber.get(subscriber)
-        return [] if mine is None else list(mine.values())
+        if mine is None:
+            return []
+        return [mine] if isinstance(mine, Subscription) else list(mine.values())
 
     def iter_subscriptions(self) -> Iterator[Subscription[S]]:
         """Every subscription, grouped by subscriber (do not change the router while iterating)."""
         for mine in self._by_subscriber.values():
-            yield from mine.values()
+            if isinstance(mine, Subscription):
+                yield mine
+            else:
+                yield from mine.values()
 
     def share_members(self, group: str, topic_filter: str) -> list[Subscription[S]]:
         """Members of ``$share/<group>/<topic_filter>`` in rotation order (empty if none)."""
