@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.mqtt.mqtt_strategies import connects, level_and_packets, levels, packets, publishes
+from trimaran.mqtt import codec
 from trimaran.mqtt.codec import (
     MAX_VARINT,
     NEED_DATA,
@@ -25,7 +26,7 @@ from trimaran.mqtt.codec import (
     run_packets,
     run_stretches,
 )
-from trimaran.mqtt.packets import Packet, PingReq, PubAck, Publish, PublishRun
+from trimaran.mqtt.packets import Packet, PingReq, PingResp, PubAck, Publish, PublishRun
 from trimaran.mqtt.properties import (
     PROPERTY_TABLE,
     WILL,
@@ -198,6 +199,23 @@ def test_decoder_releases_its_buffer() -> None:
     decoder.feed(b"\xc0\x00\xc0")
     assert decode_all(decoder) == [PingReq()]
     assert decoder.buffered == 1
+
+
+def test_drained_decoders_share_one_empty_buffer_and_never_write_to_it() -> None:
+    """A drained decoder holds the shared empty buffer (issue #47): feeding one decoder a packet
+    in pieces, and another whole, leaves it empty and each decoder's bytes its own."""
+    first, second = Decoder(protocol_level=4), Decoder(protocol_level=4)
+    assert first._buf is second._buf is codec._DRAINED
+    first.feed(b"\xc0")
+    second.feed(b"\xd0\x00")
+    assert decode_all(second) == [PingResp()]
+    first.feed(b"\x00\x30\x03\x00\x01t")
+    assert decode_all(first) == [PingReq(), Publish("t", b"")]
+    pubacks = Decoder(protocol_level=4)
+    pubacks.feed(b"\x40\x02\x00\x01")
+    assert pubacks.next_pubacks() == [1]
+    assert first._buf is second._buf is pubacks._buf is codec._DRAINED
+    assert not codec._DRAINED
 
 
 @given(

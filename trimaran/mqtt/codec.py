@@ -340,6 +340,9 @@ def encode_properties(props: Properties, packet_type: int) -> bytes:
 # PacketType.PUBLISH as a plain int: the decoder compares it once per packet, and an enum member's
 # lookup costs five times the comparison.
 _PUBLISH: Final = int(PacketType.PUBLISH)
+# Every drained decoder's buffer: never written to (``feed`` gives a decoder its own before adding
+# to it). An empty bytearray of its own would be 56 bytes of every idle connection (issue #47).
+_DRAINED: Final = bytearray()
 _FLAGS: Final = {1: 0, 2: 0, 4: 0, 5: 0, 6: 2, 7: 0, 8: 2, 9: 0, 10: 2, 11: 0, 12: 0, 13: 0, 14: 0, 15: 0}
 
 
@@ -634,8 +637,9 @@ class Decoder:
         if protocol_level not in (None, 3, 4, 5):
             raise ValueError(f"unknown protocol level {protocol_level}")
         # Packets are decoded in place from ``_pos``; the consumed front is dropped when more bytes
-        # arrive, not per packet, and one memoryview serves every packet of a chunk.
-        self._buf = bytearray()
+        # arrive, not per packet, and one memoryview serves every packet of a chunk. Drained, it is
+        # the shared _DRAINED again: an idle connection holds no buffer of its own.
+        self._buf = _DRAINED
         self._pos = 0
         self._mv: memoryview | None = None
         self._failed: ProtocolError | None = None
@@ -656,6 +660,9 @@ class Decoder:
         if self._mv is not None:
             self._mv.release()  # a bytearray with a view cannot grow
             self._mv = None
+        if self._buf is _DRAINED:
+            self._buf = bytearray(data)
+            return
         if self._pos:
             del self._buf[: self._pos]
             self._pos = 0
@@ -690,7 +697,7 @@ class Decoder:
             if self._mv is not None:
                 self._mv.release()
                 self._mv = None
-            buf.clear()
+            self._buf = _DRAINED
             self._pos = 0
         else:
             self._pos = pos
@@ -771,7 +778,7 @@ class Decoder:
             if self._mv is not None:
                 self._mv.release()
                 self._mv = None
-            buf.clear()
+            self._buf = _DRAINED
             self._pos = 0
         else:
             self._pos = total
