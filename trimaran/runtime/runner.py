@@ -17,7 +17,7 @@ import ssl
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -32,6 +32,10 @@ from trimaran.tenant_limits import RATE, TenantLimits
 from trimaran.vhosts import DEFAULT_VHOST
 
 log = logging.getLogger(__name__)
+
+# Deadlines further away than this are rounded up to a step of COALESCE_S (Runner.watch_deadline).
+COALESCE_AFTER_S: Final = 2.0
+COALESCE_S: Final = 0.25
 
 
 class _Bucket:
@@ -402,10 +406,22 @@ class Runner(transport.Runner):
 
     def watch_deadline(self, conn: Conn) -> None:
         """Make sure ``conn``'s next deadline is scheduled. Later deadlines (a keep-alive pushed
-        forward by traffic) need no new entry: the due entry looks again before acting."""
+        forward by traffic) need no new entry: the due entry looks again before acting.
+
+        A deadline more than ``COALESCE_AFTER_S`` away (keep-alives, heartbeats) is held rounded up
+        to a ``COALESCE_S`` step: idle connections' deadlines fall due together, a few wake-ups a
+        second for all of them rather than one per connection (issue #47's keep-alives in bulk),
+        at most that step late. Nearer ones (handshakes, closes) are kept to the millisecond."""
         deadline = conn.next_deadline()
-        if deadline is None or (conn.scheduled is not None and conn.scheduled <= deadline):
+        if deadline is None:
             return
+        scheduled = conn.scheduled
+        if scheduled is not None and scheduled <= deadline:
+            return  # (every flush asks: no clock read here)
+        if deadline - time.monotonic() > COALESCE_AFTER_S:
+            deadline = math.ceil(deadline / COALESCE_S) * COALESCE_S
+            if scheduled is not None and scheduled <= deadline:
+                return
         conn.scheduled = deadline
         self._seq += 1
         heap = self._heap
