@@ -96,7 +96,7 @@ class Hull:
 HullFactory = Callable[["Conn", bytes], "Hull | None"]
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)  # the tests' runners
+@mypyc_attr(allow_interpreted_subclasses=True)  # a test may stand in for the runner, as for hulls
 class Runner:
     """The runner (``runner.Runner``, its only subclass outside the tests) as its connections call
     it: admission, the flush of every dirty connection once per loop iteration, deadlines, tasks,
