@@ -353,24 +353,18 @@ class Router(Generic[S]):
             self._checked += 1
         if group is None:
             subs = node.subs
-            if isinstance(subs, Delivery):
-                if subs.subscriber == subscriber:
-                    old: Delivery[S] | None = subs
-                    node.subs = subs = None
-                else:
-                    old = None
-                    node.subs = subs = {subs.subscriber: subs}
-            else:
-                old = None if subs is None else subs.get(subscriber)
+            if isinstance(subs, Delivery) and subs.subscriber != subscriber:
+                subs = node.subs = {subs.subscriber: subs}  # a second subscriber: the dict
+            old = subs.get(subscriber) if isinstance(subs, dict) else subs
             is_new = old is None
             if old is not None and old.subscriptions[0].options.no_local:
                 node.no_local -= 1
             if old is not None and old.subscriptions[0].options.reads is not None:
                 self._checked -= 1
-            if subs is None:
-                node.subs = _single(sub)
-            else:
+            if isinstance(subs, dict):
                 subs[subscriber] = _single(sub)
+            else:
+                node.subs = _single(sub)
             if options.no_local:
                 node.no_local += 1
         else:
@@ -401,17 +395,14 @@ class Router(Generic[S]):
         """Remove one subscription; True if it existed."""
         mine = self._by_subscriber.get(subscriber)
         key = (topic_filter, share_group)
-        if mine is None:
-            return False
         if isinstance(mine, Subscription):
             if _key(mine) != key:
                 return False
             del self._by_subscriber[subscriber]
-        else:
-            if mine.pop(key, None) is None:
-                return False
-            if not mine:
-                del self._by_subscriber[subscriber]
+        elif mine is None or mine.pop(key, None) is None:
+            return False
+        elif not mine:
+            del self._by_subscriber[subscriber]
         self._remove_from_trie(subscriber, topic_filter, share_group)
         self._count -= 1
         self._route_down(topic_filter, share_group)
