@@ -25,12 +25,14 @@ from trimaran.mqtt.packets import MQTT_3_1_1, Connect, Subscribe, SubscriptionOp
 from trimaran.runtime.poller import SocketTransport, _over
 
 CONNECTIONS = 500
-# Bytes per idle connection; measured 2,212 B (2026-12-05, a drained decoder's shared buffer; 2,260 B
+# Bytes per idle connection; measured 2,236 B (2026-12-05: 2,212 B with a drained decoder's shared
+# buffer, then 24 more for the float of a keep-alive deadline rounded to its step; 2,260 B
 # with the poller, 3,378 B on uvloop's transports, 4,276 B before issue #47's cuts).
 BOUND = 2_350
 # The same with one QoS 1 subscription to a filter of its own (devices/<id>/+: two trie levels of the
-# router each); measured 3,134 B (2026-12-05, a subscriber's and a level's only subscription held
-# alone; 3,669 B before, 4,952 B on 2026-12-02, 6,261 B before that).
+# router each); measured 3,158 B (2026-12-05: 3,134 B with a subscriber's and a level's only
+# subscription held alone, then the rounded deadline's float; 3,669 B before, 4,952 B on 2026-12-02,
+# 6,261 B before that).
 BOUND_SUBSCRIBED = 3_350
 
 
