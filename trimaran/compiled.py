@@ -59,6 +59,7 @@ GROUP = "trimaran._mypyc"
 # (runner.serve reads it untyped), a test's stand-in Transport.write returns None.
 MODULES = (
     "trimaran.topics",
+    "trimaran.traffic",
     "trimaran.runtime.machine",
     "trimaran.broker.router",
     "trimaran.broker.message",

@@ -4,29 +4,26 @@ $SYS read and bump."""
 from __future__ import annotations
 
 from trimaran.broker.drops import Drops
+from trimaran.traffic import Traffic
 
 
-class Stats:
-    """Counters for $SYS and metrics; plain attributes because they change per message."""
+class Stats(Traffic):
+    """Counters for $SYS and metrics; plain attributes because they change per message. The
+    runtime adds every connection's bytes to the ``Traffic`` ones."""
 
     __slots__ = (
-        "bytes_received",
-        "bytes_sent",
         "clients_connected",
         "clients_maximum",
         "clients_total",
         "drops",
-        "messages_received",
         "messages_sent",
         "publish_routed",
     )
 
     def __init__(self) -> None:
-        self.messages_received = 0
+        super().__init__()
         self.messages_sent = 0
         self.drops = Drops()  # messages dropped, by reason and vhost
-        self.bytes_received = 0
-        self.bytes_sent = 0
         self.clients_connected = 0
         self.clients_maximum = 0
         self.clients_total = 0

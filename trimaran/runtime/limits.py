@@ -4,7 +4,6 @@ module below both (``runner.py`` and ``transport.py``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
 
 # Descriptors a server keeps besides its connections: listeners, the database's files and sockets,
 # the event loop's own, webhook clients, log files.
@@ -28,20 +27,9 @@ class RuntimeLimits:
     stalled_consumer_timeout_s: float = 30.0  # a consumer that is behind and takes nothing is closed
 
 
-class Traffic(Protocol):
-    """Where the runtime counts the bytes of every connection (the broker's $SYS and metrics)."""
-
-    bytes_received: int
-    bytes_sent: int
-    messages_received: int  # the hulls count each publish here (a user's rate is charged from it)
-
-
 @dataclass(slots=True)
 class RuntimeStats:
     accepted: int = 0
-    bytes_received: int = 0  # what every connection read and wrote, when no other sink is given
-    bytes_sent: int = 0
-    messages_received: int = 0
     refused: dict[str, int] = field(default_factory=dict)  # reason -> count
     crashes: int = 0
     # Flow control (runtime/flow.py), counted when a gate begins holding and when a consumer is

@@ -50,6 +50,10 @@ _ERR: Final = select.EPOLLERR
 _ENDED: Final = select.EPOLLRDHUP | select.EPOLLHUP  # the peer has shut its side (or both are shut)
 _INPUT: Final = select.EPOLLIN | _ENDED | _ERR  # something to read: bytes, the end, an error
 _EVERYTHING: Final = select.EPOLLIN | select.EPOLLOUT | select.EPOLLRDHUP | select.EPOLLET
+# The calls of every read and write as module constants: compiled, each is a static's, not two
+# lookups by name.
+_readv: Final = os.readv
+_write: Final = os.write
 
 
 def available() -> bool:
@@ -65,6 +69,7 @@ class Poller:
         self._loop = loop
         self._nodelay = nodelay  # TCP_NODELAY on accepted sockets (limits.tcp_nodelay)
         self._epoll = select.epoll()
+        self._poll = self._epoll.poll  # (a bound method kept: no lookup by name each wake)
         self._socks: dict[int, SocketTransport] = {}
         self._buffer = bytearray(READ_SIZE)
         self._view = memoryview(self._buffer)
@@ -169,7 +174,7 @@ class Poller:
 
     def _ready(self) -> None:
         socks = self._socks
-        for fd, events in self._epoll.poll(0):
+        for fd, events in self._poll(0):
             transport = socks.get(fd)
             if transport is None:
                 continue  # closed earlier in this turn
@@ -188,7 +193,7 @@ class Poller:
     def _read(self, transport: SocketTransport) -> None:
         """One read of ``transport``'s socket, handed to its connection."""
         try:
-            size = os.readv(transport._fd, self._buffers)
+            size = _readv(transport._fd, self._buffers)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
@@ -264,7 +269,7 @@ class SocketTransport:
         out = self._out
         if out is None:
             try:
-                sent = os.write(self._fd, data)
+                sent = _write(self._fd, data)
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError as exc:
@@ -341,7 +346,7 @@ class SocketTransport:
         out = self._out
         assert out is not None
         try:
-            sent = os.write(self._fd, out)
+            sent = _write(self._fd, out)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:

@@ -1,5 +1,5 @@
 """The runtime's owner of connections: admission limits, one flush per loop iteration, one deadline
-heap, the task group for hull steps, memory watermarks, and the drain at shutdown.
+wheel, the task group for hull steps, memory watermarks, and the drain at shutdown.
 
 Listeners are ``asyncio`` servers whose protocol is ``Conn``; the runner is the single place that
 knows every open connection, so shutdown can ask each hull to close its protocol's way and wait for
@@ -9,7 +9,6 @@ them, and a limit is one check here rather than one per hull.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import math
 import socket
@@ -17,25 +16,23 @@ import ssl
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import Any, Final, cast
+from typing import Any, cast
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from trimaran.runtime import transport
+from trimaran.runtime.deadlines import Deadlines
 from trimaran.runtime.flow import Held
-from trimaran.runtime.limits import RuntimeLimits, RuntimeStats, Traffic
+from trimaran.runtime.limits import RuntimeLimits, RuntimeStats
 from trimaran.runtime.memory import Memory
 from trimaran.runtime.poller import Poller, available
 from trimaran.runtime.transport import GONE, Conn, HullFactory
 from trimaran.tenant_limits import RATE, TenantLimits
+from trimaran.traffic import Traffic
 from trimaran.vhosts import DEFAULT_VHOST
 
 log = logging.getLogger(__name__)
-
-# Deadlines further away than this are rounded up to a step of COALESCE_S (Runner.watch_deadline).
-COALESCE_AFTER_S: Final = 2.0
-COALESCE_S: Final = 0.25
 
 
 class _Bucket:
@@ -54,7 +51,7 @@ class Runner(transport.Runner):
         self.tenants = tenants or TenantLimits()
         self.tenants.on_change = self.retune
         self.stats = RuntimeStats()
-        self.traffic: Traffic = self.stats
+        self.traffic = Traffic()  # the broker's Stats, in a server (app.py)
         self.conns: set[Conn] = set()
         self.memory = Memory(
             self.limits.memory_high_watermark, self.limits.memory_low_watermark, self._publishers
@@ -71,11 +68,9 @@ class Runner(transport.Runner):
         self._dirty: list[Conn] = []
         self._turn_end_scheduled = False
         self.read_work: list[Callable[[], None]] = []  # see after_read
-        self._heap: list[tuple[float, int, Conn]] = []
-        self._heap_dead = 0  # entries of connections closed since the heap was last compacted
+        self._deadlines = Deadlines()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
-        self._seq = 0
         self._tasks: TaskGroup | None = None
         self._jobs: list[Callable[[], Coroutine[Any, Any, None]]] = []
         self._jobs_ready: asyncio.Event | None = None
@@ -312,13 +307,7 @@ class Runner(transport.Runner):
         self.conns.discard(conn)
         if conn.entered:
             self.tenants.leave(conn.user, conn.vhost)
-        if conn.scheduled is not None:
-            # Its entry would stay until the deadline passes (a keep-alive: up to hours). Once the
-            # dead are half the heap, drop them: amortised O(1) a close, and a burst of closed
-            # connections is not kept.
-            self._heap_dead += 1
-            if 2 * self._heap_dead >= len(self._heap):
-                self._compact_heap()
+        self._deadlines.closed(conn)  # (its entry would stay until its keep-alive passes)
         self.memory.changed(conn, 0)
         if conn.vhost != DEFAULT_VHOST:
             gone = self._gone_traffic.setdefault(conn.vhost, [0, 0, 0, 0])
@@ -402,41 +391,21 @@ class Runner(transport.Runner):
         for conn in dirty:
             conn.flush()
 
-    # -- deadlines: one heap, one timer ------------------------------------------------------------
+    # -- deadlines: one wheel, one timer -----------------------------------------------------------
 
     def watch_deadline(self, conn: Conn) -> None:
-        """Make sure ``conn``'s next deadline is scheduled. Later deadlines (a keep-alive pushed
-        forward by traffic) need no new entry: the due entry looks again before acting.
-
-        A deadline more than ``COALESCE_AFTER_S`` away (keep-alives, heartbeats) is held rounded up
-        to a ``COALESCE_S`` step: idle connections' deadlines fall due together, a few wake-ups a
-        second for all of them rather than one per connection (issue #47's keep-alives in bulk),
-        at most that step late. Nearer ones (handshakes, closes) are kept to the millisecond."""
+        """Make sure ``conn``'s next deadline is held (``deadlines.py``: far ones in steps of
+        ``COALESCE_S``). A later deadline (a keep-alive pushed forward by traffic) needs no new
+        entry: the due entry looks again before acting."""
         deadline = conn.next_deadline()
-        if deadline is None:
-            return
-        scheduled = conn.scheduled
-        if scheduled is not None and scheduled <= deadline:
+        if deadline is None or conn.scheduled <= deadline:
             return  # (every flush asks: no clock read here)
-        if deadline - time.monotonic() > COALESCE_AFTER_S:
-            deadline = math.ceil(deadline / COALESCE_S) * COALESCE_S
-            if scheduled is not None and scheduled <= deadline:
-                return
-        conn.scheduled = deadline
-        self._seq += 1
-        heap = self._heap
-        if len(heap) > 2 * len(self.conns) + 1024:
-            self._compact_heap()  # mostly deadlines that moved
-        heapq.heappush(heap, (deadline, self._seq, conn))
-        if deadline < self._timer_at:
-            self._arm(deadline)
-
-    def _compact_heap(self) -> None:
-        """Keep the entries of open connections' current deadlines only."""
-        heap = self._heap
-        heap[:] = [e for e in heap if e[2].state != GONE and e[2] in self.conns and e[2].scheduled == e[0]]
-        heapq.heapify(heap)
-        self._heap_dead = 0
+        deadlines = self._deadlines
+        if deadlines.crowded(len(self.conns)):
+            deadlines.compact()  # mostly deadlines that moved earlier
+        at = deadlines.hold(conn, deadline, time.monotonic())
+        if at < self._timer_at:
+            self._arm(at)
 
     def _arm(self, at: float) -> None:
         if self._timer is not None:
@@ -450,21 +419,15 @@ class Runner(transport.Runner):
         self._timer = None
         self._timer_at = math.inf
         now = time.monotonic()
-        heap = self._heap
-        due: list[Conn] = []
-        while heap and heap[0][0] <= now:
-            at, _, conn = heapq.heappop(heap)
-            if conn.state != GONE and conn.scheduled == at:  # else gone, or a deadline that moved
-                conn.scheduled = None
-                due.append(conn)
-        for conn in due:
+        for conn in self._deadlines.due(now):
             deadline = conn.next_deadline()
             if deadline is not None and deadline <= now:
                 conn.tick(now)
             # A deadline still due (the close it caused is under way) is looked at in the next round.
             self.watch_deadline(conn)
-        if heap:
-            self._arm(heap[0][0])
+        at = self._deadlines.next_at()
+        if at < self._timer_at:
+            self._arm(at)
 
     # -- tasks ---------------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -26,14 +27,17 @@ from typing import Any, Final, cast
 
 from trimaran.compiled import mypyc_attr
 from trimaran.runtime.flow import SESSION, Gate, Held
-from trimaran.runtime.limits import RuntimeLimits, RuntimeStats, Traffic
+from trimaran.runtime.limits import RuntimeLimits, RuntimeStats
 from trimaran.runtime.machine import Machine
 from trimaran.runtime.memory import Memory
 from trimaran.tenant_limits import Rate
+from trimaran.traffic import Traffic
 from trimaran.vhosts import DEFAULT_VHOST
 
 log = logging.getLogger(__name__)
-_time_ns = time.time_ns
+# The clocks as module constants: compiled, a call of either is a static's, not two lookups by name.
+_time_ns: Final = time.time_ns
+_monotonic: Final = time.monotonic
 
 # Reading while closing: at most this long after the machine closed, then the socket goes.
 LINGER_S: Final = 2.0
@@ -158,6 +162,7 @@ OPEN: Final = 0
 CLOSING: Final = 1
 GONE: Final = 2
 WAITING: Final = 3  # accepted, its turn not come yet (limits.accept_rate): not read, not opened
+NOT_SCHEDULED: Final = math.inf  # Conn.scheduled when the runner holds no deadline of it
 
 
 class Conn(asyncio.Protocol):
@@ -236,7 +241,9 @@ class Conn(asyncio.Protocol):
         self._gate: Gate | None = None  # the publishers waiting for this one (made at the first hold)
         self._hello_until = 0.0  # until then the first bytes must name a protocol
         self._linger_until = 0.0  # closing: until then the peer's last bytes are read and dropped
-        self.scheduled: float | None = None  # the deadline the runner's heap holds for us
+        # When the runner's entry of it falls due (runtime/deadlines.py). A float, not an optional
+        # one: compiled, it is a field of the object rather than an object of its own.
+        self.scheduled = NOT_SCHEDULED
         self.entered = False  # counted against its vhost's and user's connection limits (Runner.enter)
         self.rate: Rate | None = None  # the user's token buckets, when it has a rate limit
         self._throttle_timer: asyncio.TimerHandle | None = None  # not read until the buckets refill
@@ -310,7 +317,7 @@ class Conn(asyncio.Protocol):
         self.read_at_ms = _time_ns() // 1_000_000
         runner = self.runner
         try:
-            self.hull.machine.receive_data(data, time.monotonic())
+            self.hull.machine.receive_data(data, _monotonic())
             self.pump()  # what the read caused is written at the end of the loop's turn
             if self.rate is not None:
                 self._charge(0, len(data))
