@@ -71,7 +71,7 @@ async def test_work_at_the_end_of_a_turn_leaves_in_that_turns_flush(monkeypatch:
     assert writes == [b"got a\ngot b\ngot c\n"]
     assert publishers[0].transport.take() == b"A\nB\n"
     assert publishers[1].transport.take() == b"C\n"
-    assert scheduled.count(runner._end_turn) == 1
+    assert scheduled.count(runner.end_turn) == 1
 
 
 async def test_failed_work_at_the_end_of_a_turn_is_logged_and_the_turn_still_flushed(

@@ -5,8 +5,9 @@ state: the transport object, its libuv handle or selector key, the bound callbac
 keeps (issue 47). Here every plain TCP connection of the runtime is a socket registered in one
 ``select.epoll``, and only that epoll's descriptor is registered with the event loop. When it is
 ready, :meth:`Poller._ready` reads every ready socket once into one shared buffer and hands each
-connection its bytes, as the loop's own transports would, in one callback: the runner's flush
-still runs once at the end of the loop's turn.
+connection its bytes, as the loop's own transports would, in one callback, which then ends the
+runner's turn itself (``Runner.turn_begins``): the reads share one flush, and a wake-up schedules no
+callback for it.
 
 :class:`SocketTransport` is the subset of ``asyncio.Transport`` that ``transport.Conn`` uses, with
 its semantics: a write goes to the socket at once and what the socket does not take is buffered
@@ -34,7 +35,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any, Final, cast
 
-from trimaran.runtime.transport import Conn
+from trimaran.runtime.transport import Conn, Runner
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,11 @@ def available() -> bool:
 class Poller:
     """The epoll of the runtime's plain TCP connections, and their listening sockets."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, *, nodelay: bool = True) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, *, nodelay: bool = True, turns: Runner | None = None
+    ) -> None:
         self._loop = loop
+        self._turns = turns  # the runner, whose turn the callback ends (Runner.turn_begins)
         self._nodelay = nodelay  # TCP_NODELAY on accepted sockets (limits.tcp_nodelay)
         self._epoll = select.epoll()
         self._poll = self._epoll.poll  # (a bound method kept: no lookup by name each wake)
@@ -173,6 +177,15 @@ class Poller:
     # -- readiness ---------------------------------------------------------------------------------
 
     def _ready(self) -> None:
+        turns = self._turns
+        ends_turn = turns is not None and turns.turn_begins()
+        try:
+            self._read_ready()
+        finally:
+            if ends_turn and turns is not None:
+                turns.end_turn()  # the writes the reads caused, in this callback
+
+    def _read_ready(self) -> None:
         socks = self._socks
         for fd, events in self._poll(0):
             transport = socks.get(fd)

@@ -129,7 +129,7 @@ class Runner(transport.Runner):
 
         if tls is None and available():
             if self._poller is None:
-                self._poller = Poller(loop, nodelay=self.limits.tcp_nodelay)
+                self._poller = Poller(loop, nodelay=self.limits.tcp_nodelay, turns=self)
             sockets = self._poller.listen(host, port, backlog, make)
         else:
             server = await loop.create_server(
@@ -377,9 +377,18 @@ class Runner(transport.Runner):
         # the reads of a turn share one write to each connection they fed.
         self._turn_end_scheduled = True
         loop = self._loop or asyncio.get_running_loop()
-        loop.call_soon(self._end_turn)
+        loop.call_soon(self.end_turn)
 
-    def _end_turn(self) -> None:
+    def turn_begins(self) -> bool:
+        """A callback that ends the turn itself begins: the poller, which calls :meth:`end_turn`
+        once it has read every ready socket, saving a scheduled callback a wake-up. False: one is
+        scheduled already, and ends the turn."""
+        if self._turn_end_scheduled:
+            return False
+        self._turn_end_scheduled = True
+        return True
+
+    def end_turn(self) -> None:
         """The turn's reads are done: run what waited for its end, then write every dirty
         connection once."""
         if self.read_work:
@@ -387,6 +396,8 @@ class Runner(transport.Runner):
         # A flush can make other connections dirty (a hull acting on late events); they are
         # written at the end of the next turn, not this one.
         self._turn_end_scheduled = False
+        if not self._dirty:
+            return
         dirty, self._dirty = self._dirty, []
         for conn in dirty:
             conn.flush()

@@ -131,6 +131,12 @@ class Runner:
     def mark_dirty(self, conn: Conn) -> None:
         raise NotImplementedError
 
+    def turn_begins(self) -> bool:
+        raise NotImplementedError
+
+    def end_turn(self) -> None:
+        raise NotImplementedError
+
     def run_read_work(self) -> None:
         raise NotImplementedError
 
