@@ -107,6 +107,7 @@ MODULES = (
     "trimaran.runtime.confirms",
     "trimaran.runtime.flow",
     "trimaran.runtime.transport",
+    "trimaran.runtime.deadlines",
     "trimaran.runtime.poller",
     "trimaran.runtime.runner",
     "trimaran.queue.changes",
