@@ -64,6 +64,7 @@ MODULES = (
     "trimaran.broker.router",
     "trimaran.broker.message",
     "trimaran.broker.stats",
+    "trimaran.broker.clients",
     "trimaran.broker.core",
     "trimaran.security.guard",
     "trimaran.mqtt.reason_codes",

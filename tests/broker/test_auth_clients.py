@@ -111,6 +111,9 @@ def test_client_registry() -> None:
     assert registry.count_by_protocol() == {"mqtt": 1, "amqp091": 1}
     found = registry.get(b.key)
     assert found is b
+    # A key names one client: another protocol's, a number never given, or no number name none.
+    other = "mqtt" + b.key.removeprefix("amqp091")
+    assert [registry.get(key) for key in (other, "amqp091-99", "amqp091-", "amqp091-x", "")] == [None] * 5
     found.kick()
     assert kicked == ["b"]
     assert b.to_json()["user"] == "alice" and b.to_json()["id"] == b.key

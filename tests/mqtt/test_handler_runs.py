@@ -47,7 +47,6 @@ STATS = (
 
 def test_the_counters_compared_are_all_of_them() -> None:
     from trimaran.broker.stats import Stats
-
     from trimaran.traffic import Traffic
 
     # The source's classes have __slots__ (the traffic counters in the base class); the build's do not.

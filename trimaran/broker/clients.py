@@ -10,6 +10,10 @@ from typing import Any
 from trimaran.vhosts import DEFAULT_VHOST
 
 
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
 @dataclass(slots=True, eq=False)
 class ClientInfo:
     """One connected client. ``kick()`` closes it (protocol-correctly) from outside its tasks."""
@@ -23,8 +27,13 @@ class ClientInfo:
     closer: Callable[[Any], None]
     conn: Any  # the protocol's connection object
     vhost: str = DEFAULT_VHOST  # the vhost it logged in to (trimaran/vhosts.py)
-    since_ms: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
-    key: str = ""  # unique among connected clients; set by the registry
+    since_ms: int = field(default_factory=_now_ms)
+    serial: int = 0  # the registry's number of it (an int: compiled, a field rather than an object)
+
+    @property
+    def key(self) -> str:
+        """Unique among connected clients: what the admin API names it by."""
+        return f"{self.protocol}-{self.serial}"
 
     def kick(self) -> None:
         self.closer(self.conn)
@@ -43,27 +52,32 @@ class ClientInfo:
 
 class ClientRegistry:
     def __init__(self) -> None:
-        self._clients: dict[str, ClientInfo] = {}
+        self._clients: dict[int, ClientInfo] = {}  # by serial
         self._serial = 0
         self._by_protocol: dict[str, int] = {}  # kept as clients come and go: read every few seconds
 
     def add(self, client: ClientInfo) -> ClientInfo:
         self._serial += 1
-        client.key = f"{client.protocol}-{self._serial}"
-        self._clients[client.key] = client
+        client.serial = self._serial
+        self._clients[client.serial] = client
         self._by_protocol[client.protocol] = self._by_protocol.get(client.protocol, 0) + 1
         return client
 
     def remove(self, client: ClientInfo) -> bool:
         """False if ``client`` was not registered (never, or removed already)."""
-        if self._clients.get(client.key) is client:
-            del self._clients[client.key]
+        if self._clients.get(client.serial) is client:
+            del self._clients[client.serial]
             self._by_protocol[client.protocol] -= 1
             return True
         return False
 
     def get(self, key: str) -> ClientInfo | None:
-        return self._clients.get(key)
+        """The client named ``key`` (``ClientInfo.key``: its protocol and serial)."""
+        protocol, _, serial = key.rpartition("-")
+        if not serial.isdigit():
+            return None
+        client = self._clients.get(int(serial))
+        return client if client is not None and client.protocol == protocol else None
 
     def __iter__(self) -> Iterator[ClientInfo]:
         return iter(list(self._clients.values()))
