@@ -17,6 +17,7 @@ import uvloop
 
 from trimaran.runtime import poller as poller_module
 from trimaran.runtime.poller import HIGH_WATER, Poller, SocketTransport
+from trimaran.runtime.transport import Runner
 
 pytestmark = pytest.mark.skipif(not hasattr(__import__("select"), "epoll"), reason="epoll is Linux's")
 
@@ -62,6 +63,30 @@ class Recorder(asyncio.Protocol):
         self.lost.set_result(exc)
 
 
+class Turns(Runner):
+    """The runner as the poller sees it: whose turn ends when, among what the connections read."""
+
+    def __init__(self, reads: bytearray) -> None:
+        self.reads = reads  # the connection's data, to note how much had come at each turn's end
+        self.scheduled = False
+        self.log: list[tuple[str, int]] = []
+
+    def turn_begins(self) -> bool:
+        if self.scheduled:
+            return False
+        self.scheduled = True
+        return True
+
+    def end_turn(self) -> None:
+        self.scheduled = False
+        self.log.append(("end", len(self.reads)))
+
+    def end_turn_soon(self) -> None:
+        self.scheduled = True
+        self.log.append(("soon", len(self.reads)))
+        asyncio.get_running_loop().call_soon(self.end_turn)
+
+
 Case = Callable[[Poller, Recorder, socket.socket], Awaitable[None]]
 
 
@@ -70,11 +95,12 @@ def run(request: pytest.FixtureRequest) -> Iterator[Callable[[Case], None]]:
     def run_case(case: Case) -> None:
         async def main() -> None:
             loop = asyncio.get_running_loop()
-            poller = Poller(loop)
             conns: list[Recorder] = []
+            poller = Poller(loop, turns=Turns(bytearray()))
 
             def make() -> Any:
                 conns.append(Recorder())
+                cast(Turns, poller._turns).reads = conns[-1].data
                 return conns[-1]
 
             (listening,) = poller.listen("127.0.0.1", 0, 16, make)
@@ -226,6 +252,38 @@ def test_more_than_one_read_and_the_end_behind_it_are_all_read(run: Callable[[Ca
         client.shutdown(socket.SHUT_WR)
         await conn.eof.wait()
         assert bytes(conn.data) == payload
+
+    run(case)
+
+
+def test_the_runners_turn_ends_once_the_ready_sockets_are_read(run: Callable[[Case], None]) -> None:
+    """The poller's callback ends the runner's turn itself once it has read (no callback scheduled
+    for it); after a read that filled the buffer, the turn ends after the reads still to come."""
+
+    async def case(poller: Poller, conn: Recorder, client: socket.socket) -> None:
+        turns = cast(Turns, poller._turns)
+        turns.log.clear()
+        client.sendall(b"ping")
+        await _until(lambda: bool(turns.log))
+        assert turns.log == [("end", 4)]
+        turns.log.clear()
+        # Room in the socket for more than a read, all sent before the loop looks: one full read.
+        server = socket.socket(fileno=cast(SocketTransport, conn.transport)._fd)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * poller_module.READ_SIZE)
+        server.detach()
+        payload = bytes(poller_module.READ_SIZE + 1000)
+        client.setblocking(True)
+        client.sendall(payload)
+        await _until(lambda: len(conn.data) == 4 + len(payload) and not turns.scheduled)
+        assert ("soon", 4 + poller_module.READ_SIZE) in turns.log  # a full read: more to come
+        assert turns.log[-1] == ("end", 4 + len(payload))  # ended after the rest, not before
+        # A turn already under way (a callback scheduled) is left to end as it would.
+        turns.log.clear()
+        turns.scheduled = True
+        client.sendall(b"more")
+        await _until(lambda: len(conn.data) == 8 + len(payload))
+        await asyncio.sleep(0.01)
+        assert turns.log == []
 
     run(case)
 

@@ -183,7 +183,10 @@ class Poller:
             self._read_ready()
         finally:
             if ends_turn and turns is not None:
-                turns.end_turn()  # the writes the reads caused, in this callback
+                if self._again:
+                    turns.end_turn_soon()  # after the reads still to come this turn: one flush
+                else:
+                    turns.end_turn()  # the writes the reads caused, in this callback
 
     def _read_ready(self) -> None:
         socks = self._socks

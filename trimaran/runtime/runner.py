@@ -350,7 +350,7 @@ class Runner(transport.Runner):
         conn.dirty = True
         self._dirty.append(conn)
         if not self._turn_end_scheduled:
-            self._schedule_turn_end()
+            self.end_turn_soon()
 
     def after_read(self, work: Callable[[], None]) -> None:
         """Run ``work`` at the end of the read being acted on (``Conn.data_received`` calls
@@ -360,7 +360,7 @@ class Runner(transport.Runner):
         so comes after each read: a queue past its mark holds its publishers from the next read on."""
         self.read_work.append(work)
         if not self._turn_end_scheduled:
-            self._schedule_turn_end()
+            self.end_turn_soon()
 
     def run_read_work(self) -> None:
         while self.read_work:  # work that asks for more runs in the same end
@@ -371,7 +371,7 @@ class Runner(transport.Runner):
                 except Exception:  # not a connection's fault: they all stay open
                     log.exception("work at the end of a turn failed")
 
-    def _schedule_turn_end(self) -> None:
+    def end_turn_soon(self) -> None:
         # One callback per turn, scheduled by the first read or wake of the turn. Under uvloop it
         # runs once every ready socket has been read, before the loop polls again (no extra poll):
         # the reads of a turn share one write to each connection they fed.

@@ -137,6 +137,9 @@ class Runner:
     def end_turn(self) -> None:
         raise NotImplementedError
 
+    def end_turn_soon(self) -> None:
+        raise NotImplementedError
+
     def run_read_work(self) -> None:
         raise NotImplementedError
 
