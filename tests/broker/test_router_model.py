@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -207,11 +208,32 @@ class RouterModel(RuleBasedStateMachine):
                 (s.topic_filter, s.options.share_group) for s in self.router.subscriptions_of(client)
             } == {(f, g) for (c, f, g) in self.model if c == client}
 
+    @invariant()
+    def trie_shape(self) -> None:
+        """A level's only child is held as itself or in a dict; each is named by its own level, and
+        a branch with nothing subscribed below it is pruned."""
+
+        def walk(node: Any) -> int:  # subscriptions at and below node
+            children = node.children
+            below = [children] if isinstance(children, type(node)) else list((children or {}).items())
+            held = len(node.subs if isinstance(node.subs, dict) else [node.subs] if node.subs else [])
+            held += sum(len(g.members) for g in (node.groups or {}).values())
+            for item in below:
+                child = item[1] if isinstance(item, tuple) else item
+                assert not isinstance(item, tuple) or item[0] == child.level
+                under = walk(child)
+                assert under > 0  # no empty branch
+                held += under
+            assert children != {}
+            return held
+
+        assert walk(self.router._root) == len(self.model)
+
     def teardown(self) -> None:
         # Everything unsubscribed leaves an empty trie behind (branches are pruned).
         for client in CLIENTS:
             self.router.unsubscribe_all(client)
-        assert not self.router._root.children  # None if nothing was ever subscribed
+        assert self.router._root.children is None
 
 
 TestRouterModel = RouterModel.TestCase

@@ -215,21 +215,35 @@ class _ShareGroup(Generic[S]):
 
 
 class _Node(Generic[S]):
-    """One trie level. ``subs`` holds each non-shared subscription as its ready-made Delivery.
+    """One trie level, named ``level``. ``subs`` holds each non-shared subscription as its
+    ready-made Delivery.
 
     Each dict is made by its first entry: a level mostly has children or subscribers, not both,
     and seldom a share group. An empty dict is 64 bytes, and a client subscribed to a filter of its
     own (``devices/<id>/+``) has a level or two of its own (issue #47)."""
 
-    __slots__ = ("children", "groups", "no_local", "subs")
+    __slots__ = ("children", "groups", "level", "no_local", "subs")
 
-    def __init__(self) -> None:
-        self.children: dict[str, _Node[S]] | None = None
+    def __init__(self, level: str = "") -> None:
+        self.level = level
+        # A level's only child is held as itself (its ``level`` names it): the dict of one entry
+        # was 232 bytes of each device's own filter. The dict is made by the second.
+        self.children: dict[str, _Node[S]] | _Node[S] | None = None
         # A level's only subscriber is held as its Delivery alone (a device's own filter): its
         # dict would be some 150 bytes more. The dict is made by the second.
         self.subs: dict[S, Delivery[S]] | Delivery[S] | None = None
         self.groups: dict[str, _ShareGroup[S]] | None = None  # dropped again with its last group
         self.no_local = 0  # how many of ``subs`` have No Local
+
+
+def _child(node: _Node[S], level: str) -> _Node[S] | None:
+    """``node``'s child named ``level``, if it has one."""
+    children = node.children
+    if children is None:
+        return None
+    if isinstance(children, _Node):
+        return children if children.level == level else None
+    return children.get(level)
 
 
 class _Entry(Generic[S]):
@@ -342,10 +356,18 @@ class Router(Generic[S]):
         for level in topic_filter.split("/"):
             children = node.children
             if children is None:
-                children = node.children = {}
-            child = children.get(level)
-            if child is None:
-                child = children[level] = _Node()
+                child = node.children = _Node(level)
+            elif isinstance(children, _Node):
+                if children.level == level:
+                    child = children
+                else:  # a second child: the dict
+                    child = _Node(level)
+                    node.children = {children.level: children, level: child}
+            else:
+                found = children.get(level)
+                if found is None:
+                    found = children[level] = _Node(level)
+                child = found
             node = child
 
         sub = Subscription(subscriber, topic_filter, options)
@@ -463,13 +485,13 @@ class Router(Generic[S]):
 
     def _remove_from_trie(self, subscriber: S, topic_filter: str, group: str | None) -> None:
         # The subscription is there (its subscriber's index says so): so is each dict on its way.
-        path: list[tuple[dict[str, _Node[S]], str]] = []
+        path: list[_Node[S]] = [self._root]
         node = self._root
         for level in topic_filter.split("/"):
-            children = node.children
-            assert children is not None
-            path.append((children, level))
-            node = children[level]
+            child = _child(node, level)
+            assert child is not None
+            path.append(child)
+            node = child
         if group is None:
             subs = node.subs
             assert subs is not None
@@ -496,11 +518,18 @@ class Router(Generic[S]):
         if options.reads is not None:
             self._checked -= 1
         # Prune the branch bottom-up while nodes are empty.
-        for children, level in reversed(path):
-            child = children[level]
+        for depth in range(len(path) - 1, 0, -1):
+            child = path[depth]
             if child.subs or child.groups or child.children:
                 break
-            del children[level]
+            parent = path[depth - 1]
+            children = parent.children
+            if isinstance(children, dict):
+                del children[child.level]
+                if not children:
+                    parent.children = None
+            else:
+                parent.children = None
 
     # --- matching ----------------------------------------------------------------------------------
 
@@ -591,7 +620,14 @@ class Router(Generic[S]):
             guarded = depth in (shielded, tenant)
             for node in frontier:
                 children = node.children
-                if not children:
+                if children is None:
+                    continue
+                if isinstance(children, _Node):  # its only child
+                    name = children.level
+                    if name == level or (not guarded and name == "+"):
+                        nxt.append(children)
+                    elif not guarded and name == "#":
+                        found.append(children)
                     continue
                 # '#' here matches this level and everything below; '+' matches this level.
                 if not guarded:
@@ -610,8 +646,7 @@ class Router(Generic[S]):
         for node in frontier:
             found.append(node)
             # 'sport/#' also matches 'sport' itself.
-            children = node.children
-            wild = None if children is None else children.get("#")
+            wild = _child(node, "#")
             if wild is not None:
                 found.append(wild)
         return found
@@ -645,7 +680,7 @@ class Router(Generic[S]):
         """Members of ``$share/<group>/<topic_filter>`` in rotation order (empty if none)."""
         node = self._root
         for level in topic_filter.split("/"):
-            child = None if node.children is None else node.children.get(level)
+            child = _child(node, level)
             if child is None:
                 return []
             node = child
