@@ -25,15 +25,14 @@ from trimaran.mqtt.packets import MQTT_3_1_1, Connect, Subscribe, SubscriptionOp
 from trimaran.runtime.poller import SocketTransport, _over
 
 CONNECTIONS = 500
-# Bytes per idle connection; measured 2,236 B (2026-12-05: 2,212 B with a drained decoder's shared
-# buffer, then 24 more for the float of a keep-alive deadline rounded to its step; 2,260 B
-# with the poller, 3,378 B on uvloop's transports, 4,276 B before issue #47's cuts).
-BOUND = 2_350
+# Bytes per idle connection; measured 2,153 B (2026-12-06: deadlines in a timing wheel, a client's
+# registry number; 2,236 B before, 2,260 B with the poller, 3,378 B on uvloop's transports, 4,276 B
+# before issue #47's cuts).
+BOUND = 2_250
 # The same with one QoS 1 subscription to a filter of its own (devices/<id>/+: two trie levels of the
-# router each); measured 3,158 B (2026-12-05: 3,134 B with a subscriber's and a level's only
-# subscription held alone, then the rounded deadline's float; 3,669 B before, 4,952 B on 2026-12-02,
-# 6,261 B before that).
-BOUND_SUBSCRIBED = 3_350
+# router each); measured 2,862 B (2026-12-06: a trie level's only child held alone, and the cuts
+# above; 3,158 B before, 3,669 B on 2026-12-05, 4,952 B on 2026-12-02, 6,261 B before that).
+BOUND_SUBSCRIBED = 3_000
 
 
 @pytest.fixture
