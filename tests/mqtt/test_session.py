@@ -87,31 +87,6 @@ def test_pubrec_error_ends_flow() -> None:
     assert entry.packet_id not in session.inflight
 
 
-def test_subscriptions_one_then_a_dict_then_none() -> None:
-    """A session's subscriptions read as a mapping of filters in every shape: none (shared), one
-    (held alone), several (a dict); replacing, removing and a round trip through storage agree."""
-    session = Session("c", expiry_interval=0, max_queued=10)
-    first = Subscription("devices/c/+", SubscriptionOptions(1))
-    assert session.add_subscription(first)
-    assert dict(session.subscriptions) == {"devices/c/+": first} and len(session.subscriptions) == 1
-    assert "devices/c/+" in session.subscriptions and "x" not in session.subscriptions
-    assert session.subscriptions.get("x") is None and session.subscriptions["devices/c/+"] is first
-    again = Subscription("devices/c/+", SubscriptionOptions(0))
-    assert not session.add_subscription(again)  # replaced
-    assert list(session.subscriptions.values()) == [again]
-    restored = Session.from_dict(json.loads(json.dumps(session.to_dict())))
-    assert list(restored.subscriptions) == ["devices/c/+"]
-    second = Subscription("b", SubscriptionOptions(2))
-    assert session.add_subscription(second)
-    assert dict(session.subscriptions) == {"devices/c/+": again, "b": second}
-    assert not session.remove_subscription("nope")
-    assert session.remove_subscription("devices/c/+") and dict(session.subscriptions) == {"b": second}
-    assert session.remove_subscription("b") and not session.subscriptions
-    assert not session.remove_subscription("b")
-    assert session.add_subscription(first) and session.remove_subscription("devices/c/+")
-    assert not session.subscriptions and session.to_dict()["subscriptions"] == []
-
-
 def _populated() -> Session:
     session = Session("client-1", expiry_interval=300, max_queued=50)
     session.add_subscription(Subscription("a/#", SubscriptionOptions(1, True, False, 2), 9))

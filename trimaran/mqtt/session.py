@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
-from trimaran.compiled import mypyc_attr
 from trimaran.mqtt.codec import decode_properties, encode_properties
 from trimaran.mqtt.packets import SubscriptionOptions, granted_options
 from trimaran.mqtt.properties import PacketType, Properties
@@ -54,8 +53,7 @@ AWAITING_PUBCOMP: Final = "awaiting_pubcomp"  # QoS 2 PUBREC received, PUBREL se
 Tag = str | int | None
 
 # An idle session's subscriptions: one empty, read-only mapping shared by every session until its
-# first subscription (an empty dict is 64 bytes a session; issue #47). Its first is held as a
-# _OneSubscription, its second makes a dict.
+# first subscription gives it a dict of its own (an empty dict is 64 bytes a session; issue #47).
 NO_SUBSCRIPTIONS: Final[Mapping[str, Subscription]] = MappingProxyType({})
 
 
@@ -245,32 +243,6 @@ class Subscription:
     subscription_identifier: int | None = None
 
 
-@mypyc_attr(native_class=False)  # (a native class cannot subclass Mapping)
-class _OneSubscription(Mapping[str, Subscription]):
-    """A session's only subscription as a read-only mapping of its filter: a dict of one entry was
-    some 300 bytes of every device subscribed to one filter of its own (issue #47). The dict is
-    made by the second subscription."""
-
-    __slots__ = ("only",)
-
-    def __init__(self, only: Subscription) -> None:
-        self.only = only
-
-    def __getitem__(self, topic_filter: str) -> Subscription:
-        if topic_filter != self.only.topic_filter:
-            raise KeyError(topic_filter)
-        return self.only
-
-    def __contains__(self, topic_filter: object) -> bool:
-        return topic_filter == self.only.topic_filter
-
-    def __iter__(self) -> Iterator[str]:
-        return iter((self.only.topic_filter,))
-
-    def __len__(self) -> int:
-        return 1
-
-
 def _props_to_bytes(props: Properties) -> bytes:
     return encode_properties(props, PacketType.PUBLISH)
 
@@ -311,7 +283,7 @@ class Session:
         self.max_queued = max_queued
         self.max_queued_bytes = max_queued_bytes  # payloads and topics; 0 = no bound
         # Written only here (add_subscription, remove_subscription, from_dict); NO_SUBSCRIPTIONS
-        # while there are none, a _OneSubscription while there is one.
+        # while there are none.
         self.subscriptions: Mapping[str, Subscription] = NO_SUBSCRIPTIONS
         # In send order; made by the first QoS 1/2 delivery (an idle session holds none) and kept
         # when drained, or a subscriber would make one a message.
@@ -436,30 +408,18 @@ class Session:
     def add_subscription(self, subscription: Subscription) -> bool:
         """Add or replace; True if the filter was new."""
         subscriptions = self.subscriptions
-        topic_filter = subscription.topic_filter
-        if isinstance(subscriptions, dict):
-            new = topic_filter not in subscriptions
-            subscriptions[topic_filter] = subscription
-            return new
-        if isinstance(subscriptions, _OneSubscription):
-            only = subscriptions.only
-            if only.topic_filter != topic_filter:  # a second: the dict
-                self.subscriptions = {only.topic_filter: only, topic_filter: subscription}
-                return True
-            self.subscriptions = _OneSubscription(subscription)  # replaced
-            return False
-        self.subscriptions = _OneSubscription(subscription)  # (NO_SUBSCRIPTIONS: the session's first)
-        return True
+        if not isinstance(subscriptions, dict):  # NO_SUBSCRIPTIONS: the session's first
+            subscriptions = self.subscriptions = {}
+        new = subscription.topic_filter not in subscriptions
+        subscriptions[subscription.topic_filter] = subscription
+        return new
 
     def remove_subscription(self, topic_filter: str) -> bool:
         subscriptions = self.subscriptions
-        if topic_filter not in subscriptions:
+        if not isinstance(subscriptions, dict) or subscriptions.pop(topic_filter, None) is None:
             return False
-        if isinstance(subscriptions, dict):
-            del subscriptions[topic_filter]
-            if subscriptions:
-                return True
-        self.subscriptions = NO_SUBSCRIPTIONS  # its last: the dict goes
+        if not subscriptions:
+            self.subscriptions = NO_SUBSCRIPTIONS  # its last: the dict goes
         return True
 
     # ------------------------------------------------------------------------------- serialization
