@@ -227,7 +227,7 @@ class _Node(Generic[S]):
     def __init__(self, level: str = "") -> None:
         self.level = level
         # A level's only child is held as itself (its ``level`` names it): the dict of one entry
-        # was 232 bytes of each device's own filter. The dict is made by the second.
+        # was some 200 bytes of each device's own filter. The dict is made by the second.
         self.children: dict[str, _Node[S]] | _Node[S] | None = None
         # A level's only subscriber is held as its Delivery alone (a device's own filter): its
         # dict would be some 150 bytes more. The dict is made by the second.

@@ -178,15 +178,16 @@ class Poller:
 
     def _ready(self) -> None:
         turns = self._turns
-        ends_turn = turns is not None and turns.turn_begins()
+        if turns is None or not turns.turn_begins():
+            self._read_ready()  # (a callback scheduled already ends the turn)
+            return
         try:
             self._read_ready()
         finally:
-            if ends_turn and turns is not None:
-                if self._again:
-                    turns.end_turn_soon()  # after the reads still to come this turn: one flush
-                else:
-                    turns.end_turn()  # the writes the reads caused, in this callback
+            if self._again:
+                turns.end_turn_soon()  # after the reads still to come this turn: one flush
+            else:
+                turns.end_turn()  # the writes the reads caused, in this callback
 
     def _read_ready(self) -> None:
         socks = self._socks

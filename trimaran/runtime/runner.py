@@ -372,9 +372,10 @@ class Runner(transport.Runner):
                     log.exception("work at the end of a turn failed")
 
     def end_turn_soon(self) -> None:
-        # One callback per turn, scheduled by the first read or wake of the turn. Under uvloop it
-        # runs once every ready socket has been read, before the loop polls again (no extra poll):
-        # the reads of a turn share one write to each connection they fed.
+        """Schedule the turn's end: by the first read or wake of a turn outside the poller's
+        callback, or by the poller when reads are still to come this turn. Under uvloop it runs
+        once every ready socket has been read, before the loop polls again (no extra poll): the
+        reads of a turn share one write to each connection they fed."""
         self._turn_end_scheduled = True
         loop = self._loop or asyncio.get_running_loop()
         loop.call_soon(self.end_turn)
