@@ -105,6 +105,7 @@ __all__ = [
 
 NO_EXPIRY: Final = 0xFFFFFFFF
 _PACKET_ID: Final = struct.Struct("!H").pack
+NO_DEADLINE: Final = math.inf  # ServerConnection._deadline when nothing is due
 
 
 @dataclass(slots=True)
@@ -256,7 +257,9 @@ class ServerConnection(Machine):
         self.dropped_why = ""  # why `publish` or `publish_encoded` last returned False (a DROP_ name)
         self.protocol_level = 0  # 3, 4 or 5 once a CONNECT was read (a field: deliveries ask)
         self._connect: Connect | None = None
-        self._deadline: float | None = now + self.limits.connect_timeout
+        # When tick() must be called; NO_DEADLINE for never. A float, not an optional one: compiled,
+        # a field rather than an object made by every read.
+        self._deadline = now + self.limits.connect_timeout
         self._last_rx = now
         self.keep_alive = 0
         self.client_id = ""
@@ -403,7 +406,7 @@ class ServerConnection(Machine):
         if self.state != State.CLOSED:
             was_connected = self.state == State.CONNECTED
             self.state = State.CLOSED
-            self._deadline = None
+            self._deadline = NO_DEADLINE
             events.append(
                 ConnectionClosed(
                     ReasonCode.UNSPECIFIED_ERROR,
@@ -415,7 +418,8 @@ class ServerConnection(Machine):
 
     def next_deadline(self) -> float | None:
         """Monotonic time at which `check_timeouts` must be called, or None."""
-        return None if self.state == State.CLOSED else self._deadline
+        deadline = self._deadline
+        return None if self.state == State.CLOSED or deadline == NO_DEADLINE else deadline
 
     def paused(self, now: float) -> None:
         """The runtime did not read the client until ``now`` (``Machine.paused``): its keep alive
@@ -427,7 +431,7 @@ class ServerConnection(Machine):
     def tick(self, now: float) -> None:
         """Close a connection whose CONNECT or keep alive is overdue."""
         events = self._ready
-        if self.state == State.CLOSED or self._deadline is None or now < self._deadline:
+        if self.state == State.CLOSED or now < self._deadline:
             return
         if self.state in (State.AWAIT_CONNECT, State.CONNECTING):
             self._close(
@@ -488,7 +492,7 @@ class ServerConnection(Machine):
         if connect.will is None:
             self._connect = None  # only its will is needed later: an idle client keeps no packet
         self._decoder.max_packet_size = self.limits.max_packet_size
-        self._deadline = self._last_rx + self.keep_alive * 1.5 if self.keep_alive else None
+        self._deadline = self._last_rx + self.keep_alive * 1.5 if self.keep_alive else NO_DEADLINE
         events = self._ready
         for entry in session.inflight_entries():
             self._send_inflight(entry, events)
@@ -1249,7 +1253,7 @@ class ServerConnection(Machine):
         if self.state == State.CONNECTED and self.protocol_level == MQTT_5:
             self._send(Disconnect(_disconnect_code(reason_code), Properties(reason_string=message)))
         self.state = State.CLOSED
-        self._deadline = None
+        self._deadline = NO_DEADLINE
         events.append(ConnectionClosed(reason_code, message, False, publish_will))
 
     def _refuse(self, events: Events, reason_code: int, message: str) -> None:
@@ -1261,7 +1265,7 @@ class ServerConnection(Machine):
         elif reason_code in _V311_CONNACK_CODES:
             self._send(ConnAck(False, rc.to_v311_connack(reason_code)))
         self.state = State.CLOSED
-        self._deadline = None
+        self._deadline = NO_DEADLINE
         events.append(ConnectionClosed(reason_code, message, False, False))
 
     # ------------------------------------------------------------------------------------- sending

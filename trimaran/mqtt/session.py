@@ -298,7 +298,7 @@ class Session:
         # (user,) whose session this is (None inside: anonymous); None: not known (a session saved
         # before owners were). Kept with the session, so a restart still knows whose rules its
         # subscriptions read by and who may take its client id over.
-        self.owner: tuple[str | None] | None = None
+        self.owner: tuple[str | None, ...] | None = None  # (of one; see mqtt.handler.ANONYMOUS)
         # Storage holds this session's queued messages numbered below saved_seq; None: never saved
         # (its first save replaces whatever an earlier session of the same client id left).
         self.saved_seq: int | None = None
