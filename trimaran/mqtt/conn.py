@@ -98,6 +98,10 @@ class MqttConn(Hull, Generic[E]):
             return None
         return self.front.handle(self, event)
 
+    def quiet(self) -> bool:
+        # (A WebSocket machine around the MQTT one is always flushed: it frames what it sends.)
+        return self.machine is self.mqtt and self._queue_bindings is None and self.mqtt.quiet
+
     def before_write(self) -> None:
         bindings = self._queue_bindings
         if bindings is not None and bindings.acks_due:

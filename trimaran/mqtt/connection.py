@@ -307,6 +307,11 @@ class ServerConnection(Machine):
         return self._connect
 
     @property
+    def quiet(self) -> bool:
+        """Connected, with nothing queued for the client: what a QoS 0 publish leaves."""
+        return self._out is None and self.state == State.CONNECTED
+
+    @property
     def closed(self) -> bool:
         # peer_close_s stays 0: the server ends the connection (after a DISCONNECT too, as Mosquitto)
         return self.state == State.CLOSED

@@ -65,8 +65,16 @@ class Hull:
 
     def written(self) -> None:
         """The runtime has just handed this connection's queued bytes (if any) to the socket: once per
-        loop iteration in which the connection read or was given something to send."""
+        loop iteration in which the connection read (unless its hull was ``quiet`` after) or was given
+        something to send."""
         raise NotImplementedError
+
+    def quiet(self) -> bool:
+        """After a read whose events were all acted on: True when the turn's flush would have nothing
+        to do for this connection (no bytes queued, nothing for ``before_write`` or ``written``, the
+        protocol not over, no deadline moved earlier), so the read's connection is not flushed. The
+        default is False: every read is flushed."""
+        return False
 
     def shutdown(self) -> None:
         """The server stops: close the protocol's way (the runtime then flushes and closes)."""
@@ -328,9 +336,14 @@ class Conn(asyncio.Protocol):
             return
         self.read_at_ms = _time_ns() // 1_000_000
         runner = self.runner
+        hull = self.hull
         try:
-            self.hull.machine.receive_data(data, _monotonic())
-            self.pump()  # what the read caused is written at the end of the loop's turn
+            hull.machine.receive_data(data, _monotonic())
+            self._act()
+            # What the read caused is written at the end of the loop's turn; a read that left the
+            # hull nothing to flush (a device's QoS 0 publish) costs its connection no flush.
+            if not hull.quiet():
+                runner.mark_dirty(self)
             if self.rate is not None:
                 self._charge(0, len(data))
         except Exception as exc:
