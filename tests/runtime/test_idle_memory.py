@@ -25,9 +25,9 @@ from trimaran.mqtt.packets import MQTT_3_1_1, Connect, Subscribe, SubscriptionOp
 from trimaran.runtime.poller import SocketTransport, _over
 
 CONNECTIONS = 500
-# Bytes per idle connection; measured 2,153 B (2026-12-06: deadlines in a timing wheel, a client's
-# registry number; 2,236 B before, 2,260 B with the poller, 3,378 B on uvloop's transports, 4,276 B
-# before issue #47's cuts).
+# Bytes per idle connection; measured 2,129 B (2026-12-06 at fea0dba: a host string shared; 2,153 B
+# with deadlines in a timing wheel, a client's registry number; 2,236 B before, 2,260 B with the
+# poller, 3,378 B on uvloop's transports, 4,276 B before issue #47's cuts).
 BOUND = 2_250
 # The same with one QoS 1 subscription to a filter of its own (devices/<id>/+: two trie levels of the
 # router each); measured 2,862 B (2026-12-06: a trie level's only child held alone, and the cuts
