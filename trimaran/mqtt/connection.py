@@ -422,7 +422,7 @@ class ServerConnection(Machine):
             )
 
     def next_deadline(self) -> float | None:
-        """Monotonic time at which `check_timeouts` must be called, or None."""
+        """Monotonic time at which `tick` must be called, or None."""
         deadline = self._deadline
         return None if self.state == State.CLOSED or deadline == NO_DEADLINE else deadline
 

@@ -71,9 +71,10 @@ class Hull:
 
     def quiet(self) -> bool:
         """After a read whose events were all acted on: True when the turn's flush would have nothing
-        to do for this connection (no bytes queued, nothing for ``before_write`` or ``written``, the
-        protocol not over, no deadline moved earlier), so the read's connection is not flushed. The
-        default is False: every read is flushed."""
+        to do for the hull (no bytes queued, nothing for ``before_write`` or ``written``, the
+        protocol not over, no deadline moved earlier), so the read's connection is not flushed
+        unless the runtime has work of its own there (a gate to let go). The default is False:
+        every read is flushed."""
         return False
 
     def shutdown(self) -> None:
@@ -341,8 +342,10 @@ class Conn(asyncio.Protocol):
             hull.machine.receive_data(data, _monotonic())
             self._act()
             # What the read caused is written at the end of the loop's turn; a read that left the
-            # hull nothing to flush (a device's QoS 0 publish) costs its connection no flush.
-            if not hull.quiet():
+            # hull nothing to flush (a device's QoS 0 publish) costs its connection no flush, unless
+            # its gate holds publishers (the flush lets them go once it has drained).
+            gate = self._gate
+            if not hull.quiet() or (gate is not None and gate.holding):
                 runner.mark_dirty(self)
             if self.rate is not None:
                 self._charge(0, len(data))
