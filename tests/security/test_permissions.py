@@ -57,7 +57,7 @@ def test_the_default_exchange_is_amq_default() -> None:
 def test_verdicts_are_bounded_in_bytes() -> None:
     """Each connection's own queue name is asked once and never again: the cache forgets everything
     past its bound rather than growing with every connection."""
-    table = Permissions([Permission("alice", "/", ".*", ".*", ".*")])
+    table = Permissions([Permission("alice", "/", "^amq", ".*", ".*")])
     table.verdict_bytes = 4096
     sizes = []
     for n in range(1000):
@@ -69,15 +69,31 @@ def test_verdicts_are_bounded_in_bytes() -> None:
     assert table.allows("alice", "/", "configure", QUEUE, "amq.gen-0")  # asked again after forgetting
 
 
+def test_everything_is_answered_without_a_search_or_a_verdict() -> None:
+    """``.*`` (the default user's) matches every name: a connection's own new queue name costs no
+    search and leaves no verdict behind."""
+    table = Permissions([Permission("alice", "/", ".*", ".*", "^q")])
+    for n in range(100):
+        assert table.allows("alice", "/", "configure", QUEUE, f"mqtt-subscription-c{n}qos1")
+        assert table.allows("alice", "/", "write", EXCHANGE, "")
+    assert table._verdicts == {}
+    assert table.allows("alice", "/", "read", QUEUE, "q1")
+    assert not table.allows("alice", "/", "read", QUEUE, "r")
+    assert len(table._verdicts) == 2
+    assert not table.allows("bob", "/", "read", QUEUE, "q1")  # no row, no access
+
+
 def test_verdicts_are_kept_until_a_permission_changes() -> None:
-    table = Permissions([Permission("alice", "/", ".*", ".*", ".*")])
+    table = Permissions([Permission("alice", "/", ".*", ".*", "^q$")])
     searched: list[str] = []
     real = table._patterns[("alice", "/")]["read"]
+    assert real is not None
+    search = real.search
 
     class Counting:
         def search(self, name: str) -> re.Match[str] | None:
             searched.append(name)
-            return real.search(name)
+            return search(name)
 
     table._patterns[("alice", "/")]["read"] = Counting()  # type: ignore[assignment]
     for _ in range(100):

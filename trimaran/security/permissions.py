@@ -99,7 +99,16 @@ def pattern_user(user: str | None) -> str:
     return ANONYMOUS if user is None else user
 
 
-def _compiled(pattern: str) -> re.Pattern[str]:
+#: The pattern of "every name" (RabbitMQ's default user's): answered without a search or a verdict.
+EVERYTHING: Final = ".*"
+
+
+def _compiled(pattern: str) -> re.Pattern[str] | None:
+    """``pattern`` compiled; None for :data:`EVERYTHING`, which every name matches. A connection's
+    own queue names (``mqtt-subscription-<client id>qos1``, ``amq.gen-...``) are new each time: under
+    ``.*`` a search and a remembered verdict for each were a tenth of a reconnect (issue 47)."""
+    if pattern == EVERYTHING:
+        return None
     # RabbitMQ: an empty pattern means ^$ (which no resource name matches).
     return re.compile(pattern or "^$")
 
@@ -113,7 +122,7 @@ class Permissions:
         #: (user, vhost) with a topic permission: the hulls ask about keys only for these
         self.topic_users: set[tuple[str, str]] = set()
         self._rows: dict[tuple[str, str], Permission] = {}
-        self._patterns: dict[tuple[str, str], dict[str, re.Pattern[str]]] = {}
+        self._patterns: dict[tuple[str, str], dict[str, re.Pattern[str] | None]] = {}
         self._verdicts: dict[tuple[str, str, str, str, str], bool] = {}
         self._key_verdicts: dict[tuple[str, str, str, str, str, str], bool] = {}
         self._verdicts_size = self._key_verdicts_size = 0  # bytes, as VERDICT_ENTRY_BYTES counts them
@@ -236,13 +245,18 @@ class Permissions:
         """May ``user`` ``access`` (configure, write, read) the ``kind`` (queue, exchange) ``name`` in
         ``vhost``? No row: no. The exchange ``""`` is ``amq.default``."""
         who = pattern_user(user)
+        patterns = self._patterns.get((who, vhost))
+        if patterns is None:
+            return False
+        pattern = patterns[access]
+        if pattern is None:
+            return True  # .*
         key = (who, vhost, access, kind, name)
         verdict = self._verdicts.get(key)
         if verdict is None:
-            patterns = self._patterns.get((who, vhost))
             if kind == EXCHANGE and not name:
                 name = DEFAULT_EXCHANGE
-            verdict = patterns is not None and patterns[access].search(name) is not None
+            verdict = pattern.search(name) is not None
             size = self._verdicts_size + VERDICT_ENTRY_BYTES + len(name)
             if size > self.verdict_bytes:
                 self._verdicts = {}
