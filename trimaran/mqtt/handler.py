@@ -1266,7 +1266,7 @@ def session_row(session: Session, protocol_level: int, offline: bool, now_wall: 
         protocol_level,
         session.expiry_interval,
         now_wall if offline else None,
-        session.to_json(with_queue=False).decode(),
+        session.state_json(with_queue=False),
         [(seq, queued_to_json(m)) for seq, m in queue.since(session.saved_seq or 0)],
         queue.first_seq,
         replace=first_save,

@@ -12,9 +12,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, cast
 
 from sqlalchemy import Column, Connection, Engine, Table, bindparam, delete, or_, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement
 
@@ -110,10 +112,13 @@ class MqttStore:
             return
         now = now_ms()
         with self.engine.begin() as connection:
-            _delete_each(connection, mqtt_sessions, mqtt_sessions.c.client_id, [s.client_id for s in batch])
+            upsert = _UPSERT_SESSION.get(connection.dialect.name)
+            if upsert is None:
+                ids = [s.client_id for s in batch]
+                _delete_each(connection, mqtt_sessions, mqtt_sessions.c.client_id, ids)
             _each(
                 connection,
-                _INSERT_SESSION,
+                _INSERT_SESSION if upsert is None else upsert,
                 [
                     {
                         "client_id": s.client_id,
@@ -144,10 +149,11 @@ def _save_queued(connection: Connection, batch: list[StoredSession]) -> None:
     # Below first_seq: sent or dropped since. From the first new number on: rows a concurrent save
     # (the shutdown's beside the periodic one) may have written already. One statement for every
     # session, executed for each: a statement built per session was a fifth of a reconnect storm.
+    # A session that never had a message leave its queue, saving none, has no rows to delete.
     kept = [
         {"client": s.client_id, "first": s.first_seq, "new": s.queued[0][0] if s.queued else _NO_SEQ}
         for s in batch
-        if not s.replace
+        if not s.replace and (s.first_seq or s.queued)
     ]
     _each(connection, _DELETE_STALE, kept)
     rows = [{"client_id": s.client_id, "seq": seq, "message": text} for s in batch for seq, text in s.queued]
@@ -178,13 +184,32 @@ def _each(connection: Connection, statement: ClauseElement, rows: list[dict[str,
         compiled = _COMPILED[key] = cast(SQLCompiler, statement.compile(dialect=connection.dialect))
     if compiled.positional:  # SQLite's "?"
         order = compiled.positiontup or []
-        connection.exec_driver_sql(compiled.string, [tuple(row[name] for name in order) for row in rows])
+        if len(order) == 1:
+            (name,) = order
+            connection.exec_driver_sql(compiled.string, [(row[name],) for row in rows])
+        else:
+            get = itemgetter(*order)
+            connection.exec_driver_sql(compiled.string, [get(row) for row in rows])
     else:  # psycopg's "%(name)s"
         connection.exec_driver_sql(compiled.string, rows)
 
 
 _COMPILED: dict[tuple[ClauseElement, str], SQLCompiler] = {}
 _INSERT_SESSION = mqtt_sessions.insert()
+
+
+def _upsert(insert: Any) -> Any:
+    """A session's row written over the one its last save left: one statement, not a delete and an
+    insert (SQLite 3.24 and PostgreSQL spell it alike; SQLAlchemy builds it per dialect)."""
+    statement = insert(mqtt_sessions)
+    changed = {c.name: statement.excluded[c.name] for c in mqtt_sessions.c if c.name != "client_id"}
+    return statement.on_conflict_do_update(index_elements=[mqtt_sessions.c.client_id], set_=changed)
+
+
+_UPSERT_SESSION: dict[str, ClauseElement] = {
+    "sqlite": _upsert(sqlite.insert),
+    "postgresql": _upsert(postgresql.insert),
+}
 _INSERT_MESSAGE = mqtt_session_messages.insert()
 _DELETE_STALE = delete(mqtt_session_messages).where(
     mqtt_session_messages.c.client_id == bindparam("client"),
