@@ -25,6 +25,7 @@ again at the next wait, and again by the loop's wait on this epoll: 7% more CPU 
 
 from __future__ import annotations
 
+import _socket
 import asyncio
 import errno
 import logging
@@ -121,9 +122,13 @@ class Poller:
         self._listening.clear()
 
     def _accept(self, listening: socket.socket, make: Callable[[], Conn]) -> None:
+        family = int(listening.family)
         for _ in range(ACCEPTS_PER_TURN):
             try:
-                sock, address = listening.accept()
+                # The C accept beneath socket.socket's: a descriptor and an address. Python's wrapper
+                # makes a socket object of its own class for it, converting the family and type to
+                # enums on the way, which was half of a connection's accept (10 -> 5 µs).
+                fd, address = cast(Any, listening)._accept()
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 return
             except OSError as exc:
@@ -138,9 +143,10 @@ class Poller:
                 self._loop.remove_reader(listening.fileno())
                 self._loop.call_later(ACCEPT_RETRY_S, self._accept_again, listening, make)
                 return
+            sock = _socket.socket(family, socket.SOCK_STREAM, 0, fd)
             try:
                 sock.setblocking(False)
-                if self._nodelay and sock.family in (socket.AF_INET, socket.AF_INET6):
+                if self._nodelay and family in (socket.AF_INET, socket.AF_INET6):
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 sock.close()  # reset before we got to it
