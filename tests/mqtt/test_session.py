@@ -20,6 +20,7 @@ from trimaran.mqtt.session import (
     OutboundMessage,
     Session,
     Subscription,
+    _b64,
 )
 
 
@@ -141,6 +142,59 @@ def test_json_round_trip_is_plain_json() -> None:
     data = session.to_json()
     json.loads(data)  # plain JSON, bytes base64-encoded
     assert Session.from_json(data).to_dict() == session.to_dict()
+
+
+_NAMES = st.text(max_size=12)  # any text: quotes, backslashes, control and non-ASCII characters
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    client_id=_NAMES,
+    numbers=st.tuples(*[st.integers(0, 2**32)] * 6),
+    owner=st.none() | st.tuples(st.none() | _NAMES),
+    subscriptions=st.lists(
+        st.tuples(
+            _NAMES,
+            st.integers(0, 2),
+            st.booleans(),
+            st.booleans(),
+            st.integers(0, 2),
+            st.none() | st.integers(1, 268_435_455),
+        ),
+        max_size=4,
+    ),
+    qos2=st.none() | st.sets(st.integers(1, 0xFFFF), max_size=4),
+    queued=st.integers(0, 2),
+    with_queue=st.booleans(),
+)
+def test_a_saved_sessions_text_is_the_encoders(
+    client_id: str,
+    numbers: tuple[int, ...],
+    owner: tuple[str | None, ...] | None,
+    subscriptions: list[tuple[str, int, bool, bool, int, int | None]],
+    qos2: set[int] | None,
+    queued: int,
+    with_queue: bool,
+) -> None:
+    """``state_json`` writes a session without messages out itself: the same text as the encoder
+    makes of ``to_dict``, whatever the names hold, and read back the same."""
+    expiry, max_queued, max_bytes, next_id, dropped, first_seq = numbers
+    session = Session(
+        client_id, expiry_interval=expiry, max_queued=max_queued + 10, max_queued_bytes=max_bytes
+    )
+    session.next_packet_id, session.dropped, session.owner = next_id, dropped, owner
+    session.queue.first_seq = first_seq
+    for topic_filter, qos, no_local, rap, handling, sid in subscriptions:
+        session.add_subscription(
+            Subscription(topic_filter, SubscriptionOptions(qos, no_local, rap, handling), sid)
+        )
+    if qos2 is not None:
+        session.inbound_qos2 = dict.fromkeys(qos2)
+    for n in range(queued):
+        session.enqueue(OutboundMessage(f"t/{n}", b"\x00\xff", 1))
+    text = session.state_json(with_queue=with_queue)
+    assert text == json.dumps(session.to_dict(with_queue=with_queue), separators=(",", ":"), default=_b64)
+    assert Session.from_json(text).to_dict(with_queue=False) == session.to_dict(with_queue=False)
 
 
 def test_unknown_version_is_refused() -> None:
