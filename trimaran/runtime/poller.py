@@ -112,7 +112,8 @@ class Poller:
             raise
         for sock in bound:
             self._listening.append(sock)
-            self._loop.add_reader(sock.fileno(), self._accept, sock, make)
+            # (its family an int once: socket.family makes an enum of it at every look)
+            self._loop.add_reader(sock.fileno(), self._accept, sock, make, int(sock.family))
         return bound
 
     def stop_accepting(self) -> None:
@@ -121,8 +122,7 @@ class Poller:
             sock.close()
         self._listening.clear()
 
-    def _accept(self, listening: socket.socket, make: Callable[[], Conn]) -> None:
-        family = int(listening.family)
+    def _accept(self, listening: socket.socket, make: Callable[[], Conn], family: int) -> None:
         for _ in range(ACCEPTS_PER_TURN):
             try:
                 # The C accept beneath socket.socket's: a descriptor and an address. Python's wrapper
@@ -141,7 +141,7 @@ class Poller:
                 # pauses for a while rather than spin on the listening socket.
                 log.error("accept failed: %s; accepting again in %g s", exc, ACCEPT_RETRY_S)
                 self._loop.remove_reader(listening.fileno())
-                self._loop.call_later(ACCEPT_RETRY_S, self._accept_again, listening, make)
+                self._loop.call_later(ACCEPT_RETRY_S, self._accept_again, listening, make, family)
                 return
             sock = _socket.socket(family, socket.SOCK_STREAM, 0, fd)
             try:
@@ -154,9 +154,9 @@ class Poller:
             # The descriptor alone is kept: a socket object is 88 bytes of every connection.
             self.adopt(sock.detach(), address, make())
 
-    def _accept_again(self, listening: socket.socket, make: Callable[[], Conn]) -> None:
+    def _accept_again(self, listening: socket.socket, make: Callable[[], Conn], family: int) -> None:
         if listening in self._listening:
-            self._loop.add_reader(listening.fileno(), self._accept, listening, make)
+            self._loop.add_reader(listening.fileno(), self._accept, listening, make, family)
 
     def adopt(self, fd: int, address: Any, conn: Conn) -> SocketTransport:
         """Serve ``conn`` on the connected, non-blocking socket ``fd``."""
