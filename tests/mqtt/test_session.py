@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from hypothesis import given, settings
@@ -17,10 +18,13 @@ from trimaran.mqtt.session import (
     AWAITING_PUBCOMP,
     AWAITING_PUBREC,
     Backlog,
+    InflightEntry,
     OutboundMessage,
     Session,
     Subscription,
     _b64,
+    _message_to_dict,
+    queued_to_json,
 )
 
 
@@ -147,7 +151,23 @@ def test_json_round_trip_is_plain_json() -> None:
 _NAMES = st.text(max_size=12)  # any text: quotes, backslashes, control and non-ASCII characters
 
 
-@settings(max_examples=200, deadline=None)
+@st.composite
+def _messages(draw: st.DrawFn) -> OutboundMessage:
+    p = draw(properties(PacketType.PUBLISH))
+    p.topic_alias = None  # per connection, never stored
+    p.subscription_identifiers = p.subscription_identifiers[:1]
+    return OutboundMessage(
+        draw(_NAMES),
+        draw(st.binary(max_size=12)),
+        draw(st.integers(1, 2)),
+        draw(st.booleans()),
+        p,
+        draw(st.none() | _NAMES | st.integers(-(2**63), 2**63)),
+        draw(st.none() | st.floats(allow_nan=False) | st.sampled_from([math.inf, -math.inf])),
+    )
+
+
+@settings(max_examples=300, deadline=None)
 @given(
     client_id=_NAMES,
     numbers=st.tuples(*[st.integers(0, 2**32)] * 6),
@@ -164,7 +184,13 @@ _NAMES = st.text(max_size=12)  # any text: quotes, backslashes, control and non-
         max_size=4,
     ),
     qos2=st.none() | st.sets(st.integers(1, 0xFFFF), max_size=4),
-    queued=st.integers(0, 2),
+    inflight=st.lists(
+        st.tuples(
+            _messages(), st.sampled_from([AWAITING_PUBACK, AWAITING_PUBREC, AWAITING_PUBCOMP]), st.booleans()
+        ),
+        max_size=3,
+    ),
+    queued=st.lists(_messages(), max_size=3),
     with_queue=st.booleans(),
 )
 def test_a_saved_sessions_text_is_the_encoders(
@@ -173,15 +199,14 @@ def test_a_saved_sessions_text_is_the_encoders(
     owner: tuple[str | None, ...] | None,
     subscriptions: list[tuple[str, int, bool, bool, int, int | None]],
     qos2: set[int] | None,
-    queued: int,
+    inflight: list[tuple[OutboundMessage, str, bool]],
+    queued: list[OutboundMessage],
     with_queue: bool,
 ) -> None:
-    """``state_json`` writes a session without messages out itself: the same text as the encoder
-    makes of ``to_dict``, whatever the names hold, and read back the same."""
+    """``state_json`` writes a session out itself: the same text as the encoder makes of
+    ``to_dict``, whatever its names, messages and numbers hold, and read back the same."""
     expiry, max_queued, max_bytes, next_id, dropped, first_seq = numbers
-    session = Session(
-        client_id, expiry_interval=expiry, max_queued=max_queued + 10, max_queued_bytes=max_bytes
-    )
+    session = Session(client_id, expiry_interval=expiry, max_queued=max_queued + 10)
     session.next_packet_id, session.dropped, session.owner = next_id, dropped, owner
     session.queue.first_seq = first_seq
     for topic_filter, qos, no_local, rap, handling, sid in subscriptions:
@@ -190,11 +215,20 @@ def test_a_saved_sessions_text_is_the_encoders(
         )
     if qos2 is not None:
         session.inbound_qos2 = dict.fromkeys(qos2)
-    for n in range(queued):
-        session.enqueue(OutboundMessage(f"t/{n}", b"\x00\xff", 1))
+    if inflight:
+        session.inflight = {
+            n: InflightEntry(n, m, state, sent) for n, (m, state, sent) in enumerate(inflight, 1)
+        }
+    for message in queued:
+        session.enqueue(message)
+    session.max_queued_bytes = max_bytes
     text = session.state_json(with_queue=with_queue)
     assert text == json.dumps(session.to_dict(with_queue=with_queue), separators=(",", ":"), default=_b64)
-    assert Session.from_json(text).to_dict(with_queue=False) == session.to_dict(with_queue=False)
+    assert Session.from_json(text).to_dict(with_queue=with_queue) == session.to_dict(with_queue=with_queue)
+    for message in queued:
+        assert queued_to_json(message) == json.dumps(
+            _message_to_dict(message), separators=(",", ":"), default=_b64
+        )
 
 
 def test_unknown_version_is_refused() -> None:
