@@ -7,7 +7,8 @@ addresses (127.0.0.2, 127.0.0.3, ...). Each client keeps a session (clean sessio
 subscribes to its own topic at QoS 1. The phases:
 
 - `connect`: every client connects and subscribes, at most `--inflight` handshakes open per process;
-  the time until all are subscribed, and the broker's RSS growth per connection once it settles.
+  the time until all are subscribed, the broker's CPU until it settles (saving sessions included),
+  and its RSS growth per connection then.
 - `idle`: for `--idle` seconds each client sends a PINGREQ once per `--keep-alive` seconds (spread
   evenly) and reads its PINGRESP; the broker's CPU over that window, and pings unanswered.
 - `drop`: every client's socket is reset at once (SO_LINGER 0: a network that went away); then one
@@ -309,8 +310,10 @@ def measure(name: str, a: argparse.Namespace) -> dict[str, Any]:
             workers.append(worker)
         try:
             rss_before = settle_rss(running.pid, 5)
+            cpu0 = brokers.cpu_seconds([running.pid])
             connected = _phase(pipes, "connect")
             rss_after = settle_rss(running.pid, 15)
+            connect_cpu = brokers.cpu_seconds([running.pid]) - cpu0  # (saving the sessions included)
             cpu0, wall0 = brokers.cpu_seconds([running.pid]), time.monotonic()
             pinged = _phase(pipes, "idle")
             idle_cpu = (brokers.cpu_seconds([running.pid]) - cpu0) / (time.monotonic() - wall0)
@@ -332,6 +335,7 @@ def measure(name: str, a: argparse.Namespace) -> dict[str, Any]:
             "drop": "half-open" if a.half_open else "reset",
             "connected": _sum(connected, "done"),
             "connect_s": round(max(r["seconds"] for r in connected), 2),
+            "connect_cpu_s": round(connect_cpu, 2),
             "kib_per_connection": round((rss_after - rss_before) / a.connections, 2),
             "idle_s": a.idle,
             "pings": _sum(pinged, "pings"),
