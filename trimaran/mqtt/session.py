@@ -502,7 +502,6 @@ class Session:
         hold them equal for any session), without the dicts and the encoder's calls, which were
         two thirds of a save on the loop and most of a reconnect storm's work there."""
         queue = self.queue
-        owner = self.owner
         subscriptions = ",".join([_subscription_json(s) for s in self.subscriptions.values()])
         inflight = "" if not self.inflight else ",".join([_inflight_json(e) for e in self.inflight.values()])
         queued = ",".join([_message_json(m) for m in queue]) if with_queue and queue.items else ""
@@ -511,7 +510,7 @@ class Session:
             f'{{"version":1,"client_id":{_quote(self.client_id)},"expiry_interval":{self.expiry_interval:d},'
             f'"max_queued":{self.max_queued:d},"max_queued_bytes":{self.max_queued_bytes:d},'
             f'"next_packet_id":{self.next_packet_id:d},"dropped":{self.dropped:d},'
-            f'"owner":{"null" if owner is None else _encode(list(owner))},"subscriptions":[{subscriptions}],'
+            f'"owner":{_owner_json(self.owner)},"subscriptions":[{subscriptions}],'
             f'"inflight":[{inflight}],"queue":[{queued}],"queue_first_seq":{queue.first_seq:d},'
             f'"inbound_qos2":[{"" if not qos2 else ",".join(map(str, sorted(qos2)))}]}}'
         )
@@ -596,6 +595,12 @@ def _inflight_json(e: InflightEntry) -> str:
         f'{{"packet_id":{e.packet_id:d},"state":{_quote(e.state)},"sent":{"true" if e.sent else "false"},'
         f'"message":{_message_json(e.message)}}}'
     )
+
+
+def _owner_json(owner: tuple[str | None, ...] | None) -> str:
+    if owner is None:
+        return "null"
+    return "[" + ",".join(["null" if user is None else _quote(user) for user in owner]) + "]"
 
 
 def _subscription_json(s: Subscription) -> str:

@@ -33,7 +33,7 @@ import os
 import select
 import socket
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from typing import Any, Final, cast
 
 from trimaran.runtime.transport import Conn, Runner
@@ -425,8 +425,10 @@ class SocketTransport:
         if fd >= 0:
             self._fd = -1
             self._poller._socks.pop(fd, None)
-            with suppress(OSError):
+            try:  # noqa: SIM105 (contextlib.suppress is three interpreted calls every close)
                 os.close(fd)
+            except OSError:
+                pass
             self._poller._loop.call_soon(self._lost, exc)
 
     def _crashed(self, callback: str, exc: Exception) -> None:
