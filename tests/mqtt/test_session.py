@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 
@@ -22,9 +23,8 @@ from trimaran.mqtt.session import (
     OutboundMessage,
     Session,
     Subscription,
-    _b64,
     _message_to_dict,
-    queued_to_json,
+    message_json,
 )
 
 
@@ -148,6 +148,13 @@ def test_json_round_trip_is_plain_json() -> None:
     assert Session.from_json(data).to_dict() == session.to_dict()
 
 
+def _b64(value: object) -> str:
+    """The encoder's rule for bytes in a saved session (``to_dict``'s payloads and properties)."""
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    raise TypeError(f"cannot serialize {type(value).__name__}")
+
+
 _NAMES = st.text(max_size=12)  # any text: quotes, backslashes, control and non-ASCII characters
 
 
@@ -226,7 +233,7 @@ def test_a_saved_sessions_text_is_the_encoders(
     assert text == json.dumps(session.to_dict(with_queue=with_queue), separators=(",", ":"), default=_b64)
     assert Session.from_json(text).to_dict(with_queue=with_queue) == session.to_dict(with_queue=with_queue)
     for message in queued:
-        assert queued_to_json(message) == json.dumps(
+        assert message_json(message) == json.dumps(
             _message_to_dict(message), separators=(",", ":"), default=_b64
         )
 

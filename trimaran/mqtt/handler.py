@@ -62,7 +62,7 @@ from trimaran.mqtt.packets import MQTT_5, Publish, PublishRun, granted_options
 from trimaran.mqtt.packets import SubscriptionOptions as PacketOptions
 from trimaran.mqtt.queues import MqttQueues, is_queue_filter
 from trimaran.mqtt.reason_codes import ReasonCode
-from trimaran.mqtt.session import AWAITING_PUBCOMP, OutboundMessage, Session, Subscription, queued_to_json
+from trimaran.mqtt.session import AWAITING_PUBCOMP, OutboundMessage, Session, Subscription, message_json
 from trimaran.queue.manager import QueueManager
 from trimaran.runtime.machine import Machine
 from trimaran.runtime.transport import Conn
@@ -1267,7 +1267,7 @@ def session_row(session: Session, protocol_level: int, offline: bool, now_wall: 
         session.expiry_interval,
         now_wall if offline else None,
         session.state_json(with_queue=False),
-        [(seq, queued_to_json(m)) for seq, m in queue.since(session.saved_seq or 0)],
+        [(seq, message_json(m)) for seq, m in queue.since(session.saved_seq or 0)],
         queue.first_seq,
         replace=first_save,
     )

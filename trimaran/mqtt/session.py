@@ -427,7 +427,7 @@ class Session:
 
     def to_dict(self, *, with_queue: bool = True) -> dict[str, Any]:
         """The session as plain data; ``with_queue=False`` leaves the queued messages out (stored a
-        row each, see :func:`queued_to_json`) and records the first queued number instead."""
+        row each, see :func:`message_json`) and records the first queued number instead."""
         return {
             "version": 1,
             "client_id": self.client_id,
@@ -504,7 +504,7 @@ class Session:
         queue = self.queue
         subscriptions = ",".join([_subscription_json(s) for s in self.subscriptions.values()])
         inflight = "" if not self.inflight else ",".join([_inflight_json(e) for e in self.inflight.values()])
-        queued = ",".join([_message_json(m) for m in queue]) if with_queue and queue.items else ""
+        queued = ",".join([message_json(m) for m in queue]) if with_queue and queue.items else ""
         qos2 = self.inbound_qos2
         return (
             f'{{"version":1,"client_id":{_quote(self.client_id)},"expiry_interval":{self.expiry_interval:d},'
@@ -538,11 +538,6 @@ class Session:
         return session
 
 
-def queued_to_json(message: OutboundMessage) -> str:
-    """One queued message as stored in its own row."""
-    return _message_json(message)
-
-
 def _message_to_dict(m: OutboundMessage) -> dict[str, Any]:
     return {
         "topic": m.topic,
@@ -567,19 +562,16 @@ def _message_from_dict(d: dict[str, Any]) -> OutboundMessage:
     )
 
 
-def _b64(value: object) -> str:
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode("ascii")
-    raise TypeError(f"cannot serialize {type(value).__name__}")
-
-
-# One encoder for every save: json.dumps with options makes a new one each call (a fifth of it).
-_encode: Final = json.JSONEncoder(default=_b64, separators=(",", ":")).encode
+# What the saves leave to the encoder: a message's tag (text or a number) and expiry (a float, which
+# json spells as the encoder does, infinity included). One encoder: json.dumps with options makes one
+# a call.
+_encode: Final = json.JSONEncoder(separators=(",", ":")).encode
 _quote: Final = encode_basestring_ascii  # a JSON string, as the encoder writes it (ensure_ascii)
 
 
-def _message_json(m: OutboundMessage) -> str:
-    """A message as :func:`_message_to_dict` has it, as JSON (its bytes in base64: no escapes)."""
+def message_json(m: OutboundMessage) -> str:
+    """A message as :func:`_message_to_dict` has it, as JSON (its bytes in base64: no escapes), as
+    stored: a queued one in a row of its own, an inflight one inside its session's text."""
     payload = base64.b64encode(m.payload).decode("ascii")
     properties = base64.b64encode(_props_to_bytes(m.properties)).decode("ascii")
     return (
@@ -593,7 +585,7 @@ def _message_json(m: OutboundMessage) -> str:
 def _inflight_json(e: InflightEntry) -> str:
     return (
         f'{{"packet_id":{e.packet_id:d},"state":{_quote(e.state)},"sent":{"true" if e.sent else "false"},'
-        f'"message":{_message_json(e.message)}}}'
+        f'"message":{message_json(e.message)}}}'
     )
 
 

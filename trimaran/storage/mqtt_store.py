@@ -112,13 +112,9 @@ class MqttStore:
             return
         now = now_ms()
         with self.engine.begin() as connection:
-            upsert = _UPSERT_SESSION.get(connection.dialect.name)
-            if upsert is None:
-                ids = [s.client_id for s in batch]
-                _delete_each(connection, mqtt_sessions, mqtt_sessions.c.client_id, ids)
             _each(
                 connection,
-                _INSERT_SESSION if upsert is None else upsert,
+                _UPSERT_SESSION_PG if connection.dialect.name == "postgresql" else _UPSERT_SESSION_SQLITE,
                 [
                     {
                         "client_id": s.client_id,
@@ -195,7 +191,6 @@ def _each(connection: Connection, statement: ClauseElement, rows: list[dict[str,
 
 
 _COMPILED: dict[tuple[ClauseElement, str], SQLCompiler] = {}
-_INSERT_SESSION = mqtt_sessions.insert()
 
 
 def _upsert(insert: Any) -> Any:
@@ -206,10 +201,9 @@ def _upsert(insert: Any) -> Any:
     return statement.on_conflict_do_update(index_elements=[mqtt_sessions.c.client_id], set_=changed)
 
 
-_UPSERT_SESSION: dict[str, ClauseElement] = {
-    "sqlite": _upsert(sqlite.insert),
-    "postgresql": _upsert(postgresql.insert),
-}
+# (storage speaks PostgreSQL or SQLite: storage/engine.py)
+_UPSERT_SESSION_PG: ClauseElement = _upsert(postgresql.insert)
+_UPSERT_SESSION_SQLITE: ClauseElement = _upsert(sqlite.insert)
 _INSERT_MESSAGE = mqtt_session_messages.insert()
 _DELETE_STALE = delete(mqtt_session_messages).where(
     mqtt_session_messages.c.client_id == bindparam("client"),
