@@ -837,7 +837,7 @@ class Decoder:
             # No retain, no DUP, no properties: these bytes (another packet id put in at QoS 1/2)
             # are what a subscriber of the same protocol family and QoS gets. The payload is cut
             # from them: one copy out of the buffer, not two.
-            wire = bytes(buf[base:end])
+            wire = bytes(buf) if base == 0 and end == len(buf) else bytes(buf[base:end])
             return Publish(topic, wire[pos - base :], qos, False, False, packet_id, props, wire)
         return Publish(topic, bytes(buf[pos:end]), qos, bool(flags & 0x01), dup, packet_id, props)
 
@@ -911,7 +911,9 @@ class Decoder:
                 largest = total - end
             end = total
             count += 1
-        return PublishRun(topic, bytes(buf[base:end]), count, largest, width, v5, qos, None), end
+        # The whole buffer (a read of this run alone: most reads) in one copy; a slice copies twice.
+        packets = bytes(buf) if base == 0 and end == size else bytes(buf[base:end])
+        return PublishRun(topic, packets, count, largest, width, v5, qos, None), end
 
     def _fleet_run(
         self, topic: str, base: int, end: int, count: int, largest: int, width: int, v5: bool, qos: int
@@ -966,7 +968,8 @@ class Decoder:
                 largest = total - end
             end = total
             count += 1
-        return PublishRun(topic, bytes(buf[base:end]), count, largest, width, v5, qos, topics), end
+        packets = bytes(buf) if base == 0 and end == size else bytes(buf[base:end])
+        return PublishRun(topic, packets, count, largest, width, v5, qos, topics), end
 
     def _fail(self, exc: ProtocolError) -> ProtocolError:
         self._failed = exc

@@ -4,9 +4,9 @@ session endpoint and queue bindings it serves while connected."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from trimaran.mqtt.connection import ServerConnection
 from trimaran.mqtt.packets import Publish, PublishRun
@@ -25,25 +25,26 @@ log = logging.getLogger(__name__)
 E = TypeVar("E", bound=QueueEndpoint)
 
 
-class FrontEnd(Protocol):
-    """The front end as a connection calls it (``handler.MqttFrontEnd``, above this module)."""
+class FrontEnd(Generic[E]):
+    """The front end as a connection calls it (``handler.MqttFrontEnd``, above this module). A base
+    class rather than a Protocol: compiled, a connection calls its methods directly, where a
+    Protocol's method was looked up by name at every call (every read's PUBLISHes)."""
 
-    @property
-    def queues(self) -> MqttQueues | None: ...
-
-    @property
-    def endpoints(self) -> Mapping[str, Any]: ...
-
+    queues: MqttQueues | None
+    endpoints: dict[str, E]
     # QoS 1/2 messages (bytes) queued for one connected subscriber above which its publishers are
     # held (handler.MqttEndpoint.deliver); they go on below half of each.
     backpressure_messages: int
     backpressure_bytes: int
 
-    def publish_received(self, conn: MqttConn[Any], publish: Publish) -> None: ...
+    def publish_received(self, conn: MqttConn[Any], publish: Publish) -> None:
+        raise NotImplementedError
 
-    def run_received(self, conn: MqttConn[Any], run: PublishRun) -> None: ...
+    def run_received(self, conn: MqttConn[Any], run: PublishRun) -> None:
+        raise NotImplementedError
 
-    def handle(self, conn: MqttConn[Any], event: object) -> Awaitable[None] | None: ...
+    def handle(self, conn: MqttConn[Any], event: object) -> Awaitable[None] | None:
+        raise NotImplementedError
 
 
 class MqttConn(Hull, Generic[E]):
@@ -58,7 +59,9 @@ class MqttConn(Hull, Generic[E]):
         "shutting_down",
     )
 
-    def __init__(self, front: FrontEnd, mqtt: ServerConnection, io: Conn, machine: Machine | None = None):
+    def __init__(
+        self, front: FrontEnd[Any], mqtt: ServerConnection, io: Conn, machine: Machine | None = None
+    ):
         self.front = front
         self.mqtt = mqtt
         # What the runtime feeds: the MQTT machine itself, or a WebSocket machine around it.

@@ -37,7 +37,7 @@ from trimaran.broker.router import Delivery, SubscriptionOptions
 from trimaran.broker.sessions import SessionInfo, SessionSubscriptionInfo
 from trimaran.config import Settings
 from trimaran.mqtt.codec import encode_run, run_stretches
-from trimaran.mqtt.conn import MqttConn
+from trimaran.mqtt.conn import FrontEnd, MqttConn
 from trimaran.mqtt.connection import (
     NO_EXPIRY,
     ConnectionClosed,
@@ -294,7 +294,7 @@ class MqttEndpoint:
         return True
 
 
-class MqttFrontEnd:
+class MqttFrontEnd(FrontEnd[MqttEndpoint]):
     def __init__(
         self,
         broker: Broker,
@@ -312,7 +312,7 @@ class MqttFrontEnd:
         self.backpressure_messages = settings.limits.backpressure_messages
         self.backpressure_bytes = settings.limits.backpressure_bytes
         self.fan_out = FanOutEncoder()
-        self.endpoints: dict[str, MqttEndpoint] = {}
+        self.endpoints = {}
         self._wills: dict[str, tuple[float, Message]] = {}  # client id -> (due, will) for delayed wills
         # (expires_at, client id) of offline sessions with an expiry: the housekeeping looks at the due
         # ones, not at every session twice a second. An entry whose session came back is skipped.
