@@ -340,6 +340,10 @@ def encode_properties(props: Properties, packet_type: int) -> bytes:
 # PacketType.PUBLISH as a plain int: the decoder compares it once per packet, and an enum member's
 # lookup costs five times the comparison.
 _PUBLISH: Final = int(PacketType.PUBLISH)
+# An idle connection's one packet, and its answer: one shared PINGREQ (it has no fields), and the
+# PINGRESP's two bytes, the same at every level.
+PINGREQ: Final = PingReq()
+PINGRESP_BYTES: Final = b"\xd0\x00"
 # Every drained decoder's buffer: never written to (``feed`` gives a decoder its own before adding
 # to it). An empty bytearray of its own would be 56 bytes of every idle connection (issue #47).
 _DRAINED: Final = bytearray()
@@ -758,6 +762,8 @@ class Decoder:
             except ProtocolError as exc:
                 self._failed = exc
                 raise
+        elif first == 0xC0 and total == start:  # PINGREQ: no view, no lookup, no packet made
+            packet = PINGREQ
         else:
             decode = _DECODERS.get(ptype)
             if decode is None:
@@ -1252,7 +1258,7 @@ def _encode_pingreq(p: PingReq, level: int) -> bytes:
 
 
 def _encode_pingresp(p: PingResp, level: int) -> bytes:
-    return b"\xd0\x00"
+    return PINGRESP_BYTES
 
 
 def _encode_disconnect(p: Disconnect, level: int) -> bytes:

@@ -32,6 +32,7 @@ from trimaran.mqtt.codec import (
     MAX_PACKET_SIZE,
     NEED_DATA,
     NO_PROPERTIES,
+    PINGRESP_BYTES,
     Decoder,
     ProtocolError,
     encode,
@@ -826,7 +827,17 @@ class ServerConnection(Machine):
         elif isinstance(packet, PubComp):
             self._on_pubcomp(packet, events)
         elif isinstance(packet, PingReq):
-            self._send(PingResp())
+            # Two constant bytes, nothing to make or encode (an idle connection's one exchange); a
+            # client whose Maximum Packet Size is 1 gets none, as from _send.
+            if self.client_max_packet_size >= 2:
+                out = self._out
+                if out is None:
+                    self._out = [PINGRESP_BYTES]
+                else:
+                    out.append(PINGRESP_BYTES)
+                self.packets_sent += 1
+            else:
+                self.dropped_too_large += 1
         elif isinstance(packet, Subscribe):
             self._on_subscribe(packet, events)
         elif isinstance(packet, Unsubscribe):
