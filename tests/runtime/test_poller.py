@@ -288,6 +288,43 @@ def test_the_runners_turn_ends_once_the_ready_sockets_are_read(run: Callable[[Ca
     run(case)
 
 
+def test_more_ready_sockets_than_one_poll_takes_are_read_in_one_turn(run: Callable[[Case], None]) -> None:
+    """The epoll gives READY_AT_ONCE sockets a poll: the rest of a wake-up's are polled again in the
+    same callback, and one turn ends after all of them were read."""
+
+    async def case(poller: Poller, conn: Recorder, client: socket.socket) -> None:
+        listening = poller._listening[0]
+        count = 2 * poller_module.READY_AT_ONCE + 5
+        clients: list[socket.socket] = []
+        try:
+            for _ in range(count):  # (the listen backlog is 16: accepted as they come)
+                other = socket.socket()
+                other.setblocking(False)
+                clients.append(other)
+                await asyncio.get_running_loop().sock_connect(other, listening.getsockname()[:2])
+            transports = lambda: [t for t in poller._socks if t is not None]  # noqa: E731
+            await _until(lambda: len(transports()) == count + 1)
+            conns = [cast(Recorder, t._conn) for t in transports()]
+            turns = cast(Turns, poller._turns)
+            read_at_ends: list[int] = []
+            end_turn = turns.end_turn
+
+            def noting_end_turn() -> None:
+                read_at_ends.append(sum(1 for c in conns if c.data))
+                end_turn()
+
+            turns.end_turn = noting_end_turn  # type: ignore[method-assign]
+            for other in clients:  # all sent before the loop looks again
+                other.sendall(b"x")
+            await _until(lambda: all(c.data for c in conns if c is not conn))
+            assert read_at_ends[0] == count
+        finally:
+            for other in clients:
+                other.close()
+
+    run(case)
+
+
 def test_what_came_while_paused_is_read_when_reading_resumes(run: Callable[[Case], None]) -> None:
     async def case(poller: Poller, conn: Recorder, client: socket.socket) -> None:
         transport = cast(SocketTransport, conn.transport)
