@@ -88,6 +88,57 @@ def test_split_at_any_point(lp: tuple[int, list[Packet]], cuts: list[int]) -> No
     assert decoder.buffered == 0
 
 
+@FEWER
+@given(
+    levels,
+    st.integers(codec.SPLIT_FROM + 1, 3 * codec.SPLIT_FROM),
+    st.lists(st.integers(1, codec.SPLIT_FROM), min_size=1, max_size=12),
+)
+def test_a_large_packet_over_many_reads_is_gathered_whole(level: int, size: int, reads: list[int]) -> None:
+    """A packet larger than SPLIT_FROM that takes many reads is gathered until it is whole, with
+    what came before and after it in the same reads, and counted as buffered meanwhile."""
+    before = Publish("a/b", b"1", 0, False, False, None, NO_PROPERTIES)
+    large = Publish("big", bytes(size), 1, False, False, 7, NO_PROPERTIES)
+    after = PubAck(3)
+    stream = b"".join(encode(p, level) for p in (before, large, after))
+    decoder = Decoder(protocol_level=level)
+    received: list[Packet] = []
+    start = 0
+    for length in [*reads, len(stream)]:
+        chunk = stream[start : start + length]
+        start += len(chunk)
+        decoder.feed(chunk)
+        received.extend(decode_all(decoder))
+        assert decoder.buffered == start - sum(len(encode(p, level)) for p in received)
+        if start == len(stream):
+            break
+    assert received == [before, large, after]
+    assert decoder.buffered == 0
+
+
+def test_a_packet_declared_too_large_is_refused_not_gathered() -> None:
+    decoder = Decoder(max_packet_size=codec.SPLIT_FROM * 4, protocol_level=4)
+    header = bytes([0x30]) + encode_varint(codec.SPLIT_FROM * 8)
+    decoder.feed(header[:2])
+    assert decoder.next_packet() is NEED_DATA
+    decoder.feed(header[2:] + bytes(1000))
+    assert decoder._split is None
+    with pytest.raises(ProtocolError) as refused:
+        decoder.next_packet()
+    assert refused.value.reason_code == 0x95  # packet too large
+
+
+def test_a_read_decoded_whole_is_not_copied() -> None:
+    """A read that is one run (most reads) is handed on as the read's own bytes."""
+    read = b"".join(encode(Publish("t", b"x", 0, False, False, None, NO_PROPERTIES), 4) for _ in range(3))
+    decoder = Decoder(protocol_level=4)
+    decoder.runs = True
+    decoder.feed(read)
+    run = decoder.next_packet()
+    assert isinstance(run, PublishRun) and run.count == 3
+    assert run.wire is read
+
+
 @SETTINGS
 @given(st.sampled_from([None, 3, 4, 5]), st.binary(max_size=200))
 def test_random_bytes_raise_only_protocol_error(level: int | None, junk: bytes) -> None:

@@ -344,9 +344,11 @@ _PUBLISH: Final = int(PacketType.PUBLISH)
 # PINGRESP's two bytes, the same at every level.
 PINGREQ: Final = PingReq()
 PINGRESP_BYTES: Final = b"\xd0\x00"
-# Every drained decoder's buffer: never written to (``feed`` gives a decoder its own before adding
-# to it). An empty bytearray of its own would be 56 bytes of every idle connection (issue #47).
-_DRAINED: Final = bytearray()
+# Every drained decoder's buffer (bytes are never written to: the empty one is shared).
+_DRAINED: Final = b""
+# A packet still not whole after a read is joined with the next read's bytes; one larger than this
+# is gathered in a bytearray instead, until it is whole.
+SPLIT_FROM: Final = 64 * 1024
 _FLAGS: Final = {1: 0, 2: 0, 4: 0, 5: 0, 6: 2, 7: 0, 8: 2, 9: 0, 10: 2, 11: 0, 12: 0, 13: 0, 14: 0, 15: 0}
 
 
@@ -598,7 +600,7 @@ _DECODERS: Final[dict[int, _Decode]] = {
 }
 
 
-def _long_remaining(buf: bytearray, end: int, size: int) -> tuple[int, int]:
+def _long_remaining(buf: bytes, end: int, size: int) -> tuple[int, int]:
     """A run's next packet's remaining length of two bytes or more (the packet at ``end``) and
     where its body starts; -1 where it is not whole in ``buf`` or not in its shortest form (which
     next_packet then refuses)."""
@@ -615,8 +617,30 @@ def _long_remaining(buf: bytearray, end: int, size: int) -> tuple[int, int]:
     return -1, 0
 
 
+def _packet_size(buf: bytes | bytearray, pos: int) -> int:
+    """The whole size of the packet at ``pos`` as its fixed header says, or -1 while that header is not
+    whole (or not a remaining length at all, which next_packet refuses)."""
+    start = pos + 1
+    remaining = 0
+    shift = 0
+    while start < len(buf) and shift <= 21:
+        byte = buf[start]
+        start += 1
+        remaining |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return start - pos + remaining
+        shift += 7
+    return -1
+
+
 class Decoder:
     """Incremental packet decoder over its own buffer.
+
+    The buffer is ``bytes``: compiled, a bytes object is indexed and sliced natively (a bytearray
+    through the generic protocol, ten times as slow an index). A read decoded whole is decoded in the
+    read's own bytes; one that ends inside a packet is joined with the next, and a large packet that
+    takes many reads is gathered in a bytearray until it is whole (joining each read to all before it
+    would copy it again and again).
 
     `protocol_level` is None until a CONNECT is decoded (a server-side decoder refuses anything else
     first); the CONNECT sets it and later packets are decoded for that level. A client-side decoder is
@@ -629,6 +653,7 @@ class Decoder:
         "_failed",
         "_mv",
         "_pos",
+        "_split",
         "_topic",
         "_topic_raw",
         "_topics",
@@ -645,11 +670,12 @@ class Decoder:
         # the shared _DRAINED again: an idle connection holds no buffer of its own.
         self._buf = _DRAINED
         self._pos = 0
+        self._split: bytearray | None = None  # a large packet's bytes until it is whole
         self._mv: memoryview | None = None
         self._failed: ProtocolError | None = None
         # The last PUBLISH's topic, as received and decoded: a publisher mostly repeats its topic.
-        # b"" (shared) until the first: an empty bytearray would be 56 bytes a connection.
-        self._topic_raw: bytes | bytearray = b""
+        # b"" (shared) until the first.
+        self._topic_raw = b""
         self._topic = ""
         # The other topics of runs that change topic, as received -> decoded (bounded; made on
         # first use: a connection that keeps to one topic holds none).
@@ -662,20 +688,35 @@ class Decoder:
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         if self._mv is not None:
-            self._mv.release()  # a bytearray with a view cannot grow
+            self._mv.release()
             self._mv = None
-        if self._buf is _DRAINED:
-            self._buf = bytearray(data)
+        chunk = data if isinstance(data, bytes) else bytes(data)
+        split = self._split
+        if split is not None:
+            split += chunk
+            if len(split) >= _packet_size(split, 0):
+                self._buf = bytes(split)
+                self._split = None
             return
-        if self._pos:
-            del self._buf[: self._pos]
-            self._pos = 0
-        self._buf += data
+        buf = self._buf
+        if buf is _DRAINED:
+            self._buf = chunk  # decoded where it was read: nothing copied
+            return
+        pos = self._pos
+        self._pos = 0
+        size = _packet_size(buf, pos)
+        if len(buf) - pos + len(chunk) < size <= self.max_packet_size and size > SPLIT_FROM:
+            split = self._split = bytearray(buf[pos:])
+            split += chunk
+            self._buf = _DRAINED
+            return
+        self._buf = buf[pos:] + chunk
 
     @property
     def buffered(self) -> int:
         """Number of bytes received but not yet decoded."""
-        return len(self._buf) - self._pos
+        split = self._split
+        return len(self._buf) - self._pos + (0 if split is None else len(split))
 
     def next_pubacks(self) -> list[int]:
         """The packet identifiers of the run of plain PUBACKs (success, no properties: the four
@@ -794,7 +835,7 @@ class Decoder:
 
     def _publish(self, flags: int, base: int, pos: int, end: int, level: int) -> Publish:
         """The PUBLISH whose packet starts at ``base`` and whose body is ``pos``..``end``. Read from
-        the bytearray itself: its slices and indexing cost a third of a memoryview's."""
+        the buffer itself: its slices and indexing cost a third of a memoryview's."""
         buf = self._buf
         qos = (flags >> 1) & 0x03
         if qos == 3:
@@ -843,9 +884,9 @@ class Decoder:
             # No retain, no DUP, no properties: these bytes (another packet id put in at QoS 1/2)
             # are what a subscriber of the same protocol family and QoS gets. The payload is cut
             # from them: one copy out of the buffer, not two.
-            wire = bytes(buf) if base == 0 and end == len(buf) else bytes(buf[base:end])
+            wire = buf if base == 0 and end == len(buf) else buf[base:end]  # (no copy of a whole read)
             return Publish(topic, wire[pos - base :], qos, False, False, packet_id, props, wire)
-        return Publish(topic, bytes(buf[pos:end]), qos, bool(flags & 0x01), dup, packet_id, props)
+        return Publish(topic, buf[pos:end], qos, bool(flags & 0x01), dup, packet_id, props)
 
     def _run(self, flags: int, base: int, pos: int, end: int, level: int) -> tuple[Publish | PublishRun, int]:
         """The PUBLISH at ``base`` (body ``pos``..``end``), QoS 0 or 1 (``flags``) without retain
@@ -917,8 +958,9 @@ class Decoder:
                 largest = total - end
             end = total
             count += 1
-        # The whole buffer (a read of this run alone: most reads) in one copy; a slice copies twice.
-        packets = bytes(buf) if base == 0 and end == size else bytes(buf[base:end])
+        # A read of this run alone (most reads): the read's own bytes, not a copy (compiled, a slice
+        # of the whole is one).
+        packets = buf if base == 0 and end == size else buf[base:end]
         return PublishRun(topic, packets, count, largest, width, v5, qos, None), end
 
     def _fleet_run(
@@ -957,7 +999,7 @@ class Decoder:
                 or (qos and not (buf[stop] or buf[stop + 1]))
             ):
                 break  # no topic, properties or packet id 0: read alone, refused there if bad
-            name = bytes(buf[start + 2 : stop])
+            name = buf[start + 2 : stop]
             other = names.get(name)
             if other is None:
                 try:
@@ -974,7 +1016,7 @@ class Decoder:
                 largest = total - end
             end = total
             count += 1
-        packets = bytes(buf) if base == 0 and end == size else bytes(buf[base:end])
+        packets = buf if base == 0 and end == size else buf[base:end]
         return PublishRun(topic, packets, count, largest, width, v5, qos, topics), end
 
     def _fail(self, exc: ProtocolError) -> ProtocolError:

@@ -8,6 +8,7 @@ empty `Properties`, reason code 0 on PUBACK/PUBREC/PUBREL/PUBCOMP/DISCONNECT, an
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
 from trimaran.mqtt.properties import PacketType, Properties
 
@@ -34,10 +35,11 @@ __all__ = [
     "Will",
 ]
 
-# Protocol levels (the "Protocol Version" byte of CONNECT).
-MQTT_3_1 = 3
-MQTT_3_1_1 = 4
-MQTT_5 = 5
+# Protocol levels (the "Protocol Version" byte of CONNECT). Final: compiled, each use is the number
+# itself, not a look in the module's globals (two a message in the decoder's run).
+MQTT_3_1: Final = 3
+MQTT_3_1_1: Final = 4
+MQTT_5: Final = 5
 
 
 @dataclass(slots=True)
