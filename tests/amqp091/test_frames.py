@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.amqp091.test_fields import field_tables
-from trimaran.amqp091 import spec
+from trimaran.amqp091 import frames, spec
 from trimaran.amqp091.frames import (
     HEARTBEAT_FRAME,
     NEED_DATA,
@@ -193,6 +193,41 @@ def test_byte_by_byte_feed_gives_the_same_frames() -> None:
         while (f := dec.next_frame()) is not NEED_DATA:
             got.append(f)
     assert got == [v[2] for v in VECTORS]
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.integers(frames.SPLIT_FROM + 1, 3 * frames.SPLIT_FROM),
+    st.lists(st.integers(1, frames.SPLIT_FROM), min_size=1, max_size=12),
+)
+def test_a_large_frame_over_many_reads_is_gathered_whole(size: int, reads: list[int]) -> None:
+    """A frame larger than SPLIT_FROM that takes many reads is gathered until it is whole, with the
+    frames before and after it in the same reads, and counted as buffered meanwhile."""
+    sent = [HeartbeatFrame(0), BodyFrame(1, bytes(size)), BodyFrame(2, b"after")]
+    wire = HEARTBEAT_FRAME + frame(3, 1, bytes(size)) + frame(3, 2, b"after")
+    dec = FrameDecoder(0)
+    got: list[Frame] = []
+    start = 0
+    for length in [*reads, len(wire)]:
+        chunk = wire[start : start + length]
+        start += len(chunk)
+        dec.feed(chunk)
+        while (f := dec.next_frame()) is not NEED_DATA:
+            got.append(f)
+        assert dec.buffered + sum(8 + len(f.payload) if isinstance(f, BodyFrame) else 8 for f in got) == start
+        if start == len(wire):
+            break
+    assert got == sent
+    assert dec.buffered == 0
+
+
+def test_a_read_decoded_whole_is_not_copied_into_a_buffer() -> None:
+    dec = FrameDecoder(0)
+    wire = frame(3, 1, b"payload")
+    dec.feed(wire)
+    assert dec._buf is wire
+    assert dec.next_frame() == BodyFrame(1, b"payload")
+    assert dec.buffered == 0
 
 
 def test_heartbeat_constant() -> None:

@@ -133,37 +133,78 @@ _ACK_SIZE: Final = 4 + 8 + 1  # method index, delivery tag, bits
 _BASIC: Final = 60
 
 
-class FrameDecoder:
-    """Incremental frame decoder with its own buffer."""
+# A frame still not whole after a read is joined with the next read's bytes; one larger than this is
+# gathered in a bytearray instead, until it is whole.
+SPLIT_FROM: Final = 64 * 1024
 
-    __slots__ = ("_buf", "_last_publish", "_pos", "_properties", "_publishes", "frame_max")
+
+def _frame_size(buf: bytes | bytearray, pos: int) -> int:
+    """The whole size of the frame at ``pos`` as its header says, or -1 while the header is not whole."""
+    if len(buf) - pos < 7:
+        return -1
+    size: int = _SIZE.unpack_from(buf, pos + 3)[0]
+    return 8 + size
+
+
+class FrameDecoder:
+    """Incremental frame decoder over its own buffer.
+
+    The buffer is ``bytes``: compiled, a bytes object is indexed and sliced natively (a bytearray
+    through the generic protocol). A read decoded whole is decoded in the read's own bytes; one that
+    ends inside a frame is joined with the next, and a large frame that takes many reads is gathered
+    in a bytearray until it is whole (joining each read to all before it would copy it again and
+    again)."""
+
+    __slots__ = ("_buf", "_last_publish", "_pos", "_properties", "_publishes", "_split", "frame_max")
 
     def __init__(self, frame_max: int = FRAME_MIN_SIZE) -> None:
-        self._buf = bytearray()
+        self._buf = b""
         self._pos = 0
+        self._split: bytearray | None = None  # a large frame's bytes until it is whole
         # A publisher sends the same property bytes again and again: each is decoded once. The
         # objects are shared between messages; nothing changes a BasicProperties once decoded.
         self._properties: dict[bytes, BasicProperties] = {}
         # And the same basic.publish arguments (exchange, routing key, flags): decoded once too,
         # the method objects shared as the properties are (nothing changes a method once decoded).
         self._publishes: dict[bytes, Method] = {}
-        self._last_publish = bytearray()  # the method frame of the last one read whole (``repeats``)
+        self._last_publish = b""  # the method frame of the last one read whole (``repeats``)
         #: Largest frame accepted, overhead included; 0 means unlimited. May be changed any time.
         self.frame_max = frame_max
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
-        if self._pos:
-            del self._buf[: self._pos]
-            self._pos = 0
-        self._buf += data
+        chunk = data if isinstance(data, bytes) else bytes(data)
+        split = self._split
+        if split is not None:
+            split += chunk
+            if len(split) >= _frame_size(split, 0):
+                self._buf = bytes(split)
+                self._split = None
+            return
+        buf = self._buf
+        pos = self._pos
+        self._pos = 0
+        if pos == len(buf):
+            self._buf = chunk  # decoded where it was read: nothing copied
+            return
+        size = _frame_size(buf, pos)
+        if len(buf) - pos + len(chunk) < size and size > SPLIT_FROM:
+            fmax = self.frame_max
+            if not fmax or size <= fmax:  # (a frame too large is refused by next_frame)
+                split = self._split = bytearray(buf[pos:])
+                split += chunk
+                self._buf = b""
+                return
+        self._buf = buf[pos:] + chunk
 
     @property
     def buffered(self) -> int:
         """Bytes fed but not yet returned as frames."""
-        return len(self._buf) - self._pos
+        split = self._split
+        return len(self._buf) - self._pos + (0 if split is None else len(split))
 
     def unconsumed(self) -> bytes:
-        return bytes(self._buf[self._pos :])
+        split = self._split
+        return self._buf[self._pos :] + (b"" if split is None else bytes(split))
 
     def publish_channel(self) -> int:
         """The channel of the basic.publish method frame at the head of the buffer; 0 if the next
@@ -189,7 +230,7 @@ class FrameDecoder:
             return None
         delivery_tag, bits = _TAG_AND_BITS.unpack_from(buf, pos + 11)
         if end + 1 == len(buf):
-            self._buf = bytearray()  # everything consumed, as next_frame drops it
+            self._buf = b""  # everything consumed, as next_frame drops it
             self._pos = 0
         else:
             self._pos = end + 1
@@ -239,13 +280,9 @@ class FrameDecoder:
                 return None
             if end >= have or buf[end] != FRAME_END:
                 return None
-            if size < 16384:
-                body = bytes(buf[start + 7 : end])
-            else:
-                with memoryview(buf) as view:
-                    body = bytes(view[start + 7 : end])
-        encoded = bytes(buf[head + 7 + _HEADER_FIELDS_SIZE : head_end])
-        arguments = bytes(buf[pos + 7 : method_end])
+            body = buf[start + 7 : end]
+        encoded = buf[head + 7 + _HEADER_FIELDS_SIZE : head_end]
+        arguments = buf[pos + 7 : method_end]
         try:
             method = self._publishes.get(arguments)
             if method is None:
@@ -264,7 +301,7 @@ class FrameDecoder:
         except ProtocolError:
             return None
         if end + 1 == have:
-            self._buf = bytearray()
+            self._buf = b""
             self._pos = 0
         else:
             self._pos = end + 1
@@ -296,14 +333,10 @@ class FrameDecoder:
             return NEED_DATA
         if buf[end] != FRAME_END:
             raise ProtocolError(FRAME_ERROR, f"bad frame end octet {buf[end]:#04x}", channel=channel)
-        if size < 16384:
-            payload = bytes(buf[pos + 7 : end])  # two small copies beat a memoryview here
-        else:
-            with memoryview(buf) as view:
-                payload = bytes(view[pos + 7 : end])
+        payload = buf[pos + 7 : end]
         if end + 1 == len(buf):
             # Everything consumed: drop the buffer so that an idle connection holds nothing.
-            self._buf = bytearray()
+            self._buf = b""
             self._pos = 0
         else:
             self._pos = end + 1
