@@ -687,7 +687,7 @@ class Decoder:
         self.runs = False
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
-        if self._mv is not None:
+        if self._mv is not None:  # a view of the buffer this read replaces
             self._mv.release()
             self._mv = None
         chunk = data if isinstance(data, bytes) else bytes(data)
