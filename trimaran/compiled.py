@@ -107,6 +107,7 @@ MODULES = (
     "trimaran.storage.rows",
     "trimaran.runtime.confirms",
     "trimaran.runtime.flow",
+    "trimaran.runtime.outlet",
     "trimaran.runtime.transport",
     "trimaran.runtime.deadlines",
     "trimaran.runtime.poller",

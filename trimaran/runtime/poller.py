@@ -9,11 +9,12 @@ connection its bytes, as the loop's own transports would, in one callback, which
 runner's turn itself (``Runner.turn_begins``): the reads share one flush, and a wake-up schedules no
 callback for it.
 
-:class:`SocketTransport` is the subset of ``asyncio.Transport`` that ``transport.Conn`` uses, with
-its semantics: a write goes to the socket at once and what the socket does not take is buffered
-(``pause_writing`` past the high-water mark, ``resume_writing`` below the low one); ``close``
-writes what is buffered first, ``abort`` does not; ``connection_lost`` is called once, from the loop
-and never from inside a call of the connection's own. TLS connections keep the loop's transports.
+:class:`SocketTransport` is an ``outlet.Outlet``, the subset of ``asyncio.Transport`` that
+``transport.Conn`` uses, with its semantics: a write goes to the socket at once and what the socket
+does not take is buffered (``pause_writing`` past the high-water mark, ``resume_writing`` below the
+low one); ``close`` writes what is buffered first, ``abort`` does not; ``connection_lost`` is
+called once, from the loop and never from inside a call of the connection's own. TLS connections
+keep the loop's transports (wrapped in an ``outlet.LoopOutlet``).
 
 Edge-triggered, each socket registered once for both directions: no system call to pause or resume
 reading or to wait for room to write. A read that fills the buffer, or reading that resumes, asks
@@ -36,6 +37,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Final, cast
 
+from trimaran.runtime.outlet import Outlet
 from trimaran.runtime.transport import Conn, Runner
 
 log = logging.getLogger(__name__)
@@ -172,7 +174,7 @@ class Poller:
         """Serve ``conn`` on the connected, non-blocking socket ``fd``."""
         transport = SocketTransport(self, fd, address, conn)
         try:
-            conn.connection_made(cast(asyncio.BaseTransport, transport))  # (duck-typed, as uvloop's)
+            conn.connection_made(cast(asyncio.BaseTransport, transport))  # (an Outlet: taken as it is)
         except Exception:
             log.exception("connection_made failed for %s", address)
             transport.abort()
@@ -268,8 +270,8 @@ class Poller:
                 transport._unread = True
 
 
-class SocketTransport:
-    """One plain TCP connection of the poller, as ``transport.Conn`` uses an ``asyncio.Transport``."""
+class SocketTransport(Outlet):
+    """One plain TCP connection of the poller: the ``Outlet`` of its ``transport.Conn``."""
 
     __slots__ = (
         "_closing",
@@ -302,9 +304,9 @@ class SocketTransport:
         self._eof_sent = False
         self._writing_paused = False
 
-    # -- asyncio.Transport's methods that Conn uses -----------------------------------------------------
+    # -- the Outlet: asyncio.Transport's methods that Conn uses ---------------------------------------
 
-    def write(self, data: bytes | bytearray | memoryview) -> None:
+    def write(self, data: bytes) -> None:
         if self._closing or self._eof_sent or not data:
             return
         out = self._out

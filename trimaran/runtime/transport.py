@@ -31,6 +31,7 @@ from trimaran.runtime.flow import SESSION, Gate, Held
 from trimaran.runtime.limits import RuntimeLimits, RuntimeStats
 from trimaran.runtime.machine import Machine
 from trimaran.runtime.memory import Memory
+from trimaran.runtime.outlet import LoopOutlet, Outlet
 from trimaran.tenant_limits import Rate
 from trimaran.traffic import Traffic
 from trimaran.vhosts import DEFAULT_VHOST
@@ -227,7 +228,7 @@ class Conn(asyncio.Protocol):
         self.runner = runner
         self.listener = listener
         self.factory = factory
-        self.transport: asyncio.Transport | None = None
+        self.transport: Outlet | None = None
         self.hull: Hull | None = None
         self.peer = "?"
         self.peer_host = ""
@@ -270,14 +271,18 @@ class Conn(asyncio.Protocol):
     # -- asyncio.Protocol ---------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not subclasses of asyncio.Transport, but have its methods.
-        self.transport = cast(asyncio.Transport, transport)
+        # The poller's transports are outlets; a loop's is wrapped in one (uvloop's transports are not
+        # subclasses of asyncio.Transport, but have its methods).
+        if isinstance(transport, Outlet):
+            self.transport = transport
+        else:
+            self.transport = LoopOutlet(cast(asyncio.Transport, transport))
         try:
             self._admit(self.transport)
         except Exception as exc:
             self.crash(exc)
 
-    def _admit(self, transport: asyncio.Transport) -> None:
+    def _admit(self, transport: Outlet) -> None:
         address = transport.get_extra_info("peername")
         if isinstance(address, tuple):
             # One string for every connection from a host (interned strings go with their last user):
@@ -309,7 +314,7 @@ class Conn(asyncio.Protocol):
         except Exception as exc:
             self.crash(exc)
 
-    def _start(self, transport: asyncio.Transport) -> None:
+    def _start(self, transport: Outlet) -> None:
         # TCP_NODELAY (limits.tcp_nodelay; the runtime batches writes itself, so Nagle only adds
         # latency): the poller sets it as asked, and both event loops set it on every TCP transport
         # they make (asyncio since 3.6, uvloop always), so theirs is asked for only to turn it off.
@@ -707,7 +712,7 @@ class Conn(asyncio.Protocol):
             self._begin_close()
         self.runner.watch_deadline(self)
 
-    def _write(self, transport: asyncio.Transport, data: bytes) -> None:
+    def _write(self, transport: Outlet, data: bytes) -> None:
         self.bytes_out += len(data)
         runner = self.runner
         runner.traffic.bytes_sent += len(data)
