@@ -4,7 +4,7 @@ An event-loop transport (uvloop's, asyncio's) costs about 1.3 KiB a connection b
 state: the transport object, its libuv handle or selector key, the bound callbacks and buffers it
 keeps (issue 47). Here every plain TCP connection of the runtime is a socket registered in one
 ``select.epoll``, and only that epoll's descriptor is registered with the event loop. When it is
-ready, :meth:`Poller._ready` reads every ready socket once into one shared buffer and hands each
+ready, :meth:`Poller._ready` reads every ready socket once (up to 64 KiB) and hands each
 connection its bytes, as the loop's own transports would, in one callback, which then ends the
 runner's turn itself (``Runner.turn_begins``): the reads share one flush, and a wake-up schedules no
 callback for it.
@@ -42,7 +42,10 @@ from trimaran.runtime.transport import Conn, Runner
 
 log = logging.getLogger(__name__)
 
-READ_SIZE: Final = 256 * 1024  # one read's most, as uvloop's (a run of publishes is one read)
+# One read's most. A read is made as a bytes object of this size and cut down to what came (no copy
+# after the kernel's): glibc serves it from its heap below its mmap threshold (128 KiB, fixed where
+# TLS is on: net/tls.py), where uvloop's 256 KiB would be mapped and unmapped on every read.
+READ_SIZE: Final = 64 * 1024
 HIGH_WATER: Final = 64 * 1024  # the loops' write-buffer marks
 LOW_WATER: Final = 16 * 1024
 ACCEPTS_PER_TURN: Final = 128  # a listener's accepts in one turn of the loop (the others are read too)
@@ -62,7 +65,7 @@ _INPUT: Final = select.EPOLLIN | _ENDED | _ERR  # something to read: bytes, the 
 _EVERYTHING: Final = select.EPOLLIN | select.EPOLLOUT | select.EPOLLRDHUP | select.EPOLLET
 # The calls of every read and write as module constants: compiled, each is a static's, not two
 # lookups by name.
-_readv: Final = os.readv
+_read: Final = os.read
 _write: Final = os.write
 
 
@@ -88,9 +91,6 @@ class Poller:
         # lines of memory no other connection touched since (the table's slot, the entry, the key's
         # int) where a list slot is one (2,000 paced publishers: a sixtieth of the broker's CPU).
         self._socks: list[SocketTransport | None] = []
-        self._buffer = bytearray(READ_SIZE)
-        self._view = memoryview(self._buffer)
-        self._buffers = [self._buffer]  # os.readv's argument
         self._again: list[SocketTransport] = []  # to read once more this turn (see _read_again)
         self._listening: list[socket.socket] = []
         loop.add_reader(self._epoll.fileno(), self._ready)
@@ -236,17 +236,17 @@ class Poller:
     def _read(self, transport: SocketTransport) -> None:
         """One read of ``transport``'s socket, handed to its connection."""
         try:
-            size = _readv(transport._fd, self._buffers)
+            data = _read(transport._fd, READ_SIZE)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
             transport._finish(exc)
             return
-        if size:
-            if size == READ_SIZE or transport._peer_shut:
+        if data:
+            if len(data) == READ_SIZE or transport._peer_shut:
                 self.read_again(transport)  # more, or the end, may wait, and no edge will say so
             try:
-                transport._conn.data_received(bytes(self._view[:size]))
+                transport._conn.data_received(data)
             except Exception as crash:
                 transport._crashed("data_received", crash)
         else:
