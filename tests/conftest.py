@@ -10,6 +10,7 @@ import pytest
 
 from tests.support.browser import open_browser
 from tests.support.postgres import PostgresCluster, find_bindir
+from trimaran.mqtt.session import NO_BACKLOG
 
 _db_names = itertools.count()
 
@@ -81,3 +82,12 @@ def spark() -> Iterator[Any]:
 def browser() -> Iterator[Any]:
     """A real headless Chromium (tests/support/browser.py); mark the test ``needs_browser``."""
     yield from open_browser()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_backlog_stays_empty() -> Iterator[None]:
+    """Every idle MQTT session shares ``NO_BACKLOG``: whatever the run did, nothing was written to it
+    (a write would be every such session's)."""
+    yield
+    assert NO_BACKLOG.items is None and NO_BACKLOG.bytes == 0 and NO_BACKLOG.first_seq == 0
+    assert NO_BACKLOG.next_seq == 0

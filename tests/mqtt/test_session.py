@@ -18,6 +18,7 @@ from trimaran.mqtt.session import (
     AWAITING_PUBACK,
     AWAITING_PUBCOMP,
     AWAITING_PUBREC,
+    NO_BACKLOG,
     Backlog,
     InflightEntry,
     OutboundMessage,
@@ -81,6 +82,20 @@ def test_the_queue_is_bounded_in_bytes_as_well_as_messages() -> None:
     assert Session.from_dict(session.to_dict()).queue.bytes == session.queue.bytes
     session.queue.clear()
     assert session.queue.bytes == 0 and session.enqueue(big)
+
+
+def test_an_idle_session_shares_the_empty_backlog_until_a_message_waits() -> None:
+    """No backlog object per idle session (issue #47); the first queued message makes its own, and
+    one drained keeps it (its numbers go on); the shared one is never written."""
+    idle, busy = Session("idle"), Session("busy")
+    assert idle.queue is NO_BACKLOG and busy.queue is NO_BACKLOG and not idle.queue
+    assert busy.enqueue(OutboundMessage("t", b"x", 1))
+    assert busy.queue is not NO_BACKLOG and len(busy.queue) == 1 and idle.queue is NO_BACKLOG
+    assert busy.next_to_send(1) is not None and not busy.queue and busy.queue.first_seq == 1
+    assert Session.from_dict(idle.to_dict()).queue is NO_BACKLOG
+    again = Session.from_dict(busy.to_dict())  # renumbered: its own, empty
+    assert again.queue is not NO_BACKLOG and again.queue.first_seq == 1 and not again.queue
+    assert NO_BACKLOG.items is None and NO_BACKLOG.first_seq == 0 and NO_BACKLOG.bytes == 0
 
 
 def test_pubrec_error_ends_flow() -> None:
@@ -215,7 +230,7 @@ def test_a_saved_sessions_text_is_the_encoders(
     expiry, max_queued, max_bytes, next_id, dropped, first_seq = numbers
     session = Session(client_id, expiry_interval=expiry, max_queued=max_queued + 10)
     session.next_packet_id, session.dropped, session.owner = next_id, dropped, owner
-    session.queue.first_seq = first_seq
+    session.backlog().first_seq = first_seq
     for topic_filter, qos, no_local, rap, handling, sid in subscriptions:
         session.add_subscription(
             Subscription(topic_filter, SubscriptionOptions(qos, no_local, rap, handling), sid)

@@ -560,13 +560,13 @@ class ServerConnection(Machine):
                     self._ready.append(MessageDropped(message, reason))
                 return True
             message.wire = None  # queued: encoded at its turn, perhaps for another connection
-            session.queue.append(message)
+            session.backlog().append(message)
             self._pump(self._ready)
             return True
         # The window is full, or offline: it waits its turn (a PUBACK pumps the queue).
         message.wire = None
         if self.state == State.CONNECTED:
-            session.queue.append(message)  # unbounded here: the hull holds the publishers
+            session.backlog().append(message)  # unbounded here: the hull holds the publishers
             return True
         if not session.enqueue(message):
             self.dropped_queue_full += 1
@@ -631,7 +631,7 @@ class ServerConnection(Machine):
         inflight = session.inflight
         if inflight is None:
             inflight = session.inflight = {}
-        queue = session.queue
+        queue = session.backlog()
         items = queue.items
         if items is None:
             items = queue.items = []

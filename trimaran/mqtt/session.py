@@ -223,6 +223,11 @@ class Backlog:
     __hash__ = None  # type: ignore[assignment]
 
 
+# Every session's queue until its first message waits (``Session.backlog`` makes its own): never
+# written, so that an idle session holds no backlog object (96 bytes compiled; issue #47).
+NO_BACKLOG: Final = Backlog()
+
+
 @dataclass(slots=True, init=False)
 class InflightEntry:
     packet_id: int
@@ -289,7 +294,8 @@ class Session:
         # In send order; made by the first QoS 1/2 delivery (an idle session holds none) and kept
         # when drained, or a subscriber would make one a message.
         self.inflight: dict[int, InflightEntry] | None = None
-        self.queue: Backlog = Backlog()
+        # NO_BACKLOG, read-only, until the first message waits: written only through backlog().
+        self.queue: Backlog = NO_BACKLOG
         # Packet ids as dict keys: an empty dict is a quarter of an empty set. Most sessions never
         # see QoS 2: both are made by the first QoS 2 PUBLISH.
         self.inbound_qos2: dict[int, None] | None = None
@@ -318,13 +324,20 @@ class Session:
         self.next_packet_id = pid % 0xFFFF + 1
         return pid
 
+    def backlog(self) -> Backlog:
+        """The queue, to add to or renumber: the session's own, made at the first use."""
+        queue = self.queue
+        if queue is NO_BACKLOG:
+            queue = self.queue = Backlog()
+        return queue
+
     def enqueue(self, message: OutboundMessage) -> bool:
         """Queue a QoS 1/2 message. False (and counted in `dropped`) when the queue is full: as
         many messages as ``max_queued``, or as many bytes as ``max_queued_bytes``."""
         if message.qos == 0:
             raise ValueError("only QoS 1 and 2 messages are queued in the session")
         # len(queue) and queue.append() written out: once per message queued behind the window.
-        queue = self.queue
+        queue = self.backlog()
         items = queue.items
         size = len(message.payload) + len(message.topic)  # weight()
         if (items is not None and len(items) - queue._head >= self.max_queued) or (
@@ -486,8 +499,9 @@ class Session:
                 )
                 for e in data["inflight"]
             }
-        session.queue.first_seq = data.get("queue_first_seq", 0)
-        session.queue.extend(_message_from_dict(m) for m in data["queue"])
+        first_seq = data.get("queue_first_seq", 0)
+        if first_seq or data["queue"]:
+            session.queue = Backlog([_message_from_dict(m) for m in data["queue"]], first_seq)
         if data["inbound_qos2"]:
             session.inbound_qos2 = dict.fromkeys(data["inbound_qos2"])
         return session
