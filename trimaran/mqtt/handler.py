@@ -1231,7 +1231,22 @@ def _route_options(
     options: PacketOptions, identifier: int | None, group: str | None, reads: Callable[[str], bool] | None
 ) -> SubscriptionOptions:
     """The router's options of a subscription: shared by every subscription alike (96 bytes each
-    otherwise, issue 47), up to a bound, since identifiers and share groups are the clients' own."""
+    otherwise, issue 47), up to a bound, since identifiers and share groups are the clients' own.
+    Looked up by a tuple of the values: a frozen dataclass made only to be looked up cost a
+    subscription three Python-level calls (its __init__, __hash__ and __eq__), compiled too."""
+    key: _OptionsKey | None = None
+    if reads is None:  # (else a connection's own permission check: never shared)
+        key = (
+            options.qos,
+            options.no_local,
+            options.retain_as_published,
+            identifier,
+            group,
+            options.retain_handling,
+        )
+        kept = _ROUTE_OPTIONS.get(key)
+        if kept is not None:
+            return kept
     made = SubscriptionOptions(
         qos=options.qos,
         no_local=options.no_local,
@@ -1241,18 +1256,15 @@ def _route_options(
         retain_handling=options.retain_handling,
         reads=reads,
     )
-    if reads is not None:  # a connection's own permission check
-        return made
-    kept = _ROUTE_OPTIONS.get(made)
-    if kept is None:
-        if len(_ROUTE_OPTIONS) >= ROUTE_OPTIONS_KEPT:
-            return made
-        kept = _ROUTE_OPTIONS[made] = made
-    return kept
+    if key is not None and len(_ROUTE_OPTIONS) < ROUTE_OPTIONS_KEPT:
+        _ROUTE_OPTIONS[key] = made
+    return made
 
 
 ROUTE_OPTIONS_KEPT: Final = 4096
-_ROUTE_OPTIONS: dict[SubscriptionOptions, SubscriptionOptions] = {}
+# qos, no_local, retain_as_published, identifier, share group, retain_handling
+_OptionsKey = tuple[int, bool, bool, int | None, str | None, int]
+_ROUTE_OPTIONS: dict[_OptionsKey, SubscriptionOptions] = {}
 
 
 def session_row(session: Session, protocol_level: int, offline: bool, now_wall: int) -> StoredSession:
