@@ -72,13 +72,13 @@ def test_length_limit_counts_utf8_bytes() -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("a/b", SharedFilter(None, "a/b")),
-        ("$share", SharedFilter(None, "$share")),
-        ("$share/g/a/b", SharedFilter("g", "a/b")),
-        ("$share/g/#", SharedFilter("g", "#")),
-        ("$share/g//", SharedFilter("g", "/")),
-        ("$share/group-1/$queue/orders", SharedFilter("group-1", "$queue/orders")),
-        ("$share/g/$share/h/x", SharedFilter("g", "$share/h/x")),
+        ("a/b", (None, "a/b")),
+        ("$share", (None, "$share")),
+        ("$share/g/a/b", ("g", "a/b")),
+        ("$share/g/#", ("g", "#")),
+        ("$share/g//", ("g", "/")),
+        ("$share/group-1/$queue/orders", ("group-1", "$queue/orders")),
+        ("$share/g/$share/h/x", ("g", "$share/h/x")),
     ],
 )
 def test_split_shared(text: str, expected: SharedFilter) -> None:

@@ -1174,7 +1174,7 @@ class ServerConnection(Machine):
         for topic_filter, _options in packet.subscriptions:
             code: int | None = None
             try:
-                shared = split_shared(topic_filter)
+                group, inner = split_shared(topic_filter)
             except TopicError:
                 code = ReasonCode.TOPIC_FILTER_INVALID
             else:
@@ -1182,11 +1182,9 @@ class ServerConnection(Machine):
                     topic_filter.count("/") >= limits.max_topic_levels
                 ):
                     code = ReasonCode.TOPIC_FILTER_INVALID
-                elif shared.group is not None and not limits.shared_subscription_available:
+                elif group is not None and not limits.shared_subscription_available:
                     code = ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED
-                elif not limits.wildcard_subscription_available and (
-                    "+" in shared.topic_filter or "#" in shared.topic_filter
-                ):
+                elif not limits.wildcard_subscription_available and ("+" in inner or "#" in inner):
                     code = ReasonCode.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED
                 elif room is not None and topic_filter not in held:
                     if room <= 0:
