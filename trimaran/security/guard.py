@@ -118,7 +118,8 @@ def queue_of(topic: str) -> str | None:
     return levels[0] or None
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: compiled, a frozen dataclass is made by a Python-level __init__ (a sixth of a login).
+@dataclass(slots=True)
 class Login:
     ok: bool
     user: str | None  # None: anonymous
