@@ -48,6 +48,8 @@ GROUP = "trimaran._mypyc"
 # - amqp091/field_types.py: it subclasses builtin types (int, float), which mypyc does not compile
 #   (amqp091/fields.py, compiled, imports its typed values from it);
 # - amqp091/exchanges.py, durable.py: not on a message's path, only on declares and at start.
+# security/permissions.py came in with the persistent sessions' storm: a subscription asks it four
+# times (RabbitMQ's patterns for the client's own queue), a call by name into Python each.
 # - storage/writer.py (its thread, locks and statements): the batch it writes and the per-row work
 #   are storage/rows.py's, which is in, with queue/changes.py (a WriteBatch) and the journal.
 # mqtt/queues.py (an MQTT `$queue/` message's way in and out) and queue/shared.py (a shared node's
@@ -66,6 +68,7 @@ MODULES = (
     "trimaran.broker.stats",
     "trimaran.broker.clients",
     "trimaran.broker.core",
+    "trimaran.security.permissions",
     "trimaran.security.guard",
     "trimaran.mqtt.reason_codes",
     "trimaran.mqtt.properties",
