@@ -28,7 +28,8 @@ clean-compiled:
 # CI's second run: compile, then the compiled modules' own tests and the protocol suites over them.
 COMPILED_TESTS ?= tests/test_compiled.py tests/test_topics.py tests/broker tests/mqtt tests/amqp091 \
 	tests/amqp1 tests/runtime/test_frame_order_mqtt.py tests/runtime/test_frame_order_amqp091.py \
-	tests/runtime/test_frame_order_amqp1.py tests/runtime/test_deadlines.py tests/queue tests/interop
+	tests/runtime/test_frame_order_amqp1.py tests/runtime/test_deadlines.py tests/queue tests/interop \
+	tests/security
 test-compiled: compile
 	TRIMARAN_REQUIRE_COMPILED=1 $(BIN)/python -m pytest $(COMPILED_TESTS) $(ARGS)
 
