@@ -45,7 +45,8 @@ from trimaran.queue.manager import (
 from trimaran.queue.outcomes import ACK, RETRY_NOW, Commit, DeadLetter, Outcome, Retry
 from trimaran.queue.policy import DEFAULT_GROUP, QUEUE_PREFIX, QueueError, parse_queue_topic, queue_topic
 from trimaran.runtime.confirms import InOrder
-from trimaran.topics import SHARE_PREFIX, TopicError, split_shared
+from trimaran.security.guard import subscription_filter
+from trimaran.topics import TopicError, split_shared
 from trimaran.vhosts import describe, prefix, split_key
 
 if TYPE_CHECKING:
@@ -112,11 +113,8 @@ class QueueConn(Protocol):
 
 def is_queue_filter(topic_filter: str) -> bool:
     """A valid ``$queue/...`` filter, alone or in a share group. Only one that looks like it is
-    validated: a subscription asks twice, and most are not (a split is a tuple made in Python)."""
-    inner = topic_filter
-    if inner.startswith(SHARE_PREFIX):
-        inner = inner[len(SHARE_PREFIX) :].partition("/")[2]
-    if not inner.startswith(QUEUE_PREFIX):
+    validated: a subscription asks twice, and most are not."""
+    if not subscription_filter(topic_filter).startswith(QUEUE_PREFIX):
         return False
     try:
         split_shared(topic_filter)
