@@ -278,7 +278,9 @@ class ServerConnection(Machine):
         self._out_alias_next = 1
         # SUBSCRIBEs the hull has not answered: made by one, dropped when all are answered.
         self._pending_subscribes: dict[int, Subscribe] | None = None
-        self._ready: Events = []  # what next_event() hands out, in order, from _ready_at
+        # What next_event() hands out, in order, from _ready_at; None when all were handed out (an
+        # idle connection holds no list: 72 bytes, issue #47). `_pending()` makes one.
+        self._ready: Events | None = None
         self._ready_at = 0
         self._valid_topic: str | None = None  # the last topic name checked: publishers repeat theirs
         # A run being read one PUBLISH at a time (walk_run): its packets, and the next one's index.
@@ -343,18 +345,21 @@ class ServerConnection(Machine):
         if self.keep_alive and self.state == State.CONNECTED:
             self._deadline = now + self.keep_alive * 1.5
         elif self.state == State.CONNECTING and self._decoder.buffered > self.limits.max_early_data:
-            self._refuse(self._ready, ReasonCode.QUOTA_EXCEEDED, "too much data before CONNACK")
+            self._refuse(self._pending(), ReasonCode.QUOTA_EXCEEDED, "too much data before CONNACK")
 
     def next_event(self) -> Event | None:
         """The next event, decoding at most one more packet (or one run of plain PUBACKs); None when no
         whole packet is buffered (or a CONNECT waits for ``accept``/``reject``)."""
         ready = self._ready
         at = self._ready_at
-        if at == len(ready):
-            if at:
-                ready.clear()
-                at = 0
+        if ready is None or at == len(ready):
             decoder = self._decoder
+            if not decoder.buffered and self._walk is None:
+                self._ready = None  # all handed out, nothing to decode: the list goes
+                return None
+            if ready is None or at:
+                ready = self._ready = []
+                at = 0
             # Decode and act on one packet at a time until one makes an event; stop when no whole
             # packet is buffered or one failed. Written out here: this runs once per packet.
             # Packets are decoded while connected or awaiting CONNECT (CONNECTING waits for the hull's
@@ -399,14 +404,23 @@ class ServerConnection(Machine):
                     self._fail(ready, fail.reason_code, fail.message)
                     break
             if not ready:
+                self._ready = None
                 self._ready_at = 0
                 return None
         self._ready_at = at + 1
         return ready[at]
 
+    def _pending(self) -> Events:
+        """The events next_event() is to hand out, for one more at the end (made if there are none)."""
+        ready = self._ready
+        if ready is None:
+            ready = self._ready = []
+            self._ready_at = 0
+        return ready
+
     def receive_eof(self) -> None:
         """The socket closed under us (no DISCONNECT): a ConnectionClosed event if still open."""
-        events = self._ready
+        events = self._pending()
         if self.state != State.CLOSED:
             was_connected = self.state == State.CONNECTED
             self.state = State.CLOSED
@@ -434,9 +448,9 @@ class ServerConnection(Machine):
 
     def tick(self, now: float) -> None:
         """Close a connection whose CONNECT or keep alive is overdue."""
-        events = self._ready
         if self.state == State.CLOSED or now < self._deadline:
             return
+        events = self._pending()
         if self.state in (State.AWAIT_CONNECT, State.CONNECTING):
             self._close(
                 events, ReasonCode.MAXIMUM_CONNECT_TIME, "no CONNECT within the connect timeout", False
@@ -497,7 +511,7 @@ class ServerConnection(Machine):
             self._connect = None  # only its will is needed later: an idle client keeps no packet
         self._decoder.max_packet_size = self.limits.max_packet_size
         self._deadline = self._last_rx + self.keep_alive * 1.5 if self.keep_alive else NO_DEADLINE
-        events = self._ready
+        events = self._pending()
         for entry in session.inflight_entries():
             self._send_inflight(entry, events)
         self._pump(events)
@@ -508,7 +522,7 @@ class ServerConnection(Machine):
             return
         if self.state != State.CONNECTING:
             raise RuntimeError(f"reject() in state {self.state}")
-        self._refuse(self._ready, reason_code, reason_string or "connection refused")
+        self._refuse(self._pending(), reason_code, reason_string or "connection refused")
 
     # ----------------------------------------------------------------------------------- outbound
 
@@ -557,11 +571,11 @@ class ServerConnection(Machine):
                     entry.sent = True
                 else:
                     session.drop_inflight(entry.packet_id)
-                    self._ready.append(MessageDropped(message, reason))
+                    self._pending().append(MessageDropped(message, reason))
                 return True
             message.wire = None  # queued: encoded at its turn, perhaps for another connection
             session.backlog().append(message)
-            self._pump(self._ready)
+            self._pump(self._pending())
             return True
         # The window is full, or offline: it waits its turn (a PUBACK pumps the queue).
         message.wire = None
@@ -679,7 +693,7 @@ class ServerConnection(Machine):
             self.pending_out += len(data)
             self.packets_sent += sent
         if items and len(inflight) < self.client_receive_maximum:
-            self._pump(self._ready)  # room, but the queue was not empty: its head goes first
+            self._pump(self._pending())  # room, but the queue was not empty: its head goes first
         return True
 
     def walk_run(self, run: PublishRun) -> None:
@@ -799,7 +813,7 @@ class ServerConnection(Machine):
         server_reference: str | None = None,
     ) -> None:
         """Server-initiated close (takeover 0x8E, shutdown 0x8B, ...). 5.0 gets a DISCONNECT."""
-        events = self._ready
+        events = self._pending()
         if self.state == State.CLOSED:
             return
         if self.state in (State.AWAIT_CONNECT, State.CONNECTING) and self._connect is not None:
