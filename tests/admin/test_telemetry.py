@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
 
 import pytest
@@ -33,8 +34,10 @@ def test_counters_are_read_from_the_broker_at_scrape_time() -> None:
     telemetry.bind(broker)
     broker.stats.messages_received = 7
     broker.stats.bytes_sent = 1234
-    broker.clients.add(ClientInfo("c1", "mqtt", "127.0.0.1:1", None, lambda _: None, None))
-    broker.clients.add(ClientInfo("c2", "amqp091", "127.0.0.1:2", "bob", lambda _: None, None))
+    broker.clients.add(ClientInfo("c1", "mqtt", None, lambda _: None, SimpleNamespace(peer="127.0.0.1:1")))
+    broker.clients.add(
+        ClientInfo("c2", "amqp091", "bob", lambda _: None, SimpleNamespace(peer="127.0.0.1:2"))
+    )
     got = samples(telemetry.prometheus_text())
     assert got["trimaran_messages_received_total"] == 7
     assert got["trimaran_sent_bytes_total"] == 1234

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import anyio
 import pytest
@@ -105,8 +106,12 @@ def test_a_failed_login_is_one_warning_with_fields(caplog: pytest.LogCaptureFixt
 def test_client_registry() -> None:
     kicked: list[str] = []
     registry = ClientRegistry()
-    a = registry.add(ClientInfo("dev-1", "mqtt", "1.2.3.4:5", None, lambda _: kicked.append("a"), None))
-    b = registry.add(ClientInfo("app", "amqp091", "1.2.3.4:6", "alice", lambda _: kicked.append("b"), None))
+    a = registry.add(
+        ClientInfo("dev-1", "mqtt", None, lambda _: kicked.append("a"), SimpleNamespace(peer="1.2.3.4:5"))
+    )
+    b = registry.add(
+        ClientInfo("app", "amqp091", "alice", lambda _: kicked.append("b"), SimpleNamespace(peer="1.2.3.4:6"))
+    )
     assert a.key != b.key and len(registry) == 2
     assert registry.count_by_protocol() == {"mqtt": 1, "amqp091": 1}
     found = registry.get(b.key)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker
 from trimaran.broker.events import CLIENT_CONNECTED, CLIENT_DISCONNECTED, BusEvent
@@ -12,10 +14,11 @@ def test_arrived_and_left_keep_registry_counters_and_events_in_step() -> None:
     events: list[BusEvent] = []
     broker.events.subscribe(events.append, [CLIENT_CONNECTED, CLIENT_DISCONNECTED])
     one = broker.presence.arrived(
-        ClientInfo("c1", "mqtt", "1.2.3.4:5", "alice", lambda _: None, None), session_present=False
+        ClientInfo("c1", "mqtt", "alice", lambda _: None, SimpleNamespace(peer="1.2.3.4:5")),
+        session_present=False,
     )
     two = broker.presence.arrived(
-        ClientInfo("c1", "mqtt", "1.2.3.4:6", "alice", lambda _: None, None)
+        ClientInfo("c1", "mqtt", "alice", lambda _: None, SimpleNamespace(peer="1.2.3.4:6"))
     )  # a takeover
     assert (
         len(broker.clients) == 2 and broker.stats.clients_connected == 2 and broker.stats.clients_maximum == 2

@@ -494,7 +494,6 @@ class Amqp091FrontEnd:
             ClientInfo(
                 conn.name,
                 PROTOCOL_AMQP091,
-                conn.peer,
                 conn.user,
                 _kick,
                 conn,

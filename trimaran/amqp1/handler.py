@@ -308,7 +308,7 @@ class Amqp1FrontEnd:
             conn.amqp.close(Error(condition=RESOURCE_LIMIT_EXCEEDED, description=over))
             return
         conn.client = self.broker.presence.arrived(
-            ClientInfo(conn.container_id, PROTOCOL_AMQP1, conn.peer, conn.user, self._kick, conn, vhost=vhost)
+            ClientInfo(conn.container_id, PROTOCOL_AMQP1, conn.user, self._kick, conn, vhost=vhost)
         )
         log.debug("amqp1: %r connected from %s", conn.container_id, conn.peer)
 

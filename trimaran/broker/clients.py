@@ -20,15 +20,20 @@ class ClientInfo:
 
     client_id: str  # MQTT client id, AMQP 1.0 container id, AMQP 0.9.1 connection name
     protocol: str  # a trimaran.broker.message.PROTOCOL_* value
-    peer: str
     user: str | None
     # What kick() calls with ``conn``: one function serves every client of a protocol, where a
     # closure or partial per client would cost an idle connection ~250 bytes (issue #47).
     closer: Callable[[Any], None]
-    conn: Any  # the protocol's connection object
+    conn: Any  # the protocol's connection object: its ``peer`` is the client's address
     vhost: str = DEFAULT_VHOST  # the vhost it logged in to (trimaran/vhosts.py)
     since_ms: int = field(default_factory=_now_ms)
     serial: int = 0  # the registry's number of it (an int: compiled, a field rather than an object)
+
+    @property
+    def peer(self) -> str:
+        """``host:port``, asked of the connection (not kept: 64 bytes of every client, issue #47)."""
+        peer: str = self.conn.peer
+        return peer
 
     @property
     def key(self) -> str:

@@ -651,7 +651,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
         endpoint.expires_at = None
         conn.endpoint = endpoint
         conn.client = self.broker.presence.arrived(
-            ClientInfo(client_id, PROTOCOL_MQTT, conn.peer, login.user, _kick, conn, vhost),
+            ClientInfo(client_id, PROTOCOL_MQTT, login.user, _kick, conn, vhost),
             protocol_version=connect.protocol_level,
             session_present=present,
         )
@@ -661,9 +661,10 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
         machine.accept(endpoint.session, session_present=present)
         self.mark_dirty(endpoint)
         self._resume_queue_subscriptions(conn, endpoint.session)
-        log.debug(
-            "mqtt: client %r connected from %s (level %d)", client_id, conn.peer, connect.protocol_level
-        )
+        if log.isEnabledFor(logging.DEBUG):  # (the peer's text is made when asked)
+            log.debug(
+                "mqtt: client %r connected from %s (level %d)", client_id, conn.peer, connect.protocol_level
+            )
 
     # -- broker events (webhooks): built only when someone listens --------------------------------
 

@@ -209,13 +209,14 @@ class Conn(asyncio.Protocol):
         "listener",
         "messages_in",
         "messages_out",
-        "peer",
         "peer_host",
+        "peer_port",
         "publisher",
         "rate",
         "read_at_ms",
         "runner",
         "scheduled",
+        "slot",
         "state",
         "transport",
         "user",
@@ -230,8 +231,8 @@ class Conn(asyncio.Protocol):
         self.factory = factory
         self.transport: Outlet | None = None
         self.hull: Hull | None = None
-        self.peer = "?"
         self.peer_host = ""
+        self.peer_port = 0
         self.state = OPEN
         self.dirty = False  # queued in the runner's flush for this loop iteration
         self.publisher = False  # has published (``publishing``): paused while an alarm is raised
@@ -264,9 +265,16 @@ class Conn(asyncio.Protocol):
         # When the runner's entry of it falls due (runtime/deadlines.py). A float, not an optional
         # one: compiled, it is a field of the object rather than an object of its own.
         self.scheduled = NOT_SCHEDULED
+        self.slot = -1  # its index in the runner's connections (runner.Connections), -1 if not there
         self.entered = False  # counted against its vhost's and user's connection limits (Runner.enter)
         self.rate: Rate | None = None  # the user's token buckets, when it has a rate limit
         self._throttle_timer: asyncio.TimerHandle | None = None  # not read until the buckets refill
+
+    @property
+    def peer(self) -> str:
+        """``host:port`` of the peer ("?" if not an IP socket): made when asked (log lines, the
+        admin API), as a string kept for every connection would be 64 bytes of each (issue #47)."""
+        return f"{self.peer_host}:{self.peer_port}" if self.peer_host else "?"
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------
 
@@ -288,7 +296,7 @@ class Conn(asyncio.Protocol):
             # One string for every connection from a host (interned strings go with their last user):
             # accept makes a new one each time, 58 bytes of every connection.
             self.peer_host = sys.intern(str(address[0]))
-            self.peer = f"{address[0]}:{address[1]}"
+            self.peer_port = int(address[1])
         refusal = self.runner.admit(self)
         if refusal is not None:
             log.warning("%s: refused connection from %s: %s", self.listener, self.peer, refusal)
