@@ -32,6 +32,7 @@ from trimaran.mqtt.codec import (
     MAX_PACKET_SIZE,
     NEED_DATA,
     NO_PROPERTIES,
+    PINGREQ,
     PINGRESP_BYTES,
     Decoder,
     ProtocolError,
@@ -354,18 +355,19 @@ class ServerConnection(Machine):
         at = self._ready_at
         if ready is None or at == len(ready):
             decoder = self._decoder
+            if ready is not None and at:
+                ready = self._ready = None  # all handed out: the list goes
             if not decoder.buffered and self._walk is None:
-                self._ready = None  # all handed out, nothing to decode: the list goes
                 return None
-            if ready is None or at:
-                ready = self._ready = []
-                at = 0
+            at = 0
             # Decode and act on one packet at a time until one makes an event; stop when no whole
-            # packet is buffered or one failed. Written out here: this runs once per packet.
+            # packet is buffered or one failed. Written out here: this runs once per packet. The
+            # events' list is made before the first packet that may make one (not for a PINGREQ).
             # Packets are decoded while connected or awaiting CONNECT (CONNECTING waits for the hull's
             # accept or reject): compared as constants, where a set's lookup cost ten times as much.
             while not ready and (self.state == State.CONNECTED or self.state == State.AWAIT_CONNECT):
                 if self._walk is not None:  # a run's PUBLISHes, each its own event, before the rest
+                    ready = self._pending()
                     try:
                         self._on_publish(self._walked(), ready)
                     except _Fail as failed:  # (its own name: mypyc gives one name one type)
@@ -379,16 +381,22 @@ class ServerConnection(Machine):
                     and self.session.inflight  # type: ignore[union-attr]
                     and (packet_ids := decoder.next_pubacks())
                 ):
+                    ready = self._pending()
                     self._plain_pubacks(packet_ids, ready)
                     continue
                 try:
                     packet = decoder.next_packet()
                 except ProtocolError as exc:
+                    ready = self._pending()
                     self._fail(ready, exc.reason_code, exc.message)
                     break
                 if packet is NEED_DATA:
                     break
                 self.packets_received += 1
+                if packet is PINGREQ:  # (the decoder's one PINGREQ) an idle connection's one packet
+                    self._pong()
+                    continue
+                ready = self._pending()
                 try:
                     if type(packet) is Publish:  # most packets: one dispatch shorter
                         self._on_publish(packet, ready)  # the decoder refuses one before CONNECT
@@ -827,6 +835,19 @@ class ServerConnection(Machine):
 
     # ------------------------------------------------------------------------------------ receive
 
+    def _pong(self) -> None:
+        """A PINGRESP: two constant bytes, nothing to make or encode (an idle connection's one
+        exchange); a client whose Maximum Packet Size is 1 gets none, as from _send."""
+        if self.client_max_packet_size >= 2:
+            out = self._out
+            if out is None:
+                self._out = [PINGRESP_BYTES]
+            else:
+                out.append(PINGRESP_BYTES)
+            self.packets_sent += 1
+        else:
+            self.dropped_too_large += 1
+
     def _on_packet(self, packet: Packet, events: Events) -> None:
         if isinstance(packet, Publish):
             self._on_publish(packet, events)
@@ -839,17 +860,7 @@ class ServerConnection(Machine):
         elif isinstance(packet, PubComp):
             self._on_pubcomp(packet, events)
         elif isinstance(packet, PingReq):
-            # Two constant bytes, nothing to make or encode (an idle connection's one exchange); a
-            # client whose Maximum Packet Size is 1 gets none, as from _send.
-            if self.client_max_packet_size >= 2:
-                out = self._out
-                if out is None:
-                    self._out = [PINGRESP_BYTES]
-                else:
-                    out.append(PINGRESP_BYTES)
-                self.packets_sent += 1
-            else:
-                self.dropped_too_large += 1
+            self._pong()
         elif isinstance(packet, Subscribe):
             self._on_subscribe(packet, events)
         elif isinstance(packet, Unsubscribe):
