@@ -90,8 +90,7 @@ class Amqp091Conn(Hull):
         self.io = io
         self.machine = machine  # the runtime drives it as a Machine; the front end, as itself:
         self.amqp = machine
-        self.peer = io.peer
-        self.name = io.peer
+        self.peer = self.name = io.peer  # (made once: the runtime makes the text when asked)
         self.user: str | None = None
         self.principal: Principal | None = None  # who logged in: what the rules let it do
         self.client: ClientInfo | None = None

@@ -428,12 +428,11 @@ class ServerConnection(Machine):
 
     def receive_eof(self) -> None:
         """The socket closed under us (no DISCONNECT): a ConnectionClosed event if still open."""
-        events = self._pending()
         if self.state != State.CLOSED:
             was_connected = self.state == State.CONNECTED
             self.state = State.CLOSED
             self._deadline = NO_DEADLINE
-            events.append(
+            self._pending().append(
                 ConnectionClosed(
                     ReasonCode.UNSPECIFIED_ERROR,
                     "connection lost",
@@ -609,11 +608,7 @@ class ServerConnection(Machine):
             self.dropped_too_large += 1
             self.dropped_why = DROP_TOO_LARGE
             return False
-        out = self._out
-        if out is None:
-            self._out = [data]
-        else:
-            out.append(data)
+        self._queue(data)
         self.pending_out += size
         self.packets_sent += 1
         return True
@@ -625,11 +620,7 @@ class ServerConnection(Machine):
         Maximum Packet Size: the caller then sends them one by one."""
         if self.state != State.CONNECTED or largest > self.client_max_packet_size:
             return False
-        out = self._out
-        if out is None:
-            self._out = [data]
-        else:
-            out.append(data)
+        self._queue(data)
         self.pending_out += len(data)
         self.packets_sent += count
         return True
@@ -693,11 +684,7 @@ class ServerConnection(Machine):
                 queue.bytes += len(payload) + len(topic)
         if sent:
             data = b"".join(parts)
-            out = self._out
-            if out is None:
-                self._out = [data]
-            else:
-                out.append(data)
+            self._queue(data)
             self.pending_out += len(data)
             self.packets_sent += sent
         if items and len(inflight) < self.client_receive_maximum:
@@ -718,11 +705,7 @@ class ServerConnection(Machine):
         if self.state != State.CONNECTED:
             return  # too late to answer; a QoS 1 message keeps nothing here
         data = run_acks(run)
-        out = self._out
-        if out is None:
-            self._out = [data]
-        else:
-            out.append(data)
+        self._queue(data)
         self.packets_sent += run.count
 
     def ack_publish(self, packet_id: int, reason_code: int = 0, properties: Properties | None = None) -> None:
@@ -745,11 +728,7 @@ class ServerConnection(Machine):
         if reason_code == 0 and properties is None:
             # Hot path: a plain success ack is always 4 bytes, the same at every level.
             data = bytes((0x40 if qos == 1 else 0x50, 2, packet_id >> 8, packet_id & 0xFF))
-            out = self._out
-            if out is None:
-                self._out = [data]
-            else:
-                out.append(data)
+            self._queue(data)
             self.packets_sent += 1
         elif qos == 1:
             self._send(PubAck(packet_id, reason_code, properties or Properties()))
@@ -821,9 +800,9 @@ class ServerConnection(Machine):
         server_reference: str | None = None,
     ) -> None:
         """Server-initiated close (takeover 0x8E, shutdown 0x8B, ...). 5.0 gets a DISCONNECT."""
-        events = self._pending()
         if self.state == State.CLOSED:
             return
+        events = self._pending()
         if self.state in (State.AWAIT_CONNECT, State.CONNECTING) and self._connect is not None:
             self._refuse(events, reason_code, reason_string or "refused")
             return
@@ -835,15 +814,19 @@ class ServerConnection(Machine):
 
     # ------------------------------------------------------------------------------------ receive
 
+    def _queue(self, data: bytes) -> None:
+        """``data`` for the client after what is queued (an idle connection holds no list)."""
+        out = self._out
+        if out is None:
+            self._out = [data]
+        else:
+            out.append(data)
+
     def _pong(self) -> None:
         """A PINGRESP: two constant bytes, nothing to make or encode (an idle connection's one
         exchange); a client whose Maximum Packet Size is 1 gets none, as from _send."""
         if self.client_max_packet_size >= 2:
-            out = self._out
-            if out is None:
-                self._out = [PINGRESP_BYTES]
-            else:
-                out.append(PINGRESP_BYTES)
+            self._queue(PINGRESP_BYTES)
             self.packets_sent += 1
         else:
             self.dropped_too_large += 1
@@ -1281,7 +1264,7 @@ class ServerConnection(Machine):
             if reason_code == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
                 # The CONNECT could not even be read: answer in 3.1.1 form, which every client reads.
                 refusal = encode(ConnAck(False, rc.ConnAckReturnCode.UNACCEPTABLE_PROTOCOL_VERSION), 4)
-                self._out = [*(self._out or ()), refusal]
+                self._queue(refusal)
             self._close(events, reason_code, message, False)
             return
         self._close(events, reason_code, message, True)
@@ -1333,11 +1316,7 @@ class ServerConnection(Machine):
         if len(data) > self.client_max_packet_size:
             self.dropped_too_large += 1
             return False
-        out = self._out
-        if out is None:
-            self._out = [data]
-        else:
-            out.append(data)
+        self._queue(data)
         self.packets_sent += 1
         return True
 
@@ -1404,11 +1383,7 @@ class ServerConnection(Machine):
             return DROP_TOO_LARGE
         if alias and new_alias:
             self._commit_alias(message.topic, alias)
-        out = self._out
-        if out is None:
-            self._out = [data]
-        else:
-            out.append(data)
+        self._queue(data)
         self.pending_out += size
         self.packets_sent += 1
         return None
