@@ -357,8 +357,6 @@ class ServerConnection(Machine):
             decoder = self._decoder
             if ready is not None and at:
                 ready = self._ready = None  # all handed out: the list goes
-            if not decoder.buffered and self._walk is None:
-                return None
             at = 0
             # Decode and act on one packet at a time until one makes an event; stop when no whole
             # packet is buffered or one failed. Written out here: this runs once per packet. The
@@ -396,7 +394,9 @@ class ServerConnection(Machine):
                 if packet is PINGREQ:  # (the decoder's one PINGREQ) an idle connection's one packet
                     self._pong()
                     continue
-                ready = self._pending()
+                if ready is None:  # (_pending() written out: once a packet)
+                    ready = self._ready = []
+                    self._ready_at = 0
                 try:
                     if type(packet) is Publish:  # most packets: one dispatch shorter
                         self._on_publish(packet, ready)  # the decoder refuses one before CONNECT
@@ -608,7 +608,11 @@ class ServerConnection(Machine):
             self.dropped_too_large += 1
             self.dropped_why = DROP_TOO_LARGE
             return False
-        self._queue(data)
+        out = self._out
+        if out is None:
+            self._out = [data]
+        else:
+            out.append(data)
         self.pending_out += size
         self.packets_sent += 1
         return True
@@ -620,7 +624,11 @@ class ServerConnection(Machine):
         Maximum Packet Size: the caller then sends them one by one."""
         if self.state != State.CONNECTED or largest > self.client_max_packet_size:
             return False
-        self._queue(data)
+        out = self._out
+        if out is None:
+            self._out = [data]
+        else:
+            out.append(data)
         self.pending_out += len(data)
         self.packets_sent += count
         return True
@@ -684,7 +692,11 @@ class ServerConnection(Machine):
                 queue.bytes += len(payload) + len(topic)
         if sent:
             data = b"".join(parts)
-            self._queue(data)
+            out = self._out
+            if out is None:
+                self._out = [data]
+            else:
+                out.append(data)
             self.pending_out += len(data)
             self.packets_sent += sent
         if items and len(inflight) < self.client_receive_maximum:
@@ -705,7 +717,11 @@ class ServerConnection(Machine):
         if self.state != State.CONNECTED:
             return  # too late to answer; a QoS 1 message keeps nothing here
         data = run_acks(run)
-        self._queue(data)
+        out = self._out
+        if out is None:
+            self._out = [data]
+        else:
+            out.append(data)
         self.packets_sent += run.count
 
     def ack_publish(self, packet_id: int, reason_code: int = 0, properties: Properties | None = None) -> None:
@@ -728,7 +744,11 @@ class ServerConnection(Machine):
         if reason_code == 0 and properties is None:
             # Hot path: a plain success ack is always 4 bytes, the same at every level.
             data = bytes((0x40 if qos == 1 else 0x50, 2, packet_id >> 8, packet_id & 0xFF))
-            self._queue(data)
+            out = self._out
+            if out is None:
+                self._out = [data]
+            else:
+                out.append(data)
             self.packets_sent += 1
         elif qos == 1:
             self._send(PubAck(packet_id, reason_code, properties or Properties()))
@@ -814,19 +834,15 @@ class ServerConnection(Machine):
 
     # ------------------------------------------------------------------------------------ receive
 
-    def _queue(self, data: bytes) -> None:
-        """``data`` for the client after what is queued (an idle connection holds no list)."""
-        out = self._out
-        if out is None:
-            self._out = [data]
-        else:
-            out.append(data)
-
     def _pong(self) -> None:
         """A PINGRESP: two constant bytes, nothing to make or encode (an idle connection's one
         exchange); a client whose Maximum Packet Size is 1 gets none, as from _send."""
         if self.client_max_packet_size >= 2:
-            self._queue(PINGRESP_BYTES)
+            out = self._out
+            if out is None:
+                self._out = [PINGRESP_BYTES]
+            else:
+                out.append(PINGRESP_BYTES)
             self.packets_sent += 1
         else:
             self.dropped_too_large += 1
@@ -1264,7 +1280,7 @@ class ServerConnection(Machine):
             if reason_code == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
                 # The CONNECT could not even be read: answer in 3.1.1 form, which every client reads.
                 refusal = encode(ConnAck(False, rc.ConnAckReturnCode.UNACCEPTABLE_PROTOCOL_VERSION), 4)
-                self._queue(refusal)
+                self._out = [*(self._out or ()), refusal]
             self._close(events, reason_code, message, False)
             return
         self._close(events, reason_code, message, True)
@@ -1316,7 +1332,11 @@ class ServerConnection(Machine):
         if len(data) > self.client_max_packet_size:
             self.dropped_too_large += 1
             return False
-        self._queue(data)
+        out = self._out
+        if out is None:
+            self._out = [data]
+        else:
+            out.append(data)
         self.packets_sent += 1
         return True
 
@@ -1383,7 +1403,11 @@ class ServerConnection(Machine):
             return DROP_TOO_LARGE
         if alias and new_alias:
             self._commit_alias(message.topic, alias)
-        self._queue(data)
+        out = self._out
+        if out is None:
+            self._out = [data]
+        else:
+            out.append(data)
         self.pending_out += size
         self.packets_sent += 1
         return None
