@@ -10,7 +10,7 @@ import anyio
 import pytest
 from pydantic import SecretStr
 
-from trimaran.broker.clients import ClientInfo, ClientRegistry
+from trimaran.broker.clients import ClientInfo, ClientRegistry, client_json, client_key
 from trimaran.config import AuthSettings, UserSettings
 from trimaran.security.guard import Login, Security
 from trimaran.vhosts import prefix
@@ -106,24 +106,23 @@ def test_a_failed_login_is_one_warning_with_fields(caplog: pytest.LogCaptureFixt
 def test_client_registry() -> None:
     kicked: list[str] = []
     registry = ClientRegistry()
-    a = registry.add(
-        ClientInfo("dev-1", "mqtt", None, lambda _: kicked.append("a"), SimpleNamespace(peer="1.2.3.4:5"))
-    )
-    b = registry.add(
-        ClientInfo("app", "amqp091", "alice", lambda _: kicked.append("b"), SimpleNamespace(peer="1.2.3.4:6"))
-    )
-    assert a.key != b.key and len(registry) == 2
+    a = ClientInfo("dev-1", "mqtt", None, lambda _: kicked.append("a"), SimpleNamespace(peer="1.2.3.4:5"))
+    b = ClientInfo("app", "amqp091", "alice", lambda _: kicked.append("b"), SimpleNamespace(peer="1.2.3.4:6"))
+    registry.add(a)
+    registry.add(b)
+    assert client_key(a) != client_key(b) and len(registry) == 2 and a.since_ms > 0
     assert registry.count_by_protocol() == {"mqtt": 1, "amqp091": 1}
-    found = registry.get(b.key)
+    found = registry.get(client_key(b))
     assert found is b
     # A key names one client: another protocol's, a number never given, or no number name none.
-    other = "mqtt" + b.key.removeprefix("amqp091")
+    other = "mqtt" + client_key(b).removeprefix("amqp091")
     assert [registry.get(key) for key in (other, "amqp091-99", "amqp091-", "amqp091-x", "")] == [None] * 5
     found.kick()
     assert kicked == ["b"]
-    assert b.to_json()["user"] == "alice" and b.to_json()["id"] == b.key
-    registry.remove(a)
-    registry.remove(a)  # twice is harmless
+    shown = client_json(b)
+    assert shown["user"] == "alice" and shown["id"] == client_key(b) and shown["address"] == "1.2.3.4:6"
+    assert registry.remove(a) and b.slot == 0 and a.slot == -1  # the last one took its place
+    assert not registry.remove(a)  # twice is harmless
     assert [c.client_id for c in registry] == ["app"]
     assert registry.count_by_protocol() == {"amqp091": 1}  # kept as they come and go, never below 0
 

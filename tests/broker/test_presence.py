@@ -13,13 +13,10 @@ def test_arrived_and_left_keep_registry_counters_and_events_in_step() -> None:
     broker = Broker()
     events: list[BusEvent] = []
     broker.events.subscribe(events.append, [CLIENT_CONNECTED, CLIENT_DISCONNECTED])
-    one = broker.presence.arrived(
-        ClientInfo("c1", "mqtt", "alice", lambda _: None, SimpleNamespace(peer="1.2.3.4:5")),
-        session_present=False,
-    )
-    two = broker.presence.arrived(
-        ClientInfo("c1", "mqtt", "alice", lambda _: None, SimpleNamespace(peer="1.2.3.4:6"))
-    )  # a takeover
+    one = ClientInfo("c1", "mqtt", "alice", lambda _: None, SimpleNamespace(peer="1.2.3.4:5"))
+    broker.presence.arrived(one, session_present=False)
+    two = ClientInfo("c1", "mqtt", "alice", lambda _: None, SimpleNamespace(peer="1.2.3.4:6"))
+    broker.presence.arrived(two)  # a takeover
     assert (
         len(broker.clients) == 2 and broker.stats.clients_connected == 2 and broker.stats.clients_maximum == 2
     )

@@ -39,6 +39,7 @@ from trimaran.admin.history import MAX_BRIDGES, MAX_QUEUES
 from trimaran.admin.http import HttpError, HttpServer, Request, Response
 from trimaran.admin.telemetry import PROMETHEUS_CONTENT_TYPE, Telemetry
 from trimaran.admin.view import AdminView, BridgeStatus, NotReady, PermissionOps, QueueOps
+from trimaran.broker.clients import client_json, client_key
 from trimaran.broker.message import Message, now_ms
 from trimaran.broker.sessions import SessionDirectory, SessionInfo
 from trimaran.config import (
@@ -67,7 +68,7 @@ from trimaran.vhosts import (
 )
 
 if TYPE_CHECKING:
-    from trimaran.broker.clients import ClientInfo, ClientRegistry
+    from trimaran.broker.clients import Client, ClientRegistry
     from trimaran.queue.groups import StoredMessage
     from trimaran.queue.manager import QueueInfo
 
@@ -871,9 +872,9 @@ class AdminApi:
                 for c in self.view.clients()
                 if (protocol is None or c.protocol == protocol) and (vhost is None or c.vhost == vhost)
             ),
-            key=lambda c: (c.since_ms, c.key),
+            key=lambda c: (c.since_ms, client_key(c)),
         )
-        items = [(c.since_ms, c.key) for c in clients]
+        items = [(c.since_ms, client_key(c)) for c in clients]
         return _page(request, ClientPage, clients, items, _client_out)
 
     async def show_client(self, request: Request) -> Response:
@@ -886,7 +887,7 @@ class AdminApi:
         named = f"client '{_own_id(client)}' in vhost '{client.vhost}'"
         return _ok(Done(ok=True, detail=f"{named} disconnected"))
 
-    def _client(self, key: str, vhost: str) -> ClientInfo:
+    def _client(self, key: str, vhost: str) -> Client:
         """A client by its connection id (``mqtt-12``), or by its client id in ``vhost``, as people
         know it."""
         clients: ClientRegistry = self.view.clients()
@@ -897,7 +898,7 @@ class AdminApi:
         if not named:
             raise HttpError(404, "no_client", f"no connected client '{key}' in vhost '{vhost}'")
         if len(named) > 1:  # AMQP connection names need not be unique
-            ids = ", ".join(sorted(c.key for c in named))
+            ids = ", ".join(sorted(client_key(c) for c in named))
             raise HttpError(409, "ambiguous", f"{len(named)} connections are named {key}: {ids}; use one id")
         return named[0]
 
@@ -1566,13 +1567,13 @@ def _label(key: str) -> str:
     return name if vhost == DEFAULT_VHOST else f"{name} (vhost {vhost})"
 
 
-def _own_id(client: ClientInfo) -> str:
+def _own_id(client: Client) -> str:
     """The client id as the client sent it (an MQTT client's is kept behind its vhost's prefix)."""
     return strip(client.client_id, prefix(client.vhost))
 
 
-def _client_out(client: ClientInfo) -> ClientOut:
-    return ClientOut(**client.to_json() | {"client_id": _own_id(client)})
+def _client_out(client: Client) -> ClientOut:
+    return ClientOut(**client_json(client) | {"client_id": _own_id(client)})
 
 
 def _permission_out(permission: Permission) -> PermissionOut:

@@ -490,17 +490,9 @@ class Amqp091FrontEnd:
         conn.name = f"{conn.peer} ({name})" if isinstance(name, str) and name else conn.peer
         if conn.principal is not None and isinstance(name, str) and name:
             conn.principal.rename(name)  # %c in the rules: the client's connection_name
-        conn.client = self.broker.presence.arrived(
-            ClientInfo(
-                conn.name,
-                PROTOCOL_AMQP091,
-                conn.user,
-                _kick,
-                conn,
-                vhost=event.virtual_host,
-            ),
-            vhost=event.virtual_host,
-        )
+        client = ClientInfo(conn.name, PROTOCOL_AMQP091, conn.user, _kick, conn, event.virtual_host)
+        conn.client = client
+        self.broker.presence.arrived(client, vhost=event.virtual_host)
         log.debug("amqp091: %s opened vhost %s as %r", conn.name, event.virtual_host, conn.user)
 
     def _flow(self, conn: Amqp091Conn, event: ChannelFlowChanged) -> None:

@@ -307,9 +307,9 @@ class Amqp1FrontEnd:
             log.info("amqp1: %s (%s): %s", conn.peer, conn.container_id, over)
             conn.amqp.close(Error(condition=RESOURCE_LIMIT_EXCEEDED, description=over))
             return
-        conn.client = self.broker.presence.arrived(
-            ClientInfo(conn.container_id, PROTOCOL_AMQP1, conn.user, self._kick, conn, vhost=vhost)
-        )
+        client = ClientInfo(conn.container_id, PROTOCOL_AMQP1, conn.user, self._kick, conn, vhost)
+        conn.client = client
+        self.broker.presence.arrived(client)
         log.debug("amqp1: %r connected from %s", conn.container_id, conn.peer)
 
     def forget_vhost(self, vhost_prefix: str) -> None:

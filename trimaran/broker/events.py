@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
-from trimaran.broker.clients import ClientInfo
+from trimaran.broker.clients import Client
 from trimaran.broker.message import Message, now_ms
 
 log = logging.getLogger(__name__)
@@ -190,7 +190,7 @@ class EventBus:
         data.update(extra)
         self.emit(event_type, data)
 
-    def client_info(self, event_type: str, client: ClientInfo, **extra: Any) -> None:
+    def client_info(self, event_type: str, client: Client, **extra: Any) -> None:
         """The same, for a client in the broker's registry (any protocol), with its vhost."""
         extra.setdefault("vhost", client.vhost)
         self.client(event_type, client.client_id, client.protocol, client.peer, client.user, **extra)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trimaran.broker.clients import ClientInfo, ClientRegistry
+from trimaran.broker.clients import Client, ClientRegistry
 from trimaran.broker.events import CLIENT_CONNECTED, CLIENT_DISCONNECTED, EventBus
 
 if TYPE_CHECKING:
@@ -26,15 +26,14 @@ class Presence:
         self._stats = stats
         self._events = events
 
-    def arrived(self, client: ClientInfo, **details: Any) -> ClientInfo:
+    def arrived(self, client: Client, **details: Any) -> None:
         """``client`` logged in: registered, counted, and ``client.connected`` with ``details``."""
         self._clients.add(client)
         self._stats.client_connected()
         if self._events.wants(CLIENT_CONNECTED):
             self._events.client_info(CLIENT_CONNECTED, client, **details)
-        return client
 
-    def left(self, client: ClientInfo | None, **details: Any) -> None:
+    def left(self, client: Client | None, **details: Any) -> None:
         """``client``'s connection is gone (nothing if it never arrived, or already left)."""
         if client is None or not self._clients.remove(client):
             return

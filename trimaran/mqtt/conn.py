@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from trimaran.broker.message import PROTOCOL_MQTT
 from trimaran.mqtt.connection import ServerConnection
 from trimaran.mqtt.packets import Publish, PublishRun
 from trimaran.mqtt.queues import ConnQueues, MqttQueues, QueueEndpoint, send_acks
@@ -16,7 +17,6 @@ from trimaran.runtime.machine import Machine
 from trimaran.runtime.transport import Conn, Hull
 
 if TYPE_CHECKING:
-    from trimaran.broker.clients import ClientInfo
     from trimaran.security.guard import Principal
 
 log = logging.getLogger(__name__)
@@ -48,15 +48,20 @@ class FrontEnd(Generic[E]):
 
 
 class MqttConn(Hull, Generic[E]):
+    """The connection, and the client the broker's registry lists while it is logged in
+    (``broker.clients.Client``: its id, user and vhost are those of its session and login)."""
+
     __slots__ = (
         "_queue_bindings",
-        "client",
         "endpoint",
         "front",
         "io",
         "mqtt",
         "principal",
+        "serial",
         "shutting_down",
+        "since_ms",
+        "slot",
     )
 
     def __init__(
@@ -68,14 +73,42 @@ class MqttConn(Hull, Generic[E]):
         self.machine = mqtt if machine is None else machine
         self.io = io
         self.endpoint: E | None = None
-        self.client: ClientInfo | None = None  # in the broker's client registry while connected
         self.principal: Principal | None = None  # who logged in: what the rules let it do
         self._queue_bindings: ConnQueues | None = None  # made when the connection first uses a queue
         self.shutting_down = False  # a server shutdown closes it: no will
+        self.serial = 0  # its number in the client registry: 0 until its login was accepted
+        self.since_ms = 0
+        self.slot = -1  # its index in the registry's list, -1 when not in it
+
+    # -- the client registry's Client ------------------------------------------------------------------
 
     @property
     def peer(self) -> str:
         return self.io.peer
+
+    @property
+    def client_id(self) -> str:
+        """The session's key: its client id behind its vhost's prefix."""
+        endpoint = self.endpoint
+        return "" if endpoint is None else endpoint.client_id
+
+    @property
+    def protocol(self) -> str:
+        return PROTOCOL_MQTT
+
+    @property
+    def user(self) -> str | None:
+        principal = self.principal
+        return None if principal is None else principal.user
+
+    @property
+    def vhost(self) -> str:
+        return self.io.vhost
+
+    def kick(self) -> None:
+        """An operator closes the connection (admin API): DISCONNECT 0x98 where the protocol has it."""
+        log.info("mqtt: client %r disconnected by an administrator", self.client_id)
+        self.close(ReasonCode.ADMINISTRATIVE_ACTION, "disconnected by an administrator")
 
     @property
     def queue_bindings(self) -> ConnQueues:

@@ -271,6 +271,10 @@ class ServerConnection(Machine):
         # Known at CONNECT; a field, as every delivery asks.
         self.uses_topic_aliases = False
         self.request_problem_information = True
+        # MessageAcked for every finished delivery; False: only for tagged ones (a hull that has
+        # nothing to do when a plain pub/sub delivery is acknowledged saves an event per message).
+        # Set beside the other flags: compiled, they share one word.
+        self.report_plain_acks = True
         # Client packet id -> QoS, not yet acked by the handler; made by the first QoS 1/2 PUBLISH.
         self._inbound_unacked: dict[int, int] | None = None
         self._held_resends: set[int] | None = None  # see settle_resend
@@ -288,9 +292,6 @@ class ServerConnection(Machine):
         self._walk: list[tuple[bytes, bytes]] | None = None
         self._walk_at = 0
         self._walk_run: PublishRun | None = None
-        # MessageAcked for every finished delivery; False: only for tagged ones (a hull that has
-        # nothing to do when a plain pub/sub delivery is acknowledged saves an event per message).
-        self.report_plain_acks = True
         # ConnectionStats' counters, as fields: counted per packet, and an object of their own would be
         # 72 bytes of every connection (issue #47).
         self.dropped_too_large = 0

@@ -19,7 +19,6 @@ from typing import Any, Final
 import anyio
 import anyio.to_thread
 
-from trimaran.broker.clients import ClientInfo
 from trimaran.broker.core import Broker
 from trimaran.broker.drops import NO_SHARE_MEMBER, OFFLINE_QUEUE_FULL, OUTBOX_FULL
 from trimaran.broker.events import (
@@ -650,11 +649,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
         endpoint.conn = conn
         endpoint.expires_at = None
         conn.endpoint = endpoint
-        conn.client = self.broker.presence.arrived(
-            ClientInfo(client_id, PROTOCOL_MQTT, login.user, _kick, conn, vhost),
-            protocol_version=connect.protocol_level,
-            session_present=present,
-        )
+        self.broker.presence.arrived(conn, protocol_version=connect.protocol_level, session_present=present)
         _forget_queue_deliveries(endpoint.session)
         if present:
             self._recheck(endpoint)  # a resumed session keeps only what this login may read
@@ -691,8 +686,8 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
         self, event_type: str, conn: MqttConn[MqttEndpoint], topic_filter: str, **extra: Any
     ) -> None:
         events = self.broker.events
-        if events.wants(event_type) and conn.client is not None:
-            events.client_info(event_type, conn.client, topic_filter=topic_filter, **extra)
+        if events.wants(event_type) and conn.serial:  # (in the client registry)
+            events.client_info(event_type, conn, topic_filter=topic_filter, **extra)
 
     # -- the session directory (trimaran.broker.sessions.SessionDirectory) ---------------------------
 
@@ -714,7 +709,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
             return False
         endpoint.session.expiry_interval = 0
         if endpoint.conn is not None:
-            _kick(endpoint.conn)  # closing drops the session: its expiry is now 0
+            endpoint.conn.kick()  # closing drops the session: its expiry is now 0
         if self.endpoints.get(client_id) is endpoint:
             self._drop_session(endpoint)
         log.info("mqtt: %s deleted by an administrator", describe(client_id, "session"))
@@ -731,12 +726,11 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
     def _connection_closed(self, conn: MqttConn[MqttEndpoint], event: ConnectionClosed) -> None:
         endpoint = conn.endpoint
         self.broker.presence.left(
-            conn.client,
+            conn,
             reason=event.reason,
             reason_code=event.reason_code,
             initiator="client" if event.by_client else "server",
         )
-        conn.client = None
         if event.reason_code >= 0x80 and not event.by_client:
             log.info(
                 "mqtt: closing %s (%s): %s",
@@ -1186,12 +1180,6 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
                 if code < 0x80:
                     bound = conn.queue_bindings.subscriptions[subscription.topic_filter]
                     self.queues.grant_initial_credit(conn, bound)
-
-
-def _kick(conn: MqttConn[MqttEndpoint]) -> None:
-    """An operator closes the connection (admin API): DISCONNECT 0x98 where the protocol has it."""
-    log.info("mqtt: client %r disconnected by an administrator", conn.endpoint and conn.endpoint.client_id)
-    conn.close(ReasonCode.ADMINISTRATIVE_ACTION, "disconnected by an administrator")
 
 
 def _forget_queue_deliveries(session: Session) -> None:

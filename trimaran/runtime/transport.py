@@ -258,6 +258,8 @@ class Conn(asyncio.Protocol):
         self._read_paused = False  # the transport is paused (hull, a step in flight, or memory)
         self._peer_eof = False
         self._peer_closes = False  # closing: the protocol left the end of the connection to the peer
+        self.entered = False  # counted against its vhost's and user's connection limits (Runner.enter;
+        # beside the other flags: compiled, they share a word)
         self._held_by = 0  # slow readers this connection's publishes wait for (push_back)
         self._gate: Gate | None = None  # the publishers waiting for this one (made at the first hold)
         self._hello_until = 0.0  # until then the first bytes must name a protocol
@@ -266,7 +268,6 @@ class Conn(asyncio.Protocol):
         # one: compiled, it is a field of the object rather than an object of its own.
         self.scheduled = NOT_SCHEDULED
         self.slot = -1  # its index in the runner's connections (runner.Connections), -1 if not there
-        self.entered = False  # counted against its vhost's and user's connection limits (Runner.enter)
         self.rate: Rate | None = None  # the user's token buckets, when it has a rate limit
         self._throttle_timer: asyncio.TimerHandle | None = None  # not read until the buckets refill
 
