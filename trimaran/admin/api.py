@@ -883,8 +883,8 @@ class AdminApi:
 
     async def kick_client(self, request: Request) -> Response:
         client = self._client(request.params["id"], _vhost_arg(request))
-        client.kick()
         named = f"client '{_own_id(client)}' in vhost '{client.vhost}'"
+        client.kick()
         return _ok(Done(ok=True, detail=f"{named} disconnected"))
 
     def _client(self, key: str, vhost: str) -> Client:

@@ -15,6 +15,7 @@ from trimaran.mqtt.queues import ConnQueues, MqttQueues, QueueEndpoint, send_ack
 from trimaran.mqtt.reason_codes import ReasonCode
 from trimaran.runtime.machine import Machine
 from trimaran.runtime.transport import Conn, Hull
+from trimaran.vhosts import prefix
 
 if TYPE_CHECKING:
     from trimaran.security.guard import Principal
@@ -88,9 +89,9 @@ class MqttConn(Hull, Generic[E]):
 
     @property
     def client_id(self) -> str:
-        """The session's key: its client id behind its vhost's prefix."""
-        endpoint = self.endpoint
-        return "" if endpoint is None else endpoint.client_id
+        """The session's key: its client id behind its vhost's prefix (made when asked, and the
+        same after the connection left its session: a handover's events name it)."""
+        return prefix(self.io.vhost) + self.mqtt.client_id
 
     @property
     def protocol(self) -> str:
