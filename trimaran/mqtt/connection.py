@@ -1444,9 +1444,38 @@ class ServerConnection(Machine):
         if session is None or self.state != State.CONNECTED:
             return
         inflight = session.inflight
-        for message in session.queue.take(
-            self.client_receive_maximum - (0 if inflight is None else len(inflight))
-        ):
+        taken = session.queue.take(self.client_receive_maximum - (0 if inflight is None else len(inflight)))
+        if not taken:
+            return
+        if inflight is None:
+            inflight = session.inflight = {}
+        # QoS 1 messages queued cut around their packet id (publish_qos1_run, the fan-out's) are
+        # sent as one write: start_inflight() and _send_publish() written out, once per message
+        # of a subscriber that is behind (a PUBACK makes room for the next).
+        parts: list[bytes] | None = None
+        size = 0
+        limit = 0 if self.uses_topic_aliases else self.client_max_packet_size
+        for message in taken:
+            wire = message.wire
+            if wire is not None and message.qos == 1 and not message.redelivered:
+                length = len(wire[0]) + 2 + len(wire[1])
+                if length <= limit:
+                    if len(inflight) >= 0xFFFF:
+                        raise RuntimeError("all 65535 packet identifiers are in use")
+                    pid = session.next_packet_id
+                    while pid in inflight:
+                        pid = pid % 0xFFFF + 1
+                    session.next_packet_id = pid % 0xFFFF + 1
+                    inflight[pid] = InflightEntry(pid, message, AWAITING_PUBACK, True)
+                    message.wire = None  # its one use (a resend carries DUP, encoded anew)
+                    if parts is None:
+                        parts = []
+                    parts += (wire[0], _PACKET_ID(pid), wire[1])
+                    size += length
+                    continue
+            if parts is not None:  # what went before, in order
+                self._queue_parts(parts, size)
+                parts, size = None, 0
             # _send_inflight() written out for a new entry: never sent, never awaiting PUBCOMP
             entry = session.start_inflight(message)
             reason = self._send_publish(message, message.qos, entry.packet_id, False)
@@ -1457,3 +1486,16 @@ class ServerConnection(Machine):
                 # Expired, or too large for this client: as if it was delivered (MQTT-3.1.2-25).
                 session.drop_inflight(entry.packet_id)
                 events.append(MessageDropped(message, reason))
+        if parts is not None:
+            self._queue_parts(parts, size)
+
+    def _queue_parts(self, parts: list[bytes], size: int) -> None:
+        """Queue PUBLISHes given as parts (``size`` bytes, a packet every three parts) as one write."""
+        data = b"".join(parts)
+        out = self._out
+        if out is None:
+            self._out = [data]
+        else:
+            out.append(data)
+        self.pending_out += size
+        self.packets_sent += len(parts) // 3
