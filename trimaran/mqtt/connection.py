@@ -692,14 +692,7 @@ class ServerConnection(Machine):
                 items.append(message)  # session.queue.append() written out
                 queue.bytes += len(payload) + len(topic)
         if sent:
-            data = b"".join(parts)
-            out = self._out
-            if out is None:
-                self._out = [data]
-            else:
-                out.append(data)
-            self.pending_out += len(data)
-            self.packets_sent += sent
+            self._queue_parts(parts)
         if items and len(inflight) < self.client_receive_maximum:
             self._pump(self._pending())  # room, but the queue was not empty: its head goes first
         return True
@@ -1453,29 +1446,30 @@ class ServerConnection(Machine):
         # sent as one write: start_inflight() and _send_publish() written out, once per message
         # of a subscriber that is behind (a PUBACK makes room for the next).
         parts: list[bytes] | None = None
-        size = 0
         limit = 0 if self.uses_topic_aliases else self.client_max_packet_size
         for message in taken:
             wire = message.wire
-            if wire is not None and message.qos == 1 and not message.redelivered:
-                length = len(wire[0]) + 2 + len(wire[1])
-                if length <= limit:
-                    if len(inflight) >= 0xFFFF:
-                        raise RuntimeError("all 65535 packet identifiers are in use")
-                    pid = session.next_packet_id
-                    while pid in inflight:
-                        pid = pid % 0xFFFF + 1
-                    session.next_packet_id = pid % 0xFFFF + 1
-                    inflight[pid] = InflightEntry(pid, message, AWAITING_PUBACK, True)
-                    message.wire = None  # its one use (a resend carries DUP, encoded anew)
-                    if parts is None:
-                        parts = []
-                    parts += (wire[0], _PACKET_ID(pid), wire[1])
-                    size += length
-                    continue
+            if (
+                wire is not None
+                and message.qos == 1
+                and not message.redelivered
+                and len(wire[0]) + 2 + len(wire[1]) <= limit
+            ):
+                if len(inflight) >= 0xFFFF:
+                    raise RuntimeError("all 65535 packet identifiers are in use")
+                pid = session.next_packet_id
+                while pid in inflight:
+                    pid = pid % 0xFFFF + 1
+                session.next_packet_id = pid % 0xFFFF + 1
+                inflight[pid] = InflightEntry(pid, message, AWAITING_PUBACK, True)
+                message.wire = None  # its one use (a resend carries DUP, encoded anew)
+                if parts is None:
+                    parts = []
+                parts += (wire[0], _PACKET_ID(pid), wire[1])
+                continue
             if parts is not None:  # what went before, in order
-                self._queue_parts(parts, size)
-                parts, size = None, 0
+                self._queue_parts(parts)
+                parts = None
             # _send_inflight() written out for a new entry: never sent, never awaiting PUBCOMP
             entry = session.start_inflight(message)
             reason = self._send_publish(message, message.qos, entry.packet_id, False)
@@ -1487,15 +1481,16 @@ class ServerConnection(Machine):
                 session.drop_inflight(entry.packet_id)
                 events.append(MessageDropped(message, reason))
         if parts is not None:
-            self._queue_parts(parts, size)
+            self._queue_parts(parts)
 
-    def _queue_parts(self, parts: list[bytes], size: int) -> None:
-        """Queue PUBLISHes given as parts (``size`` bytes, a packet every three parts) as one write."""
+    def _queue_parts(self, parts: list[bytes]) -> None:
+        """Queue QoS 1 PUBLISHes given as parts (three a packet: its head, its id, the rest) as one
+        write: a run's delivery, or what a PUBACK lets through."""
         data = b"".join(parts)
         out = self._out
         if out is None:
             self._out = [data]
         else:
             out.append(data)
-        self.pending_out += size
+        self.pending_out += len(data)
         self.packets_sent += len(parts) // 3

@@ -686,7 +686,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
         self, event_type: str, conn: MqttConn[MqttEndpoint], topic_filter: str, **extra: Any
     ) -> None:
         events = self.broker.events
-        if events.wants(event_type) and conn.serial:  # (in the client registry)
+        if events.wants(event_type) and conn.slot >= 0:  # (in the client registry)
             events.client_info(event_type, conn, topic_filter=topic_filter, **extra)
 
     # -- the session directory (trimaran.broker.sessions.SessionDirectory) ---------------------------
