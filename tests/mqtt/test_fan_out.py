@@ -21,7 +21,6 @@ from trimaran.mqtt.handler import MqttEndpoint, MqttFrontEnd
 from trimaran.mqtt.mapping import FanOutEncoder
 from trimaran.mqtt.packets import PubAck, Publish
 from trimaran.mqtt.properties import Properties
-from trimaran.mqtt.session import Session
 from trimaran.runtime.runner import Runner
 
 pytestmark = pytest.mark.anyio
@@ -55,7 +54,7 @@ async def test_each_subscriber_gets_its_own_publish() -> None:
         server, client, _ = connected(level=level, client_id=name, **connect)
         io = Wire(Runner(), lambda io, first: None).conn  # the runtime's side, never read
         conn = MqttConn(front, server, io)
-        endpoint = MqttEndpoint(front, Session(name), level)
+        endpoint = MqttEndpoint(front, name, level)
         endpoint.conn, conn.endpoint = conn, endpoint
         options = SubscriptionOptions(qos=1, retain_as_published=True, subscription_identifier=sub_id)
         broker.router.subscribe(endpoint, "a/+", options)
@@ -190,10 +189,9 @@ async def test_each_qos1_subscriber_gets_its_own_packet_id() -> None:
         server, client, _ = connected(level=level, client_id=name, **connect)
         io = Wire(Runner(), lambda io, first: None).conn  # the runtime's side, never read
         conn = MqttConn(front, server, io)
-        session = Session(name)
-        session.next_packet_id = first_id
-        server.session = session
-        endpoint = MqttEndpoint(front, session, level)
+        endpoint = MqttEndpoint(front, name, level)
+        endpoint.next_packet_id = first_id
+        server.session = endpoint
         endpoint.conn, conn.endpoint = conn, endpoint
         options = SubscriptionOptions(qos=2, subscription_identifier=sub_id)
         broker.router.subscribe(endpoint, "a/+", options)
@@ -227,15 +225,13 @@ async def test_a_queued_qos1_delivery_is_encoded_at_its_turn() -> None:
     front = MqttFrontEnd(broker, Settings())
     server, client, _ = connected(level=5, client_id="c", properties=Properties(receive_maximum=1))
     conn = MqttConn(front, server, Wire(Runner(), lambda io, first: None).conn)
-    session = Session("c")
-    server.session = session
-    endpoint = MqttEndpoint(front, session, 5)
+    endpoint = server.session = MqttEndpoint(front, "c", 5)
     endpoint.conn, conn.endpoint = conn, endpoint
     broker.router.subscribe(endpoint, "a/+", SubscriptionOptions(qos=1, subscription_identifier=4))
     broker.publish(Message("a/b", b"one", qos=1))
     broker.publish(Message("a/c", b"two", qos=1))
     ids = Properties(subscription_identifiers=[4])
     assert client.received() == [Publish("a/b", b"one", 1, False, False, 1, ids)]
-    assert all(m.wire is None for m in session.queue) and len(session.queue) == 1
+    assert all(m.wire is None for m in endpoint.queue) and len(endpoint.queue) == 1
     client.send(PubAck(1))
     assert client.received() == [Publish("a/c", b"two", 1, False, False, 2, ids)]

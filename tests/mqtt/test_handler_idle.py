@@ -9,11 +9,11 @@ from trimaran.config import Settings
 from trimaran.mqtt import handler
 from trimaran.mqtt.handler import MqttEndpoint, MqttFrontEnd
 from trimaran.mqtt.packets import SubscriptionOptions, granted_options
-from trimaran.mqtt.session import Session
 
 
 def _offline(front: MqttFrontEnd, client_id: str) -> MqttEndpoint:
-    endpoint = front.endpoints[client_id] = MqttEndpoint(front, Session(client_id, expiry_interval=10), 5)
+    endpoint = front.endpoints[client_id] = MqttEndpoint(front, client_id, 5)
+    endpoint.expiry_interval = 10
     return endpoint
 
 

@@ -24,7 +24,6 @@ from trimaran.mqtt.handler import PUSH_BACK_BYTES, MqttEndpoint, MqttFrontEnd
 from trimaran.mqtt.packets import PubAck, Publish, PublishRun
 from trimaran.mqtt.packets import SubscriptionOptions as PacketOptions
 from trimaran.mqtt.properties import Properties
-from trimaran.mqtt.session import Session
 from trimaran.mqtt.session import Subscription as SessionSubscription
 from trimaran.runtime.runner import Runner
 from trimaran.vhosts import prefix
@@ -90,18 +89,15 @@ class World:
         self.offline: dict[str, MqttEndpoint] = {}
         self.runs_seen = 0
         limits = ServerLimits(publish_runs=runs, topic_alias_maximum=8)
-        session = Session(self.key + "pub")
+        endpoint = MqttEndpoint(self.front, self.key + "pub", publisher_level)
         self.pub_server, self.pub_client, _ = connected(
-            limits, level=publisher_level, client_id="pub", session=session
+            limits, level=publisher_level, client_id="pub", session=endpoint
         )
-        self.pub = self._attach("pub", self.pub_server, publisher_level, session)
+        self.pub = self._attach("pub", self.pub_server, endpoint)
 
-    def _attach(
-        self, name: str, server: ServerConnection, level: int, session: Session
-    ) -> MqttConn[MqttEndpoint]:
+    def _attach(self, name: str, server: ServerConnection, endpoint: MqttEndpoint) -> MqttConn[MqttEndpoint]:
         wire = Wire(self.runner, lambda io, first: None)  # the runtime's side, never read
         conn = MqttConn(self.front, server, wire.conn)
-        endpoint = MqttEndpoint(self.front, session, level)
         endpoint.conn, conn.endpoint = conn, endpoint
         self.servers[name] = server
         self.wires[name] = wire
@@ -111,21 +107,21 @@ class World:
         self, name: str, level: int, topic_filter: str, *, offline: bool = False, **options: Any
     ) -> MqttEndpoint:
         connect = {k: options.pop(k) for k in list(options) if k == "properties"}
-        session = Session(self.key + name, max_queued=options.pop("max_queued", 1000))
+        max_queued = options.pop("max_queued", 1000)
         if name == "pub":
             endpoint = self.pub.endpoint
             assert endpoint is not None
             kept = PacketOptions(qos=options.get("qos", 0), no_local=options.get("no_local", False))
             subscribed = SessionSubscription(topic_filter, kept)
-            endpoint.session.add_subscription(subscribed)  # as MqttFrontEnd._subscribe records it
-        elif offline:
-            endpoint = MqttEndpoint(self.front, session, level)
-            self.offline[name] = endpoint
+            endpoint.add_subscription(subscribed)  # as MqttFrontEnd._subscribe records it
         else:
-            server, client, _ = connected(level=level, client_id=name, session=session, **connect)
-            self.clients[name] = client
-            endpoint = self._attach(name, server, level, session).endpoint
-            assert endpoint is not None
+            endpoint = MqttEndpoint(self.front, self.key + name, level, max_queued=max_queued)
+            if offline:
+                self.offline[name] = endpoint
+            else:
+                server, client, _ = connected(level=level, client_id=name, session=endpoint, **connect)
+                self.clients[name] = client
+                self._attach(name, server, endpoint)
         options = {"qos": 0, **options}
         self.broker.router.subscribe(endpoint, self.key + topic_filter, SubscriptionOptions(**options))
         return endpoint
@@ -162,7 +158,7 @@ class World:
             for name, s in self.servers.items()
         }
         sessions.update(
-            (name, ([], [(m.topic, m.payload, m.qos) for m in e.session.queue], e.session.next_packet_id))
+            (name, ([], [(m.topic, m.payload, m.qos) for m in e.queue], e.next_packet_id))
             for name, e in self.offline.items()
         )
         return {

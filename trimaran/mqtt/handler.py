@@ -134,28 +134,28 @@ def server_limits(settings: Settings) -> ServerLimits:
     )
 
 
-class MqttEndpoint:
-    """The router's subscriber for one client id: its session, and its conn while connected."""
+class MqttEndpoint(Session):
+    """A client id's session as the router's subscriber: the session itself, and its conn while
+    connected. One object, not a session and an endpoint around it: every session has exactly one,
+    and an idle connection held both (issue 47)."""
 
-    __slots__ = (
-        "client_id",
-        "conn",
-        "cut",
-        "expires_at",
-        "front",
-        "protocol_level",
-        "session",
-        "vhost_prefix",
-    )
+    __slots__ = ("conn", "cut", "expires_at", "front", "protocol_level", "vhost_prefix")
 
-    def __init__(self, front: MqttFrontEnd, session: Session, protocol_level: int) -> None:
+    def __init__(
+        self,
+        front: MqttFrontEnd,
+        client_id: str,
+        protocol_level: int,
+        *,
+        max_queued: int = 1000,
+        max_queued_bytes: int = 0,
+    ) -> None:
+        super().__init__(client_id, max_queued=max_queued, max_queued_bytes=max_queued_bytes)
         self.front = front
-        # The session's key: the client id behind its vhost's prefix (trimaran/vhosts.py). What the
-        # router holds for it carries that prefix, which deliveries cut off again.
-        self.client_id = session.client_id
-        self.vhost_prefix = prefix(vhost_of(session.client_id))
+        # Its client id is the session's key: the id behind its vhost's prefix (trimaran/vhosts.py).
+        # What the router holds for it carries that prefix, which deliveries cut off again.
+        self.vhost_prefix = prefix(vhost_of(client_id))
         self.cut = len(self.vhost_prefix)
-        self.session = session
         self.protocol_level = protocol_level
         self.conn: MqttConn[MqttEndpoint] | None = None
         self.expires_at: float | None = None  # monotonic; set while offline with a finite expiry
@@ -176,7 +176,7 @@ class MqttEndpoint:
         if conn is None:
             if qos > 0:
                 # Offline persistent session: keep QoS 1/2 (bounded by the session's queue).
-                if self.session.enqueue(outbound(message, delivery, self.cut, retained=retained)):
+                if self.enqueue(outbound(message, delivery, self.cut, retained=retained)):
                     front.mark_dirty(self)
                 else:
                     front.dropped(message, self.client_id, OFFLINE_QUEUE_FULL)
@@ -184,11 +184,7 @@ class MqttEndpoint:
         machine = conn.mqtt
         if qos > 0:
             wire = None
-            if (
-                message.expires_at_ms is None
-                and not machine.uses_topic_aliases
-                and not self.session.queue.items
-            ):
+            if message.expires_at_ms is None and not machine.uses_topic_aliases and not self.queue.items:
                 # Encoded once for every subscriber of this level, QoS, retain flag and identifiers;
                 # the connection puts in the packet id. Not for one that queues behind others (a
                 # reader slower than its publishers): it is encoded at its turn, and bytes cut for
@@ -201,7 +197,7 @@ class MqttEndpoint:
             sent = machine.publish(
                 outbound(message, delivery, self.cut, retained=retained, qos=qos, wire=wire)
             )
-            queue = self.session.queue
+            queue = self.queue
             if queue.items and queue.over(front.backpressure_messages, front.backpressure_bytes):
                 conn.io.push_back()  # behind on what it must be given: its publishers wait for it
         else:
@@ -259,7 +255,7 @@ class MqttEndpoint:
                 or not machine.publish_qos1_run(run)
             ):
                 return False
-            queue = self.session.queue
+            queue = self.queue
             front = self.front
             if queue.items and queue.over(front.backpressure_messages, front.backpressure_bytes):
                 io.push_back()  # as deliver
@@ -343,18 +339,18 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
         now = time.monotonic()
         count = 0
         for row in stored:
+            endpoint = MqttEndpoint(self, row.client_id, row.protocol_level)
             try:
-                session = Session.from_json(row.state, row.queued)
+                endpoint.load_json(row.state, row.queued)
             except (ValueError, KeyError) as exc:
                 what = describe(row.client_id, "session")
                 log.error("mqtt: stored %s is unreadable (%s); dropped", what, exc)
                 self._deleted.add(row.client_id)
                 continue
-            endpoint = MqttEndpoint(self, session, row.protocol_level)
             if row.expiry_interval_s != NO_EXPIRY:
                 offline_for = max(0.0, (now_wall - (row.disconnected_at or now_wall)) / 1000)
                 self._expire_at(endpoint, now + row.expiry_interval_s - offline_for)
-            self.endpoints[session.client_id] = endpoint
+            self.endpoints[endpoint.client_id] = endpoint
             self._route_restored(endpoint)
             count += 1
         if count:
@@ -364,27 +360,26 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
         """A stored session's subscriptions back in the router, read by its owner's rules (Mosquitto's
         rule, :meth:`_grant`): one that may read only some of its topics checks each message queued
         for it while its client is away; one that may read none is dropped (the rules changed)."""
-        session = endpoint.session
-        owner = session.owner
+        owner = endpoint.owner
         principal = None
         if self.security.rules is not None and owner is not None:
-            client_id = session.client_id[endpoint.cut :]  # %c: the id the client names
+            client_id = endpoint.client_id[endpoint.cut :]  # %c: the id the client names
             principal = self.security.principal("mqtt", owner[0], client_id, "")
-            principal.vhost = vhost_of(session.client_id)  # whose permission patterns apply
-        for topic_filter, subscription in list(session.subscriptions.items()):
+            principal.vhost = vhost_of(endpoint.client_id)  # whose permission patterns apply
+        for topic_filter, subscription in list(endpoint.subscriptions.items()):
             if is_queue_filter(topic_filter):
                 continue
             grant = self._grant(principal, endpoint, topic_filter, subscription.options.qos)
             if grant is False:
-                who = describe(session.client_id, "client")
+                who = describe(endpoint.client_id, "client")
                 log.warning("mqtt: stored subscription %r of %s dropped by the rules", topic_filter, who)
-                session.remove_subscription(topic_filter)
+                endpoint.remove_subscription(topic_filter)
                 continue
             self._route(endpoint, subscription, None if grant is True else grant)
 
     async def shutdown(self) -> None:
         """After the runtime closed every connection (``MqttConn.shutdown``): keep persistent sessions."""
-        self._dirty.update(cid for cid, e in self.endpoints.items() if e.session.expiry_interval)
+        self._dirty.update(cid for cid, e in self.endpoints.items() if e.expiry_interval)
         await self.persist()
 
     async def persist(self) -> None:
@@ -398,13 +393,11 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
         saved: list[tuple[Session, int]] = []
         for client_id in dirty:
             endpoint = self.endpoints.get(client_id)
-            if endpoint is None or not endpoint.session.expiry_interval:
+            if endpoint is None or not endpoint.expiry_interval:
                 deleted.add(client_id)
                 continue
-            rows.append(
-                session_row(endpoint.session, endpoint.protocol_level, endpoint.conn is None, now_wall)
-            )
-            saved.append((endpoint.session, endpoint.session.queue.next_seq))
+            rows.append(session_row(endpoint, endpoint.protocol_level, endpoint.conn is None, now_wall))
+            saved.append((endpoint, endpoint.queue.next_seq))
         store = self.store
         with anyio.CancelScope(shield=True):
             try:
@@ -419,7 +412,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
             session.saved_seq = next_seq
 
     def mark_dirty(self, endpoint: MqttEndpoint) -> None:
-        if endpoint.session.expiry_interval:
+        if endpoint.expiry_interval:
             self._dirty.add(endpoint.client_id)
 
     def _housekeeping(self, now: float) -> None:
@@ -562,11 +555,10 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
             del self.endpoints[client_id]
         self._dirty.discard(client_id)
         self._wills.pop(client_id, None)
-        session = endpoint.session
-        if not session.expiry_interval or self.store is None:
+        if not endpoint.expiry_interval or self.store is None:
             return
-        session.saved_seq = None  # the whole queue, replacing what an earlier save wrote
-        row = session_row(session, endpoint.protocol_level, True, int(time.time() * 1000))
+        endpoint.saved_seq = None  # the whole queue, replacing what an earlier save wrote
+        row = session_row(endpoint, endpoint.protocol_level, True, int(time.time() * 1000))
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(self.store.save_sessions, [row])
 
@@ -593,8 +585,8 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
         elif (
             login.ok
             and endpoint is not None
-            and endpoint.session.owner is not None
-            and endpoint.session.owner != (login.user,)
+            and endpoint.owner is not None
+            and endpoint.owner != (login.user,)
         ):
             reason = "client id belongs to a session of another user"
         elif (
@@ -637,25 +629,26 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
             endpoint = None
         present = endpoint is not None
         if endpoint is None:
-            session = Session(
+            endpoint = self.endpoints[client_id] = MqttEndpoint(
+                self,
                 client_id,
+                connect.protocol_level,
                 max_queued=self.limits.max_queued_messages,
                 max_queued_bytes=self.limits.max_queued_bytes,
             )
-            endpoint = self.endpoints[client_id] = MqttEndpoint(self, session, connect.protocol_level)
             self._client_event(SESSION_CREATED, conn, client_id, connect.username)
         endpoint.protocol_level = connect.protocol_level
-        endpoint.session.owner = ANONYMOUS if login.user is None else (login.user,)
+        endpoint.owner = ANONYMOUS if login.user is None else (login.user,)
         endpoint.conn = conn
         endpoint.expires_at = None
         conn.endpoint = endpoint
         self.broker.presence.arrived(conn, protocol_version=connect.protocol_level, session_present=present)
-        _forget_queue_deliveries(endpoint.session)
+        _forget_queue_deliveries(endpoint)
         if present:
             self._recheck(endpoint)  # a resumed session keeps only what this login may read
-        machine.accept(endpoint.session, session_present=present)
+        machine.accept(endpoint, session_present=present)
         self.mark_dirty(endpoint)
-        self._resume_queue_subscriptions(conn, endpoint.session)
+        self._resume_queue_subscriptions(conn, endpoint)
         if log.isEnabledFor(logging.DEBUG):  # (the peer's text is made when asked)
             log.debug(
                 "mqtt: client %r connected from %s (level %d)", client_id, conn.peer, connect.protocol_level
@@ -707,7 +700,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
         endpoint = self.endpoints.get(client_id)
         if endpoint is None:
             return False
-        endpoint.session.expiry_interval = 0
+        endpoint.expiry_interval = 0
         if endpoint.conn is not None:
             endpoint.conn.kick()  # closing drops the session: its expiry is now 0
         if self.endpoints.get(client_id) is endpoint:
@@ -742,28 +735,27 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
             return  # never accepted, or already handed to a newer connection
         endpoint.conn = None
         conn.endpoint = None
-        session = endpoint.session
         connect = conn.mqtt.connect_packet
         publish_will = event.publish_will and not conn.shutting_down
         if publish_will and connect is not None and connect.will is not None:
             will = message_from_publish(connect.will, endpoint.client_id, None, endpoint.vhost_prefix)
             delay = connect.will.properties.will_delay_interval or 0
-            if session.expiry_interval != NO_EXPIRY:
-                delay = min(delay, session.expiry_interval)
+            if endpoint.expiry_interval != NO_EXPIRY:
+                delay = min(delay, endpoint.expiry_interval)
             if delay:
                 self._wills[endpoint.client_id] = (time.monotonic() + delay, will)
             else:
                 self._publish_will(will)
-        if not session.expiry_interval:
+        if not endpoint.expiry_interval:
             self._drop_session(endpoint)
             return
-        if session.expiry_interval != NO_EXPIRY:
-            self._expire_at(endpoint, time.monotonic() + session.expiry_interval)
+        if endpoint.expiry_interval != NO_EXPIRY:
+            self._expire_at(endpoint, time.monotonic() + endpoint.expiry_interval)
         self.mark_dirty(endpoint)
 
     def _drop_session(self, endpoint: MqttEndpoint) -> None:
         self.broker.router.unsubscribe_all(endpoint)
-        self._hand_over_shared(endpoint.session)
+        self._hand_over_shared(endpoint)
         if self.endpoints.get(endpoint.client_id) is endpoint:
             del self.endpoints[endpoint.client_id]
         pending = self._wills.pop(endpoint.client_id, None)
@@ -906,7 +898,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
     def _takes_run(self, conn: MqttConn[MqttEndpoint], endpoint: MqttEndpoint, topic: str, qos: int) -> bool:
         """Whether a run's messages to ``topic`` may be routed together; not where each must be
         walked: a ``$`` topic, a QoS 1 run its publisher hears, a refused topic."""
-        if topic[0] == "$" or (qos and endpoint.session.subscriptions and _hears_itself(endpoint, topic)):
+        if topic[0] == "$" or (qos and endpoint.subscriptions and _hears_itself(endpoint, topic)):
             return False
         principal = conn.principal
         security = self.security
@@ -1057,7 +1049,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
             return
         routed = self.broker.router.subscriptions_of(endpoint)
         checked = {s.topic_filter[endpoint.cut :] for s in routed if s.options.reads}
-        for topic_filter, subscription in list(endpoint.session.subscriptions.items()):
+        for topic_filter, subscription in list(endpoint.subscriptions.items()):
             grant = self._grant(conn.principal, endpoint, topic_filter, subscription.options.qos)
             if grant is not False:
                 if grant is not True or topic_filter in checked:  # (re)bound to this login's rules
@@ -1065,7 +1057,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
                 continue
             who = describe(endpoint.client_id, "client")
             log.warning("mqtt: subscription %r of %s revoked by the rules", topic_filter, who)
-            endpoint.session.remove_subscription(topic_filter)
+            endpoint.remove_subscription(topic_filter)
             if is_queue_filter(topic_filter):
                 if self.queues is not None:
                     self.queues.unsubscribe(conn, topic_filter)
@@ -1201,7 +1193,7 @@ def _forget_queue_deliveries(session: Session) -> None:
 def _hears_itself(endpoint: MqttEndpoint, topic: str) -> bool:
     """Whether a client's own subscriptions may match what it publishes to ``topic``: at QoS 1 it
     then gets each of its messages before that message's PUBACK, as when each was read alone."""
-    for subscription in endpoint.session.subscriptions.values():
+    for subscription in endpoint.subscriptions.values():
         if subscription.options.no_local:
             continue
         topic_filter = subscription.topic_filter
@@ -1275,7 +1267,6 @@ def session_row(session: Session, protocol_level: int, offline: bool, now_wall: 
 
 
 def _session_info(endpoint: MqttEndpoint, with_subscriptions: bool) -> SessionInfo:
-    session = endpoint.session
     expires_in = None
     if endpoint.expires_at is not None:
         expires_in = round(max(0.0, endpoint.expires_at - time.monotonic()), 3)
@@ -1290,17 +1281,17 @@ def _session_info(endpoint: MqttEndpoint, with_subscriptions: bool) -> SessionIn
                 retain_handling=s.options.retain_handling,
                 subscription_identifier=s.subscription_identifier,
             )
-            for s in session.subscriptions.values()
+            for s in endpoint.subscriptions.values()
         )
     return SessionInfo(
         client_id=endpoint.client_id,
         connected=endpoint.conn is not None,
         protocol_level=endpoint.protocol_level,
-        expiry_interval_s=session.expiry_interval,
+        expiry_interval_s=endpoint.expiry_interval,
         expires_in_s=expires_in,
-        subscription_count=len(session.subscriptions),
-        inflight=len(session.inflight or ()),
-        queued=len(session.queue),
-        dropped=session.dropped,
+        subscription_count=len(endpoint.subscriptions),
+        inflight=len(endpoint.inflight or ()),
+        queued=len(endpoint.queue),
+        dropped=endpoint.dropped,
         subscriptions=subscriptions,
     )

@@ -3,7 +3,8 @@
 A `Session` outlives connections (Clean Start 0 / Clean Session 0). It is plain data: `to_dict()` gives
 a dict of str/int/bool/bytes/None/list/dict values (properties are stored as their MQTT 5.0 wire
 encoding), `to_json()` a JSON document (bytes base64-encoded), and `from_dict()` / `from_json()`
-rebuild it, so the handler can keep it in SQL.
+rebuild it (`load_dict()` / `load_json()` fill a new one: the handler's endpoint is a session), so
+the handler can keep it in SQL.
 
 Outbound delivery (server -> client):
 
@@ -288,7 +289,7 @@ class Session:
         self.expiry_interval = expiry_interval  # seconds; 0xFFFFFFFF means never
         self.max_queued = max_queued
         self.max_queued_bytes = max_queued_bytes  # payloads and topics; 0 = no bound
-        # Written only here (add_subscription, remove_subscription, from_dict); NO_SUBSCRIPTIONS
+        # Written only here (add_subscription, remove_subscription, load_dict); NO_SUBSCRIPTIONS
         # while there are none.
         self.subscriptions: Mapping[str, Subscription] = NO_SUBSCRIPTIONS
         # In send order; made by the first QoS 1/2 delivery (an idle session holds none) and kept
@@ -477,23 +478,29 @@ class Session:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Session:
+        session = cls(data["client_id"])
+        session.load_dict(data)
+        return session
+
+    def load_dict(self, data: dict[str, Any]) -> None:
+        """What :meth:`to_dict` wrote, into this new session of the same client id (a subclass's
+        constructor may take more than the id: the handler's endpoint is made first, then filled)."""
         if data.get("version") != 1:
             raise ValueError(f"unknown session format version {data.get('version')!r}")
-        session = cls(
-            data["client_id"],
-            expiry_interval=data["expiry_interval"],
-            max_queued=data["max_queued"],
-            max_queued_bytes=data.get("max_queued_bytes", 0),  # sessions saved before the bound: none
-        )
-        session.next_packet_id = data["next_packet_id"]
-        session.dropped = data["dropped"]
+        if data["client_id"] != self.client_id:
+            raise ValueError(f"stored for client id {data['client_id']!r}, not {self.client_id!r}")
+        self.expiry_interval = data["expiry_interval"]
+        self.max_queued = data["max_queued"]
+        self.max_queued_bytes = data.get("max_queued_bytes", 0)  # sessions saved before the bound: none
+        self.next_packet_id = data["next_packet_id"]
+        self.dropped = data["dropped"]
         owner = data.get("owner")
-        session.owner = None if owner is None else (owner[0],)
+        self.owner = None if owner is None else (owner[0],)
         for s in data["subscriptions"]:
             options = granted_options(s["qos"], s["no_local"], s["retain_as_published"], s["retain_handling"])
-            session.add_subscription(Subscription(s["topic_filter"], options, s["subscription_identifier"]))
+            self.add_subscription(Subscription(s["topic_filter"], options, s["subscription_identifier"]))
         if data["inflight"]:
-            session.inflight = {
+            self.inflight = {
                 e["packet_id"]: InflightEntry(
                     e["packet_id"], _message_from_dict(e["message"]), e["state"], e["sent"]
                 )
@@ -501,10 +508,9 @@ class Session:
             }
         first_seq = data.get("queue_first_seq", 0)
         if first_seq or data["queue"]:
-            session.queue = Backlog([_message_from_dict(m) for m in data["queue"]], first_seq)
+            self.queue = Backlog([_message_from_dict(m) for m in data["queue"]], first_seq)
         if data["inbound_qos2"]:
-            session.inbound_qos2 = dict.fromkeys(data["inbound_qos2"])
-        return session
+            self.inbound_qos2 = dict.fromkeys(data["inbound_qos2"])
 
     def to_json(self, *, with_queue: bool = True) -> bytes:
         return self.state_json(with_queue=with_queue).encode()
@@ -531,25 +537,40 @@ class Session:
 
     @classmethod
     def from_json(cls, data: bytes | str, queued: Iterable[tuple[int, str]] = ()) -> Session:
-        """From :meth:`to_json`; ``queued``: the (number, message) rows stored apart, in number order.
-
-        A session stored whole (its queue inside the JSON, as before rows) is not marked saved: its
-        next save writes its queue as rows."""
-        raw = json.loads(data)
-        for e in raw["inflight"]:
-            _unb64_message(e["message"])
-        for m in raw["queue"]:
-            _unb64_message(m)
-        whole = "queue_first_seq" not in raw or bool(raw["queue"])
-        first = raw.get("queue_first_seq", 0)
-        for seq, text in queued:
-            if seq >= first:
-                m = json.loads(text)
-                _unb64_message(m)
-                raw["queue"].append(m)
-        session = cls.from_dict(raw)
-        session.saved_seq = None if whole else session.queue.next_seq
+        """From :meth:`to_json`; ``queued``: the (number, message) rows stored apart, in number order."""
+        raw, whole = _parsed(data, queued)
+        session = cls(raw["client_id"])
+        session._load(raw, whole)
         return session
+
+    def load_json(self, data: bytes | str, queued: Iterable[tuple[int, str]] = ()) -> None:
+        """:meth:`from_json` into this new session of the same client id (as :meth:`load_dict`)."""
+        raw, whole = _parsed(data, queued)
+        self._load(raw, whole)
+
+    def _load(self, raw: dict[str, Any], whole: bool) -> None:
+        # A session stored whole (its queue inside the JSON, as before rows) is not marked saved:
+        # its next save writes its queue as rows.
+        self.load_dict(raw)
+        self.saved_seq = None if whole else self.queue.next_seq
+
+
+def _parsed(data: bytes | str, queued: Iterable[tuple[int, str]]) -> tuple[dict[str, Any], bool]:
+    """:meth:`Session.to_json`'s document as :meth:`Session.to_dict`'s data, the rows stored apart
+    added to its queue; and whether its queue was stored inside it (whole)."""
+    raw: dict[str, Any] = json.loads(data)
+    for e in raw["inflight"]:
+        _unb64_message(e["message"])
+    for m in raw["queue"]:
+        _unb64_message(m)
+    whole = "queue_first_seq" not in raw or bool(raw["queue"])
+    first = raw.get("queue_first_seq", 0)
+    for seq, text in queued:
+        if seq >= first:
+            m = json.loads(text)
+            _unb64_message(m)
+            raw["queue"].append(m)
+    return raw, whole
 
 
 def _message_to_dict(m: OutboundMessage) -> dict[str, Any]:
