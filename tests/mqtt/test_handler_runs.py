@@ -151,7 +151,7 @@ class World:
             received[name] = got
         sessions = {
             name: (
-                [(e.packet_id, e.message.payload, e.sent) for e in s.session.inflight_entries()],  # type: ignore[union-attr]
+                [(e.packet_id, e.payload, e.sent) for e in s.session.inflight_entries()],  # type: ignore[union-attr]
                 [(m.topic, m.payload, m.qos) for m in s.session.queue],  # type: ignore[union-attr]
                 s.session.next_packet_id,  # type: ignore[union-attr]
             )

@@ -20,7 +20,6 @@ from trimaran.mqtt.session import (
     AWAITING_PUBREC,
     NO_BACKLOG,
     Backlog,
-    InflightEntry,
     OutboundMessage,
     Session,
     Subscription,
@@ -238,9 +237,10 @@ def test_a_saved_sessions_text_is_the_encoders(
     if qos2 is not None:
         session.inbound_qos2 = dict.fromkeys(qos2)
     if inflight:
-        session.inflight = {
-            n: InflightEntry(n, m, state, sent) for n, (m, state, sent) in enumerate(inflight, 1)
-        }
+        session.inflight = {}
+        for n, (m, state, sent) in enumerate(inflight, 1):
+            m.packet_id, m.state, m.sent = n, state, sent
+            session.inflight[n] = m
     for message in queued:
         session.enqueue(message)
     session.max_queued_bytes = max_bytes

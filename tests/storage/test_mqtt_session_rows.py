@@ -78,7 +78,7 @@ def test_sent_messages_rows_go_and_a_clean_session_replaces_them(storage_url: st
         assert [seq for seq, _ in row.queued] == [5]
         again = restore(store, "c")
         assert [m.topic for m in again.queue] == ["t/2", "t/3", "t/4", "t/5"]
-        assert [e.message.topic for e in again.inflight_entries()] == ["t/0", "t/1"]
+        assert [e.topic for e in again.inflight_entries()] == ["t/0", "t/1"]
         # A new session under the same client id (clean start): nothing of the old queue survives.
         fresh = Session("c", expiry_interval=60)
         fresh.enqueue(queued(9))

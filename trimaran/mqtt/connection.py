@@ -82,7 +82,6 @@ from trimaran.mqtt.reason_codes import ReasonCode
 from trimaran.mqtt.session import (
     AWAITING_PUBACK,
     AWAITING_PUBCOMP,
-    InflightEntry,
     OutboundMessage,
     Session,
     Subscription,
@@ -572,13 +571,13 @@ class ServerConnection(Machine):
             if not session.queue.items:
                 # Room in the window and nothing waiting before it: straight to inflight
                 # (_send_inflight written out for a new entry).
-                entry = session.start_inflight(message)
-                reason = self._send_publish(message, message.qos, entry.packet_id, False)
+                session.start_inflight(message)
+                reason = self._send_publish(message, message.qos, message.packet_id, False)
                 message.wire = None  # its one use: a resend carries DUP, encoded anew
                 if reason is None:
-                    entry.sent = True
+                    message.sent = True
                 else:
-                    session.drop_inflight(entry.packet_id)
+                    session.drop_inflight(message.packet_id)
                     self._pending().append(MessageDropped(message, reason))
                 return True
             message.wire = None  # queued: encoded at its turn, perhaps for another connection
@@ -668,7 +667,6 @@ class ServerConnection(Machine):
                 topic = topics[i]
             at = len(wire) - len(payload) - back
             if sent < room:
-                message = OutboundMessage(topic, payload, 1, False, NO_PROPERTIES, None, None, False, None)
                 # session.start_inflight() written out: once per message
                 if len(inflight) >= 0xFFFF:
                     raise RuntimeError("all 65535 packet identifiers are in use")
@@ -676,7 +674,10 @@ class ServerConnection(Machine):
                 while pid in inflight:
                     pid = pid % 0xFFFF + 1
                 session.next_packet_id = pid % 0xFFFF + 1
-                inflight[pid] = InflightEntry(pid, message, AWAITING_PUBACK, True)
+                inflight[pid] = OutboundMessage(
+                    topic, payload, 1, False, NO_PROPERTIES, None, None, False, None,
+                    pid, AWAITING_PUBACK, True,
+                )  # fmt: skip
                 parts += (wire[:at], _PACKET_ID(pid), wire[at + 2 :])
                 sent += 1
             else:
@@ -1151,18 +1152,18 @@ class ServerConnection(Machine):
             if entry is None or entry.state != AWAITING_PUBACK:
                 continue
             del inflight[packet_id]
-            if report or entry.message.tag is not None:
+            if report or entry.tag is not None:
                 if finished is None:
                     finished = []
                     events.append(MessagesAcked(finished))
-                finished.append(entry.message)
+                finished.append(entry)
         self.packets_received += len(packet_ids)
         if session.queue.items:
             self._pump(events)
 
-    def _acked(self, entry: InflightEntry, reason_code: int, events: Events) -> None:
-        if self.report_plain_acks or entry.message.tag is not None:
-            events.append(MessageAcked(entry.packet_id, entry.message, reason_code))
+    def _acked(self, entry: OutboundMessage, reason_code: int, events: Events) -> None:
+        if self.report_plain_acks or entry.tag is not None:
+            events.append(MessageAcked(entry.packet_id, entry, reason_code))
 
     def _on_pubrec(self, packet: PubRec, events: Events) -> None:
         assert self.session is not None
@@ -1418,18 +1419,18 @@ class ServerConnection(Machine):
         aliases[topic] = alias
         self._out_alias_next = alias % self.client_topic_alias_maximum + 1
 
-    def _send_inflight(self, entry: InflightEntry, events: Events) -> None:
+    def _send_inflight(self, entry: OutboundMessage, events: Events) -> None:
         if entry.state == AWAITING_PUBCOMP:
             self._send(PubRel(entry.packet_id))
             return
-        reason = self._send_publish(entry.message, entry.message.qos, entry.packet_id, entry.sent)
+        reason = self._send_publish(entry, entry.qos, entry.packet_id, entry.sent)
         if reason is None:
             entry.sent = True
             return
         # Expired, or too large for this client: behave as if it was delivered (MQTT-3.1.2-25).
         assert self.session is not None
         self.session.drop_inflight(entry.packet_id)
-        events.append(MessageDropped(entry.message, reason))
+        events.append(MessageDropped(entry, reason))
 
     def _pump(self, events: Events) -> None:
         """Move queued QoS 1/2 messages into the inflight window and send them."""
@@ -1461,7 +1462,10 @@ class ServerConnection(Machine):
                 while pid in inflight:
                     pid = pid % 0xFFFF + 1
                 session.next_packet_id = pid % 0xFFFF + 1
-                inflight[pid] = InflightEntry(pid, message, AWAITING_PUBACK, True)
+                message.packet_id = pid
+                message.state = AWAITING_PUBACK
+                message.sent = True
+                inflight[pid] = message
                 message.wire = None  # its one use (a resend carries DUP, encoded anew)
                 if parts is None:
                     parts = []
@@ -1471,14 +1475,14 @@ class ServerConnection(Machine):
                 self._queue_parts(parts)
                 parts = None
             # _send_inflight() written out for a new entry: never sent, never awaiting PUBCOMP
-            entry = session.start_inflight(message)
-            reason = self._send_publish(message, message.qos, entry.packet_id, False)
+            session.start_inflight(message)
+            reason = self._send_publish(message, message.qos, message.packet_id, False)
             message.wire = None  # its one use (a resend carries DUP, encoded anew)
             if reason is None:
-                entry.sent = True
+                message.sent = True
             else:
                 # Expired, or too large for this client: as if it was delivered (MQTT-3.1.2-25).
-                session.drop_inflight(entry.packet_id)
+                session.drop_inflight(message.packet_id)
                 events.append(MessageDropped(message, reason))
         if parts is not None:
             self._queue_parts(parts)

@@ -769,7 +769,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
     def _hand_over_shared(self, session: Session) -> None:
         """A share member's session ended: its unacknowledged shared messages go to another member."""
         unfinished: list[OutboundMessage] = [
-            entry.message for entry in session.inflight_entries() if entry.state != AWAITING_PUBCOMP
+            entry for entry in session.inflight_entries() if entry.state != AWAITING_PUBCOMP
         ]
         unfinished.extend(session.queue)
         for out in unfinished:
@@ -1182,7 +1182,7 @@ def _forget_queue_deliveries(session: Session) -> None:
         return  # a new or drained session, most of them
     if inflight:
         for packet_id, entry in list(inflight.items()):
-            if _is_queue_tag(entry.message.tag):
+            if _is_queue_tag(entry.tag):
                 del inflight[packet_id]
     kept = [m for m in session.queue if not _is_queue_tag(m.tag)]
     if len(kept) != len(session.queue):

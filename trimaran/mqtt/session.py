@@ -11,8 +11,11 @@ Outbound delivery (server -> client):
 - `enqueue(message)` puts a QoS 1/2 message at the back of the queue (bounded by `max_queued`);
 - `next_to_send(window)` moves the head of the queue into the inflight window when there is room,
   allocating a packet identifier; the connection sends it;
-- `on_puback` / `on_pubrec` / `on_pubcomp` advance or finish an inflight entry;
+- `on_puback` / `on_pubrec` / `on_pubcomp` advance or finish an inflight message;
 - `inflight_entries()` lists what must be resent on reconnect (PUBLISH with DUP, or PUBREL).
+
+An inflight message is its own entry in the window: its packet id, where its flow stands and
+whether it was sent are fields of the `OutboundMessage` (one object a delivery, not two).
 
 Inbound QoS 2 (client -> server): `inbound_qos2` holds the packet identifiers for which PUBREC was
 sent and PUBREL not yet received; a PUBLISH that reuses one of them is a resend, not a new message.
@@ -41,7 +44,6 @@ __all__ = [
     "AWAITING_PUBACK",
     "AWAITING_PUBCOMP",
     "AWAITING_PUBREC",
-    "InflightEntry",
     "OutboundMessage",
     "Session",
     "Subscription",
@@ -83,6 +85,12 @@ class OutboundMessage:
     # (a queued message may go out on the session's next connection, of another level); never
     # stored, never compared.
     wire: tuple[bytes, bytes] | None = field(default=None, compare=False, repr=False)
+    # In the session's inflight window (Session.inflight, by packet id): its id there, where its
+    # QoS flow stands (AWAITING_PUBACK, AWAITING_PUBREC or AWAITING_PUBCOMP; "" while not in it)
+    # and whether it was sent at least once (a resend carries DUP). Set by whoever puts it there.
+    packet_id: int = field(default=0, compare=False)
+    state: str = field(default="", compare=False)
+    sent: bool = field(default=False, compare=False)
 
     # Written out, as one per delivery: mypyc compiles it, the generated one runs interpreted.
     # ``properties`` None stands for the default, a new empty Properties.
@@ -97,16 +105,24 @@ class OutboundMessage:
         expires_at: float | None = None,
         redelivered: bool = False,
         wire: tuple[bytes, bytes] | None = None,
+        packet_id: int = 0,
+        state: str = "",
+        sent: bool = False,
     ) -> None:
         self.topic = topic
         self.payload = payload
         self.qos = qos
-        self.retain = retain
         self.properties = Properties() if properties is None else properties
         self.tag = tag
         self.expires_at = expires_at
-        self.redelivered = redelivered
         self.wire = wire
+        self.packet_id = packet_id
+        self.state = state
+        # The flags last, together: compiled, a class is laid out in the order this sets its
+        # fields, and a lone bool between wider fields takes a word.
+        self.retain = retain
+        self.redelivered = redelivered
+        self.sent = sent
 
 
 def weight(message: OutboundMessage) -> int:
@@ -229,20 +245,6 @@ class Backlog:
 NO_BACKLOG: Final = Backlog()
 
 
-@dataclass(slots=True, init=False)
-class InflightEntry:
-    packet_id: int
-    message: OutboundMessage
-    state: str  # AWAITING_PUBACK | AWAITING_PUBREC | AWAITING_PUBCOMP
-    sent: bool  # sent at least once, so a resend carries DUP
-
-    def __init__(self, packet_id: int, message: OutboundMessage, state: str, sent: bool = False) -> None:
-        self.packet_id = packet_id  # written out, as OutboundMessage's
-        self.message = message
-        self.state = state
-        self.sent = sent
-
-
 @dataclass(slots=True)
 class Subscription:
     topic_filter: str  # as the client sent it, "$share/<group>/<filter>" included
@@ -294,7 +296,7 @@ class Session:
         self.subscriptions: Mapping[str, Subscription] = NO_SUBSCRIPTIONS
         # In send order; made by the first QoS 1/2 delivery (an idle session holds none) and kept
         # when drained, or a subscriber would make one a message.
-        self.inflight: dict[int, InflightEntry] | None = None
+        self.inflight: dict[int, OutboundMessage] | None = None
         # NO_BACKLOG, read-only, until the first message waits: written only through backlog().
         self.queue: Backlog = NO_BACKLOG
         # Packet ids as dict keys: an empty dict is a quarter of an empty set. Most sessions never
@@ -353,13 +355,13 @@ class Session:
         queue.bytes += size
         return True
 
-    def next_to_send(self, window: int) -> InflightEntry | None:
+    def next_to_send(self, window: int) -> OutboundMessage | None:
         """Move the head of the queue into the inflight window if there is room."""
         if not self.queue or (self.inflight is not None and len(self.inflight) >= window):
             return None
         return self.start_inflight(self.queue.popleft())
 
-    def start_inflight(self, message: OutboundMessage) -> InflightEntry:
+    def start_inflight(self, message: OutboundMessage) -> OutboundMessage:
         """Give a QoS 1/2 message a packet id in the inflight window (the caller checked for room
         and for an empty queue, which goes first)."""
         inflight = self.inflight
@@ -371,12 +373,14 @@ class Session:
         while pid in inflight:
             pid = pid % 0xFFFF + 1
         self.next_packet_id = pid % 0xFFFF + 1
-        entry = InflightEntry(pid, message, AWAITING_PUBACK if message.qos == 1 else AWAITING_PUBREC)
-        inflight[pid] = entry
-        return entry
+        message.packet_id = pid
+        message.state = AWAITING_PUBACK if message.qos == 1 else AWAITING_PUBREC
+        message.sent = False
+        inflight[pid] = message
+        return message
 
-    def on_puback(self, packet_id: int) -> InflightEntry | None:
-        """PUBACK received: the finished entry, or None if the id is not awaiting a PUBACK."""
+    def on_puback(self, packet_id: int) -> OutboundMessage | None:
+        """PUBACK received: the finished message, or None if the id is not awaiting a PUBACK."""
         inflight = self.inflight
         if inflight is None:
             return None
@@ -386,8 +390,8 @@ class Session:
         del inflight[packet_id]
         return entry
 
-    def on_pubrec(self, packet_id: int, reason_code: int = 0) -> InflightEntry | None:
-        """PUBREC received. The entry moves to AWAITING_PUBCOMP (send PUBREL), or is removed when the
+    def on_pubrec(self, packet_id: int, reason_code: int = 0) -> OutboundMessage | None:
+        """PUBREC received. The message moves to AWAITING_PUBCOMP (send PUBREL), or is removed when the
         reason code is an error (>= 0x80; the flow ends there). None if the id is unknown or QoS 1."""
         inflight = self.inflight
         if inflight is None:
@@ -401,7 +405,7 @@ class Session:
             entry.state = AWAITING_PUBCOMP
         return entry
 
-    def on_pubcomp(self, packet_id: int) -> InflightEntry | None:
+    def on_pubcomp(self, packet_id: int) -> OutboundMessage | None:
         inflight = self.inflight
         if inflight is None:
             return None
@@ -411,10 +415,10 @@ class Session:
         del inflight[packet_id]
         return entry
 
-    def drop_inflight(self, packet_id: int) -> InflightEntry | None:
+    def drop_inflight(self, packet_id: int) -> OutboundMessage | None:
         return None if self.inflight is None else self.inflight.pop(packet_id, None)
 
-    def inflight_entries(self) -> list[InflightEntry]:
+    def inflight_entries(self) -> list[OutboundMessage]:
         """Everything to resend on reconnect, oldest first."""
         return [] if self.inflight is None else list(self.inflight.values())
 
@@ -467,7 +471,7 @@ class Session:
                     "packet_id": e.packet_id,
                     "state": e.state,
                     "sent": e.sent,
-                    "message": _message_to_dict(e.message),
+                    "message": _message_to_dict(e),
                 }
                 for e in self.inflight_entries()
             ],
@@ -500,12 +504,13 @@ class Session:
             options = granted_options(s["qos"], s["no_local"], s["retain_as_published"], s["retain_handling"])
             self.add_subscription(Subscription(s["topic_filter"], options, s["subscription_identifier"]))
         if data["inflight"]:
-            self.inflight = {
-                e["packet_id"]: InflightEntry(
-                    e["packet_id"], _message_from_dict(e["message"]), e["state"], e["sent"]
-                )
-                for e in data["inflight"]
-            }
+            inflight = self.inflight = {}
+            for e in data["inflight"]:
+                message = _message_from_dict(e["message"])
+                message.packet_id = e["packet_id"]
+                message.state = e["state"]
+                message.sent = e["sent"]
+                inflight[message.packet_id] = message
         first_seq = data.get("queue_first_seq", 0)
         if first_seq or data["queue"]:
             self.queue = Backlog([_message_from_dict(m) for m in data["queue"]], first_seq)
@@ -625,10 +630,10 @@ def message_json(m: OutboundMessage) -> str:
     )
 
 
-def _inflight_json(e: InflightEntry) -> str:
+def _inflight_json(e: OutboundMessage) -> str:
     return (
         f'{{"packet_id":{e.packet_id},"state":{_quote(e.state)},"sent":{"true" if e.sent else "false"},'
-        f'"message":{message_json(e.message)}}}'
+        f'"message":{message_json(e)}}}'
     )
 
 
