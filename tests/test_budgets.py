@@ -129,8 +129,9 @@ PATHS = [
     ),
     Path_(
         "mqtt qos1 fan-out 1->4",
+        # The run's packets are cut once for the four (30.4 C calls when each cut them again).
         _mqtt(publishers=1, subscribers=4, qos=1, topic="bench/t", batch=50),
-        Budget(loop=(9.0, 33.0)),
+        Budget(loop=(9.0, 27.0)),
     ),
     Path_(
         "mqtt $queue/ qos1",

@@ -1119,7 +1119,15 @@ def encode_plain_publish(
 
 
 def run_packets(run: PublishRun) -> list[tuple[bytes, bytes]]:
-    """Each PUBLISH of a run: (its bytes, its payload)."""
+    """Each PUBLISH of a run: (its bytes, its payload). Cut at the first call and kept on the run
+    for the others (every subscriber that takes it with its own ids); not to be changed."""
+    packets = run.packets
+    if packets is None:
+        packets = run.packets = _cut_packets(run)
+    return packets
+
+
+def _cut_packets(run: PublishRun) -> list[tuple[bytes, bytes]]:
     wire = run.wire
     head = run.head
     # A run that changes topic: each packet's head is its own topic field and what follows it.

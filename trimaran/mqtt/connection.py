@@ -656,7 +656,9 @@ class ServerConnection(Machine):
         items = queue.items
         if items is None:
             items = queue.items = []
-        room = 0 if items else self.client_receive_maximum - len(inflight)
+        # Within the window, and so within the 65535 packet ids, whatever the limits say: the ids
+        # need no check a message.
+        room = 0 if items else min(self.client_receive_maximum, 0xFFFF) - len(inflight)
         back = 3 if self.protocol_level == MQTT_5 else 2  # the packet id's place, before the payload
         parts: list[bytes] = []
         sent = 0
@@ -668,8 +670,6 @@ class ServerConnection(Machine):
             at = len(wire) - len(payload) - back
             if sent < room:
                 # session.start_inflight() written out: once per message
-                if len(inflight) >= 0xFFFF:
-                    raise RuntimeError("all 65535 packet identifiers are in use")
                 pid = session.next_packet_id
                 while pid in inflight:
                     pid = pid % 0xFFFF + 1
@@ -1438,7 +1438,9 @@ class ServerConnection(Machine):
         if session is None or self.state != State.CONNECTED:
             return
         inflight = session.inflight
-        taken = session.queue.take(self.client_receive_maximum - (0 if inflight is None else len(inflight)))
+        # Within the window, and so within the 65535 packet ids (no check a message below).
+        window = min(self.client_receive_maximum, 0xFFFF)
+        taken = session.queue.take(window - (0 if inflight is None else len(inflight)))
         if not taken:
             return
         if inflight is None:
@@ -1456,8 +1458,6 @@ class ServerConnection(Machine):
                 and not message.redelivered
                 and len(wire[0]) + 2 + len(wire[1]) <= limit
             ):
-                if len(inflight) >= 0xFFFF:
-                    raise RuntimeError("all 65535 packet identifiers are in use")
                 pid = session.next_packet_id
                 while pid in inflight:
                     pid = pid % 0xFFFF + 1

@@ -131,6 +131,9 @@ class PublishRun:
     # The run's bytes as other kinds of subscriber get them (codec.encode_run), made at the first
     # such subscriber: (5.0?, subscription identifiers) -> (bytes, largest packet).
     encoded: dict[tuple[bool, tuple[int, ...]], tuple[bytes, int]] | None = None
+    # Each packet as (its bytes, its payload), cut once for every subscriber that takes the run
+    # with its own packet ids (codec.run_packets): a fan-out to 16 read the run 16 times.
+    packets: list[tuple[bytes, bytes]] | None = field(default=None, compare=False, repr=False)
 
     # Written out, as one per run: mypyc compiles it, the generated one runs interpreted.
     def __init__(
@@ -154,6 +157,7 @@ class PublishRun:
         self.qos = qos
         self.topics = topics
         self.encoded = encoded
+        self.packets = None
 
 
 @dataclass(slots=True)
