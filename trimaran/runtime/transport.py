@@ -192,13 +192,12 @@ class Conn(asyncio.Protocol):
         "_first",
         "_gate",
         "_held_by",
-        "_hello_until",
-        "_linger_until",
         "_peer_closes",
         "_peer_eof",
         "_read_paused",
         "_reading_paused",
         "_throttle_timer",
+        "_until",
         "_waiting",
         "bytes_in",
         "bytes_out",
@@ -262,8 +261,9 @@ class Conn(asyncio.Protocol):
         # beside the other flags: compiled, they share a word)
         self._held_by = 0  # slow readers this connection's publishes wait for (push_back)
         self._gate: Gate | None = None  # the publishers waiting for this one (made at the first hold)
-        self._hello_until = 0.0  # until then the first bytes must name a protocol
-        self._linger_until = 0.0  # closing: until then the peer's last bytes are read and dropped
+        # The runtime's own deadline: until then the first bytes must name a protocol; once closing,
+        # until then the peer's last bytes are read and dropped (one field: never both at once).
+        self._until = 0.0
         # When the runner's entry of it falls due (runtime/deadlines.py). A float, not an optional
         # one: compiled, it is a field of the object rather than an object of its own.
         self.scheduled = NOT_SCHEDULED
@@ -332,7 +332,7 @@ class Conn(asyncio.Protocol):
             sock = transport.get_extra_info("socket")
             if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0)
-        self._hello_until = time.monotonic() + self.runner.limits.handshake_timeout_s
+        self._until = time.monotonic() + self.runner.limits.handshake_timeout_s
         self.runner.opened(self)
         self._open_hull(b"")
 
@@ -732,15 +732,15 @@ class Conn(asyncio.Protocol):
 
     def next_deadline(self) -> float | None:
         if self.state == CLOSING:
-            return self._linger_until
+            return self._until
         if self.state == GONE:
             return None
         if self.hull is None:
-            return self._hello_until
+            return self._until
         deadline = self.hull.machine.next_deadline()
         if self.bytes_in == 0:
             # Silent so far: the handshake deadline holds whatever the protocol's own is.
-            return self._hello_until if deadline is None else min(deadline, self._hello_until)
+            return self._until if deadline is None else min(deadline, self._until)
         return deadline
 
     def tick(self, now: float) -> None:
@@ -748,7 +748,7 @@ class Conn(asyncio.Protocol):
         if self.state == CLOSING:
             self._close_now()
             return
-        if self.hull is None or (self.bytes_in == 0 and now >= self._hello_until):
+        if self.hull is None or (self.bytes_in == 0 and now >= self._until):
             log.info("%s: %s sent no protocol header in time; closing", self.listener, self.peer)
             self.abort()
             return
@@ -781,7 +781,7 @@ class Conn(asyncio.Protocol):
     def _close_soon(self, wait: float = LINGER_S, *, half_close: bool = True) -> None:
         transport = self.transport
         assert transport is not None
-        self._linger_until = time.monotonic() + wait
+        self._until = time.monotonic() + wait
         if self._read_paused:
             self._read_paused = False
             transport.resume_reading()
