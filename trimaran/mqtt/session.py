@@ -65,19 +65,16 @@ NO_SUBSCRIPTIONS: Final[Mapping[str, Subscription]] = MappingProxyType({})
 class OutboundMessage:
     """A message for the client. `tag` is the handler's own reference (e.g. a queue delivery id)."""
 
+    # The fields in this order, the flags last and together: compiled, a dataclass is laid out in
+    # the order of these lines, and a lone bool between wider fields takes a word.
     topic: str
     payload: bytes
     qos: int = 0
-    retain: bool = False
     properties: Properties = field(default_factory=Properties)
     tag: Tag = None
     # Wall-clock (epoch seconds) end of the Message Expiry Interval; None: never expires. The
     # connection drops it if it expires before it is first sent and sends the time left.
     expires_at: float | None = None
-    # A durable queue's redelivery (delivered before, or maybe before a crash): even its first
-    # PUBLISH carries DUP, MQTT's only redelivery flag (3.1.1 has no user properties), as RabbitMQ's
-    # MQTT plugin sets DUP from the queue's redelivered flag.
-    redelivered: bool = False
     # The PUBLISH as this connection's level encodes it with this QoS, retain flag and properties,
     # cut around its packet identifier (shared by every subscriber it fits: the fan-out's bytes,
     # encoded once); the connection puts the id between the two. Only for a message without an
@@ -91,6 +88,11 @@ class OutboundMessage:
     packet_id: int = field(default=0, compare=False)
     state: str = field(default="", compare=False)
     sent: bool = field(default=False, compare=False)
+    retain: bool = False
+    # A durable queue's redelivery (delivered before, or maybe before a crash): even its first
+    # PUBLISH carries DUP, MQTT's only redelivery flag (3.1.1 has no user properties), as RabbitMQ's
+    # MQTT plugin sets DUP from the queue's redelivered flag.
+    redelivered: bool = False
 
     # Written out, as one per delivery: mypyc compiles it, the generated one runs interpreted.
     # ``properties`` None stands for the default, a new empty Properties.
@@ -118,11 +120,9 @@ class OutboundMessage:
         self.wire = wire
         self.packet_id = packet_id
         self.state = state
-        # The flags last, together: compiled, a class is laid out in the order this sets its
-        # fields, and a lone bool between wider fields takes a word.
+        self.sent = sent
         self.retain = retain
         self.redelivered = redelivered
-        self.sent = sent
 
 
 def weight(message: OutboundMessage) -> int:
