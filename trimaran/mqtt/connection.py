@@ -152,6 +152,31 @@ class ConnectionStats:
     packets_sent: int = 0
 
 
+class _Drops:
+    """What a connection did not send its client, by reason (``ConnectionStats``' first three):
+    made at its first drop, as most connections never drop one (three counters of every connection
+    were 24 bytes; issue 47)."""
+
+    __slots__ = ("expired", "queue_full", "too_large")
+
+    def __init__(self) -> None:
+        self.too_large = 0  # larger than the client's Maximum Packet Size
+        self.queue_full = 0  # its offline session's queue was full
+        self.expired = 0  # its Message Expiry Interval ran out before it was sent
+
+
+class _Aliases:
+    """A connection's MQTT 5.0 topic aliases, both ways: made by the first it uses, as most clients
+    use none (three fields of every connection were 24 bytes; issue 47)."""
+
+    __slots__ = ("inbound", "next_outbound", "outbound")
+
+    def __init__(self) -> None:
+        self.inbound: dict[int, str] = {}  # the client's, alias -> topic
+        self.outbound: dict[str, int] = {}  # ours to the client, topic -> alias
+        self.next_outbound = 1  # the alias the next new topic gets
+
+
 class State:
     AWAIT_CONNECT: Final = "await_connect"
     CONNECTING: Final = "connecting"  # CONNECT received, waiting for accept()/reject()
@@ -192,31 +217,26 @@ def _disconnect_code(code: int) -> int:
 
 class ServerConnection(Machine):
     __slots__ = (
+        "_aliases",
         "_clock",
         "_connect",
         "_deadline",
         "_decoder",
+        "_drops",
         "_held_resends",
-        "_in_aliases",
         "_inbound_unacked",
         "_last_rx",
         "_out",
-        "_out_alias_next",
-        "_out_aliases",
         "_pending_subscribes",
         "_ready",
         "_ready_at",
         "_valid_topic",
-        "_walk",
         "_walk_at",
         "_walk_run",
         "client_id",
         "client_max_packet_size",
         "client_receive_maximum",
         "client_topic_alias_maximum",
-        "dropped_expired",
-        "dropped_queue_full",
-        "dropped_too_large",
         "dropped_why",
         "keep_alive",
         "limits",
@@ -277,9 +297,7 @@ class ServerConnection(Machine):
         # Client packet id -> QoS, not yet acked by the handler; made by the first QoS 1/2 PUBLISH.
         self._inbound_unacked: dict[int, int] | None = None
         self._held_resends: set[int] | None = None  # see settle_resend
-        self._in_aliases: dict[int, str] | None = None
-        self._out_aliases: dict[str, int] | None = None
-        self._out_alias_next = 1
+        self._aliases: _Aliases | None = None
         # SUBSCRIBEs the hull has not answered: made by one, dropped when all are answered.
         self._pending_subscribes: dict[int, Subscribe] | None = None
         # What next_event() hands out, in order, from _ready_at; None when all were handed out (an
@@ -287,15 +305,12 @@ class ServerConnection(Machine):
         self._ready: Events | None = None
         self._ready_at = 0
         self._valid_topic: str | None = None  # the last topic name checked: publishers repeat theirs
-        # A run being read one PUBLISH at a time (walk_run): its packets, and the next one's index.
-        self._walk: list[tuple[bytes, bytes]] | None = None
+        # A run being read one PUBLISH at a time (walk_run), and the next one's index in its packets.
         self._walk_at = 0
         self._walk_run: PublishRun | None = None
-        # ConnectionStats' counters, as fields: counted per packet, and an object of their own would be
-        # 72 bytes of every connection (issue #47).
-        self.dropped_too_large = 0
-        self.dropped_queue_full = 0
-        self.dropped_expired = 0
+        # ConnectionStats' counters: those of every packet as fields (an object of their own would
+        # be 72 bytes of every connection, issue #47), the drops' made by the first.
+        self._drops: _Drops | None = None
         self.packets_received = 0
         self.packets_sent = 0
 
@@ -319,13 +334,19 @@ class ServerConnection(Machine):
     @property
     def stats(self) -> ConnectionStats:
         """The counters, as they stand."""
+        drops = self._drops
+        if drops is None:
+            return ConnectionStats(0, 0, 0, self.packets_received, self.packets_sent)
         return ConnectionStats(
-            self.dropped_too_large,
-            self.dropped_queue_full,
-            self.dropped_expired,
-            self.packets_received,
-            self.packets_sent,
+            drops.too_large, drops.queue_full, drops.expired, self.packets_received, self.packets_sent
         )
+
+    def _dropped(self) -> _Drops:
+        """The drop counters, to count one."""
+        drops = self._drops
+        if drops is None:
+            drops = self._drops = _Drops()
+        return drops
 
     def data_to_send(self) -> bytes:
         """All bytes queued for the client since the last call (b"" if none)."""
@@ -364,7 +385,7 @@ class ServerConnection(Machine):
             # Packets are decoded while connected or awaiting CONNECT (CONNECTING waits for the hull's
             # accept or reject): compared as constants, where a set's lookup cost ten times as much.
             while not ready and (self.state == State.CONNECTED or self.state == State.AWAIT_CONNECT):
-                if self._walk is not None:  # a run's PUBLISHes, each its own event, before the rest
+                if self._walk_run is not None:  # a run's PUBLISHes, each its own event, before the rest
                     ready = self._pending()
                     try:
                         self._on_publish(self._walked(), ready)
@@ -560,7 +581,7 @@ class ServerConnection(Machine):
             and self.client_max_packet_size < MAX_PACKET_SIZE  # _fits's shortcut, without the call
             and not self._fits(message)
         ):
-            self.dropped_too_large += 1
+            self._dropped().too_large += 1
             self.dropped_why = DROP_TOO_LARGE
             return False
         session = self.session
@@ -590,7 +611,7 @@ class ServerConnection(Machine):
             session.backlog().append(message)  # unbounded here: the hull holds the publishers
             return True
         if not session.enqueue(message):
-            self.dropped_queue_full += 1
+            self._dropped().queue_full += 1
             self.dropped_why = DROP_OFFLINE_QUEUE_FULL
             return False
         return True
@@ -605,7 +626,7 @@ class ServerConnection(Machine):
             return False
         size = len(data)
         if size > self.client_max_packet_size:
-            self.dropped_too_large += 1
+            self._dropped().too_large += 1
             self.dropped_why = DROP_TOO_LARGE
             return False
         out = self._out
@@ -702,7 +723,7 @@ class ServerConnection(Machine):
         """Hand out the PUBLISHes of ``run`` (its event, just handed out) one at a time, each as if
         it had been read alone, before anything read after them: for the runs the hull cannot take
         whole (refused, a ``$`` topic, a broker that must see each publish)."""
-        self._walk = run_packets(run)
+        run_packets(run)  # cut once (run.packets), read a packet at a time
         self._walk_at = 0
         self._walk_run = run
 
@@ -840,7 +861,7 @@ class ServerConnection(Machine):
                 out.append(PINGRESP_BYTES)
             self.packets_sent += 1
         else:
-            self.dropped_too_large += 1
+            self._dropped().too_large += 1
 
     def _on_packet(self, packet: Packet, events: Events) -> None:
         if isinstance(packet, Publish):
@@ -998,15 +1019,14 @@ class ServerConnection(Machine):
 
     def _walked(self) -> Publish:
         """The next PUBLISH of the run being walked, as the decoder would have read it alone."""
-        walk = self._walk
         run = self._walk_run
-        assert walk is not None and run is not None
+        assert run is not None and run.packets is not None
         at = self._walk_at
-        wire, payload = walk[at]
+        wire, payload = run.packets[at]
         topic = run.topic if run.topics is None else run.topics[at]
         at += 1
         if at == run.count:
-            self._walk = self._walk_run = None
+            self._walk_run = None
             at = 0
         self._walk_at = at
         packet_id = None
@@ -1045,9 +1065,7 @@ class ServerConnection(Machine):
             if alias is not None:
                 if alias > limits.topic_alias_maximum:
                     raise _Fail(ReasonCode.TOPIC_ALIAS_INVALID, f"topic alias {alias} above the maximum")
-                aliases = self._in_aliases
-                if aliases is None:
-                    aliases = self._in_aliases = {}
+                aliases = self._topic_aliases().inbound
                 if publish.topic:
                     aliases[alias] = publish.topic
                 else:
@@ -1325,7 +1343,7 @@ class ServerConnection(Machine):
                 packet.properties = slim  # type: ignore[union-attr]
                 data = encode(packet, level)
         if len(data) > self.client_max_packet_size:
-            self.dropped_too_large += 1
+            self._dropped().too_large += 1
             return False
         out = self._out
         if out is None:
@@ -1367,20 +1385,18 @@ class ServerConnection(Machine):
             if message.expires_at is not None:
                 remaining = message.expires_at - self._clock()
                 if remaining <= 0 and not dup:  # a resend is already on its way: finish it
-                    self.dropped_expired += 1
+                    self._dropped().expired += 1
                     return DROP_EXPIRED
                 if remaining > 0 and level == MQTT_5:
                     props = props.copy()
                     props.message_expiry_interval = math.ceil(remaining)
             publish = Publish(message.topic, message.payload, qos, message.retain, flag, packet_id, props)
             if self.uses_topic_aliases:
-                aliases = self._out_aliases
-                if aliases is None:
-                    aliases = self._out_aliases = {}
-                alias = aliases.get(message.topic, 0)
+                known = self._topic_aliases()
+                alias = known.outbound.get(message.topic, 0)
                 if not alias:
                     new_alias = True
-                    alias = self._out_alias_next
+                    alias = known.next_outbound
                 aliased = props.copy()
                 aliased.topic_alias = alias
                 publish.properties = aliased
@@ -1394,7 +1410,7 @@ class ServerConnection(Machine):
                 data = encode(publish, level)
         size = len(data)
         if size > self.client_max_packet_size:
-            self.dropped_too_large += 1
+            self._dropped().too_large += 1
             return DROP_TOO_LARGE
         if alias and new_alias:
             self._commit_alias(message.topic, alias)
@@ -1407,9 +1423,15 @@ class ServerConnection(Machine):
         self.packets_sent += 1
         return None
 
+    def _topic_aliases(self) -> _Aliases:
+        known = self._aliases
+        if known is None:
+            known = self._aliases = _Aliases()
+        return known
+
     def _commit_alias(self, topic: str, alias: int) -> None:
-        aliases = self._out_aliases
-        assert aliases is not None
+        known = self._topic_aliases()
+        aliases = known.outbound
         if len(aliases) >= self.client_topic_alias_maximum:
             # All aliases taken: reuse this number, forgetting the topic it stood for.
             for old_topic, old_alias in aliases.items():
@@ -1417,7 +1439,7 @@ class ServerConnection(Machine):
                     del aliases[old_topic]
                     break
         aliases[topic] = alias
-        self._out_alias_next = alias % self.client_topic_alias_maximum + 1
+        known.next_outbound = alias % self.client_topic_alias_maximum + 1
 
     def _send_inflight(self, entry: OutboundMessage, events: Events) -> None:
         if entry.state == AWAITING_PUBCOMP:
