@@ -172,13 +172,13 @@ class Poller:
 
     def adopt(self, fd: int, address: Any, conn: Conn) -> SocketTransport:
         """Serve ``conn`` on the connected, non-blocking socket ``fd``."""
-        transport = SocketTransport(self, fd, address, conn)
+        transport = SocketTransport(self, fd, conn)
         try:
+            conn.set_peer(address)  # told, not kept by the transport for it to ask
             conn.connection_made(cast(asyncio.BaseTransport, transport))  # (an Outlet: taken as it is)
         except Exception:
             log.exception("connection_made failed for %s", address)
             transport.abort()
-        transport._peer = None  # Conn keeps what it needs of it, as strings
         if not transport._closing:
             fd = transport._fd
             socks = self._socks
@@ -279,7 +279,6 @@ class SocketTransport(Outlet):
         "_eof_sent",
         "_fd",
         "_out",
-        "_peer",
         "_peer_shut",
         "_poller",
         "_read_eof",
@@ -289,10 +288,9 @@ class SocketTransport(Outlet):
         "_writing_paused",
     )
 
-    def __init__(self, poller: Poller, fd: int, peer: Any, conn: Conn) -> None:
+    def __init__(self, poller: Poller, fd: int, conn: Conn) -> None:
         self._poller = poller
         self._fd = fd  # -1 once closed
-        self._peer = peer  # until the connection has read it
         self._conn = conn
         self._out: bytearray | None = None  # what the socket did not take yet (None: nothing)
         self._reading = True
@@ -373,12 +371,12 @@ class SocketTransport(Outlet):
         return self._closing
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
-        if name == "peername":
-            return self._peer
-        if name == "sockname" and self._fd >= 0:
+        if name in ("peername", "sockname") and self._fd >= 0:
+            # Asked of the socket: the poller told its connection the peer as it adopted it
+            # (Conn.set_peer), and keeping the address here was 8 bytes of every connection.
             try:
                 with _over(self._fd) as sock:
-                    return sock.getsockname()
+                    return sock.getpeername() if name == "peername" else sock.getsockname()
             except OSError:
                 return default
         return default  # (no "socket": the poller sets its options itself)

@@ -291,13 +291,18 @@ class Conn(asyncio.Protocol):
         except Exception as exc:
             self.crash(exc)
 
-    def _admit(self, transport: Outlet) -> None:
-        address = transport.get_extra_info("peername")
+    def set_peer(self, address: Any) -> None:
+        """Where the connection comes from (an IP socket's ``(host, port)``; anything else leaves it
+        unnamed): the poller tells it as it adopts the socket, a loop's transport is asked."""
         if isinstance(address, tuple):
             # One string for every connection from a host (interned strings go with their last user):
             # accept makes a new one each time, 58 bytes of every connection.
             self.peer_host = sys.intern(str(address[0]))
             self.peer_port = int(address[1])
+
+    def _admit(self, transport: Outlet) -> None:
+        if not self.peer_host:
+            self.set_peer(transport.get_extra_info("peername"))
         refusal = self.runner.admit(self)
         if refusal is not None:
             log.warning("%s: refused connection from %s: %s", self.listener, self.peer, refusal)
