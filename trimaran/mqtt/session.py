@@ -83,8 +83,9 @@ class OutboundMessage:
     # stored, never compared.
     wire: tuple[bytes, bytes] | None = field(default=None, compare=False, repr=False)
     # In the session's inflight window (Session.inflight, by packet id): its id there, where its
-    # QoS flow stands (AWAITING_PUBACK, AWAITING_PUBREC or AWAITING_PUBCOMP; "" while not in it)
-    # and whether it was sent at least once (a resend carries DUP). Set by whoever puts it there.
+    # QoS flow stands (AWAITING_PUBACK, AWAITING_PUBREC or AWAITING_PUBCOMP; "" until it first
+    # enters, and left as it was when it leaves) and whether it was sent at least once (a resend
+    # carries DUP). Set by whoever puts it there; read only while it is there.
     packet_id: int = field(default=0, compare=False)
     state: str = field(default="", compare=False)
     sent: bool = field(default=False, compare=False)
