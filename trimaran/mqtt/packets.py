@@ -147,6 +147,7 @@ class PublishRun:
         qos: int = 0,
         topics: list[str] | None = None,
         encoded: dict[tuple[bool, tuple[int, ...]], tuple[bytes, int]] | None = None,
+        packets: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
         self.topic = topic
         self.wire = wire
@@ -157,7 +158,7 @@ class PublishRun:
         self.qos = qos
         self.topics = topics
         self.encoded = encoded
-        self.packets = None
+        self.packets = packets
 
 
 @dataclass(slots=True)
