@@ -139,8 +139,14 @@ class ListenerSettings(Section):
         None, description="AMQP 0.9.1 and 1.0 over TLS (needs listeners.tls), e.g. 0.0.0.0:5671"
     )
     tls: TlsSettings = TlsSettings()
+    # As deep as Linux allows by default (net.core.somaxconn, 4096 since 5.4; it caps what is asked):
+    # a connection past a full accept queue waits a second for the kernel's retransmission, and a
+    # reconnect storm of 4,000 handshakes at once overflowed 1024 (docs/performance.md).
     backlog: int = Field(
-        1024, ge=1, description="the listen() backlog: connections the kernel queues before they are accepted"
+        4096,
+        ge=1,
+        description="the listen() backlog: connections the kernel queues before they are accepted "
+        "(capped by net.core.somaxconn)",
     )
     tcp_nodelay: bool = Field(
         True, description="TCP_NODELAY on every connection (no Nagle delay on small writes)"
