@@ -406,6 +406,9 @@ def test_runs_hold_the_publishes_read_one_by_one(stream: tuple[int, list[Publish
             sizes = [len(wire) for wire, _ in run_packets(packet)]
             assert packet.largest == max(sizes) and packet.count == len(sizes) and packet.topic
             assert packet.v5 == (level == 5) and packet.qos in (0, 1)
+            if packet.qos:  # a PUBACK for each, of the packet id read
+                ids = [publish.packet_id for publish, _ in _each([packet])]
+                assert run_acks(packet) == b"".join(encode(PubAck(i), level) for i in ids if i)
 
 
 def test_a_run_ends_at_a_packet_unlike_it() -> None:
@@ -448,10 +451,11 @@ def test_a_run_that_changes_topic_is_read_split_and_acknowledged_per_packet(leve
     assert [p.topic for p in _decode_all(data, level, runs=False)] == names  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("qos", [0, 1])
 @pytest.mark.parametrize("bad", [b"\xff\xfe", b"a\x00b", b"a/#"])
-def test_a_run_ends_before_a_topic_the_codec_refuses(bad: bytes) -> None:
-    good = encode(Publish("a/b", b"1"), 4)
-    other = encode(Publish("a/c", b"2"), 4)
+def test_a_run_ends_before_a_topic_the_codec_refuses(bad: bytes, qos: int) -> None:
+    good = encode(Publish("a/b", b"1", qos, packet_id=1 if qos else None), 4)
+    other = encode(Publish("a/c", b"2", qos, packet_id=2 if qos else None), 4)
     wrong = other.replace(b"\x00\x03a/c", len(bad).to_bytes(2, "big") + bad)
     wrong = bytes((wrong[0], len(wrong) - 2)) + wrong[2:]
     decoder = Decoder(protocol_level=4)
@@ -463,6 +467,8 @@ def test_a_run_ends_before_a_topic_the_codec_refuses(bad: bytes) -> None:
         assert run.topics == ["a/b", "a/c", "a/#"]
     else:
         assert run.topics == ["a/b", "a/c"]
+        if qos:  # the refused packet's id is not among the run's
+            assert run_acks(run) == encode(PubAck(1), 4) + encode(PubAck(2), 4)
         with pytest.raises(ProtocolError):
             decoder.next_packet()
 

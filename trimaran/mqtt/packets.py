@@ -128,6 +128,9 @@ class PublishRun:
     # Each packet's topic, when they are not all ``topic`` (its first packet's; ``head`` is then
     # the first packet's too, and each packet's is read from its own topic field).
     topics: list[str] | None = None
+    # At QoS 1, each packet's id as read, two bytes each (the decoder reads them to refuse id 0):
+    # its PUBACKs (codec.run_acks). None in the runs cut from it (codec.run_stretches).
+    ids: bytearray | None = field(default=None, compare=False, repr=False)
     # The run's bytes as other kinds of subscriber get them (codec.encode_run), made at the first
     # such subscriber: (5.0?, subscription identifiers) -> (bytes, largest packet).
     encoded: dict[tuple[bool, tuple[int, ...]], tuple[bytes, int]] | None = None
@@ -146,6 +149,7 @@ class PublishRun:
         v5: bool,
         qos: int = 0,
         topics: list[str] | None = None,
+        ids: bytearray | None = None,
         encoded: dict[tuple[bool, tuple[int, ...]], tuple[bytes, int]] | None = None,
         packets: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
@@ -157,6 +161,7 @@ class PublishRun:
         self.v5 = v5
         self.qos = qos
         self.topics = topics
+        self.ids = ids
         self.encoded = encoded
         self.packets = packets
 
