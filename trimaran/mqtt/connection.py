@@ -717,9 +717,7 @@ class ServerConnection(Machine):
                 # its id, the PUBACK that makes room sends it without encoding it again
                 # (`_send_publish`), for no more memory than its head. (accept() forgets the cuts:
                 # the session's next connection may be of another level.)
-                at = len(wire) - len(payload) - back
-                payload = wire[at + 2 :]
-                cut = (wire[:at], payload)
+                cut = (wire[: len(wire) - len(payload) - 2], payload)
             message = OutboundMessage(topic, payload, 1, False, NO_PROPERTIES, None, None, False, cut)
             items.append(message)  # session.queue.append() written out
             queue.bytes += len(payload) + len(topic)
