@@ -16,7 +16,9 @@ the budget in the same commit (the test says so when a count falls well below it
 budgets stay at today's counts and the next regression shows.
 
 Run ``python -m tests.test_budgets [PATH-SUBSTRING]`` to print the counts of every path (or of the
-paths whose name holds the substring).
+paths whose name holds the substring). ``python -m tests.test_budgets --cpu [PATH-SUBSTRING ...]``
+prints instead the loop thread's CPU time a message on each path, without counting (compiled or
+from the source): what a change saves in allocations and copies that a count does not see.
 """
 
 from __future__ import annotations
@@ -301,9 +303,48 @@ def test_a_tenant_under_rules_costs_at_most_5_percent_more(tenant_server: InProc
     assert tenant_c <= plain.loop[1] * (1 + TENANT_COST), report
 
 
+def loop_time(server: InProcessServer, path: Path_, repeats: int = 5) -> list[float]:
+    """Nanoseconds of the loop thread's CPU a message, for each of ``repeats`` times ROUNDS."""
+    load = path.load(server)
+    try:
+        for _ in range(WARM_UP_ROUNDS):
+            load.round()
+        times = []
+        for _ in range(repeats):
+            before = server.loop_cpu_ns()
+            for _ in range(ROUNDS):
+                load.round()
+            times.append((server.loop_cpu_ns() - before) / (ROUNDS * load.messages_per_round()))
+    finally:
+        load.close()
+    return times
+
+
+def time_paths(names: list[str]) -> None:
+    """``--cpu``: the loop's CPU time a message on each path, in this build (compiled or not). For
+    an A/B of two trees run each in turn a few times and compare the least: the spread between runs
+    of one tree is often 10-20%, where a count does not move."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        server = InProcessServer(Path(tmp), timed=True).start()
+        try:
+            build = "compiled" if COMPILED else "source"
+            print(f"{'path':48} {'least':>8} {'median':>8}  ns of the loop's CPU a message ({build})")
+            for path in [p for p in PATHS if not names or any(n in p.name for n in names)]:
+                times = sorted(loop_time(server, path))
+                print(f"{path.name:48} {times[0]:8.0f} {times[len(times) // 2]:8.0f}", flush=True)
+        finally:
+            server.stop()
+
+
 def main() -> None:
     import tempfile
 
+    args = sys.argv[1:]
+    if args[:1] == ["--cpu"]:
+        time_paths(args[1:])
+        return
     if COMPILED:
         sys.exit(f"the hot modules run compiled: counts would miss their calls; run with {ENV}=1")
 
@@ -311,7 +352,7 @@ def main() -> None:
         server = InProcessServer(Path(tmp)).start()
         try:
             print(f"{'path':32} {'loop py':>8} {'loop C':>8} {'other py':>9} {'other C':>8}")
-            for path in PATHS if len(sys.argv) < 2 else [p for p in PATHS if sys.argv[1] in p.name]:
+            for path in PATHS if not args else [p for p in PATHS if args[0] in p.name]:
                 got = measure(server, path)
                 print(f"{path.name:32} " + " ".join(f"{v:8.1f}" for v in got.per_message()), flush=True)
         finally:

@@ -105,7 +105,10 @@ class _Server(App):
 
 
 class InProcessServer:
-    def __init__(self, data_dir: Path, **overrides: Any) -> None:
+    """``timed``: no profile function; instead :meth:`loop_cpu_ns` reads the loop thread's CPU
+    clock (the time a message costs there, with the C work a count does not see)."""
+
+    def __init__(self, data_dir: Path, *, timed: bool = False, **overrides: Any) -> None:
         local = Endpoint("127.0.0.1", 0)
         overrides.setdefault("http", {"bind": None})
         settings = Settings(
@@ -115,10 +118,13 @@ class InProcessServer:
         )
         self.app = _Server(settings)
         self.counter = CallCounter()
+        self._timed = timed
+        self._clock: int | None = None  # the loop thread's CPU clock (timed)
         self._thread = threading.Thread(target=self._run, name=LOOP_THREAD, daemon=True)
         self._error: BaseException | None = None
 
     def _run(self) -> None:
+        self._clock = time.pthread_getcpuclockid(threading.get_ident())
         try:
             anyio.run(self.app.run, backend="asyncio", backend_options=_backend_options())
         except BaseException as exc:  # reported by start() or stop()
@@ -126,7 +132,8 @@ class InProcessServer:
 
     def start(self) -> InProcessServer:
         self._gc = (gc.get_threshold(), gc.isenabled())
-        threading.setprofile(self.counter.bootstrap)
+        if not self._timed:
+            threading.setprofile(self.counter.bootstrap)
         try:
             self._thread.start()
             deadline = time.monotonic() + 30
@@ -139,6 +146,11 @@ class InProcessServer:
         finally:
             threading.setprofile(None)  # (the test's own threads stay unprofiled)
         return self
+
+    def loop_cpu_ns(self) -> int:
+        """The CPU time the server's loop thread has used so far."""
+        assert self._clock is not None, "started"
+        return time.clock_gettime_ns(self._clock)
 
     def port(self, name: str) -> int:
         for listener in self.app.listeners:
