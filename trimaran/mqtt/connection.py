@@ -106,6 +106,7 @@ __all__ = [
 
 NO_EXPIRY: Final = 0xFFFFFFFF
 _PACKET_ID: Final = struct.Struct("!H").pack
+_PACKET_ID_NO_PROPERTIES: Final = struct.Struct("!HB").pack  # (id, 0): then a 5.0 PUBLISH's payload
 NO_DEADLINE: Final = math.inf  # ServerConnection._deadline when nothing is due
 
 
@@ -711,13 +712,11 @@ class ServerConnection(Machine):
                 sent += 1
                 last = end
                 continue
-            cut = None
-            if back == 2:
-                # Before 5.0 what follows the packet id is the payload itself: queued cut around
-                # its id, the PUBACK that makes room sends it without encoding it again
-                # (`_send_publish`), for no more memory than its head. (accept() forgets the cuts:
-                # the session's next connection may be of another level.)
-                cut = (wire[: len(wire) - len(payload) - 2], payload)
+            # Queued cut before its packet id, with its payload: the PUBACK that makes room sends
+            # it without encoding it again (`_pump`, which puts back the 5.0 empty properties'
+            # byte), for no more memory than its head. (accept() forgets the cuts: the session's
+            # next connection may be of another level.)
+            cut = (wire[: len(wire) - len(payload) - back], payload)
             message = OutboundMessage(topic, payload, 1, False, NO_PROPERTIES, None, None, False, cut)
             items.append(message)  # session.queue.append() written out
             queue.bytes += len(payload) + len(topic)
@@ -1481,18 +1480,20 @@ class ServerConnection(Machine):
             return
         if inflight is None:
             inflight = session.inflight = {}
-        # QoS 1 messages queued cut around their packet id (publish_qos1_run, the fan-out's) are
-        # sent as one write: start_inflight() and _send_publish() written out, once per message
-        # of a subscriber that is behind (a PUBACK makes room for the next).
+        # QoS 1 messages queued cut at their packet id (publish_qos1_run's) are sent as one write:
+        # start_inflight() and _send_publish() written out, once per message of a subscriber that
+        # is behind (a PUBACK makes room for the next).
         parts: list[bytes] | None = None
         limit = 0 if self.uses_topic_aliases else self.client_max_packet_size
+        v5 = self.protocol_level == MQTT_5
+        between = 3 if v5 else 2  # the packet id, and at 5.0 the empty properties' byte
         for message in taken:
             wire = message.wire
             if (
                 wire is not None
                 and message.qos == 1
                 and not message.redelivered
-                and len(wire[0]) + 2 + len(wire[1]) <= limit
+                and len(wire[0]) + between + len(wire[1]) <= limit
             ):
                 pid = session.next_packet_id
                 while pid in inflight:
@@ -1505,15 +1506,16 @@ class ServerConnection(Machine):
                 message.wire = None  # its one use (a resend carries DUP, encoded anew)
                 if parts is None:
                     parts = []
-                parts += (wire[0], _PACKET_ID(pid), wire[1])
+                parts += (wire[0], _PACKET_ID_NO_PROPERTIES(pid, 0) if v5 else _PACKET_ID(pid), wire[1])
                 continue
             if parts is not None:  # what went before, in order
                 self._queue_packets(b"".join(parts), len(parts) // 3)
                 parts = None
+            # (a cut is this loop's to use: encoded anew, for the limit's sake or with DUP)
+            message.wire = None
             # _send_inflight() written out for a new entry: never sent, never awaiting PUBCOMP
             session.start_inflight(message)
             reason = self._send_publish(message, message.qos, message.packet_id, False)
-            message.wire = None  # its one use (a resend carries DUP, encoded anew)
             if reason is None:
                 message.sent = True
             else:

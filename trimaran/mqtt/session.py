@@ -79,8 +79,10 @@ class OutboundMessage:
     # cut around its packet identifier (shared by every subscriber it fits: the fan-out's bytes,
     # encoded once); the connection puts the id between the two. Only for a message without an
     # expiry, handed to `ServerConnection.publish`, which uses it for a send at once and forgets it
-    # (a queued message may go out on the session's next connection, of another level); never
-    # stored, never compared.
+    # (a queued message may go out on the session's next connection, of another level). One kind
+    # of queued message keeps one: a run's, cut before its id with its payload alone after
+    # (`publish_qos1_run`; `_pump` adds the id and at 5.0 the empty properties' byte, and accept()
+    # forgets these). Never stored, never compared.
     wire: tuple[bytes, bytes] | None = field(default=None, compare=False, repr=False)
     # In the session's inflight window (Session.inflight, by packet id): its id there, where its
     # QoS flow stands (AWAITING_PUBACK, AWAITING_PUBREC or AWAITING_PUBCOMP; "" until it first
