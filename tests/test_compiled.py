@@ -195,7 +195,22 @@ def _written_out_samples() -> list[tuple[type, tuple[object, ...]]]:
         (ContentReceived, (3, BasicPublish(routing_key="rk"), BasicProperties(), b"body", b"\x00")),
         (MethodReceived, (3, BasicAck(5, True))),
         (Publish, ("t", b"p", 1, True, True, 9, Properties(topic_alias=2), b"wire")),
-        (PublishRun, ("t", b"wire", 2, 5, 3, True, 1, ["t", "u"], {(True, ()): (b"x", 1)}, [(b"w", b"")])),
+        (
+            PublishRun,
+            (
+                "t",
+                b"wire",
+                2,
+                5,
+                3,
+                True,
+                1,
+                ["t", "u"],
+                bytearray(b"\x00\x01\x00\x02"),
+                {(True, ()): (b"x", 1)},
+                [(b"w", b"")],
+            ),
+        ),
         (Properties, props),
     ]
 
