@@ -10,7 +10,7 @@ import contextvars
 import difflib
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple, get_args
+from typing import Annotated, Any, Final, Literal, NamedTuple, get_args
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pydantic import (
@@ -117,6 +117,13 @@ class TlsSettings(Section):
     min_version: Literal["1.2", "1.3"] = Field("1.2", description="oldest TLS version accepted")
 
 
+# The listen() backlog of every listener unless its settings say otherwise: as deep as Linux allows
+# by default (net.core.somaxconn, 4096 since 5.4; it caps what is asked). A connection past a full
+# accept queue waits a second for the kernel's retransmission, and a reconnect storm of 4,000
+# handshakes at once overflowed 1024 (docs/performance.md).
+LISTEN_BACKLOG: Final = 4096
+
+
 class ListenerSettings(Section):
     mqtt: BindAddress = Field(
         Endpoint("0.0.0.0", 1883), description="MQTT over TCP: [HOST:]PORT or off; port 0 picks a free port"
@@ -139,11 +146,8 @@ class ListenerSettings(Section):
         None, description="AMQP 0.9.1 and 1.0 over TLS (needs listeners.tls), e.g. 0.0.0.0:5671"
     )
     tls: TlsSettings = TlsSettings()
-    # As deep as Linux allows by default (net.core.somaxconn, 4096 since 5.4; it caps what is asked):
-    # a connection past a full accept queue waits a second for the kernel's retransmission, and a
-    # reconnect storm of 4,000 handshakes at once overflowed 1024 (docs/performance.md).
     backlog: int = Field(
-        4096,
+        LISTEN_BACKLOG,
         ge=1,
         description="the listen() backlog: connections the kernel queues before they are accepted "
         "(capped by net.core.somaxconn)",

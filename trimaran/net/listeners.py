@@ -18,7 +18,7 @@ from anyio.streams.tls import TLSStream
 
 from trimaran.amqp091.frames import ProtocolHeader, classify_protocol_header
 from trimaran.amqp091.spec import PROTOCOL_HEADER as AMQP091_HEADER
-from trimaran.config import Endpoint
+from trimaran.config import LISTEN_BACKLOG, Endpoint
 from trimaran.runtime.runner import Runner
 from trimaran.runtime.transport import Conn, Hull, HullFactory, Refused
 
@@ -44,7 +44,7 @@ class ProtocolListener:
         runner: Runner,
         *,
         tls: ssl.SSLContext | None = None,
-        backlog: int = 1024,
+        backlog: int = LISTEN_BACKLOG,
     ) -> None:
         self.name = name
         self.endpoint = endpoint
@@ -113,7 +113,7 @@ class Listener:
         handler: ConnectionHandler,
         *,
         tls: ssl.SSLContext | None = None,
-        backlog: int = 1024,
+        backlog: int = LISTEN_BACKLOG,
         nodelay: bool = True,
     ) -> None:
         self.name = name

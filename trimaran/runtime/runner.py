@@ -21,6 +21,7 @@ from typing import Any, cast
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from trimaran.config import LISTEN_BACKLOG
 from trimaran.runtime import transport
 from trimaran.runtime.deadlines import Deadlines
 from trimaran.runtime.flow import Held
@@ -154,7 +155,7 @@ class Runner(transport.Runner):
         factory: HullFactory,
         *,
         tls: ssl.SSLContext | None = None,
-        backlog: int = 1024,
+        backlog: int = LISTEN_BACKLOG,
     ) -> list[tuple[str, int]]:
         """Listen on ``host:port`` (every address it resolves to); returns the bound addresses."""
         loop = asyncio.get_running_loop()
