@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -211,17 +212,23 @@ class Measured:
         return loop.python / n, loop.c / n, others.python / n, others.c / n
 
 
-def measure(server: InProcessServer, path: Path_) -> Measured:
+@contextmanager
+def warmed_up(server: InProcessServer, path: Path_) -> Iterator[Load]:
+    """``path``'s load on ``server``, past its warm-up rounds; closed afterwards."""
     load = path.load(server)
     try:
         for _ in range(WARM_UP_ROUNDS):
             load.round()
-        counts: list[Counts] = []
-        with server.counting(counts):
-            for _ in range(ROUNDS):
-                load.round()
+        yield load
     finally:
         load.close()
+
+
+def measure(server: InProcessServer, path: Path_) -> Measured:
+    counts: list[Counts] = []
+    with warmed_up(server, path) as load, server.counting(counts):
+        for _ in range(ROUNDS):
+            load.round()
     return Measured(path.name, ROUNDS * load.messages_per_round(), counts[0])
 
 
@@ -308,18 +315,13 @@ def test_a_tenant_under_rules_costs_at_most_5_percent_more(tenant_server: InProc
 
 def loop_time(server: InProcessServer, path: Path_, repeats: int = 5) -> list[float]:
     """Nanoseconds of the loop thread's CPU a message, for each of ``repeats`` times ROUNDS."""
-    load = path.load(server)
-    try:
-        for _ in range(WARM_UP_ROUNDS):
-            load.round()
-        times = []
+    times = []
+    with warmed_up(server, path) as load:
         for _ in range(repeats):
             before = server.loop_cpu_ns()
             for _ in range(ROUNDS):
                 load.round()
             times.append((server.loop_cpu_ns() - before) / (ROUNDS * load.messages_per_round()))
-    finally:
-        load.close()
     return times
 
 
