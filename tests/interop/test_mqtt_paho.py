@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -437,6 +438,89 @@ def test_restart_keeps_retained_and_persistent_sessions(tmp_path: Path, tls_file
         fresh.disconnect()
     finally:
         assert server.stop() == 0, server.output()
+
+
+BURST = 600  # QoS 1 messages of one publisher, far past a Receive Maximum of 5
+
+
+def _burst(mqtt: Endpoints, topic: str) -> list[tuple[str, bytes]]:
+    """BURST QoS 1 messages sent without waiting (paho keeps 20 unacknowledged), to four topics in
+    turn: the server reads them as runs that change topic, and queues most behind the window."""
+    sent = [(f"{topic}/{i % 4}", b"%05d" % i) for i in range(BURST)]
+    pub = connect(mqtt, version=V5)
+    try:
+        infos = [pub.publish(t, payload, qos=1, wait=False) for t, payload in sent]
+        for info in infos:
+            info.wait_for_publish(30)
+    finally:
+        pub.disconnect()
+    return sent
+
+
+def test_a_small_receive_maximum_gets_a_burst_once_in_order(mqtt_or_mosquitto: Endpoints) -> None:
+    """An MQTT 5 subscriber with Receive Maximum 5 (3.1.2.11.3): what waits behind its window is
+    sent as the window opens, each message once, in the order published."""
+    window = props(PacketTypes.CONNECT, ReceiveMaximum=5)
+    sub = connect(mqtt_or_mosquitto, "burst-sub", version=V5, properties=window)
+    try:
+        sub.subscribe("burst/#", qos=1)
+        sent = _burst(mqtt_or_mosquitto, "burst")
+        got = sub.drain(BURST, timeout=30)
+        assert [(m.topic, m.payload) for m in got] == sent
+        assert {m.qos for m in got} == {1}
+        sub.expect_none(0.2)
+    finally:
+        sub.disconnect()
+
+
+# Mosquitto 2.0.11 restores a 3.1.1 persistent session after a restart but comes back with no
+# session for a 5.0 client with a Session Expiry Interval (tried: session_present False).
+MOSQUITTO_FORGETS_V5_SESSIONS = "Mosquitto 2.0.11 does not restore a 5.0 session across a restart"
+
+
+@pytest.mark.parametrize(
+    "broker", ["trimaran", pytest.param("mosquitto", marks=pytest.mark.skip(MOSQUITTO_FORGETS_V5_SESSIONS))]
+)
+def test_a_small_receive_maximum_keeps_its_queue_across_a_restart(
+    broker: str, tmp_path: Path, tls_files: dict[str, str]
+) -> None:
+    """The same subscriber, taking nothing (no PUBACK), goes away with five messages in flight and
+    the rest queued behind them; after a restart of the broker its session gives it every message:
+    the five again (DUP), then the rest, in order."""
+    expiry = props(PacketTypes.CONNECT, ReceiveMaximum=5, SessionExpiryInterval=3600)
+
+    @contextmanager
+    def serving_broker(port: int | None = None) -> Iterator[Endpoints]:
+        if broker == "mosquitto":
+            with running_mosquitto(tmp_path, port=port, persistence=True) as bound:
+                yield Endpoints("127.0.0.1", bound)
+            return
+        server = start_server(tmp_path, tls_files)
+        try:
+            yield endpoints_of(server, tls_files)
+        finally:
+            assert server.stop() == 0, server.output()
+
+    with serving_broker() as ep:
+        port = ep.tcp
+        sub = connect(ep, "kept-sub", version=V5, properties=expiry, manual_ack=True)
+        sub.subscribe("kept/#", qos=1)
+        sent = _burst(ep, "kept")
+        first = sub.drain(5)  # the window: nothing acknowledged, nothing more comes
+        sub.expect_none(0.3)
+        sub.drop()
+    assert [(m.topic, m.payload) for m in first] == sent[:5]
+    with serving_broker(port) as ep:
+        back = connect(ep, "kept-sub", version=V5, clean=False, properties=expiry)
+        try:
+            flags, _, _ = back.connack.get_nowait()
+            assert flags.session_present
+            got = back.drain(BURST, timeout=30)
+            assert [(m.topic, m.payload) for m in got] == sent
+            assert all(m.dup for m in got[:5])
+            back.expect_none(0.2)
+        finally:
+            back.disconnect()
 
 
 def test_slow_subscriber_never_blocks_a_publisher(mqtt: Endpoints) -> None:
