@@ -11,7 +11,7 @@ from trimaran.mqtt.conn import MqttConn
 from trimaran.mqtt.connection import ServerConnection
 from trimaran.mqtt.handler import MqttFrontEnd
 from trimaran.runtime.runner import Runner
-from trimaran.runtime.transport import Conn
+from trimaran.runtime.transport import Conn, Listening
 from trimaran.security.guard import Principal
 from trimaran.vhosts import prefix
 
@@ -19,7 +19,7 @@ from trimaran.vhosts import prefix
 def _conn() -> Any:
     """A real MqttConn on a real, unconnected runtime Conn: compiled, both check their types."""
     front = MqttFrontEnd(Broker(), Settings())
-    io = Conn(Runner(), "mqtt", factory=None)  # type: ignore[arg-type]  # never made a hull
+    io = Conn(Runner(), Listening("mqtt", factory=None))  # type: ignore[arg-type]  # never made a hull
     io.peer_host, io.peer_port = "10.0.0.7", 50123
     return MqttConn(front, ServerConnection(), io)
 

@@ -13,12 +13,12 @@ from trimaran.mqtt.conn import MqttConn
 from trimaran.mqtt.connection import ServerConnection
 from trimaran.mqtt.handler import MqttFrontEnd
 from trimaran.runtime.runner import Runner
-from trimaran.runtime.transport import Conn
+from trimaran.runtime.transport import Conn, Listening
 
 
 def _conn(front: MqttFrontEnd, listener: str) -> Any:
     """A real MqttConn on a real, unconnected runtime Conn: compiled, both check their types."""
-    io = Conn(Runner(), listener, factory=None)  # type: ignore[arg-type]  # never made a hull
+    io = Conn(Runner(), Listening(listener, factory=None))  # type: ignore[arg-type]  # never made a hull
     return MqttConn(front, ServerConnection(), io)
 
 

@@ -443,7 +443,7 @@ async def test_a_throttled_connection_that_closes_leaves_no_timer_and_no_count()
         assert not wire.transport.reading
         wire.transport.abort()
         await settle()
-    assert wire.conn._throttle_timer is None
+    assert not wire.conn._throttled
     assert tenants.connections == {} and tenants.user_connections == {} and tenants.rates == {}
 
 

@@ -15,7 +15,7 @@ import anyio
 
 from trimaran.runtime.machine import Machine
 from trimaran.runtime.runner import Runner
-from trimaran.runtime.transport import OPEN, Conn, Hull, HullFactory
+from trimaran.runtime.transport import OPEN, Conn, Hull, HullFactory, Listening
 
 
 class FakeTransport(asyncio.Transport):
@@ -84,7 +84,7 @@ class Wire:
     def __init__(self, runner: Runner, factory: HullFactory, peer: tuple[str, int] = ("127.0.0.1", 40000)):
         self.runner = runner
         self.transport = FakeTransport(peer)
-        self.conn = Conn(runner, "test", factory)
+        self.conn = Conn(runner, Listening("test", factory))
         self.transport.protocol = self.conn
         self.conn.connection_made(self.transport)
 

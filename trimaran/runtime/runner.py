@@ -28,7 +28,7 @@ from trimaran.runtime.flow import Held
 from trimaran.runtime.limits import RuntimeLimits, RuntimeStats
 from trimaran.runtime.memory import Memory
 from trimaran.runtime.poller import Poller, available
-from trimaran.runtime.transport import GONE, Conn, HullFactory
+from trimaran.runtime.transport import GONE, Conn, HullFactory, Listening
 from trimaran.tenant_limits import RATE, TenantLimits
 from trimaran.traffic import Traffic
 from trimaran.vhosts import DEFAULT_VHOST
@@ -162,8 +162,10 @@ class Runner(transport.Runner):
         self._loop = loop
         sockets: list[socket.socket]
 
+        listening = Listening(name, factory)
+
         def make() -> Conn:
-            return Conn(self, name, factory)
+            return Conn(self, listening)
 
         if tls is None and available():
             if self._poller is None:

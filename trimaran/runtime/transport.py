@@ -185,6 +185,17 @@ WAITING: Final = 3  # accepted, its turn not come yet (limits.accept_rate): not 
 NOT_SCHEDULED: Final = math.inf  # Conn.scheduled when the runner holds no deadline of it
 
 
+class Listening:
+    """What the connections of one listener share: its name and the factory of their hulls (one
+    field of each connection where they were two, issue #47)."""
+
+    __slots__ = ("factory", "name")
+
+    def __init__(self, name: str, factory: HullFactory) -> None:
+        self.name = name
+        self.factory = factory
+
+
 class Conn(asyncio.Protocol):
     """The runtime's side of one connection. Hulls hold it as their ``io``."""
 
@@ -196,16 +207,15 @@ class Conn(asyncio.Protocol):
         "_peer_eof",
         "_read_paused",
         "_reading_paused",
-        "_throttle_timer",
+        "_throttled",
         "_until",
         "_waiting",
         "bytes_in",
         "bytes_out",
         "dirty",
         "entered",
-        "factory",
         "hull",
-        "listener",
+        "listening",
         "messages_in",
         "messages_out",
         "peer_host",
@@ -224,17 +234,14 @@ class Conn(asyncio.Protocol):
         "write_buffered",
     )
 
-    def __init__(self, runner: Runner, listener: str, factory: HullFactory) -> None:
+    def __init__(self, runner: Runner, listening: Listening) -> None:
         self.runner = runner
-        self.listener = listener
-        self.factory = factory
+        self.listening = listening
         self.transport: Outlet | None = None
         self.hull: Hull | None = None
         self.peer_host = ""
         self.peer_port = 0
         self.state = OPEN
-        self.dirty = False  # queued in the runner's flush for this loop iteration
-        self.publisher = False  # has published (``publishing``): paused while an alarm is raised
         self.bytes_in = 0
         self.bytes_out = 0
         # Messages this connection published and was delivered, bumped by its hull beside the
@@ -257,8 +264,13 @@ class Conn(asyncio.Protocol):
         self._read_paused = False  # the transport is paused (hull, a step in flight, or memory)
         self._peer_eof = False
         self._peer_closes = False  # closing: the protocol left the end of the connection to the peer
-        self.entered = False  # counted against its vhost's and user's connection limits (Runner.enter;
-        # beside the other flags: compiled, they share a word)
+        self.entered = False  # counted against its vhost's and user's connection limits (Runner.enter)
+        self.dirty = False  # queued in the runner's flush for this loop iteration
+        self.publisher = False  # has published (``publishing``): paused while an alarm is raised
+        # Not read until its user's buckets refill: a timer of the loop will say when (it holds the
+        # connection until then; a field for the handle was 8 bytes of every connection, issue #47).
+        self._throttled = False
+        # (the flags above are set one after the other: compiled, they share a word)
         self._held_by = 0  # slow readers this connection's publishes wait for (push_back)
         self._gate: Gate | None = None  # the publishers waiting for this one (made at the first hold)
         # The runtime's own deadline: until then the first bytes must name a protocol; once closing,
@@ -269,7 +281,11 @@ class Conn(asyncio.Protocol):
         self.scheduled = NOT_SCHEDULED
         self.slot = -1  # its index in the runner's connections (runner.Connections), -1 if not there
         self.rate: Rate | None = None  # the user's token buckets, when it has a rate limit
-        self._throttle_timer: asyncio.TimerHandle | None = None  # not read until the buckets refill
+
+    @property
+    def listener(self) -> str:
+        """The name of the listener that accepted it (log lines, per-listener settings)."""
+        return self.listening.name
 
     @property
     def peer(self) -> str:
@@ -401,9 +417,7 @@ class Conn(asyncio.Protocol):
             except Exception as crash:
                 self._log_crash(crash)
         self._release_held()
-        if self._throttle_timer is not None:
-            self._throttle_timer.cancel()
-            self._throttle_timer = None
+        self._throttled = False  # (its timer finds it gone)
         self.runner.closed(self)
         if hull is not None and (finish := hull.finish()) is not None:
             self.runner.spawn(finish, self)
@@ -577,7 +591,7 @@ class Conn(asyncio.Protocol):
             self._reading_paused
             or self._waiting
             or self._held_by > 0
-            or self._throttle_timer is not None
+            or self._throttled
             or self.runner.memory.blocking(self)
         )
         if pause != self._read_paused:
@@ -594,7 +608,7 @@ class Conn(asyncio.Protocol):
 
     def _flow_paused(self) -> bool:
         """Not read for flow control: a gate holds it, its user is over its rate, or an alarm."""
-        return self._held_by > 0 or self._throttle_timer is not None or self.runner.memory.blocking(self)
+        return self._held_by > 0 or self._throttled or self.runner.memory.blocking(self)
 
     def _charge(self, messages: int, size: int) -> None:
         """What was read and published counts against the user's rate (per read, not per message);
@@ -604,18 +618,21 @@ class Conn(asyncio.Protocol):
         if rate is None:
             return
         wait = rate.charge(messages, size, time.monotonic())
-        if wait > 0 and self._throttle_timer is None and self.state == OPEN:
+        if wait > 0 and not self._throttled and self.state == OPEN:
             self.runner.throttled(self)
-            self._throttle_timer = self.runner.loop().call_later(wait, self._unthrottle)
+            self._throttled = True
+            self.runner.loop().call_later(wait, self._unthrottle)
             self._sync_reading()
 
     def _unthrottle(self) -> None:
-        self._throttle_timer = None
+        if not self._throttled:
+            return  # gone meanwhile
         rate = self.rate
         wait = 0.0 if rate is None else rate.charge(0, 0, time.monotonic())
         if wait > 0 and self.state == OPEN:
-            self._throttle_timer = self.runner.loop().call_later(wait, self._unthrottle)
+            self.runner.loop().call_later(wait, self._unthrottle)
         else:
+            self._throttled = False
             self._sync_reading()
 
     def abort(self) -> None:
@@ -627,7 +644,7 @@ class Conn(asyncio.Protocol):
     def _open_hull(self, data: bytes) -> None:
         first = self._first + data
         try:
-            hull = self.factory(self, first)
+            hull = self.listening.factory(self, first)
         except Refused as refused:
             log.info("%s: %s from %s; closing", self.listener, refused, self.peer)
             self._first = b""
