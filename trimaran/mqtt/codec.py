@@ -642,9 +642,10 @@ class Decoder:
     takes many reads is gathered in a bytearray until it is whole (joining each read to all before it
     would copy it again and again).
 
-    `protocol_level` is None until a CONNECT is decoded (a server-side decoder refuses anything else
+    `protocol_level` is 0 until a CONNECT is decoded (a server-side decoder refuses anything else
     first); the CONNECT sets it and later packets are decoded for that level. A client-side decoder is
-    constructed with the level it sent. `max_packet_size` bounds the whole packet (fixed header
+    constructed with the level it sent. (An int, not an optional one: compiled, a field in place
+    rather than a pointer to a boxed int.) `max_packet_size` bounds the whole packet (fixed header
     included) and is checked as soon as the remaining length is known, before the body is awaited.
     """
 
@@ -681,7 +682,7 @@ class Decoder:
         # first use: a connection that keeps to one topic holds none).
         self._topics: dict[bytes, str] | None = None
         self.max_packet_size = max_packet_size
-        self.protocol_level = protocol_level
+        self.protocol_level = protocol_level or 0  # 0 (None given): a server's, set by the CONNECT
         # Hand out consecutive plain QoS 0 PUBLISHes to one topic as one PublishRun (a server that
         # routes them once turns this on); off, every PUBLISH is its own packet.
         self.runs = False
@@ -788,7 +789,7 @@ class Decoder:
         first = buf[base]
         ptype = first >> 4
         level = self.protocol_level
-        if level is None and ptype != PacketType.CONNECT:
+        if not level and ptype != PacketType.CONNECT:
             raise self._fail(ProtocolError(PROTOCOL, "the first packet must be CONNECT"))
         if size < total:
             return NEED_DATA
@@ -797,9 +798,9 @@ class Decoder:
             try:
                 packet: Packet | PublishRun
                 if (flags == 0 or flags == 2) and self.runs:  # QoS 0 or 1, no retain, no DUP
-                    packet, total = self._run(flags, base, start, total, level or 0)
+                    packet, total = self._run(flags, base, start, total, level)
                 else:
-                    packet = self._publish(flags, base, start, total, level or 0)
+                    packet = self._publish(flags, base, start, total, level)
             except ProtocolError as exc:
                 self._failed = exc
                 raise
@@ -817,7 +818,7 @@ class Decoder:
             if mv is None:
                 mv = self._mv = memoryview(buf)
             try:
-                packet = decode(flags, mv, start, total, level or 0)
+                packet = decode(flags, mv, start, total, level)
             except ProtocolError as exc:
                 self._failed = exc
                 raise
@@ -829,7 +830,7 @@ class Decoder:
             self._pos = 0
         else:
             self._pos = total
-        if level is None and isinstance(packet, Connect):
+        if not level and isinstance(packet, Connect):
             self.protocol_level = packet.protocol_level
         return packet
 
