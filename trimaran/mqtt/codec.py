@@ -5,7 +5,7 @@ level. Bad input raises `ProtocolError` carrying the MQTT 5.0 reason code to ans
 Malformed Packet, 0x82 Protocol Error, 0x95 Packet too large, ...). After a `ProtocolError` the decoder
 is unusable: the connection must be closed.
 
-Standard library only.
+Standard library only (plus `trimaran.runtime.machine`'s pure base class, see `Decoder`).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from trimaran.mqtt.properties import (
     PropertyDef,
     properties_for,
 )
+from trimaran.runtime.machine import Machine
 
 __all__ = [
     "MAX_PACKET_SIZE",
@@ -633,7 +634,7 @@ def _packet_size(buf: bytes | bytearray, pos: int) -> int:
     return -1
 
 
-class Decoder:
+class Decoder(Machine):
     """Incremental packet decoder over its own buffer.
 
     The buffer is ``bytes``: compiled, a bytes object is indexed and sliced natively (a bytearray
@@ -647,6 +648,11 @@ class Decoder:
     constructed with the level it sent. (An int, not an optional one: compiled, a field in place
     rather than a pointer to a boxed int.) `max_packet_size` bounds the whole packet (fixed header
     included) and is checked as soon as the remaining length is known, before the body is awaited.
+
+    The server's machine (`ServerConnection`) is a Decoder, so that a connection is one object, not
+    two (issue 47); the client's machine and the tests hold one. A `Machine` only for that: compiled,
+    a class has one native base, so the decoder stands between the machine and the machines' base.
+    Its names must not clash with the machine's (hence `_fault`, not `_fail`).
     """
 
     __slots__ = (
@@ -773,14 +779,14 @@ class Decoder:
                 remaining |= (byte & 0x7F) << shift
                 if byte < 0x80:
                     if byte == 0:
-                        raise self._fail(_malformed("remaining length not in its shortest form"))
+                        raise self._fault(_malformed("remaining length not in its shortest form"))
                     break
                 if start - base >= 5:
-                    raise self._fail(_malformed("remaining length longer than 4 bytes"))
+                    raise self._fault(_malformed("remaining length longer than 4 bytes"))
                 shift += 7
         total = start + remaining
         if total - base > self.max_packet_size:
-            raise self._fail(
+            raise self._fault(
                 ProtocolError(
                     rc.ReasonCode.PACKET_TOO_LARGE,
                     f"packet of {total - base} bytes exceeds the maximum packet size {self.max_packet_size}",
@@ -790,7 +796,7 @@ class Decoder:
         ptype = first >> 4
         level = self.protocol_level
         if not level and ptype != PacketType.CONNECT:
-            raise self._fail(ProtocolError(PROTOCOL, "the first packet must be CONNECT"))
+            raise self._fault(ProtocolError(PROTOCOL, "the first packet must be CONNECT"))
         if size < total:
             return NEED_DATA
         flags = first & 0x0F
@@ -809,9 +815,9 @@ class Decoder:
         else:
             decode = _DECODERS.get(ptype)
             if decode is None:
-                raise self._fail(_malformed("reserved packet type 0"))
+                raise self._fault(_malformed("reserved packet type 0"))
             if flags != _FLAGS[ptype]:
-                raise self._fail(
+                raise self._fault(
                     _malformed(f"invalid fixed header flags 0x{flags:X} for packet type {ptype}")
                 )
             mv = self._mv
@@ -1034,7 +1040,7 @@ class Decoder:
         packets = buf if base == 0 and end == size else buf[base:end]
         return PublishRun(topic, packets, count, largest, width, v5, qos, topics, ids), end
 
-    def _fail(self, exc: ProtocolError) -> ProtocolError:
+    def _fault(self, exc: ProtocolError) -> ProtocolError:
         self._failed = exc
         return exc
 
