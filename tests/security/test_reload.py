@@ -84,6 +84,24 @@ def test_sighup_changes_permissions_of_connected_clients(server: RunningServer, 
         close_all(alice, bob)
 
 
+def test_an_mqtt_publisher_follows_the_reloaded_rules(server: RunningServer, tmp_path: Path) -> None:
+    """A topic the rules blessed is remembered for the connection until they move: the same
+    topic, allowed before a reload, is refused after it (the connection stays)."""
+    mqtt = endpoints(server)
+    alice = login(mqtt, "alice")
+    try:
+        assert puback(alice, "alice/notes") == 0
+        assert puback(alice, "alice/notes") == 0  # remembered: not asked again
+        (tmp_path / "acl").write_text(AFTER.replace("topic readwrite alice/#", "topic read alice/#"))
+        assert server.process is not None
+        server.process.send_signal(signal.SIGHUP)
+        wait_for(lambda: "auth: reloaded" in server.output())
+        assert puback(alice, "alice/notes") == NOT_AUTHORIZED
+        assert alice.disconnects.empty()
+    finally:
+        close_all(alice)
+
+
 def test_admin_api_reload_picks_up_a_new_user(server: RunningServer, tmp_path: Path) -> None:
     mqtt = endpoints(server)
     assert connack(mqtt, V5, username="dave", password="diver") == 0x86
