@@ -221,12 +221,13 @@ def check_exchange_publish(
 ) -> None:
     """basic.publish writes its exchange: 403 ACCESS_REFUSED unless the patterns allow it. The
     handler asks only for an exchange other than the one this principal wrote last under the same
-    permissions (``principal.last_exchange``), which this remembers."""
+    permissions (``Memo.last_exchange``), which this remembers (publish_targets made the memo)."""
     if not security.permits(principal, WRITE, EXCHANGE, exchange):
         raise _refused(security, principal, WRITE, EXCHANGE, exchange, method)
-    principal.last_exchange = exchange
-    principal.last_exchange_generation = security.generation
-    principal.keyed = security.has_topic_permissions(principal)
+    memo = principal.memo
+    if memo is not None and memo.generation == security.generation:  # a verdict of this generation's
+        memo.last_exchange = exchange
+        memo.keyed = security.has_topic_permissions(principal)
 
 
 def check_topic_key(
@@ -365,7 +366,8 @@ def check_default_publish(
 ) -> None:
     """A basic.publish to the default exchange, which names its queue: ``403 ACCESS_REFUSED`` unless
     the rules let the publisher write it. The handler asks only for a key other than the one this
-    principal wrote last under the same rules (``principal.last_write``), which this remembers."""
+    principal wrote last under the same rules (``Memo.last_write``), which this remembers (the
+    handler made the memo)."""
     if not security.permits(principal, WRITE, EXCHANGE, ""):
         raise _refused(security, principal, WRITE, EXCHANGE, "", method)
     if key and conn.vhost_prefix + key not in conn.exclusive_queues:  # keys: no call on this path
@@ -383,8 +385,9 @@ def check_default_publish(
         topic = queue_topic(key)
         if not security.authorize(principal, WRITE, topic):
             raise _refusal(conn, WRITE, topic, method)
-        principal.last_write = key
-        principal.last_write_generation = security.generation
+        memo = principal.memo
+        if memo is not None and memo.generation == security.generation:  # a verdict of this generation's
+            memo.last_write = key
 
 
 def publish_targets(
@@ -402,9 +405,12 @@ def publish_targets(
     :func:`check_default_publish`'s). ``amq.topic`` names its topic: a refusal there is ``403
     ACCESS_REFUSED``. Other routes reach queues the publisher may not know: those it may not write
     are left out."""
-    if exchange != principal.last_exchange or principal.last_exchange_generation != security.generation:
+    memo = principal.memo
+    if memo is None or memo.generation != security.generation:
+        memo = principal.memo_for(security.generation)
+    if exchange != memo.last_exchange:
         check_exchange_publish(security, principal, exchange, method)
-    if principal.keyed:  # topic permissions name this user: the key of each publish is checked
+    if memo.keyed:  # topic permissions name this user: the key of each publish is checked
         refused = check_topic_key(security, principal, exchanges, WRITE, exchange, key, method)
         if refused is not None:
             raise refused

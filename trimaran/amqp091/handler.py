@@ -553,10 +553,13 @@ class Amqp091FrontEnd:
         publisher write that queue. Asked only for a key other than the one it wrote last under
         the same rules."""
         principal = conn.principal
-        if principal is not None and (
-            key != principal.last_write or principal.last_write_generation != self.security.generation
-        ):
-            check_default_publish(self.security, principal, conn, key, method)
+        if principal is not None:
+            generation = self.security.generation
+            memo = principal.memo
+            if memo is None or memo.generation != generation:
+                memo = principal.memo_for(generation)  # the first publish, or the rules moved
+            if key != memo.last_write:
+                check_default_publish(self.security, principal, conn, key, method)
 
     def content_run(self, conn: Amqp091Conn, event: ContentRun) -> None:
         """Publishes of one channel with the same arguments, read together (``ContentRun``): to a
@@ -651,10 +654,13 @@ class Amqp091FrontEnd:
         tenant: Tenant = conn.tenant
         if not exchange:
             principal = conn.principal  # _check_default_write written out: once a message
-            if principal is not None and (
-                key != principal.last_write or principal.last_write_generation != self.security.generation
-            ):
-                check_default_publish(self.security, principal, conn, key, method)
+            if principal is not None:
+                generation = self.security.generation
+                memo = principal.memo
+                if memo is None or memo.generation != generation:
+                    memo = principal.memo_for(generation)
+                if key != memo.last_write:
+                    check_default_publish(self.security, principal, conn, key, method)
             # The default exchange (always there, never internal: no lookup) routes the key to the
             # queue of that name, its key in the vhost (a /-client naming another vhost's key routes
             # nowhere); a $queue/ key took the cross-protocol way above. The message is built with

@@ -759,7 +759,10 @@ class Amqp1FrontEnd:
             # until they are reloaded (as the other hulls keep it).
             topic = address.own_topic
             security = self.security
-            if topic != principal.last_write or principal.last_write_generation != security.generation:
+            memo = principal.memo
+            if memo is None or memo.generation != security.generation:
+                memo = principal.memo_for(security.generation)  # the first transfer, or the rules moved
+            if topic != memo.last_write:
                 refused = self._refused_by_patterns(principal, WRITE, topic)
                 if refused is None and not security.authorize(principal, WRITE, topic):
                     refused = f"write access to {topic!r} refused"
@@ -767,8 +770,7 @@ class Amqp1FrontEnd:
                     self.refuse_message(conn, event, UNAUTHORIZED_ACCESS, refused)
                     conn.refill(inlink)
                     return
-                principal.last_write = topic
-                principal.last_write_generation = security.generation
+                memo.last_write = topic
         if message is None:
             assert decoded is not None
             message = from_amqp1(

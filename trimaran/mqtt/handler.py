@@ -808,24 +808,25 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
         # A topic allowed last time under the same rules is allowed again (a publisher mostly
         # repeats its topic: no call then). Without rules only a write to $SYS or $vhost/ is
         # refused (Security.allowed): the rest need not ask.
-        if principal is not None and (
-            publish.topic != principal.last_write or principal.last_write_generation != security.generation
-        ):
-            topic = publish.topic
-            if security.rules is not None or (topic[0] == "$" and is_guarded(topic)):
-                access, target = publish_access(topic)
-                if not security.authorize(principal, access, target):
+        if principal is not None:
+            memo = principal.memo
+            if memo is None or memo.generation != security.generation:
+                memo = principal.memo_for(security.generation)  # the first publish, or the rules moved
+            if publish.topic != memo.last_write:
+                topic = publish.topic
+                if security.rules is not None or (topic[0] == "$" and is_guarded(topic)):
+                    access, target = publish_access(topic)
+                    if not security.authorize(principal, access, target):
+                        self._publish_refused(conn, publish.packet_id if publish.qos else None)
+                        return
+                # RabbitMQ's patterns: a topic writes amq.topic, allowed once per permissions' generation.
+                if (
+                    (memo.last_exchange is None or topic[0] == "$")
+                    and not self._permits_publish(principal, topic)
+                ) or (memo.keyed and not self._permits_key(principal, WRITE, topic)):
                     self._publish_refused(conn, publish.packet_id if publish.qos else None)
                     return
-            # RabbitMQ's patterns: a topic writes amq.topic, allowed once per permissions' generation.
-            if (
-                (principal.last_exchange_generation != security.generation or topic[0] == "$")
-                and not self._permits_publish(principal, topic)
-            ) or (principal.keyed and not self._permits_key(principal, WRITE, topic)):
-                self._publish_refused(conn, publish.packet_id if publish.qos else None)
-                return
-            principal.last_write = topic
-            principal.last_write_generation = security.generation
+                memo.last_write = topic
         message = message_from_publish(publish, endpoint.client_id, conn.io.read_at_ms, endpoint.vhost_prefix)
         if publish.wire is not None:  # fan_out.received() written out: once per message
             fan_out = self.fan_out
@@ -902,20 +903,20 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
             return False
         principal = conn.principal
         security = self.security
-        if principal is not None and (
-            topic != principal.last_write or principal.last_write_generation != security.generation
-        ):
-            if security.rules is not None:
-                access, target = publish_access(topic)
-                if not security.authorize(principal, access, target):
+        if principal is not None:
+            memo = principal.memo
+            if memo is None or memo.generation != security.generation:
+                memo = principal.memo_for(security.generation)
+            if topic != memo.last_write:
+                if security.rules is not None:
+                    access, target = publish_access(topic)
+                    if not security.authorize(principal, access, target):
+                        return False  # each refused as publish_received refuses it
+                if (memo.last_exchange is None and not self._permits_publish(principal, topic)) or (
+                    memo.keyed and not self._permits_key(principal, WRITE, topic)
+                ):
                     return False  # each refused as publish_received refuses it
-            if (
-                principal.last_exchange_generation != security.generation
-                and not self._permits_publish(principal, topic)
-            ) or (principal.keyed and not self._permits_key(principal, WRITE, topic)):
-                return False  # each refused as publish_received refuses it
-            principal.last_write = topic
-            principal.last_write_generation = security.generation
+                memo.last_write = topic
         return True
 
     def _take_run(
@@ -970,10 +971,12 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
             return False
         if kind == EXCHANGE and not name and not self._permits_creation(principal, queue_of(topic)):
             return False
-        if name == AMQ_TOPIC:
-            principal.last_exchange = name
-            principal.last_exchange_generation = security.generation
-            principal.keyed = security.has_topic_permissions(principal)
+        memo = principal.memo
+        if name == AMQ_TOPIC and memo is not None and memo.generation == security.generation:
+            # Only into a memo of this generation, and none made for it: a will's topic, checked at
+            # the CONNECT, leaves the idle connection without one (issue 47).
+            memo.last_exchange = name
+            memo.keyed = security.has_topic_permissions(principal)
         return True
 
     def _permits_key(self, principal: Principal, access: str, topic: str) -> bool:
