@@ -827,7 +827,9 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
                     self._publish_refused(conn, publish.packet_id if publish.qos else None)
                     return
                 memo.last_write = topic
-        message = message_from_publish(publish, endpoint.client_id, conn.io.read_at_ms, endpoint.vhost_prefix)
+        message = message_from_publish(
+            publish, endpoint.client_id, conn.io.runner.read_at_ms, endpoint.vhost_prefix
+        )
         if publish.wire is not None:  # fan_out.received() written out: once per message
             fan_out = self.fan_out
             fan_out.arrived = message
@@ -946,7 +948,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
         if rest is not None:
             endpoint = conn.endpoint
             assert endpoint is not None
-            messages = run_messages(run, endpoint.vhost_prefix, endpoint.client_id, io.read_at_ms)
+            messages = run_messages(run, endpoint.vhost_prefix, endpoint.client_id, io.runner.read_at_ms)
             broker.deliver_each([m for m, _ in messages], rest)
 
     def _publish_refused(self, conn: MqttConn[MqttEndpoint], packet_id: int | None) -> None:

@@ -90,6 +90,7 @@ class Runner(transport.Runner):
         self.tenants.on_change = self.retune
         self.stats = RuntimeStats()
         self.traffic = Traffic()  # the broker's Stats, in a server (app.py)
+        self.read_at_ms = time.time_ns() // 1_000_000
         self.conns = Connections()
         self.memory = Memory(
             self.limits.memory_high_watermark, self.limits.memory_low_watermark, self._publishers

@@ -123,6 +123,9 @@ class Runner:
     memory: Memory
     current: Held | None  # whose events are being acted on (a connection, a bridge)
     read_work: list[Callable[[], None]]  # queued by after_read: run at the end of a read
+    # Wall-clock epoch ms of the last read: when the messages it carried arrived (a hull's message
+    # creation time, without a clock call per message; the runner's, not a field of every connection).
+    read_at_ms: int
 
     def admit(self, conn: Conn) -> str | None:
         raise NotImplementedError
@@ -222,7 +225,6 @@ class Conn(asyncio.Protocol):
         "peer_port",
         "publisher",
         "rate",
-        "read_at_ms",
         "runner",
         "scheduled",
         "slot",
@@ -248,9 +250,6 @@ class Conn(asyncio.Protocol):
         # broker's totals: a tenant's $SYS figures are summed from them (broker/tenants.py).
         self.messages_in = 0
         self.messages_out = 0
-        # Wall-clock epoch ms of the last read: when the messages it carried arrived (a hull's
-        # message creation time, without a clock call per message).
-        self.read_at_ms = _time_ns() // 1_000_000
         self.write_buffered = 0  # the transport's write buffer at the last look (memory accounting)
         # Who the hull let in, and into which vhost (set at login; runtime limits key on them).
         self.vhost = DEFAULT_VHOST
@@ -370,8 +369,8 @@ class Conn(asyncio.Protocol):
         if self.hull is None:
             self._open_hull(data)
             return
-        self.read_at_ms = _time_ns() // 1_000_000
         runner = self.runner
+        runner.read_at_ms = _time_ns() // 1_000_000
         hull = self.hull
         try:
             hull.machine.receive_data(data, _monotonic())
