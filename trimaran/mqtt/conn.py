@@ -37,6 +37,9 @@ class FrontEnd(Generic[E]):
     # held (handler.MqttEndpoint.deliver); they go on below half of each.
     backpressure_messages: int
     backpressure_bytes: int
+    # The server stops (MqttConn.shutdown): the connections it closes publish no will. The front
+    # end's, not a flag of every connection: a shutdown closes them all (8 bytes each, issue 47).
+    shutting_down: bool
 
     def publish_received(self, conn: MqttConn[Any], publish: Publish) -> None:
         raise NotImplementedError
@@ -60,7 +63,6 @@ class MqttConn(Hull, Generic[E]):
         "mqtt",
         "principal",
         "serial",
-        "shutting_down",
         "since_ms",
         "slot",
     )
@@ -76,7 +78,6 @@ class MqttConn(Hull, Generic[E]):
         self.endpoint: E | None = None
         self.principal: Principal | None = None  # who logged in: what the rules let it do
         self._queue_bindings: ConnQueues | None = None  # made when the connection first uses a queue
-        self.shutting_down = False  # a server shutdown closes it: no will
         self.serial = 0  # its number in the client registry: 0 until its login was accepted
         self.since_ms = 0
         self.slot = -1  # its index in the registry's list, -1 when not in it
@@ -152,7 +153,7 @@ class MqttConn(Hull, Generic[E]):
 
     def shutdown(self) -> None:
         """The server stops: 5.0 clients get DISCONNECT 0x8B; wills are not published."""
-        self.shutting_down = True
+        self.front.shutting_down = True
         self.mqtt.disconnect(ReasonCode.SERVER_SHUTTING_DOWN, "server shutting down")
 
     def blocked(self, on: bool, why: str) -> None:

@@ -306,6 +306,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
         self.outbox_bytes = settings.limits.outbox_bytes
         self.backpressure_messages = settings.limits.backpressure_messages
         self.backpressure_bytes = settings.limits.backpressure_bytes
+        self.shutting_down = False
         self.fan_out = FanOutEncoder()
         self.endpoints = {}
         self._wills: dict[str, tuple[float, Message]] = {}  # client id -> (due, will) for delayed wills
@@ -736,7 +737,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
         endpoint.conn = None
         conn.endpoint = None
         connect = conn.mqtt.connect_packet
-        publish_will = event.publish_will and not conn.shutting_down
+        publish_will = event.publish_will and not self.shutting_down
         if publish_will and connect is not None and connect.will is not None:
             will = message_from_publish(connect.will, endpoint.client_id, None, endpoint.vhost_prefix)
             delay = connect.will.properties.will_delay_interval or 0
