@@ -440,6 +440,33 @@ def test_restart_keeps_retained_and_persistent_sessions(tmp_path: Path, tls_file
         assert server.stop() == 0, server.output()
 
 
+def test_a_server_stop_publishes_no_will(tmp_path: Path, tls_files: dict[str, str]) -> None:
+    """A client still connected when the server stops gets DISCONNECT 0x8B (5.0) and its will is not
+    published: neither queued for a persistent session nor retained (MqttConn.shutdown)."""
+    watch = props(PacketTypes.CONNECT, SessionExpiryInterval=3600)
+    server = start_server(tmp_path, tls_files)
+    try:
+        ep = endpoints_of(server, tls_files)
+        sub = connect(ep, "will-watch", version=V5, properties=watch)
+        sub.subscribe("wills/#", 1)
+        sub.disconnect()
+        connect(ep, "will-holder", version=V5, will=("wills/holder", b"gone", 1, True))
+    finally:
+        assert server.stop() == 0, server.output()
+    server = start_server(tmp_path, tls_files)
+    try:
+        ep = endpoints_of(server, tls_files)
+        back = connect(ep, "will-watch", version=V5, clean=False, properties=watch)
+        back.expect_none(1.0)
+        back.disconnect()
+        fresh = connect(ep)
+        fresh.subscribe("wills/#", 1)
+        fresh.expect_none(0.5)
+        fresh.disconnect()
+    finally:
+        assert server.stop() == 0, server.output()
+
+
 BURST = 600  # QoS 1 messages of one publisher, far past a Receive Maximum of 5
 
 
