@@ -174,7 +174,7 @@ class Runner(transport.Runner):
             sockets = self._poller.listen(host, port, backlog, make)
         else:
             server = await loop.create_server(
-                make,
+                cast(Callable[[], asyncio.BaseProtocol], make),  # (a protocol by its methods: Conn)
                 host=host,
                 port=port,
                 backlog=backlog,

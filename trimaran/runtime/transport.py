@@ -199,8 +199,12 @@ class Listening:
         self.factory = factory
 
 
-class Conn(asyncio.Protocol):
-    """The runtime's side of one connection. Hulls hold it as their ``io``."""
+class Conn:
+    """The runtime's side of one connection. Hulls hold it as their ``io``.
+
+    An ``asyncio.Protocol`` by its methods, not a subclass of it: compiled, a class with a Python
+    class among its bases gets a ``__dict__`` and a weak-reference slot, 16 bytes of every
+    connection (issue 47). The event loops ask nothing of a protocol but its methods."""
 
     __slots__ = (
         "_first",
