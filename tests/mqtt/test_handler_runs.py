@@ -95,7 +95,7 @@ class World:
         )
         self.pub = self._attach("pub", self.pub_server, endpoint)
 
-    def _attach(self, name: str, server: ServerConnection, endpoint: MqttEndpoint) -> MqttConn[MqttEndpoint]:
+    def _attach(self, name: str, server: ServerConnection, endpoint: MqttEndpoint) -> MqttConn:
         wire = Wire(self.runner, lambda io, first: None)  # the runtime's side, never read
         conn = MqttConn(self.front, server, wire.conn)
         endpoint.conn, conn.endpoint = conn, endpoint

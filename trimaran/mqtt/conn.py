@@ -41,17 +41,17 @@ class FrontEnd(Generic[E]):
     # end's, not a flag of every connection: a shutdown closes them all (8 bytes each, issue 47).
     shutting_down: bool
 
-    def publish_received(self, conn: MqttConn[Any], publish: Publish) -> None:
+    def publish_received(self, conn: MqttConn, publish: Publish) -> None:
         raise NotImplementedError
 
-    def run_received(self, conn: MqttConn[Any], run: PublishRun) -> None:
+    def run_received(self, conn: MqttConn, run: PublishRun) -> None:
         raise NotImplementedError
 
-    def handle(self, conn: MqttConn[Any], event: object) -> Awaitable[None] | None:
+    def handle(self, conn: MqttConn, event: object) -> Awaitable[None] | None:
         raise NotImplementedError
 
 
-class MqttConn(Hull, Generic[E]):
+class MqttConn(Hull):
     """The connection, and the client the broker's registry lists while it is logged in
     (``broker.clients.Client``: its id, user and vhost are those of its session and login)."""
 
@@ -75,7 +75,11 @@ class MqttConn(Hull, Generic[E]):
         # What the runtime feeds: the MQTT machine itself, or a WebSocket machine around it.
         self.machine = mqtt if machine is None else machine
         self.io = io
-        self.endpoint: E | None = None
+        # The session it serves (``handler.MqttEndpoint``, above this module; None before its login
+        # and after a takeover). Any, not a type variable: compiled, a generic class gets a __dict__
+        # and a weak-reference slot, 16 bytes of every connection (issue 47). Its readers in the
+        # handler name its type (``endpoint: MqttEndpoint | None = conn.endpoint``).
+        self.endpoint: Any = None
         self.principal: Principal | None = None  # who logged in: what the rules let it do
         self._queue_bindings: ConnQueues | None = None  # made when the connection first uses a queue
         self.serial = 0  # its number in the client registry: 0 until its login was accepted

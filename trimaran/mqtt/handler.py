@@ -157,7 +157,7 @@ class MqttEndpoint(Session):
         self.vhost_prefix = prefix(vhost_of(client_id))
         self.cut = len(self.vhost_prefix)
         self.protocol_level = protocol_level
-        self.conn: MqttConn[MqttEndpoint] | None = None
+        self.conn: MqttConn | None = None
         self.expires_at: float | None = None  # monotonic; set while offline with a finite expiry
 
     @property
@@ -446,7 +446,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
 
     # -- connections ------------------------------------------------------------------------------
 
-    def open(self, io: Conn, wrap: Callable[[Machine], Machine] | None = None) -> MqttConn[MqttEndpoint]:
+    def open(self, io: Conn, wrap: Callable[[Machine], Machine] | None = None) -> MqttConn:
         """A new connection on an MQTT listener: its hull for the runtime. ``wrap`` puts a transport
         machine around the MQTT machine (WebSocket)."""
         mqtt = ServerConnection(self.limits, now=time.monotonic())
@@ -455,7 +455,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
 
     # -- events -----------------------------------------------------------------------------------
 
-    def handle(self, conn: MqttConn[MqttEndpoint], event: object) -> Awaitable[None] | None:
+    def handle(self, conn: MqttConn, event: object) -> Awaitable[None] | None:
         """Act on one event of ``conn``'s machine (the runtime hands them out one packet at a time);
         a login that must check a hash returns an awaitable (the connection reads nothing meanwhile)."""
         if isinstance(event, Publish):
@@ -481,7 +481,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
             self._connection_closed(conn, event)
         return None
 
-    def _login(self, conn: MqttConn[MqttEndpoint], request: ConnectRequest) -> Awaitable[None] | None:
+    def _login(self, conn: MqttConn, request: ConnectRequest) -> Awaitable[None] | None:
         connect = request.connect
         security = self.security
         certificate_user = None
@@ -508,7 +508,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
             lambda: not conn.mqtt.closed,
         )
 
-    def _vhost_for(self, conn: MqttConn[MqttEndpoint], identity: str | None) -> str:
+    def _vhost_for(self, conn: MqttConn, identity: str | None) -> str:
         """The vhost of a client that names none: its user's or certificate's mapping
         (``auth.vhost_map``), else its listener's (``listeners.vhosts``), else ``/``."""
         settings = self.settings
@@ -518,7 +518,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
 
     async def _connect_held(
         self,
-        conn: MqttConn[MqttEndpoint],
+        conn: MqttConn,
         request: ConnectRequest,
         verdict: Login | Awaitable[Login],
         holders: SessionHolders,
@@ -564,7 +564,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
             await anyio.to_thread.run_sync(self.store.save_sessions, [row])
 
     def _connect(
-        self, conn: MqttConn[MqttEndpoint], request: ConnectRequest, login: Login, vhost: str, client_id: str
+        self, conn: MqttConn, request: ConnectRequest, login: Login, vhost: str, client_id: str
     ) -> None:
         """Accept or refuse a CONNECT; ``client_id`` is the session's key (its id in ``vhost``)."""
         machine = conn.mqtt
@@ -670,15 +670,13 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
             events.message(MESSAGE_DROPPED, message, subscriber=subscriber, reason=reason)
 
     def _client_event(
-        self, event_type: str, conn: MqttConn[MqttEndpoint], client_id: str, user: str | None, **extra: Any
+        self, event_type: str, conn: MqttConn, client_id: str, user: str | None, **extra: Any
     ) -> None:
         events = self.broker.events
         if events.wants(event_type):
             events.client(event_type, client_id, PROTOCOL_MQTT, conn.peer, user, **extra)
 
-    def _subscription_event(
-        self, event_type: str, conn: MqttConn[MqttEndpoint], topic_filter: str, **extra: Any
-    ) -> None:
+    def _subscription_event(self, event_type: str, conn: MqttConn, topic_filter: str, **extra: Any) -> None:
         events = self.broker.events
         if events.wants(event_type) and conn.slot >= 0:  # (in the client registry)
             events.client_info(event_type, conn, topic_filter=topic_filter, **extra)
@@ -717,8 +715,8 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
             self.delete_session(client_id)
         return len(doomed)
 
-    def _connection_closed(self, conn: MqttConn[MqttEndpoint], event: ConnectionClosed) -> None:
-        endpoint = conn.endpoint
+    def _connection_closed(self, conn: MqttConn, event: ConnectionClosed) -> None:
+        endpoint: MqttEndpoint | None = conn.endpoint
         self.broker.presence.left(
             conn,
             reason=event.reason,
@@ -796,8 +794,8 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
         self.broker.stats.messages_received += 1
         self.broker.publish(will)
 
-    def publish_received(self, conn: MqttConn[MqttEndpoint], publish: Publish) -> None:
-        endpoint = conn.endpoint
+    def publish_received(self, conn: MqttConn, publish: Publish) -> None:
+        endpoint: MqttEndpoint | None = conn.endpoint
         assert endpoint is not None
         io = conn.io
         if not io.publisher:
@@ -846,7 +844,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
         if publish.qos and publish.packet_id is not None:
             conn.mqtt.ack_publish(publish.packet_id)
 
-    def run_received(self, conn: MqttConn[MqttEndpoint], run: PublishRun) -> None:
+    def run_received(self, conn: MqttConn, run: PublishRun) -> None:
         """A run of plain QoS 0 or QoS 1 PUBLISHes (PublishRun): counted, authorized and routed
         once a topic, taken whole by each subscriber that can (MqttEndpoint.deliver_run), the
         others getting each message as :meth:`publish_received` gives it; then, at QoS 1, one
@@ -854,7 +852,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
         publish and a QoS 1 run its own publisher subscribes to have the machine walk the run: each
         PUBLISH its own event, publish_received's. A run whose topics route to different
         subscribers (or share groups) is taken in stretches of one topic."""
-        endpoint = conn.endpoint
+        endpoint: MqttEndpoint | None = conn.endpoint
         assert endpoint is not None
         topics = run.topics
         broker = self.broker
@@ -899,7 +897,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
         if run.qos:
             conn.mqtt.ack_run(run)  # routed: now acknowledged
 
-    def _takes_run(self, conn: MqttConn[MqttEndpoint], endpoint: MqttEndpoint, topic: str, qos: int) -> bool:
+    def _takes_run(self, conn: MqttConn, endpoint: MqttEndpoint, topic: str, qos: int) -> bool:
         """Whether a run's messages to ``topic`` may be routed together; not where each must be
         walked: a ``$`` topic, a QoS 1 run its publisher hears, a refused topic."""
         if topic[0] == "$" or (qos and endpoint.subscriptions and _hears_itself(endpoint, topic)):
@@ -922,9 +920,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
                 memo.last_write = topic
         return True
 
-    def _take_run(
-        self, conn: MqttConn[MqttEndpoint], run: PublishRun, deliveries: Sequence[Delivery[Any]]
-    ) -> None:
+    def _take_run(self, conn: MqttConn, run: PublishRun, deliveries: Sequence[Delivery[Any]]) -> None:
         """A routed run to its ``deliveries``: whole to each subscriber that takes it so, one
         message at a time to the others."""
         io = conn.io
@@ -947,12 +943,12 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
                 rest = []
             rest.append(delivery)
         if rest is not None:
-            endpoint = conn.endpoint
+            endpoint: MqttEndpoint | None = conn.endpoint
             assert endpoint is not None
             messages = run_messages(run, endpoint.vhost_prefix, endpoint.client_id, io.runner.read_at_ms)
             broker.deliver_each([m for m, _ in messages], rest)
 
-    def _publish_refused(self, conn: MqttConn[MqttEndpoint], packet_id: int | None) -> None:
+    def _publish_refused(self, conn: MqttConn, packet_id: int | None) -> None:
         """A publish the rules refuse: 5.0 PUBACK/PUBREC 0x87; 3.1.1 has no refusal, the message is
         dropped and acknowledged. Acks of queue publishes still waiting for their commit go first."""
         if packet_id is None:
@@ -1096,8 +1092,8 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
             return ReasonCode.PROTOCOL_ERROR
         return options.qos
 
-    def _subscribe(self, conn: MqttConn[MqttEndpoint], request: SubscribeRequest) -> None:
-        endpoint = conn.endpoint
+    def _subscribe(self, conn: MqttConn, request: SubscribeRequest) -> None:
+        endpoint: MqttEndpoint | None = conn.endpoint
         assert endpoint is not None
         codes: list[int] = []
         # (filter, granted qos, index, the check of each topic when only some may be read)
@@ -1152,8 +1148,8 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
                 if reads is None or reads(message.topic):
                     endpoint.deliver(message, delivery, retained=True)
 
-    def _unsubscribe(self, conn: MqttConn[MqttEndpoint], event: UnsubscribeReceived) -> None:
-        endpoint = conn.endpoint
+    def _unsubscribe(self, conn: MqttConn, event: UnsubscribeReceived) -> None:
+        endpoint: MqttEndpoint | None = conn.endpoint
         assert endpoint is not None
         for topic_filter in event.topic_filters:
             self._subscription_event(SUBSCRIPTION_REMOVED, conn, topic_filter)
@@ -1168,7 +1164,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
             self.broker.router.unsubscribe(endpoint, endpoint.vhost_prefix + plain, group)
         self.mark_dirty(endpoint)
 
-    def _resume_queue_subscriptions(self, conn: MqttConn[MqttEndpoint], session: Session) -> None:
+    def _resume_queue_subscriptions(self, conn: MqttConn, session: Session) -> None:
         """A resumed session's queue subscriptions consume again on the new connection."""
         if self.queues is None:
             return
