@@ -131,7 +131,7 @@ def test_tag_is_passed_through() -> None:
     r: Router[Client] = Router()
     tag = object()
     r.subscribe(A, "t", Opts(tag=tag))
-    assert r.match("t")[0].subscriptions[0].options.tag is tag
+    assert r.match("t")[0].matched()[0].options.tag is tag
 
 
 def test_no_local() -> None:
@@ -313,7 +313,7 @@ def test_reads_leaves_out_the_topics_a_subscriber_may_not_read_and_is_asked_once
     for _ in range(3):
         assert ids(r.match("t/x")) == ["a", "b"]
         (secret_a,) = [d for d in r.match("t/secret") if d.subscriber is A]
-        assert secret_a.qos == 0 and len(secret_a.subscriptions) == 1
+        assert secret_a.qos == 0 and len(secret_a.matched()) == 1
     assert sorted(asked) == ["t/secret", "t/x"]
     r.unsubscribe(A, "t/+")
     assert ids(r.match("t/secret")) == ["b"]

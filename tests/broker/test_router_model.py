@@ -175,12 +175,12 @@ class RouterModel(RuleBasedStateMachine):
                 }
                 assert len(set(d.subscription_identifiers)) == len(d.subscription_identifiers)
                 assert d.retain_as_published == any(o.retain_as_published for o in expected)
-                assert sorted((s.options for s in d.subscriptions), key=repr) == sorted(expected, key=repr)
-                assert all(s.subscriber is d.subscriber for s in d.subscriptions)
+                assert sorted((s.options for s in d.matched()), key=repr) == sorted(expected, key=repr)
+                assert all(s.subscriber is d.subscriber for s in d.matched())
             assert len(got_shared) == len(shared)
             seen = set()
             for d in got_shared:
-                (sub,) = d.subscriptions
+                (sub,) = d.matched()
                 group_key = (sub.options.share_group, sub.topic_filter)
                 assert group_key not in seen
                 seen.add(group_key)

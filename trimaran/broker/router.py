@@ -20,8 +20,8 @@ Results are cached per topic in a bounded FIFO cache. A subscription change to a
 wildcards drops that one topic's entry; a change to a wildcard filter clears the cache. A cache entry
 holds the aggregated deliveries for an anonymous publisher plus the matched share groups; per call,
 only two cheap steps remain: No Local (a lookup in a small set of subscriber ids, with the filtered
-result memoised per publisher in the entry) and the round-robin pick of each share group (a
-precomputed Delivery per member). A cache hit without share groups allocates nothing: it returns
+result memoised per publisher in the entry) and the round-robin pick of each share group (each
+member its own Delivery). A cache hit without share groups allocates nothing: it returns
 the entry's tuple.
 
 Topics passed to :meth:`Router.match` must be valid topic names (the front end validates publishes);
@@ -91,26 +91,6 @@ class SubscriptionOptions:
     reads: Callable[[str], bool] | None = None
 
 
-class Subscription(Generic[S]):
-    """One subscription: who, to what, with which options (compared by identity; not to be changed).
-
-    A plain class, not a dataclass: mypyc cannot build generic dataclasses (its issue 827).
-    """
-
-    __slots__ = ("options", "subscriber", "topic_filter")
-
-    def __init__(self, subscriber: S, topic_filter: str, options: SubscriptionOptions) -> None:
-        self.subscriber: Final = subscriber
-        self.topic_filter: Final = topic_filter
-        self.options: Final = options
-
-    def __repr__(self) -> str:
-        return (
-            f"Subscription(subscriber={self.subscriber!r}, topic_filter={self.topic_filter!r}, "
-            f"options={self.options!r})"
-        )
-
-
 class Delivery(Generic[S]):
     """Where one message goes: one subscriber, once.
 
@@ -118,9 +98,12 @@ class Delivery(Generic[S]):
     ``min(message.qos, delivery.qos)``); ``subscription_identifiers`` lists the distinct identifiers of
     the matching subscriptions in match order; ``retain_as_published`` is true if any matching
     subscription asked for it; ``share_group`` is set for a delivery to a share group member.
+    ``subscriptions`` holds the matching subscriptions of a delivery for several; a subscription
+    matched alone is its own Delivery (:class:`Subscription`, whose ``subscriptions`` is empty):
+    :meth:`matched` gives them either way.
 
     Deliveries are shared between calls and must not be mutated (compared by identity; a plain
-    class for mypyc, as :class:`Subscription`).
+    class, not a dataclass: mypyc cannot build generic dataclasses, its issue 827).
     """
 
     __slots__ = (
@@ -148,6 +131,10 @@ class Delivery(Generic[S]):
         self.subscriptions: Final = subscriptions
         self.share_group: Final = share_group
 
+    def matched(self) -> tuple[Subscription[S], ...]:
+        """The subscriptions this delivery is for (none for one a front end made itself)."""
+        return self.subscriptions
+
     def __repr__(self) -> str:
         return (
             f"Delivery(subscriber={self.subscriber!r}, qos={self.qos!r}, "
@@ -157,12 +144,45 @@ class Delivery(Generic[S]):
         )
 
 
-def _deliveries(node: _Node[S]) -> list[Delivery[S]]:
-    """The Deliveries of a level's plain (not shared) subscriptions."""
+class Subscription(Delivery[S]):
+    """One subscription: who, to what, with which options (compared by identity; not to be changed).
+
+    It is also the Delivery of a message it alone matches (most do): a Delivery of its own and the
+    1-tuple of it were 152 bytes of every subscription compiled, its Delivery fields here are 40
+    (issue 47). They are its options' (its identifier as a tuple); its ``subscriptions`` is empty.
+    """
+
+    __slots__ = ("options", "topic_filter")
+
+    def __init__(self, subscriber: S, topic_filter: str, options: SubscriptionOptions) -> None:
+        sid = options.subscription_identifier
+        super().__init__(
+            subscriber,
+            options.qos,
+            () if sid is None else (sid,),
+            options.retain_as_published,
+            (),
+            options.share_group,
+        )
+        self.topic_filter: Final = topic_filter
+        self.options: Final = options
+
+    def matched(self) -> tuple[Subscription[S], ...]:
+        return (self,)
+
+    def __repr__(self) -> str:
+        return (
+            f"Subscription(subscriber={self.subscriber!r}, topic_filter={self.topic_filter!r}, "
+            f"options={self.options!r})"
+        )
+
+
+def _deliveries(node: _Node[S]) -> list[Subscription[S]]:
+    """The Deliveries of a level's plain (not shared) subscriptions: each its own."""
     subs = node.subs
     if subs is None:
         return []
-    return [subs] if isinstance(subs, Delivery) else list(subs.values())
+    return [subs] if isinstance(subs, Subscription) else list(subs.values())
 
 
 def _key(sub: Subscription[S]) -> tuple[str, str | None]:
@@ -170,13 +190,10 @@ def _key(sub: Subscription[S]) -> tuple[str, str | None]:
     return sub.topic_filter, sub.options.share_group
 
 
-def _single(sub: Subscription[S]) -> Delivery[S]:
-    o = sub.options
-    ids = () if o.subscription_identifier is None else (o.subscription_identifier,)
-    return Delivery(sub.subscriber, o.qos, ids, o.retain_as_published, (sub,), o.share_group)
-
-
 def _aggregate(subs: list[Subscription[S]]) -> Delivery[S]:
+    """One Delivery for a subscriber's matching subscriptions (one alone is its own)."""
+    if len(subs) == 1:
+        return subs[0]
     qos = 0
     rap = False
     ids: list[int] = []
@@ -199,15 +216,15 @@ class _ShareGroup(Generic[S]):
     def __init__(self, name: str) -> None:
         self.name = name
         self.members: dict[S, Subscription[S]] = {}
-        self.deliveries: tuple[Delivery[S], ...] = ()
+        self.deliveries: tuple[Subscription[S], ...] = ()  # the members, each its own Delivery
         self.next_index = 0
 
     def rebuild(self) -> None:
-        self.deliveries = tuple(_single(s) for s in self.members.values())
+        self.deliveries = tuple(self.members.values())
         if self.next_index >= len(self.deliveries):
             self.next_index = 0
 
-    def pick(self) -> Delivery[S]:
+    def pick(self) -> Subscription[S]:
         i = self.next_index
         deliveries = self.deliveries
         self.next_index = i + 1 if i + 1 < len(deliveries) else 0
@@ -215,8 +232,8 @@ class _ShareGroup(Generic[S]):
 
 
 class _Node(Generic[S]):
-    """One trie level, named ``level``. ``subs`` holds each non-shared subscription as its
-    ready-made Delivery.
+    """One trie level, named ``level``. ``subs`` holds its non-shared subscriptions (each its own
+    Delivery).
 
     Each dict is made by its first entry: a level mostly has children or subscribers, not both,
     and seldom a share group. An empty dict is 64 bytes, and a client subscribed to a filter of its
@@ -229,9 +246,9 @@ class _Node(Generic[S]):
         # A level's only child is held as itself (its ``level`` names it): the dict of one entry
         # was some 200 bytes of each device's own filter. The dict is made by the second.
         self.children: dict[str, _Node[S]] | _Node[S] | None = None
-        # A level's only subscriber is held as its Delivery alone (a device's own filter): its
+        # A level's only subscriber is held as its Subscription alone (a device's own filter): its
         # dict would be some 150 bytes more. The dict is made by the second.
-        self.subs: dict[S, Delivery[S]] | Delivery[S] | None = None
+        self.subs: dict[S, Subscription[S]] | Subscription[S] | None = None
         self.groups: dict[str, _ShareGroup[S]] | None = None  # dropped again with its last group
         self.no_local = 0  # how many of ``subs`` have No Local
 
@@ -272,20 +289,21 @@ class _Entry(Generic[S]):
             if d.subscriber.id != publisher_id:
                 out.append(d)
                 continue
-            kept = [s for s in d.subscriptions if not s.options.no_local]
+            subs = d.matched()
+            kept = [s for s in subs if not s.options.no_local]
             if not kept:
                 continue
-            out.append(d if len(kept) == len(d.subscriptions) else _aggregate(kept))
+            out.append(d if len(kept) == len(subs) else _aggregate(kept))
         result = tuple(out)
         self.by_publisher[publisher_id] = result
         return result
 
 
-def _readable(topic: str, deliveries: list[Delivery[S]]) -> list[Delivery[S]]:
+def _readable(topic: str, deliveries: Sequence[Delivery[S]]) -> list[Delivery[S]]:
     """The deliveries without the subscriptions whose subscriber may not read ``topic``."""
     out: list[Delivery[S]] = []
     for d in deliveries:
-        subs = d.subscriptions
+        subs = d.matched()
         kept = [s for s in subs if s.options.reads is None or s.options.reads(topic)]
         if len(kept) == len(subs):
             out.append(d)
@@ -375,18 +393,18 @@ class Router(Generic[S]):
             self._checked += 1
         if group is None:
             subs = node.subs
-            if isinstance(subs, Delivery) and subs.subscriber != subscriber:
+            if isinstance(subs, Subscription) and subs.subscriber != subscriber:
                 subs = node.subs = {subs.subscriber: subs}  # a second subscriber: the dict
             old = subs.get(subscriber) if isinstance(subs, dict) else subs
             is_new = old is None
-            if old is not None and old.subscriptions[0].options.no_local:
+            if old is not None and old.options.no_local:
                 node.no_local -= 1
-            if old is not None and old.subscriptions[0].options.reads is not None:
+            if old is not None and old.options.reads is not None:
                 self._checked -= 1
             if isinstance(subs, dict):
-                subs[subscriber] = _single(sub)
+                subs[subscriber] = sub
             else:
-                node.subs = _single(sub)
+                node.subs = sub
             if options.no_local:
                 node.no_local += 1
         else:
@@ -495,11 +513,11 @@ class Router(Generic[S]):
         if group is None:
             subs = node.subs
             assert subs is not None
-            if isinstance(subs, Delivery):
+            if isinstance(subs, Subscription):
                 node.subs = None
-                options = subs.subscriptions[0].options
+                options = subs.options
             else:
-                options = subs.pop(subscriber).subscriptions[0].options
+                options = subs.pop(subscriber).options
                 if not subs:
                     node.subs = None
             if options.no_local:
@@ -557,37 +575,39 @@ class Router(Generic[S]):
             raise TopicError(f"not a valid topic name: {topic!r}")
         nodes = self._collect(topic)
 
-        deliveries: list[Delivery[S]] = []
+        deliveries: Sequence[Delivery[S]]
         groups: list[_ShareGroup[S]] = []
         no_local: set[str] = set()
         for node in nodes:
             if node.no_local and node.subs:
-                for d in _deliveries(node):
-                    if d.subscriptions[0].options.no_local:
-                        no_local.add(d.subscriber.id)
+                for sub in _deliveries(node):
+                    if sub.options.no_local:
+                        no_local.add(sub.subscriber.id)
             if node.groups:
                 groups.extend(node.groups.values())
         if len(nodes) == 1:
             deliveries = _deliveries(nodes[0])
         else:
             # One Delivery per subscriber: merge the subscribers that several matching filters share.
-            per_subscriber: dict[S, Delivery[S] | list[Subscription[S]]] = {}
+            per_subscriber: dict[S, Subscription[S] | list[Subscription[S]]] = {}
             merged = False
             for node in nodes:
-                for d in _deliveries(node):
-                    found = per_subscriber.setdefault(d.subscriber, d)
-                    if found is d:
+                for sub in _deliveries(node):
+                    found = per_subscriber.setdefault(sub.subscriber, sub)
+                    if found is sub:
                         continue
                     merged = True
-                    if isinstance(found, Delivery):
-                        per_subscriber[d.subscriber] = [*found.subscriptions, *d.subscriptions]
+                    if isinstance(found, Subscription):
+                        per_subscriber[sub.subscriber] = [found, sub]
                     else:
-                        found.extend(d.subscriptions)
+                        found.append(sub)
             if merged:
-                for found in per_subscriber.values():
-                    deliveries.append(found if isinstance(found, Delivery) else _aggregate(found))
+                deliveries = [
+                    found if isinstance(found, Subscription) else _aggregate(found)
+                    for found in per_subscriber.values()
+                ]
             else:
-                deliveries = list(cast("dict[S, Delivery[S]]", per_subscriber).values())
+                deliveries = list(cast("dict[S, Subscription[S]]", per_subscriber).values())
 
         if self._checked:
             deliveries = _readable(topic, deliveries)

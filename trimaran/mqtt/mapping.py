@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from trimaran.broker.message import PROTOCOL_MQTT, Message, now_ms
-from trimaran.broker.router import Delivery
+from trimaran.broker.router import Delivery, Subscription
 from trimaran.mqtt.codec import NO_PROPERTIES, around_packet_id, encode, run_packets
 from trimaran.mqtt.packets import MQTT_5, Publish, PublishRun, Will
 from trimaran.mqtt.properties import Properties
@@ -76,9 +76,16 @@ SHARE_TAG = "share:"  # OutboundMessage.tag of a $share delivery: "share:<group>
 
 
 def share_tag(delivery: Delivery[Any]) -> str | None:
-    if delivery.share_group is None or not delivery.subscriptions:
+    group = delivery.share_group
+    if group is None:
         return None
-    return f"{SHARE_TAG}{delivery.share_group}\x00{delivery.subscriptions[0].topic_filter}"
+    if isinstance(delivery, Subscription):  # the router's: a member is its own delivery
+        topic_filter = delivery.topic_filter
+    elif delivery.subscriptions:
+        topic_filter = delivery.subscriptions[0].topic_filter
+    else:
+        return None
+    return f"{SHARE_TAG}{group}\x00{topic_filter}"
 
 
 def message_from_outbound(
