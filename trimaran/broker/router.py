@@ -177,7 +177,7 @@ class Subscription(Delivery[S]):
         )
 
 
-def _deliveries(node: _Node[S]) -> list[Subscription[S]]:
+def _deliveries(node: _Node) -> list[Subscription[Any]]:
     """The Deliveries of a level's plain (not shared) subscriptions: each its own."""
     subs = node.subs
     if subs is None:
@@ -231,13 +231,15 @@ class _ShareGroup(Generic[S]):
         return deliveries[i]
 
 
-class _Node(Generic[S]):
+class _Node:
     """One trie level, named ``level``. ``subs`` holds its non-shared subscriptions (each its own
     Delivery).
 
     Each dict is made by its first entry: a level mostly has children or subscribers, not both,
     and seldom a share group. An empty dict is 64 bytes, and a client subscribed to a filter of its
-    own (``devices/<id>/+``) has a level or two of its own (issue #47)."""
+    own (``devices/<id>/+``) has a level or two of its own (issue #47). Not generic (its
+    subscribers are typed Any): compiled, a class with Generic among its bases gets a __dict__ and
+    a __weakref__ slot, 16 bytes of each level."""
 
     __slots__ = ("children", "groups", "level", "no_local", "subs")
 
@@ -245,15 +247,15 @@ class _Node(Generic[S]):
         self.level = level
         # A level's only child is held as itself (its ``level`` names it): the dict of one entry
         # was some 200 bytes of each device's own filter. The dict is made by the second.
-        self.children: dict[str, _Node[S]] | _Node[S] | None = None
+        self.children: dict[str, _Node] | _Node | None = None
         # A level's only subscriber is held as its Subscription alone (a device's own filter): its
         # dict would be some 150 bytes more. The dict is made by the second.
-        self.subs: dict[S, Subscription[S]] | Subscription[S] | None = None
-        self.groups: dict[str, _ShareGroup[S]] | None = None  # dropped again with its last group
+        self.subs: dict[Any, Subscription[Any]] | Subscription[Any] | None = None
+        self.groups: dict[str, _ShareGroup[Any]] | None = None  # dropped again with its last group
         self.no_local = 0  # how many of ``subs`` have No Local
 
 
-def _child(node: _Node[S], level: str) -> _Node[S] | None:
+def _child(node: _Node, level: str) -> _Node | None:
     """``node``'s child named ``level``, if it has one."""
     children = node.children
     if children is None:
@@ -326,7 +328,7 @@ class Router(Generic[S]):
     """Subscription trie with ``+``/``#`` wildcards, share groups, the ``$`` rule and a match cache."""
 
     def __init__(self, cache_size: int = DEFAULT_CACHE_SIZE, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
-        self._root: _Node[S] = _Node()
+        self._root: _Node = _Node()
         # Each subscriber's subscriptions by (filter, share group); one alone is held as itself (a
         # dict and its key would be some 300 bytes of every device subscribed to a filter of its own).
         self._by_subscriber: dict[S, Subscription[S] | dict[tuple[str, str | None], Subscription[S]]] = {}
@@ -503,7 +505,7 @@ class Router(Generic[S]):
 
     def _remove_from_trie(self, subscriber: S, topic_filter: str, group: str | None) -> None:
         # The subscription is there (its subscriber's index says so): so is each dict on its way.
-        path: list[_Node[S]] = [self._root]
+        path: list[_Node] = [self._root]
         node = self._root
         for level in topic_filter.split("/"):
             child = _child(node, level)
@@ -624,9 +626,9 @@ class Router(Generic[S]):
             self._cached_bytes += weight
         return entry
 
-    def _collect(self, topic: str) -> list[_Node[S]]:
+    def _collect(self, topic: str) -> list[_Node]:
         """Trie nodes whose filter matches ``topic`` (each at most once)."""
-        found: list[_Node[S]] = []
+        found: list[_Node] = []
         levels = topic.split("/")
         frontier = [self._root]
         # '+' and '#' do not match a first level starting with '$' ($SYS, $queue ...): the tree's
@@ -636,7 +638,7 @@ class Router(Generic[S]):
         if shielded == 0 and len(levels) > TENANT_LEVELS and levels[TENANT_LEVELS][:1] == "$":
             tenant = TENANT_LEVELS if topic.startswith(TENANT) else -1
         for depth, level in enumerate(levels):
-            nxt: list[_Node[S]] = []
+            nxt: list[_Node] = []
             guarded = depth in (shielded, tenant)
             for node in frontier:
                 children = node.children
