@@ -12,14 +12,16 @@ from hypothesis import strategies as st
 
 from tests.mqtt.mqtt_client import Client, answer, connected, eof, props, start
 from tests.mqtt.mqtt_strategies import properties
-from trimaran.mqtt.packets import PubAck, Publish, SubscriptionOptions
+from trimaran.mqtt.packets import PubAck, Publish, SubscriptionOptions, granted_options
 from trimaran.mqtt.properties import PacketType
 from trimaran.mqtt.session import (
     AWAITING_PUBACK,
     AWAITING_PUBCOMP,
     AWAITING_PUBREC,
     NO_BACKLOG,
+    NO_SUBSCRIPTIONS,
     Backlog,
+    LoneSubscription,
     OutboundMessage,
     Session,
     Subscription,
@@ -95,6 +97,36 @@ def test_an_idle_session_shares_the_empty_backlog_until_a_message_waits() -> Non
     again = Session.from_dict(busy.to_dict())  # renumbered: its own, empty
     assert again.queue is not NO_BACKLOG and again.queue.first_seq == 1 and not again.queue
     assert NO_BACKLOG.items is None and NO_BACKLOG.first_seq == 0 and NO_BACKLOG.bytes == 0
+
+
+@given(st.lists(st.tuples(st.booleans(), st.sampled_from(["a", "b", "c"]), st.integers(0, 2)), max_size=12))
+def test_a_sessions_subscriptions_read_as_the_dict_of_them(steps: list[tuple[bool, str, int]]) -> None:
+    """None: the shared empty mapping; one: held alone (a LoneSubscription, not a dict of one:
+    issue #47); several: a dict. Read alike whichever, in the order they came."""
+    session = Session("c")
+    model: dict[str, Subscription] = {}
+    for add, topic_filter, qos in steps:
+        if add:
+            sub = Subscription(topic_filter, granted_options(qos), qos or None)
+            assert session.add_subscription(sub) == (topic_filter not in model)
+            model[topic_filter] = sub
+        else:
+            assert session.remove_subscription(topic_filter) == (model.pop(topic_filter, None) is not None)
+        held = session.subscriptions
+        assert (held is NO_SUBSCRIPTIONS) == (not model)
+        assert isinstance(held, LoneSubscription) == (len(model) == 1)
+        assert held == model and model == held and held != {**model, "x": None}
+        assert len(held) == len(model) and bool(held) == bool(model) and list(held) == list(model)
+        assert list(held.keys()) == list(model) and list(held.values()) == list(model.values())
+        assert list(held.items()) == list(model.items())
+        for name in ("a", "b", "c"):
+            assert (name in held) == (name in model) and held.get(name) is model.get(name)
+            if name in model:
+                assert held[name] is model[name]
+            else:
+                with pytest.raises(KeyError):
+                    held[name]
+        assert Session.from_json(session.to_json()).subscriptions == model
 
 
 def test_pubrec_error_ends_flow() -> None:

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from trimaran.mqtt.codec import decode_properties, encode_properties
 from trimaran.mqtt.packets import SubscriptionOptions, granted_options
@@ -44,9 +44,11 @@ __all__ = [
     "AWAITING_PUBACK",
     "AWAITING_PUBCOMP",
     "AWAITING_PUBREC",
+    "LoneSubscription",
     "OutboundMessage",
     "Session",
     "Subscription",
+    "Subscriptions",
 ]
 
 # Inflight states of an outbound message.
@@ -57,7 +59,7 @@ AWAITING_PUBCOMP: Final = "awaiting_pubcomp"  # QoS 2 PUBREC received, PUBREL se
 Tag = str | int | None
 
 # An idle session's subscriptions: one empty, read-only mapping shared by every session until its
-# first subscription gives it a dict of its own (an empty dict is 64 bytes a session; issue #47).
+# first subscription (an empty dict is 64 bytes a session; issue #47).
 NO_SUBSCRIPTIONS: Final[Mapping[str, Subscription]] = MappingProxyType({})
 
 
@@ -255,6 +257,76 @@ class Subscription:
     subscription_identifier: int | None = None
 
 
+class Subscriptions(Protocol):
+    """A session's subscriptions by filter, read as a mapping (written only by the session): none
+    (:data:`NO_SUBSCRIPTIONS`), one (:class:`LoneSubscription`) or a dict of several."""
+
+    def __len__(self) -> int: ...
+
+    def __contains__(self, topic_filter: object, /) -> bool: ...
+
+    def __getitem__(self, topic_filter: str, /) -> Subscription: ...
+
+    def __iter__(self) -> Iterator[str]: ...
+
+    def get(self, topic_filter: str, /) -> Subscription | None: ...
+
+    def keys(self) -> Iterable[str]: ...
+
+    def values(self) -> Iterable[Subscription]: ...
+
+    def items(self) -> Iterable[tuple[str, Subscription]]: ...
+
+
+class LoneSubscription:
+    """A session's only subscription as the mapping of its filter to it: a dict of one entry is 184
+    bytes, this 48 (a fleet's sessions mostly hold one, a device's own commands; issue 47). A native
+    class, not a Mapping subclass: a subscribed client's QoS 1 publish reads its session's
+    ``subscriptions`` (mqtt.handler), and compiled, its truth and values() then run no Python."""
+
+    __slots__ = ("subscription",)
+
+    def __init__(self, subscription: Subscription) -> None:
+        self.subscription: Final = subscription
+
+    def __len__(self) -> int:
+        return 1
+
+    def __contains__(self, topic_filter: object) -> bool:
+        return topic_filter == self.subscription.topic_filter
+
+    def __getitem__(self, topic_filter: str) -> Subscription:
+        if topic_filter != self.subscription.topic_filter:
+            raise KeyError(topic_filter)
+        return self.subscription
+
+    def __iter__(self) -> Iterator[str]:
+        return iter((self.subscription.topic_filter,))
+
+    def get(self, topic_filter: str) -> Subscription | None:
+        return self.subscription if topic_filter == self.subscription.topic_filter else None
+
+    def keys(self) -> tuple[str]:
+        return (self.subscription.topic_filter,)
+
+    def values(self) -> tuple[Subscription]:
+        return (self.subscription,)
+
+    def items(self) -> tuple[tuple[str, Subscription]]:
+        return ((self.subscription.topic_filter, self.subscription),)
+
+    def __eq__(self, other: object) -> bool:
+        """As the dict of its one entry compares."""
+        if isinstance(other, LoneSubscription):
+            return self.subscription == other.subscription
+        return isinstance(other, Mapping) and dict(self.items()) == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"LoneSubscription({self.subscription!r})"
+
+
 def _props_to_bytes(props: Properties) -> bytes:
     return encode_properties(props, PacketType.PUBLISH)
 
@@ -294,9 +366,9 @@ class Session:
         self.expiry_interval = expiry_interval  # seconds; 0xFFFFFFFF means never
         self.max_queued = max_queued
         self.max_queued_bytes = max_queued_bytes  # payloads and topics; 0 = no bound
-        # Written only here (add_subscription, remove_subscription, load_dict); NO_SUBSCRIPTIONS
-        # while there are none.
-        self.subscriptions: Mapping[str, Subscription] = NO_SUBSCRIPTIONS
+        # Written only by add_subscription and remove_subscription: NO_SUBSCRIPTIONS while there
+        # are none, a LoneSubscription while there is one.
+        self.subscriptions: Subscriptions = NO_SUBSCRIPTIONS
         # In send order; made by the first QoS 1/2 delivery (an idle session holds none) and kept
         # when drained, or a subscriber would make one a message.
         self.inflight: dict[int, OutboundMessage] | None = None
@@ -430,18 +502,33 @@ class Session:
     def add_subscription(self, subscription: Subscription) -> bool:
         """Add or replace; True if the filter was new."""
         subscriptions = self.subscriptions
-        if not isinstance(subscriptions, dict):  # NO_SUBSCRIPTIONS: the session's first
-            subscriptions = self.subscriptions = {}
-        new = subscription.topic_filter not in subscriptions
-        subscriptions[subscription.topic_filter] = subscription
-        return new
+        topic_filter = subscription.topic_filter
+        if isinstance(subscriptions, dict):
+            new = topic_filter not in subscriptions
+            subscriptions[topic_filter] = subscription
+            return new
+        if isinstance(subscriptions, LoneSubscription):
+            held = subscriptions.subscription
+            if held.topic_filter != topic_filter:  # a second: the dict
+                self.subscriptions = {held.topic_filter: held, topic_filter: subscription}
+                return True
+            self.subscriptions = LoneSubscription(subscription)
+            return False
+        self.subscriptions = LoneSubscription(subscription)  # NO_SUBSCRIPTIONS: the first
+        return True
 
     def remove_subscription(self, topic_filter: str) -> bool:
         subscriptions = self.subscriptions
+        if isinstance(subscriptions, LoneSubscription):
+            if topic_filter not in subscriptions:
+                return False
+            self.subscriptions = NO_SUBSCRIPTIONS
+            return True
         if not isinstance(subscriptions, dict) or subscriptions.pop(topic_filter, None) is None:
             return False
-        if not subscriptions:
-            self.subscriptions = NO_SUBSCRIPTIONS  # its last: the dict goes
+        if len(subscriptions) == 1:  # one left: held alone, the dict goes
+            (last,) = subscriptions.values()
+            self.subscriptions = LoneSubscription(last)
         return True
 
     # ------------------------------------------------------------------------------- serialization
