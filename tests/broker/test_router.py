@@ -322,3 +322,25 @@ def test_reads_leaves_out_the_topics_a_subscriber_may_not_read_and_is_asked_once
     assert ids(r.match("t/x")) == ["b"] and asked == []
     with pytest.raises(ValueError):
         r.subscribe(C, "t/#", Opts(share_group="g", reads=reads))
+
+
+def test_routes_are_counted_while_a_listener_hears_them_and_counted_when_asked_otherwise() -> None:
+    """Without a listener (no cluster) the router keeps no count of each route (issue 47): routes()
+    counts them when asked, and a listener set later starts from the subscriptions already held."""
+    r: Router[Client] = Router()
+    r.subscribe(A, "a/#", Opts())
+    r.subscribe(B, "a/#", Opts())
+    r.subscribe(A, "jobs", Opts(share_group="g"))
+    assert r._routes is None
+    assert sorted(r.routes()) == ["$share/g/jobs", "a/#"]
+    heard: list[tuple[str, bool]] = []
+    r.on_route = lambda key, added: heard.append((key, added))
+    r.unsubscribe(A, "a/#")  # B still holds it
+    r.subscribe(C, "b", Opts())
+    r.unsubscribe_all(B)
+    r.unsubscribe(A, "jobs", "g")
+    assert heard == [("b", True), ("a/#", False), ("$share/g/jobs", False)]
+    assert r.routes() == ["b"]
+    r.on_route = None
+    r.unsubscribe(C, "b")
+    assert r._routes is None and r.routes() == [] and heard[-1] == ("$share/g/jobs", False)
