@@ -116,6 +116,8 @@ def test_a_sessions_subscriptions_read_as_the_dict_of_them(steps: list[tuple[boo
         assert (held is NO_SUBSCRIPTIONS) == (not model)
         assert isinstance(held, LoneSubscription) == (len(model) == 1)
         assert held == model and model == held and held != {**model, "x": None}
+        with pytest.raises(TypeError):
+            hash(held)
         assert len(held) == len(model) and bool(held) == bool(model) and list(held) == list(model)
         assert list(held.keys()) == list(model) and list(held.values()) == list(model.values())
         assert list(held.items()) == list(model.items())

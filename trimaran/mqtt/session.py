@@ -321,7 +321,7 @@ class LoneSubscription:
             return self.subscription == other.subscription
         return isinstance(other, Mapping) and dict(self.items()) == other
 
-    __hash__ = None  # type: ignore[assignment]
+    # Unhashable, as a dict, by its __eq__ alone: compiled, ``__hash__ = None`` would be a field.
 
     def __repr__(self) -> str:
         return f"LoneSubscription({self.subscription!r})"
