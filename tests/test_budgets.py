@@ -120,6 +120,13 @@ PATHS = [
         Budget(loop=(2.5, 6.5)),
     ),
     Path_(
+        # Devices: each publisher subscribed to its own commands, which its QoS 1 publishes are
+        # checked against (a client that hears itself gets each message before its PUBACK).
+        "mqtt qos1 fan-in 4->1, publishers subscribed",
+        _mqtt(publishers=4, subscribers=1, qos=1, topic="bench/t", batch=50, commands=True),
+        Budget(loop=(2.5, 6.5)),
+    ),
+    Path_(
         "mqtt qos1 fan-in 4->1, alternating topics",
         _mqtt(publishers=4, subscribers=1, qos=1, topic="bench/t", batch=50, topics=16),
         Budget(loop=(4.0, 10.5)),

@@ -122,6 +122,7 @@ class MqttLoad:
         topics: int = 1,
         alone: bool = False,
         paced: bool = False,
+        commands: bool = False,
     ) -> None:
         self.qos = qos
         # paced: each publisher's batch delivered before the next publisher sends (devices a few
@@ -143,6 +144,9 @@ class MqttLoad:
         for sub in self.subs:
             sub.subscribe(topic_filter or topic, qos)
         self.pubs = [MqttClient(port, f"pub{i}", username=username) for i in range(publishers)]
+        if commands:  # each publisher also subscribed to its own commands (a device's shape)
+            for i, pub in enumerate(self.pubs):
+                pub.subscribe(f"commands/pub{i}", 1)
         self.topic = topic
         self.sent = 0
 

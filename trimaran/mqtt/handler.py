@@ -61,7 +61,15 @@ from trimaran.mqtt.packets import MQTT_5, Publish, PublishRun, granted_options
 from trimaran.mqtt.packets import SubscriptionOptions as PacketOptions
 from trimaran.mqtt.queues import MqttQueues, is_queue_filter
 from trimaran.mqtt.reason_codes import ReasonCode
-from trimaran.mqtt.session import AWAITING_PUBCOMP, OutboundMessage, Session, Subscription, message_json
+from trimaran.mqtt.session import (
+    AWAITING_PUBCOMP,
+    NO_SUBSCRIPTIONS,
+    LoneSubscription,
+    OutboundMessage,
+    Session,
+    Subscription,
+    message_json,
+)
 from trimaran.queue.manager import QueueManager
 from trimaran.runtime.machine import Machine
 from trimaran.runtime.transport import Conn
@@ -900,7 +908,11 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
     def _takes_run(self, conn: MqttConn, endpoint: MqttEndpoint, topic: str, qos: int) -> bool:
         """Whether a run's messages to ``topic`` may be routed together; not where each must be
         walked: a ``$`` topic, a QoS 1 run its publisher hears, a refused topic."""
-        if topic[0] == "$" or (qos and endpoint.subscriptions and _hears_itself(endpoint, topic)):
+        # (none is NO_SUBSCRIPTIONS, asked by identity: a LoneSubscription's truth is a Python call
+        # from the source)
+        if topic[0] == "$" or (
+            qos and endpoint.subscriptions is not NO_SUBSCRIPTIONS and _hears_itself(endpoint, topic)
+        ):
             return False
         principal = conn.principal
         security = self.security
@@ -1195,7 +1207,13 @@ def _forget_queue_deliveries(session: Session) -> None:
 def _hears_itself(endpoint: MqttEndpoint, topic: str) -> bool:
     """Whether a client's own subscriptions may match what it publishes to ``topic``: at QoS 1 it
     then gets each of its messages before that message's PUBACK, as when each was read alone."""
-    for subscription in endpoint.subscriptions.values():
+    subscriptions = endpoint.subscriptions
+    held: Iterable[Subscription]
+    if isinstance(subscriptions, LoneSubscription):  # a device's one: from the source, values()
+        held = (subscriptions.subscription,)  # would be a Python call
+    else:
+        held = subscriptions.values()
+    for subscription in held:
         if subscription.options.no_local:
             continue
         topic_filter = subscription.topic_filter
