@@ -22,7 +22,7 @@ from trimaran.broker.events import MESSAGE_PUBLISHED, EventBus
 from trimaran.broker.message import Message, now_ms
 from trimaran.broker.presence import Presence
 from trimaran.broker.retained import RetainedStore
-from trimaran.broker.router import Delivery, Router, Subscription
+from trimaran.broker.router import Delivery, Router
 from trimaran.broker.stats import Stats
 from trimaran.errors import first_line
 from trimaran.vhosts import DEFAULT_VHOST, TENANT, VHosts, prefix, split_key, vhost_of
@@ -345,10 +345,8 @@ class Broker:
 
 def _share_key(delivery: Delivery[Any]) -> tuple[str, str] | None:
     group = delivery.share_group
-    if group is None:
-        return None
-    member = delivery if isinstance(delivery, Subscription) else delivery.subscriptions[0]
-    return group, member.topic_filter
+    member = delivery.member()
+    return None if group is None or member is None else (group, member.topic_filter)
 
 
 def _count_by_vhost(keys: Iterable[str]) -> dict[str, int]:

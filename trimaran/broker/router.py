@@ -135,6 +135,10 @@ class Delivery(Generic[S]):
         """The subscriptions this delivery is for (none for one a front end made itself)."""
         return self.subscriptions
 
+    def member(self) -> Subscription[S] | None:
+        """The first of them, with no tuple made (a share group's pick: its member's filter)."""
+        return self.subscriptions[0] if self.subscriptions else None
+
     def __repr__(self) -> str:
         return (
             f"Delivery(subscriber={self.subscriber!r}, qos={self.qos!r}, "
@@ -169,6 +173,9 @@ class Subscription(Delivery[S]):
 
     def matched(self) -> tuple[Subscription[S], ...]:
         return (self,)
+
+    def member(self) -> Subscription[S]:
+        return self
 
     def __repr__(self) -> str:
         return (

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from trimaran.broker.router import Router, Subscription, SubscriptionOptions
+from trimaran.broker.router import Router, SubscriptionOptions
 from trimaran.topics import TopicError, split_shared
 
 
@@ -99,7 +99,8 @@ class RouteTable:
                 if node != me:
                     nodes.setdefault(node, [])
                 continue
-            member = d if isinstance(d, Subscription) else d.subscriptions[0]
+            member = d.member()
+            assert member is not None  # a share group's pick is one of its members
             key = (group, member.topic_filter)
             if node != me:
                 nodes.setdefault(node, []).append(key)

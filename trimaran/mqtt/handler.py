@@ -789,14 +789,9 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
                 self.dropped(out, session.client_id, NO_SHARE_MEMBER)
                 continue
             live = [m for m in members if getattr(m.subscriber, "conn", None) is not None] or members
-            member = live[0]
-            options = member.options
-            ids = () if options.subscription_identifier is None else (options.subscription_identifier,)
-            delivery: Delivery[Any] = Delivery(
-                member.subscriber, options.qos, ids, options.retain_as_published, (member,), group
-            )
+            member = live[0]  # its own Delivery (the router's subscription, of this group)
             topic_key = member.subscriber.vhost_prefix + out.topic  # the copy carries the client's topic
-            member.subscriber.deliver(message_from_outbound(out, None, topic_key), delivery)
+            member.subscriber.deliver(message_from_outbound(out, None, topic_key), member)
 
     def _publish_will(self, will: Message) -> None:
         self.broker.stats.messages_received += 1

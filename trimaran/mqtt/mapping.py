@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from trimaran.broker.message import PROTOCOL_MQTT, Message, now_ms
-from trimaran.broker.router import Delivery, Subscription
+from trimaran.broker.router import Delivery
 from trimaran.mqtt.codec import NO_PROPERTIES, around_packet_id, encode, run_packets
 from trimaran.mqtt.packets import MQTT_5, Publish, PublishRun, Will
 from trimaran.mqtt.properties import Properties
@@ -77,15 +77,10 @@ SHARE_TAG = "share:"  # OutboundMessage.tag of a $share delivery: "share:<group>
 
 def share_tag(delivery: Delivery[Any]) -> str | None:
     group = delivery.share_group
-    if group is None:
+    member = delivery.member()
+    if group is None or member is None:
         return None
-    if isinstance(delivery, Subscription):  # the router's: a member is its own delivery
-        topic_filter = delivery.topic_filter
-    elif delivery.subscriptions:
-        topic_filter = delivery.subscriptions[0].topic_filter
-    else:
-        return None
-    return f"{SHARE_TAG}{group}\x00{topic_filter}"
+    return f"{SHARE_TAG}{group}\x00{member.topic_filter}"
 
 
 def message_from_outbound(
