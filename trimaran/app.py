@@ -60,6 +60,7 @@ from trimaran.runtime.flow import BRIDGE, CLUSTER, PLACES, QUEUE, SESSION, Gate
 from trimaran.runtime.limits import RESERVED_FILES, RuntimeLimits, raise_open_files
 from trimaran.runtime.machine import Machine
 from trimaran.runtime.memory import DISK
+from trimaran.runtime.poller import available as poller_available
 from trimaran.runtime.runner import Runner
 from trimaran.runtime.transport import Conn, Hull, HullFactory
 from trimaran.security.acl import AclError
@@ -137,8 +138,9 @@ class App:
         check_settings(settings)
         self._open_files()
         self._tls = self._tls_context()  # a missing certificate is said before any database is created
-        if self._tls is not None:
-            keep_large_blocks_mapped()  # each TLS connection's read buffer resident only as used
+        if self._tls is not None and not poller_available():
+            # The loop's TLS transports serve (no epoll): each one's read buffer resident only as used.
+            keep_large_blocks_mapped()
         try:
             self.security = security = Security(settings.auth, handshake_s=handshake_deadline(settings))
         except (PasswordFileError, AclError) as exc:  # a bad password or rule file stops the start

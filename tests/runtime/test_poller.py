@@ -6,17 +6,21 @@ Real sockets on port 0, on asyncio's loop and on uvloop; a recording stand-in fo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
+import logging
 import socket
+import ssl
 import struct
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, cast
 
 import pytest
+import trustme
 import uvloop
 
 from trimaran.runtime import poller as poller_module
-from trimaran.runtime.poller import HIGH_WATER, Poller, SocketTransport
+from trimaran.runtime.poller import HIGH_WATER, Poller, SocketTransport, TlsTransport
 from trimaran.runtime.transport import Runner
 
 pytestmark = pytest.mark.skipif(not hasattr(__import__("select"), "epoll"), reason="epoll is Linux's")
@@ -26,6 +30,7 @@ class Recorder(asyncio.Protocol):
     """What a connection is told, in order; ``eof_keeps_open`` is eof_received's answer."""
 
     peer = "the peer"
+    listener = "test"
 
     def __init__(self) -> None:
         self.calls: list[str] = []
@@ -461,3 +466,153 @@ def test_accepting_pauses_when_out_of_descriptors(
             other.close()
 
     run(case)
+
+
+# -- TLS: OpenSSL on the socket itself (TlsTransport) --------------------------------------------------
+
+TlsCase = Callable[[Poller, Recorder, ssl.SSLSocket], Awaitable[None]]
+
+
+@pytest.fixture(scope="module")
+def tls_contexts() -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """The server's context (asking for a client certificate) and a client's that shows one."""
+    server_ca, client_ca = trustme.CA(), trustme.CA()
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ca.issue_cert("127.0.0.1").configure_cert(server)
+    client_ca.configure_trust(server)
+    server.verify_mode = ssl.CERT_OPTIONAL
+    client = ssl.create_default_context()
+    server_ca.configure_trust(client)
+    client_ca.issue_cert("alice.example", common_name="alice").configure_cert(client)
+    return server, client
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run_tls(
+    request: pytest.FixtureRequest, tls_contexts: tuple[ssl.SSLContext, ssl.SSLContext]
+) -> Iterator[Callable[[TlsCase], None]]:
+    """A case over a TLS listener of the poller; the client is a blocking SSLSocket (its calls go
+    to a thread), connected but not yet shaken hands."""
+    server_context, client_context = tls_contexts
+
+    def run_case(case: TlsCase) -> None:
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            conns: list[Recorder] = []
+            poller = Poller(loop, turns=Turns(bytearray()))
+
+            def make() -> Any:
+                conns.append(Recorder())
+                return conns[-1]
+
+            (listening,) = poller.listen("127.0.0.1", 0, 16, make, server_context)
+            raw = socket.create_connection(listening.getsockname()[:2])
+            client = client_context.wrap_socket(
+                raw, server_hostname="127.0.0.1", do_handshake_on_connect=False, suppress_ragged_eofs=False
+            )
+            try:
+                await _until(lambda: bool(conns) and conns[0].transport is not None)
+                await case(poller, conns[0], client)
+            finally:
+                client.close()
+                poller.close()
+
+        if request.param == "uvloop":
+            uvloop.run(main())
+        else:
+            asyncio.run(main())
+
+    yield run_case
+
+
+def _receive(client: ssl.SSLSocket, size: int) -> bytes:
+    got = bytearray()
+    while len(got) < size:
+        chunk = client.recv(1 << 20)
+        if not chunk:
+            break
+        got += chunk
+    return bytes(got)
+
+
+def test_tls_bytes_flow_after_the_handshake_and_what_was_written_before_it_waits(
+    run_tls: Callable[[TlsCase], None],
+) -> None:
+    async def case(poller: Poller, conn: Recorder, client: ssl.SSLSocket) -> None:
+        transport = cast(TlsTransport, conn.transport)
+        assert transport.get_extra_info("peercert") is None  # no handshake yet
+        transport.write(b"early ")  # before the handshake: it waits for it
+        await asyncio.to_thread(client.do_handshake)
+        await asyncio.to_thread(client.sendall, b"hello")
+        await _until(lambda: bytes(conn.data) == b"hello")
+        subject = dict(pair[0] for pair in transport.get_extra_info("peercert")["subject"])
+        assert subject["commonName"] == "alice"
+        assert transport.get_extra_info("ssl_object").version() == client.version()
+        transport.write(b"world")
+        assert await asyncio.to_thread(_receive, client, 11) == b"early world"
+
+    run_tls(case)
+
+
+def test_tls_close_sends_what_waits_then_close_notify(run_tls: Callable[[TlsCase], None]) -> None:
+    async def case(poller: Poller, conn: Recorder, client: ssl.SSLSocket) -> None:
+        transport = cast(TlsTransport, conn.transport)
+        await asyncio.to_thread(client.do_handshake)
+        payload = bytes(range(256)) * 40_000  # 10 MB: more than the sockets hold
+        conn.in_write = True
+        transport.write(payload)
+        conn.in_write = False
+        assert conn.calls == ["made", "pause_writing"]
+        transport.close()
+        transport.write(b"after close")  # dropped
+        # All of it, then a clean end (the client does not suppress a cut one: it would raise).
+        assert await asyncio.to_thread(_receive, client, len(payload) + 1) == payload
+        assert await conn.lost is None
+        assert conn.calls == ["made", "pause_writing", "lost"]
+
+    run_tls(case)
+
+
+def test_tls_more_than_one_read_is_all_read_and_the_end_after_it(run_tls: Callable[[TlsCase], None]) -> None:
+    async def case(poller: Poller, conn: Recorder, client: ssl.SSLSocket) -> None:
+        await asyncio.to_thread(client.do_handshake)
+        payload = bytes(range(256)) * 2_000  # 512 KB: several reads of the poller's
+        await asyncio.to_thread(client.sendall, payload)
+        client.setblocking(False)
+        with contextlib.suppress(ssl.SSLWantReadError):  # (the server's close_notify is not waited for)
+            client.unwrap()  # close_notify, and the socket stays open
+        await conn.eof.wait()
+        assert bytes(conn.data) == payload
+
+    run_tls(case)
+
+
+def test_a_failed_tls_handshake_is_one_line_and_ends_the_connection(
+    run_tls: Callable[[TlsCase], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    async def case(poller: Poller, conn: Recorder, client: ssl.SSLSocket) -> None:
+        caplog.set_level(logging.DEBUG, logger=poller_module.__name__)
+        plain = socket.socket(fileno=client.detach())  # the client speaks MQTT without TLS
+        try:
+            plain.sendall(b"\x10\x0c\x00\x04MQTT\x04\x02\x00\x3c\x00\x00")
+            assert isinstance(await conn.lost, ssl.SSLError)
+        finally:
+            plain.close()
+        (line,) = [r for r in caplog.records if r.name == poller_module.__name__]
+        assert line.levelno == logging.INFO
+        assert "TLS handshake with the peer failed" in line.getMessage()
+        assert conn.calls == ["made", "lost"] and not conn.data
+
+    run_tls(case)
+
+
+def test_a_peer_that_leaves_before_its_handshake_is_no_news(
+    run_tls: Callable[[TlsCase], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    async def case(poller: Poller, conn: Recorder, client: ssl.SSLSocket) -> None:
+        caplog.set_level(logging.INFO, logger=poller_module.__name__)
+        socket.socket(fileno=client.detach()).close()  # a port probe
+        await conn.lost
+        assert not [r for r in caplog.records if r.name == poller_module.__name__]
+
+    run_tls(case)

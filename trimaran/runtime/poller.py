@@ -33,8 +33,9 @@ import logging
 import os
 import select
 import socket
+import ssl
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Final, cast
 
 from trimaran.runtime.outlet import Outlet
@@ -98,10 +99,16 @@ class Poller:
     # -- listening ---------------------------------------------------------------------------------
 
     def listen(
-        self, host: str | None, port: int, backlog: int, make: Callable[[], Conn]
+        self,
+        host: str | None,
+        port: int,
+        backlog: int,
+        make: Callable[[], Conn],
+        tls: ssl.SSLContext | None = None,
     ) -> list[socket.socket]:
         """Bind every address ``host`` resolves to (all interfaces for None or ""), as the loop's
-        ``create_server`` does, and accept on each; returns the sockets."""
+        ``create_server`` does, and accept on each; returns the sockets. With ``tls``, each accepted
+        connection speaks TLS (:class:`TlsTransport`)."""
         bound: list[socket.socket] = []
         try:
             for family, kind, proto, _, address in socket.getaddrinfo(
@@ -125,7 +132,7 @@ class Poller:
         for sock in bound:
             self._listening.append(sock)
             # (its family an int once: socket.family makes an enum of it at every look)
-            self._loop.add_reader(sock.fileno(), self._accept, sock, make, int(sock.family))
+            self._loop.add_reader(sock.fileno(), self._accept, sock, make, int(sock.family), tls)
         return bound
 
     def stop_accepting(self) -> None:
@@ -134,7 +141,9 @@ class Poller:
             sock.close()
         self._listening.clear()
 
-    def _accept(self, listening: socket.socket, make: Callable[[], Conn], family: int) -> None:
+    def _accept(
+        self, listening: socket.socket, make: Callable[[], Conn], family: int, tls: ssl.SSLContext | None
+    ) -> None:
         for _ in range(ACCEPTS_PER_TURN):
             try:
                 # The C accept beneath socket.socket's: a descriptor and an address. Python's wrapper
@@ -153,7 +162,7 @@ class Poller:
                 # pauses for a while rather than spin on the listening socket.
                 log.error("accept failed: %s; accepting again in %g s", exc, ACCEPT_RETRY_S)
                 self._loop.remove_reader(listening.fileno())
-                self._loop.call_later(ACCEPT_RETRY_S, self._accept_again, listening, make, family)
+                self._loop.call_later(ACCEPT_RETRY_S, self._accept_again, listening, make, family, tls)
                 return
             sock = _socket.socket(family, socket.SOCK_STREAM, 0, fd)
             try:
@@ -163,16 +172,28 @@ class Poller:
             except OSError:
                 sock.close()  # reset before we got to it
                 continue
-            # The descriptor alone is kept: a socket object is 88 bytes of every connection.
-            self.adopt(sock.detach(), address, make())
+            if tls is None:
+                # The descriptor alone is kept: a socket object is 88 bytes of every connection.
+                self.adopt(SocketTransport(self, sock.detach(), make()), address)
+                continue
+            try:
+                plain = socket.socket(family, socket.SOCK_STREAM, 0, sock.detach())
+                plain.setblocking(False)  # (a socket object made from a descriptor would block)
+                wrapped = tls.wrap_socket(plain, server_side=True, do_handshake_on_connect=False)
+            except (OSError, ValueError) as exc:  # (ssl.SSLError is an OSError)
+                log.debug("TLS connection from %s gone before its handshake: %s", address, exc)
+                continue
+            self.adopt(TlsTransport(self, wrapped, make()), address)
 
-    def _accept_again(self, listening: socket.socket, make: Callable[[], Conn], family: int) -> None:
+    def _accept_again(
+        self, listening: socket.socket, make: Callable[[], Conn], family: int, tls: ssl.SSLContext | None
+    ) -> None:
         if listening in self._listening:
-            self._loop.add_reader(listening.fileno(), self._accept, listening, make, family)
+            self._loop.add_reader(listening.fileno(), self._accept, listening, make, family, tls)
 
-    def adopt(self, fd: int, address: Any, conn: Conn) -> SocketTransport:
-        """Serve ``conn`` on the connected, non-blocking socket ``fd``."""
-        transport = SocketTransport(self, fd, conn)
+    def adopt(self, transport: SocketTransport, address: Any) -> SocketTransport:
+        """Serve ``transport``'s connection on its connected, non-blocking socket."""
+        conn = transport._conn
         try:
             conn.set_peer(address)  # told, not kept by the transport for it to ask
             conn.connection_made(cast(asyncio.BaseTransport, transport))  # (an Outlet: taken as it is)
@@ -225,32 +246,13 @@ class Poller:
                     if events & _ENDED:
                         transport._peer_shut = True
                     if transport._reading and not transport._read_eof:
-                        self._read(transport)
+                        transport._take()
                     elif events & _ERR:
                         transport._reset()
                     else:
                         transport._unread = True  # read when reading resumes
             if len(polled) < READY_AT_ONCE:
                 break
-
-    def _read(self, transport: SocketTransport) -> None:
-        """One read of ``transport``'s socket, handed to its connection."""
-        try:
-            data = _read(transport._fd, READ_SIZE)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            transport._finish(exc)
-            return
-        if data:
-            if len(data) == READ_SIZE or transport._peer_shut:
-                self.read_again(transport)  # more, or the end, may wait, and no edge will say so
-            try:
-                transport._conn.data_received(data)
-            except Exception as crash:
-                transport._crashed("data_received", crash)
-        else:
-            transport._eof()
 
     def read_again(self, transport: SocketTransport) -> None:
         """Read ``transport`` once more later in this turn (edge-triggered: no new edge may come)."""
@@ -265,7 +267,7 @@ class Poller:
             if transport._fd < 0 or transport._closing or transport._read_eof:
                 continue
             if transport._reading:
-                self._read(transport)
+                transport._take()
             else:
                 transport._unread = True
 
@@ -361,7 +363,7 @@ class SocketTransport(Outlet):
             return
         self._closing = True
         if self._out is None:
-            self._finish(None)
+            self._close_drained()
 
     def abort(self) -> None:
         """Close at once; what is buffered is dropped."""
@@ -383,6 +385,25 @@ class SocketTransport(Outlet):
 
     # -- inside the poller ---------------------------------------------------------------------------
 
+    def _take(self) -> None:
+        """One read of the socket, handed to the connection."""
+        try:
+            data = _read(self._fd, READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._finish(exc)
+            return
+        if data:
+            if len(data) == READ_SIZE or self._peer_shut:
+                self._poller.read_again(self)  # more, or the end, may wait, and no edge will say so
+            try:
+                self._conn.data_received(data)
+            except Exception as crash:
+                self._crashed("data_received", crash)
+        else:
+            self._eof()
+
     def _send_buffered(self) -> None:
         out = self._out
         assert out is not None
@@ -394,10 +415,15 @@ class SocketTransport(Outlet):
             self._finish(exc)
             return
         del out[:sent]
+        self._sent_buffered(out)
+
+    def _sent_buffered(self, out: bytearray) -> None:
+        """Some of what was buffered went (``out`` holds the rest): close or shut once all went,
+        resume the writer below the low-water mark."""
         if not out:
             self._out = None
             if self._closing:
-                self._finish(None)
+                self._close_drained()
                 return
             if self._shut_after:
                 self._shut_write()
@@ -407,6 +433,10 @@ class SocketTransport(Outlet):
                 self._conn.resume_writing()
             except Exception as crash:
                 self._crashed("resume_writing", crash)
+
+    def _close_drained(self) -> None:
+        """``close()`` and nothing is left to write: the socket goes."""
+        self._finish(None)
 
     def _eof(self) -> None:
         """The peer closed its side: no more reads; the connection says whether to close ours."""
@@ -460,6 +490,172 @@ class SocketTransport(Outlet):
             self._conn.connection_lost(exc)
         except Exception:
             log.exception("connection_lost failed for %s", self._conn.peer)
+
+
+class TlsTransport(SocketTransport):
+    """One TLS connection of the poller. OpenSSL reads and writes the socket itself (a socket BIO,
+    as Mosquitto's): an idle connection holds OpenSSL's state and no buffer of ours, where the loop's
+    TLS transports hold two memory BIOs and a read buffer besides (26.3 KiB an idle connection,
+    16 with this; issue 47).
+
+    The connection is told of it as it is accepted, and its handshake deadline (``Conn``'s) covers
+    the TLS handshake too; it reads only what the handshake let through. What it writes before the
+    handshake is over waits in ``_out``, as does what the socket did not take: OpenSSL wants the same
+    bytes again then (no partial writes: a write takes all of it or nothing), and ``_out`` only grows
+    at its end until it goes. While the handshake itself waits for room to write, ``_out`` is an empty
+    buffer, so that the poller's next write-readiness resumes it (``_send_buffered``)."""
+
+    __slots__ = ("_shaken", "_tls")
+
+    def __init__(self, poller: Poller, tls: ssl.SSLSocket, conn: Conn) -> None:
+        super().__init__(poller, tls.fileno(), conn)
+        self._tls = tls
+        self._shaken = False  # the handshake is over
+
+    def write(self, data: bytes) -> None:
+        if self._closing or not data:
+            return
+        out = self._out
+        if out is None:
+            if self._shaken:
+                try:
+                    self._tls.send(data)
+                    return
+                except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                    pass
+                except OSError as exc:  # (ssl.SSLError is one)
+                    self._finish(exc)
+                    return
+            self._out = out = bytearray(data)
+        else:
+            out += data
+        if not self._writing_paused and len(out) > HIGH_WATER:
+            self._writing_paused = True
+            try:
+                self._conn.pause_writing()
+            except Exception as crash:
+                self._crashed("pause_writing", crash)
+
+    def can_write_eof(self) -> bool:
+        return False  # TLS has no half-close (close_notify ends both ways): the runtime lingers instead
+
+    def write_eof(self) -> None:
+        raise NotImplementedError("TLS has no half-close")
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        tls = self._tls
+        if name == "peercert":
+            return tls.getpeercert() if self._shaken else default
+        if name == "ssl_object":
+            return tls
+        if name == "sslcontext":
+            return tls.context
+        if name == "cipher":
+            return tls.cipher() if self._shaken else default
+        return super().get_extra_info(name, default)
+
+    def _take(self) -> None:
+        """The handshake's next step, then what came decrypted (up to ``READ_SIZE`` a turn)."""
+        if not self._shaken and not self._handshake():
+            return
+        tls = self._tls
+        pieces: list[bytes] = []
+        taken = 0
+        ended = False
+        try:
+            while taken < READ_SIZE:
+                piece = tls.read(READ_SIZE)  # a record's worth at most
+                if not piece:
+                    ended = True  # close_notify, or the socket's end without it
+                    break
+                pieces.append(piece)
+                taken += len(piece)
+            else:
+                self._poller.read_again(self)  # more may wait, decrypted or in the socket
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            pass  # all read: the next bytes come with an edge
+        except ssl.SSLEOFError:
+            ended = True
+        except OSError as exc:
+            if not pieces:
+                self._failed("TLS", exc)
+                return
+            # What came before the error is the connection's; the error ends it after.
+            self._poller._loop.call_soon(self._failed, "TLS", exc)
+        if pieces:
+            try:
+                self._conn.data_received(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+            except Exception as crash:
+                self._crashed("data_received", crash)
+                return
+        if ended and not self._closing:
+            self._eof()
+
+    def _handshake(self) -> bool:
+        """A step of the handshake: True once it is over."""
+        try:
+            self._tls.do_handshake()
+        except ssl.SSLWantReadError:
+            return False
+        except ssl.SSLWantWriteError:
+            if self._out is None:
+                self._out = bytearray()  # resumed when the socket has room
+            return False
+        except OSError as exc:
+            self._failed("TLS handshake", exc)
+            return False
+        self._shaken = True
+        if self._out is not None:  # written before the handshake was over
+            if self._out:
+                self._send_buffered()
+            else:
+                self._out = None
+        return True
+
+    def _send_buffered(self) -> None:
+        if not self._shaken:
+            self._take()  # the handshake waited for room to write; then what came meanwhile
+            return
+        out = self._out
+        assert out is not None
+        try:
+            self._tls.send(out)
+        except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
+            return
+        except OSError as exc:
+            self._finish(exc)
+            return
+        out.clear()
+        self._sent_buffered(out)
+
+    def _close_drained(self) -> None:
+        # close_notify: the peer reads a clean end, not a cut connection (its own is not waited for).
+        with suppress(OSError, ValueError):
+            self._tls.unwrap()
+        self._finish(None)
+
+    def _finish(self, exc: Exception | None) -> None:
+        if self._fd >= 0:
+            self._tls.detach()  # the descriptor is closed once, by the base, not again when this goes
+        super()._finish(exc)
+
+    def _failed(self, what: str, exc: OSError) -> None:
+        """The peer broke TLS (a failed handshake, a bad record): one line, and the connection goes
+        (OpenSSL has sent the alert that says why). A peer that only connected and left (a port
+        probe) is no news: that line is a debug one."""
+        if self._fd < 0:
+            return
+        conn = self._conn
+        left = isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError, ConnectionError))
+        log.log(
+            logging.DEBUG if left else logging.INFO,
+            "%s: %s with %s failed: %s",
+            conn.listener,
+            what,
+            conn.peer,
+            exc,
+        )
+        self._finish(exc)
 
 
 @contextmanager

@@ -168,10 +168,10 @@ class Runner(transport.Runner):
         def make() -> Conn:
             return Conn(self, listening)
 
-        if tls is None and available():
+        if available():
             if self._poller is None:
                 self._poller = Poller(loop, nodelay=self.limits.tcp_nodelay, turns=self)
-            sockets = self._poller.listen(host, port, backlog, make)
+            sockets = self._poller.listen(host, port, backlog, make, tls)
         else:
             server = await loop.create_server(
                 cast(Callable[[], asyncio.BaseProtocol], make),  # (a protocol by its methods: Conn)
