@@ -7,7 +7,8 @@ import ssl
 
 from trimaran.config import TlsSettings
 
-# uvloop gives each TLS connection a 256 KiB read buffer from malloc. Above glibc's mmap threshold a
+# Where the loop serves TLS (no epoll: runtime/poller.py serves it everywhere else), uvloop gives each
+# TLS connection a 256 KiB read buffer from malloc. Above glibc's mmap threshold a
 # block is mapped on its own and its untouched pages are never resident; but glibc raises the
 # threshold to the size of every mapped block freed, and from then on the buffers come from the
 # heap, whose reused pages are resident: 48.7 KiB an idle TLS connection instead of 26.2 (issue 47).

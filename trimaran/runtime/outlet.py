@@ -4,8 +4,8 @@
 ``asyncio.Transport`` the loops hand over, for the same reason ``Machine`` is one: compiled, a call
 through a base class is a direct one, where a call on a transport typed as asyncio's looks its method
 up by name (a write and a look at the buffer: about a tenth of a PINGREQ's instructions). The poller's
-``SocketTransport`` subclasses it; a loop's transport (TLS, or every connection where the poller is
-off) is wrapped in a :class:`LoopOutlet`, which forwards each call.
+``SocketTransport`` (and its ``TlsTransport``) subclasses it; a loop's transport (every connection
+where there is no epoll, or a test's) is wrapped in a :class:`LoopOutlet`, which forwards each call.
 
 The methods are the subset of ``asyncio.Transport`` that ``Conn`` uses, with its semantics.
 """

@@ -13,8 +13,8 @@ callback for it.
 ``transport.Conn`` uses, with its semantics: a write goes to the socket at once and what the socket
 does not take is buffered (``pause_writing`` past the high-water mark, ``resume_writing`` below the
 low one); ``close`` writes what is buffered first, ``abort`` does not; ``connection_lost`` is
-called once, from the loop and never from inside a call of the connection's own. TLS connections
-keep the loop's transports (wrapped in an ``outlet.LoopOutlet``).
+called once, from the loop and never from inside a call of the connection's own.
+:class:`TlsTransport` is one for a TLS listener's connections, with OpenSSL on the socket itself.
 
 Edge-triggered, each socket registered once for both directions: no system call to pause or resume
 reading or to wait for room to write. A read that fills the buffer, or reading that resumes, asks
@@ -44,8 +44,8 @@ from trimaran.runtime.transport import Conn, Runner
 log = logging.getLogger(__name__)
 
 # One read's most. A read is made as a bytes object of this size and cut down to what came (no copy
-# after the kernel's): glibc serves it from its heap below its mmap threshold (128 KiB, fixed where
-# TLS is on: net/tls.py), where uvloop's 256 KiB would be mapped and unmapped on every read.
+# after the kernel's): glibc serves it from its heap below its mmap threshold (128 KiB at first),
+# where uvloop's 256 KiB would be mapped and unmapped on every read.
 READ_SIZE: Final = 64 * 1024
 HIGH_WATER: Final = 64 * 1024  # the loops' write-buffer marks
 LOW_WATER: Final = 16 * 1024
