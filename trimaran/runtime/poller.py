@@ -180,8 +180,8 @@ class Poller:
                 plain = socket.socket(family, socket.SOCK_STREAM, 0, sock.detach())
                 plain.setblocking(False)  # (a socket object made from a descriptor would block)
                 wrapped = tls.wrap_socket(plain, server_side=True, do_handshake_on_connect=False)
-            except (OSError, ValueError) as exc:  # (ssl.SSLError is an OSError)
-                log.debug("TLS connection from %s gone before its handshake: %s", address, exc)
+            except (OSError, ValueError) as gone:  # (ssl.SSLError is an OSError)
+                log.debug("TLS connection from %s gone before its handshake: %s", address, gone)
                 continue
             self.adopt(TlsTransport(self, wrapped, make()), address)
 
