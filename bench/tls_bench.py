@@ -11,11 +11,15 @@ another: TCP connect, TLS handshake, MQTT 3.1.1 CONNECT and CONNACK, DISCONNECT,
 - `plain`: the same over plain TCP, for what a connection costs without TLS.
 - `idle`: `--idle` connections held open over plain TCP, then over TLS, each on a freshly started
   broker; the broker's RSS growth per connection of each, once it settles.
+- `publish`: messages through TLS both ways: `--publishers` connections each send `--messages`
+  QoS 0 PUBLISHes of 64 bytes to 16 topics of their own in turn (written a thousand at a time), and
+  one subscriber to all of them reads them; the rate they arrive at and the broker's CPU a message.
 
 The broker's CPU per handshake comes from /proc (its process tree), over the handshakes' window;
 `gen_cpu_pct` says how busy the generator's core was (near 100: the generator is the limit).
 
     python bench/tls_bench.py [--brokers trimaran,mosquitto] [--handshakes 3000] [--procs 3] [--idle 2000]
+        [--publishers 4 --messages 250000]
 
 Prints one JSON object per broker and kind of run.
 """
@@ -41,7 +45,10 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import brokers  # noqa: E402
-from idle_bench import _read_exactly, connect_packet, settle_rss  # noqa: E402
+from idle_bench import _read_exactly, connect_packet, settle_rss, subscribe_packet  # noqa: E402
+
+from trimaran.mqtt.codec import encode  # noqa: E402
+from trimaran.mqtt.packets import MQTT_3_1_1, Publish  # noqa: E402
 
 BROKER_CPU, GEN_CPU = 0, 1
 DISCONNECT = b"\xe0\x00"
@@ -138,6 +145,85 @@ def idle(running: brokers.Running, ca: str, count: int, wrap: bool) -> float:
     return round((after - before) / count, 2)
 
 
+PAYLOAD = bytes(64)
+BATCH = 1000  # PUBLISHes a write of the generator
+
+
+def _tls_client(address: tuple[str, int], ca: str, client_id: str) -> ssl.SSLSocket:
+    context = ssl.create_default_context(cafile=ca)
+    sock = context.wrap_socket(socket.create_connection(address, timeout=60), server_hostname=address[0])
+    _mqtt_connect(sock, client_id)
+    return sock
+
+
+def _publisher(address: tuple[str, int], ca: str, count: int, worker: int) -> None:
+    os.sched_setaffinity(0, {GEN_CPU})
+    sock = _tls_client(address, ca, f"pub-{worker}")
+    # 16 topics in turn (a device's readings): no run of one topic forms to be routed at once.
+    batch = b"".join(
+        encode(Publish(topic=f"t/{worker}/{i % 16:02d}", payload=PAYLOAD), MQTT_3_1_1) for i in range(BATCH)
+    )
+    for _ in range(count // BATCH):
+        sock.sendall(batch)
+    sock.sendall(DISCONNECT)
+    sock.close()
+
+
+def _subscriber(address: tuple[str, int], ca: str, expected: int, ready: Any, out: Any) -> None:
+    """Reads until ``expected`` bytes came or none came for 5 s; puts (bytes, first, last) times."""
+    os.sched_setaffinity(0, {GEN_CPU})
+    sock = _tls_client(address, ca, "sub")
+    sock.sendall(subscribe_packet(1, "t/#"))
+    _read_exactly(sock, 5)  # the SUBACK
+    sock.settimeout(5)
+    ready.set()
+    got, first, last = 0, 0.0, 0.0
+    buffer = bytearray(1 << 20)
+    try:
+        while got < expected:
+            n = sock.recv_into(buffer)
+            if not n:
+                break
+            last = time.monotonic()
+            first = first or last
+            got += n
+    except TimeoutError:
+        pass
+    out.put((got, first, last))
+    sock.close()
+
+
+def publish(running: brokers.Running, ca: str, a: argparse.Namespace) -> dict[str, Any]:
+    assert running.tls is not None
+    assert a.publishers <= 10  # one digit each: every PUBLISH is the same size
+    size = len(encode(Publish(topic="t/0/00", payload=PAYLOAD), MQTT_3_1_1))
+    sent = a.publishers * (a.messages // BATCH) * BATCH
+    spawn = multiprocessing.get_context("spawn")
+    ready, out = spawn.Event(), spawn.Queue()
+    reader = spawn.Process(target=_subscriber, args=(running.tls, ca, sent * size, ready, out))
+    reader.start()
+    ready.wait(30)
+    cpu0, wall0 = brokers.cpu_seconds([running.pid]), time.monotonic()
+    with spawn.Pool(a.publishers) as pool:
+        pool.starmap(_publisher, [(running.tls, ca, a.messages, w) for w in range(a.publishers)])
+    got, _first, last = out.get(timeout=120)
+    cpu = brokers.cpu_seconds([running.pid]) - cpu0
+    reader.join()
+    delivered = got // size
+    wall = (last if delivered else time.monotonic()) - wall0
+    return {
+        "broker": running.name,
+        "version": running.version,
+        "kind": "publish",
+        "publishers": a.publishers,
+        "sent": sent,
+        "delivered": delivered,
+        "per_s": round(delivered / wall) if wall > 0 else 0,
+        "broker_cpu_us_per_message": round(cpu * 1e6 / max(delivered, 1), 2),
+        "cipher": _cipher(running.tls, ca),
+    }
+
+
 def _core_busy(cpu: int) -> float:
     """Seconds core ``cpu`` has been busy (/proc/stat)."""
     with open("/proc/stat") as f:
@@ -174,6 +260,8 @@ def main() -> None:
     parser.add_argument(
         "--idle", type=int, default=2000, help="connections held for the memory run (0: none)"
     )
+    parser.add_argument("--publishers", type=int, default=4, help="TLS publishers (0: no publish run)")
+    parser.add_argument("--messages", type=int, default=250_000, help="QoS 0 PUBLISHes of each")
     parser.add_argument("--out", help="append every result as a JSON line here")
     a = parser.parse_args()
     import trustme
@@ -196,6 +284,8 @@ def main() -> None:
                     print(json.dumps({"broker": name, "error": "no TLS listener"}), flush=True)
                     continue
                 results = [rate(running, ca, a, kind) for kind in ("plain", "full", "resumed")]
+                if a.publishers:
+                    results.append(publish(running, ca, a))
             if a.idle:
                 memory: dict[str, Any] = {"broker": name, "kind": "idle", "connections": a.idle}
                 for over, wrap in (("plain", False), ("tls", True)):  # a fresh broker for each
