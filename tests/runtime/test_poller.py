@@ -101,36 +101,44 @@ class Turns(Runner):
 Case = Callable[[Poller, Recorder, socket.socket], Awaitable[None]]
 
 
+def _serve(loop: str, case: Callable[[Poller, Recorder, Any], Awaitable[None]], tls: Any = None) -> None:
+    """Run ``case`` on ``loop`` ("asyncio" or "uvloop") with a listener of a poller and one client
+    connected to it. ``tls``: the server's and the client's ``SSLContext``, and the client is a
+    blocking SSLSocket not yet shaken hands (else a non-blocking plain socket)."""
+
+    async def main() -> None:
+        conns: list[Recorder] = []
+        poller = Poller(asyncio.get_running_loop(), turns=Turns(bytearray()))
+
+        def make() -> Any:
+            conns.append(Recorder())
+            cast(Turns, poller._turns).reads = conns[-1].data
+            return conns[-1]
+
+        (listening,) = poller.listen("127.0.0.1", 0, 16, make, None if tls is None else tls[0])
+        client = socket.create_connection(listening.getsockname()[:2])
+        if tls is None:
+            client.setblocking(False)
+        else:
+            client = tls[1].wrap_socket(
+                client, server_hostname="127.0.0.1", do_handshake_on_connect=False, suppress_ragged_eofs=False
+            )
+        try:
+            await _until(lambda: bool(conns) and conns[0].transport is not None)
+            await case(poller, conns[0], client)
+        finally:
+            client.close()
+            poller.close()
+
+    if loop == "uvloop":
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
+
+
 @pytest.fixture(params=["asyncio", "uvloop"])
 def run(request: pytest.FixtureRequest) -> Iterator[Callable[[Case], None]]:
-    def run_case(case: Case) -> None:
-        async def main() -> None:
-            loop = asyncio.get_running_loop()
-            conns: list[Recorder] = []
-            poller = Poller(loop, turns=Turns(bytearray()))
-
-            def make() -> Any:
-                conns.append(Recorder())
-                cast(Turns, poller._turns).reads = conns[-1].data
-                return conns[-1]
-
-            (listening,) = poller.listen("127.0.0.1", 0, 16, make)
-            client = socket.create_connection(listening.getsockname()[:2])
-            client.setblocking(False)
-            try:
-                while not conns or conns[0].transport is None:
-                    await asyncio.sleep(0.001)
-                await case(poller, conns[0], client)
-            finally:
-                client.close()
-                poller.close()
-
-        if request.param == "uvloop":
-            uvloop.run(main())
-        else:
-            asyncio.run(main())
-
-    yield run_case
+    yield lambda case: _serve(request.param, case)
 
 
 async def _until(check: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -491,38 +499,8 @@ def tls_contexts() -> tuple[ssl.SSLContext, ssl.SSLContext]:
 def run_tls(
     request: pytest.FixtureRequest, tls_contexts: tuple[ssl.SSLContext, ssl.SSLContext]
 ) -> Iterator[Callable[[TlsCase], None]]:
-    """A case over a TLS listener of the poller; the client is a blocking SSLSocket (its calls go
-    to a thread), connected but not yet shaken hands."""
-    server_context, client_context = tls_contexts
-
-    def run_case(case: TlsCase) -> None:
-        async def main() -> None:
-            loop = asyncio.get_running_loop()
-            conns: list[Recorder] = []
-            poller = Poller(loop, turns=Turns(bytearray()))
-
-            def make() -> Any:
-                conns.append(Recorder())
-                return conns[-1]
-
-            (listening,) = poller.listen("127.0.0.1", 0, 16, make, server_context)
-            raw = socket.create_connection(listening.getsockname()[:2])
-            client = client_context.wrap_socket(
-                raw, server_hostname="127.0.0.1", do_handshake_on_connect=False, suppress_ragged_eofs=False
-            )
-            try:
-                await _until(lambda: bool(conns) and conns[0].transport is not None)
-                await case(poller, conns[0], client)
-            finally:
-                client.close()
-                poller.close()
-
-        if request.param == "uvloop":
-            uvloop.run(main())
-        else:
-            asyncio.run(main())
-
-    yield run_case
+    """A case over a TLS listener of the poller; the client's calls go to a thread."""
+    yield lambda case: _serve(request.param, case, tls_contexts)
 
 
 def _receive(client: ssl.SSLSocket, size: int) -> bytes:

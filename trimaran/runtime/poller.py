@@ -320,7 +320,16 @@ class SocketTransport(Outlet):
                 return
             if sent == len(data):
                 return
-            self._out = out = bytearray(memoryview(data)[sent:])  # written when the socket has room
+            self._wait_for_room(memoryview(data)[sent:])
+        else:
+            self._wait_for_room(data)
+
+    def _wait_for_room(self, data: bytes | memoryview) -> None:
+        """Keep what the socket did not take, written when it has room; past the high-water mark,
+        the writer pauses."""
+        out = self._out
+        if out is None:
+            self._out = out = bytearray(data)
         else:
             out += data
         if not self._writing_paused and len(out) > HIGH_WATER:
@@ -515,26 +524,16 @@ class TlsTransport(SocketTransport):
     def write(self, data: bytes) -> None:
         if self._closing or not data:
             return
-        out = self._out
-        if out is None:
-            if self._shaken:
-                try:
-                    self._tls.send(data)
-                    return
-                except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
-                    pass
-                except OSError as exc:  # (ssl.SSLError is one)
-                    self._finish(exc)
-                    return
-            self._out = out = bytearray(data)
-        else:
-            out += data
-        if not self._writing_paused and len(out) > HIGH_WATER:
-            self._writing_paused = True
+        if self._out is None and self._shaken:
             try:
-                self._conn.pause_writing()
-            except Exception as crash:
-                self._crashed("pause_writing", crash)
+                self._tls.send(data)
+                return
+            except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                pass  # (OpenSSL took none of it, or wants all of it again)
+            except OSError as exc:  # (ssl.SSLError is one)
+                self._finish(exc)
+                return
+        self._wait_for_room(data)
 
     def can_write_eof(self) -> bool:
         return False  # TLS has no half-close (close_notify ends both ways): the runtime lingers instead
