@@ -503,9 +503,10 @@ class SocketTransport(Outlet):
 
 class TlsTransport(SocketTransport):
     """One TLS connection of the poller. OpenSSL reads and writes the socket itself (a socket BIO,
-    as Mosquitto's): an idle connection holds OpenSSL's state and no buffer of ours, where the loop's
-    TLS transports hold two memory BIOs and a read buffer besides (26.3 KiB an idle connection,
-    16 with this; issue 47).
+    as Mosquitto's): an idle connection holds OpenSSL's state and no buffer of ours, where uvloop's
+    TLS transport held two memory BIOs and a read buffer besides, and copied every record through
+    them (an idle connection 24.8 -> 15.3 KiB, Mosquitto's 14.6; a QoS 0 message 1.32 -> 0.21 µs
+    of CPU; issue 47).
 
     The connection is told of it as it is accepted, and its handshake deadline (``Conn``'s) covers
     the TLS handshake too; it reads only what the handshake let through. What it writes before the
