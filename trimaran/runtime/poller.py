@@ -176,19 +176,14 @@ class Poller:
                 # The descriptor alone is kept: a socket object is 88 bytes of every connection.
                 self.adopt(SocketTransport(self, sock.detach(), make()), address)
                 continue
-            # The C object that ssl.py's SSLSocket wraps, made as ssl.py makes it: its handshake,
-            # reads and writes are then calls of C, not of ssl.py's Python (a third of what a
-            # handshake cost above Mosquitto's), and the SSLSocket's own fields are not kept. It
-            # holds its socket weakly, which the C socket type cannot be: a socket.socket is.
-            held = socket.socket(family, socket.SOCK_STREAM, 0, sock.detach())
-            held.setblocking(False)  # (a timeout of 0: OpenSSL's calls raise rather than wait)
             try:
-                wrapped = cast(Any, tls)._wrap_socket(held, True)
+                plain = socket.socket(family, socket.SOCK_STREAM, 0, sock.detach())
+                plain.setblocking(False)  # (a socket object made from a descriptor would block)
+                wrapped = tls.wrap_socket(plain, server_side=True, do_handshake_on_connect=False)
             except (OSError, ValueError) as gone:  # (ssl.SSLError is an OSError)
-                held.close()
                 log.debug("TLS connection from %s gone before its handshake: %s", address, gone)
                 continue
-            self.adopt(TlsTransport(self, held, wrapped, make()), address)
+            self.adopt(TlsTransport(self, wrapped, make()), address)
 
     def _accept_again(
         self, listening: socket.socket, make: Callable[[], Conn], family: int, tls: ssl.SSLContext | None
@@ -520,14 +515,10 @@ class TlsTransport(SocketTransport):
     at its end until it goes. While the handshake itself waits for room to write, ``_out`` is an empty
     buffer, so that the poller's next write-readiness resumes it (``_send_buffered``)."""
 
-    __slots__ = ("_shaken", "_sock", "_tls")
+    __slots__ = ("_shaken", "_tls")
 
-    def __init__(self, poller: Poller, sock: socket.socket, tls: Any, conn: Conn) -> None:
-        """``sock``: the connected, non-blocking socket (whose timeout of 0 tells OpenSSL's calls to
-        raise rather than wait); ``tls``: the ``_ssl._SSLSocket`` over it, which holds it only
-        weakly."""
-        super().__init__(poller, sock.fileno(), conn)
-        self._sock = sock
+    def __init__(self, poller: Poller, tls: ssl.SSLSocket, conn: Conn) -> None:
+        super().__init__(poller, tls.fileno(), conn)
         self._tls = tls
         self._shaken = False  # the handshake is over
 
@@ -536,7 +527,7 @@ class TlsTransport(SocketTransport):
             return
         if self._out is None and self._shaken:
             try:
-                self._tls.write(data)
+                self._tls.send(data)
                 return
             except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
                 pass  # (OpenSSL took none of it, or wants all of it again)
@@ -628,7 +619,7 @@ class TlsTransport(SocketTransport):
         out = self._out
         assert out is not None
         try:
-            self._tls.write(out)
+            self._tls.send(out)
         except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
             return
         except OSError as exc:
@@ -640,12 +631,12 @@ class TlsTransport(SocketTransport):
     def _close_drained(self) -> None:
         # close_notify: the peer reads a clean end, not a cut connection (its own is not waited for).
         with suppress(OSError, ValueError):
-            self._tls.shutdown()
+            self._tls.unwrap()
         self._finish(None)
 
     def _finish(self, exc: Exception | None) -> None:
         if self._fd >= 0:
-            self._sock.detach()  # the descriptor is closed once, by the base, not again when this goes
+            self._tls.detach()  # the descriptor is closed once, by the base, not again when this goes
         super()._finish(exc)
 
     def _failed(self, what: str, exc: OSError) -> None:
