@@ -123,6 +123,7 @@ def _serve(loop: str, case: Callable[[Poller, Recorder, Any], Awaitable[None]], 
             client = tls[1].wrap_socket(
                 client, server_hostname="127.0.0.1", do_handshake_on_connect=False, suppress_ragged_eofs=False
             )
+            client.settimeout(10)  # a server that stops answering fails the case, never hangs its thread
         try:
             await _until(lambda: bool(conns) and conns[0].transport is not None)
             await case(poller, conns[0], client)
