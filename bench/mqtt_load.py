@@ -427,11 +427,8 @@ class Pub(MqttConn):
 
 
 class PacedPub(Pub):
-    def configure_paced(self, topic, payload_size, qos, rate, tick):
-        self.loop = asyncio.get_running_loop()
+    def configure_paced(self, topic, payload_size, qos):
         self.qos = qos
-        self.rate = rate
-        self.tick_s = tick
         payload_size = max(payload_size, TS.size)
         pay = bytes(payload_size)
         tmpl = bytearray(publish_pkt(topic, pay, qos, 1))
@@ -439,36 +436,74 @@ class PacedPub(Pub):
         self.pay_off = len(tmpl) - payload_size
         self.pid_off = self.pay_off - 2
 
-    def start(self, t0, t_stop):
-        self.t0 = t0
-        self.running = True
-        bl.at(self.loop, t_stop, self.stop)
-        bl.at(self.loop, t0, self.tick)
+    def send_due(self, due: int) -> None:
+        """``due`` messages in one write, stamped now."""
+        tmpl, po, pido = self.tmpl, self.pay_off, self.pid_off
+        parts = []
+        ts = time.monotonic_ns()
+        s = self.sent
+        for seq in range(s, s + due):
+            TS.pack_into(tmpl, po, ts, seq)
+            if self.qos:
+                struct.pack_into("!H", tmpl, pido, seq % 65535 + 1)
+            parts.append(bytes(tmpl))
+        self.transport.write(parts[0] if due == 1 else b"".join(parts))
+        self.sent += due
+        self.max_behind = max(self.max_behind, due)
 
     def pump(self):  # acks do not drive a paced publisher
         pass
 
-    def tick(self):
-        if not self.running or self.lost:
+
+class Pacer:
+    """One process's paced publishers on one timer. Each publisher has its own random phase in
+    its period, as a fleet's devices do (no burst of all at once); its message ``m`` is due at
+    ``t0 + phase + m / rate``. In phase order the publishers' next due times rise around the
+    cycle, so a wake-up walks from where the last one stopped and sends each publisher what came
+    due (one write), until the next is not due yet. With a timer a publisher (10,000 timers at
+    10,000 publishers) the messages left late, in clumps: p50 latency 2.1 ms there where it is
+    0.8 ms with one, and the brokers' CPU a message lower for fewer reads. The generator's core is
+    still full at 100,000 msg/s: most of a send is the kernel's loopback TCP, which runs in the
+    sender's ``write`` (8.2 µs a message, 8.5 with the timers)."""
+
+    def __init__(self, pubs: list[PacedPub], rate: float, tick: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.period = 1 / rate
+        self.tick_s = tick
+        phased = sorted((random.uniform(0, self.period), i) for i in range(len(pubs)))
+        self.phases = [phase for phase, _ in phased]
+        self.order = [pubs[i] for _, i in phased]
+        self.scheduled = [0] * len(pubs)  # messages each was due by its last visit (sent, or lost)
+        self.at = 0  # the next publisher to visit, in phase order
+        self.running = False
+        self.t0 = 0.0
+
+    def start(self, t0: float, t_stop: float) -> None:
+        self.t0 = t0
+        self.running = True
+        bl.at(self.loop, t_stop, self.stop)
+        bl.at(self.loop, t0, self.wake)
+
+    def stop(self) -> None:
+        self.running = False
+
+    def wake(self) -> None:
+        if not self.running:
             return
         now = time.monotonic()
-        due = int((now - self.t0) * self.rate) - self.sent
-        if due > 0:
-            self.max_behind = max(self.max_behind, due)
-            tmpl, po, pido = self.tmpl, self.pay_off, self.pid_off
-            parts = []
-            ts = time.monotonic_ns()
-            s = self.sent
-            for seq in range(s, s + due):
-                TS.pack_into(tmpl, po, ts, seq)
-                if self.qos:
-                    struct.pack_into("!H", tmpl, pido, seq % 65535 + 1)
-                parts.append(bytes(tmpl))
-            self.transport.write(b"".join(parts))
-            self.sent += due
-        # Woken when the next message is due, not every tick: 2,000 publishers at 10 msg/s ticking
-        # each millisecond were 2 million timer calls a second, the generator's whole core.
-        self.loop.call_later(max(self.tick_s, self.t0 + (self.sent + 1) / self.rate - now), self.tick)
+        t0, period, phases, order, scheduled = self.t0, self.period, self.phases, self.order, self.scheduled
+        n = len(order)
+        j = self.at
+        while t0 + phases[j] + scheduled[j] * period <= now:
+            due = max(1, int((now - t0 - phases[j]) / period) + 1 - scheduled[j])
+            scheduled[j] += due
+            pub = order[j]
+            if not pub.lost:
+                pub.send_due(due)
+            j = j + 1 if j + 1 < n else 0
+        self.at = j
+        next_due = t0 + phases[j] + scheduled[j] * period
+        self.loop.call_later(max(self.tick_s, next_due - time.monotonic()), self.wake)
 
 
 # --------------------------------------------------------------------------- worker roles
@@ -573,7 +608,7 @@ async def role_pub(wid, cfg, sync: bl.Sync):
         cls = PacedPub if cfg["rate"] else Pub
         p = await mqtt_connect(cls, cfg["host"], cfg["port"], f"{cfg['cid']}-{i}", cfg["keepalive"])
         if cfg["rate"]:
-            p.configure_paced(topic, cfg["payload"], cfg["qos"], cfg["rate"] / cfg["total_pubs"], cfg["tick"])
+            p.configure_paced(topic, cfg["payload"], cfg["qos"])
         else:
             p.configure(
                 topic,
@@ -591,11 +626,10 @@ async def role_pub(wid, cfg, sync: bl.Sync):
     sync.ready(n=len(pubs))
     t0, tws, twe, tstop = await sync.wait_go()
     win = bl.Window(loop, tws, twe, lambda: sum(p.sent for p in pubs))
-    for p in pubs:
-        if cfg["rate"]:
-            # Each at its own phase in its period, as a fleet's devices are: not all in one burst.
-            p.start(t0 + random.uniform(0, 1 / p.rate), tstop)
-        else:
+    if cfg["rate"]:
+        Pacer(pubs, cfg["rate"] / cfg["total_pubs"], cfg["tick"]).start(t0, tstop)
+    else:
+        for p in pubs:
             bl.at(loop, t0, p.start, tstop)
     await asyncio.sleep(max(0.0, tstop - time.monotonic()) + 0.01)
     # QoS 1: wait for the outstanding PUBACKs

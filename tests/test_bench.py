@@ -54,6 +54,48 @@ def test_the_storm_and_churn_generators_read_mqtt_packets_split_anywhere() -> No
     assert len(got[2][1]) == 2 + 2 + 202 + 1  # packet id, topic, options: a two-byte length
 
 
+def test_the_pacer_sends_each_publisher_its_messages_in_order_and_on_time() -> None:
+    """mqtt_load's paced publishers share one timer: each sends at its rate, from its own phase,
+    its sequence numbers in order, none ahead of its schedule."""
+    import asyncio
+    import time
+
+    import mqtt_load
+
+    rate, seconds, pubs = 40.0, 0.5, []
+
+    class Transport:
+        def __init__(self) -> None:
+            self.writes: list[tuple[float, bytes]] = []
+
+        def write(self, data: bytes) -> None:
+            self.writes.append((time.monotonic(), data))
+
+    async def run_pacer() -> float:
+        for n in range(50):
+            pub = mqtt_load.PacedPub()
+            pub.transport = Transport()
+            pub.configure_paced(f"t/{n}", 16, 0)
+            pubs.append(pub)
+        pacer = mqtt_load.Pacer(pubs, rate, 0.001)
+        t0 = time.monotonic()
+        pacer.start(t0, t0 + seconds)
+        await asyncio.sleep(seconds + 0.05)
+        return t0
+
+    t0 = asyncio.run(run_pacer())
+    for pub in pubs:
+        packets = [data for _, data in pub.transport.writes]
+        seqs = [mqtt_load.TS.unpack_from(p, len(p) - 16)[1] for p in packets]
+        assert seqs == list(range(len(seqs))) and pub.sent == len(seqs)
+        assert rate * seconds - 1 <= len(seqs) <= rate * seconds + 1
+        first = pub.transport.writes[0][0]
+        for m, (when, _) in enumerate(pub.transport.writes):
+            assert when >= first + m / rate - 0.002  # never ahead of its schedule
+    firsts = sorted(pub.transport.writes[0][0] - t0 for pub in pubs)
+    assert firsts[-1] - firsts[0] > 0.5 / rate  # phases spread over the period, not one burst
+
+
 def test_every_peer_has_a_port_and_a_name() -> None:
     for row in table.ROWS:
         for peer in row.peers:
