@@ -595,3 +595,50 @@ def test_a_peer_that_leaves_before_its_handshake_is_no_news(
         assert not [r for r in caplog.records if r.name == poller_module.__name__]
 
     run_tls(case)
+
+
+def test_a_tls_handshake_that_waits_for_room_to_write_resumes_when_there_is_room() -> None:
+    """The server's first flight (a certificate of 400 names: about 10 KB) is more than a small
+    send buffer and the client's small window hold while the client does not read: OpenSSL wants
+    to write, the handshake waits for room (``_out`` empty), and goes on when the client reads."""
+    big = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca = trustme.CA()
+    ca.issue_cert("127.0.0.1", *(f"host-{n}.devices.example" for n in range(400))).configure_cert(big)
+    client_context = ssl.create_default_context()
+    ca.configure_trust(client_context)
+
+    async def main() -> None:
+        conns: list[Recorder] = []
+        poller = Poller(asyncio.get_running_loop(), turns=Turns(bytearray()))
+
+        def make() -> Any:
+            conns.append(Recorder())
+            return conns[-1]
+
+        (listening,) = poller.listen("127.0.0.1", 0, 16, make, big)
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # what it accepts inherits it
+        raw = socket.socket()
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)  # (before connecting: the window)
+        raw.connect(listening.getsockname()[:2])
+        raw.setblocking(False)
+        client = client_context.wrap_socket(raw, server_hostname="127.0.0.1", do_handshake_on_connect=False)
+        try:
+            with contextlib.suppress(ssl.SSLWantReadError):
+                client.do_handshake()  # the ClientHello; its answer is not read yet
+            await _until(lambda: bool(conns) and conns[0].transport is not None)
+            transport = cast(TlsTransport, conns[0].transport)
+            await _until(lambda: transport._out is not None)  # the handshake waits for room
+            assert not transport._shaken
+            transport.write(b"early")  # waits behind the handshake
+            client.settimeout(10)
+            await asyncio.to_thread(client.do_handshake)  # reads: room, and the handshake goes on
+            await asyncio.to_thread(client.sendall, b"hello")
+            await _until(lambda: bytes(conns[0].data) == b"hello")
+            assert transport._shaken
+            assert await asyncio.to_thread(_receive, client, 5) == b"early"
+        finally:
+            client.close()
+            poller.close()
+
+    asyncio.run(main())
+    uvloop.run(main())
