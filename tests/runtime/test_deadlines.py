@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.support.runtime import LineHull, LineMachine, Wire, running, settle
-from trimaran.runtime.deadlines import COALESCE_AFTER_S, COALESCE_S
+from trimaran.runtime.deadlines import MAX_STEP_MS, step_ms
 from trimaran.runtime.runner import Runner
 from trimaran.runtime.transport import GONE, NOT_SCHEDULED, Conn, Hull
 
@@ -58,33 +58,53 @@ async def test_closed_connections_leave_before_their_deadline() -> None:
         assert all(wire.conn.scheduled == NOT_SCHEDULED for wire in wires)
 
 
-async def test_far_deadlines_fall_due_together_near_ones_to_the_millisecond() -> None:
-    """Keep-alives in bulk (issue #47): deadlines more than COALESCE_AFTER_S away are held rounded
-    up to a COALESCE_S step, so 200 idle connections whose deadlines are spread over 0.4 s wake the
-    runner a few times, not 200; a deadline a second away keeps its millisecond. Each ticks once
-    it is due, never before, and at most a step late."""
+def test_a_step_is_a_power_of_two_of_milliseconds_at_most_an_eighth_of_the_wait() -> None:
+    assert [step_ms(wait) for wait in (0.0, 0.005, 0.02, 0.1, 1.0, 2.0, 2.1, 60.0)] == [
+        1,
+        1,
+        2,
+        8,
+        64,
+        128,
+        MAX_STEP_MS,
+        MAX_STEP_MS,
+    ]
+
+
+async def test_deadlines_fall_due_together_far_ones_in_coarser_steps() -> None:
+    """Keep-alives in bulk (issue #47): 200 idle connections whose deadlines are spread over 0.4 s,
+    a little more than 2 s away, are held rounded up to the coarsest step and wake the runner a few
+    times, not 200; a deadline a second away is held to 64 ms, one 5 ms away to the millisecond.
+    Each ticks once it is due, never before, and at most a step late."""
     start = time.monotonic()
-    far = [LineMachine(deadline=start + COALESCE_AFTER_S + 0.05 + i * 0.002) for i in range(200)]
+    far = [LineMachine(deadline=start + 2.1 + i * 0.002) for i in range(200)]
     near = LineMachine(deadline=start + 1.0)
+    soon = LineMachine(deadline=start + 0.005)
+    coarsest = MAX_STEP_MS / 1000
     async with running() as runner:
         for i, machine in enumerate(far):
             Wire(runner, hull_of(machine), peer=("10.0.0.1", i))
         Wire(runner, hull_of(near), peer=("10.0.0.2", 1))
+        Wire(runner, hull_of(soon), peer=("10.0.0.2", 2))
         await settle()
+        while not soon.ticks:
+            await asyncio.sleep(0.001)
+        assert soon.deadline is not None and soon.deadline <= soon.ticks[0] < soon.deadline + 0.05
         held = [(at, c.hull.machine) for at, c in runner._deadlines.held() if c.scheduled == at and c.hull]
+        held = [(at, machine) for at, machine in held if machine is not soon]  # (it is closing now)
         assert len(held) == 201
-        assert len({at for at, _ in held}) <= 4, held  # the near one and at most three steps
+        assert len({at for at, machine in held if machine is not near}) <= 3, held
         for at, held_machine in held:
             assert isinstance(held_machine, LineMachine) and held_machine.deadline is not None
-            step = 0.001 if held_machine is near else COALESCE_S
+            step = 0.064 if held_machine is near else coarsest
             assert at - step < held_machine.deadline <= at
         last = max(m.deadline or 0.0 for m in far)
-        while time.monotonic() < last + COALESCE_S + 0.5 and not all(m.ticks for m in far):
+        while time.monotonic() < last + coarsest + 0.5 and not all(m.ticks for m in far):
             await asyncio.sleep(0.05)
         for machine in [*far, near]:
             assert machine.deadline is not None
             assert machine.ticks, machine.deadline
-            assert machine.deadline <= machine.ticks[0] < machine.deadline + COALESCE_S + 0.2
+            assert machine.deadline <= machine.ticks[0] < machine.deadline + coarsest + 0.2
 
 
 async def test_a_deadline_moved_earlier_is_held_anew_and_the_stale_entries_go() -> None:

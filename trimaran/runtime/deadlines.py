@@ -1,11 +1,14 @@
 """Every connection's next deadline, in buckets: a timing wheel the runner's one timer walks.
 
-A deadline is held in the bucket of its millisecond, rounded up; one more than ``COALESCE_AFTER_S``
-away (keep-alives, heartbeats) in the bucket of its ``COALESCE_S`` step instead, so idle
-connections fall due together, a few wake-ups a second for all of them (issue #47's keep-alives in
-bulk), at most a step late. A connection is one slot in a bucket's list: a deadline heap of
-``(deadline, seq, conn)`` tuples cost a tuple, an int and a float a connection, and each entry
-taken out of it a few dozen comparisons.
+A deadline is held in the bucket of its step, rounded up: a step of a power of two of milliseconds,
+at most an eighth of the time left until it and at most ``MAX_STEP_MS``. So a deadline is never
+early and at most an eighth of its wait late, and the deadlines of many connections fall due
+together: those seconds away (keep-alives, heartbeats) in a few batches a second for all of them
+(issue #47's keep-alives in bulk), those near in finer steps. (With a millisecond each for all
+deadlines under 2 s away, 4,000 clients of a 2 s keep-alive, each looked at again 2 s before its
+deadline, woke the runner every millisecond or two.) A connection is one slot in a bucket's
+list: a deadline heap of ``(deadline, seq, conn)`` tuples cost a tuple, an int and a float a
+connection, and each entry taken out of it a few dozen comparisons.
 
 An entry is not moved when its connection's deadline moves later (traffic pushing a keep-alive
 forward): it falls due, the runner looks again and holds the connection anew. ``Conn.scheduled``
@@ -21,14 +24,23 @@ from typing import Final
 
 from trimaran.runtime.transport import GONE, NOT_SCHEDULED, Conn
 
-COALESCE_AFTER_S: Final = 2.0
-COALESCE_S: Final = 0.25
-_STEP_MS: Final = 250  # COALESCE_S in milliseconds
+MAX_STEP_MS: Final = 256  # the coarsest step: what a deadline seconds away may be late by, at most
 
 
 def _due_at(key: int) -> float:
     """When the bucket ``key`` (a monotonic millisecond) falls due, in seconds."""
     return key / 1000
+
+
+def step_ms(wait_s: float) -> int:
+    """The step of a deadline ``wait_s`` away: the largest power of two of milliseconds at most an
+    eighth of the wait, from 1 to ``MAX_STEP_MS``."""
+    eighth = int(wait_s * 125)  # (an eighth of the wait, in milliseconds)
+    if eighth >= MAX_STEP_MS:
+        return MAX_STEP_MS
+    if eighth <= 1:
+        return 1
+    return 1 << (eighth.bit_length() - 1)
 
 
 class Deadlines:
@@ -43,7 +55,7 @@ class Deadlines:
     def hold(self, conn: Conn, deadline: float, now: float) -> float:
         """Hold ``conn`` until ``deadline``; returns when its entry falls due, or ``NOT_SCHEDULED``
         when the entry it has falls due no later."""
-        step = _STEP_MS if deadline - now > COALESCE_AFTER_S else 1
+        step = step_ms(deadline - now)
         key = math.ceil(deadline * 1000 / step) * step
         if _due_at(key) < deadline:
             key += step  # (the products rounded below it: never early)

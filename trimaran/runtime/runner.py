@@ -447,8 +447,8 @@ class Runner(transport.Runner):
     # -- deadlines: one wheel, one timer -----------------------------------------------------------
 
     def watch_deadline(self, conn: Conn) -> None:
-        """Make sure ``conn``'s next deadline is held (``deadlines.py``: far ones in steps of
-        ``COALESCE_S``). A later deadline (a keep-alive pushed forward by traffic) needs no new
+        """Make sure ``conn``'s next deadline is held (``deadlines.py``: in steps of up to an eighth
+        of its wait). A later deadline (a keep-alive pushed forward by traffic) needs no new
         entry: the due entry looks again before acting."""
         deadline = conn.next_deadline()
         if deadline is None or conn.scheduled <= deadline:
