@@ -1,4 +1,4 @@
-"""runtime/poller.py: plain TCP connections on one epoll, with an asyncio transport's semantics.
+"""runtime/poller.py: TCP and TLS connections on one epoll, with an asyncio transport's semantics.
 
 Real sockets on port 0, on asyncio's loop and on uvloop; a recording stand-in for ``Conn``.
 """
@@ -12,7 +12,7 @@ import logging
 import socket
 import ssl
 import struct
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, cast
 
 import pytest
@@ -101,35 +101,50 @@ class Turns(Runner):
 Case = Callable[[Poller, Recorder, socket.socket], Awaitable[None]]
 
 
+@contextlib.asynccontextmanager
+async def _listener(
+    tls: ssl.SSLContext | None = None,
+) -> AsyncIterator[tuple[Poller, socket.socket, list[Recorder]]]:
+    """A poller with one listener on a free port (``tls``: a TLS one), and the connections it
+    accepts as they come; the poller is closed on the way out."""
+    conns: list[Recorder] = []
+    poller = Poller(asyncio.get_running_loop(), turns=Turns(bytearray()))
+
+    def make() -> Any:
+        conns.append(Recorder())
+        cast(Turns, poller._turns).reads = conns[-1].data
+        return conns[-1]
+
+    (listening,) = poller.listen("127.0.0.1", 0, 16, make, tls)
+    try:
+        yield poller, listening, conns
+    finally:
+        poller.close()
+
+
 def _serve(loop: str, case: Callable[[Poller, Recorder, Any], Awaitable[None]], tls: Any = None) -> None:
     """Run ``case`` on ``loop`` ("asyncio" or "uvloop") with a listener of a poller and one client
     connected to it. ``tls``: the server's and the client's ``SSLContext``, and the client is a
     blocking SSLSocket not yet shaken hands (else a non-blocking plain socket)."""
 
     async def main() -> None:
-        conns: list[Recorder] = []
-        poller = Poller(asyncio.get_running_loop(), turns=Turns(bytearray()))
-
-        def make() -> Any:
-            conns.append(Recorder())
-            cast(Turns, poller._turns).reads = conns[-1].data
-            return conns[-1]
-
-        (listening,) = poller.listen("127.0.0.1", 0, 16, make, None if tls is None else tls[0])
-        client = socket.create_connection(listening.getsockname()[:2])
-        if tls is None:
-            client.setblocking(False)
-        else:
-            client = tls[1].wrap_socket(
-                client, server_hostname="127.0.0.1", do_handshake_on_connect=False, suppress_ragged_eofs=False
-            )
-            client.settimeout(10)  # a server that stops answering fails the case, never hangs its thread
-        try:
-            await _until(lambda: bool(conns) and conns[0].transport is not None)
-            await case(poller, conns[0], client)
-        finally:
-            client.close()
-            poller.close()
+        async with _listener(None if tls is None else tls[0]) as (poller, listening, conns):
+            client = socket.create_connection(listening.getsockname()[:2])
+            if tls is None:
+                client.setblocking(False)
+            else:
+                client = tls[1].wrap_socket(
+                    client,
+                    server_hostname="127.0.0.1",
+                    do_handshake_on_connect=False,
+                    suppress_ragged_eofs=False,
+                )
+                client.settimeout(10)  # a server that stops answering fails the case, never hangs its thread
+            try:
+                await _until(lambda: bool(conns) and conns[0].transport is not None)
+                await case(poller, conns[0], client)
+            finally:
+                client.close()
 
     if loop == "uvloop":
         uvloop.run(main())
@@ -608,37 +623,31 @@ def test_a_tls_handshake_that_waits_for_room_to_write_resumes_when_there_is_room
     ca.configure_trust(client_context)
 
     async def main() -> None:
-        conns: list[Recorder] = []
-        poller = Poller(asyncio.get_running_loop(), turns=Turns(bytearray()))
-
-        def make() -> Any:
-            conns.append(Recorder())
-            return conns[-1]
-
-        (listening,) = poller.listen("127.0.0.1", 0, 16, make, big)
-        listening.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # what it accepts inherits it
-        raw = socket.socket()
-        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)  # (before connecting: the window)
-        raw.connect(listening.getsockname()[:2])
-        raw.setblocking(False)
-        client = client_context.wrap_socket(raw, server_hostname="127.0.0.1", do_handshake_on_connect=False)
-        try:
-            with contextlib.suppress(ssl.SSLWantReadError):
-                client.do_handshake()  # the ClientHello; its answer is not read yet
-            await _until(lambda: bool(conns) and conns[0].transport is not None)
-            transport = cast(TlsTransport, conns[0].transport)
-            await _until(lambda: transport._out is not None)  # the handshake waits for room
-            assert not transport._shaken
-            transport.write(b"early")  # waits behind the handshake
-            client.settimeout(10)
-            await asyncio.to_thread(client.do_handshake)  # reads: room, and the handshake goes on
-            await asyncio.to_thread(client.sendall, b"hello")
-            await _until(lambda: bytes(conns[0].data) == b"hello")
-            assert transport._shaken
-            assert await asyncio.to_thread(_receive, client, 5) == b"early"
-        finally:
-            client.close()
-            poller.close()
+        async with _listener(big) as (_poller, listening, conns):
+            listening.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # what it accepts inherits it
+            raw = socket.socket()
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)  # (before connecting: the window)
+            raw.connect(listening.getsockname()[:2])
+            raw.setblocking(False)
+            client = client_context.wrap_socket(
+                raw, server_hostname="127.0.0.1", do_handshake_on_connect=False
+            )
+            try:
+                with contextlib.suppress(ssl.SSLWantReadError):
+                    client.do_handshake()  # the ClientHello; its answer is not read yet
+                await _until(lambda: bool(conns) and conns[0].transport is not None)
+                transport = cast(TlsTransport, conns[0].transport)
+                await _until(lambda: transport._out is not None)  # the handshake waits for room
+                assert not transport._shaken
+                transport.write(b"early")  # waits behind the handshake
+                client.settimeout(10)
+                await asyncio.to_thread(client.do_handshake)  # reads: room, and the handshake goes on
+                await asyncio.to_thread(client.sendall, b"hello")
+                await _until(lambda: bytes(conns[0].data) == b"hello")
+                assert transport._shaken
+                assert await asyncio.to_thread(_receive, client, 5) == b"early"
+            finally:
+                client.close()
 
     asyncio.run(main())
     uvloop.run(main())
