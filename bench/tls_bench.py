@@ -86,12 +86,17 @@ def _handshakes(address: tuple[str, int], ca: str, count: int, kind: str, worker
     return {"elapsed_s": time.perf_counter() - started, "reused": reused}
 
 
+def _tls_client(
+    address: tuple[str, int], context: ssl.SSLContext, client_id: str, timeout: float = 30
+) -> ssl.SSLSocket:
+    """A TLS connection with its MQTT CONNECT answered."""
+    sock = context.wrap_socket(socket.create_connection(address, timeout=timeout), server_hostname=address[0])
+    _mqtt_connect(sock, client_id)
+    return sock
+
+
 def _cipher(address: tuple[str, int], ca: str) -> str:
-    context = ssl.create_default_context(cafile=ca)
-    with context.wrap_socket(
-        socket.create_connection(address, timeout=30), server_hostname=address[0]
-    ) as sock:
-        _mqtt_connect(sock, "tls-probe")
+    with _tls_client(address, ssl.create_default_context(cafile=ca), "tls-probe") as sock:
         name, version, _bits = sock.cipher() or ("?", "?", 0)
         sock.sendall(DISCONNECT)
         return f"{version} {name}"
@@ -132,10 +137,11 @@ def idle(running: brokers.Running, ca: str, count: int, wrap: bool) -> float:
     held: list[socket.socket] = []
     try:
         for i in range(count):
-            sock = socket.create_connection(address, timeout=30)
             if wrap:
-                sock = context.wrap_socket(sock, server_hostname=address[0])
-            _mqtt_connect(sock, f"idle-{i}")
+                sock: socket.socket = _tls_client(address, context, f"idle-{i}")
+            else:
+                sock = socket.create_connection(address, timeout=30)
+                _mqtt_connect(sock, f"idle-{i}")
             held.append(sock)
         after = settle_rss(running.pid, 10)
     finally:
@@ -149,16 +155,9 @@ PAYLOAD = bytes(64)
 BATCH = 1000  # PUBLISHes a write of the generator
 
 
-def _tls_client(address: tuple[str, int], ca: str, client_id: str) -> ssl.SSLSocket:
-    context = ssl.create_default_context(cafile=ca)
-    sock = context.wrap_socket(socket.create_connection(address, timeout=60), server_hostname=address[0])
-    _mqtt_connect(sock, client_id)
-    return sock
-
-
 def _publisher(address: tuple[str, int], ca: str, count: int, worker: int) -> None:
     os.sched_setaffinity(0, {GEN_CPU})
-    sock = _tls_client(address, ca, f"pub-{worker}")
+    sock = _tls_client(address, ssl.create_default_context(cafile=ca), f"pub-{worker}", timeout=60)
     # 16 topics in turn (a device's readings): no run of one topic forms to be routed at once.
     batch = b"".join(
         encode(Publish(topic=f"t/{worker}/{i % 16:02d}", payload=PAYLOAD), MQTT_3_1_1) for i in range(BATCH)
@@ -172,7 +171,7 @@ def _publisher(address: tuple[str, int], ca: str, count: int, worker: int) -> No
 def _subscriber(address: tuple[str, int], ca: str, expected: int, ready: Any, out: Any) -> None:
     """Reads until ``expected`` bytes came or none came for 5 s; puts (bytes, first, last) times."""
     os.sched_setaffinity(0, {GEN_CPU})
-    sock = _tls_client(address, ca, "sub")
+    sock = _tls_client(address, ssl.create_default_context(cafile=ca), "sub", timeout=60)
     sock.sendall(subscribe_packet(1, "t/#"))
     _read_exactly(sock, 5)  # the SUBACK
     sock.settimeout(5)
