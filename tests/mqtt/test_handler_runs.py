@@ -19,7 +19,7 @@ from trimaran.broker.router import Delivery, SubscriptionOptions
 from trimaran.config import Settings
 from trimaran.mqtt.codec import encode
 from trimaran.mqtt.conn import MqttConn
-from trimaran.mqtt.connection import ServerConnection, ServerLimits
+from trimaran.mqtt.connection import ClientLimits, ServerConnection, ServerLimits
 from trimaran.mqtt.handler import PUSH_BACK_BYTES, MqttEndpoint, MqttFrontEnd
 from trimaran.mqtt.packets import PubAck, Publish, PublishRun
 from trimaran.mqtt.packets import SubscriptionOptions as PacketOptions
@@ -237,7 +237,7 @@ def populate_qos1(world: World, publisher_level: int) -> None:
     world.subscriber("offline", 4, "a/#", qos=1, offline=True)
     world.subscriber("pub", publisher_level, "a/#", qos=1, no_local=True)
     world.broker.router.subscribe(world.foreign, world.key + "a/b", SubscriptionOptions(qos=1))
-    world.servers["v311-full"].client_receive_maximum = 2  # (3.1.1 has no Receive Maximum)
+    world.servers["v311-full"].client_limits = ClientLimits(2)  # (3.1.1 has no Receive Maximum)
 
 
 def stream_qos1(level: int) -> bytes:

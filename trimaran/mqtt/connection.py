@@ -89,6 +89,8 @@ from trimaran.mqtt.session import (
 from trimaran.topics import SHARE_PREFIX, TopicError, is_valid_topic_name, split_shared
 
 __all__ = [
+    "CLIENT_DEFAULTS",
+    "ClientLimits",
     "ConnectRequest",
     "ConnectionClosed",
     "ConnectionStats",
@@ -152,17 +154,68 @@ class ConnectionStats:
     packets_sent: int = 0
 
 
-class _Drops:
-    """What a connection did not send its client, by reason (``ConnectionStats``' first three):
-    made at its first drop, as most connections never drop one (three counters of every connection
-    were 24 bytes; issue 47)."""
+class ClientLimits:
+    """What a client said at its CONNECT that it takes: 5.0's Receive Maximum, Maximum Packet Size,
+    Topic Alias Maximum and Request Problem Information. One object is shared by every client that
+    said nothing (``CLIENT_DEFAULTS``), and at 3.1/3.1.1 by all of one outbound window: four fields
+    of every connection were 24 bytes (issue 47)."""
 
-    __slots__ = ("expired", "queue_full", "too_large")
+    __slots__ = ("max_packet_size", "problem_information", "receive_maximum", "topic_alias_maximum")
+
+    def __init__(
+        self,
+        receive_maximum: int = 65535,
+        max_packet_size: int = MAX_PACKET_SIZE,
+        topic_alias_maximum: int = 0,
+        problem_information: bool = True,
+    ) -> None:
+        self.receive_maximum = receive_maximum  # the outbound window
+        self.max_packet_size = max_packet_size
+        self.topic_alias_maximum = topic_alias_maximum  # 0: no outbound aliases
+        self.problem_information = problem_information  # False: no reason strings or user properties
+
+
+CLIENT_DEFAULTS: Final = ClientLimits()
+# The 3.1/3.1.1 clients' limits by the server's window for them (one entry a setting).
+_LEGACY_LIMITS: Final[dict[int, ClientLimits]] = {}
+
+
+def _legacy_limits(window: int) -> ClientLimits:
+    known = _LEGACY_LIMITS.get(window)
+    if known is None:
+        known = _LEGACY_LIMITS[window] = ClientLimits(window)
+    return known
+
+
+class _Extras:
+    """What a connection holds only once it uses it: its drops' counters and the last drop's
+    reason, topic aliases, QoS 2 resends held, a run walked a PUBLISH at a time, a clock other than
+    the wall's. Made at the first use of any, as most connections use none (seven fields of every
+    connection were 56 bytes; issue 47)."""
+
+    __slots__ = (
+        "aliases",
+        "clock",
+        "dropped_why",
+        "expired",
+        "held_resends",
+        "queue_full",
+        "too_large",
+        "walk_at",
+        "walk_run",
+    )
 
     def __init__(self) -> None:
-        self.too_large = 0  # larger than the client's Maximum Packet Size
-        self.queue_full = 0  # its offline session's queue was full
-        self.expired = 0  # its Message Expiry Interval ran out before it was sent
+        self.too_large = 0  # not sent: larger than the client's Maximum Packet Size
+        self.queue_full = 0  # not sent: its offline session's queue was full
+        self.expired = 0  # not sent: its Message Expiry Interval ran out first
+        self.dropped_why = ""  # why `publish` or `publish_encoded` last returned False (a DROP_ name)
+        self.aliases: _Aliases | None = None
+        self.held_resends: set[int] | None = None  # see settle_resend
+        # A run being read one PUBLISH at a time (walk_run), and the next one's index in its packets.
+        self.walk_run: PublishRun | None = None
+        self.walk_at = 0
+        self.clock: Callable[[], float] = time.time  # epoch seconds, for OutboundMessage.expires_at
 
 
 class _Aliases:
@@ -222,12 +275,9 @@ class ServerConnection(Decoder):
     issue 47)."""
 
     __slots__ = (
-        "_aliases",
-        "_clock",
         "_connect",
         "_deadline",
-        "_drops",
-        "_held_resends",
+        "_extras",
         "_inbound_unacked",
         "_last_rx",
         "_out",
@@ -235,22 +285,15 @@ class ServerConnection(Decoder):
         "_ready",
         "_ready_at",
         "_valid_topic",
-        "_walk_at",
-        "_walk_run",
         "client_id",
-        "client_max_packet_size",
-        "client_receive_maximum",
-        "client_topic_alias_maximum",
-        "dropped_why",
+        "client_limits",
         "keep_alive",
         "limits",
         "packets_received",
         "packets_sent",
         "pending_out",
         "report_plain_acks",
-        "request_problem_information",
         "session",
-        "session_expiry_interval",
         "state",
         "uses_topic_aliases",
     )
@@ -269,24 +312,21 @@ class ServerConnection(Decoder):
         # decoder's `protocol_level` is the machine's: 0, then 3, 4 or 5 as the CONNECT is read (a
         # field: deliveries ask).
         super().__init__(min(limits.max_packet_size, limits.max_packet_size_unauthenticated))
-        # The flags first, after the decoder's last field (`runs`): compiled, the four share one word.
+        # The flags first, after the decoder's last field (`runs`): compiled, the three share one word.
         self.runs = limits.publish_runs
         # Whether PUBLISHes to this client carry outbound topic aliases, so that each is encoded for
         # this connection alone (`publish` does that; `publish_encoded` would send the full topic).
         # Known at CONNECT; a field, as every delivery asks.
         self.uses_topic_aliases = False
-        self.request_problem_information = True
         # MessageAcked for every finished delivery; False: only for tagged ones (a hull that has
         # nothing to do when a plain pub/sub delivery is acknowledged saves an event per message).
         self.report_plain_acks = True
         self.limits = limits
-        self._clock = clock
         self.state: str = State.AWAIT_CONNECT
         # Bytes for the client until data_to_send(); None when there are none (an idle connection
         # holds no list: 56 bytes, issue #47).
         self._out: list[bytes] | None = None
         self.pending_out = 0  # bytes of PUBLISHes in _out: a subscriber's backlog not yet written
-        self.dropped_why = ""  # why `publish` or `publish_encoded` last returned False (a DROP_ name)
         self._connect: Connect | None = None
         # When tick() must be called; NO_DEADLINE for never. A float, not an optional one: compiled,
         # a field rather than an object made by every read.
@@ -295,14 +335,9 @@ class ServerConnection(Decoder):
         self.keep_alive = 0
         self.client_id = ""
         self.session: Session | None = None
-        self.session_expiry_interval = 0
-        self.client_receive_maximum = 65535
-        self.client_max_packet_size = MAX_PACKET_SIZE
-        self.client_topic_alias_maximum = 0
+        self.client_limits = CLIENT_DEFAULTS  # the client's, once its CONNECT is read
         # Client packet id -> QoS, not yet acked by the handler; made by the first QoS 1/2 PUBLISH.
         self._inbound_unacked: dict[int, int] | None = None
-        self._held_resends: set[int] | None = None  # see settle_resend
-        self._aliases: _Aliases | None = None
         # SUBSCRIBEs the hull has not answered: made by one, dropped when all are answered.
         self._pending_subscribes: dict[int, Subscribe] | None = None
         # What next_event() hands out, in order, from _ready_at; None when all were handed out (an
@@ -310,14 +345,13 @@ class ServerConnection(Decoder):
         self._ready: Events | None = None
         self._ready_at = 0
         self._valid_topic: str | None = None  # the last topic name checked: publishers repeat theirs
-        # A run being read one PUBLISH at a time (walk_run), and the next one's index in its packets.
-        self._walk_at = 0
-        self._walk_run: PublishRun | None = None
         # ConnectionStats' counters: those of every packet as fields (an object of their own would
-        # be 72 bytes of every connection, issue #47), the drops' made by the first.
-        self._drops: _Drops | None = None
+        # be 72 bytes of every connection, issue #47), the drops' in the extras.
         self.packets_received = 0
         self.packets_sent = 0
+        self._extras: _Extras | None = None
+        if clock is not time.time:  # (last: compiled, the fields above are set before any call)
+            self._extra().clock = clock
 
     # ------------------------------------------------------------------------------------- public
 
@@ -339,19 +373,36 @@ class ServerConnection(Decoder):
     @property
     def stats(self) -> ConnectionStats:
         """The counters, as they stand."""
-        drops = self._drops
-        if drops is None:
+        extras = self._extras
+        if extras is None:
             return ConnectionStats(0, 0, 0, self.packets_received, self.packets_sent)
         return ConnectionStats(
-            drops.too_large, drops.queue_full, drops.expired, self.packets_received, self.packets_sent
+            extras.too_large, extras.queue_full, extras.expired, self.packets_received, self.packets_sent
         )
 
-    def _dropped(self) -> _Drops:
-        """The drop counters, to count one."""
-        drops = self._drops
-        if drops is None:
-            drops = self._drops = _Drops()
-        return drops
+    @property
+    def dropped_why(self) -> str:
+        """Why `publish` or `publish_encoded` last returned False (a DROP_ name)."""
+        extras = self._extras
+        return "" if extras is None else extras.dropped_why
+
+    @property
+    def session_expiry_interval(self) -> int:
+        """The session's, in seconds (0xFFFFFFFF: never); 0 before it is accepted."""
+        session = self.session
+        return 0 if session is None else session.expiry_interval
+
+    def _extra(self) -> _Extras:
+        """The extras, to use one."""
+        extras = self._extras
+        if extras is None:
+            extras = self._extras = _Extras()
+        return extras
+
+    def _dropped(self, why: str) -> bool:
+        """False, for a message `publish` or `publish_encoded` did not send, and why."""
+        self._extra().dropped_why = why
+        return False
 
     def data_to_send(self) -> bytes:
         """All bytes queued for the client since the last call (b"" if none)."""
@@ -389,7 +440,9 @@ class ServerConnection(Decoder):
             # Packets are decoded while connected or awaiting CONNECT (CONNECTING waits for the hull's
             # accept or reject): compared as constants, where a set's lookup cost ten times as much.
             while not ready and (self.state == State.CONNECTED or self.state == State.AWAIT_CONNECT):
-                if self._walk_run is not None:  # a run's PUBLISHes, each its own event, before the rest
+                extras = self._extras
+                if extras is not None and extras.walk_run is not None:
+                    # a run's PUBLISHes, each its own event, before the rest
                     ready = self._pending()
                     try:
                         self._on_publish(self._walked(), ready)
@@ -529,13 +582,13 @@ class ServerConnection(Decoder):
                 max_queued=self.limits.max_queued_messages,
                 max_queued_bytes=self.limits.max_queued_bytes,
             )
-        session.expiry_interval = self.session_expiry_interval
+        session.expiry_interval = self._requested_expiry(connect)
         self.session = session
         props = properties.copy() if properties is not None else Properties()
         if level == MQTT_5:
             self._connack_properties(connect, props)
             if props.session_expiry_interval is not None:
-                self.session_expiry_interval = session.expiry_interval = props.session_expiry_interval
+                session.expiry_interval = props.session_expiry_interval
         ack = ConnAck(session_present and level > 3, 0, props)
         self._send(ack)
         self.state = State.CONNECTED
@@ -570,28 +623,22 @@ class ServerConnection(Decoder):
         """
         if message.qos == 0:
             if self.state != State.CONNECTED:
-                self.dropped_why = DROP_NOT_CONNECTED
-                return False
+                return self._dropped(DROP_NOT_CONNECTED)
             why = self._send_publish(message, 0, None, False)
-            if why is None:
-                return True
-            self.dropped_why = why
-            return False
+            return True if why is None else self._dropped(why)
         if self.session is None:
-            self.dropped_why = DROP_NOT_CONNECTED
-            return False
+            return self._dropped(DROP_NOT_CONNECTED)
         if (
             self.state == State.CONNECTED
-            and self.client_max_packet_size < MAX_PACKET_SIZE  # _fits's shortcut, without the call
+            and self.client_limits.max_packet_size < MAX_PACKET_SIZE  # _fits's shortcut, without the call
             and not self._fits(message)
         ):
-            self._dropped().too_large += 1
-            self.dropped_why = DROP_TOO_LARGE
-            return False
+            self._extra().too_large += 1
+            return self._dropped(DROP_TOO_LARGE)
         session = self.session
         inflight = session.inflight
         if self.state == State.CONNECTED and (
-            inflight is None or len(inflight) < self.client_receive_maximum
+            inflight is None or len(inflight) < self.client_limits.receive_maximum
         ):
             if not session.queue.items:
                 # Room in the window and nothing waiting before it: straight to inflight
@@ -615,9 +662,8 @@ class ServerConnection(Decoder):
             session.backlog().append(message)  # unbounded here: the hull holds the publishers
             return True
         if not session.enqueue(message):
-            self._dropped().queue_full += 1
-            self.dropped_why = DROP_OFFLINE_QUEUE_FULL
-            return False
+            self._extra().queue_full += 1
+            return self._dropped(DROP_OFFLINE_QUEUE_FULL)
         return True
 
     def publish_encoded(self, data: bytes) -> bool:
@@ -626,13 +672,11 @@ class ServerConnection(Decoder):
         (its interval counts down per send) and for a client that `uses_topic_aliases`.
         False if not connected or larger than the client's Maximum Packet Size (counted)."""
         if self.state != State.CONNECTED:
-            self.dropped_why = DROP_NOT_CONNECTED
-            return False
+            return self._dropped(DROP_NOT_CONNECTED)
         size = len(data)
-        if size > self.client_max_packet_size:
-            self._dropped().too_large += 1
-            self.dropped_why = DROP_TOO_LARGE
-            return False
+        if size > self.client_limits.max_packet_size:
+            self._extra().too_large += 1
+            return self._dropped(DROP_TOO_LARGE)
         out = self._out
         if out is None:
             self._out = [data]
@@ -647,7 +691,7 @@ class ServerConnection(Decoder):
         PublishRun, or `codec.encode_run`), ``largest`` the size of the largest: `publish_encoded` for
         each, at once. False, and nothing sent, if not connected or one is larger than the client's
         Maximum Packet Size: the caller then sends them one by one."""
-        if self.state != State.CONNECTED or largest > self.client_max_packet_size:
+        if self.state != State.CONNECTED or largest > self.client_limits.max_packet_size:
             return False
         # `_queue_packets`' queueing, written out: a paced publisher's lone message takes this path
         # once a subscriber, and a shared helper cost it a call (42.0 -> 43.3 a message, measured).
@@ -672,7 +716,7 @@ class ServerConnection(Decoder):
             self.state != State.CONNECTED
             or session is None
             or self.uses_topic_aliases
-            or run.largest > self.client_max_packet_size
+            or run.largest > self.client_limits.max_packet_size
         ):
             return False
         packets = run_packets(run)
@@ -685,7 +729,7 @@ class ServerConnection(Decoder):
             items = queue.items = []
         # Within the window, and so within the 65535 packet ids, whatever the limits say: the ids
         # need no check a message.
-        room = 0 if items else min(self.client_receive_maximum, 0xFFFF) - len(inflight)
+        room = 0 if items else min(self.client_limits.receive_maximum, 0xFFFF) - len(inflight)
         back = 3 if self.protocol_level == MQTT_5 else 2  # the packet id's place, before the payload
         # What is sent is the run as read, each packet id replaced by ours in place: one copy of
         # the run, not three pieces a message.
@@ -727,7 +771,7 @@ class ServerConnection(Decoder):
             if last < len(out):
                 del out[last:]  # the rest waits in the session
             self._queue_packets(bytes(out), sent)
-        if items and len(inflight) < self.client_receive_maximum:
+        if items and len(inflight) < self.client_limits.receive_maximum:
             self._pump(self._pending())  # room, but the queue was not empty: its head goes first
         return True
 
@@ -736,8 +780,9 @@ class ServerConnection(Decoder):
         it had been read alone, before anything read after them: for the runs the hull cannot take
         whole (refused, a ``$`` topic, a broker that must see each publish)."""
         run_packets(run)  # cut once (run.packets), read a packet at a time
-        self._walk_at = 0
-        self._walk_run = run
+        extras = self._extra()
+        extras.walk_at = 0
+        extras.walk_run = run
 
     def ack_run(self, run: PublishRun) -> None:
         """Acknowledge each PUBLISH of a QoS 1 run (its event, taken whole): plain PUBACKs, in
@@ -795,7 +840,8 @@ class ServerConnection(Decoder):
         connection of the session, whose ``ack_publish`` has just run) is acknowledged: answer the
         resend alike. A 3.1.1 refusal is only forgotten here: 3.1.1 refuses by closing, which is the
         caller's to do. False when no resend of ``packet_id`` is held here."""
-        held = self._held_resends
+        extras = self._extras
+        held = None if extras is None else extras.held_resends
         if held is None or packet_id not in held:
             return False
         if reason_code >= 0x80 and self.protocol_level < MQTT_5:
@@ -865,7 +911,7 @@ class ServerConnection(Decoder):
     def _pong(self) -> None:
         """A PINGRESP: two constant bytes, nothing to make or encode (an idle connection's one
         exchange); a client whose Maximum Packet Size is 1 gets none, as from _send."""
-        if self.client_max_packet_size >= 2:
+        if self.client_limits.max_packet_size >= 2:
             out = self._out
             if out is None:
                 self._out = [PINGRESP_BYTES]
@@ -873,7 +919,7 @@ class ServerConnection(Decoder):
                 out.append(PINGRESP_BYTES)
             self.packets_sent += 1
         else:
-            self._dropped().too_large += 1
+            self._extra().too_large += 1
 
     def _on_packet(self, packet: Packet, events: Events) -> None:
         if isinstance(packet, Publish):
@@ -915,11 +961,20 @@ class ServerConnection(Decoder):
             )
             return
         if level == MQTT_5:
-            self.client_receive_maximum = props.receive_maximum or 65535
-            self.client_max_packet_size = props.maximum_packet_size or MAX_PACKET_SIZE
-            self.client_topic_alias_maximum = props.topic_alias_maximum or 0
-            self.uses_topic_aliases = self.client_topic_alias_maximum > 0 and limits.outbound_topic_aliases
-            self.request_problem_information = props.request_problem_information != 0
+            if (
+                props.receive_maximum
+                or props.maximum_packet_size
+                or props.topic_alias_maximum
+                or props.request_problem_information == 0
+            ):
+                self.client_limits = ClientLimits(
+                    props.receive_maximum or 65535,
+                    props.maximum_packet_size or MAX_PACKET_SIZE,
+                    props.topic_alias_maximum or 0,
+                    props.request_problem_information != 0,
+                )
+                aliases = self.client_limits.topic_alias_maximum > 0
+                self.uses_topic_aliases = aliases and limits.outbound_topic_aliases
             if props.authentication_method is not None and (
                 props.authentication_method not in limits.authentication_methods
             ):
@@ -928,7 +983,7 @@ class ServerConnection(Decoder):
                 )
                 return
         else:
-            self.client_receive_maximum = limits.max_inflight_legacy
+            self.client_limits = _legacy_limits(limits.max_inflight_legacy)
         # Client identifier.
         client_id = connect.client_id
         assigned = False
@@ -963,16 +1018,19 @@ class ServerConnection(Decoder):
         if cap is not None and (keep_alive == 0 or (keep_alive > cap and level == MQTT_5)):
             keep_alive = cap
         self.keep_alive = keep_alive
-        # Session expiry.
-        if level == MQTT_5:
-            expiry = props.session_expiry_interval or 0
+        self.state = State.CONNECTING
+        expiry = self._requested_expiry(connect)
+        events.append(ConnectRequest(connect, client_id, assigned, keep_alive, expiry))
+
+    def _requested_expiry(self, connect: Connect) -> int:
+        """The session expiry the CONNECT asks for, within the server's cap (asked again by
+        ``accept``: the session holds it from then on, the machine no copy)."""
+        if connect.protocol_level == MQTT_5:
+            expiry = connect.properties.session_expiry_interval or 0
         else:
             expiry = 0 if connect.clean_start else NO_EXPIRY
-        if limits.maximum_session_expiry is not None:
-            expiry = min(expiry, limits.maximum_session_expiry)
-        self.session_expiry_interval = expiry
-        self.state = State.CONNECTING
-        events.append(ConnectRequest(connect, client_id, assigned, keep_alive, expiry))
+        cap = self.limits.maximum_session_expiry
+        return expiry if cap is None else min(expiry, cap)
 
     def _connack_properties(self, connect: Connect, props: Properties) -> None:
         limits = self.limits
@@ -1030,16 +1088,18 @@ class ServerConnection(Decoder):
 
     def _walked(self) -> Publish:
         """The next PUBLISH of the run being walked, as the decoder would have read it alone."""
-        run = self._walk_run
+        extras = self._extras
+        assert extras is not None
+        run = extras.walk_run
         assert run is not None and run.packets is not None
-        at = self._walk_at
+        at = extras.walk_at
         wire, payload = run.packets[at]
         topic = run.topic if run.topics is None else run.topics[at]
         at += 1
         if at == run.count:
-            self._walk_run = None
+            extras.walk_run = None
             at = 0
-        self._walk_at = at
+        extras.walk_at = at
         packet_id = None
         if run.qos:
             pos = 1
@@ -1111,9 +1171,10 @@ class ServerConnection(Decoder):
                 # The first copy came on an earlier connection of this session and is not yet
                 # acknowledged (its commit runs): this one is answered with it (settle_resend).
                 unacked[pid] = 2
-                held = self._held_resends
+                extras = self._extra()
+                held = extras.held_resends
                 if held is None:
-                    held = self._held_resends = set()
+                    held = extras.held_resends = set()
                 held.add(pid)
                 return
         elif pid in unacked:
@@ -1141,8 +1202,9 @@ class ServerConnection(Decoder):
         pending = self.session.inbound_pending
         if pending is not None:
             pending.pop(packet_id, None)
-        if self._held_resends is not None:
-            self._held_resends.discard(packet_id)
+        extras = self._extras
+        if extras is not None and extras.held_resends is not None:
+            extras.held_resends.discard(packet_id)
 
     def _on_pubrel(self, packet: PubRel) -> None:
         assert self.session is not None
@@ -1282,7 +1344,6 @@ class ServerConnection(Decoder):
         if expiry is not None:
             if self.session_expiry_interval == 0 and expiry != 0:
                 raise _Fail(ReasonCode.PROTOCOL_ERROR, "session expiry set on DISCONNECT after 0 on CONNECT")
-            self.session_expiry_interval = expiry
             if self.session is not None:
                 self.session.expiry_interval = expiry
         self.state = State.CLOSED
@@ -1336,7 +1397,7 @@ class ServerConnection(Decoder):
         if (
             level == MQTT_5
             and isinstance(packet, _PROBLEM_INFO_PACKETS)
-            and not self.request_problem_information
+            and not self.client_limits.problem_information
         ):
             props = packet.properties
             if props.reason_string is not None or props.user_properties:
@@ -1344,7 +1405,7 @@ class ServerConnection(Decoder):
                 props.reason_string = None
                 props.user_properties = []
         data = encode(packet, level)
-        if len(data) > self.client_max_packet_size and not isinstance(packet, Publish):
+        if len(data) > self.client_limits.max_packet_size and not isinstance(packet, Publish):
             # Reason string and user properties are the only optional parts (section 3.1.2.11.4).
             original = getattr(packet, "properties", None)
             if isinstance(original, Properties):
@@ -1353,8 +1414,8 @@ class ServerConnection(Decoder):
                 slim.user_properties = []
                 packet.properties = slim  # type: ignore[union-attr]
                 data = encode(packet, level)
-        if len(data) > self.client_max_packet_size:
-            self._dropped().too_large += 1
+        if len(data) > self.client_limits.max_packet_size:
+            self._extra().too_large += 1
             return False
         out = self._out
         if out is None:
@@ -1365,11 +1426,11 @@ class ServerConnection(Decoder):
         return True
 
     def _fits(self, message: OutboundMessage) -> bool:
-        if self.client_max_packet_size >= MAX_PACKET_SIZE:
+        if self.client_limits.max_packet_size >= MAX_PACKET_SIZE:
             return True
         publish = Publish(message.topic, message.payload, message.qos, message.retain, False,
                           1 if message.qos else None, message.properties)  # fmt: skip
-        return len(encode(publish, self.protocol_level)) <= self.client_max_packet_size
+        return len(encode(publish, self.protocol_level)) <= self.client_limits.max_packet_size
 
     def _send_publish(
         self, message: OutboundMessage, qos: int, packet_id: int | None, dup: bool
@@ -1394,9 +1455,10 @@ class ServerConnection(Decoder):
             )
         else:
             if message.expires_at is not None:
-                remaining = message.expires_at - self._clock()
+                extras = self._extras
+                remaining = message.expires_at - (time.time() if extras is None else extras.clock())
                 if remaining <= 0 and not dup:  # a resend is already on its way: finish it
-                    self._dropped().expired += 1
+                    self._extra().expired += 1
                     return DROP_EXPIRED
                 if remaining > 0 and level == MQTT_5:
                     props = props.copy()
@@ -1414,14 +1476,14 @@ class ServerConnection(Decoder):
                 if not new_alias:
                     publish.topic = ""
             data = encode(publish, level)
-            if alias and len(data) > self.client_max_packet_size:
+            if alias and len(data) > self.client_limits.max_packet_size:
                 publish.topic = message.topic
                 publish.properties = props
                 alias = 0
                 data = encode(publish, level)
         size = len(data)
-        if size > self.client_max_packet_size:
-            self._dropped().too_large += 1
+        if size > self.client_limits.max_packet_size:
+            self._extra().too_large += 1
             return DROP_TOO_LARGE
         if alias and new_alias:
             self._commit_alias(message.topic, alias)
@@ -1435,22 +1497,23 @@ class ServerConnection(Decoder):
         return None
 
     def _topic_aliases(self) -> _Aliases:
-        known = self._aliases
+        extras = self._extra()
+        known = extras.aliases
         if known is None:
-            known = self._aliases = _Aliases()
+            known = extras.aliases = _Aliases()
         return known
 
     def _commit_alias(self, topic: str, alias: int) -> None:
         known = self._topic_aliases()
         aliases = known.outbound
-        if len(aliases) >= self.client_topic_alias_maximum:
+        if len(aliases) >= self.client_limits.topic_alias_maximum:
             # All aliases taken: reuse this number, forgetting the topic it stood for.
             for old_topic, old_alias in aliases.items():
                 if old_alias == alias:
                     del aliases[old_topic]
                     break
         aliases[topic] = alias
-        known.next_outbound = alias % self.client_topic_alias_maximum + 1
+        known.next_outbound = alias % self.client_limits.topic_alias_maximum + 1
 
     def _send_inflight(self, entry: OutboundMessage, events: Events) -> None:
         if entry.state == AWAITING_PUBCOMP:
@@ -1472,7 +1535,7 @@ class ServerConnection(Decoder):
             return
         inflight = session.inflight
         # Within the window, and so within the 65535 packet ids (no check a message below).
-        window = min(self.client_receive_maximum, 0xFFFF)
+        window = min(self.client_limits.receive_maximum, 0xFFFF)
         taken = session.queue.take(window - (0 if inflight is None else len(inflight)))
         if not taken:
             return
@@ -1482,7 +1545,7 @@ class ServerConnection(Decoder):
         # start_inflight() and _send_publish() written out, once per message of a subscriber that
         # is behind (a PUBACK makes room for the next).
         parts: list[bytes] | None = None
-        limit = 0 if self.uses_topic_aliases else self.client_max_packet_size
+        limit = 0 if self.uses_topic_aliases else self.client_limits.max_packet_size
         v5 = self.protocol_level == MQTT_5
         between = 3 if v5 else 2  # the packet id, and at 5.0 the empty properties' byte
         for message in taken:

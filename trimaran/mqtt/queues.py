@@ -491,7 +491,7 @@ class MqttQueues:
     def grant_initial_credit(self, conn: QueueConn, subscription: QueueSubscription) -> None:
         if subscription.handle is None:
             return
-        window = QOS0_CREDIT if not subscription.qos else max(1, conn.mqtt.client_receive_maximum)
+        window = QOS0_CREDIT if not subscription.qos else max(1, conn.mqtt.client_limits.receive_maximum)
         subscription.handle.add_credit(window)
 
     def unsubscribe(self, conn: QueueConn, topic_filter: str) -> None:
