@@ -12,7 +12,6 @@ from trimaran.mqtt.connection import ServerConnection
 from trimaran.mqtt.handler import MqttFrontEnd
 from trimaran.runtime.runner import Runner
 from trimaran.runtime.transport import Conn, Listening
-from trimaran.security.guard import Principal
 from trimaran.vhosts import prefix
 
 
@@ -28,7 +27,7 @@ def test_what_the_registry_lists_is_asked_of_the_connection() -> None:
     conn = _conn()
     conn.mqtt.client_id = "sensor-7"
     conn.io.vhost = "plant"
-    conn.principal = Principal("mqtt", "alice", "sensor-7", "10.0.0.7")
+    conn.io.user = "alice"  # what the login let in
     registry = ClientRegistry()
     registry.add(conn)
     assert conn.serial == 1 and conn.slot == 0 and conn.since_ms > 0

@@ -80,7 +80,9 @@ class MqttConn(Hull):
         # and a weak-reference slot, 16 bytes of every connection (issue 47). Its readers in the
         # handler name its type (``endpoint: MqttEndpoint | None = conn.endpoint``).
         self.endpoint: Any = None
-        self.principal: Principal | None = None  # who logged in: what the rules let it do
+        # Who logged in, once it remembers a check (the front end's _who: most never do); the
+        # login's user and vhost are the runtime connection's.
+        self.principal: Principal | None = None
         self._queue_bindings: ConnQueues | None = None  # made when the connection first uses a queue
         self.serial = 0  # its number in the client registry: 0 until its login was accepted
         self.since_ms = 0
@@ -104,8 +106,7 @@ class MqttConn(Hull):
 
     @property
     def user(self) -> str | None:
-        principal = self.principal
-        return None if principal is None else principal.user
+        return self.io.user
 
     @property
     def vhost(self) -> str:

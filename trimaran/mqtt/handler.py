@@ -624,9 +624,10 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
             self._client_event(CLIENT_AUTH_FAILED, conn, request.client_id, user, reason=reason)
             machine.reject(refusal)
             return
-        conn.principal = principal
         conn.io.vhost = vhost
         conn.io.user = login.user
+        if principal.memo is not None:  # the will's check remembered something (_who)
+            conn.principal = principal
         self._wills.pop(client_id, None)  # a reconnect within the Will Delay Interval cancels the will
         if endpoint is not None and endpoint.conn is not None:
             old = endpoint.conn.peer
@@ -806,29 +807,30 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
         io.messages_in += 1
         self.broker.stats.messages_received += 1
         principal = conn.principal
+        if principal is None:
+            principal = conn.principal = self._who(conn)  # its first publish: kept, with its memo
         security = self.security
         # A topic allowed last time under the same rules is allowed again (a publisher mostly
         # repeats its topic: no call then). Without rules only a write to $SYS or $vhost/ is
         # refused (Security.allowed): the rest need not ask.
-        if principal is not None:
-            memo = principal.memo
-            if memo is None or memo.generation != security.generation:
-                memo = principal.memo_for(security.generation)  # the first publish, or the rules moved
-            if publish.topic != memo.last_write:
-                topic = publish.topic
-                if security.rules is not None or (topic[0] == "$" and is_guarded(topic)):
-                    access, target = publish_access(topic)
-                    if not security.authorize(principal, access, target):
-                        self._publish_refused(conn, publish.packet_id if publish.qos else None)
-                        return
-                # RabbitMQ's patterns: a topic writes amq.topic, allowed once per permissions' generation.
-                if (
-                    (memo.last_exchange is None or topic[0] == "$")
-                    and not self._permits_publish(principal, topic)
-                ) or (memo.keyed and not self._permits_key(principal, WRITE, topic)):
+        memo = principal.memo
+        if memo is None or memo.generation != security.generation:
+            memo = principal.memo_for(security.generation)  # the first publish, or the rules moved
+        if publish.topic != memo.last_write:
+            topic = publish.topic
+            if security.rules is not None or (topic[0] == "$" and is_guarded(topic)):
+                access, target = publish_access(topic)
+                if not security.authorize(principal, access, target):
                     self._publish_refused(conn, publish.packet_id if publish.qos else None)
                     return
-                memo.last_write = topic
+            # RabbitMQ's patterns: a topic writes amq.topic, allowed once per permissions' generation.
+            if (
+                (memo.last_exchange is None or topic[0] == "$")
+                and not self._permits_publish(principal, topic)
+            ) or (memo.keyed and not self._permits_key(principal, WRITE, topic)):
+                self._publish_refused(conn, publish.packet_id if publish.qos else None)
+                return
+            memo.last_write = topic
         message = message_from_publish(
             publish, endpoint.client_id, conn.io.runner.read_at_ms, endpoint.vhost_prefix
         )
@@ -910,21 +912,22 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
         ):
             return False
         principal = conn.principal
+        if principal is None:
+            principal = conn.principal = self._who(conn)
         security = self.security
-        if principal is not None:
-            memo = principal.memo
-            if memo is None or memo.generation != security.generation:
-                memo = principal.memo_for(security.generation)
-            if topic != memo.last_write:
-                if security.rules is not None:
-                    access, target = publish_access(topic)
-                    if not security.authorize(principal, access, target):
-                        return False  # each refused as publish_received refuses it
-                if (memo.last_exchange is None and not self._permits_publish(principal, topic)) or (
-                    memo.keyed and not self._permits_key(principal, WRITE, topic)
-                ):
+        memo = principal.memo
+        if memo is None or memo.generation != security.generation:
+            memo = principal.memo_for(security.generation)
+        if topic != memo.last_write:
+            if security.rules is not None:
+                access, target = publish_access(topic)
+                if not security.authorize(principal, access, target):
                     return False  # each refused as publish_received refuses it
-                memo.last_write = topic
+            if (memo.last_exchange is None and not self._permits_publish(principal, topic)) or (
+                memo.keyed and not self._permits_key(principal, WRITE, topic)
+            ):
+                return False  # each refused as publish_received refuses it
+            memo.last_write = topic
         return True
 
     def _take_run(self, conn: MqttConn, run: PublishRun, deliveries: Sequence[Delivery[Any]]) -> None:
@@ -1031,6 +1034,19 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
             return self._permits_key(principal, READ, subscription_filter(topic_filter))
         return True
 
+    def _who(self, conn: MqttConn) -> Principal:
+        """The principal of a logged-in connection: the one it keeps, or one made from what the
+        connection holds (its login's user and vhost, its client id, its peer's address). A
+        connection keeps its principal once the principal remembers something (its memo: verdicts,
+        refusals told, queues it made; every publisher's), so that one never checked, or checked
+        only against the permission patterns, holds none (88 bytes compiled, issue 47)."""
+        principal = conn.principal
+        if principal is None:
+            io = conn.io
+            principal = self.security.principal("mqtt", io.user, conn.mqtt.client_id, io.peer_host)
+            principal.vhost = io.vhost  # whose permission patterns apply
+        return principal
+
     def _grant(
         self, principal: Principal | None, endpoint: MqttEndpoint, topic_filter: str, qos: int = 0
     ) -> bool | Callable[[str], bool]:
@@ -1054,12 +1070,15 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
 
     def _recheck(self, endpoint: MqttEndpoint) -> None:
         conn = endpoint.conn
-        if conn is None or conn.principal is None:
+        if conn is None:
             return
+        principal = self._who(conn)
         routed = self.broker.router.subscriptions_of(endpoint)
         checked = {s.topic_filter[endpoint.cut :] for s in routed if s.options.reads}
         for topic_filter, subscription in list(endpoint.subscriptions.items()):
-            grant = self._grant(conn.principal, endpoint, topic_filter, subscription.options.qos)
+            grant = self._grant(principal, endpoint, topic_filter, subscription.options.qos)
+            if principal.memo is not None:
+                conn.principal = principal
             if grant is not False:
                 if grant is not True or topic_filter in checked:  # (re)bound to this login's rules
                     self._route(endpoint, subscription, None if grant is True else grant)
@@ -1106,13 +1125,16 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
         # (filter, granted qos, index, the check of each topic when only some may be read)
         retained: list[tuple[str, int, int, Callable[[str], bool] | None]] = []
         queue_filters: list[str] = []
+        principal = self._who(conn)
         for index, (topic_filter, options) in enumerate(request.subscriptions):
             preset = request.preset[index]
             if preset is not None:
                 codes.append(preset)
                 continue
             granted = min(options.qos, self.limits.maximum_qos)
-            grant = self._grant(conn.principal, endpoint, topic_filter, granted)
+            grant = self._grant(principal, endpoint, topic_filter, granted)
+            if principal.memo is not None:
+                conn.principal = principal
             if grant is False:
                 codes.append(ReasonCode.NOT_AUTHORIZED)  # 3.1.1: 0x80 (the machine maps it)
                 continue
