@@ -199,6 +199,18 @@ class Listening:
         self.factory = factory
 
 
+class _Flow:
+    """A connection's flow control, made at its first use, as most connections never need it
+    (three fields of every connection were 24 bytes; issue 47)."""
+
+    __slots__ = ("gate", "held_by", "rate")
+
+    def __init__(self) -> None:
+        self.gate: Gate | None = None  # the publishers waiting for this one (made at the first hold)
+        self.held_by = 0  # slow readers this connection's publishes wait for (push_back)
+        self.rate: Rate | None = None  # the user's token buckets, when it has a rate limit
+
+
 class Conn:
     """The runtime's side of one connection. Hulls hold it as their ``io``.
 
@@ -208,8 +220,7 @@ class Conn:
 
     __slots__ = (
         "_first",
-        "_gate",
-        "_held_by",
+        "_flow",
         "_peer_closes",
         "_peer_eof",
         "_read_paused",
@@ -228,7 +239,6 @@ class Conn:
         "peer_host",
         "peer_port",
         "publisher",
-        "rate",
         "runner",
         "scheduled",
         "slot",
@@ -276,8 +286,7 @@ class Conn:
         self._peer_eof = False
         self._peer_closes = False  # closing: the protocol left the end of the connection to the peer
         # (the flags above are set one after the other: compiled, they share a word)
-        self._held_by = 0  # slow readers this connection's publishes wait for (push_back)
-        self._gate: Gate | None = None  # the publishers waiting for this one (made at the first hold)
+        self._flow: _Flow | None = None  # made at its first hold, or at a login with a rate limit
         # The runtime's own deadline: until then the first bytes must name a protocol; once closing,
         # until then the peer's last bytes are read and dropped (one field: never both at once).
         self._until = 0.0
@@ -285,7 +294,24 @@ class Conn:
         # one: compiled, it is a field of the object rather than an object of its own.
         self.scheduled = NOT_SCHEDULED
         self.slot = -1  # its index in the runner's connections (runner.Connections), -1 if not there
-        self.rate: Rate | None = None  # the user's token buckets, when it has a rate limit
+
+    @property
+    def rate(self) -> Rate | None:
+        """The user's token buckets, when it has a rate limit (set by the login, Runner.enter)."""
+        flow = self._flow
+        return None if flow is None else flow.rate
+
+    @rate.setter
+    def rate(self, rate: Rate | None) -> None:
+        if rate is not None or self._flow is not None:
+            self._flows().rate = rate
+
+    def _flows(self) -> _Flow:
+        """The flow control, to use it."""
+        flow = self._flow
+        if flow is None:
+            flow = self._flow = _Flow()
+        return flow
 
     @property
     def listener(self) -> str:
@@ -384,10 +410,10 @@ class Conn:
             # What the read caused is written at the end of the loop's turn; a read that left the
             # hull nothing to flush (a device's QoS 0 publish) costs its connection no flush, unless
             # its gate holds publishers (the flush lets them go once it has drained).
-            gate = self._gate
-            if not hull.quiet() or (gate is not None and gate.holding):
+            flow = self._flow
+            if not hull.quiet() or (flow is not None and flow.gate is not None and flow.gate.holding):
                 runner.mark_dirty(self)
-            if self.rate is not None:
+            if flow is not None and flow.rate is not None:
                 self._charge(0, len(data))
         except Exception as exc:
             self.crash(exc)
@@ -412,7 +438,7 @@ class Conn:
     def connection_lost(self, exc: Exception | None) -> None:
         was = self.state
         self.state = GONE
-        if self._held_by > 0 and was != GONE:
+        if self._flow is not None and self._flow.held_by > 0 and was != GONE:
             self.runner.stats.held -= 1  # gone: no longer held, whenever its gates let go
         hull = self.hull
         if was == OPEN and hull is not None and not hull.machine.closed:
@@ -436,7 +462,7 @@ class Conn:
     def resume_writing(self) -> None:
         self.writable = True
         self.runner.memory_changed(self)
-        gate = self._gate
+        gate = None if self._flow is None else self._flow.gate
         if gate is not None:
             gate.stuck = False
             gate.moved()
@@ -447,7 +473,7 @@ class Conn:
 
     def _stalled(self, idle_s: float) -> bool:
         """The gate has held publishers ``idle_s`` seconds without progress (``flow.Stalled``)."""
-        gate = self._gate
+        gate = None if self._flow is None else self._flow.gate
         assert gate is not None
         hull = self.hull
         mark = None if hull is None else hull.behind()
@@ -473,13 +499,14 @@ class Conn:
         return False
 
     def _release_held(self) -> None:
-        if self._gate is not None:
-            self._gate.release()
+        if self._flow is not None and self._flow.gate is not None:
+            self._flow.gate.release()
 
     def held(self, on: bool) -> None:
         """A gate holds this connection (``on``: a consumer it fed is behind), or lets it go."""
-        before = self._held_by
-        self._held_by = after = before + (1 if on else -1)
+        flow = self._flows()
+        before = flow.held_by
+        flow.held_by = after = before + (1 if on else -1)
         if (before == 0) != (after == 0) and self.state != GONE:
             self.runner.stats.held += 1 if on else -1  # connections held now (the gauge)
         self._sync_reading()
@@ -547,12 +574,13 @@ class Conn:
         hull's bound) until it drains again. One that is ``behind`` holds them as long as it takes
         something; after ``stalled_consumer_timeout_s`` without, it is closed (``Hull.stalled``)
         and they go on."""
-        gate = self._gate
+        flow = self._flows()
+        gate = flow.gate
         if gate is None:
             if self.state != OPEN:
                 return
             runner = self.runner
-            gate = self._gate = Gate(
+            gate = flow.gate = Gate(
                 runner, runner.limits.hold_publishers_s, self._stalled, lambda: runner.stats.began(SESSION)
             )
         elif gate.stuck and self.hull is not None and self.hull.behind() is not None:
@@ -595,7 +623,7 @@ class Conn:
         pause = self.state == OPEN and (
             self._reading_paused
             or self._waiting
-            or self._held_by > 0
+            or (self._flow is not None and self._flow.held_by > 0)
             or self._throttled
             or self.runner.memory.blocking(self)
         )
@@ -613,13 +641,14 @@ class Conn:
 
     def _flow_paused(self) -> bool:
         """Not read for flow control: a gate holds it, its user is over its rate, or an alarm."""
-        return self._held_by > 0 or self._throttled or self.runner.memory.blocking(self)
+        held = self._flow is not None and self._flow.held_by > 0
+        return held or self._throttled or self.runner.memory.blocking(self)
 
     def _charge(self, messages: int, size: int) -> None:
         """What was read and published counts against the user's rate (per read, not per message);
         over it, the socket is not read until the buckets refill: the client is slowed, nothing is
         refused or dropped."""
-        rate = self.rate
+        rate = None if self._flow is None else self._flow.rate
         if rate is None:
             return
         wait = rate.charge(messages, size, time.monotonic())
@@ -632,7 +661,7 @@ class Conn:
     def _unthrottle(self) -> None:
         if not self._throttled:
             return  # gone meanwhile
-        rate = self.rate
+        rate = None if self._flow is None else self._flow.rate
         wait = 0.0 if rate is None else rate.charge(0, 0, time.monotonic())
         if wait > 0 and self.state == OPEN:
             self.runner.loop().call_later(wait, self._unthrottle)
@@ -685,7 +714,7 @@ class Conn:
         machine = hull.machine
         runner = self.runner
         outer, runner.current = runner.current, self  # whose frames are being acted on (push_back)
-        rate = self.rate
+        rate = None if self._flow is None else self._flow.rate
         if rate is not None:
             before = runner.traffic.messages_received
         try:
@@ -732,7 +761,7 @@ class Conn:
             return
         if data:
             self._write(transport, data)
-        gate = self._gate
+        gate = None if self._flow is None else self._flow.gate
         if gate is not None and gate.holding and self.writable:
             mark = hull.behind()
             if mark is None:
