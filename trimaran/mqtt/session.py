@@ -142,7 +142,7 @@ class Backlog:
     A list read from a head index, compacted as it is consumed: an idle session's empty backlog is a
     small object and no list, where a deque would be 600 bytes per session."""
 
-    __slots__ = ("_head", "bytes", "first_seq", "items")
+    __slots__ = ("_head", "bytes", "dropped", "first_seq", "items")
 
     def __init__(self, items: Iterable[OutboundMessage] = (), first_seq: int = 0) -> None:
         # The messages, read from _head on; None until the first (an idle session's backlog holds
@@ -155,6 +155,9 @@ class Backlog:
         # Each message has a sequence number: first_seq for the head, then one more each. Storage
         # writes a message once, by its number, and deletes the numbers below first_seq.
         self.first_seq = first_seq
+        # Messages its session refused because it was full: counted here, as a session that refuses
+        # one has a backlog of its own (an idle session's field was 8 bytes; issue 47).
+        self.dropped = 0
 
     @property
     def next_seq(self) -> int:
@@ -248,6 +251,29 @@ class Backlog:
 # Every session's queue until its first message waits (``Session.backlog`` makes its own): never
 # written, so that an idle session holds no backlog object (96 bytes compiled; issue #47).
 NO_BACKLOG: Final = Backlog()
+
+
+class QueueBounds:
+    """How much a session may queue: as many messages as ``messages``, and as many payload and
+    topic bytes as ``size`` (0: no bound). One object for every session of the same bounds (the
+    settings', mostly): two fields of every session were 16 bytes (issue 47)."""
+
+    __slots__ = ("messages", "size")
+
+    def __init__(self, messages: int, size: int) -> None:
+        self.messages = messages
+        self.size = size
+
+
+# The bounds in use, by value (one entry a setting, or a session stored under an older one).
+_BOUNDS: Final[dict[tuple[int, int], QueueBounds]] = {}
+
+
+def queue_bounds(messages: int, size: int) -> QueueBounds:
+    known = _BOUNDS.get((messages, size))
+    if known is None:
+        known = _BOUNDS[(messages, size)] = QueueBounds(messages, size)
+    return known
 
 
 @dataclass(slots=True)
@@ -344,14 +370,12 @@ class Session:
     """Per-client state that survives reconnects."""
 
     __slots__ = (
+        "bounds",
         "client_id",
-        "dropped",
         "expiry_interval",
         "inbound_pending",
         "inbound_qos2",
         "inflight",
-        "max_queued",
-        "max_queued_bytes",
         "next_packet_id",
         "owner",
         "queue",
@@ -364,8 +388,7 @@ class Session:
     ) -> None:
         self.client_id = client_id
         self.expiry_interval = expiry_interval  # seconds; 0xFFFFFFFF means never
-        self.max_queued = max_queued
-        self.max_queued_bytes = max_queued_bytes  # payloads and topics; 0 = no bound
+        self.bounds = queue_bounds(max_queued, max_queued_bytes)
         # Written only by add_subscription and remove_subscription: NO_SUBSCRIPTIONS while there
         # are none, a LoneSubscription while there is one.
         self.subscriptions: Subscriptions = NO_SUBSCRIPTIONS
@@ -378,7 +401,6 @@ class Session:
         # see QoS 2: both are made by the first QoS 2 PUBLISH.
         self.inbound_qos2: dict[int, None] | None = None
         self.inbound_pending: dict[int, None] | None = None
-        self.dropped = 0  # messages refused because the queue was full
         self.next_packet_id = 1  # the id the next delivery tries first (a connection's run too)
         # (user,) whose session this is (None inside: anonymous); None: not known (a session saved
         # before owners were). Kept with the session, so a restart still knows whose rules its
@@ -387,6 +409,33 @@ class Session:
         # Storage holds this session's queued messages numbered below saved_seq; None: never saved
         # (its first save replaces whatever an earlier session of the same client id left).
         self.saved_seq: int | None = None
+
+    @property
+    def max_queued(self) -> int:
+        return self.bounds.messages
+
+    @max_queued.setter
+    def max_queued(self, messages: int) -> None:
+        self.bounds = queue_bounds(messages, self.bounds.size)
+
+    @property
+    def max_queued_bytes(self) -> int:
+        """Payload and topic bytes; 0 = no bound."""
+        return self.bounds.size
+
+    @max_queued_bytes.setter
+    def max_queued_bytes(self, size: int) -> None:
+        self.bounds = queue_bounds(self.bounds.messages, size)
+
+    @property
+    def dropped(self) -> int:
+        """Messages refused because the queue was full (the backlog's count)."""
+        return self.queue.dropped
+
+    @dropped.setter
+    def dropped(self, count: int) -> None:
+        if count or self.queue is not NO_BACKLOG:
+            self.backlog().dropped = count
 
     # ------------------------------------------------------------------------------------ outbound
 
@@ -418,10 +467,11 @@ class Session:
         queue = self.backlog()
         items = queue.items
         size = len(message.payload) + len(message.topic)  # weight()
-        if (items is not None and len(items) - queue._head >= self.max_queued) or (
-            self.max_queued_bytes and queue.bytes + size > self.max_queued_bytes
+        bounds = self.bounds
+        if (items is not None and len(items) - queue._head >= bounds.messages) or (
+            bounds.size and queue.bytes + size > bounds.size
         ):
-            self.dropped += 1
+            queue.dropped += 1
             return False
         if items is None:
             queue.items = [message]
@@ -584,10 +634,9 @@ class Session:
         if data["client_id"] != self.client_id:
             raise ValueError(f"stored for client id {data['client_id']!r}, not {self.client_id!r}")
         self.expiry_interval = data["expiry_interval"]
-        self.max_queued = data["max_queued"]
-        self.max_queued_bytes = data.get("max_queued_bytes", 0)  # sessions saved before the bound: none
+        # (sessions saved before the bytes' bound have none)
+        self.bounds = queue_bounds(data["max_queued"], data.get("max_queued_bytes", 0))
         self.next_packet_id = data["next_packet_id"]
-        self.dropped = data["dropped"]
         owner = data.get("owner")
         self.owner = None if owner is None else (owner[0],)
         for s in data["subscriptions"]:
@@ -604,6 +653,7 @@ class Session:
         first_seq = data.get("queue_first_seq", 0)
         if first_seq or data["queue"]:
             self.queue = Backlog([_message_from_dict(m) for m in data["queue"]], first_seq)
+        self.dropped = data["dropped"]  # (after the backlog: its count)
         if data["inbound_qos2"]:
             self.inbound_qos2 = dict.fromkeys(data["inbound_qos2"])
 
