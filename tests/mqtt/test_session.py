@@ -21,7 +21,6 @@ from trimaran.mqtt.session import (
     NO_BACKLOG,
     NO_SUBSCRIPTIONS,
     Backlog,
-    LoneSubscription,
     OutboundMessage,
     Session,
     Subscription,
@@ -101,7 +100,7 @@ def test_an_idle_session_shares_the_empty_backlog_until_a_message_waits() -> Non
 
 @given(st.lists(st.tuples(st.booleans(), st.sampled_from(["a", "b", "c"]), st.integers(0, 2)), max_size=12))
 def test_a_sessions_subscriptions_read_as_the_dict_of_them(steps: list[tuple[bool, str, int]]) -> None:
-    """None: the shared empty mapping; one: held alone (a LoneSubscription, not a dict of one:
+    """None: the shared empty mapping; one: held alone (the Subscription itself, not a dict of one:
     issue #47); several: a dict. Read alike whichever, in the order they came."""
     session = Session("c")
     model: dict[str, Subscription] = {}
@@ -114,7 +113,7 @@ def test_a_sessions_subscriptions_read_as_the_dict_of_them(steps: list[tuple[boo
             assert session.remove_subscription(topic_filter) == (model.pop(topic_filter, None) is not None)
         held = session.subscriptions
         assert (held is NO_SUBSCRIPTIONS) == (not model)
-        assert isinstance(held, LoneSubscription) == (len(model) == 1)
+        assert isinstance(held, Subscription) == (len(model) == 1)
         assert held == model and model == held and held != {**model, "x": None}
         with pytest.raises(TypeError):
             hash(held)

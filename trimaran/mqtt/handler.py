@@ -64,7 +64,6 @@ from trimaran.mqtt.reason_codes import ReasonCode
 from trimaran.mqtt.session import (
     AWAITING_PUBCOMP,
     NO_SUBSCRIPTIONS,
-    LoneSubscription,
     OutboundMessage,
     Session,
     Subscription,
@@ -905,7 +904,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
     def _takes_run(self, conn: MqttConn, endpoint: MqttEndpoint, topic: str, qos: int) -> bool:
         """Whether a run's messages to ``topic`` may be routed together; not where each must be
         walked: a ``$`` topic, a QoS 1 run its publisher hears, a refused topic."""
-        # (none is NO_SUBSCRIPTIONS, asked by identity: a LoneSubscription's truth is a Python call
+        # (none is NO_SUBSCRIPTIONS, asked by identity: a lone Subscription's truth is a Python call
         # from the source)
         if topic[0] == "$" or (
             qos and endpoint.subscriptions is not NO_SUBSCRIPTIONS and _hears_itself(endpoint, topic)
@@ -1225,11 +1224,10 @@ def _hears_itself(endpoint: MqttEndpoint, topic: str) -> bool:
     """Whether a client's own subscriptions may match what it publishes to ``topic``: at QoS 1 it
     then gets each of its messages before that message's PUBACK, as when each was read alone."""
     subscriptions = endpoint.subscriptions
-    held: Iterable[Subscription]
-    if isinstance(subscriptions, LoneSubscription):  # a device's one: from the source, values()
-        held = (subscriptions.subscription,)  # would be a Python call
-    else:
-        held = subscriptions.values()
+    # A device's one, held alone: from the source, its values() would be a Python call.
+    held: Iterable[Subscription] = (
+        (subscriptions,) if isinstance(subscriptions, Subscription) else subscriptions.values()
+    )
     for subscription in held:
         if subscription.options.no_local:
             continue

@@ -44,7 +44,6 @@ __all__ = [
     "AWAITING_PUBACK",
     "AWAITING_PUBCOMP",
     "AWAITING_PUBREC",
-    "LoneSubscription",
     "OutboundMessage",
     "Session",
     "Subscription",
@@ -276,16 +275,62 @@ def queue_bounds(messages: int, size: int) -> QueueBounds:
     return known
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Subscription:
+    """One subscription of a session, and the mapping of its filter to it: a session's
+    ``subscriptions`` while it holds only this one (a fleet's sessions mostly hold one, a device's
+    own commands). A dict of one entry was 184 bytes, a holder of the one 48 (issue 47). A native
+    class, not a Mapping subclass: a subscribed client's QoS 1 publish reads its session's
+    ``subscriptions`` (mqtt.handler), and compiled, its truth and values() then run no Python."""
+
     topic_filter: str  # as the client sent it, "$share/<group>/<filter>" included
     options: SubscriptionOptions
     subscription_identifier: int | None = None
 
+    # -- the mapping of its one filter (Subscriptions) ---------------------------------------------
+
+    def __len__(self) -> int:
+        return 1
+
+    def __contains__(self, topic_filter: object) -> bool:
+        return topic_filter == self.topic_filter
+
+    def __getitem__(self, topic_filter: str) -> Subscription:
+        if topic_filter != self.topic_filter:
+            raise KeyError(topic_filter)
+        return self
+
+    def __iter__(self) -> Iterator[str]:
+        return iter((self.topic_filter,))
+
+    def get(self, topic_filter: str) -> Subscription | None:
+        return self if topic_filter == self.topic_filter else None
+
+    def keys(self) -> tuple[str]:
+        return (self.topic_filter,)
+
+    def values(self) -> tuple[Subscription]:
+        return (self,)
+
+    def items(self) -> tuple[tuple[str, Subscription]]:
+        return ((self.topic_filter, self),)
+
+    def __eq__(self, other: object) -> bool:
+        """As a subscription's fields compare, and so as the dict of its one entry compares."""
+        if isinstance(other, Subscription):
+            return (
+                self.topic_filter == other.topic_filter
+                and self.options == other.options
+                and self.subscription_identifier == other.subscription_identifier
+            )
+        return isinstance(other, Mapping) and len(other) == 1 and other.get(self.topic_filter) == self
+
+    # Unhashable, as a dict, by its __eq__ alone: compiled, ``__hash__ = None`` would be a field.
+
 
 class Subscriptions(Protocol):
     """A session's subscriptions by filter, read as a mapping (written only by the session): none
-    (:data:`NO_SUBSCRIPTIONS`), one (:class:`LoneSubscription`) or a dict of several."""
+    (:data:`NO_SUBSCRIPTIONS`), one (the :class:`Subscription` itself) or a dict of several."""
 
     def __len__(self) -> int: ...
 
@@ -302,55 +347,6 @@ class Subscriptions(Protocol):
     def values(self) -> Iterable[Subscription]: ...
 
     def items(self) -> Iterable[tuple[str, Subscription]]: ...
-
-
-class LoneSubscription:
-    """A session's only subscription as the mapping of its filter to it: a dict of one entry is 184
-    bytes, this 48 (a fleet's sessions mostly hold one, a device's own commands; issue 47). A native
-    class, not a Mapping subclass: a subscribed client's QoS 1 publish reads its session's
-    ``subscriptions`` (mqtt.handler), and compiled, its truth and values() then run no Python."""
-
-    __slots__ = ("subscription",)
-
-    def __init__(self, subscription: Subscription) -> None:
-        self.subscription: Final = subscription
-
-    def __len__(self) -> int:
-        return 1
-
-    def __contains__(self, topic_filter: object) -> bool:
-        return topic_filter == self.subscription.topic_filter
-
-    def __getitem__(self, topic_filter: str) -> Subscription:
-        if topic_filter != self.subscription.topic_filter:
-            raise KeyError(topic_filter)
-        return self.subscription
-
-    def __iter__(self) -> Iterator[str]:
-        return iter((self.subscription.topic_filter,))
-
-    def get(self, topic_filter: str) -> Subscription | None:
-        return self.subscription if topic_filter == self.subscription.topic_filter else None
-
-    def keys(self) -> tuple[str]:
-        return (self.subscription.topic_filter,)
-
-    def values(self) -> tuple[Subscription]:
-        return (self.subscription,)
-
-    def items(self) -> tuple[tuple[str, Subscription]]:
-        return ((self.subscription.topic_filter, self.subscription),)
-
-    def __eq__(self, other: object) -> bool:
-        """As the dict of its one entry compares."""
-        if isinstance(other, LoneSubscription):
-            return self.subscription == other.subscription
-        return isinstance(other, Mapping) and dict(self.items()) == other
-
-    # Unhashable, as a dict, by its __eq__ alone: compiled, ``__hash__ = None`` would be a field.
-
-    def __repr__(self) -> str:
-        return f"LoneSubscription({self.subscription!r})"
 
 
 def _props_to_bytes(props: Properties) -> bytes:
@@ -390,7 +386,7 @@ class Session:
         self.expiry_interval = expiry_interval  # seconds; 0xFFFFFFFF means never
         self.bounds = queue_bounds(max_queued, max_queued_bytes)
         # Written only by add_subscription and remove_subscription: NO_SUBSCRIPTIONS while there
-        # are none, a LoneSubscription while there is one.
+        # are none, the Subscription itself while there is one.
         self.subscriptions: Subscriptions = NO_SUBSCRIPTIONS
         # In send order; made by the first QoS 1/2 delivery (an idle session holds none) and kept
         # when drained, or a subscriber would make one a message.
@@ -557,20 +553,19 @@ class Session:
             new = topic_filter not in subscriptions
             subscriptions[topic_filter] = subscription
             return new
-        if isinstance(subscriptions, LoneSubscription):
-            held = subscriptions.subscription
-            if held.topic_filter != topic_filter:  # a second: the dict
-                self.subscriptions = {held.topic_filter: held, topic_filter: subscription}
+        if isinstance(subscriptions, Subscription):
+            if subscriptions.topic_filter != topic_filter:  # a second: the dict
+                self.subscriptions = {subscriptions.topic_filter: subscriptions, topic_filter: subscription}
                 return True
-            self.subscriptions = LoneSubscription(subscription)
+            self.subscriptions = subscription
             return False
-        self.subscriptions = LoneSubscription(subscription)  # NO_SUBSCRIPTIONS: the first
+        self.subscriptions = subscription  # NO_SUBSCRIPTIONS: the first
         return True
 
     def remove_subscription(self, topic_filter: str) -> bool:
         subscriptions = self.subscriptions
-        if isinstance(subscriptions, LoneSubscription):
-            if topic_filter not in subscriptions:
+        if isinstance(subscriptions, Subscription):
+            if topic_filter != subscriptions.topic_filter:
                 return False
             self.subscriptions = NO_SUBSCRIPTIONS
             return True
@@ -578,7 +573,7 @@ class Session:
             return False
         if len(subscriptions) == 1:  # one left: held alone, the dict goes
             (last,) = subscriptions.values()
-            self.subscriptions = LoneSubscription(last)
+            self.subscriptions = last
         return True
 
     # ------------------------------------------------------------------------------- serialization
