@@ -25,28 +25,29 @@ from trimaran.mqtt.packets import MQTT_3_1_1, Connect, Subscribe, SubscriptionOp
 from trimaran.runtime.poller import SocketTransport, _over
 
 CONNECTIONS = 500
-# Bytes per idle connection; measured 1,408 B from the source and 1,021 B compiled (2026-12-07 at
-# 55e9cf0: the client's limits shared, the machine's seldom-used fields in one object made when
+# Bytes per idle connection; measured 1,392 B from the source and 1,004 B compiled (2026-12-07 at
+# 5559f7e: the client's limits shared, the machine's seldom-used fields in one object made when
 # used, the principal made at the first check that remembers something, the runtime connection's
-# flow control made when used; 1,571 B and 1,201 B at 93d21d3: the MQTT machine its own decoder, the
-# permission memo made at the first check, no __dict__ on the runtime's connection or the hull, four
-# runtime fields and a hull one gone; 1,755 B and 1,413 B at 30c2f63: the session is the router's
-# subscriber, five machine fields and a runtime one made when used or gone; 1,852 B and 1,516 B at
-# 8a29a66: the hull is its own entry in a client registry kept as a list; 1,943 B and 1,667 B at
-# 6159c15: no event list, peer text or set entry kept; 2,087 B and 1,842 B at 3fd9d4b, where an idle
-# session shares one empty backlog; 2,129 B at fea0dba with a host string shared; 2,153 B with
-# deadlines in a timing wheel, a client's registry number; 2,236 B before, 2,260 B with the poller,
-# 3,378 B on uvloop's transports, 4,276 B before issue #47's cuts).
-BOUND = 1_500
+# flow control made when used, a session's queue bounds shared; 1,571 B and 1,201 B at 93d21d3: the
+# MQTT machine its own decoder, the permission memo made at the first check, no __dict__ on the
+# runtime's connection or the hull, four runtime fields and a hull one gone; 1,755 B and 1,413 B at
+# 30c2f63: the session is the router's subscriber, five machine fields and a runtime one made when
+# used or gone; 1,852 B and 1,516 B at 8a29a66: the hull is its own entry in a client registry kept
+# as a list; 1,943 B and 1,667 B at 6159c15: no event list, peer text or set entry kept; 2,087 B and
+# 1,842 B at 3fd9d4b, where an idle session shares one empty backlog; 2,129 B at fea0dba with a host
+# string shared; 2,153 B with deadlines in a timing wheel, a client's registry number; 2,236 B
+# before, 2,260 B with the poller, 3,378 B on uvloop's transports, 4,276 B before issue #47's cuts).
+BOUND = 1_480
 # The same with one QoS 1 subscription to a filter of its own (devices/<id>/+: two trie levels of
-# the router each); measured 1,939 B from the source and 1,620 B compiled (2026-12-07 at 55e9cf0:
-# the idle cuts above, the principal not made by a subscription's checks without rules; 2,094 B and
-# 1,779 B at 93d21d3: a subscription its own Delivery, a session's only one held without a dict, no
-# route count without a cluster, the trie's levels without a __dict__, and the idle cuts above;
-# 2,436 B and 2,177 B at 30c2f63; 2,512 B and 2,281 B at 8a29a66; 2,623 B and 2,431 B at 6159c15;
-# 2,750 B and 2,607 B at 3fd9d4b; 2,862 B with a trie level's only child held alone, and the cuts
-# above; 3,158 B before, 3,669 B on 2026-12-05, 4,952 B on 2026-12-02, 6,261 B before that).
-BOUND_SUBSCRIBED = 2_050
+# the router each); measured 1,883 B from the source and 1,556 B compiled (2026-12-07 at 5559f7e:
+# the idle cuts above, no principal made by a subscription's checks without rules, a session's only
+# subscription its subscriptions itself; 2,094 B and 1,779 B at 93d21d3: a subscription its own
+# Delivery, a session's only one held without a dict, no route count without a cluster, the trie's
+# levels without a __dict__, and the idle cuts above; 2,436 B and 2,177 B at 30c2f63; 2,512 B and
+# 2,281 B at 8a29a66; 2,623 B and 2,431 B at 6159c15; 2,750 B and 2,607 B at 3fd9d4b; 2,862 B with a
+# trie level's only child held alone, and the cuts above; 3,158 B before, 3,669 B on 2026-12-05,
+# 4,952 B on 2026-12-02, 6,261 B before that).
+BOUND_SUBSCRIBED = 1_990
 
 
 @pytest.fixture
