@@ -1,14 +1,29 @@
 """What idle sessions cost the MQTT front end (issue 47): offline sessions expire from a heap of
 their deadlines (MqttFrontEnd._expiring), so the housekeeping looks at the due ones only and the heap
-stays bounded however often sessions come and go; subscriptions alike share their options."""
+stays bounded however often sessions come and go; subscriptions alike share their options; a
+connection's Principal is made at its first check that remembers something (MqttFrontEnd._who)."""
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
+
+from tests.support.budget import InProcessServer
 from trimaran.broker.core import Broker
 from trimaran.config import Settings
 from trimaran.mqtt import handler
+from trimaran.mqtt.codec import encode
+from trimaran.mqtt.conn import MqttConn
 from trimaran.mqtt.handler import MqttEndpoint, MqttFrontEnd
-from trimaran.mqtt.packets import SubscriptionOptions, granted_options
+from trimaran.mqtt.packets import (
+    MQTT_3_1_1,
+    Connect,
+    Packet,
+    Publish,
+    Subscribe,
+    SubscriptionOptions,
+    granted_options,
+)
 
 
 def _offline(front: MqttFrontEnd, client_id: str) -> MqttEndpoint:
@@ -51,3 +66,52 @@ def test_subscriptions_alike_share_their_options_up_to_a_bound() -> None:
         assert kept <= len(handler._ROUTE_OPTIONS) == handler.ROUTE_OPTIONS_KEPT
     finally:
         handler._ROUTE_OPTIONS.clear()  # the rest of the run shares options again
+
+
+def _client(port: int, client_id: str, *packets: Packet) -> socket.socket:
+    """A raw MQTT 3.1.1 client, logged in, each packet's answer (if any) read before the next."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(encode(Connect(keep_alive=600, client_id=client_id), MQTT_3_1_1))
+    assert sock.recv(4)[:1] == b"\x20"  # CONNACK
+    for packet in packets:
+        sock.sendall(encode(packet, MQTT_3_1_1))
+        if not isinstance(packet, Publish) or packet.qos:
+            assert sock.recv(5)  # SUBACK, PUBACK
+    return sock
+
+
+def _hull(server: InProcessServer, client_id: str) -> MqttConn:
+    front = server.app.mqtt
+    assert front is not None
+    conn = front.endpoints[client_id].conn
+    assert conn is not None
+    return conn
+
+
+def test_a_connection_makes_its_principal_at_the_first_check_that_remembers(tmp_path: Path) -> None:
+    """An idle connection, and one subscribed with no rules to read by, hold no Principal (88 bytes
+    compiled); a publisher keeps the one its first publish made, with the topic it was allowed."""
+    server = InProcessServer(tmp_path).start()
+    socks: list[socket.socket] = []
+    try:
+        port = server.port("mqtt")
+        socks.append(_client(port, "idle"))
+        socks.append(
+            _client(port, "subscribed", Subscribe(1, [("devices/subscribed/+", SubscriptionOptions(1))]))
+        )
+        socks.append(_client(port, "publisher", Publish("devices/publisher/up", b"1", qos=1, packet_id=1)))
+        assert _hull(server, "idle").principal is None
+        assert _hull(server, "subscribed").principal is None
+        publisher = _hull(server, "publisher")
+        assert publisher.user is None and publisher.vhost == publisher.io.vhost  # the login's, as before
+        kept = publisher.principal
+        assert kept is not None and kept.memo is not None
+        assert (kept.client_id, kept.host, kept.vhost) == ("publisher", "127.0.0.1", publisher.io.vhost)
+        assert kept.memo.last_write == "devices/publisher/up"
+        socks[2].sendall(encode(Publish("devices/publisher/up", b"2", qos=1, packet_id=2), MQTT_3_1_1))
+        assert socks[2].recv(4)[:1] == b"\x40"  # PUBACK
+        assert publisher.principal is kept  # made once
+    finally:
+        for sock in socks:
+            sock.close()
+        server.stop()
