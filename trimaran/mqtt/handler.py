@@ -1076,8 +1076,6 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
         checked = {s.topic_filter[endpoint.cut :] for s in routed if s.options.reads}
         for topic_filter, subscription in list(endpoint.subscriptions.items()):
             grant = self._grant(principal, endpoint, topic_filter, subscription.options.qos)
-            if principal.memo is not None:
-                conn.principal = principal
             if grant is not False:
                 if grant is not True or topic_filter in checked:  # (re)bound to this login's rules
                     self._route(endpoint, subscription, None if grant is True else grant)
@@ -1094,6 +1092,8 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
             except TopicError:
                 continue
             self.broker.router.unsubscribe(endpoint, endpoint.vhost_prefix + plain, group)
+        if principal.memo is not None:  # the checks remembered something: kept (_who)
+            conn.principal = principal
         self.mark_dirty(endpoint)
 
     # -- subscriptions ----------------------------------------------------------------------------
@@ -1132,8 +1132,6 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
                 continue
             granted = min(options.qos, self.limits.maximum_qos)
             grant = self._grant(principal, endpoint, topic_filter, granted)
-            if principal.memo is not None:
-                conn.principal = principal
             if grant is False:
                 codes.append(ReasonCode.NOT_AUTHORIZED)  # 3.1.1: 0x80 (the machine maps it)
                 continue
@@ -1163,6 +1161,8 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
                 )
                 if wanted:
                     retained.append((topic_filter, granted, index, reads))
+        if principal.memo is not None:  # the checks remembered something: kept (_who)
+            conn.principal = principal
         conn.mqtt.send_suback(request.packet_id, codes)
         self.mark_dirty(endpoint)
         if self.queues is not None:
