@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from trimaran.broker.router import Delivery, Router, SubscriptionOptions
+from trimaran.broker.router import Delivery, Router, Subscription, SubscriptionOptions, _Node
 from trimaran.topics import TopicError
 
 
@@ -24,10 +24,18 @@ def ids(deliveries: Sequence[Delivery[Client]]) -> list[str]:
     return sorted(d.subscriber.id for d in deliveries)
 
 
-def matches(f: str, topic: str) -> bool:
+def matches(f: str, topic: str, beside: str | None = None) -> bool:
     r: Router[Client] = Router()
+    if beside is not None:  # another subscriber's filter first: ``f`` is then a branch held as itself
+        r.subscribe(B, beside, Opts())
     r.subscribe(A, f, Opts())
-    return bool(r.match(topic))
+    return A in [d.subscriber for d in r.match(topic)]
+
+
+def held_at(f: str, depth: int) -> str:
+    """A filter that makes ``f`` a branch held as its subscription from its level ``depth``."""
+    levels = f.split("/")
+    return "/".join([*levels[:depth], "other"])
 
 
 @pytest.mark.parametrize(
@@ -65,10 +73,20 @@ def matches(f: str, topic: str) -> bool:
         ("a/#", "a/$b", True),
         ("a/+", "a/$b", True),
         ("+/#", "a/$b", True),
+        # a tenant's tree has the $ rule at its own first level (trimaran/vhosts.py)
+        ("$vhost/v/#", "$vhost/v/$SYS/x", False),
+        ("$vhost/v/+/x", "$vhost/v/$SYS/x", False),
+        ("$vhost/v/$SYS/#", "$vhost/v/$SYS/x", True),
+        ("$vhost/v/#", "$vhost/v/a/$b", True),
+        ("$vhost/v/#", "$vhost/v", True),
+        ("$vhost/+/#", "$vhost/v/a", True),
     ],
 )
 def test_match_rules(f: str, topic: str, expected: bool) -> None:
+    """Each rule holds for a filter alone in the trie, and for one held as a branch from any level."""
     assert matches(f, topic) is expected
+    for depth in range(len(f.split("/"))):
+        assert matches(f, topic, held_at(f, depth)) is expected, f"held from level {depth}"
 
 
 def test_subscribe_returns_new_or_replaced_and_counts() -> None:
@@ -154,6 +172,40 @@ def test_no_local_with_an_overlapping_subscription_keeps_the_other() -> None:
     assert (d.qos, d.subscription_identifiers) == (1, (2,))
     (d,) = r.match("chat/x", "someone-else")
     assert (d.qos, sorted(d.subscription_identifiers)) == (2, [1, 2])
+
+
+def test_a_branch_of_one_subscription_is_held_as_it_until_another_needs_its_levels() -> None:
+    """Devices each subscribed to their own ``devices/<id>/+`` cost no trie levels of their own
+    (issue 47): the branch is the subscription, in its parent's dict. A second subscription through
+    it opens it into levels; matching, No Local, replacing and pruning are the same throughout."""
+    r: Router[Client] = Router()
+    devices = [Client(f"d{n}") for n in range(4)]
+    for d in devices:
+        assert r.subscribe(d, f"devices/{d.id}/+", Opts(qos=1, no_local=True)) is True
+    devices_level = r._root.children
+    assert isinstance(devices_level, _Node) and isinstance(devices_level.children, dict)
+    held = devices_level.children
+    # The first device came alone, as levels; each after it is held as its subscription.
+    assert [isinstance(held[d.id], Subscription) for d in devices] == [False, True, True, True]
+    assert r.subscribe(devices[1], "devices/d1/+", Opts(qos=2, no_local=True)) is False
+    assert isinstance(held["d1"], Subscription) and held["d1"].options.qos == 2  # replaced in place
+    (d,) = r.match("devices/d1/cmd")
+    assert (d.subscriber, d.qos) == (devices[1], 2)
+    assert ids(r.match("devices/d1/cmd", "d1")) == []  # No Local
+    assert ids(r.match("devices/d1/cmd/x")) == [] and ids(r.match("devices/d1")) == []
+
+    r.subscribe(A, "devices/d2/+", Opts())  # the same filter, another subscriber: opened
+    r.subscribe(B, "devices/d3/#", Opts())  # a filter through its first level: opened
+    assert not isinstance(held["d2"], Subscription) and not isinstance(held["d3"], Subscription)
+    assert ids(r.match("devices/d2/cmd")) == ["a", "d2"]
+    assert ids(r.match("devices/d2/cmd", "d2")) == ["a"]
+    assert ids(r.match("devices/d3/cmd")) == ["b", "d3"]
+    assert ids(r.match("devices/d3")) == ["b"]
+    assert r.unsubscribe(devices[1], "devices/d1/+") is True
+    assert "d1" not in held and r.unsubscribe(devices[1], "devices/d1/+") is False
+    for client in [*devices, A, B]:
+        r.unsubscribe_all(client)
+    assert r._root.children is None and r.count() == 0
 
 
 def test_share_group_round_robin() -> None:

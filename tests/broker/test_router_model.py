@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from trimaran.broker.router import Router, SubscriptionOptions
+from trimaran.broker.router import Router, Subscription, SubscriptionOptions
 from trimaran.topics import topic_matches
 
 
@@ -210,24 +210,31 @@ class RouterModel(RuleBasedStateMachine):
 
     @invariant()
     def trie_shape(self) -> None:
-        """A level's only child is held as itself or in a dict; each is named by its own level, and
-        a branch with nothing subscribed below it is pruned."""
+        """A level's only child is held as itself or in a dict; each is named by its own level; a
+        branch with one plain subscription may be held as it, in a dict, named by its filter's level;
+        and a branch with nothing subscribed below it is pruned."""
 
-        def walk(node: Any) -> int:  # subscriptions at and below node
+        def walk(node: Any, path: list[str]) -> int:  # subscriptions at and below node
             children = node.children
             below = [children] if isinstance(children, type(node)) else list((children or {}).items())
             held = len(node.subs if isinstance(node.subs, dict) else [node.subs] if node.subs else [])
             held += sum(len(g.members) for g in (node.groups or {}).values())
             for item in below:
                 child = item[1] if isinstance(item, tuple) else item
+                if isinstance(child, Subscription):  # a branch held as its subscription
+                    assert isinstance(item, tuple) and child.options.share_group is None
+                    assert child.topic_filter.split("/")[: len(path) + 1] == [*path, item[0]]
+                    assert self.model[(child.subscriber, child.topic_filter, None)] is child.options
+                    held += 1
+                    continue
                 assert not isinstance(item, tuple) or item[0] == child.level
-                under = walk(child)
+                under = walk(child, [*path, child.level])
                 assert under > 0  # no empty branch
                 held += under
             assert children != {}
             return held
 
-        assert walk(self.router._root) == len(self.model)
+        assert walk(self.router._root, []) == len(self.model)
 
     def teardown(self) -> None:
         # Everything unsubscribed leaves an empty trie behind (branches are pruned).

@@ -9,6 +9,9 @@ Structure
 A trie keyed by topic level. ``+`` and ``#`` are ordinary child keys, so matching a topic with ``n``
 levels visits at most the nodes reachable by literal, ``+`` and ``#`` edges. Each node keeps its
 non-shared subscriptions (``subscriber -> Subscription``) and its share groups (``group -> _ShareGroup``).
+A branch that holds one plain subscription and nothing else (a device's own ``devices/<id>/+`` under a
+shared ``devices``) is held as that Subscription, in its parent's dict of children: it is opened into
+levels when a second subscription needs one of them.
 
 Matching
 --------
@@ -184,8 +187,10 @@ class Subscription(Delivery[S]):
         )
 
 
-def _deliveries(node: _Node) -> list[Subscription[Any]]:
-    """The Deliveries of a level's plain (not shared) subscriptions: each its own."""
+def _deliveries(node: _Node | Subscription[Any]) -> list[Subscription[Any]]:
+    """The Deliveries of a level's plain (not shared) subscriptions, or of a held branch: each its own."""
+    if isinstance(node, Subscription):
+        return [node]
     subs = node.subs
     if subs is None:
         return []
@@ -253,8 +258,10 @@ class _Node:
     def __init__(self, level: str = "") -> None:
         self.level = level
         # A level's only child is held as itself (its ``level`` names it): the dict of one entry
-        # was some 200 bytes of each device's own filter. The dict is made by the second.
-        self.children: dict[str, _Node] | _Node | None = None
+        # was some 200 bytes of each device's own filter. The dict is made by the second. In the
+        # dict, a branch with one plain subscription and nothing else is that Subscription: two
+        # levels of 80 bytes each of every device subscribed to ``devices/<id>/+`` (issue 47).
+        self.children: dict[str, _Node | Subscription[Any]] | _Node | None = None
         # A level's only subscriber is held as its Subscription alone (a device's own filter): its
         # dict would be some 150 bytes more. The dict is made by the second.
         self.subs: dict[Any, Subscription[Any]] | Subscription[Any] | None = None
@@ -262,14 +269,58 @@ class _Node:
         self.no_local = 0  # how many of ``subs`` have No Local
 
 
-def _child(node: _Node, level: str) -> _Node | None:
-    """``node``'s child named ``level``, if it has one."""
+def _child(node: _Node, level: str) -> _Node | Subscription[Any] | None:
+    """``node``'s child named ``level``, if it has one: a level, or a branch held as its subscription."""
     children = node.children
     if children is None:
         return None
     if isinstance(children, _Node):
         return children if children.level == level else None
     return children.get(level)
+
+
+def _opened(held: Subscription[Any], depth: int, name: str) -> _Node:
+    """A branch held as its subscription, as levels: from the filter's level ``depth`` (``name``)
+    down, the last holding the subscription."""
+    levels = held.topic_filter.split("/")
+    top = node = _Node(name)
+    for level in levels[depth + 1 :]:
+        child = node.children = _Node(level)
+        node = child
+    node.subs = held
+    if held.options.no_local:
+        node.no_local = 1
+    return top
+
+
+def _rest_matches(held: Subscription[Any], levels: list[str], depth: int, tenant: int) -> bool:
+    """Whether a branch held as its subscription, whose name matched the topic's level ``depth``,
+    matches the topic's ``levels`` below it (``tenant``: a level that ``+`` and ``#`` do not match)."""
+    wanted = held.topic_filter.split("/")
+    last = len(levels)
+    for i in range(depth + 1, len(wanted)):
+        w = wanted[i]
+        if w == "#":  # this level and all below, or none ('sport/#' matches 'sport')
+            return i != tenant
+        if i == last or (w == "+" and i == tenant) or (w != "+" and w != levels[i]):
+            return False
+    return len(wanted) == last
+
+
+def _prune(path: list[_Node]) -> None:
+    """Drop the levels of a branch, bottom-up, while they hold nothing (``path[0]`` is the root)."""
+    for depth in range(len(path) - 1, 0, -1):
+        child = path[depth]
+        if child.subs or child.groups or child.children:
+            break
+        parent = path[depth - 1]
+        children = parent.children
+        if isinstance(children, dict):
+            del children[child.level]
+            if not children:
+                parent.children = None
+        else:
+            parent.children = None
 
 
 class _Entry(Generic[S]):
@@ -381,28 +432,16 @@ class Router(Generic[S]):
         if not 0 <= options.qos <= 2:
             raise ValueError(f"qos must be 0, 1 or 2, not {options.qos!r}")
 
-        node = self._root
-        for level in topic_filter.split("/"):
-            children = node.children
-            if children is None:
-                child = node.children = _Node(level)
-            elif isinstance(children, _Node):
-                if children.level == level:
-                    child = children
-                else:  # a second child: the dict
-                    child = _Node(level)
-                    node.children = {children.level: children, level: child}
-            else:
-                found = children.get(level)
-                if found is None:
-                    found = children[level] = _Node(level)
-                child = found
-            node = child
-
         sub = Subscription(subscriber, topic_filter, options)
         if options.reads is not None:
             self._checked += 1
-        if group is None:
+        found = self._place(topic_filter.split("/"), sub if group is None else None)
+        if not isinstance(found, _Node):  # held as a branch of its own, or replacing the one held
+            is_new = found is None
+            if found is not None and found.options.reads is not None:
+                self._checked -= 1
+        elif group is None:
+            node = found
             subs = node.subs
             if isinstance(subs, Subscription) and subs.subscriber != subscriber:
                 subs = node.subs = {subs.subscriber: subs}  # a second subscriber: the dict
@@ -419,6 +458,7 @@ class Router(Generic[S]):
             if options.no_local:
                 node.no_local += 1
         else:
+            node = found
             groups = node.groups
             if groups is None:
                 groups = node.groups = {}
@@ -442,6 +482,45 @@ class Router(Generic[S]):
                 self._route_up(topic_filter, group)
         self._invalidate(topic_filter)
         return is_new
+
+    def _place(self, levels: list[str], sub: Subscription[S] | None) -> _Node | Subscription[S] | None:
+        """Walk to the trie level of a filter's ``levels``, making the levels missing, and return it.
+
+        A branch held as its subscription on the way is opened into levels. Given a plain ``sub``,
+        the walk ends where the filter's branch is new, with the branch held as ``sub`` (None is
+        returned), or where it finds the branch held as ``sub``'s own subscription: ``sub`` takes
+        its place, and the one replaced is returned.
+        """
+        node = self._root
+        for depth, level in enumerate(levels):
+            children = node.children
+            if children is None:
+                child = node.children = _Node(level)
+            elif isinstance(children, _Node):
+                if children.level == level:
+                    child = children
+                elif sub is not None:  # a second child: the dict, with the new branch held
+                    node.children = {children.level: children, level: sub}
+                    return None
+                else:
+                    child = _Node(level)
+                    node.children = {children.level: children, level: child}
+            else:
+                found = children.get(level)
+                if found is None:
+                    if sub is not None:
+                        children[level] = sub
+                        return None
+                    found = children[level] = _Node(level)
+                elif isinstance(found, Subscription):
+                    if sub is not None and _key(found) == _key(sub) and found.subscriber == sub.subscriber:
+                        children[level] = sub
+                        return cast("Subscription[S]", found)
+                    del children[level]
+                    found = children[level] = _opened(found, depth, level)
+                child = found
+            node = child
+        return node
 
     def unsubscribe(self, subscriber: S, topic_filter: str, share_group: str | None = None) -> bool:
         """Remove one subscription; True if it existed."""
@@ -543,6 +622,17 @@ class Router(Generic[S]):
         for level in topic_filter.split("/"):
             child = _child(node, level)
             assert child is not None
+            if isinstance(child, Subscription):  # the branch held as this subscription
+                assert group is None and child.subscriber == subscriber
+                children = node.children
+                assert isinstance(children, dict)
+                del children[level]
+                if not children:
+                    node.children = None
+                if child.options.reads is not None:
+                    self._checked -= 1
+                _prune(path)
+                return
             path.append(child)
             node = child
         if group is None:
@@ -570,19 +660,7 @@ class Router(Generic[S]):
                     node.groups = None
         if options.reads is not None:
             self._checked -= 1
-        # Prune the branch bottom-up while nodes are empty.
-        for depth in range(len(path) - 1, 0, -1):
-            child = path[depth]
-            if child.subs or child.groups or child.children:
-                break
-            parent = path[depth - 1]
-            children = parent.children
-            if isinstance(children, dict):
-                del children[child.level]
-                if not children:
-                    parent.children = None
-            else:
-                parent.children = None
+        _prune(path)
 
     # --- matching ----------------------------------------------------------------------------------
 
@@ -614,6 +692,10 @@ class Router(Generic[S]):
         groups: list[_ShareGroup[S]] = []
         no_local: set[str] = set()
         for node in nodes:
+            if isinstance(node, Subscription):
+                if node.options.no_local:
+                    no_local.add(node.subscriber.id)
+                continue
             if node.no_local and node.subs:
                 for sub in _deliveries(node):
                     if sub.options.no_local:
@@ -659,9 +741,9 @@ class Router(Generic[S]):
             self._cached_bytes += weight
         return entry
 
-    def _collect(self, topic: str) -> list[_Node]:
-        """Trie nodes whose filter matches ``topic`` (each at most once)."""
-        found: list[_Node] = []
+    def _collect(self, topic: str) -> list[_Node | Subscription[S]]:
+        """Trie nodes and held branches whose filter matches ``topic`` (each at most once)."""
+        found: list[_Node | Subscription[S]] = []
         levels = topic.split("/")
         frontier = [self._root]
         # '+' and '#' do not match a first level starting with '$' ($SYS, $queue ...): the tree's
@@ -690,11 +772,15 @@ class Router(Generic[S]):
                     if wild is not None:
                         found.append(wild)
                     wild = children.get("+")
-                    if wild is not None:
+                    if isinstance(wild, _Node):
                         nxt.append(wild)
+                    elif wild is not None and _rest_matches(wild, levels, depth, tenant):
+                        found.append(wild)
                 child = children.get(level)
-                if child is not None:
+                if isinstance(child, _Node):
                     nxt.append(child)
+                elif child is not None and _rest_matches(child, levels, depth, tenant):
+                    found.append(child)
             if not nxt:
                 return found
             frontier = nxt
@@ -736,7 +822,7 @@ class Router(Generic[S]):
         node = self._root
         for level in topic_filter.split("/"):
             child = _child(node, level)
-            if child is None:
+            if not isinstance(child, _Node):  # none, or a branch held as a plain subscription
                 return []
             node = child
         share = None if node.groups is None else node.groups.get(group)
