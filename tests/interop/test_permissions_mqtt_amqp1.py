@@ -19,6 +19,7 @@ the message is dropped), CONNACK 5 / 0x87 for a vhost without a permission; AMQP
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +29,7 @@ import pytest
 from paho.mqtt.enums import MQTTProtocolVersion as Version
 
 from tests.interop.conftest import amqp_server_args
-from tests.support.paho import V5, V311, Endpoints, connect, watch_pubacks
+from tests.support.paho import V5, V311, Endpoints, close_all, connect, watch_pubacks
 from tests.support.permissions import store_topic_permission
 from tests.support.server import RunningServer, serving
 from trimaran.vhosts import TopicPermission
@@ -123,6 +124,42 @@ def test_mqtt_publish_needs_write_on_the_exchange(mqtt: Endpoints, version: Vers
     finally:
         for client in (watcher, nowrite, noread):
             client.disconnect()
+
+
+@pytest.mark.parametrize("version", [V311, V5])
+def test_mqtt_a_refusal_is_logged_once_a_connection(
+    server: RunningServer, mqtt: Endpoints, version: Version
+) -> None:
+    """A device that keeps publishing or subscribing where it may not is refused every time and
+    logged once a connection and resource (the log does not fill); its next connection is logged
+    again."""
+    topic = f"news/{uuid.uuid4().hex[:6]}"
+    writer, reader = (f"{user}-{uuid.uuid4().hex[:6]}" for user in ("nowrite", "noread"))
+    for _ in range(2):
+        nowrite = connect(mqtt, writer, version=version, username=f"{VHOST}:nowrite", password="pw")
+        noread = connect(mqtt, reader, version=version, username=f"{VHOST}:noread", password="pw")
+        try:
+            acks = watch_pubacks(nowrite)
+            for n in range(5):
+                info = nowrite.publish(f"{topic}/{n}", b"refused", qos=1)
+                assert acks[info.mid] == (0x87 if version == V5 else 0)
+            for _ in range(3):
+                assert _codes(noread, f"{topic}/#") == [_refused_code(version)]
+        finally:
+            close_all(nowrite, noread)
+
+    def logged(client_id: str) -> int:
+        return sum(
+            1
+            for line in server.output().splitlines()
+            if "may not" in line and repr(client_id) in line and "exchange amq.topic" in line
+        )
+
+    deadline = time.monotonic() + 5
+    while (logged(writer) < 2 or logged(reader) < 2) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert logged(writer) == 2  # once for each connection's five publishes
+    assert logged(reader) == 2  # once for each connection's three subscriptions
 
 
 @pytest.mark.parametrize("version", [V311, V5])
