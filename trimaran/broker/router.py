@@ -513,9 +513,14 @@ class Router(Generic[S]):
                         return None
                     found = children[level] = _Node(level)
                 elif isinstance(found, Subscription):
-                    if sub is not None and _key(found) == _key(sub) and found.subscriber == sub.subscriber:
+                    if (
+                        sub is not None
+                        and found.subscriber == sub.subscriber
+                        and found.topic_filter == sub.topic_filter
+                    ):
                         children[level] = sub
                         return cast("Subscription[S]", found)
+                    # Keyed again by ``level``, the opened level's own name: one string, not two.
                     del children[level]
                     found = children[level] = _opened(found, depth, level)
                 child = found
@@ -619,23 +624,23 @@ class Router(Generic[S]):
         # The subscription is there (its subscriber's index says so): so is each dict on its way.
         path: list[_Node] = [self._root]
         node = self._root
+        held: Subscription[Any] | None = None
         for level in topic_filter.split("/"):
             child = _child(node, level)
             assert child is not None
             if isinstance(child, Subscription):  # the branch held as this subscription
-                assert group is None and child.subscriber == subscriber
+                held = child
                 children = node.children
-                assert isinstance(children, dict)
+                assert group is None and held.subscriber == subscriber and isinstance(children, dict)
                 del children[level]
                 if not children:
                     node.children = None
-                if child.options.reads is not None:
-                    self._checked -= 1
-                _prune(path)
-                return
+                break
             path.append(child)
             node = child
-        if group is None:
+        if held is not None:
+            options = held.options
+        elif group is None:
             subs = node.subs
             assert subs is not None
             if isinstance(subs, Subscription):
