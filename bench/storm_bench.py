@@ -10,7 +10,9 @@ subscribes to its own topic at QoS 1. The phases:
   the time until all are subscribed, the broker's CPU until it settles (saving sessions included),
   and its RSS growth per connection then.
 - `idle`: for `--idle` seconds each client sends a PINGREQ once per `--keep-alive` seconds (spread
-  evenly) and reads its PINGRESP; the broker's CPU over that window, and pings unanswered.
+  evenly) and reads its PINGRESP; the broker's CPU over that window, and pings unanswered. The
+  clients keep that cadence from the end of `connect` on, through the wait for the RSS to settle:
+  a client silent for 1.5 keep-alives is rightly closed (MQTT 3.1.2.10).
 - `drop`: every client's socket is reset at once (SO_LINGER 0: a network that went away); then one
   publisher sends a QoS 1 message to every client's topic and has each acknowledged, so every session
   holds one queued message. With `--half-open` the sockets are left open and silent instead (a
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing
 import os
 import selectors
@@ -192,37 +195,46 @@ def _connect_all(
     }
 
 
-def _ping(clients: list[_Client], keep_alive: int, seconds: float) -> dict[str, Any]:
-    """Each client pings once per ``keep_alive`` seconds, spread evenly; pings sent and answered."""
+def _ping(
+    clients: list[_Client],
+    keep_alive: int,
+    until: float,
+    first: int = 0,
+    interrupt: Connection | None = None,
+) -> dict[str, Any]:
+    """Each connected client pings once per ``keep_alive`` seconds, spread evenly, the rotation
+    starting at ``first``, until the monotonic time ``until`` or, with ``interrupt``, until a command
+    arrives there; pings sent and answered, and where the rotation stopped."""
     sel = selectors.DefaultSelector()
+    clients = [client for client in clients if client.sock is not None]
     for client in clients:
-        assert client.sock is not None
         client.buffer = bytearray()
-        sel.register(client.sock, selectors.EVENT_READ, client)
+        sel.register(client.sock, selectors.EVENT_READ, client)  # type: ignore[arg-type]
     step = keep_alive / max(len(clients), 1)
     started = time.monotonic()
     sent = answered = 0
-    while (now := time.monotonic()) < started + seconds:
+    while (now := time.monotonic()) < until and not (interrupt is not None and interrupt.poll()):
         due = int((now - started) / step)
         while sent <= due:
-            sock = clients[sent % len(clients)].sock
+            sock = clients[(first + sent) % len(clients)].sock
             assert sock is not None
             sock.send(PINGREQ)
             sent += 1
         for key, _ in sel.select(min(step, 0.05)):
             client = key.data
             client.buffer += client.sock.recv(65536)
-            answered += sum(1 for first, _ in _packets(client.buffer) if first == 0xD0)
-    time.sleep(1.0)  # the last answers
+            answered += sum(1 for first_byte, _ in _packets(client.buffer) if first_byte == 0xD0)
+    if interrupt is None:
+        time.sleep(1.0)  # the last answers
     for key in list(sel.get_map().values()):
         client = key.data
         try:
             client.buffer += client.sock.recv(65536, socket.MSG_DONTWAIT)
         except BlockingIOError:
             continue
-        answered += sum(1 for first, _ in _packets(client.buffer) if first == 0xD0)
+        answered += sum(1 for first_byte, _ in _packets(client.buffer) if first_byte == 0xD0)
     sel.close()
-    return {"pings": sent, "answered": answered}
+    return {"pings": sent, "answered": answered, "next": (first + sent) % max(len(clients), 1)}
 
 
 def _drop(clients: list[_Client], stale: list[socket.socket] | None = None) -> None:
@@ -241,14 +253,20 @@ def _worker(pipe: Connection, indexes: range, address: tuple[str, int], a: dict[
     os.sched_setaffinity(0, {GEN_CPU})
     clients = [_Client(i) for i in indexes]
     stale: list[socket.socket] = []  # --half-open: the sockets the broker still thinks are there
+    rotation = 0  # the next client to ping, so that the idle phase keeps the held cadence
     while True:
         command = pipe.recv()
         if command == "connect" or command == "storm":
             result = _connect_all(
                 clients, address, a["sources"], a["keep_alive"], a["inflight"], command == "storm"
             )
+            if command == "connect":
+                pipe.send(result)
+                # Hold the connections alive until the next command (the broker settling).
+                rotation = _ping(clients, a["keep_alive"], math.inf, interrupt=pipe)["next"]
+                continue
         elif command == "idle":
-            result = _ping(clients, a["keep_alive"], a["idle"])
+            result = _ping(clients, a["keep_alive"], time.monotonic() + a["idle"], rotation)
         elif command == "drop":
             _drop(clients, stale if a["half_open"] else None)
             result = {}
