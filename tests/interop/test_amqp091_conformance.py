@@ -357,3 +357,18 @@ def test_publish_then_get_on_one_channel_sees_the_message(channel: BlockingChann
             assert body == f"m{i}".encode()
     finally:
         channel.queue_delete(name)
+
+
+def test_a_queue_unused_for_its_x_expires_is_deleted(connection: pika.BlockingConnection) -> None:
+    """RabbitMQ's x-expires: a queue with no consumer, no basic.get and no redeclare (a passive one
+    too) for that many milliseconds is deleted, on a server with nothing else to do (the front end's
+    housekeeping sleeps until a queue with x-expires is declared, then looks once a second)."""
+    name = unique("expires")
+    channel = connection.channel()
+    channel.queue_declare(name, arguments={"x-expires": 500})
+    time.sleep(0.3)
+    channel.queue_declare(name, passive=True)  # still there, and its lease renewed
+    time.sleep(2.5)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        connection.channel().queue_declare(name, passive=True)
+    assert closed.value.reply_code == 404

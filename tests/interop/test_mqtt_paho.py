@@ -316,6 +316,36 @@ def test_a_session_expires_by_its_last_disconnect_not_an_earlier_one(mqtt_or_mos
     assert not session_present(clean=False)
 
 
+def test_a_delayed_will_is_sent_when_its_delay_ends(mqtt_or_mosquitto: Endpoints) -> None:
+    """MQTT 5 Will Delay Interval (3.1.3.2.2): sent once the delay has passed since the connection
+    was lost, not before and not much after, on a server with nothing else to do (the housekeeping
+    sleeps until the will is due). A session that ends first sends it then (3.1.2.5): here the
+    shorter expiry of the second client's session. Mosquitto, which looks once a second, may be up
+    to a second late."""
+    mqtt = mqtt_or_mosquitto
+    watcher = connect(mqtt)
+    watcher.subscribe("timed-will/#", 1)
+    lost: dict[bytes, float] = {}
+    try:
+        for name, delay, expiry in ((b"delay", 1, 60), (b"expiry", 5, 2)):
+            client = connect(
+                mqtt,
+                f"timed-will-{name.decode()}",
+                version=V5,
+                properties=props(PacketTypes.CONNECT, SessionExpiryInterval=expiry),
+                will=(f"timed-will/{name.decode()}", name, 1, False),
+                will_properties=props(PacketTypes.WILLMESSAGE, WillDelayInterval=delay),
+            )
+            client.drop()
+            lost[name] = time.monotonic()
+        for name, due in ((b"delay", 1.0), (b"expiry", 2.0)):
+            got = watcher.expect(4)
+            assert got.payload == name
+            assert due - 0.05 <= time.monotonic() - lost[name] < due + 1.2
+    finally:
+        watcher.disconnect()
+
+
 def test_message_expiry_while_queued(mqtt: Endpoints) -> None:
     connect_props = props(PacketTypes.CONNECT, SessionExpiryInterval=60)
     sub = connect(mqtt, "expiry-5", version=V5, properties=connect_props)

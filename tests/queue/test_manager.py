@@ -9,6 +9,7 @@ import pytest
 
 from tests.queue.conftest import Collector, Factory, wait_until
 from trimaran.broker.message import Message
+from trimaran.config import QueuePolicySettings
 from trimaran.queue.manager import QueueManager
 
 pytestmark = pytest.mark.anyio
@@ -40,6 +41,23 @@ async def test_an_idle_manager_wakes_about_once_a_second(make_manager: Factory) 
         ticks.clear()
         await anyio.sleep(1.2)
     assert 1 <= len(ticks) <= 3  # polling every 20 ms made it ~60
+
+
+async def test_a_manager_without_queues_sleeps_until_one_is_declared(make_manager: Factory) -> None:
+    """Nothing to sweep, nothing due: the timers do not wake (the disk watermark's next measurement
+    is ten seconds off this far from it). The first queue starts the sweeps: a message's TTL ends on
+    time."""
+    manager = make_manager()
+    ticks = count_ticks(manager)
+    async with manager.running():
+        await anyio.sleep(0.1)
+        ticks.clear()
+        await anyio.sleep(1.2)
+        assert ticks == []
+        await manager.declare("t", QueuePolicySettings(ttl_s=0.2))
+        await manager.publish("t", msg(b"x"))
+        await wait_until(lambda: manager.info("t").depth == 0, timeout=2)
+        assert ticks
 
 
 async def test_a_retry_sooner_than_the_sleep_wakes_the_timers(make_manager: Factory) -> None:

@@ -13,7 +13,7 @@ from trimaran.config import TelemetrySettings
 from trimaran.mqtt.queues import _refusal_code
 from trimaran.mqtt.reason_codes import ReasonCode
 from trimaran.queue import QueueError
-from trimaran.storage.disk import DiskWatch
+from trimaran.storage.disk import FILL_BYTES_PER_S, LONGEST_INTERVAL_S, DiskWatch
 
 pytestmark = pytest.mark.anyio
 
@@ -75,6 +75,22 @@ def test_poll_measures_once_an_interval(tmp_path: object) -> None:
     watch.poll(now=101.1)
     assert len(calls) == 2
     assert not DiskWatch(None, 100).enabled
+
+
+def test_the_further_from_the_watermark_the_longer_between_measurements(tmp_path: object) -> None:
+    """RabbitMQ's disk monitor's rule: the next measurement when the disk could have filled to the
+    watermark at 250 MB/s, from once a second (near or below it) to every ten seconds."""
+    free = [100 + 2 * FILL_BYTES_PER_S]  # two seconds' worth above the watermark
+    watch = DiskWatch(tmp_path, 100, measure=lambda _path: free[0])  # type: ignore[arg-type]
+    watch.poll(now=0.0)
+    assert watch.wait_s(0.0) == pytest.approx(2.0)
+    free[0] = 10**15  # far above: the longest interval
+    watch.poll(now=2.0)
+    assert watch.wait_s(2.0) == LONGEST_INTERVAL_S
+    free[0] = 10  # below: every second
+    watch.poll(now=12.0)
+    assert watch.low and watch.wait_s(12.0) == 1.0
+    assert DiskWatch(None, 100).wait_s(0.0) is None  # no watermark: never measured
 
 
 def test_crossing_the_watermark_either_way_is_told_once(tmp_path: object) -> None:

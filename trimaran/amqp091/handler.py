@@ -24,6 +24,7 @@ from typing import Any, Final
 
 import anyio
 
+from trimaran.alarm import Alarm
 from trimaran.amqp091 import spec
 from trimaran.amqp091.access import (
     GUARDED,
@@ -72,7 +73,8 @@ from trimaran.vhosts import DEFAULT_VHOST, describe, is_reserved, split_key, vho
 
 log = logging.getLogger(__name__)
 
-HOUSEKEEPING_INTERVAL: Final = 1.0
+# How often queues with x-expires are looked at, while there are any (alarm.py: none, no wake-up).
+EXPIRY_CHECK_S: Final = 1.0
 #: Routes a connection keeps (Amqp091Conn.routes), past which it starts again: a publisher's keys
 #: are mostly few; one that sends each message to a key of its own pays the lookup it paid anyway.
 ROUTES_KEPT: Final = 256
@@ -110,6 +112,7 @@ class Amqp091FrontEnd:
         self._collecting: Pending | None = None
         #: direct reply-to token -> the channel consuming its replies
         self.reply_to: dict[str, ChannelState] = {}
+        self._housekeeper = Alarm()  # x-expires: run's sleep, rung by a declare that sets it
         queues.dead_letter_router = self
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -121,9 +124,13 @@ class Amqp091FrontEnd:
             await self.tenant(vhost).ops.restore()
         task_status.started()
         while True:
-            await anyio.sleep(HOUSEKEEPING_INTERVAL)
+            watching = any(meta.expires_ms is not None for meta in self.meta.values())
+            await self._housekeeper.sleep(EXPIRY_CHECK_S if watching else None)
             for tenant in list(self.tenants.values()):
                 await tenant.ops.expire_queues(time.monotonic())
+
+    def watch_expiry(self) -> None:
+        self._housekeeper.ring()
 
     def tenant(self, vhost: str) -> Tenant:
         """The vhost's exchanges and operations, made on first use."""

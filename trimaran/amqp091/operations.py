@@ -118,6 +118,9 @@ class Host(FrontEnd, Protocol):
     @property
     def selecting(self) -> Callable[[str], Selects] | None: ...
 
+    def watch_expiry(self) -> None:
+        """A queue with ``x-expires`` was declared: the housekeeping looks at it from now on."""
+
     def publish(
         self,
         conn: Amqp091Conn,
@@ -466,6 +469,8 @@ class Operations:
                 unused_since=time.monotonic(),
                 declared=True,
             )
+            if meta.expires_ms is not None:
+                front.watch_expiry()
             if m.exclusive:
                 conn.exclusive_queues.add(name)
                 self.manager.owners[name] = conn  # no other connection consumes it, whatever protocol

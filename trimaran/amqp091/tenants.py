@@ -83,6 +83,8 @@ class Front(Protocol):
 
     def forget_reply_to(self, channel: ChannelState) -> None: ...
 
+    def watch_expiry(self) -> None: ...
+
     def deliver_from_router(self, binding: Any, message: Message, tenant: Any = None) -> None: ...
 
     def stalled(self, conn: Any, consumer: Any, idle_s: float) -> None: ...
@@ -159,6 +161,9 @@ class Tenant:
 
     def forget_reply_to(self, channel: ChannelState) -> None:
         self.front.forget_reply_to(channel)
+
+    def watch_expiry(self) -> None:
+        self.front.watch_expiry()
 
     def deliver_from_router(self, binding: Any, message: Message) -> None:
         """A router match for one of this vhost's ``amq.topic`` bindings."""

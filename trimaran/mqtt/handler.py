@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -19,6 +20,7 @@ from typing import Any, Final
 import anyio
 import anyio.to_thread
 
+from trimaran.alarm import Alarm
 from trimaran.broker.core import Broker
 from trimaran.broker.drops import NO_SHARE_MEMBER, OFFLINE_QUEUE_FULL, OUTBOX_FULL
 from trimaran.broker.events import (
@@ -102,9 +104,10 @@ log = logging.getLogger(__name__)
 
 
 READ_CHUNK: Final = 65536
-# Will delays, session expiry, session persistence, and the connect and keep-alive timeouts of every
-# connection: one sweep is far cheaper than a timer per read per connection.
-HOUSEKEEPING_INTERVAL: Final = 0.5
+# How soon changed persistent sessions are saved (together, in one transaction). The housekeeping
+# (delayed wills, session expiry, saving) sleeps until what it holds falls due: with nothing, it
+# sleeps until told (alarm.py).
+SAVE_AFTER_S: Final = 0.5
 # QoS 0 bytes queued for one subscriber within one turn of the loop past which they are written at
 # once rather than at the turn's end: a turn can read thousands of paced publishers.
 WRITE_MARK: Final = 64 * 1024
@@ -322,6 +325,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
         self._expiring: list[tuple[float, str]] = []
         self._dirty: set[str] = set()
         self._deleted: set[str] = set()
+        self._housekeeper = Alarm()  # the housekeeping's sleep (run), rung by what it must do sooner
         self.security = security if security is not None else Security(settings.auth)
         self.security.on_reload(self._recheck_all)
         # Several nodes: which node holds each session (app.py sets it; alone, every session is ours).
@@ -338,9 +342,20 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
             self._restore(stored)
         task_status.started()
         while True:
-            await anyio.sleep(HOUSEKEEPING_INTERVAL)
+            await self._housekeeper.sleep(self._housekeeping_wait(time.monotonic()))
             self._housekeeping(time.monotonic())
             await self.persist()
+
+    def _housekeeping_wait(self, now: float) -> float | None:
+        """Seconds until the housekeeping has something to do; None: nothing until it is rung."""
+        due = math.inf
+        if self.store is not None and (self._dirty or self._deleted):
+            due = now + SAVE_AFTER_S
+        if self._expiring:
+            due = min(due, self._expiring[0][0])
+        for at, _ in self._wills.values():
+            due = min(due, at)
+        return None if due == math.inf else max(0.0, due - now)
 
     def _restore(self, stored: Iterable[StoredSession]) -> None:
         now_wall = time.time() * 1000
@@ -421,7 +436,13 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
 
     def mark_dirty(self, endpoint: MqttEndpoint) -> None:
         if endpoint.expiry_interval:
+            if not self._dirty:
+                self._save_soon()
             self._dirty.add(endpoint.client_id)
+
+    def _save_soon(self) -> None:
+        """The first change since the last save: saved within the interval."""
+        self._housekeeper.ring_by(time.monotonic() + SAVE_AFTER_S)
 
     def _housekeeping(self, now: float) -> None:
         for client_id, (due, will) in list(self._wills.items()):
@@ -450,6 +471,7 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
             ]
             heapq.heapify(expiring)
         heapq.heappush(expiring, (at, endpoint.client_id))
+        self._housekeeper.ring_by(at)
 
     # -- connections ------------------------------------------------------------------------------
 
@@ -750,7 +772,9 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
             if endpoint.expiry_interval != NO_EXPIRY:
                 delay = min(delay, endpoint.expiry_interval)
             if delay:
-                self._wills[endpoint.client_id] = (time.monotonic() + delay, will)
+                due = time.monotonic() + delay
+                self._wills[endpoint.client_id] = (due, will)
+                self._housekeeper.ring_by(due)
             else:
                 self._publish_will(will)
         if not endpoint.expiry_interval:
@@ -768,6 +792,8 @@ class MqttFrontEnd(FrontEnd[MqttEndpoint]):
         pending = self._wills.pop(endpoint.client_id, None)
         if pending is not None:
             self._publish_will(pending[1])  # the session ended before the will delay did
+        if not self._deleted:
+            self._save_soon()
         self._deleted.add(endpoint.client_id)
         self._dirty.discard(endpoint.client_id)
         if self.holders is not None:

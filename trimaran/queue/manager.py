@@ -33,6 +33,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ import anyio.lowlevel
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
+from trimaran.alarm import Alarm
 from trimaran.broker.events import MESSAGE_PUBLISHED, EventBus
 from trimaran.broker.message import Message, now_ms
 from trimaran.config import QueuePolicySettings, QueueSettings, StorageSettings
@@ -110,7 +112,8 @@ log = logging.getLogger(__name__)
 
 
 TICK_MS = 20  # the timers run at most this often (what is due within it is handled together)
-SWEEP_S = 1.0  # TTL expiry and stream retention; also the longest the timers sleep
+SWEEP_S = 1.0  # TTL expiry and stream retention, while there are queues
+NEVER = 2**62  # (epoch ms) the timers' wake-up when nothing is due: they sleep until rung
 
 RESERVED_PROPERTIES = frozenset(
     {
@@ -202,8 +205,8 @@ class QueueManager:
         #: its publish's turn of the loop; None: at the end of the loop's turn.
         self.at_turn_end: Callable[[Callable[[], None]], None] | None = None
         self._scope: anyio.CancelScope | None = None
-        self._alarm: anyio.Event | None = None
-        self.wake_at = 0  # when the timers wake next (epoch ms)
+        self._alarm = Alarm()  # the timers' sleep, rung by what falls due sooner (due, declare)
+        self.wake_at = 0  # when the timers wake next (epoch ms; NEVER: when rung)
         self._last_tick = 0
         self._started = False
         self._last_sweep = 0  # epoch ms
@@ -236,6 +239,7 @@ class QueueManager:
         except RuntimeError:
             self._loop = None
         self._started = self.claims.open = True
+        self._last_sweep = now_ms()  # the first sweep a second after the start, as each after it
         if self._restarted:  # record why these will be redelivered, and that they wait now
             ch = Changes()
             now = now_ms()
@@ -410,6 +414,8 @@ class QueueManager:
         pol = self._policy_for(name, policy)
         state = QueueState(name, pol, durable, now_ms())
         self.queues[name] = state
+        if len(self.queues) == 1:
+            self._alarm.ring()  # the sweeps begin
         if ch is not None:
             self.journal.declared(ch, state)
         # A durable queue is configuration, said once; an in-memory one is often a client's reply
@@ -1418,8 +1424,7 @@ class QueueManager:
         self._watch(group)
         if at < self.wake_at:
             self.wake_at = at
-            if self._alarm is not None:
-                self._alarm.set()
+            self._alarm.ring()
 
     def _watch(self, group: Group) -> None:
         group.timed = True
@@ -1528,7 +1533,8 @@ class QueueManager:
 
     async def _timers(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Sleep until the next thing is due (a visibility time-out, a retry, the TTL and retention
-        sweep, a shared node's poll and lease renewal), at most a second; ``due`` wakes it early."""
+        sweep once a second while there are queues, a shared node's poll and lease renewal, the
+        disk watermark's next measurement); ``due`` wakes it early. Nothing due: until rung."""
         with anyio.CancelScope() as scope:
             self._scope = scope
             task_status.started()
@@ -1537,10 +1543,7 @@ class QueueManager:
                 wake = max(self._next_due(now), self._last_tick + TICK_MS)
                 self.wake_at = wake
                 if wake > now:
-                    alarm = self._alarm = anyio.Event()
-                    with anyio.move_on_after((wake - now) / 1000):
-                        await alarm.wait()
-                    self._alarm = None
+                    await self._alarm.sleep(None if wake >= NEVER else (wake - now) / 1000)
                 else:
                     await anyio.lowlevel.checkpoint()
                 try:
@@ -1549,7 +1552,10 @@ class QueueManager:
                     log.exception("queue timers failed")
 
     def _next_due(self, now: int) -> int:
-        due = now + int(SWEEP_S * 1000)
+        due = self._last_sweep + int(SWEEP_S * 1000) if self.queues else NEVER
+        disk = self.disk.wait_s(time.monotonic())
+        if disk is not None:
+            due = min(due, now + int(disk * 1000))
         for group in self._timed:
             at = group.next_due()
             if at is not None and at < due:
