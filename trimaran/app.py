@@ -281,7 +281,8 @@ class App:
                     await root.start(self.cluster.run, name="cluster")
                 await root.start(self.webhooks.run, name="webhooks")
                 await self.queues.start(root)
-                root.start_soon(self.telemetry.history.run, self, name="history")
+                if settings.http.bind is not None:  # (only the management page reads the charts)
+                    root.start_soon(self.telemetry.history.run, self, name="history")
                 await root.start(self.mqtt.run, name="mqtt sessions")
                 await root.start(self.amqp091.run, name="amqp091")
                 await self.amqp1.restore()  # durable topic subscriptions fed again

@@ -358,7 +358,9 @@ class LimitSettings(Section):
     default_user: UserLimitSettings = Field(
         UserLimitSettings(), description='limits of every user without its own entry (anonymous too, as "")'
     )
-    sys_interval: float = Field(10.0, ge=0, description="$SYS publish period in seconds; 0 disables")
+    sys_interval: float = Field(
+        10.0, ge=0, description="$SYS period in seconds: each value is published when it changed; 0 disables"
+    )
 
 
 class QueuePolicySettings(Section):

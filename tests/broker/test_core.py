@@ -65,6 +65,30 @@ def test_sys_topics_are_published_to_sys_subscribers_only() -> None:
     assert broker.retained.get("$SYS/broker/clients/connected") is not None
 
 
+def test_a_sys_value_is_published_again_only_when_it_changed() -> None:
+    """As Mosquitto's $SYS: each period publishes the values that changed, and one whose retained
+    message went (a clear) again."""
+    broker = Broker(sys_interval=0)
+    sys = Inbox("sys")
+    broker.router.subscribe(sys, "$SYS/broker/clients/+", SubscriptionOptions())
+    broker.publish_sys()
+    assert len(sys.got) == 3
+    sys.got.clear()
+    broker.publish_sys()
+    assert sys.got == []
+    broker.stats.client_connected()
+    broker.publish_sys()
+    assert sorted(topic for topic, _ in sys.got) == [
+        "$SYS/broker/clients/connected",
+        "$SYS/broker/clients/maximum",
+        "$SYS/broker/clients/total",
+    ]
+    sys.got.clear()
+    broker.retained.delete("$SYS/broker/clients/total")
+    broker.publish_sys()
+    assert sys.got == [("$SYS/broker/clients/total", 0)]
+
+
 async def test_retained_changes_survive_a_new_broker(tmp_path: Path) -> None:
     storage = Storage.from_url(f"sqlite:///{tmp_path / 'r.db'}")
     storage.migrate()

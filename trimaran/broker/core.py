@@ -332,7 +332,11 @@ class Broker:
                 self._publish_sys_value(key_prefix + topic, value, now)
 
     def _publish_sys_value(self, topic: str, value: str, now: int) -> None:
-        message = Message(topic, value.encode(), retain=True, created_at_ms=now)
+        payload = value.encode()
+        held = self.retained.get(topic)
+        if held is not None and held.payload == payload:
+            return  # unchanged: published when it changes, as Mosquitto's $SYS is
+        message = Message(topic, payload, retain=True, created_at_ms=now)
         self.retained.set(message)
         for delivery in self.router.match(topic):
             delivery.subscriber.deliver(message, delivery)
