@@ -44,37 +44,37 @@ class Alarm:
             seconds = max(seconds, SHORTEST_S)
         self.until = math.inf if seconds is None else time.monotonic() + seconds
         try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            await self._sleep_anyio(seconds)
-            return
-        waiter: asyncio.Future[None] = loop.create_future()
-        timer = None if seconds is None else loop.call_later(seconds, _wake, waiter)
-        self._waiter = waiter
-        try:
-            await waiter
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                await self._sleep_anyio(seconds)
+            else:
+                await self._sleep_asyncio(loop, seconds)
         finally:
             self._waiter = None
             self.until = -math.inf
+
+    async def _sleep_asyncio(self, loop: asyncio.AbstractEventLoop, seconds: float | None) -> None:
+        waiter = self._waiter = loop.create_future()
+        timer = None if seconds is None else loop.call_later(seconds, _wake, waiter)
+        try:
+            await waiter
+        finally:
             if timer is not None:
                 timer.cancel()
 
     async def _sleep_anyio(self, seconds: float | None) -> None:
         event = self._waiter = anyio.Event()
-        try:
-            with anyio.move_on_after(math.inf if seconds is None else seconds):
-                await event.wait()
-        finally:
-            self._waiter = None
-            self.until = -math.inf
+        with anyio.move_on_after(math.inf if seconds is None else seconds):
+            await event.wait()
 
     def ring(self) -> None:
         """End the sleep now (nothing happens while the owner is awake)."""
         waiter = self._waiter
         if isinstance(waiter, anyio.Event):
             waiter.set()
-        elif waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        elif waiter is not None:
+            _wake(waiter)
 
     def ring_by(self, at: float) -> None:
         """Something falls due at ``at`` (``time.monotonic()``): end a sleep that would go past it."""
