@@ -704,15 +704,6 @@ def overview(server: RunningServer) -> dict[str, Any]:
         return cast(dict[str, Any], json.load(reply))
 
 
-def vm_kb(server: RunningServer, field: str) -> int:
-    """``VmRSS`` (now) or ``VmHWM`` (the peak) of the server, in kB."""
-    assert server.process is not None
-    for line in Path(f"/proc/{server.process.pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no {field}")
-
-
 def retained_topics(tmp: Path) -> list[str]:
     """Every retained topic the server has written, $-topics included (no wildcard reaches those);
     $SYS is not written."""
@@ -755,15 +746,15 @@ def fuzz(tmp: Path, count: int, seed: int) -> None:
             warm = FuzzRun(server.ports["mqtt"], seed + 1)
             warm.run(min(count, 2000))  # the server's code paths and caches loaded before the baseline
             before = reclaim(server, tmp, control)
-            baseline = vm_kb(server, "VmRSS")
+            baseline = server.status("VmRSS")
             run = FuzzRun(server.ports["mqtt"], seed)
             started = time.monotonic()
             run.run(count)
             took = time.monotonic() - started
-            grown = vm_kb(server, "VmRSS")
+            grown = server.status("VmRSS")
             left = overview(server)
             after_state = reclaim(server, tmp, control)
-            after, peak = vm_kb(server, "VmRSS"), vm_kb(server, "VmHWM")
+            after, peak = server.status("VmRSS"), server.status("VmHWM")
             print(
                 f"\nfuzz seed={seed}: {count} inputs in {took:.1f}s ({count / took:.0f}/s), "
                 f"{dict(run.outcomes)}, {run.answered} answered, {len(run.hung)} hung; "

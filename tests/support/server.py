@@ -102,6 +102,15 @@ class RunningServer:
                 self._ready.set()
         self._ready.set()
 
+    def status(self, field: str) -> int:
+        """A number of the server's ``/proc`` status (Linux): ``VmRSS``, ``VmHWM`` (kB), or the
+        context switches of its main thread, the event loop's (``voluntary_ctxt_switches``)."""
+        assert self.process is not None
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1])
+        raise AssertionError(f"no {field}")
+
     def output(self) -> str:
         return "".join(self.lines)
 
